@@ -1,0 +1,118 @@
+from graylane.v1 import rollout_pb2 as _rollout_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DecisionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DECISION_KIND_UNSPECIFIED: _ClassVar[DecisionKind]
+    DECISION_ROLLOUT_STARTED: _ClassVar[DecisionKind]
+    DECISION_ADVANCE: _ClassVar[DecisionKind]
+    DECISION_HOLD: _ClassVar[DecisionKind]
+    DECISION_ROLLBACK: _ClassVar[DecisionKind]
+    DECISION_PROMOTE: _ClassVar[DecisionKind]
+    DECISION_PRECISION_CHANGE: _ClassVar[DecisionKind]
+    DECISION_MANUAL_COMMAND: _ClassVar[DecisionKind]
+    DECISION_GATE_FAILED: _ClassVar[DecisionKind]
+DECISION_KIND_UNSPECIFIED: DecisionKind
+DECISION_ROLLOUT_STARTED: DecisionKind
+DECISION_ADVANCE: DecisionKind
+DECISION_HOLD: DecisionKind
+DECISION_ROLLBACK: DecisionKind
+DECISION_PROMOTE: DecisionKind
+DECISION_PRECISION_CHANGE: DecisionKind
+DECISION_MANUAL_COMMAND: DecisionKind
+DECISION_GATE_FAILED: DecisionKind
+
+class WindowStats(_message.Message):
+    __slots__ = ("model", "version", "variant", "window_start_unix_ms", "window_end_unix_ms", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "throughput_rps", "queue_wait_mean_ms", "queue_wait_p99_ms", "batches", "device_load")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_START_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_END_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    P50_MS_FIELD_NUMBER: _ClassVar[int]
+    P95_MS_FIELD_NUMBER: _ClassVar[int]
+    P99_MS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_MS_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_RPS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_MEAN_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_LOAD_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    variant: str
+    window_start_unix_ms: int
+    window_end_unix_ms: int
+    requests: int
+    errors: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    throughput_rps: float
+    queue_wait_mean_ms: float
+    queue_wait_p99_ms: float
+    batches: int
+    device_load: float
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., window_start_unix_ms: _Optional[int] = ..., window_end_unix_ms: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p95_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., mean_ms: _Optional[float] = ..., throughput_rps: _Optional[float] = ..., queue_wait_mean_ms: _Optional[float] = ..., queue_wait_p99_ms: _Optional[float] = ..., batches: _Optional[int] = ..., device_load: _Optional[float] = ...) -> None: ...
+
+class QosState(_message.Message):
+    __slots__ = ("model", "version", "active_variant", "last_change_unix_ms", "breach_since_unix_ms", "calm_since_unix_ms")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_VARIANT_FIELD_NUMBER: _ClassVar[int]
+    LAST_CHANGE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    BREACH_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CALM_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    active_variant: str
+    last_change_unix_ms: int
+    breach_since_unix_ms: int
+    calm_since_unix_ms: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., active_variant: _Optional[str] = ..., last_change_unix_ms: _Optional[int] = ..., breach_since_unix_ms: _Optional[int] = ..., calm_since_unix_ms: _Optional[int] = ...) -> None: ...
+
+class AuditRecord(_message.Message):
+    __slots__ = ("decision_id", "decided_at_unix_ms", "model", "rollout_id", "version", "kind", "rule", "reason", "inputs", "rollout_before", "rollout_after", "qos_before", "qos_after", "actor", "epoch", "command_id")
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_AFTER_FIELD_NUMBER: _ClassVar[int]
+    QOS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    QOS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    decision_id: str
+    decided_at_unix_ms: int
+    model: str
+    rollout_id: str
+    version: str
+    kind: DecisionKind
+    rule: str
+    reason: str
+    inputs: _containers.RepeatedCompositeFieldContainer[WindowStats]
+    rollout_before: _rollout_pb2.RolloutState
+    rollout_after: _rollout_pb2.RolloutState
+    qos_before: QosState
+    qos_after: QosState
+    actor: str
+    epoch: int
+    command_id: str
+    def __init__(self, decision_id: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., rule: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., rollout_before: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., rollout_after: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., qos_before: _Optional[_Union[QosState, _Mapping]] = ..., qos_after: _Optional[_Union[QosState, _Mapping]] = ..., actor: _Optional[str] = ..., epoch: _Optional[int] = ..., command_id: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,188 @@
+from graylane.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Task(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_UNSPECIFIED: _ClassVar[Task]
+    FORWARD: _ClassVar[Task]
+    GENERATE: _ClassVar[Task]
+
+class PostProcess(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POST_PROCESS_NONE: _ClassVar[PostProcess]
+    ARGMAX_LAST: _ClassVar[PostProcess]
+    TOPK_LAST: _ClassVar[PostProcess]
+    MEAN_POOL: _ClassVar[PostProcess]
+
+class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STATUS_UNSPECIFIED: _ClassVar[Status]
+    OK: _ClassVar[Status]
+    ERROR: _ClassVar[Status]
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
+    DECODE_ERROR: _ClassVar[ErrorCode]
+    UNKNOWN_MODEL: _ClassVar[ErrorCode]
+    UNKNOWN_VERSION: _ClassVar[ErrorCode]
+    MISSING_INPUT: _ClassVar[ErrorCode]
+    UNEXPECTED_INPUT: _ClassVar[ErrorCode]
+    BAD_DTYPE: _ClassVar[ErrorCode]
+    BAD_SHAPE: _ClassVar[ErrorCode]
+    PAYLOAD_TOO_LARGE: _ClassVar[ErrorCode]
+    SEQUENCE_TOO_LONG: _ClassVar[ErrorCode]
+    DEADLINE_EXCEEDED: _ClassVar[ErrorCode]
+    UNSUPPORTED_TASK: _ClassVar[ErrorCode]
+    BAD_REQUEST: _ClassVar[ErrorCode]
+    ENGINE_FAILURE: _ClassVar[ErrorCode]
+    INJECTED_FAULT: _ClassVar[ErrorCode]
+    INTERNAL: _ClassVar[ErrorCode]
+TASK_UNSPECIFIED: Task
+FORWARD: Task
+GENERATE: Task
+POST_PROCESS_NONE: PostProcess
+ARGMAX_LAST: PostProcess
+TOPK_LAST: PostProcess
+MEAN_POOL: PostProcess
+STATUS_UNSPECIFIED: Status
+OK: Status
+ERROR: Status
+ERROR_CODE_UNSPECIFIED: ErrorCode
+DECODE_ERROR: ErrorCode
+UNKNOWN_MODEL: ErrorCode
+UNKNOWN_VERSION: ErrorCode
+MISSING_INPUT: ErrorCode
+UNEXPECTED_INPUT: ErrorCode
+BAD_DTYPE: ErrorCode
+BAD_SHAPE: ErrorCode
+PAYLOAD_TOO_LARGE: ErrorCode
+SEQUENCE_TOO_LONG: ErrorCode
+DEADLINE_EXCEEDED: ErrorCode
+UNSUPPORTED_TASK: ErrorCode
+BAD_REQUEST: ErrorCode
+ENGINE_FAILURE: ErrorCode
+INJECTED_FAULT: ErrorCode
+INTERNAL: ErrorCode
+
+class GenerationParams(_message.Message):
+    __slots__ = ("max_new_tokens", "eos_token_id", "has_eos")
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    HAS_EOS_FIELD_NUMBER: _ClassVar[int]
+    max_new_tokens: int
+    eos_token_id: int
+    has_eos: bool
+    def __init__(self, max_new_tokens: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., has_eos: _Optional[bool] = ...) -> None: ...
+
+class InferenceRequest(_message.Message):
+    __slots__ = ("request_id", "model", "routing_key", "tags", "inputs", "prompt", "token_ids", "task", "generation", "post_process", "top_k", "deadline_unix_ms", "reply_topic", "created_at_unix_ms", "pinned_version", "shadow", "mirror_result", "routed_version", "routed_at_unix_ms", "routing_epoch")
+    class TagsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_KEY_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    POST_PROCESS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLY_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    PINNED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
+    MIRROR_RESULT_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    routing_key: str
+    tags: _containers.ScalarMap[str, str]
+    inputs: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    prompt: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    task: Task
+    generation: GenerationParams
+    post_process: PostProcess
+    top_k: int
+    deadline_unix_ms: int
+    reply_topic: str
+    created_at_unix_ms: int
+    pinned_version: str
+    shadow: bool
+    mirror_result: bool
+    routed_version: str
+    routed_at_unix_ms: int
+    routing_epoch: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., routing_key: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., task: _Optional[_Union[Task, str]] = ..., generation: _Optional[_Union[GenerationParams, _Mapping]] = ..., post_process: _Optional[_Union[PostProcess, str]] = ..., top_k: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., reply_topic: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ..., pinned_version: _Optional[str] = ..., shadow: _Optional[bool] = ..., mirror_result: _Optional[bool] = ..., routed_version: _Optional[str] = ..., routed_at_unix_ms: _Optional[int] = ..., routing_epoch: _Optional[int] = ...) -> None: ...
+
+class Timing(_message.Message):
+    __slots__ = ("created_at_unix_ms", "routed_at_unix_ms", "dequeued_at_unix_ms", "completed_at_unix_ms", "queue_wait_ms", "compute_ms", "total_ms", "batch_size")
+    CREATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    DEQUEUED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    created_at_unix_ms: int
+    routed_at_unix_ms: int
+    dequeued_at_unix_ms: int
+    completed_at_unix_ms: int
+    queue_wait_ms: float
+    compute_ms: float
+    total_ms: float
+    batch_size: int
+    def __init__(self, created_at_unix_ms: _Optional[int] = ..., routed_at_unix_ms: _Optional[int] = ..., dequeued_at_unix_ms: _Optional[int] = ..., completed_at_unix_ms: _Optional[int] = ..., queue_wait_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class InferenceResult(_message.Message):
+    __slots__ = ("request_id", "model", "version", "variant", "outputs", "generated_token_ids", "text", "status", "error_code", "error_message", "timing", "shadow", "worker_id", "routing_key", "task")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_KEY_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    version: str
+    variant: str
+    outputs: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    generated_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    status: Status
+    error_code: ErrorCode
+    error_message: str
+    timing: Timing
+    shadow: bool
+    worker_id: str
+    routing_key: str
+    task: Task
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., shadow: _Optional[bool] = ..., worker_id: _Optional[str] = ..., routing_key: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ...) -> None: ...

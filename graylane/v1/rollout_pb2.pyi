@@ -1,0 +1,187 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RolloutStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLLOUT_STRATEGY_UNSPECIFIED: _ClassVar[RolloutStrategy]
+    CANARY: _ClassVar[RolloutStrategy]
+    SHADOW_THEN_CANARY: _ClassVar[RolloutStrategy]
+    AB_SPLIT: _ClassVar[RolloutStrategy]
+
+class RolloutPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLLOUT_PHASE_UNSPECIFIED: _ClassVar[RolloutPhase]
+    PENDING: _ClassVar[RolloutPhase]
+    SHADOWING: _ClassVar[RolloutPhase]
+    PROGRESSING: _ClassVar[RolloutPhase]
+    AB_HOLDING: _ClassVar[RolloutPhase]
+    PAUSED: _ClassVar[RolloutPhase]
+    PROMOTED: _ClassVar[RolloutPhase]
+    ROLLED_BACK: _ClassVar[RolloutPhase]
+    ABORTED: _ClassVar[RolloutPhase]
+
+class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMMAND_KIND_UNSPECIFIED: _ClassVar[CommandKind]
+    COMMAND_START: _ClassVar[CommandKind]
+    COMMAND_PAUSE: _ClassVar[CommandKind]
+    COMMAND_RESUME: _ClassVar[CommandKind]
+    COMMAND_PROMOTE: _ClassVar[CommandKind]
+    COMMAND_ROLLBACK: _ClassVar[CommandKind]
+    COMMAND_ABORT: _ClassVar[CommandKind]
+    COMMAND_SET_QOS_POLICY: _ClassVar[CommandKind]
+ROLLOUT_STRATEGY_UNSPECIFIED: RolloutStrategy
+CANARY: RolloutStrategy
+SHADOW_THEN_CANARY: RolloutStrategy
+AB_SPLIT: RolloutStrategy
+ROLLOUT_PHASE_UNSPECIFIED: RolloutPhase
+PENDING: RolloutPhase
+SHADOWING: RolloutPhase
+PROGRESSING: RolloutPhase
+AB_HOLDING: RolloutPhase
+PAUSED: RolloutPhase
+PROMOTED: RolloutPhase
+ROLLED_BACK: RolloutPhase
+ABORTED: RolloutPhase
+COMMAND_KIND_UNSPECIFIED: CommandKind
+COMMAND_START: CommandKind
+COMMAND_PAUSE: CommandKind
+COMMAND_RESUME: CommandKind
+COMMAND_PROMOTE: CommandKind
+COMMAND_ROLLBACK: CommandKind
+COMMAND_ABORT: CommandKind
+COMMAND_SET_QOS_POLICY: CommandKind
+
+class RolloutStep(_message.Message):
+    __slots__ = ("weight_percent", "min_samples", "min_dwell_s")
+    WEIGHT_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MIN_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MIN_DWELL_S_FIELD_NUMBER: _ClassVar[int]
+    weight_percent: float
+    min_samples: int
+    min_dwell_s: float
+    def __init__(self, weight_percent: _Optional[float] = ..., min_samples: _Optional[int] = ..., min_dwell_s: _Optional[float] = ...) -> None: ...
+
+class GateSpec(_message.Message):
+    __slots__ = ("max_p99_ratio", "max_error_rate_delta", "significance_alpha", "min_output_agreement")
+    MAX_P99_RATIO_FIELD_NUMBER: _ClassVar[int]
+    MAX_ERROR_RATE_DELTA_FIELD_NUMBER: _ClassVar[int]
+    SIGNIFICANCE_ALPHA_FIELD_NUMBER: _ClassVar[int]
+    MIN_OUTPUT_AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    max_p99_ratio: float
+    max_error_rate_delta: float
+    significance_alpha: float
+    min_output_agreement: float
+    def __init__(self, max_p99_ratio: _Optional[float] = ..., max_error_rate_delta: _Optional[float] = ..., significance_alpha: _Optional[float] = ..., min_output_agreement: _Optional[float] = ...) -> None: ...
+
+class RolloutSpec(_message.Message):
+    __slots__ = ("rollout_id", "model", "baseline_version", "candidate_version", "strategy", "steps", "gates", "failures_to_rollback", "shadow_share", "shadow_duration_s", "ab_weight_percent", "ab_duration_s", "created_at_unix_ms", "created_by")
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    GATES_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_TO_ROLLBACK_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_SHARE_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    AB_WEIGHT_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    AB_DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    rollout_id: str
+    model: str
+    baseline_version: str
+    candidate_version: str
+    strategy: RolloutStrategy
+    steps: _containers.RepeatedCompositeFieldContainer[RolloutStep]
+    gates: GateSpec
+    failures_to_rollback: int
+    shadow_share: float
+    shadow_duration_s: float
+    ab_weight_percent: float
+    ab_duration_s: float
+    created_at_unix_ms: int
+    created_by: str
+    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., baseline_version: _Optional[str] = ..., candidate_version: _Optional[str] = ..., strategy: _Optional[_Union[RolloutStrategy, str]] = ..., steps: _Optional[_Iterable[_Union[RolloutStep, _Mapping]]] = ..., gates: _Optional[_Union[GateSpec, _Mapping]] = ..., failures_to_rollback: _Optional[int] = ..., shadow_share: _Optional[float] = ..., shadow_duration_s: _Optional[float] = ..., ab_weight_percent: _Optional[float] = ..., ab_duration_s: _Optional[float] = ..., created_at_unix_ms: _Optional[int] = ..., created_by: _Optional[str] = ...) -> None: ...
+
+class RolloutState(_message.Message):
+    __slots__ = ("rollout_id", "model", "phase", "step_index", "candidate_weight_percent", "phase_started_at_unix_ms", "consecutive_failures", "updated_at_unix_ms", "last_reason", "paused_from", "spec")
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    STEP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_WEIGHT_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    PHASE_STARTED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_REASON_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FROM_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    rollout_id: str
+    model: str
+    phase: RolloutPhase
+    step_index: int
+    candidate_weight_percent: float
+    phase_started_at_unix_ms: int
+    consecutive_failures: int
+    updated_at_unix_ms: int
+    last_reason: str
+    paused_from: RolloutPhase
+    spec: RolloutSpec
+    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., phase: _Optional[_Union[RolloutPhase, str]] = ..., step_index: _Optional[int] = ..., candidate_weight_percent: _Optional[float] = ..., phase_started_at_unix_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., updated_at_unix_ms: _Optional[int] = ..., last_reason: _Optional[str] = ..., paused_from: _Optional[_Union[RolloutPhase, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ...) -> None: ...
+
+class QosPolicy(_message.Message):
+    __slots__ = ("model", "version", "slo_p99_ms", "ladder", "quality_floor", "step_down_margin", "step_up_ratio", "sustain_s", "min_dwell_s", "max_queue_wait_ms", "enabled")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SLO_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    LADDER_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_FLOOR_FIELD_NUMBER: _ClassVar[int]
+    STEP_DOWN_MARGIN_FIELD_NUMBER: _ClassVar[int]
+    STEP_UP_RATIO_FIELD_NUMBER: _ClassVar[int]
+    SUSTAIN_S_FIELD_NUMBER: _ClassVar[int]
+    MIN_DWELL_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    slo_p99_ms: float
+    ladder: _containers.RepeatedScalarFieldContainer[str]
+    quality_floor: str
+    step_down_margin: float
+    step_up_ratio: float
+    sustain_s: float
+    min_dwell_s: float
+    max_queue_wait_ms: float
+    enabled: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., slo_p99_ms: _Optional[float] = ..., ladder: _Optional[_Iterable[str]] = ..., quality_floor: _Optional[str] = ..., step_down_margin: _Optional[float] = ..., step_up_ratio: _Optional[float] = ..., sustain_s: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ..., enabled: _Optional[bool] = ...) -> None: ...
+
+class RolloutCommand(_message.Message):
+    __slots__ = ("command_id", "rollout_id", "model", "kind", "spec", "qos_policy", "issued_by", "reason", "issued_at_unix_ms")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    QOS_POLICY_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    rollout_id: str
+    model: str
+    kind: CommandKind
+    spec: RolloutSpec
+    qos_policy: QosPolicy
+    issued_by: str
+    reason: str
+    issued_at_unix_ms: int
+    def __init__(self, command_id: _Optional[str] = ..., rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ..., qos_policy: _Optional[_Union[QosPolicy, _Mapping]] = ..., issued_by: _Optional[str] = ..., reason: _Optional[str] = ..., issued_at_unix_ms: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,79 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LatencyHistogram(_message.Message):
+    __slots__ = ("min_ms", "growth", "buckets", "count", "sum_ms", "max_ms")
+    class BucketsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    MIN_MS_FIELD_NUMBER: _ClassVar[int]
+    GROWTH_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUM_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MS_FIELD_NUMBER: _ClassVar[int]
+    min_ms: float
+    growth: float
+    buckets: _containers.ScalarMap[int, int]
+    count: int
+    sum_ms: float
+    max_ms: float
+    def __init__(self, min_ms: _Optional[float] = ..., growth: _Optional[float] = ..., buckets: _Optional[_Mapping[int, int]] = ..., count: _Optional[int] = ..., sum_ms: _Optional[float] = ..., max_ms: _Optional[float] = ...) -> None: ...
+
+class BatchTelemetry(_message.Message):
+    __slots__ = ("model", "version", "variant", "worker_id", "batch_size", "request_count", "error_count", "latency", "queue_wait", "queue_wait_ms_mean", "compute_ms", "device_load", "started_at_unix_ms", "completed_at_unix_ms", "shadow_count", "error_codes", "sequence_bucket", "task", "lag")
+    class ErrorCodesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_MS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_LOAD_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODES_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_BUCKET_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    variant: str
+    worker_id: str
+    batch_size: int
+    request_count: int
+    error_count: int
+    latency: LatencyHistogram
+    queue_wait: LatencyHistogram
+    queue_wait_ms_mean: float
+    compute_ms: float
+    device_load: float
+    started_at_unix_ms: int
+    completed_at_unix_ms: int
+    shadow_count: int
+    error_codes: _containers.ScalarMap[str, int]
+    sequence_bucket: int
+    task: str
+    lag: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., worker_id: _Optional[str] = ..., batch_size: _Optional[int] = ..., request_count: _Optional[int] = ..., error_count: _Optional[int] = ..., latency: _Optional[_Union[LatencyHistogram, _Mapping]] = ..., queue_wait: _Optional[_Union[LatencyHistogram, _Mapping]] = ..., queue_wait_ms_mean: _Optional[float] = ..., compute_ms: _Optional[float] = ..., device_load: _Optional[float] = ..., started_at_unix_ms: _Optional[int] = ..., completed_at_unix_ms: _Optional[int] = ..., shadow_count: _Optional[int] = ..., error_codes: _Optional[_Mapping[str, int]] = ..., sequence_bucket: _Optional[int] = ..., task: _Optional[str] = ..., lag: _Optional[int] = ...) -> None: ...
