@@ -1,0 +1,42 @@
+# Graylane: `make run` (set-up + local stack + demo) and `make test` (set-up + tests).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test lint typecheck protos protos-check kafka-start kafka-stop bench clean
+
+$(STAMP): pyproject.toml
+	@echo "==> setting up $(VENV) (python >= 3.11)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --upgrade pip
+	@$(BIN)/python -m pip install --quiet --progress-bar off -e ".[dev]"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	@$(BIN)/graylane demo
+
+test: setup
+	@bash scripts/test.sh
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+protos: setup
+	$(BIN)/python protos/generate.py
+
+protos-check: setup
+	$(BIN)/python protos/generate.py --check
+
+kafka-start: setup
+	$(BIN)/python deploy/kafka/kafka.py start
+
+kafka-stop:
+	$(BIN)/python deploy/kafka/kafka.py stop
+
+clean: kafka-stop
+	rm -rf .local

@@ -1,0 +1,159 @@
+"""Typed settings, read once at start-up from ``GRAYLANE_*`` environment variables.
+
+Nothing below this module reads the environment: services receive a
+:class:`Settings` and pass the parts they need down.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from pathlib import Path
+from typing import TypeVar
+
+_E = TypeVar("_E", bound=Enum)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class SettingsError(ValueError):
+    """A setting has a value Graylane cannot use."""
+
+
+class SecurityProtocol(Enum):
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    SASL_SSL = "SASL_SSL"
+
+
+class SaslMechanism(Enum):
+    PLAIN = "PLAIN"
+    SCRAM_SHA_256 = "SCRAM-SHA-256"
+    SCRAM_SHA_512 = "SCRAM-SHA-512"
+    OAUTHBEARER = "OAUTHBEARER"
+    GSSAPI = "GSSAPI"
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaSecurity:
+    """Connection security, passed through to aiokafka unchanged."""
+
+    protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+    def client_options(self) -> dict[str, object]:
+        """Keyword arguments for aiokafka clients."""
+        options: dict[str, object] = {"security_protocol": self.protocol.value}
+        if self.protocol in (SecurityProtocol.SSL, SecurityProtocol.SASL_SSL):
+            from aiokafka.helpers import create_ssl_context
+
+            options["ssl_context"] = create_ssl_context(
+                cafile=self.ssl_cafile, certfile=self.ssl_certfile, keyfile=self.ssl_keyfile
+            )
+        if self.protocol in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL):
+            if self.sasl_mechanism is None:
+                raise SettingsError("GRAYLANE_SASL_MECHANISM is required with a SASL protocol")
+            options["sasl_mechanism"] = self.sasl_mechanism.value
+            if self.sasl_username is not None:
+                options["sasl_plain_username"] = self.sasl_username
+                options["sasl_plain_password"] = self.sasl_password
+        return options
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything a Graylane process needs to know about its surroundings."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic_prefix: str = "graylane"
+    client_id: str = "graylane"
+    security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    partitions: int = 3
+    replication_factor: int = 1
+    audit_retention_ms: int = 90 * 24 * 3600 * 1000
+    data_retention_ms: int = 7 * 24 * 3600 * 1000
+    max_request_bytes: int = 4 * 1024 * 1024
+    db_url: str = f"sqlite:///{REPO_ROOT / '.local' / 'graylane.db'}"
+    artifact_dir: Path = REPO_ROOT / ".local" / "artifacts"
+    metrics_port: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers.strip():
+            raise SettingsError("bootstrap servers must not be empty")
+        if not self.topic_prefix or any(c not in _TOPIC_CHARS for c in self.topic_prefix):
+            raise SettingsError(
+                f"topic prefix {self.topic_prefix!r} may only use letters, digits, '.', '_', '-'"
+            )
+        if self.partitions < 1 or self.replication_factor < 1:
+            raise SettingsError("partitions and replication factor must be >= 1")
+        if self.max_request_bytes < 1024:
+            raise SettingsError("max request bytes must be at least 1024")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from ``GRAYLANE_*`` variables (``os.environ`` by default)."""
+        source = os.environ if env is None else env
+        base = cls()
+
+        def get(name: str) -> str | None:
+            value = source.get(f"GRAYLANE_{name}")
+            return value if value not in (None, "") else None
+
+        def get_int(name: str, default: int) -> int:
+            raw = get(name)
+            if raw is None:
+                return default
+            try:
+                return int(raw)
+            except ValueError:
+                raise SettingsError(f"GRAYLANE_{name}={raw!r} is not an integer") from None
+
+        def get_enum(name: str, kind: type[_E]) -> _E | None:
+            raw = get(name)
+            if raw is None:
+                return None
+            try:
+                return kind(raw.upper())
+            except ValueError:
+                allowed = ", ".join(str(m.value) for m in kind)
+                raise SettingsError(f"GRAYLANE_{name}={raw!r}: expected one of {allowed}") from None
+
+        security = KafkaSecurity(
+            protocol=get_enum("SECURITY_PROTOCOL", SecurityProtocol) or SecurityProtocol.PLAINTEXT,
+            sasl_mechanism=get_enum("SASL_MECHANISM", SaslMechanism),
+            sasl_username=get("SASL_USERNAME"),
+            sasl_password=get("SASL_PASSWORD"),
+            ssl_cafile=get("SSL_CAFILE"),
+            ssl_certfile=get("SSL_CERTFILE"),
+            ssl_keyfile=get("SSL_KEYFILE"),
+        )
+        artifact_dir = get("ARTIFACT_DIR")
+        return cls(
+            bootstrap_servers=get("BOOTSTRAP_SERVERS") or base.bootstrap_servers,
+            topic_prefix=get("TOPIC_PREFIX") or base.topic_prefix,
+            client_id=get("CLIENT_ID") or base.client_id,
+            security=security,
+            partitions=get_int("PARTITIONS", base.partitions),
+            replication_factor=get_int("REPLICATION_FACTOR", base.replication_factor),
+            audit_retention_ms=get_int("AUDIT_RETENTION_MS", base.audit_retention_ms),
+            data_retention_ms=get_int("DATA_RETENTION_MS", base.data_retention_ms),
+            max_request_bytes=get_int("MAX_REQUEST_BYTES", base.max_request_bytes),
+            db_url=get("DB_URL") or base.db_url,
+            artifact_dir=Path(artifact_dir) if artifact_dir else base.artifact_dir,
+            metrics_port=get_int("METRICS_PORT", base.metrics_port),
+        )
+
+    def with_overrides(self, **changes: object) -> Settings:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+_TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")

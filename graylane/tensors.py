@@ -1,0 +1,78 @@
+"""Conversion between numpy arrays and ``graylane.v1.Tensor`` messages."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from graylane.errors import TensorError
+from graylane.v1 import tensor_pb2
+
+DType = tensor_pb2.DType
+
+_TO_NUMPY: dict[int, np.dtype[np.generic]] = {
+    tensor_pb2.FLOAT32: np.dtype("<f4"),
+    tensor_pb2.FLOAT16: np.dtype("<f2"),
+    tensor_pb2.FLOAT64: np.dtype("<f8"),
+    tensor_pb2.INT64: np.dtype("<i8"),
+    tensor_pb2.INT32: np.dtype("<i4"),
+    tensor_pb2.INT8: np.dtype("i1"),
+    tensor_pb2.UINT8: np.dtype("u1"),
+    tensor_pb2.BOOL: np.dtype("?"),
+}
+_FROM_NUMPY: dict[str, int] = {dt.str.lstrip("<|="): code for code, dt in _TO_NUMPY.items()}
+
+
+def numpy_dtype(code: int) -> np.dtype[np.generic]:
+    """The numpy dtype for a ``graylane.v1.DType`` code."""
+    try:
+        return _TO_NUMPY[code]
+    except KeyError:
+        name = tensor_pb2.DType.Name(code) if code in tensor_pb2.DType.values() else str(code)
+        raise TensorError(f"dtype {name} is not supported") from None
+
+
+def dtype_code(dtype: np.dtype[np.generic]) -> int:
+    """The ``graylane.v1.DType`` code of a numpy dtype."""
+    key = np.dtype(dtype).newbyteorder("<").str.lstrip("<|=")
+    try:
+        return _FROM_NUMPY[key]
+    except KeyError:
+        raise TensorError(f"numpy dtype {dtype} has no graylane.v1.DType") from None
+
+
+def to_tensor(name: str, array: np.ndarray) -> tensor_pb2.Tensor:
+    arr = np.asarray(array, order="C")
+    code = dtype_code(arr.dtype)
+    little = arr.astype(_TO_NUMPY[code], copy=False)
+    return tensor_pb2.Tensor(name=name, dtype=code, shape=list(arr.shape), data=little.tobytes())
+
+
+def from_tensor(tensor: tensor_pb2.Tensor) -> np.ndarray:
+    """Decode a tensor, checking that the byte length matches dtype and shape."""
+    dtype = numpy_dtype(tensor.dtype)
+    shape = tuple(int(d) for d in tensor.shape)
+    if any(d < 0 for d in shape):
+        raise TensorError(f"tensor {tensor.name!r} has a negative dimension in shape {shape}")
+    expected = math.prod(shape) * dtype.itemsize
+    if len(tensor.data) != expected:
+        raise TensorError(
+            f"tensor {tensor.name!r}: {len(tensor.data)} bytes do not fit shape {shape} "
+            f"of {dtype.name} ({expected} bytes expected)"
+        )
+    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+
+
+def to_tensors(arrays: Mapping[str, np.ndarray]) -> list[tensor_pb2.Tensor]:
+    return [to_tensor(name, arr) for name, arr in arrays.items()]
+
+
+def from_tensors(tensors: Iterable[tensor_pb2.Tensor]) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for t in tensors:
+        if t.name in out:
+            raise TensorError(f"tensor name {t.name!r} appears twice")
+        out[t.name] = from_tensor(t)
+    return out

@@ -1,0 +1,197 @@
+"""The topic layout: every Graylane topic name comes from here.
+
+``<p>`` is the configurable prefix (default ``graylane``)::
+
+    <p>.requests.<model>              ingress, key = routing_key
+    <p>.requests.<model>.<version>    one topic per model version
+    <p>.results.<model>               default reply topic
+    <p>.shadow.<model>                shadow pairs (candidate + mirrored baseline results)
+    <p>.telemetry                     one BatchTelemetry per batch
+    <p>.control.routing               compacted, key = model
+    <p>.control.precision             compacted, key = model/version
+    <p>.control.commands              user intent from the control plane
+    <p>.audit                         every decision, long retention
+    <p>.dlq                           undeliverable input with its original bytes
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+_VERSION = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class TopicNameError(ValueError):
+    """A model or version name cannot be used in a topic name."""
+
+
+class TopicKind(Enum):
+    INGRESS = "ingress"
+    VERSION_REQUESTS = "version-requests"
+    RESULTS = "results"
+    SHADOW = "shadow"
+    REPLY = "reply"
+    TELEMETRY = "telemetry"
+    ROUTING = "routing"
+    PRECISION = "precision"
+    COMMANDS = "commands"
+    AUDIT = "audit"
+    DLQ = "dlq"
+
+
+class Cleanup(Enum):
+    DELETE = "delete"
+    COMPACT = "compact"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopicSpec:
+    """How a topic is created: partitions, cleanup policy, retention."""
+
+    name: str
+    kind: TopicKind
+    partitions: int
+    replication_factor: int
+    cleanup: Cleanup
+    retention_ms: int | None
+
+    def configs(self) -> dict[str, str]:
+        configs = {"cleanup.policy": self.cleanup.value}
+        if self.retention_ms is not None:
+            configs["retention.ms"] = str(self.retention_ms)
+        if self.cleanup is Cleanup.COMPACT:
+            # Control topics are tiny; compact promptly so a reader from the
+            # beginning sees little more than the latest value per key.
+            configs["min.cleanable.dirty.ratio"] = "0.1"
+            configs["segment.ms"] = str(3600 * 1000)
+        return configs
+
+
+def check_model_name(model: str) -> str:
+    if not _NAME.match(model):
+        raise TopicNameError(
+            f"model name {model!r} must be 1-100 letters, digits, '_' or '-' (no dots)"
+        )
+    return model
+
+
+def check_version_name(version: str) -> str:
+    if not _VERSION.match(version):
+        raise TopicNameError(
+            f"version {version!r} must be 1-64 letters, digits, '.', '_' or '-'"
+        )
+    return version
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopicLayout:
+    """Topic names and creation specs for one prefix."""
+
+    prefix: str = "graylane"
+    partitions: int = 3
+    replication_factor: int = 1
+    data_retention_ms: int = 7 * 24 * 3600 * 1000
+    audit_retention_ms: int = 90 * 24 * 3600 * 1000
+
+    # -- names -----------------------------------------------------------------
+    def ingress(self, model: str) -> str:
+        return f"{self.prefix}.requests.{check_model_name(model)}"
+
+    def version_requests(self, model: str, version: str) -> str:
+        return f"{self.ingress(model)}.{check_version_name(version)}"
+
+    def results(self, model: str) -> str:
+        return f"{self.prefix}.results.{check_model_name(model)}"
+
+    def shadow(self, model: str) -> str:
+        return f"{self.prefix}.shadow.{check_model_name(model)}"
+
+    def reply(self, client_id: str) -> str:
+        return f"{self.prefix}.reply.{check_model_name(client_id)}"
+
+    def telemetry(self) -> str:
+        return f"{self.prefix}.telemetry"
+
+    def routing(self) -> str:
+        return f"{self.prefix}.control.routing"
+
+    def precision(self) -> str:
+        return f"{self.prefix}.control.precision"
+
+    def commands(self) -> str:
+        return f"{self.prefix}.control.commands"
+
+    def audit(self) -> str:
+        return f"{self.prefix}.audit"
+
+    def dlq(self) -> str:
+        return f"{self.prefix}.dlq"
+
+    # -- keys of compacted topics ---------------------------------------------
+    @staticmethod
+    def precision_key(model: str, version: str) -> str:
+        return f"{check_model_name(model)}/{check_version_name(version)}"
+
+    # -- specs -----------------------------------------------------------------
+    def _spec(
+        self,
+        name: str,
+        kind: TopicKind,
+        *,
+        cleanup: Cleanup = Cleanup.DELETE,
+        retention_ms: int | None = None,
+        partitions: int | None = None,
+    ) -> TopicSpec:
+        return TopicSpec(
+            name=name,
+            kind=kind,
+            partitions=self.partitions if partitions is None else partitions,
+            replication_factor=self.replication_factor,
+            cleanup=cleanup,
+            retention_ms=retention_ms,
+        )
+
+    def shared_specs(self) -> list[TopicSpec]:
+        """Topics every deployment has, whatever models it serves."""
+        data = self.data_retention_ms
+        return [
+            self._spec(self.telemetry(), TopicKind.TELEMETRY, retention_ms=data),
+            # Control topics have a single partition: one ordered stream per key
+            # and a cheap read-from-beginning on start-up.
+            self._spec(self.routing(), TopicKind.ROUTING, cleanup=Cleanup.COMPACT, partitions=1),
+            self._spec(
+                self.precision(), TopicKind.PRECISION, cleanup=Cleanup.COMPACT, partitions=1
+            ),
+            self._spec(
+                self.commands(),
+                TopicKind.COMMANDS,
+                retention_ms=self.audit_retention_ms,
+                partitions=1,
+            ),
+            self._spec(
+                self.audit(), TopicKind.AUDIT, retention_ms=self.audit_retention_ms, partitions=1
+            ),
+            self._spec(self.dlq(), TopicKind.DLQ, retention_ms=self.audit_retention_ms),
+        ]
+
+    def model_specs(self, model: str, versions: list[str]) -> list[TopicSpec]:
+        """Topics of one model and its versions."""
+        data = self.data_retention_ms
+        specs = [
+            self._spec(self.ingress(model), TopicKind.INGRESS, retention_ms=data),
+            self._spec(self.results(model), TopicKind.RESULTS, retention_ms=data),
+            self._spec(self.shadow(model), TopicKind.SHADOW, retention_ms=data),
+        ]
+        specs += [
+            self._spec(self.version_requests(model, v), TopicKind.VERSION_REQUESTS, retention_ms=data)
+            for v in versions
+        ]
+        return specs
+
+    def reply_spec(self, client_id: str) -> TopicSpec:
+        return self._spec(
+            self.reply(client_id), TopicKind.REPLY, retention_ms=3600 * 1000, partitions=1
+        )

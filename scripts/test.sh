@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: static checks, then pytest against a real local
+# Kafka broker and a real PostgreSQL server, both started here and stopped after.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+
+echo "==> generated protobuf code is up to date"
+$BIN/python protos/generate.py --check || exit 1
+
+echo "==> lint (ruff) and types (mypy)"
+$BIN/ruff check . || exit 1
+$BIN/mypy || exit 1
+
+echo "==> starting the local Kafka broker and PostgreSQL"
+$BIN/python deploy/kafka/kafka.py start || exit 1
+$BIN/python deploy/postgres/postgres.py start || { $BIN/python deploy/kafka/kafka.py stop; exit 1; }
+
+echo "==> pytest"
+$BIN/python -m pytest "$@"
+rc=$?
+
+echo "==> stopping the local services"
+$BIN/python deploy/postgres/postgres.py stop || true
+$BIN/python deploy/kafka/kafka.py stop || true
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: that is a failure here"
+  exit 1
+fi
+exit "$rc"
