@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class GraylaneError(RuntimeError):
     """Base of every Graylane error; ``retriable`` says whether trying again can help."""
@@ -27,3 +31,14 @@ class TopicSetupError(BusError):
     """Topics could not be created or configured as specified."""
 
     retriable = False
+
+
+class NotStartedError(GraylaneError):
+    """A service used a client before starting it."""
+
+
+def require_started(client: T | None) -> T:
+    """``client``, or :class:`NotStartedError` if the service has not started it."""
+    if client is None:
+        raise NotStartedError("a Kafka client was used before the service started it")
+    return client

@@ -12,7 +12,7 @@ from graylane.v1 import tensor_pb2
 
 DType = tensor_pb2.DType
 
-_TO_NUMPY: dict[int, np.dtype[np.generic]] = {
+_TO_NUMPY: dict[tensor_pb2.DType, np.dtype[np.generic]] = {
     tensor_pb2.FLOAT32: np.dtype("<f4"),
     tensor_pb2.FLOAT16: np.dtype("<f2"),
     tensor_pb2.FLOAT64: np.dtype("<f8"),
@@ -22,10 +22,12 @@ _TO_NUMPY: dict[int, np.dtype[np.generic]] = {
     tensor_pb2.UINT8: np.dtype("u1"),
     tensor_pb2.BOOL: np.dtype("?"),
 }
-_FROM_NUMPY: dict[str, int] = {dt.str.lstrip("<|="): code for code, dt in _TO_NUMPY.items()}
+_FROM_NUMPY: dict[str, tensor_pb2.DType] = {
+    dt.str.lstrip("<|="): code for code, dt in _TO_NUMPY.items()
+}
 
 
-def numpy_dtype(code: int) -> np.dtype[np.generic]:
+def numpy_dtype(code: tensor_pb2.DType) -> np.dtype[np.generic]:
     """The numpy dtype for a ``graylane.v1.DType`` code."""
     try:
         return _TO_NUMPY[code]
@@ -34,7 +36,7 @@ def numpy_dtype(code: int) -> np.dtype[np.generic]:
         raise TensorError(f"dtype {name} is not supported") from None
 
 
-def dtype_code(dtype: np.dtype[np.generic]) -> int:
+def dtype_code(dtype: np.dtype[np.generic]) -> tensor_pb2.DType:
     """The ``graylane.v1.DType`` code of a numpy dtype."""
     key = np.dtype(dtype).newbyteorder("<").str.lstrip("<|=")
     try:

@@ -80,9 +80,7 @@ def check_model_name(model: str) -> str:
 
 def check_version_name(version: str) -> str:
     if not _VERSION.match(version):
-        raise TopicNameError(
-            f"version {version!r} must be 1-64 letters, digits, '.', '_' or '-'"
-        )
+        raise TopicNameError(f"version {version!r} must be 1-64 letters, digits, '.', '_' or '-'")
     return version
 
 
@@ -186,7 +184,9 @@ class TopicLayout:
             self._spec(self.shadow(model), TopicKind.SHADOW, retention_ms=data),
         ]
         specs += [
-            self._spec(self.version_requests(model, v), TopicKind.VERSION_REQUESTS, retention_ms=data)
+            self._spec(
+                self.version_requests(model, v), TopicKind.VERSION_REQUESTS, retention_ms=data
+            )
             for v in versions
         ]
         return specs

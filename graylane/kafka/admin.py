@@ -109,7 +109,9 @@ async def _wait_for_leaders(
     while True:
         described = await admin.describe_topics(topics)
         ready = all(
-            t["error_code"] == 0 and t["partitions"] and all(p["leader"] >= 0 for p in t["partitions"])
+            t["error_code"] == 0
+            and t["partitions"]
+            and all(p["leader"] >= 0 for p in t["partitions"])
             for t in described
         )
         if ready and len(described) >= len(set(topics)):
@@ -131,7 +133,7 @@ async def read_latest_per_key(
     try:
         partitions = consumer.partitions_for_topic(topic)
         if partitions is None:
-            await consumer._client.force_metadata_update()  # noqa: SLF001
+            await consumer._client.force_metadata_update()
             partitions = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         if not tps:
@@ -149,7 +151,7 @@ async def read_latest_per_key(
             if asyncio.get_running_loop().time() > deadline:
                 raise TopicSetupError(f"timed out reading {topic} to its end")
             batches = await consumer.getmany(*remaining, timeout_ms=200)
-            for tp, records in batches.items():
+            for records in batches.values():
                 for record in records:
                     if record.key is not None:
                         latest[record.key] = record.value

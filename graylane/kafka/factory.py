@@ -100,7 +100,7 @@ class KafkaFactory:
             kwargs["compression_type"] = o.compression
         if o.transactional_id:
             kwargs["transactional_id"] = o.transactional_id
-        return AIOKafkaProducer(**kwargs)  # type: ignore[arg-type]
+        return AIOKafkaProducer(**kwargs)
 
     def consumer(
         self,
@@ -124,7 +124,7 @@ class KafkaFactory:
         )
         if o.rebalance_timeout_ms is not None:
             kwargs["rebalance_timeout_ms"] = o.rebalance_timeout_ms
-        return AIOKafkaConsumer(*topics, **kwargs)  # type: ignore[arg-type]
+        return AIOKafkaConsumer(*topics, **kwargs)
 
     def admin(self) -> AIOKafkaAdminClient:
-        return AIOKafkaAdminClient(**self._common("admin"))  # type: ignore[arg-type]
+        return AIOKafkaAdminClient(**self._common("admin"))

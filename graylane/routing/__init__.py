@@ -2,9 +2,9 @@
 
 from graylane.routing.buckets import BUCKETS, BucketRange, assign_ranges, bucket_of, sample_fraction
 from graylane.routing.table import (
+    RequestFacts,
     RouteDecision,
     RouteReason,
-    RequestFacts,
     RouteTable,
     RoutingRule,
     UnknownPinnedVersion,
@@ -16,9 +16,9 @@ from graylane.routing.table import (
 __all__ = [
     "BUCKETS",
     "BucketRange",
+    "RequestFacts",
     "RouteDecision",
     "RouteReason",
-    "RequestFacts",
     "RouteTable",
     "RoutingRule",
     "UnknownPinnedVersion",

@@ -45,7 +45,9 @@ def table_to_pb(table: RouteTable, *, updated_at_unix_ms: int = 0) -> control_pb
             for r in table.routes
         ],
         rules=[
-            control_pb2.RoutingRule(name=rule.name, match_tags=dict(rule.match_tags), version=rule.version)
+            control_pb2.RoutingRule(
+                name=rule.name, match_tags=dict(rule.match_tags), version=rule.version
+            )
             for rule in table.rules
         ],
         shadow_version=table.shadow_version or "",

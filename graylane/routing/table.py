@@ -104,9 +104,10 @@ def table_for_weights(
     """Build a table from weights in percent; the stable version gets the rest."""
     ranges = assign_ranges(stable_version, weights)
     total = sum(w for _, w in weights)
-    routes = tuple(
-        VersionRoute(v, w, (ranges[v],)) for v, w in weights
-    ) + (VersionRoute(stable_version, max(0.0, 100.0 - total), (ranges[stable_version],)),)
+    routes = (
+        *tuple(VersionRoute(v, w, (ranges[v],)) for v, w in weights),
+        VersionRoute(stable_version, max(0.0, 100.0 - total), (ranges[stable_version],)),
+    )
     if not 0.0 <= shadow_share <= 1.0:
         raise ValueError(f"shadow share {shadow_share} is outside 0..1")
     return RouteTable(
@@ -143,14 +144,18 @@ def route(table: RouteTable, facts: RequestFacts) -> RouteDecision:
 def _primary(table: RouteTable, facts: RequestFacts, bucket: int) -> RouteDecision:
     for rule in table.rules:
         if rule.matches(facts.tags):
-            return RouteDecision(rule.version, RouteReason.RULE, bucket, rule.name, None, table.epoch)
+            return RouteDecision(
+                rule.version, RouteReason.RULE, bucket, rule.name, None, table.epoch
+            )
     if facts.pinned_version and table.allow_pinning:
         if facts.pinned_version not in table.versions():
             raise UnknownPinnedVersion(
                 f"version {facts.pinned_version!r} of model {table.model!r} is not served; "
                 f"served versions: {', '.join(sorted(table.versions()))}"
             )
-        return RouteDecision(facts.pinned_version, RouteReason.PINNED, bucket, None, None, table.epoch)
+        return RouteDecision(
+            facts.pinned_version, RouteReason.PINNED, bucket, None, None, table.epoch
+        )
     for r in table.routes:
         if any(bucket in rng for rng in r.ranges):
             return RouteDecision(r.version, RouteReason.BUCKET, bucket, None, None, table.epoch)

@@ -1,0 +1,78 @@
+"""One planned batch through an engine: requests in, per-request outcomes out (pure)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine_worker.batching import BucketPolicy
+from engine_worker.engine.protocol import InferenceEngine
+from engine_worker.requests import TaskKind, WorkItem
+from engine_worker.tasks import GenerationResult, run_forward, run_generate
+
+
+@dataclass(frozen=True)
+class ForwardOutcome:
+    outputs: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class GenerateOutcome:
+    result: GenerationResult
+
+
+Outcome = ForwardOutcome | GenerateOutcome
+
+
+@dataclass(frozen=True)
+class BatchRun:
+    outcomes: dict[int, Outcome]
+    """Outcome per WorkItem.index."""
+    compute_ms: float
+    engine_calls: int
+
+
+def run_batch(
+    engine: InferenceEngine,
+    items: Sequence[WorkItem],
+    policy: BucketPolicy,
+    max_seq_len: int,
+    pad_id: int = 0,
+) -> BatchRun:
+    """Run a planned batch; items sharing a group key share engine calls."""
+    started = time.perf_counter()
+    groups: dict[tuple[object, ...], list[WorkItem]] = {}
+    for item in items:
+        groups.setdefault(item.group_key, []).append(item)
+    outcomes: dict[int, Outcome] = {}
+    calls = 0
+    for members in groups.values():
+        first = members[0]
+        calls += 1
+        if first.task is TaskKind.GENERATE:
+            results = run_generate(
+                engine,
+                [m.prompt_tokens for m in members],
+                [m.max_new_tokens for m in members],
+                first.eos_id,
+                max_seq_len,
+                policy=policy,
+                pad_id=pad_id,
+            )
+            for m, r in zip(members, results, strict=True):
+                outcomes[m.index] = GenerateOutcome(r)
+        else:
+            outs = run_forward(
+                engine,
+                [m.feeds for m in members],
+                first.post,
+                first.top_k,
+                policy=policy,
+                pad_id=pad_id,
+            )
+            for m, o in zip(members, outs, strict=True):
+                outcomes[m.index] = ForwardOutcome(o)
+    return BatchRun(outcomes, (time.perf_counter() - started) * 1000.0, calls)

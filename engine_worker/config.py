@@ -1,0 +1,45 @@
+"""Worker configuration (read once at start-up)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from engine_worker.batching import DEFAULT_BUCKETS
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultInjection:
+    """Deliberate faults, for tests and demos only: extra latency and failures."""
+
+    extra_latency_ms: float = 0.0
+    latency_factor: float = 1.0
+    error_rate: float = 0.0
+    seed: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.extra_latency_ms > 0 or self.latency_factor != 1.0 or self.error_rate > 0
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    model: str
+    version: str
+    initial_variant: str
+    max_batch_size: int = 8
+    max_wait_ms: int = 5
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    max_seq_len: int = 256
+    max_new_tokens: int = 256
+    worker_id: str = field(default_factory=default_worker_id)
+    metrics_port: int = 0
+    faults: FaultInjection = field(default_factory=FaultInjection)
+    group_id: str = ""
+    fetch_factor: int = 4
+    """Records fetched per cycle = max_batch_size * fetch_factor (then planned into batches)."""

@@ -1,0 +1,1 @@
+"""The ``graylane`` command line."""

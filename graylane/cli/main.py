@@ -1,0 +1,53 @@
+"""``graylane``: one entry point, one subcommand per job.
+
+Each subcommand lives in its own module exposing ``register(subparsers)``; heavy
+imports happen inside the handlers so ``graylane --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+# Modules that add subcommands, in the order they appear in --help.
+COMMAND_MODULES: tuple[str, ...] = (
+    "graylane.cli.stack",
+    "graylane.cli.services",
+    "graylane.cli.demo",
+    "graylane.cli.bench",
+    "builder.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="graylane",
+        description="Gray releases and elastic precision QoS for inference over Kafka.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(name)
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        result = args.handler(args)
+    except KeyboardInterrupt:
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

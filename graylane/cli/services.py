@@ -1,0 +1,137 @@
+"""``graylane router`` / ``graylane worker``: the long-running services."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from graylane.settings import Settings
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    router = sub.add_parser("router", help="route ingress requests to per-version topics")
+    router.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="MODEL=STABLE_VERSION",
+        help="a model this router serves and its stable version (repeatable)",
+    )
+    router.add_argument("--metrics-port", type=int, default=0)
+    router.set_defaults(handler=_router)
+
+    worker = sub.add_parser("worker", help="serve one model version from Kafka")
+    worker.add_argument("--model", required=True)
+    worker.add_argument("--version", required=True)
+    worker.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="an ONNX variant to load (repeatable); the first is active unless --active",
+    )
+    worker.add_argument(
+        "--from-registry",
+        action="store_true",
+        help="load the servable variants of MODEL/VERSION from the registry and artifact store",
+    )
+    worker.add_argument("--active", help="variant to start with")
+    worker.add_argument("--max-batch", type=int, default=8)
+    worker.add_argument("--max-wait-ms", type=int, default=5)
+    worker.add_argument("--max-seq-len", type=int, default=0, help="0 = from the model")
+    worker.add_argument("--threads", type=int, default=0, help="engine threads (0 = default)")
+    worker.add_argument("--metrics-port", type=int, default=0)
+    worker.add_argument("--worker-id", default="")
+    worker.add_argument("--inject-latency-ms", type=float, default=0.0, help="tests/demos only")
+    worker.add_argument("--inject-latency-factor", type=float, default=1.0, help="tests/demos only")
+    worker.add_argument("--inject-error-rate", type=float, default=0.0, help="tests/demos only")
+    worker.set_defaults(handler=_worker)
+
+
+def run_service(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> int:
+    """Run a service until SIGINT/SIGTERM, then shut it down cleanly."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    logging.getLogger().setLevel(logging.INFO)
+    asyncio.run(runner())
+    return 0
+
+
+def _router(args: argparse.Namespace) -> int:
+    from graylane.kafka.factory import KafkaFactory
+    from services.router.service import Router, RouterConfig
+
+    stable = {}
+    for item in args.model:
+        model, _, version = item.partition("=")
+        if not version:
+            raise SystemExit(f"--model {item!r}: expected MODEL=STABLE_VERSION")
+        stable[model] = version
+    settings = Settings.from_env()
+    router = Router(
+        KafkaFactory(settings), RouterConfig(stable_versions=stable, metrics_port=args.metrics_port)
+    )
+    return run_service(router.run)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from engine_worker.config import FaultInjection, WorkerConfig
+    from engine_worker.loading import load_from_paths, onnx_max_seq_len
+    from engine_worker.service import Worker
+    from graylane.kafka.factory import KafkaFactory
+
+    settings = Settings.from_env()
+    threads = args.threads or None
+    if args.from_registry:
+        from engine_worker.registry_loading import load_from_registry
+
+        loaded = load_from_registry(settings, args.model, args.version, intra_op_threads=threads)
+        engines, first_path = loaded.engines, loaded.fp32_path
+    else:
+        paths: dict[str, Path] = {}
+        for item in args.variant:
+            name, _, path = item.partition("=")
+            if not path:
+                raise SystemExit(f"--variant {item!r}: expected NAME=PATH")
+            paths[name] = Path(path)
+        if not paths:
+            raise SystemExit("give --variant NAME=PATH at least once, or --from-registry")
+        engines = load_from_paths(paths, model=args.model, intra_op_threads=threads)
+        first_path = next(iter(paths.values()))
+    active = args.active or next(iter(engines))
+    max_seq = args.max_seq_len or onnx_max_seq_len(first_path) or 256
+    config = WorkerConfig(
+        model=args.model,
+        version=args.version,
+        initial_variant=active,
+        max_batch_size=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        max_seq_len=max_seq,
+        buckets=_buckets_up_to(max_seq),
+        metrics_port=args.metrics_port,
+        faults=FaultInjection(
+            extra_latency_ms=args.inject_latency_ms,
+            latency_factor=args.inject_latency_factor,
+            error_rate=args.inject_error_rate,
+        ),
+        **({"worker_id": args.worker_id} if args.worker_id else {}),
+    )
+    worker = Worker(KafkaFactory(settings), config, engines)
+    return run_service(worker.run)
+
+
+def _buckets_up_to(max_seq: int) -> tuple[int, ...]:
+    from engine_worker.batching import BucketPolicy
+
+    return BucketPolicy.powers_of_two(max_seq, 1).buckets

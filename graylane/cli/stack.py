@@ -1,0 +1,62 @@
+"""``graylane up`` / ``down`` / ``topics``: the local stack."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from graylane.settings import Settings
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    up = sub.add_parser("up", help="start the local Kafka broker and create the shared topics")
+    up.set_defaults(handler=_up)
+    down = sub.add_parser("down", help="stop the local Kafka broker")
+    down.set_defaults(handler=_down)
+    topics = sub.add_parser("topics", help="create or repair Graylane's topics (idempotent)")
+    topics.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="MODEL=V1,V2",
+        help="also create the topics of a model and its versions (repeatable)",
+    )
+    topics.set_defaults(handler=_topics)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from deploy.kafka import kafka
+
+    kafka.start()
+    return _topics(argparse.Namespace(model=[]))
+
+
+def _down(args: argparse.Namespace) -> int:
+    from deploy.kafka import kafka
+
+    kafka.stop()
+    return 0
+
+
+def parse_model_versions(items: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for item in items:
+        model, _, versions = item.partition("=")
+        out[model] = [v for v in versions.split(",") if v]
+    return out
+
+
+def _topics(args: argparse.Namespace) -> int:
+    from graylane.kafka.admin import ensure_topics
+    from graylane.kafka.factory import KafkaFactory
+
+    factory = KafkaFactory(Settings.from_env())
+    specs = factory.layout.shared_specs()
+    for model, versions in parse_model_versions(args.model).items():
+        specs += factory.layout.model_specs(model, versions)
+    report = asyncio.run(ensure_topics(factory, specs))
+    print(
+        f"topics: {len(report.created)} created, {len(report.reconfigured)} reconfigured, "
+        f"{len(report.unchanged)} already as specified"
+    )
+    return 0

@@ -1,0 +1,309 @@
+"""The producer-side SDK: submit requests, read results, or do both in one call.
+
+    async with GraylaneClient(KafkaFactory(Settings.from_env())) as client:
+        result = await client.infer("gpt", prompt="hello", task=Task.GENERATE,
+                                    max_new_tokens=16, timeout=10)
+
+Results come back on a per-client reply topic and are matched by request_id.
+Delivery is at-least-once, so a result can arrive twice; the client hands out
+the first and drops the copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from types import TracebackType
+
+import numpy as np
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from graylane import serde, tensors
+from graylane.errors import GraylaneError, SerdeError, require_started
+from graylane.kafka.admin import ensure_topics
+from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.replies import now_ms
+from graylane.v1 import inference_pb2
+
+log = logging.getLogger(__name__)
+
+
+class Task(Enum):
+    FORWARD = inference_pb2.FORWARD
+    GENERATE = inference_pb2.GENERATE
+
+
+class PostProcess(Enum):
+    NONE = inference_pb2.POST_PROCESS_NONE
+    ARGMAX_LAST = inference_pb2.ARGMAX_LAST
+    TOPK_LAST = inference_pb2.TOPK_LAST
+    MEAN_POOL = inference_pb2.MEAN_POOL
+
+
+class ClientError(GraylaneError):
+    """Base of the SDK's errors."""
+
+
+class InferenceTimeout(ClientError):
+    """No result arrived within the timeout."""
+
+    retriable = True
+
+
+class RequestRejected(ClientError):
+    """The system answered with an error result."""
+
+    def __init__(self, result: Result) -> None:
+        super().__init__(f"{result.error_code}: {result.error_message}")
+        self.result = result
+
+
+class UnknownModel(ClientError):
+    """The model (or pinned version) is not served."""
+
+    def __init__(self, message: str, result: Result | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass(frozen=True)
+class Timing:
+    queue_wait_ms: float
+    compute_ms: float
+    total_ms: float
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class Result:
+    """An inference result, decoded from the wire."""
+
+    request_id: str
+    model: str
+    version: str
+    variant: str
+    ok: bool
+    error_code: str
+    error_message: str
+    outputs: Mapping[str, np.ndarray] = field(default_factory=dict)
+    tokens: tuple[int, ...] = ()
+    text: str = ""
+    timing: Timing = Timing(0.0, 0.0, 0.0, 0)
+    client_latency_ms: float | None = None
+
+    @classmethod
+    def from_pb(cls, pb: inference_pb2.InferenceResult, sent_ms: int | None) -> Result:
+        ok = pb.status == inference_pb2.OK
+        return cls(
+            request_id=pb.request_id,
+            model=pb.model,
+            version=pb.version,
+            variant=pb.variant,
+            ok=ok,
+            error_code="" if ok else inference_pb2.ErrorCode.Name(pb.error_code),
+            error_message=pb.error_message,
+            outputs=tensors.from_tensors(pb.outputs),
+            tokens=tuple(pb.generated_token_ids),
+            text=pb.text,
+            timing=Timing(
+                pb.timing.queue_wait_ms,
+                pb.timing.compute_ms,
+                pb.timing.total_ms,
+                pb.timing.batch_size,
+            ),
+            client_latency_ms=float(now_ms() - sent_ms) if sent_ms else None,
+        )
+
+
+class GraylaneClient:
+    """Submits inference requests over Kafka and collects their results."""
+
+    def __init__(
+        self,
+        factory: KafkaFactory,
+        *,
+        client_id: str | None = None,
+        listen: bool = True,
+        max_seen: int = 100_000,
+    ) -> None:
+        self.factory = factory
+        self.layout = factory.layout
+        self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
+        self.reply_topic = self.layout.reply(self.client_id)
+        self._listen = listen
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._waiters: dict[str, asyncio.Future[Result]] = {}
+        self._sent_at: dict[str, int] = {}
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._max_seen = max_seen
+        self._queue: asyncio.Queue[Result] = asyncio.Queue()
+        self._known_models: set[str] | None = None
+
+    async def __aenter__(self) -> GraylaneClient:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self._listen:
+            await ensure_topics(self.factory, [self.layout.reply_spec(self.client_id)])
+            consumer = self.factory.consumer(
+                options=ConsumerOptions(group_id=None, fetch_max_wait_ms=20),
+                client_suffix=self.client_id,
+            )
+            await consumer.start()
+            tp = TopicPartition(self.reply_topic, 0)
+            consumer.assign([tp])
+            await consumer.seek_to_end(tp)
+            await consumer.position(tp)  # resolve now, so nothing sent later is missed
+            self._consumer = consumer
+            self._reader = asyncio.create_task(self._read())
+        self._producer = self.factory.producer(client_suffix=self.client_id)
+        await self._producer.start()
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def _read(self) -> None:
+        consumer = require_started(self._consumer)
+        while True:
+            batches = await consumer.getmany(timeout_ms=500)
+            for records in batches.values():
+                for record in records:
+                    try:
+                        pb = serde.decode(inference_pb2.InferenceResult, record.value)
+                    except SerdeError as exc:
+                        log.error("undecodable result on %s: %s", self.reply_topic, exc)
+                        continue
+                    if pb.request_id in self._seen:
+                        continue  # an at-least-once duplicate
+                    self._seen[pb.request_id] = None
+                    if len(self._seen) > self._max_seen:
+                        self._seen.popitem(last=False)
+                    result = Result.from_pb(pb, self._sent_at.pop(pb.request_id, None))
+                    waiter = self._waiters.pop(pb.request_id, None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(result)
+                    else:
+                        self._queue.put_nowait(result)
+
+    def build_request(
+        self,
+        model: str,
+        *,
+        inputs: Mapping[str, np.ndarray] | None = None,
+        prompt: str = "",
+        token_ids: list[int] | None = None,
+        task: Task = Task.FORWARD,
+        post_process: PostProcess = PostProcess.NONE,
+        top_k: int = 0,
+        max_new_tokens: int = 0,
+        eos_token_id: int | None = None,
+        routing_key: str = "",
+        tags: Mapping[str, str] | None = None,
+        deadline_s: float | None = None,
+        pinned_version: str = "",
+        request_id: str | None = None,
+        reply_topic: str | None = None,
+    ) -> inference_pb2.InferenceRequest:
+        created = now_ms()
+        return inference_pb2.InferenceRequest(
+            request_id=request_id or uuid.uuid4().hex,
+            model=model,
+            routing_key=routing_key,
+            tags=dict(tags or {}),
+            inputs=tensors.to_tensors(inputs or {}),
+            prompt=prompt,
+            token_ids=list(token_ids or []),
+            task=task.value,
+            generation=inference_pb2.GenerationParams(
+                max_new_tokens=max_new_tokens,
+                eos_token_id=eos_token_id or 0,
+                has_eos=eos_token_id is not None,
+            ),
+            post_process=post_process.value,
+            top_k=top_k,
+            deadline_unix_ms=int(created + deadline_s * 1000) if deadline_s else 0,
+            reply_topic=reply_topic
+            if reply_topic is not None
+            else (self.reply_topic if self._listen else ""),
+            created_at_unix_ms=created,
+            pinned_version=pinned_version,
+        )
+
+    async def send(self, request: inference_pb2.InferenceRequest) -> str:
+        """Publish a prepared request to its model's ingress topic."""
+        producer = require_started(self._producer)
+        await self._check_model(request.model)
+        self._sent_at[request.request_id] = request.created_at_unix_ms or now_ms()
+        await producer.send(
+            self.layout.ingress(request.model),
+            serde.encode(request),
+            key=(request.routing_key or request.request_id).encode("utf-8"),
+        )
+        return request.request_id
+
+    async def _check_model(self, model: str) -> None:
+        """Refuse a model without an ingress topic at once (a send would hang)."""
+        topic = self.layout.ingress(model)
+        if self._known_models is not None and topic in self._known_models:
+            return
+        client = require_started(self._producer).client
+        await client.force_metadata_update()
+        self._known_models = set(client.cluster.topics())
+        if topic not in self._known_models:
+            raise UnknownModel(f"model {model!r} is not served: topic {topic} does not exist")
+
+    async def submit(self, model: str, **kwargs: object) -> str:
+        """Publish a request (see :meth:`build_request` for the arguments); returns its id."""
+        return await self.send(self.build_request(model, **kwargs))  # type: ignore[arg-type]
+
+    async def flush(self) -> None:
+        await require_started(self._producer).flush()
+
+    async def results(self) -> AsyncIterator[Result]:
+        """Results of submitted requests, in arrival order (each request once)."""
+        while True:
+            yield await self._queue.get()
+
+    async def infer(self, model: str, *, timeout: float = 30.0, **kwargs: object) -> Result:
+        """Submit and wait for the result; raises on timeout or an error result."""
+        request = self.build_request(model, **kwargs)  # type: ignore[arg-type]
+        waiter: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._waiters[request.request_id] = waiter
+        try:
+            await self.send(request)
+            result = await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            raise InferenceTimeout(
+                f"no result for request {request.request_id} of {model!r} within {timeout}s"
+            ) from None
+        finally:
+            self._waiters.pop(request.request_id, None)
+        if not result.ok:
+            if result.error_code in ("UNKNOWN_MODEL", "UNKNOWN_VERSION"):
+                raise UnknownModel(f"{result.error_code}: {result.error_message}", result)
+            raise RequestRejected(result)
+        return result

@@ -1,0 +1,153 @@
+"""Where bad input goes: an error result when the request can be identified,
+else a dead letter with the original bytes. Shared by the router and workers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
+
+from graylane import serde
+from graylane.topics import TopicLayout
+from graylane.v1 import dlq_pb2, inference_pb2
+
+log = logging.getLogger(__name__)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a request cannot be served."""
+
+    code: inference_pb2.ErrorCode
+    message: str
+
+
+class ReplySink:
+    """Sends error results and dead letters; checks reply topics exist first.
+
+    A send to a missing topic would block the partition for the whole metadata
+    timeout, so unknown reply topics go to the DLQ at once instead.
+    """
+
+    def __init__(
+        self,
+        producer: AIOKafkaProducer,
+        layout: TopicLayout,
+        service: str,
+        *,
+        refresh_s: float = 10.0,
+    ) -> None:
+        self._producer = producer
+        self._layout = layout
+        self._service = service
+        self._refresh_s = refresh_s
+        self._known: set[str] = set()
+        self._known_at = 0.0
+
+    async def topic_exists(self, topic: str) -> bool:
+        if topic in self._known:
+            return True
+        if time.monotonic() - self._known_at > 1.0:
+            client = self._producer.client
+            await client.force_metadata_update()
+            self._known = set(client.cluster.topics())
+            self._known_at = time.monotonic()
+        return topic in self._known
+
+    def reply_topic(self, request: inference_pb2.InferenceRequest) -> str:
+        return request.reply_topic or self._layout.results(request.model)
+
+    async def error_result(
+        self,
+        request: inference_pb2.InferenceRequest,
+        rejection: Rejection,
+        record: ConsumerRecord[bytes, bytes],
+        *,
+        version: str = "",
+        variant: str = "",
+        worker_id: str = "",
+    ) -> Awaitable[object]:
+        """Queue an error result (or a dead letter if no reply is possible)."""
+        try:
+            topic = self.reply_topic(request)
+        except ValueError as exc:
+            return await self.dead_letter(
+                record, inference_pb2.BAD_REQUEST, f"{rejection.message}; no reply topic: {exc}"
+            )
+        if request.shadow:
+            topic = self._layout.shadow(request.model)
+        if not await self.topic_exists(topic):
+            return await self.dead_letter(
+                record,
+                rejection.code,
+                f"{rejection.message}; reply topic {topic!r} does not exist",
+            )
+        now = now_ms()
+        result = inference_pb2.InferenceResult(
+            request_id=request.request_id,
+            model=request.model,
+            version=version or request.routed_version,
+            variant=variant,
+            status=inference_pb2.ERROR,
+            error_code=rejection.code,
+            error_message=rejection.message,
+            shadow=request.shadow,
+            worker_id=worker_id,
+            routing_key=request.routing_key,
+            task=request.task,
+            timing=inference_pb2.Timing(
+                created_at_unix_ms=request.created_at_unix_ms,
+                routed_at_unix_ms=request.routed_at_unix_ms,
+                completed_at_unix_ms=now,
+                total_ms=float(max(0, now - request.created_at_unix_ms))
+                if request.created_at_unix_ms
+                else 0.0,
+            ),
+        )
+        sent: Awaitable[object] = await self._producer.send(
+            topic, serde.encode(result), key=request.request_id.encode("utf-8")
+        )
+        return sent
+
+    async def dead_letter(
+        self,
+        record: ConsumerRecord[bytes, bytes],
+        code: inference_pb2.ErrorCode,
+        reason: str,
+    ) -> Awaitable[object]:
+        letter = dlq_pb2.DeadLetter(
+            original_key=record.key or b"",
+            original_value=record.value or b"",
+            original_headers=[
+                dlq_pb2.Header(key=k, value=v or b"") for k, v in (record.headers or ())
+            ],
+            source_topic=record.topic,
+            source_partition=record.partition,
+            source_offset=record.offset,
+            error_code=code,
+            reason=reason,
+            service=self._service,
+            failed_at_unix_ms=now_ms(),
+        )
+        log.warning(
+            "dead letter from %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
+        )
+        sent: Awaitable[object] = await self._producer.send(
+            self._layout.dlq(), serde.encode(letter), key=record.key
+        )
+        return sent
+
+
+async def settle(futures: list[Awaitable[object]]) -> None:
+    """Wait until every queued send is acknowledged by the broker."""
+    if futures:
+        await asyncio.gather(*futures)

@@ -1,0 +1,263 @@
+"""The router: ingress topic -> per-version topics, by the latest routing table.
+
+A thin adapter around :func:`graylane.routing.route`. Ingress offsets are
+committed only after every forward (and every error reply) of a batch is
+acknowledged, so a crash re-routes rather than loses requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+from prometheus_client import CollectorRegistry
+
+from graylane import serde
+from graylane.errors import SerdeError, require_started
+from graylane.kafka.admin import ensure_topics
+from graylane.kafka.factory import ConsumerOptions, KafkaFactory, OffsetReset
+from graylane.kafka.replies import Rejection, ReplySink, now_ms, settle
+from graylane.metrics import RouterMetrics, serve_metrics
+from graylane.routing import RequestFacts, RouteTable, UnknownPinnedVersion, route
+from graylane.routing.convert import table_from_pb
+from graylane.routing.table import RouteDecision, route_without_table
+from graylane.v1 import control_pb2, inference_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterConfig:
+    """Models this router serves, each with its configured stable version."""
+
+    stable_versions: dict[str, str]
+    group_id: str = ""
+    max_poll_records: int = 500
+    metrics_port: int = 0
+
+
+@dataclass
+class TableStore:
+    """Latest routing table per model; never goes back to an older epoch."""
+
+    tables: dict[str, RouteTable] = field(default_factory=dict)
+
+    def offer(self, table: RouteTable) -> bool:
+        current = self.tables.get(table.model)
+        if current is not None and table.epoch <= current.epoch:
+            return False
+        self.tables[table.model] = table
+        return True
+
+
+class Router:
+    def __init__(self, factory: KafkaFactory, config: RouterConfig) -> None:
+        self.factory = factory
+        self.layout = factory.layout
+        self.config = config
+        self.tables = TableStore()
+        self.registry = CollectorRegistry()
+        self.metrics = RouterMetrics.create(self.registry)
+        self.ready = asyncio.Event()
+        self._producer: AIOKafkaProducer | None = None
+        self._table_consumer: AIOKafkaConsumer | None = None
+
+    # -- routing tables --------------------------------------------------------
+    def _apply_table_record(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        if record.value is None:
+            return
+        try:
+            table = table_from_pb(serde.decode(control_pb2.RoutingTable, record.value))
+        except (SerdeError, ValueError) as exc:
+            log.error("ignoring a bad routing table at offset %d: %s", record.offset, exc)
+            return
+        if table.model in self.config.stable_versions and self.tables.offer(table):
+            self.metrics.table_epoch.labels(table.model).set(table.epoch)
+            log.info("routing table %s epoch %d applied", table.model, table.epoch)
+
+    async def _watch_tables(self, stop: asyncio.Event) -> None:
+        consumer = require_started(self._table_consumer)
+        while not stop.is_set():
+            batches = await consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                for record in records:
+                    self._apply_table_record(record)
+
+    async def _load_tables(self) -> None:
+        """Read the compacted routing topic to its end before routing anything."""
+        consumer = self.factory.consumer(
+            options=ConsumerOptions(
+                group_id=None, offset_reset=OffsetReset.EARLIEST, fetch_max_wait_ms=100
+            ),
+            client_suffix="router-tables",
+        )
+        await consumer.start()
+        tp = TopicPartition(self.layout.routing(), 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        while await consumer.position(tp) < end:
+            for records in (await consumer.getmany(tp, timeout_ms=500)).values():
+                for record in records:
+                    self._apply_table_record(record)
+        self._table_consumer = consumer
+
+    # -- requests --------------------------------------------------------------
+    def decide(self, request: inference_pb2.InferenceRequest) -> RouteDecision:
+        facts = RequestFacts(
+            request.request_id, request.routing_key, dict(request.tags), request.pinned_version
+        )
+        table = self.tables.tables.get(request.model)
+        if table is None:
+            return route_without_table(
+                request.model, self.config.stable_versions[request.model], facts
+            )
+        return route(table, facts)
+
+    async def _handle(
+        self, record: ConsumerRecord[bytes, bytes], sink: ReplySink
+    ) -> list[Awaitable[object]]:
+        producer = require_started(self._producer)
+        topic_model = record.topic[len(self.layout.ingress("x")) - 1 :]
+        try:
+            request = serde.decode(inference_pb2.InferenceRequest, record.value)
+        except SerdeError as exc:
+            self.metrics.errors.labels(topic_model, "DECODE_ERROR").inc()
+            return [await sink.dead_letter(record, inference_pb2.DECODE_ERROR, str(exc))]
+        if not request.request_id:
+            self.metrics.errors.labels(topic_model, "BAD_REQUEST").inc()
+            return [
+                await sink.dead_letter(
+                    record, inference_pb2.BAD_REQUEST, "request has no request_id; cannot reply"
+                )
+            ]
+        if not request.model:
+            request.model = topic_model
+        rejection = self._reject(request, record, topic_model)
+        if rejection is not None:
+            self.metrics.errors.labels(
+                request.model, inference_pb2.ErrorCode.Name(rejection.code)
+            ).inc()
+            if request.model not in self.config.stable_versions:
+                request.model = topic_model  # reply on the topic's model results topic
+            return [await sink.error_result(request, rejection, record)]
+        try:
+            decision = self.decide(request)
+        except UnknownPinnedVersion as exc:
+            self.metrics.errors.labels(request.model, "UNKNOWN_VERSION").inc()
+            return [
+                await sink.error_result(
+                    request, Rejection(inference_pb2.UNKNOWN_VERSION, str(exc)), record
+                )
+            ]
+        now = now_ms()
+        request.routed_version = decision.version
+        request.routed_at_unix_ms = now
+        request.routing_epoch = decision.epoch
+        if not request.created_at_unix_ms:
+            request.created_at_unix_ms = record.timestamp
+        key = (request.routing_key or request.request_id).encode("utf-8")
+        futures: list[Awaitable[object]] = []
+        if decision.shadow_version:
+            copy = inference_pb2.InferenceRequest()
+            copy.CopyFrom(request)
+            copy.shadow = True
+            copy.routed_version = decision.shadow_version
+            copy.reply_topic = self.layout.shadow(request.model)
+            request.mirror_result = True
+            futures.append(
+                await producer.send(
+                    self.layout.version_requests(request.model, decision.shadow_version),
+                    serde.encode(copy),
+                    key=key,
+                )
+            )
+            self.metrics.shadow_copies.labels(request.model, decision.shadow_version).inc()
+        futures.append(
+            await producer.send(
+                self.layout.version_requests(request.model, decision.version),
+                serde.encode(request),
+                key=key,
+            )
+        )
+        self.metrics.routed.labels(request.model, decision.version, decision.reason.value).inc()
+        return futures
+
+    def _reject(
+        self,
+        request: inference_pb2.InferenceRequest,
+        record: ConsumerRecord[bytes, bytes],
+        topic_model: str,
+    ) -> Rejection | None:
+        limit = self.factory.settings.max_request_bytes
+        if len(record.value or b"") > limit:
+            return Rejection(
+                inference_pb2.PAYLOAD_TOO_LARGE,
+                f"request is {len(record.value or b'')} bytes; the limit is {limit}",
+            )
+        if request.model not in self.config.stable_versions:
+            return Rejection(
+                inference_pb2.UNKNOWN_MODEL,
+                f"model {request.model!r} is not served here; "
+                f"known models: {', '.join(sorted(self.config.stable_versions))}",
+            )
+        if request.model != topic_model:
+            return Rejection(
+                inference_pb2.BAD_REQUEST,
+                f"request for model {request.model!r} arrived on the ingress of {topic_model!r}",
+            )
+        if request.deadline_unix_ms and request.deadline_unix_ms < now_ms():
+            return Rejection(
+                inference_pb2.DEADLINE_EXCEEDED,
+                f"deadline {request.deadline_unix_ms} passed before routing",
+            )
+        return None
+
+    # -- lifecycle -------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        layout = self.layout
+        specs = layout.shared_specs()
+        for model, stable in self.config.stable_versions.items():
+            specs += layout.model_specs(model, [stable])
+        await ensure_topics(self.factory, specs)
+        serve_metrics(self.registry, self.config.metrics_port)
+        await self._load_tables()
+        self._producer = self.factory.producer(client_suffix="router")
+        await self._producer.start()
+        sink = ReplySink(self._producer, layout, "router")
+        group = self.config.group_id or f"{self.factory.settings.topic_prefix}-router"
+        ingress = self.factory.consumer(
+            *[layout.ingress(m) for m in self.config.stable_versions],
+            options=ConsumerOptions(
+                group_id=group, max_poll_records=self.config.max_poll_records, fetch_max_wait_ms=20
+            ),
+            client_suffix="router",
+        )
+        await ingress.start()
+        watcher = asyncio.create_task(self._watch_tables(stop))
+        self.ready.set()
+        log.info("router serving %s", sorted(self.config.stable_versions))
+        try:
+            while not stop.is_set():
+                batches = await ingress.getmany(timeout_ms=200)
+                if not batches:
+                    continue
+                futures: list[Awaitable[object]] = []
+                for records in batches.values():
+                    for record in records:
+                        futures.extend(await self._handle(record, sink))
+                await settle(futures)
+                await ingress.commit(
+                    {tp: records[-1].offset + 1 for tp, records in batches.items()}
+                )
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+            await ingress.stop()
+            await self._producer.stop()
+            if self._table_consumer is not None:
+                await self._table_consumer.stop()
