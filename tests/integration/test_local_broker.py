@@ -1,0 +1,108 @@
+"""The real local Kafka broker (deploy/kafka/kafka.py): start/stop idempotence, status, probe.
+
+These tests leave the broker RUNNING (other Kafka tests share it); the stop/start cycle test
+restores the running state before it returns.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = REPO_ROOT / "deploy" / "kafka" / "kafka.py"
+
+pytestmark = pytest.mark.kafka
+
+
+def _load_kafka_tool() -> ModuleType:
+    try:
+        return importlib.import_module("deploy.kafka.kafka")
+    except ModuleNotFoundError:
+        sys.path.insert(0, str(REPO_ROOT))
+        return importlib.import_module("deploy.kafka.kafka")
+
+
+kt = _load_kafka_tool()
+
+
+def _cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[str]:
+    """Start the broker if needed (already running is fine) and keep it running afterwards."""
+    yield kt.start()
+    kt.start()  # the stop/start cycle must not leave it stopped
+
+
+def test_start_again_is_a_noop(broker: str, capsys: pytest.CaptureFixture[str]) -> None:
+    pid = kt.running_pid()
+    assert pid is not None
+    assert kt.start() == broker
+    assert "already running" in capsys.readouterr().out
+    assert kt.running_pid() == pid
+
+
+def test_status_reports_version(broker: str) -> None:
+    ok, line = kt.status()
+    assert ok, line
+    assert line.startswith(f"Apache Kafka 4.0.1 running on {broker} (pid ")
+    assert kt.logged_version() == "4.0.1" == kt.KAFKA_VERSION
+    cli = _cli("status")
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert cli.stdout.strip() == line
+
+
+def test_metadata_probe_answers(broker: str) -> None:
+    host, port = broker.rsplit(":", 1)
+    md = kt.probe(host, int(port))
+    assert [(b.node_id, b.host, b.port) for b in md.brokers] == [(1, host, int(port))]
+    assert md.controller_id == 1
+    assert md.cluster_id
+
+
+@pytest.mark.slow
+def test_stop_stop_start_cycle_with_stale_pid(broker: str) -> None:
+    try:
+        stopped = _cli("stop")
+        assert stopped.returncode == 0, stopped.stderr
+        assert "stopped" in stopped.stdout
+        assert not kt.is_running()
+
+        again = _cli("stop")
+        assert again.returncode == 0
+        assert "not running" in again.stdout
+
+        status = _cli("status")
+        assert status.returncode == 1
+        assert "not running" in status.stdout
+
+        # A pid file left behind whose pid now belongs to a non-Kafka process.
+        with subprocess.Popen(["sleep", "60"]) as impostor:
+            try:
+                kt.pid_file().write_text(f"{impostor.pid}\n")
+                started = _cli("start")
+                assert started.returncode == 0, started.stdout + started.stderr
+                assert "removing stale pid file" in started.stdout
+                assert "Apache Kafka 4.0.1 running on" in started.stdout
+                assert impostor.poll() is None  # the impostor was not signalled
+            finally:
+                impostor.kill()
+        assert kt.is_running()
+        assert kt.running_pid() != impostor.pid
+    finally:
+        kt.start()
