@@ -270,9 +270,8 @@ class GraylaneClient:
         topic = self.layout.ingress(model)
         if self._known_models is not None and topic in self._known_models:
             return
-        client = require_started(self._producer).client
-        await client.force_metadata_update()
-        self._known_models = set(client.cluster.topics())
+        cluster = await require_started(self._producer).client.fetch_all_metadata()
+        self._known_models = set(cluster.topics())
         if topic not in self._known_models:
             raise UnknownModel(f"model {model!r} is not served: topic {topic} does not exist")
 

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -121,6 +121,18 @@ async def _wait_for_leaders(
         await asyncio.sleep(0.2)
 
 
+async def wait_for_assignment(
+    consumer: AIOKafkaConsumer, *, timeout_s: float = 30.0
+) -> list[TopicPartition]:
+    """Partitions of a subscribed consumer without a group, once metadata arrived."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not consumer.assignment():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TopicSetupError(f"no partitions assigned after {timeout_s}s")
+        await asyncio.sleep(0.05)
+    return sorted(consumer.assignment())
+
+
 async def read_latest_per_key(
     factory: KafkaFactory, topic: str, *, timeout_s: float = 30.0
 ) -> dict[bytes, bytes | None]:
@@ -128,17 +140,12 @@ async def read_latest_per_key(
 
     Returns the latest value per key; a tombstone maps to ``None``.
     """
-    consumer = factory.consumer(options=ConsumerOptions(group_id=None), client_suffix="reader")
+    consumer = factory.consumer(
+        topic, options=ConsumerOptions(group_id=None), client_suffix="reader"
+    )
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(topic)
-        if partitions is None:
-            await consumer._client.force_metadata_update()
-            partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        if not tps:
-            return {}
-        consumer.assign(tps)
+        tps = await wait_for_assignment(consumer, timeout_s=timeout_s)
         await consumer.seek_to_beginning(*tps)
         end = await consumer.end_offsets(tps)
         latest: dict[bytes, bytes | None] = {}

@@ -56,10 +56,9 @@ class ReplySink:
     async def topic_exists(self, topic: str) -> bool:
         if topic in self._known:
             return True
-        if time.monotonic() - self._known_at > 1.0:
-            client = self._producer.client
-            await client.force_metadata_update()
-            self._known = set(client.cluster.topics())
+        if time.monotonic() - self._known_at > 0.05:
+            cluster = await self._producer.client.fetch_all_metadata()
+            self._known = set(cluster.topics())
             self._known_at = time.monotonic()
         return topic in self._known
 

@@ -1,0 +1,161 @@
+"""``graylane demo``: a local stack serving two model versions, end to end."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from graylane.settings import REPO_ROOT, Settings
+
+MODEL = "demo-gpt"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = sub.add_parser("demo", help="run the local stack and show it serving two versions")
+    demo.add_argument("--requests", type=int, default=300)
+    demo.add_argument("--size", choices=["tiny", "small"], default="tiny")
+    demo.add_argument("--candidate-percent", type=float, default=30.0)
+    demo.add_argument("--keep-running", action="store_true", help="leave broker and services up")
+    demo.set_defaults(handler=_demo)
+
+    model = sub.add_parser("demo-model", help="write the demo GPT model files (seeds 1 and 2)")
+    model.add_argument("--size", choices=["tiny", "small"], default="tiny")
+    model.add_argument("--out", type=Path, default=REPO_ROOT / ".local" / "models")
+    model.set_defaults(handler=_demo_model)
+
+
+def demo_model_path(out: Path, size: str, seed: int) -> Path:
+    return out / f"{MODEL}-{size}-seed{seed}.onnx"
+
+
+def write_demo_models(out: Path, size: str) -> dict[str, Path]:
+    from graylane.demo.gpt import write_demo_gpt
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for version, seed in (("v1", 1), ("v2", 2)):
+        path = demo_model_path(out, size, seed)
+        if not path.exists():
+            write_demo_gpt(path, size, seed=seed)
+        paths[version] = path
+    return paths
+
+
+def _demo_model(args: argparse.Namespace) -> int:
+    for version, path in write_demo_models(args.out, args.size).items():
+        print(f"{version}: {path}")
+    return 0
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+def start_service(name: str, argv: list[str], log_dir: Path) -> Service:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}.log"
+    handle = log.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "graylane.cli.main", *argv],
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+    return Service(name, process, log)
+
+
+def stop_services(services: list[Service]) -> None:
+    for s in services:
+        if s.process.poll() is None:
+            s.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    for s in services:
+        try:
+            s.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            s.process.kill()
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from deploy.kafka import kafka
+
+    step = _Steps()
+    step("starting the local Kafka broker")
+    kafka.start()
+    settings = Settings.from_env()
+    step(f"writing the demo GPT ({args.size}) for versions v1 and v2")
+    paths = write_demo_models(REPO_ROOT / ".local" / "models", args.size)
+    log_dir = REPO_ROOT / ".local" / "logs"
+    services: list[Service] = []
+    try:
+        asyncio.run(_prepare_topics(settings))
+        step("starting the router and one worker per version (logs in .local/logs)")
+        services.append(start_service("router", ["router", "--model", f"{MODEL}=v1"], log_dir))
+        for version, path in paths.items():
+            services.append(
+                start_service(
+                    f"worker-{version}",
+                    [
+                        "worker",
+                        "--model",
+                        MODEL,
+                        "--version",
+                        version,
+                        "--variant",
+                        f"fp32={path}",
+                        "--threads",
+                        "1",
+                    ],
+                    log_dir,
+                )
+            )
+        from graylane.demo.serve import run_serving_demo
+
+        asyncio.run(
+            run_serving_demo(
+                settings,
+                model=MODEL,
+                requests=args.requests,
+                candidate_percent=args.candidate_percent,
+                services=services,
+                step=step,
+            )
+        )
+    finally:
+        if not args.keep_running:
+            step("stopping the services and the broker")
+            stop_services(services)
+            kafka.stop()
+    return 0
+
+
+async def _prepare_topics(settings: Settings) -> None:
+    from graylane.kafka.admin import ensure_topics
+    from graylane.kafka.factory import KafkaFactory
+
+    factory = KafkaFactory(settings)
+    await ensure_topics(
+        factory, factory.layout.shared_specs() + factory.layout.model_specs(MODEL, ["v1", "v2"])
+    )
+
+
+class _Steps:
+    def __init__(self) -> None:
+        self.n = 0
+        self.t0 = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        self.n += 1
+        print(f"[{time.monotonic() - self.t0:6.1f}s] {self.n}. {text}", flush=True)

@@ -1,0 +1,119 @@
+"""An in-process Graylane stack (router + workers) on the real broker, for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+from engine_worker.config import FaultInjection, WorkerConfig
+from engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
+from engine_worker.service import Worker
+from graylane import serde
+from graylane.kafka.admin import wait_for_assignment
+from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.v1 import dlq_pb2
+from services.router.service import Router, RouterConfig
+
+
+@dataclass
+class Stack:
+    factory: KafkaFactory
+    router: Router
+    workers: dict[str, Worker]
+    stop: asyncio.Event
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def running_stack(
+    factory: KafkaFactory,
+    *,
+    model: str,
+    versions: Mapping[str, Path],
+    stable: str,
+    max_seq_len: int = 256,
+    faults: Mapping[str, FaultInjection] | None = None,
+    extra_variants: Mapping[str, Mapping[str, Path]] | None = None,
+    max_batch_size: int = 8,
+) -> AsyncIterator[Stack]:
+    """Start a router and one worker per version; stop them all on exit."""
+    stop = asyncio.Event()
+    router = Router(factory, RouterConfig(stable_versions={model: stable}))
+    workers: dict[str, Worker] = {}
+    for version, path in versions.items():
+        engines = {"fp32": OnnxRuntimeEngine.load(path, "fp32", name=model, intra_op_threads=1)}
+        for variant, vpath in (extra_variants or {}).get(version, {}).items():
+            engines[variant] = OnnxRuntimeEngine.load(vpath, variant, name=model, intra_op_threads=1)
+        workers[version] = Worker(
+            factory,
+            WorkerConfig(
+                model=model,
+                version=version,
+                initial_variant="fp32",
+                max_seq_len=max_seq_len,
+                buckets=(16, 32, 64, 128, 256),
+                max_batch_size=max_batch_size,
+                worker_id=f"test-{version}",
+                faults=(faults or {}).get(version, FaultInjection()),
+            ),
+            engines,
+        )
+    # Topics of every version must exist before the router forwards to them.
+    from graylane.kafka.admin import ensure_topics
+
+    await ensure_topics(
+        factory, factory.layout.shared_specs() + factory.layout.model_specs(model, list(versions))
+    )
+    stack = Stack(factory, router, workers, stop)
+    stack.tasks.append(asyncio.create_task(router.run(stop)))
+    stack.tasks.extend(asyncio.create_task(w.run(stop)) for w in workers.values())
+    try:
+        waits = [router.ready.wait(), *(w.ready.wait() for w in workers.values())]
+        done, _ = await asyncio.wait(
+            [asyncio.ensure_future(w) for w in waits], timeout=60
+        )
+        failed = [t for t in stack.tasks if t.done() and t.exception()]
+        if failed:
+            raise failed[0].exception()  # type: ignore[misc]
+        if len(done) != len(waits):
+            raise TimeoutError("the stack did not become ready within 60 s")
+        yield stack
+    finally:
+        stop.set()
+        results = await asyncio.gather(*stack.tasks, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+
+async def read_topic(
+    factory: KafkaFactory, topic: str, *, expect: int, timeout_s: float = 20.0
+) -> list[bytes]:
+    """Read ``expect`` record values of ``topic`` from the beginning (or fail)."""
+    consumer = factory.consumer(
+        topic, options=ConsumerOptions(group_id=None), client_suffix="reader"
+    )
+    await consumer.start()
+    try:
+        await wait_for_assignment(consumer)
+        values: list[bytes] = []
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while len(values) < expect and asyncio.get_running_loop().time() < deadline:
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                values.extend(r.value for r in records if r.value is not None)
+        return values
+    finally:
+        await consumer.stop()
+
+
+async def dead_letters(factory: KafkaFactory, expect: int) -> list[dlq_pb2.DeadLetter]:
+    values = await read_topic(factory, factory.layout.dlq(), expect=expect)
+    return [serde.decode(dlq_pb2.DeadLetter, v) for v in values]
+
+
+def versions_served(results: Sequence[object]) -> set[str]:
+    return {getattr(r, "version") for r in results}  # noqa: B009
