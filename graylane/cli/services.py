@@ -108,9 +108,9 @@ def _worker(args: argparse.Namespace) -> int:
         if not paths:
             raise SystemExit("give --variant NAME=PATH at least once, or --from-registry")
         engines = load_from_paths(paths, model=args.model, intra_op_threads=threads)
-        first_path = next(iter(paths.values()))
+        first_path: Path | None = next(iter(paths.values()))
     active = args.active or next(iter(engines))
-    max_seq = args.max_seq_len or onnx_max_seq_len(first_path) or 256
+    max_seq = args.max_seq_len or (onnx_max_seq_len(first_path) if first_path else None) or 256
     config = WorkerConfig(
         model=args.model,
         version=args.version,

@@ -1,0 +1,112 @@
+"""Loading (model, version) variants through the registry and their manifests.
+
+Every file is checked against its manifest's sha256 (and the manifest against
+the registry's record) before anything is loaded: a tampered artifact is
+refused with an error naming the file. TensorRT engines are used only when this
+host has TensorRT and a GPU, and only the one built for this GPU's compute
+capability and TensorRT version; ONNX Runtime variants are portable.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from builder.compatibility import IncompatibleEngineError, select_engine
+from builder.manifest import Manifest
+from builder.naming import Backend
+from builder.store import verify_artifact
+from engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
+from engine_worker.engine.protocol import InferenceEngine
+from engine_worker.engine.tensorrt_backend import gpu_compute_capability, tensorrt_version
+from graylane.errors import GraylaneError
+from graylane.registry import ArtifactInfo, open_registry
+from graylane.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_MODEL_SUFFIXES = (".onnx", ".plan", ".engine")
+
+
+class NoServableVariant(GraylaneError):
+    """The registry holds no variant of this version that this worker can serve."""
+
+
+@dataclass(frozen=True)
+class LoadedVariants:
+    engines: dict[str, InferenceEngine]
+    fp32_path: Path | None
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Artifact name -> why it was not loaded."""
+
+
+def model_file(folder: Path, manifest: Manifest) -> Path:
+    for entry in manifest.files:
+        if entry.path.endswith(_MODEL_SUFFIXES):
+            return folder / entry.path
+    raise NoServableVariant(f"{manifest.name}: the manifest lists no model file")
+
+
+def load_from_registry(
+    settings: Settings,
+    model: str,
+    version: str,
+    *,
+    intra_op_threads: int | None = None,
+) -> LoadedVariants:
+    registry = open_registry(settings.db_url)
+    artifacts = registry.list_artifacts(model, version)
+    skipped: dict[str, str] = {}
+    engines: dict[str, InferenceEngine] = {}
+    fp32_path: Path | None = None
+    onnx: dict[str, tuple[ArtifactInfo, Path, Manifest]] = {}
+    plans: dict[str, list[tuple[ArtifactInfo, Path, Manifest]]] = {}
+    for art in artifacts:
+        if not art.servable:
+            skipped[str(art.name)] = "not servable (failed validation and not forced)"
+            continue
+        folder = Path(art.path)
+        manifest = verify_artifact(folder, art.manifest_sha256)
+        entry = (art, folder, manifest)
+        if art.backend is Backend.TENSORRT:
+            plans.setdefault(art.precision.value, []).append(entry)
+        else:
+            onnx[art.precision.value] = entry  # later registrations win
+    cc, trt = gpu_compute_capability(), tensorrt_version()
+    for precision, candidates in plans.items():
+        if cc is None or trt is None:
+            for art, _, _ in candidates:
+                skipped[str(art.name)] = "TensorRT engine: no GPU/TensorRT on this worker"
+            continue
+        try:
+            chosen = select_engine([m for _, _, m in candidates], f"{cc[0]}.{cc[1]}", trt)
+        except IncompatibleEngineError as exc:
+            for art, _, _ in candidates:
+                skipped[str(art.name)] = str(exc)
+            continue
+        from engine_worker.engine.tensorrt_backend import TensorRTEngine
+
+        folder = next(f for _, f, m in candidates if m is chosen)
+        engines[precision] = TensorRTEngine.load(model_file(folder, chosen), precision, name=model)
+    for precision, (_, folder, manifest) in onnx.items():
+        path = model_file(folder, manifest)
+        if precision == "fp32":
+            fp32_path = path
+        if precision in engines:
+            continue  # a TensorRT engine of this precision serves instead
+        engines[precision] = OnnxRuntimeEngine.load(
+            path, precision, name=model, intra_op_threads=intra_op_threads
+        )
+    if not engines:
+        raise NoServableVariant(
+            f"no servable variant of {model} {version}: "
+            + ("; ".join(f"{k}: {v}" for k, v in skipped.items()) or "nothing registered")
+        )
+    for name, why in skipped.items():
+        log.warning("skipped %s: %s", name, why)
+    ordered = dict(sorted(engines.items(), key=lambda kv: kv[0] != "fp32"))
+    if fp32_path is None and onnx:
+        _, folder, manifest = next(iter(onnx.values()))
+        fp32_path = model_file(folder, manifest)
+    return LoadedVariants(ordered, fp32_path, skipped)
