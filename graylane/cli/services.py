@@ -93,6 +93,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     threads = args.threads or None
+    first_path: Path | None
     if args.from_registry:
         from engine_worker.registry_loading import load_from_registry
 
@@ -108,7 +109,7 @@ def _worker(args: argparse.Namespace) -> int:
         if not paths:
             raise SystemExit("give --variant NAME=PATH at least once, or --from-registry")
         engines = load_from_paths(paths, model=args.model, intra_op_threads=threads)
-        first_path: Path | None = next(iter(paths.values()))
+        first_path = next(iter(paths.values()))
     active = args.active or next(iter(engines))
     max_seq = args.max_seq_len or (onnx_max_seq_len(first_path) if first_path else None) or 256
     config = WorkerConfig(
