@@ -1,0 +1,491 @@
+"""Protobuf (``graylane.v1``) <-> the policy logic's dataclasses: the adapter edge.
+
+Conventions:
+
+- proto3 cannot tell an unset scalar from zero. In specs and policies a zero
+  in a field whose dataclass default is non-zero means *unset* and takes the
+  default (an empty step list takes the default steps, an unspecified
+  strategy is CANARY). Step fields are taken as they are.
+- Timestamps of "not since" (``breach_since``, ``calm_since``) travel as 0.
+- Fields the wire contract has no room for are lost on the way out and come
+  back at a conservative value: see :func:`rollout_state_from_pb`,
+  :func:`qos_state_from_pb` (load ceilings), :func:`window_stats_to_pb`
+  (``lag``), :func:`rollout_spec_to_pb` (``Gates.p99_floor_ms``) and
+  :func:`qos_policy_to_pb` (``up_load_fraction``, ``ceiling_ttl_s``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from graylane.histogram import DEFAULT_GROWTH, DEFAULT_MIN_MS, LatencyHistogram
+from graylane.routing.convert import table_to_pb
+from graylane.v1 import audit_pb2, control_pb2, rollout_pb2, telemetry_pb2
+from policy_engine.logic.qos import QosDecision, QosPolicy, QosState
+from policy_engine.logic.rollout_spec import DEFAULT_STEPS, Gates, RolloutSpec, Step, Strategy
+from policy_engine.logic.rollout_state import (
+    Decision,
+    DecisionKind,
+    ManualCommand,
+    Phase,
+    RolloutState,
+)
+from policy_engine.logic.routing_plan import RoutingPlan, route_table_for
+from policy_engine.logic.window import TelemetrySample, WindowStats
+
+__all__ = [
+    "decision_id_of",
+    "decision_to_audit",
+    "histogram_from_pb",
+    "histogram_to_pb",
+    "manual_command_from_pb",
+    "precision_command_of",
+    "qos_decision_to_audit",
+    "qos_policy_from_pb",
+    "qos_policy_to_pb",
+    "qos_state_from_pb",
+    "qos_state_to_pb",
+    "rollout_spec_from_pb",
+    "rollout_spec_to_pb",
+    "rollout_state_from_pb",
+    "rollout_state_to_pb",
+    "routing_table_of",
+    "telemetry_from_pb",
+    "window_stats_from_pb",
+    "window_stats_to_pb",
+]
+
+
+def _or(value: float, default: float) -> float:
+    return value if value else default
+
+
+# -- histograms and telemetry ---------------------------------------------------
+
+
+def histogram_to_pb(h: LatencyHistogram) -> telemetry_pb2.LatencyHistogram:
+    return telemetry_pb2.LatencyHistogram(
+        min_ms=h.min_ms,
+        growth=h.growth,
+        buckets=dict(h.buckets),
+        count=h.count,
+        sum_ms=h.sum_ms,
+        max_ms=h.max_ms,
+    )
+
+
+def histogram_from_pb(pb: telemetry_pb2.LatencyHistogram) -> LatencyHistogram:
+    """The histogram of ``pb``; an empty one without a scheme takes the default scheme.
+
+    ``count`` is recomputed from the buckets. Raises ValueError when buckets
+    come without a valid scheme.
+    """
+    if pb.min_ms <= 0.0 or pb.growth <= 1.0:
+        if pb.buckets:
+            raise ValueError(
+                f"histogram with buckets but no valid scheme ({pb.min_ms}, {pb.growth})"
+            )
+        return LatencyHistogram(DEFAULT_MIN_MS, DEFAULT_GROWTH)
+    return LatencyHistogram(
+        pb.min_ms, pb.growth, buckets=dict(pb.buckets), sum_ms=pb.sum_ms, max_ms=pb.max_ms
+    )
+
+
+def telemetry_from_pb(pb: telemetry_pb2.BatchTelemetry) -> TelemetrySample:
+    return TelemetrySample(
+        model=pb.model,
+        version=pb.version,
+        variant=pb.variant,
+        worker_id=pb.worker_id,
+        completed_at_ms=pb.completed_at_unix_ms,
+        request_count=pb.request_count,
+        error_count=pb.error_count,
+        latency=histogram_from_pb(pb.latency),
+        queue_wait=histogram_from_pb(pb.queue_wait),
+        queue_wait_mean_ms=pb.queue_wait_ms_mean,
+        compute_ms=pb.compute_ms,
+        device_load=pb.device_load,
+        shadow_count=pb.shadow_count,
+        lag=pb.lag,
+        started_at_ms=pb.started_at_unix_ms,
+        batch_size=pb.batch_size,
+    )
+
+
+# -- window stats -----------------------------------------------------------------
+
+
+def window_stats_to_pb(s: WindowStats) -> audit_pb2.WindowStats:
+    """``lag`` has no field on the wire and is dropped."""
+    return audit_pb2.WindowStats(
+        model=s.model,
+        version=s.version,
+        variant=s.variant,
+        window_start_unix_ms=s.window_start_ms,
+        window_end_unix_ms=s.window_end_ms,
+        requests=s.requests,
+        errors=s.errors,
+        p50_ms=s.p50_ms,
+        p95_ms=s.p95_ms,
+        p99_ms=s.p99_ms,
+        mean_ms=s.mean_ms,
+        throughput_rps=s.throughput_rps,
+        queue_wait_mean_ms=s.queue_wait_mean_ms,
+        queue_wait_p99_ms=s.queue_wait_p99_ms,
+        batches=s.batches,
+        device_load=s.device_load,
+    )
+
+
+def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
+    return WindowStats(
+        model=pb.model,
+        version=pb.version,
+        variant=pb.variant,
+        window_start_ms=pb.window_start_unix_ms,
+        window_end_ms=pb.window_end_unix_ms,
+        requests=pb.requests,
+        errors=pb.errors,
+        p50_ms=pb.p50_ms,
+        p95_ms=pb.p95_ms,
+        p99_ms=pb.p99_ms,
+        mean_ms=pb.mean_ms,
+        throughput_rps=pb.throughput_rps,
+        queue_wait_mean_ms=pb.queue_wait_mean_ms,
+        queue_wait_p99_ms=pb.queue_wait_p99_ms,
+        batches=pb.batches,
+        device_load=pb.device_load,
+    )
+
+
+# -- rollout spec and state -----------------------------------------------------
+
+_STRATEGY_TO_PB = {
+    Strategy.CANARY: rollout_pb2.CANARY,
+    Strategy.SHADOW_THEN_CANARY: rollout_pb2.SHADOW_THEN_CANARY,
+    Strategy.AB_SPLIT: rollout_pb2.AB_SPLIT,
+}
+_STRATEGY_FROM_PB = {v: k for k, v in _STRATEGY_TO_PB.items()}
+
+_PHASE_TO_PB = {
+    Phase.PENDING: rollout_pb2.PENDING,
+    Phase.SHADOWING: rollout_pb2.SHADOWING,
+    Phase.PROGRESSING: rollout_pb2.PROGRESSING,
+    Phase.AB_HOLDING: rollout_pb2.AB_HOLDING,
+    Phase.PAUSED: rollout_pb2.PAUSED,
+    Phase.PROMOTED: rollout_pb2.PROMOTED,
+    Phase.ROLLED_BACK: rollout_pb2.ROLLED_BACK,
+    Phase.ABORTED: rollout_pb2.ABORTED,
+}
+_PHASE_FROM_PB = {v: k for k, v in _PHASE_TO_PB.items()}
+
+
+def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
+    """``gates.p99_floor_ms`` has no field on the wire and is dropped."""
+    g = spec.gates
+    return rollout_pb2.RolloutSpec(
+        rollout_id=spec.rollout_id,
+        model=spec.model,
+        baseline_version=spec.baseline,
+        candidate_version=spec.candidate,
+        strategy=_STRATEGY_TO_PB[spec.strategy],
+        steps=[
+            rollout_pb2.RolloutStep(
+                weight_percent=s.weight_percent,
+                min_samples=s.min_samples,
+                min_dwell_s=s.min_dwell_s,
+            )
+            for s in spec.steps
+        ],
+        gates=rollout_pb2.GateSpec(
+            max_p99_ratio=g.max_p99_ratio,
+            max_error_rate_delta=g.max_error_rate_delta,
+            significance_alpha=g.alpha,
+            min_output_agreement=g.min_output_agreement,
+        ),
+        failures_to_rollback=spec.failures_to_rollback,
+        shadow_share=spec.shadow_share,
+        shadow_duration_s=spec.shadow_duration_s,
+        ab_weight_percent=spec.ab_weight_percent,
+        ab_duration_s=spec.ab_duration_s,
+        created_at_unix_ms=spec.created_at_ms,
+        created_by=spec.created_by,
+    )
+
+
+def rollout_spec_from_pb(pb: rollout_pb2.RolloutSpec) -> RolloutSpec:
+    """Raises :class:`~policy_engine.logic.errors.InvalidSpec` for a broken spec."""
+    d = RolloutSpec(rollout_id="-", model="-", baseline="-a", candidate="-b")
+    dg = d.gates
+    gates = Gates(
+        max_p99_ratio=_or(pb.gates.max_p99_ratio, dg.max_p99_ratio),
+        max_error_rate_delta=_or(pb.gates.max_error_rate_delta, dg.max_error_rate_delta),
+        alpha=_or(pb.gates.significance_alpha, dg.alpha),
+        min_output_agreement=_or(pb.gates.min_output_agreement, dg.min_output_agreement),
+    )
+    steps = tuple(Step(s.weight_percent, s.min_samples, s.min_dwell_s) for s in pb.steps)
+    return RolloutSpec(
+        rollout_id=pb.rollout_id,
+        model=pb.model,
+        baseline=pb.baseline_version,
+        candidate=pb.candidate_version,
+        strategy=_STRATEGY_FROM_PB.get(pb.strategy, Strategy.CANARY),
+        steps=steps or DEFAULT_STEPS,
+        gates=gates,
+        failures_to_rollback=int(_or(pb.failures_to_rollback, d.failures_to_rollback)),
+        shadow_share=_or(pb.shadow_share, d.shadow_share),
+        shadow_duration_s=_or(pb.shadow_duration_s, d.shadow_duration_s),
+        ab_weight_percent=_or(pb.ab_weight_percent, d.ab_weight_percent),
+        ab_duration_s=_or(pb.ab_duration_s, d.ab_duration_s),
+        created_at_ms=pb.created_at_unix_ms,
+        created_by=pb.created_by,
+    )
+
+
+def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.RolloutState:
+    """The wire form; step start, evidence, failure window and epoch are not carried."""
+    return rollout_pb2.RolloutState(
+        rollout_id=state.rollout_id,
+        model=state.model,
+        phase=_PHASE_TO_PB[state.phase],
+        step_index=state.step_index,
+        candidate_weight_percent=state.candidate_weight_percent,
+        phase_started_at_unix_ms=state.phase_started_ms,
+        consecutive_failures=state.consecutive_failures,
+        updated_at_unix_ms=state.updated_ms,
+        last_reason=state.last_reason,
+        paused_from=_PHASE_TO_PB[state.paused_from]
+        if state.paused_from
+        else rollout_pb2.ROLLOUT_PHASE_UNSPECIFIED,
+        spec=rollout_spec_to_pb(spec),
+    )
+
+
+def rollout_state_from_pb(
+    pb: rollout_pb2.RolloutState, *, epoch: int = 0
+) -> tuple[RolloutState, RolloutSpec]:
+    """State and spec from the wire, after a restart.
+
+    What the wire lacks comes back conservatively: the step's dwell restarts
+    at the last update (``step_started_ms = updated_at``), the step's evidence
+    is empty (its sample minimum starts over), the next gate failure counts,
+    and ``epoch`` is the caller's (the model's routing table holds it). The
+    shadow share is the spec's while shadowing (also when paused from it).
+    """
+    if pb.phase not in _PHASE_FROM_PB:
+        raise ValueError(f"rollout {pb.rollout_id!r} has no phase")
+    spec = rollout_spec_from_pb(pb.spec)
+    phase = _PHASE_FROM_PB[pb.phase]
+    paused_from = _PHASE_FROM_PB.get(pb.paused_from)
+    shadowing = Phase.SHADOWING in (phase, paused_from)
+    state = RolloutState(
+        rollout_id=pb.rollout_id,
+        model=pb.model,
+        phase=phase,
+        step_index=pb.step_index,
+        candidate_weight_percent=pb.candidate_weight_percent,
+        shadow_share=spec.shadow_share if shadowing else 0.0,
+        phase_started_ms=pb.phase_started_at_unix_ms,
+        step_started_ms=pb.updated_at_unix_ms,
+        consecutive_failures=pb.consecutive_failures,
+        paused_from=paused_from,
+        last_reason=pb.last_reason,
+        epoch=epoch,
+        updated_ms=pb.updated_at_unix_ms,
+    )
+    return state, spec
+
+
+_COMMAND_FROM_PB = {
+    rollout_pb2.COMMAND_PAUSE: ManualCommand.PAUSE,
+    rollout_pb2.COMMAND_RESUME: ManualCommand.RESUME,
+    rollout_pb2.COMMAND_PROMOTE: ManualCommand.PROMOTE,
+    rollout_pb2.COMMAND_ROLLBACK: ManualCommand.ROLLBACK,
+    rollout_pb2.COMMAND_ABORT: ManualCommand.ABORT,
+}
+
+
+def manual_command_from_pb(pb: rollout_pb2.RolloutCommand) -> ManualCommand | None:
+    """The manual command of ``pb``; None for START, SET_QOS_POLICY and unknown kinds."""
+    return _COMMAND_FROM_PB.get(pb.kind)
+
+
+# -- QoS ------------------------------------------------------------------------
+
+
+def qos_policy_to_pb(p: QosPolicy) -> rollout_pb2.QosPolicy:
+    """``up_load_fraction`` and ``ceiling_ttl_s`` have no field on the wire."""
+    return rollout_pb2.QosPolicy(
+        model=p.model,
+        version=p.version,
+        slo_p99_ms=p.slo_p99_ms,
+        ladder=list(p.ladder),
+        quality_floor=p.quality_floor,
+        step_down_margin=p.step_down_margin,
+        step_up_ratio=p.step_up_ratio,
+        sustain_s=p.sustain_s,
+        min_dwell_s=p.min_dwell_s,
+        max_queue_wait_ms=p.max_queue_wait_ms,
+        enabled=p.enabled,
+    )
+
+
+def qos_policy_from_pb(pb: rollout_pb2.QosPolicy) -> QosPolicy:
+    """Raises :class:`~policy_engine.logic.errors.InvalidPolicy` for a broken policy."""
+    d = QosPolicy(model="-", version="-", slo_p99_ms=1.0, ladder=("-",))
+    return QosPolicy(
+        model=pb.model,
+        version=pb.version,
+        slo_p99_ms=pb.slo_p99_ms,
+        ladder=tuple(pb.ladder),
+        quality_floor=pb.quality_floor,
+        step_down_margin=_or(pb.step_down_margin, d.step_down_margin),
+        step_up_ratio=_or(pb.step_up_ratio, d.step_up_ratio),
+        max_queue_wait_ms=pb.max_queue_wait_ms,
+        sustain_s=_or(pb.sustain_s, d.sustain_s),
+        min_dwell_s=_or(pb.min_dwell_s, d.min_dwell_s),
+        enabled=pb.enabled,
+    )
+
+
+def qos_state_to_pb(s: QosState) -> audit_pb2.QosState:
+    """Load ceilings are not carried."""
+    return audit_pb2.QosState(
+        model=s.model,
+        version=s.version,
+        active_variant=s.active_variant,
+        last_change_unix_ms=s.last_change_ms,
+        breach_since_unix_ms=s.breach_since_ms or 0,
+        calm_since_unix_ms=s.calm_since_ms or 0,
+    )
+
+
+def qos_state_from_pb(pb: audit_pb2.QosState) -> QosState:
+    """Without load ceilings: after a restart the first step up is not load-checked."""
+    return QosState(
+        model=pb.model,
+        version=pb.version,
+        active_variant=pb.active_variant,
+        last_change_ms=pb.last_change_unix_ms,
+        breach_since_ms=pb.breach_since_unix_ms or None,
+        calm_since_ms=pb.calm_since_unix_ms or None,
+    )
+
+
+def precision_command_of(
+    decision: QosDecision, *, epoch: int, decision_id: str = ""
+) -> control_pb2.PrecisionCommand:
+    after = decision.after
+    return control_pb2.PrecisionCommand(
+        model=after.model,
+        version=after.version,
+        variant=after.active_variant,
+        epoch=epoch,
+        reason=decision.reason,
+        issued_at_unix_ms=decision.at_ms,
+        decision_id=decision_id or qos_decision_id_of(decision),
+    )
+
+
+# -- routing --------------------------------------------------------------------
+
+
+def routing_table_of(
+    plan: RoutingPlan, *, now_ms: int, reason: str = ""
+) -> control_pb2.RoutingTable:
+    """The compacted routing record for ``plan`` (bucket ranges by ``graylane.routing``)."""
+    return table_to_pb(route_table_for(plan, reason=reason), updated_at_unix_ms=now_ms)
+
+
+# -- audit ----------------------------------------------------------------------
+
+_KIND_TO_PB = {
+    DecisionKind.STARTED: audit_pb2.DECISION_ROLLOUT_STARTED,
+    DecisionKind.ADVANCE: audit_pb2.DECISION_ADVANCE,
+    DecisionKind.HOLD: audit_pb2.DECISION_HOLD,
+    DecisionKind.GATE_FAILED: audit_pb2.DECISION_GATE_FAILED,
+    DecisionKind.ROLLBACK: audit_pb2.DECISION_ROLLBACK,
+    DecisionKind.PROMOTE: audit_pb2.DECISION_PROMOTE,
+    DecisionKind.MANUAL: audit_pb2.DECISION_MANUAL_COMMAND,
+}
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:24]
+
+
+def decision_id_of(decision: Decision) -> str:
+    """A stable id: the same decision replayed gets the same id."""
+    return _digest(
+        decision.after.rollout_id,
+        decision.at_ms,
+        decision.kind.value,
+        decision.rule,
+        decision.before.epoch,
+        decision.after.epoch,
+        decision.before.updated_ms,
+    )
+
+
+def qos_decision_id_of(decision: QosDecision) -> str:
+    return _digest(
+        decision.after.model,
+        decision.after.version,
+        decision.at_ms,
+        decision.kind.value,
+        decision.rule,
+        decision.after.active_variant,
+    )
+
+
+def decision_to_audit(
+    decision: Decision,
+    spec: RolloutSpec,
+    *,
+    decision_id: str = "",
+    actor: str = "policy-engine",
+    command_id: str = "",
+) -> audit_pb2.AuditRecord:
+    return audit_pb2.AuditRecord(
+        decision_id=decision_id or decision_id_of(decision),
+        decided_at_unix_ms=decision.at_ms,
+        model=spec.model,
+        rollout_id=spec.rollout_id,
+        version=spec.candidate,
+        kind=_KIND_TO_PB[decision.kind],
+        rule=decision.rule,
+        reason=decision.reason,
+        inputs=[window_stats_to_pb(s) for s in decision.inputs],
+        rollout_before=rollout_state_to_pb(decision.before, spec),
+        rollout_after=rollout_state_to_pb(decision.after, spec),
+        actor=actor,
+        epoch=decision.after.epoch,
+        command_id=command_id,
+    )
+
+
+def qos_decision_to_audit(
+    decision: QosDecision,
+    *,
+    epoch: int = 0,
+    decision_id: str = "",
+    actor: str = "policy-engine",
+    rollout_id: str = "",
+) -> audit_pb2.AuditRecord:
+    """PRECISION_CHANGE when the variant changes, else HOLD."""
+    kind = audit_pb2.DECISION_PRECISION_CHANGE if decision.changed else audit_pb2.DECISION_HOLD
+    return audit_pb2.AuditRecord(
+        decision_id=decision_id or qos_decision_id_of(decision),
+        decided_at_unix_ms=decision.at_ms,
+        model=decision.after.model,
+        rollout_id=rollout_id,
+        version=decision.after.version,
+        kind=kind,
+        rule=decision.rule,
+        reason=decision.reason,
+        inputs=[window_stats_to_pb(s) for s in decision.inputs],
+        qos_before=qos_state_to_pb(decision.before),
+        qos_after=qos_state_to_pb(decision.after),
+        actor=actor,
+        epoch=epoch,
+    )

@@ -1,0 +1,198 @@
+"""Output agreement of shadow pairs: the candidate's answer vs the baseline's.
+
+The router mirrors a sampled share of requests to the candidate; both results
+carry the same ``request_id``. :class:`AgreementTracker` pairs them, with a
+bounded map of results still waiting for their other half (oldest dropped
+first when full) and time-based expiry, and keeps the outcomes of completed
+pairs so a window's agreement can be read with :meth:`AgreementTracker.stats`.
+
+Outputs are reduced to small plain data by whoever reads the results topic
+(token ids of a generation, a class label, or a short vector) and compared by
+:func:`outputs_agree`. Redelivered results (at-least-once) are recognised by
+request id and ignored, both while waiting and for a while after pairing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = [
+    "AgreementStats",
+    "AgreementTracker",
+    "PairResult",
+    "ShadowOutput",
+    "outputs_agree",
+]
+
+
+@dataclass(frozen=True)
+class AgreementStats:
+    pairs: int = 0
+    agreeing: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.agreeing <= self.pairs:
+            raise ValueError(f"{self.agreeing} agreeing of {self.pairs} pairs is impossible")
+
+    @property
+    def rate(self) -> float:
+        """Share of agreeing pairs; 0.0 without pairs."""
+        return self.agreeing / self.pairs if self.pairs else 0.0
+
+    @property
+    def disagreeing(self) -> int:
+        return self.pairs - self.agreeing
+
+    def merge(self, other: AgreementStats) -> AgreementStats:
+        return AgreementStats(self.pairs + other.pairs, self.agreeing + other.agreeing)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShadowOutput:
+    """One version's answer to one request, reduced for comparison."""
+
+    request_id: str
+    version: str
+    at_ms: int
+    tokens: tuple[int, ...] | None = None
+    label: int | None = None
+    vector: tuple[float, ...] | None = None
+    error: bool = False
+
+
+def outputs_agree(
+    a: ShadowOutput, b: ShadowOutput, *, rtol: float = 1e-2, atol: float = 1e-3
+) -> bool:
+    """Whether two answers agree.
+
+    Two errors agree, an error and an answer do not. Otherwise the first kind
+    both carry decides: token ids must be equal, labels equal, vectors close
+    (``|a - b| <= atol + rtol * |b|`` elementwise). Answers with nothing in
+    common to compare disagree.
+    """
+    if a.error or b.error:
+        return a.error and b.error
+    if a.tokens is not None and b.tokens is not None:
+        return a.tokens == b.tokens
+    if a.label is not None and b.label is not None:
+        return a.label == b.label
+    if a.vector is not None and b.vector is not None:
+        return len(a.vector) == len(b.vector) and all(
+            abs(x - y) <= atol + rtol * abs(y) for x, y in zip(a.vector, b.vector, strict=True)
+        )
+    return False
+
+
+class _Side(Enum):
+    BASELINE = "baseline"
+    CANDIDATE = "candidate"
+
+
+@dataclass(frozen=True)
+class PairResult:
+    request_id: str
+    completed_at_ms: int
+    agreed: bool
+
+
+class AgreementTracker:
+    """Pairs baseline and candidate answers by request id (bounded, expiring)."""
+
+    def __init__(
+        self,
+        baseline: str,
+        candidate: str,
+        *,
+        max_pending: int = 10_000,
+        ttl_ms: int = 30_000,
+        max_results: int = 100_000,
+        rtol: float = 1e-2,
+        atol: float = 1e-3,
+    ) -> None:
+        if baseline == candidate:
+            raise ValueError("baseline and candidate must differ")
+        if max_pending <= 0 or ttl_ms <= 0 or max_results <= 0:
+            raise ValueError("limits must be positive")
+        self.baseline = baseline
+        self.candidate = candidate
+        self.max_pending = max_pending
+        self.ttl_ms = ttl_ms
+        self.rtol = rtol
+        self.atol = atol
+        self._pending: dict[str, tuple[_Side, ShadowOutput]] = {}
+        self._results: deque[PairResult] = deque(maxlen=max_results)
+        self._recent: deque[str] = deque(maxlen=max_pending)
+        self._recent_set: set[str] = set()
+        self.expired = 0
+        self.evicted = 0
+        self.duplicates = 0
+        self.foreign = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def add(self, output: ShadowOutput) -> PairResult | None:
+        """Take one answer; returns the pair's outcome when this completes one."""
+        if output.version == self.baseline:
+            side = _Side.BASELINE
+        elif output.version == self.candidate:
+            side = _Side.CANDIDATE
+        else:
+            self.foreign += 1
+            return None
+        rid = output.request_id
+        if rid in self._recent_set:
+            self.duplicates += 1
+            return None
+        waiting = self._pending.get(rid)
+        if waiting is None:
+            self._pending[rid] = (side, output)
+            if len(self._pending) > self.max_pending:
+                del self._pending[next(iter(self._pending))]
+                self.evicted += 1
+            return None
+        other_side, other = waiting
+        if other_side is side:
+            self.duplicates += 1
+            return None
+        del self._pending[rid]
+        base, cand = (other, output) if side is _Side.CANDIDATE else (output, other)
+        result = PairResult(
+            rid,
+            max(base.at_ms, cand.at_ms),
+            outputs_agree(cand, base, rtol=self.rtol, atol=self.atol),
+        )
+        self._results.append(result)
+        self._remember(rid)
+        return result
+
+    def _remember(self, rid: str) -> None:
+        if len(self._recent) == self._recent.maxlen:
+            self._recent_set.discard(self._recent[0])
+        self._recent.append(rid)
+        self._recent_set.add(rid)
+
+    def expire(self, now_ms: int) -> int:
+        """Drop answers that waited longer than ``ttl_ms`` for their pair."""
+        stale = [
+            rid for rid, (_, out) in self._pending.items() if out.at_ms + self.ttl_ms <= now_ms
+        ]
+        for rid in stale:
+            del self._pending[rid]
+        self.expired += len(stale)
+        return len(stale)
+
+    def stats(self, since_ms: int | None = None, until_ms: int | None = None) -> AgreementStats:
+        """Agreement of pairs completed in ``[since_ms, until_ms)`` (unbounded when None)."""
+        pairs = agreeing = 0
+        for r in self._results:
+            if since_ms is not None and r.completed_at_ms < since_ms:
+                continue
+            if until_ms is not None and r.completed_at_ms >= until_ms:
+                continue
+            pairs += 1
+            agreeing += r.agreed
+        return AgreementStats(pairs, agreeing)

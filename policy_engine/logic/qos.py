@@ -1,0 +1,394 @@
+"""The QoS controller: which precision variant a model version runs (pure).
+
+A policy orders variants from quality to throughput (``ladder``, e.g.
+``("fp32", "fp16", "int8")``). :func:`evaluate_qos` moves one rung at a time:
+
+- **Breach** (step down, toward throughput): p99 > ``slo * (1 + step_down_margin)``
+  (default 1.2 x SLO), or the mean queue wait > ``max_queue_wait_ms`` (when set),
+  continuously for ``sustain_s`` (default 5 s).
+- **Calm** (step up, toward quality): p99 < ``slo * step_up_ratio`` (default
+  0.6 x SLO) and the mean queue wait below ``step_up_ratio x max_queue_wait_ms``,
+  continuously for ``sustain_s``.
+- **Load ceiling** (hysteresis on load, not only on latency): a cheaper rung
+  is of course faster, so its p99 alone would soon look calm and the
+  controller would flap between rungs. When a rung breaches, the throughput
+  at that moment is remembered as that rung's ceiling; stepping back up to it
+  also needs the current throughput at most ``up_load_fraction`` (0.8) of its
+  ceiling. A ceiling is forgotten after ``ceiling_ttl_s`` (600 s), so a breach
+  caused by something other than load does not pin the quality down for ever.
+- **Dwell**: no change within ``min_dwell_s`` (default 30 s) of the last one.
+- **Bounds**: never below ``quality_floor`` (the lowest-quality rung allowed;
+  empty = the ladder's last), never above the first rung.
+- **Stale input**: stats of a variant other than the active one (the window
+  right after a switch) count as no data.
+- **No data** (no stats, no requests, or stale): HOLD, and *both* sustain
+  timers restart: "continuously for sustain_s" needs continuous evidence.
+- A variant outside the ladder is SET to the first rung, one below the floor
+  is SET to the floor, at once (the policy changed under it).
+
+**During a rollout** the candidate is compared like-for-like: the baseline
+keeps its own QoS controller and the candidate *follows the baseline's
+variant* (:func:`qos_during_rollout`) instead of running its own, so both
+sides of every gate run the same precision and a precision change is never
+mistaken for a regression (or hides one). When the candidate has no build of
+that variant (or it is below the candidate's floor) it stays where it is and
+the decision says the comparison is not like-for-like.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from policy_engine.logic.errors import InputMismatch, InvalidPolicy
+from policy_engine.logic.window import ALL_VARIANTS, WindowStats
+
+__all__ = [
+    "Ceiling",
+    "QosDecision",
+    "QosDecisionKind",
+    "QosPolicy",
+    "QosState",
+    "evaluate_qos",
+    "initial_qos_state",
+    "qos_during_rollout",
+]
+
+
+class QosDecisionKind(Enum):
+    STEP_DOWN = "step_down"
+    STEP_UP = "step_up"
+    HOLD = "hold"
+    SET = "set"
+
+
+@dataclass(frozen=True, kw_only=True)
+class QosPolicy:
+    model: str
+    version: str
+    slo_p99_ms: float
+    ladder: tuple[str, ...]
+    quality_floor: str = ""
+    step_down_margin: float = 0.2
+    step_up_ratio: float = 0.6
+    max_queue_wait_ms: float = 0.0
+    sustain_s: float = 5.0
+    min_dwell_s: float = 30.0
+    enabled: bool = True
+    up_load_fraction: float = 0.8
+    ceiling_ttl_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if not self.ladder:
+            problems.append("the ladder is empty")
+        if len(set(self.ladder)) != len(self.ladder):
+            problems.append(f"the ladder {self.ladder} repeats a variant")
+        if self.quality_floor and self.quality_floor not in self.ladder:
+            problems.append(f"quality floor {self.quality_floor!r} is not on the ladder")
+        checks = (
+            ("slo_p99_ms", self.slo_p99_ms > 0.0),
+            ("step_down_margin", self.step_down_margin >= 0.0),
+            ("step_up_ratio", 0.0 < self.step_up_ratio < 1.0 + self.step_down_margin),
+            ("max_queue_wait_ms", self.max_queue_wait_ms >= 0.0),
+            ("sustain_s", self.sustain_s >= 0.0),
+            ("min_dwell_s", self.min_dwell_s >= 0.0),
+            ("up_load_fraction", 0.0 < self.up_load_fraction <= 1.0),
+            ("ceiling_ttl_s", self.ceiling_ttl_s >= 0.0),
+        )
+        for name, ok in checks:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and ok):
+                problems.append(f"{name} {value} is out of range")
+        if problems:
+            raise InvalidPolicy(
+                f"QoS policy of {self.model}/{self.version}: " + "; ".join(problems)
+            )
+
+    @property
+    def down_threshold_ms(self) -> float:
+        return self.slo_p99_ms * (1.0 + self.step_down_margin)
+
+    @property
+    def up_threshold_ms(self) -> float:
+        return self.slo_p99_ms * self.step_up_ratio
+
+    @property
+    def floor_index(self) -> int:
+        return self.ladder.index(self.quality_floor) if self.quality_floor else len(self.ladder) - 1
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """Throughput at which ``variant`` last breached its SLO."""
+
+    variant: str
+    throughput_rps: float
+    at_ms: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class QosState:
+    model: str
+    version: str
+    active_variant: str
+    last_change_ms: int = 0
+    breach_since_ms: int | None = None
+    calm_since_ms: int | None = None
+    ceilings: tuple[Ceiling, ...] = ()
+
+    def ceiling_of(self, variant: str) -> Ceiling | None:
+        return next((c for c in self.ceilings if c.variant == variant), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QosDecision:
+    kind: QosDecisionKind
+    rule: str
+    reason: str
+    at_ms: int
+    before: QosState
+    after: QosState
+    inputs: tuple[WindowStats, ...] = ()
+
+    @property
+    def variant(self) -> str:
+        """The variant to run after this decision."""
+        return self.after.active_variant
+
+    @property
+    def changed(self) -> bool:
+        return self.after.active_variant != self.before.active_variant
+
+
+def initial_qos_state(policy: QosPolicy) -> QosState:
+    """Start at the best quality, with no change on record (no dwell to wait out)."""
+    return QosState(model=policy.model, version=policy.version, active_variant=policy.ladder[0])
+
+
+def evaluate_qos(
+    state: QosState, policy: QosPolicy, stats: WindowStats | None, now_ms: int
+) -> QosDecision:
+    """One QoS decision for (model, version) from the window at ``now_ms``."""
+    if (state.model, state.version) != (policy.model, policy.version):
+        raise InputMismatch(
+            f"QoS state of {state.model}/{state.version} with policy of "
+            f"{policy.model}/{policy.version}"
+        )
+    if stats is not None and (stats.model, stats.version) != (policy.model, policy.version):
+        raise InputMismatch(
+            f"stats of {stats.model}/{stats.version} for {policy.model}/{policy.version}"
+        )
+    inputs = (stats,) if stats is not None else ()
+    pruned = replace(state, ceilings=_live_ceilings(state, policy, now_ms))
+
+    def decide(kind: QosDecisionKind, rule: str, reason: str, after: QosState) -> QosDecision:
+        return QosDecision(
+            kind=kind,
+            rule=rule,
+            reason=reason,
+            at_ms=now_ms,
+            before=state,
+            after=after,
+            inputs=inputs,
+        )
+
+    def hold(rule: str, reason: str, after: QosState) -> QosDecision:
+        return decide(QosDecisionKind.HOLD, rule, reason, after)
+
+    def move(
+        kind: QosDecisionKind, rule: str, reason: str, variant: str, base: QosState
+    ) -> QosDecision:
+        after = replace(
+            base,
+            active_variant=variant,
+            last_change_ms=now_ms,
+            breach_since_ms=None,
+            calm_since_ms=None,
+        )
+        return decide(kind, rule, f"{state.active_variant} -> {variant}: {reason}", after)
+
+    cleared = replace(pruned, breach_since_ms=None, calm_since_ms=None)
+    if not policy.enabled:
+        return hold("disabled", "QoS policy disabled", cleared)
+    ladder, active = policy.ladder, state.active_variant
+    if active not in ladder:
+        return move(
+            QosDecisionKind.SET,
+            "not_in_ladder",
+            f"{active} is not on the ladder",
+            ladder[0],
+            cleared,
+        )
+    index, floor = ladder.index(active), policy.floor_index
+    if index > floor:
+        floor_variant = ladder[floor]
+        return move(
+            QosDecisionKind.SET,
+            "quality_floor",
+            f"below the quality floor {floor_variant}",
+            floor_variant,
+            cleared,
+        )
+    if stats is None or stats.requests == 0:
+        return hold("no_data", "no data: sustain timers restart", cleared)
+    if stats.variant not in (active, ALL_VARIANTS):
+        return hold("stale_variant", f"stats are of {stats.variant}, {active} is active", cleared)
+
+    breach_why = _breach(stats, policy)
+    calm = _calm(stats, policy)
+    breach_since = _since(state.breach_since_ms, now_ms) if breach_why else None
+    calm_since = _since(state.calm_since_ms, now_ms) if calm else None
+    current = replace(pruned, breach_since_ms=breach_since, calm_since_ms=calm_since)
+    since_change = now_ms - state.last_change_ms
+    dwell_ms = policy.min_dwell_s * 1000
+    figures = _figures(stats, policy)
+    if breach_why:
+        held = now_ms - _since(breach_since, now_ms)
+        if held < policy.sustain_s * 1000:
+            return hold(
+                "sustain",
+                f"breach for {held / 1000:g} s of {policy.sustain_s:g} s: {figures}",
+                current,
+            )
+        if index >= floor:
+            return hold(
+                "quality_floor", f"breach at the quality floor {active}: {figures}", current
+            )
+        if since_change < dwell_ms:
+            return hold(
+                "min_dwell",
+                f"breach, last change {since_change / 1000:g} s ago: {figures}",
+                current,
+            )
+        ceiling = Ceiling(active, stats.throughput_rps, now_ms)
+        with_ceiling = replace(
+            current, ceilings=(*(c for c in current.ceilings if c.variant != active), ceiling)
+        )
+        return move(
+            QosDecisionKind.STEP_DOWN,
+            breach_why,
+            f"sustained {held / 1000:g} s: {figures}; "
+            f"ceiling of {active} at {stats.throughput_rps:.1f} rps",
+            ladder[index + 1],
+            with_ceiling,
+        )
+    if calm:
+        held = now_ms - _since(calm_since, now_ms)
+        if held < policy.sustain_s * 1000:
+            return hold(
+                "sustain",
+                f"calm for {held / 1000:g} s of {policy.sustain_s:g} s: {figures}",
+                current,
+            )
+        if index == 0:
+            return hold("top_rung", f"calm at the top rung {active}: {figures}", current)
+        if since_change < dwell_ms:
+            return hold(
+                "min_dwell", f"calm, last change {since_change / 1000:g} s ago: {figures}", current
+            )
+        target = ladder[index - 1]
+        known = current.ceiling_of(target)
+        if (
+            known is not None
+            and stats.throughput_rps > known.throughput_rps * policy.up_load_fraction
+        ):
+            return hold(
+                "load_ceiling",
+                f"calm, but {stats.throughput_rps:.1f} rps > {policy.up_load_fraction:g} x "
+                f"{target}'s ceiling {known.throughput_rps:.1f} rps: {figures}",
+                current,
+            )
+        return move(
+            QosDecisionKind.STEP_UP,
+            "p99_calm",
+            f"sustained {held / 1000:g} s: {figures}",
+            target,
+            current,
+        )
+    return hold("within_band", f"within the band: {figures}", current)
+
+
+def _since(started_ms: int | None, now_ms: int) -> int:
+    return now_ms if started_ms is None else started_ms
+
+
+def _live_ceilings(state: QosState, policy: QosPolicy, now_ms: int) -> tuple[Ceiling, ...]:
+    ttl_ms = policy.ceiling_ttl_s * 1000
+    return tuple(c for c in state.ceilings if now_ms - c.at_ms < ttl_ms)
+
+
+def _breach(stats: WindowStats, policy: QosPolicy) -> str:
+    """The rule that breaches, or "" when none does."""
+    if stats.p99_ms > policy.down_threshold_ms:
+        return "p99_breach"
+    if policy.max_queue_wait_ms > 0.0 and stats.queue_wait_mean_ms > policy.max_queue_wait_ms:
+        return "queue_wait_breach"
+    return ""
+
+
+def _calm(stats: WindowStats, policy: QosPolicy) -> bool:
+    queue_ok = (
+        policy.max_queue_wait_ms <= 0.0
+        or stats.queue_wait_mean_ms < policy.max_queue_wait_ms * policy.step_up_ratio
+    )
+    return stats.p99_ms < policy.up_threshold_ms and queue_ok
+
+
+def _figures(stats: WindowStats, policy: QosPolicy) -> str:
+    text = (
+        f"p99 {stats.p99_ms:.1f} ms (SLO {policy.slo_p99_ms:g}, "
+        f"down > {policy.down_threshold_ms:g}, "
+        f"up < {policy.up_threshold_ms:g}), {stats.throughput_rps:.1f} rps"
+    )
+    if policy.max_queue_wait_ms > 0.0:
+        text += f", queue wait {stats.queue_wait_mean_ms:.1f} ms (max {policy.max_queue_wait_ms:g})"
+    return text
+
+
+def qos_during_rollout(
+    candidate: QosState,
+    baseline: QosState,
+    now_ms: int,
+    candidate_policy: QosPolicy | None = None,
+) -> QosDecision:
+    """The candidate's variant while a rollout of its model runs: the baseline's.
+
+    ``candidate_policy`` (when known) says which variants the candidate has;
+    the baseline's own controller keeps running with :func:`evaluate_qos`.
+    """
+    if candidate.model != baseline.model:
+        raise InputMismatch(f"candidate of {candidate.model} with baseline of {baseline.model}")
+    target = baseline.active_variant
+    cleared = replace(candidate, breach_since_ms=None, calm_since_ms=None)
+
+    def decide(kind: QosDecisionKind, rule: str, reason: str, after: QosState) -> QosDecision:
+        return QosDecision(
+            kind=kind, rule=rule, reason=reason, at_ms=now_ms, before=candidate, after=after
+        )
+
+    if candidate.active_variant == target:
+        return decide(
+            QosDecisionKind.HOLD,
+            "like_for_like",
+            f"candidate runs {target} like the baseline",
+            cleared,
+        )
+    if candidate_policy is not None:
+        ladder = candidate_policy.ladder
+        if target not in ladder or ladder.index(target) > candidate_policy.floor_index:
+            return decide(
+                QosDecisionKind.HOLD,
+                "like_for_like_unavailable",
+                f"baseline runs {target}, which the candidate cannot run; candidate stays on "
+                f"{candidate.active_variant}: the comparison is not like-for-like",
+                cleared,
+            )
+    after = replace(cleared, active_variant=target, last_change_ms=now_ms)
+    return decide(
+        QosDecisionKind.SET,
+        "follow_baseline",
+        f"{candidate.active_variant} -> {target}: the candidate follows the baseline's variant",
+        after,
+    )

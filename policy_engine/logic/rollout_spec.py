@@ -1,0 +1,159 @@
+"""What a rollout should do: strategy, steps and gates (validated on construction)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from policy_engine.logic.errors import InvalidSpec
+
+__all__ = [
+    "DEFAULT_STEPS",
+    "Gates",
+    "RolloutSpec",
+    "Step",
+    "Strategy",
+]
+
+
+class Strategy(Enum):
+    CANARY = "canary"
+    SHADOW_THEN_CANARY = "shadow_then_canary"
+    AB_SPLIT = "ab_split"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One canary step.
+
+    ``min_samples`` counts candidate (and baseline) requests seen *during the
+    step*, over disjoint windows; ``min_dwell_s`` is the time since the step
+    began. Both must be met, with every gate passing, to move on.
+    """
+
+    weight_percent: float
+    min_samples: int = 100
+    min_dwell_s: float = 60.0
+
+
+DEFAULT_STEPS: tuple[Step, ...] = (
+    Step(1.0, 50, 60.0),
+    Step(5.0, 100, 60.0),
+    Step(25.0, 250, 120.0),
+    Step(50.0, 500, 120.0),
+    Step(100.0, 0, 0.0),
+)
+"""1 -> 5 -> 25 -> 50 -> 100 %. Reaching the final 100 % step is the promotion."""
+
+
+@dataclass(frozen=True)
+class Gates:
+    """Limits of the candidate relative to the baseline over the same window.
+
+    ``p99_floor_ms`` keeps a sub-millisecond baseline from turning jitter into
+    a large ratio: the latency ratio divides by ``max(baseline, floor)``.
+    """
+
+    max_p99_ratio: float = 1.5
+    max_error_rate_delta: float = 0.02
+    alpha: float = 0.01
+    min_output_agreement: float = 0.98
+    p99_floor_ms: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutSpec:
+    rollout_id: str
+    model: str
+    baseline: str
+    candidate: str
+    strategy: Strategy = Strategy.CANARY
+    steps: tuple[Step, ...] = DEFAULT_STEPS
+    gates: Gates = field(default_factory=Gates)
+    failures_to_rollback: int = 2
+    shadow_share: float = 0.1
+    shadow_duration_s: float = 300.0
+    ab_weight_percent: float = 50.0
+    ab_duration_s: float = 3600.0
+    created_at_ms: int = 0
+    created_by: str = ""
+
+    def __post_init__(self) -> None:
+        problems = _problems(self)
+        if problems:
+            raise InvalidSpec(f"rollout {self.rollout_id!r}: " + "; ".join(problems))
+
+    @property
+    def phase_min_samples(self) -> int:
+        """Sample minimum of the SHADOWING and AB_HOLDING phases (the first step's)."""
+        return self.steps[0].min_samples
+
+
+def _finite(x: float) -> bool:
+    return math.isfinite(x)
+
+
+def _problems(spec: RolloutSpec) -> list[str]:
+    out: list[str] = []
+    for name in ("rollout_id", "model", "baseline", "candidate"):
+        if not getattr(spec, name):
+            out.append(f"{name} is empty")
+    if spec.baseline and spec.baseline == spec.candidate:
+        out.append(f"baseline and candidate are the same version {spec.baseline!r}")
+    out.extend(_step_problems(spec))
+    out.extend(_gate_problems(spec.gates))
+    if spec.failures_to_rollback < 1:
+        out.append(f"failures_to_rollback {spec.failures_to_rollback} must be at least 1")
+    if spec.strategy is Strategy.SHADOW_THEN_CANARY:
+        if not (_finite(spec.shadow_share) and 0.0 < spec.shadow_share <= 1.0):
+            out.append(f"shadow_share {spec.shadow_share} must be within (0, 1]")
+        if not (_finite(spec.shadow_duration_s) and spec.shadow_duration_s > 0.0):
+            out.append(f"shadow_duration_s {spec.shadow_duration_s} must be positive")
+    if spec.strategy is Strategy.AB_SPLIT:
+        if not (_finite(spec.ab_weight_percent) and 0.0 < spec.ab_weight_percent < 100.0):
+            out.append(f"ab_weight_percent {spec.ab_weight_percent} must be within (0, 100)")
+        if not (_finite(spec.ab_duration_s) and spec.ab_duration_s > 0.0):
+            out.append(f"ab_duration_s {spec.ab_duration_s} must be positive")
+    return out
+
+
+def _step_problems(spec: RolloutSpec) -> list[str]:
+    steps = spec.steps
+    if not steps:
+        return ["steps are empty"]
+    out: list[str] = []
+    previous = 0.0
+    for i, step in enumerate(steps):
+        w = step.weight_percent
+        if not (_finite(w) and 0.0 < w <= 100.0):
+            out.append(f"step {i} weight {w} must be within (0, 100]")
+        elif w <= previous:
+            out.append(f"step {i} weight {w} does not rise above {previous}")
+        if step.min_samples < 0:
+            out.append(f"step {i} min_samples {step.min_samples} is negative")
+        if not (_finite(step.min_dwell_s) and step.min_dwell_s >= 0.0):
+            out.append(f"step {i} min_dwell_s {step.min_dwell_s} must be a non-negative number")
+        if _finite(w):
+            previous = max(previous, w)
+    if spec.strategy is not Strategy.AB_SPLIT:
+        if steps[-1].weight_percent != 100.0:
+            out.append(f"the last step is {steps[-1].weight_percent}%, not 100%")
+        if steps[0].weight_percent >= 100.0:
+            out.append("a canary needs at least one step below 100%")
+    return out
+
+
+def _gate_problems(g: Gates) -> list[str]:
+    out: list[str] = []
+    if not (_finite(g.max_p99_ratio) and g.max_p99_ratio >= 1.0):
+        out.append(f"max_p99_ratio {g.max_p99_ratio} must be at least 1")
+    if not (_finite(g.max_error_rate_delta) and 0.0 <= g.max_error_rate_delta < 1.0):
+        out.append(f"max_error_rate_delta {g.max_error_rate_delta} must be within [0, 1)")
+    if not (_finite(g.alpha) and 0.0 < g.alpha < 0.5):
+        out.append(f"alpha {g.alpha} must be within (0, 0.5)")
+    if not (_finite(g.min_output_agreement) and 0.0 <= g.min_output_agreement <= 1.0):
+        out.append(f"min_output_agreement {g.min_output_agreement} must be within [0, 1]")
+    if not (_finite(g.p99_floor_ms) and g.p99_floor_ms >= 0.0):
+        out.append(f"p99_floor_ms {g.p99_floor_ms} must be non-negative")
+    return out

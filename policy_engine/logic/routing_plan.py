@@ -1,0 +1,104 @@
+"""From a rollout's routing intent to per-version weights and shadow settings.
+
+Only weights and shadow settings are decided here; turning weights into sticky
+bucket ranges is the router's business (``graylane.routing``), reached through
+:func:`route_table_for`. During a rollout the baseline stays the stable
+version and the candidate is the weighted one, so the candidate's bucket range
+grows from bucket 0 as its weight rises and a user who reached it stays. After
+a promotion the candidate is the stable version and takes every bucket.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from graylane.routing import RouteTable, RoutingRule, table_for_weights
+from policy_engine.logic.rollout_state import RoutingIntent
+
+__all__ = [
+    "RoutingPlan",
+    "VersionWeight",
+    "plan_for",
+    "route_table_for",
+    "weights_for",
+]
+
+
+@dataclass(frozen=True)
+class VersionWeight:
+    version: str
+    weight_percent: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoutingPlan:
+    """The routing of one model as the policy engine wants it."""
+
+    model: str
+    rollout_id: str
+    stable_version: str
+    weights: tuple[VersionWeight, ...]
+    shadow_version: str | None = None
+    shadow_share: float = 0.0
+    epoch: int = 0
+
+    def weight_of(self, version: str) -> float:
+        return sum(w.weight_percent for w in self.weights if w.version == version)
+
+    def others(self) -> tuple[tuple[str, float], ...]:
+        """Positive weights of the versions other than the stable one (the router's input)."""
+        return tuple(
+            (w.version, w.weight_percent)
+            for w in self.weights
+            if w.version != self.stable_version and w.weight_percent > 0.0
+        )
+
+
+def weights_for(
+    baseline: str, candidate: str, candidate_percent: float
+) -> tuple[VersionWeight, VersionWeight]:
+    """``(baseline, 100 - p)`` and ``(candidate, p)``, in that order; zeros are kept."""
+    if baseline == candidate:
+        raise ValueError(f"baseline and candidate are the same version {baseline!r}")
+    if not (math.isfinite(candidate_percent) and 0.0 <= candidate_percent <= 100.0):
+        raise ValueError(f"candidate weight {candidate_percent}% is outside 0..100")
+    return (
+        VersionWeight(baseline, 100.0 - candidate_percent),
+        VersionWeight(candidate, candidate_percent),
+    )
+
+
+def plan_for(intent: RoutingIntent) -> RoutingPlan:
+    return RoutingPlan(
+        model=intent.model,
+        rollout_id=intent.rollout_id,
+        stable_version=intent.stable_version,
+        weights=weights_for(intent.baseline, intent.candidate, intent.candidate_weight_percent),
+        shadow_version=intent.shadow_version if intent.shadow_share > 0.0 else None,
+        shadow_share=intent.shadow_share if intent.shadow_version else 0.0,
+        epoch=intent.epoch,
+    )
+
+
+def route_table_for(
+    plan: RoutingPlan,
+    *,
+    rules: Sequence[RoutingRule] = (),
+    allow_pinning: bool = False,
+    reason: str = "",
+) -> RouteTable:
+    """The router's table for ``plan`` (bucket ranges computed by ``graylane.routing``)."""
+    return table_for_weights(
+        model=plan.model,
+        stable_version=plan.stable_version,
+        weights=plan.others(),
+        rules=rules,
+        shadow_version=plan.shadow_version,
+        shadow_share=plan.shadow_share,
+        epoch=plan.epoch,
+        allow_pinning=allow_pinning,
+        rollout_id=plan.rollout_id,
+        reason=reason,
+    )

@@ -1,0 +1,365 @@
+"""Sliding-window statistics of batch telemetry, per (model, version, variant).
+
+A :class:`SlidingWindow` keeps *panes*: tumbling sub-buckets of ``step_ms``
+keyed by ``completed_at_ms // step_ms``. Adding a sample touches one pane
+(constant work: a few counters and one histogram merge of bounded size); a
+window is the merge of the last ``window_ms / step_ms`` panes.
+
+Choices worth knowing:
+
+- **Whole panes only.** The window read at ``now_ms`` is
+  ``[end - window_ms, end)`` with ``end = (now_ms // step_ms) * step_ms``; the
+  pane still filling is left out, so a read does not drift while the current
+  step's batches arrive, and the same samples always give the same stats.
+- **Throughput** divides by the part of the window since the key was first
+  seen (a version that started 4 s ago is not diluted over 10 s).
+- **Shadow batches** (``shadow_count == request_count > 0``) are kept in a
+  separate :class:`Lane`: they never mix into a version's live stats, and the
+  rollout controller reads them to judge a candidate under shadow traffic.
+  A batch mixing live and shadow requests cannot be split (one histogram), so
+  it counts as live; workers batch shadow requests apart.
+- **Late samples** older than the retained panes are dropped and counted
+  (``dropped_late``); ``evict`` moves that horizon.
+- **Device load** is the mean of the batches' ``device_load``; **lag** is the
+  sum over workers of each worker's latest reported lag in the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from graylane.histogram import DEFAULT_GROWTH, DEFAULT_MIN_MS, LatencyHistogram
+
+__all__ = [
+    "ALL_VARIANTS",
+    "DEFAULT_STEP_MS",
+    "DEFAULT_WINDOW_MS",
+    "Lane",
+    "SlidingWindow",
+    "TelemetrySample",
+    "WindowKey",
+    "WindowStats",
+]
+
+DEFAULT_WINDOW_MS = 10_000
+DEFAULT_STEP_MS = 2_000
+ALL_VARIANTS = "*"
+"""The ``variant`` of stats merged over more than one variant of a version."""
+
+
+class Lane(Enum):
+    """Which traffic a stat describes: live requests or shadow copies."""
+
+    LIVE = "live"
+    SHADOW = "shadow"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TelemetrySample:
+    """The part of one ``BatchTelemetry`` record the policy engine needs."""
+
+    model: str
+    version: str
+    variant: str
+    worker_id: str
+    completed_at_ms: int
+    request_count: int
+    error_count: int
+    latency: LatencyHistogram
+    queue_wait: LatencyHistogram = field(default_factory=LatencyHistogram)
+    queue_wait_mean_ms: float = 0.0
+    compute_ms: float = 0.0
+    device_load: float = 0.0
+    shadow_count: int = 0
+    lag: int = 0
+    started_at_ms: int = 0
+    batch_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.request_count < 0 or self.error_count < 0 or self.shadow_count < 0:
+            raise ValueError("telemetry counts must not be negative")
+        if self.error_count > self.request_count:
+            raise ValueError(
+                f"{self.error_count} errors out of {self.request_count} requests is impossible"
+            )
+        if self.shadow_count > self.request_count:
+            raise ValueError(
+                f"{self.shadow_count} shadow requests out of {self.request_count} is impossible"
+            )
+
+    @property
+    def key(self) -> WindowKey:
+        return WindowKey(self.model, self.version, self.variant)
+
+    @property
+    def is_shadow(self) -> bool:
+        """Every request of the batch was a shadow copy."""
+        return self.request_count > 0 and self.shadow_count == self.request_count
+
+    @property
+    def lane(self) -> Lane:
+        return Lane.SHADOW if self.is_shadow else Lane.LIVE
+
+
+@dataclass(frozen=True, order=True)
+class WindowKey:
+    model: str
+    version: str
+    variant: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowStats:
+    """Statistics of one (model, version, variant) over one window."""
+
+    model: str
+    version: str
+    variant: str
+    window_start_ms: int
+    window_end_ms: int
+    requests: int
+    errors: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_ms: float
+    throughput_rps: float
+    queue_wait_mean_ms: float = 0.0
+    queue_wait_p99_ms: float = 0.0
+    batches: int = 0
+    device_load: float = 0.0
+    lag: int = 0
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    @property
+    def key(self) -> WindowKey:
+        return WindowKey(self.model, self.version, self.variant)
+
+    @property
+    def duration_ms(self) -> int:
+        return self.window_end_ms - self.window_start_ms
+
+
+class _Pane:
+    """Mutable running totals of one key over one step."""
+
+    __slots__ = (
+        "batches",
+        "device_load_sum",
+        "errors",
+        "lag_by_worker",
+        "latency",
+        "queue",
+        "queue_fallback_count",
+        "queue_fallback_sum",
+        "requests",
+    )
+
+    def __init__(self, min_ms: float, growth: float) -> None:
+        self.requests = 0
+        self.errors = 0
+        self.batches = 0
+        self.latency = LatencyHistogram(min_ms, growth)
+        self.queue = LatencyHistogram(min_ms, growth)
+        # Workers that send only a mean queue wait, without a histogram.
+        self.queue_fallback_sum = 0.0
+        self.queue_fallback_count = 0
+        self.device_load_sum = 0.0
+        self.lag_by_worker: dict[str, tuple[int, int]] = {}
+
+    def add(self, s: TelemetrySample) -> None:
+        self.requests += s.request_count
+        self.errors += s.error_count
+        self.batches += 1
+        self.latency.update(s.latency)
+        if s.queue_wait.count:
+            self.queue.update(s.queue_wait)
+        elif s.request_count:
+            self.queue_fallback_sum += s.queue_wait_mean_ms * s.request_count
+            self.queue_fallback_count += s.request_count
+        self.device_load_sum += s.device_load
+        _keep_latest_lag(self.lag_by_worker, s.worker_id, (s.completed_at_ms, s.lag))
+
+
+def _keep_latest_lag(
+    into: dict[str, tuple[int, int]], worker: str, report: tuple[int, int]
+) -> None:
+    # Latest report wins; a tie takes the larger lag so the order of arrival does not matter.
+    current = into.get(worker)
+    if current is None or report > current:
+        into[worker] = report
+
+
+class SlidingWindow:
+    """Pane-based sliding windows over telemetry samples."""
+
+    def __init__(
+        self,
+        window_ms: int = DEFAULT_WINDOW_MS,
+        step_ms: int = DEFAULT_STEP_MS,
+        *,
+        min_ms: float = DEFAULT_MIN_MS,
+        growth: float = DEFAULT_GROWTH,
+    ) -> None:
+        if step_ms <= 0 or window_ms <= 0:
+            raise ValueError("window and step must be positive")
+        if window_ms % step_ms:
+            raise ValueError(f"window {window_ms} ms is not a multiple of step {step_ms} ms")
+        self.window_ms = window_ms
+        self.step_ms = step_ms
+        self.panes_per_window = window_ms // step_ms
+        self._min_ms = min_ms
+        self._growth = growth
+        self._panes: dict[tuple[Lane, WindowKey], dict[int, _Pane]] = {}
+        self._first_pane: dict[tuple[Lane, WindowKey], int] = {}
+        self._horizon: int | None = None
+        self.dropped_late = 0
+
+    def window_bounds(self, now_ms: int) -> tuple[int, int]:
+        """``(start, end)`` of the window read at ``now_ms`` (end exclusive)."""
+        end = (now_ms // self.step_ms) * self.step_ms
+        return end - self.window_ms, end
+
+    def add(self, sample: TelemetrySample) -> bool:
+        """Count one batch; False when it is older than the retained panes."""
+        pane_index = sample.completed_at_ms // self.step_ms
+        if self._horizon is not None and pane_index < self._horizon:
+            self.dropped_late += 1
+            return False
+        slot = (sample.lane, sample.key)
+        panes = self._panes.setdefault(slot, {})
+        pane = panes.get(pane_index)
+        if pane is None:
+            pane = panes[pane_index] = _Pane(self._min_ms, self._growth)
+        pane.add(sample)
+        first = self._first_pane.get(slot)
+        if first is None or pane_index < first:
+            self._first_pane[slot] = pane_index
+        return True
+
+    def add_many(self, samples: Iterable[TelemetrySample]) -> int:
+        return sum(1 for s in samples if self.add(s))
+
+    def keys(self, lane: Lane = Lane.LIVE) -> frozenset[WindowKey]:
+        """Keys with at least one retained pane in ``lane``."""
+        return frozenset(key for (ln, key) in self._panes if ln is lane)
+
+    def evict(self, now_ms: int) -> int:
+        """Drop panes that no window at ``now_ms`` or later can read; returns how many."""
+        horizon = now_ms // self.step_ms - self.panes_per_window
+        if self._horizon is None or horizon > self._horizon:
+            self._horizon = horizon
+        removed = 0
+        for slot in list(self._panes):
+            panes = self._panes[slot]
+            for index in [i for i in panes if i < horizon]:
+                del panes[index]
+                removed += 1
+            if not panes:
+                del self._panes[slot]
+                self._first_pane.pop(slot, None)
+        return removed
+
+    def stats(self, key: WindowKey, now_ms: int, lane: Lane = Lane.LIVE) -> WindowStats | None:
+        """Stats of ``key`` over the window at ``now_ms``; None without a batch in it."""
+        return self._stats_of([(lane, key)], key.model, key.version, now_ms)
+
+    def stats_by_version(
+        self, model: str, version: str, now_ms: int, lane: Lane = Lane.LIVE
+    ) -> WindowStats | None:
+        """Stats of every variant of (model, version) together.
+
+        ``variant`` is the variant's name when only one had batches in the
+        window, else :data:`ALL_VARIANTS`.
+        """
+        slots = [
+            (ln, key)
+            for (ln, key) in self._panes
+            if ln is lane and key.model == model and key.version == version
+        ]
+        return self._stats_of(sorted(slots, key=lambda s: s[1]), model, version, now_ms)
+
+    def _stats_of(
+        self, slots: list[tuple[Lane, WindowKey]], model: str, version: str, now_ms: int
+    ) -> WindowStats | None:
+        start_ms, end_ms = self.window_bounds(now_ms)
+        first_index, end_index = start_ms // self.step_ms, end_ms // self.step_ms
+        panes: list[_Pane] = []
+        variants: set[str] = set()
+        first_seen: int | None = None
+        for slot in slots:
+            found = [
+                p
+                for i, p in sorted(self._panes.get(slot, {}).items())
+                if first_index <= i < end_index
+            ]
+            if not found:
+                continue
+            panes.extend(found)
+            variants.add(slot[1].variant)
+            seen = self._first_pane[slot]
+            first_seen = seen if first_seen is None else min(first_seen, seen)
+        if not panes or first_seen is None:
+            return None
+        effective_start = max(start_ms, first_seen * self.step_ms)
+        variant = next(iter(variants)) if len(variants) == 1 else ALL_VARIANTS
+        return _summarize(
+            panes,
+            model=model,
+            version=version,
+            variant=variant,
+            start_ms=start_ms,
+            end_ms=end_ms,
+            seconds=(end_ms - effective_start) / 1000.0,
+            min_ms=self._min_ms,
+            growth=self._growth,
+        )
+
+
+def _summarize(
+    panes: list[_Pane],
+    *,
+    model: str,
+    version: str,
+    variant: str,
+    start_ms: int,
+    end_ms: int,
+    seconds: float,
+    min_ms: float,
+    growth: float,
+) -> WindowStats:
+    latency = LatencyHistogram.merge_all((p.latency for p in panes), min_ms, growth)
+    queue = LatencyHistogram.merge_all((p.queue for p in panes), min_ms, growth)
+    requests = sum(p.requests for p in panes)
+    batches = sum(p.batches for p in panes)
+    fallback_sum = sum(p.queue_fallback_sum for p in panes)
+    fallback_count = sum(p.queue_fallback_count for p in panes)
+    queue_n = queue.count + fallback_count
+    lag_by_worker: dict[str, tuple[int, int]] = {}
+    for p in panes:
+        for worker, report in p.lag_by_worker.items():
+            _keep_latest_lag(lag_by_worker, worker, report)
+    return WindowStats(
+        model=model,
+        version=version,
+        variant=variant,
+        window_start_ms=start_ms,
+        window_end_ms=end_ms,
+        requests=requests,
+        errors=sum(p.errors for p in panes),
+        p50_ms=latency.quantile(0.50),
+        p95_ms=latency.quantile(0.95),
+        p99_ms=latency.quantile(0.99),
+        mean_ms=latency.mean_ms,
+        throughput_rps=requests / seconds if seconds > 0 else 0.0,
+        queue_wait_mean_ms=(queue.sum_ms + fallback_sum) / queue_n if queue_n else 0.0,
+        queue_wait_p99_ms=queue.quantile(0.99),
+        batches=batches,
+        device_load=sum(p.device_load_sum for p in panes) / batches if batches else 0.0,
+        lag=sum(lag for _, lag in lag_by_worker.values()),
+    )
