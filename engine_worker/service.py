@@ -41,6 +41,7 @@ from engine_worker.tasks import PostProcess
 from graylane import serde, tensors
 from graylane.errors import SerdeError, TensorError, require_started
 from graylane.histogram import LatencyHistogram
+from graylane.histogram_pb import histogram_to_pb
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 from graylane.kafka.replies import Rejection, ReplySink, now_ms, settle
@@ -56,17 +57,6 @@ _POST = {
     inference_pb2.MEAN_POOL: PostProcess.MEAN_POOL,
 }
 _TASK = {inference_pb2.FORWARD: TaskKind.FORWARD, inference_pb2.GENERATE: TaskKind.GENERATE}
-
-
-def histogram_to_pb(h: LatencyHistogram) -> telemetry_pb2.LatencyHistogram:
-    return telemetry_pb2.LatencyHistogram(
-        min_ms=h.min_ms,
-        growth=h.growth,
-        buckets=dict(h.buckets),
-        count=h.count,
-        sum_ms=h.sum_ms,
-        max_ms=h.max_ms,
-    )
 
 
 @dataclass

@@ -197,7 +197,7 @@ async def _e2e(
         os.environ.pop("GRAYLANE_TOPIC_PREFIX", None)
 
 
-def run_spine(cfg: SpineConfig, progress: Callable[[str], None]) -> dict[str, float]:
+def run_spine(cfg: SpineConfig, progress: Callable[[str], None]) -> dict[str, object]:
     from deploy.kafka import kafka
     from graylane.demo.gpt import write_demo_gpt
 

@@ -1,0 +1,34 @@
+"""LatencyHistogram <-> ``graylane.v1.LatencyHistogram`` (the wire form)."""
+
+from __future__ import annotations
+
+from graylane.histogram import DEFAULT_GROWTH, DEFAULT_MIN_MS, LatencyHistogram
+from graylane.v1 import telemetry_pb2
+
+
+def histogram_to_pb(h: LatencyHistogram) -> telemetry_pb2.LatencyHistogram:
+    return telemetry_pb2.LatencyHistogram(
+        min_ms=h.min_ms,
+        growth=h.growth,
+        buckets=dict(h.buckets),
+        count=h.count,
+        sum_ms=h.sum_ms,
+        max_ms=h.max_ms,
+    )
+
+
+def histogram_from_pb(pb: telemetry_pb2.LatencyHistogram) -> LatencyHistogram:
+    """The histogram of ``pb``; an empty one without a scheme takes the default scheme.
+
+    ``count`` is recomputed from the buckets. Raises ValueError when buckets
+    come without a valid scheme.
+    """
+    if pb.min_ms <= 0.0 or pb.growth <= 1.0:
+        if pb.buckets:
+            raise ValueError(
+                f"histogram with buckets but no valid scheme ({pb.min_ms}, {pb.growth})"
+            )
+        return LatencyHistogram(DEFAULT_MIN_MS, DEFAULT_GROWTH)
+    return LatencyHistogram(
+        pb.min_ms, pb.growth, buckets=dict(pb.buckets), sum_ms=pb.sum_ms, max_ms=pb.max_ms
+    )
