@@ -22,7 +22,9 @@ PROTO_DIR = PROTO_ROOT / "graylane" / "v1"
 OUT_PACKAGE = ROOT / "graylane" / "v1"
 # The generated code records the protoc version; pin it so regeneration is stable.
 GRPC_TOOLS_VERSION = "1.85.1"
-INIT_TEXT = '"""Generated protobuf contracts of graylane.v1 (do not edit; see protos/generate.py)."""\n'
+INIT_TEXT = (
+    '"""Generated protobuf contracts of graylane.v1 (do not edit; see protos/generate.py)."""\n'
+)
 
 
 def _generate(out_root: Path) -> None:

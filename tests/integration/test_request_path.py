@@ -12,7 +12,7 @@ import pytest
 from engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
 from engine_worker.tasks import PostProcess as EnginePost
 from engine_worker.tasks import run_forward, run_generate
-from graylane import serde, tensors
+from graylane import serde
 from graylane.client import (
     GraylaneClient,
     PostProcess,
@@ -20,7 +20,7 @@ from graylane.client import (
     Task,
     UnknownModel,
 )
-from graylane.demo.gpt import EOS_ID, write_demo_gpt
+from graylane.demo.gpt import write_demo_gpt
 from graylane.kafka.factory import KafkaFactory
 from graylane.routing import RoutingRule, table_for_weights
 from graylane.routing.convert import table_to_pb
@@ -60,21 +60,34 @@ async def test_both_tasks_through_the_whole_path(
     async with running_stack(factory, model=MODEL, versions=models, stable="v1") as stack:
         async with GraylaneClient(factory) as client:
             # No table yet: everything goes to the stable version.
-            first = await client.infer(MODEL, prompt="hello", post_process=PostProcess.ARGMAX_LAST,
-                                       routing_key="u0", timeout=30)
+            first = await client.infer(
+                MODEL,
+                prompt="hello",
+                post_process=PostProcess.ARGMAX_LAST,
+                routing_key="u0",
+                timeout=30,
+            )
             assert first.version == "v1" and first.variant == "fp32"
 
             # Rule: testers reach v2; everyone else stays on v1 (weight 0).
             await publish_table(
-                factory, stable_version="v1", weights=[("v2", 0.0)], epoch=1,
+                factory,
+                stable_version="v1",
+                weights=[("v2", 0.0)],
+                epoch=1,
                 rules=[RoutingRule("testers", (("group", "internal"),), "v2")],
             )
             await asyncio.sleep(1.0)  # the router applies a new table within a second
 
             prompt = "graylane routes"
             gen = await client.infer(
-                MODEL, prompt=prompt, task=Task.GENERATE, max_new_tokens=12,
-                tags={"group": "internal"}, routing_key="u1", timeout=30,
+                MODEL,
+                prompt=prompt,
+                task=Task.GENERATE,
+                max_new_tokens=12,
+                tags={"group": "internal"},
+                routing_key="u1",
+                timeout=30,
             )
             assert gen.version == "v2"
             expected = run_generate(reference, [list(prompt.encode())], 12, None, 256)[0]
@@ -83,12 +96,19 @@ async def test_both_tasks_through_the_whole_path(
 
             ids = np.array([[5, 6, 7, 8, 9]], dtype=np.int64)
             fwd = await client.infer(
-                MODEL, inputs={"input_ids": ids, "attention_mask": np.ones_like(ids)},
-                post_process=PostProcess.TOPK_LAST, top_k=3, tags={"group": "internal"},
+                MODEL,
+                inputs={"input_ids": ids, "attention_mask": np.ones_like(ids)},
+                post_process=PostProcess.TOPK_LAST,
+                top_k=3,
+                tags={"group": "internal"},
                 timeout=30,
             )
-            ref = run_forward(reference, [{"input_ids": ids, "attention_mask": np.ones_like(ids)}],
-                              EnginePost.TOPK_LAST, 3)[0]
+            ref = run_forward(
+                reference,
+                [{"input_ids": ids, "attention_mask": np.ones_like(ids)}],
+                EnginePost.TOPK_LAST,
+                3,
+            )[0]
             assert fwd.version == "v2"
             np.testing.assert_array_equal(fwd.outputs["topk_ids"], ref["topk_ids"])
 
@@ -98,16 +118,22 @@ async def test_both_tasks_through_the_whole_path(
 
             # A few hundred requests in flight at once: all answered, batched.
             ids_sent = [
-                await client.submit(MODEL, prompt=f"request {i}", routing_key=f"user-{i}",
-                                    post_process=PostProcess.ARGMAX_LAST)
+                await client.submit(
+                    MODEL,
+                    prompt=f"request {i}",
+                    routing_key=f"user-{i}",
+                    post_process=PostProcess.ARGMAX_LAST,
+                )
                 for i in range(200)
             ]
             got = {}
+
             async def collect() -> None:
                 async for r in client.results():
                     got[r.request_id] = r
                     if len(got) == len(ids_sent):
                         return
+
             await asyncio.wait_for(collect(), 90)
             assert set(got) == set(ids_sent)
             assert all(r.ok for r in got.values())
@@ -151,18 +177,26 @@ async def test_every_kind_of_bad_input_is_answered_and_the_next_request_served(
             ids = np.array([[1, 2, 3]], dtype=np.int64)
             mask = np.ones_like(ids)
             await rejected("MISSING_INPUT", inputs={"input_ids": ids})
-            await rejected("UNEXPECTED_INPUT",
-                           inputs={"input_ids": ids, "attention_mask": mask, "extra": mask})
-            await rejected("BAD_DTYPE",
-                           inputs={"input_ids": ids.astype(np.float32), "attention_mask": mask})
-            await rejected("BAD_SHAPE",
-                           inputs={"input_ids": ids[None], "attention_mask": mask[None]})
+            await rejected(
+                "UNEXPECTED_INPUT", inputs={"input_ids": ids, "attention_mask": mask, "extra": mask}
+            )
+            await rejected(
+                "BAD_DTYPE", inputs={"input_ids": ids.astype(np.float32), "attention_mask": mask}
+            )
+            await rejected(
+                "BAD_SHAPE", inputs={"input_ids": ids[None], "attention_mask": mask[None]}
+            )
             await rejected("SEQUENCE_TOO_LONG", token_ids=list(range(200)) * 2)
-            await rejected("SEQUENCE_TOO_LONG", task=Task.GENERATE, max_new_tokens=4,
-                           token_ids=[7] * 300)
-            await rejected("PAYLOAD_TOO_LARGE",
-                           inputs={"input_ids": np.zeros((1, 20_000), np.int64),
-                                   "attention_mask": np.zeros((1, 20_000), np.int64)})
+            await rejected(
+                "SEQUENCE_TOO_LONG", task=Task.GENERATE, max_new_tokens=4, token_ids=[7] * 300
+            )
+            await rejected(
+                "PAYLOAD_TOO_LARGE",
+                inputs={
+                    "input_ids": np.zeros((1, 20_000), np.int64),
+                    "attention_mask": np.zeros((1, 20_000), np.int64),
+                },
+            )
             await rejected("DEADLINE_EXCEEDED", prompt="late", deadline_s=-1.0)
             await rejected("BAD_REQUEST", task=Task.GENERATE, prompt="x", max_new_tokens=0)
 

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from engine_worker.config import FaultInjection, WorkerConfig
 from engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
 from engine_worker.service import Worker
@@ -47,7 +46,9 @@ async def running_stack(
     for version, path in versions.items():
         engines = {"fp32": OnnxRuntimeEngine.load(path, "fp32", name=model, intra_op_threads=1)}
         for variant, vpath in (extra_variants or {}).get(version, {}).items():
-            engines[variant] = OnnxRuntimeEngine.load(vpath, variant, name=model, intra_op_threads=1)
+            engines[variant] = OnnxRuntimeEngine.load(
+                vpath, variant, name=model, intra_op_threads=1
+            )
         workers[version] = Worker(
             factory,
             WorkerConfig(
@@ -73,9 +74,7 @@ async def running_stack(
     stack.tasks.extend(asyncio.create_task(w.run(stop)) for w in workers.values())
     try:
         waits = [router.ready.wait(), *(w.ready.wait() for w in workers.values())]
-        done, _ = await asyncio.wait(
-            [asyncio.ensure_future(w) for w in waits], timeout=60
-        )
+        done, _ = await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=60)
         failed = [t for t in stack.tasks if t.done() and t.exception()]
         if failed:
             raise failed[0].exception()  # type: ignore[misc]

@@ -152,12 +152,30 @@ def test_request_round_trip(
 
 def test_every_contract_round_trips() -> None:
     messages = [
-        inference_pb2.InferenceResult(request_id="r", status=inference_pb2.ERROR,
-                                      error_code=inference_pb2.BAD_SHAPE, error_message="x"),
-        telemetry_pb2.BatchTelemetry(model="m", batch_size=8, latency=telemetry_pb2.LatencyHistogram(
-            min_ms=0.05, growth=1.05, buckets={3: 2, 90: 6}, count=8, sum_ms=12.0, max_ms=9.0)),
-        control_pb2.RoutingTable(model="m", epoch=7, routes=[control_pb2.VersionRoute(
-            version="v2", weight_percent=5.0, ranges=[control_pb2.BucketRange(start=0, end=500)])]),
+        inference_pb2.InferenceResult(
+            request_id="r",
+            status=inference_pb2.ERROR,
+            error_code=inference_pb2.BAD_SHAPE,
+            error_message="x",
+        ),
+        telemetry_pb2.BatchTelemetry(
+            model="m",
+            batch_size=8,
+            latency=telemetry_pb2.LatencyHistogram(
+                min_ms=0.05, growth=1.05, buckets={3: 2, 90: 6}, count=8, sum_ms=12.0, max_ms=9.0
+            ),
+        ),
+        control_pb2.RoutingTable(
+            model="m",
+            epoch=7,
+            routes=[
+                control_pb2.VersionRoute(
+                    version="v2",
+                    weight_percent=5.0,
+                    ranges=[control_pb2.BucketRange(start=0, end=500)],
+                )
+            ],
+        ),
         control_pb2.PrecisionCommand(model="m", version="v1", variant="int8", epoch=3),
         dlq_pb2.DeadLetter(original_value=b"\xff\x00", source_topic="t", source_offset=9),
     ]
