@@ -1,0 +1,178 @@
+"""``graylane build`` and ``graylane verify-artifact`` (and ``bench-variants`` via its module)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from builder.build import BuildReport
+
+__all__ = ["add_build_parser", "add_verify_parser", "cmd_build", "cmd_verify", "register"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_NOT_SERVABLE = 2
+
+Subparsers = argparse._SubParsersAction
+
+
+def register(sub: Subparsers[argparse.ArgumentParser]) -> None:
+    """Mount the builder's subcommands on the ``graylane`` CLI."""
+    from builder.bench_variants import add_bench_variants_parser
+
+    add_build_parser(sub)
+    add_verify_parser(sub)
+    add_bench_variants_parser(sub)
+
+
+def add_build_parser(sub: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "build",
+        help="build precision variants of a model from a spec, validate and register them",
+        description=(
+            "Read a YAML/TOML build spec, produce fp32/fp16/int8/int8-dynamic ONNX variants "
+            "(and TensorRT engines where TensorRT and a GPU exist), validate each against "
+            "fp32, write artifacts with manifests and record them in the registry. "
+            "Exit status: 0 all variants servable, 2 some variant failed or is not servable, "
+            "1 the build could not run."
+        ),
+    )
+    parser.add_argument("spec", type=Path, help="build spec (.yaml, .yml or .toml)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace existing artifacts and mark variants outside tolerance servable (recorded)",
+    )
+    parser.add_argument(
+        "--store",
+        type=Path,
+        help="artifact store folder (default: spec, then GRAYLANE_ARTIFACT_DIR)",
+    )
+    parser.add_argument("--db", help="registry database URL (default: GRAYLANE_DB_URL)")
+    parser.add_argument("--no-registry", action="store_true", help="do not touch the registry")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON at the end")
+    parser.set_defaults(handler=cmd_build)
+    return parser
+
+
+def add_verify_parser(sub: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "verify-artifact", help="check every file of an artifact against its manifest's sha256"
+    )
+    parser.add_argument("folder", type=Path, help="artifact folder (holds manifest.json)")
+    parser.set_defaults(handler=cmd_verify)
+    return parser
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from builder.build import BuildError, run_build
+    from builder.calibration import CalibrationError
+    from builder.progress import RichProgress
+    from builder.samples import SampleError
+    from builder.spec import SpecError, load_spec
+    from builder.store import StoreError
+    from graylane.registry import RegistryError, open_registry
+    from graylane.settings import Settings
+
+    console = Console(stderr=True)
+    settings = Settings.from_env()
+    try:
+        spec = load_spec(args.spec)
+        store = args.store or spec.store or settings.artifact_dir
+        registry = None if args.no_registry else open_registry(args.db or settings.db_url)
+        report = run_build(
+            spec,
+            RichProgress(console),
+            store=store,
+            registry=registry,
+            force=True if args.force else None,
+        )
+    except (
+        SpecError,
+        SampleError,
+        BuildError,
+        StoreError,
+        RegistryError,
+        CalibrationError,
+    ) as exc:
+        console.print(f"[red]build failed:[/] {exc}", highlight=False)
+        return EXIT_ERROR
+    _print_report(console, report)
+    if args.json:
+        print(json.dumps(_report_dict(report)))
+    return EXIT_OK if report.ok else EXIT_NOT_SERVABLE
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from builder.store import TamperedArtifactError, verify_artifact
+
+    try:
+        manifest = verify_artifact(args.folder)
+    except TamperedArtifactError as exc:
+        print(f"REFUSED: {exc}")
+        return EXIT_ERROR
+    print(f"OK: {manifest.name} ({len(manifest.files)} file(s) match their sha256)")
+    return EXIT_OK
+
+
+def _print_report(console: Console, report: BuildReport) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{report.model} {report.version} ({report.duration_s:.1f}s)")
+    table.add_column("artifact", overflow="fold")
+    for column in ("status", "servable", "cosine", "top1", "tokens"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("note", overflow="fold")
+    for v in report.variants:
+        metrics = v.validation.metrics if v.validation else None
+        note = v.reason or ""
+        if v.validation is not None and v.validation.failures:
+            note = "; ".join(v.validation.failures)
+        if v.forced:
+            note = ("forced: " + note).strip()
+        table.add_row(
+            str(v.artifact) if v.artifact else f"{v.precision.value} ({v.backend.value})",
+            v.status.value,
+            "yes" if v.servable else "no",
+            f"{metrics.cosine:.5f}" if metrics else "-",
+            f"{metrics.top1_agreement:.3f}" if metrics else "-",
+            f"{metrics.token_agreement:.2f}"
+            if metrics and metrics.token_agreement is not None
+            else "-",
+            note,
+        )
+    console.print(table)
+    if report.tensorrt_note:
+        console.print(report.tensorrt_note, highlight=False)
+    console.print(f"artifacts: {report.store}", highlight=False)
+
+
+def _report_dict(report: BuildReport) -> dict[str, object]:
+    return {
+        "model": report.model,
+        "version": report.version,
+        "ok": report.ok,
+        "tensorrt": report.tensorrt_note,
+        "registered": report.registered,
+        "variants": [
+            {
+                "precision": v.precision.value,
+                "backend": v.backend.value,
+                "status": v.status.value,
+                "artifact": str(v.artifact) if v.artifact else None,
+                "folder": str(v.folder) if v.folder else None,
+                "servable": v.servable,
+                "forced": v.forced,
+                "reason": v.reason,
+                "passed": v.validation.passed if v.validation else None,
+            }
+            for v in report.variants
+        ],
+    }

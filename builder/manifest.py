@@ -1,0 +1,381 @@
+"""Artifact manifests: what an artifact holds, how it was built, how well it validated.
+
+A manifest is written as ``manifest.json`` next to the model files. Reading one
+back gives the same frozen :class:`Manifest`; :func:`manifest_to_dict` and
+:func:`manifest_from_dict` are the only places that know the JSON layout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from builder.graph import IOSignature, TensorSpec
+from builder.naming import ArtifactName, Backend, Precision, SemVer, parse_artifact_name
+from builder.spec import (
+    CalibrationMethod,
+    HardwareCompatibility,
+    InputShapeRange,
+    ShapeProfile,
+    Tolerance,
+)
+from builder.validation import Metrics
+
+__all__ = [
+    "MANIFEST_FILE",
+    "SCHEMA_VERSION",
+    "BuildHost",
+    "CalibrationInfo",
+    "EngineTarget",
+    "FileDigest",
+    "GpuInfo",
+    "Manifest",
+    "ManifestError",
+    "ValidationInfo",
+    "manifest_from_dict",
+    "manifest_to_dict",
+    "read_manifest",
+    "with_files",
+    "write_manifest",
+]
+
+MANIFEST_FILE = "manifest.json"
+SCHEMA_VERSION = 1
+
+
+class ManifestError(ValueError):
+    """A manifest file is missing, unreadable or not of a known layout."""
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """One file of the artifact, relative to its folder."""
+
+    path: str
+    sha256: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    name: str
+    compute_capability: str
+
+
+@dataclass(frozen=True)
+class BuildHost:
+    hostname: str
+    cpu: str
+    gpu: GpuInfo | None
+    python: str
+    onnx: str
+    onnxruntime: str
+    tensorrt: str | None
+
+
+@dataclass(frozen=True)
+class CalibrationInfo:
+    method: CalibrationMethod
+    samples: int
+    data_digest: str
+    cache_key: str
+    cache_hit: bool
+    duration_s: float
+    percentile: float | None = None
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """The GPU architecture and TensorRT version a compiled engine is bound to."""
+
+    compute_capability: str
+    tensorrt_version: str
+    hardware_compatibility: HardwareCompatibility = HardwareCompatibility.NONE
+
+
+@dataclass(frozen=True)
+class ValidationInfo:
+    passed: bool
+    tolerance: Tolerance
+    metrics: Metrics | None
+    failures: tuple[str, ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: ArtifactName
+    files: tuple[FileDigest, ...]
+    io: IOSignature
+    profiles: tuple[ShapeProfile, ...]
+    build_host: BuildHost
+    build_duration_s: float
+    source_onnx_sha256: str
+    source_git_commit: str | None
+    created_at: str
+    servable: bool
+    forced: bool = False
+    calibration: CalibrationInfo | None = None
+    target: EngineTarget | None = None
+    validation: ValidationInfo | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def model(self) -> str:
+        return self.name.model
+
+    @property
+    def version(self) -> SemVer:
+        return self.name.version
+
+    @property
+    def precision(self) -> Precision:
+        return self.name.precision
+
+    @property
+    def strategy(self) -> str:
+        return self.name.strategy
+
+    @property
+    def backend(self) -> Backend:
+        return self.name.backend
+
+    @property
+    def backend_version(self) -> str:
+        return self.name.backend_version
+
+
+# ---------------------------------------------------------------- JSON layout
+
+
+def _tensor(t: TensorSpec) -> dict[str, Any]:
+    return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
+
+
+def manifest_to_dict(m: Manifest) -> dict[str, Any]:
+    cal = m.calibration
+    val = m.validation
+    host = m.build_host
+    return {
+        "schema": SCHEMA_VERSION,
+        "name": str(m.name),
+        "model": m.model,
+        "version": str(m.version),
+        "precision": m.precision.value,
+        "strategy": m.strategy,
+        "backend": m.backend.value,
+        "backend_version": m.backend_version,
+        "files": [{"path": f.path, "sha256": f.sha256, "bytes": f.bytes} for f in m.files],
+        "io": {
+            "inputs": [_tensor(t) for t in m.io.inputs],
+            "outputs": [_tensor(t) for t in m.io.outputs],
+        },
+        "profiles": [
+            {
+                "name": p.name,
+                "shapes": {
+                    s.input: {"min": list(s.min), "opt": list(s.opt), "max": list(s.max)}
+                    for s in p.shapes
+                },
+            }
+            for p in m.profiles
+        ],
+        "calibration": None
+        if cal is None
+        else {
+            "method": cal.method.value,
+            "samples": cal.samples,
+            "data_digest": cal.data_digest,
+            "cache_key": cal.cache_key,
+            "cache_hit": cal.cache_hit,
+            "duration_s": round(cal.duration_s, 3),
+            "percentile": cal.percentile,
+        },
+        "target": None
+        if m.target is None
+        else {
+            "compute_capability": m.target.compute_capability,
+            "tensorrt_version": m.target.tensorrt_version,
+            "hardware_compatibility": m.target.hardware_compatibility.value,
+        },
+        "build_host": {
+            "hostname": host.hostname,
+            "cpu": host.cpu,
+            "gpu": None
+            if host.gpu is None
+            else {"name": host.gpu.name, "compute_capability": host.gpu.compute_capability},
+            "python": host.python,
+            "onnx": host.onnx,
+            "onnxruntime": host.onnxruntime,
+            "tensorrt": host.tensorrt,
+        },
+        "build_duration_s": round(m.build_duration_s, 3),
+        "source": {"onnx_sha256": m.source_onnx_sha256, "git_commit": m.source_git_commit},
+        "validation": None
+        if val is None
+        else {
+            "passed": val.passed,
+            "tolerance": {
+                "max_abs": val.tolerance.max_abs,
+                "min_cosine": val.tolerance.min_cosine,
+                "min_top1_agreement": val.tolerance.min_top1_agreement,
+                "min_token_agreement": val.tolerance.min_token_agreement,
+            },
+            "metrics": None
+            if val.metrics is None
+            else {
+                "max_abs": val.metrics.max_abs,
+                "mean_rel": val.metrics.mean_rel,
+                "cosine": val.metrics.cosine,
+                "top1_agreement": val.metrics.top1_agreement,
+                "rows": val.metrics.rows,
+                "token_agreement": val.metrics.token_agreement,
+                "token_agreement_overall": val.metrics.token_agreement_overall,
+            },
+            "failures": list(val.failures),
+            "error": val.error,
+        },
+        "servable": m.servable,
+        "forced": m.forced,
+        "notes": list(m.notes),
+        "created_at": m.created_at,
+    }
+
+
+def _shape(raw: list[Any]) -> tuple[int | str, ...]:
+    return tuple(d if isinstance(d, str) else int(d) for d in raw)
+
+
+def _opt_float(raw: Any) -> float | None:
+    return None if raw is None else float(raw)
+
+
+def manifest_from_dict(raw: Mapping[str, Any]) -> Manifest:
+    """Rebuild a :class:`Manifest`; raises :class:`ManifestError` on a foreign layout."""
+    if raw.get("schema") != SCHEMA_VERSION:
+        raise ManifestError(
+            f"manifest schema {raw.get('schema')!r} is not supported (expected {SCHEMA_VERSION})"
+        )
+    try:
+        host = raw["build_host"]
+        gpu = host.get("gpu")
+        cal = raw.get("calibration")
+        target = raw.get("target")
+        val = raw.get("validation")
+        metrics = None if val is None else val.get("metrics")
+        return Manifest(
+            name=parse_artifact_name(raw["name"]),
+            files=tuple(
+                FileDigest(path=f["path"], sha256=f["sha256"], bytes=int(f["bytes"]))
+                for f in raw["files"]
+            ),
+            io=IOSignature(
+                inputs=tuple(
+                    TensorSpec(t["name"], t["dtype"], _shape(t["shape"]))
+                    for t in raw["io"]["inputs"]
+                ),
+                outputs=tuple(
+                    TensorSpec(t["name"], t["dtype"], _shape(t["shape"]))
+                    for t in raw["io"]["outputs"]
+                ),
+            ),
+            profiles=tuple(
+                ShapeProfile(
+                    name=p["name"],
+                    shapes=tuple(
+                        InputShapeRange(
+                            input=k,
+                            min=tuple(v["min"]),
+                            opt=tuple(v["opt"]),
+                            max=tuple(v["max"]),
+                        )
+                        for k, v in p["shapes"].items()
+                    ),
+                )
+                for p in raw["profiles"]
+            ),
+            build_host=BuildHost(
+                hostname=host["hostname"],
+                cpu=host["cpu"],
+                gpu=None if gpu is None else GpuInfo(gpu["name"], gpu["compute_capability"]),
+                python=host["python"],
+                onnx=host["onnx"],
+                onnxruntime=host["onnxruntime"],
+                tensorrt=host.get("tensorrt"),
+            ),
+            build_duration_s=float(raw["build_duration_s"]),
+            source_onnx_sha256=raw["source"]["onnx_sha256"],
+            source_git_commit=raw["source"].get("git_commit"),
+            created_at=raw["created_at"],
+            servable=bool(raw["servable"]),
+            forced=bool(raw.get("forced", False)),
+            calibration=None
+            if cal is None
+            else CalibrationInfo(
+                method=CalibrationMethod(cal["method"]),
+                samples=int(cal["samples"]),
+                data_digest=cal["data_digest"],
+                cache_key=cal["cache_key"],
+                cache_hit=bool(cal["cache_hit"]),
+                duration_s=float(cal["duration_s"]),
+                percentile=_opt_float(cal.get("percentile")),
+            ),
+            target=None
+            if target is None
+            else EngineTarget(
+                compute_capability=target["compute_capability"],
+                tensorrt_version=target["tensorrt_version"],
+                hardware_compatibility=HardwareCompatibility(
+                    target.get("hardware_compatibility", "none")
+                ),
+            ),
+            validation=None
+            if val is None
+            else ValidationInfo(
+                passed=bool(val["passed"]),
+                tolerance=Tolerance(**{k: _opt_float(v) for k, v in val["tolerance"].items()}),
+                metrics=None
+                if metrics is None
+                else Metrics(
+                    max_abs=float(metrics["max_abs"]),
+                    mean_rel=float(metrics["mean_rel"]),
+                    cosine=float(metrics["cosine"]),
+                    top1_agreement=float(metrics["top1_agreement"]),
+                    rows=int(metrics["rows"]),
+                    token_agreement=_opt_float(metrics.get("token_agreement")),
+                    token_agreement_overall=_opt_float(metrics.get("token_agreement_overall")),
+                ),
+                failures=tuple(val.get("failures", ())),
+                error=val.get("error"),
+            ),
+            notes=tuple(raw.get("notes", ())),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ManifestError(f"manifest is malformed: {type(exc).__name__}: {exc}") from None
+
+
+def with_files(manifest: Manifest, files: tuple[FileDigest, ...]) -> Manifest:
+    """``manifest`` listing ``files`` (for :meth:`ArtifactStore.publish`)."""
+    return replace(manifest, files=files)
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> Path:
+    path = folder / MANIFEST_FILE
+    path.write_text(json.dumps(manifest_to_dict(manifest), indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def read_manifest(folder: Path) -> Manifest:
+    path = folder / MANIFEST_FILE
+    if not path.is_file():
+        raise ManifestError(f"{folder} has no {MANIFEST_FILE}")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: cannot read: {exc}") from None
+    if not isinstance(raw, Mapping):
+        raise ManifestError(f"{path}: the top level is not an object")
+    return manifest_from_dict(raw)

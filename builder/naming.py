@@ -1,0 +1,227 @@
+"""Artifact names and semantic versions.
+
+An artifact name reads ``<model>-<backend><backend_version>-<precision>-<strategy>:<semver>``,
+for example ``demo-gpt-onnxruntime1.32.0-int8-ptq:1.0.0``. Model names may contain
+dashes, so a name is parsed from the right: the backend is one of a closed set
+(``onnxruntime``, ``tensorrt``) immediately followed by its version, the precision is
+one of a closed set, and the strategy has no dash.
+
+Pure module: no I/O, checked with ``mypy --strict``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = [
+    "ArtifactName",
+    "Backend",
+    "NamingError",
+    "Precision",
+    "SemVer",
+    "artifact_dir_name",
+    "parse_artifact_name",
+    "parse_semver",
+    "validate_model_name",
+    "validate_strategy",
+]
+
+
+class NamingError(ValueError):
+    """A name, version or tag does not follow the artifact naming convention."""
+
+
+class Backend(Enum):
+    """Runtime that loads or compiles a variant."""
+
+    ONNXRUNTIME = "onnxruntime"
+    TENSORRT = "tensorrt"
+
+
+class Precision(Enum):
+    """Numeric precision of a variant; the value is the spelling used in names and specs."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    INT8 = "int8"
+    INT8_DYNAMIC = "int8-dynamic"
+
+
+_MODEL_RE = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*")
+_STRATEGY_RE = re.compile(r"[a-z0-9]+(?:[._][a-z0-9]+)*")
+_BACKEND_VERSION_RE = re.compile(r"[0-9]+(?:\.[0-9]+)*")
+_IDENT = r"(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
+_SEMVER_RE = re.compile(
+    r"(?P<major>0|[1-9][0-9]*)\.(?P<minor>0|[1-9][0-9]*)\.(?P<patch>0|[1-9][0-9]*)"
+    rf"(?:-(?P<pre>{_IDENT}(?:\.{_IDENT})*))?"
+    r"(?:\+(?P<build>[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*))?"
+)
+_BACKENDS = "|".join(re.escape(b.value) for b in Backend)
+# Longest precision first so "int8-dynamic" is never read as "int8" + strategy.
+_PRECISIONS = "|".join(
+    re.escape(p.value) for p in sorted(Precision, key=lambda p: len(p.value), reverse=True)
+)
+# The model group is greedy, so the rightmost backend token wins: a model may itself
+# contain something that looks like "-tensorrt1".
+_NAME_RE = re.compile(
+    rf"(?P<model>.+)-(?P<backend>{_BACKENDS})(?P<backend_version>[0-9]+(?:\.[0-9]+)*)"
+    rf"-(?P<precision>{_PRECISIONS})-(?P<strategy>[^-:]+):(?P<version>.+)"
+)
+
+
+@dataclass(frozen=True)
+class SemVer:
+    """A semantic version (semver.org 2.0.0).
+
+    Equality is structural (build metadata included); ordering follows semver
+    precedence, which ignores build metadata. So two versions differing only in
+    build metadata are neither ``<`` nor ``>`` each other, yet not ``==``.
+    """
+
+    major: int
+    minor: int
+    patch: int
+    prerelease: tuple[str, ...] = ()
+    build: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        text = f"{self.major}.{self.minor}.{self.patch}"
+        if self.prerelease:
+            text += "-" + ".".join(self.prerelease)
+        if self.build:
+            text += "+" + ".".join(self.build)
+        return text
+
+    def _key(self) -> tuple[int, int, int, int, tuple[tuple[int, int, str], ...]]:
+        # A release sorts after every prerelease of the same core version.
+        release = 1 if not self.prerelease else 0
+        idents = tuple(
+            (0, int(part), "") if part.isdigit() else (1, 0, part) for part in self.prerelease
+        )
+        return (self.major, self.minor, self.patch, release, idents)
+
+    def __lt__(self, other: SemVer) -> bool:
+        return self._key() < other._key()
+
+    def __le__(self, other: SemVer) -> bool:
+        return self._key() <= other._key()
+
+    def __gt__(self, other: SemVer) -> bool:
+        return self._key() > other._key()
+
+    def __ge__(self, other: SemVer) -> bool:
+        return self._key() >= other._key()
+
+    def same_precedence(self, other: SemVer) -> bool:
+        """True when neither version takes precedence (build metadata ignored)."""
+        return self._key() == other._key()
+
+
+def parse_semver(text: str) -> SemVer:
+    """Parse ``MAJOR.MINOR.PATCH[-PRERELEASE][+BUILD]``."""
+    match = _SEMVER_RE.fullmatch(text)
+    if match is None:
+        raise NamingError(
+            f"{text!r} is not a semantic version: use MAJOR.MINOR.PATCH such as '1.2.0' "
+            "(optionally '-rc.1' and '+build.5'; no leading zeros, no 'v' prefix)"
+        )
+    pre = match.group("pre")
+    build = match.group("build")
+    return SemVer(
+        major=int(match.group("major")),
+        minor=int(match.group("minor")),
+        patch=int(match.group("patch")),
+        prerelease=tuple(pre.split(".")) if pre else (),
+        build=tuple(build.split(".")) if build else (),
+    )
+
+
+def validate_model_name(model: str) -> str:
+    """Return ``model`` if it is lowercase words joined by single ``-``, ``_`` or ``.``."""
+    if not _MODEL_RE.fullmatch(model):
+        raise NamingError(
+            f"model name {model!r} is not valid: use lowercase letters and digits, "
+            "separated by single '-', '_' or '.', e.g. 'demo-gpt'"
+        )
+    return model
+
+
+def validate_strategy(strategy: str) -> str:
+    """Return ``strategy`` if it is lowercase words joined by ``_`` or ``.`` (no dash)."""
+    if not _STRATEGY_RE.fullmatch(strategy):
+        raise NamingError(
+            f"strategy tag {strategy!r} is not valid: use lowercase letters and digits, "
+            "optionally separated by '_' or '.', no '-' (e.g. 'ptq', 'default')"
+        )
+    return strategy
+
+
+def _validate_backend_version(version: str) -> str:
+    if not _BACKEND_VERSION_RE.fullmatch(version):
+        raise NamingError(
+            f"backend version {version!r} is not valid: use dot-separated numbers, e.g. '10.13.0'"
+        )
+    return version
+
+
+@dataclass(frozen=True)
+class ArtifactName:
+    """The parts of an artifact name; ``str()`` gives the canonical spelling."""
+
+    model: str
+    backend: Backend
+    backend_version: str
+    precision: Precision
+    strategy: str
+    version: SemVer
+
+    def __post_init__(self) -> None:
+        validate_model_name(self.model)
+        validate_strategy(self.strategy)
+        _validate_backend_version(self.backend_version)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.model}-{self.backend.value}{self.backend_version}"
+            f"-{self.precision.value}-{self.strategy}:{self.version}"
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> ArtifactName:
+        """Parse a canonical artifact name; see :func:`parse_artifact_name`."""
+        return parse_artifact_name(text)
+
+
+def parse_artifact_name(text: str) -> ArtifactName:
+    """Parse ``<model>-<backend><backend_version>-<precision>-<strategy>:<semver>``."""
+    match = _NAME_RE.fullmatch(text)
+    if match is None:
+        raise NamingError(
+            f"{text!r} is not an artifact name: expected "
+            "'<model>-<backend><backend_version>-<precision>-<strategy>:<semver>' with backend "
+            f"in {[b.value for b in Backend]} and precision in {[p.value for p in Precision]}, "
+            "e.g. 'demo-gpt-onnxruntime1.32.0-int8-ptq:1.0.0'"
+        )
+    return ArtifactName(
+        model=match.group("model"),
+        backend=Backend(match.group("backend")),
+        backend_version=match.group("backend_version"),
+        precision=Precision(match.group("precision")),
+        strategy=match.group("strategy"),
+        version=parse_semver(match.group("version")),
+    )
+
+
+def artifact_dir_name(name: ArtifactName, compute_capability: str | None = None) -> str:
+    """A filesystem-safe folder name for an artifact.
+
+    ``:`` becomes ``@``; an engine compiled for one GPU architecture gets a
+    ``~sm<major><minor>`` suffix so engines for several architectures can sit side
+    by side under the same artifact name.
+    """
+    folder = str(name).replace(":", "@")
+    if compute_capability is not None:
+        folder += "~sm" + compute_capability.replace(".", "")
+    return folder

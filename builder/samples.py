@@ -1,0 +1,184 @@
+"""Calibration and validation samples: read from .npz files or made by named generators."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from builder.graph import DECODER_INPUTS, IOSignature, TensorSpec
+from builder.spec import DataSpec, Generator, GeneratorData, NpzData
+
+__all__ = ["SampleError", "SampleSet", "demo_sentences", "load_samples"]
+
+Feeds = Mapping[str, np.ndarray]
+
+
+class SampleError(ValueError):
+    """Samples cannot be read or do not fit the model's inputs."""
+
+
+@dataclass(frozen=True)
+class SampleSet:
+    """Model feeds in batches, with a digest of their exact content."""
+
+    batches: tuple[Feeds, ...]
+    digest: str
+
+    @property
+    def count(self) -> int:
+        """Number of samples (rows along axis 0 of the first input)."""
+        return sum(int(next(iter(b.values())).shape[0]) for b in self.batches if b)
+
+    def __iter__(self) -> Iterator[Feeds]:
+        return iter(self.batches)
+
+    def rows(self) -> Iterator[Feeds]:
+        """Each sample as its own batch of one."""
+        for batch in self.batches:
+            n = int(next(iter(batch.values())).shape[0])
+            for i in range(n):
+                yield {k: v[i : i + 1] for k, v in batch.items()}
+
+
+def _digest(batches: tuple[Feeds, ...]) -> str:
+    sha = hashlib.sha256()
+    for batch in batches:
+        for name in sorted(batch):
+            array = np.ascontiguousarray(batch[name])
+            sha.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+            sha.update(array.tobytes())
+    return sha.hexdigest()
+
+
+def _batched(columns: Mapping[str, np.ndarray], batch_size: int) -> tuple[Feeds, ...]:
+    total = int(next(iter(columns.values())).shape[0])
+    return tuple(
+        {k: np.ascontiguousarray(v[i : i + batch_size]) for k, v in columns.items()}
+        for i in range(0, total, batch_size)
+    )
+
+
+def load_samples(spec: DataSpec, signature: IOSignature, max_seq_len: int | None) -> SampleSet:
+    """Materialize the samples a :class:`DataSpec` describes for a model's inputs."""
+    if isinstance(spec.source, NpzData):
+        columns = _from_npz(spec.source, spec.samples, signature)
+    else:
+        columns = _generate(spec.source, spec.samples, spec.seed, signature, max_seq_len)
+    batches = _batched(columns, spec.batch_size)
+    return SampleSet(batches=batches, digest=_digest(batches))
+
+
+def _from_npz(source: NpzData, samples: int, signature: IOSignature) -> dict[str, np.ndarray]:
+    if not source.path.is_file():
+        raise SampleError(f"sample file {source.path} does not exist")
+    try:
+        with np.load(source.path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except (OSError, ValueError) as exc:
+        raise SampleError(f"{source.path}: cannot read as .npz: {exc}") from None
+    missing = [t.name for t in signature.inputs if t.name not in arrays]
+    if missing:
+        raise SampleError(
+            f"{source.path}: no array for model input(s) {missing}; the file holds {sorted(arrays)}"
+        )
+    columns: dict[str, np.ndarray] = {}
+    for tensor in signature.inputs:
+        array = arrays[tensor.name]
+        if array.ndim != len(tensor.shape):
+            raise SampleError(
+                f"{source.path}: {tensor.name!r} has rank {array.ndim}, the model expects "
+                f"{len(tensor.shape)} ({tensor.shape}); samples go along axis 0"
+            )
+        if array.dtype != np.dtype(tensor.dtype):
+            raise SampleError(
+                f"{source.path}: {tensor.name!r} is {array.dtype}, the model expects {tensor.dtype}"
+            )
+        columns[tensor.name] = array
+    available = min(int(a.shape[0]) for a in columns.values())
+    if available < samples:
+        raise SampleError(
+            f"{source.path}: holds {available} samples, the spec asks for {samples}; "
+            "lower 'samples' or add data"
+        )
+    return {k: v[:samples] for k, v in columns.items()}
+
+
+def _generate(
+    source: GeneratorData,
+    samples: int,
+    seed: int,
+    signature: IOSignature,
+    max_seq_len: int | None,
+) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    seq_len = source.seq_len if max_seq_len is None else min(source.seq_len, max_seq_len)
+    if source.generator is Generator.DEMO_TEXT:
+        if not signature.is_decoder:
+            raise SampleError(
+                "generator 'demo-text' needs a decoder model with inputs "
+                f"{list(DECODER_INPUTS)} and output 'logits'"
+            )
+        return _demo_text(rng, samples, seq_len)
+    return {
+        t.name: _random_tensor(rng, t, samples, seq_len, source.int_high) for t in signature.inputs
+    }
+
+
+_SENTENCES = (
+    "Gray releases move traffic to a new model version a little at a time.",
+    "The canary takes one percent of requests before it earns more.",
+    "A worker groups requests into shape buckets and runs them as one batch.",
+    "When latency rises above the objective, the controller steps down a precision rung.",
+    "Every routing decision is recorded with the window statistics that caused it.",
+    "Shadow traffic lets a candidate answer real questions without anyone seeing its replies.",
+    "Kafka keeps the queue for each version apart so one backlog cannot stall another.",
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Quantized weights trade a little accuracy for a lot of throughput on small machines.",
+    "Rolling back means setting the candidate weight to zero at once.",
+    "Small models answer fast; large models answer well; the ladder picks between them.",
+    "A manifest lists the digest of every file so tampering is caught before loading.",
+    "Calibration runs representative inputs through the graph to measure activation ranges.",
+    "Dynamic shapes need optimization profiles that cover the smallest and largest inputs.",
+    "Sticky buckets keep a user on the version they first reached while weights grow.",
+    "Tokens are bytes here, so any text can be encoded without a vocabulary file.",
+)
+
+
+def demo_sentences() -> tuple[str, ...]:
+    """The English corpus behind the ``demo-text`` generator."""
+    return _SENTENCES
+
+
+def _demo_text(rng: np.random.Generator, samples: int, seq_len: int) -> dict[str, np.ndarray]:
+    from graylane.demo.gpt import BOS_ID, PAD_ID, encode_text
+
+    ids = np.full((samples, seq_len), PAD_ID, dtype=np.int64)
+    mask = np.zeros((samples, seq_len), dtype=np.int64)
+    for row in range(samples):
+        # Lengths vary so right-padding is exercised; at least half the row is real text.
+        length = int(rng.integers(max(2, seq_len // 2), seq_len + 1))
+        tokens: list[int] = [BOS_ID]
+        while len(tokens) < length:
+            sentence = _SENTENCES[int(rng.integers(len(_SENTENCES)))]
+            tokens.extend(encode_text(sentence + " "))
+        ids[row, :length] = tokens[:length]
+        mask[row, :length] = 1
+    return {DECODER_INPUTS[0]: ids, DECODER_INPUTS[1]: mask}
+
+
+def _random_tensor(
+    rng: np.random.Generator, tensor: TensorSpec, samples: int, seq_len: int, int_high: int
+) -> np.ndarray:
+    # Axis 0 is the sample axis; other dynamic dims take seq_len.
+    shape = (samples, *(d if isinstance(d, int) else seq_len for d in tensor.shape[1:]))
+    dtype = np.dtype(tensor.dtype)
+    if tensor.name == DECODER_INPUTS[1]:
+        return np.ones(shape, dtype=dtype)
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, int_high, size=shape).astype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    return rng.standard_normal(shape).astype(dtype)

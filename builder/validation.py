@@ -1,0 +1,252 @@
+"""Validate a variant against the fp32 reference on held-out samples.
+
+Metrics, over every floating-point output and every real position (rows of the
+last axis where ``attention_mask`` is 1, or all rows for models without one):
+
+- ``max_abs``: largest absolute difference of any element;
+- ``mean_rel``: relative L1 error, ``sum |cand - ref| / sum |ref|`` (stable where
+  single elements are near zero, unlike a mean of element ratios);
+- ``cosine``: mean over rows of the cosine similarity of candidate and reference;
+- ``top1_agreement``: fraction of rows whose argmax is the same;
+- for decoder models (``input_ids``/``attention_mask`` in, ``logits`` out), greedy
+  generation from ``prompts`` prompts for ``new_tokens`` tokens each:
+  ``token_agreement`` is the mean, over prompts, of the fraction of generated
+  tokens before the first divergence (after it the two runs condition on different
+  text, so later matches say little); ``token_agreement_overall`` is the plain
+  position-wise fraction of identical tokens.
+
+Where a model has several float outputs the worst value of each metric is kept.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from builder.graph import DECODER_INPUTS, IOSignature
+from builder.greedy import Runner, greedy_generate
+from builder.naming import Precision
+from builder.samples import SampleSet
+from builder.spec import GenerationCheck, Tolerance
+
+__all__ = [
+    "Metrics",
+    "ReferenceOutputs",
+    "ValidationResult",
+    "check_tolerance",
+    "compare_outputs",
+    "generation_prompts",
+    "reference_outputs",
+    "token_agreement",
+    "validate_variant",
+]
+
+_EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class Metrics:
+    max_abs: float
+    mean_rel: float
+    cosine: float
+    top1_agreement: float
+    rows: int
+    token_agreement: float | None = None
+    token_agreement_overall: float | None = None
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """The verdict on one variant; ``failures`` lists each limit it missed."""
+
+    precision: Precision
+    tolerance: Tolerance
+    metrics: Metrics | None
+    failures: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.metrics is not None and self.error is None and not self.failures
+
+
+def _rows(output: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """Last-axis vectors at real positions, as float64 ``[rows, width]``."""
+    array = np.asarray(output, dtype=np.float64)
+    if array.ndim == 0:
+        return array.reshape(1, 1)
+    if mask is not None and array.ndim >= 3 and array.shape[:2] == mask.shape:
+        selected: np.ndarray = array[mask.astype(bool)]
+        return selected.reshape(-1, array.shape[-1])
+    return array.reshape(-1, array.shape[-1])
+
+
+def compare_outputs(
+    reference: Sequence[Mapping[str, np.ndarray]],
+    candidate: Sequence[Mapping[str, np.ndarray]],
+    masks: Sequence[np.ndarray | None],
+) -> Metrics:
+    """Metrics over batches of outputs (same order in all three sequences)."""
+    if not len(reference) == len(candidate) == len(masks):
+        raise ValueError("reference, candidate and masks must have one entry per batch")
+    if not reference:
+        raise ValueError("no batches to compare")
+    names = [n for n, v in reference[0].items() if np.issubdtype(np.asarray(v).dtype, np.floating)]
+    if not names:
+        raise ValueError("the model has no floating-point output to compare")
+    per_output: list[Metrics] = []
+    for name in names:
+        ref = np.concatenate([_rows(r[name], m) for r, m in zip(reference, masks, strict=True)])
+        cand = np.concatenate([_rows(c[name], m) for c, m in zip(candidate, masks, strict=True)])
+        if ref.shape != cand.shape:
+            raise ValueError(f"output {name!r}: shapes differ, {ref.shape} vs {cand.shape}")
+        diff = np.abs(cand - ref)
+        norms = np.linalg.norm(ref, axis=-1) * np.linalg.norm(cand, axis=-1)
+        dots = np.sum(ref * cand, axis=-1)
+        cos = np.where(norms > _EPS, dots / np.maximum(norms, _EPS), 1.0)
+        metrics = Metrics(
+            max_abs=float(diff.max(initial=0.0)),
+            mean_rel=float(diff.sum() / max(float(np.abs(ref).sum()), _EPS)),
+            cosine=float(cos.mean()),
+            top1_agreement=float(np.mean(ref.argmax(axis=-1) == cand.argmax(axis=-1))),
+            rows=int(ref.shape[0]),
+        )
+        per_output.append(metrics)
+    return functools.reduce(_worse, per_output)
+
+
+def _worse(a: Metrics, b: Metrics) -> Metrics:
+    return Metrics(
+        max_abs=max(a.max_abs, b.max_abs),
+        mean_rel=max(a.mean_rel, b.mean_rel),
+        cosine=min(a.cosine, b.cosine),
+        top1_agreement=min(a.top1_agreement, b.top1_agreement),
+        rows=max(a.rows, b.rows),
+    )
+
+
+def token_agreement(reference: np.ndarray, candidate: np.ndarray) -> tuple[float, float]:
+    """(prefix agreement, position-wise agreement) of two ``[prompts, tokens]`` arrays."""
+    if reference.shape != candidate.shape:
+        raise ValueError(f"token arrays differ in shape: {reference.shape} vs {candidate.shape}")
+    if reference.size == 0:
+        return 1.0, 1.0
+    same = reference == candidate
+    width = reference.shape[1]
+    # Index of the first mismatch per row, or the row width when none.
+    first = np.where(same.all(axis=1), width, np.argmin(same, axis=1))
+    return float(np.mean(first / width)), float(same.mean())
+
+
+def check_tolerance(metrics: Metrics, tolerance: Tolerance) -> tuple[str, ...]:
+    """Human-readable list of the limits ``metrics`` misses."""
+    failures: list[str] = []
+    if tolerance.max_abs is not None and metrics.max_abs > tolerance.max_abs:
+        failures.append(f"max_abs {metrics.max_abs:.4g} > {tolerance.max_abs:.4g}")
+    if tolerance.min_cosine is not None and metrics.cosine < tolerance.min_cosine:
+        failures.append(f"cosine {metrics.cosine:.6f} < {tolerance.min_cosine}")
+    if (
+        tolerance.min_top1_agreement is not None
+        and metrics.top1_agreement < tolerance.min_top1_agreement
+    ):
+        failures.append(
+            f"top1_agreement {metrics.top1_agreement:.4f} < {tolerance.min_top1_agreement}"
+        )
+    if (
+        tolerance.min_token_agreement is not None
+        and metrics.token_agreement is not None
+        and metrics.token_agreement < tolerance.min_token_agreement
+    ):
+        failures.append(
+            f"token_agreement {metrics.token_agreement:.4f} < {tolerance.min_token_agreement}"
+        )
+    return tuple(failures)
+
+
+def generation_prompts(
+    samples: SampleSet, count: int, new_tokens: int, max_seq_len: int | None
+) -> list[np.ndarray]:
+    """The real tokens of the first ``count`` samples, cut to leave room for ``new_tokens``."""
+    limit = None if max_seq_len is None else max(1, max_seq_len - new_tokens)
+    prompts: list[np.ndarray] = []
+    for row in samples.rows():
+        ids = row[DECODER_INPUTS[0]][0]
+        mask = row[DECODER_INPUTS[1]][0].astype(bool)
+        tokens = ids[mask][:limit] if limit is not None else ids[mask]
+        if len(tokens):
+            prompts.append(tokens.astype(np.int64))
+        if len(prompts) == count:
+            break
+    return prompts
+
+
+@dataclass(frozen=True)
+class ReferenceOutputs:
+    """fp32 outputs computed once and reused for every variant."""
+
+    outputs: tuple[Mapping[str, np.ndarray], ...]
+    masks: tuple[np.ndarray | None, ...]
+    tokens: np.ndarray | None
+    prompts: tuple[np.ndarray, ...]
+
+
+def reference_outputs(
+    reference: Runner,
+    samples: SampleSet,
+    signature: IOSignature,
+    generation: GenerationCheck | None,
+    max_seq_len: int | None,
+    pad_id: int = 0,
+) -> ReferenceOutputs:
+    outputs = tuple(reference(batch) for batch in samples)
+    mask_name = DECODER_INPUTS[1]
+    masks = tuple(batch.get(mask_name) if mask_name in batch else None for batch in samples)
+    tokens = None
+    prompts: tuple[np.ndarray, ...] = ()
+    if signature.is_decoder and generation is not None:
+        prompts = tuple(
+            generation_prompts(samples, generation.prompts, generation.new_tokens, max_seq_len)
+        )
+        tokens = greedy_generate(reference, prompts, generation.new_tokens, pad_id)
+    return ReferenceOutputs(outputs=outputs, masks=masks, tokens=tokens, prompts=prompts)
+
+
+def validate_variant(
+    precision: Precision,
+    candidate: Runner,
+    reference: ReferenceOutputs,
+    samples: SampleSet,
+    tolerance: Tolerance,
+    pad_id: int = 0,
+) -> ValidationResult:
+    """Run ``candidate`` on the samples and judge it against the reference outputs."""
+    try:
+        outputs = [candidate(batch) for batch in samples]
+        metrics = compare_outputs(reference.outputs, outputs, reference.masks)
+        if reference.tokens is not None:
+            tokens = greedy_generate(
+                candidate, reference.prompts, reference.tokens.shape[1], pad_id
+            )
+            prefix, overall = token_agreement(reference.tokens, tokens)
+            metrics = Metrics(
+                max_abs=metrics.max_abs,
+                mean_rel=metrics.mean_rel,
+                cosine=metrics.cosine,
+                top1_agreement=metrics.top1_agreement,
+                rows=metrics.rows,
+                token_agreement=prefix,
+                token_agreement_overall=overall,
+            )
+    except Exception as exc:  # a variant that cannot run is a failed validation, not a crash
+        return ValidationResult(
+            precision=precision, tolerance=tolerance, metrics=None, error=str(exc)
+        )
+    return ValidationResult(
+        precision=precision,
+        tolerance=tolerance,
+        metrics=metrics,
+        failures=check_tolerance(metrics, tolerance),
+    )

@@ -1,0 +1,292 @@
+"""Typed ONNX precision variants: fp32, fp16, int8 (Q/DQ S8S8) and int8-dynamic.
+
+Every variant is checked to load in ONNX Runtime on the CPU before it is reported
+as produced. Anything that goes wrong becomes a :class:`VariantOutcome` with a
+status and a reason; nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import onnx
+
+from builder.calibration import ORT_METHODS, CalibrationError, CalibrationRecord, calibrate
+from builder.naming import Precision
+from builder.runtime import VariantLoadError, open_runner
+from builder.samples import SampleSet
+from builder.spec import DEFAULT_QUANTIZE_OPS, CalibrationMethod
+
+__all__ = [
+    "EXTERNAL_DATA_THRESHOLD",
+    "MODEL_FILE",
+    "VariantInputs",
+    "VariantOutcome",
+    "VariantStatus",
+    "produce_variant",
+]
+
+MODEL_FILE = "model.onnx"
+EXTERNAL_DATA_FILE = "model.onnx.data"
+EXTERNAL_DATA_THRESHOLD = 1_500_000_000
+"""Source size from which weights go to a side file (protobuf caps one file at 2 GiB)."""
+_FP16_MAX_RETRIES = 8
+_FLOAT = onnx.TensorProto.FLOAT
+_FLOAT16 = onnx.TensorProto.FLOAT16
+_MISSING_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(")
+
+
+class VariantStatus(Enum):
+    PRODUCED = "produced"
+    FAILED = "failed"
+    UNSUPPORTED = "unsupported"
+
+
+@dataclass(frozen=True)
+class VariantOutcome:
+    """What happened to one requested precision."""
+
+    precision: Precision
+    status: VariantStatus
+    path: Path | None = None
+    reason: str | None = None
+    duration_s: float = 0.0
+    calibration: CalibrationRecord | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """The model file and its external-data side file, if any."""
+        if self.path is None:
+            return ()
+        side = self.path.with_name(EXTERNAL_DATA_FILE)
+        return (self.path, side) if side.exists() else (self.path,)
+
+
+@dataclass(frozen=True)
+class VariantInputs:
+    """What every variant is made from."""
+
+    source: Path
+    source_sha256: str
+    work_dir: Path
+    cache_dir: Path
+    calibration: SampleSet | None = None
+    method: CalibrationMethod = CalibrationMethod.ENTROPY
+    percentile: float = 99.999
+    external_data: bool = False
+    op_types_to_quantize: tuple[str, ...] | None = DEFAULT_QUANTIZE_OPS
+
+
+def produce_variant(precision: Precision, inputs: VariantInputs) -> VariantOutcome:
+    """Write ``<work_dir>/<precision>/model.onnx`` and check ONNX Runtime loads it."""
+    start = time.perf_counter()
+    out_dir = inputs.work_dir / precision.value
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / MODEL_FILE
+    producer = _PRODUCERS[precision]
+    try:
+        calibration, notes = producer(inputs, out)
+    except _Unsupported as exc:
+        return VariantOutcome(
+            precision=precision,
+            status=VariantStatus.UNSUPPORTED,
+            reason=str(exc),
+            duration_s=time.perf_counter() - start,
+        )
+    except Exception as exc:  # quantizers and converters raise untyped errors
+        return VariantOutcome(
+            precision=precision,
+            status=VariantStatus.FAILED,
+            reason=f"{type(exc).__name__}: {exc}",
+            duration_s=time.perf_counter() - start,
+        )
+    try:
+        open_runner(out, threads=1)
+    except VariantLoadError as exc:
+        return VariantOutcome(
+            precision=precision,
+            status=VariantStatus.FAILED,
+            reason=f"produced, but cannot run here: {exc}",
+            duration_s=time.perf_counter() - start,
+            calibration=calibration,
+            notes=notes,
+        )
+    return VariantOutcome(
+        precision=precision,
+        status=VariantStatus.PRODUCED,
+        path=out,
+        duration_s=time.perf_counter() - start,
+        calibration=calibration,
+        notes=notes,
+    )
+
+
+class _Unsupported(Exception):
+    """This precision cannot be produced with what this build has."""
+
+
+_Result = tuple[CalibrationRecord | None, tuple[str, ...]]
+
+
+def _save(model: onnx.ModelProto, out: Path, external: bool) -> None:
+    if external:
+        onnx.save_model(
+            model,
+            str(out),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=EXTERNAL_DATA_FILE,
+        )
+    else:
+        onnx.save_model(model, str(out))
+
+
+def _fp32(inputs: VariantInputs, out: Path) -> _Result:
+    if inputs.external_data:
+        onnx.shape_inference.infer_shapes_path(str(inputs.source), str(out))
+        _save(onnx.load(str(out)), out, external=True)
+    else:
+        model = onnx.shape_inference.infer_shapes(onnx.load(str(inputs.source)))
+        _save(model, out, external=False)
+    return None, ("shape-inferred source graph",)
+
+
+def _fix_cast_targets(graph: onnx.GraphProto) -> int:
+    """Point each Cast at the type its output was given; returns how many were fixed.
+
+    The converter retypes a Cast's output (e.g. int64 → float becomes float16) but
+    leaves its ``to`` attribute at float, which ONNX Runtime rejects. Blocking
+    ``Cast`` instead is a trap: the converter then wraps its own inserted Casts
+    forever (onnxconverter-common 1.16).
+    """
+    types = {
+        v.name: v.type.tensor_type.elem_type
+        for v in (*graph.value_info, *graph.output, *graph.input)
+    }
+    fixed = 0
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                fixed += _fix_cast_targets(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                fixed += sum(_fix_cast_targets(g) for g in attr.graphs)
+        if node.op_type != "Cast":
+            continue
+        declared = types.get(node.output[0])
+        for attr in node.attribute:
+            if attr.name == "to" and declared == _FLOAT16 and attr.i == _FLOAT:
+                attr.i = _FLOAT16
+                fixed += 1
+    return fixed
+
+
+def _fp16(inputs: VariantInputs, out: Path) -> _Result:
+    try:
+        from onnxconverter_common import float16
+    except ImportError:
+        raise _Unsupported("onnxconverter-common is not installed") from None
+    blocked: list[str] = []
+    for _ in range(_FP16_MAX_RETRIES):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # one "value truncated" warning per clipped weight
+            converted = float16.convert_float_to_float16(
+                onnx.load(str(inputs.source)),  # the converter edits its argument in place
+                keep_io_types=True,
+                op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, *blocked],
+            )
+        fixed = _fix_cast_targets(converted.graph)
+        _save(converted, out, inputs.external_data)
+        try:
+            open_runner(out, threads=1)
+        except VariantLoadError as exc:
+            # Ops without a float16 CPU kernel stay in fp32, then we try again.
+            missing = _MISSING_KERNEL.search(str(exc))
+            if missing is None or missing.group(1) in blocked or missing.group(1) == "Cast":
+                raise
+            blocked.append(missing.group(1))
+            continue
+        notes = [f"kept in fp32: {', '.join(blocked)}"] if blocked else ["all float ops in fp16"]
+        if fixed:
+            notes.append(f"retargeted {fixed} Cast node(s) to float16")
+        return None, tuple(notes)
+    raise RuntimeError(f"fp16: gave up after keeping {blocked} in fp32")
+
+
+def _int8(inputs: VariantInputs, out: Path) -> _Result:
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    if inputs.calibration is None:
+        raise _Unsupported("int8 needs calibration samples; add a 'calibration' section")
+    try:
+        record = calibrate(
+            inputs.source,
+            inputs.source_sha256,
+            inputs.calibration,
+            inputs.method,
+            inputs.percentile,
+            inputs.cache_dir,
+            use_external_data_format=inputs.external_data,
+            op_types=inputs.op_types_to_quantize,
+        )
+    except CalibrationError as exc:
+        raise RuntimeError(str(exc)) from None
+    with _quiet_quantizer():
+        quantize_static(
+            str(inputs.source),
+            str(out),
+            calibration_data_reader=None,
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=list(inputs.op_types_to_quantize)
+            if inputs.op_types_to_quantize
+            else None,
+            activation_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8,
+            use_external_data_format=inputs.external_data,
+            calibrate_method=ORT_METHODS[inputs.method],
+            calibration_cache_path=str(record.cache_path),
+            # Zero-point 0 everywhere: the form TensorRT's strongly typed INT8 accepts.
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+        )
+    return record, (f"QDQ S8S8 symmetric, {inputs.method.value} calibration",)
+
+
+def _int8_dynamic(inputs: VariantInputs, out: Path) -> _Result:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with _quiet_quantizer():
+        quantize_dynamic(
+            str(inputs.source),
+            str(out),
+            weight_type=QuantType.QInt8,
+            use_external_data_format=inputs.external_data,
+        )
+    return None, ("dynamic quantization, QInt8 weights (ONNX Runtime CPU)",)
+
+
+@contextlib.contextmanager
+def _quiet_quantizer() -> Iterator[None]:
+    """Silence the quantizer's pre-processing advice, printed through the root logger."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+_PRODUCERS: dict[Precision, Callable[[VariantInputs, Path], _Result]] = {
+    Precision.FP32: _fp32,
+    Precision.FP16: _fp16,
+    Precision.INT8: _int8,
+    Precision.INT8_DYNAMIC: _int8_dynamic,
+}

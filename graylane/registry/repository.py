@@ -1,0 +1,468 @@
+"""The model registry over a SQLAlchemy engine: models, versions, artifacts, stable version.
+
+Every method opens its own short transaction and returns frozen dataclasses, never
+ORM objects, so callers cannot lazy-load or mutate rows by accident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import Enum
+
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, selectinload, sessionmaker
+
+from builder.naming import (
+    ArtifactName,
+    Backend,
+    NamingError,
+    Precision,
+    SemVer,
+    parse_artifact_name,
+    parse_semver,
+    validate_model_name,
+)
+from graylane.errors import GraylaneError
+from graylane.registry.schema import (
+    ANY_TARGET,
+    ArtifactRow,
+    ModelRow,
+    ModelVersionRow,
+    StableVersionRow,
+    ValidationResultRow,
+)
+
+__all__ = [
+    "ArtifactInfo",
+    "ArtifactRecord",
+    "DuplicateArtifact",
+    "DuplicateVersion",
+    "ModelInfo",
+    "Registry",
+    "RegistryError",
+    "UnknownArtifact",
+    "UnknownModel",
+    "UnknownVersion",
+    "ValidationSummary",
+    "VersionInfo",
+    "VersionStatus",
+    "target_for",
+]
+
+
+class RegistryError(GraylaneError):
+    """The registry cannot do what was asked."""
+
+
+class UnknownModel(RegistryError):
+    """No model of that name is registered."""
+
+
+class UnknownVersion(RegistryError):
+    """The model has no such version."""
+
+
+class DuplicateVersion(RegistryError):
+    """The version is already registered; versions are immutable."""
+
+
+class UnknownArtifact(RegistryError):
+    """No artifact matches the request."""
+
+
+class DuplicateArtifact(RegistryError):
+    """An artifact of that name (and GPU target) is already registered."""
+
+
+class VersionStatus(Enum):
+    REGISTERED = "registered"
+    BUILT = "built"
+    FAILED = "failed"
+    RETIRED = "retired"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    description: str
+    created_at: datetime
+    stable_version: SemVer | None
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    model: str
+    version: SemVer
+    source_sha256: str
+    status: VersionStatus
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class ValidationSummary:
+    passed: bool
+    max_abs: float | None = None
+    mean_rel: float | None = None
+    cosine: float | None = None
+    top1_agreement: float | None = None
+    token_agreement: float | None = None
+    rows: int | None = None
+    failures: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    """What the builder registers for one published artifact."""
+
+    name: ArtifactName
+    path: str
+    manifest_sha256: str
+    servable: bool
+    forced: bool = False
+    gpu_compute_capability: str | None = None
+    validation: ValidationSummary | None = None
+
+
+@dataclass(frozen=True)
+class ArtifactInfo:
+    name: ArtifactName
+    target: str
+    path: str
+    manifest_sha256: str
+    servable: bool
+    forced: bool
+    gpu_compute_capability: str | None
+    validation: ValidationSummary | None
+    created_at: datetime
+
+    @property
+    def precision(self) -> Precision:
+        return self.name.precision
+
+    @property
+    def backend(self) -> Backend:
+        return self.name.backend
+
+
+def target_for(compute_capability: str | None) -> str:
+    """``any`` for portable artifacts, ``sm<major><minor>`` for compiled engines."""
+    return ANY_TARGET if compute_capability is None else "sm" + compute_capability.replace(".", "")
+
+
+def _semver(version: SemVer | str) -> SemVer:
+    try:
+        return version if isinstance(version, SemVer) else parse_semver(version)
+    except NamingError as exc:
+        raise RegistryError(str(exc)) from None
+
+
+def _utc(moment: datetime) -> datetime:
+    # SQLite hands timestamps back without a zone; they were written in UTC.
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _version_info(row: ModelVersionRow, model: str) -> VersionInfo:
+    return VersionInfo(
+        model=model,
+        version=parse_semver(row.version),
+        source_sha256=row.source_sha256,
+        status=VersionStatus(row.status),
+        created_at=_utc(row.created_at),
+    )
+
+
+def _validation(row: ValidationResultRow | None) -> ValidationSummary | None:
+    if row is None:
+        return None
+    return ValidationSummary(
+        passed=row.passed,
+        max_abs=row.max_abs,
+        mean_rel=row.mean_rel,
+        cosine=row.cosine,
+        top1_agreement=row.top1_agreement,
+        token_agreement=row.token_agreement,
+        rows=row.rows,
+        failures=tuple(line for line in row.failures.splitlines() if line),
+    )
+
+
+def _artifact_info(row: ArtifactRow) -> ArtifactInfo:
+    return ArtifactInfo(
+        name=parse_artifact_name(row.name),
+        target=row.target,
+        path=row.path,
+        manifest_sha256=row.manifest_sha256,
+        servable=row.servable,
+        forced=row.forced,
+        gpu_compute_capability=row.gpu_compute_capability,
+        validation=_validation(row.validation),
+        created_at=_utc(row.created_at),
+    )
+
+
+class Registry:
+    """Model registry backed by any SQLAlchemy engine (SQLite file or PostgreSQL)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    # ------------------------------------------------------------ lookups
+
+    @staticmethod
+    def _model(session: Session, name: str) -> ModelRow:
+        row = session.scalar(select(ModelRow).where(ModelRow.name == name))
+        if row is None:
+            raise UnknownModel(f"model {name!r} is not registered")
+        return row
+
+    @staticmethod
+    def _version(session: Session, model: ModelRow, version: SemVer) -> ModelVersionRow:
+        row = session.scalar(
+            select(ModelVersionRow).where(
+                ModelVersionRow.model_id == model.id, ModelVersionRow.version == str(version)
+            )
+        )
+        if row is None:
+            raise UnknownVersion(f"model {model.name!r} has no version {version}")
+        return row
+
+    # ------------------------------------------------------------ models
+
+    def register_model(self, name: str, description: str = "") -> ModelInfo:
+        """Register ``name``, or return it unchanged when it is already registered."""
+        try:
+            validate_model_name(name)
+        except NamingError as exc:
+            raise RegistryError(str(exc)) from None
+        with self._sessions.begin() as session:
+            row = session.scalar(select(ModelRow).where(ModelRow.name == name))
+            if row is None:
+                row = ModelRow(name=name, description=description)
+                session.add(row)
+                session.flush()
+            return ModelInfo(
+                row.name, row.description, _utc(row.created_at), self._stable(session, row)
+            )
+
+    def get_model(self, name: str) -> ModelInfo:
+        with self._sessions() as session:
+            row = self._model(session, name)
+            return ModelInfo(
+                row.name, row.description, _utc(row.created_at), self._stable(session, row)
+            )
+
+    def list_models(self) -> list[ModelInfo]:
+        with self._sessions() as session:
+            rows = session.scalars(select(ModelRow).order_by(ModelRow.name)).all()
+            return [
+                ModelInfo(r.name, r.description, _utc(r.created_at), self._stable(session, r))
+                for r in rows
+            ]
+
+    # ------------------------------------------------------------ versions
+
+    def register_version(
+        self,
+        model: str,
+        version: SemVer | str,
+        source_sha256: str,
+        status: VersionStatus = VersionStatus.REGISTERED,
+    ) -> VersionInfo:
+        semver = _semver(version)
+        try:
+            with self._sessions.begin() as session:
+                model_row = self._model(session, model)
+                existing = session.scalar(
+                    select(ModelVersionRow).where(
+                        ModelVersionRow.model_id == model_row.id,
+                        ModelVersionRow.version == str(semver),
+                    )
+                )
+                if existing is not None:
+                    raise DuplicateVersion(
+                        f"{model} {semver} is already registered (source sha256 "
+                        f"{existing.source_sha256[:12]}…); bump the version"
+                    )
+                row = ModelVersionRow(
+                    model_id=model_row.id,
+                    version=str(semver),
+                    source_sha256=source_sha256,
+                    status=status.value,
+                )
+                session.add(row)
+                session.flush()
+                return _version_info(row, model)
+        except IntegrityError:
+            # Another writer registered it between our check and our insert.
+            raise DuplicateVersion(f"{model} {semver} is already registered") from None
+
+    def get_version(self, model: str, version: SemVer | str) -> VersionInfo:
+        semver = _semver(version)
+        with self._sessions() as session:
+            return _version_info(self._version(session, self._model(session, model), semver), model)
+
+    def set_version_status(
+        self, model: str, version: SemVer | str, status: VersionStatus
+    ) -> VersionInfo:
+        semver = _semver(version)
+        with self._sessions.begin() as session:
+            row = self._version(session, self._model(session, model), semver)
+            row.status = status.value
+            return _version_info(row, model)
+
+    def list_versions(self, model: str) -> list[VersionInfo]:
+        """All versions of ``model``, lowest semver precedence first."""
+        with self._sessions() as session:
+            model_row = self._model(session, model)
+            rows = session.scalars(
+                select(ModelVersionRow).where(ModelVersionRow.model_id == model_row.id)
+            ).all()
+            infos = [_version_info(r, model) for r in rows]
+        return sorted(infos, key=lambda v: v.version)
+
+    # ------------------------------------------------------------ artifacts
+
+    def add_artifact(self, record: ArtifactRecord, *, replace: bool = False) -> ArtifactInfo:
+        """Register a published artifact under its model version (which must exist).
+
+        With ``replace`` an artifact of the same name and GPU target is overwritten
+        (a forced rebuild); otherwise that is a :class:`DuplicateArtifact`.
+        """
+        name = record.name
+        target = target_for(record.gpu_compute_capability)
+        try:
+            with self._sessions.begin() as session:
+                version_row = self._version(session, self._model(session, name.model), name.version)
+                existing = session.scalar(
+                    select(ArtifactRow).where(
+                        ArtifactRow.name == str(name), ArtifactRow.target == target
+                    )
+                )
+                if existing is not None:
+                    if not replace:
+                        raise DuplicateArtifact(
+                            f"artifact {name} ({target}) is already registered; pass --force "
+                            "to replace it"
+                        )
+                    session.delete(existing)
+                    session.flush()
+                row = ArtifactRow(
+                    version_id=version_row.id,
+                    name=str(name),
+                    target=target,
+                    precision=name.precision.value,
+                    backend=name.backend.value,
+                    backend_version=name.backend_version,
+                    strategy=name.strategy,
+                    path=record.path,
+                    manifest_sha256=record.manifest_sha256,
+                    servable=record.servable,
+                    forced=record.forced,
+                    gpu_compute_capability=record.gpu_compute_capability,
+                )
+                if record.validation is not None:
+                    v = record.validation
+                    row.validation = ValidationResultRow(
+                        passed=v.passed,
+                        max_abs=v.max_abs,
+                        mean_rel=v.mean_rel,
+                        cosine=v.cosine,
+                        top1_agreement=v.top1_agreement,
+                        token_agreement=v.token_agreement,
+                        rows=v.rows,
+                        failures="\n".join(v.failures),
+                    )
+                session.add(row)
+                session.flush()
+                return _artifact_info(row)
+        except IntegrityError:
+            raise DuplicateArtifact(f"artifact {name} ({target}) is already registered") from None
+
+    def _artifact_rows(
+        self, session: Session, model: str, version: SemVer
+    ) -> Sequence[ArtifactRow]:
+        version_row = self._version(session, self._model(session, model), version)
+        return session.scalars(
+            select(ArtifactRow)
+            .where(ArtifactRow.version_id == version_row.id)
+            .options(selectinload(ArtifactRow.validation))
+            .order_by(ArtifactRow.name, ArtifactRow.target)
+        ).all()
+
+    def list_artifacts(self, model: str, version: SemVer | str) -> list[ArtifactInfo]:
+        semver = _semver(version)
+        with self._sessions() as session:
+            return [_artifact_info(r) for r in self._artifact_rows(session, model, semver)]
+
+    def get_artifact(
+        self,
+        model: str,
+        version: SemVer | str,
+        precision: Precision,
+        backend: Backend,
+        compute_capability: str | None = None,
+        strategy: str | None = None,
+    ) -> ArtifactInfo:
+        """The artifact of that precision and backend; for engines, of that GPU target.
+
+        When several match (several strategies, or engines for several GPUs and no
+        ``compute_capability`` given), the servable one registered last wins.
+        """
+        semver = _semver(version)
+        with self._sessions() as session:
+            rows = [
+                r
+                for r in self._artifact_rows(session, model, semver)
+                if r.precision == precision.value
+                and r.backend == backend.value
+                and (strategy is None or r.strategy == strategy)
+                and (compute_capability is None or r.target == target_for(compute_capability))
+            ]
+            if not rows:
+                where = (
+                    f" for compute capability {compute_capability}" if compute_capability else ""
+                )
+                raise UnknownArtifact(
+                    f"no {precision.value} {backend.value} artifact of {model} {semver}{where}"
+                )
+            rows.sort(key=lambda r: (r.servable, r.created_at, r.id))
+            return _artifact_info(rows[-1])
+
+    # ------------------------------------------------------------ stable version
+
+    @staticmethod
+    def _stable(session: Session, model: ModelRow) -> SemVer | None:
+        row = session.get(StableVersionRow, model.id)
+        if row is None:
+            return None
+        version = session.get(ModelVersionRow, row.version_id)
+        return None if version is None else parse_semver(version.version)
+
+    def set_stable(self, model: str, version: SemVer | str) -> VersionInfo:
+        semver = _semver(version)
+        with self._sessions.begin() as session:
+            model_row = self._model(session, model)
+            version_row = self._version(session, model_row, semver)
+            stable = session.get(StableVersionRow, model_row.id)
+            if stable is None:
+                session.add(StableVersionRow(model_id=model_row.id, version_id=version_row.id))
+            else:
+                stable.version_id = version_row.id
+            return _version_info(version_row, model)
+
+    def get_stable(self, model: str) -> VersionInfo | None:
+        with self._sessions() as session:
+            model_row = self._model(session, model)
+            stable = session.get(StableVersionRow, model_row.id)
+            if stable is None:
+                return None
+            row = session.get(ModelVersionRow, stable.version_id)
+            return None if row is None else _version_info(row, model)

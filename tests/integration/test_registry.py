@@ -1,0 +1,226 @@
+"""Model registry on SQLite and on a real PostgreSQL server, schema made by Alembic."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, inspect
+
+from builder.naming import ArtifactName, Backend, Precision, SemVer, parse_semver
+from graylane.registry import (
+    ArtifactRecord,
+    DuplicateArtifact,
+    DuplicateVersion,
+    Registry,
+    RegistryError,
+    UnknownArtifact,
+    UnknownModel,
+    UnknownVersion,
+    ValidationSummary,
+    VersionStatus,
+    downgrade,
+    open_registry,
+    upgrade,
+)
+
+TABLES = {
+    "registry_models",
+    "registry_model_versions",
+    "registry_artifacts",
+    "registry_validation_results",
+    "registry_stable_versions",
+    "registry_alembic_version",
+}
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    """URL of the local PostgreSQL test server, started when it is not running."""
+    from deploy.postgres import postgres
+
+    postgres.start()
+    return postgres.url()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'registry.db'}"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+@pytest.fixture
+def registry(db_url: str) -> Iterator[Registry]:
+    reg = open_registry(db_url)
+    yield reg
+    reg.engine.dispose()
+
+
+@pytest.fixture
+def model() -> str:
+    """A model name no other test (or earlier run on the shared server) uses."""
+    return f"reg-test-{uuid.uuid4().hex[:12]}"
+
+
+def _record(
+    model: str,
+    version: str = "1.0.0",
+    precision: Precision = Precision.FP16,
+    backend: Backend = Backend.ONNXRUNTIME,
+    cc: str | None = None,
+    servable: bool = True,
+    path: str = "/artifacts/x",
+) -> ArtifactRecord:
+    name = ArtifactName(
+        model,
+        backend,
+        "10.13.0" if backend is Backend.TENSORRT else "1.32.0",
+        precision,
+        "ptq",
+        parse_semver(version),
+    )
+    return ArtifactRecord(
+        name=name,
+        path=path,
+        manifest_sha256="f" * 64,
+        servable=servable,
+        gpu_compute_capability=cc,
+        validation=ValidationSummary(
+            passed=servable,
+            max_abs=0.01,
+            mean_rel=0.001,
+            cosine=0.9999,
+            top1_agreement=0.99,
+            token_agreement=0.95,
+            rows=128,
+            failures=() if servable else ("cosine 0.9 < 0.99", "top1_agreement 0.5 < 0.9"),
+        ),
+    )
+
+
+def test_migrations_create_every_table_and_are_idempotent(db_url: str) -> None:
+    upgrade(db_url)
+    upgrade(db_url)
+    engine = create_engine(db_url)
+    try:
+        assert set(inspect(engine).get_table_names()) >= TABLES
+    finally:
+        engine.dispose()
+
+
+def test_downgrade_and_upgrade_again(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'down.db'}"
+    upgrade(url)
+    downgrade(url)
+    engine = create_engine(url)
+    try:
+        assert not (TABLES - {"registry_alembic_version"}) & set(inspect(engine).get_table_names())
+        upgrade(url)
+        assert set(inspect(engine).get_table_names()) >= TABLES
+    finally:
+        engine.dispose()
+
+
+def test_models_and_versions(registry: Registry, model: str) -> None:
+    info = registry.register_model(model, "a test model")
+    assert registry.register_model(model) == info  # idempotent
+    assert registry.get_model(model).description == "a test model"
+    assert model in [m.name for m in registry.list_models()]
+
+    for text in ("1.10.0", "1.2.0", "1.2.0-rc.1", "0.9.0"):
+        registry.register_version(model, text, "a" * 64)
+    assert [str(v.version) for v in registry.list_versions(model)] == [
+        "0.9.0",
+        "1.2.0-rc.1",
+        "1.2.0",
+        "1.10.0",
+    ]
+    version = registry.get_version(model, SemVer(1, 2, 0))
+    assert version.status is VersionStatus.REGISTERED and version.source_sha256 == "a" * 64
+    assert version.created_at.tzinfo is not None
+    built = registry.set_version_status(model, "1.2.0", VersionStatus.BUILT)
+    assert built.status is VersionStatus.BUILT
+
+
+def test_typed_errors(registry: Registry, model: str) -> None:
+    with pytest.raises(UnknownModel):
+        registry.register_version(model, "1.0.0", "a" * 64)
+    with pytest.raises(UnknownModel):
+        registry.list_versions(model)
+    registry.register_model(model)
+    registry.register_version(model, "1.0.0", "a" * 64)
+    with pytest.raises(DuplicateVersion, match="bump the version"):
+        registry.register_version(model, "1.0.0", "b" * 64)
+    with pytest.raises(UnknownVersion):
+        registry.get_version(model, "2.0.0")
+    with pytest.raises(UnknownVersion):
+        registry.add_artifact(_record(model, "2.0.0"))
+    with pytest.raises(RegistryError, match="semantic version"):
+        registry.get_version(model, "2.0")
+    with pytest.raises(RegistryError, match="model name"):
+        registry.register_model("Not Valid")
+
+
+def test_artifacts(registry: Registry, model: str) -> None:
+    registry.register_model(model)
+    registry.register_version(model, "1.0.0", "a" * 64)
+    fp16 = registry.add_artifact(_record(model))
+    registry.add_artifact(_record(model, precision=Precision.INT8, servable=False))
+    assert fp16.servable and fp16.target == "any"
+    with pytest.raises(DuplicateArtifact, match="--force"):
+        registry.add_artifact(_record(model))
+    replaced = registry.add_artifact(_record(model, path="/artifacts/new"), replace=True)
+    assert replaced.path == "/artifacts/new"
+
+    listed = registry.list_artifacts(model, "1.0.0")
+    assert sorted(a.precision.value for a in listed) == ["fp16", "int8"]
+    int8 = registry.get_artifact(model, "1.0.0", Precision.INT8, Backend.ONNXRUNTIME)
+    assert not int8.servable
+    assert int8.validation is not None and not int8.validation.passed
+    assert int8.validation.failures == ("cosine 0.9 < 0.99", "top1_agreement 0.5 < 0.9")
+    with pytest.raises(UnknownArtifact):
+        registry.get_artifact(model, "1.0.0", Precision.FP32, Backend.ONNXRUNTIME)
+
+    # Results are frozen dataclasses, not ORM rows.
+    assert dataclasses.is_dataclass(int8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        int8.servable = True  # type: ignore[misc]
+
+
+def test_engines_for_several_gpus(registry: Registry, model: str) -> None:
+    registry.register_model(model)
+    registry.register_version(model, "1.0.0", "a" * 64)
+    for cc in ("8.6", "9.0"):
+        registry.add_artifact(
+            _record(model, backend=Backend.TENSORRT, cc=cc, path=f"/artifacts/sm{cc}")
+        )
+    hopper = registry.get_artifact(
+        model, "1.0.0", Precision.FP16, Backend.TENSORRT, compute_capability="9.0"
+    )
+    assert hopper.target == "sm90" and hopper.gpu_compute_capability == "9.0"
+    assert hopper.path == "/artifacts/sm9.0"
+    with pytest.raises(UnknownArtifact, match=r"compute capability 7\.5"):
+        registry.get_artifact(
+            model, "1.0.0", Precision.FP16, Backend.TENSORRT, compute_capability="7.5"
+        )
+
+
+def test_stable_version(registry: Registry, model: str) -> None:
+    registry.register_model(model)
+    assert registry.get_stable(model) is None
+    registry.register_version(model, "1.0.0", "a" * 64)
+    registry.register_version(model, "1.1.0", "b" * 64)
+    registry.set_stable(model, "1.0.0")
+    stable = registry.get_stable(model)
+    assert stable is not None and stable.version == SemVer(1, 0, 0)
+    registry.set_stable(model, parse_semver("1.1.0"))
+    assert registry.get_model(model).stable_version == SemVer(1, 1, 0)
+    with pytest.raises(UnknownVersion):
+        registry.set_stable(model, "9.9.9")
+    with pytest.raises(UnknownModel):
+        registry.get_stable(model + "-missing")
