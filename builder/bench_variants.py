@@ -92,10 +92,10 @@ def measure(
 
 
 def add_bench_variants_parser(
-    sub: Subparsers[argparse.ArgumentParser],
+    sub: Subparsers[argparse.ArgumentParser], name: str = "variants"
 ) -> argparse.ArgumentParser:
     parser = sub.add_parser(
-        "bench-variants",
+        name,
         help="throughput, latency and accuracy of each precision variant of the demo GPT",
     )
     parser.add_argument("--size", choices=["tiny", "small"], default="small")

@@ -1,4 +1,4 @@
-"""``graylane build`` and ``graylane verify-artifact`` (and ``bench-variants`` via its module)."""
+"""``graylane build`` and ``graylane verify-artifact`` (``graylane bench variants`` lives in bench_variants)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,8 @@ Subparsers = argparse._SubParsersAction
 
 def register(sub: Subparsers[argparse.ArgumentParser]) -> None:
     """Mount the builder's subcommands on the ``graylane`` CLI."""
-    from builder.bench_variants import add_bench_variants_parser
-
     add_build_parser(sub)
     add_verify_parser(sub)
-    add_bench_variants_parser(sub)
 
 
 def add_build_parser(sub: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
