@@ -1,4 +1,4 @@
-"""``graylane build`` and ``graylane verify-artifact`` (``graylane bench variants`` lives in bench_variants)."""
+"""``graylane build`` and ``graylane verify-artifact``; ``graylane bench variants`` is in bench_variants."""
 
 from __future__ import annotations
 
