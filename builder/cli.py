@@ -1,4 +1,4 @@
-"""``graylane build`` and ``graylane verify-artifact``; ``graylane bench variants`` is in bench_variants."""
+"""The ``graylane build`` and ``graylane verify-artifact`` commands."""
 
 from __future__ import annotations
 
