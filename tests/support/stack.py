@@ -10,6 +10,7 @@ from pathlib import Path
 
 from engine_worker.config import FaultInjection, WorkerConfig
 from engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
+from engine_worker.engine.protocol import InferenceEngine
 from engine_worker.service import Worker
 from graylane import serde
 from graylane.kafka.admin import wait_for_assignment
@@ -38,17 +39,18 @@ async def running_stack(
     faults: Mapping[str, FaultInjection] | None = None,
     extra_variants: Mapping[str, Mapping[str, Path]] | None = None,
     max_batch_size: int = 8,
+    engines: Mapping[str, Mapping[str, InferenceEngine]] | None = None,
 ) -> AsyncIterator[Stack]:
     """Start a router and one worker per version; stop them all on exit."""
     stop = asyncio.Event()
     router = Router(factory, RouterConfig(stable_versions={model: stable}))
     workers: dict[str, Worker] = {}
     for version, path in versions.items():
-        engines = {"fp32": OnnxRuntimeEngine.load(path, "fp32", name=model, intra_op_threads=1)}
+        loaded: dict[str, InferenceEngine] = dict((engines or {}).get(version, {}))
+        if not loaded:
+            loaded["fp32"] = OnnxRuntimeEngine.load(path, "fp32", name=model, intra_op_threads=1)
         for variant, vpath in (extra_variants or {}).get(version, {}).items():
-            engines[variant] = OnnxRuntimeEngine.load(
-                vpath, variant, name=model, intra_op_threads=1
-            )
+            loaded[variant] = OnnxRuntimeEngine.load(vpath, variant, name=model, intra_op_threads=1)
         workers[version] = Worker(
             factory,
             WorkerConfig(
@@ -61,7 +63,7 @@ async def running_stack(
                 worker_id=f"test-{version}",
                 faults=(faults or {}).get(version, FaultInjection()),
             ),
-            engines,
+            loaded,
         )
     # Topics of every version must exist before the router forwards to them.
     from graylane.kafka.admin import ensure_topics

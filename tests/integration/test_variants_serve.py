@@ -1,0 +1,113 @@
+"""Built variants, loaded through the registry, serve through the request path;
+the worker switches between them on precision commands from the compacted topic."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from builder.build import run_build
+from builder.spec import parse_spec
+from builder.store import TamperedArtifactError
+from engine_worker.registry_loading import load_from_registry
+from graylane import serde
+from graylane.client import GraylaneClient, PostProcess
+from graylane.kafka.factory import KafkaFactory
+from graylane.registry import open_registry
+from graylane.settings import Settings
+from graylane.v1 import control_pb2
+from tests.support.stack import running_stack
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+MODEL = "demo-gpt"
+
+
+def build_tiny(tmp: Path, db_url: str) -> Path:
+    spec = parse_spec(
+        {
+            "model": MODEL,
+            "version": "1.0.0",
+            "strategy": "ptq",
+            "source": {"demo": "tiny", "seed": 3},
+            "precisions": ["fp32", "fp16", "int8", "int8-dynamic"],
+            "calibration": {"generator": "demo-text", "samples": 16, "seq_len": 32},
+            "validation": {
+                "generator": "demo-text",
+                "samples": 8,
+                "seed": 1,
+                "seq_len": 32,
+                "generation": {"prompts": 2, "new_tokens": 4},
+            },
+        },
+        tmp,
+    )
+    store = tmp / "store"
+    report = run_build(spec, store=store, registry=open_registry(db_url))
+    assert report.registered
+    return store
+
+
+async def test_every_servable_variant_serves_and_precision_switches(
+    settings: Settings, tmp_path: Path
+) -> None:
+    build_tiny(tmp_path, settings.db_url)
+    loaded = load_from_registry(settings, MODEL, "1.0.0", intra_op_threads=1)
+    servable = [
+        a for a in open_registry(settings.db_url).list_artifacts(MODEL, "1.0.0") if a.servable
+    ]
+    assert {a.precision.value for a in servable} == set(loaded.engines)
+    assert "fp32" in loaded.engines and len(loaded.engines) >= 3
+    factory = KafkaFactory(settings)
+    async with running_stack(
+        factory,
+        model=MODEL,
+        versions={"1.0.0": loaded.fp32_path},
+        stable="1.0.0",
+        engines={"1.0.0": loaded.engines},
+    ) as stack:
+        worker = stack.workers["1.0.0"]
+        producer = factory.producer()
+        await producer.start()
+        async with GraylaneClient(factory) as client:
+            for epoch, variant in enumerate(loaded.engines, start=1):
+                command = control_pb2.PrecisionCommand(
+                    model=MODEL, version="1.0.0", variant=variant, epoch=epoch, reason="test"
+                )
+                await producer.send_and_wait(
+                    factory.layout.precision(),
+                    serde.encode(command),
+                    key=factory.layout.precision_key(MODEL, "1.0.0").encode(),
+                )
+                for _ in range(50):
+                    if worker.active_variant == variant:
+                        break
+                    await asyncio.sleep(0.1)
+                assert worker.active_variant == variant
+                result = await client.infer(
+                    MODEL, prompt="variants serve", post_process=PostProcess.ARGMAX_LAST, timeout=30
+                )
+                assert result.ok and result.variant == variant
+                assert result.outputs["token_ids"].shape == (1,)
+            # An older epoch never overrides a newer one.
+            stale = control_pb2.PrecisionCommand(
+                model=MODEL, version="1.0.0", variant="fp32", epoch=1, reason="stale"
+            )
+            await producer.send_and_wait(
+                factory.layout.precision(),
+                serde.encode(stale),
+                key=factory.layout.precision_key(MODEL, "1.0.0").encode(),
+            )
+            await asyncio.sleep(0.5)
+            assert worker.active_variant == list(loaded.engines)[-1]
+        await producer.stop()
+
+
+def test_a_tampered_artifact_is_refused_by_the_worker(settings: Settings, tmp_path: Path) -> None:
+    store = build_tiny(tmp_path, settings.db_url)
+    victim = next(store.glob("*-fp16-*/model.onnx"))
+    victim.write_bytes(victim.read_bytes()[:-1] + b"\x00")
+    with pytest.raises(TamperedArtifactError, match=str(victim.parent.name)):
+        load_from_registry(settings, MODEL, "1.0.0")
