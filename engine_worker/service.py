@@ -43,6 +43,7 @@ from graylane.errors import SerdeError, TensorError, require_started
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
 from graylane.kafka.admin import ensure_topics
+from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 from graylane.kafka.replies import Rejection, ReplySink, now_ms, settle
 from graylane.metrics import WorkerMetrics, serve_metrics
@@ -116,7 +117,12 @@ class Worker:
         self.served = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._producer: AIOKafkaProducer | None = None
-        self._precision: AIOKafkaConsumer | None = None
+        self._precision = CompactedFollower(
+            factory,
+            self.layout.precision(),
+            self._apply_precision_record,
+            client_suffix="worker-precision",
+        )
         self._load = LoadMeter()
         self._rng = random.Random(config.faults.seed)
 
@@ -175,37 +181,14 @@ class Worker:
             self.metrics.active_variant.labels(*labels, self.active_variant).set(1)
         return True
 
-    async def _start_precision_watch(self) -> None:
-        consumer = self.factory.consumer(
-            options=ConsumerOptions(group_id=None, fetch_max_wait_ms=100),
-            client_suffix="worker-precision",
-        )
-        await consumer.start()
-        tp = TopicPartition(self.layout.precision(), 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        while await consumer.position(tp) < end:
-            self._apply_precision_records(await consumer.getmany(tp, timeout_ms=500))
-        self._precision = consumer
-
-    def _apply_precision_records(
-        self, batches: Mapping[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
-    ) -> None:
+    def _apply_precision_record(self, record: ConsumerRecord[bytes, bytes]) -> None:
         key = self.layout.precision_key(self.config.model, self.config.version).encode()
-        for records in batches.values():
-            for record in records:
-                if record.key != key or record.value is None:
-                    continue
-                try:
-                    self.apply_precision(serde.decode(control_pb2.PrecisionCommand, record.value))
-                except SerdeError as exc:
-                    log.error("bad precision command at offset %d: %s", record.offset, exc)
-
-    async def _watch_precision(self, stop: asyncio.Event) -> None:
-        consumer = require_started(self._precision)
-        while not stop.is_set():
-            self._apply_precision_records(await consumer.getmany(timeout_ms=200))
+        if record.key != key or record.value is None:
+            return
+        try:
+            self.apply_precision(serde.decode(control_pb2.PrecisionCommand, record.value))
+        except SerdeError as exc:
+            log.error("bad precision command at offset %d: %s", record.offset, exc)
 
     # -- requests --------------------------------------------------------------
     def _facts(self, request: inference_pb2.InferenceRequest) -> RequestFacts | Reject:
@@ -509,7 +492,7 @@ class Worker:
         log.info("warmed %d variant x bucket shapes", warmed)
         serve_metrics(self.registry, cfg.metrics_port)
         self.metrics.active_variant.labels(cfg.model, cfg.version, self.active_variant).set(1)
-        await self._start_precision_watch()
+        await self._precision.catch_up()
         self._producer = self.factory.producer(client_suffix="worker")
         await self._producer.start()
         sink = ReplySink(self._producer, layout, f"worker:{cfg.model}/{cfg.version}")
@@ -526,7 +509,7 @@ class Worker:
             client_suffix="worker",
         )
         await consumer.start()
-        watcher = asyncio.create_task(self._watch_precision(stop))
+        watcher = asyncio.create_task(self._precision.follow(stop))
         self.ready.set()
         log.info(
             "worker %s serving %s/%s with %s",
@@ -552,6 +535,5 @@ class Worker:
             await asyncio.gather(watcher, return_exceptions=True)
             await consumer.stop()
             await self._producer.stop()
-            if self._precision is not None:
-                await self._precision.stop()
+            await self._precision.stop()
             self._executor.shutdown(wait=False)

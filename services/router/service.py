@@ -12,14 +12,15 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from graylane import serde
 from graylane.errors import SerdeError, require_started
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory, OffsetReset
+from graylane.kafka.compacted import CompactedFollower
+from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 from graylane.kafka.replies import Rejection, ReplySink, now_ms, settle
 from graylane.metrics import RouterMetrics, serve_metrics
 from graylane.routing import RequestFacts, RouteTable, UnknownPinnedVersion, route
@@ -64,7 +65,9 @@ class Router:
         self.metrics = RouterMetrics.create(self.registry)
         self.ready = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
-        self._table_consumer: AIOKafkaConsumer | None = None
+        self._tables = CompactedFollower(
+            factory, self.layout.routing(), self._apply_table_record, client_suffix="router-tables"
+        )
 
     # -- routing tables --------------------------------------------------------
     def _apply_table_record(self, record: ConsumerRecord[bytes, bytes]) -> None:
@@ -78,33 +81,6 @@ class Router:
         if table.model in self.config.stable_versions and self.tables.offer(table):
             self.metrics.table_epoch.labels(table.model).set(table.epoch)
             log.info("routing table %s epoch %d applied", table.model, table.epoch)
-
-    async def _watch_tables(self, stop: asyncio.Event) -> None:
-        consumer = require_started(self._table_consumer)
-        while not stop.is_set():
-            batches = await consumer.getmany(timeout_ms=200)
-            for records in batches.values():
-                for record in records:
-                    self._apply_table_record(record)
-
-    async def _load_tables(self) -> None:
-        """Read the compacted routing topic to its end before routing anything."""
-        consumer = self.factory.consumer(
-            options=ConsumerOptions(
-                group_id=None, offset_reset=OffsetReset.EARLIEST, fetch_max_wait_ms=100
-            ),
-            client_suffix="router-tables",
-        )
-        await consumer.start()
-        tp = TopicPartition(self.layout.routing(), 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        while await consumer.position(tp) < end:
-            for records in (await consumer.getmany(tp, timeout_ms=500)).values():
-                for record in records:
-                    self._apply_table_record(record)
-        self._table_consumer = consumer
 
     # -- requests --------------------------------------------------------------
     def decide(self, request: inference_pb2.InferenceRequest) -> RouteDecision:
@@ -225,7 +201,7 @@ class Router:
             specs += layout.model_specs(model, [stable])
         await ensure_topics(self.factory, specs)
         serve_metrics(self.registry, self.config.metrics_port)
-        await self._load_tables()
+        await self._tables.catch_up()
         self._producer = self.factory.producer(client_suffix="router")
         await self._producer.start()
         sink = ReplySink(self._producer, layout, "router")
@@ -238,7 +214,7 @@ class Router:
             client_suffix="router",
         )
         await ingress.start()
-        watcher = asyncio.create_task(self._watch_tables(stop))
+        watcher = asyncio.create_task(self._tables.follow(stop))
         self.ready.set()
         log.info("router serving %s", sorted(self.config.stable_versions))
         try:
@@ -259,5 +235,4 @@ class Router:
             await asyncio.gather(watcher, return_exceptions=True)
             await ingress.stop()
             await self._producer.stop()
-            if self._table_consumer is not None:
-                await self._table_consumer.stop()
+            await self._tables.stop()
