@@ -9,6 +9,7 @@
     <p>.telemetry                     one BatchTelemetry per batch
     <p>.control.routing               compacted, key = model
     <p>.control.precision             compacted, key = model/version
+    <p>.control.rollouts              compacted, key = rollout_id: RolloutState
     <p>.control.commands              user intent from the control plane
     <p>.audit                         every decision, long retention
     <p>.dlq                           undeliverable input with its original bytes
@@ -37,6 +38,7 @@ class TopicKind(Enum):
     TELEMETRY = "telemetry"
     ROUTING = "routing"
     PRECISION = "precision"
+    ROLLOUTS = "rollouts"
     COMMANDS = "commands"
     AUDIT = "audit"
     DLQ = "dlq"
@@ -119,6 +121,9 @@ class TopicLayout:
     def precision(self) -> str:
         return f"{self.prefix}.control.precision"
 
+    def rollouts(self) -> str:
+        return f"{self.prefix}.control.rollouts"
+
     def commands(self) -> str:
         return f"{self.prefix}.control.commands"
 
@@ -162,6 +167,9 @@ class TopicLayout:
             self._spec(self.routing(), TopicKind.ROUTING, cleanup=Cleanup.COMPACT, partitions=1),
             self._spec(
                 self.precision(), TopicKind.PRECISION, cleanup=Cleanup.COMPACT, partitions=1
+            ),
+            self._spec(
+                self.rollouts(), TopicKind.ROLLOUTS, cleanup=Cleanup.COMPACT, partitions=1
             ),
             self._spec(
                 self.commands(),
