@@ -1,0 +1,55 @@
+"""Build the demo's model versions through the builder into the registry (once)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from builder.build import run_build
+from builder.spec import parse_spec
+from graylane.registry import UnknownModel, UnknownVersion, open_registry
+from graylane.settings import Settings
+
+
+def build_versions(
+    settings: Settings,
+    model: str,
+    seeds: Mapping[str, int],
+    *,
+    size: str,
+    precisions: tuple[str, ...] = ("fp32", "int8-dynamic"),
+    progress: Callable[[str], None] = print,
+) -> None:
+    """Build each version unless the registry already has its artifacts."""
+    registry = open_registry(settings.db_url)
+    for version, seed in seeds.items():
+        try:
+            if registry.list_artifacts(model, version):
+                progress(f"    {model} {version}: already built")
+                continue
+        except (UnknownModel, UnknownVersion):
+            pass
+        spec = parse_spec(
+            {
+                "model": model,
+                "version": version,
+                "strategy": "demo",
+                "source": {"demo": size, "seed": seed},
+                "precisions": list(precisions),
+                "calibration": {"generator": "demo-text", "samples": 16, "seq_len": 32},
+                "validation": {
+                    "generator": "demo-text",
+                    "samples": 8,
+                    "seed": 1,
+                    "seq_len": 32,
+                    "generation": {"prompts": 2, "new_tokens": 4},
+                },
+            },
+            Path.cwd(),
+        )
+        report = run_build(spec, store=settings.artifact_dir, registry=registry)
+        servable = [v for v in report.variants if v.servable]
+        progress(
+            f"    {model} {version}: built {len(servable)} servable variant(s) "
+            f"in {report.duration_s:.1f}s"
+        )

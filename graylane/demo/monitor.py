@@ -1,0 +1,130 @@
+"""What the demo watches: routing weights, per-version latency/errors, active variants.
+
+Fed by the client's results and by the compacted control topics; renders a live
+table and keeps a timeline for the final report.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from aiokafka.structs import ConsumerRecord
+from rich.table import Table
+
+from graylane import serde
+from graylane.client import Result
+from graylane.v1 import control_pb2, rollout_pb2
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float
+    version: str
+    variant: str
+    latency_ms: float
+    ok: bool
+
+
+@dataclass
+class Timeline:
+    """Points for the report: weights, p99 per version, variant per version."""
+
+    weights: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    p99: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    variants: dict[str, list[tuple[float, str]]] = field(default_factory=lambda: defaultdict(list))
+    events: list[tuple[float, str]] = field(default_factory=list)
+
+
+class Monitor:
+    def __init__(self, model: str, window_s: float = 5.0) -> None:
+        self.model = model
+        self.window_s = window_s
+        self.t0 = time.monotonic()
+        self.samples: deque[Sample] = deque()
+        self.weights: dict[str, float] = {}
+        self.routing_epoch = 0
+        self.variants: dict[str, str] = {}
+        self.rollouts: dict[str, rollout_pb2.RolloutState] = {}
+        self.timeline = Timeline()
+        self.total = 0
+        self.errors = 0
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def event(self, text: str) -> None:
+        self.timeline.events.append((self.now(), text))
+
+    def on_result(self, result: Result) -> None:
+        latency = result.client_latency_ms or result.timing.total_ms
+        self.samples.append(Sample(self.now(), result.version, result.variant, latency, result.ok))
+        self.total += 1
+        self.errors += int(not result.ok)
+
+    def on_routing(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        if record.value is None or record.key != self.model.encode():
+            return
+        table = serde.decode(control_pb2.RoutingTable, record.value)
+        if table.epoch <= self.routing_epoch:
+            return
+        self.routing_epoch = table.epoch
+        self.weights = {r.version: r.weight_percent for r in table.routes if r.weight_percent > 0}
+        self.timeline.weights.append((self.now(), dict(self.weights)))
+
+    def on_precision(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        if record.value is None:
+            return
+        command = serde.decode(control_pb2.PrecisionCommand, record.value)
+        if command.model == self.model:
+            self.variants[command.version] = command.variant
+            self.timeline.variants[command.version].append((self.now(), command.variant))
+
+    def on_rollout(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        if record.value is None:
+            return
+        state = serde.decode(rollout_pb2.RolloutState, record.value)
+        if state.model == self.model:
+            self.rollouts[state.rollout_id] = state
+
+    def window(self) -> dict[str, list[Sample]]:
+        cutoff = self.now() - self.window_s
+        while self.samples and self.samples[0].at < cutoff:
+            self.samples.popleft()
+        by_version: dict[str, list[Sample]] = defaultdict(list)
+        for s in self.samples:
+            by_version[s.version].append(s)
+        return by_version
+
+    def snapshot(self) -> None:
+        """Record the current per-version p99 on the timeline."""
+        for version, samples in self.window().items():
+            ok = [s.latency_ms for s in samples if s.ok]
+            if ok:
+                self.timeline.p99[version].append((self.now(), float(np.percentile(ok, 99))))
+            self.timeline.variants[version].append((self.now(), samples[-1].variant))
+
+    def table(self, title: str) -> Table:
+        table = Table(title=title)
+        for col in ("version", "weight", "req/s", "p50 ms", "p99 ms", "errors", "variant"):
+            table.add_column(col, justify="right")
+        window = self.window()
+        versions = sorted(set(window) | set(self.weights))
+        for version in versions:
+            samples = window.get(version, [])
+            ok = [s.latency_ms for s in samples if s.ok]
+            rate = len(samples) / self.window_s
+            err = (sum(not s.ok for s in samples) / len(samples)) if samples else 0.0
+            variant = samples[-1].variant if samples else self.variants.get(version, "-")
+            table.add_row(
+                version,
+                f"{self.weights.get(version, 0.0):.0f}%",
+                f"{rate:.1f}",
+                f"{np.percentile(ok, 50):.0f}" if ok else "-",
+                f"{np.percentile(ok, 99):.0f}" if ok else "-",
+                f"{100 * err:.1f}%",
+                variant,
+            )
+        return table

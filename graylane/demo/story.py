@@ -1,0 +1,351 @@
+"""The rollout story of ``graylane demo``: a healthy canary promoted, a bad one
+rolled back automatically, and a load spike that makes QoS step down a rung and
+back up, all decided by the policy engine from live telemetry."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from graylane import serde
+from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
+from graylane.demo.monitor import Monitor
+from graylane.kafka.compacted import CompactedFollower
+from graylane.kafka.factory import KafkaFactory
+from graylane.settings import Settings
+from graylane.v1 import audit_pb2, rollout_pb2
+
+MODEL = "demo-gpt"
+STABLE, HEALTHY, BAD = "1.0.0", "1.1.0", "1.2.0"
+SEEDS = {STABLE: 1, HEALTHY: 2, BAD: 3}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoryConfig:
+    rate: float = 20.0
+    spike_factor: float = 3.0
+    prompt_len: int = 96
+    slo_p99_ms: float = 250.0
+    phase_timeout_s: float = 150.0
+    report: Path = Path(".local/report.png")
+
+
+def demo_rollout_spec(rollout_id: str, baseline: str, candidate: str) -> rollout_pb2.RolloutSpec:
+    return rollout_pb2.RolloutSpec(
+        rollout_id=rollout_id,
+        model=MODEL,
+        baseline_version=baseline,
+        candidate_version=candidate,
+        strategy=rollout_pb2.CANARY,
+        steps=[
+            rollout_pb2.RolloutStep(weight_percent=10, min_samples=40, min_dwell_s=6),
+            rollout_pb2.RolloutStep(weight_percent=50, min_samples=60, min_dwell_s=6),
+            rollout_pb2.RolloutStep(weight_percent=100, min_samples=60, min_dwell_s=4),
+        ],
+        gates=rollout_pb2.GateSpec(
+            max_p99_ratio=2.0, max_error_rate_delta=0.05, significance_alpha=0.01
+        ),
+        failures_to_rollback=2,
+        created_at_unix_ms=int(time.time() * 1000),
+        created_by="graylane demo",
+    )
+
+
+def demo_qos_policy(version: str, slo_p99_ms: float) -> rollout_pb2.QosPolicy:
+    return rollout_pb2.QosPolicy(
+        model=MODEL,
+        version=version,
+        slo_p99_ms=slo_p99_ms,
+        ladder=["fp32", "int8-dynamic"],
+        quality_floor="int8-dynamic",
+        step_down_margin=0.2,
+        step_up_ratio=0.6,
+        sustain_s=3.0,
+        min_dwell_s=10.0,
+        enabled=True,
+    )
+
+
+class Story:
+    def __init__(self, settings: Settings, cfg: StoryConfig, step: Callable[[str], None]) -> None:
+        self.factory = KafkaFactory(settings)
+        self.layout = self.factory.layout
+        self.cfg = cfg
+        self.step = step
+        self.monitor = Monitor(MODEL)
+        self.rate = cfg.rate
+        self.console = Console()
+        self.stop = asyncio.Event()
+
+    async def send_command(self, command: rollout_pb2.RolloutCommand) -> None:
+        producer = self.factory.producer()
+        await producer.start()
+        try:
+            await producer.send_and_wait(
+                self.layout.commands(), serde.encode(command), key=MODEL.encode()
+            )
+        finally:
+            await producer.stop()
+
+    async def _load(self, client: GraylaneClient) -> None:
+        i = 0
+        prompt = "graylane " * (self.cfg.prompt_len // 9)
+        next_at = time.monotonic()
+        while not self.stop.is_set():
+            await client.submit(
+                MODEL,
+                prompt=f"{i:06d} {prompt}",
+                routing_key=f"user-{i % 997}",
+                post_process=PostProcess.ARGMAX_LAST,
+            )
+            i += 1
+            next_at += 1.0 / self.rate
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                next_at = time.monotonic()
+
+    async def _collect(self, client: GraylaneClient) -> None:
+        async for result in client.results():
+            self.monitor.on_result(result)
+
+    async def _live(self, title: Callable[[], str]) -> None:
+        with Live(self.monitor.table(title()), console=self.console, refresh_per_second=2) as live:
+            while not self.stop.is_set():
+                await asyncio.sleep(1.0)
+                self.monitor.snapshot()
+                live.update(self.monitor.table(title()))
+
+    async def _wait(self, done: Callable[[], bool], what: str) -> bool:
+        deadline = time.monotonic() + self.cfg.phase_timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                self.console.print(
+                    f"[yellow]{what}: not reached within {self.cfg.phase_timeout_s:.0f}s"
+                )
+                self.monitor.event(f"timeout: {what}")
+                return False
+            await asyncio.sleep(0.5)
+        self.monitor.event(what)
+        return True
+
+    def _phase_of(self, rollout_id: str) -> int:
+        state = self.monitor.rollouts.get(rollout_id)
+        return state.phase if state is not None else rollout_pb2.ROLLOUT_PHASE_UNSPECIFIED
+
+    async def run(self) -> list[audit_pb2.AuditRecord]:
+        followers = [
+            CompactedFollower(
+                self.factory,
+                self.layout.routing(),
+                self.monitor.on_routing,
+                client_suffix="demo-routing",
+            ),
+            CompactedFollower(
+                self.factory,
+                self.layout.precision(),
+                self.monitor.on_precision,
+                client_suffix="demo-precision",
+            ),
+            CompactedFollower(
+                self.factory,
+                self.layout.rollouts(),
+                self.monitor.on_rollout,
+                client_suffix="demo-rollouts",
+            ),
+        ]
+        for f in followers:
+            await f.catch_up()
+        phase_title = ["warming up"]
+        async with GraylaneClient(self.factory, client_id=f"demo-{uuid.uuid4().hex[:6]}") as client:
+            await self._wait_served(client)
+            tasks = [asyncio.create_task(f.follow(self.stop)) for f in followers]
+            tasks += [
+                asyncio.create_task(self._load(client)),
+                asyncio.create_task(self._collect(client)),
+                asyncio.create_task(self._live(lambda: f"{MODEL} — {phase_title[0]}")),
+            ]
+            try:
+                await self._story(phase_title)
+            finally:
+                self.stop.set()
+                for t in tasks:
+                    t.cancel()
+                for t in tasks:
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await t
+                for f in followers:
+                    await f.stop()
+        return await self.audit_records()
+
+    async def _wait_served(self, client: GraylaneClient) -> None:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                await client.infer(MODEL, prompt="probe", timeout=5)
+                return
+            except InferenceTimeout:
+                if time.monotonic() > deadline:
+                    raise
+
+    async def _story(self, title: list[str]) -> None:
+        await asyncio.sleep(6)  # a baseline before anything changes
+        healthy = f"ro-{MODEL}-{int(time.time())}-a"
+        title[0] = f"canary {STABLE} -> {HEALTHY} (healthy)"
+        self.monitor.event(f"start rollout {healthy}: {STABLE} -> {HEALTHY}")
+        await self.send_command(
+            rollout_pb2.RolloutCommand(
+                command_id=uuid.uuid4().hex,
+                rollout_id=healthy,
+                model=MODEL,
+                kind=rollout_pb2.COMMAND_START,
+                spec=demo_rollout_spec(healthy, STABLE, HEALTHY),
+                issued_by="demo",
+                issued_at_unix_ms=int(time.time() * 1000),
+            )
+        )
+        await self._wait(
+            lambda: self._phase_of(healthy) == rollout_pb2.PROMOTED, f"{HEALTHY} promoted"
+        )
+        await asyncio.sleep(4)
+
+        bad = f"ro-{MODEL}-{int(time.time())}-b"
+        title[0] = f"canary {HEALTHY} -> {BAD} (slow and failing)"
+        self.monitor.event(f"start rollout {bad}: {HEALTHY} -> {BAD}")
+        await self.send_command(
+            rollout_pb2.RolloutCommand(
+                command_id=uuid.uuid4().hex,
+                rollout_id=bad,
+                model=MODEL,
+                kind=rollout_pb2.COMMAND_START,
+                spec=demo_rollout_spec(bad, HEALTHY, BAD),
+                issued_by="demo",
+                issued_at_unix_ms=int(time.time() * 1000),
+            )
+        )
+        await self._wait(
+            lambda: self._phase_of(bad) == rollout_pb2.ROLLED_BACK,
+            f"{BAD} rolled back automatically",
+        )
+        await asyncio.sleep(4)
+
+        title[0] = f"QoS on {HEALTHY}: SLO p99 {self.cfg.slo_p99_ms:.0f} ms, load spike"
+        self.monitor.event(f"QoS policy on {HEALTHY}: fp32 -> int8-dynamic")
+        await self.send_command(
+            rollout_pb2.RolloutCommand(
+                command_id=uuid.uuid4().hex,
+                model=MODEL,
+                kind=rollout_pb2.COMMAND_SET_QOS_POLICY,
+                qos_policy=demo_qos_policy(HEALTHY, self.cfg.slo_p99_ms),
+                issued_by="demo",
+                issued_at_unix_ms=int(time.time() * 1000),
+            )
+        )
+        await asyncio.sleep(5)
+        self.rate = self.cfg.rate * self.cfg.spike_factor
+        self.monitor.event(f"load spike x{self.cfg.spike_factor:.0f}")
+        await self._wait(
+            lambda: self.monitor.variants.get(HEALTHY) == "int8-dynamic",
+            "QoS stepped down to int8-dynamic",
+        )
+        await asyncio.sleep(8)
+        self.rate = self.cfg.rate
+        self.monitor.event("spike over")
+        title[0] = f"QoS on {HEALTHY}: load back to normal"
+        await self._wait(
+            lambda: self.monitor.variants.get(HEALTHY) == "fp32", "QoS stepped back up to fp32"
+        )
+        await asyncio.sleep(3)
+
+    async def audit_records(self) -> list[audit_pb2.AuditRecord]:
+        from graylane.kafka.admin import wait_for_assignment
+        from graylane.kafka.factory import ConsumerOptions
+
+        consumer = self.factory.consumer(
+            self.layout.audit(), options=ConsumerOptions(group_id=None), client_suffix="demo-audit"
+        )
+        await consumer.start()
+        records: list[audit_pb2.AuditRecord] = []
+        try:
+            tps = await wait_for_assignment(consumer)
+            end = await consumer.end_offsets(tps)
+
+            async def behind() -> bool:
+                return any([await consumer.position(tp) < end[tp] for tp in tps])
+
+            while await behind():
+                for batch in (await consumer.getmany(timeout_ms=500)).values():
+                    records.extend(serde.decode(audit_pb2.AuditRecord, r.value) for r in batch)
+        finally:
+            await consumer.stop()
+        return [r for r in records if r.model == MODEL]
+
+
+def audit_table(records: list[audit_pb2.AuditRecord], t0_ms: int) -> Table:
+    table = Table(title="audit timeline: every decision and why")
+    for col in ("t+s", "decision", "version", "rule", "reason"):
+        table.add_column(col)
+    for r in sorted(records, key=lambda r: r.decided_at_unix_ms):
+        table.add_row(
+            f"{(r.decided_at_unix_ms - t0_ms) / 1000:.1f}",
+            audit_pb2.DecisionKind.Name(r.kind).removeprefix("DECISION_"),
+            r.version or r.rollout_id,
+            r.rule,
+            r.reason[:90],
+        )
+    return table
+
+
+def write_report(monitor: Monitor, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
+    versions = sorted(
+        {v for _, w in monitor.timeline.weights for v in w} | set(monitor.timeline.p99)
+    )
+    for version in versions:
+        points = [(t, w.get(version, 0.0)) for t, w in monitor.timeline.weights]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            axes[0].step([*xs, monitor.now()], [*ys, ys[-1]], where="post", label=version)
+        p99 = monitor.timeline.p99.get(version, [])
+        if p99:
+            xs, ys = zip(*p99, strict=True)
+            axes[1].plot(xs, ys, label=version)
+        variants = monitor.timeline.variants.get(version, [])
+        if variants:
+            xs, labels = zip(*variants, strict=True)
+            axes[2].plot(
+                xs, [1 if v != "fp32" else 0 for v in labels], drawstyle="steps-post", label=version
+            )
+    axes[0].set_ylabel("weight %")
+    axes[1].set_ylabel("p99 ms (5 s window)")
+    axes[2].set_ylabel("variant")
+    axes[2].set_yticks([0, 1], ["fp32", "int8-dynamic"])
+    axes[2].set_xlabel("seconds since the demo started")
+    for at, text in monitor.timeline.events:
+        for ax in axes:
+            ax.axvline(at, color="grey", alpha=0.3, linestyle="--")
+        axes[0].annotate(text, (at, 102), rotation=20, fontsize=7, annotation_clip=False)
+    for ax in axes:
+        ax.legend(loc="upper left", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle("Graylane demo: weights, p99 per version, active variant")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
