@@ -87,6 +87,10 @@ class Story:
         self.stop = asyncio.Event()
 
     async def send_command(self, command: rollout_pb2.RolloutCommand) -> None:
+        command.command_id = uuid.uuid4().hex
+        command.model = MODEL
+        command.issued_by = "graylane demo"
+        command.issued_at_unix_ms = int(time.time() * 1000)
         producer = self.factory.producer()
         await producer.start()
         try:
@@ -198,41 +202,29 @@ class Story:
                 if time.monotonic() > deadline:
                     raise
 
-    async def _story(self, title: list[str]) -> None:
-        await asyncio.sleep(6)  # a baseline before anything changes
-        healthy = f"ro-{MODEL}-{int(time.time())}-a"
-        title[0] = f"canary {STABLE} -> {HEALTHY} (healthy)"
-        self.monitor.event(f"start rollout {healthy}: {STABLE} -> {HEALTHY}")
+    async def _canary(self, baseline: str, candidate: str, suffix: str) -> str:
+        rollout_id = f"ro-{MODEL}-{int(time.time())}-{suffix}"
+        self.monitor.event(f"start rollout {rollout_id}: {baseline} -> {candidate}")
         await self.send_command(
             rollout_pb2.RolloutCommand(
-                command_id=uuid.uuid4().hex,
-                rollout_id=healthy,
-                model=MODEL,
+                rollout_id=rollout_id,
                 kind=rollout_pb2.COMMAND_START,
-                spec=demo_rollout_spec(healthy, STABLE, HEALTHY),
-                issued_by="demo",
-                issued_at_unix_ms=int(time.time() * 1000),
+                spec=demo_rollout_spec(rollout_id, baseline, candidate),
             )
         )
+        return rollout_id
+
+    async def _story(self, title: list[str]) -> None:
+        await asyncio.sleep(6)  # a baseline before anything changes
+        title[0] = f"canary {STABLE} -> {HEALTHY} (healthy)"
+        healthy = await self._canary(STABLE, HEALTHY, "a")
         await self._wait(
             lambda: self._phase_of(healthy) == rollout_pb2.PROMOTED, f"{HEALTHY} promoted"
         )
         await asyncio.sleep(4)
 
-        bad = f"ro-{MODEL}-{int(time.time())}-b"
         title[0] = f"canary {HEALTHY} -> {BAD} (slow and failing)"
-        self.monitor.event(f"start rollout {bad}: {HEALTHY} -> {BAD}")
-        await self.send_command(
-            rollout_pb2.RolloutCommand(
-                command_id=uuid.uuid4().hex,
-                rollout_id=bad,
-                model=MODEL,
-                kind=rollout_pb2.COMMAND_START,
-                spec=demo_rollout_spec(bad, HEALTHY, BAD),
-                issued_by="demo",
-                issued_at_unix_ms=int(time.time() * 1000),
-            )
-        )
+        bad = await self._canary(HEALTHY, BAD, "b")
         await self._wait(
             lambda: self._phase_of(bad) == rollout_pb2.ROLLED_BACK,
             f"{BAD} rolled back automatically",
@@ -243,12 +235,8 @@ class Story:
         self.monitor.event(f"QoS policy on {HEALTHY}: fp32 -> int8-dynamic")
         await self.send_command(
             rollout_pb2.RolloutCommand(
-                command_id=uuid.uuid4().hex,
-                model=MODEL,
                 kind=rollout_pb2.COMMAND_SET_QOS_POLICY,
                 qos_policy=demo_qos_policy(HEALTHY, self.cfg.slo_p99_ms),
-                issued_by="demo",
-                issued_at_unix_ms=int(time.time() * 1000),
             )
         )
         await asyncio.sleep(5)

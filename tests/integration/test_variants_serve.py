@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import run_build
-from builder.spec import parse_spec
 from builder.store import TamperedArtifactError
 from engine_worker.registry_loading import load_from_registry
 from graylane import serde
 from graylane.client import GraylaneClient, PostProcess
+from graylane.demo.build_versions import build_versions
 from graylane.kafka.factory import KafkaFactory
 from graylane.registry import open_registry
 from graylane.settings import Settings
@@ -25,35 +24,21 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 MODEL = "demo-gpt"
 
 
-def build_tiny(tmp: Path, db_url: str) -> Path:
-    spec = parse_spec(
-        {
-            "model": MODEL,
-            "version": "1.0.0",
-            "strategy": "ptq",
-            "source": {"demo": "tiny", "seed": 3},
-            "precisions": ["fp32", "fp16", "int8", "int8-dynamic"],
-            "calibration": {"generator": "demo-text", "samples": 16, "seq_len": 32},
-            "validation": {
-                "generator": "demo-text",
-                "samples": 8,
-                "seed": 1,
-                "seq_len": 32,
-                "generation": {"prompts": 2, "new_tokens": 4},
-            },
-        },
-        tmp,
+def build_tiny(settings: Settings) -> Path:
+    build_versions(
+        settings,
+        MODEL,
+        {"1.0.0": 3},
+        size="tiny",
+        precisions=("fp32", "fp16", "int8", "int8-dynamic"),
     )
-    store = tmp / "store"
-    report = run_build(spec, store=store, registry=open_registry(db_url))
-    assert report.registered
-    return store
+    return settings.artifact_dir
 
 
 async def test_every_servable_variant_serves_and_precision_switches(
-    settings: Settings, tmp_path: Path
+    settings: Settings,
 ) -> None:
-    build_tiny(tmp_path, settings.db_url)
+    build_tiny(settings)
     loaded = load_from_registry(settings, MODEL, "1.0.0", intra_op_threads=1)
     servable = [
         a for a in open_registry(settings.db_url).list_artifacts(MODEL, "1.0.0") if a.servable
@@ -105,8 +90,8 @@ async def test_every_servable_variant_serves_and_precision_switches(
         await producer.stop()
 
 
-def test_a_tampered_artifact_is_refused_by_the_worker(settings: Settings, tmp_path: Path) -> None:
-    store = build_tiny(tmp_path, settings.db_url)
+def test_a_tampered_artifact_is_refused_by_the_worker(settings: Settings) -> None:
+    store = build_tiny(settings)
     victim = next(store.glob("*-fp16-*/model.onnx"))
     victim.write_bytes(victim.read_bytes()[:-1] + b"\x00")
     with pytest.raises(TamperedArtifactError, match=str(victim.parent.name)):
