@@ -16,11 +16,18 @@ class FaultInjection:
     extra_latency_ms: float = 0.0
     latency_factor: float = 1.0
     error_rate: float = 0.0
+    latency_jitter_ms: float = 0.0
+    """Extra latency drawn uniformly from [0, jitter] per batch (a noisy but healthy engine)."""
     seed: int = 0
 
     @property
     def active(self) -> bool:
-        return self.extra_latency_ms > 0 or self.latency_factor != 1.0 or self.error_rate > 0
+        return (
+            self.extra_latency_ms > 0
+            or self.latency_factor != 1.0
+            or self.error_rate > 0
+            or self.latency_jitter_ms > 0
+        )
 
 
 def default_worker_id() -> str:

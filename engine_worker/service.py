@@ -470,6 +470,8 @@ class Worker:
     async def _inject_latency(self, compute_ms: float) -> None:
         faults = self.config.faults
         extra = faults.extra_latency_ms + compute_ms * max(0.0, faults.latency_factor - 1.0)
+        if faults.latency_jitter_ms > 0:
+            extra += self._rng.uniform(0.0, faults.latency_jitter_ms)
         if extra > 0:
             # Blocks the engine thread like a slow engine would, not just this request.
             await asyncio.get_running_loop().run_in_executor(

@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker.add_argument("--inject-latency-ms", type=float, default=0.0, help="tests/demos only")
     worker.add_argument("--inject-latency-factor", type=float, default=1.0, help="tests/demos only")
     worker.add_argument("--inject-error-rate", type=float, default=0.0, help="tests/demos only")
+    worker.add_argument(
+        "--inject-latency-jitter-ms", type=float, default=0.0, help="tests/demos only"
+    )
     worker.set_defaults(handler=_worker)
 
 
@@ -125,6 +128,7 @@ def _worker(args: argparse.Namespace) -> int:
             extra_latency_ms=args.inject_latency_ms,
             latency_factor=args.inject_latency_factor,
             error_rate=args.inject_error_rate,
+            latency_jitter_ms=args.inject_latency_jitter_ms,
         ),
         **({"worker_id": args.worker_id} if args.worker_id else {}),
     )
