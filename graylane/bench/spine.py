@@ -136,9 +136,11 @@ async def _wait_ready(client: GraylaneClient) -> None:
                 raise
 
 
-def _stack(model: Path, max_batch: int, cfg: SpineConfig, tag: str, log_dir: Path) -> list[Service]:
+def _stack(
+    model: Path, max_batch: int, cfg: SpineConfig, tag: str, log_dir: Path, env: dict[str, str]
+) -> list[Service]:
     return [
-        start_service(f"bench-router-{tag}", ["router", "--model", f"{MODEL}=v1"], log_dir),
+        start_service(f"bench-router-{tag}", ["router", "--model", f"{MODEL}=v1"], log_dir, env),
         start_service(
             f"bench-worker-{tag}",
             [
@@ -155,6 +157,7 @@ def _stack(model: Path, max_batch: int, cfg: SpineConfig, tag: str, log_dir: Pat
                 str(cfg.max_wait_ms),
             ],
             log_dir,
+            env,
         ),
     ]
 
@@ -174,10 +177,14 @@ async def _e2e(
     await ensure_topics(
         factory, factory.layout.shared_specs() + factory.layout.model_specs(MODEL, ["v1"])
     )
-    import os
-
-    os.environ["GRAYLANE_TOPIC_PREFIX"] = settings.topic_prefix
-    services = _stack(model, max_batch, cfg, tag, REPO_ROOT / ".local" / "logs")
+    services = _stack(
+        model,
+        max_batch,
+        cfg,
+        tag,
+        REPO_ROOT / ".local" / "logs",
+        {"GRAYLANE_TOPIC_PREFIX": settings.topic_prefix},
+    )
     try:
         async with GraylaneClient(factory) as client:
             progress(f"{tag}: waiting for router and worker")
@@ -194,7 +201,6 @@ async def _e2e(
             return rps, latencies
     finally:
         stop_services(services)
-        os.environ.pop("GRAYLANE_TOPIC_PREFIX", None)
 
 
 def run_spine(cfg: SpineConfig, progress: Callable[[str], None]) -> dict[str, object]:

@@ -13,10 +13,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     spine.add_argument("--requests", type=int, default=600)
     spine.add_argument("--max-batch", type=int, default=8)
     spine.set_defaults(handler=_spine)
-    try:
-        from builder.bench_variants import add_bench_variants_parser
-    except ImportError:  # pragma: no cover - builder is part of the project
-        return
+    rollback = which.add_parser("rollback", help="time to roll back a bad canary; false rollbacks")
+    rollback.add_argument("--rate", type=float, default=60.0)
+    rollback.add_argument("--runs", type=int, default=10)
+    rollback.set_defaults(handler=_rollback)
+    qos = which.add_parser("qos", help="a 3x overload spike with and without the QoS controller")
+    qos.add_argument("--spike-s", type=float, default=40.0)
+    qos.set_defaults(handler=_qos)
+    from builder.bench_variants import add_bench_variants_parser
+
     add_bench_variants_parser(which)
 
 
@@ -24,3 +29,15 @@ def _spine(args: argparse.Namespace) -> int:
     from graylane.bench.spine import SpineConfig, main
 
     return main(SpineConfig(size=args.size, requests=args.requests, max_batch=args.max_batch))
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from graylane.bench.rollback import RollbackConfig, main
+
+    return main(RollbackConfig(rate=args.rate, runs=args.runs))
+
+
+def _qos(args: argparse.Namespace) -> int:
+    from graylane.bench.qos import QosConfig, main
+
+    return main(QosConfig(spike_s=args.spike_s))

@@ -44,6 +44,8 @@ class Monitor:
         self.window_s = window_s
         self.t0 = time.monotonic()
         self.samples: deque[Sample] = deque()
+        self.history: list[Sample] = []
+        """Every result seen (the live window forgets; reports and benchmarks do not)."""
         self.weights: dict[str, float] = {}
         self.routing_epoch = 0
         self.variants: dict[str, str] = {}
@@ -60,7 +62,9 @@ class Monitor:
 
     def on_result(self, result: Result) -> None:
         latency = result.client_latency_ms or result.timing.total_ms
-        self.samples.append(Sample(self.now(), result.version, result.variant, latency, result.ok))
+        sample = Sample(self.now(), result.version, result.variant, latency, result.ok)
+        self.samples.append(sample)
+        self.history.append(sample)
         self.total += 1
         self.errors += int(not result.ok)
 

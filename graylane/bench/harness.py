@@ -1,0 +1,212 @@
+"""A benchmark stack: broker, router, workers and the policy engine as processes,
+plus a paced load generator and a monitor of routing, rollouts and results."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+from graylane import serde
+from graylane.cli.demo import Service, start_service, stop_services
+from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
+from graylane.demo.monitor import Monitor
+from graylane.kafka.admin import ensure_topics
+from graylane.kafka.compacted import CompactedFollower
+from graylane.kafka.factory import KafkaFactory
+from graylane.settings import REPO_ROOT, Settings
+from graylane.v1 import rollout_pb2
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    version: str
+    variants: dict[str, str]
+    """variant name -> ONNX path"""
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass
+class BenchStack:
+    factory: KafkaFactory
+    model: str
+    monitor: Monitor
+    client: GraylaneClient
+    rate: float = 50.0
+    prompt_len: int = 32
+    services: list[Service] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    tag: str = "bench"
+
+    async def command(self, command: rollout_pb2.RolloutCommand) -> None:
+        command.command_id = command.command_id or uuid.uuid4().hex
+        command.model = self.model
+        command.issued_at_unix_ms = int(time.time() * 1000)
+        command.issued_by = "graylane bench"
+        producer = self.factory.producer()
+        await producer.start()
+        try:
+            await producer.send_and_wait(
+                self.factory.layout.commands(), serde.encode(command), key=self.model.encode()
+            )
+        finally:
+            await producer.stop()
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def load(self, stop: asyncio.Event) -> None:
+        """Paced open-loop load at ``self.rate`` (changeable while running)."""
+        i = 0
+        tokens = [(7 * k) % 250 + 3 for k in range(self.prompt_len)]
+        next_at = time.monotonic()
+        while not stop.is_set():
+            await self.client.submit(
+                self.model,
+                token_ids=tokens,
+                routing_key=f"user-{uuid.uuid4().hex[:8]}",
+                post_process=PostProcess.ARGMAX_LAST,
+            )
+            i += 1
+            next_at += 1.0 / self.rate
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            elif delay < -1.0:
+                next_at = time.monotonic()  # fell behind: do not burst to catch up
+
+    def add_worker(self, spec: WorkerSpec) -> None:
+        """Start one more worker process with the stack's settings."""
+        self.services.append(start_worker(spec, self.model, self.env, self.tag))
+
+    async def collect(self) -> None:
+        async for result in self.client.results():
+            self.monitor.on_result(result)
+
+
+def start_worker(spec: WorkerSpec, model: str, env: dict[str, str], tag: str) -> Service:
+    variants = [a for name, path in spec.variants.items() for a in ("--variant", f"{name}={path}")]
+    return start_service(
+        f"{tag}-worker-{spec.version}",
+        [
+            "worker",
+            "--model",
+            model,
+            "--version",
+            spec.version,
+            "--threads",
+            "1",
+            *variants,
+            *spec.extra_args,
+        ],
+        REPO_ROOT / ".local" / "logs",
+        env,
+    )
+
+
+@contextlib.asynccontextmanager
+async def bench_stack(
+    settings: Settings,
+    *,
+    model: str,
+    stable: str,
+    workers: Sequence[WorkerSpec],
+    window_ms: int = 6000,
+    step_ms: int = 1000,
+    with_policy: bool = True,
+    tag: str = "bench",
+) -> AsyncIterator[BenchStack]:
+    prefix = f"{tag}{uuid.uuid4().hex[:6]}"
+    settings = settings.with_overrides(topic_prefix=prefix)
+    factory = KafkaFactory(settings)
+    layout = factory.layout
+    await ensure_topics(
+        factory, layout.shared_specs() + layout.model_specs(model, [w.version for w in workers])
+    )
+    env = {
+        "GRAYLANE_TOPIC_PREFIX": prefix,
+        "GRAYLANE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+    }
+    logs = REPO_ROOT / ".local" / "logs"
+    services = [
+        start_service(f"{tag}-router", ["router", "--model", f"{model}={stable}"], logs, env)
+    ]
+    if with_policy:
+        services.append(
+            start_service(
+                f"{tag}-policy",
+                [
+                    "policy",
+                    "--model",
+                    model,
+                    "--window-ms",
+                    str(window_ms),
+                    "--step-ms",
+                    str(step_ms),
+                ],
+                logs,
+                env,
+            )
+        )
+    for w in workers:
+        variants = [a for name, path in w.variants.items() for a in ("--variant", f"{name}={path}")]
+        services.append(
+            start_service(
+                f"{tag}-worker-{w.version}",
+                [
+                    "worker",
+                    "--model",
+                    model,
+                    "--version",
+                    w.version,
+                    "--threads",
+                    "1",
+                    *variants,
+                    *w.extra_args,
+                ],
+                logs,
+                env,
+            )
+        )
+    monitor = Monitor(model)
+    followers = [
+        CompactedFollower(factory, layout.routing(), monitor.on_routing, client_suffix="b-r"),
+        CompactedFollower(factory, layout.precision(), monitor.on_precision, client_suffix="b-p"),
+        CompactedFollower(factory, layout.rollouts(), monitor.on_rollout, client_suffix="b-o"),
+    ]
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        for f in followers:
+            await f.catch_up()
+        tasks += [asyncio.create_task(f.follow(stop)) for f in followers]
+        async with GraylaneClient(factory) as client:
+            stack = BenchStack(factory, model, monitor, client, services=services, env=env, tag=tag)
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    await client.infer(model, token_ids=[1, 2, 3], timeout=5)
+                    break
+                except InferenceTimeout:
+                    if time.monotonic() > deadline:
+                        raise
+            tasks.append(asyncio.create_task(stack.collect()))
+            yield stack
+    finally:
+        stop.set()
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for f in followers:
+            await f.stop()
+        stop_services(services)

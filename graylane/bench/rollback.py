@@ -1,0 +1,235 @@
+"""``graylane bench rollback``: how fast a bad canary is rolled back, and how often
+a healthy one is rolled back by mistake.
+
+A candidate at 5 % weight under steady load regresses from the moment it gets
+traffic (the onset: the routing update that gives it 5 %): once with p99 about
+3x the baseline's, once with +5 percentage points of errors. Detection time is
+from onset to the routing update that sets it back to 0 %. Then a healthy
+candidate with noisy latency goes through the whole ramp, ``runs`` times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from graylane.bench.harness import BenchStack, WorkerSpec, bench_stack
+from graylane.settings import REPO_ROOT, Settings
+from graylane.v1 import rollout_pb2
+
+MODEL = "bench-gpt"
+STEPS = ((5.0, 30, 20.0), (25.0, 60, 3.0), (50.0, 60, 3.0), (100.0, 60, 2.0))
+HEALTHY_STEPS = ((5.0, 30, 3.0), (25.0, 40, 3.0), (50.0, 40, 3.0), (100.0, 40, 2.0))
+
+
+@dataclass(frozen=True)
+class RollbackConfig:
+    rate: float = 60.0
+    runs: int = 10
+    jitter_ms: float = 15.0
+    window_ms: int = 6000
+    step_ms: int = 1000
+    timeout_s: float = 120.0
+
+
+def spec(
+    rollout_id: str, baseline: str, candidate: str, steps: tuple[tuple[float, int, float], ...]
+) -> rollout_pb2.RolloutSpec:
+    return rollout_pb2.RolloutSpec(
+        rollout_id=rollout_id,
+        model=MODEL,
+        baseline_version=baseline,
+        candidate_version=candidate,
+        strategy=rollout_pb2.CANARY,
+        steps=[
+            rollout_pb2.RolloutStep(weight_percent=w, min_samples=n, min_dwell_s=d)
+            for w, n, d in steps
+        ],
+        failures_to_rollback=2,
+    )
+
+
+async def start(
+    stack: BenchStack,
+    rollout_id: str,
+    baseline: str,
+    candidate: str,
+    steps: tuple[tuple[float, int, float], ...],
+) -> None:
+    await stack.command(
+        rollout_pb2.RolloutCommand(
+            rollout_id=rollout_id,
+            kind=rollout_pb2.COMMAND_START,
+            spec=spec(rollout_id, baseline, candidate, steps),
+        )
+    )
+
+
+def phase(stack: BenchStack, rollout_id: str) -> int:
+    state = stack.monitor.rollouts.get(rollout_id)
+    return state.phase if state else rollout_pb2.ROLLOUT_PHASE_UNSPECIFIED
+
+
+async def detect(
+    stack: BenchStack, candidate: str, cfg: RollbackConfig, tag: str
+) -> dict[str, float]:
+    """Run one bad canary; seconds from onset to the 0 % routing update."""
+    m = stack.monitor
+    rollout_id = f"ro-{tag}-{int(time.time())}"
+    await start(stack, rollout_id, "base", candidate, STEPS)
+    got_traffic = await stack.wait_for(lambda: m.weights.get(candidate, 0.0) > 0, 30)
+    if not got_traffic:
+        raise RuntimeError(f"{candidate} never got traffic")
+    onset = m.now()
+    rolled_back = await stack.wait_for(lambda: m.weights.get(candidate, 0.0) == 0.0, cfg.timeout_s)
+    detected = m.now()
+    await asyncio.sleep(2.0)  # results of requests already in flight
+    served = sum(1 for s in m.history if s.version == candidate and s.at >= onset)
+    return {
+        "detect_s": round(detected - onset, 2) if rolled_back else float("nan"),
+        "rolled_back": float(rolled_back),
+        "bad_served": float(served),
+        "phase_rolled_back": float(phase(stack, rollout_id) == rollout_pb2.ROLLED_BACK),
+    }
+
+
+async def scenario_bad(
+    settings: Settings, model: Path, cfg: RollbackConfig, progress: Callable[[str], None]
+) -> dict[str, float]:
+    base = WorkerSpec("base", {"fp32": str(model)})
+    async with bench_stack(
+        settings,
+        model=MODEL,
+        stable="base",
+        workers=[base],
+        window_ms=cfg.window_ms,
+        step_ms=cfg.step_ms,
+        tag="rb",
+    ) as stack:
+        stack.monitor.window_s = 30.0
+        stack.rate = cfg.rate
+        stop = asyncio.Event()
+        load = asyncio.create_task(stack.load(stop))
+        progress(f"baseline latency at {cfg.rate:.0f} req/s")
+        await asyncio.sleep(12)
+        base_lat = [s.latency_ms for s in stack.monitor.window().get("base", []) if s.ok]
+        p99 = float(np.percentile(base_lat, 99))
+        extra = max(2.0 * p99, 20.0)
+        progress(f"    baseline p99 {p99:.1f} ms -> slow candidate adds {extra:.0f} ms per batch")
+        stack.add_worker(
+            WorkerSpec("slow", {"fp32": str(model)}, ("--inject-latency-ms", f"{extra:.1f}"))
+        )
+        stack.add_worker(
+            WorkerSpec("errors", {"fp32": str(model)}, ("--inject-error-rate", "0.05"))
+        )
+        await asyncio.sleep(10)  # both warm up and join their groups
+        stack.monitor.window_s = 5.0
+        progress("candidate with p99 x3 at 5 %")
+        slow = await detect(stack, "slow", cfg, "slow")
+        progress(f"    {slow}")
+        await asyncio.sleep(5)
+        progress("candidate with +5 pp errors at 5 %")
+        errors = await detect(stack, "errors", cfg, "errors")
+        progress(f"    {errors}")
+        stop.set()
+        await load
+    return {
+        "baseline_p99_ms": round(p99, 1),
+        "detect_latency_s": slow["detect_s"],
+        "detect_errors_s": errors["detect_s"],
+        "bad_served_after_onset": int(slow["bad_served"] + errors["bad_served"]),
+        "bad_served_latency": int(slow["bad_served"]),
+        "bad_served_errors": int(errors["bad_served"]),
+    }
+
+
+async def scenario_healthy(
+    settings: Settings, model: Path, cfg: RollbackConfig, progress: Callable[[str], None]
+) -> dict[str, float]:
+    jitter = ("--inject-latency-jitter-ms", str(cfg.jitter_ms))
+    workers = [
+        WorkerSpec("base", {"fp32": str(model)}, jitter),
+        WorkerSpec("next", {"fp32": str(model)}, jitter),
+    ]
+    false_rollbacks = promoted = 0
+    durations: list[float] = []
+    async with bench_stack(
+        settings,
+        model=MODEL,
+        stable="base",
+        workers=workers,
+        window_ms=cfg.window_ms,
+        step_ms=cfg.step_ms,
+        tag="rh",
+    ) as stack:
+        stack.rate = cfg.rate
+        stop = asyncio.Event()
+        load = asyncio.create_task(stack.load(stop))
+        await asyncio.sleep(8)
+        baseline, candidate = "base", "next"
+        for run in range(cfg.runs):
+            rollout_id = f"ro-healthy-{run}-{int(time.time())}"
+            t0 = time.monotonic()
+            await start(stack, rollout_id, baseline, candidate, HEALTHY_STEPS)
+            finished = await stack.wait_for(
+                lambda rid=rollout_id: (
+                    phase(stack, rid)
+                    in (  # type: ignore[misc]
+                        rollout_pb2.PROMOTED,
+                        rollout_pb2.ROLLED_BACK,
+                        rollout_pb2.ABORTED,
+                    )
+                ),
+                cfg.timeout_s,
+            )
+            outcome = phase(stack, rollout_id)
+            durations.append(time.monotonic() - t0)
+            if outcome == rollout_pb2.ROLLED_BACK:
+                false_rollbacks += 1
+            elif outcome == rollout_pb2.PROMOTED:
+                promoted += 1
+                baseline, candidate = candidate, baseline
+            progress(
+                f"    healthy run {run + 1}/{cfg.runs}: "
+                f"{rollout_pb2.RolloutPhase.Name(outcome) if finished else 'TIMEOUT'} "
+                f"in {durations[-1]:.0f} s"
+            )
+            await asyncio.sleep(2)
+        stop.set()
+        await load
+    return {
+        "false_rollbacks": false_rollbacks,
+        "healthy_runs": cfg.runs,
+        "healthy_promoted": promoted,
+        "healthy_ramp_s_median": round(float(np.median(durations)), 1),
+    }
+
+
+def main(cfg: RollbackConfig) -> int:
+    from deploy.kafka import kafka
+    from graylane.demo.gpt import write_demo_gpt
+
+    t0 = time.monotonic()
+
+    def progress(text: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)
+
+    progress("starting the broker")
+    kafka.start()
+    model = REPO_ROOT / ".local" / "models" / "bench-gpt-tiny.onnx"
+    if not model.exists():
+        write_demo_gpt(model, "tiny", seed=7)
+    settings = Settings.from_env()
+    result: dict[str, object] = {"rate_rps": cfg.rate, "candidate_weight_percent": 5.0}
+    progress("regressions at 5 % weight")
+    result.update(asyncio.run(scenario_bad(settings, model, cfg, progress)))
+    progress(f"healthy candidate with noisy latency through the whole ramp, {cfg.runs} times")
+    result.update(asyncio.run(scenario_healthy(settings, model, cfg, progress)))
+    print(json.dumps(result))
+    return 0
