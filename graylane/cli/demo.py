@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +19,20 @@ MODEL = "demo-gpt"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    demo = sub.add_parser("demo", help="run the local stack and show it serving two versions")
-    demo.add_argument("--requests", type=int, default=300)
-    demo.add_argument("--size", choices=["tiny", "small"], default="tiny")
-    demo.add_argument("--candidate-percent", type=float, default=30.0)
+    demo = sub.add_parser(
+        "demo",
+        help="the local stack: a canary promoted, a bad one rolled back, QoS under a load spike",
+    )
+    demo.add_argument(
+        "--quick",
+        action="store_true",
+        help="only serve requests through two versions at a fixed split (no policy engine)",
+    )
+    demo.add_argument("--requests", type=int, default=300, help="--quick: requests to send")
+    demo.add_argument("--size", choices=["tiny", "small"], default=None)
+    demo.add_argument("--candidate-percent", type=float, default=30.0, help="--quick: v2 share")
+    demo.add_argument("--rate", type=float, default=20.0, help="steady load, requests/s")
+    demo.add_argument("--slo-p99-ms", type=float, default=250.0)
     demo.add_argument("--keep-running", action="store_true", help="leave broker and services up")
     demo.set_defaults(handler=_demo)
 
@@ -61,7 +72,9 @@ class Service:
     log: Path
 
 
-def start_service(name: str, argv: list[str], log_dir: Path) -> Service:
+def start_service(
+    name: str, argv: list[str], log_dir: Path, env: Mapping[str, str] | None = None
+) -> Service:
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     handle = log.open("wb")
@@ -70,7 +83,7 @@ def start_service(name: str, argv: list[str], log_dir: Path) -> Service:
         stdout=handle,
         stderr=subprocess.STDOUT,
         cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         start_new_session=True,
     )
     return Service(name, process, log)
@@ -89,7 +102,11 @@ def stop_services(services: list[Service]) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if not args.quick:
+        return _story(args)
     from deploy.kafka import kafka
+
+    args.size = args.size or "tiny"
 
     step = _Steps()
     step("starting the local Kafka broker")
@@ -100,7 +117,7 @@ def _demo(args: argparse.Namespace) -> int:
     log_dir = REPO_ROOT / ".local" / "logs"
     services: list[Service] = []
     try:
-        asyncio.run(_prepare_topics(settings))
+        asyncio.run(_prepare_topics(settings, MODEL, list(paths)))
         step("starting the router and one worker per version (logs in .local/logs)")
         services.append(start_service("router", ["router", "--model", f"{MODEL}=v1"], log_dir))
         for version, path in paths.items():
@@ -141,13 +158,13 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _prepare_topics(settings: Settings) -> None:
+async def _prepare_topics(settings: Settings, model: str, versions: list[str]) -> None:
     from graylane.kafka.admin import ensure_topics
     from graylane.kafka.factory import KafkaFactory
 
     factory = KafkaFactory(settings)
     await ensure_topics(
-        factory, factory.layout.shared_specs() + factory.layout.model_specs(MODEL, ["v1", "v2"])
+        factory, factory.layout.shared_specs() + factory.layout.model_specs(model, versions)
     )
 
 
@@ -159,3 +176,87 @@ class _Steps:
     def __call__(self, text: str) -> None:
         self.n += 1
         print(f"[{time.monotonic() - self.t0:6.1f}s] {self.n}. {text}", flush=True)
+
+
+def _story(args: argparse.Namespace) -> int:
+    from deploy.kafka import kafka
+    from graylane.demo.build_versions import build_versions
+    from graylane.demo.story import (
+        BAD,
+        SEEDS,
+        STABLE,
+        Story,
+        StoryConfig,
+        audit_table,
+        write_report,
+    )
+    from graylane.demo.story import (
+        MODEL as STORY_MODEL,
+    )
+
+    step = _Steps()
+    step("starting the local Kafka broker")
+    kafka.start()
+    settings = Settings.from_env()
+    size = args.size or "small"
+    step(f"building versions {', '.join(SEEDS)} of {STORY_MODEL} ({size}): fp32 + int8-dynamic")
+    build_versions(settings, STORY_MODEL, SEEDS, size=size)
+    log_dir = REPO_ROOT / ".local" / "logs"
+    services: list[Service] = []
+    try:
+        asyncio.run(_prepare_topics(settings, STORY_MODEL, list(SEEDS)))
+        step("starting router, policy engine and one worker per version (logs in .local/logs)")
+        services.append(
+            start_service("router", ["router", "--model", f"{STORY_MODEL}={STABLE}"], log_dir)
+        )
+        services.append(
+            start_service(
+                "policy",
+                ["policy", "--model", STORY_MODEL, "--window-ms", "6000", "--step-ms", "1000"],
+                log_dir,
+            )
+        )
+        for version in SEEDS:
+            faults = (
+                ["--inject-latency-factor", "4", "--inject-error-rate", "0.2"]
+                if version == BAD
+                else []
+            )
+            services.append(
+                start_service(
+                    f"worker-{version}",
+                    [
+                        "worker",
+                        "--model",
+                        STORY_MODEL,
+                        "--version",
+                        version,
+                        "--from-registry",
+                        "--threads",
+                        "1",
+                        *faults,
+                    ],
+                    log_dir,
+                )
+            )
+        cfg = StoryConfig(
+            rate=args.rate, slo_p99_ms=args.slo_p99_ms, report=REPO_ROOT / ".local" / "report.png"
+        )
+        story = Story(settings, cfg, step)
+        t0_ms = int(time.time() * 1000)
+        step(f"steady load of {args.rate:.0f} req/s; the live view follows")
+        records = asyncio.run(story.run())
+        from rich.console import Console
+
+        Console().print(audit_table(records, t0_ms))
+        path = write_report(story.monitor, cfg.report)
+        step(f"report written: {path}")
+        print(f"requests: {story.monitor.total}, error results: {story.monitor.errors}")
+        for at, text in story.monitor.timeline.events:
+            print(f"  t+{at:6.1f}s  {text}")
+    finally:
+        if not args.keep_running:
+            step("stopping the services and the broker")
+            stop_services(services)
+            kafka.stop()
+    return 0
