@@ -29,6 +29,7 @@ from policy_engine.logic.rollout_state import (
     ManualCommand,
     Phase,
     RolloutState,
+    StepEvidence,
 )
 from policy_engine.logic.routing_plan import RoutingPlan, route_table_for
 from policy_engine.logic.window import TelemetrySample, WindowStats
@@ -215,8 +216,21 @@ def rollout_spec_from_pb(pb: rollout_pb2.RolloutSpec) -> RolloutSpec:
 
 
 def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.RolloutState:
-    """The wire form; step start, evidence, failure window and epoch are not carried."""
+    """The wire form, complete: a restarted engine resumes exactly from it."""
+    ev = state.evidence
     return rollout_pb2.RolloutState(
+        step_started_at_unix_ms=state.step_started_ms,
+        shadow_share=state.shadow_share,
+        failure_window_end_unix_ms=state.failure_window_end_ms,
+        epoch=state.epoch,
+        evidence=rollout_pb2.StepEvidence(
+            candidate_requests=ev.candidate_requests,
+            candidate_errors=ev.candidate_errors,
+            baseline_requests=ev.baseline_requests,
+            baseline_errors=ev.baseline_errors,
+            windows=ev.windows,
+            through_unix_ms=ev.through_ms,
+        ),
         rollout_id=state.rollout_id,
         model=state.model,
         phase=_PHASE_TO_PB[state.phase],
@@ -238,11 +252,13 @@ def rollout_state_from_pb(
 ) -> tuple[RolloutState, RolloutSpec]:
     """State and spec from the wire, after a restart.
 
-    What the wire lacks comes back conservatively: the step's dwell restarts
-    at the last update (``step_started_ms = updated_at``), the step's evidence
-    is empty (its sample minimum starts over), the next gate failure counts,
-    and ``epoch`` is the caller's (the model's routing table holds it). The
-    shadow share is the spec's while shadowing (also when paused from it).
+    Records of current engines carry the whole state. In older records (no
+    ``step_started_at`` / ``epoch`` / ... fields) what is missing comes back
+    conservatively: the step's dwell restarts at the last update
+    (``step_started_ms = updated_at``), the step's evidence is empty (its
+    sample minimum starts over), the next gate failure counts, and ``epoch``
+    is the caller's (the model's routing table holds it). The shadow share is
+    then the spec's while shadowing (also when paused from it).
     """
     if pb.phase not in _PHASE_FROM_PB:
         raise ValueError(f"rollout {pb.rollout_id!r} has no phase")
@@ -250,20 +266,34 @@ def rollout_state_from_pb(
     phase = _PHASE_FROM_PB[pb.phase]
     paused_from = _PHASE_FROM_PB.get(pb.paused_from)
     shadowing = Phase.SHADOWING in (phase, paused_from)
+    ev = pb.evidence
     state = RolloutState(
         rollout_id=pb.rollout_id,
         model=pb.model,
         phase=phase,
         step_index=pb.step_index,
         candidate_weight_percent=pb.candidate_weight_percent,
-        shadow_share=spec.shadow_share if shadowing else 0.0,
+        shadow_share=pb.shadow_share
+        if pb.HasField("shadow_share")
+        else (spec.shadow_share if shadowing else 0.0),
         phase_started_ms=pb.phase_started_at_unix_ms,
-        step_started_ms=pb.updated_at_unix_ms,
+        step_started_ms=pb.step_started_at_unix_ms
+        if pb.HasField("step_started_at_unix_ms")
+        else pb.updated_at_unix_ms,
         consecutive_failures=pb.consecutive_failures,
+        failure_window_end_ms=pb.failure_window_end_unix_ms,
         paused_from=paused_from,
         last_reason=pb.last_reason,
-        epoch=epoch,
+        epoch=pb.epoch if pb.HasField("epoch") else epoch,
         updated_ms=pb.updated_at_unix_ms,
+        evidence=StepEvidence(
+            candidate_requests=ev.candidate_requests,
+            candidate_errors=ev.candidate_errors,
+            baseline_requests=ev.baseline_requests,
+            baseline_errors=ev.baseline_errors,
+            windows=ev.windows,
+            through_ms=ev.through_unix_ms,
+        ),
     )
     return state, spec
 
@@ -433,6 +463,12 @@ def decision_to_audit(
         actor=actor,
         epoch=decision.after.epoch,
         command_id=command_id,
+        agreement=audit_pb2.ShadowAgreement(
+            pairs=decision.agreement.pairs, agreeing=decision.agreement.agreeing
+        )
+        if decision.agreement is not None
+        else None,
+        note=decision.note,
     )
 
 

@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graylane.cli.services",
     "graylane.cli.demo",
     "graylane.cli.bench",
+    "graylane.cli.policy",
     "builder.cli",
 )
 

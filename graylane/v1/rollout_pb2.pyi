@@ -113,7 +113,7 @@ class RolloutSpec(_message.Message):
     def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., baseline_version: _Optional[str] = ..., candidate_version: _Optional[str] = ..., strategy: _Optional[_Union[RolloutStrategy, str]] = ..., steps: _Optional[_Iterable[_Union[RolloutStep, _Mapping]]] = ..., gates: _Optional[_Union[GateSpec, _Mapping]] = ..., failures_to_rollback: _Optional[int] = ..., shadow_share: _Optional[float] = ..., shadow_duration_s: _Optional[float] = ..., ab_weight_percent: _Optional[float] = ..., ab_duration_s: _Optional[float] = ..., created_at_unix_ms: _Optional[int] = ..., created_by: _Optional[str] = ...) -> None: ...
 
 class RolloutState(_message.Message):
-    __slots__ = ("rollout_id", "model", "phase", "step_index", "candidate_weight_percent", "phase_started_at_unix_ms", "consecutive_failures", "updated_at_unix_ms", "last_reason", "paused_from", "spec")
+    __slots__ = ("rollout_id", "model", "phase", "step_index", "candidate_weight_percent", "phase_started_at_unix_ms", "consecutive_failures", "updated_at_unix_ms", "last_reason", "paused_from", "spec", "step_started_at_unix_ms", "shadow_share", "failure_window_end_unix_ms", "epoch", "evidence")
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,11 @@ class RolloutState(_message.Message):
     LAST_REASON_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FROM_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    STEP_STARTED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_SHARE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_WINDOW_END_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     rollout_id: str
     model: str
     phase: RolloutPhase
@@ -136,7 +141,28 @@ class RolloutState(_message.Message):
     last_reason: str
     paused_from: RolloutPhase
     spec: RolloutSpec
-    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., phase: _Optional[_Union[RolloutPhase, str]] = ..., step_index: _Optional[int] = ..., candidate_weight_percent: _Optional[float] = ..., phase_started_at_unix_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., updated_at_unix_ms: _Optional[int] = ..., last_reason: _Optional[str] = ..., paused_from: _Optional[_Union[RolloutPhase, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ...) -> None: ...
+    step_started_at_unix_ms: int
+    shadow_share: float
+    failure_window_end_unix_ms: int
+    epoch: int
+    evidence: StepEvidence
+    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., phase: _Optional[_Union[RolloutPhase, str]] = ..., step_index: _Optional[int] = ..., candidate_weight_percent: _Optional[float] = ..., phase_started_at_unix_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., updated_at_unix_ms: _Optional[int] = ..., last_reason: _Optional[str] = ..., paused_from: _Optional[_Union[RolloutPhase, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ..., step_started_at_unix_ms: _Optional[int] = ..., shadow_share: _Optional[float] = ..., failure_window_end_unix_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., evidence: _Optional[_Union[StepEvidence, _Mapping]] = ...) -> None: ...
+
+class StepEvidence(_message.Message):
+    __slots__ = ("candidate_requests", "candidate_errors", "baseline_requests", "baseline_errors", "windows", "through_unix_ms")
+    CANDIDATE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    THROUGH_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    candidate_requests: int
+    candidate_errors: int
+    baseline_requests: int
+    baseline_errors: int
+    windows: int
+    through_unix_ms: int
+    def __init__(self, candidate_requests: _Optional[int] = ..., candidate_errors: _Optional[int] = ..., baseline_requests: _Optional[int] = ..., baseline_errors: _Optional[int] = ..., windows: _Optional[int] = ..., through_unix_ms: _Optional[int] = ...) -> None: ...
 
 class QosPolicy(_message.Message):
     __slots__ = ("model", "version", "slo_p99_ms", "ladder", "quality_floor", "step_down_margin", "step_up_ratio", "sustain_s", "min_dwell_s", "max_queue_wait_ms", "enabled")

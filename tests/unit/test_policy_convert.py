@@ -14,7 +14,13 @@ from policy_engine import convert
 from policy_engine.logic.qos import Ceiling, QosPolicy, QosState, evaluate_qos
 from policy_engine.logic.rollout import apply_command, evaluate, start
 from policy_engine.logic.rollout_spec import Gates, RolloutSpec, Step, Strategy
-from policy_engine.logic.rollout_state import DecisionKind, ManualCommand, Phase, RolloutState
+from policy_engine.logic.rollout_state import (
+    DecisionKind,
+    ManualCommand,
+    Phase,
+    RolloutState,
+    StepEvidence,
+)
 from policy_engine.logic.routing_plan import plan_for
 from policy_engine.logic.window import WindowStats
 
@@ -128,8 +134,19 @@ def test_rollout_state_round_trip() -> None:
         back, spec = convert.rollout_state_from_pb(pb, epoch=state.epoch)
         assert spec == SPEC
         assert convert.rollout_state_to_pb(back, spec) == pb
-        # What the wire does not carry comes back at its conservative value.
-        assert back == replace(state, step_started_ms=state.updated_ms)
+        assert back == state  # the wire carries the whole state
+        # A record of an older engine (no resume fields) comes back conservatively.
+        old = rollout_pb2.RolloutState()
+        old.CopyFrom(pb)
+        for name in ("step_started_at_unix_ms", "shadow_share", "epoch", "evidence"):
+            old.ClearField(name)
+        back_old, _ = convert.rollout_state_from_pb(old, epoch=state.epoch)
+        assert back_old == replace(
+            state,
+            step_started_ms=state.updated_ms,
+            shadow_share=SPEC.shadow_share if state.shadow_share else 0.0,
+            evidence=StepEvidence(),
+        )
     assert (
         convert.rollout_state_from_pb(convert.rollout_state_to_pb(paused, SPEC), epoch=1)[
             0

@@ -1,0 +1,53 @@
+"""``graylane policy``: the policy engine (faust-streaming worker)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    policy = sub.add_parser(
+        "policy", help="run the policy engine: rollout and QoS decisions from telemetry"
+    )
+    policy.add_argument("--window-ms", type=int, default=10_000, help="sliding window length")
+    policy.add_argument("--step-ms", type=int, default=2_000, help="window step = decision tick")
+    policy.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="a model whose shadow results to read for output agreement (repeatable)",
+    )
+    policy.add_argument("--loglevel", default="info", choices=("debug", "info", "warning"))
+    policy.set_defaults(handler=_policy)
+
+
+def _policy(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import faust
+
+    from graylane.settings import Settings
+    from policy_engine.app import PolicyConfig, create_app, prepare_topics
+
+    settings = Settings.from_env()
+    config = PolicyConfig(window_ms=args.window_ms, step_ms=args.step_ms, models=tuple(args.model))
+    asyncio.run(prepare_topics(settings, config))
+    app = create_app(settings, config)
+    # faust's worker stops the app cleanly on SIGTERM / SIGINT and exits.
+    worker = faust.Worker(app, loglevel=args.loglevel)
+    worker.execute_from_commandline()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m graylane.cli.policy``: the same command without the other subcommands."""
+    parser = argparse.ArgumentParser(prog="graylane-policy")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["policy", *(argv if argv is not None else sys.argv[1:])])
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

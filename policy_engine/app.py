@@ -1,0 +1,210 @@
+"""The faust-streaming adapter of :class:`~policy_engine.core.PolicyCore` (thin).
+
+Agents decode telemetry, commands and shadow results (raw bytes, protobuf via
+``graylane.serde``) into the core; a timer calls ``core.tick`` every step and
+publishes what it returns. Before any agent feeds the core, a start-up task
+restores it from the compacted ``rollouts()``, ``routing()`` and
+``precision()`` topics read to their end, and the QoS policies from the
+``SET_QOS_POLICY`` commands on record, so a restarted engine resumes its
+rollouts and never writes an epoch below one already written.
+
+Graylane's topics are created beforehand (``ensure_topics``); faust only
+subscribes to them. faust's own state is in memory (``memory://``), its web
+server is off, and every record the core emits is produced with the
+contract's key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field, replace
+
+import faust
+from aiokafka import TopicPartition
+
+from graylane import serde
+from graylane.errors import SerdeError
+from graylane.kafka.admin import ensure_topics, read_latest_per_key, wait_for_assignment
+from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.settings import Settings
+from graylane.v1 import control_pb2, inference_pb2, rollout_pb2, telemetry_pb2
+from policy_engine import convert
+from policy_engine.core import CommandRejected, Output, PolicyCore
+from policy_engine.logic.errors import PolicyError
+from policy_engine.logic.qos import QosPolicy
+from policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
+from policy_engine.publish import command_from_pb, records_of, shadow_output_of
+
+__all__ = ["PolicyConfig", "create_app", "prepare_topics"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyConfig:
+    window_ms: int = DEFAULT_WINDOW_MS
+    step_ms: int = DEFAULT_STEP_MS
+    models: tuple[str, ...] = field(default_factory=tuple)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
+    """Create the topics the engine reads and writes (idempotent), before faust subscribes."""
+    factory = KafkaFactory(settings)
+    specs = list(factory.layout.shared_specs())
+    for model in config.models:
+        specs += [s for s in factory.layout.model_specs(model, []) if "shadow" in s.name]
+    await ensure_topics(factory, specs)
+
+
+def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
+    factory = KafkaFactory(settings)
+    layout = factory.layout
+    core = PolicyCore(config.window_ms, config.step_ms)
+    restored = asyncio.Event()
+    app = faust.App(
+        f"{settings.topic_prefix}-policy",
+        broker=[f"kafka://{b.strip()}" for b in settings.bootstrap_servers.split(",")],
+        store="memory://",
+        web_enabled=False,
+        topic_partitions=1,
+        topic_allow_declare=False,
+        topic_disable_leader=True,
+        # A first start reads commands on record; later starts resume at committed offsets.
+        consumer_auto_offset_reset="earliest",
+    )
+    app.conf.producer_acks = -1
+    app.core = core  # type: ignore[attr-defined]  # for tests and introspection
+
+    def raw_topic(name: str) -> faust.TopicT:
+        return app.topic(
+            name, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw"
+        )
+
+    telemetry = raw_topic(layout.telemetry())
+    commands = raw_topic(layout.commands())
+    shadows = [raw_topic(layout.shadow(m)) for m in config.models]
+
+    async def publish(outputs: list[Output]) -> None:
+        for rec in records_of(outputs, layout):
+            await app.producer.send_and_wait(
+                rec.topic, rec.key, rec.value, partition=None, timestamp=None, headers=None
+            )
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def restore() -> None:
+        await ensure_topics(factory, layout.shared_specs())
+        await _restore(factory, core)
+        restored.set()
+        log.info("restored %d active rollouts", len(core.rollouts))
+
+    @app.agent(telemetry)
+    async def on_telemetry(stream: faust.StreamT[bytes]) -> None:
+        await restored.wait()
+        async for value in stream:
+            try:
+                core.on_telemetry(
+                    convert.telemetry_from_pb(serde.decode(telemetry_pb2.BatchTelemetry, value))
+                )
+            except (ValueError, SerdeError) as exc:
+                log.warning("undecodable telemetry skipped: %s", exc)
+
+    @app.agent(commands)
+    async def on_commands(stream: faust.StreamT[bytes]) -> None:
+        await restored.wait()
+        async for value in stream:
+            at = now_ms()
+            try:
+                pb = serde.decode(rollout_pb2.RolloutCommand, value)
+            except Exception as exc:
+                log.warning("undecodable command skipped: %s", exc)
+                continue
+            cmd = command_from_pb(pb)
+            if isinstance(cmd, CommandRejected):
+                await publish([replace(cmd, at_ms=at)])
+                continue
+            await publish(core.on_command(cmd, at))
+
+    for i, topic in enumerate(shadows):
+
+        async def on_shadow(stream: faust.StreamT[bytes], _model: str = config.models[i]) -> None:
+            await restored.wait()
+            async for value in stream:
+                try:
+                    result = serde.decode(inference_pb2.InferenceResult, value)
+                except Exception as exc:
+                    log.warning("undecodable shadow result skipped: %s", exc)
+                    continue
+                core.on_shadow_result(_model, shadow_output_of(result, now_ms()))
+
+        app.agent(topic, name=f"shadow-{config.models[i]}")(on_shadow)
+
+    @app.timer(interval=config.step_ms / 1000.0)  # type: ignore[untyped-decorator]
+    async def tick() -> None:
+        if not restored.is_set():
+            return
+        try:
+            outputs = core.tick(now_ms())
+        except PolicyError:
+            log.exception("a decision failed; the rollout keeps its state")
+            return
+        await publish(outputs)
+
+    return app
+
+
+async def _restore(factory: KafkaFactory, core: PolicyCore) -> None:
+    layout = factory.layout
+    routing = await read_latest_per_key(factory, layout.routing())
+    epochs: dict[str, int] = {}
+    for value in routing.values():
+        if value:
+            table = serde.decode(control_pb2.RoutingTable, value)
+            epochs[table.model] = max(epochs.get(table.model, 0), table.epoch)
+    precision: dict[tuple[str, str], tuple[str, int]] = {}
+    for value in (await read_latest_per_key(factory, layout.precision())).values():
+        if value:
+            cmd = serde.decode(control_pb2.PrecisionCommand, value)
+            precision[(cmd.model, cmd.version)] = (cmd.variant, cmd.epoch)
+    states = []
+    for value in (await read_latest_per_key(factory, layout.rollouts())).values():
+        if value:
+            pb = serde.decode(rollout_pb2.RolloutState, value)
+            states.append(convert.rollout_state_from_pb(pb, epoch=epochs.get(pb.model, 0)))
+    core.restore(states, epochs, precision, await _qos_policies(factory))
+
+
+async def _qos_policies(factory: KafkaFactory) -> list[QosPolicy]:
+    """The latest SET_QOS_POLICY per (model, version) on the commands topic."""
+    topic = factory.layout.commands()
+    consumer = factory.consumer(
+        topic, options=ConsumerOptions(group_id=None), client_suffix="policy-restore"
+    )
+    await consumer.start()
+    latest: dict[tuple[str, str], QosPolicy] = {}
+    try:
+        tps: list[TopicPartition] = await wait_for_assignment(consumer)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        remaining = {tp for tp in tps if end[tp] > 0}
+        while remaining:
+            for records in (await consumer.getmany(*remaining, timeout_ms=200)).values():
+                for r in records:
+                    try:
+                        pb = serde.decode(rollout_pb2.RolloutCommand, r.value)
+                        if pb.kind == rollout_pb2.COMMAND_SET_QOS_POLICY:
+                            p = convert.qos_policy_from_pb(pb.qos_policy)
+                            latest[(p.model, p.version)] = p
+                    except Exception:
+                        continue
+            for tp in list(remaining):
+                if await consumer.position(tp) >= end[tp]:
+                    remaining.discard(tp)
+    finally:
+        await consumer.stop()
+    return list(latest.values())

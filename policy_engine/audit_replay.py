@@ -1,0 +1,132 @@
+"""Verify recorded rollout decisions by replaying them through the pure controllers.
+
+Every rollout ``AuditRecord`` carries the whole state before the decision
+(evidence, timers, epoch), its window stats, shadow agreement and command, so
+each record replays on its own: :func:`verify` rebuilds the inputs, calls
+``start`` / ``evaluate`` / ``apply_command`` and compares the replayed record
+with the recorded one (kind, rule, reason, state after, epoch, decision id).
+Records of QoS decisions, QoS policy changes and rejected commands are not
+rollout decisions and are skipped. ``graylane audit verify`` calls these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from graylane import serde
+from graylane.kafka.admin import wait_for_assignment
+from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.v1 import audit_pb2
+from policy_engine import convert
+from policy_engine.logic.agreement import AgreementStats
+from policy_engine.logic.errors import PolicyError
+from policy_engine.logic.replay import Mismatch
+from policy_engine.logic.rollout import apply_command, evaluate, start
+from policy_engine.logic.rollout_state import Decision, ManualCommand
+
+__all__ = ["COMPARED_FIELDS", "Mismatch", "load_recorded", "replay_record", "verify"]
+
+COMPARED_FIELDS = ("decision_id", "kind", "rule", "reason", "rollout_after", "epoch")
+_ROLLOUT_KINDS = frozenset(
+    {
+        audit_pb2.DECISION_ROLLOUT_STARTED,
+        audit_pb2.DECISION_ADVANCE,
+        audit_pb2.DECISION_HOLD,
+        audit_pb2.DECISION_GATE_FAILED,
+        audit_pb2.DECISION_ROLLBACK,
+        audit_pb2.DECISION_PROMOTE,
+        audit_pb2.DECISION_MANUAL_COMMAND,
+    }
+)
+
+
+async def load_recorded(
+    factory: KafkaFactory,
+    model: str,
+    rollout_id: str = "",
+    from_ms: int = 0,
+    to_ms: int = 0,
+    *,
+    timeout_s: float = 30.0,
+) -> list[audit_pb2.AuditRecord]:
+    """Audit records of ``model`` (and ``rollout_id`` when given) decided in
+    ``[from_ms, to_ms)`` (``to_ms`` 0: up to now), in decision order."""
+    consumer = factory.consumer(
+        factory.layout.audit(), options=ConsumerOptions(group_id=None), client_suffix="audit"
+    )
+    await consumer.start()
+    out: list[audit_pb2.AuditRecord] = []
+    try:
+        tps = await wait_for_assignment(consumer, timeout_s=timeout_s)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        remaining = {tp for tp in tps if end[tp] > 0}
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while remaining:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"timed out reading {factory.layout.audit()}")
+            for records in (await consumer.getmany(*remaining, timeout_ms=200)).values():
+                for r in records:
+                    rec = serde.decode(audit_pb2.AuditRecord, r.value)
+                    if rec.model != model or (rollout_id and rec.rollout_id != rollout_id):
+                        continue
+                    at = rec.decided_at_unix_ms
+                    if at >= from_ms and (not to_ms or at < to_ms):
+                        out.append(rec)
+            for tp in list(remaining):
+                if await consumer.position(tp) >= end[tp]:
+                    remaining.discard(tp)
+    finally:
+        await consumer.stop()
+    out.sort(key=lambda r: (r.decided_at_unix_ms, r.epoch))
+    return out
+
+
+def _is_rollout_decision(rec: audit_pb2.AuditRecord) -> bool:
+    return (
+        rec.kind in _ROLLOUT_KINDS
+        and rec.HasField("rollout_before")
+        and rec.HasField("rollout_after")
+    )
+
+
+def replay_record(rec: audit_pb2.AuditRecord) -> Decision:
+    """The decision the controllers make today from the record's inputs."""
+    before, spec = convert.rollout_state_from_pb(rec.rollout_before)
+    at = rec.decided_at_unix_ms
+    if rec.kind == audit_pb2.DECISION_ROLLOUT_STARTED:
+        return start(spec, at, epoch=before.epoch)
+    if rec.kind == audit_pb2.DECISION_MANUAL_COMMAND:
+        command = ManualCommand(rec.rule.removeprefix("manual_"))
+        return apply_command(before, spec, command, at, note=rec.note)
+    stats = {s.version: convert.window_stats_from_pb(s) for s in rec.inputs}
+    agreement = (
+        AgreementStats(rec.agreement.pairs, rec.agreement.agreeing)
+        if rec.HasField("agreement")
+        else None
+    )
+    return evaluate(
+        before, spec, stats.get(spec.baseline), stats.get(spec.candidate), agreement, at
+    )
+
+
+def verify(recorded: list[audit_pb2.AuditRecord]) -> list[Mismatch]:
+    """Differences between recorded rollout decisions and their replay; empty when equal."""
+    out: list[Mismatch] = []
+    for i, rec in enumerate(recorded):
+        if not _is_rollout_decision(rec):
+            continue
+        try:
+            decision = replay_record(rec)
+        except (PolicyError, ValueError) as exc:
+            out.append(Mismatch(i, "<error>", rec.reason, f"{type(exc).__name__}: {exc}"))
+            continue
+        _, spec = convert.rollout_state_from_pb(rec.rollout_before)
+        again = convert.decision_to_audit(
+            decision, spec, command_id=rec.command_id, actor=rec.actor
+        )
+        for name in COMPARED_FIELDS:
+            a, b = getattr(rec, name), getattr(again, name)
+            if a != b:
+                out.append(Mismatch(i, name, a, b))
+    return out

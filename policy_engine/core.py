@@ -1,0 +1,428 @@
+"""The policy engine's orchestrator, without I/O: telemetry in, publications out.
+
+:class:`PolicyCore` owns the sliding window, the active rollouts per model,
+the QoS policies and states per (model, version), the shadow agreement
+trackers and the epochs of the records it writes. The streaming adapter
+(``policy_engine.app``) feeds it decoded inputs and publishes the
+:data:`Output` items it returns, converting them to the wire at the edge
+(``policy_engine.publish``).
+
+Choices worth knowing:
+
+- **Epochs rise per key.** The routing epoch of a model is ``max(seen) + 1``
+  over every table this engine (or an earlier run, see :meth:`restore`) wrote;
+  a rollout's state is lifted to the model's current epoch before each
+  decision, so its next routing intent always outranks the last table. The
+  precision epoch of (model, version) rises the same way.
+- **Holds are audited when they matter.** A HOLD is recorded (and the
+  rollout's state republished) when its rule differs from the rollout's
+  previous decision, or when it changes the carried state beyond the reason
+  text and timestamp (evidence gathered, a failure streak). Each audit
+  record carries the whole state before and after, so every recorded decision
+  replays on its own (``policy_engine.audit_replay``) even though most
+  same-rule holds are left out. QoS holds are recorded on a rule change only.
+- **One rollout per model.** A START for a model with an active rollout, an
+  unknown rollout id or a command the state machine refuses is recorded as a
+  ``command_rejected`` audit record and changes nothing. A START for a
+  rollout id seen before is a redelivery and is ignored.
+- **QoS during a rollout**: the candidate follows the baseline's variant
+  (``qos_during_rollout``); without a QoS policy on the baseline the
+  candidate's precision is frozen for the rollout.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from policy_engine.logic.agreement import AgreementTracker, ShadowOutput
+from policy_engine.logic.errors import PolicyError
+from policy_engine.logic.qos import (
+    QosDecision,
+    QosDecisionKind,
+    QosPolicy,
+    QosState,
+    evaluate_qos,
+    initial_qos_state,
+    qos_during_rollout,
+)
+from policy_engine.logic.rollout import apply_command, evaluate, start
+from policy_engine.logic.rollout_spec import RolloutSpec
+from policy_engine.logic.rollout_state import (
+    Decision,
+    DecisionKind,
+    ManualCommand,
+    Phase,
+    RolloutState,
+)
+from policy_engine.logic.routing_plan import RoutingPlan, plan_for
+from policy_engine.logic.window import (
+    DEFAULT_STEP_MS,
+    DEFAULT_WINDOW_MS,
+    Lane,
+    SlidingWindow,
+    TelemetrySample,
+    WindowKey,
+)
+
+__all__ = [
+    "Command",
+    "CommandKind",
+    "CommandRejected",
+    "Output",
+    "PolicyCore",
+    "PrecisionPublication",
+    "QosAudit",
+    "QosPolicySet",
+    "RolloutAudit",
+    "RolloutPublication",
+    "RoutingPublication",
+]
+
+log = logging.getLogger(__name__)
+
+
+class CommandKind(Enum):
+    START = "start"
+    MANUAL = "manual"
+    SET_QOS_POLICY = "set_qos_policy"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Command:
+    """One operator intent, decoded from the commands topic."""
+
+    kind: CommandKind
+    model: str
+    command_id: str = ""
+    rollout_id: str = ""
+    spec: RolloutSpec | None = None
+    manual: ManualCommand | None = None
+    qos_policy: QosPolicy | None = None
+    issued_by: str = ""
+    note: str = ""
+
+
+# -- outputs ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoutingPublication:
+    """A new routing table for ``plan.model`` (key = model)."""
+
+    plan: RoutingPlan
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionPublication:
+    """The variant a model version must run (key = model/version)."""
+
+    decision: QosDecision
+    epoch: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutPublication:
+    """The rollout's latest state (compacted, key = rollout_id)."""
+
+    state: RolloutState
+    spec: RolloutSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutAudit:
+    decision: Decision
+    spec: RolloutSpec
+    command_id: str = ""
+    actor: str = "policy-engine"
+
+
+@dataclass(frozen=True, kw_only=True)
+class QosAudit:
+    decision: QosDecision
+    epoch: int
+    rollout_id: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class QosPolicySet:
+    """A QoS policy took effect (audited as a manual command)."""
+
+    policy: QosPolicy
+    before: QosState | None
+    after: QosState
+    at_ms: int
+    command_id: str = ""
+    actor: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandRejected:
+    """A command that changed nothing, and why (audited)."""
+
+    command: Command
+    reason: str
+    at_ms: int
+
+
+Output = (
+    RoutingPublication
+    | PrecisionPublication
+    | RolloutPublication
+    | RolloutAudit
+    | QosAudit
+    | QosPolicySet
+    | CommandRejected
+)
+
+
+@dataclass
+class _Active:
+    state: RolloutState
+    spec: RolloutSpec
+    last_rule: str = ""
+
+
+def _significant(before: RolloutState, after: RolloutState) -> bool:
+    """Whether ``after`` differs from ``before`` beyond reason text and timestamp."""
+    return replace(before, last_reason="", updated_ms=0) != replace(
+        after, last_reason="", updated_ms=0
+    )
+
+
+class PolicyCore:
+    """Every decision of the policy engine, fed by plain data."""
+
+    def __init__(self, window_ms: int = DEFAULT_WINDOW_MS, step_ms: int = DEFAULT_STEP_MS) -> None:
+        self.window = SlidingWindow(window_ms, step_ms)
+        self.rollouts: dict[str, _Active] = {}  # by model
+        self.finished: dict[str, RolloutState] = {}  # by rollout id
+        self.qos_policies: dict[tuple[str, str], QosPolicy] = {}
+        self.qos_states: dict[tuple[str, str], QosState] = {}
+        self._qos_last_rule: dict[tuple[str, str], str] = {}
+        self.trackers: dict[str, AgreementTracker] = {}  # by model
+        self.routing_epochs: dict[str, int] = {}
+        self.precision_epochs: dict[tuple[str, str], int] = {}
+        self.precision_variants: dict[tuple[str, str], str] = {}
+
+    # -- inputs ------------------------------------------------------------------
+
+    def on_telemetry(self, sample: TelemetrySample) -> bool:
+        return self.window.add(sample)
+
+    def on_shadow_result(self, model: str, output: ShadowOutput) -> None:
+        tracker = self.trackers.get(model)
+        if tracker is not None:
+            tracker.add(output)
+
+    def note_routing_epoch(self, model: str, epoch: int) -> None:
+        self.routing_epochs[model] = max(self.routing_epochs.get(model, 0), epoch)
+
+    def note_precision(self, model: str, version: str, variant: str, epoch: int) -> None:
+        key = (model, version)
+        if epoch >= self.precision_epochs.get(key, 0):
+            self.precision_epochs[key] = epoch
+            self.precision_variants[key] = variant
+
+    def restore(
+        self,
+        states: list[tuple[RolloutState, RolloutSpec]],
+        routing_epochs: dict[str, int],
+        precision: dict[tuple[str, str], tuple[str, int]],
+        qos_policies: Sequence[QosPolicy] = (),
+    ) -> None:
+        """Rebuild from the compacted topics (and the QoS policies on record)."""
+        for model, epoch in routing_epochs.items():
+            self.note_routing_epoch(model, epoch)
+        for (model, version), (variant, epoch) in precision.items():
+            self.note_precision(model, version, variant, epoch)
+        for state, spec in sorted(states, key=lambda s: s[0].updated_ms):
+            if state.terminal:
+                self.finished[state.rollout_id] = state
+                continue
+            self.note_routing_epoch(state.model, state.epoch)
+            self.rollouts[state.model] = _Active(state, spec, "")
+            self._track(spec)
+        for policy in qos_policies:
+            self._set_policy(policy)
+
+    # -- commands ------------------------------------------------------------------
+
+    def on_command(self, cmd: Command, now_ms: int) -> list[Output]:
+        if cmd.kind is CommandKind.START:
+            return self._start(cmd, now_ms)
+        if cmd.kind is CommandKind.SET_QOS_POLICY:
+            if cmd.qos_policy is None:
+                return [CommandRejected(command=cmd, reason="no QoS policy", at_ms=now_ms)]
+            key = (cmd.qos_policy.model, cmd.qos_policy.version)
+            before = self.qos_states.get(key)
+            after = self._set_policy(cmd.qos_policy)
+            return [
+                QosPolicySet(
+                    policy=cmd.qos_policy,
+                    before=before,
+                    after=after,
+                    at_ms=now_ms,
+                    command_id=cmd.command_id,
+                    actor=cmd.issued_by,
+                )
+            ]
+        return self._manual(cmd, now_ms)
+
+    def _set_policy(self, policy: QosPolicy) -> QosState:
+        key = (policy.model, policy.version)
+        self.qos_policies[key] = policy
+        state = self.qos_states.get(key)
+        if state is None:
+            state = initial_qos_state(policy)
+            running = self.precision_variants.get(key)
+            if running is not None:
+                state = replace(state, active_variant=running)
+            self.qos_states[key] = state
+        return state
+
+    def _start(self, cmd: Command, now_ms: int) -> list[Output]:
+        spec = cmd.spec
+        if spec is None:
+            return [CommandRejected(command=cmd, reason="START without a spec", at_ms=now_ms)]
+        if spec.rollout_id in self.finished or any(
+            a.spec.rollout_id == spec.rollout_id for a in self.rollouts.values()
+        ):
+            log.info("rollout %s seen before; START ignored (redelivery)", spec.rollout_id)
+            return []
+        active = self.rollouts.get(spec.model)
+        if active is not None:
+            return [
+                CommandRejected(
+                    command=cmd,
+                    reason=f"{spec.model} already has the active rollout {active.spec.rollout_id}",
+                    at_ms=now_ms,
+                )
+            ]
+        decision = start(spec, now_ms, epoch=self.routing_epochs.get(spec.model, 0))
+        self.rollouts[spec.model] = _Active(decision.after, spec, decision.rule)
+        self._track(spec)
+        return self._outputs_of(decision, spec, command_id=cmd.command_id, actor=cmd.issued_by)
+
+    def _manual(self, cmd: Command, now_ms: int) -> list[Output]:
+        active = self.rollouts.get(cmd.model)
+        if active is None or cmd.manual is None or active.spec.rollout_id != cmd.rollout_id:
+            what = "finished" if cmd.rollout_id in self.finished else "not active"
+            return [
+                CommandRejected(
+                    command=cmd, reason=f"rollout {cmd.rollout_id!r} is {what}", at_ms=now_ms
+                )
+            ]
+        state = self._lift(active)
+        try:
+            decision = apply_command(state, active.spec, cmd.manual, now_ms, note=cmd.note)
+        except PolicyError as exc:
+            return [CommandRejected(command=cmd, reason=str(exc), at_ms=now_ms)]
+        return self._outputs_of(
+            decision, active.spec, command_id=cmd.command_id, actor=cmd.issued_by
+        )
+
+    # -- evaluation ----------------------------------------------------------------
+
+    def tick(self, now_ms: int) -> list[Output]:
+        """Evaluate every active rollout, then every QoS policy, at ``now_ms``."""
+        out: list[Output] = []
+        for model in sorted(self.rollouts):
+            out.extend(self._evaluate_rollout(self.rollouts[model], now_ms))
+        out.extend(self._evaluate_qos(now_ms))
+        self.window.evict(now_ms)
+        for tracker in self.trackers.values():
+            tracker.expire(now_ms)
+        return out
+
+    def _evaluate_rollout(self, active: _Active, now_ms: int) -> list[Output]:
+        spec = active.spec
+        state = self._lift(active)
+        shadowing = state.phase is Phase.SHADOWING or (
+            state.phase is Phase.PAUSED and state.paused_from is Phase.SHADOWING
+        )
+        lane = Lane.SHADOW if shadowing else Lane.LIVE
+        baseline = self.window.stats_by_version(spec.model, spec.baseline, now_ms)
+        candidate = self.window.stats_by_version(spec.model, spec.candidate, now_ms, lane)
+        tracker = self.trackers.get(spec.model)
+        agreement = None
+        if shadowing and tracker is not None:
+            agreement = tracker.stats(since_ms=state.phase_started_ms)
+        decision = evaluate(state, spec, baseline, candidate, agreement, now_ms)
+        quiet = decision.kind is DecisionKind.HOLD and decision.rule == active.last_rule
+        if quiet and not _significant(decision.before, decision.after):
+            active.state = decision.after
+            return []
+        return self._outputs_of(decision, spec)
+
+    def _outputs_of(
+        self, decision: Decision, spec: RolloutSpec, *, command_id: str = "", actor: str = ""
+    ) -> list[Output]:
+        after = decision.after
+        out: list[Output] = [
+            RolloutAudit(
+                decision=decision,
+                spec=spec,
+                command_id=command_id,
+                actor=actor or "policy-engine",
+            )
+        ]
+        if decision.routing is not None:
+            self.note_routing_epoch(spec.model, decision.routing.epoch)
+            out.append(
+                RoutingPublication(
+                    plan=plan_for(decision.routing), reason=decision.reason, at_ms=decision.at_ms
+                )
+            )
+        out.append(RolloutPublication(state=after, spec=spec))
+        if after.terminal:
+            self.rollouts.pop(spec.model, None)
+            self.trackers.pop(spec.model, None)
+            self.finished[after.rollout_id] = after
+        else:
+            self.rollouts[spec.model] = _Active(after, spec, decision.rule)
+        return out
+
+    def _lift(self, active: _Active) -> RolloutState:
+        """The state at the model's current routing epoch (never below it)."""
+        epoch = max(active.state.epoch, self.routing_epochs.get(active.spec.model, 0))
+        return replace(active.state, epoch=epoch)
+
+    def _track(self, spec: RolloutSpec) -> None:
+        if spec.model not in self.trackers:
+            self.trackers[spec.model] = AgreementTracker(spec.baseline, spec.candidate)
+
+    def _evaluate_qos(self, now_ms: int) -> list[Output]:
+        out: list[Output] = []
+        for key in sorted(self.qos_policies):
+            policy, state = self.qos_policies[key], self.qos_states[key]
+            model, version = key
+            active = self.rollouts.get(model)
+            rollout_id = ""
+            if active is not None and version == active.spec.candidate:
+                rollout_id = active.spec.rollout_id
+                base = self.qos_states.get((model, active.spec.baseline))
+                if base is None:
+                    continue  # frozen: nothing to compare like-for-like with
+                decision = qos_during_rollout(state, base, now_ms, policy)
+            else:
+                if active is not None:
+                    rollout_id = active.spec.rollout_id
+                stats = self.window.stats(WindowKey(model, version, state.active_variant), now_ms)
+                decision = evaluate_qos(state, policy, stats, now_ms)
+            self.qos_states[key] = decision.after
+            changed = decision.changed or decision.kind is QosDecisionKind.SET
+            if not changed and decision.rule == self._qos_last_rule.get(key):
+                continue
+            self._qos_last_rule[key] = decision.rule
+            epoch = self.precision_epochs.get(key, 0)
+            if decision.changed:
+                epoch += 1
+                self.note_precision(model, version, decision.variant, epoch)
+                out.append(PrecisionPublication(decision=decision, epoch=epoch))
+            out.append(QosAudit(decision=decision, epoch=epoch, rollout_id=rollout_id))
+        return out

@@ -1,0 +1,217 @@
+"""PolicyCore without a broker: commands and telemetry in, publications out."""
+
+from __future__ import annotations
+
+from graylane.histogram import LatencyHistogram
+from graylane.topics import TopicLayout
+from graylane.v1 import audit_pb2, control_pb2, rollout_pb2
+from policy_engine import convert
+from policy_engine.audit_replay import verify
+from policy_engine.core import (
+    Command,
+    CommandKind,
+    CommandRejected,
+    PolicyCore,
+    PrecisionPublication,
+    RolloutAudit,
+    RolloutPublication,
+    RoutingPublication,
+)
+from policy_engine.logic.qos import QosPolicy
+from policy_engine.logic.rollout_spec import RolloutSpec, Step
+from policy_engine.logic.rollout_state import ManualCommand, Phase
+from policy_engine.logic.window import TelemetrySample
+from policy_engine.publish import command_from_pb, records_of
+
+MODEL = "gpt"
+SPEC = RolloutSpec(
+    rollout_id="r1",
+    model=MODEL,
+    baseline="v1",
+    candidate="v2",
+    steps=(Step(10.0, 10, 2.0), Step(50.0, 10, 2.0), Step(100.0, 0, 0.0)),
+)
+
+
+def batch(
+    version: str,
+    at_ms: int,
+    *,
+    n: int = 10,
+    errors: int = 0,
+    ms: float = 5.0,
+    variant: str = "fp32",
+) -> TelemetrySample:
+    h = LatencyHistogram()
+    for _ in range(n):
+        h.record(ms)
+    return TelemetrySample(
+        model=MODEL,
+        version=version,
+        variant=variant,
+        worker_id=f"w-{version}",
+        completed_at_ms=at_ms,
+        request_count=n,
+        error_count=errors,
+        latency=h,
+    )
+
+
+def start_cmd(spec: RolloutSpec = SPEC) -> Command:
+    return Command(
+        kind=CommandKind.START,
+        model=spec.model,
+        rollout_id=spec.rollout_id,
+        spec=spec,
+        command_id="c-start",
+    )
+
+
+def drive(core: PolicyCore, t0: int, t1: int, *, bad: bool = False) -> list[object]:
+    """Feed telemetry of both versions every 250 ms and tick every second."""
+    out: list[object] = []
+    for t in range(t0, t1, 250):
+        core.on_telemetry(batch("v1", t))
+        core.on_telemetry(batch("v2", t, errors=5 if bad else 0, ms=40.0 if bad else 5.0))
+        if t % 1000 == 0:
+            out.extend(core.tick(t))
+    return out
+
+
+def routing(outputs: list[object]) -> list[RoutingPublication]:
+    return [o for o in outputs if isinstance(o, RoutingPublication)]
+
+
+def audits(outputs: list[object]) -> list[RolloutAudit]:
+    return [o for o in outputs if isinstance(o, RolloutAudit)]
+
+
+def test_healthy_canary_is_promoted_with_rising_epochs() -> None:
+    core = PolicyCore(window_ms=4000, step_ms=1000)
+    core.restore([], {MODEL: 7}, {})
+    out = core.on_command(start_cmd(), 100_000)
+    out += drive(core, 100_000, 130_000)
+    tables = routing(out)
+    assert [t.plan.weight_of("v2") for t in tables] == [10.0, 50.0, 100.0]
+    assert [t.plan.epoch for t in tables] == [8, 9, 10]
+    assert tables[-1].plan.stable_version == "v2"
+    assert MODEL not in core.rollouts and core.finished["r1"].phase is Phase.PROMOTED
+    # Every state change is published; the last is the promotion.
+    states = [o for o in out if isinstance(o, RolloutPublication)]
+    assert states[-1].state.phase is Phase.PROMOTED
+    # The audit records replay to the same decisions, also via the wire form.
+    layout = TopicLayout(prefix="p")
+    recs = [
+        audit_pb2.AuditRecord.FromString(r.value)
+        for r in records_of(out, layout)
+        if r.topic == layout.audit()
+    ]
+    assert len(recs) == len(audits(out)) and verify(recs) == []
+    # A same-rule hold that changes nothing is not recorded: far fewer records than ticks.
+    assert len(recs) < 30
+
+
+def test_bad_candidate_is_rolled_back() -> None:
+    core = PolicyCore(window_ms=4000, step_ms=1000)
+    out = core.on_command(start_cmd(), 100_000)
+    out += drive(core, 100_000, 115_000, bad=True)
+    tables = routing(out)
+    assert tables[-1].plan.weight_of("v2") == 0.0 and tables[-1].plan.stable_version == "v1"
+    assert core.finished["r1"].phase is Phase.ROLLED_BACK
+    assert any(a.decision.rule.startswith(("p99", "error", "latency")) for a in audits(out))
+
+
+def test_restore_resumes_and_never_lowers_the_epoch() -> None:
+    core = PolicyCore(window_ms=4000, step_ms=1000)
+    out = core.on_command(start_cmd(), 100_000) + drive(core, 100_000, 106_000)
+    last = [o for o in out if isinstance(o, RolloutPublication)][-1]
+    assert last.state.phase is Phase.PROGRESSING
+    pb = convert.rollout_state_to_pb(last.state, last.spec)
+    table_epoch = routing(out)[-1].plan.epoch
+
+    fresh = PolicyCore(window_ms=4000, step_ms=1000)
+    state, spec = convert.rollout_state_from_pb(pb)
+    fresh.restore([(state, spec)], {MODEL: table_epoch + 3}, {})
+    assert fresh.rollouts[MODEL].state == last.state
+    # A redelivered START of the same rollout is ignored.
+    assert fresh.on_command(start_cmd(), 106_500) == []
+    later = drive(fresh, 106_000, 140_000)
+    epochs = [t.plan.epoch for t in routing(later)]
+    assert epochs and min(epochs) > table_epoch + 3 and epochs == sorted(epochs)
+    assert fresh.finished["r1"].phase is Phase.PROMOTED
+
+
+def test_manual_commands_and_rejections() -> None:
+    core = PolicyCore(window_ms=4000, step_ms=1000)
+    core.on_command(start_cmd(), 1_000)
+    other = RolloutSpec(rollout_id="r2", model=MODEL, baseline="v1", candidate="v3")
+    assert isinstance(core.on_command(start_cmd(other), 1_100)[0], CommandRejected)
+    pause = Command(
+        kind=CommandKind.MANUAL,
+        model=MODEL,
+        rollout_id="r1",
+        manual=ManualCommand.PAUSE,
+        command_id="c-p",
+        note="by ops",
+    )
+    out = core.on_command(pause, 2_000)
+    assert core.rollouts[MODEL].state.phase is Phase.PAUSED and not routing(out)
+    assert isinstance(core.on_command(pause, 2_100)[0], CommandRejected)
+    rollback = Command(
+        kind=CommandKind.MANUAL,
+        model=MODEL,
+        rollout_id="r1",
+        manual=ManualCommand.ROLLBACK,
+        command_id="c-r",
+    )
+    out = core.on_command(rollback, 3_000)
+    assert routing(out)[0].plan.weight_of("v2") == 0.0
+    rec = audits(out)[0]
+    assert rec.command_id == "c-r"
+    assert isinstance(core.on_command(rollback, 3_100)[0], CommandRejected)
+
+
+def test_command_from_pb() -> None:
+    pb = rollout_pb2.RolloutCommand(
+        command_id="c1",
+        kind=rollout_pb2.COMMAND_START,
+        model=MODEL,
+        spec=convert.rollout_spec_to_pb(SPEC),
+    )
+    cmd = command_from_pb(pb)
+    assert isinstance(cmd, Command) and cmd.spec == SPEC
+    broken = rollout_pb2.RolloutCommand(kind=rollout_pb2.COMMAND_START, model=MODEL)
+    assert isinstance(command_from_pb(broken), CommandRejected)
+
+
+def test_qos_steps_down_under_sustained_breach_and_back_up() -> None:
+    policy = QosPolicy(
+        model=MODEL,
+        version="v1",
+        slo_p99_ms=20.0,
+        ladder=("fp32", "fp16", "int8"),
+        sustain_s=2.0,
+        min_dwell_s=3.0,
+    )
+    core = PolicyCore(window_ms=2000, step_ms=1000)
+    core.restore([], {}, {(MODEL, "v1"): ("fp32", 4)})
+    core.on_command(Command(kind=CommandKind.SET_QOS_POLICY, model=MODEL, qos_policy=policy), 0)
+    published: list[PrecisionPublication] = []
+    variant = "fp32"
+    for t in range(0, 40_000, 250):
+        slow = t < 8_000  # p99 far above the SLO under load, then calm at a quarter of it
+        core.on_telemetry(
+            batch("v1", t, n=12 if slow else 3, ms=60.0 if slow else 3.0, variant=variant)
+        )
+        if t % 1000 == 0:
+            for o in core.tick(t):
+                if isinstance(o, PrecisionPublication):
+                    published.append(o)
+                    variant = o.decision.variant  # the worker switches
+    variants = [p.decision.variant for p in published]
+    assert variants[0] == "fp16" and variants[-1] == "fp32"  # one rung down first, back up last
+    assert [p.epoch for p in published] == list(range(5, 5 + len(published)))
+    layout = TopicLayout(prefix="p")
+    rec = records_of(published[:1], layout)[0]
+    cmd = control_pb2.PrecisionCommand.FromString(rec.value)
+    assert rec.key == b"gpt/v1" and (cmd.variant, cmd.epoch) == ("fp16", 5)
