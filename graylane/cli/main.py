@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graylane.cli.demo",
     "graylane.cli.bench",
     "graylane.cli.policy",
+    "graylane.cli.ops",
     "builder.cli",
 )
 

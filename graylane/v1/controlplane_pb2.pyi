@@ -1,0 +1,231 @@
+from graylane.v1 import audit_pb2 as _audit_pb2
+from graylane.v1 import rollout_pb2 as _rollout_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterModelRequest(_message.Message):
+    __slots__ = ("name", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
+
+class ModelSummary(_message.Message):
+    __slots__ = ("name", "description", "stable_version", "created_at_unix_ms")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    STABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    stable_version: str
+    created_at_unix_ms: int
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., stable_version: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelSummary]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelSummary, _Mapping]]] = ...) -> None: ...
+
+class RegisterVersionRequest(_message.Message):
+    __slots__ = ("model", "version", "source_sha256")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    source_sha256: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., source_sha256: _Optional[str] = ...) -> None: ...
+
+class ValidationStatus(_message.Message):
+    __slots__ = ("validated", "passed", "max_abs", "mean_rel", "cosine", "top1_agreement", "token_agreement", "failures")
+    VALIDATED_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    MAX_ABS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_REL_FIELD_NUMBER: _ClassVar[int]
+    COSINE_FIELD_NUMBER: _ClassVar[int]
+    TOP1_AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    validated: bool
+    passed: bool
+    max_abs: float
+    mean_rel: float
+    cosine: float
+    top1_agreement: float
+    token_agreement: float
+    failures: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, validated: _Optional[bool] = ..., passed: _Optional[bool] = ..., max_abs: _Optional[float] = ..., mean_rel: _Optional[float] = ..., cosine: _Optional[float] = ..., top1_agreement: _Optional[float] = ..., token_agreement: _Optional[float] = ..., failures: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class VariantInfo(_message.Message):
+    __slots__ = ("artifact", "precision", "backend", "target", "servable", "forced", "validation")
+    ARTIFACT_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SERVABLE_FIELD_NUMBER: _ClassVar[int]
+    FORCED_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_FIELD_NUMBER: _ClassVar[int]
+    artifact: str
+    precision: str
+    backend: str
+    target: str
+    servable: bool
+    forced: bool
+    validation: ValidationStatus
+    def __init__(self, artifact: _Optional[str] = ..., precision: _Optional[str] = ..., backend: _Optional[str] = ..., target: _Optional[str] = ..., servable: _Optional[bool] = ..., forced: _Optional[bool] = ..., validation: _Optional[_Union[ValidationStatus, _Mapping]] = ...) -> None: ...
+
+class VersionSummary(_message.Message):
+    __slots__ = ("model", "version", "status", "source_sha256", "created_at_unix_ms", "stable", "variants")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    STABLE_FIELD_NUMBER: _ClassVar[int]
+    VARIANTS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    status: str
+    source_sha256: str
+    created_at_unix_ms: int
+    stable: bool
+    variants: _containers.RepeatedCompositeFieldContainer[VariantInfo]
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., status: _Optional[str] = ..., source_sha256: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ..., stable: _Optional[bool] = ..., variants: _Optional[_Iterable[_Union[VariantInfo, _Mapping]]] = ...) -> None: ...
+
+class ListVersionsRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class ListVersionsResponse(_message.Message):
+    __slots__ = ("model", "versions")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    model: ModelSummary
+    versions: _containers.RepeatedCompositeFieldContainer[VersionSummary]
+    def __init__(self, model: _Optional[_Union[ModelSummary, _Mapping]] = ..., versions: _Optional[_Iterable[_Union[VersionSummary, _Mapping]]] = ...) -> None: ...
+
+class SetStableRequest(_message.Message):
+    __slots__ = ("model", "version")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class GetRolloutRequest(_message.Message):
+    __slots__ = ("rollout_id",)
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    rollout_id: str
+    def __init__(self, rollout_id: _Optional[str] = ...) -> None: ...
+
+class ListRolloutsRequest(_message.Message):
+    __slots__ = ("model", "active_only", "limit")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    active_only: bool
+    limit: int
+    def __init__(self, model: _Optional[str] = ..., active_only: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListRolloutsResponse(_message.Message):
+    __slots__ = ("rollouts",)
+    ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
+    rollouts: _containers.RepeatedCompositeFieldContainer[_rollout_pb2.RolloutState]
+    def __init__(self, rollouts: _Optional[_Iterable[_Union[_rollout_pb2.RolloutState, _Mapping]]] = ...) -> None: ...
+
+class WatchRolloutsRequest(_message.Message):
+    __slots__ = ("model", "rollout_id", "initial")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    rollout_id: str
+    initial: bool
+    def __init__(self, model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., initial: _Optional[bool] = ...) -> None: ...
+
+class RolloutActionRequest(_message.Message):
+    __slots__ = ("rollout_id", "reason")
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    rollout_id: str
+    reason: str
+    def __init__(self, rollout_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CommandReceipt(_message.Message):
+    __slots__ = ("command_id", "rollout_id", "model", "kind", "issued_at_unix_ms", "issued_by", "state")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_BY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    rollout_id: str
+    model: str
+    kind: _rollout_pb2.CommandKind
+    issued_at_unix_ms: int
+    issued_by: str
+    state: _rollout_pb2.RolloutState
+    def __init__(self, command_id: _Optional[str] = ..., rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[_rollout_pb2.CommandKind, str]] = ..., issued_at_unix_ms: _Optional[int] = ..., issued_by: _Optional[str] = ..., state: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ...) -> None: ...
+
+class GetQosPolicyRequest(_message.Message):
+    __slots__ = ("model", "version")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class QosPolicyView(_message.Message):
+    __slots__ = ("policy", "active_variant", "active_since_unix_ms", "last_reason", "updated_by", "updated_at_unix_ms", "command_id")
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_VARIANT_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_REASON_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_BY_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    policy: _rollout_pb2.QosPolicy
+    active_variant: str
+    active_since_unix_ms: int
+    last_reason: str
+    updated_by: str
+    updated_at_unix_ms: int
+    command_id: str
+    def __init__(self, policy: _Optional[_Union[_rollout_pb2.QosPolicy, _Mapping]] = ..., active_variant: _Optional[str] = ..., active_since_unix_ms: _Optional[int] = ..., last_reason: _Optional[str] = ..., updated_by: _Optional[str] = ..., updated_at_unix_ms: _Optional[int] = ..., command_id: _Optional[str] = ...) -> None: ...
+
+class AuditQuery(_message.Message):
+    __slots__ = ("model", "rollout_id", "from_unix_ms", "to_unix_ms", "limit")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    rollout_id: str
+    from_unix_ms: int
+    to_unix_ms: int
+    limit: int
+    def __init__(self, model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., from_unix_ms: _Optional[int] = ..., to_unix_ms: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class AuditQueryResponse(_message.Message):
+    __slots__ = ("records",)
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[_audit_pb2.AuditRecord]
+    def __init__(self, records: _Optional[_Iterable[_Union[_audit_pb2.AuditRecord, _Mapping]]] = ...) -> None: ...

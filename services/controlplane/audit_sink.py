@@ -1,0 +1,125 @@
+"""Copy the policy engine's decisions and rollout states into SQL; feed Watch streams.
+
+Reads ``<p>.audit`` (AuditRecord) and ``<p>.control.rollouts`` (RolloutState per
+rollout_id) without a consumer group, resuming from offsets kept in the store.
+Audit records are inserted once per ``decision_id`` and a state only replaces an
+older one, so reading a record twice (a crash between insert and offset save)
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from aiokafka import TopicPartition
+
+from graylane.errors import SerdeError
+from graylane.kafka.admin import wait_for_assignment
+from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.serde import decode
+from graylane.v1 import audit_pb2, rollout_pb2
+from services.controlplane.store import ControlStore
+
+__all__ = ["AuditSink", "RolloutHub", "Subscription"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Subscription:
+    model: str
+    rollout_id: str
+    queue: asyncio.Queue[rollout_pb2.RolloutState]
+
+    def matches(self, state: rollout_pb2.RolloutState) -> bool:
+        return (not self.model or state.model == self.model) and (
+            not self.rollout_id or state.rollout_id == self.rollout_id
+        )
+
+
+class RolloutHub:
+    """Fan-out of rollout state changes to Watch streams; a slow watcher loses its oldest."""
+
+    def __init__(self, queue_size: int = 256) -> None:
+        self._subs: set[Subscription] = set()
+        self._queue_size = queue_size
+
+    def subscribe(self, model: str = "", rollout_id: str = "") -> Subscription:
+        sub = Subscription(model, rollout_id, asyncio.Queue(self._queue_size))
+        self._subs.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        self._subs.discard(sub)
+
+    def publish(self, state: rollout_pb2.RolloutState) -> None:
+        for sub in list(self._subs):
+            if not sub.matches(state):
+                continue
+            if sub.queue.full():
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    sub.queue.get_nowait()
+            sub.queue.put_nowait(state)
+
+
+class AuditSink:
+    def __init__(self, factory: KafkaFactory, store: ControlStore, hub: RolloutHub) -> None:
+        self._factory = factory
+        self._store = store
+        self._hub = hub
+        self._audit_topic = factory.layout.audit()
+        self._rollouts_topic = factory.layout.rollouts()
+        self.ready = asyncio.Event()
+        self.audit_added = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        consumer = self._factory.consumer(
+            self._audit_topic,
+            self._rollouts_topic,
+            options=ConsumerOptions(group_id=None),
+            client_suffix="cp-audit-sink",
+        )
+        await consumer.start()
+        try:
+            for tp in await wait_for_assignment(consumer):
+                stored = await asyncio.to_thread(self._store.sink_offsets, tp.topic)
+                if tp.partition in stored:
+                    consumer.seek(tp, stored[tp.partition])
+                else:
+                    await consumer.seek_to_beginning(tp)
+            self.ready.set()
+            while not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=200, max_records=500)
+                for tp, records in batches.items():
+                    await self._handle(tp, [(r.value, r.offset) for r in records])
+        finally:
+            await consumer.stop()
+
+    async def _handle(self, tp: TopicPartition, records: list[tuple[bytes | None, int]]) -> None:
+        if not records:
+            return
+        if tp.topic == self._audit_topic:
+            audits = []
+            for value, offset in records:
+                try:
+                    audits.append(decode(audit_pb2.AuditRecord, value))
+                except SerdeError as exc:
+                    log.warning("skipping audit record at %s@%d: %s", tp, offset, exc)
+            self.audit_added += await asyncio.to_thread(self._store.add_audit, audits)
+        else:
+            for value, offset in records:
+                if value is None:
+                    continue
+                try:
+                    state = decode(rollout_pb2.RolloutState, value)
+                except SerdeError as exc:
+                    log.warning("skipping rollout state at %s@%d: %s", tp, offset, exc)
+                    continue
+                if await asyncio.to_thread(self._store.apply_state, state):
+                    self._hub.publish(state)
+        await asyncio.to_thread(
+            self._store.save_sink_offset, tp.topic, tp.partition, records[-1][1] + 1
+        )

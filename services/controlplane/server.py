@@ -1,0 +1,156 @@
+"""The control-plane process: gRPC server, audit sink and command outbox.
+
+Configuration is read once (:meth:`ServerConfig.from_env` plus CLI flags): port,
+optional server TLS from PEM files, and the bearer tokens
+(``GRAYLANE_CP_TOKENS="ops-token:operator,viewer-token:read_only"`` and/or a
+file of such entries, one per line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpc import aio, ssl_server_credentials
+
+from graylane.kafka.admin import ensure_topics
+from graylane.kafka.factory import KafkaFactory
+from graylane.registry import Registry
+from graylane.registry.migrate import create_db_engine, upgrade
+from services.controlplane.audit_sink import AuditSink, RolloutHub
+from services.controlplane.auth import AuthInterceptor, TokenTable
+from services.controlplane.bus import KafkaCommandBus
+from services.controlplane.servicers import ControlPlane, add_servicers
+from services.controlplane.store import ControlStore
+
+__all__ = ["ControlPlaneServer", "ServerConfig"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    host: str = "0.0.0.0"
+    port: int = 50051  # 0 picks a free port
+    tokens: TokenTable
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    outbox_interval_s: float = 5.0
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        tokens_file: Path | None = None,
+        **overrides: object,
+    ) -> ServerConfig:
+        e = os.environ if env is None else env
+        file = tokens_file or (
+            Path(e["GRAYLANE_CP_TOKENS_FILE"]) if e.get("GRAYLANE_CP_TOKENS_FILE") else None
+        )
+        tokens = TokenTable.from_sources(e.get("GRAYLANE_CP_TOKENS"), file)
+        values: dict[str, object] = {"tokens": tokens}
+        if e.get("GRAYLANE_CP_PORT"):
+            values["port"] = int(e["GRAYLANE_CP_PORT"])
+        if e.get("GRAYLANE_CP_TLS_CERT"):
+            values["tls_cert"] = Path(e["GRAYLANE_CP_TLS_CERT"])
+        if e.get("GRAYLANE_CP_TLS_KEY"):
+            values["tls_key"] = Path(e["GRAYLANE_CP_TLS_KEY"])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+
+class ControlPlaneServer:
+    """Start with :meth:`start`, stop with :meth:`stop`; :attr:`port` is the bound port."""
+
+    def __init__(self, config: ServerConfig, factory: KafkaFactory) -> None:
+        if (config.tls_cert is None) != (config.tls_key is None):
+            raise ValueError("TLS needs both a certificate and a key file (or neither)")
+        self._config = config
+        self._factory = factory
+        engine = create_db_engine(factory.settings.db_url)
+        upgrade(engine)
+        self.store = ControlStore(engine)
+        self.hub = RolloutHub()
+        self._bus = KafkaCommandBus(factory)
+        self.control = ControlPlane(
+            registry=Registry(engine),
+            store=self.store,
+            bus=self._bus,
+            hub=self.hub,
+            tokens=config.tokens,
+        )
+        self.sink = AuditSink(factory, self.store, self.hub)
+        self._server: aio.Server | None = None
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.port = 0
+
+    async def start(self) -> None:
+        layout = self._factory.layout
+        specs = [
+            s
+            for s in layout.shared_specs()
+            if s.name in {layout.commands(), layout.audit(), layout.rollouts()}
+        ]
+        await ensure_topics(self._factory, specs)
+        await self._bus.start()
+        server = aio.server(interceptors=[AuthInterceptor(self._config.tokens)])
+        add_servicers(server, self.control)
+        address = f"{self._config.host}:{self._config.port}"
+        if self._config.tls_cert is not None and self._config.tls_key is not None:
+            creds = ssl_server_credentials(
+                [(self._config.tls_key.read_bytes(), self._config.tls_cert.read_bytes())]
+            )
+            self.port = server.add_secure_port(address, creds)
+        else:
+            self.port = server.add_insecure_port(address)
+        await server.start()
+        self._server = server
+        self._tasks = [
+            asyncio.create_task(self.sink.run(self._stop), name="cp-audit-sink"),
+            asyncio.create_task(self._outbox(), name="cp-outbox"),
+        ]
+        for task in self._tasks:
+            task.add_done_callback(_log_failure)
+        log.info("control plane listening on %s (port %d)", address, self.port)
+
+    async def _outbox(self) -> None:
+        """Resend commands the bus refused earlier, until stopped."""
+        while not self._stop.is_set():
+            try:
+                sent = await self.control.resend_unsent()
+                if sent:
+                    log.info("resent %d stored command(s)", sent)
+            except Exception as exc:  # the bus is down; try again later
+                log.warning("outbox: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self._config.outbox_interval_s)
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        self._stop.set()
+        if self._server is not None:
+            await self._server.stop(grace_s)
+        for task in self._tasks:
+            with contextlib.suppress(Exception):
+                await task
+        await self._bus.stop()
+        self.store.engine.dispose()
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s stopped: %s", task.get_name(), task.exception())

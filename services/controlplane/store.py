@@ -1,0 +1,408 @@
+"""SQL store of the control plane: rollouts, commands (an outbox), QoS policies, audit copy.
+
+Tables are prefixed ``cp_`` and created by the registry's Alembic migration 0002,
+so registry and control plane share one database (SQLite file or PostgreSQL).
+Protobuf messages are kept as their wire bytes next to a few indexed columns; the
+store speaks protobuf because it sits at the I/O edge, like the servicers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import (
+    BigInteger,
+    Engine,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    select,
+)
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Mapped, mapped_column, sessionmaker
+
+from graylane.registry.migrate import create_db_engine, upgrade
+from graylane.registry.schema import Base
+from graylane.serde import decode, encode
+from graylane.v1 import audit_pb2, rollout_pb2
+
+__all__ = [
+    "AuditRow",
+    "CommandRow",
+    "ControlStore",
+    "QosPolicyRow",
+    "RolloutRow",
+    "SinkOffsetRow",
+    "StoredPolicy",
+    "StoredRollout",
+    "open_store",
+]
+
+TERMINAL_PHASES = frozenset({rollout_pb2.PROMOTED, rollout_pb2.ROLLED_BACK, rollout_pb2.ABORTED})
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RolloutRow(Base):
+    __tablename__ = "cp_rollouts"
+
+    rollout_id: Mapped[str] = mapped_column(String(160), primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), nullable=False, index=True)
+    baseline_version: Mapped[str] = mapped_column(String(64), nullable=False)
+    candidate_version: Mapped[str] = mapped_column(String(64), nullable=False)
+    phase: Mapped[int] = mapped_column(Integer, nullable=False)
+    terminal: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    spec: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    state: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    state_updated_ms: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    created_by: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    created_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    updated_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class CommandRow(Base):
+    __tablename__ = "cp_commands"
+
+    command_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    rollout_id: Mapped[str] = mapped_column(String(160), nullable=False, index=True)
+    model: Mapped[str] = mapped_column(String(128), nullable=False)
+    kind: Mapped[int] = mapped_column(Integer, nullable=False)
+    issued_by: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    issued_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    payload: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    # Null until the broker acknowledged the command on <p>.control.commands.
+    sent_at_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class QosPolicyRow(Base):
+    __tablename__ = "cp_qos_policies"
+
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    version: Mapped[str] = mapped_column(String(64), primary_key=True)
+    policy: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    updated_by: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    updated_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class AuditRow(Base):
+    __tablename__ = "cp_audit"
+    __table_args__ = (UniqueConstraint("decision_id", name="uq_cp_audit_decision_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    decision_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    decided_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False, index=True)
+    model: Mapped[str] = mapped_column(String(128), nullable=False, index=True)
+    rollout_id: Mapped[str] = mapped_column(String(160), nullable=False, default="", index=True)
+    version: Mapped[str] = mapped_column(String(64), nullable=False, default="")
+    kind: Mapped[int] = mapped_column(Integer, nullable=False)
+    rule: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    record: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+
+
+class SinkOffsetRow(Base):
+    """Next offset the audit sink reads per topic partition (resume after restart)."""
+
+    __tablename__ = "cp_sink_offsets"
+
+    topic: Mapped[str] = mapped_column(String(255), primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    next_offset: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+@dataclass(frozen=True)
+class StoredRollout:
+    state: rollout_pb2.RolloutState
+    created_by: str
+    created_at_ms: int
+
+    @property
+    def finished(self) -> bool:
+        return self.state.phase in TERMINAL_PHASES
+
+
+@dataclass(frozen=True)
+class StoredPolicy:
+    policy: rollout_pb2.QosPolicy
+    updated_by: str
+    updated_at_ms: int
+
+
+def _stored(row: RolloutRow) -> StoredRollout:
+    return StoredRollout(
+        decode(rollout_pb2.RolloutState, row.state), row.created_by, row.created_at_ms
+    )
+
+
+class ControlStore:
+    """Short transactions over a SQLAlchemy engine; returns protobuf copies, never rows."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    # ------------------------------------------------------------ rollouts + commands
+
+    def create_rollout(
+        self, state: rollout_pb2.RolloutState, command: rollout_pb2.RolloutCommand
+    ) -> None:
+        """Store a new rollout and its START command in one transaction."""
+        now = _now_ms()
+        spec = state.spec
+        with self._sessions.begin() as session:
+            session.add(
+                RolloutRow(
+                    rollout_id=state.rollout_id,
+                    model=state.model,
+                    baseline_version=spec.baseline_version,
+                    candidate_version=spec.candidate_version,
+                    phase=state.phase,
+                    terminal=int(state.phase in TERMINAL_PHASES),
+                    spec=encode(spec),
+                    state=encode(state),
+                    state_updated_ms=state.updated_at_unix_ms,
+                    created_by=spec.created_by,
+                    created_at_ms=spec.created_at_unix_ms or now,
+                    updated_at_ms=now,
+                )
+            )
+            session.add(_command_row(command))
+
+    def add_command(self, command: rollout_pb2.RolloutCommand) -> None:
+        with self._sessions.begin() as session:
+            session.add(_command_row(command))
+
+    def mark_sent(self, command_id: str) -> None:
+        with self._sessions.begin() as session:
+            row = session.get(CommandRow, command_id)
+            if row is not None:
+                row.sent_at_ms = _now_ms()
+
+    def unsent_commands(self) -> list[rollout_pb2.RolloutCommand]:
+        """Commands stored but never acknowledged by the broker, oldest first."""
+        with self._sessions() as session:
+            rows = session.scalars(
+                select(CommandRow)
+                .where(CommandRow.sent_at_ms.is_(None))
+                .order_by(CommandRow.issued_at_ms)
+            ).all()
+            return [decode(rollout_pb2.RolloutCommand, r.payload) for r in rows]
+
+    def commands_of(self, rollout_id: str) -> list[rollout_pb2.RolloutCommand]:
+        with self._sessions() as session:
+            rows = session.scalars(
+                select(CommandRow)
+                .where(CommandRow.rollout_id == rollout_id)
+                .order_by(CommandRow.issued_at_ms)
+            ).all()
+            return [decode(rollout_pb2.RolloutCommand, r.payload) for r in rows]
+
+    def get_rollout(self, rollout_id: str) -> StoredRollout | None:
+        with self._sessions() as session:
+            row = session.get(RolloutRow, rollout_id)
+            return None if row is None else _stored(row)
+
+    def list_rollouts(
+        self, model: str = "", *, active_only: bool = False, limit: int = 100
+    ) -> list[StoredRollout]:
+        """Newest first."""
+        query = select(RolloutRow)
+        if model:
+            query = query.where(RolloutRow.model == model)
+        if active_only:
+            query = query.where(RolloutRow.terminal == 0)
+        query = query.order_by(RolloutRow.created_at_ms.desc()).limit(limit)
+        with self._sessions() as session:
+            return [_stored(r) for r in session.scalars(query).all()]
+
+    def active_rollout(self, model: str) -> StoredRollout | None:
+        found = self.list_rollouts(model, active_only=True, limit=1)
+        return found[0] if found else None
+
+    def apply_state(self, state: rollout_pb2.RolloutState) -> bool:
+        """Record a RolloutState from the policy engine unless an equal or newer one is stored.
+
+        A state for a rollout this store never saw (started elsewhere) is stored
+        with the spec it embeds. Returns whether anything changed.
+        """
+        now = _now_ms()
+        with self._sessions.begin() as session:
+            row = session.get(RolloutRow, state.rollout_id)
+            if row is None:
+                spec = state.spec
+                session.add(
+                    RolloutRow(
+                        rollout_id=state.rollout_id,
+                        model=state.model,
+                        baseline_version=spec.baseline_version,
+                        candidate_version=spec.candidate_version,
+                        phase=state.phase,
+                        terminal=int(state.phase in TERMINAL_PHASES),
+                        spec=encode(spec),
+                        state=encode(state),
+                        state_updated_ms=state.updated_at_unix_ms,
+                        created_by=spec.created_by,
+                        created_at_ms=spec.created_at_unix_ms or now,
+                        updated_at_ms=now,
+                    )
+                )
+                return True
+            if state.updated_at_unix_ms < row.state_updated_ms:
+                return False
+            merged = rollout_pb2.RolloutState()
+            merged.CopyFrom(state)
+            if not merged.HasField("spec"):
+                merged.spec.ParseFromString(row.spec)
+            data = encode(merged)
+            if data == row.state:
+                return False
+            row.state = data
+            row.phase = merged.phase
+            row.terminal = int(merged.phase in TERMINAL_PHASES)
+            row.state_updated_ms = merged.updated_at_unix_ms
+            row.updated_at_ms = now
+            return True
+
+    # ------------------------------------------------------------ QoS policies
+
+    def put_policy(self, policy: rollout_pb2.QosPolicy, updated_by: str) -> StoredPolicy:
+        now = _now_ms()
+        with self._sessions.begin() as session:
+            row = session.get(QosPolicyRow, (policy.model, policy.version))
+            if row is None:
+                row = QosPolicyRow(model=policy.model, version=policy.version)
+                session.add(row)
+            row.policy = encode(policy)
+            row.updated_by = updated_by
+            row.updated_at_ms = now
+        return StoredPolicy(policy, updated_by, now)
+
+    def get_policy(self, model: str, version: str) -> StoredPolicy | None:
+        with self._sessions() as session:
+            row = session.get(QosPolicyRow, (model, version))
+            if row is None:
+                return None
+            return StoredPolicy(
+                decode(rollout_pb2.QosPolicy, row.policy), row.updated_by, row.updated_at_ms
+            )
+
+    # ------------------------------------------------------------ audit copy
+
+    def add_audit(self, records: Iterable[audit_pb2.AuditRecord]) -> int:
+        """Insert records not stored yet (by ``decision_id``); returns how many were new."""
+        batch = {r.decision_id: r for r in records if r.decision_id}
+        if not batch:
+            return 0
+        with self._sessions.begin() as session:
+            known = set(
+                session.scalars(
+                    select(AuditRow.decision_id).where(AuditRow.decision_id.in_(list(batch)))
+                ).all()
+            )
+        added = 0
+        for decision_id, record in batch.items():
+            if decision_id in known:
+                continue
+            try:
+                with self._sessions.begin() as session:
+                    session.add(_audit_row(record))
+                added += 1
+            except IntegrityError:
+                # Another sink stored it between our read and our insert.
+                continue
+        return added
+
+    def query_audit(
+        self,
+        *,
+        model: str = "",
+        rollout_id: str = "",
+        from_ms: int = 0,
+        to_ms: int = 0,
+        limit: int = 1000,
+        kinds: Sequence[int] = (),
+        version: str = "",
+        newest_first: bool = False,
+    ) -> list[audit_pb2.AuditRecord]:
+        query = select(AuditRow.record)
+        if model:
+            query = query.where(AuditRow.model == model)
+        if rollout_id:
+            query = query.where(AuditRow.rollout_id == rollout_id)
+        if version:
+            query = query.where(AuditRow.version == version)
+        if from_ms:
+            query = query.where(AuditRow.decided_at_ms >= from_ms)
+        if to_ms:
+            query = query.where(AuditRow.decided_at_ms < to_ms)
+        if kinds:
+            query = query.where(AuditRow.kind.in_(list(kinds)))
+        order = (AuditRow.decided_at_ms, AuditRow.id)
+        if newest_first:
+            query = query.order_by(*(c.desc() for c in order))
+        else:
+            query = query.order_by(*order)
+        with self._sessions() as session:
+            rows = session.scalars(query.limit(limit)).all()
+            return [decode(audit_pb2.AuditRecord, data) for data in rows]
+
+    # ------------------------------------------------------------ sink offsets
+
+    def sink_offsets(self, topic: str) -> dict[int, int]:
+        with self._sessions() as session:
+            rows = session.scalars(select(SinkOffsetRow).where(SinkOffsetRow.topic == topic))
+            return {r.partition: r.next_offset for r in rows}
+
+    def save_sink_offset(self, topic: str, partition: int, next_offset: int) -> None:
+        with self._sessions.begin() as session:
+            row = session.get(SinkOffsetRow, (topic, partition))
+            if row is None:
+                session.add(
+                    SinkOffsetRow(topic=topic, partition=partition, next_offset=next_offset)
+                )
+            elif next_offset > row.next_offset:
+                row.next_offset = next_offset
+
+
+def _command_row(command: rollout_pb2.RolloutCommand) -> CommandRow:
+    return CommandRow(
+        command_id=command.command_id,
+        rollout_id=command.rollout_id,
+        model=command.model,
+        kind=command.kind,
+        issued_by=command.issued_by,
+        issued_at_ms=command.issued_at_unix_ms,
+        payload=encode(command),
+    )
+
+
+def _audit_row(record: audit_pb2.AuditRecord) -> AuditRow:
+    return AuditRow(
+        decision_id=record.decision_id,
+        decided_at_ms=record.decided_at_unix_ms,
+        model=record.model,
+        rollout_id=record.rollout_id,
+        version=record.version,
+        kind=record.kind,
+        rule=record.rule,
+        reason=record.reason,
+        record=encode(record),
+    )
+
+
+def open_store(url: str | Engine, migrate: bool = True) -> ControlStore:
+    """A :class:`ControlStore` on ``url`` with the schema migrated to the latest revision."""
+    engine = create_db_engine(url) if isinstance(url, str) else url
+    if migrate:
+        upgrade(engine)
+    return ControlStore(engine)

@@ -1,0 +1,379 @@
+"""The control plane's gRPC API against a real in-process server, SQLite store and real Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from grpc import aio
+
+from builder.naming import ArtifactName, Backend, Precision, parse_semver
+from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
+from graylane.serde import decode, decode_key, encode, encode_key
+from graylane.settings import Settings
+from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
+from services.controlplane.auth import TokenTable, parse_tokens
+from services.controlplane.server import ControlPlaneServer, ServerConfig
+
+pytestmark = pytest.mark.kafka
+
+MODEL = "cp-gpt"
+OPS = (("authorization", "Bearer ops-token"),)
+VIEW = (("authorization", "Bearer view-token"),)
+
+
+@dataclass
+class Api:
+    server: ControlPlaneServer
+    factory: KafkaFactory
+    registry: controlplane_pb2_grpc.ModelRegistryStub
+    rollouts: controlplane_pb2_grpc.RolloutsStub
+    qos: controlplane_pb2_grpc.QosStub
+    audit: controlplane_pb2_grpc.AuditStub
+
+
+def _artifact(version: str, precision: Precision, servable: bool) -> ArtifactRecord:
+    name = ArtifactName(
+        MODEL, Backend.ONNXRUNTIME, "1.32.0", precision, "ptq", parse_semver(version)
+    )
+    return ArtifactRecord(
+        name=name,
+        path="/artifacts/x",
+        manifest_sha256="f" * 64,
+        servable=servable,
+        validation=ValidationSummary(
+            passed=servable, failures=() if servable else ("cosine 0.8 < 0.99",)
+        ),
+    )
+
+
+@pytest.fixture
+async def api(settings: Settings, factory: KafkaFactory) -> AsyncIterator[Api]:
+    registry = open_registry(settings.db_url)
+    registry.register_model(MODEL, "test model")
+    for v in ("1.0.0", "1.1.0", "1.2.0"):
+        registry.register_version(MODEL, v, "a" * 64)
+    registry.set_stable(MODEL, "1.0.0")
+    registry.add_artifact(_artifact("1.1.0", Precision.FP32, True))
+    registry.add_artifact(_artifact("1.1.0", Precision.INT8, True))
+    registry.add_artifact(_artifact("1.2.0", Precision.FP16, False))
+    registry.engine.dispose()
+    config = ServerConfig(
+        host="127.0.0.1",
+        port=0,
+        tokens=TokenTable(parse_tokens("ops-token:operator:alice,view-token:read_only")),
+        outbox_interval_s=0.5,
+    )
+    server = ControlPlaneServer(config, factory)
+    await server.start()
+    await asyncio.wait_for(server.sink.ready.wait(), 30)
+    channel = aio.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        yield Api(
+            server,
+            factory,
+            controlplane_pb2_grpc.ModelRegistryStub(channel),
+            controlplane_pb2_grpc.RolloutsStub(channel),
+            controlplane_pb2_grpc.QosStub(channel),
+            controlplane_pb2_grpc.AuditStub(channel),
+        )
+    finally:
+        await channel.close()
+        await server.stop(0)
+
+
+async def _code(call: object) -> grpc.StatusCode:
+    with pytest.raises(aio.AioRpcError) as info:
+        await call  # type: ignore[misc]
+    return info.value.code()
+
+
+def _spec(**kw: object) -> rollout_pb2.RolloutSpec:
+    fields: dict[str, object] = {"model": MODEL, "candidate_version": "1.1.0"}
+    fields.update(kw)
+    return rollout_pb2.RolloutSpec(**fields)  # type: ignore[arg-type]
+
+
+async def test_auth(api: Api) -> None:
+    list_req = controlplane_pb2.ListModelsRequest()
+    assert await _code(api.registry.ListModels(list_req)) == grpc.StatusCode.UNAUTHENTICATED
+    wrong = (("authorization", "Bearer nope"),)
+    code = await _code(api.registry.ListModels(list_req, metadata=wrong))
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    # A read-only token reads, but may not start a rollout (nor watch-stream less).
+    listed = await api.registry.ListModels(list_req, metadata=VIEW)
+    assert [m.name for m in listed.models] == [MODEL]
+    code = await _code(api.rollouts.Start(_spec(), metadata=VIEW))
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    stream = api.rollouts.Watch(controlplane_pb2.WatchRolloutsRequest(), metadata=wrong)
+    with pytest.raises(aio.AioRpcError) as info:
+        await stream.read()
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_registry_rpcs(api: Api) -> None:
+    r = api.registry
+    model = await r.RegisterModel(
+        controlplane_pb2.RegisterModelRequest(name="cp-other", description="d"), metadata=OPS
+    )
+    assert model.name == "cp-other" and not model.stable_version
+    v = await r.RegisterVersion(
+        controlplane_pb2.RegisterVersionRequest(model="cp-other", version="0.1.0"), metadata=OPS
+    )
+    assert v.version == "0.1.0" and not v.stable
+    dup = r.RegisterVersion(
+        controlplane_pb2.RegisterVersionRequest(model="cp-other", version="0.1.0"), metadata=OPS
+    )
+    assert await _code(dup) == grpc.StatusCode.ALREADY_EXISTS
+    bad = r.RegisterVersion(
+        controlplane_pb2.RegisterVersionRequest(model="cp-other", version="v1"), metadata=OPS
+    )
+    assert await _code(bad) == grpc.StatusCode.INVALID_ARGUMENT
+    stable = await r.SetStable(
+        controlplane_pb2.SetStableRequest(model="cp-other", version="0.1.0"), metadata=OPS
+    )
+    assert stable.stable
+    listed = await r.ListVersions(controlplane_pb2.ListVersionsRequest(model=MODEL), metadata=VIEW)
+    assert listed.model.stable_version == "1.0.0"
+    by_version = {v.version: v for v in listed.versions}
+    assert set(by_version) == {"1.0.0", "1.1.0", "1.2.0"}
+    assert {x.precision for x in by_version["1.1.0"].variants} == {"fp32", "int8"}
+    failed = by_version["1.2.0"].variants[0]
+    assert not failed.servable and failed.validation.validated and not failed.validation.passed
+    missing = r.ListVersions(controlplane_pb2.ListVersionsRequest(model="nope"), metadata=VIEW)
+    assert await _code(missing) == grpc.StatusCode.NOT_FOUND
+
+
+async def _read_commands(factory: KafkaFactory, n: int) -> list[tuple[str | None, bytes]]:
+    consumer = factory.consumer(
+        factory.layout.commands(), options=ConsumerOptions(group_id=None), client_suffix="t"
+    )
+    await consumer.start()
+    out: list[tuple[str | None, bytes]] = []
+    try:
+        async with asyncio.timeout(20):
+            while len(out) < n:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    out += [(decode_key(r.key), r.value or b"") for r in records]
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def test_start_commands_and_invalid_arguments(api: Api) -> None:
+    ro = api.rollouts
+    cases = {
+        "unknown model": (_spec(model="nope"), grpc.StatusCode.NOT_FOUND),
+        "bad semver": (_spec(candidate_version="1.1"), grpc.StatusCode.INVALID_ARGUMENT),
+        "unknown version": (_spec(candidate_version="9.9.9"), grpc.StatusCode.NOT_FOUND),
+        "failed artifacts": (_spec(candidate_version="1.2.0"), grpc.StatusCode.FAILED_PRECONDITION),
+        "steps not rising": (
+            _spec(steps=[rollout_pb2.RolloutStep(weight_percent=w) for w in (5, 5, 100)]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+        ),
+    }
+    for name, (spec, code) in cases.items():
+        assert await _code(ro.Start(spec, metadata=OPS)) == code, name
+
+    state = await ro.Start(_spec(), metadata=OPS)
+    assert state.phase == rollout_pb2.PENDING
+    assert state.rollout_id.startswith(f"ro-{MODEL}-")
+    assert state.spec.baseline_version == "1.0.0"  # the stable version
+    assert state.spec.created_by == "alice"
+    assert [s.weight_percent for s in state.spec.steps] == [1, 5, 25, 50, 100]
+    again = ro.Start(_spec(), metadata=OPS)
+    assert await _code(again) == grpc.StatusCode.FAILED_PRECONDITION
+
+    got = await ro.Get(
+        controlplane_pb2.GetRolloutRequest(rollout_id=state.rollout_id), metadata=VIEW
+    )
+    assert got == state
+    listed = await ro.List(controlplane_pb2.ListRolloutsRequest(model=MODEL), metadata=VIEW)
+    assert [s.rollout_id for s in listed.rollouts] == [state.rollout_id]
+    ghost = ro.Get(controlplane_pb2.GetRolloutRequest(rollout_id="ro-x"), metadata=VIEW)
+    assert await _code(ghost) == grpc.StatusCode.NOT_FOUND
+
+    action = controlplane_pb2.RolloutActionRequest(rollout_id=state.rollout_id, reason="look")
+    receipt = await ro.Pause(action, metadata=OPS)
+    assert receipt.kind == rollout_pb2.COMMAND_PAUSE and receipt.issued_by == "alice"
+    for call in (ro.Resume, ro.Promote, ro.Rollback, ro.Abort):
+        assert (await call(action, metadata=OPS)).command_id
+    assert await _code(ro.Abort(action, metadata=VIEW)) == grpc.StatusCode.PERMISSION_DENIED
+
+    commands = await _read_commands(api.factory, 6)
+    assert {key for key, _ in commands} == {MODEL}
+    decoded = [decode(rollout_pb2.RolloutCommand, value) for _, value in commands]
+    assert [c.kind for c in decoded] == [
+        rollout_pb2.COMMAND_START,
+        rollout_pb2.COMMAND_PAUSE,
+        rollout_pb2.COMMAND_RESUME,
+        rollout_pb2.COMMAND_PROMOTE,
+        rollout_pb2.COMMAND_ROLLBACK,
+        rollout_pb2.COMMAND_ABORT,
+    ]
+    assert decoded[0].spec == state.spec and decoded[0].rollout_id == state.rollout_id
+    assert api.server.store.unsent_commands() == []
+
+
+async def _produce(factory: KafkaFactory, topic: str, items: list[tuple[str, bytes]]) -> None:
+    producer = factory.producer()
+    await producer.start()
+    try:
+        for key, value in items:
+            await producer.send_and_wait(topic, value=value, key=encode_key(key))
+    finally:
+        await producer.stop()
+
+
+async def test_watch_streams_policy_engine_states(api: Api) -> None:
+    state = await api.rollouts.Start(_spec(), metadata=OPS)
+    stream = api.rollouts.Watch(
+        controlplane_pb2.WatchRolloutsRequest(model=MODEL, initial=True), metadata=VIEW
+    )
+    first = await asyncio.wait_for(stream.read(), 10)
+    assert first.rollout_id == state.rollout_id and first.phase == rollout_pb2.PENDING
+
+    progressed = rollout_pb2.RolloutState()
+    progressed.CopyFrom(state)
+    progressed.phase = rollout_pb2.PROGRESSING
+    progressed.candidate_weight_percent = 5.0
+    progressed.step_index = 1
+    progressed.updated_at_unix_ms = 1_700_000_000_000
+    progressed.last_reason = "gates passed"
+    layout = api.factory.layout
+    await _produce(api.factory, layout.rollouts(), [(state.rollout_id, encode(progressed))])
+    seen = await asyncio.wait_for(stream.read(), 20)
+    assert seen.phase == rollout_pb2.PROGRESSING and seen.candidate_weight_percent == 5.0
+    stream.cancel()
+
+    got = await api.rollouts.Get(
+        controlplane_pb2.GetRolloutRequest(rollout_id=state.rollout_id), metadata=VIEW
+    )
+    assert got.phase == rollout_pb2.PROGRESSING
+
+    # A finished rollout takes no more commands, and frees the model for a new one.
+    done = rollout_pb2.RolloutState()
+    done.CopyFrom(progressed)
+    done.phase = rollout_pb2.ROLLED_BACK
+    done.updated_at_unix_ms += 1000
+    await _produce(api.factory, layout.rollouts(), [(state.rollout_id, encode(done))])
+    async with asyncio.timeout(20):
+        while (stored := api.server.store.get_rollout(state.rollout_id)) and not stored.finished:
+            await asyncio.sleep(0.1)
+    action = controlplane_pb2.RolloutActionRequest(rollout_id=state.rollout_id)
+    assert await _code(api.rollouts.Pause(action, metadata=OPS)) == (
+        grpc.StatusCode.FAILED_PRECONDITION
+    )
+    assert (await api.rollouts.Start(_spec(), metadata=OPS)).rollout_id != state.rollout_id
+
+
+def _record(i: int, kind: int = audit_pb2.DECISION_HOLD) -> audit_pb2.AuditRecord:
+    return audit_pb2.AuditRecord(
+        decision_id=f"d-{i}",
+        decided_at_unix_ms=1_700_000_000_000 + i * 1000,
+        model=MODEL,
+        rollout_id="ro-a" if i < 3 else "ro-b",
+        version="1.1.0",
+        kind=kind,
+        rule="min_samples",
+        reason=f"decision {i}",
+        qos_after=audit_pb2.QosState(active_variant="int8"),
+    )
+
+
+async def test_audit_sink_is_idempotent_and_queryable(api: Api) -> None:
+    records = [_record(i) for i in range(4)] + [_record(4, audit_pb2.DECISION_PRECISION_CHANGE)]
+    items = [(MODEL, encode(r)) for r in records]
+    await _produce(api.factory, api.factory.layout.audit(), items + items)
+    async with asyncio.timeout(20):
+        while len(api.server.store.query_audit(model=MODEL)) < 5:
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)  # let the duplicates arrive too
+    assert len(api.server.store.query_audit(model=MODEL)) == 5
+    assert api.server.sink.audit_added == 5
+
+    q = api.audit.Query
+    everything = await q(controlplane_pb2.AuditQuery(model=MODEL), metadata=VIEW)
+    assert [r.decision_id for r in everything.records] == [f"d-{i}" for i in range(5)]
+    one = await q(controlplane_pb2.AuditQuery(rollout_id="ro-a"), metadata=VIEW)
+    assert len(one.records) == 3
+    ranged = await q(
+        controlplane_pb2.AuditQuery(
+            model=MODEL, from_unix_ms=1_700_000_001_000, to_unix_ms=1_700_000_003_000
+        ),
+        metadata=VIEW,
+    )
+    assert [r.decision_id for r in ranged.records] == ["d-1", "d-2"]
+    empty = q(controlplane_pb2.AuditQuery(from_unix_ms=5, to_unix_ms=5), metadata=VIEW)
+    assert await _code(empty) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_qos_policy(api: Api) -> None:
+    policy = rollout_pb2.QosPolicy(
+        model=MODEL, version="1.1.0", slo_p99_ms=50, ladder=["fp32", "int8"], enabled=True
+    )
+    missing = api.qos.GetPolicy(
+        controlplane_pb2.GetQosPolicyRequest(model=MODEL, version="1.1.0"), metadata=VIEW
+    )
+    assert await _code(missing) == grpc.StatusCode.NOT_FOUND
+    view = await api.qos.SetPolicy(policy, metadata=OPS)
+    assert view.policy.slo_p99_ms == 50 and view.command_id and view.updated_by == "alice"
+    assert view.policy.step_up_ratio > 0  # defaults filled in
+
+    bad_ladder = rollout_pb2.QosPolicy()
+    bad_ladder.CopyFrom(policy)
+    bad_ladder.ladder[:] = ["fp32", "fp16"]
+    code = await _code(api.qos.SetPolicy(bad_ladder, metadata=OPS))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    bad_slo = rollout_pb2.QosPolicy()
+    bad_slo.CopyFrom(policy)
+    bad_slo.slo_p99_ms = -1
+    assert await _code(api.qos.SetPolicy(bad_slo, metadata=OPS)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert await _code(api.qos.SetPolicy(policy, metadata=VIEW)) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+
+    decision = _record(9, audit_pb2.DECISION_PRECISION_CHANGE)
+    await _produce(api.factory, api.factory.layout.audit(), [(MODEL, encode(decision))])
+    async with asyncio.timeout(20):
+        while not api.server.store.query_audit(model=MODEL):
+            await asyncio.sleep(0.1)
+    got = await api.qos.GetPolicy(
+        controlplane_pb2.GetQosPolicyRequest(model=MODEL, version="1.1.0"), metadata=VIEW
+    )
+    assert got.active_variant == "int8" and got.last_reason == "decision 9"
+    commands = [
+        decode(rollout_pb2.RolloutCommand, v) for _, v in await _read_commands(api.factory, 1)
+    ]
+    assert commands[0].kind == rollout_pb2.COMMAND_SET_QOS_POLICY
+    assert commands[0].qos_policy.model == MODEL
+
+
+async def test_cli_talks_to_the_control_plane(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    from graylane.cli.main import main
+
+    base = ["--addr", f"127.0.0.1:{api.server.port}", "--token", "ops-token"]
+
+    def cli(*argv: str) -> int:
+        return main([*argv[:2], *base, *argv[2:]])
+
+    # The CLI is synchronous; run it off the loop that serves it.
+    assert await asyncio.to_thread(cli, "model", "show", MODEL) == 0
+    rc = await asyncio.to_thread(
+        cli, "rollout", "start", "--model", MODEL, "--candidate", "1.1.0", "--steps", "10,100"
+    )
+    assert rc == 0
+    listed = await api.rollouts.List(controlplane_pb2.ListRolloutsRequest(), metadata=VIEW)
+    rollout_id = listed.rollouts[0].rollout_id
+    assert await asyncio.to_thread(cli, "rollout", "pause", rollout_id) == 0
+    assert await asyncio.to_thread(cli, "audit", "log", "--model", MODEL) == 0
+    with pytest.raises(SystemExit, match="PERMISSION_DENIED"):
+        await asyncio.to_thread(
+            main, ["rollout", "abort", "--addr", base[1], "--token", "view-token", rollout_id]
+        )
+    out = capsys.readouterr().out
+    assert "1.1.0" in out and rollout_id in out and "pause of" in out
