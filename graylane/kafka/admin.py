@@ -94,6 +94,10 @@ async def ensure_topics(factory: KafkaFactory, specs: Sequence[TopicSpec]) -> To
             )
             reconfigured.append(spec.name)
         await _wait_for_leaders(admin, [s.name for s in specs])
+        if created:
+            # Metadata names a leader a moment before the broker serves offsets for
+            # the new partitions; readers starting right away would log retries.
+            await asyncio.sleep(0.5)
         if created or reconfigured:
             log.info("topics created=%s reconfigured=%s", created, reconfigured)
         return TopicSetupReport(tuple(created), tuple(reconfigured), tuple(unchanged))

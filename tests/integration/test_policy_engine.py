@@ -198,7 +198,12 @@ async def steady_load(factory: KafkaFactory, rps: float = 40.0) -> AsyncIterator
 
 
 async def test_healthy_canary_is_promoted_and_its_audit_replays(
-    settings: Settings, factory: KafkaFactory, models: dict[str, Path], tmp_path: Path
+    settings: Settings,
+    factory: KafkaFactory,
+    models: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     await prepare_topics(settings, PolicyConfig(models=(MODEL,)))
     log = tmp_path / "policy.log"
@@ -229,6 +234,31 @@ async def test_healthy_canary_is_promoted_and_its_audit_replays(
     # The check has teeth: a tampered record is caught.
     recorded[-1].reason = "edited"
     assert [m.field for m in verify(recorded)] == ["reason"]
+
+    # The same through the CLI, reading the real topics by timestamp.
+    from graylane.cli.main import main
+
+    monkeypatch.setenv("GRAYLANE_TOPIC_PREFIX", settings.topic_prefix)
+    monkeypatch.setenv("GRAYLANE_BOOTSTRAP_SERVERS", settings.bootstrap_servers)
+    monkeypatch.setenv("COLUMNS", "200")
+    window = [
+        "--model",
+        MODEL,
+        "--rollout",
+        "r-healthy",
+        "--from",
+        str(int(t0 * 1000) - 1000),
+        "--to",
+        str(int(t1 * 1000) + 5000),
+    ]
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["audit", "replay", *window]) == 0
+    timeline = capsys.readouterr().out
+    for decision in ("ROLLOUT_STARTED", "ADVANCE", "PROMOTE"):
+        assert decision in timeline, timeline
+    assert await asyncio.to_thread(main, ["audit", "verify", *window]) == 0
+    verdict = capsys.readouterr().out
+    assert f"{len(kinds)} recorded decision(s): the controllers decide the same" in verdict
 
 
 async def test_bad_candidate_is_rolled_back(
