@@ -16,6 +16,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rollback = which.add_parser("rollback", help="time to roll back a bad canary; false rollbacks")
     rollback.add_argument("--rate", type=float, default=60.0)
     rollback.add_argument("--runs", type=int, default=10)
+    rollback.add_argument("--window-ms", type=int, default=4000, help="policy engine window")
+    rollback.add_argument("--step-ms", type=int, default=1000, help="policy engine step")
     rollback.set_defaults(handler=_rollback)
     qos = which.add_parser("qos", help="a 3x overload spike with and without the QoS controller")
     qos.add_argument("--spike-s", type=float, default=40.0)
@@ -34,7 +36,11 @@ def _spine(args: argparse.Namespace) -> int:
 def _rollback(args: argparse.Namespace) -> int:
     from graylane.bench.rollback import RollbackConfig, main
 
-    return main(RollbackConfig(rate=args.rate, runs=args.runs))
+    return main(
+        RollbackConfig(
+            rate=args.rate, runs=args.runs, window_ms=args.window_ms, step_ms=args.step_ms
+        )
+    )
 
 
 def _qos(args: argparse.Namespace) -> int:
