@@ -30,10 +30,10 @@ HEALTHY_STEPS = ((5.0, 30, 3.0), (25.0, 40, 3.0), (50.0, 40, 3.0), (100.0, 40, 2
 
 @dataclass(frozen=True)
 class RollbackConfig:
-    rate: float = 60.0
+    rate: float = 300.0
     runs: int = 10
     jitter_ms: float = 15.0
-    window_ms: int = 6000
+    window_ms: int = 4000
     step_ms: int = 1000
     timeout_s: float = 120.0
 

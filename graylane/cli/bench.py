@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     spine.add_argument("--max-batch", type=int, default=8)
     spine.set_defaults(handler=_spine)
     rollback = which.add_parser("rollback", help="time to roll back a bad canary; false rollbacks")
-    rollback.add_argument("--rate", type=float, default=60.0)
+    rollback.add_argument("--rate", type=float, default=300.0, help="steady load, req/s")
     rollback.add_argument("--runs", type=int, default=10)
     rollback.add_argument("--window-ms", type=int, default=4000, help="policy engine window")
     rollback.add_argument("--step-ms", type=int, default=1000, help="policy engine step")
