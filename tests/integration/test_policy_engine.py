@@ -4,36 +4,28 @@ in-process router + workers, steady client load and START commands."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from engine_worker.config import FaultInjection
 from graylane import serde
-from graylane.client import GraylaneClient
 from graylane.demo.gpt import write_demo_gpt
-from graylane.kafka.admin import read_latest_per_key, wait_for_assignment
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.admin import read_latest_per_key
+from graylane.kafka.factory import KafkaFactory
 from graylane.settings import Settings
-from graylane.v1 import control_pb2, rollout_pb2
+from graylane.v1 import rollout_pb2
 from policy_engine import convert
 from policy_engine.app import PolicyConfig, prepare_topics
 from policy_engine.audit_replay import load_recorded, verify
 from policy_engine.logic.rollout_spec import RolloutSpec, Step
-from tests.conftest import ROOT
+from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
 from tests.support.stack import running_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 MODEL = "gpt"
-WINDOW_MS, STEP_MS = 4000, 1000
 
 
 @pytest.fixture(scope="module")
@@ -53,48 +45,6 @@ def spec_of(rollout_id: str, *, dwell_s: float = 2.0) -> RolloutSpec:
         candidate="v2",
         steps=(Step(10.0, 10, dwell_s), Step(50.0, 10, dwell_s), Step(100.0, 0, 0.0)),
     )
-
-
-@contextlib.contextmanager
-def policy_engine(settings: Settings, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    env = dict(
-        os.environ,
-        GRAYLANE_TOPIC_PREFIX=settings.topic_prefix,
-        GRAYLANE_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
-        GRAYLANE_PARTITIONS=str(settings.partitions),
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "graylane.cli.policy",
-        "--model",
-        MODEL,
-        "--window-ms",
-        str(WINDOW_MS),
-        "--step-ms",
-        str(STEP_MS),
-    ]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-async def wait_ready(log: Path, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if log.exists() and log.read_text(errors="replace").count("restored ") >= 1:
-            return
-        await asyncio.sleep(0.3)
-    raise TimeoutError(log.read_text(errors="replace")[-3000:])
 
 
 async def send_command(factory: KafkaFactory, cmd: rollout_pb2.RolloutCommand) -> None:
@@ -120,83 +70,6 @@ def start_command(spec: RolloutSpec) -> rollout_pb2.RolloutCommand:
     )
 
 
-class RoutingWatch:
-    """Every routing table written for MODEL, with the local time it was seen."""
-
-    def __init__(self, factory: KafkaFactory) -> None:
-        self.factory = factory
-        self.tables: list[tuple[float, control_pb2.RoutingTable]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def __aenter__(self) -> RoutingWatch:
-        consumer = self.factory.consumer(
-            self.factory.layout.routing(),
-            options=ConsumerOptions(group_id=None),
-            client_suffix="watch",
-        )
-        await consumer.start()
-        tps = await wait_for_assignment(consumer)
-        await consumer.seek_to_beginning(*tps)
-
-        async def run() -> None:
-            try:
-                while True:
-                    for records in (await consumer.getmany(timeout_ms=100)).values():
-                        for r in records:
-                            table = serde.decode(control_pb2.RoutingTable, r.value)
-                            if table.model == MODEL:
-                                self.tables.append((time.monotonic(), table))
-            finally:
-                await consumer.stop()
-
-        self._task = asyncio.create_task(run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    def weight(self, table: control_pb2.RoutingTable, version: str) -> float:
-        return sum(r.weight_percent for r in table.routes if r.version == version)
-
-    async def until(
-        self, predicate: object, timeout_s: float
-    ) -> tuple[float, control_pb2.RoutingTable]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for seen, table in self.tables:
-                if predicate(table):  # type: ignore[operator]
-                    return seen, table
-            await asyncio.sleep(0.1)
-        summary = [
-            (t.epoch, t.stable_version, [(r.version, r.weight_percent) for r in t.routes])
-            for _, t in self.tables
-        ]
-        raise AssertionError(f"no matching table within {timeout_s}s; saw {summary}")
-
-
-@contextlib.asynccontextmanager
-async def steady_load(factory: KafkaFactory, rps: float = 40.0) -> AsyncIterator[None]:
-    async with GraylaneClient(factory) as client:
-        stop = asyncio.Event()
-
-        async def run() -> None:
-            i = 0
-            while not stop.is_set():
-                await client.submit(MODEL, token_ids=[1, 2, 3, i % 200], routing_key=f"user-{i}")
-                i += 1
-                await asyncio.sleep(1.0 / rps)
-
-        task = asyncio.create_task(run())
-        try:
-            yield
-        finally:
-            stop.set()
-            await task
-
-
 async def test_healthy_canary_is_promoted_and_its_audit_replays(
     settings: Settings,
     factory: KafkaFactory,
@@ -209,9 +82,9 @@ async def test_healthy_canary_is_promoted_and_its_audit_replays(
     log = tmp_path / "policy.log"
     spec = spec_of("r-healthy")
     async with running_stack(factory, model=MODEL, versions=models, stable="v1"):
-        with policy_engine(settings, log):
+        with policy_engine(settings, log, MODEL):
             await wait_ready(log)
-            async with RoutingWatch(factory) as watch, steady_load(factory):
+            async with RoutingWatch(factory, MODEL) as watch, steady_load(factory, MODEL):
                 t0 = time.time()
                 await send_command(factory, start_command(spec))
                 _, final = await watch.until(lambda t: t.stable_version == "v2", 60)
@@ -254,7 +127,7 @@ async def test_healthy_canary_is_promoted_and_its_audit_replays(
     capsys.readouterr()
     assert await asyncio.to_thread(main, ["audit", "replay", *window]) == 0
     timeline = capsys.readouterr().out
-    for decision in ("ROLLOUT_STARTED", "ADVANCE", "PROMOTE"):
+    for decision in ("rollout_started", "advance", "promote"):
         assert decision in timeline, timeline
     assert await asyncio.to_thread(main, ["audit", "verify", *window]) == 0
     verdict = capsys.readouterr().out
@@ -268,9 +141,9 @@ async def test_bad_candidate_is_rolled_back(
     log = tmp_path / "policy.log"
     faults = {"v2": FaultInjection(error_rate=0.3)}
     async with running_stack(factory, model=MODEL, versions=models, stable="v1", faults=faults):
-        with policy_engine(settings, log):
+        with policy_engine(settings, log, MODEL):
             await wait_ready(log)
-            async with RoutingWatch(factory) as watch, steady_load(factory):
+            async with RoutingWatch(factory, MODEL) as watch, steady_load(factory, MODEL):
                 await send_command(factory, start_command(spec_of("r-bad", dwell_s=30.0)))
                 onset, _ = await watch.until(lambda t: watch.weight(t, "v2") > 0, 30)
                 back, table = await watch.until(
@@ -293,17 +166,17 @@ async def test_restart_resumes_the_rollout(
     spec = spec_of("r-restart", dwell_s=4.0)
     async with (
         running_stack(factory, model=MODEL, versions=models, stable="v1"),
-        RoutingWatch(factory) as watch,
-        steady_load(factory),
+        RoutingWatch(factory, MODEL) as watch,
+        steady_load(factory, MODEL),
     ):
-        with policy_engine(settings, log) as first:
+        with policy_engine(settings, log, MODEL) as first:
             await wait_ready(log)
             await send_command(factory, start_command(spec))
             await watch.until(lambda t: watch.weight(t, "v2") == 10.0, 30)
         assert first.returncode == 0  # stopped cleanly by SIGTERM mid-rollout
         seen_before = len(watch.tables)
         log2 = tmp_path / "policy-2.log"
-        with policy_engine(settings, log2):
+        with policy_engine(settings, log2, MODEL):
             await wait_ready(log2)
             _, final = await watch.until(lambda t: t.stable_version == "v2", 60)
     assert seen_before >= 1 and watch.weight(final, "v2") == 100.0

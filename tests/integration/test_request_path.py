@@ -4,6 +4,7 @@ client -> ingress -> router -> per-version topic -> worker -> reply topic."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -248,3 +249,41 @@ async def test_every_kind_of_bad_input_is_answered_and_the_next_request_served(
         ]
         assert [r.error_code for r in results] == [inference_pb2.UNKNOWN_MODEL]
         assert "other-model" in results[0].error_message
+
+
+async def test_shadow_copies_are_paired_and_never_reach_the_producer(
+    factory: KafkaFactory, models: dict[str, Path]
+) -> None:
+    async with running_stack(factory, model=MODEL, versions=models, stable="v1"):
+        await publish_table(
+            factory, stable_version="v1", shadow_version="v2", shadow_share=1.0, epoch=1
+        )
+        await asyncio.sleep(1.0)
+        async with GraylaneClient(factory) as client:
+            sent = [
+                await client.submit(
+                    MODEL,
+                    prompt=f"shadow {i}",
+                    routing_key=f"u{i}",
+                    post_process=PostProcess.ARGMAX_LAST,
+                )
+                for i in range(20)
+            ]
+            got = []
+
+            async def collect() -> None:
+                async for r in client.results():
+                    got.append(r)
+
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(collect(), 8)
+        # Every request answered once, by the stable version only.
+        assert sorted(r.request_id for r in got) == sorted(sent)
+        assert {r.version for r in got} == {"v1"}
+        shadow = [
+            serde.decode(inference_pb2.InferenceResult, v)
+            for v in await read_topic(factory, factory.layout.shadow(MODEL), expect=40)
+        ]
+    candidate = {r.request_id for r in shadow if r.shadow and r.version == "v2"}
+    mirrored = {r.request_id for r in shadow if not r.shadow and r.version == "v1"}
+    assert candidate == mirrored == set(sent)  # pairs for the output-agreement check

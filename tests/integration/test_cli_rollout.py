@@ -1,0 +1,161 @@
+"""A rollout driven entirely from the CLI: start, watch, pause, resume, promote —
+through the control plane (gRPC), the commands topic, the policy engine and the
+router, with real workers serving steady load on the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from builder.naming import ArtifactName, Backend, Precision, parse_semver
+from graylane import serde
+from graylane.cli.main import main
+from graylane.demo.gpt import write_demo_gpt
+from graylane.kafka.admin import read_latest_per_key
+from graylane.kafka.factory import KafkaFactory
+from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
+from graylane.settings import Settings
+from graylane.v1 import rollout_pb2
+from policy_engine.app import PolicyConfig, prepare_topics
+from services.controlplane.auth import TokenTable, parse_tokens
+from services.controlplane.server import ControlPlaneServer, ServerConfig
+from tests.conftest import ROOT
+from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
+from tests.support.stack import running_stack
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+MODEL = "cli-gpt"
+BASE, CANDIDATE = "1.0.0", "1.1.0"
+
+
+def register(settings: Settings) -> None:
+    registry = open_registry(settings.db_url)
+    registry.register_model(MODEL, "driven from the CLI")
+    for version in (BASE, CANDIDATE):
+        registry.register_version(MODEL, version, "a" * 64)
+    registry.set_stable(MODEL, BASE)
+    name = ArtifactName(
+        MODEL, Backend.ONNXRUNTIME, "1.32.0", Precision.FP32, "ptq", parse_semver(CANDIDATE)
+    )
+    registry.add_artifact(
+        ArtifactRecord(
+            name=name,
+            path="/artifacts/x",
+            manifest_sha256="f" * 64,
+            servable=True,
+            validation=ValidationSummary(passed=True),
+        )
+    )
+    registry.engine.dispose()
+
+
+async def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, list(argv)) == 0
+    return capsys.readouterr().out
+
+
+async def phase_of(factory: KafkaFactory, rollout_id: str) -> int:
+    states = await read_latest_per_key(factory, factory.layout.rollouts())
+    raw = states.get(rollout_id.encode())
+    return serde.decode(rollout_pb2.RolloutState, raw).phase if raw else 0
+
+
+async def until_phase(factory: KafkaFactory, rollout_id: str, phase: int) -> None:
+    deadline = time.monotonic() + 30
+    while await phase_of(factory, rollout_id) != phase:
+        assert time.monotonic() < deadline, f"{rollout_id} never reached phase {phase}"
+        await asyncio.sleep(0.3)
+
+
+async def test_a_rollout_driven_entirely_from_the_cli(
+    settings: Settings,
+    factory: KafkaFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    register(settings)
+    paths = {
+        BASE: write_demo_gpt(tmp_path / "base.onnx", "tiny", seed=1),
+        CANDIDATE: write_demo_gpt(tmp_path / "candidate.onnx", "tiny", seed=2),
+    }
+    server = ControlPlaneServer(
+        ServerConfig(
+            host="127.0.0.1", port=0, tokens=TokenTable(parse_tokens("ops-token:operator:alice"))
+        ),
+        factory,
+    )
+    await server.start()
+    await asyncio.wait_for(server.sink.ready.wait(), 30)
+    env = {
+        "GRAYLANE_CP_ADDR": f"127.0.0.1:{server.port}",
+        "GRAYLANE_CP_TOKEN": "ops-token",
+        "GRAYLANE_TOPIC_PREFIX": settings.topic_prefix,
+        "GRAYLANE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+        "COLUMNS": "200",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    await prepare_topics(settings, PolicyConfig(models=(MODEL,)))
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "graylane.cli.main", "rollout", "watch", "--model", MODEL],
+        cwd=ROOT,
+        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        async with running_stack(factory, model=MODEL, versions=paths, stable=BASE):
+            with policy_engine(settings, tmp_path / "policy.log", MODEL):
+                await wait_ready(tmp_path / "policy.log")
+                async with RoutingWatch(factory, MODEL) as routing, steady_load(factory, MODEL):
+                    out = await cli(
+                        capsys,
+                        "rollout",
+                        "start",
+                        "--model",
+                        MODEL,
+                        "--candidate",
+                        CANDIDATE,
+                        "--steps",
+                        "10,50,100",
+                        "--min-samples",
+                        "10",
+                        "--dwell-s",
+                        "60",
+                    )
+                    match = re.search(r"ro-[\w.:-]+", out)
+                    assert match, out
+                    rollout_id = match.group(0)
+                    await routing.until(lambda t: routing.weight(t, CANDIDATE) == 10.0, 30)
+
+                    await cli(capsys, "rollout", "pause", rollout_id, "--reason", "look first")
+                    await until_phase(factory, rollout_id, rollout_pb2.PAUSED)
+                    status = await cli(capsys, "rollout", "status", rollout_id)
+                    assert "paused" in status
+
+                    await cli(capsys, "rollout", "resume", rollout_id)
+                    await until_phase(factory, rollout_id, rollout_pb2.PROGRESSING)
+
+                    await cli(capsys, "rollout", "promote", rollout_id, "--reason", "looks good")
+                    _, final = await routing.until(lambda t: t.stable_version == CANDIDATE, 30)
+                    await until_phase(factory, rollout_id, rollout_pb2.PROMOTED)
+        assert routing.weight(final, CANDIDATE) == 100.0
+        listed = await cli(capsys, "rollout", "list", "--model", MODEL)
+        assert rollout_id in listed and "promoted" in listed
+        await asyncio.sleep(1.0)
+    finally:
+        watcher.terminate()
+        watched = watcher.communicate(timeout=20)[0].decode(errors="replace")
+        await server.stop(0)
+    for phase in ("progressing", "paused", "promoted"):
+        assert phase in watched, watched

@@ -1,0 +1,144 @@
+"""Test helpers around the policy engine: a `graylane policy` process, a watch on
+the routing topic, and steady client load."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+from graylane import serde
+from graylane.client import GraylaneClient
+from graylane.kafka.admin import wait_for_assignment
+from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.settings import Settings
+from graylane.v1 import control_pb2
+from tests.conftest import ROOT
+
+WINDOW_MS, STEP_MS = 4000, 1000
+
+
+@contextlib.contextmanager
+def policy_engine(settings: Settings, log: Path, model: str) -> Iterator[subprocess.Popen[bytes]]:
+    env = dict(
+        os.environ,
+        GRAYLANE_TOPIC_PREFIX=settings.topic_prefix,
+        GRAYLANE_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
+        GRAYLANE_PARTITIONS=str(settings.partitions),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "graylane.cli.policy",
+        "--model",
+        model,
+        "--window-ms",
+        str(WINDOW_MS),
+        "--step-ms",
+        str(STEP_MS),
+    ]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def wait_ready(log: Path, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.exists() and log.read_text(errors="replace").count("restored ") >= 1:
+            return
+        await asyncio.sleep(0.3)
+    raise TimeoutError(log.read_text(errors="replace")[-3000:])
+
+
+class RoutingWatch:
+    """Every routing table written for a model, with the local time it was seen."""
+
+    def __init__(self, factory: KafkaFactory, model: str) -> None:
+        self.factory = factory
+        self.model = model
+        self.tables: list[tuple[float, control_pb2.RoutingTable]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> RoutingWatch:
+        consumer = self.factory.consumer(
+            self.factory.layout.routing(),
+            options=ConsumerOptions(group_id=None),
+            client_suffix="watch",
+        )
+        await consumer.start()
+        tps = await wait_for_assignment(consumer)
+        await consumer.seek_to_beginning(*tps)
+
+        async def run() -> None:
+            try:
+                while True:
+                    for records in (await consumer.getmany(timeout_ms=100)).values():
+                        for r in records:
+                            table = serde.decode(control_pb2.RoutingTable, r.value)
+                            if table.model == self.model:
+                                self.tables.append((time.monotonic(), table))
+            finally:
+                await consumer.stop()
+
+        self._task = asyncio.create_task(run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def weight(self, table: control_pb2.RoutingTable, version: str) -> float:
+        return sum(r.weight_percent for r in table.routes if r.version == version)
+
+    async def until(
+        self, predicate: Callable[[control_pb2.RoutingTable], bool], timeout_s: float
+    ) -> tuple[float, control_pb2.RoutingTable]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for seen, table in self.tables:
+                if predicate(table):
+                    return seen, table
+            await asyncio.sleep(0.1)
+        summary = [
+            (t.epoch, t.stable_version, [(r.version, r.weight_percent) for r in t.routes])
+            for _, t in self.tables
+        ]
+        raise AssertionError(f"no matching table within {timeout_s}s; saw {summary}")
+
+
+@contextlib.asynccontextmanager
+async def steady_load(factory: KafkaFactory, model: str, rps: float = 40.0) -> AsyncIterator[None]:
+    async with GraylaneClient(factory) as client:
+        stop = asyncio.Event()
+
+        async def run() -> None:
+            i = 0
+            while not stop.is_set():
+                await client.submit(model, token_ids=[1, 2, 3, i % 200], routing_key=f"user-{i}")
+                i += 1
+                await asyncio.sleep(1.0 / rps)
+
+        task = asyncio.create_task(run())
+        try:
+            yield
+        finally:
+            stop.set()
+            await task
