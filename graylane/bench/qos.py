@@ -27,7 +27,7 @@ MODEL = "bench-gpt"
 
 @dataclass(frozen=True)
 class QosConfig:
-    base_fraction: float = 0.3
+    base_fraction: float = 0.5
     spike_factor: float = 3.0
     spike_s: float = 40.0
     settle_s: float = 12.0

@@ -21,6 +21,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rollback.set_defaults(handler=_rollback)
     qos = which.add_parser("qos", help="a 3x overload spike with and without the QoS controller")
     qos.add_argument("--spike-s", type=float, default=40.0)
+    qos.add_argument(
+        "--base-fraction",
+        type=float,
+        default=0.5,
+        help="steady load as a fraction of the fp32 engine's batch-8 capacity",
+    )
     qos.set_defaults(handler=_qos)
     from builder.bench_variants import add_bench_variants_parser
 
@@ -46,4 +52,4 @@ def _rollback(args: argparse.Namespace) -> int:
 def _qos(args: argparse.Namespace) -> int:
     from graylane.bench.qos import QosConfig, main
 
-    return main(QosConfig(spike_s=args.spike_s))
+    return main(QosConfig(spike_s=args.spike_s, base_fraction=args.base_fraction))
