@@ -217,11 +217,15 @@ async def _replay_traffic(args: argparse.Namespace) -> tuple[int, int, int, int]
         decode(inference_pb2.InferenceRequest, r.value)
         for r in await read_range(factory, layout.ingress(args.model), from_ms, to_ms)
     ][: args.limit]
+    # Results went to each request's reply topic (per-client SDK topics included).
+    reply_topics = {req.reply_topic or layout.results(args.model) for req in requests}
+    wanted = {req.request_id for req in requests}
     recorded: dict[str, Any] = {}
-    for r in await read_range(factory, layout.results(args.model), from_ms, 0):
-        res = decode(inference_pb2.InferenceResult, r.value)
-        if not res.shadow and res.status == inference_pb2.OK:
-            recorded.setdefault(res.request_id, res)
+    for topic in sorted(reply_topics):
+        for r in await read_range(factory, topic, from_ms, 0):
+            res = decode(inference_pb2.InferenceResult, r.value)
+            if res.request_id in wanted and not res.shadow and res.status == inference_pb2.OK:
+                recorded.setdefault(res.request_id, res)
     client = f"replay-{uuid.uuid4().hex[:8]}"
     await ensure_topics(factory, [layout.reply_spec(client)])
     consumer = factory.consumer(

@@ -1,0 +1,63 @@
+"""`graylane traffic replay`: recorded requests re-sent to another version and
+compared with the recorded results (an offline shadow test), on the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from graylane.cli.main import main
+from graylane.client import GraylaneClient, PostProcess, Task
+from graylane.demo.gpt import write_demo_gpt
+from graylane.kafka.factory import KafkaFactory
+from graylane.settings import Settings
+from tests.support.stack import running_stack
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+MODEL = "gpt"
+
+
+async def test_replayed_traffic_agrees_with_a_twin_and_differs_from_another_model(
+    settings: Settings,
+    factory: KafkaFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    versions = {
+        "v1": write_demo_gpt(tmp_path / "v1.onnx", "tiny", seed=1),
+        "twin": write_demo_gpt(tmp_path / "twin.onnx", "tiny", seed=1),  # same weights
+        "other": write_demo_gpt(tmp_path / "other.onnx", "tiny", seed=9),
+    }
+    monkeypatch.setenv("GRAYLANE_TOPIC_PREFIX", settings.topic_prefix)
+    monkeypatch.setenv("GRAYLANE_BOOTSTRAP_SERVERS", settings.bootstrap_servers)
+    monkeypatch.setenv("COLUMNS", "200")
+    async with running_stack(factory, model=MODEL, versions=versions, stable="v1"):
+        start_ms = int(time.time() * 1000)
+        async with GraylaneClient(factory) as client:
+            for i in range(6):
+                await client.infer(
+                    MODEL,
+                    prompt=f"recorded {i}",
+                    routing_key=f"u{i}",
+                    post_process=PostProcess.TOPK_LAST,
+                    top_k=3,
+                    timeout=30,
+                )
+                await client.infer(
+                    MODEL, prompt=f"story {i}", task=Task.GENERATE, max_new_tokens=4, timeout=30
+                )
+        window = ["--model", MODEL, "--from", str(start_ms), "--timeout-s", "30"]
+        capsys.readouterr()
+        twin = await asyncio.to_thread(main, ["traffic", "replay", *window, "--version", "twin"])
+        twin_out = capsys.readouterr().out
+        other = await asyncio.to_thread(main, ["traffic", "replay", *window, "--version", "other"])
+        other_out = capsys.readouterr().out
+    assert twin == 0, twin_out
+    assert "100.00%" in twin_out and "12" in twin_out
+    assert other == 1, other_out
+    assert "100.00%" not in other_out
