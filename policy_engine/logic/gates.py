@@ -50,9 +50,11 @@ __all__ = [
     "P99_MIN_SAMPLES",
     "RULE_AGREEMENT",
     "RULE_ERROR",
+    "RULE_ERROR_DECISIVE",
     "RULE_ERROR_SEVERE",
     "RULE_P99",
     "RULE_P99_SEVERE",
+    "DECISIVE_ERROR_ALPHA_FACTOR",
     "SEVERE_ERROR_ALPHA_FACTOR",
     "SEVERE_ERROR_FACTOR",
     "SEVERE_P99_FACTOR",
@@ -67,6 +69,7 @@ RULE_P99 = "p99_ratio"
 RULE_P99_SEVERE = "p99_severe"
 RULE_ERROR = "error_rate"
 RULE_ERROR_SEVERE = "error_rate_severe"
+RULE_ERROR_DECISIVE = "error_rate_decisive"
 RULE_AGREEMENT = "output_agreement"
 
 P99_MIN_SAMPLES = 100
@@ -74,6 +77,9 @@ P95_MIN_SAMPLES = 20
 SEVERE_P99_FACTOR = 2.0
 SEVERE_ERROR_FACTOR = 5.0
 SEVERE_ERROR_ALPHA_FACTOR = 0.01
+DECISIVE_ERROR_ALPHA_FACTOR = 0.001
+"""A failing error test this far below alpha rolls back at once, whatever the delta:
+waiting for a second disjoint window would only serve more errors."""
 WINDOW_ALPHA_FACTOR = 0.1
 
 
@@ -174,6 +180,12 @@ def error_gate(
     )
     if severe:
         return GateResult(RULE_ERROR_SEVERE, Verdict.FAIL, detail, True)
+    decisive = any(
+        t.verdict is Verdict.FAIL and t.p_value < gates.alpha * DECISIVE_ERROR_ALPHA_FACTOR
+        for _, t in tests
+    )
+    if decisive:
+        return GateResult(RULE_ERROR_DECISIVE, Verdict.FAIL, detail, True)
     verdicts = {t.verdict for _, t in tests}
     for verdict in (Verdict.FAIL, Verdict.INCONCLUSIVE):
         if verdict in verdicts:

@@ -381,9 +381,18 @@ def test_one_outlier_is_not_severe() -> None:
 
 def test_error_gate_fails_on_a_significant_regression() -> None:
     run = Run()
-    d = run.window(cand_n=500, errors=40)  # 8 % vs 0 %
+    d = run.window(cand_n=200, errors=10, base_errors=10)  # 5 % vs 1 %, p ~ 5e-4
     assert (d.kind, d.rule) == (DecisionKind.GATE_FAILED, "error_rate")
+    assert "+4.00pp" in d.reason
+
+
+def test_decisive_error_evidence_rolls_back_at_once() -> None:
+    # 8 % vs 0 %: p ~ 1e-20. A second window would only serve more errors.
+    run = Run()
+    d = run.window(cand_n=500, errors=40)
+    assert (d.kind, d.rule) == (DecisionKind.ROLLBACK, "error_rate_decisive")
     assert "+8.00pp" in d.reason
+    assert d.after.candidate_weight_percent == 0.0
 
 
 def test_error_gate_severe_rolls_back_at_once() -> None:
