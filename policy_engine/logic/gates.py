@@ -46,6 +46,7 @@ from policy_engine.logic.significance import (
 from policy_engine.logic.window import WindowStats
 
 __all__ = [
+    "DECISIVE_ERROR_ALPHA_FACTOR",
     "P95_MIN_SAMPLES",
     "P99_MIN_SAMPLES",
     "RULE_AGREEMENT",
@@ -54,7 +55,6 @@ __all__ = [
     "RULE_ERROR_SEVERE",
     "RULE_P99",
     "RULE_P99_SEVERE",
-    "DECISIVE_ERROR_ALPHA_FACTOR",
     "SEVERE_ERROR_ALPHA_FACTOR",
     "SEVERE_ERROR_FACTOR",
     "SEVERE_P99_FACTOR",
