@@ -10,6 +10,7 @@ telemetry are acknowledged (at-least-once; duplicates carry the same request_id)
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
@@ -44,8 +45,9 @@ from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
+from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
-from graylane.kafka.replies import Rejection, ReplySink, now_ms, settle
+from graylane.kafka.replies import Rejection, ReplySink, now_ms
 from graylane.metrics import WorkerMetrics, serve_metrics
 from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
 
@@ -525,13 +527,9 @@ class Worker:
                 records = await self._collect(consumer)
                 if not records:
                     continue
-                futures = await self._process(records, sink)
-                await settle(futures)
-                offsets: dict[TopicPartition, int] = {}
-                for r in records:
-                    tp = TopicPartition(r.topic, r.partition)
-                    offsets[tp] = max(offsets.get(tp, 0), r.offset + 1)
-                await consumer.commit(offsets)
+                await deliver_and_commit(
+                    consumer, records, functools.partial(self._process, records, sink)
+                )
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)

@@ -123,13 +123,16 @@ async def bench_stack(
     step_ms: int = 1000,
     with_policy: bool = True,
     tag: str = "bench",
+    later_versions: Sequence[str] = (),
 ) -> AsyncIterator[BenchStack]:
     prefix = f"{tag}{uuid.uuid4().hex[:6]}"
     settings = settings.with_overrides(topic_prefix=prefix)
     factory = KafkaFactory(settings)
     layout = factory.layout
     await ensure_topics(
-        factory, layout.shared_specs() + layout.model_specs(model, [w.version for w in workers])
+        factory,
+        layout.shared_specs()
+        + layout.model_specs(model, [w.version for w in workers] + list(later_versions)),
     )
     env = {
         "GRAYLANE_TOPIC_PREFIX": prefix,

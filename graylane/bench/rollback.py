@@ -111,6 +111,7 @@ async def scenario_bad(
         window_ms=cfg.window_ms,
         step_ms=cfg.step_ms,
         tag="rb",
+        later_versions=("slow", "errors"),
     ) as stack:
         stack.monitor.window_s = 30.0
         stack.rate = cfg.rate

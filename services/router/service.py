@@ -8,6 +8,7 @@ acknowledged, so a crash re-routes rather than loses requests.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -20,8 +21,9 @@ from graylane import serde
 from graylane.errors import SerdeError, require_started
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
+from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
-from graylane.kafka.replies import Rejection, ReplySink, now_ms, settle
+from graylane.kafka.replies import Rejection, ReplySink, now_ms
 from graylane.metrics import RouterMetrics, serve_metrics
 from graylane.routing import RequestFacts, RouteTable, UnknownPinnedVersion, route
 from graylane.routing.convert import table_from_pb
@@ -163,6 +165,14 @@ class Router:
         self.metrics.routed.labels(request.model, decision.version, decision.reason.value).inc()
         return futures
 
+    async def _route_all(
+        self, records: list[ConsumerRecord[bytes, bytes]], sink: ReplySink
+    ) -> list[Awaitable[object]]:
+        futures: list[Awaitable[object]] = []
+        for record in records:
+            futures.extend(await self._handle(record, sink))
+        return futures
+
     def _reject(
         self,
         request: inference_pb2.InferenceRequest,
@@ -222,13 +232,9 @@ class Router:
                 batches = await ingress.getmany(timeout_ms=200)
                 if not batches:
                     continue
-                futures: list[Awaitable[object]] = []
-                for records in batches.values():
-                    for record in records:
-                        futures.extend(await self._handle(record, sink))
-                await settle(futures)
-                await ingress.commit(
-                    {tp: records[-1].offset + 1 for tp, records in batches.items()}
+                fetched = [r for records in batches.values() for r in records]
+                await deliver_and_commit(
+                    ingress, fetched, functools.partial(self._route_all, fetched, sink)
                 )
         finally:
             watcher.cancel()
