@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo.add_argument("--requests", type=int, default=300, help="--quick: requests to send")
     demo.add_argument("--size", choices=["tiny", "small"], default=None)
     demo.add_argument("--candidate-percent", type=float, default=30.0, help="--quick: v2 share")
-    demo.add_argument("--rate", type=float, default=20.0, help="steady load, requests/s")
+    demo.add_argument("--rate", type=float, default=25.0, help="steady load, requests/s")
     demo.add_argument("--slo-p99-ms", type=float, default=250.0)
     demo.add_argument("--keep-running", action="store_true", help="leave broker and services up")
     demo.set_defaults(handler=_demo)
@@ -218,7 +218,7 @@ def _story(args: argparse.Namespace) -> int:
         )
         for version in SEEDS:
             faults = (
-                ["--inject-latency-factor", "4", "--inject-error-rate", "0.2"]
+                ["--inject-latency-factor", "4", "--inject-error-rate", "0.3"]
                 if version == BAD
                 else []
             )

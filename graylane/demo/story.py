@@ -32,7 +32,7 @@ SEEDS = {STABLE: 1, HEALTHY: 2, BAD: 3}
 @dataclass(frozen=True, kw_only=True)
 class StoryConfig:
     rate: float = 20.0
-    spike_factor: float = 3.0
+    spike_factor: float = 4.0
     prompt_len: int = 96
     slo_p99_ms: float = 250.0
     phase_timeout_s: float = 150.0
