@@ -12,27 +12,28 @@ from pathlib import Path
 
 import onnxruntime
 
-from builder.engine_artifacts import compile_engines, publish_engine
-from builder.graph import io_signature, load_header, metadata_int, sha256_file
-from builder.host import build_host, git_commit
-from builder.manifest import (
+from graylane.artifacts.digest import sha256_file
+from graylane.artifacts.graph import io_signature, load_header, metadata_int
+from graylane.artifacts.manifest import (
     CalibrationInfo,
     Manifest,
     ValidationInfo,
     read_manifest,
     with_files,
 )
-from builder.naming import ArtifactName, Backend, Precision
-from builder.progress import NullProgress, ProgressSink
-from builder.registration import register_build
-from builder.report import BuildReport, VariantReport
-from builder.runtime import open_runner
-from builder.samples import SampleSet, load_samples
-from builder.spec import BuildSpec, DemoSource, FileSource
-from builder.store import ArtifactExistsError, ArtifactStore, CacheKind
-from builder.tensorrt_build import tensorrt_unavailable_reason
-from builder.validation import ValidationResult, reference_outputs, validate_variant
-from builder.variants import (
+from graylane.artifacts.naming import ArtifactName, Backend, Precision
+from graylane.builder.engine_artifacts import compile_engines, publish_engine
+from graylane.builder.host import build_host, git_commit
+from graylane.builder.progress import NullProgress, ProgressSink
+from graylane.builder.registration import register_build
+from graylane.builder.report import BuildReport, VariantReport
+from graylane.builder.runtime import open_runner
+from graylane.builder.samples import SampleSet, load_samples
+from graylane.builder.spec import BuildSpec, DemoSource, FileSource
+from graylane.builder.store import ArtifactExistsError, ArtifactStore, CacheKind
+from graylane.builder.tensorrt_build import tensorrt_unavailable_reason
+from graylane.builder.validation import ValidationResult, reference_outputs, validate_variant
+from graylane.builder.variants import (
     EXTERNAL_DATA_THRESHOLD,
     VariantInputs,
     VariantOutcome,
@@ -57,7 +58,7 @@ def resolve_source(spec: BuildSpec, store: ArtifactStore) -> Path:
             raise BuildError(f"source model {spec.source.path} does not exist")
         return spec.source.path
     if isinstance(spec.source, DemoSource):
-        from graylane.demo.gpt import write_demo_gpt
+        from graylane.models.demo_gpt import write_demo_gpt
 
         target = store.cache_dir(CacheKind.SOURCES) / (
             f"demo-gpt-{spec.source.size}-seed{spec.source.seed}.onnx"

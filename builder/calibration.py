@@ -36,8 +36,8 @@ from onnxruntime.quantization import CalibrationDataReader
 from onnxruntime.quantization import CalibrationMethod as OrtCalibrationMethod
 from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
 
-from builder.samples import SampleSet
-from builder.spec import CalibrationMethod
+from graylane.artifacts.build_info import CalibrationMethod
+from graylane.builder.samples import SampleSet
 
 __all__ = ["CalibrationError", "CalibrationRecord", "calibrate", "calibration_key"]
 

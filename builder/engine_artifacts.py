@@ -7,17 +7,18 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from builder.graph import IOSignature, sha256_file
-from builder.host import detect_gpu
-from builder.manifest import Manifest, with_files
-from builder.naming import Backend, Precision
-from builder.progress import ProgressSink
-from builder.report import VariantReport
-from builder.spec import BuildSpec
-from builder.store import ArtifactStore, CacheKind
-from builder.tensorrt_build import ENGINE_FILE, EngineOutcome, EngineRequest, build_engine
-from builder.validation import ValidationResult
-from builder.variants import VariantOutcome, VariantStatus
+from graylane.artifacts.digest import sha256_file
+from graylane.artifacts.graph import IOSignature
+from graylane.artifacts.manifest import Manifest, with_files
+from graylane.artifacts.naming import Backend, Precision
+from graylane.builder.host import detect_gpu
+from graylane.builder.progress import ProgressSink
+from graylane.builder.report import VariantReport
+from graylane.builder.spec import BuildSpec
+from graylane.builder.store import ArtifactStore, CacheKind
+from graylane.builder.tensorrt_build import ENGINE_FILE, EngineOutcome, EngineRequest, build_engine
+from graylane.builder.validation import ValidationResult
+from graylane.builder.variants import VariantOutcome, VariantStatus
 
 __all__ = ["compile_engines", "publish_engine"]
 

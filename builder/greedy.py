@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from builder.graph import DECODER_INPUTS, DECODER_OUTPUT
+from graylane.artifacts.graph import DECODER_INPUTS, DECODER_OUTPUT
 
 __all__ = ["Runner", "greedy_generate"]
 

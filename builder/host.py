@@ -13,7 +13,7 @@ from pathlib import Path
 import onnx
 import onnxruntime
 
-from builder.manifest import BuildHost, GpuInfo
+from graylane.artifacts.manifest import BuildHost, GpuInfo
 
 __all__ = ["build_host", "cpu_model", "detect_gpu", "git_commit", "tensorrt_version"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from builder.manifest import Manifest
-from builder.naming import SemVer
-from builder.store import manifest_sha256
+from graylane.artifacts.manifest import Manifest
+from graylane.artifacts.naming import SemVer
+from graylane.artifacts.verify import manifest_sha256
 from graylane.registry import (
     ArtifactInfo,
     ArtifactRecord,

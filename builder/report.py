@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.manifest import CalibrationInfo
-from builder.naming import ArtifactName, Backend, Precision
-from builder.validation import ValidationResult
-from builder.variants import VariantStatus
+from graylane.artifacts.manifest import CalibrationInfo
+from graylane.artifacts.naming import ArtifactName, Backend, Precision
+from graylane.builder.validation import ValidationResult
+from graylane.builder.variants import VariantStatus
 
 __all__ = ["BuildReport", "VariantReport"]
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from builder.graph import DECODER_INPUTS, IOSignature, TensorSpec
-from builder.spec import DataSpec, Generator, GeneratorData, NpzData
+from graylane.artifacts.graph import DECODER_INPUTS, IOSignature, TensorSpec
+from graylane.builder.spec import DataSpec, Generator, GeneratorData, NpzData
 
 __all__ = ["SampleError", "SampleSet", "demo_sentences", "load_samples"]
 
@@ -153,7 +153,7 @@ def demo_sentences() -> tuple[str, ...]:
 
 
 def _demo_text(rng: np.random.Generator, samples: int, seq_len: int) -> dict[str, np.ndarray]:
-    from graylane.demo.gpt import BOS_ID, PAD_ID, encode_text
+    from graylane.models.demo_gpt import BOS_ID, PAD_ID, encode_text
 
     ids = np.full((samples, seq_len), PAD_ID, dtype=np.int64)
     mask = np.zeros((samples, seq_len), dtype=np.int64)

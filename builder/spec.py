@@ -19,9 +19,22 @@ from typing import Any
 
 import yaml
 
-from builder.naming import NamingError, Precision, SemVer, parse_semver, validate_model_name
-from builder.naming import validate_strategy as _validate_strategy
-from builder.spec_fields import (
+from graylane.artifacts.build_info import (
+    CalibrationMethod,
+    HardwareCompatibility,
+    InputShapeRange,
+    ShapeProfile,
+    Tolerance,
+)
+from graylane.artifacts.naming import (
+    NamingError,
+    Precision,
+    SemVer,
+    parse_semver,
+    validate_model_name,
+)
+from graylane.artifacts.naming import validate_strategy as _validate_strategy
+from graylane.builder.spec_fields import (
     SpecError,
     check_keys,
     mapping,
@@ -38,50 +51,29 @@ from builder.spec_fields import (
 __all__ = [
     "DEFAULT_QUANTIZE_OPS",
     "BuildSpec",
-    "CalibrationMethod",
     "DataSpec",
     "DemoSource",
     "FileSource",
     "GenerationCheck",
     "Generator",
     "GeneratorData",
-    "HardwareCompatibility",
-    "InputShapeRange",
     "NpzData",
     "Precision",
-    "ShapeProfile",
     "SpecError",
     "TensorRTOptions",
-    "Tolerance",
     "default_tolerances",
     "load_spec",
     "parse_spec",
 ]
 
 
-class CalibrationMethod(Enum):
-    """How int8 activation ranges are chosen from calibration samples."""
-
-    ENTROPY = "entropy"
-    MINMAX = "minmax"
-    PERCENTILE = "percentile"
-
-
 class Generator(Enum):
     """Named sample generators usable instead of an .npz file."""
 
     DEMO_TEXT = "demo-text"
-    """Token batches of English sentences encoded for the demo GPT (needs graylane.demo)."""
+    """Token batches of English sentences encoded for the demo GPT (the seeded demo GPT tokenizer)."""
     RANDOM = "random"
     """Random tensors that fit the model's inputs: normal floats, integers in [0, int_high)."""
-
-
-class HardwareCompatibility(Enum):
-    """TensorRT hardware-compatibility level for compiled engines."""
-
-    NONE = "none"
-    AMPERE_PLUS = "ampere-plus"
-    SAME_COMPUTE_CAPABILITY = "same-compute-capability"
 
 
 @dataclass(frozen=True)
@@ -97,27 +89,6 @@ class DemoSource:
 
     size: str
     seed: int = 0
-
-
-@dataclass(frozen=True)
-class InputShapeRange:
-    """One input's (min, opt, max) shapes within a profile."""
-
-    input: str
-    min: tuple[int, ...]
-    opt: tuple[int, ...]
-    max: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class ShapeProfile:
-    """A TensorRT optimization profile (and the shape bucket a worker serves with it)."""
-
-    name: str
-    shapes: tuple[InputShapeRange, ...]
-
-    def for_input(self, name: str) -> InputShapeRange | None:
-        return next((s for s in self.shapes if s.input == name), None)
 
 
 @dataclass(frozen=True)
@@ -152,16 +123,6 @@ class DataSpec:
     samples: int
     seed: int = 0
     batch_size: int = 1
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """Limits a variant must meet against the fp32 reference; ``None`` means not checked."""
-
-    max_abs: float | None = None
-    min_cosine: float | None = None
-    min_top1_agreement: float | None = None
-    min_token_agreement: float | None = None
 
 
 @dataclass(frozen=True)

@@ -16,22 +16,14 @@ renamed into place, so a reader never sees half an artifact.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from builder.compatibility import (
-    IncompatibleEngineError,
-    NoCompatibleEngineError,
-    check_engine_compatibility,
-    select_engine,
-)
-from builder.graph import sha256_file
-from builder.manifest import (
+from graylane.artifacts.manifest import (
     MANIFEST_FILE,
     FileDigest,
     Manifest,
@@ -39,21 +31,16 @@ from builder.manifest import (
     read_manifest,
     write_manifest,
 )
-from builder.naming import ArtifactName, artifact_dir_name
+from graylane.artifacts.naming import ArtifactName, artifact_dir_name
+from graylane.artifacts.verify import (
+    digest_files,
+)
 
 __all__ = [
     "ArtifactExistsError",
     "ArtifactStore",
     "CacheKind",
-    "IncompatibleEngineError",
-    "NoCompatibleEngineError",
     "StoreError",
-    "TamperedArtifactError",
-    "check_engine_compatibility",
-    "digest_files",
-    "manifest_sha256",
-    "select_engine",
-    "verify_artifact",
 ]
 
 
@@ -65,30 +52,11 @@ class ArtifactExistsError(StoreError):
     """An artifact with this name is already published (versions are immutable)."""
 
 
-class TamperedArtifactError(StoreError):
-    """A file of an artifact is missing or does not match the digest in its manifest."""
-
-    def __init__(self, message: str, file: str) -> None:
-        super().__init__(message)
-        self.file = file
-
-
 class CacheKind(Enum):
     CALIBRATION = "calibration"
     TENSORRT_ENGINES = "tensorrt/engines"
     TENSORRT_TIMING = "tensorrt/timing"
     SOURCES = "sources"
-
-
-def digest_files(folder: Path, names: Sequence[str]) -> tuple[FileDigest, ...]:
-    return tuple(
-        FileDigest(path=n, sha256=sha256_file(folder / n), bytes=(folder / n).stat().st_size)
-        for n in names
-    )
-
-
-def manifest_sha256(folder: Path) -> str:
-    return hashlib.sha256((folder / MANIFEST_FILE).read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -166,48 +134,3 @@ class ArtifactStore:
             except ManifestError:
                 continue
         return found
-
-
-def verify_artifact(folder: Path | str, expected_manifest_sha256: str | None = None) -> Manifest:
-    """Check every file of an artifact against its manifest; returns the manifest.
-
-    Raises :class:`TamperedArtifactError` naming the first file that is missing,
-    altered, or (for the manifest itself) differs from ``expected_manifest_sha256``.
-    """
-    path = Path(folder)
-    if expected_manifest_sha256 is not None:
-        if not (path / MANIFEST_FILE).is_file():
-            raise TamperedArtifactError(f"{path / MANIFEST_FILE}: missing", MANIFEST_FILE)
-        actual = manifest_sha256(path)
-        if actual != expected_manifest_sha256:
-            raise TamperedArtifactError(
-                f"{path / MANIFEST_FILE}: sha256 {actual} differs from the registered "
-                f"{expected_manifest_sha256}",
-                MANIFEST_FILE,
-            )
-    try:
-        manifest = read_manifest(path)
-    except ManifestError as exc:
-        raise TamperedArtifactError(f"{path / MANIFEST_FILE}: {exc}", MANIFEST_FILE) from None
-    if not manifest.files:
-        raise TamperedArtifactError(f"{path / MANIFEST_FILE}: lists no files", MANIFEST_FILE)
-    for entry in manifest.files:
-        relative = PurePosixPath(entry.path)
-        if relative.is_absolute() or ".." in relative.parts:
-            raise TamperedArtifactError(
-                f"{path / MANIFEST_FILE}: file entry {entry.path!r} points outside the artifact",
-                entry.path,
-            )
-        file_path = path / relative
-        if not file_path.is_file():
-            raise TamperedArtifactError(
-                f"{file_path}: listed in the manifest but missing", entry.path
-            )
-        actual = sha256_file(file_path)
-        if actual != entry.sha256:
-            raise TamperedArtifactError(
-                f"{file_path}: sha256 {actual} does not match the manifest's {entry.sha256}; "
-                "the file was altered after the build",
-                entry.path,
-            )
-    return manifest

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.graph import IOSignature
-from builder.host import detect_gpu, tensorrt_version
-from builder.manifest import EngineTarget, GpuInfo
-from builder.naming import Precision
-from builder.spec import HardwareCompatibility, ShapeProfile, TensorRTOptions
-from builder.variants import VariantStatus
+from graylane.artifacts.build_info import HardwareCompatibility, ShapeProfile
+from graylane.artifacts.graph import IOSignature
+from graylane.artifacts.manifest import EngineTarget, GpuInfo
+from graylane.artifacts.naming import Precision
+from graylane.builder.host import detect_gpu, tensorrt_version
+from graylane.builder.spec import TensorRTOptions
+from graylane.builder.variants import VariantStatus
 
 __all__ = [
     "ENGINE_FILE",

@@ -26,14 +26,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from builder.graph import DECODER_INPUTS, IOSignature
-from builder.greedy import Runner, greedy_generate
-from builder.naming import Precision
-from builder.samples import SampleSet
-from builder.spec import GenerationCheck, Tolerance
+from graylane.artifacts.build_info import Metrics, Tolerance
+from graylane.artifacts.graph import DECODER_INPUTS, IOSignature
+from graylane.artifacts.naming import Precision
+from graylane.builder.greedy import Runner, greedy_generate
+from graylane.builder.samples import SampleSet
+from graylane.builder.spec import GenerationCheck
 
 __all__ = [
-    "Metrics",
     "ReferenceOutputs",
     "ValidationResult",
     "check_tolerance",
@@ -45,17 +45,6 @@ __all__ = [
 ]
 
 _EPS = 1e-12
-
-
-@dataclass(frozen=True)
-class Metrics:
-    max_abs: float
-    mean_rel: float
-    cosine: float
-    top1_agreement: float
-    rows: int
-    token_agreement: float | None = None
-    token_agreement_overall: float | None = None
 
 
 @dataclass(frozen=True)

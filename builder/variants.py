@@ -19,11 +19,12 @@ from pathlib import Path
 
 import onnx
 
-from builder.calibration import ORT_METHODS, CalibrationError, CalibrationRecord, calibrate
-from builder.naming import Precision
-from builder.runtime import VariantLoadError, open_runner
-from builder.samples import SampleSet
-from builder.spec import DEFAULT_QUANTIZE_OPS, CalibrationMethod
+from graylane.artifacts.build_info import CalibrationMethod
+from graylane.artifacts.naming import Precision
+from graylane.builder.calibration import ORT_METHODS, CalibrationError, CalibrationRecord, calibrate
+from graylane.builder.runtime import VariantLoadError, open_runner
+from graylane.builder.samples import SampleSet
+from graylane.builder.spec import DEFAULT_QUANTIZE_OPS
 
 __all__ = [
     "EXTERNAL_DATA_THRESHOLD",

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine_worker.batching import BucketPolicy
-from engine_worker.engine.protocol import InferenceEngine
-from engine_worker.requests import TaskKind, WorkItem
-from engine_worker.tasks import GenerationResult, run_forward, run_generate
+from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.engine.protocol import InferenceEngine
+from graylane.engine_worker.requests import TaskKind, WorkItem
+from graylane.engine_worker.tasks import GenerationResult, run_forward, run_generate
 
 
 @dataclass(frozen=True)

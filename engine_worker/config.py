@@ -6,7 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from engine_worker.batching import DEFAULT_BUCKETS
+from graylane.engine_worker.batching import DEFAULT_BUCKETS
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,13 +13,13 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder.compatibility import IncompatibleEngineError, select_engine
-from builder.manifest import Manifest
-from builder.naming import Backend
-from builder.store import verify_artifact
-from engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
-from engine_worker.engine.protocol import InferenceEngine
-from engine_worker.engine.tensorrt_backend import gpu_compute_capability, tensorrt_version
+from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
+from graylane.artifacts.manifest import Manifest
+from graylane.artifacts.naming import Backend
+from graylane.artifacts.verify import verify_artifact
+from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
+from graylane.engine_worker.engine.protocol import InferenceEngine
+from graylane.engine_worker.engine.tensorrt_backend import gpu_compute_capability, tensorrt_version
 from graylane.errors import GraylaneError
 from graylane.registry import ArtifactInfo, open_registry
 from graylane.settings import Settings
@@ -85,7 +85,7 @@ def load_from_registry(
             for art, _, _ in candidates:
                 skipped[str(art.name)] = str(exc)
             continue
-        from engine_worker.engine.tensorrt_backend import TensorRTEngine
+        from graylane.engine_worker.engine.tensorrt_backend import TensorRTEngine
 
         folder = next(f for _, f, m in candidates if m is chosen)
         engines[precision] = TensorRTEngine.load(model_file(folder, chosen), precision, name=model)

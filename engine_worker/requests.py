@@ -11,8 +11,8 @@ from enum import Enum
 
 import numpy as np
 
-from engine_worker.engine.protocol import IOSignature
-from engine_worker.tasks import ATTENTION_MASK, INPUT_IDS, PostProcess, token_layout
+from graylane.engine_worker.engine.protocol import IOSignature
+from graylane.engine_worker.tasks import ATTENTION_MASK, INPUT_IDS, PostProcess, token_layout
 
 
 class TaskKind(Enum):

@@ -1,7 +1,7 @@
 """The engine worker: a consumer group per (model, version) running engine variants.
 
-Kafka adapter around :mod:`engine_worker.requests` (validation),
-:mod:`engine_worker.batching` (bucket planning) and :mod:`engine_worker.compute`
+Kafka adapter around :mod:`graylane.engine_worker.requests` (validation),
+:mod:`graylane.engine_worker.batching` (bucket planning) and :mod:`graylane.engine_worker.compute`
 (inference). Inference runs in a thread so aiokafka's heartbeats keep running on
 the event loop. Offsets are committed only after every result and the batch
 telemetry are acknowledged (at-least-once; duplicates carry the same request_id).
@@ -24,12 +24,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
-from engine_worker.batching import BucketPolicy
-from engine_worker.compute import BatchRun, ForwardOutcome, GenerateOutcome, run_batch
-from engine_worker.config import WorkerConfig
-from engine_worker.engine.errors import EngineError
-from engine_worker.engine.protocol import InferenceEngine
-from engine_worker.requests import (
+from graylane import serde, tensors
+from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.compute import BatchRun, ForwardOutcome, GenerateOutcome, run_batch
+from graylane.engine_worker.config import WorkerConfig
+from graylane.engine_worker.engine.errors import EngineError
+from graylane.engine_worker.engine.protocol import InferenceEngine
+from graylane.engine_worker.requests import (
     Limits,
     Reject,
     RejectCode,
@@ -38,8 +39,7 @@ from engine_worker.requests import (
     WorkItem,
     prepare,
 )
-from engine_worker.tasks import PostProcess
-from graylane import serde, tensors
+from graylane.engine_worker.tasks import PostProcess
 from graylane.errors import SerdeError, TensorError, require_started
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
@@ -150,7 +150,7 @@ class Worker:
 
     @staticmethod
     def _is_token_model(engine: InferenceEngine) -> bool:
-        from engine_worker.tasks import token_layout
+        from graylane.engine_worker.tasks import token_layout
 
         return token_layout(engine.io) is not None
 

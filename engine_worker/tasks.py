@@ -19,9 +19,14 @@ from enum import Enum
 
 import numpy as np
 
-from engine_worker.batching import BucketPolicy, InvalidPolicyError, PendingItem, pad_token_batch
-from engine_worker.engine.errors import InvalidInputError
-from engine_worker.engine.protocol import InferenceEngine, IOSignature
+from graylane.engine_worker.batching import (
+    BucketPolicy,
+    InvalidPolicyError,
+    PendingItem,
+    pad_token_batch,
+)
+from graylane.engine_worker.engine.errors import InvalidInputError
+from graylane.engine_worker.engine.protocol import InferenceEngine, IOSignature
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"

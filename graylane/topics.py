@@ -168,9 +168,7 @@ class TopicLayout:
             self._spec(
                 self.precision(), TopicKind.PRECISION, cleanup=Cleanup.COMPACT, partitions=1
             ),
-            self._spec(
-                self.rollouts(), TopicKind.ROLLOUTS, cleanup=Cleanup.COMPACT, partitions=1
-            ),
+            self._spec(self.rollouts(), TopicKind.ROLLOUTS, cleanup=Cleanup.COMPACT, partitions=1),
             self._spec(
                 self.commands(),
                 TopicKind.COMMANDS,

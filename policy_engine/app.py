@@ -1,4 +1,4 @@
-"""The faust-streaming adapter of :class:`~policy_engine.core.PolicyCore` (thin).
+"""The faust-streaming adapter of :class:`~graylane.policy_engine.core.PolicyCore` (thin).
 
 Agents decode telemetry, commands and shadow results (raw bytes, protobuf via
 ``graylane.serde``) into the core; a timer calls ``core.tick`` every step and
@@ -28,14 +28,14 @@ from graylane import serde
 from graylane.errors import SerdeError
 from graylane.kafka.admin import ensure_topics, read_latest_per_key, wait_for_assignment
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.policy_engine.core import CommandRejected, Output, PolicyCore
+from graylane.policy_engine.logic.errors import PolicyError
+from graylane.policy_engine.logic.qos import QosPolicy
+from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
+from graylane.policy_engine.publish import command_from_pb, records_of, shadow_output_of
 from graylane.settings import Settings
 from graylane.v1 import control_pb2, inference_pb2, rollout_pb2, telemetry_pb2
-from policy_engine import convert
-from policy_engine.core import CommandRejected, Output, PolicyCore
-from policy_engine.logic.errors import PolicyError
-from policy_engine.logic.qos import QosPolicy
-from policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
-from policy_engine.publish import command_from_pb, records_of, shadow_output_of
+from graylane.policy_engine import convert
 
 __all__ = ["PolicyConfig", "create_app", "prepare_topics"]
 

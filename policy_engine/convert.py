@@ -19,11 +19,15 @@ from __future__ import annotations
 import hashlib
 
 from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
-from graylane.routing.convert import table_to_pb
-from graylane.v1 import audit_pb2, control_pb2, rollout_pb2, telemetry_pb2
-from policy_engine.logic.qos import QosDecision, QosPolicy, QosState
-from policy_engine.logic.rollout_spec import DEFAULT_STEPS, Gates, RolloutSpec, Step, Strategy
-from policy_engine.logic.rollout_state import (
+from graylane.policy_engine.logic.qos import QosDecision, QosPolicy, QosState
+from graylane.policy_engine.logic.rollout_spec import (
+    DEFAULT_STEPS,
+    Gates,
+    RolloutSpec,
+    Step,
+    Strategy,
+)
+from graylane.policy_engine.logic.rollout_state import (
     Decision,
     DecisionKind,
     ManualCommand,
@@ -31,8 +35,10 @@ from policy_engine.logic.rollout_state import (
     RolloutState,
     StepEvidence,
 )
-from policy_engine.logic.routing_plan import RoutingPlan, route_table_for
-from policy_engine.logic.window import TelemetrySample, WindowStats
+from graylane.policy_engine.logic.routing_plan import RoutingPlan, route_table_for
+from graylane.policy_engine.logic.window import TelemetrySample, WindowStats
+from graylane.routing.convert import table_to_pb
+from graylane.v1 import audit_pb2, control_pb2, rollout_pb2, telemetry_pb2
 
 __all__ = [
     "decision_id_of",
@@ -187,7 +193,7 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
 
 
 def rollout_spec_from_pb(pb: rollout_pb2.RolloutSpec) -> RolloutSpec:
-    """Raises :class:`~policy_engine.logic.errors.InvalidSpec` for a broken spec."""
+    """Raises :class:`~graylane.policy_engine.logic.errors.InvalidSpec` for a broken spec."""
     d = RolloutSpec(rollout_id="-", model="-", baseline="-a", candidate="-b")
     dg = d.gates
     gates = Gates(
@@ -333,7 +339,7 @@ def qos_policy_to_pb(p: QosPolicy) -> rollout_pb2.QosPolicy:
 
 
 def qos_policy_from_pb(pb: rollout_pb2.QosPolicy) -> QosPolicy:
-    """Raises :class:`~policy_engine.logic.errors.InvalidPolicy` for a broken policy."""
+    """Raises :class:`~graylane.policy_engine.logic.errors.InvalidPolicy` for a broken policy."""
     d = QosPolicy(model="-", version="-", slo_p99_ms=1.0, ladder=("-",))
     return QosPolicy(
         model=pb.model,

@@ -3,9 +3,9 @@
 :class:`PolicyCore` owns the sliding window, the active rollouts per model,
 the QoS policies and states per (model, version), the shadow agreement
 trackers and the epochs of the records it writes. The streaming adapter
-(``policy_engine.app``) feeds it decoded inputs and publishes the
+(``graylane.policy_engine.app``) feeds it decoded inputs and publishes the
 :data:`Output` items it returns, converting them to the wire at the edge
-(``policy_engine.publish``).
+(``graylane.policy_engine.publish``).
 
 Choices worth knowing:
 
@@ -19,7 +19,7 @@ Choices worth knowing:
   previous decision, or when it changes the carried state beyond the reason
   text and timestamp (evidence gathered, a failure streak). Each audit
   record carries the whole state before and after, so every recorded decision
-  replays on its own (``policy_engine.audit_replay``) even though most
+  replays on its own (``graylane.policy_engine.audit_replay``) even though most
   same-rule holds are left out. QoS holds are recorded on a rule change only.
 - **One rollout per model.** A START for a model with an active rollout, an
   unknown rollout id or a command the state machine refuses is recorded as a
@@ -37,9 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from policy_engine.logic.agreement import AgreementTracker, ShadowOutput
-from policy_engine.logic.errors import PolicyError
-from policy_engine.logic.qos import (
+from graylane.policy_engine.logic.agreement import AgreementTracker, ShadowOutput
+from graylane.policy_engine.logic.errors import PolicyError
+from graylane.policy_engine.logic.qos import (
     QosDecision,
     QosDecisionKind,
     QosPolicy,
@@ -48,17 +48,17 @@ from policy_engine.logic.qos import (
     initial_qos_state,
     qos_during_rollout,
 )
-from policy_engine.logic.rollout import apply_command, evaluate, start
-from policy_engine.logic.rollout_spec import RolloutSpec
-from policy_engine.logic.rollout_state import (
+from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
+from graylane.policy_engine.logic.rollout_spec import RolloutSpec
+from graylane.policy_engine.logic.rollout_state import (
     Decision,
     DecisionKind,
     ManualCommand,
     Phase,
     RolloutState,
 )
-from policy_engine.logic.routing_plan import RoutingPlan, plan_for
-from policy_engine.logic.window import (
+from graylane.policy_engine.logic.routing_plan import RoutingPlan, plan_for
+from graylane.policy_engine.logic.window import (
     DEFAULT_STEP_MS,
     DEFAULT_WINDOW_MS,
     Lane,

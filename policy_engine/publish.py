@@ -1,4 +1,4 @@
-"""The wire edge of :class:`~policy_engine.core.PolicyCore`: commands in, records out.
+"""The wire edge of :class:`~graylane.policy_engine.core.PolicyCore`: commands in, records out.
 
 :func:`records_of` turns the core's outputs into ``(topic, key, value)``
 records with the keys of the contract (routing: model; precision:
@@ -14,10 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from graylane import serde
-from graylane.topics import TopicLayout
-from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2
-from policy_engine import convert
-from policy_engine.core import (
+from graylane.policy_engine.core import (
     Command,
     CommandKind,
     CommandRejected,
@@ -29,8 +26,11 @@ from policy_engine.core import (
     RolloutPublication,
     RoutingPublication,
 )
-from policy_engine.logic.agreement import ShadowOutput
-from policy_engine.logic.errors import PolicyError
+from graylane.policy_engine.logic.agreement import ShadowOutput
+from graylane.policy_engine.logic.errors import PolicyError
+from graylane.topics import TopicLayout
+from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2
+from graylane.policy_engine import convert
 
 __all__ = [
     "RULE_COMMAND_REJECTED",

@@ -20,7 +20,7 @@ from graylane.settings import Settings  # noqa: E402
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap address of the real local broker (started if it is not running)."""
-    from deploy.kafka import kafka
+    from graylane.deploy.kafka import kafka
 
     kafka.start()
     yield kafka.bootstrap()

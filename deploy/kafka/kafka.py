@@ -12,7 +12,7 @@ Usage::
 
 Importable (stdlib only)::
 
-    from deploy.kafka import kafka
+    from graylane.deploy.kafka import kafka
     kafka.start()            # -> "127.0.0.1:9092"; no-op when already running
     kafka.bootstrap()        # -> "127.0.0.1:9092"
     kafka.is_running()

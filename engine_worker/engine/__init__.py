@@ -1,10 +1,10 @@
 """Inference engines behind one protocol: ONNX Runtime here, TensorRT on GPUs.
 
-The TensorRT backend is not imported here: ``engine_worker.engine.tensorrt_backend``
+The TensorRT backend is not imported here: ``graylane.engine_worker.engine.tensorrt_backend``
 imports ``tensorrt`` only when an engine is loaded.
 """
 
-from engine_worker.engine.errors import (
+from graylane.engine_worker.engine.errors import (
     EngineClosedError,
     EngineError,
     EngineLoadError,
@@ -12,7 +12,7 @@ from engine_worker.engine.errors import (
     IncompatibleEngineError,
     InvalidInputError,
 )
-from engine_worker.engine.protocol import Dim, InferenceEngine, IOSignature, TensorSpec
+from graylane.engine_worker.engine.protocol import Dim, InferenceEngine, IOSignature, TensorSpec
 
 __all__ = [
     "Dim",

@@ -1,4 +1,4 @@
-"""ONNX Runtime adapter for :class:`~engine_worker.engine.protocol.InferenceEngine`."""
+"""ONNX Runtime adapter for :class:`~graylane.engine_worker.engine.protocol.InferenceEngine`."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
-from engine_worker.engine.errors import (
+from graylane.engine_worker.engine.errors import (
     EngineClosedError,
     EngineLoadError,
     EngineRunError,
     InvalidInputError,
 )
-from engine_worker.engine.protocol import Dim, IOSignature, TensorSpec
+from graylane.engine_worker.engine.protocol import Dim, IOSignature, TensorSpec
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"

@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from engine_worker.engine.errors import InvalidInputError
+from graylane.engine_worker.engine.errors import InvalidInputError
 
 Dim = int | str | None
 """A dimension: a fixed size, a named dynamic axis (``"batch"``), or unknown (``None``)."""
@@ -109,7 +109,7 @@ class InferenceEngine(Protocol):
     """A loaded engine variant that runs one batch at a time.
 
     ``run`` may be called from a worker thread; implementations release the GIL
-    while computing. Errors are :class:`~engine_worker.engine.errors.EngineError`.
+    while computing. Errors are :class:`~graylane.engine_worker.engine.errors.EngineError`.
     """
 
     @property

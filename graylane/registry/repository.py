@@ -15,7 +15,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
-from builder.naming import (
+from graylane.artifacts.naming import (
     ArtifactName,
     Backend,
     NamingError,

@@ -1,13 +1,13 @@
 """Pure decision logic of the policy engine: windows, gates, rollout and QoS controllers.
 
 Nothing here does I/O or imports Kafka, faust, gRPC, SQL or protobuf; the
-adapter ``policy_engine.convert`` maps these dataclasses to the wire
+adapter ``graylane.policy_engine.convert`` maps these dataclasses to the wire
 contracts. Every decision is a function of (state, window stats, ``now_ms``)
-and can be replayed (:mod:`policy_engine.logic.replay`).
+and can be replayed (:mod:`graylane.policy_engine.logic.replay`).
 """
 
-from policy_engine.logic.agreement import AgreementStats, AgreementTracker, ShadowOutput
-from policy_engine.logic.errors import (
+from graylane.policy_engine.logic.agreement import AgreementStats, AgreementTracker, ShadowOutput
+from graylane.policy_engine.logic.errors import (
     InputMismatch,
     InvalidPolicy,
     InvalidSpec,
@@ -15,7 +15,7 @@ from policy_engine.logic.errors import (
     PolicyError,
     RolloutFinished,
 )
-from policy_engine.logic.qos import (
+from graylane.policy_engine.logic.qos import (
     QosDecision,
     QosDecisionKind,
     QosPolicy,
@@ -24,10 +24,10 @@ from policy_engine.logic.qos import (
     initial_qos_state,
     qos_during_rollout,
 )
-from policy_engine.logic.replay import diff, replay, replay_qos
-from policy_engine.logic.rollout import apply_command, evaluate, pending_state, start
-from policy_engine.logic.rollout_spec import Gates, RolloutSpec, Step, Strategy
-from policy_engine.logic.rollout_state import (
+from graylane.policy_engine.logic.replay import diff, replay, replay_qos
+from graylane.policy_engine.logic.rollout import apply_command, evaluate, pending_state, start
+from graylane.policy_engine.logic.rollout_spec import Gates, RolloutSpec, Step, Strategy
+from graylane.policy_engine.logic.rollout_state import (
     TRANSITIONS,
     Decision,
     DecisionKind,
@@ -36,8 +36,13 @@ from policy_engine.logic.rollout_state import (
     RolloutState,
     RoutingIntent,
 )
-from policy_engine.logic.routing_plan import RoutingPlan, VersionWeight, plan_for, weights_for
-from policy_engine.logic.window import (
+from graylane.policy_engine.logic.routing_plan import (
+    RoutingPlan,
+    VersionWeight,
+    plan_for,
+    weights_for,
+)
+from graylane.policy_engine.logic.window import (
     Lane,
     SlidingWindow,
     TelemetrySample,

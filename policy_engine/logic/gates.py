@@ -34,16 +34,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policy_engine.logic.agreement import AgreementStats
-from policy_engine.logic.rollout_spec import Gates
-from policy_engine.logic.rollout_state import StepEvidence
-from policy_engine.logic.significance import (
+from graylane.policy_engine.logic.agreement import AgreementStats
+from graylane.policy_engine.logic.rollout_spec import Gates
+from graylane.policy_engine.logic.rollout_state import StepEvidence
+from graylane.policy_engine.logic.significance import (
     ErrorRateTest,
     Verdict,
     agreement_test,
     error_rate_test,
 )
-from policy_engine.logic.window import WindowStats
+from graylane.policy_engine.logic.window import WindowStats
 
 __all__ = [
     "DECISIVE_ERROR_ALPHA_FACTOR",

@@ -41,8 +41,8 @@ import math
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from policy_engine.logic.errors import InputMismatch, InvalidPolicy
-from policy_engine.logic.window import ALL_VARIANTS, WindowStats
+from graylane.policy_engine.logic.errors import InputMismatch, InvalidPolicy
+from graylane.policy_engine.logic.window import ALL_VARIANTS, WindowStats
 
 __all__ = [
     "Ceiling",

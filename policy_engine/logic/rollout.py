@@ -13,7 +13,7 @@ of inputs replays to the same decisions.
    was counted before (see :class:`StepEvidence`).
 3. ``min_samples`` (window): fewer than 5 requests on a side -> HOLD; no gate
    can judge that little.
-4. Gates (see :mod:`policy_engine.logic.gates`). A severe failure -> ROLLBACK
+4. Gates (see :mod:`graylane.policy_engine.logic.gates`). A severe failure -> ROLLBACK
    at once. Another failure -> GATE_FAILED and ``consecutive_failures + 1``,
    and ROLLBACK when it reaches ``failures_to_rollback`` (default 2). A failure
    counts only on a candidate window that does not overlap the window of the
@@ -45,26 +45,31 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TypedDict
 
-from policy_engine.logic.agreement import AgreementStats
-from policy_engine.logic.errors import InputMismatch, InvalidTransition
-from policy_engine.logic.gates import (
+from graylane.policy_engine.logic.agreement import AgreementStats
+from graylane.policy_engine.logic.errors import InputMismatch, InvalidTransition
+from graylane.policy_engine.logic.gates import (
     GateResult,
     agreement_gate,
     error_gate,
     latency_gate,
 )
-from policy_engine.logic.rollout_commands import apply_command
-from policy_engine.logic.rollout_moves import check_rollout, pending_state, routing_of, transition
-from policy_engine.logic.rollout_spec import RolloutSpec, Strategy
-from policy_engine.logic.rollout_state import (
+from graylane.policy_engine.logic.rollout_commands import apply_command
+from graylane.policy_engine.logic.rollout_moves import (
+    check_rollout,
+    pending_state,
+    routing_of,
+    transition,
+)
+from graylane.policy_engine.logic.rollout_spec import RolloutSpec, Strategy
+from graylane.policy_engine.logic.rollout_state import (
     Decision,
     DecisionKind,
     Phase,
     RolloutState,
     StepEvidence,
 )
-from policy_engine.logic.significance import Verdict
-from policy_engine.logic.window import WindowStats
+from graylane.policy_engine.logic.significance import Verdict
+from graylane.policy_engine.logic.window import WindowStats
 
 __all__ = [
     "GATE_MIN_WINDOW_REQUESTS",

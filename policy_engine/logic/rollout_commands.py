@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from policy_engine.logic.errors import InvalidTransition
-from policy_engine.logic.rollout_moves import check_rollout, transition
-from policy_engine.logic.rollout_spec import RolloutSpec
-from policy_engine.logic.rollout_state import (
+from graylane.policy_engine.logic.errors import InvalidTransition
+from graylane.policy_engine.logic.rollout_moves import check_rollout, transition
+from graylane.policy_engine.logic.rollout_spec import RolloutSpec
+from graylane.policy_engine.logic.rollout_state import (
     Decision,
     DecisionKind,
     ManualCommand,

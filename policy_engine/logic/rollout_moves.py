@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from policy_engine.logic.agreement import AgreementStats
-from policy_engine.logic.errors import InputMismatch, RolloutFinished
-from policy_engine.logic.rollout_spec import RolloutSpec
-from policy_engine.logic.rollout_state import (
+from graylane.policy_engine.logic.agreement import AgreementStats
+from graylane.policy_engine.logic.errors import InputMismatch, RolloutFinished
+from graylane.policy_engine.logic.rollout_spec import RolloutSpec
+from graylane.policy_engine.logic.rollout_state import (
     Decision,
     DecisionKind,
     ManualCommand,
@@ -17,7 +17,7 @@ from policy_engine.logic.rollout_state import (
     StepEvidence,
     check_transition,
 )
-from policy_engine.logic.window import WindowStats
+from graylane.policy_engine.logic.window import WindowStats
 
 __all__ = ["check_rollout", "pending_state", "routing_of", "transition"]
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
-from policy_engine.logic.errors import InvalidSpec
+from graylane.policy_engine.logic.errors import InvalidSpec
 
 __all__ = [
     "DEFAULT_STEPS",

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
-from policy_engine.logic.agreement import AgreementStats
-from policy_engine.logic.errors import InvalidTransition, RolloutFinished
-from policy_engine.logic.window import WindowStats
+from graylane.policy_engine.logic.agreement import AgreementStats
+from graylane.policy_engine.logic.errors import InvalidTransition, RolloutFinished
+from graylane.policy_engine.logic.window import WindowStats
 
 __all__ = [
     "ACTIVE_PHASES",

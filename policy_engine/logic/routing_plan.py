@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from graylane.policy_engine.logic.rollout_state import RoutingIntent
 from graylane.routing import RouteTable, RoutingRule, table_for_weights
-from policy_engine.logic.rollout_state import RoutingIntent
 
 __all__ = [
     "RoutingPlan",

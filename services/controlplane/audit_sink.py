@@ -20,8 +20,8 @@ from graylane.errors import SerdeError
 from graylane.kafka.admin import wait_for_assignment
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 from graylane.serde import decode
+from graylane.services.controlplane.store import ControlStore
 from graylane.v1 import audit_pb2, rollout_pb2
-from services.controlplane.store import ControlStore
 
 __all__ = ["AuditSink", "RolloutHub", "Subscription"]
 

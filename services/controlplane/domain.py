@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 
-from builder.naming import NamingError, parse_semver
+from graylane.artifacts.naming import NamingError, parse_semver
 from graylane.errors import GraylaneError
 
 __all__ = [

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from graylane.registry import ArtifactInfo, Registry, UnknownModel
+from graylane.services.controlplane import domain
+from graylane.services.controlplane.store import ControlStore
 from graylane.v1 import controlplane_pb2, rollout_pb2
-from services.controlplane import domain
-from services.controlplane.store import ControlStore
 
 __all__ = ["model_facts", "variant_info", "version_summary"]
 

@@ -22,11 +22,11 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.factory import KafkaFactory
 from graylane.registry import Registry
 from graylane.registry.migrate import create_db_engine, upgrade
-from services.controlplane.audit_sink import AuditSink, RolloutHub
-from services.controlplane.auth import AuthInterceptor, TokenTable
-from services.controlplane.bus import KafkaCommandBus
-from services.controlplane.servicers import ControlPlane, add_servicers
-from services.controlplane.store import ControlStore
+from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
+from graylane.services.controlplane.auth import AuthInterceptor, TokenTable
+from graylane.services.controlplane.bus import KafkaCommandBus
+from graylane.services.controlplane.servicers import ControlPlane, add_servicers
+from graylane.services.controlplane.store import ControlStore
 
 __all__ = ["ControlPlaneServer", "ServerConfig"]
 

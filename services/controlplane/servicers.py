@@ -1,7 +1,7 @@
 """gRPC servicers: protobuf in, domain checks, store + command bus, protobuf out.
 
-Thin on purpose: rules live in :mod:`services.controlplane.domain`, persistence in
-:mod:`services.controlplane.store`. Typed errors become status codes here, and
+Thin on purpose: rules live in :mod:`graylane.services.controlplane.domain`, persistence in
+:mod:`graylane.services.controlplane.store`. Typed errors become status codes here, and
 only here. SQL calls run in a worker thread so the event loop keeps serving
 Watch streams.
 """
@@ -18,6 +18,13 @@ from typing import Any, TypeVar
 import grpc
 from grpc import aio
 
+from graylane.policy_engine.convert import (
+    qos_policy_from_pb,
+    qos_policy_to_pb,
+    rollout_spec_from_pb,
+    rollout_spec_to_pb,
+)
+from graylane.policy_engine.logic.errors import PolicyError
 from graylane.registry import (
     DuplicateVersion,
     Registry,
@@ -25,20 +32,13 @@ from graylane.registry import (
     UnknownModel,
     UnknownVersion,
 )
+from graylane.services.controlplane import domain
+from graylane.services.controlplane.audit_sink import RolloutHub
+from graylane.services.controlplane.auth import Principal, Role, TokenTable
+from graylane.services.controlplane.bus import CommandPublisher
+from graylane.services.controlplane.facts import model_facts, version_summary
+from graylane.services.controlplane.store import ControlStore, StoredRollout
 from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
-from policy_engine.convert import (
-    qos_policy_from_pb,
-    qos_policy_to_pb,
-    rollout_spec_from_pb,
-    rollout_spec_to_pb,
-)
-from policy_engine.logic.errors import PolicyError
-from services.controlplane import domain
-from services.controlplane.audit_sink import RolloutHub
-from services.controlplane.auth import Principal, Role, TokenTable
-from services.controlplane.bus import CommandPublisher
-from services.controlplane.facts import model_facts, version_summary
-from services.controlplane.store import ControlStore, StoredRollout
 
 __all__ = ["ControlPlane", "add_servicers"]
 

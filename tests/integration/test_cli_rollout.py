@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from builder.naming import ArtifactName, Backend, Precision, parse_semver
 from graylane import serde
-from graylane.cli.main import main
-from graylane.demo.gpt import write_demo_gpt
+from graylane.app.cli.main import main
+from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
 from graylane.kafka.admin import read_latest_per_key
 from graylane.kafka.factory import KafkaFactory
+from graylane.models.demo_gpt import write_demo_gpt
+from graylane.policy_engine.app import PolicyConfig, prepare_topics
 from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
+from graylane.services.controlplane.auth import TokenTable, parse_tokens
+from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
-from policy_engine.app import PolicyConfig, prepare_topics
-from services.controlplane.auth import TokenTable, parse_tokens
-from services.controlplane.server import ControlPlaneServer, ServerConfig
 from tests.conftest import ROOT
 from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
 from tests.support.stack import running_stack
@@ -107,7 +107,7 @@ async def test_a_rollout_driven_entirely_from_the_cli(
         monkeypatch.setenv(key, value)
     await prepare_topics(settings, PolicyConfig(models=(MODEL,)))
     watcher = subprocess.Popen(
-        [sys.executable, "-m", "graylane.cli.main", "rollout", "watch", "--model", MODEL],
+        [sys.executable, "-m", "graylane.app.cli.main", "rollout", "watch", "--model", MODEL],
         cwd=ROOT,
         env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,

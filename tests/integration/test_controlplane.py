@@ -10,14 +10,14 @@ import grpc
 import pytest
 from grpc import aio
 
-from builder.naming import ArtifactName, Backend, Precision, parse_semver
+from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
 from graylane.serde import decode, decode_key, encode, encode_key
+from graylane.services.controlplane.auth import TokenTable, parse_tokens
+from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
-from services.controlplane.auth import TokenTable, parse_tokens
-from services.controlplane.server import ControlPlaneServer, ServerConfig
 
 pytestmark = pytest.mark.kafka
 
@@ -354,7 +354,7 @@ async def test_qos_policy(api: Api) -> None:
 
 
 async def test_cli_talks_to_the_control_plane(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
-    from graylane.cli.main import main
+    from graylane.app.cli.main import main
 
     base = ["--addr", f"127.0.0.1:{api.server.port}", "--token", "ops-token"]
 

@@ -23,10 +23,10 @@ pytestmark = pytest.mark.kafka
 
 def _load_kafka_tool() -> ModuleType:
     try:
-        return importlib.import_module("deploy.kafka.kafka")
+        return importlib.import_module("graylane.deploy.kafka.kafka")
     except ModuleNotFoundError:
         sys.path.insert(0, str(REPO_ROOT))
-        return importlib.import_module("deploy.kafka.kafka")
+        return importlib.import_module("graylane.deploy.kafka.kafka")
 
 
 kt = _load_kafka_tool()

@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from engine_worker.config import FaultInjection
 from graylane import serde
-from graylane.demo.gpt import write_demo_gpt
+from graylane.engine_worker.config import FaultInjection
 from graylane.kafka.admin import read_latest_per_key
 from graylane.kafka.factory import KafkaFactory
+from graylane.models.demo_gpt import write_demo_gpt
+from graylane.policy_engine.app import PolicyConfig, prepare_topics
+from graylane.policy_engine.audit_replay import load_recorded, verify
+from graylane.policy_engine.logic.rollout_spec import RolloutSpec, Step
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
-from policy_engine import convert
-from policy_engine.app import PolicyConfig, prepare_topics
-from policy_engine.audit_replay import load_recorded, verify
-from policy_engine.logic.rollout_spec import RolloutSpec, Step
+from graylane.policy_engine import convert
 from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
 from tests.support.stack import running_stack
 
@@ -109,7 +109,7 @@ async def test_healthy_canary_is_promoted_and_its_audit_replays(
     assert [m.field for m in verify(recorded)] == ["reason"]
 
     # The same through the CLI, reading the real topics by timestamp.
-    from graylane.cli.main import main
+    from graylane.app.cli.main import main
 
     monkeypatch.setenv("GRAYLANE_TOPIC_PREFIX", settings.topic_prefix)
     monkeypatch.setenv("GRAYLANE_BOOTSTRAP_SERVERS", settings.bootstrap_servers)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect
 
-from builder.naming import ArtifactName, Backend, Precision, SemVer, parse_semver
+from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_semver
 from graylane.registry import (
     ArtifactRecord,
     DuplicateArtifact,
@@ -40,7 +40,7 @@ TABLES = {
 @pytest.fixture(scope="session")
 def pg_url() -> str:
     """URL of the local PostgreSQL test server, started when it is not running."""
-    from deploy.postgres import postgres
+    from graylane.deploy.postgres import postgres
 
     postgres.start()
     return postgres.url()

@@ -10,9 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
-from engine_worker.tasks import PostProcess as EnginePost
-from engine_worker.tasks import run_forward, run_generate
 from graylane import serde
 from graylane.client import (
     GraylaneClient,
@@ -21,8 +18,11 @@ from graylane.client import (
     Task,
     UnknownModel,
 )
-from graylane.demo.gpt import write_demo_gpt
+from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
+from graylane.engine_worker.tasks import PostProcess as EnginePost
+from graylane.engine_worker.tasks import run_forward, run_generate
 from graylane.kafka.factory import KafkaFactory
+from graylane.models.demo_gpt import write_demo_gpt
 from graylane.routing import RoutingRule, table_for_weights
 from graylane.routing.convert import table_to_pb
 from graylane.v1 import inference_pb2, telemetry_pb2

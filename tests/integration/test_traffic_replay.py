@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from graylane.cli.main import main
+from graylane.app.cli.main import main
 from graylane.client import GraylaneClient, PostProcess, Task
-from graylane.demo.gpt import write_demo_gpt
 from graylane.kafka.factory import KafkaFactory
+from graylane.models.demo_gpt import write_demo_gpt
 from graylane.settings import Settings
 from tests.support.stack import running_stack
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.store import TamperedArtifactError
-from engine_worker.registry_loading import load_from_registry
 from graylane import serde
+from graylane.app.demo.build_versions import build_versions
+from graylane.artifacts.verify import TamperedArtifactError
 from graylane.client import GraylaneClient, PostProcess
-from graylane.demo.build_versions import build_versions
+from graylane.engine_worker.registry_loading import load_from_registry
 from graylane.kafka.factory import KafkaFactory
 from graylane.registry import open_registry
 from graylane.settings import Settings

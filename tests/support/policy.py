@@ -35,7 +35,7 @@ def policy_engine(settings: Settings, log: Path, model: str) -> Iterator[subproc
     cmd = [
         sys.executable,
         "-m",
-        "graylane.cli.policy",
+        "graylane.app.cli.policy",
         "--model",
         model,
         "--window-ms",

@@ -8,15 +8,15 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine_worker.config import FaultInjection, WorkerConfig
-from engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
-from engine_worker.engine.protocol import InferenceEngine
-from engine_worker.service import Worker
 from graylane import serde
+from graylane.engine_worker.config import FaultInjection, WorkerConfig
+from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
+from graylane.engine_worker.engine.protocol import InferenceEngine
+from graylane.engine_worker.service import Worker
 from graylane.kafka.admin import wait_for_assignment
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.services.router.service import Router, RouterConfig
 from graylane.v1 import dlq_pb2
-from services.router.service import Router, RouterConfig
 
 
 @dataclass

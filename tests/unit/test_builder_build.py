@@ -11,20 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import BuildReport, run_build
-from builder.cli import EXIT_NOT_SERVABLE, EXIT_OK, register
-from builder.manifest import MANIFEST_FILE, read_manifest
-from builder.naming import Backend, Precision, artifact_dir_name, parse_semver
-from builder.spec import BuildSpec, Tolerance, load_spec
-from builder.store import (
-    ArtifactExistsError,
-    ArtifactStore,
-    TamperedArtifactError,
-    manifest_sha256,
-    verify_artifact,
-)
-from builder.variants import VariantStatus
-from graylane.demo.gpt import write_demo_gpt
+from graylane.app.cli.build import EXIT_NOT_SERVABLE, EXIT_OK, register
+from graylane.artifacts.build_info import Tolerance
+from graylane.artifacts.manifest import MANIFEST_FILE, read_manifest
+from graylane.artifacts.naming import Backend, Precision, artifact_dir_name, parse_semver
+from graylane.artifacts.verify import TamperedArtifactError, manifest_sha256, verify_artifact
+from graylane.builder.build import BuildReport, run_build
+from graylane.builder.spec import BuildSpec, load_spec
+from graylane.builder.store import ArtifactExistsError, ArtifactStore
+from graylane.builder.variants import VariantStatus
+from graylane.models.demo_gpt import write_demo_gpt
 from graylane.registry import Registry, open_registry
 
 SPEC = """
@@ -208,7 +204,7 @@ def test_cli_build_exit_codes(
 
 
 def test_spec_without_store_needs_one(built: Built) -> None:
-    from builder.build import BuildError
+    from graylane.builder.build import BuildError
 
     spec: BuildSpec = replace(built.spec, store=None)
     with pytest.raises(BuildError, match="no artifact store"):

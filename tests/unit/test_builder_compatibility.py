@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from builder.compatibility import (
+from graylane.artifacts.build_info import HardwareCompatibility
+from graylane.artifacts.compatibility import (
     IncompatibleEngineError,
     NoCompatibleEngineError,
     check_engine_compatibility,
     select_engine,
 )
-from builder.graph import IOSignature
-from builder.manifest import BuildHost, EngineTarget, Manifest
-from builder.naming import ArtifactName, Backend, Precision, SemVer
-from builder.spec import HardwareCompatibility
+from graylane.artifacts.graph import IOSignature
+from graylane.artifacts.manifest import BuildHost, EngineTarget, Manifest
+from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer
 
 HOST = BuildHost("h", "cpu", None, "3.11", "1.23", "1.32.0", None)
 

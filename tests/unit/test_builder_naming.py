@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from builder.naming import (
+from graylane.artifacts.naming import (
     ArtifactName,
     Backend,
     NamingError,

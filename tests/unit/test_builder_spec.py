@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.naming import SemVer
-from builder.spec import (
-    CalibrationMethod,
+from graylane.artifacts.build_info import CalibrationMethod
+from graylane.artifacts.naming import SemVer
+from graylane.builder.spec import (
     DemoSource,
     FileSource,
     Generator,

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-import builder.tensorrt_build as tb
-from builder.graph import IOSignature, TensorSpec
-from builder.manifest import GpuInfo
-from builder.naming import Precision
-from builder.spec import HardwareCompatibility, InputShapeRange, ShapeProfile, TensorRTOptions
-from builder.variants import VariantStatus
+import graylane.builder.tensorrt_build as tb
+from graylane.artifacts.build_info import HardwareCompatibility, InputShapeRange, ShapeProfile
+from graylane.artifacts.graph import IOSignature, TensorSpec
+from graylane.artifacts.manifest import GpuInfo
+from graylane.artifacts.naming import Precision
+from graylane.builder.spec import TensorRTOptions
+from graylane.builder.variants import VariantStatus
 
 SIGNATURE = IOSignature(
     inputs=(

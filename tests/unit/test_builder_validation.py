@@ -10,21 +10,21 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from builder.graph import io_signature, metadata_int, sha256_file
-from builder.greedy import greedy_generate
-from builder.naming import Precision
-from builder.runtime import open_runner
-from builder.samples import SampleSet, load_samples
-from builder.spec import (
+from graylane.artifacts.build_info import Metrics, Tolerance
+from graylane.artifacts.digest import sha256_file
+from graylane.artifacts.graph import io_signature, metadata_int
+from graylane.artifacts.naming import Precision
+from graylane.builder.greedy import greedy_generate
+from graylane.builder.runtime import open_runner
+from graylane.builder.samples import SampleSet, load_samples
+from graylane.builder.spec import (
     DataSpec,
     GenerationCheck,
     Generator,
     GeneratorData,
-    Tolerance,
     default_tolerances,
 )
-from builder.validation import (
-    Metrics,
+from graylane.builder.validation import (
     ReferenceOutputs,
     check_tolerance,
     compare_outputs,
@@ -32,8 +32,8 @@ from builder.validation import (
     token_agreement,
     validate_variant,
 )
-from builder.variants import VariantInputs, VariantStatus, produce_variant
-from graylane.demo.gpt import PAD_ID, write_demo_gpt
+from graylane.builder.variants import VariantInputs, VariantStatus, produce_variant
+from graylane.models.demo_gpt import PAD_ID, write_demo_gpt
 
 
 def test_identical_outputs_are_perfect() -> None:

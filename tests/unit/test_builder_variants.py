@@ -8,14 +8,16 @@ import numpy as np
 import onnx
 import pytest
 
-from builder.calibration import calibration_key
-from builder.graph import io_signature, metadata_int, sha256_file
-from builder.naming import Precision
-from builder.runtime import open_runner
-from builder.samples import SampleSet, load_samples
-from builder.spec import CalibrationMethod, DataSpec, Generator, GeneratorData
-from builder.variants import VariantInputs, VariantStatus, produce_variant
-from graylane.demo.gpt import write_demo_gpt
+from graylane.artifacts.build_info import CalibrationMethod
+from graylane.artifacts.digest import sha256_file
+from graylane.artifacts.graph import io_signature, metadata_int
+from graylane.artifacts.naming import Precision
+from graylane.builder.calibration import calibration_key
+from graylane.builder.runtime import open_runner
+from graylane.builder.samples import SampleSet, load_samples
+from graylane.builder.spec import DataSpec, Generator, GeneratorData
+from graylane.builder.variants import VariantInputs, VariantStatus, produce_variant
+from graylane.models.demo_gpt import write_demo_gpt
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +126,8 @@ def test_sample_digest_tracks_content(tiny: Path) -> None:
 
 
 def test_npz_samples(tiny: Path, tmp_path: Path) -> None:
-    from builder.samples import SampleError
-    from builder.spec import NpzData
+    from graylane.builder.samples import SampleError
+    from graylane.builder.spec import NpzData
 
     model = onnx.load(str(tiny), load_external_data=False)
     sig = io_signature(model)
@@ -144,8 +146,8 @@ def test_npz_samples(tiny: Path, tmp_path: Path) -> None:
 def test_fp16_keeps_ops_without_a_cpu_kernel_in_fp32(
     tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import builder.variants as variants
-    from builder.runtime import OrtRunner, VariantLoadError
+    import graylane.builder.variants as variants
+    from graylane.builder.runtime import OrtRunner, VariantLoadError
 
     real = open_runner
     refusals: list[str] = []

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from services.controlplane.auth import AuthError, Principal, Role, TokenTable, parse_tokens
-from services.controlplane.domain import (
+from graylane.services.controlplane.auth import AuthError, Principal, Role, TokenTable, parse_tokens
+from graylane.services.controlplane.domain import (
     ArtifactFacts,
     CommandCheck,
     FailedPrecondition,

@@ -8,8 +8,8 @@ import onnxruntime as ort
 import pytest
 from numpy.typing import ArrayLike
 
-from graylane.demo import gpt
-from graylane.demo.gpt import (
+from graylane.models import demo_gpt as gpt
+from graylane.models.demo_gpt import (
     BOS_ID,
     EOS_ID,
     VOCAB_SIZE,
@@ -150,10 +150,3 @@ def test_text_round_trip_through_byte_tokens() -> None:
 def test_decode_refuses_ids_outside_the_vocabulary() -> None:
     with pytest.raises(DemoModelError):
         decode_tokens([65, VOCAB_SIZE])
-
-
-def test_package_exports_resolve() -> None:
-    import graylane.demo as demo
-
-    for name in demo.__all__:
-        assert getattr(demo, name) is getattr(gpt, name)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from graylane.cli.main import build_parser
+from graylane.app.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -20,10 +20,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def _load_kafka_tool() -> ModuleType:
     try:
-        return importlib.import_module("deploy.kafka.kafka")
+        return importlib.import_module("graylane.deploy.kafka.kafka")
     except ModuleNotFoundError:
         sys.path.insert(0, str(REPO_ROOT))
-        return importlib.import_module("deploy.kafka.kafka")
+        return importlib.import_module("graylane.deploy.kafka.kafka")
 
 
 kt = _load_kafka_tool()

@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import engine_worker.engine as engine_pkg
-from engine_worker.engine import (
+import graylane.engine_worker.engine as engine_pkg
+from graylane.engine_worker.engine import (
     EngineClosedError,
     EngineError,
     EngineLoadError,
@@ -16,8 +16,8 @@ from engine_worker.engine import (
     InvalidInputError,
     TensorSpec,
 )
-from engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine, default_providers
-from graylane.demo.gpt import VOCAB_SIZE, build_demo_gpt, write_demo_gpt
+from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine, default_providers
+from graylane.models.demo_gpt import VOCAB_SIZE, build_demo_gpt, write_demo_gpt
 
 
 @pytest.fixture(scope="module")

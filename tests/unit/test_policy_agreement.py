@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policy_engine.logic.agreement import (
+from graylane.policy_engine.logic.agreement import (
     AgreementStats,
     AgreementTracker,
     ShadowOutput,

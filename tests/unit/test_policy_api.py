@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import policy_engine.logic as logic
+import graylane.policy_engine.logic as logic
 
 ROOT = Path(__file__).resolve().parents[2]
 PURE = [
@@ -58,7 +58,7 @@ def test_pure_modules_import_no_io_library(path: Path) -> None:
 
 def test_importing_the_logic_loads_no_io_library() -> None:
     code = (
-        "import sys, policy_engine.logic\n"
+        "import sys, graylane.policy_engine.logic\n"
         "roots = ('google', 'aiokafka', 'kafka', 'faust', 'grpc', 'sqlalchemy')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in roots"
         " or m.startswith('graylane.v1')))\n"

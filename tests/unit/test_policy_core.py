@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 from graylane.histogram import LatencyHistogram
-from graylane.topics import TopicLayout
-from graylane.v1 import audit_pb2, control_pb2, rollout_pb2
-from policy_engine import convert
-from policy_engine.audit_replay import verify
-from policy_engine.core import (
+from graylane.policy_engine.audit_replay import verify
+from graylane.policy_engine.core import (
     Command,
     CommandKind,
     CommandRejected,
@@ -17,11 +14,14 @@ from policy_engine.core import (
     RolloutPublication,
     RoutingPublication,
 )
-from policy_engine.logic.qos import QosPolicy
-from policy_engine.logic.rollout_spec import RolloutSpec, Step
-from policy_engine.logic.rollout_state import ManualCommand, Phase
-from policy_engine.logic.window import TelemetrySample
-from policy_engine.publish import command_from_pb, records_of
+from graylane.policy_engine.logic.qos import QosPolicy
+from graylane.policy_engine.logic.rollout_spec import RolloutSpec, Step
+from graylane.policy_engine.logic.rollout_state import ManualCommand, Phase
+from graylane.policy_engine.logic.window import TelemetrySample
+from graylane.policy_engine.publish import command_from_pb, records_of
+from graylane.topics import TopicLayout
+from graylane.v1 import audit_pb2, control_pb2, rollout_pb2
+from graylane.policy_engine import convert
 
 MODEL = "gpt"
 SPEC = RolloutSpec(

@@ -12,12 +12,17 @@ import numpy as np
 import pytest
 
 from graylane.histogram import LatencyHistogram
-from policy_engine.logic.gates import latency_gate, step_alpha
-from policy_engine.logic.rollout import evaluate, start
-from policy_engine.logic.rollout_spec import Gates, RolloutSpec, Step
-from policy_engine.logic.rollout_state import Decision, DecisionKind, Phase
-from policy_engine.logic.significance import Verdict
-from policy_engine.logic.window import SlidingWindow, TelemetrySample, WindowKey, WindowStats
+from graylane.policy_engine.logic.gates import latency_gate, step_alpha
+from graylane.policy_engine.logic.rollout import evaluate, start
+from graylane.policy_engine.logic.rollout_spec import Gates, RolloutSpec, Step
+from graylane.policy_engine.logic.rollout_state import Decision, DecisionKind, Phase
+from graylane.policy_engine.logic.significance import Verdict
+from graylane.policy_engine.logic.window import (
+    SlidingWindow,
+    TelemetrySample,
+    WindowKey,
+    WindowStats,
+)
 
 WINDOW_MS = 10_000
 

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from policy_engine.logic.errors import InputMismatch, InvalidPolicy
-from policy_engine.logic.qos import (
+from graylane.policy_engine.logic.errors import InputMismatch, InvalidPolicy
+from graylane.policy_engine.logic.qos import (
     Ceiling,
     QosDecision,
     QosDecisionKind,
@@ -17,7 +17,7 @@ from policy_engine.logic.qos import (
     initial_qos_state,
     qos_during_rollout,
 )
-from policy_engine.logic.window import ALL_VARIANTS, WindowStats
+from graylane.policy_engine.logic.window import ALL_VARIANTS, WindowStats
 
 POLICY = QosPolicy(
     model="m",

@@ -7,9 +7,9 @@ from dataclasses import replace
 import numpy as np
 
 from graylane.histogram import LatencyHistogram
-from policy_engine.logic.agreement import AgreementStats
-from policy_engine.logic.qos import QosDecision, QosPolicy, evaluate_qos, initial_qos_state
-from policy_engine.logic.replay import (
+from graylane.policy_engine.logic.agreement import AgreementStats
+from graylane.policy_engine.logic.qos import QosDecision, QosPolicy, evaluate_qos, initial_qos_state
+from graylane.policy_engine.logic.replay import (
     DecisionInput,
     InputKind,
     Mismatch,
@@ -20,10 +20,10 @@ from policy_engine.logic.replay import (
     replay,
     replay_qos,
 )
-from policy_engine.logic.rollout import apply_command, evaluate, start
-from policy_engine.logic.rollout_spec import RolloutSpec, Step, Strategy
-from policy_engine.logic.rollout_state import Decision, DecisionKind, ManualCommand
-from policy_engine.logic.window import WindowStats
+from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
+from graylane.policy_engine.logic.rollout_spec import RolloutSpec, Step, Strategy
+from graylane.policy_engine.logic.rollout_state import Decision, DecisionKind, ManualCommand
+from graylane.policy_engine.logic.window import WindowStats
 
 SPEC = RolloutSpec(
     rollout_id="r",

@@ -7,22 +7,22 @@ from itertools import product
 
 import pytest
 
-from policy_engine.logic.agreement import AgreementStats
-from policy_engine.logic.errors import (
+from graylane.policy_engine.logic.agreement import AgreementStats
+from graylane.policy_engine.logic.errors import (
     InputMismatch,
     InvalidSpec,
     InvalidTransition,
     RolloutFinished,
 )
-from policy_engine.logic.rollout import (
+from graylane.policy_engine.logic.rollout import (
     apply_command,
     evaluate,
     pending_state,
     routing_of,
     start,
 )
-from policy_engine.logic.rollout_spec import Gates, RolloutSpec, Step, Strategy
-from policy_engine.logic.rollout_state import (
+from graylane.policy_engine.logic.rollout_spec import Gates, RolloutSpec, Step, Strategy
+from graylane.policy_engine.logic.rollout_state import (
     TRANSITIONS,
     Decision,
     DecisionKind,
@@ -31,7 +31,7 @@ from policy_engine.logic.rollout_state import (
     RolloutState,
     check_transition,
 )
-from policy_engine.logic.window import WindowStats
+from graylane.policy_engine.logic.window import WindowStats
 
 STEPS = (
     Step(1.0, 100, 30.0),

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graylane.histogram import LatencyHistogram
-from policy_engine.logic.window import (
+from graylane.policy_engine.logic.window import (
     ALL_VARIANTS,
     Lane,
     SlidingWindow,

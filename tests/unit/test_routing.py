@@ -102,9 +102,7 @@ def test_pins_are_honoured_only_when_allowed() -> None:
 
 
 def test_shadow_share_is_sampled_per_request() -> None:
-    table = table_for_weights(
-        model="m", stable_version="v1", shadow_version="v2", shadow_share=0.2
-    )
+    table = table_for_weights(model="m", stable_version="v1", shadow_version="v2", shadow_share=0.2)
     decisions = [route(table, RequestFacts(f"req-{i}", "same-user")) for i in range(20_000)]
     assert all(d.version == "v1" for d in decisions)
     share = sum(d.shadow_version == "v2" for d in decisions) / len(decisions)
@@ -113,7 +111,10 @@ def test_shadow_share_is_sampled_per_request() -> None:
 
 def test_no_shadow_copy_of_a_request_already_on_the_shadow_version() -> None:
     table = table_for_weights(
-        model="m", stable_version="v1", weights=[("v2", 100.0)], shadow_version="v2",
+        model="m",
+        stable_version="v1",
+        weights=[("v2", 100.0)],
+        shadow_version="v2",
         shadow_share=1.0,
     )
     assert route(table, RequestFacts("r", "k")).shadow_version is None
@@ -121,8 +122,13 @@ def test_no_shadow_copy_of_a_request_already_on_the_shadow_version() -> None:
 
 @pytest.mark.parametrize(
     "weights",
-    [[("v2", 60.0), ("v3", 50.0)], [("v2", -1.0)], [("v2", 101.0)], [("v1", 5.0)],
-     [("v2", 5.0), ("v2", 5.0)]],
+    [
+        [("v2", 60.0), ("v3", 50.0)],
+        [("v2", -1.0)],
+        [("v2", 101.0)],
+        [("v1", 5.0)],
+        [("v2", 5.0), ("v2", 5.0)],
+    ],
 )
 def test_bad_weights_are_rejected(weights: list[tuple[str, float]]) -> None:
     with pytest.raises(WeightError):

@@ -7,10 +7,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from engine_worker.batching import BucketPolicy
-from engine_worker.engine import InferenceEngine, InvalidInputError, IOSignature
-from engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
-from engine_worker.tasks import (
+from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.engine import InferenceEngine, InvalidInputError, IOSignature
+from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
+from graylane.engine_worker.tasks import (
     MEAN_POOL,
     TOKEN_IDS,
     TOPK_IDS,
@@ -22,7 +22,7 @@ from engine_worker.tasks import (
     run_generate,
     validate_request,
 )
-from graylane.demo.gpt import BOS_ID, EOS_ID, PAD_ID, build_demo_gpt, encode_text
+from graylane.models.demo_gpt import BOS_ID, EOS_ID, PAD_ID, build_demo_gpt, encode_text
 
 ATOL = 1e-4
 POLICY = BucketPolicy(buckets=(8, 16, 32, 64), max_batch_size=3)

@@ -9,17 +9,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine_worker.batching import BucketPolicy
-from engine_worker.engine import (
+from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.engine import (
     EngineLoadError,
     IncompatibleEngineError,
     InferenceEngine,
     InvalidInputError,
 )
-from engine_worker.engine import tensorrt_backend as backend
-from engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
-from engine_worker.tasks import run_forward, run_generate
-from graylane.demo.gpt import BOS_ID, build_demo_gpt, encode_text
+from graylane.engine_worker.engine import tensorrt_backend as backend
+from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
+from graylane.engine_worker.tasks import run_forward, run_generate
+from graylane.models.demo_gpt import BOS_ID, build_demo_gpt, encode_text
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 

@@ -17,8 +17,8 @@ from rich.live import Live
 from rich.table import Table
 
 from graylane import serde
+from graylane.app.demo.monitor import Monitor
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
-from graylane.demo.monitor import Monitor
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.factory import KafkaFactory
 from graylane.settings import Settings

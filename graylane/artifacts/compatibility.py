@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from builder.manifest import Manifest
-from builder.naming import Backend
-from builder.spec import HardwareCompatibility
+from graylane.artifacts.build_info import HardwareCompatibility
+from graylane.artifacts.manifest import Manifest
+from graylane.artifacts.naming import Backend
 
 __all__ = [
     "IncompatibleEngineError",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper
+
+from graylane.artifacts.digest import sha256_bytes, sha256_file
 
 __all__ = [
     "DECODER_INPUTS",
@@ -24,19 +25,6 @@ __all__ = [
 
 DECODER_INPUTS = ("input_ids", "attention_mask")
 DECODER_OUTPUT = "logits"
-_CHUNK = 1 << 20
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)

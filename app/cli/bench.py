@@ -28,19 +28,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="steady load as a fraction of the fp32 engine's batch-8 capacity",
     )
     qos.set_defaults(handler=_qos)
-    from builder.bench_variants import add_bench_variants_parser
+    from graylane.app.bench.variants import add_bench_variants_parser
 
     add_bench_variants_parser(which)
 
 
 def _spine(args: argparse.Namespace) -> int:
-    from graylane.bench.spine import SpineConfig, main
+    from graylane.app.bench.spine import SpineConfig, main
 
     return main(SpineConfig(size=args.size, requests=args.requests, max_batch=args.max_batch))
 
 
 def _rollback(args: argparse.Namespace) -> int:
-    from graylane.bench.rollback import RollbackConfig, main
+    from graylane.app.bench.rollback import RollbackConfig, main
 
     return main(
         RollbackConfig(
@@ -50,6 +50,6 @@ def _rollback(args: argparse.Namespace) -> int:
 
 
 def _qos(args: argparse.Namespace) -> int:
-    from graylane.bench.qos import QosConfig, main
+    from graylane.app.bench.qos import QosConfig, main
 
     return main(QosConfig(spike_s=args.spike_s, base_fraction=args.base_fraction))

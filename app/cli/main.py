@@ -14,13 +14,13 @@ from collections.abc import Sequence
 
 # Modules that add subcommands, in the order they appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
-    "graylane.cli.stack",
-    "graylane.cli.services",
-    "graylane.cli.demo",
-    "graylane.cli.bench",
-    "graylane.cli.policy",
-    "graylane.cli.ops",
-    "builder.cli",
+    "graylane.app.cli.stack",
+    "graylane.app.cli.services",
+    "graylane.app.cli.demo",
+    "graylane.app.cli.bench",
+    "graylane.app.cli.policy",
+    "graylane.app.cli.ops",
+    "graylane.app.cli.build",
 )
 
 

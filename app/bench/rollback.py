@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graylane.bench.harness import BenchStack, WorkerSpec, bench_stack
+from graylane.app.bench.harness import BenchStack, WorkerSpec, bench_stack
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import rollout_pb2
 
@@ -213,8 +213,8 @@ async def scenario_healthy(
 
 
 def main(cfg: RollbackConfig) -> int:
-    from deploy.kafka import kafka
-    from graylane.demo.gpt import write_demo_gpt
+    from graylane.deploy.kafka import kafka
+    from graylane.models.demo_gpt import write_demo_gpt
 
     t0 = time.monotonic()
 

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from graylane import serde
-from graylane.cli.demo import Service, start_service, stop_services
+from graylane.app.cli.demo import Service, start_service, stop_services
+from graylane.app.demo.monitor import Monitor
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
-from graylane.demo.monitor import Monitor
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.factory import KafkaFactory

@@ -25,14 +25,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from deploy.kafka import kafka
+    from graylane.deploy.kafka import kafka
 
     kafka.start()
     return _topics(argparse.Namespace(model=[]))
 
 
 def _down(args: argparse.Namespace) -> int:
-    from deploy.kafka import kafka
+    from graylane.deploy.kafka import kafka
 
     kafka.stop()
     return 0

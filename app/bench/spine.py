@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from engine_worker.batching import BucketPolicy
-from engine_worker.compute import run_batch
-from engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
-from engine_worker.requests import TaskKind, WorkItem
-from engine_worker.tasks import PostProcess as EnginePost
-from graylane.cli.demo import Service, start_service, stop_services
+from graylane.app.cli.demo import Service, start_service, stop_services
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
+from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.compute import run_batch
+from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
+from graylane.engine_worker.requests import TaskKind, WorkItem
+from graylane.engine_worker.tasks import PostProcess as EnginePost
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.factory import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
@@ -204,8 +204,8 @@ async def _e2e(
 
 
 def run_spine(cfg: SpineConfig, progress: Callable[[str], None]) -> dict[str, object]:
-    from deploy.kafka import kafka
-    from graylane.demo.gpt import write_demo_gpt
+    from graylane.deploy.kafka import kafka
+    from graylane.models.demo_gpt import write_demo_gpt
 
     progress("starting the broker")
     kafka.start()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from builder.build import run_build
-from builder.spec import parse_spec
+from graylane.builder.build import run_build
+from graylane.builder.spec import parse_spec
 from graylane.registry import UnknownModel, UnknownVersion, open_registry
 from graylane.settings import Settings
 

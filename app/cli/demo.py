@@ -47,7 +47,7 @@ def demo_model_path(out: Path, size: str, seed: int) -> Path:
 
 
 def write_demo_models(out: Path, size: str) -> dict[str, Path]:
-    from graylane.demo.gpt import write_demo_gpt
+    from graylane.models.demo_gpt import write_demo_gpt
 
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -79,7 +79,7 @@ def start_service(
     log = log_dir / f"{name}.log"
     handle = log.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "graylane.cli.main", *argv],
+        [sys.executable, "-m", "graylane.app.cli.main", *argv],
         stdout=handle,
         stderr=subprocess.STDOUT,
         cwd=REPO_ROOT,
@@ -104,7 +104,7 @@ def stop_services(services: list[Service]) -> None:
 def _demo(args: argparse.Namespace) -> int:
     if not args.quick:
         return _story(args)
-    from deploy.kafka import kafka
+    from graylane.deploy.kafka import kafka
 
     args.size = args.size or "tiny"
 
@@ -138,7 +138,7 @@ def _demo(args: argparse.Namespace) -> int:
                     log_dir,
                 )
             )
-        from graylane.demo.serve import run_serving_demo
+        from graylane.app.demo.serve import run_serving_demo
 
         asyncio.run(
             run_serving_demo(
@@ -179,9 +179,8 @@ class _Steps:
 
 
 def _story(args: argparse.Namespace) -> int:
-    from deploy.kafka import kafka
-    from graylane.demo.build_versions import build_versions
-    from graylane.demo.story import (
+    from graylane.app.demo.build_versions import build_versions
+    from graylane.app.demo.story import (
         BAD,
         SEEDS,
         STABLE,
@@ -190,9 +189,10 @@ def _story(args: argparse.Namespace) -> int:
         audit_table,
         write_report,
     )
-    from graylane.demo.story import (
+    from graylane.app.demo.story import (
         MODEL as STORY_MODEL,
     )
+    from graylane.deploy.kafka import kafka
 
     step = _Steps()
     step("starting the local Kafka broker")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from builder.build import BuildReport
+    from graylane.builder.build import BuildReport
 
 __all__ = ["add_build_parser", "add_verify_parser", "cmd_build", "cmd_verify", "register"]
 
@@ -69,12 +69,12 @@ def add_verify_parser(sub: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
 def cmd_build(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from builder.build import BuildError, run_build
-    from builder.calibration import CalibrationError
-    from builder.progress import RichProgress
-    from builder.samples import SampleError
-    from builder.spec import SpecError, load_spec
-    from builder.store import StoreError
+    from graylane.builder.build import BuildError, run_build
+    from graylane.builder.calibration import CalibrationError
+    from graylane.builder.progress import RichProgress
+    from graylane.builder.samples import SampleError
+    from graylane.builder.spec import SpecError, load_spec
+    from graylane.builder.store import StoreError
     from graylane.registry import RegistryError, open_registry
     from graylane.settings import Settings
 
@@ -108,7 +108,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from builder.store import TamperedArtifactError, verify_artifact
+    from graylane.artifacts.verify import TamperedArtifactError, verify_artifact
 
     try:
         manifest = verify_artifact(args.folder)

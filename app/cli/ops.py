@@ -1,7 +1,7 @@
 """Operator commands: ``controlplane``, ``model``, ``rollout``, ``qos``, ``audit``, ``traffic``.
 
 Everything but ``controlplane`` (the server itself), ``audit replay|verify`` and
-``traffic replay`` (which read Kafka directly, see :mod:`graylane.cli.ops_replay`)
+``traffic replay`` (which read Kafka directly, see :mod:`graylane.app.cli.ops_replay`)
 talks gRPC to the control plane: ``--addr`` / ``GRAYLANE_CP_ADDR`` (default
 ``127.0.0.1:50051``), ``--token`` / ``GRAYLANE_CP_TOKEN``, ``--ca`` for TLS.
 """
@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from graylane.cli import ops_replay
-from graylane.cli.ops_time import parse_time
+from graylane.app.cli import ops_replay
+from graylane.app.cli.ops_time import parse_time
 
 _PHASES = {
     0: "unspecified",
@@ -225,10 +225,10 @@ def _print_state(state: Any) -> None:
 
 
 def _controlplane(args: argparse.Namespace) -> int:
-    from graylane.cli.services import run_service
+    from graylane.app.cli.services import run_service
     from graylane.kafka.factory import KafkaFactory
+    from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
     from graylane.settings import Settings
-    from services.controlplane.server import ControlPlaneServer, ServerConfig
 
     config = ServerConfig.from_env(
         tokens_file=args.tokens_file,

@@ -73,7 +73,7 @@ def run_service(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> i
 
 def _router(args: argparse.Namespace) -> int:
     from graylane.kafka.factory import KafkaFactory
-    from services.router.service import Router, RouterConfig
+    from graylane.services.router.service import Router, RouterConfig
 
     stable = {}
     for item in args.model:
@@ -89,16 +89,16 @@ def _router(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from engine_worker.config import FaultInjection, WorkerConfig
-    from engine_worker.loading import load_from_paths, onnx_max_seq_len
-    from engine_worker.service import Worker
+    from graylane.engine_worker.config import FaultInjection, WorkerConfig
+    from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len
+    from graylane.engine_worker.service import Worker
     from graylane.kafka.factory import KafkaFactory
 
     settings = Settings.from_env()
     threads = args.threads or None
     first_path: Path | None
     if args.from_registry:
-        from engine_worker.registry_loading import load_from_registry
+        from graylane.engine_worker.registry_loading import load_from_registry
 
         loaded = load_from_registry(settings, args.model, args.version, intra_op_threads=threads)
         engines, first_path = loaded.engines, loaded.fp32_path
@@ -137,6 +137,6 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _buckets_up_to(max_seq: int) -> tuple[int, ...]:
-    from engine_worker.batching import BucketPolicy
+    from graylane.engine_worker.batching import BucketPolicy
 
     return BucketPolicy.powers_of_two(max_seq, 1).buckets

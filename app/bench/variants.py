@@ -120,22 +120,23 @@ def cmd_bench_variants(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from builder.build import resolve_source
-    from builder.graph import io_signature, load_header, metadata_int, sha256_file
-    from builder.naming import Precision, parse_semver
-    from builder.progress import RichProgress
-    from builder.runtime import open_runner
-    from builder.samples import load_samples
-    from builder.spec import (
+    from graylane.artifacts.digest import sha256_file
+    from graylane.artifacts.graph import io_signature, load_header, metadata_int
+    from graylane.artifacts.naming import Precision, parse_semver
+    from graylane.builder.build import resolve_source
+    from graylane.builder.progress import RichProgress
+    from graylane.builder.runtime import open_runner
+    from graylane.builder.samples import load_samples
+    from graylane.builder.spec import (
         BuildSpec,
         DataSpec,
         DemoSource,
         Generator,
         GeneratorData,
     )
-    from builder.store import ArtifactStore, CacheKind
-    from builder.validation import compare_outputs
-    from builder.variants import VariantInputs, VariantStatus, produce_variant
+    from graylane.builder.store import ArtifactStore, CacheKind
+    from graylane.builder.validation import compare_outputs
+    from graylane.builder.variants import VariantInputs, VariantStatus, produce_variant
     from graylane.settings import Settings
 
     console = Console(stderr=True)

@@ -28,8 +28,8 @@ def _policy(args: argparse.Namespace) -> int:
 
     import faust
 
+    from graylane.policy_engine.app import PolicyConfig, create_app, prepare_topics
     from graylane.settings import Settings
-    from policy_engine.app import PolicyConfig, create_app, prepare_topics
 
     settings = Settings.from_env()
     config = PolicyConfig(window_ms=args.window_ms, step_ms=args.step_ms, models=tuple(args.model))
@@ -42,7 +42,7 @@ def _policy(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m graylane.cli.policy``: the same command without the other subcommands."""
+    """``python -m graylane.app.cli.policy``: the same command without the other subcommands."""
     parser = argparse.ArgumentParser(prog="graylane-policy")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["policy", *(argv if argv is not None else sys.argv[1:])])

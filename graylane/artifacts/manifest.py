@@ -13,16 +13,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from builder.graph import IOSignature, TensorSpec
-from builder.naming import ArtifactName, Backend, Precision, SemVer, parse_artifact_name
-from builder.spec import (
+from graylane.artifacts.build_info import (
     CalibrationMethod,
     HardwareCompatibility,
     InputShapeRange,
+    Metrics,
     ShapeProfile,
     Tolerance,
 )
-from builder.validation import Metrics
+from graylane.artifacts.graph import IOSignature, TensorSpec
+from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_artifact_name
 
 __all__ = [
     "MANIFEST_FILE",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graylane.bench.harness import WorkerSpec, bench_stack
+from graylane.app.bench.harness import WorkerSpec, bench_stack
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 
@@ -47,10 +47,10 @@ class SpikeRun:
 
 def capacity_rps(model: Path, prompt_len: int, seconds: float = 4.0) -> float:
     """fp32 requests/s of the engine alone at batch 8 (one thread, as the worker runs)."""
-    from engine_worker.batching import BucketPolicy
-    from engine_worker.compute import run_batch
-    from engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
-    from engine_worker.requests import TaskKind, WorkItem
+    from graylane.engine_worker.batching import BucketPolicy
+    from graylane.engine_worker.compute import run_batch
+    from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
+    from graylane.engine_worker.requests import TaskKind, WorkItem
 
     engine = OnnxRuntimeEngine.load(model, "fp32", intra_op_threads=1)
     ids = np.arange(prompt_len, dtype=np.int64)[None] % 250
@@ -149,8 +149,8 @@ async def run_once(
 
 
 def main(cfg: QosConfig) -> int:
-    from deploy.kafka import kafka
-    from graylane.demo.build_versions import build_versions
+    from graylane.app.demo.build_versions import build_versions
+    from graylane.deploy.kafka import kafka
     from graylane.registry import open_registry
 
     t0 = time.monotonic()
@@ -163,8 +163,8 @@ def main(cfg: QosConfig) -> int:
     settings = Settings.from_env()
     progress("building fp32 and int8-dynamic variants of the small demo GPT")
     build_versions(settings, MODEL, {"9.0.0": 5}, size="small", progress=progress)
-    from builder.store import verify_artifact
-    from engine_worker.registry_loading import model_file
+    from graylane.artifacts.verify import verify_artifact
+    from graylane.engine_worker.registry_loading import model_file
 
     variants: dict[str, str] = {}
     for art in open_registry(settings.db_url).list_artifacts(MODEL, "9.0.0"):

@@ -1,0 +1,1 @@
+"""The demo: builds versions of the seeded demo GPT and tells the rollout / QoS story."""

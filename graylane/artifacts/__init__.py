@@ -1,0 +1,1 @@
+"""Artifacts: the naming rule, manifests, sha256 verification and engine compatibility."""

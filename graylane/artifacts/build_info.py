@@ -1,0 +1,74 @@
+"""Build facts an artifact records in its manifest: calibration method, hardware
+compatibility, shape profiles, tolerances and the validation metrics against fp32."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = [
+    "CalibrationMethod",
+    "HardwareCompatibility",
+    "InputShapeRange",
+    "Metrics",
+    "ShapeProfile",
+    "Tolerance",
+]
+
+
+class CalibrationMethod(Enum):
+    """How int8 activation ranges are chosen from calibration samples."""
+
+    ENTROPY = "entropy"
+    MINMAX = "minmax"
+    PERCENTILE = "percentile"
+
+
+class HardwareCompatibility(Enum):
+    """TensorRT hardware-compatibility level for compiled engines."""
+
+    NONE = "none"
+    AMPERE_PLUS = "ampere-plus"
+    SAME_COMPUTE_CAPABILITY = "same-compute-capability"
+
+
+@dataclass(frozen=True)
+class InputShapeRange:
+    """One input's (min, opt, max) shapes within a profile."""
+
+    input: str
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ShapeProfile:
+    """A TensorRT optimization profile (and the shape bucket a worker serves with it)."""
+
+    name: str
+    shapes: tuple[InputShapeRange, ...]
+
+    def for_input(self, name: str) -> InputShapeRange | None:
+        return next((s for s in self.shapes if s.input == name), None)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Limits a variant must meet against the fp32 reference; ``None`` means not checked."""
+
+    max_abs: float | None = None
+    min_cosine: float | None = None
+    min_top1_agreement: float | None = None
+    min_token_agreement: float | None = None
+
+
+@dataclass(frozen=True)
+class Metrics:
+    max_abs: float
+    mean_rel: float
+    cosine: float
+    top1_agreement: float
+    rows: int
+    token_agreement: float | None = None
+    token_agreement_overall: float | None = None

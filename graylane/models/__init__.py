@@ -1,0 +1,1 @@
+"""Models Graylane generates itself (no downloads): the seeded demo GPT."""

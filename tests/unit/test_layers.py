@@ -1,0 +1,171 @@
+"""The import layering, read from the source with ``ast``.
+
+Layers, bottom up:
+
+- the library: ``graylane.*`` except the packages below; imports no upper layer;
+- services: ``graylane.services.router``, ``graylane.services.controlplane``,
+  ``graylane.engine_worker``, ``graylane.policy_engine``, ``graylane.builder``
+  (an offline job) and ``graylane.deploy`` (local broker / database helpers):
+  each imports the library and itself, never another service;
+- the application layer ``graylane.app`` (CLI, demo, benchmarks, stack
+  supervisor): the only code that may import everything.
+
+The folders keep the design card's names at the top of the repository
+(``services/``, ``engine_worker/`` ...); ``graylane/<name>`` links to them so
+that they install as sub-packages of the one ``graylane`` distribution.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+import setuptools
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Top-level folder -> the package it installs as.
+MOUNTS: dict[str, str] = {
+    "services": "graylane.services",
+    "engine_worker": "graylane.engine_worker",
+    "policy_engine": "graylane.policy_engine",
+    "builder": "graylane.builder",
+    "deploy": "graylane.deploy",
+    "app": "graylane.app",
+}
+SERVICES = (
+    "graylane.services.router",
+    "graylane.services.controlplane",
+    "graylane.engine_worker",
+    "graylane.policy_engine",
+    "graylane.builder",
+    "graylane.deploy",
+)
+APP = "graylane.app"
+UPPER = (*SERVICES, APP, "graylane.services")
+BARE = frozenset({*MOUNTS, "protos"})
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def layer_of(module: str) -> str:
+    """``library``, ``app`` or the service package a module belongs to."""
+    if _within(module, APP):
+        return "app"
+    for service in SERVICES:
+        if _within(module, service):
+            return service
+    if _within(module, "graylane.services"):
+        return "graylane.services"
+    return "library"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT)
+    parts = list(rel.with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    if parts[0] in MOUNTS:
+        return ".".join([MOUNTS[parts[0]], *parts[1:]])
+    return ".".join(parts)
+
+
+def _source_files() -> list[Path]:
+    files = [
+        p
+        for p in (ROOT / "graylane").rglob("*.py")
+        if "v1" not in p.relative_to(ROOT).parts and not p.is_symlink()
+    ]
+    for folder in MOUNTS:
+        files.extend((ROOT / folder).rglob("*.py"))
+    # rglob does not descend into the links inside graylane/, so nothing is read twice.
+    return sorted(set(files))
+
+
+def imports_of(path: Path, module: str) -> list[tuple[int, str]]:
+    """Every absolute module an import statement names (function bodies included)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[tuple[int, str]] = []
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+            # ``from graylane import services`` names a package too.
+            found.extend((node.lineno, f"{target}.{a.name}") for a in node.names)
+    return found
+
+
+def violations() -> list[str]:
+    bad: list[str] = []
+    for path in _source_files():
+        module = _module_name(path)
+        source_layer = layer_of(module)
+        for line, target in imports_of(path, module):
+            where = f"{path.relative_to(ROOT)}:{line}"
+            if target.split(".")[0] in BARE:
+                bad.append(f"{where}: imports {target!r}; use the installed name graylane.*")
+                continue
+            if not _within(target, "graylane") or source_layer == "app":
+                continue
+            target_layer = layer_of(target)
+            if target_layer in ("library", source_layer):
+                continue
+            if target == "graylane.services" and source_layer.startswith("graylane.services."):
+                continue
+            bad.append(f"{where}: {source_layer} imports {target} ({target_layer})")
+    return bad
+
+
+def test_library_and_services_import_only_downwards() -> None:
+    assert violations() == []
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "allowed"),
+    [
+        ("graylane.topics", "graylane.services.router.service", False),
+        ("graylane.registry.repository", "graylane.builder.spec", False),
+        ("graylane.engine_worker.service", "graylane.builder.store", False),
+        ("graylane.services.controlplane.servicers", "graylane.policy_engine.convert", False),
+        ("graylane.services.router.service", "graylane.routing.table", True),
+        ("graylane.app.cli.main", "graylane.policy_engine.app", True),
+        ("graylane.policy_engine.core", "graylane.policy_engine.logic.rollout", True),
+    ],
+)
+def test_the_rule_itself(source: str, target: str, allowed: bool) -> None:
+    """The classifier says what the docstring says (so the main test can fail)."""
+    s, t = layer_of(source), layer_of(target)
+    ok = s == "app" or t in ("library", s)
+    assert ok is allowed
+
+
+def test_a_planted_violation_is_reported(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text("import os\nfrom graylane.engine_worker import service\n")
+    targets = [t for _, t in imports_of(planted, "graylane.topics")]
+    assert any(layer_of(t) == "graylane.engine_worker" for t in targets)
+
+
+def test_the_wheel_claims_only_the_graylane_namespace() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = setuptools.find_packages(where=str(ROOT), include=include)
+    assert packages, "no packages found"
+    assert {p.split(".")[0] for p in packages} == {"graylane"}
+    for mounted in MOUNTS.values():
+        assert mounted in packages, f"{mounted} would be missing from the wheel"
+    for link, target in MOUNTS.items():
+        path = ROOT / "graylane" / target.split(".", 1)[1]
+        assert path.is_symlink() and path.resolve() == (ROOT / link).resolve()
