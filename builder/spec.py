@@ -71,7 +71,7 @@ class Generator(Enum):
     """Named sample generators usable instead of an .npz file."""
 
     DEMO_TEXT = "demo-text"
-    """Token batches of English sentences encoded for the demo GPT (the seeded demo GPT tokenizer)."""
+    """Token batches of English sentences encoded with the demo GPT tokenizer."""
     RANDOM = "random"
     """Random tensors that fit the model's inputs: normal floats, integers in [0, int_high)."""
 

@@ -28,6 +28,7 @@ from graylane import serde
 from graylane.errors import SerdeError
 from graylane.kafka.admin import ensure_topics, read_latest_per_key, wait_for_assignment
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.policy_engine import convert
 from graylane.policy_engine.core import CommandRejected, Output, PolicyCore
 from graylane.policy_engine.logic.errors import PolicyError
 from graylane.policy_engine.logic.qos import QosPolicy
@@ -35,7 +36,6 @@ from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_
 from graylane.policy_engine.publish import command_from_pb, records_of, shadow_output_of
 from graylane.settings import Settings
 from graylane.v1 import control_pb2, inference_pb2, rollout_pb2, telemetry_pb2
-from graylane.policy_engine import convert
 
 __all__ = ["PolicyConfig", "create_app", "prepare_topics"]
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from graylane import serde
+from graylane.policy_engine import convert
 from graylane.policy_engine.core import (
     Command,
     CommandKind,
@@ -30,7 +31,6 @@ from graylane.policy_engine.logic.agreement import ShadowOutput
 from graylane.policy_engine.logic.errors import PolicyError
 from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2
-from graylane.policy_engine import convert
 
 __all__ = [
     "RULE_COMMAND_REJECTED",

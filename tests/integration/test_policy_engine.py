@@ -14,12 +14,12 @@ from graylane.engine_worker.config import FaultInjection
 from graylane.kafka.admin import read_latest_per_key
 from graylane.kafka.factory import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
+from graylane.policy_engine import convert
 from graylane.policy_engine.app import PolicyConfig, prepare_topics
 from graylane.policy_engine.audit_replay import load_recorded, verify
 from graylane.policy_engine.logic.rollout_spec import RolloutSpec, Step
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
-from graylane.policy_engine import convert
 from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
 from tests.support.stack import running_stack
 

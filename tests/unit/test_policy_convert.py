@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from graylane.histogram import LatencyHistogram
+from graylane.policy_engine import convert
 from graylane.policy_engine.logic.qos import Ceiling, QosPolicy, QosState, evaluate_qos
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
 from graylane.policy_engine.logic.rollout_spec import Gates, RolloutSpec, Step, Strategy
@@ -22,7 +23,6 @@ from graylane.policy_engine.logic.rollout_state import (
 from graylane.policy_engine.logic.routing_plan import plan_for
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.v1 import audit_pb2, rollout_pb2, telemetry_pb2
-from graylane.policy_engine import convert
 
 SPEC = RolloutSpec(
     rollout_id="r-1",

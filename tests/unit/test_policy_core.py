@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from graylane.histogram import LatencyHistogram
+from graylane.policy_engine import convert
 from graylane.policy_engine.audit_replay import verify
 from graylane.policy_engine.core import (
     Command,
@@ -21,7 +22,6 @@ from graylane.policy_engine.logic.window import TelemetrySample
 from graylane.policy_engine.publish import command_from_pb, records_of
 from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2, control_pb2, rollout_pb2
-from graylane.policy_engine import convert
 
 MODEL = "gpt"
 SPEC = RolloutSpec(
