@@ -47,7 +47,7 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
-from graylane.kafka.replies import Rejection, ReplySink, now_ms
+from graylane.kafka.replies import Rejection, ReplySink, now_ms, reply_topic_rejection
 from graylane.metrics import WorkerMetrics, serve_metrics
 from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
 
@@ -232,6 +232,9 @@ class Worker:
                 f"request is {len(record.value or b'')} bytes; the limit is "
                 f"{self.factory.settings.max_request_bytes}",
             )
+        refused = reply_topic_rejection(self.layout, request)
+        if refused is not None:
+            return refused
         facts = self._facts(request)
         engine = self.engines[self.active_variant]
         prepared = (

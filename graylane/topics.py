@@ -29,6 +29,31 @@ class TopicNameError(ValueError):
     """A model or version name cannot be used in a topic name."""
 
 
+class ReplyTopicVerdict(Enum):
+    """What a topic named as a request's reply topic is, and whether it may be used."""
+
+    REPLY = "reply"  # <p>.reply.<client>
+    RESULTS = "results"  # <p>.results.<model> of the request's own model
+    OTHER_MODEL = "other-model"  # <p>.results.<another model>
+    NOT_A_REPLY_TOPIC = "not-a-reply-topic"  # control, audit, requests, telemetry, dlq, ...
+    OTHER_PREFIX = "other-prefix"  # outside this deployment's prefix
+    MALFORMED = "malformed"  # not a valid reply/results name
+
+    @property
+    def allowed(self) -> bool:
+        return self in (ReplyTopicVerdict.REPLY, ReplyTopicVerdict.RESULTS)
+
+
+class ReplyTopicRefused(TopicNameError):
+    """A request named a reply topic outside the allowlist."""
+
+    def __init__(self, topic: str, verdict: ReplyTopicVerdict) -> None:
+        shown = topic if len(topic) <= 120 else f"{topic[:120]}..."
+        super().__init__(f"reply topic {shown!r} refused ({verdict.value})")
+        self.topic = topic
+        self.verdict = verdict
+
+
 class TopicKind(Enum):
     INGRESS = "ingress"
     VERSION_REQUESTS = "version-requests"
@@ -132,6 +157,46 @@ class TopicLayout:
 
     def dlq(self) -> str:
         return f"{self.prefix}.dlq"
+
+    # -- reply allowlist -------------------------------------------------------
+    def check_reply_topic(self, topic: str, model: str) -> ReplyTopicVerdict:
+        """Classify a client-named reply topic for a request of ``model``.
+
+        Only ``<p>.reply.<client>`` and the request's own ``<p>.results.<model>``
+        are allowed: a request must never make a service write a control,
+        audit, request or another model's topic.
+        """
+        head = f"{self.prefix}."
+        if not topic.startswith(head):
+            return ReplyTopicVerdict.OTHER_PREFIX
+        kind, dot, name = topic[len(head) :].partition(".")
+        if kind not in ("reply", "results"):
+            return ReplyTopicVerdict.NOT_A_REPLY_TOPIC
+        if not dot or not _NAME.match(name):
+            return ReplyTopicVerdict.MALFORMED
+        if kind == "reply":
+            return ReplyTopicVerdict.REPLY
+        return ReplyTopicVerdict.RESULTS if name == model else ReplyTopicVerdict.OTHER_MODEL
+
+    def reply_topic_allowed(self, topic: str, model: str) -> bool:
+        return self.check_reply_topic(topic, model).allowed
+
+    def reply_topic_for(self, requested: str, model: str, *, shadow: bool = False) -> str:
+        """The topic a result of ``model`` goes to; raises :class:`ReplyTopicRefused`.
+
+        Empty means the model's results topic. A shadow copy answers on the
+        model's shadow topic (the router names it); any other name it carries
+        must still pass the allowlist.
+        """
+        if shadow and requested == self.shadow(model):
+            return requested
+        if requested:
+            verdict = self.check_reply_topic(requested, model)
+            if not verdict.allowed:
+                raise ReplyTopicRefused(requested, verdict)
+        if shadow:
+            return self.shadow(model)
+        return requested or self.results(model)
 
     # -- keys of compacted topics ---------------------------------------------
     @staticmethod

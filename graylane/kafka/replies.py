@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
 from graylane import serde
-from graylane.topics import TopicLayout
+from graylane.topics import ReplyTopicRefused, TopicLayout
 from graylane.v1 import dlq_pb2, inference_pb2
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,17 @@ class Rejection:
 
     code: inference_pb2.ErrorCode
     message: str
+
+
+def reply_topic_rejection(
+    layout: TopicLayout, request: inference_pb2.InferenceRequest
+) -> Rejection | None:
+    """``BAD_REPLY_TOPIC`` when the request names a topic outside the allowlist."""
+    try:
+        layout.reply_topic_for(request.reply_topic, request.model, shadow=request.shadow)
+    except ReplyTopicRefused as exc:
+        return Rejection(inference_pb2.BAD_REPLY_TOPIC, str(exc))
+    return None
 
 
 class ReplySink:
@@ -63,7 +74,10 @@ class ReplySink:
         return topic in self._known
 
     def reply_topic(self, request: inference_pb2.InferenceRequest) -> str:
-        return request.reply_topic or self._layout.results(request.model)
+        """Where the request's result goes; raises ``ReplyTopicRefused`` (allowlist)."""
+        return self._layout.reply_topic_for(
+            request.reply_topic, request.model, shadow=request.shadow
+        )
 
     async def error_result(
         self,
@@ -78,12 +92,16 @@ class ReplySink:
         """Queue an error result (or a dead letter if no reply is possible)."""
         try:
             topic = self.reply_topic(request)
+        except ReplyTopicRefused as exc:
+            # Nothing goes to the named topic: it may be a control or audit topic.
+            reason = str(exc)
+            if rejection.code != inference_pb2.BAD_REPLY_TOPIC:
+                reason = f"{rejection.message}; {reason}"
+            return await self.dead_letter(record, inference_pb2.BAD_REPLY_TOPIC, reason)
         except ValueError as exc:
             return await self.dead_letter(
                 record, inference_pb2.BAD_REQUEST, f"{rejection.message}; no reply topic: {exc}"
             )
-        if request.shadow:
-            topic = self._layout.shadow(request.model)
         if not await self.topic_exists(topic):
             return await self.dead_letter(
                 record,

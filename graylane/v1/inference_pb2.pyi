@@ -45,6 +45,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ENGINE_FAILURE: _ClassVar[ErrorCode]
     INJECTED_FAULT: _ClassVar[ErrorCode]
     INTERNAL: _ClassVar[ErrorCode]
+    BAD_REPLY_TOPIC: _ClassVar[ErrorCode]
 TASK_UNSPECIFIED: Task
 FORWARD: Task
 GENERATE: Task
@@ -71,6 +72,7 @@ BAD_REQUEST: ErrorCode
 ENGINE_FAILURE: ErrorCode
 INJECTED_FAULT: ErrorCode
 INTERNAL: ErrorCode
+BAD_REPLY_TOPIC: ErrorCode
 
 class GenerationParams(_message.Message):
     __slots__ = ("max_new_tokens", "eos_token_id", "has_eos")

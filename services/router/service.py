@@ -23,7 +23,7 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
-from graylane.kafka.replies import Rejection, ReplySink, now_ms
+from graylane.kafka.replies import Rejection, ReplySink, now_ms, reply_topic_rejection
 from graylane.metrics import RouterMetrics, serve_metrics
 from graylane.routing import RequestFacts, RouteTable, UnknownPinnedVersion, route
 from graylane.routing.convert import table_from_pb
@@ -196,6 +196,9 @@ class Router:
                 inference_pb2.BAD_REQUEST,
                 f"request for model {request.model!r} arrived on the ingress of {topic_model!r}",
             )
+        refused = reply_topic_rejection(self.layout, request)
+        if refused is not None:
+            return refused
         if request.deadline_unix_ms and request.deadline_unix_ms < now_ms():
             return Rejection(
                 inference_pb2.DEADLINE_EXCEEDED,
