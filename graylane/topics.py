@@ -86,7 +86,12 @@ class TopicSpec:
     retention_ms: int | None
 
     def configs(self) -> dict[str, str]:
-        configs = {"cleanup.policy": self.cleanup.value}
+        # An acknowledged write survives one broker loss once RF >= 2
+        # (the producers use acks=all).
+        configs = {
+            "cleanup.policy": self.cleanup.value,
+            "min.insync.replicas": str(min(2, self.replication_factor)),
+        }
         if self.retention_ms is not None:
             configs["retention.ms"] = str(self.retention_ms)
         if self.cleanup is Cleanup.COMPACT:

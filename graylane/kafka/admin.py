@@ -27,18 +27,71 @@ class TopicSetupReport:
     unchanged: tuple[str, ...]
 
 
-async def describe_topic_configs(admin: AIOKafkaAdminClient, topic: str) -> dict[str, str]:
-    """The broker's view of a topic's configs (all of them, defaults included)."""
+# DescribeConfigs (v1+) config_source of a config set on the topic itself.
+_DYNAMIC_TOPIC_CONFIG = 1
+
+
+@dataclass(frozen=True)
+class _ConfigEntry:
+    name: str
+    value: str | None
+    topic_override: bool  # set on the topic itself, not inherited from the broker
+    sensitive: bool
+
+
+async def _config_entries(admin: AIOKafkaAdminClient, topic: str) -> list[_ConfigEntry]:
     responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-    configs: dict[str, str] = {}
+    entries: list[_ConfigEntry] = []
     for response in responses:
         for resource in response.resources:
             error_code, error_message = resource[0], resource[1]
             if error_code != 0:
                 raise TopicSetupError(f"describe configs of {topic}: {error_message or error_code}")
             for entry in resource[4]:
-                configs[entry[0]] = entry[1]
-    return configs
+                # v0 carries is_default where later versions carry config_source.
+                override = (
+                    not entry[3] if response.API_VERSION == 0 else entry[3] == _DYNAMIC_TOPIC_CONFIG
+                )
+                entries.append(_ConfigEntry(entry[0], entry[1], bool(override), bool(entry[4])))
+    return entries
+
+
+async def describe_topic_configs(admin: AIOKafkaAdminClient, topic: str) -> dict[str, str]:
+    """The broker's view of a topic's configs (all of them, defaults included)."""
+    return {e.name: e.value for e in await _config_entries(admin, topic) if e.value is not None}
+
+
+async def topic_overrides(admin: AIOKafkaAdminClient, topic: str) -> dict[str, str]:
+    """The configs set on the topic itself (by us or by an operator), no defaults."""
+    overrides: dict[str, str] = {}
+    for entry in await _config_entries(admin, topic):
+        if not entry.topic_override:
+            continue
+        if entry.value is None:
+            raise TopicSetupError(
+                f"topic {topic} has a sensitive config {entry.name!r} whose value the broker "
+                "hides; repair its configs by hand (kafka-configs.sh --alter --add-config)"
+            )
+        overrides[entry.name] = entry.value
+    return overrides
+
+
+async def _repair_configs(admin: AIOKafkaAdminClient, topic: str, wanted: dict[str, str]) -> None:
+    """Set ``wanted`` on ``topic`` and keep every other config set on it.
+
+    aiokafka (0.14) has no IncrementalAlterConfigs, and AlterConfigs replaces a
+    topic's dynamic configs as a whole; so the current overrides are read and
+    re-sent merged with ``wanted``. An operator change landing between the read
+    and the write can still be lost (a window of one round trip).
+    """
+    merged = {**await topic_overrides(admin, topic), **wanted}
+    responses = await admin.alter_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, topic, configs=merged)]
+    )
+    for response in responses:
+        for resource in response.resources:
+            if resource[0] != 0:
+                raise TopicSetupError(f"alter configs of {topic}: {resource[1] or resource[0]}")
 
 
 async def partition_count(admin: AIOKafkaAdminClient, topic: str) -> int:
@@ -88,10 +141,7 @@ async def ensure_topics(factory: KafkaFactory, specs: Sequence[TopicSpec]) -> To
             if all(current.get(k) == v for k, v in wanted.items()):
                 unchanged.append(spec.name)
                 continue
-            # AlterConfigs replaces the topic's dynamic configs as a whole.
-            await admin.alter_configs(
-                [ConfigResource(ConfigResourceType.TOPIC, spec.name, configs=wanted)]
-            )
+            await _repair_configs(admin, spec.name, wanted)
             reconfigured.append(spec.name)
         await _wait_for_leaders(admin, [s.name for s in specs])
         if created:

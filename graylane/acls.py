@@ -1,0 +1,209 @@
+"""Kafka ACLs per role, as data derived from the topic layout.
+
+The trust boundary: a producer writes only ingress topics and reads only its
+own reply topic; every service writes only the topics of its role (router:
+version topics, error replies, dlq; workers: results/replies, telemetry,
+shadow, dlq; policy engine: control.routing/precision/rollouts and audit;
+control plane: control.commands). Services may create and describe any
+Graylane topic (they ensure their topics at start-up) but never alter a
+topic's configs: repairing drift is the operator's ``graylane stack topics``.
+
+Kafka implies Describe from Read/Write and DescribeConfigs from AlterConfigs;
+:func:`allows` follows the same rule.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from graylane.topics import TopicLayout, check_model_name
+
+
+class Role(Enum):
+    ROUTER = "router"
+    WORKER = "worker"
+    POLICY_ENGINE = "policy-engine"
+    CONTROL_PLANE = "control-plane"
+    PRODUCER = "producer"
+    RESULT_CONSUMER = "result-consumer"
+
+
+class Operation(Enum):
+    """Kafka ACL operations, spelled as ``kafka-acls.sh --operation`` takes them."""
+
+    READ = "Read"
+    WRITE = "Write"
+    DESCRIBE = "Describe"
+    CREATE = "Create"
+    DESCRIBE_CONFIGS = "DescribeConfigs"
+    ALTER_CONFIGS = "AlterConfigs"
+
+
+class Resource(Enum):
+    TOPIC = "topic"
+    GROUP = "group"
+
+
+class Pattern(Enum):
+    LITERAL = "literal"
+    PREFIXED = "prefixed"
+
+
+_IMPLIED: Mapping[Operation, frozenset[Operation]] = {
+    Operation.DESCRIBE: frozenset({Operation.READ, Operation.WRITE}),
+    Operation.DESCRIBE_CONFIGS: frozenset({Operation.ALTER_CONFIGS}),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AclRule:
+    """Allow ``operations`` on a topic or group (one name or a name prefix)."""
+
+    resource: Resource
+    name: str
+    pattern: Pattern
+    operations: tuple[Operation, ...]
+
+    def covers(self, resource: Resource, name: str) -> bool:
+        if resource is not self.resource:
+            return False
+        if self.pattern is Pattern.PREFIXED:
+            return name.startswith(self.name)
+        return name == self.name
+
+
+@dataclass(frozen=True, kw_only=True)
+class AclScope:
+    """What the ACLs are for: the served models and the known client ids."""
+
+    models: tuple[str, ...]
+    clients: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in (*self.models, *self.clients):
+            check_model_name(name)
+
+
+def allows(rules: Iterable[AclRule], resource: Resource, name: str, op: Operation) -> bool:
+    """Whether ``rules`` allow ``op`` on ``name`` (with Kafka's implied operations)."""
+    wanted = {op} | _IMPLIED.get(op, frozenset())
+    return any(r.covers(resource, name) and wanted & set(r.operations) for r in rules)
+
+
+_R, _W = Operation.READ, Operation.WRITE
+
+
+def _topic(name: str, *ops: Operation, prefixed: bool = False) -> AclRule:
+    pattern = Pattern.PREFIXED if prefixed else Pattern.LITERAL
+    return AclRule(resource=Resource.TOPIC, name=name, pattern=pattern, operations=ops)
+
+
+def _group(name: str, *, prefixed: bool = False) -> AclRule:
+    pattern = Pattern.PREFIXED if prefixed else Pattern.LITERAL
+    return AclRule(resource=Resource.GROUP, name=name, pattern=pattern, operations=(_R,))
+
+
+def _setup(layout: TopicLayout) -> AclRule:
+    """Create and describe any Graylane topic (services ensure theirs at start)."""
+    return _topic(
+        f"{layout.prefix}.",
+        Operation.CREATE,
+        Operation.DESCRIBE,
+        Operation.DESCRIBE_CONFIGS,
+        prefixed=True,
+    )
+
+
+def _reply_prefix(layout: TopicLayout) -> str:
+    return f"{layout.prefix}.reply."
+
+
+def role_acls(layout: TopicLayout, role: Role, scope: AclScope) -> tuple[AclRule, ...]:
+    """The ACLs one role needs, nothing more."""
+    p, models = layout.prefix, scope.models
+    rules: list[AclRule]
+    if role is Role.ROUTER:
+        rules = [_setup(layout), _topic(layout.routing(), _R), _topic(layout.dlq(), _W)]
+        rules.append(_topic(_reply_prefix(layout), _W, prefixed=True))  # error replies
+        for m in models:
+            rules += [
+                _topic(layout.ingress(m), _R),
+                _topic(f"{layout.ingress(m)}.", _W, prefixed=True),  # version topics
+                _topic(layout.results(m), _W),  # error results
+                _topic(layout.shadow(m), _W),  # error results of shadow copies
+            ]
+        rules.append(_group(f"{p}-router"))
+    elif role is Role.WORKER:
+        rules = [_setup(layout), _topic(layout.precision(), _R)]
+        rules += [_topic(t, _W) for t in (layout.telemetry(), layout.dlq())]
+        rules.append(_topic(_reply_prefix(layout), _W, prefixed=True))
+        for m in models:
+            rules += [
+                _topic(f"{layout.ingress(m)}.", _R, prefixed=True),
+                _topic(layout.results(m), _W),
+                _topic(layout.shadow(m), _W),
+                _group(f"{p}-worker-{m}-", prefixed=True),
+            ]
+    elif role is Role.POLICY_ENGINE:
+        rules = [_setup(layout)]
+        rules += [_topic(t, _R) for t in (layout.telemetry(), layout.commands())]
+        rules += [
+            _topic(t, _R, _W) for t in (layout.routing(), layout.precision(), layout.rollouts())
+        ]
+        rules.append(_topic(layout.audit(), _W))
+        rules += [_topic(layout.shadow(m), _R) for m in models]
+        rules.append(_group(f"{p}-policy"))
+    elif role is Role.CONTROL_PLANE:
+        rules = [
+            _setup(layout),
+            _topic(layout.commands(), _W),
+            _topic(layout.audit(), _R),
+            _topic(layout.rollouts(), _R),
+        ]
+    elif role is Role.PRODUCER:
+        # Describe of other ingress topics is implied by Write; nothing else is visible.
+        rules = [_topic(layout.ingress(m), _W) for m in models]
+        for client in scope.clients:
+            rules.append(
+                _topic(
+                    layout.reply(client),
+                    _R,
+                    Operation.CREATE,
+                    Operation.DESCRIBE_CONFIGS,
+                )
+            )
+    else:
+        rules = [_topic(layout.results(m), _R) for m in models]
+        rules.append(_group(f"{p}-results-", prefixed=True))
+    return tuple(rules)
+
+
+def all_acls(layout: TopicLayout, scope: AclScope) -> dict[Role, tuple[AclRule, ...]]:
+    return {role: role_acls(layout, role, scope) for role in Role}
+
+
+def kafka_acls_commands(
+    rules: Sequence[AclRule],
+    principal: str,
+    *,
+    bootstrap: str,
+    command_config: str = "",
+) -> list[str]:
+    """``kafka-acls.sh --add`` command lines that grant ``rules`` to ``principal``."""
+    head = ["kafka-acls.sh", "--bootstrap-server", bootstrap]
+    if command_config:
+        head += ["--command-config", command_config]
+    head += ["--add", "--allow-principal", principal]
+    lines = []
+    for rule in rules:
+        args = [*head]
+        for op in rule.operations:
+            args += ["--operation", op.value]
+        args += [f"--{rule.resource.value}", rule.name]
+        if rule.pattern is Pattern.PREFIXED:
+            args += ["--resource-pattern-type", "prefixed"]
+        lines.append(shlex.join(args))
+    return lines

@@ -1,0 +1,168 @@
+"""Kafka ACLs per role (issue 10, item 8): the trust boundary as data."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from graylane.acls import (
+    AclScope,
+    Operation,
+    Resource,
+    Role,
+    all_acls,
+    allows,
+    kafka_acls_commands,
+    role_acls,
+)
+from graylane.app.cli.main import main
+from graylane.topics import TopicLayout
+
+L = TopicLayout(prefix="gl")
+SCOPE = AclScope(models=("gpt", "bert"), clients=("app1",))
+ACLS = all_acls(L, SCOPE)
+
+
+def every_topic() -> list[str]:
+    topics = [s.name for s in L.shared_specs()]
+    for model in (*SCOPE.models, "other"):
+        topics += [s.name for s in L.model_specs(model, ["v1", "v2"])]
+    return [*topics, L.reply("app1"), L.reply("app2")]
+
+
+def writable(role: Role) -> set[str]:
+    return {t for t in every_topic() if allows(ACLS[role], Resource.TOPIC, t, Operation.WRITE)}
+
+
+def readable(role: Role) -> set[str]:
+    return {t for t in every_topic() if allows(ACLS[role], Resource.TOPIC, t, Operation.READ)}
+
+
+def test_producer_writes_only_ingress_and_reads_only_its_reply_topic() -> None:
+    assert writable(Role.PRODUCER) == {L.ingress("gpt"), L.ingress("bert")}
+    assert readable(Role.PRODUCER) == {L.reply("app1")}
+    rules = ACLS[Role.PRODUCER]
+    for topic in (L.routing(), L.precision(), L.rollouts(), L.commands(), L.audit()):
+        for op in Operation:
+            if op in (Operation.CREATE, Operation.DESCRIBE_CONFIGS):
+                continue
+            assert not allows(rules, Resource.TOPIC, topic, op), (topic, op)
+    # Not even the version topics: a producer cannot bypass the router.
+    assert not allows(rules, Resource.TOPIC, L.version_requests("gpt", "v1"), Operation.WRITE)
+    assert not allows(rules, Resource.TOPIC, L.ingress("other"), Operation.WRITE)
+
+
+def test_each_service_writes_only_the_topics_of_its_role() -> None:
+    replies = {L.reply("app1"), L.reply("app2")}
+    versions = {L.version_requests(m, v) for m in SCOPE.models for v in ("v1", "v2")}
+    results = {L.results(m) for m in SCOPE.models}
+    shadows = {L.shadow(m) for m in SCOPE.models}
+    assert writable(Role.ROUTER) == versions | results | shadows | replies | {L.dlq()}
+    assert writable(Role.WORKER) == (results | shadows | replies | {L.telemetry(), L.dlq()})
+    assert writable(Role.POLICY_ENGINE) == {L.routing(), L.precision(), L.rollouts(), L.audit()}
+    assert writable(Role.CONTROL_PLANE) == {L.commands()}
+    assert writable(Role.RESULT_CONSUMER) == set()
+
+
+def test_control_state_has_one_writer_each() -> None:
+    for topic, owner in (
+        (L.routing(), Role.POLICY_ENGINE),
+        (L.precision(), Role.POLICY_ENGINE),
+        (L.rollouts(), Role.POLICY_ENGINE),
+        (L.audit(), Role.POLICY_ENGINE),
+        (L.commands(), Role.CONTROL_PLANE),
+    ):
+        writers = {r for r in Role if topic in writable(r)}
+        assert writers == {owner}, topic
+
+
+def test_reads_and_groups() -> None:
+    assert readable(Role.ROUTER) == {L.ingress("gpt"), L.ingress("bert"), L.routing()}
+    assert L.version_requests("gpt", "v2") in readable(Role.WORKER)
+    assert L.ingress("gpt") not in readable(Role.WORKER)
+    assert readable(Role.RESULT_CONSUMER) == {L.results("gpt"), L.results("bert")}
+    assert allows(ACLS[Role.ROUTER], Resource.GROUP, "gl-router", Operation.READ)
+    assert allows(ACLS[Role.WORKER], Resource.GROUP, "gl-worker-gpt-v1", Operation.READ)
+    assert allows(ACLS[Role.POLICY_ENGINE], Resource.GROUP, "gl-policy", Operation.READ)
+    assert not allows(ACLS[Role.PRODUCER], Resource.GROUP, "gl-router", Operation.READ)
+
+
+def test_no_role_alters_topic_configs() -> None:
+    for role, rules in ACLS.items():
+        for topic in every_topic():
+            assert not allows(rules, Resource.TOPIC, topic, Operation.ALTER_CONFIGS), role
+
+
+def test_scope_refuses_bad_names() -> None:
+    with pytest.raises(ValueError):
+        AclScope(models=("a.b",))
+    with pytest.raises(ValueError):
+        AclScope(models=("gpt",), clients=("x y",))
+
+
+def test_kafka_acls_command_lines() -> None:
+    lines = kafka_acls_commands(
+        role_acls(L, Role.WORKER, SCOPE),
+        "User:worker",
+        bootstrap="kafka:9093",
+        command_config="admin.properties",
+    )
+    parsed = [shlex.split(line) for line in lines]
+    assert all(
+        p[:7]
+        == [
+            "kafka-acls.sh",
+            "--bootstrap-server",
+            "kafka:9093",
+            "--command-config",
+            "admin.properties",
+            "--add",
+            "--allow-principal",
+        ]
+        for p in parsed
+    )
+    versions = next(p for p in parsed if "gl.requests.gpt." in p)
+    assert versions[-2:] == ["--resource-pattern-type", "prefixed"]
+    assert versions[versions.index("--operation") + 1] == "Read"
+    telemetry = next(p for p in parsed if "gl.telemetry" in p)
+    assert "--resource-pattern-type" not in telemetry
+    assert any("--group" in p for p in parsed)
+
+
+def test_cli_prints_commands_for_the_principal_map(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GRAYLANE_TOPIC_PREFIX", "gl")
+    code = main(
+        [
+            "acls",
+            "--principal",
+            "producer=User:app",
+            "--principal",
+            "router=User:router",
+            "--model",
+            "gpt",
+            "--bootstrap-server",
+            "b:9092",
+        ]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    producer = [line for line in out if "User:app" in line and not line.startswith("#")]
+    assert producer == [
+        "kafka-acls.sh --bootstrap-server b:9092 --add --allow-principal User:app "
+        "--operation Write --topic gl.requests.gpt"
+    ]
+    assert any("User:router" in line and "gl.control.routing" in line for line in out)
+    with pytest.raises(SystemExit, match="unknown role"):
+        main(["acls", "--principal", "admin=User:x", "--model", "gpt"])
+    with pytest.raises(SystemExit, match="--model"):
+        main(["acls", "--principal", "router=User:r"])
+
+
+@pytest.mark.parametrize(("rf", "isr"), [(1, "1"), (2, "2"), (3, "2"), (5, "2")])
+def test_topics_get_min_insync_replicas(rf: int, isr: str) -> None:
+    layout = TopicLayout(replication_factor=rf)
+    specs = layout.shared_specs() + layout.model_specs("gpt", ["v1"]) + [layout.reply_spec("c")]
+    assert {s.configs()["min.insync.replicas"] for s in specs} == {isr}
