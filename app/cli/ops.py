@@ -36,11 +36,23 @@ Sub: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 def register(sub: Sub) -> None:
     cp = sub.add_parser("controlplane", help="run the control plane (gRPC API + audit sink)")
-    cp.add_argument("--host", default="0.0.0.0")
+    cp.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="bind address (default loopback; another one needs TLS or --insecure)",
+    )
     cp.add_argument("--port", type=int, default=None, help="default 50051 or GRAYLANE_CP_PORT")
     cp.add_argument("--tokens-file", type=Path, help="TOKEN:ROLE[:NAME] per line")
     cp.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
     cp.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    cp.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a plaintext bind beyond loopback (tokens cross the network in clear)",
+    )
+    cp.add_argument("--max-list-limit", type=int, default=1000, help="rows per list call")
+    cp.add_argument("--max-audit-limit", type=int, default=10_000, help="records per audit call")
+    cp.add_argument("--max-watch-streams", type=int, default=64, help="concurrent Watch streams")
     cp.set_defaults(handler=_controlplane)
 
     _model_commands(sub)
@@ -227,17 +239,28 @@ def _print_state(state: Any) -> None:
 def _controlplane(args: argparse.Namespace) -> int:
     from graylane.app.cli.services import run_service
     from graylane.kafka.factory import KafkaFactory
+    from graylane.services.controlplane.auth import AuthError
+    from graylane.services.controlplane.limits import ApiLimits, UnsafeConfig
     from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
     from graylane.settings import Settings
 
-    config = ServerConfig.from_env(
-        tokens_file=args.tokens_file,
-        host=args.host,
-        port=args.port,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-    )
-    server = ControlPlaneServer(config, KafkaFactory(Settings.from_env()))
+    try:
+        config = ServerConfig.from_env(
+            tokens_file=args.tokens_file,
+            host=args.host,
+            port=args.port,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            insecure=args.insecure,
+            limits=ApiLimits(
+                max_list_limit=args.max_list_limit,
+                max_audit_limit=args.max_audit_limit,
+                max_watch_streams=args.max_watch_streams,
+            ),
+        )
+        server = ControlPlaneServer(config, KafkaFactory(Settings.from_env()))
+    except (AuthError, UnsafeConfig, ValueError) as exc:
+        raise SystemExit(f"graylane controlplane: {exc}") from None
     return run_service(server.serve)
 
 

@@ -21,6 +21,8 @@ import grpc
 from grpc import aio
 
 __all__ = [
+    "MIN_TOKEN_LENGTH",
+    "PLACEHOLDER_TOKENS",
     "READ_ONLY_METHODS",
     "AuthError",
     "AuthInterceptor",
@@ -43,6 +45,11 @@ READ_ONLY_METHODS: frozenset[str] = frozenset(
         "Audit/Query",
     )
 )
+
+
+MIN_TOKEN_LENGTH = 16
+# Example values from docs and compose files that must never guard a real server.
+PLACEHOLDER_TOKENS: frozenset[str] = frozenset({"change-me", "changeme"})
 
 
 class AuthError(ValueError):
@@ -114,6 +121,18 @@ class TokenTable:
             except OSError as exc:
                 raise AuthError(f"cannot read tokens file {file}: {exc}") from None
         return cls(parse_tokens(text))
+
+    def weak_tokens(self) -> list[str]:
+        """Why each weak token is weak, naming its principal (never the token)."""
+        weak = []
+        for token, principal in self._tokens.items():
+            if token.strip().lower() in PLACEHOLDER_TOKENS:
+                weak.append(f"{principal.name}: the placeholder {token!r}")
+            elif len(token) < MIN_TOKEN_LENGTH:
+                weak.append(
+                    f"{principal.name}: {len(token)} characters, fewer than {MIN_TOKEN_LENGTH}"
+                )
+        return weak
 
     def lookup(self, token: str) -> Principal | None:
         found: Principal | None = None

@@ -2,8 +2,9 @@
 
 Configuration is read once (:meth:`ServerConfig.from_env` plus CLI flags): port,
 optional server TLS from PEM files, and the bearer tokens
-(``GRAYLANE_CP_TOKENS="ops-token:operator,viewer-token:read_only"`` and/or a
-file of such entries, one per line).
+(``GRAYLANE_CP_TOKENS="<token>:operator,<token>:read_only"`` and/or a file of
+such entries, one per line). It refuses weak tokens and a plaintext bind beyond
+loopback (see :mod:`graylane.services.controlplane.limits`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpc import aio, ssl_server_credentials
@@ -25,6 +26,7 @@ from graylane.registry.migrate import create_db_engine, upgrade
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
 from graylane.services.controlplane.auth import AuthInterceptor, TokenTable
 from graylane.services.controlplane.bus import KafkaCommandBus
+from graylane.services.controlplane.limits import ApiLimits, check_startup
 from graylane.services.controlplane.servicers import ControlPlane, add_servicers
 from graylane.services.controlplane.store import ControlStore
 
@@ -35,11 +37,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class ServerConfig:
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
     port: int = 50051  # 0 picks a free port
     tokens: TokenTable
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    insecure: bool = False  # allow a plaintext bind beyond loopback, on purpose
+    limits: ApiLimits = field(default_factory=ApiLimits)
     outbox_interval_s: float = 5.0
 
     @classmethod
@@ -70,8 +74,13 @@ class ControlPlaneServer:
     """Start with :meth:`start`, stop with :meth:`stop`; :attr:`port` is the bound port."""
 
     def __init__(self, config: ServerConfig, factory: KafkaFactory) -> None:
-        if (config.tls_cert is None) != (config.tls_key is None):
-            raise ValueError("TLS needs both a certificate and a key file (or neither)")
+        check_startup(
+            tokens=config.tokens,
+            host=config.host,
+            tls_cert=config.tls_cert,
+            tls_key=config.tls_key,
+            insecure=config.insecure,
+        )
         self._config = config
         self._factory = factory
         engine = create_db_engine(factory.settings.db_url)
@@ -85,6 +94,7 @@ class ControlPlaneServer:
             bus=self._bus,
             hub=self.hub,
             tokens=config.tokens,
+            limits=config.limits,
         )
         self.sink = AuditSink(factory, self.store, self.hub)
         self._server: aio.Server | None = None

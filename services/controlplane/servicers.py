@@ -37,6 +37,7 @@ from graylane.services.controlplane.audit_sink import RolloutHub
 from graylane.services.controlplane.auth import Principal, Role, TokenTable
 from graylane.services.controlplane.bus import CommandPublisher
 from graylane.services.controlplane.facts import model_facts, version_summary
+from graylane.services.controlplane.limits import ApiLimits, WatchSlots, check_limit
 from graylane.services.controlplane.store import ControlStore, StoredRollout
 from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
 
@@ -109,6 +110,7 @@ class ControlPlane:
         hub: RolloutHub,
         tokens: TokenTable,
         clock: Callable[[], int] = _now_ms,
+        limits: ApiLimits | None = None,
     ) -> None:
         self.registry = registry
         self.store = store
@@ -116,6 +118,8 @@ class ControlPlane:
         self.hub = hub
         self.tokens = tokens
         self.clock = clock
+        self.limits = limits or ApiLimits()
+        self.watch_slots = WatchSlots(self.limits.max_watch_streams)
         # One start at a time per process, so two starts cannot both pass the
         # "no active rollout" check.
         self.start_lock = asyncio.Lock()
@@ -310,13 +314,23 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
             self._cp.store.list_rollouts,
             request.model,
             active_only=request.active_only,
-            limit=request.limit or 100,
+            limit=check_limit(
+                request.limit, default=100, maximum=self._cp.limits.max_list_limit, what="rollouts"
+            ),
         )
         return controlplane_pb2.ListRolloutsResponse(rollouts=[s.state for s in found])
 
     async def Watch(
         self, request: controlplane_pb2.WatchRolloutsRequest, context: Context
     ) -> AsyncIterator[rollout_pb2.RolloutState]:
+        slots = self._cp.watch_slots
+        if not slots.acquire():
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{slots.open} Watch streams are open, the maximum (--max-watch-streams); "
+                "close one or poll with `rollout get`",
+            )
+            return
         sub = self._cp.hub.subscribe(request.model, request.rollout_id)
         try:
             if request.initial:
@@ -333,6 +347,7 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
                 yield await sub.queue.get()
         finally:
             self._cp.hub.unsubscribe(sub)
+            slots.release()
 
     async def _command(
         self,
@@ -472,7 +487,12 @@ class AuditServicer(controlplane_pb2_grpc.AuditServicer):
             rollout_id=request.rollout_id,
             from_ms=request.from_unix_ms,
             to_ms=request.to_unix_ms,
-            limit=request.limit or 1000,
+            limit=check_limit(
+                request.limit,
+                default=1000,
+                maximum=self._cp.limits.max_audit_limit,
+                what="audit records",
+            ),
         )
         return controlplane_pb2.AuditQueryResponse(records=records)
 

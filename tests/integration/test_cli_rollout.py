@@ -90,7 +90,9 @@ async def test_a_rollout_driven_entirely_from_the_cli(
     }
     server = ControlPlaneServer(
         ServerConfig(
-            host="127.0.0.1", port=0, tokens=TokenTable(parse_tokens("ops-token:operator:alice"))
+            host="127.0.0.1",
+            port=0,
+            tokens=TokenTable(parse_tokens("ops-token-0123456:operator:alice")),
         ),
         factory,
     )
@@ -98,7 +100,7 @@ async def test_a_rollout_driven_entirely_from_the_cli(
     await asyncio.wait_for(server.sink.ready.wait(), 30)
     env = {
         "GRAYLANE_CP_ADDR": f"127.0.0.1:{server.port}",
-        "GRAYLANE_CP_TOKEN": "ops-token",
+        "GRAYLANE_CP_TOKEN": "ops-token-0123456",
         "GRAYLANE_TOPIC_PREFIX": settings.topic_prefix,
         "GRAYLANE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
         "COLUMNS": "200",

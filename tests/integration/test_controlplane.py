@@ -22,8 +22,8 @@ from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, roll
 pytestmark = pytest.mark.kafka
 
 MODEL = "cp-gpt"
-OPS = (("authorization", "Bearer ops-token"),)
-VIEW = (("authorization", "Bearer view-token"),)
+OPS = (("authorization", "Bearer ops-token-0123456"),)
+VIEW = (("authorization", "Bearer view-token-012345"),)
 
 
 @dataclass
@@ -65,7 +65,9 @@ async def api(settings: Settings, factory: KafkaFactory) -> AsyncIterator[Api]:
     config = ServerConfig(
         host="127.0.0.1",
         port=0,
-        tokens=TokenTable(parse_tokens("ops-token:operator:alice,view-token:read_only")),
+        tokens=TokenTable(
+            parse_tokens("ops-token-0123456:operator:alice,view-token-012345:read_only")
+        ),
         outbox_interval_s=0.5,
     )
     server = ControlPlaneServer(config, factory)
@@ -356,7 +358,7 @@ async def test_qos_policy(api: Api) -> None:
 async def test_cli_talks_to_the_control_plane(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
     from graylane.app.cli.main import main
 
-    base = ["--addr", f"127.0.0.1:{api.server.port}", "--token", "ops-token"]
+    base = ["--addr", f"127.0.0.1:{api.server.port}", "--token", "ops-token-0123456"]
 
     def cli(*argv: str) -> int:
         return main([*argv[:2], *base, *argv[2:]])
@@ -373,7 +375,8 @@ async def test_cli_talks_to_the_control_plane(api: Api, capsys: pytest.CaptureFi
     assert await asyncio.to_thread(cli, "audit", "log", "--model", MODEL) == 0
     with pytest.raises(SystemExit, match="PERMISSION_DENIED"):
         await asyncio.to_thread(
-            main, ["rollout", "abort", "--addr", base[1], "--token", "view-token", rollout_id]
+            main,
+            ["rollout", "abort", "--addr", base[1], "--token", "view-token-012345", rollout_id],
         )
     out = capsys.readouterr().out
     assert "1.1.0" in out and rollout_id in out and "pause of" in out
