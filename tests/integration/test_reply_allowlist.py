@@ -18,6 +18,8 @@ from graylane import serde
 from graylane.kafka.admin import ensure_topics, partition_count
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
+from graylane.routing import table_for_weights
+from graylane.routing.convert import table_to_pb
 from graylane.v1 import inference_pb2
 from tests.support.stack import dead_letters, read_topic, running_stack
 
@@ -77,9 +79,12 @@ async def test_a_request_cannot_write_control_audit_or_another_models_topics(
     producer = factory.producer()
     await producer.start()
     try:
+        # The router reads the routing topic: it gets a valid table (of a model
+        # the router does not serve) rather than bytes it would log as undecodable.
+        table = table_to_pb(table_for_weights(model=OTHER, stable_version="v1", weights=[]))
         for topic in guarded:
-            if topic != layout.routing():  # the router reads this one; leave it empty
-                await producer.send_and_wait(topic, b"marker", key=b"marker")
+            value = serde.encode(table) if topic == layout.routing() else b"marker"
+            await producer.send_and_wait(topic, value, key=b"marker")
         before = {topic: await snapshot(factory, topic) for topic in guarded}
 
         refused = [*guarded, f"{layout.prefix}.reply.not.a.name", "elsewhere.results.gpt"]
