@@ -116,6 +116,7 @@ async def drain_to_end(
         for tp, records in sorted(batches.items()):
             for record in records:
                 if record.offset >= end[tp] or (to_ms and record.timestamp >= to_ms):
+                    consumer.seek(tp, record.offset)  # a later pump() starts here
                     remaining.discard(tp)
                     break
                 handle(record)
