@@ -7,14 +7,17 @@
 
 What it models: topics with N partitions; offsets, keys, headers and timestamps;
 partitioning by key hash (aiokafka's murmur2 partitioner; round robin without a key);
-sends acknowledged at once (``send`` returns an already-resolved future); consumers
+sends acknowledged at once (``send`` returns an already-resolved future, unless
+:meth:`MemoryBroker.hold_acks` keeps them in flight); consumers
 that subscribe (partitions shared by range among the started members of a group) or
 assign; committed offsets per group; ``getmany`` that waits up to ``timeout_ms`` for
 new records. What it does not: replication, compaction, transactions, rebalance
 listeners, real time (it never sleeps beyond ``timeout_ms``).
 
 Failure injection: :meth:`MemoryBroker.fail_next_sends` makes the next sends'
-futures fail with a given error (the record is not written), as a broker would.
+futures fail with a given error (the record is not written), as a broker would;
+:meth:`MemoryBroker.hold_acks` / :meth:`~MemoryBroker.release_acks` keep sends in
+flight, to check that nothing is committed before its sends are acknowledged.
 Offset-commit *protocol* behaviour stays tested against a real broker.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -76,6 +80,9 @@ class MemoryBroker:
         self._committed: dict[tuple[str, TopicPartition], int] = {}
         self._groups: dict[str, list[MemoryConsumer]] = {}
         self._send_failures: list[BaseException] = []
+        self._in_flight: list[tuple[asyncio.Future[RecordMetadata], Callable[[], RecordMetadata]]]
+        self._in_flight = []
+        self._holding = False
         self._round_robin = itertools.count()
         self._partitioner = DefaultPartitioner()
         self._changed: asyncio.Event | None = None
@@ -124,6 +131,39 @@ class MemoryBroker:
 
     def take_send_failure(self) -> BaseException | None:
         return self._send_failures.pop(0) if self._send_failures else None
+
+    @property
+    def pending_send_failures(self) -> int:
+        return len(self._send_failures)
+
+    @property
+    def sends_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def hold_acks(self) -> None:
+        """Keep later sends in flight (unwritten, their futures pending) until released."""
+        self._holding = True
+
+    def release_acks(self) -> int:
+        """Write every send held in flight, in order, and resolve its future."""
+        self._holding = False
+        held, self._in_flight = self._in_flight, []
+        for future, write in held:
+            if future.done():
+                continue
+            try:
+                future.set_result(write())
+            except Exception as exc:  # e.g. the topic is gone: the send fails
+                future.set_exception(exc)
+        return len(held)
+
+    def _ack(
+        self, future: asyncio.Future[RecordMetadata], write: Callable[[], RecordMetadata]
+    ) -> None:
+        if self._holding:
+            self._in_flight.append((future, write))
+        else:
+            future.set_result(write())
 
     def append(
         self,
@@ -270,15 +310,17 @@ class MemoryProducer:
         if failure is not None:
             future.set_exception(failure)
             return future
-        future.set_result(
-            self.broker.append(
+        self.broker._ack(
+            future,
+            functools.partial(
+                self.broker.append,
                 topic,
                 value,
                 key=key,
                 partition=partition,
                 timestamp_ms=timestamp_ms,
                 headers=headers,
-            )
+            ),
         )
         return future
 

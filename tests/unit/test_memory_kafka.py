@@ -107,11 +107,28 @@ async def test_injected_send_failures_fail_the_future_and_write_nothing() -> Non
     broker = _broker(t=1)
     producer = await _started(MemoryProducer(broker))
     broker.fail_next_sends(NotLeaderForPartitionError())
+    assert broker.pending_send_failures == 1
     failed = await producer.send("t", b"lost")
+    assert broker.pending_send_failures == 0
     with pytest.raises(NotLeaderForPartitionError):
         await failed
     await producer.send_and_wait("t", b"kept")
     assert broker.values("t") == [b"kept"]
+
+
+async def test_held_acks_keep_sends_in_flight_until_released() -> None:
+    broker = _broker(t=1)
+    producer = await _started(MemoryProducer(broker))
+    broker.hold_acks()
+    first = await producer.send("t", b"1")
+    second = await producer.send("t", b"2")
+    await asyncio.sleep(0)
+    assert not first.done() and not second.done()
+    assert broker.values("t") == []
+    assert broker.release_acks() == 2
+    assert [(await first).offset, (await second).offset] == [0, 1]
+    assert broker.values("t") == [b"1", b"2"]
+    assert (await producer.send("t", b"3")).done()  # released: acknowledged at once again
 
 
 async def test_metadata_lists_the_topics() -> None:
