@@ -360,6 +360,11 @@ class MemoryConsumer:
     def group_id(self) -> str | None:
         return self.options.group_id
 
+    @property
+    def running(self) -> bool:
+        """Started and not stopped."""
+        return self._running
+
     # -- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
         self._running = True
