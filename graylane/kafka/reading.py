@@ -109,7 +109,7 @@ async def drain_to_end(
                 remaining.discard(tp)
         if not remaining:
             return
-        if deadline is not None and loop.time() > deadline:
+        if deadline is not None and loop.time() >= deadline:
             names = sorted({tp.topic for tp in remaining})
             raise ReadTimeout(f"timed out reading {', '.join(names)} to the end")
         batches = await consumer.getmany(*sorted(remaining), timeout_ms=_POLL_MS)
