@@ -45,8 +45,13 @@ def test_the_doubles_implement_the_seam_protocols() -> None:
 async def test_the_real_factory_builds_clients_that_satisfy_the_same_protocols() -> None:
     factory = KafkaFactory(Settings(bootstrap_servers="127.0.0.1:1"))
     assert isinstance(factory, ClientFactory)
-    assert isinstance(factory.producer(), Producer)
-    assert isinstance(factory.consumer("t"), BatchConsumer)
+    producer, consumer = factory.producer(), factory.consumer("t")
+    try:
+        assert isinstance(producer, Producer)
+        assert isinstance(consumer, BatchConsumer)
+    finally:
+        await producer.stop()
+        await consumer.stop()
 
 
 async def test_send_returns_a_resolved_future_with_record_metadata() -> None:
