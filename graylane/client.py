@@ -12,7 +12,6 @@ the first and drops the copy.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections import OrderedDict
@@ -22,13 +21,13 @@ from enum import Enum
 from types import TracebackType
 
 import numpy as np
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from graylane import serde, tensors
 from graylane.errors import GraylaneError, SerdeError, require_started
-from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.options import ConsumerOptions
+from graylane.kafka.reading import FollowFrom, TopicFollower
 from graylane.kafka.replies import now_ms
+from graylane.kafka.seam import ClientFactory, Producer, Record, known_topics
 from graylane.v1 import inference_pb2
 
 log = logging.getLogger(__name__)
@@ -126,7 +125,7 @@ class GraylaneClient:
 
     def __init__(
         self,
-        factory: KafkaFactory,
+        factory: ClientFactory,
         *,
         client_id: str | None = None,
         listen: bool = True,
@@ -137,9 +136,8 @@ class GraylaneClient:
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.reply_topic = self.layout.reply(self.client_id)
         self._listen = listen
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._producer: Producer | None = None
+        self._reader: TopicFollower | None = None
         self._waiters: dict[str, asyncio.Future[Result]] = {}
         self._sent_at: dict[str, int] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
@@ -161,53 +159,48 @@ class GraylaneClient:
 
     async def start(self) -> None:
         if self._listen:
-            await ensure_topics(self.factory, [self.layout.reply_spec(self.client_id)])
-            consumer = self.factory.consumer(
+            await self.factory.ensure_topics([self.layout.reply_spec(self.client_id)])
+            reader = TopicFollower(
+                self.factory,
+                self.reply_topic,
+                self._on_result,
+                start_at=FollowFrom.END,  # positioned before start() returns: nothing is missed
+                partitions=[0],
                 options=ConsumerOptions(group_id=None, fetch_max_wait_ms=20),
                 client_suffix=self.client_id,
+                poll_ms=500,
             )
-            await consumer.start()
-            tp = TopicPartition(self.reply_topic, 0)
-            consumer.assign([tp])
-            await consumer.seek_to_end(tp)
-            await consumer.position(tp)  # resolve now, so nothing sent later is missed
-            self._consumer = consumer
-            self._reader = asyncio.create_task(self._read())
+            await reader.start()
+            self._reader = reader
         self._producer = self.factory.producer(client_suffix=self.client_id)
         await self._producer.start()
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        if self._consumer is not None:
-            await self._consumer.stop()
-        if self._producer is not None:
-            await self._producer.stop()
+        try:
+            if self._reader is not None:
+                await self._reader.stop()
+        finally:
+            if self._producer is not None:
+                await self._producer.stop()
 
-    async def _read(self) -> None:
-        consumer = require_started(self._consumer)
-        while True:
-            batches = await consumer.getmany(timeout_ms=500)
-            for records in batches.values():
-                for record in records:
-                    try:
-                        pb = serde.decode(inference_pb2.InferenceResult, record.value)
-                    except SerdeError as exc:
-                        log.error("undecodable result on %s: %s", self.reply_topic, exc)
-                        continue
-                    if pb.request_id in self._seen:
-                        continue  # an at-least-once duplicate
-                    self._seen[pb.request_id] = None
-                    if len(self._seen) > self._max_seen:
-                        self._seen.popitem(last=False)
-                    result = Result.from_pb(pb, self._sent_at.pop(pb.request_id, None))
-                    waiter = self._waiters.pop(pb.request_id, None)
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(result)
-                    else:
-                        self._queue.put_nowait(result)
+    def _on_result(self, record: Record) -> None:
+        """Hand a result to its waiter, or to :meth:`results`; drop duplicates."""
+        try:
+            pb = serde.decode(inference_pb2.InferenceResult, record.value)
+        except SerdeError as exc:
+            log.error("undecodable result on %s: %s", self.reply_topic, exc)
+            return
+        if pb.request_id in self._seen:
+            return  # an at-least-once duplicate
+        self._seen[pb.request_id] = None
+        if len(self._seen) > self._max_seen:
+            self._seen.popitem(last=False)
+        result = Result.from_pb(pb, self._sent_at.pop(pb.request_id, None))
+        waiter = self._waiters.pop(pb.request_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(result)
+        else:
+            self._queue.put_nowait(result)
 
     def build_request(
         self,
@@ -270,8 +263,7 @@ class GraylaneClient:
         topic = self.layout.ingress(model)
         if self._known_models is not None and topic in self._known_models:
             return
-        cluster = await require_started(self._producer).client.fetch_all_metadata()
-        self._known_models = set(cluster.topics())
+        self._known_models = await known_topics(require_started(self._producer))
         if topic not in self._known_models:
             raise UnknownModel(f"model {model!r} is not served: topic {topic} does not exist")
 

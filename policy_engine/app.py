@@ -30,6 +30,7 @@ from graylane.kafka.admin import ensure_topics, read_latest_per_key, wait_for_as
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 from graylane.policy_engine import convert
 from graylane.policy_engine.core import CommandRejected, Output, PolicyCore
+from graylane.policy_engine.faust_settings import broker_settings
 from graylane.policy_engine.logic.errors import PolicyError
 from graylane.policy_engine.logic.qos import QosPolicy
 from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
@@ -67,9 +68,12 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     layout = factory.layout
     core = PolicyCore(config.window_ms, config.step_ms)
     restored = asyncio.Event()
+    brokers = broker_settings(settings)  # security included, like every other client
     app = faust.App(
         f"{settings.topic_prefix}-policy",
-        broker=[f"kafka://{b.strip()}" for b in settings.bootstrap_servers.split(",")],
+        broker=brokers.broker,
+        broker_client_id=brokers.broker_client_id,
+        broker_credentials=brokers.broker_credentials,
         store="memory://",
         web_enabled=False,
         topic_partitions=1,

@@ -11,11 +11,9 @@ rollout decisions and are skipped. ``graylane audit verify`` calls these.
 
 from __future__ import annotations
 
-import asyncio
-
 from graylane import serde
-from graylane.kafka.admin import wait_for_assignment
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.reading import read_to_end
+from graylane.kafka.seam import ClientFactory
 from graylane.policy_engine import convert
 from graylane.policy_engine.logic.agreement import AgreementStats
 from graylane.policy_engine.logic.errors import PolicyError
@@ -41,7 +39,7 @@ _ROLLOUT_KINDS = frozenset(
 
 
 async def load_recorded(
-    factory: KafkaFactory,
+    factory: ClientFactory,
     model: str,
     rollout_id: str = "",
     from_ms: int = 0,
@@ -51,33 +49,15 @@ async def load_recorded(
 ) -> list[audit_pb2.AuditRecord]:
     """Audit records of ``model`` (and ``rollout_id`` when given) decided in
     ``[from_ms, to_ms)`` (``to_ms`` 0: up to now), in decision order."""
-    consumer = factory.consumer(
-        factory.layout.audit(), options=ConsumerOptions(group_id=None), client_suffix="audit"
-    )
-    await consumer.start()
     out: list[audit_pb2.AuditRecord] = []
-    try:
-        tps = await wait_for_assignment(consumer, timeout_s=timeout_s)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        remaining = {tp for tp in tps if end[tp] > 0}
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while remaining:
-            if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"timed out reading {factory.layout.audit()}")
-            for records in (await consumer.getmany(*remaining, timeout_ms=200)).values():
-                for r in records:
-                    rec = serde.decode(audit_pb2.AuditRecord, r.value)
-                    if rec.model != model or (rollout_id and rec.rollout_id != rollout_id):
-                        continue
-                    at = rec.decided_at_unix_ms
-                    if at >= from_ms and (not to_ms or at < to_ms):
-                        out.append(rec)
-            for tp in list(remaining):
-                if await consumer.position(tp) >= end[tp]:
-                    remaining.discard(tp)
-    finally:
-        await consumer.stop()
+    audit = factory.layout.audit()
+    for r in await read_to_end(factory, audit, timeout_s=timeout_s, client_suffix="audit"):
+        rec = serde.decode(audit_pb2.AuditRecord, r.value)
+        if rec.model != model or (rollout_id and rec.rollout_id != rollout_id):
+            continue
+        at = rec.decided_at_unix_ms
+        if at >= from_ms and (not to_ms or at < to_ms):
+            out.append(rec)
     out.sort(key=lambda r: (r.decided_at_unix_ms, r.epoch))
     return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -61,8 +62,7 @@ async def read_range(
     factory: Any, topic: str, from_ms: int, to_ms: int, *, timeout_s: float = 30.0
 ) -> list[Any]:
     """Records of ``topic`` with timestamps in ``[from_ms, to_ms)`` (0: unbounded)."""
-    from graylane.kafka.admin import wait_for_assignment
-    from graylane.kafka.factory import ConsumerOptions
+    from graylane.kafka.reading import read_to_end
 
     admin = factory.admin()
     await admin.start()
@@ -71,38 +71,9 @@ async def read_range(
             return []  # nothing was ever recorded there
     finally:
         await admin.close()
-    consumer = factory.consumer(topic, options=ConsumerOptions(group_id=None), client_suffix="rr")
-    await consumer.start()
-    out: list[Any] = []
-    try:
-        tps = await wait_for_assignment(consumer, timeout_s=timeout_s)
-        end = await consumer.end_offsets(tps)
-        starts = await consumer.offsets_for_times(dict.fromkeys(tps, from_ms)) if from_ms else {}
-        remaining = set()
-        for tp in tps:
-            found = starts.get(tp)
-            if from_ms and found is None:
-                continue  # nothing at or after from_ms
-            if found is not None:
-                consumer.seek(tp, found.offset)
-            else:
-                await consumer.seek_to_beginning(tp)
-            remaining.add(tp)
-        async with asyncio.timeout(timeout_s):
-            while remaining:
-                for tp in list(remaining):
-                    if await consumer.position(tp) >= end[tp]:
-                        remaining.discard(tp)
-                if not remaining:
-                    break
-                for tp, records in (await consumer.getmany(*remaining, timeout_ms=200)).items():
-                    for r in records:
-                        if r.offset >= end[tp] or (to_ms and r.timestamp >= to_ms):
-                            remaining.discard(tp)
-                            break
-                        out.append(r)
-    finally:
-        await consumer.stop()
+    out = await read_to_end(
+        factory, topic, from_ms=from_ms, to_ms=to_ms, timeout_s=timeout_s, client_suffix="rr"
+    )
     out.sort(key=lambda r: (r.timestamp, r.partition, r.offset))
     return out
 
@@ -205,8 +176,8 @@ def _traffic_replay(args: argparse.Namespace) -> int:
 
 
 async def _replay_traffic(args: argparse.Namespace) -> tuple[int, int, int, int]:
-    from graylane.kafka.admin import ensure_topics, wait_for_assignment
-    from graylane.kafka.factory import ConsumerOptions, OffsetReset
+    from graylane.kafka.admin import ensure_topics
+    from graylane.kafka.reading import FollowFrom, TopicFollower
     from graylane.serde import decode, encode, encode_key
     from graylane.v1 import inference_pb2
 
@@ -228,17 +199,27 @@ async def _replay_traffic(args: argparse.Namespace) -> tuple[int, int, int, int]
                 recorded.setdefault(res.request_id, res)
     client = f"replay-{uuid.uuid4().hex[:8]}"
     await ensure_topics(factory, [layout.reply_spec(client)])
-    consumer = factory.consumer(
+    ids: dict[str, str] = {}
+    replayed: dict[str, Any] = {}
+    arrived = asyncio.Event()
+
+    def on_reply(r: Any) -> None:
+        res = decode(inference_pb2.InferenceResult, r.value)
+        if res.request_id in ids:
+            replayed[ids[res.request_id]] = res
+            arrived.set()
+
+    replies = TopicFollower(
+        factory,
         layout.reply(client),
-        options=ConsumerOptions(group_id=None, offset_reset=OffsetReset.EARLIEST),
+        on_reply,
+        start_at=FollowFrom.BEGINNING,
         client_suffix="replay",
     )
-    await consumer.start()
+    await replies.start()
     producer = factory.producer()
     await producer.start()
-    ids: dict[str, str] = {}
     try:
-        await wait_for_assignment(consumer)
         for req in requests:
             copy = inference_pb2.InferenceRequest()
             copy.CopyFrom(req)
@@ -252,20 +233,14 @@ async def _replay_traffic(args: argparse.Namespace) -> tuple[int, int, int, int]
                 key=encode_key(req.routing_key or None),
             )
         await producer.flush()
-        replayed: dict[str, Any] = {}
-        try:
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(args.timeout_s):
                 while len(replayed) < len(ids):
-                    for records in (await consumer.getmany(timeout_ms=200)).values():
-                        for r in records:
-                            res = decode(inference_pb2.InferenceResult, r.value)
-                            if res.request_id in ids:
-                                replayed[ids[res.request_id]] = res
-        except TimeoutError:
-            pass
+                    arrived.clear()
+                    await arrived.wait()
     finally:
         await producer.stop()
-        await consumer.stop()
+        await replies.stop()
     agree = differ = missing = errors = 0
     for original in ids.values():
         got = replayed.get(original)

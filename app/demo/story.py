@@ -256,26 +256,12 @@ class Story:
         await asyncio.sleep(3)
 
     async def audit_records(self) -> list[audit_pb2.AuditRecord]:
-        from graylane.kafka.admin import wait_for_assignment
-        from graylane.kafka.factory import ConsumerOptions
+        from graylane.kafka.reading import read_to_end
 
-        consumer = self.factory.consumer(
-            self.layout.audit(), options=ConsumerOptions(group_id=None), client_suffix="demo-audit"
+        read = await read_to_end(
+            self.factory, self.layout.audit(), timeout_s=None, client_suffix="demo-audit"
         )
-        await consumer.start()
-        records: list[audit_pb2.AuditRecord] = []
-        try:
-            tps = await wait_for_assignment(consumer)
-            end = await consumer.end_offsets(tps)
-
-            async def behind() -> bool:
-                return any([await consumer.position(tp) < end[tp] for tp in tps])
-
-            while await behind():
-                for batch in (await consumer.getmany(timeout_ms=500)).values():
-                    records.extend(serde.decode(audit_pb2.AuditRecord, r.value) for r in batch)
-        finally:
-            await consumer.stop()
+        records = [serde.decode(audit_pb2.AuditRecord, r.value) for r in read]
         return [r for r in records if r.model == MODEL]
 
 

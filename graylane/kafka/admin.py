@@ -6,18 +6,34 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from graylane.errors import TopicSetupError
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.reading import read_latest_per_key, wait_for_assignment
 from graylane.topics import TopicSpec
+
+__all__ = [
+    "AdminFactory",
+    "TopicSetupReport",
+    "describe_topic_configs",
+    "ensure_topics",
+    "partition_count",
+    "read_latest_per_key",
+    "wait_for_assignment",
+]
 
 log = logging.getLogger(__name__)
 
 _TOPIC_ALREADY_EXISTS = 36
+
+
+class AdminFactory(Protocol):
+    """Builds admin clients (:class:`~graylane.kafka.factory.KafkaFactory` does)."""
+
+    def admin(self) -> AIOKafkaAdminClient: ...
 
 
 @dataclass(frozen=True)
@@ -101,7 +117,7 @@ async def partition_count(admin: AIOKafkaAdminClient, topic: str) -> int:
     raise TopicSetupError(f"topic {topic} does not exist")
 
 
-async def ensure_topics(factory: KafkaFactory, specs: Sequence[TopicSpec]) -> TopicSetupReport:
+async def ensure_topics(factory: AdminFactory, specs: Sequence[TopicSpec]) -> TopicSetupReport:
     """Create missing topics and bring existing ones to their specified configs.
 
     Safe to call any number of times, from any number of processes.
@@ -173,52 +189,3 @@ async def _wait_for_leaders(
         if asyncio.get_running_loop().time() > deadline:
             raise TopicSetupError(f"topics without leaders after {timeout_s}s: {topics}")
         await asyncio.sleep(0.2)
-
-
-async def wait_for_assignment(
-    consumer: AIOKafkaConsumer, *, timeout_s: float = 30.0
-) -> list[TopicPartition]:
-    """Partitions of a subscribed consumer without a group, once metadata arrived."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not consumer.assignment():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TopicSetupError(f"no partitions assigned after {timeout_s}s")
-        await asyncio.sleep(0.05)
-    return sorted(consumer.assignment())
-
-
-async def read_latest_per_key(
-    factory: KafkaFactory, topic: str, *, timeout_s: float = 30.0
-) -> dict[bytes, bytes | None]:
-    """Read a (compacted) topic from the beginning to its current end.
-
-    Returns the latest value per key; a tombstone maps to ``None``.
-    """
-    consumer = factory.consumer(
-        topic, options=ConsumerOptions(group_id=None), client_suffix="reader"
-    )
-    await consumer.start()
-    try:
-        tps = await wait_for_assignment(consumer, timeout_s=timeout_s)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        latest: dict[bytes, bytes | None] = {}
-        remaining = {tp for tp in tps if end[tp] > 0}
-        for tp in list(remaining):
-            if await consumer.position(tp) >= end[tp]:
-                remaining.discard(tp)
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while remaining:
-            if asyncio.get_running_loop().time() > deadline:
-                raise TopicSetupError(f"timed out reading {topic} to its end")
-            batches = await consumer.getmany(*remaining, timeout_ms=200)
-            for records in batches.values():
-                for record in records:
-                    if record.key is not None:
-                        latest[record.key] = record.value
-            for tp in list(remaining):
-                if await consumer.position(tp) >= end[tp]:
-                    remaining.discard(tp)
-        return latest
-    finally:
-        await consumer.stop()

@@ -12,16 +12,16 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
-from aiokafka.structs import ConsumerRecord
 
 from graylane.kafka.replies import settle
+from graylane.kafka.seam import BatchConsumer, Record
 
 log = logging.getLogger(__name__)
 
 
-def next_offsets(records: Sequence[ConsumerRecord[bytes, bytes]]) -> dict[TopicPartition, int]:
+def next_offsets(records: Sequence[Record]) -> dict[TopicPartition, int]:
     """The offsets to commit once every record of the batch is handled."""
     offsets: dict[TopicPartition, int] = {}
     for r in records:
@@ -30,7 +30,7 @@ def next_offsets(records: Sequence[ConsumerRecord[bytes, bytes]]) -> dict[TopicP
     return offsets
 
 
-def first_offsets(records: Sequence[ConsumerRecord[bytes, bytes]]) -> dict[TopicPartition, int]:
+def first_offsets(records: Sequence[Record]) -> dict[TopicPartition, int]:
     offsets: dict[TopicPartition, int] = {}
     for r in records:
         tp = TopicPartition(r.topic, r.partition)
@@ -39,8 +39,8 @@ def first_offsets(records: Sequence[ConsumerRecord[bytes, bytes]]) -> dict[Topic
 
 
 async def deliver_and_commit(
-    consumer: AIOKafkaConsumer,
-    records: Sequence[ConsumerRecord[bytes, bytes]],
+    consumer: BatchConsumer,
+    records: Sequence[Record],
     process: Callable[[], Awaitable[list[Awaitable[object]]]],
     *,
     backoff_s: float = 0.5,

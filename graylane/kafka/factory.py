@@ -1,56 +1,31 @@
 """Kafka client factories: every aiokafka client in Graylane is built here.
 
-Services receive a :class:`KafkaFactory` (never a module-level client), so tests
-and tools can build clients against any broker with the same options.
+Services receive a factory (never a module-level client), typed as the seam's
+:class:`~graylane.kafka.seam.ClientFactory`; :class:`KafkaFactory` is the real
+one, so tests can put an in-memory double behind the same calls.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
+from graylane.kafka.admin import TopicSetupReport, ensure_topics
+from graylane.kafka.options import ConsumerOptions, Isolation, OffsetReset, ProducerOptions
+from graylane.kafka.seam import BatchConsumer, Producer
 from graylane.settings import Settings
-from graylane.topics import TopicLayout
+from graylane.topics import TopicLayout, TopicSpec
 
-
-class OffsetReset(Enum):
-    EARLIEST = "earliest"
-    LATEST = "latest"
-
-
-class Isolation(Enum):
-    READ_UNCOMMITTED = "read_uncommitted"
-    READ_COMMITTED = "read_committed"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProducerOptions:
-    """Producer tuning; idempotent with acks=all by default."""
-
-    idempotent: bool = True
-    linger_ms: int = 2
-    max_batch_size: int = 256 * 1024
-    compression: str | None = None
-    transactional_id: str | None = None
-    request_timeout_ms: int = 30_000
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConsumerOptions:
-    """Consumer tuning; offsets are always committed explicitly by the caller."""
-
-    group_id: str | None = None
-    offset_reset: OffsetReset = OffsetReset.EARLIEST
-    max_poll_records: int = 500
-    fetch_max_wait_ms: int = 50
-    session_timeout_ms: int = 10_000
-    heartbeat_interval_ms: int = 3_000
-    max_poll_interval_ms: int = 300_000
-    isolation: Isolation = Isolation.READ_UNCOMMITTED
-    rebalance_timeout_ms: int | None = None
+__all__ = [
+    "ConsumerOptions",
+    "Isolation",
+    "KafkaFactory",
+    "OffsetReset",
+    "ProducerOptions",
+]
 
 
 @dataclass(frozen=True)
@@ -85,7 +60,7 @@ class KafkaFactory:
 
     def producer(
         self, options: ProducerOptions | None = None, *, client_suffix: str = "producer"
-    ) -> AIOKafkaProducer:
+    ) -> Producer:
         o = options or ProducerOptions()
         kwargs = self._common(client_suffix)
         kwargs.update(
@@ -100,14 +75,15 @@ class KafkaFactory:
             kwargs["compression_type"] = o.compression
         if o.transactional_id:
             kwargs["transactional_id"] = o.transactional_id
-        return AIOKafkaProducer(**kwargs)
+        producer: Producer = AIOKafkaProducer(**kwargs)
+        return producer
 
     def consumer(
         self,
         *topics: str,
         options: ConsumerOptions | None = None,
         client_suffix: str = "consumer",
-    ) -> AIOKafkaConsumer:
+    ) -> BatchConsumer:
         o = options or ConsumerOptions()
         kwargs = self._common(client_suffix)
         kwargs.update(
@@ -124,7 +100,12 @@ class KafkaFactory:
         )
         if o.rebalance_timeout_ms is not None:
             kwargs["rebalance_timeout_ms"] = o.rebalance_timeout_ms
-        return AIOKafkaConsumer(*topics, **kwargs)
+        consumer: BatchConsumer = AIOKafkaConsumer(*topics, **kwargs)
+        return consumer
 
     def admin(self) -> AIOKafkaAdminClient:
         return AIOKafkaAdminClient(**self._common("admin"))
+
+    async def ensure_topics(self, specs: Sequence[TopicSpec]) -> TopicSetupReport:
+        """Create or reconfigure ``specs`` (see :func:`graylane.kafka.admin.ensure_topics`)."""
+        return await ensure_topics(self, specs)

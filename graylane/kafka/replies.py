@@ -9,10 +9,8 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.structs import ConsumerRecord
-
 from graylane import serde
+from graylane.kafka.seam import Producer, Record, known_topics
 from graylane.topics import ReplyTopicRefused, TopicLayout
 from graylane.v1 import dlq_pb2, inference_pb2
 
@@ -51,7 +49,7 @@ class ReplySink:
 
     def __init__(
         self,
-        producer: AIOKafkaProducer,
+        producer: Producer,
         layout: TopicLayout,
         service: str,
         *,
@@ -68,8 +66,7 @@ class ReplySink:
         if topic in self._known:
             return True
         if time.monotonic() - self._known_at > 0.05:
-            cluster = await self._producer.client.fetch_all_metadata()
-            self._known = set(cluster.topics())
+            self._known = await known_topics(self._producer)
             self._known_at = time.monotonic()
         return topic in self._known
 
@@ -83,7 +80,7 @@ class ReplySink:
         self,
         request: inference_pb2.InferenceRequest,
         rejection: Rejection,
-        record: ConsumerRecord[bytes, bytes],
+        record: Record,
         *,
         version: str = "",
         variant: str = "",
@@ -137,7 +134,7 @@ class ReplySink:
 
     async def dead_letter(
         self,
-        record: ConsumerRecord[bytes, bytes],
+        record: Record,
         code: inference_pb2.ErrorCode,
         reason: str,
     ) -> Awaitable[object]:

@@ -13,17 +13,45 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from aiokafka import ConsumerRecord, TopicPartition
-from aiokafka.structs import OffsetAndMetadata, RecordMetadata
+from aiokafka.structs import OffsetAndMetadata, OffsetAndTimestamp, RecordMetadata
 
-__all__ = ["BatchConsumer", "Headers", "Producer", "Record"]
+from graylane.kafka.options import ConsumerOptions, ProducerOptions
+from graylane.settings import Settings
+from graylane.topics import TopicLayout, TopicSpec
+
+__all__ = [
+    "BatchConsumer",
+    "ClientFactory",
+    "ClusterView",
+    "Headers",
+    "MetadataClient",
+    "Producer",
+    "Record",
+    "known_topics",
+]
 
 Headers: TypeAlias = Sequence[tuple[str, bytes]]
 Record: TypeAlias = ConsumerRecord[bytes, bytes]
 
 
+class ClusterView(Protocol):
+    """A snapshot of cluster metadata (aiokafka's ``ClusterMetadata``)."""
+
+    def topics(self, exclude_internal_topics: bool = True) -> set[str]: ...
+
+
+class MetadataClient(Protocol):
+    """The producer's connection to the cluster, asked only for metadata."""
+
+    async def fetch_all_metadata(self) -> ClusterView: ...
+
+
 @runtime_checkable
 class Producer(Protocol):
     """Sends records; ``send`` returns a future resolved when the broker acknowledges."""
+
+    @property
+    def client(self) -> MetadataClient: ...
 
     async def start(self) -> None: ...
 
@@ -48,6 +76,8 @@ class Producer(Protocol):
         timestamp_ms: int | None = None,
         headers: Headers | None = None,
     ) -> RecordMetadata: ...
+
+    async def flush(self) -> None: ...
 
 
 @runtime_checkable
@@ -84,4 +114,46 @@ class BatchConsumer(Protocol):
         self, partitions: Iterable[TopicPartition]
     ) -> dict[TopicPartition, int]: ...
 
+    async def beginning_offsets(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, int]: ...
+
+    async def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]: ...
+
+    async def committed(self, partition: TopicPartition) -> int | None: ...
+
     def partitions_for_topic(self, topic: str) -> set[int] | None: ...
+
+
+@runtime_checkable
+class ClientFactory(Protocol):
+    """Builds the clients of one deployment (:class:`~graylane.kafka.factory.KafkaFactory`)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def layout(self) -> TopicLayout: ...
+
+    def producer(
+        self, options: ProducerOptions | None = None, *, client_suffix: str = "producer"
+    ) -> Producer: ...
+
+    def consumer(
+        self,
+        *topics: str,
+        options: ConsumerOptions | None = None,
+        client_suffix: str = "consumer",
+    ) -> BatchConsumer: ...
+
+    async def ensure_topics(self, specs: Sequence[TopicSpec]) -> object:
+        """Create missing topics and bring existing ones to their configs (idempotent)."""
+        ...
+
+
+async def known_topics(producer: Producer) -> set[str]:
+    """Every topic the cluster knows now (a metadata request on the producer's connection)."""
+    cluster = await producer.client.fetch_all_metadata()
+    return set(cluster.topics())

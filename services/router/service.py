@@ -13,17 +13,15 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from graylane import serde
 from graylane.errors import SerdeError, require_started
-from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.options import ConsumerOptions
 from graylane.kafka.replies import Rejection, ReplySink, now_ms, reply_topic_rejection
+from graylane.kafka.seam import ClientFactory, Producer, Record
 from graylane.metrics import RouterMetrics, serve_metrics
 from graylane.routing import RequestFacts, RouteTable, UnknownPinnedVersion, route
 from graylane.routing.convert import table_from_pb
@@ -58,7 +56,7 @@ class TableStore:
 
 
 class Router:
-    def __init__(self, factory: KafkaFactory, config: RouterConfig) -> None:
+    def __init__(self, factory: ClientFactory, config: RouterConfig) -> None:
         self.factory = factory
         self.layout = factory.layout
         self.config = config
@@ -66,13 +64,13 @@ class Router:
         self.registry = CollectorRegistry()
         self.metrics = RouterMetrics.create(self.registry)
         self.ready = asyncio.Event()
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: Producer | None = None
         self._tables = CompactedFollower(
             factory, self.layout.routing(), self._apply_table_record, client_suffix="router-tables"
         )
 
     # -- routing tables --------------------------------------------------------
-    def _apply_table_record(self, record: ConsumerRecord[bytes, bytes]) -> None:
+    def _apply_table_record(self, record: Record) -> None:
         if record.value is None:
             return
         try:
@@ -96,9 +94,7 @@ class Router:
             )
         return route(table, facts)
 
-    async def _handle(
-        self, record: ConsumerRecord[bytes, bytes], sink: ReplySink
-    ) -> list[Awaitable[object]]:
+    async def _handle(self, record: Record, sink: ReplySink) -> list[Awaitable[object]]:
         producer = require_started(self._producer)
         topic_model = record.topic[len(self.layout.ingress("x")) - 1 :]
         try:
@@ -165,9 +161,7 @@ class Router:
         self.metrics.routed.labels(request.model, decision.version, decision.reason.value).inc()
         return futures
 
-    async def _route_all(
-        self, records: list[ConsumerRecord[bytes, bytes]], sink: ReplySink
-    ) -> list[Awaitable[object]]:
+    async def _route_all(self, records: list[Record], sink: ReplySink) -> list[Awaitable[object]]:
         futures: list[Awaitable[object]] = []
         for record in records:
             futures.extend(await self._handle(record, sink))
@@ -176,7 +170,7 @@ class Router:
     def _reject(
         self,
         request: inference_pb2.InferenceRequest,
-        record: ConsumerRecord[bytes, bytes],
+        record: Record,
         topic_model: str,
     ) -> Rejection | None:
         limit = self.factory.settings.max_request_bytes
@@ -212,7 +206,7 @@ class Router:
         specs = layout.shared_specs()
         for model, stable in self.config.stable_versions.items():
             specs += layout.model_specs(model, [stable])
-        await ensure_topics(self.factory, specs)
+        await self.factory.ensure_topics(specs)
         serve_metrics(self.registry, self.config.metrics_port)
         await self._tables.catch_up()
         self._producer = self.factory.producer(client_suffix="router")

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from graylane import serde
 from graylane.client import GraylaneClient
-from graylane.kafka.admin import wait_for_assignment
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.reading import FollowFrom, TopicFollower
+from graylane.kafka.seam import Record
 from graylane.settings import Settings
 from graylane.v1 import control_pb2
 from tests.conftest import ROOT
@@ -73,37 +74,26 @@ class RoutingWatch:
         self.factory = factory
         self.model = model
         self.tables: list[tuple[float, control_pb2.RoutingTable]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._follower = TopicFollower(
+            factory,
+            factory.layout.routing(),
+            self._seen,
+            start_at=FollowFrom.BEGINNING,
+            client_suffix="watch",
+            poll_ms=100,
+        )
+
+    def _seen(self, record: Record) -> None:
+        table = serde.decode(control_pb2.RoutingTable, record.value)
+        if table.model == self.model:
+            self.tables.append((time.monotonic(), table))
 
     async def __aenter__(self) -> RoutingWatch:
-        consumer = self.factory.consumer(
-            self.factory.layout.routing(),
-            options=ConsumerOptions(group_id=None),
-            client_suffix="watch",
-        )
-        await consumer.start()
-        tps = await wait_for_assignment(consumer)
-        await consumer.seek_to_beginning(*tps)
-
-        async def run() -> None:
-            try:
-                while True:
-                    for records in (await consumer.getmany(timeout_ms=100)).values():
-                        for r in records:
-                            table = serde.decode(control_pb2.RoutingTable, r.value)
-                            if table.model == self.model:
-                                self.tables.append((time.monotonic(), table))
-            finally:
-                await consumer.stop()
-
-        self._task = asyncio.create_task(run())
+        await self._follower.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._follower.stop()
 
     def weight(self, table: control_pb2.RoutingTable, version: str) -> float:
         return sum(r.weight_percent for r in table.routes if r.version == version)

@@ -13,8 +13,9 @@ from graylane.engine_worker.config import FaultInjection, WorkerConfig
 from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
 from graylane.engine_worker.engine.protocol import InferenceEngine
 from graylane.engine_worker.service import Worker
-from graylane.kafka.admin import wait_for_assignment
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.reading import FollowFrom, TopicFollower
+from graylane.kafka.seam import Record
 from graylane.services.router.service import Router, RouterConfig
 from graylane.v1 import dlq_pb2
 
@@ -94,21 +95,24 @@ async def running_stack(
 async def read_topic(
     factory: KafkaFactory, topic: str, *, expect: int, timeout_s: float = 20.0
 ) -> list[bytes]:
-    """Read ``expect`` record values of ``topic`` from the beginning (or fail)."""
-    consumer = factory.consumer(
-        topic, options=ConsumerOptions(group_id=None), client_suffix="reader"
-    )
-    await consumer.start()
-    try:
-        await wait_for_assignment(consumer)
-        values: list[bytes] = []
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while len(values) < expect and asyncio.get_running_loop().time() < deadline:
-            for records in (await consumer.getmany(timeout_ms=200)).values():
-                values.extend(r.value for r in records if r.value is not None)
-        return values
-    finally:
-        await consumer.stop()
+    """Values of ``topic`` from the beginning, once ``expect`` arrived or ``timeout_s`` passed."""
+    values: list[bytes] = []
+    enough = asyncio.Event()
+    if expect <= 0:
+        enough.set()
+
+    def keep(record: Record) -> None:
+        if record.value is not None:
+            values.append(record.value)
+        if len(values) >= expect:
+            enough.set()
+
+    async with TopicFollower(
+        factory, topic, keep, start_at=FollowFrom.BEGINNING, client_suffix="reader"
+    ):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(enough.wait(), timeout_s)
+    return values
 
 
 async def dead_letters(factory: KafkaFactory, expect: int) -> list[dlq_pb2.DeadLetter]:

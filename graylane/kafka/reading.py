@@ -1,0 +1,316 @@
+"""Reading topics: to their end offsets as of now, or following them from a point on.
+
+Two shapes cover every reader in Graylane:
+
+* :func:`read_to_end` — a topic (or some of its partitions) from the beginning,
+  given offsets or a timestamp, up to the end offsets taken when the read starts
+  (optionally only records before a timestamp). Records written meanwhile are
+  not waited for. :func:`read_latest_per_key` folds a compacted topic.
+* :class:`TopicFollower` / :func:`follow` — every record from now on (or from
+  the beginning), applied to a handler in a background task until stopped.
+
+Both work on the seam protocols, so they run over aiokafka or the in-memory double.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
+from enum import Enum
+from types import TracebackType
+
+from aiokafka import TopicPartition
+
+from graylane.errors import BusError, TopicSetupError
+from graylane.kafka.options import ConsumerOptions
+from graylane.kafka.seam import BatchConsumer, ClientFactory, Record
+
+__all__ = [
+    "FollowFrom",
+    "ReadTimeout",
+    "RecordHandler",
+    "TopicFollower",
+    "drain_to_end",
+    "follow",
+    "pump",
+    "read_latest_per_key",
+    "read_to_end",
+    "wait_for_assignment",
+]
+
+RecordHandler = Callable[[Record], None]
+
+_POLL_MS = 200
+
+
+class ReadTimeout(BusError, TimeoutError):
+    """A topic could not be read to its end offsets in time."""
+
+
+class FollowFrom(Enum):
+    """Where a follower starts in each partition."""
+
+    END = "end"  # only records written after the follower started
+    BEGINNING = "beginning"  # everything still on the log, then every new record
+    COMMITTED = "committed"  # the consumer's own reset policy / committed offsets
+
+
+async def wait_for_assignment(
+    consumer: BatchConsumer, *, timeout_s: float = 30.0
+) -> list[TopicPartition]:
+    """Partitions of a subscribed consumer without a group, once metadata arrived."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not consumer.assignment():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TopicSetupError(f"no partitions assigned after {timeout_s}s")
+        await asyncio.sleep(0.05)
+    return sorted(consumer.assignment())
+
+
+async def drain_to_end(
+    consumer: BatchConsumer,
+    partitions: Iterable[TopicPartition],
+    handle: RecordHandler,
+    *,
+    from_ms: int = 0,
+    from_offsets: Mapping[int, int] | None = None,
+    to_ms: int = 0,
+    timeout_s: float | None = 30.0,
+) -> None:
+    """Position ``consumer`` and apply every record up to the current end offsets.
+
+    Each partition starts at its first record at or after ``from_ms`` (a partition
+    without one is skipped), else at ``from_offsets[partition]``, else at its
+    beginning; it ends at the end offset taken now, or at its first record at or
+    after ``to_ms``. ``timeout_s`` None waits as long as it takes. The consumer
+    stays open, positioned after the last record applied.
+    """
+    tps = sorted(set(partitions))
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    end = await consumer.end_offsets(tps)
+    starts = await consumer.offsets_for_times(dict.fromkeys(tps, from_ms)) if from_ms else {}
+    remaining: set[TopicPartition] = set()
+    for tp in tps:
+        if from_ms:
+            found = starts.get(tp)
+            if found is None:
+                continue  # nothing at or after from_ms
+            consumer.seek(tp, found.offset)
+        elif from_offsets is not None and tp.partition in from_offsets:
+            consumer.seek(tp, from_offsets[tp.partition])
+        else:
+            await consumer.seek_to_beginning(tp)
+        remaining.add(tp)
+    while remaining:
+        for tp in sorted(remaining):
+            if await consumer.position(tp) >= end[tp]:
+                remaining.discard(tp)
+        if not remaining:
+            return
+        if deadline is not None and loop.time() >= deadline:
+            names = sorted({tp.topic for tp in remaining})
+            raise ReadTimeout(f"timed out reading {', '.join(names)} to the end")
+        batches = await consumer.getmany(*sorted(remaining), timeout_ms=_POLL_MS)
+        for tp, records in sorted(batches.items()):
+            for record in records:
+                if record.offset >= end[tp] or (to_ms and record.timestamp >= to_ms):
+                    consumer.seek(tp, record.offset)  # a later pump() starts here
+                    remaining.discard(tp)
+                    break
+                handle(record)
+
+
+async def _open(
+    factory: ClientFactory,
+    topic: str,
+    partitions: Iterable[int] | None,
+    options: ConsumerOptions | None,
+    client_suffix: str,
+    timeout_s: float | None,
+) -> tuple[BatchConsumer, list[TopicPartition]]:
+    """A started consumer on ``topic`` (subscribed) or on some of its partitions (assigned)."""
+    options = options or ConsumerOptions(group_id=None)
+    if partitions is None:
+        consumer = factory.consumer(topic, options=options, client_suffix=client_suffix)
+    else:
+        consumer = factory.consumer(options=options, client_suffix=client_suffix)
+    await consumer.start()
+    try:
+        if partitions is None:
+            wait_s = 30.0 if timeout_s is None else timeout_s
+            return consumer, await wait_for_assignment(consumer, timeout_s=wait_s)
+        tps = sorted(TopicPartition(topic, p) for p in partitions)
+        consumer.assign(tps)
+        return consumer, tps
+    except BaseException:
+        await consumer.stop()
+        raise
+
+
+async def read_to_end(
+    factory: ClientFactory,
+    topic: str,
+    *,
+    partitions: Iterable[int] | None = None,
+    from_ms: int = 0,
+    from_offsets: Mapping[int, int] | None = None,
+    to_ms: int = 0,
+    timeout_s: float | None = 30.0,
+    client_suffix: str = "reader",
+) -> list[Record]:
+    """Records of ``topic`` (all partitions, or ``partitions``) up to its end offsets now.
+
+    See :func:`drain_to_end` for the start and stop rules. Records come partition
+    by partition, in offset order within each.
+    """
+    consumer, tps = await _open(factory, topic, partitions, None, client_suffix, timeout_s)
+    by_partition: dict[int, list[Record]] = {}
+    try:
+        await drain_to_end(
+            consumer,
+            tps,
+            lambda r: by_partition.setdefault(r.partition, []).append(r),
+            from_ms=from_ms,
+            from_offsets=from_offsets,
+            to_ms=to_ms,
+            timeout_s=timeout_s,
+        )
+    finally:
+        await consumer.stop()
+    return [r for p in sorted(by_partition) for r in by_partition[p]]
+
+
+async def read_latest_per_key(
+    factory: ClientFactory, topic: str, *, timeout_s: float = 30.0
+) -> dict[bytes, bytes | None]:
+    """Read a (compacted) topic from the beginning to its current end.
+
+    Returns the latest value per key; a tombstone maps to ``None``; keyless records are ignored.
+    """
+    latest: dict[bytes, bytes | None] = {}
+    for record in await read_to_end(factory, topic, timeout_s=timeout_s):
+        if record.key is not None:
+            latest[record.key] = record.value
+    return latest
+
+
+async def pump(
+    consumer: BatchConsumer, handle: RecordHandler, stop: asyncio.Event, *, poll_ms: int = _POLL_MS
+) -> None:
+    """Apply every record ``consumer`` fetches, in order, until ``stop`` is set."""
+    while not stop.is_set():
+        for _, records in sorted((await consumer.getmany(timeout_ms=poll_ms)).items()):
+            for record in records:
+                handle(record)
+
+
+class TopicFollower:
+    """Applies every record of a topic from a start point on to ``handle``, in a task.
+
+    ``await follower.start()`` returns once the consumer is positioned, so nothing
+    written afterwards is missed; ``await follower.stop()`` ends the task and
+    re-raises what the handler raised, if anything.
+    """
+
+    def __init__(
+        self,
+        factory: ClientFactory,
+        topic: str,
+        handle: RecordHandler,
+        *,
+        start_at: FollowFrom = FollowFrom.END,
+        partitions: Iterable[int] | None = None,
+        options: ConsumerOptions | None = None,
+        client_suffix: str = "follower",
+        poll_ms: int = _POLL_MS,
+    ) -> None:
+        self._factory = factory
+        self._topic = topic
+        self._handle = handle
+        self._start_at = start_at
+        self._partitions = None if partitions is None else tuple(partitions)
+        self._options = options
+        self._suffix = client_suffix
+        self._poll_ms = poll_ms
+        self._stop = asyncio.Event()
+        self._consumer: BatchConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        consumer, tps = await _open(
+            self._factory, self._topic, self._partitions, self._options, self._suffix, 30.0
+        )
+        try:
+            if self._start_at is FollowFrom.END:
+                await consumer.seek_to_end(*tps)
+            elif self._start_at is FollowFrom.BEGINNING:
+                await consumer.seek_to_beginning(*tps)
+            for tp in tps:
+                await consumer.position(tp)  # resolve now, so nothing sent later is missed
+        except BaseException:
+            await consumer.stop()
+            raise
+        self._consumer = consumer
+        self._task = asyncio.create_task(
+            pump(consumer, self._handle, self._stop, poll_ms=self._poll_ms)
+        )
+
+    async def run_until(self, stop: asyncio.Event) -> None:
+        """Return when ``stop`` is set or the task ended (the handler raised)."""
+        if self._task is None:
+            raise RuntimeError("start() must run before run_until()")
+        waiter = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait([waiter, self._task], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        try:
+            if self._task is not None:
+                if not self._task.done():
+                    self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        finally:
+            self._task = None
+            if self._consumer is not None:
+                await self._consumer.stop()
+                self._consumer = None
+
+    async def __aenter__(self) -> TopicFollower:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+async def follow(
+    factory: ClientFactory,
+    topic: str,
+    handle: RecordHandler,
+    stop: asyncio.Event,
+    *,
+    start_at: FollowFrom = FollowFrom.END,
+    ready: asyncio.Event | None = None,
+    client_suffix: str = "follower",
+) -> None:
+    """Apply every record of ``topic`` from ``start_at`` on until ``stop`` is set.
+
+    ``ready`` is set once the consumer is positioned.
+    """
+    async with TopicFollower(
+        factory, topic, handle, start_at=start_at, client_suffix=client_suffix
+    ) as follower:
+        if ready is not None:
+            ready.set()
+        await follower.run_until(stop)
