@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
@@ -71,6 +72,8 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         f"{settings.topic_prefix}-policy",
         broker=[f"kafka://{b.strip()}" for b in settings.bootstrap_servers.split(",")],
         store="memory://",
+        # Not faust's default "<name>-data" in the working directory: a temp folder (TMPDIR).
+        datadir=f"{tempfile.gettempdir()}/graylane/{settings.topic_prefix}-policy-data",
         web_enabled=False,
         topic_partitions=1,
         topic_allow_declare=False,
