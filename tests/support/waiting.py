@@ -7,8 +7,7 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 
-from aiokafka import TopicPartition
-
+from graylane.kafka.admin import wait_for_assignment
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 
 POLL_S = 0.05
@@ -39,12 +38,11 @@ async def wait_until(
 
 async def end_offsets(factory: KafkaFactory, topic: str) -> dict[int, int]:
     """The end offset (next offset to be written) of every partition of `topic`."""
-    consumer = factory.consumer(options=ConsumerOptions(group_id=None), client_suffix="ends")
+    consumer = factory.consumer(topic, options=ConsumerOptions(group_id=None), client_suffix="ends")
     await consumer.start()
     try:
-        await consumer.topics()  # fetches the cluster metadata
-        partitions = consumer.partitions_for_topic(topic) or set()
-        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+        partitions = await wait_for_assignment(consumer)
+        ends = await consumer.end_offsets(list(partitions))
         return {tp.partition: offset for tp, offset in ends.items()}
     finally:
         await consumer.stop()
