@@ -73,7 +73,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         broker=[f"kafka://{b.strip()}" for b in settings.bootstrap_servers.split(",")],
         store="memory://",
         # Not faust's default "<name>-data" in the working directory: a temp folder (TMPDIR).
-        datadir=f"{tempfile.gettempdir()}/graylane/{settings.topic_prefix}-policy-data",
+        datadir=f"{tempfile.gettempdir()}/graylane-{settings.topic_prefix}-policy-data",
         web_enabled=False,
         topic_partitions=1,
         topic_allow_declare=False,
