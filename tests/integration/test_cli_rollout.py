@@ -76,6 +76,16 @@ async def until_phase(factory: KafkaFactory, rollout_id: str, phase: int) -> Non
     await wait_until(reached, timeout=30, what=f"{rollout_id} in phase {phase}")
 
 
+async def until_stored_phase(server: ControlPlaneServer, rollout_id: str, phase: int) -> None:
+    """The control plane's store (fed from the rollouts topic by its sink) shows `phase`."""
+
+    def stored() -> bool:
+        got = server.store.get_rollout(rollout_id)
+        return got is not None and got.state.phase == phase
+
+    await wait_until(stored, timeout=30, what=f"control plane sees {rollout_id} in {phase}")
+
+
 async def test_a_rollout_driven_entirely_from_the_cli(
     settings: Settings,
     factory: KafkaFactory,
@@ -142,6 +152,7 @@ async def test_a_rollout_driven_entirely_from_the_cli(
 
                     await cli(capsys, "rollout", "pause", rollout_id, "--reason", "look first")
                     await until_phase(factory, rollout_id, rollout_pb2.PAUSED)
+                    await until_stored_phase(server, rollout_id, rollout_pb2.PAUSED)
                     status = await cli(capsys, "rollout", "status", rollout_id)
                     assert "paused" in status
 
@@ -151,6 +162,7 @@ async def test_a_rollout_driven_entirely_from_the_cli(
                     await cli(capsys, "rollout", "promote", rollout_id, "--reason", "looks good")
                     _, final = await routing.until(lambda t: t.stable_version == CANDIDATE, 30)
                     await until_phase(factory, rollout_id, rollout_pb2.PROMOTED)
+                    await until_stored_phase(server, rollout_id, rollout_pb2.PROMOTED)
         assert routing.weight(final, CANDIDATE) == 100.0
         listed = await cli(capsys, "rollout", "list", "--model", MODEL)
         assert rollout_id in listed and "promoted" in listed
