@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
@@ -75,6 +76,8 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         broker_client_id=brokers.broker_client_id,
         broker_credentials=brokers.broker_credentials,
         store="memory://",
+        # Not faust's default "<name>-data" in the working directory: a temp folder (TMPDIR).
+        datadir=f"{tempfile.gettempdir()}/graylane-{settings.topic_prefix}-policy-data",
         web_enabled=False,
         topic_partitions=1,
         topic_allow_declare=False,

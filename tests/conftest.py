@@ -1,4 +1,8 @@
-"""Shared fixtures: the real local Kafka broker and per-test topic names."""
+"""Shared fixtures: per-test topic names, broker-free settings, and the real local broker.
+
+``settings`` here needs no broker (unit tests); ``tests/integration/conftest.py`` overrides it
+with settings that point at the real local broker, started on demand.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ if str(ROOT) not in sys.path:
 
 from graylane.kafka.factory import KafkaFactory  # noqa: E402
 from graylane.settings import Settings  # noqa: E402
+from tests.support.settings import NO_BROKER, make_settings  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -33,15 +38,9 @@ def unique_prefix() -> str:
 
 
 @pytest.fixture
-def settings(kafka_bootstrap: str, unique_prefix: str, tmp_path: Path) -> Settings:
-    return Settings(
-        bootstrap_servers=kafka_bootstrap,
-        topic_prefix=unique_prefix,
-        client_id=f"test-{unique_prefix}",
-        partitions=2,
-        db_url=f"sqlite:///{tmp_path / 'graylane.db'}",
-        artifact_dir=tmp_path / "artifacts",
-    )
+def settings(unique_prefix: str, tmp_path: Path) -> Settings:
+    """Broker-free settings (unit tests); integration tests get the broker ones."""
+    return make_settings(NO_BROKER, unique_prefix, tmp_path)
 
 
 @pytest.fixture

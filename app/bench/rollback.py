@@ -26,6 +26,8 @@ from graylane.v1 import rollout_pb2
 MODEL = "bench-gpt"
 STEPS = ((5.0, 30, 20.0), (25.0, 60, 3.0), (50.0, 60, 3.0), (100.0, 60, 2.0))
 HEALTHY_STEPS = ((5.0, 30, 3.0), (25.0, 40, 3.0), (50.0, 40, 3.0), (100.0, 40, 2.0))
+# Onset to rollback for +errors: two disjoint failing 4 s windows (failures_to_rollback=2).
+DETECT_ERRORS_BUDGET_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,10 @@ async def scenario_bad(
         progress("candidate with +5 pp errors at 5 %")
         errors = await detect(stack, "errors", cfg, "errors")
         progress(f"    {errors}")
+        met = errors["detect_s"] < DETECT_ERRORS_BUDGET_S
+        progress(
+            f"    error rollback within {DETECT_ERRORS_BUDGET_S:.0f} s: {'yes' if met else 'NO'}"
+        )
         stop.set()
         await load
     return {

@@ -15,6 +15,10 @@ Graph contract:
 - ``seq`` must not exceed ``max_seq_len`` (recorded in ``metadata_props``).
 
 Vocabulary: the 256 byte values, then ``BOS_ID`` and ``EOS_ID``.
+
+Kept as one module (about 400 lines) on purpose: the config, the byte tokenizer and
+the graph writer describe one model and change together (a new size or layer touches
+all three), and most of the length is the graph writer, one private helper per block.
 """
 
 from __future__ import annotations

@@ -1,33 +1,42 @@
 """The model registry over a SQLAlchemy engine: models, versions, artifacts, stable version.
 
 Every method opens its own short transaction and returns frozen dataclasses, never
-ORM objects, so callers cannot lazy-load or mutate rows by accident.
+ORM objects, so callers cannot lazy-load or mutate rows by accident. The records are in
+``records``, the row conversions in ``rows``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from enum import Enum
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from graylane.artifacts.naming import (
-    ArtifactName,
     Backend,
     NamingError,
     Precision,
     SemVer,
-    parse_artifact_name,
     parse_semver,
     validate_model_name,
 )
-from graylane.errors import GraylaneError
+from graylane.registry.records import (
+    ArtifactInfo,
+    ArtifactRecord,
+    DuplicateArtifact,
+    DuplicateVersion,
+    ModelInfo,
+    RegistryError,
+    UnknownArtifact,
+    UnknownModel,
+    UnknownVersion,
+    VersionInfo,
+    VersionStatus,
+    target_for,
+)
+from graylane.registry.rows import artifact_info, to_semver, utc, version_info
 from graylane.registry.schema import (
-    ANY_TARGET,
     ArtifactRow,
     ModelRow,
     ModelVersionRow,
@@ -35,172 +44,7 @@ from graylane.registry.schema import (
     ValidationResultRow,
 )
 
-__all__ = [
-    "ArtifactInfo",
-    "ArtifactRecord",
-    "DuplicateArtifact",
-    "DuplicateVersion",
-    "ModelInfo",
-    "Registry",
-    "RegistryError",
-    "UnknownArtifact",
-    "UnknownModel",
-    "UnknownVersion",
-    "ValidationSummary",
-    "VersionInfo",
-    "VersionStatus",
-    "target_for",
-]
-
-
-class RegistryError(GraylaneError):
-    """The registry cannot do what was asked."""
-
-
-class UnknownModel(RegistryError):
-    """No model of that name is registered."""
-
-
-class UnknownVersion(RegistryError):
-    """The model has no such version."""
-
-
-class DuplicateVersion(RegistryError):
-    """The version is already registered; versions are immutable."""
-
-
-class UnknownArtifact(RegistryError):
-    """No artifact matches the request."""
-
-
-class DuplicateArtifact(RegistryError):
-    """An artifact of that name (and GPU target) is already registered."""
-
-
-class VersionStatus(Enum):
-    REGISTERED = "registered"
-    BUILT = "built"
-    FAILED = "failed"
-    RETIRED = "retired"
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    name: str
-    description: str
-    created_at: datetime
-    stable_version: SemVer | None
-
-
-@dataclass(frozen=True)
-class VersionInfo:
-    model: str
-    version: SemVer
-    source_sha256: str
-    status: VersionStatus
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class ValidationSummary:
-    passed: bool
-    max_abs: float | None = None
-    mean_rel: float | None = None
-    cosine: float | None = None
-    top1_agreement: float | None = None
-    token_agreement: float | None = None
-    rows: int | None = None
-    failures: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ArtifactRecord:
-    """What the builder registers for one published artifact."""
-
-    name: ArtifactName
-    path: str
-    manifest_sha256: str
-    servable: bool
-    forced: bool = False
-    gpu_compute_capability: str | None = None
-    validation: ValidationSummary | None = None
-
-
-@dataclass(frozen=True)
-class ArtifactInfo:
-    name: ArtifactName
-    target: str
-    path: str
-    manifest_sha256: str
-    servable: bool
-    forced: bool
-    gpu_compute_capability: str | None
-    validation: ValidationSummary | None
-    created_at: datetime
-
-    @property
-    def precision(self) -> Precision:
-        return self.name.precision
-
-    @property
-    def backend(self) -> Backend:
-        return self.name.backend
-
-
-def target_for(compute_capability: str | None) -> str:
-    """``any`` for portable artifacts, ``sm<major><minor>`` for compiled engines."""
-    return ANY_TARGET if compute_capability is None else "sm" + compute_capability.replace(".", "")
-
-
-def _semver(version: SemVer | str) -> SemVer:
-    try:
-        return version if isinstance(version, SemVer) else parse_semver(version)
-    except NamingError as exc:
-        raise RegistryError(str(exc)) from None
-
-
-def _utc(moment: datetime) -> datetime:
-    # SQLite hands timestamps back without a zone; they were written in UTC.
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
-def _version_info(row: ModelVersionRow, model: str) -> VersionInfo:
-    return VersionInfo(
-        model=model,
-        version=parse_semver(row.version),
-        source_sha256=row.source_sha256,
-        status=VersionStatus(row.status),
-        created_at=_utc(row.created_at),
-    )
-
-
-def _validation(row: ValidationResultRow | None) -> ValidationSummary | None:
-    if row is None:
-        return None
-    return ValidationSummary(
-        passed=row.passed,
-        max_abs=row.max_abs,
-        mean_rel=row.mean_rel,
-        cosine=row.cosine,
-        top1_agreement=row.top1_agreement,
-        token_agreement=row.token_agreement,
-        rows=row.rows,
-        failures=tuple(line for line in row.failures.splitlines() if line),
-    )
-
-
-def _artifact_info(row: ArtifactRow) -> ArtifactInfo:
-    return ArtifactInfo(
-        name=parse_artifact_name(row.name),
-        target=row.target,
-        path=row.path,
-        manifest_sha256=row.manifest_sha256,
-        servable=row.servable,
-        forced=row.forced,
-        gpu_compute_capability=row.gpu_compute_capability,
-        validation=_validation(row.validation),
-        created_at=_utc(row.created_at),
-    )
+__all__ = ["Registry"]
 
 
 class Registry:
@@ -249,21 +93,21 @@ class Registry:
                 session.add(row)
                 session.flush()
             return ModelInfo(
-                row.name, row.description, _utc(row.created_at), self._stable(session, row)
+                row.name, row.description, utc(row.created_at), self._stable(session, row)
             )
 
     def get_model(self, name: str) -> ModelInfo:
         with self._sessions() as session:
             row = self._model(session, name)
             return ModelInfo(
-                row.name, row.description, _utc(row.created_at), self._stable(session, row)
+                row.name, row.description, utc(row.created_at), self._stable(session, row)
             )
 
     def list_models(self) -> list[ModelInfo]:
         with self._sessions() as session:
             rows = session.scalars(select(ModelRow).order_by(ModelRow.name)).all()
             return [
-                ModelInfo(r.name, r.description, _utc(r.created_at), self._stable(session, r))
+                ModelInfo(r.name, r.description, utc(r.created_at), self._stable(session, r))
                 for r in rows
             ]
 
@@ -276,7 +120,7 @@ class Registry:
         source_sha256: str,
         status: VersionStatus = VersionStatus.REGISTERED,
     ) -> VersionInfo:
-        semver = _semver(version)
+        semver = to_semver(version)
         try:
             with self._sessions.begin() as session:
                 model_row = self._model(session, model)
@@ -299,24 +143,24 @@ class Registry:
                 )
                 session.add(row)
                 session.flush()
-                return _version_info(row, model)
+                return version_info(row, model)
         except IntegrityError:
             # Another writer registered it between our check and our insert.
             raise DuplicateVersion(f"{model} {semver} is already registered") from None
 
     def get_version(self, model: str, version: SemVer | str) -> VersionInfo:
-        semver = _semver(version)
+        semver = to_semver(version)
         with self._sessions() as session:
-            return _version_info(self._version(session, self._model(session, model), semver), model)
+            return version_info(self._version(session, self._model(session, model), semver), model)
 
     def set_version_status(
         self, model: str, version: SemVer | str, status: VersionStatus
     ) -> VersionInfo:
-        semver = _semver(version)
+        semver = to_semver(version)
         with self._sessions.begin() as session:
             row = self._version(session, self._model(session, model), semver)
             row.status = status.value
-            return _version_info(row, model)
+            return version_info(row, model)
 
     def list_versions(self, model: str) -> list[VersionInfo]:
         """All versions of ``model``, lowest semver precedence first."""
@@ -325,7 +169,7 @@ class Registry:
             rows = session.scalars(
                 select(ModelVersionRow).where(ModelVersionRow.model_id == model_row.id)
             ).all()
-            infos = [_version_info(r, model) for r in rows]
+            infos = [version_info(r, model) for r in rows]
         return sorted(infos, key=lambda v: v.version)
 
     # ------------------------------------------------------------ artifacts
@@ -382,7 +226,7 @@ class Registry:
                     )
                 session.add(row)
                 session.flush()
-                return _artifact_info(row)
+                return artifact_info(row)
         except IntegrityError:
             raise DuplicateArtifact(f"artifact {name} ({target}) is already registered") from None
 
@@ -398,9 +242,9 @@ class Registry:
         ).all()
 
     def list_artifacts(self, model: str, version: SemVer | str) -> list[ArtifactInfo]:
-        semver = _semver(version)
+        semver = to_semver(version)
         with self._sessions() as session:
-            return [_artifact_info(r) for r in self._artifact_rows(session, model, semver)]
+            return [artifact_info(r) for r in self._artifact_rows(session, model, semver)]
 
     def get_artifact(
         self,
@@ -416,7 +260,7 @@ class Registry:
         When several match (several strategies, or engines for several GPUs and no
         ``compute_capability`` given), the servable one registered last wins.
         """
-        semver = _semver(version)
+        semver = to_semver(version)
         with self._sessions() as session:
             rows = [
                 r
@@ -434,7 +278,7 @@ class Registry:
                     f"no {precision.value} {backend.value} artifact of {model} {semver}{where}"
                 )
             rows.sort(key=lambda r: (r.servable, r.created_at, r.id))
-            return _artifact_info(rows[-1])
+            return artifact_info(rows[-1])
 
     # ------------------------------------------------------------ stable version
 
@@ -447,7 +291,7 @@ class Registry:
         return None if version is None else parse_semver(version.version)
 
     def set_stable(self, model: str, version: SemVer | str) -> VersionInfo:
-        semver = _semver(version)
+        semver = to_semver(version)
         with self._sessions.begin() as session:
             model_row = self._model(session, model)
             version_row = self._version(session, model_row, semver)
@@ -456,7 +300,7 @@ class Registry:
                 session.add(StableVersionRow(model_id=model_row.id, version_id=version_row.id))
             else:
                 stable.version_id = version_row.id
-            return _version_info(version_row, model)
+            return version_info(version_row, model)
 
     def get_stable(self, model: str) -> VersionInfo | None:
         with self._sessions() as session:
@@ -465,4 +309,4 @@ class Registry:
             if stable is None:
                 return None
             row = session.get(ModelVersionRow, stable.version_id)
-            return None if row is None else _version_info(row, model)
+            return None if row is None else version_info(row, model)

@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from graylane.v1 import rollout_pb2
 from tests.conftest import ROOT
 from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
 from tests.support.stack import running_stack
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -70,10 +70,20 @@ async def phase_of(factory: KafkaFactory, rollout_id: str) -> int:
 
 
 async def until_phase(factory: KafkaFactory, rollout_id: str, phase: int) -> None:
-    deadline = time.monotonic() + 30
-    while await phase_of(factory, rollout_id) != phase:
-        assert time.monotonic() < deadline, f"{rollout_id} never reached phase {phase}"
-        await asyncio.sleep(0.3)
+    async def reached() -> bool:
+        return await phase_of(factory, rollout_id) == phase
+
+    await wait_until(reached, timeout=30, what=f"{rollout_id} in phase {phase}")
+
+
+async def until_stored_phase(server: ControlPlaneServer, rollout_id: str, phase: int) -> None:
+    """The control plane's store (fed from the rollouts topic by its sink) shows `phase`."""
+
+    def stored() -> bool:
+        got = server.store.get_rollout(rollout_id)
+        return got is not None and got.state.phase == phase
+
+    await wait_until(stored, timeout=30, what=f"control plane sees {rollout_id} in {phase}")
 
 
 async def test_a_rollout_driven_entirely_from_the_cli(
@@ -108,13 +118,15 @@ async def test_a_rollout_driven_entirely_from_the_cli(
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     await prepare_topics(settings, PolicyConfig(models=(MODEL,)))
-    watcher = subprocess.Popen(
-        [sys.executable, "-m", "graylane.app.cli.main", "rollout", "watch", "--model", MODEL],
-        cwd=ROOT,
-        env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    watch_log = tmp_path / "watch.log"
+    with watch_log.open("wb") as watch_out:
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "graylane.app.cli.main", "rollout", "watch", "--model", MODEL],
+            cwd=ROOT,
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+            stdout=watch_out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         async with running_stack(factory, model=MODEL, versions=paths, stable=BASE):
             with policy_engine(settings, tmp_path / "policy.log", MODEL):
@@ -142,6 +154,7 @@ async def test_a_rollout_driven_entirely_from_the_cli(
 
                     await cli(capsys, "rollout", "pause", rollout_id, "--reason", "look first")
                     await until_phase(factory, rollout_id, rollout_pb2.PAUSED)
+                    await until_stored_phase(server, rollout_id, rollout_pb2.PAUSED)
                     status = await cli(capsys, "rollout", "status", rollout_id)
                     assert "paused" in status
 
@@ -151,13 +164,19 @@ async def test_a_rollout_driven_entirely_from_the_cli(
                     await cli(capsys, "rollout", "promote", rollout_id, "--reason", "looks good")
                     _, final = await routing.until(lambda t: t.stable_version == CANDIDATE, 30)
                     await until_phase(factory, rollout_id, rollout_pb2.PROMOTED)
+                    await until_stored_phase(server, rollout_id, rollout_pb2.PROMOTED)
         assert routing.weight(final, CANDIDATE) == 100.0
         listed = await cli(capsys, "rollout", "list", "--model", MODEL)
         assert rollout_id in listed and "promoted" in listed
-        await asyncio.sleep(1.0)
+        await wait_until(
+            lambda: "promoted" in watch_log.read_text(errors="replace"),
+            timeout=20,
+            what="the watcher printed the promotion",
+        )
     finally:
         watcher.terminate()
-        watched = watcher.communicate(timeout=20)[0].decode(errors="replace")
+        watcher.wait(timeout=20)
+        watched = watch_log.read_text(errors="replace")
         await server.stop(0)
     for phase in ("progressing", "paused", "promoted"):
         assert phase in watched, watched

@@ -18,6 +18,7 @@ from graylane.services.controlplane.auth import TokenTable, parse_tokens
 from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
+from tests.support.waiting import end_offsets, wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -263,9 +264,12 @@ async def test_watch_streams_policy_engine_states(api: Api) -> None:
     done.phase = rollout_pb2.ROLLED_BACK
     done.updated_at_unix_ms += 1000
     await _produce(api.factory, layout.rollouts(), [(state.rollout_id, encode(done))])
-    async with asyncio.timeout(20):
-        while (stored := api.server.store.get_rollout(state.rollout_id)) and not stored.finished:
-            await asyncio.sleep(0.1)
+
+    def finished() -> bool:
+        stored = api.server.store.get_rollout(state.rollout_id)
+        return stored is None or stored.finished
+
+    await wait_until(finished, timeout=20, what="rollout finished in the store")
     action = controlplane_pb2.RolloutActionRequest(rollout_id=state.rollout_id)
     assert await _code(api.rollouts.Pause(action, metadata=OPS)) == (
         grpc.StatusCode.FAILED_PRECONDITION
@@ -291,10 +295,17 @@ async def test_audit_sink_is_idempotent_and_queryable(api: Api) -> None:
     records = [_record(i) for i in range(4)] + [_record(4, audit_pb2.DECISION_PRECISION_CHANGE)]
     items = [(MODEL, encode(r)) for r in records]
     await _produce(api.factory, api.factory.layout.audit(), items + items)
-    async with asyncio.timeout(20):
-        while len(api.server.store.query_audit(model=MODEL)) < 5:
-            await asyncio.sleep(0.1)
-    await asyncio.sleep(0.5)  # let the duplicates arrive too
+    # Every record, duplicates included, has been read once the sink's stored offsets reach
+    # the end of the audit topic.
+    topic = api.factory.layout.audit()
+    ends = await end_offsets(api.factory, topic)
+    assert sum(ends.values()) >= len(items) * 2
+
+    def sink_at_end() -> bool:
+        stored = api.server.store.sink_offsets(topic)
+        return all(stored.get(p, 0) >= end for p, end in ends.items())
+
+    await wait_until(sink_at_end, timeout=20, what="audit sink offsets at the topic end")
     assert len(api.server.store.query_audit(model=MODEL)) == 5
     assert api.server.sink.audit_added == 5
 
@@ -341,9 +352,7 @@ async def test_qos_policy(api: Api) -> None:
 
     decision = _record(9, audit_pb2.DECISION_PRECISION_CHANGE)
     await _produce(api.factory, api.factory.layout.audit(), [(MODEL, encode(decision))])
-    async with asyncio.timeout(20):
-        while not api.server.store.query_audit(model=MODEL):
-            await asyncio.sleep(0.1)
+    await wait_until(lambda: bool(api.server.store.query_audit(model=MODEL)), timeout=20)
     got = await api.qos.GetPolicy(
         controlplane_pb2.GetQosPolicyRequest(model=MODEL, version="1.1.0"), metadata=VIEW
     )

@@ -1,12 +1,13 @@
 """The real local Kafka broker (deploy/kafka/kafka.py): start/stop idempotence, status, probe.
 
-These tests leave the broker RUNNING (other Kafka tests share it); the stop/start cycle test
-restores the running state before it returns.
+These tests leave the shared broker RUNNING (other Kafka tests share it); the stop/start cycle
+test runs a broker of its own (own local dir and ports) and never stops the shared one.
 """
 
 from __future__ import annotations
 
 import importlib
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -43,10 +44,27 @@ def _cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[str]:
-    """Start the broker if needed (already running is fine) and keep it running afterwards."""
-    yield kt.start()
-    kt.start()  # the stop/start cycle must not leave it stopped
+def broker() -> str:
+    """Start the shared broker if needed (already running is fine); it keeps running."""
+    return kt.start()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def own_broker_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Point the tool (and its CLI subprocesses) at a private local dir and free ports."""
+    monkeypatch.setenv("GRAYLANE_LOCAL_DIR", str(tmp_path))
+    monkeypatch.setenv("GRAYLANE_KAFKA_PORT", str(_free_port()))
+    monkeypatch.setenv("GRAYLANE_KAFKA_CONTROLLER_PORT", str(_free_port()))
+    try:
+        yield tmp_path
+    finally:
+        kt.stop()  # the private broker, found through the private local dir
 
 
 def test_start_again_is_a_noop(broker: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,33 +94,33 @@ def test_metadata_probe_answers(broker: str) -> None:
 
 
 @pytest.mark.slow
-def test_stop_stop_start_cycle_with_stale_pid(broker: str) -> None:
-    try:
-        stopped = _cli("stop")
-        assert stopped.returncode == 0, stopped.stderr
-        assert "stopped" in stopped.stdout
-        assert not kt.is_running()
+def test_stop_stop_start_cycle_with_stale_pid(own_broker_env: Path) -> None:
+    first = _cli("start")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert kt.is_running()
+    stopped = _cli("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped" in stopped.stdout
+    assert not kt.is_running()
 
-        again = _cli("stop")
-        assert again.returncode == 0
-        assert "not running" in again.stdout
+    again = _cli("stop")
+    assert again.returncode == 0
+    assert "not running" in again.stdout
 
-        status = _cli("status")
-        assert status.returncode == 1
-        assert "not running" in status.stdout
+    status = _cli("status")
+    assert status.returncode == 1
+    assert "not running" in status.stdout
 
-        # A pid file left behind whose pid now belongs to a non-Kafka process.
-        with subprocess.Popen(["sleep", "60"]) as impostor:
-            try:
-                kt.pid_file().write_text(f"{impostor.pid}\n")
-                started = _cli("start")
-                assert started.returncode == 0, started.stdout + started.stderr
-                assert "removing stale pid file" in started.stdout
-                assert "Apache Kafka 4.0.1 running on" in started.stdout
-                assert impostor.poll() is None  # the impostor was not signalled
-            finally:
-                impostor.kill()
-        assert kt.is_running()
-        assert kt.running_pid() != impostor.pid
-    finally:
-        kt.start()
+    # A pid file left behind whose pid now belongs to a non-Kafka process.
+    with subprocess.Popen(["sleep", "60"]) as impostor:
+        try:
+            kt.pid_file().write_text(f"{impostor.pid}\n")
+            started = _cli("start")
+            assert started.returncode == 0, started.stdout + started.stderr
+            assert "removing stale pid file" in started.stdout
+            assert "Apache Kafka 4.0.1 running on" in started.stdout
+            assert impostor.poll() is None  # the impostor was not signalled
+        finally:
+            impostor.kill()
+    assert kt.is_running()
+    assert kt.running_pid() != impostor.pid

@@ -145,13 +145,11 @@ async def test_bad_candidate_is_rolled_back(
             await wait_ready(log)
             async with RoutingWatch(factory, MODEL) as watch, steady_load(factory, MODEL):
                 await send_command(factory, start_command(spec_of("r-bad", dwell_s=30.0)))
-                onset, _ = await watch.until(lambda t: watch.weight(t, "v2") > 0, 30)
-                back, table = await watch.until(
+                # How fast this happens is measured by `graylane bench rollback`, not here.
+                await watch.until(lambda t: watch.weight(t, "v2") > 0, 30)
+                _, table = await watch.until(
                     lambda t: watch.weight(t, "v2") == 0.0 and t.epoch > 1, 30
                 )
-    elapsed = back - onset
-    print(f"bad candidate onset -> rollback routing update: {elapsed:.2f} s")
-    assert elapsed < 20.0  # two disjoint failing 4 s windows (failures_to_rollback=2)
     assert table.stable_version == "v1"
     states = await read_latest_per_key(factory, factory.layout.rollouts())
     state = serde.decode(rollout_pb2.RolloutState, states[b"r-bad"])

@@ -26,7 +26,7 @@ from graylane.models.demo_gpt import write_demo_gpt
 from graylane.routing import RoutingRule, table_for_weights
 from graylane.routing.convert import table_to_pb
 from graylane.v1 import inference_pb2, telemetry_pb2
-from tests.support.stack import dead_letters, read_topic, running_stack
+from tests.support.stack import dead_letters, read_topic, running_stack, wait_for_table
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -78,7 +78,7 @@ async def test_both_tasks_through_the_whole_path(
                 epoch=1,
                 rules=[RoutingRule("testers", (("group", "internal"),), "v2")],
             )
-            await asyncio.sleep(1.0)  # the router applies a new table within a second
+            await wait_for_table(stack, MODEL, epoch=1)
 
             prompt = "graylane routes"
             gen = await client.infer(
@@ -159,7 +159,9 @@ async def test_every_kind_of_bad_input_is_answered_and_the_next_request_served(
 ) -> None:
     factory = KafkaFactory(factory.settings.with_overrides(max_request_bytes=64 * 1024))
     layout = factory.layout
-    async with running_stack(factory, model=MODEL, versions={"v1": models["v1"]}, stable="v1"):
+    async with running_stack(
+        factory, model=MODEL, versions={"v1": models["v1"]}, stable="v1"
+    ) as stack:
         async with GraylaneClient(factory) as client:
             producer = factory.producer()
             await producer.start()
@@ -206,7 +208,7 @@ async def test_every_kind_of_bad_input_is_answered_and_the_next_request_served(
             await producer.send_and_wait(layout.ingress(MODEL), serde.encode(wrong))
             # Pinning a version nobody serves (pinning allowed by the table).
             await publish_table(factory, stable_version="v1", epoch=5, allow_pinning=True)
-            await asyncio.sleep(1.0)
+            await wait_for_table(stack, MODEL, epoch=5)
             with pytest.raises(UnknownModel) as unknown:
                 await client.infer(MODEL, prompt="x", pinned_version="v9", timeout=30)
             assert unknown.value.result is not None
@@ -254,11 +256,11 @@ async def test_every_kind_of_bad_input_is_answered_and_the_next_request_served(
 async def test_shadow_copies_are_paired_and_never_reach_the_producer(
     factory: KafkaFactory, models: dict[str, Path]
 ) -> None:
-    async with running_stack(factory, model=MODEL, versions=models, stable="v1"):
+    async with running_stack(factory, model=MODEL, versions=models, stable="v1") as stack:
         await publish_table(
             factory, stable_version="v1", shadow_version="v2", shadow_share=1.0, epoch=1
         )
-        await asyncio.sleep(1.0)
+        await wait_for_table(stack, MODEL, epoch=1)
         async with GraylaneClient(factory) as client:
             sent = [
                 await client.submit(

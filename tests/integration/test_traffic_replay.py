@@ -4,6 +4,7 @@ compared with the recorded results (an offline shadow test), on the real broker.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
@@ -58,6 +59,8 @@ async def test_replayed_traffic_agrees_with_a_twin_and_differs_from_another_mode
         other = await asyncio.to_thread(main, ["traffic", "replay", *window, "--version", "other"])
         other_out = capsys.readouterr().out
     assert twin == 0, twin_out
-    assert "100.00%" in twin_out and "12" in twin_out
+    # The table row: replayed, agree, differ, no recorded result, errors / timeouts, agreement.
+    row = next((line for line in twin_out.splitlines() if "%" in line), "")
+    assert re.findall(r"[\d.]+%?", row) == ["12", "12", "0", "0", "0", "100.00%"], twin_out
     assert other == 1, other_out
     assert "100.00%" not in other_out

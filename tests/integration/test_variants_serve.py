@@ -3,7 +3,6 @@ the worker switches between them on precision commands from the compacted topic.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from graylane.registry import open_registry
 from graylane.settings import Settings
 from graylane.v1 import control_pb2
 from tests.support.stack import running_stack
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -66,10 +66,9 @@ async def test_every_servable_variant_serves_and_precision_switches(
                     serde.encode(command),
                     key=factory.layout.precision_key(MODEL, "1.0.0").encode(),
                 )
-                for _ in range(50):
-                    if worker.active_variant == variant:
-                        break
-                    await asyncio.sleep(0.1)
+                await wait_until(
+                    lambda e=epoch: worker.precision_epoch >= e, timeout=10, what="precision epoch"
+                )
                 assert worker.active_variant == variant
                 result = await client.infer(
                     MODEL, prompt="variants serve", post_process=PostProcess.ARGMAX_LAST, timeout=30
@@ -85,8 +84,21 @@ async def test_every_servable_variant_serves_and_precision_switches(
                 serde.encode(stale),
                 key=factory.layout.precision_key(MODEL, "1.0.0").encode(),
             )
-            await asyncio.sleep(0.5)
-            assert worker.active_variant == list(loaded.engines)[-1]
+            # A newer command after it on the same key: once it is applied, the stale one
+            # has been read (same partition, in order) and must have changed nothing.
+            newest = list(loaded.engines)[-1]
+            fence = control_pb2.PrecisionCommand(
+                model=MODEL, version="1.0.0", variant=newest, epoch=epoch + 1, reason="fence"
+            )
+            await producer.send_and_wait(
+                factory.layout.precision(),
+                serde.encode(fence),
+                key=factory.layout.precision_key(MODEL, "1.0.0").encode(),
+            )
+            await wait_until(
+                lambda: worker.precision_epoch == epoch + 1, timeout=10, what="fence applied"
+            )
+            assert worker.active_variant == newest
         await producer.stop()
 
 

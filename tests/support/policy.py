@@ -21,6 +21,7 @@ from graylane.kafka.seam import Record
 from graylane.settings import Settings
 from graylane.v1 import control_pb2
 from tests.conftest import ROOT
+from tests.support.waiting import wait_until
 
 WINDOW_MS, STEP_MS = 4000, 1000
 
@@ -32,6 +33,8 @@ def policy_engine(settings: Settings, log: Path, model: str) -> Iterator[subproc
         GRAYLANE_TOPIC_PREFIX=settings.topic_prefix,
         GRAYLANE_BOOTSTRAP_SERVERS=settings.bootstrap_servers,
         GRAYLANE_PARTITIONS=str(settings.partitions),
+        # faust's data directory goes under TMPDIR: keep it next to the log, in the test's tmp.
+        TMPDIR=str(log.parent),
     )
     cmd = [
         sys.executable,
@@ -59,12 +62,13 @@ def policy_engine(settings: Settings, log: Path, model: str) -> Iterator[subproc
 
 
 async def wait_ready(log: Path, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if log.exists() and log.read_text(errors="replace").count("restored ") >= 1:
-            return
-        await asyncio.sleep(0.3)
-    raise TimeoutError(log.read_text(errors="replace")[-3000:])
+    def restored() -> bool:
+        return log.exists() and log.read_text(errors="replace").count("restored ") >= 1
+
+    try:
+        await wait_until(restored, timeout=timeout_s, poll_s=0.3)
+    except TimeoutError:
+        raise TimeoutError(log.read_text(errors="replace")[-3000:]) from None
 
 
 class RoutingWatch:
@@ -101,12 +105,16 @@ class RoutingWatch:
     async def until(
         self, predicate: Callable[[control_pb2.RoutingTable], bool], timeout_s: float
     ) -> tuple[float, control_pb2.RoutingTable]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for seen, table in self.tables:
-                if predicate(table):
-                    return seen, table
-            await asyncio.sleep(0.1)
+        found: list[tuple[float, control_pb2.RoutingTable]] = []
+
+        def matched() -> bool:
+            found[:] = [(seen, table) for seen, table in self.tables if predicate(table)][:1]
+            return bool(found)
+
+        with contextlib.suppress(TimeoutError):
+            await wait_until(matched, timeout=timeout_s, poll_s=0.1)
+        if found:
+            return found[0]
         summary = [
             (t.epoch, t.stable_version, [(r.version, r.weight_percent) for r in t.routes])
             for _, t in self.tables

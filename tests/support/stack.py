@@ -18,6 +18,7 @@ from graylane.kafka.reading import FollowFrom, TopicFollower
 from graylane.kafka.seam import Record
 from graylane.services.router.service import Router, RouterConfig
 from graylane.v1 import dlq_pb2
+from tests.support.waiting import wait_until
 
 
 @dataclass
@@ -122,3 +123,13 @@ async def dead_letters(factory: KafkaFactory, expect: int) -> list[dlq_pb2.DeadL
 
 def versions_served(results: Sequence[object]) -> set[str]:
     return {getattr(r, "version") for r in results}  # noqa: B009
+
+
+async def wait_for_table(stack: Stack, model: str, epoch: int, timeout: float = 20.0) -> None:
+    """Wait until the router has applied the routing table of `model` at `epoch` (or later)."""
+
+    def applied() -> bool:
+        table = stack.router.tables.tables.get(model)
+        return table is not None and table.epoch >= epoch
+
+    await wait_until(applied, timeout=timeout, what=f"router table {model} epoch {epoch}")

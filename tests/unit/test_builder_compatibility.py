@@ -47,7 +47,9 @@ def _manifest(
 
 
 def test_matching_engine_passes() -> None:
-    check_engine_compatibility(_manifest("9.0"), "9.0", "10.13.0")
+    matching = _manifest("9.0")
+    assert check_engine_compatibility(matching, "9.0", "10.13.0") is None  # raises when refused
+    assert select_engine([matching], "9.0", "10.13.0") is matching
 
 
 def test_wrong_compute_capability_is_refused_with_both_sides_named() -> None:
@@ -66,7 +68,8 @@ def test_wrong_tensorrt_version_is_refused() -> None:
 
 def test_ampere_plus_engine_runs_on_newer_gpus_only() -> None:
     portable = _manifest("8.6", level=HardwareCompatibility.AMPERE_PLUS)
-    check_engine_compatibility(portable, "9.0", "10.13.0")
+    assert check_engine_compatibility(portable, "9.0", "10.13.0") is None  # raises when refused
+    assert select_engine([portable], "9.0", "10.13.0") is portable
     with pytest.raises(IncompatibleEngineError, match="Ampere-plus"):
         check_engine_compatibility(portable, "7.5", "10.13.0")
 
@@ -77,7 +80,8 @@ def test_engine_without_target_is_refused() -> None:
 
 
 def test_onnxruntime_artifacts_are_portable() -> None:
-    check_engine_compatibility(_manifest(None, backend=Backend.ONNXRUNTIME), "7.0", "8.6.1")
+    onnx = _manifest(None, backend=Backend.ONNXRUNTIME)
+    assert check_engine_compatibility(onnx, "7.0", "8.6.1") is None  # raises when refused
 
 
 def test_select_engine_picks_the_matching_architecture() -> None:

@@ -218,7 +218,7 @@ def test_cluster_id_is_a_kafka_uuid() -> None:
 
 def test_rendered_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRAYLANE_LOCAL_DIR", str(tmp_path))
-    kt._write_config(19092, 20092)
+    kt.write_config(19092, 20092)
     text = kt.server_properties().read_text()
     assert "${" not in text
     props = dict(
@@ -231,7 +231,7 @@ def test_rendered_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert props["auto.create.topics.enable"] == "false"
     assert props["offsets.topic.replication.factor"] == "1"
     assert props["group.initial.rebalance.delay.ms"] == "0"
-    assert kt._properties_port(kt.server_properties()) == 19092
+    assert kt.properties_port(kt.server_properties()) == 19092
 
 
 def test_ports_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:

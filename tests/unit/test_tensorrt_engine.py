@@ -22,28 +22,70 @@ from graylane.engine_worker.tasks import run_forward, run_generate
 from graylane.models.demo_gpt import BOS_ID, build_demo_gpt, encode_text
 
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
+HAS_CUDA_BINDINGS = any(importlib.util.find_spec(name) is not None for name in ("pycuda", "cuda"))
 
 # (min, opt, max) of [batch, seq] per optimization profile, like worker buckets.
 PROFILES = [((1, 1), (4, 16), (4, 16)), ((1, 17), (8, 64), (8, 64))]
 
 
-def test_module_imports_and_reports_without_tensorrt() -> None:
-    version = backend.tensorrt_version()
-    assert version is None or isinstance(version, str)
-    cc = backend.gpu_compute_capability()
-    assert cc is None or (isinstance(cc, tuple) and len(cc) == 2)
+def test_tensorrt_version_is_the_installed_one_or_none() -> None:
+    expected = str(importlib.import_module("tensorrt").__version__) if HAS_TENSORRT else None
+    assert backend.tensorrt_version() == expected
+
+
+@pytest.mark.skipif(HAS_CUDA_BINDINGS, reason="checks the behaviour without CUDA bindings")
+def test_no_compute_capability_without_cuda_bindings() -> None:
+    assert backend.gpu_compute_capability() is None
 
 
 @pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")
 def test_load_without_tensorrt_is_a_load_error() -> None:
-    with pytest.raises(EngineLoadError):
+    with pytest.raises(EngineLoadError, match="TensorRT backend unavailable"):
         backend.TensorRTEngine.load(b"plan", "fp16")
 
 
-def test_plan_target_mismatch_is_incompatible() -> None:
-    target = backend.PlanTarget(compute_capability=(0, 0), tensorrt_version="0.0.0")
-    with pytest.raises(IncompatibleEngineError):
-        backend.check_plan_target(target)
+def _host(
+    monkeypatch: pytest.MonkeyPatch, cc: tuple[int, int] | None, trt_version: str | None
+) -> None:
+    """Pretend this host has GPU `cc` and TensorRT `trt_version` (None: absent)."""
+    monkeypatch.setattr(backend, "gpu_compute_capability", lambda device_id=0: cc)
+    monkeypatch.setattr(backend, "tensorrt_version", lambda: trt_version)
+
+
+HERE = backend.PlanTarget(compute_capability=(9, 0), tensorrt_version="10.13.0")
+
+
+def test_plan_target_matching_this_host_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    _host(monkeypatch, (9, 0), "10.13.0")
+    assert backend.check_plan_target(HERE) is None  # raises when refused
+
+
+def test_plan_target_compute_capability_mismatch_is_incompatible(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _host(monkeypatch, (8, 6), "10.13.0")
+    with pytest.raises(IncompatibleEngineError, match=r"compute capability \(9, 0\).*is \(8, 6\)"):
+        backend.check_plan_target(HERE)
+
+
+def test_plan_target_tensorrt_version_mismatch_is_incompatible(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _host(monkeypatch, (9, 0), "10.14.1")
+    refused = r"TensorRT 10\.13\.0, this host has 10\.14\.1"
+    with pytest.raises(IncompatibleEngineError, match=refused):
+        backend.check_plan_target(HERE)
+
+
+def test_plan_target_without_tensorrt_or_gpu_is_incompatible(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _host(monkeypatch, (9, 0), None)
+    with pytest.raises(IncompatibleEngineError, match="TensorRT is not installed"):
+        backend.check_plan_target(HERE)
+    _host(monkeypatch, None, "10.13.0")
+    with pytest.raises(IncompatibleEngineError, match="no CUDA device 0"):
+        backend.check_plan_target(HERE)
 
 
 def _build_plan(trt: Any, model: bytes) -> bytes:
@@ -143,10 +185,10 @@ def test_bucketed_tasks_agree_with_onnxruntime(
 def test_corrupt_plan_and_wrong_target_are_refused(
     engines: tuple[backend.TensorRTEngine, OnnxRuntimeEngine],
 ) -> None:
-    with pytest.raises(IncompatibleEngineError):
+    with pytest.raises(IncompatibleEngineError, match="could not deserialize"):
         backend.TensorRTEngine.load(b"\x00" * 64, "fp32")
     version = backend.tensorrt_version()
     assert version is not None
     wrong = backend.PlanTarget(compute_capability=(1, 0), tensorrt_version=version)
-    with pytest.raises(IncompatibleEngineError):
+    with pytest.raises(IncompatibleEngineError, match=r"compute capability \(1, 0\)"):
         backend.TensorRTEngine.load(b"unused", "fp32", expected=wrong)
