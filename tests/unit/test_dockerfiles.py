@@ -77,7 +77,8 @@ def test_runtime_stage_takes_only_wheels_and_installs_no_compiler(path: Path) ->
     assert copies == ["--from=build /wheels /wheels"]
     for run in runtime.values("RUN"):
         assert not COMPILERS.search(run), f"runtime stage installs a compiler: {run}"
-    assert any("--no-index" in run and "--find-links=/wheels" in run for run in runtime.values("RUN"))
+    runs = runtime.values("RUN")
+    assert any("--no-index" in run and "--find-links=/wheels" in run for run in runs)
 
 
 @pytest.mark.parametrize("path", [CPU, GPU], ids=lambda p: p.name)
@@ -87,7 +88,8 @@ def test_runs_as_a_fixed_non_root_uid(path: Path) -> None:
     assert users, "no USER in the runtime stage"
     uid, _, gid = users[-1].partition(":")
     assert uid.isdigit() and int(uid) >= 1000 and gid.isdigit()
-    after_user = [i for i, _ in runtime.instructions[runtime.instructions.index(("USER", users[-1])) :]]
+    start = runtime.instructions.index(("USER", users[-1]))
+    after_user = [i for i, _ in runtime.instructions[start:]]
     assert "RUN" not in after_user, "a RUN after USER would run as the service user by accident"
     assert any(f"--uid {uid}" in run and f"--gid {gid}" in run for run in runtime.values("RUN"))
 
