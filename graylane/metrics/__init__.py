@@ -26,12 +26,13 @@ from graylane.metrics.http import (
     Readiness,
     serve_observability,
 )
-from graylane.metrics.units import build_info
+from graylane.metrics.units import MillisecondHistogram, build_info
 
 __all__ = [
     "AuditSinkMetrics",
     "ControlPlaneMetrics",
     "MetricsAddress",
+    "MillisecondHistogram",
     "NvmlCollector",
     "ObservabilityServer",
     "PolicyMetrics",

@@ -14,6 +14,7 @@ from graylane.metrics import (
     AuditSinkMetrics,
     ControlPlaneMetrics,
     MetricsAddress,
+    MillisecondHistogram,
     NvmlCollector,
     PolicyMetrics,
     Readiness,
@@ -195,3 +196,8 @@ def test_server_answers_metrics_healthz_and_readyz() -> None:
 def test_address_rejects_bad_port() -> None:
     with pytest.raises(ValueError):
         MetricsAddress(port=70000)
+
+
+def test_a_millisecond_histogram_must_export_seconds() -> None:
+    with pytest.raises(ValueError, match="seconds"):
+        MillisecondHistogram.create("graylane_x_ms", "doc", ["model"], CollectorRegistry())
