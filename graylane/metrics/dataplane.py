@@ -1,0 +1,184 @@
+"""Metrics of the data plane: the router and the engine workers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from graylane.metrics.units import BATCH_BUCKETS, MillisecondHistogram
+
+__all__ = ["RouterMetrics", "TableAges", "WorkerMetrics"]
+
+WORKER_LABELS = ["model", "version", "variant"]
+
+
+@dataclass(eq=False)
+class TableAges(Collector):
+    """``graylane_router_table_age_seconds{model}``: now minus when a table was last applied."""
+
+    clock: Callable[[], float] = time.time
+    _applied: dict[str, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def applied(self, model: str, at: float | None = None) -> None:
+        with self._lock:
+            self._applied[model] = self.clock() if at is None else at
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "graylane_router_table_age_seconds",
+            "Seconds since the router applied its routing table",
+            labels=["model"],
+        )
+        now = self.clock()
+        with self._lock:
+            for model, at in sorted(self._applied.items()):
+                family.add_metric([model], max(0.0, now - at))
+        yield family
+
+
+@dataclass(frozen=True)
+class RouterMetrics:
+    routed: Counter
+    errors: Counter
+    shadow_copies: Counter
+    table_epoch: Gauge
+    shed: Counter
+    weight: Gauge
+    table_ages: TableAges
+
+    @classmethod
+    def create(
+        cls, registry: CollectorRegistry, clock: Callable[[], float] = time.time
+    ) -> RouterMetrics:
+        ages = TableAges(clock)
+        registry.register(ages)
+        return cls(
+            routed=Counter(
+                "graylane_router_requests",
+                "Requests forwarded, by chosen version and reason",
+                ["model", "version", "reason"],
+                registry=registry,
+            ),
+            errors=Counter(
+                "graylane_router_errors",
+                "Requests rejected by the router, by error code",
+                ["model", "code"],
+                registry=registry,
+            ),
+            shadow_copies=Counter(
+                "graylane_router_shadow_copies",
+                "Shadow copies sent",
+                ["model", "version"],
+                registry=registry,
+            ),
+            table_epoch=Gauge(
+                "graylane_router_table_epoch",
+                "Epoch of the applied routing table",
+                ["model"],
+                registry=registry,
+            ),
+            shed=Counter(
+                "graylane_router_shed",
+                "Requests dropped by the router without forwarding (load shedding)",
+                ["model", "reason"],
+                registry=registry,
+            ),
+            weight=Gauge(
+                "graylane_router_weight_ratio",
+                "Share of traffic (0..1) the applied routing table gives each version",
+                ["model", "version"],
+                registry=registry,
+            ),
+            table_ages=ages,
+        )
+
+    def table_applied(self, model: str, epoch: int, weights: Mapping[str, float]) -> None:
+        """Record a newly applied table: its epoch, per-version weights, and its age (0)."""
+        self.table_epoch.labels(model).set(epoch)
+        for version, weight in weights.items():
+            self.weight.labels(model, version).set(weight)
+        self.table_ages.applied(model)
+
+
+@dataclass(frozen=True)
+class WorkerMetrics:
+    """Per worker process; ``queue_wait_ms``/``compute_ms`` take ms, export seconds."""
+
+    requests: Counter
+    errors: Counter
+    batch_size: Histogram
+    queue_wait_ms: MillisecondHistogram
+    compute_ms: MillisecondHistogram
+    active_variant: Gauge
+    e2e_latency_ms: MillisecondHistogram
+    service_ms: MillisecondHistogram
+    shed: Counter
+    consumer_lag: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> WorkerMetrics:
+        labels = WORKER_LABELS
+        return cls(
+            requests=Counter(
+                "graylane_worker_requests", "Requests served", labels, registry=registry
+            ),
+            errors=Counter(
+                "graylane_worker_errors",
+                "Requests failed, by error code",
+                [*labels, "code"],
+                registry=registry,
+            ),
+            batch_size=Histogram(
+                "graylane_worker_batch_size",
+                "Requests per engine call",
+                labels,
+                buckets=BATCH_BUCKETS,
+                registry=registry,
+            ),
+            queue_wait_ms=MillisecondHistogram.create(
+                "graylane_worker_queue_wait_seconds",
+                "Request creation to dequeue by the worker",
+                labels,
+                registry,
+            ),
+            compute_ms=MillisecondHistogram.create(
+                "graylane_worker_compute_seconds", "Engine time per batch", labels, registry
+            ),
+            active_variant=Gauge(
+                "graylane_worker_active_variant",
+                "1 for the variant now serving",
+                labels,
+                registry=registry,
+            ),
+            e2e_latency_ms=MillisecondHistogram.create(
+                "graylane_e2e_latency_seconds",
+                "Request creation to result produced, per model/version/variant",
+                labels,
+                registry,
+            ),
+            service_ms=MillisecondHistogram.create(
+                "graylane_worker_service_seconds",
+                "Dequeue to result produced per request (service time)",
+                labels,
+                registry,
+            ),
+            shed=Counter(
+                "graylane_worker_shed",
+                "Requests dropped unserved (deadline passed, queue over its limit)",
+                [*labels, "reason"],
+                registry=registry,
+            ),
+            consumer_lag=Gauge(
+                "graylane_worker_consumer_lag_messages",
+                "Records not yet consumed on the version topic (sum over assigned partitions)",
+                ["model", "version", "topic"],
+                registry=registry,
+            ),
+        )
