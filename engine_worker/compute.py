@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.batching import BucketPolicy
-from graylane.engine_worker.engine.protocol import InferenceEngine
 from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.engine_worker.tasks import GenerationResult, run_forward, run_generate
 
