@@ -19,7 +19,6 @@ import time
 from collections.abc import Awaitable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
@@ -28,11 +27,11 @@ from graylane import serde
 from graylane.engine.errors import EngineError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.batching import BucketPolicy, PlannedBatch
-from graylane.engine_worker.compute import BatchRun, run_batch
+from graylane.engine_worker.compute import BatchRun, run_batch, warm_up
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.faults import InjectedFault, with_faults
 from graylane.engine_worker.intake import IntakeRules, decode, validate
-from graylane.engine_worker.requests import Limits, TaskKind, WorkItem
+from graylane.engine_worker.requests import Limits, WorkItem
 from graylane.engine_worker.results import (
     BatchClock,
     BatchReport,
@@ -116,36 +115,8 @@ class Worker:
 
     # -- warm-up ---------------------------------------------------------------
     def warm_up(self) -> int:
-        """Run every loaded variant once per bucket before joining the group."""
-        runs = 0
-        for engine in self._plain_engines.values():
-            if not self._is_token_model(engine):
-                continue
-            for bucket in self.policy.buckets:
-                if bucket > self.limits.max_seq_len:
-                    break
-                item = WorkItem(
-                    index=0,
-                    task=TaskKind.FORWARD,
-                    seq_len=bucket,
-                    feeds=self._token_feeds(engine, bucket),
-                )
-                run_batch(engine, [item], self.policy, self.limits.max_seq_len)
-                runs += 1
-        return runs
-
-    @staticmethod
-    def _is_token_model(engine: InferenceEngine) -> bool:
-        from graylane.engine_worker.tasks import token_layout
-
-        return token_layout(engine.io) is not None
-
-    @staticmethod
-    def _token_feeds(engine: InferenceEngine, n: int) -> dict[str, np.ndarray]:
-        feeds: dict[str, np.ndarray] = {}
-        for spec in engine.io.inputs:
-            feeds[spec.name] = np.ones((1, n), dtype=spec.dtype)
-        return feeds
+        """Run every loaded variant (without injected faults) once per bucket."""
+        return warm_up(self._plain_engines.values(), self.policy, self.limits.max_seq_len)
 
     # -- precision -------------------------------------------------------------
     def apply_precision(self, command: control_pb2.PrecisionCommand) -> bool:
@@ -196,6 +167,26 @@ class Worker:
         return records
 
     # -- one fetched cycle -------------------------------------------------------
+    def consumer_options(self) -> ConsumerOptions:
+        cfg = self.config
+        prefix = self.factory.settings.topic_prefix
+        return ConsumerOptions(
+            group_id=cfg.group_id or f"{prefix}-worker-{cfg.model}-{cfg.version}",
+            max_poll_records=cfg.max_batch_size * cfg.fetch_factor,
+            fetch_max_wait_ms=max(1, cfg.max_wait_ms),
+        )
+
+    async def serve_once(
+        self, consumer: AIOKafkaConsumer, sink: ReplySink, producer: Producer
+    ) -> int:
+        """Fetch a cycle, answer it, commit once every send is acknowledged; records seen."""
+        records = await self._collect(consumer)
+        if records:
+            await deliver_and_commit(
+                consumer, records, functools.partial(self.handle, records, sink, producer)
+            )
+        return len(records)
+
     async def handle(
         self, records: Records, sink: ReplySink, producer: Producer
     ) -> list[Awaitable[object]]:
@@ -356,16 +347,9 @@ class Worker:
         producer = self.factory.producer(client_suffix="worker")
         await producer.start()
         sink = ReplySink(producer, layout, f"worker:{cfg.model}/{cfg.version}")
-        group = (
-            cfg.group_id or f"{self.factory.settings.topic_prefix}-worker-{cfg.model}-{cfg.version}"
-        )
         consumer = self.factory.consumer(
             layout.version_requests(cfg.model, cfg.version),
-            options=ConsumerOptions(
-                group_id=group,
-                max_poll_records=cfg.max_batch_size * cfg.fetch_factor,
-                fetch_max_wait_ms=max(1, cfg.max_wait_ms),
-            ),
+            options=self.consumer_options(),
             client_suffix="worker",
         )
         await consumer.start()
@@ -380,12 +364,7 @@ class Worker:
         )
         try:
             while not stop.is_set():
-                records = await self._collect(consumer)
-                if not records:
-                    continue
-                await deliver_and_commit(
-                    consumer, records, functools.partial(self.handle, records, sink, producer)
-                )
+                await self.serve_once(consumer, sink, producer)
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
