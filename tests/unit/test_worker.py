@@ -113,7 +113,7 @@ async def rig(engine: OnnxRuntimeEngine) -> AsyncIterator[Rig]:
 
 async def publish(rig: Rig, *values: bytes) -> None:
     for value in values:
-        rig.broker.append(rig.topic, value, key=b"k")
+        rig.broker.append(rig.topic, value, key=b"k", partition=0)
 
 
 async def serve_until_committed(rig: Rig, offset: int, timeout_s: float = 30.0) -> None:
