@@ -33,6 +33,9 @@ class OrtRunner:
 
 
 def open_runner(path: Path, threads: int | None = None) -> OrtRunner:
-    """Load ``path`` as the worker would (same session options and providers)."""
-    engine = OnnxRuntimeEngine.load(path, path.parent.name or "fp32", intra_op_threads=threads)
+    """Load ``path`` as the worker would (same session options and providers).
+
+    The variant label is the folder name: variants are written to ``<work>/<precision>/``.
+    """
+    engine = OnnxRuntimeEngine.load(path, path.parent.name, intra_op_threads=threads)
     return OrtRunner(engine=engine, path=path)

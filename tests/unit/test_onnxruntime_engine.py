@@ -216,3 +216,15 @@ def test_tensor_decoding_errors_carry_their_code() -> None:
     with pytest.raises(BadDtype) as dtype_info:
         tensors.from_tensor(unknown)
     assert dtype_info.value.code == "BAD_DTYPE"
+
+
+def test_builder_validation_runs_the_workers_adapter(tiny_path: Path) -> None:
+    from graylane.builder.runtime import VariantLoadError, open_runner
+
+    runner = open_runner(tiny_path, threads=1)
+    assert isinstance(runner.engine, OnnxRuntimeEngine)  # one adapter, one session setup
+    f = feeds([[4, 5, 6]])
+    reference = OnnxRuntimeEngine.load(tiny_path, "fp32", intra_op_threads=1)
+    np.testing.assert_array_equal(runner(f)["logits"], reference.run(f)["logits"])
+    with pytest.raises(VariantLoadError):
+        runner({"input_ids": f["input_ids"]})  # the worker's feed checks apply too
