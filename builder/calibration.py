@@ -38,6 +38,7 @@ from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_d
 
 from graylane.artifacts.build_info import CalibrationMethod
 from graylane.builder.samples import SampleSet
+from graylane.engine.onnxruntime import CPU
 
 __all__ = ["CalibrationError", "CalibrationRecord", "calibrate", "calibration_key"]
 
@@ -137,7 +138,7 @@ def calibrate(
                     augmented_model_path=str(Path(tmp) / "augmented.onnx"),
                     calibrate_method=ORT_METHODS[method],
                     use_external_data_format=use_external_data_format,
-                    providers=["CPUExecutionProvider"],
+                    providers=[CPU],  # ranges do not depend on the device
                     extra_options=_options(method, percentile),
                 )
                 # The histogram calibrators print their progress; keep the console ours.

@@ -1,47 +1,41 @@
-"""ONNX Runtime sessions for building, validating and benchmarking variants (CPU)."""
+"""The builder's handle on the one ONNX Runtime adapter (:mod:`graylane.engine.onnxruntime`).
+
+Validation, fp16 kernel probing and ``graylane bench variants`` run a variant
+through exactly the session configuration a worker serves it with.
+"""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
+
+from graylane.engine.errors import EngineError
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
 
 __all__ = ["OrtRunner", "VariantLoadError", "open_runner"]
 
-
-class VariantLoadError(RuntimeError):
-    """ONNX Runtime cannot load or run a variant on this machine."""
+VariantLoadError = EngineError
+"""ONNX Runtime cannot load or run a variant on this machine (any engine error)."""
 
 
 @dataclass(frozen=True)
 class OrtRunner:
-    """A loaded session; call it with feeds to get named outputs."""
+    """A loaded variant; call it with feeds to get named outputs."""
 
-    session: ort.InferenceSession
+    engine: OnnxRuntimeEngine
     path: Path
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        names = [o.name for o in self.session.get_outputs()]
-        try:
-            values = self.session.run(names, dict(feeds))
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise VariantLoadError(f"{self.path.name}: inference failed: {exc}") from None
-        return {n: np.asarray(v) for n, v in zip(names, values, strict=True)}
+        return self.engine.run(feeds)
 
 
 def open_runner(path: Path, threads: int | None = None) -> OrtRunner:
-    """Open ``path`` on the CPU execution provider with quiet logging."""
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = threads or (os.cpu_count() or 1)
-    try:
-        session = ort.InferenceSession(
-            str(path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
-    except Exception as exc:  # onnxruntime raises its own untyped errors
-        raise VariantLoadError(f"{path.name}: ONNX Runtime cannot load it: {exc}") from None
-    return OrtRunner(session=session, path=path)
+    """Load ``path`` as the worker would (same session options and providers).
+
+    The variant label is the folder name: variants are written to ``<work>/<precision>/``.
+    """
+    engine = OnnxRuntimeEngine.load(path, path.parent.name, intra_op_threads=threads)
+    return OrtRunner(engine=engine, path=path)

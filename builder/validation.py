@@ -27,11 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from graylane.artifacts.build_info import Metrics, Tolerance
-from graylane.artifacts.graph import DECODER_INPUTS, IOSignature
 from graylane.artifacts.naming import Precision
 from graylane.builder.greedy import Runner, greedy_generate
 from graylane.builder.samples import SampleSet
 from graylane.builder.spec import GenerationCheck
+from graylane.engine.signature import DECODER_INPUTS, IOSignature
 
 __all__ = [
     "ReferenceOutputs",

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.batching import BucketPolicy
-from graylane.engine_worker.engine.protocol import InferenceEngine
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.engine_worker.tasks import GenerationResult, run_forward, run_generate
+from graylane.engine_worker.tasks import GenerationResult, run_forward, run_generate, token_layout
 
 
 @dataclass(frozen=True)
@@ -76,3 +76,19 @@ def run_batch(
             for m, o in zip(members, outs, strict=True):
                 outcomes[m.index] = ForwardOutcome(o)
     return BatchRun(outcomes, (time.perf_counter() - started) * 1000.0, calls)
+
+
+def warm_up(engines: Iterable[InferenceEngine], policy: BucketPolicy, max_seq_len: int) -> int:
+    """Run every token model once per bucket up to ``max_seq_len``; the number of runs."""
+    runs = 0
+    for engine in engines:
+        if token_layout(engine.io) is None:
+            continue
+        for bucket in policy.buckets:
+            if bucket > max_seq_len:
+                break
+            feeds = {s.name: np.ones((1, bucket), dtype=s.dtype) for s in engine.io.inputs}
+            item = WorkItem(index=0, task=TaskKind.FORWARD, seq_len=bucket, feeds=feeds)
+            run_batch(engine, [item], policy, max_seq_len)
+            runs += 1
+    return runs

@@ -5,13 +5,20 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from graylane.engine_worker.batching import DEFAULT_BUCKETS
+
+if TYPE_CHECKING:
+    from graylane.engine_worker.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, kw_only=True)
 class FaultInjection:
-    """Deliberate faults, for tests and demos only: extra latency and failures."""
+    """Deliberate faults, for tests and demos only: extra latency and failures.
+
+    Applied by :class:`~graylane.engine_worker.faults.FaultyEngine` per engine call.
+    """
 
     extra_latency_ms: float = 0.0
     latency_factor: float = 1.0
@@ -50,3 +57,5 @@ class WorkerConfig:
     group_id: str = ""
     fetch_factor: int = 4
     """Records fetched per cycle = max_batch_size * fetch_factor (then planned into batches)."""
+    tokenizer: Tokenizer | None = None
+    """Text for prompts and results; ``None``: the one the model's metadata names, if any."""

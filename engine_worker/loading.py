@@ -7,8 +7,8 @@ from pathlib import Path
 
 import onnx
 
-from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
-from graylane.engine_worker.engine.protocol import InferenceEngine
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine.protocol import InferenceEngine
 
 MAX_SEQ_KEYS = ("graylane.demo.max_seq_len", "max_seq_len", "graylane.max_seq_len")
 

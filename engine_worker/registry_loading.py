@@ -17,9 +17,9 @@ from graylane.artifacts.compatibility import IncompatibleEngineError, select_eng
 from graylane.artifacts.manifest import Manifest
 from graylane.artifacts.naming import Backend
 from graylane.artifacts.verify import verify_artifact
-from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
-from graylane.engine_worker.engine.protocol import InferenceEngine
-from graylane.engine_worker.engine.tensorrt_backend import gpu_compute_capability, tensorrt_version
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine.protocol import InferenceEngine
+from graylane.engine.tensorrt import gpu_compute_capability, tensorrt_version
 from graylane.errors import GraylaneError
 from graylane.registry import ArtifactInfo, open_registry
 from graylane.settings import Settings
@@ -85,7 +85,7 @@ def load_from_registry(
             for art, _, _ in candidates:
                 skipped[str(art.name)] = str(exc)
             continue
-        from graylane.engine_worker.engine.tensorrt_backend import TensorRTEngine
+        from graylane.engine.tensorrt import TensorRTEngine
 
         folder = next(f for _, f, m in candidates if m is chosen)
         engines[precision] = TensorRTEngine.load(model_file(folder, chosen), precision, name=model)

@@ -11,8 +11,9 @@ from enum import Enum
 
 import numpy as np
 
-from graylane.engine_worker.engine.protocol import IOSignature
-from graylane.engine_worker.tasks import ATTENTION_MASK, INPUT_IDS, PostProcess, token_layout
+from graylane.engine.signature import IOSignature
+from graylane.engine_worker.postprocess import PostProcess
+from graylane.engine_worker.tasks import ATTENTION_MASK, INPUT_IDS, token_layout
 
 
 class TaskKind(Enum):

@@ -7,10 +7,32 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from graylane.engine.errors import BadDtype, BadShape
 from graylane.errors import TensorError
 from graylane.v1 import tensor_pb2
 
+__all__ = [
+    "DType",
+    "TensorDtypeError",
+    "TensorShapeError",
+    "dtype_code",
+    "from_tensor",
+    "from_tensors",
+    "numpy_dtype",
+    "to_tensor",
+    "to_tensors",
+]
+
 DType = tensor_pb2.DType
+
+
+class TensorDtypeError(TensorError, BadDtype):
+    """A tensor's element type has no counterpart on the other side (code ``BAD_DTYPE``)."""
+
+
+class TensorShapeError(TensorError, BadShape):
+    """A tensor's shape, byte length or name does not fit (code ``BAD_SHAPE``)."""
+
 
 _TO_NUMPY: dict[tensor_pb2.DType, np.dtype[np.generic]] = {
     tensor_pb2.FLOAT32: np.dtype("<f4"),
@@ -33,7 +55,7 @@ def numpy_dtype(code: tensor_pb2.DType) -> np.dtype[np.generic]:
         return _TO_NUMPY[code]
     except KeyError:
         name = tensor_pb2.DType.Name(code) if code in tensor_pb2.DType.values() else str(code)
-        raise TensorError(f"dtype {name} is not supported") from None
+        raise TensorDtypeError(f"dtype {name} is not supported") from None
 
 
 def dtype_code(dtype: np.dtype[np.generic]) -> tensor_pb2.DType:
@@ -42,7 +64,7 @@ def dtype_code(dtype: np.dtype[np.generic]) -> tensor_pb2.DType:
     try:
         return _FROM_NUMPY[key]
     except KeyError:
-        raise TensorError(f"numpy dtype {dtype} has no graylane.v1.DType") from None
+        raise TensorDtypeError(f"numpy dtype {dtype} has no graylane.v1.DType") from None
 
 
 def to_tensor(name: str, array: np.ndarray) -> tensor_pb2.Tensor:
@@ -57,10 +79,10 @@ def from_tensor(tensor: tensor_pb2.Tensor) -> np.ndarray:
     dtype = numpy_dtype(tensor.dtype)
     shape = tuple(int(d) for d in tensor.shape)
     if any(d < 0 for d in shape):
-        raise TensorError(f"tensor {tensor.name!r} has a negative dimension in shape {shape}")
+        raise TensorShapeError(f"tensor {tensor.name!r} has a negative dimension in shape {shape}")
     expected = math.prod(shape) * dtype.itemsize
     if len(tensor.data) != expected:
-        raise TensorError(
+        raise TensorShapeError(
             f"tensor {tensor.name!r}: {len(tensor.data)} bytes do not fit shape {shape} "
             f"of {dtype.name} ({expected} bytes expected)"
         )
@@ -75,6 +97,6 @@ def from_tensors(tensors: Iterable[tensor_pb2.Tensor]) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for t in tensors:
         if t.name in out:
-            raise TensorError(f"tensor name {t.name!r} appears twice")
+            raise TensorShapeError(f"tensor name {t.name!r} appears twice")
         out[t.name] = from_tensor(t)
     return out

@@ -47,9 +47,9 @@ class SpikeRun:
 
 def capacity_rps(model: Path, prompt_len: int, seconds: float = 4.0) -> float:
     """fp32 requests/s of the engine alone at batch 8 (one thread, as the worker runs)."""
+    from graylane.engine.onnxruntime import OnnxRuntimeEngine
     from graylane.engine_worker.batching import BucketPolicy
     from graylane.engine_worker.compute import run_batch
-    from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
     from graylane.engine_worker.requests import TaskKind, WorkItem
 
     engine = OnnxRuntimeEngine.load(model, "fp32", intra_op_threads=1)

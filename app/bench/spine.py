@@ -21,11 +21,11 @@ import numpy as np
 
 from graylane.app.cli.demo import Service, start_service, stop_services
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import run_batch
-from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
+from graylane.engine_worker.postprocess import PostProcess as EnginePost
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.engine_worker.tasks import PostProcess as EnginePost
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.factory import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings

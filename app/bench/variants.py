@@ -125,7 +125,6 @@ def cmd_bench_variants(args: argparse.Namespace) -> int:
     from graylane.artifacts.naming import Precision, parse_semver
     from graylane.builder.build import resolve_source
     from graylane.builder.progress import RichProgress
-    from graylane.builder.runtime import open_runner
     from graylane.builder.samples import load_samples
     from graylane.builder.spec import (
         BuildSpec,
@@ -137,6 +136,7 @@ def cmd_bench_variants(args: argparse.Namespace) -> int:
     from graylane.builder.store import ArtifactStore, CacheKind
     from graylane.builder.validation import compare_outputs
     from graylane.builder.variants import VariantInputs, VariantStatus, produce_variant
+    from graylane.engine.onnxruntime import OnnxRuntimeEngine
     from graylane.settings import Settings
 
     console = Console(stderr=True)
@@ -187,8 +187,11 @@ def cmd_bench_variants(args: argparse.Namespace) -> int:
                 )
 
             progress.step("fp32 reference outputs")
-            reference_runner = open_runner(paths[Precision.FP32], threads=args.threads)
-            reference = [reference_runner(b) for b in held_out]
+            # The worker's adapter and session options: what is timed here is what is served.
+            reference_engine = OnnxRuntimeEngine.load(
+                paths[Precision.FP32], Precision.FP32.value, intra_op_threads=args.threads
+            )
+            reference = [reference_engine.run(b) for b in held_out]
             masks = [b.get("attention_mask") for b in held_out]
             progress.done("fp32 reference ready")
 
@@ -198,12 +201,14 @@ def cmd_bench_variants(args: argparse.Namespace) -> int:
             feeds1 = {k: v[:1] for k, v in feeds8.items()}
             for precision, path in paths.items():
                 progress.step(f"timing {precision.value}")
-                runner = open_runner(path, threads=args.threads)
-                metrics = compare_outputs(reference, [runner(b) for b in held_out], masks)
+                engine = OnnxRuntimeEngine.load(
+                    path, precision.value, intra_op_threads=args.threads
+                )
+                metrics = compare_outputs(reference, [engine.run(b) for b in held_out], masks)
                 bench = VariantBench(
                     name=precision.value,
-                    b1=measure(runner, feeds1, args.seconds / 2),
-                    b8=measure(runner, feeds8, args.seconds / 2),
+                    b1=measure(engine.run, feeds1, args.seconds / 2),
+                    b8=measure(engine.run, feeds8, args.seconds / 2),
                     top1_agreement=metrics.top1_agreement,
                     cosine=metrics.cosine,
                 )

@@ -1,4 +1,8 @@
-"""Which compiled engine may run on which GPU. Pure logic over manifests."""
+"""Which compiled engine may run on which GPU. Pure logic over manifests.
+
+Raises the engine layer's :class:`~graylane.engine.errors.IncompatibleEngineError`
+(re-exported here), the same class a TensorRT engine raises on load.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from collections.abc import Iterable
 from graylane.artifacts.build_info import HardwareCompatibility
 from graylane.artifacts.manifest import Manifest
 from graylane.artifacts.naming import Backend
+from graylane.engine.errors import IncompatibleEngineError
 
 __all__ = [
     "IncompatibleEngineError",
@@ -16,10 +21,6 @@ __all__ = [
 ]
 
 _AMPERE = (8, 0)
-
-
-class IncompatibleEngineError(RuntimeError):
-    """A TensorRT engine was built for another GPU architecture or TensorRT version."""
 
 
 class NoCompatibleEngineError(IncompatibleEngineError):

@@ -21,8 +21,8 @@ from graylane.artifacts.build_info import (
     ShapeProfile,
     Tolerance,
 )
-from graylane.artifacts.graph import IOSignature, TensorSpec
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_artifact_name
+from graylane.engine.signature import IOSignature
 
 __all__ = [
     "MANIFEST_FILE",
@@ -151,10 +151,6 @@ class Manifest:
 # ---------------------------------------------------------------- JSON layout
 
 
-def _tensor(t: TensorSpec) -> dict[str, Any]:
-    return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape)}
-
-
 def manifest_to_dict(m: Manifest) -> dict[str, Any]:
     cal = m.calibration
     val = m.validation
@@ -169,10 +165,7 @@ def manifest_to_dict(m: Manifest) -> dict[str, Any]:
         "backend": m.backend.value,
         "backend_version": m.backend_version,
         "files": [{"path": f.path, "sha256": f.sha256, "bytes": f.bytes} for f in m.files],
-        "io": {
-            "inputs": [_tensor(t) for t in m.io.inputs],
-            "outputs": [_tensor(t) for t in m.io.outputs],
-        },
+        "io": m.io.to_dict(),
         "profiles": [
             {
                 "name": p.name,
@@ -245,10 +238,6 @@ def manifest_to_dict(m: Manifest) -> dict[str, Any]:
     }
 
 
-def _shape(raw: list[Any]) -> tuple[int | str, ...]:
-    return tuple(d if isinstance(d, str) else int(d) for d in raw)
-
-
 def _opt_float(raw: Any) -> float | None:
     return None if raw is None else float(raw)
 
@@ -272,16 +261,7 @@ def manifest_from_dict(raw: Mapping[str, Any]) -> Manifest:
                 FileDigest(path=f["path"], sha256=f["sha256"], bytes=int(f["bytes"]))
                 for f in raw["files"]
             ),
-            io=IOSignature(
-                inputs=tuple(
-                    TensorSpec(t["name"], t["dtype"], _shape(t["shape"]))
-                    for t in raw["io"]["inputs"]
-                ),
-                outputs=tuple(
-                    TensorSpec(t["name"], t["dtype"], _shape(t["shape"]))
-                    for t in raw["io"]["outputs"]
-                ),
-            ),
+            io=IOSignature.from_dict(raw["io"]),
             profiles=tuple(
                 ShapeProfile(
                     name=p["name"],

@@ -18,8 +18,8 @@ from graylane.client import (
     Task,
     UnknownModel,
 )
-from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
-from graylane.engine_worker.tasks import PostProcess as EnginePost
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.postprocess import PostProcess as EnginePost
 from graylane.engine_worker.tasks import run_forward, run_generate
 from graylane.kafka.factory import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graylane import serde
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.config import FaultInjection, WorkerConfig
-from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
-from graylane.engine_worker.engine.protocol import InferenceEngine
 from graylane.engine_worker.service import Worker
 from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import FollowFrom, TopicFollower

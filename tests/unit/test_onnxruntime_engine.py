@@ -5,8 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import graylane.engine_worker.engine as engine_pkg
-from graylane.engine_worker.engine import (
+import graylane.engine as engine_pkg
+from graylane.engine import (
+    BadDtype,
+    BadShape,
     EngineClosedError,
     EngineError,
     EngineLoadError,
@@ -14,9 +16,11 @@ from graylane.engine_worker.engine import (
     IncompatibleEngineError,
     InferenceEngine,
     InvalidInputError,
+    MissingInput,
     TensorSpec,
+    UnexpectedInput,
 )
-from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine, default_providers
+from graylane.engine.onnxruntime import OnnxRuntimeEngine, default_providers
 from graylane.models.demo_gpt import VOCAB_SIZE, build_demo_gpt, write_demo_gpt
 
 
@@ -72,27 +76,43 @@ def test_load_from_bytes_matches_load_from_path(engine: OnnxRuntimeEngine) -> No
 
 
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "error", "code"),
     [
-        {"input_ids": np.zeros((1, 3), dtype=np.int64)},
-        {**feeds([[1, 2]]), "extra": np.zeros(1)},
-        {"input_ids": np.zeros((1, 3), dtype=np.int32), "attention_mask": np.ones((1, 3), "i8")},
-        {"input_ids": np.zeros((3,), dtype=np.int64), "attention_mask": np.ones((3,), "i8")},
+        ({"input_ids": np.zeros((1, 3), dtype=np.int64)}, MissingInput, "MISSING_INPUT"),
+        ({**feeds([[1, 2]]), "extra": np.zeros(1)}, UnexpectedInput, "UNEXPECTED_INPUT"),
+        (
+            {
+                "input_ids": np.zeros((1, 3), dtype=np.int32),
+                "attention_mask": np.ones((1, 3), "i8"),
+            },
+            BadDtype,
+            "BAD_DTYPE",
+        ),
+        (
+            {"input_ids": np.zeros((3,), dtype=np.int64), "attention_mask": np.ones((3,), "i8")},
+            BadShape,
+            "BAD_SHAPE",
+        ),
     ],
     ids=["missing", "extra", "dtype", "rank"],
 )
-def test_bad_feeds_raise_invalid_input(
-    engine: OnnxRuntimeEngine, bad: dict[str, np.ndarray]
+def test_bad_feeds_raise_typed_invalid_input(
+    engine: OnnxRuntimeEngine,
+    bad: dict[str, np.ndarray],
+    error: type[InvalidInputError],
+    code: str,
 ) -> None:
-    with pytest.raises(InvalidInputError) as info:
+    with pytest.raises(error) as info:
         engine.run(bad)
+    assert isinstance(info.value, InvalidInputError)
+    assert info.value.code == code
     assert not info.value.retriable
     assert isinstance(info.value, ValueError)
 
 
 def test_named_axes_must_agree_across_inputs(engine: OnnxRuntimeEngine) -> None:
     ids = np.zeros((1, 3), dtype=np.int64)
-    with pytest.raises(InvalidInputError, match="seq"):
+    with pytest.raises(BadShape, match="seq"):
         engine.run({"input_ids": ids, "attention_mask": np.ones((1, 4), dtype=np.int64)})
 
 
@@ -134,6 +154,10 @@ def test_error_families_carry_retry_policy() -> None:
 
 def test_engine_package_exports_are_exactly_the_public_api() -> None:
     assert set(engine_pkg.__all__) == {
+        "BadDtype",
+        "BadShape",
+        "MissingInput",
+        "UnexpectedInput",
         "Dim",
         "EngineClosedError",
         "EngineError",
@@ -147,3 +171,60 @@ def test_engine_package_exports_are_exactly_the_public_api() -> None:
     }
     for name in engine_pkg.__all__:
         assert getattr(engine_pkg, name) is not None
+
+
+def test_one_incompatible_engine_error_for_manifests_and_engines() -> None:
+    from graylane.artifacts import compatibility
+    from graylane.engine import tensorrt
+
+    assert compatibility.IncompatibleEngineError is IncompatibleEngineError
+    assert tensorrt.IncompatibleEngineError is IncompatibleEngineError
+    assert issubclass(compatibility.NoCompatibleEngineError, IncompatibleEngineError)
+
+
+def test_signature_from_onnx_equals_the_loaded_engines(
+    engine: OnnxRuntimeEngine, tiny_path: Path
+) -> None:
+    import onnx
+
+    from graylane.engine import IOSignature
+
+    from_file = IOSignature.from_onnx(onnx.load(str(tiny_path), load_external_data=False))
+    assert from_file == engine.io
+    assert IOSignature.from_dict(from_file.to_dict()) == from_file
+    assert from_file.to_dict()["inputs"][0] == {
+        "name": "input_ids",
+        "dtype": "int64",
+        "shape": ["batch", "seq"],
+    }
+    assert TensorSpec("x", "float32", (None, 3)) == TensorSpec(
+        name="x", dtype=np.dtype(np.float32), shape=(None, 3)
+    )
+
+
+def test_tensor_decoding_errors_carry_their_code() -> None:
+    from graylane import tensors
+    from graylane.errors import TensorError
+    from graylane.v1 import tensor_pb2
+
+    short = tensor_pb2.Tensor(name="x", dtype=tensor_pb2.FLOAT32, shape=[2], data=b"1234")
+    with pytest.raises(BadShape) as shape_info:
+        tensors.from_tensor(short)
+    assert isinstance(shape_info.value, TensorError)
+    assert shape_info.value.code == "BAD_SHAPE"
+    unknown = tensor_pb2.Tensor(name="x", dtype=99, shape=[1], data=b"1")  # type: ignore[arg-type]
+    with pytest.raises(BadDtype) as dtype_info:
+        tensors.from_tensor(unknown)
+    assert dtype_info.value.code == "BAD_DTYPE"
+
+
+def test_builder_validation_runs_the_workers_adapter(tiny_path: Path) -> None:
+    from graylane.builder.runtime import VariantLoadError, open_runner
+
+    runner = open_runner(tiny_path, threads=1)
+    assert isinstance(runner.engine, OnnxRuntimeEngine)  # one adapter, one session setup
+    f = feeds([[4, 5, 6]])
+    reference = OnnxRuntimeEngine.load(tiny_path, "fp32", intra_op_threads=1)
+    np.testing.assert_array_equal(runner(f)["logits"], reference.run(f)["logits"])
+    with pytest.raises(VariantLoadError):
+        runner({"input_ids": f["input_ids"]})  # the worker's feed checks apply too

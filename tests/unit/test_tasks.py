@@ -7,17 +7,19 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from graylane.engine import InferenceEngine, InvalidInputError, IOSignature
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batching import BucketPolicy
-from graylane.engine_worker.engine import InferenceEngine, InvalidInputError, IOSignature
-from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
-from graylane.engine_worker.tasks import (
+from graylane.engine_worker.postprocess import (
     MEAN_POOL,
     TOKEN_IDS,
     TOPK_IDS,
     TOPK_VALUES,
+    PostProcess,
+)
+from graylane.engine_worker.tasks import (
     FinishReason,
     GenerationResult,
-    PostProcess,
     run_forward,
     run_generate,
     validate_request,

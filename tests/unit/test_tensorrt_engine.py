@@ -9,15 +9,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from graylane.engine_worker.batching import BucketPolicy
-from graylane.engine_worker.engine import (
+from graylane.engine import (
     EngineLoadError,
     IncompatibleEngineError,
     InferenceEngine,
     InvalidInputError,
 )
-from graylane.engine_worker.engine import tensorrt_backend as backend
-from graylane.engine_worker.engine.onnxruntime_backend import OnnxRuntimeEngine
+from graylane.engine import tensorrt as backend
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.tasks import run_forward, run_generate
 from graylane.models.demo_gpt import BOS_ID, build_demo_gpt, encode_text
 

@@ -1,4 +1,4 @@
-"""ONNX Runtime adapter for :class:`~graylane.engine_worker.engine.protocol.InferenceEngine`."""
+"""ONNX Runtime adapter for :class:`~graylane.engine.protocol.InferenceEngine`."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
-from graylane.engine_worker.engine.errors import (
+from graylane.engine.errors import (
     EngineClosedError,
     EngineLoadError,
     EngineRunError,
     InvalidInputError,
 )
-from graylane.engine_worker.engine.protocol import Dim, IOSignature, TensorSpec
+from graylane.engine.signature import Dim, IOSignature, TensorSpec
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -134,6 +134,11 @@ class OnnxRuntimeEngine:
     @property
     def io(self) -> IOSignature:
         return self._io
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The model's ``metadata_props`` (e.g. what a demo model records about itself)."""
+        return dict(self._live().get_modelmeta().custom_metadata_map)
 
     @property
     def providers(self) -> tuple[str, ...]:

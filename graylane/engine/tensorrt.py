@@ -1,4 +1,4 @@
-"""TensorRT 10/11 adapter for :class:`~graylane.engine_worker.engine.protocol.InferenceEngine`.
+"""TensorRT 10/11 adapter for :class:`~graylane.engine.protocol.InferenceEngine`.
 
 ``tensorrt`` and ``pycuda`` are imported only when a plan is loaded, so this
 module imports on machines without a GPU. Device memory and streams go through
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from graylane.engine_worker.engine.errors import (
+from graylane.engine.errors import (
     EngineClosedError,
     EngineError,
     EngineLoadError,
@@ -29,7 +29,7 @@ from graylane.engine_worker.engine.errors import (
     IncompatibleEngineError,
     InvalidInputError,
 )
-from graylane.engine_worker.engine.protocol import Dim, IOSignature, TensorSpec
+from graylane.engine.signature import Dim, IOSignature, TensorSpec
 
 
 def tensorrt_version() -> str | None:

@@ -1,0 +1,96 @@
+"""Deliberate faults as an engine: a wrapper that slows down or fails a real engine.
+
+For tests and demos only (:class:`~graylane.engine_worker.config.FaultInjection`).
+The wrapper implements :class:`~graylane.engine.protocol.InferenceEngine`, so the
+worker runs it like any engine and needs no fault code of its own. Faults apply
+per engine call: a forward batch is one call per bucket group, a generation one
+call per decoding step. Latency is spent inside ``run`` on the engine thread,
+exactly like a slower engine, so it shows in compute time and device load.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import ClassVar
+
+import numpy as np
+
+from graylane.engine.errors import EngineRunError
+from graylane.engine.protocol import InferenceEngine
+from graylane.engine.signature import IOSignature
+from graylane.engine_worker.config import FaultInjection
+
+__all__ = ["FaultyEngine", "InjectedFault", "with_faults"]
+
+
+class InjectedFault(EngineRunError):
+    """A failure injected on purpose (answered with ``INJECTED_FAULT``)."""
+
+    code: ClassVar[str] = "INJECTED_FAULT"
+
+
+class FaultyEngine:
+    """``inner`` with extra latency and random failures as ``faults`` asks."""
+
+    def __init__(
+        self,
+        inner: InferenceEngine,
+        faults: FaultInjection,
+        rng: random.Random,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._inner = inner
+        self._faults = faults
+        self._rng = rng
+        self._sleep = sleep
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def variant(self) -> str:
+        return self._inner.variant
+
+    @property
+    def io(self) -> IOSignature:
+        return self._inner.io
+
+    @property
+    def inner(self) -> InferenceEngine:
+        return self._inner
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        faults = self._faults
+        if faults.error_rate > 0 and self._rng.random() < faults.error_rate:
+            raise InjectedFault("fault injected for testing")
+        started = time.perf_counter()
+        outputs = self._inner.run(feeds)
+        compute_s = time.perf_counter() - started
+        extra_s = faults.extra_latency_ms / 1000.0 + compute_s * max(
+            0.0, faults.latency_factor - 1.0
+        )
+        if faults.latency_jitter_ms > 0:
+            extra_s += self._rng.uniform(0.0, faults.latency_jitter_ms) / 1000.0
+        if extra_s > 0:
+            self._sleep(extra_s)
+        return outputs
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __repr__(self) -> str:
+        return f"FaultyEngine({self._inner!r}, {self._faults!r})"
+
+
+def with_faults(
+    engines: Mapping[str, InferenceEngine], faults: FaultInjection
+) -> dict[str, InferenceEngine]:
+    """Every engine wrapped when ``faults`` is active (one seeded RNG for all), else as is."""
+    if not faults.active:
+        return dict(engines)
+    rng = random.Random(faults.seed)
+    return {name: FaultyEngine(engine, faults, rng) for name, engine in engines.items()}
