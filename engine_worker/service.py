@@ -25,6 +25,7 @@ from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from graylane import serde, tensors
+from graylane.clock import now_ms
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import BatchRun, ForwardOutcome, GenerateOutcome, run_batch
 from graylane.engine_worker.config import WorkerConfig
@@ -47,7 +48,7 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
-from graylane.kafka.replies import Rejection, ReplySink, now_ms
+from graylane.kafka.replies import Rejection, ReplySink
 from graylane.metrics import WorkerMetrics, serve_metrics
 from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
 

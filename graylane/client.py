@@ -25,10 +25,10 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from graylane import serde, tensors
+from graylane.clock import now_ms
 from graylane.errors import GraylaneError, SerdeError, require_started
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
-from graylane.kafka.replies import now_ms
 from graylane.v1 import inference_pb2
 
 log = logging.getLogger(__name__)

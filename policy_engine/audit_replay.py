@@ -18,10 +18,11 @@ from graylane.kafka.admin import wait_for_assignment
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 from graylane.policy_engine import convert
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.errors import PolicyError
 from graylane.policy_engine.logic.replay import Mismatch
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
-from graylane.policy_engine.logic.rollout_state import Decision, ManualCommand
+from graylane.policy_engine.logic.rollout_state import Decision
+from graylane.rollouts.errors import PolicyError
+from graylane.rollouts.vocabulary import ManualCommand
 from graylane.v1 import audit_pb2
 
 __all__ = ["COMPARED_FIELDS", "Mismatch", "load_recorded", "replay_record", "verify"]

@@ -38,25 +38,16 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from graylane.policy_engine.logic.agreement import AgreementTracker, ShadowOutput
-from graylane.policy_engine.logic.errors import PolicyError
 from graylane.policy_engine.logic.qos import (
     QosDecision,
     QosDecisionKind,
-    QosPolicy,
     QosState,
     evaluate_qos,
     initial_qos_state,
     qos_during_rollout,
 )
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
-from graylane.policy_engine.logic.rollout_spec import RolloutSpec
-from graylane.policy_engine.logic.rollout_state import (
-    Decision,
-    DecisionKind,
-    ManualCommand,
-    Phase,
-    RolloutState,
-)
+from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
 from graylane.policy_engine.logic.routing_plan import RoutingPlan, plan_for
 from graylane.policy_engine.logic.window import (
     DEFAULT_STEP_MS,
@@ -66,6 +57,10 @@ from graylane.policy_engine.logic.window import (
     TelemetrySample,
     WindowKey,
 )
+from graylane.rollouts.errors import PolicyError
+from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.spec import RolloutSpec
+from graylane.rollouts.vocabulary import DecisionKind, ManualCommand, Phase
 
 __all__ = [
     "Command",

@@ -28,21 +28,18 @@ from graylane.policy_engine.core import (
     RoutingPublication,
 )
 from graylane.policy_engine.logic.agreement import ShadowOutput
-from graylane.policy_engine.logic.errors import PolicyError
+from graylane.rollouts.errors import PolicyError
+from graylane.rollouts.pb import manual_command_from_pb
+from graylane.rollouts.vocabulary import DecisionRule
 from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2
 
 __all__ = [
-    "RULE_COMMAND_REJECTED",
-    "RULE_SET_QOS_POLICY",
     "Record",
     "command_from_pb",
     "records_of",
     "shadow_output_of",
 ]
-
-RULE_COMMAND_REJECTED = "command_rejected"
-RULE_SET_QOS_POLICY = "set_qos_policy"
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,7 @@ def command_from_pb(pb: rollout_pb2.RolloutCommand) -> Command | CommandRejected
             return replace(base, kind=CommandKind.SET_QOS_POLICY, qos_policy=policy)
     except PolicyError as exc:
         return CommandRejected(command=base, reason=str(exc), at_ms=pb.issued_at_unix_ms)
-    manual = convert.manual_command_from_pb(pb)
+    manual = manual_command_from_pb(pb.kind)
     command = replace(base, manual=manual)
     if manual is None:
         return CommandRejected(
@@ -133,7 +130,7 @@ def _record(o: Output, layout: TopicLayout) -> Record:
             model=o.policy.model,
             version=o.policy.version,
             kind=audit_pb2.DECISION_MANUAL_COMMAND,
-            rule=RULE_SET_QOS_POLICY,
+            rule=DecisionRule.SET_QOS_POLICY,
             reason=f"QoS policy set: SLO p99 {o.policy.slo_p99_ms:g} ms, "
             f"ladder {' > '.join(o.policy.ladder)}",
             qos_before=convert.qos_state_to_pb(o.before) if o.before else None,
@@ -149,7 +146,7 @@ def _record(o: Output, layout: TopicLayout) -> Record:
         model=cmd.model,
         rollout_id=cmd.rollout_id,
         kind=audit_pb2.DECISION_MANUAL_COMMAND,
-        rule=RULE_COMMAND_REJECTED,
+        rule=DecisionRule.COMMAND_REJECTED,
         reason=f"{cmd.kind.value}"
         f"{'/' + cmd.manual.value if cmd.manual else ''} rejected: {o.reason}",
         actor=cmd.issued_by or "control-plane",

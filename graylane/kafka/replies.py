@@ -13,14 +13,11 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
 from graylane import serde
+from graylane.clock import now_ms
 from graylane.topics import TopicLayout
 from graylane.v1 import dlq_pb2, inference_pb2
 
 log = logging.getLogger(__name__)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,6 @@ from dataclasses import replace
 from typing import TypedDict
 
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.errors import InputMismatch, InvalidTransition
 from graylane.policy_engine.logic.gates import (
     GateResult,
     agreement_gate,
@@ -60,25 +59,15 @@ from graylane.policy_engine.logic.rollout_moves import (
     routing_of,
     transition,
 )
-from graylane.policy_engine.logic.rollout_spec import RolloutSpec, Strategy
-from graylane.policy_engine.logic.rollout_state import (
-    Decision,
-    DecisionKind,
-    Phase,
-    RolloutState,
-    StepEvidence,
-)
+from graylane.policy_engine.logic.rollout_state import Decision, RolloutState, StepEvidence
 from graylane.policy_engine.logic.significance import Verdict
 from graylane.policy_engine.logic.window import WindowStats
+from graylane.rollouts.errors import InputMismatch, InvalidTransition
+from graylane.rollouts.spec import RolloutSpec, Strategy
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
 
 __all__ = [
     "GATE_MIN_WINDOW_REQUESTS",
-    "RULE_ALL_PASSED",
-    "RULE_MIN_DWELL",
-    "RULE_MIN_SAMPLES",
-    "RULE_NO_DATA",
-    "RULE_PAUSED",
-    "RULE_STARTED",
     "apply_command",
     "evaluate",
     "pending_state",
@@ -86,12 +75,6 @@ __all__ = [
     "start",
 ]
 
-RULE_STARTED = "started"
-RULE_PAUSED = "paused"
-RULE_NO_DATA = "no_data"
-RULE_MIN_SAMPLES = "min_samples"
-RULE_MIN_DWELL = "min_dwell"
-RULE_ALL_PASSED = "all_gates_passed"
 
 GATE_MIN_WINDOW_REQUESTS = 5
 
@@ -116,7 +99,7 @@ def start(spec: RolloutSpec, now_ms: int, *, epoch: int = 0) -> Decision:
         spec,
         now_ms,
         DecisionKind.STARTED,
-        RULE_STARTED,
+        DecisionRule.STARTED,
         reason,
         phase=phase,
         step_index=0,
@@ -149,12 +132,12 @@ def evaluate(
     ctx = _Ctx(state, spec, now_ms, inputs, agreement if shadowing else None)
     if state.phase is Phase.PAUSED:
         from_phase = state.paused_from.value if state.paused_from else "?"
-        return ctx.hold(state, RULE_PAUSED, f"paused (from {from_phase}); weights frozen")
+        return ctx.hold(state, DecisionRule.PAUSED, f"paused (from {from_phase}); weights frozen")
     missing = _missing(baseline, candidate, spec)
     if shadowing and (agreement is None or agreement.pairs == 0):
         missing.append("no shadow pairs")
     if missing or baseline is None or candidate is None:
-        return ctx.hold(state, RULE_NO_DATA, "no data: " + ", ".join(missing))
+        return ctx.hold(state, DecisionRule.NO_DATA, "no data: " + ", ".join(missing))
     _check_inputs(baseline, candidate, spec)
 
     evidence = _accumulate(state, baseline, candidate)
@@ -163,7 +146,7 @@ def evaluate(
     if smallest < GATE_MIN_WINDOW_REQUESTS:
         return ctx.hold(
             current,
-            RULE_MIN_SAMPLES,
+            DecisionRule.MIN_SAMPLES,
             f"window has {candidate.requests} candidate / {baseline.requests} baseline "
             f"requests; gates need at least {GATE_MIN_WINDOW_REQUESTS} on each side",
         )
@@ -211,7 +194,7 @@ class _Ctx:
     def decide(
         self,
         kind: DecisionKind,
-        rule: str,
+        rule: DecisionRule,
         reason: str,
         after: RolloutState,
     ) -> Decision:
@@ -230,7 +213,7 @@ class _Ctx:
         """What a phase change takes from this evaluation into its decision."""
         return {"before": self.before, "inputs": self.inputs, "agreement": self.agreement}
 
-    def hold(self, state: RolloutState, rule: str, reason: str) -> Decision:
+    def hold(self, state: RolloutState, rule: DecisionRule, reason: str) -> Decision:
         return self.decide(DecisionKind.HOLD, rule, reason, state)
 
 
@@ -312,7 +295,7 @@ def _on_failure(
     )
 
 
-def _rollback(ctx: _Ctx, state: RolloutState, rule: str, reason: str) -> Decision:
+def _rollback(ctx: _Ctx, state: RolloutState, rule: DecisionRule, reason: str) -> Decision:
     return transition(
         state,
         ctx.spec,
@@ -357,14 +340,14 @@ def _on_pass(ctx: _Ctx, state: RolloutState, summary: str) -> Decision:
     if short:
         return ctx.hold(
             state,
-            RULE_MIN_SAMPLES,
+            DecisionRule.MIN_SAMPLES,
             f"gates pass; {where} needs more samples ({', '.join(short)}): {summary}",
         )
     waited = now - since
     if waited < need_ms:
         return ctx.hold(
             state,
-            RULE_MIN_DWELL,
+            DecisionRule.MIN_DWELL,
             f"gates pass; {where} dwelt {waited / 1000:g} s of {need_ms / 1000:g} s: {summary}",
         )
     return _advance(ctx, state, where, summary)
@@ -378,7 +361,7 @@ def _advance(ctx: _Ctx, state: RolloutState, where: str, summary: str) -> Decisi
             spec,
             ctx.now_ms,
             DecisionKind.ADVANCE,
-            RULE_ALL_PASSED,
+            DecisionRule.ALL_GATES_PASSED,
             f"{where} passed; canary step 1/{len(spec.steps)} at "
             f"{spec.steps[0].weight_percent:g}%: {summary}",
             phase=Phase.PROGRESSING,
@@ -395,7 +378,7 @@ def _advance(ctx: _Ctx, state: RolloutState, where: str, summary: str) -> Decisi
             spec,
             ctx.now_ms,
             DecisionKind.PROMOTE,
-            RULE_ALL_PASSED,
+            DecisionRule.ALL_GATES_PASSED,
             f"{where} passed; promoted {spec.candidate} to 100% and stable: {summary}",
             phase=Phase.PROMOTED,
             step_index=len(spec.steps) - 1 if state.phase is Phase.PROGRESSING else 0,
@@ -408,7 +391,7 @@ def _advance(ctx: _Ctx, state: RolloutState, where: str, summary: str) -> Decisi
         spec,
         ctx.now_ms,
         DecisionKind.ADVANCE,
-        RULE_ALL_PASSED,
+        DecisionRule.ALL_GATES_PASSED,
         f"{where} passed; step {nxt + 1}/{len(spec.steps)} at "
         f"{spec.steps[nxt].weight_percent:g}%: {summary}",
         phase=Phase.PROGRESSING,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -18,13 +17,7 @@ from typing import Any, TypeVar
 import grpc
 from grpc import aio
 
-from graylane.policy_engine.convert import (
-    qos_policy_from_pb,
-    qos_policy_to_pb,
-    rollout_spec_from_pb,
-    rollout_spec_to_pb,
-)
-from graylane.policy_engine.logic.errors import PolicyError
+from graylane.clock import Clock, now_ms
 from graylane.registry import (
     DuplicateVersion,
     Registry,
@@ -32,6 +25,16 @@ from graylane.registry import (
     UnknownModel,
     UnknownVersion,
 )
+from graylane.rollouts.errors import PolicyError
+from graylane.rollouts.pb import (
+    manual_command_to_pb,
+    phase_from_pb,
+    qos_policy_from_pb,
+    qos_policy_to_pb,
+    rollout_spec_from_pb,
+    rollout_spec_to_pb,
+)
+from graylane.rollouts.vocabulary import ManualCommand, Phase
 from graylane.services.controlplane import domain
 from graylane.services.controlplane.audit_sink import RolloutHub
 from graylane.services.controlplane.auth import Principal, Role, TokenTable
@@ -44,24 +47,6 @@ __all__ = ["ControlPlane", "add_servicers"]
 
 Context = Any  # grpc.aio.ServicerContext; grpc ships no type hints
 R = TypeVar("R")
-
-_PHASE_NAMES = {
-    rollout_pb2.PENDING: domain.RolloutPhaseName.PENDING,
-    rollout_pb2.SHADOWING: domain.RolloutPhaseName.SHADOWING,
-    rollout_pb2.PROGRESSING: domain.RolloutPhaseName.PROGRESSING,
-    rollout_pb2.AB_HOLDING: domain.RolloutPhaseName.AB_HOLDING,
-    rollout_pb2.PAUSED: domain.RolloutPhaseName.PAUSED,
-    rollout_pb2.PROMOTED: domain.RolloutPhaseName.PROMOTED,
-    rollout_pb2.ROLLED_BACK: domain.RolloutPhaseName.ROLLED_BACK,
-    rollout_pb2.ABORTED: domain.RolloutPhaseName.ABORTED,
-}
-_COMMANDS = {
-    domain.CommandCheck.PAUSE: rollout_pb2.COMMAND_PAUSE,
-    domain.CommandCheck.RESUME: rollout_pb2.COMMAND_RESUME,
-    domain.CommandCheck.PROMOTE: rollout_pb2.COMMAND_PROMOTE,
-    domain.CommandCheck.ROLLBACK: rollout_pb2.COMMAND_ROLLBACK,
-    domain.CommandCheck.ABORT: rollout_pb2.COMMAND_ABORT,
-}
 
 
 def _status_of(exc: Exception) -> grpc.StatusCode | None:
@@ -93,10 +78,6 @@ def _mapped(
     return wrapper
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class ControlPlane:
     """What every servicer shares: registry, store, command bus, watch hub, tokens."""
 
@@ -108,7 +89,7 @@ class ControlPlane:
         bus: CommandPublisher,
         hub: RolloutHub,
         tokens: TokenTable,
-        clock: Callable[[], int] = _now_ms,
+        clock: Clock = now_ms,
     ) -> None:
         self.registry = registry
         self.store = store
@@ -231,8 +212,8 @@ class ModelRegistryServicer(controlplane_pb2_grpc.ModelRegistryServicer):
 # -- rollouts -----------------------------------------------------------------------
 
 
-def _phase(stored: StoredRollout) -> domain.RolloutPhaseName:
-    return _PHASE_NAMES.get(stored.state.phase, domain.RolloutPhaseName.PENDING)
+def _phase(stored: StoredRollout) -> Phase:
+    return phase_from_pb(stored.state.phase) or Phase.PENDING
 
 
 class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
@@ -336,7 +317,7 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
 
     async def _command(
         self,
-        check: domain.CommandCheck,
+        check: ManualCommand,
         request: controlplane_pb2.RolloutActionRequest,
         context: Context,
     ) -> controlplane_pb2.CommandReceipt:
@@ -348,7 +329,7 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
             command_id=uuid.uuid4().hex,
             rollout_id=stored.state.rollout_id,
             model=stored.state.model,
-            kind=_COMMANDS[check],
+            kind=manual_command_to_pb(check),
             issued_by=principal.name,
             reason=request.reason or check.value,
             issued_at_unix_ms=cp.clock(),
@@ -367,23 +348,23 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
 
     @_mapped
     async def Pause(self, request: Any, context: Context) -> controlplane_pb2.CommandReceipt:
-        return await self._command(domain.CommandCheck.PAUSE, request, context)
+        return await self._command(ManualCommand.PAUSE, request, context)
 
     @_mapped
     async def Resume(self, request: Any, context: Context) -> controlplane_pb2.CommandReceipt:
-        return await self._command(domain.CommandCheck.RESUME, request, context)
+        return await self._command(ManualCommand.RESUME, request, context)
 
     @_mapped
     async def Promote(self, request: Any, context: Context) -> controlplane_pb2.CommandReceipt:
-        return await self._command(domain.CommandCheck.PROMOTE, request, context)
+        return await self._command(ManualCommand.PROMOTE, request, context)
 
     @_mapped
     async def Rollback(self, request: Any, context: Context) -> controlplane_pb2.CommandReceipt:
-        return await self._command(domain.CommandCheck.ROLLBACK, request, context)
+        return await self._command(ManualCommand.ROLLBACK, request, context)
 
     @_mapped
     async def Abort(self, request: Any, context: Context) -> controlplane_pb2.CommandReceipt:
-        return await self._command(domain.CommandCheck.ABORT, request, context)
+        return await self._command(ManualCommand.ABORT, request, context)
 
 
 # -- QoS ------------------------------------------------------------------------------

@@ -18,12 +18,13 @@ from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from graylane import serde
+from graylane.clock import now_ms
 from graylane.errors import SerdeError, require_started
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
-from graylane.kafka.replies import Rejection, ReplySink, now_ms
+from graylane.kafka.replies import Rejection, ReplySink
 from graylane.metrics import RouterMetrics, serve_metrics
 from graylane.routing import RequestFacts, RouteTable, UnknownPinnedVersion, route
 from graylane.routing.convert import table_from_pb

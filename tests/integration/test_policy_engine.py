@@ -17,7 +17,7 @@ from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine import convert
 from graylane.policy_engine.app import PolicyConfig, prepare_topics
 from graylane.policy_engine.audit_replay import load_recorded, verify
-from graylane.policy_engine.logic.rollout_spec import RolloutSpec, Step
+from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
