@@ -17,15 +17,13 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import Enum
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
-_VERSION = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+from graylane.artifacts.naming import NamingError, validate_model_name, validate_version_name
 
 
-class TopicNameError(ValueError):
+class TopicNameError(NamingError):
     """A model or version name cannot be used in a topic name."""
 
 
@@ -73,17 +71,19 @@ class TopicSpec:
 
 
 def check_model_name(model: str) -> str:
-    if not _NAME.match(model):
-        raise TopicNameError(
-            f"model name {model!r} must be 1-100 letters, digits, '_' or '-' (no dots)"
-        )
-    return model
+    """The registry's rule (:func:`~graylane.artifacts.naming.validate_model_name`)."""
+    try:
+        return validate_model_name(model)
+    except NamingError as exc:
+        raise TopicNameError(str(exc)) from None
 
 
 def check_version_name(version: str) -> str:
-    if not _VERSION.match(version):
-        raise TopicNameError(f"version {version!r} must be 1-64 letters, digits, '.', '_' or '-'")
-    return version
+    """The registry's rule (:func:`~graylane.artifacts.naming.validate_version_name`)."""
+    try:
+        return validate_version_name(version)
+    except NamingError as exc:
+        raise TopicNameError(str(exc)) from None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -24,6 +24,7 @@ from graylane.artifacts.naming import (
     parse_artifact_name,
     parse_semver,
     validate_model_name,
+    validate_version_name,
 )
 from graylane.errors import GraylaneError
 from graylane.registry.schema import (
@@ -159,6 +160,16 @@ def _semver(version: SemVer | str) -> SemVer:
         raise RegistryError(str(exc)) from None
 
 
+def _new_semver(version: SemVer | str) -> SemVer:
+    """A version to register: semantic, and able to name its topic (no build metadata)."""
+    semver = _semver(version)
+    try:
+        validate_version_name(str(semver))
+    except NamingError as exc:
+        raise RegistryError(str(exc)) from None
+    return semver
+
+
 def _utc(moment: datetime) -> datetime:
     # SQLite hands timestamps back without a zone; they were written in UTC.
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
@@ -276,7 +287,7 @@ class Registry:
         source_sha256: str,
         status: VersionStatus = VersionStatus.REGISTERED,
     ) -> VersionInfo:
-        semver = _semver(version)
+        semver = _new_semver(version)
         try:
             with self._sessions.begin() as session:
                 model_row = self._model(session, model)
