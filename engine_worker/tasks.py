@@ -27,6 +27,7 @@ from graylane.engine_worker.batching import (
 )
 from graylane.engine_worker.engine.errors import InvalidInputError
 from graylane.engine_worker.engine.protocol import InferenceEngine, IOSignature
+from graylane.postprocess import PostProcess as PostProcess
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
@@ -40,15 +41,6 @@ TOPK_VALUES = "topk_values"
 """TOPK_LAST result: [rows, k] values matching ``topk_ids``."""
 MEAN_POOL = "mean_pool"
 """MEAN_POOL result: [rows, features], the mean over each row's real positions."""
-
-
-class PostProcess(Enum):
-    """What to return from the primary output instead of the raw tensors."""
-
-    NONE = "none"
-    ARGMAX_LAST = "argmax_last"
-    TOPK_LAST = "topk_last"
-    MEAN_POOL = "mean_pool"
 
 
 class FinishReason(Enum):

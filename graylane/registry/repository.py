@@ -42,10 +42,10 @@ __all__ = [
     "DuplicateArtifact",
     "DuplicateVersion",
     "ModelInfo",
+    "ModelNotRegistered",
     "Registry",
     "RegistryError",
     "UnknownArtifact",
-    "UnknownModel",
     "UnknownVersion",
     "ValidationSummary",
     "VersionInfo",
@@ -58,7 +58,7 @@ class RegistryError(GraylaneError):
     """The registry cannot do what was asked."""
 
 
-class UnknownModel(RegistryError):
+class ModelNotRegistered(RegistryError):
     """No model of that name is registered."""
 
 
@@ -231,7 +231,7 @@ class Registry:
     def _model(session: Session, name: str) -> ModelRow:
         row = session.scalar(select(ModelRow).where(ModelRow.name == name))
         if row is None:
-            raise UnknownModel(f"model {name!r} is not registered")
+            raise ModelNotRegistered(f"model {name!r} is not registered")
         return row
 
     @staticmethod

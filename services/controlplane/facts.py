@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graylane.registry import ArtifactInfo, Registry, UnknownModel
+from graylane.registry import ArtifactInfo, ModelNotRegistered, Registry
 from graylane.rollouts.pb import phase_from_pb
 from graylane.services.controlplane import domain
 from graylane.services.controlplane.store import ControlStore
@@ -17,7 +17,7 @@ def model_facts(registry: Registry, store: ControlStore, name: str) -> domain.Mo
         return None
     try:
         info = registry.get_model(name)
-    except UnknownModel:
+    except ModelNotRegistered:
         return None
     versions: dict[str, domain.VersionFacts] = {}
     for v in registry.list_versions(name):

@@ -20,9 +20,9 @@ from grpc import aio
 from graylane.clock import Clock, now_ms
 from graylane.registry import (
     DuplicateVersion,
+    ModelNotRegistered,
     Registry,
     RegistryError,
-    UnknownModel,
     UnknownVersion,
 )
 from graylane.rollouts.errors import PolicyError
@@ -50,7 +50,7 @@ R = TypeVar("R")
 
 
 def _status_of(exc: Exception) -> grpc.StatusCode | None:
-    if isinstance(exc, domain.NotFound | UnknownModel | UnknownVersion):
+    if isinstance(exc, domain.NotFound | ModelNotRegistered | UnknownVersion):
         return grpc.StatusCode.NOT_FOUND
     if isinstance(exc, domain.FailedPrecondition):
         return grpc.StatusCode.FAILED_PRECONDITION

@@ -26,7 +26,7 @@ from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 from graylane.kafka.replies import Rejection, ReplySink
 from graylane.metrics import RouterMetrics, serve_metrics
-from graylane.routing import RequestFacts, RouteTable, UnknownPinnedVersion, route
+from graylane.routing import RouteTable, RoutingRequest, UnknownPinnedVersion, route
 from graylane.routing.convert import table_from_pb
 from graylane.routing.table import RouteDecision, route_without_table
 from graylane.v1 import control_pb2, inference_pb2
@@ -87,7 +87,7 @@ class Router:
 
     # -- requests --------------------------------------------------------------
     def decide(self, request: inference_pb2.InferenceRequest) -> RouteDecision:
-        facts = RequestFacts(
+        facts = RoutingRequest(
             request.request_id, request.routing_key, dict(request.tags), request.pinned_version
         )
         table = self.tables.tables.get(request.model)
