@@ -29,8 +29,9 @@ from graylane.errors import SerdeError
 from graylane.kafka.admin import ensure_topics, read_latest_per_key, wait_for_assignment
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 from graylane.policy_engine import convert
-from graylane.policy_engine.core import CommandRejected, Output, PolicyCore
+from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
+from graylane.policy_engine.messages import CommandRejected, Output
 from graylane.policy_engine.publish import command_from_pb, records_of, shadow_output_of
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 from graylane import serde
 from graylane.policy_engine import convert
-from graylane.policy_engine.core import (
+from graylane.policy_engine.logic.agreement import ShadowOutput
+from graylane.policy_engine.messages import (
     Command,
     CommandKind,
     CommandRejected,
@@ -27,7 +28,6 @@ from graylane.policy_engine.core import (
     RolloutPublication,
     RoutingPublication,
 )
-from graylane.policy_engine.logic.agreement import ShadowOutput
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import manual_command_from_pb
 from graylane.rollouts.vocabulary import DecisionRule
