@@ -85,24 +85,8 @@ class ControlStore:
     ) -> None:
         """Store a new rollout and its START command in one transaction."""
         now = self._clock()
-        spec = state.spec
         with self._sessions.begin() as session:
-            session.add(
-                RolloutRow(
-                    rollout_id=state.rollout_id,
-                    model=state.model,
-                    baseline_version=spec.baseline_version,
-                    candidate_version=spec.candidate_version,
-                    phase=state.phase,
-                    terminal=int(_finished(state.phase)),
-                    spec=encode(spec),
-                    state=encode(state),
-                    state_updated_ms=state.updated_at_unix_ms,
-                    created_by=spec.created_by,
-                    created_at_ms=spec.created_at_unix_ms or now,
-                    updated_at_ms=now,
-                )
-            )
+            session.add(_rollout_row(state, now))
             session.add(_command_row(command))
 
     def add_command(self, command: rollout_pb2.RolloutCommand) -> None:
@@ -166,23 +150,7 @@ class ControlStore:
         with self._sessions.begin() as session:
             row = session.get(RolloutRow, state.rollout_id)
             if row is None:
-                spec = state.spec
-                session.add(
-                    RolloutRow(
-                        rollout_id=state.rollout_id,
-                        model=state.model,
-                        baseline_version=spec.baseline_version,
-                        candidate_version=spec.candidate_version,
-                        phase=state.phase,
-                        terminal=int(_finished(state.phase)),
-                        spec=encode(spec),
-                        state=encode(state),
-                        state_updated_ms=state.updated_at_unix_ms,
-                        created_by=spec.created_by,
-                        created_at_ms=spec.created_at_unix_ms or now,
-                        updated_at_ms=now,
-                    )
-                )
+                session.add(_rollout_row(state, now))
                 return True
             if state.updated_at_unix_ms < row.state_updated_ms:
                 return False
@@ -299,6 +267,25 @@ class ControlStore:
                 )
             elif next_offset > row.next_offset:
                 row.next_offset = next_offset
+
+
+def _rollout_row(state: rollout_pb2.RolloutState, now: int) -> RolloutRow:
+    """A new row for ``state`` and the spec it embeds."""
+    spec = state.spec
+    return RolloutRow(
+        rollout_id=state.rollout_id,
+        model=state.model,
+        baseline_version=spec.baseline_version,
+        candidate_version=spec.candidate_version,
+        phase=state.phase,
+        terminal=int(_finished(state.phase)),
+        spec=encode(spec),
+        state=encode(state),
+        state_updated_ms=state.updated_at_unix_ms,
+        created_by=spec.created_by,
+        created_at_ms=spec.created_at_unix_ms or now,
+        updated_at_ms=now,
+    )
 
 
 def _command_row(command: rollout_pb2.RolloutCommand) -> CommandRow:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from graylane import serde
+from graylane.clock import now_ms
 from graylane.engine_worker.config import FaultInjection
 from graylane.kafka.admin import read_latest_per_key
 from graylane.kafka.factory import KafkaFactory
@@ -66,7 +67,7 @@ def start_command(spec: RolloutSpec) -> rollout_pb2.RolloutCommand:
         kind=rollout_pb2.COMMAND_START,
         spec=convert.rollout_spec_to_pb(spec),
         issued_by="test",
-        issued_at_unix_ms=int(time.time() * 1000),
+        issued_at_unix_ms=now_ms(),
     )
 
 
