@@ -8,14 +8,13 @@ PostgreSQL via ``postgresql+psycopg://...``. The schema is managed by Alembic;
 from __future__ import annotations
 
 from graylane.registry.migrate import create_db_engine, downgrade, upgrade
-from graylane.registry.repository import (
+from graylane.registry.records import (
     ArtifactInfo,
     ArtifactRecord,
     DuplicateArtifact,
     DuplicateVersion,
     ModelInfo,
     ModelNotRegistered,
-    Registry,
     RegistryError,
     UnknownArtifact,
     UnknownVersion,
@@ -24,6 +23,7 @@ from graylane.registry.repository import (
     VersionStatus,
     target_for,
 )
+from graylane.registry.repository import Registry
 
 __all__ = [
     "ArtifactInfo",

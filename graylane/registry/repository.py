@@ -1,5 +1,6 @@
 """The model registry over a SQLAlchemy engine: models, versions, artifacts, stable version.
 
+The errors and the dataclasses it returns are in :mod:`graylane.registry.records`.
 Every method opens its own short transaction and returns frozen dataclasses, never
 ORM objects, so callers cannot lazy-load or mutate rows by accident.
 """
@@ -7,16 +8,13 @@ ORM objects, so callers cannot lazy-load or mutate rows by accident.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import Enum
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from graylane.artifacts.naming import (
-    ArtifactName,
     Backend,
     NamingError,
     Precision,
@@ -26,9 +24,22 @@ from graylane.artifacts.naming import (
     validate_model_name,
     validate_version_name,
 )
-from graylane.errors import GraylaneError
+from graylane.registry.records import (
+    ArtifactInfo,
+    ArtifactRecord,
+    DuplicateArtifact,
+    DuplicateVersion,
+    ModelInfo,
+    ModelNotRegistered,
+    RegistryError,
+    UnknownArtifact,
+    UnknownVersion,
+    ValidationSummary,
+    VersionInfo,
+    VersionStatus,
+    target_for,
+)
 from graylane.registry.schema import (
-    ANY_TARGET,
     ArtifactRow,
     ModelRow,
     ModelVersionRow,
@@ -36,121 +47,7 @@ from graylane.registry.schema import (
     ValidationResultRow,
 )
 
-__all__ = [
-    "ArtifactInfo",
-    "ArtifactRecord",
-    "DuplicateArtifact",
-    "DuplicateVersion",
-    "ModelInfo",
-    "ModelNotRegistered",
-    "Registry",
-    "RegistryError",
-    "UnknownArtifact",
-    "UnknownVersion",
-    "ValidationSummary",
-    "VersionInfo",
-    "VersionStatus",
-    "target_for",
-]
-
-
-class RegistryError(GraylaneError):
-    """The registry cannot do what was asked."""
-
-
-class ModelNotRegistered(RegistryError):
-    """No model of that name is registered."""
-
-
-class UnknownVersion(RegistryError):
-    """The model has no such version."""
-
-
-class DuplicateVersion(RegistryError):
-    """The version is already registered; versions are immutable."""
-
-
-class UnknownArtifact(RegistryError):
-    """No artifact matches the request."""
-
-
-class DuplicateArtifact(RegistryError):
-    """An artifact of that name (and GPU target) is already registered."""
-
-
-class VersionStatus(Enum):
-    REGISTERED = "registered"
-    BUILT = "built"
-    FAILED = "failed"
-    RETIRED = "retired"
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    name: str
-    description: str
-    created_at: datetime
-    stable_version: SemVer | None
-
-
-@dataclass(frozen=True)
-class VersionInfo:
-    model: str
-    version: SemVer
-    source_sha256: str
-    status: VersionStatus
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class ValidationSummary:
-    passed: bool
-    max_abs: float | None = None
-    mean_rel: float | None = None
-    cosine: float | None = None
-    top1_agreement: float | None = None
-    token_agreement: float | None = None
-    rows: int | None = None
-    failures: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ArtifactRecord:
-    """What the builder registers for one published artifact."""
-
-    name: ArtifactName
-    path: str
-    manifest_sha256: str
-    servable: bool
-    forced: bool = False
-    gpu_compute_capability: str | None = None
-    validation: ValidationSummary | None = None
-
-
-@dataclass(frozen=True)
-class ArtifactInfo:
-    name: ArtifactName
-    target: str
-    path: str
-    manifest_sha256: str
-    servable: bool
-    forced: bool
-    gpu_compute_capability: str | None
-    validation: ValidationSummary | None
-    created_at: datetime
-
-    @property
-    def precision(self) -> Precision:
-        return self.name.precision
-
-    @property
-    def backend(self) -> Backend:
-        return self.name.backend
-
-
-def target_for(compute_capability: str | None) -> str:
-    """``any`` for portable artifacts, ``sm<major><minor>`` for compiled engines."""
-    return ANY_TARGET if compute_capability is None else "sm" + compute_capability.replace(".", "")
+__all__ = ["Registry"]
 
 
 def _semver(version: SemVer | str) -> SemVer:
