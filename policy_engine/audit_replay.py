@@ -22,7 +22,7 @@ from graylane.policy_engine.logic.replay import Mismatch
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
 from graylane.policy_engine.logic.rollout_state import Decision
 from graylane.rollouts.errors import PolicyError
-from graylane.rollouts.vocabulary import ManualCommand
+from graylane.rollouts.pb import decision_rule_from_pb
 from graylane.v1 import audit_pb2
 
 __all__ = ["COMPARED_FIELDS", "Mismatch", "load_recorded", "replay_record", "verify"]
@@ -98,7 +98,10 @@ def replay_record(rec: audit_pb2.AuditRecord) -> Decision:
     if rec.kind == audit_pb2.DECISION_ROLLOUT_STARTED:
         return start(spec, at, epoch=before.epoch)
     if rec.kind == audit_pb2.DECISION_MANUAL_COMMAND:
-        command = ManualCommand(rec.rule.removeprefix("manual_"))
+        rule = decision_rule_from_pb(rec.rule)
+        command = rule.command if rule is not None else None
+        if command is None:
+            raise ValueError(f"manual decision with rule {rec.rule!r} names no command")
         return apply_command(before, spec, command, at, note=rec.note)
     stats = {s.version: convert.window_stats_from_pb(s) for s in rec.inputs}
     agreement = (

@@ -27,6 +27,9 @@ of inputs replays to the same decisions.
    next step is the final 100 % (there is no baseline left to compare at
    100 %, so reaching it is the promotion), or after an A/B hold.
 
+Steps 4 and 5 (what the gate verdicts lead to) are in
+:mod:`graylane.policy_engine.logic.rollout_verdicts`.
+
 A rollback or abort sends the candidate to 0 % in one routing intent; a
 promotion gives it 100 % and makes it the stable version.
 

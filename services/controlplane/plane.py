@@ -85,23 +85,32 @@ class ControlPlane:
         # One start at a time per process, so two starts cannot both pass the
         # "no active rollout" check.
         self.start_lock = asyncio.Lock()
+        # One publication at a time, so the outbox and a request never both
+        # publish the same command (each checks "sent" under the lock).
+        self._send_lock = asyncio.Lock()
 
     def principal(self, context: Context) -> Principal:
         found = self.tokens.principal_of(context.invocation_metadata())
         # The interceptor already refused calls without a valid token.
         return found if found is not None else Principal("unknown", Role.READ_ONLY)
 
-    async def send(self, command: rollout_pb2.RolloutCommand) -> None:
-        """Publish a stored command and mark it sent; failures leave it for :meth:`resend`."""
-        await self.bus.publish(command)
-        await asyncio.to_thread(self.store.mark_sent, command.command_id)
+    async def send(self, command: rollout_pb2.RolloutCommand) -> bool:
+        """Publish a stored command and mark it sent; False when it was sent already.
+
+        A failure leaves it for :meth:`resend_unsent`.
+        """
+        async with self._send_lock:
+            if await asyncio.to_thread(self.store.is_sent, command.command_id):
+                return False
+            await self.bus.publish(command)
+            await asyncio.to_thread(self.store.mark_sent, command.command_id)
+            return True
 
     async def resend_unsent(self) -> int:
         """Publish commands stored but never acknowledged (the outbox); returns how many."""
         sent = 0
         for command in await asyncio.to_thread(self.store.unsent_commands):
-            await self.send(command)
-            sent += 1
+            sent += await self.send(command)
         return sent
 
 

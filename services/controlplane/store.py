@@ -99,6 +99,12 @@ class ControlStore:
             if row is not None:
                 row.sent_at_ms = self._clock()
 
+    def is_sent(self, command_id: str) -> bool:
+        """Whether the broker acknowledged the command (False for an unknown id)."""
+        with self._sessions() as session:
+            row = session.get(CommandRow, command_id)
+            return row is not None and row.sent_at_ms is not None
+
     def unsent_commands(self) -> list[rollout_pb2.RolloutCommand]:
         """Commands stored but never acknowledged by the broker, oldest first."""
         with self._sessions() as session:
