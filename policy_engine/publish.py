@@ -29,8 +29,8 @@ from graylane.policy_engine.messages import (
     RoutingPublication,
 )
 from graylane.rollouts.errors import PolicyError
-from graylane.rollouts.pb import manual_command_from_pb
-from graylane.rollouts.vocabulary import DecisionRule
+from graylane.rollouts.pb import decision_kind_to_pb, manual_command_from_pb
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
 from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2
 
@@ -129,7 +129,7 @@ def _record(o: Output, layout: TopicLayout) -> Record:
             decided_at_unix_ms=o.at_ms,
             model=o.policy.model,
             version=o.policy.version,
-            kind=audit_pb2.DECISION_MANUAL_COMMAND,
+            kind=decision_kind_to_pb(DecisionKind.MANUAL),
             rule=DecisionRule.SET_QOS_POLICY,
             reason=f"QoS policy set: SLO p99 {o.policy.slo_p99_ms:g} ms, "
             f"ladder {' > '.join(o.policy.ladder)}",
@@ -145,7 +145,7 @@ def _record(o: Output, layout: TopicLayout) -> Record:
         decided_at_unix_ms=o.at_ms,
         model=cmd.model,
         rollout_id=cmd.rollout_id,
-        kind=audit_pb2.DECISION_MANUAL_COMMAND,
+        kind=decision_kind_to_pb(DecisionKind.MANUAL),
         rule=DecisionRule.COMMAND_REJECTED,
         reason=f"{cmd.kind.value}"
         f"{'/' + cmd.manual.value if cmd.manual else ''} rejected: {o.reason}",
