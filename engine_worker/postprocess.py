@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
-
 import numpy as np
 
 from graylane.engine.errors import InvalidInputError
+from graylane.postprocess import PostProcess
 
 __all__ = ["MEAN_POOL", "TOKEN_IDS", "TOPK_IDS", "TOPK_VALUES", "PostProcess", "post_process"]
 
@@ -18,15 +17,6 @@ TOPK_VALUES = "topk_values"
 """TOPK_LAST result: [rows, k] values matching ``topk_ids``."""
 MEAN_POOL = "mean_pool"
 """MEAN_POOL result: [rows, features], the mean over each row's real positions."""
-
-
-class PostProcess(Enum):
-    """What to return from the primary output instead of the raw tensors."""
-
-    NONE = "none"
-    ARGMAX_LAST = "argmax_last"
-    TOPK_LAST = "topk_last"
-    MEAN_POOL = "mean_pool"
 
 
 def post_process(

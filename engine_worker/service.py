@@ -24,10 +24,15 @@ from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from graylane import serde
+from graylane.clock import now_ms
 from graylane.engine.errors import EngineError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.batching import BucketPolicy, PlannedBatch
-from graylane.engine_worker.compute import BatchRun, run_batch, warm_up
+from graylane.engine_worker.compute import (
+    BatchRun,
+    run_batch,
+    warm_up,
+)
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.faults import InjectedFault, with_faults
 from graylane.engine_worker.intake import IntakeRules, decode, validate
@@ -45,7 +50,7 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
-from graylane.kafka.replies import Rejection, ReplySink, now_ms, reply_topic_rejection
+from graylane.kafka.replies import Rejection, ReplySink, reply_topic_rejection
 from graylane.kafka.seam import Producer
 from graylane.metrics import WorkerMetrics, serve_metrics
 from graylane.v1 import control_pb2, inference_pb2

@@ -23,11 +23,13 @@ from types import TracebackType
 import numpy as np
 
 from graylane import serde, tensors
+from graylane.clock import now_ms
 from graylane.errors import GraylaneError, SerdeError, require_started
 from graylane.kafka.options import ConsumerOptions
 from graylane.kafka.reading import FollowFrom, TopicFollower
-from graylane.kafka.replies import now_ms
 from graylane.kafka.seam import ClientFactory, Producer, Record, known_topics
+from graylane.postprocess import PostProcess as PostProcess
+from graylane.postprocess import post_process_to_pb
 from graylane.v1 import inference_pb2
 
 log = logging.getLogger(__name__)
@@ -36,13 +38,6 @@ log = logging.getLogger(__name__)
 class Task(Enum):
     FORWARD = inference_pb2.FORWARD
     GENERATE = inference_pb2.GENERATE
-
-
-class PostProcess(Enum):
-    NONE = inference_pb2.POST_PROCESS_NONE
-    ARGMAX_LAST = inference_pb2.ARGMAX_LAST
-    TOPK_LAST = inference_pb2.TOPK_LAST
-    MEAN_POOL = inference_pb2.MEAN_POOL
 
 
 class ClientError(GraylaneError):
@@ -236,7 +231,7 @@ class GraylaneClient:
                 eos_token_id=eos_token_id or 0,
                 has_eos=eos_token_id is not None,
             ),
-            post_process=post_process.value,
+            post_process=post_process_to_pb(post_process),
             top_k=top_k,
             deadline_unix_ms=int(created + deadline_s * 1000) if deadline_s else 0,
             reply_topic=reply_topic

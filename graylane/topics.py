@@ -21,11 +21,13 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
-_VERSION = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+from graylane.artifacts.naming import NamingError, validate_model_name, validate_version_name
+
+_REPLY_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
+"""The last segment of a reply or results topic (a client id or a model name)."""
 
 
-class TopicNameError(ValueError):
+class TopicNameError(NamingError):
     """A model or version name cannot be used in a topic name."""
 
 
@@ -103,17 +105,19 @@ class TopicSpec:
 
 
 def check_model_name(model: str) -> str:
-    if not _NAME.match(model):
-        raise TopicNameError(
-            f"model name {model!r} must be 1-100 letters, digits, '_' or '-' (no dots)"
-        )
-    return model
+    """The registry's rule (:func:`~graylane.artifacts.naming.validate_model_name`)."""
+    try:
+        return validate_model_name(model)
+    except NamingError as exc:
+        raise TopicNameError(str(exc)) from None
 
 
 def check_version_name(version: str) -> str:
-    if not _VERSION.match(version):
-        raise TopicNameError(f"version {version!r} must be 1-64 letters, digits, '.', '_' or '-'")
-    return version
+    """The registry's rule (:func:`~graylane.artifacts.naming.validate_version_name`)."""
+    try:
+        return validate_version_name(version)
+    except NamingError as exc:
+        raise TopicNameError(str(exc)) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,7 +181,7 @@ class TopicLayout:
         kind, dot, name = topic[len(head) :].partition(".")
         if kind not in ("reply", "results"):
             return ReplyTopicVerdict.NOT_A_REPLY_TOPIC
-        if not dot or not _NAME.match(name):
+        if not dot or not _REPLY_NAME.match(name):
             return ReplyTopicVerdict.MALFORMED
         if kind == "reply":
             return ReplyTopicVerdict.REPLY

@@ -19,23 +19,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
-import time
 from dataclasses import dataclass, field, replace
 
 import faust
 from aiokafka import TopicPartition
 
 from graylane import serde
+from graylane.clock import Clock, now_ms
 from graylane.errors import SerdeError
 from graylane.kafka.admin import ensure_topics, read_latest_per_key, wait_for_assignment
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 from graylane.policy_engine import convert
-from graylane.policy_engine.core import CommandRejected, Output, PolicyCore
+from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.faust_settings import broker_settings
-from graylane.policy_engine.logic.errors import PolicyError
-from graylane.policy_engine.logic.qos import QosPolicy
 from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
+from graylane.policy_engine.messages import CommandRejected, Output
 from graylane.policy_engine.publish import command_from_pb, records_of, shadow_output_of
+from graylane.rollouts.errors import PolicyError
+from graylane.rollouts.qos_policy import QosPolicy
 from graylane.settings import Settings
 from graylane.v1 import control_pb2, inference_pb2, rollout_pb2, telemetry_pb2
 
@@ -49,10 +50,7 @@ class PolicyConfig:
     window_ms: int = DEFAULT_WINDOW_MS
     step_ms: int = DEFAULT_STEP_MS
     models: tuple[str, ...] = field(default_factory=tuple)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
+    clock: Clock = now_ms
 
 
 async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
@@ -125,7 +123,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     async def on_commands(stream: faust.StreamT[bytes]) -> None:
         await restored.wait()
         async for value in stream:
-            at = now_ms()
+            at = config.clock()
             try:
                 pb = serde.decode(rollout_pb2.RolloutCommand, value)
             except Exception as exc:
@@ -147,7 +145,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
                 except Exception as exc:
                     log.warning("undecodable shadow result skipped: %s", exc)
                     continue
-                core.on_shadow_result(_model, shadow_output_of(result, now_ms()))
+                core.on_shadow_result(_model, shadow_output_of(result, config.clock()))
 
         app.agent(topic, name=f"shadow-{config.models[i]}")(on_shadow)
 
@@ -156,7 +154,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         if not restored.is_set():
             return
         try:
-            outputs = core.tick(now_ms())
+            outputs = core.tick(config.clock())
         except PolicyError:
             log.exception("a decision failed; the rollout keeps its state")
             return

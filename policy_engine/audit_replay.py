@@ -16,26 +16,17 @@ from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import ClientFactory
 from graylane.policy_engine import convert
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.errors import PolicyError
 from graylane.policy_engine.logic.replay import Mismatch
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
-from graylane.policy_engine.logic.rollout_state import Decision, ManualCommand
+from graylane.policy_engine.logic.rollout_state import Decision
+from graylane.rollouts.errors import PolicyError
+from graylane.rollouts.pb import decision_kind_from_pb, decision_rule_from_pb
+from graylane.rollouts.vocabulary import DecisionKind
 from graylane.v1 import audit_pb2
 
 __all__ = ["COMPARED_FIELDS", "Mismatch", "load_recorded", "replay_record", "verify"]
 
 COMPARED_FIELDS = ("decision_id", "kind", "rule", "reason", "rollout_after", "epoch")
-_ROLLOUT_KINDS = frozenset(
-    {
-        audit_pb2.DECISION_ROLLOUT_STARTED,
-        audit_pb2.DECISION_ADVANCE,
-        audit_pb2.DECISION_HOLD,
-        audit_pb2.DECISION_GATE_FAILED,
-        audit_pb2.DECISION_ROLLBACK,
-        audit_pb2.DECISION_PROMOTE,
-        audit_pb2.DECISION_MANUAL_COMMAND,
-    }
-)
 
 
 async def load_recorded(
@@ -64,7 +55,7 @@ async def load_recorded(
 
 def _is_rollout_decision(rec: audit_pb2.AuditRecord) -> bool:
     return (
-        rec.kind in _ROLLOUT_KINDS
+        decision_kind_from_pb(rec.kind) is not None
         and rec.HasField("rollout_before")
         and rec.HasField("rollout_after")
     )
@@ -74,10 +65,14 @@ def replay_record(rec: audit_pb2.AuditRecord) -> Decision:
     """The decision the controllers make today from the record's inputs."""
     before, spec = convert.rollout_state_from_pb(rec.rollout_before)
     at = rec.decided_at_unix_ms
-    if rec.kind == audit_pb2.DECISION_ROLLOUT_STARTED:
+    kind = decision_kind_from_pb(rec.kind)
+    if kind is DecisionKind.STARTED:
         return start(spec, at, epoch=before.epoch)
-    if rec.kind == audit_pb2.DECISION_MANUAL_COMMAND:
-        command = ManualCommand(rec.rule.removeprefix("manual_"))
+    if kind is DecisionKind.MANUAL:
+        rule = decision_rule_from_pb(rec.rule)
+        command = rule.command if rule is not None else None
+        if command is None:
+            raise ValueError(f"manual decision with rule {rec.rule!r} names no command")
         return apply_command(before, spec, command, at, note=rec.note)
     stats = {s.version: convert.window_stats_from_pb(s) for s in rec.inputs}
     agreement = (

@@ -1,17 +1,13 @@
 """Protobuf (``graylane.v1``) <-> the policy logic's dataclasses: the adapter edge.
 
-Conventions:
+The vocabulary, specs and QoS policies map in :mod:`graylane.rollouts.pb`
+(re-exported here for the engine's adapters). Conventions:
 
-- proto3 cannot tell an unset scalar from zero. In specs and policies a zero
-  in a field whose dataclass default is non-zero means *unset* and takes the
-  default (an empty step list takes the default steps, an unspecified
-  strategy is CANARY). Step fields are taken as they are.
 - Timestamps of "not since" (``breach_since``, ``calm_since``) travel as 0.
 - Fields the wire contract has no room for are lost on the way out and come
   back at a conservative value: see :func:`rollout_state_from_pb`,
   :func:`qos_state_from_pb` (load ceilings), :func:`window_stats_to_pb`
-  (``lag``), :func:`rollout_spec_to_pb` (``Gates.p99_floor_ms``) and
-  :func:`qos_policy_to_pb` (``up_load_fraction``, ``ceiling_ttl_s``).
+  (``lag``); for specs and policies see :mod:`graylane.rollouts.pb`.
 """
 
 from __future__ import annotations
@@ -19,24 +15,21 @@ from __future__ import annotations
 import hashlib
 
 from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
-from graylane.policy_engine.logic.qos import QosDecision, QosPolicy, QosState
-from graylane.policy_engine.logic.rollout_spec import (
-    DEFAULT_STEPS,
-    Gates,
-    RolloutSpec,
-    Step,
-    Strategy,
-)
-from graylane.policy_engine.logic.rollout_state import (
-    Decision,
-    DecisionKind,
-    ManualCommand,
-    Phase,
-    RolloutState,
-    StepEvidence,
-)
+from graylane.policy_engine.logic.qos import QosDecision, QosState
+from graylane.policy_engine.logic.rollout_state import Decision, RolloutState, StepEvidence
 from graylane.policy_engine.logic.routing_plan import RoutingPlan, route_table_for
 from graylane.policy_engine.logic.window import TelemetrySample, WindowStats
+from graylane.rollouts.pb import (
+    decision_kind_to_pb,
+    phase_from_pb,
+    phase_to_pb,
+    qos_policy_from_pb,
+    qos_policy_to_pb,
+    rollout_spec_from_pb,
+    rollout_spec_to_pb,
+)
+from graylane.rollouts.spec import RolloutSpec
+from graylane.rollouts.vocabulary import Phase
 from graylane.routing.convert import table_to_pb
 from graylane.v1 import audit_pb2, control_pb2, rollout_pb2, telemetry_pb2
 
@@ -45,7 +38,6 @@ __all__ = [
     "decision_to_audit",
     "histogram_from_pb",
     "histogram_to_pb",
-    "manual_command_from_pb",
     "precision_command_of",
     "qos_decision_to_audit",
     "qos_policy_from_pb",
@@ -61,10 +53,6 @@ __all__ = [
     "window_stats_from_pb",
     "window_stats_to_pb",
 ]
-
-
-def _or(value: float, default: float) -> float:
-    return value if value else default
 
 
 # -- histograms and telemetry ---------------------------------------------------
@@ -137,88 +125,7 @@ def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
     )
 
 
-# -- rollout spec and state -----------------------------------------------------
-
-_STRATEGY_TO_PB = {
-    Strategy.CANARY: rollout_pb2.CANARY,
-    Strategy.SHADOW_THEN_CANARY: rollout_pb2.SHADOW_THEN_CANARY,
-    Strategy.AB_SPLIT: rollout_pb2.AB_SPLIT,
-}
-_STRATEGY_FROM_PB = {v: k for k, v in _STRATEGY_TO_PB.items()}
-
-_PHASE_TO_PB = {
-    Phase.PENDING: rollout_pb2.PENDING,
-    Phase.SHADOWING: rollout_pb2.SHADOWING,
-    Phase.PROGRESSING: rollout_pb2.PROGRESSING,
-    Phase.AB_HOLDING: rollout_pb2.AB_HOLDING,
-    Phase.PAUSED: rollout_pb2.PAUSED,
-    Phase.PROMOTED: rollout_pb2.PROMOTED,
-    Phase.ROLLED_BACK: rollout_pb2.ROLLED_BACK,
-    Phase.ABORTED: rollout_pb2.ABORTED,
-}
-_PHASE_FROM_PB = {v: k for k, v in _PHASE_TO_PB.items()}
-
-
-def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
-    """``gates.p99_floor_ms`` has no field on the wire and is dropped."""
-    g = spec.gates
-    return rollout_pb2.RolloutSpec(
-        rollout_id=spec.rollout_id,
-        model=spec.model,
-        baseline_version=spec.baseline,
-        candidate_version=spec.candidate,
-        strategy=_STRATEGY_TO_PB[spec.strategy],
-        steps=[
-            rollout_pb2.RolloutStep(
-                weight_percent=s.weight_percent,
-                min_samples=s.min_samples,
-                min_dwell_s=s.min_dwell_s,
-            )
-            for s in spec.steps
-        ],
-        gates=rollout_pb2.GateSpec(
-            max_p99_ratio=g.max_p99_ratio,
-            max_error_rate_delta=g.max_error_rate_delta,
-            significance_alpha=g.alpha,
-            min_output_agreement=g.min_output_agreement,
-        ),
-        failures_to_rollback=spec.failures_to_rollback,
-        shadow_share=spec.shadow_share,
-        shadow_duration_s=spec.shadow_duration_s,
-        ab_weight_percent=spec.ab_weight_percent,
-        ab_duration_s=spec.ab_duration_s,
-        created_at_unix_ms=spec.created_at_ms,
-        created_by=spec.created_by,
-    )
-
-
-def rollout_spec_from_pb(pb: rollout_pb2.RolloutSpec) -> RolloutSpec:
-    """Raises :class:`~graylane.policy_engine.logic.errors.InvalidSpec` for a broken spec."""
-    d = RolloutSpec(rollout_id="-", model="-", baseline="-a", candidate="-b")
-    dg = d.gates
-    gates = Gates(
-        max_p99_ratio=_or(pb.gates.max_p99_ratio, dg.max_p99_ratio),
-        max_error_rate_delta=_or(pb.gates.max_error_rate_delta, dg.max_error_rate_delta),
-        alpha=_or(pb.gates.significance_alpha, dg.alpha),
-        min_output_agreement=_or(pb.gates.min_output_agreement, dg.min_output_agreement),
-    )
-    steps = tuple(Step(s.weight_percent, s.min_samples, s.min_dwell_s) for s in pb.steps)
-    return RolloutSpec(
-        rollout_id=pb.rollout_id,
-        model=pb.model,
-        baseline=pb.baseline_version,
-        candidate=pb.candidate_version,
-        strategy=_STRATEGY_FROM_PB.get(pb.strategy, Strategy.CANARY),
-        steps=steps or DEFAULT_STEPS,
-        gates=gates,
-        failures_to_rollback=int(_or(pb.failures_to_rollback, d.failures_to_rollback)),
-        shadow_share=_or(pb.shadow_share, d.shadow_share),
-        shadow_duration_s=_or(pb.shadow_duration_s, d.shadow_duration_s),
-        ab_weight_percent=_or(pb.ab_weight_percent, d.ab_weight_percent),
-        ab_duration_s=_or(pb.ab_duration_s, d.ab_duration_s),
-        created_at_ms=pb.created_at_unix_ms,
-        created_by=pb.created_by,
-    )
+# -- rollout state -----------------------------------------------------
 
 
 def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.RolloutState:
@@ -239,16 +146,14 @@ def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.R
         ),
         rollout_id=state.rollout_id,
         model=state.model,
-        phase=_PHASE_TO_PB[state.phase],
+        phase=phase_to_pb(state.phase),
         step_index=state.step_index,
         candidate_weight_percent=state.candidate_weight_percent,
         phase_started_at_unix_ms=state.phase_started_ms,
         consecutive_failures=state.consecutive_failures,
         updated_at_unix_ms=state.updated_ms,
         last_reason=state.last_reason,
-        paused_from=_PHASE_TO_PB[state.paused_from]
-        if state.paused_from
-        else rollout_pb2.ROLLOUT_PHASE_UNSPECIFIED,
+        paused_from=phase_to_pb(state.paused_from),
         spec=rollout_spec_to_pb(spec),
     )
 
@@ -266,11 +171,11 @@ def rollout_state_from_pb(
     is the caller's (the model's routing table holds it). The shadow share is
     then the spec's while shadowing (also when paused from it).
     """
-    if pb.phase not in _PHASE_FROM_PB:
+    phase = phase_from_pb(pb.phase)
+    if phase is None:
         raise ValueError(f"rollout {pb.rollout_id!r} has no phase")
     spec = rollout_spec_from_pb(pb.spec)
-    phase = _PHASE_FROM_PB[pb.phase]
-    paused_from = _PHASE_FROM_PB.get(pb.paused_from)
+    paused_from = phase_from_pb(pb.paused_from)
     shadowing = Phase.SHADOWING in (phase, paused_from)
     ev = pb.evidence
     state = RolloutState(
@@ -302,58 +207,6 @@ def rollout_state_from_pb(
         ),
     )
     return state, spec
-
-
-_COMMAND_FROM_PB = {
-    rollout_pb2.COMMAND_PAUSE: ManualCommand.PAUSE,
-    rollout_pb2.COMMAND_RESUME: ManualCommand.RESUME,
-    rollout_pb2.COMMAND_PROMOTE: ManualCommand.PROMOTE,
-    rollout_pb2.COMMAND_ROLLBACK: ManualCommand.ROLLBACK,
-    rollout_pb2.COMMAND_ABORT: ManualCommand.ABORT,
-}
-
-
-def manual_command_from_pb(pb: rollout_pb2.RolloutCommand) -> ManualCommand | None:
-    """The manual command of ``pb``; None for START, SET_QOS_POLICY and unknown kinds."""
-    return _COMMAND_FROM_PB.get(pb.kind)
-
-
-# -- QoS ------------------------------------------------------------------------
-
-
-def qos_policy_to_pb(p: QosPolicy) -> rollout_pb2.QosPolicy:
-    """``up_load_fraction`` and ``ceiling_ttl_s`` have no field on the wire."""
-    return rollout_pb2.QosPolicy(
-        model=p.model,
-        version=p.version,
-        slo_p99_ms=p.slo_p99_ms,
-        ladder=list(p.ladder),
-        quality_floor=p.quality_floor,
-        step_down_margin=p.step_down_margin,
-        step_up_ratio=p.step_up_ratio,
-        sustain_s=p.sustain_s,
-        min_dwell_s=p.min_dwell_s,
-        max_queue_wait_ms=p.max_queue_wait_ms,
-        enabled=p.enabled,
-    )
-
-
-def qos_policy_from_pb(pb: rollout_pb2.QosPolicy) -> QosPolicy:
-    """Raises :class:`~graylane.policy_engine.logic.errors.InvalidPolicy` for a broken policy."""
-    d = QosPolicy(model="-", version="-", slo_p99_ms=1.0, ladder=("-",))
-    return QosPolicy(
-        model=pb.model,
-        version=pb.version,
-        slo_p99_ms=pb.slo_p99_ms,
-        ladder=tuple(pb.ladder),
-        quality_floor=pb.quality_floor,
-        step_down_margin=_or(pb.step_down_margin, d.step_down_margin),
-        step_up_ratio=_or(pb.step_up_ratio, d.step_up_ratio),
-        max_queue_wait_ms=pb.max_queue_wait_ms,
-        sustain_s=_or(pb.sustain_s, d.sustain_s),
-        min_dwell_s=_or(pb.min_dwell_s, d.min_dwell_s),
-        enabled=pb.enabled,
-    )
 
 
 def qos_state_to_pb(s: QosState) -> audit_pb2.QosState:
@@ -407,16 +260,6 @@ def routing_table_of(
 
 # -- audit ----------------------------------------------------------------------
 
-_KIND_TO_PB = {
-    DecisionKind.STARTED: audit_pb2.DECISION_ROLLOUT_STARTED,
-    DecisionKind.ADVANCE: audit_pb2.DECISION_ADVANCE,
-    DecisionKind.HOLD: audit_pb2.DECISION_HOLD,
-    DecisionKind.GATE_FAILED: audit_pb2.DECISION_GATE_FAILED,
-    DecisionKind.ROLLBACK: audit_pb2.DECISION_ROLLBACK,
-    DecisionKind.PROMOTE: audit_pb2.DECISION_PROMOTE,
-    DecisionKind.MANUAL: audit_pb2.DECISION_MANUAL_COMMAND,
-}
-
 
 def _digest(*parts: object) -> str:
     return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:24]
@@ -460,7 +303,7 @@ def decision_to_audit(
         model=spec.model,
         rollout_id=spec.rollout_id,
         version=spec.candidate,
-        kind=_KIND_TO_PB[decision.kind],
+        kind=decision_kind_to_pb(decision.kind),
         rule=decision.rule,
         reason=decision.reason,
         inputs=[window_stats_to_pb(s) for s in decision.inputs],

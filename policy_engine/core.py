@@ -5,7 +5,8 @@ the QoS policies and states per (model, version), the shadow agreement
 trackers and the epochs of the records it writes. The streaming adapter
 (``graylane.policy_engine.app``) feeds it decoded inputs and publishes the
 :data:`Output` items it returns, converting them to the wire at the edge
-(``graylane.policy_engine.publish``).
+(``graylane.policy_engine.publish``); both kinds are in
+:mod:`graylane.policy_engine.messages`.
 
 Choices worth knowing:
 
@@ -35,29 +36,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from enum import Enum
 
 from graylane.policy_engine.logic.agreement import AgreementTracker, ShadowOutput
-from graylane.policy_engine.logic.errors import PolicyError
 from graylane.policy_engine.logic.qos import (
-    QosDecision,
     QosDecisionKind,
-    QosPolicy,
     QosState,
     evaluate_qos,
     initial_qos_state,
     qos_during_rollout,
 )
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
-from graylane.policy_engine.logic.rollout_spec import RolloutSpec
-from graylane.policy_engine.logic.rollout_state import (
-    Decision,
-    DecisionKind,
-    ManualCommand,
-    Phase,
-    RolloutState,
-)
-from graylane.policy_engine.logic.routing_plan import RoutingPlan, plan_for
+from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
+from graylane.policy_engine.logic.routing_plan import plan_for
 from graylane.policy_engine.logic.window import (
     DEFAULT_STEP_MS,
     DEFAULT_WINDOW_MS,
@@ -66,125 +56,33 @@ from graylane.policy_engine.logic.window import (
     TelemetrySample,
     WindowKey,
 )
+from graylane.policy_engine.messages import (
+    Command,
+    CommandKind,
+    CommandRejected,
+    Output,
+    PrecisionPublication,
+    QosAudit,
+    QosPolicySet,
+    RolloutAudit,
+    RolloutPublication,
+    RoutingPublication,
+)
+from graylane.rollouts.errors import PolicyError
+from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.spec import RolloutSpec
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
 
-__all__ = [
-    "Command",
-    "CommandKind",
-    "CommandRejected",
-    "Output",
-    "PolicyCore",
-    "PrecisionPublication",
-    "QosAudit",
-    "QosPolicySet",
-    "RolloutAudit",
-    "RolloutPublication",
-    "RoutingPublication",
-]
+__all__ = ["PolicyCore"]
 
 log = logging.getLogger(__name__)
-
-
-class CommandKind(Enum):
-    START = "start"
-    MANUAL = "manual"
-    SET_QOS_POLICY = "set_qos_policy"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Command:
-    """One operator intent, decoded from the commands topic."""
-
-    kind: CommandKind
-    model: str
-    command_id: str = ""
-    rollout_id: str = ""
-    spec: RolloutSpec | None = None
-    manual: ManualCommand | None = None
-    qos_policy: QosPolicy | None = None
-    issued_by: str = ""
-    note: str = ""
-
-
-# -- outputs ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class RoutingPublication:
-    """A new routing table for ``plan.model`` (key = model)."""
-
-    plan: RoutingPlan
-    reason: str
-    at_ms: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class PrecisionPublication:
-    """The variant a model version must run (key = model/version)."""
-
-    decision: QosDecision
-    epoch: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class RolloutPublication:
-    """The rollout's latest state (compacted, key = rollout_id)."""
-
-    state: RolloutState
-    spec: RolloutSpec
-
-
-@dataclass(frozen=True, kw_only=True)
-class RolloutAudit:
-    decision: Decision
-    spec: RolloutSpec
-    command_id: str = ""
-    actor: str = "policy-engine"
-
-
-@dataclass(frozen=True, kw_only=True)
-class QosAudit:
-    decision: QosDecision
-    epoch: int
-    rollout_id: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class QosPolicySet:
-    """A QoS policy took effect (audited as a manual command)."""
-
-    policy: QosPolicy
-    before: QosState | None
-    after: QosState
-    at_ms: int
-    command_id: str = ""
-    actor: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class CommandRejected:
-    """A command that changed nothing, and why (audited)."""
-
-    command: Command
-    reason: str
-    at_ms: int
-
-
-Output = (
-    RoutingPublication
-    | PrecisionPublication
-    | RolloutPublication
-    | RolloutAudit
-    | QosAudit
-    | QosPolicySet
-    | CommandRejected
-)
 
 
 @dataclass
 class _Active:
     state: RolloutState
     spec: RolloutSpec
-    last_rule: str = ""
+    last_rule: DecisionRule | None = None
 
 
 def _significant(before: RolloutState, after: RolloutState) -> bool:
@@ -203,7 +101,7 @@ class PolicyCore:
         self.finished: dict[str, RolloutState] = {}  # by rollout id
         self.qos_policies: dict[tuple[str, str], QosPolicy] = {}
         self.qos_states: dict[tuple[str, str], QosState] = {}
-        self._qos_last_rule: dict[tuple[str, str], str] = {}
+        self._qos_last_rule: dict[tuple[str, str], DecisionRule] = {}
         self.trackers: dict[str, AgreementTracker] = {}  # by model
         self.routing_epochs: dict[str, int] = {}
         self.precision_epochs: dict[tuple[str, str], int] = {}
@@ -245,7 +143,7 @@ class PolicyCore:
                 self.finished[state.rollout_id] = state
                 continue
             self.note_routing_epoch(state.model, state.epoch)
-            self.rollouts[state.model] = _Active(state, spec, "")
+            self.rollouts[state.model] = _Active(state, spec)
             self._track(spec)
         for policy in qos_policies:
             self._set_policy(policy)

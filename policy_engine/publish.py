@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 from graylane import serde
 from graylane.policy_engine import convert
-from graylane.policy_engine.core import (
+from graylane.policy_engine.logic.agreement import ShadowOutput
+from graylane.policy_engine.messages import (
     Command,
     CommandKind,
     CommandRejected,
@@ -27,22 +28,18 @@ from graylane.policy_engine.core import (
     RolloutPublication,
     RoutingPublication,
 )
-from graylane.policy_engine.logic.agreement import ShadowOutput
-from graylane.policy_engine.logic.errors import PolicyError
+from graylane.rollouts.errors import PolicyError
+from graylane.rollouts.pb import decision_kind_to_pb, manual_command_from_pb
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
 from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2
 
 __all__ = [
-    "RULE_COMMAND_REJECTED",
-    "RULE_SET_QOS_POLICY",
     "Record",
     "command_from_pb",
     "records_of",
     "shadow_output_of",
 ]
-
-RULE_COMMAND_REJECTED = "command_rejected"
-RULE_SET_QOS_POLICY = "set_qos_policy"
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,7 @@ def command_from_pb(pb: rollout_pb2.RolloutCommand) -> Command | CommandRejected
             return replace(base, kind=CommandKind.SET_QOS_POLICY, qos_policy=policy)
     except PolicyError as exc:
         return CommandRejected(command=base, reason=str(exc), at_ms=pb.issued_at_unix_ms)
-    manual = convert.manual_command_from_pb(pb)
+    manual = manual_command_from_pb(pb.kind)
     command = replace(base, manual=manual)
     if manual is None:
         return CommandRejected(
@@ -132,8 +129,8 @@ def _record(o: Output, layout: TopicLayout) -> Record:
             decided_at_unix_ms=o.at_ms,
             model=o.policy.model,
             version=o.policy.version,
-            kind=audit_pb2.DECISION_MANUAL_COMMAND,
-            rule=RULE_SET_QOS_POLICY,
+            kind=decision_kind_to_pb(DecisionKind.MANUAL),
+            rule=DecisionRule.SET_QOS_POLICY,
             reason=f"QoS policy set: SLO p99 {o.policy.slo_p99_ms:g} ms, "
             f"ladder {' > '.join(o.policy.ladder)}",
             qos_before=convert.qos_state_to_pb(o.before) if o.before else None,
@@ -148,8 +145,8 @@ def _record(o: Output, layout: TopicLayout) -> Record:
         decided_at_unix_ms=o.at_ms,
         model=cmd.model,
         rollout_id=cmd.rollout_id,
-        kind=audit_pb2.DECISION_MANUAL_COMMAND,
-        rule=RULE_COMMAND_REJECTED,
+        kind=decision_kind_to_pb(DecisionKind.MANUAL),
+        rule=DecisionRule.COMMAND_REJECTED,
         reason=f"{cmd.kind.value}"
         f"{'/' + cmd.manual.value if cmd.manual else ''} rejected: {o.reason}",
         actor=cmd.issued_by or "control-plane",

@@ -14,6 +14,7 @@ from graylane import serde
 from graylane.app.cli.demo import Service, start_service, stop_services
 from graylane.app.demo.monitor import Monitor
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
+from graylane.clock import now_ms
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.factory import KafkaFactory
@@ -44,7 +45,7 @@ class BenchStack:
     async def command(self, command: rollout_pb2.RolloutCommand) -> None:
         command.command_id = command.command_id or uuid.uuid4().hex
         command.model = self.model
-        command.issued_at_unix_ms = int(time.time() * 1000)
+        command.issued_at_unix_ms = now_ms()
         command.issued_by = "graylane bench"
         producer = self.factory.producer()
         await producer.start()

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from graylane.app.bench.harness import BenchStack, WorkerSpec, bench_stack
+from graylane.rollouts.pb import phase_from_pb
+from graylane.rollouts.vocabulary import Phase
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import rollout_pb2
 
@@ -73,9 +75,10 @@ async def start(
     )
 
 
-def phase(stack: BenchStack, rollout_id: str) -> int:
+def phase(stack: BenchStack, rollout_id: str) -> Phase | None:
+    """The rollout's last seen phase; None before the first state arrives."""
     state = stack.monitor.rollouts.get(rollout_id)
-    return state.phase if state else rollout_pb2.ROLLOUT_PHASE_UNSPECIFIED
+    return phase_from_pb(state.phase) if state else None
 
 
 async def detect(
@@ -97,7 +100,7 @@ async def detect(
         "detect_s": round(detected - onset, 2) if rolled_back else float("nan"),
         "rolled_back": float(rolled_back),
         "bad_served": float(served),
-        "phase_rolled_back": float(phase(stack, rollout_id) == rollout_pb2.ROLLED_BACK),
+        "phase_rolled_back": float(phase(stack, rollout_id) is Phase.ROLLED_BACK),
     }
 
 
@@ -185,26 +188,21 @@ async def scenario_healthy(
             t0 = time.monotonic()
             await start(stack, rollout_id, baseline, candidate, HEALTHY_STEPS)
             finished = await stack.wait_for(
-                lambda rid=rollout_id: (
-                    phase(stack, rid)
-                    in (  # type: ignore[misc]
-                        rollout_pb2.PROMOTED,
-                        rollout_pb2.ROLLED_BACK,
-                        rollout_pb2.ABORTED,
-                    )
+                lambda rid=rollout_id: (  # type: ignore[misc]
+                    (p := phase(stack, rid)) is not None and p.finished
                 ),
                 cfg.timeout_s,
             )
             outcome = phase(stack, rollout_id)
             durations.append(time.monotonic() - t0)
-            if outcome == rollout_pb2.ROLLED_BACK:
+            if outcome is Phase.ROLLED_BACK:
                 false_rollbacks += 1
-            elif outcome == rollout_pb2.PROMOTED:
+            elif outcome is Phase.PROMOTED:
                 promoted += 1
                 baseline, candidate = candidate, baseline
             progress(
                 f"    healthy run {run + 1}/{cfg.runs}: "
-                f"{rollout_pb2.RolloutPhase.Name(outcome) if finished else 'TIMEOUT'} "
+                f"{outcome.name if finished and outcome else 'TIMEOUT'} "
                 f"in {durations[-1]:.0f} s"
             )
             await asyncio.sleep(2)

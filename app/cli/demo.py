@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from graylane.clock import now_ms
 from graylane.settings import REPO_ROOT, Settings
 
 MODEL = "demo-gpt"
@@ -243,7 +244,7 @@ def _story(args: argparse.Namespace) -> int:
             rate=args.rate, slo_p99_ms=args.slo_p99_ms, report=REPO_ROOT / ".local" / "report.png"
         )
         story = Story(settings, cfg, step)
-        t0_ms = int(time.time() * 1000)
+        t0_ms = now_ms()
         step(f"steady load of {args.rate:.0f} req/s; the live view follows")
         records = asyncio.run(story.run())
         from rich.console import Console

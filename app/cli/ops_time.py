@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
-import time
 from datetime import UTC, datetime
+
+from graylane.clock import now_ms as clock_now_ms
 
 __all__ = ["parse_time"]
 
@@ -17,7 +18,7 @@ def parse_time(text: str, now_ms: int | None = None) -> int:
     text = text.strip()
     if not text:
         return 0
-    now = int(time.time() * 1000) if now_ms is None else now_ms
+    now = clock_now_ms() if now_ms is None else now_ms
     ago = _AGO.match(text)
     if ago:
         return now - int(float(ago.group(1)) * _UNIT_S[ago.group(2)] * 1000)

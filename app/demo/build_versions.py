@@ -7,7 +7,7 @@ from pathlib import Path
 
 from graylane.builder.build import run_build
 from graylane.builder.spec import parse_spec
-from graylane.registry import UnknownModel, UnknownVersion, open_registry
+from graylane.registry import ModelNotRegistered, UnknownVersion, open_registry
 from graylane.settings import Settings
 
 
@@ -27,7 +27,7 @@ def build_versions(
             if registry.list_artifacts(model, version):
                 progress(f"    {model} {version}: already built")
                 continue
-        except (UnknownModel, UnknownVersion):
+        except (ModelNotRegistered, UnknownVersion):
             pass
         spec = parse_spec(
             {

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from graylane import serde
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess, Result, Task
+from graylane.clock import now_ms
 from graylane.kafka.factory import KafkaFactory
 from graylane.routing import RoutingRule, table_for_weights
 from graylane.routing.convert import table_to_pb
@@ -36,7 +37,7 @@ async def publish_table(factory: KafkaFactory, model: str, candidate_percent: fl
         stable_version="v1",
         weights=[("v2", candidate_percent)],
         rules=[RoutingRule("probe", (PROBE_TAG,), "v2")],
-        epoch=int(time.time() * 1000),
+        epoch=now_ms(),
         reason="demo split",
     )
     producer = factory.producer()

@@ -19,8 +19,11 @@ from rich.table import Table
 from graylane import serde
 from graylane.app.demo.monitor import Monitor
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
+from graylane.clock import now_ms
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.factory import KafkaFactory
+from graylane.rollouts.pb import phase_from_pb
+from graylane.rollouts.vocabulary import Phase
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, rollout_pb2
 
@@ -55,7 +58,7 @@ def demo_rollout_spec(rollout_id: str, baseline: str, candidate: str) -> rollout
             max_p99_ratio=2.0, max_error_rate_delta=0.05, significance_alpha=0.01
         ),
         failures_to_rollback=2,
-        created_at_unix_ms=int(time.time() * 1000),
+        created_at_unix_ms=now_ms(),
         created_by="graylane demo",
     )
 
@@ -90,7 +93,7 @@ class Story:
         command.command_id = uuid.uuid4().hex
         command.model = MODEL
         command.issued_by = "graylane demo"
-        command.issued_at_unix_ms = int(time.time() * 1000)
+        command.issued_at_unix_ms = now_ms()
         producer = self.factory.producer()
         await producer.start()
         try:
@@ -143,9 +146,9 @@ class Story:
         self.monitor.event(what)
         return True
 
-    def _phase_of(self, rollout_id: str) -> int:
+    def _phase_of(self, rollout_id: str) -> Phase | None:
         state = self.monitor.rollouts.get(rollout_id)
-        return state.phase if state is not None else rollout_pb2.ROLLOUT_PHASE_UNSPECIFIED
+        return phase_from_pb(state.phase) if state is not None else None
 
     async def run(self) -> list[audit_pb2.AuditRecord]:
         followers = [
@@ -218,15 +221,13 @@ class Story:
         await asyncio.sleep(6)  # a baseline before anything changes
         title[0] = f"canary {STABLE} -> {HEALTHY} (healthy)"
         healthy = await self._canary(STABLE, HEALTHY, "a")
-        await self._wait(
-            lambda: self._phase_of(healthy) == rollout_pb2.PROMOTED, f"{HEALTHY} promoted"
-        )
+        await self._wait(lambda: self._phase_of(healthy) is Phase.PROMOTED, f"{HEALTHY} promoted")
         await asyncio.sleep(4)
 
         title[0] = f"canary {HEALTHY} -> {BAD} (slow and failing)"
         bad = await self._canary(HEALTHY, BAD, "b")
         await self._wait(
-            lambda: self._phase_of(bad) == rollout_pb2.ROLLED_BACK,
+            lambda: self._phase_of(bad) is Phase.ROLLED_BACK,
             f"{BAD} rolled back automatically",
         )
         await asyncio.sleep(4)

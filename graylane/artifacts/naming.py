@@ -6,6 +6,11 @@ dashes, so a name is parsed from the right: the backend is one of a closed set
 (``onnxruntime``, ``tensorrt``) immediately followed by its version, the precision is
 one of a closed set, and the strategy has no dash.
 
+Model and version names must also fit the topic layout
+(``<p>.requests.<model>.<version>``, split on dots), so :func:`validate_model_name`
+and :func:`validate_version_name` are the one rule for the registry, artifact
+names and :mod:`graylane.topics`.
+
 Pure module: no I/O, checked with ``mypy --strict``.
 """
 
@@ -16,6 +21,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 __all__ = [
+    "MODEL_NAME_MAX",
+    "VERSION_NAME_MAX",
     "ArtifactName",
     "Backend",
     "NamingError",
@@ -26,6 +33,7 @@ __all__ = [
     "parse_semver",
     "validate_model_name",
     "validate_strategy",
+    "validate_version_name",
 ]
 
 
@@ -49,7 +57,12 @@ class Precision(Enum):
     INT8_DYNAMIC = "int8-dynamic"
 
 
-_MODEL_RE = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*")
+MODEL_NAME_MAX = 100
+VERSION_NAME_MAX = 64
+# No dots in a model: topic names put the version after the model, dot-separated.
+_MODEL_RE = re.compile(r"[a-z0-9]+(?:[_-][a-z0-9]+)*")
+# What Kafka allows in a topic name (no '+': semver build metadata cannot name a topic).
+_VERSION_NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 _STRATEGY_RE = re.compile(r"[a-z0-9]+(?:[._][a-z0-9]+)*")
 _BACKEND_VERSION_RE = re.compile(r"[0-9]+(?:\.[0-9]+)*")
 _IDENT = r"(?:0|[1-9][0-9]*|[0-9]*[A-Za-z-][0-9A-Za-z-]*)"
@@ -139,13 +152,28 @@ def parse_semver(text: str) -> SemVer:
 
 
 def validate_model_name(model: str) -> str:
-    """Return ``model`` if it is lowercase words joined by single ``-``, ``_`` or ``.``."""
-    if not _MODEL_RE.fullmatch(model):
+    """Return ``model`` if it is lowercase words joined by single ``-`` or ``_``.
+
+    At most :data:`MODEL_NAME_MAX` characters and no dots, so every registered
+    model has its topics.
+    """
+    if len(model) > MODEL_NAME_MAX or not _MODEL_RE.fullmatch(model):
         raise NamingError(
             f"model name {model!r} is not valid: use lowercase letters and digits, "
-            "separated by single '-', '_' or '.', e.g. 'demo-gpt'"
+            f"separated by single '-' or '_' (no dots), at most {MODEL_NAME_MAX} characters, "
+            "e.g. 'demo-gpt'"
         )
     return model
+
+
+def validate_version_name(version: str) -> str:
+    """Return ``version`` if it can name a version topic: 1-64 letters, digits, '.', '_', '-'."""
+    if len(version) > VERSION_NAME_MAX or not _VERSION_NAME_RE.fullmatch(version):
+        raise NamingError(
+            f"version {version!r} must be 1-{VERSION_NAME_MAX} letters, digits, '.', '_' or '-' "
+            "(no '+' build metadata: it cannot name a topic)"
+        )
+    return version
 
 
 def validate_strategy(strategy: str) -> str:

@@ -10,15 +10,12 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from graylane import serde
+from graylane.clock import now_ms
 from graylane.kafka.seam import Producer, Record, known_topics
 from graylane.topics import ReplyTopicRefused, TopicLayout
 from graylane.v1 import dlq_pb2, inference_pb2
 
 log = logging.getLogger(__name__)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Registry records: the frozen dataclasses and errors the registry hands out (no ORM objects)."""
+"""What the registry hands out and takes in: frozen records, version statuses, typed errors."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ __all__ = [
     "DuplicateArtifact",
     "DuplicateVersion",
     "ModelInfo",
+    "ModelNotRegistered",
     "RegistryError",
     "UnknownArtifact",
-    "UnknownModel",
     "UnknownVersion",
     "ValidationSummary",
     "VersionInfo",
@@ -31,7 +31,7 @@ class RegistryError(GraylaneError):
     """The registry cannot do what was asked."""
 
 
-class UnknownModel(RegistryError):
+class ModelNotRegistered(RegistryError):
     """No model of that name is registered."""
 
 

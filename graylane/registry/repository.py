@@ -1,13 +1,14 @@
 """The model registry over a SQLAlchemy engine: models, versions, artifacts, stable version.
 
+The errors and the dataclasses it returns are in :mod:`graylane.registry.records`.
 Every method opens its own short transaction and returns frozen dataclasses, never
-ORM objects, so callers cannot lazy-load or mutate rows by accident. The records are in
-``records``, the row conversions in ``rows``.
+ORM objects, so callers cannot lazy-load or mutate rows by accident.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
@@ -18,8 +19,10 @@ from graylane.artifacts.naming import (
     NamingError,
     Precision,
     SemVer,
+    parse_artifact_name,
     parse_semver,
     validate_model_name,
+    validate_version_name,
 )
 from graylane.registry.records import (
     ArtifactInfo,
@@ -27,15 +30,15 @@ from graylane.registry.records import (
     DuplicateArtifact,
     DuplicateVersion,
     ModelInfo,
+    ModelNotRegistered,
     RegistryError,
     UnknownArtifact,
-    UnknownModel,
     UnknownVersion,
+    ValidationSummary,
     VersionInfo,
     VersionStatus,
     target_for,
 )
-from graylane.registry.rows import artifact_info, to_semver, utc, version_info
 from graylane.registry.schema import (
     ArtifactRow,
     ModelRow,
@@ -45,6 +48,67 @@ from graylane.registry.schema import (
 )
 
 __all__ = ["Registry"]
+
+
+def _semver(version: SemVer | str) -> SemVer:
+    try:
+        return version if isinstance(version, SemVer) else parse_semver(version)
+    except NamingError as exc:
+        raise RegistryError(str(exc)) from None
+
+
+def _new_semver(version: SemVer | str) -> SemVer:
+    """A version to register: semantic, and able to name its topic (no build metadata)."""
+    semver = _semver(version)
+    try:
+        validate_version_name(str(semver))
+    except NamingError as exc:
+        raise RegistryError(str(exc)) from None
+    return semver
+
+
+def _utc(moment: datetime) -> datetime:
+    # SQLite hands timestamps back without a zone; they were written in UTC.
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _version_info(row: ModelVersionRow, model: str) -> VersionInfo:
+    return VersionInfo(
+        model=model,
+        version=parse_semver(row.version),
+        source_sha256=row.source_sha256,
+        status=VersionStatus(row.status),
+        created_at=_utc(row.created_at),
+    )
+
+
+def _validation(row: ValidationResultRow | None) -> ValidationSummary | None:
+    if row is None:
+        return None
+    return ValidationSummary(
+        passed=row.passed,
+        max_abs=row.max_abs,
+        mean_rel=row.mean_rel,
+        cosine=row.cosine,
+        top1_agreement=row.top1_agreement,
+        token_agreement=row.token_agreement,
+        rows=row.rows,
+        failures=tuple(line for line in row.failures.splitlines() if line),
+    )
+
+
+def _artifact_info(row: ArtifactRow) -> ArtifactInfo:
+    return ArtifactInfo(
+        name=parse_artifact_name(row.name),
+        target=row.target,
+        path=row.path,
+        manifest_sha256=row.manifest_sha256,
+        servable=row.servable,
+        forced=row.forced,
+        gpu_compute_capability=row.gpu_compute_capability,
+        validation=_validation(row.validation),
+        created_at=_utc(row.created_at),
+    )
 
 
 class Registry:
@@ -64,7 +128,7 @@ class Registry:
     def _model(session: Session, name: str) -> ModelRow:
         row = session.scalar(select(ModelRow).where(ModelRow.name == name))
         if row is None:
-            raise UnknownModel(f"model {name!r} is not registered")
+            raise ModelNotRegistered(f"model {name!r} is not registered")
         return row
 
     @staticmethod
@@ -93,21 +157,21 @@ class Registry:
                 session.add(row)
                 session.flush()
             return ModelInfo(
-                row.name, row.description, utc(row.created_at), self._stable(session, row)
+                row.name, row.description, _utc(row.created_at), self._stable(session, row)
             )
 
     def get_model(self, name: str) -> ModelInfo:
         with self._sessions() as session:
             row = self._model(session, name)
             return ModelInfo(
-                row.name, row.description, utc(row.created_at), self._stable(session, row)
+                row.name, row.description, _utc(row.created_at), self._stable(session, row)
             )
 
     def list_models(self) -> list[ModelInfo]:
         with self._sessions() as session:
             rows = session.scalars(select(ModelRow).order_by(ModelRow.name)).all()
             return [
-                ModelInfo(r.name, r.description, utc(r.created_at), self._stable(session, r))
+                ModelInfo(r.name, r.description, _utc(r.created_at), self._stable(session, r))
                 for r in rows
             ]
 
@@ -120,7 +184,7 @@ class Registry:
         source_sha256: str,
         status: VersionStatus = VersionStatus.REGISTERED,
     ) -> VersionInfo:
-        semver = to_semver(version)
+        semver = _new_semver(version)
         try:
             with self._sessions.begin() as session:
                 model_row = self._model(session, model)
@@ -143,24 +207,24 @@ class Registry:
                 )
                 session.add(row)
                 session.flush()
-                return version_info(row, model)
+                return _version_info(row, model)
         except IntegrityError:
             # Another writer registered it between our check and our insert.
             raise DuplicateVersion(f"{model} {semver} is already registered") from None
 
     def get_version(self, model: str, version: SemVer | str) -> VersionInfo:
-        semver = to_semver(version)
+        semver = _semver(version)
         with self._sessions() as session:
-            return version_info(self._version(session, self._model(session, model), semver), model)
+            return _version_info(self._version(session, self._model(session, model), semver), model)
 
     def set_version_status(
         self, model: str, version: SemVer | str, status: VersionStatus
     ) -> VersionInfo:
-        semver = to_semver(version)
+        semver = _semver(version)
         with self._sessions.begin() as session:
             row = self._version(session, self._model(session, model), semver)
             row.status = status.value
-            return version_info(row, model)
+            return _version_info(row, model)
 
     def list_versions(self, model: str) -> list[VersionInfo]:
         """All versions of ``model``, lowest semver precedence first."""
@@ -169,7 +233,7 @@ class Registry:
             rows = session.scalars(
                 select(ModelVersionRow).where(ModelVersionRow.model_id == model_row.id)
             ).all()
-            infos = [version_info(r, model) for r in rows]
+            infos = [_version_info(r, model) for r in rows]
         return sorted(infos, key=lambda v: v.version)
 
     # ------------------------------------------------------------ artifacts
@@ -226,7 +290,7 @@ class Registry:
                     )
                 session.add(row)
                 session.flush()
-                return artifact_info(row)
+                return _artifact_info(row)
         except IntegrityError:
             raise DuplicateArtifact(f"artifact {name} ({target}) is already registered") from None
 
@@ -242,9 +306,9 @@ class Registry:
         ).all()
 
     def list_artifacts(self, model: str, version: SemVer | str) -> list[ArtifactInfo]:
-        semver = to_semver(version)
+        semver = _semver(version)
         with self._sessions() as session:
-            return [artifact_info(r) for r in self._artifact_rows(session, model, semver)]
+            return [_artifact_info(r) for r in self._artifact_rows(session, model, semver)]
 
     def get_artifact(
         self,
@@ -260,7 +324,7 @@ class Registry:
         When several match (several strategies, or engines for several GPUs and no
         ``compute_capability`` given), the servable one registered last wins.
         """
-        semver = to_semver(version)
+        semver = _semver(version)
         with self._sessions() as session:
             rows = [
                 r
@@ -278,7 +342,7 @@ class Registry:
                     f"no {precision.value} {backend.value} artifact of {model} {semver}{where}"
                 )
             rows.sort(key=lambda r: (r.servable, r.created_at, r.id))
-            return artifact_info(rows[-1])
+            return _artifact_info(rows[-1])
 
     # ------------------------------------------------------------ stable version
 
@@ -291,7 +355,7 @@ class Registry:
         return None if version is None else parse_semver(version.version)
 
     def set_stable(self, model: str, version: SemVer | str) -> VersionInfo:
-        semver = to_semver(version)
+        semver = _semver(version)
         with self._sessions.begin() as session:
             model_row = self._model(session, model)
             version_row = self._version(session, model_row, semver)
@@ -300,7 +364,7 @@ class Registry:
                 session.add(StableVersionRow(model_id=model_row.id, version_id=version_row.id))
             else:
                 stable.version_id = version_row.id
-            return version_info(version_row, model)
+            return _version_info(version_row, model)
 
     def get_stable(self, model: str) -> VersionInfo | None:
         with self._sessions() as session:
@@ -309,4 +373,4 @@ class Registry:
             if stable is None:
                 return None
             row = session.get(ModelVersionRow, stable.version_id)
-            return None if row is None else version_info(row, model)
+            return None if row is None else _version_info(row, model)

@@ -2,10 +2,10 @@
 
 from graylane.routing.buckets import BUCKETS, BucketRange, assign_ranges, bucket_of, sample_fraction
 from graylane.routing.table import (
-    RequestFacts,
     RouteDecision,
     RouteReason,
     RouteTable,
+    RoutingRequest,
     RoutingRule,
     UnknownPinnedVersion,
     VersionRoute,
@@ -16,10 +16,10 @@ from graylane.routing.table import (
 __all__ = [
     "BUCKETS",
     "BucketRange",
-    "RequestFacts",
     "RouteDecision",
     "RouteReason",
     "RouteTable",
+    "RoutingRequest",
     "RoutingRule",
     "UnknownPinnedVersion",
     "VersionRoute",

@@ -79,7 +79,7 @@ class RouteDecision:
 
 
 @dataclass(frozen=True)
-class RequestFacts:
+class RoutingRequest:
     """What the router knows of a request when it routes it."""
 
     request_id: str
@@ -124,7 +124,7 @@ def table_for_weights(
     )
 
 
-def route(table: RouteTable, facts: RequestFacts) -> RouteDecision:
+def route(table: RouteTable, facts: RoutingRequest) -> RouteDecision:
     """Where one request goes, and whether a shadow copy goes to the candidate."""
     bucket = bucket_of(facts.routing_key or facts.request_id)
     decision = _primary(table, facts, bucket)
@@ -141,7 +141,7 @@ def route(table: RouteTable, facts: RequestFacts) -> RouteDecision:
     return decision
 
 
-def _primary(table: RouteTable, facts: RequestFacts, bucket: int) -> RouteDecision:
+def _primary(table: RouteTable, facts: RoutingRequest, bucket: int) -> RouteDecision:
     for rule in table.rules:
         if rule.matches(facts.tags):
             return RouteDecision(
@@ -167,6 +167,6 @@ def default_table(model: str, stable_version: str) -> RouteTable:
     return RouteTable(model=model, stable_version=stable_version, epoch=0)
 
 
-def route_without_table(model: str, stable_version: str, facts: RequestFacts) -> RouteDecision:
+def route_without_table(model: str, stable_version: str, facts: RoutingRequest) -> RouteDecision:
     bucket = bucket_of(facts.routing_key or facts.request_id)
     return RouteDecision(stable_version, RouteReason.NO_TABLE, bucket)

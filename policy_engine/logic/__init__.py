@@ -7,18 +7,9 @@ and can be replayed (:mod:`graylane.policy_engine.logic.replay`).
 """
 
 from graylane.policy_engine.logic.agreement import AgreementStats, AgreementTracker, ShadowOutput
-from graylane.policy_engine.logic.errors import (
-    InputMismatch,
-    InvalidPolicy,
-    InvalidSpec,
-    InvalidTransition,
-    PolicyError,
-    RolloutFinished,
-)
 from graylane.policy_engine.logic.qos import (
     QosDecision,
     QosDecisionKind,
-    QosPolicy,
     QosState,
     evaluate_qos,
     initial_qos_state,
@@ -26,13 +17,9 @@ from graylane.policy_engine.logic.qos import (
 )
 from graylane.policy_engine.logic.replay import diff, replay, replay_qos
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, pending_state, start
-from graylane.policy_engine.logic.rollout_spec import Gates, RolloutSpec, Step, Strategy
 from graylane.policy_engine.logic.rollout_state import (
     TRANSITIONS,
     Decision,
-    DecisionKind,
-    ManualCommand,
-    Phase,
     RolloutState,
     RoutingIntent,
 )
@@ -49,6 +36,17 @@ from graylane.policy_engine.logic.window import (
     WindowKey,
     WindowStats,
 )
+from graylane.rollouts.errors import (
+    InputMismatch,
+    InvalidPolicy,
+    InvalidSpec,
+    InvalidTransition,
+    PolicyError,
+    RolloutFinished,
+)
+from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.spec import Gates, RolloutSpec, Step, Strategy
+from graylane.rollouts.vocabulary import DecisionKind, ManualCommand, Phase
 
 __all__ = [
     "TRANSITIONS",

@@ -35,7 +35,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.rollout_spec import Gates
 from graylane.policy_engine.logic.rollout_state import StepEvidence
 from graylane.policy_engine.logic.significance import (
     ErrorRateTest,
@@ -44,17 +43,13 @@ from graylane.policy_engine.logic.significance import (
     error_rate_test,
 )
 from graylane.policy_engine.logic.window import WindowStats
+from graylane.rollouts.spec import Gates
+from graylane.rollouts.vocabulary import DecisionRule
 
 __all__ = [
     "DECISIVE_ERROR_ALPHA_FACTOR",
     "P95_MIN_SAMPLES",
     "P99_MIN_SAMPLES",
-    "RULE_AGREEMENT",
-    "RULE_ERROR",
-    "RULE_ERROR_DECISIVE",
-    "RULE_ERROR_SEVERE",
-    "RULE_P99",
-    "RULE_P99_SEVERE",
     "SEVERE_ERROR_ALPHA_FACTOR",
     "SEVERE_ERROR_FACTOR",
     "SEVERE_P99_FACTOR",
@@ -65,12 +60,6 @@ __all__ = [
     "step_alpha",
 ]
 
-RULE_P99 = "p99_ratio"
-RULE_P99_SEVERE = "p99_severe"
-RULE_ERROR = "error_rate"
-RULE_ERROR_SEVERE = "error_rate_severe"
-RULE_ERROR_DECISIVE = "error_rate_decisive"
-RULE_AGREEMENT = "output_agreement"
 
 P99_MIN_SAMPLES = 100
 P95_MIN_SAMPLES = 20
@@ -85,7 +74,7 @@ WINDOW_ALPHA_FACTOR = 0.1
 
 @dataclass(frozen=True)
 class GateResult:
-    rule: str
+    rule: DecisionRule
     verdict: Verdict
     detail: str
     severe: bool = False
@@ -120,18 +109,20 @@ def latency_gate(baseline: WindowStats, candidate: WindowStats, gates: Gates) ->
     if q != "p99":
         detail += f" ({q}: {n} requests on the smaller side, p99 needs {P99_MIN_SAMPLES})"
     if r <= gates.max_p99_ratio:
-        return GateResult(RULE_P99, Verdict.PASS, detail)
+        return GateResult(DecisionRule.P99_RATIO, Verdict.PASS, detail)
     if lower_q is None and r <= SEVERE_P99_FACTOR * gates.max_p99_ratio:
         # The median of a handful of requests swings widely; only a gross
         # slowdown is a failure, a moderate one waits for more requests.
-        return GateResult(RULE_P99, Verdict.INCONCLUSIVE, detail)
+        return GateResult(DecisionRule.P99_RATIO, Verdict.INCONCLUSIVE, detail)
     severe = False
     if lower_q is not None and r > SEVERE_P99_FACTOR * gates.max_p99_ratio:
         lower_r, _, _ = ratio(lower_q)
         severe = lower_r > gates.max_p99_ratio
         if severe:
             detail += f"; severe: {lower_q} ratio {lower_r:.2f}x too"
-    return GateResult(RULE_P99_SEVERE if severe else RULE_P99, Verdict.FAIL, detail, severe)
+    return GateResult(
+        DecisionRule.P99_SEVERE if severe else DecisionRule.P99_RATIO, Verdict.FAIL, detail, severe
+    )
 
 
 def step_alpha(alpha: float, windows: int) -> float:
@@ -179,18 +170,18 @@ def error_gate(
         and window.p_value < gates.alpha * SEVERE_ERROR_ALPHA_FACTOR
     )
     if severe:
-        return GateResult(RULE_ERROR_SEVERE, Verdict.FAIL, detail, True)
+        return GateResult(DecisionRule.ERROR_RATE_SEVERE, Verdict.FAIL, detail, True)
     decisive = any(
         t.verdict is Verdict.FAIL and t.p_value < gates.alpha * DECISIVE_ERROR_ALPHA_FACTOR
         for _, t in tests
     )
     if decisive:
-        return GateResult(RULE_ERROR_DECISIVE, Verdict.FAIL, detail, True)
+        return GateResult(DecisionRule.ERROR_RATE_DECISIVE, Verdict.FAIL, detail, True)
     verdicts = {t.verdict for _, t in tests}
     for verdict in (Verdict.FAIL, Verdict.INCONCLUSIVE):
         if verdict in verdicts:
-            return GateResult(RULE_ERROR, verdict, detail)
-    return GateResult(RULE_ERROR, Verdict.PASS, detail)
+            return GateResult(DecisionRule.ERROR_RATE, verdict, detail)
+    return GateResult(DecisionRule.ERROR_RATE, Verdict.PASS, detail)
 
 
 def agreement_gate(agreement: AgreementStats, gates: Gates) -> GateResult:
@@ -200,4 +191,4 @@ def agreement_gate(agreement: AgreementStats, gates: Gates) -> GateResult:
         min_rate=gates.min_output_agreement,
         alpha=gates.alpha,
     )
-    return GateResult(RULE_AGREEMENT, test.verdict, test.describe())
+    return GateResult(DecisionRule.OUTPUT_AGREEMENT, test.verdict, test.describe())

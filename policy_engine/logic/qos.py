@@ -37,18 +37,18 @@ the decision says the comparison is not like-for-like.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from graylane.policy_engine.logic.errors import InputMismatch, InvalidPolicy
 from graylane.policy_engine.logic.window import ALL_VARIANTS, WindowStats
+from graylane.rollouts.errors import InputMismatch
+from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.vocabulary import DecisionRule
 
 __all__ = [
     "Ceiling",
     "QosDecision",
     "QosDecisionKind",
-    "QosPolicy",
     "QosState",
     "evaluate_qos",
     "initial_qos_state",
@@ -61,62 +61,6 @@ class QosDecisionKind(Enum):
     STEP_UP = "step_up"
     HOLD = "hold"
     SET = "set"
-
-
-@dataclass(frozen=True, kw_only=True)
-class QosPolicy:
-    model: str
-    version: str
-    slo_p99_ms: float
-    ladder: tuple[str, ...]
-    quality_floor: str = ""
-    step_down_margin: float = 0.2
-    step_up_ratio: float = 0.6
-    max_queue_wait_ms: float = 0.0
-    sustain_s: float = 5.0
-    min_dwell_s: float = 30.0
-    enabled: bool = True
-    up_load_fraction: float = 0.8
-    ceiling_ttl_s: float = 600.0
-
-    def __post_init__(self) -> None:
-        problems: list[str] = []
-        if not self.ladder:
-            problems.append("the ladder is empty")
-        if len(set(self.ladder)) != len(self.ladder):
-            problems.append(f"the ladder {self.ladder} repeats a variant")
-        if self.quality_floor and self.quality_floor not in self.ladder:
-            problems.append(f"quality floor {self.quality_floor!r} is not on the ladder")
-        checks = (
-            ("slo_p99_ms", self.slo_p99_ms > 0.0),
-            ("step_down_margin", self.step_down_margin >= 0.0),
-            ("step_up_ratio", 0.0 < self.step_up_ratio < 1.0 + self.step_down_margin),
-            ("max_queue_wait_ms", self.max_queue_wait_ms >= 0.0),
-            ("sustain_s", self.sustain_s >= 0.0),
-            ("min_dwell_s", self.min_dwell_s >= 0.0),
-            ("up_load_fraction", 0.0 < self.up_load_fraction <= 1.0),
-            ("ceiling_ttl_s", self.ceiling_ttl_s >= 0.0),
-        )
-        for name, ok in checks:
-            value = getattr(self, name)
-            if not (math.isfinite(value) and ok):
-                problems.append(f"{name} {value} is out of range")
-        if problems:
-            raise InvalidPolicy(
-                f"QoS policy of {self.model}/{self.version}: " + "; ".join(problems)
-            )
-
-    @property
-    def down_threshold_ms(self) -> float:
-        return self.slo_p99_ms * (1.0 + self.step_down_margin)
-
-    @property
-    def up_threshold_ms(self) -> float:
-        return self.slo_p99_ms * self.step_up_ratio
-
-    @property
-    def floor_index(self) -> int:
-        return self.ladder.index(self.quality_floor) if self.quality_floor else len(self.ladder) - 1
 
 
 @dataclass(frozen=True)
@@ -145,7 +89,7 @@ class QosState:
 @dataclass(frozen=True, kw_only=True)
 class QosDecision:
     kind: QosDecisionKind
-    rule: str
+    rule: DecisionRule
     reason: str
     at_ms: int
     before: QosState
@@ -183,7 +127,9 @@ def evaluate_qos(
     inputs = (stats,) if stats is not None else ()
     pruned = replace(state, ceilings=_live_ceilings(state, policy, now_ms))
 
-    def decide(kind: QosDecisionKind, rule: str, reason: str, after: QosState) -> QosDecision:
+    def decide(
+        kind: QosDecisionKind, rule: DecisionRule, reason: str, after: QosState
+    ) -> QosDecision:
         return QosDecision(
             kind=kind,
             rule=rule,
@@ -194,11 +140,11 @@ def evaluate_qos(
             inputs=inputs,
         )
 
-    def hold(rule: str, reason: str, after: QosState) -> QosDecision:
+    def hold(rule: DecisionRule, reason: str, after: QosState) -> QosDecision:
         return decide(QosDecisionKind.HOLD, rule, reason, after)
 
     def move(
-        kind: QosDecisionKind, rule: str, reason: str, variant: str, base: QosState
+        kind: QosDecisionKind, rule: DecisionRule, reason: str, variant: str, base: QosState
     ) -> QosDecision:
         after = replace(
             base,
@@ -211,12 +157,12 @@ def evaluate_qos(
 
     cleared = replace(pruned, breach_since_ms=None, calm_since_ms=None)
     if not policy.enabled:
-        return hold("disabled", "QoS policy disabled", cleared)
+        return hold(DecisionRule.DISABLED, "QoS policy disabled", cleared)
     ladder, active = policy.ladder, state.active_variant
     if active not in ladder:
         return move(
             QosDecisionKind.SET,
-            "not_in_ladder",
+            DecisionRule.NOT_IN_LADDER,
             f"{active} is not on the ladder",
             ladder[0],
             cleared,
@@ -226,39 +172,43 @@ def evaluate_qos(
         floor_variant = ladder[floor]
         return move(
             QosDecisionKind.SET,
-            "quality_floor",
+            DecisionRule.QUALITY_FLOOR,
             f"below the quality floor {floor_variant}",
             floor_variant,
             cleared,
         )
     if stats is None or stats.requests == 0:
-        return hold("no_data", "no data: sustain timers restart", cleared)
+        return hold(DecisionRule.NO_DATA, "no data: sustain timers restart", cleared)
     if stats.variant not in (active, ALL_VARIANTS):
-        return hold("stale_variant", f"stats are of {stats.variant}, {active} is active", cleared)
+        return hold(
+            DecisionRule.STALE_VARIANT, f"stats are of {stats.variant}, {active} is active", cleared
+        )
 
     breach_why = _breach(stats, policy)
     calm = _calm(stats, policy)
-    breach_since = _since(state.breach_since_ms, now_ms) if breach_why else None
+    breach_since = _since(state.breach_since_ms, now_ms) if breach_why is not None else None
     calm_since = _since(state.calm_since_ms, now_ms) if calm else None
     current = replace(pruned, breach_since_ms=breach_since, calm_since_ms=calm_since)
     since_change = now_ms - state.last_change_ms
     dwell_ms = policy.min_dwell_s * 1000
     figures = _figures(stats, policy)
-    if breach_why:
+    if breach_why is not None:
         held = now_ms - _since(breach_since, now_ms)
         if held < policy.sustain_s * 1000:
             return hold(
-                "sustain",
+                DecisionRule.SUSTAIN,
                 f"breach for {held / 1000:g} s of {policy.sustain_s:g} s: {figures}",
                 current,
             )
         if index >= floor:
             return hold(
-                "quality_floor", f"breach at the quality floor {active}: {figures}", current
+                DecisionRule.QUALITY_FLOOR,
+                f"breach at the quality floor {active}: {figures}",
+                current,
             )
         if since_change < dwell_ms:
             return hold(
-                "min_dwell",
+                DecisionRule.MIN_DWELL,
                 f"breach, last change {since_change / 1000:g} s ago: {figures}",
                 current,
             )
@@ -278,15 +228,17 @@ def evaluate_qos(
         held = now_ms - _since(calm_since, now_ms)
         if held < policy.sustain_s * 1000:
             return hold(
-                "sustain",
+                DecisionRule.SUSTAIN,
                 f"calm for {held / 1000:g} s of {policy.sustain_s:g} s: {figures}",
                 current,
             )
         if index == 0:
-            return hold("top_rung", f"calm at the top rung {active}: {figures}", current)
+            return hold(DecisionRule.TOP_RUNG, f"calm at the top rung {active}: {figures}", current)
         if since_change < dwell_ms:
             return hold(
-                "min_dwell", f"calm, last change {since_change / 1000:g} s ago: {figures}", current
+                DecisionRule.MIN_DWELL,
+                f"calm, last change {since_change / 1000:g} s ago: {figures}",
+                current,
             )
         target = ladder[index - 1]
         known = current.ceiling_of(target)
@@ -295,19 +247,19 @@ def evaluate_qos(
             and stats.throughput_rps > known.throughput_rps * policy.up_load_fraction
         ):
             return hold(
-                "load_ceiling",
+                DecisionRule.LOAD_CEILING,
                 f"calm, but {stats.throughput_rps:.1f} rps > {policy.up_load_fraction:g} x "
                 f"{target}'s ceiling {known.throughput_rps:.1f} rps: {figures}",
                 current,
             )
         return move(
             QosDecisionKind.STEP_UP,
-            "p99_calm",
+            DecisionRule.P99_CALM,
             f"sustained {held / 1000:g} s: {figures}",
             target,
             current,
         )
-    return hold("within_band", f"within the band: {figures}", current)
+    return hold(DecisionRule.WITHIN_BAND, f"within the band: {figures}", current)
 
 
 def _since(started_ms: int | None, now_ms: int) -> int:
@@ -319,13 +271,13 @@ def _live_ceilings(state: QosState, policy: QosPolicy, now_ms: int) -> tuple[Cei
     return tuple(c for c in state.ceilings if now_ms - c.at_ms < ttl_ms)
 
 
-def _breach(stats: WindowStats, policy: QosPolicy) -> str:
-    """The rule that breaches, or "" when none does."""
+def _breach(stats: WindowStats, policy: QosPolicy) -> DecisionRule | None:
+    """The rule that breaches, or None when none does."""
     if stats.p99_ms > policy.down_threshold_ms:
-        return "p99_breach"
+        return DecisionRule.P99_BREACH
     if policy.max_queue_wait_ms > 0.0 and stats.queue_wait_mean_ms > policy.max_queue_wait_ms:
-        return "queue_wait_breach"
-    return ""
+        return DecisionRule.QUEUE_WAIT_BREACH
+    return None
 
 
 def _calm(stats: WindowStats, policy: QosPolicy) -> bool:
@@ -363,7 +315,9 @@ def qos_during_rollout(
     target = baseline.active_variant
     cleared = replace(candidate, breach_since_ms=None, calm_since_ms=None)
 
-    def decide(kind: QosDecisionKind, rule: str, reason: str, after: QosState) -> QosDecision:
+    def decide(
+        kind: QosDecisionKind, rule: DecisionRule, reason: str, after: QosState
+    ) -> QosDecision:
         return QosDecision(
             kind=kind, rule=rule, reason=reason, at_ms=now_ms, before=candidate, after=after
         )
@@ -371,7 +325,7 @@ def qos_during_rollout(
     if candidate.active_variant == target:
         return decide(
             QosDecisionKind.HOLD,
-            "like_for_like",
+            DecisionRule.LIKE_FOR_LIKE,
             f"candidate runs {target} like the baseline",
             cleared,
         )
@@ -380,7 +334,7 @@ def qos_during_rollout(
         if target not in ladder or ladder.index(target) > candidate_policy.floor_index:
             return decide(
                 QosDecisionKind.HOLD,
-                "like_for_like_unavailable",
+                DecisionRule.LIKE_FOR_LIKE_UNAVAILABLE,
                 f"baseline runs {target}, which the candidate cannot run; candidate stays on "
                 f"{candidate.active_variant}: the comparison is not like-for-like",
                 cleared,
@@ -388,7 +342,7 @@ def qos_during_rollout(
     after = replace(cleared, active_variant=target, last_change_ms=now_ms)
     return decide(
         QosDecisionKind.SET,
-        "follow_baseline",
+        DecisionRule.FOLLOW_BASELINE,
         f"{candidate.active_variant} -> {target}: the candidate follows the baseline's variant",
         after,
     )

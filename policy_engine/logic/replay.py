@@ -5,7 +5,7 @@ recorded decision carries its own inputs (window stats, agreement, command,
 note), so :func:`recording_of` rebuilds the input sequence from a list of
 decisions and ``diff(recorded, replay(recording_of(spec, recorded)))`` is
 empty when the logic still decides as it did. Inputs the controller rejects
-(:class:`~graylane.policy_engine.logic.errors.PolicyError`, e.g. a command a finished
+(:class:`~graylane.rollouts.errors.PolicyError`, e.g. a command a finished
 rollout refuses) produce no decision, as when they were first seen.
 """
 
@@ -16,17 +16,14 @@ from dataclasses import dataclass, fields, is_dataclass
 from enum import Enum
 
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.errors import PolicyError
-from graylane.policy_engine.logic.qos import QosDecision, QosPolicy, QosState, evaluate_qos
+from graylane.policy_engine.logic.qos import QosDecision, QosState, evaluate_qos
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
-from graylane.policy_engine.logic.rollout_spec import RolloutSpec
-from graylane.policy_engine.logic.rollout_state import (
-    Decision,
-    DecisionKind,
-    ManualCommand,
-    RolloutState,
-)
+from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
 from graylane.policy_engine.logic.window import WindowStats
+from graylane.rollouts.errors import PolicyError
+from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.spec import RolloutSpec
+from graylane.rollouts.vocabulary import DecisionKind, ManualCommand
 
 __all__ = [
     "DecisionInput",

@@ -27,6 +27,9 @@ of inputs replays to the same decisions.
    next step is the final 100 % (there is no baseline left to compare at
    100 %, so reaching it is the promotion), or after an A/B hold.
 
+Steps 4 and 5 (what the gate verdicts lead to) are in
+:mod:`graylane.policy_engine.logic.rollout_verdicts`.
+
 A rollback or abort sends the candidate to 0 % in one routing intent; a
 promotion gives it 100 % and makes it the stable version.
 
@@ -43,12 +46,9 @@ caller cannot mistake a finished rollout for a holding one.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TypedDict
 
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.errors import InputMismatch, InvalidTransition
 from graylane.policy_engine.logic.gates import (
-    GateResult,
     agreement_gate,
     error_gate,
     latency_gate,
@@ -60,25 +60,21 @@ from graylane.policy_engine.logic.rollout_moves import (
     routing_of,
     transition,
 )
-from graylane.policy_engine.logic.rollout_spec import RolloutSpec, Strategy
-from graylane.policy_engine.logic.rollout_state import (
-    Decision,
-    DecisionKind,
-    Phase,
-    RolloutState,
-    StepEvidence,
+from graylane.policy_engine.logic.rollout_state import Decision, RolloutState, StepEvidence
+from graylane.policy_engine.logic.rollout_verdicts import (
+    Evaluation,
+    on_failure,
+    on_pass,
+    summary_of,
 )
 from graylane.policy_engine.logic.significance import Verdict
 from graylane.policy_engine.logic.window import WindowStats
+from graylane.rollouts.errors import InputMismatch, InvalidTransition
+from graylane.rollouts.spec import RolloutSpec, Strategy
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
 
 __all__ = [
     "GATE_MIN_WINDOW_REQUESTS",
-    "RULE_ALL_PASSED",
-    "RULE_MIN_DWELL",
-    "RULE_MIN_SAMPLES",
-    "RULE_NO_DATA",
-    "RULE_PAUSED",
-    "RULE_STARTED",
     "apply_command",
     "evaluate",
     "pending_state",
@@ -86,12 +82,6 @@ __all__ = [
     "start",
 ]
 
-RULE_STARTED = "started"
-RULE_PAUSED = "paused"
-RULE_NO_DATA = "no_data"
-RULE_MIN_SAMPLES = "min_samples"
-RULE_MIN_DWELL = "min_dwell"
-RULE_ALL_PASSED = "all_gates_passed"
 
 GATE_MIN_WINDOW_REQUESTS = 5
 
@@ -116,7 +106,7 @@ def start(spec: RolloutSpec, now_ms: int, *, epoch: int = 0) -> Decision:
         spec,
         now_ms,
         DecisionKind.STARTED,
-        RULE_STARTED,
+        DecisionRule.STARTED,
         reason,
         phase=phase,
         step_index=0,
@@ -146,15 +136,15 @@ def evaluate(
         raise InvalidTransition("the rollout has not started; call start() first")
     inputs = tuple(s for s in (baseline, candidate) if s is not None)
     shadowing = state.phase is Phase.SHADOWING
-    ctx = _Ctx(state, spec, now_ms, inputs, agreement if shadowing else None)
+    ctx = Evaluation(state, spec, now_ms, inputs, agreement if shadowing else None)
     if state.phase is Phase.PAUSED:
         from_phase = state.paused_from.value if state.paused_from else "?"
-        return ctx.hold(state, RULE_PAUSED, f"paused (from {from_phase}); weights frozen")
+        return ctx.hold(state, DecisionRule.PAUSED, f"paused (from {from_phase}); weights frozen")
     missing = _missing(baseline, candidate, spec)
     if shadowing and (agreement is None or agreement.pairs == 0):
         missing.append("no shadow pairs")
     if missing or baseline is None or candidate is None:
-        return ctx.hold(state, RULE_NO_DATA, "no data: " + ", ".join(missing))
+        return ctx.hold(state, DecisionRule.NO_DATA, "no data: " + ", ".join(missing))
     _check_inputs(baseline, candidate, spec)
 
     evidence = _accumulate(state, baseline, candidate)
@@ -163,7 +153,7 @@ def evaluate(
     if smallest < GATE_MIN_WINDOW_REQUESTS:
         return ctx.hold(
             current,
-            RULE_MIN_SAMPLES,
+            DecisionRule.MIN_SAMPLES,
             f"window has {candidate.requests} candidate / {baseline.requests} baseline "
             f"requests; gates need at least {GATE_MIN_WINDOW_REQUESTS} on each side",
         )
@@ -176,62 +166,13 @@ def evaluate(
         results.append(agreement_gate(agreement, spec.gates))
     failed = [r for r in results if r.verdict is Verdict.FAIL]
     if failed:
-        return _on_failure(ctx, current, candidate, failed)
+        return on_failure(ctx, current, candidate, failed)
     unsure = [r for r in results if r.verdict is Verdict.INCONCLUSIVE]
-    summary = _summary(results)
+    summary = summary_of(results)
     if unsure:
         return ctx.hold(current, unsure[0].rule, f"inconclusive, holding: {summary}")
     passed = replace(current, consecutive_failures=0, failure_window_end_ms=0)
-    return _on_pass(ctx, passed, summary)
-
-
-class _Carry(TypedDict):
-    before: RolloutState
-    inputs: tuple[WindowStats, ...]
-    agreement: AgreementStats | None
-
-
-class _Ctx:
-    """What every decision of one evaluation shares."""
-
-    def __init__(
-        self,
-        state: RolloutState,
-        spec: RolloutSpec,
-        now_ms: int,
-        inputs: tuple[WindowStats, ...],
-        agreement: AgreementStats | None,
-    ) -> None:
-        self.before = state
-        self.spec = spec
-        self.now_ms = now_ms
-        self.inputs = inputs
-        self.agreement = agreement
-
-    def decide(
-        self,
-        kind: DecisionKind,
-        rule: str,
-        reason: str,
-        after: RolloutState,
-    ) -> Decision:
-        return Decision(
-            kind=kind,
-            rule=rule,
-            reason=reason,
-            at_ms=self.now_ms,
-            before=self.before,
-            after=replace(after, last_reason=reason, updated_ms=self.now_ms),
-            inputs=self.inputs,
-            agreement=self.agreement,
-        )
-
-    def carry(self) -> _Carry:
-        """What a phase change takes from this evaluation into its decision."""
-        return {"before": self.before, "inputs": self.inputs, "agreement": self.agreement}
-
-    def hold(self, state: RolloutState, rule: str, reason: str) -> Decision:
-        return self.decide(DecisionKind.HOLD, rule, reason, state)
+    return on_pass(ctx, passed, summary)
 
 
 def _missing(
@@ -272,148 +213,4 @@ def _accumulate(state: RolloutState, baseline: WindowStats, candidate: WindowSta
         baseline_errors=ev.baseline_errors + baseline.errors,
         windows=ev.windows + 1,
         through_ms=candidate.window_end_ms,
-    )
-
-
-def _summary(results: list[GateResult]) -> str:
-    return " | ".join(f"{r.rule} {r.verdict.value}: {r.detail}" for r in results)
-
-
-def _on_failure(
-    ctx: _Ctx, state: RolloutState, candidate: WindowStats, failed: list[GateResult]
-) -> Decision:
-    spec = ctx.spec
-    first = failed[0]
-    detail = _summary(failed)
-    severe = [r for r in failed if r.severe]
-    if severe:
-        return _rollback(ctx, state, severe[0].rule, f"severe regression: {_summary(severe)}")
-    if state.consecutive_failures and candidate.window_start_ms < state.failure_window_end_ms:
-        return ctx.decide(
-            DecisionKind.GATE_FAILED,
-            first.rule,
-            f"gate failed, not counted (window overlaps the last counted failure; "
-            f"{state.consecutive_failures}/{spec.failures_to_rollback}): {detail}",
-            state,
-        )
-    failures = state.consecutive_failures + 1
-    counted = replace(
-        state, consecutive_failures=failures, failure_window_end_ms=candidate.window_end_ms
-    )
-    if failures >= spec.failures_to_rollback:
-        return _rollback(
-            ctx, counted, first.rule, f"{failures} consecutive gate failures: {detail}"
-        )
-    return ctx.decide(
-        DecisionKind.GATE_FAILED,
-        first.rule,
-        f"gate failed ({failures}/{spec.failures_to_rollback}): {detail}",
-        counted,
-    )
-
-
-def _rollback(ctx: _Ctx, state: RolloutState, rule: str, reason: str) -> Decision:
-    return transition(
-        state,
-        ctx.spec,
-        ctx.now_ms,
-        DecisionKind.ROLLBACK,
-        rule,
-        f"rolled back {ctx.spec.candidate} to 0%: {reason}",
-        phase=Phase.ROLLED_BACK,
-        step_index=state.step_index,
-        weight=0.0,
-        shadow_share=0.0,
-        **ctx.carry(),
-    )
-
-
-def _on_pass(ctx: _Ctx, state: RolloutState, summary: str) -> Decision:
-    spec, now = ctx.spec, ctx.now_ms
-    ev = state.evidence
-    if state.phase is Phase.PROGRESSING:
-        step = spec.steps[state.step_index]
-        need_samples, need_ms, since = (
-            step.min_samples,
-            step.min_dwell_s * 1000,
-            state.step_started_ms,
-        )
-        where = f"step {state.step_index + 1}/{len(spec.steps)} ({step.weight_percent:g}%)"
-    else:
-        need_samples, since = spec.phase_min_samples, state.phase_started_ms
-        shadow = state.phase is Phase.SHADOWING
-        need_ms = (spec.shadow_duration_s if shadow else spec.ab_duration_s) * 1000
-        where = "shadow phase" if shadow else "A/B hold"
-    pairs = ctx.agreement.pairs if ctx.agreement is not None else None
-    short = [
-        f"{side} {n}/{need_samples}"
-        for side, n in (
-            ("candidate", ev.candidate_requests),
-            ("baseline", ev.baseline_requests),
-            ("shadow pairs", pairs),
-        )
-        if n is not None and n < need_samples
-    ]
-    if short:
-        return ctx.hold(
-            state,
-            RULE_MIN_SAMPLES,
-            f"gates pass; {where} needs more samples ({', '.join(short)}): {summary}",
-        )
-    waited = now - since
-    if waited < need_ms:
-        return ctx.hold(
-            state,
-            RULE_MIN_DWELL,
-            f"gates pass; {where} dwelt {waited / 1000:g} s of {need_ms / 1000:g} s: {summary}",
-        )
-    return _advance(ctx, state, where, summary)
-
-
-def _advance(ctx: _Ctx, state: RolloutState, where: str, summary: str) -> Decision:
-    spec = ctx.spec
-    if state.phase is Phase.SHADOWING:
-        return transition(
-            state,
-            spec,
-            ctx.now_ms,
-            DecisionKind.ADVANCE,
-            RULE_ALL_PASSED,
-            f"{where} passed; canary step 1/{len(spec.steps)} at "
-            f"{spec.steps[0].weight_percent:g}%: {summary}",
-            phase=Phase.PROGRESSING,
-            step_index=0,
-            weight=spec.steps[0].weight_percent,
-            shadow_share=0.0,
-            **ctx.carry(),
-        )
-    nxt = state.step_index + 1
-    final = state.phase is Phase.AB_HOLDING or spec.steps[nxt].weight_percent >= 100.0
-    if final:
-        return transition(
-            state,
-            spec,
-            ctx.now_ms,
-            DecisionKind.PROMOTE,
-            RULE_ALL_PASSED,
-            f"{where} passed; promoted {spec.candidate} to 100% and stable: {summary}",
-            phase=Phase.PROMOTED,
-            step_index=len(spec.steps) - 1 if state.phase is Phase.PROGRESSING else 0,
-            weight=100.0,
-            shadow_share=0.0,
-            **ctx.carry(),
-        )
-    return transition(
-        state,
-        spec,
-        ctx.now_ms,
-        DecisionKind.ADVANCE,
-        RULE_ALL_PASSED,
-        f"{where} passed; step {nxt + 1}/{len(spec.steps)} at "
-        f"{spec.steps[nxt].weight_percent:g}%: {summary}",
-        phase=Phase.PROGRESSING,
-        step_index=nxt,
-        weight=spec.steps[nxt].weight_percent,
-        shadow_share=0.0,
-        **ctx.carry(),
     )

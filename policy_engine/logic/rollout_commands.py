@@ -12,17 +12,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from graylane.policy_engine.logic.errors import InvalidTransition
 from graylane.policy_engine.logic.rollout_moves import check_rollout, transition
-from graylane.policy_engine.logic.rollout_spec import RolloutSpec
-from graylane.policy_engine.logic.rollout_state import (
-    Decision,
-    DecisionKind,
-    ManualCommand,
-    Phase,
-    RolloutState,
-    check_transition,
-)
+from graylane.policy_engine.logic.rollout_state import Decision, RolloutState, check_transition
+from graylane.rollouts.errors import InvalidTransition
+from graylane.rollouts.spec import RolloutSpec
+from graylane.rollouts.vocabulary import DecisionKind, ManualCommand, Phase
 
 __all__ = ["apply_command"]
 
@@ -37,7 +31,7 @@ def apply_command(
 ) -> Decision:
     """Apply an operator's command; ``note`` (who / why) goes into the reason."""
     check_rollout(state, spec)
-    rule = f"manual_{command.value}"
+    rule = command.rule
     suffix = f" ({note})" if note else ""
     kind = DecisionKind.MANUAL
     if command is ManualCommand.PAUSE:

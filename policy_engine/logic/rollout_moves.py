@@ -5,19 +5,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.errors import InputMismatch, RolloutFinished
-from graylane.policy_engine.logic.rollout_spec import RolloutSpec
 from graylane.policy_engine.logic.rollout_state import (
     Decision,
-    DecisionKind,
-    ManualCommand,
-    Phase,
     RolloutState,
     RoutingIntent,
     StepEvidence,
     check_transition,
 )
 from graylane.policy_engine.logic.window import WindowStats
+from graylane.rollouts.errors import InputMismatch, RolloutFinished
+from graylane.rollouts.spec import RolloutSpec
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
 
 __all__ = ["check_rollout", "pending_state", "routing_of", "transition"]
 
@@ -66,7 +64,7 @@ def transition(
     spec: RolloutSpec,
     now_ms: int,
     kind: DecisionKind,
-    rule: str,
+    rule: DecisionRule,
     reason: str,
     *,
     phase: Phase,

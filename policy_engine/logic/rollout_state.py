@@ -1,46 +1,34 @@
-"""The rollout lifecycle's data: phases, their allowed transitions, state, decisions."""
+"""The rollout lifecycle's data: allowed phase transitions, state, decisions."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from types import MappingProxyType
 
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.errors import InvalidTransition, RolloutFinished
 from graylane.policy_engine.logic.window import WindowStats
+from graylane.rollouts.errors import InvalidTransition, RolloutFinished
+from graylane.rollouts.vocabulary import (
+    ACTIVE_PHASES,
+    TERMINAL_PHASES,
+    DecisionKind,
+    DecisionRule,
+    ManualCommand,
+    Phase,
+)
 
 __all__ = [
-    "ACTIVE_PHASES",
-    "TERMINAL_PHASES",
     "TRANSITIONS",
     "Decision",
-    "DecisionKind",
-    "ManualCommand",
-    "Phase",
     "RolloutState",
     "RoutingIntent",
     "StepEvidence",
     "check_transition",
-    "is_terminal",
 ]
 
 
-class Phase(Enum):
-    PENDING = "pending"
-    SHADOWING = "shadowing"
-    PROGRESSING = "progressing"
-    AB_HOLDING = "ab_holding"
-    PAUSED = "paused"
-    PROMOTED = "promoted"
-    ROLLED_BACK = "rolled_back"
-    ABORTED = "aborted"
-
-
-ACTIVE_PHASES = frozenset({Phase.SHADOWING, Phase.PROGRESSING, Phase.AB_HOLDING})
-TERMINAL_PHASES = frozenset({Phase.PROMOTED, Phase.ROLLED_BACK, Phase.ABORTED})
-_ENDINGS = frozenset({Phase.PROMOTED, Phase.ROLLED_BACK, Phase.ABORTED})
+_ENDINGS = TERMINAL_PHASES
 
 TRANSITIONS: Mapping[Phase, frozenset[Phase]] = MappingProxyType(
     {
@@ -60,34 +48,12 @@ TRANSITIONS: Mapping[Phase, frozenset[Phase]] = MappingProxyType(
 """Every allowed phase change; anything else raises :class:`InvalidTransition`."""
 
 
-def is_terminal(phase: Phase) -> bool:
-    return phase in TERMINAL_PHASES
-
-
 def check_transition(source: Phase, target: Phase) -> None:
     """Raise unless ``source -> target`` is in :data:`TRANSITIONS`."""
     if source in TERMINAL_PHASES:
         raise RolloutFinished(f"the rollout is {source.value}; it accepts no further change")
     if target not in TRANSITIONS[source]:
         raise InvalidTransition(f"a rollout cannot go from {source.value} to {target.value}")
-
-
-class ManualCommand(Enum):
-    PAUSE = "pause"
-    RESUME = "resume"
-    PROMOTE = "promote"
-    ROLLBACK = "rollback"
-    ABORT = "abort"
-
-
-class DecisionKind(Enum):
-    STARTED = "started"
-    ADVANCE = "advance"
-    HOLD = "hold"
-    GATE_FAILED = "gate_failed"
-    ROLLBACK = "rollback"
-    PROMOTE = "promote"
-    MANUAL = "manual"
 
 
 @dataclass(frozen=True)
@@ -154,7 +120,7 @@ class Decision:
     """
 
     kind: DecisionKind
-    rule: str
+    rule: DecisionRule
     reason: str
     at_ms: int
     before: RolloutState

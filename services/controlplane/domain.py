@@ -11,20 +11,19 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import Enum
 
 from graylane.artifacts.naming import NamingError, parse_semver
 from graylane.errors import GraylaneError
+from graylane.rollouts.spec import step_weight_problem
+from graylane.rollouts.vocabulary import ManualCommand, Phase
 
 __all__ = [
     "ArtifactFacts",
-    "CommandCheck",
     "ControlError",
     "FailedPrecondition",
     "InvalidArgument",
     "ModelFacts",
     "NotFound",
-    "RolloutPhaseName",
     "StartRequest",
     "VersionFacts",
     "check_command",
@@ -51,36 +50,6 @@ class FailedPrecondition(ControlError):
     """The request is well-formed but the system is not in a state that allows it."""
 
 
-class RolloutPhaseName(Enum):
-    """Lifecycle phases as the control plane sees them (mirrors the wire enum)."""
-
-    PENDING = "pending"
-    SHADOWING = "shadowing"
-    PROGRESSING = "progressing"
-    AB_HOLDING = "ab_holding"
-    PAUSED = "paused"
-    PROMOTED = "promoted"
-    ROLLED_BACK = "rolled_back"
-    ABORTED = "aborted"
-
-    @property
-    def finished(self) -> bool:
-        return self in _FINISHED
-
-
-_FINISHED = frozenset(
-    {RolloutPhaseName.PROMOTED, RolloutPhaseName.ROLLED_BACK, RolloutPhaseName.ABORTED}
-)
-
-
-class CommandCheck(Enum):
-    PAUSE = "pause"
-    RESUME = "resume"
-    PROMOTE = "promote"
-    ROLLBACK = "rollback"
-    ABORT = "abort"
-
-
 @dataclass(frozen=True)
 class ArtifactFacts:
     name: str
@@ -104,7 +73,7 @@ class ModelFacts:
     versions: Mapping[str, VersionFacts] = field(default_factory=dict)
     stable_version: str | None = None
     active_rollout_id: str | None = None
-    active_rollout_phase: RolloutPhaseName | None = None
+    active_rollout_phase: Phase | None = None
 
 
 @dataclass(frozen=True)
@@ -121,19 +90,9 @@ _ID_SAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 def check_steps(weights: Sequence[float]) -> None:
     """Step weights must rise strictly within (0, 100]; an empty list means the defaults."""
-    previous = 0.0
-    for i, w in enumerate(weights):
-        if not (0.0 < w <= 100.0):
-            raise InvalidArgument(
-                f"step {i + 1} has weight {w:g}%; every step weight must be above 0 and at most 100"
-            )
-        if w <= previous:
-            shown = " -> ".join(f"{x:g}" for x in weights)
-            raise InvalidArgument(
-                f"step weights must increase strictly, got {shown}; make each step larger "
-                "than the one before (e.g. 1, 5, 25, 50, 100)"
-            )
-        previous = w
+    problem = step_weight_problem(weights)
+    if problem is not None:
+        raise InvalidArgument(problem)
 
 
 def _check_semver(role: str, version: str) -> str:
@@ -209,18 +168,18 @@ def check_start(request: StartRequest, model: ModelFacts | None) -> tuple[str, s
     return baseline, candidate
 
 
-def check_command(command: CommandCheck, rollout_id: str, phase: RolloutPhaseName) -> None:
+def check_command(command: ManualCommand, rollout_id: str, phase: Phase) -> None:
     """A manual command fits the rollout's last known phase."""
     if phase.finished:
         raise FailedPrecondition(
             f"rollout {rollout_id} is already {phase.value}; a finished rollout takes no "
             f"{command.value}; start a new rollout instead"
         )
-    if command is CommandCheck.PAUSE and phase is RolloutPhaseName.PAUSED:
+    if command is ManualCommand.PAUSE and phase is Phase.PAUSED:
         raise FailedPrecondition(f"rollout {rollout_id} is already paused; resume it instead")
     # PENDING: the policy engine may not have reported the pause yet; let it judge.
-    resumable = (RolloutPhaseName.PAUSED, RolloutPhaseName.PENDING)
-    if command is CommandCheck.RESUME and phase not in resumable:
+    resumable = (Phase.PAUSED, Phase.PENDING)
+    if command is ManualCommand.RESUME and phase not in resumable:
         raise FailedPrecondition(
             f"rollout {rollout_id} is {phase.value}, not paused; only a paused rollout resumes"
         )

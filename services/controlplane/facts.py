@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-from graylane.registry import ArtifactInfo, Registry, UnknownModel
+from graylane.registry import ArtifactInfo, ModelNotRegistered, Registry
+from graylane.rollouts.pb import phase_from_pb
 from graylane.services.controlplane import domain
 from graylane.services.controlplane.store import ControlStore
-from graylane.v1 import controlplane_pb2, rollout_pb2
+from graylane.v1 import controlplane_pb2
 
 __all__ = ["model_facts", "variant_info", "version_summary"]
-
-_PHASES = {
-    rollout_pb2.PENDING: domain.RolloutPhaseName.PENDING,
-    rollout_pb2.SHADOWING: domain.RolloutPhaseName.SHADOWING,
-    rollout_pb2.PROGRESSING: domain.RolloutPhaseName.PROGRESSING,
-    rollout_pb2.AB_HOLDING: domain.RolloutPhaseName.AB_HOLDING,
-    rollout_pb2.PAUSED: domain.RolloutPhaseName.PAUSED,
-}
 
 
 def model_facts(registry: Registry, store: ControlStore, name: str) -> domain.ModelFacts | None:
@@ -24,7 +17,7 @@ def model_facts(registry: Registry, store: ControlStore, name: str) -> domain.Mo
         return None
     try:
         info = registry.get_model(name)
-    except UnknownModel:
+    except ModelNotRegistered:
         return None
     versions: dict[str, domain.VersionFacts] = {}
     for v in registry.list_versions(name):
@@ -44,7 +37,7 @@ def model_facts(registry: Registry, store: ControlStore, name: str) -> domain.Mo
         versions=versions,
         stable_version=str(info.stable_version) if info.stable_version else None,
         active_rollout_id=active.state.rollout_id if active else None,
-        active_rollout_phase=_PHASES.get(active.state.phase) if active else None,
+        active_rollout_phase=phase_from_pb(active.state.phase) if active else None,
     )
 
 

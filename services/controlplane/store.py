@@ -1,119 +1,45 @@
 """SQL store of the control plane: rollouts, commands (an outbox), QoS policies, audit copy.
 
-Tables are prefixed ``cp_`` and created by the registry's Alembic migration 0002,
-so registry and control plane share one database (SQLite file or PostgreSQL).
+Tables (:mod:`graylane.services.controlplane.store_rows`) are created by the
+registry's Alembic migration 0002, so registry and control plane share one
+database (SQLite file or PostgreSQL).
 Protobuf messages are kept as their wire bytes next to a few indexed columns; the
 store speaks protobuf because it sits at the I/O edge, like the servicers.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import (
-    BigInteger,
-    Engine,
-    Integer,
-    LargeBinary,
-    String,
-    Text,
-    UniqueConstraint,
-    select,
-)
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import sessionmaker
 
+from graylane.clock import Clock, now_ms
 from graylane.registry.migrate import create_db_engine, upgrade
-from graylane.registry.schema import Base
+from graylane.rollouts.pb import phase_from_pb
 from graylane.serde import decode, encode
+from graylane.services.controlplane.store_rows import (
+    AuditRow,
+    CommandRow,
+    QosPolicyRow,
+    RolloutRow,
+    SinkOffsetRow,
+)
 from graylane.v1 import audit_pb2, rollout_pb2
 
 __all__ = [
-    "AuditRow",
-    "CommandRow",
     "ControlStore",
-    "QosPolicyRow",
-    "RolloutRow",
-    "SinkOffsetRow",
     "StoredPolicy",
     "StoredRollout",
     "open_store",
 ]
 
-TERMINAL_PHASES = frozenset({rollout_pb2.PROMOTED, rollout_pb2.ROLLED_BACK, rollout_pb2.ABORTED})
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-class RolloutRow(Base):
-    __tablename__ = "cp_rollouts"
-
-    rollout_id: Mapped[str] = mapped_column(String(160), primary_key=True)
-    model: Mapped[str] = mapped_column(String(128), nullable=False, index=True)
-    baseline_version: Mapped[str] = mapped_column(String(64), nullable=False)
-    candidate_version: Mapped[str] = mapped_column(String(64), nullable=False)
-    phase: Mapped[int] = mapped_column(Integer, nullable=False)
-    terminal: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
-    spec: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
-    state: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
-    state_updated_ms: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
-    created_by: Mapped[str] = mapped_column(String(128), nullable=False, default="")
-    created_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    updated_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
-
-
-class CommandRow(Base):
-    __tablename__ = "cp_commands"
-
-    command_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    rollout_id: Mapped[str] = mapped_column(String(160), nullable=False, index=True)
-    model: Mapped[str] = mapped_column(String(128), nullable=False)
-    kind: Mapped[int] = mapped_column(Integer, nullable=False)
-    issued_by: Mapped[str] = mapped_column(String(128), nullable=False, default="")
-    issued_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
-    payload: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
-    # Null until the broker acknowledged the command on <p>.control.commands.
-    sent_at_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-
-
-class QosPolicyRow(Base):
-    __tablename__ = "cp_qos_policies"
-
-    model: Mapped[str] = mapped_column(String(128), primary_key=True)
-    version: Mapped[str] = mapped_column(String(64), primary_key=True)
-    policy: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
-    updated_by: Mapped[str] = mapped_column(String(128), nullable=False, default="")
-    updated_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
-
-
-class AuditRow(Base):
-    __tablename__ = "cp_audit"
-    __table_args__ = (UniqueConstraint("decision_id", name="uq_cp_audit_decision_id"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    decision_id: Mapped[str] = mapped_column(String(128), nullable=False)
-    decided_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False, index=True)
-    model: Mapped[str] = mapped_column(String(128), nullable=False, index=True)
-    rollout_id: Mapped[str] = mapped_column(String(160), nullable=False, default="", index=True)
-    version: Mapped[str] = mapped_column(String(64), nullable=False, default="")
-    kind: Mapped[int] = mapped_column(Integer, nullable=False)
-    rule: Mapped[str] = mapped_column(String(128), nullable=False, default="")
-    reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
-    record: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
-
-
-class SinkOffsetRow(Base):
-    """Next offset the audit sink reads per topic partition (resume after restart)."""
-
-    __tablename__ = "cp_sink_offsets"
-
-    topic: Mapped[str] = mapped_column(String(255), primary_key=True)
-    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
-    next_offset: Mapped[int] = mapped_column(BigInteger, nullable=False)
+def _finished(phase: int) -> bool:
+    known = phase_from_pb(phase)
+    return known is not None and known.finished
 
 
 @dataclass(frozen=True)
@@ -124,7 +50,7 @@ class StoredRollout:
 
     @property
     def finished(self) -> bool:
-        return self.state.phase in TERMINAL_PHASES
+        return _finished(self.state.phase)
 
 
 @dataclass(frozen=True)
@@ -143,8 +69,9 @@ def _stored(row: RolloutRow) -> StoredRollout:
 class ControlStore:
     """Short transactions over a SQLAlchemy engine; returns protobuf copies, never rows."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, clock: Clock = now_ms) -> None:
         self._engine = engine
+        self._clock = clock
         self._sessions = sessionmaker(engine, expire_on_commit=False)
 
     @property
@@ -157,25 +84,9 @@ class ControlStore:
         self, state: rollout_pb2.RolloutState, command: rollout_pb2.RolloutCommand
     ) -> None:
         """Store a new rollout and its START command in one transaction."""
-        now = _now_ms()
-        spec = state.spec
+        now = self._clock()
         with self._sessions.begin() as session:
-            session.add(
-                RolloutRow(
-                    rollout_id=state.rollout_id,
-                    model=state.model,
-                    baseline_version=spec.baseline_version,
-                    candidate_version=spec.candidate_version,
-                    phase=state.phase,
-                    terminal=int(state.phase in TERMINAL_PHASES),
-                    spec=encode(spec),
-                    state=encode(state),
-                    state_updated_ms=state.updated_at_unix_ms,
-                    created_by=spec.created_by,
-                    created_at_ms=spec.created_at_unix_ms or now,
-                    updated_at_ms=now,
-                )
-            )
+            session.add(_rollout_row(state, now))
             session.add(_command_row(command))
 
     def add_command(self, command: rollout_pb2.RolloutCommand) -> None:
@@ -186,7 +97,13 @@ class ControlStore:
         with self._sessions.begin() as session:
             row = session.get(CommandRow, command_id)
             if row is not None:
-                row.sent_at_ms = _now_ms()
+                row.sent_at_ms = self._clock()
+
+    def is_sent(self, command_id: str) -> bool:
+        """Whether the broker acknowledged the command (False for an unknown id)."""
+        with self._sessions() as session:
+            row = session.get(CommandRow, command_id)
+            return row is not None and row.sent_at_ms is not None
 
     def unsent_commands(self) -> list[rollout_pb2.RolloutCommand]:
         """Commands stored but never acknowledged by the broker, oldest first."""
@@ -235,27 +152,11 @@ class ControlStore:
         A state for a rollout this store never saw (started elsewhere) is stored
         with the spec it embeds. Returns whether anything changed.
         """
-        now = _now_ms()
+        now = self._clock()
         with self._sessions.begin() as session:
             row = session.get(RolloutRow, state.rollout_id)
             if row is None:
-                spec = state.spec
-                session.add(
-                    RolloutRow(
-                        rollout_id=state.rollout_id,
-                        model=state.model,
-                        baseline_version=spec.baseline_version,
-                        candidate_version=spec.candidate_version,
-                        phase=state.phase,
-                        terminal=int(state.phase in TERMINAL_PHASES),
-                        spec=encode(spec),
-                        state=encode(state),
-                        state_updated_ms=state.updated_at_unix_ms,
-                        created_by=spec.created_by,
-                        created_at_ms=spec.created_at_unix_ms or now,
-                        updated_at_ms=now,
-                    )
-                )
+                session.add(_rollout_row(state, now))
                 return True
             if state.updated_at_unix_ms < row.state_updated_ms:
                 return False
@@ -268,7 +169,7 @@ class ControlStore:
                 return False
             row.state = data
             row.phase = merged.phase
-            row.terminal = int(merged.phase in TERMINAL_PHASES)
+            row.terminal = int(_finished(merged.phase))
             row.state_updated_ms = merged.updated_at_unix_ms
             row.updated_at_ms = now
             return True
@@ -276,7 +177,7 @@ class ControlStore:
     # ------------------------------------------------------------ QoS policies
 
     def put_policy(self, policy: rollout_pb2.QosPolicy, updated_by: str) -> StoredPolicy:
-        now = _now_ms()
+        now = self._clock()
         with self._sessions.begin() as session:
             row = session.get(QosPolicyRow, (policy.model, policy.version))
             if row is None:
@@ -374,6 +275,25 @@ class ControlStore:
                 row.next_offset = next_offset
 
 
+def _rollout_row(state: rollout_pb2.RolloutState, now: int) -> RolloutRow:
+    """A new row for ``state`` and the spec it embeds."""
+    spec = state.spec
+    return RolloutRow(
+        rollout_id=state.rollout_id,
+        model=state.model,
+        baseline_version=spec.baseline_version,
+        candidate_version=spec.candidate_version,
+        phase=state.phase,
+        terminal=int(_finished(state.phase)),
+        spec=encode(spec),
+        state=encode(state),
+        state_updated_ms=state.updated_at_unix_ms,
+        created_by=spec.created_by,
+        created_at_ms=spec.created_at_unix_ms or now,
+        updated_at_ms=now,
+    )
+
+
 def _command_row(command: rollout_pb2.RolloutCommand) -> CommandRow:
     return CommandRow(
         command_id=command.command_id,
@@ -400,9 +320,9 @@ def _audit_row(record: audit_pb2.AuditRecord) -> AuditRow:
     )
 
 
-def open_store(url: str | Engine, migrate: bool = True) -> ControlStore:
+def open_store(url: str | Engine, migrate: bool = True, clock: Clock = now_ms) -> ControlStore:
     """A :class:`ControlStore` on ``url`` with the schema migrated to the latest revision."""
     engine = create_db_engine(url) if isinstance(url, str) else url
     if migrate:
         upgrade(engine)
-    return ControlStore(engine)
+    return ControlStore(engine, clock)

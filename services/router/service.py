@@ -16,14 +16,15 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from graylane import serde
+from graylane.clock import now_ms
 from graylane.errors import SerdeError, require_started
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.options import ConsumerOptions
-from graylane.kafka.replies import Rejection, ReplySink, now_ms, reply_topic_rejection
+from graylane.kafka.replies import Rejection, ReplySink, reply_topic_rejection
 from graylane.kafka.seam import ClientFactory, Producer, Record
 from graylane.metrics import RouterMetrics, serve_metrics
-from graylane.routing import RequestFacts, RouteTable, UnknownPinnedVersion, route
+from graylane.routing import RouteTable, RoutingRequest, UnknownPinnedVersion, route
 from graylane.routing.convert import table_from_pb
 from graylane.routing.table import RouteDecision, route_without_table
 from graylane.v1 import control_pb2, inference_pb2
@@ -84,7 +85,7 @@ class Router:
 
     # -- requests --------------------------------------------------------------
     def decide(self, request: inference_pb2.InferenceRequest) -> RouteDecision:
-        facts = RequestFacts(
+        facts = RoutingRequest(
             request.request_id, request.routing_key, dict(request.tags), request.pinned_version
         )
         table = self.tables.tables.get(request.model)

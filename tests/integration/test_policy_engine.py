@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from graylane import serde
+from graylane.clock import now_ms
 from graylane.engine_worker.config import FaultInjection
 from graylane.kafka.admin import read_latest_per_key
 from graylane.kafka.factory import KafkaFactory
@@ -17,7 +18,7 @@ from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine import convert
 from graylane.policy_engine.app import PolicyConfig, prepare_topics
 from graylane.policy_engine.audit_replay import load_recorded, verify
-from graylane.policy_engine.logic.rollout_spec import RolloutSpec, Step
+from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
@@ -66,7 +67,7 @@ def start_command(spec: RolloutSpec) -> rollout_pb2.RolloutCommand:
         kind=rollout_pb2.COMMAND_START,
         spec=convert.rollout_spec_to_pb(spec),
         issued_by="test",
-        issued_at_unix_ms=int(time.time() * 1000),
+        issued_at_unix_ms=now_ms(),
     )
 
 

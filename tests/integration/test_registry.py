@@ -15,10 +15,10 @@ from graylane.registry import (
     ArtifactRecord,
     DuplicateArtifact,
     DuplicateVersion,
+    ModelNotRegistered,
     Registry,
     RegistryError,
     UnknownArtifact,
-    UnknownModel,
     UnknownVersion,
     ValidationSummary,
     VersionStatus,
@@ -148,9 +148,9 @@ def test_models_and_versions(registry: Registry, model: str) -> None:
 
 
 def test_typed_errors(registry: Registry, model: str) -> None:
-    with pytest.raises(UnknownModel):
+    with pytest.raises(ModelNotRegistered):
         registry.register_version(model, "1.0.0", "a" * 64)
-    with pytest.raises(UnknownModel):
+    with pytest.raises(ModelNotRegistered):
         registry.list_versions(model)
     registry.register_model(model)
     registry.register_version(model, "1.0.0", "a" * 64)
@@ -222,5 +222,5 @@ def test_stable_version(registry: Registry, model: str) -> None:
     assert registry.get_model(model).stable_version == SemVer(1, 1, 0)
     with pytest.raises(UnknownVersion):
         registry.set_stable(model, "9.9.9")
-    with pytest.raises(UnknownModel):
+    with pytest.raises(ModelNotRegistered):
         registry.get_stable(model + "-missing")

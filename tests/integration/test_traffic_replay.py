@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from pathlib import Path
 
 import pytest
 
 from graylane.app.cli.main import main
 from graylane.client import GraylaneClient, PostProcess, Task
+from graylane.clock import now_ms
 from graylane.kafka.factory import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.settings import Settings
@@ -38,7 +38,7 @@ async def test_replayed_traffic_agrees_with_a_twin_and_differs_from_another_mode
     monkeypatch.setenv("GRAYLANE_BOOTSTRAP_SERVERS", settings.bootstrap_servers)
     monkeypatch.setenv("COLUMNS", "200")
     async with running_stack(factory, model=MODEL, versions=versions, stable="v1"):
-        start_ms = int(time.time() * 1000)
+        start_ms = now_ms()
         async with GraylaneClient(factory) as client:
             for i in range(6):
                 await client.infer(

@@ -22,7 +22,7 @@ from graylane.artifacts.naming import (
 _word = st.from_regex(r"[a-z0-9]{1,6}", fullmatch=True)
 models = st.lists(_word, min_size=1, max_size=4).flatmap(
     lambda words: st.lists(
-        st.sampled_from(["-", "_", "."]), min_size=len(words) - 1, max_size=len(words) - 1
+        st.sampled_from(["-", "_"]), min_size=len(words) - 1, max_size=len(words) - 1
     ).map(lambda seps: "".join(w + s for w, s in zip(words, [*seps, ""], strict=True)))
 )
 strategies_ = st.lists(_word, min_size=1, max_size=3).map("_".join)
@@ -92,6 +92,7 @@ def test_model_that_looks_like_a_backend_parses_from_the_right() -> None:
         "demo-gpt-onnxruntime1.32.0-int4-ptq:1.0.0",  # unknown precision
         "demo-gpt-onnxruntime1.32.0-int8-ptq:1.0",  # not semver
         "Demo-onnxruntime1.32.0-int8-ptq:1.0.0",  # uppercase model
+        "demo.gpt-onnxruntime1.32.0-int8-ptq:1.0.0",  # a dot in the model: no topics for it
         "demo-onnxruntime-int8-ptq:1.0.0",  # backend without version
     ],
 )

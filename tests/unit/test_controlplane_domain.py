@@ -6,15 +6,14 @@ import re
 
 import pytest
 
+from graylane.rollouts.vocabulary import ManualCommand, Phase
 from graylane.services.controlplane.auth import AuthError, Principal, Role, TokenTable, parse_tokens
 from graylane.services.controlplane.domain import (
     ArtifactFacts,
-    CommandCheck,
     FailedPrecondition,
     InvalidArgument,
     ModelFacts,
     NotFound,
-    RolloutPhaseName,
     StartRequest,
     VersionFacts,
     check_command,
@@ -74,7 +73,7 @@ def test_start_refuses_unknown_model_missing_baseline_and_a_second_rollout() -> 
         check_start(StartRequest("x", "", "1.1.0"), None)
     with pytest.raises(InvalidArgument, match="no stable version"):
         check_start(StartRequest("m", "", "1.1.0"), _model(stable_version=None))
-    busy = _model(active_rollout_id="ro-m-1", active_rollout_phase=RolloutPhaseName.PAUSED)
+    busy = _model(active_rollout_id="ro-m-1", active_rollout_phase=Phase.PAUSED)
     with pytest.raises(FailedPrecondition, match="ro-m-1 \\(paused\\)"):
         check_start(StartRequest("m", "", "1.1.0"), busy)
 
@@ -93,15 +92,15 @@ def test_steps() -> None:
 
 
 def test_commands_by_phase() -> None:
-    check_command(CommandCheck.PAUSE, "r", RolloutPhaseName.PROGRESSING)
-    check_command(CommandCheck.RESUME, "r", RolloutPhaseName.PAUSED)
-    check_command(CommandCheck.ABORT, "r", RolloutPhaseName.PENDING)
+    check_command(ManualCommand.PAUSE, "r", Phase.PROGRESSING)
+    check_command(ManualCommand.RESUME, "r", Phase.PAUSED)
+    check_command(ManualCommand.ABORT, "r", Phase.PENDING)
     with pytest.raises(FailedPrecondition, match="already promoted"):
-        check_command(CommandCheck.ROLLBACK, "r", RolloutPhaseName.PROMOTED)
+        check_command(ManualCommand.ROLLBACK, "r", Phase.PROMOTED)
     with pytest.raises(FailedPrecondition, match="already paused"):
-        check_command(CommandCheck.PAUSE, "r", RolloutPhaseName.PAUSED)
+        check_command(ManualCommand.PAUSE, "r", Phase.PAUSED)
     with pytest.raises(FailedPrecondition, match="only a paused rollout resumes"):
-        check_command(CommandCheck.RESUME, "r", RolloutPhaseName.PROGRESSING)
+        check_command(ManualCommand.RESUME, "r", Phase.PROGRESSING)
 
 
 def test_qos_policy_checks() -> None:

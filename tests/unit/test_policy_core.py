@@ -5,21 +5,21 @@ from __future__ import annotations
 from graylane.histogram import LatencyHistogram
 from graylane.policy_engine import convert
 from graylane.policy_engine.audit_replay import verify
-from graylane.policy_engine.core import (
+from graylane.policy_engine.core import PolicyCore
+from graylane.policy_engine.logic.window import TelemetrySample
+from graylane.policy_engine.messages import (
     Command,
     CommandKind,
     CommandRejected,
-    PolicyCore,
     PrecisionPublication,
     RolloutAudit,
     RolloutPublication,
     RoutingPublication,
 )
-from graylane.policy_engine.logic.qos import QosPolicy
-from graylane.policy_engine.logic.rollout_spec import RolloutSpec, Step
-from graylane.policy_engine.logic.rollout_state import ManualCommand, Phase
-from graylane.policy_engine.logic.window import TelemetrySample
 from graylane.policy_engine.publish import command_from_pb, records_of
+from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.spec import RolloutSpec, Step
+from graylane.rollouts.vocabulary import ManualCommand, Phase
 from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2, control_pb2, rollout_pb2
 

@@ -14,8 +14,7 @@ import pytest
 from graylane.histogram import LatencyHistogram
 from graylane.policy_engine.logic.gates import latency_gate, step_alpha
 from graylane.policy_engine.logic.rollout import evaluate, start
-from graylane.policy_engine.logic.rollout_spec import Gates, RolloutSpec, Step
-from graylane.policy_engine.logic.rollout_state import Decision, DecisionKind, Phase
+from graylane.policy_engine.logic.rollout_state import Decision
 from graylane.policy_engine.logic.significance import Verdict
 from graylane.policy_engine.logic.window import (
     SlidingWindow,
@@ -23,6 +22,8 @@ from graylane.policy_engine.logic.window import (
     WindowKey,
     WindowStats,
 )
+from graylane.rollouts.spec import Gates, RolloutSpec, Step
+from graylane.rollouts.vocabulary import DecisionKind, Phase
 
 WINDOW_MS = 10_000
 

@@ -6,18 +6,18 @@ from dataclasses import replace
 
 import pytest
 
-from graylane.policy_engine.logic.errors import InputMismatch, InvalidPolicy
 from graylane.policy_engine.logic.qos import (
     Ceiling,
     QosDecision,
     QosDecisionKind,
-    QosPolicy,
     QosState,
     evaluate_qos,
     initial_qos_state,
     qos_during_rollout,
 )
 from graylane.policy_engine.logic.window import ALL_VARIANTS, WindowStats
+from graylane.rollouts.errors import InputMismatch, InvalidPolicy
+from graylane.rollouts.qos_policy import QosPolicy
 
 POLICY = QosPolicy(
     model="m",

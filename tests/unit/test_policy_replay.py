@@ -8,7 +8,7 @@ import numpy as np
 
 from graylane.histogram import LatencyHistogram
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.qos import QosDecision, QosPolicy, evaluate_qos, initial_qos_state
+from graylane.policy_engine.logic.qos import QosDecision, evaluate_qos, initial_qos_state
 from graylane.policy_engine.logic.replay import (
     DecisionInput,
     InputKind,
@@ -21,9 +21,11 @@ from graylane.policy_engine.logic.replay import (
     replay_qos,
 )
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
-from graylane.policy_engine.logic.rollout_spec import RolloutSpec, Step, Strategy
-from graylane.policy_engine.logic.rollout_state import Decision, DecisionKind, ManualCommand
+from graylane.policy_engine.logic.rollout_state import Decision
 from graylane.policy_engine.logic.window import WindowStats
+from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.spec import RolloutSpec, Step, Strategy
+from graylane.rollouts.vocabulary import DecisionKind, ManualCommand
 
 SPEC = RolloutSpec(
     rollout_id="r",

@@ -8,12 +8,6 @@ from itertools import product
 import pytest
 
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.errors import (
-    InputMismatch,
-    InvalidSpec,
-    InvalidTransition,
-    RolloutFinished,
-)
 from graylane.policy_engine.logic.rollout import (
     apply_command,
     evaluate,
@@ -21,17 +15,21 @@ from graylane.policy_engine.logic.rollout import (
     routing_of,
     start,
 )
-from graylane.policy_engine.logic.rollout_spec import Gates, RolloutSpec, Step, Strategy
 from graylane.policy_engine.logic.rollout_state import (
     TRANSITIONS,
     Decision,
-    DecisionKind,
-    ManualCommand,
-    Phase,
     RolloutState,
     check_transition,
 )
 from graylane.policy_engine.logic.window import WindowStats
+from graylane.rollouts.errors import (
+    InputMismatch,
+    InvalidSpec,
+    InvalidTransition,
+    RolloutFinished,
+)
+from graylane.rollouts.spec import Gates, RolloutSpec, Step, Strategy
+from graylane.rollouts.vocabulary import DecisionKind, ManualCommand, Phase
 
 STEPS = (
     Step(1.0, 100, 30.0),

@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 
 from graylane.policy_engine.logic.rollout import apply_command, start
-from graylane.policy_engine.logic.rollout_spec import RolloutSpec, Strategy
-from graylane.policy_engine.logic.rollout_state import ManualCommand, RoutingIntent
+from graylane.policy_engine.logic.rollout_state import RoutingIntent
 from graylane.policy_engine.logic.routing_plan import (
     VersionWeight,
     plan_for,
     route_table_for,
     weights_for,
 )
+from graylane.rollouts.spec import RolloutSpec, Strategy
+from graylane.rollouts.vocabulary import ManualCommand
 from graylane.routing import BUCKETS
 
 SPEC = RolloutSpec(rollout_id="r", model="m", baseline="v1", candidate="v2")

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from graylane.routing import (
     BUCKETS,
-    RequestFacts,
     RouteReason,
+    RoutingRequest,
     RoutingRule,
     UnknownPinnedVersion,
     assign_ranges,
@@ -26,7 +26,7 @@ KEYS = [f"user-{i}" for i in range(100_000)]
 @pytest.mark.parametrize("candidate_percent", [1.0, 5.0, 25.0, 50.0, 90.0])
 def test_split_over_100k_keys_is_within_one_point_of_the_weights(candidate_percent: float) -> None:
     table = table_for_weights(model="m", stable_version="v1", weights=[("v2", candidate_percent)])
-    counts = Counter(route(table, RequestFacts(k, k)).version for k in KEYS)
+    counts = Counter(route(table, RoutingRequest(k, k)).version for k in KEYS)
     share = 100.0 * counts["v2"] / len(KEYS)
     assert abs(share - candidate_percent) <= 1.0, share
     assert counts["v1"] + counts["v2"] == len(KEYS)
@@ -34,7 +34,7 @@ def test_split_over_100k_keys_is_within_one_point_of_the_weights(candidate_perce
 
 def test_three_way_split() -> None:
     table = table_for_weights(model="m", stable_version="v1", weights=[("v2", 20.0), ("v3", 30.0)])
-    counts = Counter(route(table, RequestFacts(k, k)).version for k in KEYS)
+    counts = Counter(route(table, RoutingRequest(k, k)).version for k in KEYS)
     assert abs(100 * counts["v2"] / len(KEYS) - 20) <= 1
     assert abs(100 * counts["v3"] / len(KEYS) - 30) <= 1
     assert abs(100 * counts["v1"] / len(KEYS) - 50) <= 1
@@ -46,7 +46,7 @@ def test_a_key_on_the_candidate_stays_there_as_the_weight_rises() -> None:
     for i, w in enumerate(weights):
         table = table_for_weights(model="m", stable_version="v1", weights=[("v2", w)])
         for k in KEYS[:20_000]:
-            on_candidate = route(table, RequestFacts(k, k)).version == "v2"
+            on_candidate = route(table, RoutingRequest(k, k)).version == "v2"
             if k in first_on_candidate:
                 assert on_candidate, f"{k} left the candidate at {w}%"
             elif on_candidate:
@@ -78,32 +78,32 @@ def test_rules_come_before_weights() -> None:
         weights=[("v2", 0.0)],
         rules=[RoutingRule("testers", (("group", "internal"),), "v2")],
     )
-    d = route(table, RequestFacts("r1", "user-1", {"group": "internal"}))
+    d = route(table, RoutingRequest("r1", "user-1", {"group": "internal"}))
     assert (d.version, d.reason, d.rule) == ("v2", RouteReason.RULE, "testers")
-    d = route(table, RequestFacts("r2", "user-1", {"group": "public"}))
+    d = route(table, RoutingRequest("r2", "user-1", {"group": "public"}))
     assert (d.version, d.reason) == ("v1", RouteReason.BUCKET)
 
 
 def test_rule_with_no_tags_matches_nothing() -> None:
     table = table_for_weights(model="m", stable_version="v1", rules=[RoutingRule("x", (), "v2")])
-    assert route(table, RequestFacts("r", "k", {"a": "b"})).version == "v1"
+    assert route(table, RoutingRequest("r", "k", {"a": "b"})).version == "v1"
 
 
 def test_pins_are_honoured_only_when_allowed() -> None:
     closed = table_for_weights(model="m", stable_version="v1", weights=[("v2", 0.0)])
-    assert route(closed, RequestFacts("r", "k", pinned_version="v2")).version == "v1"
+    assert route(closed, RoutingRequest("r", "k", pinned_version="v2")).version == "v1"
     open_ = table_for_weights(
         model="m", stable_version="v1", weights=[("v2", 0.0)], allow_pinning=True
     )
-    d = route(open_, RequestFacts("r", "k", pinned_version="v2"))
+    d = route(open_, RoutingRequest("r", "k", pinned_version="v2"))
     assert (d.version, d.reason) == ("v2", RouteReason.PINNED)
     with pytest.raises(UnknownPinnedVersion, match="v9"):
-        route(open_, RequestFacts("r", "k", pinned_version="v9"))
+        route(open_, RoutingRequest("r", "k", pinned_version="v9"))
 
 
 def test_shadow_share_is_sampled_per_request() -> None:
     table = table_for_weights(model="m", stable_version="v1", shadow_version="v2", shadow_share=0.2)
-    decisions = [route(table, RequestFacts(f"req-{i}", "same-user")) for i in range(20_000)]
+    decisions = [route(table, RoutingRequest(f"req-{i}", "same-user")) for i in range(20_000)]
     assert all(d.version == "v1" for d in decisions)
     share = sum(d.shadow_version == "v2" for d in decisions) / len(decisions)
     assert abs(share - 0.2) < 0.01
@@ -117,7 +117,7 @@ def test_no_shadow_copy_of_a_request_already_on_the_shadow_version() -> None:
         shadow_version="v2",
         shadow_share=1.0,
     )
-    assert route(table, RequestFacts("r", "k")).shadow_version is None
+    assert route(table, RoutingRequest("r", "k")).shadow_version is None
 
 
 @pytest.mark.parametrize(

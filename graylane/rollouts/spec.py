@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from graylane.policy_engine.logic.errors import InvalidSpec
+from graylane.rollouts.errors import InvalidSpec
 
 __all__ = [
     "DEFAULT_STEPS",
@@ -14,6 +15,7 @@ __all__ = [
     "RolloutSpec",
     "Step",
     "Strategy",
+    "step_weight_problem",
 ]
 
 
@@ -118,24 +120,41 @@ def _problems(spec: RolloutSpec) -> list[str]:
     return out
 
 
+def step_weight_problem(weights: Sequence[float]) -> str | None:
+    """What is wrong with the step weights, or None: each within (0, 100], rising strictly.
+
+    The one step rule; the control plane checks a start request with it, and
+    :class:`RolloutSpec` checks its steps with it.
+    """
+    previous = 0.0
+    for i, w in enumerate(weights):
+        if not (_finite(w) and 0.0 < w <= 100.0):
+            return (
+                f"step {i + 1} has weight {w:g}%; every step weight must be above 0 and at most 100"
+            )
+        if w <= previous:
+            shown = " -> ".join(f"{x:g}" for x in weights)
+            return (
+                f"step weights must increase strictly, got {shown}; make each step larger "
+                "than the one before (e.g. 1, 5, 25, 50, 100)"
+            )
+        previous = w
+    return None
+
+
 def _step_problems(spec: RolloutSpec) -> list[str]:
     steps = spec.steps
     if not steps:
         return ["steps are empty"]
     out: list[str] = []
-    previous = 0.0
+    weights = step_weight_problem([step.weight_percent for step in steps])
+    if weights is not None:
+        out.append(weights)
     for i, step in enumerate(steps):
-        w = step.weight_percent
-        if not (_finite(w) and 0.0 < w <= 100.0):
-            out.append(f"step {i} weight {w} must be within (0, 100]")
-        elif w <= previous:
-            out.append(f"step {i} weight {w} does not rise above {previous}")
         if step.min_samples < 0:
             out.append(f"step {i} min_samples {step.min_samples} is negative")
         if not (_finite(step.min_dwell_s) and step.min_dwell_s >= 0.0):
             out.append(f"step {i} min_dwell_s {step.min_dwell_s} must be a non-negative number")
-        if _finite(w):
-            previous = max(previous, w)
     if spec.strategy is not Strategy.AB_SPLIT:
         if steps[-1].weight_percent != 100.0:
             out.append(f"the last step is {steps[-1].weight_percent}%, not 100%")

@@ -1,0 +1,126 @@
+"""How the operator commands print: tables, times, rollout states, policies, decisions."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = [
+    "phase_name",
+    "print_decisions",
+    "print_policy",
+    "print_state",
+    "table",
+    "when",
+]
+
+
+def phase_name(value: int) -> str:
+    """The phase's name as ``graylane.rollouts`` spells it; the number when unknown."""
+    from graylane.rollouts.pb import phase_from_pb
+
+    if value == 0:
+        return "unspecified"
+    phase = phase_from_pb(value)
+    return phase.value if phase is not None else str(value)
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+def table(title: str, columns: Iterable[str], rows: Iterable[Iterable[object]]) -> None:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, c in enumerate(columns):
+        # The first column holds ids and times people copy: never wrap it.
+        table.add_column(c, no_wrap=i == 0)
+    for row in rows:
+        table.add_row(*(str(x) for x in row))
+    console().print(table)
+
+
+def when(ms: int) -> str:
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def state_rows(state: Any) -> list[tuple[str, object]]:
+    spec = state.spec
+    return [
+        ("rollout", state.rollout_id),
+        ("model", state.model),
+        ("baseline -> candidate", f"{spec.baseline_version} -> {spec.candidate_version}"),
+        ("phase", phase_name(state.phase)),
+        ("step", f"{state.step_index + 1} of {len(spec.steps)}"),
+        ("candidate weight", f"{state.candidate_weight_percent:g}%"),
+        ("consecutive failures", state.consecutive_failures),
+        ("last reason", state.last_reason or "-"),
+        ("updated", when(state.updated_at_unix_ms)),
+        ("created", f"{when(spec.created_at_unix_ms)} by {spec.created_by or '-'}"),
+    ]
+
+
+def print_state(state: Any) -> None:
+    table("rollout", ("field", "value"), state_rows(state))
+
+
+def print_policy(view: Any) -> None:
+    p = view.policy
+    rows: list[tuple[str, object]] = [
+        ("model / version", f"{p.model} {p.version}"),
+        ("enabled", p.enabled),
+        ("SLO p99", f"{p.slo_p99_ms:g} ms"),
+        ("ladder", " > ".join(p.ladder)),
+        ("quality floor", p.quality_floor or p.ladder[-1] if p.ladder else "-"),
+        ("step down above", f"SLO x {1 + p.step_down_margin:g} for {p.sustain_s:g}s"),
+        ("step up below", f"SLO x {p.step_up_ratio:g} for {p.sustain_s:g}s"),
+        ("min dwell", f"{p.min_dwell_s:g}s"),
+        ("active variant", view.active_variant or "unknown (no precision change on record)"),
+        ("active since", when(view.active_since_unix_ms)),
+        ("last reason", view.last_reason or "-"),
+        ("updated", f"{when(view.updated_at_unix_ms)} by {view.updated_by or '-'}"),
+    ]
+    table("QoS policy", ("field", "value"), rows)
+
+
+def print_decisions(
+    records: Iterable[Any], *, title: str, extra: Callable[[Any], str] | None = None
+) -> None:
+    from graylane.v1 import audit_pb2
+
+    rows = []
+    for r in records:
+        after = r.rollout_after if r.HasField("rollout_after") else None
+        weight = f"{after.candidate_weight_percent:g}%" if after is not None else "-"
+        variant = r.qos_after.active_variant if r.HasField("qos_after") else ""
+        numbers = " ".join(
+            f"{s.version}/{s.variant}: n={s.requests} err={s.errors} p99={s.p99_ms:.1f}ms"
+            for s in r.inputs
+        )
+        if extra is not None:
+            numbers = " ".join(x for x in (numbers, extra(r)) if x)
+        rows.append(
+            (
+                when(r.decided_at_unix_ms),
+                r.rollout_id or r.version,
+                audit_pb2.DecisionKind.Name(r.kind).removeprefix("DECISION_").lower(),
+                r.rule,
+                r.reason,
+                variant or weight,
+                numbers or "-",
+            )
+        )
+    table(
+        title,
+        ("when", "rollout/version", "decision", "rule", "reason", "weight/variant", "key numbers"),
+        rows,
+    )
+    if not rows:
+        print("no decisions in that range", file=sys.stderr)

@@ -1,0 +1,225 @@
+"""Protobuf (``graylane.v1``) <-> the rollout vocabulary, specs and QoS policies: one mapping each.
+
+proto3 cannot tell an unset scalar from zero. In specs and policies a zero in a
+field whose dataclass default is non-zero means *unset* and takes the default
+(an empty step list takes the default steps, an unspecified strategy is
+CANARY). Step fields are taken as they are. Fields the wire has no room for are
+lost on the way out: ``Gates.p99_floor_ms`` and the policy's
+``up_load_fraction`` / ``ceiling_ttl_s``.
+"""
+
+from __future__ import annotations
+
+from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.spec import DEFAULT_STEPS, Gates, RolloutSpec, Step, Strategy
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
+from graylane.v1 import audit_pb2, rollout_pb2
+
+__all__ = [
+    "decision_kind_from_pb",
+    "decision_kind_to_pb",
+    "decision_rule_from_pb",
+    "manual_command_from_pb",
+    "manual_command_to_pb",
+    "phase_from_pb",
+    "phase_to_pb",
+    "qos_policy_from_pb",
+    "qos_policy_to_pb",
+    "rollout_spec_from_pb",
+    "rollout_spec_to_pb",
+    "strategy_from_pb",
+    "strategy_to_pb",
+]
+
+# -- enums ------------------------------------------------------------------------
+
+_PHASE_TO_PB = {
+    Phase.PENDING: rollout_pb2.PENDING,
+    Phase.SHADOWING: rollout_pb2.SHADOWING,
+    Phase.PROGRESSING: rollout_pb2.PROGRESSING,
+    Phase.AB_HOLDING: rollout_pb2.AB_HOLDING,
+    Phase.PAUSED: rollout_pb2.PAUSED,
+    Phase.PROMOTED: rollout_pb2.PROMOTED,
+    Phase.ROLLED_BACK: rollout_pb2.ROLLED_BACK,
+    Phase.ABORTED: rollout_pb2.ABORTED,
+}
+_PHASE_FROM_PB: dict[int, Phase] = {v: k for k, v in _PHASE_TO_PB.items()}
+
+_COMMAND_TO_PB = {
+    ManualCommand.PAUSE: rollout_pb2.COMMAND_PAUSE,
+    ManualCommand.RESUME: rollout_pb2.COMMAND_RESUME,
+    ManualCommand.PROMOTE: rollout_pb2.COMMAND_PROMOTE,
+    ManualCommand.ROLLBACK: rollout_pb2.COMMAND_ROLLBACK,
+    ManualCommand.ABORT: rollout_pb2.COMMAND_ABORT,
+}
+_COMMAND_FROM_PB: dict[int, ManualCommand] = {v: k for k, v in _COMMAND_TO_PB.items()}
+
+_KIND_TO_PB = {
+    DecisionKind.STARTED: audit_pb2.DECISION_ROLLOUT_STARTED,
+    DecisionKind.ADVANCE: audit_pb2.DECISION_ADVANCE,
+    DecisionKind.HOLD: audit_pb2.DECISION_HOLD,
+    DecisionKind.GATE_FAILED: audit_pb2.DECISION_GATE_FAILED,
+    DecisionKind.ROLLBACK: audit_pb2.DECISION_ROLLBACK,
+    DecisionKind.PROMOTE: audit_pb2.DECISION_PROMOTE,
+    DecisionKind.MANUAL: audit_pb2.DECISION_MANUAL_COMMAND,
+}
+_KIND_FROM_PB: dict[int, DecisionKind] = {v: k for k, v in _KIND_TO_PB.items()}
+
+_STRATEGY_TO_PB = {
+    Strategy.CANARY: rollout_pb2.CANARY,
+    Strategy.SHADOW_THEN_CANARY: rollout_pb2.SHADOW_THEN_CANARY,
+    Strategy.AB_SPLIT: rollout_pb2.AB_SPLIT,
+}
+_STRATEGY_FROM_PB: dict[int, Strategy] = {v: k for k, v in _STRATEGY_TO_PB.items()}
+
+
+def phase_to_pb(phase: Phase | None) -> rollout_pb2.RolloutPhase:
+    """None (no phase) is ``ROLLOUT_PHASE_UNSPECIFIED``."""
+    return rollout_pb2.ROLLOUT_PHASE_UNSPECIFIED if phase is None else _PHASE_TO_PB[phase]
+
+
+def phase_from_pb(value: int) -> Phase | None:
+    """None for ``ROLLOUT_PHASE_UNSPECIFIED`` and values this build does not know."""
+    return _PHASE_FROM_PB.get(value)
+
+
+def manual_command_to_pb(command: ManualCommand) -> rollout_pb2.CommandKind:
+    return _COMMAND_TO_PB[command]
+
+
+def manual_command_from_pb(kind: int) -> ManualCommand | None:
+    """None for START, SET_QOS_POLICY and unknown kinds: they are not manual commands."""
+    return _COMMAND_FROM_PB.get(kind)
+
+
+def decision_kind_to_pb(kind: DecisionKind) -> audit_pb2.DecisionKind:
+    return _KIND_TO_PB[kind]
+
+
+def decision_kind_from_pb(kind: int) -> DecisionKind | None:
+    """None for QoS kinds (PRECISION_CHANGE), command rejections and unknown kinds."""
+    return _KIND_FROM_PB.get(kind)
+
+
+def decision_rule_from_pb(rule: str) -> DecisionRule | None:
+    """The rule of an audit record; None for a rule this build does not know."""
+    try:
+        return DecisionRule(rule)
+    except ValueError:
+        return None
+
+
+def strategy_to_pb(strategy: Strategy) -> rollout_pb2.RolloutStrategy:
+    return _STRATEGY_TO_PB[strategy]
+
+
+def strategy_from_pb(value: int) -> Strategy:
+    """An unspecified (or unknown) strategy is CANARY."""
+    return _STRATEGY_FROM_PB.get(value, Strategy.CANARY)
+
+
+# -- rollout spec -----------------------------------------------------------------
+
+
+def _or(value: float, default: float) -> float:
+    return value if value else default
+
+
+def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
+    """``gates.p99_floor_ms`` has no field on the wire and is dropped."""
+    g = spec.gates
+    return rollout_pb2.RolloutSpec(
+        rollout_id=spec.rollout_id,
+        model=spec.model,
+        baseline_version=spec.baseline,
+        candidate_version=spec.candidate,
+        strategy=strategy_to_pb(spec.strategy),
+        steps=[
+            rollout_pb2.RolloutStep(
+                weight_percent=s.weight_percent,
+                min_samples=s.min_samples,
+                min_dwell_s=s.min_dwell_s,
+            )
+            for s in spec.steps
+        ],
+        gates=rollout_pb2.GateSpec(
+            max_p99_ratio=g.max_p99_ratio,
+            max_error_rate_delta=g.max_error_rate_delta,
+            significance_alpha=g.alpha,
+            min_output_agreement=g.min_output_agreement,
+        ),
+        failures_to_rollback=spec.failures_to_rollback,
+        shadow_share=spec.shadow_share,
+        shadow_duration_s=spec.shadow_duration_s,
+        ab_weight_percent=spec.ab_weight_percent,
+        ab_duration_s=spec.ab_duration_s,
+        created_at_unix_ms=spec.created_at_ms,
+        created_by=spec.created_by,
+    )
+
+
+def rollout_spec_from_pb(pb: rollout_pb2.RolloutSpec) -> RolloutSpec:
+    """Raises :class:`~graylane.rollouts.errors.InvalidSpec` for a broken spec."""
+    d = RolloutSpec(rollout_id="-", model="-", baseline="-a", candidate="-b")
+    dg = d.gates
+    gates = Gates(
+        max_p99_ratio=_or(pb.gates.max_p99_ratio, dg.max_p99_ratio),
+        max_error_rate_delta=_or(pb.gates.max_error_rate_delta, dg.max_error_rate_delta),
+        alpha=_or(pb.gates.significance_alpha, dg.alpha),
+        min_output_agreement=_or(pb.gates.min_output_agreement, dg.min_output_agreement),
+    )
+    steps = tuple(Step(s.weight_percent, s.min_samples, s.min_dwell_s) for s in pb.steps)
+    return RolloutSpec(
+        rollout_id=pb.rollout_id,
+        model=pb.model,
+        baseline=pb.baseline_version,
+        candidate=pb.candidate_version,
+        strategy=strategy_from_pb(pb.strategy),
+        steps=steps or DEFAULT_STEPS,
+        gates=gates,
+        failures_to_rollback=int(_or(pb.failures_to_rollback, d.failures_to_rollback)),
+        shadow_share=_or(pb.shadow_share, d.shadow_share),
+        shadow_duration_s=_or(pb.shadow_duration_s, d.shadow_duration_s),
+        ab_weight_percent=_or(pb.ab_weight_percent, d.ab_weight_percent),
+        ab_duration_s=_or(pb.ab_duration_s, d.ab_duration_s),
+        created_at_ms=pb.created_at_unix_ms,
+        created_by=pb.created_by,
+    )
+
+
+# -- QoS policy -------------------------------------------------------------------
+
+
+def qos_policy_to_pb(p: QosPolicy) -> rollout_pb2.QosPolicy:
+    """``up_load_fraction`` and ``ceiling_ttl_s`` have no field on the wire."""
+    return rollout_pb2.QosPolicy(
+        model=p.model,
+        version=p.version,
+        slo_p99_ms=p.slo_p99_ms,
+        ladder=list(p.ladder),
+        quality_floor=p.quality_floor,
+        step_down_margin=p.step_down_margin,
+        step_up_ratio=p.step_up_ratio,
+        sustain_s=p.sustain_s,
+        min_dwell_s=p.min_dwell_s,
+        max_queue_wait_ms=p.max_queue_wait_ms,
+        enabled=p.enabled,
+    )
+
+
+def qos_policy_from_pb(pb: rollout_pb2.QosPolicy) -> QosPolicy:
+    """Raises :class:`~graylane.rollouts.errors.InvalidPolicy` for a broken policy."""
+    d = QosPolicy(model="-", version="-", slo_p99_ms=1.0, ladder=("-",))
+    return QosPolicy(
+        model=pb.model,
+        version=pb.version,
+        slo_p99_ms=pb.slo_p99_ms,
+        ladder=tuple(pb.ladder),
+        quality_floor=pb.quality_floor,
+        step_down_margin=_or(pb.step_down_margin, d.step_down_margin),
+        step_up_ratio=_or(pb.step_up_ratio, d.step_up_ratio),
+        max_queue_wait_ms=pb.max_queue_wait_ms,
+        sustain_s=_or(pb.sustain_s, d.sustain_s),
+        min_dwell_s=_or(pb.min_dwell_s, d.min_dwell_s),
+        enabled=pb.enabled,
+    )

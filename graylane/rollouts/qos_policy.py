@@ -1,0 +1,66 @@
+"""A QoS policy: SLO and precision ladder of one model version (validated on construction)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from graylane.rollouts.errors import InvalidPolicy
+
+__all__ = ["QosPolicy"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class QosPolicy:
+    model: str
+    version: str
+    slo_p99_ms: float
+    ladder: tuple[str, ...]
+    quality_floor: str = ""
+    step_down_margin: float = 0.2
+    step_up_ratio: float = 0.6
+    max_queue_wait_ms: float = 0.0
+    sustain_s: float = 5.0
+    min_dwell_s: float = 30.0
+    enabled: bool = True
+    up_load_fraction: float = 0.8
+    ceiling_ttl_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if not self.ladder:
+            problems.append("the ladder is empty")
+        if len(set(self.ladder)) != len(self.ladder):
+            problems.append(f"the ladder {self.ladder} repeats a variant")
+        if self.quality_floor and self.quality_floor not in self.ladder:
+            problems.append(f"quality floor {self.quality_floor!r} is not on the ladder")
+        checks = (
+            ("slo_p99_ms", self.slo_p99_ms > 0.0),
+            ("step_down_margin", self.step_down_margin >= 0.0),
+            ("step_up_ratio", 0.0 < self.step_up_ratio < 1.0 + self.step_down_margin),
+            ("max_queue_wait_ms", self.max_queue_wait_ms >= 0.0),
+            ("sustain_s", self.sustain_s >= 0.0),
+            ("min_dwell_s", self.min_dwell_s >= 0.0),
+            ("up_load_fraction", 0.0 < self.up_load_fraction <= 1.0),
+            ("ceiling_ttl_s", self.ceiling_ttl_s >= 0.0),
+        )
+        for name, ok in checks:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and ok):
+                problems.append(f"{name} {value} is out of range")
+        if problems:
+            raise InvalidPolicy(
+                f"QoS policy of {self.model}/{self.version}: " + "; ".join(problems)
+            )
+
+    @property
+    def down_threshold_ms(self) -> float:
+        return self.slo_p99_ms * (1.0 + self.step_down_margin)
+
+    @property
+    def up_threshold_ms(self) -> float:
+        return self.slo_p99_ms * self.step_up_ratio
+
+    @property
+    def floor_index(self) -> int:
+        return self.ladder.index(self.quality_floor) if self.quality_floor else len(self.ladder) - 1

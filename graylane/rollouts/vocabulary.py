@@ -1,0 +1,121 @@
+"""The rollout vocabulary, one definition each: phases, manual commands, decision kinds and rules.
+
+Controller, control plane, CLI, store and benchmarks all speak these enums; the
+protobuf mapping of each lives in :mod:`graylane.rollouts.pb`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum, StrEnum
+
+__all__ = [
+    "ACTIVE_PHASES",
+    "TERMINAL_PHASES",
+    "DecisionKind",
+    "DecisionRule",
+    "ManualCommand",
+    "Phase",
+]
+
+
+class Phase(Enum):
+    """Where a rollout is in its lifecycle."""
+
+    PENDING = "pending"
+    SHADOWING = "shadowing"
+    PROGRESSING = "progressing"
+    AB_HOLDING = "ab_holding"
+    PAUSED = "paused"
+    PROMOTED = "promoted"
+    ROLLED_BACK = "rolled_back"
+    ABORTED = "aborted"
+
+    @property
+    def finished(self) -> bool:
+        """A terminal phase: the rollout accepts no further change."""
+        return self in TERMINAL_PHASES
+
+
+ACTIVE_PHASES = frozenset({Phase.SHADOWING, Phase.PROGRESSING, Phase.AB_HOLDING})
+TERMINAL_PHASES = frozenset({Phase.PROMOTED, Phase.ROLLED_BACK, Phase.ABORTED})
+
+
+class ManualCommand(Enum):
+    """What an operator may ask of a running rollout."""
+
+    PAUSE = "pause"
+    RESUME = "resume"
+    PROMOTE = "promote"
+    ROLLBACK = "rollback"
+    ABORT = "abort"
+
+    @property
+    def rule(self) -> DecisionRule:
+        """The rule a decision taken on this command is recorded under."""
+        return DecisionRule(f"manual_{self.value}")
+
+
+class DecisionKind(Enum):
+    """What a rollout decision did."""
+
+    STARTED = "started"
+    ADVANCE = "advance"
+    HOLD = "hold"
+    GATE_FAILED = "gate_failed"
+    ROLLBACK = "rollback"
+    PROMOTE = "promote"
+    MANUAL = "manual"
+
+
+class DecisionRule(StrEnum):
+    """Why a decision was taken: the rule recorded with it (audit ``rule``).
+
+    A string enum: the wire field is the value, and a value compares equal to
+    its string.
+    """
+
+    # rollout lifecycle
+    STARTED = "started"
+    PAUSED = "paused"
+    NO_DATA = "no_data"
+    MIN_SAMPLES = "min_samples"
+    MIN_DWELL = "min_dwell"
+    ALL_GATES_PASSED = "all_gates_passed"
+    # rollout gates
+    P99_RATIO = "p99_ratio"
+    P99_SEVERE = "p99_severe"
+    ERROR_RATE = "error_rate"
+    ERROR_RATE_SEVERE = "error_rate_severe"
+    ERROR_RATE_DECISIVE = "error_rate_decisive"
+    OUTPUT_AGREEMENT = "output_agreement"
+    # manual commands (see ManualCommand.rule)
+    MANUAL_PAUSE = "manual_pause"
+    MANUAL_RESUME = "manual_resume"
+    MANUAL_PROMOTE = "manual_promote"
+    MANUAL_ROLLBACK = "manual_rollback"
+    MANUAL_ABORT = "manual_abort"
+    # commands the engine refuses or records
+    COMMAND_REJECTED = "command_rejected"
+    SET_QOS_POLICY = "set_qos_policy"
+    # QoS controller (NO_DATA and MIN_DWELL above are shared)
+    DISABLED = "disabled"
+    NOT_IN_LADDER = "not_in_ladder"
+    QUALITY_FLOOR = "quality_floor"
+    STALE_VARIANT = "stale_variant"
+    SUSTAIN = "sustain"
+    TOP_RUNG = "top_rung"
+    LOAD_CEILING = "load_ceiling"
+    WITHIN_BAND = "within_band"
+    P99_BREACH = "p99_breach"
+    P99_CALM = "p99_calm"
+    QUEUE_WAIT_BREACH = "queue_wait_breach"
+    LIKE_FOR_LIKE = "like_for_like"
+    LIKE_FOR_LIKE_UNAVAILABLE = "like_for_like_unavailable"
+    FOLLOW_BASELINE = "follow_baseline"
+
+    @property
+    def command(self) -> ManualCommand | None:
+        """The manual command behind a ``manual_*`` rule; None for every other rule."""
+        if not self.value.startswith("manual_"):
+            return None
+        return ManualCommand(self.value.removeprefix("manual_"))

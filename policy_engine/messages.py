@@ -1,0 +1,126 @@
+"""What :class:`~graylane.policy_engine.core.PolicyCore` takes in and gives out, as plain data.
+
+In: a decoded operator :class:`Command`. Out: the :data:`Output` items, which
+the streaming adapter turns into records (``graylane.policy_engine.publish``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from graylane.policy_engine.logic.qos import QosDecision, QosState
+from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
+from graylane.policy_engine.logic.routing_plan import RoutingPlan
+from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.spec import RolloutSpec
+from graylane.rollouts.vocabulary import ManualCommand
+
+__all__ = [
+    "Command",
+    "CommandKind",
+    "CommandRejected",
+    "Output",
+    "PrecisionPublication",
+    "QosAudit",
+    "QosPolicySet",
+    "RolloutAudit",
+    "RolloutPublication",
+    "RoutingPublication",
+]
+
+
+class CommandKind(Enum):
+    START = "start"
+    MANUAL = "manual"
+    SET_QOS_POLICY = "set_qos_policy"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Command:
+    """One operator intent, decoded from the commands topic."""
+
+    kind: CommandKind
+    model: str
+    command_id: str = ""
+    rollout_id: str = ""
+    spec: RolloutSpec | None = None
+    manual: ManualCommand | None = None
+    qos_policy: QosPolicy | None = None
+    issued_by: str = ""
+    note: str = ""
+
+
+# -- outputs ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoutingPublication:
+    """A new routing table for ``plan.model`` (key = model)."""
+
+    plan: RoutingPlan
+    reason: str
+    at_ms: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionPublication:
+    """The variant a model version must run (key = model/version)."""
+
+    decision: QosDecision
+    epoch: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutPublication:
+    """The rollout's latest state (compacted, key = rollout_id)."""
+
+    state: RolloutState
+    spec: RolloutSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutAudit:
+    decision: Decision
+    spec: RolloutSpec
+    command_id: str = ""
+    actor: str = "policy-engine"
+
+
+@dataclass(frozen=True, kw_only=True)
+class QosAudit:
+    decision: QosDecision
+    epoch: int
+    rollout_id: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class QosPolicySet:
+    """A QoS policy took effect (audited as a manual command)."""
+
+    policy: QosPolicy
+    before: QosState | None
+    after: QosState
+    at_ms: int
+    command_id: str = ""
+    actor: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandRejected:
+    """A command that changed nothing, and why (audited)."""
+
+    command: Command
+    reason: str
+    at_ms: int
+
+
+Output = (
+    RoutingPublication
+    | PrecisionPublication
+    | RolloutPublication
+    | RolloutAudit
+    | QosAudit
+    | QosPolicySet
+    | CommandRejected
+)
