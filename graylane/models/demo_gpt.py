@@ -297,20 +297,26 @@ def _attention(
 
 
 def _cached_kv(g: _Graph, k: str, v: str, heads: str, prefix: str, layer: int) -> tuple[str, str]:
-    """Keys [b, h, hd, past+seq] and values [b, h, past+seq, hd] including the past."""
+    """Keys [b, h, hd, past+seq] and values [b, h, past+seq, hd] including the past.
+
+    ``present.*`` are Identity copies of the concatenated tensors, so no graph
+    output is also consumed inside the graph (float16 conversion with kept IO
+    types cannot handle that).
+    """
     k4 = g.op("Reshape", [k, heads], f"{prefix}.k4")
     new_k = g.op("Transpose", [k4], f"{prefix}.kh", perm=[0, 2, 1, 3])
     v4 = g.op("Reshape", [v, heads], f"{prefix}.v4")
     new_v = g.op("Transpose", [v4], f"{prefix}.vh", perm=[0, 2, 1, 3])
+    full: list[str] = []
     for past, new, present in (
         (past_key_name(layer), new_k, present_key_name(layer)),
         (past_value_name(layer), new_v, present_value_name(layer)),
     ):
-        g.nodes.append(
-            helper.make_node("Concat", [past, new], [present], name=f"{present}.concat", axis=2)
-        )
-    keys = g.op("Transpose", [present_key_name(layer)], f"{prefix}.kt", perm=[0, 1, 3, 2])
-    return keys, present_value_name(layer)
+        joined = g.op("Concat", [past, new], f"{prefix}.cat", axis=2)
+        g.nodes.append(helper.make_node("Identity", [joined], [present], name=present))
+        full.append(joined)
+    keys = g.op("Transpose", [full[0]], f"{prefix}.kt", perm=[0, 1, 3, 2])
+    return keys, full[1]
 
 
 def _mlp(g: _Graph, w: _Weights, cfg: GptConfig, x: str, prefix: str) -> str:
