@@ -37,6 +37,7 @@ from graylane.engine_worker.tasks import (
     FinishReason,
     GenerationResult,
     TokenLayout,
+    token_layout,
 )
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "KvDecodeLoop",
     "LoopStats",
     "generate_with_cache",
+    "generation_layout",
     "kv_cache_layout",
 ]
 
@@ -113,6 +115,15 @@ def kv_cache_layout(io: IOSignature) -> KvCacheLayout | None:
         cache_dtype=first.dtype,
         position_ids=POSITION_IDS in names,
     )
+
+
+def generation_layout(io: IOSignature) -> TokenLayout | None:
+    """Token dtypes and vocabulary of a model that can generate: plain or with a cache.
+
+    For request validation: ``tasks.token_layout`` alone refuses the cached form.
+    """
+    cached = kv_cache_layout(io)
+    return cached.tokens if cached is not None else token_layout(io)
 
 
 @dataclass(slots=True)
@@ -261,7 +272,8 @@ class KvDecodeLoop:
         feeds = {INPUT_IDS: ids, ATTENTION_MASK: mask, **past}
         if self.layout.position_ids:
             positions = np.cumsum(mask, axis=1, dtype=np.int64)[:, -ids.shape[1] :] - 1
-            feeds[POSITION_IDS] = np.maximum(positions, 0).astype(ids.dtype)
+            dtype = self.engine.io.input(POSITION_IDS).dtype
+            feeds[POSITION_IDS] = np.maximum(positions, 0).astype(dtype)
         return self.engine.run(feeds)
 
     # --- bookkeeping ------------------------------------------------------------------

@@ -12,6 +12,7 @@ from graylane.engine_worker.kv_generate import (
     POSITION_IDS,
     KvDecodeLoop,
     generate_with_cache,
+    generation_layout,
     kv_cache_layout,
 )
 from graylane.engine_worker.tasks import FinishReason, GenerationResult, run_generate, token_layout
@@ -99,6 +100,8 @@ def test_cache_layout_is_read_from_the_io_signature(
     assert kv_cache_layout(plain.io) is None
     # Today's path never mistakes the cached model for a plain token model.
     assert token_layout(cached.io) is None
+    # Request validation sees both forms as token models with the same ids and vocabulary.
+    assert generation_layout(cached.io) == layout.tokens == token_layout(plain.io)
 
 
 def test_an_incomplete_cache_signature_is_not_a_cache_model(cached: OnnxRuntimeEngine) -> None:
