@@ -17,7 +17,7 @@ waited), which the attention mask hides; positions follow the mask.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -162,7 +162,9 @@ class KvDecodeLoop:
         max_seq_len: int,
         pad_id: int = 0,
         max_prefill_tokens: int | None = None,
+        on_logits: Callable[[int, np.ndarray], None] | None = None,
     ) -> None:
+        """``on_logits(seq_id, logits)`` sees the vector each new token is chosen from."""
         layout = kv_cache_layout(engine.io)
         if layout is None:
             raise InvalidInputError(
@@ -178,6 +180,7 @@ class KvDecodeLoop:
             SchedulerLimits(max_batch_size=max_batch_size, max_prefill_tokens=max_prefill_tokens)
         )
         self.stats = LoopStats()
+        self._on_logits = on_logits
         self._seqs: dict[int, _Sequence] = {}
         self._done_early: list[tuple[int, GenerationResult]] = []
         self._next_id = 0
@@ -245,9 +248,8 @@ class KvDecodeLoop:
         outputs = self._run(ids, mask, dict.fromkeys(self.layout.past_names, empty))
         self.stats.prefill_calls += 1
         self._append_rows(outputs, mask)
-        logits = outputs[LOGITS]
-        tokens = [int(np.argmax(logits[row, len(seq.tokens) - 1])) for row, seq in enumerate(seqs)]
-        return self._advance(list(joining), tokens)
+        last = [outputs[LOGITS][row, len(seq.tokens) - 1] for row, seq in enumerate(seqs)]
+        return self._advance(list(joining), last)
 
     def _decode(self) -> list[tuple[int, GenerationResult]]:
         running = list(self.scheduler.running)
@@ -263,8 +265,7 @@ class KvDecodeLoop:
             for past, present in zip(self.layout.past_names, self.layout.present_names, strict=True)
         }
         self._mask = mask
-        tokens = [int(t) for t in np.argmax(outputs[LOGITS][:, -1], axis=-1)]
-        return self._advance(running, tokens)
+        return self._advance(running, list(outputs[LOGITS][:, -1]))
 
     def _run(
         self, ids: np.ndarray, mask: np.ndarray, past: dict[str, np.ndarray]
@@ -279,11 +280,14 @@ class KvDecodeLoop:
     # --- bookkeeping ------------------------------------------------------------------
 
     def _advance(
-        self, seq_ids: Sequence[int], tokens: Sequence[int]
+        self, seq_ids: Sequence[int], logits: Sequence[np.ndarray]
     ) -> list[tuple[int, GenerationResult]]:
-        """Apply each row's new token (the rules of ``tasks.run_generate``); drop finished rows."""
+        """Each row's greedy token (the rules of ``tasks.run_generate``); drop finished rows."""
         finished: list[tuple[int, GenerationResult]] = []
-        for seq_id, token in zip(seq_ids, tokens, strict=True):
+        for seq_id, row in zip(seq_ids, logits, strict=True):
+            if self._on_logits is not None:
+                self._on_logits(seq_id, row)
+            token = int(np.argmax(row))
             seq = self._seqs[seq_id]
             reason: FinishReason | None = None
             if seq.eos_id is not None and token == seq.eos_id:
