@@ -60,12 +60,15 @@ def resolve_source(spec: BuildSpec, store: ArtifactStore) -> Path:
     if isinstance(spec.source, DemoSource):
         from graylane.models.demo_gpt import write_demo_gpt
 
+        form = "-kv" if spec.source.kv_cache else ""
         target = store.cache_dir(CacheKind.SOURCES) / (
-            f"demo-gpt-{spec.source.size}-seed{spec.source.seed}.onnx"
+            f"demo-gpt-{spec.source.size}-seed{spec.source.seed}{form}.onnx"
         )
         if not target.is_file():
             partial = target.with_suffix(".partial")
-            write_demo_gpt(partial, spec.source.size, spec.source.seed)
+            write_demo_gpt(
+                partial, spec.source.size, spec.source.seed, kv_cache=spec.source.kv_cache
+            )
             partial.replace(target)
         return target
     raise BuildError(f"unknown source {spec.source!r}")

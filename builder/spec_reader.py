@@ -177,7 +177,7 @@ def _source(raw: object, base_dir: Path) -> FileSource | DemoSource:
     if isinstance(raw, str):
         return FileSource(path=read_path(raw, "source", base_dir))
     if isinstance(raw, Mapping):
-        check_keys(raw, {"path", "demo", "seed"}, "source")
+        check_keys(raw, {"path", "demo", "seed", "kv_cache"}, "source")
         if "path" in raw and "demo" not in raw:
             return FileSource(path=read_path(raw["path"], "source.path", base_dir))
         if "demo" in raw and "path" not in raw:
@@ -185,7 +185,9 @@ def _source(raw: object, base_dir: Path) -> FileSource | DemoSource:
             if size not in ("tiny", "small"):
                 raise SpecError(f"source.demo: use 'tiny' or 'small', got {size!r}")
             return DemoSource(
-                size=size, seed=read_int(raw.get("seed", 0), "source.seed", minimum=0)
+                size=size,
+                seed=read_int(raw.get("seed", 0), "source.seed", minimum=0),
+                kv_cache=read_bool(raw.get("kv_cache", False), "source.kv_cache"),
             )
     raise SpecError(
         "source: give the ONNX file path (relative to the spec), or {demo: tiny|small, seed: N} "

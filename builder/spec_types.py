@@ -52,6 +52,8 @@ class DemoSource:
 
     size: str
     seed: int = 0
+    kv_cache: bool = False
+    """Export the decoder-with-past form (``past_key_values.*`` in, ``present.*`` out)."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="steady load as a fraction of the fp32 engine's batch-8 capacity",
     )
     qos.set_defaults(handler=_qos)
+    generate = which.add_parser(
+        "generate", help="KV-cache generation with iteration-level batching vs full recompute"
+    )
+    generate.add_argument("--size", choices=["tiny", "small"], default="small")
+    generate.add_argument("--requests", type=int, default=24)
+    generate.add_argument("--max-batch", type=int, default=8)
+    generate.add_argument("--new-tokens", type=int, default=64)
+    generate.set_defaults(handler=_generate)
     from graylane.app.bench.variants import add_bench_variants_parser
 
     add_bench_variants_parser(which)
@@ -53,3 +61,16 @@ def _qos(args: argparse.Namespace) -> int:
     from graylane.app.bench.qos import QosConfig, main
 
     return main(QosConfig(spike_s=args.spike_s, base_fraction=args.base_fraction))
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from graylane.app.bench.generate import GenerateBenchConfig, main
+
+    return main(
+        GenerateBenchConfig(
+            size=args.size,
+            requests=args.requests,
+            max_batch=args.max_batch,
+            new_tokens=args.new_tokens,
+        )
+    )

@@ -47,6 +47,25 @@ INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
 LOGITS = "logits"
 
+
+def past_key_name(layer: int) -> str:
+    """Cache input of ``layer`` (Hugging Face Optimum naming)."""
+    return f"past_key_values.{layer}.key"
+
+
+def past_value_name(layer: int) -> str:
+    return f"past_key_values.{layer}.value"
+
+
+def present_key_name(layer: int) -> str:
+    """Cache output of ``layer``: the past keys followed by this call's keys."""
+    return f"present.{layer}.key"
+
+
+def present_value_name(layer: int) -> str:
+    return f"present.{layer}.value"
+
+
 OPSET = 17
 IR_VERSION = 8
 PRODUCER = "graylane.demo"
@@ -138,9 +157,11 @@ class DemoModelInfo:
     eos_id: int
     pad_id: int
     max_seq_len: int
+    kv_cache: bool = False
 
     def as_metadata(self) -> dict[str, str]:
-        return {
+        cache = {f"{META_PREFIX}kv_cache": "1"} if self.kv_cache else {}
+        return cache | {
             f"{META_PREFIX}size": self.size.value,
             f"{META_PREFIX}seed": str(self.seed),
             f"{META_PREFIX}vocab_size": str(self.vocab_size),
@@ -162,6 +183,7 @@ class DemoModelInfo:
                 eos_id=int(props[f"{META_PREFIX}eos_id"]),
                 pad_id=int(props[f"{META_PREFIX}pad_id"]),
                 max_seq_len=int(props[f"{META_PREFIX}max_seq_len"]),
+                kv_cache=props.get(f"{META_PREFIX}kv_cache") == "1",
             )
         except (KeyError, ValueError) as exc:
             raise DemoModelError(f"not a demo model or bad metadata: {exc}") from None
@@ -230,7 +252,10 @@ def _layer_norm(g: _Graph, x: str, prefix: str, d: int, eps: float) -> str:
     return g.op("LayerNormalization", [x, scale, bias], prefix, axis=-1, epsilon=eps)
 
 
-def _attention(g: _Graph, w: _Weights, cfg: GptConfig, x: str, bias: str, prefix: str) -> str:
+def _attention(
+    g: _Graph, w: _Weights, cfg: GptConfig, x: str, bias: str, prefix: str, layer: int | None
+) -> str:
+    """Self-attention; with ``layer`` it reads that layer's past keys/values and writes present."""
     d, h, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
     qkv = _linear(g, w, x, f"{prefix}.qkv", d, 3 * d, cfg.weight_std)
     split = g.const(f"{prefix}.split", _i64(d, d, d))
@@ -243,18 +268,21 @@ def _attention(g: _Graph, w: _Weights, cfg: GptConfig, x: str, bias: str, prefix
         f"{prefix}.qt",
         perm=[0, 2, 1, 3],
     )
-    k = g.op(
-        "Transpose",
-        [g.op("Reshape", [names[1], heads], f"{prefix}.k4")],
-        f"{prefix}.kt",
-        perm=[0, 2, 3, 1],
-    )
-    v = g.op(
-        "Transpose",
-        [g.op("Reshape", [names[2], heads], f"{prefix}.v4")],
-        f"{prefix}.vt",
-        perm=[0, 2, 1, 3],
-    )
+    if layer is None:
+        k = g.op(
+            "Transpose",
+            [g.op("Reshape", [names[1], heads], f"{prefix}.k4")],
+            f"{prefix}.kt",
+            perm=[0, 2, 3, 1],
+        )
+        v = g.op(
+            "Transpose",
+            [g.op("Reshape", [names[2], heads], f"{prefix}.v4")],
+            f"{prefix}.vt",
+            perm=[0, 2, 1, 3],
+        )
+    else:
+        k, v = _cached_kv(g, names[1], names[2], heads, prefix, layer)
     scale = g.const(f"{prefix}.scale", np.array(1.0 / math.sqrt(hd), dtype=np.float32))
     scores = g.op("Mul", [g.op("MatMul", [q, k], f"{prefix}.qk"), scale], f"{prefix}.scaled")
     probs = g.op(
@@ -270,6 +298,29 @@ def _attention(g: _Graph, w: _Weights, cfg: GptConfig, x: str, bias: str, prefix
         "Reshape", [ctx, g.const(f"{prefix}.merge_shape", _i64(0, 0, d))], f"{prefix}.merge"
     )
     return _linear(g, w, merged, f"{prefix}.out", d, d, cfg.weight_std)
+
+
+def _cached_kv(g: _Graph, k: str, v: str, heads: str, prefix: str, layer: int) -> tuple[str, str]:
+    """Keys [b, h, hd, past+seq] and values [b, h, past+seq, hd] including the past.
+
+    ``present.*`` are Identity copies of the concatenated tensors, so no graph
+    output is also consumed inside the graph (float16 conversion with kept IO
+    types cannot handle that).
+    """
+    k4 = g.op("Reshape", [k, heads], f"{prefix}.k4")
+    new_k = g.op("Transpose", [k4], f"{prefix}.kh", perm=[0, 2, 1, 3])
+    v4 = g.op("Reshape", [v, heads], f"{prefix}.v4")
+    new_v = g.op("Transpose", [v4], f"{prefix}.vh", perm=[0, 2, 1, 3])
+    full: list[str] = []
+    for past, new, present in (
+        (past_key_name(layer), new_k, present_key_name(layer)),
+        (past_value_name(layer), new_v, present_value_name(layer)),
+    ):
+        joined = g.op("Concat", [past, new], f"{prefix}.cat", axis=2)
+        g.nodes.append(helper.make_node("Identity", [joined], [present], name=present))
+        full.append(joined)
+    keys = g.op("Transpose", [full[0]], f"{prefix}.kt", perm=[0, 1, 3, 2])
+    return keys, full[1]
 
 
 def _mlp(g: _Graph, w: _Weights, cfg: GptConfig, x: str, prefix: str) -> str:
@@ -302,7 +353,86 @@ def _attention_bias(g: _Graph, cfg: GptConfig, seq: str) -> str:
     return g.op("Add", [causal_s, pad4], "mask.bias")
 
 
-def _build_graph(cfg: GptConfig, seed: int) -> onnx.GraphProto:
+def _cached_positions_and_bias(g: _Graph, seq: str) -> tuple[str, str]:
+    """Positions [batch, seq] and additive bias [batch, 1, seq, total] for the cached graph.
+
+    ``attention_mask`` covers past and new tokens ([batch, total]); a token's
+    position is the number of real tokens before it, so a batch whose rows have
+    different past lengths (padded, with holes) still gives each token its own
+    position. The causal part works on columns: new token ``i`` sits at column
+    ``total - seq + i`` and sees every column up to its own.
+    """
+    total = g.op(
+        "Slice",
+        [
+            g.op("Shape", [ATTENTION_MASK], "cache.mask_shape"),
+            g.const("cache.one_i", _i64(1)),
+            g.const("cache.two_i", _i64(2)),
+        ],
+        "cache.total",
+    )
+    start = g.op("Sub", [total, seq], "cache.past_len")
+    axis1 = g.const("cache.axis1", np.array(1, np.int64))
+    counted = g.op("CumSum", [ATTENTION_MASK, axis1], "cache.cumsum")
+    before = g.op("Sub", [counted, g.const("cache.one", _i64(1))], "cache.before")
+    new_pos = g.op(
+        "Slice", [before, start, total, g.const("cache.slice_axis", _i64(1))], "cache.new_positions"
+    )
+    positions = g.op("Max", [new_pos, g.const("cache.zero", _i64(0))], "cache.positions")
+
+    scalar = g.const("cache.scalar_axes", _i64(0))
+    start_s = g.op("Squeeze", [start, scalar], "cache.start_scalar")
+    total_s = g.op("Squeeze", [total, scalar], "cache.total_scalar")
+    step = g.const("cache.step", np.array(1, np.int64))
+    queries = g.op("Range", [start_s, total_s, step], "cache.query_cols")
+    zero = g.const("cache.zero_s", np.array(0, np.int64))
+    keys = g.op("Range", [zero, total_s, step], "cache.key_cols")
+    future = g.op(
+        "Greater",
+        [
+            g.op("Unsqueeze", [keys, g.const("cache.axes0", _i64(0))], "cache.keys_row"),
+            g.op("Unsqueeze", [queries, g.const("cache.axes1", _i64(1))], "cache.queries_col"),
+        ],
+        "cache.future",
+    )
+    causal = g.op(
+        "Where",
+        [
+            future,
+            g.const("cache.neg", np.array(_NEG, dtype=np.float32)),
+            g.const("cache.zero_f", np.array(0.0, dtype=np.float32)),
+        ],
+        "cache.causal",
+    )
+    keep = g.op("Cast", [ATTENTION_MASK], "mask.float", to=TensorProto.FLOAT)
+    one = g.const("mask.one", np.array(1.0, dtype=np.float32))
+    neg = g.const("mask.neg", np.array(_NEG, dtype=np.float32))
+    pad = g.op("Mul", [g.op("Sub", [one, keep], "mask.pad"), neg], "mask.pad_bias")
+    pad4 = g.op("Unsqueeze", [pad, g.const("mask.axes12", _i64(1, 2))], "mask.pad4")
+    return positions, g.op("Add", [causal, pad4], "mask.bias")
+
+
+def _cache_io(cfg: GptConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    """Past inputs and present outputs, [batch, heads, past_seq | total_seq, head_dim]."""
+    past: list[onnx.ValueInfoProto] = []
+    present: list[onnx.ValueInfoProto] = []
+    for layer in range(cfg.n_layers):
+        for name in (past_key_name(layer), past_value_name(layer)):
+            past.append(
+                helper.make_tensor_value_info(
+                    name, TensorProto.FLOAT, ["batch", cfg.n_heads, "past_seq", cfg.head_dim]
+                )
+            )
+        for name in (present_key_name(layer), present_value_name(layer)):
+            present.append(
+                helper.make_tensor_value_info(
+                    name, TensorProto.FLOAT, ["batch", cfg.n_heads, "total_seq", cfg.head_dim]
+                )
+            )
+    return past, present
+
+
+def _build_graph(cfg: GptConfig, seed: int, kv_cache: bool = False) -> onnx.GraphProto:
     g = _Graph()
     w = _Weights(seed)
     d = cfg.d_model
@@ -316,18 +446,29 @@ def _build_graph(cfg: GptConfig, seed: int) -> onnx.GraphProto:
         "seq.len",
     )
     tok = g.op("Gather", [wte, INPUT_IDS], "embed.tokens", axis=0)
-    pos = g.op(
-        "Slice",
-        [wpe, g.const("embed.start", _i64(0)), seq, g.const("embed.axis", _i64(0))],
-        "embed.positions",
-    )
+    if kv_cache:
+        positions, bias = _cached_positions_and_bias(g, seq)
+        pos = g.op("Gather", [wpe, positions], "embed.positions", axis=0)
+    else:
+        pos = g.op(
+            "Slice",
+            [wpe, g.const("embed.start", _i64(0)), seq, g.const("embed.axis", _i64(0))],
+            "embed.positions",
+        )
     x = g.op("Add", [tok, pos], "embed")
-    bias = _attention_bias(g, cfg, seq)
+    if not kv_cache:
+        bias = _attention_bias(g, cfg, seq)
 
     for layer in range(cfg.n_layers):
         p = f"h{layer}"
         attn = _attention(
-            g, w, cfg, _layer_norm(g, x, f"{p}.ln_1", d, cfg.layer_norm_eps), bias, f"{p}.attn"
+            g,
+            w,
+            cfg,
+            _layer_norm(g, x, f"{p}.ln_1", d, cfg.layer_norm_eps),
+            bias,
+            f"{p}.attn",
+            layer if kv_cache else None,
         )
         x = g.op("Add", [x, attn], f"{p}.resid_attn")
         mlp = _mlp(g, w, cfg, _layer_norm(g, x, f"{p}.ln_2", d, cfg.layer_norm_eps), f"{p}.mlp")
@@ -340,23 +481,34 @@ def _build_graph(cfg: GptConfig, seed: int) -> onnx.GraphProto:
     hidden = g.op("MatMul", [x, head], "lm_head.matmul")
     g.nodes.append(helper.make_node("Add", [hidden, head_bias], [LOGITS], name="lm_head.add"))
 
+    mask_len = "total_seq" if kv_cache else "seq"
     inputs = [
         helper.make_tensor_value_info(INPUT_IDS, TensorProto.INT64, ["batch", "seq"]),
-        helper.make_tensor_value_info(ATTENTION_MASK, TensorProto.INT64, ["batch", "seq"]),
+        helper.make_tensor_value_info(ATTENTION_MASK, TensorProto.INT64, ["batch", mask_len]),
     ]
     outputs = [
         helper.make_tensor_value_info(LOGITS, TensorProto.FLOAT, ["batch", "seq", cfg.vocab_size])
     ]
-    return helper.make_graph(
-        g.nodes, f"graylane_demo_gpt_{cfg.size.value}", inputs, outputs, g.initializers
-    )
+    name = f"graylane_demo_gpt_{cfg.size.value}"
+    if kv_cache:
+        past, present = _cache_io(cfg)
+        inputs += past
+        outputs += present
+        name += "_with_past"
+    return helper.make_graph(g.nodes, name, inputs, outputs, g.initializers)
 
 
-def build_demo_gpt(size: DemoSize | str = DemoSize.TINY, seed: int = 0) -> onnx.ModelProto:
-    """Build the demo decoder of ``size`` with weights drawn from ``seed``."""
+def build_demo_gpt(
+    size: DemoSize | str = DemoSize.TINY, seed: int = 0, *, kv_cache: bool = False
+) -> onnx.ModelProto:
+    """Build the demo decoder of ``size`` with weights drawn from ``seed``.
+
+    ``kv_cache`` exports the decoder-with-past form instead (same weights, same
+    logits): ``past_key_values.{i}.key|value`` in, ``present.{i}.key|value`` out.
+    """
     cfg = config_for(size)
     model = helper.make_model(
-        _build_graph(cfg, seed),
+        _build_graph(cfg, seed, kv_cache),
         opset_imports=[helper.make_opsetid("", OPSET)],
         producer_name=PRODUCER,
         producer_version="1",
@@ -371,16 +523,19 @@ def build_demo_gpt(size: DemoSize | str = DemoSize.TINY, seed: int = 0) -> onnx.
         eos_id=EOS_ID,
         pad_id=PAD_ID,
         max_seq_len=cfg.max_seq_len,
+        kv_cache=kv_cache,
     )
     helper.set_model_props(model, info.as_metadata())
     return model
 
 
-def write_demo_gpt(path: str | Path, size: DemoSize | str = DemoSize.TINY, seed: int = 0) -> Path:
+def write_demo_gpt(
+    path: str | Path, size: DemoSize | str = DemoSize.TINY, seed: int = 0, *, kv_cache: bool = False
+) -> Path:
     """Build the demo decoder and write it to ``path`` (parents are created)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(build_demo_gpt(size, seed).SerializeToString())
+    target.write_bytes(build_demo_gpt(size, seed, kv_cache=kv_cache).SerializeToString())
     return target
 
 
@@ -399,8 +554,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("output", type=Path)
     parser.add_argument("--size", choices=[s.value for s in DemoSize], default="tiny")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--kv-cache", action="store_true", help="export the decoder-with-past (KV cache) form"
+    )
     args = parser.parse_args(argv)
-    path = write_demo_gpt(args.output, args.size, args.seed)
+    path = write_demo_gpt(args.output, args.size, args.seed, kv_cache=args.kv_cache)
     cfg = config_for(args.size)
     print(
         f"{path}: {cfg.size.value}, {cfg.parameter_count():,} parameters, "

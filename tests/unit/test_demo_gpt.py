@@ -150,3 +150,77 @@ def test_text_round_trip_through_byte_tokens() -> None:
 def test_decode_refuses_ids_outside_the_vocabulary() -> None:
     with pytest.raises(DemoModelError):
         decode_tokens([65, VOCAB_SIZE])
+
+
+# --- decoder-with-past export -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_kv() -> onnx.ModelProto:
+    return build_demo_gpt("tiny", seed=0, kv_cache=True)
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[str | int]:
+    return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+
+def test_default_export_has_no_cache_and_kv_export_follows_the_optimum_names(
+    tiny: onnx.ModelProto, tiny_kv: onnx.ModelProto
+) -> None:
+    assert build_demo_gpt("tiny", seed=0, kv_cache=False).SerializeToString() == (
+        tiny.SerializeToString()
+    )
+    assert not DemoModelInfo.from_model(tiny).kv_cache
+    onnx.checker.check_model(tiny_kv, full_check=True)
+    assert DemoModelInfo.from_model(tiny_kv).kv_cache
+    inputs = {i.name: _dims(i) for i in tiny_kv.graph.input}
+    outputs = {o.name: _dims(o) for o in tiny_kv.graph.output}
+    past = {f"past_key_values.{i}.{k}" for i in range(2) for k in ("key", "value")}
+    present = {f"present.{i}.{k}" for i in range(2) for k in ("key", "value")}
+    assert set(inputs) == {"input_ids", "attention_mask"} | past
+    assert set(outputs) == {"logits"} | present
+    assert inputs["attention_mask"] == ["batch", "total_seq"]
+    assert inputs["past_key_values.1.value"] == ["batch", 4, "past_seq", 32]
+    assert outputs["present.0.key"] == ["batch", 4, "total_seq", 32]
+    assert outputs["logits"] == ["batch", "seq", VOCAB_SIZE]
+    # Same weights, drawn from the same seed.
+    weights = {i.name: i for i in tiny.graph.initializer}
+    for init in tiny_kv.graph.initializer:
+        if init.name in ("wte", "wpe", "lm_head.weight", "h1.mlp.fc_out.weight"):
+            assert init == weights[init.name]
+
+
+def test_prefill_then_incremental_steps_give_the_full_model_logits(
+    session: ort.InferenceSession, tiny_kv: onnx.ModelProto
+) -> None:
+    kv = ort.InferenceSession(tiny_kv.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in kv.get_outputs()]
+    long = np.array(encode_text("a longer prompt", add_bos=True))
+    short = np.array(encode_text("short", add_bos=True))
+    full_long, full_short = logits(session, long)[0], logits(session, short)[0]
+    # Prefill both rows (right-padded) with an empty past, then feed one token at a time:
+    # the short row keeps its padding columns as holes in its cache.
+    prefill = 4
+    ids = np.stack([long[:prefill], short[:prefill]])
+    mask = np.ones_like(ids)
+    past = {
+        f"past_key_values.{i}.{k}": np.zeros((2, 4, 0, 32), np.float32)
+        for i in range(2)
+        for k in ("key", "value")
+    }
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(names, kv.run(None, feeds), strict=True))
+
+    out = run({"input_ids": ids, "attention_mask": mask, **past})
+    np.testing.assert_allclose(out["logits"][0], full_long[:prefill], atol=1e-4)
+    for step in range(prefill, len(long)):
+        real_short = step < len(short)
+        new = np.array([[long[step]], [short[step] if real_short else gpt.PAD_ID]])
+        mask = np.concatenate([mask, [[1], [int(real_short)]]], axis=1)
+        past = {n.replace("present", "past_key_values"): v for n, v in out.items() if n != "logits"}
+        out = run({"input_ids": new, "attention_mask": mask, **past})
+        assert out["present.0.key"].shape == (2, 4, step + 1, 32)
+        np.testing.assert_allclose(out["logits"][0, 0], full_long[step], atol=1e-4)
+        if real_short:
+            np.testing.assert_allclose(out["logits"][1, 0], full_short[step], atol=1e-4)
