@@ -101,6 +101,9 @@ def prepare(
     layout = token_layout(io)
     tokens = _tokens(facts)
     if facts.task is TaskKind.GENERATE:
+        from graylane.engine_worker.kv_generate import generation_layout  # imports tasks
+
+        layout = generation_layout(io)
         if layout is None:
             return Reject(
                 RejectCode.UNSUPPORTED_TASK,

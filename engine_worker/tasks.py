@@ -137,8 +137,16 @@ def run_generate(
     """Greedy decoding without a KV cache: every step reruns each active sequence.
 
     All active rows run together (right-padded, logits read at each row's last
-    real position); a row that finishes is dropped from the next step.
+    real position); a row that finishes is dropped from the next step. A model
+    exported with a KV cache (``past_key_values.*``) runs one prefill and one
+    incremental step per token instead (:mod:`~graylane.engine_worker.kv_generate`).
     """
+    from graylane.engine_worker import kv_generate  # kv_generate builds on this module
+
+    if kv_generate.kv_cache_layout(engine.io) is not None:
+        return kv_generate.generate_with_cache(
+            engine, prompts, max_new_tokens, eos_id, max_seq_len, policy=policy, pad_id=pad_id
+        )
     layout = token_layout(engine.io)
     if layout is None:
         raise InvalidInputError(

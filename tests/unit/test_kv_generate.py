@@ -4,10 +4,10 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
-from graylane.engine import InferenceEngine, InvalidInputError, IOSignature
 
+from graylane.engine import InferenceEngine, InvalidInputError, IOSignature
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine.protocol import TensorSpec
+from graylane.engine.signature import TensorSpec
 from graylane.engine_worker.kv_generate import (
     POSITION_IDS,
     KvDecodeLoop,
@@ -268,3 +268,25 @@ def test_bad_arguments_are_refused(plain: OnnxRuntimeEngine, cached: OnnxRuntime
         generate_with_cache(cached, [[BOS_ID]], -1, None, 32)
     with pytest.raises(InvalidInputError, match="past_key_values"):
         generate_with_cache(plain, [[BOS_ID]], 1, None, 32)
+
+
+def test_the_worker_generate_path_uses_the_cache_with_the_same_tokens(
+    cached: OnnxRuntimeEngine, reference: list[GenerationResult]
+) -> None:
+    """``tasks.run_generate`` (what the worker calls) takes the KV path for a cached model."""
+    from graylane.engine_worker import kv_generate, tasks
+
+    calls: list[int] = []
+    original = kv_generate.generate_with_cache
+
+    def spy(*args: object, **kwargs: object) -> list[GenerationResult]:
+        calls.append(1)
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    kv_generate.generate_with_cache = spy  # type: ignore[assignment]
+    try:
+        got = tasks.run_generate(cached, PROMPTS, LIMITS, None, MAX_SEQ, pad_id=PAD_ID)
+    finally:
+        kv_generate.generate_with_cache = original  # type: ignore[assignment]
+    assert calls == [1]
+    assert [r.tokens for r in got] == [r.tokens for r in reference]
