@@ -1,5 +1,8 @@
 """An in-memory Kafka behind the seam protocols (``graylane.kafka.seam``), for unit tests.
 
+One module (about 600 lines) on purpose: broker, producer and consumer share the
+broker's partition logs and group offsets, and tests copy it as one piece.
+
     broker = MemoryBroker()
     factory = MemoryFactory(broker, Settings())   # a ClientFactory
     producer = factory.producer()                 # a Producer
