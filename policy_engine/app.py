@@ -22,13 +22,13 @@ import tempfile
 from dataclasses import dataclass, field, replace
 
 import faust
-from aiokafka import TopicPartition
 
 from graylane import serde
 from graylane.clock import Clock, now_ms
 from graylane.errors import SerdeError
-from graylane.kafka.admin import ensure_topics, read_latest_per_key, wait_for_assignment
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.admin import ensure_topics, read_latest_per_key
+from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.reading import read_to_end
 from graylane.policy_engine import convert
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.faust_settings import broker_settings
@@ -186,30 +186,15 @@ async def _restore(factory: KafkaFactory, core: PolicyCore) -> None:
 
 async def _qos_policies(factory: KafkaFactory) -> list[QosPolicy]:
     """The latest SET_QOS_POLICY per (model, version) on the commands topic."""
-    topic = factory.layout.commands()
-    consumer = factory.consumer(
-        topic, options=ConsumerOptions(group_id=None), client_suffix="policy-restore"
-    )
-    await consumer.start()
     latest: dict[tuple[str, str], QosPolicy] = {}
-    try:
-        tps: list[TopicPartition] = await wait_for_assignment(consumer)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        remaining = {tp for tp in tps if end[tp] > 0}
-        while remaining:
-            for records in (await consumer.getmany(*remaining, timeout_ms=200)).values():
-                for r in records:
-                    try:
-                        pb = serde.decode(rollout_pb2.RolloutCommand, r.value)
-                        if pb.kind == rollout_pb2.COMMAND_SET_QOS_POLICY:
-                            p = convert.qos_policy_from_pb(pb.qos_policy)
-                            latest[(p.model, p.version)] = p
-                    except Exception:
-                        continue
-            for tp in list(remaining):
-                if await consumer.position(tp) >= end[tp]:
-                    remaining.discard(tp)
-    finally:
-        await consumer.stop()
+    for record in await read_to_end(
+        factory, factory.layout.commands(), client_suffix="policy-restore"
+    ):
+        try:
+            pb = serde.decode(rollout_pb2.RolloutCommand, record.value)
+            if pb.kind == rollout_pb2.COMMAND_SET_QOS_POLICY:
+                p = convert.qos_policy_from_pb(pb.qos_policy)
+                latest[(p.model, p.version)] = p
+        except Exception:  # a bad record is skipped, never fatal at restore
+            continue
     return list(latest.values())
