@@ -28,6 +28,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="steady load as a fraction of the fp32 engine's batch-8 capacity",
     )
     qos.set_defaults(handler=_qos)
+    decisions = which.add_parser(
+        "decisions", help="the rollout controller on synthetic telemetry: detection, false alarms"
+    )
+    decisions.add_argument("--runs", type=int, default=60, help="runs per scenario at 50 req/s")
+    decisions.add_argument("--healthy-factor", type=int, default=5)
+    decisions.add_argument("--rates", default="10,50,200", help="candidate req/s, comma-separated")
+    decisions.add_argument("--workers", type=int, default=2)
+    decisions.add_argument("--seed", type=int, default=11)
+    decisions.add_argument(
+        "--mode", choices=["sequential", "fixed"], default="sequential", help="primary gate mode"
+    )
+    decisions.set_defaults(handler=_decisions)
     from graylane.app.bench.variants import add_bench_variants_parser
 
     add_bench_variants_parser(which)
@@ -53,3 +65,19 @@ def _qos(args: argparse.Namespace) -> int:
     from graylane.app.bench.qos import QosConfig, main
 
     return main(QosConfig(spike_s=args.spike_s, base_fraction=args.base_fraction))
+
+
+def _decisions(args: argparse.Namespace) -> int:
+    from graylane.app.bench.decisions import DecisionsConfig, main
+    from graylane.policy_engine.logic.rollout_spec import GateMode
+
+    return main(
+        DecisionsConfig(
+            rates=tuple(float(r) for r in args.rates.split(",")),
+            runs=args.runs,
+            healthy_factor=args.healthy_factor,
+            workers=args.workers,
+            seed=args.seed,
+            mode=GateMode(args.mode),
+        )
+    )

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from graylane.policy_engine.logic.agreement import AgreementStats
 from graylane.policy_engine.logic.errors import InputMismatch, RolloutFinished
+from graylane.policy_engine.logic.facts import RolloutFacts
 from graylane.policy_engine.logic.rollout_spec import RolloutSpec
 from graylane.policy_engine.logic.rollout_state import (
     Decision,
@@ -78,6 +79,7 @@ def transition(
     agreement: AgreementStats | None = None,
     command: ManualCommand | None = None,
     note: str = "",
+    facts: RolloutFacts | None = None,
 ) -> Decision:
     """Move to ``phase`` with a new traffic split: one routing intent, the next epoch.
 
@@ -114,4 +116,5 @@ def transition(
         agreement=agreement,
         command=command,
         note=note,
+        facts=facts,
     )
