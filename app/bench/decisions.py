@@ -35,7 +35,7 @@ TARGET_RATE = 50.0
 @dataclass(frozen=True)
 class DecisionsConfig:
     rates: tuple[float, ...] = (10.0, 50.0, 200.0)
-    runs: int = 60
+    runs: int = 40
     """Runs per scenario at the target rate (half at other rates)."""
     healthy_factor: int = 5
     """Healthy scenarios run this many times more (false rollbacks are rare)."""

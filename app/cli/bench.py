@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     decisions = which.add_parser(
         "decisions", help="the rollout controller on synthetic telemetry: detection, false alarms"
     )
-    decisions.add_argument("--runs", type=int, default=60, help="runs per scenario at 50 req/s")
+    decisions.add_argument("--runs", type=int, default=40, help="runs per scenario at 50 req/s")
     decisions.add_argument("--healthy-factor", type=int, default=5)
     decisions.add_argument("--rates", default="10,50,200", help="candidate req/s, comma-separated")
     decisions.add_argument("--workers", type=int, default=2)

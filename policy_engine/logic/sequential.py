@@ -232,6 +232,7 @@ class SequentialEvidence:
     slow_p99: RatioTest = RatioTest()
     increments: int = 0
     through_ms: int = 0
-    threshold_p95_ms: float = 0.0
-    """Baseline service p95 / p99 (ms) the next increment is judged against; 0: none yet."""
-    threshold_p99_ms: float = 0.0
+    baseline_p95_ms: tuple[float, ...] = ()
+    """The baseline's service p95 / p99 (ms) of recent increments; their median is the
+    threshold of the next increment."""
+    baseline_p99_ms: tuple[float, ...] = ()

@@ -13,11 +13,12 @@ Errors (rule ``error_rate_sequential``)
 
 Latency (rule ``service_time_sequential``)
     The share of requests slower than the baseline's p95 (and p99) service
-    time, candidate vs baseline over the same increments. The thresholds come
-    from the baseline's window *without* the increment (or, without separate
-    increments, from the previous evaluation's window), so they are
+    time, candidate vs baseline over the same increments. The thresholds are
+    the median of the baseline's quantiles over the last five *earlier*
+    increments (at first, of the baseline's window without the increment):
     independent of the data they judge (a threshold taken from the same data
-    would bias the comparison). Then a
+    would bias the comparison), and robust to a burst of slow baseline
+    requests in one step. Then a
     :class:`~.sequential.RatioTest` each ("at most ``max_slow_ratio`` x the
     baseline's share"), at ``alpha / 4`` each, and only when at least
     ``MIN_INCREMENTS`` of the last five increments raised the evidence (a
@@ -72,6 +73,8 @@ SUSPECT_FRACTION = 0.5
 P95_THRESHOLD_MIN = 20
 """Baseline requests in the window needed before its p95 serves as a threshold."""
 P99_THRESHOLD_MIN = 100
+THRESHOLD_MEMORY = 5
+"""Increments whose baseline quantiles make the threshold (their median)."""
 
 
 def _alphas(gates: Gates) -> tuple[float, float]:
@@ -114,7 +117,8 @@ def _before(window: WindowStats, increment: WindowStats) -> LatencyHistogram | N
     rest = {b: n - i.buckets.get(b, 0) for b, n in w.buckets.items()}
     if any(n < 0 for n in rest.values()) or sum(rest.values()) != w.count - i.count:
         return None  # not a sub-window
-    return LatencyHistogram(w.min_ms, w.growth, buckets=rest)
+    # max_ms bounds quantiles; the window's is an upper bound of what is left.
+    return LatencyHistogram(w.min_ms, w.growth, buckets=rest, max_ms=w.max_ms)
 
 
 def _slow(
@@ -158,8 +162,8 @@ def advance_sequential(
     # Thresholds never depend on the data they judge: the baseline's window before
     # the increment when there is one, else the window of the previous evaluation.
     before = _before(baseline, inc_b)
-    t95 = _threshold(before, 0.95, P95_THRESHOLD_MIN) or ev.threshold_p95_ms
-    t99 = _threshold(before, 0.99, P99_THRESHOLD_MIN) or ev.threshold_p99_ms
+    t95 = _median(ev.baseline_p95_ms) or _threshold(before, 0.95, P95_THRESHOLD_MIN)
+    t99 = _median(ev.baseline_p99_ms) or _threshold(before, 0.99, P99_THRESHOLD_MIN)
     return SequentialEvidence(
         errors=ev.errors.update(
             inc_c.errors, inc_c.requests, inc_b.errors, inc_b.requests, cap=_cap(a_err)
@@ -169,9 +173,21 @@ def advance_sequential(
         slow_p99=_slow(ev.slow_p99, t99, inc_b, inc_c, _cap(a_lat)),
         increments=ev.increments + 1,
         through_ms=inc_c.window_end_ms,
-        threshold_p95_ms=_threshold(baseline.service, 0.95, P95_THRESHOLD_MIN),
-        threshold_p99_ms=_threshold(baseline.service, 0.99, P99_THRESHOLD_MIN),
+        baseline_p95_ms=_remember(ev.baseline_p95_ms, inc_b, baseline, 0.95, P95_THRESHOLD_MIN),
+        baseline_p99_ms=_remember(ev.baseline_p99_ms, inc_b, baseline, 0.99, P99_THRESHOLD_MIN),
     )
+
+
+def _median(values: tuple[float, ...]) -> float:
+    return sorted(values)[len(values) // 2] if values else 0.0
+
+
+def _remember(
+    kept: tuple[float, ...], inc_b: WindowStats, window: WindowStats, q: float, min_n: int
+) -> tuple[float, ...]:
+    """Keep the increment's baseline quantile (the window's when it holds too few)."""
+    value = _threshold(inc_b.service, q, min_n) or _threshold(window.service, q, min_n)
+    return (*kept, value)[-THRESHOLD_MEMORY:] if value > 0.0 else kept
 
 
 def _verdict(log_evidence: float, alpha: float, rejected: bool) -> Verdict:
