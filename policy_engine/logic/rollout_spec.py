@@ -41,6 +41,10 @@ class GateMode(Enum):
 
 
 DEFAULT_GATE_MODE = GateMode.FIXED
+"""SEQUENTIAL wins ``graylane bench decisions`` (fewer false rollbacks, faster
+detection) but its state (``RolloutState.sequential``, the windows' service
+histograms, the new ``Gates`` fields) is not on the wire yet: audit replay and
+restart would lose it. Switch once the protos carry it."""
 
 
 @dataclass(frozen=True)
