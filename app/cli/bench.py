@@ -36,6 +36,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     generate.add_argument("--max-batch", type=int, default=8)
     generate.add_argument("--new-tokens", type=int, default=64)
     generate.set_defaults(handler=_generate)
+    decisions = which.add_parser(
+        "decisions", help="the rollout controller on synthetic telemetry: detection, false alarms"
+    )
+    decisions.add_argument("--runs", type=int, default=40, help="runs per scenario at 50 req/s")
+    decisions.add_argument("--healthy-factor", type=int, default=5)
+    decisions.add_argument("--rates", default="10,50,200", help="candidate req/s, comma-separated")
+    decisions.add_argument("--workers", type=int, default=2)
+    decisions.add_argument("--seed", type=int, default=11)
+    decisions.add_argument(
+        "--mode", choices=["sequential", "fixed"], default="sequential", help="primary gate mode"
+    )
+    decisions.set_defaults(handler=_decisions)
     from graylane.app.bench.variants import add_bench_variants_parser
 
     add_bench_variants_parser(which)
@@ -72,5 +84,21 @@ def _generate(args: argparse.Namespace) -> int:
             requests=args.requests,
             max_batch=args.max_batch,
             new_tokens=args.new_tokens,
+        )
+    )
+
+
+def _decisions(args: argparse.Namespace) -> int:
+    from graylane.app.bench.decisions import DecisionsConfig, main
+    from graylane.rollouts.spec import GateMode
+
+    return main(
+        DecisionsConfig(
+            rates=tuple(float(r) for r in args.rates.split(",")),
+            runs=args.runs,
+            healthy_factor=args.healthy_factor,
+            workers=args.workers,
+            seed=args.seed,
+            mode=GateMode(args.mode),
         )
     )

@@ -10,7 +10,9 @@ from enum import Enum
 from graylane.rollouts.errors import InvalidSpec
 
 __all__ = [
+    "DEFAULT_GATE_MODE",
     "DEFAULT_STEPS",
+    "GateMode",
     "Gates",
     "RolloutSpec",
     "Step",
@@ -23,6 +25,28 @@ class Strategy(Enum):
     CANARY = "canary"
     SHADOW_THEN_CANARY = "shadow_then_canary"
     AB_SPLIT = "ab_split"
+
+
+class GateMode(Enum):
+    """How the gates judge a candidate (see ``gates`` and ``sequential_gates``).
+
+    FIXED: a fixed-horizon test of every window (p99 ratio, Fisher's test
+    against an absolute error-rate margin), N consecutive failures roll back.
+    SEQUENTIAL: anytime-valid tests of the error rate (relative to the
+    baseline's, and to an optional budget) and of the share of slow requests,
+    whose false-alarm rate is ``alpha`` however often they are evaluated.
+    Both judge latency on service time where telemetry carries it.
+    """
+
+    FIXED = "fixed"
+    SEQUENTIAL = "sequential"
+
+
+DEFAULT_GATE_MODE = GateMode.FIXED
+"""SEQUENTIAL wins ``graylane bench decisions`` (fewer false rollbacks, faster
+detection) but its state (``RolloutState.sequential``, the windows' service
+histograms, the new ``Gates`` fields) is not on the wire yet: audit replay and
+restart would lose it. Switch once the protos carry it."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +79,15 @@ class Gates:
 
     ``p99_floor_ms`` keeps a sub-millisecond baseline from turning jitter into
     a large ratio: the latency ratio divides by ``max(baseline, floor)``.
+
+    Used by SEQUENTIAL ``mode`` only: ``max_error_ratio`` (the candidate may
+    err up to this multiple of the baseline's rate), ``error_budget`` (when
+    above 0, an error regression must also exceed this absolute rate),
+    ``max_slow_ratio`` (the share of candidate requests slower than the
+    baseline's p95 / p99 may be up to this multiple of the baseline's share).
+    Both modes: ``unresponsive_s`` (the T of ``candidate_unresponsive``) and
+    ``backlog_queue_ms`` (a candidate queue wait p99 below this is never a
+    backlog).
     """
 
     max_p99_ratio: float = 1.5
@@ -62,6 +95,12 @@ class Gates:
     alpha: float = 0.01
     min_output_agreement: float = 0.98
     p99_floor_ms: float = 1.0
+    mode: GateMode = DEFAULT_GATE_MODE
+    max_error_ratio: float = 1.25
+    error_budget: float = 0.0
+    max_slow_ratio: float = 1.5
+    unresponsive_s: float = 10.0
+    backlog_queue_ms: float = 50.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,4 +214,14 @@ def _gate_problems(g: Gates) -> list[str]:
         out.append(f"min_output_agreement {g.min_output_agreement} must be within [0, 1]")
     if not (_finite(g.p99_floor_ms) and g.p99_floor_ms >= 0.0):
         out.append(f"p99_floor_ms {g.p99_floor_ms} must be non-negative")
+    for name in ("max_error_ratio", "max_slow_ratio"):
+        value = getattr(g, name)
+        if not (_finite(value) and value >= 1.0):
+            out.append(f"{name} {value} must be at least 1")
+    if not (_finite(g.error_budget) and 0.0 <= g.error_budget < 1.0):
+        out.append(f"error_budget {g.error_budget} must be within [0, 1)")
+    if not (_finite(g.unresponsive_s) and g.unresponsive_s > 0.0):
+        out.append(f"unresponsive_s {g.unresponsive_s} must be positive")
+    if not (_finite(g.backlog_queue_ms) and g.backlog_queue_ms >= 0.0):
+        out.append(f"backlog_queue_ms {g.backlog_queue_ms} must be non-negative")
     return out

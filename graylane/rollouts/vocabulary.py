@@ -88,6 +88,17 @@ class DecisionRule(StrEnum):
     ERROR_RATE_SEVERE = "error_rate_severe"
     ERROR_RATE_DECISIVE = "error_rate_decisive"
     OUTPUT_AGREEMENT = "output_agreement"
+    # load-aware, liveness and anytime-valid sequential gates
+    CANDIDATE_UNRESPONSIVE = "candidate_unresponsive"
+    """The candidate gets traffic but answers nothing (no telemetry, or a lag that only grows)."""
+    BASELINE_UNRESPONSIVE = "baseline_unresponsive"
+    """The baseline is in that state: nothing can be judged against it; hold, never promote."""
+    CANDIDATE_BACKLOG = "candidate_backlog"
+    """The candidate queues while its service time is in line: capacity, not a regression."""
+    ERROR_RATE_SEQUENTIAL = "error_rate_sequential"
+    """The anytime-valid error-rate test rejected "the candidate errs no more than allowed"."""
+    SERVICE_TIME_SEQUENTIAL = "service_time_sequential"
+    """The anytime-valid test on the share of slow candidate requests rejected."""
     # manual commands (see ManualCommand.rule)
     MANUAL_PAUSE = "manual_pause"
     MANUAL_RESUME = "manual_resume"

@@ -13,7 +13,7 @@ Latency (rule ``p99_ratio``, severe ``p99_severe``)
     Severe when ratio > 2 x ``max_p99_ratio`` *and* the next lower quantile
     (p95 for p99, p50 for p95) is also over ``max_p99_ratio``, so a single
     slow request cannot roll a candidate back on its own. No severe verdict
-    from p50 alone (fewer than 20 requests).
+    with fewer than ``SEVERE_MIN_SAMPLES`` requests on the smaller side.
 
 Errors (rule ``error_rate``, severe ``error_rate_severe``)
     :func:`significance.error_rate_test` on the window, for acute regressions,
@@ -52,6 +52,7 @@ __all__ = [
     "P99_MIN_SAMPLES",
     "SEVERE_ERROR_ALPHA_FACTOR",
     "SEVERE_ERROR_FACTOR",
+    "SEVERE_MIN_SAMPLES",
     "SEVERE_P99_FACTOR",
     "GateResult",
     "agreement_gate",
@@ -64,6 +65,9 @@ __all__ = [
 P99_MIN_SAMPLES = 100
 P95_MIN_SAMPLES = 20
 SEVERE_P99_FACTOR = 2.0
+SEVERE_MIN_SAMPLES = 50
+"""A severe latency verdict needs this many requests on each side: a handful of
+slow requests (a warm-up, a queue left from before) must not roll back at once."""
 SEVERE_ERROR_FACTOR = 5.0
 SEVERE_ERROR_ALPHA_FACTOR = 0.01
 DECISIVE_ERROR_ALPHA_FACTOR = 0.001
@@ -115,7 +119,11 @@ def latency_gate(baseline: WindowStats, candidate: WindowStats, gates: Gates) ->
         # slowdown is a failure, a moderate one waits for more requests.
         return GateResult(DecisionRule.P99_RATIO, Verdict.INCONCLUSIVE, detail)
     severe = False
-    if lower_q is not None and r > SEVERE_P99_FACTOR * gates.max_p99_ratio:
+    if (
+        lower_q is not None
+        and n >= SEVERE_MIN_SAMPLES
+        and r > SEVERE_P99_FACTOR * gates.max_p99_ratio
+    ):
         lower_r, _, _ = ratio(lower_q)
         severe = lower_r > gates.max_p99_ratio
         if severe:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from enum import Enum
 
 from graylane.policy_engine.logic.agreement import AgreementStats
+from graylane.policy_engine.logic.facts import RolloutFacts
 from graylane.policy_engine.logic.qos import QosDecision, QosState, evaluate_qos
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
 from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
@@ -58,6 +59,7 @@ class DecisionInput:
     command: ManualCommand | None = None
     note: str = ""
     epoch: int = 0
+    facts: RolloutFacts | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,7 +114,9 @@ def _one(spec: RolloutSpec, state: RolloutState | None, item: DecisionInput) -> 
         if item.command is None:
             raise ValueError("a COMMAND input without a command")
         return apply_command(state, spec, item.command, item.now_ms, note=item.note)
-    return evaluate(state, spec, item.baseline, item.candidate, item.agreement, item.now_ms)
+    return evaluate(
+        state, spec, item.baseline, item.candidate, item.agreement, item.now_ms, facts=item.facts
+    )
 
 
 def recording_of(spec: RolloutSpec, decisions: Sequence[Decision]) -> RolloutRecording:
@@ -136,6 +140,7 @@ def recording_of(spec: RolloutSpec, decisions: Sequence[Decision]) -> RolloutRec
                     baseline=by_version.get(spec.baseline),
                     candidate=by_version.get(spec.candidate),
                     agreement=d.agreement,
+                    facts=d.facts,
                 )
             )
     initial = None

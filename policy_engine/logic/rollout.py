@@ -48,11 +48,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.gates import (
-    agreement_gate,
-    error_gate,
-    latency_gate,
-)
+from graylane.policy_engine.logic.facts import RolloutFacts
+from graylane.policy_engine.logic.gates import agreement_gate
+from graylane.policy_engine.logic.load_gates import judge
 from graylane.policy_engine.logic.rollout_commands import apply_command
 from graylane.policy_engine.logic.rollout_moves import (
     check_rollout,
@@ -65,12 +63,15 @@ from graylane.policy_engine.logic.rollout_verdicts import (
     Evaluation,
     on_failure,
     on_pass,
+    rollback,
     summary_of,
 )
+from graylane.policy_engine.logic.sequential_gates import advance_sequential
 from graylane.policy_engine.logic.significance import Verdict
+from graylane.policy_engine.logic.unresponsive import LivenessAction, check_rollout_liveness
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.errors import InputMismatch, InvalidTransition
-from graylane.rollouts.spec import RolloutSpec, Strategy
+from graylane.rollouts.spec import GateMode, RolloutSpec, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
 
 __all__ = [
@@ -125,21 +126,36 @@ def evaluate(
     candidate: WindowStats | None,
     agreement: AgreementStats | None,
     now_ms: int,
+    facts: RolloutFacts | None = None,
 ) -> Decision:
     """Judge the candidate over one window and decide the next move.
 
     While shadowing, ``candidate`` is the candidate's shadow-lane stats and
-    ``agreement`` the shadow pairs since the phase began.
+    ``agreement`` the shadow pairs since the phase began. ``facts`` carries
+    liveness (an unresponsive candidate rolls back, an unresponsive baseline
+    holds: rules ``candidate_unresponsive`` / ``baseline_unresponsive``,
+    judged before ``no_data``) and the newest step's stats for the
+    sequential gates.
     """
     check_rollout(state, spec)
     if state.phase is Phase.PENDING:
         raise InvalidTransition("the rollout has not started; call start() first")
     inputs = tuple(s for s in (baseline, candidate) if s is not None)
     shadowing = state.phase is Phase.SHADOWING
-    ctx = Evaluation(state, spec, now_ms, inputs, agreement if shadowing else None)
+    ctx = Evaluation(state, spec, now_ms, inputs, agreement if shadowing else None, facts)
     if state.phase is Phase.PAUSED:
         from_phase = state.paused_from.value if state.paused_from else "?"
         return ctx.hold(state, DecisionRule.PAUSED, f"paused (from {from_phase}); weights frozen")
+    live = check_rollout_liveness(
+        facts.baseline_liveness if facts else None,
+        facts.candidate_liveness if facts else None,
+        now_ms,
+        round(spec.gates.unresponsive_s * 1000),
+    )
+    if live.action is LivenessAction.HOLD:
+        return ctx.hold(state, DecisionRule.BASELINE_UNRESPONSIVE, live.reason)
+    if live.action is LivenessAction.ROLLBACK:
+        return rollback(ctx, state, DecisionRule.CANDIDATE_UNRESPONSIVE, live.reason)
     missing = _missing(baseline, candidate, spec)
     if shadowing and (agreement is None or agreement.pairs == 0):
         missing.append("no shadow pairs")
@@ -149,6 +165,9 @@ def evaluate(
 
     evidence = _accumulate(state, baseline, candidate)
     current = replace(state, evidence=evidence)
+    if spec.gates.mode is GateMode.SEQUENTIAL:
+        sequential = advance_sequential(state.sequential, spec.gates, baseline, candidate, facts)
+        current = replace(current, sequential=sequential)
     smallest = min(baseline.requests, candidate.requests)
     if smallest < GATE_MIN_WINDOW_REQUESTS:
         return ctx.hold(
@@ -158,10 +177,14 @@ def evaluate(
             f"requests; gates need at least {GATE_MIN_WINDOW_REQUESTS} on each side",
         )
 
-    results = [
-        latency_gate(baseline, candidate, spec.gates),
-        error_gate(baseline, candidate, evidence, spec.gates),
-    ]
+    results = judge(
+        baseline,
+        candidate,
+        evidence,
+        current.sequential,
+        spec.gates,
+        behind=live.candidate_behind,
+    )
     if shadowing and agreement is not None:
         results.append(agreement_gate(agreement, spec.gates))
     failed = [r for r in results if r.verdict is Verdict.FAIL]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from graylane.policy_engine.logic.agreement import AgreementStats
+from graylane.policy_engine.logic.facts import RolloutFacts
 from graylane.policy_engine.logic.rollout_state import (
     Decision,
     RolloutState,
@@ -76,6 +77,7 @@ def transition(
     agreement: AgreementStats | None = None,
     command: ManualCommand | None = None,
     note: str = "",
+    facts: RolloutFacts | None = None,
 ) -> Decision:
     """Move to ``phase`` with a new traffic split: one routing intent, the next epoch.
 
@@ -112,4 +114,5 @@ def transition(
         agreement=agreement,
         command=command,
         note=note,
+        facts=facts,
     )

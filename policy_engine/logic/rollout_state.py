@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from graylane.policy_engine.logic.agreement import AgreementStats
+from graylane.policy_engine.logic.facts import RolloutFacts
+from graylane.policy_engine.logic.sequential import SequentialEvidence
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.errors import InvalidTransition, RolloutFinished
 from graylane.rollouts.vocabulary import (
@@ -106,6 +108,8 @@ class RolloutState:
     epoch: int = 0
     updated_ms: int = 0
     evidence: StepEvidence = field(default_factory=StepEvidence)
+    # The sequential gates' tests: kept across steps (the whole rollout is one test).
+    sequential: SequentialEvidence = field(default_factory=SequentialEvidence)
 
     @property
     def terminal(self) -> bool:
@@ -130,3 +134,4 @@ class Decision:
     agreement: AgreementStats | None = None
     command: ManualCommand | None = None
     note: str = ""
+    facts: RolloutFacts | None = None

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import TypedDict
 
 from graylane.policy_engine.logic.agreement import AgreementStats
+from graylane.policy_engine.logic.facts import RolloutFacts
 from graylane.policy_engine.logic.gates import GateResult
 from graylane.policy_engine.logic.rollout_moves import transition
 from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
@@ -18,13 +19,14 @@ from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
 
-__all__ = ["Carry", "Evaluation", "on_failure", "on_pass", "summary_of"]
+__all__ = ["Carry", "Evaluation", "on_failure", "on_pass", "rollback", "summary_of"]
 
 
 class Carry(TypedDict):
     before: RolloutState
     inputs: tuple[WindowStats, ...]
     agreement: AgreementStats | None
+    facts: RolloutFacts | None
 
 
 class Evaluation:
@@ -37,12 +39,14 @@ class Evaluation:
         now_ms: int,
         inputs: tuple[WindowStats, ...],
         agreement: AgreementStats | None,
+        facts: RolloutFacts | None = None,
     ) -> None:
         self.before = state
         self.spec = spec
         self.now_ms = now_ms
         self.inputs = inputs
         self.agreement = agreement
+        self.facts = facts
 
     def decide(
         self,
@@ -60,11 +64,17 @@ class Evaluation:
             after=replace(after, last_reason=reason, updated_ms=self.now_ms),
             inputs=self.inputs,
             agreement=self.agreement,
+            facts=self.facts,
         )
 
     def carry(self) -> Carry:
         """What a phase change takes from this evaluation into its decision."""
-        return {"before": self.before, "inputs": self.inputs, "agreement": self.agreement}
+        return {
+            "before": self.before,
+            "inputs": self.inputs,
+            "agreement": self.agreement,
+            "facts": self.facts,
+        }
 
     def hold(self, state: RolloutState, rule: DecisionRule, reason: str) -> Decision:
         return self.decide(DecisionKind.HOLD, rule, reason, state)
@@ -82,7 +92,7 @@ def on_failure(
     detail = summary_of(failed)
     severe = [r for r in failed if r.severe]
     if severe:
-        return _rollback(ctx, state, severe[0].rule, f"severe regression: {summary_of(severe)}")
+        return rollback(ctx, state, severe[0].rule, f"severe regression: {summary_of(severe)}")
     if state.consecutive_failures and candidate.window_start_ms < state.failure_window_end_ms:
         return ctx.decide(
             DecisionKind.GATE_FAILED,
@@ -96,9 +106,7 @@ def on_failure(
         state, consecutive_failures=failures, failure_window_end_ms=candidate.window_end_ms
     )
     if failures >= spec.failures_to_rollback:
-        return _rollback(
-            ctx, counted, first.rule, f"{failures} consecutive gate failures: {detail}"
-        )
+        return rollback(ctx, counted, first.rule, f"{failures} consecutive gate failures: {detail}")
     return ctx.decide(
         DecisionKind.GATE_FAILED,
         first.rule,
@@ -107,7 +115,8 @@ def on_failure(
     )
 
 
-def _rollback(ctx: Evaluation, state: RolloutState, rule: DecisionRule, reason: str) -> Decision:
+def rollback(ctx: Evaluation, state: RolloutState, rule: DecisionRule, reason: str) -> Decision:
+    """Send the candidate to 0 % at once under ``rule``."""
     return transition(
         state,
         ctx.spec,

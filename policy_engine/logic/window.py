@@ -22,6 +22,10 @@ Choices worth knowing:
   (``dropped_late``); ``evict`` moves that horizon.
 - **Device load** is the mean of the batches' ``device_load``; **lag** is the
   sum over workers of each worker's latest reported lag in the window.
+- **Service time** (the model's part of latency, without queueing) of a
+  batch is its wall time from start to completion (``compute_ms`` when that
+  is larger or the start is unknown); every request of the batch is counted
+  at it. Windows keep its histogram (``service``) for the load-aware gates.
 """
 
 from __future__ import annotations
@@ -102,6 +106,12 @@ class TelemetrySample:
     def lane(self) -> Lane:
         return Lane.SHADOW if self.is_shadow else Lane.LIVE
 
+    @property
+    def service_ms(self) -> float:
+        """The batch's service time (see the module docstring); 0.0 when unknown."""
+        wall = self.completed_at_ms - self.started_at_ms if self.started_at_ms > 0 else 0
+        return max(float(wall), self.compute_ms, 0.0)
+
 
 @dataclass(frozen=True, order=True)
 class WindowKey:
@@ -131,6 +141,11 @@ class WindowStats:
     batches: int = 0
     device_load: float = 0.0
     lag: int = 0
+    service_p50_ms: float = 0.0
+    service_p95_ms: float = 0.0
+    service_p99_ms: float = 0.0
+    service: LatencyHistogram | None = field(default=None, hash=False, repr=False)
+    """Service times of the window's requests; None when no batch carried one."""
 
     @property
     def error_rate(self) -> float:
@@ -158,6 +173,7 @@ class _Pane:
         "queue_fallback_count",
         "queue_fallback_sum",
         "requests",
+        "service",
     )
 
     def __init__(self, min_ms: float, growth: float) -> None:
@@ -166,6 +182,7 @@ class _Pane:
         self.batches = 0
         self.latency = LatencyHistogram(min_ms, growth)
         self.queue = LatencyHistogram(min_ms, growth)
+        self.service = LatencyHistogram(min_ms, growth)
         # Workers that send only a mean queue wait, without a histogram.
         self.queue_fallback_sum = 0.0
         self.queue_fallback_count = 0
@@ -182,6 +199,9 @@ class _Pane:
         elif s.request_count:
             self.queue_fallback_sum += s.queue_wait_mean_ms * s.request_count
             self.queue_fallback_count += s.request_count
+        service_ms = s.service_ms
+        if service_ms > 0.0:
+            self.service.record(service_ms, s.request_count)
         self.device_load_sum += s.device_load
         _keep_latest_lag(self.lag_by_worker, s.worker_id, (s.completed_at_ms, s.lag))
 
@@ -269,8 +289,23 @@ class SlidingWindow:
         """Stats of ``key`` over the window at ``now_ms``; None without a batch in it."""
         return self._stats_of([(lane, key)], key.model, key.version, now_ms)
 
-    def stats_by_version(
+    def step_stats_by_version(
         self, model: str, version: str, now_ms: int, lane: Lane = Lane.LIVE
+    ) -> WindowStats | None:
+        """Like :meth:`stats_by_version`, over the newest whole step only.
+
+        Consecutive steps never overlap: the increments the sequential gates consume.
+        """
+        return self.stats_by_version(model, version, now_ms, lane, span_ms=self.step_ms)
+
+    def stats_by_version(
+        self,
+        model: str,
+        version: str,
+        now_ms: int,
+        lane: Lane = Lane.LIVE,
+        *,
+        span_ms: int | None = None,
     ) -> WindowStats | None:
         """Stats of every variant of (model, version) together.
 
@@ -282,12 +317,22 @@ class SlidingWindow:
             for (ln, key) in self._panes
             if ln is lane and key.model == model and key.version == version
         ]
-        return self._stats_of(sorted(slots, key=lambda s: s[1]), model, version, now_ms)
+        return self._stats_of(
+            sorted(slots, key=lambda s: s[1]), model, version, now_ms, span_ms=span_ms
+        )
 
     def _stats_of(
-        self, slots: list[tuple[Lane, WindowKey]], model: str, version: str, now_ms: int
+        self,
+        slots: list[tuple[Lane, WindowKey]],
+        model: str,
+        version: str,
+        now_ms: int,
+        *,
+        span_ms: int | None = None,
     ) -> WindowStats | None:
         start_ms, end_ms = self.window_bounds(now_ms)
+        if span_ms is not None:
+            start_ms = end_ms - span_ms
         first_index, end_index = start_ms // self.step_ms, end_ms // self.step_ms
         panes: list[_Pane] = []
         variants: set[str] = set()
@@ -335,6 +380,7 @@ def _summarize(
 ) -> WindowStats:
     latency = LatencyHistogram.merge_all((p.latency for p in panes), min_ms, growth)
     queue = LatencyHistogram.merge_all((p.queue for p in panes), min_ms, growth)
+    service = LatencyHistogram.merge_all((p.service for p in panes), min_ms, growth)
     requests = sum(p.requests for p in panes)
     batches = sum(p.batches for p in panes)
     fallback_sum = sum(p.queue_fallback_sum for p in panes)
@@ -362,4 +408,8 @@ def _summarize(
         batches=batches,
         device_load=sum(p.device_load_sum for p in panes) / batches if batches else 0.0,
         lag=sum(lag for _, lag in lag_by_worker.values()),
+        service_p50_ms=service.quantile(0.50),
+        service_p95_ms=service.quantile(0.95),
+        service_p99_ms=service.quantile(0.99),
+        service=service if service.count else None,
     )

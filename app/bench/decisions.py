@@ -1,0 +1,123 @@
+"""``graylane bench decisions``: the pure rollout controller on synthetic telemetry.
+
+No broker, no services: thousands of simulated rollouts (see
+:mod:`graylane.app.bench.decisions_sim` for the traffic) with deterministic
+seeds, for every scenario, candidate request rate and gate mode. The same
+seeds drive both gate modes, so their figures compare like for like.
+
+Per ``<mode>/<scenario>@<rate>`` row: ``runs``; ``detected`` (runs in which
+the controller acted on the scenario: rolled back a harmful candidate, held a
+backlogged one on ``candidate_backlog``; for a healthy one, any rollback);
+``rolled_back``; ``promoted``; ``detect_s_p50`` / ``detect_s_p95`` (seconds
+from the onset to that action, over detected runs; null when none).
+``false_rollback_rate`` is the share of healthy runs rolled back under the
+primary gate mode (``--mode``, default sequential), over all rates; the rows
+of the other mode are there for comparison. The last output line is that JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from graylane.app.bench.decisions_sim import RunResult, Scenario, simulate
+from graylane.rollouts.spec import GateMode
+
+TARGET_RATE = 50.0
+
+
+@dataclass(frozen=True)
+class DecisionsConfig:
+    rates: tuple[float, ...] = (10.0, 50.0, 200.0)
+    runs: int = 40
+    """Runs per scenario at the target rate (half at other rates)."""
+    healthy_factor: int = 5
+    """Healthy scenarios run this many times more (false rollbacks are rare)."""
+    workers: int = 2
+    seed: int = 11
+    mode: GateMode = GateMode.SEQUENTIAL
+    """The primary gate mode (``false_rollback_rate``); the others run for comparison."""
+
+
+@dataclass(frozen=True)
+class _Job:
+    mode: GateMode
+    scenario: Scenario
+    rate: float
+    seeds: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode.value}/{self.scenario.value}@{self.rate:g}"
+
+
+def _run(job: _Job) -> list[RunResult]:
+    return [simulate(job.scenario, job.mode, job.rate, seed) for seed in job.seeds]
+
+
+def _jobs(cfg: DecisionsConfig) -> Iterator[_Job]:
+    for si, scenario in enumerate(Scenario):
+        for ri, rate in enumerate(cfg.rates):
+            n = cfg.runs if rate == TARGET_RATE else max(1, cfg.runs // 2)
+            if scenario is Scenario.HEALTHY:
+                n *= cfg.healthy_factor
+            seeds = tuple(cfg.seed * 1_000_003 + si * 100_003 + ri * 10_007 + i for i in range(n))
+            for mode in GateMode:
+                yield _Job(mode, scenario, rate, seeds)
+
+
+def _detected(scenario: Scenario, r: RunResult) -> float | None:
+    """Seconds from onset to the controller's action on ``scenario``; None if none."""
+    if scenario is Scenario.BACKLOG:
+        return r.detect_s if not r.rolled_back and r.detect_s is not None else None
+    return r.detect_s if r.rolled_back else None
+
+
+def summarize(scenario: Scenario, results: list[RunResult]) -> dict[str, object]:
+    times = [t for t in (_detected(scenario, r) for r in results) if t is not None]
+    return {
+        "runs": len(results),
+        "detected": len(times),
+        "rolled_back": sum(r.rolled_back for r in results),
+        "promoted": sum(r.promoted for r in results),
+        "detect_s_p50": float(np.percentile(times, 50)) if times else None,
+        "detect_s_p95": float(np.percentile(times, 95)) if times else None,
+    }
+
+
+def main(cfg: DecisionsConfig) -> int:
+    t0 = time.monotonic()
+
+    def progress(text: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)
+
+    jobs = list(_jobs(cfg))
+    total = sum(len(j.seeds) for j in jobs)
+    workers = max(1, min(cfg.workers, os.cpu_count() or 1))
+    progress(f"{total} simulated rollouts, {len(jobs)} rows, {workers} processes")
+    scenarios: dict[str, dict[str, object]] = {}
+    healthy = {mode: [0, 0] for mode in GateMode}
+    with ProcessPoolExecutor(workers) as pool:
+        for job, results in zip(jobs, pool.map(_run, jobs), strict=True):
+            row = summarize(job.scenario, results)
+            scenarios[job.name] = row
+            if job.scenario is Scenario.HEALTHY:
+                healthy[job.mode][0] += int(str(row["rolled_back"]))
+                healthy[job.mode][1] += len(results)
+            rules = sorted({r.rule for r in results if r.rolled_back})
+            progress(
+                f"{job.name:32s} runs {row['runs']:4} rolled back {row['rolled_back']:4} "
+                f"promoted {row['promoted']:4} detect p50 {row['detect_s_p50']} "
+                f"p95 {row['detect_s_p95']} s {','.join(rules)}"
+            )
+    for mode, (bad, n) in healthy.items():
+        progress(f"{mode.value}: {bad}/{n} healthy runs rolled back ({bad / n:.2%})")
+    bad, n = healthy[cfg.mode]
+    print(json.dumps({"scenarios": scenarios, "false_rollback_rate": bad / n if n else 0.0}))
+    return 0

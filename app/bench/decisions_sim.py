@@ -1,0 +1,284 @@
+"""Synthetic telemetry for ``graylane bench decisions``: one simulated rollout.
+
+The rollout controller runs as the policy engine runs it: every 2 s step it
+reads a 10 s window of each side (and the newest step alone, for the
+sequential gates) plus liveness facts. Traffic is drawn per step:
+
+- Poisson arrivals; the candidate gets its weight's share of ``total_rps``.
+- Service time: lognormal (median 20 ms, sigma 0.35) times a common per-step
+  load factor (both sides), plus **bursts**: on each side independently, a
+  step has a 5 % chance of a stall that makes 5-20 % of its requests 2-4x
+  slower.
+- Queue wait: exponential, mean 3 ms; end-to-end latency = queue + service.
+- Errors: a 0.1 % background rate on both sides (a common SLO).
+
+Scenarios change the candidate from ``onset_s`` on (0 = from the start):
+p99 x1.5 (the slowest 10 % of requests 1.5x slower), service time x1.3 /
+x1.5, +1 / +5 pp errors, dead (no telemetry, growing lag, from 20 s), and
+backlog (healthy model behind a queue of 1.5 s that drains over 45 s).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from graylane.histogram import DEFAULT_GROWTH, DEFAULT_MIN_MS, LatencyHistogram
+from graylane.policy_engine.logic.facts import LagSample, RolloutFacts, VersionLiveness
+from graylane.policy_engine.logic.rollout import evaluate, start
+from graylane.policy_engine.logic.rollout_state import Decision
+from graylane.policy_engine.logic.window import WindowStats
+from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
+
+STEP_MS = 2_000
+PANES = 5  # 10 s windows
+N_BUCKETS = 320  # up to about 4 minutes
+LOG_G = math.log(DEFAULT_GROWTH)
+_UPPER = DEFAULT_MIN_MS * DEFAULT_GROWTH ** np.arange(N_BUCKETS)
+_LOWER = np.concatenate(([0.0], _UPPER[:-1]))
+_REP = np.where(_LOWER > 0, 2 * _LOWER * _UPPER / np.maximum(_LOWER + _UPPER, 1e-300), _UPPER)
+
+MEDIAN_MS = 20.0
+SIGMA = 0.35
+BASE_ERROR = 0.001
+BURST_P = 0.05
+QUEUE_MEAN_MS = 3.0
+FIRST_WEIGHT = 5.0
+BENCH_STEPS = (
+    Step(FIRST_WEIGHT, 100, 30.0),
+    Step(25.0, 200, 30.0),
+    Step(50.0, 400, 30.0),
+    Step(100.0),
+)
+HORIZON_S = 180.0
+
+
+class Scenario(Enum):
+    HEALTHY = "healthy"
+    P99_X15 = "p99_x1.5"
+    SERVICE_X13 = "service_x1.3"
+    SERVICE_X15 = "service_x1.5"
+    ERRORS_1PP = "errors_+1pp"
+    ERRORS_5PP = "errors_+5pp"
+    DEAD = "dead"
+    BACKLOG = "backlog"
+
+    @property
+    def harmful(self) -> bool:
+        """A rollback is the right outcome."""
+        return self not in (Scenario.HEALTHY, Scenario.BACKLOG)
+
+    @property
+    def onset_s(self) -> float:
+        return 20.0 if self is Scenario.DEAD else 0.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    rolled_back: bool
+    promoted: bool
+    detect_s: float | None
+    rule: str
+
+
+def bucket_counts(values: np.ndarray) -> np.ndarray:
+    idx = np.ceil(np.log(np.maximum(values, DEFAULT_MIN_MS) / DEFAULT_MIN_MS) / LOG_G)
+    idx = np.clip(idx.astype(np.int64), 0, N_BUCKETS - 1)
+    return np.bincount(idx, minlength=N_BUCKETS)
+
+
+_QS = np.array([0.5, 0.95, 0.99])
+
+
+def quantiles(counts: np.ndarray) -> tuple[float, float, float]:
+    """p50, p95, p99 as :class:`LatencyHistogram` answers them (nearest rank)."""
+    cum = np.cumsum(counts)
+    total = int(cum[-1])
+    if not total:
+        return 0.0, 0.0, 0.0
+    ranks = np.maximum(1, np.ceil(_QS * total - 1e-9))
+    p50, p95, p99 = _REP[np.searchsorted(cum, ranks)].tolist()
+    return p50, p95, p99
+
+
+def histogram(counts: np.ndarray) -> LatencyHistogram:
+    nz = np.flatnonzero(counts)
+    return LatencyHistogram(
+        buckets=dict(zip(nz.tolist(), counts[nz].tolist(), strict=True)),
+        sum_ms=float(counts @ _REP),
+        max_ms=float(_REP[nz[-1]]) if nz.size else 0.0,
+    )
+
+
+@dataclass
+class _Pane:
+    end_ms: int
+    requests: int
+    errors: int
+    e2e: np.ndarray
+    service: np.ndarray
+    queue: np.ndarray
+
+
+@dataclass
+class _Side:
+    version: str
+    panes: list[_Pane] = field(default_factory=list)
+
+    def stats(self, end_ms: int, n_panes: int) -> WindowStats | None:
+        start_ms = end_ms - n_panes * STEP_MS
+        panes = [p for p in self.panes[-n_panes:] if start_ms < p.end_ms <= end_ms]
+        if not panes:
+            return None
+        requests = sum(p.requests for p in panes)
+        if not requests:
+            return None
+        if len(panes) == 1:
+            e2e, service, queue = panes[0].e2e, panes[0].service, panes[0].queue
+        else:
+            e2e = np.add.reduce([p.e2e for p in panes])
+            service = np.add.reduce([p.service for p in panes])
+            queue = np.add.reduce([p.queue for p in panes])
+        p50, p95, p99 = quantiles(e2e)
+        s50, s95, s99 = quantiles(service)
+        return WindowStats(
+            model="m",
+            version=self.version,
+            variant="fp32",
+            window_start_ms=start_ms,
+            window_end_ms=end_ms,
+            requests=requests,
+            errors=sum(p.errors for p in panes),
+            p50_ms=p50,
+            p95_ms=p95,
+            p99_ms=p99,
+            mean_ms=float(e2e @ _REP) / requests,
+            throughput_rps=requests / (n_panes * STEP_MS / 1000),
+            queue_wait_mean_ms=float(queue @ _REP) / requests,
+            queue_wait_p99_ms=quantiles(queue)[2],
+            batches=len(panes),
+            service_p50_ms=s50,
+            service_p95_ms=s95,
+            service_p99_ms=s99,
+            service=histogram(service),
+        )
+
+
+def _pane(
+    rng: np.random.Generator,
+    n: int,
+    scenario: Scenario,
+    candidate: bool,
+    end_ms: int,
+    load: float,
+) -> _Pane:
+    t_s = (end_ms - STEP_MS) / 1000
+    z = rng.standard_normal(n)
+    service = MEDIAN_MS * load * np.exp(SIGMA * z)
+    if rng.random() < BURST_P and n:
+        hit = rng.random(n) < rng.uniform(0.05, 0.2)
+        service[hit] *= rng.uniform(2.0, 4.0)
+    queue = rng.exponential(QUEUE_MEAN_MS, n)
+    error_p = BASE_ERROR
+    if candidate and t_s >= scenario.onset_s:
+        if scenario is Scenario.P99_X15:
+            service[z > 1.2816] *= 1.5
+        elif scenario is Scenario.SERVICE_X13:
+            service *= 1.3
+        elif scenario is Scenario.SERVICE_X15:
+            service *= 1.5
+        elif scenario is Scenario.ERRORS_1PP:
+            error_p += 0.01
+        elif scenario is Scenario.ERRORS_5PP:
+            error_p += 0.05
+        elif scenario is Scenario.BACKLOG:
+            queue += max(0.0, 1500.0 * (1.0 - t_s / 45.0)) * rng.uniform(0.7, 1.0, n)
+    return _Pane(
+        end_ms=end_ms,
+        requests=n,
+        errors=int(rng.binomial(n, error_p)),
+        e2e=bucket_counts(service + queue),
+        service=bucket_counts(service),
+        queue=bucket_counts(queue),
+    )
+
+
+def bench_spec(mode: GateMode) -> RolloutSpec:
+    return RolloutSpec(
+        rollout_id="bench",
+        model="m",
+        baseline="v1",
+        candidate="v2",
+        steps=BENCH_STEPS,
+        gates=Gates(mode=mode),
+    )
+
+
+def simulate(scenario: Scenario, mode: GateMode, cand_rps: float, seed: int) -> RunResult:
+    """One rollout; ``cand_rps`` is the candidate's request rate at the first step."""
+    rng = np.random.default_rng(seed)
+    total_rps = cand_rps * 100.0 / FIRST_WEIGHT
+    spec = bench_spec(mode)
+    decision: Decision = start(spec, 0)
+    base, cand = _Side("v1"), _Side("v2")
+    routed_after_death = 0
+    first_routed_after_death: int | None = None
+    lag, committed = 0, 0
+    lag_samples: list[LagSample] = []
+    onset_ms = int(scenario.onset_s * 1000)
+    backlog_at: float | None = None
+    ticks = int(HORIZON_S * 1000 / STEP_MS)
+    for tick in range(1 - PANES, 1):  # the baseline served everything before the rollout
+        n = int(rng.poisson(total_rps * STEP_MS / 1000))
+        base.panes.append(_pane(rng, n, scenario, False, tick * STEP_MS, 1.0))
+    for tick in range(1, ticks + 1):
+        now = tick * STEP_MS
+        share = decision.after.candidate_weight_percent / 100.0
+        load = float(np.exp(rng.normal(0.0, 0.05)))
+        n_b = int(rng.poisson(total_rps * (1 - share) * STEP_MS / 1000))
+        n_c = int(rng.poisson(total_rps * share * STEP_MS / 1000))
+        base.panes.append(_pane(rng, n_b, scenario, False, now, load))
+        dead = scenario is Scenario.DEAD and now > onset_ms
+        if dead:
+            routed_after_death += n_c
+            if first_routed_after_death is None and n_c:
+                first_routed_after_death = onset_ms + 1
+            lag += n_c
+        else:
+            cand.panes.append(_pane(rng, n_c, scenario, True, now, load))
+            committed += n_c
+            lag = int(rng.integers(0, 8))
+        lag_samples = [*lag_samples[-9:], LagSample(now, lag, committed)]
+        facts = RolloutFacts(
+            baseline_step=base.stats(now, 1),
+            candidate_step=cand.stats(now, 1),
+            baseline_liveness=VersionLiveness(version="v1", last_telemetry_ms=now),
+            candidate_liveness=VersionLiveness(
+                version="v2",
+                routed_since_telemetry=routed_after_death,
+                first_routed_since_telemetry_ms=first_routed_after_death,
+                last_telemetry_ms=onset_ms if dead else now,
+                lag=tuple(lag_samples),
+            ),
+        )
+        # A dead candidate's last panes age out of the window as the policy engine's do.
+        decision = evaluate(
+            decision.after,
+            spec,
+            base.stats(now, PANES),
+            cand.stats(now, PANES),
+            None,
+            now,
+            facts=facts,
+        )
+        if decision.rule == DecisionRule.CANDIDATE_BACKLOG and backlog_at is None:
+            backlog_at = now / 1000 - scenario.onset_s
+        if decision.kind is DecisionKind.ROLLBACK:
+            return RunResult(True, False, now / 1000 - scenario.onset_s, decision.rule)
+        if decision.kind is DecisionKind.PROMOTE:
+            return RunResult(False, True, backlog_at, decision.rule)
+    return RunResult(False, False, backlog_at, decision.rule)
