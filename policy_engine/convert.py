@@ -101,10 +101,16 @@ def window_stats_to_pb(s: WindowStats) -> audit_pb2.WindowStats:
         queue_wait_p99_ms=s.queue_wait_p99_ms,
         batches=s.batches,
         device_load=s.device_load,
+        service=histogram_to_pb(s.service) if s.service is not None else None,
+        service_p50_ms=s.service_p50_ms,
+        service_p95_ms=s.service_p95_ms,
+        service_p99_ms=s.service_p99_ms,
     )
 
 
 def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
+    """Service times come back as recorded (histogram and quantiles): the gates
+    judge latency on them, so a replay decides as the engine did."""
     return WindowStats(
         model=pb.model,
         version=pb.version,
@@ -122,6 +128,10 @@ def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
         queue_wait_p99_ms=pb.queue_wait_p99_ms,
         batches=pb.batches,
         device_load=pb.device_load,
+        service_p50_ms=pb.service_p50_ms,
+        service_p95_ms=pb.service_p95_ms,
+        service_p99_ms=pb.service_p99_ms,
+        service=histogram_from_pb(pb.service) if pb.HasField("service") else None,
     )
 
 

@@ -3,15 +3,17 @@
 proto3 cannot tell an unset scalar from zero. In specs and policies a zero in a
 field whose dataclass default is non-zero means *unset* and takes the default
 (an empty step list takes the default steps, an unspecified strategy is
-CANARY). Step fields are taken as they are. Fields the wire has no room for are
-lost on the way out: ``Gates.p99_floor_ms`` and the policy's
-``up_load_fraction`` / ``ceiling_ttl_s``.
+CANARY, an unspecified gate mode the default mode). Gate fields for which zero
+is a valid value (``error_budget``, ``backlog_queue_ms``, ``p99_floor_ms``)
+are proto3 ``optional``: absent means the default. Step fields are taken as
+they are. Fields the wire has no room for are lost on the way out: the
+policy's ``up_load_fraction`` / ``ceiling_ttl_s``.
 """
 
 from __future__ import annotations
 
 from graylane.rollouts.qos_policy import QosPolicy
-from graylane.rollouts.spec import DEFAULT_STEPS, Gates, RolloutSpec, Step, Strategy
+from graylane.rollouts.spec import DEFAULT_STEPS, GateMode, Gates, RolloutSpec, Step, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
 from graylane.v1 import audit_pb2, rollout_pb2
 
@@ -19,6 +21,8 @@ __all__ = [
     "decision_kind_from_pb",
     "decision_kind_to_pb",
     "decision_rule_from_pb",
+    "gate_mode_from_pb",
+    "gate_mode_to_pb",
     "manual_command_from_pb",
     "manual_command_to_pb",
     "phase_from_pb",
@@ -72,6 +76,12 @@ _STRATEGY_TO_PB = {
 }
 _STRATEGY_FROM_PB: dict[int, Strategy] = {v: k for k, v in _STRATEGY_TO_PB.items()}
 
+_GATE_MODE_TO_PB = {
+    GateMode.FIXED: rollout_pb2.GATE_MODE_FIXED,
+    GateMode.SEQUENTIAL: rollout_pb2.GATE_MODE_SEQUENTIAL,
+}
+_GATE_MODE_FROM_PB: dict[int, GateMode] = {v: k for k, v in _GATE_MODE_TO_PB.items()}
+
 
 def phase_to_pb(phase: Phase | None) -> rollout_pb2.RolloutPhase:
     """None (no phase) is ``ROLLOUT_PHASE_UNSPECIFIED``."""
@@ -118,6 +128,15 @@ def strategy_from_pb(value: int) -> Strategy:
     return _STRATEGY_FROM_PB.get(value, Strategy.CANARY)
 
 
+def gate_mode_to_pb(mode: GateMode) -> rollout_pb2.GateMode:
+    return _GATE_MODE_TO_PB[mode]
+
+
+def gate_mode_from_pb(value: int) -> GateMode | None:
+    """None for ``GATE_MODE_UNSPECIFIED`` and values this build does not know (the default)."""
+    return _GATE_MODE_FROM_PB.get(value)
+
+
 # -- rollout spec -----------------------------------------------------------------
 
 
@@ -126,7 +145,6 @@ def _or(value: float, default: float) -> float:
 
 
 def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
-    """``gates.p99_floor_ms`` has no field on the wire and is dropped."""
     g = spec.gates
     return rollout_pb2.RolloutSpec(
         rollout_id=spec.rollout_id,
@@ -147,6 +165,13 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
             max_error_rate_delta=g.max_error_rate_delta,
             significance_alpha=g.alpha,
             min_output_agreement=g.min_output_agreement,
+            mode=gate_mode_to_pb(g.mode),
+            max_error_ratio=g.max_error_ratio,
+            error_budget=g.error_budget,
+            max_slow_ratio=g.max_slow_ratio,
+            unresponsive_s=g.unresponsive_s,
+            backlog_queue_ms=g.backlog_queue_ms,
+            p99_floor_ms=g.p99_floor_ms,
         ),
         failures_to_rollback=spec.failures_to_rollback,
         shadow_share=spec.shadow_share,
@@ -161,13 +186,7 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
 def rollout_spec_from_pb(pb: rollout_pb2.RolloutSpec) -> RolloutSpec:
     """Raises :class:`~graylane.rollouts.errors.InvalidSpec` for a broken spec."""
     d = RolloutSpec(rollout_id="-", model="-", baseline="-a", candidate="-b")
-    dg = d.gates
-    gates = Gates(
-        max_p99_ratio=_or(pb.gates.max_p99_ratio, dg.max_p99_ratio),
-        max_error_rate_delta=_or(pb.gates.max_error_rate_delta, dg.max_error_rate_delta),
-        alpha=_or(pb.gates.significance_alpha, dg.alpha),
-        min_output_agreement=_or(pb.gates.min_output_agreement, dg.min_output_agreement),
-    )
+    gates = _gates_from_pb(pb.gates)
     steps = tuple(Step(s.weight_percent, s.min_samples, s.min_dwell_s) for s in pb.steps)
     return RolloutSpec(
         rollout_id=pb.rollout_id,
@@ -184,6 +203,25 @@ def rollout_spec_from_pb(pb: rollout_pb2.RolloutSpec) -> RolloutSpec:
         ab_duration_s=_or(pb.ab_duration_s, d.ab_duration_s),
         created_at_ms=pb.created_at_unix_ms,
         created_by=pb.created_by,
+    )
+
+
+def _gates_from_pb(pb: rollout_pb2.GateSpec) -> Gates:
+    d = Gates()
+    return Gates(
+        max_p99_ratio=_or(pb.max_p99_ratio, d.max_p99_ratio),
+        max_error_rate_delta=_or(pb.max_error_rate_delta, d.max_error_rate_delta),
+        alpha=_or(pb.significance_alpha, d.alpha),
+        min_output_agreement=_or(pb.min_output_agreement, d.min_output_agreement),
+        p99_floor_ms=pb.p99_floor_ms if pb.HasField("p99_floor_ms") else d.p99_floor_ms,
+        mode=gate_mode_from_pb(pb.mode) or d.mode,
+        max_error_ratio=_or(pb.max_error_ratio, d.max_error_ratio),
+        error_budget=pb.error_budget if pb.HasField("error_budget") else d.error_budget,
+        max_slow_ratio=_or(pb.max_slow_ratio, d.max_slow_ratio),
+        unresponsive_s=_or(pb.unresponsive_s, d.unresponsive_s),
+        backlog_queue_ms=(
+            pb.backlog_queue_ms if pb.HasField("backlog_queue_ms") else d.backlog_queue_ms
+        ),
     )
 
 

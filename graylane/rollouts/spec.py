@@ -43,10 +43,12 @@ class GateMode(Enum):
 
 
 DEFAULT_GATE_MODE = GateMode.FIXED
-"""SEQUENTIAL wins ``graylane bench decisions`` (fewer false rollbacks, faster
-detection) but its state (``RolloutState.sequential``, the windows' service
-histograms, the new ``Gates`` fields) is not on the wire yet: audit replay and
-restart would lose it. Switch once the protos carry it."""
+"""FIXED stays the default. SEQUENTIAL wins ``graylane bench decisions`` (fewer
+false rollbacks, faster detection), and its inputs are on the wire (the
+``Gates`` fields in ``GateSpec``, the windows' service histograms in the audit
+``WindowStats``), but its running evidence (``RolloutState.sequential``) is
+not yet in the ``RolloutState`` proto: an audit replay or a restart would
+start it afresh. Switch once the proto carries it."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,12 @@ class RolloutStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SHADOW_THEN_CANARY: _ClassVar[RolloutStrategy]
     AB_SPLIT: _ClassVar[RolloutStrategy]
 
+class GateMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GATE_MODE_UNSPECIFIED: _ClassVar[GateMode]
+    GATE_MODE_FIXED: _ClassVar[GateMode]
+    GATE_MODE_SEQUENTIAL: _ClassVar[GateMode]
+
 class RolloutPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROLLOUT_PHASE_UNSPECIFIED: _ClassVar[RolloutPhase]
@@ -40,6 +46,9 @@ ROLLOUT_STRATEGY_UNSPECIFIED: RolloutStrategy
 CANARY: RolloutStrategy
 SHADOW_THEN_CANARY: RolloutStrategy
 AB_SPLIT: RolloutStrategy
+GATE_MODE_UNSPECIFIED: GateMode
+GATE_MODE_FIXED: GateMode
+GATE_MODE_SEQUENTIAL: GateMode
 ROLLOUT_PHASE_UNSPECIFIED: RolloutPhase
 PENDING: RolloutPhase
 SHADOWING: RolloutPhase
@@ -69,16 +78,30 @@ class RolloutStep(_message.Message):
     def __init__(self, weight_percent: _Optional[float] = ..., min_samples: _Optional[int] = ..., min_dwell_s: _Optional[float] = ...) -> None: ...
 
 class GateSpec(_message.Message):
-    __slots__ = ("max_p99_ratio", "max_error_rate_delta", "significance_alpha", "min_output_agreement")
+    __slots__ = ("max_p99_ratio", "max_error_rate_delta", "significance_alpha", "min_output_agreement", "mode", "max_error_ratio", "error_budget", "max_slow_ratio", "unresponsive_s", "backlog_queue_ms", "p99_floor_ms")
     MAX_P99_RATIO_FIELD_NUMBER: _ClassVar[int]
     MAX_ERROR_RATE_DELTA_FIELD_NUMBER: _ClassVar[int]
     SIGNIFICANCE_ALPHA_FIELD_NUMBER: _ClassVar[int]
     MIN_OUTPUT_AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MAX_ERROR_RATIO_FIELD_NUMBER: _ClassVar[int]
+    ERROR_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    MAX_SLOW_RATIO_FIELD_NUMBER: _ClassVar[int]
+    UNRESPONSIVE_S_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
+    P99_FLOOR_MS_FIELD_NUMBER: _ClassVar[int]
     max_p99_ratio: float
     max_error_rate_delta: float
     significance_alpha: float
     min_output_agreement: float
-    def __init__(self, max_p99_ratio: _Optional[float] = ..., max_error_rate_delta: _Optional[float] = ..., significance_alpha: _Optional[float] = ..., min_output_agreement: _Optional[float] = ...) -> None: ...
+    mode: GateMode
+    max_error_ratio: float
+    error_budget: float
+    max_slow_ratio: float
+    unresponsive_s: float
+    backlog_queue_ms: float
+    p99_floor_ms: float
+    def __init__(self, max_p99_ratio: _Optional[float] = ..., max_error_rate_delta: _Optional[float] = ..., significance_alpha: _Optional[float] = ..., min_output_agreement: _Optional[float] = ..., mode: _Optional[_Union[GateMode, str]] = ..., max_error_ratio: _Optional[float] = ..., error_budget: _Optional[float] = ..., max_slow_ratio: _Optional[float] = ..., unresponsive_s: _Optional[float] = ..., backlog_queue_ms: _Optional[float] = ..., p99_floor_ms: _Optional[float] = ...) -> None: ...
 
 class RolloutSpec(_message.Message):
     __slots__ = ("rollout_id", "model", "baseline_version", "candidate_version", "strategy", "steps", "gates", "failures_to_rollback", "shadow_share", "shadow_duration_s", "ab_weight_percent", "ab_duration_s", "created_at_unix_ms", "created_by")

@@ -17,7 +17,7 @@ from graylane.policy_engine.logic.routing_plan import plan_for
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.pb import manual_command_from_pb
 from graylane.rollouts.qos_policy import QosPolicy
-from graylane.rollouts.spec import Gates, RolloutSpec, Step, Strategy
+from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, ManualCommand, Phase
 from graylane.v1 import audit_pb2, rollout_pb2, telemetry_pb2
 
@@ -113,6 +113,54 @@ def test_rollout_spec_round_trip() -> None:
     pb = convert.rollout_spec_to_pb(SPEC)
     assert convert.rollout_spec_from_pb(pb) == SPEC
     assert convert.rollout_spec_to_pb(convert.rollout_spec_from_pb(pb)) == pb
+
+
+def test_rollout_spec_round_trip_carries_every_gate() -> None:
+    gates = Gates(
+        max_p99_ratio=1.3,
+        mode=GateMode.SEQUENTIAL,
+        max_error_ratio=2.0,
+        error_budget=0.005,
+        max_slow_ratio=1.8,
+        unresponsive_s=25.0,
+        backlog_queue_ms=0.0,
+        p99_floor_ms=0.0,
+    )
+    spec = replace(SPEC, gates=gates)
+    pb = rollout_pb2.RolloutSpec.FromString(convert.rollout_spec_to_pb(spec).SerializeToString())
+    assert pb.gates.mode == rollout_pb2.GATE_MODE_SEQUENTIAL
+    assert convert.rollout_spec_from_pb(pb).gates == gates
+    # Zero where zero is valid survives (optional fields); absent ones take the defaults.
+    assert pb.gates.HasField("backlog_queue_ms") and pb.gates.HasField("p99_floor_ms")
+    pb.gates.ClearField("backlog_queue_ms")
+    pb.gates.ClearField("p99_floor_ms")
+    pb.gates.ClearField("error_budget")
+    pb.gates.mode = rollout_pb2.GATE_MODE_UNSPECIFIED
+    back = convert.rollout_spec_from_pb(pb).gates
+    d = Gates()
+    assert (back.backlog_queue_ms, back.p99_floor_ms, back.error_budget, back.mode) == (
+        d.backlog_queue_ms,
+        d.p99_floor_ms,
+        d.error_budget,
+        GateMode.FIXED,
+    )
+
+
+def test_window_stats_round_trip_with_service_times() -> None:
+    service = LatencyHistogram()
+    for ms in (3.0, 4.0, 5.0, 40.0):
+        service.record(ms, 5)
+    w = WindowStats(
+        model="m", version="v", variant="a", window_start_ms=0, window_end_ms=1, requests=20,
+        errors=0, p50_ms=9, p95_ms=50, p99_ms=60, mean_ms=12, throughput_rps=1,
+        service_p50_ms=service.quantile(0.5), service_p95_ms=service.quantile(0.95),
+        service_p99_ms=service.quantile(0.99), service=service,
+    )  # fmt: skip
+    back = convert.window_stats_from_pb(convert.window_stats_to_pb(w))
+    assert back == w and back.service == service
+    assert convert.window_stats_from_pb(convert.window_stats_to_pb(replace(w, service=None))) == (
+        replace(w, service=None)
+    )
 
 
 def test_rollout_spec_zeros_mean_defaults() -> None:
