@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 
 from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
+from graylane.policy_engine.convert_sequential import sequential_from_pb, sequential_to_pb
 from graylane.policy_engine.logic.qos import QosDecision, QosState
 from graylane.policy_engine.logic.rollout_state import Decision, RolloutState, StepEvidence
 from graylane.policy_engine.logic.routing_plan import RoutingPlan, route_table_for
@@ -165,6 +166,7 @@ def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.R
         last_reason=state.last_reason,
         paused_from=phase_to_pb(state.paused_from),
         spec=rollout_spec_to_pb(spec),
+        sequential=sequential_to_pb(state.sequential),
     )
 
 
@@ -215,6 +217,7 @@ def rollout_state_from_pb(
             windows=ev.windows,
             through_ms=ev.through_unix_ms,
         ),
+        sequential=sequential_from_pb(pb),
     )
     return state, spec
 

@@ -43,12 +43,13 @@ class GateMode(Enum):
 
 
 DEFAULT_GATE_MODE = GateMode.FIXED
-"""FIXED stays the default. SEQUENTIAL wins ``graylane bench decisions`` (fewer
-false rollbacks, faster detection), and its inputs are on the wire (the
-``Gates`` fields in ``GateSpec``, the windows' service histograms in the audit
-``WindowStats``), but its running evidence (``RolloutState.sequential``) is
-not yet in the ``RolloutState`` proto: an audit replay or a restart would
-start it afresh. Switch once the proto carries it."""
+"""FIXED stays the default for now. SEQUENTIAL wins ``graylane bench decisions``
+(fewer false rollbacks, faster detection) and its state is on the wire (the
+``Gates`` fields in ``GateSpec``, service histograms in the audit
+``WindowStats``, the running tests in ``RolloutState.sequential``), so audit
+replay and restart keep it; but the policy engine does not yet feed it the
+newest step's stats or liveness facts (``RolloutFacts``), which the audit
+does not carry either. Switch once the engine does."""
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,7 @@ class RolloutSpec(_message.Message):
     def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., baseline_version: _Optional[str] = ..., candidate_version: _Optional[str] = ..., strategy: _Optional[_Union[RolloutStrategy, str]] = ..., steps: _Optional[_Iterable[_Union[RolloutStep, _Mapping]]] = ..., gates: _Optional[_Union[GateSpec, _Mapping]] = ..., failures_to_rollback: _Optional[int] = ..., shadow_share: _Optional[float] = ..., shadow_duration_s: _Optional[float] = ..., ab_weight_percent: _Optional[float] = ..., ab_duration_s: _Optional[float] = ..., created_at_unix_ms: _Optional[int] = ..., created_by: _Optional[str] = ...) -> None: ...
 
 class RolloutState(_message.Message):
-    __slots__ = ("rollout_id", "model", "phase", "step_index", "candidate_weight_percent", "phase_started_at_unix_ms", "consecutive_failures", "updated_at_unix_ms", "last_reason", "paused_from", "spec", "step_started_at_unix_ms", "shadow_share", "failure_window_end_unix_ms", "epoch", "evidence")
+    __slots__ = ("rollout_id", "model", "phase", "step_index", "candidate_weight_percent", "phase_started_at_unix_ms", "consecutive_failures", "updated_at_unix_ms", "last_reason", "paused_from", "spec", "step_started_at_unix_ms", "shadow_share", "failure_window_end_unix_ms", "epoch", "evidence", "sequential")
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class RolloutState(_message.Message):
     FAILURE_WINDOW_END_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SEQUENTIAL_FIELD_NUMBER: _ClassVar[int]
     rollout_id: str
     model: str
     phase: RolloutPhase
@@ -169,7 +170,58 @@ class RolloutState(_message.Message):
     failure_window_end_unix_ms: int
     epoch: int
     evidence: StepEvidence
-    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., phase: _Optional[_Union[RolloutPhase, str]] = ..., step_index: _Optional[int] = ..., candidate_weight_percent: _Optional[float] = ..., phase_started_at_unix_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., updated_at_unix_ms: _Optional[int] = ..., last_reason: _Optional[str] = ..., paused_from: _Optional[_Union[RolloutPhase, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ..., step_started_at_unix_ms: _Optional[int] = ..., shadow_share: _Optional[float] = ..., failure_window_end_unix_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., evidence: _Optional[_Union[StepEvidence, _Mapping]] = ...) -> None: ...
+    sequential: SequentialEvidence
+    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., phase: _Optional[_Union[RolloutPhase, str]] = ..., step_index: _Optional[int] = ..., candidate_weight_percent: _Optional[float] = ..., phase_started_at_unix_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., updated_at_unix_ms: _Optional[int] = ..., last_reason: _Optional[str] = ..., paused_from: _Optional[_Union[RolloutPhase, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ..., step_started_at_unix_ms: _Optional[int] = ..., shadow_share: _Optional[float] = ..., failure_window_end_unix_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., evidence: _Optional[_Union[StepEvidence, _Mapping]] = ..., sequential: _Optional[_Union[SequentialEvidence, _Mapping]] = ...) -> None: ...
+
+class RatioTestState(_message.Message):
+    __slots__ = ("r0", "log_lr", "candidate_events", "candidate_requests", "baseline_events", "baseline_requests", "recent_up")
+    R0_FIELD_NUMBER: _ClassVar[int]
+    LOG_LR_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RECENT_UP_FIELD_NUMBER: _ClassVar[int]
+    r0: float
+    log_lr: _containers.RepeatedScalarFieldContainer[float]
+    candidate_events: int
+    candidate_requests: int
+    baseline_events: int
+    baseline_requests: int
+    recent_up: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, r0: _Optional[float] = ..., log_lr: _Optional[_Iterable[float]] = ..., candidate_events: _Optional[int] = ..., candidate_requests: _Optional[int] = ..., baseline_events: _Optional[int] = ..., baseline_requests: _Optional[int] = ..., recent_up: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class RateTestState(_message.Message):
+    __slots__ = ("p0", "log_lr", "events", "requests")
+    P0_FIELD_NUMBER: _ClassVar[int]
+    LOG_LR_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    p0: float
+    log_lr: _containers.RepeatedScalarFieldContainer[float]
+    events: int
+    requests: int
+    def __init__(self, p0: _Optional[float] = ..., log_lr: _Optional[_Iterable[float]] = ..., events: _Optional[int] = ..., requests: _Optional[int] = ...) -> None: ...
+
+class SequentialEvidence(_message.Message):
+    __slots__ = ("errors", "budget", "slow_p95", "slow_p99", "increments", "through_unix_ms", "baseline_p95_ms", "baseline_p99_ms")
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    SLOW_P95_FIELD_NUMBER: _ClassVar[int]
+    SLOW_P99_FIELD_NUMBER: _ClassVar[int]
+    INCREMENTS_FIELD_NUMBER: _ClassVar[int]
+    THROUGH_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_P95_MS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    errors: RatioTestState
+    budget: RateTestState
+    slow_p95: RatioTestState
+    slow_p99: RatioTestState
+    increments: int
+    through_unix_ms: int
+    baseline_p95_ms: _containers.RepeatedScalarFieldContainer[float]
+    baseline_p99_ms: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, errors: _Optional[_Union[RatioTestState, _Mapping]] = ..., budget: _Optional[_Union[RateTestState, _Mapping]] = ..., slow_p95: _Optional[_Union[RatioTestState, _Mapping]] = ..., slow_p99: _Optional[_Union[RatioTestState, _Mapping]] = ..., increments: _Optional[int] = ..., through_unix_ms: _Optional[int] = ..., baseline_p95_ms: _Optional[_Iterable[float]] = ..., baseline_p99_ms: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StepEvidence(_message.Message):
     __slots__ = ("candidate_requests", "candidate_errors", "baseline_requests", "baseline_errors", "windows", "through_unix_ms")

@@ -134,3 +134,32 @@ def test_a_decision_on_service_times_replays_identically_after_the_wire() -> Non
     # Round trip the decision's own inputs once more: the same decision.
     again = [convert.window_stats_from_pb(convert.window_stats_to_pb(s)) for s in d.inputs]
     assert evaluate(before, spec, again[0], again[1], None, rec.decided_at_unix_ms) == d
+
+
+SEQUENTIAL = RolloutSpec(
+    rollout_id="r1",
+    model=MODEL,
+    baseline="v1",
+    candidate="v2",
+    # Without step increments the engine feeds the tests whole 4 s windows: dwell long
+    # enough for the three increments a rejection needs.
+    steps=(Step(10.0, 10, 20.0), Step(100.0, 0, 0.0)),
+    gates=Gates(mode=GateMode.SEQUENTIAL),
+)
+
+
+def test_sequential_decisions_carry_their_evidence_and_verify() -> None:
+    for service_ms in (5.0, 15.0):
+        recs = run(SEQUENTIAL, candidate_service_ms=service_ms)
+        assert any(r.rollout_after.HasField("sequential") for r in recs)
+        assert verify(recs) == []
+        # The evidence on the wire is what the replay continues from.
+        stripped = []
+        for r in recs:
+            c = audit_pb2.AuditRecord()
+            c.CopyFrom(r)
+            c.rollout_before.ClearField("sequential")
+            stripped.append(c)
+        assert verify(stripped) != []
+    assert recs[-1].kind == audit_pb2.DECISION_ROLLBACK
+    assert recs[-1].rule == "service_time_sequential"

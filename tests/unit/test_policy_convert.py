@@ -14,6 +14,7 @@ from graylane.policy_engine.logic.qos import Ceiling, QosState, evaluate_qos
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
 from graylane.policy_engine.logic.rollout_state import RolloutState, StepEvidence
 from graylane.policy_engine.logic.routing_plan import plan_for
+from graylane.policy_engine.logic.sequential_gates import advance_sequential
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.pb import manual_command_from_pb
 from graylane.rollouts.qos_policy import QosPolicy
@@ -161,6 +162,27 @@ def test_window_stats_round_trip_with_service_times() -> None:
     assert convert.window_stats_from_pb(convert.window_stats_to_pb(replace(w, service=None))) == (
         replace(w, service=None)
     )
+
+
+def test_rollout_state_round_trip_carries_the_sequential_evidence() -> None:
+    gates = Gates(mode=GateMode.SEQUENTIAL, error_budget=0.01)
+    spec = replace(SPEC, gates=gates)
+    state = start(spec, 1_000).after
+    assert convert.rollout_state_to_pb(state, spec).HasField("sequential") is False
+    b, c = _stats("v6", 20.0), _stats("v7", 21.0)
+    ev = advance_sequential(state.sequential, gates, replace(b, errors=1), replace(c, errors=3))
+    ev = advance_sequential(
+        ev,
+        gates,
+        replace(b, window_start_ms=b.window_end_ms, window_end_ms=b.window_end_ms + 10_000),
+        replace(c, window_start_ms=c.window_end_ms, window_end_ms=c.window_end_ms + 10_000),
+    )
+    assert ev.increments == 2 and ev.errors.log_evidence != 0.0
+    state = replace(state, sequential=ev)
+    pb = rollout_pb2.RolloutState.FromString(
+        convert.rollout_state_to_pb(state, spec).SerializeToString()
+    )
+    assert convert.rollout_state_from_pb(pb) == (state, spec)
 
 
 def test_rollout_spec_zeros_mean_defaults() -> None:
