@@ -27,6 +27,7 @@ from graylane import serde
 from graylane.clock import now_ms
 from graylane.engine.errors import EngineError
 from graylane.engine.protocol import InferenceEngine
+from graylane.engine_worker.batch_learner import BatchChoice, BatchLearner, LearnerConfig
 from graylane.engine_worker.batching import BucketPolicy, PlannedBatch
 from graylane.engine_worker.compute import (
     BatchRun,
@@ -36,7 +37,7 @@ from graylane.engine_worker.compute import (
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.faults import InjectedFault, with_faults
 from graylane.engine_worker.intake import IntakeRules, decode, validate
-from graylane.engine_worker.requests import Limits, WorkItem
+from graylane.engine_worker.requests import Limits, TaskKind, WorkItem
 from graylane.engine_worker.results import (
     BatchClock,
     BatchReport,
@@ -117,6 +118,15 @@ class Worker:
             client_suffix="worker-precision",
         )
         self._load = LoadMeter()
+        self.learner = BatchLearner(
+            LearnerConfig(
+                max_batch_size=config.max_batch_size,
+                max_wait_ms=config.max_wait_ms,
+                latency_budget_ms=config.latency_budget_ms,
+            ),
+            reference_len=self.policy.bucket_for(min(64, self.policy.max_seq_len)),
+        )
+        self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
 
     # -- warm-up ---------------------------------------------------------------
     def warm_up(self) -> int:
@@ -155,15 +165,17 @@ class Worker:
             log.error("bad precision command at offset %d: %s", record.offset, exc)
 
     async def _collect(self, consumer: AIOKafkaConsumer) -> list[ConsumerRecord[bytes, bytes]]:
-        """Fetch up to max_batch_size*fetch_factor records, waiting at most max_wait_ms
-        after the first one for a batch to fill."""
+        """Fetch up to max_batch_size*fetch_factor records, waiting after the first one
+        for a batch to fill: the learned wait and batch size, else max_wait_ms."""
+        if self.config.adaptive_batching:
+            self.choice = self.learner.choose()
         cap = self.config.max_batch_size * self.config.fetch_factor
         first = await consumer.getmany(timeout_ms=200, max_records=cap)
         records = [r for rs in first.values() for r in rs]
         if not records:
             return records
-        deadline = time.monotonic() + self.config.max_wait_ms / 1000.0
-        while len(records) < self.config.max_batch_size:
+        deadline = time.monotonic() + self.choice.wait_ms / 1000.0
+        while len(records) < self.choice.max_batch:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break
@@ -232,7 +244,7 @@ class Worker:
             worker_id=self.config.worker_id,
             tokenizer=self.tokenizer,
         )
-        for planned in self.policy.plan_batches(items):
+        for planned in self.policy.plan_batches(items, self.choice.max_batch):
             report = await self._run(engine, planned, requests, context, dequeued)
             futures.extend(await self._deliver(report, records, sink, producer))
         return futures
@@ -257,6 +269,8 @@ class Worker:
             if not isinstance(exc, InjectedFault):
                 log.exception("engine failure on a batch of %d", len(items))
             run, failure = BatchRun({}, 0.0, 0), engine_rejection(exc)
+        if failure is None and all(item.task is TaskKind.FORWARD for item in items):
+            self.learner.observe(len(items), run.compute_ms, planned.bucket_len)
         report = build_batch(
             items,
             requests,

@@ -48,11 +48,14 @@ def prompt_tokens(i: int) -> list[int]:
     return [int(t) for t in rng.integers(32, 127, PROMPT_LEN)]
 
 
-def raw_engine(model: Path, cfg: SpineConfig, seconds: float = 8.0) -> tuple[float, float]:
+def raw_engine(
+    model: Path, cfg: SpineConfig, seconds: float = 8.0, batch: int | None = None
+) -> tuple[float, float]:
     """Requests per second and p50 ms per batch, engine called in-process."""
+    batch = batch or cfg.max_batch
     engine = OnnxRuntimeEngine.load(model, "fp32")
-    policy = BucketPolicy.powers_of_two(512, cfg.max_batch)
-    ids = [np.asarray([prompt_tokens(i)], np.int64) for i in range(cfg.max_batch)]
+    policy = BucketPolicy.powers_of_two(512, batch)
+    ids = [np.asarray([prompt_tokens(i)], np.int64) for i in range(batch)]
     items = [
         WorkItem(
             index=i,
@@ -221,6 +224,8 @@ def run_spine(cfg: SpineConfig, progress: Callable[[str], None]) -> dict[str, ob
     progress(
         f"    raw {raw_rps:.1f} req/s, engine p50 {engine_p50:.1f} ms per batch of {cfg.max_batch}"
     )
+    b1_rps, _ = raw_engine(model, cfg, batch=1)
+    progress(f"    engine alone: {b1_rps:.1f} req/s at batch 1 vs {raw_rps:.1f} at {cfg.max_batch}")
     progress("(b) end to end through the broker, router and worker")
     e2e_rps, lat = asyncio.run(_e2e(settings, model, cfg.max_batch, cfg, "batched", progress, True))
     progress(f"    e2e {e2e_rps:.1f} req/s")
@@ -239,6 +244,9 @@ def run_spine(cfg: SpineConfig, progress: Callable[[str], None]) -> dict[str, ob
         "e2e_p50_ms": round(float(np.percentile(lat, 50)), 1),
         "e2e_p99_ms": round(float(np.percentile(lat, 99)), 1),
         "engine_p50_ms": round(engine_p50, 2),
+        "engine_rps_b1": round(b1_rps, 1),
+        "engine_rps_bmax": round(raw_rps, 1),
+        "engine_scaling": round(raw_rps / b1_rps, 3),
     }
 
 
