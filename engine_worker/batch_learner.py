@@ -100,6 +100,15 @@ class BatchLearner:
             return None
         return stats.cost * size * self.reference_len
 
+    def estimate_ms(self, rows: int, padded_len: int) -> float | None:
+        """Predicted ms for ``rows`` rows at ``padded_len``: that size's estimate, else the
+        per-row cost of the nearest measured size; None while nothing is measured."""
+        trusted = [n for n, st in self._stats.items() if st.samples >= self.config.min_samples]
+        if rows < 1 or not trusted:
+            return None
+        nearest = min(trusted, key=lambda n: (abs(n - rows), n))
+        return self._stats[nearest].cost * rows * padded_len
+
     def per_row_ms(self, size: int) -> float | None:
         """Estimated engine ms per row in batches of ``size`` at the reference length."""
         total = self.batch_ms(size)

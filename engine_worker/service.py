@@ -27,6 +27,7 @@ from graylane import serde
 from graylane.clock import now_ms
 from graylane.engine.errors import EngineError
 from graylane.engine.protocol import InferenceEngine
+from graylane.engine_worker.admission import Admission, Candidate, admit, effective_deadline
 from graylane.engine_worker.batch_learner import BatchChoice, BatchLearner, LearnerConfig
 from graylane.engine_worker.batching import BucketPolicy, PlannedBatch
 from graylane.engine_worker.compute import (
@@ -80,6 +81,10 @@ class LoadMeter:
         return self._last
 
 
+def _forward_only(items: Sequence[WorkItem]) -> bool:
+    return all(item.task is TaskKind.FORWARD for item in items)
+
+
 class Worker:
     def __init__(
         self,
@@ -126,6 +131,8 @@ class Worker:
             ),
             reference_len=self.policy.bucket_for(min(64, self.policy.max_seq_len)),
         )
+        self._pending_shed = 0
+        """Sheds not yet reported in a batch telemetry."""
         self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
 
     # -- warm-up ---------------------------------------------------------------
@@ -244,10 +251,53 @@ class Worker:
             worker_id=self.config.worker_id,
             tokenizer=self.tokenizer,
         )
-        for planned in self.policy.plan_batches(items, self.choice.max_batch):
+        planned_batches = self.policy.plan_batches(items, self.choice.max_batch)
+        admission = self._admit(planned_batches, requests)
+        for shed in admission.shed:
+            self._pending_shed += 1
+            self.metrics.shed.labels(
+                self.config.model, self.config.version, variant, "deadline"
+            ).inc()
+            rejection = Rejection(inference_pb2.SHED, shed.reason)
+            record = records[shed.item.index]
+            request = requests[shed.item.index]
+            futures.append(await self._error_result(sink, request, rejection, record, variant))
+        for planned, kept in zip(planned_batches, admission.admitted, strict=True):
+            if not kept:
+                continue
+            planned = PlannedBatch(planned.bucket_len, kept)
+            started = time.perf_counter()
             report = await self._run(engine, planned, requests, context, dequeued)
             futures.extend(await self._deliver(report, records, sink, producer))
+            if report.telemetry.error_count == 0 and _forward_only(kept):
+                # engine time plus the worker's own per-batch cost (results, sends)
+                spent_ms = (time.perf_counter() - started) * 1000.0
+                self.learner.observe(len(kept), spent_ms, planned.bucket_len)
         return futures
+
+    def _admit(
+        self,
+        planned: Sequence[PlannedBatch[WorkItem]],
+        requests: Mapping[int, inference_pb2.InferenceRequest],
+    ) -> Admission[WorkItem]:
+        """Shed what cannot meet its deadline behind the batches planned ahead of it."""
+
+        def deadline(item: WorkItem) -> int:
+            request = requests[item.index]
+            return effective_deadline(
+                request.deadline_unix_ms,
+                request.created_at_unix_ms,
+                self.config.default_deadline_ms,
+            )
+
+        def service_ms(position: int, rows: int) -> float | None:
+            batch = planned[position]
+            if not _forward_only(batch.items):
+                return None
+            return self.learner.estimate_ms(rows, batch.bucket_len)
+
+        candidates = [[Candidate(item, deadline(item)) for item in b.items] for b in planned]
+        return admit(candidates, now_ms(), service_ms)
 
     async def _run(
         self,
@@ -269,8 +319,6 @@ class Worker:
             if not isinstance(exc, InjectedFault):
                 log.exception("engine failure on a batch of %d", len(items))
             run, failure = BatchRun({}, 0.0, 0), engine_rejection(exc)
-        if failure is None and all(item.task is TaskKind.FORWARD for item in items):
-            self.learner.observe(len(items), run.compute_ms, planned.bucket_len)
         report = build_batch(
             items,
             requests,
@@ -281,6 +329,7 @@ class Worker:
             bucket_len=planned.bucket_len,
             device_load=self._load.add(run.compute_ms / 1000.0),
         )
+        report.telemetry.shed_count, self._pending_shed = self._pending_shed, 0
         self._record(report, context.variant)
         return report
 

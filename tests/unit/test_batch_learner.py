@@ -18,7 +18,12 @@ PADDED = 64
 
 
 def simulate(
-    cost_ms: Callable[[int], float], *, max_batch: int = 8, rounds: int = 400, seed: int = 0, **kw: float
+    cost_ms: Callable[[int], float],
+    *,
+    max_batch: int = 8,
+    rounds: int = 400,
+    seed: int = 0,
+    **kw: float,
 ) -> tuple[BatchLearner, BatchChoice]:
     """Saturated traffic: the queue always holds max_batch requests; the engine's
     time for a batch of n rows is cost_ms(n) with +-5 % noise."""
