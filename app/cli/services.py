@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--default-deadline-ms",
         type=float,
         default=0.0,
-        help="deadline of requests naming none, from creation (0 = none); sheds what cannot make it",
+        help="deadline of requests naming none, from creation (0 = none); late ones are shed",
     )
     worker.add_argument("--max-seq-len", type=int, default=0, help="0 = from the model")
     worker.add_argument("--threads", type=int, default=0, help="engine threads (0 = default)")
