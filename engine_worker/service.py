@@ -175,7 +175,10 @@ class Worker:
         """Fetch up to max_batch_size*fetch_factor records, waiting after the first one
         for a batch to fill: the learned wait and batch size, else max_wait_ms."""
         if self.config.adaptive_batching:
-            self.choice = self.learner.choose()
+            choice = self.learner.choose()
+            if not choice.exploring and choice != self.choice:
+                log.info("batching: up to %d rows, wait %.1f ms", choice.max_batch, choice.wait_ms)
+            self.choice = choice
         cap = self.config.max_batch_size * self.config.fetch_factor
         first = await consumer.getmany(timeout_ms=200, max_records=cap)
         records = [r for rs in first.values() for r in rs]
