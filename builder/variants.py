@@ -268,9 +268,12 @@ def _int8_dynamic(inputs: VariantInputs, out: Path) -> _Result:
             str(inputs.source),
             str(out),
             weight_type=QuantType.QInt8,
+            per_channel=True,
             use_external_data_format=inputs.external_data,
         )
-    return None, ("dynamic quantization, QInt8 weights (ONNX Runtime CPU)",)
+    # per-channel weight scales: faster and closer to fp32 than one scale per tensor
+    # (demo GPT small, seq 64, one thread: b1 2.53x vs 2.37x fp32, max |dlogit| 0.080 vs 0.084)
+    return None, ("dynamic quantization, QInt8 per-channel weights (ONNX Runtime CPU)",)
 
 
 @contextlib.contextmanager

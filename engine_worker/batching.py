@@ -121,8 +121,13 @@ class BucketPolicy:
                 return bucket
         raise SequenceTooLongError(seq_len, self.buckets[-1])
 
-    def plan_batches(self, items: Sequence[ItemT]) -> list[PlannedBatch[ItemT]]:
+    def plan_batches(
+        self, items: Sequence[ItemT], max_batch_size: int | None = None
+    ) -> list[PlannedBatch[ItemT]]:
         """Group ``items`` by bucket and cut each group into batches of at most max size.
+
+        ``max_batch_size`` narrows the policy's cap for this plan (the adaptive
+        batch learner's choice); it never widens it.
 
         Deterministic: items keep their order within a bucket (FIFO), and batches
         are ordered by their oldest item, so the bucket whose first item arrived
@@ -136,10 +141,15 @@ class BucketPolicy:
                 raise SequenceTooLongError(item.seq_len, self.buckets[-1], item.index)
             groups.setdefault(self.bucket_for(item.seq_len), []).append((position, item))
 
+        cap = self.max_batch_size
+        if max_batch_size is not None:
+            if max_batch_size < 1:
+                raise InvalidPolicyError(f"max_batch_size must be >= 1, got {max_batch_size}")
+            cap = min(cap, max_batch_size)
         batches: list[tuple[int, PlannedBatch[ItemT]]] = []
         for bucket, members in groups.items():
-            for start in range(0, len(members), self.max_batch_size):
-                chunk = members[start : start + self.max_batch_size]
+            for start in range(0, len(members), cap):
+                chunk = members[start : start + cap]
                 oldest = chunk[0][0]
                 batches.append((oldest, PlannedBatch(bucket, tuple(item for _, item in chunk))))
         batches.sort(key=lambda pair: pair[0])

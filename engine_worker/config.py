@@ -57,5 +57,11 @@ class WorkerConfig:
     group_id: str = ""
     fetch_factor: int = 4
     """Records fetched per cycle = max_batch_size * fetch_factor (then planned into batches)."""
+    adaptive_batching: bool = True
+    """Learn the batch cap and wait from measured engine time (see batch_learner)."""
+    latency_budget_ms: float = 0.0
+    """Engine time one batch may take; 0 = no budget (learner and admission)."""
+    default_deadline_ms: float = 0.0
+    """Deadline of a request that names none, from its creation; 0 = no admission control."""
     tokenizer: Tokenizer | None = None
     """Text for prompts and results; ``None``: the one the model's metadata names, if any."""

@@ -27,6 +27,8 @@ from graylane import serde
 from graylane.clock import now_ms
 from graylane.engine.errors import EngineError
 from graylane.engine.protocol import InferenceEngine
+from graylane.engine_worker.admission import Admission, Candidate, admit, effective_deadline
+from graylane.engine_worker.batch_learner import BatchChoice, BatchLearner, LearnerConfig
 from graylane.engine_worker.batching import BucketPolicy, PlannedBatch
 from graylane.engine_worker.compute import (
     BatchRun,
@@ -36,7 +38,7 @@ from graylane.engine_worker.compute import (
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.faults import InjectedFault, with_faults
 from graylane.engine_worker.intake import IntakeRules, decode, validate
-from graylane.engine_worker.requests import Limits, WorkItem
+from graylane.engine_worker.requests import Limits, TaskKind, WorkItem
 from graylane.engine_worker.results import (
     BatchClock,
     BatchReport,
@@ -79,6 +81,10 @@ class LoadMeter:
         return self._last
 
 
+def _forward_only(items: Sequence[WorkItem]) -> bool:
+    return all(item.task is TaskKind.FORWARD for item in items)
+
+
 class Worker:
     def __init__(
         self,
@@ -117,6 +123,17 @@ class Worker:
             client_suffix="worker-precision",
         )
         self._load = LoadMeter()
+        self.learner = BatchLearner(
+            LearnerConfig(
+                max_batch_size=config.max_batch_size,
+                max_wait_ms=config.max_wait_ms,
+                latency_budget_ms=config.latency_budget_ms,
+            ),
+            reference_len=self.policy.bucket_for(min(64, self.policy.max_seq_len)),
+        )
+        self._pending_shed = 0
+        """Sheds not yet reported in a batch telemetry."""
+        self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
 
     # -- warm-up ---------------------------------------------------------------
     def warm_up(self) -> int:
@@ -155,15 +172,20 @@ class Worker:
             log.error("bad precision command at offset %d: %s", record.offset, exc)
 
     async def _collect(self, consumer: AIOKafkaConsumer) -> list[ConsumerRecord[bytes, bytes]]:
-        """Fetch up to max_batch_size*fetch_factor records, waiting at most max_wait_ms
-        after the first one for a batch to fill."""
+        """Fetch up to max_batch_size*fetch_factor records, waiting after the first one
+        for a batch to fill: the learned wait and batch size, else max_wait_ms."""
+        if self.config.adaptive_batching:
+            choice = self.learner.choose()
+            if not choice.exploring and choice != self.choice:
+                log.info("batching: up to %d rows, wait %.1f ms", choice.max_batch, choice.wait_ms)
+            self.choice = choice
         cap = self.config.max_batch_size * self.config.fetch_factor
         first = await consumer.getmany(timeout_ms=200, max_records=cap)
         records = [r for rs in first.values() for r in rs]
         if not records:
             return records
-        deadline = time.monotonic() + self.config.max_wait_ms / 1000.0
-        while len(records) < self.config.max_batch_size:
+        deadline = time.monotonic() + self.choice.wait_ms / 1000.0
+        while len(records) < self.choice.max_batch:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break
@@ -232,10 +254,53 @@ class Worker:
             worker_id=self.config.worker_id,
             tokenizer=self.tokenizer,
         )
-        for planned in self.policy.plan_batches(items):
+        planned_batches = self.policy.plan_batches(items, self.choice.max_batch)
+        admission = self._admit(planned_batches, requests)
+        for shed in admission.shed:
+            self._pending_shed += 1
+            self.metrics.shed.labels(
+                self.config.model, self.config.version, variant, "deadline"
+            ).inc()
+            rejection = Rejection(inference_pb2.SHED, shed.reason)
+            record = records[shed.item.index]
+            request = requests[shed.item.index]
+            futures.append(await self._error_result(sink, request, rejection, record, variant))
+        for planned, kept in zip(planned_batches, admission.admitted, strict=True):
+            if not kept:
+                continue
+            planned = PlannedBatch(planned.bucket_len, kept)
+            started = time.perf_counter()
             report = await self._run(engine, planned, requests, context, dequeued)
             futures.extend(await self._deliver(report, records, sink, producer))
+            if report.telemetry.error_count == 0 and _forward_only(kept):
+                # engine time plus the worker's own per-batch cost (results, sends)
+                spent_ms = (time.perf_counter() - started) * 1000.0
+                self.learner.observe(len(kept), spent_ms, planned.bucket_len)
         return futures
+
+    def _admit(
+        self,
+        planned: Sequence[PlannedBatch[WorkItem]],
+        requests: Mapping[int, inference_pb2.InferenceRequest],
+    ) -> Admission[WorkItem]:
+        """Shed what cannot meet its deadline behind the batches planned ahead of it."""
+
+        def deadline(item: WorkItem) -> int:
+            request = requests[item.index]
+            return effective_deadline(
+                request.deadline_unix_ms,
+                request.created_at_unix_ms,
+                self.config.default_deadline_ms,
+            )
+
+        def service_ms(position: int, rows: int) -> float | None:
+            batch = planned[position]
+            if not _forward_only(batch.items):
+                return None
+            return self.learner.estimate_ms(rows, batch.bucket_len)
+
+        candidates = [[Candidate(item, deadline(item)) for item in b.items] for b in planned]
+        return admit(candidates, now_ms(), service_ms)
 
     async def _run(
         self,
@@ -267,6 +332,7 @@ class Worker:
             bucket_len=planned.bucket_len,
             device_load=self._load.add(run.compute_ms / 1000.0),
         )
+        report.telemetry.shed_count, self._pending_shed = self._pending_shed, 0
         self._record(report, context.variant)
         return report
 

@@ -14,7 +14,6 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -43,33 +42,6 @@ class SpikeRun:
     served: int
     errors: int
     variants: tuple[str, ...]
-
-
-def capacity_rps(model: Path, prompt_len: int, seconds: float = 4.0) -> float:
-    """fp32 requests/s of the engine alone at batch 8 (one thread, as the worker runs)."""
-    from graylane.engine.onnxruntime import OnnxRuntimeEngine
-    from graylane.engine_worker.batching import BucketPolicy
-    from graylane.engine_worker.compute import run_batch
-    from graylane.engine_worker.requests import TaskKind, WorkItem
-
-    engine = OnnxRuntimeEngine.load(model, "fp32", intra_op_threads=1)
-    ids = np.arange(prompt_len, dtype=np.int64)[None] % 250
-    items = [
-        WorkItem(
-            index=i,
-            task=TaskKind.FORWARD,
-            seq_len=prompt_len,
-            feeds={"input_ids": ids, "attention_mask": np.ones_like(ids)},
-        )
-        for i in range(8)
-    ]
-    policy = BucketPolicy.powers_of_two(512, 8)
-    run_batch(engine, items, policy, 512)
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        run_batch(engine, items, policy, 512)
-        n += len(items)
-    return n / (time.perf_counter() - start)
 
 
 def qos_policy(slo_ms: float) -> rollout_pb2.QosPolicy:
@@ -151,7 +123,6 @@ async def run_once(
 def main(cfg: QosConfig) -> int:
     from graylane.app.demo.build_versions import build_versions
     from graylane.deploy.kafka import kafka
-    from graylane.registry import open_registry
 
     t0 = time.monotonic()
 
@@ -163,15 +134,18 @@ def main(cfg: QosConfig) -> int:
     settings = Settings.from_env()
     progress("building fp32 and int8-dynamic variants of the small demo GPT")
     build_versions(settings, MODEL, {"9.0.0": 5}, size="small", progress=progress)
-    from graylane.artifacts.verify import verify_artifact
-    from graylane.engine_worker.registry_loading import model_file
+    from graylane.app.cli.calibrate import ensure_calibrated, registered_variants
+    from graylane.capacity import measured_capacity
 
-    variants: dict[str, str] = {}
-    for art in open_registry(settings.db_url).list_artifacts(MODEL, "9.0.0"):
-        folder = Path(art.path)
-        variants[art.precision.value] = str(model_file(folder, verify_artifact(folder)))
-    fp32 = Path(variants["fp32"])
-    capacity = capacity_rps(fp32, cfg.prompt_len)
+    files = registered_variants(settings, MODEL, "9.0.0")
+    variants = {name: str(path) for name, path in files.items()}
+    profile = ensure_calibrated(
+        settings, MODEL, "9.0.0", files, seq_len=cfg.prompt_len, batches=(1, 8), progress=progress
+    )
+    # the library's figure: the fp32 variant at its best measured batch size, on this host
+    capacity = measured_capacity(settings.artifact_dir, MODEL, "9.0.0", "fp32")
+    if capacity is None:
+        raise RuntimeError(f"no capacity for {MODEL}/9.0.0 on {profile.host}")
     base_rate = cfg.base_fraction * capacity
     progress(f"fp32 engine capacity {capacity:.0f} req/s; steady load {base_rate:.0f} req/s")
     progress("run 1: without the QoS controller")
@@ -182,6 +156,8 @@ def main(cfg: QosConfig) -> int:
     progress(f"    p99 {with_qos.p99_ms:.0f} ms, variants {with_qos.variants}")
     result: dict[str, object] = {
         "fp32_capacity_rps": round(capacity, 1),
+        "capacity_host": profile.host,
+        "capacity_rps_by_variant": {v.variant: round(v.rps(), 1) for v in profile.variants},
         "base_rate_rps": round(base_rate, 1),
         "spike_factor": cfg.spike_factor,
         "p99_with_qos_ms": round(with_qos.p99_ms, 1),

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from graylane.app.cli.calibrate import calibrate_files
 from graylane.app.cli.demo import Service, start_service, stop_services
+from graylane.capacity import measured_capacity, save_profile
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batching import BucketPolicy
@@ -221,6 +223,19 @@ def run_spine(cfg: SpineConfig, progress: Callable[[str], None]) -> dict[str, ob
     progress(
         f"    raw {raw_rps:.1f} req/s, engine p50 {engine_p50:.1f} ms per batch of {cfg.max_batch}"
     )
+    progress("    calibrating the engine's own scaling (batch 1 vs max batch)")
+    profile = calibrate_files(
+        MODEL,
+        "v1",
+        {"fp32": model},
+        seq_len=BucketPolicy.powers_of_two(512, 1).bucket_for(PROMPT_LEN),
+        batches=(1, cfg.max_batch),
+        threads=0,
+        progress=progress,
+    )
+    save_profile(settings.artifact_dir, profile)
+    b1_rps = measured_capacity(settings.artifact_dir, MODEL, "v1", batch=1) or 0.0
+    bmax_rps = measured_capacity(settings.artifact_dir, MODEL, "v1", batch=cfg.max_batch) or 0.0
     progress("(b) end to end through the broker, router and worker")
     e2e_rps, lat = asyncio.run(_e2e(settings, model, cfg.max_batch, cfg, "batched", progress, True))
     progress(f"    e2e {e2e_rps:.1f} req/s")
@@ -239,6 +254,10 @@ def run_spine(cfg: SpineConfig, progress: Callable[[str], None]) -> dict[str, ob
         "e2e_p50_ms": round(float(np.percentile(lat, 50)), 1),
         "e2e_p99_ms": round(float(np.percentile(lat, 99)), 1),
         "engine_p50_ms": round(engine_p50, 2),
+        "engine_rps_b1": round(b1_rps, 1),
+        "engine_rps_bmax": round(bmax_rps, 1),
+        "engine_scaling": round(bmax_rps / b1_rps, 3) if b1_rps else None,
+        "capacity_host": profile.host,
     }
 
 

@@ -238,7 +238,15 @@ def cmd_bench_variants(args: argparse.Namespace) -> int:
             f"{r.cosine:.5f}",
         )
     console.print(table)
-    print(json.dumps({"variants": {r.name: r.as_json() for r in results}}))
+    report: dict[str, dict[str, float]] = {r.name: r.as_json() for r in results}
+    if base is not None:
+        for r in results:
+            # each rung's speed-up over fp32: what a QoS step down buys in capacity
+            if base.b1.rps:
+                report[r.name]["speedup_b1"] = round(r.b1.rps / base.b1.rps, 3)
+            if base.b8.rps:
+                report[r.name]["speedup_b8"] = round(r.b8.rps / base.b8.rps, 3)
+    print(json.dumps({"variants": report}))
     return 0
 
 

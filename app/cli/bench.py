@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--base-fraction",
         type=float,
         default=0.5,
-        help="steady load as a fraction of the fp32 engine's batch-8 capacity",
+        help="steady load as a fraction of the fp32 capacity measured here (graylane calibrate)",
     )
     qos.set_defaults(handler=_qos)
     generate = which.add_parser(

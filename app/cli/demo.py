@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +32,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo.add_argument("--requests", type=int, default=300, help="--quick: requests to send")
     demo.add_argument("--size", choices=["tiny", "small"], default=None)
     demo.add_argument("--candidate-percent", type=float, default=30.0, help="--quick: v2 share")
-    demo.add_argument("--rate", type=float, default=25.0, help="steady load, requests/s")
+    demo.add_argument(
+        "--rate", type=float, default=None, help="steady load, requests/s (default: --load)"
+    )
+    demo.add_argument(
+        "--load",
+        type=float,
+        default=0.5,
+        help="steady load as a fraction of the stable fp32 variant's capacity measured here",
+    )
     demo.add_argument("--slo-p99-ms", type=float, default=250.0)
     demo.add_argument("--keep-running", action="store_true", help="leave broker and services up")
     demo.set_defaults(handler=_demo)
@@ -179,6 +187,20 @@ class _Steps:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {self.n}. {text}", flush=True)
 
 
+def _capacity(settings: Settings, model: str, version: str, step: Callable[[str], None]) -> float:
+    """fp32 requests/s of ``version`` on this machine (calibrated once, then stored)."""
+    from graylane.app.cli.calibrate import ensure_calibrated, registered_variants
+    from graylane.app.demo.story import StoryConfig
+    from graylane.engine_worker.batching import BucketPolicy
+
+    seq_len = BucketPolicy().bucket_for(StoryConfig().prompt_len)
+    files = registered_variants(settings, model, version)
+    profile = ensure_calibrated(settings, model, version, files, seq_len=seq_len, progress=step)
+    capacity = profile.variant("fp32").rps()
+    step(f"measured capacity of {model}/{version} fp32 on {profile.host}: {capacity:.0f} req/s")
+    return capacity
+
+
 def _story(args: argparse.Namespace) -> int:
     from graylane.app.demo.build_versions import build_versions
     from graylane.app.demo.story import (
@@ -240,12 +262,13 @@ def _story(args: argparse.Namespace) -> int:
                     log_dir,
                 )
             )
+        rate = args.rate or args.load * _capacity(settings, STORY_MODEL, STABLE, step)
         cfg = StoryConfig(
-            rate=args.rate, slo_p99_ms=args.slo_p99_ms, report=REPO_ROOT / ".local" / "report.png"
+            rate=rate, slo_p99_ms=args.slo_p99_ms, report=REPO_ROOT / ".local" / "report.png"
         )
         story = Story(settings, cfg, step)
         t0_ms = now_ms()
-        step(f"steady load of {args.rate:.0f} req/s; the live view follows")
+        step(f"steady load of {rate:.0f} req/s; the live view follows")
         records = asyncio.run(story.run())
         from rich.console import Console
 

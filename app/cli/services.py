@@ -43,6 +43,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker.add_argument("--active", help="variant to start with")
     worker.add_argument("--max-batch", type=int, default=8)
     worker.add_argument("--max-wait-ms", type=int, default=5)
+    worker.add_argument(
+        "--fixed-batching",
+        action="store_true",
+        help="always wait --max-wait-ms for --max-batch (no learned batch size and wait)",
+    )
+    worker.add_argument(
+        "--default-deadline-ms",
+        type=float,
+        default=0.0,
+        help="deadline of requests naming none, from creation (0 = none); late ones are shed",
+    )
     worker.add_argument("--max-seq-len", type=int, default=0, help="0 = from the model")
     worker.add_argument("--threads", type=int, default=0, help="engine threads (0 = default)")
     worker.add_argument("--metrics-port", type=int, default=0)
@@ -121,6 +132,8 @@ def _worker(args: argparse.Namespace) -> int:
         initial_variant=active,
         max_batch_size=args.max_batch,
         max_wait_ms=args.max_wait_ms,
+        adaptive_batching=not args.fixed_batching,
+        default_deadline_ms=args.default_deadline_ms,
         max_seq_len=max_seq,
         buckets=_buckets_up_to(max_seq),
         metrics_port=args.metrics_port,

@@ -120,3 +120,12 @@ def test_pad_token_batch_refuses_long_or_bad_rows() -> None:
         pad_token_batch([np.zeros((2, 2), dtype=np.int64)], 4, 0)
     with pytest.raises(BatchingError):
         pad_token_batch([np.array([0.5])], 4, 0)
+
+
+def test_plan_batches_narrows_but_never_widens_the_cap() -> None:
+    policy = BucketPolicy(buckets=(16,), max_batch_size=4)
+    items = [PendingItem(i, 5) for i in range(6)]
+    assert [len(b) for b in policy.plan_batches(items, 1)] == [1] * 6
+    assert [len(b) for b in policy.plan_batches(items, 16)] == [4, 2]
+    with pytest.raises(InvalidPolicyError):
+        policy.plan_batches(items, 0)

@@ -20,6 +20,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import NotLeaderForPartitionError
 
 from graylane import serde, tensors
+from graylane.clock import now_ms
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.postprocess import TOKEN_IDS, PostProcess
@@ -225,3 +226,34 @@ async def test_offsets_are_committed_only_after_delivery(rig: Rig) -> None:
 
     await serve_until_committed(rig, 2)
     assert results_by_id(rig)["second"].status == inference_pb2.OK
+
+
+async def test_requests_that_cannot_meet_their_deadline_are_shed_at_once(rig: Rig) -> None:
+    # The worker has measured 600 ms per row (padded to 16); it now plans batches of 2
+    # (the learner is still measuring size 2), so each batch is predicted at 1.2 s.
+    for _ in range(3):
+        rig.worker.learner.observe(1, 600.0, 16)
+    deadline = now_ms() + 2000
+    reqs = [
+        request(
+            f"r{i}", token_ids=[5, 6, 7], deadline_unix_ms=deadline, created_at_unix_ms=now_ms()
+        )
+        for i in range(4)
+    ]
+    await publish(rig, *(serde.encode(r) for r in reqs))
+
+    await serve_until_committed(rig, 4)
+
+    results = results_by_id(rig)
+    assert [results[f"r{i}"].status for i in range(2)] == [inference_pb2.OK] * 2
+    for i in (2, 3):  # behind a batch predicted to end at +1.2 s, theirs would end at +2.4 s
+        assert results[f"r{i}"].error_code == inference_pb2.SHED
+        assert "deadline cannot be met" in results[f"r{i}"].error_message
+    telemetry = [
+        serde.decode(telemetry_pb2.BatchTelemetry, v)
+        for v in rig.read(rig.factory.layout.telemetry())
+    ]
+    assert sum(t.shed_count for t in telemetry) == 2
+    assert sum(t.error_count for t in telemetry) == 0  # not an engine error: no gate counts it
+    shed = rig.worker.metrics.shed.labels(MODEL, VERSION, "fp32", "deadline")
+    assert shed._value.get() == 2

@@ -1,0 +1,63 @@
+"""Admission control on the real broker: a worker that measured a slow engine sheds
+what cannot meet its deadline, at once and with ``SHED``, and serves the rest."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from graylane.client import GraylaneClient, PostProcess
+from graylane.engine_worker.config import FaultInjection
+from graylane.kafka.factory import KafkaFactory
+from graylane.models.demo_gpt import write_demo_gpt
+from tests.support.stack import running_stack
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+MODEL = "gpt-shed"
+ENGINE_MS = 400.0
+DEADLINE_S = 1.5
+
+
+async def test_requests_that_cannot_make_their_deadline_are_shed(
+    factory: KafkaFactory, tmp_path: Path
+) -> None:
+    model = write_demo_gpt(tmp_path / "v1.onnx", "tiny", seed=1)
+    faults = {"v1": FaultInjection(extra_latency_ms=ENGINE_MS)}
+    async with running_stack(
+        factory, model=MODEL, versions={"v1": model}, stable="v1", faults=faults, max_batch_size=1
+    ) as stack:
+        worker = stack.workers["v1"]
+        async with GraylaneClient(factory) as client:
+            # warm: the worker measures its (slow) engine on its own
+            for i in range(3):
+                warm = await client.infer(
+                    MODEL, token_ids=[1, 2, 3], routing_key=f"w{i}", timeout=60
+                )
+                assert warm.ok
+            assert worker.learner.estimate_ms(1, 16) is not None
+
+            n = 8
+            for i in range(n):
+                await client.submit(
+                    MODEL,
+                    token_ids=[5, 6, 7],
+                    routing_key=f"u{i}",
+                    post_process=PostProcess.ARGMAX_LAST,
+                    deadline_s=DEADLINE_S,
+                )
+            codes: list[str] = []
+            async with asyncio.timeout(60):
+                async for result in client.results():
+                    codes.append("OK" if result.ok else result.error_code)
+                    if len(codes) == n:
+                        break
+    # 8 requests of >= 400 ms each, one at a time, cannot all finish within 1.5 s; a
+    # request fetched only after its deadline is DEADLINE_EXCEEDED (intake), not SHED
+    assert set(codes) <= {"OK", "SHED", "DEADLINE_EXCEEDED"}
+    assert 1 <= codes.count("OK") <= 4
+    assert codes.count("SHED") >= 1
+    shed = worker.metrics.shed.labels(MODEL, "v1", "fp32", "deadline")._value.get()
+    assert shed == codes.count("SHED")
