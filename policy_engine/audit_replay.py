@@ -15,7 +15,6 @@ from graylane import serde
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import ClientFactory
 from graylane.policy_engine import convert
-from graylane.policy_engine.logic.agreement import AgreementStats
 from graylane.policy_engine.logic.replay import Mismatch
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
 from graylane.policy_engine.logic.rollout_state import Decision
@@ -75,11 +74,7 @@ def replay_record(rec: audit_pb2.AuditRecord) -> Decision:
             raise ValueError(f"manual decision with rule {rec.rule!r} names no command")
         return apply_command(before, spec, command, at, note=rec.note)
     stats = {s.version: convert.window_stats_from_pb(s) for s in rec.inputs}
-    agreement = (
-        AgreementStats(rec.agreement.pairs, rec.agreement.agreeing)
-        if rec.HasField("agreement")
-        else None
-    )
+    agreement = convert.agreement_from_pb(rec.agreement) if rec.HasField("agreement") else None
     return evaluate(
         before, spec, stats.get(spec.baseline), stats.get(spec.candidate), agreement, at
     )

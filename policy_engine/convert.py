@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 
 from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
+from graylane.policy_engine.logic.agreement import AgreementStats, SchemaMismatch
 from graylane.policy_engine.logic.qos import QosDecision, QosState
 from graylane.policy_engine.logic.rollout_state import Decision, RolloutState, StepEvidence
 from graylane.policy_engine.logic.routing_plan import RoutingPlan, route_table_for
@@ -312,13 +313,26 @@ def decision_to_audit(
         actor=actor,
         epoch=decision.after.epoch,
         command_id=command_id,
-        agreement=audit_pb2.ShadowAgreement(
-            pairs=decision.agreement.pairs, agreeing=decision.agreement.agreeing
-        )
-        if decision.agreement is not None
-        else None,
+        agreement=_agreement_to_pb(decision.agreement) if decision.agreement is not None else None,
         note=decision.note,
     )
+
+
+def _agreement_to_pb(stats: AgreementStats) -> audit_pb2.ShadowAgreement:
+    pb = audit_pb2.ShadowAgreement(pairs=stats.pairs, agreeing=stats.agreeing)
+    if stats.mismatch is not None:
+        pb.baseline_schema = stats.mismatch.baseline
+        pb.candidate_schema = stats.mismatch.candidate
+    return pb
+
+
+def agreement_from_pb(pb: audit_pb2.ShadowAgreement) -> AgreementStats:
+    mismatch = (
+        SchemaMismatch(pb.baseline_schema, pb.candidate_schema)
+        if pb.baseline_schema or pb.candidate_schema
+        else None
+    )
+    return AgreementStats(pb.pairs, pb.agreeing, mismatch)
 
 
 def qos_decision_to_audit(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from graylane import serde
 from graylane.policy_engine import convert
-from graylane.policy_engine.logic.agreement import ShadowOutput
+from graylane.policy_engine.logic.agreement import OutputField, ShadowOutput
 from graylane.policy_engine.messages import (
     Command,
     CommandKind,
@@ -32,7 +32,7 @@ from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import decision_kind_to_pb, manual_command_from_pb
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
 from graylane.topics import TopicLayout
-from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2
+from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2, tensor_pb2
 
 __all__ = [
     "Record",
@@ -91,6 +91,10 @@ def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOut
         for t in pb.outputs:
             digest.update(t.data)
         label = int.from_bytes(digest.digest(), "big")
+    schema = tuple(
+        OutputField(t.name, tensor_pb2.DType.Name(t.dtype).lower(), tuple(t.shape))
+        for t in pb.outputs
+    )
     return ShadowOutput(
         request_id=pb.request_id,
         version=pb.version,
@@ -98,6 +102,7 @@ def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOut
         tokens=tokens,
         label=label,
         error=error,
+        schema=schema if tokens is None else None,
     )
 
 

@@ -88,6 +88,7 @@ class DecisionRule(StrEnum):
     ERROR_RATE_SEVERE = "error_rate_severe"
     ERROR_RATE_DECISIVE = "error_rate_decisive"
     OUTPUT_AGREEMENT = "output_agreement"
+    INCOMPARABLE = "incomparable"
     # manual commands (see ManualCommand.rule)
     MANUAL_PAUSE = "manual_pause"
     MANUAL_RESUME = "manual_resume"
@@ -112,6 +113,8 @@ class DecisionRule(StrEnum):
     LIKE_FOR_LIKE = "like_for_like"
     LIKE_FOR_LIKE_UNAVAILABLE = "like_for_like_unavailable"
     FOLLOW_BASELINE = "follow_baseline"
+    PRECISION_CONFIRMED = "precision_confirmed"
+    PRECISION_REFUSED = "precision_refused"
 
     @property
     def command(self) -> ManualCommand | None:

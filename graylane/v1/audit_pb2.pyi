@@ -122,9 +122,13 @@ class AuditRecord(_message.Message):
     def __init__(self, decision_id: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., rule: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., rollout_before: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., rollout_after: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., qos_before: _Optional[_Union[QosState, _Mapping]] = ..., qos_after: _Optional[_Union[QosState, _Mapping]] = ..., actor: _Optional[str] = ..., epoch: _Optional[int] = ..., command_id: _Optional[str] = ..., agreement: _Optional[_Union[ShadowAgreement, _Mapping]] = ..., note: _Optional[str] = ...) -> None: ...
 
 class ShadowAgreement(_message.Message):
-    __slots__ = ("pairs", "agreeing")
+    __slots__ = ("pairs", "agreeing", "baseline_schema", "candidate_schema")
     PAIRS_FIELD_NUMBER: _ClassVar[int]
     AGREEING_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     pairs: int
     agreeing: int
-    def __init__(self, pairs: _Optional[int] = ..., agreeing: _Optional[int] = ...) -> None: ...
+    baseline_schema: str
+    candidate_schema: str
+    def __init__(self, pairs: _Optional[int] = ..., agreeing: _Optional[int] = ..., baseline_schema: _Optional[str] = ..., candidate_schema: _Optional[str] = ...) -> None: ...

@@ -6,7 +6,9 @@ of inputs replays to the same decisions.
 
 ``evaluate`` in an active phase, in order:
 
-1. ``paused`` -> HOLD. ``no_data``: a side without stats or requests (or, when
+1. ``paused`` -> HOLD. ``incomparable`` (shadowing): a shadow pair whose
+   output schemas differ ends the rollout as ABORTED (candidate to 0 %, never
+   promoted), both schemas in the reason. ``no_data``: a side without stats or requests (or, when
    shadowing, no shadow pairs yet) -> HOLD. Failures are neither counted nor
    reset: no data is not evidence.
 2. The window is added to the step's evidence when it does not overlap what
@@ -47,7 +49,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from graylane.policy_engine.logic.agreement import AgreementStats
+from graylane.policy_engine.logic.agreement import AgreementStats, SchemaMismatch
 from graylane.policy_engine.logic.gates import (
     agreement_gate,
     error_gate,
@@ -140,6 +142,8 @@ def evaluate(
     if state.phase is Phase.PAUSED:
         from_phase = state.paused_from.value if state.paused_from else "?"
         return ctx.hold(state, DecisionRule.PAUSED, f"paused (from {from_phase}); weights frozen")
+    if shadowing and agreement is not None and agreement.mismatch is not None:
+        return _incomparable(ctx, state, agreement.mismatch)
     missing = _missing(baseline, candidate, spec)
     if shadowing and (agreement is None or agreement.pairs == 0):
         missing.append("no shadow pairs")
@@ -173,6 +177,23 @@ def evaluate(
         return ctx.hold(current, unsure[0].rule, f"inconclusive, holding: {summary}")
     passed = replace(current, consecutive_failures=0, failure_window_end_ms=0)
     return on_pass(ctx, passed, summary)
+
+
+def _incomparable(ctx: Evaluation, state: RolloutState, mismatch: SchemaMismatch) -> Decision:
+    """Stop the shadow phase: answers of different schemas cannot agree or disagree."""
+    return transition(
+        state,
+        ctx.spec,
+        ctx.now_ms,
+        DecisionKind.GATE_FAILED,
+        DecisionRule.INCOMPARABLE,
+        f"shadow stopped, {ctx.spec.candidate} not promoted: outputs are incomparable ({mismatch})",
+        phase=Phase.ABORTED,
+        step_index=state.step_index,
+        weight=0.0,
+        shadow_share=0.0,
+        **ctx.carry(),
+    )
 
 
 def _missing(
