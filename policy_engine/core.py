@@ -24,7 +24,9 @@ Choices worth knowing:
   same-rule holds are left out. QoS holds are recorded on a rule change only.
 - **One rollout per model.** A START for a model with an active rollout, an
   unknown rollout id or a command the state machine refuses is recorded as a
-  ``command_rejected`` audit record and changes nothing. A START for a
+  ``command_rejected`` audit record and changes nothing, except that a
+  refused START also ends its own rollout as ABORTED (published, with the
+  reason), so it never stays PENDING. A START for a
   rollout id seen before is a redelivery and is ignored.
 - **QoS during a rollout**: the candidate follows the baseline's variant
   (``qos_during_rollout``); without a QoS policy on the baseline the
@@ -45,7 +47,7 @@ from graylane.policy_engine.logic.qos import (
     initial_qos_state,
     qos_during_rollout,
 )
-from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
+from graylane.policy_engine.logic.rollout import apply_command, evaluate, pending_state, start
 from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
 from graylane.policy_engine.logic.routing_plan import plan_for
 from graylane.policy_engine.logic.window import (
@@ -194,17 +196,33 @@ class PolicyCore:
             return []
         active = self.rollouts.get(spec.model)
         if active is not None:
-            return [
-                CommandRejected(
-                    command=cmd,
-                    reason=f"{spec.model} already has the active rollout {active.spec.rollout_id}",
-                    at_ms=now_ms,
-                )
-            ]
+            reason = f"{spec.model} already has the active rollout {active.spec.rollout_id}"
+            return self._refuse_start(cmd, spec, reason, now_ms)
         decision = start(spec, now_ms, epoch=self.routing_epochs.get(spec.model, 0))
         self.rollouts[spec.model] = _Active(decision.after, spec, decision.rule)
         self._track(spec)
         return self._outputs_of(decision, spec, command_id=cmd.command_id, actor=cmd.issued_by)
+
+    def _refuse_start(
+        self, cmd: Command, spec: RolloutSpec, reason: str, now_ms: int
+    ) -> list[Output]:
+        """Audit the refusal and end the refused rollout as ABORTED with the reason.
+
+        Its store row (PENDING since the control plane took the request) then
+        ends too, instead of blocking the model; the id counts as seen, so a
+        redelivered START is ignored.
+        """
+        ended = replace(
+            pending_state(spec, now_ms, epoch=self.routing_epochs.get(spec.model, 0)),
+            phase=Phase.ABORTED,
+            last_reason=f"start rejected: {reason}",
+            updated_ms=now_ms,
+        )
+        self.finished[spec.rollout_id] = ended
+        return [
+            CommandRejected(command=cmd, reason=reason, at_ms=now_ms),
+            RolloutPublication(state=ended, spec=spec),
+        ]
 
     def _manual(self, cmd: Command, now_ms: int) -> list[Output]:
         active = self.rollouts.get(cmd.model)

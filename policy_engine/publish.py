@@ -59,6 +59,8 @@ def command_from_pb(pb: rollout_pb2.RolloutCommand) -> Command | CommandRejected
         issued_by=pb.issued_by,
         note=pb.reason,
     )
+    if pb.kind == rollout_pb2.COMMAND_START:
+        base = replace(base, kind=CommandKind.START)
     try:
         if pb.kind == rollout_pb2.COMMAND_START:
             spec = convert.rollout_spec_from_pb(pb.spec)

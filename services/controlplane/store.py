@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from graylane.clock import Clock, now_ms
 from graylane.registry.migrate import create_db_engine, upgrade
 from graylane.rollouts.pb import phase_from_pb
+from graylane.rollouts.vocabulary import DecisionRule
 from graylane.serde import decode, encode
 from graylane.services.controlplane.store_rows import (
     AuditRow,
@@ -217,6 +218,8 @@ class ControlStore:
             try:
                 with self._sessions.begin() as session:
                     session.add(_audit_row(record))
+                    if record.rule == DecisionRule.COMMAND_REJECTED:
+                        _end_refused_start(session, record)
                 added += 1
             except IntegrityError:
                 # Another sink stored it between our read and our insert.
@@ -273,6 +276,29 @@ class ControlStore:
                 )
             elif next_offset > row.next_offset:
                 row.next_offset = next_offset
+
+
+def _end_refused_start(session: Session, record: audit_pb2.AuditRecord) -> None:
+    """A refused START ends its rollout (still PENDING here) as ABORTED with the reason.
+
+    Matched by command id to the START this store sent, so a refused manual
+    command never ends a rollout the engine did take.
+    """
+    command = session.get(CommandRow, record.command_id) if record.command_id else None
+    if command is None or command.kind != rollout_pb2.COMMAND_START:
+        return
+    row = session.get(RolloutRow, command.rollout_id)
+    if row is None or row.phase != rollout_pb2.PENDING:
+        return
+    state = decode(rollout_pb2.RolloutState, row.state)
+    state.phase = rollout_pb2.ABORTED
+    state.last_reason = record.reason
+    state.updated_at_unix_ms = max(record.decided_at_unix_ms, row.state_updated_ms)
+    row.state = encode(state)
+    row.phase = state.phase
+    row.terminal = 1
+    row.state_updated_ms = state.updated_at_unix_ms
+    row.updated_at_ms = record.decided_at_unix_ms
 
 
 def _rollout_row(state: rollout_pb2.RolloutState, now: int) -> RolloutRow:
