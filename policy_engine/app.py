@@ -37,6 +37,8 @@ from graylane.policy_engine.messages import CommandRejected, Output
 from graylane.policy_engine.publish import command_from_pb, records_of, shadow_output_of
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
+from graylane.routing import RouteTable
+from graylane.routing.convert import table_from_pb
 from graylane.settings import Settings
 from graylane.v1 import control_pb2, inference_pb2, rollout_pb2, telemetry_pb2
 
@@ -167,10 +169,13 @@ async def _restore(factory: KafkaFactory, core: PolicyCore) -> None:
     layout = factory.layout
     routing = await read_latest_per_key(factory, layout.routing())
     epochs: dict[str, int] = {}
+    tables: dict[str, RouteTable] = {}
     for value in routing.values():
         if value:
             table = serde.decode(control_pb2.RoutingTable, value)
             epochs[table.model] = max(epochs.get(table.model, 0), table.epoch)
+            if table.epoch >= epochs[table.model]:
+                tables[table.model] = table_from_pb(table)
     precision: dict[tuple[str, str], tuple[str, int]] = {}
     for value in (await read_latest_per_key(factory, layout.precision())).values():
         if value:
@@ -181,7 +186,7 @@ async def _restore(factory: KafkaFactory, core: PolicyCore) -> None:
         if value:
             pb = serde.decode(rollout_pb2.RolloutState, value)
             states.append(convert.rollout_state_from_pb(pb, epoch=epochs.get(pb.model, 0)))
-    core.restore(states, epochs, precision, await _qos_policies(factory))
+    core.restore(states, epochs, precision, await _qos_policies(factory), tables=tables)
 
 
 async def _qos_policies(factory: KafkaFactory) -> list[QosPolicy]:

@@ -31,6 +31,7 @@ from graylane.rollouts.pb import (
 )
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import Phase
+from graylane.routing.cohorts import RouteConfig
 from graylane.routing.convert import table_to_pb
 from graylane.v1 import audit_pb2, control_pb2, rollout_pb2, telemetry_pb2
 
@@ -253,10 +254,12 @@ def precision_command_of(
 
 
 def routing_table_of(
-    plan: RoutingPlan, *, now_ms: int, reason: str = ""
+    plan: RoutingPlan, *, now_ms: int, reason: str = "", config: RouteConfig | None = None
 ) -> control_pb2.RoutingTable:
-    """The compacted routing record for ``plan`` (bucket ranges by ``graylane.routing``)."""
-    return table_to_pb(route_table_for(plan, reason=reason), updated_at_unix_ms=now_ms)
+    """The compacted routing record for ``plan`` (bucket ranges by ``graylane.routing``),
+    carrying the model's cohort rules and pinning (``config``)."""
+    table = route_table_for(plan, reason=reason, config=config)
+    return table_to_pb(table, updated_at_unix_ms=now_ms)
 
 
 # -- audit ----------------------------------------------------------------------

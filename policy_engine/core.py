@@ -36,7 +36,7 @@ Choices worth knowing:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from graylane.policy_engine.logic.agreement import AgreementTracker, ShadowOutput
@@ -49,7 +49,12 @@ from graylane.policy_engine.logic.qos import (
 )
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, pending_state, start
 from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
-from graylane.policy_engine.logic.routing_plan import plan_for
+from graylane.policy_engine.logic.routing_plan import (
+    RoutingPlan,
+    plan_for,
+    plan_of_table,
+    stable_plan,
+)
 from graylane.policy_engine.logic.window import (
     DEFAULT_STEP_MS,
     DEFAULT_WINDOW_MS,
@@ -68,12 +73,15 @@ from graylane.policy_engine.messages import (
     QosPolicySet,
     RolloutAudit,
     RolloutPublication,
+    RoutingAudit,
     RoutingPublication,
 )
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
-from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
+from graylane.routing import RouteTable
+from graylane.routing.cohorts import RouteConfig, config_of_table
 
 __all__ = ["PolicyCore"]
 
@@ -108,6 +116,8 @@ class PolicyCore:
         self.routing_epochs: dict[str, int] = {}
         self.precision_epochs: dict[tuple[str, str], int] = {}
         self.precision_variants: dict[tuple[str, str], str] = {}
+        self.route_configs: dict[str, RouteConfig] = {}  # by model: cohort rules, pinning
+        self.plans: dict[str, RoutingPlan] = {}  # by model: the last table's weights
 
     # -- inputs ------------------------------------------------------------------
 
@@ -134,10 +144,19 @@ class PolicyCore:
         routing_epochs: dict[str, int],
         precision: dict[tuple[str, str], tuple[str, int]],
         qos_policies: Sequence[QosPolicy] = (),
+        tables: Mapping[str, RouteTable] | None = None,
     ) -> None:
-        """Rebuild from the compacted topics (and the QoS policies on record)."""
+        """Rebuild from the compacted topics (and the QoS policies on record).
+
+        ``tables`` (the last routing table per model) give back the cohort
+        rules and pinning every later table carries, and the current weights.
+        """
         for model, epoch in routing_epochs.items():
             self.note_routing_epoch(model, epoch)
+        for model, table in (tables or {}).items():
+            self.note_routing_epoch(model, table.epoch)
+            self.route_configs[model] = config_of_table(table)
+            self.plans[model] = plan_of_table(table)
         for (model, version), (variant, epoch) in precision.items():
             self.note_precision(model, version, variant, epoch)
         for state, spec in sorted(states, key=lambda s: s[0].updated_ms):
@@ -155,6 +174,10 @@ class PolicyCore:
     def on_command(self, cmd: Command, now_ms: int) -> list[Output]:
         if cmd.kind is CommandKind.START:
             return self._start(cmd, now_ms)
+        if cmd.kind is CommandKind.REVERT:
+            return self._revert(cmd, now_ms)
+        if cmd.kind is CommandKind.SET_ROUTE_CONFIG:
+            return self._set_route_config(cmd, now_ms)
         if cmd.kind is CommandKind.SET_QOS_POLICY:
             if cmd.qos_policy is None:
                 return [CommandRejected(command=cmd, reason="no QoS policy", at_ms=now_ms)]
@@ -202,6 +225,87 @@ class PolicyCore:
         self.rollouts[spec.model] = _Active(decision.after, spec, decision.rule)
         self._track(spec)
         return self._outputs_of(decision, spec, command_id=cmd.command_id, actor=cmd.issued_by)
+
+    def _revert(self, cmd: Command, now_ms: int) -> list[Output]:
+        """Route 100 % to ``cmd.target_version`` in one routing update.
+
+        During a rollout that is its rollback (the baseline is the stable
+        version), recorded as a manual rollback with the operator's note.
+        """
+        target = cmd.target_version
+        if not target:
+            return [CommandRejected(command=cmd, reason="revert names no version", at_ms=now_ms)]
+        active = self.rollouts.get(cmd.model)
+        if active is not None:
+            if target != active.spec.baseline:
+                reason = (
+                    f"rollout {active.spec.rollout_id} is active: a revert returns to its "
+                    f"baseline {active.spec.baseline}, not {target}"
+                )
+                return [CommandRejected(command=cmd, reason=reason, at_ms=now_ms)]
+            note = f"revert to {target}" + (f": {cmd.note}" if cmd.note else "")
+            rollback = replace(
+                cmd,
+                kind=CommandKind.MANUAL,
+                manual=ManualCommand.ROLLBACK,
+                rollout_id=active.spec.rollout_id,
+                note=note,
+            )
+            return self._manual(rollback, now_ms)
+        last = self.plans.get(cmd.model)
+        was = f" from {last.stable_version}" if last is not None else ""
+        reason = f"reverted {cmd.model} to {target}{was}: 100% to {target}"
+        if cmd.note:
+            reason += f" ({cmd.note})"
+        plan = stable_plan(cmd.model, target, self.routing_epochs.get(cmd.model, 0) + 1)
+        return self._routing_change(cmd, plan, DecisionRule.STABLE_REVERTED, reason, now_ms)
+
+    def _set_route_config(self, cmd: Command, now_ms: int) -> list[Output]:
+        """Take the model's cohort rules and republish its current table with them."""
+        config = cmd.route_config
+        if config is None or config.model != cmd.model:
+            return [CommandRejected(command=cmd, reason="no route config", at_ms=now_ms)]
+        last = self.plans.get(cmd.model)
+        if last is None and not cmd.target_version:
+            reason = f"{cmd.model} has no routing table yet and the command names no stable version"
+            return [CommandRejected(command=cmd, reason=reason, at_ms=now_ms)]
+        self.route_configs[cmd.model] = config
+        epoch = self.routing_epochs.get(cmd.model, 0) + 1
+        plan = (
+            replace(last, epoch=epoch)
+            if last is not None
+            else stable_plan(cmd.model, cmd.target_version, epoch)
+        )
+        rules = ", ".join(
+            f"{r.name}: {','.join(f'{k}={v}' for k, v in r.match_tags)} -> {r.version}"
+            for r in config.rules
+        )
+        reason = (
+            f"cohort routing of {cmd.model}: rules [{rules or 'none'}], "
+            f"pins {'allowed' if config.allow_pinning else 'refused'}"
+        )
+        return self._routing_change(cmd, plan, DecisionRule.ROUTE_CONFIG_SET, reason, now_ms)
+
+    def _routing_change(
+        self, cmd: Command, plan: RoutingPlan, rule: DecisionRule, reason: str, now_ms: int
+    ) -> list[Output]:
+        self.note_routing_epoch(plan.model, plan.epoch)
+        self.plans[plan.model] = plan
+        return [
+            RoutingPublication(
+                plan=plan, reason=reason, at_ms=now_ms, config=self.route_configs.get(plan.model)
+            ),
+            RoutingAudit(
+                model=plan.model,
+                version=plan.stable_version,
+                rule=rule,
+                reason=reason,
+                epoch=plan.epoch,
+                at_ms=now_ms,
+                command_id=cmd.command_id,
+                actor=cmd.issued_by,
+            ),
+        ]
 
     def _refuse_start(
         self, cmd: Command, spec: RolloutSpec, reason: str, now_ms: int
@@ -289,9 +393,14 @@ class PolicyCore:
         ]
         if decision.routing is not None:
             self.note_routing_epoch(spec.model, decision.routing.epoch)
+            plan = plan_for(decision.routing)
+            self.plans[spec.model] = plan
             out.append(
                 RoutingPublication(
-                    plan=plan_for(decision.routing), reason=decision.reason, at_ms=decision.at_ms
+                    plan=plan,
+                    reason=decision.reason,
+                    at_ms=decision.at_ms,
+                    config=self.route_configs.get(spec.model),
                 )
             )
         out.append(RolloutPublication(state=after, spec=spec))

@@ -14,7 +14,8 @@ from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
 from graylane.policy_engine.logic.routing_plan import RoutingPlan
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
-from graylane.rollouts.vocabulary import ManualCommand
+from graylane.rollouts.vocabulary import DecisionRule, ManualCommand
+from graylane.routing.cohorts import RouteConfig
 
 __all__ = [
     "Command",
@@ -26,6 +27,7 @@ __all__ = [
     "QosPolicySet",
     "RolloutAudit",
     "RolloutPublication",
+    "RoutingAudit",
     "RoutingPublication",
 ]
 
@@ -34,6 +36,8 @@ class CommandKind(Enum):
     START = "start"
     MANUAL = "manual"
     SET_QOS_POLICY = "set_qos_policy"
+    REVERT = "revert"
+    SET_ROUTE_CONFIG = "set_route_config"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +53,8 @@ class Command:
     qos_policy: QosPolicy | None = None
     issued_by: str = ""
     note: str = ""
+    target_version: str = ""
+    route_config: RouteConfig | None = None
 
 
 # -- outputs ---------------------------------------------------------------------
@@ -61,6 +67,22 @@ class RoutingPublication:
     plan: RoutingPlan
     reason: str
     at_ms: int
+    config: RouteConfig | None = None
+    """The model's cohort routing (tag rules, pinning), carried into the table."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoutingAudit:
+    """A routing change taken outside a rollout's decisions (revert, cohort rules), audited."""
+
+    model: str
+    version: str
+    rule: DecisionRule
+    reason: str
+    epoch: int
+    at_ms: int
+    command_id: str = ""
+    actor: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,4 +145,5 @@ Output = (
     | QosAudit
     | QosPolicySet
     | CommandRejected
+    | RoutingAudit
 )

@@ -26,11 +26,14 @@ from graylane.policy_engine.messages import (
     QosPolicySet,
     RolloutAudit,
     RolloutPublication,
+    RoutingAudit,
     RoutingPublication,
 )
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import decision_kind_to_pb, manual_command_from_pb
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
+from graylane.routing.cohorts import InvalidRouteRule
+from graylane.routing.convert import route_config_from_pb
 from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2, tensor_pb2
 
@@ -65,10 +68,20 @@ def command_from_pb(pb: rollout_pb2.RolloutCommand) -> Command | CommandRejected
         if pb.kind == rollout_pb2.COMMAND_START:
             spec = convert.rollout_spec_from_pb(pb.spec)
             return replace(base, kind=CommandKind.START, spec=spec)
+        if pb.kind == rollout_pb2.COMMAND_REVERT:
+            return replace(base, kind=CommandKind.REVERT, target_version=pb.target_version)
+        if pb.kind == rollout_pb2.COMMAND_SET_ROUTE_CONFIG:
+            config = route_config_from_pb(pb.route_config)
+            return replace(
+                base,
+                kind=CommandKind.SET_ROUTE_CONFIG,
+                route_config=config,
+                target_version=pb.target_version,
+            )
         if pb.kind == rollout_pb2.COMMAND_SET_QOS_POLICY:
             policy = convert.qos_policy_from_pb(pb.qos_policy)
             return replace(base, kind=CommandKind.SET_QOS_POLICY, qos_policy=policy)
-    except PolicyError as exc:
+    except (PolicyError, InvalidRouteRule) as exc:
         return CommandRejected(command=base, reason=str(exc), at_ms=pb.issued_at_unix_ms)
     manual = manual_command_from_pb(pb.kind)
     command = replace(base, manual=manual)
@@ -114,7 +127,7 @@ def records_of(outputs: Iterable[Output], layout: TopicLayout) -> list[Record]:
 
 def _record(o: Output, layout: TopicLayout) -> Record:
     if isinstance(o, RoutingPublication):
-        table = convert.routing_table_of(o.plan, now_ms=o.at_ms, reason=o.reason)
+        table = convert.routing_table_of(o.plan, now_ms=o.at_ms, reason=o.reason, config=o.config)
         return Record(layout.routing(), o.plan.model.encode(), serde.encode(table))
     if isinstance(o, PrecisionPublication):
         after = o.decision.after
@@ -146,6 +159,20 @@ def _record(o: Output, layout: TopicLayout) -> Record:
             command_id=o.command_id,
         )
         return Record(layout.audit(), o.policy.model.encode(), serde.encode(rec))
+    if isinstance(o, RoutingAudit):
+        rec = audit_pb2.AuditRecord(
+            decision_id=f"routing-{o.model}-{o.epoch}",
+            decided_at_unix_ms=o.at_ms,
+            model=o.model,
+            version=o.version,
+            kind=decision_kind_to_pb(DecisionKind.MANUAL),
+            rule=o.rule,
+            reason=o.reason,
+            actor=o.actor or "control-plane",
+            epoch=o.epoch,
+            command_id=o.command_id,
+        )
+        return Record(layout.audit(), o.model.encode(), serde.encode(rec))
     cmd = o.command
     rec = audit_pb2.AuditRecord(
         decision_id=f"rejected-{cmd.command_id or o.at_ms}",

@@ -98,6 +98,8 @@ class DecisionRule(StrEnum):
     # commands the engine refuses or records
     COMMAND_REJECTED = "command_rejected"
     SET_QOS_POLICY = "set_qos_policy"
+    STABLE_REVERTED = "stable_reverted"
+    ROUTE_CONFIG_SET = "route_config_set"
     # QoS controller (NO_DATA and MIN_DWELL above are shared)
     DISABLED = "disabled"
     NOT_IN_LADDER = "not_in_ladder"
