@@ -168,7 +168,7 @@ class RolloutActionRequest(_message.Message):
     def __init__(self, rollout_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CommandReceipt(_message.Message):
-    __slots__ = ("command_id", "rollout_id", "model", "kind", "issued_at_unix_ms", "issued_by", "state")
+    __slots__ = ("command_id", "rollout_id", "model", "kind", "issued_at_unix_ms", "issued_by", "state", "target_version")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +176,7 @@ class CommandReceipt(_message.Message):
     ISSUED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     ISSUED_BY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_VERSION_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     rollout_id: str
     model: str
@@ -183,7 +184,8 @@ class CommandReceipt(_message.Message):
     issued_at_unix_ms: int
     issued_by: str
     state: _rollout_pb2.RolloutState
-    def __init__(self, command_id: _Optional[str] = ..., rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[_rollout_pb2.CommandKind, str]] = ..., issued_at_unix_ms: _Optional[int] = ..., issued_by: _Optional[str] = ..., state: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ...) -> None: ...
+    target_version: str
+    def __init__(self, command_id: _Optional[str] = ..., rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[_rollout_pb2.CommandKind, str]] = ..., issued_at_unix_ms: _Optional[int] = ..., issued_by: _Optional[str] = ..., state: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., target_version: _Optional[str] = ...) -> None: ...
 
 class RevertRequest(_message.Message):
     __slots__ = ("model", "reason")
