@@ -32,6 +32,7 @@ from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 from graylane.policy_engine import convert
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.faust_settings import broker_settings
+from graylane.policy_engine.lease import LeaseKeeper, fence
 from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
 from graylane.policy_engine.messages import CommandRejected, Output
 from graylane.policy_engine.publish import command_from_pb, records_of, shadow_output_of
@@ -53,6 +54,7 @@ class PolicyConfig:
     step_ms: int = DEFAULT_STEP_MS
     models: tuple[str, ...] = field(default_factory=tuple)
     clock: Clock = now_ms
+    lease: LeaseKeeper | None = None  # held before the app starts; renewed while it runs
 
 
 async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
@@ -84,6 +86,10 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         topic_disable_leader=True,
         # A first start reads commands on record; later starts resume at committed offsets.
         consumer_auto_offset_reset="earliest",
+        # A standby that takes the lease over joins the group only once the dead
+        # writer's session has expired: keep that short (faust's default is 60 s).
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=3.0,
     )
     app.conf.producer_acks = -1
     app.core = core  # type: ignore[attr-defined]  # for tests and introspection
@@ -98,10 +104,20 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     shadows = [raw_topic(layout.shadow(m)) for m in config.models]
 
     async def publish(outputs: list[Output]) -> None:
+        if config.lease is not None and not config.lease.active and not await config.lease.step():
+            log.critical("the lease is gone before a publication; stopping")
+            fence()
         for rec in records_of(outputs, layout):
             await app.producer.send_and_wait(
                 rec.topic, rec.key, rec.value, partition=None, timestamp=None, headers=None
             )
+
+    if config.lease is not None:
+        keeper = config.lease
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def keep_lease() -> None:
+            await keeper.keep(fence)
 
     @app.task  # type: ignore[untyped-decorator]
     async def restore() -> None:
