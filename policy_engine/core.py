@@ -40,6 +40,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from graylane.policy_engine.logic.agreement import AgreementTracker, ShadowOutput
+from graylane.policy_engine.logic.precision_ack import (
+    DEFAULT_ACK_BOUND_MS,
+    AckVerdict,
+    PendingSwitch,
+    judge_switch,
+)
 from graylane.policy_engine.logic.qos import (
     QosDecisionKind,
     QosState,
@@ -68,6 +74,7 @@ from graylane.policy_engine.messages import (
     CommandKind,
     CommandRejected,
     Output,
+    PrecisionAck,
     PrecisionPublication,
     QosAudit,
     QosPolicySet,
@@ -118,10 +125,16 @@ class PolicyCore:
         self.precision_variants: dict[tuple[str, str], str] = {}
         self.route_configs: dict[str, RouteConfig] = {}  # by model: cohort rules, pinning
         self.plans: dict[str, RoutingPlan] = {}  # by model: the last table's weights
+        # precision acknowledgements: last batch per variant, switches not yet confirmed
+        self.served_at: dict[tuple[str, str], dict[str, int]] = {}
+        self.pending_switches: dict[tuple[str, str], PendingSwitch] = {}
+        self.ack_bound_ms = DEFAULT_ACK_BOUND_MS
 
     # -- inputs ------------------------------------------------------------------
 
     def on_telemetry(self, sample: TelemetrySample) -> bool:
+        served = self.served_at.setdefault((sample.model, sample.version), {})
+        served[sample.variant] = max(served.get(sample.variant, 0), sample.completed_at_ms)
         return self.window.add(sample)
 
     def on_shadow_result(self, model: str, output: ShadowOutput) -> None:
@@ -354,6 +367,7 @@ class PolicyCore:
         for model in sorted(self.rollouts):
             out.extend(self._evaluate_rollout(self.rollouts[model], now_ms))
         out.extend(self._evaluate_qos(now_ms))
+        out.extend(self._check_acks(now_ms))
         self.window.evict(now_ms)
         for tracker in self.trackers.values():
             tracker.expire(now_ms)
@@ -449,5 +463,49 @@ class PolicyCore:
                 epoch += 1
                 self.note_precision(model, version, decision.variant, epoch)
                 out.append(PrecisionPublication(decision=decision, epoch=epoch))
+                self.pending_switches[key] = PendingSwitch(
+                    model, version, decision.variant, epoch, now_ms, decision.before.active_variant
+                )
             out.append(QosAudit(decision=decision, epoch=epoch, rollout_id=rollout_id))
+        return out
+
+    def _check_acks(self, now_ms: int) -> list[Output]:
+        """Confirm switches the workers followed; audit ``precision_refused`` for the others.
+
+        A refused switch puts the QoS state back on the variant actually served,
+        so the controller no longer believes in a switch that did not happen.
+        """
+        out: list[Output] = []
+        for key in sorted(self.pending_switches):
+            switch = self.pending_switches[key]
+            served = self.served_at.get(key, {})
+            verdict, variant = judge_switch(switch, served, now_ms, self.ack_bound_ms)
+            if verdict is AckVerdict.PENDING:
+                continue
+            del self.pending_switches[key]
+            model, version = key
+            if verdict is AckVerdict.CONFIRMED:
+                rule = DecisionRule.PRECISION_CONFIRMED
+                reason = f"{model} {version} serves {variant} (switch at epoch {switch.epoch})"
+            else:
+                rule = DecisionRule.PRECISION_REFUSED
+                reason = (
+                    f"{model} {version} did not follow the switch to {switch.variant} within "
+                    f"{self.ack_bound_ms / 1000:g} s; its workers still serve {variant}"
+                )
+                state = self.qos_states.get(key)
+                if state is not None:
+                    self.qos_states[key] = replace(state, active_variant=variant)
+            out.append(
+                PrecisionAck(
+                    model=model,
+                    version=version,
+                    variant=switch.variant,
+                    served=variant,
+                    rule=rule,
+                    reason=reason,
+                    epoch=switch.epoch,
+                    at_ms=now_ms,
+                )
+            )
         return out

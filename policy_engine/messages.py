@@ -22,6 +22,7 @@ __all__ = [
     "CommandKind",
     "CommandRejected",
     "Output",
+    "PrecisionAck",
     "PrecisionPublication",
     "QosAudit",
     "QosPolicySet",
@@ -69,6 +70,20 @@ class RoutingPublication:
     at_ms: int
     config: RouteConfig | None = None
     """The model's cohort routing (tag rules, pinning), carried into the table."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionAck:
+    """Whether a version's workers followed a precision switch (audited)."""
+
+    model: str
+    version: str
+    variant: str
+    served: str
+    rule: DecisionRule
+    reason: str
+    epoch: int
+    at_ms: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,4 +161,5 @@ Output = (
     | QosPolicySet
     | CommandRejected
     | RoutingAudit
+    | PrecisionAck
 )

@@ -21,6 +21,7 @@ from graylane.policy_engine.messages import (
     CommandKind,
     CommandRejected,
     Output,
+    PrecisionAck,
     PrecisionPublication,
     QosAudit,
     QosPolicySet,
@@ -159,6 +160,19 @@ def _record(o: Output, layout: TopicLayout) -> Record:
             command_id=o.command_id,
         )
         return Record(layout.audit(), o.policy.model.encode(), serde.encode(rec))
+    if isinstance(o, PrecisionAck):
+        rec = audit_pb2.AuditRecord(
+            decision_id=f"precision-ack-{o.model}-{o.version}-{o.epoch}",
+            decided_at_unix_ms=o.at_ms,
+            model=o.model,
+            version=o.version,
+            kind=decision_kind_to_pb(DecisionKind.HOLD),
+            rule=o.rule,
+            reason=o.reason,
+            actor="policy-engine",
+            epoch=o.epoch,
+        )
+        return Record(layout.audit(), o.model.encode(), serde.encode(rec))
     if isinstance(o, RoutingAudit):
         rec = audit_pb2.AuditRecord(
             decision_id=f"routing-{o.model}-{o.epoch}",
