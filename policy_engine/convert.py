@@ -29,6 +29,7 @@ from graylane.rollouts.pb import (
     rollout_spec_from_pb,
     rollout_spec_to_pb,
 )
+from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import Phase
 from graylane.routing.cohorts import RouteConfig
@@ -345,10 +346,12 @@ def qos_decision_to_audit(
     decision_id: str = "",
     actor: str = "policy-engine",
     rollout_id: str = "",
+    policy: QosPolicy | None = None,
 ) -> audit_pb2.AuditRecord:
-    """PRECISION_CHANGE when the variant changes, else HOLD."""
+    """PRECISION_CHANGE when the variant changes, else HOLD; with ``policy`` for replay."""
     kind = audit_pb2.DECISION_PRECISION_CHANGE if decision.changed else audit_pb2.DECISION_HOLD
     return audit_pb2.AuditRecord(
+        qos_policy=qos_policy_to_pb(policy) if policy is not None else None,
         decision_id=decision_id or qos_decision_id_of(decision),
         decided_at_unix_ms=decision.at_ms,
         model=decision.after.model,

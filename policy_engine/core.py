@@ -466,7 +466,9 @@ class PolicyCore:
                 self.pending_switches[key] = PendingSwitch(
                     model, version, decision.variant, epoch, now_ms, decision.before.active_variant
                 )
-            out.append(QosAudit(decision=decision, epoch=epoch, rollout_id=rollout_id))
+            out.append(
+                QosAudit(decision=decision, epoch=epoch, rollout_id=rollout_id, policy=policy)
+            )
         return out
 
     def _check_acks(self, now_ms: int) -> list[Output]:

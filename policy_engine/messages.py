@@ -129,6 +129,7 @@ class QosAudit:
     decision: QosDecision
     epoch: int
     rollout_id: str = ""
+    policy: QosPolicy | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

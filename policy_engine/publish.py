@@ -142,7 +142,9 @@ def _record(o: Output, layout: TopicLayout) -> Record:
         rec = convert.decision_to_audit(o.decision, o.spec, command_id=o.command_id, actor=o.actor)
         return Record(layout.audit(), o.spec.model.encode(), serde.encode(rec))
     if isinstance(o, QosAudit):
-        rec = convert.qos_decision_to_audit(o.decision, epoch=o.epoch, rollout_id=o.rollout_id)
+        rec = convert.qos_decision_to_audit(
+            o.decision, epoch=o.epoch, rollout_id=o.rollout_id, policy=o.policy
+        )
         return Record(layout.audit(), o.decision.after.model.encode(), serde.encode(rec))
     if isinstance(o, QosPolicySet):
         rec = audit_pb2.AuditRecord(

@@ -74,3 +74,43 @@ def test_an_ignored_switch_is_refused_and_audited() -> None:
     assert (acks[0].variant, acks[0].served) == ("fp16", "fp32")
     rec = decode(audit_pb2.AuditRecord, records_of(acks[:1], TopicLayout(prefix="p"))[0].value)
     assert rec.rule == "precision_refused" and "still serve fp32" in rec.reason
+
+
+def test_audit_verify_replays_qos_decisions() -> None:
+    from graylane.policy_engine.audit_replay import verify
+    from graylane.policy_engine.messages import QosAudit
+
+    policy = QosPolicy(
+        model=MODEL,
+        version="v1",
+        slo_p99_ms=20.0,
+        ladder=("fp32", "fp16", "int8"),
+        sustain_s=2.0,
+        min_dwell_s=3.0,
+    )
+    core = PolicyCore(window_ms=2000, step_ms=1000)
+    core.on_command(Command(kind=CommandKind.SET_QOS_POLICY, model=MODEL, qos_policy=policy), 0)
+    audits: list[QosAudit] = []
+    variant = "fp32"
+    for t in range(0, 40_000, 250):
+        slow = t < 12_000
+        core.on_telemetry(
+            batch("v1", t, n=12 if slow else 3, ms=60.0 if slow else 3.0, variant=variant)
+        )
+        if t % 1000 == 0:
+            for o in core.tick(t):
+                if isinstance(o, PrecisionPublication):
+                    variant = o.decision.variant
+                if isinstance(o, QosAudit):
+                    audits.append(o)
+    records = [
+        decode(audit_pb2.AuditRecord, r.value) for r in records_of(audits, TopicLayout(prefix="p"))
+    ]
+    assert len(records) >= 4 and all(r.HasField("qos_policy") for r in records)
+    assert {r.rule for r in records} >= {"sustain", "p99_breach"}
+    assert verify(records) == []
+    tampered = audit_pb2.AuditRecord()
+    tampered.CopyFrom(next(r for r in records if r.rule == "p99_breach"))
+    tampered.qos_after.active_variant = "int8"
+    found = verify([tampered])
+    assert [m.field for m in found] == ["qos_after"]
