@@ -39,12 +39,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from graylane.policy_engine.core_ops import check_acks, revert, set_route_config
 from graylane.policy_engine.logic.agreement import AgreementTracker, ShadowOutput
 from graylane.policy_engine.logic.precision_ack import (
     DEFAULT_ACK_BOUND_MS,
-    AckVerdict,
     PendingSwitch,
-    judge_switch,
 )
 from graylane.policy_engine.logic.qos import (
     QosDecisionKind,
@@ -59,7 +58,6 @@ from graylane.policy_engine.logic.routing_plan import (
     RoutingPlan,
     plan_for,
     plan_of_table,
-    stable_plan,
 )
 from graylane.policy_engine.logic.window import (
     DEFAULT_STEP_MS,
@@ -74,19 +72,17 @@ from graylane.policy_engine.messages import (
     CommandKind,
     CommandRejected,
     Output,
-    PrecisionAck,
     PrecisionPublication,
     QosAudit,
     QosPolicySet,
     RolloutAudit,
     RolloutPublication,
-    RoutingAudit,
     RoutingPublication,
 )
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
-from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
 from graylane.routing import RouteTable
 from graylane.routing.cohorts import RouteConfig, config_of_table
 
@@ -188,9 +184,9 @@ class PolicyCore:
         if cmd.kind is CommandKind.START:
             return self._start(cmd, now_ms)
         if cmd.kind is CommandKind.REVERT:
-            return self._revert(cmd, now_ms)
+            return revert(self, cmd, now_ms)
         if cmd.kind is CommandKind.SET_ROUTE_CONFIG:
-            return self._set_route_config(cmd, now_ms)
+            return set_route_config(self, cmd, now_ms)
         if cmd.kind is CommandKind.SET_QOS_POLICY:
             if cmd.qos_policy is None:
                 return [CommandRejected(command=cmd, reason="no QoS policy", at_ms=now_ms)]
@@ -239,87 +235,6 @@ class PolicyCore:
         self._track(spec)
         return self._outputs_of(decision, spec, command_id=cmd.command_id, actor=cmd.issued_by)
 
-    def _revert(self, cmd: Command, now_ms: int) -> list[Output]:
-        """Route 100 % to ``cmd.target_version`` in one routing update.
-
-        During a rollout that is its rollback (the baseline is the stable
-        version), recorded as a manual rollback with the operator's note.
-        """
-        target = cmd.target_version
-        if not target:
-            return [CommandRejected(command=cmd, reason="revert names no version", at_ms=now_ms)]
-        active = self.rollouts.get(cmd.model)
-        if active is not None:
-            if target != active.spec.baseline:
-                reason = (
-                    f"rollout {active.spec.rollout_id} is active: a revert returns to its "
-                    f"baseline {active.spec.baseline}, not {target}"
-                )
-                return [CommandRejected(command=cmd, reason=reason, at_ms=now_ms)]
-            note = f"revert to {target}" + (f": {cmd.note}" if cmd.note else "")
-            rollback = replace(
-                cmd,
-                kind=CommandKind.MANUAL,
-                manual=ManualCommand.ROLLBACK,
-                rollout_id=active.spec.rollout_id,
-                note=note,
-            )
-            return self._manual(rollback, now_ms)
-        last = self.plans.get(cmd.model)
-        was = f" from {last.stable_version}" if last is not None else ""
-        reason = f"reverted {cmd.model} to {target}{was}: 100% to {target}"
-        if cmd.note:
-            reason += f" ({cmd.note})"
-        plan = stable_plan(cmd.model, target, self.routing_epochs.get(cmd.model, 0) + 1)
-        return self._routing_change(cmd, plan, DecisionRule.STABLE_REVERTED, reason, now_ms)
-
-    def _set_route_config(self, cmd: Command, now_ms: int) -> list[Output]:
-        """Take the model's cohort rules and republish its current table with them."""
-        config = cmd.route_config
-        if config is None or config.model != cmd.model:
-            return [CommandRejected(command=cmd, reason="no route config", at_ms=now_ms)]
-        last = self.plans.get(cmd.model)
-        if last is None and not cmd.target_version:
-            reason = f"{cmd.model} has no routing table yet and the command names no stable version"
-            return [CommandRejected(command=cmd, reason=reason, at_ms=now_ms)]
-        self.route_configs[cmd.model] = config
-        epoch = self.routing_epochs.get(cmd.model, 0) + 1
-        plan = (
-            replace(last, epoch=epoch)
-            if last is not None
-            else stable_plan(cmd.model, cmd.target_version, epoch)
-        )
-        rules = ", ".join(
-            f"{r.name}: {','.join(f'{k}={v}' for k, v in r.match_tags)} -> {r.version}"
-            for r in config.rules
-        )
-        reason = (
-            f"cohort routing of {cmd.model}: rules [{rules or 'none'}], "
-            f"pins {'allowed' if config.allow_pinning else 'refused'}"
-        )
-        return self._routing_change(cmd, plan, DecisionRule.ROUTE_CONFIG_SET, reason, now_ms)
-
-    def _routing_change(
-        self, cmd: Command, plan: RoutingPlan, rule: DecisionRule, reason: str, now_ms: int
-    ) -> list[Output]:
-        self.note_routing_epoch(plan.model, plan.epoch)
-        self.plans[plan.model] = plan
-        return [
-            RoutingPublication(
-                plan=plan, reason=reason, at_ms=now_ms, config=self.route_configs.get(plan.model)
-            ),
-            RoutingAudit(
-                model=plan.model,
-                version=plan.stable_version,
-                rule=rule,
-                reason=reason,
-                epoch=plan.epoch,
-                at_ms=now_ms,
-                command_id=cmd.command_id,
-                actor=cmd.issued_by,
-            ),
-        ]
-
     def _refuse_start(
         self, cmd: Command, spec: RolloutSpec, reason: str, now_ms: int
     ) -> list[Output]:
@@ -367,7 +282,7 @@ class PolicyCore:
         for model in sorted(self.rollouts):
             out.extend(self._evaluate_rollout(self.rollouts[model], now_ms))
         out.extend(self._evaluate_qos(now_ms))
-        out.extend(self._check_acks(now_ms))
+        out.extend(check_acks(self, now_ms))
         self.window.evict(now_ms)
         for tracker in self.trackers.values():
             tracker.expire(now_ms)
@@ -468,46 +383,5 @@ class PolicyCore:
                 )
             out.append(
                 QosAudit(decision=decision, epoch=epoch, rollout_id=rollout_id, policy=policy)
-            )
-        return out
-
-    def _check_acks(self, now_ms: int) -> list[Output]:
-        """Confirm switches the workers followed; audit ``precision_refused`` for the others.
-
-        A refused switch puts the QoS state back on the variant actually served,
-        so the controller no longer believes in a switch that did not happen.
-        """
-        out: list[Output] = []
-        for key in sorted(self.pending_switches):
-            switch = self.pending_switches[key]
-            served = self.served_at.get(key, {})
-            verdict, variant = judge_switch(switch, served, now_ms, self.ack_bound_ms)
-            if verdict is AckVerdict.PENDING:
-                continue
-            del self.pending_switches[key]
-            model, version = key
-            if verdict is AckVerdict.CONFIRMED:
-                rule = DecisionRule.PRECISION_CONFIRMED
-                reason = f"{model} {version} serves {variant} (switch at epoch {switch.epoch})"
-            else:
-                rule = DecisionRule.PRECISION_REFUSED
-                reason = (
-                    f"{model} {version} did not follow the switch to {switch.variant} within "
-                    f"{self.ack_bound_ms / 1000:g} s; its workers still serve {variant}"
-                )
-                state = self.qos_states.get(key)
-                if state is not None:
-                    self.qos_states[key] = replace(state, active_variant=variant)
-            out.append(
-                PrecisionAck(
-                    model=model,
-                    version=version,
-                    variant=switch.variant,
-                    served=variant,
-                    rule=rule,
-                    reason=reason,
-                    epoch=switch.epoch,
-                    at_ms=now_ms,
-                )
             )
         return out
