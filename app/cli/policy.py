@@ -62,7 +62,11 @@ def _policy(args: argparse.Namespace) -> int:
     app = create_app(settings, config)
     # faust's worker stops the app cleanly on SIGTERM / SIGINT and exits.
     worker = faust.Worker(app, loglevel=args.loglevel)
-    worker.execute_from_commandline()
+    try:
+        worker.execute_from_commandline()
+    finally:
+        if lease is not None:  # a clean stop hands the lease on at once
+            asyncio.run(lease.release())
     return 0
 
 
