@@ -32,11 +32,14 @@ from graylane.kafka.reading import read_to_end
 from graylane.policy_engine import convert
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.faust_settings import broker_settings
+from graylane.policy_engine.lease import LeaseKeeper, fence
 from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
 from graylane.policy_engine.messages import CommandRejected, Output
 from graylane.policy_engine.publish import command_from_pb, records_of, shadow_output_of
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
+from graylane.routing import RouteTable
+from graylane.routing.convert import table_from_pb
 from graylane.settings import Settings
 from graylane.v1 import control_pb2, inference_pb2, rollout_pb2, telemetry_pb2
 
@@ -51,6 +54,7 @@ class PolicyConfig:
     step_ms: int = DEFAULT_STEP_MS
     models: tuple[str, ...] = field(default_factory=tuple)
     clock: Clock = now_ms
+    lease: LeaseKeeper | None = None  # held before the app starts; renewed while it runs
 
 
 async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
@@ -82,6 +86,10 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         topic_disable_leader=True,
         # A first start reads commands on record; later starts resume at committed offsets.
         consumer_auto_offset_reset="earliest",
+        # A standby that takes the lease over joins the group only once the dead
+        # writer's session has expired: keep that short (faust's default is 60 s).
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=3.0,
     )
     app.conf.producer_acks = -1
     app.core = core  # type: ignore[attr-defined]  # for tests and introspection
@@ -96,10 +104,20 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     shadows = [raw_topic(layout.shadow(m)) for m in config.models]
 
     async def publish(outputs: list[Output]) -> None:
+        if config.lease is not None and not config.lease.active and not await config.lease.step():
+            log.critical("the lease is gone before a publication; stopping")
+            fence()
         for rec in records_of(outputs, layout):
             await app.producer.send_and_wait(
                 rec.topic, rec.key, rec.value, partition=None, timestamp=None, headers=None
             )
+
+    if config.lease is not None:
+        keeper = config.lease
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def keep_lease() -> None:
+            await keeper.keep(fence)
 
     @app.task  # type: ignore[untyped-decorator]
     async def restore() -> None:
@@ -167,10 +185,13 @@ async def _restore(factory: KafkaFactory, core: PolicyCore) -> None:
     layout = factory.layout
     routing = await read_latest_per_key(factory, layout.routing())
     epochs: dict[str, int] = {}
+    tables: dict[str, RouteTable] = {}
     for value in routing.values():
         if value:
             table = serde.decode(control_pb2.RoutingTable, value)
             epochs[table.model] = max(epochs.get(table.model, 0), table.epoch)
+            if table.epoch >= epochs[table.model]:
+                tables[table.model] = table_from_pb(table)
     precision: dict[tuple[str, str], tuple[str, int]] = {}
     for value in (await read_latest_per_key(factory, layout.precision())).values():
         if value:
@@ -181,7 +202,7 @@ async def _restore(factory: KafkaFactory, core: PolicyCore) -> None:
         if value:
             pb = serde.decode(rollout_pb2.RolloutState, value)
             states.append(convert.rollout_state_from_pb(pb, epoch=epochs.get(pb.model, 0)))
-    core.restore(states, epochs, precision, await _qos_policies(factory))
+    core.restore(states, epochs, precision, await _qos_policies(factory), tables=tables)
 
 
 async def _qos_policies(factory: KafkaFactory) -> list[QosPolicy]:

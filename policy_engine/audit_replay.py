@@ -15,16 +15,23 @@ from graylane import serde
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import ClientFactory
 from graylane.policy_engine import convert
-from graylane.policy_engine.logic.agreement import AgreementStats
+from graylane.policy_engine.logic.qos import evaluate_qos
 from graylane.policy_engine.logic.replay import Mismatch
 from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
 from graylane.policy_engine.logic.rollout_state import Decision
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import decision_kind_from_pb, decision_rule_from_pb
-from graylane.rollouts.vocabulary import DecisionKind
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
 from graylane.v1 import audit_pb2
 
-__all__ = ["COMPARED_FIELDS", "Mismatch", "load_recorded", "replay_record", "verify"]
+__all__ = [
+    "COMPARED_FIELDS",
+    "Mismatch",
+    "load_recorded",
+    "replay_qos_record",
+    "replay_record",
+    "verify",
+]
 
 COMPARED_FIELDS = ("decision_id", "kind", "rule", "reason", "rollout_after", "epoch")
 
@@ -75,19 +82,58 @@ def replay_record(rec: audit_pb2.AuditRecord) -> Decision:
             raise ValueError(f"manual decision with rule {rec.rule!r} names no command")
         return apply_command(before, spec, command, at, note=rec.note)
     stats = {s.version: convert.window_stats_from_pb(s) for s in rec.inputs}
-    agreement = (
-        AgreementStats(rec.agreement.pairs, rec.agreement.agreeing)
-        if rec.HasField("agreement")
-        else None
-    )
+    agreement = convert.agreement_from_pb(rec.agreement) if rec.HasField("agreement") else None
     return evaluate(
         before, spec, stats.get(spec.baseline), stats.get(spec.candidate), agreement, at
     )
 
 
+# Decisions of the candidate during a rollout follow the baseline's state, which the
+# record does not carry; they are not replayed.
+_QOS_FOLLOWING = frozenset(
+    {
+        DecisionRule.LIKE_FOR_LIKE,
+        DecisionRule.LIKE_FOR_LIKE_UNAVAILABLE,
+        DecisionRule.FOLLOW_BASELINE,
+    }
+)
+
+
+def _is_qos_decision(rec: audit_pb2.AuditRecord) -> bool:
+    return (
+        rec.HasField("qos_before")
+        and rec.HasField("qos_after")
+        and rec.HasField("qos_policy")
+        and rec.rule not in _QOS_FOLLOWING
+    )
+
+
+def replay_qos_record(rec: audit_pb2.AuditRecord) -> audit_pb2.AuditRecord:
+    """The QoS controller's decision today from the record's state, policy and window."""
+    before = convert.qos_state_from_pb(rec.qos_before)
+    policy = convert.qos_policy_from_pb(rec.qos_policy)
+    stats = convert.window_stats_from_pb(rec.inputs[0]) if rec.inputs else None
+    decision = evaluate_qos(before, policy, stats, rec.decided_at_unix_ms)
+    return convert.qos_decision_to_audit(
+        decision, epoch=rec.epoch, rollout_id=rec.rollout_id, actor=rec.actor, policy=policy
+    )
+
+
 def verify(recorded: list[audit_pb2.AuditRecord]) -> list[Mismatch]:
-    """Differences between recorded rollout decisions and their replay; empty when equal."""
+    """Differences between recorded rollout and QoS decisions and their replay (empty: none)."""
     out: list[Mismatch] = []
+    for i, rec in enumerate(recorded):
+        if not _is_qos_decision(rec):
+            continue
+        try:
+            again = replay_qos_record(rec)
+        except (PolicyError, ValueError) as exc:
+            out.append(Mismatch(i, "<error>", rec.reason, f"{type(exc).__name__}: {exc}"))
+            continue
+        for name in ("decision_id", "kind", "rule", "reason", "qos_after"):
+            a, b = getattr(rec, name), getattr(again, name)
+            if a != b:
+                out.append(Mismatch(i, name, a, b))
     for i, rec in enumerate(recorded):
         if not _is_rollout_decision(rec):
             continue

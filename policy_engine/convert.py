@@ -16,6 +16,7 @@ import hashlib
 
 from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
 from graylane.policy_engine.convert_sequential import sequential_from_pb, sequential_to_pb
+from graylane.policy_engine.logic.agreement import AgreementStats, SchemaMismatch
 from graylane.policy_engine.logic.qos import QosDecision, QosState
 from graylane.policy_engine.logic.rollout_state import Decision, RolloutState, StepEvidence
 from graylane.policy_engine.logic.routing_plan import RoutingPlan, route_table_for
@@ -29,8 +30,10 @@ from graylane.rollouts.pb import (
     rollout_spec_from_pb,
     rollout_spec_to_pb,
 )
+from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import Phase
+from graylane.routing.cohorts import RouteConfig
 from graylane.routing.convert import table_to_pb
 from graylane.v1 import audit_pb2, control_pb2, rollout_pb2, telemetry_pb2
 
@@ -265,10 +268,12 @@ def precision_command_of(
 
 
 def routing_table_of(
-    plan: RoutingPlan, *, now_ms: int, reason: str = ""
+    plan: RoutingPlan, *, now_ms: int, reason: str = "", config: RouteConfig | None = None
 ) -> control_pb2.RoutingTable:
-    """The compacted routing record for ``plan`` (bucket ranges by ``graylane.routing``)."""
-    return table_to_pb(route_table_for(plan, reason=reason), updated_at_unix_ms=now_ms)
+    """The compacted routing record for ``plan`` (bucket ranges by ``graylane.routing``),
+    carrying the model's cohort rules and pinning (``config``)."""
+    table = route_table_for(plan, reason=reason, config=config)
+    return table_to_pb(table, updated_at_unix_ms=now_ms)
 
 
 # -- audit ----------------------------------------------------------------------
@@ -325,13 +330,26 @@ def decision_to_audit(
         actor=actor,
         epoch=decision.after.epoch,
         command_id=command_id,
-        agreement=audit_pb2.ShadowAgreement(
-            pairs=decision.agreement.pairs, agreeing=decision.agreement.agreeing
-        )
-        if decision.agreement is not None
-        else None,
+        agreement=_agreement_to_pb(decision.agreement) if decision.agreement is not None else None,
         note=decision.note,
     )
+
+
+def _agreement_to_pb(stats: AgreementStats) -> audit_pb2.ShadowAgreement:
+    pb = audit_pb2.ShadowAgreement(pairs=stats.pairs, agreeing=stats.agreeing)
+    if stats.mismatch is not None:
+        pb.baseline_schema = stats.mismatch.baseline
+        pb.candidate_schema = stats.mismatch.candidate
+    return pb
+
+
+def agreement_from_pb(pb: audit_pb2.ShadowAgreement) -> AgreementStats:
+    mismatch = (
+        SchemaMismatch(pb.baseline_schema, pb.candidate_schema)
+        if pb.baseline_schema or pb.candidate_schema
+        else None
+    )
+    return AgreementStats(pb.pairs, pb.agreeing, mismatch)
 
 
 def qos_decision_to_audit(
@@ -341,10 +359,12 @@ def qos_decision_to_audit(
     decision_id: str = "",
     actor: str = "policy-engine",
     rollout_id: str = "",
+    policy: QosPolicy | None = None,
 ) -> audit_pb2.AuditRecord:
-    """PRECISION_CHANGE when the variant changes, else HOLD."""
+    """PRECISION_CHANGE when the variant changes, else HOLD; with ``policy`` for replay."""
     kind = audit_pb2.DECISION_PRECISION_CHANGE if decision.changed else audit_pb2.DECISION_HOLD
     return audit_pb2.AuditRecord(
+        qos_policy=qos_policy_to_pb(policy) if policy is not None else None,
         decision_id=decision_id or qos_decision_id_of(decision),
         decided_at_unix_ms=decision.at_ms,
         model=decision.after.model,

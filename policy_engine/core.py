@@ -24,7 +24,9 @@ Choices worth knowing:
   same-rule holds are left out. QoS holds are recorded on a rule change only.
 - **One rollout per model.** A START for a model with an active rollout, an
   unknown rollout id or a command the state machine refuses is recorded as a
-  ``command_rejected`` audit record and changes nothing. A START for a
+  ``command_rejected`` audit record and changes nothing, except that a
+  refused START also ends its own rollout as ABORTED (published, with the
+  reason), so it never stays PENDING. A START for a
   rollout id seen before is a redelivery and is ignored.
 - **QoS during a rollout**: the candidate follows the baseline's variant
   (``qos_during_rollout``); without a QoS policy on the baseline the
@@ -34,10 +36,15 @@ Choices worth knowing:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from graylane.policy_engine.core_ops import check_acks, revert, set_route_config
 from graylane.policy_engine.logic.agreement import AgreementTracker, ShadowOutput
+from graylane.policy_engine.logic.precision_ack import (
+    DEFAULT_ACK_BOUND_MS,
+    PendingSwitch,
+)
 from graylane.policy_engine.logic.qos import (
     QosDecisionKind,
     QosState,
@@ -45,9 +52,13 @@ from graylane.policy_engine.logic.qos import (
     initial_qos_state,
     qos_during_rollout,
 )
-from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
+from graylane.policy_engine.logic.rollout import apply_command, evaluate, pending_state, start
 from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
-from graylane.policy_engine.logic.routing_plan import plan_for
+from graylane.policy_engine.logic.routing_plan import (
+    RoutingPlan,
+    plan_for,
+    plan_of_table,
+)
 from graylane.policy_engine.logic.window import (
     DEFAULT_STEP_MS,
     DEFAULT_WINDOW_MS,
@@ -72,6 +83,8 @@ from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
+from graylane.routing import RouteTable
+from graylane.routing.cohorts import RouteConfig, config_of_table
 
 __all__ = ["PolicyCore"]
 
@@ -106,10 +119,18 @@ class PolicyCore:
         self.routing_epochs: dict[str, int] = {}
         self.precision_epochs: dict[tuple[str, str], int] = {}
         self.precision_variants: dict[tuple[str, str], str] = {}
+        self.route_configs: dict[str, RouteConfig] = {}  # by model: cohort rules, pinning
+        self.plans: dict[str, RoutingPlan] = {}  # by model: the last table's weights
+        # precision acknowledgements: last batch per variant, switches not yet confirmed
+        self.served_at: dict[tuple[str, str], dict[str, int]] = {}
+        self.pending_switches: dict[tuple[str, str], PendingSwitch] = {}
+        self.ack_bound_ms = DEFAULT_ACK_BOUND_MS
 
     # -- inputs ------------------------------------------------------------------
 
     def on_telemetry(self, sample: TelemetrySample) -> bool:
+        served = self.served_at.setdefault((sample.model, sample.version), {})
+        served[sample.variant] = max(served.get(sample.variant, 0), sample.completed_at_ms)
         return self.window.add(sample)
 
     def on_shadow_result(self, model: str, output: ShadowOutput) -> None:
@@ -132,10 +153,19 @@ class PolicyCore:
         routing_epochs: dict[str, int],
         precision: dict[tuple[str, str], tuple[str, int]],
         qos_policies: Sequence[QosPolicy] = (),
+        tables: Mapping[str, RouteTable] | None = None,
     ) -> None:
-        """Rebuild from the compacted topics (and the QoS policies on record)."""
+        """Rebuild from the compacted topics (and the QoS policies on record).
+
+        ``tables`` (the last routing table per model) give back the cohort
+        rules and pinning every later table carries, and the current weights.
+        """
         for model, epoch in routing_epochs.items():
             self.note_routing_epoch(model, epoch)
+        for model, table in (tables or {}).items():
+            self.note_routing_epoch(model, table.epoch)
+            self.route_configs[model] = config_of_table(table)
+            self.plans[model] = plan_of_table(table)
         for (model, version), (variant, epoch) in precision.items():
             self.note_precision(model, version, variant, epoch)
         for state, spec in sorted(states, key=lambda s: s[0].updated_ms):
@@ -153,6 +183,10 @@ class PolicyCore:
     def on_command(self, cmd: Command, now_ms: int) -> list[Output]:
         if cmd.kind is CommandKind.START:
             return self._start(cmd, now_ms)
+        if cmd.kind is CommandKind.REVERT:
+            return revert(self, cmd, now_ms)
+        if cmd.kind is CommandKind.SET_ROUTE_CONFIG:
+            return set_route_config(self, cmd, now_ms)
         if cmd.kind is CommandKind.SET_QOS_POLICY:
             if cmd.qos_policy is None:
                 return [CommandRejected(command=cmd, reason="no QoS policy", at_ms=now_ms)]
@@ -194,17 +228,33 @@ class PolicyCore:
             return []
         active = self.rollouts.get(spec.model)
         if active is not None:
-            return [
-                CommandRejected(
-                    command=cmd,
-                    reason=f"{spec.model} already has the active rollout {active.spec.rollout_id}",
-                    at_ms=now_ms,
-                )
-            ]
+            reason = f"{spec.model} already has the active rollout {active.spec.rollout_id}"
+            return self._refuse_start(cmd, spec, reason, now_ms)
         decision = start(spec, now_ms, epoch=self.routing_epochs.get(spec.model, 0))
         self.rollouts[spec.model] = _Active(decision.after, spec, decision.rule)
         self._track(spec)
         return self._outputs_of(decision, spec, command_id=cmd.command_id, actor=cmd.issued_by)
+
+    def _refuse_start(
+        self, cmd: Command, spec: RolloutSpec, reason: str, now_ms: int
+    ) -> list[Output]:
+        """Audit the refusal and end the refused rollout as ABORTED with the reason.
+
+        Its store row (PENDING since the control plane took the request) then
+        ends too, instead of blocking the model; the id counts as seen, so a
+        redelivered START is ignored.
+        """
+        ended = replace(
+            pending_state(spec, now_ms, epoch=self.routing_epochs.get(spec.model, 0)),
+            phase=Phase.ABORTED,
+            last_reason=f"start rejected: {reason}",
+            updated_ms=now_ms,
+        )
+        self.finished[spec.rollout_id] = ended
+        return [
+            CommandRejected(command=cmd, reason=reason, at_ms=now_ms),
+            RolloutPublication(state=ended, spec=spec),
+        ]
 
     def _manual(self, cmd: Command, now_ms: int) -> list[Output]:
         active = self.rollouts.get(cmd.model)
@@ -232,6 +282,7 @@ class PolicyCore:
         for model in sorted(self.rollouts):
             out.extend(self._evaluate_rollout(self.rollouts[model], now_ms))
         out.extend(self._evaluate_qos(now_ms))
+        out.extend(check_acks(self, now_ms))
         self.window.evict(now_ms)
         for tracker in self.trackers.values():
             tracker.expire(now_ms)
@@ -271,9 +322,14 @@ class PolicyCore:
         ]
         if decision.routing is not None:
             self.note_routing_epoch(spec.model, decision.routing.epoch)
+            plan = plan_for(decision.routing)
+            self.plans[spec.model] = plan
             out.append(
                 RoutingPublication(
-                    plan=plan_for(decision.routing), reason=decision.reason, at_ms=decision.at_ms
+                    plan=plan,
+                    reason=decision.reason,
+                    at_ms=decision.at_ms,
+                    config=self.route_configs.get(spec.model),
                 )
             )
         out.append(RolloutPublication(state=after, spec=spec))
@@ -322,5 +378,10 @@ class PolicyCore:
                 epoch += 1
                 self.note_precision(model, version, decision.variant, epoch)
                 out.append(PrecisionPublication(decision=decision, epoch=epoch))
-            out.append(QosAudit(decision=decision, epoch=epoch, rollout_id=rollout_id))
+                self.pending_switches[key] = PendingSwitch(
+                    model, version, decision.variant, epoch, now_ms, decision.before.active_variant
+                )
+            out.append(
+                QosAudit(decision=decision, epoch=epoch, rollout_id=rollout_id, policy=policy)
+            )
         return out

@@ -14,18 +14,21 @@ from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
 from graylane.policy_engine.logic.routing_plan import RoutingPlan
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
-from graylane.rollouts.vocabulary import ManualCommand
+from graylane.rollouts.vocabulary import DecisionRule, ManualCommand
+from graylane.routing.cohorts import RouteConfig
 
 __all__ = [
     "Command",
     "CommandKind",
     "CommandRejected",
     "Output",
+    "PrecisionAck",
     "PrecisionPublication",
     "QosAudit",
     "QosPolicySet",
     "RolloutAudit",
     "RolloutPublication",
+    "RoutingAudit",
     "RoutingPublication",
 ]
 
@@ -34,6 +37,8 @@ class CommandKind(Enum):
     START = "start"
     MANUAL = "manual"
     SET_QOS_POLICY = "set_qos_policy"
+    REVERT = "revert"
+    SET_ROUTE_CONFIG = "set_route_config"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +54,8 @@ class Command:
     qos_policy: QosPolicy | None = None
     issued_by: str = ""
     note: str = ""
+    target_version: str = ""
+    route_config: RouteConfig | None = None
 
 
 # -- outputs ---------------------------------------------------------------------
@@ -61,6 +68,36 @@ class RoutingPublication:
     plan: RoutingPlan
     reason: str
     at_ms: int
+    config: RouteConfig | None = None
+    """The model's cohort routing (tag rules, pinning), carried into the table."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionAck:
+    """Whether a version's workers followed a precision switch (audited)."""
+
+    model: str
+    version: str
+    variant: str
+    served: str
+    rule: DecisionRule
+    reason: str
+    epoch: int
+    at_ms: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoutingAudit:
+    """A routing change taken outside a rollout's decisions (revert, cohort rules), audited."""
+
+    model: str
+    version: str
+    rule: DecisionRule
+    reason: str
+    epoch: int
+    at_ms: int
+    command_id: str = ""
+    actor: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +129,7 @@ class QosAudit:
     decision: QosDecision
     epoch: int
     rollout_id: str = ""
+    policy: QosPolicy | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,4 +161,6 @@ Output = (
     | QosAudit
     | QosPolicySet
     | CommandRejected
+    | RoutingAudit
+    | PrecisionAck
 )

@@ -15,24 +15,28 @@ from dataclasses import dataclass, replace
 
 from graylane import serde
 from graylane.policy_engine import convert
-from graylane.policy_engine.logic.agreement import ShadowOutput
+from graylane.policy_engine.logic.agreement import OutputField, ShadowOutput
 from graylane.policy_engine.messages import (
     Command,
     CommandKind,
     CommandRejected,
     Output,
+    PrecisionAck,
     PrecisionPublication,
     QosAudit,
     QosPolicySet,
     RolloutAudit,
     RolloutPublication,
+    RoutingAudit,
     RoutingPublication,
 )
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import decision_kind_to_pb, manual_command_from_pb
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
+from graylane.routing.cohorts import InvalidRouteRule
+from graylane.routing.convert import route_config_from_pb
 from graylane.topics import TopicLayout
-from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2
+from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2, tensor_pb2
 
 __all__ = [
     "Record",
@@ -59,14 +63,26 @@ def command_from_pb(pb: rollout_pb2.RolloutCommand) -> Command | CommandRejected
         issued_by=pb.issued_by,
         note=pb.reason,
     )
+    if pb.kind == rollout_pb2.COMMAND_START:
+        base = replace(base, kind=CommandKind.START)
     try:
         if pb.kind == rollout_pb2.COMMAND_START:
             spec = convert.rollout_spec_from_pb(pb.spec)
             return replace(base, kind=CommandKind.START, spec=spec)
+        if pb.kind == rollout_pb2.COMMAND_REVERT:
+            return replace(base, kind=CommandKind.REVERT, target_version=pb.target_version)
+        if pb.kind == rollout_pb2.COMMAND_SET_ROUTE_CONFIG:
+            config = route_config_from_pb(pb.route_config)
+            return replace(
+                base,
+                kind=CommandKind.SET_ROUTE_CONFIG,
+                route_config=config,
+                target_version=pb.target_version,
+            )
         if pb.kind == rollout_pb2.COMMAND_SET_QOS_POLICY:
             policy = convert.qos_policy_from_pb(pb.qos_policy)
             return replace(base, kind=CommandKind.SET_QOS_POLICY, qos_policy=policy)
-    except PolicyError as exc:
+    except (PolicyError, InvalidRouteRule) as exc:
         return CommandRejected(command=base, reason=str(exc), at_ms=pb.issued_at_unix_ms)
     manual = manual_command_from_pb(pb.kind)
     command = replace(base, manual=manual)
@@ -91,6 +107,10 @@ def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOut
         for t in pb.outputs:
             digest.update(t.data)
         label = int.from_bytes(digest.digest(), "big")
+    schema = tuple(
+        OutputField(t.name, tensor_pb2.DType.Name(t.dtype).lower(), tuple(t.shape))
+        for t in pb.outputs
+    )
     return ShadowOutput(
         request_id=pb.request_id,
         version=pb.version,
@@ -98,6 +118,7 @@ def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOut
         tokens=tokens,
         label=label,
         error=error,
+        schema=schema if tokens is None else None,
     )
 
 
@@ -107,7 +128,7 @@ def records_of(outputs: Iterable[Output], layout: TopicLayout) -> list[Record]:
 
 def _record(o: Output, layout: TopicLayout) -> Record:
     if isinstance(o, RoutingPublication):
-        table = convert.routing_table_of(o.plan, now_ms=o.at_ms, reason=o.reason)
+        table = convert.routing_table_of(o.plan, now_ms=o.at_ms, reason=o.reason, config=o.config)
         return Record(layout.routing(), o.plan.model.encode(), serde.encode(table))
     if isinstance(o, PrecisionPublication):
         after = o.decision.after
@@ -121,7 +142,9 @@ def _record(o: Output, layout: TopicLayout) -> Record:
         rec = convert.decision_to_audit(o.decision, o.spec, command_id=o.command_id, actor=o.actor)
         return Record(layout.audit(), o.spec.model.encode(), serde.encode(rec))
     if isinstance(o, QosAudit):
-        rec = convert.qos_decision_to_audit(o.decision, epoch=o.epoch, rollout_id=o.rollout_id)
+        rec = convert.qos_decision_to_audit(
+            o.decision, epoch=o.epoch, rollout_id=o.rollout_id, policy=o.policy
+        )
         return Record(layout.audit(), o.decision.after.model.encode(), serde.encode(rec))
     if isinstance(o, QosPolicySet):
         rec = audit_pb2.AuditRecord(
@@ -139,6 +162,33 @@ def _record(o: Output, layout: TopicLayout) -> Record:
             command_id=o.command_id,
         )
         return Record(layout.audit(), o.policy.model.encode(), serde.encode(rec))
+    if isinstance(o, PrecisionAck):
+        rec = audit_pb2.AuditRecord(
+            decision_id=f"precision-ack-{o.model}-{o.version}-{o.epoch}",
+            decided_at_unix_ms=o.at_ms,
+            model=o.model,
+            version=o.version,
+            kind=decision_kind_to_pb(DecisionKind.HOLD),
+            rule=o.rule,
+            reason=o.reason,
+            actor="policy-engine",
+            epoch=o.epoch,
+        )
+        return Record(layout.audit(), o.model.encode(), serde.encode(rec))
+    if isinstance(o, RoutingAudit):
+        rec = audit_pb2.AuditRecord(
+            decision_id=f"routing-{o.model}-{o.epoch}",
+            decided_at_unix_ms=o.at_ms,
+            model=o.model,
+            version=o.version,
+            kind=decision_kind_to_pb(DecisionKind.MANUAL),
+            rule=o.rule,
+            reason=o.reason,
+            actor=o.actor or "control-plane",
+            epoch=o.epoch,
+            command_id=o.command_id,
+        )
+        return Record(layout.audit(), o.model.encode(), serde.encode(rec))
     cmd = o.command
     rec = audit_pb2.AuditRecord(
         decision_id=f"rejected-{cmd.command_id or o.at_ms}",

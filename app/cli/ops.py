@@ -1,4 +1,5 @@
-"""Operator commands: ``controlplane``, ``model``, ``rollout``, ``qos``, ``audit``, ``traffic``.
+"""Operator commands: ``controlplane``, ``model``, ``rollout``, ``qos``, ``route``, ``audit``,
+``traffic``.
 
 Everything but ``controlplane`` (the server itself), ``audit replay|verify`` and
 ``traffic replay`` (which read Kafka directly, see :mod:`graylane.app.cli.ops_replay`)
@@ -13,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TypeAlias
 
-from graylane.app.cli import ops_registry, ops_replay, ops_rollouts
+from graylane.app.cli import ops_registry, ops_replay, ops_rollouts, ops_routing
 from graylane.app.cli.ops_client import call
 from graylane.app.cli.ops_time import parse_time
 from graylane.app.cli.ops_views import print_decisions
@@ -45,6 +46,7 @@ def register(sub: Sub) -> None:
     _model_commands(sub)
     _rollout_commands(sub)
     _qos_commands(sub)
+    ops_routing.register(sub, _client)
     audit = sub.add_parser("audit", help="decisions on record: log, replay, verify")
     audit_sub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     log = _client(audit_sub.add_parser("log", help="decisions with their reasons (from SQL)"))
@@ -84,6 +86,10 @@ def _model_commands(sub: Sub) -> None:
     _client(msub.add_parser("list", help="registered models")).set_defaults(
         handler=ops_registry.model_list
     )
+    stable = _client(msub.add_parser("set-stable", help="make a registered version the stable one"))
+    stable.add_argument("name")
+    stable.add_argument("--version", required=True, help="a registered semantic version")
+    stable.set_defaults(handler=ops_registry.model_set_stable)
     show = _client(msub.add_parser("show", help="versions, variants and their validation"))
     show.add_argument("name")
     show.set_defaults(handler=ops_registry.model_show)
@@ -125,6 +131,16 @@ def _rollout_commands(sub: Sub) -> None:
         p.add_argument("rollout_id")
         p.add_argument("--reason", default="")
         p.set_defaults(handler=ops_rollouts.rollout_action, action=action)
+    revert = _client(
+        rsub.add_parser(
+            "revert",
+            help="route 100%% back to the previous stable version (after a promotion "
+            "or during a rollout), in one routing update",
+        )
+    )
+    revert.add_argument("--model", required=True)
+    revert.add_argument("--reason", default="")
+    revert.set_defaults(handler=ops_rollouts.rollout_revert)
 
 
 def _qos_commands(sub: Sub) -> None:

@@ -23,7 +23,15 @@ def stubs(args: argparse.Namespace) -> tuple[Any, Any]:
     return rpc, (channel, metadata)
 
 
-def call(args: argparse.Namespace, stub_name: str, method: str, request: Any) -> Any:
+def call(
+    args: argparse.Namespace,
+    stub_name: str,
+    method: str,
+    request: Any,
+    *,
+    tolerate: tuple[str, ...] = (),
+) -> Any:
+    """One call; a status code named in ``tolerate`` (e.g. ``ALREADY_EXISTS``) returns None."""
     import grpc
 
     rpc, (channel, metadata) = stubs(args)
@@ -31,6 +39,8 @@ def call(args: argparse.Namespace, stub_name: str, method: str, request: Any) ->
     try:
         return getattr(stub, method)(request, metadata=metadata, timeout=30)
     except grpc.RpcError as exc:
+        if exc.code().name in tolerate:
+            return None
         raise SystemExit(f"{method}: {exc.code().name}: {exc.details()}") from None
     finally:
         channel.close()

@@ -7,7 +7,7 @@ import argparse
 from graylane.app.cli.ops_client import call
 from graylane.app.cli.ops_views import table, when
 
-__all__ = ["model_list", "model_register", "model_show"]
+__all__ = ["model_list", "model_register", "model_set_stable", "model_show"]
 
 
 def model_register(args: argparse.Namespace) -> int:
@@ -20,7 +20,10 @@ def model_register(args: argparse.Namespace) -> int:
         pb.RegisterModelRequest(name=args.name, description=args.description),
     )
     print(f"model {m.name} registered")
+    if args.stable and not args.version:
+        raise SystemExit("--stable needs --version")
     if args.version:
+        # A version the builder registered already is fine when it is made stable.
         v = call(
             args,
             "ModelRegistry",
@@ -28,19 +31,24 @@ def model_register(args: argparse.Namespace) -> int:
             pb.RegisterVersionRequest(
                 model=args.name, version=args.version, source_sha256=args.sha256
             ),
+            tolerate=("ALREADY_EXISTS",) if args.stable else (),
         )
-        print(f"version {v.version} registered")
+        print(f"version {args.version} " + ("registered" if v else "was registered already"))
     if args.stable:
-        if not args.version:
-            raise SystemExit("--stable needs --version")
-        call(
-            args,
-            "ModelRegistry",
-            "SetStable",
-            pb.SetStableRequest(model=args.name, version=args.version),
-        )
-        print(f"{args.version} is now the stable version of {args.name}")
+        _set_stable(args, args.name, args.version)
     return 0
+
+
+def model_set_stable(args: argparse.Namespace) -> int:
+    _set_stable(args, args.name, args.version)
+    return 0
+
+
+def _set_stable(args: argparse.Namespace, model: str, version: str) -> None:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    call(args, "ModelRegistry", "SetStable", pb.SetStableRequest(model=model, version=version))
+    print(f"{version} is now the stable version of {model}")
 
 
 def model_list(args: argparse.Namespace) -> int:

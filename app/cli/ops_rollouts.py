@@ -15,6 +15,7 @@ __all__ = [
     "qos_status",
     "rollout_action",
     "rollout_list",
+    "rollout_revert",
     "rollout_start",
     "rollout_status",
     "rollout_watch",
@@ -142,6 +143,20 @@ def rollout_action(args: argparse.Namespace) -> int:
     print(
         f"{args.action} of {receipt.rollout_id} sent (command {receipt.command_id}); "
         f"last known phase {phase_name(receipt.state.phase)}"
+    )
+    return 0
+
+
+def rollout_revert(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    receipt = call(
+        args, "Rollouts", "Revert", pb.RevertRequest(model=args.model, reason=args.reason)
+    )
+    how = f" (rolls back {receipt.rollout_id})" if receipt.rollout_id else ""
+    print(
+        f"revert of {receipt.model} to {receipt.target_version}{how} sent "
+        f"(command {receipt.command_id})"
     )
     return 0
 

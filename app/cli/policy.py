@@ -19,25 +19,54 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="MODEL",
         help="a model whose shadow results to read for output agreement (repeatable)",
     )
+    policy.add_argument(
+        "--lease-ttl-ms",
+        type=int,
+        default=6_000,
+        help="single writer: a standby takes over this long after the active one stops renewing",
+    )
+    policy.add_argument(
+        "--no-lease", action="store_true", help="run without the single-writer lease"
+    )
     policy.add_argument("--loglevel", default="info", choices=("debug", "info", "warning"))
     policy.set_defaults(handler=_policy)
 
 
 def _policy(args: argparse.Namespace) -> int:
     import asyncio
+    import logging
 
     import faust
 
+    from graylane.kafka.factory import KafkaFactory
     from graylane.policy_engine.app import PolicyConfig, create_app, prepare_topics
+    from graylane.policy_engine.lease import LeaseKeeper, default_holder
     from graylane.settings import Settings
 
     settings = Settings.from_env()
-    config = PolicyConfig(window_ms=args.window_ms, step_ms=args.step_ms, models=tuple(args.model))
+    lease = None
+    if not args.no_lease:
+        # Passive until this instance holds the lease; only then does it join the group.
+        logging.basicConfig(level=args.loglevel.upper())
+        lease = LeaseKeeper(
+            KafkaFactory(settings),
+            default_holder(),
+            ttl_ms=args.lease_ttl_ms,
+            renew_ms=max(1, args.lease_ttl_ms // 3),
+        )
+        asyncio.run(lease.acquire())
+    config = PolicyConfig(
+        window_ms=args.window_ms, step_ms=args.step_ms, models=tuple(args.model), lease=lease
+    )
     asyncio.run(prepare_topics(settings, config))
     app = create_app(settings, config)
     # faust's worker stops the app cleanly on SIGTERM / SIGINT and exits.
     worker = faust.Worker(app, loglevel=args.loglevel)
-    worker.execute_from_commandline()
+    try:
+        worker.execute_from_commandline()
+    finally:
+        if lease is not None:  # a clean stop hands the lease on at once
+            asyncio.run(lease.release())
     return 0
 
 

@@ -362,9 +362,20 @@ class Registry:
             stable = session.get(StableVersionRow, model_row.id)
             if stable is None:
                 session.add(StableVersionRow(model_id=model_row.id, version_id=version_row.id))
-            else:
+            elif stable.version_id != version_row.id:
+                stable.previous_version_id = stable.version_id
                 stable.version_id = version_row.id
             return _version_info(version_row, model)
+
+    def get_previous_stable(self, model: str) -> VersionInfo | None:
+        """The stable version before the current one (None when it never changed)."""
+        with self._sessions() as session:
+            model_row = self._model(session, model)
+            stable = session.get(StableVersionRow, model_row.id)
+            if stable is None or stable.previous_version_id is None:
+                return None
+            row = session.get(ModelVersionRow, stable.previous_version_id)
+            return None if row is None else _version_info(row, model)
 
     def get_stable(self, model: str) -> VersionInfo | None:
         with self._sessions() as session:

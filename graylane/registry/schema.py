@@ -143,6 +143,8 @@ class StableVersionRow(Base):
     version_id: Mapped[int] = mapped_column(
         ForeignKey("registry_model_versions.id", ondelete="CASCADE"), nullable=False
     )
+    # The stable version before the last change (a plain id: the version may be gone).
+    previous_version_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=_now, onupdate=_now
     )

@@ -99,6 +99,7 @@ class DecisionRule(StrEnum):
     """The anytime-valid error-rate test rejected "the candidate errs no more than allowed"."""
     SERVICE_TIME_SEQUENTIAL = "service_time_sequential"
     """The anytime-valid test on the share of slow candidate requests rejected."""
+    INCOMPARABLE = "incomparable"
     # manual commands (see ManualCommand.rule)
     MANUAL_PAUSE = "manual_pause"
     MANUAL_RESUME = "manual_resume"
@@ -108,6 +109,8 @@ class DecisionRule(StrEnum):
     # commands the engine refuses or records
     COMMAND_REJECTED = "command_rejected"
     SET_QOS_POLICY = "set_qos_policy"
+    STABLE_REVERTED = "stable_reverted"
+    ROUTE_CONFIG_SET = "route_config_set"
     # QoS controller (NO_DATA and MIN_DWELL above are shared)
     DISABLED = "disabled"
     NOT_IN_LADDER = "not_in_ladder"
@@ -123,6 +126,8 @@ class DecisionRule(StrEnum):
     LIKE_FOR_LIKE = "like_for_like"
     LIKE_FOR_LIKE_UNAVAILABLE = "like_for_like_unavailable"
     FOLLOW_BASELINE = "follow_baseline"
+    PRECISION_CONFIRMED = "precision_confirmed"
+    PRECISION_REFUSED = "precision_refused"
 
     @property
     def command(self) -> ManualCommand | None:

@@ -3,8 +3,35 @@
 from __future__ import annotations
 
 from graylane.routing.buckets import BucketRange
+from graylane.routing.cohorts import RouteConfig
 from graylane.routing.table import RouteTable, RoutingRule, VersionRoute
-from graylane.v1 import control_pb2
+from graylane.v1 import control_pb2, rollout_pb2
+
+
+def rule_from_pb(pb: control_pb2.RoutingRule) -> RoutingRule:
+    return RoutingRule(pb.name, tuple(sorted(pb.match_tags.items())), pb.version)
+
+
+def rule_to_pb(rule: RoutingRule) -> control_pb2.RoutingRule:
+    return control_pb2.RoutingRule(
+        name=rule.name, match_tags=dict(rule.match_tags), version=rule.version
+    )
+
+
+def route_config_from_pb(pb: rollout_pb2.RouteConfig) -> RouteConfig:
+    return RouteConfig(
+        model=pb.model,
+        rules=tuple(rule_from_pb(r) for r in pb.rules),
+        allow_pinning=pb.allow_pinning,
+    )
+
+
+def route_config_to_pb(config: RouteConfig) -> rollout_pb2.RouteConfig:
+    return rollout_pb2.RouteConfig(
+        model=config.model,
+        rules=[rule_to_pb(r) for r in config.rules],
+        allow_pinning=config.allow_pinning,
+    )
 
 
 def table_from_pb(pb: control_pb2.RoutingTable) -> RouteTable:
@@ -19,10 +46,7 @@ def table_from_pb(pb: control_pb2.RoutingTable) -> RouteTable:
             )
             for r in pb.routes
         ),
-        rules=tuple(
-            RoutingRule(rule.name, tuple(sorted(rule.match_tags.items())), rule.version)
-            for rule in pb.rules
-        ),
+        rules=tuple(rule_from_pb(rule) for rule in pb.rules),
         shadow_version=pb.shadow_version or None,
         shadow_share=pb.shadow_share,
         epoch=pb.epoch,
@@ -44,12 +68,7 @@ def table_to_pb(table: RouteTable, *, updated_at_unix_ms: int = 0) -> control_pb
             )
             for r in table.routes
         ],
-        rules=[
-            control_pb2.RoutingRule(
-                name=rule.name, match_tags=dict(rule.match_tags), version=rule.version
-            )
-            for rule in table.rules
-        ],
+        rules=[rule_to_pb(rule) for rule in table.rules],
         shadow_version=table.shadow_version or "",
         shadow_share=table.shadow_share,
         epoch=table.epoch,

@@ -84,3 +84,15 @@ class PrecisionCommand(_message.Message):
     issued_at_unix_ms: int
     decision_id: str
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., issued_at_unix_ms: _Optional[int] = ..., decision_id: _Optional[str] = ...) -> None: ...
+
+class PolicyLease(_message.Message):
+    __slots__ = ("holder", "term", "at_unix_ms", "ttl_ms")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    term: int
+    at_unix_ms: int
+    ttl_ms: int
+    def __init__(self, holder: _Optional[str] = ..., term: _Optional[int] = ..., at_unix_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...

@@ -1,4 +1,5 @@
 from graylane.v1 import audit_pb2 as _audit_pb2
+from graylane.v1 import control_pb2 as _control_pb2
 from graylane.v1 import rollout_pb2 as _rollout_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -167,7 +168,7 @@ class RolloutActionRequest(_message.Message):
     def __init__(self, rollout_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CommandReceipt(_message.Message):
-    __slots__ = ("command_id", "rollout_id", "model", "kind", "issued_at_unix_ms", "issued_by", "state")
+    __slots__ = ("command_id", "rollout_id", "model", "kind", "issued_at_unix_ms", "issued_by", "state", "target_version")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +176,7 @@ class CommandReceipt(_message.Message):
     ISSUED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     ISSUED_BY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_VERSION_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     rollout_id: str
     model: str
@@ -182,7 +184,16 @@ class CommandReceipt(_message.Message):
     issued_at_unix_ms: int
     issued_by: str
     state: _rollout_pb2.RolloutState
-    def __init__(self, command_id: _Optional[str] = ..., rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[_rollout_pb2.CommandKind, str]] = ..., issued_at_unix_ms: _Optional[int] = ..., issued_by: _Optional[str] = ..., state: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ...) -> None: ...
+    target_version: str
+    def __init__(self, command_id: _Optional[str] = ..., rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[_rollout_pb2.CommandKind, str]] = ..., issued_at_unix_ms: _Optional[int] = ..., issued_by: _Optional[str] = ..., state: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., target_version: _Optional[str] = ...) -> None: ...
+
+class RevertRequest(_message.Message):
+    __slots__ = ("model", "reason")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    reason: str
+    def __init__(self, model: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class GetQosPolicyRequest(_message.Message):
     __slots__ = ("model", "version")
@@ -229,3 +240,45 @@ class AuditQueryResponse(_message.Message):
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     records: _containers.RepeatedCompositeFieldContainer[_audit_pb2.AuditRecord]
     def __init__(self, records: _Optional[_Iterable[_Union[_audit_pb2.AuditRecord, _Mapping]]] = ...) -> None: ...
+
+class AddRouteRuleRequest(_message.Message):
+    __slots__ = ("model", "rule")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    rule: _control_pb2.RoutingRule
+    def __init__(self, model: _Optional[str] = ..., rule: _Optional[_Union[_control_pb2.RoutingRule, _Mapping]] = ...) -> None: ...
+
+class RemoveRouteRuleRequest(_message.Message):
+    __slots__ = ("model", "name")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    name: str
+    def __init__(self, model: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class GetRouteConfigRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class SetPinningRequest(_message.Message):
+    __slots__ = ("model", "allow_pinning")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_PINNING_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    allow_pinning: bool
+    def __init__(self, model: _Optional[str] = ..., allow_pinning: _Optional[bool] = ...) -> None: ...
+
+class RouteConfigView(_message.Message):
+    __slots__ = ("config", "updated_by", "updated_at_unix_ms", "command_id")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_BY_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    config: _rollout_pb2.RouteConfig
+    updated_by: str
+    updated_at_unix_ms: int
+    command_id: str
+    def __init__(self, config: _Optional[_Union[_rollout_pb2.RouteConfig, _Mapping]] = ..., updated_by: _Optional[str] = ..., updated_at_unix_ms: _Optional[int] = ..., command_id: _Optional[str] = ...) -> None: ...

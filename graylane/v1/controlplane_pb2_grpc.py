@@ -324,6 +324,11 @@ class RolloutsStub:
                 request_serializer=graylane_dot_v1_dot_controlplane__pb2.RolloutActionRequest.SerializeToString,
                 response_deserializer=graylane_dot_v1_dot_controlplane__pb2.CommandReceipt.FromString,
                 _registered_method=True)
+        self.Revert = channel.unary_unary(
+                '/graylane.v1.Rollouts/Revert',
+                request_serializer=graylane_dot_v1_dot_controlplane__pb2.RevertRequest.SerializeToString,
+                response_deserializer=graylane_dot_v1_dot_controlplane__pb2.CommandReceipt.FromString,
+                _registered_method=True)
 
 
 class RolloutsServicer:
@@ -384,6 +389,14 @@ class RolloutsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Revert(self, request, context):
+        """Route 100 % back to the previous stable version (after a promotion), or
+        roll the active rollout back to its baseline; one routing update, audited.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -430,6 +443,11 @@ def add_RolloutsServicer_to_server(servicer, server):
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
                     request_deserializer=graylane_dot_v1_dot_controlplane__pb2.RolloutActionRequest.FromString,
+                    response_serializer=graylane_dot_v1_dot_controlplane__pb2.CommandReceipt.SerializeToString,
+            ),
+            'Revert': grpc.unary_unary_rpc_method_handler(
+                    servicer.Revert,
+                    request_deserializer=graylane_dot_v1_dot_controlplane__pb2.RevertRequest.FromString,
                     response_serializer=graylane_dot_v1_dot_controlplane__pb2.CommandReceipt.SerializeToString,
             ),
     }
@@ -686,6 +704,33 @@ class Rollouts:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Revert(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graylane.v1.Rollouts/Revert',
+            graylane_dot_v1_dot_controlplane__pb2.RevertRequest.SerializeToString,
+            graylane_dot_v1_dot_controlplane__pb2.CommandReceipt.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class QosStub:
     """Missing associated documentation comment in .proto file."""
@@ -863,6 +908,207 @@ class Audit:
             '/graylane.v1.Audit/Query',
             graylane_dot_v1_dot_controlplane__pb2.AuditQuery.SerializeToString,
             graylane_dot_v1_dot_controlplane__pb2.AuditQueryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class RoutingStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.AddRule = channel.unary_unary(
+                '/graylane.v1.Routing/AddRule',
+                request_serializer=graylane_dot_v1_dot_controlplane__pb2.AddRouteRuleRequest.SerializeToString,
+                response_deserializer=graylane_dot_v1_dot_controlplane__pb2.RouteConfigView.FromString,
+                _registered_method=True)
+        self.RemoveRule = channel.unary_unary(
+                '/graylane.v1.Routing/RemoveRule',
+                request_serializer=graylane_dot_v1_dot_controlplane__pb2.RemoveRouteRuleRequest.SerializeToString,
+                response_deserializer=graylane_dot_v1_dot_controlplane__pb2.RouteConfigView.FromString,
+                _registered_method=True)
+        self.GetConfig = channel.unary_unary(
+                '/graylane.v1.Routing/GetConfig',
+                request_serializer=graylane_dot_v1_dot_controlplane__pb2.GetRouteConfigRequest.SerializeToString,
+                response_deserializer=graylane_dot_v1_dot_controlplane__pb2.RouteConfigView.FromString,
+                _registered_method=True)
+        self.SetPinning = channel.unary_unary(
+                '/graylane.v1.Routing/SetPinning',
+                request_serializer=graylane_dot_v1_dot_controlplane__pb2.SetPinningRequest.SerializeToString,
+                response_deserializer=graylane_dot_v1_dot_controlplane__pb2.RouteConfigView.FromString,
+                _registered_method=True)
+
+
+class RoutingServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def AddRule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveRule(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPinning(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RoutingServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'AddRule': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddRule,
+                    request_deserializer=graylane_dot_v1_dot_controlplane__pb2.AddRouteRuleRequest.FromString,
+                    response_serializer=graylane_dot_v1_dot_controlplane__pb2.RouteConfigView.SerializeToString,
+            ),
+            'RemoveRule': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveRule,
+                    request_deserializer=graylane_dot_v1_dot_controlplane__pb2.RemoveRouteRuleRequest.FromString,
+                    response_serializer=graylane_dot_v1_dot_controlplane__pb2.RouteConfigView.SerializeToString,
+            ),
+            'GetConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConfig,
+                    request_deserializer=graylane_dot_v1_dot_controlplane__pb2.GetRouteConfigRequest.FromString,
+                    response_serializer=graylane_dot_v1_dot_controlplane__pb2.RouteConfigView.SerializeToString,
+            ),
+            'SetPinning': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPinning,
+                    request_deserializer=graylane_dot_v1_dot_controlplane__pb2.SetPinningRequest.FromString,
+                    response_serializer=graylane_dot_v1_dot_controlplane__pb2.RouteConfigView.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'graylane.v1.Routing', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('graylane.v1.Routing', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Routing:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def AddRule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graylane.v1.Routing/AddRule',
+            graylane_dot_v1_dot_controlplane__pb2.AddRouteRuleRequest.SerializeToString,
+            graylane_dot_v1_dot_controlplane__pb2.RouteConfigView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveRule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graylane.v1.Routing/RemoveRule',
+            graylane_dot_v1_dot_controlplane__pb2.RemoveRouteRuleRequest.SerializeToString,
+            graylane_dot_v1_dot_controlplane__pb2.RouteConfigView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graylane.v1.Routing/GetConfig',
+            graylane_dot_v1_dot_controlplane__pb2.GetRouteConfigRequest.SerializeToString,
+            graylane_dot_v1_dot_controlplane__pb2.RouteConfigView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPinning(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graylane.v1.Routing/SetPinning',
+            graylane_dot_v1_dot_controlplane__pb2.SetPinningRequest.SerializeToString,
+            graylane_dot_v1_dot_controlplane__pb2.RouteConfigView.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,3 +1,4 @@
+from graylane.v1 import control_pb2 as _control_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -42,6 +43,8 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_ROLLBACK: _ClassVar[CommandKind]
     COMMAND_ABORT: _ClassVar[CommandKind]
     COMMAND_SET_QOS_POLICY: _ClassVar[CommandKind]
+    COMMAND_REVERT: _ClassVar[CommandKind]
+    COMMAND_SET_ROUTE_CONFIG: _ClassVar[CommandKind]
 ROLLOUT_STRATEGY_UNSPECIFIED: RolloutStrategy
 CANARY: RolloutStrategy
 SHADOW_THEN_CANARY: RolloutStrategy
@@ -66,6 +69,8 @@ COMMAND_PROMOTE: CommandKind
 COMMAND_ROLLBACK: CommandKind
 COMMAND_ABORT: CommandKind
 COMMAND_SET_QOS_POLICY: CommandKind
+COMMAND_REVERT: CommandKind
+COMMAND_SET_ROUTE_CONFIG: CommandKind
 
 class RolloutStep(_message.Message):
     __slots__ = ("weight_percent", "min_samples", "min_dwell_s")
@@ -239,6 +244,16 @@ class StepEvidence(_message.Message):
     through_unix_ms: int
     def __init__(self, candidate_requests: _Optional[int] = ..., candidate_errors: _Optional[int] = ..., baseline_requests: _Optional[int] = ..., baseline_errors: _Optional[int] = ..., windows: _Optional[int] = ..., through_unix_ms: _Optional[int] = ...) -> None: ...
 
+class RouteConfig(_message.Message):
+    __slots__ = ("model", "rules", "allow_pinning")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_PINNING_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    rules: _containers.RepeatedCompositeFieldContainer[_control_pb2.RoutingRule]
+    allow_pinning: bool
+    def __init__(self, model: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[_control_pb2.RoutingRule, _Mapping]]] = ..., allow_pinning: _Optional[bool] = ...) -> None: ...
+
 class QosPolicy(_message.Message):
     __slots__ = ("model", "version", "slo_p99_ms", "ladder", "quality_floor", "step_down_margin", "step_up_ratio", "sustain_s", "min_dwell_s", "max_queue_wait_ms", "enabled")
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -266,7 +281,7 @@ class QosPolicy(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., slo_p99_ms: _Optional[float] = ..., ladder: _Optional[_Iterable[str]] = ..., quality_floor: _Optional[str] = ..., step_down_margin: _Optional[float] = ..., step_up_ratio: _Optional[float] = ..., sustain_s: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ..., enabled: _Optional[bool] = ...) -> None: ...
 
 class RolloutCommand(_message.Message):
-    __slots__ = ("command_id", "rollout_id", "model", "kind", "spec", "qos_policy", "issued_by", "reason", "issued_at_unix_ms")
+    __slots__ = ("command_id", "rollout_id", "model", "kind", "spec", "qos_policy", "issued_by", "reason", "issued_at_unix_ms", "target_version", "route_config")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +291,8 @@ class RolloutCommand(_message.Message):
     ISSUED_BY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     ISSUED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_CONFIG_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     rollout_id: str
     model: str
@@ -285,4 +302,6 @@ class RolloutCommand(_message.Message):
     issued_by: str
     reason: str
     issued_at_unix_ms: int
-    def __init__(self, command_id: _Optional[str] = ..., rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ..., qos_policy: _Optional[_Union[QosPolicy, _Mapping]] = ..., issued_by: _Optional[str] = ..., reason: _Optional[str] = ..., issued_at_unix_ms: _Optional[int] = ...) -> None: ...
+    target_version: str
+    route_config: RouteConfig
+    def __init__(self, command_id: _Optional[str] = ..., rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ..., qos_policy: _Optional[_Union[QosPolicy, _Mapping]] = ..., issued_by: _Optional[str] = ..., reason: _Optional[str] = ..., issued_at_unix_ms: _Optional[int] = ..., target_version: _Optional[str] = ..., route_config: _Optional[_Union[RouteConfig, _Mapping]] = ...) -> None: ...

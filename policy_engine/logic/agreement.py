@@ -10,6 +10,12 @@ Outputs are reduced to small plain data by whoever reads the results topic
 (token ids of a generation, a class label, or a short vector) and compared by
 :func:`outputs_agree`. Redelivered results (at-least-once) are recognised by
 request id and ignored, both while waiting and for a while after pairing.
+
+Before a pair is compared, the output schemas (names, dtypes, shapes) of both
+answers are: a mismatch (a new head with more classes, a renamed output) makes
+the pair *incomparable*. It is not counted as a pair; the first mismatch is
+kept and reported by :meth:`AgreementTracker.stats`, so the controller can stop
+the shadow phase instead of promoting on a meaningless agreement figure.
 """
 
 from __future__ import annotations
@@ -21,16 +27,49 @@ from enum import Enum
 __all__ = [
     "AgreementStats",
     "AgreementTracker",
+    "OutputField",
     "PairResult",
+    "SchemaMismatch",
     "ShadowOutput",
+    "describe_schema",
     "outputs_agree",
+    "schema_mismatch",
 ]
+
+
+@dataclass(frozen=True)
+class OutputField:
+    """One output tensor's name, element type and shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"{self.name}:{self.dtype}[{','.join(str(d) for d in self.shape)}]"
+
+
+def describe_schema(fields: tuple[OutputField, ...]) -> str:
+    """A canonical text of an answer's outputs (sorted by name), e.g. ``logits:float32[1,10]``."""
+    return " ".join(f.describe() for f in sorted(fields, key=lambda f: f.name)) or "(no outputs)"
+
+
+@dataclass(frozen=True)
+class SchemaMismatch:
+    """Baseline and candidate answers with different outputs, each as :func:`describe_schema`."""
+
+    baseline: str
+    candidate: str
+
+    def __str__(self) -> str:
+        return f"baseline outputs {self.baseline} vs candidate outputs {self.candidate}"
 
 
 @dataclass(frozen=True)
 class AgreementStats:
     pairs: int = 0
     agreeing: int = 0
+    mismatch: SchemaMismatch | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.agreeing <= self.pairs:
@@ -45,8 +84,17 @@ class AgreementStats:
     def disagreeing(self) -> int:
         return self.pairs - self.agreeing
 
+    @property
+    def comparable(self) -> bool:
+        """False once a baseline/candidate pair had different output schemas."""
+        return self.mismatch is None
+
     def merge(self, other: AgreementStats) -> AgreementStats:
-        return AgreementStats(self.pairs + other.pairs, self.agreeing + other.agreeing)
+        return AgreementStats(
+            self.pairs + other.pairs,
+            self.agreeing + other.agreeing,
+            self.mismatch if self.mismatch is not None else other.mismatch,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +108,8 @@ class ShadowOutput:
     label: int | None = None
     vector: tuple[float, ...] | None = None
     error: bool = False
+    schema: tuple[OutputField, ...] | None = None
+    """The outputs' names, dtypes and shapes; None when unknown (not checked)."""
 
 
 def outputs_agree(
@@ -129,6 +179,7 @@ class AgreementTracker:
         self.evicted = 0
         self.duplicates = 0
         self.foreign = 0
+        self.mismatch: SchemaMismatch | None = None
 
     @property
     def pending(self) -> int:
@@ -160,13 +211,18 @@ class AgreementTracker:
             return None
         del self._pending[rid]
         base, cand = (other, output) if side is _Side.CANDIDATE else (output, other)
+        self._remember(rid)
+        mismatch = schema_mismatch(base, cand)
+        if mismatch is not None:
+            if self.mismatch is None:
+                self.mismatch = mismatch
+            return None
         result = PairResult(
             rid,
             max(base.at_ms, cand.at_ms),
             outputs_agree(cand, base, rtol=self.rtol, atol=self.atol),
         )
         self._results.append(result)
-        self._remember(rid)
         return result
 
     def _remember(self, rid: str) -> None:
@@ -195,4 +251,12 @@ class AgreementTracker:
                 continue
             pairs += 1
             agreeing += r.agreed
-        return AgreementStats(pairs, agreeing)
+        return AgreementStats(pairs, agreeing, self.mismatch)
+
+
+def schema_mismatch(baseline: ShadowOutput, candidate: ShadowOutput) -> SchemaMismatch | None:
+    """The two answers' schemas when both are known, neither is an error, and they differ."""
+    if baseline.schema is None or candidate.schema is None or baseline.error or candidate.error:
+        return None
+    b, c = describe_schema(baseline.schema), describe_schema(candidate.schema)
+    return None if b == c else SchemaMismatch(b, c)

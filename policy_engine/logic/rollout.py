@@ -6,7 +6,9 @@ of inputs replays to the same decisions.
 
 ``evaluate`` in an active phase, in order:
 
-1. ``paused`` -> HOLD. ``no_data``: a side without stats or requests (or, when
+1. ``paused`` -> HOLD. ``incomparable`` (shadowing): a shadow pair whose
+   output schemas differ ends the rollout as ABORTED (candidate to 0 %, never
+   promoted), both schemas in the reason. ``no_data``: a side without stats or requests (or, when
    shadowing, no shadow pairs yet) -> HOLD. Failures are neither counted nor
    reset: no data is not evidence.
 2. The window is added to the step's evidence when it does not overlap what
@@ -47,9 +49,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from graylane.policy_engine.logic.agreement import AgreementStats
+from graylane.policy_engine.logic.agreement import AgreementStats, SchemaMismatch
 from graylane.policy_engine.logic.facts import RolloutFacts
-from graylane.policy_engine.logic.gates import agreement_gate
+from graylane.policy_engine.logic.gates import (
+    agreement_gate,
+)
 from graylane.policy_engine.logic.load_gates import judge
 from graylane.policy_engine.logic.rollout_commands import apply_command
 from graylane.policy_engine.logic.rollout_moves import (
@@ -156,6 +160,8 @@ def evaluate(
         return ctx.hold(state, DecisionRule.BASELINE_UNRESPONSIVE, live.reason)
     if live.action is LivenessAction.ROLLBACK:
         return rollback(ctx, state, DecisionRule.CANDIDATE_UNRESPONSIVE, live.reason)
+    if shadowing and agreement is not None and agreement.mismatch is not None:
+        return _incomparable(ctx, state, agreement.mismatch)
     missing = _missing(baseline, candidate, spec)
     if shadowing and (agreement is None or agreement.pairs == 0):
         missing.append("no shadow pairs")
@@ -196,6 +202,23 @@ def evaluate(
         return ctx.hold(current, unsure[0].rule, f"inconclusive, holding: {summary}")
     passed = replace(current, consecutive_failures=0, failure_window_end_ms=0)
     return on_pass(ctx, passed, summary)
+
+
+def _incomparable(ctx: Evaluation, state: RolloutState, mismatch: SchemaMismatch) -> Decision:
+    """Stop the shadow phase: answers of different schemas cannot agree or disagree."""
+    return transition(
+        state,
+        ctx.spec,
+        ctx.now_ms,
+        DecisionKind.GATE_FAILED,
+        DecisionRule.INCOMPARABLE,
+        f"shadow stopped, {ctx.spec.candidate} not promoted: outputs are incomparable ({mismatch})",
+        phase=Phase.ABORTED,
+        step_index=state.step_index,
+        weight=0.0,
+        shadow_share=0.0,
+        **ctx.carry(),
+    )
 
 
 def _missing(

@@ -16,12 +16,15 @@ from dataclasses import dataclass
 
 from graylane.policy_engine.logic.rollout_state import RoutingIntent
 from graylane.routing import RouteTable, RoutingRule, table_for_weights
+from graylane.routing.cohorts import RouteConfig
 
 __all__ = [
     "RoutingPlan",
     "VersionWeight",
     "plan_for",
+    "plan_of_table",
     "route_table_for",
+    "stable_plan",
     "weights_for",
 ]
 
@@ -82,14 +85,44 @@ def plan_for(intent: RoutingIntent) -> RoutingPlan:
     )
 
 
+def stable_plan(model: str, version: str, epoch: int) -> RoutingPlan:
+    """Every request to ``version`` (a revert, or cohort rules before any rollout)."""
+    return RoutingPlan(
+        model=model,
+        rollout_id="",
+        stable_version=version,
+        weights=(VersionWeight(version, 100.0),),
+        epoch=epoch,
+    )
+
+
+def plan_of_table(table: RouteTable) -> RoutingPlan:
+    """The weights and shadow settings of a published table (after a restart)."""
+    return RoutingPlan(
+        model=table.model,
+        rollout_id=table.rollout_id,
+        stable_version=table.stable_version,
+        weights=tuple(VersionWeight(r.version, r.weight_percent) for r in table.routes),
+        shadow_version=table.shadow_version,
+        shadow_share=table.shadow_share,
+        epoch=table.epoch,
+    )
+
+
 def route_table_for(
     plan: RoutingPlan,
     *,
     rules: Sequence[RoutingRule] = (),
     allow_pinning: bool = False,
     reason: str = "",
+    config: RouteConfig | None = None,
 ) -> RouteTable:
-    """The router's table for ``plan`` (bucket ranges computed by ``graylane.routing``)."""
+    """The router's table for ``plan`` (bucket ranges computed by ``graylane.routing``).
+
+    ``config`` (the model's cohort routing) supplies rules and pinning when given.
+    """
+    if config is not None:
+        rules, allow_pinning = config.rules, config.allow_pinning
     return table_for_weights(
         model=plan.model,
         stable_version=plan.stable_version,

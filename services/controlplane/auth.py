@@ -42,6 +42,7 @@ READ_ONLY_METHODS: frozenset[str] = frozenset(
         "Rollouts/List",
         "Rollouts/Watch",
         "Qos/GetPolicy",
+        "Routing/GetConfig",
         "Audit/Query",
     )
 )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -30,6 +31,8 @@ from graylane.services.controlplane.store import ControlStore
 from graylane.v1 import rollout_pb2
 
 __all__ = ["Context", "ControlPlane", "mapped", "send_or_unavailable"]
+
+log = logging.getLogger(__name__)
 
 Context = Any  # grpc.aio.ServicerContext; grpc ships no type hints
 R = TypeVar("R")
@@ -92,6 +95,20 @@ class ControlPlane:
         # One publication at a time, so the outbox and a request never both
         # publish the same command (each checks "sent" under the lock).
         self._send_lock = asyncio.Lock()
+
+    def record_promotion(self, state: rollout_pb2.RolloutState) -> None:
+        """A promoted candidate becomes the registry's stable version (the previous one is kept).
+
+        Called from the audit sink's thread when the store records the promotion;
+        the policy engine's table already routes everything to it.
+        """
+        model, candidate = state.model, state.spec.candidate_version
+        try:
+            self.registry.set_stable(model, candidate)
+        except RegistryError as exc:
+            log.error("promotion of %s %s not recorded as stable: %s", model, candidate, exc)
+            return
+        log.info("%s: %s is the stable version (rollout %s)", model, candidate, state.rollout_id)
 
     def principal(self, context: Context) -> Principal:
         found = self.tokens.principal_of(context.invocation_metadata())

@@ -190,3 +190,53 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
     @mapped
     async def Abort(self, request: Any, context: Context) -> controlplane_pb2.CommandReceipt:
         return await self._command(ManualCommand.ABORT, request, context)
+
+    @mapped
+    async def Revert(
+        self, request: controlplane_pb2.RevertRequest, context: Context
+    ) -> controlplane_pb2.CommandReceipt:
+        """100 % back to the previous stable version: the active rollout's baseline, or
+        (no rollout) the stable version before the last promotion, made stable again."""
+        cp = self._cp
+        principal = cp.principal(context)
+
+        def target() -> tuple[str, StoredRollout | None]:
+            facts = model_facts(cp.registry, cp.store, request.model)
+            if facts is None:
+                raise domain.NotFound(f"model {request.model!r} is not registered")
+            active = cp.store.active_rollout(request.model)
+            if active is not None:
+                return active.state.spec.baseline_version, active
+            previous = cp.registry.get_previous_stable(request.model)
+            if previous is None:
+                raise domain.FailedPrecondition(
+                    f"{request.model} has no previous stable version to revert to "
+                    f"(stable: {facts.stable_version or 'none'})"
+                )
+            cp.registry.set_stable(request.model, previous.version)
+            return str(previous.version), None
+
+        async with cp.start_lock:
+            version, active = await asyncio.to_thread(target)
+            command = rollout_pb2.RolloutCommand(
+                command_id=uuid.uuid4().hex,
+                rollout_id=active.state.rollout_id if active else "",
+                model=request.model,
+                kind=rollout_pb2.COMMAND_REVERT,
+                target_version=version,
+                issued_by=principal.name,
+                reason=request.reason or f"revert to {version}",
+                issued_at_unix_ms=cp.clock(),
+            )
+            await asyncio.to_thread(cp.store.add_command, command)
+        await send_or_unavailable(cp, command, context)
+        return controlplane_pb2.CommandReceipt(
+            command_id=command.command_id,
+            rollout_id=command.rollout_id,
+            model=command.model,
+            kind=command.kind,
+            issued_at_unix_ms=command.issued_at_unix_ms,
+            issued_by=command.issued_by,
+            state=active.state if active else None,
+            target_version=version,
+        )

@@ -96,6 +96,8 @@ class ControlPlaneServer:
             tokens=config.tokens,
             limits=config.limits,
         )
+        # A promotion the sink records makes the candidate the registry's stable version.
+        self.store.on_promoted(self.control.record_promotion)
         self.sink = AuditSink(factory, self.store, self.hub)
         self._server: aio.Server | None = None
         self._stop = asyncio.Event()

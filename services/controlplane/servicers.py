@@ -15,6 +15,7 @@ from graylane.services.controlplane.plane import ControlPlane
 from graylane.services.controlplane.qos_servicer import AuditServicer, QosServicer
 from graylane.services.controlplane.registry_servicer import ModelRegistryServicer
 from graylane.services.controlplane.rollouts_servicer import RolloutsServicer
+from graylane.services.controlplane.routing_servicer import RoutingServicer
 from graylane.v1 import controlplane_pb2_grpc
 
 __all__ = ["ControlPlane", "add_servicers"]
@@ -25,3 +26,4 @@ def add_servicers(server: aio.Server, cp: ControlPlane) -> None:
     controlplane_pb2_grpc.add_RolloutsServicer_to_server(RolloutsServicer(cp), server)  # type: ignore[no-untyped-call]
     controlplane_pb2_grpc.add_QosServicer_to_server(QosServicer(cp), server)  # type: ignore[no-untyped-call]
     controlplane_pb2_grpc.add_AuditServicer_to_server(AuditServicer(cp), server)  # type: ignore[no-untyped-call]
+    controlplane_pb2_grpc.add_RoutingServicer_to_server(RoutingServicer(cp), server)  # type: ignore[no-untyped-call]

@@ -9,22 +9,24 @@ store speaks protobuf because it sits at the I/O edge, like the servicers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from graylane.clock import Clock, now_ms
 from graylane.registry.migrate import create_db_engine, upgrade
 from graylane.rollouts.pb import phase_from_pb
+from graylane.rollouts.vocabulary import DecisionRule
 from graylane.serde import decode, encode
 from graylane.services.controlplane.store_rows import (
     AuditRow,
     CommandRow,
     QosPolicyRow,
     RolloutRow,
+    RouteConfigRow,
     SinkOffsetRow,
 )
 from graylane.v1 import audit_pb2, rollout_pb2
@@ -73,6 +75,11 @@ class ControlStore:
         self._engine = engine
         self._clock = clock
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._on_promoted: Callable[[rollout_pb2.RolloutState], None] | None = None
+
+    def on_promoted(self, hook: Callable[[rollout_pb2.RolloutState], None]) -> None:
+        """Call ``hook`` with each state that newly records a promotion (after its commit)."""
+        self._on_promoted = hook
 
     @property
     def engine(self) -> Engine:
@@ -158,6 +165,7 @@ class ControlStore:
             if row is None:
                 session.add(_rollout_row(state, now))
                 return True
+            promoted: rollout_pb2.RolloutState | None = None
             if state.updated_at_unix_ms < row.state_updated_ms:
                 return False
             merged = rollout_pb2.RolloutState()
@@ -167,12 +175,16 @@ class ControlStore:
             data = encode(merged)
             if data == row.state:
                 return False
+            newly_promoted = merged.phase == rollout_pb2.PROMOTED != row.phase
             row.state = data
             row.phase = merged.phase
             row.terminal = int(_finished(merged.phase))
             row.state_updated_ms = merged.updated_at_unix_ms
             row.updated_at_ms = now
-            return True
+            promoted = merged if newly_promoted else None
+        if promoted is not None and self._on_promoted is not None:
+            self._on_promoted(promoted)
+        return True
 
     # ------------------------------------------------------------ QoS policies
 
@@ -187,6 +199,29 @@ class ControlStore:
             row.updated_by = updated_by
             row.updated_at_ms = now
         return StoredPolicy(policy, updated_by, now)
+
+    # ------------------------------------------------------------ cohort routing
+
+    def put_route_config(self, config: rollout_pb2.RouteConfig, updated_by: str) -> int:
+        """Store a model's cohort routing; returns the time it was stored."""
+        now = self._clock()
+        with self._sessions.begin() as session:
+            row = session.get(RouteConfigRow, config.model)
+            if row is None:
+                row = RouteConfigRow(model=config.model)
+                session.add(row)
+            row.config = encode(config)
+            row.updated_by = updated_by
+            row.updated_at_ms = now
+        return now
+
+    def get_route_config(self, model: str) -> tuple[rollout_pb2.RouteConfig, str, int] | None:
+        """The model's cohort routing, who set it and when; None when never set."""
+        with self._sessions() as session:
+            row = session.get(RouteConfigRow, model)
+            if row is None:
+                return None
+            return decode(rollout_pb2.RouteConfig, row.config), row.updated_by, row.updated_at_ms
 
     def get_policy(self, model: str, version: str) -> StoredPolicy | None:
         with self._sessions() as session:
@@ -217,6 +252,8 @@ class ControlStore:
             try:
                 with self._sessions.begin() as session:
                     session.add(_audit_row(record))
+                    if record.rule == DecisionRule.COMMAND_REJECTED:
+                        _end_refused_start(session, record)
                 added += 1
             except IntegrityError:
                 # Another sink stored it between our read and our insert.
@@ -273,6 +310,29 @@ class ControlStore:
                 )
             elif next_offset > row.next_offset:
                 row.next_offset = next_offset
+
+
+def _end_refused_start(session: Session, record: audit_pb2.AuditRecord) -> None:
+    """A refused START ends its rollout (still PENDING here) as ABORTED with the reason.
+
+    Matched by command id to the START this store sent, so a refused manual
+    command never ends a rollout the engine did take.
+    """
+    command = session.get(CommandRow, record.command_id) if record.command_id else None
+    if command is None or command.kind != rollout_pb2.COMMAND_START:
+        return
+    row = session.get(RolloutRow, command.rollout_id)
+    if row is None or row.phase != rollout_pb2.PENDING:
+        return
+    state = decode(rollout_pb2.RolloutState, row.state)
+    state.phase = rollout_pb2.ABORTED
+    state.last_reason = record.reason
+    state.updated_at_unix_ms = max(record.decided_at_unix_ms, row.state_updated_ms)
+    row.state = encode(state)
+    row.phase = state.phase
+    row.terminal = 1
+    row.state_updated_ms = state.updated_at_unix_ms
+    row.updated_at_ms = record.decided_at_unix_ms
 
 
 def _rollout_row(state: rollout_pb2.RolloutState, now: int) -> RolloutRow:

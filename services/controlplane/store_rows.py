@@ -7,7 +7,14 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from graylane.registry.schema import Base
 
-__all__ = ["AuditRow", "CommandRow", "QosPolicyRow", "RolloutRow", "SinkOffsetRow"]
+__all__ = [
+    "AuditRow",
+    "CommandRow",
+    "QosPolicyRow",
+    "RolloutRow",
+    "RouteConfigRow",
+    "SinkOffsetRow",
+]
 
 
 class RolloutRow(Base):
@@ -39,6 +46,17 @@ class CommandRow(Base):
     payload: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
     # Null until the broker acknowledged the command on <p>.control.commands.
     sent_at_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class RouteConfigRow(Base):
+    """A model's cohort routing (RouteConfig protobuf), made by registry migration 0003."""
+
+    __tablename__ = "cp_route_configs"
+
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    config: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    updated_by: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    updated_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
 
 
 class QosPolicyRow(Base):

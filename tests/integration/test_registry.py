@@ -34,6 +34,7 @@ TABLES = {
     "registry_validation_results",
     "registry_stable_versions",
     "registry_alembic_version",
+    "cp_route_configs",
 }
 
 
@@ -224,3 +225,20 @@ def test_stable_version(registry: Registry, model: str) -> None:
         registry.set_stable(model, "9.9.9")
     with pytest.raises(ModelNotRegistered):
         registry.get_stable(model + "-missing")
+
+
+def test_previous_stable_is_recorded_for_revert(registry: Registry, model: str) -> None:
+    registry.register_model(model)
+    for v in ("1.0.0", "1.1.0", "1.2.0"):
+        registry.register_version(model, v, "a" * 64)
+    registry.set_stable(model, "1.0.0")
+    assert registry.get_previous_stable(model) is None  # the first stable has none
+    registry.set_stable(model, "1.1.0")  # e.g. a promotion
+    previous = registry.get_previous_stable(model)
+    assert previous is not None and previous.version == SemVer(1, 0, 0)
+    registry.set_stable(model, "1.1.0")  # setting it again keeps the previous one
+    previous = registry.get_previous_stable(model)
+    assert previous is not None and previous.version == SemVer(1, 0, 0)
+    registry.set_stable(model, "1.0.0")  # a revert: the promoted one becomes previous
+    previous = registry.get_previous_stable(model)
+    assert previous is not None and previous.version == SemVer(1, 1, 0)

@@ -1,0 +1,151 @@
+"""The lease adapter: read and write the lease topic (see :mod:`.logic.lease` for the rule).
+
+``<p>.control.policy-lease``: compacted, one partition, one key. Each
+check reads the (tiny) topic to its end and folds it; a claim is written and
+then read back, so the writer knows whether the log made it the holder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Callable
+
+from graylane import serde
+from graylane.clock import Clock, now_ms
+from graylane.kafka.admin import ensure_topics
+from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.reading import read_to_end
+from graylane.policy_engine.logic.lease import Lease, LeaseClaim, fold, holds, next_claim
+from graylane.topics import Cleanup, TopicKind, TopicSpec
+from graylane.v1 import control_pb2
+
+__all__ = ["LeaseKeeper", "default_holder", "fence"]
+
+log = logging.getLogger(__name__)
+
+KEY = b"policy-engine"
+
+
+def fence() -> None:
+    """Stop this process at once: it must not write once its lease is gone."""
+    logging.shutdown()
+    os._exit(3)
+
+
+def default_holder() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class LeaseKeeper:
+    """Acquire, renew and check the single-writer lease of one topic prefix."""
+
+    def __init__(
+        self,
+        factory: KafkaFactory,
+        holder: str,
+        *,
+        ttl_ms: int = 6_000,
+        renew_ms: int = 2_000,
+        clock: Clock = now_ms,
+    ) -> None:
+        if not 0 < renew_ms * 2 <= ttl_ms:
+            raise ValueError("renew at least twice per lease period")
+        self.factory = factory
+        self.holder = holder
+        self.ttl_ms = ttl_ms
+        self.renew_ms = renew_ms
+        self.clock = clock
+        self.topic = f"{factory.layout.prefix}.control.policy-lease"
+        self.lease = Lease()
+
+    @property
+    def active(self) -> bool:
+        """Whether this instance held the lease at its last check and it has not expired."""
+        return holds(self.lease, self.holder, self.clock())
+
+    async def prepare(self) -> None:
+        layout = self.factory.layout
+        spec = TopicSpec(
+            name=self.topic,
+            kind=TopicKind.ROLLOUTS,
+            partitions=1,
+            replication_factor=layout.replication_factor,
+            cleanup=Cleanup.COMPACT,
+            retention_ms=None,
+        )
+        await ensure_topics(self.factory, [spec])
+
+    async def read(self) -> Lease:
+        records = await read_to_end(self.factory, self.topic, client_suffix="lease")
+        claims = []
+        for r in records:
+            if r.value is None:
+                continue
+            pb = serde.decode(control_pb2.PolicyLease, r.value)
+            try:
+                claims.append(LeaseClaim(pb.holder, pb.term, pb.at_unix_ms, pb.ttl_ms))
+            except ValueError:
+                continue
+        self.lease = fold(claims)
+        return self.lease
+
+    async def _write(self, claim: LeaseClaim) -> None:
+        producer = self.factory.producer(client_suffix="lease")
+        await producer.start()
+        try:
+            pb = control_pb2.PolicyLease(
+                holder=claim.holder, term=claim.term, at_unix_ms=claim.at_ms, ttl_ms=claim.ttl_ms
+            )
+            await producer.send_and_wait(self.topic, serde.encode(pb), key=KEY)
+        finally:
+            await producer.stop()
+
+    async def step(self) -> bool:
+        """Read, write a renewal or claim when due, read back; whether we hold the lease."""
+        lease = await self.read()
+        claim = next_claim(lease, self.holder, self.clock(), self.ttl_ms)
+        if claim is not None:
+            await self._write(claim)
+            await self.read()
+        return self.active
+
+    async def acquire(self) -> None:
+        """Wait, passive, until this instance holds the lease."""
+        await self.prepare()
+        announced = False
+        while not await self.step():
+            if not announced:
+                log.info(
+                    "standby: lease held by %s (term %d); waiting to take over",
+                    self.lease.holder,
+                    self.lease.term,
+                )
+                announced = True
+            await asyncio.sleep(self.renew_ms / 1000)
+        log.info("lease acquired by %s (term %d)", self.holder, self.lease.term)
+
+    async def release(self) -> None:
+        """End our lease now (a clean shutdown), so a standby need not wait for expiry."""
+        if self.active:
+            await self._write(LeaseClaim(self.holder, self.lease.term, self.clock(), 1))
+
+    async def keep(self, on_lost: Callable[[], None]) -> None:
+        """Renew every ``renew_ms``; call ``on_lost`` once the lease is gone (then return)."""
+        while True:
+            await asyncio.sleep(self.renew_ms / 1000)
+            try:
+                held = await self.step()
+            except Exception:
+                log.exception("lease renewal failed")
+                held = self.active
+            if not held:
+                log.critical(
+                    "lease lost to %s (term %d); this instance stops writing",
+                    self.lease.holder,
+                    self.lease.term,
+                )
+                on_lost()
+                return
