@@ -46,6 +46,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INJECTED_FAULT: _ClassVar[ErrorCode]
     INTERNAL: _ClassVar[ErrorCode]
     BAD_REPLY_TOPIC: _ClassVar[ErrorCode]
+    RESULT_TOO_LARGE: _ClassVar[ErrorCode]
 TASK_UNSPECIFIED: Task
 FORWARD: Task
 GENERATE: Task
@@ -73,6 +74,7 @@ ENGINE_FAILURE: ErrorCode
 INJECTED_FAULT: ErrorCode
 INTERNAL: ErrorCode
 BAD_REPLY_TOPIC: ErrorCode
+RESULT_TOO_LARGE: ErrorCode
 
 class GenerationParams(_message.Message):
     __slots__ = ("max_new_tokens", "eos_token_id", "has_eos")
