@@ -88,3 +88,20 @@ async def test_an_unexpected_error_on_one_record_is_a_dead_letter(
     [letter] = dead_letters(factory)
     assert letter.error_code == inference_pb2.INTERNAL
     assert not results(factory, factory.layout.results(MODEL))
+
+
+async def test_a_pin_of_an_unserved_version_is_unknown_version_even_without_a_table(
+    broker: MemoryBroker, factory: MemoryFactory
+) -> None:
+    reply = factory.layout.reply("c1")
+    await factory.ensure_topics([factory.layout.reply_spec("c1")])
+    async with running_router(factory):
+        await submit(
+            factory,
+            request("p", pinned_version="v9", reply_topic=reply),
+            request("s", pinned_version="v1", reply_topic=reply),
+        )
+        await eventually(lambda: committed_up_to_end(broker, factory))
+    [got] = results(factory, reply)
+    assert got.request_id == "p" and got.error_code == inference_pb2.UNKNOWN_VERSION
+    assert [r.request_id for r in forwarded(factory, "v1")] == ["s"]
