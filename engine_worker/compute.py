@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from graylane.engine.errors import InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.requests import TaskKind, WorkItem
@@ -33,6 +34,37 @@ class BatchRun:
     """Outcome per WorkItem.index."""
     compute_ms: float
     engine_calls: int
+    input_errors: dict[int, InvalidInputError] = field(default_factory=dict)
+    """Items the engine refused for their own input (by WorkItem.index)."""
+
+
+def run_isolated(
+    engine: InferenceEngine,
+    items: Sequence[WorkItem],
+    policy: BucketPolicy,
+    max_seq_len: int,
+    pad_id: int = 0,
+) -> BatchRun:
+    """:func:`run_batch`; on an input error, re-run item by item and fail only the bad ones."""
+    try:
+        return run_batch(engine, items, policy, max_seq_len, pad_id)
+    except InvalidInputError as exc:
+        if len(items) == 1:
+            return BatchRun({}, 0.0, 1, {items[0].index: exc})
+    outcomes: dict[int, Outcome] = {}
+    failed: dict[int, InvalidInputError] = {}
+    compute_ms, calls = 0.0, 0
+    for item in items:
+        try:
+            alone = run_batch(engine, [item], policy, max_seq_len, pad_id)
+        except InvalidInputError as exc:
+            failed[item.index] = exc
+            calls += 1
+            continue
+        outcomes.update(alone.outcomes)
+        compute_ms += alone.compute_ms
+        calls += alone.engine_calls
+    return BatchRun(outcomes, compute_ms, calls, failed)
 
 
 def run_batch(

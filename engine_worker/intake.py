@@ -26,6 +26,7 @@ from graylane.engine_worker.requests import (
 from graylane.engine_worker.tokenizer import Tokenizer
 from graylane.errors import SerdeError
 from graylane.kafka.replies import Rejection
+from graylane.request_limits import clip, field_problem
 from graylane.v1 import inference_pb2
 
 __all__ = ["IntakeRules", "decode", "request_facts", "to_rejection", "validate"]
@@ -59,14 +60,16 @@ def decode(value: bytes | None) -> inference_pb2.InferenceRequest:
 
 
 def request_facts(
-    request: inference_pb2.InferenceRequest, tokenizer: Tokenizer | None = None
+    request: inference_pb2.InferenceRequest,
+    tokenizer: Tokenizer | None = None,
+    max_elements: int = tensors.DEFAULT_MAX_ELEMENTS,
 ) -> RequestFacts | Reject:
     """The plain facts of ``request``; tensors decoded, the prompt tokenized if possible."""
     task = _TASK.get(request.task, TaskKind.FORWARD if request.task == 0 else None)
     if task is None:
         return Reject(RejectCode.UNSUPPORTED_TASK, f"task {request.task} is not supported")
     try:
-        inputs = tensors.from_tensors(request.inputs)
+        inputs = tensors.from_tensors(request.inputs, max_elements)
     except InvalidInputError as exc:  # typed: BAD_DTYPE / BAD_SHAPE carry their code
         return Reject(RejectCode(exc.code), str(exc))
     token_ids: tuple[int, ...] = tuple(request.token_ids)
@@ -100,17 +103,20 @@ def validate(
     now_ms: int,
 ) -> WorkItem | Rejection:
     """A work item for batch position ``index``, or why ``request`` is refused."""
-    if request.model != rules.model:
-        return Rejection(
-            inference_pb2.UNKNOWN_MODEL,
-            f"model {request.model!r} arrived at the worker of {rules.model!r}",
-        )
     if size_bytes > rules.max_request_bytes:
         return Rejection(
             inference_pb2.PAYLOAD_TOO_LARGE,
             f"request is {size_bytes} bytes; the limit is {rules.max_request_bytes}",
         )
-    facts = request_facts(request, rules.tokenizer)
+    problem = field_problem(request)
+    if problem is not None:
+        return Rejection(inference_pb2.BAD_REQUEST, problem)
+    if request.model != rules.model:
+        return Rejection(
+            inference_pb2.UNKNOWN_MODEL,
+            f"model {clip(request.model)!r} arrived at the worker of {rules.model!r}",
+        )
+    facts = request_facts(request, rules.tokenizer, max(1, rules.max_request_bytes))
     prepared = (
         facts
         if isinstance(facts, Reject)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from graylane import tensors
-from graylane.engine.errors import EngineError
+from graylane.engine.errors import EngineError, InvalidInputError
 from graylane.engine_worker.compute import BatchRun, ForwardOutcome, GenerateOutcome
 from graylane.engine_worker.faults import InjectedFault
 from graylane.engine_worker.requests import WorkItem
@@ -82,6 +83,19 @@ def engine_rejection(exc: EngineError) -> Rejection:
     return Rejection(inference_pb2.ENGINE_FAILURE, f"engine failed: {exc}")
 
 
+def input_rejection(exc: InvalidInputError) -> Rejection:
+    """The error result for a request the engine refused for its own input."""
+    names = inference_pb2.ErrorCode.keys()
+    code = exc.code if exc.code in names else "BAD_REQUEST"
+    return Rejection(cast("inference_pb2.ErrorCode", inference_pb2.ErrorCode.Value(code)), str(exc))
+
+
+def _since_routed(request: inference_pb2.InferenceRequest, clock: BatchClock) -> float:
+    """Latency the worker vouches for: from the router's stamp, not the client's."""
+    start = request.routed_at_unix_ms or request.created_at_unix_ms or clock.dequeued_ms
+    return max(float(max(0, clock.done_ms - start)), _MIN_MS)
+
+
 def timing(
     request: inference_pb2.InferenceRequest,
     clock: BatchClock,
@@ -140,28 +154,40 @@ def build_batch(
     *,
     bucket_len: int,
     device_load: float,
+    batch_id: telemetry_pb2.BatchId | None = None,
 ) -> BatchReport:
-    """Answers for ``items`` (``requests`` by item index) and the batch's telemetry."""
+    """Answers for ``items`` (``requests`` by item index) and the batch's telemetry.
+
+    Requests the engine refused for their own input count in ``input_error_count``,
+    never in ``error_count``: a client cannot fail a version's error gate.
+    """
     latency, queue_wait = LatencyHistogram(), LatencyHistogram()
     error_codes: dict[str, int] = {}
     answers: list[Answer] = []
-    shadow_count = 0
+    shadow_count = input_errors = 0
     for item in items:
         request = requests.get(item.index)
         if request is None:
             continue
         shadow_count += int(request.shadow)
         outcome = run.outcomes.get(item.index)
+        bad_input = run.input_errors.get(item.index)
+        if failure is None and bad_input is not None:
+            rejection = input_rejection(bad_input)
+            name = inference_pb2.ErrorCode.Name(rejection.code)
+            error_codes[name] = error_codes.get(name, 0) + 1
+            input_errors += 1
+            answers.append(Answer(item.index, request, rejection=rejection))
+            continue
         if failure is not None or outcome is None:
             rejection = failure or Rejection(inference_pb2.INTERNAL, "no outcome")
             name = inference_pb2.ErrorCode.Name(rejection.code)
             error_codes[name] = error_codes.get(name, 0) + 1
-            created = request.created_at_unix_ms or clock.dequeued_ms
-            latency.record(max(float(max(0, clock.done_ms - created)), _MIN_MS))
+            latency.record(_since_routed(request, clock))
             answers.append(Answer(item.index, request, rejection=rejection))
             continue
         when = timing(request, clock, run.compute_ms, len(items))
-        latency.record(max(when.total_ms, _MIN_MS))
+        latency.record(_since_routed(request, clock))
         queue_wait.record(max(when.queue_wait_ms, _MIN_MS))
         answers.append(Answer(item.index, request, result=_result(request, outcome, ctx, when)))
     telemetry = telemetry_pb2.BatchTelemetry(
@@ -171,7 +197,9 @@ def build_batch(
         worker_id=ctx.worker_id,
         batch_size=len(items),
         request_count=len(items),
-        error_count=sum(error_codes.values()),
+        error_count=sum(error_codes.values()) - input_errors,
+        input_error_count=input_errors,
+        batch_id=batch_id,
         latency=histogram_to_pb(latency),
         queue_wait=histogram_to_pb(queue_wait),
         queue_wait_ms_mean=queue_wait.mean_ms if queue_wait.count else 0.0,

@@ -32,7 +32,7 @@ from graylane.engine_worker.batch_learner import BatchChoice, BatchLearner, Lear
 from graylane.engine_worker.batching import BucketPolicy, PlannedBatch
 from graylane.engine_worker.compute import (
     BatchRun,
-    run_batch,
+    run_isolated,
     warm_up,
 )
 from graylane.engine_worker.config import WorkerConfig
@@ -52,14 +52,23 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
-from graylane.kafka.replies import Rejection, ReplySink, reply_topic_rejection
+from graylane.kafka.replies import (
+    Rejection,
+    ReplySink,
+    max_payload_bytes,
+    reply_topic_rejection,
+)
 from graylane.kafka.seam import Producer
 from graylane.metrics import WorkerMetrics, serve_metrics
-from graylane.v1 import control_pb2, inference_pb2
+from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
 
 log = logging.getLogger(__name__)
 
 Records = Sequence[ConsumerRecord[bytes, bytes]]
+
+
+def _where(record: ConsumerRecord[bytes, bytes]) -> tuple[str, int, int]:
+    return record.topic, record.partition, record.offset
 
 
 class LoadMeter:
@@ -134,6 +143,8 @@ class Worker:
         self._pending_shed = 0
         """Sheds not yet reported in a batch telemetry."""
         self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
+        self._attempts: dict[tuple[int, int], int] = {}
+        """Times this process ran a batch starting at (partition, offset); bounded."""
 
     # -- warm-up ---------------------------------------------------------------
     def warm_up(self) -> int:
@@ -239,9 +250,13 @@ class Worker:
                 futures.append(await sink.dead_letter(record, inference_pb2.DECODE_ERROR, str(exc)))
                 continue
             requests[index] = request
-            checked = reply_topic_rejection(self.layout, request) or validate(
-                request, len(record.value or b""), index, rules, now_ms()
-            )
+            try:
+                checked = reply_topic_rejection(self.layout, request) or validate(
+                    request, len(record.value or b""), index, rules, now_ms()
+                )
+            except Exception as exc:  # one record never ends the loop
+                log.exception("unexpected error validating %s[%d]@%d", *_where(record))
+                checked = Rejection(inference_pb2.INTERNAL, f"internal error: {type(exc).__name__}")
             if isinstance(checked, Rejection):
                 self._count_error(variant, inference_pb2.ErrorCode.Name(checked.code))
                 futures.append(await self._error_result(sink, request, checked, record, variant))
@@ -269,8 +284,9 @@ class Worker:
             if not kept:
                 continue
             planned = PlannedBatch(planned.bucket_len, kept)
+            batch_id = self._batch_id(records[planned.items[0].index])
             started = time.perf_counter()
-            report = await self._run(engine, planned, requests, context, dequeued)
+            report = await self._run(engine, planned, requests, context, dequeued, batch_id)
             futures.extend(await self._deliver(report, records, sink, producer))
             if report.telemetry.error_count == 0 and _forward_only(kept):
                 # engine time plus the worker's own per-batch cost (results, sends)
@@ -309,19 +325,28 @@ class Worker:
         requests: Mapping[int, inference_pb2.InferenceRequest],
         context: ResultContext,
         dequeued: int,
+        batch_id: telemetry_pb2.BatchId | None = None,
     ) -> BatchReport:
-        """Run one planned batch off the event loop and build its answers."""
+        """Run one planned batch off the event loop and build its answers.
+
+        An input error re-runs the batch item by item (only the bad item fails);
+        an unknown exception answers ``INTERNAL`` and the loop goes on.
+        """
         items = list(planned.items)
         started = now_ms()
         failure: Rejection | None = None
         try:
             run = await asyncio.get_running_loop().run_in_executor(
-                self._executor, run_batch, engine, items, self.policy, self.limits.max_seq_len
+                self._executor, run_isolated, engine, items, self.policy, self.limits.max_seq_len
             )
         except EngineError as exc:
             if not isinstance(exc, InjectedFault):
                 log.exception("engine failure on a batch of %d", len(items))
             run, failure = BatchRun({}, 0.0, 0), engine_rejection(exc)
+        except Exception as exc:
+            log.exception("unexpected error running a batch of %d", len(items))
+            run = BatchRun({}, 0.0, 0)
+            failure = Rejection(inference_pb2.INTERNAL, f"internal error: {type(exc).__name__}")
         report = build_batch(
             items,
             requests,
@@ -331,6 +356,7 @@ class Worker:
             BatchClock(dequeued_ms=dequeued, started_ms=started, done_ms=now_ms()),
             bucket_len=planned.bucket_len,
             device_load=self._load.add(run.compute_ms / 1000.0),
+            batch_id=batch_id,
         )
         report.telemetry.shed_count, self._pending_shed = self._pending_shed, 0
         self._record(report, context.variant)
@@ -341,17 +367,25 @@ class Worker:
     ) -> list[Awaitable[object]]:
         """Send the batch's answers (results, error results, shadow copies), then telemetry."""
         futures: list[Awaitable[object]] = []
+        limit = max_payload_bytes(self.factory.settings)
         for answer in report.answers:
             request, record = answer.request, records[answer.index]
-            if answer.result is None:
-                rejection = answer.rejection or Rejection(inference_pb2.INTERNAL, "no outcome")
+            payload = b"" if answer.result is None else serde.encode(answer.result)
+            rejection = answer.rejection
+            if len(payload) > limit:
+                self._count_error(report.telemetry.variant, "RESULT_TOO_LARGE")
+                rejection = Rejection(
+                    inference_pb2.RESULT_TOO_LARGE,
+                    f"result is {len(payload)} bytes; the broker accepts {limit}",
+                )
+            if answer.result is None or rejection is not None:
+                rejection = rejection or Rejection(inference_pb2.INTERNAL, "no outcome")
                 futures.append(
                     await self._error_result(
                         sink, request, rejection, record, report.telemetry.variant
                     )
                 )
                 continue
-            payload = serde.encode(answer.result)
             key = request.request_id.encode("utf-8")
             shadow_topic = self.layout.shadow(request.model)
             if request.shadow:
@@ -370,6 +404,20 @@ class Worker:
             await producer.send(self.layout.telemetry(), serde.encode(report.telemetry), key=key)
         )
         return futures
+
+    def _batch_id(self, first: ConsumerRecord[bytes, bytes]) -> telemetry_pb2.BatchId:
+        """Who ran the batch starting at ``first``, and how often this process did."""
+        where = (first.partition, first.offset)
+        attempt = self._attempts.pop(where, -1) + 1
+        self._attempts[where] = attempt
+        while len(self._attempts) > 4096:
+            del self._attempts[next(iter(self._attempts))]
+        return telemetry_pb2.BatchId(
+            worker_id=self.config.worker_id,
+            partition=first.partition,
+            first_offset=first.offset,
+            attempt=attempt,
+        )
 
     async def _error_result(
         self,

@@ -12,9 +12,11 @@ from graylane.errors import TensorError
 from graylane.v1 import tensor_pb2
 
 __all__ = [
+    "MAX_DIMS",
     "DType",
     "TensorDtypeError",
     "TensorShapeError",
+    "check_shape",
     "dtype_code",
     "from_tensor",
     "from_tensors",
@@ -32,6 +34,31 @@ class TensorDtypeError(TensorError, BadDtype):
 
 class TensorShapeError(TensorError, BadShape):
     """A tensor's shape, byte length or name does not fit (code ``BAD_SHAPE``)."""
+
+
+MAX_DIMS = 8
+"""At most this many dimensions per tensor."""
+DEFAULT_MAX_ELEMENTS = 4 * 1024 * 1024
+"""Element cap when the caller gives none (the default max request bytes: >= 1 byte each)."""
+
+
+def check_shape(name: str, shape: tuple[int, ...], max_elements: int) -> None:
+    """Refuse a shape before numpy sees it: rank, negative or huge dims, empty batch."""
+    shown = _short(name)
+    if len(shape) > MAX_DIMS:
+        raise TensorShapeError(f"tensor {shown} has {len(shape)} dimensions; at most {MAX_DIMS}")
+    if any(d < 0 for d in shape):
+        raise TensorShapeError(f"tensor {shown} has a negative dimension in shape {shape}")
+    if shape and shape[0] == 0:
+        raise TensorShapeError(f"tensor {shown} has an empty batch dimension in shape {shape}")
+    if any(d > max_elements for d in shape) or math.prod(shape) > max_elements:
+        raise TensorShapeError(
+            f"tensor {shown} shape {shape} exceeds the limit of {max_elements} elements"
+        )
+
+
+def _short(name: str, limit: int = 64) -> str:
+    return repr(name if len(name) <= limit else name[:limit] + "...")
 
 
 _TO_NUMPY: dict[tensor_pb2.DType, np.dtype[np.generic]] = {
@@ -74,16 +101,19 @@ def to_tensor(name: str, array: np.ndarray) -> tensor_pb2.Tensor:
     return tensor_pb2.Tensor(name=name, dtype=code, shape=list(arr.shape), data=little.tobytes())
 
 
-def from_tensor(tensor: tensor_pb2.Tensor) -> np.ndarray:
-    """Decode a tensor, checking that the byte length matches dtype and shape."""
+def from_tensor(tensor: tensor_pb2.Tensor, max_elements: int = DEFAULT_MAX_ELEMENTS) -> np.ndarray:
+    """Decode a tensor, checking shape limits and that the byte length matches dtype and shape."""
     dtype = numpy_dtype(tensor.dtype)
+    if len(tensor.shape) > MAX_DIMS:
+        raise TensorShapeError(
+            f"tensor {_short(tensor.name)} has {len(tensor.shape)} dimensions; at most {MAX_DIMS}"
+        )
     shape = tuple(int(d) for d in tensor.shape)
-    if any(d < 0 for d in shape):
-        raise TensorShapeError(f"tensor {tensor.name!r} has a negative dimension in shape {shape}")
+    check_shape(tensor.name, shape, max_elements)
     expected = math.prod(shape) * dtype.itemsize
     if len(tensor.data) != expected:
         raise TensorShapeError(
-            f"tensor {tensor.name!r}: {len(tensor.data)} bytes do not fit shape {shape} "
+            f"tensor {_short(tensor.name)}: {len(tensor.data)} bytes do not fit shape {shape} "
             f"of {dtype.name} ({expected} bytes expected)"
         )
     return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
@@ -93,10 +123,12 @@ def to_tensors(arrays: Mapping[str, np.ndarray]) -> list[tensor_pb2.Tensor]:
     return [to_tensor(name, arr) for name, arr in arrays.items()]
 
 
-def from_tensors(tensors: Iterable[tensor_pb2.Tensor]) -> dict[str, np.ndarray]:
+def from_tensors(
+    tensors: Iterable[tensor_pb2.Tensor], max_elements: int = DEFAULT_MAX_ELEMENTS
+) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for t in tensors:
         if t.name in out:
-            raise TensorShapeError(f"tensor name {t.name!r} appears twice")
-        out[t.name] = from_tensor(t)
+            raise TensorShapeError(f"tensor name {_short(t.name)} appears twice")
+        out[t.name] = from_tensor(t, max_elements)
     return out

@@ -80,6 +80,11 @@ def telemetry_from_pb(pb: telemetry_pb2.BatchTelemetry) -> TelemetrySample:
         lag=pb.lag,
         started_at_ms=pb.started_at_unix_ms,
         batch_size=pb.batch_size,
+        batch_id=(
+            (pb.batch_id.worker_id, pb.batch_id.partition, pb.batch_id.first_offset)
+            if pb.HasField("batch_id")
+            else None
+        ),
     )
 
 

@@ -176,6 +176,7 @@ def _traffic_replay(args: argparse.Namespace) -> int:
 
 
 async def _replay_traffic(args: argparse.Namespace) -> tuple[int, int, int, int]:
+    from graylane.clock import now_ms
     from graylane.kafka.admin import ensure_topics
     from graylane.kafka.reading import FollowFrom, TopicFollower
     from graylane.serde import decode, encode, encode_key
@@ -209,9 +210,11 @@ async def _replay_traffic(args: argparse.Namespace) -> tuple[int, int, int, int]
             replayed[ids[res.request_id]] = res
             arrived.set()
 
+    # Replayed copies are shadow traffic: their answers go to the shadow topic, and
+    # their telemetry never counts as the version's live latency.
     replies = TopicFollower(
         factory,
-        layout.reply(client),
+        layout.shadow(args.model),
         on_reply,
         start_at=FollowFrom.BEGINNING,
         client_suffix="replay",
@@ -226,6 +229,10 @@ async def _replay_traffic(args: argparse.Namespace) -> tuple[int, int, int, int]
             copy.request_id = f"{req.request_id}~{client}"
             copy.reply_topic = layout.reply(client)
             copy.deadline_unix_ms = 0
+            copy.shadow = True
+            copy.mirror_result = False
+            copy.created_at_unix_ms = copy.routed_at_unix_ms = now_ms()
+            copy.routed_version = args.version
             ids[copy.request_id] = req.request_id
             await producer.send(
                 layout.version_requests(args.model, args.version),

@@ -4,6 +4,7 @@ else a dead letter with the original bytes. Shared by the router and workers."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable
@@ -12,10 +13,23 @@ from dataclasses import dataclass
 from graylane import serde
 from graylane.clock import now_ms
 from graylane.kafka.seam import Producer, Record, known_topics
+from graylane.request_limits import clip
+from graylane.settings import Settings
 from graylane.topics import ReplyTopicRefused, TopicLayout
 from graylane.v1 import dlq_pb2, inference_pb2
 
 log = logging.getLogger(__name__)
+
+
+DEAD_LETTER_KEEP_BYTES = 64 * 1024
+"""A dead letter keeps this much of the original value (plus its sha256 and length)."""
+_ENVELOPE_BYTES = 16 * 1024
+"""Room left in a message for everything but a result's payload."""
+
+
+def max_payload_bytes(settings: Settings) -> int:
+    """The largest result a producer of ``settings`` can send in one message."""
+    return max(settings.max_request_bytes * 2, 1_048_576) - _ENVELOPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -135,9 +149,14 @@ class ReplySink:
         code: inference_pb2.ErrorCode,
         reason: str,
     ) -> Awaitable[object]:
+        value = record.value or b""
+        key = (record.key or b"")[:DEAD_LETTER_KEEP_BYTES]
         letter = dlq_pb2.DeadLetter(
-            original_key=record.key or b"",
-            original_value=record.value or b"",
+            original_key=key,
+            original_value=value[:DEAD_LETTER_KEEP_BYTES],
+            original_length=len(value),
+            original_sha256=hashlib.sha256(value).digest(),
+            original_truncated=len(value) > DEAD_LETTER_KEEP_BYTES,
             original_headers=[
                 dlq_pb2.Header(key=k, value=v or b"") for k, v in (record.headers or ())
             ],
@@ -145,15 +164,19 @@ class ReplySink:
             source_partition=record.partition,
             source_offset=record.offset,
             error_code=code,
-            reason=reason,
+            reason=clip(reason, 1024),
             service=self._service,
             failed_at_unix_ms=now_ms(),
         )
         log.warning(
-            "dead letter from %s[%d]@%d: %s", record.topic, record.partition, record.offset, reason
+            "dead letter from %s[%d]@%d: %s",
+            record.topic,
+            record.partition,
+            record.offset,
+            clip(reason, 200),
         )
         sent: Awaitable[object] = await self._producer.send(
-            self._layout.dlq(), serde.encode(letter), key=record.key
+            self._layout.dlq(), serde.encode(letter), key=key or None
         )
         return sent
 

@@ -142,17 +142,17 @@ def route(table: RouteTable, facts: RoutingRequest) -> RouteDecision:
 
 
 def _primary(table: RouteTable, facts: RoutingRequest, bucket: int) -> RouteDecision:
+    if facts.pinned_version and facts.pinned_version not in table.versions():
+        raise UnknownPinnedVersion(
+            f"version {facts.pinned_version[:128]!r} of model {table.model!r} is not served; "
+            f"served versions: {', '.join(sorted(table.versions()))}"
+        )
     for rule in table.rules:
         if rule.matches(facts.tags):
             return RouteDecision(
                 rule.version, RouteReason.RULE, bucket, rule.name, None, table.epoch
             )
     if facts.pinned_version and table.allow_pinning:
-        if facts.pinned_version not in table.versions():
-            raise UnknownPinnedVersion(
-                f"version {facts.pinned_version!r} of model {table.model!r} is not served; "
-                f"served versions: {', '.join(sorted(table.versions()))}"
-            )
         return RouteDecision(
             facts.pinned_version, RouteReason.PINNED, bucket, None, None, table.epoch
         )
@@ -162,11 +162,30 @@ def _primary(table: RouteTable, facts: RoutingRequest, bucket: int) -> RouteDeci
     return RouteDecision(table.stable_version, RouteReason.BUCKET, bucket, None, None, table.epoch)
 
 
+def table_problem(table: RouteTable) -> str | None:
+    """Why ``table`` cannot be applied (a name no topic can carry), or None."""
+    from graylane.topics import TopicNameError, check_model_name, check_version_name
+
+    try:
+        check_model_name(table.model)
+        for version in sorted(table.versions()):
+            check_version_name(version)
+    except TopicNameError as exc:
+        return str(exc)[:300]
+    return None
+
+
 def default_table(model: str, stable_version: str) -> RouteTable:
     """The table used before the policy engine has published one."""
     return RouteTable(model=model, stable_version=stable_version, epoch=0)
 
 
 def route_without_table(model: str, stable_version: str, facts: RoutingRequest) -> RouteDecision:
+    """The stable version; a pin of any other version is ``UnknownPinnedVersion``."""
+    if facts.pinned_version and facts.pinned_version != stable_version:
+        raise UnknownPinnedVersion(
+            f"version {facts.pinned_version[:128]!r} of model {model!r} is not served; "
+            f"served versions: {stable_version}"
+        )
     bucket = bucket_of(facts.routing_key or facts.request_id)
     return RouteDecision(stable_version, RouteReason.NO_TABLE, bucket)

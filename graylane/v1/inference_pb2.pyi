@@ -47,6 +47,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INTERNAL: _ClassVar[ErrorCode]
     BAD_REPLY_TOPIC: _ClassVar[ErrorCode]
     SHED: _ClassVar[ErrorCode]
+    RESULT_TOO_LARGE: _ClassVar[ErrorCode]
 TASK_UNSPECIFIED: Task
 FORWARD: Task
 GENERATE: Task
@@ -75,6 +76,7 @@ INJECTED_FAULT: ErrorCode
 INTERNAL: ErrorCode
 BAD_REPLY_TOPIC: ErrorCode
 SHED: ErrorCode
+RESULT_TOO_LARGE: ErrorCode
 
 class GenerationParams(_message.Message):
     __slots__ = ("max_new_tokens", "eos_token_id", "has_eos")

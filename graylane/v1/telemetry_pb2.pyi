@@ -29,8 +29,20 @@ class LatencyHistogram(_message.Message):
     max_ms: float
     def __init__(self, min_ms: _Optional[float] = ..., growth: _Optional[float] = ..., buckets: _Optional[_Mapping[int, int]] = ..., count: _Optional[int] = ..., sum_ms: _Optional[float] = ..., max_ms: _Optional[float] = ...) -> None: ...
 
+class BatchId(_message.Message):
+    __slots__ = ("worker_id", "partition", "first_offset", "attempt")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    partition: int
+    first_offset: int
+    attempt: int
+    def __init__(self, worker_id: _Optional[str] = ..., partition: _Optional[int] = ..., first_offset: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+
 class BatchTelemetry(_message.Message):
-    __slots__ = ("model", "version", "variant", "worker_id", "batch_size", "request_count", "error_count", "latency", "queue_wait", "queue_wait_ms_mean", "compute_ms", "device_load", "started_at_unix_ms", "completed_at_unix_ms", "shadow_count", "error_codes", "sequence_bucket", "task", "lag", "shed_count")
+    __slots__ = ("model", "version", "variant", "worker_id", "batch_size", "request_count", "error_count", "latency", "queue_wait", "queue_wait_ms_mean", "compute_ms", "device_load", "started_at_unix_ms", "completed_at_unix_ms", "shadow_count", "error_codes", "sequence_bucket", "task", "lag", "shed_count", "batch_id", "input_error_count")
     class ErrorCodesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +70,8 @@ class BatchTelemetry(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
     SHED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    INPUT_ERROR_COUNT_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     variant: str
@@ -78,4 +92,6 @@ class BatchTelemetry(_message.Message):
     task: str
     lag: int
     shed_count: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., worker_id: _Optional[str] = ..., batch_size: _Optional[int] = ..., request_count: _Optional[int] = ..., error_count: _Optional[int] = ..., latency: _Optional[_Union[LatencyHistogram, _Mapping]] = ..., queue_wait: _Optional[_Union[LatencyHistogram, _Mapping]] = ..., queue_wait_ms_mean: _Optional[float] = ..., compute_ms: _Optional[float] = ..., device_load: _Optional[float] = ..., started_at_unix_ms: _Optional[int] = ..., completed_at_unix_ms: _Optional[int] = ..., shadow_count: _Optional[int] = ..., error_codes: _Optional[_Mapping[str, int]] = ..., sequence_bucket: _Optional[int] = ..., task: _Optional[str] = ..., lag: _Optional[int] = ..., shed_count: _Optional[int] = ...) -> None: ...
+    batch_id: BatchId
+    input_error_count: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., worker_id: _Optional[str] = ..., batch_size: _Optional[int] = ..., request_count: _Optional[int] = ..., error_count: _Optional[int] = ..., latency: _Optional[_Union[LatencyHistogram, _Mapping]] = ..., queue_wait: _Optional[_Union[LatencyHistogram, _Mapping]] = ..., queue_wait_ms_mean: _Optional[float] = ..., compute_ms: _Optional[float] = ..., device_load: _Optional[float] = ..., started_at_unix_ms: _Optional[int] = ..., completed_at_unix_ms: _Optional[int] = ..., shadow_count: _Optional[int] = ..., error_codes: _Optional[_Mapping[str, int]] = ..., sequence_bucket: _Optional[int] = ..., task: _Optional[str] = ..., lag: _Optional[int] = ..., shed_count: _Optional[int] = ..., batch_id: _Optional[_Union[BatchId, _Mapping]] = ..., input_error_count: _Optional[int] = ...) -> None: ...

@@ -57,10 +57,15 @@ ALL_VARIANTS = "*"
 """The ``variant`` of stats merged over more than one variant of a version."""
 
 
+MAX_IDS_PER_PANE = 100_000
+"""Batch ids remembered per pane (bounds memory; ids age out with their pane)."""
+
+
 class _Pane:
     """Mutable running totals of one key over one step."""
 
     __slots__ = (
+        "batch_ids",
         "batches",
         "device_load_sum",
         "errors",
@@ -85,11 +90,14 @@ class _Pane:
         self.queue_fallback_count = 0
         self.device_load_sum = 0.0
         self.lag_by_worker: dict[str, tuple[int, int]] = {}
+        self.batch_ids: set[tuple[str, int, int]] = set()
 
     def add(self, s: TelemetrySample) -> None:
         self.requests += s.request_count
         self.errors += s.error_count
         self.batches += 1
+        if s.batch_id is not None and len(self.batch_ids) < MAX_IDS_PER_PANE:
+            self.batch_ids.add(s.batch_id)
         self.latency.update(s.latency)
         if s.queue_wait.count:
             self.queue.update(s.queue_wait)
@@ -136,6 +144,7 @@ class SlidingWindow:
         self._first_pane: dict[tuple[Lane, WindowKey], int] = {}
         self._horizon: int | None = None
         self.dropped_late = 0
+        self.duplicates = 0
 
     def window_bounds(self, now_ms: int) -> tuple[int, int]:
         """``(start, end)`` of the window read at ``now_ms`` (end exclusive)."""
@@ -143,12 +152,20 @@ class SlidingWindow:
         return end - self.window_ms, end
 
     def add(self, sample: TelemetrySample) -> bool:
-        """Count one batch; False when it is older than the retained panes."""
+        """Count one batch; False when it is older than the retained panes or a
+        duplicate (same batch id) of one already counted, e.g. after a rewind."""
         pane_index = sample.completed_at_ms // self.step_ms
         if self._horizon is not None and pane_index < self._horizon:
             self.dropped_late += 1
             return False
         slot = (sample.lane, sample.key)
+        if sample.batch_id is not None and any(
+            sample.batch_id in p.batch_ids
+            for lane in Lane
+            for p in self._panes.get((lane, sample.key), {}).values()
+        ):
+            self.duplicates += 1
+            return False
         panes = self._panes.setdefault(slot, {})
         pane = panes.get(pane_index)
         if pane is None:

@@ -40,6 +40,8 @@ class TelemetrySample:
     lag: int = 0
     started_at_ms: int = 0
     batch_size: int = 0
+    batch_id: tuple[str, int, int] | None = None
+    """(worker, partition, first offset): a re-sent batch carries the same id."""
 
     def __post_init__(self) -> None:
         if self.request_count < 0 or self.error_count < 0 or self.shadow_count < 0:

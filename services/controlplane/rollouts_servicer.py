@@ -17,6 +17,7 @@ from graylane.rollouts.pb import (
 )
 from graylane.rollouts.vocabulary import ManualCommand, Phase
 from graylane.services.controlplane import domain
+from graylane.services.controlplane.candidates import CandidateCheck
 from graylane.services.controlplane.facts import model_facts
 from graylane.services.controlplane.limits import check_limit
 from graylane.services.controlplane.plane import Context, ControlPlane, mapped, send_or_unavailable
@@ -31,8 +32,10 @@ def _phase(stored: StoredRollout) -> Phase:
 
 
 class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
-    def __init__(self, cp: ControlPlane) -> None:
+    def __init__(self, cp: ControlPlane, candidate_check: CandidateCheck | None = None) -> None:
         self._cp = cp
+        self._candidate_check = candidate_check
+        """Refuses a start whose candidate has no topic or no worker (None: no check)."""
 
     async def _stored(self, rollout_id: str) -> StoredRollout:
         if not rollout_id:
@@ -59,6 +62,10 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
         async with cp.start_lock:
             facts = await asyncio.to_thread(model_facts, cp.registry, cp.store, request.model)
             baseline, candidate = domain.check_start(ask, facts)
+            if self._candidate_check is not None:
+                problem = await self._candidate_check(request.model, candidate)
+                if problem is not None:
+                    raise domain.FailedPrecondition(problem)
             now = cp.clock()
             wire = rollout_pb2.RolloutSpec()
             wire.CopyFrom(request)

@@ -26,6 +26,7 @@ from graylane.registry.migrate import create_db_engine, upgrade
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
 from graylane.services.controlplane.auth import AuthInterceptor, TokenTable
 from graylane.services.controlplane.bus import KafkaCommandBus
+from graylane.services.controlplane.candidates import KafkaCandidateCheck
 from graylane.services.controlplane.limits import ApiLimits, check_startup
 from graylane.services.controlplane.servicers import ControlPlane, add_servicers
 from graylane.services.controlplane.store import ControlStore
@@ -45,6 +46,7 @@ class ServerConfig:
     insecure: bool = False  # allow a plaintext bind beyond loopback, on purpose
     limits: ApiLimits = field(default_factory=ApiLimits)
     outbox_interval_s: float = 5.0
+    check_candidates: bool = True  # refuse a start whose candidate has no topic or worker
 
     @classmethod
     def from_env(
@@ -114,7 +116,14 @@ class ControlPlaneServer:
         await ensure_topics(self._factory, specs)
         await self._bus.start()
         server = aio.server(interceptors=[AuthInterceptor(self._config.tokens)])
-        add_servicers(server, self.control)
+        check = (
+            KafkaCandidateCheck(
+                self._factory, self._factory.layout, self._factory.settings.topic_prefix
+            )
+            if self._config.check_candidates
+            else None
+        )
+        add_servicers(server, self.control, check)
         address = f"{self._config.host}:{self._config.port}"
         if self._config.tls_cert is not None and self._config.tls_key is not None:
             creds = ssl_server_credentials(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from grpc import aio
 
+from graylane.services.controlplane.candidates import CandidateCheck
 from graylane.services.controlplane.plane import ControlPlane
 from graylane.services.controlplane.qos_servicer import AuditServicer, QosServicer
 from graylane.services.controlplane.registry_servicer import ModelRegistryServicer
@@ -21,9 +22,13 @@ from graylane.v1 import controlplane_pb2_grpc
 __all__ = ["ControlPlane", "add_servicers"]
 
 
-def add_servicers(server: aio.Server, cp: ControlPlane) -> None:
+def add_servicers(
+    server: aio.Server, cp: ControlPlane, candidate_check: CandidateCheck | None = None
+) -> None:
     controlplane_pb2_grpc.add_ModelRegistryServicer_to_server(ModelRegistryServicer(cp), server)  # type: ignore[no-untyped-call]
-    controlplane_pb2_grpc.add_RolloutsServicer_to_server(RolloutsServicer(cp), server)  # type: ignore[no-untyped-call]
+    controlplane_pb2_grpc.add_RolloutsServicer_to_server(
+        RolloutsServicer(cp, candidate_check), server
+    )  # type: ignore[no-untyped-call]
     controlplane_pb2_grpc.add_QosServicer_to_server(QosServicer(cp), server)  # type: ignore[no-untyped-call]
     controlplane_pb2_grpc.add_AuditServicer_to_server(AuditServicer(cp), server)  # type: ignore[no-untyped-call]
     controlplane_pb2_grpc.add_RoutingServicer_to_server(RoutingServicer(cp), server)  # type: ignore[no-untyped-call]

@@ -22,11 +22,12 @@ from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.options import ConsumerOptions
 from graylane.kafka.replies import Rejection, ReplySink, reply_topic_rejection
-from graylane.kafka.seam import ClientFactory, Producer, Record
+from graylane.kafka.seam import ClientFactory, Producer, Record, known_topics
 from graylane.metrics import RouterMetrics, serve_metrics
+from graylane.request_limits import FieldCaps, clip, field_problem
 from graylane.routing import RouteTable, RoutingRequest, UnknownPinnedVersion, route
 from graylane.routing.convert import table_from_pb
-from graylane.routing.table import RouteDecision, route_without_table
+from graylane.routing.table import RouteDecision, route_without_table, table_problem
 from graylane.v1 import control_pb2, inference_pb2
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class Router:
         self.metrics = RouterMetrics.create(self.registry)
         self.ready = asyncio.Event()
         self._producer: Producer | None = None
+        self._pending: dict[str, RouteTable] = {}
+        """Newest table per model not yet checked against the cluster's topics."""
         self._tables = CompactedFollower(
             factory, self.layout.routing(), self._apply_table_record, client_suffix="router-tables"
         )
@@ -79,9 +82,49 @@ class Router:
         except (SerdeError, ValueError) as exc:
             log.error("ignoring a bad routing table at offset %d: %s", record.offset, exc)
             return
-        if table.model in self.config.stable_versions and self.tables.offer(table):
-            self.metrics.table_epoch.labels(table.model).set(table.epoch)
-            log.info("routing table %s epoch %d applied", table.model, table.epoch)
+        if table.model not in self.config.stable_versions:
+            return
+        problem = table_problem(table)
+        if problem is not None:
+            self._refuse_table(table, problem)
+            return
+        pending = self._pending.get(table.model)
+        if pending is None or table.epoch > pending.epoch:
+            self._pending[table.model] = table
+
+    async def settle_tables(self) -> None:
+        """Apply pending tables whose version topics all exist; refuse the others.
+
+        A refused table leaves the model on its previous table (or its stable
+        version), so one bad table never stalls routing, for it or any model.
+        """
+        if not self._pending or self._producer is None:
+            return
+        known = await known_topics(self._producer)
+        pending, self._pending = self._pending, {}
+        for table in pending.values():
+            topics = {self.layout.version_requests(table.model, v) for v in table.versions()}
+            missing = sorted(topics - known)
+            if missing:
+                self._refuse_table(table, f"topic(s) {', '.join(missing)} do not exist")
+            elif self.tables.offer(table):
+                self.metrics.table_epoch.labels(table.model).set(table.epoch)
+                log.info("routing table %s epoch %d applied", table.model, table.epoch)
+
+    def _refuse_table(self, table: RouteTable, why: str) -> None:
+        self.metrics.errors.labels(clip(table.model, 64), "BAD_ROUTING_TABLE").inc()
+        log.error(
+            "routing table %s epoch %d refused, keeping the previous one: %s",
+            clip(table.model, 64),
+            table.epoch,
+            why,
+        )
+
+    async def _settle_tables_safely(self) -> None:
+        try:
+            await self.settle_tables()
+        except Exception:  # metadata trouble: tables stay pending for the next turn
+            log.exception("could not check routing tables against the cluster's topics")
 
     # -- requests --------------------------------------------------------------
     def decide(self, request: inference_pb2.InferenceRequest) -> RouteDecision:
@@ -103,13 +146,15 @@ class Router:
         except SerdeError as exc:
             self.metrics.errors.labels(topic_model, "DECODE_ERROR").inc()
             return [await sink.dead_letter(record, inference_pb2.DECODE_ERROR, str(exc))]
-        if not request.request_id:
+        if not request.request_id or len(request.request_id) > FieldCaps().request_id:
             self.metrics.errors.labels(topic_model, "BAD_REQUEST").inc()
+            why = "no request_id" if not request.request_id else "an oversized request_id"
             return [
                 await sink.dead_letter(
-                    record, inference_pb2.BAD_REQUEST, "request has no request_id; cannot reply"
+                    record, inference_pb2.BAD_REQUEST, f"request has {why}; cannot reply"
                 )
             ]
+        _clear_router_fields(request, record)
         if not request.model:
             request.model = topic_model
         rejection = self._reject(request, record, topic_model)
@@ -133,8 +178,6 @@ class Router:
         request.routed_version = decision.version
         request.routed_at_unix_ms = now
         request.routing_epoch = decision.epoch
-        if not request.created_at_unix_ms:
-            request.created_at_unix_ms = record.timestamp
         key = (request.routing_key or request.request_id).encode("utf-8")
         futures: list[Awaitable[object]] = []
         if decision.shadow_version:
@@ -165,7 +208,18 @@ class Router:
     async def _route_all(self, records: list[Record], sink: ReplySink) -> list[Awaitable[object]]:
         futures: list[Awaitable[object]] = []
         for record in records:
-            futures.extend(await self._handle(record, sink))
+            try:
+                futures.extend(await self._handle(record, sink))
+            except Exception as exc:  # one record never ends the loop
+                log.exception(
+                    "unexpected error routing %s[%d]@%d",
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                )
+                self.metrics.errors.labels(record.topic, "INTERNAL").inc()
+                reason = f"internal error: {type(exc).__name__}"
+                futures.append(await sink.dead_letter(record, inference_pb2.INTERNAL, reason))
         return futures
 
     def _reject(
@@ -180,16 +234,22 @@ class Router:
                 inference_pb2.PAYLOAD_TOO_LARGE,
                 f"request is {len(record.value or b'')} bytes; the limit is {limit}",
             )
+        problem = field_problem(request)
+        if problem is not None:
+            if len(request.model) > FieldCaps().model:
+                request.model = topic_model  # reply on the topic's model results topic
+            return Rejection(inference_pb2.BAD_REQUEST, problem)
         if request.model not in self.config.stable_versions:
             return Rejection(
                 inference_pb2.UNKNOWN_MODEL,
-                f"model {request.model!r} is not served here; "
+                f"model {clip(request.model)!r} is not served here; "
                 f"known models: {', '.join(sorted(self.config.stable_versions))}",
             )
         if request.model != topic_model:
             return Rejection(
                 inference_pb2.BAD_REQUEST,
-                f"request for model {request.model!r} arrived on the ingress of {topic_model!r}",
+                f"request for model {clip(request.model)!r} arrived on the ingress of "
+                f"{topic_model!r}",
             )
         refused = reply_topic_rejection(self.layout, request)
         if refused is not None:
@@ -222,11 +282,13 @@ class Router:
             client_suffix="router",
         )
         await ingress.start()
+        await self.settle_tables()
         watcher = asyncio.create_task(self._tables.follow(stop))
         self.ready.set()
         log.info("router serving %s", sorted(self.config.stable_versions))
         try:
             while not stop.is_set():
+                await self._settle_tables_safely()
                 batches = await ingress.getmany(timeout_ms=200)
                 if not batches:
                     continue
@@ -240,3 +302,13 @@ class Router:
             await ingress.stop()
             await self._producer.stop()
             await self._tables.stop()
+
+
+def _clear_router_fields(request: inference_pb2.InferenceRequest, record: Record) -> None:
+    """Only the router sets these: a client cannot steer shadows, gates or latency."""
+    request.shadow = False
+    request.mirror_result = False
+    request.routed_version = ""
+    request.routed_at_unix_ms = 0
+    request.routing_epoch = 0
+    request.created_at_unix_ms = record.timestamp if record.timestamp > 0 else now_ms()

@@ -70,6 +70,7 @@ async def api(settings: Settings, factory: KafkaFactory) -> AsyncIterator[Api]:
             parse_tokens("ops-token-0123456:operator:alice,view-token-012345:read_only")
         ),
         outbox_interval_s=0.5,
+        check_candidates=False,  # no workers here; the check has its own test
     )
     server = ControlPlaneServer(config, factory)
     await server.start()

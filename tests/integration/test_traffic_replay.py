@@ -13,9 +13,13 @@ from graylane.app.cli.main import main
 from graylane.client import GraylaneClient, PostProcess, Task
 from graylane.clock import now_ms
 from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.reading import read_to_end
 from graylane.models.demo_gpt import write_demo_gpt
+from graylane.serde import decode
 from graylane.settings import Settings
-from tests.support.stack import running_stack
+from graylane.v1 import inference_pb2, telemetry_pb2
+from tests.support.stack import read_topic, running_stack
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -58,6 +62,25 @@ async def test_replayed_traffic_agrees_with_a_twin_and_differs_from_another_mode
         twin_out = capsys.readouterr().out
         other = await asyncio.to_thread(main, ["traffic", "replay", *window, "--version", "other"])
         other_out = capsys.readouterr().out
+        # Replays are shadow traffic: answers on the shadow topic, never live latency.
+        shadow = [
+            decode(inference_pb2.InferenceResult, v)
+            for v in await read_topic(factory, factory.layout.shadow(MODEL), expect=24)
+        ]
+        telemetry: list[telemetry_pb2.BatchTelemetry] = []
+
+        async def replay_telemetry_arrived() -> bool:  # it follows the results it describes
+            telemetry[:] = [
+                decode(telemetry_pb2.BatchTelemetry, r.value)
+                for r in await read_to_end(factory, factory.layout.telemetry())
+            ]
+            return sum(t.request_count for t in telemetry if t.version in {"twin", "other"}) >= 24
+
+        await wait_until(replay_telemetry_arrived, timeout=20, what="replay telemetry")
+    replayed = [r for r in shadow if r.version in {"twin", "other"}]
+    assert len(replayed) == 24 and all(r.shadow for r in replayed)
+    replay_batches = [t for t in telemetry if t.version in {"twin", "other"}]
+    assert replay_batches and all(t.shadow_count == t.request_count for t in replay_batches)
     assert twin == 0, twin_out
     # The table row: replayed, agree, differ, no recorded result, errors / timeouts, agreement.
     row = next((line for line in twin_out.splitlines() if "%" in line), "")

@@ -1,0 +1,67 @@
+"""Issue 10 at the worker (in-memory Kafka, the demo GPT): an unexpected error on one
+record, a result too large for the broker, and a batch id on every telemetry record."""
+
+from __future__ import annotations
+
+import pytest
+
+from graylane import serde
+from graylane.engine_worker import intake as intake_module
+from graylane.engine_worker import service as service_module
+from graylane.v1 import inference_pb2, telemetry_pb2
+from tests.unit.test_worker import (
+    Rig,
+    engine,
+    gpt_path,
+    publish,
+    request,
+    results_by_id,
+    rig,
+    serve_until_committed,
+)
+
+__all__ = ["engine", "gpt_path", "rig"]  # fixtures
+
+
+async def test_an_unexpected_error_on_one_record_is_internal_and_the_rest_are_served(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = intake_module.validate
+
+    def flaky(req: inference_pb2.InferenceRequest, *args: object) -> object:
+        if req.request_id == "boom":
+            raise RuntimeError("surprise")
+        return real(req, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service_module, "validate", flaky)
+    boom = request("boom", token_ids=[1, 2], post_process=inference_pb2.ARGMAX_LAST)
+    good = request("good", token_ids=[9, 8, 7], post_process=inference_pb2.ARGMAX_LAST)
+    await publish(rig, serde.encode(boom), serde.encode(good))
+    await serve_until_committed(rig, 2)
+    results = results_by_id(rig)
+    assert results["boom"].error_code == inference_pb2.INTERNAL
+    assert results["good"].status == inference_pb2.OK
+
+
+async def test_a_result_over_the_broker_limit_is_result_too_large(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service_module, "max_payload_bytes", lambda settings: 64)
+    big = request("big", token_ids=[1, 2, 3])  # full logits: far over 64 bytes
+    await publish(rig, serde.encode(big))
+    await serve_until_committed(rig, 1)
+    got = results_by_id(rig)["big"]
+    assert got.status == inference_pb2.ERROR and got.error_code == inference_pb2.RESULT_TOO_LARGE
+
+
+async def test_telemetry_carries_a_batch_id(rig: Rig) -> None:
+    await publish(
+        rig, serde.encode(request("a", token_ids=[4, 5], post_process=inference_pb2.ARGMAX_LAST))
+    )
+    await serve_until_committed(rig, 1)
+    [t] = [
+        serde.decode(telemetry_pb2.BatchTelemetry, v)
+        for v in rig.read(rig.factory.layout.telemetry())
+    ]
+    assert (t.batch_id.worker_id, t.batch_id.partition, t.batch_id.first_offset) == ("w-test", 0, 0)
+    assert t.batch_id.attempt == 0
