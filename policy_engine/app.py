@@ -29,11 +29,13 @@ from graylane.clock import Clock, now_ms
 from graylane.errors import SerdeError
 from graylane.kafka.admin import ensure_topics, read_latest_per_key, wait_for_assignment
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.metrics import CONTROL_CAUGHT_UP, PolicyMetrics, ServiceObservability
 from graylane.policy_engine import convert
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.faust_settings import broker_settings
 from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
 from graylane.policy_engine.messages import CommandRejected, Output
+from graylane.policy_engine.observe import PolicyObserver
 from graylane.policy_engine.publish import command_from_pb, records_of, shadow_output_of
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
@@ -51,6 +53,8 @@ class PolicyConfig:
     step_ms: int = DEFAULT_STEP_MS
     models: tuple[str, ...] = field(default_factory=tuple)
     clock: Clock = now_ms
+    metrics_port: int | None = None
+    """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
 
 
 async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
@@ -85,6 +89,9 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     )
     app.conf.producer_acks = -1
     app.core = core  # type: ignore[attr-defined]  # for tests and introspection
+    observability = ServiceObservability("policy-engine")
+    observer = PolicyObserver(PolicyMetrics.create(observability.registry))
+    app.observability = observability  # type: ignore[attr-defined]
 
     def raw_topic(name: str) -> faust.TopicT:
         return app.topic(
@@ -96,6 +103,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     shadows = [raw_topic(layout.shadow(m)) for m in config.models]
 
     async def publish(outputs: list[Output]) -> None:
+        observer.observe(outputs)
         for rec in records_of(outputs, layout):
             await app.producer.send_and_wait(
                 rec.topic, rec.key, rec.value, partition=None, timestamp=None, headers=None
@@ -103,9 +111,11 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
 
     @app.task  # type: ignore[untyped-decorator]
     async def restore() -> None:
+        observability.start(settings.metrics_address(config.metrics_port), settings.build_labels())
         await ensure_topics(factory, layout.shared_specs())
         await _restore(factory, core)
         restored.set()
+        observability.mark(CONTROL_CAUGHT_UP)
         log.info("restored %d active rollouts", len(core.rollouts))
 
     @app.agent(telemetry)
@@ -151,6 +161,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
 
     @app.timer(interval=config.step_ms / 1000.0)  # type: ignore[untyped-decorator]
     async def tick() -> None:
+        observability.note_assignment(app.consumer.assignment())
         if not restored.is_set():
             return
         try:

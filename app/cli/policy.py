@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from graylane.app.cli.services import add_observability_args
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     policy = sub.add_parser(
@@ -20,6 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a model whose shadow results to read for output agreement (repeatable)",
     )
     policy.add_argument("--loglevel", default="info", choices=("debug", "info", "warning"))
+    add_observability_args(policy)
     policy.set_defaults(handler=_policy)
 
 
@@ -28,15 +31,28 @@ def _policy(args: argparse.Namespace) -> int:
 
     import faust
 
+    from graylane.app.cli.services import setup_service_logging
     from graylane.policy_engine.app import PolicyConfig, create_app, prepare_topics
     from graylane.settings import Settings
 
     settings = Settings.from_env()
-    config = PolicyConfig(window_ms=args.window_ms, step_ms=args.step_ms, models=tuple(args.model))
+    handler = setup_service_logging("policy-engine", settings, args)
+    config = PolicyConfig(
+        window_ms=args.window_ms,
+        step_ms=args.step_ms,
+        models=tuple(args.model),
+        metrics_port=args.metrics_port,
+    )
     asyncio.run(prepare_topics(settings, config))
     app = create_app(settings, config)
-    # faust's worker stops the app cleanly on SIGTERM / SIGINT and exits.
-    worker = faust.Worker(app, loglevel=args.loglevel)
+    # faust's worker stops the app cleanly on SIGTERM / SIGINT and exits. It resets logging
+    # at start: hand it our one handler instead of its coloured console.
+    worker = faust.Worker(
+        app,
+        loglevel=args.loglevel,
+        logging_config={"version": 1, "disable_existing_loggers": False, "root": {"handlers": []}},
+        loghandlers=[handler],
+    )
     worker.execute_from_commandline()
     return 0
 

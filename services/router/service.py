@@ -13,8 +13,6 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry
-
 from graylane import serde
 from graylane.clock import now_ms
 from graylane.errors import SerdeError, require_started
@@ -23,7 +21,7 @@ from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.options import ConsumerOptions
 from graylane.kafka.replies import Rejection, ReplySink, reply_topic_rejection
 from graylane.kafka.seam import ClientFactory, Producer, Record
-from graylane.metrics import RouterMetrics, serve_metrics
+from graylane.metrics import CONTROL_CAUGHT_UP, RouterMetrics, ServiceObservability
 from graylane.routing import RouteTable, RoutingRequest, UnknownPinnedVersion, route
 from graylane.routing.convert import table_from_pb
 from graylane.routing.table import RouteDecision, route_without_table
@@ -39,7 +37,8 @@ class RouterConfig:
     stable_versions: dict[str, str]
     group_id: str = ""
     max_poll_records: int = 500
-    metrics_port: int = 0
+    metrics_port: int | None = None
+    """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
 
 
 @dataclass
@@ -62,7 +61,8 @@ class Router:
         self.layout = factory.layout
         self.config = config
         self.tables = TableStore()
-        self.registry = CollectorRegistry()
+        self.observability = ServiceObservability("router")
+        self.registry = self.observability.registry
         self.metrics = RouterMetrics.create(self.registry)
         self.ready = asyncio.Event()
         self._producer: Producer | None = None
@@ -80,7 +80,7 @@ class Router:
             log.error("ignoring a bad routing table at offset %d: %s", record.offset, exc)
             return
         if table.model in self.config.stable_versions and self.tables.offer(table):
-            self.metrics.table_epoch.labels(table.model).set(table.epoch)
+            self.metrics.table_applied(table.model, table.epoch, _weights(table))
             log.info("routing table %s epoch %d applied", table.model, table.epoch)
 
     # -- requests --------------------------------------------------------------
@@ -117,6 +117,8 @@ class Router:
             self.metrics.errors.labels(
                 request.model, inference_pb2.ErrorCode.Name(rejection.code)
             ).inc()
+            if rejection.code == inference_pb2.DEADLINE_EXCEEDED:
+                self.metrics.shed.labels(request.model, "deadline").inc()
             if request.model not in self.config.stable_versions:
                 request.model = topic_model  # reply on the topic's model results topic
             return [await sink.error_result(request, rejection, record)]
@@ -208,8 +210,15 @@ class Router:
         for model, stable in self.config.stable_versions.items():
             specs += layout.model_specs(model, [stable])
         await self.factory.ensure_topics(specs)
-        serve_metrics(self.registry, self.config.metrics_port)
+        settings = self.factory.settings
+        self.observability.start(
+            settings.metrics_address(self.config.metrics_port), settings.build_labels()
+        )
         await self._tables.catch_up()
+        for model, stable in self.config.stable_versions.items():
+            if model not in self.tables.tables:  # no table yet: all traffic to the stable version
+                self.metrics.no_table(model, stable)
+        self.observability.mark(CONTROL_CAUGHT_UP)
         self._producer = self.factory.producer(client_suffix="router")
         await self._producer.start()
         sink = ReplySink(self._producer, layout, "router")
@@ -228,6 +237,7 @@ class Router:
         try:
             while not stop.is_set():
                 batches = await ingress.getmany(timeout_ms=200)
+                self.observability.note_assignment(ingress.assignment())
                 if not batches:
                     continue
                 fetched = [r for records in batches.values() for r in records]
@@ -240,3 +250,9 @@ class Router:
             await ingress.stop()
             await self._producer.stop()
             await self._tables.stop()
+            self.observability.close()
+
+
+def _weights(table: RouteTable) -> dict[str, float]:
+    """Share of traffic (0..1) per version in an applied table."""
+    return {r.version: r.weight_percent / 100.0 for r in table.routes}
