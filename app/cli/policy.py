@@ -47,11 +47,11 @@ def _policy(args: argparse.Namespace) -> int:
     app = create_app(settings, config)
     # faust's worker stops the app cleanly on SIGTERM / SIGINT and exits. It resets logging
     # at start: hand it our one handler instead of its coloured console.
+    app.conf.loghandlers = [handler]
     worker = faust.Worker(
         app,
         loglevel=args.loglevel,
         logging_config={"version": 1, "disable_existing_loggers": False, "root": {"handlers": []}},
-        loghandlers=[handler],
     )
     worker.execute_from_commandline()
     return 0
