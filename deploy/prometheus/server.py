@@ -27,7 +27,14 @@ from types import TracebackType
 
 from graylane.deploy.prometheus.prometheus import RULES, PrometheusToolError, promtool
 
-__all__ = ["PrometheusServer", "Sample", "prometheus_binary", "scrape_config"]
+__all__ = [
+    "PrometheusServer",
+    "Sample",
+    "prometheus_binary",
+    "remove_target",
+    "scrape_config",
+    "write_target",
+]
 
 
 def prometheus_binary(install: bool = True) -> str:
@@ -45,18 +52,45 @@ def scrape_config(
     *,
     interval_s: float = 1.0,
     rule_files: Sequence[Path] = tuple(RULES),
+    targets_dir: Path | None = None,
 ) -> str:
-    """Prometheus YAML (JSON is YAML) scraping ``job -> [host:port, ...]`` every ``interval_s``."""
+    """Prometheus YAML (JSON is YAML) scraping ``job -> [host:port, ...]`` every ``interval_s``,
+    and, with ``targets_dir``, every target file :func:`write_target` leaves there."""
     interval = f"{int(interval_s * 1000)}ms"
+    scrapes: list[dict[str, object]] = [
+        {"job_name": job, "static_configs": [{"targets": list(targets)}]}
+        for job, targets in sorted(jobs.items())
+    ]
+    if targets_dir is not None:
+        scrapes.append(
+            {
+                "job_name": "graylane-local",  # each file's own "job" label wins
+                "file_sd_configs": [
+                    {"files": [str(targets_dir / "*.json")], "refresh_interval": "2s"}
+                ],
+            }
+        )
     config = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
         "rule_files": [str(p) for p in rule_files],
-        "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": list(targets)}]}
-            for job, targets in sorted(jobs.items())
-        ],
+        "scrape_configs": scrapes,
     }
     return json.dumps(config, indent=2)
+
+
+def write_target(targets_dir: Path, name: str, job: str, port: int) -> Path:
+    """Announce a local process's metrics port to a Prometheus reading ``targets_dir``."""
+    targets_dir.mkdir(parents=True, exist_ok=True)
+    path = targets_dir / f"{name}.json"
+    group = {"targets": [f"127.0.0.1:{port}"], "labels": {"job": job, "process": name}}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps([group]))
+    tmp.replace(path)  # Prometheus never reads half a file
+    return path
+
+
+def remove_target(targets_dir: Path, name: str) -> None:
+    (targets_dir / f"{name}.json").unlink(missing_ok=True)
 
 
 def _free_port() -> int:
@@ -94,10 +128,13 @@ class PrometheusServer:
         port: int = 0,
         interval_s: float = 1.0,
         ready_timeout_s: float = 60.0,
+        targets_dir: Path | None = None,
+        detach: bool = False,
     ) -> PrometheusServer:
+        """Start and wait until ready; ``detach`` = its own session (outlives the caller)."""
         workdir.mkdir(parents=True, exist_ok=True)
         config = workdir / "prometheus.yml"
-        config.write_text(scrape_config(jobs, interval_s=interval_s))
+        config.write_text(scrape_config(jobs, interval_s=interval_s, targets_dir=targets_dir))
         port = port or _free_port()
         log_path = workdir / "prometheus.log"
         cmd = [
@@ -109,7 +146,9 @@ class PrometheusServer:
             "--web.enable-lifecycle",
         ]
         with log_path.open("ab") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=detach
+            )
         server = cls(proc, port, workdir, log_path)
         try:
             server.wait_ready(ready_timeout_s)
