@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graylane.app.cli.policy",
     "graylane.app.cli.ops",
     "graylane.app.cli.audit_sink",
+    "graylane.app.cli.deploy",
     "graylane.app.cli.build",
     "graylane.app.cli.acls",
 )
