@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 run: setup
+	@echo "==> metrics: every service serves /metrics /healthz /readyz (ports printed below);"
+	@echo "    '$(BIN)/graylane up --with-prometheus' adds Prometheus on http://127.0.0.1:9090"
+	@echo "    (rules from deploy/prometheus, dashboard in deploy/grafana)"
 	@$(BIN)/graylane demo
 
 test: setup

@@ -52,7 +52,8 @@ class WorkerConfig:
     max_seq_len: int = 256
     max_new_tokens: int = 256
     worker_id: str = field(default_factory=default_worker_id)
-    metrics_port: int = 0
+    metrics_port: int | None = None
+    """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
     faults: FaultInjection = field(default_factory=FaultInjection)
     group_id: str = ""
     fetch_factor: int = 4

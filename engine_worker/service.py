@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
-from prometheus_client import CollectorRegistry
 
 from graylane import serde
 from graylane.clock import now_ms
@@ -52,6 +51,7 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.lag import consumer_lag
 from graylane.kafka.replies import (
     Rejection,
     ReplySink,
@@ -59,7 +59,13 @@ from graylane.kafka.replies import (
     reply_topic_rejection,
 )
 from graylane.kafka.seam import Producer
-from graylane.metrics import WorkerMetrics, serve_metrics
+from graylane.metrics import (
+    CONTROL_CAUGHT_UP,
+    NvmlCollector,
+    ServiceObservability,
+    WorkerMetrics,
+    load_nvml,
+)
 from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
 
 log = logging.getLogger(__name__)
@@ -120,8 +126,10 @@ class Worker:
             max_seq_len=min(config.max_seq_len, self.policy.max_seq_len),
             max_new_tokens=config.max_new_tokens,
         )
-        self.registry = CollectorRegistry()
+        self.observability = ServiceObservability("worker")
+        self.registry = self.observability.registry
         self.metrics = WorkerMetrics.create(self.registry)
+        self._lag_checked = 0.0
         self.ready = asyncio.Event()
         self.served = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
@@ -438,6 +446,26 @@ class Worker:
 
     def _count_error(self, variant: str, code: str, n: int = 1) -> None:
         self.metrics.errors.labels(self.config.model, self.config.version, variant, code).inc(n)
+        if code == "DEADLINE_EXCEEDED":
+            self.metrics.shed.labels(
+                self.config.model, self.config.version, variant, "deadline"
+            ).inc(n)
+
+    async def _observe_lag(self, consumer: AIOKafkaConsumer, every_s: float = 1.0) -> None:
+        """Consumer lag per version topic, at most once per ``every_s``; readiness on assignment."""
+        if time.monotonic() - self._lag_checked < every_s:
+            return
+        self._lag_checked = time.monotonic()
+        self.observability.note_assignment(consumer.assignment())
+        for topic, lag in (await consumer_lag(consumer)).items():
+            self.metrics.consumer_lag.labels(self.config.model, self.config.version, topic).set(lag)
+
+    def _start_observability(self) -> None:
+        cfg, settings = self.config, self.factory.settings
+        self.registry.register(NvmlCollector(cfg.model, cfg.version, load_nvml()))
+        self.observability.start(
+            settings.metrics_address(cfg.metrics_port), settings.build_labels()
+        )
 
     def _record(self, report: BatchReport, variant: str) -> None:
         labels = (self.config.model, self.config.version, variant)
@@ -445,8 +473,12 @@ class Worker:
             self._count_error(variant, code, n)
         for answer in report.answers:
             if answer.result is not None:
-                wait = answer.result.timing.queue_wait_ms
-                self.metrics.queue_wait_ms.labels(*labels).observe(wait)
+                when = answer.result.timing
+                self.metrics.queue_wait_ms.labels(*labels).observe(when.queue_wait_ms)
+                self.metrics.e2e_latency_ms.labels(*labels).observe(when.total_ms)
+                self.metrics.service_ms.labels(*labels).observe(
+                    max(0, when.completed_at_unix_ms - when.dequeued_at_unix_ms)
+                )
         self.served += report.served
         self.metrics.requests.labels(*labels).inc(report.served)
         self.metrics.batch_size.labels(*labels).observe(report.telemetry.batch_size)
@@ -462,9 +494,10 @@ class Worker:
         loop = asyncio.get_running_loop()
         warmed = await loop.run_in_executor(self._executor, self.warm_up)
         log.info("warmed %d variant x bucket shapes", warmed)
-        serve_metrics(self.registry, cfg.metrics_port)
+        self._start_observability()
         self.metrics.active_variant.labels(cfg.model, cfg.version, self.active_variant).set(1)
         await self._precision.catch_up()
+        self.observability.mark(CONTROL_CAUGHT_UP)
         producer = self.factory.producer(client_suffix="worker")
         await producer.start()
         sink = ReplySink(producer, layout, f"worker:{cfg.model}/{cfg.version}")
@@ -486,6 +519,7 @@ class Worker:
         try:
             while not stop.is_set():
                 await self.serve_once(consumer, sink, producer)
+                await self._observe_lag(consumer)
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
@@ -493,3 +527,4 @@ class Worker:
             await producer.stop()
             await self._precision.stop()
             self._executor.shutdown(wait=False)
+            self.observability.close()

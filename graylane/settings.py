@@ -11,7 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from graylane.logs import LogFormat
+    from graylane.metrics import BuildLabels, MetricsAddress
 
 _E = TypeVar("_E", bound=Enum)
 
@@ -83,7 +87,13 @@ class Settings:
     max_request_bytes: int = 4 * 1024 * 1024
     db_url: str = f"sqlite:///{REPO_ROOT / '.local' / 'graylane.db'}"
     artifact_dir: Path = REPO_ROOT / ".local" / "artifacts"
+    metrics_host: str = "127.0.0.1"
+    """``0.0.0.0`` in containers, so Prometheus in another pod can scrape."""
     metrics_port: int = 0
+    """One port per process; 0 picks a free port (logged), below 0 turns metrics off."""
+    log_format: str = "json"
+    git_sha: str = "unknown"
+    image_version: str = "unknown"
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -96,6 +106,27 @@ class Settings:
             raise SettingsError("partitions and replication factor must be >= 1")
         if self.max_request_bytes < 1024:
             raise SettingsError("max request bytes must be at least 1024")
+        if self.metrics_port > 65535:
+            raise SettingsError(f"metrics port {self.metrics_port} is out of range")
+        if self.log_format not in ("json", "text"):
+            raise SettingsError(f"log format {self.log_format!r}: expected json or text")
+
+    def metrics_address(self, port: int | None = None) -> MetricsAddress | None:
+        """Where this process serves /metrics (``port`` overrides the setting); None = off."""
+        from graylane.metrics import MetricsAddress
+
+        chosen = self.metrics_port if port is None else port
+        return None if chosen < 0 else MetricsAddress(host=self.metrics_host, port=chosen)
+
+    def build_labels(self) -> BuildLabels:
+        from graylane.metrics import BuildLabels
+
+        return BuildLabels(version=self.image_version, git_sha=self.git_sha)
+
+    def logs(self) -> LogFormat:
+        from graylane.logs import LogFormat
+
+        return LogFormat(self.log_format)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -148,12 +179,25 @@ class Settings:
             max_request_bytes=get_int("MAX_REQUEST_BYTES", base.max_request_bytes),
             db_url=get("DB_URL") or base.db_url,
             artifact_dir=Path(artifact_dir) if artifact_dir else base.artifact_dir,
+            metrics_host=get("METRICS_HOST") or base.metrics_host,
             metrics_port=get_int("METRICS_PORT", base.metrics_port),
+            log_format=(get("LOG_FORMAT") or base.log_format).lower(),
+            git_sha=get("GIT_SHA") or base.git_sha,
+            image_version=get("IMAGE_VERSION") or _package_version(),
         )
 
     def with_overrides(self, **changes: object) -> Settings:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("graylane")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")

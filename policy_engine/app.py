@@ -29,12 +29,14 @@ from graylane.errors import SerdeError
 from graylane.kafka.admin import ensure_topics, read_latest_per_key
 from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import read_to_end
+from graylane.metrics import CONTROL_CAUGHT_UP, PolicyMetrics, ServiceObservability
 from graylane.policy_engine import convert
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.faust_settings import broker_settings
 from graylane.policy_engine.lease import LeaseKeeper, fence
 from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
 from graylane.policy_engine.messages import CommandRejected, Output
+from graylane.policy_engine.observe import PolicyObserver
 from graylane.policy_engine.publish import command_from_pb, records_of, shadow_output_of
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
@@ -55,6 +57,8 @@ class PolicyConfig:
     models: tuple[str, ...] = field(default_factory=tuple)
     clock: Clock = now_ms
     lease: LeaseKeeper | None = None  # held before the app starts; renewed while it runs
+    metrics_port: int | None = None
+    """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
 
 
 async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
@@ -93,6 +97,9 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     )
     app.conf.producer_acks = -1
     app.core = core  # type: ignore[attr-defined]  # for tests and introspection
+    observability = ServiceObservability("policy-engine")
+    observer = PolicyObserver(PolicyMetrics.create(observability.registry))
+    app.observability = observability  # type: ignore[attr-defined]
 
     def raw_topic(name: str) -> faust.TopicT:
         return app.topic(
@@ -107,6 +114,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         if config.lease is not None and not config.lease.active and not await config.lease.step():
             log.critical("the lease is gone before a publication; stopping")
             fence()
+        observer.observe(outputs)
         for rec in records_of(outputs, layout):
             await app.producer.send_and_wait(
                 rec.topic, rec.key, rec.value, partition=None, timestamp=None, headers=None
@@ -121,9 +129,11 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
 
     @app.task  # type: ignore[untyped-decorator]
     async def restore() -> None:
+        observability.start(settings.metrics_address(config.metrics_port), settings.build_labels())
         await ensure_topics(factory, layout.shared_specs())
         await _restore(factory, core)
         restored.set()
+        observability.mark(CONTROL_CAUGHT_UP)
         log.info("restored %d active rollouts", len(core.rollouts))
 
     @app.agent(telemetry)
@@ -169,6 +179,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
 
     @app.timer(interval=config.step_ms / 1000.0)  # type: ignore[untyped-decorator]
     async def tick() -> None:
+        observability.note_assignment(app.consumer.assignment())
         if not restored.is_set():
             return
         try:

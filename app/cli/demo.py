@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -79,26 +80,56 @@ class Service:
     name: str
     process: subprocess.Popen[bytes]
     log: Path
+    metrics_port: int = 0
 
 
 def start_service(
     name: str, argv: list[str], log_dir: Path, env: Mapping[str, str] | None = None
 ) -> Service:
+    from graylane.app.cli.local_prometheus import announce
+
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{name}.log"
     handle = log.open("wb")
+    extra = dict(env or {})
+    if "GRAYLANE_METRICS_PORT" not in extra and "GRAYLANE_METRICS_PORT" not in os.environ:
+        extra["GRAYLANE_METRICS_PORT"] = str(free_port())
     process = subprocess.Popen(
         [sys.executable, "-m", "graylane.app.cli.main", *argv],
         stdout=handle,
         stderr=subprocess.STDOUT,
         cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **extra},
         start_new_session=True,
     )
-    return Service(name, process, log)
+    port = int(extra.get("GRAYLANE_METRICS_PORT") or os.environ["GRAYLANE_METRICS_PORT"])
+    if port > 0:
+        announce(name, argv[0], port)
+    return Service(name, process, log, port)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def print_metrics_ports(services: list[Service]) -> None:
+    """Where to look: each service's /metrics, and the local Prometheus if one runs."""
+    for s in services:
+        if s.metrics_port > 0:
+            print(f"    {s.name}: http://127.0.0.1:{s.metrics_port}/metrics", flush=True)
+    print(
+        "    Prometheus over all of them: `graylane up --with-prometheus` (http://127.0.0.1:9090)",
+        flush=True,
+    )
 
 
 def stop_services(services: list[Service]) -> None:
+    from graylane.app.cli.local_prometheus import withdraw
+
+    for s in services:
+        withdraw(s.name)
     for s in services:
         if s.process.poll() is None:
             s.process.send_signal(signal.SIGTERM)
@@ -147,6 +178,8 @@ def _demo(args: argparse.Namespace) -> int:
                     log_dir,
                 )
             )
+        step("metrics of each service (/metrics, /healthz, /readyz):")
+        print_metrics_ports(services)
         from graylane.app.demo.serve import run_serving_demo
 
         asyncio.run(
@@ -262,6 +295,8 @@ def _story(args: argparse.Namespace) -> int:
                     log_dir,
                 )
             )
+        step("metrics of each service (/metrics, /healthz, /readyz):")
+        print_metrics_ports(services)
         rate = args.rate or args.load * _capacity(settings, STORY_MODEL, STABLE, step)
         cfg = StoryConfig(
             rate=rate, slo_p99_ms=args.slo_p99_ms, report=REPO_ROOT / ".local" / "report.png"

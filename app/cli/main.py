@@ -20,6 +20,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graylane.app.cli.bench",
     "graylane.app.cli.policy",
     "graylane.app.cli.ops",
+    "graylane.app.cli.audit_sink",
+    "graylane.app.cli.deploy",
     "graylane.app.cli.build",
     "graylane.app.cli.calibrate",
     "graylane.app.cli.acls",

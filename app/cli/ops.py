@@ -18,6 +18,7 @@ from graylane.app.cli import ops_registry, ops_replay, ops_rollouts, ops_routing
 from graylane.app.cli.ops_client import call
 from graylane.app.cli.ops_time import parse_time
 from graylane.app.cli.ops_views import print_decisions
+from graylane.app.cli.services import add_observability_args
 
 Sub: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -41,6 +42,7 @@ def register(sub: Sub) -> None:
     cp.add_argument("--max-list-limit", type=int, default=1000, help="rows per list call")
     cp.add_argument("--max-audit-limit", type=int, default=10_000, help="records per audit call")
     cp.add_argument("--max-watch-streams", type=int, default=64, help="concurrent Watch streams")
+    add_observability_args(cp)
     cp.set_defaults(handler=_controlplane)
 
     _model_commands(sub)
@@ -167,7 +169,7 @@ def _qos_commands(sub: Sub) -> None:
 
 
 def _controlplane(args: argparse.Namespace) -> int:
-    from graylane.app.cli.services import run_service
+    from graylane.app.cli.services import run_service, setup_service_logging
     from graylane.kafka.factory import KafkaFactory
     from graylane.services.controlplane.auth import AuthError
     from graylane.services.controlplane.limits import ApiLimits, UnsafeConfig
@@ -182,13 +184,16 @@ def _controlplane(args: argparse.Namespace) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             insecure=args.insecure,
+            metrics_port=args.metrics_port,
             limits=ApiLimits(
                 max_list_limit=args.max_list_limit,
                 max_audit_limit=args.max_audit_limit,
                 max_watch_streams=args.max_watch_streams,
             ),
         )
-        server = ControlPlaneServer(config, KafkaFactory(Settings.from_env()))
+        settings = Settings.from_env()
+        setup_service_logging("controlplane", settings, args)
+        server = ControlPlaneServer(config, KafkaFactory(settings))
     except (AuthError, UnsafeConfig, ValueError) as exc:
         raise SystemExit(f"graylane controlplane: {exc}") from None
     return run_service(server.serve)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from graylane.app.cli.services import add_observability_args
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     policy = sub.add_parser(
@@ -29,25 +31,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--no-lease", action="store_true", help="run without the single-writer lease"
     )
     policy.add_argument("--loglevel", default="info", choices=("debug", "info", "warning"))
+    add_observability_args(policy)
     policy.set_defaults(handler=_policy)
 
 
 def _policy(args: argparse.Namespace) -> int:
     import asyncio
-    import logging
 
     import faust
 
+    from graylane.app.cli.services import setup_service_logging
     from graylane.kafka.factory import KafkaFactory
     from graylane.policy_engine.app import PolicyConfig, create_app, prepare_topics
     from graylane.policy_engine.lease import LeaseKeeper, default_holder
     from graylane.settings import Settings
 
     settings = Settings.from_env()
+    handler = setup_service_logging("policy-engine", settings, args)
     lease = None
     if not args.no_lease:
         # Passive until this instance holds the lease; only then does it join the group.
-        logging.basicConfig(level=args.loglevel.upper())
         lease = LeaseKeeper(
             KafkaFactory(settings),
             default_holder(),
@@ -56,12 +59,22 @@ def _policy(args: argparse.Namespace) -> int:
         )
         asyncio.run(lease.acquire())
     config = PolicyConfig(
-        window_ms=args.window_ms, step_ms=args.step_ms, models=tuple(args.model), lease=lease
+        window_ms=args.window_ms,
+        step_ms=args.step_ms,
+        models=tuple(args.model),
+        lease=lease,
+        metrics_port=args.metrics_port,
     )
     asyncio.run(prepare_topics(settings, config))
     app = create_app(settings, config)
-    # faust's worker stops the app cleanly on SIGTERM / SIGINT and exits.
-    worker = faust.Worker(app, loglevel=args.loglevel)
+    # faust's worker stops the app cleanly on SIGTERM / SIGINT and exits. It resets logging
+    # at start: hand it our one handler instead of its coloured console.
+    app.conf.loghandlers = [handler]
+    worker = faust.Worker(
+        app,
+        loglevel=args.loglevel,
+        logging_config={"version": 1, "disable_existing_loggers": False, "root": {"handlers": []}},
+    )
     try:
         worker.execute_from_commandline()
     finally:

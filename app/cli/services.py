@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="MODEL=STABLE_VERSION",
         help="a model this router serves and its stable version (repeatable)",
     )
-    router.add_argument("--metrics-port", type=int, default=0)
+    add_observability_args(router)
     router.set_defaults(handler=_router)
 
     worker = sub.add_parser("worker", help="serve one model version from Kafka")
@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     worker.add_argument("--max-seq-len", type=int, default=0, help="0 = from the model")
     worker.add_argument("--threads", type=int, default=0, help="engine threads (0 = default)")
-    worker.add_argument("--metrics-port", type=int, default=0)
+    add_observability_args(worker)
     worker.add_argument("--worker-id", default="")
     worker.add_argument("--inject-latency-ms", type=float, default=0.0, help="tests/demos only")
     worker.add_argument("--inject-latency-factor", type=float, default=1.0, help="tests/demos only")
@@ -65,6 +65,39 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--inject-latency-jitter-ms", type=float, default=0.0, help="tests/demos only"
     )
     worker.set_defaults(handler=_worker)
+
+
+def add_observability_args(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-port`` and ``--log-format``, shared by every long-running service."""
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="port of /metrics /healthz /readyz (default GRAYLANE_METRICS_PORT; 0 = a free "
+        "port, printed at start; below 0 = off)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default=None,
+        help="log lines as JSON (default, GRAYLANE_LOG_FORMAT) or text for humans",
+    )
+
+
+def setup_service_logging(
+    service: str, settings: Settings, args: argparse.Namespace, **context: str
+) -> logging.Handler:
+    """The library's one logging set-up, with the CLI's ``--log-format`` over the setting."""
+    from graylane.logs import LogFormat, configure_logging
+
+    fmt = LogFormat(args.log_format) if args.log_format else settings.logs()
+    return configure_logging(
+        service,
+        fmt,
+        git_sha=settings.git_sha,
+        image_version=settings.image_version,
+        context=context,
+    )
 
 
 def run_service(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> int:
@@ -77,7 +110,6 @@ def run_service(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> i
             loop.add_signal_handler(sig, stop.set)
         await main(stop)
 
-    logging.getLogger().setLevel(logging.INFO)
     asyncio.run(runner())
     return 0
 
@@ -93,6 +125,7 @@ def _router(args: argparse.Namespace) -> int:
             raise SystemExit(f"--model {item!r}: expected MODEL=STABLE_VERSION")
         stable[model] = version
     settings = Settings.from_env()
+    setup_service_logging("router", settings, args)
     router = Router(
         KafkaFactory(settings), RouterConfig(stable_versions=stable, metrics_port=args.metrics_port)
     )
@@ -106,6 +139,7 @@ def _worker(args: argparse.Namespace) -> int:
     from graylane.kafka.factory import KafkaFactory
 
     settings = Settings.from_env()
+    setup_service_logging("worker", settings, args, model=args.model, version=args.version)
     threads = args.threads or None
     first_path: Path | None
     if args.from_registry:

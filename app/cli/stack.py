@@ -10,6 +10,12 @@ from graylane.settings import Settings
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = sub.add_parser("up", help="start the local Kafka broker and create the shared topics")
+    up.add_argument(
+        "--with-prometheus",
+        action="store_true",
+        help="also start a local Prometheus that scrapes every locally started service",
+    )
+    up.add_argument("--prometheus-port", type=int, default=9090)
     up.set_defaults(handler=_up)
     down = sub.add_parser("down", help="stop the local Kafka broker")
     down.set_defaults(handler=_down)
@@ -28,12 +34,22 @@ def _up(args: argparse.Namespace) -> int:
     from graylane.deploy.kafka import kafka
 
     kafka.start()
-    return _topics(argparse.Namespace(model=[]))
+    rc = _topics(argparse.Namespace(model=[]))
+    if args.with_prometheus:
+        from graylane.app.cli.local_prometheus import TARGETS, start_local_prometheus
+
+        url = start_local_prometheus(args.prometheus_port)
+        print(f"prometheus: {url} (targets: {url}/targets, rules: {url}/rules)")
+        print(f"  scrapes every service `graylane demo` starts (target files in {TARGETS})")
+    return rc
 
 
 def _down(args: argparse.Namespace) -> int:
+    from graylane.app.cli.local_prometheus import stop_local_prometheus
     from graylane.deploy.kafka import kafka
 
+    if stop_local_prometheus():
+        print("prometheus: stopped")
     kafka.stop()
     return 0
 

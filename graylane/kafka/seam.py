@@ -110,6 +110,10 @@ class BatchConsumer(Protocol):
 
     async def position(self, partition: TopicPartition) -> int: ...
 
+    def highwater(self, partition: TopicPartition) -> int | None:
+        """The partition's end offset as of the last fetch (None before one)."""
+        ...
+
     async def end_offsets(
         self, partitions: Iterable[TopicPartition]
     ) -> dict[TopicPartition, int]: ...

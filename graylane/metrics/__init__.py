@@ -9,8 +9,6 @@ Catalogue: :mod:`graylane.metrics.dataplane` (router, worker),
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, start_http_server
-
 from graylane.metrics.catalogue import catalogue, series_names
 from graylane.metrics.controlside import (
     AuditSinkMetrics,
@@ -26,10 +24,19 @@ from graylane.metrics.http import (
     Readiness,
     serve_observability,
 )
+from graylane.metrics.process import (
+    CONTROL_CAUGHT_UP,
+    GROUP_JOINED,
+    BuildLabels,
+    ServiceObservability,
+)
 from graylane.metrics.units import MillisecondHistogram, build_info
 
 __all__ = [
+    "CONTROL_CAUGHT_UP",
+    "GROUP_JOINED",
     "AuditSinkMetrics",
+    "BuildLabels",
     "ControlPlaneMetrics",
     "MetricsAddress",
     "MillisecondHistogram",
@@ -39,22 +46,11 @@ __all__ = [
     "Readiness",
     "RolloutRole",
     "RouterMetrics",
+    "ServiceObservability",
     "WorkerMetrics",
     "build_info",
     "catalogue",
     "load_nvml",
     "series_names",
-    "serve_metrics",
     "serve_observability",
 ]
-
-
-def serve_metrics(registry: CollectorRegistry, port: int) -> int:
-    """Expose ``registry`` on 127.0.0.1:``port`` (0 = do not serve); returns the port.
-
-    Kept for current callers; new code uses :func:`serve_observability`.
-    """
-    if port <= 0:
-        return 0
-    start_http_server(port, addr="127.0.0.1", registry=registry)
-    return port

@@ -52,6 +52,7 @@ class RouterMetrics:
     shed: Counter
     weight: Gauge
     table_ages: TableAges
+    _weighted: dict[str, set[str]] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -99,11 +100,23 @@ class RouterMetrics:
             table_ages=ages,
         )
 
+    def no_table(self, model: str, stable: str) -> None:
+        """Before any table: every request goes to the stable version."""
+        self.weight.labels(model, stable).set(1.0)
+        self._weighted.setdefault(model, set()).add(stable)
+
     def table_applied(self, model: str, epoch: int, weights: Mapping[str, float]) -> None:
-        """Record a newly applied table: its epoch, per-version weights, and its age (0)."""
+        """Record a newly applied table: its epoch, per-version weights, and its age (0).
+
+        A version the new table leaves out drops to weight 0.
+        """
         self.table_epoch.labels(model).set(epoch)
+        known = self._weighted.setdefault(model, set())
+        for version in known - set(weights):
+            self.weight.labels(model, version).set(0.0)
         for version, weight in weights.items():
             self.weight.labels(model, version).set(weight)
+        known.update(weights)
         self.table_ages.applied(model)
 
 

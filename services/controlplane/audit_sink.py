@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 from aiokafka import TopicPartition
@@ -19,6 +20,8 @@ from aiokafka import TopicPartition
 from graylane.errors import SerdeError
 from graylane.kafka.admin import wait_for_assignment
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.lag import consumer_lag
+from graylane.metrics import AuditSinkMetrics
 from graylane.serde import decode
 from graylane.services.controlplane.store import ControlStore
 from graylane.v1 import audit_pb2, rollout_pb2
@@ -66,7 +69,13 @@ class RolloutHub:
 
 
 class AuditSink:
-    def __init__(self, factory: KafkaFactory, store: ControlStore, hub: RolloutHub) -> None:
+    def __init__(
+        self,
+        factory: KafkaFactory,
+        store: ControlStore,
+        hub: RolloutHub,
+        metrics: AuditSinkMetrics | None = None,
+    ) -> None:
         self._factory = factory
         self._store = store
         self._hub = hub
@@ -74,6 +83,7 @@ class AuditSink:
         self._rollouts_topic = factory.layout.rollouts()
         self.ready = asyncio.Event()
         self.audit_added = 0
+        self._metrics = metrics
 
     async def run(self, stop: asyncio.Event) -> None:
         consumer = self._factory.consumer(
@@ -95,6 +105,9 @@ class AuditSink:
                 batches = await consumer.getmany(timeout_ms=200, max_records=500)
                 for tp, records in batches.items():
                     await self._handle(tp, [(r.value, r.offset) for r in records])
+                if self._metrics is not None:
+                    for topic, lag in (await consumer_lag(consumer)).items():
+                        self._metrics.consumer_lag.labels(topic).set(lag)
         finally:
             await consumer.stop()
 
@@ -108,7 +121,11 @@ class AuditSink:
                     audits.append(decode(audit_pb2.AuditRecord, value))
                 except SerdeError as exc:
                     log.warning("skipping audit record at %s@%d: %s", tp, offset, exc)
-            self.audit_added += await asyncio.to_thread(self._store.add_audit, audits)
+            started = time.perf_counter()
+            added = await asyncio.to_thread(self._store.add_audit, audits)
+            self.audit_added += added
+            if self._metrics is not None:
+                _count(self._metrics, audits, added, time.perf_counter() - started)
         else:
             for value, offset in records:
                 if value is None:
@@ -123,3 +140,18 @@ class AuditSink:
         await asyncio.to_thread(
             self._store.save_sink_offset, tp.topic, tp.partition, records[-1][1] + 1
         )
+
+
+def _count(
+    metrics: AuditSinkMetrics, audits: list[audit_pb2.AuditRecord], added: int, seconds: float
+) -> None:
+    """One stored batch: its write time, records by kind, those already stored, the newest."""
+    metrics.write_seconds.observe(seconds)
+    metrics.duplicates.inc(max(0, len(audits) - added))
+    newest: dict[str, float] = {}
+    for record in audits:
+        kind = audit_pb2.DecisionKind.Name(record.kind).removeprefix("DECISION_").lower()
+        metrics.records.labels(record.model, kind).inc()
+        newest[record.model] = max(newest.get(record.model, 0.0), record.decided_at_unix_ms / 1e3)
+    for model, at in newest.items():
+        metrics.last_record.labels(model).set(at)

@@ -176,6 +176,10 @@ def _deny(
     return grpc.unary_unary_rpc_method_handler(unary, deserializer, serializer)
 
 
+OPEN_PREFIX = "/grpc.health.v1.Health/"
+"""Methods anyone may call: the standard gRPC health service (it reveals nothing else)."""
+
+
 class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     """Rejects calls without a valid token, and read-only tokens on mutating methods."""
 
@@ -191,6 +195,8 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None:
             return handler
         method = handler_call_details.method
+        if method.startswith(OPEN_PREFIX):
+            return handler  # health probes (kubelet, load balancers) carry no token
         principal = self._tokens.principal_of(handler_call_details.invocation_metadata)
         if principal is None:
             return _deny(

@@ -21,6 +21,13 @@ from grpc import aio, ssl_server_credentials
 
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.factory import KafkaFactory
+from graylane.metrics import (
+    CONTROL_CAUGHT_UP,
+    GROUP_JOINED,
+    AuditSinkMetrics,
+    ControlPlaneMetrics,
+    ServiceObservability,
+)
 from graylane.registry import Registry
 from graylane.registry.migrate import create_db_engine, upgrade
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
@@ -28,6 +35,12 @@ from graylane.services.controlplane.auth import AuthInterceptor, TokenTable
 from graylane.services.controlplane.bus import KafkaCommandBus
 from graylane.services.controlplane.candidates import KafkaCandidateCheck
 from graylane.services.controlplane.limits import ApiLimits, check_startup
+from graylane.services.controlplane.observe import (
+    HealthServicer,
+    MetricsInterceptor,
+    add_health,
+    set_serving,
+)
 from graylane.services.controlplane.servicers import ControlPlane, add_servicers
 from graylane.services.controlplane.store import ControlStore
 
@@ -47,6 +60,8 @@ class ServerConfig:
     limits: ApiLimits = field(default_factory=ApiLimits)
     outbox_interval_s: float = 5.0
     check_candidates: bool = True  # refuse a start whose candidate has no topic or worker
+    metrics_port: int | None = None
+    """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
 
     @classmethod
     def from_env(
@@ -100,7 +115,12 @@ class ControlPlaneServer:
         )
         # A promotion the sink records makes the candidate the registry's stable version.
         self.store.on_promoted(self.control.record_promotion)
-        self.sink = AuditSink(factory, self.store, self.hub)
+        self.observability = ServiceObservability("controlplane")
+        self.metrics = ControlPlaneMetrics.create(self.observability.registry)
+        self.metrics.watch_streams.set_function(lambda: self.control.watch_slots.open)
+        self.sink = AuditSink(
+            factory, self.store, self.hub, AuditSinkMetrics.create(self.observability.registry)
+        )
         self._server: aio.Server | None = None
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -114,8 +134,14 @@ class ControlPlaneServer:
             if s.name in {layout.commands(), layout.audit(), layout.rollouts()}
         ]
         await ensure_topics(self._factory, specs)
+        settings = self._factory.settings
+        self.observability.start(
+            settings.metrics_address(self._config.metrics_port), settings.build_labels()
+        )
         await self._bus.start()
-        server = aio.server(interceptors=[AuthInterceptor(self._config.tokens)])
+        server = aio.server(
+            interceptors=[MetricsInterceptor(self.metrics), AuthInterceptor(self._config.tokens)]
+        )
         check = (
             KafkaCandidateCheck(
                 self._factory, self._factory.layout, self._factory.settings.topic_prefix
@@ -124,6 +150,7 @@ class ControlPlaneServer:
             else None
         )
         add_servicers(server, self.control, check)
+        health = add_health(server)
         address = f"{self._config.host}:{self._config.port}"
         if self._config.tls_cert is not None and self._config.tls_key is not None:
             creds = ssl_server_credentials(
@@ -137,10 +164,23 @@ class ControlPlaneServer:
         self._tasks = [
             asyncio.create_task(self.sink.run(self._stop), name="cp-audit-sink"),
             asyncio.create_task(self._outbox(), name="cp-outbox"),
+            asyncio.create_task(self._ready_when_caught_up(health), name="cp-ready"),
         ]
         for task in self._tasks:
             task.add_done_callback(_log_failure)
         log.info("control plane listening on %s (port %d)", address, self.port)
+
+    async def _ready_when_caught_up(self, health: HealthServicer) -> None:
+        """Ready (``/readyz``, gRPC health SERVING) once the audit sink holds its partitions."""
+        stopping = asyncio.create_task(self._stop.wait())
+        ready = asyncio.create_task(self.sink.ready.wait())
+        await asyncio.wait({stopping, ready}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (stopping, ready):
+            task.cancel()
+        if self.sink.ready.is_set() and not self._stop.is_set():
+            self.observability.mark(GROUP_JOINED)
+            self.observability.mark(CONTROL_CAUGHT_UP)
+            await set_serving(health, True)
 
     async def _outbox(self) -> None:
         """Resend commands the bus refused earlier, until stopped."""
@@ -163,6 +203,7 @@ class ControlPlaneServer:
                 await task
         await self._bus.stop()
         self.store.engine.dispose()
+        self.observability.close()
 
     async def serve(self, stop: asyncio.Event) -> None:
         await self.start()

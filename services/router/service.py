@@ -13,8 +13,6 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry
-
 from graylane import serde
 from graylane.clock import now_ms
 from graylane.errors import SerdeError, require_started
@@ -23,7 +21,7 @@ from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.options import ConsumerOptions
 from graylane.kafka.replies import Rejection, ReplySink, reply_topic_rejection
 from graylane.kafka.seam import ClientFactory, Producer, Record, known_topics
-from graylane.metrics import RouterMetrics, serve_metrics
+from graylane.metrics import CONTROL_CAUGHT_UP, RouterMetrics, ServiceObservability
 from graylane.request_limits import FieldCaps, clip, field_problem
 from graylane.routing import RouteTable, RoutingRequest, UnknownPinnedVersion, route
 from graylane.routing.convert import table_from_pb
@@ -40,7 +38,8 @@ class RouterConfig:
     stable_versions: dict[str, str]
     group_id: str = ""
     max_poll_records: int = 500
-    metrics_port: int = 0
+    metrics_port: int | None = None
+    """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
 
 
 @dataclass
@@ -63,7 +62,8 @@ class Router:
         self.layout = factory.layout
         self.config = config
         self.tables = TableStore()
-        self.registry = CollectorRegistry()
+        self.observability = ServiceObservability("router")
+        self.registry = self.observability.registry
         self.metrics = RouterMetrics.create(self.registry)
         self.ready = asyncio.Event()
         self._producer: Producer | None = None
@@ -108,7 +108,7 @@ class Router:
             if missing:
                 self._refuse_table(table, f"topic(s) {', '.join(missing)} do not exist")
             elif self.tables.offer(table):
-                self.metrics.table_epoch.labels(table.model).set(table.epoch)
+                self.metrics.table_applied(table.model, table.epoch, _weights(table))
                 log.info("routing table %s epoch %d applied", table.model, table.epoch)
 
     def _refuse_table(self, table: RouteTable, why: str) -> None:
@@ -162,6 +162,8 @@ class Router:
             self.metrics.errors.labels(
                 request.model, inference_pb2.ErrorCode.Name(rejection.code)
             ).inc()
+            if rejection.code == inference_pb2.DEADLINE_EXCEEDED:
+                self.metrics.shed.labels(request.model, "deadline").inc()
             if request.model not in self.config.stable_versions:
                 request.model = topic_model  # reply on the topic's model results topic
             return [await sink.error_result(request, rejection, record)]
@@ -268,8 +270,15 @@ class Router:
         for model, stable in self.config.stable_versions.items():
             specs += layout.model_specs(model, [stable])
         await self.factory.ensure_topics(specs)
-        serve_metrics(self.registry, self.config.metrics_port)
+        settings = self.factory.settings
+        self.observability.start(
+            settings.metrics_address(self.config.metrics_port), settings.build_labels()
+        )
         await self._tables.catch_up()
+        for model, stable in self.config.stable_versions.items():
+            if model not in self.tables.tables:  # no table yet: all traffic to the stable version
+                self.metrics.no_table(model, stable)
+        self.observability.mark(CONTROL_CAUGHT_UP)
         self._producer = self.factory.producer(client_suffix="router")
         await self._producer.start()
         sink = ReplySink(self._producer, layout, "router")
@@ -290,6 +299,7 @@ class Router:
             while not stop.is_set():
                 await self._settle_tables_safely()
                 batches = await ingress.getmany(timeout_ms=200)
+                self.observability.note_assignment(ingress.assignment())
                 if not batches:
                     continue
                 fetched = [r for records in batches.values() for r in records]
@@ -302,6 +312,12 @@ class Router:
             await ingress.stop()
             await self._producer.stop()
             await self._tables.stop()
+            self.observability.close()
+
+
+def _weights(table: RouteTable) -> dict[str, float]:
+    """Share of traffic (0..1) per version in an applied table."""
+    return {r.version: r.weight_percent / 100.0 for r in table.routes}
 
 
 def _clear_router_fields(request: inference_pb2.InferenceRequest, record: Record) -> None:

@@ -471,6 +471,9 @@ class MemoryConsumer:
         self._check_assigned(partition)
         return self._position(partition)
 
+    def highwater(self, partition: TopicPartition) -> int | None:
+        return self.broker.end_offset(partition) if partition in self.assignment() else None
+
     async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         return {tp: self.broker.end_offset(tp) for tp in partitions}
 

@@ -12,6 +12,9 @@ from graylane.app.cli.main import build_parser
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, object]] = COMPOSE["services"]
+THIRD_PARTY = {"kafka", "prometheus", "grafana"}
+GRAYLANE = [n for n in SERVICES if n not in THIRD_PARTY]
+BUILDERS = [n for n in GRAYLANE if n.startswith("build-")]
 
 
 def _depends(service: dict[str, object]) -> list[str]:
@@ -53,14 +56,14 @@ def test_every_graylane_service_reaches_kafka() -> None:
         return name == "kafka" or any(reaches(d) for d in _depends(SERVICES[name]))
 
     for name, service in SERVICES.items():
-        if name in ("kafka", "model"):
+        if name in THIRD_PARTY or name in BUILDERS:
             continue
         assert reaches(name), f"{name} does not wait for kafka"
         env = service["environment"]
         assert isinstance(env, dict) and env["GRAYLANE_BOOTSTRAP_SERVERS"] == "kafka:9092"
 
 
-@pytest.mark.parametrize("name", [n for n in SERVICES if n != "kafka"])
+@pytest.mark.parametrize("name", GRAYLANE)
 def test_every_service_command_exists_in_the_project(name: str) -> None:
     command = SERVICES[name]["command"]
     assert isinstance(command, list) and command[0] == "graylane"
@@ -75,3 +78,69 @@ def test_the_image_is_built_from_the_project() -> None:
         if line.startswith("COPY ") and not line.split()[1].startswith("--from="):
             for src in line.split()[1:-1]:
                 assert (ROOT / src).exists(), f"Dockerfile copies missing {src}"
+
+
+def test_every_image_port_and_volume_referenced_exists() -> None:
+    declared = set(COMPOSE.get("volumes") or {})
+    for name, service in SERVICES.items():
+        image = str(service["image"])
+        if name in GRAYLANE:
+            assert image == "graylane:local" and "build" in service, name
+        else:
+            assert ":" in image and not image.endswith(":latest"), f"{name}: pin {image}"
+        for volume in service.get("volumes") or []:  # type: ignore[attr-defined]
+            source = str(volume).split(":", 1)[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name} mounts missing {source}"
+            else:
+                assert source in declared, f"{name} uses undeclared volume {source}"
+        for port in service.get("ports") or []:  # type: ignore[attr-defined]
+            container_port = int(str(port).rsplit(":", 1)[1])
+            expected = {"kafka": 9092, "prometheus": 9090, "grafana": 3000}.get(name, 50051)
+            assert container_port == expected, f"{name} publishes {port}"
+
+
+def test_versions_are_semver_built_by_the_builder_and_rolled_out_with_qos() -> None:
+    from graylane.artifacts.naming import parse_semver
+    from graylane.builder.spec import load_spec
+
+    built: dict[str, set[str]] = {}
+    for name in BUILDERS:
+        command = SERVICES[name]["command"]
+        assert isinstance(command, list)
+        spec = load_spec(ROOT / "deploy/compose/specs" / Path(command[-1]).name)
+        built[str(spec.version)] = {p.value for p in spec.precisions}
+        parse_semver(str(spec.version))
+    workers = [n for n in GRAYLANE if n.startswith("worker-")]
+    for name in workers:
+        command = SERVICES[name]["command"]
+        assert isinstance(command, list) and "--from-registry" in command
+        assert command[command.index("--version") + 1] in built
+    rollout = SERVICES["rollout"]["command"]
+    assert isinstance(rollout, list)
+    for flag in ("--baseline", "--candidate"):
+        assert rollout[rollout.index(flag) + 1] in built
+    qos = SERVICES["qos"]["command"]
+    assert isinstance(qos, list)
+    ladder = set(qos[qos.index("--ladder") + 1].split(","))
+    assert ladder <= built[qos[qos.index("--version") + 1]] and len(ladder) > 1
+
+
+def test_prometheus_scrapes_every_graylane_service_and_grafana_is_provisioned() -> None:
+    config = yaml.safe_load((ROOT / "deploy/compose/prometheus.yml").read_text())
+    targets = {
+        t for job in config["scrape_configs"] for g in job["static_configs"] for t in g["targets"]
+    }
+    long_running = [
+        n for n in GRAYLANE if n not in BUILDERS and n not in ("topics", "qos", "rollout")
+    ]
+    assert targets == {f"{n}:9100" for n in long_running}
+    datasource = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    provider = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/dashboards/graylane.yml").read_text()
+    )
+    mounts = [str(v) for v in SERVICES["grafana"]["volumes"]]  # type: ignore[attr-defined]
+    assert any(m.split(":")[1] == provider["providers"][0]["options"]["path"] for m in mounts)

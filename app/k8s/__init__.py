@@ -1,0 +1,1 @@
+"""Kubernetes manifests generated from the registry (``graylane deploy render``)."""

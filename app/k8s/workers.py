@@ -1,0 +1,305 @@
+"""The per-version worker manifests: Deployment, KEDA ScaledObject, PodDisruptionBudget.
+
+Pure: a :class:`WorkerPlan` in, plain manifest dicts out, in the same shape as the
+checked-in ``deploy/k8s`` workers (locked-down pod, probes on ``/healthz``/``/readyz``,
+artifacts mounted read-only, credentials from Secrets, scaling on the version topic's lag
+and on ``graylane_desired_replicas``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from graylane.artifacts.naming import ArtifactName, Precision
+from graylane.topics import TopicLayout
+
+__all__ = [
+    "CPU_RESOURCES",
+    "GPU_ARCHES",
+    "GPU_RESOURCES",
+    "GpuArch",
+    "Resources",
+    "WorkerPlan",
+    "pick_image",
+    "worker_manifests",
+]
+
+Doc = dict[str, Any]
+METRICS_PORT = 9100
+UID = 10001
+
+
+@dataclass(frozen=True)
+class GpuArch:
+    """A GPU architecture: the node label it is selected by and its compute capability."""
+
+    name: str
+    product: str
+    compute_capability: str
+
+
+GPU_ARCHES: Mapping[str, GpuArch] = {
+    a.name: a
+    for a in (
+        GpuArch("t4", "Tesla-T4", "7.5"),
+        GpuArch("a100", "NVIDIA-A100-SXM4-80GB", "8.0"),
+        GpuArch("a10g", "NVIDIA-A10G", "8.6"),
+        GpuArch("l4", "NVIDIA-L4", "8.9"),
+        GpuArch("h100", "NVIDIA-H100-80GB-HBM3", "9.0"),
+    )
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resources:
+    cpu_request: str = "1"
+    memory_request: str = "1Gi"
+    cpu_limit: str = "2"
+    memory_limit: str = "2Gi"
+    gpus: int = 0
+
+    def spec(self) -> Doc:
+        limits: Doc = {"cpu": self.cpu_limit, "memory": self.memory_limit}
+        if self.gpus:
+            limits["nvidia.com/gpu"] = str(self.gpus)
+        return {
+            "requests": {"cpu": self.cpu_request, "memory": self.memory_request},
+            "limits": limits,
+        }
+
+
+CPU_RESOURCES = Resources()
+GPU_RESOURCES = Resources(
+    cpu_request="2", memory_request="8Gi", cpu_limit="4", memory_limit="16Gi", gpus=1
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerPlan:
+    """What one worker Deployment runs: which version, which image, where, how big."""
+
+    model: str
+    version: str
+    image_name: ArtifactName
+    """The artifact whose name is the image's (``<model>-<backend><v>-<prec>-<strategy>``)."""
+    variants: tuple[str, ...]
+    image_registry: str = "ghcr.io/graylane"
+    gpu: GpuArch | None = None
+    resources: Resources = CPU_RESOURCES
+    max_replicas: int = 6
+    layout: TopicLayout = field(default_factory=TopicLayout)
+    bootstrap_servers: str = "kafka-bootstrap.kafka.svc:9092"
+    prometheus_url: str = "http://prometheus.monitoring.svc:9090"
+    lag_threshold: int = 100
+
+    def __post_init__(self) -> None:
+        if (self.image_name.model, str(self.image_name.version)) != (self.model, self.version):
+            raise ValueError(f"image {self.image_name} is not of {self.model} {self.version}")
+        if not self.variants:
+            raise ValueError(f"{self.model} {self.version} has no servable variant")
+        if self.max_replicas < 1:
+            raise ValueError("max_replicas must be >= 1")
+
+    @property
+    def name(self) -> str:
+        base = f"worker-{self.model}-{self.version.replace('.', '-').replace('+', '-')}"
+        return base if self.gpu is None else f"{base}-{self.gpu.name}"
+
+    @property
+    def image(self) -> str:
+        return f"{self.image_registry.rstrip('/')}/{self.image_name}"
+
+    def labels(self) -> dict[str, str]:
+        labels = {
+            "app.kubernetes.io/name": "graylane",
+            "app.kubernetes.io/part-of": "graylane",
+            "app.kubernetes.io/component": "worker",
+            "graylane.io/model": self.model,
+            "graylane.io/version": self.version,
+        }
+        if self.gpu is not None:
+            labels["graylane.io/gpu"] = self.gpu.name
+        return labels
+
+    def selector(self) -> dict[str, str]:
+        return {k: v for k, v in self.labels().items() if k != "app.kubernetes.io/part-of"}
+
+
+def _secret_env(name: str, secret: str, key: str) -> Doc:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def _probe(path: str, period: int, failures: int, timeout: int | None = None) -> Doc:
+    probe: Doc = {
+        "httpGet": {"path": path, "port": "metrics"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+    }
+    if timeout is not None:
+        probe["timeoutSeconds"] = timeout
+    return probe
+
+
+def _locked_down() -> Doc:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container(plan: WorkerPlan) -> Doc:
+    return {
+        "name": "worker",
+        "image": plan.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": [
+            "graylane",
+            "worker",
+            "--model",
+            plan.model,
+            "--version",
+            plan.version,
+            "--from-registry",
+        ],
+        "envFrom": [{"configMapRef": {"name": "graylane-config"}}],
+        "env": [
+            _secret_env("GRAYLANE_SASL_USERNAME", "graylane-kafka-sasl", "username"),
+            _secret_env("GRAYLANE_SASL_PASSWORD", "graylane-kafka-sasl", "password"),
+            _secret_env("GRAYLANE_SASL_MECHANISM", "graylane-kafka-sasl", "mechanism"),
+            _secret_env("GRAYLANE_DB_URL", "graylane-database", "url"),
+        ],
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "startupProbe": _probe("/healthz", 5, 60),
+        "livenessProbe": _probe("/healthz", 10, 3, 2),
+        "readinessProbe": _probe("/readyz", 5, 2, 2),
+        "resources": plan.resources.spec(),
+        "securityContext": _locked_down(),
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "models", "mountPath": "/models", "readOnly": True},
+        ],
+    }
+
+
+def _deployment(plan: WorkerPlan) -> Doc:
+    pod: Doc = {
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": UID,
+            "runAsGroup": UID,
+            "fsGroup": UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationGracePeriodSeconds": 30,
+        "containers": [_container(plan)],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
+            {
+                "name": "models",
+                "persistentVolumeClaim": {"claimName": "graylane-models", "readOnly": True},
+            },
+        ],
+    }
+    if plan.gpu is not None:
+        pod["nodeSelector"] = {"nvidia.com/gpu.product": plan.gpu.product}
+        pod["tolerations"] = [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": plan.name,
+            "labels": plan.labels(),
+            "annotations": {"graylane.io/variants": ",".join(plan.variants)},
+        },
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": plan.selector()},
+            "template": {
+                "metadata": {
+                    "labels": plan.labels(),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(METRICS_PORT),
+                    },
+                },
+                "spec": pod,
+            },
+        },
+    }
+
+
+def _scaled_object(plan: WorkerPlan) -> Doc:
+    layout = plan.layout
+    query = f'max(graylane_desired_replicas{{model="{plan.model}",version="{plan.version}"}})'
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": plan.name, "labels": plan.labels()},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": plan.name},
+            "minReplicaCount": 1,
+            "maxReplicaCount": plan.max_replicas,
+            "pollingInterval": 15,
+            "cooldownPeriod": 300,
+            "advanced": {
+                "horizontalPodAutoscalerConfig": {
+                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 300}}
+                }
+            },
+            "triggers": [
+                {
+                    "type": "kafka",
+                    "name": "version-topic-lag",
+                    "metadata": {
+                        "bootstrapServers": plan.bootstrap_servers,
+                        "consumerGroup": f"{layout.prefix}-worker-{plan.model}-{plan.version}",
+                        "topic": layout.version_requests(plan.model, plan.version),
+                        "lagThreshold": str(plan.lag_threshold),
+                        "offsetResetPolicy": "latest",
+                        "allowIdleConsumers": "false",
+                    },
+                    "authenticationRef": {"name": "graylane-kafka-sasl"},
+                },
+                {
+                    "type": "prometheus",
+                    "name": "policy-desired-replicas",
+                    "metadata": {
+                        "serverAddress": plan.prometheus_url,
+                        "query": query,
+                        "threshold": "1",
+                    },
+                },
+            ],
+        },
+    }
+
+
+def _budget(plan: WorkerPlan) -> Doc:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": plan.name, "labels": plan.labels()},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": plan.selector()}},
+    }
+
+
+def worker_manifests(plan: WorkerPlan, namespace: str = "graylane") -> list[Doc]:
+    """Deployment, ScaledObject and PodDisruptionBudget of one worker, in ``namespace``."""
+    docs = [_deployment(plan), _scaled_object(plan), _budget(plan)]
+    for doc in docs:
+        doc["metadata"]["namespace"] = namespace
+    return docs
+
+
+def pick_image(names: Sequence[ArtifactName]) -> ArtifactName:
+    """The image of a worker that loads all of ``names``: its best-precision artifact."""
+    order = {p: i for i, p in enumerate(Precision)}
+    return min(names, key=lambda n: (order[n.precision], str(n)))
