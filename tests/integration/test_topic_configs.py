@@ -14,6 +14,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from graylane.kafka.admin import describe_topic_configs, ensure_topics, topic_overrides
 from graylane.kafka.factory import KafkaFactory
 from graylane.topics import TopicKind
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -46,10 +47,18 @@ async def test_repair_keeps_an_operator_set_config(factory: KafkaFactory) -> Non
         await admin.alter_configs(
             [ConfigResource(ConfigResourceType.TOPIC, spec.name, configs=changed)]
         )
-        assert (await describe_topic_configs(admin, spec.name))["retention.ms"] == "60000"
+
+        async def shows(key: str, value: str) -> bool:
+            return (await describe_topic_configs(admin, spec.name)).get(key) == value
+
+        # The broker applies config changes asynchronously: wait for them to be visible.
+        await wait_until(lambda: shows("retention.ms", "60000"), timeout=15, what="drift")
 
         report = await ensure_topics(factory, [spec])
         assert report.reconfigured == (spec.name,)
+        await wait_until(
+            lambda: shows("retention.ms", str(spec.retention_ms)), timeout=15, what="repair"
+        )
         configs = await describe_topic_configs(admin, spec.name)
         assert configs["retention.ms"] == str(spec.retention_ms)
         assert configs["max.message.bytes"] == "2097152"
