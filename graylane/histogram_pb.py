@@ -36,7 +36,9 @@ def histogram_from_pb(pb: telemetry_pb2.LatencyHistogram) -> LatencyHistogram:
     for index, n in pb.buckets.items():
         capped = min(int(index), cap)
         buckets[capped] = buckets.get(capped, 0) + int(n)
-    return LatencyHistogram(pb.min_ms, pb.growth, buckets=buckets, sum_ms=pb.sum_ms, max_ms=pb.max_ms)
+    return LatencyHistogram(
+        pb.min_ms, pb.growth, buckets=buckets, sum_ms=pb.sum_ms, max_ms=pb.max_ms
+    )
 
 
 MAX_BUCKET_MS = 1e12
@@ -44,7 +46,7 @@ MAX_BUCKET_MS = 1e12
 
 
 def max_bucket_index(min_ms: float, growth: float) -> int:
-    """The highest bucket index kept at decode: its upper bound stays finite and <= MAX_BUCKET_MS."""
+    """The highest bucket index kept at decode (upper bound finite, <= MAX_BUCKET_MS)."""
     if not (math.isfinite(min_ms) and math.isfinite(growth) and min_ms > 0.0 and growth > 1.0):
         return 0
     return max(1, math.floor(math.log(MAX_BUCKET_MS / min_ms) / math.log(growth)))
