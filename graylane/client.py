@@ -100,7 +100,7 @@ class Result:
             version=pb.version,
             variant=pb.variant,
             ok=ok,
-            error_code="" if ok else inference_pb2.ErrorCode.Name(pb.error_code),
+            error_code="" if ok else _error_code_name(pb.error_code),
             error_message=pb.error_message,
             outputs=tensors.from_tensors(pb.outputs),
             tokens=tuple(pb.generated_token_ids),
@@ -187,10 +187,15 @@ class GraylaneClient:
             return
         if pb.request_id in self._seen:
             return  # an at-least-once duplicate
+        try:
+            result = Result.from_pb(pb, self._sent_at.get(pb.request_id))
+        except Exception as exc:  # noqa: BLE001 - one bad record must not end the reader
+            log.error("unreadable result %r on %s: %s", pb.request_id[:128], self.reply_topic, exc)
+            return
+        self._sent_at.pop(pb.request_id, None)
         self._seen[pb.request_id] = None
         if len(self._seen) > self._max_seen:
             self._seen.popitem(last=False)
-        result = Result.from_pb(pb, self._sent_at.pop(pb.request_id, None))
         waiter = self._waiters.pop(pb.request_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(result)
@@ -293,3 +298,11 @@ class GraylaneClient:
                 raise UnknownModel(f"{result.error_code}: {result.error_message}", result)
             raise RequestRejected(result)
         return result
+
+
+def _error_code_name(code: int) -> str:
+    """The name of ``code``; ``UNKNOWN`` for a number this SDK does not know."""
+    try:
+        return inference_pb2.ErrorCode.Name(code)
+    except ValueError:
+        return "UNKNOWN"

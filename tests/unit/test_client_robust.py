@@ -1,0 +1,38 @@
+"""The client's reader survives a bad result record and maps unknown error codes to UNKNOWN."""
+
+from __future__ import annotations
+
+import pytest
+
+from graylane import serde
+from graylane.client import GraylaneClient, RequestRejected
+from graylane.v1 import inference_pb2, tensor_pb2
+from tests.support.memory_kafka import MemoryFactory
+from tests.unit.test_client_memory import MODEL, factory, responder  # noqa: F401
+
+
+def _bad_then_unknown(
+    request: inference_pb2.InferenceRequest,
+) -> list[inference_pb2.InferenceResult]:
+    broken = inference_pb2.InferenceResult(request_id=request.request_id, status=inference_pb2.OK)
+    broken.outputs.add().CopyFrom(
+        tensor_pb2.Tensor(name="x", dtype=tensor_pb2.FLOAT32, shape=[3], data=b"\x00")
+    )
+    unknown = inference_pb2.InferenceResult(
+        request_id=request.request_id,
+        model=request.model,
+        status=inference_pb2.ERROR,
+        error_code=999,  # type: ignore[arg-type]
+        error_message="from a newer worker",
+    )
+    return [broken, unknown]
+
+
+async def test_reader_survives_a_bad_record_and_unknown_codes_map_to_unknown(
+    factory: MemoryFactory,  # noqa: F811
+) -> None:
+    async with responder(factory, _bad_then_unknown), GraylaneClient(factory) as client:
+        with pytest.raises(RequestRejected) as caught:
+            await client.infer(MODEL, prompt="hi", timeout=5)
+    assert caught.value.result.error_code == "UNKNOWN"
+    assert serde  # the module stays importable for callers of the double
