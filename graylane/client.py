@@ -189,7 +189,7 @@ class GraylaneClient:
             return  # an at-least-once duplicate
         try:
             result = Result.from_pb(pb, self._sent_at.get(pb.request_id))
-        except Exception as exc:  # noqa: BLE001 - one bad record must not end the reader
+        except Exception as exc:  # one bad record must not end the reader
             log.error("unreadable result %r on %s: %s", pb.request_id[:128], self.reply_topic, exc)
             return
         self._sent_at.pop(pb.request_id, None)
