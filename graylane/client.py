@@ -134,7 +134,7 @@ class GraylaneClient:
         self._producer: Producer | None = None
         self._reader: TopicFollower | None = None
         self._waiters: dict[str, asyncio.Future[Result]] = {}
-        self._sent_at: dict[str, int] = {}
+        self._sent_at: OrderedDict[str, int] = OrderedDict()  # bounded by max_seen
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._max_seen = max_seen
         self._queue: asyncio.Queue[Result] = asyncio.Queue()
@@ -192,15 +192,19 @@ class GraylaneClient:
         except Exception as exc:  # one bad record must not end the reader
             log.error("unreadable result %r on %s: %s", pb.request_id[:128], self.reply_topic, exc)
             return
-        self._sent_at.pop(pb.request_id, None)
-        self._seen[pb.request_id] = None
-        if len(self._seen) > self._max_seen:
-            self._seen.popitem(last=False)
+        self._forget(pb.request_id)
         waiter = self._waiters.pop(pb.request_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(result)
         else:
             self._queue.put_nowait(result)
+
+    def _forget(self, request_id: str) -> None:
+        """Mark ``request_id`` answered: any later result for it is dropped."""
+        self._sent_at.pop(request_id, None)
+        self._seen[request_id] = None
+        if len(self._seen) > self._max_seen:
+            self._seen.popitem(last=False)
 
     def build_request(
         self,
@@ -251,6 +255,8 @@ class GraylaneClient:
         producer = require_started(self._producer)
         await self._check_model(request.model)
         self._sent_at[request.request_id] = request.created_at_unix_ms or now_ms()
+        if len(self._sent_at) > self._max_seen:
+            self._sent_at.popitem(last=False)
         await producer.send(
             self.layout.ingress(request.model),
             serde.encode(request),
@@ -293,6 +299,8 @@ class GraylaneClient:
             ) from None
         finally:
             self._waiters.pop(request.request_id, None)
+            if waiter.cancelled() or not waiter.done():
+                self._forget(request.request_id)  # a late result is dropped, not queued
         if not result.ok:
             if result.error_code in ("UNKNOWN_MODEL", "UNKNOWN_VERSION"):
                 raise UnknownModel(f"{result.error_code}: {result.error_message}", result)
