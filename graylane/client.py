@@ -257,7 +257,7 @@ class GraylaneClient:
         self._sent_at[request.request_id] = request.created_at_unix_ms or now_ms()
         if len(self._sent_at) > self._max_seen:
             self._sent_at.popitem(last=False)
-        await producer.send(
+        await producer.send_and_wait(  # the broker's ack, or its error, reaches the caller
             self.layout.ingress(request.model),
             serde.encode(request),
             key=(request.routing_key or request.request_id).encode("utf-8"),

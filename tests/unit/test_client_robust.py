@@ -64,3 +64,10 @@ async def test_a_late_result_after_the_timeout_is_dropped(factory: MemoryFactory
             first = await anext(aiter(client.results()))
         assert first.request_id == answered  # the late one was dropped, not queued first
         assert late.request_id not in client._sent_at
+
+
+async def test_submit_surfaces_a_send_failure(factory: MemoryFactory) -> None:  # noqa: F811
+    async with GraylaneClient(factory) as client:
+        factory.broker.fail_next_sends(RuntimeError("OutOfOrderSequenceNumber"))
+        with pytest.raises(RuntimeError, match="OutOfOrderSequenceNumber"):
+            await client.submit(MODEL, prompt="lost?")
