@@ -100,7 +100,7 @@ class Result:
             version=pb.version,
             variant=pb.variant,
             ok=ok,
-            error_code="" if ok else inference_pb2.ErrorCode.Name(pb.error_code),
+            error_code="" if ok else _error_code_name(pb.error_code),
             error_message=pb.error_message,
             outputs=tensors.from_tensors(pb.outputs),
             tokens=tuple(pb.generated_token_ids),
@@ -134,7 +134,7 @@ class GraylaneClient:
         self._producer: Producer | None = None
         self._reader: TopicFollower | None = None
         self._waiters: dict[str, asyncio.Future[Result]] = {}
-        self._sent_at: dict[str, int] = {}
+        self._sent_at: OrderedDict[str, int] = OrderedDict()  # bounded by max_seen
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._max_seen = max_seen
         self._queue: asyncio.Queue[Result] = asyncio.Queue()
@@ -187,15 +187,24 @@ class GraylaneClient:
             return
         if pb.request_id in self._seen:
             return  # an at-least-once duplicate
-        self._seen[pb.request_id] = None
-        if len(self._seen) > self._max_seen:
-            self._seen.popitem(last=False)
-        result = Result.from_pb(pb, self._sent_at.pop(pb.request_id, None))
+        try:
+            result = Result.from_pb(pb, self._sent_at.get(pb.request_id))
+        except Exception as exc:  # one bad record must not end the reader
+            log.error("unreadable result %r on %s: %s", pb.request_id[:128], self.reply_topic, exc)
+            return
+        self._forget(pb.request_id)
         waiter = self._waiters.pop(pb.request_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(result)
         else:
             self._queue.put_nowait(result)
+
+    def _forget(self, request_id: str) -> None:
+        """Mark ``request_id`` answered: any later result for it is dropped."""
+        self._sent_at.pop(request_id, None)
+        self._seen[request_id] = None
+        if len(self._seen) > self._max_seen:
+            self._seen.popitem(last=False)
 
     def build_request(
         self,
@@ -246,7 +255,9 @@ class GraylaneClient:
         producer = require_started(self._producer)
         await self._check_model(request.model)
         self._sent_at[request.request_id] = request.created_at_unix_ms or now_ms()
-        await producer.send(
+        if len(self._sent_at) > self._max_seen:
+            self._sent_at.popitem(last=False)
+        await producer.send_and_wait(  # the broker's ack, or its error, reaches the caller
             self.layout.ingress(request.model),
             serde.encode(request),
             key=(request.routing_key or request.request_id).encode("utf-8"),
@@ -288,8 +299,18 @@ class GraylaneClient:
             ) from None
         finally:
             self._waiters.pop(request.request_id, None)
+            if waiter.cancelled() or not waiter.done():
+                self._forget(request.request_id)  # a late result is dropped, not queued
         if not result.ok:
             if result.error_code in ("UNKNOWN_MODEL", "UNKNOWN_VERSION"):
                 raise UnknownModel(f"{result.error_code}: {result.error_message}", result)
             raise RequestRejected(result)
         return result
+
+
+def _error_code_name(code: int) -> str:
+    """The name of ``code``; ``UNKNOWN`` for a number this SDK does not know."""
+    try:
+        return inference_pb2.ErrorCode.Name(code)
+    except ValueError:
+        return "UNKNOWN"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from graylane.histogram import DEFAULT_GROWTH, DEFAULT_MIN_MS, LatencyHistogram
 from graylane.v1 import telemetry_pb2
 
@@ -29,6 +31,22 @@ def histogram_from_pb(pb: telemetry_pb2.LatencyHistogram) -> LatencyHistogram:
                 f"histogram with buckets but no valid scheme ({pb.min_ms}, {pb.growth})"
             )
         return LatencyHistogram(DEFAULT_MIN_MS, DEFAULT_GROWTH)
+    cap = max_bucket_index(pb.min_ms, pb.growth)
+    buckets: dict[int, int] = {}
+    for index, n in pb.buckets.items():
+        capped = min(int(index), cap)
+        buckets[capped] = buckets.get(capped, 0) + int(n)
     return LatencyHistogram(
-        pb.min_ms, pb.growth, buckets=dict(pb.buckets), sum_ms=pb.sum_ms, max_ms=pb.max_ms
+        pb.min_ms, pb.growth, buckets=buckets, sum_ms=pb.sum_ms, max_ms=pb.max_ms
     )
+
+
+MAX_BUCKET_MS = 1e12
+"""Latencies above this (about 31 years) share the last bucket decoded from the wire."""
+
+
+def max_bucket_index(min_ms: float, growth: float) -> int:
+    """The highest bucket index kept at decode (upper bound finite, <= MAX_BUCKET_MS)."""
+    if not (math.isfinite(min_ms) and math.isfinite(growth) and min_ms > 0.0 and growth > 1.0):
+        return 0
+    return max(1, math.floor(math.log(MAX_BUCKET_MS / min_ms) / math.log(growth)))
