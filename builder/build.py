@@ -24,6 +24,7 @@ from graylane.artifacts.manifest import (
 from graylane.artifacts.naming import ArtifactName, Backend, Precision
 from graylane.builder.engine_artifacts import compile_engines, publish_engine
 from graylane.builder.host import build_host, git_commit
+from graylane.builder.polygraphy_check import outputs_of, run_model, validate_with_polygraphy
 from graylane.builder.progress import NullProgress, ProgressSink
 from graylane.builder.registration import register_build
 from graylane.builder.report import BuildReport, VariantReport
@@ -32,7 +33,7 @@ from graylane.builder.samples import SampleSet, load_samples
 from graylane.builder.spec import BuildSpec, DemoSource, FileSource
 from graylane.builder.store import ArtifactExistsError, ArtifactStore, CacheKind
 from graylane.builder.tensorrt_build import tensorrt_unavailable_reason
-from graylane.builder.validation import ValidationResult, reference_outputs, validate_variant
+from graylane.builder.validation import ValidationResult, reference_outputs
 from graylane.builder.variants import (
     EXTERNAL_DATA_THRESHOLD,
     VariantInputs,
@@ -94,6 +95,7 @@ def _validation_info(result: ValidationResult | None) -> ValidationInfo | None:
         metrics=result.metrics,
         failures=result.failures,
         error=result.error,
+        comparison=result.comparison,
     )
 
 
@@ -234,11 +236,19 @@ def _run(
                 ok=outcome.status is VariantStatus.PRODUCED,
             )
 
-        progress.step("reference outputs (fp32)")
+        progress.step("reference outputs (fp32, through Polygraphy)")
         reference = None
+        reference_run = None
         if validation is not None:
+            reference_run = run_model(source, Precision.FP32.value, validation.batches)
             reference = reference_outputs(
-                open_runner(source), validation, signature, spec.generation, max_seq_len, pad_id
+                open_runner(source),
+                validation,
+                signature,
+                spec.generation,
+                max_seq_len,
+                pad_id,
+                outputs=outputs_of(reference_run),
             )
         progress.done("reference outputs ready" if reference else "no validation data in spec")
 
@@ -247,10 +257,11 @@ def _run(
             progress.step(f"validating {precision.value}")
             result = None
             if outcome.path is not None and reference is not None and validation is not None:
-                result = validate_variant(
+                result = validate_with_polygraphy(
                     precision,
-                    open_runner(outcome.path),
+                    outcome.path,
                     reference,
+                    reference_run,
                     validation,
                     spec.tolerance_for(precision),
                     pad_id,

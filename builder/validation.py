@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graylane.artifacts.build_info import Metrics, Tolerance
+from graylane.artifacts.build_info import ComparisonReport, Metrics, Tolerance
 from graylane.artifacts.naming import Precision
 from graylane.builder.greedy import Runner, greedy_generate
 from graylane.builder.samples import SampleSet
@@ -56,6 +56,7 @@ class ValidationResult:
     metrics: Metrics | None
     failures: tuple[str, ...] = ()
     error: str | None = None
+    comparison: ComparisonReport | None = None
 
     @property
     def passed(self) -> bool:
@@ -189,8 +190,10 @@ def reference_outputs(
     generation: GenerationCheck | None,
     max_seq_len: int | None,
     pad_id: int = 0,
+    outputs: Sequence[Mapping[str, np.ndarray]] | None = None,
 ) -> ReferenceOutputs:
-    outputs = tuple(reference(batch) for batch in samples)
+    """``outputs``: the reference run's outputs when already computed (a Polygraphy run)."""
+    outputs = tuple(outputs) if outputs is not None else tuple(reference(b) for b in samples)
     mask_name = DECODER_INPUTS[1]
     masks = tuple(batch.get(mask_name) if mask_name in batch else None for batch in samples)
     tokens = None
@@ -210,10 +213,17 @@ def validate_variant(
     samples: SampleSet,
     tolerance: Tolerance,
     pad_id: int = 0,
+    outputs: Sequence[Mapping[str, np.ndarray]] | None = None,
+    comparison: ComparisonReport | None = None,
 ) -> ValidationResult:
-    """Run ``candidate`` on the samples and judge it against the reference outputs."""
+    """Judge ``candidate`` against the reference outputs.
+
+    ``outputs``/``comparison``: the candidate's outputs and Polygraphy's report when the
+    caller ran it through Polygraphy; otherwise ``candidate`` runs the samples here.
+    """
     try:
-        outputs = [candidate(batch) for batch in samples]
+        if outputs is None:
+            outputs = [candidate(batch) for batch in samples]
         metrics = compare_outputs(reference.outputs, outputs, reference.masks)
         if reference.tokens is not None:
             tokens = greedy_generate(
@@ -231,11 +241,16 @@ def validate_variant(
             )
     except Exception as exc:  # a variant that cannot run is a failed validation, not a crash
         return ValidationResult(
-            precision=precision, tolerance=tolerance, metrics=None, error=str(exc)
+            precision=precision,
+            tolerance=tolerance,
+            metrics=None,
+            error=str(exc),
+            comparison=comparison,
         )
     return ValidationResult(
         precision=precision,
         tolerance=tolerance,
         metrics=metrics,
         failures=check_tolerance(metrics, tolerance),
+        comparison=comparison,
     )

@@ -8,9 +8,11 @@ from enum import Enum
 
 __all__ = [
     "CalibrationMethod",
+    "ComparisonReport",
     "HardwareCompatibility",
     "InputShapeRange",
     "Metrics",
+    "OutputComparison",
     "ShapeProfile",
     "Tolerance",
 ]
@@ -72,3 +74,28 @@ class Metrics:
     rows: int
     token_agreement: float | None = None
     token_agreement_overall: float | None = None
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    """Polygraphy's element-wise statistics for one output, over every iteration.
+
+    ``passed`` is ``None`` when the tolerance sets no element-wise limit (report only).
+    """
+
+    name: str
+    max_abs: float
+    max_rel: float
+    mean_abs: float
+    passed: bool | None
+
+
+@dataclass(frozen=True)
+class ComparisonReport:
+    """What the comparison engine (Polygraphy) reported for a baseline/candidate pair."""
+
+    engine: str
+    baseline: str
+    candidate: str
+    iterations: int
+    outputs: tuple[OutputComparison, ...]

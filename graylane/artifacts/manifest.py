@@ -15,9 +15,11 @@ from typing import Any
 
 from graylane.artifacts.build_info import (
     CalibrationMethod,
+    ComparisonReport,
     HardwareCompatibility,
     InputShapeRange,
     Metrics,
+    OutputComparison,
     ShapeProfile,
     Tolerance,
 )
@@ -103,6 +105,7 @@ class ValidationInfo:
     metrics: Metrics | None
     failures: tuple[str, ...] = ()
     error: str | None = None
+    comparison: ComparisonReport | None = None
 
 
 @dataclass(frozen=True)
@@ -230,12 +233,55 @@ def manifest_to_dict(m: Manifest) -> dict[str, Any]:
             },
             "failures": list(val.failures),
             "error": val.error,
+            "comparison": _comparison_to_dict(val.comparison),
         },
         "servable": m.servable,
         "forced": m.forced,
         "notes": list(m.notes),
         "created_at": m.created_at,
     }
+
+
+def _comparison_to_dict(c: ComparisonReport | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {
+        "engine": c.engine,
+        "baseline": c.baseline,
+        "candidate": c.candidate,
+        "iterations": c.iterations,
+        "outputs": [
+            {
+                "name": o.name,
+                "max_abs": o.max_abs,
+                "max_rel": o.max_rel,
+                "mean_abs": o.mean_abs,
+                "passed": o.passed,
+            }
+            for o in c.outputs
+        ],
+    }
+
+
+def _comparison_from_dict(raw: Mapping[str, Any] | None) -> ComparisonReport | None:
+    if raw is None:
+        return None
+    return ComparisonReport(
+        engine=str(raw["engine"]),
+        baseline=str(raw["baseline"]),
+        candidate=str(raw["candidate"]),
+        iterations=int(raw["iterations"]),
+        outputs=tuple(
+            OutputComparison(
+                name=str(o["name"]),
+                max_abs=float(o["max_abs"]),
+                max_rel=float(o["max_rel"]),
+                mean_abs=float(o["mean_abs"]),
+                passed=None if o.get("passed") is None else bool(o["passed"]),
+            )
+            for o in raw["outputs"]
+        ),
+    )
 
 
 def _opt_float(raw: Any) -> float | None:
@@ -330,6 +376,7 @@ def manifest_from_dict(raw: Mapping[str, Any]) -> Manifest:
                 ),
                 failures=tuple(val.get("failures", ())),
                 error=val.get("error"),
+                comparison=_comparison_from_dict(val.get("comparison")),
             ),
             notes=tuple(raw.get("notes", ())),
         )

@@ -106,6 +106,10 @@ def test_manifest_records_the_build(built: Built) -> None:
     assert manifest.source_git_commit is None or len(manifest.source_git_commit) == 40
     assert manifest.validation is not None and manifest.validation.metrics is not None
     assert manifest.validation.metrics.token_agreement is not None
+    comparison = manifest.validation.comparison
+    assert comparison is not None and comparison.engine.startswith("polygraphy ")
+    assert comparison.baseline == "fp32" and comparison.iterations > 0
+    assert comparison.outputs and all(o.max_abs >= 0.0 for o in comparison.outputs)
     assert manifest.servable and not manifest.forced
     assert raw["calibration"]["method"] == "entropy"
 
