@@ -8,6 +8,12 @@ running on the event loop) → build results (:mod:`~graylane.engine_worker.resu
 after every result and the batch telemetry are acknowledged (at-least-once;
 duplicates carry the same request_id). Fault injection is an engine wrapper
 (:mod:`~graylane.engine_worker.faults`), not a step of its own.
+
+The pure parts live beside it (intake, batching, batch learner, admission, compute,
+results, batch ids, load meter) and the metrics in :mod:`~graylane.engine_worker.observe`;
+what stays here (about 450 lines) is the one Kafka adapter of the worker: the fetch
+cycle, precision commands, delivery and the run loop, which share one consumer,
+producer and commit point and are read together.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from graylane.clock import now_ms
 from graylane.engine.errors import EngineError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.admission import Admission, Candidate, admit, effective_deadline
+from graylane.engine_worker.batch_ids import BatchIds
 from graylane.engine_worker.batch_learner import BatchChoice, BatchLearner, LearnerConfig
 from graylane.engine_worker.batching import BucketPolicy, PlannedBatch
 from graylane.engine_worker.compute import (
@@ -37,6 +44,8 @@ from graylane.engine_worker.compute import (
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.faults import InjectedFault, with_faults
 from graylane.engine_worker.intake import IntakeRules, decode, validate
+from graylane.engine_worker.load_meter import LoadMeter
+from graylane.engine_worker.observe import WorkerObserver
 from graylane.engine_worker.requests import Limits, TaskKind, WorkItem
 from graylane.engine_worker.results import (
     BatchClock,
@@ -51,7 +60,6 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
-from graylane.kafka.lag import consumer_lag
 from graylane.kafka.replies import (
     Rejection,
     ReplySink,
@@ -61,10 +69,6 @@ from graylane.kafka.replies import (
 from graylane.kafka.seam import Producer
 from graylane.metrics import (
     CONTROL_CAUGHT_UP,
-    NvmlCollector,
-    ServiceObservability,
-    WorkerMetrics,
-    load_nvml,
 )
 from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
 
@@ -75,25 +79,6 @@ Records = Sequence[ConsumerRecord[bytes, bytes]]
 
 def _where(record: ConsumerRecord[bytes, bytes]) -> tuple[str, int, int]:
     return record.topic, record.partition, record.offset
-
-
-class LoadMeter:
-    """Busy share of the engine over a sliding few seconds (the device load signal)."""
-
-    def __init__(self, window_s: float = 5.0) -> None:
-        self._window_s = window_s
-        self._start = time.monotonic()
-        self._busy = 0.0
-        self._last = 0.0
-
-    def add(self, busy_s: float) -> float:
-        now = time.monotonic()
-        self._busy += busy_s
-        elapsed = now - self._start
-        self._last = min(1.0, self._busy / elapsed) if elapsed > 0 else 0.0
-        if elapsed > self._window_s:
-            self._start, self._busy = now, 0.0
-        return self._last
 
 
 def _forward_only(items: Sequence[WorkItem]) -> bool:
@@ -126,10 +111,10 @@ class Worker:
             max_seq_len=min(config.max_seq_len, self.policy.max_seq_len),
             max_new_tokens=config.max_new_tokens,
         )
-        self.observability = ServiceObservability("worker")
-        self.registry = self.observability.registry
-        self.metrics = WorkerMetrics.create(self.registry)
-        self._lag_checked = 0.0
+        self.observer = WorkerObserver(config)
+        self.observability = self.observer.observability
+        self.registry = self.observer.registry
+        self.metrics = self.observer.metrics
         self.ready = asyncio.Event()
         self.served = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
@@ -151,8 +136,7 @@ class Worker:
         self._pending_shed = 0
         """Sheds not yet reported in a batch telemetry."""
         self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
-        self._attempts: dict[tuple[int, int], int] = {}
-        """Times this process ran a batch starting at (partition, offset); bounded."""
+        self._batch_ids = BatchIds(config.worker_id)
 
     # -- warm-up ---------------------------------------------------------------
     def warm_up(self) -> int:
@@ -254,7 +238,7 @@ class Worker:
             try:
                 request = decode(record.value)
             except SerdeError as exc:
-                self._count_error(variant, "DECODE_ERROR")
+                self.observer.count_error(variant, "DECODE_ERROR")
                 futures.append(await sink.dead_letter(record, inference_pb2.DECODE_ERROR, str(exc)))
                 continue
             requests[index] = request
@@ -266,7 +250,7 @@ class Worker:
                 log.exception("unexpected error validating %s[%d]@%d", *_where(record))
                 checked = Rejection(inference_pb2.INTERNAL, f"internal error: {type(exc).__name__}")
             if isinstance(checked, Rejection):
-                self._count_error(variant, inference_pb2.ErrorCode.Name(checked.code))
+                self.observer.count_error(variant, inference_pb2.ErrorCode.Name(checked.code))
                 futures.append(await self._error_result(sink, request, checked, record, variant))
             else:
                 items.append(checked)
@@ -292,7 +276,7 @@ class Worker:
             if not kept:
                 continue
             planned = PlannedBatch(planned.bucket_len, kept)
-            batch_id = self._batch_id(records[planned.items[0].index])
+            batch_id = self._batch_ids.of(records[planned.items[0].index])
             started = time.perf_counter()
             report = await self._run(engine, planned, requests, context, dequeued, batch_id)
             futures.extend(await self._deliver(report, records, sink, producer))
@@ -367,7 +351,8 @@ class Worker:
             batch_id=batch_id,
         )
         report.telemetry.shed_count, self._pending_shed = self._pending_shed, 0
-        self._record(report, context.variant)
+        self.observer.record(report, context.variant)
+        self.served += report.served
         return report
 
     async def _deliver(
@@ -381,7 +366,7 @@ class Worker:
             payload = b"" if answer.result is None else serde.encode(answer.result)
             rejection = answer.rejection
             if len(payload) > limit:
-                self._count_error(report.telemetry.variant, "RESULT_TOO_LARGE")
+                self.observer.count_error(report.telemetry.variant, "RESULT_TOO_LARGE")
                 rejection = Rejection(
                     inference_pb2.RESULT_TOO_LARGE,
                     f"result is {len(payload)} bytes; the broker accepts {limit}",
@@ -413,20 +398,6 @@ class Worker:
         )
         return futures
 
-    def _batch_id(self, first: ConsumerRecord[bytes, bytes]) -> telemetry_pb2.BatchId:
-        """Who ran the batch starting at ``first``, and how often this process did."""
-        where = (first.partition, first.offset)
-        attempt = self._attempts.pop(where, -1) + 1
-        self._attempts[where] = attempt
-        while len(self._attempts) > 4096:
-            del self._attempts[next(iter(self._attempts))]
-        return telemetry_pb2.BatchId(
-            worker_id=self.config.worker_id,
-            partition=first.partition,
-            first_offset=first.offset,
-            attempt=attempt,
-        )
-
     async def _error_result(
         self,
         sink: ReplySink,
@@ -444,46 +415,6 @@ class Worker:
             worker_id=self.config.worker_id,
         )
 
-    def _count_error(self, variant: str, code: str, n: int = 1) -> None:
-        self.metrics.errors.labels(self.config.model, self.config.version, variant, code).inc(n)
-        if code == "DEADLINE_EXCEEDED":
-            self.metrics.shed.labels(
-                self.config.model, self.config.version, variant, "deadline"
-            ).inc(n)
-
-    async def _observe_lag(self, consumer: AIOKafkaConsumer, every_s: float = 1.0) -> None:
-        """Consumer lag per version topic, at most once per ``every_s``; readiness on assignment."""
-        if time.monotonic() - self._lag_checked < every_s:
-            return
-        self._lag_checked = time.monotonic()
-        self.observability.note_assignment(consumer.assignment())
-        for topic, lag in (await consumer_lag(consumer)).items():
-            self.metrics.consumer_lag.labels(self.config.model, self.config.version, topic).set(lag)
-
-    def _start_observability(self) -> None:
-        cfg, settings = self.config, self.factory.settings
-        self.registry.register(NvmlCollector(cfg.model, cfg.version, load_nvml()))
-        self.observability.start(
-            settings.metrics_address(cfg.metrics_port), settings.build_labels()
-        )
-
-    def _record(self, report: BatchReport, variant: str) -> None:
-        labels = (self.config.model, self.config.version, variant)
-        for code, n in report.error_codes.items():
-            self._count_error(variant, code, n)
-        for answer in report.answers:
-            if answer.result is not None:
-                when = answer.result.timing
-                self.metrics.queue_wait_ms.labels(*labels).observe(when.queue_wait_ms)
-                self.metrics.e2e_latency_ms.labels(*labels).observe(when.total_ms)
-                self.metrics.service_ms.labels(*labels).observe(
-                    max(0, when.completed_at_unix_ms - when.dequeued_at_unix_ms)
-                )
-        self.served += report.served
-        self.metrics.requests.labels(*labels).inc(report.served)
-        self.metrics.batch_size.labels(*labels).observe(report.telemetry.batch_size)
-        self.metrics.compute_ms.labels(*labels).observe(report.telemetry.compute_ms)
-
     # -- lifecycle -------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.config
@@ -494,7 +425,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         warmed = await loop.run_in_executor(self._executor, self.warm_up)
         log.info("warmed %d variant x bucket shapes", warmed)
-        self._start_observability()
+        self.observer.start(self.factory.settings)
         self.metrics.active_variant.labels(cfg.model, cfg.version, self.active_variant).set(1)
         await self._precision.catch_up()
         self.observability.mark(CONTROL_CAUGHT_UP)
@@ -519,7 +450,7 @@ class Worker:
         try:
             while not stop.is_set():
                 await self.serve_once(consumer, sink, producer)
-                await self._observe_lag(consumer)
+                await self.observer.observe_lag(consumer)
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
