@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import dataclasses
+from collections.abc import Mapping, Sequence
 
-from graylane.acls import AclScope, Role, kafka_acls_commands, role_acls
+from graylane.acls import AclRule, AclScope, Role, kafka_acls_commands, role_acls
+from graylane.kafka.acl_admin import AclApplyError, apply_acls, bindings_for
+from graylane.kafka.factory import KafkaFactory
 from graylane.settings import Settings
 from graylane.topics import TopicLayout
 
@@ -41,6 +46,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     acls.add_argument(
         "--command-config", default="", help="client properties file for kafka-acls.sh"
     )
+    acls.add_argument(
+        "--apply",
+        action="store_true",
+        help=(
+            "grant the rules on the broker (CreateAcls through the admin API, as the principal "
+            "of the GRAYLANE_SASL_* settings, which must be allowed to alter ACLs) instead of "
+            "printing them"
+        ),
+    )
     acls.set_defaults(handler=_acls)
 
 
@@ -71,6 +85,13 @@ def _acls(args: argparse.Namespace) -> int:
         raise SystemExit(str(exc)) from None
     layout = TopicLayout(prefix=settings.topic_prefix)
     bootstrap = args.bootstrap_server or settings.bootstrap_servers
+    if args.apply:
+        grants = {p: role_acls(layout, role, scope) for role, p in principals.items()}
+        if args.bootstrap_server:
+            settings = dataclasses.replace(settings, bootstrap_servers=args.bootstrap_server)
+        count = asyncio.run(_apply(settings, grants))
+        print(f"granted {count} ACL bindings to {len(grants)} principal(s) on {bootstrap}")
+        return 0
     for role, principal in principals.items():
         print(f"# {role.value}: {principal}")
         for line in kafka_acls_commands(
@@ -81,3 +102,14 @@ def _acls(args: argparse.Namespace) -> int:
         ):
             print(line)
     return 0
+
+
+async def _apply(settings: Settings, grants: Mapping[str, Sequence[AclRule]]) -> int:
+    admin = KafkaFactory(settings).admin()
+    await admin.start()
+    try:
+        return await apply_acls(admin, bindings_for(grants))
+    except AclApplyError as exc:
+        raise SystemExit(str(exc)) from None
+    finally:
+        await admin.close()

@@ -51,6 +51,13 @@ from graylane.deploy.kafka.process import (
     terminate,
     track_child,
 )
+from graylane.deploy.kafka.secure import (
+    ADMIN,
+    configured_secure,
+    load_users,
+    secure_properties,
+    strip_replaced,
+)
 
 
 def _java() -> str:
@@ -84,11 +91,17 @@ def _port_in_use(port: int) -> bool:
 
 
 def write_config(port: int, controller_port: int) -> None:
-    """Render server.properties from the template (atomically replaced)."""
+    """Render server.properties from the template (atomically replaced).
+
+    In secured mode (``GRAYLANE_KAFKA_SECURE=1``) the listeners become SASL_PLAINTEXT and the
+    StandardAuthorizer is on; see :mod:`graylane.deploy.kafka.secure`.
+    """
     config_dir().mkdir(parents=True, exist_ok=True)
     text = string.Template(TEMPLATE_FILE.read_text()).substitute(
         port=port, controller_port=controller_port, data_dir=str(data_dir())
     )
+    if configured_secure():
+        text = strip_replaced(text) + secure_properties(port, controller_port, load_users())
     tmp = server_properties().with_suffix(".tmp")
     tmp.write_text(text)
     tmp.rename(server_properties())
@@ -190,7 +203,11 @@ def _start_locked(port: int | None, timeout: float) -> str:
         MAIN_CLASS,
         str(server_properties()),
     ]
-    say(f"starting Apache Kafka {KAFKA_VERSION} on {HOST}:{wanted} (controller :{controller_port})")
+    mode = " secured (SASL/PLAIN + ACLs)" if configured_secure() else ""
+    say(
+        f"starting Apache Kafka {KAFKA_VERSION}{mode} on {HOST}:{wanted} "
+        f"(controller :{controller_port})"
+    )
     t0 = time.monotonic()
     with open(stdout_log(), "ab") as out:
         out.write(f"\n===== start {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n".encode())
@@ -231,12 +248,20 @@ def _start_locked(port: int | None, timeout: float) -> str:
     return f"{HOST}:{wanted}"
 
 
+def _probe_login() -> tuple[str, str] | None:
+    """The admin login for the readiness probe when the broker runs secured."""
+    if not configured_secure():
+        return None
+    admin = load_users()[ADMIN]
+    return admin.username, admin.password
+
+
 def _wait_ready(pid: int, port: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not alive(pid):
             return False
-        if is_ready(port):
+        if is_ready(port, _probe_login()):
             return True
         time.sleep(0.25)
     return False
@@ -280,7 +305,7 @@ def status() -> tuple[bool, str]:
     if pid is None:
         return False, f"Apache Kafka {KAFKA_VERSION} not running"
     port = properties_port(server_properties()) or configured_port()
-    if is_ready(port):
+    if is_ready(port, _probe_login()):
         return True, _describe(pid, port)
     return False, f"pid {pid} is alive but does not answer on {HOST}:{port} (starting or hung)"
 

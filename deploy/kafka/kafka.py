@@ -23,11 +23,13 @@ Layout:
   * state: ${GRAYLANE_LOCAL_DIR:-<repo>/.local}/kafka/{config,data,logs,kafka.pid}
 
 Modules: ``layout`` (versions, paths, ports), ``probe`` (raw wire-protocol readiness probe),
-``maven`` (jar download), ``process`` (pid file, liveness), ``broker`` (start/stop/status);
+``maven`` (jar download), ``process`` (pid file, liveness), ``secure`` (secured mode),
+``broker`` (start/stop/status);
 this file is the CLI and the public facade.
 
 Environment: GRAYLANE_KAFKA_PORT (9092), GRAYLANE_KAFKA_CONTROLLER_PORT (port + 1000),
-GRAYLANE_CACHE_DIR, GRAYLANE_LOCAL_DIR, JAVA_HOME (else `java` from PATH), MVN (else `mvn`).
+GRAYLANE_CACHE_DIR, GRAYLANE_LOCAL_DIR, JAVA_HOME (else `java` from PATH), MVN (else `mvn`),
+GRAYLANE_KAFKA_SECURE=1 (SASL/PLAIN logins per role + StandardAuthorizer, see ``secure``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ from graylane.deploy.kafka.layout import HOST, NODE_ID, KafkaLocalError
 #   response = int32 size | int32 correlation_id | body       (header v0: no tagged fields)
 # --------------------------------------------------------------------------------------------
 API_METADATA = 3
+API_SASL_HANDSHAKE = 17
 API_VERSIONS = 18
+API_SASL_AUTHENTICATE = 36
 METADATA_PROBE_VERSION = 4  # last layout before flexible versions that every 4.x broker speaks
 CLIENT_ID = "graylane-probe"
 
@@ -168,24 +170,52 @@ def _roundtrip(sock: socket.socket, request: bytes) -> bytes:
     return _recv_exact(sock, size)
 
 
-def probe(host: str, port: int, timeout: float = 5.0) -> ClusterMetadata:
+def _string(value: str) -> bytes:
+    raw = value.encode("utf-8")
+    return struct.pack(">h", len(raw)) + raw
+
+
+def sasl_plain_login(sock: socket.socket, username: str, password: str) -> None:
+    """SaslHandshake v1 (PLAIN) then SaslAuthenticate v0; raises ProtocolError when refused."""
+    handshake = encode_request(API_SASL_HANDSHAKE, 1, 3, CLIENT_ID, _string("PLAIN"))
+    reader = _check_frame(_roundtrip(sock, handshake), 3)
+    error_code = reader.int16()
+    if error_code != 0:
+        raise ProtocolError(f"SaslHandshake(PLAIN) refused with error_code={error_code}")
+    token = b"\0" + username.encode() + b"\0" + password.encode()
+    body = struct.pack(">i", len(token)) + token
+    reader = _check_frame(
+        _roundtrip(sock, encode_request(API_SASL_AUTHENTICATE, 0, 4, CLIENT_ID, body)), 4
+    )
+    error_code = reader.int16()
+    if error_code != 0:
+        message = reader.nullable_string()
+        raise ProtocolError(f"SASL/PLAIN login as {username!r} failed: {message} ({error_code})")
+
+
+def probe(
+    host: str, port: int, timeout: float = 5.0, login: tuple[str, str] | None = None
+) -> ClusterMetadata:
     """Ask a broker for ApiVersions (v0) then Metadata (v4) over one raw TCP connection.
 
+    With ``login`` (user, password) it first logs in with SASL/PLAIN (secured mode).
     Returns the cluster metadata; raises OSError (nothing listening) or ProtocolError.
     """
     with socket.create_connection((host, port), timeout=timeout) as sock:
         sock.settimeout(timeout)
         ranges = parse_api_versions_response(_roundtrip(sock, encode_api_versions_request(1)), 1)
+        if login is not None:
+            sasl_plain_login(sock, *login)
         meta = {r.api_key: r for r in ranges}.get(API_METADATA)
         if meta is None or not meta.min_version <= METADATA_PROBE_VERSION <= meta.max_version:
             raise ProtocolError(f"broker does not support Metadata v{METADATA_PROBE_VERSION}")
         return parse_metadata_response(_roundtrip(sock, encode_metadata_request(2)), 2)
 
 
-def is_ready(port: int) -> bool:
+def is_ready(port: int, login: tuple[str, str] | None = None) -> bool:
     """True when our single node answers the probe on HOST:`port` and lists itself."""
     try:
-        md = probe(HOST, port, timeout=3.0)
+        md = probe(HOST, port, timeout=3.0, login=login)
     except (OSError, ProtocolError):
         return False
     return any(b.node_id == NODE_ID and b.port == port for b in md.brokers)
