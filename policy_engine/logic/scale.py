@@ -15,9 +15,10 @@
   below ``in_load_fraction`` (0.5) of what one replica fewer can serve, with
   no breach, continuously for ``cooldown_s`` and at least ``cooldown_s``
   after the last change. A replica's capacity is the caller's (calibrated,
-  :attr:`ScaleSignals.replica_capacity_rps`) or else the one learned at the
-  last scale-out (throughput / replicas at that moment, for the variant then
-  running); unknown capacity never scales in.
+  :attr:`ScaleSignals.replica_capacity_rps`) or else the one learned while
+  the version last was saturated (throughput / replicas while QoS breached
+  or the lag grew, for the variant then running); unknown capacity never
+  scales in.
 - **Settled** (:func:`scale_unsettled`): every replica asked for serves and
   the last change is ``settle_s`` old. The QoS ladder steps back up only
   then (``evaluate_qos(..., scale_hold=...)``), so quality does not rise
@@ -215,12 +216,16 @@ def evaluate_scale(
     )
     capacity = _capacity(state, signals)
     low_since = _low_tracking(state, policy, signals, capacity, lag_growing, now_ms)
+    saturated = signals.breaching or signals.floor_breach or lag_growing
     current = replace(
         state,
         lag_since_ms=lag_since,
         lag_at_since=lag_at,
         last_lag=signals.lag,
         low_since_ms=low_since,
+        capacities=_learn(state.capacities, signals, signals.replicas or state.desired, now_ms)
+        if saturated
+        else state.capacities,
     )
     since_change = now_ms - state.last_change_ms if state.last_change_ms else None
     figures = _figures(signals, state.desired, capacity)
@@ -279,8 +284,6 @@ def evaluate_scale(
                 f"{why}, last change {since_change / 1000:g} s ago: {figures}",
                 current,
             )
-        serving = signals.replicas or state.desired
-        learned = _learn(current.capacities, signals, serving, now_ms)
         after = replace(
             current,
             desired=state.desired + 1,
@@ -288,7 +291,6 @@ def evaluate_scale(
             lag_since_ms=None,
             lag_at_since=0,
             low_since_ms=None,
-            capacities=learned,
         )
         return decide(
             ScaleDecisionKind.SCALE_OUT,

@@ -146,17 +146,31 @@ def test_load_above_half_of_one_fewer_replicas_keeps_the_replicas() -> None:
 
 
 def test_a_breach_or_a_load_rise_restarts_the_cooldown() -> None:
-    s = replace(
-        state(desired=2, last_change_ms=T0 - 100_000),
-        capacities=evaluate_scale(state(), POLICY, sig(floor_breach=True), T0).after.capacities,
-    )
+    s = state(desired=2, last_change_ms=T0 - 100_000)
     steps = []
     for i in range(60):
         breaching = i == 20
-        steps.append((T0 + i * 1000, sig(replicas=2, throughput_rps=30.0, breaching=breaching)))
+        signals = sig(replicas=2, throughput_rps=30.0, breaching=breaching)
+        steps.append((T0 + i * 1000, replace(signals, replica_capacity_rps=100.0)))
     decisions = run(s, POLICY, steps)
     first_in = next(i for i, d in enumerate(decisions) if d.kind is ScaleDecisionKind.SCALE_IN)
     assert first_in == 21 + 30  # cooldown counted again from after the breach
+
+
+def test_capacity_is_learned_whenever_the_version_is_saturated() -> None:
+    # fp32 breached with 2 replicas at 30 rps: 15 rps per replica, kept per variant
+    d = evaluate_scale(
+        state(desired=2),
+        POLICY,
+        sig(variant="fp32", replicas=2, throughput_rps=30.0, breaching=True),
+        T0,
+    )
+    learned = d.after.capacity_of("fp32")
+    assert not d.changed and learned is not None and learned.rps == pytest.approx(15.0)
+    calm = evaluate_scale(
+        d.after, POLICY, sig(variant="fp32", replicas=2, throughput_rps=3.0), T0 + 1000
+    )
+    assert calm.after.capacity_of("fp32") == learned  # only saturation teaches
 
 
 def test_unknown_capacity_never_scales_in_and_calibration_is_used_when_given() -> None:
