@@ -181,6 +181,9 @@ class ScaleSupervisor:
         now = time.monotonic() if now_s is None else now_s
         for key, pool in self.pools.items():
             alive = [s for s in pool.running if s.process.poll() is None]
+            for gone in pool.running:
+                if gone not in alive:
+                    _withdraw(gone)
             if len(alive) < len(pool.running):
                 died = len(pool.running) - len(alive)
                 log.warning("%s/%s: %d worker(s) exited; restarting", *key, died)
@@ -207,9 +210,11 @@ class ScaleSupervisor:
         still = []
         for service, deadline in self.stopping:
             if service.process.poll() is not None:
+                _withdraw(service)
                 continue
             if now >= deadline:
                 service.process.kill()
+                _withdraw(service)
                 continue
             still.append((service, deadline))
         self.stopping = still
@@ -232,6 +237,7 @@ class ScaleSupervisor:
                 s.process.kill()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     s.process.wait(5)
+            _withdraw(s)
 
     async def refresh_partitions(self) -> None:
         layout = self.factory.layout
@@ -273,6 +279,14 @@ class ScaleSupervisor:
                 await follow
             await follower.stop()
             await self.shutdown()
+
+
+def _withdraw(service: Service) -> None:
+    """Take a stopped worker out of the local Prometheus' targets."""
+    from graylane.app.cli.local_prometheus import withdraw
+
+    with contextlib.suppress(OSError):
+        withdraw(service.name)
 
 
 def _process_launcher(log_dir: Path, env: Mapping[str, str]) -> Launcher:
