@@ -3,8 +3,8 @@
 Agents decode telemetry, commands and shadow results (raw bytes, protobuf via
 ``graylane.serde``) into the core; a timer calls ``core.tick`` every step and
 publishes what it returns. Before any agent feeds the core, a start-up task
-restores it from the compacted ``rollouts()``, ``routing()`` and
-``precision()`` topics read to their end, and the QoS policies from the
+restores it from the compacted ``rollouts()``, ``routing()``,
+``precision()`` and ``scale()`` topics read to their end, and the QoS policies from the
 ``SET_QOS_POLICY`` commands on record, so a restarted engine resumes its
 rollouts and never writes an epoch below one already written.
 
