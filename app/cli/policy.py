@@ -56,6 +56,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=15.0,
         help="at least this long between two scale-outs (a new worker warms up)",
     )
+    policy.add_argument(
+        "--scale-in-load",
+        type=float,
+        default=0.5,
+        help="scale in when throughput stays under this share of one replica fewer's capacity",
+    )
+    policy.add_argument(
+        "--scale-settle-s",
+        type=float,
+        default=5.0,
+        help="QoS steps up only once every replica asked for serves and this long after a change",
+    )
     policy.add_argument("--loglevel", default="info", choices=("debug", "info", "warning"))
     add_observability_args(policy)
     policy.set_defaults(handler=_policy)
@@ -81,6 +93,8 @@ def _policy(args: argparse.Namespace) -> int:
             cooldown_s=args.scale_cooldown_s,
             lag_growth_s=args.scale_lag_growth_s,
             out_dwell_s=args.scale_dwell_s,
+            in_load_fraction=args.scale_in_load,
+            settle_s=args.scale_settle_s,
         )
     except InvalidPolicy as exc:
         raise SystemExit(str(exc)) from None

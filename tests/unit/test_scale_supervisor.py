@@ -160,3 +160,5 @@ def test_bounds_are_checked_and_the_cli_parses(factory: KafkaFactory) -> None:
     assert (args.worker, args.max_workers, args.worker_args) == (["gpt=1.0.0"], 3, "--threads 1")
     args = build_parser().parse_args(["supervise", "--worker", "gpt=1.0.0"])
     assert (args.max_workers, args.min_workers) == (2, 1)
+    args = build_parser().parse_args(["policy", "--max-replicas", "3", "--scale-in-load", "0.7"])
+    assert (args.max_replicas, args.scale_in_load, args.scale_cooldown_s) == (3, 0.7, 30.0)
