@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from graylane.histogram import LatencyHistogram
 from graylane.metrics import PolicyMetrics
+from graylane.policy_engine.audit_replay import verify
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.core_scale import restore_scale
 from graylane.policy_engine.logic.scale import ScalePolicy, ScaleReason
@@ -27,6 +28,7 @@ from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2, control_pb2
 
 MODEL, VERSION = "gpt", "v1"
+LAYOUT = TopicLayout(prefix="p")
 CAPACITY = {"fp32": 8.0, "int8": 16.0}  # requests/s of one replica
 QOS = QosPolicy(
     model=MODEL,
@@ -138,6 +140,15 @@ def test_qos_waits_for_the_new_replica_before_stepping_up() -> None:
     assert unsettled and "2 replicas asked for, 1 serving" in unsettled[0].reason
     up = next(d for d in audits if d.changed and d.variant == "fp32")
     assert up.at_ms >= out.decision.at_ms + 10_000  # not before the second worker serves
+
+    # The hold replays from the audit record alone (the scale input is recorded with it).
+    qos = [o for o in sim.outputs if isinstance(o, QosAudit)]
+    records = [audit_pb2.AuditRecord.FromString(r.value) for r in records_of(qos, LAYOUT)]
+    held = [r for r in records if r.rule == DecisionRule.SCALE_UNSETTLED]
+    assert held and held[0].qos_scale_hold
+    assert verify(records) == []
+    held[0].qos_scale_hold = ""
+    assert [m.field for m in verify(records)][:1] == ["decision_id"]  # replays as a step up
 
 
 def test_scale_request_record_audit_and_gauge() -> None:
