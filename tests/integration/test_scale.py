@@ -4,7 +4,8 @@
   second ``graylane worker`` process for the version (it becomes ready), and
   a scale-in request stops it again.
 - The policy engine, fed telemetry of a version at its quality floor that
-  still breaches its SLO, publishes a ScaleRequest (and audits it).
+  still breaches its SLO, publishes a ScaleRequest (and audits it), and a
+  supervisor following the topic brings that version to two workers.
 
 Slow-ish (worker processes load ONNX Runtime; the policy engine is a process).
 """
@@ -117,6 +118,28 @@ async def test_the_supervisor_starts_a_second_worker_process_and_stops_it_again(
     assert first.process.poll() is not None  # the supervisor stops its workers on exit
 
 
+class _FakeProcess:
+    def __init__(self) -> None:
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.returncode = -sig
+
+    def kill(self) -> None:
+        self.returncode = -9
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode or 0
+
+
+class _FakeLaunch:
+    def __call__(self, template: WorkerTemplate, index: int) -> Service:
+        return Service(f"fake-{index}", _FakeProcess(), Path("/dev/null"))  # type: ignore[arg-type]
+
+
 def at_floor_breaching(at: int) -> bytes:
     h = LatencyHistogram()
     for _ in range(12):
@@ -146,6 +169,10 @@ async def test_the_policy_engine_asks_for_a_replica_at_the_floor_while_breaching
         qos_policy=policy,
     )
     log = tmp_path / "policy.log"
+    # The whole chain: a supervisor follows what the engine writes (processes faked here;
+    # the test above starts real ones).
+    template = WorkerTemplate(model=MODEL, version=VERSION)
+    sup = ScaleSupervisor(factory, [template], max_workers=3, launcher=_FakeLaunch())
     with policy_engine(settings, log, MODEL, "--max-replicas", "3"):
         await wait_ready(log)
         await publish(factory, layout.commands(), MODEL, serde.encode(command))
@@ -161,7 +188,9 @@ async def test_the_policy_engine_asks_for_a_replica_at_the_floor_while_breaching
                 latest = await read_latest_per_key(factory, layout.scale(), timeout_s=10)
                 return layout.scale_key(MODEL, VERSION).encode() in latest
 
-            await wait_until(asked, timeout=90, poll_s=0.0, what="a scale request")
+            async with supervising(sup):
+                await wait_until(asked, timeout=90, poll_s=0.0, what="a scale request")
+                await wait_until(lambda: len(sup.running(MODEL, VERSION)) == 2, timeout=30)
         finally:
             await producer.stop()
     latest = await read_latest_per_key(factory, layout.scale())
