@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from graylane.engine.errors import InvalidInputError
+from graylane.artifacts.build_info import ShapeProfile
+from graylane.artifacts.model_info import ModelInfo
+from graylane.engine.errors import EngineError, InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.engine_worker.tasks import GenerationResult, run_forward, run_generate, token_layout
+from graylane.engine_worker.shapes import warm_up_feeds
+from graylane.engine_worker.tasks import GenerationResult, run_forward, run_generate
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -110,17 +116,25 @@ def run_batch(
     return BatchRun(outcomes, (time.perf_counter() - started) * 1000.0, calls)
 
 
-def warm_up(engines: Iterable[InferenceEngine], policy: BucketPolicy, max_seq_len: int) -> int:
-    """Run every token model once per bucket up to ``max_seq_len``; the number of runs."""
+def warm_up(
+    engines: Iterable[InferenceEngine],
+    policy: BucketPolicy,
+    max_seq_len: int,
+    profiles: Sequence[ShapeProfile] = (),
+    info: ModelInfo | None = None,
+) -> int:
+    """Run every engine once per warm-up shape (:func:`~.shapes.warm_up_feeds`); the runs.
+
+    A shape an engine refuses is logged and skipped: warm-up never stops a worker.
+    """
     runs = 0
     for engine in engines:
-        if token_layout(engine.io) is None:
-            continue
-        for bucket in policy.buckets:
-            if bucket > max_seq_len:
-                break
-            feeds = {s.name: np.ones((1, bucket), dtype=s.dtype) for s in engine.io.inputs}
-            item = WorkItem(index=0, task=TaskKind.FORWARD, seq_len=bucket, feeds=feeds)
-            run_batch(engine, [item], policy, max_seq_len)
+        for feeds in warm_up_feeds(engine.io, profiles, policy.buckets, max_seq_len, info):
+            try:
+                engine.run(feeds)
+            except EngineError as exc:
+                shapes = {k: v.shape for k, v in feeds.items()}
+                log.warning("warm-up of %s at %s skipped: %s", engine.variant, shapes, exc)
+                continue
             runs += 1
     return runs

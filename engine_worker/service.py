@@ -140,8 +140,15 @@ class Worker:
 
     # -- warm-up ---------------------------------------------------------------
     def warm_up(self) -> int:
-        """Run every loaded variant (without injected faults) once per bucket."""
-        return warm_up(self._plain_engines.values(), self.policy, self.limits.max_seq_len)
+        """Run every loaded variant (without injected faults) once per warm-up shape."""
+        cfg = self.config
+        return warm_up(
+            self._plain_engines.values(),
+            self.policy,
+            self.limits.max_seq_len,
+            cfg.profiles,
+            cfg.model_info,
+        )
 
     # -- precision -------------------------------------------------------------
     def apply_precision(self, command: control_pb2.PrecisionCommand) -> bool:
@@ -230,6 +237,7 @@ class Worker:
             io=engine.io,
             limits=self.limits,
             tokenizer=self.tokenizer,
+            model_info=self.config.model_info,
         )
         futures: list[Awaitable[object]] = []
         requests: dict[int, inference_pb2.InferenceRequest] = {}
