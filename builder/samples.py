@@ -122,8 +122,12 @@ def _generate(
                 f"{list(DECODER_INPUTS)} and output 'logits'"
             )
         return _demo_text(rng, samples, seq_len)
+    highs, shapes = dict(source.int_highs), dict(source.shapes)
     return {
-        t.name: _random_tensor(rng, t, samples, seq_len, source.int_high) for t in signature.inputs
+        t.name: _random_tensor(
+            rng, t, samples, seq_len, highs.get(t.name, source.int_high), shapes.get(t.name)
+        )
+        for t in signature.inputs
     }
 
 
@@ -170,10 +174,20 @@ def _demo_text(rng: np.random.Generator, samples: int, seq_len: int) -> dict[str
 
 
 def _random_tensor(
-    rng: np.random.Generator, tensor: TensorSpec, samples: int, seq_len: int, int_high: int
+    rng: np.random.Generator,
+    tensor: TensorSpec,
+    samples: int,
+    seq_len: int,
+    int_high: int,
+    dims: tuple[int, ...] | None = None,
 ) -> np.ndarray:
-    # Axis 0 is the sample axis; other dynamic dims take seq_len.
-    shape = (samples, *(d if isinstance(d, int) else seq_len for d in tensor.shape[1:]))
+    # Axis 0 is the sample axis; other dynamic dims take seq_len unless ``dims`` are given.
+    rest = (
+        dims
+        if dims is not None
+        else (d if isinstance(d, int) else seq_len for d in tensor.shape[1:])
+    )
+    shape = (samples, *rest)
     dtype = np.dtype(tensor.dtype)
     if tensor.name == DECODER_INPUTS[1]:
         return np.ones(shape, dtype=dtype)

@@ -146,6 +146,8 @@ def _print_report(console: Console, report: BuildReport) -> None:
             note,
         )
     console.print(table)
+    for note in report.notes:
+        console.print(note, highlight=False)
     if report.tensorrt_note:
         console.print(report.tensorrt_note, highlight=False)
     console.print(f"artifacts: {report.store}", highlight=False)
@@ -158,6 +160,8 @@ def _report_dict(report: BuildReport) -> dict[str, object]:
         "ok": report.ok,
         "tensorrt": report.tensorrt_note,
         "registered": report.registered,
+        "model_info": None if report.model_info is None else report.model_info.to_dict(),
+        "notes": list(report.notes),
         "variants": [
             {
                 "precision": v.precision.value,

@@ -21,7 +21,7 @@ from graylane.builder.spec import BuildSpec, load_spec
 from graylane.builder.store import ArtifactExistsError, ArtifactStore
 from graylane.builder.variants import VariantStatus
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.registry import Registry, open_registry
+from graylane.registry import Registry, UnknownVersion, open_registry
 
 SPEC = """
 model: tiny-gpt
@@ -147,8 +147,11 @@ def test_a_variant_outside_tolerance_is_not_servable_unless_forced(built: Built)
     assert not int8.servable and not int8.forced
     assert int8.validation is not None and int8.validation.failures
     assert not read_manifest(built.folder(Precision.INT8, report)).servable
-    row = built.registry.get_artifact("tiny-gpt", "1.0.1", Precision.INT8, Backend.ONNXRUNTIME)
-    assert not row.servable and row.validation is not None and not row.validation.passed
+    # A failed build never registers its version (it used to, with the int8 row unservable).
+    assert not report.registered
+    assert any("not registered" in note for note in report.notes)
+    with pytest.raises(UnknownVersion):
+        built.registry.get_version("tiny-gpt", parse_semver("1.0.1"))
 
     forced = run_build(replace(spec, version=parse_semver("1.0.2")), store=built.store, force=True)
     int8 = next(v for v in forced.variants if v.precision is Precision.INT8)
