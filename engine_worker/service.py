@@ -54,6 +54,7 @@ from graylane.engine_worker.results import (
     build_batch,
     engine_rejection,
 )
+from graylane.engine_worker.shapes import profile_buckets
 from graylane.engine_worker.tokenizer import detect_tokenizer
 from graylane.errors import SerdeError
 from graylane.kafka.admin import ensure_topics
@@ -106,7 +107,11 @@ class Worker:
         self.tokenizer = config.tokenizer or detect_tokenizer(engines.values())
         self.active_variant = config.initial_variant
         self.precision_epoch = 0
-        self.policy = BucketPolicy(buckets=config.buckets, max_batch_size=config.max_batch_size)
+        buckets = profile_buckets(config.profiles, config.model_info, config.max_seq_len)
+        self.policy = BucketPolicy(
+            buckets=buckets or config.buckets, max_batch_size=config.max_batch_size
+        )
+        """Buckets from the artifact's build profiles when it has them, else the config's."""
         self.limits = Limits(
             max_seq_len=min(config.max_seq_len, self.policy.max_seq_len),
             max_new_tokens=config.max_new_tokens,

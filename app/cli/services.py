@@ -138,7 +138,7 @@ def _worker(args: argparse.Namespace) -> int:
     from graylane.engine_worker.config import FaultInjection, WorkerConfig
     from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len, onnx_model_info
     from graylane.engine_worker.service import Worker
-    from graylane.engine_worker.shapes import profile_buckets, profile_max_batch
+    from graylane.engine_worker.shapes import profile_max_batch
     from graylane.kafka.factory import KafkaFactory
 
     settings = Settings.from_env()
@@ -175,7 +175,7 @@ def _worker(args: argparse.Namespace) -> int:
         adaptive_batching=not args.fixed_batching,
         default_deadline_ms=args.default_deadline_ms,
         max_seq_len=max_seq,
-        buckets=profile_buckets(profiles, info, max_seq) or _buckets_up_to(max_seq),
+        buckets=_buckets_up_to(max_seq),  # the worker prefers the profiles' buckets
         model_info=info,
         profiles=profiles,
         metrics_port=args.metrics_port,
