@@ -11,9 +11,10 @@ import numpy as np
 
 from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.model_info import ModelInfo
-from graylane.engine.errors import EngineError, InvalidInputError
+from graylane.engine.errors import EngineError, EngineRunError, InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.faults import InjectedFault
 from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.engine_worker.shapes import warm_up_feeds
 from graylane.engine_worker.tasks import GenerationResult, run_forward, run_generate
@@ -42,6 +43,8 @@ class BatchRun:
     engine_calls: int
     input_errors: dict[int, InvalidInputError] = field(default_factory=dict)
     """Items the engine refused for their own input (by WorkItem.index)."""
+    engine_errors: dict[int, EngineRunError] = field(default_factory=dict)
+    """Items the engine failed on when run alone, while their batch-mates ran."""
 
 
 def run_isolated(
@@ -51,14 +54,26 @@ def run_isolated(
     max_seq_len: int,
     pad_id: int = 0,
 ) -> BatchRun:
-    """:func:`run_batch`; on an input error, re-run item by item and fail only the bad ones."""
+    """:func:`run_batch`; on an input error, re-run item by item and fail only the bad ones.
+
+    A run failure of a batch of several (one request's input the engine cannot take,
+    e.g. an id past an undeclared vocabulary) is isolated the same way: only the items
+    that fail alone fail. If every item fails alone, the batch's error is raised.
+    Injected faults are never isolated: they stand for a failing engine.
+    """
     try:
         return run_batch(engine, items, policy, max_seq_len, pad_id)
     except InvalidInputError as exc:
         if len(items) == 1:
             return BatchRun({}, 0.0, 1, {items[0].index: exc})
+        first: EngineRunError | None = None
+    except EngineRunError as exc:
+        if len(items) == 1 or isinstance(exc, InjectedFault):
+            raise
+        first = exc
     outcomes: dict[int, Outcome] = {}
     failed: dict[int, InvalidInputError] = {}
+    broken: dict[int, EngineRunError] = {}
     compute_ms, calls = 0.0, 0
     for item in items:
         try:
@@ -67,10 +82,16 @@ def run_isolated(
             failed[item.index] = exc
             calls += 1
             continue
+        except EngineRunError as exc:
+            broken[item.index] = exc
+            calls += 1
+            continue
         outcomes.update(alone.outcomes)
         compute_ms += alone.compute_ms
         calls += alone.engine_calls
-    return BatchRun(outcomes, compute_ms, calls, failed)
+    if first is not None and len(broken) == len(items):
+        raise first
+    return BatchRun(outcomes, compute_ms, calls, failed, broken)
 
 
 def run_batch(

@@ -8,6 +8,8 @@ quantized by onnxruntime.quantization (static QDQ and dynamic).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,12 +31,23 @@ from graylane.builder.plan import default_validation, plan_variants
 from graylane.builder.samples import load_samples
 from graylane.builder.spec import parse_spec
 from graylane.builder.variants import VariantStatus
+from graylane.engine.errors import EngineRunError
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.signature import IOSignature
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import ForwardOutcome, run_isolated
+from graylane.engine_worker.faults import InjectedFault
 from graylane.engine_worker.intake import IntakeRules, validate
 from graylane.engine_worker.registry_loading import load_from_registry
-from graylane.engine_worker.requests import Limits, RejectCode, RequestFacts, TaskKind, prepare
+from graylane.engine_worker.requests import (
+    Limits,
+    Reject,
+    RejectCode,
+    RequestFacts,
+    TaskKind,
+    prepare,
+)
+from graylane.engine_worker.results import BatchClock, ResultContext, build_batch
 from graylane.kafka.replies import Rejection
 from graylane.models.demo_gpt import build_demo_gpt
 from graylane.registry import open_registry
@@ -249,3 +262,52 @@ def test_a_prequantized_source_is_built_as_what_it_is(
     assert set(loaded.engines) == {label.value}
     out = loaded.engines[label.value].run({"input_ids": np.array([[0, 30, 53]], dtype=np.int64)})
     assert out["logits"].shape == (1, 3, TAGGER_CLASSES)
+
+
+class _FailsPast:
+    """Wraps an engine; a run with any id >= ``limit`` fails like a runtime error would."""
+
+    def __init__(self, engine: OnnxRuntimeEngine, limit: int, fault: type[EngineRunError]):
+        self._engine, self._limit, self._fault = engine, limit, fault
+        self.io, self.name, self.variant = engine.io, engine.name, engine.variant
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if int(feeds["input_ids"].max()) >= self._limit:
+            raise self._fault("device-side assert: index out of bounds")
+        return self._engine.run(feeds)
+
+    def close(self) -> None:
+        self._engine.close()
+
+
+def test_a_run_failure_caused_by_one_request_fails_only_that_request(tmp_path: Path) -> None:
+    """Regression: without a declared vocabulary one bad id failed all its batch-mates."""
+    engine = OnnxRuntimeEngine.load(write_tagger(tmp_path / "t.onnx"), "fp32", intra_op_threads=1)
+    wrapped = _FailsPast(engine, TAGGER_VOCAB, EngineRunError)
+    items = []
+    for i, ids in enumerate(([1, 2, 3], [4, 99, 5], [6, 7, 8])):
+        item = prepare(i, RequestFacts(task=TaskKind.FORWARD, token_ids=ids), wrapped.io, LIMITS, 0)
+        assert not isinstance(item, Reject)
+        items.append(item)
+    run = run_isolated(wrapped, items, POLICY, LIMITS.max_seq_len)  # type: ignore[arg-type]
+    assert set(run.outcomes) == {0, 2} and set(run.engine_errors) == {1}
+    requests = {i: inference_pb2.InferenceRequest(request_id=f"r{i}", model="t") for i in range(3)}
+    context = ResultContext(model="t", version="1", variant="fp32", worker_id="w")
+    report = build_batch(
+        items,
+        requests,
+        run,
+        None,
+        context,
+        BatchClock(dequeued_ms=0, started_ms=0, done_ms=1),
+        bucket_len=8,
+        device_load=0.0,
+    )
+    codes = [a.rejection.code if a.rejection else None for a in report.answers]
+    assert codes == [None, inference_pb2.ENGINE_FAILURE, None]
+
+    with pytest.raises(EngineRunError):  # every item fails alone: the engine is broken
+        run_isolated(wrapped, [items[1], replace(items[1], index=3)], POLICY, 64)  # type: ignore[arg-type]
+    faulty = _FailsPast(engine, 0, InjectedFault)
+    with pytest.raises(InjectedFault):  # injected faults stand for the whole engine
+        run_isolated(faulty, items, POLICY, LIMITS.max_seq_len)  # type: ignore[arg-type]
