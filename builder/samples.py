@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graylane.artifacts.graph import DECODER_INPUTS, IOSignature, TensorSpec
+from graylane.builder.runtime import cache_inputs
 from graylane.builder.spec import DataSpec, Generator, GeneratorData, NpzData
 
 __all__ = ["SampleError", "SampleSet", "demo_sentences", "load_samples"]
@@ -123,11 +124,14 @@ def _generate(
             )
         return _demo_text(rng, samples, seq_len)
     highs, shapes = dict(source.int_highs), dict(source.shapes)
+    # A decoder-with-past runs with an empty past (builder.runtime.empty_past): no samples.
+    past = cache_inputs([(t.name, t.shape, t.dtype.name) for t in signature.inputs])
     return {
         t.name: _random_tensor(
             rng, t, samples, seq_len, highs.get(t.name, source.int_high), shapes.get(t.name)
         )
         for t in signature.inputs
+        if t.name not in past
     }
 
 

@@ -311,3 +311,23 @@ def test_a_run_failure_caused_by_one_request_fails_only_that_request(tmp_path: P
     faulty = _FailsPast(engine, 0, InjectedFault)
     with pytest.raises(InjectedFault):  # injected faults stand for the whole engine
         run_isolated(faulty, items, POLICY, LIMITS.max_seq_len)  # type: ignore[arg-type]
+
+
+def test_a_decoder_with_past_without_validation_builds_with_an_empty_past(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    report = _build(
+        settings,
+        {
+            "model": "kv-gpt",
+            "version": "1.0.0",
+            "source": {"demo": "tiny", "kv_cache": True},
+            "precisions": ["fp32", "int8-dynamic"],
+            "validation": None,
+        },
+        tmp_path,
+    )
+    assert report.ok and report.registered, report
+    assert report.model_info is not None and report.model_info.task is ModelTask.CAUSAL_LM
+    dynamic = _variant(report, Precision.INT8_DYNAMIC)
+    assert dynamic.validation is not None and dynamic.validation.metrics is not None
+    assert dynamic.validation.metrics.token_agreement is not None  # causal LM: greedy check ran
