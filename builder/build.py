@@ -21,13 +21,20 @@ from graylane.artifacts.manifest import (
     read_manifest,
     with_files,
 )
+from graylane.artifacts.model_info import read_model_info
 from graylane.artifacts.naming import ArtifactName, Backend, Precision
 from graylane.builder.engine_artifacts import compile_engines, publish_engine
 from graylane.builder.host import build_host, git_commit
+from graylane.builder.plan import (
+    VariantPlan,
+    default_validation,
+    plan_variants,
+    with_declared_vocab,
+)
 from graylane.builder.polygraphy_check import outputs_of, run_model, validate_with_polygraphy
 from graylane.builder.progress import NullProgress, ProgressSink
 from graylane.builder.registration import register_build
-from graylane.builder.report import BuildReport, VariantReport
+from graylane.builder.report import BuildReport, VariantReport, variants_ok
 from graylane.builder.runtime import open_runner
 from graylane.builder.samples import SampleSet, load_samples
 from graylane.builder.spec import BuildSpec, DemoSource, FileSource
@@ -76,10 +83,10 @@ def resolve_source(spec: BuildSpec, store: ArtifactStore) -> Path:
 
 
 def _servable(
-    result: ValidationResult | None, precision: Precision, force: bool
+    result: ValidationResult | None, precision: Precision, force: bool, reference: Precision
 ) -> tuple[bool, bool]:
     """(servable, forced): the reference is always servable; others must pass unless forced."""
-    if precision is Precision.FP32 and (result is None or result.passed):
+    if precision is reference and (result is None or result.passed):
         return True, False
     if result is not None and result.passed:
         return True, False
@@ -150,24 +157,11 @@ def run_build(
         raise BuildError("no artifact store: set 'store' in the spec or pass --store")
     spec = replace(spec, force=force)
     artifacts = ArtifactStore(root)
-    ort_version = str(onnxruntime.__version__)
-    names = {
-        p: ArtifactName(
-            spec.model, Backend.ONNXRUNTIME, ort_version, p, spec.strategy, spec.version
-        )
-        for p in spec.precisions
-    }
-    existing = [str(n) for n in names.values() if artifacts.exists(n)]
-    if existing and not force:
-        raise ArtifactExistsError(
-            f"already built: {', '.join(existing)}; bump the version or pass --force"
-        )
-
     trt_reason = tensorrt_unavailable_reason() if spec.tensorrt.enabled else "disabled in the spec"
     engine_count = 0 if trt_reason else len(spec.precisions)
     progress.begin(3 + 2 * len(spec.precisions) + max(engine_count, 1) + 2)
     try:
-        return _run(spec, progress, artifacts, names, registry, trt_reason, started)
+        return _run(spec, progress, artifacts, registry, trt_reason, started)
     finally:
         progress.end()
 
@@ -176,7 +170,6 @@ def _run(
     spec: BuildSpec,
     progress: ProgressSink,
     artifacts: ArtifactStore,
-    names: dict[Precision, ArtifactName],
     registry: Registry | None,
     trt_reason: str | None,
     started: float,
@@ -191,18 +184,33 @@ def _run(
     external = source.stat().st_size > EXTERNAL_DATA_THRESHOLD or any(
         init.data_location == 1 for init in header.graph.initializer
     )
+    info = read_model_info(header, task=spec.task, vocab_size=spec.vocab_size)
+    plan = plan_variants(spec.precisions, info.quantization)
+    names = _names(spec, plan, artifacts)
+    notes = [f"skipped {p.value}: {why}" for p, why in plan.skipped.items()]
     progress.done(
-        f"source {source.name} sha256 {source_sha[:12]}… ({len(signature.inputs)} inputs)"
+        f"source {source.name} sha256 {source_sha[:12]}… ({len(signature.inputs)} inputs, "
+        f"task {info.task.value}, vocabulary {info.vocab_size or '-'}, "
+        f"quantization {info.quantization.value})"
     )
 
     progress.step("preparing samples")
     calibration: SampleSet | None = None
-    if spec.calibration is not None and Precision.INT8 in spec.precisions:
-        calibration = load_samples(spec.calibration, signature, max_seq_len)
-    validation = load_samples(spec.validation, signature, max_seq_len) if spec.validation else None
+    if spec.calibration is not None and Precision.INT8 in plan.produce and not plan.copy_source:
+        calibration = load_samples(
+            with_declared_vocab(spec.calibration, info), signature, max_seq_len
+        )
+    validation_spec = spec.validation
+    if validation_spec is None:
+        validation_spec = default_validation(info, signature, spec.profiles, max_seq_len)
+        notes.append(
+            f"no validation section: {validation_spec.samples} random samples "
+            "within the declared vocabulary / profile shapes"
+        )
+    validation = load_samples(with_declared_vocab(validation_spec, info), signature, max_seq_len)
     progress.done(
         f"samples: calibration {calibration.count if calibration else 0}, "
-        f"validation {validation.count if validation else 0}"
+        f"validation {validation.count}"
     )
 
     work = Path(tempfile.mkdtemp(prefix="build-", dir=_staging(artifacts)))
@@ -219,9 +227,9 @@ def _run(
             op_types_to_quantize=spec.quantize_ops,
         )
         outcomes: dict[Precision, VariantOutcome] = {}
-        for precision in spec.precisions:
+        for precision in plan.produce:
             progress.step(f"producing {precision.value}")
-            outcome = produce_variant(precision, inputs)
+            outcome = produce_variant(precision, inputs, copy_source=plan.copy_source)
             outcomes[precision] = outcome
             cache = ""
             if outcome.calibration is not None:
@@ -245,7 +253,7 @@ def _run(
                 open_runner(source),
                 validation,
                 signature,
-                spec.generation,
+                spec.generation if info.generates else None,
                 max_seq_len,
                 pad_id,
                 outputs=outputs_of(reference_run),
@@ -276,7 +284,10 @@ def _run(
         progress.step("publishing artifacts")
         host = build_host(probe_gpu=True)
         commit = git_commit(_REPO_ROOT)
-        reports: list[VariantReport] = []
+        reports: list[VariantReport] = [
+            VariantReport(p, Backend.ONNXRUNTIME, VariantStatus.SKIPPED, why)
+            for p, why in plan.skipped.items()
+        ]
         published: list[Path] = []
         for precision, outcome in outcomes.items():
             result = results[precision]
@@ -291,7 +302,7 @@ def _run(
                     )
                 )
                 continue
-            servable, forced = _servable(result, precision, spec.force)
+            servable, forced = _servable(result, precision, spec.force, plan.reference)
             name = names[precision]
             manifest_base = Manifest(
                 name=name,
@@ -307,7 +318,8 @@ def _run(
                 forced=forced,
                 calibration=_calibration_info(outcome),
                 validation=_validation_info(result),
-                notes=outcome.notes,
+                notes=outcome.notes + tuple(notes),
+                model_info=info,
             )
             folder = artifacts.publish(
                 name,
@@ -340,8 +352,11 @@ def _run(
         shutil.rmtree(work, ignore_errors=True)
 
     registered = False
+    failed = not variants_ok(reports)
     progress.step("registering")
-    if registry is not None and published:
+    if failed:
+        notes.append("not registered: the build failed (a variant failed or is not servable)")
+    elif registry is not None and published:
         register_build(
             registry,
             spec.model,
@@ -351,7 +366,14 @@ def _run(
             replace=spec.force,
         )
         registered = True
-    progress.done("registered in the model registry" if registered else "registry: skipped")
+    progress.done(
+        "registered in the model registry"
+        if registered
+        else "registry: not registered, the build failed"
+        if failed
+        else "registry: skipped",
+        ok=not failed,
+    )
     return BuildReport(
         model=spec.model,
         version=str(spec.version),
@@ -362,7 +384,28 @@ def _run(
         tensorrt_note=None if trt_reason is None else f"TensorRT engines not built: {trt_reason}",
         registered=registered,
         duration_s=time.perf_counter() - started,
+        model_info=info,
+        notes=tuple(notes),
     )
+
+
+def _names(
+    spec: BuildSpec, plan: VariantPlan, artifacts: ArtifactStore
+) -> dict[Precision, ArtifactName]:
+    """Artifact names of the planned variants; refuses to overwrite unless forced."""
+    ort_version = str(onnxruntime.__version__)
+    names = {
+        p: ArtifactName(
+            spec.model, Backend.ONNXRUNTIME, ort_version, p, spec.strategy, spec.version
+        )
+        for p in plan.produce
+    }
+    existing = [str(n) for n in names.values() if artifacts.exists(n)]
+    if existing and not spec.force:
+        raise ArtifactExistsError(
+            f"already built: {', '.join(existing)}; bump the version or pass --force"
+        )
+    return names
 
 
 def _staging(artifacts: ArtifactStore) -> Path:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from graylane.artifacts.graph import DECODER_INPUTS, IOSignature, TensorSpec
+from graylane.builder.runtime import cache_inputs
 from graylane.builder.spec import DataSpec, Generator, GeneratorData, NpzData
 
 __all__ = ["SampleError", "SampleSet", "demo_sentences", "load_samples"]
@@ -122,8 +123,15 @@ def _generate(
                 f"{list(DECODER_INPUTS)} and output 'logits'"
             )
         return _demo_text(rng, samples, seq_len)
+    highs, shapes = dict(source.int_highs), dict(source.shapes)
+    # A decoder-with-past runs with an empty past (builder.runtime.empty_past): no samples.
+    past = cache_inputs([(t.name, t.shape, t.dtype.name) for t in signature.inputs])
     return {
-        t.name: _random_tensor(rng, t, samples, seq_len, source.int_high) for t in signature.inputs
+        t.name: _random_tensor(
+            rng, t, samples, seq_len, highs.get(t.name, source.int_high), shapes.get(t.name)
+        )
+        for t in signature.inputs
+        if t.name not in past
     }
 
 
@@ -170,10 +178,20 @@ def _demo_text(rng: np.random.Generator, samples: int, seq_len: int) -> dict[str
 
 
 def _random_tensor(
-    rng: np.random.Generator, tensor: TensorSpec, samples: int, seq_len: int, int_high: int
+    rng: np.random.Generator,
+    tensor: TensorSpec,
+    samples: int,
+    seq_len: int,
+    int_high: int,
+    dims: tuple[int, ...] | None = None,
 ) -> np.ndarray:
-    # Axis 0 is the sample axis; other dynamic dims take seq_len.
-    shape = (samples, *(d if isinstance(d, int) else seq_len for d in tensor.shape[1:]))
+    # Axis 0 is the sample axis; other dynamic dims take seq_len unless ``dims`` are given.
+    rest = (
+        dims
+        if dims is not None
+        else (d if isinstance(d, int) else seq_len for d in tensor.shape[1:])
+    )
+    shape = (samples, *rest)
     dtype = np.dtype(tensor.dtype)
     if tensor.name == DECODER_INPUTS[1]:
         return np.ones(shape, dtype=dtype)

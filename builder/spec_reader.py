@@ -17,6 +17,7 @@ from graylane.artifacts.build_info import (
     ShapeProfile,
     Tolerance,
 )
+from graylane.artifacts.model_info import ModelTask
 from graylane.artifacts.naming import (
     NamingError,
     Precision,
@@ -87,7 +88,7 @@ def load_spec(path: Path | str) -> BuildSpec:
 
 _TOP_KEYS = {
     "model", "version", "source", "strategy", "precisions", "profiles", "calibration",
-    "validation", "tolerances", "store", "force", "tensorrt",
+    "validation", "tolerances", "store", "force", "tensorrt", "task", "vocab_size",
 }  # fmt: skip
 _DATA_KEYS = {"npz", "generator", "samples", "seed", "batch_size", "seq_len", "int_high"}
 _CALIB_KEYS = _DATA_KEYS | {"method", "percentile", "quantize_ops"}
@@ -170,6 +171,10 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path) -> BuildSpec:
         store=store,
         force=read_bool(data.get("force", False), "force"),
         tensorrt=_tensorrt(data.get("tensorrt", {})),
+        task=None if data.get("task") is None else read_enum(data["task"], ModelTask, "task"),
+        vocab_size=None
+        if data.get("vocab_size") is None
+        else read_int(data["vocab_size"], "vocab_size", minimum=1),
     )
 
 

@@ -13,6 +13,7 @@ from graylane.artifacts.build_info import (
     ShapeProfile,
     Tolerance,
 )
+from graylane.artifacts.model_info import ModelTask
 from graylane.artifacts.naming import Precision, SemVer
 
 __all__ = [
@@ -70,6 +71,10 @@ class GeneratorData:
     generator: Generator
     seq_len: int = 32
     int_high: int = 2
+    int_highs: tuple[tuple[str, int], ...] = ()
+    """Per-input bound for integers (e.g. the token input's vocabulary); else ``int_high``."""
+    shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """Per-input shape after the sample axis (e.g. a profile's opt); else ``seq_len`` fills."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,10 @@ class BuildSpec:
     store: Path | None = None
     force: bool = False
     tensorrt: TensorRTOptions = field(default_factory=TensorRTOptions)
+    task: ModelTask | None = None
+    """What the model serves; ``None``: as its ONNX metadata declares, else generic."""
+    vocab_size: int | None = None
+    """Ids its token input takes; ``None``: from the metadata or its embedding table."""
 
     def tolerance_for(self, precision: Precision) -> Tolerance:
         return self.tolerances.get(precision, Tolerance())

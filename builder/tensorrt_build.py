@@ -222,6 +222,9 @@ def _compile(request: EngineRequest, timing_path: Path) -> tuple[bytes, bytes]:
 
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, request.options.workspace_bytes)
+    tf32 = getattr(getattr(trt, "BuilderFlag", None), "TF32", None)
+    if request.precision is Precision.FP32 and tf32 is not None:
+        config.clear_flag(tf32)  # an fp32 engine computes in fp32, like its ONNX variant
     level = _HW_LEVELS.get(request.options.hardware_compatibility)
     if level is not None:
         config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, level)

@@ -49,6 +49,8 @@ class VariantStatus(Enum):
     PRODUCED = "produced"
     FAILED = "failed"
     UNSUPPORTED = "unsupported"
+    SKIPPED = "skipped"
+    """Makes no sense for this source (e.g. fp16 of an already-quantized model)."""
 
 
 @dataclass(frozen=True)
@@ -87,13 +89,18 @@ class VariantInputs:
     op_types_to_quantize: tuple[str, ...] | None = DEFAULT_QUANTIZE_OPS
 
 
-def produce_variant(precision: Precision, inputs: VariantInputs) -> VariantOutcome:
-    """Write ``<work_dir>/<precision>/model.onnx`` and check ONNX Runtime loads it."""
+def produce_variant(
+    precision: Precision, inputs: VariantInputs, *, copy_source: bool = False
+) -> VariantOutcome:
+    """Write ``<work_dir>/<precision>/model.onnx`` and check ONNX Runtime loads it.
+
+    ``copy_source``: the source graph as-is, labelled ``precision`` (it already is).
+    """
     start = time.perf_counter()
     out_dir = inputs.work_dir / precision.value
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / MODEL_FILE
-    producer = _PRODUCERS[precision]
+    producer = _as_is if copy_source else _PRODUCERS[precision]
     try:
         calibration, notes = producer(inputs, out)
     except _Unsupported as exc:
@@ -159,6 +166,11 @@ def _fp32(inputs: VariantInputs, out: Path) -> _Result:
         model = onnx.shape_inference.infer_shapes(onnx.load(str(inputs.source)))
         _save(model, out, external=False)
     return None, ("shape-inferred source graph",)
+
+
+def _as_is(inputs: VariantInputs, out: Path) -> _Result:
+    _fp32(inputs, out)
+    return None, ("source graph as-is: it is already quantized",)
 
 
 def _fix_cast_targets(graph: onnx.GraphProto) -> int:

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from graylane.engine.errors import InvalidInputError
+from graylane.artifacts.build_info import ShapeProfile
+from graylane.artifacts.model_info import ModelInfo
+from graylane.engine.errors import EngineError, EngineRunError, InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.faults import InjectedFault
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.engine_worker.tasks import GenerationResult, run_forward, run_generate, token_layout
+from graylane.engine_worker.shapes import warm_up_feeds
+from graylane.engine_worker.tasks import GenerationResult, run_forward, run_generate
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,8 @@ class BatchRun:
     engine_calls: int
     input_errors: dict[int, InvalidInputError] = field(default_factory=dict)
     """Items the engine refused for their own input (by WorkItem.index)."""
+    engine_errors: dict[int, EngineRunError] = field(default_factory=dict)
+    """Items the engine failed on when run alone, while their batch-mates ran."""
 
 
 def run_isolated(
@@ -45,14 +54,26 @@ def run_isolated(
     max_seq_len: int,
     pad_id: int = 0,
 ) -> BatchRun:
-    """:func:`run_batch`; on an input error, re-run item by item and fail only the bad ones."""
+    """:func:`run_batch`; on an input error, re-run item by item and fail only the bad ones.
+
+    A run failure of a batch of several (one request's input the engine cannot take,
+    e.g. an id past an undeclared vocabulary) is isolated the same way: only the items
+    that fail alone fail. If every item fails alone, the batch's error is raised.
+    Injected faults are never isolated: they stand for a failing engine.
+    """
     try:
         return run_batch(engine, items, policy, max_seq_len, pad_id)
     except InvalidInputError as exc:
         if len(items) == 1:
             return BatchRun({}, 0.0, 1, {items[0].index: exc})
+        first: EngineRunError | None = None
+    except EngineRunError as exc:
+        if len(items) == 1 or isinstance(exc, InjectedFault):
+            raise
+        first = exc
     outcomes: dict[int, Outcome] = {}
     failed: dict[int, InvalidInputError] = {}
+    broken: dict[int, EngineRunError] = {}
     compute_ms, calls = 0.0, 0
     for item in items:
         try:
@@ -61,10 +82,16 @@ def run_isolated(
             failed[item.index] = exc
             calls += 1
             continue
+        except EngineRunError as exc:
+            broken[item.index] = exc
+            calls += 1
+            continue
         outcomes.update(alone.outcomes)
         compute_ms += alone.compute_ms
         calls += alone.engine_calls
-    return BatchRun(outcomes, compute_ms, calls, failed)
+    if first is not None and len(broken) == len(items):
+        raise first
+    return BatchRun(outcomes, compute_ms, calls, failed, broken)
 
 
 def run_batch(
@@ -110,17 +137,25 @@ def run_batch(
     return BatchRun(outcomes, (time.perf_counter() - started) * 1000.0, calls)
 
 
-def warm_up(engines: Iterable[InferenceEngine], policy: BucketPolicy, max_seq_len: int) -> int:
-    """Run every token model once per bucket up to ``max_seq_len``; the number of runs."""
+def warm_up(
+    engines: Iterable[InferenceEngine],
+    policy: BucketPolicy,
+    max_seq_len: int,
+    profiles: Sequence[ShapeProfile] = (),
+    info: ModelInfo | None = None,
+) -> int:
+    """Run every engine once per warm-up shape (:func:`~.shapes.warm_up_feeds`); the runs.
+
+    A shape an engine refuses is logged and skipped: warm-up never stops a worker.
+    """
     runs = 0
     for engine in engines:
-        if token_layout(engine.io) is None:
-            continue
-        for bucket in policy.buckets:
-            if bucket > max_seq_len:
-                break
-            feeds = {s.name: np.ones((1, bucket), dtype=s.dtype) for s in engine.io.inputs}
-            item = WorkItem(index=0, task=TaskKind.FORWARD, seq_len=bucket, feeds=feeds)
-            run_batch(engine, [item], policy, max_seq_len)
+        for feeds in warm_up_feeds(engine.io, profiles, policy.buckets, max_seq_len, info):
+            try:
+                engine.run(feeds)
+            except EngineError as exc:
+                shapes = {k: v.shape for k, v in feeds.items()}
+                log.warning("warm-up of %s at %s skipped: %s", engine.variant, shapes, exc)
+                continue
             runs += 1
     return runs

@@ -7,6 +7,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from graylane.artifacts.build_info import ShapeProfile
+from graylane.artifacts.model_info import ModelInfo
 from graylane.engine_worker.batching import DEFAULT_BUCKETS
 
 if TYPE_CHECKING:
@@ -66,3 +68,7 @@ class WorkerConfig:
     """Deadline of a request that names none, from its creation; 0 = no admission control."""
     tokenizer: Tokenizer | None = None
     """Text for prompts and results; ``None``: the one the model's metadata names, if any."""
+    model_info: ModelInfo | None = None
+    """Declared task and input vocabulary (from the manifest or the ONNX metadata)."""
+    profiles: tuple[ShapeProfile, ...] = ()
+    """The artifact's build profiles: warm-up shapes (and buckets, see ``shapes``)."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from graylane import serde, tensors
+from graylane.artifacts.model_info import ModelInfo
 from graylane.engine.errors import InvalidInputError
 from graylane.engine.signature import IOSignature
 from graylane.engine_worker.postprocess import PostProcess
@@ -49,6 +50,8 @@ class IntakeRules:
     io: IOSignature
     limits: Limits
     tokenizer: Tokenizer | None = None
+    model_info: ModelInfo | None = None
+    """The artifact's declared task and input vocabulary (``None``: not declared)."""
 
 
 def decode(value: bytes | None) -> inference_pb2.InferenceRequest:
@@ -120,6 +123,6 @@ def validate(
     prepared = (
         facts
         if isinstance(facts, Reject)
-        else prepare(index, facts, rules.io, rules.limits, now_ms)
+        else prepare(index, facts, rules.io, rules.limits, now_ms, rules.model_info)
     )
     return to_rejection(prepared) if isinstance(prepared, Reject) else prepared

@@ -107,9 +107,8 @@ def kv_cache_layout(io: IOSignature) -> KvCacheLayout | None:
     presents = {f"present.{i}.{k}" for i in range(n_layers) for k in _KINDS}
     if LOGITS not in outputs or not presents <= outputs or io.output(LOGITS).rank != 3:
         return None
-    vocab = io.output(LOGITS).shape[2]
     return KvCacheLayout(
-        tokens=TokenLayout(ids.dtype, mask.dtype, vocab if isinstance(vocab, int) else None),
+        tokens=TokenLayout(ids.dtype, mask.dtype, None),  # vocabulary: declared, not read here
         n_layers=n_layers,
         n_heads=heads,
         head_dim=head_dim,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import onnx
 
+from graylane.artifacts.model_info import ModelInfo, read_model_info
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
 
@@ -33,3 +34,8 @@ def onnx_max_seq_len(path: Path) -> int | None:
         if key in meta and meta[key].isdigit():
             return int(meta[key])
     return None
+
+
+def onnx_model_info(path: Path) -> ModelInfo:
+    """Task and input vocabulary an ONNX file declares in its metadata (or its embedding)."""
+    return read_model_info(onnx.load(str(path), load_external_data=False))

@@ -13,8 +13,10 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
 from graylane.artifacts.manifest import Manifest
+from graylane.artifacts.model_info import ModelInfo
 from graylane.artifacts.naming import Backend
 from graylane.artifacts.verify import verify_artifact
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
@@ -39,6 +41,10 @@ class LoadedVariants:
     fp32_path: Path | None
     skipped: dict[str, str] = field(default_factory=dict)
     """Artifact name -> why it was not loaded."""
+    model_info: ModelInfo | None = None
+    """The declared task and input vocabulary (from the manifests; ``None`` in older ones)."""
+    profiles: tuple[ShapeProfile, ...] = ()
+    """The build's shape profiles (every artifact of a version shares them)."""
 
 
 def model_file(folder: Path, manifest: Manifest) -> Path:
@@ -109,4 +115,7 @@ def load_from_registry(
     if fp32_path is None and onnx:
         _, folder, manifest = next(iter(onnx.values()))
         fp32_path = model_file(folder, manifest)
-    return LoadedVariants(ordered, fp32_path, skipped)
+    manifests = [m for _, _, m in onnx.values()] + [m for c in plans.values() for _, _, m in c]
+    info = next((m.model_info for m in manifests if m.model_info is not None), None)
+    profiles = next((m.profiles for m in manifests if m.profiles), ())
+    return LoadedVariants(ordered, fp32_path, skipped, model_info=info, profiles=profiles)

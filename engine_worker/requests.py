@@ -11,6 +11,7 @@ from enum import Enum
 
 import numpy as np
 
+from graylane.artifacts.model_info import ModelInfo
 from graylane.engine.signature import IOSignature
 from graylane.engine_worker.postprocess import PostProcess
 from graylane.engine_worker.tasks import ATTENTION_MASK, INPUT_IDS, token_layout
@@ -90,9 +91,20 @@ def tokenize_bytes(text: str) -> tuple[int, ...]:
 
 
 def prepare(
-    index: int, facts: RequestFacts, io: IOSignature, limits: Limits, now_ms: int
+    index: int,
+    facts: RequestFacts,
+    io: IOSignature,
+    limits: Limits,
+    now_ms: int,
+    info: ModelInfo | None = None,
 ) -> WorkItem | Reject:
-    """Validate one request against the engine's IO signature and the limits."""
+    """Validate one request against the engine's IO signature, the limits and the model's info.
+
+    ``info`` (the artifact's declared task and input vocabulary) decides whether the
+    model generates and which token ids it takes; without it (an older artifact) any
+    model shaped like a token model may generate and ids are only checked to be >= 0.
+    """
+    vocab = info.vocab_size if info is not None else None
     if facts.deadline_unix_ms and facts.deadline_unix_ms < now_ms:
         return Reject(
             RejectCode.DEADLINE_EXCEEDED,
@@ -104,6 +116,11 @@ def prepare(
         from graylane.engine_worker.kv_generate import generation_layout  # imports tasks
 
         layout = generation_layout(io)
+        if info is not None and not info.generates:
+            return Reject(
+                RejectCode.UNSUPPORTED_TASK,
+                f"generate needs a causal-lm model; this model is {info.task.value}",
+            )
         if layout is None:
             return Reject(
                 RejectCode.UNSUPPORTED_TASK,
@@ -124,7 +141,7 @@ def prepare(
                 RejectCode.BAD_REQUEST,
                 f"max_new_tokens must be in 1..{limits.max_new_tokens}, got {facts.max_new_tokens}",
             )
-        bad = _bad_token(tokens, layout.vocab_size)
+        bad = _bad_token(tokens, vocab)
         if bad is not None:
             return bad
         return WorkItem(
@@ -147,7 +164,7 @@ def prepare(
                 RejectCode.UNSUPPORTED_TASK,
                 f"token_ids/prompt need a token model; this model takes {list(io.input_names)}",
             )
-        bad = _bad_token(tokens, layout.vocab_size)
+        bad = _bad_token(tokens, vocab)
         if bad is not None:
             return bad
         ids = np.asarray([tokens], dtype=layout.id_dtype)
@@ -165,6 +182,9 @@ def prepare(
     checked = check_inputs(facts_inputs, io)
     if isinstance(checked, Reject):
         return checked
+    bad_ids = _bad_token_tensor(facts_inputs, info)
+    if bad_ids is not None:
+        return bad_ids
     seq_len = 1
     if layout is not None:
         seq_len = int(facts_inputs[INPUT_IDS].shape[1])
@@ -242,7 +262,25 @@ def _tokens(facts: RequestFacts) -> tuple[int, ...]:
 
 def _bad_token(tokens: Sequence[int], vocab: int | None) -> Reject | None:
     if any(t < 0 or (vocab is not None and t >= vocab) for t in tokens):
-        return Reject(RejectCode.BAD_REQUEST, f"token ids must be in [0, {vocab})")
+        bound = vocab if vocab is not None else "vocabulary size"
+        return Reject(RejectCode.BAD_REQUEST, f"token ids must be in [0, {bound})")
+    return None
+
+
+def _bad_token_tensor(feeds: Mapping[str, np.ndarray], info: ModelInfo | None) -> Reject | None:
+    """Ids of the declared token input outside the declared vocabulary (this request only)."""
+    if info is None or info.token_input is None or info.token_input not in feeds:
+        return None
+    ids = feeds[info.token_input]
+    if ids.size == 0 or ids.dtype.kind not in "iu":
+        return None
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or (info.vocab_size is not None and high >= info.vocab_size):
+        bound = info.vocab_size if info.vocab_size is not None else "vocabulary size"
+        return Reject(
+            RejectCode.BAD_REQUEST,
+            f"{info.token_input} holds ids in [{low}, {high}]; this model takes [0, {bound})",
+        )
     return None
 
 

@@ -179,8 +179,13 @@ def build_batch(
             input_errors += 1
             answers.append(Answer(item.index, request, rejection=rejection))
             continue
-        if failure is not None or outcome is None:
-            rejection = failure or Rejection(inference_pb2.INTERNAL, "no outcome")
+        broken = run.engine_errors.get(item.index)
+        if failure is None and broken is not None:
+            failure_here: Rejection | None = engine_rejection(broken)
+        else:
+            failure_here = failure
+        if failure_here is not None or outcome is None:
+            rejection = failure_here or Rejection(inference_pb2.INTERNAL, "no outcome")
             name = inference_pb2.ErrorCode.Name(rejection.code)
             error_codes[name] = error_codes.get(name, 0) + 1
             latency.record(_since_routed(request, clock))

@@ -54,6 +54,7 @@ from graylane.engine_worker.results import (
     build_batch,
     engine_rejection,
 )
+from graylane.engine_worker.shapes import profile_buckets
 from graylane.engine_worker.tokenizer import detect_tokenizer
 from graylane.errors import SerdeError
 from graylane.kafka.admin import ensure_topics
@@ -106,7 +107,11 @@ class Worker:
         self.tokenizer = config.tokenizer or detect_tokenizer(engines.values())
         self.active_variant = config.initial_variant
         self.precision_epoch = 0
-        self.policy = BucketPolicy(buckets=config.buckets, max_batch_size=config.max_batch_size)
+        buckets = profile_buckets(config.profiles, config.model_info, config.max_seq_len)
+        self.policy = BucketPolicy(
+            buckets=buckets or config.buckets, max_batch_size=config.max_batch_size
+        )
+        """Buckets from the artifact's build profiles when it has them, else the config's."""
         self.limits = Limits(
             max_seq_len=min(config.max_seq_len, self.policy.max_seq_len),
             max_new_tokens=config.max_new_tokens,
@@ -140,8 +145,15 @@ class Worker:
 
     # -- warm-up ---------------------------------------------------------------
     def warm_up(self) -> int:
-        """Run every loaded variant (without injected faults) once per bucket."""
-        return warm_up(self._plain_engines.values(), self.policy, self.limits.max_seq_len)
+        """Run every loaded variant (without injected faults) once per warm-up shape."""
+        cfg = self.config
+        return warm_up(
+            self._plain_engines.values(),
+            self.policy,
+            self.limits.max_seq_len,
+            cfg.profiles,
+            cfg.model_info,
+        )
 
     # -- precision -------------------------------------------------------------
     def apply_precision(self, command: control_pb2.PrecisionCommand) -> bool:
@@ -230,6 +242,7 @@ class Worker:
             io=engine.io,
             limits=self.limits,
             tokenizer=self.tokenizer,
+            model_info=self.config.model_info,
         )
         futures: list[Awaitable[object]] = []
         requests: dict[int, inference_pb2.InferenceRequest] = {}

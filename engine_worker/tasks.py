@@ -53,7 +53,7 @@ class GenerationResult:
 
 @dataclass(frozen=True, slots=True)
 class TokenLayout:
-    """How a token model takes its inputs: id and mask dtypes, and the vocabulary if known."""
+    """How a token model takes its inputs: id and mask dtypes, and the vocabulary if declared."""
 
     id_dtype: np.dtype[np.generic]
     mask_dtype: np.dtype[np.generic] | None
@@ -70,8 +70,11 @@ class _Row:
         return int(self.ids.shape[0])
 
 
-def token_layout(io: IOSignature) -> TokenLayout | None:
-    """How a token model takes its inputs, or ``None`` for any other model."""
+def token_layout(io: IOSignature, vocab_size: int | None = None) -> TokenLayout | None:
+    """How a token model takes its inputs, or ``None`` for any other model.
+
+    ``vocab_size`` is the declared input vocabulary (``ModelInfo``), if known.
+    """
     names = set(io.input_names)
     if names not in ({INPUT_IDS}, {INPUT_IDS, ATTENTION_MASK}):
         return None
@@ -79,10 +82,9 @@ def token_layout(io: IOSignature) -> TokenLayout | None:
     if ids.rank != 2 or ids.dtype.kind not in "iu":
         return None
     mask = io.input(ATTENTION_MASK).dtype if ATTENTION_MASK in names else None
-    # By convention an output named "logits" [batch, seq, vocab] bounds the token ids.
-    logits = next((o for o in io.outputs if o.name == LOGITS and o.rank == 3), None)
-    vocab = logits.shape[2] if logits is not None else None
-    return TokenLayout(ids.dtype, mask, vocab if isinstance(vocab, int) else None)
+    # The vocabulary is never read from an output's width (a tagger's "logits" are its
+    # classes): it comes from the model's declared info (ModelInfo), checked at intake.
+    return TokenLayout(ids.dtype, mask, vocab_size)
 
 
 def run_forward(
@@ -206,13 +208,17 @@ def run_generate(
 
 
 def validate_request(
-    io: IOSignature, feeds: Mapping[str, np.ndarray], policy: BucketPolicy | None = None
+    io: IOSignature,
+    feeds: Mapping[str, np.ndarray],
+    policy: BucketPolicy | None = None,
+    vocab_size: int | None = None,
 ) -> None:
     """Raise :class:`InvalidInputError` if ``feeds`` cannot be served by ``io``.
 
-    Lets a worker answer one bad request with an error before batching the rest.
+    Lets a worker answer one bad request with an error before batching the rest;
+    ``vocab_size`` is the declared input vocabulary, if known.
     """
-    layout = token_layout(io)
+    layout = token_layout(io, vocab_size)
     if layout is None:
         io.check_feeds(feeds)
     else:

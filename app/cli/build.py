@@ -35,8 +35,8 @@ def add_build_parser(sub: Subparsers[argparse.ArgumentParser]) -> argparse.Argum
             "Read a YAML/TOML build spec, produce fp32/fp16/int8/int8-dynamic ONNX variants "
             "(and TensorRT engines where TensorRT and a GPU exist), validate each against "
             "fp32, write artifacts with manifests and record them in the registry. "
-            "Exit status: 0 all variants servable, 2 some variant failed or is not servable, "
-            "1 the build could not run."
+            "Exit status: 0 all variants servable (skipped ones aside), 2 some variant failed "
+            "or is not servable (the version is then not registered), 1 the build could not run."
         ),
     )
     parser.add_argument("spec", type=Path, help="build spec (.yaml, .yml or .toml)")
@@ -146,6 +146,8 @@ def _print_report(console: Console, report: BuildReport) -> None:
             note,
         )
     console.print(table)
+    for note in report.notes:
+        console.print(note, highlight=False)
     if report.tensorrt_note:
         console.print(report.tensorrt_note, highlight=False)
     console.print(f"artifacts: {report.store}", highlight=False)
@@ -158,6 +160,8 @@ def _report_dict(report: BuildReport) -> dict[str, object]:
         "ok": report.ok,
         "tensorrt": report.tensorrt_note,
         "registered": report.registered,
+        "model_info": None if report.model_info is None else report.model_info.to_dict(),
+        "notes": list(report.notes),
         "variants": [
             {
                 "precision": v.precision.value,

@@ -133,9 +133,12 @@ def _router(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from graylane.artifacts.build_info import ShapeProfile
+    from graylane.artifacts.model_info import ModelInfo
     from graylane.engine_worker.config import FaultInjection, WorkerConfig
-    from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len
+    from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len, onnx_model_info
     from graylane.engine_worker.service import Worker
+    from graylane.engine_worker.shapes import profile_max_batch
     from graylane.kafka.factory import KafkaFactory
 
     settings = Settings.from_env()
@@ -147,6 +150,8 @@ def _worker(args: argparse.Namespace) -> int:
 
         loaded = load_from_registry(settings, args.model, args.version, intra_op_threads=threads)
         engines, first_path = loaded.engines, loaded.fp32_path
+        info: ModelInfo | None = loaded.model_info
+        profiles: tuple[ShapeProfile, ...] = loaded.profiles
     else:
         paths: dict[str, Path] = {}
         for item in args.variant:
@@ -158,18 +163,21 @@ def _worker(args: argparse.Namespace) -> int:
             raise SystemExit("give --variant NAME=PATH at least once, or --from-registry")
         engines = load_from_paths(paths, model=args.model, intra_op_threads=threads)
         first_path = next(iter(paths.values()))
+        info, profiles = onnx_model_info(first_path), ()
     active = args.active or next(iter(engines))
     max_seq = args.max_seq_len or (onnx_max_seq_len(first_path) if first_path else None) or 256
     config = WorkerConfig(
         model=args.model,
         version=args.version,
         initial_variant=active,
-        max_batch_size=args.max_batch,
+        max_batch_size=min(args.max_batch, profile_max_batch(profiles) or args.max_batch),
         max_wait_ms=args.max_wait_ms,
         adaptive_batching=not args.fixed_batching,
         default_deadline_ms=args.default_deadline_ms,
         max_seq_len=max_seq,
-        buckets=_buckets_up_to(max_seq),
+        buckets=_buckets_up_to(max_seq),  # the worker prefers the profiles' buckets
+        model_info=info,
+        profiles=profiles,
         metrics_port=args.metrics_port,
         faults=FaultInjection(
             extra_latency_ms=args.inject_latency_ms,

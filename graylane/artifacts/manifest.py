@@ -23,6 +23,7 @@ from graylane.artifacts.build_info import (
     ShapeProfile,
     Tolerance,
 )
+from graylane.artifacts.model_info import ModelInfo
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_artifact_name
 from graylane.engine.signature import IOSignature
 
@@ -125,6 +126,8 @@ class Manifest:
     target: EngineTarget | None = None
     validation: ValidationInfo | None = None
     notes: tuple[str, ...] = ()
+    model_info: ModelInfo | None = None
+    """Task, input vocabulary and source quantization (``None`` in older manifests)."""
 
     @property
     def model(self) -> str:
@@ -238,6 +241,7 @@ def manifest_to_dict(m: Manifest) -> dict[str, Any]:
         "servable": m.servable,
         "forced": m.forced,
         "notes": list(m.notes),
+        "model_info": None if m.model_info is None else m.model_info.to_dict(),
         "created_at": m.created_at,
     }
 
@@ -379,6 +383,9 @@ def manifest_from_dict(raw: Mapping[str, Any]) -> Manifest:
                 comparison=_comparison_from_dict(val.get("comparison")),
             ),
             notes=tuple(raw.get("notes", ())),
+            model_info=None
+            if raw.get("model_info") is None
+            else ModelInfo.from_dict(raw["model_info"]),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"manifest is malformed: {type(exc).__name__}: {exc}") from None

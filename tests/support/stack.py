@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graylane import serde
+from graylane.artifacts.model_info import ModelInfo
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.config import FaultInjection, WorkerConfig
@@ -42,6 +43,8 @@ async def running_stack(
     extra_variants: Mapping[str, Mapping[str, Path]] | None = None,
     max_batch_size: int = 8,
     engines: Mapping[str, Mapping[str, InferenceEngine]] | None = None,
+    model_info: ModelInfo | None = None,
+    initial_variant: str = "fp32",
 ) -> AsyncIterator[Stack]:
     """Start a router and one worker per version; stop them all on exit."""
     stop = asyncio.Event()
@@ -58,7 +61,8 @@ async def running_stack(
             WorkerConfig(
                 model=model,
                 version=version,
-                initial_variant="fp32",
+                initial_variant=initial_variant,
+                model_info=model_info,
                 max_seq_len=max_seq_len,
                 buckets=(16, 32, 64, 128, 256),
                 max_batch_size=max_batch_size,

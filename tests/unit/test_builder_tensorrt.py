@@ -51,8 +51,16 @@ def _request(tmp_path: Path, precision: Precision = Precision.FP16, **kw: Any) -
     return tb.EngineRequest(**fields)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="TensorRT present")
-def test_without_tensorrt_the_reason_is_plain(tmp_path: Path) -> None:
+def test_without_tensorrt_the_reason_is_plain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "tensorrt" else real_find_spec(name, *a),
+    )
+    monkeypatch.setattr(tb, "detect_gpu", lambda: GPU)  # a GPU does not make TensorRT appear
     assert tb.tensorrt_unavailable_reason() == "tensorrt is not installed"
     outcome = tb.build_engine(_request(tmp_path))
     assert outcome.status is VariantStatus.UNSUPPORTED
@@ -113,6 +121,9 @@ class _FakeTensorRT:
         class MemoryPoolType:
             WORKSPACE = "workspace"
 
+        class BuilderFlag:
+            TF32 = "tf32"
+
         class HardwareCompatibilityLevel:
             AMPERE_PLUS = "ampere_plus"
             SAME_COMPUTE_CAPABILITY = "same_cc"
@@ -135,6 +146,9 @@ class _FakeTensorRT:
 
             def set_memory_pool_limit(self, pool: str, size: int) -> None:
                 calls.append(("pool", (pool, size)))
+
+            def clear_flag(self, flag: str) -> None:
+                calls.append(("clear_flag", flag))
 
             def add_optimization_profile(self, profile: Profile) -> None:
                 calls.append(("add_profile", None))
@@ -183,6 +197,7 @@ class _FakeTensorRT:
         fake.Logger = Logger  # type: ignore[attr-defined]
         fake.NetworkDefinitionCreationFlag = Flag  # type: ignore[attr-defined]
         fake.MemoryPoolType = MemoryPoolType  # type: ignore[attr-defined]
+        fake.BuilderFlag = BuilderFlag  # type: ignore[attr-defined]
         fake.HardwareCompatibilityLevel = HardwareCompatibilityLevel  # type: ignore[attr-defined]
         fake.Builder = Builder  # type: ignore[attr-defined]
         fake.OnnxParser = OnnxParser  # type: ignore[attr-defined]
@@ -218,6 +233,7 @@ def test_strongly_typed_build_with_profiles_and_a_persisted_timing_cache(
     assert calls["create_timing_cache"] == b""
     assert calls["set_timing_cache"] is False
     assert calls["build"] == "ampere_plus"
+    assert "clear_flag" not in calls  # fp16: TF32 stays as TensorRT sets it
     assert ("set_shape", ("input_ids", (1, 1), (4, 16), (8, 32))) in fake_trt.calls
     assert first.timing_cache is not None
     assert first.timing_cache.read_bytes() == b"+timing"
@@ -232,6 +248,11 @@ def test_strongly_typed_build_with_profiles_and_a_persisted_timing_cache(
     int8 = tb.build_engine(_request(tmp_path, Precision.INT8, options=options), gpu=GPU)
     assert not int8.cache_hit
     assert dict(fake_trt.calls)["create_timing_cache"] == b"+timing"
+
+    # fp32 is compiled without TF32, so it matches ONNX Runtime's fp32.
+    fp32 = tb.build_engine(_request(tmp_path, Precision.FP32, options=options), gpu=GPU)
+    assert fp32.status is VariantStatus.PRODUCED
+    assert ("clear_flag", "tf32") in fake_trt.calls
 
 
 def test_dynamic_inputs_need_profiles(tmp_path: Path, fake_trt: _FakeTensorRT) -> None:

@@ -93,7 +93,7 @@ def test_cache_layout_is_read_from_the_io_signature(
     layout = kv_cache_layout(cached.io)
     assert layout is not None
     assert (layout.n_layers, layout.n_heads, layout.head_dim) == (2, 4, 32)
-    assert layout.tokens.vocab_size == VOCAB_SIZE
+    assert layout.tokens.vocab_size is None  # declared by the model's info, never read from logits
     assert layout.past_names[:2] == ("past_key_values.0.key", "past_key_values.0.value")
     assert layout.present_names[-1] == "present.1.value"
     assert not layout.position_ids

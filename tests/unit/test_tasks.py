@@ -22,6 +22,7 @@ from graylane.engine_worker.tasks import (
     GenerationResult,
     run_forward,
     run_generate,
+    token_layout,
     validate_request,
 )
 from graylane.models.demo_gpt import BOS_ID, EOS_ID, PAD_ID, build_demo_gpt, encode_text
@@ -167,10 +168,10 @@ def test_bad_token_requests_are_refused(gpt: OnnxRuntimeEngine) -> None:
     ]
     for feeds in bad:
         with pytest.raises(InvalidInputError):
-            validate_request(gpt.io, feeds, POLICY)
+            validate_request(gpt.io, feeds, POLICY, vocab_size=258)
         with pytest.raises(InvalidInputError):
             run_forward(gpt, [token_request([1, 2]), feeds], policy=POLICY)
-    validate_request(gpt.io, token_request([1, 2, 3]), POLICY)
+    validate_request(gpt.io, token_request([1, 2, 3]), POLICY, vocab_size=258)
     with pytest.raises(InvalidInputError):
         run_forward(gpt, [token_request([1])], PostProcess.TOPK_LAST, top_k=0)
     with pytest.raises(InvalidInputError):
@@ -336,3 +337,12 @@ def test_token_model_without_mask_batches_equal_widths_only() -> None:
     assert sorted(shape["input_ids"] for shape in engine.batches) == [(1, 3), (2, 2)]
     for request, result in zip(requests, results, strict=True):
         np.testing.assert_allclose(result["scores"], engine.inner.run(request)["scores"])
+
+
+def test_the_vocabulary_is_never_read_from_an_output_named_logits(gpt: OnnxRuntimeEngine) -> None:
+    """Regression: a token tagger's "logits" width (its classes) bounded its input ids."""
+    layout = token_layout(gpt.io)
+    assert layout is not None and layout.vocab_size is None
+    validate_request(gpt.io, token_request([1, 257]), POLICY)  # no declared vocabulary
+    with pytest.raises(InvalidInputError, match=r"outside \[0, 100\)"):
+        validate_request(gpt.io, token_request([1, 120]), POLICY, vocab_size=100)

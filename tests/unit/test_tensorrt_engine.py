@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
+import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
+from graylane.artifacts.build_info import InputShapeRange, ShapeProfile
+from graylane.artifacts.digest import sha256_file
+from graylane.artifacts.graph import io_signature
+from graylane.artifacts.naming import Precision
+from graylane.builder.spec import TensorRTOptions
+from graylane.builder.tensorrt_build import EngineRequest, build_engine
+from graylane.builder.variants import VariantStatus
 from graylane.engine import (
     EngineLoadError,
     IncompatibleEngineError,
@@ -21,27 +29,101 @@ from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.tasks import run_forward, run_generate
 from graylane.models.demo_gpt import BOS_ID, build_demo_gpt, encode_text
 
-HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
-HAS_CUDA_BINDINGS = any(importlib.util.find_spec(name) is not None for name in ("pycuda", "cuda"))
-
 # (min, opt, max) of [batch, seq] per optimization profile, like worker buckets.
 PROFILES = [((1, 1), (4, 16), (4, 16)), ((1, 17), (8, 64), (8, 64))]
 
 
-def test_tensorrt_version_is_the_installed_one_or_none() -> None:
-    expected = str(importlib.import_module("tensorrt").__version__) if HAS_TENSORRT else None
-    assert backend.tensorrt_version() == expected
+def _without(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
+    """Make ``import <module>`` fail here, whatever is installed (None in sys.modules)."""
+    for name in modules:
+        monkeypatch.setitem(sys.modules, name, None)
 
 
-@pytest.mark.skipif(HAS_CUDA_BINDINGS, reason="checks the behaviour without CUDA bindings")
-def test_no_compute_capability_without_cuda_bindings() -> None:
+def _stand_in(monkeypatch: pytest.MonkeyPatch, name: str, **attrs: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    for key, value in attrs.items():
+        setattr(module, key, value)
+    monkeypatch.setitem(sys.modules, name, module)
+    return module
+
+
+def test_tensorrt_version_is_read_from_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    _stand_in(monkeypatch, "tensorrt", __version__="10.13.0.35")
+    assert backend.tensorrt_version() == "10.13.0.35"
+    _stand_in(monkeypatch, "tensorrt", __version__="11.0.0")
+    assert backend.tensorrt_version() == "11.0.0"
+    _without(monkeypatch, "tensorrt")
+    assert backend.tensorrt_version() is None
+
+
+def test_compute_capability_from_pycuda_else_cuda_python_else_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Device:
+        def __init__(self, device_id: int) -> None:
+            if device_id != 0:
+                raise RuntimeError("invalid device ordinal")
+
+        def compute_capability(self) -> tuple[int, int]:
+            return (8, 6)
+
+    driver = _stand_in(monkeypatch, "pycuda.driver", init=lambda: None, Device=Device)
+    _stand_in(monkeypatch, "pycuda", driver=driver)
+    assert backend.gpu_compute_capability() == (8, 6)
+    # pycuda without that device, and no cuda-python: no GPU.
+    _without(monkeypatch, "cuda", "cuda.bindings", "cuda.bindings.runtime")
+    assert backend.gpu_compute_capability(1) is None
+
+    class Attr:
+        cudaDevAttrComputeCapabilityMajor = "major"
+        cudaDevAttrComputeCapabilityMinor = "minor"
+
+    class Err:
+        cudaSuccess = 0
+
+    values = {"major": 9, "minor": 0}
+    runtime = _stand_in(
+        monkeypatch,
+        "cuda.bindings.runtime",
+        cudaDeviceAttr=Attr,
+        cudaError_t=Err,
+        cudaDeviceGetAttribute=lambda attr, device: (0, values[attr]),
+    )
+    _without(monkeypatch, "pycuda", "pycuda.driver")
+    bindings = _stand_in(monkeypatch, "cuda.bindings", runtime=runtime)
+    _stand_in(monkeypatch, "cuda", bindings=bindings)
+    assert backend.gpu_compute_capability() == (9, 0)
+    # a failing attribute query reads as no GPU
+    runtime.cudaDeviceGetAttribute = lambda attr, device: (1 if attr == "minor" else 0, 9)  # type: ignore[attr-defined]
+    assert backend.gpu_compute_capability() is None
+    _without(monkeypatch, "cuda", "cuda.bindings", "cuda.bindings.runtime")
     assert backend.gpu_compute_capability() is None
 
 
-@pytest.mark.skipif(HAS_TENSORRT, reason="checks the behaviour without TensorRT")
-def test_load_without_tensorrt_is_a_load_error() -> None:
+def test_load_without_tensorrt_is_a_load_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    _without(monkeypatch, "tensorrt")
     with pytest.raises(EngineLoadError, match="TensorRT backend unavailable"):
         backend.TensorRTEngine.load(b"plan", "fp16")
+
+
+def test_load_checks_the_plan_target_before_touching_the_gpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With TensorRT importable, a plan for another GPU or TensorRT is refused as such."""
+
+    def no_gpu_calls() -> None:
+        raise AssertionError("the GPU was touched before the target check")
+
+    driver = _stand_in(monkeypatch, "pycuda.driver", init=no_gpu_calls)
+    _stand_in(monkeypatch, "pycuda", driver=driver)
+    _stand_in(monkeypatch, "tensorrt", __version__="10.13.0")
+    monkeypatch.setattr(backend, "gpu_compute_capability", lambda device_id=0: (8, 9))
+    wrong = backend.PlanTarget(compute_capability=(9, 0), tensorrt_version="10.13.0")
+    with pytest.raises(IncompatibleEngineError, match=r"compute capability \(9, 0\)"):
+        backend.TensorRTEngine.load(b"unused", "fp32", expected=wrong)
+    other = backend.PlanTarget(compute_capability=(8, 9), tensorrt_version="10.12.0")
+    with pytest.raises(IncompatibleEngineError, match=r"TensorRT 10\.12\.0, this host has 10\.13"):
+        backend.TensorRTEngine.load(b"unused", "fp32", expected=other)
 
 
 def _host(
@@ -88,41 +170,43 @@ def test_plan_target_without_tensorrt_or_gpu_is_incompatible(
         backend.check_plan_target(HERE)
 
 
-def _build_plan(trt: Any, model: bytes) -> bytes:
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    flags = 0
-    strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
-    if strongly_typed is not None:
-        flags |= 1 << int(strongly_typed)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse(model):
-        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-        raise AssertionError(f"ONNX parse failed: {errors}")
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, 1 << 30)
-    if hasattr(trt.BuilderFlag, "TF32"):
-        config.clear_flag(trt.BuilderFlag.TF32)  # compare fp32 against ONNX Runtime
-    for low, opt, high in PROFILES:
-        profile = builder.create_optimization_profile()
-        for name in ("input_ids", "attention_mask"):
-            profile.set_shape(name, low, opt, high)
-        config.add_optimization_profile(profile)
-    plan = builder.build_serialized_network(network, config)
-    assert plan is not None, "TensorRT build failed"
-    return bytes(plan)
-
-
 @pytest.fixture(scope="module")
-def engines() -> Iterator[tuple[backend.TensorRTEngine, OnnxRuntimeEngine]]:
-    trt = pytest.importorskip("tensorrt")
+def engines(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[backend.TensorRTEngine, OnnxRuntimeEngine]]:
+    """The tiny demo GPT compiled by the builder's own ``build_engine`` (fp32, two profiles)."""
+    pytest.importorskip("tensorrt")
     pytest.importorskip("pycuda.driver")
     if backend.gpu_compute_capability() is None:
         pytest.skip("no CUDA GPU")
-    model = build_demo_gpt("tiny", seed=0).SerializeToString()
-    engine = backend.TensorRTEngine.load(_build_plan(trt, model), "fp32", name="demo")
-    reference = OnnxRuntimeEngine.load(model, "fp32", providers=["CPUExecutionProvider"])
+    folder = tmp_path_factory.mktemp("trt")
+    model = build_demo_gpt("tiny", seed=0)
+    onnx_path = folder / "model.onnx"
+    onnx_path.write_bytes(model.SerializeToString())
+    profiles = tuple(
+        ShapeProfile(
+            f"p{i}",
+            tuple(InputShapeRange(n, lo, opt, hi) for n in ("input_ids", "attention_mask")),
+        )
+        for i, (lo, opt, hi) in enumerate(PROFILES)
+    )
+    outcome = build_engine(
+        EngineRequest(
+            precision=Precision.FP32,
+            onnx_path=onnx_path,
+            onnx_sha256=sha256_file(onnx_path),
+            signature=io_signature(model),
+            profiles=profiles,
+            options=TensorRTOptions(),
+            engine_cache_dir=folder / "engines",
+            timing_cache_dir=folder / "timing",
+        )
+    )
+    assert outcome.status is VariantStatus.PRODUCED and outcome.path is not None, outcome.reason
+    engine = backend.TensorRTEngine.load(outcome.path, "fp32", name="demo")
+    reference = OnnxRuntimeEngine.load(
+        model.SerializeToString(), "fp32", providers=["CPUExecutionProvider"]
+    )
     yield engine, reference
     engine.close()
 
@@ -182,13 +266,13 @@ def test_bucketed_tasks_agree_with_onnxruntime(
 
 
 @pytest.mark.gpu
-def test_corrupt_plan_and_wrong_target_are_refused(
+def test_corrupt_plan_and_wrong_target_are_refused_on_a_real_gpu(
     engines: tuple[backend.TensorRTEngine, OnnxRuntimeEngine],
 ) -> None:
     with pytest.raises(IncompatibleEngineError, match="could not deserialize"):
         backend.TensorRTEngine.load(b"\x00" * 64, "fp32")
     version = backend.tensorrt_version()
-    assert version is not None
+    assert version is not None and backend.gpu_compute_capability() is not None
     wrong = backend.PlanTarget(compute_capability=(1, 0), tensorrt_version=version)
     with pytest.raises(IncompatibleEngineError, match=r"compute capability \(1, 0\)"):
         backend.TensorRTEngine.load(b"unused", "fp32", expected=wrong)

@@ -1,0 +1,91 @@
+"""Small third-party-like ONNX models the tests make themselves: a token tagger and
+pre-quantized forms of it (static QDQ and dynamic, made with onnxruntime.quantization)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+TAGGER_VOCAB = 54
+TAGGER_CLASSES = 15
+_HIDDEN = 16
+
+
+def tagger_model(seed: int = 0, *, metadata: dict[str, str] | None = None) -> onnx.ModelProto:
+    """A token tagger: int64 ``input_ids`` [batch, seq] (54 symbols) → ``logits`` [batch, seq, 15].
+
+    Its output is called ``logits`` on purpose: 15 classes, not a vocabulary.
+    """
+    rng = np.random.default_rng(seed)
+    embed = rng.standard_normal((TAGGER_VOCAB, _HIDDEN)).astype(np.float32)
+    w1 = (rng.standard_normal((_HIDDEN, _HIDDEN)) / 4).astype(np.float32)
+    w2 = (rng.standard_normal((_HIDDEN, TAGGER_CLASSES)) / 4).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["embed", "input_ids"], ["h0"]),
+        helper.make_node("MatMul", ["h0", "w1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["h2"]),
+        helper.make_node("MatMul", ["h2", "w2"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tagger",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
+        [
+            helper.make_tensor_value_info(
+                "logits", TensorProto.FLOAT, ["batch", "seq", TAGGER_CLASSES]
+            )
+        ],
+        [numpy_helper.from_array(a, n) for a, n in ((embed, "embed"), (w1, "w1"), (w2, "w2"))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    for key, value in (metadata or {}).items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.checker.check_model(model)
+    return model
+
+
+def write_tagger(path: Path, seed: int = 0, *, metadata: dict[str, str] | None = None) -> Path:
+    onnx.save_model(tagger_model(seed, metadata=metadata), str(path))
+    return path
+
+
+def write_prequantized(path: Path, *, dynamic: bool = False, seed: int = 0) -> Path:
+    """The tagger, quantized by onnxruntime.quantization (static QDQ, or dynamic)."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    source = path.with_name(path.stem + "-float.onnx")
+    write_tagger(source, seed)
+    if dynamic:
+        quantize_dynamic(str(source), str(path), weight_type=QuantType.QInt8)
+        return path
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            gen = np.random.default_rng(seed)
+            self._rows = iter(
+                [{"input_ids": gen.integers(0, TAGGER_VOCAB, (1, 8))} for _ in range(16)]
+            )
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._rows, None)
+
+    quantize_static(
+        str(source),
+        str(path),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=["MatMul"],
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+    )
+    return path
