@@ -86,11 +86,12 @@ def recovery_seconds(
 ) -> float | None:
     """Seconds from ``since`` until results flow again after a fault at ``fault_at``.
 
-    A request in flight at the fault or sent after it is *stalled* when its answer took
-    longer than ``stall_s``; results flow again when the last stalled one is answered.
-    Without stalls: the first answer after the fault. ``None``: no answer after the
-    fault at all. ``since`` is the fault itself, or (broker outage) the broker's return;
-    never negative.
+    ``since`` is the fault itself, or (broker outage) the broker's return. A request in
+    flight at the fault or sent after it is *stalled* when its answer took longer than
+    ``stall_s``. Results flow again once the last stalled request is answered and a request
+    sent at ``since`` or later has been answered (a client that cannot send after an outage
+    has not recovered). ``None``: no request sent since then was ever answered. Never
+    negative.
     """
     answers = [
         (d.sent_at, d.answered_at)
@@ -99,10 +100,11 @@ def recovery_seconds(
         and d.answered_at is not None
         and d.answered_at >= fault_at
     ]
-    if not answers:
+    fresh = [at for sent, at in answers if sent >= since]
+    if not fresh:
         return None
     stalled = [at for sent, at in answers if at - sent > stall_s]
-    point = max(stalled) if stalled else min(at for _, at in answers)
+    point = max([min(fresh), *stalled])
     return round(max(0.0, point - since), 2)
 
 

@@ -1,9 +1,10 @@
 """The chaos bench's malformed records: every kind of bad input a hostile client can send.
 
 Pure: builds bytes only. Each kind goes onto the model's ingress topic and onto a
-version topic (a client that skips the router). A record that names a request id and
-the bench's own reply topic should come back as an error result; the rest (undecodable
-bytes, forbidden reply topics, oversize ids) should end in the dead-letter topic.
+version topic (a writer past the router, which ACLs keep out in production). A record
+that names a request id and the bench's own reply topic should come back as an error
+result (a client-set shadow flag: as the requester's own OK result); the rest
+(undecodable bytes, forbidden reply topics) should end in the dead-letter topic.
 """
 
 from __future__ import annotations
@@ -79,8 +80,17 @@ def _tensor(shape: list[int], data: bytes, dtype: int = tensor_pb2.INT64) -> ten
     return t
 
 
-def build(kind: str, model: str, layout: TopicLayout, reply: str, rng: random.Random) -> Malformed:
-    """One malformed record of ``kind`` for ``model``, answers (if any) going to ``reply``."""
+def build(
+    kind: str,
+    model: str,
+    layout: TopicLayout,
+    reply: str,
+    rng: random.Random,
+    *,
+    direct: bool = False,
+) -> Malformed:
+    """One malformed record of ``kind`` for ``model``, answers (if any) going to ``reply``;
+    ``direct``: for a version topic (past the router)."""
     req = _request(model, reply)
     expect = Expect.ERROR
     raw: bytes | None = None
@@ -118,14 +128,14 @@ def build(kind: str, model: str, layout: TopicLayout, reply: str, rng: random.Ra
     elif kind == "reply_malformed_name":
         req.reply_topic, expect = "../" + "x" * 300, Expect.NOTHING
     elif kind == "oversize_ids":
-        req.request_id = "r" * 100_000
+        req.request_id += "r" * 100_000
         req.routing_key = "k" * 100_000
         req.tags["client"] = "c" * 50_000
-        expect = Expect.NOTHING  # no request id the bench could match
     elif kind == "unknown_model":
         req.model = "no-such-model"
     elif kind == "unknown_pinned_version":
-        req.pinned_version = "99.99.99"
+        req.pinned_version = "99.99.99"  # the router's to refuse; a version's worker serves it
+        expect = Expect.OK if direct else Expect.ERROR
     elif kind == "expired_deadline":
         req.deadline_unix_ms = now_ms() - 60_000
     elif kind == "client_shadow_flag":
@@ -139,8 +149,18 @@ def build(kind: str, model: str, layout: TopicLayout, reply: str, rng: random.Ra
 
 
 def burst(
-    model: str, layout: TopicLayout, reply: str, *, per_kind: int, seed: int = 5
+    model: str,
+    layout: TopicLayout,
+    reply: str,
+    *,
+    per_kind: int,
+    seed: int = 5,
+    direct: bool = False,
 ) -> list[Malformed]:
-    """``per_kind`` records of every kind."""
+    """``per_kind`` records of every kind (``direct``: for a version topic)."""
     rng = random.Random(seed)
-    return [build(kind, model, layout, reply, rng) for kind in KINDS for _ in range(per_kind)]
+    return [
+        build(kind, model, layout, reply, rng, direct=direct)
+        for kind in KINDS
+        for _ in range(per_kind)
+    ]

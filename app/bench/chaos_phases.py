@@ -152,11 +152,17 @@ class Bench:
         return None
 
     async def policy_kill(self, rec: PhaseRecord) -> None:
-        rollout_id = await self.start_rollout()
+        try:
+            rollout_id = await self.start_rollout()
+        except RuntimeError as exc:  # reported; the engine is still killed and restarted
+            rec.notes["rollout_error"] = str(exc)
+            self.progress(f"    the control plane refused the canary: {exc}")
+            rollout_id = ""
         rec.notes["rollout_id"] = rollout_id
-        self.progress(f"    canary {rollout_id} started; waiting for its second step")
+        if rollout_id:
+            self.progress(f"    canary {rollout_id} started; waiting for its second step")
         deadline = time.monotonic() + self.timing.policy_wait_s
-        while time.monotonic() < deadline:
+        while rollout_id and time.monotonic() < deadline:
             state = self.rollouts.latest(rollout_id)
             if (
                 state is not None
@@ -175,7 +181,7 @@ class Bench:
         self.progress(f"    killed at {_describe(state)}; waiting for a decision of the new engine")
         after_state = None
         deadline = time.monotonic() + self.timing.policy_wait_s + 60
-        while time.monotonic() < deadline and after_state is None:
+        while rollout_id and time.monotonic() < deadline and after_state is None:
             after_state = self.rollouts.first_since(rollout_id, restarted_ms)
             await asyncio.sleep(0.2)
         rec.notes["after"] = _describe(after_state)
@@ -198,7 +204,7 @@ class Bench:
             candidate_version=CANDIDATE,
             strategy=rollout_pb2.CANARY,
             steps=[
-                rollout_pb2.RolloutStep(weight_percent=5, min_samples=20, min_dwell_s=2.0),
+                rollout_pb2.RolloutStep(weight_percent=5, min_samples=10, min_dwell_s=1.0),
                 rollout_pb2.RolloutStep(weight_percent=25, min_samples=20, min_dwell_s=3600.0),
                 rollout_pb2.RolloutStep(weight_percent=100, min_samples=20, min_dwell_s=3600.0),
             ],
@@ -227,7 +233,9 @@ class Bench:
         try:
             for seed, (where, topic) in enumerate(targets.items()):
                 reply, per_kind = self.load.reply_topic, self.timing.malformed_per_kind
-                for m in burst(MODEL, layout, reply, per_kind=per_kind, seed=seed):
+                for m in burst(
+                    MODEL, layout, reply, per_kind=per_kind, seed=seed, direct=where == "version"
+                ):
                     await producer.send(topic, m.value, key=m.key)
                     sent.append((where, m))
             await producer.flush()

@@ -73,7 +73,7 @@ class ChaosConfig:
     def timing(self) -> Timing:
         if self.quick:
             return Timing(
-                3.0, 6.0, 30.0, self.outage_s or 5.0, self.malformed_per_kind or 5, 40.0, 15.0
+                3.0, 6.0, 30.0, self.outage_s or 5.0, self.malformed_per_kind or 5, 40.0, 10.0
             )
         return Timing(
             8.0, 15.0, 90.0, self.outage_s or 60.0, self.malformed_per_kind or 40, 60.0, 60.0
@@ -182,7 +182,7 @@ async def run(cfg: ChaosConfig, progress: Callable[[str], None]) -> dict[str, ob
             STABLE,
             {"fp32": files[STABLE]},
             seq_len=32,
-            batches=(1, 8),
+            batches=(1,) if cfg.quick else (1, 8),
             progress=progress,
         )
         engine_rps = profile.variant("fp32").rps()
@@ -319,17 +319,25 @@ async def run(cfg: ChaosConfig, progress: Callable[[str], None]) -> dict[str, ob
         await asyncio.to_thread(services.stop_all)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(broker.remove)
-        logging.getLogger().removeHandler(log_handler)
-        log_handler.close()
+        _unlog(log_handler)
 
 
 def _log_to(path: Path) -> logging.Handler:
-    """This process's library logs (aiokafka's retries while the broker is down) go to a file."""
+    """aiokafka's logs in this process (a retry per send while the broker is down) go to a
+    file, not to the console."""
     handler = logging.FileHandler(path)
-    handler.setLevel(logging.INFO)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(handler)
+    noisy = logging.getLogger("aiokafka")
+    noisy.addHandler(handler)
+    noisy.propagate = False
     return handler
+
+
+def _unlog(handler: logging.Handler) -> None:
+    noisy = logging.getLogger("aiokafka")
+    noisy.removeHandler(handler)
+    noisy.propagate = True
+    handler.close()
 
 
 def _failure_causes(ledger: Ledger) -> dict[str, dict[str, int]]:

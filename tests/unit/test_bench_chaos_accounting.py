@@ -66,9 +66,19 @@ def test_recovery_is_when_the_last_stalled_request_is_answered() -> None:
         Delivery(11.0, None),  # never answered: counted as lost elsewhere
     ]
     assert recovery_seconds(deliveries, fault_at=10.0, since=10.0, stall_s=1.0) == 6.5
-    # the broker phase measures from the broker's return
-    assert recovery_seconds(deliveries, fault_at=10.0, since=15.0, stall_s=1.0) == 1.5
-    assert recovery_seconds(deliveries, fault_at=10.0, since=20.0, stall_s=1.0) == 0.0
+    # the broker phase measures from the broker's return (15.0): the stalled answers came
+    # by 16.5, the first request sent since then was answered at 17.1
+    assert recovery_seconds(deliveries, fault_at=10.0, since=15.0, stall_s=1.0) == 2.1
+    # nothing sent after 20.0 was answered: results never flowed again
+    assert recovery_seconds(deliveries, fault_at=10.0, since=20.0, stall_s=1.0) is None
+
+
+def test_a_client_that_cannot_send_after_the_outage_has_not_recovered() -> None:
+    in_flight = [Delivery(9.9, 43.0), Delivery(9.95, 43.1)]  # answered once the broker is back
+    replaced_client = [Delivery(100.0, 100.2), Delivery(101.0, 101.1)]
+    assert recovery_seconds(in_flight, fault_at=10.0, since=40.0, stall_s=1.0) is None
+    late = recovery_seconds(in_flight + replaced_client, fault_at=10.0, since=40.0, stall_s=1.0)
+    assert late == 60.2
 
 
 def test_recovery_without_stalls_and_without_answers() -> None:
@@ -125,9 +135,13 @@ def test_forbidden_reply_topics_and_sizes() -> None:
 
     assert pb("reply_control_topic").reply_topic == layout.rollouts()
     assert pb("reply_audit_topic").reply_topic == layout.audit()
-    assert len(pb("oversize_ids").request_id) == 100_000
+    assert len(pb("oversize_ids").request_id) > 100_000
     assert len(pb("too_many_dims").inputs[0].shape) > 8
     assert pb("zero_batch").inputs[0].shape[0] == 0
     assert pb("client_shadow_flag").shadow
+    # a pin is the router's to refuse; past the router the version's worker serves it
+    assert build("unknown_pinned_version", "m", layout, "t.reply.b", rng).expect is Expect.ERROR
+    direct = build("unknown_pinned_version", "m", layout, "t.reply.b", rng, direct=True)
+    assert direct.expect is Expect.OK
     with pytest.raises(ValueError):
         build("nonsense", "m", layout, "t.reply.b", rng)
