@@ -131,6 +131,8 @@ def build(
         req.request_id += "r" * 100_000
         req.routing_key = "k" * 100_000
         req.tags["client"] = "c" * 50_000
+        # the router cannot reply to an id it will not echo: a dead letter; a worker refuses it
+        expect = Expect.ERROR if direct else Expect.NOTHING
     elif kind == "unknown_model":
         req.model = "no-such-model"
     elif kind == "unknown_pinned_version":
