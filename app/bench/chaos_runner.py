@@ -73,7 +73,7 @@ class ChaosConfig:
     def timing(self) -> Timing:
         if self.quick:
             return Timing(
-                3.0, 6.0, 30.0, self.outage_s or 5.0, self.malformed_per_kind or 5, 40.0, 10.0
+                2.0, 4.0, 30.0, self.outage_s or 5.0, self.malformed_per_kind or 5, 40.0, 10.0
             )
         return Timing(
             8.0, 15.0, 90.0, self.outage_s or 60.0, self.malformed_per_kind or 40, 60.0, 60.0
