@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,6 +49,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--mode", choices=["sequential", "fixed"], default="sequential", help="primary gate mode"
     )
     decisions.set_defaults(handler=_decisions)
+    chaos = which.add_parser(
+        "chaos", help="kill -9 services, stop the broker, send malformed records: nothing lost?"
+    )
+    chaos.add_argument("--quick", action="store_true", help="short phases and a 10 s outage")
+    chaos.add_argument(
+        "--outage-s", type=float, default=None, help="broker outage (default 60 s; quick 10 s)"
+    )
+    chaos.add_argument(
+        "--load-fraction", type=float, default=0.5, help="steady load as a fraction of capacity"
+    )
+    chaos.add_argument("--max-rate", type=float, default=0.0, help="cap of the load, req/s")
+    chaos.add_argument(
+        "--malformed-per-kind", type=int, default=None, help="records per kind (default 40)"
+    )
+    chaos.add_argument("--work-dir", type=Path, default=None, help="logs and broker state")
+    chaos.set_defaults(handler=_chaos)
     from graylane.app.bench.variants import add_bench_variants_parser
 
     add_bench_variants_parser(which)
@@ -100,5 +117,20 @@ def _decisions(args: argparse.Namespace) -> int:
             workers=args.workers,
             seed=args.seed,
             mode=GateMode(args.mode),
+        )
+    )
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    from graylane.app.bench.chaos_runner import ChaosConfig, main
+
+    return main(
+        ChaosConfig(
+            quick=args.quick,
+            outage_s=args.outage_s,
+            load_fraction=args.load_fraction,
+            max_rate=args.max_rate,
+            malformed_per_kind=args.malformed_per_kind,
+            work_dir=args.work_dir,
         )
     )

@@ -1,0 +1,62 @@
+"""``graylane bench chaos --quick`` end to end: its own broker (stopped and started again),
+every service killed once, malformed records; the last line is the report (slow: ~4 min)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+PHASES = ("worker_kill", "router_kill", "broker_outage", "policy_kill", "malformed")
+FIELDS = ("acked", "answered", "lost", "duplicates", "recovery_s", "services_alive")
+
+
+@pytest.mark.timeout(600)
+def test_quick_chaos_bench_reports_every_phase(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAYLANE_KAFKA_")}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "graylane.app.cli.main",
+            "bench",
+            "chaos",
+            "--quick",
+            "--work-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    lines = done.stdout.strip().splitlines()
+    report = json.loads(lines[-1])
+    assert set(report["phases"]) == set(PHASES)
+    for name, phase in report["phases"].items():
+        assert set(FIELDS) <= set(phase), name
+        assert isinstance(phase["services_alive"], bool), name
+        assert phase["acked"] >= phase["answered"] >= 0, name
+        assert phase["lost"] >= 0 and phase["duplicates"] >= 0, name
+        assert phase["answered"] > 0, f"{name}: no request was answered at all"
+        assert phase["recovery_s"] is None or phase["recovery_s"] >= 0, name
+    assert isinstance(report["rollout_resumed_same_step"], bool)
+    # what holds today: a killed worker's requests go to its peer, bad input is refused
+    assert report["phases"]["worker_kill"]["lost"] == 0
+    assert report["phases"]["malformed"]["lost"] == 0
+    assert report["phases"]["malformed"]["services_alive"]
+    assert report["capacity_rps"] > 0 and 0 < report["rate_rps"] <= report["capacity_rps"]
+    assert "phase" in done.stdout and "broker_outage" in done.stdout  # the table
+    # the broker, its data and the services are gone
+    assert not (tmp_path / "broker" / "kafka" / "data").exists()
