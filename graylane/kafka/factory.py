@@ -105,6 +105,8 @@ class KafkaFactory:
         )
         if o.rebalance_timeout_ms is not None:
             kwargs["rebalance_timeout_ms"] = o.rebalance_timeout_ms
+        if o.group_instance_id and o.group_id:
+            kwargs["group_instance_id"] = o.group_instance_id
         consumer: BatchConsumer = AIOKafkaConsumer(*topics, **kwargs)
         return consumer
 
