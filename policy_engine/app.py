@@ -59,6 +59,8 @@ class PolicyConfig:
     lease: LeaseKeeper | None = None  # held before the app starts; renewed while it runs
     metrics_port: int | None = None
     """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
+    instance_id: str = ""
+    """Static group membership (and lease holder): a restart rejoins at once; "" = dynamic."""
 
 
 async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
@@ -94,6 +96,9 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         # writer's session has expired: keep that short (faust's default is 60 s).
         broker_session_timeout=10.0,
         broker_heartbeat_interval=3.0,
+        # A restarted engine (same instance id) takes its partitions back without
+        # waiting for its dead self's session: decisions resume within seconds.
+        consumer_group_instance_id=config.instance_id or None,
     )
     app.conf.producer_acks = -1
     app.core = core  # type: ignore[attr-defined]  # for tests and introspection
