@@ -13,6 +13,7 @@ process restarted in place gets the index, and so the id, of the one it replaces
 from __future__ import annotations
 
 import fcntl
+import os
 import re
 import socket
 import tempfile
@@ -45,7 +46,7 @@ class InstanceSlot:
 
 
 def _lock_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "graylane-members"
+    return Path(tempfile.gettempdir()) / f"graylane-members-{os.getuid()}"
 
 
 def claim_instance(
@@ -64,7 +65,10 @@ def claim_instance(
     folder.mkdir(parents=True, exist_ok=True)
     name = _UNSAFE.sub("_", f"{group}.{role}.{host}")
     for index in range(MAX_INDEX):
-        handle = open(folder / f"{name}.{index}.lock", "ab")  # noqa: SIM115 - held while the slot lives
+        try:
+            handle = open(folder / f"{name}.{index}.lock", "ab")  # noqa: SIM115 - held while the slot lives
+        except OSError:  # another user's lock file: not ours to take
+            continue
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
