@@ -96,7 +96,7 @@ async def _guarded(
     guard.begin(records)
     try:
         try:
-            await settle(await process())
+            await _settle_all(await process())
         except KafkaError as exc:
             if classify(exc) is Fault.OTHER:
                 raise  # not one of Kafka's normal events: nothing is committed
@@ -117,3 +117,11 @@ async def _guarded(
         return True
     finally:
         guard.end()
+
+
+async def _settle_all(futures: list[Awaitable[object]]) -> None:
+    """Wait for every send to succeed or fail (none left in flight), then raise the first error."""
+    outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome

@@ -300,3 +300,26 @@ def test_a_guard_with_a_registry_exports_its_counter() -> None:
         )
         == 1.0
     )
+
+
+async def test_a_failed_batch_is_rewound_only_once_no_send_is_in_flight(
+    factory: MemoryFactory,
+) -> None:
+    consumer = await started_consumer(factory)
+    await submit(factory, request("r1", "u1"))
+    records = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
+    guard, _ = quick_guard()
+    loop = asyncio.get_running_loop()
+    failed: asyncio.Future[object] = loop.create_future()
+    held: asyncio.Future[object] = loop.create_future()
+    failed.set_exception(KafkaTimeoutError())
+
+    async def process() -> list[asyncio.Future[object]]:
+        return [failed, held]
+
+    delivery = asyncio.create_task(deliver_and_commit(consumer, records, process, guard=guard))
+    await asyncio.sleep(0.05)
+    assert not delivery.done()  # a rewind now would send the held record twice
+    held.set_result(None)
+    assert not await asyncio.wait_for(delivery, 1)
+    await consumer.stop()
