@@ -61,6 +61,7 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.guard import BatchGuard
 from graylane.kafka.replies import (
     Rejection,
     ReplySink,
@@ -219,13 +220,20 @@ class Worker:
         )
 
     async def serve_once(
-        self, consumer: AIOKafkaConsumer, sink: ReplySink, producer: Producer
+        self,
+        consumer: AIOKafkaConsumer,
+        sink: ReplySink,
+        producer: Producer,
+        guard: BatchGuard | None = None,
     ) -> int:
         """Fetch a cycle, answer it, commit once every send is acknowledged; records seen."""
         records = await self._collect(consumer)
         if records:
             await deliver_and_commit(
-                consumer, records, functools.partial(self.handle, records, sink, producer)
+                consumer,
+                records,
+                functools.partial(self.handle, records, sink, producer),
+                guard=guard,
             )
         return len(records)
 
@@ -445,9 +453,13 @@ class Worker:
         producer = self.factory.producer(client_suffix="worker")
         await producer.start()
         sink = ReplySink(producer, layout, f"worker:{cfg.model}/{cfg.version}")
-        consumer = self.factory.consumer(
-            layout.version_requests(cfg.model, cfg.version),
-            options=self.consumer_options(),
+        guard = BatchGuard("worker", registry=self.registry)  # rebalances, outages: not fatal
+        guard.on_fault(sink.forget)
+        consumer = guard.consumer(
+            self.factory,
+            [layout.version_requests(cfg.model, cfg.version)],
+            self.consumer_options(),
+            role="worker",
             client_suffix="worker",
         )
         await consumer.start()
@@ -462,12 +474,14 @@ class Worker:
         )
         try:
             while not stop.is_set():
-                await self.serve_once(consumer, sink, producer)
-                await self.observer.observe_lag(consumer)
+                async with guard.cycle():
+                    await self.serve_once(consumer, sink, producer, guard)
+                    await self.observer.observe_lag(consumer)
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
             await consumer.stop()
+            guard.close()
             await producer.stop()
             await self._precision.stop()
             self._executor.shutdown(wait=False)

@@ -94,6 +94,8 @@ class Settings:
     log_format: str = "json"
     git_sha: str = "unknown"
     image_version: str = "unknown"
+    instance_id: str = ""
+    """Static group membership id of this process (``GRAYLANE_INSTANCE_ID``); "" = derived."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -184,6 +186,7 @@ class Settings:
             log_format=(get("LOG_FORMAT") or base.log_format).lower(),
             git_sha=get("GIT_SHA") or base.git_sha,
             image_version=get("IMAGE_VERSION") or _package_version(),
+            instance_id=get("INSTANCE_ID") or base.instance_id,
         )
 
     def with_overrides(self, **changes: object) -> Settings:

@@ -64,6 +64,8 @@ class PolicyConfig:
     scale: ScalePolicy = field(default_factory=ScalePolicy)
     """Replica bounds and timings (the default never scales)."""
     partitions_refresh_s: float = 30.0
+    instance_id: str = ""
+    """Static group membership (and lease holder): a restart rejoins at once; "" = dynamic."""
 
 
 async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
@@ -100,6 +102,9 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         # writer's session has expired: keep that short (faust's default is 60 s).
         broker_session_timeout=10.0,
         broker_heartbeat_interval=3.0,
+        # A restarted engine (same instance id) takes its partitions back without
+        # waiting for its dead self's session: decisions resume within seconds.
+        consumer_group_instance_id=config.instance_id or None,
     )
     app.conf.producer_acks = -1
     app.core = core  # type: ignore[attr-defined]  # for tests and introspection

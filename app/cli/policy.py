@@ -80,8 +80,9 @@ def _policy(args: argparse.Namespace) -> int:
 
     from graylane.app.cli.services import setup_service_logging
     from graylane.kafka.factory import KafkaFactory
+    from graylane.kafka.membership import claim_instance
     from graylane.policy_engine.app import PolicyConfig, create_app, prepare_topics
-    from graylane.policy_engine.lease import LeaseKeeper, default_holder
+    from graylane.policy_engine.lease import LeaseKeeper
     from graylane.policy_engine.logic.scale import ScalePolicy
     from graylane.rollouts.errors import InvalidPolicy
     from graylane.settings import Settings
@@ -100,12 +101,17 @@ def _policy(args: argparse.Namespace) -> int:
         raise SystemExit(str(exc)) from None
     settings = Settings.from_env()
     handler = setup_service_logging("policy-engine", settings, args)
+    # One id per live process, the same after a restart in place: it holds the lease
+    # on (no wait for its expiry) and rejoins the group as the same static member.
+    instance = claim_instance(
+        "policy", f"{settings.topic_prefix}-policy", explicit=settings.instance_id
+    )
     lease = None
     if not args.no_lease:
         # Passive until this instance holds the lease; only then does it join the group.
         lease = LeaseKeeper(
             KafkaFactory(settings),
-            default_holder(),
+            instance.instance_id,
             ttl_ms=args.lease_ttl_ms,
             renew_ms=max(1, args.lease_ttl_ms // 3),
         )
@@ -117,6 +123,7 @@ def _policy(args: argparse.Namespace) -> int:
         lease=lease,
         metrics_port=args.metrics_port,
         scale=scale,
+        instance_id=instance.instance_id,
     )
     asyncio.run(prepare_topics(settings, config))
     app = create_app(settings, config)

@@ -15,6 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from graylane.kafka.admin import TopicSetupReport, ensure_topics
 from graylane.kafka.options import ConsumerOptions, Isolation, OffsetReset, ProducerOptions
+from graylane.kafka.recovering import RecoveringProducer
 from graylane.kafka.seam import BatchConsumer, Producer
 from graylane.settings import Settings
 from graylane.topics import TopicLayout, TopicSpec
@@ -75,8 +76,12 @@ class KafkaFactory:
             kwargs["compression_type"] = o.compression
         if o.transactional_id:
             kwargs["transactional_id"] = o.transactional_id
-        producer: Producer = AIOKafkaProducer(**kwargs)
-        return producer
+            transactional: Producer = AIOKafkaProducer(**kwargs)
+            return transactional
+        # Rebuilt with a new producer id after a fatal error (a long outage's sequence gap).
+        return RecoveringProducer(
+            lambda: AIOKafkaProducer(**kwargs), start_timeout_s=o.request_timeout_ms / 1000
+        )
 
     def consumer(
         self,
@@ -100,6 +105,8 @@ class KafkaFactory:
         )
         if o.rebalance_timeout_ms is not None:
             kwargs["rebalance_timeout_ms"] = o.rebalance_timeout_ms
+        if o.group_instance_id and o.group_id:
+            kwargs["group_instance_id"] = o.group_instance_id
         consumer: BatchConsumer = AIOKafkaConsumer(*topics, **kwargs)
         return consumer
 

@@ -43,3 +43,5 @@ class ConsumerOptions:
     max_poll_interval_ms: int = 300_000
     isolation: Isolation = Isolation.READ_UNCOMMITTED
     rebalance_timeout_ms: int | None = None
+    group_instance_id: str | None = None
+    """Static membership (see :mod:`graylane.kafka.membership`); None = dynamic."""

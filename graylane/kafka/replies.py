@@ -74,12 +74,23 @@ class ReplySink:
         self._known_at = 0.0
 
     async def topic_exists(self, topic: str) -> bool:
-        if topic in self._known:
+        """Whether ``topic`` exists, from a cache at most ``refresh_s`` old.
+
+        A topic deleted under a running service drops out at the next refresh, or
+        at once after :meth:`forget` (called on ``UnknownTopicOrPartition``).
+        """
+        age = time.monotonic() - self._known_at
+        if topic in self._known and age < self._refresh_s:
             return True
-        if time.monotonic() - self._known_at > 0.05:
+        if age > 0.05:
             self._known = await known_topics(self._producer)
             self._known_at = time.monotonic()
         return topic in self._known
+
+    def forget(self, *_: object) -> None:
+        """Drop the cached topic list (a send failed: a topic may have gone)."""
+        self._known = set()
+        self._known_at = 0.0
 
     def reply_topic(self, request: inference_pb2.InferenceRequest) -> str:
         """Where the request's result goes; raises ``ReplyTopicRefused`` (allowlist)."""

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry
 from graylane.metrics.controlside import AuditSinkMetrics, ControlPlaneMetrics, PolicyMetrics
 from graylane.metrics.dataplane import RouterMetrics, WorkerMetrics
 from graylane.metrics.gpu import GPU_METRIC_NAMES
+from graylane.metrics.kafka import KafkaMetrics
 from graylane.metrics.units import build_info
 
 __all__ = ["catalogue", "series_names"]
@@ -23,6 +24,7 @@ def catalogue() -> dict[str, str]:
     for metrics in (RouterMetrics, WorkerMetrics, PolicyMetrics, ControlPlaneMetrics):
         metrics.create(registry)
     AuditSinkMetrics.create(registry)
+    KafkaMetrics.create(registry)
     build_info(registry, service="catalogue", version="0", git_sha="0")
     found = {family.name: family.type for family in registry.collect()}
     found.update(dict.fromkeys(GPU_METRIC_NAMES, "gauge"))

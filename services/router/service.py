@@ -18,6 +18,7 @@ from graylane.clock import now_ms
 from graylane.errors import SerdeError, require_started
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
+from graylane.kafka.guard import BatchGuard
 from graylane.kafka.options import ConsumerOptions
 from graylane.kafka.replies import Rejection, ReplySink, reply_topic_rejection
 from graylane.kafka.seam import ClientFactory, Producer, Record, known_topics
@@ -283,11 +284,15 @@ class Router:
         await self._producer.start()
         sink = ReplySink(self._producer, layout, "router")
         group = self.config.group_id or f"{self.factory.settings.topic_prefix}-router"
-        ingress = self.factory.consumer(
-            *[layout.ingress(m) for m in self.config.stable_versions],
-            options=ConsumerOptions(
+        guard = BatchGuard("router", registry=self.registry)  # rebalances, outages: not fatal
+        guard.on_fault(sink.forget)
+        ingress = guard.consumer(
+            self.factory,
+            [layout.ingress(m) for m in self.config.stable_versions],
+            ConsumerOptions(
                 group_id=group, max_poll_records=self.config.max_poll_records, fetch_max_wait_ms=20
             ),
+            role="router",
             client_suffix="router",
         )
         await ingress.start()
@@ -297,19 +302,24 @@ class Router:
         log.info("router serving %s", sorted(self.config.stable_versions))
         try:
             while not stop.is_set():
-                await self._settle_tables_safely()
-                batches = await ingress.getmany(timeout_ms=200)
-                self.observability.note_assignment(ingress.assignment())
-                if not batches:
-                    continue
-                fetched = [r for records in batches.values() for r in records]
-                await deliver_and_commit(
-                    ingress, fetched, functools.partial(self._route_all, fetched, sink)
-                )
+                async with guard.cycle():
+                    await self._settle_tables_safely()
+                    batches = await ingress.getmany(timeout_ms=200)
+                    self.observability.note_assignment(ingress.assignment())
+                    if not batches:
+                        continue
+                    fetched = [r for records in batches.values() for r in records]
+                    await deliver_and_commit(
+                        ingress,
+                        fetched,
+                        functools.partial(self._route_all, fetched, sink),
+                        guard=guard,
+                    )
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
             await ingress.stop()
+            guard.close()
             await self._producer.stop()
             await self._tables.stop()
             self.observability.close()
