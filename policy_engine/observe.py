@@ -13,9 +13,11 @@ from graylane.policy_engine.messages import (
     PrecisionPublication,
     QosAudit,
     QosPolicySet,
+    RecordSkipped,
     RolloutAudit,
     RolloutPublication,
     RoutingPublication,
+    SkipReason,
 )
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule, Phase
@@ -60,6 +62,10 @@ class PolicyObserver:
             self._policies[(policy.model, policy.version)] = policy
             m.qos_slo_p99.labels(policy.model, policy.version).set(policy.slo_p99_ms / 1000.0)
             self._qos(out.after)
+        elif isinstance(out, RecordSkipped):
+            m.skipped_records.labels(out.source.value, out.reason.value).inc()
+            if out.reason is SkipReason.FAILED:
+                m.decision_errors.labels(out.model, out.source.value).inc()
         elif isinstance(out, CommandRejected):
             m.decisions.labels(
                 out.command.model, "rejected", str(DecisionRule.COMMAND_REJECTED)
