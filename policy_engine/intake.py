@@ -118,7 +118,12 @@ def telemetry_into(
     except Exception as exc:  # a histogram without a valid scheme, ...
         detail = f"{type(exc).__name__}: {exc}"
         return isolation.skip(RecordSource.TELEMETRY, SkipReason.INVALID, detail, at_ms)
-    problem = invalid_sample(sample)
+    problem = invalid_sample(sample, core.window.scheme)
+    if problem is None:
+        try:
+            core.on_telemetry(sample)
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
     if problem is not None:
         return isolation.skip(
             RecordSource.TELEMETRY,
@@ -128,7 +133,6 @@ def telemetry_into(
             model=sample.model,
             version=sample.version,
         )
-    core.on_telemetry(sample)
     return None
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from graylane.histogram import LatencyHistogram
 from graylane.policy_engine.logic.window import TelemetrySample
 from graylane.policy_engine.messages import Output, RecordSkipped, RecordSource, SkipReason
 
@@ -31,8 +32,16 @@ _MAX_KEY = 120
 T = TypeVar("T")
 
 
-def invalid_sample(sample: TelemetrySample) -> str | None:
-    """Why a decoded telemetry sample cannot enter the window, or ``None``."""
+def invalid_sample(sample: TelemetrySample, scheme: LatencyHistogram | None = None) -> str | None:
+    """Why a decoded telemetry sample cannot enter the window, or ``None``.
+
+    ``scheme``: the window's bucket scheme, which the sample's non-empty
+    histograms must share (else merging them into the window would fail).
+    """
+    if scheme is not None:
+        for name, h in (("latency", sample.latency), ("queue wait", sample.queue_wait)):
+            if h.count and not h.same_scheme(scheme):
+                return f"{name} histogram scheme ({h.min_ms}, {h.growth}) is not the window's"
     if not (sample.model and sample.version and sample.variant):
         return "telemetry without model, version or variant"
     if sample.completed_at_ms <= 0:

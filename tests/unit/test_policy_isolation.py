@@ -162,6 +162,23 @@ def test_bad_telemetry_is_skipped_and_good_telemetry_still_counts() -> None:
     assert core.served_at[("gpt", "v1")] == {"fp32": 1_000}
 
 
+def test_a_histogram_of_another_scheme_is_skipped_before_it_reaches_the_window() -> None:
+    core, isolation = PolicyCore(), Isolation()
+    odd = LatencyHistogram(0.5, 1.3)
+    odd.record(5.0)
+    pb = telemetry_pb2.BatchTelemetry(
+        model="gpt",
+        version="v1",
+        variant="fp32",
+        completed_at_unix_ms=1_000,
+        request_count=1,
+        latency=histogram_to_pb(odd),
+    )
+    skipped = telemetry_into(core, serde.encode(pb), isolation, 1_000)
+    assert skipped is not None and "scheme" in skipped.detail
+    assert core.tick(2_000) == [] and core.window.add(sample("gpt", "v1", 1_000))
+
+
 def test_invalid_sample_names_what_is_wrong() -> None:
     assert invalid_sample(sample("gpt", "v1", 1)) is None
     assert invalid_sample(sample("", "v1", 1)) is not None
