@@ -19,7 +19,6 @@ from pathlib import Path
 
 from grpc import aio, ssl_server_credentials
 
-from graylane.kafka.admin import ensure_topics
 from graylane.kafka.factory import KafkaFactory
 from graylane.metrics import (
     CONTROL_CAUGHT_UP,
@@ -134,7 +133,7 @@ class ControlPlaneServer:
             for s in layout.shared_specs()
             if s.name in {layout.commands(), layout.audit(), layout.rollouts()}
         ]
-        await ensure_topics(self._factory, specs)
+        await self._factory.ensure_topics(specs)
         settings = self._factory.settings
         self.observability.start(
             settings.metrics_address(self._config.metrics_port), settings.build_labels()

@@ -14,6 +14,9 @@ from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.service import Worker
 from graylane.models.demo_gpt import write_demo_gpt
+from graylane.services.controlplane.audit_sink import AuditSink
+from graylane.services.controlplane.auth import TokenTable, parse_tokens
+from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
 from graylane.services.router.service import Router, RouterConfig
 from graylane.settings import Settings
 from graylane.supervision import BackgroundTaskDied, BackgroundTasks
@@ -151,3 +154,31 @@ async def test_a_dead_precision_follower_ends_the_worker_with_the_reason(
     factory.broker.append(factory.layout.precision(), b"any", key=b"gpt/v1", partition=0)
     with pytest.raises(BackgroundTaskDied, match="worker-precision-follower"):
         await asyncio.wait_for(task, 10)
+
+
+class BuggySink(AuditSink):
+    """An audit sink with a bug (not a database error: those it survives)."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.ready.set()
+        await asyncio.sleep(0.05)
+        raise FollowerBug("sink bug")
+
+
+async def test_a_dead_audit_sink_ends_the_control_plane_with_the_reason(
+    factory: MemoryFactory, tmp_path: Path
+) -> None:
+    factory.settings = Settings(
+        topic_prefix="t", partitions=1, db_url=f"sqlite:///{tmp_path / 'cp.db'}"
+    )
+    config = ServerConfig(
+        port=0,
+        tokens=TokenTable(parse_tokens("ops-token-0123456:operator:alice")),
+        check_candidates=False,
+        metrics_port=-1,
+    )
+    server = ControlPlaneServer(config, factory)  # type: ignore[arg-type]
+    server.sink = BuggySink(factory, server.store, server.hub)  # type: ignore[arg-type]
+    with pytest.raises(BackgroundTaskDied, match="cp-audit-sink") as info:
+        await asyncio.wait_for(server.serve(asyncio.Event()), 20)
+    assert isinstance(info.value.__cause__, FollowerBug)
