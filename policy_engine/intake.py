@@ -19,6 +19,7 @@ from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.isolation import Isolation, invalid_sample
 from graylane.policy_engine.logic.agreement import ShadowOutput
 from graylane.policy_engine.logic.rollout_state import RolloutState
+from graylane.policy_engine.logic.routing_plan import plan_of_table
 from graylane.policy_engine.messages import (
     Command,
     CommandRejected,
@@ -30,6 +31,7 @@ from graylane.policy_engine.publish import command_from_pb, shadow_output_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
 from graylane.routing import RouteTable
+from graylane.routing.cohorts import config_of_table
 from graylane.routing.convert import table_from_pb
 from graylane.v1 import control_pb2, inference_pb2, rollout_pb2, telemetry_pb2
 
@@ -73,6 +75,8 @@ def restore_values(
         try:
             table = serde.decode(control_pb2.RoutingTable, value)
             route_table = table_from_pb(table)
+            plan_of_table(route_table)  # what restore derives from it must work too
+            config_of_table(route_table)
         except Exception as exc:
             skip(RecordSource.ROUTING, key, exc)
             continue
