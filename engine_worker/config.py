@@ -66,6 +66,9 @@ class WorkerConfig:
     """Engine time one batch may take; 0 = no budget (learner and admission)."""
     default_deadline_ms: float = 0.0
     """Deadline of a request that names none, from its creation; 0 = no admission control."""
+    engine_failure_limit: int = 5
+    """Consecutive failed batches before the engine is reloaded, and after that before the
+    worker exits non-zero (:mod:`~graylane.engine_worker.engine_health`); 0 = never."""
     tokenizer: Tokenizer | None = None
     """Text for prompts and results; ``None``: the one the model's metadata names, if any."""
     model_info: ModelInfo | None = None

@@ -42,6 +42,8 @@ from graylane.engine_worker.compute import (
     warm_up,
 )
 from graylane.engine_worker.config import WorkerConfig
+from graylane.engine_worker.engine_health import EngineHealth, WorkerGaveUp
+from graylane.engine_worker.engine_recovery import EngineRecovery, Reloader
 from graylane.engine_worker.faults import InjectedFault, with_faults
 from graylane.engine_worker.intake import IntakeRules, decode, validate
 from graylane.engine_worker.load_meter import LoadMeter
@@ -57,7 +59,6 @@ from graylane.engine_worker.results import (
 from graylane.engine_worker.shapes import profile_buckets
 from graylane.engine_worker.tokenizer import detect_tokenizer
 from graylane.errors import SerdeError
-from graylane.kafka.admin import ensure_topics
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
@@ -72,6 +73,7 @@ from graylane.kafka.seam import Producer
 from graylane.metrics import (
     CONTROL_CAUGHT_UP,
 )
+from graylane.supervision import BackgroundTasks
 from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
 
 log = logging.getLogger(__name__)
@@ -93,7 +95,10 @@ class Worker:
         factory: KafkaFactory,
         config: WorkerConfig,
         engines: Mapping[str, InferenceEngine],
+        *,
+        reload: Reloader | None = None,
     ) -> None:
+        """``reload`` loads ``engines`` again (same variants and artifacts) for a broken engine."""
         if config.initial_variant not in engines:
             raise ValueError(
                 f"initial variant {config.initial_variant!r} is not loaded "
@@ -143,6 +148,10 @@ class Worker:
         """Sheds not yet reported in a batch telemetry."""
         self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
         self._batch_ids = BatchIds(config.worker_id)
+        self._background = BackgroundTasks()
+        self._recovery = EngineRecovery(
+            EngineHealth(config.engine_failure_limit), reload, self._background.abort
+        )
 
     # -- warm-up ---------------------------------------------------------------
     def warm_up(self) -> int:
@@ -346,15 +355,19 @@ class Worker:
         an unknown exception answers ``INTERNAL`` and the loop goes on.
         """
         items = list(planned.items)
+        engine = self.engines.get(context.variant, engine)  # reloaded since the cycle began
         started = now_ms()
         failure: Rejection | None = None
         try:
             run = await asyncio.get_running_loop().run_in_executor(
                 self._executor, run_isolated, engine, items, self.policy, self.limits.max_seq_len
             )
+            if run.outcomes:
+                self._recovery.served()
         except EngineError as exc:
             if not isinstance(exc, InjectedFault):
                 log.exception("engine failure on a batch of %d", len(items))
+                await self._engine_failed(exc)
             run, failure = BatchRun({}, 0.0, 0), engine_rejection(exc)
         except Exception as exc:
             log.exception("unexpected error running a batch of %d", len(items))
@@ -375,6 +388,17 @@ class Worker:
         self.observer.record(report, context.variant)
         self.served += report.served
         return report
+
+    async def _engine_failed(self, exc: EngineError) -> None:
+        """Count it; reload the engines or give up when :class:`EngineHealth` says so."""
+        fresh = await self._recovery.failed(f"{type(exc).__name__}: {exc}", self._executor)
+        if fresh is not None and self.active_variant not in fresh:
+            self._background.abort(WorkerGaveUp(f"reload lost variant {self.active_variant!r}"))
+        elif fresh is not None:
+            old, self._plain_engines = self._plain_engines, fresh
+            self.engines = with_faults(fresh, self.config.faults)
+            for engine in old.values():
+                engine.close()
 
     async def _deliver(
         self, report: BatchReport, records: Records, sink: ReplySink, producer: Producer
@@ -440,8 +464,8 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.config
         layout = self.layout
-        await ensure_topics(
-            self.factory, layout.shared_specs() + layout.model_specs(cfg.model, [cfg.version])
+        await self.factory.ensure_topics(
+            layout.shared_specs() + layout.model_specs(cfg.model, [cfg.version])
         )
         loop = asyncio.get_running_loop()
         warmed = await loop.run_in_executor(self._executor, self.warm_up)
@@ -463,7 +487,8 @@ class Worker:
             client_suffix="worker",
         )
         await consumer.start()
-        watcher = asyncio.create_task(self._precision.follow(stop))
+        background = self._background
+        background.spawn(self._precision.follow(stop), name="worker-precision-follower")
         self.ready.set()
         log.info(
             "worker %s serving %s/%s with %s",
@@ -473,16 +498,16 @@ class Worker:
             self.active_variant,
         )
         try:
-            while not stop.is_set():
+            while not stop.is_set() and background.healthy:
                 async with guard.cycle():
                     await self.serve_once(consumer, sink, producer, guard)
                     await self.observer.observe_lag(consumer)
         finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            await background.close()
             await consumer.stop()
             guard.close()
             await producer.stop()
             await self._precision.stop()
             self._executor.shutdown(wait=False)
             self.observability.close()
+        background.raise_if_failed()  # crash-only: a dead follower or a broken engine ends it

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import tempfile
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import faust
 
@@ -34,18 +35,17 @@ from graylane.policy_engine import convert
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.core_scale import restore_scale
 from graylane.policy_engine.faust_settings import broker_settings
+from graylane.policy_engine.intake import command_of, restore_values, shadow_of, telemetry_into
 from graylane.policy_engine.lease import LeaseKeeper, fence
 from graylane.policy_engine.logic.scale import ScalePolicy
 from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
-from graylane.policy_engine.messages import CommandRejected, Output
+from graylane.policy_engine.messages import CommandRejected, Output, RecordSkipped, RecordSource
 from graylane.policy_engine.observe import PolicyObserver
-from graylane.policy_engine.publish import command_from_pb, records_of, shadow_output_of
+from graylane.policy_engine.publish import records_of
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
-from graylane.routing import RouteTable
-from graylane.routing.convert import table_from_pb
 from graylane.settings import Settings
-from graylane.v1 import control_pb2, inference_pb2, rollout_pb2, telemetry_pb2
+from graylane.v1 import control_pb2, rollout_pb2
 
 __all__ = ["PolicyConfig", "create_app", "prepare_topics"]
 
@@ -143,8 +143,10 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     async def restore() -> None:
         observability.start(settings.metrics_address(config.metrics_port), settings.build_labels())
         await ensure_topics(factory, layout.shared_specs())
-        await _restore(factory, core)
+        skipped = await _restore(factory, core, config.clock())
         restored.set()
+        if skipped:
+            await publish(list(skipped))
         observability.mark(CONTROL_CAUGHT_UP)
         log.info("restored %d active rollouts", len(core.rollouts))
 
@@ -157,44 +159,46 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
                 await _note_partitions(factory, core)
                 await asyncio.sleep(config.partitions_refresh_s)
 
+    # Every record on its own (graylane.policy_engine.intake): a bad one is skipped,
+    # counted and audited, and never stops the records of other rollouts or models.
+    isolation = core.isolation
+
     @app.agent(telemetry)
     async def on_telemetry(stream: faust.StreamT[bytes]) -> None:
         await restored.wait()
         async for value in stream:
-            try:
-                core.on_telemetry(
-                    convert.telemetry_from_pb(serde.decode(telemetry_pb2.BatchTelemetry, value))
-                )
-            except (ValueError, SerdeError) as exc:
-                log.warning("undecodable telemetry skipped: %s", exc)
+            skipped = telemetry_into(core, value, isolation, config.clock())
+            if skipped is not None:
+                await publish([skipped])
 
     @app.agent(commands)
     async def on_commands(stream: faust.StreamT[bytes]) -> None:
         await restored.wait()
         async for value in stream:
             at = config.clock()
-            try:
-                pb = serde.decode(rollout_pb2.RolloutCommand, value)
-            except Exception as exc:
-                log.warning("undecodable command skipped: %s", exc)
-                continue
-            cmd = command_from_pb(pb)
-            if isinstance(cmd, CommandRejected):
+            cmd = command_of(value, isolation, at)
+            if isinstance(cmd, RecordSkipped):
+                await publish([cmd])
+            elif isinstance(cmd, CommandRejected):
                 await publish([replace(cmd, at_ms=at)])
-                continue
-            await publish(core.on_command(cmd, at))
+            else:
+                model = cmd.model
+                await publish(
+                    isolation.guard(
+                        partial(core.on_command, cmd, at), RecordSource.COMMANDS, at, model=model
+                    )
+                )
 
     for i, topic in enumerate(shadows):
 
         async def on_shadow(stream: faust.StreamT[bytes], _model: str = config.models[i]) -> None:
             await restored.wait()
             async for value in stream:
-                try:
-                    result = serde.decode(inference_pb2.InferenceResult, value)
-                except Exception as exc:
-                    log.warning("undecodable shadow result skipped: %s", exc)
-                    continue
-                core.on_shadow_result(_model, shadow_output_of(result, config.clock()))
+                output = shadow_of(value, isolation, config.clock())
+                if isinstance(output, RecordSkipped):
+                    await publish([output])
+                else:
+                    core.on_shadow_result(_model, output)
 
         app.agent(topic, name=f"shadow-{config.models[i]}")(on_shadow)
 
@@ -213,33 +217,29 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     return app
 
 
-async def _restore(factory: KafkaFactory, core: PolicyCore) -> None:
+async def _restore(factory: KafkaFactory, core: PolicyCore, at_ms: int) -> list[RecordSkipped]:
+    """Rebuild ``core`` from the control topics; the records that had to be skipped."""
     layout = factory.layout
-    routing = await read_latest_per_key(factory, layout.routing())
-    epochs: dict[str, int] = {}
-    tables: dict[str, RouteTable] = {}
-    for value in routing.values():
-        if value:
-            table = serde.decode(control_pb2.RoutingTable, value)
-            epochs[table.model] = max(epochs.get(table.model, 0), table.epoch)
-            if table.epoch >= epochs[table.model]:
-                tables[table.model] = table_from_pb(table)
-    precision: dict[tuple[str, str], tuple[str, int]] = {}
-    for value in (await read_latest_per_key(factory, layout.precision())).values():
-        if value:
-            cmd = serde.decode(control_pb2.PrecisionCommand, value)
-            precision[(cmd.model, cmd.version)] = (cmd.variant, cmd.epoch)
-    states = []
-    for value in (await read_latest_per_key(factory, layout.rollouts())).values():
-        if value:
-            pb = serde.decode(rollout_pb2.RolloutState, value)
-            states.append(convert.rollout_state_from_pb(pb, epoch=epochs.get(pb.model, 0)))
-    core.restore(states, epochs, precision, await _qos_policies(factory), tables=tables)
+    restored = restore_values(
+        await read_latest_per_key(factory, layout.routing()),
+        await read_latest_per_key(factory, layout.precision()),
+        await read_latest_per_key(factory, layout.rollouts()),
+        core.isolation,
+        at_ms,
+    )
+    restored.qos_policies = await _qos_policies(factory)
+    restored.apply(core)
     for value in (await read_latest_per_key(factory, layout.scale())).values():
-        if value:
+        if not value:
+            continue
+        try:
             req = serde.decode(control_pb2.ScaleRequest, value)
-            key = (req.model, req.version)
-            restore_scale(core, key, req.desired_replicas, req.epoch, req.decided_at_unix_ms)
+        except SerdeError as exc:  # one bad record never blocks the others
+            log.warning("skipping an undecodable scale request: %s", exc)
+            continue
+        key = (req.model, req.version)
+        restore_scale(core, key, req.desired_replicas, req.epoch, req.decided_at_unix_ms)
+    return restored.skipped
 
 
 async def _note_partitions(factory: KafkaFactory, core: PolicyCore) -> None:

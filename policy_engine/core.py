@@ -41,9 +41,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from graylane.policy_engine.core_ops import check_acks, revert, set_route_config
 from graylane.policy_engine.core_scale import evaluate_scaling, scale_hold
+from graylane.policy_engine.isolation import Isolation
 from graylane.policy_engine.logic.agreement import AgreementTracker, ShadowOutput
 from graylane.policy_engine.logic.precision_ack import (
     DEFAULT_ACK_BOUND_MS,
@@ -80,6 +82,7 @@ from graylane.policy_engine.messages import (
     PrecisionPublication,
     QosAudit,
     QosPolicySet,
+    RecordSource,
     RolloutAudit,
     RolloutPublication,
     RoutingPublication,
@@ -137,6 +140,7 @@ class PolicyCore:
         self.partitions: dict[tuple[str, str], int] = {}  # of each version topic, when known
         self.default_partitions = 0  # 0 = unknown: bounded by max_replicas only
         self.replica_capacity: dict[tuple[str, str, str], float] = {}  # calibrated rps/replica
+        self.isolation = Isolation()
 
     # -- inputs ------------------------------------------------------------------
 
@@ -291,11 +295,26 @@ class PolicyCore:
     def tick(self, now_ms: int) -> list[Output]:
         """Evaluate every active rollout, every QoS policy, then the replicas, at ``now_ms``."""
         out: list[Output] = []
+        guard = self.isolation.guard  # one failing rollout or QoS key never stops the others
         for model in sorted(self.rollouts):
-            out.extend(self._evaluate_rollout(self.rollouts[model], now_ms))
-        out.extend(self._evaluate_qos(now_ms))
-        out.extend(evaluate_scaling(self, now_ms))
-        out.extend(check_acks(self, now_ms))
+            active = self.rollouts[model]
+            out += guard(
+                partial(self._evaluate_rollout, active, now_ms),
+                RecordSource.ROLLOUT_DECISION,
+                now_ms,
+                model=model,
+                rollout_id=active.spec.rollout_id,
+            )
+        for key in sorted(self.qos_policies):
+            out += guard(
+                partial(self._evaluate_qos, key, now_ms),
+                RecordSource.QOS_DECISION,
+                now_ms,
+                model=key[0],
+                version=key[1],
+            )
+        out += guard(partial(evaluate_scaling, self, now_ms), RecordSource.SCALE_DECISION, now_ms)
+        out += guard(partial(check_acks, self, now_ms), RecordSource.PRECISION_ACKS, now_ms)
         self.window.evict(now_ms)
         for tracker in self.trackers.values():
             tracker.expire(now_ms)
@@ -363,40 +382,37 @@ class PolicyCore:
         if spec.model not in self.trackers:
             self.trackers[spec.model] = AgreementTracker(spec.baseline, spec.candidate)
 
-    def _evaluate_qos(self, now_ms: int) -> list[Output]:
+    def _evaluate_qos(self, key: tuple[str, str], now_ms: int) -> list[Output]:
         out: list[Output] = []
-        for key in sorted(self.qos_policies):
-            policy, state = self.qos_policies[key], self.qos_states[key]
-            model, version = key
-            active = self.rollouts.get(model)
-            rollout_id = ""
-            if active is not None and version == active.spec.candidate:
+        policy, state = self.qos_policies[key], self.qos_states[key]
+        model, version = key
+        active = self.rollouts.get(model)
+        rollout_id = ""
+        if active is not None and version == active.spec.candidate:
+            rollout_id = active.spec.rollout_id
+            base = self.qos_states.get((model, active.spec.baseline))
+            if base is None:
+                return out  # frozen: nothing to compare like-for-like with
+            decision = qos_during_rollout(state, base, now_ms, policy)
+        else:
+            if active is not None:
                 rollout_id = active.spec.rollout_id
-                base = self.qos_states.get((model, active.spec.baseline))
-                if base is None:
-                    continue  # frozen: nothing to compare like-for-like with
-                decision = qos_during_rollout(state, base, now_ms, policy)
-            else:
-                if active is not None:
-                    rollout_id = active.spec.rollout_id
-                stats = self.window.stats(WindowKey(model, version, state.active_variant), now_ms)
-                decision = evaluate_qos(
-                    state, policy, stats, now_ms, scale_hold=scale_hold(self, key, now_ms)
-                )
-            self.qos_states[key] = decision.after
-            changed = decision.changed or decision.kind is QosDecisionKind.SET
-            if not changed and decision.rule == self._qos_last_rule.get(key):
-                continue
-            self._qos_last_rule[key] = decision.rule
-            epoch = self.precision_epochs.get(key, 0)
-            if decision.changed:
-                epoch += 1
-                self.note_precision(model, version, decision.variant, epoch)
-                out.append(PrecisionPublication(decision=decision, epoch=epoch))
-                self.pending_switches[key] = PendingSwitch(
-                    model, version, decision.variant, epoch, now_ms, decision.before.active_variant
-                )
-            out.append(
-                QosAudit(decision=decision, epoch=epoch, rollout_id=rollout_id, policy=policy)
+            stats = self.window.stats(WindowKey(model, version, state.active_variant), now_ms)
+            decision = evaluate_qos(
+                state, policy, stats, now_ms, scale_hold=scale_hold(self, key, now_ms)
             )
+        self.qos_states[key] = decision.after
+        changed = decision.changed or decision.kind is QosDecisionKind.SET
+        if not changed and decision.rule == self._qos_last_rule.get(key):
+            return out
+        self._qos_last_rule[key] = decision.rule
+        epoch = self.precision_epochs.get(key, 0)
+        if decision.changed:
+            epoch += 1
+            self.note_precision(model, version, decision.variant, epoch)
+            out.append(PrecisionPublication(decision=decision, epoch=epoch))
+            self.pending_switches[key] = PendingSwitch(
+                model, version, decision.variant, epoch, now_ms, decision.before.active_variant
+            )
+        out.append(QosAudit(decision=decision, epoch=epoch, rollout_id=rollout_id, policy=policy))
         return out

@@ -27,12 +27,15 @@ __all__ = [
     "PrecisionPublication",
     "QosAudit",
     "QosPolicySet",
+    "RecordSkipped",
+    "RecordSource",
     "RolloutAudit",
     "RolloutPublication",
     "RoutingAudit",
     "RoutingPublication",
     "ScaleAudit",
     "ScalePublication",
+    "SkipReason",
 ]
 
 
@@ -147,6 +150,50 @@ class QosPolicySet:
     actor: str = ""
 
 
+class RecordSource(Enum):
+    """Where a skipped input came from, or which decision failed."""
+
+    ROUTING = "routing"
+    PRECISION = "precision"
+    ROLLOUTS = "rollouts"
+    COMMANDS = "commands"
+    TELEMETRY = "telemetry"
+    SHADOW = "shadow"
+    ROLLOUT_DECISION = "rollout_decision"
+    QOS_DECISION = "qos_decision"
+    PRECISION_ACKS = "precision_acks"
+    SCALE_DECISION = "scale_decision"
+
+
+class SkipReason(Enum):
+    UNDECODABLE = "undecodable"
+    """The bytes are not the expected protobuf message."""
+    INVALID = "invalid"
+    """Decoded, but its content cannot be used (a broken spec, an impossible sample)."""
+    FAILED = "failed"
+    """Evaluating it raised; the rollout or QoS key keeps its state until the next tick."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordSkipped:
+    """An input or a decision the engine passed over; every other one goes on.
+
+    Always counted (``graylane_policy_skipped_records_total``); audited when
+    ``audited`` (the first time per source, key and reason in a while, so a
+    flood of bad records does not flood the audit topic).
+    """
+
+    source: RecordSource
+    reason: SkipReason
+    detail: str
+    at_ms: int
+    key: str = ""
+    model: str = ""
+    version: str = ""
+    rollout_id: str = ""
+    audited: bool = True
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScalePublication:
     """The replicas a model version should run (compacted, key = model/version)."""
@@ -184,4 +231,5 @@ Output = (
     | PrecisionAck
     | ScalePublication
     | ScaleAudit
+    | RecordSkipped
 )

@@ -15,11 +15,13 @@ from graylane.policy_engine.messages import (
     PrecisionPublication,
     QosAudit,
     QosPolicySet,
+    RecordSkipped,
     RolloutAudit,
     RolloutPublication,
     RoutingPublication,
     ScaleAudit,
     ScalePublication,
+    SkipReason,
 )
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule, Phase
@@ -70,6 +72,10 @@ class PolicyObserver:
         elif isinstance(out, ScaleAudit):
             d = out.decision
             m.decisions.labels(d.after.model, d.kind.value, str(d.rule)).inc()
+        elif isinstance(out, RecordSkipped):
+            m.skipped_records.labels(out.source.value, out.reason.value).inc()
+            if out.reason is SkipReason.FAILED:
+                m.decision_errors.labels(out.model, out.source.value).inc()
         elif isinstance(out, CommandRejected):
             m.decisions.labels(
                 out.command.model, "rejected", str(DecisionRule.COMMAND_REJECTED)

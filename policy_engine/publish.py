@@ -26,6 +26,8 @@ from graylane.policy_engine.messages import (
     PrecisionPublication,
     QosAudit,
     QosPolicySet,
+    RecordSkipped,
+    RecordSource,
     RolloutAudit,
     RolloutPublication,
     RoutingAudit,
@@ -126,7 +128,30 @@ def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOut
 
 
 def records_of(outputs: Iterable[Output], layout: TopicLayout) -> list[Record]:
-    return [_record(o, layout) for o in outputs]
+    """The records to write; a skip that was audited lately writes none (it is counted)."""
+    return [
+        _record(o, layout) for o in outputs if not (isinstance(o, RecordSkipped) and not o.audited)
+    ]
+
+
+def _skipped_audit(o: RecordSkipped) -> audit_pb2.AuditRecord:
+    decision = o.source in (
+        RecordSource.ROLLOUT_DECISION,
+        RecordSource.QOS_DECISION,
+        RecordSource.PRECISION_ACKS,
+    )
+    what = f"{o.source.value} {o.key or o.model or ''}".strip()
+    return audit_pb2.AuditRecord(
+        decision_id=f"skipped-{o.source.value}-{o.key or o.model}-{o.version}-{o.at_ms}",
+        decided_at_unix_ms=o.at_ms,
+        model=o.model,
+        version=o.version,
+        rollout_id=o.rollout_id,
+        kind=decision_kind_to_pb(DecisionKind.HOLD),
+        rule=DecisionRule.DECISION_FAILED if decision else DecisionRule.RECORD_SKIPPED,
+        reason=f"{what} skipped ({o.reason.value}): {o.detail}",
+        actor="policy-engine",
+    )
 
 
 def _record(o: Output, layout: TopicLayout) -> Record:
@@ -186,6 +211,8 @@ def _record(o: Output, layout: TopicLayout) -> Record:
             epoch=o.epoch,
         )
         return Record(layout.audit(), o.model.encode(), serde.encode(rec))
+    if isinstance(o, RecordSkipped):
+        return Record(layout.audit(), o.model.encode(), serde.encode(_skipped_audit(o)))
     if isinstance(o, RoutingAudit):
         rec = audit_pb2.AuditRecord(
             decision_id=f"routing-{o.model}-{o.epoch}",

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import logging
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker.add_argument("--threads", type=int, default=0, help="engine threads (0 = default)")
     add_observability_args(worker)
     worker.add_argument("--worker-id", default="")
+    worker.add_argument(
+        "--engine-failure-limit",
+        type=int,
+        default=5,
+        help="consecutive failed batches before the engine is reloaded, then before the "
+        "worker exits non-zero (0 = never)",
+    )
     worker.add_argument("--inject-latency-ms", type=float, default=0.0, help="tests/demos only")
     worker.add_argument("--inject-latency-factor", type=float, default=1.0, help="tests/demos only")
     worker.add_argument("--inject-error-rate", type=float, default=0.0, help="tests/demos only")
@@ -135,6 +142,7 @@ def _router(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace) -> int:
     from graylane.artifacts.build_info import ShapeProfile
     from graylane.artifacts.model_info import ModelInfo
+    from graylane.engine.protocol import InferenceEngine
     from graylane.engine_worker.config import FaultInjection, WorkerConfig
     from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len, onnx_model_info
     from graylane.engine_worker.service import Worker
@@ -147,6 +155,11 @@ def _worker(args: argparse.Namespace) -> int:
     first_path: Path | None
     if args.from_registry:
         from graylane.engine_worker.registry_loading import load_from_registry
+
+        def reload() -> Mapping[str, InferenceEngine]:
+            return load_from_registry(
+                settings, args.model, args.version, intra_op_threads=threads
+            ).engines
 
         loaded = load_from_registry(settings, args.model, args.version, intra_op_threads=threads)
         engines, first_path = loaded.engines, loaded.fp32_path
@@ -161,7 +174,11 @@ def _worker(args: argparse.Namespace) -> int:
             paths[name] = Path(path)
         if not paths:
             raise SystemExit("give --variant NAME=PATH at least once, or --from-registry")
-        engines = load_from_paths(paths, model=args.model, intra_op_threads=threads)
+
+        def reload() -> Mapping[str, InferenceEngine]:
+            return load_from_paths(paths, model=args.model, intra_op_threads=threads)
+
+        engines = dict(reload())
         first_path = next(iter(paths.values()))
         info, profiles = onnx_model_info(first_path), ()
     active = args.active or next(iter(engines))
@@ -174,6 +191,7 @@ def _worker(args: argparse.Namespace) -> int:
         max_wait_ms=args.max_wait_ms,
         adaptive_batching=not args.fixed_batching,
         default_deadline_ms=args.default_deadline_ms,
+        engine_failure_limit=args.engine_failure_limit,
         max_seq_len=max_seq,
         buckets=_buckets_up_to(max_seq),  # the worker prefers the profiles' buckets
         model_info=info,
@@ -187,7 +205,7 @@ def _worker(args: argparse.Namespace) -> int:
         ),
         **({"worker_id": args.worker_id} if args.worker_id else {}),
     )
-    worker = Worker(KafkaFactory(settings), config, engines)
+    worker = Worker(KafkaFactory(settings), config, engines, reload=reload)
     return run_service(worker.run)
 
 

@@ -30,6 +30,8 @@ class PolicyMetrics:
     qos_at_floor: Gauge
     qos_breaching: Gauge
     qos_slo_p99: Gauge
+    skipped_records: Counter
+    decision_errors: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> PolicyMetrics:
@@ -95,6 +97,18 @@ class PolicyMetrics:
                 mv,
                 registry=registry,
             ),
+            skipped_records=Counter(
+                "graylane_policy_skipped_records",
+                "Undecodable or invalid records the policy engine skipped, by source and reason",
+                ["source", "reason"],
+                registry=registry,
+            ),
+            decision_errors=Counter(
+                "graylane_policy_decision_errors",
+                "Decisions that failed and were skipped for one rollout or QoS key",
+                ["model", "kind"],
+                registry=registry,
+            ),
         )
 
     def set_phase(self, model: str, version: str, phase: str, phases: Iterable[str]) -> None:
@@ -144,6 +158,8 @@ class AuditSinkMetrics:
     last_record: Gauge
     write_seconds: Histogram
     consumer_lag: Gauge
+    skipped: Counter
+    restarts: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> AuditSinkMetrics:
@@ -175,6 +191,18 @@ class AuditSinkMetrics:
                 "graylane_audit_consumer_lag_messages",
                 "Records not yet copied, per topic",
                 ["topic"],
+                registry=registry,
+            ),
+            skipped=Counter(
+                "graylane_audit_skipped_records",
+                "Records the audit sink could not decode or store and skipped, by topic and reason",
+                ["topic", "reason"],
+                registry=registry,
+            ),
+            restarts=Counter(
+                "graylane_audit_sink_restarts",
+                "Audit sink restarts after a database or broker error, by error type",
+                ["error"],
                 registry=registry,
             ),
         )

@@ -111,6 +111,9 @@ class DecisionRule(StrEnum):
     SET_QOS_POLICY = "set_qos_policy"
     STABLE_REVERTED = "stable_reverted"
     ROUTE_CONFIG_SET = "route_config_set"
+    # inputs and decisions the policy engine passed over (the others went on)
+    RECORD_SKIPPED = "record_skipped"
+    DECISION_FAILED = "decision_failed"
     # QoS controller (NO_DATA and MIN_DWELL above are shared)
     DISABLED = "disabled"
     NOT_IN_LADDER = "not_in_ladder"

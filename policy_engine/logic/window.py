@@ -140,6 +140,8 @@ class SlidingWindow:
         self.panes_per_window = window_ms // step_ms
         self._min_ms = min_ms
         self._growth = growth
+        self.scheme = LatencyHistogram(min_ms, growth)
+        """An empty histogram of the window's bucket scheme: a sample's must match it."""
         self._panes: dict[tuple[Lane, WindowKey], dict[int, _Pane]] = {}
         self._first_pane: dict[tuple[Lane, WindowKey], int] = {}
         self._horizon: int | None = None

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from grpc import aio, ssl_server_credentials
 
-from graylane.kafka.admin import ensure_topics
 from graylane.kafka.factory import KafkaFactory
 from graylane.metrics import (
     CONTROL_CAUGHT_UP,
@@ -43,6 +42,7 @@ from graylane.services.controlplane.observe import (
 )
 from graylane.services.controlplane.servicers import ControlPlane, add_servicers
 from graylane.services.controlplane.store import ControlStore
+from graylane.supervision import BackgroundTasks
 
 __all__ = ["ControlPlaneServer", "ServerConfig"]
 
@@ -123,7 +123,7 @@ class ControlPlaneServer:
         )
         self._server: aio.Server | None = None
         self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._background = BackgroundTasks()
         self.port = 0
 
     async def start(self) -> None:
@@ -133,7 +133,7 @@ class ControlPlaneServer:
             for s in layout.shared_specs()
             if s.name in {layout.commands(), layout.audit(), layout.rollouts()}
         ]
-        await ensure_topics(self._factory, specs)
+        await self._factory.ensure_topics(specs)
         settings = self._factory.settings
         self.observability.start(
             settings.metrics_address(self._config.metrics_port), settings.build_labels()
@@ -161,13 +161,10 @@ class ControlPlaneServer:
             self.port = server.add_insecure_port(address)
         await server.start()
         self._server = server
-        self._tasks = [
-            asyncio.create_task(self.sink.run(self._stop), name="cp-audit-sink"),
-            asyncio.create_task(self._outbox(), name="cp-outbox"),
-            asyncio.create_task(self._ready_when_caught_up(health), name="cp-ready"),
-        ]
-        for task in self._tasks:
-            task.add_done_callback(_log_failure)
+        # crash-only: a dead audit sink or outbox ends serve() with the reason
+        self._background.spawn(self.sink.run(self._stop), name="cp-audit-sink")
+        self._background.spawn(self._outbox(), name="cp-outbox")
+        self._background.spawn(self._ready_when_caught_up(health), name="cp-ready")
         log.info("control plane listening on %s (port %d)", address, self.port)
 
     async def _ready_when_caught_up(self, health: HealthServicer) -> None:
@@ -198,9 +195,7 @@ class ControlPlaneServer:
         self._stop.set()
         if self._server is not None:
             await self._server.stop(grace_s)
-        for task in self._tasks:
-            with contextlib.suppress(Exception):
-                await task
+        await self._background.close()
         await self._bus.stop()
         self.store.engine.dispose()
         self.observability.close()
@@ -208,11 +203,6 @@ class ControlPlaneServer:
     async def serve(self, stop: asyncio.Event) -> None:
         await self.start()
         try:
-            await stop.wait()
+            await self._background.wait(stop)  # raises if a background task died
         finally:
             await self.stop()
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("%s stopped: %s", task.get_name(), task.exception())

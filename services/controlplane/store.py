@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
@@ -21,6 +22,7 @@ from graylane.registry.migrate import create_db_engine, upgrade
 from graylane.rollouts.pb import phase_from_pb
 from graylane.rollouts.vocabulary import DecisionRule
 from graylane.serde import decode, encode
+from graylane.services.controlplane.store_ids import fit
 from graylane.services.controlplane.store_rows import (
     AuditRow,
     CommandRow,
@@ -133,7 +135,7 @@ class ControlStore:
 
     def get_rollout(self, rollout_id: str) -> StoredRollout | None:
         with self._sessions() as session:
-            row = session.get(RolloutRow, rollout_id)
+            row = session.get(RolloutRow, _key(RolloutRow.rollout_id, rollout_id))
             return None if row is None else _stored(row)
 
     def list_rollouts(
@@ -161,7 +163,7 @@ class ControlStore:
         """
         now = self._clock()
         with self._sessions.begin() as session:
-            row = session.get(RolloutRow, state.rollout_id)
+            row = session.get(RolloutRow, _key(RolloutRow.rollout_id, state.rollout_id))
             if row is None:
                 session.add(_rollout_row(state, now))
                 return True
@@ -236,7 +238,7 @@ class ControlStore:
 
     def add_audit(self, records: Iterable[audit_pb2.AuditRecord]) -> int:
         """Insert records not stored yet (by ``decision_id``); returns how many were new."""
-        batch = {r.decision_id: r for r in records if r.decision_id}
+        batch = {_key(AuditRow.decision_id, r.decision_id): r for r in records if r.decision_id}
         if not batch:
             return 0
         with self._sessions.begin() as session:
@@ -274,11 +276,11 @@ class ControlStore:
     ) -> list[audit_pb2.AuditRecord]:
         query = select(AuditRow.record)
         if model:
-            query = query.where(AuditRow.model == model)
+            query = query.where(AuditRow.model == _key(AuditRow.model, model))
         if rollout_id:
-            query = query.where(AuditRow.rollout_id == rollout_id)
+            query = query.where(AuditRow.rollout_id == _key(AuditRow.rollout_id, rollout_id))
         if version:
-            query = query.where(AuditRow.version == version)
+            query = query.where(AuditRow.version == _key(AuditRow.version, version))
         if from_ms:
             query = query.where(AuditRow.decided_at_ms >= from_ms)
         if to_ms:
@@ -321,7 +323,7 @@ def _end_refused_start(session: Session, record: audit_pb2.AuditRecord) -> None:
     command = session.get(CommandRow, record.command_id) if record.command_id else None
     if command is None or command.kind != rollout_pb2.COMMAND_START:
         return
-    row = session.get(RolloutRow, command.rollout_id)
+    row = session.get(RolloutRow, _key(RolloutRow.rollout_id, command.rollout_id))
     if row is None or row.phase != rollout_pb2.PENDING:
         return
     state = decode(rollout_pb2.RolloutState, row.state)
@@ -339,16 +341,16 @@ def _rollout_row(state: rollout_pb2.RolloutState, now: int) -> RolloutRow:
     """A new row for ``state`` and the spec it embeds."""
     spec = state.spec
     return RolloutRow(
-        rollout_id=state.rollout_id,
-        model=state.model,
-        baseline_version=spec.baseline_version,
-        candidate_version=spec.candidate_version,
+        rollout_id=_key(RolloutRow.rollout_id, state.rollout_id),
+        model=_key(RolloutRow.model, state.model),
+        baseline_version=_key(RolloutRow.baseline_version, spec.baseline_version),
+        candidate_version=_key(RolloutRow.candidate_version, spec.candidate_version),
         phase=state.phase,
         terminal=int(_finished(state.phase)),
         spec=encode(spec),
         state=encode(state),
         state_updated_ms=state.updated_at_unix_ms,
-        created_by=spec.created_by,
+        created_by=_key(RolloutRow.created_by, spec.created_by),
         created_at_ms=spec.created_at_unix_ms or now,
         updated_at_ms=now,
     )
@@ -366,15 +368,25 @@ def _command_row(command: rollout_pb2.RolloutCommand) -> CommandRow:
     )
 
 
+def _width(column: Any) -> int:
+    """The declared length of a ``String`` column."""
+    return int(column.property.columns[0].type.length)
+
+
+def _key(column: Any, value: str) -> str:
+    """``value`` as stored in ``column``: as is, or hashed when it is longer (store_ids)."""
+    return fit(value, _width(column))
+
+
 def _audit_row(record: audit_pb2.AuditRecord) -> AuditRow:
     return AuditRow(
-        decision_id=record.decision_id,
+        decision_id=_key(AuditRow.decision_id, record.decision_id),
         decided_at_ms=record.decided_at_unix_ms,
-        model=record.model,
-        rollout_id=record.rollout_id,
-        version=record.version,
+        model=_key(AuditRow.model, record.model),
+        rollout_id=_key(AuditRow.rollout_id, record.rollout_id),
+        version=_key(AuditRow.version, record.version),
         kind=record.kind,
-        rule=record.rule,
+        rule=_key(AuditRow.rule, record.rule),
         reason=record.reason,
         record=encode(record),
     )

@@ -27,6 +27,7 @@ from graylane.request_limits import FieldCaps, clip, field_problem
 from graylane.routing import RouteTable, RoutingRequest, UnknownPinnedVersion, route
 from graylane.routing.convert import table_from_pb
 from graylane.routing.table import RouteDecision, route_without_table, table_problem
+from graylane.supervision import BackgroundTasks
 from graylane.v1 import control_pb2, inference_pb2
 
 log = logging.getLogger(__name__)
@@ -297,11 +298,12 @@ class Router:
         )
         await ingress.start()
         await self.settle_tables()
-        watcher = asyncio.create_task(self._tables.follow(stop))
+        background = BackgroundTasks()
+        background.spawn(self._tables.follow(stop), name="router-table-follower")
         self.ready.set()
         log.info("router serving %s", sorted(self.config.stable_versions))
         try:
-            while not stop.is_set():
+            while not stop.is_set() and background.healthy:
                 async with guard.cycle():
                     await self._settle_tables_safely()
                     batches = await ingress.getmany(timeout_ms=200)
@@ -316,13 +318,13 @@ class Router:
                         guard=guard,
                     )
         finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            await background.close()
             await ingress.stop()
             guard.close()
             await self._producer.stop()
             await self._tables.stop()
             self.observability.close()
+        background.raise_if_failed()  # crash-only: a dead table follower ends the router
 
 
 def _weights(table: RouteTable) -> dict[str, float]:

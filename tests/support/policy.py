@@ -91,6 +91,8 @@ class RoutingWatch:
         )
 
     def _seen(self, record: Record) -> None:
+        if record.key != self.model.encode():  # another model's table (or a bad record)
+            return
         table = serde.decode(control_pb2.RoutingTable, record.value)
         if table.model == self.model:
             self.tables.append((time.monotonic(), table))
