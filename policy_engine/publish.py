@@ -139,6 +139,7 @@ def _skipped_audit(o: RecordSkipped) -> audit_pb2.AuditRecord:
         RecordSource.ROLLOUT_DECISION,
         RecordSource.QOS_DECISION,
         RecordSource.PRECISION_ACKS,
+        RecordSource.SCALE_DECISION,
     )
     what = f"{o.source.value} {o.key or o.model or ''}".strip()
     return audit_pb2.AuditRecord(
