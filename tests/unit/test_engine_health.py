@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from graylane import serde, tensors
+from graylane.artifacts.model_info import ModelInfo
 from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.engine_health import EngineHealth, EngineVerdict, WorkerGaveUp
+from graylane.engine_worker.loading import onnx_model_info
 from graylane.engine_worker.service import Worker
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.settings import Settings
@@ -88,9 +90,18 @@ class BrokenEngine:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> OnnxRuntimeEngine:
-    path: Path = write_demo_gpt(tmp_path_factory.mktemp("m") / "tiny.onnx", "tiny", seed=5)
-    return OnnxRuntimeEngine.load(path, "fp32", name=MODEL, intra_op_threads=1)
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_demo_gpt(tmp_path_factory.mktemp("m") / "tiny.onnx", "tiny", seed=5)
+
+
+@pytest.fixture(scope="module")
+def engine(model_path: Path) -> OnnxRuntimeEngine:
+    return OnnxRuntimeEngine.load(model_path, "fp32", name=MODEL, intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
+def info(model_path: Path) -> ModelInfo:
+    return onnx_model_info(model_path)
 
 
 def _request(i: int, ids: list[int]) -> bytes:
@@ -104,7 +115,9 @@ def _request(i: int, ids: list[int]) -> bytes:
 
 
 class Stack:
-    def __init__(self, engine: OnnxRuntimeEngine, *, broken_after_reload: bool) -> None:
+    def __init__(
+        self, engine: OnnxRuntimeEngine, info: ModelInfo, *, broken_after_reload: bool
+    ) -> None:
         self.broker = MemoryBroker()
         self.factory = MemoryFactory(self.broker, Settings(topic_prefix="t", partitions=1))
         self.loaded: list[BrokenEngine] = [BrokenEngine(engine, broken=False)]
@@ -122,6 +135,8 @@ class Stack:
             metrics_port=-1,
             worker_id="w",
             engine_failure_limit=3,
+            # the task and vocabulary the model declares (ids beyond it are input errors)
+            model_info=info,
         )
         self.worker = Worker(self.factory, config, {"fp32": self.loaded[0]}, reload=self.reload)
 
@@ -161,8 +176,9 @@ async def _until(condition, timeout_s: float = 20.0) -> None:  # type: ignore[no
 
 async def test_a_broken_engine_is_reloaded_then_the_worker_gives_up(
     engine: OnnxRuntimeEngine,
+    info: ModelInfo,
 ) -> None:
-    stack = Stack(engine, broken_after_reload=True)
+    stack = Stack(engine, info, broken_after_reload=True)
     stop = asyncio.Event()
     task = await stack.start(stop)
     # input errors (a token id outside the vocabulary) never count as engine failures
@@ -184,8 +200,9 @@ async def test_a_broken_engine_is_reloaded_then_the_worker_gives_up(
 
 async def test_a_reload_that_heals_the_engine_keeps_the_worker_serving(
     engine: OnnxRuntimeEngine,
+    info: ModelInfo,
 ) -> None:
-    stack = Stack(engine, broken_after_reload=False)
+    stack = Stack(engine, info, broken_after_reload=False)
     stop = asyncio.Event()
     task = await stack.start(stop)
     stack.send(*[_request(i, [1, 2, 3]) for i in range(3)])
