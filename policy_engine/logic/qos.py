@@ -6,9 +6,18 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
 - **Breach** (step down, toward throughput): p99 > ``slo * (1 + step_down_margin)``
   (default 1.2 x SLO), or the mean queue wait > ``max_queue_wait_ms`` (when set),
   continuously for ``sustain_s`` (default 5 s).
-- **Calm** (step up, toward quality): p99 < ``slo * step_up_ratio`` (default
-  0.6 x SLO) and the mean queue wait below ``step_up_ratio x max_queue_wait_ms``,
-  continuously for ``sustain_s``.
+  Also a breach: more than ``max_shed_fraction`` (2 %) of the arrived requests
+  shed by admission control (which keeps the admitted p99 under the SLO).
+- **Calm** (step up, toward quality), continuously for ``sustain_s``:
+  - when the policy carries the calibrated capacity of the rung above
+    (``rung_capacity_rps``): the offered load (served + shed) below
+    ``up_capacity_fraction`` (0.7) of it, and no breach. The p99 of the
+    cheaper rung does not matter: at normal load it may never reach a
+    latency threshold, and the capacity says whether the rung above copes.
+    Stepping down on latency and up on load at 0.7 x capacity is the
+    hysteresis band;
+  - else (no calibration): p99 < ``slo * step_up_ratio`` (default 0.6 x SLO)
+    and the mean queue wait below ``step_up_ratio x max_queue_wait_ms``.
 - **Load ceiling** (hysteresis on load, not only on latency): a cheaper rung
   is of course faster, so its p99 alone would soon look calm and the
   controller would flap between rungs. When a rung breaches, the throughput
@@ -185,7 +194,8 @@ def evaluate_qos(
         )
 
     breach_why = _breach(stats, policy)
-    calm = _calm(stats, policy)
+    up_target = ladder[index - 1] if index > 0 else None
+    calm = breach_why is None and _calm(stats, policy, up_target)
     breach_since = _since(state.breach_since_ms, now_ms) if breach_why is not None else None
     calm_since = _since(state.calm_since_ms, now_ms) if calm else None
     current = replace(pruned, breach_since_ms=breach_since, calm_since_ms=calm_since)
@@ -252,12 +262,16 @@ def evaluate_qos(
                 f"{target}'s ceiling {known.throughput_rps:.1f} rps: {figures}",
                 current,
             )
+        capacity = policy.capacity_of(target)
+        rule, why = DecisionRule.P99_CALM, figures
+        if capacity is not None:
+            rule = DecisionRule.LOAD_CALM
+            why = (
+                f"offered {stats.offered_rps:.1f} rps < {policy.up_capacity_fraction:g} x "
+                f"{target}'s capacity {capacity:.1f} rps; {figures}"
+            )
         return move(
-            QosDecisionKind.STEP_UP,
-            DecisionRule.P99_CALM,
-            f"sustained {held / 1000:g} s: {figures}",
-            target,
-            current,
+            QosDecisionKind.STEP_UP, rule, f"sustained {held / 1000:g} s: {why}", target, current
         )
     return hold(DecisionRule.WITHIN_BAND, f"within the band: {figures}", current)
 
@@ -277,10 +291,16 @@ def _breach(stats: WindowStats, policy: QosPolicy) -> DecisionRule | None:
         return DecisionRule.P99_BREACH
     if policy.max_queue_wait_ms > 0.0 and stats.queue_wait_mean_ms > policy.max_queue_wait_ms:
         return DecisionRule.QUEUE_WAIT_BREACH
+    if stats.shed and stats.shed_fraction > policy.max_shed_fraction:
+        return DecisionRule.SHED_BREACH
     return None
 
 
-def _calm(stats: WindowStats, policy: QosPolicy) -> bool:
+def _calm(stats: WindowStats, policy: QosPolicy, target: str | None) -> bool:
+    """Calm toward ``target`` (the rung above; None at the top: latency only)."""
+    capacity = policy.capacity_of(target) if target is not None else None
+    if capacity is not None:
+        return stats.offered_rps < policy.up_capacity_fraction * capacity
     queue_ok = (
         policy.max_queue_wait_ms <= 0.0
         or stats.queue_wait_mean_ms < policy.max_queue_wait_ms * policy.step_up_ratio
@@ -294,6 +314,8 @@ def _figures(stats: WindowStats, policy: QosPolicy) -> str:
         f"down > {policy.down_threshold_ms:g}, "
         f"up < {policy.up_threshold_ms:g}), {stats.throughput_rps:.1f} rps"
     )
+    if stats.shed:
+        text += f", shed {stats.shed_fraction:.1%} (max {policy.max_shed_fraction:.1%})"
     if policy.max_queue_wait_ms > 0.0:
         text += f", queue wait {stats.queue_wait_mean_ms:.1f} ms (max {policy.max_queue_wait_ms:g})"
     return text

@@ -76,11 +76,13 @@ class _Pane:
         "queue_fallback_sum",
         "requests",
         "service",
+        "shed",
     )
 
     def __init__(self, min_ms: float, growth: float) -> None:
         self.requests = 0
         self.errors = 0
+        self.shed = 0
         self.batches = 0
         self.latency = LatencyHistogram(min_ms, growth)
         self.queue = LatencyHistogram(min_ms, growth)
@@ -95,6 +97,7 @@ class _Pane:
     def add(self, s: TelemetrySample) -> None:
         self.requests += s.request_count
         self.errors += s.error_count
+        self.shed += s.shed_count
         self.batches += 1
         if s.batch_id is not None and len(self.batch_ids) < MAX_IDS_PER_PANE:
             self.batch_ids.add(s.batch_id)
@@ -326,4 +329,5 @@ def _summarize(
         service_p95_ms=service.quantile(0.95),
         service_p99_ms=service.quantile(0.99),
         service=service if service.count else None,
+        shed=sum(p.shed for p in panes),
     )
