@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from graylane import serde
+from graylane.app.bench.qos_score import Answer
 from graylane.app.cli.demo import Service, start_service, stop_services
 from graylane.app.demo.monitor import Monitor
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
@@ -41,6 +42,9 @@ class BenchStack:
     services: list[Service] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     tag: str = "bench"
+    sent_at: dict[str, float] = field(default_factory=dict)
+    """request id -> monotonic time it was submitted by :meth:`load`."""
+    answers: dict[str, Answer] = field(default_factory=dict)
 
     async def command(self, command: rollout_pb2.RolloutCommand) -> None:
         command.command_id = command.command_id or uuid.uuid4().hex
@@ -70,12 +74,14 @@ class BenchStack:
         tokens = [(7 * k) % 250 + 3 for k in range(self.prompt_len)]
         next_at = time.monotonic()
         while not stop.is_set():
-            await self.client.submit(
+            submitted = time.monotonic()
+            request_id = await self.client.submit(
                 self.model,
                 token_ids=tokens,
                 routing_key=f"user-{uuid.uuid4().hex[:8]}",
                 post_process=PostProcess.ARGMAX_LAST,
             )
+            self.sent_at[request_id] = submitted
             i += 1
             next_at += 1.0 / self.rate
             delay = next_at - time.monotonic()
@@ -91,6 +97,8 @@ class BenchStack:
     async def collect(self) -> None:
         async for result in self.client.results():
             self.monitor.on_result(result)
+            latency = result.client_latency_ms or result.timing.total_ms
+            self.answers[result.request_id] = Answer(result.ok, result.error_code, latency)
 
 
 def start_worker(spec: WorkerSpec, model: str, env: dict[str, str], tag: str) -> Service:
