@@ -116,6 +116,7 @@ def window_stats_to_pb(s: WindowStats) -> audit_pb2.WindowStats:
         service_p95_ms=s.service_p95_ms,
         service_p99_ms=s.service_p99_ms,
         shed=s.shed,
+        shed_rps=s.shed_rps,
     )
 
 
@@ -144,6 +145,7 @@ def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
         service_p99_ms=pb.service_p99_ms,
         service=histogram_from_pb(pb.service) if pb.HasField("service") else None,
         shed=pb.shed,
+        shed_rps=pb.shed_rps,
     )
 
 

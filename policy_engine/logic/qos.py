@@ -30,7 +30,7 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
   empty = the ladder's last), never above the first rung.
 - **Stale input**: stats of a variant other than the active one (the window
   right after a switch) count as no data.
-- **No data** (no stats, no requests, or stale): HOLD, and *both* sustain
+- **No data** (no stats, no requests and no sheds, or stale): HOLD, and *both* sustain
   timers restart: "continuously for sustain_s" needs continuous evidence.
 - A variant outside the ladder is SET to the first rung, one below the floor
   is SET to the floor, at once (the policy changed under it).
@@ -186,7 +186,7 @@ def evaluate_qos(
             floor_variant,
             cleared,
         )
-    if stats is None or stats.requests == 0:
+    if stats is None or (stats.requests == 0 and stats.shed == 0):
         return hold(DecisionRule.NO_DATA, "no data: sustain timers restart", cleared)
     if stats.variant not in (active, ALL_VARIANTS):
         return hold(

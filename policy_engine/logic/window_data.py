@@ -113,13 +113,12 @@ class WindowStats:
     """Service times of the window's requests; None when no batch carried one."""
     shed: int = 0
     """Requests shed (answered SHED, never run) in the window: not in ``requests``."""
+    shed_rps: float = 0.0
 
     @property
     def offered_rps(self) -> float:
         """Requests/s that arrived: served (``throughput_rps``) plus shed."""
-        if self.requests:
-            return self.throughput_rps * (self.requests + self.shed) / self.requests
-        return 0.0
+        return self.throughput_rps + self.shed_rps
 
     @property
     def shed_fraction(self) -> float:

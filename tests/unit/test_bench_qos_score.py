@@ -40,3 +40,16 @@ def test_seconds_to_top() -> None:
     assert seconds_to_top(flap, "fp32", spike_end=50.0) == pytest.approx(20.0)
     # repeated announcements of the same variant do not move the time
     assert seconds_to_top([(10.0, "int8"), (52.0, "fp32"), (60.0, "fp32")], "fp32", 50.0) == 2.0
+
+
+def test_bench_and_demo_policies_step_up_by_calibrated_capacity() -> None:
+    from graylane.app.bench.qos import qos_policy
+    from graylane.app.demo.story import HEALTHY, demo_qos_policy
+    from graylane.rollouts.pb import qos_policy_from_pb
+
+    capacities = {"fp32": 21.0, "int8-dynamic": 30.0}
+    for pb in (qos_policy(235.0, capacities), demo_qos_policy(HEALTHY, 250.0, capacities)):
+        policy = qos_policy_from_pb(pb)
+        assert policy.capacity_of("fp32") == 21.0
+        assert policy.up_capacity_fraction == 0.7
+    assert qos_policy_from_pb(demo_qos_policy(HEALTHY, 250.0)).rung_capacity_rps == ()

@@ -50,6 +50,7 @@ def stats(p99: float, *, variant: str, served_rps: float, shed_rps: float = 0.0)
         mean_ms=p99 / 3,
         throughput_rps=served_rps,
         shed=round(shed_rps * seconds),
+        shed_rps=shed_rps,
     )
 
 
@@ -210,7 +211,7 @@ def test_window_counts_shed_requests_apart_from_served() -> None:
         )
     s = window.stats_by_version("m", "v1", 4_000)
     assert s is not None
-    assert (s.requests, s.shed) == (20, 60)
+    assert (s.requests, s.shed, s.batches) == (20, 60, 4)
     assert s.throughput_rps == pytest.approx(5.0)
     assert s.offered_rps == pytest.approx(20.0)
     assert s.shed_fraction == pytest.approx(0.75)
@@ -223,3 +224,29 @@ def test_negative_shed_counts_are_refused() -> None:
             model="m", version="v1", variant="fp32", worker_id="w", completed_at_ms=1,
             request_count=1, error_count=0, latency=LatencyHistogram.of([1.0]), shed_count=-1,
         )  # fmt: skip
+
+
+def test_a_window_of_sheds_alone_is_data_and_a_breach() -> None:
+    """Admission may shed every request (nothing runs): the worker reports the sheds
+    alone, the window counts them, and QoS steps down on them."""
+    window = SlidingWindow(window_ms=4_000, step_ms=1_000)
+    for i in range(4):
+        window.add(
+            TelemetrySample(
+                model="m", version="v1", variant="fp32", worker_id="w1",
+                completed_at_ms=1_000 * i + 10, request_count=0, error_count=0,
+                latency=LatencyHistogram(), shed_count=30,
+            )
+        )  # fmt: skip
+    s = window.stats_by_version("m", "v1", 4_000)
+    assert s is not None
+    assert (s.requests, s.shed, s.batches, s.p99_ms) == (0, 120, 0, 0.0)
+    assert s.offered_rps == pytest.approx(30.0) and s.shed_fraction == 1.0
+    state, decisions = initial_qos_state(CALIBRATED), []
+    for i in range(1, 5):
+        decisions.append(evaluate_qos(state, CALIBRATED, s, T0 + 1000 * i))
+        state = decisions[-1].after
+    assert decisions[0].rule is DecisionRule.SUSTAIN
+    assert [(d.variant, d.rule) for d in decisions if d.changed] == [
+        ("int8", DecisionRule.SHED_BREACH)
+    ]
