@@ -60,6 +60,17 @@ class BenchStack:
         finally:
             await producer.stop()
 
+    async def wait_served(self, timeout_s: float = 180.0) -> None:
+        """Until one request is answered (a worker serves the model)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                await self.client.infer(self.model, token_ids=[1, 2, 3], timeout=5)
+                return
+            except InferenceTimeout:
+                if time.monotonic() > deadline:
+                    raise
+
     async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while not predicate():
@@ -133,7 +144,11 @@ async def bench_stack(
     with_policy: bool = True,
     tag: str = "bench",
     later_versions: Sequence[str] = (),
+    policy_args: Sequence[str] = (),
+    wait_served: bool = True,
 ) -> AsyncIterator[BenchStack]:
+    """``wait_served=False``: yield before any worker answers (the caller starts
+    workers some other way, then calls :meth:`BenchStack.wait_served`)."""
     prefix = f"{tag}{uuid.uuid4().hex[:6]}"
     settings = settings.with_overrides(topic_prefix=prefix)
     factory = KafkaFactory(settings)
@@ -163,6 +178,7 @@ async def bench_stack(
                     str(window_ms),
                     "--step-ms",
                     str(step_ms),
+                    *policy_args,
                 ],
                 logs,
                 env,
@@ -202,14 +218,8 @@ async def bench_stack(
         tasks += [asyncio.create_task(f.follow(stop)) for f in followers]
         async with GraylaneClient(factory) as client:
             stack = BenchStack(factory, model, monitor, client, services=services, env=env, tag=tag)
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    await client.infer(model, token_ids=[1, 2, 3], timeout=5)
-                    break
-                except InferenceTimeout:
-                    if time.monotonic() > deadline:
-                        raise
+            if wait_served:
+                await stack.wait_served()
             tasks.append(asyncio.create_task(stack.collect()))
             yield stack
     finally:

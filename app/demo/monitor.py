@@ -32,6 +32,7 @@ class Sample:
     ok: bool
     shed: bool = False
     """Answered SHED by admission control (not run; not an engine error)."""
+    worker: str = ""
 
 
 @dataclass
@@ -62,8 +63,8 @@ class Monitor:
         self.shed = 0
         self.precision_changes: dict[str, list[tuple[float, str]]] = defaultdict(list)
         """Per version, (time, variant) of every precision command seen."""
-        self.workers: int | None = None
-        """Worker processes running, when a supervisor reports them (None: unknown)."""
+        self.workers_seen: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        """Per version, (time, workers that answered in the live window) at each snapshot."""
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -74,7 +75,9 @@ class Monitor:
     def on_result(self, result: Result) -> None:
         latency = result.client_latency_ms or result.timing.total_ms
         shed = result.error_code == "SHED"
-        sample = Sample(self.now(), result.version, result.variant, latency, result.ok, shed)
+        sample = Sample(
+            self.now(), result.version, result.variant, latency, result.ok, shed, result.worker_id
+        )
         self.samples.append(sample)
         self.history.append(sample)
         self.total += 1
@@ -116,18 +119,23 @@ class Monitor:
             by_version[s.version].append(s)
         return by_version
 
+    def workers(self, version: str) -> int:
+        """Workers that answered ``version``'s requests in the live window."""
+        return len({s.worker for s in self.window().get(version, []) if s.worker})
+
     def snapshot(self) -> None:
-        """Record the current per-version p99 on the timeline."""
+        """Record the current per-version p99 (and workers) on the timeline."""
         for version, samples in self.window().items():
+            self.workers_seen[version].append((self.now(), self.workers(version)))
             ok = [s.latency_ms for s in samples if s.ok]
             if ok:
                 self.timeline.p99[version].append((self.now(), float(np.percentile(ok, 99))))
             self.timeline.variants[version].append((self.now(), samples[-1].variant))
 
     def table(self, title: str) -> Table:
-        caption = f"workers: {self.workers}" if self.workers is not None else None
-        table = Table(title=title, caption=caption)
-        for col in ("version", "weight", "req/s", "p50 ms", "p99 ms", "errors", "shed", "variant"):
+        table = Table(title=title, caption="p99 of the requests answered OK (admitted)")
+        columns = ("version", "weight", "req/s", "p50 ms", "p99 ms", "errors", "shed", "variant")
+        for col in (*columns, "workers"):
             table.add_column(col, justify="right")
         window = self.window()
         versions = sorted(set(window) | set(self.weights))
@@ -147,5 +155,6 @@ class Monitor:
                 f"{100 * err:.1f}%",
                 f"{100 * shed:.1f}%",
                 variant,
+                str(self.workers(version)),
             )
         return table

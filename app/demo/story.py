@@ -11,7 +11,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from rich.console import Console
 from rich.live import Live
@@ -44,12 +43,6 @@ class StoryConfig:
     rung_capacity_rps: dict[str, float] = field(default_factory=dict)
     """One worker's calibrated requests/s per variant: QoS steps up by load."""
     spike_s: float = 30.0
-
-
-class WorkerCount(Protocol):
-    """What the story needs of the local supervisor that obeys scale requests."""
-
-    def workers(self, model: str, version: str) -> int: ...
 
 
 def demo_rollout_spec(rollout_id: str, baseline: str, candidate: str) -> rollout_pb2.RolloutSpec:
@@ -100,9 +93,11 @@ class Story:
         settings: Settings,
         cfg: StoryConfig,
         step: Callable[[str], None],
-        supervisor: WorkerCount | None = None,
+        *,
+        scale_out: bool = False,
     ) -> None:
-        self.supervisor = supervisor
+        self.scale_out = scale_out
+        """A supervisor obeys the policy engine's scale requests for the QoS version."""
         self.deadline_s: float | None = None
         """Each request's deadline (set in the QoS part: late requests are shed)."""
         self.factory = KafkaFactory(settings)
@@ -156,8 +151,6 @@ class Story:
         with Live(self.monitor.table(title()), console=self.console, refresh_per_second=2) as live:
             while not self.stop.is_set():
                 await asyncio.sleep(1.0)
-                if self.supervisor is not None:
-                    self.monitor.workers = self.supervisor.workers(MODEL, HEALTHY)
                 self.monitor.snapshot()
                 live.update(self.monitor.table(title()))
 
@@ -273,7 +266,8 @@ class Story:
         return True
 
     def _workers(self) -> int:
-        return self.supervisor.workers(MODEL, HEALTHY) if self.supervisor is not None else 1
+        """Workers that answered the QoS version's requests in the live window."""
+        return self.monitor.workers(HEALTHY)
 
     async def _qos_story(self, title: list[str]) -> None:
         """The elastic part: a 3x spike; QoS steps down, admission sheds what would be
@@ -298,13 +292,13 @@ class Story:
             lambda: self.monitor.variants.get(HEALTHY) == "int8-dynamic",
             "QoS stepped down to int8-dynamic",
         )
-        if self.supervisor is not None:
+        if self.scale_out:
             await self._wait_by(lambda: self._workers() >= 2, "scaled out to 2 workers", spike_end)
         await asyncio.sleep(max(0.0, spike_end - time.monotonic()))
         self.rate = cfg.rate
         self.monitor.event(f"spike over; {self.monitor.shed} requests shed so far")
         title[0] = f"QoS on {HEALTHY}: load back to normal"
-        if self.supervisor is not None:
+        if self.scale_out:
             await self._wait(lambda: self._workers() <= 1, "scaled back in to 1 worker")
         await self._wait(
             lambda: self.monitor.variants.get(HEALTHY) == "fp32", "QoS stepped back up to fp32"

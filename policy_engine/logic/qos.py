@@ -20,11 +20,13 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
     and the mean queue wait below ``step_up_ratio x max_queue_wait_ms``.
 - **Load ceiling** (hysteresis on load, not only on latency): a cheaper rung
   is of course faster, so its p99 alone would soon look calm and the
-  controller would flap between rungs. When a rung breaches, the throughput
-  at that moment is remembered as that rung's ceiling; stepping back up to it
-  also needs the current throughput at most ``up_load_fraction`` (0.8) of its
-  ceiling. A ceiling is forgotten after ``ceiling_ttl_s`` (600 s), so a breach
-  caused by something other than load does not pin the quality down for ever.
+  controller would flap between rungs. When a rung breaches, the offered
+  load (served + shed) at that moment is remembered as that rung's ceiling;
+  stepping back up to it also needs the current offered load at most
+  ``up_load_fraction`` (0.8) of its ceiling (served alone would be far too
+  low a ceiling when admission control sheds most of the load). A ceiling
+  is forgotten after ``ceiling_ttl_s`` (600 s), so a breach caused by
+  something other than load does not pin the quality down for ever.
 - **Dwell**: no change within ``min_dwell_s`` (default 30 s) of the last one.
 - **Bounds**: never below ``quality_floor`` (the lowest-quality rung allowed;
   empty = the ladder's last), never above the first rung.
@@ -74,7 +76,7 @@ class QosDecisionKind(Enum):
 
 @dataclass(frozen=True)
 class Ceiling:
-    """Throughput at which ``variant`` last breached its SLO."""
+    """Offered load (served + shed) at which ``variant`` last breached its SLO."""
 
     variant: str
     throughput_rps: float
@@ -222,7 +224,7 @@ def evaluate_qos(
                 f"breach, last change {since_change / 1000:g} s ago: {figures}",
                 current,
             )
-        ceiling = Ceiling(active, stats.throughput_rps, now_ms)
+        ceiling = Ceiling(active, stats.offered_rps, now_ms)
         with_ceiling = replace(
             current, ceilings=(*(c for c in current.ceilings if c.variant != active), ceiling)
         )
@@ -230,7 +232,7 @@ def evaluate_qos(
             QosDecisionKind.STEP_DOWN,
             breach_why,
             f"sustained {held / 1000:g} s: {figures}; "
-            f"ceiling of {active} at {stats.throughput_rps:.1f} rps",
+            f"ceiling of {active} at {stats.offered_rps:.1f} rps",
             ladder[index + 1],
             with_ceiling,
         )
@@ -252,13 +254,10 @@ def evaluate_qos(
             )
         target = ladder[index - 1]
         known = current.ceiling_of(target)
-        if (
-            known is not None
-            and stats.throughput_rps > known.throughput_rps * policy.up_load_fraction
-        ):
+        if known is not None and stats.offered_rps > known.throughput_rps * policy.up_load_fraction:
             return hold(
                 DecisionRule.LOAD_CEILING,
-                f"calm, but {stats.throughput_rps:.1f} rps > {policy.up_load_fraction:g} x "
+                f"calm, but {stats.offered_rps:.1f} rps > {policy.up_load_fraction:g} x "
                 f"{target}'s ceiling {known.throughput_rps:.1f} rps: {figures}",
                 current,
             )
@@ -312,7 +311,7 @@ def _figures(stats: WindowStats, policy: QosPolicy) -> str:
     text = (
         f"p99 {stats.p99_ms:.1f} ms (SLO {policy.slo_p99_ms:g}, "
         f"down > {policy.down_threshold_ms:g}, "
-        f"up < {policy.up_threshold_ms:g}), {stats.throughput_rps:.1f} rps"
+        f"up < {policy.up_threshold_ms:g}), {stats.throughput_rps:.1f} rps served"
     )
     if stats.shed:
         text += f", shed {stats.shed_fraction:.1%} (max {policy.max_shed_fraction:.1%})"

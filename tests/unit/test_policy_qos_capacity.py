@@ -250,3 +250,12 @@ def test_a_window_of_sheds_alone_is_data_and_a_breach() -> None:
     assert [(d.variant, d.rule) for d in decisions if d.changed] == [
         ("int8", DecisionRule.SHED_BREACH)
     ]
+
+
+def test_the_ceiling_is_the_offered_load_not_what_was_served() -> None:
+    """Shedding most of a spike, fp32 served little: its ceiling is the load that
+    arrived, or the step back up would wait for a load far below normal."""
+    loop = Loop(CALIBRATED, admission=True)
+    spike(loop)
+    (ceiling,) = loop.state.ceilings
+    assert (ceiling.variant, ceiling.throughput_rps) == ("fp32", pytest.approx(30.0))
