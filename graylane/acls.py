@@ -3,8 +3,10 @@
 The trust boundary: a producer writes only ingress topics and reads only its
 own reply topic; every service writes only the topics of its role (router:
 version topics, error replies, dlq; workers: results/replies, telemetry,
-shadow, dlq; policy engine: control.routing/precision/rollouts and audit;
-control plane: control.commands). Services may create and describe any
+shadow, dlq; policy engine: control.routing/precision/rollouts/scale and
+audit; control plane: control.commands). The local supervisor
+(``graylane supervise``) only reads control.scale and describes the version
+topics (their partition count bounds the replicas). Services may create and describe any
 Graylane topic (they ensure their topics at start-up) but never alter a
 topic's configs: repairing drift is the operator's ``graylane stack topics``.
 
@@ -27,6 +29,7 @@ class Role(Enum):
     WORKER = "worker"
     POLICY_ENGINE = "policy-engine"
     CONTROL_PLANE = "control-plane"
+    SUPERVISOR = "supervisor"
     PRODUCER = "producer"
     RESULT_CONSUMER = "result-consumer"
 
@@ -151,7 +154,8 @@ def role_acls(layout: TopicLayout, role: Role, scope: AclScope) -> tuple[AclRule
         rules = [_setup(layout)]
         rules += [_topic(t, _R) for t in (layout.telemetry(), layout.commands())]
         rules += [
-            _topic(t, _R, _W) for t in (layout.routing(), layout.precision(), layout.rollouts())
+            _topic(t, _R, _W)
+            for t in (layout.routing(), layout.precision(), layout.rollouts(), layout.scale())
         ]
         rules.append(_topic(layout.audit(), _W))
         rules += [_topic(layout.shadow(m), _R) for m in models]
@@ -162,7 +166,12 @@ def role_acls(layout: TopicLayout, role: Role, scope: AclScope) -> tuple[AclRule
             _topic(layout.commands(), _W),
             _topic(layout.audit(), _R),
             _topic(layout.rollouts(), _R),
+            _topic(layout.scale(), _R),
         ]
+    elif role is Role.SUPERVISOR:
+        # Reads the desired replicas; Describe of the version topics (their
+        # partition count) comes with the setup rule.
+        rules = [_setup(layout), _topic(layout.scale(), _R)]
     elif role is Role.PRODUCER:
         # Describe of other ingress topics is implied by Write; nothing else is visible.
         rules = [_topic(layout.ingress(m), _W) for m in models]

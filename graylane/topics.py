@@ -10,6 +10,7 @@
     <p>.control.routing               compacted, key = model
     <p>.control.precision             compacted, key = model/version
     <p>.control.rollouts              compacted, key = rollout_id: RolloutState
+    <p>.control.scale                 compacted, key = model/version: ScaleRequest
     <p>.control.commands              user intent from the control plane
     <p>.audit                         every decision, long retention
     <p>.dlq                           undeliverable input with its original bytes
@@ -66,6 +67,7 @@ class TopicKind(Enum):
     ROUTING = "routing"
     PRECISION = "precision"
     ROLLOUTS = "rollouts"
+    SCALE = "scale"
     COMMANDS = "commands"
     AUDIT = "audit"
     DLQ = "dlq"
@@ -158,6 +160,9 @@ class TopicLayout:
     def rollouts(self) -> str:
         return f"{self.prefix}.control.rollouts"
 
+    def scale(self) -> str:
+        return f"{self.prefix}.control.scale"
+
     def commands(self) -> str:
         return f"{self.prefix}.control.commands"
 
@@ -212,6 +217,11 @@ class TopicLayout:
     def precision_key(model: str, version: str) -> str:
         return f"{check_model_name(model)}/{check_version_name(version)}"
 
+    @staticmethod
+    def scale_key(model: str, version: str) -> str:
+        """Key of a ScaleRequest on :meth:`scale` (the same ``model/version`` as precision)."""
+        return TopicLayout.precision_key(model, version)
+
     # -- specs -----------------------------------------------------------------
     def _spec(
         self,
@@ -243,6 +253,7 @@ class TopicLayout:
                 self.precision(), TopicKind.PRECISION, cleanup=Cleanup.COMPACT, partitions=1
             ),
             self._spec(self.rollouts(), TopicKind.ROLLOUTS, cleanup=Cleanup.COMPACT, partitions=1),
+            self._spec(self.scale(), TopicKind.SCALE, cleanup=Cleanup.COMPACT, partitions=1),
             self._spec(
                 self.commands(),
                 TopicKind.COMMANDS,

@@ -3,8 +3,8 @@
 Agents decode telemetry, commands and shadow results (raw bytes, protobuf via
 ``graylane.serde``) into the core; a timer calls ``core.tick`` every step and
 publishes what it returns. Before any agent feeds the core, a start-up task
-restores it from the compacted ``rollouts()``, ``routing()`` and
-``precision()`` topics read to their end, and the QoS policies from the
+restores it from the compacted ``rollouts()``, ``routing()``,
+``precision()`` and ``scale()`` topics read to their end, and the QoS policies from the
 ``SET_QOS_POLICY`` commands on record, so a restarted engine resumes its
 rollouts and never writes an epoch below one already written.
 
@@ -26,14 +26,16 @@ import faust
 from graylane import serde
 from graylane.clock import Clock, now_ms
 from graylane.errors import SerdeError
-from graylane.kafka.admin import ensure_topics, read_latest_per_key
+from graylane.kafka.admin import ensure_topics, partition_counts, read_latest_per_key
 from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import read_to_end
 from graylane.metrics import CONTROL_CAUGHT_UP, PolicyMetrics, ServiceObservability
 from graylane.policy_engine import convert
 from graylane.policy_engine.core import PolicyCore
+from graylane.policy_engine.core_scale import restore_scale
 from graylane.policy_engine.faust_settings import broker_settings
 from graylane.policy_engine.lease import LeaseKeeper, fence
+from graylane.policy_engine.logic.scale import ScalePolicy
 from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
 from graylane.policy_engine.messages import CommandRejected, Output
 from graylane.policy_engine.observe import PolicyObserver
@@ -59,6 +61,9 @@ class PolicyConfig:
     lease: LeaseKeeper | None = None  # held before the app starts; renewed while it runs
     metrics_port: int | None = None
     """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
+    scale: ScalePolicy = field(default_factory=ScalePolicy)
+    """Replica bounds and timings (the default never scales)."""
+    partitions_refresh_s: float = 30.0
 
 
 async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
@@ -74,6 +79,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     factory = KafkaFactory(settings)
     layout = factory.layout
     core = PolicyCore(config.window_ms, config.step_ms)
+    core.scale_policy = config.scale
     restored = asyncio.Event()
     brokers = broker_settings(settings)  # security included, like every other client
     app = faust.App(
@@ -115,6 +121,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             log.critical("the lease is gone before a publication; stopping")
             fence()
         observer.observe(outputs)
+        observer.desired_replicas(core.scale_states.values())
         for rec in records_of(outputs, layout):
             await app.producer.send_and_wait(
                 rec.topic, rec.key, rec.value, partition=None, timestamp=None, headers=None
@@ -135,6 +142,15 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         restored.set()
         observability.mark(CONTROL_CAUGHT_UP)
         log.info("restored %d active rollouts", len(core.rollouts))
+
+    if config.scale.enabled:
+
+        @app.task  # type: ignore[untyped-decorator]
+        async def refresh_partitions() -> None:
+            await restored.wait()
+            while True:
+                await _note_partitions(factory, core)
+                await asyncio.sleep(config.partitions_refresh_s)
 
     @app.agent(telemetry)
     async def on_telemetry(stream: faust.StreamT[bytes]) -> None:
@@ -214,6 +230,25 @@ async def _restore(factory: KafkaFactory, core: PolicyCore) -> None:
             pb = serde.decode(rollout_pb2.RolloutState, value)
             states.append(convert.rollout_state_from_pb(pb, epoch=epochs.get(pb.model, 0)))
     core.restore(states, epochs, precision, await _qos_policies(factory), tables=tables)
+    for value in (await read_latest_per_key(factory, layout.scale())).values():
+        if value:
+            req = serde.decode(control_pb2.ScaleRequest, value)
+            key = (req.model, req.version)
+            restore_scale(core, key, req.desired_replicas, req.epoch, req.decided_at_unix_ms)
+
+
+async def _note_partitions(factory: KafkaFactory, core: PolicyCore) -> None:
+    """Partition counts of the scaled versions' topics (they bound the replicas)."""
+    live = core.window.keys()  # a SlidingWindow, not a dict
+    keys = {(k.model, k.version) for k in live} | set(core.scale_states)
+    topics = {factory.layout.version_requests(m, v): (m, v) for m, v in sorted(keys)}
+    try:
+        counts = await partition_counts(factory, list(topics))
+    except Exception as exc:  # the next refresh retries; the bound keeps its last value
+        log.warning("partition counts not read: %s", exc)
+        return
+    for topic, n in counts.items():
+        core.partitions[topics[topic]] = n
 
 
 async def _qos_policies(factory: KafkaFactory) -> list[QosPolicy]:

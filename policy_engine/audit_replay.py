@@ -113,7 +113,9 @@ def replay_qos_record(rec: audit_pb2.AuditRecord) -> audit_pb2.AuditRecord:
     before = convert.qos_state_from_pb(rec.qos_before)
     policy = convert.qos_policy_from_pb(rec.qos_policy)
     stats = convert.window_stats_from_pb(rec.inputs[0]) if rec.inputs else None
-    decision = evaluate_qos(before, policy, stats, rec.decided_at_unix_ms)
+    decision = evaluate_qos(
+        before, policy, stats, rec.decided_at_unix_ms, scale_hold=rec.qos_scale_hold
+    )
     return convert.qos_decision_to_audit(
         decision, epoch=rec.epoch, rollout_id=rec.rollout_id, actor=rec.actor, policy=policy
     )

@@ -388,4 +388,5 @@ def qos_decision_to_audit(
         qos_after=qos_state_to_pb(decision.after),
         actor=actor,
         epoch=epoch,
+        qos_scale_hold=decision.scale_hold,
     )

@@ -28,6 +28,9 @@ Choices worth knowing:
   refused START also ends its own rollout as ABORTED (published, with the
   reason), so it never stays PENDING. A START for a
   rollout id seen before is a redelivery and is ignored.
+- **Replicas** (:mod:`graylane.policy_engine.core_scale`): after QoS, each
+  tick decides the desired replicas per version; a QoS step up waits until
+  the replicas are settled.
 - **QoS during a rollout**: the candidate follows the baseline's variant
   (``qos_during_rollout``); without a QoS policy on the baseline the
   candidate's precision is frozen for the rollout.
@@ -40,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from graylane.policy_engine.core_ops import check_acks, revert, set_route_config
+from graylane.policy_engine.core_scale import evaluate_scaling, scale_hold
 from graylane.policy_engine.logic.agreement import AgreementTracker, ShadowOutput
 from graylane.policy_engine.logic.precision_ack import (
     DEFAULT_ACK_BOUND_MS,
@@ -59,6 +63,7 @@ from graylane.policy_engine.logic.routing_plan import (
     plan_for,
     plan_of_table,
 )
+from graylane.policy_engine.logic.scale import ScalePolicy, ScaleState
 from graylane.policy_engine.logic.window import (
     DEFAULT_STEP_MS,
     DEFAULT_WINDOW_MS,
@@ -125,6 +130,13 @@ class PolicyCore:
         self.served_at: dict[tuple[str, str], dict[str, int]] = {}
         self.pending_switches: dict[tuple[str, str], PendingSwitch] = {}
         self.ack_bound_ms = DEFAULT_ACK_BOUND_MS
+        # replicas (core_scale): off unless scale_policy allows more than one
+        self.scale_policy = ScalePolicy()
+        self.scale_states: dict[tuple[str, str], ScaleState] = {}
+        self.scale_epochs: dict[tuple[str, str], int] = {}
+        self.partitions: dict[tuple[str, str], int] = {}  # of each version topic, when known
+        self.default_partitions = 0  # 0 = unknown: bounded by max_replicas only
+        self.replica_capacity: dict[tuple[str, str, str], float] = {}  # calibrated rps/replica
 
     # -- inputs ------------------------------------------------------------------
 
@@ -277,11 +289,12 @@ class PolicyCore:
     # -- evaluation ----------------------------------------------------------------
 
     def tick(self, now_ms: int) -> list[Output]:
-        """Evaluate every active rollout, then every QoS policy, at ``now_ms``."""
+        """Evaluate every active rollout, every QoS policy, then the replicas, at ``now_ms``."""
         out: list[Output] = []
         for model in sorted(self.rollouts):
             out.extend(self._evaluate_rollout(self.rollouts[model], now_ms))
         out.extend(self._evaluate_qos(now_ms))
+        out.extend(evaluate_scaling(self, now_ms))
         out.extend(check_acks(self, now_ms))
         self.window.evict(now_ms)
         for tracker in self.trackers.values():
@@ -367,7 +380,9 @@ class PolicyCore:
                 if active is not None:
                     rollout_id = active.spec.rollout_id
                 stats = self.window.stats(WindowKey(model, version, state.active_variant), now_ms)
-                decision = evaluate_qos(state, policy, stats, now_ms)
+                decision = evaluate_qos(
+                    state, policy, stats, now_ms, scale_hold=scale_hold(self, key, now_ms)
+                )
             self.qos_states[key] = decision.after
             changed = decision.changed or decision.kind is QosDecisionKind.SET
             if not changed and decision.rule == self._qos_last_rule.get(key):

@@ -12,6 +12,7 @@ from enum import Enum
 from graylane.policy_engine.logic.qos import QosDecision, QosState
 from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
 from graylane.policy_engine.logic.routing_plan import RoutingPlan
+from graylane.policy_engine.logic.scale import ScaleDecision
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import DecisionRule, ManualCommand
@@ -30,6 +31,8 @@ __all__ = [
     "RolloutPublication",
     "RoutingAudit",
     "RoutingPublication",
+    "ScaleAudit",
+    "ScalePublication",
 ]
 
 
@@ -145,6 +148,22 @@ class QosPolicySet:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScalePublication:
+    """The replicas a model version should run (compacted, key = model/version)."""
+
+    decision: ScaleDecision
+    epoch: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleAudit:
+    """A change of the desired replicas, audited with the request it published."""
+
+    decision: ScaleDecision
+    epoch: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class CommandRejected:
     """A command that changed nothing, and why (audited)."""
 
@@ -163,4 +182,6 @@ Output = (
     | CommandRejected
     | RoutingAudit
     | PrecisionAck
+    | ScalePublication
+    | ScaleAudit
 )

@@ -1,4 +1,5 @@
-"""What the policy engine's outputs say, as metrics (decisions, rollout phase/step/roles, QoS)."""
+"""What the policy engine's outputs say, as metrics (decisions, rollout phase/step/roles, QoS,
+desired replicas)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 
 from graylane.metrics import PolicyMetrics
 from graylane.policy_engine.logic.qos import QosState
+from graylane.policy_engine.logic.scale import ScaleState
 from graylane.policy_engine.messages import (
     CommandRejected,
     Output,
@@ -16,6 +18,8 @@ from graylane.policy_engine.messages import (
     RolloutAudit,
     RolloutPublication,
     RoutingPublication,
+    ScaleAudit,
+    ScalePublication,
 )
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule, Phase
@@ -60,10 +64,21 @@ class PolicyObserver:
             self._policies[(policy.model, policy.version)] = policy
             m.qos_slo_p99.labels(policy.model, policy.version).set(policy.slo_p99_ms / 1000.0)
             self._qos(out.after)
+        elif isinstance(out, ScalePublication):
+            after = out.decision.after
+            m.desired_replicas.labels(after.model, after.version).set(after.desired)
+        elif isinstance(out, ScaleAudit):
+            d = out.decision
+            m.decisions.labels(d.after.model, d.kind.value, str(d.rule)).inc()
         elif isinstance(out, CommandRejected):
             m.decisions.labels(
                 out.command.model, "rejected", str(DecisionRule.COMMAND_REJECTED)
             ).inc()
+
+    def desired_replicas(self, states: Iterable[ScaleState]) -> None:
+        """Every scaled version's desired replicas (also those restored or not yet changed)."""
+        for state in states:
+            self.metrics.desired_replicas.labels(state.model, state.version).set(state.desired)
 
     def _qos(self, state: QosState) -> None:
         labels = (state.model, state.version)

@@ -1,7 +1,7 @@
 """The wire edge of :class:`~graylane.policy_engine.core.PolicyCore`: commands in, records out.
 
 :func:`records_of` turns the core's outputs into ``(topic, key, value)``
-records with the keys of the contract (routing: model; precision:
+records with the keys of the contract (routing: model; precision and scale:
 ``model/version``; rollouts: rollout id; audit: model). :func:`command_from_pb`
 decodes a ``RolloutCommand``; a command that cannot be decoded (broken spec or
 policy, unknown kind) comes back as a :class:`CommandRejected` to audit.
@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from graylane import serde
 from graylane.policy_engine import convert
+from graylane.policy_engine.convert_scale import scale_request_of, scale_to_audit
 from graylane.policy_engine.logic.agreement import OutputField, ShadowOutput
 from graylane.policy_engine.messages import (
     Command,
@@ -29,6 +30,8 @@ from graylane.policy_engine.messages import (
     RolloutPublication,
     RoutingAudit,
     RoutingPublication,
+    ScaleAudit,
+    ScalePublication,
 )
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import decision_kind_to_pb, manual_command_from_pb
@@ -135,6 +138,14 @@ def _record(o: Output, layout: TopicLayout) -> Record:
         precision = convert.precision_command_of(o.decision, epoch=o.epoch)
         key = layout.precision_key(after.model, after.version)
         return Record(layout.precision(), key.encode(), serde.encode(precision))
+    if isinstance(o, ScalePublication):
+        scaled = o.decision.after
+        key = layout.scale_key(scaled.model, scaled.version)
+        request = scale_request_of(o.decision, epoch=o.epoch)
+        return Record(layout.scale(), key.encode(), serde.encode(request))
+    if isinstance(o, ScaleAudit):
+        rec = scale_to_audit(o.decision, epoch=o.epoch)
+        return Record(layout.audit(), o.decision.after.model.encode(), serde.encode(rec))
     if isinstance(o, RolloutPublication):
         pb = convert.rollout_state_to_pb(o.state, o.spec)
         return Record(layout.rollouts(), o.state.rollout_id.encode(), serde.encode(pb))

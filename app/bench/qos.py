@@ -9,7 +9,8 @@ worker, ``graylane calibrate``); the spike triples it. The runs:
    offered load is below 0.7 x fp32's calibrated capacity);
 3. ``qos_admission``: and workers shed what cannot meet the SLO deadline;
 4. ``qos_admission_scale``: and a supervisor starts/stops workers as the policy
-   engine's scale requests say (a :data:`ScaleOut` hook; skipped without one).
+   engine's scale requests say (a :data:`ScaleOut` hook; by default the local
+   stack supervisor of ``graylane supervise``, run in this process).
 
 Each run is scored over every request submitted from the steady part before
 the spike to the end of the recovery (see :mod:`.qos_score`).
@@ -106,9 +107,53 @@ def qos_policy(slo_ms: float, capacities: dict[str, float]) -> rollout_pb2.QosPo
     )
 
 
+SCALE_POLICY_ARGS = ("--max-replicas", "2", "--scale-cooldown-s", "20", "--scale-in-load", "0.6")
+"""The policy engine's scale settings in the scale-out run: up to 2 workers (the
+version topic has 3 partitions); scale in after 20 s with the load under 0.6 x
+one worker's calibrated capacity (the steady load is 0.5 x)."""
+
+
 @contextlib.asynccontextmanager
 async def _one_worker(stack: BenchStack, spec: WorkerSpec) -> AsyncIterator[Callable[[], int]]:
     yield lambda: 1
+
+
+def local_supervisor(max_workers: int = 2) -> ScaleOut:
+    """The local stack supervisor (``graylane supervise``) in this process: it follows
+    the run's scale topic and starts/stops worker processes of ``spec``."""
+
+    @contextlib.asynccontextmanager
+    async def supervise(stack: BenchStack, spec: WorkerSpec) -> AsyncIterator[Callable[[], int]]:
+        from graylane.app.cli.scaler import ScaleSupervisor, WorkerTemplate
+        from graylane.settings import REPO_ROOT
+
+        variants = [
+            a for name, path in spec.variants.items() for a in ("--variant", f"{name}={path}")
+        ]
+        template = WorkerTemplate(
+            model=stack.model,
+            version=spec.version,
+            args=("--threads", "1", *variants, *spec.extra_args),
+        )
+        supervisor = ScaleSupervisor(
+            stack.factory,
+            [template],
+            max_workers=max_workers,
+            log_dir=REPO_ROOT / ".local" / "logs",
+            grace_s=10.0,
+        )
+        stop, ready = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(supervisor.run(stop, ready))
+        try:
+            await ready.wait()
+            await stack.wait_served()
+            yield lambda: len(supervisor.running(stack.model, spec.version))
+        finally:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await task
+
+    return supervise
 
 
 async def run_once(
@@ -124,14 +169,18 @@ async def run_once(
 ) -> RunResult:
     extra = ("--default-deadline-ms", f"{slo_ms:.0f}") if run.admission else ()
     worker = WorkerSpec(VERSION, variants, extra_args=extra)
+    scaled = run.scale_out is not None
     async with bench_stack(
         settings,
         model=MODEL,
         stable=VERSION,
-        workers=[worker],
+        workers=[] if scaled else [worker],  # the supervisor starts them
+        later_versions=[VERSION] if scaled else [],
+        policy_args=SCALE_POLICY_ARGS if scaled else (),
+        wait_served=not scaled,
         window_ms=4000,
         step_ms=1000,
-        tag=f"qos{run.name[:6]}",
+        tag=f"qos-{run.name.replace('_', '-')}",
     ) as stack:
         supervise = run.scale_out or _one_worker
         async with supervise(stack, worker) as workers_now:
@@ -163,7 +212,6 @@ async def run_once(
                 while time.monotonic() < until:
                     await asyncio.sleep(0.5)
                     max_workers = max(max_workers, workers_now())
-                    m.workers = workers_now()
 
             await phase(base_rate * cfg.spike_factor, cfg.spike_s)
             spike_end_at = m.now()
@@ -190,6 +238,7 @@ def _answered(stack: BenchStack, start: float, end: float) -> bool:
 
 
 def main(cfg: QosConfig, scale_out: ScaleOut | None = None) -> int:
+    """``scale_out``: the supervisor of run 4 (default: :func:`local_supervisor`)."""
     from graylane.app.cli.calibrate import ensure_calibrated, registered_variants
     from graylane.app.demo.build_versions import build_versions
     from graylane.capacity import rung_capacities
@@ -221,6 +270,7 @@ def main(cfg: QosConfig, scale_out: ScaleOut | None = None) -> int:
         + f"; steady load {base_rate:.0f} req/s, spike {base_rate * cfg.spike_factor:.0f} req/s"
         + f"; SLO {slo:.0f} ms ({cfg.slo_factor:g} x fp32's batch-1 service time)"
     )
+    scale_out = scale_out or local_supervisor()
     runs = [
         RunSpec("fp32_only", qos=False, admission=False),
         RunSpec("qos", qos=True, admission=False),
@@ -229,10 +279,6 @@ def main(cfg: QosConfig, scale_out: ScaleOut | None = None) -> int:
     ]
     results: dict[str, dict[str, object]] = {}
     for i, run in enumerate(runs, 1):
-        if run.name.endswith("_scale") and scale_out is None:
-            progress(f"run {i}: {run.name}: skipped (no scale-out supervisor)")
-            results[run.name] = {"skipped": "no scale-out supervisor"}
-            continue
         progress(f"run {i}: {run.name}")
         result = asyncio.run(
             run_once(

@@ -18,6 +18,8 @@ from graylane.clock import now_ms
 from graylane.settings import REPO_ROOT, Settings
 
 MODEL = "demo-gpt"
+DEMO_MAX_WORKERS = 2
+"""Most workers of the QoS version in the demo (its topic has >= that many partitions)."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -244,6 +246,7 @@ def _story(args: argparse.Namespace) -> int:
     from graylane.app.demo.build_versions import build_versions
     from graylane.app.demo.story import (
         BAD,
+        HEALTHY,
         SEEDS,
         STABLE,
         Story,
@@ -267,18 +270,53 @@ def _story(args: argparse.Namespace) -> int:
     services: list[Service] = []
     try:
         asyncio.run(_prepare_topics(settings, STORY_MODEL, list(SEEDS)))
-        step("starting router, policy engine and one worker per version (logs in .local/logs)")
+        step(
+            "starting router, policy engine, one worker per version and a supervisor that "
+            f"scales {HEALTHY}'s workers (up to {DEMO_MAX_WORKERS}; logs in .local/logs)"
+        )
         services.append(
             start_service("router", ["router", "--model", f"{STORY_MODEL}={STABLE}"], log_dir)
         )
         services.append(
             start_service(
                 "policy",
-                ["policy", "--model", STORY_MODEL, "--window-ms", "6000", "--step-ms", "1000"],
+                [
+                    "policy",
+                    "--model",
+                    STORY_MODEL,
+                    "--window-ms",
+                    "6000",
+                    "--step-ms",
+                    "1000",
+                    "--max-replicas",
+                    str(DEMO_MAX_WORKERS),
+                    # the steady load is 0.5 x one worker's calibrated capacity: scale in
+                    # under 0.6 x, 20 s after the spike
+                    "--scale-in-load",
+                    "0.6",
+                    "--scale-cooldown-s",
+                    "20",
+                ],
                 log_dir,
             )
         )
-        for version in SEEDS:
+        # The QoS version's workers follow the policy engine's scale requests.
+        services.append(
+            start_service(
+                f"supervisor-{HEALTHY}",
+                [
+                    "supervise",
+                    "--worker",
+                    f"{STORY_MODEL}={HEALTHY}",
+                    "--max-workers",
+                    str(DEMO_MAX_WORKERS),
+                    "--worker-args",
+                    "--from-registry --threads 1",
+                ],
+                log_dir,
+            )
+        )
+        for version in (STABLE, BAD):
             faults = (
                 ["--inject-latency-factor", "4", "--inject-error-rate", "0.3"]
                 if version == BAD
@@ -311,7 +349,7 @@ def _story(args: argparse.Namespace) -> int:
             report=REPO_ROOT / ".local" / "report.png",
             rung_capacity_rps=capacities,
         )
-        story = Story(settings, cfg, step)
+        story = Story(settings, cfg, step, scale_out=True)
         t0_ms = now_ms()
         step(f"steady load of {rate:.0f} req/s; the live view follows")
         records = asyncio.run(story.run())

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "graylane.app.cli.stack",
     "graylane.app.cli.services",
+    "graylane.app.cli.scaler",
     "graylane.app.cli.demo",
     "graylane.app.cli.bench",
     "graylane.app.cli.policy",

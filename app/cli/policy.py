@@ -30,6 +30,44 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     policy.add_argument(
         "--no-lease", action="store_true", help="run without the single-writer lease"
     )
+    policy.add_argument(
+        "--max-replicas",
+        type=int,
+        default=1,
+        help="scale out a version up to this many workers (1 = never; also bounded by the "
+        "version topic's partitions); published on <p>.control.scale",
+    )
+    policy.add_argument("--min-replicas", type=int, default=1, help="never scale in below this")
+    policy.add_argument(
+        "--scale-cooldown-s",
+        type=float,
+        default=30.0,
+        help="scale in after this long at low load (and this long after the last change)",
+    )
+    policy.add_argument(
+        "--scale-lag-growth-s",
+        type=float,
+        default=10.0,
+        help="scale out when a version's consumer lag kept growing this long",
+    )
+    policy.add_argument(
+        "--scale-dwell-s",
+        type=float,
+        default=15.0,
+        help="at least this long between two scale-outs (a new worker warms up)",
+    )
+    policy.add_argument(
+        "--scale-in-load",
+        type=float,
+        default=0.5,
+        help="scale in when throughput stays under this share of one replica fewer's capacity",
+    )
+    policy.add_argument(
+        "--scale-settle-s",
+        type=float,
+        default=5.0,
+        help="QoS steps up only once every replica asked for serves and this long after a change",
+    )
     policy.add_argument("--loglevel", default="info", choices=("debug", "info", "warning"))
     add_observability_args(policy)
     policy.set_defaults(handler=_policy)
@@ -44,8 +82,22 @@ def _policy(args: argparse.Namespace) -> int:
     from graylane.kafka.factory import KafkaFactory
     from graylane.policy_engine.app import PolicyConfig, create_app, prepare_topics
     from graylane.policy_engine.lease import LeaseKeeper, default_holder
+    from graylane.policy_engine.logic.scale import ScalePolicy
+    from graylane.rollouts.errors import InvalidPolicy
     from graylane.settings import Settings
 
+    try:
+        scale = ScalePolicy(
+            min_replicas=args.min_replicas,
+            max_replicas=args.max_replicas,
+            cooldown_s=args.scale_cooldown_s,
+            lag_growth_s=args.scale_lag_growth_s,
+            out_dwell_s=args.scale_dwell_s,
+            in_load_fraction=args.scale_in_load,
+            settle_s=args.scale_settle_s,
+        )
+    except InvalidPolicy as exc:
+        raise SystemExit(str(exc)) from None
     settings = Settings.from_env()
     handler = setup_service_logging("policy-engine", settings, args)
     lease = None
@@ -64,6 +116,7 @@ def _policy(args: argparse.Namespace) -> int:
         models=tuple(args.model),
         lease=lease,
         metrics_port=args.metrics_port,
+        scale=scale,
     )
     asyncio.run(prepare_topics(settings, config))
     app = create_app(settings, config)

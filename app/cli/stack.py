@@ -9,13 +9,20 @@ from graylane.settings import Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    up = sub.add_parser("up", help="start the local Kafka broker and create the shared topics")
+    up = sub.add_parser(
+        "up",
+        help="start the local Kafka broker and create the shared topics; with --worker, "
+        "then supervise worker processes as the policy engine's scale requests ask",
+    )
     up.add_argument(
         "--with-prometheus",
         action="store_true",
         help="also start a local Prometheus that scrapes every locally started service",
     )
     up.add_argument("--prometheus-port", type=int, default=9090)
+    from graylane.app.cli.scaler import add_supervisor_args
+
+    add_supervisor_args(up, required=False)
     up.set_defaults(handler=_up)
     down = sub.add_parser("down", help="stop the local Kafka broker")
     down.set_defaults(handler=_down)
@@ -34,13 +41,18 @@ def _up(args: argparse.Namespace) -> int:
     from graylane.deploy.kafka import kafka
 
     kafka.start()
-    rc = _topics(argparse.Namespace(model=[]))
+    rc = _topics(argparse.Namespace(model=list(args.worker)))  # MODEL=VERSION: its topics
     if args.with_prometheus:
         from graylane.app.cli.local_prometheus import TARGETS, start_local_prometheus
 
         url = start_local_prometheus(args.prometheus_port)
         print(f"prometheus: {url} (targets: {url}/targets, rules: {url}/rules)")
         print(f"  scrapes every service `graylane demo` starts (target files in {TARGETS})")
+    if args.worker and rc == 0:
+        from graylane.app.cli.scaler import run_supervisor
+
+        # In the foreground: Ctrl-C stops the workers; the broker keeps running.
+        return run_supervisor(Settings.from_env(), args)
     return rc
 
 
@@ -58,7 +70,7 @@ def parse_model_versions(items: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for item in items:
         model, _, versions = item.partition("=")
-        out[model] = [v for v in versions.split(",") if v]
+        out.setdefault(model, []).extend(v for v in versions.split(",") if v)
     return out
 
 

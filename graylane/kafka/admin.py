@@ -21,6 +21,7 @@ __all__ = [
     "describe_topic_configs",
     "ensure_topics",
     "partition_count",
+    "partition_counts",
     "read_latest_per_key",
     "wait_for_assignment",
 ]
@@ -115,6 +116,24 @@ async def partition_count(admin: AIOKafkaAdminClient, topic: str) -> int:
         if t["topic"] == topic and t["error_code"] == 0:
             return len(t["partitions"])
     raise TopicSetupError(f"topic {topic} does not exist")
+
+
+async def partition_counts(factory: AdminFactory, topics: Sequence[str]) -> dict[str, int]:
+    """Partitions of each topic that exists (missing ones are left out)."""
+    if not topics:
+        return {}
+    admin = factory.admin()
+    await admin.start()
+    try:
+        described = await admin.describe_topics(list(topics))
+    finally:
+        await admin.close()
+    wanted = set(topics)
+    return {
+        t["topic"]: len(t["partitions"])
+        for t in described
+        if t["topic"] in wanted and t["error_code"] == 0
+    }
 
 
 async def ensure_topics(factory: AdminFactory, specs: Sequence[TopicSpec]) -> TopicSetupReport:

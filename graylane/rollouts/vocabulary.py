@@ -132,6 +132,14 @@ class DecisionRule(StrEnum):
     FOLLOW_BASELINE = "follow_baseline"
     PRECISION_CONFIRMED = "precision_confirmed"
     PRECISION_REFUSED = "precision_refused"
+    SCALE_UNSETTLED = "scale_unsettled"
+    """QoS is calm but holds its step up: the replicas asked for are not settled yet."""
+    # replica controller (DISABLED, MIN_DWELL, SUSTAIN and WITHIN_BAND above are shared)
+    SCALE_FLOOR_BREACH = "scale_floor_breach"
+    SCALE_LAG_GROWING = "scale_lag_growing"
+    SCALE_LOW_LOAD = "scale_low_load"
+    SCALE_AT_MAX = "scale_at_max"
+    SCALE_PENDING = "scale_pending"
 
     @property
     def command(self) -> ManualCommand | None:

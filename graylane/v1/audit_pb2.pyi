@@ -1,3 +1,4 @@
+from graylane.v1 import control_pb2 as _control_pb2
 from graylane.v1 import rollout_pb2 as _rollout_pb2
 from graylane.v1 import telemetry_pb2 as _telemetry_pb2
 from google.protobuf.internal import containers as _containers
@@ -20,6 +21,7 @@ class DecisionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DECISION_PRECISION_CHANGE: _ClassVar[DecisionKind]
     DECISION_MANUAL_COMMAND: _ClassVar[DecisionKind]
     DECISION_GATE_FAILED: _ClassVar[DecisionKind]
+    DECISION_SCALE_CHANGE: _ClassVar[DecisionKind]
 DECISION_KIND_UNSPECIFIED: DecisionKind
 DECISION_ROLLOUT_STARTED: DecisionKind
 DECISION_ADVANCE: DecisionKind
@@ -29,6 +31,7 @@ DECISION_PROMOTE: DecisionKind
 DECISION_PRECISION_CHANGE: DecisionKind
 DECISION_MANUAL_COMMAND: DecisionKind
 DECISION_GATE_FAILED: DecisionKind
+DECISION_SCALE_CHANGE: DecisionKind
 
 class WindowStats(_message.Message):
     __slots__ = ("model", "version", "variant", "window_start_unix_ms", "window_end_unix_ms", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "throughput_rps", "queue_wait_mean_ms", "queue_wait_p99_ms", "batches", "device_load", "service", "service_p50_ms", "service_p95_ms", "service_p99_ms", "shed", "shed_rps")
@@ -95,7 +98,7 @@ class QosState(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., active_variant: _Optional[str] = ..., last_change_unix_ms: _Optional[int] = ..., breach_since_unix_ms: _Optional[int] = ..., calm_since_unix_ms: _Optional[int] = ...) -> None: ...
 
 class AuditRecord(_message.Message):
-    __slots__ = ("decision_id", "decided_at_unix_ms", "model", "rollout_id", "version", "kind", "rule", "reason", "inputs", "rollout_before", "rollout_after", "qos_before", "qos_after", "actor", "epoch", "command_id", "agreement", "note", "qos_policy")
+    __slots__ = ("decision_id", "decided_at_unix_ms", "model", "rollout_id", "version", "kind", "rule", "reason", "inputs", "rollout_before", "rollout_after", "qos_before", "qos_after", "actor", "epoch", "command_id", "agreement", "note", "qos_policy", "scale", "qos_scale_hold")
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     DECIDED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +118,8 @@ class AuditRecord(_message.Message):
     AGREEMENT_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
     QOS_POLICY_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    QOS_SCALE_HOLD_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     decided_at_unix_ms: int
     model: str
@@ -134,7 +139,9 @@ class AuditRecord(_message.Message):
     agreement: ShadowAgreement
     note: str
     qos_policy: _rollout_pb2.QosPolicy
-    def __init__(self, decision_id: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., rule: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., rollout_before: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., rollout_after: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., qos_before: _Optional[_Union[QosState, _Mapping]] = ..., qos_after: _Optional[_Union[QosState, _Mapping]] = ..., actor: _Optional[str] = ..., epoch: _Optional[int] = ..., command_id: _Optional[str] = ..., agreement: _Optional[_Union[ShadowAgreement, _Mapping]] = ..., note: _Optional[str] = ..., qos_policy: _Optional[_Union[_rollout_pb2.QosPolicy, _Mapping]] = ...) -> None: ...
+    scale: _control_pb2.ScaleRequest
+    qos_scale_hold: str
+    def __init__(self, decision_id: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., rule: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., rollout_before: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., rollout_after: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., qos_before: _Optional[_Union[QosState, _Mapping]] = ..., qos_after: _Optional[_Union[QosState, _Mapping]] = ..., actor: _Optional[str] = ..., epoch: _Optional[int] = ..., command_id: _Optional[str] = ..., agreement: _Optional[_Union[ShadowAgreement, _Mapping]] = ..., note: _Optional[str] = ..., qos_policy: _Optional[_Union[_rollout_pb2.QosPolicy, _Mapping]] = ..., scale: _Optional[_Union[_control_pb2.ScaleRequest, _Mapping]] = ..., qos_scale_hold: _Optional[str] = ...) -> None: ...
 
 class ShadowAgreement(_message.Message):
     __slots__ = ("pairs", "agreeing", "baseline_schema", "candidate_schema")

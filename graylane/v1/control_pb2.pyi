@@ -1,10 +1,22 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ScaleReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCALE_REASON_UNSPECIFIED: _ClassVar[ScaleReason]
+    SCALE_REASON_FLOOR_BREACH: _ClassVar[ScaleReason]
+    SCALE_REASON_LAG_GROWING: _ClassVar[ScaleReason]
+    SCALE_REASON_LOW_LOAD: _ClassVar[ScaleReason]
+SCALE_REASON_UNSPECIFIED: ScaleReason
+SCALE_REASON_FLOOR_BREACH: ScaleReason
+SCALE_REASON_LAG_GROWING: ScaleReason
+SCALE_REASON_LOW_LOAD: ScaleReason
 
 class BucketRange(_message.Message):
     __slots__ = ("start", "end")
@@ -96,3 +108,25 @@ class PolicyLease(_message.Message):
     at_unix_ms: int
     ttl_ms: int
     def __init__(self, holder: _Optional[str] = ..., term: _Optional[int] = ..., at_unix_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+
+class ScaleRequest(_message.Message):
+    __slots__ = ("model", "version", "desired_replicas", "current_replicas", "reason", "detail", "decided_at_unix_ms", "decision_id", "epoch")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    desired_replicas: int
+    current_replicas: int
+    reason: ScaleReason
+    detail: str
+    decided_at_unix_ms: int
+    decision_id: str
+    epoch: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., desired_replicas: _Optional[int] = ..., current_replicas: _Optional[int] = ..., reason: _Optional[_Union[ScaleReason, str]] = ..., detail: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., decision_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...

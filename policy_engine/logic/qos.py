@@ -34,6 +34,10 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
   right after a switch) count as no data.
 - **No data** (no stats, no requests and no sheds, or stale): HOLD, and *both* sustain
   timers restart: "continuously for sustain_s" needs continuous evidence.
+- **Scale settling**: a caller that scales replicas passes ``scale_hold``
+  (why the replicas are not settled, :func:`~graylane.policy_engine.logic.scale.scale_unsettled`);
+  while it is non-empty a calm rung holds (``scale_unsettled``) instead of
+  stepping up. Breaches are never held back by it.
 - A variant outside the ladder is SET to the first rung, one below the floor
   is SET to the floor, at once (the policy changed under it).
 
@@ -106,6 +110,8 @@ class QosDecision:
     before: QosState
     after: QosState
     inputs: tuple[WindowStats, ...] = ()
+    scale_hold: str = ""
+    """The ``scale_hold`` input (replayed with the decision)."""
 
     @property
     def variant(self) -> str:
@@ -123,9 +129,17 @@ def initial_qos_state(policy: QosPolicy) -> QosState:
 
 
 def evaluate_qos(
-    state: QosState, policy: QosPolicy, stats: WindowStats | None, now_ms: int
+    state: QosState,
+    policy: QosPolicy,
+    stats: WindowStats | None,
+    now_ms: int,
+    *,
+    scale_hold: str = "",
 ) -> QosDecision:
-    """One QoS decision for (model, version) from the window at ``now_ms``."""
+    """One QoS decision for (model, version) from the window at ``now_ms``.
+
+    ``scale_hold`` non-empty: the replicas are not settled, hold any step up.
+    """
     if (state.model, state.version) != (policy.model, policy.version):
         raise InputMismatch(
             f"QoS state of {state.model}/{state.version} with policy of "
@@ -149,6 +163,7 @@ def evaluate_qos(
             before=state,
             after=after,
             inputs=inputs,
+            scale_hold=scale_hold,
         )
 
     def hold(rule: DecisionRule, reason: str, after: QosState) -> QosDecision:
@@ -253,6 +268,12 @@ def evaluate_qos(
                 current,
             )
         target = ladder[index - 1]
+        if scale_hold:
+            return hold(
+                DecisionRule.SCALE_UNSETTLED,
+                f"calm, but the replicas are not settled ({scale_hold}): {figures}",
+                current,
+            )
         known = current.ceiling_of(target)
         if known is not None and stats.offered_rps > known.throughput_rps * policy.up_load_fraction:
             return hold(

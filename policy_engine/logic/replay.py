@@ -73,6 +73,7 @@ class RolloutRecording:
 class QosInput:
     now_ms: int
     stats: WindowStats | None = None
+    scale_hold: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,7 +154,9 @@ def replay_qos(recording: QosRecording) -> list[QosDecision]:
     state = recording.initial
     out: list[QosDecision] = []
     for item in recording.inputs:
-        decision = evaluate_qos(state, recording.policy, item.stats, item.now_ms)
+        decision = evaluate_qos(
+            state, recording.policy, item.stats, item.now_ms, scale_hold=item.scale_hold
+        )
         out.append(decision)
         state = decision.after
     return out
@@ -166,7 +169,10 @@ def qos_recording_of(policy: QosPolicy, decisions: Sequence[QosDecision]) -> Qos
         policy=policy,
         initial=decisions[0].before,
         inputs=tuple(
-            QosInput(now_ms=d.at_ms, stats=d.inputs[0] if d.inputs else None) for d in decisions
+            QosInput(
+                now_ms=d.at_ms, stats=d.inputs[0] if d.inputs else None, scale_hold=d.scale_hold
+            )
+            for d in decisions
         ),
     )
 

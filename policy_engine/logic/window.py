@@ -331,6 +331,7 @@ def _summarize(
         batches=batches,
         device_load=sum(p.device_load_sum for p in panes) / batches if batches else 0.0,
         lag=sum(lag for _, lag in lag_by_worker.values()),
+        workers=len(lag_by_worker),
         service_p50_ms=service.quantile(0.50),
         service_p95_ms=service.quantile(0.95),
         service_p99_ms=service.quantile(0.99),

@@ -106,6 +106,8 @@ class WindowStats:
     batches: int = 0
     device_load: float = 0.0
     lag: int = 0
+    workers: int = 0
+    """Distinct workers that reported a batch in the window (replicas serving)."""
     service_p50_ms: float = 0.0
     service_p95_ms: float = 0.0
     service_p99_ms: float = 0.0

@@ -27,7 +27,9 @@ WINDOW_MS, STEP_MS = 4000, 1000
 
 
 @contextlib.contextmanager
-def policy_engine(settings: Settings, log: Path, model: str) -> Iterator[subprocess.Popen[bytes]]:
+def policy_engine(
+    settings: Settings, log: Path, model: str, *extra_args: str
+) -> Iterator[subprocess.Popen[bytes]]:
     env = dict(
         os.environ,
         GRAYLANE_TOPIC_PREFIX=settings.topic_prefix,
@@ -46,6 +48,7 @@ def policy_engine(settings: Settings, log: Path, model: str) -> Iterator[subproc
         str(WINDOW_MS),
         "--step-ms",
         str(STEP_MS),
+        *extra_args,
     ]
     with log.open("ab") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -60,7 +60,14 @@ def test_each_service_writes_only_the_topics_of_its_role() -> None:
     shadows = {L.shadow(m) for m in SCOPE.models}
     assert writable(Role.ROUTER) == versions | results | shadows | replies | {L.dlq()}
     assert writable(Role.WORKER) == (results | shadows | replies | {L.telemetry(), L.dlq()})
-    assert writable(Role.POLICY_ENGINE) == {L.routing(), L.precision(), L.rollouts(), L.audit()}
+    assert writable(Role.POLICY_ENGINE) == {
+        L.routing(),
+        L.precision(),
+        L.rollouts(),
+        L.scale(),
+        L.audit(),
+    }
+    assert writable(Role.SUPERVISOR) == set()
     assert writable(Role.CONTROL_PLANE) == {L.commands()}
     assert writable(Role.RESULT_CONSUMER) == set()
 
@@ -70,6 +77,7 @@ def test_control_state_has_one_writer_each() -> None:
         (L.routing(), Role.POLICY_ENGINE),
         (L.precision(), Role.POLICY_ENGINE),
         (L.rollouts(), Role.POLICY_ENGINE),
+        (L.scale(), Role.POLICY_ENGINE),
         (L.audit(), Role.POLICY_ENGINE),
         (L.commands(), Role.CONTROL_PLANE),
     ):
@@ -82,6 +90,11 @@ def test_reads_and_groups() -> None:
     assert L.version_requests("gpt", "v2") in readable(Role.WORKER)
     assert L.ingress("gpt") not in readable(Role.WORKER)
     assert readable(Role.RESULT_CONSUMER) == {L.results("gpt"), L.results("bert")}
+    assert readable(Role.SUPERVISOR) == {L.scale()}
+    assert L.scale() in readable(Role.CONTROL_PLANE)
+    # the supervisor bounds replicas by a version topic's partitions: it may describe them
+    version_topic = L.version_requests("gpt", "v1")
+    assert allows(ACLS[Role.SUPERVISOR], Resource.TOPIC, version_topic, Operation.DESCRIBE)
     assert allows(ACLS[Role.ROUTER], Resource.GROUP, "gl-router", Operation.READ)
     assert allows(ACLS[Role.WORKER], Resource.GROUP, "gl-worker-gpt-v1", Operation.READ)
     assert allows(ACLS[Role.POLICY_ENGINE], Resource.GROUP, "gl-policy", Operation.READ)

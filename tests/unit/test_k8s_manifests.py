@@ -214,6 +214,20 @@ def test_workers_scale_on_their_topic_lag_and_desired_replicas(tree: str) -> Non
 
 
 @pytest.mark.parametrize("tree", TREES)
+def test_the_policy_engine_asks_for_replicas_within_the_partitions(tree: str) -> None:
+    partitions = int(_config(tree)["GRAYLANE_PARTITIONS"])
+    (policy,) = [
+        d
+        for d in _of(tree, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "policy"
+    ]
+    (container,) = _pod(policy)["containers"]
+    cmd = container["command"]
+    max_replicas = int(cmd[cmd.index("--max-replicas") + 1])
+    assert 1 < max_replicas <= partitions  # scaling on, never more consumers than partitions
+
+
+@pytest.mark.parametrize("tree", TREES)
 def test_models_are_mounted_read_only(tree: str) -> None:
     for worker in _of(tree, "Deployment"):
         if worker["metadata"]["labels"]["app.kubernetes.io/component"] != "worker":
