@@ -4,6 +4,11 @@ A retriable broker error while forwarding a batch (a leader moving, a topic
 just created) must neither crash the service nor lose the batch: the consumer
 is rewound to the batch's first offsets and the batch is processed again.
 Downstream readers see duplicates at worst, identifiable by request_id.
+
+A rebalance (a replica joining or leaving the group) may take partitions away
+while their batch is being processed: only the partitions still assigned are
+committed, and a commit the group refuses is logged, not raised. The new owner
+reads those records again (at-least-once), and the service keeps serving.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from graylane.kafka.replies import settle
 from graylane.kafka.seam import BatchConsumer, Record
@@ -59,5 +64,16 @@ async def deliver_and_commit(
             consumer.seek(tp, offset)
         await asyncio.sleep(backoff_s)
         return False
-    await consumer.commit(next_offsets(records))
+    offsets = next_offsets(records)
+    assigned = consumer.assignment()
+    kept = {tp: offset for tp, offset in offsets.items() if tp in assigned}
+    if len(kept) < len(offsets):
+        gone = sorted(f"{tp.topic}[{tp.partition}]" for tp in offsets if tp not in kept)
+        log.info("revoked during the batch, not committed (the new owner reads them): %s", gone)
+    if not kept:
+        return True
+    try:
+        await consumer.commit(kept)
+    except (CommitFailedError, IllegalStateError) as exc:
+        log.warning("commit refused after a rebalance (%s); the new owner reads them again", exc)
     return True
