@@ -69,6 +69,8 @@ def admit(
     batches: Sequence[Sequence[Candidate[ItemT]]],
     now_unix_ms: float,
     service_ms: ServiceEstimate,
+    *,
+    probe: bool = False,
 ) -> Admission[ItemT]:
     """Walk the batches in run order, shedding members that would finish late.
 
@@ -76,6 +78,11 @@ def admit(
     batch ahead (with its admitted rows only) plus its own. Shedding a member
     only shrinks its batch, which never makes the others later, so one pass
     suffices. Unknown estimates admit the whole batch and add nothing ahead.
+
+    ``probe``: the first batch runs whatever its prediction (its time still
+    counts ahead of the others). The caller asks for it when nothing ran for a
+    while: estimates come only from batches that ran, so a stale, too
+    pessimistic one could otherwise shed everything for ever.
     """
     clock = float(now_unix_ms)
     admitted: list[tuple[ItemT, ...]] = []
@@ -88,7 +95,11 @@ def admit(
         done = clock + estimate
         keep: list[Candidate[ItemT]] = []
         for c in batch:
-            if c.deadline_unix_ms == NO_DEADLINE or c.deadline_unix_ms >= done:
+            if (
+                (probe and position == 0)
+                or c.deadline_unix_ms == NO_DEADLINE
+                or c.deadline_unix_ms >= done
+            ):
                 keep.append(c)
             else:
                 shed.append(Shed(c.item, c.deadline_unix_ms, done))

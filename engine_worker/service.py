@@ -76,6 +76,9 @@ from graylane.metrics import (
 from graylane.supervision import BackgroundTasks
 from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
 
+ADMISSION_PROBE_MS = 1000
+"""After this long without running a batch, admission lets the next one run (a probe)."""
+
 log = logging.getLogger(__name__)
 
 Records = Sequence[ConsumerRecord[bytes, bytes]]
@@ -146,6 +149,8 @@ class Worker:
         )
         self._pending_shed = 0
         """Sheds not yet reported in a batch telemetry."""
+        self._last_run_ms = 0
+        """When the last admitted batch started (unix ms): admission probes after a pause."""
         self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
         self._batch_ids = BatchIds(config.worker_id)
         self._background = BackgroundTasks()
@@ -302,9 +307,13 @@ class Worker:
             record = records[shed.item.index]
             request = requests[shed.item.index]
             futures.append(await self._error_result(sink, request, rejection, record, variant))
+        if admission.shed and not any(admission.admitted):
+            # nothing runs this cycle: report the sheds now, the policy engine steps on them
+            futures.append(await self._send_shed_telemetry(producer, variant))
         for planned, kept in zip(planned_batches, admission.admitted, strict=True):
             if not kept:
                 continue
+            self._last_run_ms = now_ms()
             planned = PlannedBatch(planned.bucket_len, kept)
             batch_id = self._batch_ids.of(records[planned.items[0].index])
             started = time.perf_counter()
@@ -338,7 +347,23 @@ class Worker:
             return self.learner.estimate_ms(rows, batch.bucket_len)
 
         candidates = [[Candidate(item, deadline(item)) for item in b.items] for b in planned]
-        return admit(candidates, now_ms(), service_ms)
+        now = now_ms()
+        probe = now - self._last_run_ms > ADMISSION_PROBE_MS
+        return admit(candidates, now, service_ms, probe=probe)
+
+    async def _send_shed_telemetry(self, producer: Producer, variant: str) -> Awaitable[object]:
+        """A telemetry record of sheds alone (no request ran): the load is still seen."""
+        telemetry = telemetry_pb2.BatchTelemetry(
+            model=self.config.model,
+            version=self.config.version,
+            variant=variant,
+            worker_id=self.config.worker_id,
+            completed_at_unix_ms=now_ms(),
+            shed_count=self._pending_shed,
+        )
+        self._pending_shed = 0
+        key = f"{self.config.model}/{self.config.version}".encode()
+        return await producer.send(self.layout.telemetry(), serde.encode(telemetry), key=key)
 
     async def _run(
         self,

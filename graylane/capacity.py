@@ -146,6 +146,17 @@ def measured_capacity(
         return None
 
 
+def rung_capacities(
+    profile: CapacityProfile, ladder: Sequence[str]
+) -> tuple[tuple[str, float], ...]:
+    """(variant, requests/s at its best measured batch) of the ladder's calibrated rungs,
+    for :attr:`~graylane.rollouts.qos_policy.QosPolicy.rung_capacity_rps`."""
+    calibrated = {v.variant: v for v in profile.variants if v.points}
+    return tuple(
+        sorted((name, round(calibrated[name].rps(), 3)) for name in ladder if name in calibrated)
+    )
+
+
 def synthetic_feeds(
     inputs: Sequence[TensorSpec], batch: int, seq_len: int
 ) -> dict[str, np.ndarray]:

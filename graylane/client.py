@@ -90,6 +90,8 @@ class Result:
     text: str = ""
     timing: Timing = Timing(0.0, 0.0, 0.0, 0)
     client_latency_ms: float | None = None
+    worker_id: str = ""
+    """The worker that answered (run or shed it)."""
 
     @classmethod
     def from_pb(cls, pb: inference_pb2.InferenceResult, sent_ms: int | None) -> Result:
@@ -112,6 +114,7 @@ class Result:
                 pb.timing.batch_size,
             ),
             client_latency_ms=float(now_ms() - sent_ms) if sent_ms else None,
+            worker_id=pb.worker_id,
         )
 
 

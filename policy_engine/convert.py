@@ -85,6 +85,7 @@ def telemetry_from_pb(pb: telemetry_pb2.BatchTelemetry) -> TelemetrySample:
             if pb.HasField("batch_id")
             else None
         ),
+        shed_count=pb.shed_count,
     )
 
 
@@ -114,6 +115,8 @@ def window_stats_to_pb(s: WindowStats) -> audit_pb2.WindowStats:
         service_p50_ms=s.service_p50_ms,
         service_p95_ms=s.service_p95_ms,
         service_p99_ms=s.service_p99_ms,
+        shed=s.shed,
+        shed_rps=s.shed_rps,
     )
 
 
@@ -141,6 +144,8 @@ def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
         service_p95_ms=pb.service_p95_ms,
         service_p99_ms=pb.service_p99_ms,
         service=histogram_from_pb(pb.service) if pb.HasField("service") else None,
+        shed=pb.shed,
+        shed_rps=pb.shed_rps,
     )
 
 

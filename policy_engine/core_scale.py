@@ -6,6 +6,8 @@ each function takes the core. Scaling is off unless the core's
 ``min_replicas``. Evaluated per (model, version) with live telemetry in the
 window, a QoS policy or a scale state on record; a change is published on
 ``<p>.control.scale`` and audited (:class:`ScalePublication`, :class:`ScaleAudit`).
+A replica's capacity is the core's calibrated figure, else the QoS policy's
+calibrated capacity of the running variant (``rung_capacity_rps``), else learned.
 """
 
 from __future__ import annotations
@@ -80,7 +82,11 @@ def _signals(
         replicas=stats.workers if stats is not None else 0,
         partitions=core.partitions.get(key, core.default_partitions),
         variant=variant,
-        replica_capacity_rps=core.replica_capacity.get((model, version, variant), 0.0),
+        replica_capacity_rps=(
+            core.replica_capacity.get((model, version, variant))
+            or (qos_policy.capacity_of(variant) if qos_policy is not None else None)
+            or 0.0
+        ),
     )
 
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from graylane import serde
+from graylane.app.bench.qos_score import Answer
 from graylane.app.cli.demo import Service, start_service, stop_services
 from graylane.app.demo.monitor import Monitor
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
@@ -41,6 +42,9 @@ class BenchStack:
     services: list[Service] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     tag: str = "bench"
+    sent_at: dict[str, float] = field(default_factory=dict)
+    """request id -> monotonic time it was submitted by :meth:`load`."""
+    answers: dict[str, Answer] = field(default_factory=dict)
 
     async def command(self, command: rollout_pb2.RolloutCommand) -> None:
         command.command_id = command.command_id or uuid.uuid4().hex
@@ -56,6 +60,17 @@ class BenchStack:
         finally:
             await producer.stop()
 
+    async def wait_served(self, timeout_s: float = 180.0) -> None:
+        """Until one request is answered (a worker serves the model)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                await self.client.infer(self.model, token_ids=[1, 2, 3], timeout=5)
+                return
+            except InferenceTimeout:
+                if time.monotonic() > deadline:
+                    raise
+
     async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while not predicate():
@@ -70,12 +85,14 @@ class BenchStack:
         tokens = [(7 * k) % 250 + 3 for k in range(self.prompt_len)]
         next_at = time.monotonic()
         while not stop.is_set():
-            await self.client.submit(
+            submitted = time.monotonic()
+            request_id = await self.client.submit(
                 self.model,
                 token_ids=tokens,
                 routing_key=f"user-{uuid.uuid4().hex[:8]}",
                 post_process=PostProcess.ARGMAX_LAST,
             )
+            self.sent_at[request_id] = submitted
             i += 1
             next_at += 1.0 / self.rate
             delay = next_at - time.monotonic()
@@ -91,6 +108,8 @@ class BenchStack:
     async def collect(self) -> None:
         async for result in self.client.results():
             self.monitor.on_result(result)
+            latency = result.client_latency_ms or result.timing.total_ms
+            self.answers[result.request_id] = Answer(result.ok, result.error_code, latency)
 
 
 def start_worker(spec: WorkerSpec, model: str, env: dict[str, str], tag: str) -> Service:
@@ -125,7 +144,11 @@ async def bench_stack(
     with_policy: bool = True,
     tag: str = "bench",
     later_versions: Sequence[str] = (),
+    policy_args: Sequence[str] = (),
+    wait_served: bool = True,
 ) -> AsyncIterator[BenchStack]:
+    """``wait_served=False``: yield before any worker answers (the caller starts
+    workers some other way, then calls :meth:`BenchStack.wait_served`)."""
     prefix = f"{tag}{uuid.uuid4().hex[:6]}"
     settings = settings.with_overrides(topic_prefix=prefix)
     factory = KafkaFactory(settings)
@@ -155,6 +178,7 @@ async def bench_stack(
                     str(window_ms),
                     "--step-ms",
                     str(step_ms),
+                    *policy_args,
                 ],
                 logs,
                 env,
@@ -194,14 +218,8 @@ async def bench_stack(
         tasks += [asyncio.create_task(f.follow(stop)) for f in followers]
         async with GraylaneClient(factory) as client:
             stack = BenchStack(factory, model, monitor, client, services=services, env=env, tag=tag)
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    await client.infer(model, token_ids=[1, 2, 3], timeout=5)
-                    break
-                except InferenceTimeout:
-                    if time.monotonic() > deadline:
-                        raise
+            if wait_served:
+                await stack.wait_served()
             tasks.append(asyncio.create_task(stack.collect()))
             yield stack
     finally:

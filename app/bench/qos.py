@@ -1,127 +1,247 @@
-"""``graylane bench qos``: a 3x overload spike with and without the QoS controller.
+"""``graylane bench qos``: one calibrated 3x overload spike, four runs.
 
 One model version serves fp32 and int8-dynamic variants of the small demo GPT.
-The steady load is a fraction of the fp32 engine's measured capacity; the spike
-triples it for a while. Without QoS the worker stays on fp32 and queues; with
-QoS the policy engine steps it down to int8-dynamic. The figure is the client
-p99 over the spike and the recovery after it.
+The steady load is a fraction of the fp32 engine's measured capacity (one
+worker, ``graylane calibrate``); the spike triples it. The runs:
+
+1. ``fp32_only``: no QoS controller, no admission control;
+2. ``qos``: the QoS controller (steps down on p99 or shedding, back up once the
+   offered load is below 0.7 x fp32's calibrated capacity);
+3. ``qos_admission``: and workers shed what cannot meet the SLO deadline;
+4. ``qos_admission_scale``: and a supervisor starts/stops workers as the policy
+   engine's scale requests say (a :data:`ScaleOut` hook; by default the local
+   stack supervisor of ``graylane supervise``, run in this process).
+
+Each run is scored over every request submitted from the steady part before
+the spike to the end of the recovery (see :mod:`.qos_score`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import asdict, dataclass
 
-import numpy as np
-
-from graylane.app.bench.harness import WorkerSpec, bench_stack
+from graylane.app.bench.harness import BenchStack, WorkerSpec, bench_stack
+from graylane.app.bench.qos_score import RunScore, score, seconds_to_top
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 
 MODEL = "bench-gpt"
+VERSION = "v1"
+LADDER = ("fp32", "int8-dynamic")
+
+ScaleOut = Callable[[BenchStack, WorkerSpec], AbstractAsyncContextManager[Callable[[], int]]]
+"""Given the run's stack and its worker spec, runs the supervisor that obeys the
+policy engine's scale requests for the run's duration; yields the number of
+workers running now."""
 
 
 @dataclass(frozen=True)
 class QosConfig:
     base_fraction: float = 0.5
     spike_factor: float = 3.0
+    steady_s: float = 10.0
     spike_s: float = 40.0
-    settle_s: float = 12.0
+    recovery_s: float = 60.0
     prompt_len: int = 96
+    slo_factor: float = 5.0
+    """SLO = slo_factor x fp32's calibrated batch-1 service time (at least 100 ms)."""
+    warmup_s: float = 10.0
+    """Steady load before the scored span (the batch learner settles)."""
 
 
 @dataclass(frozen=True)
-class SpikeRun:
-    p99_ms: float
-    p99_during_spike_ms: float
-    steady_p99_ms: float
-    slo_ms: float
-    served: int
-    errors: int
+class RunSpec:
+    name: str
+    qos: bool
+    admission: bool
+    scale_out: ScaleOut | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    name: str
+    score: RunScore
+    max_workers: int
+    seconds_to_fp32_after_spike: float | None
     variants: tuple[str, ...]
 
+    def to_json(self) -> dict[str, object]:
+        s = self.score
+        return {
+            "goodput": round(s.goodput, 4),
+            "p99_admitted_ms": round(s.p99_admitted_ms, 1),
+            "shed": s.shed,
+            "errors": s.errors,
+            "unanswered": s.unanswered,
+            "requests": s.requests,
+            "max_workers": self.max_workers,
+            "seconds_to_fp32_after_spike": (
+                None
+                if self.seconds_to_fp32_after_spike is None
+                else round(self.seconds_to_fp32_after_spike, 1)
+            ),
+            "variants": list(self.variants),
+        }
 
-def qos_policy(slo_ms: float) -> rollout_pb2.QosPolicy:
+
+def qos_policy(slo_ms: float, capacities: dict[str, float]) -> rollout_pb2.QosPolicy:
     return rollout_pb2.QosPolicy(
         model=MODEL,
-        version="v1",
+        version=VERSION,
         slo_p99_ms=slo_ms,
-        ladder=["fp32", "int8-dynamic"],
-        quality_floor="int8-dynamic",
+        ladder=list(LADDER),
+        quality_floor=LADDER[-1],
         step_down_margin=0.2,
         step_up_ratio=0.6,
         sustain_s=2.0,
         min_dwell_s=10.0,
         enabled=True,
+        rung_capacity_rps=capacities,
+        up_capacity_fraction=0.7,
     )
+
+
+SCALE_POLICY_ARGS = ("--max-replicas", "2", "--scale-cooldown-s", "20", "--scale-in-load", "0.6")
+"""The policy engine's scale settings in the scale-out run: up to 2 workers (the
+version topic has 3 partitions); scale in after 20 s with the load under 0.6 x
+one worker's calibrated capacity (the steady load is 0.5 x)."""
+
+
+@contextlib.asynccontextmanager
+async def _one_worker(stack: BenchStack, spec: WorkerSpec) -> AsyncIterator[Callable[[], int]]:
+    yield lambda: 1
+
+
+def local_supervisor(max_workers: int = 2) -> ScaleOut:
+    """The local stack supervisor (``graylane supervise``) in this process: it follows
+    the run's scale topic and starts/stops worker processes of ``spec``."""
+
+    @contextlib.asynccontextmanager
+    async def supervise(stack: BenchStack, spec: WorkerSpec) -> AsyncIterator[Callable[[], int]]:
+        from graylane.app.cli.scaler import ScaleSupervisor, WorkerTemplate
+        from graylane.settings import REPO_ROOT
+
+        variants = [
+            a for name, path in spec.variants.items() for a in ("--variant", f"{name}={path}")
+        ]
+        template = WorkerTemplate(
+            model=stack.model,
+            version=spec.version,
+            args=("--threads", "1", *variants, *spec.extra_args),
+        )
+        supervisor = ScaleSupervisor(
+            stack.factory,
+            [template],
+            max_workers=max_workers,
+            log_dir=REPO_ROOT / ".local" / "logs",
+            grace_s=10.0,
+        )
+        stop, ready = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(supervisor.run(stop, ready))
+        try:
+            await ready.wait()
+            await stack.wait_served()
+            yield lambda: len(supervisor.running(stack.model, spec.version))
+        finally:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await task
+
+    return supervise
 
 
 async def run_once(
     settings: Settings,
     variants: dict[str, str],
     cfg: QosConfig,
+    *,
     base_rate: float,
-    with_qos: bool,
+    slo_ms: float,
+    capacities: dict[str, float],
+    run: RunSpec,
     progress: Callable[[str], None],
-) -> SpikeRun:
-    worker = WorkerSpec("v1", variants)
+) -> RunResult:
+    extra = ("--default-deadline-ms", f"{slo_ms:.0f}") if run.admission else ()
+    worker = WorkerSpec(VERSION, variants, extra_args=extra)
+    scaled = run.scale_out is not None
     async with bench_stack(
         settings,
         model=MODEL,
-        stable="v1",
-        workers=[worker],
+        stable=VERSION,
+        workers=[] if scaled else [worker],  # the supervisor starts them
+        later_versions=[VERSION] if scaled else [],
+        policy_args=SCALE_POLICY_ARGS if scaled else (),
+        wait_served=not scaled,
         window_ms=4000,
         step_ms=1000,
-        tag="qos",
+        tag=f"qos-{run.name.replace('_', '-')}",
     ) as stack:
-        stack.rate, stack.prompt_len = base_rate, cfg.prompt_len
-        stop = asyncio.Event()
-        load = asyncio.create_task(stack.load(stop))
-        await asyncio.sleep(10)
-        m = stack.monitor
-        steady = [s.latency_ms for s in m.history if s.ok and s.at > m.now() - 8]
-        steady_p99 = float(np.percentile(steady, 99))
-        slo = max(3.0 * steady_p99, 50.0)
-        if with_qos:
-            await stack.command(
-                rollout_pb2.RolloutCommand(
-                    kind=rollout_pb2.COMMAND_SET_QOS_POLICY, qos_policy=qos_policy(slo)
+        supervise = run.scale_out or _one_worker
+        async with supervise(stack, worker) as workers_now:
+            stack.rate, stack.prompt_len = base_rate, cfg.prompt_len
+            stop = asyncio.Event()
+            load = asyncio.create_task(stack.load(stop))
+            m = stack.monitor
+            await asyncio.sleep(cfg.warmup_s)
+            if run.qos:
+                await stack.command(
+                    rollout_pb2.RolloutCommand(
+                        kind=rollout_pb2.COMMAND_SET_QOS_POLICY,
+                        qos_policy=qos_policy(slo_ms, capacities),
+                    )
                 )
+            start = time.monotonic()
+            await asyncio.sleep(cfg.steady_s)
+            progress(
+                f"    {run.name}: SLO {slo_ms:.0f} ms; spike x{cfg.spike_factor:g} "
+                f"for {cfg.spike_s:.0f} s"
             )
-            await asyncio.sleep(3)
-        progress(
-            f"    steady p99 {steady_p99:.0f} ms (SLO {slo:.0f} ms); "
-            f"spike x{cfg.spike_factor:.0f} for {cfg.spike_s:.0f} s"
-            + (" with QoS" if with_qos else " without QoS")
+            max_workers = workers_now()
+            spike_start_at = m.now()
+
+            async def phase(rate: float, seconds: float) -> None:
+                nonlocal max_workers
+                stack.rate = rate
+                until = time.monotonic() + seconds
+                while time.monotonic() < until:
+                    await asyncio.sleep(0.5)
+                    max_workers = max(max_workers, workers_now())
+
+            await phase(base_rate * cfg.spike_factor, cfg.spike_s)
+            spike_end_at = m.now()
+            await phase(base_rate, cfg.recovery_s)
+            stop.set()
+            await load
+            end = time.monotonic()
+            await stack.wait_for(lambda: _answered(stack, start, end), timeout_s=15)
+        back = seconds_to_top(m.precision_changes.get(VERSION, []), LADDER[0], spike_end_at)
+        result = RunResult(
+            name=run.name,
+            score=score(stack.sent_at, stack.answers, start=start, end=end, slo_ms=slo_ms),
+            max_workers=max_workers,
+            seconds_to_fp32_after_spike=back,
+            variants=tuple(
+                sorted({s.variant for s in m.history if s.variant and s.at >= spike_start_at})
+            ),
         )
-        spike_start = m.now()
-        stack.rate = base_rate * cfg.spike_factor
-        await asyncio.sleep(cfg.spike_s)
-        stack.rate = base_rate
-        spike_end = m.now()
-        await asyncio.sleep(cfg.settle_s)
-        stop.set()
-        await load
-        during = [s.latency_ms for s in m.history if s.ok and spike_start <= s.at <= spike_end]
-        after = [
-            s.latency_ms for s in m.history if s.ok and spike_end < s.at <= spike_end + cfg.settle_s
-        ]
-        return SpikeRun(
-            p99_ms=float(np.percentile(during + after, 99)),
-            p99_during_spike_ms=float(np.percentile(during, 99)),
-            steady_p99_ms=steady_p99,
-            slo_ms=slo,
-            served=len(during) + len(after),
-            errors=sum(not s.ok for s in m.history),
-            variants=tuple(sorted({s.variant for s in m.history if s.at >= spike_start})),
-        )
+        return result
 
 
-def main(cfg: QosConfig) -> int:
+def _answered(stack: BenchStack, start: float, end: float) -> bool:
+    return all(rid in stack.answers for rid, at in stack.sent_at.items() if start <= at < end)
+
+
+def main(cfg: QosConfig, scale_out: ScaleOut | None = None) -> int:
+    """``scale_out``: the supervisor of run 4 (default: :func:`local_supervisor`)."""
+    from graylane.app.cli.calibrate import ensure_calibrated, registered_variants
     from graylane.app.demo.build_versions import build_versions
+    from graylane.capacity import rung_capacities
     from graylane.deploy.kafka import kafka
 
     t0 = time.monotonic()
@@ -134,40 +254,54 @@ def main(cfg: QosConfig) -> int:
     settings = Settings.from_env()
     progress("building fp32 and int8-dynamic variants of the small demo GPT")
     build_versions(settings, MODEL, {"9.0.0": 5}, size="small", progress=progress)
-    from graylane.app.cli.calibrate import ensure_calibrated, registered_variants
-    from graylane.capacity import measured_capacity
-
     files = registered_variants(settings, MODEL, "9.0.0")
-    variants = {name: str(path) for name, path in files.items()}
+    variants = {name: str(path) for name, path in files.items() if name in LADDER}
     profile = ensure_calibrated(
         settings, MODEL, "9.0.0", files, seq_len=cfg.prompt_len, batches=(1, 8), progress=progress
     )
-    # the library's figure: the fp32 variant at its best measured batch size, on this host
-    capacity = measured_capacity(settings.artifact_dir, MODEL, "9.0.0", "fp32")
-    if capacity is None:
-        raise RuntimeError(f"no capacity for {MODEL}/9.0.0 on {profile.host}")
+    capacities = dict(rung_capacities(profile, LADDER))
+    capacity = capacities[LADDER[0]]
+    b1_ms = next(p.service_ms for p in profile.variant(LADDER[0]).points if p.batch == 1)
+    slo = max(cfg.slo_factor * b1_ms, 100.0)
     base_rate = cfg.base_fraction * capacity
-    progress(f"fp32 engine capacity {capacity:.0f} req/s; steady load {base_rate:.0f} req/s")
-    progress("run 1: without the QoS controller")
-    without = asyncio.run(run_once(settings, variants, cfg, base_rate, False, progress))
-    progress(f"    p99 {without.p99_ms:.0f} ms, variants {without.variants}")
-    progress("run 2: with the QoS controller")
-    with_qos = asyncio.run(run_once(settings, variants, cfg, base_rate, True, progress))
-    progress(f"    p99 {with_qos.p99_ms:.0f} ms, variants {with_qos.variants}")
-    result: dict[str, object] = {
-        "fp32_capacity_rps": round(capacity, 1),
+    progress(
+        f"capacity of one worker on {profile.host}: "
+        + ", ".join(f"{v} {rps:.0f} req/s" for v, rps in capacities.items())
+        + f"; steady load {base_rate:.0f} req/s, spike {base_rate * cfg.spike_factor:.0f} req/s"
+        + f"; SLO {slo:.0f} ms ({cfg.slo_factor:g} x fp32's batch-1 service time)"
+    )
+    scale_out = scale_out or local_supervisor()
+    runs = [
+        RunSpec("fp32_only", qos=False, admission=False),
+        RunSpec("qos", qos=True, admission=False),
+        RunSpec("qos_admission", qos=True, admission=True),
+        RunSpec("qos_admission_scale", qos=True, admission=True, scale_out=scale_out),
+    ]
+    results: dict[str, dict[str, object]] = {}
+    for i, run in enumerate(runs, 1):
+        progress(f"run {i}: {run.name}")
+        result = asyncio.run(
+            run_once(
+                settings,
+                variants,
+                cfg,
+                base_rate=base_rate,
+                slo_ms=slo,
+                capacities=capacities,
+                run=run,
+                progress=progress,
+            )
+        )
+        results[run.name] = result.to_json()
+        progress(f"    {json.dumps(results[run.name])}")
+    summary: dict[str, object] = {
+        "slo_ms": round(slo, 1),
+        "capacity_rps_by_variant": {v: round(r, 1) for v, r in capacities.items()},
         "capacity_host": profile.host,
-        "capacity_rps_by_variant": {v.variant: round(v.rps(), 1) for v in profile.variants},
         "base_rate_rps": round(base_rate, 1),
         "spike_factor": cfg.spike_factor,
-        "p99_with_qos_ms": round(with_qos.p99_ms, 1),
-        "p99_without_qos_ms": round(without.p99_ms, 1),
-        "ratio": round(without.p99_ms / with_qos.p99_ms, 2),
-        "p99_during_spike_with_qos_ms": round(with_qos.p99_during_spike_ms, 1),
-        "p99_during_spike_without_qos_ms": round(without.p99_during_spike_ms, 1),
-        "variants_with_qos": list(with_qos.variants),
-        "errors_with_qos": with_qos.errors,
-        "errors_without_qos": without.errors,
+        "config": asdict(cfg),
+        "runs": results,
     }
-    print(json.dumps(result))
+    print(json.dumps(summary))
     return 0

@@ -222,8 +222,11 @@ class _Steps:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {self.n}. {text}", flush=True)
 
 
-def _capacity(settings: Settings, model: str, version: str, step: Callable[[str], None]) -> float:
-    """fp32 requests/s of ``version`` on this machine (calibrated once, then stored)."""
+def _capacity(
+    settings: Settings, model: str, version: str, step: Callable[[str], None]
+) -> dict[str, float]:
+    """Requests/s of one worker per variant of ``version`` on this machine (calibrated
+    once, then stored)."""
     from graylane.app.cli.calibrate import ensure_calibrated, registered_variants
     from graylane.app.demo.story import StoryConfig
     from graylane.engine_worker.batching import BucketPolicy
@@ -231,9 +234,12 @@ def _capacity(settings: Settings, model: str, version: str, step: Callable[[str]
     seq_len = BucketPolicy().bucket_for(StoryConfig().prompt_len)
     files = registered_variants(settings, model, version)
     profile = ensure_calibrated(settings, model, version, files, seq_len=seq_len, progress=step)
-    capacity = profile.variant("fp32").rps()
-    step(f"measured capacity of {model}/{version} fp32 on {profile.host}: {capacity:.0f} req/s")
-    return capacity
+    from graylane.capacity import rung_capacities
+
+    capacities = dict(rung_capacities(profile, [v.variant for v in profile.variants]))
+    figures = ", ".join(f"{v} {rps:.0f} req/s" for v, rps in capacities.items())
+    step(f"measured capacity of one {model}/{version} worker on {profile.host}: {figures}")
+    return capacities
 
 
 def _story(args: argparse.Namespace) -> int:
@@ -284,6 +290,12 @@ def _story(args: argparse.Namespace) -> int:
                     "1000",
                     "--max-replicas",
                     str(DEMO_MAX_WORKERS),
+                    # the steady load is 0.5 x one worker's calibrated capacity: scale in
+                    # under 0.6 x, 20 s after the spike
+                    "--scale-in-load",
+                    "0.6",
+                    "--scale-cooldown-s",
+                    "20",
                 ],
                 log_dir,
             )
@@ -329,11 +341,15 @@ def _story(args: argparse.Namespace) -> int:
             )
         step("metrics of each service (/metrics, /healthz, /readyz):")
         print_metrics_ports(services)
-        rate = args.rate or args.load * _capacity(settings, STORY_MODEL, STABLE, step)
+        capacities = _capacity(settings, STORY_MODEL, STABLE, step)
+        rate = args.rate or args.load * capacities["fp32"]
         cfg = StoryConfig(
-            rate=rate, slo_p99_ms=args.slo_p99_ms, report=REPO_ROOT / ".local" / "report.png"
+            rate=rate,
+            slo_p99_ms=args.slo_p99_ms,
+            report=REPO_ROOT / ".local" / "report.png",
+            rung_capacity_rps=capacities,
         )
-        story = Story(settings, cfg, step)
+        story = Story(settings, cfg, step, scale_out=True)
         t0_ms = now_ms()
         step(f"steady load of {rate:.0f} req/s; the live view follows")
         records = asyncio.run(story.run())

@@ -157,6 +157,19 @@ def _qos_commands(sub: Sub) -> None:
     qset.add_argument("--sustain-s", type=float, default=0.0)
     qset.add_argument("--min-dwell-s", type=float, default=0.0)
     qset.add_argument("--max-queue-wait-ms", type=float, default=0.0)
+    qset.add_argument(
+        "--capacity",
+        action="append",
+        default=[],
+        metavar="VARIANT=RPS",
+        help="one worker's capacity of a rung (default: this host's `graylane calibrate`)",
+    )
+    qset.add_argument(
+        "--up-capacity-fraction",
+        type=float,
+        default=0.0,
+        help="step up once the load is below this share of the rung above's capacity (0.7)",
+    )
     qset.add_argument("--disabled", action="store_true", help="store the policy but do not act")
     qset.set_defaults(handler=ops_rollouts.qos_set)
     qstatus = _client(qsub.add_parser("status", help="the policy and the active variant"))

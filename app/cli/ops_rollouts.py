@@ -161,19 +161,42 @@ def rollout_revert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rung_capacities(args: argparse.Namespace, ladder: list[str]) -> dict[str, float]:
+    """``--capacity`` as given, else this host's calibration of the version (if any)."""
+    from graylane.capacity import load_profile, rung_capacities, this_host
+    from graylane.settings import Settings
+
+    if args.capacity:
+        given: dict[str, float] = {}
+        for item in args.capacity:
+            name, _, rps = item.partition("=")
+            try:
+                given[name.strip()] = float(rps)
+            except ValueError:
+                raise SystemExit(f"--capacity {item!r}: expected VARIANT=RPS") from None
+        return given
+    profile = load_profile(Settings.from_env().artifact_dir, args.model, args.version)
+    if profile is None or profile.host != this_host():
+        return {}
+    return dict(rung_capacities(profile, ladder))
+
+
 def qos_set(args: argparse.Namespace) -> int:
     from graylane.v1 import rollout_pb2
 
+    ladder = [x.strip() for x in args.ladder.split(",") if x.strip()]
     policy = rollout_pb2.QosPolicy(
         model=args.model,
         version=args.version,
         slo_p99_ms=args.slo_ms,
-        ladder=[x.strip() for x in args.ladder.split(",") if x.strip()],
+        ladder=ladder,
         quality_floor=args.floor,
         sustain_s=args.sustain_s,
         min_dwell_s=args.min_dwell_s,
         max_queue_wait_ms=args.max_queue_wait_ms,
         enabled=not args.disabled,
+        rung_capacity_rps=_rung_capacities(args, ladder),
+        up_capacity_fraction=args.up_capacity_fraction,
     )
     print_policy(call(args, "Qos", "SetPolicy", policy))
     return 0

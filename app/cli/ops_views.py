@@ -81,6 +81,14 @@ def print_policy(view: Any) -> None:
         ("quality floor", p.quality_floor or p.ladder[-1] if p.ladder else "-"),
         ("step down above", f"SLO x {1 + p.step_down_margin:g} for {p.sustain_s:g}s"),
         ("step up below", f"SLO x {p.step_up_ratio:g} for {p.sustain_s:g}s"),
+        (
+            "step up by load",
+            ", ".join(
+                f"{v} < {p.up_capacity_fraction or 0.7:g} x {rps:.1f} rps"
+                for v, rps in sorted(p.rung_capacity_rps.items())
+            )
+            or "- (no calibration: by p99)",
+        ),
         ("min dwell", f"{p.min_dwell_s:g}s"),
         ("active variant", view.active_variant or "unknown (no precision change on record)"),
         ("active since", when(view.active_since_unix_ms)),

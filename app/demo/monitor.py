@@ -1,4 +1,8 @@
-"""What the demo watches: routing weights, per-version latency/errors, active variants.
+"""What the demo watches: routing weights, per-version latency/errors/shed, active variants.
+
+The p99 shown is of the requests answered OK (admitted and served); shed
+requests (``SHED``, refused at once by admission control) have their own
+column and are not errors.
 
 Fed by the client's results and by the compacted control topics; renders a live
 table and keeps a timeline for the final report.
@@ -26,6 +30,9 @@ class Sample:
     variant: str
     latency_ms: float
     ok: bool
+    shed: bool = False
+    """Answered SHED by admission control (not run; not an engine error)."""
+    worker: str = ""
 
 
 @dataclass
@@ -53,6 +60,11 @@ class Monitor:
         self.timeline = Timeline()
         self.total = 0
         self.errors = 0
+        self.shed = 0
+        self.precision_changes: dict[str, list[tuple[float, str]]] = defaultdict(list)
+        """Per version, (time, variant) of every precision command seen."""
+        self.workers_seen: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        """Per version, (time, workers that answered in the live window) at each snapshot."""
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -62,11 +74,15 @@ class Monitor:
 
     def on_result(self, result: Result) -> None:
         latency = result.client_latency_ms or result.timing.total_ms
-        sample = Sample(self.now(), result.version, result.variant, latency, result.ok)
+        shed = result.error_code == "SHED"
+        sample = Sample(
+            self.now(), result.version, result.variant, latency, result.ok, shed, result.worker_id
+        )
         self.samples.append(sample)
         self.history.append(sample)
         self.total += 1
-        self.errors += int(not result.ok)
+        self.shed += int(shed)
+        self.errors += int(not result.ok and not shed)
 
     def on_routing(self, record: ConsumerRecord[bytes, bytes]) -> None:
         if record.value is None or record.key != self.model.encode():
@@ -85,6 +101,7 @@ class Monitor:
         if command.model == self.model:
             self.variants[command.version] = command.variant
             self.timeline.variants[command.version].append((self.now(), command.variant))
+            self.precision_changes[command.version].append((self.now(), command.variant))
 
     def on_rollout(self, record: ConsumerRecord[bytes, bytes]) -> None:
         if record.value is None:
@@ -102,17 +119,23 @@ class Monitor:
             by_version[s.version].append(s)
         return by_version
 
+    def workers(self, version: str) -> int:
+        """Workers that answered ``version``'s requests in the live window."""
+        return len({s.worker for s in self.window().get(version, []) if s.worker})
+
     def snapshot(self) -> None:
-        """Record the current per-version p99 on the timeline."""
+        """Record the current per-version p99 (and workers) on the timeline."""
         for version, samples in self.window().items():
+            self.workers_seen[version].append((self.now(), self.workers(version)))
             ok = [s.latency_ms for s in samples if s.ok]
             if ok:
                 self.timeline.p99[version].append((self.now(), float(np.percentile(ok, 99))))
             self.timeline.variants[version].append((self.now(), samples[-1].variant))
 
     def table(self, title: str) -> Table:
-        table = Table(title=title)
-        for col in ("version", "weight", "req/s", "p50 ms", "p99 ms", "errors", "variant"):
+        table = Table(title=title, caption="p99 of the requests answered OK (admitted)")
+        columns = ("version", "weight", "req/s", "p50 ms", "p99 ms", "errors", "shed", "variant")
+        for col in (*columns, "workers"):
             table.add_column(col, justify="right")
         window = self.window()
         versions = sorted(set(window) | set(self.weights))
@@ -120,7 +143,8 @@ class Monitor:
             samples = window.get(version, [])
             ok = [s.latency_ms for s in samples if s.ok]
             rate = len(samples) / self.window_s
-            err = (sum(not s.ok for s in samples) / len(samples)) if samples else 0.0
+            err = (sum(not s.ok and not s.shed for s in samples) / len(samples)) if samples else 0.0
+            shed = (sum(s.shed for s in samples) / len(samples)) if samples else 0.0
             variant = samples[-1].variant if samples else self.variants.get(version, "-")
             table.add_row(
                 version,
@@ -129,6 +153,8 @@ class Monitor:
                 f"{np.percentile(ok, 50):.0f}" if ok else "-",
                 f"{np.percentile(ok, 99):.0f}" if ok else "-",
                 f"{100 * err:.1f}%",
+                f"{100 * shed:.1f}%",
                 variant,
+                str(self.workers(version)),
             )
         return table

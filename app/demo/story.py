@@ -9,7 +9,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -35,11 +35,14 @@ SEEDS = {STABLE: 1, HEALTHY: 2, BAD: 3}
 @dataclass(frozen=True, kw_only=True)
 class StoryConfig:
     rate: float = 20.0
-    spike_factor: float = 4.0
+    spike_factor: float = 3.0
     prompt_len: int = 96
     slo_p99_ms: float = 250.0
     phase_timeout_s: float = 150.0
     report: Path = Path(".local/report.png")
+    rung_capacity_rps: dict[str, float] = field(default_factory=dict)
+    """One worker's calibrated requests/s per variant: QoS steps up by load."""
+    spike_s: float = 30.0
 
 
 def demo_rollout_spec(rollout_id: str, baseline: str, candidate: str) -> rollout_pb2.RolloutSpec:
@@ -63,7 +66,11 @@ def demo_rollout_spec(rollout_id: str, baseline: str, candidate: str) -> rollout
     )
 
 
-def demo_qos_policy(version: str, slo_p99_ms: float) -> rollout_pb2.QosPolicy:
+def demo_qos_policy(
+    version: str, slo_p99_ms: float, capacities: dict[str, float] | None = None
+) -> rollout_pb2.QosPolicy:
+    """Steps down on p99 or shedding; back up once the load is below 0.7 x the
+    calibrated capacity of fp32 (``capacities``; by p99 without them)."""
     return rollout_pb2.QosPolicy(
         model=MODEL,
         version=version,
@@ -75,11 +82,24 @@ def demo_qos_policy(version: str, slo_p99_ms: float) -> rollout_pb2.QosPolicy:
         sustain_s=3.0,
         min_dwell_s=10.0,
         enabled=True,
+        rung_capacity_rps=capacities or {},
+        up_capacity_fraction=0.7,
     )
 
 
 class Story:
-    def __init__(self, settings: Settings, cfg: StoryConfig, step: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        cfg: StoryConfig,
+        step: Callable[[str], None],
+        *,
+        scale_out: bool = False,
+    ) -> None:
+        self.scale_out = scale_out
+        """A supervisor obeys the policy engine's scale requests for the QoS version."""
+        self.deadline_s: float | None = None
+        """Each request's deadline (set in the QoS part: late requests are shed)."""
         self.factory = KafkaFactory(settings)
         self.layout = self.factory.layout
         self.cfg = cfg
@@ -113,6 +133,7 @@ class Story:
                 prompt=f"{i:06d} {prompt}",
                 routing_key=f"user-{i % 997}",
                 post_process=PostProcess.ARGMAX_LAST,
+                deadline_s=self.deadline_s,
             )
             i += 1
             next_at += 1.0 / self.rate
@@ -232,28 +253,57 @@ class Story:
         )
         await asyncio.sleep(4)
 
-        title[0] = f"QoS on {HEALTHY}: SLO p99 {self.cfg.slo_p99_ms:.0f} ms, load spike"
-        self.monitor.event(f"QoS policy on {HEALTHY}: fp32 -> int8-dynamic")
+        await self._qos_story(title)
+
+    async def _wait_by(self, done: Callable[[], bool], what: str, until: float) -> bool:
+        """Like :meth:`_wait`, but only until ``until`` (monotonic): the spike goes on."""
+        while not done():
+            if time.monotonic() > until:
+                self.monitor.event(f"not during the spike: {what}")
+                return False
+            await asyncio.sleep(0.5)
+        self.monitor.event(what)
+        return True
+
+    def _workers(self) -> int:
+        """Workers that answered the QoS version's requests in the live window."""
+        return self.monitor.workers(HEALTHY)
+
+    async def _qos_story(self, title: list[str]) -> None:
+        """The elastic part: a 3x spike; QoS steps down, admission sheds what would be
+        late, the supervisor (when there is one) scales out and back in, and QoS
+        steps back up once the load is below 0.7 x fp32's calibrated capacity."""
+        cfg = self.cfg
+        title[0] = f"QoS on {HEALTHY}: SLO p99 {cfg.slo_p99_ms:.0f} ms, load spike"
+        how = "by load" if cfg.rung_capacity_rps else "by p99 (no calibration)"
+        self.monitor.event(f"QoS policy on {HEALTHY}: fp32 -> int8-dynamic, back up {how}")
         await self.send_command(
             rollout_pb2.RolloutCommand(
                 kind=rollout_pb2.COMMAND_SET_QOS_POLICY,
-                qos_policy=demo_qos_policy(HEALTHY, self.cfg.slo_p99_ms),
+                qos_policy=demo_qos_policy(HEALTHY, cfg.slo_p99_ms, cfg.rung_capacity_rps),
             )
         )
+        self.deadline_s = cfg.slo_p99_ms / 1000.0  # admission control sheds what would be late
         await asyncio.sleep(5)
-        self.rate = self.cfg.rate * self.cfg.spike_factor
-        self.monitor.event(f"load spike x{self.cfg.spike_factor:.0f}")
+        self.rate = cfg.rate * cfg.spike_factor
+        spike_end = time.monotonic() + cfg.spike_s
+        self.monitor.event(f"load spike x{cfg.spike_factor:g} for {cfg.spike_s:.0f}s")
         await self._wait(
             lambda: self.monitor.variants.get(HEALTHY) == "int8-dynamic",
             "QoS stepped down to int8-dynamic",
         )
-        await asyncio.sleep(8)
-        self.rate = self.cfg.rate
-        self.monitor.event("spike over")
+        if self.scale_out:
+            await self._wait_by(lambda: self._workers() >= 2, "scaled out to 2 workers", spike_end)
+        await asyncio.sleep(max(0.0, spike_end - time.monotonic()))
+        self.rate = cfg.rate
+        self.monitor.event(f"spike over; {self.monitor.shed} requests shed so far")
         title[0] = f"QoS on {HEALTHY}: load back to normal"
+        if self.scale_out:
+            await self._wait(lambda: self._workers() <= 1, "scaled back in to 1 worker")
         await self._wait(
             lambda: self.monitor.variants.get(HEALTHY) == "fp32", "QoS stepped back up to fp32"
         )
+        self.deadline_s = None
         await asyncio.sleep(3)
 
     async def audit_records(self) -> list[audit_pb2.AuditRecord]:

@@ -11,6 +11,11 @@ commit (the partitions went to another member in a rebalance) leaves the batch
 to their next owner. Sends are made through a
 :class:`~graylane.kafka.recovering.RecoveringProducer`, which re-sends what the
 broker did not acknowledge itself, so a rewind is the last resort.
+
+A rebalance (a replica joining or leaving the group) may take partitions away
+while their batch is being processed: only the partitions still assigned are
+committed, and a commit the group refuses is logged, not raised. The new owner
+reads those records again (at-least-once), and the service keeps serving.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiokafka import TopicPartition
-from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from graylane.kafka.guard import BatchGuard, Fault, classify
 from graylane.kafka.replies import settle
@@ -71,7 +76,18 @@ async def deliver_and_commit(
             consumer.seek(tp, offset)
         await asyncio.sleep(backoff_s)
         return False
-    await consumer.commit(next_offsets(records))
+    offsets = next_offsets(records)
+    assigned = consumer.assignment()
+    kept = {tp: offset for tp, offset in offsets.items() if tp in assigned}
+    if len(kept) < len(offsets):
+        gone = sorted(f"{tp.topic}[{tp.partition}]" for tp in offsets if tp not in kept)
+        log.info("revoked during the batch, not committed (the new owner reads them): %s", gone)
+    if not kept:
+        return True
+    try:
+        await consumer.commit(kept)
+    except (CommitFailedError, IllegalStateError) as exc:
+        log.warning("commit refused after a rebalance (%s); the new owner reads them again", exc)
     return True
 
 

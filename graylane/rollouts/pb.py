@@ -242,6 +242,9 @@ def qos_policy_to_pb(p: QosPolicy) -> rollout_pb2.QosPolicy:
         min_dwell_s=p.min_dwell_s,
         max_queue_wait_ms=p.max_queue_wait_ms,
         enabled=p.enabled,
+        rung_capacity_rps=dict(p.rung_capacity_rps),
+        up_capacity_fraction=p.up_capacity_fraction,
+        max_shed_fraction=p.max_shed_fraction,
     )
 
 
@@ -260,4 +263,7 @@ def qos_policy_from_pb(pb: rollout_pb2.QosPolicy) -> QosPolicy:
         sustain_s=_or(pb.sustain_s, d.sustain_s),
         min_dwell_s=_or(pb.min_dwell_s, d.min_dwell_s),
         enabled=pb.enabled,
+        rung_capacity_rps=tuple(sorted(pb.rung_capacity_rps.items())),
+        up_capacity_fraction=_or(pb.up_capacity_fraction, d.up_capacity_fraction),
+        max_shed_fraction=_or(pb.max_shed_fraction, d.max_shed_fraction),
     )

@@ -1,4 +1,13 @@
-"""A QoS policy: SLO and precision ladder of one model version (validated on construction)."""
+"""A QoS policy: SLO and precision ladder of one model version (validated on construction).
+
+``rung_capacity_rps`` carries the measured capacity of one worker per variant
+(``graylane calibrate``): stepping up to a rung whose capacity is known needs
+the offered load below ``up_capacity_fraction`` of it, whatever the p99 of
+the cheaper rung says (its p99 at normal load may never fall under the
+latency threshold). ``max_shed_fraction``: shedding more than that share of
+requests is a breach (admission control keeps the p99 of admitted requests
+low, so latency alone would never step down).
+"""
 
 from __future__ import annotations
 
@@ -25,6 +34,10 @@ class QosPolicy:
     enabled: bool = True
     up_load_fraction: float = 0.8
     ceiling_ttl_s: float = 600.0
+    rung_capacity_rps: tuple[tuple[str, float], ...] = ()
+    """(variant, requests/s of one worker) as calibrated; sorted by variant."""
+    up_capacity_fraction: float = 0.7
+    max_shed_fraction: float = 0.02
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -43,11 +56,21 @@ class QosPolicy:
             ("min_dwell_s", self.min_dwell_s >= 0.0),
             ("up_load_fraction", 0.0 < self.up_load_fraction <= 1.0),
             ("ceiling_ttl_s", self.ceiling_ttl_s >= 0.0),
+            ("up_capacity_fraction", 0.0 < self.up_capacity_fraction <= 1.0),
+            ("max_shed_fraction", 0.0 <= self.max_shed_fraction <= 1.0),
         )
         for name, ok in checks:
             value = getattr(self, name)
             if not (math.isfinite(value) and ok):
                 problems.append(f"{name} {value} is out of range")
+        names = [name for name, _ in self.rung_capacity_rps]
+        if len(set(names)) != len(names):
+            problems.append(f"rung capacities {names} repeat a variant")
+        for name, rps in self.rung_capacity_rps:
+            if name not in self.ladder:
+                problems.append(f"capacity of {name!r}, which is not on the ladder")
+            if not (math.isfinite(rps) and rps > 0.0):
+                problems.append(f"capacity of {name!r} {rps} is out of range")
         if problems:
             raise InvalidPolicy(
                 f"QoS policy of {self.model}/{self.version}: " + "; ".join(problems)
@@ -64,3 +87,7 @@ class QosPolicy:
     @property
     def floor_index(self) -> int:
         return self.ladder.index(self.quality_floor) if self.quality_floor else len(self.ladder) - 1
+
+    def capacity_of(self, variant: str) -> float | None:
+        """Calibrated requests/s of one worker running ``variant``; None when unknown."""
+        return next((rps for name, rps in self.rung_capacity_rps if name == variant), None)

@@ -6,22 +6,33 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
 - **Breach** (step down, toward throughput): p99 > ``slo * (1 + step_down_margin)``
   (default 1.2 x SLO), or the mean queue wait > ``max_queue_wait_ms`` (when set),
   continuously for ``sustain_s`` (default 5 s).
-- **Calm** (step up, toward quality): p99 < ``slo * step_up_ratio`` (default
-  0.6 x SLO) and the mean queue wait below ``step_up_ratio x max_queue_wait_ms``,
-  continuously for ``sustain_s``.
+  Also a breach: more than ``max_shed_fraction`` (2 %) of the arrived requests
+  shed by admission control (which keeps the admitted p99 under the SLO).
+- **Calm** (step up, toward quality), continuously for ``sustain_s``:
+  - when the policy carries the calibrated capacity of the rung above
+    (``rung_capacity_rps``): the offered load (served + shed) below
+    ``up_capacity_fraction`` (0.7) of it, and no breach. The p99 of the
+    cheaper rung does not matter: at normal load it may never reach a
+    latency threshold, and the capacity says whether the rung above copes.
+    Stepping down on latency and up on load at 0.7 x capacity is the
+    hysteresis band;
+  - else (no calibration): p99 < ``slo * step_up_ratio`` (default 0.6 x SLO)
+    and the mean queue wait below ``step_up_ratio x max_queue_wait_ms``.
 - **Load ceiling** (hysteresis on load, not only on latency): a cheaper rung
   is of course faster, so its p99 alone would soon look calm and the
-  controller would flap between rungs. When a rung breaches, the throughput
-  at that moment is remembered as that rung's ceiling; stepping back up to it
-  also needs the current throughput at most ``up_load_fraction`` (0.8) of its
-  ceiling. A ceiling is forgotten after ``ceiling_ttl_s`` (600 s), so a breach
-  caused by something other than load does not pin the quality down for ever.
+  controller would flap between rungs. When a rung breaches, the offered
+  load (served + shed) at that moment is remembered as that rung's ceiling;
+  stepping back up to it also needs the current offered load at most
+  ``up_load_fraction`` (0.8) of its ceiling (served alone would be far too
+  low a ceiling when admission control sheds most of the load). A ceiling
+  is forgotten after ``ceiling_ttl_s`` (600 s), so a breach caused by
+  something other than load does not pin the quality down for ever.
 - **Dwell**: no change within ``min_dwell_s`` (default 30 s) of the last one.
 - **Bounds**: never below ``quality_floor`` (the lowest-quality rung allowed;
   empty = the ladder's last), never above the first rung.
 - **Stale input**: stats of a variant other than the active one (the window
   right after a switch) count as no data.
-- **No data** (no stats, no requests, or stale): HOLD, and *both* sustain
+- **No data** (no stats, no requests and no sheds, or stale): HOLD, and *both* sustain
   timers restart: "continuously for sustain_s" needs continuous evidence.
 - **Scale settling**: a caller that scales replicas passes ``scale_hold``
   (why the replicas are not settled, :func:`~graylane.policy_engine.logic.scale.scale_unsettled`);
@@ -69,7 +80,7 @@ class QosDecisionKind(Enum):
 
 @dataclass(frozen=True)
 class Ceiling:
-    """Throughput at which ``variant`` last breached its SLO."""
+    """Offered load (served + shed) at which ``variant`` last breached its SLO."""
 
     variant: str
     throughput_rps: float
@@ -192,7 +203,7 @@ def evaluate_qos(
             floor_variant,
             cleared,
         )
-    if stats is None or stats.requests == 0:
+    if stats is None or (stats.requests == 0 and stats.shed == 0):
         return hold(DecisionRule.NO_DATA, "no data: sustain timers restart", cleared)
     if stats.variant not in (active, ALL_VARIANTS):
         return hold(
@@ -200,7 +211,8 @@ def evaluate_qos(
         )
 
     breach_why = _breach(stats, policy)
-    calm = _calm(stats, policy)
+    up_target = ladder[index - 1] if index > 0 else None
+    calm = breach_why is None and _calm(stats, policy, up_target)
     breach_since = _since(state.breach_since_ms, now_ms) if breach_why is not None else None
     calm_since = _since(state.calm_since_ms, now_ms) if calm else None
     current = replace(pruned, breach_since_ms=breach_since, calm_since_ms=calm_since)
@@ -227,7 +239,7 @@ def evaluate_qos(
                 f"breach, last change {since_change / 1000:g} s ago: {figures}",
                 current,
             )
-        ceiling = Ceiling(active, stats.throughput_rps, now_ms)
+        ceiling = Ceiling(active, stats.offered_rps, now_ms)
         with_ceiling = replace(
             current, ceilings=(*(c for c in current.ceilings if c.variant != active), ceiling)
         )
@@ -235,7 +247,7 @@ def evaluate_qos(
             QosDecisionKind.STEP_DOWN,
             breach_why,
             f"sustained {held / 1000:g} s: {figures}; "
-            f"ceiling of {active} at {stats.throughput_rps:.1f} rps",
+            f"ceiling of {active} at {stats.offered_rps:.1f} rps",
             ladder[index + 1],
             with_ceiling,
         )
@@ -263,22 +275,23 @@ def evaluate_qos(
                 current,
             )
         known = current.ceiling_of(target)
-        if (
-            known is not None
-            and stats.throughput_rps > known.throughput_rps * policy.up_load_fraction
-        ):
+        if known is not None and stats.offered_rps > known.throughput_rps * policy.up_load_fraction:
             return hold(
                 DecisionRule.LOAD_CEILING,
-                f"calm, but {stats.throughput_rps:.1f} rps > {policy.up_load_fraction:g} x "
+                f"calm, but {stats.offered_rps:.1f} rps > {policy.up_load_fraction:g} x "
                 f"{target}'s ceiling {known.throughput_rps:.1f} rps: {figures}",
                 current,
             )
+        capacity = policy.capacity_of(target)
+        rule, why = DecisionRule.P99_CALM, figures
+        if capacity is not None:
+            rule = DecisionRule.LOAD_CALM
+            why = (
+                f"offered {stats.offered_rps:.1f} rps < {policy.up_capacity_fraction:g} x "
+                f"{target}'s capacity {capacity:.1f} rps; {figures}"
+            )
         return move(
-            QosDecisionKind.STEP_UP,
-            DecisionRule.P99_CALM,
-            f"sustained {held / 1000:g} s: {figures}",
-            target,
-            current,
+            QosDecisionKind.STEP_UP, rule, f"sustained {held / 1000:g} s: {why}", target, current
         )
     return hold(DecisionRule.WITHIN_BAND, f"within the band: {figures}", current)
 
@@ -298,10 +311,16 @@ def _breach(stats: WindowStats, policy: QosPolicy) -> DecisionRule | None:
         return DecisionRule.P99_BREACH
     if policy.max_queue_wait_ms > 0.0 and stats.queue_wait_mean_ms > policy.max_queue_wait_ms:
         return DecisionRule.QUEUE_WAIT_BREACH
+    if stats.shed and stats.shed_fraction > policy.max_shed_fraction:
+        return DecisionRule.SHED_BREACH
     return None
 
 
-def _calm(stats: WindowStats, policy: QosPolicy) -> bool:
+def _calm(stats: WindowStats, policy: QosPolicy, target: str | None) -> bool:
+    """Calm toward ``target`` (the rung above; None at the top: latency only)."""
+    capacity = policy.capacity_of(target) if target is not None else None
+    if capacity is not None:
+        return stats.offered_rps < policy.up_capacity_fraction * capacity
     queue_ok = (
         policy.max_queue_wait_ms <= 0.0
         or stats.queue_wait_mean_ms < policy.max_queue_wait_ms * policy.step_up_ratio
@@ -313,8 +332,10 @@ def _figures(stats: WindowStats, policy: QosPolicy) -> str:
     text = (
         f"p99 {stats.p99_ms:.1f} ms (SLO {policy.slo_p99_ms:g}, "
         f"down > {policy.down_threshold_ms:g}, "
-        f"up < {policy.up_threshold_ms:g}), {stats.throughput_rps:.1f} rps"
+        f"up < {policy.up_threshold_ms:g}), {stats.throughput_rps:.1f} rps served"
     )
+    if stats.shed:
+        text += f", shed {stats.shed_fraction:.1%} (max {policy.max_shed_fraction:.1%})"
     if policy.max_queue_wait_ms > 0.0:
         text += f", queue wait {stats.queue_wait_mean_ms:.1f} ms (max {policy.max_queue_wait_ms:g})"
     return text

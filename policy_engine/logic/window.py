@@ -20,6 +20,8 @@ Choices worth knowing:
   it counts as live; workers batch shadow requests apart.
 - **Late samples** older than the retained panes are dropped and counted
   (``dropped_late``); ``evict`` moves that horizon.
+- **Shed** requests (answered SHED by admission control, never run) are
+  counted apart from ``requests``; a sample of sheds alone counts no batch.
 - **Device load** is the mean of the batches' ``device_load``; **lag** is the
   sum over workers of each worker's latest reported lag in the window.
 - **Service time** (the model's part of latency, without queueing) of a
@@ -76,11 +78,13 @@ class _Pane:
         "queue_fallback_sum",
         "requests",
         "service",
+        "shed",
     )
 
     def __init__(self, min_ms: float, growth: float) -> None:
         self.requests = 0
         self.errors = 0
+        self.shed = 0
         self.batches = 0
         self.latency = LatencyHistogram(min_ms, growth)
         self.queue = LatencyHistogram(min_ms, growth)
@@ -95,6 +99,10 @@ class _Pane:
     def add(self, s: TelemetrySample) -> None:
         self.requests += s.request_count
         self.errors += s.error_count
+        self.shed += s.shed_count
+        if s.request_count == 0:  # sheds alone (nothing ran): no batch, no latency
+            _keep_latest_lag(self.lag_by_worker, s.worker_id, (s.completed_at_ms, s.lag))
+            return
         self.batches += 1
         if s.batch_id is not None and len(self.batch_ids) < MAX_IDS_PER_PANE:
             self.batch_ids.add(s.batch_id)
@@ -298,6 +306,7 @@ def _summarize(
     queue = LatencyHistogram.merge_all((p.queue for p in panes), min_ms, growth)
     service = LatencyHistogram.merge_all((p.service for p in panes), min_ms, growth)
     requests = sum(p.requests for p in panes)
+    shed = sum(p.shed for p in panes)
     batches = sum(p.batches for p in panes)
     fallback_sum = sum(p.queue_fallback_sum for p in panes)
     fallback_count = sum(p.queue_fallback_count for p in panes)
@@ -329,4 +338,6 @@ def _summarize(
         service_p95_ms=service.quantile(0.95),
         service_p99_ms=service.quantile(0.99),
         service=service if service.count else None,
+        shed=shed,
+        shed_rps=shed / seconds if seconds > 0 else 0.0,
     )

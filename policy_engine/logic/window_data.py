@@ -42,9 +42,12 @@ class TelemetrySample:
     batch_size: int = 0
     batch_id: tuple[str, int, int] | None = None
     """(worker, partition, first offset): a re-sent batch carries the same id."""
+    shed_count: int = 0
+    """Requests the worker shed (answered SHED, not run) since its previous batch."""
 
     def __post_init__(self) -> None:
-        if self.request_count < 0 or self.error_count < 0 or self.shadow_count < 0:
+        counts = (self.request_count, self.error_count, self.shadow_count, self.shed_count)
+        if min(counts) < 0:
             raise ValueError("telemetry counts must not be negative")
         if self.error_count > self.request_count:
             raise ValueError(
@@ -110,6 +113,20 @@ class WindowStats:
     service_p99_ms: float = 0.0
     service: LatencyHistogram | None = field(default=None, hash=False, repr=False)
     """Service times of the window's requests; None when no batch carried one."""
+    shed: int = 0
+    """Requests shed (answered SHED, never run) in the window: not in ``requests``."""
+    shed_rps: float = 0.0
+
+    @property
+    def offered_rps(self) -> float:
+        """Requests/s that arrived: served (``throughput_rps``) plus shed."""
+        return self.throughput_rps + self.shed_rps
+
+    @property
+    def shed_fraction(self) -> float:
+        """Share of the arrived requests that were shed."""
+        arrived = self.requests + self.shed
+        return self.shed / arrived if arrived else 0.0
 
     @property
     def error_rate(self) -> float:

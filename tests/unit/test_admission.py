@@ -68,3 +68,15 @@ def test_unknown_service_time_admits_everything() -> None:
 
 def test_empty_plan() -> None:
     assert admit([], NOW, per_row(1)).admitted == ()
+
+
+def test_a_probe_runs_the_first_batch_whatever_its_prediction() -> None:
+    """A stale, pessimistic estimate must not shed everything for ever: the probe
+    runs the head batch (its time still counts ahead of the rest)."""
+    batches = [batch(NOW + 5, NOW + 5), batch(NOW + 30, NOW + 45, start=2)]
+    without = admit(batches, NOW, per_row(10))
+    assert without.admitted == ((), (2, 3))
+    probed = admit(batches, NOW, per_row(10), probe=True)
+    # the head (done at +20) runs; behind it batch 1 would end at +40: +30 is shed
+    assert probed.admitted == ((0, 1), (3,))
+    assert [s.item for s in probed.shed] == [2]

@@ -17,6 +17,7 @@ from graylane.capacity import (
     measure_variant,
     measured_capacity,
     profile_of,
+    rung_capacities,
     save_profile,
     synthetic_feeds,
 )
@@ -93,3 +94,16 @@ def test_malformed_profiles_and_unmeasured_batches_are_errors() -> None:
         profile("h").variant("fp32").rps(4)
     with pytest.raises(CapacityError):
         profile("h").variant("fp16")
+
+
+def test_rung_capacities_for_a_qos_policy() -> None:
+    fp32 = VariantCapacity("fp32", 64, (BatchPoint(1, 50.0), BatchPoint(8, 200.0)))
+    int8 = VariantCapacity("int8-dynamic", 64, (BatchPoint(1, 25.0),))
+    never = VariantCapacity("fp16", 64, ())
+    profile = CapacityProfile("m", "1.0.0", "h", 1, 1, (fp32, int8, never))
+    # the best batch of each calibrated rung on the ladder; rungs off the ladder left out
+    assert rung_capacities(profile, ("fp32", "fp16", "int8-dynamic")) == (
+        ("fp32", 40.0),
+        ("int8-dynamic", 40.0),
+    )
+    assert rung_capacities(profile, ("fp32",)) == (("fp32", 40.0),)

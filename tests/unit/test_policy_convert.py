@@ -58,6 +58,7 @@ window_stats = st.builds(
     queue_wait_p99_ms=finite,
     batches=st.integers(min_value=0, max_value=2**40),
     device_load=st.floats(min_value=0.0, max_value=1.0),
+    shed=st.integers(min_value=0, max_value=2**40),
 )
 
 

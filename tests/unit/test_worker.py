@@ -257,3 +257,30 @@ async def test_requests_that_cannot_meet_their_deadline_are_shed_at_once(rig: Ri
     assert sum(t.error_count for t in telemetry) == 0  # not an engine error: no gate counts it
     shed = rig.worker.metrics.shed.labels(MODEL, VERSION, "fp32", "deadline")
     assert shed._value.get() == 2
+
+
+async def test_a_cycle_of_sheds_alone_is_reported_and_a_pause_probes(rig: Rig) -> None:
+    for _ in range(3):
+        rig.worker.learner.observe(1, 600.0, 16)  # a stale, pessimistic estimate
+    rig.worker._last_run_ms = now_ms()  # a batch ran just now: no probe this cycle
+    soon = now_ms() + 300
+    reqs = [
+        request(f"s{i}", token_ids=[5, 6, 7], deadline_unix_ms=soon, created_at_unix_ms=now_ms())
+        for i in range(2)
+    ]
+    await publish(rig, *(serde.encode(r) for r in reqs))
+    await serve_until_committed(rig, 2)
+    results = results_by_id(rig)
+    assert {results[f"s{i}"].error_code for i in range(2)} == {inference_pb2.SHED}
+    telemetry = [
+        serde.decode(telemetry_pb2.BatchTelemetry, v)
+        for v in rig.read(rig.factory.layout.telemetry())
+    ]
+    # nothing ran, yet the policy engine hears of the load
+    assert [(t.request_count, t.shed_count, t.variant) for t in telemetry] == [(0, 2, "fp32")]
+
+    rig.worker._last_run_ms = now_ms() - 5_000  # nothing ran for a while: probe
+    late = request("p", token_ids=[5, 6, 7], deadline_unix_ms=now_ms() + 300)
+    await publish(rig, serde.encode(late))
+    await serve_until_committed(rig, 3)
+    assert results_by_id(rig)["p"].status == inference_pb2.OK

@@ -1,0 +1,55 @@
+"""bench qos scoring: goodput over all requests, admitted p99, time back to the top rung."""
+
+from __future__ import annotations
+
+import pytest
+
+from graylane.app.bench.qos_score import Answer, score, seconds_to_top
+
+
+def test_goodput_counts_every_request_submitted_in_the_span() -> None:
+    sent = {f"r{i}": float(i) for i in range(10)}
+    answers = {
+        "r0": Answer(True, "", 50.0),
+        "r1": Answer(True, "", 90.0),
+        "r2": Answer(True, "", 150.0),  # OK but late
+        "r3": Answer(False, "SHED", 1.0),
+        "r4": Answer(False, "ENGINE_ERROR", 5.0),
+        "r5": Answer(True, "", 10.0),
+        # r6 never answered; r7..r9 outside the span
+        "r7": Answer(True, "", 10.0),
+    }
+    s = score(sent, answers, start=0.0, end=7.0, slo_ms=100.0)
+    assert (s.requests, s.shed, s.errors, s.unanswered) == (7, 1, 1, 1)
+    assert s.goodput == pytest.approx(3 / 7)
+    assert 90.0 < s.p99_admitted_ms <= 150.0
+
+
+def test_empty_span() -> None:
+    s = score({}, {}, start=0.0, end=1.0, slo_ms=100.0)
+    assert (s.requests, s.goodput, s.p99_admitted_ms) == (0, 0.0, 0.0)
+
+
+def test_seconds_to_top() -> None:
+    down_up = [(10.0, "int8"), (55.0, "fp32")]
+    assert seconds_to_top(down_up, "fp32", spike_end=50.0) == pytest.approx(5.0)
+    assert seconds_to_top([], "fp32", spike_end=50.0) == 0.0
+    assert seconds_to_top([(10.0, "int8")], "fp32", spike_end=50.0) is None
+    # back up before the spike ended, down again, up after it: the last return counts
+    flap = [(10.0, "int8"), (30.0, "fp32"), (35.0, "int8"), (70.0, "fp32")]
+    assert seconds_to_top(flap, "fp32", spike_end=50.0) == pytest.approx(20.0)
+    # repeated announcements of the same variant do not move the time
+    assert seconds_to_top([(10.0, "int8"), (52.0, "fp32"), (60.0, "fp32")], "fp32", 50.0) == 2.0
+
+
+def test_bench_and_demo_policies_step_up_by_calibrated_capacity() -> None:
+    from graylane.app.bench.qos import qos_policy
+    from graylane.app.demo.story import HEALTHY, demo_qos_policy
+    from graylane.rollouts.pb import qos_policy_from_pb
+
+    capacities = {"fp32": 21.0, "int8-dynamic": 30.0}
+    for pb in (qos_policy(235.0, capacities), demo_qos_policy(HEALTHY, 250.0, capacities)):
+        policy = qos_policy_from_pb(pb)
+        assert policy.capacity_of("fp32") == 21.0
+        assert policy.up_capacity_fraction == 0.7
+    assert qos_policy_from_pb(demo_qos_policy(HEALTHY, 250.0)).rung_capacity_rps == ()

@@ -1,0 +1,261 @@
+"""QoS step-up from calibrated capacity, shed breaches, and the shed figures of a window."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from graylane.histogram import LatencyHistogram
+from graylane.policy_engine import convert
+from graylane.policy_engine.logic.qos import QosDecision, evaluate_qos, initial_qos_state
+from graylane.policy_engine.logic.window import SlidingWindow, TelemetrySample, WindowStats
+from graylane.rollouts.errors import InvalidPolicy
+from graylane.rollouts.pb import qos_policy_from_pb, qos_policy_to_pb
+from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.vocabulary import DecisionRule
+
+T0 = 1_700_000_000_000
+FP32_RPS, INT8_RPS = 20.0, 36.0
+"""One worker's calibrated capacity per rung (the issue's slow machine: int8 ~1.8x)."""
+
+LATENCY_ONLY = QosPolicy(
+    model="m",
+    version="v1",
+    slo_p99_ms=250.0,
+    ladder=("fp32", "int8"),
+    sustain_s=2.0,
+    min_dwell_s=10.0,
+)
+CALIBRATED = replace(LATENCY_ONLY, rung_capacity_rps=(("fp32", FP32_RPS), ("int8", INT8_RPS)))
+CAPACITY = {"fp32": FP32_RPS, "int8": INT8_RPS}
+BASE_MS = {"fp32": 150.0, "int8": 180.0}
+"""p99 at no load (int8 at 0.5 x fp32's capacity: ~210 ms, as in the issue)."""
+
+
+def stats(p99: float, *, variant: str, served_rps: float, shed_rps: float = 0.0) -> WindowStats:
+    seconds = 4.0
+    requests = max(1, round(served_rps * seconds))
+    return WindowStats(
+        model="m",
+        version="v1",
+        variant=variant,
+        window_start_ms=0,
+        window_end_ms=4_000,
+        requests=requests,
+        errors=0,
+        p50_ms=p99 / 3,
+        p95_ms=p99 / 1.5,
+        p99_ms=p99,
+        mean_ms=p99 / 3,
+        throughput_rps=served_rps,
+        shed=round(shed_rps * seconds),
+        shed_rps=shed_rps,
+    )
+
+
+def system(variant: str, offered: float, *, admission: bool) -> WindowStats:
+    """A queueing-style rung: p99 grows as load nears capacity; past it, either the
+    queue explodes or admission control sheds the excess at the SLO."""
+    cap = CAPACITY[variant]
+    if offered < cap:
+        p99 = BASE_MS[variant] / max(0.05, 1.0 - offered / cap) ** 0.5
+        return stats(min(p99, 5_000.0), variant=variant, served_rps=offered)
+    if admission:
+        return stats(240.0, variant=variant, served_rps=cap, shed_rps=offered - cap)
+    return stats(5_000.0, variant=variant, served_rps=cap)
+
+
+class Loop:
+    def __init__(self, policy: QosPolicy, *, admission: bool = False) -> None:
+        self.policy, self.admission = policy, admission
+        self.state = initial_qos_state(policy)
+        self.t = T0
+        self.decisions: list[QosDecision] = []
+
+    def drive(self, offered: float, seconds: int) -> None:
+        for _ in range(seconds):
+            self.t += 1000
+            window = system(self.state.active_variant, offered, admission=self.admission)
+            d = evaluate_qos(self.state, self.policy, window, self.t)
+            self.decisions.append(d)
+            self.state = d.after
+
+    def changes(self) -> list[tuple[float, str, DecisionRule]]:
+        return [((d.at_ms - T0) / 1000, d.variant, d.rule) for d in self.decisions if d.changed]
+
+
+def spike(loop: Loop) -> None:
+    base = 0.5 * FP32_RPS
+    loop.drive(base, 30)
+    loop.drive(3 * base, 40)
+    loop.drive(base, 90)
+
+
+def test_the_issue_latency_only_never_steps_back_up() -> None:
+    """int8's p99 at normal load (~200 ms) never falls under 0.6 x 250 ms."""
+    loop = Loop(LATENCY_ONLY)
+    spike(loop)
+    assert [v for _, v, _ in loop.changes()] == ["int8"]
+
+
+def test_capacity_steps_back_up_soon_after_the_spike() -> None:
+    loop = Loop(CALIBRATED)
+    spike(loop)
+    changes = loop.changes()
+    assert [(v, r) for _, v, r in changes] == [
+        ("int8", DecisionRule.P99_BREACH),
+        ("fp32", DecisionRule.LOAD_CALM),
+    ]
+    back_at = changes[-1][0]
+    assert 70 < back_at <= 70 + 15  # spike ends at 70 s: sustain 2 s, dwell 10 s
+    assert "0.7 x fp32's capacity 20.0 rps" in loop.decisions[int(back_at) - 1].reason
+
+
+@pytest.mark.parametrize("fraction_of_capacity", [0.75, 0.9, 0.99])
+def test_hysteresis_no_step_up_above_the_fraction(fraction_of_capacity: float) -> None:
+    """Above 0.7 x fp32's capacity int8 looks calm, yet fp32 would queue: stay."""
+    loop = Loop(CALIBRATED)
+    loop.drive(1.5 * FP32_RPS, 30)
+    loop.drive(fraction_of_capacity * FP32_RPS, 600)
+    assert [v for _, v, _ in loop.changes()] == ["int8"]
+    assert loop.decisions[-1].rule is DecisionRule.WITHIN_BAND
+
+
+def test_offered_load_counts_the_shed_requests() -> None:
+    """Served 10 rps looks calm, but 30 arrive: the shed part is load too."""
+    loop = Loop(replace(CALIBRATED, max_shed_fraction=1.0))
+    loop.state = replace(loop.state, active_variant="int8")
+    window = stats(150.0, variant="int8", served_rps=10.0, shed_rps=20.0)
+    assert window.offered_rps == pytest.approx(30.0)
+    for _ in range(40):
+        loop.t += 1000
+        d = evaluate_qos(loop.state, loop.policy, window, loop.t)
+        loop.state = d.after
+        assert not d.changed
+
+
+def test_admission_keeps_p99_low_so_shedding_is_the_breach() -> None:
+    """With admission control the admitted p99 stays under the SLO; the shed share
+    steps down instead, and the capacity steps back up after the spike."""
+    loop = Loop(CALIBRATED, admission=True)
+    spike(loop)
+    assert [(v, r) for _, v, r in loop.changes()] == [
+        ("int8", DecisionRule.SHED_BREACH),
+        ("fp32", DecisionRule.LOAD_CALM),
+    ]
+    without_shed_rule = Loop(replace(CALIBRATED, max_shed_fraction=1.0), admission=True)
+    spike(without_shed_rule)
+    assert without_shed_rule.changes() == []
+
+
+def test_latency_step_up_remains_without_calibration_of_the_rung_above() -> None:
+    policy = replace(CALIBRATED, rung_capacity_rps=(("int8", INT8_RPS),))
+    assert policy.capacity_of("fp32") is None and policy.capacity_of("int8") == INT8_RPS
+    state = replace(initial_qos_state(policy), active_variant="int8")
+    calm = stats(100.0, variant="int8", served_rps=30.0)  # p99 < 150: calm by latency
+    decisions = []
+    for i in range(1, 5):
+        decisions.append(evaluate_qos(state, policy, calm, T0 + 1000 * i))
+        state = decisions[-1].after
+    assert [(d.variant, d.rule) for d in decisions if d.changed] == [
+        ("fp32", DecisionRule.P99_CALM)
+    ]
+
+
+@pytest.mark.parametrize(
+    "capacities",
+    [
+        (("fp16", 10.0),),
+        (("fp32", 0.0),),
+        (("fp32", float("nan")),),
+        (("fp32", 10.0), ("fp32", 12.0)),
+    ],
+)
+def test_invalid_capacities_are_refused(capacities: tuple[tuple[str, float], ...]) -> None:
+    with pytest.raises(InvalidPolicy):
+        replace(CALIBRATED, rung_capacity_rps=capacities)
+
+
+@pytest.mark.parametrize("changes", [{"up_capacity_fraction": 0.0}, {"max_shed_fraction": 1.5}])
+def test_invalid_fractions_are_refused(changes: dict[str, float]) -> None:
+    with pytest.raises(InvalidPolicy):
+        replace(CALIBRATED, **changes)  # type: ignore[arg-type]
+
+
+def test_policy_round_trip_carries_capacities() -> None:
+    policy = replace(CALIBRATED, up_capacity_fraction=0.6, max_shed_fraction=0.05)
+    assert qos_policy_from_pb(qos_policy_to_pb(policy)) == policy
+    # zeros on the wire mean the defaults
+    bare = qos_policy_to_pb(LATENCY_ONLY)
+    bare.ClearField("up_capacity_fraction")
+    bare.ClearField("max_shed_fraction")
+    assert qos_policy_from_pb(bare) == LATENCY_ONLY
+
+
+def test_window_counts_shed_requests_apart_from_served() -> None:
+    window = SlidingWindow(window_ms=4_000, step_ms=1_000)
+    for i in range(4):
+        window.add(
+            TelemetrySample(
+                model="m",
+                version="v1",
+                variant="fp32",
+                worker_id="w1",
+                completed_at_ms=1_000 * i + 10,
+                request_count=5,
+                error_count=0,
+                latency=LatencyHistogram.of([10.0] * 5),
+                shed_count=15,
+            )
+        )
+    s = window.stats_by_version("m", "v1", 4_000)
+    assert s is not None
+    assert (s.requests, s.shed, s.batches) == (20, 60, 4)
+    assert s.throughput_rps == pytest.approx(5.0)
+    assert s.offered_rps == pytest.approx(20.0)
+    assert s.shed_fraction == pytest.approx(0.75)
+    assert convert.window_stats_from_pb(convert.window_stats_to_pb(s)).shed == 60
+
+
+def test_negative_shed_counts_are_refused() -> None:
+    with pytest.raises(ValueError):
+        TelemetrySample(
+            model="m", version="v1", variant="fp32", worker_id="w", completed_at_ms=1,
+            request_count=1, error_count=0, latency=LatencyHistogram.of([1.0]), shed_count=-1,
+        )  # fmt: skip
+
+
+def test_a_window_of_sheds_alone_is_data_and_a_breach() -> None:
+    """Admission may shed every request (nothing runs): the worker reports the sheds
+    alone, the window counts them, and QoS steps down on them."""
+    window = SlidingWindow(window_ms=4_000, step_ms=1_000)
+    for i in range(4):
+        window.add(
+            TelemetrySample(
+                model="m", version="v1", variant="fp32", worker_id="w1",
+                completed_at_ms=1_000 * i + 10, request_count=0, error_count=0,
+                latency=LatencyHistogram(), shed_count=30,
+            )
+        )  # fmt: skip
+    s = window.stats_by_version("m", "v1", 4_000)
+    assert s is not None
+    assert (s.requests, s.shed, s.batches, s.p99_ms) == (0, 120, 0, 0.0)
+    assert s.offered_rps == pytest.approx(30.0) and s.shed_fraction == 1.0
+    state, decisions = initial_qos_state(CALIBRATED), []
+    for i in range(1, 5):
+        decisions.append(evaluate_qos(state, CALIBRATED, s, T0 + 1000 * i))
+        state = decisions[-1].after
+    assert decisions[0].rule is DecisionRule.SUSTAIN
+    assert [(d.variant, d.rule) for d in decisions if d.changed] == [
+        ("int8", DecisionRule.SHED_BREACH)
+    ]
+
+
+def test_the_ceiling_is_the_offered_load_not_what_was_served() -> None:
+    """Shedding most of a spike, fp32 served little: its ceiling is the load that
+    arrived, or the step back up would wait for a load far below normal."""
+    loop = Loop(CALIBRATED, admission=True)
+    spike(loop)
+    (ceiling,) = loop.state.ceilings
+    assert (ceiling.variant, ceiling.throughput_rps) == ("fp32", pytest.approx(30.0))
