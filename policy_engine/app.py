@@ -34,6 +34,7 @@ from graylane.policy_engine import convert
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.faust_settings import broker_settings
 from graylane.policy_engine.lease import LeaseKeeper, fence
+from graylane.policy_engine.liveness_probe import LivenessProbe
 from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
 from graylane.policy_engine.messages import CommandRejected, Output
 from graylane.policy_engine.observe import PolicyObserver
@@ -74,6 +75,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     factory = KafkaFactory(settings)
     layout = factory.layout
     core = PolicyCore(config.window_ms, config.step_ms)
+    probe = LivenessProbe(factory)
     restored = asyncio.Event()
     brokers = broker_settings(settings)  # security included, like every other client
     app = faust.App(
@@ -132,6 +134,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         observability.start(settings.metrics_address(config.metrics_port), settings.build_labels())
         await ensure_topics(factory, layout.shared_specs())
         await _restore(factory, core)
+        await probe.start()
         restored.set()
         observability.mark(CONTROL_CAUGHT_UP)
         log.info("restored %d active rollouts", len(core.rollouts))
@@ -142,7 +145,8 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         async for value in stream:
             try:
                 core.on_telemetry(
-                    convert.telemetry_from_pb(serde.decode(telemetry_pb2.BatchTelemetry, value))
+                    convert.telemetry_from_pb(serde.decode(telemetry_pb2.BatchTelemetry, value)),
+                    received_ms=config.clock(),
                 )
             except (ValueError, SerdeError) as exc:
                 log.warning("undecodable telemetry skipped: %s", exc)
@@ -182,12 +186,22 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         observability.note_assignment(app.consumer.assignment())
         if not restored.is_set():
             return
+        # Liveness facts first: read from the broker, so a dead worker cannot hide.
+        for model, version, sample in await probe.sample(core.liveness_targets(), config.clock()):
+            core.on_offsets(model, version, sample)
         try:
             outputs = core.tick(config.clock())
         except PolicyError:
             log.exception("a decision failed; the rollout keeps its state")
             return
         await publish(outputs)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def close_probe() -> None:
+        try:
+            await asyncio.Event().wait()  # until the app stops and cancels its tasks
+        finally:
+            await probe.stop()
 
     return app
 
