@@ -38,7 +38,7 @@ STEPS = (
     Step(50.0, 100, 30.0),
     Step(100.0, 0, 0.0),
 )
-# The fixed-horizon gates' rules (error_rate, p99_latency); the sequential ones have their own tests.
+# The fixed-horizon gates' rules (error_rate, p99_latency); sequential ones: own tests.
 SPEC = RolloutSpec(
     rollout_id="r1",
     model="m",
