@@ -120,7 +120,7 @@ async def detect(
     m = stack.monitor
     rollout_id = f"ro-{tag}-{int(time.time())}"
     await start(stack, rollout_id, "base", candidate, bad_steps(stack.rate))
-    got_traffic = await stack.wait_for(lambda: m.weights.get(candidate, 0.0) > 0, 30)
+    got_traffic = await stack.wait_for(lambda: m.weights.get(candidate, 0.0) > 0, cfg.timeout_s)
     if not got_traffic:
         raise RuntimeError(f"{candidate} never got traffic")
     onset = m.now()
