@@ -242,8 +242,7 @@ def _start_controlplane(
     a promotion and serves ``rollout revert``), with a one-time operator token for the story."""
     from graylane.registry import open_registry
 
-    registry = open_registry(settings.db_url)
-    registry.set_stable(model, stable)  # the story starts from this stable version
+    open_registry(settings.db_url).set_stable(model, stable)  # the story starts from it
     port, token = free_port(), f"demo-{uuid.uuid4().hex}"
     os.environ["GRAYLANE_CP_ADDR"] = f"127.0.0.1:{port}"
     os.environ["GRAYLANE_CP_TOKEN"] = token

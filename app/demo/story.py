@@ -229,6 +229,9 @@ class Story:
     async def _story(self, title: list[str]) -> None:
         await asyncio.sleep(6)  # a baseline before anything changes
         title[0] = f"canary {STABLE} -> {HEALTHY} (healthy)"
+        # The story starts from STABLE (the router's too), whatever earlier runs left there;
+        # by now the control plane has caught up with the rollouts on record.
+        self.registry.set_stable(MODEL, STABLE)
         before = self.registry_stable()
         self.monitor.event(f"registry stable version before the rollout: {before}")
         healthy = await self._canary(STABLE, HEALTHY, "a")
