@@ -1,7 +1,7 @@
 """``graylane bench rollback``: how fast a bad canary is rolled back, and how often
 a healthy one is rolled back by mistake.
 
-A candidate at 5 % weight (more on a slow machine, so that it gets
+A candidate at 5 % weight (up to 20 % on a slow machine, so that it gets
 ``BAD_CANDIDATE_RPS``) under steady load regresses from the moment it gets
 traffic (the onset: the routing update that gives it its share): once with p99 about
 3x the baseline's, once with +5 percentage points of errors. Detection time is
@@ -43,7 +43,8 @@ CAPACITY_VERSION = "0.0.0-bench"
 STEPS = ((5.0, 30, 20.0), (25.0, 60, 3.0), (50.0, 60, 3.0), (100.0, 60, 2.0))
 BAD_CANDIDATE_RPS = 10.0
 """Requests/s a bad canary's first step should get: detection needs counts, not a share,
-so on a slow machine (a low load) the first step's weight rises, up to 25 %."""
+so on a slow machine (a low load) the first step's weight rises, up to 20 % (below
+the next step's 25 %: a ramp's weights must rise)."""
 HEALTHY_STEPS = ((5.0, 30, 3.0), (25.0, 40, 3.0), (50.0, 40, 3.0), (100.0, 40, 2.0))
 DETECT_BUDGET_S = 10.0
 """Onset to rollback, for both regressions (issue target)."""
@@ -106,7 +107,7 @@ def phase(stack: BenchStack, rollout_id: str) -> Phase | None:
 
 def first_weight(rate: float) -> float:
     """The bad canary's first-step weight: 5 %, more when that is under BAD_CANDIDATE_RPS."""
-    return round(min(25.0, max(5.0, 100.0 * BAD_CANDIDATE_RPS / rate)), 1)
+    return round(min(20.0, max(5.0, 100.0 * BAD_CANDIDATE_RPS / rate)), 1)
 
 
 def bad_steps(rate: float) -> tuple[tuple[float, int, float], ...]:
