@@ -24,6 +24,8 @@ class WorkerObserver:
         self.registry = self.observability.registry
         self.metrics = WorkerMetrics.create(self.registry)
         self._lag_checked = 0.0
+        self.lag = 0
+        """Records not yet consumed on the version topic at the last check (for telemetry)."""
 
     def count_error(self, variant: str, code: str, n: int = 1) -> None:
         self.metrics.errors.labels(self._config.model, self._config.version, variant, code).inc(n)
@@ -38,7 +40,9 @@ class WorkerObserver:
             return
         self._lag_checked = time.monotonic()
         self.observability.note_assignment(consumer.assignment())
-        for topic, lag in (await consumer_lag(consumer)).items():
+        lags = await consumer_lag(consumer)
+        self.lag = sum(lags.values())
+        for topic, lag in lags.items():
             self.metrics.consumer_lag.labels(self._config.model, self._config.version, topic).set(
                 lag
             )

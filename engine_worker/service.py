@@ -226,9 +226,8 @@ class Worker:
     # -- one fetched cycle -------------------------------------------------------
     def consumer_options(self) -> ConsumerOptions:
         cfg = self.config
-        prefix = self.factory.settings.topic_prefix
         return ConsumerOptions(
-            group_id=cfg.group_id or f"{prefix}-worker-{cfg.model}-{cfg.version}",
+            group_id=cfg.group_id or self.layout.worker_group(cfg.model, cfg.version),
             max_poll_records=cfg.max_batch_size * cfg.fetch_factor,
             fetch_max_wait_ms=max(1, cfg.max_wait_ms),
         )
@@ -410,6 +409,7 @@ class Worker:
             batch_id=batch_id,
         )
         report.telemetry.shed_count, self._pending_shed = self._pending_shed, 0
+        report.telemetry.lag = self.observer.lag
         self.observer.record(report, context.variant)
         self.served += report.served
         return report

@@ -139,6 +139,10 @@ class TopicLayout:
     def version_requests(self, model: str, version: str) -> str:
         return f"{self.ingress(model)}.{check_version_name(version)}"
 
+    def worker_group(self, model: str, version: str) -> str:
+        """The consumer group of a version's workers (on its version topic)."""
+        return f"{self.prefix}-worker-{check_model_name(model)}-{check_version_name(version)}"
+
     def results(self, model: str) -> str:
         return f"{self.prefix}.results.{check_model_name(model)}"
 

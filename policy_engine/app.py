@@ -37,6 +37,7 @@ from graylane.policy_engine.core_scale import restore_scale
 from graylane.policy_engine.faust_settings import broker_settings
 from graylane.policy_engine.intake import command_of, restore_values, shadow_of, telemetry_into
 from graylane.policy_engine.lease import LeaseKeeper, fence
+from graylane.policy_engine.liveness_probe import LivenessProbe
 from graylane.policy_engine.logic.scale import ScalePolicy
 from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
 from graylane.policy_engine.messages import CommandRejected, Output, RecordSkipped, RecordSource
@@ -82,6 +83,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     layout = factory.layout
     core = PolicyCore(config.window_ms, config.step_ms)
     core.scale_policy = config.scale
+    probe = LivenessProbe(factory)
     restored = asyncio.Event()
     brokers = broker_settings(settings)  # security included, like every other client
     app = faust.App(
@@ -144,6 +146,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         observability.start(settings.metrics_address(config.metrics_port), settings.build_labels())
         await ensure_topics(factory, layout.shared_specs())
         skipped = await _restore(factory, core, config.clock())
+        await probe.start()
         restored.set()
         if skipped:
             await publish(list(skipped))
@@ -207,12 +210,22 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         observability.note_assignment(app.consumer.assignment())
         if not restored.is_set():
             return
+        # Liveness facts first: read from the broker, so a dead worker cannot hide.
+        for model, version, sample in await probe.sample(core.liveness_targets(), config.clock()):
+            core.on_offsets(model, version, sample)
         try:
             outputs = core.tick(config.clock())
         except PolicyError:
             log.exception("a decision failed; the rollout keeps its state")
             return
         await publish(outputs)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def close_probe() -> None:
+        try:
+            await asyncio.Event().wait()  # until the app stops and cancels its tasks
+        finally:
+            await probe.stop()
 
     return app
 

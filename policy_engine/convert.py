@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 
 from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
+from graylane.policy_engine.convert_facts import liveness_from_pb, liveness_to_pb
 from graylane.policy_engine.convert_sequential import sequential_from_pb, sequential_to_pb
 from graylane.policy_engine.logic.agreement import AgreementStats, SchemaMismatch
+from graylane.policy_engine.logic.facts import RolloutFacts, VersionLiveness
 from graylane.policy_engine.logic.qos import QosDecision, QosState
 from graylane.policy_engine.logic.rollout_state import Decision, RolloutState, StepEvidence
 from graylane.policy_engine.logic.routing_plan import RoutingPlan, route_table_for
@@ -40,6 +42,7 @@ from graylane.v1 import audit_pb2, control_pb2, rollout_pb2, telemetry_pb2
 __all__ = [
     "decision_id_of",
     "decision_to_audit",
+    "facts_from_audit",
     "histogram_from_pb",
     "histogram_to_pb",
     "precision_command_of",
@@ -342,6 +345,36 @@ def decision_to_audit(
         command_id=command_id,
         agreement=_agreement_to_pb(decision.agreement) if decision.agreement is not None else None,
         note=decision.note,
+        step_inputs=[window_stats_to_pb(s) for s in _steps(decision.facts)],
+        liveness=[liveness_to_pb(v) for v in _liveness(decision.facts)],
+    )
+
+
+def _steps(facts: RolloutFacts | None) -> list[WindowStats]:
+    if facts is None:
+        return []
+    return [s for s in (facts.baseline_step, facts.candidate_step) if s is not None]
+
+
+def _liveness(facts: RolloutFacts | None) -> list[VersionLiveness]:
+    if facts is None:
+        return []
+    return [v for v in (facts.baseline_liveness, facts.candidate_liveness) if v is not None]
+
+
+def facts_from_audit(
+    rec: audit_pb2.AuditRecord, baseline: str, candidate: str
+) -> RolloutFacts | None:
+    """The facts a decision was taken with (None when the record carries none)."""
+    if not rec.step_inputs and not rec.liveness:
+        return None
+    steps = {s.version: window_stats_from_pb(s) for s in rec.step_inputs}
+    live = {v.version: liveness_from_pb(v) for v in rec.liveness}
+    return RolloutFacts(
+        baseline_step=steps.get(baseline),
+        candidate_step=steps.get(candidate),
+        baseline_liveness=live.get(baseline),
+        candidate_liveness=live.get(candidate),
     )
 
 

@@ -47,6 +47,8 @@ from graylane.policy_engine.core_ops import check_acks, revert, set_route_config
 from graylane.policy_engine.core_scale import evaluate_scaling, scale_hold
 from graylane.policy_engine.isolation import Isolation
 from graylane.policy_engine.logic.agreement import AgreementTracker, ShadowOutput
+from graylane.policy_engine.logic.facts import RolloutFacts
+from graylane.policy_engine.logic.liveness_tracker import LivenessTracker, OffsetSample
 from graylane.policy_engine.logic.precision_ack import (
     DEFAULT_ACK_BOUND_MS,
     PendingSwitch,
@@ -141,13 +143,28 @@ class PolicyCore:
         self.default_partitions = 0  # 0 = unknown: bounded by max_replicas only
         self.replica_capacity: dict[tuple[str, str, str], float] = {}  # calibrated rps/replica
         self.isolation = Isolation()
+        self.liveness = LivenessTracker()  # per version: routed vs answered, topic lag
 
     # -- inputs ------------------------------------------------------------------
 
-    def on_telemetry(self, sample: TelemetrySample) -> bool:
+    def on_telemetry(self, sample: TelemetrySample, received_ms: int | None = None) -> bool:
+        """Take one batch's telemetry; ``received_ms`` (default: its completion) marks the
+        version alive on the engine's clock."""
         served = self.served_at.setdefault((sample.model, sample.version), {})
         served[sample.variant] = max(served.get(sample.variant, 0), sample.completed_at_ms)
+        at = sample.completed_at_ms if received_ms is None else received_ms
+        self.liveness.on_telemetry(sample.model, sample.version, at)
         return self.window.add(sample)
+
+    def on_offsets(self, model: str, version: str, sample: OffsetSample) -> None:
+        """A probe of the version topic's end and its worker group's committed offsets."""
+        self.liveness.on_offsets(model, version, sample)
+
+    def liveness_targets(self) -> list[tuple[str, str]]:
+        """The (model, version) pairs whose topics the adapter probes: those of active rollouts."""
+        return sorted(
+            (m, v) for m, a in self.rollouts.items() for v in (a.spec.baseline, a.spec.candidate)
+        )
 
     def on_shadow_result(self, model: str, output: ShadowOutput) -> None:
         tracker = self.trackers.get(model)
@@ -333,7 +350,15 @@ class PolicyCore:
         agreement = None
         if shadowing and tracker is not None:
             agreement = tracker.stats(since_ms=state.phase_started_ms)
-        decision = evaluate(state, spec, baseline, candidate, agreement, now_ms)
+        facts = RolloutFacts(
+            baseline_step=self.window.step_stats_by_version(spec.model, spec.baseline, now_ms),
+            candidate_step=self.window.step_stats_by_version(
+                spec.model, spec.candidate, now_ms, lane
+            ),
+            baseline_liveness=self.liveness.facts(spec.model, spec.baseline),
+            candidate_liveness=self.liveness.facts(spec.model, spec.candidate),
+        )
+        decision = evaluate(state, spec, baseline, candidate, agreement, now_ms, facts)
         quiet = decision.kind is DecisionKind.HOLD and decision.rule == active.last_rule
         if quiet and not _significant(decision.before, decision.after):
             active.state = decision.after
@@ -368,6 +393,7 @@ class PolicyCore:
         if after.terminal:
             self.rollouts.pop(spec.model, None)
             self.trackers.pop(spec.model, None)
+            self.liveness.forget(spec.model)
             self.finished[after.rollout_id] = after
         else:
             self.rollouts[spec.model] = _Active(after, spec, decision.rule)

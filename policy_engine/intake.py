@@ -125,7 +125,7 @@ def telemetry_into(
     problem = invalid_sample(sample, core.window.scheme)
     if problem is None:
         try:
-            core.on_telemetry(sample)
+            core.on_telemetry(sample, received_ms=at_ms)
         except Exception as exc:
             problem = f"{type(exc).__name__}: {exc}"
     if problem is not None:

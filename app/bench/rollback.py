@@ -1,11 +1,21 @@
 """``graylane bench rollback``: how fast a bad canary is rolled back, and how often
 a healthy one is rolled back by mistake.
 
-A candidate at 5 % weight under steady load regresses from the moment it gets
-traffic (the onset: the routing update that gives it 5 %): once with p99 about
+A candidate at 5 % weight (up to 20 % on a slow machine, so that it gets
+``BAD_CANDIDATE_RPS``) under steady load regresses from the moment it gets
+traffic (the onset: the routing update that gives it its share): once with p99 about
 3x the baseline's, once with +5 percentage points of errors. Detection time is
 from onset to the routing update that sets it back to 0 %. Then a healthy
 candidate with noisy latency goes through the whole ramp, ``runs`` times.
+
+The load is a fraction (``load_fraction``) of the capacity measured on this
+machine first, so a slower machine tells the same story: the engine's
+(``graylane calibrate``, :mod:`graylane.capacity`) and the whole path's
+(client, router, worker and back, offered the engine's capacity for a few
+seconds), whichever is lower; a tiny model's engine is rarely the bottleneck.
+Each healthy run starts only once both versions' worker groups have consumed
+their topics (lag 0, read from the committed offsets): a run never judges
+the previous run's queue.
 """
 
 from __future__ import annotations
@@ -20,21 +30,35 @@ from pathlib import Path
 import numpy as np
 
 from graylane.app.bench.harness import BenchStack, WorkerSpec, bench_stack
+from graylane.kafka.lag import group_lag
+from graylane.kafka.options import ConsumerOptions
 from graylane.rollouts.pb import phase_from_pb
 from graylane.rollouts.vocabulary import Phase
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import rollout_pb2
 
 MODEL = "bench-gpt"
+CAPACITY_VERSION = "0.0.0-bench"
+"""Version name the bench model's capacity profile is stored under."""
 STEPS = ((5.0, 30, 20.0), (25.0, 60, 3.0), (50.0, 60, 3.0), (100.0, 60, 2.0))
+BAD_CANDIDATE_RPS = 10.0
+"""Requests/s a bad canary's first step should get: detection needs counts, not a share,
+so on a slow machine (a low load) the first step's weight rises, up to 20 % (below
+the next step's 25 %: a ramp's weights must rise)."""
 HEALTHY_STEPS = ((5.0, 30, 3.0), (25.0, 40, 3.0), (50.0, 40, 3.0), (100.0, 40, 2.0))
-# Onset to rollback for +errors: two disjoint failing 4 s windows (failures_to_rollback=2).
-DETECT_ERRORS_BUDGET_S = 20.0
+DETECT_BUDGET_S = 10.0
+"""Onset to rollback, for both regressions (issue target)."""
+DRAIN_TIMEOUT_S = 60.0
+PROBE_S = 8.0
+"""How long the path is offered more than it can take, to measure its capacity."""
 
 
 @dataclass(frozen=True)
 class RollbackConfig:
-    rate: float = 300.0
+    load_fraction: float = 0.3
+    """Steady load as a fraction of the fp32 engine's capacity measured here."""
+    rate: float | None = None
+    """An explicit load in req/s instead (for comparisons across runs only)."""
     runs: int = 10
     jitter_ms: float = 15.0
     window_ms: int = 4000
@@ -81,14 +105,23 @@ def phase(stack: BenchStack, rollout_id: str) -> Phase | None:
     return phase_from_pb(state.phase) if state else None
 
 
+def first_weight(rate: float) -> float:
+    """The bad canary's first-step weight: 5 %, more when that is under BAD_CANDIDATE_RPS."""
+    return round(min(20.0, max(5.0, 100.0 * BAD_CANDIDATE_RPS / rate)), 1)
+
+
+def bad_steps(rate: float) -> tuple[tuple[float, int, float], ...]:
+    return ((first_weight(rate), *STEPS[0][1:]), *STEPS[1:])
+
+
 async def detect(
     stack: BenchStack, candidate: str, cfg: RollbackConfig, tag: str
 ) -> dict[str, float]:
     """Run one bad canary; seconds from onset to the 0 % routing update."""
     m = stack.monitor
     rollout_id = f"ro-{tag}-{int(time.time())}"
-    await start(stack, rollout_id, "base", candidate, STEPS)
-    got_traffic = await stack.wait_for(lambda: m.weights.get(candidate, 0.0) > 0, 30)
+    await start(stack, rollout_id, "base", candidate, bad_steps(stack.rate))
+    got_traffic = await stack.wait_for(lambda: m.weights.get(candidate, 0.0) > 0, cfg.timeout_s)
     if not got_traffic:
         raise RuntimeError(f"{candidate} never got traffic")
     onset = m.now()
@@ -104,9 +137,31 @@ async def detect(
     }
 
 
+async def path_capacity(stack: BenchStack, offered: float, versions: tuple[str, ...]) -> float:
+    """Results/s the whole path delivers while offered ``offered`` req/s (the last
+    half of ``PROBE_S``, once a queue has formed); then waits for the queue to drain."""
+    m = stack.monitor
+    stack.rate = offered
+    stop = asyncio.Event()
+    load = asyncio.create_task(stack.load(stop))
+    t0 = m.now()
+    await asyncio.sleep(PROBE_S)
+    stop.set()
+    await load
+    t1 = m.now()
+    counted = sum(1 for s in m.history if t0 + PROBE_S / 2 <= s.at <= t1)
+    await drained(stack, dict.fromkeys(versions, 0))
+    return counted / (t1 - t0 - PROBE_S / 2)
+
+
 async def scenario_bad(
-    settings: Settings, model: Path, cfg: RollbackConfig, progress: Callable[[str], None]
-) -> dict[str, float]:
+    settings: Settings,
+    model: Path,
+    cfg: RollbackConfig,
+    engine_rps: float,
+    progress: Callable[[str], None],
+) -> tuple[float, dict[str, object]]:
+    """(the load it ran at, its figures)."""
     base = WorkerSpec("base", {"fp32": str(model)})
     async with bench_stack(
         settings,
@@ -119,10 +174,20 @@ async def scenario_bad(
         later_versions=("slow", "errors"),
     ) as stack:
         stack.monitor.window_s = 30.0
-        stack.rate = cfg.rate
+        path: float | None = None
+        if cfg.rate is not None:
+            rate = cfg.rate
+        else:
+            path = await path_capacity(stack, engine_rps, ("base",))
+            rate = cfg.load_fraction * min(path, engine_rps)
+            progress(
+                f"    path capacity {path:.0f} req/s, engine {engine_rps:.0f} req/s "
+                f"-> load {rate:.0f} req/s ({cfg.load_fraction:.0%})"
+            )
+        stack.rate = rate
         stop = asyncio.Event()
         load = asyncio.create_task(stack.load(stop))
-        progress(f"baseline latency at {cfg.rate:.0f} req/s")
+        progress(f"baseline latency at {rate:.0f} req/s")
         await asyncio.sleep(12)
         base_lat = [s.latency_ms for s in stack.monitor.window().get("base", []) if s.ok]
         p99 = float(np.percentile(base_lat, 99))
@@ -136,20 +201,23 @@ async def scenario_bad(
         )
         await asyncio.sleep(10)  # both warm up and join their groups
         stack.monitor.window_s = 5.0
-        progress("candidate with p99 x3 at 5 %")
+        progress(f"candidate with p99 x3 at {first_weight(rate):g} %")
         slow = await detect(stack, "slow", cfg, "slow")
         progress(f"    {slow}")
         await asyncio.sleep(5)
-        progress("candidate with +5 pp errors at 5 %")
+        progress(f"candidate with +5 pp errors at {first_weight(rate):g} %")
         errors = await detect(stack, "errors", cfg, "errors")
         progress(f"    {errors}")
-        met = errors["detect_s"] < DETECT_ERRORS_BUDGET_S
-        progress(
-            f"    error rollback within {DETECT_ERRORS_BUDGET_S:.0f} s: {'yes' if met else 'NO'}"
-        )
+        for name, run in (("latency", slow), ("error", errors)):
+            met = run["detect_s"] <= DETECT_BUDGET_S
+            progress(
+                f"    {name} rollback within {DETECT_BUDGET_S:.0f} s: {'yes' if met else 'NO'}"
+            )
         stop.set()
         await load
-    return {
+    return rate, {
+        "candidate_weight_percent": first_weight(rate),
+        "path_capacity_rps": round(path, 1) if path is not None else None,
         "baseline_p99_ms": round(p99, 1),
         "detect_latency_s": slow["detect_s"],
         "detect_errors_s": errors["detect_s"],
@@ -159,8 +227,47 @@ async def scenario_bad(
     }
 
 
+async def drained(
+    stack: BenchStack, limits: dict[str, int], timeout_s: float = DRAIN_TIMEOUT_S
+) -> bool:
+    """Wait until each version's worker group is at most ``limits[version]`` records
+    behind on its topic (0 for an idle version: its queue is gone; a version under
+    load always has a few records in flight)."""
+    factory = stack.factory
+    layout = factory.layout
+    admin = factory.admin()
+    ends = factory.consumer(options=ConsumerOptions(group_id=None), client_suffix="bench-lag")
+    await admin.start()
+    await ends.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            lags = [
+                await group_lag(
+                    ends,
+                    admin,
+                    layout.worker_group(MODEL, v),
+                    layout.version_requests(MODEL, v),
+                    layout.partitions,
+                )
+                for v in limits
+            ]
+            if all(o.lag <= limit for o, limit in zip(lags, limits.values(), strict=True)):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.2)
+    finally:
+        await ends.stop()
+        await admin.close()
+
+
 async def scenario_healthy(
-    settings: Settings, model: Path, cfg: RollbackConfig, progress: Callable[[str], None]
+    settings: Settings,
+    model: Path,
+    cfg: RollbackConfig,
+    rate: float,
+    progress: Callable[[str], None],
 ) -> dict[str, float]:
     jitter = ("--inject-latency-jitter-ms", str(cfg.jitter_ms))
     workers = [
@@ -178,12 +285,19 @@ async def scenario_healthy(
         step_ms=cfg.step_ms,
         tag="rh",
     ) as stack:
-        stack.rate = cfg.rate
+        stack.rate = rate
         stop = asyncio.Event()
         load = asyncio.create_task(stack.load(stop))
         await asyncio.sleep(8)
         baseline, candidate = "base", "next"
         for run in range(cfg.runs):
+            # The candidate was idle (or just promoted from): its topic must be empty
+            # before the next rollout judges it, or it would judge the queue.
+            in_flight = max(1, round(rate))  # a second of traffic on the loaded version
+            if not await drained(stack, {candidate: 0, baseline: in_flight}):
+                progress(
+                    f"    still a backlog after {DRAIN_TIMEOUT_S:.0f} s; the run starts anyway"
+                )
             rollout_id = f"ro-healthy-{run}-{int(time.time())}"
             t0 = time.monotonic()
             await start(stack, rollout_id, baseline, candidate, HEALTHY_STEPS)
@@ -216,6 +330,27 @@ async def scenario_healthy(
     }
 
 
+def engine_capacity(settings: Settings, model: Path, progress: Callable[[str], None]) -> float:
+    """The fp32 engine's requests/s as calibrated on this machine (measured if not yet)."""
+    from graylane.app.cli.calibrate import ensure_calibrated
+    from graylane.capacity import measured_capacity
+
+    profile = ensure_calibrated(
+        settings,
+        MODEL,
+        CAPACITY_VERSION,
+        {"fp32": model},
+        seq_len=BenchStack.prompt_len,
+        batches=(1, 8),
+        progress=progress,
+    )
+    capacity = measured_capacity(settings.artifact_dir, MODEL, CAPACITY_VERSION, "fp32")
+    if capacity is None:
+        raise RuntimeError(f"no capacity for {MODEL} on {profile.host}")
+    progress(f"fp32 engine capacity {capacity:.0f} req/s on {profile.host}")
+    return capacity
+
+
 def main(cfg: RollbackConfig) -> int:
     from graylane.deploy.kafka import kafka
     from graylane.models.demo_gpt import write_demo_gpt
@@ -231,16 +366,19 @@ def main(cfg: RollbackConfig) -> int:
     if not model.exists():
         write_demo_gpt(model, "tiny", seed=7)
     settings = Settings.from_env()
+    capacity = engine_capacity(settings, model, progress)
     result: dict[str, object] = {
-        "rate_rps": cfg.rate,
-        "candidate_weight_percent": 5.0,
+        "engine_capacity_rps": round(capacity, 1),
+        "load_fraction": cfg.load_fraction if cfg.rate is None else None,
         "window_ms": cfg.window_ms,
         "step_ms": cfg.step_ms,
     }
-    progress("regressions at 5 % weight")
-    result.update(asyncio.run(scenario_bad(settings, model, cfg, progress)))
+    progress("regressions at the first canary step")
+    rate, bad = asyncio.run(scenario_bad(settings, model, cfg, capacity, progress))
+    result["rate_rps"] = round(rate, 1)
+    result.update(bad)
     if cfg.runs > 0:
         progress(f"healthy candidate with noisy latency through the whole ramp, {cfg.runs} times")
-        result.update(asyncio.run(scenario_healthy(settings, model, cfg, progress)))
+        result.update(asyncio.run(scenario_healthy(settings, model, cfg, rate, progress)))
     print(json.dumps(result))
     return 0

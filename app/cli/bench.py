@@ -15,7 +15,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     spine.add_argument("--max-batch", type=int, default=8)
     spine.set_defaults(handler=_spine)
     rollback = which.add_parser("rollback", help="time to roll back a bad canary; false rollbacks")
-    rollback.add_argument("--rate", type=float, default=300.0, help="steady load, req/s")
+    rollback.add_argument(
+        "--load-fraction",
+        type=float,
+        default=0.3,
+        help="steady load as a fraction of the fp32 capacity measured here (graylane calibrate)",
+    )
+    rollback.add_argument(
+        "--rate", type=float, default=None, help="an explicit load in req/s instead"
+    )
     rollback.add_argument("--runs", type=int, default=10)
     rollback.add_argument("--window-ms", type=int, default=4000, help="policy engine window")
     rollback.add_argument("--step-ms", type=int, default=1000, help="policy engine step")
@@ -81,7 +89,11 @@ def _rollback(args: argparse.Namespace) -> int:
 
     return main(
         RollbackConfig(
-            rate=args.rate, runs=args.runs, window_ms=args.window_ms, step_ms=args.step_ms
+            load_fraction=args.load_fraction,
+            rate=args.rate,
+            runs=args.runs,
+            window_ms=args.window_ms,
+            step_ms=args.step_ms,
         )
     )
 

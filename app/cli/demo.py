@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,6 +243,22 @@ def _capacity(
     return capacities
 
 
+def _start_controlplane(
+    settings: Settings, model: str, stable: str, log_dir: Path, step: Callable[[str], None]
+) -> Service:
+    """The control plane (gRPC API + audit sink: it moves the registry's stable version on
+    a promotion and serves ``rollout revert``), with a one-time operator token for the story."""
+    from graylane.registry import open_registry
+
+    open_registry(settings.db_url).set_stable(model, stable)  # the story starts from it
+    port, token = free_port(), f"demo-{uuid.uuid4().hex}"
+    os.environ["GRAYLANE_CP_ADDR"] = f"127.0.0.1:{port}"
+    os.environ["GRAYLANE_CP_TOKEN"] = token
+    step(f"starting the control plane on 127.0.0.1:{port}; registry stable {model} {stable}")
+    env = {"GRAYLANE_CP_PORT": str(port), "GRAYLANE_CP_TOKENS": f"{token}:operator:demo"}
+    return start_service("controlplane", ["controlplane"], log_dir, env)
+
+
 def _story(args: argparse.Namespace) -> int:
     from graylane.app.demo.build_versions import build_versions
     from graylane.app.demo.story import (
@@ -339,6 +356,7 @@ def _story(args: argparse.Namespace) -> int:
                     log_dir,
                 )
             )
+        services.append(_start_controlplane(settings, STORY_MODEL, STABLE, log_dir, step))
         step("metrics of each service (/metrics, /healthz, /readyz):")
         print_metrics_ports(services)
         capacities = _capacity(settings, STORY_MODEL, STABLE, step)

@@ -1,6 +1,8 @@
-"""The rollout story of ``graylane demo``: a healthy canary promoted, a bad one
-rolled back automatically, and a load spike that makes QoS step down a rung and
-back up, all decided by the policy engine from live telemetry."""
+"""The rollout story of ``graylane demo``: a healthy canary promoted (the
+registry's stable version moves to it), a bad one rolled back automatically, a
+load spike that makes QoS step down a rung and back up, all decided by the
+policy engine from live telemetry; then an operator's ``graylane rollout
+revert`` sends 100 % back to the previous stable version."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
 from graylane.clock import now_ms
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.factory import KafkaFactory
+from graylane.registry import open_registry
 from graylane.rollouts.pb import phase_from_pb
 from graylane.rollouts.vocabulary import Phase
 from graylane.settings import Settings
@@ -108,6 +111,12 @@ class Story:
         self.rate = cfg.rate
         self.console = Console()
         self.stop = asyncio.Event()
+        self.registry = open_registry(settings.db_url, migrate=False)
+
+    def registry_stable(self) -> str:
+        """The registry's stable version of the model (the control plane moves it)."""
+        info = self.registry.get_stable(MODEL)
+        return str(info.version) if info is not None else "none"
 
     async def send_command(self, command: rollout_pb2.RolloutCommand) -> None:
         command.command_id = uuid.uuid4().hex
@@ -241,8 +250,17 @@ class Story:
     async def _story(self, title: list[str]) -> None:
         await asyncio.sleep(6)  # a baseline before anything changes
         title[0] = f"canary {STABLE} -> {HEALTHY} (healthy)"
+        # The story starts from STABLE (the router's too), whatever earlier runs left there;
+        # by now the control plane has caught up with the rollouts on record.
+        self.registry.set_stable(MODEL, STABLE)
+        before = self.registry_stable()
+        self.monitor.event(f"registry stable version before the rollout: {before}")
         healthy = await self._canary(STABLE, HEALTHY, "a")
         await self._wait(lambda: self._phase_of(healthy) is Phase.PROMOTED, f"{HEALTHY} promoted")
+        await self._wait(
+            lambda: self.registry_stable() == HEALTHY,
+            f"registry stable version: {before} -> {HEALTHY}",
+        )
         await asyncio.sleep(4)
 
         title[0] = f"canary {HEALTHY} -> {BAD} (slow and failing)"
@@ -304,6 +322,27 @@ class Story:
             lambda: self.monitor.variants.get(HEALTHY) == "fp32", "QoS stepped back up to fp32"
         )
         self.deadline_s = None
+        await asyncio.sleep(3)
+
+        await self._revert(title)
+
+    async def _revert(self, title: list[str]) -> None:
+        """The operator's one-step way back: ``graylane rollout revert`` (control plane RPC)."""
+        from graylane.app.cli.main import main
+
+        before = self.registry_stable()
+        title[0] = f"operator: graylane rollout revert --model {MODEL} (stable {before})"
+        self.monitor.event(f"graylane rollout revert --model {MODEL} (stable {before})")
+        argv = ["rollout", "revert", "--model", MODEL, "--reason", "demo: previous stable"]
+        if await asyncio.to_thread(main, argv) != 0:
+            self.monitor.event("rollout revert refused")
+            return
+        await self._wait(
+            lambda: (
+                self.monitor.weights.get(STABLE, 0.0) == 100.0 and self.registry_stable() == STABLE
+            ),
+            f"reverted: 100 % to {STABLE}; registry stable version: {before} -> {STABLE}",
+        )
         await asyncio.sleep(3)
 
     async def audit_records(self) -> list[audit_pb2.AuditRecord]:

@@ -42,14 +42,12 @@ class GateMode(Enum):
     SEQUENTIAL = "sequential"
 
 
-DEFAULT_GATE_MODE = GateMode.FIXED
-"""FIXED stays the default for now. SEQUENTIAL wins ``graylane bench decisions``
-(fewer false rollbacks, faster detection) and its state is on the wire (the
-``Gates`` fields in ``GateSpec``, service histograms in the audit
-``WindowStats``, the running tests in ``RolloutState.sequential``), so audit
-replay and restart keep it; but the policy engine does not yet feed it the
-newest step's stats or liveness facts (``RolloutFacts``), which the audit
-does not carry either. Switch once the engine does."""
+DEFAULT_GATE_MODE = GateMode.SEQUENTIAL
+"""SEQUENTIAL wins ``graylane bench decisions``: fewer false rollbacks (0.25 % of
+healthy runs vs 6 % for FIXED) and faster detection of every regression but
++5 pp errors (still within its target). The policy engine feeds it the newest
+step's stats and the liveness facts, and the audit records carry them, so
+audit replay and restart keep it. FIXED stays available for comparison."""
 
 
 @dataclass(frozen=True)

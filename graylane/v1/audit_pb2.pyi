@@ -98,7 +98,7 @@ class QosState(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., active_variant: _Optional[str] = ..., last_change_unix_ms: _Optional[int] = ..., breach_since_unix_ms: _Optional[int] = ..., calm_since_unix_ms: _Optional[int] = ...) -> None: ...
 
 class AuditRecord(_message.Message):
-    __slots__ = ("decision_id", "decided_at_unix_ms", "model", "rollout_id", "version", "kind", "rule", "reason", "inputs", "rollout_before", "rollout_after", "qos_before", "qos_after", "actor", "epoch", "command_id", "agreement", "note", "qos_policy", "scale", "qos_scale_hold")
+    __slots__ = ("decision_id", "decided_at_unix_ms", "model", "rollout_id", "version", "kind", "rule", "reason", "inputs", "rollout_before", "rollout_after", "qos_before", "qos_after", "actor", "epoch", "command_id", "agreement", "note", "qos_policy", "scale", "qos_scale_hold", "step_inputs", "liveness")
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     DECIDED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,8 @@ class AuditRecord(_message.Message):
     QOS_POLICY_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
     QOS_SCALE_HOLD_FIELD_NUMBER: _ClassVar[int]
+    STEP_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     decided_at_unix_ms: int
     model: str
@@ -141,7 +143,33 @@ class AuditRecord(_message.Message):
     qos_policy: _rollout_pb2.QosPolicy
     scale: _control_pb2.ScaleRequest
     qos_scale_hold: str
-    def __init__(self, decision_id: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., rule: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., rollout_before: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., rollout_after: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., qos_before: _Optional[_Union[QosState, _Mapping]] = ..., qos_after: _Optional[_Union[QosState, _Mapping]] = ..., actor: _Optional[str] = ..., epoch: _Optional[int] = ..., command_id: _Optional[str] = ..., agreement: _Optional[_Union[ShadowAgreement, _Mapping]] = ..., note: _Optional[str] = ..., qos_policy: _Optional[_Union[_rollout_pb2.QosPolicy, _Mapping]] = ..., scale: _Optional[_Union[_control_pb2.ScaleRequest, _Mapping]] = ..., qos_scale_hold: _Optional[str] = ...) -> None: ...
+    step_inputs: _containers.RepeatedCompositeFieldContainer[WindowStats]
+    liveness: _containers.RepeatedCompositeFieldContainer[VersionLiveness]
+    def __init__(self, decision_id: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., rule: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., rollout_before: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., rollout_after: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., qos_before: _Optional[_Union[QosState, _Mapping]] = ..., qos_after: _Optional[_Union[QosState, _Mapping]] = ..., actor: _Optional[str] = ..., epoch: _Optional[int] = ..., command_id: _Optional[str] = ..., agreement: _Optional[_Union[ShadowAgreement, _Mapping]] = ..., note: _Optional[str] = ..., qos_policy: _Optional[_Union[_rollout_pb2.QosPolicy, _Mapping]] = ..., scale: _Optional[_Union[_control_pb2.ScaleRequest, _Mapping]] = ..., qos_scale_hold: _Optional[str] = ..., step_inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., liveness: _Optional[_Iterable[_Union[VersionLiveness, _Mapping]]] = ...) -> None: ...
+
+class VersionLiveness(_message.Message):
+    __slots__ = ("version", "routed_since_telemetry", "first_routed_since_telemetry_unix_ms", "last_telemetry_unix_ms", "lag")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_SINCE_TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ROUTED_SINCE_TELEMETRY_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TELEMETRY_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    routed_since_telemetry: int
+    first_routed_since_telemetry_unix_ms: int
+    last_telemetry_unix_ms: int
+    lag: _containers.RepeatedCompositeFieldContainer[LagSample]
+    def __init__(self, version: _Optional[str] = ..., routed_since_telemetry: _Optional[int] = ..., first_routed_since_telemetry_unix_ms: _Optional[int] = ..., last_telemetry_unix_ms: _Optional[int] = ..., lag: _Optional[_Iterable[_Union[LagSample, _Mapping]]] = ...) -> None: ...
+
+class LagSample(_message.Message):
+    __slots__ = ("at_unix_ms", "lag", "committed")
+    AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    at_unix_ms: int
+    lag: int
+    committed: int
+    def __init__(self, at_unix_ms: _Optional[int] = ..., lag: _Optional[int] = ..., committed: _Optional[int] = ...) -> None: ...
 
 class ShadowAgreement(_message.Message):
     __slots__ = ("pairs", "agreeing", "baseline_schema", "candidate_schema")

@@ -14,7 +14,7 @@ Errors (rule ``error_rate_sequential``)
 Latency (rule ``service_time_sequential``)
     The share of requests slower than the baseline's p95 (and p99) service
     time, candidate vs baseline over the same increments. The thresholds are
-    the median of the baseline's quantiles over the last five *earlier*
+    the (lower) median of the baseline's quantiles over the last five *earlier*
     increments (at first, of the baseline's window without the increment):
     independent of the data they judge (a threshold taken from the same data
     would bias the comparison), and robust to a burst of slow baseline
@@ -176,7 +176,9 @@ def advance_sequential(
 
 
 def _median(values: tuple[float, ...]) -> float:
-    return sorted(values)[len(values) // 2] if values else 0.0
+    """The lower median: of two (early in a rollout) the smaller, so that one baseline
+    burst does not lift the threshold (and hide a regression) for several steps."""
+    return sorted(values)[(len(values) - 1) // 2] if values else 0.0
 
 
 def _remember(

@@ -22,12 +22,14 @@ from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2
 
 MODEL = "gpt"
+# The fixed-horizon gates (rules p99_ratio / p99_severe); SEQUENTIAL below.
 SPEC = RolloutSpec(
     rollout_id="r1",
     model=MODEL,
     baseline="v1",
     candidate="v2",
     steps=(Step(10.0, 10, 2.0), Step(50.0, 10, 2.0), Step(100.0, 0, 0.0)),
+    gates=Gates(mode=GateMode.FIXED),
 )
 
 
@@ -87,8 +89,8 @@ def without_service(rec: audit_pb2.AuditRecord) -> audit_pb2.AuditRecord:
     return stripped
 
 
-def test_the_fixed_mode_is_the_default() -> None:
-    assert Gates().mode is GateMode.FIXED
+def test_the_sequential_mode_is_the_default() -> None:
+    assert Gates().mode is GateMode.SEQUENTIAL
 
 
 def test_queue_wait_alone_promotes_and_its_records_verify() -> None:

@@ -144,7 +144,7 @@ def test_rollout_spec_round_trip_carries_every_gate() -> None:
         d.backlog_queue_ms,
         d.p99_floor_ms,
         d.error_budget,
-        GateMode.FIXED,
+        GateMode.SEQUENTIAL,
     )
 
 

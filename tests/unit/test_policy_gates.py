@@ -1,4 +1,5 @@
-"""Rollout gates under noise: no false rollbacks, fast detection of real regressions.
+"""The fixed-horizon rollout gates (``GateMode.FIXED``, kept for comparison) under
+noise: no false rollbacks, fast detection of real regressions.
 
 Traffic is simulated with binomial errors and lognormal latencies; every
 window's stats are built the way the policy engine builds them (histograms).
@@ -22,7 +23,7 @@ from graylane.policy_engine.logic.window import (
     WindowKey,
     WindowStats,
 )
-from graylane.rollouts.spec import Gates, RolloutSpec, Step
+from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind, Phase
 
 WINDOW_MS = 10_000
@@ -64,6 +65,7 @@ def holding_spec(weight: float) -> RolloutSpec:
         baseline="v1",
         candidate="v2",
         steps=(Step(weight, 10**12, 0.0), Step(100.0)),
+        gates=Gates(mode=GateMode.FIXED),
     )
 
 

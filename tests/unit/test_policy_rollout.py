@@ -28,7 +28,7 @@ from graylane.rollouts.errors import (
     InvalidTransition,
     RolloutFinished,
 )
-from graylane.rollouts.spec import Gates, RolloutSpec, Step, Strategy
+from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, ManualCommand, Phase
 
 STEPS = (
@@ -38,7 +38,15 @@ STEPS = (
     Step(50.0, 100, 30.0),
     Step(100.0, 0, 0.0),
 )
-SPEC = RolloutSpec(rollout_id="r1", model="m", baseline="v1", candidate="v2", steps=STEPS)
+# The fixed-horizon gates' rules (error_rate, p99_latency); sequential ones: own tests.
+SPEC = RolloutSpec(
+    rollout_id="r1",
+    model="m",
+    baseline="v1",
+    candidate="v2",
+    steps=STEPS,
+    gates=Gates(mode=GateMode.FIXED),
+)
 WINDOW = 10_000
 
 
