@@ -5,12 +5,14 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
 import onnxruntime
+from polygraphy.comparator import RunResults
 
 from graylane.artifacts.digest import sha256_file
 from graylane.artifacts.graph import io_signature, load_header, metadata_int
@@ -30,10 +32,11 @@ from graylane.builder.registration import register_build
 from graylane.builder.report import BuildReport, VariantReport
 from graylane.builder.runtime import open_runner
 from graylane.builder.samples import SampleSet, load_samples
+from graylane.builder.sensitivity import QUANTIZED, refine_quantized
 from graylane.builder.spec import BuildSpec, DemoSource, FileSource
 from graylane.builder.store import ArtifactExistsError, ArtifactStore, CacheKind
 from graylane.builder.tensorrt_build import tensorrt_unavailable_reason
-from graylane.builder.validation import ValidationResult, reference_outputs
+from graylane.builder.validation import ReferenceOutputs, ValidationResult, reference_outputs
 from graylane.builder.variants import (
     EXTERNAL_DATA_THRESHOLD,
     VariantInputs,
@@ -165,7 +168,8 @@ def run_build(
 
     trt_reason = tensorrt_unavailable_reason() if spec.tensorrt.enabled else "disabled in the spec"
     engine_count = 0 if trt_reason else len(spec.precisions)
-    progress.begin(3 + 2 * len(spec.precisions) + max(engine_count, 1) + 2)
+    quantized = sum(p in QUANTIZED for p in spec.precisions)
+    progress.begin(3 + 2 * len(spec.precisions) + quantized + max(engine_count, 1) + 2)
     try:
         return _run(spec, progress, artifacts, names, registry, trt_reason, started)
     finally:
@@ -197,12 +201,15 @@ def _run(
 
     progress.step("preparing samples")
     calibration: SampleSet | None = None
+    forced_note = ""
     if spec.calibration is not None and Precision.INT8 in spec.precisions:
         calibration = load_samples(spec.calibration, signature, max_seq_len)
+        forced_note = _check_calibration_size(spec, calibration)
     validation = load_samples(spec.validation, signature, max_seq_len) if spec.validation else None
     progress.done(
         f"samples: calibration {calibration.count if calibration else 0}, "
-        f"validation {validation.count if validation else 0}"
+        f"validation {validation.count if validation else 0}" + forced_note,
+        ok=not forced_note,
     )
 
     work = Path(tempfile.mkdtemp(prefix="build-", dir=_staging(artifacts)))
@@ -271,6 +278,22 @@ def _run(
                 f"{precision.value}: {_describe(result)}", ok=result is None or result.passed
             )
 
+        partials = {}
+        if reference is not None and validation is not None:
+            partials = refine_quantized(
+                outcomes,
+                results,
+                inputs,
+                spec.partial_quantization,
+                partial(_evaluator, reference, reference_run, validation, spec, pad_id),
+                fp32_path=outcomes[Precision.FP32].path or source
+                if Precision.FP32 in outcomes
+                else source,
+                timing_batches=validation.batches,
+                step=progress.step,
+                done=lambda message, ok: progress.done(message, ok=ok),
+            )
+
         engines = compile_engines(spec, progress, artifacts, outcomes, signature, trt_reason)
 
         progress.step("publishing artifacts")
@@ -308,6 +331,7 @@ def _run(
                 calibration=_calibration_info(outcome),
                 validation=_validation_info(result),
                 notes=outcome.notes,
+                partial_quantization=partials.get(precision),
             )
             folder = artifacts.publish(
                 name,
@@ -362,6 +386,35 @@ def _run(
         tensorrt_note=None if trt_reason is None else f"TensorRT engines not built: {trt_reason}",
         registered=registered,
         duration_s=time.perf_counter() - started,
+    )
+
+
+def _check_calibration_size(spec: BuildSpec, samples: SampleSet) -> str:
+    """Refuse too small calibration sets (unless forced): int8 ranges from a few inputs lie."""
+    minimum = spec.calibration_min_samples
+    if samples.count >= minimum:
+        return ""
+    message = (
+        f"the calibration set has {samples.count} samples, under the minimum of {minimum}; "
+        "capture more real traffic (graylane calib capture --samples 1000), lower "
+        "calibration.min_samples in the spec, or pass --force"
+    )
+    if not spec.force:
+        raise BuildError(message)
+    return f" — forced: {message}"
+
+
+def _evaluator(
+    reference: ReferenceOutputs,
+    reference_run: RunResults | None,
+    validation: SampleSet,
+    spec: BuildSpec,
+    pad_id: int,
+    precision: Precision,
+) -> Callable[[Path], ValidationResult]:
+    """Validation of one more candidate file of ``precision`` against the fp32 reference."""
+    return lambda path: validate_with_polygraphy(
+        precision, path, reference, reference_run, validation, spec.tolerance_for(precision), pad_id
     )
 
 

@@ -36,7 +36,14 @@ def build_versions(
                 "strategy": "demo",
                 "source": {"demo": size, "seed": seed},
                 "precisions": list(precisions),
-                "calibration": {"generator": "demo-text", "samples": 16, "seq_len": 32},
+                # Synthetic demo text, kept small so the demo starts fast; real builds
+                # calibrate on >= 500 captured requests (graylane calib capture).
+                "calibration": {
+                    "generator": "demo-text",
+                    "samples": 16,
+                    "seq_len": 32,
+                    "min_samples": 16,
+                },
                 "validation": {
                     "generator": "demo-text",
                     "samples": 8,

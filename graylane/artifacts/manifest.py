@@ -20,10 +20,12 @@ from graylane.artifacts.build_info import (
     InputShapeRange,
     Metrics,
     OutputComparison,
+    PartialQuantization,
     ShapeProfile,
     Tolerance,
 )
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_artifact_name
+from graylane.artifacts.partial_info import partial_from_dict, partial_to_dict
 from graylane.engine.signature import IOSignature
 
 __all__ = [
@@ -125,6 +127,7 @@ class Manifest:
     target: EngineTarget | None = None
     validation: ValidationInfo | None = None
     notes: tuple[str, ...] = ()
+    partial_quantization: PartialQuantization | None = None
 
     @property
     def model(self) -> str:
@@ -238,6 +241,7 @@ def manifest_to_dict(m: Manifest) -> dict[str, Any]:
         "servable": m.servable,
         "forced": m.forced,
         "notes": list(m.notes),
+        "partial_quantization": partial_to_dict(m.partial_quantization),
         "created_at": m.created_at,
     }
 
@@ -379,6 +383,7 @@ def manifest_from_dict(raw: Mapping[str, Any]) -> Manifest:
                 comparison=_comparison_from_dict(val.get("comparison")),
             ),
             notes=tuple(raw.get("notes", ())),
+            partial_quantization=partial_from_dict(raw.get("partial_quantization")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"manifest is malformed: {type(exc).__name__}: {exc}") from None

@@ -33,7 +33,8 @@ profiles:
     shapes:
       input_ids: {min: [1, 1], opt: [4, 16], max: [8, 32]}
       attention_mask: {min: [1, 1], opt: [4, 16], max: [8, 32]}
-calibration: {generator: demo-text, samples: 16, batch_size: 8, seq_len: 32, method: entropy}
+calibration:
+  {generator: demo-text, samples: 16, batch_size: 8, seq_len: 32, method: entropy, min_samples: 16}
 validation:
   generator: demo-text
   samples: 16
