@@ -55,11 +55,14 @@ def quantizable_nodes(source: Path, op_types: Sequence[str] | None) -> list[str]
 
 
 def _layer_of(name: str) -> str:
-    parts = [p for p in re.split(r"[./]", name) if p]
-    for part in parts:
-        if _LAYER.search(part):
-            return part
-    return parts[0] if parts else name
+    """``h0`` of ``h0.attn.qkv.matmul_1``; ``layers.0`` of ``/model/layers.0/q_proj/MatMul``."""
+    segments = [s for s in name.split("/") if s]
+    for segment in segments:
+        if _LAYER.search(segment):
+            parts = segment.split(".")
+            end = next(i for i, p in enumerate(parts) if _LAYER.search(p))
+            return ".".join(parts[: end + 1])
+    return segments[0] if segments else name
 
 
 def layer_groups(nodes: Sequence[str], max_groups: int) -> list[tuple[str, tuple[str, ...]]]:

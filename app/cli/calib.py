@@ -37,6 +37,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     cap.add_argument("--pad-id", type=int, default=None, help="default: the demo GPT's pad id")
     cap.add_argument("--max-len", type=int, default=None, help="cut longer inputs")
+    cap.add_argument(
+        "--split",
+        choices=("calibration", "held-out"),
+        default="calibration",
+        help="held-out: the rows calibration never takes, for a spec's validation section",
+    )
     cap.add_argument("--timeout-s", type=float, default=60.0)
     cap.add_argument("--out", type=Path, required=True)
     cap.set_defaults(handler=_capture)
@@ -44,7 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _capture(args: argparse.Namespace) -> int:
     from graylane.capture.recorded import CaptureOptions, capture, manifest_path, write_capture
-    from graylane.capture.sampling import DEFAULT_BUCKET_EDGES, CaptureError
+    from graylane.capture.sampling import DEFAULT_BUCKET_EDGES, CaptureError, Split
     from graylane.kafka.factory import KafkaFactory
     from graylane.models.demo_gpt import PAD_ID
     from graylane.settings import Settings
@@ -60,6 +66,7 @@ def _capture(args: argparse.Namespace) -> int:
         from_ms=parse_time(args.from_),
         to_ms=parse_time(args.to),
         samples=args.samples,
+        split=Split(args.split),
         seed=args.seed,
         edges=tuple(sorted(edges)),
         pad_id=PAD_ID if args.pad_id is None else args.pad_id,
@@ -77,7 +84,7 @@ def _capture(args: argparse.Namespace) -> int:
         f"wrote {args.out} ({manifest.samples} samples, seq {manifest.seq_len}) and "
         f"{manifest_path(args.out).name}; from {', '.join(manifest.topics)}: "
         f"{manifest.records} records, {manifest.duplicates} duplicates, "
-        f"{manifest.other_split} held out"
+        f"{manifest.other_split} in the other split"
     )
     for b in manifest.buckets:
         high = "" if b.high is None else str(b.high)
