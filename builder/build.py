@@ -5,14 +5,12 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
 import onnxruntime
-from polygraphy.comparator import RunResults
 
 from graylane.artifacts.digest import sha256_file
 from graylane.artifacts.graph import io_signature, load_header, metadata_int
@@ -24,6 +22,7 @@ from graylane.artifacts.manifest import (
     with_files,
 )
 from graylane.artifacts.naming import ArtifactName, Backend, Precision
+from graylane.builder.calibration import check_calibration_size
 from graylane.builder.engine_artifacts import compile_engines, publish_engine
 from graylane.builder.host import build_host, git_commit
 from graylane.builder.polygraphy_check import outputs_of, run_model, validate_with_polygraphy
@@ -32,11 +31,11 @@ from graylane.builder.registration import register_build
 from graylane.builder.report import BuildReport, VariantReport
 from graylane.builder.runtime import open_runner
 from graylane.builder.samples import SampleSet, load_samples
-from graylane.builder.sensitivity import QUANTIZED, refine_quantized
+from graylane.builder.sensitivity import QUANTIZED, evaluator, refine_quantized
 from graylane.builder.spec import BuildSpec, DemoSource, FileSource
 from graylane.builder.store import ArtifactExistsError, ArtifactStore, CacheKind
 from graylane.builder.tensorrt_build import tensorrt_unavailable_reason
-from graylane.builder.validation import ReferenceOutputs, ValidationResult, reference_outputs
+from graylane.builder.validation import ValidationResult, reference_outputs
 from graylane.builder.variants import (
     EXTERNAL_DATA_THRESHOLD,
     VariantInputs,
@@ -204,7 +203,9 @@ def _run(
     forced_note = ""
     if spec.calibration is not None and Precision.INT8 in spec.precisions:
         calibration = load_samples(spec.calibration, signature, max_seq_len)
-        forced_note = _check_calibration_size(spec, calibration)
+        forced_note = check_calibration_size(
+            calibration.count, spec.calibration_min_samples, spec.force
+        )
     validation = load_samples(spec.validation, signature, max_seq_len) if spec.validation else None
     progress.done(
         f"samples: calibration {calibration.count if calibration else 0}, "
@@ -285,7 +286,14 @@ def _run(
                 results,
                 inputs,
                 spec.partial_quantization,
-                partial(_evaluator, reference, reference_run, validation, spec, pad_id),
+                partial(
+                    evaluator,
+                    reference,
+                    reference_run,
+                    validation,
+                    spec.tolerance_for,
+                    pad_id,
+                ),
                 fp32_path=outcomes[Precision.FP32].path or source
                 if Precision.FP32 in outcomes
                 else source,
@@ -386,35 +394,6 @@ def _run(
         tensorrt_note=None if trt_reason is None else f"TensorRT engines not built: {trt_reason}",
         registered=registered,
         duration_s=time.perf_counter() - started,
-    )
-
-
-def _check_calibration_size(spec: BuildSpec, samples: SampleSet) -> str:
-    """Refuse too small calibration sets (unless forced): int8 ranges from a few inputs lie."""
-    minimum = spec.calibration_min_samples
-    if samples.count >= minimum:
-        return ""
-    message = (
-        f"the calibration set has {samples.count} samples, under the minimum of {minimum}; "
-        "capture more real traffic (graylane calib capture --samples 1000), lower "
-        "calibration.min_samples in the spec, or pass --force"
-    )
-    if not spec.force:
-        raise BuildError(message)
-    return f" — forced: {message}"
-
-
-def _evaluator(
-    reference: ReferenceOutputs,
-    reference_run: RunResults | None,
-    validation: SampleSet,
-    spec: BuildSpec,
-    pad_id: int,
-    precision: Precision,
-) -> Callable[[Path], ValidationResult]:
-    """Validation of one more candidate file of ``precision`` against the fp32 reference."""
-    return lambda path: validate_with_polygraphy(
-        precision, path, reference, reference_run, validation, spec.tolerance_for(precision), pad_id
     )
 
 

@@ -12,7 +12,7 @@ incompatible and not compared.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
@@ -45,6 +45,7 @@ __all__ = [
     "ServedVariant",
     "Verdict",
     "check_consistency",
+    "describe",
     "schema_differences",
     "served_variant",
 ]
@@ -198,7 +199,7 @@ def check_consistency(
     )
     problems = schema_differences(baseline.io, candidate.io)
     if problems:
-        return _replace(report, schema_problems=problems)
+        return replace(report, schema_problems=problems)
     runners = [
         EngineRunner(baseline.path, f"{model}@{baseline.version}"),
         EngineRunner(candidate.path, f"{model}@{candidate.version}"),
@@ -245,19 +246,13 @@ def check_consistency(
         floor = tolerance.min_token_agreement
         if floor is not None and tokens[0] < floor:
             failures.append(f"greedy token agreement {tokens[0]:.4f} < {floor}")
-    return _replace(
+    return replace(
         report,
         outputs=tuple(outputs),
         token_agreement=None if tokens is None else tokens[0],
         token_agreement_overall=None if tokens is None else tokens[1],
         failures=tuple(failures),
     )
-
-
-def _replace(report: ConsistencyReport, **changes: object) -> ConsistencyReport:
-    from dataclasses import replace
-
-    return replace(report, **changes)  # type: ignore[arg-type]
 
 
 def describe(report: ConsistencyReport) -> Sequence[str]:

@@ -24,15 +24,27 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from polygraphy.comparator import RunResults
 
-from graylane.artifacts.build_info import GroupSensitivity, PartialQuantization
+from graylane.artifacts.build_info import GroupSensitivity, PartialQuantization, Tolerance
 from graylane.artifacts.naming import Precision
+from graylane.builder.polygraphy_check import validate_with_polygraphy
 from graylane.builder.runtime import open_runner
+from graylane.builder.samples import SampleSet
 from graylane.builder.spec import PartialQuantizationSpec
-from graylane.builder.validation import ValidationResult
+from graylane.builder.validation import ReferenceOutputs, ValidationResult
 from graylane.builder.variants import VariantInputs, VariantOutcome, VariantStatus, produce_variant
 
-__all__ = ["PartialSearch", "layer_groups", "quantizable_nodes", "search_partial", "time_variant"]
+__all__ = [
+    "QUANTIZED",
+    "PartialSearch",
+    "evaluator",
+    "layer_groups",
+    "quantizable_nodes",
+    "refine_quantized",
+    "search_partial",
+    "time_variant",
+]
 
 Evaluate = Callable[[Path], ValidationResult]
 
@@ -252,3 +264,17 @@ def refine_quantized(
                 False,
             )
     return records
+
+
+def evaluator(
+    reference: ReferenceOutputs,
+    reference_run: RunResults | None,
+    validation: SampleSet,
+    tolerance_for: Callable[[Precision], Tolerance],
+    pad_id: int,
+    precision: Precision,
+) -> Evaluate:
+    """Validation of one more candidate file of ``precision`` against the fp32 reference."""
+    return lambda path: validate_with_polygraphy(
+        precision, path, reference, reference_run, validation, tolerance_for(precision), pad_id
+    )

@@ -10,7 +10,8 @@ import pytest
 from graylane.artifacts.build_info import GroupSensitivity, PartialQuantization
 from graylane.artifacts.naming import Backend, Precision
 from graylane.artifacts.partial_info import partial_from_dict, partial_to_dict
-from graylane.builder.build import BuildError, run_build
+from graylane.builder.build import run_build
+from graylane.builder.calibration import CalibrationTooSmall
 from graylane.builder.consistency import (
     ServedVariant,
     Verdict,
@@ -91,7 +92,7 @@ def test_spec_reads_the_calibration_minimum_and_the_partial_budget(tmp_path: Pat
 
 def test_the_builder_refuses_a_small_calibration_set_unless_forced(tmp_path: Path) -> None:
     spec = parse_spec(_spec(tmp_path), tmp_path)
-    with pytest.raises(BuildError, match="16 samples, under the minimum of 500"):
+    with pytest.raises(CalibrationTooSmall, match="16 samples, under the minimum of 500"):
         run_build(spec, store=tmp_path / "store")
     forced = run_build(spec, store=tmp_path / "store", force=True)
     int8 = next(v for v in forced.variants if v.precision is Precision.INT8)
