@@ -1,6 +1,8 @@
 """Version-against-version consistency: two versions' served variants on the same inputs.
 
-Both variants run in one ``Comparator.run`` (Polygraphy), on the same batches;
+Both variants run in one ``Comparator.run`` (Polygraphy), on the same batches,
+through the engine a worker on this host serves (TensorRT where present, else ONNX
+Runtime);
 Polygraphy's ``compare_accuracy`` gives per-output max/mean absolute and max
 relative error; cosine and top-1 agreement per output, and greedy-token agreement
 for decoders, are the thin wrappers the build's validation uses
@@ -11,12 +13,16 @@ incompatible and not compared.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 
 import numpy as np
+from polygraphy.backend.base import BaseRunner
+from polygraphy.common import TensorMetadata
 from polygraphy.comparator import Comparator, RunResults
 from polygraphy.logger import G_LOGGER
 
@@ -34,6 +40,7 @@ from graylane.builder.validation import (
     generation_prompts,
     token_agreement,
 )
+from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import DECODER_INPUTS, IOSignature
 from graylane.errors import GraylaneError
 from graylane.registry import Registry
@@ -122,10 +129,45 @@ def _model_file(folder: Path, manifest: Manifest) -> Path:
     raise ConsistencyError(f"{manifest.name}: the manifest lists no model file")
 
 
-def served_variant(
+def _tensorrt_variant(
     registry: Registry, model: str, version: str, precision: Precision
+) -> ServedVariant | None:
+    """The engine a worker on this host would serve, when it has TensorRT and a GPU."""
+    from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
+    from graylane.engine.tensorrt import gpu_compute_capability, tensorrt_version
+
+    cc, trt = gpu_compute_capability(), tensorrt_version()
+    if cc is None or trt is None:
+        return None
+    engines = [
+        (Path(a.path), verify_artifact(Path(a.path), a.manifest_sha256))
+        for a in registry.list_artifacts(model, version)
+        if a.servable and a.precision is precision and a.backend is Backend.TENSORRT
+    ]
+    try:
+        chosen = select_engine([m for _, m in engines], f"{cc[0]}.{cc[1]}", trt)
+    except IncompatibleEngineError:
+        return None
+    folder = next(f for f, m in engines if m is chosen)
+    path = _model_file(folder, chosen)
+    return ServedVariant(version, precision, Backend.TENSORRT, path, chosen.io)
+
+
+def served_variant(
+    registry: Registry,
+    model: str,
+    version: str,
+    precision: Precision,
+    *,
+    tensorrt: bool = True,
 ) -> ServedVariant:
-    """The servable ONNX Runtime variant of that precision, verified against its manifest."""
+    """The variant of that precision a worker here serves: the TensorRT engine built for
+    this GPU where TensorRT is present (and ``tensorrt``), else the ONNX Runtime file;
+    verified against its manifest."""
+    if tensorrt:
+        engine = _tensorrt_variant(registry, model, version, precision)
+        if engine is not None:
+            return engine
     found = [
         a
         for a in registry.list_artifacts(model, version)
@@ -168,6 +210,68 @@ def schema_differences(baseline: IOSignature, candidate: IOSignature) -> tuple[s
     return tuple(problems)
 
 
+class _TensorRTRunner(BaseRunner):  # type: ignore[misc]  # Polygraphy ships no type hints
+    """A Polygraphy runner over the project's TensorRT adapter (the worker's engine)."""
+
+    def __init__(self, variant: ServedVariant, name: str) -> None:
+        super().__init__(name=name, prefix="graylane-trt")
+        self._variant = variant
+        self._engine: InferenceEngine | None = None
+
+    def activate_impl(self) -> None:
+        self._engine = _open_engine(self._variant)
+
+    def deactivate_impl(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+        self._engine = None
+
+    def get_input_metadata_impl(self) -> TensorMetadata:
+        meta = TensorMetadata()
+        for spec in self._variant.io.inputs:
+            meta.add(spec.name, spec.dtype, [d if isinstance(d, int) else -1 for d in spec.shape])
+        return meta
+
+    def infer_impl(self, feed_dict: Mapping[str, np.ndarray]) -> OrderedDict[str, np.ndarray]:
+        if self._engine is None:
+            raise RuntimeError(f"runner {self.name} is not active")
+        start = time.perf_counter()
+        outputs = self._engine.run(feed_dict)
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict((n, outputs[n]) for n in self._variant.io.output_names)
+
+
+def _open_engine(variant: ServedVariant) -> InferenceEngine:
+    if variant.backend is Backend.TENSORRT:
+        from graylane.engine.tensorrt import TensorRTEngine
+
+        return TensorRTEngine.load(variant.path, variant.precision.value)
+    return open_runner(variant.path).engine
+
+
+def _runner(model: str, variant: ServedVariant) -> BaseRunner:
+    name = f"{model}@{variant.version}"
+    if variant.backend is Backend.TENSORRT:
+        return _TensorRTRunner(variant, name)
+    return EngineRunner(variant.path, name)
+
+
+def _greedy(
+    variant: ServedVariant, prompts: list[np.ndarray], new_tokens: int, pad_id: int
+) -> np.ndarray:
+    if variant.backend is Backend.TENSORRT:
+        engine = _open_engine(variant)
+        try:
+            return greedy_generate(engine.run, prompts, new_tokens, pad_id)
+        finally:
+            engine.close()
+    runner = open_runner(variant.path)
+    try:
+        return greedy_generate(runner, prompts, new_tokens, pad_id)
+    finally:
+        runner.engine.close()
+
+
 def _single(results: RunResults, index: int) -> RunResults:
     single = RunResults()
     single.append(results[index])
@@ -200,10 +304,7 @@ def check_consistency(
     problems = schema_differences(baseline.io, candidate.io)
     if problems:
         return replace(report, schema_problems=problems)
-    runners = [
-        EngineRunner(baseline.path, f"{model}@{baseline.version}"),
-        EngineRunner(candidate.path, f"{model}@{candidate.version}"),
-    ]
+    runners = [_runner(model, baseline), _runner(model, candidate)]
     with G_LOGGER.verbosity(G_LOGGER.CRITICAL):
         results = Comparator.run(runners, data_loader=[dict(b) for b in samples.batches])
     comparison = compare_runs(_single(results, 0), _single(results, 1), tolerance)
@@ -234,15 +335,10 @@ def check_consistency(
     tokens: tuple[float, float] | None = None
     if baseline.io.is_decoder and prompts > 0:
         chosen = generation_prompts(samples, prompts, new_tokens, max_seq_len)
-        base_run, cand_run = open_runner(baseline.path), open_runner(candidate.path)
-        try:
-            tokens = token_agreement(
-                greedy_generate(base_run, chosen, new_tokens, pad_id),
-                greedy_generate(cand_run, chosen, new_tokens, pad_id),
-            )
-        finally:
-            base_run.engine.close()
-            cand_run.engine.close()
+        tokens = token_agreement(
+            _greedy(baseline, chosen, new_tokens, pad_id),
+            _greedy(candidate, chosen, new_tokens, pad_id),
+        )
         floor = tolerance.min_token_agreement
         if floor is not None and tokens[0] < floor:
             failures.append(f"greedy token agreement {tokens[0]:.4f} < {floor}")

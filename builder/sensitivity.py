@@ -43,7 +43,7 @@ __all__ = [
     "quantizable_nodes",
     "refine_quantized",
     "search_partial",
-    "time_variant",
+    "time_variants",
 ]
 
 Evaluate = Callable[[Path], ValidationResult]
@@ -87,21 +87,30 @@ def layer_groups(nodes: Sequence[str], max_groups: int) -> list[tuple[str, tuple
     return [(g, tuple(members)) for g, members in groups.items()]
 
 
-def time_variant(path: Path, batches: Sequence[Mapping[str, np.ndarray]], reps: int = 3) -> float:
-    """Median ms of one pass over ``batches`` on one thread (after a warm-up pass)."""
-    runner = open_runner(path, threads=1)
+def time_variants(
+    paths: Sequence[Path], batches: Sequence[Mapping[str, np.ndarray]], reps: int = 5
+) -> list[float]:
+    """Best ms of one pass over ``batches`` per model, one thread, after a warm-up pass.
+
+    The models take turns within each repetition, so load from other processes
+    on a shared machine hits them alike; the best pass is the least disturbed one.
+    """
+    runners = [open_runner(p, threads=1) for p in paths]
+    best = [float("inf")] * len(runners)
     try:
-        for batch in batches[:1]:
-            runner(batch)
-        passes = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            for batch in batches:
+        for runner in runners:
+            for batch in batches[:1]:
                 runner(batch)
-            passes.append((time.perf_counter() - start) * 1000.0)
+        for _ in range(reps):
+            for i, runner in enumerate(runners):
+                start = time.perf_counter()
+                for batch in batches:
+                    runner(batch)
+                best[i] = min(best[i], (time.perf_counter() - start) * 1000.0)
     finally:
-        runner.engine.close()
-    return float(np.median(passes))
+        for runner in runners:
+            runner.engine.close()
+    return best
 
 
 def _top1(result: ValidationResult) -> float:
@@ -186,11 +195,15 @@ def search_partial(
         # The ranges were measured once, by the full variant; trials only read the cache.
         chosen = (replace(chosen[0], calibration=full_outcome.calibration), chosen[1])
     fp32_ms = variant_ms = full_ms = None
-    if fp32_path is not None and timing_batches and chosen[0].path is not None:
-        fp32_ms = time_variant(fp32_path, timing_batches)
-        variant_ms = time_variant(chosen[0].path, timing_batches)
-        if full_outcome.path is not None:
-            full_ms = time_variant(full_outcome.path, timing_batches)
+    if (
+        fp32_path is not None
+        and timing_batches
+        and chosen[0].path is not None
+        and full_outcome.path is not None
+    ):
+        fp32_ms, variant_ms, full_ms = time_variants(
+            [fp32_path, chosen[0].path, full_outcome.path], timing_batches
+        )
     info = PartialQuantization(
         full_failures=full_result.failures or ((full_result.error,) if full_result.error else ()),
         full_top1_agreement=None if full_result.metrics is None else _top1(full_result),
