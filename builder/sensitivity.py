@@ -245,7 +245,10 @@ def refine_quantized(
             continue
         step(f"partial quantization of {precision.value}")
         outcome, result = outcomes[precision], results.get(precision)
-        if result is None or result.passed or outcome.path is None:
+        if result is None or outcome.path is None:
+            done(f"{precision.value}: not validated, nothing to refine", True)
+            continue
+        if result.passed:
             done(f"{precision.value}: not needed", True)
             continue
         if not options.enabled or options.node_budget == 0:

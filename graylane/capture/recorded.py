@@ -33,7 +33,7 @@ from graylane.capture.sampling import (
 )
 from graylane.errors import GraylaneError
 from graylane.kafka.reading import read_to_end
-from graylane.kafka.seam import ClientFactory
+from graylane.kafka.seam import ClientFactory, known_topics
 from graylane.serde import decode
 from graylane.tensors import from_tensors
 from graylane.topics import TopicLayout
@@ -150,7 +150,15 @@ async def read_rows(
     records = undecodable = 0
     stamps: list[int] = []
     topics = source_topics(layout, options.model, options.version)
+    producer = factory.producer()
+    await producer.start()
+    try:
+        existing = await known_topics(producer)
+    finally:
+        await producer.stop()
     for topic in topics:
+        if topic not in existing:
+            continue  # nothing was ever recorded there
         found = await read_to_end(
             factory,
             topic,

@@ -172,3 +172,6 @@ def test_capture_build_and_consistency_on_recorded_traffic(
     assert "outside tolerance" in outside and "top1_agreement" in outside
     assert main([*check, "--candidate", "2.0.0", "--data", str(held_out)]) == 1
     assert main([*check, "--candidate", "1.1.0", "--data", str(held_out)]) == 0
+    assert main([*check, "--candidate", "9.9.9"]) == 2  # never built: cannot run
+    nothing = ["calib", "capture", "--model", "unrecorded", "--out", str(tmp_path / "x.npz")]
+    assert main(nothing) == 1 and not (tmp_path / "x.npz").exists()
