@@ -23,6 +23,7 @@ from graylane.artifacts.manifest import (
 )
 from graylane.artifacts.model_info import read_model_info
 from graylane.artifacts.naming import ArtifactName, Backend, Precision
+from graylane.builder.calibration import check_calibration_size
 from graylane.builder.engine_artifacts import compile_engines, publish_engine
 from graylane.builder.host import build_host, git_commit
 from graylane.builder.plan import (
@@ -37,6 +38,7 @@ from graylane.builder.registration import register_build
 from graylane.builder.report import BuildReport, VariantReport, variants_ok
 from graylane.builder.runtime import open_runner
 from graylane.builder.samples import SampleSet, load_samples
+from graylane.builder.sensitivity import QUANTIZED, evaluator, refine_quantized
 from graylane.builder.spec import BuildSpec, DemoSource, FileSource
 from graylane.builder.store import ArtifactExistsError, ArtifactStore, CacheKind
 from graylane.builder.tensorrt_build import tensorrt_unavailable_reason
@@ -159,7 +161,8 @@ def run_build(
     artifacts = ArtifactStore(root)
     trt_reason = tensorrt_unavailable_reason() if spec.tensorrt.enabled else "disabled in the spec"
     engine_count = 0 if trt_reason else len(spec.precisions)
-    progress.begin(3 + 2 * len(spec.precisions) + max(engine_count, 1) + 2)
+    quantized = sum(p in QUANTIZED for p in spec.precisions)
+    progress.begin(3 + 2 * len(spec.precisions) + quantized + max(engine_count, 1) + 2)
     try:
         return _run(spec, progress, artifacts, registry, trt_reason, started)
     finally:
@@ -196,9 +199,13 @@ def _run(
 
     progress.step("preparing samples")
     calibration: SampleSet | None = None
+    forced_note = ""
     if spec.calibration is not None and Precision.INT8 in plan.produce and not plan.copy_source:
         calibration = load_samples(
             with_declared_vocab(spec.calibration, info), signature, max_seq_len
+        )
+        forced_note = check_calibration_size(
+            calibration.count, spec.calibration_min_samples, spec.force
         )
     validation_spec = spec.validation
     if validation_spec is None:
@@ -210,7 +217,8 @@ def _run(
     validation = load_samples(with_declared_vocab(validation_spec, info), signature, max_seq_len)
     progress.done(
         f"samples: calibration {calibration.count if calibration else 0}, "
-        f"validation {validation.count}"
+        f"validation {validation.count}" + forced_note,
+        ok=not forced_note,
     )
 
     work = Path(tempfile.mkdtemp(prefix="build-", dir=_staging(artifacts)))
@@ -279,6 +287,29 @@ def _run(
                 f"{precision.value}: {_describe(result)}", ok=result is None or result.passed
             )
 
+        partials = {}
+        if reference is not None and validation is not None:
+            partials = refine_quantized(
+                outcomes,
+                results,
+                inputs,
+                spec.partial_quantization,
+                partial(
+                    evaluator,
+                    reference,
+                    reference_run,
+                    validation,
+                    spec.tolerance_for,
+                    pad_id,
+                ),
+                fp32_path=outcomes[Precision.FP32].path or source
+                if Precision.FP32 in outcomes
+                else source,
+                timing_batches=validation.batches,
+                step=progress.step,
+                done=lambda message, ok: progress.done(message, ok=ok),
+            )
+
         engines = compile_engines(spec, progress, artifacts, outcomes, signature, trt_reason)
 
         progress.step("publishing artifacts")
@@ -320,6 +351,7 @@ def _run(
                 validation=_validation_info(result),
                 notes=outcome.notes + tuple(notes),
                 model_info=info,
+                partial_quantization=partials.get(precision),
             )
             folder = artifacts.publish(
                 name,

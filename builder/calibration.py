@@ -43,7 +43,14 @@ from graylane.builder.runtime import cache_inputs, empty_past
 from graylane.builder.samples import SampleSet
 from graylane.engine.onnxruntime import CPU
 
-__all__ = ["CalibrationError", "CalibrationRecord", "calibrate", "calibration_key"]
+__all__ = [
+    "CalibrationError",
+    "CalibrationRecord",
+    "CalibrationTooSmall",
+    "calibrate",
+    "calibration_key",
+    "check_calibration_size",
+]
 
 _CACHE_FORMAT = 1
 _ENTROPY_BINS = 512
@@ -59,6 +66,27 @@ ORT_METHODS: Mapping[CalibrationMethod, OrtCalibrationMethod] = {
 
 class CalibrationError(RuntimeError):
     """Calibration could not measure activation ranges."""
+
+
+class CalibrationTooSmall(CalibrationError):
+    """The calibration set is under the spec's minimum and the build is not forced."""
+
+
+def check_calibration_size(count: int, minimum: int, force: bool) -> str:
+    """Refuse too small calibration sets unless forced (then: a note saying so).
+
+    Ranges measured on a few inputs miss the activations real traffic produces.
+    """
+    if count >= minimum:
+        return ""
+    message = (
+        f"the calibration set has {count} samples, under the minimum of {minimum}; "
+        "capture more real traffic (graylane calib capture --samples 1000), lower "
+        "calibration.min_samples in the spec, or pass --force"
+    )
+    if not force:
+        raise CalibrationTooSmall(message)
+    return f" — forced: {message}"
 
 
 @dataclass(frozen=True)

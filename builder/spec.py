@@ -17,7 +17,9 @@ from graylane.artifacts.naming import Precision
 from graylane.builder.spec_fields import SpecError
 from graylane.builder.spec_reader import load_spec, parse_spec
 from graylane.builder.spec_types import (
+    DEFAULT_MIN_CALIBRATION_SAMPLES,
     DEFAULT_QUANTIZE_OPS,
+    INT8_MIN_TOP1,
     BuildSpec,
     DataSpec,
     DemoSource,
@@ -26,12 +28,15 @@ from graylane.builder.spec_types import (
     Generator,
     GeneratorData,
     NpzData,
+    PartialQuantizationSpec,
     TensorRTOptions,
     default_tolerances,
 )
 
 __all__ = [
+    "DEFAULT_MIN_CALIBRATION_SAMPLES",
     "DEFAULT_QUANTIZE_OPS",
+    "INT8_MIN_TOP1",
     "BuildSpec",
     "DataSpec",
     "DemoSource",
@@ -40,6 +45,7 @@ __all__ = [
     "Generator",
     "GeneratorData",
     "NpzData",
+    "PartialQuantizationSpec",
     "Precision",
     "SpecError",
     "TensorRTOptions",

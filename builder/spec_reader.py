@@ -39,6 +39,7 @@ from graylane.builder.spec_fields import (
     required_str,
 )
 from graylane.builder.spec_types import (
+    DEFAULT_MIN_CALIBRATION_SAMPLES,
     DEFAULT_QUANTIZE_OPS,
     BuildSpec,
     DataSpec,
@@ -48,6 +49,7 @@ from graylane.builder.spec_types import (
     Generator,
     GeneratorData,
     NpzData,
+    PartialQuantizationSpec,
     TensorRTOptions,
     default_tolerances,
 )
@@ -89,9 +91,11 @@ def load_spec(path: Path | str) -> BuildSpec:
 _TOP_KEYS = {
     "model", "version", "source", "strategy", "precisions", "profiles", "calibration",
     "validation", "tolerances", "store", "force", "tensorrt", "task", "vocab_size",
+    "partial_quantization",
 }  # fmt: skip
 _DATA_KEYS = {"npz", "generator", "samples", "seed", "batch_size", "seq_len", "int_high"}
-_CALIB_KEYS = _DATA_KEYS | {"method", "percentile", "quantize_ops"}
+_CALIB_KEYS = _DATA_KEYS | {"method", "percentile", "quantize_ops", "min_samples"}
+_PARTIAL_KEYS = {"enabled", "node_budget", "max_groups"}
 _VALID_KEYS = _DATA_KEYS | {"generation"}
 _TOL_KEYS = {"max_abs", "min_cosine", "min_top1_agreement", "min_token_agreement"}
 _TRT_KEYS = {"enabled", "workspace_mib", "hardware_compatibility"}
@@ -121,6 +125,7 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path) -> BuildSpec:
     method = CalibrationMethod.ENTROPY
     percentile = 99.999
     quantize_ops = DEFAULT_QUANTIZE_OPS
+    min_samples = DEFAULT_MIN_CALIBRATION_SAMPLES
     if calib_raw is not None:
         calib_map = mapping(calib_raw, "calibration")
         check_keys(calib_map, _CALIB_KEYS, "calibration")
@@ -132,6 +137,9 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path) -> BuildSpec:
         if not 0.0 < percentile <= 100.0:
             raise SpecError(f"calibration.percentile: must be in (0, 100], got {percentile}")
         quantize_ops = _op_types(calib_map.get("quantize_ops", list(DEFAULT_QUANTIZE_OPS)))
+        min_samples = read_int(
+            calib_map.get("min_samples", min_samples), "calibration.min_samples", minimum=1
+        )
 
     validation: DataSpec | None = None
     generation: GenerationCheck | None = GenerationCheck()
@@ -164,6 +172,8 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path) -> BuildSpec:
         calibration=calibration,
         calibration_method=method,
         calibration_percentile=percentile,
+        calibration_min_samples=min_samples,
+        partial_quantization=_partial(data.get("partial_quantization", {})),
         quantize_ops=quantize_ops,
         validation=validation,
         generation=generation,
@@ -344,5 +354,20 @@ def _tensorrt(raw: object) -> TensorRTOptions:
             entry.get("hardware_compatibility", "none"),
             HardwareCompatibility,
             "tensorrt.hardware_compatibility",
+        ),
+    )
+
+
+def _partial(raw: object) -> PartialQuantizationSpec:
+    table = mapping(raw, "partial_quantization")
+    check_keys(table, _PARTIAL_KEYS, "partial_quantization")
+    base = PartialQuantizationSpec()
+    return PartialQuantizationSpec(
+        enabled=read_bool(table.get("enabled", base.enabled), "partial_quantization.enabled"),
+        node_budget=read_int(
+            table.get("node_budget", base.node_budget), "partial_quantization.node_budget", 0
+        ),
+        max_groups=read_int(
+            table.get("max_groups", base.max_groups), "partial_quantization.max_groups", 1
         ),
     )

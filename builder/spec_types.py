@@ -17,7 +17,9 @@ from graylane.artifacts.model_info import ModelTask
 from graylane.artifacts.naming import Precision, SemVer
 
 __all__ = [
+    "DEFAULT_MIN_CALIBRATION_SAMPLES",
     "DEFAULT_QUANTIZE_OPS",
+    "INT8_MIN_TOP1",
     "BuildSpec",
     "DataSpec",
     "DemoSource",
@@ -26,6 +28,7 @@ __all__ = [
     "Generator",
     "GeneratorData",
     "NpzData",
+    "PartialQuantizationSpec",
     "TensorRTOptions",
     "default_tolerances",
 ]
@@ -113,6 +116,24 @@ matches TensorRT's advice to place Q/DQ at GEMM inputs only.
 """
 
 
+INT8_MIN_TOP1 = 0.99
+"""Default int8 limit: ≤ 1 % top-1 disagreement with fp32 on held-out data."""
+
+DEFAULT_MIN_CALIBRATION_SAMPLES = 500
+"""Calibration sets smaller than this are refused unless the spec lowers it or --force."""
+
+
+@dataclass(frozen=True)
+class PartialQuantizationSpec:
+    """Sensitivity-guided partial quantization of int8 variants that miss their tolerance."""
+
+    enabled: bool = True
+    node_budget: int = 8
+    """At most this many quantizable nodes are kept in float."""
+    max_groups: int = 32
+    """Probe nodes one by one up to this many; beyond, probe whole layers."""
+
+
 def default_tolerances() -> dict[Precision, Tolerance]:
     """Default limits per precision, set from what the demo GPT achieves, with margin.
 
@@ -123,6 +144,11 @@ def default_tolerances() -> dict[Precision, Tolerance]:
     Greedy-token agreement is noisy (a few prompts, untrained near-tied logits), so
     its floor is loose; top-1 agreement carries the decision. Trained models have
     peakier logits and usually do better. Details in ``builder/README.md``.
+
+    The int8 floors are the seeds' target, not what full int8 reaches: at most 1 %
+    task-level disagreement with fp32 (:data:`INT8_MIN_TOP1`). A variant that misses
+    it goes through sensitivity-guided partial quantization
+    (:mod:`graylane.builder.sensitivity`).
     """
     return {
         Precision.FP32: Tolerance(
@@ -132,10 +158,10 @@ def default_tolerances() -> dict[Precision, Tolerance]:
             min_cosine=0.999, min_top1_agreement=0.98, min_token_agreement=0.75
         ),
         Precision.INT8: Tolerance(
-            min_cosine=0.995, min_top1_agreement=0.90, min_token_agreement=0.4
+            min_cosine=0.995, min_top1_agreement=INT8_MIN_TOP1, min_token_agreement=0.4
         ),
         Precision.INT8_DYNAMIC: Tolerance(
-            min_cosine=0.995, min_top1_agreement=0.90, min_token_agreement=0.4
+            min_cosine=0.995, min_top1_agreement=INT8_MIN_TOP1, min_token_agreement=0.4
         ),
     }
 
@@ -153,6 +179,8 @@ class BuildSpec:
     calibration: DataSpec | None = None
     calibration_method: CalibrationMethod = CalibrationMethod.ENTROPY
     calibration_percentile: float = 99.999
+    calibration_min_samples: int = DEFAULT_MIN_CALIBRATION_SAMPLES
+    partial_quantization: PartialQuantizationSpec = field(default_factory=PartialQuantizationSpec)
     quantize_ops: tuple[str, ...] = DEFAULT_QUANTIZE_OPS
     validation: DataSpec | None = None
     generation: GenerationCheck | None = field(default_factory=GenerationCheck)

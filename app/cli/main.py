@@ -25,6 +25,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graylane.app.cli.deploy",
     "graylane.app.cli.build",
     "graylane.app.cli.calibrate",
+    "graylane.app.cli.calib",
+    "graylane.app.cli.check",
     "graylane.app.cli.acls",
 )
 

@@ -36,7 +36,21 @@ def build_versions(
                 "strategy": "demo",
                 "source": {"demo": size, "seed": seed},
                 "precisions": list(precisions),
-                "calibration": {"generator": "demo-text", "samples": 16, "seq_len": 32},
+                # Synthetic demo text, kept small so the demo starts fast; real builds
+                # calibrate on >= 500 captured requests (graylane calib capture).
+                "calibration": {
+                    "generator": "demo-text",
+                    "samples": 16,
+                    "seq_len": 32,
+                    "min_samples": 16,
+                },
+                # The demo's QoS ladder steps down to int8 knowingly under load, so it
+                # accepts the degraded rungs of an untrained model (top-1 ~0.96-0.98);
+                # real builds keep the 1 % default and partial quantization.
+                "tolerances": {
+                    "int8": {"min_top1_agreement": 0.95},
+                    "int8-dynamic": {"min_top1_agreement": 0.95},
+                },
                 "validation": {
                     "generator": "demo-text",
                     "samples": 8,

@@ -9,10 +9,12 @@ from enum import Enum
 __all__ = [
     "CalibrationMethod",
     "ComparisonReport",
+    "GroupSensitivity",
     "HardwareCompatibility",
     "InputShapeRange",
     "Metrics",
     "OutputComparison",
+    "PartialQuantization",
     "ShapeProfile",
     "Tolerance",
 ]
@@ -99,3 +101,41 @@ class ComparisonReport:
     candidate: str
     iterations: int
     outputs: tuple[OutputComparison, ...]
+
+
+@dataclass(frozen=True)
+class GroupSensitivity:
+    """Agreement with fp32 when one group of nodes is kept in float and the rest quantized."""
+
+    group: str
+    nodes: tuple[str, ...]
+    top1_agreement: float
+    cosine: float
+
+
+@dataclass(frozen=True)
+class PartialQuantization:
+    """How a quantized variant that missed its tolerance was brought within it (or not).
+
+    ``full_failures`` are the limits the fully quantized variant missed;
+    ``kept_float`` the nodes left unquantized, most sensitive first; ``speedup_vs_fp32``
+    is fp32 latency over this variant's on the validation batches (one thread, CPU).
+    """
+
+    full_failures: tuple[str, ...]
+    full_top1_agreement: float | None
+    quantizable_nodes: int
+    node_budget: int
+    kept_float: tuple[str, ...]
+    passed: bool
+    trials: int
+    sensitivity: tuple[GroupSensitivity, ...] = ()
+    fp32_ms: float | None = None
+    variant_ms: float | None = None
+    full_ms: float | None = None
+
+    @property
+    def speedup_vs_fp32(self) -> float | None:
+        if not self.fp32_ms or not self.variant_ms:
+            return None
+        return self.fp32_ms / self.variant_ms

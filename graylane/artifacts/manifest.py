@@ -20,11 +20,13 @@ from graylane.artifacts.build_info import (
     InputShapeRange,
     Metrics,
     OutputComparison,
+    PartialQuantization,
     ShapeProfile,
     Tolerance,
 )
 from graylane.artifacts.model_info import ModelInfo
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_artifact_name
+from graylane.artifacts.partial_info import partial_from_dict, partial_to_dict
 from graylane.engine.signature import IOSignature
 
 __all__ = [
@@ -128,6 +130,7 @@ class Manifest:
     notes: tuple[str, ...] = ()
     model_info: ModelInfo | None = None
     """Task, input vocabulary and source quantization (``None`` in older manifests)."""
+    partial_quantization: PartialQuantization | None = None
 
     @property
     def model(self) -> str:
@@ -242,6 +245,7 @@ def manifest_to_dict(m: Manifest) -> dict[str, Any]:
         "forced": m.forced,
         "notes": list(m.notes),
         "model_info": None if m.model_info is None else m.model_info.to_dict(),
+        "partial_quantization": partial_to_dict(m.partial_quantization),
         "created_at": m.created_at,
     }
 
@@ -386,6 +390,7 @@ def manifest_from_dict(raw: Mapping[str, Any]) -> Manifest:
             model_info=None
             if raw.get("model_info") is None
             else ModelInfo.from_dict(raw["model_info"]),
+            partial_quantization=partial_from_dict(raw.get("partial_quantization")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"manifest is malformed: {type(exc).__name__}: {exc}") from None

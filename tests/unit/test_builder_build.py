@@ -32,7 +32,8 @@ profiles:
     shapes:
       input_ids: {min: [1, 1], opt: [4, 16], max: [8, 32]}
       attention_mask: {min: [1, 1], opt: [4, 16], max: [8, 32]}
-calibration: {generator: demo-text, samples: 16, batch_size: 8, seq_len: 32, method: entropy}
+calibration:
+  {generator: demo-text, samples: 16, batch_size: 8, seq_len: 32, method: entropy, min_samples: 16}
 validation:
   generator: demo-text
   samples: 16
@@ -114,6 +115,22 @@ def test_manifest_records_the_build(built: Built) -> None:
     assert comparison.outputs and all(o.max_abs >= 0.0 for o in comparison.outputs)
     assert manifest.servable and not manifest.forced
     assert raw["calibration"]["method"] == "entropy"
+
+
+def test_int8_outside_one_percent_keeps_its_most_sensitive_nodes_in_float(built: Built) -> None:
+    # Full int8 of the untrained tiny GPT agrees with fp32 on ~96 % of top-1 tokens.
+    manifest = read_manifest(built.folder(Precision.INT8))
+    assert manifest.validation is not None and manifest.validation.passed
+    assert manifest.validation.metrics is not None
+    assert manifest.validation.metrics.top1_agreement >= 0.99
+    partial = manifest.partial_quantization
+    assert partial is not None and partial.passed
+    assert partial.full_top1_agreement is not None and partial.full_top1_agreement < 0.99
+    probed = {node for group in partial.sensitivity for node in group.nodes}
+    assert partial.kept_float and set(partial.kept_float) <= probed
+    assert len(partial.kept_float) <= partial.node_budget < partial.quantizable_nodes
+    assert partial.fp32_ms and partial.variant_ms and partial.full_ms
+    assert any("kept in float" in note for note in manifest.notes)
 
 
 def test_registry_holds_the_artifacts(built: Built) -> None:

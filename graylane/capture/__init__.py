@@ -1,0 +1,1 @@
+"""Samples from recorded traffic: calibration sets and held-out checks from real requests."""
