@@ -323,6 +323,10 @@ def test_a_decoder_with_past_without_validation_builds_with_an_empty_past(tmp_pa
             "source": {"demo": "tiny", "kv_cache": True},
             "precisions": ["fp32", "int8-dynamic"],
             "validation": None,
+            # This pins the default validation data, not int8 accuracy: 16 random
+            # samples of an untrained model do not reach the 0.99 default.
+            "tolerances": {"int8-dynamic": {"min_top1_agreement": 0.9}},
+            "partial_quantization": {"enabled": False},
         },
         tmp_path,
     )
