@@ -48,6 +48,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BAD_REPLY_TOPIC: _ClassVar[ErrorCode]
     SHED: _ClassVar[ErrorCode]
     RESULT_TOO_LARGE: _ClassVar[ErrorCode]
+    BAD_ROUTING_TABLE: _ClassVar[ErrorCode]
 TASK_UNSPECIFIED: Task
 FORWARD: Task
 GENERATE: Task
@@ -77,6 +78,7 @@ INTERNAL: ErrorCode
 BAD_REPLY_TOPIC: ErrorCode
 SHED: ErrorCode
 RESULT_TOO_LARGE: ErrorCode
+BAD_ROUTING_TABLE: ErrorCode
 
 class GenerationParams(_message.Message):
     __slots__ = ("max_new_tokens", "eos_token_id", "has_eos")

@@ -20,7 +20,7 @@ from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.guard import BatchGuard
 from graylane.kafka.options import ConsumerOptions
-from graylane.kafka.replies import Rejection, ReplySink, reply_topic_rejection
+from graylane.kafka.replies import Rejection, ReplySink, reply_topic_rejection, settle
 from graylane.kafka.seam import ClientFactory, Producer, Record, known_topics
 from graylane.metrics import CONTROL_CAUGHT_UP, RouterMetrics, ServiceObservability
 from graylane.request_limits import FieldCaps, clip, field_problem
@@ -69,8 +69,10 @@ class Router:
         self.metrics = RouterMetrics.create(self.registry)
         self.ready = asyncio.Event()
         self._producer: Producer | None = None
-        self._pending: dict[str, RouteTable] = {}
+        self._pending: dict[str, tuple[RouteTable, Record]] = {}
         """Newest table per model not yet checked against the cluster's topics."""
+        self._refused: list[tuple[Record, inference_pb2.ErrorCode, str]] = []
+        """Refused table records, dead-lettered (with the reason) at the next settle."""
         self._tables = CompactedFollower(
             factory, self.layout.routing(), self._apply_table_record, client_suffix="router-tables"
         )
@@ -83,16 +85,18 @@ class Router:
             table = table_from_pb(serde.decode(control_pb2.RoutingTable, record.value))
         except (SerdeError, ValueError) as exc:
             log.error("ignoring a bad routing table at offset %d: %s", record.offset, exc)
+            self.metrics.errors.labels("", "BAD_ROUTING_TABLE").inc()
+            self._refused.append((record, inference_pb2.BAD_ROUTING_TABLE, f"undecodable: {exc}"))
             return
         if table.model not in self.config.stable_versions:
             return
         problem = table_problem(table)
         if problem is not None:
-            self._refuse_table(table, problem)
+            self._refuse_table(table, record, problem)
             return
         pending = self._pending.get(table.model)
-        if pending is None or table.epoch > pending.epoch:
-            self._pending[table.model] = table
+        if pending is None or table.epoch > pending[0].epoch:
+            self._pending[table.model] = (table, record)
 
     async def settle_tables(self) -> None:
         """Apply pending tables whose version topics all exist; refuse the others.
@@ -100,21 +104,42 @@ class Router:
         A refused table leaves the model on its previous table (or its stable
         version), so one bad table never stalls routing, for it or any model.
         """
-        if not self._pending or self._producer is None:
+        if self._producer is None:
             return
-        known = await known_topics(self._producer)
-        pending, self._pending = self._pending, {}
-        for table in pending.values():
-            topics = {self.layout.version_requests(table.model, v) for v in table.versions()}
-            missing = sorted(topics - known)
-            if missing:
-                self._refuse_table(table, f"topic(s) {', '.join(missing)} do not exist")
-            elif self.tables.offer(table):
-                self.metrics.table_applied(table.model, table.epoch, _weights(table))
-                log.info("routing table %s epoch %d applied", table.model, table.epoch)
+        if self._pending:
+            known = await known_topics(self._producer)
+            pending, self._pending = self._pending, {}
+            for table, record in pending.values():
+                topics = {self.layout.version_requests(table.model, v) for v in table.versions()}
+                missing = sorted(topics - known)
+                if missing:
+                    self._refuse_table(table, record, f"topic(s) {', '.join(missing)} do not exist")
+                elif self.tables.offer(table):
+                    self.metrics.table_applied(table.model, table.epoch, _weights(table))
+                    log.info("routing table %s epoch %d applied", table.model, table.epoch)
+        await self._dead_letter_refused()
 
-    def _refuse_table(self, table: RouteTable, why: str) -> None:
+    async def _dead_letter_refused(self) -> None:
+        """The audit trail of refused tables: their bytes and reason in ``<p>.dlq``."""
+        if not self._refused or self._producer is None:
+            return
+        refused, self._refused = self._refused, []
+        sink = ReplySink(self._producer, self.layout, "router")
+        try:
+            await settle([await sink.dead_letter(r, code, why) for r, code, why in refused])
+        except Exception:  # the metric and the log have it; never stall routing for this
+            log.exception("could not dead-letter %d refused routing table(s)", len(refused))
+
+    def _refuse_table(self, table: RouteTable, record: Record, why: str) -> None:
         self.metrics.errors.labels(clip(table.model, 64), "BAD_ROUTING_TABLE").inc()
+        self._refused.append(
+            (
+                record,
+                inference_pb2.BAD_ROUTING_TABLE,
+                f"routing table {clip(table.model, 64)} epoch {table.epoch} refused, "
+                f"keeping the previous one: {why}",
+            )
+        )
         log.error(
             "routing table %s epoch %d refused, keeping the previous one: %s",
             clip(table.model, 64),

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from graylane import serde
 from graylane.routing import table_for_weights
 from graylane.services.router.service import Router
-from graylane.v1 import inference_pb2
+from graylane.v1 import control_pb2, inference_pb2
 from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 from tests.unit.test_router_memory import (
     MODEL,
@@ -67,7 +68,17 @@ async def test_a_table_naming_a_missing_topic_is_refused_and_routing_goes_on(
         assert router.tables.tables[MODEL].epoch == 1  # kept the previous table
         refused = router.metrics.errors.labels(MODEL, "BAD_ROUTING_TABLE")._value.get()
         assert refused == 1
+        # The refusal is on record: the table's own bytes and the reason, in the dlq.
+        await eventually(lambda: len(dead_letters(factory)) == 1)
     assert [r.request_id for r in forwarded(factory, "v2")] == ["a"]
+    [letter] = dead_letters(factory)
+    assert letter.error_code == inference_pb2.BAD_ROUTING_TABLE
+    assert letter.source_topic == factory.layout.routing()
+    assert "epoch 2 refused" in letter.reason and factory.layout.version_requests(MODEL, "v3") in (
+        letter.reason
+    )
+    refused_table = serde.decode(control_pb2.RoutingTable, letter.original_value)
+    assert refused_table.epoch == 2
 
 
 async def test_an_unexpected_error_on_one_record_is_a_dead_letter(
