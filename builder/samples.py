@@ -27,6 +27,9 @@ class SampleSet:
 
     batches: tuple[Feeds, ...]
     digest: str
+    labels: tuple[np.ndarray, ...] | None = None
+    """Per batch, the expected class of each row (``labels`` in the .npz), when given:
+    shape ``[batch]`` (one class per sample) or ``[batch, seq]`` (one per position)."""
 
     @property
     def count(self) -> int:
@@ -64,12 +67,38 @@ def _batched(columns: Mapping[str, np.ndarray], batch_size: int) -> tuple[Feeds,
 
 def load_samples(spec: DataSpec, signature: IOSignature, max_seq_len: int | None) -> SampleSet:
     """Materialize the samples a :class:`DataSpec` describes for a model's inputs."""
+    labels: tuple[np.ndarray, ...] | None = None
     if isinstance(spec.source, NpzData):
         columns = _from_npz(spec.source, spec.samples, signature)
+        label_column = _labels_from_npz(spec.source, spec.samples)
+        if label_column is not None:
+            labels = tuple(
+                label_column[i : i + spec.batch_size]
+                for i in range(0, len(label_column), spec.batch_size)
+            )
     else:
         columns = _generate(spec.source, spec.samples, spec.seed, signature, max_seq_len)
     batches = _batched(columns, spec.batch_size)
-    return SampleSet(batches=batches, digest=_digest(batches))
+    return SampleSet(batches=batches, digest=_digest(batches), labels=labels)
+
+
+LABELS = "labels"
+"""The optional .npz array of expected classes (never a model input)."""
+
+
+def _labels_from_npz(source: NpzData, samples: int) -> np.ndarray | None:
+    with np.load(source.path, allow_pickle=False) as archive:
+        if LABELS not in archive.files:
+            return None
+        labels = archive[LABELS]
+    if not np.issubdtype(labels.dtype, np.integer) or labels.ndim not in (1, 2):
+        raise SampleError(
+            f"{source.path}: {LABELS!r} must be integer class ids of shape [samples] or "
+            f"[samples, seq], got {labels.dtype} {labels.shape}"
+        )
+    if labels.shape[0] < samples:
+        raise SampleError(f"{source.path}: {LABELS!r} has {labels.shape[0]} rows, need {samples}")
+    return np.ascontiguousarray(labels[:samples])
 
 
 def _from_npz(source: NpzData, samples: int, signature: IOSignature) -> dict[str, np.ndarray]:

@@ -97,7 +97,13 @@ _DATA_KEYS = {"npz", "generator", "samples", "seed", "batch_size", "seq_len", "i
 _CALIB_KEYS = _DATA_KEYS | {"method", "percentile", "quantize_ops", "min_samples"}
 _PARTIAL_KEYS = {"enabled", "node_budget", "max_groups"}
 _VALID_KEYS = _DATA_KEYS | {"generation"}
-_TOL_KEYS = {"max_abs", "min_cosine", "min_top1_agreement", "min_token_agreement"}
+_TOL_KEYS = {
+    "max_abs",
+    "min_cosine",
+    "min_top1_agreement",
+    "min_token_agreement",
+    "max_accuracy_drop",
+}
 _TRT_KEYS = {"enabled", "workspace_mib", "hardware_compatibility"}
 
 
@@ -336,6 +342,8 @@ def _tolerances(raw: object) -> dict[Precision, Tolerance]:
             values[name] = None if item is None else read_number(item, f"{where}.{name}")
             limit = values[name]
             if limit is not None and name.startswith("min_") and not 0.0 <= limit <= 1.0:
+                raise SpecError(f"{where}.{name}: must be between 0 and 1, got {limit}")
+            if limit is not None and name == "max_accuracy_drop" and not 0.0 <= limit <= 1.0:
                 raise SpecError(f"{where}.{name}: must be between 0 and 1, got {limit}")
             if limit is not None and name == "max_abs" and limit < 0:
                 raise SpecError(f"{where}.{name}: must be >= 0, got {limit}")

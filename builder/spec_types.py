@@ -119,6 +119,10 @@ matches TensorRT's advice to place Q/DQ at GEMM inputs only.
 INT8_MIN_TOP1 = 0.99
 """Default int8 limit: ≤ 1 % top-1 disagreement with fp32 on held-out data."""
 
+INT8_MAX_ACCURACY_DROP = 0.01
+"""Default int8 limit when the validation set carries labels: ≤ 1 pp accuracy lost vs fp32
+(it then replaces the top-1 agreement limit)."""
+
 DEFAULT_MIN_CALIBRATION_SAMPLES = 500
 """Calibration sets smaller than this are refused unless the spec lowers it or --force."""
 
@@ -158,10 +162,16 @@ def default_tolerances() -> dict[Precision, Tolerance]:
             min_cosine=0.999, min_top1_agreement=0.98, min_token_agreement=0.75
         ),
         Precision.INT8: Tolerance(
-            min_cosine=0.995, min_top1_agreement=INT8_MIN_TOP1, min_token_agreement=0.4
+            min_cosine=0.995,
+            min_top1_agreement=INT8_MIN_TOP1,
+            min_token_agreement=0.4,
+            max_accuracy_drop=INT8_MAX_ACCURACY_DROP,
         ),
         Precision.INT8_DYNAMIC: Tolerance(
-            min_cosine=0.995, min_top1_agreement=INT8_MIN_TOP1, min_token_agreement=0.4
+            min_cosine=0.995,
+            min_top1_agreement=INT8_MIN_TOP1,
+            min_token_agreement=0.4,
+            max_accuracy_drop=INT8_MAX_ACCURACY_DROP,
         ),
     }
 

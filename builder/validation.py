@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,6 +39,7 @@ __all__ = [
     "check_tolerance",
     "compare_outputs",
     "generation_prompts",
+    "label_accuracy",
     "reference_outputs",
     "token_agreement",
     "validate_variant",
@@ -131,15 +132,68 @@ def token_agreement(reference: np.ndarray, candidate: np.ndarray) -> tuple[float
     return float(np.mean(first / width)), float(same.mean())
 
 
+def label_accuracy(
+    outputs: Sequence[Mapping[str, np.ndarray]],
+    labels: Sequence[np.ndarray],
+    masks: Sequence[np.ndarray | None],
+) -> float:
+    """Share of labelled rows whose argmax is the label.
+
+    The output judged is the first floating-point one whose leading shape is the
+    labels' (``[batch, classes]`` for ``[batch]`` labels, ``[batch, seq, classes]`` for
+    ``[batch, seq]``); negative labels (e.g. -100, padding) and masked positions are
+    not counted.
+    """
+    right = total = 0
+    for out, lab, mask in zip(outputs, labels, masks, strict=True):
+        candidates = [
+            np.asarray(v)
+            for v in out.values()
+            if np.issubdtype(np.asarray(v).dtype, np.floating)
+            and np.asarray(v).ndim == lab.ndim + 1
+            and np.asarray(v).shape[: lab.ndim] == lab.shape
+        ]
+        if not candidates:
+            raise ValueError(f"no float output has the labels' leading shape {lab.shape}")
+        predicted = candidates[0].argmax(axis=-1)
+        keep = lab >= 0
+        if mask is not None and mask.shape == lab.shape:
+            keep &= mask.astype(bool)
+        right += int(np.sum((predicted == lab) & keep))
+        total += int(np.sum(keep))
+    if total == 0:
+        raise ValueError("the labels mark no row to score")
+    return right / total
+
+
 def check_tolerance(metrics: Metrics, tolerance: Tolerance) -> tuple[str, ...]:
-    """Human-readable list of the limits ``metrics`` misses."""
+    """Human-readable list of the limits ``metrics`` misses.
+
+    With labels (``metrics.accuracy``) and ``max_accuracy_drop`` set, the accuracy lost
+    against fp32 is the task-level limit and replaces ``min_top1_agreement``.
+    """
     failures: list[str] = []
     if tolerance.max_abs is not None and metrics.max_abs > tolerance.max_abs:
         failures.append(f"max_abs {metrics.max_abs:.4g} > {tolerance.max_abs:.4g}")
     if tolerance.min_cosine is not None and metrics.cosine < tolerance.min_cosine:
         failures.append(f"cosine {metrics.cosine:.6f} < {tolerance.min_cosine}")
+    by_labels = (
+        tolerance.max_accuracy_drop is not None
+        and metrics.accuracy is not None
+        and metrics.reference_accuracy is not None
+    )
+    if by_labels:
+        assert metrics.accuracy is not None and metrics.reference_accuracy is not None
+        assert tolerance.max_accuracy_drop is not None
+        drop = metrics.reference_accuracy - metrics.accuracy
+        if drop > tolerance.max_accuracy_drop:
+            failures.append(
+                f"accuracy {metrics.accuracy:.4f} is {drop * 100:.2f} pp below fp32's "
+                f"{metrics.reference_accuracy:.4f} (limit {tolerance.max_accuracy_drop * 100:g} pp)"
+            )
     if (
-        tolerance.min_top1_agreement is not None
+        not by_labels
+        and tolerance.min_top1_agreement is not None
         and metrics.top1_agreement < tolerance.min_top1_agreement
     ):
         failures.append(
@@ -238,6 +292,14 @@ def validate_variant(
                 rows=metrics.rows,
                 token_agreement=prefix,
                 token_agreement_overall=overall,
+            )
+        if samples.labels is not None:
+            metrics = replace(
+                metrics,
+                accuracy=label_accuracy(outputs, samples.labels, reference.masks),
+                reference_accuracy=label_accuracy(
+                    reference.outputs, samples.labels, reference.masks
+                ),
             )
     except Exception as exc:  # a variant that cannot run is a failed validation, not a crash
         return ValidationResult(

@@ -65,6 +65,9 @@ class Tolerance:
     min_cosine: float | None = None
     min_top1_agreement: float | None = None
     min_token_agreement: float | None = None
+    max_accuracy_drop: float | None = None
+    """With labelled validation data: the most accuracy (a share, 0.01 = 1 pp) the
+    variant may lose against fp32; it then replaces ``min_top1_agreement``."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,10 @@ class Metrics:
     rows: int
     token_agreement: float | None = None
     token_agreement_overall: float | None = None
+    accuracy: float | None = None
+    """Share of labelled rows the variant gets right (``None``: no labels)."""
+    reference_accuracy: float | None = None
+    """The same for the fp32 reference."""
 
 
 @dataclass(frozen=True)

@@ -225,6 +225,7 @@ def manifest_to_dict(m: Manifest) -> dict[str, Any]:
                 "min_cosine": val.tolerance.min_cosine,
                 "min_top1_agreement": val.tolerance.min_top1_agreement,
                 "min_token_agreement": val.tolerance.min_token_agreement,
+                "max_accuracy_drop": val.tolerance.max_accuracy_drop,
             },
             "metrics": None
             if val.metrics is None
@@ -236,6 +237,8 @@ def manifest_to_dict(m: Manifest) -> dict[str, Any]:
                 "rows": val.metrics.rows,
                 "token_agreement": val.metrics.token_agreement,
                 "token_agreement_overall": val.metrics.token_agreement_overall,
+                "accuracy": val.metrics.accuracy,
+                "reference_accuracy": val.metrics.reference_accuracy,
             },
             "failures": list(val.failures),
             "error": val.error,
@@ -381,6 +384,8 @@ def manifest_from_dict(raw: Mapping[str, Any]) -> Manifest:
                     rows=int(metrics["rows"]),
                     token_agreement=_opt_float(metrics.get("token_agreement")),
                     token_agreement_overall=_opt_float(metrics.get("token_agreement_overall")),
+                    accuracy=_opt_float(metrics.get("accuracy")),
+                    reference_accuracy=_opt_float(metrics.get("reference_accuracy")),
                 ),
                 failures=tuple(val.get("failures", ())),
                 error=val.get("error"),
