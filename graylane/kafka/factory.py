@@ -79,8 +79,13 @@ class KafkaFactory:
             transactional: Producer = AIOKafkaProducer(**kwargs)
             return transactional
         # Rebuilt with a new producer id after a fatal error (a long outage's sequence gap).
+        # A record the broker has not acknowledged within two request timeouts (plus the
+        # linger) is given up on that producer: an in-flight request on a connection that
+        # died with the broker can otherwise wait for ever.
         return RecoveringProducer(
-            lambda: AIOKafkaProducer(**kwargs), start_timeout_s=o.request_timeout_ms / 1000
+            lambda: AIOKafkaProducer(**kwargs),
+            start_timeout_s=o.request_timeout_ms / 1000,
+            delivery_timeout_s=2 * o.request_timeout_ms / 1000 + o.linger_ms / 1000 + 1.0,
         )
 
     def consumer(

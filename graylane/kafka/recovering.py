@@ -73,6 +73,10 @@ class RecoveringProducer:
     ``make`` builds a fresh, unstarted producer. ``resends`` is how often one
     record is sent again on a new producer before its future fails.
     ``start_timeout_s`` bounds building a new producer while the broker is away.
+    ``delivery_timeout_s`` bounds the wait for one record's ack: past it the record
+    counts as timed out (the producer is rebuilt and the record re-sent, or its future
+    fails with ``KafkaTimeoutError``), so no caller waits for ever on a request lost
+    with a dead connection. ``None``: no bound.
     """
 
     def __init__(
@@ -82,7 +86,9 @@ class RecoveringProducer:
         resends: int = 1,
         start_timeout_s: float = 30.0,
         stop_timeout_s: float = 5.0,
+        delivery_timeout_s: float | None = None,
     ) -> None:
+        self._delivery_timeout_s = delivery_timeout_s
         self._make = make
         self._resends = resends
         self._start_timeout_s = start_timeout_s
@@ -115,7 +121,10 @@ class RecoveringProducer:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._inner.stop()
+        try:  # flushing a producer whose broker is gone can wait for ever
+            await asyncio.wait_for(self._inner.stop(), max(self._stop_timeout_s, 30.0))
+        except TimeoutError:
+            log.warning("the producer did not stop within 30 s (unacknowledged records lost)")
 
     async def flush(self) -> None:
         await self._inner.flush()
@@ -215,9 +224,49 @@ class RecoveringProducer:
             self._mark_broken(generation, exc)
             await self._submit(record, outer, resends - 1)
             return
-        inner.add_done_callback(
-            lambda done: self._settled(done, record, outer, generation, resends)
+        if self._delivery_timeout_s is None:
+            inner.add_done_callback(
+                lambda done: self._settled(done, record, outer, generation, resends)
+            )
+            return
+        expired: list[bool] = []
+        timer = asyncio.get_running_loop().call_later(
+            self._delivery_timeout_s,
+            self._expire,
+            inner,
+            expired,
+            record,
+            outer,
+            generation,
+            resends,
         )
+
+        def settled(done: asyncio.Future[RecordMetadata]) -> None:
+            timer.cancel()
+            if expired and (done.cancelled() or done.exception() is not None):
+                return  # already handled as timed out
+            self._settled(done, record, outer, generation, resends)
+
+        inner.add_done_callback(settled)
+
+    def _expire(
+        self,
+        inner: asyncio.Future[RecordMetadata],
+        expired: list[bool],
+        record: _Outgoing,
+        outer: asyncio.Future[RecordMetadata],
+        generation: int,
+        resends: int,
+    ) -> None:
+        if inner.done() or outer.done():
+            return
+        expired.append(True)
+        exc = KafkaTimeoutError(f"no broker ack within {self._delivery_timeout_s:g} s")
+        self._mark_broken(generation, exc)
+        if resends <= 0 or self._stopped:
+            outer.set_exception(exc)
+            return
+        self._spawn(self._resend(record, outer, resends - 1))
 
     def _settled(
         self,

@@ -31,6 +31,8 @@ class FakeCluster:
     fail_start: list[BaseException] = field(default_factory=list)
     broken: set[int] = field(default_factory=set)
     """Generations whose every send fails with OutOfOrderSequenceNumber (a sequence gap)."""
+    silent: set[int] = field(default_factory=set)
+    """Generations whose sends are never answered (a request lost with its connection)."""
     built: int = 0
 
 
@@ -69,6 +71,8 @@ class FakeProducer:
         if self.cluster.fail_send:
             raise self.cluster.fail_send.pop(0)
         future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        if self.generation in self.cluster.silent:
+            return future  # never resolves
         if self.generation in self.cluster.broken:
             future.set_exception(OutOfOrderSequenceNumber())
         elif self.cluster.fail_future:
@@ -123,6 +127,26 @@ async def test_a_timed_out_or_fatal_batch_is_resent_on_a_new_producer(error: Exc
     await producer.start()
     await producer.send_and_wait("t", b"x")
     assert cluster.accepted == [(1, b"x")]
+
+
+async def test_an_ack_that_never_comes_is_a_timeout_then_a_resend_on_a_new_producer() -> None:
+    cluster = FakeCluster(silent={0})
+    producer = wrapper(cluster, delivery_timeout_s=0.05)
+    await producer.start()
+    metadata = await asyncio.wait_for(producer.send_and_wait("t", b"x"), 5)
+    assert cluster.accepted == [(1, b"x")] and metadata.offset == 0
+    assert producer.recreated == 1
+    await producer.stop()
+
+
+async def test_when_no_producer_acks_the_caller_gets_a_timeout_not_a_hang() -> None:
+    cluster = FakeCluster(silent={0, 1})
+    producer = wrapper(cluster, delivery_timeout_s=0.05)
+    await producer.start()
+    with pytest.raises(KafkaTimeoutError, match="no broker ack within"):
+        await asyncio.wait_for(producer.send_and_wait("t", b"x"), 5)
+    assert not cluster.accepted
+    await producer.stop()
 
 
 async def test_an_ordinary_error_reaches_the_caller_without_a_rebuild() -> None:
