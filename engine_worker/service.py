@@ -35,7 +35,7 @@ from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.admission import Admission, Candidate, admit, effective_deadline
 from graylane.engine_worker.batch_ids import BatchIds
 from graylane.engine_worker.batch_learner import BatchChoice, BatchLearner, LearnerConfig
-from graylane.engine_worker.batching import BucketPolicy, PlannedBatch
+from graylane.engine_worker.batching import BucketPolicy, PlannedBatch, split_first
 from graylane.engine_worker.compute import (
     BatchRun,
     run_isolated,
@@ -296,7 +296,10 @@ class Worker:
             worker_id=self.config.worker_id,
             tokenizer=self.tokenizer,
         )
-        planned_batches = self.policy.plan_batches(items, self.choice.max_batch)
+        choice = self.choice
+        planned_batches = self.policy.plan_batches(items, choice.steady_batch)
+        if choice.then:  # exploring: one batch of the explored size first
+            planned_batches = split_first(planned_batches, choice.max_batch)
         admission = self._admit(planned_batches, requests)
         for shed in admission.shed:
             self._pending_shed += 1
