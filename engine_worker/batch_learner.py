@@ -44,7 +44,7 @@ class LearnerConfig:
     """A larger size must serve at least this much more per second to be chosen."""
     min_samples: int = 3
     """Samples a size needs before its estimate is trusted."""
-    explore_every: int = 8
+    explore_every: int = 6
     """Every n-th batch is one batch of another candidate size (no wait), to keep measuring."""
 
     def __post_init__(self) -> None:
@@ -77,7 +77,7 @@ class BatchChoice:
 
 PAIR_SAMPLES = 3
 """Latest samples of the size in use that an explored sample is divided by."""
-PAIRED_MIN = 9
+PAIRED_MIN = 6
 """Paired samples a size needs before it may replace the size in use."""
 
 

@@ -152,6 +152,8 @@ class Worker:
         self._last_run_ms = 0
         """When the last admitted batch started (unix ms): admission probes after a pause."""
         self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
+        self._steady = self.choice
+        """The last choice that was not exploring (logged when it changes)."""
         self._batch_ids = BatchIds(config.worker_id)
         self._background = BackgroundTasks()
         self._recovery = EngineRecovery(
@@ -206,8 +208,9 @@ class Worker:
         for a batch to fill: the learned wait and batch size, else max_wait_ms."""
         if self.config.adaptive_batching:
             choice = self.learner.choose()
-            if not choice.exploring and choice != self.choice:
+            if not choice.exploring and choice != self._steady:
                 log.info("batching: up to %d rows, wait %.1f ms", choice.max_batch, choice.wait_ms)
+                self._steady = choice
             self.choice = choice
         cap = self.config.max_batch_size * self.config.fetch_factor
         first = await consumer.getmany(timeout_ms=200, max_records=cap)

@@ -57,8 +57,8 @@ class SpineConfig:
     requests: int = 300
     """Requests per saturation trial (one batched and one unbatched per round)."""
     rounds: int = 5
-    warm_requests: int = 300
-    """Per stack before the rounds (not measured): warm caches and the batch learner."""
+    warm_requests: int = 600
+    """To the batched stack before the rounds (not measured): the batch learner converges."""
     raw_seconds: float = 3.0
     engine_seconds: float = 1.5
     """Per batch size and round, for engine_rps_b1 / engine_rps_bmax."""
@@ -309,9 +309,9 @@ async def _measure(
         progress("waiting for both routers and workers")
         for stack in stacks:
             await _wait_ready(stack.client)
-        progress(f"warm-up: {cfg.warm_requests} requests per stack (not measured)")
-        for stack in stacks:
-            await _saturate(stack.client, cfg.warm_requests)
+        progress(f"warm-up: {cfg.warm_requests} requests batched, 100 unbatched (not measured)")
+        await _saturate(batched.client, cfg.warm_requests)
+        await _saturate(unbatched.client, 100)  # nothing to learn: batch 1
         await asyncio.to_thread(raw_trial, engine, cfg, 1.0)
         progress(
             f"{cfg.rounds} rounds: raw {cfg.raw_seconds:.0f} s, engine b1/b{cfg.max_batch}, "
