@@ -1,11 +1,17 @@
 """Adaptive batch size and queue delay, learned from the worker's own batches.
 
 Pure logic: the worker reports each forward batch it ran (rows, padded length,
-engine milliseconds); the learner keeps a smoothed cost per row for every batch
-size it has seen and chooses the cap and the wait (a Triton-style
-``max_queue_delay`` that adapts) that maximise throughput within the latency
-budget. A larger batch is chosen only when it is measurably cheaper per row, so
-an engine that does not gain from batching converges to batch 1 with no wait.
+milliseconds); the learner keeps the recent cost per row of every batch size it
+has seen and chooses the cap and the wait (a Triton-style ``max_queue_delay``
+that adapts) that maximise throughput within the latency budget. A larger
+batch is chosen only when it is measurably cheaper per row, so an engine that
+does not gain from batching converges to batch 1 with no wait.
+
+Robust to a shared, noisy machine: estimates are medians of a window of recent
+samples, and sizes are compared by *paired* cost: a size explored now is
+divided by the cost the size in use has right now, so a load that slows every
+size alike cancels out instead of making a stale estimate look cheap.
+Exploration runs one batch at a time, between batches of the size in use.
 
 Cost is normalised by the padded length (ms per row per token), so batches
 from different sequence buckets inform the same estimate.
@@ -13,7 +19,9 @@ from different sequence buckets inform the same estimate.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from statistics import median
 
 
 class LearnerConfigError(ValueError):
@@ -30,22 +38,22 @@ class LearnerConfig:
     """Longest the learner may ever wait for a batch to fill."""
     latency_budget_ms: float = 0.0
     """Engine time one batch may take at the longest padded length; 0 = no budget."""
-    smoothing: float = 0.2
-    """Weight of a new sample in the moving average of a size's cost."""
+    window: int = 15
+    """Recent samples per size whose median is its estimate."""
     min_gain: float = 0.1
     """A larger size must serve at least this much more per second to be chosen."""
     min_samples: int = 3
     """Samples a size needs before its estimate is trusted."""
-    explore_every: int = 32
-    """Every n-th batch may run up to ``max_batch_size`` (without waiting) to keep measuring."""
+    explore_every: int = 6
+    """Every n-th batch is one batch of another candidate size (no wait), to keep measuring."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise LearnerConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_wait_ms < 0 or self.latency_budget_ms < 0:
             raise LearnerConfigError("max_wait_ms and latency_budget_ms must be >= 0")
-        if not 0 < self.smoothing <= 1:
-            raise LearnerConfigError(f"smoothing must be in (0, 1], got {self.smoothing}")
+        if self.window < 1:
+            raise LearnerConfigError(f"window must be >= 1, got {self.window}")
         if self.min_gain < 0 or self.min_samples < 1 or self.explore_every < 1:
             raise LearnerConfigError("min_gain >= 0, min_samples >= 1, explore_every >= 1")
 
@@ -55,17 +63,33 @@ class BatchChoice:
     """What the fetch loop and the planner use for the next cycle."""
 
     max_batch: int
-    """Rows per planned batch."""
+    """Rows per planned batch (for an exploring choice: of the cycle's first batch)."""
     wait_ms: float
     """How long to wait after the first record for the batch to fill."""
     exploring: bool = False
+    then: int = 0
+    """Exploring: rows per batch for the rest of the cycle (0 = ``max_batch``)."""
+
+    @property
+    def steady_batch(self) -> int:
+        return self.then or self.max_batch
+
+
+PAIR_SAMPLES = 3
+"""Latest samples of the size in use that an explored sample is divided by."""
+PAIRED_MIN = 6
+"""Paired samples a size needs before it may replace the size in use."""
 
 
 @dataclass(slots=True)
 class _SizeStats:
-    cost: float = 0.0
-    """Smoothed ms per row per padded token."""
+    recent: deque[float]
+    """Latest ms per row per padded token."""
     samples: int = 0
+
+    @property
+    def cost(self) -> float:
+        return median(self.recent)
 
 
 @dataclass
@@ -76,7 +100,16 @@ class BatchLearner:
     reference_len: int = 64
     """Padded length at which estimates are reported in ms (and the budget is checked)."""
     _stats: dict[int, _SizeStats] = field(default_factory=dict)
+    _relative: dict[int, deque[float]] = field(default_factory=dict)
+    """Per size: its per-row cost divided by the in-use size's at the time."""
+    _in_use: int = 0
+    """The size exploited now (0 until every candidate is measured)."""
     _batches: int = 0
+    _explored_at: int = 0
+    """Batch count at the last periodic exploration."""
+    _turn: int = 0
+    _challenger: int = 0
+    """A size that beat the one in use once; it must win again on fresh samples."""
 
     def observe(self, size: int, compute_ms: float, padded_len: int) -> None:
         """Record one forward batch of ``size`` rows padded to ``padded_len`` tokens."""
@@ -84,17 +117,25 @@ class BatchLearner:
             return
         size = min(size, self.config.max_batch_size)
         per_row = compute_ms / (size * padded_len)
-        stats = self._stats.setdefault(size, _SizeStats())
-        if stats.samples == 0:
-            stats.cost = per_row
-        else:
-            a = self.config.smoothing
-            stats.cost = (1 - a) * stats.cost + a * per_row
+        base = self._stats.get(self._in_use)
+        if size != self._in_use and base is not None and per_row > 0:
+            now = median(list(base.recent)[-PAIR_SAMPLES:])
+            if now > 0:
+                self._window(self._relative, size).append(per_row / now)
+        stats = self._stats.get(size)
+        if stats is None:
+            stats = self._stats[size] = _SizeStats(deque(maxlen=self.config.window))
+        stats.recent.append(per_row)
         stats.samples += 1
         self._batches += 1
 
+    def _window(self, table: dict[int, deque[float]], size: int) -> deque[float]:
+        if size not in table:
+            table[size] = deque(maxlen=self.config.window)
+        return table[size]
+
     def batch_ms(self, size: int) -> float | None:
-        """Estimated engine ms for one batch of ``size`` rows at the reference length."""
+        """Estimated ms for one batch of ``size`` rows at the reference length."""
         stats = self._stats.get(size)
         if stats is None or stats.samples < self.config.min_samples:
             return None
@@ -110,24 +151,74 @@ class BatchLearner:
         return self._stats[nearest].cost * rows * padded_len
 
     def per_row_ms(self, size: int) -> float | None:
-        """Estimated engine ms per row in batches of ``size`` at the reference length."""
+        """Estimated ms per row in batches of ``size`` at the reference length."""
         total = self.batch_ms(size)
         return None if total is None else total / size
 
+    def relative_cost(self, size: int) -> float | None:
+        """Per-row cost of ``size`` relative to the size in use (1.0 for that one).
+
+        The median of paired samples; None until there are ``min_samples`` of them.
+        Before any size is in use, absolute costs compare.
+        """
+        if self.batch_ms(size) is None:
+            return None
+        if not self._in_use or self.batch_ms(self._in_use) is None:
+            return self._stats[size].cost
+        if size == self._in_use:
+            return 1.0
+        paired = self._relative.get(size)
+        if paired is None or len(paired) < max(self.config.min_samples, PAIRED_MIN):
+            return None
+        return median(paired)
+
     def best_size(self) -> int:
-        """The size with the highest throughput within the budget (1 until one is known)."""
+        """The candidate size with the highest throughput within the budget (1 until one
+        is known). Other sizes (a cycle's remainder) inform estimates, not the choice."""
         budget = self.config.latency_budget_ms
         best, best_rps = 1, 0.0
-        for size in sorted(self._stats):
+        for size in self.candidates():
             total = self.batch_ms(size)
-            if total is None or total <= 0:
+            cost = self.relative_cost(size)
+            if total is None or total <= 0 or cost is None or cost <= 0:
                 continue
             if budget and size > 1 and total > budget:
                 continue
-            rps = size / total
+            if size == self._in_use:
+                cost *= 1 - self.config.min_gain / 2  # hysteresis: noise does not flap it
+            rps = 1.0 / cost
             if best_rps == 0.0 or rps > best_rps * (1 + self.config.min_gain):
                 best, best_rps = size, rps
         return best
+
+    def _use(self, size: int) -> None:
+        """Make ``size`` the size in use. Paired costs start afresh against it: rescaled
+        old ones would carry the noise that made it win, and keep it."""
+        if size != self._in_use:
+            if not self._in_use:
+                self._explored_at = self._batches  # everything was just measured
+            self._in_use = size
+            self._relative.clear()
+
+    def _confirmed(self, best: int) -> int:
+        """``best`` if it is in use or has now won twice in a row, else the size in use.
+
+        A first win drops the winner's paired samples, and it is chosen only if
+        it wins again on fresh ones: one lucky window (the winner's curse) changes
+        nothing.
+        """
+        if not self._in_use:
+            return best
+        if self._challenger:
+            if self.relative_cost(self._challenger) is None:
+                return self._in_use  # still measuring it afresh
+            challenger, self._challenger = self._challenger, 0
+            if best == challenger:
+                return best
+        if best != self._in_use:
+            self._challenger = best
+            self._relative.pop(best, None)
+        return self._in_use
 
     def candidates(self) -> tuple[int, ...]:
         """Sizes the learner measures: 1, 2, 4, ... and the cap."""
@@ -141,9 +232,10 @@ class BatchLearner:
     def choose(self) -> BatchChoice:
         """Cap and wait for the next cycle.
 
-        While a candidate size is unmeasured, and on every ``explore_every``-th
-        batch (in rotation), the cap is that candidate with no wait: taking what
-        is already queued costs nothing and keeps every estimate fresh.
+        While a candidate size is unmeasured, the cap is that candidate with no
+        wait: taking what is already queued costs nothing. Once all are
+        measured, every ``explore_every``-th batch one batch of another
+        candidate (in rotation) runs first, then the size in use (``then``).
         Otherwise the cap is :meth:`best_size`, and the wait is positive only
         when that is above 1: at most the configured wait, the budget's slack,
         and one row's unbatched time (waiting longer loses to serving it alone).
@@ -152,11 +244,15 @@ class BatchLearner:
         sizes = self.candidates()
         for size in sizes:
             if self.batch_ms(size) is None:
-                return BatchChoice(size, 0.0, exploring=True)
-        if self._batches % cfg.explore_every == 0:
-            turn = self._batches // cfg.explore_every
-            return BatchChoice(sizes[turn % len(sizes)], 0.0, exploring=True)
-        best = self.best_size()
+                return BatchChoice(size, 0.0, exploring=True, then=cfg.max_batch_size)
+        best = self._confirmed(self.best_size())
+        self._use(best)
+        others = [s for s in sizes if s != best]
+        if others and self._batches - self._explored_at >= cfg.explore_every:
+            self._explored_at = self._batches
+            self._turn += 1
+            size = others[self._turn % len(others)]
+            return BatchChoice(size, 0.0, exploring=True, then=best)
         if best == 1:
             return BatchChoice(1, 0.0)
         wait = cfg.max_wait_ms

@@ -156,6 +156,19 @@ class BucketPolicy:
         return [batch for _, batch in batches]
 
 
+def split_first(batches: Sequence[PlannedBatch[ItemT]], rows: int) -> list[PlannedBatch[ItemT]]:
+    """``batches`` with the first one cut to ``rows`` rows, its rest run right after it
+    (the batch learner explores one small batch ahead of the size in use)."""
+    if not batches or rows < 1 or len(batches[0]) <= rows:
+        return list(batches)
+    first = batches[0]
+    return [
+        PlannedBatch(first.bucket_len, first.items[:rows]),
+        PlannedBatch(first.bucket_len, first.items[rows:]),
+        *batches[1:],
+    ]
+
+
 def pad_token_batch(
     rows: Sequence[npt.ArrayLike], bucket_len: int, pad_id: int
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:

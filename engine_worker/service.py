@@ -35,7 +35,7 @@ from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.admission import Admission, Candidate, admit, effective_deadline
 from graylane.engine_worker.batch_ids import BatchIds
 from graylane.engine_worker.batch_learner import BatchChoice, BatchLearner, LearnerConfig
-from graylane.engine_worker.batching import BucketPolicy, PlannedBatch
+from graylane.engine_worker.batching import BucketPolicy, PlannedBatch, split_first
 from graylane.engine_worker.compute import (
     BatchRun,
     run_isolated,
@@ -152,6 +152,8 @@ class Worker:
         self._last_run_ms = 0
         """When the last admitted batch started (unix ms): admission probes after a pause."""
         self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
+        self._steady = self.choice
+        """The last choice that was not exploring (logged when it changes)."""
         self._batch_ids = BatchIds(config.worker_id)
         self._background = BackgroundTasks()
         self._recovery = EngineRecovery(
@@ -206,8 +208,9 @@ class Worker:
         for a batch to fill: the learned wait and batch size, else max_wait_ms."""
         if self.config.adaptive_batching:
             choice = self.learner.choose()
-            if not choice.exploring and choice != self.choice:
+            if not choice.exploring and choice != self._steady:
                 log.info("batching: up to %d rows, wait %.1f ms", choice.max_batch, choice.wait_ms)
+                self._steady = choice
             self.choice = choice
         cap = self.config.max_batch_size * self.config.fetch_factor
         first = await consumer.getmany(timeout_ms=200, max_records=cap)
@@ -295,7 +298,10 @@ class Worker:
             worker_id=self.config.worker_id,
             tokenizer=self.tokenizer,
         )
-        planned_batches = self.policy.plan_batches(items, self.choice.max_batch)
+        choice = self.choice
+        planned_batches = self.policy.plan_batches(items, choice.steady_batch)
+        if choice.then:  # exploring: one batch of the explored size first
+            planned_batches = split_first(planned_batches, choice.max_batch)
         admission = self._admit(planned_batches, requests)
         for shed in admission.shed:
             self._pending_shed += 1

@@ -11,7 +11,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     which = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
     spine = which.add_parser("spine", help="engine vs end-to-end vs unbatched throughput")
     spine.add_argument("--size", choices=["tiny", "small"], default="small")
-    spine.add_argument("--requests", type=int, default=600)
+    spine.add_argument("--requests", type=int, default=300, help="per saturation trial")
+    spine.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians)")
     spine.add_argument("--max-batch", type=int, default=8)
     spine.set_defaults(handler=_spine)
     rollback = which.add_parser("rollback", help="time to roll back a bad canary; false rollbacks")
@@ -81,7 +82,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _spine(args: argparse.Namespace) -> int:
     from graylane.app.bench.spine import SpineConfig, main
 
-    return main(SpineConfig(size=args.size, requests=args.requests, max_batch=args.max_batch))
+    return main(
+        SpineConfig(
+            size=args.size, requests=args.requests, max_batch=args.max_batch, rounds=args.rounds
+        )
+    )
 
 
 def _rollback(args: argparse.Namespace) -> int:

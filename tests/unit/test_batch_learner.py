@@ -17,6 +17,25 @@ from graylane.engine_worker.batch_learner import (
 PADDED = 64
 
 
+def run_cycle(
+    learner: BatchLearner,
+    choice: BatchChoice,
+    queued: int,
+    cost_ms: Callable[[int], float],
+    noise: Callable[[], float],
+) -> list[int]:
+    """One cycle as the worker runs it: an exploring choice's first batch, then the rest."""
+    sizes = []
+    cap = choice.max_batch
+    while queued:
+        n = min(cap, queued)
+        learner.observe(n, cost_ms(n) * noise(), PADDED)
+        sizes.append(n)
+        queued -= n
+        cap = choice.steady_batch
+    return sizes
+
+
 def simulate(
     cost_ms: Callable[[int], float],
     *,
@@ -31,11 +50,7 @@ def simulate(
     learner = BatchLearner(LearnerConfig(max_batch_size=max_batch, max_wait_ms=5, **kw))
     choice = learner.choose()
     for _ in range(rounds):
-        queued = max_batch
-        while queued:
-            n = min(choice.max_batch, queued)
-            learner.observe(n, cost_ms(n) * rng.uniform(0.95, 1.05), PADDED)
-            queued -= n
+        run_cycle(learner, choice, max_batch, cost_ms, lambda: rng.uniform(0.95, 1.05))
         choice = learner.choose()
     # the steady choice, not an exploring one
     while choice.exploring:
@@ -103,8 +118,65 @@ def test_explores_periodically_once_converged() -> None:
         learner.observe(1, 4.0, PADDED)
         choices.append(learner.choose())
     exploring = [c for c in choices if c.exploring]
-    assert [c.max_batch for c in exploring] == [2, 1, 2, 1]
+    # one batch of the other size every 10 batches, then back to the size in use
+    assert [(c.max_batch, c.then) for c in exploring] == [(2, 1)] * 3
     assert all(c == BatchChoice(1, 0.0) for c in choices if not c.exploring)
+
+
+def _drifting(seed: int) -> tuple[Callable[[int], float], Callable[[], float], Callable[[], None]]:
+    """A shared machine: every size slows down alike by a load factor that jumps
+    between 1x and 3x every 40 cycles, plus +-25 % noise per batch."""
+    rng = random.Random(seed)
+    cycle = [0]
+
+    def noise() -> float:
+        load = 3.0 if (cycle[0] // 40) % 2 else 1.0
+        return load * rng.uniform(0.75, 1.25)
+
+    def tick() -> None:
+        cycle[0] += 1
+
+    return (lambda n: 0.0), noise, tick
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_load_drift_does_not_make_a_stale_size_look_cheap(seed: int) -> None:
+    # engine: a batch of 8 serves 1.45x the rows per second of batch 1 (the demo GPT
+    # on 2 cores); under a load that changes every few seconds the learner must keep 8
+    _, noise, tick = _drifting(seed)
+
+    def cost(n: int) -> float:
+        return 19.0 * n / (1 + 0.45 * (n - 1) / 7)
+
+    learner = BatchLearner(LearnerConfig(max_batch_size=8, max_wait_ms=5))
+    choice = learner.choose()
+    steady: list[int] = []
+    rows, spent = 0, 0.0
+    for cycle in range(600):
+        sizes = run_cycle(learner, choice, 32, cost, noise)
+        tick()
+        choice = learner.choose()
+        if cycle >= 150:
+            steady.append(choice.steady_batch)
+            rows += sum(sizes)
+            spent += sum(cost(n) for n in sizes)
+    assert steady.count(8) / len(steady) >= 0.97
+    # exploration (one small batch every few) costs at most 3 % of throughput (the
+    # learner compared by moving averages of absolute costs lost 6 % here)
+    assert rows / spent >= 0.97 * 8 / cost(8)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_load_drift_keeps_a_linear_engine_at_batch_one(seed: int) -> None:
+    _, noise, tick = _drifting(seed)
+    learner = BatchLearner(LearnerConfig(max_batch_size=8, max_wait_ms=5))
+    choice = learner.choose()
+    for cycle in range(600):
+        run_cycle(learner, choice, 32, lambda n: 4.0 * n, noise)
+        tick()
+        choice = learner.choose()
+        if cycle >= 400:  # batch 1, never a wait (an exploring batch waits for nothing)
+            assert choice.steady_batch == 1 and choice.wait_ms == 0.0
 
 
 def test_cost_is_normalised_by_padded_length() -> None:
@@ -125,7 +197,7 @@ def test_ignores_malformed_samples() -> None:
     [
         {"max_batch_size": 0, "max_wait_ms": 5},
         {"max_batch_size": 4, "max_wait_ms": -1},
-        {"max_batch_size": 4, "max_wait_ms": 5, "smoothing": 0},
+        {"max_batch_size": 4, "max_wait_ms": 5, "window": 0},
         {"max_batch_size": 4, "max_wait_ms": 5, "explore_every": 0},
     ],
 )

@@ -12,6 +12,7 @@ from graylane.engine_worker.batching import (
     PendingItem,
     SequenceTooLongError,
     pad_token_batch,
+    split_first,
 )
 
 POLICY = BucketPolicy(buckets=(16, 32, 64, 128, 256), max_batch_size=3)
@@ -129,3 +130,14 @@ def test_plan_batches_narrows_but_never_widens_the_cap() -> None:
     assert [len(b) for b in policy.plan_batches(items, 16)] == [4, 2]
     with pytest.raises(InvalidPolicyError):
         policy.plan_batches(items, 0)
+
+
+def test_split_first_runs_a_small_batch_ahead_of_the_rest() -> None:
+    policy = BucketPolicy(buckets=(16, 32), max_batch_size=4)
+    items = [PendingItem(i, 10) for i in range(6)] + [PendingItem(6, 20)]
+    planned = policy.plan_batches(items)
+    split = split_first(planned, 1)
+    assert [b.indices for b in split] == [(0,), (1, 2, 3), (4, 5), (6,)]
+    assert [b.bucket_len for b in split] == [16, 16, 16, 32]
+    assert split_first(planned, 4) == planned  # already that small: unchanged
+    assert split_first([], 1) == []
