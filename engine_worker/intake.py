@@ -62,6 +62,22 @@ def decode(value: bytes | None) -> inference_pb2.InferenceRequest:
     return request
 
 
+def distrust_shadow(request: inference_pb2.InferenceRequest, version: str) -> bool:
+    """Clear ``shadow``/``mirror_result`` unless the router (or a replay) stamped the record.
+
+    The router stamps ``routed_at_unix_ms`` and names this worker's version in
+    ``routed_version`` on every record it forwards. A record written past it with a
+    client-set shadow flag would divert the requester's own answer into the shadow
+    topic (and feed the agreement gate): such flags are dropped. Whether any was.
+    """
+    if not (request.shadow or request.mirror_result):
+        return False
+    if request.routed_at_unix_ms > 0 and request.routed_version == version:
+        return False
+    request.shadow = request.mirror_result = False
+    return True
+
+
 def request_facts(
     request: inference_pb2.InferenceRequest,
     tokenizer: Tokenizer | None = None,

@@ -112,6 +112,11 @@ def prepare(
         )
     layout = token_layout(io)
     tokens = _tokens(facts)
+    if len(tokens) > limits.max_seq_len:  # before any per-token check or array
+        return Reject(
+            RejectCode.SEQUENCE_TOO_LONG,
+            f"{len(tokens)} tokens; this model allows {limits.max_seq_len}",
+        )
     if facts.task is TaskKind.GENERATE:
         from graylane.engine_worker.kv_generate import generation_layout  # imports tasks
 
@@ -254,7 +259,7 @@ def check_inputs(feeds: Mapping[str, np.ndarray], io: IOSignature) -> Reject | N
 
 def _tokens(facts: RequestFacts) -> tuple[int, ...]:
     if facts.token_ids:
-        return tuple(int(t) for t in facts.token_ids)
+        return tuple(map(int, facts.token_ids))
     if facts.prompt:
         return tokenize_bytes(facts.prompt)
     return ()

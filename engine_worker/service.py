@@ -45,7 +45,7 @@ from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.engine_health import EngineHealth, WorkerGaveUp
 from graylane.engine_worker.engine_recovery import EngineRecovery, Reloader
 from graylane.engine_worker.faults import InjectedFault, with_faults
-from graylane.engine_worker.intake import IntakeRules, decode, validate
+from graylane.engine_worker.intake import IntakeRules, decode, distrust_shadow, validate
 from graylane.engine_worker.load_meter import LoadMeter
 from graylane.engine_worker.observe import WorkerObserver
 from graylane.engine_worker.requests import Limits, TaskKind, WorkItem
@@ -279,6 +279,8 @@ class Worker:
                 futures.append(await sink.dead_letter(record, inference_pb2.DECODE_ERROR, str(exc)))
                 continue
             requests[index] = request
+            if distrust_shadow(request, self.config.version):
+                log.warning("ignored a shadow flag on %s[%d]@%d", *_where(record))
             try:
                 checked = reply_topic_rejection(self.layout, request) or validate(
                     request, len(record.value or b""), index, rules, now_ms()

@@ -36,7 +36,7 @@ from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.core_scale import restore_scale
 from graylane.policy_engine.faust_settings import broker_settings
 from graylane.policy_engine.intake import command_of, restore_values, shadow_of, telemetry_into
-from graylane.policy_engine.lease import LeaseKeeper, fence
+from graylane.policy_engine.lease import LeaseKeeper, restart_as_standby
 from graylane.policy_engine.liveness_probe import LivenessProbe
 from graylane.policy_engine.logic.scale import ScalePolicy
 from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
@@ -124,9 +124,8 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     shadows = [raw_topic(layout.shadow(m)) for m in config.models]
 
     async def publish(outputs: list[Output]) -> None:
-        if config.lease is not None and not config.lease.active and not await config.lease.step():
-            log.critical("the lease is gone before a publication; stopping")
-            fence()
+        if config.lease is not None:  # fenced while the lease lapsed: wait to hold it again
+            await config.lease.wait_writable()
         observer.observe(outputs)
         observer.desired_replicas(core.scale_states.values())
         for rec in records_of(outputs, layout):
@@ -139,7 +138,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
 
         @app.task  # type: ignore[untyped-decorator]
         async def keep_lease() -> None:
-            await keeper.keep(fence)
+            await keeper.keep(restart_as_standby)
 
     @app.task  # type: ignore[untyped-decorator]
     async def restore() -> None:
@@ -210,6 +209,8 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         observability.note_assignment(app.consumer.assignment())
         if not restored.is_set():
             return
+        if config.lease is not None and not config.lease.active:
+            return  # fenced: no decisions until the lease is held again
         # Liveness facts first: read from the broker, so a dead worker cannot hide.
         for model, version, sample in await probe.sample(core.liveness_targets(), config.clock()):
             core.on_offsets(model, version, sample)

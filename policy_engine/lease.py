@@ -3,6 +3,12 @@
 ``<p>.control.policy-lease``: compacted, one partition, one key. Each
 check reads the (tiny) topic to its end and folds it; a claim is written and
 then read back, so the writer knows whether the log made it the holder.
+
+A lease that lapses because the broker cannot be reached does not end the
+process: the keeper fences (:attr:`LeaseKeeper.writable` is cleared, nothing is
+published), retries with capped backoff, and lifts the fence when it holds the
+lease again with no other holder in between. If another live instance took the
+lease meanwhile, this one is displaced: it restarts in place as a standby.
 """
 
 from __future__ import annotations
@@ -10,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import socket
+import sys
 from collections.abc import Callable
 
 from graylane import serde
@@ -22,7 +30,7 @@ from graylane.policy_engine.logic.lease import Lease, LeaseClaim, fold, holds, n
 from graylane.topics import Cleanup, TopicKind, TopicSpec
 from graylane.v1 import control_pb2
 
-__all__ = ["LeaseKeeper", "default_holder", "fence"]
+__all__ = ["LeaseKeeper", "default_holder", "fence", "restart_as_standby"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +41,17 @@ def fence() -> None:
     """Stop this process at once: it must not write once its lease is gone."""
     logging.shutdown()
     os._exit(3)
+
+
+def restart_as_standby() -> None:
+    """Replace this process by a fresh start of its own command line (same pid, same
+    instance id): it waits passive until the lease is free, then restores and resumes."""
+    logging.shutdown()
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    try:
+        os.execv(sys.executable, [sys.executable, *argv[1:]])
+    except OSError:
+        os._exit(3)
 
 
 def default_holder() -> str:
@@ -50,9 +69,11 @@ class LeaseKeeper:
         ttl_ms: int = 6_000,
         renew_ms: int = 2_000,
         clock: Clock = now_ms,
+        max_backoff_ms: int | None = None,
     ) -> None:
         if not 0 < renew_ms * 2 <= ttl_ms:
             raise ValueError("renew at least twice per lease period")
+        self.max_backoff_ms = max(renew_ms, max_backoff_ms or ttl_ms)
         self.factory = factory
         self.holder = holder
         self.ttl_ms = ttl_ms
@@ -60,6 +81,8 @@ class LeaseKeeper:
         self.clock = clock
         self.topic = f"{factory.layout.prefix}.control.policy-lease"
         self.lease = Lease()
+        self.writable = asyncio.Event()
+        """Set while this instance may publish; cleared (fenced) once the lease lapsed."""
 
     @property
     def active(self) -> bool:
@@ -132,20 +155,63 @@ class LeaseKeeper:
         if self.active:
             await self._write(LeaseClaim(self.holder, self.lease.term, self.clock(), 1))
 
-    async def keep(self, on_lost: Callable[[], None]) -> None:
-        """Renew every ``renew_ms``; call ``on_lost`` once the lease is gone (then return)."""
+    async def wait_writable(self) -> None:
+        """Return at once while the lease is held; else fence and wait until it is again."""
+        if self.active:
+            return
+        self.writable.clear()
+        await self.writable.wait()
+
+    async def keep(self, on_displaced: Callable[[], None]) -> None:
+        """Renew every ``renew_ms``; fence while the lease is not held and re-acquire it.
+
+        A lapse (e.g. the broker is down) clears :attr:`writable`; failed attempts back
+        off (doubling, capped at ``max_backoff_ms``, with jitter). Holding the lease
+        again in the next term, with no other holder in between, sets it again.
+        ``on_displaced`` is called (then this returns) when another instance holds or
+        held the lease meanwhile: this one's state may be stale and it must not write.
+        """
+        self.writable.set()
+        term = self.lease.term
+        delay_ms = self.renew_ms
         while True:
-            await asyncio.sleep(self.renew_ms / 1000)
+            await asyncio.sleep(delay_ms / 1000)
             try:
                 held = await self.step()
-            except Exception:
-                log.exception("lease renewal failed")
-                held = self.active
-            if not held:
+                reached = True
+            except Exception as exc:
+                log.warning("lease renewal failed: %s", exc or type(exc).__name__)
+                held, reached = self.active, False
+            if held:
+                if self.lease.term > term + 1:  # someone else held the term(s) between
+                    self._displaced(on_displaced)
+                    return
+                if not self.writable.is_set():
+                    log.info("lease regained (term %d); writing again", self.lease.term)
+                    self.writable.set()
+                term, delay_ms = self.lease.term, self.renew_ms
+                continue
+            if self.writable.is_set():
+                self.writable.clear()
                 log.critical(
-                    "lease lost to %s (term %d); this instance stops writing",
+                    "lease lapsed (holder %s, term %d); fenced: no writes until it is regained",
                     self.lease.holder,
                     self.lease.term,
                 )
-                on_lost()
+            if reached and self.lease.holder not in ("", self.holder):
+                self._displaced(on_displaced)
                 return
+            if reached:
+                delay_ms = self.renew_ms
+            else:
+                delay_ms = min(delay_ms * 2, self.max_backoff_ms)
+                delay_ms = int(delay_ms * random.uniform(0.8, 1.0))
+
+    def _displaced(self, on_displaced: Callable[[], None]) -> None:
+        self.writable.clear()
+        log.critical(
+            "lease taken by %s (term %d); this instance stops writing and becomes a standby",
+            self.lease.holder,
+            self.lease.term,
+        )
+        on_displaced()

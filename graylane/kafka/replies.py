@@ -22,6 +22,19 @@ log = logging.getLogger(__name__)
 
 
 DEAD_LETTER_KEEP_BYTES = 64 * 1024
+MAX_PARTITION_KEY_BYTES = 256
+"""Longer keys are replaced by their sha256 (the client's partitioner hashes every byte)."""
+
+
+def partition_key(key: bytes) -> bytes:
+    """``key``, or its sha256 digest when it is longer than :data:`MAX_PARTITION_KEY_BYTES`.
+
+    A hostile record's 100 KB request id as a key would cost the (pure Python) murmur2
+    partitioner tens of milliseconds per send, and hold up every batch-mate.
+    """
+    return key if len(key) <= MAX_PARTITION_KEY_BYTES else hashlib.sha256(key).digest()
+
+
 """A dead letter keeps this much of the original value (plus its sha256 and length)."""
 _ENVELOPE_BYTES = 16 * 1024
 """Room left in a message for everything but a result's payload."""
@@ -150,7 +163,7 @@ class ReplySink:
             ),
         )
         sent: Awaitable[object] = await self._producer.send(
-            topic, serde.encode(result), key=request.request_id.encode("utf-8")
+            topic, serde.encode(result), key=partition_key(request.request_id.encode("utf-8"))
         )
         return sent
 
@@ -187,7 +200,7 @@ class ReplySink:
             clip(reason, 200),
         )
         sent: Awaitable[object] = await self._producer.send(
-            self._layout.dlq(), serde.encode(letter), key=key or None
+            self._layout.dlq(), serde.encode(letter), key=partition_key(key) or None
         )
         return sent
 

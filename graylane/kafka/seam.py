@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.structs import OffsetAndMetadata, OffsetAndTimestamp, RecordMetadata
 
 from graylane.kafka.options import ConsumerOptions, ProducerOptions
@@ -158,6 +159,15 @@ class ClientFactory(Protocol):
 
 
 async def known_topics(producer: Producer) -> set[str]:
-    """Every topic the cluster knows now (a metadata request on the producer's connection)."""
-    cluster = await producer.client.fetch_all_metadata()
+    """Every topic the cluster knows now (a metadata request on the producer's connection).
+
+    aiokafka reports "no broker answered" as a bare ``KafkaError``; it is raised here as
+    ``KafkaConnectionError`` so callers treat it as the outage it is (retry, not crash).
+    """
+    try:
+        cluster = await producer.client.fetch_all_metadata()
+    except KafkaError as exc:
+        if type(exc) is not KafkaError:
+            raise
+        raise KafkaConnectionError(f"cluster metadata unavailable: {exc}") from exc
     return set(cluster.topics())

@@ -13,6 +13,7 @@ from aiokafka.errors import (
     CommitFailedError,
     IllegalStateError,
     KafkaConnectionError,
+    KafkaError,
     KafkaTimeoutError,
     NotLeaderForPartitionError,
     OutOfOrderSequenceNumber,
@@ -322,4 +323,35 @@ async def test_a_failed_batch_is_rewound_only_once_no_send_is_in_flight(
     assert not delivery.done()  # a rewind now would send the held record twice
     held.set_result(None)
     assert not await asyncio.wait_for(delivery, 1)
+    await consumer.stop()
+
+
+class Unreachable:
+    async def fetch_all_metadata(self) -> CountingCluster:
+        # what aiokafka raises when no broker answers a metadata request: a bare KafkaError
+        raise KafkaError("Unable to get cluster metadata over all known brokers")
+
+
+class UnreachableProducer:
+    client = Unreachable()
+
+
+async def test_a_reply_topic_check_in_an_outage_is_an_outage_not_a_crash(
+    factory: MemoryFactory,
+) -> None:
+    # Regression (chaos bench, 60 s outage): a worker died of the bare KafkaError.
+    consumer = await started_consumer(factory)
+    await submit(factory, request("r1", "u1"))
+    records = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
+    guard, _ = quick_guard()
+    sink = ReplySink(UnreachableProducer(), factory.layout, "test")  # type: ignore[arg-type]
+
+    async def deliver() -> list[asyncio.Future[object]]:
+        await sink.topic_exists(factory.layout.reply("c1"))
+        return []
+
+    assert not await deliver_and_commit(consumer, records, deliver, guard=guard)
+    assert guard.faults[Fault.OUTAGE] == 1
+    again = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
+    assert [r.offset for r in again] == [r.offset for r in records]  # rewound, not lost
     await consumer.stop()

@@ -65,3 +65,38 @@ async def test_telemetry_carries_a_batch_id(rig: Rig) -> None:
     ]
     assert (t.batch_id.worker_id, t.batch_id.partition, t.batch_id.first_offset) == ("w-test", 0, 0)
     assert t.batch_id.attempt == 0
+
+
+async def test_a_client_set_shadow_flag_does_not_divert_the_requesters_answer(rig: Rig) -> None:
+    version = rig.worker.config.version
+    forged = request(
+        "forged", token_ids=[1, 2], post_process=inference_pb2.ARGMAX_LAST, shadow=True
+    )
+    forged.mirror_result, forged.routed_version = True, version  # no routed_at: not the router
+    routed = request(
+        "routed", token_ids=[3, 4], post_process=inference_pb2.ARGMAX_LAST, shadow=True
+    )
+    routed.routed_version, routed.routed_at_unix_ms = version, 1_700_000_000_000
+    await publish(rig, serde.encode(forged), serde.encode(routed))
+    await serve_until_committed(rig, 2)
+    results = results_by_id(rig)
+    assert results["forged"].status == inference_pb2.OK and not results["forged"].shadow
+    shadow = [
+        serde.decode(inference_pb2.InferenceResult, v).request_id
+        for v in rig.read(rig.factory.layout.shadow(rig.worker.config.model))
+    ]
+    assert shadow == ["routed"]  # the router's shadow copy still answers on the shadow topic
+    assert "routed" not in results
+
+
+def test_shadow_is_honoured_only_for_this_version_with_a_routing_stamp() -> None:
+    req = inference_pb2.InferenceRequest(request_id="r", shadow=True, routed_version="0.2")
+    assert intake_module.distrust_shadow(req, "0.2") and not req.shadow
+    req = inference_pb2.InferenceRequest(
+        request_id="r", shadow=True, routed_version="0.1", routed_at_unix_ms=5
+    )
+    assert intake_module.distrust_shadow(req, "0.2") and not req.shadow
+    req = inference_pb2.InferenceRequest(
+        request_id="r", mirror_result=True, routed_version="0.2", routed_at_unix_ms=5
+    )
+    assert not intake_module.distrust_shadow(req, "0.2") and req.mirror_result
