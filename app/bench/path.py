@@ -57,8 +57,9 @@ async def path_capacity(
 
 
 def delivered_rps(monitor: Monitor, t0: float, t1: float, probe_s: float) -> float:
-    """Results/s the monitor saw from ``t0 + probe_s / 2`` to ``t1`` (a probe's second half)."""
-    counted = sum(1 for s in monitor.history if t0 + probe_s / 2 <= s.at <= t1)
+    """Results/s the monitor saw from ``t0 + probe_s / 2`` to ``t1`` (a probe's second
+    half); requests shed by admission control were not served and do not count."""
+    counted = sum(1 for s in monitor.history if t0 + probe_s / 2 <= s.at <= t1 and not s.shed)
     span = t1 - t0 - probe_s / 2
     return counted / span if span > 0 else 0.0
 
