@@ -29,9 +29,7 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
   ``up_load_fraction`` (0.8) of its ceiling (served alone would be far too
   low a ceiling when admission control sheds most of the load). A ceiling
   is forgotten after ``ceiling_ttl_s`` (600 s), so a breach caused by
-  something other than load does not pin the quality down for ever; and it
-  scales by the contention factor now over the one at the breach (a breach
-  while a noisy neighbour slowed the stack says less once it is gone).
+  something other than load does not pin the quality down for ever.
 - **Dwell**: no change within ``min_dwell_s`` (default 30 s) of the last one.
 - **Bounds**: never below ``quality_floor`` (the lowest-quality rung allowed;
   empty = the ladder's last), never above the first rung.
@@ -95,12 +93,6 @@ class Ceiling:
     variant: str
     throughput_rps: float
     at_ms: int
-    contention: float = 1.0
-    """The contention factor then: the ceiling scales by now's factor over it."""
-
-    def now(self, contention: float) -> float:
-        """The ceiling under ``contention`` (a breach in a busier stack says less)."""
-        return self.throughput_rps * contention / self.contention
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,7 +255,7 @@ def evaluate_qos(
                 f"breach, last change {since_change / 1000:g} s ago: {figures}",
                 current,
             )
-        ceiling = Ceiling(active, stats.offered_rps, now_ms, contention)
+        ceiling = Ceiling(active, stats.offered_rps, now_ms)
         with_ceiling = replace(
             current, ceilings=(*(c for c in current.ceilings if c.variant != active), ceiling)
         )
@@ -299,12 +291,11 @@ def evaluate_qos(
                 current,
             )
         known = current.ceiling_of(target)
-        ceiling_now = known.now(contention) if known is not None else None
-        if ceiling_now is not None and stats.offered_rps > ceiling_now * policy.up_load_fraction:
+        if known is not None and stats.offered_rps > known.throughput_rps * policy.up_load_fraction:
             return hold(
                 DecisionRule.LOAD_CEILING,
                 f"calm, but {stats.offered_rps:.1f} rps > {policy.up_load_fraction:g} x "
-                f"{target}'s ceiling {ceiling_now:.1f} rps: {figures}",
+                f"{target}'s ceiling {known.throughput_rps:.1f} rps: {figures}",
                 current,
             )
         calibrated = policy.capacity_of(target)

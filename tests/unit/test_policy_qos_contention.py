@@ -167,35 +167,3 @@ def test_contention_travels_in_the_audit_record_and_replays() -> None:
     tampered.qos_before.contention = 1.0
     # the replayed state differs: a replay that ignored the factor could not see it
     assert audit_replay.replay_qos_record(tampered).qos_after != rec.qos_after
-
-
-def test_a_ceiling_recorded_under_contention_scales_with_it() -> None:
-    """fp32 breached at 3.5 rps while the stack ran at 0.6 of its speed; once it
-    runs at full speed again, 3.5 rps is under 0.8 x the scaled ceiling (5.8)."""
-    from graylane.policy_engine.logic.qos import Ceiling
-
-    ceiling = Ceiling("fp32", 3.5, T0, contention=0.6)
-    assert ceiling.now(0.6) == pytest.approx(3.5)
-    assert ceiling.now(1.0) == pytest.approx(3.5 / 0.6)
-    calm = window(variant="int8", served_rps=3.5, per_request_ms=1000.0 / INT8_RPS)
-    for factor, expected in ((0.6, DecisionRule.LOAD_CEILING), (1.0, DecisionRule.LOAD_CALM)):
-        start = replace(
-            initial_qos_state(POLICY),
-            active_variant="int8",
-            ceilings=(ceiling,),
-            contention=factor,
-            calm_since_ms=T0 - 10_000,
-        )
-        # one more window at the same contention keeps the factor where it is
-        stats = replace(calm, service_busy_ms=calm.service_busy_ms / factor)
-        d = evaluate_qos(start, POLICY, stats, T0)
-        assert d.rule == expected, d.reason
-
-
-def test_step_down_records_the_contention_with_the_ceiling() -> None:
-    start = replace(initial_qos_state(POLICY), contention=0.5, breach_since_ms=T0 - 5_000)
-    stats = window(variant="fp32", served_rps=3.0, per_request_ms=100.0, p99=2_000.0)
-    d = evaluate_qos(start, POLICY, stats, T0)
-    assert d.variant == "int8"
-    ceiling = d.after.ceiling_of("fp32")
-    assert ceiling is not None and ceiling.contention == pytest.approx(d.after.contention)
