@@ -29,7 +29,12 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
   ``up_load_fraction`` (0.8) of its ceiling (served alone would be far too
   low a ceiling when admission control sheds most of the load). A ceiling
   is forgotten after ``ceiling_ttl_s`` (600 s), so a breach caused by
-  something other than load does not pin the quality down for ever.
+  something other than load does not pin the quality down for ever. With a
+  calibrated capacity of the breaching rung, a breach at an offered load
+  below the step-up band (``up_capacity_fraction`` x its capacity in the
+  stack) records no ceiling: that load is one the rung copes with, so the
+  breach was not load (a start-up, a noisy neighbour) and the capacity check
+  alone gates the way back up.
 - **Dwell**: no change within ``min_dwell_s`` (default 30 s) of the last one.
 - **Bounds**: never below ``quality_floor`` (the lowest-quality rung allowed;
   empty = the ladder's last), never above the first rung.
@@ -255,15 +260,23 @@ def evaluate_qos(
                 f"breach, last change {since_change / 1000:g} s ago: {figures}",
                 current,
             )
-        ceiling = Ceiling(active, stats.offered_rps, now_ms)
-        with_ceiling = replace(
-            current, ceilings=(*(c for c in current.ceilings if c.variant != active), ceiling)
-        )
+        others = tuple(c for c in current.ceilings if c.variant != active)
+        own = effective_capacity(policy.capacity_of(active), contention)
+        if own is not None and stats.offered_rps < policy.up_capacity_fraction * own:
+            # Below the load the rung copes with here: not a load breach, no ceiling.
+            note = (
+                f"no ceiling: {stats.offered_rps:.1f} rps < {policy.up_capacity_fraction:g} x "
+                f"{active}'s capacity {own:.1f} rps"
+            )
+            with_ceiling = replace(current, ceilings=others)
+        else:
+            note = f"ceiling of {active} at {stats.offered_rps:.1f} rps"
+            ceiling = Ceiling(active, stats.offered_rps, now_ms)
+            with_ceiling = replace(current, ceilings=(*others, ceiling))
         return move(
             QosDecisionKind.STEP_DOWN,
             breach_why,
-            f"sustained {held / 1000:g} s: {figures}; "
-            f"ceiling of {active} at {stats.offered_rps:.1f} rps",
+            f"sustained {held / 1000:g} s: {figures}; {note}",
             ladder[index + 1],
             with_ceiling,
         )

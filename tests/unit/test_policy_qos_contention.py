@@ -167,3 +167,24 @@ def test_contention_travels_in_the_audit_record_and_replays() -> None:
     tampered.qos_before.contention = 1.0
     # the replayed state differs: a replay that ignored the factor could not see it
     assert audit_replay.replay_qos_record(tampered).qos_after != rec.qos_after
+
+
+def test_a_breach_below_the_rungs_capacity_records_no_ceiling() -> None:
+    """fp32 (20 rps calibrated, contention 0.99) breaches at 3.5 rps: a start-up or a
+    neighbour, not load; no ceiling pins it down, the capacity check gates the way up."""
+    start = replace(initial_qos_state(POLICY), breach_since_ms=T0 - 5_000)
+    stats = window(variant="fp32", served_rps=3.5, per_request_ms=50.0, p99=2_000.0)
+    d = evaluate_qos(start, POLICY, stats, T0)
+    assert d.variant == "int8"
+    assert d.after.ceiling_of("fp32") is None
+    assert "no ceiling" in d.reason
+
+
+def test_a_breach_at_the_rungs_capacity_records_its_ceiling() -> None:
+    """In a stack at 1/4 speed fp32 copes with 5 rps: a breach at 4 rps (> 0.7 x 5) is load."""
+    start = replace(initial_qos_state(POLICY), breach_since_ms=T0 - 5_000, contention=0.25)
+    stats = window(variant="fp32", served_rps=4.0, per_request_ms=200.0, p99=2_000.0)
+    d = evaluate_qos(start, POLICY, stats, T0)
+    assert d.variant == "int8"
+    ceiling = d.after.ceiling_of("fp32")
+    assert ceiling is not None and ceiling.throughput_rps == pytest.approx(4.0)
