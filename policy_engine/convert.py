@@ -120,6 +120,8 @@ def window_stats_to_pb(s: WindowStats) -> audit_pb2.WindowStats:
         service_p99_ms=s.service_p99_ms,
         shed=s.shed,
         shed_rps=s.shed_rps,
+        service_busy_ms=s.service_busy_ms,
+        service_requests=s.service_requests,
     )
 
 
@@ -149,6 +151,8 @@ def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
         service=histogram_from_pb(pb.service) if pb.HasField("service") else None,
         shed=pb.shed,
         shed_rps=pb.shed_rps,
+        service_busy_ms=pb.service_busy_ms,
+        service_requests=pb.service_requests,
     )
 
 
@@ -247,6 +251,7 @@ def qos_state_to_pb(s: QosState) -> audit_pb2.QosState:
         last_change_unix_ms=s.last_change_ms,
         breach_since_unix_ms=s.breach_since_ms or 0,
         calm_since_unix_ms=s.calm_since_ms or 0,
+        contention=s.contention,
     )
 
 
@@ -259,6 +264,7 @@ def qos_state_from_pb(pb: audit_pb2.QosState) -> QosState:
         last_change_ms=pb.last_change_unix_ms,
         breach_since_ms=pb.breach_since_unix_ms or None,
         calm_since_ms=pb.calm_since_unix_ms or None,
+        contention=pb.contention or 1.0,
     )
 
 

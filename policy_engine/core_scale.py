@@ -7,7 +7,8 @@ each function takes the core. Scaling is off unless the core's
 window, a QoS policy or a scale state on record; a change is published on
 ``<p>.control.scale`` and audited (:class:`ScalePublication`, :class:`ScaleAudit`).
 A replica's capacity is the core's calibrated figure, else the QoS policy's
-calibrated capacity of the running variant (``rung_capacity_rps``), else learned.
+calibrated capacity of the running variant (``rung_capacity_rps``) scaled by the
+QoS state's contention factor (what it holds in the running stack), else learned.
 """
 
 from __future__ import annotations
@@ -84,10 +85,18 @@ def _signals(
         variant=variant,
         replica_capacity_rps=(
             core.replica_capacity.get((model, version, variant))
-            or (qos_policy.capacity_of(variant) if qos_policy is not None else None)
+            or _stack_capacity(qos_policy, qos_state, variant)
             or 0.0
         ),
     )
+
+
+def _stack_capacity(policy: QosPolicy | None, state: QosState | None, variant: str) -> float | None:
+    """The QoS policy's calibrated capacity of ``variant`` x the QoS state's contention."""
+    calibrated = policy.capacity_of(variant) if policy is not None else None
+    if calibrated is None:
+        return None
+    return calibrated * (state.contention if state is not None else 1.0)
 
 
 def evaluate_scaling(core: PolicyCore, now_ms: int) -> list[Output]:

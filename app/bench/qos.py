@@ -1,12 +1,19 @@
 """``graylane bench qos``: one calibrated 3x overload spike, four runs.
 
 One model version serves fp32 and int8-dynamic variants of the small demo GPT.
-The steady load is a fraction of the fp32 engine's measured capacity (one
-worker, ``graylane calibrate``); the spike triples it. The runs:
+The steady load is a fraction (``base_fraction``) of the fp32 capacity of one
+worker as it holds here: the lower of the engine's (``graylane calibrate``,
+the engine alone with the whole machine) and the whole path's (client, router,
+worker and back in the running stack, :mod:`.path`); on a small machine the
+router, policy engine and client share the CPU and the path serves far less.
+The spike triples the steady load. The SLO stays ``slo_factor`` x fp32's
+calibrated batch-1 service time: it is what one request costs the model, the
+figure a user's SLO is set against. The runs:
 
 1. ``fp32_only``: no QoS controller, no admission control;
 2. ``qos``: the QoS controller (steps down on p99 or shedding, back up once the
-   offered load is below 0.7 x fp32's calibrated capacity);
+   offered load is below 0.7 x fp32's capacity in the running stack: the
+   calibrated figure x the contention the policy engine observes);
 3. ``qos_admission``: and workers shed what cannot meet the SLO deadline;
 4. ``qos_admission_scale``: and a supervisor starts/stops workers as the policy
    engine's scale requests say (a :data:`ScaleOut` hook; by default the local
@@ -21,12 +28,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass
 
 from graylane.app.bench.harness import BenchStack, WorkerSpec, bench_stack
+from graylane.app.bench.path import path_capacity
 from graylane.app.bench.qos_score import RunScore, score, seconds_to_top
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
@@ -53,6 +62,8 @@ class QosConfig:
     """SLO = slo_factor x fp32's calibrated batch-1 service time (at least 100 ms)."""
     warmup_s: float = 10.0
     """Steady load before the scored span (the batch learner settles)."""
+    runs: tuple[str, ...] = ()
+    """Names of the runs to do (empty: all four)."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +244,20 @@ async def run_once(
         return result
 
 
+async def measure_path(
+    settings: Settings, variants: dict[str, str], cfg: QosConfig, *, offered: float
+) -> float:
+    """Results/s one fp32 worker's whole path delivers here (no QoS, no admission),
+    offered ``offered`` req/s (the engine's calibrated capacity: more than the path)."""
+    worker = WorkerSpec(VERSION, variants)
+    async with bench_stack(
+        settings, model=MODEL, stable=VERSION, workers=[worker], tag="qos-path"
+    ) as stack:
+        stack.prompt_len = cfg.prompt_len
+        stack.monitor.window_s = 30.0
+        return await path_capacity(stack, offered, (VERSION,))
+
+
 def _answered(stack: BenchStack, start: float, end: float) -> bool:
     return all(rid in stack.answers for rid, at in stack.sent_at.items() if start <= at < end)
 
@@ -263,11 +288,15 @@ def main(cfg: QosConfig, scale_out: ScaleOut | None = None) -> int:
     capacity = capacities[LADDER[0]]
     b1_ms = next(p.service_ms for p in profile.variant(LADDER[0]).points if p.batch == 1)
     slo = max(cfg.slo_factor * b1_ms, 100.0)
-    base_rate = cfg.base_fraction * capacity
     progress(
-        f"capacity of one worker on {profile.host}: "
+        f"engine capacity of one worker on {profile.host}: "
         + ", ".join(f"{v} {rps:.0f} req/s" for v, rps in capacities.items())
-        + f"; steady load {base_rate:.0f} req/s, spike {base_rate * cfg.spike_factor:.0f} req/s"
+    )
+    path = asyncio.run(measure_path(settings, variants, cfg, offered=capacity))
+    base_rate = cfg.base_fraction * min(path, capacity)
+    progress(
+        f"path capacity (one fp32 worker in the running stack) {path:.1f} req/s"
+        + f"; steady load {base_rate:.1f} req/s, spike {base_rate * cfg.spike_factor:.1f} req/s"
         + f"; SLO {slo:.0f} ms ({cfg.slo_factor:g} x fp32's batch-1 service time)"
     )
     scale_out = scale_out or local_supervisor()
@@ -277,6 +306,7 @@ def main(cfg: QosConfig, scale_out: ScaleOut | None = None) -> int:
         RunSpec("qos_admission", qos=True, admission=True),
         RunSpec("qos_admission_scale", qos=True, admission=True, scale_out=scale_out),
     ]
+    runs = [r for r in runs if not cfg.runs or r.name in cfg.runs]
     results: dict[str, dict[str, object]] = {}
     for i, run in enumerate(runs, 1):
         progress(f"run {i}: {run.name}")
@@ -298,6 +328,8 @@ def main(cfg: QosConfig, scale_out: ScaleOut | None = None) -> int:
         "slo_ms": round(slo, 1),
         "capacity_rps_by_variant": {v: round(r, 1) for v, r in capacities.items()},
         "capacity_host": profile.host,
+        "path_capacity_rps": round(path, 1),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "base_rate_rps": round(base_rate, 1),
         "spike_factor": cfg.spike_factor,
         "config": asdict(cfg),

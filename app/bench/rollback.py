@@ -30,8 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from graylane.app.bench.harness import BenchStack, WorkerSpec, bench_stack
-from graylane.kafka.lag import group_lag
-from graylane.kafka.options import ConsumerOptions
+from graylane.app.bench.path import DRAIN_TIMEOUT_S, drained, path_capacity
 from graylane.rollouts.pb import phase_from_pb
 from graylane.rollouts.vocabulary import Phase
 from graylane.settings import REPO_ROOT, Settings
@@ -48,9 +47,6 @@ the next step's 25 %: a ramp's weights must rise)."""
 HEALTHY_STEPS = ((5.0, 30, 3.0), (25.0, 40, 3.0), (50.0, 40, 3.0), (100.0, 40, 2.0))
 DETECT_BUDGET_S = 10.0
 """Onset to rollback, for both regressions (issue target)."""
-DRAIN_TIMEOUT_S = 60.0
-PROBE_S = 8.0
-"""How long the path is offered more than it can take, to measure its capacity."""
 
 
 @dataclass(frozen=True)
@@ -137,23 +133,6 @@ async def detect(
     }
 
 
-async def path_capacity(stack: BenchStack, offered: float, versions: tuple[str, ...]) -> float:
-    """Results/s the whole path delivers while offered ``offered`` req/s (the last
-    half of ``PROBE_S``, once a queue has formed); then waits for the queue to drain."""
-    m = stack.monitor
-    stack.rate = offered
-    stop = asyncio.Event()
-    load = asyncio.create_task(stack.load(stop))
-    t0 = m.now()
-    await asyncio.sleep(PROBE_S)
-    stop.set()
-    await load
-    t1 = m.now()
-    counted = sum(1 for s in m.history if t0 + PROBE_S / 2 <= s.at <= t1)
-    await drained(stack, dict.fromkeys(versions, 0))
-    return counted / (t1 - t0 - PROBE_S / 2)
-
-
 async def scenario_bad(
     settings: Settings,
     model: Path,
@@ -225,41 +204,6 @@ async def scenario_bad(
         "bad_served_latency": int(slow["bad_served"]),
         "bad_served_errors": int(errors["bad_served"]),
     }
-
-
-async def drained(
-    stack: BenchStack, limits: dict[str, int], timeout_s: float = DRAIN_TIMEOUT_S
-) -> bool:
-    """Wait until each version's worker group is at most ``limits[version]`` records
-    behind on its topic (0 for an idle version: its queue is gone; a version under
-    load always has a few records in flight)."""
-    factory = stack.factory
-    layout = factory.layout
-    admin = factory.admin()
-    ends = factory.consumer(options=ConsumerOptions(group_id=None), client_suffix="bench-lag")
-    await admin.start()
-    await ends.start()
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            lags = [
-                await group_lag(
-                    ends,
-                    admin,
-                    layout.worker_group(MODEL, v),
-                    layout.version_requests(MODEL, v),
-                    layout.partitions,
-                )
-                for v in limits
-            ]
-            if all(o.lag <= limit for o, limit in zip(lags, limits.values(), strict=True)):
-                return True
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(0.2)
-    finally:
-        await ends.stop()
-        await admin.close()
 
 
 async def scenario_healthy(

@@ -35,7 +35,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--base-fraction",
         type=float,
         default=0.5,
-        help="steady load as a fraction of the fp32 capacity measured here (graylane calibrate)",
+        help="steady load as a fraction of one fp32 worker's capacity measured here "
+        "(the lower of the engine's, graylane calibrate, and the running stack's path)",
+    )
+    qos.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        choices=["fp32_only", "qos", "qos_admission", "qos_admission_scale"],
+        help="only this run (repeatable; default: all four)",
     )
     qos.set_defaults(handler=_qos)
     generate = which.add_parser(
@@ -106,7 +114,9 @@ def _rollback(args: argparse.Namespace) -> int:
 def _qos(args: argparse.Namespace) -> int:
     from graylane.app.bench.qos import QosConfig, main
 
-    return main(QosConfig(spike_s=args.spike_s, base_fraction=args.base_fraction))
+    return main(
+        QosConfig(spike_s=args.spike_s, base_fraction=args.base_fraction, runs=tuple(args.run))
+    )
 
 
 def _generate(args: argparse.Namespace) -> int:

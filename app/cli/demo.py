@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--load",
         type=float,
         default=0.5,
-        help="steady load as a fraction of the stable fp32 variant's capacity measured here",
+        help="steady load as a fraction of the stable fp32 variant's capacity measured here "
+        "(the lower of the engine's and the running stack's path)",
     )
     demo.add_argument("--slo-p99-ms", type=float, default=250.0)
     demo.add_argument("--keep-running", action="store_true", help="leave broker and services up")
@@ -363,13 +364,19 @@ def _story(args: argparse.Namespace) -> int:
         rate = args.rate or args.load * capacities["fp32"]
         cfg = StoryConfig(
             rate=rate,
+            load_fraction=0.0 if args.rate else args.load,
+            engine_rps=capacities["fp32"],
             slo_p99_ms=args.slo_p99_ms,
             report=REPO_ROOT / ".local" / "report.png",
             rung_capacity_rps=capacities,
         )
         story = Story(settings, cfg, step, scale_out=True)
         t0_ms = now_ms()
-        step(f"steady load of {rate:.0f} req/s; the live view follows")
+        step(
+            f"steady load of {rate:.0f} req/s"
+            + ("" if args.rate else ", or less once the path's capacity is measured")
+            + "; the live view follows"
+        )
         records = asyncio.run(story.run())
         from rich.console import Console
 

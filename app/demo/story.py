@@ -46,6 +46,11 @@ class StoryConfig:
     rung_capacity_rps: dict[str, float] = field(default_factory=dict)
     """One worker's calibrated requests/s per variant: QoS steps up by load."""
     spike_s: float = 30.0
+    load_fraction: float = 0.0
+    """When > 0: measure the whole path's capacity first (:mod:`graylane.app.bench.path`)
+    and run at this fraction of min(path, ``engine_rps``) instead of ``rate``."""
+    engine_rps: float = 0.0
+    """One fp32 worker's calibrated capacity (the probe offers it: more than the path)."""
 
 
 def demo_rollout_spec(rollout_id: str, baseline: str, candidate: str) -> rollout_pb2.RolloutSpec:
@@ -108,7 +113,10 @@ class Story:
         self.cfg = cfg
         self.step = step
         self.monitor = Monitor(MODEL)
+        self.model = MODEL
         self.rate = cfg.rate
+        self.base_rate = cfg.rate
+        """The steady load (``rate``, or measured: :meth:`_probe_path`)."""
         self.console = Console()
         self.stop = asyncio.Event()
         self.registry = open_registry(settings.db_url, migrate=False)
@@ -213,6 +221,9 @@ class Story:
                 asyncio.create_task(self._live(lambda: f"{MODEL} — {phase_title[0]}")),
             ]
             try:
+                if self.cfg.load_fraction > 0.0 and self.cfg.engine_rps > 0.0:
+                    phase_title[0] = "measuring the path's capacity"
+                    await self._probe_path()
                 await self._story(phase_title)
             finally:
                 self.stop.set()
@@ -224,6 +235,25 @@ class Story:
                 for f in followers:
                     await f.stop()
         return await self.audit_records()
+
+    async def _probe_path(self) -> None:
+        """Offer the engine's capacity for a few seconds; run at ``load_fraction`` of
+        what the whole path delivered (or of the engine's capacity, whichever is lower)."""
+        from graylane.app.bench.path import PROBE_S, delivered_rps, drained
+
+        cfg = self.cfg
+        self.monitor.window_s = max(self.monitor.window_s, PROBE_S)
+        self.rate = cfg.engine_rps
+        t0 = self.monitor.now()
+        await asyncio.sleep(PROBE_S)
+        path = delivered_rps(self.monitor, t0, self.monitor.now(), PROBE_S)
+        self.rate = cfg.load_fraction * min(path, cfg.engine_rps) if path > 0 else cfg.rate
+        self.base_rate = self.rate
+        self.monitor.event(
+            f"path capacity {path:.1f} req/s (engine {cfg.engine_rps:.1f}): "
+            f"load {self.rate:.1f} req/s"
+        )
+        await drained(self, {STABLE: 3})
 
     async def _wait_served(self, client: GraylaneClient) -> None:
         deadline = time.monotonic() + 180
@@ -303,7 +333,7 @@ class Story:
         )
         self.deadline_s = cfg.slo_p99_ms / 1000.0  # admission control sheds what would be late
         await asyncio.sleep(5)
-        self.rate = cfg.rate * cfg.spike_factor
+        self.rate = self.base_rate * cfg.spike_factor
         spike_end = time.monotonic() + cfg.spike_s
         self.monitor.event(f"load spike x{cfg.spike_factor:g} for {cfg.spike_s:.0f}s")
         await self._wait(
@@ -313,7 +343,7 @@ class Story:
         if self.scale_out:
             await self._wait_by(lambda: self._workers() >= 2, "scaled out to 2 workers", spike_end)
         await asyncio.sleep(max(0.0, spike_end - time.monotonic()))
-        self.rate = cfg.rate
+        self.rate = self.base_rate
         self.monitor.event(f"spike over; {self.monitor.shed} requests shed so far")
         title[0] = f"QoS on {HEALTHY}: load back to normal"
         if self.scale_out:

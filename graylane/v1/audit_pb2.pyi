@@ -34,7 +34,7 @@ DECISION_GATE_FAILED: DecisionKind
 DECISION_SCALE_CHANGE: DecisionKind
 
 class WindowStats(_message.Message):
-    __slots__ = ("model", "version", "variant", "window_start_unix_ms", "window_end_unix_ms", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "throughput_rps", "queue_wait_mean_ms", "queue_wait_p99_ms", "batches", "device_load", "service", "service_p50_ms", "service_p95_ms", "service_p99_ms", "shed", "shed_rps")
+    __slots__ = ("model", "version", "variant", "window_start_unix_ms", "window_end_unix_ms", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "throughput_rps", "queue_wait_mean_ms", "queue_wait_p99_ms", "batches", "device_load", "service", "service_p50_ms", "service_p95_ms", "service_p99_ms", "shed", "shed_rps", "service_busy_ms", "service_requests")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     VARIANT_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,8 @@ class WindowStats(_message.Message):
     SERVICE_P99_MS_FIELD_NUMBER: _ClassVar[int]
     SHED_FIELD_NUMBER: _ClassVar[int]
     SHED_RPS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_BUSY_MS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     variant: str
@@ -79,23 +81,27 @@ class WindowStats(_message.Message):
     service_p99_ms: float
     shed: int
     shed_rps: float
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., window_start_unix_ms: _Optional[int] = ..., window_end_unix_ms: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p95_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., mean_ms: _Optional[float] = ..., throughput_rps: _Optional[float] = ..., queue_wait_mean_ms: _Optional[float] = ..., queue_wait_p99_ms: _Optional[float] = ..., batches: _Optional[int] = ..., device_load: _Optional[float] = ..., service: _Optional[_Union[_telemetry_pb2.LatencyHistogram, _Mapping]] = ..., service_p50_ms: _Optional[float] = ..., service_p95_ms: _Optional[float] = ..., service_p99_ms: _Optional[float] = ..., shed: _Optional[int] = ..., shed_rps: _Optional[float] = ...) -> None: ...
+    service_busy_ms: float
+    service_requests: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., window_start_unix_ms: _Optional[int] = ..., window_end_unix_ms: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p95_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., mean_ms: _Optional[float] = ..., throughput_rps: _Optional[float] = ..., queue_wait_mean_ms: _Optional[float] = ..., queue_wait_p99_ms: _Optional[float] = ..., batches: _Optional[int] = ..., device_load: _Optional[float] = ..., service: _Optional[_Union[_telemetry_pb2.LatencyHistogram, _Mapping]] = ..., service_p50_ms: _Optional[float] = ..., service_p95_ms: _Optional[float] = ..., service_p99_ms: _Optional[float] = ..., shed: _Optional[int] = ..., shed_rps: _Optional[float] = ..., service_busy_ms: _Optional[float] = ..., service_requests: _Optional[int] = ...) -> None: ...
 
 class QosState(_message.Message):
-    __slots__ = ("model", "version", "active_variant", "last_change_unix_ms", "breach_since_unix_ms", "calm_since_unix_ms")
+    __slots__ = ("model", "version", "active_variant", "last_change_unix_ms", "breach_since_unix_ms", "calm_since_unix_ms", "contention")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_VARIANT_FIELD_NUMBER: _ClassVar[int]
     LAST_CHANGE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     BREACH_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     CALM_SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CONTENTION_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     active_variant: str
     last_change_unix_ms: int
     breach_since_unix_ms: int
     calm_since_unix_ms: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., active_variant: _Optional[str] = ..., last_change_unix_ms: _Optional[int] = ..., breach_since_unix_ms: _Optional[int] = ..., calm_since_unix_ms: _Optional[int] = ...) -> None: ...
+    contention: float
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., active_variant: _Optional[str] = ..., last_change_unix_ms: _Optional[int] = ..., breach_since_unix_ms: _Optional[int] = ..., calm_since_unix_ms: _Optional[int] = ..., contention: _Optional[float] = ...) -> None: ...
 
 class AuditRecord(_message.Message):
     __slots__ = ("decision_id", "decided_at_unix_ms", "model", "rollout_id", "version", "kind", "rule", "reason", "inputs", "rollout_before", "rollout_after", "qos_before", "qos_after", "actor", "epoch", "command_id", "agreement", "note", "qos_policy", "scale", "qos_scale_hold", "step_inputs", "liveness")

@@ -11,7 +11,10 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
 - **Calm** (step up, toward quality), continuously for ``sustain_s``:
   - when the policy carries the calibrated capacity of the rung above
     (``rung_capacity_rps``): the offered load (served + shed) below
-    ``up_capacity_fraction`` (0.7) of it, and no breach. The p99 of the
+    ``up_capacity_fraction`` (0.7) of it *as it holds in the running stack*
+    (calibrated x the smoothed contention factor ``QosState.contention``,
+    measured on the active rung: :mod:`~graylane.policy_engine.logic.contention`),
+    and no breach. The p99 of the
     cheaper rung does not matter: at normal load it may never reach a
     latency threshold, and the capacity says whether the rung above copes.
     Stepping down on latency and up on load at 0.7 x capacity is the
@@ -26,7 +29,12 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
   ``up_load_fraction`` (0.8) of its ceiling (served alone would be far too
   low a ceiling when admission control sheds most of the load). A ceiling
   is forgotten after ``ceiling_ttl_s`` (600 s), so a breach caused by
-  something other than load does not pin the quality down for ever.
+  something other than load does not pin the quality down for ever. With a
+  calibrated capacity of the breaching rung, a breach at an offered load
+  below the step-up band (``up_capacity_fraction`` x its capacity in the
+  stack) records no ceiling: that load is one the rung copes with, so the
+  breach was not load (a start-up, a noisy neighbour) and the capacity check
+  alone gates the way back up.
 - **Dwell**: no change within ``min_dwell_s`` (default 30 s) of the last one.
 - **Bounds**: never below ``quality_floor`` (the lowest-quality rung allowed;
   empty = the ladder's last), never above the first rung.
@@ -55,6 +63,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from graylane.policy_engine.logic.contention import (
+    effective_capacity,
+    observed_factor,
+    smoothed_factor,
+)
 from graylane.policy_engine.logic.window import ALL_VARIANTS, WindowStats
 from graylane.rollouts.errors import InputMismatch
 from graylane.rollouts.qos_policy import QosPolicy
@@ -96,6 +109,9 @@ class QosState:
     breach_since_ms: int | None = None
     calm_since_ms: int | None = None
     ceilings: tuple[Ceiling, ...] = ()
+    contention: float = 1.0
+    """Smoothed share of its calibrated speed the active rung keeps in the stack
+    (:mod:`~graylane.policy_engine.logic.contention`); scales every rung's capacity."""
 
     def ceiling_of(self, variant: str) -> Ceiling | None:
         return next((c for c in self.ceilings if c.variant == variant), None)
@@ -212,10 +228,15 @@ def evaluate_qos(
 
     breach_why = _breach(stats, policy)
     up_target = ladder[index - 1] if index > 0 else None
-    calm = breach_why is None and _calm(stats, policy, up_target)
+    contention = smoothed_factor(
+        state.contention, observed_factor(stats, policy.capacity_of(active))
+    )
+    calm = breach_why is None and _calm(stats, policy, up_target, contention)
     breach_since = _since(state.breach_since_ms, now_ms) if breach_why is not None else None
     calm_since = _since(state.calm_since_ms, now_ms) if calm else None
-    current = replace(pruned, breach_since_ms=breach_since, calm_since_ms=calm_since)
+    current = replace(
+        pruned, breach_since_ms=breach_since, calm_since_ms=calm_since, contention=contention
+    )
     since_change = now_ms - state.last_change_ms
     dwell_ms = policy.min_dwell_s * 1000
     figures = _figures(stats, policy)
@@ -239,15 +260,23 @@ def evaluate_qos(
                 f"breach, last change {since_change / 1000:g} s ago: {figures}",
                 current,
             )
-        ceiling = Ceiling(active, stats.offered_rps, now_ms)
-        with_ceiling = replace(
-            current, ceilings=(*(c for c in current.ceilings if c.variant != active), ceiling)
-        )
+        others = tuple(c for c in current.ceilings if c.variant != active)
+        own = effective_capacity(policy.capacity_of(active), contention)
+        if own is not None and stats.offered_rps < policy.up_capacity_fraction * own:
+            # Below the load the rung copes with here: not a load breach, no ceiling.
+            note = (
+                f"no ceiling: {stats.offered_rps:.1f} rps < {policy.up_capacity_fraction:g} x "
+                f"{active}'s capacity {own:.1f} rps"
+            )
+            with_ceiling = replace(current, ceilings=others)
+        else:
+            note = f"ceiling of {active} at {stats.offered_rps:.1f} rps"
+            ceiling = Ceiling(active, stats.offered_rps, now_ms)
+            with_ceiling = replace(current, ceilings=(*others, ceiling))
         return move(
             QosDecisionKind.STEP_DOWN,
             breach_why,
-            f"sustained {held / 1000:g} s: {figures}; "
-            f"ceiling of {active} at {stats.offered_rps:.1f} rps",
+            f"sustained {held / 1000:g} s: {figures}; {note}",
             ladder[index + 1],
             with_ceiling,
         )
@@ -282,13 +311,14 @@ def evaluate_qos(
                 f"{target}'s ceiling {known.throughput_rps:.1f} rps: {figures}",
                 current,
             )
-        capacity = policy.capacity_of(target)
+        calibrated = policy.capacity_of(target)
         rule, why = DecisionRule.P99_CALM, figures
-        if capacity is not None:
+        if calibrated is not None:
             rule = DecisionRule.LOAD_CALM
             why = (
                 f"offered {stats.offered_rps:.1f} rps < {policy.up_capacity_fraction:g} x "
-                f"{target}'s capacity {capacity:.1f} rps; {figures}"
+                f"{target}'s capacity {calibrated * contention:.1f} rps "
+                f"({calibrated:.1f} calibrated x contention {contention:.2f}); {figures}"
             )
         return move(
             QosDecisionKind.STEP_UP, rule, f"sustained {held / 1000:g} s: {why}", target, current
@@ -316,9 +346,11 @@ def _breach(stats: WindowStats, policy: QosPolicy) -> DecisionRule | None:
     return None
 
 
-def _calm(stats: WindowStats, policy: QosPolicy, target: str | None) -> bool:
-    """Calm toward ``target`` (the rung above; None at the top: latency only)."""
-    capacity = policy.capacity_of(target) if target is not None else None
+def _calm(stats: WindowStats, policy: QosPolicy, target: str | None, contention: float) -> bool:
+    """Calm toward ``target`` (the rung above; None at the top: latency only); a
+    calibrated capacity counts as scaled by ``contention``."""
+    calibrated = policy.capacity_of(target) if target is not None else None
+    capacity = effective_capacity(calibrated, contention)
     if capacity is not None:
         return stats.offered_rps < policy.up_capacity_fraction * capacity
     queue_ok = (

@@ -27,7 +27,9 @@ Choices worth knowing:
 - **Service time** (the model's part of latency, without queueing) of a
   batch is its wall time from start to completion (``compute_ms`` when that
   is larger or the start is unknown); every request of the batch is counted
-  at it. Windows keep its histogram (``service``) for the load-aware gates.
+  at it. Windows keep its histogram (``service``) for the load-aware gates,
+  and the busy time (each batch's service time once) per request served
+  (``service_per_request_ms``) for the QoS controller's contention factor.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ class _Pane:
         "queue_fallback_sum",
         "requests",
         "service",
+        "service_busy_ms",
+        "service_requests",
         "shed",
     )
 
@@ -89,6 +93,8 @@ class _Pane:
         self.latency = LatencyHistogram(min_ms, growth)
         self.queue = LatencyHistogram(min_ms, growth)
         self.service = LatencyHistogram(min_ms, growth)
+        self.service_busy_ms = 0.0
+        self.service_requests = 0
         # Workers that send only a mean queue wait, without a histogram.
         self.queue_fallback_sum = 0.0
         self.queue_fallback_count = 0
@@ -115,6 +121,8 @@ class _Pane:
         service_ms = s.service_ms
         if service_ms > 0.0:
             self.service.record(service_ms, s.request_count)
+            self.service_busy_ms += service_ms
+            self.service_requests += s.request_count
         self.device_load_sum += s.device_load
         _keep_latest_lag(self.lag_by_worker, s.worker_id, (s.completed_at_ms, s.lag))
 
@@ -340,4 +348,6 @@ def _summarize(
         service=service if service.count else None,
         shed=shed,
         shed_rps=shed / seconds if seconds > 0 else 0.0,
+        service_busy_ms=sum(p.service_busy_ms for p in panes),
+        service_requests=sum(p.service_requests for p in panes),
     )

@@ -116,6 +116,17 @@ class WindowStats:
     shed: int = 0
     """Requests shed (answered SHED, never run) in the window: not in ``requests``."""
     shed_rps: float = 0.0
+    service_busy_ms: float = 0.0
+    """Sum of the window's batch service times (each batch once): the workers' busy time."""
+    service_requests: int = 0
+    """Requests of the batches that carried a service time (``service_busy_ms``'s)."""
+
+    @property
+    def service_per_request_ms(self) -> float:
+        """Busy milliseconds per request served (0.0 when unknown)."""
+        if self.service_requests <= 0 or self.service_busy_ms <= 0.0:
+            return 0.0
+        return self.service_busy_ms / self.service_requests
 
     @property
     def offered_rps(self) -> float:
