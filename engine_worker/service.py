@@ -63,6 +63,7 @@ from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
 from graylane.kafka.guard import BatchGuard
+from graylane.kafka.membership import leave_on_stop
 from graylane.kafka.replies import (
     Rejection,
     ReplySink,
@@ -537,6 +538,7 @@ class Worker:
                     await self.observer.observe_lag(consumer)
         finally:
             await background.close()
+            leave_on_stop(consumer)  # a clean stop hands its partitions over at once
             await consumer.stop()
             guard.close()
             await producer.stop()

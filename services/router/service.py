@@ -19,6 +19,7 @@ from graylane.errors import SerdeError, require_started
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.guard import BatchGuard
+from graylane.kafka.membership import leave_on_stop
 from graylane.kafka.options import ConsumerOptions
 from graylane.kafka.replies import Rejection, ReplySink, reply_topic_rejection, settle
 from graylane.kafka.seam import ClientFactory, Producer, Record, known_topics
@@ -344,6 +345,7 @@ class Router:
                     )
         finally:
             await background.close()
+            leave_on_stop(ingress)  # a clean stop hands its partitions over at once
             await ingress.stop()
             guard.close()
             await self._producer.stop()
