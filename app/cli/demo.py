@@ -96,7 +96,9 @@ def start_service(
     log = log_dir / f"{name}.log"
     handle = log.open("wb")
     extra = dict(env or {})
-    if "GRAYLANE_METRICS_PORT" not in extra and "GRAYLANE_METRICS_PORT" not in os.environ:
+    if "GRAYLANE_METRICS_PORT" not in extra:
+        # One port per process: a port this process inherited (a supervisor's own) is
+        # never handed down, or every child after the first dies binding it.
         extra["GRAYLANE_METRICS_PORT"] = str(free_port())
     process = subprocess.Popen(
         [sys.executable, "-m", "graylane.app.cli.main", *argv],
@@ -106,7 +108,7 @@ def start_service(
         env={**os.environ, "PYTHONUNBUFFERED": "1", **extra},
         start_new_session=True,
     )
-    port = int(extra.get("GRAYLANE_METRICS_PORT") or os.environ["GRAYLANE_METRICS_PORT"])
+    port = int(extra["GRAYLANE_METRICS_PORT"])
     if port > 0:
         announce(name, argv[0], port)
     return Service(name, process, log, port)
