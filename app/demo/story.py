@@ -171,13 +171,25 @@ class Story:
                 self.monitor.snapshot()
                 live.update(self.monitor.table(title()))
 
-    async def _wait(self, done: Callable[[], bool], what: str) -> bool:
-        deadline = time.monotonic() + self.cfg.phase_timeout_s
+    def _rollout_budget_s(self) -> float:
+        """Time a demo rollout needs at the current load: each step's samples arrive at
+        ``rate x weight`` (a slow machine gets a low rate, so more time), with margin."""
+        spec = demo_rollout_spec("budget", STABLE, HEALTHY)
+        need = sum(
+            max(
+                step.min_dwell_s,
+                step.min_samples / max(self.rate * step.weight_percent / 100, 1e-3),
+            )
+            for step in spec.steps
+        )
+        return max(self.cfg.phase_timeout_s, 2.0 * need + 30.0)
+
+    async def _wait(self, done: Callable[[], bool], what: str, timeout_s: float = 0.0) -> bool:
+        timeout_s = timeout_s or self.cfg.phase_timeout_s
+        deadline = time.monotonic() + timeout_s
         while not done():
             if time.monotonic() > deadline:
-                self.console.print(
-                    f"[yellow]{what}: not reached within {self.cfg.phase_timeout_s:.0f}s"
-                )
+                self.console.print(f"[yellow]{what}: not reached within {timeout_s:.0f}s")
                 self.monitor.event(f"timeout: {what}")
                 return False
             await asyncio.sleep(0.5)
@@ -286,7 +298,11 @@ class Story:
         before = self.registry_stable()
         self.monitor.event(f"registry stable version before the rollout: {before}")
         healthy = await self._canary(STABLE, HEALTHY, "a")
-        await self._wait(lambda: self._phase_of(healthy) is Phase.PROMOTED, f"{HEALTHY} promoted")
+        await self._wait(
+            lambda: self._phase_of(healthy) is Phase.PROMOTED,
+            f"{HEALTHY} promoted",
+            self._rollout_budget_s(),
+        )
         await self._wait(
             lambda: self.registry_stable() == HEALTHY,
             f"registry stable version: {before} -> {HEALTHY}",
@@ -298,6 +314,7 @@ class Story:
         await self._wait(
             lambda: self._phase_of(bad) is Phase.ROLLED_BACK,
             f"{BAD} rolled back automatically",
+            self._rollout_budget_s(),
         )
         await asyncio.sleep(4)
 
