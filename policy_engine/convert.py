@@ -122,6 +122,7 @@ def window_stats_to_pb(s: WindowStats) -> audit_pb2.WindowStats:
         shed_rps=s.shed_rps,
         service_busy_ms=s.service_busy_ms,
         service_requests=s.service_requests,
+        step_offered_rps=s.step_offered_rps,
     )
 
 
@@ -153,6 +154,7 @@ def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
         shed_rps=pb.shed_rps,
         service_busy_ms=pb.service_busy_ms,
         service_requests=pb.service_requests,
+        step_offered_rps=pb.step_offered_rps,
     )
 
 

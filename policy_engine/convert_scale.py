@@ -19,6 +19,7 @@ _REASON_TO_PB = {
     ScaleReason.FLOOR_BREACH: control_pb2.SCALE_REASON_FLOOR_BREACH,
     ScaleReason.LAG_GROWING: control_pb2.SCALE_REASON_LAG_GROWING,
     ScaleReason.LOW_LOAD: control_pb2.SCALE_REASON_LOW_LOAD,
+    ScaleReason.OVERLOAD: control_pb2.SCALE_REASON_OVERLOAD,
 }
 _REASON_FROM_PB: dict[int, ScaleReason] = {v: k for k, v in _REASON_TO_PB.items()}
 

@@ -69,16 +69,21 @@ def _signals(
     qos_state, qos_policy = core.qos_states.get(key), core.qos_policies.get(key)
     floor_breach = breaching = False
     variant = stats.variant if stats is not None else ""
+    floor_capacity: float | None = None
     if qos_state is not None and qos_policy is not None and qos_policy.enabled:
         floor_breach = _floor_breach(qos_state, qos_policy, now_ms)
         breaching = qos_state.breach_since_ms is not None
         variant = qos_state.active_variant
+        floor_variant = qos_policy.ladder[min(qos_policy.floor_index, len(qos_policy.ladder) - 1)]
+        floor_capacity = _stack_capacity(qos_policy, qos_state, floor_variant)
     return ScaleSignals(
         model=model,
         version=version,
         floor_breach=floor_breach,
         breaching=breaching,
         throughput_rps=stats.throughput_rps if stats is not None else 0.0,
+        offered_rps=max(stats.offered_rps, stats.step_offered_rps) if stats is not None else 0.0,
+        floor_capacity_rps=floor_capacity or 0.0,
         lag=stats.lag if stats is not None else 0,
         replicas=stats.workers if stats is not None else 0,
         partitions=core.partitions.get(key, core.default_partitions),

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 
 from graylane.app.bench.harness import BenchStack, WorkerSpec, bench_stack
 from graylane.app.bench.path import path_capacity
-from graylane.app.bench.qos_score import RunScore, score, seconds_to_top
+from graylane.app.bench.qos_score import RunScore, Slice, score, seconds_to_top, timeline
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 
@@ -81,6 +81,37 @@ class RunResult:
     max_workers: int
     seconds_to_fp32_after_spike: float | None
     variants: tuple[str, ...]
+    slices: tuple[Slice, ...] = ()
+    """The scored span in 5 s slices."""
+    samples: tuple[tuple[float, int, str], ...] = ()
+    """(seconds into the scored span, workers running, precision commanded) every 0.5 s."""
+
+    def table(self, spike: tuple[float, float]) -> list[str]:
+        """The run's timeline, one line per slice: where goodput was lost, and why."""
+        lines = ["      t(s) phase     sent  good  late  shed  err  workers  precision"]
+        for sl in self.slices:
+            s, end = sl.score, sl.start_s + 5.0
+            seen = [(w, v) for at, w, v in self.samples if sl.start_s <= at < end]
+            workers = max((w for w, _ in seen), default=0)
+            precision = seen[-1][1] if seen else "-"
+            name = (
+                "spike"
+                if spike[0] <= sl.start_s < spike[1]
+                else ("steady" if sl.start_s < spike[0] else "after")
+            )
+            lines.append(
+                f"    {sl.start_s:6.0f} {name:8} {s.requests:5} {s.good:5} {s.late:5} "
+                f"{s.shed:5} {s.errors + s.unanswered:4} {workers:8}  {precision}"
+            )
+        changes, last = [], (1, LADDER[0])
+        for at, w, v in self.samples:
+            if w != last[0]:
+                changes.append(f"t={at:.1f}s {w} worker{'s' if w > 1 else ''}")
+            if v != last[1]:
+                changes.append(f"t={at:.1f}s {v}")
+            last = (w, v)
+        lines.append("      changes: " + (", ".join(changes) or "none"))
+        return lines
 
     def to_json(self) -> dict[str, object]:
         s = self.score
@@ -208,22 +239,23 @@ async def run_once(
                     )
                 )
             start = time.monotonic()
-            await asyncio.sleep(cfg.steady_s)
-            progress(
-                f"    {run.name}: SLO {slo_ms:.0f} ms; spike x{cfg.spike_factor:g} "
-                f"for {cfg.spike_s:.0f} s"
-            )
-            max_workers = workers_now()
-            spike_start_at = m.now()
+            samples: list[tuple[float, int, str]] = []
 
             async def phase(rate: float, seconds: float) -> None:
-                nonlocal max_workers
                 stack.rate = rate
                 until = time.monotonic() + seconds
                 while time.monotonic() < until:
                     await asyncio.sleep(0.5)
-                    max_workers = max(max_workers, workers_now())
+                    changes = m.precision_changes.get(VERSION, [])
+                    variant = changes[-1][1] if changes else LADDER[0]
+                    samples.append((time.monotonic() - start, workers_now(), variant))
 
+            await phase(base_rate, cfg.steady_s)
+            progress(
+                f"    {run.name}: SLO {slo_ms:.0f} ms; spike x{cfg.spike_factor:g} "
+                f"for {cfg.spike_s:.0f} s"
+            )
+            spike_start_at = m.now()
             await phase(base_rate * cfg.spike_factor, cfg.spike_s)
             spike_end_at = m.now()
             await phase(base_rate, cfg.recovery_s)
@@ -235,11 +267,13 @@ async def run_once(
         result = RunResult(
             name=run.name,
             score=score(stack.sent_at, stack.answers, start=start, end=end, slo_ms=slo_ms),
-            max_workers=max_workers,
+            max_workers=max((w for _, w, _ in samples), default=1),
             seconds_to_fp32_after_spike=back,
             variants=tuple(
                 sorted({s.variant for s in m.history if s.variant and s.at >= spike_start_at})
             ),
+            slices=timeline(stack.sent_at, stack.answers, start=start, end=end, slo_ms=slo_ms),
+            samples=tuple(samples),
         )
         return result
 
@@ -323,6 +357,8 @@ def main(cfg: QosConfig, scale_out: ScaleOut | None = None) -> int:
             )
         )
         results[run.name] = result.to_json()
+        for line in result.table((cfg.steady_s, cfg.steady_s + cfg.spike_s)):
+            progress(line)
         progress(f"    {json.dumps(results[run.name])}")
     summary: dict[str, object] = {
         "slo_ms": round(slo, 1),

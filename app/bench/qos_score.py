@@ -32,6 +32,13 @@ class RunScore:
     errors: int
     """Answered with an error other than SHED."""
     unanswered: int
+    good: int = 0
+    """Answered OK within the SLO."""
+
+    @property
+    def late(self) -> int:
+        """Answered OK, after the SLO."""
+        return self.requests - self.good - self.shed - self.errors - self.unanswered
 
 
 def score(
@@ -64,7 +71,40 @@ def score(
         shed=shed,
         errors=errors,
         unanswered=unanswered,
+        good=good,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """The requests submitted in ``[start_s, start_s + width)`` of a run, scored."""
+
+    start_s: float
+    """Seconds from the scored span's start."""
+    score: RunScore
+
+
+def timeline(
+    sent_at: Mapping[str, float],
+    answers: Mapping[str, Answer],
+    *,
+    start: float,
+    end: float,
+    slo_ms: float,
+    width_s: float = 5.0,
+) -> tuple[Slice, ...]:
+    """:func:`score` per ``width_s`` slice of ``[start, end)``: where a run lost its goodput."""
+    if width_s <= 0:
+        raise ValueError(f"slice width {width_s} must be positive")
+    slices: list[Slice] = []
+    at = start
+    while at < end:
+        upper = min(at + width_s, end)
+        slices.append(
+            Slice(at - start, score(sent_at, answers, start=at, end=upper, slo_ms=slo_ms))
+        )
+        at = upper
+    return tuple(slices)
 
 
 def seconds_to_top(

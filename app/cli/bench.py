@@ -19,8 +19,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rollback.add_argument(
         "--load-fraction",
         type=float,
-        default=0.3,
-        help="steady load as a fraction of the fp32 capacity measured here (graylane calibrate)",
+        default=None,
+        help="steady load as a fraction of the capacity measured here (fp32 engine, whole "
+        "path; default 0.5)",
     )
     rollback.add_argument(
         "--rate", type=float, default=None, help="an explicit load in req/s instead"
@@ -100,9 +101,10 @@ def _spine(args: argparse.Namespace) -> int:
 def _rollback(args: argparse.Namespace) -> int:
     from graylane.app.bench.rollback import RollbackConfig, main
 
+    fraction = {} if args.load_fraction is None else {"load_fraction": args.load_fraction}
     return main(
         RollbackConfig(
-            load_fraction=args.load_fraction,
+            **fraction,
             rate=args.rate,
             runs=args.runs,
             window_ms=args.window_ms,

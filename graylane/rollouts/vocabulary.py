@@ -141,6 +141,7 @@ class DecisionRule(StrEnum):
     SCALE_FLOOR_BREACH = "scale_floor_breach"
     SCALE_LAG_GROWING = "scale_lag_growing"
     SCALE_LOW_LOAD = "scale_low_load"
+    SCALE_OVERLOAD = "scale_overload"
     SCALE_AT_MAX = "scale_at_max"
     SCALE_PENDING = "scale_pending"
 

@@ -34,7 +34,7 @@ DECISION_GATE_FAILED: DecisionKind
 DECISION_SCALE_CHANGE: DecisionKind
 
 class WindowStats(_message.Message):
-    __slots__ = ("model", "version", "variant", "window_start_unix_ms", "window_end_unix_ms", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "throughput_rps", "queue_wait_mean_ms", "queue_wait_p99_ms", "batches", "device_load", "service", "service_p50_ms", "service_p95_ms", "service_p99_ms", "shed", "shed_rps", "service_busy_ms", "service_requests")
+    __slots__ = ("model", "version", "variant", "window_start_unix_ms", "window_end_unix_ms", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "throughput_rps", "queue_wait_mean_ms", "queue_wait_p99_ms", "batches", "device_load", "service", "service_p50_ms", "service_p95_ms", "service_p99_ms", "shed", "shed_rps", "service_busy_ms", "service_requests", "step_offered_rps")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     VARIANT_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class WindowStats(_message.Message):
     SHED_RPS_FIELD_NUMBER: _ClassVar[int]
     SERVICE_BUSY_MS_FIELD_NUMBER: _ClassVar[int]
     SERVICE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    STEP_OFFERED_RPS_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     variant: str
@@ -83,7 +84,8 @@ class WindowStats(_message.Message):
     shed_rps: float
     service_busy_ms: float
     service_requests: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., window_start_unix_ms: _Optional[int] = ..., window_end_unix_ms: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p95_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., mean_ms: _Optional[float] = ..., throughput_rps: _Optional[float] = ..., queue_wait_mean_ms: _Optional[float] = ..., queue_wait_p99_ms: _Optional[float] = ..., batches: _Optional[int] = ..., device_load: _Optional[float] = ..., service: _Optional[_Union[_telemetry_pb2.LatencyHistogram, _Mapping]] = ..., service_p50_ms: _Optional[float] = ..., service_p95_ms: _Optional[float] = ..., service_p99_ms: _Optional[float] = ..., shed: _Optional[int] = ..., shed_rps: _Optional[float] = ..., service_busy_ms: _Optional[float] = ..., service_requests: _Optional[int] = ...) -> None: ...
+    step_offered_rps: float
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., window_start_unix_ms: _Optional[int] = ..., window_end_unix_ms: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p95_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., mean_ms: _Optional[float] = ..., throughput_rps: _Optional[float] = ..., queue_wait_mean_ms: _Optional[float] = ..., queue_wait_p99_ms: _Optional[float] = ..., batches: _Optional[int] = ..., device_load: _Optional[float] = ..., service: _Optional[_Union[_telemetry_pb2.LatencyHistogram, _Mapping]] = ..., service_p50_ms: _Optional[float] = ..., service_p95_ms: _Optional[float] = ..., service_p99_ms: _Optional[float] = ..., shed: _Optional[int] = ..., shed_rps: _Optional[float] = ..., service_busy_ms: _Optional[float] = ..., service_requests: _Optional[int] = ..., step_offered_rps: _Optional[float] = ...) -> None: ...
 
 class QosState(_message.Message):
     __slots__ = ("model", "version", "active_variant", "last_change_unix_ms", "breach_since_unix_ms", "calm_since_unix_ms", "contention")

@@ -13,10 +13,12 @@ class ScaleReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SCALE_REASON_FLOOR_BREACH: _ClassVar[ScaleReason]
     SCALE_REASON_LAG_GROWING: _ClassVar[ScaleReason]
     SCALE_REASON_LOW_LOAD: _ClassVar[ScaleReason]
+    SCALE_REASON_OVERLOAD: _ClassVar[ScaleReason]
 SCALE_REASON_UNSPECIFIED: ScaleReason
 SCALE_REASON_FLOOR_BREACH: ScaleReason
 SCALE_REASON_LAG_GROWING: ScaleReason
 SCALE_REASON_LOW_LOAD: ScaleReason
+SCALE_REASON_OVERLOAD: ScaleReason
 
 class BucketRange(_message.Message):
     __slots__ = ("start", "end")

@@ -8,6 +8,11 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
   continuously for ``sustain_s`` (default 5 s).
   Also a breach: more than ``max_shed_fraction`` (2 %) of the arrived requests
   shed by admission control (which keeps the admitted p99 under the SLO).
+  A breach at an offered load (served + shed; the window's or, when higher,
+  its newest step's: the window's average lags a jump) at or above the active
+  rung's capacity in the running stack (calibrated x contention) is an
+  overload the measurements already prove: it steps down at once, without
+  ``sustain_s`` (every second of waiting sheds or delays the excess).
 - **Calm** (step up, toward quality), continuously for ``sustain_s``:
   - when the policy carries the calibrated capacity of the rung above
     (``rung_capacity_rps``): the offered load (served + shed) below
@@ -45,7 +50,11 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
 - **Scale settling**: a caller that scales replicas passes ``scale_hold``
   (why the replicas are not settled, :func:`~graylane.policy_engine.logic.scale.scale_unsettled`);
   while it is non-empty a calm rung holds (``scale_unsettled``) instead of
-  stepping up. Breaches are never held back by it.
+  stepping up, and so does a breach at an offered load below the step-up band
+  of the active rung's capacity (``up_capacity_fraction`` x calibrated x
+  contention): the partition hand-over of a replica change pauses consumption
+  for a moment and sheds what waited, which no precision change would help.
+  A breach at a load the rung does not cope with is never held back by it.
 - A variant outside the ladder is SET to the first rung, one below the floor
   is SET to the floor, at once (the policy changed under it).
 
@@ -242,7 +251,22 @@ def evaluate_qos(
     figures = _figures(stats, policy)
     if breach_why is not None:
         held = now_ms - _since(breach_since, now_ms)
-        if held < policy.sustain_s * 1000:
+        own_now = effective_capacity(policy.capacity_of(active), contention)
+        offered_now = max(stats.offered_rps, stats.step_offered_rps)
+        if (
+            scale_hold
+            and own_now is not None
+            and offered_now < policy.up_capacity_fraction * own_now
+        ):
+            return hold(
+                DecisionRule.SCALE_UNSETTLED,
+                f"breach at {offered_now:.1f} rps, below {active}'s capacity "
+                f"{own_now:.1f} rps, while the replicas settle ({scale_hold}): "
+                f"the hand-over, not the load: {figures}",
+                current,
+            )
+        overloaded = own_now is not None and offered_now >= own_now
+        if held < policy.sustain_s * 1000 and not overloaded:
             return hold(
                 DecisionRule.SUSTAIN,
                 f"breach for {held / 1000:g} s of {policy.sustain_s:g} s: {figures}",

@@ -4,7 +4,12 @@
 
 - **Scale out (+1)** when QoS runs the quality floor and still breaches its
   SLO (the QoS controller's breach held for its sustain time:
-  :attr:`ScaleSignals.floor_breach`), or when the version's consumer lag
+  :attr:`ScaleSignals.floor_breach`); at once, without waiting for the ladder
+  to reach its floor, when QoS breaches at an *overload* the floor cannot
+  carry either (:func:`overload_beyond_floor`: the offered load is past the
+  running rung's capacity, and past ``out_load_fraction`` of what the replicas
+  would serve at the floor, counting the path's measured per-request
+  overhead); or when the version's consumer lag
   kept growing for ``lag_growth_s`` (each evaluation's lag at least the
   previous one, and above where the growth started by ``min_lag_growth``).
   Bounded by ``max_replicas`` and the version topic's partition count (a
@@ -46,6 +51,7 @@ __all__ = [
     "ScaleState",
     "evaluate_scale",
     "initial_scale_state",
+    "overload_beyond_floor",
     "scale_unsettled",
 ]
 
@@ -62,6 +68,7 @@ class ScaleReason(Enum):
     FLOOR_BREACH = "floor_breach"
     LAG_GROWING = "lag_growing"
     LOW_LOAD = "low_load"
+    OVERLOAD = "overload"
 
     @property
     def rule(self) -> DecisionRule:
@@ -72,6 +79,7 @@ _REASON_RULE = {
     ScaleReason.FLOOR_BREACH: DecisionRule.SCALE_FLOOR_BREACH,
     ScaleReason.LAG_GROWING: DecisionRule.SCALE_LAG_GROWING,
     ScaleReason.LOW_LOAD: DecisionRule.SCALE_LOW_LOAD,
+    ScaleReason.OVERLOAD: DecisionRule.SCALE_OVERLOAD,
 }
 
 
@@ -88,6 +96,10 @@ class ScalePolicy:
     cooldown_s: float = 30.0
     in_load_fraction: float = 0.5
     settle_s: float = 5.0
+    out_load_fraction: float = 0.7
+    """An overload scales out at once when the offered load is past this share of
+    what the replicas serve at the quality floor (QoS's ``up_capacity_fraction``:
+    the load a rung copes with)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -101,8 +113,9 @@ class ScalePolicy:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0.0):
                 problems.append(f"{name} {value} is out of range")
-        if not 0.0 < self.in_load_fraction <= 1.0:
-            problems.append(f"in_load_fraction {self.in_load_fraction} is out of range")
+        for name in ("in_load_fraction", "out_load_fraction"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                problems.append(f"{name} {getattr(self, name)} is out of range")
         if problems:
             raise InvalidPolicy("scale policy: " + "; ".join(problems))
 
@@ -134,6 +147,11 @@ class ScaleSignals:
     variant: str = ""
     replica_capacity_rps: float = 0.0
     """Calibrated requests/s of one replica on ``variant`` (0 = unknown: learned)."""
+    offered_rps: float = 0.0
+    """Requests/s that arrived (served + shed; the newest step's when higher)."""
+    floor_capacity_rps: float = 0.0
+    """Calibrated requests/s of one replica on the QoS ladder's quality floor, as it
+    holds in the running stack (0 = unknown, or no ladder)."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +205,35 @@ def initial_scale_state(
     """Start from what serves now (at least ``min_replicas``), with no change on record."""
     desired = min(max(replicas, policy.min_replicas), max(policy.bound(partitions), 1))
     return ScaleState(model=model, version=version, desired=desired)
+
+
+def overload_beyond_floor(signals: ScaleSignals, fraction: float) -> str | None:
+    """Why the load needs another replica even at the quality floor; None if it does not.
+
+    Only while QoS breaches at an offered load past the running rung's calibrated
+    capacity (a load breach, proven by the measurements). The floor's capacity per
+    replica in the stack is its engine time plus the path's per-request overhead
+    (router, broker, client: what the calibrated engine figure leaves out), measured
+    now as the served requests' time per replica minus the running rung's engine
+    time. While the load is still rising the window's throughput lags it, so the
+    overhead reads high and the floor low: an overload scales out early, never late.
+    """
+    replicas = max(signals.replicas, 1)
+    engine, floor = signals.replica_capacity_rps, signals.floor_capacity_rps
+    if not signals.breaching or engine <= 0.0 or floor <= 0.0:
+        return None
+    if signals.offered_rps < replicas * engine:
+        return None
+    served = signals.throughput_rps / replicas
+    overhead_ms = max(0.0, 1000.0 / served - 1000.0 / engine) if served > 0 else 0.0
+    at_floor = 1000.0 / (1000.0 / floor + overhead_ms)
+    if signals.offered_rps <= fraction * replicas * at_floor:
+        return None
+    return (
+        f"overload: offered {signals.offered_rps:.1f} rps > {replicas} x {engine:.1f} rps "
+        f"running, and > {fraction:g} x {replicas} x {at_floor:.1f} rps at the floor "
+        f"({floor:.1f} rps engine + {overhead_ms:.1f} ms path per request)"
+    )
 
 
 def scale_unsettled(state: ScaleState, policy: ScalePolicy, replicas: int, now_ms: int) -> str:
@@ -251,16 +298,15 @@ def evaluate_scale(
     if not policy.enabled:
         return decide(ScaleDecisionKind.HOLD, DecisionRule.DISABLED, "scaling disabled", current)
     wants_out: ScaleReason | None = None
+    overload = overload_beyond_floor(signals, policy.out_load_fraction)
     if signals.floor_breach:
-        wants_out = ScaleReason.FLOOR_BREACH
+        wants_out, why = ScaleReason.FLOOR_BREACH, "breach at the quality floor"
+    elif overload is not None:
+        wants_out, why = ScaleReason.OVERLOAD, overload
     elif lag_growing:
         wants_out = ScaleReason.LAG_GROWING
+        why = f"lag grew {lag_at} -> {signals.lag} over {lag_held_ms / 1000:g} s"
     if wants_out is not None:
-        why = (
-            "breach at the quality floor"
-            if wants_out is ScaleReason.FLOOR_BREACH
-            else f"lag grew {lag_at} -> {signals.lag} over {lag_held_ms / 1000:g} s"
-        )
         bound = policy.bound(signals.partitions)
         if state.desired >= bound:
             return decide(

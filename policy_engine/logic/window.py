@@ -267,6 +267,7 @@ class SlidingWindow:
             start_ms = end_ms - span_ms
         first_index, end_index = start_ms // self.step_ms, end_ms // self.step_ms
         panes: list[_Pane] = []
+        newest: list[_Pane] = []
         variants: set[str] = set()
         first_seen: int | None = None
         for slot in slots:
@@ -278,6 +279,9 @@ class SlidingWindow:
             if not found:
                 continue
             panes.extend(found)
+            last = self._panes[slot].get(end_index - 1)
+            if last is not None:
+                newest.append(last)
             variants.add(slot[1].variant)
             seen = self._first_pane[slot]
             first_seen = seen if first_seen is None else min(first_seen, seen)
@@ -295,6 +299,7 @@ class SlidingWindow:
             seconds=(end_ms - effective_start) / 1000.0,
             min_ms=self._min_ms,
             growth=self._growth,
+            step_offered_rps=sum(p.requests + p.shed for p in newest) * 1000.0 / self.step_ms,
         )
 
 
@@ -309,6 +314,7 @@ def _summarize(
     seconds: float,
     min_ms: float,
     growth: float,
+    step_offered_rps: float = 0.0,
 ) -> WindowStats:
     latency = LatencyHistogram.merge_all((p.latency for p in panes), min_ms, growth)
     queue = LatencyHistogram.merge_all((p.queue for p in panes), min_ms, growth)
@@ -350,4 +356,5 @@ def _summarize(
         shed_rps=shed / seconds if seconds > 0 else 0.0,
         service_busy_ms=sum(p.service_busy_ms for p in panes),
         service_requests=sum(p.service_requests for p in panes),
+        step_offered_rps=step_offered_rps,
     )

@@ -120,6 +120,10 @@ class WindowStats:
     """Sum of the window's batch service times (each batch once): the workers' busy time."""
     service_requests: int = 0
     """Requests of the batches that carried a service time (``service_busy_ms``'s)."""
+    step_offered_rps: float = 0.0
+    """Offered load (served + shed) of the newest step alone: the window's average
+    lags a jump in load by up to the window's length. A step whose telemetry is
+    still in flight reads low, never high."""
 
     @property
     def service_per_request_ms(self) -> float:

@@ -53,3 +53,19 @@ def test_bench_and_demo_policies_step_up_by_calibrated_capacity() -> None:
         assert policy.capacity_of("fp32") == 21.0
         assert policy.up_capacity_fraction == 0.7
     assert qos_policy_from_pb(demo_qos_policy(HEALTHY, 250.0)).rung_capacity_rps == ()
+
+
+def test_timeline_slices_score_their_own_requests() -> None:
+    from graylane.app.bench.qos_score import timeline
+
+    sent = {f"r{i}": float(i) for i in range(10)}
+    answers = {f"r{i}": Answer(True, "", 50.0) for i in range(5)}
+    answers |= {"r5": Answer(False, "SHED", 1.0), "r6": Answer(True, "", 500.0)}
+    slices = timeline(sent, answers, start=0.0, end=10.0, slo_ms=100.0, width_s=5.0)
+    assert [s.start_s for s in slices] == [0.0, 5.0]
+    first, second = (s.score for s in slices)
+    assert (first.requests, first.good, first.late, first.shed) == (5, 5, 0, 0)
+    assert (second.requests, second.good, second.late, second.shed) == (5, 0, 1, 1)
+    assert second.unanswered == 3
+    with pytest.raises(ValueError):
+        timeline(sent, answers, start=0.0, end=1.0, slo_ms=100.0, width_s=0.0)

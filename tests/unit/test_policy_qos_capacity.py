@@ -246,10 +246,45 @@ def test_a_window_of_sheds_alone_is_data_and_a_breach() -> None:
     for i in range(1, 5):
         decisions.append(evaluate_qos(state, CALIBRATED, s, T0 + 1000 * i))
         state = decisions[-1].after
-    assert decisions[0].rule is DecisionRule.SUSTAIN
+    # 30 rps offered is past fp32's capacity (20): an overload steps down at once.
+    assert decisions[0].changed
     assert [(d.variant, d.rule) for d in decisions if d.changed] == [
         ("int8", DecisionRule.SHED_BREACH)
     ]
+
+
+def _first_change_s(policy: QosPolicy, window: WindowStats, scale_hold: str = "") -> float | None:
+    state = initial_qos_state(policy)
+    for i in range(0, 10):
+        decision = evaluate_qos(state, policy, window, T0 + 1000 * i, scale_hold=scale_hold)
+        if decision.changed:
+            return float(i)
+        state = decision.after
+    return None
+
+
+def test_an_overload_by_measured_capacity_steps_down_without_waiting() -> None:
+    over = stats(240.0, variant="fp32", served_rps=FP32_RPS, shed_rps=5.0)  # offered 25 > 20
+    under = stats(400.0, variant="fp32", served_rps=0.5 * FP32_RPS)  # slow, not loaded
+    assert _first_change_s(CALIBRATED, over) == 0.0
+    assert _first_change_s(CALIBRATED, under) == CALIBRATED.sustain_s
+    # without a calibrated capacity the load cannot be judged: sustain_s as before
+    assert _first_change_s(LATENCY_ONLY, over) == LATENCY_ONLY.sustain_s
+
+
+def test_a_hand_over_while_replicas_settle_is_not_a_breach_to_step_down_on() -> None:
+    """A replica change pauses consumption for a moment: what waited is shed. At a
+    load the rung copes with, no precision change helps; at an overload it does."""
+    hand_over = stats(100.0, variant="fp32", served_rps=0.4 * FP32_RPS, shed_rps=1.0)
+    settling = "replicas changed 2 s ago (settle 5 s)"
+    assert _first_change_s(CALIBRATED, hand_over, settling) is None
+    held = evaluate_qos(
+        initial_qos_state(CALIBRATED), CALIBRATED, hand_over, T0, scale_hold=settling
+    )
+    assert held.rule is DecisionRule.SCALE_UNSETTLED and "hand-over" in held.reason
+    assert _first_change_s(CALIBRATED, hand_over) == CALIBRATED.sustain_s
+    overload = stats(240.0, variant="fp32", served_rps=FP32_RPS, shed_rps=5.0)
+    assert _first_change_s(CALIBRATED, overload, settling) == 0.0
 
 
 def test_the_ceiling_is_the_offered_load_not_what_was_served() -> None:
@@ -259,3 +294,24 @@ def test_the_ceiling_is_the_offered_load_not_what_was_served() -> None:
     spike(loop)
     (ceiling,) = loop.state.ceilings
     assert (ceiling.variant, ceiling.throughput_rps) == ("fp32", pytest.approx(30.0))
+
+
+def test_the_newest_step_shows_a_jump_in_load_the_window_average_hides() -> None:
+    window = SlidingWindow(window_ms=4_000, step_ms=1_000)
+    for i, (served, shed) in enumerate([(10, 0), (10, 0), (10, 0), (30, 15)]):
+        window.add(
+            TelemetrySample(
+                model="m", version="v1", variant="fp32", worker_id="w1",
+                completed_at_ms=1_000 * i + 10, request_count=served, error_count=0,
+                latency=LatencyHistogram(), shed_count=shed,
+            )
+        )  # fmt: skip
+    s = window.stats_by_version("m", "v1", 4_000)
+    assert s is not None
+    assert s.offered_rps == pytest.approx(75 / 4) and s.step_offered_rps == pytest.approx(45.0)
+    back = convert.window_stats_from_pb(convert.window_stats_to_pb(s))  # audit replay sees it
+    assert back.step_offered_rps == s.step_offered_rps
+    # 45 rps in the newest step is past fp32's 20: at once, though the window says 18.75
+    breach = replace(s, p99_ms=400.0)
+    assert _first_change_s(CALIBRATED, breach) == 0.0
+    assert _first_change_s(CALIBRATED, replace(breach, step_offered_rps=0.0)) == 2.0

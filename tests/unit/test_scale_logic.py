@@ -16,6 +16,7 @@ from graylane.policy_engine.logic.scale import (
     ScaleState,
     evaluate_scale,
     initial_scale_state,
+    overload_beyond_floor,
     scale_unsettled,
 )
 from graylane.policy_engine.logic.window import WindowStats
@@ -54,6 +55,51 @@ def test_a_breach_at_the_quality_floor_asks_for_one_more_replica_and_learns_capa
     learned = d.after.capacity_of("int8")
     assert learned is not None and learned.rps == pytest.approx(100.0)
     assert "1 -> 2 replicas" in d.detail
+
+
+def spike(**kw: object) -> ScaleSignals:
+    """fp32 (40 rps engine) shedding a 45 rps spike it serves 27 rps of: the path adds
+    1000/27 - 1000/40 = 12 ms a request, so the int8 floor (90 rps engine) serves
+    1000 / (11.1 + 12) = 43.2 rps a replica here, not 90."""
+    base: dict[str, object] = {
+        "variant": "fp32",
+        "breaching": True,
+        "throughput_rps": 27.0,
+        "offered_rps": 45.0,
+        "replica_capacity_rps": 40.0,
+        "floor_capacity_rps": 90.0,
+    }
+    base.update(kw)
+    return sig(**base)
+
+
+def test_an_overload_the_floor_cannot_carry_scales_out_before_the_ladder_gets_there() -> None:
+    why = overload_beyond_floor(spike(), 0.7)
+    assert why is not None and "43.2 rps at the floor" in why
+    d = evaluate_scale(state(), POLICY, spike(), T0)
+    assert d.kind is ScaleDecisionKind.SCALE_OUT
+    assert (d.desired, d.reason, d.rule) == (2, ScaleReason.OVERLOAD, "scale_overload")
+    # with two replicas the floor carries it: no third
+    two = spike(replicas=2, throughput_rps=44.0, offered_rps=45.0)
+    assert overload_beyond_floor(two, 0.7) is None
+
+
+@pytest.mark.parametrize(
+    "calm",
+    [
+        {"breaching": False},  # no breach: the load is served
+        {"offered_rps": 30.0},  # a breach below the running rung's capacity: not load
+        {"floor_capacity_rps": 0.0},  # no calibrated floor: cannot tell
+        {"replica_capacity_rps": 0.0},
+        {"offered_rps": 42.0, "throughput_rps": 40.0, "floor_capacity_rps": 200.0},
+    ],
+)
+def test_no_overload_scale_out_without_a_proven_overload_beyond_the_floor(
+    calm: dict[str, object],
+) -> None:
+    assert overload_beyond_floor(spike(**calm), 0.7) is None
+    d = evaluate_scale(state(), POLICY, spike(**calm), T0)
+    assert d.reason is not ScaleReason.OVERLOAD
 
 
 def test_no_breach_no_lag_holds() -> None:
