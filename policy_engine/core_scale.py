@@ -9,13 +9,17 @@ window, a QoS policy or a scale state on record; a change is published on
 A replica's capacity is the core's calibrated figure, else the QoS policy's
 calibrated capacity of the running variant (``rung_capacity_rps``) scaled by the
 QoS state's contention factor (what it holds in the running stack), else learned.
+The running variant is the one that served the window (QoS's active one when the
+window mixes variants), and a breach is QoS's or the window's own: right after a
+step down QoS's timers restart, while the window still shows the load that made
+it step, so an overload the floor cannot carry scales out at the same tick.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from graylane.policy_engine.logic.qos import QosState
+from graylane.policy_engine.logic.qos import QosState, breach_rule
 from graylane.policy_engine.logic.scale import (
     ScaleSignals,
     ScaleState,
@@ -72,8 +76,13 @@ def _signals(
     floor_capacity: float | None = None
     if qos_state is not None and qos_policy is not None and qos_policy.enabled:
         floor_breach = _floor_breach(qos_state, qos_policy, now_ms)
-        breaching = qos_state.breach_since_ms is not None
-        variant = qos_state.active_variant
+        # the window's own breach too: a step down clears QoS's timers at once, while
+        # the window still shows the load that made it step
+        breaching = qos_state.breach_since_ms is not None or (
+            stats is not None and breach_rule(stats, qos_policy) is not None
+        )
+        served_by = stats.variant if stats is not None else ""
+        variant = served_by if served_by in qos_policy.ladder else qos_state.active_variant
         floor_variant = qos_policy.ladder[min(qos_policy.floor_index, len(qos_policy.ladder) - 1)]
         floor_capacity = _stack_capacity(qos_policy, qos_state, floor_variant)
     return ScaleSignals(

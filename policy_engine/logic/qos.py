@@ -87,6 +87,7 @@ __all__ = [
     "QosDecision",
     "QosDecisionKind",
     "QosState",
+    "breach_rule",
     "evaluate_qos",
     "initial_qos_state",
     "qos_during_rollout",
@@ -235,7 +236,7 @@ def evaluate_qos(
             DecisionRule.STALE_VARIANT, f"stats are of {stats.variant}, {active} is active", cleared
         )
 
-    breach_why = _breach(stats, policy)
+    breach_why = breach_rule(stats, policy)
     up_target = ladder[index - 1] if index > 0 else None
     contention = smoothed_factor(
         state.contention, observed_factor(stats, policy.capacity_of(active))
@@ -359,7 +360,7 @@ def _live_ceilings(state: QosState, policy: QosPolicy, now_ms: int) -> tuple[Cei
     return tuple(c for c in state.ceilings if now_ms - c.at_ms < ttl_ms)
 
 
-def _breach(stats: WindowStats, policy: QosPolicy) -> DecisionRule | None:
+def breach_rule(stats: WindowStats, policy: QosPolicy) -> DecisionRule | None:
     """The rule that breaches, or None when none does."""
     if stats.p99_ms > policy.down_threshold_ms:
         return DecisionRule.P99_BREACH

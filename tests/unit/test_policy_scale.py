@@ -3,6 +3,8 @@ the ScaleRequest on <p>.control.scale, its audit record and the desired-replicas
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prometheus_client import CollectorRegistry
 
 from graylane.histogram import LatencyHistogram
@@ -95,11 +97,13 @@ class Sim:
                     self.replicas = desired
 
 
-def elastic_run(spike_end_ms: int = 40_000, warmup_ms: int = 3000) -> tuple[PolicyCore, Sim]:
+def elastic_run(
+    spike_end_ms: int = 40_000, warmup_ms: int = 3000, qos: QosPolicy = QOS
+) -> tuple[PolicyCore, Sim]:
     core = PolicyCore(window_ms=2000, step_ms=1000)
     core.scale_policy = SCALE
     core.partitions[(MODEL, VERSION)] = 2
-    core.on_command(Command(kind=CommandKind.SET_QOS_POLICY, model=MODEL, qos_policy=QOS), 0)
+    core.on_command(Command(kind=CommandKind.SET_QOS_POLICY, model=MODEL, qos_policy=qos), 0)
     sim = Sim(core, warmup_ms)
     for t in range(0, 120_000, 250):
         spike = 10_000 <= t < spike_end_ms
@@ -129,6 +133,23 @@ def test_a_spike_steps_down_scales_out_then_scales_in_and_steps_back_up() -> Non
     up = next(o for o in sim.outputs if isinstance(o, PrecisionPublication) and o.epoch == 2)
     assert up.decision.variant == "fp32" and up.decision.at_ms == 42_000
     assert outs[1].decision.at_ms == up.decision.at_ms + SCALE.cooldown_s * 1000
+
+
+def test_with_calibrated_rungs_an_overload_scales_out_with_the_step_down() -> None:
+    """24 rps on fp32's 8: even int8 (16) cannot carry it, so the replica is asked for
+    at the step down, not after the floor's breach has been sustained."""
+    calibrated = replace(QOS, rung_capacity_rps=tuple(CAPACITY.items()))
+    _, sim = elastic_run(qos=calibrated)
+    down = next(o for o in sim.outputs if isinstance(o, PrecisionPublication))
+    out = next(o for o in sim.outputs if isinstance(o, ScalePublication))
+    assert down.decision.variant == "int8"
+    assert out.decision.reason is ScaleReason.OVERLOAD and out.decision.desired == 2
+    assert out.decision.at_ms <= down.decision.at_ms + 1000
+    assert "at the floor" in out.decision.detail
+    _, late = elastic_run()  # no calibration: the floor's breach decides, later
+    later = next(o for o in late.outputs if isinstance(o, ScalePublication))
+    assert later.decision.reason is ScaleReason.FLOOR_BREACH
+    assert later.decision.at_ms > out.decision.at_ms
 
 
 def test_qos_waits_for_the_new_replica_before_stepping_up() -> None:
