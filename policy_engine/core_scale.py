@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from graylane.policy_engine.logic.contention import effective_capacity
 from graylane.policy_engine.logic.qos import QosState, breach_rule
 from graylane.policy_engine.logic.scale import (
     ScaleSignals,
@@ -106,11 +107,16 @@ def _signals(
 
 
 def _stack_capacity(policy: QosPolicy | None, state: QosState | None, variant: str) -> float | None:
-    """The QoS policy's calibrated capacity of ``variant`` x the QoS state's contention."""
+    """The QoS policy's calibrated capacity of ``variant`` as it holds here, by the QoS
+    state's contention (measured on its active variant)."""
     calibrated = policy.capacity_of(variant) if policy is not None else None
-    if calibrated is None:
+    if calibrated is None or policy is None:
         return None
-    return calibrated * (state.contention if state is not None else 1.0)
+    if state is None:
+        return calibrated
+    return effective_capacity(
+        calibrated, state.contention, policy.capacity_of(state.active_variant)
+    )
 
 
 def evaluate_scaling(core: PolicyCore, now_ms: int) -> list[Output]:

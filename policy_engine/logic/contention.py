@@ -10,9 +10,13 @@ capacity is lower. The *contention factor* of a window is
 of the active rung (``1000 / capacity_rps`` vs the window's busy time per
 request, :attr:`WindowStats.service_per_request_ms`), bounded to
 [``MIN_FACTOR``, ``MAX_FACTOR``] and smoothed over windows (exponentially,
-weight ``SMOOTHING`` for the newest). The QoS controller scales *every*
-rung's calibrated capacity by it (the contention hits all rungs alike): the
-load at which it steps back up is then one the rung above can serve here.
+weight ``SMOOTHING`` for the newest). The active rung's capacity here is its
+calibrated one x the factor. Another rung's (:func:`effective_capacity` with
+``measured_on_rps``) pays the same *time* per request that the factor adds
+on the active rung -- the CPU the rest of the stack takes, the per-call costs
+of a small batch -- not the same *share*: at low load an int8 rung may run at
+half its calibrated speed while fp32, twice as slow, loses only a third. The
+load at which QoS steps back up is then one the rung above can serve here.
 """
 
 from __future__ import annotations
@@ -63,6 +67,19 @@ def smoothed_factor(previous: float, observed: float | None) -> float:
     return min(MAX_FACTOR, max(MIN_FACTOR, mixed))
 
 
-def effective_capacity(calibrated_rps: float | None, factor: float) -> float | None:
-    """A rung's capacity in the running stack: calibrated x factor (None when unknown)."""
-    return None if calibrated_rps is None else calibrated_rps * factor
+def effective_capacity(
+    calibrated_rps: float | None, factor: float, measured_on_rps: float | None = None
+) -> float | None:
+    """A rung's capacity in the running stack (None when unknown).
+
+    ``factor`` was measured on the rung calibrated at ``measured_on_rps`` (default:
+    this one, whose capacity is then calibrated x factor). The milliseconds it adds
+    to each request there are added to each request of this rung.
+    """
+    if calibrated_rps is None:
+        return None
+    if calibrated_rps <= 0.0 or factor <= 0.0:
+        return 0.0
+    on = measured_on_rps if measured_on_rps is not None and measured_on_rps > 0 else calibrated_rps
+    added_ms = (1000.0 / on) * (1.0 / factor - 1.0)
+    return 1000.0 / (1000.0 / calibrated_rps + added_ms)

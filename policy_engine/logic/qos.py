@@ -17,8 +17,9 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
   - when the policy carries the calibrated capacity of the rung above
     (``rung_capacity_rps``): the offered load (served + shed) below
     ``up_capacity_fraction`` (0.7) of it *as it holds in the running stack*
-    (calibrated x the smoothed contention factor ``QosState.contention``,
-    measured on the active rung: :mod:`~graylane.policy_engine.logic.contention`),
+    (calibrated, slowed by the time per request that the smoothed contention
+    factor ``QosState.contention`` adds on the active rung:
+    :mod:`~graylane.policy_engine.logic.contention`),
     and no breach. The p99 of the
     cheaper rung does not matter: at normal load it may never reach a
     latency threshold, and the capacity says whether the rung above copes.
@@ -241,7 +242,7 @@ def evaluate_qos(
     contention = smoothed_factor(
         state.contention, observed_factor(stats, policy.capacity_of(active))
     )
-    calm = breach_why is None and _calm(stats, policy, up_target, contention)
+    calm = breach_why is None and _calm(stats, policy, active, up_target, contention)
     breach_since = _since(state.breach_since_ms, now_ms) if breach_why is not None else None
     calm_since = _since(state.calm_since_ms, now_ms) if calm else None
     current = replace(
@@ -340,10 +341,11 @@ def evaluate_qos(
         rule, why = DecisionRule.P99_CALM, figures
         if calibrated is not None:
             rule = DecisionRule.LOAD_CALM
+            here = effective_capacity(calibrated, contention, policy.capacity_of(active))
             why = (
                 f"offered {stats.offered_rps:.1f} rps < {policy.up_capacity_fraction:g} x "
-                f"{target}'s capacity {calibrated * contention:.1f} rps "
-                f"({calibrated:.1f} calibrated x contention {contention:.2f}); {figures}"
+                f"{target}'s capacity {here or 0.0:.1f} rps here ({calibrated:.1f} "
+                f"calibrated, contention {contention:.2f} measured on {active}); {figures}"
             )
         return move(
             QosDecisionKind.STEP_UP, rule, f"sustained {held / 1000:g} s: {why}", target, current
@@ -371,11 +373,13 @@ def breach_rule(stats: WindowStats, policy: QosPolicy) -> DecisionRule | None:
     return None
 
 
-def _calm(stats: WindowStats, policy: QosPolicy, target: str | None, contention: float) -> bool:
+def _calm(
+    stats: WindowStats, policy: QosPolicy, active: str, target: str | None, contention: float
+) -> bool:
     """Calm toward ``target`` (the rung above; None at the top: latency only); a
-    calibrated capacity counts as scaled by ``contention``."""
+    calibrated capacity counts as it holds here (``contention`` measured on ``active``)."""
     calibrated = policy.capacity_of(target) if target is not None else None
-    capacity = effective_capacity(calibrated, contention)
+    capacity = effective_capacity(calibrated, contention, policy.capacity_of(active))
     if capacity is not None:
         return stats.offered_rps < policy.up_capacity_fraction * capacity
     queue_ok = (

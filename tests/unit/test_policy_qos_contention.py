@@ -120,11 +120,12 @@ def _drive(state: QosState, stats: WindowStats, seconds: int, t: int) -> tuple[Q
 
 
 def test_step_up_threshold_follows_the_contended_capacity() -> None:
-    """On int8 in a stack where everything runs at 1/4 of its calibrated speed,
-    fp32 really serves 5 rps: 8 rps offered (< 0.7 x 20 calibrated, but > 0.7 x 5)
-    must not step up; 3 rps (< 0.7 x 5) must."""
+    """On int8 a request takes 4 x its calibrated 27.8 ms in the stack: the stack adds
+    83 ms a request, so fp32 (50 ms calibrated) really serves 1000 / 133 = 7.5 rps:
+    8 rps offered (< 0.7 x 20 calibrated, but > 0.7 x 7.5) must not step up; 3 rps
+    must. (The factor was measured on int8 before: a fresh state starts at 1.0.)"""
     slow = 4.0
-    start = replace(initial_qos_state(POLICY), active_variant="int8")
+    start = replace(initial_qos_state(POLICY), active_variant="int8", contention=1 / slow)
     busy = window(variant="int8", served_rps=8.0, per_request_ms=1000.0 / INT8_RPS * slow)
     state, t = _drive(start, busy, 30, T0)
     assert state.active_variant == "int8"
@@ -142,7 +143,18 @@ def test_step_up_threshold_follows_the_contended_capacity() -> None:
             break
     assert up is not None and up.rule == DecisionRule.LOAD_CALM
     assert up.variant == "fp32"
-    assert "contention 0.2" in up.reason
+    assert "contention 0.2" in up.reason and "7.5 rps here" in up.reason
+
+
+def test_the_time_the_stack_adds_is_what_every_rung_pays_not_the_same_share() -> None:
+    """At half its calibrated speed on int8 (27.8 -> 55.6 ms), fp32 pays the same
+    27.8 ms more: 1000 / 77.8 = 12.9 rps, not 0.5 x 20 = 10."""
+    assert contention.effective_capacity(FP32_RPS, 0.5, INT8_RPS) == pytest.approx(12.86, 0.01)
+    assert contention.effective_capacity(INT8_RPS, 0.5) == pytest.approx(18.0)
+    assert contention.effective_capacity(INT8_RPS, 0.5, INT8_RPS) == pytest.approx(18.0)
+    # measured on fp32 (50 -> 100 ms), int8 pays 50 ms more: it keeps only 36 %
+    assert contention.effective_capacity(INT8_RPS, 0.5, FP32_RPS) == pytest.approx(12.86, 0.01)
+    assert contention.effective_capacity(None, 0.5, FP32_RPS) is None
 
 
 def test_uncontended_stack_keeps_the_calibrated_threshold() -> None:
