@@ -80,7 +80,9 @@ class Settings:
     topic_prefix: str = "graylane"
     client_id: str = "graylane"
     security: KafkaSecurity = field(default_factory=KafkaSecurity)
-    partitions: int = 3
+    partitions: int = 6
+    """Of the data topics (requests, per-version topics, results): 6 splits a version's
+    load evenly over 1, 2, 3 or 6 replicas (3 partitions give 2 workers 2:1)."""
     replication_factor: int = 1
     audit_retention_ms: int = 90 * 24 * 3600 * 1000
     data_retention_ms: int = 7 * 24 * 3600 * 1000

@@ -127,7 +127,7 @@ class TopicLayout:
     """Topic names and creation specs for one prefix."""
 
     prefix: str = "graylane"
-    partitions: int = 3
+    partitions: int = 6
     replication_factor: int = 1
     data_retention_ms: int = 7 * 24 * 3600 * 1000
     audit_retention_ms: int = 90 * 24 * 3600 * 1000

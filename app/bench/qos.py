@@ -151,7 +151,7 @@ def qos_policy(slo_ms: float, capacities: dict[str, float]) -> rollout_pb2.QosPo
 
 SCALE_POLICY_ARGS = ("--max-replicas", "2", "--scale-cooldown-s", "20", "--scale-in-load", "0.6")
 """The policy engine's scale settings in the scale-out run: up to 2 workers (the
-version topic has 3 partitions); scale in after 20 s with the load under 0.6 x
+version topic has 6 partitions: 3 each); scale in after 20 s with the load under 0.6 x
 one worker's calibrated capacity (the steady load is 0.5 x)."""
 
 

@@ -54,7 +54,7 @@ def _render(args: argparse.Namespace) -> int:
             args.model,
             args.version,
             gpu=gpu,
-            layout=TopicLayout(prefix=settings.topic_prefix),
+            layout=TopicLayout(prefix=settings.topic_prefix, partitions=settings.partitions),
             image_registry=args.image_registry,
             max_replicas=max_replicas,
             bootstrap_servers=args.bootstrap_servers,
