@@ -70,13 +70,20 @@ the decision says the comparison is not like-for-like.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from enum import Enum
+from dataclasses import replace
 
 from graylane.policy_engine.logic.contention import (
     effective_capacity,
     observed_factor,
     smoothed_factor,
+)
+from graylane.policy_engine.logic.qos_rollout import qos_during_rollout
+from graylane.policy_engine.logic.qos_state import (
+    Ceiling,
+    QosDecision,
+    QosDecisionKind,
+    QosState,
+    initial_qos_state,
 )
 from graylane.policy_engine.logic.window import ALL_VARIANTS, WindowStats
 from graylane.rollouts.errors import InputMismatch
@@ -93,66 +100,6 @@ __all__ = [
     "initial_qos_state",
     "qos_during_rollout",
 ]
-
-
-class QosDecisionKind(Enum):
-    STEP_DOWN = "step_down"
-    STEP_UP = "step_up"
-    HOLD = "hold"
-    SET = "set"
-
-
-@dataclass(frozen=True)
-class Ceiling:
-    """Offered load (served + shed) at which ``variant`` last breached its SLO."""
-
-    variant: str
-    throughput_rps: float
-    at_ms: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class QosState:
-    model: str
-    version: str
-    active_variant: str
-    last_change_ms: int = 0
-    breach_since_ms: int | None = None
-    calm_since_ms: int | None = None
-    ceilings: tuple[Ceiling, ...] = ()
-    contention: float = 1.0
-    """Smoothed share of its calibrated speed the active rung keeps in the stack
-    (:mod:`~graylane.policy_engine.logic.contention`); scales every rung's capacity."""
-
-    def ceiling_of(self, variant: str) -> Ceiling | None:
-        return next((c for c in self.ceilings if c.variant == variant), None)
-
-
-@dataclass(frozen=True, kw_only=True)
-class QosDecision:
-    kind: QosDecisionKind
-    rule: DecisionRule
-    reason: str
-    at_ms: int
-    before: QosState
-    after: QosState
-    inputs: tuple[WindowStats, ...] = ()
-    scale_hold: str = ""
-    """The ``scale_hold`` input (replayed with the decision)."""
-
-    @property
-    def variant(self) -> str:
-        """The variant to run after this decision."""
-        return self.after.active_variant
-
-    @property
-    def changed(self) -> bool:
-        return self.after.active_variant != self.before.active_variant
-
-
-def initial_qos_state(policy: QosPolicy) -> QosState:
-    """Start at the best quality, with no change on record (no dwell to wait out)."""
-    return QosState(model=policy.model, version=policy.version, active_variant=policy.ladder[0])
 
 
 def evaluate_qos(
@@ -400,52 +347,3 @@ def _figures(stats: WindowStats, policy: QosPolicy) -> str:
     if policy.max_queue_wait_ms > 0.0:
         text += f", queue wait {stats.queue_wait_mean_ms:.1f} ms (max {policy.max_queue_wait_ms:g})"
     return text
-
-
-def qos_during_rollout(
-    candidate: QosState,
-    baseline: QosState,
-    now_ms: int,
-    candidate_policy: QosPolicy | None = None,
-) -> QosDecision:
-    """The candidate's variant while a rollout of its model runs: the baseline's.
-
-    ``candidate_policy`` (when known) says which variants the candidate has;
-    the baseline's own controller keeps running with :func:`evaluate_qos`.
-    """
-    if candidate.model != baseline.model:
-        raise InputMismatch(f"candidate of {candidate.model} with baseline of {baseline.model}")
-    target = baseline.active_variant
-    cleared = replace(candidate, breach_since_ms=None, calm_since_ms=None)
-
-    def decide(
-        kind: QosDecisionKind, rule: DecisionRule, reason: str, after: QosState
-    ) -> QosDecision:
-        return QosDecision(
-            kind=kind, rule=rule, reason=reason, at_ms=now_ms, before=candidate, after=after
-        )
-
-    if candidate.active_variant == target:
-        return decide(
-            QosDecisionKind.HOLD,
-            DecisionRule.LIKE_FOR_LIKE,
-            f"candidate runs {target} like the baseline",
-            cleared,
-        )
-    if candidate_policy is not None:
-        ladder = candidate_policy.ladder
-        if target not in ladder or ladder.index(target) > candidate_policy.floor_index:
-            return decide(
-                QosDecisionKind.HOLD,
-                DecisionRule.LIKE_FOR_LIKE_UNAVAILABLE,
-                f"baseline runs {target}, which the candidate cannot run; candidate stays on "
-                f"{candidate.active_variant}: the comparison is not like-for-like",
-                cleared,
-            )
-    after = replace(cleared, active_variant=target, last_change_ms=now_ms)
-    return decide(
-        QosDecisionKind.SET,
-        DecisionRule.FOLLOW_BASELINE,
-        f"{candidate.active_variant} -> {target}: the candidate follows the baseline's variant",
-        after,
-    )
