@@ -75,3 +75,5 @@ class WorkerConfig:
     """Declared task and input vocabulary (from the manifest or the ONNX metadata)."""
     profiles: tuple[ShapeProfile, ...] = ()
     """The artifact's build profiles: warm-up shapes (and buckets, see ``shapes``)."""
+    standby: bool = False
+    """Warm up, then wait out of the group until activated (:mod:`.standby`)."""

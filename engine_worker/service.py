@@ -57,6 +57,7 @@ from graylane.engine_worker.results import (
     engine_rejection,
 )
 from graylane.engine_worker.shapes import profile_buckets
+from graylane.engine_worker.standby import wait_for_activation
 from graylane.engine_worker.tokenizer import detect_tokenizer
 from graylane.errors import SerdeError
 from graylane.kafka.compacted import CompactedFollower
@@ -505,6 +506,11 @@ class Worker:
         warmed = await loop.run_in_executor(self._executor, self.warm_up)
         log.info("warmed %d variant x bucket shapes", warmed)
         self.observer.start(self.factory.settings)
+        what = f"worker {cfg.worker_id} of {cfg.model}/{cfg.version}"
+        if cfg.standby and not await wait_for_activation(stop, what):
+            self._executor.shutdown(wait=False)
+            self.observability.close()
+            return
         self.metrics.active_variant.labels(cfg.model, cfg.version, self.active_variant).set(1)
         await self._precision.catch_up()
         self.observability.mark(CONTROL_CAUGHT_UP)

@@ -160,9 +160,10 @@ async def _one_worker(stack: BenchStack, spec: WorkerSpec) -> AsyncIterator[Call
     yield lambda: 1
 
 
-def local_supervisor(max_workers: int = 2) -> ScaleOut:
+def local_supervisor(max_workers: int = 2, warm_standby: int = 1) -> ScaleOut:
     """The local stack supervisor (``graylane supervise``) in this process: it follows
-    the run's scale topic and starts/stops worker processes of ``spec``."""
+    the run's scale topic and starts/stops worker processes of ``spec``, with
+    ``warm_standby`` warmed workers waiting to join (``--warm-standby``)."""
 
     @contextlib.asynccontextmanager
     async def supervise(stack: BenchStack, spec: WorkerSpec) -> AsyncIterator[Callable[[], int]]:
@@ -181,6 +182,7 @@ def local_supervisor(max_workers: int = 2) -> ScaleOut:
             stack.factory,
             [template],
             max_workers=max_workers,
+            warm_standby=warm_standby,
             log_dir=REPO_ROOT / ".local" / "logs",
             grace_s=10.0,
         )

@@ -330,6 +330,8 @@ def _story(args: argparse.Namespace) -> int:
                     f"{STORY_MODEL}={HEALTHY}",
                     "--max-workers",
                     str(DEMO_MAX_WORKERS),
+                    "--warm-standby",
+                    "1",
                     "--worker-args",
                     "--from-registry --threads 1",
                 ],

@@ -10,6 +10,14 @@ are stopped newest first with SIGTERM (they finish their batch and leave the
 group), and killed after ``grace_s``. A worker that dies is restarted after
 ``restart_backoff_s`` (crash-only services).
 
+With ``warm_standby`` (``--warm-standby N``) the supervisor also keeps up to N
+*standby* workers per version (``graylane worker --standby``: engines loaded
+and warmed, out of the consumer group, not ready) while the version runs fewer
+than it may. A scale-out then signals a standby to join (``SIGUSR1``, about a
+second to serve) instead of starting a process whose import, ONNX Runtime load
+and warm-up take seconds of the CPU the overloaded workers need. A used standby
+is replaced ``refill_delay_s`` after the scale-out, once the burst has passed.
+
 ``graylane supervise`` runs it in the foreground; ``graylane up --worker ...``
 starts the broker and then the same; the demo starts it as a process.
 """
@@ -25,11 +33,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from graylane import serde
 from graylane.app.cli.demo import Service, start_service
+from graylane.engine_worker.standby import ACTIVATE
 from graylane.errors import SerdeError
 from graylane.kafka.admin import partition_counts
 from graylane.kafka.compacted import CompactedFollower
@@ -92,8 +101,14 @@ def parse_workers(items: Sequence[str], args: Sequence[str]) -> list[WorkerTempl
 class _Pool:
     template: WorkerTemplate
     running: list[Service] = field(default_factory=list)
+    standby: list[Service] = field(default_factory=list)
     started: int = 0
     next_start_s: float = 0.0
+    refill_at_s: float = 0.0
+
+    @property
+    def standby_template(self) -> WorkerTemplate:
+        return replace(self.template, args=(*self.template.args, "--standby"))
 
 
 class ScaleSupervisor:
@@ -111,11 +126,17 @@ class ScaleSupervisor:
         grace_s: float = 20.0,
         restart_backoff_s: float = 5.0,
         poll_s: float = 0.5,
+        warm_standby: int = 0,
+        refill_delay_s: float = 20.0,
     ) -> None:
         if not 1 <= min_workers <= max_workers:
             raise ValueError(
                 f"need 1 <= --min-workers {min_workers} <= --max-workers {max_workers}"
             )
+        if warm_standby < 0:
+            raise ValueError(f"--warm-standby {warm_standby} must be >= 0")
+        self.warm_standby = warm_standby
+        self.refill_delay_s = refill_delay_s
         self.factory = factory
         self.max_workers = max_workers
         self.min_workers = min_workers
@@ -141,6 +162,16 @@ class ScaleSupervisor:
         """The live worker processes of (model, version)."""
         pool = self.pools.get((model, version))
         return [s for s in pool.running if s.process.poll() is None] if pool else []
+
+    def standing_by(self, model: str, version: str) -> list[Service]:
+        """The warm standby processes of (model, version) (not in the group)."""
+        pool = self.pools.get((model, version))
+        return [s for s in pool.standby if s.process.poll() is None] if pool else []
+
+    def bound(self, key: Key) -> int:
+        """The most workers (model, version) may run: ``max_workers``, at most its partitions."""
+        partitions = self.partitions.get(key, 0)
+        return min(self.max_workers, partitions) if partitions > 0 else self.max_workers
 
     def target(self, key: Key) -> int:
         return target_replicas(
@@ -189,7 +220,24 @@ class ScaleSupervisor:
                 log.warning("%s/%s: %d worker(s) exited; restarting", *key, died)
                 pool.next_start_s = now + self.restart_backoff_s
             pool.running = alive
+            for gone in [s for s in pool.standby if s.process.poll() is not None]:
+                log.warning("%s/%s: standby %s exited", *key, gone.name)
+                _withdraw(gone)
+                pool.standby.remove(gone)
+                pool.refill_at_s = max(pool.refill_at_s, now + self.restart_backoff_s)
             target = self.target(key)
+            while len(pool.running) < target and pool.standby:
+                service = pool.standby.pop(0)
+                service.process.send_signal(ACTIVATE)
+                pool.running.append(service)
+                pool.refill_at_s = now + self.refill_delay_s
+                log.info(
+                    "%s/%s: standby %s activated (%d of %d)",
+                    *key,
+                    service.name,
+                    len(pool.running),
+                    target,
+                )
             while len(pool.running) < target and now >= pool.next_start_s:
                 pool.started += 1
                 pool.running.append(self._launch(pool.template, pool.started))
@@ -207,6 +255,7 @@ class ScaleSupervisor:
                 log.info(
                     "%s/%s: %s stopping (%d of %d)", *key, service.name, len(pool.running), target
                 )
+            self._keep_standby(key, pool, target, now)
         still = []
         for service, deadline in self.stopping:
             if service.process.poll() is not None:
@@ -219,12 +268,26 @@ class ScaleSupervisor:
             still.append((service, deadline))
         self.stopping = still
 
+    def _keep_standby(self, key: Key, pool: _Pool, target: int, now: float) -> None:
+        """Start a standby while the version may still grow and is settled; stop extras."""
+        want = min(self.warm_standby, max(0, self.bound(key) - len(pool.running)))
+        settled = len(pool.running) >= target
+        if len(pool.standby) < want and settled and now >= max(pool.refill_at_s, pool.next_start_s):
+            pool.started += 1
+            pool.standby.append(self._launch(pool.standby_template, pool.started))
+            log.info("%s/%s: standby worker %d started", *key, pool.started)
+        while len(pool.standby) > want:
+            service = pool.standby.pop()
+            service.process.send_signal(signal.SIGTERM)
+            self.stopping.append((service, now + self.grace_s))
+
     async def shutdown(self) -> None:
         """SIGTERM every worker, wait up to ``grace_s``, kill the rest."""
-        every = [s for pool in self.pools.values() for s in pool.running]
+        every = [s for pool in self.pools.values() for s in (*pool.running, *pool.standby)]
         every += [s for s, _ in self.stopping]
         for pool in self.pools.values():
             pool.running = []
+            pool.standby = []
         self.stopping = []
         for s in every:
             if s.process.poll() is None:
@@ -317,6 +380,13 @@ def add_supervisor_args(parser: argparse.ArgumentParser, *, required: bool) -> N
     )
     parser.add_argument("--min-workers", type=int, default=1)
     parser.add_argument(
+        "--warm-standby",
+        type=int,
+        default=0,
+        help="warmed workers kept out of the group per version while it may still grow: "
+        "a scale-out signals one instead of cold-starting a process",
+    )
+    parser.add_argument(
         "--worker-args",
         default="--from-registry",
         help='arguments of each `graylane worker` (one string, e.g. "--from-registry --threads 1")',
@@ -343,6 +413,7 @@ def run_supervisor(settings: Settings, args: argparse.Namespace) -> int:
             templates,
             max_workers=args.max_workers,
             min_workers=args.min_workers,
+            warm_standby=args.warm_standby,
         )
     except ValueError as exc:
         raise SystemExit(str(exc)) from None

@@ -59,6 +59,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_observability_args(worker)
     worker.add_argument("--worker-id", default="")
     worker.add_argument(
+        "--standby",
+        action="store_true",
+        help="warm up, then wait out of the consumer group until SIGUSR1 (a supervisor's "
+        "warm standby: scale-out without a cold start)",
+    )
+    worker.add_argument(
         "--engine-failure-limit",
         type=int,
         default=5,
@@ -197,6 +203,7 @@ def _worker(args: argparse.Namespace) -> int:
         model_info=info,
         profiles=profiles,
         metrics_port=args.metrics_port,
+        standby=args.standby,
         faults=FaultInjection(
             extra_latency_ms=args.inject_latency_ms,
             latency_factor=args.inject_latency_factor,

@@ -19,6 +19,7 @@ from rich.live import Live
 from rich.table import Table
 
 from graylane import serde
+from graylane.app.demo.load_plan import spike_rate
 from graylane.app.demo.monitor import Monitor
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
 from graylane.clock import now_ms
@@ -116,6 +117,8 @@ class Story:
         self.model = MODEL
         self.rate = cfg.rate
         self.base_rate = cfg.rate
+        self.path_rps = 0.0
+        """The whole path's measured capacity (0 until measured)."""
         """The steady load (``rate``, or measured: :meth:`_probe_path`)."""
         self.console = Console()
         self.stop = asyncio.Event()
@@ -261,6 +264,7 @@ class Story:
         path = delivered_rps(self.monitor, t0, self.monitor.now(), PROBE_S)
         self.rate = cfg.load_fraction * min(path, cfg.engine_rps) if path > 0 else cfg.rate
         self.base_rate = self.rate
+        self.path_rps = path
         self.monitor.event(
             f"path capacity {path:.1f} req/s (engine {cfg.engine_rps:.1f}): "
             f"load {self.rate:.1f} req/s"
@@ -350,9 +354,18 @@ class Story:
         )
         self.deadline_s = cfg.slo_p99_ms / 1000.0  # admission control sheds what would be late
         await asyncio.sleep(5)
-        self.rate = self.base_rate * cfg.spike_factor
+        self.rate = spike_rate(
+            self.base_rate,
+            cfg.spike_factor,
+            self.path_rps,
+            cfg.engine_rps,
+            cfg.rung_capacity_rps.get("int8-dynamic", 0.0),
+        )
         spike_end = time.monotonic() + cfg.spike_s
-        self.monitor.event(f"load spike x{cfg.spike_factor:g} for {cfg.spike_s:.0f}s")
+        self.monitor.event(
+            f"load spike x{self.rate / self.base_rate:.1f} ({self.rate:.1f} req/s) for "
+            f"{cfg.spike_s:.0f}s"
+        )
         await self._wait(
             lambda: self.monitor.variants.get(HEALTHY) == "int8-dynamic",
             "QoS stepped down to int8-dynamic",

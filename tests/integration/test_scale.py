@@ -2,7 +2,8 @@
 
 - A ScaleRequest on ``<p>.control.scale`` makes the local supervisor start a
   second ``graylane worker`` process for the version (it becomes ready), and
-  a scale-in request stops it again.
+  a scale-in request stops it again; with a warm standby the request activates
+  the warmed process instead (it joins the group and becomes ready only then).
 - The policy engine, fed telemetry of a version at its quality floor that
   still breaches its SLO, publishes a ScaleRequest (and audits it), and a
   supervisor following the topic brings that version to two workers.
@@ -116,6 +117,35 @@ async def test_the_supervisor_starts_a_second_worker_process_and_stops_it_again(
         await wait_until(lambda: second.process.poll() is not None, timeout=60, what="scale-in")
         assert sup.running(MODEL, VERSION) == [first] and first.process.poll() is None
     assert first.process.poll() is not None  # the supervisor stops its workers on exit
+
+
+async def test_a_warm_standby_joins_its_group_only_when_a_scale_out_signals_it(
+    settings: Settings, factory: KafkaFactory, tmp_path: Path
+) -> None:
+    layout = factory.layout
+    await ensure_topics(factory, layout.shared_specs() + layout.model_specs(MODEL, [VERSION]))
+    onnx = write_demo_gpt(tmp_path / "v1.onnx", "tiny", seed=1)
+    template = WorkerTemplate(
+        model=MODEL, version=VERSION, args=("--variant", f"fp32={onnx}", "--threads", "1")
+    )
+    sup = ScaleSupervisor(
+        factory, [template], max_workers=2, warm_standby=1, log_dir=tmp_path / "logs"
+    )
+    async with supervising(sup):
+        (first,) = sup.running(MODEL, VERSION)
+        (spare,) = sup.standing_by(MODEL, VERSION)
+        assert "--standby" in spare.process.args  # type: ignore[operator]
+        await wait_until(lambda: ready(first), timeout=120, poll_s=0.5, what="worker 1 ready")
+        await wait_until(
+            lambda: "warm standby" in spare.log.read_text(), timeout=120, what="standby warmed"
+        )
+        assert not ready(spare)  # warmed, alive, but out of the group
+        await ask(factory, 2, epoch=1)
+        await wait_until(lambda: ready(spare), timeout=60, poll_s=0.2, what="standby serving")
+        assert sup.running(MODEL, VERSION) == [first, spare]
+        assert "activated: joining its group" in spare.log.read_text()
+        # no cold start for the scale-out: the only processes are the first two
+        assert sup.standing_by(MODEL, VERSION) == []
 
 
 class _FakeProcess:

@@ -32,7 +32,7 @@ class FakeProcess:
 
     def send_signal(self, sig: int) -> None:
         self.signals.append(sig)
-        if not self.ignore_term:
+        if sig != signal.SIGUSR1 and not self.ignore_term:  # SIGUSR1 activates a standby
             self.returncode = -sig
 
     def kill(self) -> None:
@@ -162,3 +162,42 @@ def test_bounds_are_checked_and_the_cli_parses(factory: KafkaFactory) -> None:
     assert (args.max_workers, args.min_workers) == (2, 1)
     args = build_parser().parse_args(["policy", "--max-replicas", "3", "--scale-in-load", "0.7"])
     assert (args.max_replicas, args.scale_in_load, args.scale_cooldown_s) == (3, 0.7, 30.0)
+
+
+def test_a_warm_standby_joins_on_scale_out_and_is_replaced_after_the_burst(
+    factory: KafkaFactory,
+) -> None:
+    sup, launches = supervisor(factory, warm_standby=1, refill_delay_s=20.0)
+    sup.partitions[T.key] = 6
+    sup.reconcile(0.0)
+    (serving, _, p1), (standby, _, p2) = launches.started
+    assert "--standby" not in serving.args and standby.args[-1] == "--standby"
+    assert len(sup.running("gpt", "v1")) == 1 and len(sup.standing_by("gpt", "v1")) == 1
+    sup.on_record(request(2, 1))
+    sup.reconcile(1.0)
+    assert p2.signals == [signal.SIGUSR1] and p2.poll() is None  # activated, not restarted
+    assert p1.signals == []
+    assert len(launches.started) == 2 and len(sup.running("gpt", "v1")) == 2
+    assert sup.standing_by("gpt", "v1") == []
+    sup.reconcile(10.0)
+    assert len(launches.started) == 2  # no cold start during the burst
+    sup.reconcile(21.5)
+    assert len(launches.started) == 3 and launches.started[2][0].args[-1] == "--standby"
+    # at the bound (2 of max 2) no standby is worth keeping: it is stopped
+    sup.max_workers = 2
+    sup.reconcile(22.0)
+    assert sup.standing_by("gpt", "v1") == [] and launches.started[2][2].signals == [signal.SIGTERM]
+
+
+def test_a_standby_that_exits_is_replaced_after_the_backoff(factory: KafkaFactory) -> None:
+    sup, launches = supervisor(factory, warm_standby=1, restart_backoff_s=5.0)
+    sup.reconcile(0.0)
+    launches.started[1][2].returncode = 1
+    sup.reconcile(1.0)
+    assert len(launches.started) == 2 and sup.standing_by("gpt", "v1") == []
+    sup.reconcile(6.5)
+    assert len(launches.started) == 3 and len(sup.standing_by("gpt", "v1")) == 1
+    with pytest.raises(ValueError):
+        ScaleSupervisor(factory, [T], max_workers=2, warm_standby=-1)
+    args = build_parser().parse_args(["supervise", "--worker", "gpt=1", "--warm-standby", "1"])
+    assert args.warm_standby == 1

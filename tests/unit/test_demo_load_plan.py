@@ -1,0 +1,26 @@
+"""The demo's spike is derived from measured capacity: beyond what the floor rung carries."""
+
+from __future__ import annotations
+
+import pytest
+
+from graylane.app.demo.load_plan import BEYOND_FLOOR, floor_path_rps, spike_rate
+
+
+def test_the_floor_pays_the_paths_overhead_per_request() -> None:
+    # fp32: 25 rps engine, 13 rps through the whole path -> 36.9 ms overhead a request
+    floor = floor_path_rps(13.0, 25.0, 59.0)
+    assert floor == pytest.approx(1000.0 / (1000.0 / 59.0 + 1000.0 / 13.0 - 1000.0 / 25.0))
+    assert 13.0 < floor < 59.0
+    assert floor_path_rps(0.0, 25.0, 59.0) == 0.0
+
+
+def test_the_spike_is_x3_unless_one_worker_at_the_floor_would_carry_it() -> None:
+    base = 6.5
+    raised = spike_rate(base, 3.0, 13.0, 25.0, 59.0)
+    assert raised == pytest.approx(BEYOND_FLOOR * floor_path_rps(13.0, 25.0, 59.0))
+    assert raised > 3.0 * base
+    # a floor barely faster than fp32: x3 is already beyond it
+    assert spike_rate(base, 3.0, 13.0, 25.0, 27.0) == pytest.approx(3.0 * base)
+    # unmeasured: x3
+    assert spike_rate(base, 3.0, 0.0, 25.0, 59.0) == pytest.approx(3.0 * base)
