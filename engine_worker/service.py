@@ -57,7 +57,7 @@ from graylane.engine_worker.results import (
     engine_rejection,
 )
 from graylane.engine_worker.shapes import profile_buckets
-from graylane.engine_worker.standby import wait_for_activation
+from graylane.engine_worker.standby import run_at_low_priority, wait_for_activation
 from graylane.engine_worker.tokenizer import detect_tokenizer
 from graylane.errors import SerdeError
 from graylane.kafka.compacted import CompactedFollower
@@ -503,7 +503,11 @@ class Worker:
             layout.shared_specs() + layout.model_specs(cfg.model, [cfg.version])
         )
         loop = asyncio.get_running_loop()
-        warmed = await loop.run_in_executor(self._executor, self.warm_up)
+        warmed = await (
+            run_at_low_priority(self.warm_up)
+            if cfg.standby
+            else loop.run_in_executor(self._executor, self.warm_up)
+        )
         log.info("warmed %d variant x bucket shapes", warmed)
         self.observer.start(self.factory.settings)
         what = f"worker {cfg.worker_id} of {cfg.model}/{cfg.version}"

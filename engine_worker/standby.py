@@ -4,16 +4,25 @@ A supervisor keeps one such process per scaled version (``--warm-standby``), so
 a scale-out is a signal (``SIGUSR1``: join the consumer group and serve), not a
 process start, an ONNX Runtime load and a warm-up competing for the CPU with the
 overloaded workers at the worst moment. Until then it holds no partitions, reads
-nothing and is not ready (``/readyz``).
+nothing and is not ready (``/readyz``). Its warm-up runs at the lowest CPU
+priority (a thread of its own, niced, that ends with it): a standby started
+while the others serve takes the CPU they leave idle, not theirs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import signal
+import threading
+from collections.abc import Callable
+from typing import TypeVar
 
-__all__ = ["ACTIVATE", "wait_for_activation"]
+__all__ = ["ACTIVATE", "run_at_low_priority", "wait_for_activation"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -38,3 +47,22 @@ async def wait_for_activation(stop: asyncio.Event, what: str) -> bool:
         return False
     log.info("%s activated: joining its group", what)
     return True
+
+
+async def run_at_low_priority(fn: Callable[[], T]) -> T:
+    """``fn()`` in a thread of its own at nice 19 (where the OS allows), awaited."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def target() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        try:
+            result = fn()
+        except BaseException as exc:  # handed to the awaiting task
+            loop.call_soon_threadsafe(done.set_exception, exc)
+        else:
+            loop.call_soon_threadsafe(done.set_result, result)
+
+    threading.Thread(target=target, name="standby-warm-up", daemon=True).start()
+    return await done

@@ -269,7 +269,12 @@ class ScaleSupervisor:
         self.stopping = still
 
     def _keep_standby(self, key: Key, pool: _Pool, target: int, now: float) -> None:
-        """Start a standby while the version may still grow and is settled; stop extras."""
+        """Start a standby while the version may still grow and is settled; stop extras.
+
+        The first one starts ``refill_delay_s`` after the pool's first worker, whose
+        own start it would otherwise slow down."""
+        if not pool.refill_at_s and pool.running:
+            pool.refill_at_s = now + self.refill_delay_s
         want = min(self.warm_standby, max(0, self.bound(key) - len(pool.running)))
         settled = len(pool.running) >= target
         if len(pool.standby) < want and settled and now >= max(pool.refill_at_s, pool.next_start_s):

@@ -129,10 +129,16 @@ async def test_a_warm_standby_joins_its_group_only_when_a_scale_out_signals_it(
         model=MODEL, version=VERSION, args=("--variant", f"fp32={onnx}", "--threads", "1")
     )
     sup = ScaleSupervisor(
-        factory, [template], max_workers=2, warm_standby=1, log_dir=tmp_path / "logs"
+        factory,
+        [template],
+        max_workers=2,
+        warm_standby=1,
+        refill_delay_s=1.0,
+        log_dir=tmp_path / "logs",
     )
     async with supervising(sup):
         (first,) = sup.running(MODEL, VERSION)
+        await wait_until(lambda: len(sup.standing_by(MODEL, VERSION)) == 1, timeout=30)
         (spare,) = sup.standing_by(MODEL, VERSION)
         assert "--standby" in spare.process.args  # type: ignore[operator]
         await wait_until(lambda: ready(first), timeout=120, poll_s=0.5, what="worker 1 ready")

@@ -170,32 +170,35 @@ def test_a_warm_standby_joins_on_scale_out_and_is_replaced_after_the_burst(
     sup, launches = supervisor(factory, warm_standby=1, refill_delay_s=20.0)
     sup.partitions[T.key] = 6
     sup.reconcile(0.0)
+    assert len(launches.started) == 1  # the first worker starts alone ...
+    sup.reconcile(20.5)  # ... and the standby once it had time to warm up
     (serving, _, p1), (standby, _, p2) = launches.started
     assert "--standby" not in serving.args and standby.args[-1] == "--standby"
     assert len(sup.running("gpt", "v1")) == 1 and len(sup.standing_by("gpt", "v1")) == 1
     sup.on_record(request(2, 1))
-    sup.reconcile(1.0)
+    sup.reconcile(21.0)
     assert p2.signals == [signal.SIGUSR1] and p2.poll() is None  # activated, not restarted
     assert p1.signals == []
     assert len(launches.started) == 2 and len(sup.running("gpt", "v1")) == 2
     assert sup.standing_by("gpt", "v1") == []
-    sup.reconcile(10.0)
+    sup.reconcile(30.0)
     assert len(launches.started) == 2  # no cold start during the burst
-    sup.reconcile(21.5)
+    sup.reconcile(41.5)
     assert len(launches.started) == 3 and launches.started[2][0].args[-1] == "--standby"
     # at the bound (2 of max 2) no standby is worth keeping: it is stopped
     sup.max_workers = 2
-    sup.reconcile(22.0)
+    sup.reconcile(42.0)
     assert sup.standing_by("gpt", "v1") == [] and launches.started[2][2].signals == [signal.SIGTERM]
 
 
 def test_a_standby_that_exits_is_replaced_after_the_backoff(factory: KafkaFactory) -> None:
     sup, launches = supervisor(factory, warm_standby=1, restart_backoff_s=5.0)
     sup.reconcile(0.0)
+    sup.reconcile(20.5)
     launches.started[1][2].returncode = 1
-    sup.reconcile(1.0)
+    sup.reconcile(21.0)
     assert len(launches.started) == 2 and sup.standing_by("gpt", "v1") == []
-    sup.reconcile(6.5)
+    sup.reconcile(26.5)
     assert len(launches.started) == 3 and len(sup.standing_by("gpt", "v1")) == 1
     with pytest.raises(ValueError):
         ScaleSupervisor(factory, [T], max_workers=2, warm_standby=-1)
