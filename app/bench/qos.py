@@ -183,6 +183,7 @@ def local_supervisor(max_workers: int = 2, warm_standby: int = 1) -> ScaleOut:
             [template],
             max_workers=max_workers,
             warm_standby=warm_standby,
+            first_standby_delay_s=0.0,  # warmed before the scored span starts
             log_dir=REPO_ROOT / ".local" / "logs",
             grace_s=10.0,
         )

@@ -128,6 +128,7 @@ class ScaleSupervisor:
         poll_s: float = 0.5,
         warm_standby: int = 0,
         refill_delay_s: float = 20.0,
+        first_standby_delay_s: float | None = None,
     ) -> None:
         if not 1 <= min_workers <= max_workers:
             raise ValueError(
@@ -137,6 +138,9 @@ class ScaleSupervisor:
             raise ValueError(f"--warm-standby {warm_standby} must be >= 0")
         self.warm_standby = warm_standby
         self.refill_delay_s = refill_delay_s
+        self.first_standby_delay_s = (
+            refill_delay_s if first_standby_delay_s is None else first_standby_delay_s
+        )
         self.factory = factory
         self.max_workers = max_workers
         self.min_workers = min_workers
@@ -271,10 +275,10 @@ class ScaleSupervisor:
     def _keep_standby(self, key: Key, pool: _Pool, target: int, now: float) -> None:
         """Start a standby while the version may still grow and is settled; stop extras.
 
-        The first one starts ``refill_delay_s`` after the pool's first worker, whose
-        own start it would otherwise slow down."""
+        The first one starts ``first_standby_delay_s`` (default ``refill_delay_s``)
+        after the pool's first worker, whose own start it would otherwise slow down."""
         if not pool.refill_at_s and pool.running:
-            pool.refill_at_s = now + self.refill_delay_s
+            pool.refill_at_s = now + self.first_standby_delay_s
         want = min(self.warm_standby, max(0, self.bound(key) - len(pool.running)))
         settled = len(pool.running) >= target
         if len(pool.standby) < want and settled and now >= max(pool.refill_at_s, pool.next_start_s):

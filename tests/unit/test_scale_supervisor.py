@@ -204,3 +204,9 @@ def test_a_standby_that_exits_is_replaced_after_the_backoff(factory: KafkaFactor
         ScaleSupervisor(factory, [T], max_workers=2, warm_standby=-1)
     args = build_parser().parse_args(["supervise", "--worker", "gpt=1", "--warm-standby", "1"])
     assert args.warm_standby == 1
+
+
+def test_the_first_standby_may_start_with_the_first_worker(factory: KafkaFactory) -> None:
+    sup, launches = supervisor(factory, warm_standby=1, first_standby_delay_s=0.0)
+    sup.reconcile(5.0)
+    assert [t.args[-1] for t, _, _ in launches.started] == ["1", "--standby"]
