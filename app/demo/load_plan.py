@@ -12,7 +12,7 @@ from __future__ import annotations
 
 __all__ = ["floor_path_rps", "spike_rate"]
 
-BEYOND_FLOOR = 1.25
+BEYOND_FLOOR = 1.5
 """The spike is at least this multiple of what one worker serves at the floor here."""
 
 
