@@ -7,14 +7,19 @@ predicted completion (the batches ahead of it plus its own) is past its
 deadline is shed: answered ``SHED`` without running, so the client knows
 immediately and the requests admitted after it are not delayed by it. With no
 estimate (nothing measured yet, or a task the estimate does not cover) every
-request is admitted: the worker cannot tell.
+request is admitted: the worker cannot tell. :func:`admit_cycle` is the
+worker's use of it: deadlines from its requests, estimates for forward batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from graylane.engine_worker.batching import PlannedBatch
+from graylane.engine_worker.requests import TaskKind, WorkItem
+from graylane.v1 import inference_pb2
 
 NO_DEADLINE = 0
 
@@ -110,3 +115,44 @@ def admit(
         if keep:
             clock += estimate
     return Admission(tuple(admitted), tuple(shed))
+
+
+ADMISSION_PROBE_MS = 1000
+"""After this long without running a batch, admission lets the next one run (a probe)."""
+
+
+def forward_only(items: Sequence[WorkItem]) -> bool:
+    """Whether every item is a plain forward pass (what the learner's estimates cover)."""
+    return all(item.task is TaskKind.FORWARD for item in items)
+
+
+def admit_cycle(
+    planned: Sequence[PlannedBatch[WorkItem]],
+    requests: Mapping[int, inference_pb2.InferenceRequest],
+    estimate_ms: Callable[[int, int], float | None],
+    *,
+    default_deadline_ms: float,
+    now_unix_ms: int,
+    last_run_unix_ms: int,
+) -> Admission[WorkItem]:
+    """Shed what cannot meet its deadline behind the batches planned ahead of it.
+
+    ``estimate_ms(rows, bucket_len)`` prices forward-only batches (others are
+    unknown); the first batch is a probe after ``ADMISSION_PROBE_MS`` without a run.
+    """
+
+    def deadline(item: WorkItem) -> int:
+        request = requests[item.index]
+        return effective_deadline(
+            request.deadline_unix_ms, request.created_at_unix_ms, default_deadline_ms
+        )
+
+    def service_ms(position: int, rows: int) -> float | None:
+        batch = planned[position]
+        if not forward_only(batch.items):
+            return None
+        return estimate_ms(rows, batch.bucket_len)
+
+    candidates = [[Candidate(item, deadline(item)) for item in b.items] for b in planned]
+    probe = now_unix_ms - last_run_unix_ms > ADMISSION_PROBE_MS
+    return admit(candidates, now_unix_ms, service_ms, probe=probe)

@@ -4,16 +4,16 @@ One fetched cycle goes decode → validate (:mod:`~graylane.engine_worker.intake
 → plan (:mod:`~graylane.engine_worker.batching`) → run
 (:mod:`~graylane.engine_worker.compute`, in a thread so aiokafka's heartbeats keep
 running on the event loop) → build results (:mod:`~graylane.engine_worker.results`)
-→ deliver, the only step here that talks to Kafka. Offsets are committed only
+→ deliver (:mod:`~graylane.engine_worker.delivery_step`). Offsets are committed only
 after every result and the batch telemetry are acknowledged (at-least-once;
 duplicates carry the same request_id). Fault injection is an engine wrapper
 (:mod:`~graylane.engine_worker.faults`), not a step of its own.
 
 The pure parts live beside it (intake, batching, batch learner, admission, compute,
-results, batch ids, load meter) and the metrics in :mod:`~graylane.engine_worker.observe`;
-what stays here (about 450 lines) is the one Kafka adapter of the worker: the fetch
-cycle, precision commands, delivery and the run loop, which share one consumer,
-producer and commit point and are read together.
+results, batch ids, load meter), the metrics in :mod:`~graylane.engine_worker.observe`
+and the sends in :mod:`~graylane.engine_worker.delivery_step`. What stays here is the
+:class:`Worker`: its consumer, producer and commit point, the fetch cycle (collect,
+admit, run), precision commands, engine recovery and the run loop.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from aiokafka import AIOKafkaConsumer
@@ -32,9 +32,9 @@ from graylane import serde
 from graylane.clock import now_ms
 from graylane.engine.errors import EngineError
 from graylane.engine.protocol import InferenceEngine
-from graylane.engine_worker.admission import Admission, Candidate, admit, effective_deadline
+from graylane.engine_worker.admission import admit_cycle, forward_only
 from graylane.engine_worker.batch_ids import BatchIds
-from graylane.engine_worker.batch_learner import BatchChoice, BatchLearner, LearnerConfig
+from graylane.engine_worker.batch_learner import BatchLearner, LearnerConfig
 from graylane.engine_worker.batching import BucketPolicy, PlannedBatch, split_first
 from graylane.engine_worker.compute import (
     BatchRun,
@@ -42,13 +42,15 @@ from graylane.engine_worker.compute import (
     warm_up,
 )
 from graylane.engine_worker.config import WorkerConfig
+from graylane.engine_worker.delivery_step import DeliveryStep, Records
 from graylane.engine_worker.engine_health import EngineHealth, WorkerGaveUp
 from graylane.engine_worker.engine_recovery import EngineRecovery, Reloader
 from graylane.engine_worker.faults import InjectedFault, with_faults
+from graylane.engine_worker.fetching import CycleFetch, consumer_options
 from graylane.engine_worker.intake import IntakeRules, decode, distrust_shadow, validate
 from graylane.engine_worker.load_meter import LoadMeter
 from graylane.engine_worker.observe import WorkerObserver
-from graylane.engine_worker.requests import Limits, TaskKind, WorkItem
+from graylane.engine_worker.requests import Limits, WorkItem
 from graylane.engine_worker.results import (
     BatchClock,
     BatchReport,
@@ -68,7 +70,6 @@ from graylane.kafka.membership import leave_on_stop
 from graylane.kafka.replies import (
     Rejection,
     ReplySink,
-    max_payload_bytes,
     reply_topic_rejection,
 )
 from graylane.kafka.seam import Producer
@@ -78,20 +79,11 @@ from graylane.metrics import (
 from graylane.supervision import BackgroundTasks
 from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
 
-ADMISSION_PROBE_MS = 1000
-"""After this long without running a batch, admission lets the next one run (a probe)."""
-
 log = logging.getLogger(__name__)
-
-Records = Sequence[ConsumerRecord[bytes, bytes]]
 
 
 def _where(record: ConsumerRecord[bytes, bytes]) -> tuple[str, int, int]:
     return record.topic, record.partition, record.offset
-
-
-def _forward_only(items: Sequence[WorkItem]) -> bool:
-    return all(item.task is TaskKind.FORWARD for item in items)
 
 
 class Worker:
@@ -131,6 +123,9 @@ class Worker:
         self.observability = self.observer.observability
         self.registry = self.observer.registry
         self.metrics = self.observer.metrics
+        self._delivery = DeliveryStep(
+            config=config, layout=self.layout, settings=factory.settings, observer=self.observer
+        )
         self.ready = asyncio.Event()
         self.served = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
@@ -153,9 +148,7 @@ class Worker:
         """Sheds not yet reported in a batch telemetry."""
         self._last_run_ms = 0
         """When the last admitted batch started (unix ms): admission probes after a pause."""
-        self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
-        self._steady = self.choice
-        """The last choice that was not exploring (logged when it changes)."""
+        self._fetch = CycleFetch(config, self.learner)
         self._batch_ids = BatchIds(config.worker_id)
         self._background = BackgroundTasks()
         self._recovery = EngineRecovery(
@@ -205,37 +198,9 @@ class Worker:
         except SerdeError as exc:
             log.error("bad precision command at offset %d: %s", record.offset, exc)
 
-    async def _collect(self, consumer: AIOKafkaConsumer) -> list[ConsumerRecord[bytes, bytes]]:
-        """Fetch up to max_batch_size*fetch_factor records, waiting after the first one
-        for a batch to fill: the learned wait and batch size, else max_wait_ms."""
-        if self.config.adaptive_batching:
-            choice = self.learner.choose()
-            if not choice.exploring and choice != self._steady:
-                log.info("batching: up to %d rows, wait %.1f ms", choice.max_batch, choice.wait_ms)
-                self._steady = choice
-            self.choice = choice
-        cap = self.config.max_batch_size * self.config.fetch_factor
-        first = await consumer.getmany(timeout_ms=200, max_records=cap)
-        records = [r for rs in first.values() for r in rs]
-        if not records:
-            return records
-        deadline = time.monotonic() + self.choice.wait_ms / 1000.0
-        while len(records) < self.choice.max_batch:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                break
-            more = await consumer.getmany(timeout_ms=left_ms, max_records=cap - len(records))
-            records.extend(r for rs in more.values() for r in rs)
-        return records
-
     # -- one fetched cycle -------------------------------------------------------
     def consumer_options(self) -> ConsumerOptions:
-        cfg = self.config
-        return ConsumerOptions(
-            group_id=cfg.group_id or self.layout.worker_group(cfg.model, cfg.version),
-            max_poll_records=cfg.max_batch_size * cfg.fetch_factor,
-            fetch_max_wait_ms=max(1, cfg.max_wait_ms),
-        )
+        return consumer_options(self.config, self.layout)
 
     async def serve_once(
         self,
@@ -245,7 +210,7 @@ class Worker:
         guard: BatchGuard | None = None,
     ) -> int:
         """Fetch a cycle, answer it, commit once every send is acknowledged; records seen."""
-        records = await self._collect(consumer)
+        records = await self._fetch.collect(consumer)
         if records:
             await deliver_and_commit(
                 consumer,
@@ -292,7 +257,9 @@ class Worker:
                 checked = Rejection(inference_pb2.INTERNAL, f"internal error: {type(exc).__name__}")
             if isinstance(checked, Rejection):
                 self.observer.count_error(variant, inference_pb2.ErrorCode.Name(checked.code))
-                futures.append(await self._error_result(sink, request, checked, record, variant))
+                futures.append(
+                    await self._delivery.error_result(sink, request, checked, record, variant)
+                )
             else:
                 items.append(checked)
         context = ResultContext(
@@ -302,23 +269,24 @@ class Worker:
             worker_id=self.config.worker_id,
             tokenizer=self.tokenizer,
         )
-        choice = self.choice
+        choice = self._fetch.choice
         planned_batches = self.policy.plan_batches(items, choice.steady_batch)
         if choice.then:  # exploring: one batch of the explored size first
             planned_batches = split_first(planned_batches, choice.max_batch)
-        admission = self._admit(planned_batches, requests)
-        for shed in admission.shed:
-            self._pending_shed += 1
-            self.metrics.shed.labels(
-                self.config.model, self.config.version, variant, "deadline"
-            ).inc()
-            rejection = Rejection(inference_pb2.SHED, shed.reason)
-            record = records[shed.item.index]
-            request = requests[shed.item.index]
-            futures.append(await self._error_result(sink, request, rejection, record, variant))
+        admission = admit_cycle(
+            planned_batches,
+            requests,
+            self.learner.estimate_ms,
+            default_deadline_ms=self.config.default_deadline_ms,
+            now_unix_ms=now_ms(),
+            last_run_unix_ms=self._last_run_ms,
+        )
+        self._pending_shed += len(admission.shed)
+        futures.extend(await self._delivery.sheds(admission.shed, records, requests, sink, variant))
         if admission.shed and not any(admission.admitted):
             # nothing runs this cycle: report the sheds now, the policy engine steps on them
-            futures.append(await self._send_shed_telemetry(producer, variant))
+            shed_count, self._pending_shed = self._pending_shed, 0
+            futures.append(await self._delivery.shed_telemetry(producer, variant, shed_count))
         for planned, kept in zip(planned_batches, admission.admitted, strict=True):
             if not kept:
                 continue
@@ -327,52 +295,12 @@ class Worker:
             batch_id = self._batch_ids.of(records[planned.items[0].index])
             started = time.perf_counter()
             report = await self._run(engine, planned, requests, context, dequeued, batch_id)
-            futures.extend(await self._deliver(report, records, sink, producer))
-            if report.telemetry.error_count == 0 and _forward_only(kept):
+            futures.extend(await self._delivery.deliver(report, records, sink, producer))
+            if report.telemetry.error_count == 0 and forward_only(kept):
                 # engine time plus the worker's own per-batch cost (results, sends)
                 spent_ms = (time.perf_counter() - started) * 1000.0
                 self.learner.observe(len(kept), spent_ms, planned.bucket_len)
         return futures
-
-    def _admit(
-        self,
-        planned: Sequence[PlannedBatch[WorkItem]],
-        requests: Mapping[int, inference_pb2.InferenceRequest],
-    ) -> Admission[WorkItem]:
-        """Shed what cannot meet its deadline behind the batches planned ahead of it."""
-
-        def deadline(item: WorkItem) -> int:
-            request = requests[item.index]
-            return effective_deadline(
-                request.deadline_unix_ms,
-                request.created_at_unix_ms,
-                self.config.default_deadline_ms,
-            )
-
-        def service_ms(position: int, rows: int) -> float | None:
-            batch = planned[position]
-            if not _forward_only(batch.items):
-                return None
-            return self.learner.estimate_ms(rows, batch.bucket_len)
-
-        candidates = [[Candidate(item, deadline(item)) for item in b.items] for b in planned]
-        now = now_ms()
-        probe = now - self._last_run_ms > ADMISSION_PROBE_MS
-        return admit(candidates, now, service_ms, probe=probe)
-
-    async def _send_shed_telemetry(self, producer: Producer, variant: str) -> Awaitable[object]:
-        """A telemetry record of sheds alone (no request ran): the load is still seen."""
-        telemetry = telemetry_pb2.BatchTelemetry(
-            model=self.config.model,
-            version=self.config.version,
-            variant=variant,
-            worker_id=self.config.worker_id,
-            completed_at_unix_ms=now_ms(),
-            shed_count=self._pending_shed,
-        )
-        self._pending_shed = 0
-        key = f"{self.config.model}/{self.config.version}".encode()
-        return await producer.send(self.layout.telemetry(), serde.encode(telemetry), key=key)
 
     async def _run(
         self,
@@ -434,66 +362,6 @@ class Worker:
             self.engines = with_faults(fresh, self.config.faults)
             for engine in old.values():
                 engine.close()
-
-    async def _deliver(
-        self, report: BatchReport, records: Records, sink: ReplySink, producer: Producer
-    ) -> list[Awaitable[object]]:
-        """Send the batch's answers (results, error results, shadow copies), then telemetry."""
-        futures: list[Awaitable[object]] = []
-        limit = max_payload_bytes(self.factory.settings)
-        for answer in report.answers:
-            request, record = answer.request, records[answer.index]
-            payload = b"" if answer.result is None else serde.encode(answer.result)
-            rejection = answer.rejection
-            if len(payload) > limit:
-                self.observer.count_error(report.telemetry.variant, "RESULT_TOO_LARGE")
-                rejection = Rejection(
-                    inference_pb2.RESULT_TOO_LARGE,
-                    f"result is {len(payload)} bytes; the broker accepts {limit}",
-                )
-            if answer.result is None or rejection is not None:
-                rejection = rejection or Rejection(inference_pb2.INTERNAL, "no outcome")
-                futures.append(
-                    await self._error_result(
-                        sink, request, rejection, record, report.telemetry.variant
-                    )
-                )
-                continue
-            key = request.request_id.encode("utf-8")
-            shadow_topic = self.layout.shadow(request.model)
-            if request.shadow:
-                futures.append(await producer.send(shadow_topic, payload, key=key))
-                continue
-            topic = sink.reply_topic(request)
-            if not await sink.topic_exists(topic):
-                reason = f"reply topic {topic!r} does not exist"
-                futures.append(await sink.dead_letter(record, inference_pb2.BAD_REQUEST, reason))
-                continue
-            futures.append(await producer.send(topic, payload, key=key))
-            if request.mirror_result:
-                futures.append(await producer.send(shadow_topic, payload, key=key))
-        key = f"{self.config.model}/{self.config.version}".encode()
-        futures.append(
-            await producer.send(self.layout.telemetry(), serde.encode(report.telemetry), key=key)
-        )
-        return futures
-
-    async def _error_result(
-        self,
-        sink: ReplySink,
-        request: inference_pb2.InferenceRequest,
-        rejection: Rejection,
-        record: ConsumerRecord[bytes, bytes],
-        variant: str,
-    ) -> Awaitable[object]:
-        return await sink.error_result(
-            request,
-            rejection,
-            record,
-            version=self.config.version,
-            variant=variant,
-            worker_id=self.config.worker_id,
-        )
 
     # -- lifecycle -------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:

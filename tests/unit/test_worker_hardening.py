@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from graylane import serde
+from graylane.engine_worker import delivery_step as delivery_module
 from graylane.engine_worker import intake as intake_module
 from graylane.engine_worker import service as service_module
 from graylane.v1 import inference_pb2, telemetry_pb2
@@ -46,7 +47,7 @@ async def test_an_unexpected_error_on_one_record_is_internal_and_the_rest_are_se
 async def test_a_result_over_the_broker_limit_is_result_too_large(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service_module, "max_payload_bytes", lambda settings: 64)
+    monkeypatch.setattr(delivery_module, "max_payload_bytes", lambda settings: 64)
     big = request("big", token_ids=[1, 2, 3])  # full logits: far over 64 bytes
     await publish(rig, serde.encode(big))
     await serve_until_committed(rig, 1)
