@@ -37,28 +37,17 @@ from tests.support.memory_kafka import MemoryBroker, MemoryConsumer, MemoryFacto
 from tests.unit.test_router_memory import (
     GROUP,
     MODEL,
+    broker,
     committed_up_to_end,
     eventually,
+    factory,
     forwarded,
     request,
     running_router,
     submit,
 )
 
-
-@pytest.fixture
-def broker() -> MemoryBroker:
-    return MemoryBroker()
-
-
-@pytest.fixture
-def factory(broker: MemoryBroker) -> MemoryFactory:
-    factory = MemoryFactory(
-        broker, Settings(topic_prefix="t", partitions=2, max_request_bytes=4096)
-    )
-    for spec in factory.layout.shared_specs() + factory.layout.model_specs(MODEL, ["v1", "v2"]):
-        broker.create_topic(spec.name, spec.partitions)
-    return factory
+__all__ = ["broker", "factory"]  # fixtures (a broker with the router's topics)
 
 
 def quick_guard(**kwargs: object) -> tuple[BatchGuard, list[float]]:
