@@ -5,6 +5,8 @@ router surviving a broker timeout and a failed commit on the in-memory double.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -28,33 +30,24 @@ from graylane.kafka.guard import BatchGuard, Fault, classify
 from graylane.kafka.membership import claim_instance
 from graylane.kafka.options import ConsumerOptions
 from graylane.kafka.replies import ReplySink
+from graylane.kafka.seam import Record
+from graylane.services.router.service import Router
 from graylane.settings import Settings
 from tests.support.memory_kafka import MemoryBroker, MemoryConsumer, MemoryFactory
 from tests.unit.test_router_memory import (
     GROUP,
     MODEL,
+    broker,
     committed_up_to_end,
     eventually,
+    factory,
     forwarded,
     request,
     running_router,
     submit,
 )
 
-
-@pytest.fixture
-def broker() -> MemoryBroker:
-    return MemoryBroker()
-
-
-@pytest.fixture
-def factory(broker: MemoryBroker) -> MemoryFactory:
-    factory = MemoryFactory(
-        broker, Settings(topic_prefix="t", partitions=2, max_request_bytes=4096)
-    )
-    for spec in factory.layout.shared_specs() + factory.layout.model_specs(MODEL, ["v1", "v2"]):
-        broker.create_topic(spec.name, spec.partitions)
-    return factory
+__all__ = ["broker", "factory"]  # fixtures (a broker with the router's topics)
 
 
 def quick_guard(**kwargs: object) -> tuple[BatchGuard, list[float]]:
@@ -89,18 +82,32 @@ def test_classify(error: Exception, kind: Fault) -> None:
     assert classify(error) is kind
 
 
-async def started_consumer(factory: MemoryFactory) -> MemoryConsumer:
+async def polled(consumer: MemoryConsumer) -> list[Record]:
+    """The records one poll returns, over every partition."""
+    return [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
+
+
+@pytest.fixture
+async def consumer(factory: MemoryFactory) -> AsyncIterator[MemoryConsumer]:
+    """A started ingress consumer of the router's group, with request r1 submitted."""
     consumer = factory.consumer(
         factory.layout.ingress(MODEL), options=ConsumerOptions(group_id=GROUP)
     )
     await consumer.start()
-    return consumer
-
-
-async def test_guarded_delivery_survives_an_outage_and_backs_off(factory: MemoryFactory) -> None:
-    consumer = await started_consumer(factory)
     await submit(factory, request("r1", "u1"))
-    records = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
+    yield consumer
+    await consumer.stop()
+
+
+@pytest.fixture
+async def records(consumer: MemoryConsumer) -> list[Record]:
+    """The first poll of ``consumer``: the batch holding r1."""
+    return await polled(consumer)
+
+
+async def test_guarded_delivery_survives_an_outage_and_backs_off(
+    consumer: MemoryConsumer, records: list[Record]
+) -> None:
     guard, slept = quick_guard()
 
     async def outage() -> list[asyncio.Future[object]]:
@@ -110,7 +117,7 @@ async def test_guarded_delivery_survives_an_outage_and_backs_off(factory: Memory
         assert not await deliver_and_commit(consumer, records, outage, guard=guard)
     assert slept == pytest.approx([0.1, 0.2, 0.4, 0.4])  # capped exponential backoff
     assert guard.faults[Fault.OUTAGE] == 4
-    again = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
+    again = await polled(consumer)
     assert [r.offset for r in again] == [r.offset for r in records]  # rewound
 
     async def fine() -> list[asyncio.Future[object]]:
@@ -124,15 +131,11 @@ async def test_guarded_delivery_survives_an_outage_and_backs_off(factory: Memory
 
     with pytest.raises(RecordTooLargeError):  # not a normal Kafka event: still surfaces
         await deliver_and_commit(consumer, again, other, guard=guard)
-    await consumer.stop()
 
 
 async def test_a_failed_commit_and_a_revoked_partition_are_survived(
-    factory: MemoryFactory, monkeypatch: pytest.MonkeyPatch
+    consumer: MemoryConsumer, records: list[Record], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    consumer = await started_consumer(factory)
-    await submit(factory, request("r1", "u1"))
-    records = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
     guard, _ = quick_guard()
 
     async def failing_commit(offsets: object = None) -> None:
@@ -155,15 +158,11 @@ async def test_a_failed_commit_and_a_revoked_partition_are_survived(
         raise KafkaConnectionError()
 
     assert not await deliver_and_commit(consumer, records, outage, guard=guard)
-    await consumer.stop()
 
 
 async def test_the_listener_lets_the_batch_in_flight_finish_before_a_rebalance(
-    factory: MemoryFactory,
+    records: list[Record],
 ) -> None:
-    consumer = await started_consumer(factory)
-    await submit(factory, request("r1", "u1"))
-    records = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
     guard, _ = quick_guard()
     assert isinstance(guard.listener, ConsumerRebalanceListener)
     guard.begin(records)
@@ -180,17 +179,25 @@ async def test_the_listener_lets_the_batch_in_flight_finish_before_a_rebalance(
     short, _ = quick_guard(revoke_wait_s=0.05)
     short.begin(records)
     await asyncio.wait_for(short.listener.on_partitions_revoked({tp}), 1)  # abandoned in time
-    await consumer.stop()
+
+
+@contextlib.asynccontextmanager
+async def router_past_a_send_timeout(
+    broker: MemoryBroker, factory: MemoryFactory
+) -> AsyncIterator[Router]:
+    """A running router whose first send timed out, once it committed request r1."""
+    async with running_router(factory) as router:
+        broker.fail_next_sends(KafkaTimeoutError())
+        await submit(factory, request("r1", "u1"))
+        await eventually(lambda: committed_up_to_end(broker, factory), timeout_s=10)
+        yield router
 
 
 async def test_the_router_survives_a_broker_timeout_and_delivers_again(
     broker: MemoryBroker, factory: MemoryFactory
 ) -> None:
     """Regression: a KafkaTimeoutError (not retriable) ended the router's run()."""
-    async with running_router(factory) as router:
-        broker.fail_next_sends(KafkaTimeoutError())
-        await submit(factory, request("r1", "u1"))
-        await eventually(lambda: committed_up_to_end(broker, factory), timeout_s=10)
+    async with router_past_a_send_timeout(broker, factory) as router:
         assert broker.pending_send_failures == 0
         assert router.ready.is_set()
     assert [r.request_id for r in forwarded(factory, "v1")] == ["r1"]
@@ -220,10 +227,7 @@ async def test_the_router_survives_a_commit_lost_to_a_rebalance(
 async def test_the_router_counts_faults_in_a_metric(
     broker: MemoryBroker, factory: MemoryFactory
 ) -> None:
-    async with running_router(factory) as router:
-        broker.fail_next_sends(KafkaTimeoutError())
-        await submit(factory, request("r1", "u1"))
-        await eventually(lambda: committed_up_to_end(broker, factory), timeout_s=10)
+    async with router_past_a_send_timeout(broker, factory) as router:
         value = router.registry.get_sample_value(
             "graylane_kafka_faults_total", {"service": "router", "kind": "outage"}
         )
@@ -304,11 +308,8 @@ def test_a_guard_with_a_registry_exports_its_counter() -> None:
 
 
 async def test_a_failed_batch_is_rewound_only_once_no_send_is_in_flight(
-    factory: MemoryFactory,
+    consumer: MemoryConsumer, records: list[Record]
 ) -> None:
-    consumer = await started_consumer(factory)
-    await submit(factory, request("r1", "u1"))
-    records = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
     guard, _ = quick_guard()
     loop = asyncio.get_running_loop()
     failed: asyncio.Future[object] = loop.create_future()
@@ -323,7 +324,6 @@ async def test_a_failed_batch_is_rewound_only_once_no_send_is_in_flight(
     assert not delivery.done()  # a rewind now would send the held record twice
     held.set_result(None)
     assert not await asyncio.wait_for(delivery, 1)
-    await consumer.stop()
 
 
 class Unreachable:
@@ -337,12 +337,9 @@ class UnreachableProducer:
 
 
 async def test_a_reply_topic_check_in_an_outage_is_an_outage_not_a_crash(
-    factory: MemoryFactory,
+    factory: MemoryFactory, consumer: MemoryConsumer, records: list[Record]
 ) -> None:
     # Regression (chaos bench, 60 s outage): a worker died of the bare KafkaError.
-    consumer = await started_consumer(factory)
-    await submit(factory, request("r1", "u1"))
-    records = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
     guard, _ = quick_guard()
     sink = ReplySink(UnreachableProducer(), factory.layout, "test")  # type: ignore[arg-type]
 
@@ -352,6 +349,5 @@ async def test_a_reply_topic_check_in_an_outage_is_an_outage_not_a_crash(
 
     assert not await deliver_and_commit(consumer, records, deliver, guard=guard)
     assert guard.faults[Fault.OUTAGE] == 1
-    again = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
+    again = await polled(consumer)
     assert [r.offset for r in again] == [r.offset for r in records]  # rewound, not lost
-    await consumer.stop()

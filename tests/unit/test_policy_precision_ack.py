@@ -34,7 +34,8 @@ def test_judge_switch() -> None:
     assert judge_switch(SWITCH, {}, 90_000)[0] is AckVerdict.PENDING
 
 
-def _run(follow: bool) -> list[PrecisionAck]:
+def _qos_core() -> PolicyCore:
+    """A core with a QoS policy (SLO 20 ms, fp32 -> fp16 -> int8) set at time 0."""
     policy = QosPolicy(
         model=MODEL,
         version="v1",
@@ -45,6 +46,11 @@ def _run(follow: bool) -> list[PrecisionAck]:
     )
     core = PolicyCore(window_ms=2000, step_ms=1000)
     core.on_command(Command(kind=CommandKind.SET_QOS_POLICY, model=MODEL, qos_policy=policy), 0)
+    return core
+
+
+def _run(follow: bool) -> list[PrecisionAck]:
+    core = _qos_core()
     acks: list[PrecisionAck] = []
     variant = "fp32"
     for t in range(0, 40_000, 250):
@@ -80,16 +86,7 @@ def test_audit_verify_replays_qos_decisions() -> None:
     from graylane.policy_engine.audit_replay import verify
     from graylane.policy_engine.messages import QosAudit
 
-    policy = QosPolicy(
-        model=MODEL,
-        version="v1",
-        slo_p99_ms=20.0,
-        ladder=("fp32", "fp16", "int8"),
-        sustain_s=2.0,
-        min_dwell_s=3.0,
-    )
-    core = PolicyCore(window_ms=2000, step_ms=1000)
-    core.on_command(Command(kind=CommandKind.SET_QOS_POLICY, model=MODEL, qos_policy=policy), 0)
+    core = _qos_core()
     audits: list[QosAudit] = []
     variant = "fp32"
     for t in range(0, 40_000, 250):

@@ -18,6 +18,7 @@ from graylane.policy_engine.logic.qos import (
 from graylane.policy_engine.logic.window import ALL_VARIANTS, WindowStats
 from graylane.rollouts.errors import InputMismatch, InvalidPolicy
 from graylane.rollouts.qos_policy import QosPolicy
+from tests.support.window_stats import window_stats
 
 POLICY = QosPolicy(
     model="m",
@@ -27,31 +28,6 @@ POLICY = QosPolicy(
     quality_floor="int8",
 )
 T0 = 1_700_000_000_000
-
-
-def qs(
-    p99: float,
-    *,
-    variant: str = "fp32",
-    rps: float = 50.0,
-    queue_ms: float = 0.0,
-    requests: int = 500,
-) -> WindowStats:
-    return WindowStats(
-        model="m",
-        version="v1",
-        variant=variant,
-        window_start_ms=0,
-        window_end_ms=10_000,
-        requests=requests,
-        errors=0,
-        p50_ms=p99 / 3,
-        p95_ms=p99 / 1.5,
-        p99_ms=p99,
-        mean_ms=p99 / 3,
-        throughput_rps=rps,
-        queue_wait_mean_ms=queue_ms,
-    )
 
 
 class Loop:
@@ -102,11 +78,11 @@ def test_thresholds_and_floor() -> None:
 def test_step_down_needs_a_sustained_breach() -> None:
     loop = Loop()
     for _ in range(4):
-        d = loop.tick(qs(80.0))
+        d = loop.tick(window_stats(80.0))
         assert (d.kind, d.rule) == (QosDecisionKind.HOLD, "sustain")
-    d = loop.tick(qs(80.0))  # 4 s since the first breach was seen
+    d = loop.tick(window_stats(80.0))  # 4 s since the first breach was seen
     assert d.kind is QosDecisionKind.HOLD
-    d = loop.tick(qs(80.0))  # 5 s: sustained
+    d = loop.tick(window_stats(80.0))  # 5 s: sustained
     assert (d.kind, d.rule) == (QosDecisionKind.STEP_DOWN, "p99_breach")
     assert d.variant == "fp16" and d.after.last_change_ms == loop.t
     assert d.after.ceiling_of("fp32") == Ceiling("fp32", 50.0, loop.t)
@@ -116,7 +92,7 @@ def test_step_down_needs_a_sustained_breach() -> None:
 def test_a_gap_in_the_breach_restarts_sustain() -> None:
     loop = Loop()
     for p99 in (80.0, 80.0, 80.0, 40.0, 80.0, 80.0, 80.0, 80.0):
-        d = loop.tick(qs(p99))
+        d = loop.tick(window_stats(p99))
         assert not d.changed
     assert loop.state.breach_since_ms == loop.t - 3_000
 
@@ -124,11 +100,11 @@ def test_a_gap_in_the_breach_restarts_sustain() -> None:
 def test_min_dwell_between_changes() -> None:
     loop = Loop()
     for _ in range(6):
-        loop.tick(qs(80.0))
+        loop.tick(window_stats(80.0))
     assert loop.state.active_variant == "fp16"
-    rules = [loop.tick(qs(80.0, variant="fp16")).rule for _ in range(29)]
+    rules = [loop.tick(window_stats(80.0, variant="fp16")).rule for _ in range(29)]
     assert rules[:5] == ["sustain"] * 5 and set(rules[5:]) == {"min_dwell"}
-    d = loop.tick(qs(80.0, variant="fp16"))  # 30 s after the last change
+    d = loop.tick(window_stats(80.0, variant="fp16"))  # 30 s after the last change
     assert d.kind is QosDecisionKind.STEP_DOWN and d.variant == "int8"
 
 
@@ -138,7 +114,7 @@ def test_never_below_the_quality_floor() -> None:
         QosState(model="m", version="v1", active_variant="fp16"),
     )
     for _ in range(20):
-        d = loop.tick(qs(500.0, variant="fp16"))
+        d = loop.tick(window_stats(500.0, variant="fp16"))
     assert (d.kind, d.rule) == (QosDecisionKind.HOLD, "quality_floor")
     assert loop.state.active_variant == "fp16"
 
@@ -146,7 +122,7 @@ def test_never_below_the_quality_floor() -> None:
 def test_never_above_the_top_rung() -> None:
     loop = Loop()
     for _ in range(20):
-        d = loop.tick(qs(5.0))
+        d = loop.tick(window_stats(5.0))
     assert (d.kind, d.rule) == (QosDecisionKind.HOLD, "top_rung")
 
 
@@ -154,8 +130,8 @@ def test_step_up_after_sustained_calm() -> None:
     state = QosState(model="m", version="v1", active_variant="int8", last_change_ms=T0 - 60_000)
     loop = Loop(state=state)
     for _ in range(5):
-        assert not loop.tick(qs(10.0, variant="int8")).changed
-    d = loop.tick(qs(10.0, variant="int8"))
+        assert not loop.tick(window_stats(10.0, variant="int8")).changed
+    d = loop.tick(window_stats(10.0, variant="int8"))
     assert (d.kind, d.rule, d.variant) == (QosDecisionKind.STEP_UP, "p99_calm", "fp16")
 
 
@@ -163,7 +139,7 @@ def test_within_the_band_nothing_moves() -> None:
     state = QosState(model="m", version="v1", active_variant="fp16")
     loop = Loop(state=state)
     for _ in range(100):
-        d = loop.tick(qs(45.0, variant="fp16"))  # between 30 and 60 ms
+        d = loop.tick(window_stats(45.0, variant="fp16"))  # between 30 and 60 ms
         assert (d.kind, d.rule) == (QosDecisionKind.HOLD, "within_band")
 
 
@@ -171,7 +147,7 @@ def test_oscillating_signal_does_not_flap() -> None:
     loop = Loop(state=QosState(model="m", version="v1", active_variant="fp16"))
     for i in range(600):
         # Breach and calm alternate every 2 s: never sustained for 5 s.
-        loop.tick(qs(90.0 if (i // 2) % 2 else 10.0, variant="fp16"))
+        loop.tick(window_stats(90.0 if (i // 2) % 2 else 10.0, variant="fp16"))
     assert loop.changes() == []
 
 
@@ -179,33 +155,33 @@ def test_queue_wait_breach() -> None:
     policy = replace(POLICY, max_queue_wait_ms=20.0)
     loop = Loop(policy)
     for _ in range(6):
-        d = loop.tick(qs(40.0, queue_ms=35.0))
+        d = loop.tick(window_stats(40.0, queue_wait_mean_ms=35.0))
     assert (d.kind, d.rule) == (QosDecisionKind.STEP_DOWN, "queue_wait_breach")
     # Low p99 is not calm while the queue is still long.
     state = QosState(model="m", version="v1", active_variant="fp16")
     loop = Loop(policy, state)
     for _ in range(10):
-        d = loop.tick(qs(10.0, variant="fp16", queue_ms=15.0))
+        d = loop.tick(window_stats(10.0, variant="fp16", queue_wait_mean_ms=15.0))
     assert d.rule == "within_band"
 
 
 def test_no_data_holds_and_restarts_both_timers() -> None:
     loop = Loop()
     for _ in range(4):
-        loop.tick(qs(80.0))
-    for stats in (None, qs(80.0, requests=0)):
+        loop.tick(window_stats(80.0))
+    for stats in (None, window_stats(80.0, requests=0)):
         d = loop.tick(stats)
         assert (d.kind, d.rule) == (QosDecisionKind.HOLD, "no_data")
         assert d.after.breach_since_ms is None and d.after.calm_since_ms is None
     for _ in range(5):
-        assert not loop.tick(qs(80.0)).changed  # sustain starts over
+        assert not loop.tick(window_stats(80.0)).changed  # sustain starts over
 
 
 def test_stats_of_another_variant_are_stale() -> None:
     loop = Loop()
-    d = loop.tick(qs(80.0, variant="int8"))
+    d = loop.tick(window_stats(80.0, variant="int8"))
     assert d.rule == "stale_variant"
-    d = loop.tick(qs(80.0, variant=ALL_VARIANTS))
+    d = loop.tick(window_stats(80.0, variant=ALL_VARIANTS))
     assert d.rule == "sustain"
 
 
@@ -225,7 +201,7 @@ def test_policy_changes_under_the_state_are_repaired_at_once() -> None:
 def test_disabled_policy_holds() -> None:
     loop = Loop(replace(POLICY, enabled=False))
     for _ in range(10):
-        d = loop.tick(qs(500.0))
+        d = loop.tick(window_stats(500.0))
     assert (d.kind, d.rule) == (QosDecisionKind.HOLD, "disabled")
 
 
@@ -234,7 +210,7 @@ def test_mismatched_inputs_are_refused() -> None:
     with pytest.raises(InputMismatch):
         evaluate_qos(replace(state, version="v2"), POLICY, None, T0)
     with pytest.raises(InputMismatch):
-        evaluate_qos(state, POLICY, replace(qs(1.0), version="v2"), T0)
+        evaluate_qos(state, POLICY, replace(window_stats(1.0), version="v2"), T0)
 
 
 # -- load ceilings: no flapping after a step down ------------------------------------
@@ -251,7 +227,7 @@ def system_p99(variant: str, rps: float) -> float:
 def drive(loop: Loop, rps: float, seconds: int) -> None:
     for _ in range(seconds):
         v = loop.state.active_variant
-        loop.tick(qs(system_p99(v, rps), variant=v, rps=rps))
+        loop.tick(window_stats(system_p99(v, rps), variant=v, throughput_rps=rps))
 
 
 def test_load_ceiling_keeps_a_stepped_down_variant_from_flapping() -> None:
@@ -314,5 +290,5 @@ def test_candidate_cannot_follow_a_variant_it_lacks() -> None:
 def test_regression_a_breach_that_began_at_time_zero_counts_as_begun() -> None:
     """``breach_since_ms == 0`` was read as "no breach" and sustain never elapsed."""
     state = QosState(model="m", version="v1", active_variant="fp32", breach_since_ms=0)
-    d = evaluate_qos(state, POLICY, qs(80.0), 60_000)
+    d = evaluate_qos(state, POLICY, window_stats(80.0), 60_000)
     assert d.kind is QosDecisionKind.STEP_DOWN

@@ -9,11 +9,12 @@ import pytest
 from graylane.histogram import LatencyHistogram
 from graylane.policy_engine import convert
 from graylane.policy_engine.logic.qos import QosDecision, evaluate_qos, initial_qos_state
-from graylane.policy_engine.logic.window import SlidingWindow, TelemetrySample, WindowStats
+from graylane.policy_engine.logic.window import SlidingWindow, WindowStats
 from graylane.rollouts.errors import InvalidPolicy
 from graylane.rollouts.pb import qos_policy_from_pb, qos_policy_to_pb
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule
+from tests.support.window_stats import served_window, telemetry
 
 T0 = 1_700_000_000_000
 FP32_RPS, INT8_RPS = 20.0, 36.0
@@ -33,37 +34,16 @@ BASE_MS = {"fp32": 150.0, "int8": 180.0}
 """p99 at no load (int8 at 0.5 x fp32's capacity: ~210 ms, as in the issue)."""
 
 
-def stats(p99: float, *, variant: str, served_rps: float, shed_rps: float = 0.0) -> WindowStats:
-    seconds = 4.0
-    requests = max(1, round(served_rps * seconds))
-    return WindowStats(
-        model="m",
-        version="v1",
-        variant=variant,
-        window_start_ms=0,
-        window_end_ms=4_000,
-        requests=requests,
-        errors=0,
-        p50_ms=p99 / 3,
-        p95_ms=p99 / 1.5,
-        p99_ms=p99,
-        mean_ms=p99 / 3,
-        throughput_rps=served_rps,
-        shed=round(shed_rps * seconds),
-        shed_rps=shed_rps,
-    )
-
-
 def system(variant: str, offered: float, *, admission: bool) -> WindowStats:
     """A queueing-style rung: p99 grows as load nears capacity; past it, either the
     queue explodes or admission control sheds the excess at the SLO."""
     cap = CAPACITY[variant]
     if offered < cap:
         p99 = BASE_MS[variant] / max(0.05, 1.0 - offered / cap) ** 0.5
-        return stats(min(p99, 5_000.0), variant=variant, served_rps=offered)
+        return served_window(min(p99, 5_000.0), variant=variant, served_rps=offered)
     if admission:
-        return stats(240.0, variant=variant, served_rps=cap, shed_rps=offered - cap)
-    return stats(5_000.0, variant=variant, served_rps=cap)
+        return served_window(240.0, variant=variant, served_rps=cap, shed_rps=offered - cap)
+    return served_window(5_000.0, variant=variant, served_rps=cap)
 
 
 class Loop:
@@ -126,7 +106,7 @@ def test_offered_load_counts_the_shed_requests() -> None:
     """Served 10 rps looks calm, but 30 arrive: the shed part is load too."""
     loop = Loop(replace(CALIBRATED, max_shed_fraction=1.0))
     loop.state = replace(loop.state, active_variant="int8")
-    window = stats(150.0, variant="int8", served_rps=10.0, shed_rps=20.0)
+    window = served_window(150.0, variant="int8", served_rps=10.0, shed_rps=20.0)
     assert window.offered_rps == pytest.approx(30.0)
     for _ in range(40):
         loop.t += 1000
@@ -153,7 +133,7 @@ def test_latency_step_up_remains_without_calibration_of_the_rung_above() -> None
     policy = replace(CALIBRATED, rung_capacity_rps=(("int8", INT8_RPS),))
     assert policy.capacity_of("fp32") is None and policy.capacity_of("int8") == INT8_RPS
     state = replace(initial_qos_state(policy), active_variant="int8")
-    calm = stats(100.0, variant="int8", served_rps=30.0)  # p99 < 150: calm by latency
+    calm = served_window(100.0, variant="int8", served_rps=30.0)  # p99 < 150: calm by latency
     decisions = []
     for i in range(1, 5):
         decisions.append(evaluate_qos(state, policy, calm, T0 + 1000 * i))
@@ -197,14 +177,9 @@ def test_window_counts_shed_requests_apart_from_served() -> None:
     window = SlidingWindow(window_ms=4_000, step_ms=1_000)
     for i in range(4):
         window.add(
-            TelemetrySample(
-                model="m",
-                version="v1",
-                variant="fp32",
-                worker_id="w1",
+            telemetry(
                 completed_at_ms=1_000 * i + 10,
                 request_count=5,
-                error_count=0,
                 latency=LatencyHistogram.of([10.0] * 5),
                 shed_count=15,
             )
@@ -220,10 +195,13 @@ def test_window_counts_shed_requests_apart_from_served() -> None:
 
 def test_negative_shed_counts_are_refused() -> None:
     with pytest.raises(ValueError):
-        TelemetrySample(
-            model="m", version="v1", variant="fp32", worker_id="w", completed_at_ms=1,
-            request_count=1, error_count=0, latency=LatencyHistogram.of([1.0]), shed_count=-1,
-        )  # fmt: skip
+        telemetry(
+            worker_id="w",
+            completed_at_ms=1,
+            request_count=1,
+            latency=LatencyHistogram.of([1.0]),
+            shed_count=-1,
+        )
 
 
 def test_a_window_of_sheds_alone_is_data_and_a_breach() -> None:
@@ -231,13 +209,7 @@ def test_a_window_of_sheds_alone_is_data_and_a_breach() -> None:
     alone, the window counts them, and QoS steps down on them."""
     window = SlidingWindow(window_ms=4_000, step_ms=1_000)
     for i in range(4):
-        window.add(
-            TelemetrySample(
-                model="m", version="v1", variant="fp32", worker_id="w1",
-                completed_at_ms=1_000 * i + 10, request_count=0, error_count=0,
-                latency=LatencyHistogram(), shed_count=30,
-            )
-        )  # fmt: skip
+        window.add(telemetry(completed_at_ms=1_000 * i + 10, request_count=0, shed_count=30))
     s = window.stats_by_version("m", "v1", 4_000)
     assert s is not None
     assert (s.requests, s.shed, s.batches, s.p99_ms) == (0, 120, 0, 0.0)
@@ -264,8 +236,10 @@ def _first_change_s(policy: QosPolicy, window: WindowStats, scale_hold: str = ""
 
 
 def test_an_overload_by_measured_capacity_steps_down_without_waiting() -> None:
-    over = stats(240.0, variant="fp32", served_rps=FP32_RPS, shed_rps=5.0)  # offered 25 > 20
-    under = stats(400.0, variant="fp32", served_rps=0.5 * FP32_RPS)  # slow, not loaded
+    over = served_window(
+        240.0, variant="fp32", served_rps=FP32_RPS, shed_rps=5.0
+    )  # offered 25 > 20
+    under = served_window(400.0, variant="fp32", served_rps=0.5 * FP32_RPS)  # slow, not loaded
     assert _first_change_s(CALIBRATED, over) == 0.0
     assert _first_change_s(CALIBRATED, under) == CALIBRATED.sustain_s
     # without a calibrated capacity the load cannot be judged: sustain_s as before
@@ -275,7 +249,7 @@ def test_an_overload_by_measured_capacity_steps_down_without_waiting() -> None:
 def test_a_hand_over_while_replicas_settle_is_not_a_breach_to_step_down_on() -> None:
     """A replica change pauses consumption for a moment: what waited is shed. At a
     load the rung copes with, no precision change helps; at an overload it does."""
-    hand_over = stats(100.0, variant="fp32", served_rps=0.4 * FP32_RPS, shed_rps=1.0)
+    hand_over = served_window(100.0, variant="fp32", served_rps=0.4 * FP32_RPS, shed_rps=1.0)
     settling = "replicas changed 2 s ago (settle 5 s)"
     assert _first_change_s(CALIBRATED, hand_over, settling) is None
     held = evaluate_qos(
@@ -283,7 +257,7 @@ def test_a_hand_over_while_replicas_settle_is_not_a_breach_to_step_down_on() -> 
     )
     assert held.rule is DecisionRule.SCALE_UNSETTLED and "hand-over" in held.reason
     assert _first_change_s(CALIBRATED, hand_over) == CALIBRATED.sustain_s
-    overload = stats(240.0, variant="fp32", served_rps=FP32_RPS, shed_rps=5.0)
+    overload = served_window(240.0, variant="fp32", served_rps=FP32_RPS, shed_rps=5.0)
     assert _first_change_s(CALIBRATED, overload, settling) == 0.0
 
 
@@ -299,13 +273,7 @@ def test_the_ceiling_is_the_offered_load_not_what_was_served() -> None:
 def test_the_newest_step_shows_a_jump_in_load_the_window_average_hides() -> None:
     window = SlidingWindow(window_ms=4_000, step_ms=1_000)
     for i, (served, shed) in enumerate([(10, 0), (10, 0), (10, 0), (30, 15)]):
-        window.add(
-            TelemetrySample(
-                model="m", version="v1", variant="fp32", worker_id="w1",
-                completed_at_ms=1_000 * i + 10, request_count=served, error_count=0,
-                latency=LatencyHistogram(), shed_count=shed,
-            )
-        )  # fmt: skip
+        window.add(telemetry(completed_at_ms=1_000 * i + 10, request_count=served, shed_count=shed))
     s = window.stats_by_version("m", "v1", 4_000)
     assert s is not None
     assert s.offered_rps == pytest.approx(75 / 4) and s.step_offered_rps == pytest.approx(45.0)

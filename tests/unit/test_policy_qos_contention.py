@@ -10,9 +10,10 @@ from graylane.histogram import LatencyHistogram
 from graylane.policy_engine import audit_replay, convert
 from graylane.policy_engine.logic import contention
 from graylane.policy_engine.logic.qos import QosState, evaluate_qos, initial_qos_state
-from graylane.policy_engine.logic.window import SlidingWindow, TelemetrySample, WindowStats
+from graylane.policy_engine.logic.window import SlidingWindow, WindowStats
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule
+from tests.support.window_stats import served_window, telemetry
 
 T0 = 1_700_000_000_000
 FP32_RPS, INT8_RPS = 20.0, 36.0
@@ -29,42 +30,19 @@ POLICY = QosPolicy(
 )
 
 
-def window(
-    *, variant: str, served_rps: float, per_request_ms: float, p99: float = 100.0
-) -> WindowStats:
-    """A 4 s window whose batches kept the worker busy ``per_request_ms`` a request."""
-    requests = round(served_rps * 4)
-    return WindowStats(
-        model="m",
-        version="v1",
-        variant=variant,
-        window_start_ms=0,
-        window_end_ms=4_000,
-        requests=requests,
-        errors=0,
-        p50_ms=p99 / 3,
-        p95_ms=p99 / 1.5,
-        p99_ms=p99,
-        mean_ms=p99 / 3,
-        throughput_rps=served_rps,
-        service_busy_ms=per_request_ms * requests,
-        service_requests=requests,
-    )
-
-
 def test_observed_factor_is_calibrated_over_observed_service_time() -> None:
     # int8 calibrated at 36 rps = 27.8 ms a request; observed 4x slower in the stack
-    stats = window(variant="int8", served_rps=5.0, per_request_ms=1000.0 / 36.0 * 4)
+    stats = served_window(variant="int8", served_rps=5.0, per_request_ms=1000.0 / 36.0 * 4)
     assert contention.observed_factor(stats, INT8_RPS) == pytest.approx(0.25)
 
 
 def test_observed_factor_is_bounded_and_needs_evidence() -> None:
-    fast = window(variant="int8", served_rps=5.0, per_request_ms=1.0)  # faster than alone
+    fast = served_window(variant="int8", served_rps=5.0, per_request_ms=1.0)  # faster than alone
     assert contention.observed_factor(fast, INT8_RPS) == contention.MAX_FACTOR
-    crawl = window(variant="int8", served_rps=5.0, per_request_ms=100_000.0)
+    crawl = served_window(variant="int8", served_rps=5.0, per_request_ms=100_000.0)
     assert contention.observed_factor(crawl, INT8_RPS) == contention.MIN_FACTOR
     assert contention.observed_factor(fast, None) is None  # not calibrated
-    few = window(variant="int8", served_rps=1.0, per_request_ms=100.0)  # 4 requests
+    few = served_window(variant="int8", served_rps=1.0, per_request_ms=100.0)  # 4 requests
     assert few.requests < contention.MIN_REQUESTS
     assert contention.observed_factor(few, INT8_RPS) is None
     unknown = replace(fast, service_busy_ms=0.0, service_requests=0)
@@ -88,15 +66,10 @@ def test_window_reports_busy_time_per_request_once_per_batch() -> None:
     w = SlidingWindow(window_ms=10_000, step_ms=1_000)
     for i in range(4):  # batches of 5 requests, 100 ms each: 20 ms a request
         w.add(
-            TelemetrySample(
-                model="m",
-                version="v1",
-                variant="fp32",
-                worker_id="w1",
+            telemetry(
                 completed_at_ms=T0 + 100 * (i + 1),
                 started_at_ms=T0 + 100 * i,
                 request_count=5,
-                error_count=0,
                 latency=LatencyHistogram.of([150.0] * 5),
                 batch_size=5,
             )
@@ -126,13 +99,13 @@ def test_step_up_threshold_follows_the_contended_capacity() -> None:
     must. (The factor was measured on int8 before: a fresh state starts at 1.0.)"""
     slow = 4.0
     start = replace(initial_qos_state(POLICY), active_variant="int8", contention=1 / slow)
-    busy = window(variant="int8", served_rps=8.0, per_request_ms=1000.0 / INT8_RPS * slow)
+    busy = served_window(variant="int8", served_rps=8.0, per_request_ms=1000.0 / INT8_RPS * slow)
     state, t = _drive(start, busy, 30, T0)
     assert state.active_variant == "int8"
     assert state.contention == pytest.approx(1 / slow, rel=0.02)
     last = evaluate_qos(state, POLICY, busy, t + 1000)
     assert last.rule == DecisionRule.WITHIN_BAND
-    quiet = window(variant="int8", served_rps=3.0, per_request_ms=1000.0 / INT8_RPS * slow)
+    quiet = served_window(variant="int8", served_rps=3.0, per_request_ms=1000.0 / INT8_RPS * slow)
     up = None
     for _ in range(10):
         t += 1000
@@ -159,7 +132,7 @@ def test_the_time_the_stack_adds_is_what_every_rung_pays_not_the_same_share() ->
 
 def test_uncontended_stack_keeps_the_calibrated_threshold() -> None:
     start = replace(initial_qos_state(POLICY), active_variant="int8")
-    alone = window(variant="int8", served_rps=8.0, per_request_ms=1000.0 / INT8_RPS)
+    alone = served_window(variant="int8", served_rps=8.0, per_request_ms=1000.0 / INT8_RPS)
     state, _ = _drive(start, alone, 5, T0)
     assert state.active_variant == "fp32"  # 8 < 0.7 x 20
     assert state.contention == pytest.approx(1.0)
@@ -167,7 +140,7 @@ def test_uncontended_stack_keeps_the_calibrated_threshold() -> None:
 
 def test_contention_travels_in_the_audit_record_and_replays() -> None:
     start = replace(initial_qos_state(POLICY), active_variant="int8", contention=0.3)
-    stats = window(variant="int8", served_rps=8.0, per_request_ms=1000.0 / INT8_RPS * 4)
+    stats = served_window(variant="int8", served_rps=8.0, per_request_ms=1000.0 / INT8_RPS * 4)
     decision = evaluate_qos(start, POLICY, stats, T0)
     rec = convert.qos_decision_to_audit(decision, policy=POLICY)
     assert rec.qos_before.contention == pytest.approx(0.3)
@@ -185,7 +158,7 @@ def test_a_breach_below_the_rungs_capacity_records_no_ceiling() -> None:
     """fp32 (20 rps calibrated, contention 0.99) breaches at 3.5 rps: a start-up or a
     neighbour, not load; no ceiling pins it down, the capacity check gates the way up."""
     start = replace(initial_qos_state(POLICY), breach_since_ms=T0 - 5_000)
-    stats = window(variant="fp32", served_rps=3.5, per_request_ms=50.0, p99=2_000.0)
+    stats = served_window(variant="fp32", served_rps=3.5, per_request_ms=50.0, p99_ms=2_000.0)
     d = evaluate_qos(start, POLICY, stats, T0)
     assert d.variant == "int8"
     assert d.after.ceiling_of("fp32") is None
@@ -195,7 +168,7 @@ def test_a_breach_below_the_rungs_capacity_records_no_ceiling() -> None:
 def test_a_breach_at_the_rungs_capacity_records_its_ceiling() -> None:
     """In a stack at 1/4 speed fp32 copes with 5 rps: a breach at 4 rps (> 0.7 x 5) is load."""
     start = replace(initial_qos_state(POLICY), breach_since_ms=T0 - 5_000, contention=0.25)
-    stats = window(variant="fp32", served_rps=4.0, per_request_ms=200.0, p99=2_000.0)
+    stats = served_window(variant="fp32", served_rps=4.0, per_request_ms=200.0, p99_ms=2_000.0)
     d = evaluate_qos(start, POLICY, stats, T0)
     assert d.variant == "int8"
     ceiling = d.after.ceiling_of("fp32")

@@ -23,6 +23,7 @@ from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.errors import InputMismatch, InvalidPolicy
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule
+from tests.support.window_stats import window_stats
 
 POLICY = ScalePolicy(
     max_replicas=3, lag_growth_s=10.0, out_dwell_s=15.0, cooldown_s=30.0, settle_s=5.0
@@ -282,19 +283,17 @@ QOS = QosPolicy(
 
 
 def stats(p99: float) -> WindowStats:
-    return WindowStats(
-        model="m",
-        version="v1",
+    """An int8 window ending at T0 (p50 and mean at half the p99)."""
+    return window_stats(
+        p99,
         variant="int8",
         window_start_ms=T0 - 10_000,
         window_end_ms=T0,
         requests=100,
-        errors=0,
+        throughput_rps=10.0,
         p50_ms=p99 / 2,
         p95_ms=p99,
-        p99_ms=p99,
         mean_ms=p99 / 2,
-        throughput_rps=10.0,
     )
 
 

@@ -1,4 +1,5 @@
-"""Rollout controller: every transition, hold rule, manual command and strategy."""
+"""Rollout controller lifecycle: spec validation, the transition table, start, holds,
+advance and promotion, manual commands."""
 
 from __future__ import annotations
 
@@ -7,123 +8,25 @@ from itertools import product
 
 import pytest
 
-from graylane.policy_engine.logic.agreement import AgreementStats
 from graylane.policy_engine.logic.rollout import (
     apply_command,
     evaluate,
     pending_state,
-    routing_of,
     start,
 )
 from graylane.policy_engine.logic.rollout_state import (
     TRANSITIONS,
-    Decision,
-    RolloutState,
     check_transition,
 )
-from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.errors import (
     InputMismatch,
     InvalidSpec,
     InvalidTransition,
     RolloutFinished,
 )
-from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step, Strategy
+from graylane.rollouts.spec import Gates, RolloutSpec, Step, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, ManualCommand, Phase
-
-STEPS = (
-    Step(1.0, 100, 30.0),
-    Step(5.0, 100, 30.0),
-    Step(25.0, 100, 30.0),
-    Step(50.0, 100, 30.0),
-    Step(100.0, 0, 0.0),
-)
-# The fixed-horizon gates' rules (error_rate, p99_latency); sequential ones: own tests.
-SPEC = RolloutSpec(
-    rollout_id="r1",
-    model="m",
-    baseline="v1",
-    candidate="v2",
-    steps=STEPS,
-    gates=Gates(mode=GateMode.FIXED),
-)
-WINDOW = 10_000
-
-
-def ws(
-    version: str,
-    start_ms: int,
-    requests: int,
-    errors: int = 0,
-    *,
-    p99: float = 20.0,
-    p95: float | None = None,
-    p50: float | None = None,
-    end_ms: int | None = None,
-) -> WindowStats:
-    return WindowStats(
-        model="m",
-        version=version,
-        variant="fp32",
-        window_start_ms=start_ms,
-        window_end_ms=start_ms + WINDOW if end_ms is None else end_ms,
-        requests=requests,
-        errors=errors,
-        p50_ms=p50 if p50 is not None else p99 / 2,
-        p95_ms=p95 if p95 is not None else p99 * 0.8,
-        p99_ms=p99,
-        mean_ms=p99 / 2,
-        throughput_rps=requests / 10,
-    )
-
-
-def window_pair(
-    start_ms: int, base_n: int = 1000, cand_n: int = 200, **cand: float
-) -> tuple[WindowStats, WindowStats]:
-    errors = int(cand.pop("errors", 0))
-    base_errors = int(cand.pop("base_errors", 0))
-    candidate = ws(
-        "v2",
-        start_ms,
-        cand_n,
-        errors,
-        p99=cand.get("p99", 20.0),
-        p95=cand.get("p95"),
-        p50=cand.get("p50"),
-    )
-    return ws("v1", start_ms, base_n, base_errors), candidate
-
-
-class Run:
-    """Drives a rollout through disjoint windows, one evaluation per window."""
-
-    def __init__(self, spec: RolloutSpec = SPEC, t0: int = 1_000_000) -> None:
-        self.spec = spec
-        self.decisions: list[Decision] = [start(spec, t0)]
-        self.t = t0
-
-    @property
-    def state(self) -> RolloutState:
-        return self.decisions[-1].after
-
-    def window(
-        self,
-        base_n: int = 1000,
-        cand_n: int = 200,
-        agreement: AgreementStats | None = None,
-        **cand: float,
-    ) -> Decision:
-        baseline, candidate = window_pair(self.t, base_n, cand_n, **cand)
-        self.t += WINDOW
-        d = evaluate(self.state, self.spec, baseline, candidate, agreement, self.t)
-        self.decisions.append(d)
-        return d
-
-    def command(self, command: ManualCommand) -> Decision:
-        d = apply_command(self.state, self.spec, command, self.t, note="ops")
-        self.decisions.append(d)
-        return d
-
+from tests.support.rollout_run import SPEC, Run, window_pair, ws
 
 # -- spec validation ------------------------------------------------------------
 
@@ -317,104 +220,6 @@ def test_advance_resets_the_step_evidence_and_timers() -> None:
     assert d.after.evidence.windows == 0 and d.after.step_started_ms == run.t
 
 
-# -- gate failures ------------------------------------------------------------------
-
-
-def test_p99_gate_counts_failures_and_rolls_back_at_n() -> None:
-    run = Run()
-    d = run.window(p99=35.0)  # 1.75x of 20 ms
-    assert (d.kind, d.rule) == (DecisionKind.GATE_FAILED, "p99_ratio")
-    assert d.after.consecutive_failures == 1 and d.routing is None
-    assert "1.75x" in d.reason
-    d = run.window(p99=35.0)
-    assert (d.kind, d.rule) == (DecisionKind.ROLLBACK, "p99_ratio")
-    assert d.after.phase is Phase.ROLLED_BACK
-    assert d.routing is not None and d.routing.candidate_weight_percent == 0.0
-    assert d.routing.stable_version == "v1"
-
-
-def test_a_pass_resets_the_failure_count() -> None:
-    run = Run()
-    run.window(p99=35.0)
-    d = run.window()
-    assert d.kind is DecisionKind.HOLD and d.after.consecutive_failures == 0
-    d = run.window(p99=35.0)
-    assert d.kind is DecisionKind.GATE_FAILED and d.after.consecutive_failures == 1
-
-
-def test_overlapping_windows_count_one_failure() -> None:
-    run = Run()
-    base = run.state
-    t = run.t
-    first = evaluate(base, SPEC, *window_pair(t, p99=35.0), None, t + WINDOW)
-    assert first.after.consecutive_failures == 1
-    # The window slid by 2 s only: same bad stretch, not a second failure.
-    again = evaluate(first.after, SPEC, *window_pair(t + 2_000, p99=35.0), None, t + WINDOW + 2_000)
-    assert again.kind is DecisionKind.GATE_FAILED
-    assert again.after.consecutive_failures == 1 and "not counted" in again.reason
-    disjoint = evaluate(again.after, SPEC, *window_pair(t + WINDOW, p99=35.0), None, t + 2 * WINDOW)
-    assert disjoint.kind is DecisionKind.ROLLBACK
-
-
-def test_baseline_floor_keeps_tiny_latencies_from_failing() -> None:
-    run = Run()
-    baseline = ws("v1", run.t, 1000, p99=0.2)
-    candidate = ws("v2", run.t, 200, p99=0.9)  # 4.5x of 0.2 ms, but under the 1 ms floor
-    d = evaluate(run.state, SPEC, baseline, candidate, None, run.t + WINDOW)
-    assert d.kind is DecisionKind.HOLD and "p99_ratio pass" in d.reason
-
-
-def test_small_windows_compare_p95_not_the_maximum() -> None:
-    run = Run()
-    # 50 requests: p99 is the slowest request (one outlier); p95 is fine.
-    d = run.window(cand_n=50, p99=200.0, p95=16.0)
-    assert d.kind is DecisionKind.HOLD
-    assert "candidate p95" in d.reason and "p99 needs 100" in d.reason
-
-
-def test_severe_p99_rolls_back_at_once() -> None:
-    run = Run()
-    d = run.window(p99=80.0, p95=64.0)  # 4x p99 and p95 over the limit too
-    assert (d.kind, d.rule) == (DecisionKind.ROLLBACK, "p99_severe")
-    assert d.after.phase is Phase.ROLLED_BACK
-
-
-def test_one_outlier_is_not_severe() -> None:
-    run = Run()
-    d = run.window(p99=80.0, p95=16.0)  # tail only: p95 is within limits
-    assert (d.kind, d.rule) == (DecisionKind.GATE_FAILED, "p99_ratio")
-
-
-def test_error_gate_fails_on_a_significant_regression() -> None:
-    run = Run()
-    d = run.window(cand_n=200, errors=10, base_errors=10)  # 5 % vs 1 %, p ~ 5e-4
-    assert (d.kind, d.rule) == (DecisionKind.GATE_FAILED, "error_rate")
-    assert "+4.00pp" in d.reason
-
-
-def test_decisive_error_evidence_rolls_back_at_once() -> None:
-    # 8 % vs 0 %: p ~ 1e-20. A second window would only serve more errors.
-    run = Run()
-    d = run.window(cand_n=500, errors=40)
-    assert (d.kind, d.rule) == (DecisionKind.ROLLBACK, "error_rate_decisive")
-    assert "+8.00pp" in d.reason
-    assert d.after.candidate_weight_percent == 0.0
-
-
-def test_error_gate_severe_rolls_back_at_once() -> None:
-    run = Run()
-    d = run.window(cand_n=200, errors=100)
-    assert (d.kind, d.rule) == (DecisionKind.ROLLBACK, "error_rate_severe")
-
-
-def test_inconclusive_error_evidence_holds_without_counting() -> None:
-    run = Run(replace(SPEC, steps=(Step(1.0, 10, 0.0), Step(100.0))))
-    # 8 % of 25 vs 1 %: over the tolerance, but two errors are no evidence yet.
-    d = run.window(cand_n=25, errors=2, base_errors=10)
-    assert (d.kind, d.rule) == (DecisionKind.HOLD, "error_rate")
-    assert "inconclusive" in d.reason and d.after.consecutive_failures == 0
-
-
 # -- manual commands ------------------------------------------------------------------
 
 
@@ -486,77 +291,6 @@ def test_inputs_must_match_the_spec_and_one_window() -> None:
         evaluate(run.state, SPEC, b, replace(c, window_start_ms=c.window_start_ms + 2_000), None, 0)
     with pytest.raises(InputMismatch):
         evaluate(run.state, replace(SPEC, rollout_id="other"), b, c, None, run.t)
-
-
-# -- strategies -----------------------------------------------------------------------
-
-
-SHADOW = replace(
-    SPEC, strategy=Strategy.SHADOW_THEN_CANARY, shadow_share=0.1, shadow_duration_s=30.0
-)
-
-
-def test_shadow_needs_pairs_then_gates_agreement_and_moves_to_canary() -> None:
-    run = Run(SHADOW)
-    d = run.window()
-    assert (d.kind, d.rule) == (DecisionKind.HOLD, "no_data") and "shadow pairs" in d.reason
-    d = run.window(agreement=AgreementStats(500, 499))
-    assert (d.kind, d.rule) == (DecisionKind.HOLD, "min_dwell")
-    assert d.agreement == AgreementStats(500, 499)
-    d = run.window(agreement=AgreementStats(700, 699))  # 30 s of shadowing
-    assert (d.kind, d.rule) == (DecisionKind.ADVANCE, "all_gates_passed")
-    assert d.after.phase is Phase.PROGRESSING and d.after.step_index == 0
-    assert d.routing is not None
-    assert (d.routing.candidate_weight_percent, d.routing.shadow_version) == (1.0, None)
-    assert d.routing.shadow_share == 0.0
-
-
-def test_shadow_disagreement_fails_and_rolls_back() -> None:
-    run = Run(SHADOW)
-    d = run.window(agreement=AgreementStats(200, 180))
-    assert (d.kind, d.rule) == (DecisionKind.GATE_FAILED, "output_agreement")
-    d = run.window(agreement=AgreementStats(400, 360))
-    assert (d.kind, d.rule) == (DecisionKind.ROLLBACK, "output_agreement")
-    assert d.routing is not None and d.routing.shadow_version is None
-
-
-def test_shadow_inconclusive_agreement_holds() -> None:
-    run = Run(SHADOW)
-    d = run.window(agreement=AgreementStats(50, 47))
-    assert (d.kind, d.rule) == (DecisionKind.HOLD, "output_agreement")
-
-
-def test_shadow_pairs_are_a_sample_minimum() -> None:
-    spec = replace(SHADOW, shadow_duration_s=1.0)
-    run = Run(spec)
-    d = run.window(agreement=AgreementStats(20, 20))
-    assert d.rule == "min_samples" and "shadow pairs 20/100" in d.reason
-
-
-def test_shadow_pause_resume_keeps_shadowing() -> None:
-    run = Run(SHADOW)
-    run.command(ManualCommand.PAUSE)
-    d = run.command(ManualCommand.RESUME)
-    assert d.after.phase is Phase.SHADOWING
-    assert routing_of(SHADOW, d.after).shadow_version == "v2"
-
-
-AB = replace(SPEC, strategy=Strategy.AB_SPLIT, ab_weight_percent=50.0, ab_duration_s=30.0)
-
-
-def test_ab_holds_for_its_duration_then_promotes() -> None:
-    run = Run(AB)
-    kinds = [run.window(cand_n=1000).kind for _ in range(3)]
-    assert kinds == [DecisionKind.HOLD, DecisionKind.HOLD, DecisionKind.PROMOTE]
-    assert run.decisions[1].rule == "min_dwell"
-    assert run.state.phase is Phase.PROMOTED
-
-
-def test_ab_regression_rolls_back() -> None:
-    run = Run(AB)
-    run.window(cand_n=1000, p99=40.0)
-    d = run.window(cand_n=1000, p99=40.0)
-    assert d.kind is DecisionKind.ROLLBACK and d.after.phase is Phase.ROLLED_BACK
 
 
 def test_decisions_are_deterministic_values() -> None:
