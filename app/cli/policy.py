@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     policy.add_argument(
         "--scale-settle-s",
         type=float,
-        default=5.0,
+        default=10.0,
         help="QoS steps up only once every replica asked for serves and this long after a change",
     )
     policy.add_argument("--loglevel", default="info", choices=("debug", "info", "warning"))

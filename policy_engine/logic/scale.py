@@ -94,9 +94,14 @@ def overload_beyond_floor(signals: ScaleSignals, fraction: float) -> str | None:
 
 
 def scale_unsettled(state: ScaleState, policy: ScalePolicy, replicas: int, now_ms: int) -> str:
-    """Why the scale is not settled yet ("" when it is): the QoS step-up waits on it."""
+    """Why the scale is not settled yet ("" when it is): the QoS step-up waits on it.
+
+    Not settled while the replicas serving differ from those asked for: fewer (a
+    new one not serving yet) or more (one leaving: its partitions change hands)."""
     if replicas and replicas < state.desired:
         return f"{state.desired} replicas asked for, {replicas} serving"
+    if replicas > state.desired:
+        return f"{state.desired} replicas asked for, {replicas} still serving: one is leaving"
     since = now_ms - state.last_change_ms
     if state.last_change_ms and since < policy.settle_s * 1000:
         return f"replicas changed {since / 1000:g} s ago (settle {policy.settle_s:g} s)"

@@ -60,7 +60,7 @@ class ScalePolicy:
     out_dwell_s: float = 15.0
     cooldown_s: float = 30.0
     in_load_fraction: float = 0.5
-    settle_s: float = 5.0
+    settle_s: float = 10.0
     out_load_fraction: float = 0.7
     """An overload scales out at once when the offered load is past this share of
     what the replicas serve at the quality floor (QoS's ``up_capacity_fraction``:

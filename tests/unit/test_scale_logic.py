@@ -270,6 +270,9 @@ def test_settled_once_every_replica_serves_and_the_change_is_old_enough() -> Non
     assert "settle" in scale_unsettled(s, POLICY, 2, T0 + 2_000)
     assert scale_unsettled(s, POLICY, 2, T0 + 5_000) == ""
     assert scale_unsettled(state(), POLICY, 0, T0) == ""  # nothing ever changed
+    # a scale-in: the leaving replica still serves (its partitions change hands)
+    leaving = scale_unsettled(state(1, last_change_ms=T0), POLICY, 2, T0 + 60_000)
+    assert "one is leaving" in leaving
 
 
 QOS = QosPolicy(
