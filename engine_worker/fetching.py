@@ -15,7 +15,7 @@ from aiokafka.structs import ConsumerRecord
 
 from graylane.engine_worker.batch_learner import BatchChoice, BatchLearner
 from graylane.engine_worker.config import WorkerConfig
-from graylane.kafka.factory import ConsumerOptions
+from graylane.kafka.seam import ConsumerOptions
 from graylane.topics import TopicLayout
 
 log = logging.getLogger(__name__)

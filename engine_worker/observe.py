@@ -8,7 +8,7 @@ from aiokafka import AIOKafkaConsumer
 
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.results import BatchReport
-from graylane.kafka.lag import consumer_lag
+from graylane.kafka.reading import consumer_lag
 from graylane.metrics import NvmlCollector, ServiceObservability, WorkerMetrics, load_nvml
 from graylane.settings import Settings
 

@@ -62,17 +62,14 @@ from graylane.engine_worker.shapes import profile_buckets
 from graylane.engine_worker.standby import run_at_low_priority, wait_for_activation
 from graylane.engine_worker.tokenizer import detect_tokenizer
 from graylane.errors import SerdeError
-from graylane.kafka.compacted import CompactedFollower
-from graylane.kafka.delivery import deliver_and_commit
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
-from graylane.kafka.guard import BatchGuard
-from graylane.kafka.membership import leave_on_stop
+from graylane.kafka.loop import BatchGuard, deliver_and_commit, leave_on_stop
+from graylane.kafka.reading import CompactedFollower
 from graylane.kafka.replies import (
     Rejection,
     ReplySink,
     reply_topic_rejection,
 )
-from graylane.kafka.seam import Producer
+from graylane.kafka.seam import ConsumerOptions, KafkaFactory, Producer
 from graylane.metrics import (
     CONTROL_CAUGHT_UP,
 )

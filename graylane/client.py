@@ -25,9 +25,8 @@ import numpy as np
 from graylane import serde, tensors
 from graylane.clock import now_ms
 from graylane.errors import ErrorCode, GraylaneError, SerdeError, require_started
-from graylane.kafka.options import ConsumerOptions
 from graylane.kafka.reading import FollowFrom, TopicFollower
-from graylane.kafka.seam import ClientFactory, Producer, Record, known_topics
+from graylane.kafka.seam import ClientFactory, ConsumerOptions, Producer, Record, known_topics
 from graylane.postprocess import PostProcess as PostProcess
 from graylane.postprocess import post_process_to_pb
 from graylane.v1 import inference_pb2

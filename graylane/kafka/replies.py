@@ -1,9 +1,9 @@
-"""Where bad input goes: an error result when the request can be identified,
-else a dead letter with the original bytes. Shared by the router and workers."""
+"""Where a request that cannot be served goes: an error result when the request can be
+identified (a :class:`Rejection` sent to its reply topic), else a dead letter with the
+original bytes. Shared by the router and workers."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import time
@@ -20,10 +20,21 @@ from graylane.settings import Settings
 from graylane.topics import ReplyTopicRefused, TopicLayout
 from graylane.v1 import dlq_pb2, inference_pb2
 
+__all__ = [
+    "DEAD_LETTER_KEEP_BYTES",
+    "MAX_PARTITION_KEY_BYTES",
+    "Rejection",
+    "ReplySink",
+    "max_payload_bytes",
+    "partition_key",
+    "reply_topic_rejection",
+    "wire_code",
+]
+
 log = logging.getLogger(__name__)
 
-
 DEAD_LETTER_KEEP_BYTES = 64 * 1024
+"""A dead letter keeps this much of the original value (plus its sha256 and length)."""
 MAX_PARTITION_KEY_BYTES = 256
 """Longer keys are replaced by their sha256 (the client's partitioner hashes every byte)."""
 
@@ -37,7 +48,6 @@ def partition_key(key: bytes) -> bytes:
     return key if len(key) <= MAX_PARTITION_KEY_BYTES else hashlib.sha256(key).digest()
 
 
-"""A dead letter keeps this much of the original value (plus its sha256 and length)."""
 _ENVELOPE_BYTES = 16 * 1024
 """Room left in a message for everything but a result's payload."""
 
@@ -218,9 +228,3 @@ class ReplySink:
             self._layout.dlq(), serde.encode(letter), key=partition_key(key) or None
         )
         return sent
-
-
-async def settle(futures: list[Awaitable[object]]) -> None:
-    """Wait until every queued send is acknowledged by the broker."""
-    if futures:
-        await asyncio.gather(*futures)

@@ -30,10 +30,9 @@ from graylane.acls import AclScope, Role, role_acls
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.service import Worker
-from graylane.kafka.acl_admin import apply_acls, bindings_for
-from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.admin import apply_acls, bindings_for, ensure_topics
 from graylane.kafka.reading import read_to_end
+from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.services.router.service import Router, RouterConfig
 from graylane.settings import KafkaSecurity, SaslMechanism, SecurityProtocol, Settings

@@ -10,7 +10,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.observe import WorkerObserver
-from graylane.kafka.lag import group_lag
+from graylane.kafka.reading import group_lag
 
 TOPIC = "p.requests.m.v2"
 
