@@ -67,13 +67,9 @@ from aiokafka.errors import (
     CommitFailedError,
     IllegalGenerationError,
     IllegalStateError,
-    KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
-    NoBrokersAvailable,
-    NodeNotReadyError,
     RebalanceInProgressError,
-    RequestTimedOutError,
     UnknownMemberIdError,
     UnknownTopicOrPartitionError,
 )
@@ -270,13 +266,9 @@ _REBALANCE = (
     UnknownMemberIdError,
     IllegalGenerationError,
 )
-_OUTAGE = (
-    KafkaTimeoutError,
-    KafkaConnectionError,
-    NoBrokersAvailable,
-    NodeNotReadyError,
-    RequestTimedOutError,
-)
+_OUTAGE = (KafkaTimeoutError,)
+"""An outage Kafka does not flag ``retriable`` (a connection lost, no broker answering,
+a node not ready, a request timed out: those carry the flag)."""
 
 
 def classify(exc: BaseException) -> Fault:
