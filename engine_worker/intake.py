@@ -26,8 +26,7 @@ from graylane.engine_worker.requests import (
 )
 from graylane.engine_worker.tokenizer import Tokenizer
 from graylane.errors import SerdeError
-from graylane.kafka.replies import Rejection
-from graylane.request_limits import clip, field_problem
+from graylane.kafka.replies import Rejection, clip, field_problem
 from graylane.v1 import inference_pb2
 
 __all__ = ["IntakeRules", "decode", "request_facts", "to_rejection", "validate"]

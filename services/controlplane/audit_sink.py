@@ -38,6 +38,7 @@ from sqlalchemy.exc import TimeoutError as SQLTimeoutError
 from graylane.errors import GraylaneError, SerdeError, is_retriable
 from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
 from graylane.kafka.reading import consumer_lag, wait_for_assignment
+from graylane.kafka.replies import clip
 from graylane.kafka.seam import BatchConsumer, ClientFactory, ConsumerOptions, Record
 from graylane.metrics import AuditSinkMetrics
 from graylane.serde import decode
@@ -180,7 +181,7 @@ class AuditSink:
             return await asyncio.to_thread(call, *args)
         except Exception as exc:
             if _transient(exc) or (every_failure and isinstance(exc, SQLAlchemyError)):
-                raise StoreUnavailable(f"{type(exc).__name__}: {_short(str(exc))}") from exc
+                raise StoreUnavailable(f"{type(exc).__name__}: {clip(str(exc), 300)}") from exc
             raise
 
     async def _handle(self, records: list[Record]) -> list[Awaitable[object]]:
@@ -258,7 +259,7 @@ class AuditSink:
             tp,
             offset,
             type(exc).__name__,
-            _short(str(exc)),
+            clip(str(exc), 300),
         )
         self.skipped += 1
         if self._metrics is not None:
@@ -274,10 +275,6 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(
         exc, OperationalError | InterfaceError | DisconnectionError | SQLTimeoutError | OSError
     )
-
-
-def _short(text: str, limit: int = 300) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
 
 
 def _count(

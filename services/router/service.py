@@ -19,7 +19,14 @@ from graylane.clock import now_ms
 from graylane.errors import ErrorCode, SerdeError, require_started
 from graylane.kafka.loop import ConsumeLoop, LoopHooks, settle
 from graylane.kafka.reading import CompactedFollower
-from graylane.kafka.replies import Rejection, ReplySink, reply_topic_rejection
+from graylane.kafka.replies import (
+    FieldCaps,
+    Rejection,
+    ReplySink,
+    clip,
+    field_problem,
+    reply_topic_rejection,
+)
 from graylane.kafka.seam import (
     BatchConsumer,
     ClientFactory,
@@ -29,7 +36,6 @@ from graylane.kafka.seam import (
     known_topics,
 )
 from graylane.metrics import CONTROL_CAUGHT_UP, RouterMetrics, ServiceObservability
-from graylane.request_limits import FieldCaps, clip, field_problem
 from graylane.routing import RouteTable, RoutingRequest, UnknownPinnedVersion, route
 from graylane.routing.convert import table_from_pb
 from graylane.routing.table import RouteDecision, route_without_table, table_problem
