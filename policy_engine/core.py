@@ -43,31 +43,47 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
-from graylane.policy_engine.core_ops import check_acks, revert, set_route_config
-from graylane.policy_engine.core_scale import evaluate_scaling, scale_hold
 from graylane.policy_engine.isolation import Isolation
 from graylane.policy_engine.logic.agreement import AgreementTracker, ShadowOutput
-from graylane.policy_engine.logic.facts import RolloutFacts
-from graylane.policy_engine.logic.liveness_tracker import LivenessTracker, OffsetSample
+from graylane.policy_engine.logic.liveness import LivenessTracker, OffsetSample
 from graylane.policy_engine.logic.precision_ack import (
     DEFAULT_ACK_BOUND_MS,
+    AckVerdict,
     PendingSwitch,
+    judge_switch,
 )
 from graylane.policy_engine.logic.qos import (
     QosDecisionKind,
     QosState,
+    breach_rule,
+    effective_capacity,
     evaluate_qos,
     initial_qos_state,
     qos_during_rollout,
 )
-from graylane.policy_engine.logic.rollout import apply_command, evaluate, pending_state, start
-from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
+from graylane.policy_engine.logic.rollout import (
+    Decision,
+    RolloutFacts,
+    RolloutState,
+    apply_command,
+    evaluate,
+    pending_state,
+    start,
+)
 from graylane.policy_engine.logic.routing_plan import (
     RoutingPlan,
     plan_for,
     plan_of_table,
+    stable_plan,
 )
-from graylane.policy_engine.logic.scale import ScalePolicy, ScaleState
+from graylane.policy_engine.logic.scale import (
+    ScalePolicy,
+    ScaleSignals,
+    ScaleState,
+    evaluate_scale,
+    initial_scale_state,
+    scale_unsettled,
+)
 from graylane.policy_engine.logic.window import (
     DEFAULT_STEP_MS,
     DEFAULT_WINDOW_MS,
@@ -75,28 +91,41 @@ from graylane.policy_engine.logic.window import (
     SlidingWindow,
     TelemetrySample,
     WindowKey,
+    WindowStats,
 )
 from graylane.policy_engine.messages import (
     Command,
     CommandKind,
     CommandRejected,
     Output,
+    PrecisionAck,
     PrecisionPublication,
     QosAudit,
     QosPolicySet,
     RecordSource,
     RolloutAudit,
     RolloutPublication,
+    RoutingAudit,
     RoutingPublication,
+    ScaleAudit,
+    ScalePublication,
 )
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
-from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
 from graylane.routing import RouteTable
 from graylane.routing.cohorts import RouteConfig, config_of_table
 
-__all__ = ["PolicyCore"]
+__all__ = [
+    "PolicyCore",
+    "check_acks",
+    "evaluate_scaling",
+    "restore_scale",
+    "revert",
+    "scale_hold",
+    "set_route_config",
+]
 
 log = logging.getLogger(__name__)
 
@@ -442,3 +471,240 @@ class PolicyCore:
             )
         out.append(QosAudit(decision=decision, epoch=epoch, rollout_id=rollout_id, policy=policy))
         return out
+
+
+def revert(core: PolicyCore, cmd: Command, now_ms: int) -> list[Output]:
+    """Route 100 % to ``cmd.target_version`` in one routing update.
+
+    During a rollout that is its rollback (the baseline is the stable
+    version), recorded as a manual rollback with the operator's note.
+    """
+    target = cmd.target_version
+    if not target:
+        return [CommandRejected(command=cmd, reason="revert names no version", at_ms=now_ms)]
+    active = core.rollouts.get(cmd.model)
+    if active is not None:
+        if target != active.spec.baseline:
+            reason = (
+                f"rollout {active.spec.rollout_id} is active: a revert returns to its "
+                f"baseline {active.spec.baseline}, not {target}"
+            )
+            return [CommandRejected(command=cmd, reason=reason, at_ms=now_ms)]
+        note = f"revert to {target}" + (f": {cmd.note}" if cmd.note else "")
+        rollback = replace(
+            cmd,
+            kind=CommandKind.MANUAL,
+            manual=ManualCommand.ROLLBACK,
+            rollout_id=active.spec.rollout_id,
+            note=note,
+        )
+        return core._manual(rollback, now_ms)
+    last = core.plans.get(cmd.model)
+    was = f" from {last.stable_version}" if last is not None else ""
+    reason = f"reverted {cmd.model} to {target}{was}: 100% to {target}"
+    if cmd.note:
+        reason += f" ({cmd.note})"
+    plan = stable_plan(cmd.model, target, core.routing_epochs.get(cmd.model, 0) + 1)
+    return routing_change(core, cmd, plan, DecisionRule.STABLE_REVERTED, reason, now_ms)
+
+
+def set_route_config(core: PolicyCore, cmd: Command, now_ms: int) -> list[Output]:
+    """Take the model's cohort rules and republish its current table with them."""
+    config = cmd.route_config
+    if config is None or config.model != cmd.model:
+        return [CommandRejected(command=cmd, reason="no route config", at_ms=now_ms)]
+    last = core.plans.get(cmd.model)
+    if last is None and not cmd.target_version:
+        reason = f"{cmd.model} has no routing table yet and the command names no stable version"
+        return [CommandRejected(command=cmd, reason=reason, at_ms=now_ms)]
+    core.route_configs[cmd.model] = config
+    epoch = core.routing_epochs.get(cmd.model, 0) + 1
+    plan = (
+        replace(last, epoch=epoch)
+        if last is not None
+        else stable_plan(cmd.model, cmd.target_version, epoch)
+    )
+    rules = ", ".join(
+        f"{r.name}: {','.join(f'{k}={v}' for k, v in r.match_tags)} -> {r.version}"
+        for r in config.rules
+    )
+    reason = (
+        f"cohort routing of {cmd.model}: rules [{rules or 'none'}], "
+        f"pins {'allowed' if config.allow_pinning else 'refused'}"
+    )
+    return routing_change(core, cmd, plan, DecisionRule.ROUTE_CONFIG_SET, reason, now_ms)
+
+
+def routing_change(
+    core: PolicyCore, cmd: Command, plan: RoutingPlan, rule: DecisionRule, reason: str, now_ms: int
+) -> list[Output]:
+    core.note_routing_epoch(plan.model, plan.epoch)
+    core.plans[plan.model] = plan
+    return [
+        RoutingPublication(
+            plan=plan, reason=reason, at_ms=now_ms, config=core.route_configs.get(plan.model)
+        ),
+        RoutingAudit(
+            model=plan.model,
+            version=plan.stable_version,
+            rule=rule,
+            reason=reason,
+            epoch=plan.epoch,
+            at_ms=now_ms,
+            command_id=cmd.command_id,
+            actor=cmd.issued_by,
+        ),
+    ]
+
+
+def check_acks(core: PolicyCore, now_ms: int) -> list[Output]:
+    """Confirm switches the workers followed; audit ``precision_refused`` for the others.
+
+    A refused switch puts the QoS state back on the variant actually served,
+    so the controller no longer believes in a switch that did not happen.
+    """
+    out: list[Output] = []
+    for key in sorted(core.pending_switches):
+        switch = core.pending_switches[key]
+        served = core.served_at.get(key, {})
+        verdict, variant = judge_switch(switch, served, now_ms, core.ack_bound_ms)
+        if verdict is AckVerdict.PENDING:
+            continue
+        del core.pending_switches[key]
+        model, version = key
+        if verdict is AckVerdict.CONFIRMED:
+            rule = DecisionRule.PRECISION_CONFIRMED
+            reason = f"{model} {version} serves {variant} (switch at epoch {switch.epoch})"
+        else:
+            rule = DecisionRule.PRECISION_REFUSED
+            reason = (
+                f"{model} {version} did not follow the switch to {switch.variant} within "
+                f"{core.ack_bound_ms / 1000:g} s; its workers still serve {variant}"
+            )
+            state = core.qos_states.get(key)
+            if state is not None:
+                core.qos_states[key] = replace(state, active_variant=variant)
+        out.append(
+            PrecisionAck(
+                model=model,
+                version=version,
+                variant=switch.variant,
+                served=variant,
+                rule=rule,
+                reason=reason,
+                epoch=switch.epoch,
+                at_ms=now_ms,
+            )
+        )
+    return out
+
+
+def scale_hold(core: PolicyCore, key: tuple[str, str], now_ms: int) -> str:
+    """Why (model, version)'s replicas are not settled ("" when they are, or not scaled)."""
+    state = core.scale_states.get(key)
+    if state is None or not core.scale_policy.enabled:
+        return ""
+    stats = core.window.stats_by_version(key[0], key[1], now_ms)
+    return scale_unsettled(state, core.scale_policy, stats.workers if stats else 0, now_ms)
+
+
+def restore_scale(
+    core: PolicyCore, key: tuple[str, str], desired: int, epoch: int, at_ms: int
+) -> None:
+    """Take a request read back from the scale topic (the newest epoch wins)."""
+    if epoch < core.scale_epochs.get(key, 0):
+        return
+    core.scale_epochs[key] = epoch
+    model, version = key
+    core.scale_states[key] = ScaleState(
+        model=model, version=version, desired=desired, last_change_ms=at_ms
+    )
+
+
+def _floor_breach(state: QosState, policy: QosPolicy, now_ms: int) -> bool:
+    if state.active_variant not in policy.ladder or state.breach_since_ms is None:
+        return False
+    at_floor = policy.ladder.index(state.active_variant) >= policy.floor_index
+    return at_floor and now_ms - state.breach_since_ms >= policy.sustain_s * 1000
+
+
+def _signals(
+    core: PolicyCore, key: tuple[str, str], stats: WindowStats | None, now_ms: int
+) -> ScaleSignals:
+    model, version = key
+    qos_state, qos_policy = core.qos_states.get(key), core.qos_policies.get(key)
+    floor_breach = breaching = False
+    variant = stats.variant if stats is not None else ""
+    floor_capacity: float | None = None
+    if qos_state is not None and qos_policy is not None and qos_policy.enabled:
+        floor_breach = _floor_breach(qos_state, qos_policy, now_ms)
+        # the window's own breach too: a step down clears QoS's timers at once, while
+        # the window still shows the load that made it step
+        breaching = qos_state.breach_since_ms is not None or (
+            stats is not None and breach_rule(stats, qos_policy) is not None
+        )
+        served_by = stats.variant if stats is not None else ""
+        variant = served_by if served_by in qos_policy.ladder else qos_state.active_variant
+        floor_variant = qos_policy.ladder[min(qos_policy.floor_index, len(qos_policy.ladder) - 1)]
+        floor_capacity = _stack_capacity(qos_policy, qos_state, floor_variant)
+    return ScaleSignals(
+        model=model,
+        version=version,
+        floor_breach=floor_breach,
+        breaching=breaching,
+        throughput_rps=stats.throughput_rps if stats is not None else 0.0,
+        offered_rps=max(stats.offered_rps, stats.step_offered_rps) if stats is not None else 0.0,
+        floor_capacity_rps=floor_capacity or 0.0,
+        lag=stats.lag if stats is not None else 0,
+        replicas=stats.workers if stats is not None else 0,
+        partitions=core.partitions.get(key, core.default_partitions),
+        variant=variant,
+        replica_capacity_rps=(
+            core.replica_capacity.get((model, version, variant))
+            or _stack_capacity(qos_policy, qos_state, variant)
+            or 0.0
+        ),
+    )
+
+
+def _stack_capacity(policy: QosPolicy | None, state: QosState | None, variant: str) -> float | None:
+    """The QoS policy's calibrated capacity of ``variant`` as it holds here, by the QoS
+    state's contention (measured on its active variant)."""
+    calibrated = policy.capacity_of(variant) if policy is not None else None
+    if calibrated is None or policy is None:
+        return None
+    if state is None:
+        return calibrated
+    return effective_capacity(
+        calibrated, state.contention, policy.capacity_of(state.active_variant)
+    )
+
+
+def evaluate_scaling(core: PolicyCore, now_ms: int) -> list[Output]:
+    """One replica decision per scaled version; outputs for the changes."""
+    policy = core.scale_policy
+    if not policy.enabled:
+        return []
+    live = core.window.keys()  # a SlidingWindow, not a dict
+    keys = {(k.model, k.version) for k in live}
+    keys |= set(core.qos_policies) | set(core.scale_states)
+    out: list[Output] = []
+    for key in sorted(keys):
+        stats = core.window.stats_by_version(key[0], key[1], now_ms)
+        signals = _signals(core, key, stats, now_ms)
+        state = core.scale_states.get(key)
+        if state is None:
+            state = initial_scale_state(
+                key[0], key[1], policy, replicas=signals.replicas, partitions=signals.partitions
+            )
+        decision = evaluate_scale(state, policy, signals, now_ms)
+        core.scale_states[key] = decision.after
+        if not decision.changed:
+            continue
+        epoch = core.scale_epochs.get(key, 0) + 1
+        core.scale_epochs[key] = epoch
+        out += [
+            ScalePublication(decision=decision, epoch=epoch),
+            ScaleAudit(decision=decision, epoch=epoch),
+        ]
+    return out

@@ -20,7 +20,7 @@ from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.lag import group_lag
 from graylane.kafka.options import ConsumerOptions
 from graylane.kafka.seam import BatchConsumer
-from graylane.policy_engine.logic.liveness_tracker import OffsetSample
+from graylane.policy_engine.logic.liveness import OffsetSample
 
 __all__ = ["LivenessProbe"]
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from graylane.policy_engine.logic.qos import QosDecision, QosState
-from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
+from graylane.policy_engine.logic.rollout import Decision, RolloutState
 from graylane.policy_engine.logic.routing_plan import RoutingPlan
 from graylane.policy_engine.logic.scale import ScaleDecision
 from graylane.rollouts.qos_policy import QosPolicy

@@ -27,9 +27,8 @@ from enum import Enum
 import numpy as np
 
 from graylane.histogram import DEFAULT_GROWTH, DEFAULT_MIN_MS, LatencyHistogram
-from graylane.policy_engine.logic.facts import LagSample, RolloutFacts, VersionLiveness
-from graylane.policy_engine.logic.rollout import evaluate, start
-from graylane.policy_engine.logic.rollout_state import Decision
+from graylane.policy_engine.logic.liveness import LagSample, VersionLiveness
+from graylane.policy_engine.logic.rollout import Decision, RolloutFacts, evaluate, start
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule

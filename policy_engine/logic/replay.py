@@ -16,10 +16,15 @@ from dataclasses import dataclass, fields, is_dataclass
 from enum import Enum
 
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.facts import RolloutFacts
 from graylane.policy_engine.logic.qos import QosDecision, QosState, evaluate_qos
-from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
-from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
+from graylane.policy_engine.logic.rollout import (
+    Decision,
+    RolloutFacts,
+    RolloutState,
+    apply_command,
+    evaluate,
+    start,
+)
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from graylane.policy_engine.logic.rollout_state import RoutingIntent
+from graylane.policy_engine.logic.rollout import RoutingIntent
 from graylane.routing import RouteTable, RoutingRule, table_for_weights
 from graylane.routing.cohorts import RouteConfig
 

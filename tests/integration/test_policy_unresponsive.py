@@ -18,7 +18,7 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import read_to_end
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.policy_engine.app import PolicyConfig, prepare_topics
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import Gates, RolloutSpec, Step
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2

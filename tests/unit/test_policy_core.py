@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from graylane.histogram import LatencyHistogram
-from graylane.policy_engine import convert
+from graylane.policy_engine import wire
 from graylane.policy_engine.audit_replay import verify
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.logic.window import TelemetrySample
@@ -16,7 +16,7 @@ from graylane.policy_engine.messages import (
     RolloutPublication,
     RoutingPublication,
 )
-from graylane.policy_engine.publish import command_from_pb, records_of
+from graylane.policy_engine.wire import command_from_pb, records_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import ManualCommand, Phase
@@ -126,11 +126,11 @@ def test_restore_resumes_and_never_lowers_the_epoch() -> None:
     out = core.on_command(start_cmd(), 100_000) + drive(core, 100_000, 106_000)
     last = [o for o in out if isinstance(o, RolloutPublication)][-1]
     assert last.state.phase is Phase.PROGRESSING
-    pb = convert.rollout_state_to_pb(last.state, last.spec)
+    pb = wire.rollout_state_to_pb(last.state, last.spec)
     table_epoch = routing(out)[-1].plan.epoch
 
     fresh = PolicyCore(window_ms=4000, step_ms=1000)
-    state, spec = convert.rollout_state_from_pb(pb)
+    state, spec = wire.rollout_state_from_pb(pb)
     fresh.restore([(state, spec)], {MODEL: table_epoch + 3}, {})
     assert fresh.rollouts[MODEL].state == last.state
     # A redelivered START of the same rollout is ignored.
@@ -176,7 +176,7 @@ def test_command_from_pb() -> None:
         command_id="c1",
         kind=rollout_pb2.COMMAND_START,
         model=MODEL,
-        spec=convert.rollout_spec_to_pb(SPEC),
+        spec=wire.rollout_spec_to_pb(SPEC),
     )
     cmd = command_from_pb(pb)
     assert isinstance(cmd, Command) and cmd.spec == SPEC

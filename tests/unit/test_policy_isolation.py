@@ -14,9 +14,8 @@ from graylane import serde
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
 from graylane.metrics import PolicyMetrics
-from graylane.policy_engine import convert
+from graylane.policy_engine import wire
 from graylane.policy_engine.core import PolicyCore
-from graylane.policy_engine.intake import command_of, restore_values, shadow_of, telemetry_into
 from graylane.policy_engine.isolation import Isolation, invalid_sample
 from graylane.policy_engine.logic.window import TelemetrySample
 from graylane.policy_engine.messages import (
@@ -28,8 +27,8 @@ from graylane.policy_engine.messages import (
     RoutingPublication,
     SkipReason,
 )
-from graylane.policy_engine.observe import PolicyObserver
-from graylane.policy_engine.publish import records_of
+from graylane.policy_engine.service import PolicyObserver, telemetry_into
+from graylane.policy_engine.wire import command_of, records_of, restore_values, shadow_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
@@ -90,9 +89,9 @@ def test_restore_skips_bad_records_per_key_and_keeps_every_good_one() -> None:
     other = spec("other", "r-other")
     broken_step = replace(state, rollout_id="r-other", model="other", step_index=7)
     rollouts = {
-        b"r-good": serde.encode(convert.rollout_state_to_pb(state, good)),
+        b"r-good": serde.encode(wire.rollout_state_to_pb(state, good)),
         b"r-garbage": GARBAGE,
-        b"r-other": serde.encode(convert.rollout_state_to_pb(broken_step, other)),
+        b"r-other": serde.encode(wire.rollout_state_to_pb(broken_step, other)),
         b"r-deleted": None,
     }
     weights = (("v2", 10.0),)

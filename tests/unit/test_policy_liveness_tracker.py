@@ -7,10 +7,14 @@ from dataclasses import replace
 
 from graylane.policy_engine.audit_replay import verify
 from graylane.policy_engine.core import PolicyCore
-from graylane.policy_engine.logic.liveness_tracker import LivenessTracker, OffsetSample
-from graylane.policy_engine.logic.unresponsive import LivenessAction, check_rollout_liveness
+from graylane.policy_engine.logic.liveness import (
+    LivenessAction,
+    LivenessTracker,
+    OffsetSample,
+    check_rollout_liveness,
+)
 from graylane.policy_engine.messages import RolloutAudit, RoutingPublication
-from graylane.policy_engine.publish import records_of
+from graylane.policy_engine.wire import records_of
 from graylane.rollouts.spec import Gates, RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionRule, Phase
 from graylane.topics import TopicLayout

@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 
 from graylane.histogram import LatencyHistogram
-from graylane.policy_engine.logic.facts import LagSample, RolloutFacts, VersionLiveness
-from graylane.policy_engine.logic.gates import latency_gate
-from graylane.policy_engine.logic.rollout import evaluate, start
-from graylane.policy_engine.logic.rollout_state import Decision
-from graylane.policy_engine.logic.significance import Verdict
-from graylane.policy_engine.logic.unresponsive import Liveness, judge_liveness
+from graylane.policy_engine.logic.gates import Verdict, latency_gate
+from graylane.policy_engine.logic.liveness import (
+    LagSample,
+    Liveness,
+    VersionLiveness,
+    judge_liveness,
+)
+from graylane.policy_engine.logic.rollout import Decision, RolloutFacts, evaluate, start
 from graylane.policy_engine.logic.window import SlidingWindow, TelemetrySample, WindowKey
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase

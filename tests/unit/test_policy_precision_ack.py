@@ -10,7 +10,7 @@ from graylane.policy_engine.messages import (
     PrecisionAck,
     PrecisionPublication,
 )
-from graylane.policy_engine.publish import records_of
+from graylane.policy_engine.wire import records_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule
 from graylane.serde import decode

@@ -15,7 +15,7 @@ from graylane.policy_engine.messages import (
     RoutingAudit,
     RoutingPublication,
 )
-from graylane.policy_engine.publish import command_from_pb, records_of
+from graylane.policy_engine.wire import command_from_pb, records_of
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionRule, ManualCommand, Phase
 from graylane.routing import RoutingRequest, RoutingRule, route

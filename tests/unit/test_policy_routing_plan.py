@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from graylane.policy_engine.logic.rollout import apply_command, start
-from graylane.policy_engine.logic.rollout_state import RoutingIntent
+from graylane.policy_engine.logic.rollout import RoutingIntent, apply_command, start
 from graylane.policy_engine.logic.routing_plan import (
     VersionWeight,
     plan_for,

@@ -10,8 +10,7 @@ from prometheus_client import CollectorRegistry
 from graylane.histogram import LatencyHistogram
 from graylane.metrics import PolicyMetrics
 from graylane.policy_engine.audit_replay import verify
-from graylane.policy_engine.core import PolicyCore
-from graylane.policy_engine.core_scale import restore_scale
+from graylane.policy_engine.core import PolicyCore, restore_scale
 from graylane.policy_engine.logic.scale import ScalePolicy, ScaleReason
 from graylane.policy_engine.logic.window import TelemetrySample
 from graylane.policy_engine.messages import (
@@ -22,8 +21,8 @@ from graylane.policy_engine.messages import (
     ScaleAudit,
     ScalePublication,
 )
-from graylane.policy_engine.observe import PolicyObserver
-from graylane.policy_engine.publish import records_of
+from graylane.policy_engine.service import PolicyObserver
+from graylane.policy_engine.wire import records_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule
 from graylane.topics import TopicLayout

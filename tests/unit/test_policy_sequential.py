@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 
 from graylane.histogram import LatencyHistogram
-from graylane.policy_engine.logic.facts import RolloutFacts
-from graylane.policy_engine.logic.rollout import evaluate, start
-from graylane.policy_engine.logic.rollout_state import Decision
-from graylane.policy_engine.logic.sequential import RateTest, RatioTest, log_threshold
-from graylane.policy_engine.logic.sequential_gates import advance_sequential
-from graylane.policy_engine.logic.significance import fisher_greater
+from graylane.policy_engine.logic.gates import fisher_greater
+from graylane.policy_engine.logic.rollout import Decision, RolloutFacts, evaluate, start
+from graylane.policy_engine.logic.sequential import (
+    RateTest,
+    RatioTest,
+    advance_sequential,
+    log_threshold,
+)
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
