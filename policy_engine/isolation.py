@@ -2,7 +2,7 @@
 
 The streaming adapter and :class:`~graylane.policy_engine.core.PolicyCore` run
 each input record, and each rollout's and QoS key's decision, through
-:meth:`Isolation.guard` / :meth:`Isolation.skip`: what raises becomes a
+:meth:`RecordGuard.guard` / :meth:`RecordGuard.skip`: what raises becomes a
 :class:`~graylane.policy_engine.messages.RecordSkipped` output (counted, and
 audited at most once per source, key and reason per ``audit_interval_ms``)
 and everything else goes on. A failing rollout keeps its state and is tried
@@ -21,7 +21,7 @@ from graylane.histogram import LatencyHistogram
 from graylane.policy_engine.logic.window import TelemetrySample
 from graylane.policy_engine.messages import Output, RecordSkipped, RecordSource, SkipReason
 
-__all__ = ["DEFAULT_AUDIT_INTERVAL_MS", "Isolation", "invalid_sample"]
+__all__ = ["DEFAULT_AUDIT_INTERVAL_MS", "RecordGuard", "invalid_sample"]
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def invalid_sample(sample: TelemetrySample, scheme: LatencyHistogram | None = No
 
 
 @dataclass
-class Isolation:
+class RecordGuard:
     """Turns failures into :class:`RecordSkipped` outputs; remembers what it audited."""
 
     audit_interval_ms: int = DEFAULT_AUDIT_INTERVAL_MS

@@ -21,6 +21,7 @@ from graylane.kafka.lag import group_lag
 from graylane.kafka.options import ConsumerOptions
 from graylane.kafka.seam import BatchConsumer
 from graylane.policy_engine.logic.liveness import OffsetSample
+from graylane.policy_engine.state import VersionKey
 
 __all__ = ["LivenessProbe"]
 
@@ -52,14 +53,15 @@ class LivenessProbe:
         self._admin = self._consumer = None
 
     async def sample(
-        self, targets: Iterable[tuple[str, str]], at_ms: int
-    ) -> list[tuple[str, str, OffsetSample]]:
-        """One sample per (model, version) that could be read; failures are logged and skipped."""
+        self, targets: Iterable[VersionKey], at_ms: int
+    ) -> list[tuple[VersionKey, OffsetSample]]:
+        """One sample per version that could be read; failures are logged and skipped."""
         if self._admin is None or self._consumer is None:
             return []
         layout = self._factory.layout
-        out: list[tuple[str, str, OffsetSample]] = []
-        for model, version in targets:
+        out: list[tuple[VersionKey, OffsetSample]] = []
+        for key in targets:
+            model, version = key.model, key.version
             topic = layout.version_requests(model, version)
             try:
                 if topic not in self._partitions:
@@ -75,5 +77,5 @@ class LivenessProbe:
                 log.warning("liveness of %s/%s not read: %s", model, version, exc)
                 continue
             sample = OffsetSample(at_ms, offsets.end, offsets.committed, offsets.lag)
-            out.append((model, version, sample))
+            out.append((key, sample))
         return out

@@ -35,8 +35,8 @@ from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import read_to_end
 from graylane.metrics import CONTROL_CAUGHT_UP, PolicyMetrics, ServiceObservability
 from graylane.policy_engine import wire
-from graylane.policy_engine.core import PolicyCore, restore_scale
-from graylane.policy_engine.isolation import Isolation, invalid_sample
+from graylane.policy_engine.core import PolicyCore
+from graylane.policy_engine.isolation import RecordGuard, invalid_sample
 from graylane.policy_engine.lease import LeaseKeeper, restart_as_standby
 from graylane.policy_engine.liveness_probe import LivenessProbe
 from graylane.policy_engine.logic.qos import QosState
@@ -67,7 +67,7 @@ from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule, Phase
 from graylane.settings import KafkaSecurity, SaslMechanism, SecurityProtocol, Settings
-from graylane.v1 import control_pb2, rollout_pb2, telemetry_pb2
+from graylane.v1 import telemetry_pb2
 
 __all__ = [
     "FaustBrokerSettings",
@@ -228,8 +228,7 @@ async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
 def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     factory = KafkaFactory(settings)
     layout = factory.layout
-    core = PolicyCore(config.window_ms, config.step_ms)
-    core.scale_policy = config.scale
+    core = PolicyCore(config.window_ms, config.step_ms, scale_policy=config.scale)
     probe = LivenessProbe(factory)
     restored = asyncio.Event()
     brokers = broker_settings(settings)  # security included, like every other client
@@ -274,7 +273,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         if config.lease is not None:  # fenced while the lease lapsed: wait to hold it again
             await config.lease.wait_writable()
         observer.observe(outputs)
-        observer.desired_replicas(core.scale_states.values())
+        observer.desired_replicas(core.scaling.states.values())
         for rec in records_of(outputs, layout):
             await app.producer.send_and_wait(
                 rec.topic, rec.key, rec.value, partition=None, timestamp=None, headers=None
@@ -310,13 +309,13 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
 
     # Every record on its own (graylane.policy_engine.intake): a bad one is skipped,
     # counted and audited, and never stops the records of other rollouts or models.
-    isolation = core.isolation
+    guard = core.guard
 
     @app.agent(telemetry)
     async def on_telemetry(stream: faust.StreamT[bytes]) -> None:
         await restored.wait()
         async for value in stream:
-            skipped = telemetry_into(core, value, isolation, config.clock())
+            skipped = telemetry_into(core, value, guard, config.clock())
             if skipped is not None:
                 await publish([skipped])
 
@@ -325,7 +324,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         await restored.wait()
         async for value in stream:
             at = config.clock()
-            cmd = command_of(value, isolation, at)
+            cmd = command_of(value, guard, at)
             if isinstance(cmd, RecordSkipped):
                 await publish([cmd])
             elif isinstance(cmd, CommandRejected):
@@ -333,7 +332,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             else:
                 model = cmd.model
                 await publish(
-                    isolation.guard(
+                    guard.guard(
                         partial(core.on_command, cmd, at), RecordSource.COMMANDS, at, model=model
                     )
                 )
@@ -343,7 +342,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         async def on_shadow(stream: faust.StreamT[bytes], _model: str = config.models[i]) -> None:
             await restored.wait()
             async for value in stream:
-                output = shadow_of(value, isolation, config.clock())
+                output = shadow_of(value, guard, config.clock())
                 if isinstance(output, RecordSkipped):
                     await publish([output])
                 else:
@@ -359,8 +358,8 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         if config.lease is not None and not config.lease.active:
             return  # fenced: no decisions until the lease is held again
         # Liveness facts first: read from the broker, so a dead worker cannot hide.
-        for model, version, sample in await probe.sample(core.liveness_targets(), config.clock()):
-            core.on_offsets(model, version, sample)
+        for key, sample in await probe.sample(core.liveness_targets(), config.clock()):
+            core.on_offsets(key, sample)
         try:
             outputs = core.tick(config.clock())
         except PolicyError:
@@ -381,69 +380,44 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
 async def _restore(factory: KafkaFactory, core: PolicyCore, at_ms: int) -> list[RecordSkipped]:
     """Rebuild ``core`` from the control topics; the records that had to be skipped."""
     layout = factory.layout
+    commands = await read_to_end(factory, layout.commands(), client_suffix="policy-restore")
     restored = restore_values(
         await read_latest_per_key(factory, layout.routing()),
         await read_latest_per_key(factory, layout.precision()),
         await read_latest_per_key(factory, layout.rollouts()),
-        core.isolation,
+        core.guard,
         at_ms,
+        scale=await read_latest_per_key(factory, layout.scale()),
+        commands=[record.value for record in commands],
     )
-    restored.qos_policies = await _qos_policies(factory)
     restored.apply(core)
-    for value in (await read_latest_per_key(factory, layout.scale())).values():
-        if not value:
-            continue
-        try:
-            req = serde.decode(control_pb2.ScaleRequest, value)
-        except SerdeError as exc:  # one bad record never blocks the others
-            log.warning("skipping an undecodable scale request: %s", exc)
-            continue
-        key = (req.model, req.version)
-        restore_scale(core, key, req.desired_replicas, req.epoch, req.decided_at_unix_ms)
     return restored.skipped
 
 
 async def _note_partitions(factory: KafkaFactory, core: PolicyCore) -> None:
     """Partition counts of the scaled versions' topics (they bound the replicas)."""
-    live = core.window.keys()  # a SlidingWindow, not a dict
-    keys = {(k.model, k.version) for k in live} | set(core.scale_states)
-    topics = {factory.layout.version_requests(m, v): (m, v) for m, v in sorted(keys)}
+    topics = {
+        factory.layout.version_requests(k.model, k.version): k for k in core.scaled_versions()
+    }
     try:
         counts = await partition_counts(factory, list(topics))
     except Exception as exc:  # the next refresh retries; the bound keeps its last value
         log.warning("partition counts not read: %s", exc)
         return
-    for topic, n in counts.items():
-        core.partitions[topics[topic]] = n
-
-
-async def _qos_policies(factory: KafkaFactory) -> list[QosPolicy]:
-    """The latest SET_QOS_POLICY per (model, version) on the commands topic."""
-    latest: dict[tuple[str, str], QosPolicy] = {}
-    for record in await read_to_end(
-        factory, factory.layout.commands(), client_suffix="policy-restore"
-    ):
-        try:
-            pb = serde.decode(rollout_pb2.RolloutCommand, record.value)
-            if pb.kind == rollout_pb2.COMMAND_SET_QOS_POLICY:
-                p = wire.qos_policy_from_pb(pb.qos_policy)
-                latest[(p.model, p.version)] = p
-        except Exception:  # a bad record is skipped, never fatal at restore
-            continue
-    return list(latest.values())
+    core.note_partitions({topics[topic]: n for topic, n in counts.items()})
 
 
 def telemetry_into(
-    core: PolicyCore, value: bytes | None, isolation: Isolation, at_ms: int
+    core: PolicyCore, value: bytes | None, guard: RecordGuard, at_ms: int
 ) -> RecordSkipped | None:
     """Feed one telemetry record to the core; what was skipped, if it was."""
     try:
         sample = wire.telemetry_from_pb(serde.decode(telemetry_pb2.BatchTelemetry, value))
     except SerdeError as exc:
-        return isolation.skip(RecordSource.TELEMETRY, SkipReason.UNDECODABLE, str(exc), at_ms)
+        return guard.skip(RecordSource.TELEMETRY, SkipReason.UNDECODABLE, str(exc), at_ms)
     except Exception as exc:  # a histogram without a valid scheme, ...
         detail = f"{type(exc).__name__}: {exc}"
-        return isolation.skip(RecordSource.TELEMETRY, SkipReason.INVALID, detail, at_ms)
+        return guard.skip(RecordSource.TELEMETRY, SkipReason.INVALID, detail, at_ms)
     problem = invalid_sample(sample, core.window.scheme)
     if problem is None:
         try:
@@ -451,7 +425,7 @@ def telemetry_into(
         except Exception as exc:
             problem = f"{type(exc).__name__}: {exc}"
     if problem is not None:
-        return isolation.skip(
+        return guard.skip(
             RecordSource.TELEMETRY,
             SkipReason.INVALID,
             problem,

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from graylane import serde
 from graylane.errors import SerdeError
 from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
-from graylane.policy_engine.core import PolicyCore
-from graylane.policy_engine.isolation import Isolation
+from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.logic.agreement import (
     AgreementStats,
     OutputField,
@@ -50,6 +51,7 @@ from graylane.policy_engine.messages import (
     ScalePublication,
     SkipReason,
 )
+from graylane.policy_engine.state import VersionKey
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import (
     decision_kind_to_pb,
@@ -76,6 +78,11 @@ from graylane.v1 import (
     telemetry_pb2,
     tensor_pb2,
 )
+
+if TYPE_CHECKING:
+    from graylane.policy_engine.core import PolicyCore
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Record",
@@ -860,27 +867,43 @@ class Restored:
     states: list[tuple[RolloutState, RolloutSpec]] = field(default_factory=list)
     epochs: dict[str, int] = field(default_factory=dict)
     tables: dict[str, RouteTable] = field(default_factory=dict)
-    precision: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
+    precision: dict[VersionKey, tuple[str, int]] = field(default_factory=dict)
     qos_policies: list[QosPolicy] = field(default_factory=list)
+    scale: dict[VersionKey, tuple[int, int, int]] = field(default_factory=dict)
+    """The newest scale request per version: (desired replicas, epoch, decided at)."""
     skipped: list[RecordSkipped] = field(default_factory=list)
 
     def apply(self, core: PolicyCore) -> None:
+        """Rebuild ``core`` from it: the one way state comes back at start."""
         core.restore(
-            self.states, self.epochs, self.precision, self.qos_policies, tables=self.tables
+            self.states,
+            self.epochs,
+            self.precision,
+            self.qos_policies,
+            tables=self.tables,
+            scale=self.scale,
         )
 
 
 def restore_values(
-    routing: Values, precision: Values, rollouts: Values, isolation: Isolation, at_ms: int
+    routing: Values,
+    precision: Values,
+    rollouts: Values,
+    guard: RecordGuard,
+    at_ms: int,
+    *,
+    scale: Values | None = None,
+    commands: Iterable[bytes | None] = (),
 ) -> Restored:
-    """Decode the latest value per key of each control topic; skip (per key) what is bad."""
+    """Decode the latest value per key of each control topic, and the QoS policies among
+    the ``commands`` on record (the latest per version); skip (per key) what is bad."""
     out = Restored()
 
     def skip(source: RecordSource, key: bytes, exc: Exception) -> None:
         reason = SkipReason.UNDECODABLE if isinstance(exc, SerdeError) else SkipReason.INVALID
         name = key.decode("utf-8", "replace")
         detail = f"{type(exc).__name__}: {exc}"
-        out.skipped.append(isolation.skip(source, reason, detail, at_ms, key=name))
+        out.skipped.append(guard.skip(source, reason, detail, at_ms, key=name))
 
     for key, value in routing.items():
         if not value:
@@ -906,7 +929,7 @@ def restore_values(
         except Exception as exc:
             skip(RecordSource.PRECISION, key, exc)
             continue
-        out.precision[(cmd.model, cmd.version)] = (cmd.variant, cmd.epoch)
+        out.precision[VersionKey(cmd.model, cmd.version)] = (cmd.variant, cmd.epoch)
     for key, value in rollouts.items():
         if not value:
             continue
@@ -921,22 +944,44 @@ def restore_values(
             skip(RecordSource.ROLLOUTS, key, exc)
             continue
         out.states.append((state, spec))
+    for value in (scale or {}).values():
+        if not value:
+            continue
+        try:
+            req = serde.decode(control_pb2.ScaleRequest, value)
+        except SerdeError as exc:  # one bad record never blocks the others
+            log.warning("skipping an undecodable scale request: %s", exc)
+            continue
+        version = VersionKey(req.model, req.version)
+        newest = out.scale.get(version)
+        if newest is None or req.epoch >= newest[1]:
+            out.scale[version] = (req.desired_replicas, req.epoch, req.decided_at_unix_ms)
+    policies: dict[VersionKey, QosPolicy] = {}
+    for value in commands:
+        try:
+            command = serde.decode(rollout_pb2.RolloutCommand, value)
+            if command.kind == rollout_pb2.COMMAND_SET_QOS_POLICY:
+                p = qos_policy_from_pb(command.qos_policy)
+                policies[VersionKey(p.model, p.version)] = p
+        except Exception:  # a bad record is skipped, never fatal at restore
+            continue
+    out.qos_policies = list(policies.values())
     return out
 
 
 def command_of(
-    value: bytes | None, isolation: Isolation, at_ms: int
+    value: bytes | None, guard: RecordGuard, at_ms: int
 ) -> Command | CommandRejected | RecordSkipped:
     """The command of one record on the commands topic, or why it was skipped."""
     try:
         pb = serde.decode(rollout_pb2.RolloutCommand, value)
     except SerdeError as exc:
-        return isolation.skip(RecordSource.COMMANDS, SkipReason.UNDECODABLE, str(exc), at_ms)
+        return guard.skip(RecordSource.COMMANDS, SkipReason.UNDECODABLE, str(exc), at_ms)
     try:
         return command_from_pb(pb)
     except Exception as exc:
         detail = f"{type(exc).__name__}: {exc}"
-        return isolation.skip(
+        return guard.skip(
             RecordSource.COMMANDS,
             SkipReason.INVALID,
             detail,
@@ -946,12 +991,10 @@ def command_of(
         )
 
 
-def shadow_of(
-    value: bytes | None, isolation: Isolation, at_ms: int
-) -> ShadowOutput | RecordSkipped:
+def shadow_of(value: bytes | None, guard: RecordGuard, at_ms: int) -> ShadowOutput | RecordSkipped:
     """The shadow output of one result on a shadow topic, or why it was skipped."""
     try:
         return shadow_output_of(serde.decode(inference_pb2.InferenceResult, value), at_ms)
     except Exception as exc:
         reason = SkipReason.UNDECODABLE if isinstance(exc, SerdeError) else SkipReason.INVALID
-        return isolation.skip(RecordSource.SHADOW, reason, f"{type(exc).__name__}: {exc}", at_ms)
+        return guard.skip(RecordSource.SHADOW, reason, f"{type(exc).__name__}: {exc}", at_ms)

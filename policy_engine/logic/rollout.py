@@ -68,6 +68,7 @@ from graylane.policy_engine.logic.liveness import (
     VersionLiveness,
     check_rollout_liveness,
 )
+from graylane.policy_engine.logic.routing_plan import RoutingPlan, split_plan
 from graylane.policy_engine.logic.sequential import (
     SequentialEvidence,
     advance_sequential,
@@ -93,7 +94,6 @@ __all__ = [
     "Evaluation",
     "RolloutFacts",
     "RolloutState",
-    "RoutingIntent",
     "apply_command",
     "check_rollout",
     "check_transition",
@@ -154,21 +154,6 @@ def check_transition(source: Phase, target: Phase) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RoutingIntent:
-    """The traffic split a decision asks for; the router turns it into bucket ranges."""
-
-    model: str
-    rollout_id: str
-    stable_version: str
-    baseline: str
-    candidate: str
-    candidate_weight_percent: float
-    shadow_version: str | None = None
-    shadow_share: float = 0.0
-    epoch: int = 0
-
-
-@dataclass(frozen=True, kw_only=True)
 class RolloutState:
     rollout_id: str
     model: str
@@ -208,7 +193,7 @@ class Decision:
     at_ms: int
     before: RolloutState
     after: RolloutState
-    routing: RoutingIntent | None = None
+    routing: RoutingPlan | None = None
     inputs: tuple[WindowStats, ...] = ()
     agreement: AgreementStats | None = None
     command: ManualCommand | None = None
@@ -230,11 +215,11 @@ def pending_state(spec: RolloutSpec, now_ms: int, *, epoch: int = 0) -> RolloutS
     )
 
 
-def routing_of(spec: RolloutSpec, state: RolloutState) -> RoutingIntent:
+def routing_of(spec: RolloutSpec, state: RolloutState) -> RoutingPlan:
     """The traffic split ``state`` stands for."""
     promoted = state.phase is Phase.PROMOTED
     shadowing = state.shadow_share > 0.0
-    return RoutingIntent(
+    return split_plan(
         model=spec.model,
         rollout_id=spec.rollout_id,
         stable_version=spec.candidate if promoted else spec.baseline,

@@ -13,7 +13,6 @@ from graylane.policy_engine import wire
 from graylane.policy_engine.logic.gates import StepEvidence
 from graylane.policy_engine.logic.qos import Ceiling, QosState, evaluate_qos
 from graylane.policy_engine.logic.rollout import RolloutState, apply_command, evaluate, start
-from graylane.policy_engine.logic.routing_plan import plan_for
 from graylane.policy_engine.logic.sequential import advance_sequential
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.pb import manual_command_from_pb
@@ -306,7 +305,7 @@ def test_routing_table_of_a_plan() -> None:
     canary = replace(SPEC, strategy=Strategy.CANARY)
     d = start(canary, 0, epoch=2)
     assert d.routing is not None
-    pb = wire.routing_table_of(plan_for(d.routing), now_ms=99, reason=d.reason)
+    pb = wire.routing_table_of(d.routing, now_ms=99, reason=d.reason)
     assert (pb.model, pb.stable_version, pb.epoch, pb.updated_at_unix_ms) == ("gpt", "v6", 3, 99)
     weights = {r.version: r.weight_percent for r in pb.routes}
     assert weights == {"v7": 2.0, "v6": 98.0}

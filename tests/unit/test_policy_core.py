@@ -16,6 +16,7 @@ from graylane.policy_engine.messages import (
     RolloutPublication,
     RoutingPublication,
 )
+from graylane.policy_engine.state import VersionKey
 from graylane.policy_engine.wire import command_from_pb, records_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Step
@@ -95,7 +96,7 @@ def test_healthy_canary_is_promoted_with_rising_epochs() -> None:
     assert [t.plan.weight_of("v2") for t in tables] == [10.0, 50.0, 100.0]
     assert [t.plan.epoch for t in tables] == [8, 9, 10]
     assert tables[-1].plan.stable_version == "v2"
-    assert MODEL not in core.rollouts and core.finished["r1"].phase is Phase.PROMOTED
+    assert MODEL not in core.rollouts and core.rollouts.finished["r1"].phase is Phase.PROMOTED
     # Every state change is published; the last is the promotion.
     states = [o for o in out if isinstance(o, RolloutPublication)]
     assert states[-1].state.phase is Phase.PROMOTED
@@ -117,7 +118,7 @@ def test_bad_candidate_is_rolled_back() -> None:
     out += drive(core, 100_000, 115_000, bad=True)
     tables = routing(out)
     assert tables[-1].plan.weight_of("v2") == 0.0 and tables[-1].plan.stable_version == "v1"
-    assert core.finished["r1"].phase is Phase.ROLLED_BACK
+    assert core.rollouts.finished["r1"].phase is Phase.ROLLED_BACK
     assert any(a.decision.rule.startswith(("p99", "error", "latency")) for a in audits(out))
 
 
@@ -138,7 +139,7 @@ def test_restore_resumes_and_never_lowers_the_epoch() -> None:
     later = drive(fresh, 106_000, 140_000)
     epochs = [t.plan.epoch for t in routing(later)]
     assert epochs and min(epochs) > table_epoch + 3 and epochs == sorted(epochs)
-    assert fresh.finished["r1"].phase is Phase.PROMOTED
+    assert fresh.rollouts.finished["r1"].phase is Phase.PROMOTED
 
 
 def test_manual_commands_and_rejections() -> None:
@@ -194,7 +195,7 @@ def test_qos_steps_down_under_sustained_breach_and_back_up() -> None:
         min_dwell_s=3.0,
     )
     core = PolicyCore(window_ms=2000, step_ms=1000)
-    core.restore([], {}, {(MODEL, "v1"): ("fp32", 4)})
+    core.restore([], {}, {VersionKey(MODEL, "v1"): ("fp32", 4)})
     core.on_command(Command(kind=CommandKind.SET_QOS_POLICY, model=MODEL, qos_policy=policy), 0)
     published: list[PrecisionPublication] = []
     variant = "fp32"

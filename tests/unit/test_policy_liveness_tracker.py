@@ -14,6 +14,7 @@ from graylane.policy_engine.logic.liveness import (
     check_rollout_liveness,
 )
 from graylane.policy_engine.messages import RolloutAudit, RoutingPublication
+from graylane.policy_engine.state import VersionKey
 from graylane.policy_engine.wire import records_of
 from graylane.rollouts.spec import Gates, RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionRule, Phase
@@ -98,11 +99,12 @@ def _drive(core: PolicyCore, t0: int, t1: int, *, alive: set[str]) -> list[objec
         for v in sorted(alive):
             core.on_telemetry(batch(v, t), received_ms=t)
         if t % 1000 == 0:
-            assert core.liveness_targets() in ([(MODEL, "v1"), (MODEL, "v2")], [])
+            targets = [(k.model, k.version) for k in core.liveness_targets()]
+            assert targets in ([(MODEL, "v1"), (MODEL, "v2")], [])
             for v in ("v1", "v2"):
                 consumed = t - t0 if v in alive else 0
                 sample = OffsetSample(t, end=t - t0, committed=consumed, lag=t - t0 - consumed)
-                core.on_offsets(MODEL, v, sample)
+                core.on_offsets(VersionKey(MODEL, v), sample)
             out.extend(core.tick(t))
     return out
 
@@ -111,7 +113,7 @@ def test_core_rolls_back_a_candidate_nobody_serves_and_the_audit_replays() -> No
     core = PolicyCore(window_ms=4000, step_ms=1000)
     out: list[object] = list(core.on_command(start_cmd(SPEC), 100_000))
     out += _drive(core, 100_000, 110_000, alive={"v1"})
-    assert core.finished["r1"].phase is Phase.ROLLED_BACK
+    assert core.rollouts.finished["r1"].phase is Phase.ROLLED_BACK
     last = [o for o in out if isinstance(o, RolloutAudit)][-1]
     assert last.decision.rule is DecisionRule.CANDIDATE_UNRESPONSIVE
     assert T_MS <= last.decision.at_ms - 100_000 <= T_MS + 2000

@@ -122,4 +122,4 @@ def test_core_stops_the_shadow_on_the_first_incomparable_pair() -> None:
     outs = core.tick(1_000)
     audits = [o for o in outs if isinstance(o, RolloutAudit)]
     assert [a.decision.rule for a in audits] == [DecisionRule.INCOMPARABLE]
-    assert "m" not in core.rollouts and core.finished["r1"].phase is Phase.ABORTED
+    assert "m" not in core.rollouts and core.rollouts.finished["r1"].phase is Phase.ABORTED
