@@ -1,4 +1,29 @@
-"""WIRE_DOC"""
+"""Every protobuf (``graylane.v1``) <-> domain mapping of the policy engine, in and out.
+
+In: telemetry, operator commands (:func:`command_from_pb`; a command that
+cannot be decoded comes back as a :class:`CommandRejected` to audit), shadow
+results, and the compacted control topics read back at start
+(:func:`restore_values`, with a bad value skipped per key). Out:
+:func:`records_of` turns the core's outputs into ``(topic, key, value)``
+records with the keys of the contract (routing: model; precision and scale:
+``model/version``; rollouts: rollout id; audit: model), every audit record
+built here. A routing plan becomes the router's table here
+(:func:`routing_table_of`: bucket ranges by ``graylane.routing``).
+
+The vocabulary, specs and QoS policies map in :mod:`graylane.rollouts.pb`.
+Conventions:
+
+- Timestamps of "not since" (``breach_since``, ``calm_since``) travel as 0.
+- Fields the wire contract has no room for are lost on the way out and come
+  back at a conservative value: see :func:`rollout_state_from_pb`,
+  :func:`qos_state_from_pb` (load ceilings), :func:`window_stats_to_pb`
+  (``lag``); for specs and policies see :mod:`graylane.rollouts.pb`.
+- The sequential gates' running tests are part of the rollout state on the
+  wire, so a restarted engine and ``audit verify`` continue the same
+  anytime-valid tests (every value a double or a count: the round trip is exact).
+- A decision taken with liveness facts or step stats replays only with them,
+  so its audit record carries them (``step_inputs``, ``liveness``).
+"""
 
 from __future__ import annotations
 
