@@ -1,7 +1,7 @@
 """What :class:`~graylane.policy_engine.core.PolicyCore` takes in and gives out, as plain data.
 
 In: a decoded operator :class:`Command`. Out: the :data:`Output` items, which
-the streaming adapter turns into records (``graylane.policy_engine.publish``).
+the streaming adapter turns into records (``graylane.policy_engine.wire``).
 """
 
 from __future__ import annotations

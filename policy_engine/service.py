@@ -307,8 +307,8 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
                 await _note_partitions(factory, core)
                 await asyncio.sleep(config.partitions_refresh_s)
 
-    # Every record on its own (graylane.policy_engine.intake): a bad one is skipped,
-    # counted and audited, and never stops the records of other rollouts or models.
+    # Every record on its own (telemetry_into, wire.command_of, wire.shadow_of): a bad one is
+    # skipped, counted and audited, and never stops the records of other rollouts or models.
     guard = core.guard
 
     @app.agent(telemetry)

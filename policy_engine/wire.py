@@ -30,8 +30,8 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
 from graylane import serde
 from graylane.errors import SerdeError
@@ -350,67 +350,40 @@ def telemetry_from_pb(pb: telemetry_pb2.BatchTelemetry) -> TelemetrySample:
 # -- window stats -----------------------------------------------------------------
 
 
+_WINDOW_WIRE_NAMES = {
+    "window_start_ms": "window_start_unix_ms",
+    "window_end_ms": "window_end_unix_ms",
+}
+"""The :class:`WindowStats` fields named otherwise on the wire; ``service`` is a histogram
+message (absent when the window has none); every other field has its own name."""
+_WINDOW_LOCAL = frozenset({"lag", "workers"})
+"""The :class:`WindowStats` fields with no room on the wire: dropped, back at 0."""
+_WINDOW_FIELDS = tuple(f.name for f in fields(WindowStats) if f.name not in _WINDOW_LOCAL)
+
+
 def window_stats_to_pb(s: WindowStats) -> audit_pb2.WindowStats:
-    """``lag`` has no field on the wire and is dropped."""
-    return audit_pb2.WindowStats(
-        model=s.model,
-        version=s.version,
-        variant=s.variant,
-        window_start_unix_ms=s.window_start_ms,
-        window_end_unix_ms=s.window_end_ms,
-        requests=s.requests,
-        errors=s.errors,
-        p50_ms=s.p50_ms,
-        p95_ms=s.p95_ms,
-        p99_ms=s.p99_ms,
-        mean_ms=s.mean_ms,
-        throughput_rps=s.throughput_rps,
-        queue_wait_mean_ms=s.queue_wait_mean_ms,
-        queue_wait_p99_ms=s.queue_wait_p99_ms,
-        batches=s.batches,
-        device_load=s.device_load,
-        service=histogram_to_pb(s.service) if s.service is not None else None,
-        service_p50_ms=s.service_p50_ms,
-        service_p95_ms=s.service_p95_ms,
-        service_p99_ms=s.service_p99_ms,
-        shed=s.shed,
-        shed_rps=s.shed_rps,
-        service_busy_ms=s.service_busy_ms,
-        service_requests=s.service_requests,
-        step_offered_rps=s.step_offered_rps,
-    )
+    """Every field but ``lag`` and ``workers``, which have none on the wire."""
+    pb = audit_pb2.WindowStats()
+    for name in _WINDOW_FIELDS:
+        value = getattr(s, name)
+        if name == "service":
+            if value is not None:
+                pb.service.CopyFrom(histogram_to_pb(value))
+        else:
+            setattr(pb, _WINDOW_WIRE_NAMES.get(name, name), value)
+    return pb
 
 
 def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
     """Service times come back as recorded (histogram and quantiles): the gates
     judge latency on them, so a replay decides as the engine did."""
-    return WindowStats(
-        model=pb.model,
-        version=pb.version,
-        variant=pb.variant,
-        window_start_ms=pb.window_start_unix_ms,
-        window_end_ms=pb.window_end_unix_ms,
-        requests=pb.requests,
-        errors=pb.errors,
-        p50_ms=pb.p50_ms,
-        p95_ms=pb.p95_ms,
-        p99_ms=pb.p99_ms,
-        mean_ms=pb.mean_ms,
-        throughput_rps=pb.throughput_rps,
-        queue_wait_mean_ms=pb.queue_wait_mean_ms,
-        queue_wait_p99_ms=pb.queue_wait_p99_ms,
-        batches=pb.batches,
-        device_load=pb.device_load,
-        service_p50_ms=pb.service_p50_ms,
-        service_p95_ms=pb.service_p95_ms,
-        service_p99_ms=pb.service_p99_ms,
-        service=histogram_from_pb(pb.service) if pb.HasField("service") else None,
-        shed=pb.shed,
-        shed_rps=pb.shed_rps,
-        service_busy_ms=pb.service_busy_ms,
-        service_requests=pb.service_requests,
-        step_offered_rps=pb.step_offered_rps,
-    )
+    values: dict[str, Any] = {
+        name: getattr(pb, _WINDOW_WIRE_NAMES.get(name, name))
+        for name in _WINDOW_FIELDS
+        if name != "service"
+    }
+    values["service"] = histogram_from_pb(pb.service) if pb.HasField("service") else None
+    return WindowStats(**values)
 
 
 # -- rollout state -----------------------------------------------------

@@ -16,7 +16,7 @@ Latency (rule ``p99_ratio``, severe ``p99_severe``)
     with fewer than ``SEVERE_MIN_SAMPLES`` requests on the smaller side.
 
 Errors (rule ``error_rate``, severe ``error_rate_severe``)
-    :func:`significance.error_rate_test` on the window, for acute regressions,
+    :func:`error_rate_test` on the window, for acute regressions,
     at ``alpha / 10`` (every window is a new look; at ``alpha`` per window,
     chance pairs of failures would add up to false rollbacks over a long
     step: about 2 % of healthy runs in simulations of 200 windows); and on the step's
@@ -27,7 +27,7 @@ Errors (rule ``error_rate``, severe ``error_rate_severe``)
     delta > 5 x ``max_error_rate_delta`` at p < ``alpha`` / 100.
 
 Agreement (rule ``output_agreement``, shadow phase only)
-    :func:`significance.agreement_test` on the shadow pairs.
+    :func:`agreement_test` on the shadow pairs.
 """
 
 from __future__ import annotations
@@ -471,7 +471,7 @@ def backlog_gate(
     """INCONCLUSIVE ``candidate_backlog`` when the candidate queues; else None.
 
     ``behind`` is the liveness check's account of a lag that grows while the
-    candidate consumes (see :mod:`.unresponsive`).
+    candidate consumes (see :mod:`.liveness`).
     """
     limit = max(
         gates.backlog_queue_ms,

@@ -19,7 +19,7 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
     ``up_capacity_fraction`` (0.7) of it *as it holds in the running stack*
     (calibrated, slowed by the time per request that the smoothed contention
     factor ``QosState.contention`` adds on the active rung:
-    :mod:`~graylane.policy_engine.logic.contention`),
+    the contention factor, :func:`observed_factor` and :func:`effective_capacity`),
     and no breach. The p99 of the
     cheaper rung does not matter: at normal load it may never reach a
     latency threshold, and the capacity says whether the rung above copes.
@@ -174,7 +174,8 @@ class QosState:
     ceilings: tuple[Ceiling, ...] = ()
     contention: float = 1.0
     """Smoothed share of its calibrated speed the active rung keeps in the stack
-    (:mod:`~graylane.policy_engine.logic.contention`): it prices every rung's capacity."""
+    (the contention factor: :func:`observed_factor`, :func:`effective_capacity`); it
+    prices every rung's capacity."""
 
     def ceiling_of(self, variant: str) -> Ceiling | None:
         return next((c for c in self.ceilings if c.variant == variant), None)

@@ -29,13 +29,13 @@ of inputs replays to the same decisions.
    next step is the final 100 % (there is no baseline left to compare at
    100 %, so reaching it is the promotion), or after an A/B hold.
 
-Steps 4 and 5 (what the gate verdicts lead to) are in
-:mod:`graylane.policy_engine.logic.rollout_verdicts`.
+Steps 4 and 5 (what the gate verdicts lead to) are :func:`on_failure` and
+:func:`on_pass`; :func:`judge` runs the gates of the spec's ``GateMode``.
 
-A rollback or abort sends the candidate to 0 % in one routing intent; a
+A rollback or abort sends the candidate to 0 % in one routing plan; a
 promotion gives it 100 % and makes it the stable version.
 
-Manual commands (:func:`apply_command`, in ``rollout_commands``): PAUSE
+Manual commands (:func:`apply_command`): PAUSE
 freezes the weights (evaluations only HOLD); RESUME returns to the phase
 paused from, keeping its step, timers and evidence (the candidate kept serving
 at its weight meanwhile); PROMOTE and ROLLBACK act at once; ABORT ends the
