@@ -82,9 +82,9 @@ def replay_record(rec: audit_pb2.AuditRecord) -> Decision:
         return apply_command(before, spec, command, at, note=rec.note)
     stats = {s.version: wire.window_stats_from_pb(s) for s in rec.inputs}
     agreement = wire.agreement_from_pb(rec.agreement) if rec.HasField("agreement") else None
-    facts = wire.facts_from_audit(rec, spec.baseline, spec.candidate)
+    signals = wire.signals_from_audit(rec, spec.baseline, spec.candidate)
     return evaluate(
-        before, spec, stats.get(spec.baseline), stats.get(spec.candidate), agreement, at, facts
+        before, spec, stats.get(spec.baseline), stats.get(spec.candidate), agreement, at, signals
     )
 
 

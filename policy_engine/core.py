@@ -63,7 +63,7 @@ from graylane.policy_engine.logic.qos import (
 )
 from graylane.policy_engine.logic.rollout import (
     Decision,
-    RolloutFacts,
+    RolloutSignals,
     RolloutState,
     apply_command,
     evaluate,
@@ -424,15 +424,15 @@ class PolicyCore:
         agreement = None
         if shadowing and tracker is not None:
             agreement = tracker.stats(since_ms=state.phase_started_ms)
-        facts = RolloutFacts(
+        signals = RolloutSignals(
             baseline_step=self.window.step_stats_by_version(spec.model, spec.baseline, now_ms),
             candidate_step=self.window.step_stats_by_version(
                 spec.model, spec.candidate, now_ms, lane
             ),
-            baseline_liveness=self.liveness.facts(spec.model, spec.baseline),
-            candidate_liveness=self.liveness.facts(spec.model, spec.candidate),
+            baseline_liveness=self.liveness.version_liveness(spec.model, spec.baseline),
+            candidate_liveness=self.liveness.version_liveness(spec.model, spec.candidate),
         )
-        decision = evaluate(state, spec, baseline, candidate, agreement, now_ms, facts)
+        decision = evaluate(state, spec, baseline, candidate, agreement, now_ms, signals)
         quiet = decision.kind is DecisionKind.HOLD and decision.rule == active.last_rule
         if quiet and not _significant(decision.before, decision.after):
             self.rollouts.keep(decision.after, spec, active.last_rule)

@@ -3,7 +3,7 @@
 Per (model, version): the version topic's end offsets (a consumer without a
 group) and the worker group's committed offsets (the admin API), so the lag
 is known whether or not a worker is alive. The core turns the samples into
-liveness facts (:mod:`graylane.policy_engine.logic.liveness`).
+liveness signals (:mod:`graylane.policy_engine.logic.liveness`).
 """
 
 from __future__ import annotations

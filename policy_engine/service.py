@@ -357,7 +357,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             return
         if config.lease is not None and not config.lease.active:
             return  # fenced: no decisions until the lease is held again
-        # Liveness facts first: read from the broker, so a dead worker cannot hide.
+        # Liveness signals first: read from the broker, so a dead worker cannot hide.
         for key, sample in await probe.sample(core.liveness_targets(), config.clock()):
             core.on_offsets(key, sample)
         try:

@@ -21,7 +21,7 @@ Conventions:
 - The sequential gates' running tests are part of the rollout state on the
   wire, so a restarted engine and ``audit verify`` continue the same
   anytime-valid tests (every value a double or a count: the round trip is exact).
-- A decision taken with liveness facts or step stats replays only with them,
+- A decision taken with liveness signals or step stats replays only with them,
   so its audit record carries them (``step_inputs``, ``liveness``).
 """
 
@@ -46,7 +46,7 @@ from graylane.policy_engine.logic.agreement import (
 from graylane.policy_engine.logic.gates import StepEvidence
 from graylane.policy_engine.logic.liveness import LagSample, VersionLiveness
 from graylane.policy_engine.logic.qos import QosDecision, QosState
-from graylane.policy_engine.logic.rollout import Decision, RolloutFacts, RolloutState
+from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, RolloutState
 from graylane.policy_engine.logic.routing_plan import RoutingPlan, plan_of_table, route_table_for
 from graylane.policy_engine.logic.scale import ScaleDecision, ScaleReason
 from graylane.policy_engine.logic.sequential import (
@@ -116,7 +116,6 @@ __all__ = [
     "command_of",
     "decision_id_of",
     "decision_to_audit",
-    "facts_from_audit",
     "histogram_from_pb",
     "histogram_to_pb",
     "liveness_from_pb",
@@ -143,6 +142,7 @@ __all__ = [
     "sequential_to_pb",
     "shadow_of",
     "shadow_output_of",
+    "signals_from_audit",
     "telemetry_from_pb",
     "window_stats_from_pb",
     "window_stats_to_pb",
@@ -581,32 +581,32 @@ def decision_to_audit(
         command_id=command_id,
         agreement=_agreement_to_pb(decision.agreement) if decision.agreement is not None else None,
         note=decision.note,
-        step_inputs=[window_stats_to_pb(s) for s in _steps(decision.facts)],
-        liveness=[liveness_to_pb(v) for v in _liveness(decision.facts)],
+        step_inputs=[window_stats_to_pb(s) for s in _steps(decision.signals)],
+        liveness=[liveness_to_pb(v) for v in _liveness(decision.signals)],
     )
 
 
-def _steps(facts: RolloutFacts | None) -> list[WindowStats]:
-    if facts is None:
+def _steps(signals: RolloutSignals | None) -> list[WindowStats]:
+    if signals is None:
         return []
-    return [s for s in (facts.baseline_step, facts.candidate_step) if s is not None]
+    return [s for s in (signals.baseline_step, signals.candidate_step) if s is not None]
 
 
-def _liveness(facts: RolloutFacts | None) -> list[VersionLiveness]:
-    if facts is None:
+def _liveness(signals: RolloutSignals | None) -> list[VersionLiveness]:
+    if signals is None:
         return []
-    return [v for v in (facts.baseline_liveness, facts.candidate_liveness) if v is not None]
+    return [v for v in (signals.baseline_liveness, signals.candidate_liveness) if v is not None]
 
 
-def facts_from_audit(
+def signals_from_audit(
     rec: audit_pb2.AuditRecord, baseline: str, candidate: str
-) -> RolloutFacts | None:
-    """The facts a decision was taken with (None when the record carries none)."""
+) -> RolloutSignals | None:
+    """The signals a decision was taken with (None when the record carries none)."""
     if not rec.step_inputs and not rec.liveness:
         return None
     steps = {s.version: window_stats_from_pb(s) for s in rec.step_inputs}
     live = {v.version: liveness_from_pb(v) for v in rec.liveness}
-    return RolloutFacts(
+    return RolloutSignals(
         baseline_step=steps.get(baseline),
         candidate_step=steps.get(candidate),
         baseline_liveness=live.get(baseline),

@@ -137,7 +137,7 @@ class LivenessTracker:
         while v.lag and sample.at_ms - v.lag[0].at_ms > self.horizon_ms:
             v.lag.popleft()
 
-    def facts(self, model: str, version: str) -> VersionLiveness | None:
+    def version_liveness(self, model: str, version: str) -> VersionLiveness | None:
         """What is known of the version; None before any probe or telemetry."""
         v = self._versions.get((model, version))
         if v is None:
@@ -174,23 +174,23 @@ class LivenessVerdict:
     reason: str = ""
 
 
-def judge_liveness(facts: VersionLiveness, now_ms: int, timeout_ms: int) -> LivenessVerdict:
+def judge_liveness(liveness: VersionLiveness, now_ms: int, timeout_ms: int) -> LivenessVerdict:
     """Judge one version at ``now_ms``; ``timeout_ms`` is the T of the rule."""
     if timeout_ms <= 0:
         raise ValueError(f"timeout {timeout_ms} ms must be positive")
-    first = facts.first_routed_since_telemetry_ms
-    if facts.routed_since_telemetry > 0 and first is not None and now_ms - first >= timeout_ms:
+    first = liveness.first_routed_since_telemetry_ms
+    if liveness.routed_since_telemetry > 0 and first is not None and now_ms - first >= timeout_ms:
         last = (
-            f"last telemetry {(now_ms - facts.last_telemetry_ms) / 1000:g} s ago"
-            if facts.last_telemetry_ms is not None
+            f"last telemetry {(now_ms - liveness.last_telemetry_ms) / 1000:g} s ago"
+            if liveness.last_telemetry_ms is not None
             else "no telemetry yet"
         )
         return LivenessVerdict(
             Liveness.UNRESPONSIVE,
-            f"{facts.version}: {facts.routed_since_telemetry} requests routed over "
+            f"{liveness.version}: {liveness.routed_since_telemetry} requests routed over "
             f"{(now_ms - first) / 1000:g} s with no telemetry ({last})",
         )
-    return _judge_lag(facts.version, facts.lag, now_ms, timeout_ms)
+    return _judge_lag(liveness.version, liveness.lag, now_ms, timeout_ms)
 
 
 def _judge_lag(

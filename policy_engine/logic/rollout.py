@@ -92,7 +92,7 @@ __all__ = [
     "Carry",
     "Decision",
     "Evaluation",
-    "RolloutFacts",
+    "RolloutSignals",
     "RolloutState",
     "apply_command",
     "check_rollout",
@@ -111,7 +111,7 @@ __all__ = [
 
 
 @dataclass(frozen=True, kw_only=True)
-class RolloutFacts:
+class RolloutSignals:
     """Everything :func:`~graylane.policy_engine.logic.rollout.evaluate` may use besides windows.
 
     ``baseline_step`` / ``candidate_step`` are the stats of the newest step
@@ -198,7 +198,7 @@ class Decision:
     agreement: AgreementStats | None = None
     command: ManualCommand | None = None
     note: str = ""
-    facts: RolloutFacts | None = None
+    signals: RolloutSignals | None = None
 
 
 def pending_state(spec: RolloutSpec, now_ms: int, *, epoch: int = 0) -> RolloutState:
@@ -257,7 +257,7 @@ def transition(
     agreement: AgreementStats | None = None,
     command: ManualCommand | None = None,
     note: str = "",
-    facts: RolloutFacts | None = None,
+    signals: RolloutSignals | None = None,
 ) -> Decision:
     """Move to ``phase`` with a new traffic split: one routing intent, the next epoch.
 
@@ -294,7 +294,7 @@ def transition(
         agreement=agreement,
         command=command,
         note=note,
-        facts=facts,
+        signals=signals,
     )
 
 
@@ -302,7 +302,7 @@ class Carry(TypedDict):
     before: RolloutState
     inputs: tuple[WindowStats, ...]
     agreement: AgreementStats | None
-    facts: RolloutFacts | None
+    signals: RolloutSignals | None
 
 
 class Evaluation:
@@ -315,14 +315,14 @@ class Evaluation:
         now_ms: int,
         inputs: tuple[WindowStats, ...],
         agreement: AgreementStats | None,
-        facts: RolloutFacts | None = None,
+        signals: RolloutSignals | None = None,
     ) -> None:
         self.before = state
         self.spec = spec
         self.now_ms = now_ms
         self.inputs = inputs
         self.agreement = agreement
-        self.facts = facts
+        self.signals = signals
 
     def decide(
         self,
@@ -340,7 +340,7 @@ class Evaluation:
             after=replace(after, last_reason=reason, updated_ms=self.now_ms),
             inputs=self.inputs,
             agreement=self.agreement,
-            facts=self.facts,
+            signals=self.signals,
         )
 
     def carry(self) -> Carry:
@@ -349,7 +349,7 @@ class Evaluation:
             "before": self.before,
             "inputs": self.inputs,
             "agreement": self.agreement,
-            "facts": self.facts,
+            "signals": self.signals,
         }
 
     def hold(self, state: RolloutState, rule: DecisionRule, reason: str) -> Decision:
@@ -662,12 +662,12 @@ def evaluate(
     candidate: WindowStats | None,
     agreement: AgreementStats | None,
     now_ms: int,
-    facts: RolloutFacts | None = None,
+    signals: RolloutSignals | None = None,
 ) -> Decision:
     """Judge the candidate over one window and decide the next move.
 
     While shadowing, ``candidate`` is the candidate's shadow-lane stats and
-    ``agreement`` the shadow pairs since the phase began. ``facts`` carries
+    ``agreement`` the shadow pairs since the phase began. ``signals`` carries
     liveness (an unresponsive candidate rolls back, an unresponsive baseline
     holds: rules ``candidate_unresponsive`` / ``baseline_unresponsive``,
     judged before ``no_data``) and the newest step's stats for the
@@ -678,13 +678,13 @@ def evaluate(
         raise InvalidTransition("the rollout has not started; call start() first")
     inputs = tuple(s for s in (baseline, candidate) if s is not None)
     shadowing = state.phase is Phase.SHADOWING
-    ctx = Evaluation(state, spec, now_ms, inputs, agreement if shadowing else None, facts)
+    ctx = Evaluation(state, spec, now_ms, inputs, agreement if shadowing else None, signals)
     if state.phase is Phase.PAUSED:
         from_phase = state.paused_from.value if state.paused_from else "?"
         return ctx.hold(state, DecisionRule.PAUSED, f"paused (from {from_phase}); weights frozen")
     live = check_rollout_liveness(
-        facts.baseline_liveness if facts else None,
-        facts.candidate_liveness if facts else None,
+        signals.baseline_liveness if signals else None,
+        signals.candidate_liveness if signals else None,
         now_ms,
         round(spec.gates.unresponsive_s * 1000),
     )
@@ -704,7 +704,7 @@ def evaluate(
     evidence = _accumulate(state, baseline, candidate)
     current = replace(state, evidence=evidence)
     if spec.gates.mode is GateMode.SEQUENTIAL:
-        sequential = advance_sequential(state.sequential, spec.gates, baseline, candidate, facts)
+        sequential = advance_sequential(state.sequential, spec.gates, baseline, candidate, signals)
         current = replace(current, sequential=sequential)
     smallest = min(baseline.requests, candidate.requests)
     if smallest < GATE_MIN_WINDOW_REQUESTS:

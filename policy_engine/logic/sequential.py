@@ -45,7 +45,7 @@ from graylane.rollouts.spec import Gates
 from graylane.rollouts.vocabulary import DecisionRule
 
 if TYPE_CHECKING:  # the rollout controller calls in here with its inputs
-    from graylane.policy_engine.logic.rollout import RolloutFacts
+    from graylane.policy_engine.logic.rollout import RolloutSignals
 
 __all__ = [
     "BET",
@@ -332,11 +332,15 @@ def advance_sequential(
     gates: Gates,
     baseline: WindowStats,
     candidate: WindowStats,
-    facts: RolloutFacts | None = None,
+    signals: RolloutSignals | None = None,
 ) -> SequentialEvidence:
     """Feed the newest increment to the tests, once (see the module docstring)."""
-    if facts is not None and facts.baseline_step is not None and facts.candidate_step is not None:
-        inc_b, inc_c = facts.baseline_step, facts.candidate_step
+    if (
+        signals is not None
+        and signals.baseline_step is not None
+        and signals.candidate_step is not None
+    ):
+        inc_b, inc_c = signals.baseline_step, signals.candidate_step
     else:
         inc_b, inc_c = baseline, candidate
     if inc_c.window_start_ms < evidence.through_ms or (

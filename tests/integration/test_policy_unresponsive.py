@@ -89,7 +89,7 @@ async def test_a_candidate_without_a_running_worker_is_rolled_back_within_t(
     rec = [a for a in await audits(factory, spec.rollout_id) if a.rule == "candidate_unresponsive"]
     assert rec[0].kind == audit_pb2.DECISION_ROLLBACK
     assert "candidate unresponsive: v2" in rec[0].reason, rec[0].reason
-    # The facts it was decided on travel with the decision (audit verify replays it).
+    # The signals it was decided on travel with the decision (audit verify replays it).
     assert {v.version for v in rec[0].liveness} == {"v1", "v2"}
 
 

@@ -1,4 +1,4 @@
-"""The liveness facts the policy engine builds from topic offsets and telemetry (pure),
+"""The liveness signals the policy engine builds from topic offsets and telemetry (pure),
 and the core rolling back an unresponsive candidate / holding on a dead baseline."""
 
 from __future__ import annotations
@@ -37,21 +37,21 @@ def test_records_before_the_first_probe_never_count() -> None:
     tracker = LivenessTracker()
     tracker.on_offsets("m", "v2", OffsetSample(0, end=500, committed=None, lag=500))
     tracker.on_offsets("m", "v2", OffsetSample(1000, end=500, committed=None, lag=500))
-    facts = tracker.facts("m", "v2")
-    assert facts is not None and facts.routed_since_telemetry == 0
-    assert facts.first_routed_since_telemetry_ms is None
-    assert tracker.facts("m", "v3") is None
+    live = tracker.version_liveness("m", "v2")
+    assert live is not None and live.routed_since_telemetry == 0
+    assert live.first_routed_since_telemetry_ms is None
+    assert tracker.version_liveness("m", "v3") is None
 
 
 def test_traffic_without_telemetry_is_unresponsive_after_t() -> None:
     tracker = LivenessTracker()
     for i, t in enumerate(range(0, 6000, 1000)):
         tracker.on_offsets("m", "v2", OffsetSample(t, end=10 * i, committed=None, lag=10 * i))
-    facts = tracker.facts("m", "v2")
-    assert facts is not None
-    assert facts.routed_since_telemetry == 50 and facts.first_routed_since_telemetry_ms == 1000
-    assert [s.lag for s in facts.lag] == [0, 10, 20, 30, 40, 50]
-    no_lag = replace(facts, lag=())  # the telemetry rule alone
+    live = tracker.version_liveness("m", "v2")
+    assert live is not None
+    assert live.routed_since_telemetry == 50 and live.first_routed_since_telemetry_ms == 1000
+    assert [s.lag for s in live.lag] == [0, 10, 20, 30, 40, 50]
+    no_lag = replace(live, lag=())  # the telemetry rule alone
     assert check_rollout_liveness(None, no_lag, 3999, T_MS).action is LivenessAction.CONTINUE
     check = check_rollout_liveness(None, no_lag, 4000, T_MS)
     assert check.action is LivenessAction.ROLLBACK and "no telemetry yet" in check.reason
@@ -62,9 +62,9 @@ def test_telemetry_answers_what_was_routed() -> None:
     for i, t in enumerate(range(0, 20_000, 1000)):
         tracker.on_offsets("m", "v2", OffsetSample(t, end=10 * i, committed=10 * i - 3, lag=3))
         tracker.on_telemetry("m", "v2", t + 300)
-        facts = tracker.facts("m", "v2")
-        assert facts is not None
-        assert check_rollout_liveness(None, facts, t + 500, T_MS).action is LivenessAction.CONTINUE
+        live = tracker.version_liveness("m", "v2")
+        assert live is not None
+        assert check_rollout_liveness(None, live, t + 500, T_MS).action is LivenessAction.CONTINUE
 
 
 def test_a_worker_that_dies_is_unresponsive_t_after_its_last_telemetry() -> None:
@@ -76,20 +76,20 @@ def test_a_worker_that_dies_is_unresponsive_t_after_its_last_telemetry() -> None
     for i, t in enumerate(range(2000, 8000, 1000)):
         sample = OffsetSample(t, end=20 + 10 * i, committed=10, lag=10 + 10 * i)
         tracker.on_offsets("m", "v2", sample)
-    facts = tracker.facts("m", "v2")
-    assert facts is not None and facts.first_routed_since_telemetry_ms == 2000
-    assert facts.last_telemetry_ms == 1500 and facts.lag[-1].lag == 60
-    assert check_rollout_liveness(None, facts, 5000, T_MS).action is LivenessAction.ROLLBACK
+    live = tracker.version_liveness("m", "v2")
+    assert live is not None and live.first_routed_since_telemetry_ms == 2000
+    assert live.last_telemetry_ms == 1500 and live.lag[-1].lag == 60
+    assert check_rollout_liveness(None, live, 5000, T_MS).action is LivenessAction.ROLLBACK
 
 
 def test_lag_samples_stay_within_the_horizon() -> None:
     tracker = LivenessTracker(horizon_ms=5000)
     for t in range(0, 20_000, 1000):
         tracker.on_offsets("m", "v2", OffsetSample(t, end=t, committed=t, lag=0))
-    facts = tracker.facts("m", "v2")
-    assert facts is not None and facts.lag[0].at_ms == 14_000
+    live = tracker.version_liveness("m", "v2")
+    assert live is not None and live.lag[0].at_ms == 14_000
     tracker.forget("m")
-    assert tracker.facts("m", "v2") is None
+    assert tracker.version_liveness("m", "v2") is None
 
 
 def _drive(core: PolicyCore, t0: int, t1: int, *, alive: set[str]) -> list[object]:
@@ -119,7 +119,7 @@ def test_core_rolls_back_a_candidate_nobody_serves_and_the_audit_replays() -> No
     assert T_MS <= last.decision.at_ms - 100_000 <= T_MS + 2000
     tables = [o for o in out if isinstance(o, RoutingPublication)]
     assert tables[-1].plan.weight_of("v2") == 0.0
-    # The decision replays from its audit record alone: the facts travel with it.
+    # The decision replays from its audit record alone: the signals travel with it.
     layout = TopicLayout(prefix="p")
     recs = [
         audit_pb2.AuditRecord.FromString(r.value)
