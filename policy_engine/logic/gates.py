@@ -1,4 +1,4 @@
-"""The rollout gates: candidate vs baseline over the same window.
+"""The fixed-horizon rollout gates, candidate vs baseline, and their exact tests.
 
 Each gate answers PASS, INCONCLUSIVE (hold, do not advance, do not count a
 failure) or FAIL, and may mark a failure *severe* (roll back at once).
@@ -28,6 +28,41 @@ Errors (rule ``error_rate``, severe ``error_rate_severe``)
 
 Agreement (rule ``output_agreement``, shadow phase only)
     :func:`agreement_test` on the shadow pairs.
+
+**Load-aware** (service time; queueing apart).
+End-to-end latency mixes the model's service time with queueing. A candidate
+whose worker carries a queue (left from an earlier run, or too few replicas)
+is slow end to end while its model is not: that is a capacity problem.
+
+- **Service time.** When both sides' windows carry service times (see
+  :mod:`.window`), the latency gates compare those instead of end-to-end
+  latency; older telemetry without them falls back to end-to-end latency.
+- **Backlog** (rule ``candidate_backlog``). A candidate whose queue wait p99
+  exceeds ``max(backlog_queue_ms, max_p99_ratio x max(baseline queue wait p99,
+  p99_floor_ms))``, or whose consumer lag grows while it consumes, is held
+  (no advance, no failure counted) and the hold is audited: it needs
+  capacity, not a rollback. A failing *service-time* gate still rolls it back;
+  a failing end-to-end gate (no service times to tell them apart) does not.
+
+**Statistics**: exact small-count tests (no scipy: ``math.lgamma`` only).
+Error rates: a candidate fails only on evidence that is both *practical*
+and *statistical*:
+
+- the observed difference ``candidate_rate - baseline_rate`` exceeds the
+  tolerated ``max_delta``, and
+- Fisher's exact test, one-sided ("the candidate errs more often than the
+  baseline"), rejects at ``alpha``.
+
+Fisher's test conditions on the total number of errors, so it stays exact for
+the tiny counts of a 1 % or 5 % canary (25 candidate requests with 1 or 2
+errors) where a z-test is badly calibrated, and it needs no assumption about
+the baseline rate. A difference above the tolerance that is not yet
+significant is *inconclusive*: the controller holds (does not advance) and
+waits for more data instead of rolling back on noise.
+
+Output agreement: the observed agreement rate fails when it is below the
+minimum *and* an exact one-sided binomial test says the true rate is below the
+minimum at ``alpha``; below the minimum without significance is inconclusive.
 """
 
 from __future__ import annotations

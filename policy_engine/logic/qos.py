@@ -66,6 +66,25 @@ sides of every gate run the same precision and a precision change is never
 mistaken for a regression (or hides one). When the candidate has no build of
 that variant (or it is below the candidate's floor) it stays where it is and
 the decision says the comparison is not like-for-like.
+
+**Contention**: how much of its calibrated speed a rung keeps in the running stack.
+``graylane calibrate`` measures the engine alone with the whole machine; in the
+running stack the worker shares the CPU with the router, the policy engine,
+other workers and the clients, so each request takes longer and a rung's real
+capacity is lower. The *contention factor* of a window is
+
+    calibrated service time per request / observed service time per request
+
+of the active rung (``1000 / capacity_rps`` vs the window's busy time per
+request, :attr:`WindowStats.service_per_request_ms`), bounded to
+[``MIN_FACTOR``, ``MAX_FACTOR``] and smoothed over windows (exponentially,
+weight ``SMOOTHING`` for the newest). The active rung's capacity here is its
+calibrated one x the factor. Another rung's (:func:`effective_capacity` with
+``measured_on_rps``) pays the same *time* per request that the factor adds
+on the active rung -- the CPU the rest of the stack takes, the per-call costs
+of a small batch -- not the same *share*: at low load an int8 rung may run at
+half its calibrated speed while fp32, twice as slow, loses only a third. The
+load at which QoS steps back up is then one the rung above can serve here.
 """
 
 from __future__ import annotations

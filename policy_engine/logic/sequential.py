@@ -1,4 +1,4 @@
-"""Anytime-valid sequential tests: test supermartingales over count data (math only).
+"""Anytime-valid sequential tests over count data, and the rollout gates built on them.
 
 A test keeps, for each alternative on a fixed grid, the running log
 likelihood ratio against the null; its evidence is the log of the mixture
@@ -30,6 +30,41 @@ increment (a stalled worker, a short error storm) on the candidate's side
 counts as one increment of strong evidence, not as a verdict; one on the
 baseline's side cannot bury the evidence gathered so far; a persistent
 regression adds up over a few increments.
+
+The rollout gates of ``GateMode.SEQUENTIAL`` (:func:`sequential_gates`,
+:func:`advance_sequential`) run on these tests. They run over the whole
+rollout (they are not restarted at each step) and consume *increments*:
+the newest step's stats when the caller passes them
+(:class:`~.rollout.RolloutSignals`), else whole windows that do not overlap.
+
+Errors (rule ``error_rate_sequential``)
+    :class:`RatioTest` of "the candidate's error rate is at most
+    ``max_error_ratio`` x the baseline's", at ``alpha / 2``; with an
+    ``error_budget`` the candidate's rate must also test above the budget
+    (:class:`RateTest`, ``alpha / 2``). A clean baseline
+    makes every candidate error evidence, so +1 pp over 0 % is caught fast.
+
+Latency (rule ``service_time_sequential``)
+    The share of requests slower than the baseline's p95 (and p99) service
+    time, candidate vs baseline over the same increments. The thresholds are
+    the (lower) median of the baseline's quantiles over the last five *earlier*
+    increments (at first, of the baseline's window without the increment):
+    independent of the data they judge (a threshold taken from the same data
+    would bias the comparison), and robust to a burst of slow baseline
+    requests in one step. Then a
+    :class:`RatioTest` each ("at most ``max_slow_ratio`` x the
+    baseline's share"), at ``alpha / 4`` each, and only when at least
+    ``MIN_INCREMENTS`` of the last five increments raised the evidence (a
+    further condition, so the level still holds). Without service-time
+    histograms the fixed-horizon latency gate judges instead.
+
+A rejection is a FAIL marked severe (roll back now: the test's level already
+accounts for every look); evidence past half the threshold is INCONCLUSIVE
+(hold, do not advance on a suspect); else PASS. Each increment's log
+evidence is capped so that at least ``MIN_INCREMENTS`` increments are needed
+to reject (and bounded below, see above): one bursty step cannot
+decide alone. The whole-rollout false-alarm rate is at most ``alpha`` under
+i.i.d. requests, however often the gates are evaluated.
 """
 
 from __future__ import annotations
