@@ -493,7 +493,7 @@ class PolicyCore:
             decision = evaluate_qos(
                 state, policy, stats, now_ms, scale_hold=self._scale_hold(key, now_ms)
             )
-        self.qos.states[key] = decision.after
+        self.qos.decided(key, decision.after)
         changed = decision.changed or decision.kind is QosDecisionKind.SET
         if self.qos.quiet(key, decision.rule) and not changed:
             return out
@@ -530,7 +530,7 @@ class PolicyCore:
             verdict, variant = judge_switch(switch, served, now_ms, acks.bound_ms)
             if verdict is AckVerdict.PENDING:
                 continue
-            del acks.pending[key]
+            acks.settle(key)
             model, version = key.model, key.version
             if verdict is AckVerdict.CONFIRMED:
                 rule = DecisionRule.PRECISION_CONFIRMED
@@ -631,7 +631,7 @@ class PolicyCore:
                     partitions=signals.partitions,
                 )
             decision = evaluate_scale(state, policy, signals, now_ms)
-            scaling.states[key] = decision.after
+            scaling.decided(key, decision.after)
             if not decision.changed:
                 continue
             epoch = scaling.epochs.next(key)

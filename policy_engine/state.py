@@ -210,6 +210,10 @@ class Qos:
         self._last_rule[key] = rule
         return False
 
+    def decided(self, key: VersionKey, state: QosState) -> None:
+        """The state a QoS decision left ``key`` in."""
+        self.states[key] = state
+
     def served(self, key: VersionKey, variant: str) -> None:
         """Workers were seen serving ``variant`` after a refused switch."""
         state = self.states.get(key)
@@ -232,6 +236,10 @@ class PrecisionAcks:
     def expect(self, key: VersionKey, switch: PendingSwitch) -> None:
         self.pending[key] = switch
 
+    def settle(self, key: VersionKey) -> PendingSwitch:
+        """The switch of ``key`` was judged (followed or refused): no longer pending."""
+        return self.pending.pop(key)
+
 
 @dataclass
 class Scaling:
@@ -244,6 +252,10 @@ class Scaling:
     default_partitions: int = 0  # 0 = unknown: bounded by max_replicas only
     replica_capacity: dict[tuple[VersionKey, str], float] = field(default_factory=dict)
     """Calibrated rps per replica, by (version, variant)."""
+
+    def decided(self, key: VersionKey, state: ScaleState) -> None:
+        """The state a replica decision left ``key`` in."""
+        self.states[key] = state
 
     def note_partitions(self, counts: Mapping[VersionKey, int]) -> None:
         """Partition counts of version topics (they bound the replicas)."""
