@@ -540,6 +540,19 @@ def apply_command(
     rule = command.rule
     suffix = f" ({note})" if note else ""
     kind = DecisionKind.MANUAL
+
+    def decided(reason: str, after: RolloutState) -> Decision:
+        return Decision(
+            kind=kind,
+            rule=rule,
+            reason=reason,
+            at_ms=now_ms,
+            before=state,
+            after=after,
+            command=command,
+            note=note,
+        )
+
     if command is ManualCommand.PAUSE:
         check_transition(state.phase, Phase.PAUSED)
         reason = (
@@ -553,16 +566,7 @@ def apply_command(
             last_reason=reason,
             updated_ms=now_ms,
         )
-        return Decision(
-            kind=kind,
-            rule=rule,
-            reason=reason,
-            at_ms=now_ms,
-            before=state,
-            after=after,
-            command=command,
-            note=note,
-        )
+        return decided(reason, after)
     if command is ManualCommand.RESUME:
         if state.phase is not Phase.PAUSED or state.paused_from is None:
             raise InvalidTransition(f"cannot resume a rollout that is {state.phase.value}")
@@ -571,16 +575,7 @@ def apply_command(
         after = replace(
             state, phase=state.paused_from, paused_from=None, last_reason=reason, updated_ms=now_ms
         )
-        return Decision(
-            kind=kind,
-            rule=rule,
-            reason=reason,
-            at_ms=now_ms,
-            before=state,
-            after=after,
-            command=command,
-            note=note,
-        )
+        return decided(reason, after)
     if command is ManualCommand.PROMOTE:
         target, weight = Phase.PROMOTED, 100.0
         reason = f"promoted {spec.candidate} to 100% and stable by command{suffix}"
@@ -594,16 +589,7 @@ def apply_command(
         # Nothing was routed yet: end without a routing intent.
         check_transition(state.phase, target)
         after = replace(state, phase=target, last_reason=reason, updated_ms=now_ms)
-        return Decision(
-            kind=kind,
-            rule=rule,
-            reason=reason,
-            at_ms=now_ms,
-            before=state,
-            after=after,
-            command=command,
-            note=note,
-        )
+        return decided(reason, after)
     return transition(
         state,
         spec,
