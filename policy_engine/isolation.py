@@ -12,16 +12,13 @@ again at the next tick.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from graylane.histogram import LatencyHistogram
-from graylane.policy_engine.logic.window import TelemetrySample
 from graylane.policy_engine.messages import Output, RecordSkipped, RecordSource, SkipReason
 
-__all__ = ["DEFAULT_AUDIT_INTERVAL_MS", "RecordGuard", "invalid_sample"]
+__all__ = ["DEFAULT_AUDIT_INTERVAL_MS", "RecordGuard"]
 
 log = logging.getLogger(__name__)
 
@@ -30,28 +27,6 @@ _MAX_DETAIL = 500
 _MAX_KEY = 120
 
 T = TypeVar("T")
-
-
-def invalid_sample(sample: TelemetrySample, scheme: LatencyHistogram | None = None) -> str | None:
-    """Why a decoded telemetry sample cannot enter the window, or ``None``.
-
-    ``scheme``: the window's bucket scheme, which the sample's non-empty
-    histograms must share (else merging them into the window would fail).
-    """
-    if scheme is not None:
-        for name, h in (("latency", sample.latency), ("queue wait", sample.queue_wait)):
-            if h.count and not h.same_scheme(scheme):
-                return f"{name} histogram scheme ({h.min_ms}, {h.growth}) is not the window's"
-    if not (sample.model and sample.version and sample.variant):
-        return "telemetry without model, version or variant"
-    if sample.completed_at_ms <= 0:
-        return "telemetry without a completion time"
-    if sample.error_count > sample.request_count:
-        return f"{sample.error_count} errors for {sample.request_count} requests"
-    numbers = (sample.compute_ms, sample.device_load, sample.queue_wait_mean_ms)
-    if not all(math.isfinite(x) and x >= 0 for x in numbers):
-        return f"non-finite or negative timing in telemetry: {numbers}"
-    return None
 
 
 @dataclass

@@ -36,12 +36,12 @@ from graylane.kafka.reading import read_to_end
 from graylane.metrics import CONTROL_CAUGHT_UP, PolicyMetrics, ServiceObservability
 from graylane.policy_engine import wire
 from graylane.policy_engine.core import PolicyCore
-from graylane.policy_engine.isolation import RecordGuard, invalid_sample
+from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.lease import LeaseKeeper, restart_as_standby
 from graylane.policy_engine.liveness_probe import LivenessProbe
 from graylane.policy_engine.logic.qos import QosState
 from graylane.policy_engine.logic.scale import ScalePolicy, ScaleState
-from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
+from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS, invalid_sample
 from graylane.policy_engine.messages import (
     CommandRejected,
     Output,

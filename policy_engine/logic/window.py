@@ -34,6 +34,7 @@ Choices worth knowing:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -49,6 +50,7 @@ __all__ = [
     "TelemetrySample",
     "WindowKey",
     "WindowStats",
+    "invalid_sample",
 ]
 
 
@@ -498,3 +500,25 @@ def _summarize(
         service_requests=sum(p.service_requests for p in panes),
         step_offered_rps=step_offered_rps,
     )
+
+
+def invalid_sample(sample: TelemetrySample, scheme: LatencyHistogram | None = None) -> str | None:
+    """Why a decoded telemetry sample cannot enter the window, or ``None``.
+
+    ``scheme``: the window's bucket scheme, which the sample's non-empty
+    histograms must share (else merging them into the window would fail).
+    """
+    if scheme is not None:
+        for name, h in (("latency", sample.latency), ("queue wait", sample.queue_wait)):
+            if h.count and not h.same_scheme(scheme):
+                return f"{name} histogram scheme ({h.min_ms}, {h.growth}) is not the window's"
+    if not (sample.model and sample.version and sample.variant):
+        return "telemetry without model, version or variant"
+    if sample.completed_at_ms <= 0:
+        return "telemetry without a completion time"
+    if sample.error_count > sample.request_count:
+        return f"{sample.error_count} errors for {sample.request_count} requests"
+    numbers = (sample.compute_ms, sample.device_load, sample.queue_wait_mean_ms)
+    if not all(math.isfinite(x) and x >= 0 for x in numbers):
+        return f"non-finite or negative timing in telemetry: {numbers}"
+    return None

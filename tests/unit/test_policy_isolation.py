@@ -16,8 +16,8 @@ from graylane.histogram_pb import histogram_to_pb
 from graylane.metrics import PolicyMetrics
 from graylane.policy_engine import wire
 from graylane.policy_engine.core import PolicyCore
-from graylane.policy_engine.isolation import RecordGuard, invalid_sample
-from graylane.policy_engine.logic.window import TelemetrySample
+from graylane.policy_engine.isolation import RecordGuard
+from graylane.policy_engine.logic.window import TelemetrySample, invalid_sample
 from graylane.policy_engine.messages import (
     Command,
     CommandKind,
