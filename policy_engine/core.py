@@ -32,8 +32,8 @@ Choices worth knowing:
 - **Replicas**: after QoS, each tick decides the desired replicas per
   version (off unless the scale policy allows more than ``min_replicas``); a
   QoS step up waits until the replicas are settled. A replica's capacity is
-  the calibrated figure, else the QoS policy's calibrated capacity of the
-  running variant scaled by the QoS state's contention factor, else learned.
+  the QoS policy's calibrated capacity of the running variant scaled by the
+  QoS state's contention factor, else learned.
   A breach is QoS's or the window's own: right after a step down QoS's timers
   restart while the window still shows the load that made it step, so an
   overload the floor cannot carry scales out at the same tick.
@@ -599,13 +599,9 @@ class PolicyCore:
             floor_capacity_rps=floor_capacity or 0.0,
             lag=stats.lag if stats is not None else 0,
             replicas=stats.workers if stats is not None else 0,
-            partitions=scaling.partitions.get(key, scaling.default_partitions),
+            partitions=scaling.partitions.get(key, 0),
             variant=variant,
-            replica_capacity_rps=(
-                scaling.replica_capacity.get((key, variant))
-                or _stack_capacity(qos_policy, qos_state, variant)
-                or 0.0
-            ),
+            replica_capacity_rps=_stack_capacity(qos_policy, qos_state, variant) or 0.0,
         )
 
     def _evaluate_scaling(self, now_ms: int) -> list[Output]:

@@ -8,6 +8,12 @@ restores it from the compacted ``rollouts()``, ``routing()``,
 ``SET_QOS_POLICY`` commands on record, so a restarted engine resumes its
 rollouts and never writes an epoch below one already written.
 
+Every record is taken on its own (:func:`telemetry_into`,
+``wire.command_of``, ``wire.shadow_of``): a bad one is skipped, counted and
+audited. :class:`PolicyObserver` turns the published outputs into metrics;
+:func:`broker_settings` gives faust the same brokers and security as every
+other client.
+
 Graylane's topics are created beforehand (``ensure_topics``); faust only
 subscribes to them. faust's own state is in memory (``memory://``), its web
 server is off, and every record the core emits is produced with the
@@ -80,121 +86,6 @@ __all__ = [
     "prepare_topics",
     "telemetry_into",
 ]
-
-
-class UnsupportedSecurity(GraylaneError):
-    """The security settings cannot be expressed as faust credentials."""
-
-
-@dataclass(frozen=True)
-class FaustBrokerSettings:
-    """The ``faust.App`` keyword arguments that say how to reach the brokers."""
-
-    broker: list[str]
-    broker_client_id: str
-    broker_credentials: CredentialsT | None
-
-
-def credentials(security: KafkaSecurity) -> CredentialsT | None:
-    """faust credentials equivalent to ``security`` (None for plaintext)."""
-    options = security.client_options()  # validates, and builds the SSL context
-    context = options.get("ssl_context")
-    ssl_context = context if isinstance(context, ssl.SSLContext) else None
-    if security.protocol is SecurityProtocol.PLAINTEXT:
-        return None
-    if security.protocol is SecurityProtocol.SSL:
-        return faust.SSLCredentials(ssl_context)
-    mechanism = security.sasl_mechanism
-    if mechanism is SaslMechanism.GSSAPI:
-        return faust.GSSAPICredentials(mechanism=mechanism.value, ssl_context=ssl_context)
-    if mechanism is SaslMechanism.OAUTHBEARER or mechanism is None:
-        raise UnsupportedSecurity(
-            f"SASL mechanism {mechanism} needs a token provider; the policy engine has none"
-        )
-    return faust.SASLCredentials(
-        username=security.sasl_username,
-        password=security.sasl_password,
-        ssl_context=ssl_context,
-        mechanism=mechanism.value,
-    )
-
-
-def broker_settings(settings: Settings, *, client_suffix: str = "policy") -> FaustBrokerSettings:
-    return FaustBrokerSettings(
-        broker=[f"kafka://{b.strip()}" for b in settings.bootstrap_servers.split(",")],
-        broker_client_id=f"{settings.client_id}-{client_suffix}",
-        broker_credentials=credentials(settings.security),
-    )
-
-
-_PHASES = tuple(p.value for p in Phase)
-_ACTIVE = {Phase.PENDING, Phase.SHADOWING, Phase.PROGRESSING, Phase.AB_HOLDING, Phase.PAUSED}
-
-
-@dataclass
-class PolicyObserver:
-    """Feed it every batch of outputs the engine publishes."""
-
-    metrics: PolicyMetrics
-    _policies: dict[tuple[str, str], QosPolicy] = field(default_factory=dict)
-
-    def observe(self, outputs: Iterable[Output]) -> None:
-        for out in outputs:
-            self._one(out)
-
-    def _one(self, out: Output) -> None:
-        m = self.metrics
-        if isinstance(out, RolloutAudit):
-            rd = out.decision
-            m.decisions.labels(out.spec.model, rd.kind.value, str(rd.rule)).inc()
-        elif isinstance(out, RolloutPublication):
-            state, spec = out.state, out.spec
-            m.set_phase(spec.model, spec.candidate, state.phase.value, _PHASES)
-            m.rollout_step.labels(spec.model, spec.candidate).set(state.step_index)
-            m.set_roles(spec.model, spec.baseline, spec.candidate, state.phase in _ACTIVE)
-        elif isinstance(out, RoutingPublication):
-            m.routing_epoch.labels(out.plan.model).set(out.plan.epoch)
-        elif isinstance(out, QosAudit):
-            qd = out.decision
-            m.decisions.labels(qd.after.model, qd.kind.value, str(qd.rule)).inc()
-            self._qos(qd.after)
-        elif isinstance(out, PrecisionPublication):
-            self._qos(out.decision.after)
-        elif isinstance(out, QosPolicySet):
-            policy = out.policy
-            self._policies[(policy.model, policy.version)] = policy
-            m.qos_slo_p99.labels(policy.model, policy.version).set(policy.slo_p99_ms / 1000.0)
-            self._qos(out.after)
-        elif isinstance(out, ScalePublication):
-            after = out.decision.after
-            m.desired_replicas.labels(after.model, after.version).set(after.desired)
-        elif isinstance(out, ScaleAudit):
-            d = out.decision
-            m.decisions.labels(d.after.model, d.kind.value, str(d.rule)).inc()
-        elif isinstance(out, RecordSkipped):
-            m.skipped_records.labels(out.source.value, out.reason.value).inc()
-            if out.reason is SkipReason.FAILED:
-                m.decision_errors.labels(out.model, out.source.value).inc()
-        elif isinstance(out, CommandRejected):
-            m.decisions.labels(
-                out.command.model, "rejected", str(DecisionRule.COMMAND_REJECTED)
-            ).inc()
-
-    def desired_replicas(self, states: Iterable[ScaleState]) -> None:
-        """Every scaled version's desired replicas (also those restored or not yet changed)."""
-        for state in states:
-            self.metrics.desired_replicas.labels(state.model, state.version).set(state.desired)
-
-    def _qos(self, state: QosState) -> None:
-        labels = (state.model, state.version)
-        m = self.metrics
-        m.qos_breaching.labels(*labels).set(int(state.breach_since_ms is not None))
-        policy = self._policies.get(labels)
-        if policy is None or state.active_variant not in policy.ladder:
-            return
-        floor = policy.quality_floor or policy.ladder[-1]
-        m.qos_variant_index.labels(*labels).set(policy.ladder.index(state.active_variant))
-        m.qos_at_floor.labels(*labels).set(int(state.active_variant == floor))
 
 
 log = logging.getLogger(__name__)
@@ -434,3 +325,118 @@ def telemetry_into(
             version=sample.version,
         )
     return None
+
+
+_PHASES = tuple(p.value for p in Phase)
+_ACTIVE = {Phase.PENDING, Phase.SHADOWING, Phase.PROGRESSING, Phase.AB_HOLDING, Phase.PAUSED}
+
+
+@dataclass
+class PolicyObserver:
+    """Feed it every batch of outputs the engine publishes."""
+
+    metrics: PolicyMetrics
+    _policies: dict[tuple[str, str], QosPolicy] = field(default_factory=dict)
+
+    def observe(self, outputs: Iterable[Output]) -> None:
+        for out in outputs:
+            self._one(out)
+
+    def _one(self, out: Output) -> None:
+        m = self.metrics
+        if isinstance(out, RolloutAudit):
+            rd = out.decision
+            m.decisions.labels(out.spec.model, rd.kind.value, str(rd.rule)).inc()
+        elif isinstance(out, RolloutPublication):
+            state, spec = out.state, out.spec
+            m.set_phase(spec.model, spec.candidate, state.phase.value, _PHASES)
+            m.rollout_step.labels(spec.model, spec.candidate).set(state.step_index)
+            m.set_roles(spec.model, spec.baseline, spec.candidate, state.phase in _ACTIVE)
+        elif isinstance(out, RoutingPublication):
+            m.routing_epoch.labels(out.plan.model).set(out.plan.epoch)
+        elif isinstance(out, QosAudit):
+            qd = out.decision
+            m.decisions.labels(qd.after.model, qd.kind.value, str(qd.rule)).inc()
+            self._qos(qd.after)
+        elif isinstance(out, PrecisionPublication):
+            self._qos(out.decision.after)
+        elif isinstance(out, QosPolicySet):
+            policy = out.policy
+            self._policies[(policy.model, policy.version)] = policy
+            m.qos_slo_p99.labels(policy.model, policy.version).set(policy.slo_p99_ms / 1000.0)
+            self._qos(out.after)
+        elif isinstance(out, ScalePublication):
+            after = out.decision.after
+            m.desired_replicas.labels(after.model, after.version).set(after.desired)
+        elif isinstance(out, ScaleAudit):
+            d = out.decision
+            m.decisions.labels(d.after.model, d.kind.value, str(d.rule)).inc()
+        elif isinstance(out, RecordSkipped):
+            m.skipped_records.labels(out.source.value, out.reason.value).inc()
+            if out.reason is SkipReason.FAILED:
+                m.decision_errors.labels(out.model, out.source.value).inc()
+        elif isinstance(out, CommandRejected):
+            m.decisions.labels(
+                out.command.model, "rejected", str(DecisionRule.COMMAND_REJECTED)
+            ).inc()
+
+    def desired_replicas(self, states: Iterable[ScaleState]) -> None:
+        """Every scaled version's desired replicas (also those restored or not yet changed)."""
+        for state in states:
+            self.metrics.desired_replicas.labels(state.model, state.version).set(state.desired)
+
+    def _qos(self, state: QosState) -> None:
+        labels = (state.model, state.version)
+        m = self.metrics
+        m.qos_breaching.labels(*labels).set(int(state.breach_since_ms is not None))
+        policy = self._policies.get(labels)
+        if policy is None or state.active_variant not in policy.ladder:
+            return
+        floor = policy.quality_floor or policy.ladder[-1]
+        m.qos_variant_index.labels(*labels).set(policy.ladder.index(state.active_variant))
+        m.qos_at_floor.labels(*labels).set(int(state.active_variant == floor))
+
+
+class UnsupportedSecurity(GraylaneError):
+    """The security settings cannot be expressed as faust credentials."""
+
+
+@dataclass(frozen=True)
+class FaustBrokerSettings:
+    """The ``faust.App`` keyword arguments that say how to reach the brokers."""
+
+    broker: list[str]
+    broker_client_id: str
+    broker_credentials: CredentialsT | None
+
+
+def credentials(security: KafkaSecurity) -> CredentialsT | None:
+    """faust credentials equivalent to ``security`` (None for plaintext)."""
+    options = security.client_options()  # validates, and builds the SSL context
+    context = options.get("ssl_context")
+    ssl_context = context if isinstance(context, ssl.SSLContext) else None
+    if security.protocol is SecurityProtocol.PLAINTEXT:
+        return None
+    if security.protocol is SecurityProtocol.SSL:
+        return faust.SSLCredentials(ssl_context)
+    mechanism = security.sasl_mechanism
+    if mechanism is SaslMechanism.GSSAPI:
+        return faust.GSSAPICredentials(mechanism=mechanism.value, ssl_context=ssl_context)
+    if mechanism is SaslMechanism.OAUTHBEARER or mechanism is None:
+        raise UnsupportedSecurity(
+            f"SASL mechanism {mechanism} needs a token provider; the policy engine has none"
+        )
+    return faust.SASLCredentials(
+        username=security.sasl_username,
+        password=security.sasl_password,
+        ssl_context=ssl_context,
+        mechanism=mechanism.value,
+    )
+
+
+def broker_settings(settings: Settings, *, client_suffix: str = "policy") -> FaustBrokerSettings:
+    return FaustBrokerSettings(
+        broker=[f"kafka://{b.strip()}" for b in settings.bootstrap_servers.split(",")],
+        broker_client_id=f"{settings.client_id}-{client_suffix}",
+        broker_credentials=credentials(settings.security),
+    )

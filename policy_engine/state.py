@@ -13,8 +13,7 @@ never reaches into their maps: every change goes through an owner's methods.
 - :class:`Qos`: QoS policies, states and the variant each version runs.
 - :class:`PrecisionAcks`: what each variant last served, and the switches not
   yet confirmed.
-- :class:`Scaling`: the replica policy, states, partition bounds and
-  calibrated capacities.
+- :class:`Scaling`: the replica policy, states and partition bounds.
 """
 
 from __future__ import annotations
@@ -248,10 +247,8 @@ class Scaling:
     policy: ScalePolicy = field(default_factory=ScalePolicy)
     states: dict[VersionKey, ScaleState] = field(default_factory=dict)
     epochs: Epochs[VersionKey] = field(default_factory=Epochs)
-    partitions: dict[VersionKey, int] = field(default_factory=dict)  # of version topics
-    default_partitions: int = 0  # 0 = unknown: bounded by max_replicas only
-    replica_capacity: dict[tuple[VersionKey, str], float] = field(default_factory=dict)
-    """Calibrated rps per replica, by (version, variant)."""
+    partitions: dict[VersionKey, int] = field(default_factory=dict)
+    """Of each version topic, when known (unknown = 0: bounded by max_replicas only)."""
 
     def decided(self, key: VersionKey, state: ScaleState) -> None:
         """The state a replica decision left ``key`` in."""
