@@ -112,6 +112,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "Record",
     "Restored",
+    "audit_record_of",
     "command_from_pb",
     "command_of",
     "decision_id_of",
@@ -779,22 +780,34 @@ def _record(o: Output, layout: TopicLayout) -> Record:
         key = layout.scale_key(scaled.model, scaled.version)
         request = scale_request_of(o.decision, epoch=o.epoch)
         return Record(layout.scale(), key.encode(), serde.encode(request))
-    if isinstance(o, ScaleAudit):
-        rec = scale_to_audit(o.decision, epoch=o.epoch)
-        return Record(layout.audit(), o.decision.after.model.encode(), serde.encode(rec))
     if isinstance(o, RolloutPublication):
         pb = rollout_state_to_pb(o.state, o.spec)
         return Record(layout.rollouts(), o.state.rollout_id.encode(), serde.encode(pb))
+    rec = audit_record_of(o)
+    return Record(layout.audit(), rec.model.encode(), serde.encode(rec))
+
+
+def audit_record_of(
+    o: RolloutAudit
+    | QosAudit
+    | QosPolicySet
+    | CommandRejected
+    | RoutingAudit
+    | PrecisionAck
+    | ScaleAudit
+    | RecordSkipped,
+) -> audit_pb2.AuditRecord:
+    """The audit record of an output that is not a publication: every audit record is built here."""
+    if isinstance(o, ScaleAudit):
+        return scale_to_audit(o.decision, epoch=o.epoch)
     if isinstance(o, RolloutAudit):
-        rec = decision_to_audit(o.decision, o.spec, command_id=o.command_id, actor=o.actor)
-        return Record(layout.audit(), o.spec.model.encode(), serde.encode(rec))
+        return decision_to_audit(o.decision, o.spec, command_id=o.command_id, actor=o.actor)
     if isinstance(o, QosAudit):
-        rec = qos_decision_to_audit(
+        return qos_decision_to_audit(
             o.decision, epoch=o.epoch, rollout_id=o.rollout_id, policy=o.policy
         )
-        return Record(layout.audit(), o.decision.after.model.encode(), serde.encode(rec))
     if isinstance(o, QosPolicySet):
-        rec = audit_pb2.AuditRecord(
+        return audit_pb2.AuditRecord(
             decision_id=f"qos-policy-{o.command_id or o.at_ms}",
             decided_at_unix_ms=o.at_ms,
             model=o.policy.model,
@@ -808,9 +821,8 @@ def _record(o: Output, layout: TopicLayout) -> Record:
             actor=o.actor or "control-plane",
             command_id=o.command_id,
         )
-        return Record(layout.audit(), o.policy.model.encode(), serde.encode(rec))
     if isinstance(o, PrecisionAck):
-        rec = audit_pb2.AuditRecord(
+        return audit_pb2.AuditRecord(
             decision_id=f"precision-ack-{o.model}-{o.version}-{o.epoch}",
             decided_at_unix_ms=o.at_ms,
             model=o.model,
@@ -821,11 +833,10 @@ def _record(o: Output, layout: TopicLayout) -> Record:
             actor="policy-engine",
             epoch=o.epoch,
         )
-        return Record(layout.audit(), o.model.encode(), serde.encode(rec))
     if isinstance(o, RecordSkipped):
-        return Record(layout.audit(), o.model.encode(), serde.encode(_skipped_audit(o)))
+        return _skipped_audit(o)
     if isinstance(o, RoutingAudit):
-        rec = audit_pb2.AuditRecord(
+        return audit_pb2.AuditRecord(
             decision_id=f"routing-{o.model}-{o.epoch}",
             decided_at_unix_ms=o.at_ms,
             model=o.model,
@@ -837,9 +848,8 @@ def _record(o: Output, layout: TopicLayout) -> Record:
             epoch=o.epoch,
             command_id=o.command_id,
         )
-        return Record(layout.audit(), o.model.encode(), serde.encode(rec))
     cmd = o.command
-    rec = audit_pb2.AuditRecord(
+    return audit_pb2.AuditRecord(
         decision_id=f"rejected-{cmd.command_id or o.at_ms}",
         decided_at_unix_ms=o.at_ms,
         model=cmd.model,
@@ -852,7 +862,6 @@ def _record(o: Output, layout: TopicLayout) -> Record:
         command_id=cmd.command_id,
         note=cmd.note,
     )
-    return Record(layout.audit(), cmd.model.encode(), serde.encode(rec))
 
 
 Values = Mapping[bytes, bytes | None]
