@@ -150,6 +150,264 @@ __all__ = [
 ]
 
 
+# -- records in ------------------------------------------------------------------------
+
+
+def telemetry_from_pb(pb: telemetry_pb2.BatchTelemetry) -> TelemetrySample:
+    return TelemetrySample(
+        model=pb.model,
+        version=pb.version,
+        variant=pb.variant,
+        worker_id=pb.worker_id,
+        completed_at_ms=pb.completed_at_unix_ms,
+        request_count=pb.request_count,
+        error_count=pb.error_count,
+        latency=histogram_from_pb(pb.latency),
+        queue_wait=histogram_from_pb(pb.queue_wait),
+        queue_wait_mean_ms=pb.queue_wait_ms_mean,
+        compute_ms=pb.compute_ms,
+        device_load=pb.device_load,
+        shadow_count=pb.shadow_count,
+        lag=pb.lag,
+        started_at_ms=pb.started_at_unix_ms,
+        batch_size=pb.batch_size,
+        batch_id=(
+            (pb.batch_id.worker_id, pb.batch_id.partition, pb.batch_id.first_offset)
+            if pb.HasField("batch_id")
+            else None
+        ),
+        shed_count=pb.shed_count,
+    )
+
+
+def command_from_pb(pb: rollout_pb2.RolloutCommand) -> Command | CommandRejected:
+    """The core's command of ``pb``, or why it is refused."""
+    base = Command(
+        kind=CommandKind.MANUAL,
+        model=pb.model or pb.spec.model or pb.qos_policy.model,
+        command_id=pb.command_id,
+        rollout_id=pb.rollout_id or pb.spec.rollout_id,
+        issued_by=pb.issued_by,
+        note=pb.reason,
+    )
+    if pb.kind == rollout_pb2.COMMAND_START:
+        base = replace(base, kind=CommandKind.START)
+    try:
+        if pb.kind == rollout_pb2.COMMAND_START:
+            spec = rollout_spec_from_pb(pb.spec)
+            return replace(base, kind=CommandKind.START, spec=spec)
+        if pb.kind == rollout_pb2.COMMAND_REVERT:
+            return replace(base, kind=CommandKind.REVERT, target_version=pb.target_version)
+        if pb.kind == rollout_pb2.COMMAND_SET_ROUTE_CONFIG:
+            config = route_config_from_pb(pb.route_config)
+            return replace(
+                base,
+                kind=CommandKind.SET_ROUTE_CONFIG,
+                route_config=config,
+                target_version=pb.target_version,
+            )
+        if pb.kind == rollout_pb2.COMMAND_SET_QOS_POLICY:
+            policy = qos_policy_from_pb(pb.qos_policy)
+            return replace(base, kind=CommandKind.SET_QOS_POLICY, qos_policy=policy)
+    except (PolicyError, InvalidRouteRule) as exc:
+        return CommandRejected(command=base, reason=str(exc), at_ms=pb.issued_at_unix_ms)
+    manual = manual_command_from_pb(pb.kind)
+    command = replace(base, manual=manual)
+    if manual is None:
+        return CommandRejected(
+            command=command, reason=f"unknown command kind {pb.kind}", at_ms=pb.issued_at_unix_ms
+        )
+    return command
+
+
+def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOutput:
+    """A result on the shadow topic, reduced for comparison.
+
+    Generations compare by token ids; other results by a digest of their
+    output bytes (exact agreement; a tolerance needs the decoded tensors).
+    """
+    error = pb.status != inference_pb2.OK
+    tokens = tuple(pb.generated_token_ids) if pb.generated_token_ids else None
+    label: int | None = None
+    if tokens is None and not error:
+        digest = hashlib.blake2b(digest_size=8)
+        for t in pb.outputs:
+            digest.update(t.data)
+        label = int.from_bytes(digest.digest(), "big")
+    schema = tuple(
+        OutputField(t.name, tensor_pb2.DType.Name(t.dtype).lower(), tuple(t.shape))
+        for t in pb.outputs
+    )
+    return ShadowOutput(
+        request_id=pb.request_id,
+        version=pb.version,
+        at_ms=at_ms,
+        tokens=tokens,
+        label=label,
+        error=error,
+        schema=schema if tokens is None else None,
+    )
+
+
+def command_of(
+    value: bytes | None, guard: RecordGuard, at_ms: int
+) -> Command | CommandRejected | RecordSkipped:
+    """The command of one record on the commands topic, or why it was skipped."""
+    try:
+        pb = serde.decode(rollout_pb2.RolloutCommand, value)
+    except SerdeError as exc:
+        return guard.skip(RecordSource.COMMANDS, SkipReason.UNDECODABLE, str(exc), at_ms)
+    try:
+        return command_from_pb(pb)
+    except Exception as exc:
+        detail = f"{type(exc).__name__}: {exc}"
+        return guard.skip(
+            RecordSource.COMMANDS,
+            SkipReason.INVALID,
+            detail,
+            at_ms,
+            key=pb.command_id,
+            model=pb.model,
+        )
+
+
+def shadow_of(value: bytes | None, guard: RecordGuard, at_ms: int) -> ShadowOutput | RecordSkipped:
+    """The shadow output of one result on a shadow topic, or why it was skipped."""
+    try:
+        return shadow_output_of(serde.decode(inference_pb2.InferenceResult, value), at_ms)
+    except Exception as exc:
+        reason = SkipReason.UNDECODABLE if isinstance(exc, SerdeError) else SkipReason.INVALID
+        return guard.skip(RecordSource.SHADOW, reason, f"{type(exc).__name__}: {exc}", at_ms)
+
+
+# -- window stats ----------------------------------------------------------------------
+
+_WINDOW_WIRE_NAMES = {
+    "window_start_ms": "window_start_unix_ms",
+    "window_end_ms": "window_end_unix_ms",
+}
+"""The :class:`WindowStats` fields named otherwise on the wire; ``service`` is a histogram
+message (absent when the window has none); every other field has its own name."""
+
+
+_WINDOW_LOCAL = frozenset({"lag", "workers"})
+"""The :class:`WindowStats` fields with no room on the wire: dropped, back at 0."""
+
+
+_WINDOW_FIELDS = tuple(f.name for f in fields(WindowStats) if f.name not in _WINDOW_LOCAL)
+
+
+def window_stats_to_pb(s: WindowStats) -> audit_pb2.WindowStats:
+    """Every field but ``lag`` and ``workers``, which have none on the wire."""
+    pb = audit_pb2.WindowStats()
+    for name in _WINDOW_FIELDS:
+        value = getattr(s, name)
+        if name == "service":
+            if value is not None:
+                pb.service.CopyFrom(histogram_to_pb(value))
+        else:
+            setattr(pb, _WINDOW_WIRE_NAMES.get(name, name), value)
+    return pb
+
+
+def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
+    """Service times come back as recorded (histogram and quantiles): the gates
+    judge latency on them, so a replay decides as the engine did."""
+    values: dict[str, Any] = {
+        name: getattr(pb, _WINDOW_WIRE_NAMES.get(name, name))
+        for name in _WINDOW_FIELDS
+        if name != "service"
+    }
+    values["service"] = histogram_from_pb(pb.service) if pb.HasField("service") else None
+    return WindowStats(**values)
+
+
+# -- rollout state (with its sequential evidence and liveness signals) -----------------
+
+
+def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.RolloutState:
+    """The wire form, complete: a restarted engine resumes exactly from it."""
+    ev = state.evidence
+    return rollout_pb2.RolloutState(
+        step_started_at_unix_ms=state.step_started_ms,
+        shadow_share=state.shadow_share,
+        failure_window_end_unix_ms=state.failure_window_end_ms,
+        epoch=state.epoch,
+        evidence=rollout_pb2.StepEvidence(
+            candidate_requests=ev.candidate_requests,
+            candidate_errors=ev.candidate_errors,
+            baseline_requests=ev.baseline_requests,
+            baseline_errors=ev.baseline_errors,
+            windows=ev.windows,
+            through_unix_ms=ev.through_ms,
+        ),
+        rollout_id=state.rollout_id,
+        model=state.model,
+        phase=phase_to_pb(state.phase),
+        step_index=state.step_index,
+        candidate_weight_percent=state.candidate_weight_percent,
+        phase_started_at_unix_ms=state.phase_started_ms,
+        consecutive_failures=state.consecutive_failures,
+        updated_at_unix_ms=state.updated_ms,
+        last_reason=state.last_reason,
+        paused_from=phase_to_pb(state.paused_from),
+        spec=rollout_spec_to_pb(spec),
+        sequential=sequential_to_pb(state.sequential),
+    )
+
+
+def rollout_state_from_pb(
+    pb: rollout_pb2.RolloutState, *, epoch: int = 0
+) -> tuple[RolloutState, RolloutSpec]:
+    """State and spec from the wire, after a restart.
+
+    Records of current engines carry the whole state. In older records (no
+    ``step_started_at`` / ``epoch`` / ... fields) what is missing comes back
+    conservatively: the step's dwell restarts at the last update
+    (``step_started_ms = updated_at``), the step's evidence is empty (its
+    sample minimum starts over), the next gate failure counts, and ``epoch``
+    is the caller's (the model's routing table holds it). The shadow share is
+    then the spec's while shadowing (also when paused from it).
+    """
+    phase = phase_from_pb(pb.phase)
+    if phase is None:
+        raise ValueError(f"rollout {pb.rollout_id!r} has no phase")
+    spec = rollout_spec_from_pb(pb.spec)
+    paused_from = phase_from_pb(pb.paused_from)
+    shadowing = Phase.SHADOWING in (phase, paused_from)
+    ev = pb.evidence
+    state = RolloutState(
+        rollout_id=pb.rollout_id,
+        model=pb.model,
+        phase=phase,
+        step_index=pb.step_index,
+        candidate_weight_percent=pb.candidate_weight_percent,
+        shadow_share=pb.shadow_share
+        if pb.HasField("shadow_share")
+        else (spec.shadow_share if shadowing else 0.0),
+        phase_started_ms=pb.phase_started_at_unix_ms,
+        step_started_ms=pb.step_started_at_unix_ms
+        if pb.HasField("step_started_at_unix_ms")
+        else pb.updated_at_unix_ms,
+        consecutive_failures=pb.consecutive_failures,
+        failure_window_end_ms=pb.failure_window_end_unix_ms,
+        paused_from=paused_from,
+        last_reason=pb.last_reason,
+        epoch=pb.epoch if pb.HasField("epoch") else epoch,
+        updated_ms=pb.updated_at_unix_ms,
+        evidence=StepEvidence(
+            candidate_requests=ev.candidate_requests,
+            candidate_errors=ev.candidate_errors,
+            baseline_requests=ev.baseline_requests,
+            baseline_errors=ev.baseline_errors,
+            windows=ev.windows,
+            through_ms=ev.through_unix_ms,
+        ),
+        sequential=sequential_from_pb(pb),
+    )
+    return state, spec
+
+
 def _ratio_to_pb(t: RatioTest) -> rollout_pb2.RatioTestState:
     return rollout_pb2.RatioTestState(
         r0=t.r0,
@@ -256,6 +514,52 @@ def liveness_from_pb(pb: audit_pb2.VersionLiveness) -> VersionLiveness:
     )
 
 
+# -- QoS state and precision commands --------------------------------------------------
+
+
+def qos_state_to_pb(s: QosState) -> audit_pb2.QosState:
+    """Load ceilings are not carried."""
+    return audit_pb2.QosState(
+        model=s.model,
+        version=s.version,
+        active_variant=s.active_variant,
+        last_change_unix_ms=s.last_change_ms,
+        breach_since_unix_ms=s.breach_since_ms or 0,
+        calm_since_unix_ms=s.calm_since_ms or 0,
+        contention=s.contention,
+    )
+
+
+def qos_state_from_pb(pb: audit_pb2.QosState) -> QosState:
+    """Without load ceilings: after a restart the first step up is not load-checked."""
+    return QosState(
+        model=pb.model,
+        version=pb.version,
+        active_variant=pb.active_variant,
+        last_change_ms=pb.last_change_unix_ms,
+        breach_since_ms=pb.breach_since_unix_ms or None,
+        calm_since_ms=pb.calm_since_unix_ms or None,
+        contention=pb.contention or 1.0,
+    )
+
+
+def precision_command_of(
+    decision: QosDecision, *, epoch: int, decision_id: str = ""
+) -> control_pb2.PrecisionCommand:
+    after = decision.after
+    return control_pb2.PrecisionCommand(
+        model=after.model,
+        version=after.version,
+        variant=after.active_variant,
+        epoch=epoch,
+        reason=decision.reason,
+        issued_at_unix_ms=decision.at_ms,
+        decision_id=decision_id or qos_decision_id_of(decision),
+    )
+
+
+# -- replica requests ------------------------------------------------------------------
+
 _REASON_TO_PB = {
     ScaleReason.FLOOR_BREACH: control_pb2.SCALE_REASON_FLOOR_BREACH,
     ScaleReason.LAG_GROWING: control_pb2.SCALE_REASON_LAG_GROWING,
@@ -301,220 +605,7 @@ def scale_request_of(decision: ScaleDecision, *, epoch: int) -> control_pb2.Scal
     )
 
 
-def scale_to_audit(decision: ScaleDecision, *, epoch: int) -> audit_pb2.AuditRecord:
-    """DECISION_SCALE_CHANGE with the request it published."""
-    after = decision.after
-    return audit_pb2.AuditRecord(
-        decision_id=scale_decision_id_of(decision),
-        decided_at_unix_ms=decision.at_ms,
-        model=after.model,
-        version=after.version,
-        kind=audit_pb2.DECISION_SCALE_CHANGE,
-        rule=decision.rule,
-        reason=decision.detail,
-        actor="policy-engine",
-        epoch=epoch,
-        scale=scale_request_of(decision, epoch=epoch),
-    )
-
-
-# -- histograms and telemetry ---------------------------------------------------
-
-
-def telemetry_from_pb(pb: telemetry_pb2.BatchTelemetry) -> TelemetrySample:
-    return TelemetrySample(
-        model=pb.model,
-        version=pb.version,
-        variant=pb.variant,
-        worker_id=pb.worker_id,
-        completed_at_ms=pb.completed_at_unix_ms,
-        request_count=pb.request_count,
-        error_count=pb.error_count,
-        latency=histogram_from_pb(pb.latency),
-        queue_wait=histogram_from_pb(pb.queue_wait),
-        queue_wait_mean_ms=pb.queue_wait_ms_mean,
-        compute_ms=pb.compute_ms,
-        device_load=pb.device_load,
-        shadow_count=pb.shadow_count,
-        lag=pb.lag,
-        started_at_ms=pb.started_at_unix_ms,
-        batch_size=pb.batch_size,
-        batch_id=(
-            (pb.batch_id.worker_id, pb.batch_id.partition, pb.batch_id.first_offset)
-            if pb.HasField("batch_id")
-            else None
-        ),
-        shed_count=pb.shed_count,
-    )
-
-
-# -- window stats -----------------------------------------------------------------
-
-
-_WINDOW_WIRE_NAMES = {
-    "window_start_ms": "window_start_unix_ms",
-    "window_end_ms": "window_end_unix_ms",
-}
-"""The :class:`WindowStats` fields named otherwise on the wire; ``service`` is a histogram
-message (absent when the window has none); every other field has its own name."""
-_WINDOW_LOCAL = frozenset({"lag", "workers"})
-"""The :class:`WindowStats` fields with no room on the wire: dropped, back at 0."""
-_WINDOW_FIELDS = tuple(f.name for f in fields(WindowStats) if f.name not in _WINDOW_LOCAL)
-
-
-def window_stats_to_pb(s: WindowStats) -> audit_pb2.WindowStats:
-    """Every field but ``lag`` and ``workers``, which have none on the wire."""
-    pb = audit_pb2.WindowStats()
-    for name in _WINDOW_FIELDS:
-        value = getattr(s, name)
-        if name == "service":
-            if value is not None:
-                pb.service.CopyFrom(histogram_to_pb(value))
-        else:
-            setattr(pb, _WINDOW_WIRE_NAMES.get(name, name), value)
-    return pb
-
-
-def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
-    """Service times come back as recorded (histogram and quantiles): the gates
-    judge latency on them, so a replay decides as the engine did."""
-    values: dict[str, Any] = {
-        name: getattr(pb, _WINDOW_WIRE_NAMES.get(name, name))
-        for name in _WINDOW_FIELDS
-        if name != "service"
-    }
-    values["service"] = histogram_from_pb(pb.service) if pb.HasField("service") else None
-    return WindowStats(**values)
-
-
-# -- rollout state -----------------------------------------------------
-
-
-def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.RolloutState:
-    """The wire form, complete: a restarted engine resumes exactly from it."""
-    ev = state.evidence
-    return rollout_pb2.RolloutState(
-        step_started_at_unix_ms=state.step_started_ms,
-        shadow_share=state.shadow_share,
-        failure_window_end_unix_ms=state.failure_window_end_ms,
-        epoch=state.epoch,
-        evidence=rollout_pb2.StepEvidence(
-            candidate_requests=ev.candidate_requests,
-            candidate_errors=ev.candidate_errors,
-            baseline_requests=ev.baseline_requests,
-            baseline_errors=ev.baseline_errors,
-            windows=ev.windows,
-            through_unix_ms=ev.through_ms,
-        ),
-        rollout_id=state.rollout_id,
-        model=state.model,
-        phase=phase_to_pb(state.phase),
-        step_index=state.step_index,
-        candidate_weight_percent=state.candidate_weight_percent,
-        phase_started_at_unix_ms=state.phase_started_ms,
-        consecutive_failures=state.consecutive_failures,
-        updated_at_unix_ms=state.updated_ms,
-        last_reason=state.last_reason,
-        paused_from=phase_to_pb(state.paused_from),
-        spec=rollout_spec_to_pb(spec),
-        sequential=sequential_to_pb(state.sequential),
-    )
-
-
-def rollout_state_from_pb(
-    pb: rollout_pb2.RolloutState, *, epoch: int = 0
-) -> tuple[RolloutState, RolloutSpec]:
-    """State and spec from the wire, after a restart.
-
-    Records of current engines carry the whole state. In older records (no
-    ``step_started_at`` / ``epoch`` / ... fields) what is missing comes back
-    conservatively: the step's dwell restarts at the last update
-    (``step_started_ms = updated_at``), the step's evidence is empty (its
-    sample minimum starts over), the next gate failure counts, and ``epoch``
-    is the caller's (the model's routing table holds it). The shadow share is
-    then the spec's while shadowing (also when paused from it).
-    """
-    phase = phase_from_pb(pb.phase)
-    if phase is None:
-        raise ValueError(f"rollout {pb.rollout_id!r} has no phase")
-    spec = rollout_spec_from_pb(pb.spec)
-    paused_from = phase_from_pb(pb.paused_from)
-    shadowing = Phase.SHADOWING in (phase, paused_from)
-    ev = pb.evidence
-    state = RolloutState(
-        rollout_id=pb.rollout_id,
-        model=pb.model,
-        phase=phase,
-        step_index=pb.step_index,
-        candidate_weight_percent=pb.candidate_weight_percent,
-        shadow_share=pb.shadow_share
-        if pb.HasField("shadow_share")
-        else (spec.shadow_share if shadowing else 0.0),
-        phase_started_ms=pb.phase_started_at_unix_ms,
-        step_started_ms=pb.step_started_at_unix_ms
-        if pb.HasField("step_started_at_unix_ms")
-        else pb.updated_at_unix_ms,
-        consecutive_failures=pb.consecutive_failures,
-        failure_window_end_ms=pb.failure_window_end_unix_ms,
-        paused_from=paused_from,
-        last_reason=pb.last_reason,
-        epoch=pb.epoch if pb.HasField("epoch") else epoch,
-        updated_ms=pb.updated_at_unix_ms,
-        evidence=StepEvidence(
-            candidate_requests=ev.candidate_requests,
-            candidate_errors=ev.candidate_errors,
-            baseline_requests=ev.baseline_requests,
-            baseline_errors=ev.baseline_errors,
-            windows=ev.windows,
-            through_ms=ev.through_unix_ms,
-        ),
-        sequential=sequential_from_pb(pb),
-    )
-    return state, spec
-
-
-def qos_state_to_pb(s: QosState) -> audit_pb2.QosState:
-    """Load ceilings are not carried."""
-    return audit_pb2.QosState(
-        model=s.model,
-        version=s.version,
-        active_variant=s.active_variant,
-        last_change_unix_ms=s.last_change_ms,
-        breach_since_unix_ms=s.breach_since_ms or 0,
-        calm_since_unix_ms=s.calm_since_ms or 0,
-        contention=s.contention,
-    )
-
-
-def qos_state_from_pb(pb: audit_pb2.QosState) -> QosState:
-    """Without load ceilings: after a restart the first step up is not load-checked."""
-    return QosState(
-        model=pb.model,
-        version=pb.version,
-        active_variant=pb.active_variant,
-        last_change_ms=pb.last_change_unix_ms,
-        breach_since_ms=pb.breach_since_unix_ms or None,
-        calm_since_ms=pb.calm_since_unix_ms or None,
-        contention=pb.contention or 1.0,
-    )
-
-
-def precision_command_of(
-    decision: QosDecision, *, epoch: int, decision_id: str = ""
-) -> control_pb2.PrecisionCommand:
-    after = decision.after
-    return control_pb2.PrecisionCommand(
-        model=after.model,
-        version=after.version,
-        variant=after.active_variant,
-        epoch=epoch,
-        reason=decision.reason,
-        issued_at_unix_ms=decision.at_ms,
-        decision_id=decision_id or qos_decision_id_of(decision),
-    )
-
-
-# -- routing --------------------------------------------------------------------
+# -- routing ---------------------------------------------------------------------------
 
 
 def routing_table_of(
@@ -526,7 +617,7 @@ def routing_table_of(
     return table_to_pb(table, updated_at_unix_ms=now_ms)
 
 
-# -- audit ----------------------------------------------------------------------
+# -- audit records ---------------------------------------------------------------------
 
 
 def _digest(*parts: object) -> str:
@@ -662,87 +753,21 @@ def qos_decision_to_audit(
     )
 
 
-@dataclass(frozen=True)
-class Record:
-    topic: str
-    key: bytes
-    value: bytes
-
-
-def command_from_pb(pb: rollout_pb2.RolloutCommand) -> Command | CommandRejected:
-    """The core's command of ``pb``, or why it is refused."""
-    base = Command(
-        kind=CommandKind.MANUAL,
-        model=pb.model or pb.spec.model or pb.qos_policy.model,
-        command_id=pb.command_id,
-        rollout_id=pb.rollout_id or pb.spec.rollout_id,
-        issued_by=pb.issued_by,
-        note=pb.reason,
+def scale_to_audit(decision: ScaleDecision, *, epoch: int) -> audit_pb2.AuditRecord:
+    """DECISION_SCALE_CHANGE with the request it published."""
+    after = decision.after
+    return audit_pb2.AuditRecord(
+        decision_id=scale_decision_id_of(decision),
+        decided_at_unix_ms=decision.at_ms,
+        model=after.model,
+        version=after.version,
+        kind=audit_pb2.DECISION_SCALE_CHANGE,
+        rule=decision.rule,
+        reason=decision.detail,
+        actor="policy-engine",
+        epoch=epoch,
+        scale=scale_request_of(decision, epoch=epoch),
     )
-    if pb.kind == rollout_pb2.COMMAND_START:
-        base = replace(base, kind=CommandKind.START)
-    try:
-        if pb.kind == rollout_pb2.COMMAND_START:
-            spec = rollout_spec_from_pb(pb.spec)
-            return replace(base, kind=CommandKind.START, spec=spec)
-        if pb.kind == rollout_pb2.COMMAND_REVERT:
-            return replace(base, kind=CommandKind.REVERT, target_version=pb.target_version)
-        if pb.kind == rollout_pb2.COMMAND_SET_ROUTE_CONFIG:
-            config = route_config_from_pb(pb.route_config)
-            return replace(
-                base,
-                kind=CommandKind.SET_ROUTE_CONFIG,
-                route_config=config,
-                target_version=pb.target_version,
-            )
-        if pb.kind == rollout_pb2.COMMAND_SET_QOS_POLICY:
-            policy = qos_policy_from_pb(pb.qos_policy)
-            return replace(base, kind=CommandKind.SET_QOS_POLICY, qos_policy=policy)
-    except (PolicyError, InvalidRouteRule) as exc:
-        return CommandRejected(command=base, reason=str(exc), at_ms=pb.issued_at_unix_ms)
-    manual = manual_command_from_pb(pb.kind)
-    command = replace(base, manual=manual)
-    if manual is None:
-        return CommandRejected(
-            command=command, reason=f"unknown command kind {pb.kind}", at_ms=pb.issued_at_unix_ms
-        )
-    return command
-
-
-def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOutput:
-    """A result on the shadow topic, reduced for comparison.
-
-    Generations compare by token ids; other results by a digest of their
-    output bytes (exact agreement; a tolerance needs the decoded tensors).
-    """
-    error = pb.status != inference_pb2.OK
-    tokens = tuple(pb.generated_token_ids) if pb.generated_token_ids else None
-    label: int | None = None
-    if tokens is None and not error:
-        digest = hashlib.blake2b(digest_size=8)
-        for t in pb.outputs:
-            digest.update(t.data)
-        label = int.from_bytes(digest.digest(), "big")
-    schema = tuple(
-        OutputField(t.name, tensor_pb2.DType.Name(t.dtype).lower(), tuple(t.shape))
-        for t in pb.outputs
-    )
-    return ShadowOutput(
-        request_id=pb.request_id,
-        version=pb.version,
-        at_ms=at_ms,
-        tokens=tokens,
-        label=label,
-        error=error,
-        schema=schema if tokens is None else None,
-    )
-
-
-def records_of(outputs: Iterable[Output], layout: TopicLayout) -> list[Record]:
-    """The records to write; a skip that was audited lately writes none (it is counted)."""
-    return [
-        _record(o, layout) for o in outputs if not (isinstance(o, RecordSkipped) and not o.audited)
-    ]
 
 
 def _skipped_audit(o: RecordSkipped) -> audit_pb2.AuditRecord:
@@ -764,27 +789,6 @@ def _skipped_audit(o: RecordSkipped) -> audit_pb2.AuditRecord:
         reason=f"{what} skipped ({o.reason.value}): {o.detail}",
         actor="policy-engine",
     )
-
-
-def _record(o: Output, layout: TopicLayout) -> Record:
-    if isinstance(o, RoutingPublication):
-        table = routing_table_of(o.plan, now_ms=o.at_ms, reason=o.reason, config=o.config)
-        return Record(layout.routing(), o.plan.model.encode(), serde.encode(table))
-    if isinstance(o, PrecisionPublication):
-        after = o.decision.after
-        precision = precision_command_of(o.decision, epoch=o.epoch)
-        key = layout.precision_key(after.model, after.version)
-        return Record(layout.precision(), key.encode(), serde.encode(precision))
-    if isinstance(o, ScalePublication):
-        scaled = o.decision.after
-        key = layout.scale_key(scaled.model, scaled.version)
-        request = scale_request_of(o.decision, epoch=o.epoch)
-        return Record(layout.scale(), key.encode(), serde.encode(request))
-    if isinstance(o, RolloutPublication):
-        pb = rollout_state_to_pb(o.state, o.spec)
-        return Record(layout.rollouts(), o.state.rollout_id.encode(), serde.encode(pb))
-    rec = audit_record_of(o)
-    return Record(layout.audit(), rec.model.encode(), serde.encode(rec))
 
 
 def audit_record_of(
@@ -863,6 +867,46 @@ def audit_record_of(
         note=cmd.note,
     )
 
+
+# -- records out -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    key: bytes
+    value: bytes
+
+
+def records_of(outputs: Iterable[Output], layout: TopicLayout) -> list[Record]:
+    """The records to write; a skip that was audited lately writes none (it is counted)."""
+    return [
+        _record(o, layout) for o in outputs if not (isinstance(o, RecordSkipped) and not o.audited)
+    ]
+
+
+def _record(o: Output, layout: TopicLayout) -> Record:
+    if isinstance(o, RoutingPublication):
+        table = routing_table_of(o.plan, now_ms=o.at_ms, reason=o.reason, config=o.config)
+        return Record(layout.routing(), o.plan.model.encode(), serde.encode(table))
+    if isinstance(o, PrecisionPublication):
+        after = o.decision.after
+        precision = precision_command_of(o.decision, epoch=o.epoch)
+        key = layout.precision_key(after.model, after.version)
+        return Record(layout.precision(), key.encode(), serde.encode(precision))
+    if isinstance(o, ScalePublication):
+        scaled = o.decision.after
+        key = layout.scale_key(scaled.model, scaled.version)
+        request = scale_request_of(o.decision, epoch=o.epoch)
+        return Record(layout.scale(), key.encode(), serde.encode(request))
+    if isinstance(o, RolloutPublication):
+        pb = rollout_state_to_pb(o.state, o.spec)
+        return Record(layout.rollouts(), o.state.rollout_id.encode(), serde.encode(pb))
+    rec = audit_record_of(o)
+    return Record(layout.audit(), rec.model.encode(), serde.encode(rec))
+
+
+# -- restore: the compacted control topics read back -----------------------------------
 
 Values = Mapping[bytes, bytes | None]
 
@@ -974,34 +1018,3 @@ def restore_values(
             continue
     out.qos_policies = list(policies.values())
     return out
-
-
-def command_of(
-    value: bytes | None, guard: RecordGuard, at_ms: int
-) -> Command | CommandRejected | RecordSkipped:
-    """The command of one record on the commands topic, or why it was skipped."""
-    try:
-        pb = serde.decode(rollout_pb2.RolloutCommand, value)
-    except SerdeError as exc:
-        return guard.skip(RecordSource.COMMANDS, SkipReason.UNDECODABLE, str(exc), at_ms)
-    try:
-        return command_from_pb(pb)
-    except Exception as exc:
-        detail = f"{type(exc).__name__}: {exc}"
-        return guard.skip(
-            RecordSource.COMMANDS,
-            SkipReason.INVALID,
-            detail,
-            at_ms,
-            key=pb.command_id,
-            model=pb.model,
-        )
-
-
-def shadow_of(value: bytes | None, guard: RecordGuard, at_ms: int) -> ShadowOutput | RecordSkipped:
-    """The shadow output of one result on a shadow topic, or why it was skipped."""
-    try:
-        return shadow_output_of(serde.decode(inference_pb2.InferenceResult, value), at_ms)
-    except Exception as exc:
-        reason = SkipReason.UNDECODABLE if isinstance(exc, SerdeError) else SkipReason.INVALID
-        return guard.skip(RecordSource.SHADOW, reason, f"{type(exc).__name__}: {exc}", at_ms)
