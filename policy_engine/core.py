@@ -387,7 +387,7 @@ class PolicyCore:
     def tick(self, now_ms: int) -> list[Output]:
         """Evaluate every active rollout, every QoS policy, then the replicas, at ``now_ms``."""
         out: list[Output] = []
-        guard = self.guard.guard  # one failing rollout or QoS key never stops the others
+        guard = self.guard.run  # one failing rollout or QoS key never stops the others
         for model in sorted(self.rollouts):
             active = self.rollouts[model]
             out += guard(

@@ -2,7 +2,7 @@
 
 The streaming adapter and :class:`~graylane.policy_engine.core.PolicyCore` run
 each input record, and each rollout's and QoS key's decision, through
-:meth:`RecordGuard.guard` / :meth:`RecordGuard.skip`: what raises becomes a
+:meth:`RecordGuard.run` / :meth:`RecordGuard.skip`: what raises becomes a
 :class:`~graylane.policy_engine.messages.RecordSkipped` output (counted, and
 audited at most once per source, key and reason per ``audit_interval_ms``)
 and everything else goes on. A failing rollout keeps its state and is tried
@@ -72,7 +72,7 @@ class RecordGuard:
             audited=audited,
         )
 
-    def guard(
+    def run(
         self,
         call: Callable[[], list[Output]],
         source: RecordSource,

@@ -223,7 +223,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             else:
                 model = cmd.model
                 await publish(
-                    guard.guard(
+                    guard.run(
                         partial(core.on_command, cmd, at), RecordSource.COMMANDS, at, model=model
                     )
                 )
