@@ -14,11 +14,10 @@ from __future__ import annotations
 from graylane import serde
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import ClientFactory
-from graylane.policy_engine import convert
+from graylane.policy_engine import wire
 from graylane.policy_engine.logic.qos import evaluate_qos
 from graylane.policy_engine.logic.replay import Mismatch
-from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
-from graylane.policy_engine.logic.rollout_state import Decision
+from graylane.policy_engine.logic.rollout import Decision, apply_command, evaluate, start
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import decision_kind_from_pb, decision_rule_from_pb
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
@@ -70,7 +69,7 @@ def _is_rollout_decision(rec: audit_pb2.AuditRecord) -> bool:
 
 def replay_record(rec: audit_pb2.AuditRecord) -> Decision:
     """The decision the controllers make today from the record's inputs."""
-    before, spec = convert.rollout_state_from_pb(rec.rollout_before)
+    before, spec = wire.rollout_state_from_pb(rec.rollout_before)
     at = rec.decided_at_unix_ms
     kind = decision_kind_from_pb(rec.kind)
     if kind is DecisionKind.STARTED:
@@ -81,11 +80,11 @@ def replay_record(rec: audit_pb2.AuditRecord) -> Decision:
         if command is None:
             raise ValueError(f"manual decision with rule {rec.rule!r} names no command")
         return apply_command(before, spec, command, at, note=rec.note)
-    stats = {s.version: convert.window_stats_from_pb(s) for s in rec.inputs}
-    agreement = convert.agreement_from_pb(rec.agreement) if rec.HasField("agreement") else None
-    facts = convert.facts_from_audit(rec, spec.baseline, spec.candidate)
+    stats = {s.version: wire.window_stats_from_pb(s) for s in rec.inputs}
+    agreement = wire.agreement_from_pb(rec.agreement) if rec.HasField("agreement") else None
+    signals = wire.signals_from_audit(rec, spec.baseline, spec.candidate)
     return evaluate(
-        before, spec, stats.get(spec.baseline), stats.get(spec.candidate), agreement, at, facts
+        before, spec, stats.get(spec.baseline), stats.get(spec.candidate), agreement, at, signals
     )
 
 
@@ -111,13 +110,13 @@ def _is_qos_decision(rec: audit_pb2.AuditRecord) -> bool:
 
 def replay_qos_record(rec: audit_pb2.AuditRecord) -> audit_pb2.AuditRecord:
     """The QoS controller's decision today from the record's state, policy and window."""
-    before = convert.qos_state_from_pb(rec.qos_before)
-    policy = convert.qos_policy_from_pb(rec.qos_policy)
-    stats = convert.window_stats_from_pb(rec.inputs[0]) if rec.inputs else None
+    before = wire.qos_state_from_pb(rec.qos_before)
+    policy = wire.qos_policy_from_pb(rec.qos_policy)
+    stats = wire.window_stats_from_pb(rec.inputs[0]) if rec.inputs else None
     decision = evaluate_qos(
         before, policy, stats, rec.decided_at_unix_ms, scale_hold=rec.qos_scale_hold
     )
-    return convert.qos_decision_to_audit(
+    return wire.qos_decision_to_audit(
         decision, epoch=rec.epoch, rollout_id=rec.rollout_id, actor=rec.actor, policy=policy
     )
 
@@ -145,10 +144,8 @@ def verify(recorded: list[audit_pb2.AuditRecord]) -> list[Mismatch]:
         except (PolicyError, ValueError) as exc:
             out.append(Mismatch(i, "<error>", rec.reason, f"{type(exc).__name__}: {exc}"))
             continue
-        _, spec = convert.rollout_state_from_pb(rec.rollout_before)
-        again = convert.decision_to_audit(
-            decision, spec, command_id=rec.command_id, actor=rec.actor
-        )
+        _, spec = wire.rollout_state_from_pb(rec.rollout_before)
+        again = wire.decision_to_audit(decision, spec, command_id=rec.command_id, actor=rec.actor)
         for name in COMPARED_FIELDS:
             a, b = getattr(rec, name), getattr(again, name)
             if a != b:

@@ -1,17 +1,18 @@
 """The policy engine's orchestrator, without I/O: telemetry in, publications out.
 
-:class:`PolicyCore` owns the sliding window, the active rollouts per model,
-the QoS policies and states per (model, version), the shadow agreement
-trackers and the epochs of the records it writes. The streaming adapter
-(``graylane.policy_engine.app``) feeds it decoded inputs and publishes the
+:class:`PolicyCore` composes the sliding window and the state owners of
+:mod:`graylane.policy_engine.state` (rollouts, routing, QoS, precision acks,
+scaling) with the liveness tracker, and decides. The streaming adapter
+(``graylane.policy_engine.service``) feeds it decoded inputs and publishes the
 :data:`Output` items it returns, converting them to the wire at the edge
-(``graylane.policy_engine.publish``); both kinds are in
+(``graylane.policy_engine.wire``); both kinds are in
 :mod:`graylane.policy_engine.messages`.
 
 Choices worth knowing:
 
-- **Epochs rise per key.** The routing epoch of a model is ``max(seen) + 1``
-  over every table this engine (or an earlier run, see :meth:`restore`) wrote;
+- **Epochs rise per key** (:class:`~graylane.policy_engine.state.Epochs`).
+  The routing epoch of a model is ``max(seen) + 1`` over every table this
+  engine (or an earlier run, see :meth:`restore`) wrote;
   a rollout's state is lifted to the model's current epoch before each
   decision, so its next routing intent always outranks the last table. The
   precision epoch of (model, version) rises the same way.
@@ -28,9 +29,14 @@ Choices worth knowing:
   refused START also ends its own rollout as ABORTED (published, with the
   reason), so it never stays PENDING. A START for a
   rollout id seen before is a redelivery and is ignored.
-- **Replicas** (:mod:`graylane.policy_engine.core_scale`): after QoS, each
-  tick decides the desired replicas per version; a QoS step up waits until
-  the replicas are settled.
+- **Replicas**: after QoS, each tick decides the desired replicas per
+  version (off unless the scale policy allows more than ``min_replicas``); a
+  QoS step up waits until the replicas are settled. A replica's capacity is
+  the QoS policy's calibrated capacity of the running variant scaled by the
+  QoS state's contention factor, else learned.
+  A breach is QoS's or the window's own: right after a step down QoS's timers
+  restart while the window still shows the load that made it step, so an
+  overload the floor cannot carry scales out at the same tick.
 - **QoS during a rollout**: the candidate follows the baseline's variant
   (``qos_during_rollout``); without a QoS policy on the baseline the
   candidate's precision is frozen for the rollout.
@@ -40,34 +46,38 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 
-from graylane.policy_engine.core_ops import check_acks, revert, set_route_config
-from graylane.policy_engine.core_scale import evaluate_scaling, scale_hold
-from graylane.policy_engine.isolation import Isolation
-from graylane.policy_engine.logic.agreement import AgreementTracker, ShadowOutput
-from graylane.policy_engine.logic.facts import RolloutFacts
-from graylane.policy_engine.logic.liveness_tracker import LivenessTracker, OffsetSample
-from graylane.policy_engine.logic.precision_ack import (
-    DEFAULT_ACK_BOUND_MS,
-    PendingSwitch,
-)
+from graylane.policy_engine.isolation import RecordGuard
+from graylane.policy_engine.logic.agreement import ShadowOutput
+from graylane.policy_engine.logic.liveness import LivenessTracker, OffsetSample
+from graylane.policy_engine.logic.precision_ack import AckVerdict, PendingSwitch, judge_switch
 from graylane.policy_engine.logic.qos import (
     QosDecisionKind,
     QosState,
+    breach_rule,
+    effective_capacity,
     evaluate_qos,
-    initial_qos_state,
     qos_during_rollout,
 )
-from graylane.policy_engine.logic.rollout import apply_command, evaluate, pending_state, start
-from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
-from graylane.policy_engine.logic.routing_plan import (
-    RoutingPlan,
-    plan_for,
-    plan_of_table,
+from graylane.policy_engine.logic.rollout import (
+    Decision,
+    RolloutSignals,
+    RolloutState,
+    apply_command,
+    evaluate,
+    pending_state,
+    start,
 )
-from graylane.policy_engine.logic.scale import ScalePolicy, ScaleState
+from graylane.policy_engine.logic.routing_plan import RoutingPlan, plan_of_table, stable_plan
+from graylane.policy_engine.logic.scale import (
+    ScalePolicy,
+    ScaleSignals,
+    evaluate_scale,
+    initial_scale_state,
+    scale_unsettled,
+)
 from graylane.policy_engine.logic.window import (
     DEFAULT_STEP_MS,
     DEFAULT_WINDOW_MS,
@@ -75,37 +85,44 @@ from graylane.policy_engine.logic.window import (
     SlidingWindow,
     TelemetrySample,
     WindowKey,
+    WindowStats,
 )
 from graylane.policy_engine.messages import (
     Command,
     CommandKind,
     CommandRejected,
     Output,
+    PrecisionAck,
     PrecisionPublication,
     QosAudit,
     QosPolicySet,
     RecordSource,
     RolloutAudit,
     RolloutPublication,
+    RoutingAudit,
     RoutingPublication,
+    ScaleAudit,
+    ScalePublication,
+)
+from graylane.policy_engine.state import (
+    ActiveRollout,
+    PrecisionAcks,
+    Qos,
+    Rollouts,
+    Routing,
+    Scaling,
+    VersionKey,
 )
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
-from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
 from graylane.routing import RouteTable
-from graylane.routing.cohorts import RouteConfig, config_of_table
+from graylane.routing.cohorts import config_of_table
 
 __all__ = ["PolicyCore"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Active:
-    state: RolloutState
-    spec: RolloutSpec
-    last_rule: DecisionRule | None = None
 
 
 def _significant(before: RolloutState, after: RolloutState) -> bool:
@@ -118,98 +135,91 @@ def _significant(before: RolloutState, after: RolloutState) -> bool:
 class PolicyCore:
     """Every decision of the policy engine, fed by plain data."""
 
-    def __init__(self, window_ms: int = DEFAULT_WINDOW_MS, step_ms: int = DEFAULT_STEP_MS) -> None:
+    def __init__(
+        self,
+        window_ms: int = DEFAULT_WINDOW_MS,
+        step_ms: int = DEFAULT_STEP_MS,
+        *,
+        scale_policy: ScalePolicy | None = None,
+    ) -> None:
         self.window = SlidingWindow(window_ms, step_ms)
-        self.rollouts: dict[str, _Active] = {}  # by model
-        self.finished: dict[str, RolloutState] = {}  # by rollout id
-        self.qos_policies: dict[tuple[str, str], QosPolicy] = {}
-        self.qos_states: dict[tuple[str, str], QosState] = {}
-        self._qos_last_rule: dict[tuple[str, str], DecisionRule] = {}
-        self.trackers: dict[str, AgreementTracker] = {}  # by model
-        self.routing_epochs: dict[str, int] = {}
-        self.precision_epochs: dict[tuple[str, str], int] = {}
-        self.precision_variants: dict[tuple[str, str], str] = {}
-        self.route_configs: dict[str, RouteConfig] = {}  # by model: cohort rules, pinning
-        self.plans: dict[str, RoutingPlan] = {}  # by model: the last table's weights
-        # precision acknowledgements: last batch per variant, switches not yet confirmed
-        self.served_at: dict[tuple[str, str], dict[str, int]] = {}
-        self.pending_switches: dict[tuple[str, str], PendingSwitch] = {}
-        self.ack_bound_ms = DEFAULT_ACK_BOUND_MS
-        # replicas (core_scale): off unless scale_policy allows more than one
-        self.scale_policy = ScalePolicy()
-        self.scale_states: dict[tuple[str, str], ScaleState] = {}
-        self.scale_epochs: dict[tuple[str, str], int] = {}
-        self.partitions: dict[tuple[str, str], int] = {}  # of each version topic, when known
-        self.default_partitions = 0  # 0 = unknown: bounded by max_replicas only
-        self.replica_capacity: dict[tuple[str, str, str], float] = {}  # calibrated rps/replica
-        self.isolation = Isolation()
+        self.rollouts = Rollouts()
+        self.routing = Routing()
+        self.qos = Qos()
+        self.acks = PrecisionAcks()
+        self.scaling = Scaling(policy=scale_policy or ScalePolicy())
         self.liveness = LivenessTracker()  # per version: routed vs answered, topic lag
+        self.guard = RecordGuard()
 
     # -- inputs ------------------------------------------------------------------
 
     def on_telemetry(self, sample: TelemetrySample, received_ms: int | None = None) -> bool:
         """Take one batch's telemetry; ``received_ms`` (default: its completion) marks the
         version alive on the engine's clock."""
-        served = self.served_at.setdefault((sample.model, sample.version), {})
-        served[sample.variant] = max(served.get(sample.variant, 0), sample.completed_at_ms)
+        key = VersionKey(sample.model, sample.version)
+        self.acks.on_batch(key, sample.variant, sample.completed_at_ms)
         at = sample.completed_at_ms if received_ms is None else received_ms
         self.liveness.on_telemetry(sample.model, sample.version, at)
         return self.window.add(sample)
 
-    def on_offsets(self, model: str, version: str, sample: OffsetSample) -> None:
+    def on_offsets(self, key: VersionKey, sample: OffsetSample) -> None:
         """A probe of the version topic's end and its worker group's committed offsets."""
-        self.liveness.on_offsets(model, version, sample)
+        self.liveness.on_offsets(key.model, key.version, sample)
 
-    def liveness_targets(self) -> list[tuple[str, str]]:
-        """The (model, version) pairs whose topics the adapter probes: those of active rollouts."""
-        return sorted(
-            (m, v) for m, a in self.rollouts.items() for v in (a.spec.baseline, a.spec.candidate)
-        )
+    def liveness_targets(self) -> list[VersionKey]:
+        """The versions whose topics the adapter probes: those of active rollouts."""
+        return self.rollouts.versions()
 
     def on_shadow_result(self, model: str, output: ShadowOutput) -> None:
-        tracker = self.trackers.get(model)
+        tracker = self.rollouts.tracker(model)
         if tracker is not None:
             tracker.add(output)
 
-    def note_routing_epoch(self, model: str, epoch: int) -> None:
-        self.routing_epochs[model] = max(self.routing_epochs.get(model, 0), epoch)
+    def set_scale_policy(self, policy: ScalePolicy) -> None:
+        self.scaling.policy = policy
 
-    def note_precision(self, model: str, version: str, variant: str, epoch: int) -> None:
-        key = (model, version)
-        if epoch >= self.precision_epochs.get(key, 0):
-            self.precision_epochs[key] = epoch
-            self.precision_variants[key] = variant
+    def note_partitions(self, counts: Mapping[VersionKey, int]) -> None:
+        """Partition counts of version topics, read by the adapter (they bound replicas)."""
+        self.scaling.note_partitions(counts)
+
+    def scaled_versions(self) -> list[VersionKey]:
+        """Versions with live telemetry or a scale state: those whose partitions matter."""
+        live = self.window.keys()  # a SlidingWindow, not a dict
+        keys = {VersionKey(k.model, k.version) for k in live}
+        return sorted(keys | set(self.scaling.states))
 
     def restore(
         self,
-        states: list[tuple[RolloutState, RolloutSpec]],
-        routing_epochs: dict[str, int],
-        precision: dict[tuple[str, str], tuple[str, int]],
+        states: Sequence[tuple[RolloutState, RolloutSpec]] = (),
+        routing_epochs: Mapping[str, int] | None = None,
+        precision: Mapping[VersionKey, tuple[str, int]] | None = None,
         qos_policies: Sequence[QosPolicy] = (),
         tables: Mapping[str, RouteTable] | None = None,
+        scale: Mapping[VersionKey, tuple[int, int, int]] | None = None,
     ) -> None:
         """Rebuild from the compacted topics (and the QoS policies on record).
 
         ``tables`` (the last routing table per model) give back the cohort
-        rules and pinning every later table carries, and the current weights.
+        rules and pinning every later table carries, and the current weights;
+        ``scale`` holds the last request per version as (desired, epoch, at_ms).
         """
-        for model, epoch in routing_epochs.items():
-            self.note_routing_epoch(model, epoch)
-        for model, table in (tables or {}).items():
-            self.note_routing_epoch(model, table.epoch)
-            self.route_configs[model] = config_of_table(table)
-            self.plans[model] = plan_of_table(table)
-        for (model, version), (variant, epoch) in precision.items():
-            self.note_precision(model, version, variant, epoch)
+        for model, epoch in (routing_epochs or {}).items():
+            self.routing.epochs.note(model, epoch)
+        for table in (tables or {}).values():
+            self.routing.set_config(config_of_table(table))
+            self.routing.published(plan_of_table(table))
+        for key, (variant, epoch) in (precision or {}).items():
+            self.qos.note_precision(key, variant, epoch)
         for state, spec in sorted(states, key=lambda s: s[0].updated_ms):
             if state.terminal:
-                self.finished[state.rollout_id] = state
+                self.rollouts.note_finished(state)
                 continue
-            self.note_routing_epoch(state.model, state.epoch)
-            self.rollouts[state.model] = _Active(state, spec)
-            self._track(spec)
+            self.routing.epochs.note(state.model, state.epoch)
+            self.rollouts.keep(state, spec, None)
         for policy in qos_policies:
-            self._set_policy(policy)
+            self.qos.set_policy(policy)
+        for key, (desired, epoch, at_ms) in (scale or {}).items():
+            self.scaling.restore(key, desired, epoch, at_ms)
 
     # -- commands ------------------------------------------------------------------
 
@@ -217,15 +227,15 @@ class PolicyCore:
         if cmd.kind is CommandKind.START:
             return self._start(cmd, now_ms)
         if cmd.kind is CommandKind.REVERT:
-            return revert(self, cmd, now_ms)
+            return self._revert(cmd, now_ms)
         if cmd.kind is CommandKind.SET_ROUTE_CONFIG:
-            return set_route_config(self, cmd, now_ms)
+            return self._set_route_config(cmd, now_ms)
         if cmd.kind is CommandKind.SET_QOS_POLICY:
             if cmd.qos_policy is None:
                 return [CommandRejected(command=cmd, reason="no QoS policy", at_ms=now_ms)]
-            key = (cmd.qos_policy.model, cmd.qos_policy.version)
-            before = self.qos_states.get(key)
-            after = self._set_policy(cmd.qos_policy)
+            key = VersionKey(cmd.qos_policy.model, cmd.qos_policy.version)
+            before = self.qos.states.get(key)
+            after = self.qos.set_policy(cmd.qos_policy)
             return [
                 QosPolicySet(
                     policy=cmd.qos_policy,
@@ -238,34 +248,19 @@ class PolicyCore:
             ]
         return self._manual(cmd, now_ms)
 
-    def _set_policy(self, policy: QosPolicy) -> QosState:
-        key = (policy.model, policy.version)
-        self.qos_policies[key] = policy
-        state = self.qos_states.get(key)
-        if state is None:
-            state = initial_qos_state(policy)
-            running = self.precision_variants.get(key)
-            if running is not None:
-                state = replace(state, active_variant=running)
-            self.qos_states[key] = state
-        return state
-
     def _start(self, cmd: Command, now_ms: int) -> list[Output]:
         spec = cmd.spec
         if spec is None:
             return [CommandRejected(command=cmd, reason="START without a spec", at_ms=now_ms)]
-        if spec.rollout_id in self.finished or any(
-            a.spec.rollout_id == spec.rollout_id for a in self.rollouts.values()
-        ):
+        if self.rollouts.seen(spec.rollout_id):
             log.info("rollout %s seen before; START ignored (redelivery)", spec.rollout_id)
             return []
         active = self.rollouts.get(spec.model)
         if active is not None:
             reason = f"{spec.model} already has the active rollout {active.spec.rollout_id}"
             return self._refuse_start(cmd, spec, reason, now_ms)
-        decision = start(spec, now_ms, epoch=self.routing_epochs.get(spec.model, 0))
-        self.rollouts[spec.model] = _Active(decision.after, spec, decision.rule)
-        self._track(spec)
+        decision = start(spec, now_ms, epoch=self.routing.epochs.current(spec.model))
+        self.rollouts.keep(decision.after, spec, decision.rule)
         return self._outputs_of(decision, spec, command_id=cmd.command_id, actor=cmd.issued_by)
 
     def _refuse_start(
@@ -278,12 +273,12 @@ class PolicyCore:
         redelivered START is ignored.
         """
         ended = replace(
-            pending_state(spec, now_ms, epoch=self.routing_epochs.get(spec.model, 0)),
+            pending_state(spec, now_ms, epoch=self.routing.epochs.current(spec.model)),
             phase=Phase.ABORTED,
             last_reason=f"start rejected: {reason}",
             updated_ms=now_ms,
         )
-        self.finished[spec.rollout_id] = ended
+        self.rollouts.note_finished(ended)
         return [
             CommandRejected(command=cmd, reason=reason, at_ms=now_ms),
             RolloutPublication(state=ended, spec=spec),
@@ -292,7 +287,7 @@ class PolicyCore:
     def _manual(self, cmd: Command, now_ms: int) -> list[Output]:
         active = self.rollouts.get(cmd.model)
         if active is None or cmd.manual is None or active.spec.rollout_id != cmd.rollout_id:
-            what = "finished" if cmd.rollout_id in self.finished else "not active"
+            what = "finished" if cmd.rollout_id in self.rollouts.finished else "not active"
             return [
                 CommandRejected(
                     command=cmd, reason=f"rollout {cmd.rollout_id!r} is {what}", at_ms=now_ms
@@ -307,12 +302,92 @@ class PolicyCore:
             decision, active.spec, command_id=cmd.command_id, actor=cmd.issued_by
         )
 
+    def _revert(self, cmd: Command, now_ms: int) -> list[Output]:
+        """Route 100 % to ``cmd.target_version`` in one routing update.
+
+        During a rollout that is its rollback (the baseline is the stable
+        version), recorded as a manual rollback with the operator's note.
+        """
+        target = cmd.target_version
+        if not target:
+            return [CommandRejected(command=cmd, reason="revert names no version", at_ms=now_ms)]
+        active = self.rollouts.get(cmd.model)
+        if active is not None:
+            if target != active.spec.baseline:
+                reason = (
+                    f"rollout {active.spec.rollout_id} is active: a revert returns to its "
+                    f"baseline {active.spec.baseline}, not {target}"
+                )
+                return [CommandRejected(command=cmd, reason=reason, at_ms=now_ms)]
+            note = f"revert to {target}" + (f": {cmd.note}" if cmd.note else "")
+            rollback = replace(
+                cmd,
+                kind=CommandKind.MANUAL,
+                manual=ManualCommand.ROLLBACK,
+                rollout_id=active.spec.rollout_id,
+                note=note,
+            )
+            return self._manual(rollback, now_ms)
+        last = self.routing.plan(cmd.model)
+        was = f" from {last.stable_version}" if last is not None else ""
+        reason = f"reverted {cmd.model} to {target}{was}: 100% to {target}"
+        if cmd.note:
+            reason += f" ({cmd.note})"
+        plan = stable_plan(cmd.model, target, self.routing.epochs.current(cmd.model) + 1)
+        return self._routing_change(cmd, plan, DecisionRule.STABLE_REVERTED, reason, now_ms)
+
+    def _set_route_config(self, cmd: Command, now_ms: int) -> list[Output]:
+        """Take the model's cohort rules and republish its current table with them."""
+        config = cmd.route_config
+        if config is None or config.model != cmd.model:
+            return [CommandRejected(command=cmd, reason="no route config", at_ms=now_ms)]
+        last = self.routing.plan(cmd.model)
+        if last is None and not cmd.target_version:
+            reason = f"{cmd.model} has no routing table yet and the command names no stable version"
+            return [CommandRejected(command=cmd, reason=reason, at_ms=now_ms)]
+        self.routing.set_config(config)
+        epoch = self.routing.epochs.current(cmd.model) + 1
+        plan = (
+            replace(last, epoch=epoch)
+            if last is not None
+            else stable_plan(cmd.model, cmd.target_version, epoch)
+        )
+        rules = ", ".join(
+            f"{r.name}: {','.join(f'{k}={v}' for k, v in r.match_tags)} -> {r.version}"
+            for r in config.rules
+        )
+        reason = (
+            f"cohort routing of {cmd.model}: rules [{rules or 'none'}], "
+            f"pins {'allowed' if config.allow_pinning else 'refused'}"
+        )
+        return self._routing_change(cmd, plan, DecisionRule.ROUTE_CONFIG_SET, reason, now_ms)
+
+    def _routing_change(
+        self, cmd: Command, plan: RoutingPlan, rule: DecisionRule, reason: str, now_ms: int
+    ) -> list[Output]:
+        self.routing.published(plan)
+        return [
+            RoutingPublication(
+                plan=plan, reason=reason, at_ms=now_ms, config=self.routing.config(plan.model)
+            ),
+            RoutingAudit(
+                model=plan.model,
+                version=plan.stable_version,
+                rule=rule,
+                reason=reason,
+                epoch=plan.epoch,
+                at_ms=now_ms,
+                command_id=cmd.command_id,
+                actor=cmd.issued_by,
+            ),
+        ]
+
     # -- evaluation ----------------------------------------------------------------
 
     def tick(self, now_ms: int) -> list[Output]:
         """Evaluate every active rollout, every QoS policy, then the replicas, at ``now_ms``."""
         out: list[Output] = []
-        guard = self.isolation.guard  # one failing rollout or QoS key never stops the others
+        guard = self.guard.run  # one failing rollout or QoS key never stops the others
         for model in sorted(self.rollouts):
             active = self.rollouts[model]
             out += guard(
@@ -322,22 +397,21 @@ class PolicyCore:
                 model=model,
                 rollout_id=active.spec.rollout_id,
             )
-        for key in sorted(self.qos_policies):
+        for key in sorted(self.qos.policies):
             out += guard(
                 partial(self._evaluate_qos, key, now_ms),
                 RecordSource.QOS_DECISION,
                 now_ms,
-                model=key[0],
-                version=key[1],
+                model=key.model,
+                version=key.version,
             )
-        out += guard(partial(evaluate_scaling, self, now_ms), RecordSource.SCALE_DECISION, now_ms)
-        out += guard(partial(check_acks, self, now_ms), RecordSource.PRECISION_ACKS, now_ms)
+        out += guard(partial(self._evaluate_scaling, now_ms), RecordSource.SCALE_DECISION, now_ms)
+        out += guard(partial(self._check_acks, now_ms), RecordSource.PRECISION_ACKS, now_ms)
         self.window.evict(now_ms)
-        for tracker in self.trackers.values():
-            tracker.expire(now_ms)
+        self.rollouts.expire_trackers(now_ms)
         return out
 
-    def _evaluate_rollout(self, active: _Active, now_ms: int) -> list[Output]:
+    def _evaluate_rollout(self, active: ActiveRollout, now_ms: int) -> list[Output]:
         spec = active.spec
         state = self._lift(active)
         shadowing = state.phase is Phase.SHADOWING or (
@@ -346,22 +420,22 @@ class PolicyCore:
         lane = Lane.SHADOW if shadowing else Lane.LIVE
         baseline = self.window.stats_by_version(spec.model, spec.baseline, now_ms)
         candidate = self.window.stats_by_version(spec.model, spec.candidate, now_ms, lane)
-        tracker = self.trackers.get(spec.model)
+        tracker = self.rollouts.tracker(spec.model)
         agreement = None
         if shadowing and tracker is not None:
             agreement = tracker.stats(since_ms=state.phase_started_ms)
-        facts = RolloutFacts(
+        signals = RolloutSignals(
             baseline_step=self.window.step_stats_by_version(spec.model, spec.baseline, now_ms),
             candidate_step=self.window.step_stats_by_version(
                 spec.model, spec.candidate, now_ms, lane
             ),
-            baseline_liveness=self.liveness.facts(spec.model, spec.baseline),
-            candidate_liveness=self.liveness.facts(spec.model, spec.candidate),
+            baseline_liveness=self.liveness.version_liveness(spec.model, spec.baseline),
+            candidate_liveness=self.liveness.version_liveness(spec.model, spec.candidate),
         )
-        decision = evaluate(state, spec, baseline, candidate, agreement, now_ms, facts)
+        decision = evaluate(state, spec, baseline, candidate, agreement, now_ms, signals)
         quiet = decision.kind is DecisionKind.HOLD and decision.rule == active.last_rule
         if quiet and not _significant(decision.before, decision.after):
-            active.state = decision.after
+            self.rollouts.keep(decision.after, spec, active.last_rule)
             return []
         return self._outputs_of(decision, spec)
 
@@ -378,67 +452,207 @@ class PolicyCore:
             )
         ]
         if decision.routing is not None:
-            self.note_routing_epoch(spec.model, decision.routing.epoch)
-            plan = plan_for(decision.routing)
-            self.plans[spec.model] = plan
+            plan = decision.routing
+            self.routing.published(plan)
             out.append(
                 RoutingPublication(
                     plan=plan,
                     reason=decision.reason,
                     at_ms=decision.at_ms,
-                    config=self.route_configs.get(spec.model),
+                    config=self.routing.config(spec.model),
                 )
             )
         out.append(RolloutPublication(state=after, spec=spec))
         if after.terminal:
-            self.rollouts.pop(spec.model, None)
-            self.trackers.pop(spec.model, None)
             self.liveness.forget(spec.model)
-            self.finished[after.rollout_id] = after
-        else:
-            self.rollouts[spec.model] = _Active(after, spec, decision.rule)
+        self.rollouts.keep(after, spec, decision.rule)
         return out
 
-    def _lift(self, active: _Active) -> RolloutState:
+    def _lift(self, active: ActiveRollout) -> RolloutState:
         """The state at the model's current routing epoch (never below it)."""
-        epoch = max(active.state.epoch, self.routing_epochs.get(active.spec.model, 0))
+        epoch = max(active.state.epoch, self.routing.epochs.current(active.spec.model))
         return replace(active.state, epoch=epoch)
 
-    def _track(self, spec: RolloutSpec) -> None:
-        if spec.model not in self.trackers:
-            self.trackers[spec.model] = AgreementTracker(spec.baseline, spec.candidate)
-
-    def _evaluate_qos(self, key: tuple[str, str], now_ms: int) -> list[Output]:
+    def _evaluate_qos(self, key: VersionKey, now_ms: int) -> list[Output]:
         out: list[Output] = []
-        policy, state = self.qos_policies[key], self.qos_states[key]
-        model, version = key
-        active = self.rollouts.get(model)
+        policy, state = self.qos.policies[key], self.qos.states[key]
+        active = self.rollouts.get(key.model)
         rollout_id = ""
-        if active is not None and version == active.spec.candidate:
+        if active is not None and key.version == active.spec.candidate:
             rollout_id = active.spec.rollout_id
-            base = self.qos_states.get((model, active.spec.baseline))
+            base = self.qos.states.get(VersionKey(key.model, active.spec.baseline))
             if base is None:
                 return out  # frozen: nothing to compare like-for-like with
             decision = qos_during_rollout(state, base, now_ms, policy)
         else:
             if active is not None:
                 rollout_id = active.spec.rollout_id
-            stats = self.window.stats(WindowKey(model, version, state.active_variant), now_ms)
-            decision = evaluate_qos(
-                state, policy, stats, now_ms, scale_hold=scale_hold(self, key, now_ms)
+            stats = self.window.stats(
+                WindowKey(key.model, key.version, state.active_variant), now_ms
             )
-        self.qos_states[key] = decision.after
+            decision = evaluate_qos(
+                state, policy, stats, now_ms, scale_hold=self._scale_hold(key, now_ms)
+            )
+        self.qos.decided(key, decision.after)
         changed = decision.changed or decision.kind is QosDecisionKind.SET
-        if not changed and decision.rule == self._qos_last_rule.get(key):
+        if self.qos.quiet(key, decision.rule) and not changed:
             return out
-        self._qos_last_rule[key] = decision.rule
-        epoch = self.precision_epochs.get(key, 0)
+        epoch = self.qos.precision.current(key)
         if decision.changed:
             epoch += 1
-            self.note_precision(model, version, decision.variant, epoch)
+            self.qos.note_precision(key, decision.variant, epoch)
             out.append(PrecisionPublication(decision=decision, epoch=epoch))
-            self.pending_switches[key] = PendingSwitch(
-                model, version, decision.variant, epoch, now_ms, decision.before.active_variant
+            self.acks.expect(
+                key,
+                PendingSwitch(
+                    key.model,
+                    key.version,
+                    decision.variant,
+                    epoch,
+                    now_ms,
+                    decision.before.active_variant,
+                ),
             )
         out.append(QosAudit(decision=decision, epoch=epoch, rollout_id=rollout_id, policy=policy))
         return out
+
+    def _check_acks(self, now_ms: int) -> list[Output]:
+        """Confirm switches the workers followed; audit ``precision_refused`` for the others.
+
+        A refused switch puts the QoS state back on the variant actually served,
+        so the controller no longer believes in a switch that did not happen.
+        """
+        out: list[Output] = []
+        acks = self.acks
+        for key in sorted(acks.pending):
+            switch = acks.pending[key]
+            served = acks.served_at.get(key, {})
+            verdict, variant = judge_switch(switch, served, now_ms, acks.bound_ms)
+            if verdict is AckVerdict.PENDING:
+                continue
+            acks.settle(key)
+            model, version = key.model, key.version
+            if verdict is AckVerdict.CONFIRMED:
+                rule = DecisionRule.PRECISION_CONFIRMED
+                reason = f"{model} {version} serves {variant} (switch at epoch {switch.epoch})"
+            else:
+                rule = DecisionRule.PRECISION_REFUSED
+                reason = (
+                    f"{model} {version} did not follow the switch to {switch.variant} within "
+                    f"{acks.bound_ms / 1000:g} s; its workers still serve {variant}"
+                )
+                self.qos.served(key, variant)
+            out.append(
+                PrecisionAck(
+                    model=model,
+                    version=version,
+                    variant=switch.variant,
+                    served=variant,
+                    rule=rule,
+                    reason=reason,
+                    epoch=switch.epoch,
+                    at_ms=now_ms,
+                )
+            )
+        return out
+
+    # -- replicas --------------------------------------------------------------------
+
+    def _scale_hold(self, key: VersionKey, now_ms: int) -> str:
+        """Why the version's replicas are not settled ("" when they are, or not scaled)."""
+        state = self.scaling.states.get(key)
+        if state is None or not self.scaling.policy.enabled:
+            return ""
+        stats = self.window.stats_by_version(key.model, key.version, now_ms)
+        return scale_unsettled(state, self.scaling.policy, stats.workers if stats else 0, now_ms)
+
+    def _scale_signals(
+        self, key: VersionKey, stats: WindowStats | None, now_ms: int
+    ) -> ScaleSignals:
+        qos_state, qos_policy = self.qos.states.get(key), self.qos.policies.get(key)
+        floor_breach = breaching = False
+        variant = stats.variant if stats is not None else ""
+        floor_capacity: float | None = None
+        if qos_state is not None and qos_policy is not None and qos_policy.enabled:
+            floor_breach = _floor_breach(qos_state, qos_policy, now_ms)
+            # the window's own breach too: a step down clears QoS's timers at once, while
+            # the window still shows the load that made it step
+            breaching = qos_state.breach_since_ms is not None or (
+                stats is not None and breach_rule(stats, qos_policy) is not None
+            )
+            served_by = stats.variant if stats is not None else ""
+            variant = served_by if served_by in qos_policy.ladder else qos_state.active_variant
+            floor_variant = qos_policy.ladder[
+                min(qos_policy.floor_index, len(qos_policy.ladder) - 1)
+            ]
+            floor_capacity = _stack_capacity(qos_policy, qos_state, floor_variant)
+        scaling = self.scaling
+        return ScaleSignals(
+            model=key.model,
+            version=key.version,
+            floor_breach=floor_breach,
+            breaching=breaching,
+            throughput_rps=stats.throughput_rps if stats is not None else 0.0,
+            offered_rps=max(stats.offered_rps, stats.step_offered_rps)
+            if stats is not None
+            else 0.0,
+            floor_capacity_rps=floor_capacity or 0.0,
+            lag=stats.lag if stats is not None else 0,
+            replicas=stats.workers if stats is not None else 0,
+            partitions=scaling.partitions.get(key, 0),
+            variant=variant,
+            replica_capacity_rps=_stack_capacity(qos_policy, qos_state, variant) or 0.0,
+        )
+
+    def _evaluate_scaling(self, now_ms: int) -> list[Output]:
+        """One replica decision per scaled version; outputs for the changes."""
+        scaling = self.scaling
+        policy = scaling.policy
+        if not policy.enabled:
+            return []
+        live = self.window.keys()  # a SlidingWindow, not a dict
+        keys = {VersionKey(k.model, k.version) for k in live}
+        keys |= set(self.qos.policies) | set(scaling.states)
+        out: list[Output] = []
+        for key in sorted(keys):
+            stats = self.window.stats_by_version(key.model, key.version, now_ms)
+            signals = self._scale_signals(key, stats, now_ms)
+            state = scaling.states.get(key)
+            if state is None:
+                state = initial_scale_state(
+                    key.model,
+                    key.version,
+                    policy,
+                    replicas=signals.replicas,
+                    partitions=signals.partitions,
+                )
+            decision = evaluate_scale(state, policy, signals, now_ms)
+            scaling.decided(key, decision.after)
+            if not decision.changed:
+                continue
+            epoch = scaling.epochs.next(key)
+            out += [
+                ScalePublication(decision=decision, epoch=epoch),
+                ScaleAudit(decision=decision, epoch=epoch),
+            ]
+        return out
+
+
+def _floor_breach(state: QosState, policy: QosPolicy, now_ms: int) -> bool:
+    if state.active_variant not in policy.ladder or state.breach_since_ms is None:
+        return False
+    at_floor = policy.ladder.index(state.active_variant) >= policy.floor_index
+    return at_floor and now_ms - state.breach_since_ms >= policy.sustain_s * 1000
+
+
+def _stack_capacity(policy: QosPolicy | None, state: QosState | None, variant: str) -> float | None:
+    """The QoS policy's calibrated capacity of ``variant`` as it holds here, by the QoS
+    state's contention (measured on its active variant)."""
+    calibrated = policy.capacity_of(variant) if policy is not None else None
+    if calibrated is None or policy is None:
+        return None
+    if state is None:
+        return calibrated
+    return effective_capacity(
+        calibrated, state.contention, policy.capacity_of(state.active_variant)
+    )

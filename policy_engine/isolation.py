@@ -2,7 +2,7 @@
 
 The streaming adapter and :class:`~graylane.policy_engine.core.PolicyCore` run
 each input record, and each rollout's and QoS key's decision, through
-:meth:`Isolation.guard` / :meth:`Isolation.skip`: what raises becomes a
+:meth:`RecordGuard.run` / :meth:`RecordGuard.skip`: what raises becomes a
 :class:`~graylane.policy_engine.messages.RecordSkipped` output (counted, and
 audited at most once per source, key and reason per ``audit_interval_ms``)
 and everything else goes on. A failing rollout keeps its state and is tried
@@ -12,16 +12,13 @@ again at the next tick.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from graylane.histogram import LatencyHistogram
-from graylane.policy_engine.logic.window import TelemetrySample
 from graylane.policy_engine.messages import Output, RecordSkipped, RecordSource, SkipReason
 
-__all__ = ["DEFAULT_AUDIT_INTERVAL_MS", "Isolation", "invalid_sample"]
+__all__ = ["DEFAULT_AUDIT_INTERVAL_MS", "RecordGuard"]
 
 log = logging.getLogger(__name__)
 
@@ -32,30 +29,8 @@ _MAX_KEY = 120
 T = TypeVar("T")
 
 
-def invalid_sample(sample: TelemetrySample, scheme: LatencyHistogram | None = None) -> str | None:
-    """Why a decoded telemetry sample cannot enter the window, or ``None``.
-
-    ``scheme``: the window's bucket scheme, which the sample's non-empty
-    histograms must share (else merging them into the window would fail).
-    """
-    if scheme is not None:
-        for name, h in (("latency", sample.latency), ("queue wait", sample.queue_wait)):
-            if h.count and not h.same_scheme(scheme):
-                return f"{name} histogram scheme ({h.min_ms}, {h.growth}) is not the window's"
-    if not (sample.model and sample.version and sample.variant):
-        return "telemetry without model, version or variant"
-    if sample.completed_at_ms <= 0:
-        return "telemetry without a completion time"
-    if sample.error_count > sample.request_count:
-        return f"{sample.error_count} errors for {sample.request_count} requests"
-    numbers = (sample.compute_ms, sample.device_load, sample.queue_wait_mean_ms)
-    if not all(math.isfinite(x) and x >= 0 for x in numbers):
-        return f"non-finite or negative timing in telemetry: {numbers}"
-    return None
-
-
 @dataclass
-class Isolation:
+class RecordGuard:
     """Turns failures into :class:`RecordSkipped` outputs; remembers what it audited."""
 
     audit_interval_ms: int = DEFAULT_AUDIT_INTERVAL_MS
@@ -97,7 +72,7 @@ class Isolation:
             audited=audited,
         )
 
-    def guard(
+    def run(
         self,
         call: Callable[[], list[Output]],
         source: RecordSource,

@@ -3,7 +3,7 @@
 Per (model, version): the version topic's end offsets (a consumer without a
 group) and the worker group's committed offsets (the admin API), so the lag
 is known whether or not a worker is alive. The core turns the samples into
-liveness facts (:mod:`graylane.policy_engine.logic.liveness_tracker`).
+liveness signals (:mod:`graylane.policy_engine.logic.liveness`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from graylane.errors import TopicSetupError
 from graylane.kafka.admin import partition_count
 from graylane.kafka.reading import group_lag
 from graylane.kafka.seam import BatchConsumer, ConsumerOptions, KafkaFactory
-from graylane.policy_engine.logic.liveness_tracker import OffsetSample
+from graylane.policy_engine.logic.liveness import OffsetSample
+from graylane.policy_engine.state import VersionKey
 
 __all__ = ["LivenessProbe"]
 
@@ -50,14 +51,15 @@ class LivenessProbe:
         self._admin = self._consumer = None
 
     async def sample(
-        self, targets: Iterable[tuple[str, str]], at_ms: int
-    ) -> list[tuple[str, str, OffsetSample]]:
-        """One sample per (model, version) that could be read; failures are logged and skipped."""
+        self, targets: Iterable[VersionKey], at_ms: int
+    ) -> list[tuple[VersionKey, OffsetSample]]:
+        """One sample per version that could be read; failures are logged and skipped."""
         if self._admin is None or self._consumer is None:
             return []
         layout = self._factory.layout
-        out: list[tuple[str, str, OffsetSample]] = []
-        for model, version in targets:
+        out: list[tuple[VersionKey, OffsetSample]] = []
+        for key in targets:
+            model, version = key.model, key.version
             topic = layout.version_requests(model, version)
             try:
                 if topic not in self._partitions:
@@ -73,5 +75,5 @@ class LivenessProbe:
                 log.warning("liveness of %s/%s not read: %s", model, version, exc)
                 continue
             sample = OffsetSample(at_ms, offsets.end, offsets.committed, offsets.lag)
-            out.append((model, version, sample))
+            out.append((key, sample))
         return out

@@ -1,7 +1,7 @@
 """What :class:`~graylane.policy_engine.core.PolicyCore` takes in and gives out, as plain data.
 
 In: a decoded operator :class:`Command`. Out: the :data:`Output` items, which
-the streaming adapter turns into records (``graylane.policy_engine.publish``).
+the streaming adapter turns into records (``graylane.policy_engine.wire``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from graylane.policy_engine.logic.qos import QosDecision, QosState
-from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
+from graylane.policy_engine.logic.rollout import Decision, RolloutState
 from graylane.policy_engine.logic.routing_plan import RoutingPlan
 from graylane.policy_engine.logic.scale import ScaleDecision
 from graylane.rollouts.qos_policy import QosPolicy

@@ -2,7 +2,7 @@
 
 The rollout controller runs as the policy engine runs it: every 2 s step it
 reads a 10 s window of each side (and the newest step alone, for the
-sequential gates) plus liveness facts. Traffic is drawn per step:
+sequential gates) plus liveness signals. Traffic is drawn per step:
 
 - Poisson arrivals; the candidate gets its weight's share of ``total_rps``.
 - Service time: lognormal (median 20 ms, sigma 0.35) times a common per-step
@@ -27,9 +27,8 @@ from enum import Enum
 import numpy as np
 
 from graylane.histogram import DEFAULT_GROWTH, DEFAULT_MIN_MS, LatencyHistogram
-from graylane.policy_engine.logic.facts import LagSample, RolloutFacts, VersionLiveness
-from graylane.policy_engine.logic.rollout import evaluate, start
-from graylane.policy_engine.logic.rollout_state import Decision
+from graylane.policy_engine.logic.liveness import LagSample, VersionLiveness
+from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, evaluate, start
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
@@ -253,7 +252,7 @@ def simulate(scenario: Scenario, mode: GateMode, cand_rps: float, seed: int) -> 
             committed += n_c
             lag = int(rng.integers(0, 8))
         lag_samples = [*lag_samples[-9:], LagSample(now, lag, committed)]
-        facts = RolloutFacts(
+        signals = RolloutSignals(
             baseline_step=base.stats(now, 1),
             candidate_step=cand.stats(now, 1),
             baseline_liveness=VersionLiveness(version="v1", last_telemetry_ms=now),
@@ -273,7 +272,7 @@ def simulate(scenario: Scenario, mode: GateMode, cand_rps: float, seed: int) -> 
             cand.stats(now, PANES),
             None,
             now,
-            facts=facts,
+            signals=signals,
         )
         if decision.rule == DecisionRule.CANDIDATE_BACKLOG and backlog_at is None:
             backlog_at = now / 1000 - scenario.onset_s

@@ -81,9 +81,9 @@ def _policy(args: argparse.Namespace) -> int:
     from graylane.app.cli.services import setup_service_logging
     from graylane.kafka.loop import claim_instance
     from graylane.kafka.seam import KafkaFactory
-    from graylane.policy_engine.app import PolicyConfig, create_app, prepare_topics
     from graylane.policy_engine.lease import LeaseKeeper
     from graylane.policy_engine.logic.scale import ScalePolicy
+    from graylane.policy_engine.service import PolicyConfig, create_app, prepare_topics
     from graylane.rollouts.errors import InvalidPolicy
     from graylane.settings import Settings
 

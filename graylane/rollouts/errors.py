@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from graylane.errors import GraylaneError
+
 __all__ = [
     "InputMismatch",
     "InvalidPolicy",
@@ -12,7 +14,7 @@ __all__ = [
 ]
 
 
-class PolicyError(Exception):
+class PolicyError(GraylaneError):
     """Base of every error raised by the policy decision logic."""
 
     retriable = False

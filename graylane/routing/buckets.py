@@ -12,10 +12,12 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from graylane.errors import GraylaneError
+
 BUCKETS = 10_000
 
 
-class WeightError(ValueError):
+class WeightError(GraylaneError, ValueError):
     """Weights that cannot be turned into bucket ranges."""
 
 

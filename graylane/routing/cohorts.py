@@ -11,16 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from graylane.errors import GraylaneError
 from graylane.routing.table import RouteTable, RoutingRule
 
 __all__ = ["InvalidRouteRule", "RouteConfig", "UnknownRouteRule", "config_of_table"]
 
 
-class InvalidRouteRule(ValueError):
+class InvalidRouteRule(GraylaneError, ValueError):
     """A rule without a name, tags or version, or with an empty tag key."""
 
 
-class UnknownRouteRule(LookupError):
+class UnknownRouteRule(GraylaneError, LookupError):
     """No rule of that name on the model."""
 
 

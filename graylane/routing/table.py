@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from graylane.errors import GraylaneError
 from graylane.routing.buckets import BucketRange, assign_ranges, bucket_of, sample_fraction
 
 
@@ -21,7 +22,7 @@ class RouteReason(Enum):
     NO_TABLE = "no-table"
 
 
-class UnknownPinnedVersion(LookupError):
+class UnknownPinnedVersion(GraylaneError, LookupError):
     """A request pinned a version the model does not route to."""
 
 

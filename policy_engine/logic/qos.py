@@ -19,7 +19,7 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
     ``up_capacity_fraction`` (0.7) of it *as it holds in the running stack*
     (calibrated, slowed by the time per request that the smoothed contention
     factor ``QosState.contention`` adds on the active rung:
-    :mod:`~graylane.policy_engine.logic.contention`),
+    the contention factor, :func:`observed_factor` and :func:`effective_capacity`),
     and no breach. The p99 of the
     cheaper rung does not matter: at normal load it may never reach a
     latency threshold, and the capacity says whether the rung above copes.
@@ -66,40 +66,214 @@ sides of every gate run the same precision and a precision change is never
 mistaken for a regression (or hides one). When the candidate has no build of
 that variant (or it is below the candidate's floor) it stays where it is and
 the decision says the comparison is not like-for-like.
+
+**Contention**: how much of its calibrated speed a rung keeps in the running stack.
+``graylane calibrate`` measures the engine alone with the whole machine; in the
+running stack the worker shares the CPU with the router, the policy engine,
+other workers and the clients, so each request takes longer and a rung's real
+capacity is lower. The *contention factor* of a window is
+
+    calibrated service time per request / observed service time per request
+
+of the active rung (``1000 / capacity_rps`` vs the window's busy time per
+request, :attr:`WindowStats.service_per_request_ms`), bounded to
+[``MIN_FACTOR``, ``MAX_FACTOR``] and smoothed over windows (exponentially,
+weight ``SMOOTHING`` for the newest). The active rung's capacity here is its
+calibrated one x the factor. Another rung's (:func:`effective_capacity` with
+``measured_on_rps``) pays the same *time* per request that the factor adds
+on the active rung -- the CPU the rest of the stack takes, the per-call costs
+of a small batch -- not the same *share*: at low load an int8 rung may run at
+half its calibrated speed while fp32, twice as slow, loses only a third. The
+load at which QoS steps back up is then one the rung above can serve here.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from dataclasses import dataclass, replace
+from enum import Enum
 
-from graylane.policy_engine.logic.contention import (
-    effective_capacity,
-    observed_factor,
-    smoothed_factor,
-)
-from graylane.policy_engine.logic.qos_rollout import qos_during_rollout
-from graylane.policy_engine.logic.qos_state import (
-    Ceiling,
-    QosDecision,
-    QosDecisionKind,
-    QosState,
-    initial_qos_state,
-)
 from graylane.policy_engine.logic.window import ALL_VARIANTS, WindowStats
 from graylane.rollouts.errors import InputMismatch
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule
 
 __all__ = [
+    "MAX_FACTOR",
+    "MIN_FACTOR",
+    "MIN_REQUESTS",
+    "SMOOTHING",
     "Ceiling",
     "QosDecision",
     "QosDecisionKind",
     "QosState",
     "breach_rule",
+    "effective_capacity",
     "evaluate_qos",
     "initial_qos_state",
+    "observed_factor",
     "qos_during_rollout",
+    "smoothed_factor",
 ]
+
+MIN_FACTOR = 0.05
+"""Never believe a rung keeps less than 5 % of its calibrated speed."""
+MAX_FACTOR = 1.0
+"""The stack never makes the engine faster than calibrated alone."""
+SMOOTHING = 0.3
+"""Weight of the newest window's factor in the running (exponential) mean."""
+MIN_REQUESTS = 5
+"""Windows with fewer served requests carry too little evidence to move the factor."""
+
+
+def observed_factor(stats: WindowStats, calibrated_rps: float | None) -> float | None:
+    """This window's factor for the rung it ran; None without the evidence."""
+    per_request = stats.service_per_request_ms
+    if (
+        calibrated_rps is None
+        or calibrated_rps <= 0.0
+        or stats.requests < MIN_REQUESTS
+        or per_request <= 0.0
+    ):
+        return None
+    factor = (1000.0 / calibrated_rps) / per_request
+    return min(MAX_FACTOR, max(MIN_FACTOR, factor)) if math.isfinite(factor) else None
+
+
+def smoothed_factor(previous: float, observed: float | None) -> float:
+    """The running factor after one window (unchanged without evidence)."""
+    if observed is None:
+        return previous
+    mixed = SMOOTHING * observed + (1.0 - SMOOTHING) * previous
+    return min(MAX_FACTOR, max(MIN_FACTOR, mixed))
+
+
+def effective_capacity(
+    calibrated_rps: float | None, factor: float, measured_on_rps: float | None = None
+) -> float | None:
+    """A rung's capacity in the running stack (None when unknown).
+
+    ``factor`` was measured on the rung calibrated at ``measured_on_rps`` (default:
+    this one, whose capacity is then calibrated x factor). The milliseconds it adds
+    to each request there are added to each request of this rung.
+    """
+    if calibrated_rps is None:
+        return None
+    if calibrated_rps <= 0.0 or factor <= 0.0:
+        return 0.0
+    on = measured_on_rps if measured_on_rps is not None and measured_on_rps > 0 else calibrated_rps
+    added_ms = (1000.0 / on) * (1.0 / factor - 1.0)
+    return 1000.0 / (1000.0 / calibrated_rps + added_ms)
+
+
+class QosDecisionKind(Enum):
+    STEP_DOWN = "step_down"
+    STEP_UP = "step_up"
+    HOLD = "hold"
+    SET = "set"
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """Offered load (served + shed) at which ``variant`` last breached its SLO."""
+
+    variant: str
+    throughput_rps: float
+    at_ms: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class QosState:
+    model: str
+    version: str
+    active_variant: str
+    last_change_ms: int = 0
+    breach_since_ms: int | None = None
+    calm_since_ms: int | None = None
+    ceilings: tuple[Ceiling, ...] = ()
+    contention: float = 1.0
+    """Smoothed share of its calibrated speed the active rung keeps in the stack
+    (the contention factor: :func:`observed_factor`, :func:`effective_capacity`); it
+    prices every rung's capacity."""
+
+    def ceiling_of(self, variant: str) -> Ceiling | None:
+        return next((c for c in self.ceilings if c.variant == variant), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QosDecision:
+    kind: QosDecisionKind
+    rule: DecisionRule
+    reason: str
+    at_ms: int
+    before: QosState
+    after: QosState
+    inputs: tuple[WindowStats, ...] = ()
+    scale_hold: str = ""
+    """The ``scale_hold`` input (replayed with the decision)."""
+
+    @property
+    def variant(self) -> str:
+        """The variant to run after this decision."""
+        return self.after.active_variant
+
+    @property
+    def changed(self) -> bool:
+        return self.after.active_variant != self.before.active_variant
+
+
+def initial_qos_state(policy: QosPolicy) -> QosState:
+    """Start at the best quality, with no change on record (no dwell to wait out)."""
+    return QosState(model=policy.model, version=policy.version, active_variant=policy.ladder[0])
+
+
+def qos_during_rollout(
+    candidate: QosState,
+    baseline: QosState,
+    now_ms: int,
+    candidate_policy: QosPolicy | None = None,
+) -> QosDecision:
+    """The candidate's variant while a rollout of its model runs: the baseline's.
+
+    ``candidate_policy`` (when known) says which variants the candidate has;
+    the baseline's own controller keeps running with :func:`evaluate_qos`.
+    """
+    if candidate.model != baseline.model:
+        raise InputMismatch(f"candidate of {candidate.model} with baseline of {baseline.model}")
+    target = baseline.active_variant
+    cleared = replace(candidate, breach_since_ms=None, calm_since_ms=None)
+
+    def decide(
+        kind: QosDecisionKind, rule: DecisionRule, reason: str, after: QosState
+    ) -> QosDecision:
+        return QosDecision(
+            kind=kind, rule=rule, reason=reason, at_ms=now_ms, before=candidate, after=after
+        )
+
+    if candidate.active_variant == target:
+        return decide(
+            QosDecisionKind.HOLD,
+            DecisionRule.LIKE_FOR_LIKE,
+            f"candidate runs {target} like the baseline",
+            cleared,
+        )
+    if candidate_policy is not None:
+        ladder = candidate_policy.ladder
+        if target not in ladder or ladder.index(target) > candidate_policy.floor_index:
+            return decide(
+                QosDecisionKind.HOLD,
+                DecisionRule.LIKE_FOR_LIKE_UNAVAILABLE,
+                f"baseline runs {target}, which the candidate cannot run; candidate stays on "
+                f"{candidate.active_variant}: the comparison is not like-for-like",
+                cleared,
+            )
+    after = replace(cleared, active_variant=target, last_change_ms=now_ms)
+    return decide(
+        QosDecisionKind.SET,
+        DecisionRule.FOLLOW_BASELINE,
+        f"{candidate.active_variant} -> {target}: the candidate follows the baseline's variant",
+        after,
+    )
 
 
 def evaluate_qos(

@@ -16,10 +16,15 @@ from dataclasses import dataclass, fields, is_dataclass
 from enum import Enum
 
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.facts import RolloutFacts
 from graylane.policy_engine.logic.qos import QosDecision, QosState, evaluate_qos
-from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
-from graylane.policy_engine.logic.rollout_state import Decision, RolloutState
+from graylane.policy_engine.logic.rollout import (
+    Decision,
+    RolloutSignals,
+    RolloutState,
+    apply_command,
+    evaluate,
+    start,
+)
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
@@ -59,7 +64,7 @@ class DecisionInput:
     command: ManualCommand | None = None
     note: str = ""
     epoch: int = 0
-    facts: RolloutFacts | None = None
+    signals: RolloutSignals | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +121,13 @@ def _one(spec: RolloutSpec, state: RolloutState | None, item: DecisionInput) -> 
             raise ValueError("a COMMAND input without a command")
         return apply_command(state, spec, item.command, item.now_ms, note=item.note)
     return evaluate(
-        state, spec, item.baseline, item.candidate, item.agreement, item.now_ms, facts=item.facts
+        state,
+        spec,
+        item.baseline,
+        item.candidate,
+        item.agreement,
+        item.now_ms,
+        signals=item.signals,
     )
 
 
@@ -141,7 +152,7 @@ def recording_of(spec: RolloutSpec, decisions: Sequence[Decision]) -> RolloutRec
                     baseline=by_version.get(spec.baseline),
                     candidate=by_version.get(spec.candidate),
                     agreement=d.agreement,
-                    facts=d.facts,
+                    signals=d.signals,
                 )
             )
     initial = None

@@ -29,13 +29,13 @@ of inputs replays to the same decisions.
    next step is the final 100 % (there is no baseline left to compare at
    100 %, so reaching it is the promotion), or after an A/B hold.
 
-Steps 4 and 5 (what the gate verdicts lead to) are in
-:mod:`graylane.policy_engine.logic.rollout_verdicts`.
+Steps 4 and 5 (what the gate verdicts lead to) are :func:`on_failure` and
+:func:`on_pass`; :func:`judge` runs the gates of the spec's ``GateMode``.
 
-A rollback or abort sends the candidate to 0 % in one routing intent; a
+A rollback or abort sends the candidate to 0 % in one routing plan; a
 promotion gives it 100 % and makes it the stable version.
 
-Manual commands (:func:`apply_command`, in ``rollout_commands``): PAUSE
+Manual commands (:func:`apply_command`): PAUSE
 freezes the weights (evaluations only HOLD); RESUME returns to the phase
 paused from, keeping its step, timers and evidence (the candidate kept serving
 at its weight meanwhile); PROMOTE and ROLLBACK act at once; ABORT ends the
@@ -47,45 +47,563 @@ caller cannot mistake a finished rollout for a holding one.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import TypedDict
 
 from graylane.policy_engine.logic.agreement import AgreementStats, SchemaMismatch
-from graylane.policy_engine.logic.facts import RolloutFacts
 from graylane.policy_engine.logic.gates import (
+    GateResult,
+    StepEvidence,
+    Verdict,
     agreement_gate,
+    backlog_gate,
+    error_gate,
+    on_service_time,
+    service_latency_gate,
 )
-from graylane.policy_engine.logic.load_gates import judge
-from graylane.policy_engine.logic.rollout_commands import apply_command
-from graylane.policy_engine.logic.rollout_moves import (
-    check_rollout,
-    pending_state,
-    routing_of,
-    transition,
+from graylane.policy_engine.logic.liveness import (
+    LivenessAction,
+    VersionLiveness,
+    check_rollout_liveness,
 )
-from graylane.policy_engine.logic.rollout_state import Decision, RolloutState, StepEvidence
-from graylane.policy_engine.logic.rollout_verdicts import (
-    Evaluation,
-    on_failure,
-    on_pass,
-    rollback,
-    summary_of,
+from graylane.policy_engine.logic.routing_plan import RoutingPlan, split_plan
+from graylane.policy_engine.logic.sequential import (
+    SequentialEvidence,
+    advance_sequential,
+    sequential_gates,
 )
-from graylane.policy_engine.logic.sequential_gates import advance_sequential
-from graylane.policy_engine.logic.significance import Verdict
-from graylane.policy_engine.logic.unresponsive import LivenessAction, check_rollout_liveness
 from graylane.policy_engine.logic.window import WindowStats
-from graylane.rollouts.errors import InputMismatch, InvalidTransition
-from graylane.rollouts.spec import GateMode, RolloutSpec, Strategy
-from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
+from graylane.rollouts.errors import InputMismatch, InvalidTransition, RolloutFinished
+from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Strategy
+from graylane.rollouts.vocabulary import (
+    ACTIVE_PHASES,
+    TERMINAL_PHASES,
+    DecisionKind,
+    DecisionRule,
+    ManualCommand,
+    Phase,
+)
 
 __all__ = [
     "GATE_MIN_WINDOW_REQUESTS",
+    "TRANSITIONS",
+    "Carry",
+    "Decision",
+    "Evaluation",
+    "RolloutSignals",
+    "RolloutState",
     "apply_command",
+    "check_rollout",
+    "check_transition",
     "evaluate",
+    "judge",
+    "on_failure",
+    "on_pass",
     "pending_state",
+    "rollback",
     "routing_of",
     "start",
+    "summary_of",
+    "transition",
 ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutSignals:
+    """Everything :func:`~graylane.policy_engine.logic.rollout.evaluate` may use besides windows.
+
+    ``baseline_step`` / ``candidate_step`` are the stats of the newest step
+    (``[end - step, end)`` of the same window); without them the sequential
+    gates consume whole windows that do not overlap.
+    """
+
+    baseline_step: WindowStats | None = None
+    candidate_step: WindowStats | None = None
+    baseline_liveness: VersionLiveness | None = None
+    candidate_liveness: VersionLiveness | None = None
+
+
+_ENDINGS = TERMINAL_PHASES
+
+TRANSITIONS: Mapping[Phase, frozenset[Phase]] = MappingProxyType(
+    {
+        Phase.PENDING: frozenset(
+            {Phase.SHADOWING, Phase.PROGRESSING, Phase.AB_HOLDING, Phase.ABORTED}
+        ),
+        Phase.SHADOWING: frozenset({Phase.PROGRESSING, Phase.PAUSED}) | _ENDINGS,
+        # PROGRESSING -> PROGRESSING is the move to the next step.
+        Phase.PROGRESSING: frozenset({Phase.PROGRESSING, Phase.PAUSED}) | _ENDINGS,
+        Phase.AB_HOLDING: frozenset({Phase.PAUSED}) | _ENDINGS,
+        Phase.PAUSED: ACTIVE_PHASES | _ENDINGS,
+        Phase.PROMOTED: frozenset(),
+        Phase.ROLLED_BACK: frozenset(),
+        Phase.ABORTED: frozenset(),
+    }
+)
+"""Every allowed phase change; anything else raises :class:`InvalidTransition`."""
+
+
+def check_transition(source: Phase, target: Phase) -> None:
+    """Raise unless ``source -> target`` is in :data:`TRANSITIONS`."""
+    if source in TERMINAL_PHASES:
+        raise RolloutFinished(f"the rollout is {source.value}; it accepts no further change")
+    if target not in TRANSITIONS[source]:
+        raise InvalidTransition(f"a rollout cannot go from {source.value} to {target.value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutState:
+    rollout_id: str
+    model: str
+    phase: Phase
+    step_index: int = 0
+    candidate_weight_percent: float = 0.0
+    shadow_share: float = 0.0
+    phase_started_ms: int = 0
+    step_started_ms: int = 0
+    consecutive_failures: int = 0
+    # End of the candidate window behind the last counted failure: a failure
+    # counts again only on a window that does not overlap it.
+    failure_window_end_ms: int = 0
+    paused_from: Phase | None = None
+    last_reason: str = ""
+    epoch: int = 0
+    updated_ms: int = 0
+    evidence: StepEvidence = field(default_factory=StepEvidence)
+    # The sequential gates' tests: kept across steps (the whole rollout is one test).
+    sequential: SequentialEvidence = field(default_factory=SequentialEvidence)
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """One controller decision, with the inputs that drove it.
+
+    ``routing`` is None when the traffic split does not change.
+    """
+
+    kind: DecisionKind
+    rule: DecisionRule
+    reason: str
+    at_ms: int
+    before: RolloutState
+    after: RolloutState
+    routing: RoutingPlan | None = None
+    inputs: tuple[WindowStats, ...] = ()
+    agreement: AgreementStats | None = None
+    command: ManualCommand | None = None
+    note: str = ""
+    signals: RolloutSignals | None = None
+
+
+def pending_state(spec: RolloutSpec, now_ms: int, *, epoch: int = 0) -> RolloutState:
+    """The state of a rollout that exists but has not started."""
+    return RolloutState(
+        rollout_id=spec.rollout_id,
+        model=spec.model,
+        phase=Phase.PENDING,
+        phase_started_ms=now_ms,
+        step_started_ms=now_ms,
+        epoch=epoch,
+        updated_ms=now_ms,
+        last_reason="created",
+    )
+
+
+def routing_of(spec: RolloutSpec, state: RolloutState) -> RoutingPlan:
+    """The traffic split ``state`` stands for."""
+    promoted = state.phase is Phase.PROMOTED
+    shadowing = state.shadow_share > 0.0
+    return split_plan(
+        model=spec.model,
+        rollout_id=spec.rollout_id,
+        stable_version=spec.candidate if promoted else spec.baseline,
+        baseline=spec.baseline,
+        candidate=spec.candidate,
+        candidate_weight_percent=state.candidate_weight_percent,
+        shadow_version=spec.candidate if shadowing else None,
+        shadow_share=state.shadow_share,
+        epoch=state.epoch,
+    )
+
+
+def check_rollout(state: RolloutState, spec: RolloutSpec) -> None:
+    """Raise unless ``state`` belongs to ``spec`` and is still open."""
+    if state.rollout_id != spec.rollout_id:
+        raise InputMismatch(f"state of {state.rollout_id!r} with spec of {spec.rollout_id!r}")
+    if state.terminal:
+        raise RolloutFinished(f"rollout {state.rollout_id!r} is {state.phase.value}")
+
+
+def transition(
+    state: RolloutState,
+    spec: RolloutSpec,
+    now_ms: int,
+    kind: DecisionKind,
+    rule: DecisionRule,
+    reason: str,
+    *,
+    phase: Phase,
+    step_index: int,
+    weight: float,
+    shadow_share: float,
+    before: RolloutState | None = None,
+    inputs: tuple[WindowStats, ...] = (),
+    agreement: AgreementStats | None = None,
+    command: ManualCommand | None = None,
+    note: str = "",
+    signals: RolloutSignals | None = None,
+) -> Decision:
+    """Move to ``phase`` with a new traffic split: one routing intent, the next epoch.
+
+    The step's timers, evidence and failure streak start over (a rollback
+    keeps its failure count on record). ``before`` is the state the decision
+    started from when it differs from ``state`` (evidence added on the way).
+    """
+    check_transition(state.phase, phase)
+    after = replace(
+        state,
+        phase=phase,
+        step_index=step_index,
+        candidate_weight_percent=weight,
+        shadow_share=shadow_share,
+        phase_started_ms=now_ms if phase is not state.phase else state.phase_started_ms,
+        step_started_ms=now_ms,
+        consecutive_failures=0 if phase is not Phase.ROLLED_BACK else state.consecutive_failures,
+        failure_window_end_ms=0,
+        paused_from=None,
+        last_reason=reason,
+        epoch=state.epoch + 1,
+        updated_ms=now_ms,
+        evidence=StepEvidence(),
+    )
+    return Decision(
+        kind=kind,
+        rule=rule,
+        reason=reason,
+        at_ms=now_ms,
+        before=before if before is not None else state,
+        after=after,
+        routing=routing_of(spec, after),
+        inputs=inputs,
+        agreement=agreement,
+        command=command,
+        note=note,
+        signals=signals,
+    )
+
+
+class Carry(TypedDict):
+    before: RolloutState
+    inputs: tuple[WindowStats, ...]
+    agreement: AgreementStats | None
+    signals: RolloutSignals | None
+
+
+class Evaluation:
+    """What every decision of one evaluation shares."""
+
+    def __init__(
+        self,
+        state: RolloutState,
+        spec: RolloutSpec,
+        now_ms: int,
+        inputs: tuple[WindowStats, ...],
+        agreement: AgreementStats | None,
+        signals: RolloutSignals | None = None,
+    ) -> None:
+        self.before = state
+        self.spec = spec
+        self.now_ms = now_ms
+        self.inputs = inputs
+        self.agreement = agreement
+        self.signals = signals
+
+    def decide(
+        self,
+        kind: DecisionKind,
+        rule: DecisionRule,
+        reason: str,
+        after: RolloutState,
+    ) -> Decision:
+        return Decision(
+            kind=kind,
+            rule=rule,
+            reason=reason,
+            at_ms=self.now_ms,
+            before=self.before,
+            after=replace(after, last_reason=reason, updated_ms=self.now_ms),
+            inputs=self.inputs,
+            agreement=self.agreement,
+            signals=self.signals,
+        )
+
+    def carry(self) -> Carry:
+        """What a phase change takes from this evaluation into its decision."""
+        return {
+            "before": self.before,
+            "inputs": self.inputs,
+            "agreement": self.agreement,
+            "signals": self.signals,
+        }
+
+    def hold(self, state: RolloutState, rule: DecisionRule, reason: str) -> Decision:
+        return self.decide(DecisionKind.HOLD, rule, reason, state)
+
+
+def summary_of(results: list[GateResult]) -> str:
+    return " | ".join(f"{r.rule} {r.verdict.value}: {r.detail}" for r in results)
+
+
+def on_failure(
+    ctx: Evaluation, state: RolloutState, candidate: WindowStats, failed: list[GateResult]
+) -> Decision:
+    spec = ctx.spec
+    first = failed[0]
+    detail = summary_of(failed)
+    severe = [r for r in failed if r.severe]
+    if severe:
+        return rollback(ctx, state, severe[0].rule, f"severe regression: {summary_of(severe)}")
+    if state.consecutive_failures and candidate.window_start_ms < state.failure_window_end_ms:
+        return ctx.decide(
+            DecisionKind.GATE_FAILED,
+            first.rule,
+            f"gate failed, not counted (window overlaps the last counted failure; "
+            f"{state.consecutive_failures}/{spec.failures_to_rollback}): {detail}",
+            state,
+        )
+    failures = state.consecutive_failures + 1
+    counted = replace(
+        state, consecutive_failures=failures, failure_window_end_ms=candidate.window_end_ms
+    )
+    if failures >= spec.failures_to_rollback:
+        return rollback(ctx, counted, first.rule, f"{failures} consecutive gate failures: {detail}")
+    return ctx.decide(
+        DecisionKind.GATE_FAILED,
+        first.rule,
+        f"gate failed ({failures}/{spec.failures_to_rollback}): {detail}",
+        counted,
+    )
+
+
+def rollback(ctx: Evaluation, state: RolloutState, rule: DecisionRule, reason: str) -> Decision:
+    """Send the candidate to 0 % at once under ``rule``."""
+    return transition(
+        state,
+        ctx.spec,
+        ctx.now_ms,
+        DecisionKind.ROLLBACK,
+        rule,
+        f"rolled back {ctx.spec.candidate} to 0%: {reason}",
+        phase=Phase.ROLLED_BACK,
+        step_index=state.step_index,
+        weight=0.0,
+        shadow_share=0.0,
+        **ctx.carry(),
+    )
+
+
+def on_pass(ctx: Evaluation, state: RolloutState, summary: str) -> Decision:
+    spec, now = ctx.spec, ctx.now_ms
+    ev = state.evidence
+    if state.phase is Phase.PROGRESSING:
+        step = spec.steps[state.step_index]
+        need_samples, need_ms, since = (
+            step.min_samples,
+            step.min_dwell_s * 1000,
+            state.step_started_ms,
+        )
+        where = f"step {state.step_index + 1}/{len(spec.steps)} ({step.weight_percent:g}%)"
+    else:
+        need_samples, since = spec.phase_min_samples, state.phase_started_ms
+        shadow = state.phase is Phase.SHADOWING
+        need_ms = (spec.shadow_duration_s if shadow else spec.ab_duration_s) * 1000
+        where = "shadow phase" if shadow else "A/B hold"
+    pairs = ctx.agreement.pairs if ctx.agreement is not None else None
+    short = [
+        f"{side} {n}/{need_samples}"
+        for side, n in (
+            ("candidate", ev.candidate_requests),
+            ("baseline", ev.baseline_requests),
+            ("shadow pairs", pairs),
+        )
+        if n is not None and n < need_samples
+    ]
+    if short:
+        return ctx.hold(
+            state,
+            DecisionRule.MIN_SAMPLES,
+            f"gates pass; {where} needs more samples ({', '.join(short)}): {summary}",
+        )
+    waited = now - since
+    if waited < need_ms:
+        return ctx.hold(
+            state,
+            DecisionRule.MIN_DWELL,
+            f"gates pass; {where} dwelt {waited / 1000:g} s of {need_ms / 1000:g} s: {summary}",
+        )
+    return _advance(ctx, state, where, summary)
+
+
+def _advance(ctx: Evaluation, state: RolloutState, where: str, summary: str) -> Decision:
+    spec = ctx.spec
+    if state.phase is Phase.SHADOWING:
+        return transition(
+            state,
+            spec,
+            ctx.now_ms,
+            DecisionKind.ADVANCE,
+            DecisionRule.ALL_GATES_PASSED,
+            f"{where} passed; canary step 1/{len(spec.steps)} at "
+            f"{spec.steps[0].weight_percent:g}%: {summary}",
+            phase=Phase.PROGRESSING,
+            step_index=0,
+            weight=spec.steps[0].weight_percent,
+            shadow_share=0.0,
+            **ctx.carry(),
+        )
+    nxt = state.step_index + 1
+    final = state.phase is Phase.AB_HOLDING or spec.steps[nxt].weight_percent >= 100.0
+    if final:
+        return transition(
+            state,
+            spec,
+            ctx.now_ms,
+            DecisionKind.PROMOTE,
+            DecisionRule.ALL_GATES_PASSED,
+            f"{where} passed; promoted {spec.candidate} to 100% and stable: {summary}",
+            phase=Phase.PROMOTED,
+            step_index=len(spec.steps) - 1 if state.phase is Phase.PROGRESSING else 0,
+            weight=100.0,
+            shadow_share=0.0,
+            **ctx.carry(),
+        )
+    return transition(
+        state,
+        spec,
+        ctx.now_ms,
+        DecisionKind.ADVANCE,
+        DecisionRule.ALL_GATES_PASSED,
+        f"{where} passed; step {nxt + 1}/{len(spec.steps)} at "
+        f"{spec.steps[nxt].weight_percent:g}%: {summary}",
+        phase=Phase.PROGRESSING,
+        step_index=nxt,
+        weight=spec.steps[nxt].weight_percent,
+        shadow_share=0.0,
+        **ctx.carry(),
+    )
+
+
+def judge(
+    baseline: WindowStats,
+    candidate: WindowStats,
+    evidence: StepEvidence,
+    sequential: SequentialEvidence,
+    gates: Gates,
+    *,
+    behind: str = "",
+) -> list[GateResult]:
+    """The latency and error gates of ``gates.mode``, then the backlog check."""
+    if gates.mode is GateMode.SEQUENTIAL:
+        results = sequential_gates(baseline, candidate, sequential, gates)
+    else:
+        results = [
+            service_latency_gate(baseline, candidate, gates),
+            error_gate(baseline, candidate, evidence, gates),
+        ]
+    backlog = backlog_gate(baseline, candidate, gates, behind)
+    if backlog is None:
+        return results
+    if not on_service_time(baseline, candidate):
+        # End-to-end latency cannot tell the queue from the model: do not fail on it.
+        results = [
+            r for r in results if r.rule not in (DecisionRule.P99_RATIO, DecisionRule.P99_SEVERE)
+        ]
+    return [backlog, *results]
+
+
+def apply_command(
+    state: RolloutState,
+    spec: RolloutSpec,
+    command: ManualCommand,
+    now_ms: int,
+    *,
+    note: str = "",
+) -> Decision:
+    """Apply an operator's command; ``note`` (who / why) goes into the reason."""
+    check_rollout(state, spec)
+    rule = command.rule
+    suffix = f" ({note})" if note else ""
+    kind = DecisionKind.MANUAL
+
+    def decided(reason: str, after: RolloutState) -> Decision:
+        return Decision(
+            kind=kind,
+            rule=rule,
+            reason=reason,
+            at_ms=now_ms,
+            before=state,
+            after=after,
+            command=command,
+            note=note,
+        )
+
+    if command is ManualCommand.PAUSE:
+        check_transition(state.phase, Phase.PAUSED)
+        reason = (
+            f"paused at {state.phase.value}, {spec.candidate} frozen at "
+            f"{state.candidate_weight_percent:g}%{suffix}"
+        )
+        after = replace(
+            state,
+            phase=Phase.PAUSED,
+            paused_from=state.phase,
+            last_reason=reason,
+            updated_ms=now_ms,
+        )
+        return decided(reason, after)
+    if command is ManualCommand.RESUME:
+        if state.phase is not Phase.PAUSED or state.paused_from is None:
+            raise InvalidTransition(f"cannot resume a rollout that is {state.phase.value}")
+        check_transition(Phase.PAUSED, state.paused_from)
+        reason = f"resumed {state.paused_from.value}{suffix}"
+        after = replace(
+            state, phase=state.paused_from, paused_from=None, last_reason=reason, updated_ms=now_ms
+        )
+        return decided(reason, after)
+    if command is ManualCommand.PROMOTE:
+        target, weight = Phase.PROMOTED, 100.0
+        reason = f"promoted {spec.candidate} to 100% and stable by command{suffix}"
+    elif command is ManualCommand.ROLLBACK:
+        target, weight = Phase.ROLLED_BACK, 0.0
+        reason = f"rolled back {spec.candidate} to 0% by command{suffix}"
+    else:
+        target, weight = Phase.ABORTED, 0.0
+        reason = f"aborted the rollout of {spec.candidate}; candidate at 0%{suffix}"
+    if state.phase is Phase.PENDING:
+        # Nothing was routed yet: end without a routing intent.
+        check_transition(state.phase, target)
+        after = replace(state, phase=target, last_reason=reason, updated_ms=now_ms)
+        return decided(reason, after)
+    return transition(
+        state,
+        spec,
+        now_ms,
+        kind,
+        rule,
+        reason,
+        phase=target,
+        step_index=state.step_index,
+        weight=weight,
+        shadow_share=0.0,
+        command=command,
+        note=note,
+    )
 
 
 GATE_MIN_WINDOW_REQUESTS = 5
@@ -130,12 +648,12 @@ def evaluate(
     candidate: WindowStats | None,
     agreement: AgreementStats | None,
     now_ms: int,
-    facts: RolloutFacts | None = None,
+    signals: RolloutSignals | None = None,
 ) -> Decision:
     """Judge the candidate over one window and decide the next move.
 
     While shadowing, ``candidate`` is the candidate's shadow-lane stats and
-    ``agreement`` the shadow pairs since the phase began. ``facts`` carries
+    ``agreement`` the shadow pairs since the phase began. ``signals`` carries
     liveness (an unresponsive candidate rolls back, an unresponsive baseline
     holds: rules ``candidate_unresponsive`` / ``baseline_unresponsive``,
     judged before ``no_data``) and the newest step's stats for the
@@ -146,13 +664,13 @@ def evaluate(
         raise InvalidTransition("the rollout has not started; call start() first")
     inputs = tuple(s for s in (baseline, candidate) if s is not None)
     shadowing = state.phase is Phase.SHADOWING
-    ctx = Evaluation(state, spec, now_ms, inputs, agreement if shadowing else None, facts)
+    ctx = Evaluation(state, spec, now_ms, inputs, agreement if shadowing else None, signals)
     if state.phase is Phase.PAUSED:
         from_phase = state.paused_from.value if state.paused_from else "?"
         return ctx.hold(state, DecisionRule.PAUSED, f"paused (from {from_phase}); weights frozen")
     live = check_rollout_liveness(
-        facts.baseline_liveness if facts else None,
-        facts.candidate_liveness if facts else None,
+        signals.baseline_liveness if signals else None,
+        signals.candidate_liveness if signals else None,
         now_ms,
         round(spec.gates.unresponsive_s * 1000),
     )
@@ -172,7 +690,7 @@ def evaluate(
     evidence = _accumulate(state, baseline, candidate)
     current = replace(state, evidence=evidence)
     if spec.gates.mode is GateMode.SEQUENTIAL:
-        sequential = advance_sequential(state.sequential, spec.gates, baseline, candidate, facts)
+        sequential = advance_sequential(state.sequential, spec.gates, baseline, candidate, signals)
         current = replace(current, sequential=sequential)
     smallest = min(baseline.requests, candidate.requests)
     if smallest < GATE_MIN_WINDOW_REQUESTS:

@@ -1,4 +1,4 @@
-"""From a rollout's routing intent to per-version weights and shadow settings.
+"""A model's traffic split as the policy engine decides it: per-version weights, shadow.
 
 Only weights and shadow settings are decided here; turning weights into sticky
 bucket ranges is the router's business (``graylane.routing``), reached through
@@ -14,16 +14,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from graylane.policy_engine.logic.rollout_state import RoutingIntent
 from graylane.routing import RouteTable, RoutingRule, table_for_weights
 from graylane.routing.cohorts import RouteConfig
 
 __all__ = [
     "RoutingPlan",
     "VersionWeight",
-    "plan_for",
     "plan_of_table",
     "route_table_for",
+    "split_plan",
     "stable_plan",
     "weights_for",
 ]
@@ -46,6 +45,11 @@ class RoutingPlan:
     shadow_version: str | None = None
     shadow_share: float = 0.0
     epoch: int = 0
+
+    @property
+    def candidate_weight_percent(self) -> float:
+        """The weight of a rollout's candidate (the second version of its split), else 0."""
+        return self.weights[1].weight_percent if len(self.weights) > 1 else 0.0
 
     def weight_of(self, version: str) -> float:
         return sum(w.weight_percent for w in self.weights if w.version == version)
@@ -73,15 +77,28 @@ def weights_for(
     )
 
 
-def plan_for(intent: RoutingIntent) -> RoutingPlan:
+def split_plan(
+    *,
+    model: str,
+    rollout_id: str,
+    stable_version: str,
+    baseline: str,
+    candidate: str,
+    candidate_weight_percent: float,
+    shadow_version: str | None = None,
+    shadow_share: float = 0.0,
+    epoch: int = 0,
+) -> RoutingPlan:
+    """A rollout's split: ``candidate_weight_percent`` to the candidate, the rest to the
+    baseline; a shadow share counts only with a shadow version and the other way round."""
     return RoutingPlan(
-        model=intent.model,
-        rollout_id=intent.rollout_id,
-        stable_version=intent.stable_version,
-        weights=weights_for(intent.baseline, intent.candidate, intent.candidate_weight_percent),
-        shadow_version=intent.shadow_version if intent.shadow_share > 0.0 else None,
-        shadow_share=intent.shadow_share if intent.shadow_version else 0.0,
-        epoch=intent.epoch,
+        model=model,
+        rollout_id=rollout_id,
+        stable_version=stable_version,
+        weights=weights_for(baseline, candidate, candidate_weight_percent),
+        shadow_version=shadow_version if shadow_share > 0.0 else None,
+        shadow_share=shadow_share if shadow_version else 0.0,
+        epoch=epoch,
     )
 
 

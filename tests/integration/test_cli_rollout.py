@@ -19,7 +19,7 @@ from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_se
 from graylane.kafka.reading import read_latest_per_key
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.policy_engine.app import PolicyConfig, prepare_topics
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
 from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig

@@ -20,8 +20,8 @@ from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
 from graylane.kafka.reading import read_latest_per_key, read_to_end
 from graylane.kafka.seam import KafkaFactory
-from graylane.policy_engine import convert
-from graylane.policy_engine.app import PolicyConfig, prepare_topics
+from graylane.policy_engine import wire
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec, Strategy
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2, telemetry_pb2, tensor_pb2
@@ -76,7 +76,7 @@ async def test_a_shadow_with_different_output_shapes_is_incomparable_and_stops(
         rollout_id=spec.rollout_id,
         model=MODEL,
         kind=rollout_pb2.COMMAND_START,
-        spec=convert.rollout_spec_to_pb(spec),
+        spec=wire.rollout_spec_to_pb(spec),
     )
     with policy_engine(settings, tmp_path / "policy.log", MODEL):
         await wait_ready(tmp_path / "policy.log")

@@ -15,9 +15,9 @@ from graylane.engine_worker.config import FaultInjection
 from graylane.kafka.reading import read_latest_per_key
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.policy_engine import convert
-from graylane.policy_engine.app import PolicyConfig, prepare_topics
+from graylane.policy_engine import wire
 from graylane.policy_engine.audit_replay import load_recorded, verify
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
@@ -65,7 +65,7 @@ def start_command(spec: RolloutSpec) -> rollout_pb2.RolloutCommand:
         rollout_id=spec.rollout_id,
         model=MODEL,
         kind=rollout_pb2.COMMAND_START,
-        spec=convert.rollout_spec_to_pb(spec),
+        spec=wire.rollout_spec_to_pb(spec),
         issued_by="test",
         issued_at_unix_ms=now_ms(),
     )

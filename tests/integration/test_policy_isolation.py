@@ -20,9 +20,9 @@ import pytest
 from graylane import serde
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.policy_engine import convert
-from graylane.policy_engine.app import PolicyConfig, prepare_topics
+from graylane.policy_engine import wire
 from graylane.policy_engine.logic.rollout import start
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionRule
 from graylane.settings import Settings
@@ -55,7 +55,7 @@ async def test_garbage_on_control_and_telemetry_topics_never_stops_another_model
     other = RolloutSpec(rollout_id="r-other", model="other", baseline="v1", candidate="v2")
     invalid = replace(start(other, 1_000).after, step_index=42)
     await produce(factory, layout.rollouts(), b"r-garbage", GARBAGE)
-    invalid_pb = convert.rollout_state_to_pb(invalid, other)
+    invalid_pb = wire.rollout_state_to_pb(invalid, other)
     await produce(factory, layout.rollouts(), b"r-other", serde.encode(invalid_pb))
     await produce(factory, layout.routing(), b"junk", GARBAGE)
     await produce(factory, layout.telemetry(), b"gpt/v1", GARBAGE, GARBAGE[:5])

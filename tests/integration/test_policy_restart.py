@@ -16,8 +16,8 @@ import pytest
 
 from graylane.clock import now_ms
 from graylane.kafka.seam import KafkaFactory
-from graylane.policy_engine import convert
-from graylane.policy_engine.app import PolicyConfig, prepare_topics
+from graylane.policy_engine import wire
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
@@ -54,7 +54,7 @@ async def test_a_restarted_policy_engine_decides_again_within_15_s(
         rollout_id=spec.rollout_id,
         model=MODEL,
         kind=rollout_pb2.COMMAND_START,
-        spec=convert.rollout_spec_to_pb(spec),
+        spec=wire.rollout_spec_to_pb(spec),
     )
     before, after = tmp_path / "before.log", tmp_path / "after.log"
     with policy_engine(settings, before, MODEL) as first:

@@ -18,8 +18,8 @@ from graylane import serde
 from graylane.clock import now_ms
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
-from graylane.policy_engine import convert
-from graylane.policy_engine.app import PolicyConfig, prepare_topics
+from graylane.policy_engine import wire
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, rollout_pb2
@@ -62,7 +62,7 @@ async def test_a_standby_instance_takes_over_when_the_writer_dies(
         rollout_id=spec.rollout_id,
         model=MODEL,
         kind=rollout_pb2.COMMAND_START,
-        spec=convert.rollout_spec_to_pb(spec),
+        spec=wire.rollout_spec_to_pb(spec),
     )
     with policy_engine(settings, a_log, MODEL) as first:
         await wait_ready(a_log)

@@ -18,7 +18,7 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.policy_engine.app import PolicyConfig, prepare_topics
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import Gates, RolloutSpec, Step
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2
@@ -89,7 +89,7 @@ async def test_a_candidate_without_a_running_worker_is_rolled_back_within_t(
     rec = [a for a in await audits(factory, spec.rollout_id) if a.rule == "candidate_unresponsive"]
     assert rec[0].kind == audit_pb2.DECISION_ROLLBACK
     assert "candidate unresponsive: v2" in rec[0].reason, rec[0].reason
-    # The facts it was decided on travel with the decision (audit verify replays it).
+    # The signals it was decided on travel with the decision (audit verify replays it).
     assert {v.version for v in rec[0].liveness} == {"v1", "v2"}
 
 

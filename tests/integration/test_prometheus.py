@@ -12,7 +12,7 @@ import pytest
 from graylane.deploy.prometheus.server import PrometheusServer, Sample, prometheus_binary
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.policy_engine.app import PolicyConfig, prepare_topics
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.settings import Settings
 from tests.integration.test_policy_engine import send_command, start_command

@@ -32,7 +32,7 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.reading import read_latest_per_key, read_to_end
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.policy_engine.app import PolicyConfig, prepare_topics
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, control_pb2, rollout_pb2, telemetry_pb2
 from tests.support.policy import policy_engine, wait_ready

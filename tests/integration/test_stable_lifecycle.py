@@ -20,8 +20,8 @@ import pytest
 
 from graylane.app.cli.main import main
 from graylane.kafka.seam import KafkaFactory
-from graylane.policy_engine import convert
-from graylane.policy_engine.app import PolicyConfig, prepare_topics
+from graylane.policy_engine import wire
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.registry import open_registry
 from graylane.rollouts.spec import RolloutSpec
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
@@ -116,7 +116,7 @@ async def test_promotion_moves_the_stable_version_and_revert_returns_to_it(
 
                 # -- a START the engine refuses ends ABORTED with its reason
                 refused_id = f"ro-{MODEL}-refused-{uuid.uuid4().hex[:6]}"
-                spec = convert.rollout_spec_to_pb(
+                spec = wire.rollout_spec_to_pb(
                     RolloutSpec(rollout_id=refused_id, model=MODEL, baseline=OLD, candidate=NEW)
                 )
                 state = rollout_pb2.RolloutState(

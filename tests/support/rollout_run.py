@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from graylane.policy_engine.logic.agreement import AgreementStats
 from graylane.policy_engine.logic.rollout import (
+    Decision,
+    RolloutState,
     apply_command,
     evaluate,
     start,
-)
-from graylane.policy_engine.logic.rollout_state import (
-    Decision,
-    RolloutState,
 )
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step

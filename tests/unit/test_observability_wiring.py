@@ -26,7 +26,7 @@ from graylane.metrics import (
 )
 from graylane.policy_engine.logic.qos import QosState
 from graylane.policy_engine.messages import Command, CommandKind, CommandRejected, QosPolicySet
-from graylane.policy_engine.observe import PolicyObserver
+from graylane.policy_engine.service import PolicyObserver
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.routing import table_for_weights
 from graylane.settings import Settings, SettingsError

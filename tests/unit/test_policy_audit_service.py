@@ -9,13 +9,13 @@ replay from windows without service times would roll it back.
 from __future__ import annotations
 
 from graylane.histogram import LatencyHistogram
-from graylane.policy_engine import convert
+from graylane.policy_engine import wire
 from graylane.policy_engine.audit_replay import verify
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.logic.rollout import evaluate
 from graylane.policy_engine.logic.window import TelemetrySample
 from graylane.policy_engine.messages import Command, CommandKind
-from graylane.policy_engine.publish import records_of
+from graylane.policy_engine.wire import records_of
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind
 from graylane.topics import TopicLayout
@@ -118,9 +118,9 @@ def test_a_service_time_regression_rolls_back_and_verifies() -> None:
 def test_window_stats_round_trip_keeps_service_times() -> None:
     recs = run(SPEC, candidate_service_ms=5.0)
     pb = next(w for r in recs for w in r.inputs if w.version == "v2")
-    stats = convert.window_stats_from_pb(pb)
+    stats = wire.window_stats_from_pb(pb)
     assert stats.service is not None and stats.service.count == stats.requests
-    again = convert.window_stats_from_pb(convert.window_stats_to_pb(stats))
+    again = wire.window_stats_from_pb(wire.window_stats_to_pb(stats))
     assert again == stats and again.service == stats.service
     assert again.service_p99_ms == stats.service_p99_ms > 0.0
 
@@ -128,13 +128,13 @@ def test_window_stats_round_trip_keeps_service_times() -> None:
 def test_a_decision_on_service_times_replays_identically_after_the_wire() -> None:
     recs = run(SPEC, candidate_service_ms=5.0)
     rec = next(r for r in recs if r.kind == audit_pb2.DECISION_ADVANCE)
-    before, spec = convert.rollout_state_from_pb(rec.rollout_before)
-    stats = {w.version: convert.window_stats_from_pb(w) for w in rec.inputs}
+    before, spec = wire.rollout_state_from_pb(rec.rollout_before)
+    stats = {w.version: wire.window_stats_from_pb(w) for w in rec.inputs}
     d = evaluate(before, spec, stats["v1"], stats["v2"], None, rec.decided_at_unix_ms)
     assert d.kind is DecisionKind.ADVANCE and d.reason == rec.reason
     assert "service time" in d.reason
     # Round trip the decision's own inputs once more: the same decision.
-    again = [convert.window_stats_from_pb(convert.window_stats_to_pb(s)) for s in d.inputs]
+    again = [wire.window_stats_from_pb(wire.window_stats_to_pb(s)) for s in d.inputs]
     assert evaluate(before, spec, again[0], again[1], None, rec.decided_at_unix_ms) == d
 
 

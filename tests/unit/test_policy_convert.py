@@ -9,12 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from graylane.histogram import LatencyHistogram
-from graylane.policy_engine import convert
+from graylane.policy_engine import wire
+from graylane.policy_engine.logic.gates import StepEvidence
 from graylane.policy_engine.logic.qos import Ceiling, QosState, evaluate_qos
-from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
-from graylane.policy_engine.logic.rollout_state import RolloutState, StepEvidence
-from graylane.policy_engine.logic.routing_plan import plan_for
-from graylane.policy_engine.logic.sequential_gates import advance_sequential
+from graylane.policy_engine.logic.rollout import RolloutState, apply_command, evaluate, start
+from graylane.policy_engine.logic.sequential import advance_sequential
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.pb import manual_command_from_pb
 from graylane.rollouts.qos_policy import QosPolicy
@@ -64,11 +63,11 @@ window_stats = st.builds(
 
 def test_histogram_round_trip() -> None:
     h = LatencyHistogram.of([0.01, 1.0, 2.5, 2.5, 900.0])
-    assert convert.histogram_from_pb(convert.histogram_to_pb(h)) == h
-    empty = convert.histogram_from_pb(telemetry_pb2.LatencyHistogram())
+    assert wire.histogram_from_pb(wire.histogram_to_pb(h)) == h
+    empty = wire.histogram_from_pb(telemetry_pb2.LatencyHistogram())
     assert empty.count == 0 and empty.min_ms == 0.05
     with pytest.raises(ValueError):
-        convert.histogram_from_pb(telemetry_pb2.LatencyHistogram(buckets={3: 1}))
+        wire.histogram_from_pb(telemetry_pb2.LatencyHistogram(buckets={3: 1}))
 
 
 def test_telemetry_from_pb() -> None:
@@ -81,7 +80,7 @@ def test_telemetry_from_pb() -> None:
         batch_size=3,
         request_count=3,
         error_count=1,
-        latency=convert.histogram_to_pb(h),
+        latency=wire.histogram_to_pb(h),
         queue_wait_ms_mean=2.5,
         compute_ms=4.0,
         device_load=0.7,
@@ -90,7 +89,7 @@ def test_telemetry_from_pb() -> None:
         shadow_count=3,
         lag=42,
     )
-    s = convert.telemetry_from_pb(pb)
+    s = wire.telemetry_from_pb(pb)
     assert (s.model, s.version, s.variant, s.worker_id) == ("gpt", "v7", "int8", "w-3")
     assert (s.request_count, s.error_count, s.shadow_count, s.lag) == (3, 1, 3, 42)
     assert s.latency == h and s.queue_wait.count == 0 and s.queue_wait_mean_ms == 2.5
@@ -100,7 +99,7 @@ def test_telemetry_from_pb() -> None:
 
 @given(window_stats)
 def test_window_stats_round_trip(w: WindowStats) -> None:
-    assert convert.window_stats_from_pb(convert.window_stats_to_pb(w)) == w
+    assert wire.window_stats_from_pb(wire.window_stats_to_pb(w)) == w
 
 
 def test_window_stats_lag_is_not_carried() -> None:
@@ -108,13 +107,13 @@ def test_window_stats_lag_is_not_carried() -> None:
         model="m", version="v", variant="a", window_start_ms=0, window_end_ms=1, requests=1,
         errors=0, p50_ms=1, p95_ms=1, p99_ms=1, mean_ms=1, throughput_rps=1, lag=9,
     )  # fmt: skip
-    assert convert.window_stats_from_pb(convert.window_stats_to_pb(w)) == replace(w, lag=0)
+    assert wire.window_stats_from_pb(wire.window_stats_to_pb(w)) == replace(w, lag=0)
 
 
 def test_rollout_spec_round_trip() -> None:
-    pb = convert.rollout_spec_to_pb(SPEC)
-    assert convert.rollout_spec_from_pb(pb) == SPEC
-    assert convert.rollout_spec_to_pb(convert.rollout_spec_from_pb(pb)) == pb
+    pb = wire.rollout_spec_to_pb(SPEC)
+    assert wire.rollout_spec_from_pb(pb) == SPEC
+    assert wire.rollout_spec_to_pb(wire.rollout_spec_from_pb(pb)) == pb
 
 
 def test_rollout_spec_round_trip_carries_every_gate() -> None:
@@ -129,16 +128,16 @@ def test_rollout_spec_round_trip_carries_every_gate() -> None:
         p99_floor_ms=0.0,
     )
     spec = replace(SPEC, gates=gates)
-    pb = rollout_pb2.RolloutSpec.FromString(convert.rollout_spec_to_pb(spec).SerializeToString())
+    pb = rollout_pb2.RolloutSpec.FromString(wire.rollout_spec_to_pb(spec).SerializeToString())
     assert pb.gates.mode == rollout_pb2.GATE_MODE_SEQUENTIAL
-    assert convert.rollout_spec_from_pb(pb).gates == gates
+    assert wire.rollout_spec_from_pb(pb).gates == gates
     # Zero where zero is valid survives (optional fields); absent ones take the defaults.
     assert pb.gates.HasField("backlog_queue_ms") and pb.gates.HasField("p99_floor_ms")
     pb.gates.ClearField("backlog_queue_ms")
     pb.gates.ClearField("p99_floor_ms")
     pb.gates.ClearField("error_budget")
     pb.gates.mode = rollout_pb2.GATE_MODE_UNSPECIFIED
-    back = convert.rollout_spec_from_pb(pb).gates
+    back = wire.rollout_spec_from_pb(pb).gates
     d = Gates()
     assert (back.backlog_queue_ms, back.p99_floor_ms, back.error_budget, back.mode) == (
         d.backlog_queue_ms,
@@ -158,9 +157,9 @@ def test_window_stats_round_trip_with_service_times() -> None:
         service_p50_ms=service.quantile(0.5), service_p95_ms=service.quantile(0.95),
         service_p99_ms=service.quantile(0.99), service=service,
     )  # fmt: skip
-    back = convert.window_stats_from_pb(convert.window_stats_to_pb(w))
+    back = wire.window_stats_from_pb(wire.window_stats_to_pb(w))
     assert back == w and back.service == service
-    assert convert.window_stats_from_pb(convert.window_stats_to_pb(replace(w, service=None))) == (
+    assert wire.window_stats_from_pb(wire.window_stats_to_pb(replace(w, service=None))) == (
         replace(w, service=None)
     )
 
@@ -169,7 +168,7 @@ def test_rollout_state_round_trip_carries_the_sequential_evidence() -> None:
     gates = Gates(mode=GateMode.SEQUENTIAL, error_budget=0.01)
     spec = replace(SPEC, gates=gates)
     state = start(spec, 1_000).after
-    assert convert.rollout_state_to_pb(state, spec).HasField("sequential") is False
+    assert wire.rollout_state_to_pb(state, spec).HasField("sequential") is False
     b, c = _stats("v6", 20.0), _stats("v7", 21.0)
     ev = advance_sequential(state.sequential, gates, replace(b, errors=1), replace(c, errors=3))
     ev = advance_sequential(
@@ -181,16 +180,16 @@ def test_rollout_state_round_trip_carries_the_sequential_evidence() -> None:
     assert ev.increments == 2 and ev.errors.log_evidence != 0.0
     state = replace(state, sequential=ev)
     pb = rollout_pb2.RolloutState.FromString(
-        convert.rollout_state_to_pb(state, spec).SerializeToString()
+        wire.rollout_state_to_pb(state, spec).SerializeToString()
     )
-    assert convert.rollout_state_from_pb(pb) == (state, spec)
+    assert wire.rollout_state_from_pb(pb) == (state, spec)
 
 
 def test_rollout_spec_zeros_mean_defaults() -> None:
     pb = rollout_pb2.RolloutSpec(
         rollout_id="r", model="m", baseline_version="v1", candidate_version="v2"
     )
-    spec = convert.rollout_spec_from_pb(pb)
+    spec = wire.rollout_spec_from_pb(pb)
     assert spec == RolloutSpec(rollout_id="r", model="m", baseline="v1", candidate="v2")
 
 
@@ -198,17 +197,17 @@ def test_rollout_state_round_trip() -> None:
     d = start(SPEC, 1_000)
     paused = apply_command(d.after, SPEC, ManualCommand.PAUSE, 2_000).after
     for state in (d.before, d.after, paused):
-        pb = convert.rollout_state_to_pb(state, SPEC)
-        back, spec = convert.rollout_state_from_pb(pb, epoch=state.epoch)
+        pb = wire.rollout_state_to_pb(state, SPEC)
+        back, spec = wire.rollout_state_from_pb(pb, epoch=state.epoch)
         assert spec == SPEC
-        assert convert.rollout_state_to_pb(back, spec) == pb
+        assert wire.rollout_state_to_pb(back, spec) == pb
         assert back == state  # the wire carries the whole state
         # A record of an older engine (no resume fields) comes back conservatively.
         old = rollout_pb2.RolloutState()
         old.CopyFrom(pb)
         for name in ("step_started_at_unix_ms", "shadow_share", "epoch", "evidence"):
             old.ClearField(name)
-        back_old, _ = convert.rollout_state_from_pb(old, epoch=state.epoch)
+        back_old, _ = wire.rollout_state_from_pb(old, epoch=state.epoch)
         assert back_old == replace(
             state,
             step_started_ms=state.updated_ms,
@@ -216,18 +215,14 @@ def test_rollout_state_round_trip() -> None:
             evidence=StepEvidence(),
         )
     assert (
-        convert.rollout_state_from_pb(convert.rollout_state_to_pb(paused, SPEC), epoch=1)[
-            0
-        ].shadow_share
+        wire.rollout_state_from_pb(wire.rollout_state_to_pb(paused, SPEC), epoch=1)[0].shadow_share
         == 0.5
     )
 
 
 def test_rollout_state_from_pb_needs_a_phase() -> None:
     with pytest.raises(ValueError):
-        convert.rollout_state_from_pb(
-            rollout_pb2.RolloutState(spec=convert.rollout_spec_to_pb(SPEC))
-        )
+        wire.rollout_state_from_pb(rollout_pb2.RolloutState(spec=wire.rollout_spec_to_pb(SPEC)))
 
 
 def test_manual_commands_from_pb() -> None:
@@ -255,14 +250,14 @@ POLICY = QosPolicy(
 
 
 def test_qos_policy_and_state_round_trip() -> None:
-    pb = convert.qos_policy_to_pb(POLICY)
-    assert convert.qos_policy_from_pb(pb) == POLICY
+    pb = wire.qos_policy_to_pb(POLICY)
+    assert wire.qos_policy_from_pb(pb) == POLICY
     state = QosState(
         model="gpt", version="v6", active_variant="fp16", last_change_ms=5, breach_since_ms=9
     )
-    assert convert.qos_state_from_pb(convert.qos_state_to_pb(state)) == state
+    assert wire.qos_state_from_pb(wire.qos_state_to_pb(state)) == state
     with_ceiling = replace(state, ceilings=(Ceiling("fp32", 90.0, 3),))
-    assert convert.qos_state_from_pb(convert.qos_state_to_pb(with_ceiling)) == state
+    assert wire.qos_state_from_pb(wire.qos_state_to_pb(with_ceiling)) == state
 
 
 def _stats(version: str, p99: float) -> WindowStats:
@@ -277,17 +272,17 @@ def test_decision_to_audit() -> None:
     started = start(SPEC, 1_000, epoch=10)
     d = evaluate(started.after, SPEC, _stats("v6", 20.0), _stats("v7", 60.0), None, 12_000)
     assert d.kind is DecisionKind.HOLD  # no shadow pairs yet
-    rec = convert.decision_to_audit(d, SPEC, command_id="c-1")
+    rec = wire.decision_to_audit(d, SPEC, command_id="c-1")
     assert (rec.model, rec.rollout_id, rec.version) == ("gpt", "r-1", "v7")
     assert rec.kind == audit_pb2.DECISION_HOLD and rec.rule == d.rule and rec.reason == d.reason
-    assert [convert.window_stats_from_pb(w) for w in rec.inputs] == list(d.inputs)
+    assert [wire.window_stats_from_pb(w) for w in rec.inputs] == list(d.inputs)
     assert rec.rollout_before.phase == rollout_pb2.SHADOWING
     assert rec.decided_at_unix_ms == 12_000 and rec.epoch == 11 and rec.command_id == "c-1"
-    assert rec.decision_id == convert.decision_id_of(d)
-    assert convert.decision_id_of(d) != convert.decision_id_of(started)
-    assert convert.decision_to_audit(started, SPEC).kind == audit_pb2.DECISION_ROLLOUT_STARTED
+    assert rec.decision_id == wire.decision_id_of(d)
+    assert wire.decision_id_of(d) != wire.decision_id_of(started)
+    assert wire.decision_to_audit(started, SPEC).kind == audit_pb2.DECISION_ROLLOUT_STARTED
     manual = apply_command(d.after, SPEC, ManualCommand.ROLLBACK, 13_000)
-    rec = convert.decision_to_audit(manual, SPEC)
+    rec = wire.decision_to_audit(manual, SPEC)
     assert rec.kind == audit_pb2.DECISION_MANUAL_COMMAND
     assert rec.rollout_after.phase == rollout_pb2.ROLLED_BACK
 
@@ -296,21 +291,21 @@ def test_qos_decision_to_audit_and_precision_command() -> None:
     state = QosState(model="gpt", version="v6", active_variant="fp32", breach_since_ms=1)
     d = evaluate_qos(state, POLICY, _stats("v6", 500.0), 100_000)
     assert d.changed and d.variant == "fp16"
-    rec = convert.qos_decision_to_audit(d, epoch=4)
+    rec = wire.qos_decision_to_audit(d, epoch=4)
     assert rec.kind == audit_pb2.DECISION_PRECISION_CHANGE
     assert rec.qos_after.active_variant == "fp16" and rec.epoch == 4
-    cmd = convert.precision_command_of(d, epoch=4)
+    cmd = wire.precision_command_of(d, epoch=4)
     assert (cmd.model, cmd.version, cmd.variant, cmd.epoch) == ("gpt", "v6", "fp16", 4)
     assert cmd.decision_id == rec.decision_id
     hold = evaluate_qos(d.after, POLICY, _stats("v6", 100.0), 101_000)
-    assert convert.qos_decision_to_audit(hold).kind == audit_pb2.DECISION_HOLD
+    assert wire.qos_decision_to_audit(hold).kind == audit_pb2.DECISION_HOLD
 
 
 def test_routing_table_of_a_plan() -> None:
     canary = replace(SPEC, strategy=Strategy.CANARY)
     d = start(canary, 0, epoch=2)
     assert d.routing is not None
-    pb = convert.routing_table_of(plan_for(d.routing), now_ms=99, reason=d.reason)
+    pb = wire.routing_table_of(d.routing, now_ms=99, reason=d.reason)
     assert (pb.model, pb.stable_version, pb.epoch, pb.updated_at_unix_ms) == ("gpt", "v6", 3, 99)
     weights = {r.version: r.weight_percent for r in pb.routes}
     assert weights == {"v7": 2.0, "v6": 98.0}
@@ -318,4 +313,4 @@ def test_routing_table_of_a_plan() -> None:
 
 def test_the_state_carries_its_phase() -> None:
     state = RolloutState(rollout_id="r-1", model="gpt", phase=Phase.ABORTED)
-    assert convert.rollout_state_to_pb(state, SPEC).phase == rollout_pb2.ABORTED
+    assert wire.rollout_state_to_pb(state, SPEC).phase == rollout_pb2.ABORTED

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from graylane.histogram import LatencyHistogram
-from graylane.policy_engine import convert
+from graylane.policy_engine import wire
 from graylane.policy_engine.audit_replay import verify
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.logic.window import TelemetrySample
@@ -16,7 +16,8 @@ from graylane.policy_engine.messages import (
     RolloutPublication,
     RoutingPublication,
 )
-from graylane.policy_engine.publish import command_from_pb, records_of
+from graylane.policy_engine.state import VersionKey
+from graylane.policy_engine.wire import command_from_pb, records_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import ManualCommand, Phase
@@ -95,7 +96,7 @@ def test_healthy_canary_is_promoted_with_rising_epochs() -> None:
     assert [t.plan.weight_of("v2") for t in tables] == [10.0, 50.0, 100.0]
     assert [t.plan.epoch for t in tables] == [8, 9, 10]
     assert tables[-1].plan.stable_version == "v2"
-    assert MODEL not in core.rollouts and core.finished["r1"].phase is Phase.PROMOTED
+    assert MODEL not in core.rollouts and core.rollouts.finished["r1"].phase is Phase.PROMOTED
     # Every state change is published; the last is the promotion.
     states = [o for o in out if isinstance(o, RolloutPublication)]
     assert states[-1].state.phase is Phase.PROMOTED
@@ -117,7 +118,7 @@ def test_bad_candidate_is_rolled_back() -> None:
     out += drive(core, 100_000, 115_000, bad=True)
     tables = routing(out)
     assert tables[-1].plan.weight_of("v2") == 0.0 and tables[-1].plan.stable_version == "v1"
-    assert core.finished["r1"].phase is Phase.ROLLED_BACK
+    assert core.rollouts.finished["r1"].phase is Phase.ROLLED_BACK
     assert any(a.decision.rule.startswith(("p99", "error", "latency")) for a in audits(out))
 
 
@@ -126,11 +127,11 @@ def test_restore_resumes_and_never_lowers_the_epoch() -> None:
     out = core.on_command(start_cmd(), 100_000) + drive(core, 100_000, 106_000)
     last = [o for o in out if isinstance(o, RolloutPublication)][-1]
     assert last.state.phase is Phase.PROGRESSING
-    pb = convert.rollout_state_to_pb(last.state, last.spec)
+    pb = wire.rollout_state_to_pb(last.state, last.spec)
     table_epoch = routing(out)[-1].plan.epoch
 
     fresh = PolicyCore(window_ms=4000, step_ms=1000)
-    state, spec = convert.rollout_state_from_pb(pb)
+    state, spec = wire.rollout_state_from_pb(pb)
     fresh.restore([(state, spec)], {MODEL: table_epoch + 3}, {})
     assert fresh.rollouts[MODEL].state == last.state
     # A redelivered START of the same rollout is ignored.
@@ -138,7 +139,7 @@ def test_restore_resumes_and_never_lowers_the_epoch() -> None:
     later = drive(fresh, 106_000, 140_000)
     epochs = [t.plan.epoch for t in routing(later)]
     assert epochs and min(epochs) > table_epoch + 3 and epochs == sorted(epochs)
-    assert fresh.finished["r1"].phase is Phase.PROMOTED
+    assert fresh.rollouts.finished["r1"].phase is Phase.PROMOTED
 
 
 def test_manual_commands_and_rejections() -> None:
@@ -176,7 +177,7 @@ def test_command_from_pb() -> None:
         command_id="c1",
         kind=rollout_pb2.COMMAND_START,
         model=MODEL,
-        spec=convert.rollout_spec_to_pb(SPEC),
+        spec=wire.rollout_spec_to_pb(SPEC),
     )
     cmd = command_from_pb(pb)
     assert isinstance(cmd, Command) and cmd.spec == SPEC
@@ -194,7 +195,7 @@ def test_qos_steps_down_under_sustained_breach_and_back_up() -> None:
         min_dwell_s=3.0,
     )
     core = PolicyCore(window_ms=2000, step_ms=1000)
-    core.restore([], {}, {(MODEL, "v1"): ("fp32", 4)})
+    core.restore([], {}, {VersionKey(MODEL, "v1"): ("fp32", 4)})
     core.on_command(Command(kind=CommandKind.SET_QOS_POLICY, model=MODEL, qos_policy=policy), 0)
     published: list[PrecisionPublication] = []
     variant = "fp32"

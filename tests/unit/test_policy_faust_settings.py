@@ -9,8 +9,12 @@ import faust
 import pytest
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-from graylane.policy_engine.app import PolicyConfig, create_app
-from graylane.policy_engine.faust_settings import UnsupportedSecurity, credentials
+from graylane.policy_engine.service import (
+    PolicyConfig,
+    UnsupportedSecurity,
+    create_app,
+    credentials,
+)
 from graylane.settings import KafkaSecurity, SaslMechanism, SecurityProtocol, Settings
 
 

@@ -13,10 +13,8 @@ import numpy as np
 import pytest
 
 from graylane.histogram import LatencyHistogram
-from graylane.policy_engine.logic.gates import latency_gate, step_alpha
-from graylane.policy_engine.logic.rollout import evaluate, start
-from graylane.policy_engine.logic.rollout_state import Decision
-from graylane.policy_engine.logic.significance import Verdict
+from graylane.policy_engine.logic.gates import Verdict, latency_gate, step_alpha
+from graylane.policy_engine.logic.rollout import Decision, evaluate, start
 from graylane.policy_engine.logic.window import (
     SlidingWindow,
     TelemetrySample,

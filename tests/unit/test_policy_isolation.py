@@ -14,11 +14,10 @@ from graylane import serde
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
 from graylane.metrics import PolicyMetrics
-from graylane.policy_engine import convert
+from graylane.policy_engine import wire
 from graylane.policy_engine.core import PolicyCore
-from graylane.policy_engine.intake import command_of, restore_values, shadow_of, telemetry_into
-from graylane.policy_engine.isolation import Isolation, invalid_sample
-from graylane.policy_engine.logic.window import TelemetrySample
+from graylane.policy_engine.isolation import RecordGuard
+from graylane.policy_engine.logic.window import TelemetrySample, invalid_sample
 from graylane.policy_engine.messages import (
     Command,
     CommandKind,
@@ -28,8 +27,9 @@ from graylane.policy_engine.messages import (
     RoutingPublication,
     SkipReason,
 )
-from graylane.policy_engine.observe import PolicyObserver
-from graylane.policy_engine.publish import records_of
+from graylane.policy_engine.service import PolicyObserver, telemetry_into
+from graylane.policy_engine.state import VersionKey
+from graylane.policy_engine.wire import command_of, records_of, restore_values, shadow_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
@@ -90,9 +90,9 @@ def test_restore_skips_bad_records_per_key_and_keeps_every_good_one() -> None:
     other = spec("other", "r-other")
     broken_step = replace(state, rollout_id="r-other", model="other", step_index=7)
     rollouts = {
-        b"r-good": serde.encode(convert.rollout_state_to_pb(state, good)),
+        b"r-good": serde.encode(wire.rollout_state_to_pb(state, good)),
         b"r-garbage": GARBAGE,
-        b"r-other": serde.encode(convert.rollout_state_to_pb(broken_step, other)),
+        b"r-other": serde.encode(wire.rollout_state_to_pb(broken_step, other)),
         b"r-deleted": None,
     }
     weights = (("v2", 10.0),)
@@ -107,10 +107,10 @@ def test_restore_skips_bad_records_per_key_and_keeps_every_good_one() -> None:
         b"x/v1": serde.encode(control_pb2.PrecisionCommand(model="x", version="v1")),
         b"y/v1": GARBAGE,
     }
-    restored = restore_values(routing, precision, rollouts, Isolation(), 5_000)
+    restored = restore_values(routing, precision, rollouts, RecordGuard(), 5_000)
     assert [s.rollout_id for s, _ in restored.states] == ["r-good"]
     assert restored.epochs == {"gpt": 4} and set(restored.tables) == {"gpt"}
-    assert restored.precision == {("gpt", "v1"): ("int8", 3)}
+    assert restored.precision == {VersionKey("gpt", "v1"): ("int8", 3)}
     got = {(s.source, s.key, s.reason) for s in restored.skipped}
     assert got == {
         (RecordSource.ROLLOUTS, "r-garbage", SkipReason.UNDECODABLE),
@@ -121,14 +121,14 @@ def test_restore_skips_bad_records_per_key_and_keeps_every_good_one() -> None:
     }
     fresh = PolicyCore()
     restored.apply(fresh)
-    assert set(fresh.rollouts) == {"gpt"} and fresh.routing_epochs["gpt"] >= 4
+    assert set(fresh.rollouts) == {"gpt"} and fresh.routing.epochs["gpt"] >= 4
 
 
 # --- records at run time -----------------------------------------------------------------
 
 
 def test_bad_telemetry_is_skipped_and_good_telemetry_still_counts() -> None:
-    core, isolation = PolicyCore(), Isolation()
+    core, isolation = PolicyCore(), RecordGuard()
     no_scheme = telemetry_pb2.BatchTelemetry(
         model="gpt", version="v1", variant="fp32", completed_at_unix_ms=1_000, request_count=1
     )
@@ -159,11 +159,11 @@ def test_bad_telemetry_is_skipped_and_good_telemetry_still_counts() -> None:
         latency=histogram_to_pb(sample("gpt", "v1", 1_000).latency),
     )
     assert telemetry_into(core, serde.encode(ok), isolation, 1_000) is None
-    assert core.served_at[("gpt", "v1")] == {"fp32": 1_000}
+    assert core.acks.served_at[VersionKey("gpt", "v1")] == {"fp32": 1_000}
 
 
 def test_a_histogram_of_another_scheme_is_skipped_before_it_reaches_the_window() -> None:
-    core, isolation = PolicyCore(), Isolation()
+    core, isolation = PolicyCore(), RecordGuard()
     odd = LatencyHistogram(0.5, 1.3)
     odd.record(5.0)
     pb = telemetry_pb2.BatchTelemetry(
@@ -188,7 +188,7 @@ def test_invalid_sample_names_what_is_wrong() -> None:
 
 
 def test_bad_commands_and_shadow_results_are_skipped() -> None:
-    isolation = Isolation()
+    isolation = RecordGuard()
     skipped = command_of(GARBAGE, isolation, 1)
     assert isinstance(skipped, RecordSkipped) and skipped.source is RecordSource.COMMANDS
     shadow = shadow_of(GARBAGE, isolation, 1)
@@ -207,7 +207,7 @@ def test_a_rollout_whose_decision_fails_never_stops_another_models_rollout() -> 
     active.state = replace(active.state, step_index=9)
     policy = QosPolicy(model="qos", version="v1", ladder=("fp32", "int8"), slo_p99_ms=50.0)
     core.on_command(Command(kind=CommandKind.SET_QOS_POLICY, model="qos", qos_policy=policy), 0)
-    del core.qos_states[("qos", "v1")]  # an inconsistent key: its evaluation raises
+    del core.qos.states[VersionKey("qos", "v1")]  # an inconsistent key: its evaluation raises
     outputs: list[object] = []
     for t in range(250, 6_001, 250):
         for model in ("broken", "gpt"):

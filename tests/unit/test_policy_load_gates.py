@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 
 from graylane.histogram import LatencyHistogram
-from graylane.policy_engine.logic.facts import LagSample, RolloutFacts, VersionLiveness
-from graylane.policy_engine.logic.gates import latency_gate
-from graylane.policy_engine.logic.rollout import evaluate, start
-from graylane.policy_engine.logic.rollout_state import Decision
-from graylane.policy_engine.logic.significance import Verdict
-from graylane.policy_engine.logic.unresponsive import Liveness, judge_liveness
+from graylane.policy_engine.logic.gates import Verdict, latency_gate
+from graylane.policy_engine.logic.liveness import (
+    LagSample,
+    Liveness,
+    VersionLiveness,
+    judge_liveness,
+)
+from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, evaluate, start
 from graylane.policy_engine.logic.window import SlidingWindow, TelemetrySample, WindowKey
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
@@ -76,11 +78,11 @@ def run(
         window.evict(now)
         b = window.stats(WindowKey("m", "v1", "fp32"), now)
         c = window.stats(WindowKey("m", "v2", "fp32"), now)
-        facts = RolloutFacts(
+        signals = RolloutSignals(
             baseline_step=window.step_stats_by_version("m", "v1", now),
             candidate_step=window.step_stats_by_version("m", "v2", now),
         )
-        decisions.append(evaluate(decisions[-1].after, rollout, b, c, None, now, facts=facts))
+        decisions.append(evaluate(decisions[-1].after, rollout, b, c, None, now, signals=signals))
         if decisions[-1].after.terminal:
             break
     return decisions
@@ -153,7 +155,7 @@ def dead_candidate_run(t_s: float, died_at_ms: int, *, baseline_dead: bool = Fal
         last_telemetry_ms=died_at_ms,
     )
     alive = VersionLiveness(version="v1", last_telemetry_ms=now)
-    facts = RolloutFacts(
+    signals = RolloutSignals(
         baseline_liveness=(
             VersionLiveness(
                 version="v1",
@@ -165,7 +167,7 @@ def dead_candidate_run(t_s: float, died_at_ms: int, *, baseline_dead: bool = Fal
         ),
         candidate_liveness=silent,
     )
-    return evaluate(state, rollout, None, None, None, now, facts=facts)
+    return evaluate(state, rollout, None, None, None, now, signals=signals)
 
 
 def test_unresponsive_candidate_rolled_back_within_t() -> None:
@@ -184,12 +186,12 @@ def test_unresponsive_baseline_holds_and_never_promotes() -> None:
     # Even with a promotable healthy candidate: hold while the baseline is silent.
     rollout = spec(GateMode.FIXED, steps=(Step(50.0, 0, 0.0), Step(100.0)))
     state = start(rollout, 0).after
-    facts = RolloutFacts(
+    signals = RolloutSignals(
         baseline_liveness=VersionLiveness(
             version="v1", routed_since_telemetry=1, first_routed_since_telemetry_ms=0
         )
     )
-    d = evaluate(state, rollout, None, None, None, 60_000, facts=facts)
+    d = evaluate(state, rollout, None, None, None, 60_000, signals=signals)
     assert d.kind is DecisionKind.HOLD and d.rule == DecisionRule.BASELINE_UNRESPONSIVE
 
 
@@ -201,21 +203,21 @@ def lag(values: list[int], committed: list[int] | None) -> tuple[LagSample, ...]
 
 def test_growing_lag_nobody_consumes_is_unresponsive() -> None:
     grows = [0, 40, 80, 120, 160, 200, 240]
-    facts = VersionLiveness(version="v2", lag=lag(grows, [7] * 7))
-    assert judge_liveness(facts, 12_000, 10_000).liveness is Liveness.UNRESPONSIVE
+    signals = VersionLiveness(version="v2", lag=lag(grows, [7] * 7))
+    assert judge_liveness(signals, 12_000, 10_000).liveness is Liveness.UNRESPONSIVE
     # Not before it grew for T.
     short = VersionLiveness(version="v2", lag=lag(grows[:5], [7] * 5))
     assert judge_liveness(short, 8_000, 10_000).liveness is Liveness.ALIVE
 
 
 def test_growing_lag_while_consuming_is_behind_not_dead() -> None:
-    facts = VersionLiveness(version="v2", lag=lag([0, 40, 80, 120, 160, 200], list(range(6))))
-    verdict = judge_liveness(facts, 10_000, 10_000)
+    signals = VersionLiveness(version="v2", lag=lag([0, 40, 80, 120, 160, 200], list(range(6))))
+    verdict = judge_liveness(signals, 10_000, 10_000)
     assert verdict.liveness is Liveness.BEHIND and "consumed" in verdict.reason
 
 
 def test_wobbling_small_lag_is_alive() -> None:
-    facts = VersionLiveness(version="v2", lag=lag([1, 1, 2, 3, 3, 4], None))
-    assert judge_liveness(facts, 10_000, 10_000).liveness is Liveness.ALIVE
+    signals = VersionLiveness(version="v2", lag=lag([1, 1, 2, 3, 3, 4], None))
+    assert judge_liveness(signals, 10_000, 10_000).liveness is Liveness.ALIVE
     falls = VersionLiveness(version="v2", lag=lag([0, 40, 10, 50, 90, 130], [1] * 6))
     assert judge_liveness(falls, 10_000, 10_000).liveness is Liveness.ALIVE

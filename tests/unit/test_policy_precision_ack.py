@@ -10,7 +10,8 @@ from graylane.policy_engine.messages import (
     PrecisionAck,
     PrecisionPublication,
 )
-from graylane.policy_engine.publish import records_of
+from graylane.policy_engine.state import VersionKey
+from graylane.policy_engine.wire import records_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule
 from graylane.serde import decode
@@ -62,7 +63,7 @@ def _run(follow: bool) -> list[PrecisionAck]:
                 if isinstance(o, PrecisionAck):
                     acks.append(o)
     if not follow:  # the controller is back on what the workers serve
-        assert core.qos_states[(MODEL, "v1")].active_variant in ("fp32", "fp16")
+        assert core.qos.states[VersionKey(MODEL, "v1")].active_variant in ("fp32", "fp16")
         assert all(a.served == "fp32" for a in acks)
     return acks
 

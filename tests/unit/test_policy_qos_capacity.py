@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from graylane.histogram import LatencyHistogram
-from graylane.policy_engine import convert
+from graylane.policy_engine import wire
 from graylane.policy_engine.logic.qos import QosDecision, evaluate_qos, initial_qos_state
 from graylane.policy_engine.logic.window import SlidingWindow, WindowStats
 from graylane.rollouts.errors import InvalidPolicy
@@ -190,7 +190,7 @@ def test_window_counts_shed_requests_apart_from_served() -> None:
     assert s.throughput_rps == pytest.approx(5.0)
     assert s.offered_rps == pytest.approx(20.0)
     assert s.shed_fraction == pytest.approx(0.75)
-    assert convert.window_stats_from_pb(convert.window_stats_to_pb(s)).shed == 60
+    assert wire.window_stats_from_pb(wire.window_stats_to_pb(s)).shed == 60
 
 
 def test_negative_shed_counts_are_refused() -> None:
@@ -277,7 +277,7 @@ def test_the_newest_step_shows_a_jump_in_load_the_window_average_hides() -> None
     s = window.stats_by_version("m", "v1", 4_000)
     assert s is not None
     assert s.offered_rps == pytest.approx(75 / 4) and s.step_offered_rps == pytest.approx(45.0)
-    back = convert.window_stats_from_pb(convert.window_stats_to_pb(s))  # audit replay sees it
+    back = wire.window_stats_from_pb(wire.window_stats_to_pb(s))  # audit replay sees it
     assert back.step_offered_rps == s.step_offered_rps
     # 45 rps in the newest step is past fp32's 20: at once, though the window says 18.75
     breach = replace(s, p99_ms=400.0)

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from graylane.histogram import LatencyHistogram
-from graylane.policy_engine import audit_replay, convert
-from graylane.policy_engine.logic import contention
+from graylane.policy_engine import audit_replay, wire
+from graylane.policy_engine.logic import qos
 from graylane.policy_engine.logic.qos import QosState, evaluate_qos, initial_qos_state
 from graylane.policy_engine.logic.window import SlidingWindow, WindowStats
 from graylane.rollouts.qos_policy import QosPolicy
@@ -33,33 +33,33 @@ POLICY = QosPolicy(
 def test_observed_factor_is_calibrated_over_observed_service_time() -> None:
     # int8 calibrated at 36 rps = 27.8 ms a request; observed 4x slower in the stack
     stats = served_window(variant="int8", served_rps=5.0, per_request_ms=1000.0 / 36.0 * 4)
-    assert contention.observed_factor(stats, INT8_RPS) == pytest.approx(0.25)
+    assert qos.observed_factor(stats, INT8_RPS) == pytest.approx(0.25)
 
 
 def test_observed_factor_is_bounded_and_needs_evidence() -> None:
     fast = served_window(variant="int8", served_rps=5.0, per_request_ms=1.0)  # faster than alone
-    assert contention.observed_factor(fast, INT8_RPS) == contention.MAX_FACTOR
+    assert qos.observed_factor(fast, INT8_RPS) == qos.MAX_FACTOR
     crawl = served_window(variant="int8", served_rps=5.0, per_request_ms=100_000.0)
-    assert contention.observed_factor(crawl, INT8_RPS) == contention.MIN_FACTOR
-    assert contention.observed_factor(fast, None) is None  # not calibrated
+    assert qos.observed_factor(crawl, INT8_RPS) == qos.MIN_FACTOR
+    assert qos.observed_factor(fast, None) is None  # not calibrated
     few = served_window(variant="int8", served_rps=1.0, per_request_ms=100.0)  # 4 requests
-    assert few.requests < contention.MIN_REQUESTS
-    assert contention.observed_factor(few, INT8_RPS) is None
+    assert few.requests < qos.MIN_REQUESTS
+    assert qos.observed_factor(few, INT8_RPS) is None
     unknown = replace(fast, service_busy_ms=0.0, service_requests=0)
-    assert contention.observed_factor(unknown, INT8_RPS) is None
+    assert qos.observed_factor(unknown, INT8_RPS) is None
 
 
 def test_smoothed_factor_moves_toward_the_observation_within_bounds() -> None:
-    assert contention.smoothed_factor(1.0, None) == 1.0
-    once = contention.smoothed_factor(1.0, 0.2)
+    assert qos.smoothed_factor(1.0, None) == 1.0
+    once = qos.smoothed_factor(1.0, 0.2)
     assert 0.2 < once < 1.0
-    assert once == pytest.approx(contention.SMOOTHING * 0.2 + (1 - contention.SMOOTHING))
+    assert once == pytest.approx(qos.SMOOTHING * 0.2 + (1 - qos.SMOOTHING))
     factor = 1.0
     for _ in range(30):
-        factor = contention.smoothed_factor(factor, 0.2)
+        factor = qos.smoothed_factor(factor, 0.2)
     assert factor == pytest.approx(0.2, abs=1e-3)
-    assert contention.effective_capacity(20.0, 0.25) == pytest.approx(5.0)
-    assert contention.effective_capacity(None, 0.25) is None
+    assert qos.effective_capacity(20.0, 0.25) == pytest.approx(5.0)
+    assert qos.effective_capacity(None, 0.25) is None
 
 
 def test_window_reports_busy_time_per_request_once_per_batch() -> None:
@@ -78,7 +78,7 @@ def test_window_reports_busy_time_per_request_once_per_batch() -> None:
     assert s is not None
     assert (s.service_busy_ms, s.service_requests) == (400.0, 20)
     assert s.service_per_request_ms == pytest.approx(20.0)
-    back = convert.window_stats_from_pb(convert.window_stats_to_pb(s))
+    back = wire.window_stats_from_pb(wire.window_stats_to_pb(s))
     assert back.service_per_request_ms == pytest.approx(20.0)
 
 
@@ -122,12 +122,12 @@ def test_step_up_threshold_follows_the_contended_capacity() -> None:
 def test_the_time_the_stack_adds_is_what_every_rung_pays_not_the_same_share() -> None:
     """At half its calibrated speed on int8 (27.8 -> 55.6 ms), fp32 pays the same
     27.8 ms more: 1000 / 77.8 = 12.9 rps, not 0.5 x 20 = 10."""
-    assert contention.effective_capacity(FP32_RPS, 0.5, INT8_RPS) == pytest.approx(12.86, 0.01)
-    assert contention.effective_capacity(INT8_RPS, 0.5) == pytest.approx(18.0)
-    assert contention.effective_capacity(INT8_RPS, 0.5, INT8_RPS) == pytest.approx(18.0)
+    assert qos.effective_capacity(FP32_RPS, 0.5, INT8_RPS) == pytest.approx(12.86, 0.01)
+    assert qos.effective_capacity(INT8_RPS, 0.5) == pytest.approx(18.0)
+    assert qos.effective_capacity(INT8_RPS, 0.5, INT8_RPS) == pytest.approx(18.0)
     # measured on fp32 (50 -> 100 ms), int8 pays 50 ms more: it keeps only 36 %
-    assert contention.effective_capacity(INT8_RPS, 0.5, FP32_RPS) == pytest.approx(12.86, 0.01)
-    assert contention.effective_capacity(None, 0.5, FP32_RPS) is None
+    assert qos.effective_capacity(INT8_RPS, 0.5, FP32_RPS) == pytest.approx(12.86, 0.01)
+    assert qos.effective_capacity(None, 0.5, FP32_RPS) is None
 
 
 def test_uncontended_stack_keeps_the_calibrated_threshold() -> None:
@@ -142,10 +142,10 @@ def test_contention_travels_in_the_audit_record_and_replays() -> None:
     start = replace(initial_qos_state(POLICY), active_variant="int8", contention=0.3)
     stats = served_window(variant="int8", served_rps=8.0, per_request_ms=1000.0 / INT8_RPS * 4)
     decision = evaluate_qos(start, POLICY, stats, T0)
-    rec = convert.qos_decision_to_audit(decision, policy=POLICY)
+    rec = wire.qos_decision_to_audit(decision, policy=POLICY)
     assert rec.qos_before.contention == pytest.approx(0.3)
     assert rec.qos_after.contention == pytest.approx(decision.after.contention)
-    assert convert.qos_state_from_pb(rec.qos_after).contention == decision.after.contention
+    assert wire.qos_state_from_pb(rec.qos_after).contention == decision.after.contention
     assert audit_replay.verify([rec]) == []
     tampered = type(rec)()
     tampered.CopyFrom(rec)

@@ -20,8 +20,7 @@ from graylane.policy_engine.logic.replay import (
     replay,
     replay_qos,
 )
-from graylane.policy_engine.logic.rollout import apply_command, evaluate, start
-from graylane.policy_engine.logic.rollout_state import Decision
+from graylane.policy_engine.logic.rollout import Decision, apply_command, evaluate, start
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Step, Strategy

@@ -9,14 +9,12 @@ from itertools import product
 import pytest
 
 from graylane.policy_engine.logic.rollout import (
+    TRANSITIONS,
     apply_command,
+    check_transition,
     evaluate,
     pending_state,
     start,
-)
-from graylane.policy_engine.logic.rollout_state import (
-    TRANSITIONS,
-    check_transition,
 )
 from graylane.rollouts.errors import (
     InputMismatch,

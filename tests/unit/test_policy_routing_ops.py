@@ -15,7 +15,7 @@ from graylane.policy_engine.messages import (
     RoutingAudit,
     RoutingPublication,
 )
-from graylane.policy_engine.publish import command_from_pb, records_of
+from graylane.policy_engine.wire import command_from_pb, records_of
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionRule, ManualCommand, Phase
 from graylane.routing import RoutingRequest, RoutingRule, route
@@ -94,8 +94,8 @@ def test_rules_and_pins_survive_every_table_of_a_rollout() -> None:
     assert epochs == sorted(epochs) and len(set(epochs)) == 3
     # the router honours the carried rule
     t = table_from_pb(published[0])
-    facts = RoutingRequest(request_id="q", routing_key="k", tags={"tenant": "internal"})
-    assert route(t, facts).version == "1.1.0"
+    signals = RoutingRequest(request_id="q", routing_key="k", tags={"tenant": "internal"})
+    assert route(t, signals).version == "1.1.0"
 
 
 def test_rule_change_during_a_rollout_keeps_its_weights() -> None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 from graylane.policy_engine.logic.rollout import apply_command, start
-from graylane.policy_engine.logic.rollout_state import RoutingIntent
 from graylane.policy_engine.logic.routing_plan import (
     VersionWeight,
-    plan_for,
     route_table_for,
+    split_plan,
     weights_for,
 )
 from graylane.rollouts.spec import RolloutSpec, Strategy
@@ -31,7 +30,7 @@ def test_weights_for() -> None:
 def test_canary_plan_and_router_table() -> None:
     d = start(SPEC, 0, epoch=3)
     assert d.routing is not None
-    plan = plan_for(d.routing)
+    plan = d.routing
     assert plan.stable_version == "v1" and plan.epoch == 4
     assert plan.weight_of("v2") == 1.0 and plan.others() == (("v2", 1.0),)
     table = route_table_for(plan, reason=d.reason)
@@ -54,7 +53,7 @@ def test_shadow_plan() -> None:
         0,
     )
     assert d.routing is not None
-    plan = plan_for(d.routing)
+    plan = d.routing
     assert (plan.shadow_version, plan.shadow_share) == ("v2", 0.25)
     assert plan.others() == ()
     table = route_table_for(plan)
@@ -65,16 +64,16 @@ def test_promoted_and_rolled_back_plans() -> None:
     running = start(SPEC, 0).after
     promoted = apply_command(running, SPEC, ManualCommand.PROMOTE, 1).routing
     assert promoted is not None
-    plan = plan_for(promoted)
+    plan = promoted
     assert plan.stable_version == "v2" and plan.others() == ()
     assert route_table_for(plan).weight_of("v2") == 100.0
     rolled = apply_command(running, SPEC, ManualCommand.ROLLBACK, 1).routing
     assert rolled is not None
-    assert route_table_for(plan_for(rolled)).weight_of("v1") == 100.0
+    assert route_table_for(rolled).weight_of("v1") == 100.0
 
 
 def test_shadow_share_without_version_is_dropped() -> None:
-    intent = RoutingIntent(
+    intent = split_plan(
         model="m",
         rollout_id="r",
         stable_version="v1",
@@ -83,4 +82,4 @@ def test_shadow_share_without_version_is_dropped() -> None:
         candidate_weight_percent=5.0,
         shadow_share=0.3,
     )
-    assert plan_for(intent).shadow_share == 0.0
+    assert intent.shadow_share == 0.0

@@ -11,7 +11,6 @@ from graylane.histogram import LatencyHistogram
 from graylane.metrics import PolicyMetrics
 from graylane.policy_engine.audit_replay import verify
 from graylane.policy_engine.core import PolicyCore
-from graylane.policy_engine.core_scale import restore_scale
 from graylane.policy_engine.logic.scale import ScalePolicy, ScaleReason
 from graylane.policy_engine.logic.window import TelemetrySample
 from graylane.policy_engine.messages import (
@@ -22,8 +21,9 @@ from graylane.policy_engine.messages import (
     ScaleAudit,
     ScalePublication,
 )
-from graylane.policy_engine.observe import PolicyObserver
-from graylane.policy_engine.publish import records_of
+from graylane.policy_engine.service import PolicyObserver
+from graylane.policy_engine.state import VersionKey
+from graylane.policy_engine.wire import records_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule
 from graylane.topics import TopicLayout
@@ -101,8 +101,8 @@ def elastic_run(
     spike_end_ms: int = 40_000, warmup_ms: int = 3000, qos: QosPolicy = QOS
 ) -> tuple[PolicyCore, Sim]:
     core = PolicyCore(window_ms=2000, step_ms=1000)
-    core.scale_policy = SCALE
-    core.partitions[(MODEL, VERSION)] = 2
+    core.set_scale_policy(SCALE)
+    core.note_partitions({VersionKey(MODEL, VERSION): 2})
     core.on_command(Command(kind=CommandKind.SET_QOS_POLICY, model=MODEL, qos_policy=qos), 0)
     sim = Sim(core, warmup_ms)
     for t in range(0, 120_000, 250):
@@ -128,7 +128,7 @@ def test_a_spike_steps_down_scales_out_then_scales_in_and_steps_back_up() -> Non
     assert outs[0].decision.reason is ScaleReason.FLOOR_BREACH
     assert outs[1].decision.reason is ScaleReason.LOW_LOAD
     assert [o.epoch for o in outs] == [1, 2]
-    assert core.scale_states[(MODEL, VERSION)].desired == 1
+    assert core.scaling.states[VersionKey(MODEL, VERSION)].desired == 1
     # fp32 came back 2 s after the spike (calm sustained), one replica after the cooldown
     up = next(o for o in sim.outputs if isinstance(o, PrecisionPublication) and o.epoch == 2)
     assert up.decision.variant == "fp32" and up.decision.at_ms == 42_000
@@ -205,13 +205,15 @@ def test_scaling_is_off_by_default_and_a_restored_request_is_kept() -> None:
     for t in range(0, 30_000, 250):
         sim.step(t, 40.0)
     assert not [o for o in sim.outputs if isinstance(o, ScalePublication)]
-    assert core.scale_states == {}
+    assert core.scaling.states == {}
 
     core = PolicyCore(window_ms=2000, step_ms=1000)
-    core.scale_policy = SCALE
-    restore_scale(core, (MODEL, VERSION), 2, 5, 1_000)
-    restore_scale(core, (MODEL, VERSION), 3, 4, 2_000)  # an older epoch read later: ignored
-    assert core.scale_states[(MODEL, VERSION)].desired == 2
+    core.set_scale_policy(SCALE)
+    core.scaling.restore(VersionKey(MODEL, VERSION), 2, 5, 1_000)
+    core.scaling.restore(
+        VersionKey(MODEL, VERSION), 3, 4, 2_000
+    )  # an older epoch read later: ignored
+    assert core.scaling.states[VersionKey(MODEL, VERSION)].desired == 2
     out = [o for o in core.tick(60_000) if isinstance(o, ScalePublication)]
     assert out == []  # idle, capacity unknown: the restored request stands
-    assert core.scale_epochs[(MODEL, VERSION)] == 5
+    assert core.scaling.epochs[VersionKey(MODEL, VERSION)] == 5

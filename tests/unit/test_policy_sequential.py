@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 
 from graylane.histogram import LatencyHistogram
-from graylane.policy_engine.logic.facts import RolloutFacts
-from graylane.policy_engine.logic.rollout import evaluate, start
-from graylane.policy_engine.logic.rollout_state import Decision
-from graylane.policy_engine.logic.sequential import RateTest, RatioTest, log_threshold
-from graylane.policy_engine.logic.sequential_gates import advance_sequential
-from graylane.policy_engine.logic.significance import fisher_greater
+from graylane.policy_engine.logic.gates import fisher_greater
+from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, evaluate, start
+from graylane.policy_engine.logic.sequential import (
+    RateTest,
+    RatioTest,
+    advance_sequential,
+    log_threshold,
+)
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
@@ -158,8 +160,10 @@ def simulate(traffic: Traffic, seconds: float, seed: int, spec: RolloutSpec) -> 
             service = rng.lognormal(np.log(20.0 * slow), 0.35, n)
             sides.append(stats_of(version, service, int(rng.binomial(n, err)), now, STEP_MS))
         base, cand = sides
-        facts = RolloutFacts(baseline_step=base, candidate_step=cand)
-        decisions.append(evaluate(decisions[-1].after, spec, base, cand, None, now, facts=facts))
+        signals = RolloutSignals(baseline_step=base, candidate_step=cand)
+        decisions.append(
+            evaluate(decisions[-1].after, spec, base, cand, None, now, signals=signals)
+        )
         if decisions[-1].after.terminal:
             break
     return decisions

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graylane.policy_engine import convert
+from graylane.policy_engine import wire
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.logic.agreement import (
     AgreementStats,
@@ -15,7 +15,7 @@ from graylane.policy_engine.logic.agreement import (
 from graylane.policy_engine.logic.rollout import evaluate, start
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.policy_engine.messages import Command, CommandKind, RolloutAudit
-from graylane.policy_engine.publish import shadow_output_of
+from graylane.policy_engine.wire import shadow_output_of
 from graylane.rollouts.spec import RolloutSpec, Step, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
 from graylane.v1 import inference_pb2, tensor_pb2
@@ -106,12 +106,12 @@ def test_incomparable_is_audited_with_both_schemas_and_replays() -> None:
     state = start(SPEC, 0).after
     mismatch = SchemaMismatch("a:float32[1,10]", "b:float32[1,10]")
     d = evaluate(state, SPEC, _window("v1"), _window("v2"), AgreementStats(0, 0, mismatch), 5_000)
-    rec = convert.decision_to_audit(d, SPEC, command_id="", actor="policy-engine")
+    rec = wire.decision_to_audit(d, SPEC, command_id="", actor="policy-engine")
     assert (rec.agreement.baseline_schema, rec.agreement.candidate_schema) == (
         "a:float32[1,10]",
         "b:float32[1,10]",
     )
-    assert convert.agreement_from_pb(rec.agreement) == AgreementStats(0, 0, mismatch)
+    assert wire.agreement_from_pb(rec.agreement) == AgreementStats(0, 0, mismatch)
 
 
 def test_core_stops_the_shadow_on_the_first_incomparable_pair() -> None:
@@ -122,4 +122,4 @@ def test_core_stops_the_shadow_on_the_first_incomparable_pair() -> None:
     outs = core.tick(1_000)
     audits = [o for o in outs if isinstance(o, RolloutAudit)]
     assert [a.decision.rule for a in audits] == [DecisionRule.INCOMPARABLE]
-    assert "m" not in core.rollouts and core.finished["r1"].phase is Phase.ABORTED
+    assert "m" not in core.rollouts and core.rollouts.finished["r1"].phase is Phase.ABORTED

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graylane.policy_engine.logic.significance import (
+from graylane.policy_engine.logic.gates import (
     Verdict,
     agreement_test,
     binomial_cdf,

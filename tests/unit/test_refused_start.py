@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from graylane.policy_engine import convert
+from graylane.policy_engine import wire
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.messages import (
     Command,
@@ -12,7 +12,7 @@ from graylane.policy_engine.messages import (
     CommandRejected,
     RolloutPublication,
 )
-from graylane.policy_engine.publish import command_from_pb, records_of
+from graylane.policy_engine.wire import command_from_pb, records_of
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import Phase
 from graylane.serde import decode
@@ -42,7 +42,7 @@ def test_a_refused_start_publishes_its_rollout_as_aborted_with_the_reason() -> N
     assert core.on_command(_start(SECOND), 3_000) == []
     # and it restores as finished, not active
     (rec,) = [r for r in records_of(ended, TopicLayout(prefix="t")) if r.topic.endswith("rollouts")]
-    state, spec = convert.rollout_state_from_pb(decode(rollout_pb2.RolloutState, rec.value))
+    state, spec = wire.rollout_state_from_pb(decode(rollout_pb2.RolloutState, rec.value))
     assert state.terminal and spec == SECOND
 
 
@@ -53,7 +53,7 @@ def test_an_undecodable_start_is_rejected_as_a_start() -> None:
 
 
 def _pending(store_rollout_id: str) -> tuple[rollout_pb2.RolloutState, rollout_pb2.RolloutCommand]:
-    spec = convert.rollout_spec_to_pb(SECOND)
+    spec = wire.rollout_spec_to_pb(SECOND)
     state = rollout_pb2.RolloutState(
         rollout_id=store_rollout_id, model="m", phase=rollout_pb2.PENDING, spec=spec
     )

@@ -8,6 +8,12 @@ restores it from the compacted ``rollouts()``, ``routing()``,
 ``SET_QOS_POLICY`` commands on record, so a restarted engine resumes its
 rollouts and never writes an epoch below one already written.
 
+Every record is taken on its own (:func:`telemetry_into`,
+``wire.command_of``, ``wire.shadow_of``): a bad one is skipped, counted and
+audited. :class:`PolicyObserver` turns the published outputs into metrics;
+:func:`broker_settings` gives faust the same brokers and security as every
+other client.
+
 Graylane's topics are created beforehand (``ensure_topics``); faust only
 subscribes to them. faust's own state is in memory (``memory://``), its web
 server is off, and every record the core emits is produced with the
@@ -18,37 +24,69 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
 
 import faust
+from faust.types.auth import CredentialsT
 
 from graylane import serde
 from graylane.clock import Clock, now_ms
-from graylane.errors import SerdeError
+from graylane.errors import GraylaneError, SerdeError
 from graylane.kafka.admin import ensure_topics, partition_counts
 from graylane.kafka.reading import read_latest_per_key, read_to_end
 from graylane.kafka.seam import KafkaFactory
 from graylane.metrics import CONTROL_CAUGHT_UP, PolicyMetrics, ServiceObservability
-from graylane.policy_engine import convert
+from graylane.policy_engine import wire
 from graylane.policy_engine.core import PolicyCore
-from graylane.policy_engine.core_scale import restore_scale
-from graylane.policy_engine.faust_settings import broker_settings
-from graylane.policy_engine.intake import command_of, restore_values, shadow_of, telemetry_into
+from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.lease import LeaseKeeper, restart_as_standby
 from graylane.policy_engine.liveness_probe import LivenessProbe
-from graylane.policy_engine.logic.scale import ScalePolicy
-from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS
-from graylane.policy_engine.messages import CommandRejected, Output, RecordSkipped, RecordSource
-from graylane.policy_engine.observe import PolicyObserver
-from graylane.policy_engine.publish import records_of
+from graylane.policy_engine.logic.qos import QosState
+from graylane.policy_engine.logic.scale import ScalePolicy, ScaleState
+from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS, invalid_sample
+from graylane.policy_engine.messages import (
+    CommandRejected,
+    Output,
+    PrecisionPublication,
+    QosAudit,
+    QosPolicySet,
+    RecordSkipped,
+    RecordSource,
+    RolloutAudit,
+    RolloutPublication,
+    RoutingPublication,
+    ScaleAudit,
+    ScalePublication,
+    SkipReason,
+)
+from graylane.policy_engine.wire import (
+    command_of,
+    records_of,
+    restore_values,
+    shadow_of,
+)
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
-from graylane.settings import Settings
-from graylane.v1 import control_pb2, rollout_pb2
+from graylane.rollouts.vocabulary import DecisionRule, Phase
+from graylane.settings import KafkaSecurity, SaslMechanism, SecurityProtocol, Settings
+from graylane.v1 import telemetry_pb2
 
-__all__ = ["PolicyConfig", "create_app", "prepare_topics"]
+__all__ = [
+    "FaustBrokerSettings",
+    "PolicyConfig",
+    "PolicyObserver",
+    "UnsupportedSecurity",
+    "broker_settings",
+    "create_app",
+    "credentials",
+    "prepare_topics",
+    "telemetry_into",
+]
+
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +119,7 @@ async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
 def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     factory = KafkaFactory(settings)
     layout = factory.layout
-    core = PolicyCore(config.window_ms, config.step_ms)
-    core.scale_policy = config.scale
+    core = PolicyCore(config.window_ms, config.step_ms, scale_policy=config.scale)
     probe = LivenessProbe(factory)
     restored = asyncio.Event()
     brokers = broker_settings(settings)  # security included, like every other client
@@ -127,7 +164,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         if config.lease is not None:  # fenced while the lease lapsed: wait to hold it again
             await config.lease.wait_writable()
         observer.observe(outputs)
-        observer.desired_replicas(core.scale_states.values())
+        observer.desired_replicas(core.scaling.states.values())
         for rec in records_of(outputs, layout):
             await app.producer.send_and_wait(
                 rec.topic, rec.key, rec.value, partition=None, timestamp=None, headers=None
@@ -161,15 +198,15 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
                 await _note_partitions(factory, core)
                 await asyncio.sleep(config.partitions_refresh_s)
 
-    # Every record on its own (graylane.policy_engine.intake): a bad one is skipped,
-    # counted and audited, and never stops the records of other rollouts or models.
-    isolation = core.isolation
+    # Every record on its own (telemetry_into, wire.command_of, wire.shadow_of): a bad one is
+    # skipped, counted and audited, and never stops the records of other rollouts or models.
+    guard = core.guard
 
     @app.agent(telemetry)
     async def on_telemetry(stream: faust.StreamT[bytes]) -> None:
         await restored.wait()
         async for value in stream:
-            skipped = telemetry_into(core, value, isolation, config.clock())
+            skipped = telemetry_into(core, value, guard, config.clock())
             if skipped is not None:
                 await publish([skipped])
 
@@ -178,7 +215,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         await restored.wait()
         async for value in stream:
             at = config.clock()
-            cmd = command_of(value, isolation, at)
+            cmd = command_of(value, guard, at)
             if isinstance(cmd, RecordSkipped):
                 await publish([cmd])
             elif isinstance(cmd, CommandRejected):
@@ -186,7 +223,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             else:
                 model = cmd.model
                 await publish(
-                    isolation.guard(
+                    guard.run(
                         partial(core.on_command, cmd, at), RecordSource.COMMANDS, at, model=model
                     )
                 )
@@ -196,7 +233,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         async def on_shadow(stream: faust.StreamT[bytes], _model: str = config.models[i]) -> None:
             await restored.wait()
             async for value in stream:
-                output = shadow_of(value, isolation, config.clock())
+                output = shadow_of(value, guard, config.clock())
                 if isinstance(output, RecordSkipped):
                     await publish([output])
                 else:
@@ -211,9 +248,9 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             return
         if config.lease is not None and not config.lease.active:
             return  # fenced: no decisions until the lease is held again
-        # Liveness facts first: read from the broker, so a dead worker cannot hide.
-        for model, version, sample in await probe.sample(core.liveness_targets(), config.clock()):
-            core.on_offsets(model, version, sample)
+        # Liveness signals first: read from the broker, so a dead worker cannot hide.
+        for key, sample in await probe.sample(core.liveness_targets(), config.clock()):
+            core.on_offsets(key, sample)
         try:
             outputs = core.tick(config.clock())
         except PolicyError:
@@ -234,53 +271,172 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
 async def _restore(factory: KafkaFactory, core: PolicyCore, at_ms: int) -> list[RecordSkipped]:
     """Rebuild ``core`` from the control topics; the records that had to be skipped."""
     layout = factory.layout
+    commands = await read_to_end(factory, layout.commands(), client_suffix="policy-restore")
     restored = restore_values(
         await read_latest_per_key(factory, layout.routing()),
         await read_latest_per_key(factory, layout.precision()),
         await read_latest_per_key(factory, layout.rollouts()),
-        core.isolation,
+        core.guard,
         at_ms,
+        scale=await read_latest_per_key(factory, layout.scale()),
+        commands=[record.value for record in commands],
     )
-    restored.qos_policies = await _qos_policies(factory)
     restored.apply(core)
-    for value in (await read_latest_per_key(factory, layout.scale())).values():
-        if not value:
-            continue
-        try:
-            req = serde.decode(control_pb2.ScaleRequest, value)
-        except SerdeError as exc:  # one bad record never blocks the others
-            log.warning("skipping an undecodable scale request: %s", exc)
-            continue
-        key = (req.model, req.version)
-        restore_scale(core, key, req.desired_replicas, req.epoch, req.decided_at_unix_ms)
     return restored.skipped
 
 
 async def _note_partitions(factory: KafkaFactory, core: PolicyCore) -> None:
     """Partition counts of the scaled versions' topics (they bound the replicas)."""
-    live = core.window.keys()  # a SlidingWindow, not a dict
-    keys = {(k.model, k.version) for k in live} | set(core.scale_states)
-    topics = {factory.layout.version_requests(m, v): (m, v) for m, v in sorted(keys)}
+    topics = {
+        factory.layout.version_requests(k.model, k.version): k for k in core.scaled_versions()
+    }
     try:
         counts = await partition_counts(factory, list(topics))
     except Exception as exc:  # the next refresh retries; the bound keeps its last value
         log.warning("partition counts not read: %s", exc)
         return
-    for topic, n in counts.items():
-        core.partitions[topics[topic]] = n
+    core.note_partitions({topics[topic]: n for topic, n in counts.items()})
 
 
-async def _qos_policies(factory: KafkaFactory) -> list[QosPolicy]:
-    """The latest SET_QOS_POLICY per (model, version) on the commands topic."""
-    latest: dict[tuple[str, str], QosPolicy] = {}
-    for record in await read_to_end(
-        factory, factory.layout.commands(), client_suffix="policy-restore"
-    ):
+def telemetry_into(
+    core: PolicyCore, value: bytes | None, guard: RecordGuard, at_ms: int
+) -> RecordSkipped | None:
+    """Feed one telemetry record to the core; what was skipped, if it was."""
+    try:
+        sample = wire.telemetry_from_pb(serde.decode(telemetry_pb2.BatchTelemetry, value))
+    except SerdeError as exc:
+        return guard.skip(RecordSource.TELEMETRY, SkipReason.UNDECODABLE, str(exc), at_ms)
+    except Exception as exc:  # a histogram without a valid scheme, ...
+        detail = f"{type(exc).__name__}: {exc}"
+        return guard.skip(RecordSource.TELEMETRY, SkipReason.INVALID, detail, at_ms)
+    problem = invalid_sample(sample, core.window.scheme)
+    if problem is None:
         try:
-            pb = serde.decode(rollout_pb2.RolloutCommand, record.value)
-            if pb.kind == rollout_pb2.COMMAND_SET_QOS_POLICY:
-                p = convert.qos_policy_from_pb(pb.qos_policy)
-                latest[(p.model, p.version)] = p
-        except Exception:  # a bad record is skipped, never fatal at restore
-            continue
-    return list(latest.values())
+            core.on_telemetry(sample, received_ms=at_ms)
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+    if problem is not None:
+        return guard.skip(
+            RecordSource.TELEMETRY,
+            SkipReason.INVALID,
+            problem,
+            at_ms,
+            model=sample.model,
+            version=sample.version,
+        )
+    return None
+
+
+_PHASES = tuple(p.value for p in Phase)
+_ACTIVE = {Phase.PENDING, Phase.SHADOWING, Phase.PROGRESSING, Phase.AB_HOLDING, Phase.PAUSED}
+
+
+@dataclass
+class PolicyObserver:
+    """Feed it every batch of outputs the engine publishes."""
+
+    metrics: PolicyMetrics
+    _policies: dict[tuple[str, str], QosPolicy] = field(default_factory=dict)
+
+    def observe(self, outputs: Iterable[Output]) -> None:
+        for out in outputs:
+            self._one(out)
+
+    def _one(self, out: Output) -> None:
+        m = self.metrics
+        if isinstance(out, RolloutAudit):
+            rd = out.decision
+            m.decisions.labels(out.spec.model, rd.kind.value, str(rd.rule)).inc()
+        elif isinstance(out, RolloutPublication):
+            state, spec = out.state, out.spec
+            m.set_phase(spec.model, spec.candidate, state.phase.value, _PHASES)
+            m.rollout_step.labels(spec.model, spec.candidate).set(state.step_index)
+            m.set_roles(spec.model, spec.baseline, spec.candidate, state.phase in _ACTIVE)
+        elif isinstance(out, RoutingPublication):
+            m.routing_epoch.labels(out.plan.model).set(out.plan.epoch)
+        elif isinstance(out, QosAudit):
+            qd = out.decision
+            m.decisions.labels(qd.after.model, qd.kind.value, str(qd.rule)).inc()
+            self._qos(qd.after)
+        elif isinstance(out, PrecisionPublication):
+            self._qos(out.decision.after)
+        elif isinstance(out, QosPolicySet):
+            policy = out.policy
+            self._policies[(policy.model, policy.version)] = policy
+            m.qos_slo_p99.labels(policy.model, policy.version).set(policy.slo_p99_ms / 1000.0)
+            self._qos(out.after)
+        elif isinstance(out, ScalePublication):
+            after = out.decision.after
+            m.desired_replicas.labels(after.model, after.version).set(after.desired)
+        elif isinstance(out, ScaleAudit):
+            d = out.decision
+            m.decisions.labels(d.after.model, d.kind.value, str(d.rule)).inc()
+        elif isinstance(out, RecordSkipped):
+            m.skipped_records.labels(out.source.value, out.reason.value).inc()
+            if out.reason is SkipReason.FAILED:
+                m.decision_errors.labels(out.model, out.source.value).inc()
+        elif isinstance(out, CommandRejected):
+            m.decisions.labels(
+                out.command.model, "rejected", str(DecisionRule.COMMAND_REJECTED)
+            ).inc()
+
+    def desired_replicas(self, states: Iterable[ScaleState]) -> None:
+        """Every scaled version's desired replicas (also those restored or not yet changed)."""
+        for state in states:
+            self.metrics.desired_replicas.labels(state.model, state.version).set(state.desired)
+
+    def _qos(self, state: QosState) -> None:
+        labels = (state.model, state.version)
+        m = self.metrics
+        m.qos_breaching.labels(*labels).set(int(state.breach_since_ms is not None))
+        policy = self._policies.get(labels)
+        if policy is None or state.active_variant not in policy.ladder:
+            return
+        floor = policy.quality_floor or policy.ladder[-1]
+        m.qos_variant_index.labels(*labels).set(policy.ladder.index(state.active_variant))
+        m.qos_at_floor.labels(*labels).set(int(state.active_variant == floor))
+
+
+class UnsupportedSecurity(GraylaneError):
+    """The security settings cannot be expressed as faust credentials."""
+
+
+@dataclass(frozen=True)
+class FaustBrokerSettings:
+    """The ``faust.App`` keyword arguments that say how to reach the brokers."""
+
+    broker: list[str]
+    broker_client_id: str
+    broker_credentials: CredentialsT | None
+
+
+def credentials(security: KafkaSecurity) -> CredentialsT | None:
+    """faust credentials equivalent to ``security`` (None for plaintext)."""
+    options = security.client_options()  # validates, and builds the SSL context
+    context = options.get("ssl_context")
+    ssl_context = context if isinstance(context, ssl.SSLContext) else None
+    if security.protocol is SecurityProtocol.PLAINTEXT:
+        return None
+    if security.protocol is SecurityProtocol.SSL:
+        return faust.SSLCredentials(ssl_context)
+    mechanism = security.sasl_mechanism
+    if mechanism is SaslMechanism.GSSAPI:
+        return faust.GSSAPICredentials(mechanism=mechanism.value, ssl_context=ssl_context)
+    if mechanism is SaslMechanism.OAUTHBEARER or mechanism is None:
+        raise UnsupportedSecurity(
+            f"SASL mechanism {mechanism} needs a token provider; the policy engine has none"
+        )
+    return faust.SASLCredentials(
+        username=security.sasl_username,
+        password=security.sasl_password,
+        ssl_context=ssl_context,
+        mechanism=mechanism.value,
+    )
+
+
+def broker_settings(settings: Settings, *, client_suffix: str = "policy") -> FaustBrokerSettings:
+    return FaustBrokerSettings(
+        broker=[f"kafka://{b.strip()}" for b in settings.bootstrap_servers.split(",")],
+        broker_client_id=f"{settings.client_id}-{client_suffix}",
+        broker_credentials=credentials(settings.security),
+    )

@@ -1,0 +1,1020 @@
+"""Every protobuf (``graylane.v1``) <-> domain mapping of the policy engine, in and out.
+
+In: telemetry, operator commands (:func:`command_from_pb`; a command that
+cannot be decoded comes back as a :class:`CommandRejected` to audit), shadow
+results, and the compacted control topics read back at start
+(:func:`restore_values`, with a bad value skipped per key). Out:
+:func:`records_of` turns the core's outputs into ``(topic, key, value)``
+records with the keys of the contract (routing: model; precision and scale:
+``model/version``; rollouts: rollout id; audit: model), every audit record
+built here. A routing plan becomes the router's table here
+(:func:`routing_table_of`: bucket ranges by ``graylane.routing``).
+
+The vocabulary, specs and QoS policies map in :mod:`graylane.rollouts.pb`.
+Conventions:
+
+- Timestamps of "not since" (``breach_since``, ``calm_since``) travel as 0.
+- Fields the wire contract has no room for are lost on the way out and come
+  back at a conservative value: see :func:`rollout_state_from_pb`,
+  :func:`qos_state_from_pb` (load ceilings), :func:`window_stats_to_pb`
+  (``lag``); for specs and policies see :mod:`graylane.rollouts.pb`.
+- The sequential gates' running tests are part of the rollout state on the
+  wire, so a restarted engine and ``audit verify`` continue the same
+  anytime-valid tests (every value a double or a count: the round trip is exact).
+- A decision taken with liveness signals or step stats replays only with them,
+  so its audit record carries them (``step_inputs``, ``liveness``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
+
+from graylane import serde
+from graylane.errors import SerdeError
+from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
+from graylane.policy_engine.isolation import RecordGuard
+from graylane.policy_engine.logic.agreement import (
+    AgreementStats,
+    OutputField,
+    SchemaMismatch,
+    ShadowOutput,
+)
+from graylane.policy_engine.logic.gates import StepEvidence
+from graylane.policy_engine.logic.liveness import LagSample, VersionLiveness
+from graylane.policy_engine.logic.qos import QosDecision, QosState
+from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, RolloutState
+from graylane.policy_engine.logic.routing_plan import RoutingPlan, plan_of_table, route_table_for
+from graylane.policy_engine.logic.scale import ScaleDecision, ScaleReason
+from graylane.policy_engine.logic.sequential import (
+    RATE_GRID,
+    RATIO_GRID,
+    RateTest,
+    RatioTest,
+    SequentialEvidence,
+)
+from graylane.policy_engine.logic.window import TelemetrySample, WindowStats
+from graylane.policy_engine.messages import (
+    Command,
+    CommandKind,
+    CommandRejected,
+    Output,
+    PrecisionAck,
+    PrecisionPublication,
+    QosAudit,
+    QosPolicySet,
+    RecordSkipped,
+    RecordSource,
+    RolloutAudit,
+    RolloutPublication,
+    RoutingAudit,
+    RoutingPublication,
+    ScaleAudit,
+    ScalePublication,
+    SkipReason,
+)
+from graylane.policy_engine.state import VersionKey
+from graylane.rollouts.errors import PolicyError
+from graylane.rollouts.pb import (
+    decision_kind_to_pb,
+    manual_command_from_pb,
+    phase_from_pb,
+    phase_to_pb,
+    qos_policy_from_pb,
+    qos_policy_to_pb,
+    rollout_spec_from_pb,
+    rollout_spec_to_pb,
+)
+from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.spec import RolloutSpec
+from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
+from graylane.routing import RouteTable
+from graylane.routing.cohorts import InvalidRouteRule, RouteConfig, config_of_table
+from graylane.routing.convert import route_config_from_pb, table_from_pb, table_to_pb
+from graylane.topics import TopicLayout
+from graylane.v1 import (
+    audit_pb2,
+    control_pb2,
+    inference_pb2,
+    rollout_pb2,
+    telemetry_pb2,
+    tensor_pb2,
+)
+
+if TYPE_CHECKING:
+    from graylane.policy_engine.core import PolicyCore
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Record",
+    "Restored",
+    "audit_record_of",
+    "command_from_pb",
+    "command_of",
+    "decision_id_of",
+    "decision_to_audit",
+    "histogram_from_pb",
+    "histogram_to_pb",
+    "liveness_from_pb",
+    "liveness_to_pb",
+    "precision_command_of",
+    "qos_decision_to_audit",
+    "qos_policy_from_pb",
+    "qos_policy_to_pb",
+    "qos_state_from_pb",
+    "qos_state_to_pb",
+    "records_of",
+    "restore_values",
+    "rollout_spec_from_pb",
+    "rollout_spec_to_pb",
+    "rollout_state_from_pb",
+    "rollout_state_to_pb",
+    "routing_table_of",
+    "scale_decision_id_of",
+    "scale_reason_from_pb",
+    "scale_reason_to_pb",
+    "scale_request_of",
+    "scale_to_audit",
+    "sequential_from_pb",
+    "sequential_to_pb",
+    "shadow_of",
+    "shadow_output_of",
+    "signals_from_audit",
+    "telemetry_from_pb",
+    "window_stats_from_pb",
+    "window_stats_to_pb",
+]
+
+
+# -- records in ------------------------------------------------------------------------
+
+
+def telemetry_from_pb(pb: telemetry_pb2.BatchTelemetry) -> TelemetrySample:
+    return TelemetrySample(
+        model=pb.model,
+        version=pb.version,
+        variant=pb.variant,
+        worker_id=pb.worker_id,
+        completed_at_ms=pb.completed_at_unix_ms,
+        request_count=pb.request_count,
+        error_count=pb.error_count,
+        latency=histogram_from_pb(pb.latency),
+        queue_wait=histogram_from_pb(pb.queue_wait),
+        queue_wait_mean_ms=pb.queue_wait_ms_mean,
+        compute_ms=pb.compute_ms,
+        device_load=pb.device_load,
+        shadow_count=pb.shadow_count,
+        lag=pb.lag,
+        started_at_ms=pb.started_at_unix_ms,
+        batch_size=pb.batch_size,
+        batch_id=(
+            (pb.batch_id.worker_id, pb.batch_id.partition, pb.batch_id.first_offset)
+            if pb.HasField("batch_id")
+            else None
+        ),
+        shed_count=pb.shed_count,
+    )
+
+
+def command_from_pb(pb: rollout_pb2.RolloutCommand) -> Command | CommandRejected:
+    """The core's command of ``pb``, or why it is refused."""
+    base = Command(
+        kind=CommandKind.MANUAL,
+        model=pb.model or pb.spec.model or pb.qos_policy.model,
+        command_id=pb.command_id,
+        rollout_id=pb.rollout_id or pb.spec.rollout_id,
+        issued_by=pb.issued_by,
+        note=pb.reason,
+    )
+    if pb.kind == rollout_pb2.COMMAND_START:
+        base = replace(base, kind=CommandKind.START)
+    try:
+        if pb.kind == rollout_pb2.COMMAND_START:
+            spec = rollout_spec_from_pb(pb.spec)
+            return replace(base, kind=CommandKind.START, spec=spec)
+        if pb.kind == rollout_pb2.COMMAND_REVERT:
+            return replace(base, kind=CommandKind.REVERT, target_version=pb.target_version)
+        if pb.kind == rollout_pb2.COMMAND_SET_ROUTE_CONFIG:
+            config = route_config_from_pb(pb.route_config)
+            return replace(
+                base,
+                kind=CommandKind.SET_ROUTE_CONFIG,
+                route_config=config,
+                target_version=pb.target_version,
+            )
+        if pb.kind == rollout_pb2.COMMAND_SET_QOS_POLICY:
+            policy = qos_policy_from_pb(pb.qos_policy)
+            return replace(base, kind=CommandKind.SET_QOS_POLICY, qos_policy=policy)
+    except (PolicyError, InvalidRouteRule) as exc:
+        return CommandRejected(command=base, reason=str(exc), at_ms=pb.issued_at_unix_ms)
+    manual = manual_command_from_pb(pb.kind)
+    command = replace(base, manual=manual)
+    if manual is None:
+        return CommandRejected(
+            command=command, reason=f"unknown command kind {pb.kind}", at_ms=pb.issued_at_unix_ms
+        )
+    return command
+
+
+def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOutput:
+    """A result on the shadow topic, reduced for comparison.
+
+    Generations compare by token ids; other results by a digest of their
+    output bytes (exact agreement; a tolerance needs the decoded tensors).
+    """
+    error = pb.status != inference_pb2.OK
+    tokens = tuple(pb.generated_token_ids) if pb.generated_token_ids else None
+    label: int | None = None
+    if tokens is None and not error:
+        digest = hashlib.blake2b(digest_size=8)
+        for t in pb.outputs:
+            digest.update(t.data)
+        label = int.from_bytes(digest.digest(), "big")
+    schema = tuple(
+        OutputField(t.name, tensor_pb2.DType.Name(t.dtype).lower(), tuple(t.shape))
+        for t in pb.outputs
+    )
+    return ShadowOutput(
+        request_id=pb.request_id,
+        version=pb.version,
+        at_ms=at_ms,
+        tokens=tokens,
+        label=label,
+        error=error,
+        schema=schema if tokens is None else None,
+    )
+
+
+def command_of(
+    value: bytes | None, guard: RecordGuard, at_ms: int
+) -> Command | CommandRejected | RecordSkipped:
+    """The command of one record on the commands topic, or why it was skipped."""
+    try:
+        pb = serde.decode(rollout_pb2.RolloutCommand, value)
+    except SerdeError as exc:
+        return guard.skip(RecordSource.COMMANDS, SkipReason.UNDECODABLE, str(exc), at_ms)
+    try:
+        return command_from_pb(pb)
+    except Exception as exc:
+        detail = f"{type(exc).__name__}: {exc}"
+        return guard.skip(
+            RecordSource.COMMANDS,
+            SkipReason.INVALID,
+            detail,
+            at_ms,
+            key=pb.command_id,
+            model=pb.model,
+        )
+
+
+def shadow_of(value: bytes | None, guard: RecordGuard, at_ms: int) -> ShadowOutput | RecordSkipped:
+    """The shadow output of one result on a shadow topic, or why it was skipped."""
+    try:
+        return shadow_output_of(serde.decode(inference_pb2.InferenceResult, value), at_ms)
+    except Exception as exc:
+        reason = SkipReason.UNDECODABLE if isinstance(exc, SerdeError) else SkipReason.INVALID
+        return guard.skip(RecordSource.SHADOW, reason, f"{type(exc).__name__}: {exc}", at_ms)
+
+
+# -- window stats ----------------------------------------------------------------------
+
+_WINDOW_WIRE_NAMES = {
+    "window_start_ms": "window_start_unix_ms",
+    "window_end_ms": "window_end_unix_ms",
+}
+"""The :class:`WindowStats` fields named otherwise on the wire; ``service`` is a histogram
+message (absent when the window has none); every other field has its own name."""
+
+
+_WINDOW_LOCAL = frozenset({"lag", "workers"})
+"""The :class:`WindowStats` fields with no room on the wire: dropped, back at 0."""
+
+
+_WINDOW_FIELDS = tuple(f.name for f in fields(WindowStats) if f.name not in _WINDOW_LOCAL)
+
+
+def window_stats_to_pb(s: WindowStats) -> audit_pb2.WindowStats:
+    """Every field but ``lag`` and ``workers``, which have none on the wire."""
+    pb = audit_pb2.WindowStats()
+    for name in _WINDOW_FIELDS:
+        value = getattr(s, name)
+        if name == "service":
+            if value is not None:
+                pb.service.CopyFrom(histogram_to_pb(value))
+        else:
+            setattr(pb, _WINDOW_WIRE_NAMES.get(name, name), value)
+    return pb
+
+
+def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
+    """Service times come back as recorded (histogram and quantiles): the gates
+    judge latency on them, so a replay decides as the engine did."""
+    values: dict[str, Any] = {
+        name: getattr(pb, _WINDOW_WIRE_NAMES.get(name, name))
+        for name in _WINDOW_FIELDS
+        if name != "service"
+    }
+    values["service"] = histogram_from_pb(pb.service) if pb.HasField("service") else None
+    return WindowStats(**values)
+
+
+# -- rollout state (with its sequential evidence and liveness signals) -----------------
+
+
+def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.RolloutState:
+    """The wire form, complete: a restarted engine resumes exactly from it."""
+    ev = state.evidence
+    return rollout_pb2.RolloutState(
+        step_started_at_unix_ms=state.step_started_ms,
+        shadow_share=state.shadow_share,
+        failure_window_end_unix_ms=state.failure_window_end_ms,
+        epoch=state.epoch,
+        evidence=rollout_pb2.StepEvidence(
+            candidate_requests=ev.candidate_requests,
+            candidate_errors=ev.candidate_errors,
+            baseline_requests=ev.baseline_requests,
+            baseline_errors=ev.baseline_errors,
+            windows=ev.windows,
+            through_unix_ms=ev.through_ms,
+        ),
+        rollout_id=state.rollout_id,
+        model=state.model,
+        phase=phase_to_pb(state.phase),
+        step_index=state.step_index,
+        candidate_weight_percent=state.candidate_weight_percent,
+        phase_started_at_unix_ms=state.phase_started_ms,
+        consecutive_failures=state.consecutive_failures,
+        updated_at_unix_ms=state.updated_ms,
+        last_reason=state.last_reason,
+        paused_from=phase_to_pb(state.paused_from),
+        spec=rollout_spec_to_pb(spec),
+        sequential=sequential_to_pb(state.sequential),
+    )
+
+
+def rollout_state_from_pb(
+    pb: rollout_pb2.RolloutState, *, epoch: int = 0
+) -> tuple[RolloutState, RolloutSpec]:
+    """State and spec from the wire, after a restart.
+
+    Records of current engines carry the whole state. In older records (no
+    ``step_started_at`` / ``epoch`` / ... fields) what is missing comes back
+    conservatively: the step's dwell restarts at the last update
+    (``step_started_ms = updated_at``), the step's evidence is empty (its
+    sample minimum starts over), the next gate failure counts, and ``epoch``
+    is the caller's (the model's routing table holds it). The shadow share is
+    then the spec's while shadowing (also when paused from it).
+    """
+    phase = phase_from_pb(pb.phase)
+    if phase is None:
+        raise ValueError(f"rollout {pb.rollout_id!r} has no phase")
+    spec = rollout_spec_from_pb(pb.spec)
+    paused_from = phase_from_pb(pb.paused_from)
+    shadowing = Phase.SHADOWING in (phase, paused_from)
+    ev = pb.evidence
+    state = RolloutState(
+        rollout_id=pb.rollout_id,
+        model=pb.model,
+        phase=phase,
+        step_index=pb.step_index,
+        candidate_weight_percent=pb.candidate_weight_percent,
+        shadow_share=pb.shadow_share
+        if pb.HasField("shadow_share")
+        else (spec.shadow_share if shadowing else 0.0),
+        phase_started_ms=pb.phase_started_at_unix_ms,
+        step_started_ms=pb.step_started_at_unix_ms
+        if pb.HasField("step_started_at_unix_ms")
+        else pb.updated_at_unix_ms,
+        consecutive_failures=pb.consecutive_failures,
+        failure_window_end_ms=pb.failure_window_end_unix_ms,
+        paused_from=paused_from,
+        last_reason=pb.last_reason,
+        epoch=pb.epoch if pb.HasField("epoch") else epoch,
+        updated_ms=pb.updated_at_unix_ms,
+        evidence=StepEvidence(
+            candidate_requests=ev.candidate_requests,
+            candidate_errors=ev.candidate_errors,
+            baseline_requests=ev.baseline_requests,
+            baseline_errors=ev.baseline_errors,
+            windows=ev.windows,
+            through_ms=ev.through_unix_ms,
+        ),
+        sequential=sequential_from_pb(pb),
+    )
+    return state, spec
+
+
+def _ratio_to_pb(t: RatioTest) -> rollout_pb2.RatioTestState:
+    return rollout_pb2.RatioTestState(
+        r0=t.r0,
+        log_lr=list(t.log_lr),
+        candidate_events=t.candidate_events,
+        candidate_requests=t.candidate_requests,
+        baseline_events=t.baseline_events,
+        baseline_requests=t.baseline_requests,
+        recent_up=list(t.recent_up),
+    )
+
+
+def _ratio_from_pb(pb: rollout_pb2.RatioTestState) -> RatioTest:
+    return RatioTest(
+        r0=pb.r0 or 1.0,
+        log_lr=tuple(pb.log_lr) or (0.0,) * len(RATIO_GRID),
+        candidate_events=pb.candidate_events,
+        candidate_requests=pb.candidate_requests,
+        baseline_events=pb.baseline_events,
+        baseline_requests=pb.baseline_requests,
+        recent_up=tuple(pb.recent_up),
+    )
+
+
+def _rate_to_pb(t: RateTest) -> rollout_pb2.RateTestState:
+    return rollout_pb2.RateTestState(
+        p0=t.p0, log_lr=list(t.log_lr), events=t.events, requests=t.requests
+    )
+
+
+def _rate_from_pb(pb: rollout_pb2.RateTestState) -> RateTest:
+    return RateTest(
+        p0=pb.p0,
+        log_lr=tuple(pb.log_lr) or (0.0,) * len(RATE_GRID),
+        events=pb.events,
+        requests=pb.requests,
+    )
+
+
+def sequential_to_pb(ev: SequentialEvidence) -> rollout_pb2.SequentialEvidence | None:
+    """None for the evidence of a rollout that has consumed no increment."""
+    if ev == SequentialEvidence():
+        return None
+    return rollout_pb2.SequentialEvidence(
+        errors=_ratio_to_pb(ev.errors),
+        budget=_rate_to_pb(ev.budget),
+        slow_p95=_ratio_to_pb(ev.slow_p95),
+        slow_p99=_ratio_to_pb(ev.slow_p99),
+        increments=ev.increments,
+        through_unix_ms=ev.through_ms,
+        baseline_p95_ms=list(ev.baseline_p95_ms),
+        baseline_p99_ms=list(ev.baseline_p99_ms),
+    )
+
+
+def sequential_from_pb(pb: rollout_pb2.RolloutState) -> SequentialEvidence:
+    """The state's sequential evidence; none yet when the field is absent."""
+    if not pb.HasField("sequential"):
+        return SequentialEvidence()
+    s = pb.sequential
+    return SequentialEvidence(
+        errors=_ratio_from_pb(s.errors),
+        budget=_rate_from_pb(s.budget),
+        slow_p95=_ratio_from_pb(s.slow_p95),
+        slow_p99=_ratio_from_pb(s.slow_p99),
+        increments=s.increments,
+        through_ms=s.through_unix_ms,
+        baseline_p95_ms=tuple(s.baseline_p95_ms),
+        baseline_p99_ms=tuple(s.baseline_p99_ms),
+    )
+
+
+def liveness_to_pb(v: VersionLiveness) -> audit_pb2.VersionLiveness:
+    pb = audit_pb2.VersionLiveness(
+        version=v.version,
+        routed_since_telemetry=v.routed_since_telemetry,
+        lag=[
+            audit_pb2.LagSample(at_unix_ms=s.at_ms, lag=s.lag, committed=s.committed) for s in v.lag
+        ],
+    )
+    if v.first_routed_since_telemetry_ms is not None:
+        pb.first_routed_since_telemetry_unix_ms = v.first_routed_since_telemetry_ms
+    if v.last_telemetry_ms is not None:
+        pb.last_telemetry_unix_ms = v.last_telemetry_ms
+    return pb
+
+
+def liveness_from_pb(pb: audit_pb2.VersionLiveness) -> VersionLiveness:
+    return VersionLiveness(
+        version=pb.version,
+        routed_since_telemetry=pb.routed_since_telemetry,
+        first_routed_since_telemetry_ms=(
+            pb.first_routed_since_telemetry_unix_ms
+            if pb.HasField("first_routed_since_telemetry_unix_ms")
+            else None
+        ),
+        last_telemetry_ms=(
+            pb.last_telemetry_unix_ms if pb.HasField("last_telemetry_unix_ms") else None
+        ),
+        lag=tuple(
+            LagSample(s.at_unix_ms, s.lag, s.committed if s.HasField("committed") else None)
+            for s in pb.lag
+        ),
+    )
+
+
+# -- QoS state and precision commands --------------------------------------------------
+
+
+def qos_state_to_pb(s: QosState) -> audit_pb2.QosState:
+    """Load ceilings are not carried."""
+    return audit_pb2.QosState(
+        model=s.model,
+        version=s.version,
+        active_variant=s.active_variant,
+        last_change_unix_ms=s.last_change_ms,
+        breach_since_unix_ms=s.breach_since_ms or 0,
+        calm_since_unix_ms=s.calm_since_ms or 0,
+        contention=s.contention,
+    )
+
+
+def qos_state_from_pb(pb: audit_pb2.QosState) -> QosState:
+    """Without load ceilings: after a restart the first step up is not load-checked."""
+    return QosState(
+        model=pb.model,
+        version=pb.version,
+        active_variant=pb.active_variant,
+        last_change_ms=pb.last_change_unix_ms,
+        breach_since_ms=pb.breach_since_unix_ms or None,
+        calm_since_ms=pb.calm_since_unix_ms or None,
+        contention=pb.contention or 1.0,
+    )
+
+
+def precision_command_of(
+    decision: QosDecision, *, epoch: int, decision_id: str = ""
+) -> control_pb2.PrecisionCommand:
+    after = decision.after
+    return control_pb2.PrecisionCommand(
+        model=after.model,
+        version=after.version,
+        variant=after.active_variant,
+        epoch=epoch,
+        reason=decision.reason,
+        issued_at_unix_ms=decision.at_ms,
+        decision_id=decision_id or qos_decision_id_of(decision),
+    )
+
+
+# -- replica requests ------------------------------------------------------------------
+
+_REASON_TO_PB = {
+    ScaleReason.FLOOR_BREACH: control_pb2.SCALE_REASON_FLOOR_BREACH,
+    ScaleReason.LAG_GROWING: control_pb2.SCALE_REASON_LAG_GROWING,
+    ScaleReason.LOW_LOAD: control_pb2.SCALE_REASON_LOW_LOAD,
+    ScaleReason.OVERLOAD: control_pb2.SCALE_REASON_OVERLOAD,
+}
+_REASON_FROM_PB: dict[int, ScaleReason] = {v: k for k, v in _REASON_TO_PB.items()}
+
+
+def scale_reason_to_pb(reason: ScaleReason | None) -> int:
+    return _REASON_TO_PB[reason] if reason is not None else control_pb2.SCALE_REASON_UNSPECIFIED
+
+
+def scale_reason_from_pb(value: int) -> ScaleReason | None:
+    return _REASON_FROM_PB.get(value)
+
+
+def scale_decision_id_of(decision: ScaleDecision) -> str:
+    """A stable id: the same decision replayed gets the same id."""
+    parts = (
+        decision.after.model,
+        decision.after.version,
+        decision.at_ms,
+        decision.kind.value,
+        decision.rule,
+        decision.after.desired,
+    )
+    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:24]
+
+
+def scale_request_of(decision: ScaleDecision, *, epoch: int) -> control_pb2.ScaleRequest:
+    after = decision.after
+    return control_pb2.ScaleRequest(
+        model=after.model,
+        version=after.version,
+        desired_replicas=after.desired,
+        current_replicas=decision.signals.replicas,
+        reason=scale_reason_to_pb(decision.reason),  # type: ignore[arg-type]
+        detail=decision.detail,
+        decided_at_unix_ms=decision.at_ms,
+        decision_id=scale_decision_id_of(decision),
+        epoch=epoch,
+    )
+
+
+# -- routing ---------------------------------------------------------------------------
+
+
+def routing_table_of(
+    plan: RoutingPlan, *, now_ms: int, reason: str = "", config: RouteConfig | None = None
+) -> control_pb2.RoutingTable:
+    """The compacted routing record for ``plan`` (bucket ranges by ``graylane.routing``),
+    carrying the model's cohort rules and pinning (``config``)."""
+    table = route_table_for(plan, reason=reason, config=config)
+    return table_to_pb(table, updated_at_unix_ms=now_ms)
+
+
+# -- audit records ---------------------------------------------------------------------
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()[:24]
+
+
+def decision_id_of(decision: Decision) -> str:
+    """A stable id: the same decision replayed gets the same id."""
+    return _digest(
+        decision.after.rollout_id,
+        decision.at_ms,
+        decision.kind.value,
+        decision.rule,
+        decision.before.epoch,
+        decision.after.epoch,
+        decision.before.updated_ms,
+    )
+
+
+def qos_decision_id_of(decision: QosDecision) -> str:
+    return _digest(
+        decision.after.model,
+        decision.after.version,
+        decision.at_ms,
+        decision.kind.value,
+        decision.rule,
+        decision.after.active_variant,
+    )
+
+
+def decision_to_audit(
+    decision: Decision,
+    spec: RolloutSpec,
+    *,
+    decision_id: str = "",
+    actor: str = "policy-engine",
+    command_id: str = "",
+) -> audit_pb2.AuditRecord:
+    return audit_pb2.AuditRecord(
+        decision_id=decision_id or decision_id_of(decision),
+        decided_at_unix_ms=decision.at_ms,
+        model=spec.model,
+        rollout_id=spec.rollout_id,
+        version=spec.candidate,
+        kind=decision_kind_to_pb(decision.kind),
+        rule=decision.rule,
+        reason=decision.reason,
+        inputs=[window_stats_to_pb(s) for s in decision.inputs],
+        rollout_before=rollout_state_to_pb(decision.before, spec),
+        rollout_after=rollout_state_to_pb(decision.after, spec),
+        actor=actor,
+        epoch=decision.after.epoch,
+        command_id=command_id,
+        agreement=_agreement_to_pb(decision.agreement) if decision.agreement is not None else None,
+        note=decision.note,
+        step_inputs=[window_stats_to_pb(s) for s in _steps(decision.signals)],
+        liveness=[liveness_to_pb(v) for v in _liveness(decision.signals)],
+    )
+
+
+def _steps(signals: RolloutSignals | None) -> list[WindowStats]:
+    if signals is None:
+        return []
+    return [s for s in (signals.baseline_step, signals.candidate_step) if s is not None]
+
+
+def _liveness(signals: RolloutSignals | None) -> list[VersionLiveness]:
+    if signals is None:
+        return []
+    return [v for v in (signals.baseline_liveness, signals.candidate_liveness) if v is not None]
+
+
+def signals_from_audit(
+    rec: audit_pb2.AuditRecord, baseline: str, candidate: str
+) -> RolloutSignals | None:
+    """The signals a decision was taken with (None when the record carries none)."""
+    if not rec.step_inputs and not rec.liveness:
+        return None
+    steps = {s.version: window_stats_from_pb(s) for s in rec.step_inputs}
+    live = {v.version: liveness_from_pb(v) for v in rec.liveness}
+    return RolloutSignals(
+        baseline_step=steps.get(baseline),
+        candidate_step=steps.get(candidate),
+        baseline_liveness=live.get(baseline),
+        candidate_liveness=live.get(candidate),
+    )
+
+
+def _agreement_to_pb(stats: AgreementStats) -> audit_pb2.ShadowAgreement:
+    pb = audit_pb2.ShadowAgreement(pairs=stats.pairs, agreeing=stats.agreeing)
+    if stats.mismatch is not None:
+        pb.baseline_schema = stats.mismatch.baseline
+        pb.candidate_schema = stats.mismatch.candidate
+    return pb
+
+
+def agreement_from_pb(pb: audit_pb2.ShadowAgreement) -> AgreementStats:
+    mismatch = (
+        SchemaMismatch(pb.baseline_schema, pb.candidate_schema)
+        if pb.baseline_schema or pb.candidate_schema
+        else None
+    )
+    return AgreementStats(pb.pairs, pb.agreeing, mismatch)
+
+
+def qos_decision_to_audit(
+    decision: QosDecision,
+    *,
+    epoch: int = 0,
+    decision_id: str = "",
+    actor: str = "policy-engine",
+    rollout_id: str = "",
+    policy: QosPolicy | None = None,
+) -> audit_pb2.AuditRecord:
+    """PRECISION_CHANGE when the variant changes, else HOLD; with ``policy`` for replay."""
+    kind = audit_pb2.DECISION_PRECISION_CHANGE if decision.changed else audit_pb2.DECISION_HOLD
+    return audit_pb2.AuditRecord(
+        qos_policy=qos_policy_to_pb(policy) if policy is not None else None,
+        decision_id=decision_id or qos_decision_id_of(decision),
+        decided_at_unix_ms=decision.at_ms,
+        model=decision.after.model,
+        rollout_id=rollout_id,
+        version=decision.after.version,
+        kind=kind,
+        rule=decision.rule,
+        reason=decision.reason,
+        inputs=[window_stats_to_pb(s) for s in decision.inputs],
+        qos_before=qos_state_to_pb(decision.before),
+        qos_after=qos_state_to_pb(decision.after),
+        actor=actor,
+        epoch=epoch,
+        qos_scale_hold=decision.scale_hold,
+    )
+
+
+def scale_to_audit(decision: ScaleDecision, *, epoch: int) -> audit_pb2.AuditRecord:
+    """DECISION_SCALE_CHANGE with the request it published."""
+    after = decision.after
+    return audit_pb2.AuditRecord(
+        decision_id=scale_decision_id_of(decision),
+        decided_at_unix_ms=decision.at_ms,
+        model=after.model,
+        version=after.version,
+        kind=audit_pb2.DECISION_SCALE_CHANGE,
+        rule=decision.rule,
+        reason=decision.detail,
+        actor="policy-engine",
+        epoch=epoch,
+        scale=scale_request_of(decision, epoch=epoch),
+    )
+
+
+def _skipped_audit(o: RecordSkipped) -> audit_pb2.AuditRecord:
+    decision = o.source in (
+        RecordSource.ROLLOUT_DECISION,
+        RecordSource.QOS_DECISION,
+        RecordSource.PRECISION_ACKS,
+        RecordSource.SCALE_DECISION,
+    )
+    what = f"{o.source.value} {o.key or o.model or ''}".strip()
+    return audit_pb2.AuditRecord(
+        decision_id=f"skipped-{o.source.value}-{o.key or o.model}-{o.version}-{o.at_ms}",
+        decided_at_unix_ms=o.at_ms,
+        model=o.model,
+        version=o.version,
+        rollout_id=o.rollout_id,
+        kind=decision_kind_to_pb(DecisionKind.HOLD),
+        rule=DecisionRule.DECISION_FAILED if decision else DecisionRule.RECORD_SKIPPED,
+        reason=f"{what} skipped ({o.reason.value}): {o.detail}",
+        actor="policy-engine",
+    )
+
+
+def audit_record_of(
+    o: RolloutAudit
+    | QosAudit
+    | QosPolicySet
+    | CommandRejected
+    | RoutingAudit
+    | PrecisionAck
+    | ScaleAudit
+    | RecordSkipped,
+) -> audit_pb2.AuditRecord:
+    """The audit record of an output that is not a publication: every audit record is built here."""
+    if isinstance(o, ScaleAudit):
+        return scale_to_audit(o.decision, epoch=o.epoch)
+    if isinstance(o, RolloutAudit):
+        return decision_to_audit(o.decision, o.spec, command_id=o.command_id, actor=o.actor)
+    if isinstance(o, QosAudit):
+        return qos_decision_to_audit(
+            o.decision, epoch=o.epoch, rollout_id=o.rollout_id, policy=o.policy
+        )
+    if isinstance(o, QosPolicySet):
+        return audit_pb2.AuditRecord(
+            decision_id=f"qos-policy-{o.command_id or o.at_ms}",
+            decided_at_unix_ms=o.at_ms,
+            model=o.policy.model,
+            version=o.policy.version,
+            kind=decision_kind_to_pb(DecisionKind.MANUAL),
+            rule=DecisionRule.SET_QOS_POLICY,
+            reason=f"QoS policy set: SLO p99 {o.policy.slo_p99_ms:g} ms, "
+            f"ladder {' > '.join(o.policy.ladder)}",
+            qos_before=qos_state_to_pb(o.before) if o.before else None,
+            qos_after=qos_state_to_pb(o.after),
+            actor=o.actor or "control-plane",
+            command_id=o.command_id,
+        )
+    if isinstance(o, PrecisionAck):
+        return audit_pb2.AuditRecord(
+            decision_id=f"precision-ack-{o.model}-{o.version}-{o.epoch}",
+            decided_at_unix_ms=o.at_ms,
+            model=o.model,
+            version=o.version,
+            kind=decision_kind_to_pb(DecisionKind.HOLD),
+            rule=o.rule,
+            reason=o.reason,
+            actor="policy-engine",
+            epoch=o.epoch,
+        )
+    if isinstance(o, RecordSkipped):
+        return _skipped_audit(o)
+    if isinstance(o, RoutingAudit):
+        return audit_pb2.AuditRecord(
+            decision_id=f"routing-{o.model}-{o.epoch}",
+            decided_at_unix_ms=o.at_ms,
+            model=o.model,
+            version=o.version,
+            kind=decision_kind_to_pb(DecisionKind.MANUAL),
+            rule=o.rule,
+            reason=o.reason,
+            actor=o.actor or "control-plane",
+            epoch=o.epoch,
+            command_id=o.command_id,
+        )
+    cmd = o.command
+    return audit_pb2.AuditRecord(
+        decision_id=f"rejected-{cmd.command_id or o.at_ms}",
+        decided_at_unix_ms=o.at_ms,
+        model=cmd.model,
+        rollout_id=cmd.rollout_id,
+        kind=decision_kind_to_pb(DecisionKind.MANUAL),
+        rule=DecisionRule.COMMAND_REJECTED,
+        reason=f"{cmd.kind.value}"
+        f"{'/' + cmd.manual.value if cmd.manual else ''} rejected: {o.reason}",
+        actor=cmd.issued_by or "control-plane",
+        command_id=cmd.command_id,
+        note=cmd.note,
+    )
+
+
+# -- records out -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Record:
+    topic: str
+    key: bytes
+    value: bytes
+
+
+def records_of(outputs: Iterable[Output], layout: TopicLayout) -> list[Record]:
+    """The records to write; a skip that was audited lately writes none (it is counted)."""
+    return [
+        _record(o, layout) for o in outputs if not (isinstance(o, RecordSkipped) and not o.audited)
+    ]
+
+
+def _record(o: Output, layout: TopicLayout) -> Record:
+    if isinstance(o, RoutingPublication):
+        table = routing_table_of(o.plan, now_ms=o.at_ms, reason=o.reason, config=o.config)
+        return Record(layout.routing(), o.plan.model.encode(), serde.encode(table))
+    if isinstance(o, PrecisionPublication):
+        after = o.decision.after
+        precision = precision_command_of(o.decision, epoch=o.epoch)
+        key = layout.precision_key(after.model, after.version)
+        return Record(layout.precision(), key.encode(), serde.encode(precision))
+    if isinstance(o, ScalePublication):
+        scaled = o.decision.after
+        key = layout.scale_key(scaled.model, scaled.version)
+        request = scale_request_of(o.decision, epoch=o.epoch)
+        return Record(layout.scale(), key.encode(), serde.encode(request))
+    if isinstance(o, RolloutPublication):
+        pb = rollout_state_to_pb(o.state, o.spec)
+        return Record(layout.rollouts(), o.state.rollout_id.encode(), serde.encode(pb))
+    rec = audit_record_of(o)
+    return Record(layout.audit(), rec.model.encode(), serde.encode(rec))
+
+
+# -- restore: the compacted control topics read back -----------------------------------
+
+Values = Mapping[bytes, bytes | None]
+
+
+@dataclass
+class Restored:
+    """What the compacted control topics hold, decoded; and what had to be skipped."""
+
+    states: list[tuple[RolloutState, RolloutSpec]] = field(default_factory=list)
+    epochs: dict[str, int] = field(default_factory=dict)
+    tables: dict[str, RouteTable] = field(default_factory=dict)
+    precision: dict[VersionKey, tuple[str, int]] = field(default_factory=dict)
+    qos_policies: list[QosPolicy] = field(default_factory=list)
+    scale: dict[VersionKey, tuple[int, int, int]] = field(default_factory=dict)
+    """The newest scale request per version: (desired replicas, epoch, decided at)."""
+    skipped: list[RecordSkipped] = field(default_factory=list)
+
+    def apply(self, core: PolicyCore) -> None:
+        """Rebuild ``core`` from it: the one way state comes back at start."""
+        core.restore(
+            self.states,
+            self.epochs,
+            self.precision,
+            self.qos_policies,
+            tables=self.tables,
+            scale=self.scale,
+        )
+
+
+def restore_values(
+    routing: Values,
+    precision: Values,
+    rollouts: Values,
+    guard: RecordGuard,
+    at_ms: int,
+    *,
+    scale: Values | None = None,
+    commands: Iterable[bytes | None] = (),
+) -> Restored:
+    """Decode the latest value per key of each control topic, and the QoS policies among
+    the ``commands`` on record (the latest per version); skip (per key) what is bad."""
+    out = Restored()
+
+    def skip(source: RecordSource, key: bytes, exc: Exception) -> None:
+        reason = SkipReason.UNDECODABLE if isinstance(exc, SerdeError) else SkipReason.INVALID
+        name = key.decode("utf-8", "replace")
+        detail = f"{type(exc).__name__}: {exc}"
+        out.skipped.append(guard.skip(source, reason, detail, at_ms, key=name))
+
+    for key, value in routing.items():
+        if not value:
+            continue
+        try:
+            table = serde.decode(control_pb2.RoutingTable, value)
+            route_table = table_from_pb(table)
+            plan_of_table(route_table)  # what restore derives from it must work too
+            config_of_table(route_table)
+        except Exception as exc:
+            skip(RecordSource.ROUTING, key, exc)
+            continue
+        out.epochs[table.model] = max(out.epochs.get(table.model, 0), table.epoch)
+        if table.epoch >= out.epochs[table.model]:
+            out.tables[table.model] = route_table
+    for key, value in precision.items():
+        if not value:
+            continue
+        try:
+            cmd = serde.decode(control_pb2.PrecisionCommand, value)
+            if not (cmd.model and cmd.version and cmd.variant):
+                raise ValueError("precision command without model, version or variant")
+        except Exception as exc:
+            skip(RecordSource.PRECISION, key, exc)
+            continue
+        out.precision[VersionKey(cmd.model, cmd.version)] = (cmd.variant, cmd.epoch)
+    for key, value in rollouts.items():
+        if not value:
+            continue
+        try:
+            pb = serde.decode(rollout_pb2.RolloutState, value)
+            state, spec = rollout_state_from_pb(pb, epoch=out.epochs.get(pb.model, 0))
+            if state.model != spec.model or not state.model:
+                raise ValueError(f"state of model {state.model!r} with a spec of {spec.model!r}")
+            if not state.terminal and not 0 <= state.step_index < len(spec.steps):
+                raise ValueError(f"step {state.step_index} of a spec with {len(spec.steps)} steps")
+        except Exception as exc:
+            skip(RecordSource.ROLLOUTS, key, exc)
+            continue
+        out.states.append((state, spec))
+    for value in (scale or {}).values():
+        if not value:
+            continue
+        try:
+            req = serde.decode(control_pb2.ScaleRequest, value)
+        except SerdeError as exc:  # one bad record never blocks the others
+            log.warning("skipping an undecodable scale request: %s", exc)
+            continue
+        version = VersionKey(req.model, req.version)
+        newest = out.scale.get(version)
+        if newest is None or req.epoch >= newest[1]:
+            out.scale[version] = (req.desired_replicas, req.epoch, req.decided_at_unix_ms)
+    policies: dict[VersionKey, QosPolicy] = {}
+    for value in commands:
+        try:
+            command = serde.decode(rollout_pb2.RolloutCommand, value)
+            if command.kind == rollout_pb2.COMMAND_SET_QOS_POLICY:
+                p = qos_policy_from_pb(command.qos_policy)
+                policies[VersionKey(p.model, p.version)] = p
+        except Exception:  # a bad record is skipped, never fatal at restore
+            continue
+    out.qos_policies = list(policies.values())
+    return out
