@@ -11,13 +11,14 @@ import numpy as np
 from graylane.artifacts.graph import DECODER_INPUTS, IOSignature, TensorSpec
 from graylane.builder.runtime import cache_inputs
 from graylane.builder.spec import DataSpec, Generator, GeneratorData, NpzData
+from graylane.errors import GraylaneError
 
 __all__ = ["SampleError", "SampleSet", "demo_sentences", "load_samples"]
 
 Feeds = Mapping[str, np.ndarray]
 
 
-class SampleError(ValueError):
+class SampleError(GraylaneError, ValueError):
     """Samples cannot be read or do not fit the model's inputs."""
 
 

@@ -12,9 +12,10 @@ from graylane.builder.spec import BuildSpec, DemoSource, FileSource
 from graylane.builder.store import ArtifactStore, CacheKind
 from graylane.builder.variants import EXTERNAL_DATA_THRESHOLD
 from graylane.engine.signature import IOSignature
+from graylane.errors import GraylaneError
 
 
-class BuildError(RuntimeError):
+class BuildError(GraylaneError):
     """The build cannot start or cannot finish; the message says why."""
 
 

@@ -7,6 +7,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
+from graylane.errors import GraylaneError
+
 __all__ = [
     "SpecError",
     "check_keys",
@@ -24,7 +26,7 @@ __all__ = [
 _E = TypeVar("_E", bound=Enum)
 
 
-class SpecError(ValueError):
+class SpecError(GraylaneError, ValueError):
     """A build spec cannot be used as written; the message says which key and how to fix it."""
 
 

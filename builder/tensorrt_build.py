@@ -28,6 +28,7 @@ from graylane.artifacts.naming import Precision
 from graylane.builder.host import detect_gpu, tensorrt_version
 from graylane.builder.spec import TensorRTOptions
 from graylane.builder.variants import VariantStatus
+from graylane.errors import GraylaneError
 
 __all__ = [
     "ENGINE_FILE",
@@ -48,7 +49,7 @@ _NOT_FOR_TENSORRT = {
 }
 
 
-class EngineBuildError(RuntimeError):
+class EngineBuildError(GraylaneError):
     """TensorRT could not parse a variant or build its engine."""
 
 

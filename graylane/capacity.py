@@ -21,11 +21,12 @@ import numpy as np
 from graylane.clock import now_ms
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import TensorSpec
+from graylane.errors import GraylaneError
 
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8)
 
 
-class CapacityError(ValueError):
+class CapacityError(GraylaneError, ValueError):
     """A capacity profile is malformed or asks for what was not measured."""
 
 

@@ -25,7 +25,9 @@ from graylane.v1 import rollout_pb2
 
 
 @dataclass(frozen=True)
-class Timing:
+class PhaseTiming:
+    """How long each chaos phase settles, observes and waits."""
+
     settle_s: float
     observe_s: float
     max_wait_s: float
@@ -63,7 +65,7 @@ class Bench:
     load: Load
     ledger: Ledger
     rollouts: RolloutWatch
-    timing: Timing
+    timing: PhaseTiming
     cp_port: int
     stall_s: float
     progress: Callable[[str], None]

@@ -33,7 +33,7 @@ from graylane.app.bench.chaos import (
     resumed_same_step,
     table_lines,
 )
-from graylane.app.bench.chaos_phases import Bench, PhaseRecord, Timing, malformed_answers
+from graylane.app.bench.chaos_phases import Bench, PhaseRecord, PhaseTiming, malformed_answers
 from graylane.app.bench.chaos_stack import (
     CANDIDATE,
     MODEL,
@@ -70,12 +70,12 @@ class ChaosConfig:
     window_ms: int = 4000
     step_ms: int = 1000
 
-    def timing(self) -> Timing:
+    def timing(self) -> PhaseTiming:
         if self.quick:
-            return Timing(
+            return PhaseTiming(
                 2.0, 4.0, 30.0, self.outage_s or 5.0, self.malformed_per_kind or 5, 40.0, 10.0
             )
-        return Timing(
+        return PhaseTiming(
             8.0, 15.0, 90.0, self.outage_s or 60.0, self.malformed_per_kind or 40, 60.0, 60.0
         )
 

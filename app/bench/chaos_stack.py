@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graylane.app.cli.demo import Service, free_port, start_service
+from graylane.errors import GraylaneError
 from graylane.settings import REPO_ROOT, Settings
 
 MODEL = "chaos-gpt"
@@ -22,7 +23,7 @@ STABLE, CANDIDATE = "1.0.0", "1.1.0"
 TOKEN = "chaos-bench-token-0123456789"
 
 
-class StackError(RuntimeError):
+class StackError(GraylaneError):
     """The bench's stack could not be set up."""
 
 

@@ -35,7 +35,9 @@ class Sent:
 
 
 @dataclass(frozen=True, slots=True)
-class Answer:
+class ReceivedResult:
+    """One result read back for a request: when, and whether it was OK."""
+
     at: float
     ok: bool
     code: str
@@ -46,7 +48,7 @@ class Ledger:
     """Every request sent and every result read back (duplicates included)."""
 
     sent: dict[str, Sent] = field(default_factory=dict)
-    answers: dict[str, list[Answer]] = field(default_factory=dict)
+    answers: dict[str, list[ReceivedResult]] = field(default_factory=dict)
     undecodable: int = 0
     waiters: dict[str, asyncio.Future[None]] = field(default_factory=dict)
 
@@ -58,12 +60,14 @@ class Ledger:
             return
         ok = pb.status == inference_pb2.OK
         code = "" if ok else _code_name(pb.error_code)
-        self.answers.setdefault(pb.request_id, []).append(Answer(time.monotonic(), ok, code))
+        self.answers.setdefault(pb.request_id, []).append(
+            ReceivedResult(time.monotonic(), ok, code)
+        )
         waiter = self.waiters.pop(pb.request_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def first_answer(self, request_id: str) -> Answer | None:
+    def first_answer(self, request_id: str) -> ReceivedResult | None:
         got = self.answers.get(request_id)
         return got[0] if got else None
 

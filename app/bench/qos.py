@@ -75,7 +75,9 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
-class RunResult:
+class QosRunResult:
+    """One QoS bench run: its score, the workers it used and its timeline."""
+
     name: str
     score: RunScore
     max_workers: int
@@ -211,7 +213,7 @@ async def run_once(
     capacities: dict[str, float],
     run: RunSpec,
     progress: Callable[[str], None],
-) -> RunResult:
+) -> QosRunResult:
     extra = ("--default-deadline-ms", f"{slo_ms:.0f}") if run.admission else ()
     worker = WorkerSpec(VERSION, variants, extra_args=extra)
     scaled = run.scale_out is not None
@@ -267,7 +269,7 @@ async def run_once(
             end = time.monotonic()
             await stack.wait_for(lambda: _answered(stack, start, end), timeout_s=15)
         back = seconds_to_top(m.precision_changes.get(VERSION, []), LADDER[0], spike_end_at)
-        result = RunResult(
+        result = QosRunResult(
             name=run.name,
             score=score(stack.sent_at, stack.answers, start=start, end=end, slo_ms=slo_ms),
             max_workers=max((w for _, w, _ in samples), default=1),

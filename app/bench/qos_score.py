@@ -15,7 +15,9 @@ SHED_CODE = "SHED"
 
 
 @dataclass(frozen=True, slots=True)
-class Answer:
+class RequestOutcome:
+    """How one request ended, as the client saw it."""
+
     ok: bool
     error_code: str
     latency_ms: float
@@ -43,7 +45,7 @@ class RunScore:
 
 def score(
     sent_at: Mapping[str, float],
-    answers: Mapping[str, Answer],
+    answers: Mapping[str, RequestOutcome],
     *,
     start: float,
     end: float,
@@ -86,7 +88,7 @@ class Slice:
 
 def timeline(
     sent_at: Mapping[str, float],
-    answers: Mapping[str, Answer],
+    answers: Mapping[str, RequestOutcome],
     *,
     start: float,
     end: float,

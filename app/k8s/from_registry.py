@@ -10,13 +10,14 @@ from graylane.app.k8s.workers import (
     pick_image,
 )
 from graylane.artifacts.naming import Backend
+from graylane.errors import GraylaneError
 from graylane.registry import Registry, target_for
 from graylane.topics import TopicLayout
 
 __all__ = ["NothingToDeploy", "plan_from_registry"]
 
 
-class NothingToDeploy(LookupError):
+class NothingToDeploy(GraylaneError, LookupError):
     """The registry holds no servable artifact of the version for the requested target."""
 
 

@@ -12,6 +12,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from graylane.errors import GraylaneError
+
 # --------------------------------------------------------------------------------------------
 # Pinned versions: the ONE place to change them (the pom takes them as properties).
 # --------------------------------------------------------------------------------------------
@@ -50,7 +52,7 @@ VERSION_RE = re.compile(r"Kafka version: (\S+)")
 DOWNLOADED_RE = re.compile(r"Downloaded from [^:\s]+: (\S+)")
 
 
-class KafkaLocalError(RuntimeError):
+class KafkaLocalError(GraylaneError):
     """Any failure of the local broker tooling, with a message meant for humans."""
 
 

@@ -10,6 +10,8 @@ import pwd
 from collections.abc import Iterator
 from pathlib import Path
 
+from graylane.errors import GraylaneError
+
 HOST = "127.0.0.1"
 DEFAULT_PORT = 55432
 DATABASE = "graylane_test"
@@ -36,7 +38,7 @@ log_line_prefix = '%m [%p] '
 """
 
 
-class PostgresLocalError(RuntimeError):
+class PostgresLocalError(GraylaneError):
     """Any failure of the local PostgreSQL tooling, with a message meant for humans."""
 
 

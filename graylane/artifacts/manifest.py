@@ -28,6 +28,7 @@ from graylane.artifacts.model_info import ModelInfo
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_artifact_name
 from graylane.artifacts.partial_info import partial_from_dict, partial_to_dict
 from graylane.engine.signature import IOSignature
+from graylane.errors import GraylaneError
 
 __all__ = [
     "MANIFEST_FILE",
@@ -51,7 +52,7 @@ MANIFEST_FILE = "manifest.json"
 SCHEMA_VERSION = 1
 
 
-class ManifestError(ValueError):
+class ManifestError(GraylaneError, ValueError):
     """A manifest file is missing, unreadable or not of a known layout."""
 
 

@@ -18,6 +18,7 @@ from graylane.artifacts.manifest import (
     ManifestError,
     read_manifest,
 )
+from graylane.errors import GraylaneError
 
 __all__ = [
     "TamperedArtifactError",
@@ -27,7 +28,7 @@ __all__ = [
 ]
 
 
-class TamperedArtifactError(RuntimeError):
+class TamperedArtifactError(GraylaneError):
     """A file of an artifact is missing or does not match the digest in its manifest."""
 
     def __init__(self, message: str, file: str) -> None:

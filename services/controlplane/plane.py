@@ -24,7 +24,7 @@ from graylane.registry import (
 from graylane.rollouts.errors import PolicyError
 from graylane.services.controlplane import domain
 from graylane.services.controlplane.audit_sink import RolloutHub
-from graylane.services.controlplane.auth import Principal, Role, TokenTable
+from graylane.services.controlplane.auth import ApiRole, Principal, TokenTable
 from graylane.services.controlplane.bus import CommandPublisher
 from graylane.services.controlplane.limits import ApiLimits, WatchSlots
 from graylane.services.controlplane.store import ControlStore
@@ -113,7 +113,7 @@ class ControlPlane:
     def principal(self, context: Context) -> Principal:
         found = self.tokens.principal_of(context.invocation_metadata())
         # The interceptor already refused calls without a valid token.
-        return found if found is not None else Principal("unknown", Role.READ_ONLY)
+        return found if found is not None else Principal("unknown", ApiRole.READ_ONLY)
 
     async def send(self, command: rollout_pb2.RolloutCommand) -> bool:
         """Publish a stored command and mark it sent; False when it was sent already.
