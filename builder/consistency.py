@@ -30,7 +30,6 @@ from graylane.artifacts.build_info import Tolerance
 from graylane.artifacts.manifest import Manifest
 from graylane.artifacts.naming import Backend, Precision
 from graylane.artifacts.verify import verify_artifact
-from graylane.builder.greedy import greedy_generate
 from graylane.builder.polygraphy_check import EngineRunner, compare_runs
 from graylane.builder.runtime import open_runner
 from graylane.builder.samples import SampleSet
@@ -38,6 +37,7 @@ from graylane.builder.validation import (
     check_tolerance,
     compare_outputs,
     generation_prompts,
+    greedy_generate,
     token_agreement,
 )
 from graylane.engine.protocol import InferenceEngine

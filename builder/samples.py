@@ -48,7 +48,7 @@ class SampleSet:
                 yield {k: v[i : i + 1] for k, v in batch.items()}
 
 
-def _digest(batches: tuple[Feeds, ...]) -> str:
+def _content_digest(batches: tuple[Feeds, ...]) -> str:
     sha = hashlib.sha256()
     for batch in batches:
         for name in sorted(batch):
@@ -80,7 +80,7 @@ def load_samples(spec: DataSpec, signature: IOSignature, max_seq_len: int | None
     else:
         columns = _generate(spec.source, spec.samples, spec.seed, signature, max_seq_len)
     batches = _batched(columns, spec.batch_size)
-    return SampleSet(batches=batches, digest=_digest(batches), labels=labels)
+    return SampleSet(batches=batches, digest=_content_digest(batches), labels=labels)
 
 
 LABELS = "labels"
