@@ -25,8 +25,6 @@ import onnxruntime
 from polygraphy.comparator import RunResults
 
 from graylane.artifacts.build_info import PartialQuantization
-from graylane.artifacts.digest import sha256_file
-from graylane.artifacts.graph import io_signature, load_header, metadata_int
 from graylane.artifacts.manifest import (
     CalibrationInfo,
     Manifest,
@@ -34,9 +32,15 @@ from graylane.artifacts.manifest import (
     read_manifest,
     with_files,
 )
-from graylane.artifacts.model_info import ModelInfo, read_model_info
+from graylane.artifacts.model_info import (
+    ModelInfo,
+    io_signature,
+    load_header,
+    metadata_int,
+    read_model_info,
+)
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer
-from graylane.artifacts.verify import manifest_sha256
+from graylane.artifacts.verify import manifest_sha256, sha256_file
 from graylane.builder.calibration import check_calibration_size
 from graylane.builder.host import build_host, detect_gpu, git_commit
 from graylane.builder.plan import (

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graylane.artifacts.graph import DECODER_INPUTS, IOSignature, TensorSpec
 from graylane.builder.runtime import cache_inputs
 from graylane.builder.spec import DataSpec, Generator, GeneratorData, NpzData
+from graylane.engine.signature import DECODER_INPUTS, IOSignature, TensorSpec
 from graylane.errors import GraylaneError
 
 __all__ = ["SampleError", "SampleSet", "demo_sentences", "load_samples"]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from graylane.artifacts.build_info import GroupSensitivity, PartialQuantization
+from graylane.artifacts.manifest import partial_from_dict, partial_to_dict
 from graylane.artifacts.naming import Backend, Precision
-from graylane.artifacts.partial_info import partial_from_dict, partial_to_dict
 from graylane.builder.build import run_build
 from graylane.builder.calibration import CalibrationTooSmall
 from graylane.builder.consistency import (
