@@ -303,7 +303,7 @@ def _answered(stack: BenchStack, start: float, end: float) -> bool:
 
 def main(cfg: QosConfig, scale_out: ScaleOut | None = None) -> int:
     """``scale_out``: the supervisor of run 4 (default: :func:`local_supervisor`)."""
-    from graylane.app.cli.calibrate import ensure_calibrated, registered_variants
+    from graylane.app.cli.capacity import ensure_calibrated, registered_variants
     from graylane.app.demo.build_versions import build_versions
     from graylane.capacity import rung_capacities
     from graylane.deploy.kafka import kafka

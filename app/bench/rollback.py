@@ -324,7 +324,7 @@ async def scenario_healthy(
 
 def engine_capacity(settings: Settings, model: Path, progress: Callable[[str], None]) -> float:
     """The fp32 engine's requests/s as calibrated on this machine (measured if not yet)."""
-    from graylane.app.cli.calibrate import ensure_calibrated
+    from graylane.app.cli.capacity import ensure_calibrated
     from graylane.capacity import measured_capacity
 
     profile = ensure_calibrated(

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graylane.app.cli.ops_time import parse_time
+from graylane.app.cli.views import parse_time
 
 if TYPE_CHECKING:
     from graylane.builder.samples import SampleSet

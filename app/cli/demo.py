@@ -231,7 +231,7 @@ def _capacity(
 ) -> dict[str, float]:
     """Requests/s of one worker per variant of ``version`` on this machine (calibrated
     once, then stored)."""
-    from graylane.app.cli.calibrate import ensure_calibrated, registered_variants
+    from graylane.app.cli.capacity import ensure_calibrated, registered_variants
     from graylane.app.demo.story import StoryConfig
     from graylane.engine_worker.batching import BucketPolicy
 

@@ -24,8 +24,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graylane.app.cli.audit_sink",
     "graylane.app.cli.deploy",
     "graylane.app.cli.build",
-    "graylane.app.cli.calibrate",
-    "graylane.app.cli.calib",
+    "graylane.app.cli.capacity",
+    "graylane.app.cli.capture",
     "graylane.app.cli.check",
     "graylane.app.cli.acls",
 )
