@@ -23,6 +23,19 @@ from enum import Enum
 
 from graylane.topics import TopicLayout, check_model_name
 
+__all__ = [
+    "AclRule",
+    "AclScope",
+    "KafkaRole",
+    "Operation",
+    "Pattern",
+    "Resource",
+    "all_acls",
+    "allows",
+    "kafka_acls_commands",
+    "role_acls",
+]
+
 
 class KafkaRole(Enum):
     """The Kafka principal a Graylane component logs in as; each gets its own ACLs."""

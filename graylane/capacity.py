@@ -23,6 +23,23 @@ from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import TensorSpec
 from graylane.errors import GraylaneError
 
+__all__ = [
+    "DEFAULT_BATCHES",
+    "BatchPoint",
+    "CapacityError",
+    "CapacityProfile",
+    "VariantCapacity",
+    "load_profile",
+    "measure_variant",
+    "measured_capacity",
+    "profile_of",
+    "profile_path",
+    "rung_capacities",
+    "save_profile",
+    "synthetic_feeds",
+    "this_host",
+]
+
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8)
 
 

@@ -22,6 +22,8 @@ from graylane.kafka.factory import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import rollout_pb2
 
+__all__ = ["BenchStack", "WorkerSpec", "bench_stack", "start_worker"]
+
 
 @dataclass(frozen=True)
 class WorkerSpec:

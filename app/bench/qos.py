@@ -40,6 +40,21 @@ from graylane.app.bench.qos_score import RunScore, Slice, score, seconds_to_top,
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 
+__all__ = [
+    "LADDER",
+    "MODEL",
+    "SCALE_POLICY_ARGS",
+    "VERSION",
+    "QosConfig",
+    "QosRunResult",
+    "RunSpec",
+    "local_supervisor",
+    "main",
+    "measure_path",
+    "qos_policy",
+    "run_once",
+]
+
 MODEL = "bench-gpt"
 VERSION = "v1"
 LADDER = ("fp32", "int8-dynamic")

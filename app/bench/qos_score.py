@@ -11,6 +11,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = [
+    "SHED_CODE",
+    "RequestOutcome",
+    "RunScore",
+    "Slice",
+    "score",
+    "seconds_to_top",
+    "timeline",
+]
+
 SHED_CODE = "SHED"
 
 

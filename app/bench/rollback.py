@@ -46,6 +46,28 @@ from graylane.rollouts.vocabulary import Phase
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import rollout_pb2
 
+__all__ = [
+    "BAD_CANDIDATE_RPS",
+    "CAPACITY_VERSION",
+    "DETECT_BUDGET_S",
+    "HEALTHY_STEPS",
+    "MAX_FIRST_WEIGHT",
+    "MODEL",
+    "STEPS",
+    "RollbackConfig",
+    "bad_steps",
+    "detect",
+    "engine_capacity",
+    "first_weight",
+    "main",
+    "phase",
+    "scenario_bad",
+    "scenario_healthy",
+    "spec",
+    "start",
+    "summary",
+]
+
 MODEL = "bench-gpt"
 CAPACITY_VERSION = "0.0.0-bench"
 """Version name the bench model's capacity profile is stored under."""

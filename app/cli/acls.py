@@ -13,6 +13,8 @@ from graylane.kafka.factory import KafkaFactory
 from graylane.settings import Settings
 from graylane.topics import TopicLayout
 
+__all__ = ["parse_principals", "register"]
+
 _ROLES = ", ".join(r.value for r in KafkaRole)
 
 

@@ -12,6 +12,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+
 # Modules that add subcommands, in the order they appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
     "graylane.app.cli.stack",

@@ -22,6 +22,8 @@ from graylane import serde
 from graylane.client import Result
 from graylane.v1 import control_pb2, rollout_pb2
 
+__all__ = ["Monitor", "RequestSample", "Timeline"]
+
 
 @dataclass(frozen=True)
 class RequestSample:

@@ -12,6 +12,31 @@ from pathlib import Path
 
 from graylane.errors import GraylaneError
 
+__all__ = [
+    "DATABASE",
+    "DEFAULT_PORT",
+    "HERE",
+    "HOST",
+    "OS_USER",
+    "REPO_ROOT",
+    "SERVER_SETTINGS",
+    "START_TIMEOUT_S",
+    "STOP_TIMEOUT_S",
+    "SUPERUSER",
+    "PostgresLocalError",
+    "as_root",
+    "base_dir",
+    "data_dir",
+    "log_file",
+    "port",
+    "preferred_base",
+    "run_dir",
+    "say",
+    "server_lock",
+    "socket_dir",
+    "url",
+]
+
 HOST = "127.0.0.1"
 DEFAULT_PORT = 55432
 DATABASE = "graylane_test"

@@ -24,6 +24,8 @@ from pathlib import Path
 
 from graylane.errors import GraylaneError
 
+__all__ = ["HERE", "RULES", "RULE_TESTS", "PrometheusToolError", "check", "main", "promtool"]
+
 HERE = Path(__file__).resolve().parent
 RULES = sorted((HERE / "rules").glob("*.yml"))
 RULE_TESTS = sorted((HERE / "tests").glob("*.yml"))
