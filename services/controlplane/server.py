@@ -23,7 +23,6 @@ import functools
 import logging
 import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +72,13 @@ from graylane.services.controlplane.bus import (
 )
 from graylane.services.controlplane.limits import ApiLimits, WatchSlots, check_limit, check_startup
 from graylane.services.controlplane.store import ControlStore, StoredRollout
-from graylane.services.controlplane.wire import model_summary, receipt, version_summary
+from graylane.services.controlplane.wire import (
+    model_summary,
+    new_command,
+    qos_policy_view,
+    receipt,
+    version_summary,
+)
 from graylane.supervision import BackgroundTasks
 from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
 
@@ -496,15 +501,14 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
                 last_reason="waiting for the policy engine to take the start command",
                 spec=spec,
             )
-            command = rollout_pb2.RolloutCommand(
-                command_id=uuid.uuid4().hex,
-                rollout_id=spec.rollout_id,
+            command = new_command(
+                rollout_pb2.COMMAND_START,
                 model=spec.model,
-                kind=rollout_pb2.COMMAND_START,
-                spec=spec,
+                rollout_id=spec.rollout_id,
                 issued_by=principal.name,
                 reason="start",
-                issued_at_unix_ms=now,
+                at_ms=now,
+                spec=spec,
             )
             await asyncio.to_thread(cp.store.create_rollout, state, command)
         cp.hub.publish(state)
@@ -570,14 +574,13 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
         principal = cp.principal(context)
         stored = await self._stored(request.rollout_id)
         domain.check_command(check, request.rollout_id, _phase(stored))
-        command = rollout_pb2.RolloutCommand(
-            command_id=uuid.uuid4().hex,
-            rollout_id=stored.state.rollout_id,
+        command = new_command(
+            manual_command_to_pb(check),
             model=stored.state.model,
-            kind=manual_command_to_pb(check),
+            rollout_id=stored.state.rollout_id,
             issued_by=principal.name,
             reason=request.reason or check.value,
-            issued_at_unix_ms=cp.clock(),
+            at_ms=cp.clock(),
         )
         await asyncio.to_thread(cp.store.add_command, command)
         await send_or_unavailable(cp, command, context)
@@ -630,15 +633,14 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
 
         async with cp.start_lock:
             version, active = await asyncio.to_thread(target)
-            command = rollout_pb2.RolloutCommand(
-                command_id=uuid.uuid4().hex,
-                rollout_id=active.state.rollout_id if active else "",
+            command = new_command(
+                rollout_pb2.COMMAND_REVERT,
                 model=request.model,
-                kind=rollout_pb2.COMMAND_REVERT,
-                target_version=version,
+                rollout_id=active.state.rollout_id if active else "",
                 issued_by=principal.name,
                 reason=request.reason or f"revert to {version}",
-                issued_at_unix_ms=cp.clock(),
+                at_ms=cp.clock(),
+                target_version=version,
             )
             await asyncio.to_thread(cp.store.add_command, command)
         await send_or_unavailable(cp, command, context)
@@ -686,15 +688,14 @@ class RoutingServicer(controlplane_pb2_grpc.RoutingServicer):
                     f"registered: {', '.join(sorted(facts.versions)) or 'none'}"
                 )
             pb = route_config_to_pb(config)
-            command = rollout_pb2.RolloutCommand(
-                command_id=uuid.uuid4().hex,
+            command = new_command(
+                rollout_pb2.COMMAND_SET_ROUTE_CONFIG,
                 model=model,
-                kind=rollout_pb2.COMMAND_SET_ROUTE_CONFIG,
-                route_config=pb,
-                target_version=facts.stable_version or "",
                 issued_by=principal.name,
                 reason="set cohort routing",
-                issued_at_unix_ms=cp.clock(),
+                at_ms=cp.clock(),
+                route_config=pb,
+                target_version=facts.stable_version or "",
             )
             at = cp.store.put_route_config(pb, principal.name)
             cp.store.add_command(command)
@@ -752,11 +753,6 @@ class QosServicer(controlplane_pb2_grpc.QosServicer):
             raise domain.NotFound(
                 f"no QoS policy for {model} {version}; set one with `graylane qos set`"
             )
-        view = controlplane_pb2.QosPolicyView(
-            policy=stored.policy,
-            updated_by=stored.updated_by,
-            updated_at_unix_ms=stored.updated_at_ms,
-        )
         latest = self._cp.store.query_audit(
             model=model,
             version=version,
@@ -764,11 +760,7 @@ class QosServicer(controlplane_pb2_grpc.QosServicer):
             limit=1,
             newest_first=True,
         )
-        if latest:
-            view.active_variant = latest[0].qos_after.active_variant
-            view.active_since_unix_ms = latest[0].decided_at_unix_ms
-            view.last_reason = latest[0].reason
-        return view
+        return qos_policy_view(stored, latest[0] if latest else None)
 
     @mapped
     async def SetPolicy(
@@ -779,14 +771,13 @@ class QosServicer(controlplane_pb2_grpc.QosServicer):
         facts = await asyncio.to_thread(model_facts, cp.registry, cp.store, request.model)
         domain.check_qos_policy(facts, request.model, request.version, list(request.ladder))
         policy = qos_policy_to_pb(qos_policy_from_pb(request))
-        command = rollout_pb2.RolloutCommand(
-            command_id=uuid.uuid4().hex,
+        command = new_command(
+            rollout_pb2.COMMAND_SET_QOS_POLICY,
             model=policy.model,
-            kind=rollout_pb2.COMMAND_SET_QOS_POLICY,
-            qos_policy=policy,
             issued_by=principal.name,
             reason="set QoS policy",
-            issued_at_unix_ms=cp.clock(),
+            at_ms=cp.clock(),
+            qos_policy=policy,
         )
 
         def save() -> None:

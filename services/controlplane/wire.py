@@ -1,14 +1,26 @@
-"""Every protobuf the control plane builds from registry records and stored commands.
+"""Every protobuf the control plane builds: commands, views of registry records, stored
+policies and receipts.
 
 The servicers answer with these messages; the domain and the store never build them.
 """
 
 from __future__ import annotations
 
-from graylane.registry import ArtifactInfo, RegisteredModel, Registry
-from graylane.v1 import controlplane_pb2, rollout_pb2
+import uuid
+from typing import Any
 
-__all__ = ["model_summary", "receipt", "variant_info", "version_summary"]
+from graylane.registry import ArtifactInfo, RegisteredModel, Registry
+from graylane.services.controlplane.store import StoredPolicy
+from graylane.v1 import audit_pb2, controlplane_pb2, rollout_pb2
+
+__all__ = [
+    "model_summary",
+    "new_command",
+    "qos_policy_view",
+    "receipt",
+    "variant_info",
+    "version_summary",
+]
 
 
 def model_summary(model: RegisteredModel) -> controlplane_pb2.ModelSummary:
@@ -78,3 +90,42 @@ def receipt(
         state=state,
         target_version=target_version,
     )
+
+
+def new_command(
+    kind: rollout_pb2.CommandKind,
+    *,
+    model: str,
+    issued_by: str,
+    reason: str,
+    at_ms: int,
+    rollout_id: str = "",
+    **payload: Any,
+) -> rollout_pb2.RolloutCommand:
+    """A command with a fresh id; ``payload`` sets what its kind carries (``spec=`` ...)."""
+    return rollout_pb2.RolloutCommand(
+        command_id=uuid.uuid4().hex,
+        rollout_id=rollout_id,
+        model=model,
+        kind=kind,
+        issued_by=issued_by,
+        reason=reason,
+        issued_at_unix_ms=at_ms,
+        **payload,
+    )
+
+
+def qos_policy_view(
+    stored: StoredPolicy, latest_change: audit_pb2.AuditRecord | None
+) -> controlplane_pb2.QosPolicyView:
+    """A stored policy with the variant its latest precision change made active."""
+    view = controlplane_pb2.QosPolicyView(
+        policy=stored.policy,
+        updated_by=stored.updated_by,
+        updated_at_unix_ms=stored.updated_at_ms,
+    )
+    if latest_change is not None:
+        view.active_variant = latest_change.qos_after.active_variant
+        view.active_since_unix_ms = latest_change.decided_at_unix_ms
+        view.last_reason = latest_change.reason
+    return view
