@@ -142,6 +142,8 @@ def print_decisions(
         print("no decisions in that range", file=sys.stderr)
 
 
+# -- times on the command line ----------------------------------------------------------------
+
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
