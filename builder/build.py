@@ -1,10 +1,13 @@
 """One build: source ONNX → precision variants → validation → engines → artifacts → registry.
 
-The steps, in order: read the source (:mod:`~graylane.builder.source`), prepare the
-calibration and validation samples, produce, validate and refine each variant
-(:mod:`~graylane.builder.variant_steps`), compile TensorRT engines
-(:mod:`~graylane.builder.engine_artifacts`), publish and register
-(:mod:`~graylane.builder.publishing`).
+:func:`run_build` runs the steps in order, each in its own section below: read the
+source (where the ONNX comes from and what its header says), prepare the calibration
+and validation samples, produce, validate and refine each variant (each step reports
+to the progress sink once per variant and writes no artifact), compile TensorRT
+engines, publish every produced variant with its manifest (the build host, the
+source, calibration and validation), and record the build in the model registry when
+its variants all passed (or were forced). What the build did comes back as a
+:class:`BuildReport`, one :class:`VariantReport` per artifact tried.
 """
 
 from __future__ import annotations
@@ -12,39 +15,82 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import onnxruntime
+from polygraphy.comparator import RunResults
 
-from graylane.artifacts.naming import ArtifactName, Backend, Precision
+from graylane.artifacts.build_info import PartialQuantization
+from graylane.artifacts.manifest import (
+    CalibrationInfo,
+    Manifest,
+    ValidationInfo,
+    read_manifest,
+    with_files,
+)
+from graylane.artifacts.model_info import (
+    ModelInfo,
+    io_signature,
+    load_header,
+    metadata_int,
+    read_model_info,
+)
+from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer
+from graylane.artifacts.verify import manifest_sha256, sha256_file
 from graylane.builder.calibration import check_calibration_size
-from graylane.builder.engine_artifacts import compile_engines
+from graylane.builder.host import build_host, detect_gpu, git_commit
 from graylane.builder.plan import (
     VariantPlan,
     default_validation,
     plan_variants,
     with_declared_vocab,
 )
+from graylane.builder.polygraphy_check import outputs_of, run_model, validate_with_polygraphy
 from graylane.builder.progress import NullProgress, ProgressSink
-from graylane.builder.publishing import publish_variants, register_step
-from graylane.builder.report import BuildReport, VariantReport
+from graylane.builder.runtime import open_runner
 from graylane.builder.samples import SampleSet, load_samples
-from graylane.builder.sensitivity import QUANTIZED
-from graylane.builder.source import BuildError, SourceModel, read_source, resolve_source
-from graylane.builder.spec import BuildSpec
+from graylane.builder.sensitivity import QUANTIZED, evaluator, refine_quantized
+from graylane.builder.spec import BuildSpec, DemoSource, FileSource
 from graylane.builder.store import ArtifactExistsError, ArtifactStore, CacheKind
-from graylane.builder.tensorrt_build import tensorrt_unavailable_reason
-from graylane.builder.variant_steps import (
-    produce_variants,
-    reference_step,
-    refine_variants,
-    validate_variants,
+from graylane.builder.tensorrt_build import (
+    ENGINE_FILE,
+    EngineOutcome,
+    EngineRequest,
+    build_engine,
+    tensorrt_unavailable_reason,
 )
-from graylane.builder.variants import VariantInputs
-from graylane.registry import Registry
+from graylane.builder.validation import ReferenceOutputs, ValidationResult, reference_outputs
+from graylane.builder.variants import (
+    EXTERNAL_DATA_THRESHOLD,
+    VariantInputs,
+    VariantOutcome,
+    VariantStatus,
+    produce_variant,
+)
+from graylane.engine.signature import IOSignature
+from graylane.errors import GraylaneError
+from graylane.registry import (
+    ArtifactInfo,
+    ArtifactRecord,
+    DuplicateVersion,
+    Registry,
+    UnknownVersion,
+    ValidationSummary,
+    VersionStatus,
+)
 
-__all__ = ["BuildError", "BuildReport", "VariantReport", "resolve_source", "run_build"]
+__all__ = [
+    "BuildError",
+    "BuildReport",
+    "SourceModel",
+    "VariantReport",
+    "resolve_source",
+    "run_build",
+]
 
 
 def run_build(
@@ -230,3 +276,585 @@ def _staging(artifacts: ArtifactStore) -> Path:
     path = artifacts.root / ".staging"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# -- the source: where the ONNX comes from and what its header says ----------------------------
+
+
+class BuildError(GraylaneError):
+    """The build cannot start or cannot finish; the message says why."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceModel:
+    """The source ONNX and what the build reads from its header."""
+
+    path: Path
+    sha256: str
+    signature: IOSignature
+    info: ModelInfo
+    max_seq_len: int | None
+    pad_id: int
+    external: bool
+    """Its weights are (or must be) stored as external data."""
+
+
+def resolve_source(spec: BuildSpec, store: ArtifactStore) -> Path:
+    """The source ONNX path; the demo model is generated into the store's cache once."""
+    if isinstance(spec.source, FileSource):
+        if not spec.source.path.is_file():
+            raise BuildError(f"source model {spec.source.path} does not exist")
+        return spec.source.path
+    if isinstance(spec.source, DemoSource):
+        from graylane.models.demo_gpt import write_demo_gpt
+
+        form = "-kv" if spec.source.kv_cache else ""
+        target = store.cache_dir(CacheKind.SOURCES) / (
+            f"demo-gpt-{spec.source.size}-seed{spec.source.seed}{form}.onnx"
+        )
+        if not target.is_file():
+            partial = target.with_suffix(".partial")
+            write_demo_gpt(
+                partial, spec.source.size, spec.source.seed, kv_cache=spec.source.kv_cache
+            )
+            partial.replace(target)
+        return target
+    raise BuildError(f"unknown source {spec.source!r}")
+
+
+def read_source(spec: BuildSpec, store: ArtifactStore) -> SourceModel:
+    """Resolve the source, hash it and read its signature, model info and metadata."""
+    source = resolve_source(spec, store)
+    header = load_header(source)
+    signature = io_signature(header)
+    source_sha = sha256_file(source)
+    max_seq_len = metadata_int(header, "max_seq_len")
+    pad_id = metadata_int(header, "pad_id") or 0
+    external = source.stat().st_size > EXTERNAL_DATA_THRESHOLD or any(
+        init.data_location == 1 for init in header.graph.initializer
+    )
+    info = read_model_info(header, task=spec.task, vocab_size=spec.vocab_size)
+    return SourceModel(
+        path=source,
+        sha256=source_sha,
+        signature=signature,
+        info=info,
+        max_seq_len=max_seq_len,
+        pad_id=pad_id,
+        external=external,
+    )
+
+
+# -- per-variant steps: produce, reference outputs, validate, refine ---------------------------
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The fp32 outputs every variant is compared with (None: no validation data)."""
+
+    outputs: ReferenceOutputs | None = None
+    run: RunResults | None = None
+
+
+def produce_variants(
+    plan: VariantPlan, inputs: VariantInputs, progress: ProgressSink
+) -> dict[Precision, VariantOutcome]:
+    """Produce every planned precision variant of the source, one step each."""
+    outcomes: dict[Precision, VariantOutcome] = {}
+    for precision in plan.produce:
+        progress.step(f"producing {precision.value}")
+        outcome = produce_variant(precision, inputs, copy_source=plan.copy_source)
+        outcomes[precision] = outcome
+        cache = ""
+        if outcome.calibration is not None:
+            cache = " (calibration cache hit)" if outcome.calibration.cache_hit else " (calibrated)"
+        progress.done(
+            f"{precision.value}: {outcome.status.value} in {outcome.duration_s:.1f}s{cache}"
+            + (f" — {outcome.reason}" if outcome.reason else ""),
+            ok=outcome.status is VariantStatus.PRODUCED,
+        )
+    return outcomes
+
+
+def reference_step(
+    spec: BuildSpec, source: SourceModel, validation: SampleSet | None, progress: ProgressSink
+) -> Reference:
+    """Run the source at fp32 through Polygraphy on the validation samples."""
+    progress.step("reference outputs (fp32, through Polygraphy)")
+    reference = Reference()
+    if validation is not None:
+        run = run_model(source.path, Precision.FP32.value, validation.batches)
+        outputs = reference_outputs(
+            open_runner(source.path),
+            validation,
+            source.signature,
+            spec.generation if source.info.generates else None,
+            source.max_seq_len,
+            source.pad_id,
+            outputs=outputs_of(run),
+        )
+        reference = Reference(outputs, run)
+    progress.done("reference outputs ready" if reference.outputs else "no validation data in spec")
+    return reference
+
+
+def validate_variants(
+    spec: BuildSpec,
+    outcomes: dict[Precision, VariantOutcome],
+    reference: Reference,
+    validation: SampleSet | None,
+    pad_id: int,
+    progress: ProgressSink,
+) -> dict[Precision, ValidationResult | None]:
+    """Compare each produced variant with the reference under its tolerance."""
+    results: dict[Precision, ValidationResult | None] = {}
+    for precision, outcome in outcomes.items():
+        progress.step(f"validating {precision.value}")
+        result = None
+        if outcome.path is not None and reference.outputs is not None and validation is not None:
+            result = validate_with_polygraphy(
+                precision,
+                outcome.path,
+                reference.outputs,
+                reference.run,
+                validation,
+                spec.tolerance_for(precision),
+                pad_id,
+            )
+        results[precision] = result
+        progress.done(f"{precision.value}: {describe(result)}", ok=result is None or result.passed)
+    return results
+
+
+def refine_variants(
+    spec: BuildSpec,
+    source: SourceModel,
+    outcomes: dict[Precision, VariantOutcome],
+    results: dict[Precision, ValidationResult | None],
+    inputs: VariantInputs,
+    reference: Reference,
+    validation: SampleSet | None,
+    progress: ProgressSink,
+) -> dict[Precision, PartialQuantization]:
+    """Partial quantization of each int8 variant that missed its tolerance (in place)."""
+    if reference.outputs is None or validation is None:
+        return {}
+    return refine_quantized(
+        outcomes,
+        results,
+        inputs,
+        spec.partial_quantization,
+        partial(
+            evaluator,
+            reference.outputs,
+            reference.run,
+            validation,
+            spec.tolerance_for,
+            source.pad_id,
+        ),
+        fp32_path=outcomes[Precision.FP32].path or source.path
+        if Precision.FP32 in outcomes
+        else source.path,
+        timing_batches=validation.batches,
+        step=progress.step,
+        done=lambda message, ok: progress.done(message, ok=ok),
+    )
+
+
+def describe(result: ValidationResult | None) -> str:
+    """One line on a variant's validation: its metrics, or why there are none."""
+    if result is None:
+        return "not validated"
+    if result.error is not None:
+        return f"validation error: {result.error}"
+    m = result.metrics
+    if m is None:
+        return "no metrics"
+    text = f"cos {m.cosine:.5f} top1 {m.top1_agreement:.3f} max|Δ| {m.max_abs:.3g}"
+    if m.token_agreement is not None:
+        text += f" tokens {m.token_agreement:.2f}"
+    return text + ("" if result.passed else " — FAILED: " + "; ".join(result.failures))
+
+
+# -- TensorRT engines, published as their own artifacts ----------------------------------------
+
+
+def compile_engines(
+    spec: BuildSpec,
+    progress: ProgressSink,
+    artifacts: ArtifactStore,
+    outcomes: dict[Precision, VariantOutcome],
+    signature: IOSignature,
+    trt_reason: str | None,
+) -> dict[Precision, tuple[EngineOutcome, ...]]:
+    if trt_reason is not None:
+        progress.step("TensorRT engines")
+        progress.done(f"TensorRT engines not built: {trt_reason}", ok=True)
+        return {}
+    gpu = detect_gpu()
+    found: dict[Precision, tuple[EngineOutcome, ...]] = {}
+    for precision, outcome in outcomes.items():
+        progress.step(f"TensorRT engine {precision.value}")
+        if outcome.path is None:
+            progress.done(f"TensorRT {precision.value}: no ONNX variant to compile", ok=False)
+            continue
+        engine = build_engine(
+            EngineRequest(
+                precision=precision,
+                onnx_path=outcome.path,
+                onnx_sha256=sha256_file(outcome.path),
+                signature=signature,
+                profiles=spec.profiles,
+                options=spec.tensorrt,
+                engine_cache_dir=artifacts.cache_dir(CacheKind.TENSORRT_ENGINES),
+                timing_cache_dir=artifacts.cache_dir(CacheKind.TENSORRT_TIMING),
+            ),
+            gpu=gpu,
+        )
+        found[precision] = (engine,)
+        hit = " (engine cache hit)" if engine.cache_hit else ""
+        progress.done(
+            f"TensorRT {precision.value}: {engine.status.value}{hit}"
+            + (f" — {engine.reason}" if engine.reason else ""),
+            ok=engine.status is not VariantStatus.FAILED,
+        )
+    return found
+
+
+def publish_engine(
+    engine: EngineOutcome,
+    onnx_manifest: Manifest,
+    artifacts: ArtifactStore,
+    spec: BuildSpec,
+    result: ValidationResult | None,
+    published: list[Path],
+) -> VariantReport:
+    if engine.path is None or engine.target is None:
+        return VariantReport(engine.precision, Backend.TENSORRT, engine.status, engine.reason)
+    name = replace(
+        onnx_manifest.name, backend=Backend.TENSORRT, backend_version=engine.target.tensorrt_version
+    )
+    staged = engine.path.parent / f".{engine.path.stem}" / ENGINE_FILE
+    staged.parent.mkdir(exist_ok=True)
+    shutil.copyfile(engine.path, staged)
+    base = replace(
+        onnx_manifest,
+        name=name,
+        target=engine.target,
+        build_duration_s=engine.duration_s,
+        notes=(
+            *onnx_manifest.notes,
+            "validation inherited from the ONNX variant this engine was compiled from",
+            "engine cache hit" if engine.cache_hit else "engine compiled",
+        ),
+    )
+    try:
+        folder = artifacts.publish(
+            name,
+            [staged],
+            partial(with_files, base),
+            compute_capability=engine.target.compute_capability,
+            replace=spec.force,
+        )
+    finally:
+        shutil.rmtree(staged.parent, ignore_errors=True)
+    published.append(folder)
+    return VariantReport(
+        precision=engine.precision,
+        backend=Backend.TENSORRT,
+        status=engine.status,
+        reason=engine.reason,
+        artifact=name,
+        folder=folder,
+        validation=result,
+        servable=base.servable,
+        forced=base.forced,
+        compute_capability=engine.target.compute_capability,
+        calibration=base.calibration,
+        duration_s=engine.duration_s,
+    )
+
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- publishing: each variant with its manifest, then the registry -----------------------------
+
+
+def publish_variants(
+    spec: BuildSpec,
+    plan: VariantPlan,
+    names: dict[Precision, ArtifactName],
+    source: SourceModel,
+    outcomes: dict[Precision, VariantOutcome],
+    results: dict[Precision, ValidationResult | None],
+    partials: dict[Precision, PartialQuantization],
+    engines: dict[Precision, tuple[EngineOutcome, ...]],
+    notes: list[str],
+    artifacts: ArtifactStore,
+    progress: ProgressSink,
+) -> tuple[list[VariantReport], list[Path]]:
+    """Publish every produced variant and its engines; (reports, published folders)."""
+    progress.step("publishing artifacts")
+    host = build_host(probe_gpu=True)
+    commit = git_commit(_REPO_ROOT)
+    reports: list[VariantReport] = [
+        VariantReport(p, Backend.ONNXRUNTIME, VariantStatus.SKIPPED, why)
+        for p, why in plan.skipped.items()
+    ]
+    published: list[Path] = []
+    for precision, outcome in outcomes.items():
+        result = results[precision]
+        if outcome.path is None:
+            reports.append(
+                VariantReport(
+                    precision,
+                    Backend.ONNXRUNTIME,
+                    outcome.status,
+                    outcome.reason,
+                    duration_s=outcome.duration_s,
+                )
+            )
+            continue
+        servable, forced = _servable(result, precision, spec.force, plan.reference)
+        name = names[precision]
+        manifest_base = Manifest(
+            name=name,
+            files=(),
+            io=source.signature,
+            profiles=spec.profiles,
+            build_host=host,
+            build_duration_s=outcome.duration_s,
+            source_onnx_sha256=source.sha256,
+            source_git_commit=commit,
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            servable=servable,
+            forced=forced,
+            calibration=_calibration_info(outcome),
+            validation=_validation_info(result),
+            notes=outcome.notes + tuple(notes),
+            model_info=source.info,
+            partial_quantization=partials.get(precision),
+        )
+        folder = artifacts.publish(
+            name,
+            outcome.files,
+            partial(with_files, manifest_base),
+            replace=spec.force,
+        )
+        published.append(folder)
+        reports.append(
+            VariantReport(
+                precision=precision,
+                backend=Backend.ONNXRUNTIME,
+                status=outcome.status,
+                reason=outcome.reason,
+                artifact=name,
+                folder=folder,
+                validation=result,
+                servable=servable,
+                forced=forced,
+                calibration=_calibration_info(outcome),
+                duration_s=outcome.duration_s,
+            )
+        )
+        for engine in engines.get(precision, ()):
+            reports.append(
+                publish_engine(engine, manifest_base, artifacts, spec, result, published)
+            )
+    progress.done(f"published {len(published)} artifact(s) to {artifacts.root}")
+    return reports, published
+
+
+def register_step(
+    spec: BuildSpec,
+    registry: Registry | None,
+    source: SourceModel,
+    reports: list[VariantReport],
+    published: list[Path],
+    notes: list[str],
+    progress: ProgressSink,
+) -> bool:
+    """Record the published artifacts in the registry unless a variant failed; registered?"""
+    registered = False
+    failed = not variants_ok(reports)
+    progress.step("registering")
+    if failed:
+        notes.append("not registered: the build failed (a variant failed or is not servable)")
+    elif registry is not None and published:
+        register_build(
+            registry,
+            spec.model,
+            spec.version,
+            source.sha256,
+            [(read_manifest(folder), folder) for folder in published],
+            replace=spec.force,
+        )
+        registered = True
+    progress.done(
+        "registered in the model registry"
+        if registered
+        else "registry: not registered, the build failed"
+        if failed
+        else "registry: skipped",
+        ok=not failed,
+    )
+    return registered
+
+
+def _servable(
+    result: ValidationResult | None, precision: Precision, force: bool, reference: Precision
+) -> tuple[bool, bool]:
+    """(servable, forced): the reference is always servable; others must pass unless forced."""
+    if precision is reference and (result is None or result.passed):
+        return True, False
+    if result is not None and result.passed:
+        return True, False
+    return (True, True) if force else (False, False)
+
+
+def _validation_info(result: ValidationResult | None) -> ValidationInfo | None:
+    """The manifest's record of a validation result."""
+    if result is None:
+        return None
+    return ValidationInfo(
+        passed=result.passed,
+        tolerance=result.tolerance,
+        metrics=result.metrics,
+        failures=result.failures,
+        error=result.error,
+        comparison=result.comparison,
+    )
+
+
+def _calibration_info(outcome: VariantOutcome) -> CalibrationInfo | None:
+    """The manifest's record of how a variant was calibrated (None: not calibrated)."""
+    record = outcome.calibration
+    if record is None:
+        return None
+    return CalibrationInfo(
+        method=record.method,
+        samples=record.samples,
+        data_digest=record.data_digest,
+        cache_key=record.cache_key,
+        cache_hit=record.cache_hit,
+        duration_s=record.duration_s,
+        percentile=record.percentile,
+    )
+
+
+# -- registry records --------------------------------------------------------------------------
+
+
+def artifact_record(manifest: Manifest, folder: Path) -> ArtifactRecord:
+    """The registry's view of a published artifact."""
+    validation = manifest.validation
+    summary = None
+    if validation is not None:
+        metrics = validation.metrics
+        summary = ValidationSummary(
+            passed=validation.passed,
+            max_abs=None if metrics is None else metrics.max_abs,
+            mean_rel=None if metrics is None else metrics.mean_rel,
+            cosine=None if metrics is None else metrics.cosine,
+            top1_agreement=None if metrics is None else metrics.top1_agreement,
+            token_agreement=None if metrics is None else metrics.token_agreement,
+            rows=None if metrics is None else metrics.rows,
+            failures=validation.failures + ((validation.error,) if validation.error else ()),
+        )
+    return ArtifactRecord(
+        name=manifest.name,
+        path=str(folder),
+        manifest_sha256=manifest_sha256(folder),
+        servable=manifest.servable,
+        forced=manifest.forced,
+        gpu_compute_capability=None
+        if manifest.target is None
+        else manifest.target.compute_capability,
+        validation=summary,
+    )
+
+
+def register_build(
+    registry: Registry,
+    model: str,
+    version: SemVer,
+    source_sha256: str,
+    published: Sequence[tuple[Manifest, Path]],
+    *,
+    replace: bool,
+) -> list[ArtifactInfo]:
+    """Ensure the model and version exist, then add every artifact.
+
+    An existing version with another source digest is refused (versions are
+    immutable) unless ``replace`` (a forced build) is set.
+    """
+    registry.register_model(model)
+    try:
+        existing = registry.get_version(model, version)
+    except UnknownVersion:
+        registry.register_version(model, version, source_sha256)
+    else:
+        if existing.source_sha256 != source_sha256 and not replace:
+            raise DuplicateVersion(
+                f"{model} {version} is registered with source sha256 "
+                f"{existing.source_sha256[:12]}…, this build's source is {source_sha256[:12]}…; "
+                "bump the version (or --force to overwrite)"
+            )
+    infos = [
+        registry.add_artifact(artifact_record(manifest, folder), replace=replace)
+        for manifest, folder in published
+    ]
+    registry.set_version_status(model, version, VersionStatus.BUILT)
+    return infos
+
+
+# -- the report: what a build did --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VariantReport:
+    """One artifact the build tried to make."""
+
+    precision: Precision
+    backend: Backend
+    status: VariantStatus
+    reason: str | None = None
+    artifact: ArtifactName | None = None
+    folder: Path | None = None
+    validation: ValidationResult | None = None
+    servable: bool = False
+    forced: bool = False
+    compute_capability: str | None = None
+    calibration: CalibrationInfo | None = None
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    model: str
+    version: str
+    source: Path
+    source_sha256: str
+    store: Path
+    variants: tuple[VariantReport, ...]
+    tensorrt_note: str | None
+    registered: bool
+    duration_s: float
+    model_info: ModelInfo | None = None
+    notes: tuple[str, ...] = ()
+    """What the build decided on its own (default validation data, skipped variants)."""
+
+    @property
+    def ok(self) -> bool:
+        """Every ONNX Runtime variant was produced and is servable (or skipped as pointless)."""
+        return variants_ok(self.variants)
+
+
+def variants_ok(variants: tuple[VariantReport, ...] | list[VariantReport]) -> bool:
+    """The build succeeded: each ONNX Runtime variant is servable or was skipped, and one exists."""
+    onnx = [v for v in variants if v.backend is Backend.ONNXRUNTIME]
+    return any(v.status is VariantStatus.PRODUCED for v in onnx) and all(
+        (v.status is VariantStatus.PRODUCED and v.servable) or v.status is VariantStatus.SKIPPED
+        for v in onnx
+    )

@@ -42,6 +42,7 @@ from graylane.artifacts.build_info import CalibrationMethod
 from graylane.builder.runtime import cache_inputs, empty_past
 from graylane.builder.samples import SampleSet
 from graylane.engine.onnxruntime import CPU
+from graylane.errors import GraylaneError
 
 __all__ = [
     "CalibrationError",
@@ -64,7 +65,7 @@ ORT_METHODS: Mapping[CalibrationMethod, OrtCalibrationMethod] = {
 }
 
 
-class CalibrationError(RuntimeError):
+class CalibrationError(GraylaneError):
     """Calibration could not measure activation ranges."""
 
 

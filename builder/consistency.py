@@ -30,7 +30,6 @@ from graylane.artifacts.build_info import Tolerance
 from graylane.artifacts.manifest import Manifest
 from graylane.artifacts.naming import Backend, Precision
 from graylane.artifacts.verify import verify_artifact
-from graylane.builder.greedy import greedy_generate
 from graylane.builder.polygraphy_check import EngineRunner, compare_runs
 from graylane.builder.runtime import open_runner
 from graylane.builder.samples import SampleSet
@@ -38,6 +37,7 @@ from graylane.builder.validation import (
     check_tolerance,
     compare_outputs,
     generation_prompts,
+    greedy_generate,
     token_agreement,
 )
 from graylane.engine.protocol import InferenceEngine
@@ -48,9 +48,9 @@ from graylane.registry import Registry
 __all__ = [
     "DEFAULT_CONSISTENCY_TOLERANCE",
     "ConsistencyReport",
+    "ConsistencyVerdict",
     "OutputConsistency",
     "ServedVariant",
-    "Verdict",
     "check_consistency",
     "describe",
     "schema_differences",
@@ -69,14 +69,20 @@ class ConsistencyError(GraylaneError):
     """The check cannot run: a version has no servable variant of the precision asked for."""
 
 
-class Verdict(Enum):
+class ConsistencyVerdict(Enum):
+    """Whether a candidate version answers like its baseline; the CLI exits with its code."""
+
     WITHIN = "within tolerance"
     OUTSIDE = "outside tolerance"
     INCOMPATIBLE = "incompatible schemas"
 
     @property
     def exit_code(self) -> int:
-        return {Verdict.WITHIN: 0, Verdict.OUTSIDE: 1, Verdict.INCOMPATIBLE: 3}[self]
+        return {
+            ConsistencyVerdict.WITHIN: 0,
+            ConsistencyVerdict.OUTSIDE: 1,
+            ConsistencyVerdict.INCOMPATIBLE: 3,
+        }[self]
 
 
 @dataclass(frozen=True)
@@ -116,10 +122,10 @@ class ConsistencyReport:
     failures: tuple[str, ...] = ()
 
     @property
-    def verdict(self) -> Verdict:
+    def verdict(self) -> ConsistencyVerdict:
         if self.schema_problems:
-            return Verdict.INCOMPATIBLE
-        return Verdict.OUTSIDE if self.failures else Verdict.WITHIN
+            return ConsistencyVerdict.INCOMPATIBLE
+        return ConsistencyVerdict.OUTSIDE if self.failures else ConsistencyVerdict.WITHIN
 
 
 def _model_file(folder: Path, manifest: Manifest) -> Path:

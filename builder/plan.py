@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.model_info import ModelInfo, SourceQuantization
 from graylane.artifacts.naming import Precision
-from graylane.builder.spec_types import DataSpec, Generator, GeneratorData
+from graylane.builder.spec import DataSpec, Generator, GeneratorData
 from graylane.engine.signature import IOSignature
 
 __all__ = [

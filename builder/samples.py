@@ -8,16 +8,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graylane.artifacts.graph import DECODER_INPUTS, IOSignature, TensorSpec
 from graylane.builder.runtime import cache_inputs
 from graylane.builder.spec import DataSpec, Generator, GeneratorData, NpzData
+from graylane.engine.signature import DECODER_INPUTS, IOSignature, TensorSpec
+from graylane.errors import GraylaneError
 
 __all__ = ["SampleError", "SampleSet", "demo_sentences", "load_samples"]
 
 Feeds = Mapping[str, np.ndarray]
 
 
-class SampleError(ValueError):
+class SampleError(GraylaneError, ValueError):
     """Samples cannot be read or do not fit the model's inputs."""
 
 
@@ -47,7 +48,7 @@ class SampleSet:
                 yield {k: v[i : i + 1] for k, v in batch.items()}
 
 
-def _digest(batches: tuple[Feeds, ...]) -> str:
+def _content_digest(batches: tuple[Feeds, ...]) -> str:
     sha = hashlib.sha256()
     for batch in batches:
         for name in sorted(batch):
@@ -79,7 +80,7 @@ def load_samples(spec: DataSpec, signature: IOSignature, max_seq_len: int | None
     else:
         columns = _generate(spec.source, spec.samples, spec.seed, signature, max_seq_len)
     batches = _batched(columns, spec.batch_size)
-    return SampleSet(batches=batches, digest=_digest(batches), labels=labels)
+    return SampleSet(batches=batches, digest=_content_digest(batches), labels=labels)
 
 
 LABELS = "labels"

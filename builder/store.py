@@ -35,6 +35,7 @@ from graylane.artifacts.naming import ArtifactName, artifact_dir_name
 from graylane.artifacts.verify import (
     digest_files,
 )
+from graylane.errors import GraylaneError
 
 __all__ = [
     "ArtifactExistsError",
@@ -44,7 +45,7 @@ __all__ = [
 ]
 
 
-class StoreError(RuntimeError):
+class StoreError(GraylaneError):
     """The artifact store cannot complete an operation."""
 
 

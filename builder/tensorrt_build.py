@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from graylane.artifacts.build_info import HardwareCompatibility, ShapeProfile
-from graylane.artifacts.graph import IOSignature
 from graylane.artifacts.manifest import EngineTarget, GpuInfo
 from graylane.artifacts.naming import Precision
 from graylane.builder.host import detect_gpu, tensorrt_version
 from graylane.builder.spec import TensorRTOptions
 from graylane.builder.variants import VariantStatus
+from graylane.engine.signature import IOSignature
+from graylane.errors import GraylaneError
 
 __all__ = [
     "ENGINE_FILE",
@@ -48,7 +49,7 @@ _NOT_FOR_TENSORRT = {
 }
 
 
-class EngineBuildError(RuntimeError):
+class EngineBuildError(GraylaneError):
     """TensorRT could not parse a variant or build its engine."""
 
 

@@ -21,24 +21,25 @@ Where a model has several float outputs the worst value of each metric is kept.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from graylane.artifacts.build_info import ComparisonReport, Metrics, Tolerance
 from graylane.artifacts.naming import Precision
-from graylane.builder.greedy import Runner, greedy_generate
 from graylane.builder.samples import SampleSet
 from graylane.builder.spec import GenerationCheck
-from graylane.engine.signature import DECODER_INPUTS, IOSignature
+from graylane.engine.signature import DECODER_INPUTS, DECODER_OUTPUT, IOSignature
 
 __all__ = [
     "ReferenceOutputs",
+    "Runner",
     "ValidationResult",
     "check_tolerance",
     "compare_outputs",
     "generation_prompts",
+    "greedy_generate",
     "label_accuracy",
     "reference_outputs",
     "token_agreement",
@@ -46,6 +47,8 @@ __all__ = [
 ]
 
 _EPS = 1e-12
+
+Runner = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -316,3 +319,43 @@ def validate_variant(
         failures=check_tolerance(metrics, tolerance),
         comparison=comparison,
     )
+
+
+# -- greedy generation over any ``feeds -> outputs`` runner (full recompute, no KV cache)
+
+
+def greedy_generate(
+    run: Runner,
+    prompts: Sequence[np.ndarray],
+    new_tokens: int,
+    pad_id: int = 0,
+) -> np.ndarray:
+    """Append ``new_tokens`` argmax tokens to every prompt; returns them as ``[n, new_tokens]``.
+
+    Prompts are batched with right padding (attention_mask 0), which a causal model
+    ignores at the real positions, so each row gets the tokens it would get alone.
+    Generation never stops early: agreement is compared over a fixed length.
+    """
+    if not prompts:
+        return np.zeros((0, new_tokens), dtype=np.int64)
+    lengths = np.array([len(p) for p in prompts], dtype=np.int64)
+    if lengths.min() < 1:
+        raise ValueError("every prompt needs at least one token")
+    width = int(lengths.max()) + new_tokens
+    ids = np.full((len(prompts), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(prompts), width), dtype=np.int64)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)] = prompt
+        mask[row, : len(prompt)] = 1
+    generated = np.zeros((len(prompts), new_tokens), dtype=np.int64)
+    rows = np.arange(len(prompts))
+    for step in range(new_tokens):
+        current = int(lengths.max())
+        outputs = run({DECODER_INPUTS[0]: ids[:, :current], DECODER_INPUTS[1]: mask[:, :current]})
+        logits = np.asarray(outputs[DECODER_OUTPUT])
+        next_tokens = logits[rows, lengths - 1].argmax(axis=-1).astype(np.int64)
+        ids[rows, lengths] = next_tokens
+        mask[rows, lengths] = 1
+        generated[:, step] = next_tokens
+        lengths += 1
+    return generated

@@ -25,6 +25,7 @@ from graylane.builder.calibration import ORT_METHODS, CalibrationError, Calibrat
 from graylane.builder.runtime import VariantLoadError, open_runner
 from graylane.builder.samples import SampleSet
 from graylane.builder.spec import DEFAULT_QUANTIZE_OPS
+from graylane.errors import GraylaneError
 
 __all__ = [
     "EXTERNAL_DATA_THRESHOLD",
@@ -140,7 +141,7 @@ def produce_variant(
     )
 
 
-class _Unsupported(Exception):
+class _Unsupported(GraylaneError):
     """This precision cannot be produced with what this build has."""
 
 

@@ -23,8 +23,23 @@ from enum import Enum
 
 from graylane.topics import TopicLayout, check_model_name
 
+__all__ = [
+    "AclRule",
+    "AclScope",
+    "KafkaRole",
+    "Operation",
+    "Pattern",
+    "Resource",
+    "all_acls",
+    "allows",
+    "kafka_acls_commands",
+    "role_acls",
+]
 
-class Role(Enum):
+
+class KafkaRole(Enum):
+    """The Kafka principal a Graylane component logs in as; each gets its own ACLs."""
+
     ROUTER = "router"
     WORKER = "worker"
     POLICY_ENGINE = "policy-engine"
@@ -124,11 +139,11 @@ def _reply_prefix(layout: TopicLayout) -> str:
     return f"{layout.prefix}.reply."
 
 
-def role_acls(layout: TopicLayout, role: Role, scope: AclScope) -> tuple[AclRule, ...]:
+def role_acls(layout: TopicLayout, role: KafkaRole, scope: AclScope) -> tuple[AclRule, ...]:
     """The ACLs one role needs, nothing more."""
     p, models = layout.prefix, scope.models
     rules: list[AclRule]
-    if role is Role.ROUTER:
+    if role is KafkaRole.ROUTER:
         rules = [_setup(layout), _topic(layout.routing(), _R), _topic(layout.dlq(), _W)]
         rules.append(_topic(_reply_prefix(layout), _W, prefixed=True))  # error replies
         for m in models:
@@ -139,7 +154,7 @@ def role_acls(layout: TopicLayout, role: Role, scope: AclScope) -> tuple[AclRule
                 _topic(layout.shadow(m), _W),  # error results of shadow copies
             ]
         rules.append(_group(f"{p}-router"))
-    elif role is Role.WORKER:
+    elif role is KafkaRole.WORKER:
         rules = [_setup(layout), _topic(layout.precision(), _R)]
         rules += [_topic(t, _W) for t in (layout.telemetry(), layout.dlq())]
         rules.append(_topic(_reply_prefix(layout), _W, prefixed=True))
@@ -150,7 +165,7 @@ def role_acls(layout: TopicLayout, role: Role, scope: AclScope) -> tuple[AclRule
                 _topic(layout.shadow(m), _W),
                 _group(f"{p}-worker-{m}-", prefixed=True),
             ]
-    elif role is Role.POLICY_ENGINE:
+    elif role is KafkaRole.POLICY_ENGINE:
         rules = [_setup(layout)]
         rules += [_topic(t, _R) for t in (layout.telemetry(), layout.commands())]
         rules += [
@@ -160,7 +175,7 @@ def role_acls(layout: TopicLayout, role: Role, scope: AclScope) -> tuple[AclRule
         rules.append(_topic(layout.audit(), _W))
         rules += [_topic(layout.shadow(m), _R) for m in models]
         rules.append(_group(f"{p}-policy"))
-    elif role is Role.CONTROL_PLANE:
+    elif role is KafkaRole.CONTROL_PLANE:
         rules = [
             _setup(layout),
             _topic(layout.commands(), _W),
@@ -168,11 +183,11 @@ def role_acls(layout: TopicLayout, role: Role, scope: AclScope) -> tuple[AclRule
             _topic(layout.rollouts(), _R),
             _topic(layout.scale(), _R),
         ]
-    elif role is Role.SUPERVISOR:
+    elif role is KafkaRole.SUPERVISOR:
         # Reads the desired replicas; Describe of the version topics (their
         # partition count) comes with the setup rule.
         rules = [_setup(layout), _topic(layout.scale(), _R)]
-    elif role is Role.PRODUCER:
+    elif role is KafkaRole.PRODUCER:
         # Describe of other ingress topics is implied by Write; nothing else is visible.
         rules = [_topic(layout.ingress(m), _W) for m in models]
         for client in scope.clients:
@@ -190,8 +205,8 @@ def role_acls(layout: TopicLayout, role: Role, scope: AclScope) -> tuple[AclRule
     return tuple(rules)
 
 
-def all_acls(layout: TopicLayout, scope: AclScope) -> dict[Role, tuple[AclRule, ...]]:
-    return {role: role_acls(layout, role, scope) for role in Role}
+def all_acls(layout: TopicLayout, scope: AclScope) -> dict[KafkaRole, tuple[AclRule, ...]]:
+    return {role: role_acls(layout, role, scope) for role in KafkaRole}
 
 
 def kafka_acls_commands(

@@ -21,11 +21,29 @@ import numpy as np
 from graylane.clock import now_ms
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import TensorSpec
+from graylane.errors import GraylaneError
+
+__all__ = [
+    "DEFAULT_BATCHES",
+    "BatchPoint",
+    "CapacityError",
+    "CapacityProfile",
+    "VariantCapacity",
+    "load_profile",
+    "measure_variant",
+    "measured_capacity",
+    "profile_of",
+    "profile_path",
+    "rung_capacities",
+    "save_profile",
+    "synthetic_feeds",
+    "this_host",
+]
 
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8)
 
 
-class CapacityError(ValueError):
+class CapacityError(GraylaneError, ValueError):
     """A capacity profile is malformed or asks for what was not measured."""
 
 

@@ -26,6 +26,8 @@ import math
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
+from graylane.errors import GraylaneError
+
 __all__ = [
     "DEFAULT_GROWTH",
     "DEFAULT_MIN_MS",
@@ -38,7 +40,7 @@ DEFAULT_MIN_MS = 0.05
 DEFAULT_GROWTH = 1.05
 
 
-class HistogramMismatch(ValueError):
+class HistogramMismatch(GraylaneError, ValueError):
     """Two histograms with different bucket schemes cannot be merged."""
 
 

@@ -7,6 +7,8 @@ import math
 from graylane.histogram import DEFAULT_GROWTH, DEFAULT_MIN_MS, LatencyHistogram
 from graylane.v1 import telemetry_pb2
 
+__all__ = ["MAX_BUCKET_MS", "histogram_from_pb", "histogram_to_pb", "max_bucket_index"]
+
 
 def histogram_to_pb(h: LatencyHistogram) -> telemetry_pb2.LatencyHistogram:
     return telemetry_pb2.LatencyHistogram(

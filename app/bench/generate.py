@@ -29,6 +29,16 @@ from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.engine_worker.tasks import GenerationResult
 from graylane.models.demo_gpt import BOS_ID, EOS_ID, PAD_ID, write_demo_gpt
 
+__all__ = [
+    "PROMPT_LENGTHS",
+    "GenerateBenchConfig",
+    "PathRun",
+    "main",
+    "prompts",
+    "run_kv",
+    "run_recompute",
+]
+
 PROMPT_LENGTHS = (8, 16, 24, 32, 48, 64)
 
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from graylane import serde
-from graylane.app.bench.qos_score import Answer
+from graylane.app.bench.qos_score import RequestOutcome
 from graylane.app.cli.demo import Service, start_service, stop_services
 from graylane.app.demo.monitor import Monitor
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
@@ -21,6 +21,8 @@ from graylane.kafka.reading import CompactedFollower
 from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import rollout_pb2
+
+__all__ = ["BenchStack", "WorkerSpec", "bench_stack", "start_worker"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class BenchStack:
     tag: str = "bench"
     sent_at: dict[str, float] = field(default_factory=dict)
     """request id -> monotonic time it was submitted by :meth:`load`."""
-    answers: dict[str, Answer] = field(default_factory=dict)
+    answers: dict[str, RequestOutcome] = field(default_factory=dict)
 
     async def command(self, command: rollout_pb2.RolloutCommand) -> None:
         command.command_id = command.command_id or uuid.uuid4().hex
@@ -109,7 +111,7 @@ class BenchStack:
         async for result in self.client.results():
             self.monitor.on_result(result)
             latency = result.client_latency_ms or result.timing.total_ms
-            self.answers[result.request_id] = Answer(result.ok, result.error_code, latency)
+            self.answers[result.request_id] = RequestOutcome(result.ok, result.error_code, latency)
 
 
 def start_worker(spec: WorkerSpec, model: str, env: dict[str, str], tag: str) -> Service:

@@ -40,6 +40,21 @@ from graylane.app.bench.qos_score import RunScore, Slice, score, seconds_to_top,
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 
+__all__ = [
+    "LADDER",
+    "MODEL",
+    "SCALE_POLICY_ARGS",
+    "VERSION",
+    "QosConfig",
+    "QosRunResult",
+    "RunSpec",
+    "local_supervisor",
+    "main",
+    "measure_path",
+    "qos_policy",
+    "run_once",
+]
+
 MODEL = "bench-gpt"
 VERSION = "v1"
 LADDER = ("fp32", "int8-dynamic")
@@ -75,7 +90,9 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
-class RunResult:
+class QosRunResult:
+    """One QoS bench run: its score, the workers it used and its timeline."""
+
     name: str
     score: RunScore
     max_workers: int
@@ -211,7 +228,7 @@ async def run_once(
     capacities: dict[str, float],
     run: RunSpec,
     progress: Callable[[str], None],
-) -> RunResult:
+) -> QosRunResult:
     extra = ("--default-deadline-ms", f"{slo_ms:.0f}") if run.admission else ()
     worker = WorkerSpec(VERSION, variants, extra_args=extra)
     scaled = run.scale_out is not None
@@ -267,7 +284,7 @@ async def run_once(
             end = time.monotonic()
             await stack.wait_for(lambda: _answered(stack, start, end), timeout_s=15)
         back = seconds_to_top(m.precision_changes.get(VERSION, []), LADDER[0], spike_end_at)
-        result = RunResult(
+        result = QosRunResult(
             name=run.name,
             score=score(stack.sent_at, stack.answers, start=start, end=end, slo_ms=slo_ms),
             max_workers=max((w for _, w, _ in samples), default=1),
@@ -301,7 +318,7 @@ def _answered(stack: BenchStack, start: float, end: float) -> bool:
 
 def main(cfg: QosConfig, scale_out: ScaleOut | None = None) -> int:
     """``scale_out``: the supervisor of run 4 (default: :func:`local_supervisor`)."""
-    from graylane.app.cli.calibrate import ensure_calibrated, registered_variants
+    from graylane.app.cli.capacity import ensure_calibrated, registered_variants
     from graylane.app.demo.build_versions import build_versions
     from graylane.capacity import rung_capacities
     from graylane.deploy.kafka import kafka

@@ -11,11 +11,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = [
+    "SHED_CODE",
+    "RequestOutcome",
+    "RunScore",
+    "Slice",
+    "score",
+    "seconds_to_top",
+    "timeline",
+]
+
 SHED_CODE = "SHED"
 
 
 @dataclass(frozen=True, slots=True)
-class Answer:
+class RequestOutcome:
+    """How one request ended, as the client saw it."""
+
     ok: bool
     error_code: str
     latency_ms: float
@@ -43,7 +55,7 @@ class RunScore:
 
 def score(
     sent_at: Mapping[str, float],
-    answers: Mapping[str, Answer],
+    answers: Mapping[str, RequestOutcome],
     *,
     start: float,
     end: float,
@@ -86,7 +98,7 @@ class Slice:
 
 def timeline(
     sent_at: Mapping[str, float],
-    answers: Mapping[str, Answer],
+    answers: Mapping[str, RequestOutcome],
     *,
     start: float,
     end: float,

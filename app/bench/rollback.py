@@ -46,6 +46,28 @@ from graylane.rollouts.vocabulary import Phase
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import rollout_pb2
 
+__all__ = [
+    "BAD_CANDIDATE_RPS",
+    "CAPACITY_VERSION",
+    "DETECT_BUDGET_S",
+    "HEALTHY_STEPS",
+    "MAX_FIRST_WEIGHT",
+    "MODEL",
+    "STEPS",
+    "RollbackConfig",
+    "bad_steps",
+    "detect",
+    "engine_capacity",
+    "first_weight",
+    "main",
+    "phase",
+    "scenario_bad",
+    "scenario_healthy",
+    "spec",
+    "start",
+    "summary",
+]
+
 MODEL = "bench-gpt"
 CAPACITY_VERSION = "0.0.0-bench"
 """Version name the bench model's capacity profile is stored under."""
@@ -324,7 +346,7 @@ async def scenario_healthy(
 
 def engine_capacity(settings: Settings, model: Path, progress: Callable[[str], None]) -> float:
     """The fp32 engine's requests/s as calibrated on this machine (measured if not yet)."""
-    from graylane.app.cli.calibrate import ensure_calibrated
+    from graylane.app.cli.capacity import ensure_calibrated
     from graylane.capacity import measured_capacity
 
     profile = ensure_calibrated(

@@ -45,6 +45,17 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
 
+__all__ = [
+    "MODEL",
+    "PROMPT_LEN",
+    "SpineConfig",
+    "engine_trial",
+    "main",
+    "prompt_tokens",
+    "raw_trial",
+    "run_spine",
+]
+
 MODEL = "bench-gpt"
 PROMPT_LEN = 48
 

@@ -120,9 +120,9 @@ def cmd_bench_variants(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from graylane.artifacts.digest import sha256_file
-    from graylane.artifacts.graph import io_signature, load_header, metadata_int
+    from graylane.artifacts.model_info import io_signature, load_header, metadata_int
     from graylane.artifacts.naming import Precision, parse_semver
+    from graylane.artifacts.verify import sha256_file
     from graylane.builder.build import resolve_source
     from graylane.builder.progress import RichProgress
     from graylane.builder.samples import load_samples

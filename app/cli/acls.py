@@ -7,13 +7,15 @@ import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from graylane.acls import AclRule, AclScope, Role, kafka_acls_commands, role_acls
+from graylane.acls import AclRule, AclScope, KafkaRole, kafka_acls_commands, role_acls
 from graylane.kafka.admin import AclApplyError, apply_acls, bindings_for
 from graylane.kafka.seam import KafkaFactory
 from graylane.settings import Settings
 from graylane.topics import TopicLayout
 
-_ROLES = ", ".join(r.value for r in Role)
+__all__ = ["parse_principals", "register"]
+
+_ROLES = ", ".join(r.value for r in KafkaRole)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,12 +60,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     acls.set_defaults(handler=_acls)
 
 
-def parse_principals(items: list[str]) -> dict[Role, str]:
-    principals: dict[Role, str] = {}
+def parse_principals(items: list[str]) -> dict[KafkaRole, str]:
+    principals: dict[KafkaRole, str] = {}
     for item in items:
         name, sep, principal = item.partition("=")
         try:
-            role = Role(name.strip())
+            role = KafkaRole(name.strip())
         except ValueError:
             raise SystemExit(f"unknown role {name!r} in --principal; roles: {_ROLES}") from None
         if not sep or ":" not in principal:

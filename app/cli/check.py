@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from graylane.app.cli.ops_time import parse_time
+from graylane.app.cli.views import parse_time
 
 if TYPE_CHECKING:
     from graylane.builder.samples import SampleSet
@@ -76,7 +76,7 @@ def _recorded_npz(args: argparse.Namespace, pad_id: int, max_len: int | None, ou
 def _consistency(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from graylane.artifacts.graph import load_header, metadata_int
+    from graylane.artifacts.model_info import load_header, metadata_int
     from graylane.artifacts.naming import Precision
     from graylane.builder.consistency import (
         DEFAULT_CONSISTENCY_TOLERANCE,

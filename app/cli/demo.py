@@ -18,6 +18,19 @@ from pathlib import Path
 from graylane.clock import now_ms
 from graylane.settings import REPO_ROOT, Settings
 
+__all__ = [
+    "DEMO_MAX_WORKERS",
+    "MODEL",
+    "Service",
+    "demo_model_path",
+    "free_port",
+    "print_metrics_ports",
+    "register",
+    "start_service",
+    "stop_services",
+    "write_demo_models",
+]
+
 MODEL = "demo-gpt"
 DEMO_MAX_WORKERS = 2
 """Most workers of the QoS version in the demo (its topic has >= that many partitions)."""
@@ -231,7 +244,7 @@ def _capacity(
 ) -> dict[str, float]:
     """Requests/s of one worker per variant of ``version`` on this machine (calibrated
     once, then stored)."""
-    from graylane.app.cli.calibrate import ensure_calibrated, registered_variants
+    from graylane.app.cli.capacity import ensure_calibrated, registered_variants
     from graylane.app.demo.story import StoryConfig
     from graylane.engine_worker.batching import BucketPolicy
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+__all__ = ["register"]
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     deploy = sub.add_parser("deploy", help="Kubernetes manifests")
@@ -29,8 +31,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _render(args: argparse.Namespace) -> int:
     import yaml
 
-    from graylane.app.k8s.from_registry import NothingToDeploy, plan_from_registry
-    from graylane.app.k8s.workers import GPU_ARCHES, worker_manifests
+    from graylane.app.k8s.workers import (
+        GPU_ARCHES,
+        NothingToDeploy,
+        plan_from_registry,
+        worker_manifests,
+    )
     from graylane.registry import RegistryError, open_registry
     from graylane.settings import Settings
     from graylane.topics import TopicLayout

@@ -12,6 +12,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+
 # Modules that add subcommands, in the order they appear in --help.
 COMMAND_MODULES: tuple[str, ...] = (
     "graylane.app.cli.stack",
@@ -24,8 +26,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graylane.app.cli.audit_sink",
     "graylane.app.cli.deploy",
     "graylane.app.cli.build",
-    "graylane.app.cli.calibrate",
-    "graylane.app.cli.calib",
+    "graylane.app.cli.capacity",
+    "graylane.app.cli.capture",
     "graylane.app.cli.check",
     "graylane.app.cli.acls",
 )

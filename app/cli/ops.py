@@ -2,7 +2,7 @@
 ``traffic``.
 
 Everything but ``controlplane`` (the server itself), ``audit replay|verify`` and
-``traffic replay`` (which read Kafka directly, see :mod:`graylane.app.cli.ops_replay`)
+``traffic replay`` (which read Kafka directly, see :mod:`graylane.app.cli.replay`)
 talks gRPC to the control plane: ``--addr`` / ``GRAYLANE_CP_ADDR`` (default
 ``127.0.0.1:50051``), ``--token`` / ``GRAYLANE_CP_TOKEN``, ``--ca`` for TLS.
 """
@@ -11,14 +11,25 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
-from graylane.app.cli import ops_registry, ops_replay, ops_rollouts, ops_routing
-from graylane.app.cli.ops_client import call
-from graylane.app.cli.ops_time import parse_time
-from graylane.app.cli.ops_views import print_decisions
+from graylane.app.cli import replay
 from graylane.app.cli.services import add_observability_args
+from graylane.app.cli.views import (
+    parse_time,
+    phase_name,
+    print_decisions,
+    print_policy,
+    print_state,
+    table,
+    when,
+)
+from graylane.rollouts.spec import Strategy
+
+__all__ = ["STRATEGIES", "call", "parse_match", "register", "stubs"]
+
 
 Sub: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -48,16 +59,16 @@ def register(sub: Sub) -> None:
     _model_commands(sub)
     _rollout_commands(sub)
     _qos_commands(sub)
-    ops_routing.register(sub, _client)
+    _route_commands(sub, _client)
     audit = sub.add_parser("audit", help="decisions on record: log, replay, verify")
     audit_sub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     log = _client(audit_sub.add_parser("log", help="decisions with their reasons (from SQL)"))
     _range(log, required=False)
     log.add_argument("--limit", type=int, default=200)
     log.set_defaults(handler=_audit_log)
-    ops_replay.register_audit(audit_sub, _range)
+    replay.register_audit(audit_sub, _range)
     traffic = sub.add_parser("traffic", help="offline shadow tests from recorded traffic")
-    ops_replay.register_traffic(traffic.add_subparsers(dest="traffic_command", required=True))
+    replay.register_traffic(traffic.add_subparsers(dest="traffic_command", required=True))
 
 
 def _client(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -84,17 +95,15 @@ def _model_commands(sub: Sub) -> None:
     reg.add_argument("--version", help="also register this semantic version")
     reg.add_argument("--sha256", default="", help="sha256 of the version's source model")
     reg.add_argument("--stable", action="store_true", help="make --version the stable version")
-    reg.set_defaults(handler=ops_registry.model_register)
-    _client(msub.add_parser("list", help="registered models")).set_defaults(
-        handler=ops_registry.model_list
-    )
+    reg.set_defaults(handler=model_register)
+    _client(msub.add_parser("list", help="registered models")).set_defaults(handler=model_list)
     stable = _client(msub.add_parser("set-stable", help="make a registered version the stable one"))
     stable.add_argument("name")
     stable.add_argument("--version", required=True, help="a registered semantic version")
-    stable.set_defaults(handler=ops_registry.model_set_stable)
+    stable.set_defaults(handler=model_set_stable)
     show = _client(msub.add_parser("show", help="versions, variants and their validation"))
     show.add_argument("name")
-    show.set_defaults(handler=ops_registry.model_show)
+    show.set_defaults(handler=model_show)
 
 
 def _rollout_commands(sub: Sub) -> None:
@@ -104,7 +113,7 @@ def _rollout_commands(sub: Sub) -> None:
     start.add_argument("--model", required=True)
     start.add_argument("--candidate", required=True)
     start.add_argument("--baseline", default="", help="default: the stable version")
-    start.add_argument("--strategy", choices=tuple(ops_rollouts.STRATEGIES), default="canary")
+    start.add_argument("--strategy", choices=tuple(STRATEGIES), default="canary")
     start.add_argument("--steps", default="", help="weights in percent, e.g. 1,5,25,50,100")
     start.add_argument("--min-samples", type=int, default=0, help="per step (0: default)")
     start.add_argument("--dwell-s", type=float, default=0.0, help="per step (0: default)")
@@ -116,23 +125,23 @@ def _rollout_commands(sub: Sub) -> None:
     start.add_argument("--shadow-s", type=float, default=0.0)
     start.add_argument("--ab-weight", type=float, default=0.0)
     start.add_argument("--ab-s", type=float, default=0.0)
-    start.set_defaults(handler=ops_rollouts.rollout_start)
+    start.set_defaults(handler=rollout_start)
     status = _client(rsub.add_parser("status", help="the last known state of a rollout"))
     status.add_argument("rollout_id")
-    status.set_defaults(handler=ops_rollouts.rollout_status)
+    status.set_defaults(handler=rollout_status)
     listing = _client(rsub.add_parser("list", help="rollouts, newest first"))
     listing.add_argument("--model", default="")
     listing.add_argument("--active", action="store_true")
-    listing.set_defaults(handler=ops_rollouts.rollout_list)
+    listing.set_defaults(handler=rollout_list)
     watch = _client(rsub.add_parser("watch", help="stream state changes until interrupted"))
     watch.add_argument("rollout_id", nargs="?", default="")
     watch.add_argument("--model", default="")
-    watch.set_defaults(handler=ops_rollouts.rollout_watch)
+    watch.set_defaults(handler=rollout_watch)
     for action in ("pause", "resume", "promote", "rollback", "abort"):
         p = _client(rsub.add_parser(action, help=f"{action} a rollout"))
         p.add_argument("rollout_id")
         p.add_argument("--reason", default="")
-        p.set_defaults(handler=ops_rollouts.rollout_action, action=action)
+        p.set_defaults(handler=rollout_action, action=action)
     revert = _client(
         rsub.add_parser(
             "revert",
@@ -142,7 +151,7 @@ def _rollout_commands(sub: Sub) -> None:
     )
     revert.add_argument("--model", required=True)
     revert.add_argument("--reason", default="")
-    revert.set_defaults(handler=ops_rollouts.rollout_revert)
+    revert.set_defaults(handler=rollout_revert)
 
 
 def _qos_commands(sub: Sub) -> None:
@@ -171,14 +180,14 @@ def _qos_commands(sub: Sub) -> None:
         help="step up once the load is below this share of the rung above's capacity (0.7)",
     )
     qset.add_argument("--disabled", action="store_true", help="store the policy but do not act")
-    qset.set_defaults(handler=ops_rollouts.qos_set)
+    qset.set_defaults(handler=qos_set)
     qstatus = _client(qsub.add_parser("status", help="the policy and the active variant"))
     qstatus.add_argument("--model", required=True)
     qstatus.add_argument("--version", required=True)
-    qstatus.set_defaults(handler=ops_rollouts.qos_status)
+    qstatus.set_defaults(handler=qos_status)
 
 
-# -- handlers kept here: the server itself and the audit log ----------------------
+# -- the server itself and the audit log --------------------------------------------
 
 
 def _controlplane(args: argparse.Namespace) -> int:
@@ -225,3 +234,427 @@ def _audit_log(args: argparse.Namespace) -> int:
     res = call(args, "Audit", "Query", query)
     print_decisions(res.records, title="decisions")
     return 0
+
+
+# -- gRPC plumbing: channel, token metadata, one call ------------------------------------------
+
+
+def stubs(args: argparse.Namespace) -> tuple[Any, Any]:
+    import grpc
+
+    from graylane.v1 import controlplane_pb2_grpc as rpc
+
+    if args.ca is not None:
+        channel = grpc.secure_channel(
+            args.addr, grpc.ssl_channel_credentials(root_certificates=args.ca.read_bytes())
+        )
+    else:
+        channel = grpc.insecure_channel(args.addr)
+    metadata = (("authorization", f"Bearer {args.token}"),) if args.token else ()
+    return rpc, (channel, metadata)
+
+
+def call(
+    args: argparse.Namespace,
+    stub_name: str,
+    method: str,
+    request: Any,
+    *,
+    tolerate: tuple[str, ...] = (),
+) -> Any:
+    """One call; a status code named in ``tolerate`` (e.g. ``ALREADY_EXISTS``) returns None."""
+    import grpc
+
+    rpc, (channel, metadata) = stubs(args)
+    stub = getattr(rpc, f"{stub_name}Stub")(channel)
+    try:
+        return getattr(stub, method)(request, metadata=metadata, timeout=30)
+    except grpc.RpcError as exc:
+        if exc.code().name in tolerate:
+            return None
+        raise SystemExit(f"{method}: {exc.code().name}: {exc.details()}") from None
+    finally:
+        channel.close()
+
+
+# -- ``graylane model``: register models and versions, list them, show variants ----------------
+
+
+def model_register(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    m = call(
+        args,
+        "ModelRegistry",
+        "RegisterModel",
+        pb.RegisterModelRequest(name=args.name, description=args.description),
+    )
+    print(f"model {m.name} registered")
+    if args.stable and not args.version:
+        raise SystemExit("--stable needs --version")
+    if args.version:
+        # A version the builder registered already is fine when it is made stable.
+        v = call(
+            args,
+            "ModelRegistry",
+            "RegisterVersion",
+            pb.RegisterVersionRequest(
+                model=args.name, version=args.version, source_sha256=args.sha256
+            ),
+            tolerate=("ALREADY_EXISTS",) if args.stable else (),
+        )
+        print(f"version {args.version} " + ("registered" if v else "was registered already"))
+    if args.stable:
+        _set_stable(args, args.name, args.version)
+    return 0
+
+
+def model_set_stable(args: argparse.Namespace) -> int:
+    _set_stable(args, args.name, args.version)
+    return 0
+
+
+def _set_stable(args: argparse.Namespace, model: str, version: str) -> None:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    call(args, "ModelRegistry", "SetStable", pb.SetStableRequest(model=model, version=version))
+    print(f"{version} is now the stable version of {model}")
+
+
+def model_list(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    res = call(args, "ModelRegistry", "ListModels", pb.ListModelsRequest())
+    table(
+        "models",
+        ("model", "stable", "description", "created"),
+        [
+            (m.name, m.stable_version or "-", m.description, when(m.created_at_unix_ms))
+            for m in res.models
+        ],
+    )
+    return 0
+
+
+def model_show(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    res = call(args, "ModelRegistry", "ListVersions", pb.ListVersionsRequest(model=args.name))
+    rows = []
+    for v in res.versions:
+        variants = v.variants or [None]
+        for a in variants:
+            if a is None:
+                rows.append((v.version, "*" if v.stable else "", v.status, "-", "-", "-"))
+                continue
+            val = a.validation
+            check = (
+                ("passed" if val.passed else "FAILED: " + "; ".join(val.failures))
+                if val.validated
+                else "not validated"
+            )
+            rows.append(
+                (
+                    v.version,
+                    "*" if v.stable else "",
+                    v.status,
+                    a.artifact,
+                    "yes" if a.servable else "no",
+                    check,
+                )
+            )
+    table(
+        f"{res.model.name} (stable {res.model.stable_version or '-'})",
+        ("version", "stable", "status", "variant", "servable", "validation"),
+        rows,
+    )
+    return 0
+
+
+# -- ``graylane rollout`` and ``graylane qos``: start, watch, steer; set QoS -------------------
+
+
+STRATEGIES = {
+    "canary": Strategy.CANARY,
+    "shadow": Strategy.SHADOW_THEN_CANARY,
+    "ab": Strategy.AB_SPLIT,
+}
+"""The ``--strategy`` names of the CLI."""
+
+
+def steps(args: argparse.Namespace) -> list[Any]:
+    from graylane.v1 import rollout_pb2
+
+    if not args.steps:
+        if args.min_samples or args.dwell_s:
+            raise SystemExit("--min-samples / --dwell-s need --steps")
+        return []
+    try:
+        weights = [float(w) for w in args.steps.split(",") if w.strip()]
+    except ValueError:
+        raise SystemExit(f"--steps {args.steps!r}: expected numbers like 1,5,25,50,100") from None
+    return [
+        rollout_pb2.RolloutStep(
+            weight_percent=w, min_samples=args.min_samples or 100, min_dwell_s=args.dwell_s or 60.0
+        )
+        for w in weights
+    ]
+
+
+def rollout_start(args: argparse.Namespace) -> int:
+    from graylane.rollouts.pb import strategy_to_pb
+    from graylane.v1 import rollout_pb2
+
+    spec = rollout_pb2.RolloutSpec(
+        model=args.model,
+        baseline_version=args.baseline,
+        candidate_version=args.candidate,
+        strategy=strategy_to_pb(STRATEGIES[args.strategy]),
+        steps=steps(args),
+        gates=rollout_pb2.GateSpec(
+            max_p99_ratio=args.max_p99_ratio,
+            max_error_rate_delta=args.max_error_delta,
+            min_output_agreement=args.min_agreement,
+        ),
+        failures_to_rollback=args.failures_to_rollback,
+        shadow_share=args.shadow_share,
+        shadow_duration_s=args.shadow_s,
+        ab_weight_percent=args.ab_weight,
+        ab_duration_s=args.ab_s,
+    )
+    print_state(call(args, "Rollouts", "Start", spec))
+    return 0
+
+
+def rollout_status(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    print_state(call(args, "Rollouts", "Get", pb.GetRolloutRequest(rollout_id=args.rollout_id)))
+    return 0
+
+
+def rollout_list(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    res = call(
+        args, "Rollouts", "List", pb.ListRolloutsRequest(model=args.model, active_only=args.active)
+    )
+    table(
+        "rollouts",
+        ("rollout", "model", "versions", "phase", "weight", "updated", "reason"),
+        [
+            (
+                s.rollout_id,
+                s.model,
+                f"{s.spec.baseline_version} -> {s.spec.candidate_version}",
+                phase_name(s.phase),
+                f"{s.candidate_weight_percent:g}%",
+                when(s.updated_at_unix_ms),
+                s.last_reason,
+            )
+            for s in res.rollouts
+        ],
+    )
+    return 0
+
+
+def rollout_watch(args: argparse.Namespace) -> int:
+    import grpc
+
+    from graylane.v1 import controlplane_pb2 as pb
+
+    rpc, (channel, metadata) = stubs(args)
+    stream = rpc.RolloutsStub(channel).Watch(
+        pb.WatchRolloutsRequest(model=args.model, rollout_id=args.rollout_id, initial=True),
+        metadata=metadata,
+    )
+    try:
+        for s in stream:
+            print(
+                f"{when(s.updated_at_unix_ms)} {s.rollout_id} {phase_name(s.phase)} "
+                f"step={s.step_index + 1} weight={s.candidate_weight_percent:g}% "
+                f"failures={s.consecutive_failures} {s.last_reason}",
+                flush=True,
+            )
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.CANCELLED:
+            raise SystemExit(f"Watch: {exc.code().name}: {exc.details()}") from None
+    finally:
+        channel.close()
+    return 0
+
+
+def rollout_action(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    receipt = call(
+        args,
+        "Rollouts",
+        args.action.capitalize(),
+        pb.RolloutActionRequest(rollout_id=args.rollout_id, reason=args.reason),
+    )
+    print(
+        f"{args.action} of {receipt.rollout_id} sent (command {receipt.command_id}); "
+        f"last known phase {phase_name(receipt.state.phase)}"
+    )
+    return 0
+
+
+def rollout_revert(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    receipt = call(
+        args, "Rollouts", "Revert", pb.RevertRequest(model=args.model, reason=args.reason)
+    )
+    how = f" (rolls back {receipt.rollout_id})" if receipt.rollout_id else ""
+    print(
+        f"revert of {receipt.model} to {receipt.target_version}{how} sent "
+        f"(command {receipt.command_id})"
+    )
+    return 0
+
+
+def _rung_capacities(args: argparse.Namespace, ladder: list[str]) -> dict[str, float]:
+    """``--capacity`` as given, else this host's calibration of the version (if any)."""
+    from graylane.capacity import load_profile, rung_capacities, this_host
+    from graylane.settings import Settings
+
+    if args.capacity:
+        given: dict[str, float] = {}
+        for item in args.capacity:
+            name, _, rps = item.partition("=")
+            try:
+                given[name.strip()] = float(rps)
+            except ValueError:
+                raise SystemExit(f"--capacity {item!r}: expected VARIANT=RPS") from None
+        return given
+    profile = load_profile(Settings.from_env().artifact_dir, args.model, args.version)
+    if profile is None or profile.host != this_host():
+        return {}
+    return dict(rung_capacities(profile, ladder))
+
+
+def qos_set(args: argparse.Namespace) -> int:
+    from graylane.v1 import rollout_pb2
+
+    ladder = [x.strip() for x in args.ladder.split(",") if x.strip()]
+    policy = rollout_pb2.QosPolicy(
+        model=args.model,
+        version=args.version,
+        slo_p99_ms=args.slo_ms,
+        ladder=ladder,
+        quality_floor=args.floor,
+        sustain_s=args.sustain_s,
+        min_dwell_s=args.min_dwell_s,
+        max_queue_wait_ms=args.max_queue_wait_ms,
+        enabled=not args.disabled,
+        rung_capacity_rps=_rung_capacities(args, ladder),
+        up_capacity_fraction=args.up_capacity_fraction,
+    )
+    print_policy(call(args, "Qos", "SetPolicy", policy))
+    return 0
+
+
+def qos_status(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    print_policy(
+        call(
+            args, "Qos", "GetPolicy", pb.GetQosPolicyRequest(model=args.model, version=args.version)
+        )
+    )
+    return 0
+
+
+# -- ``graylane route``: a model's cohort routing ----------------------------------------------
+
+
+def _route_commands(
+    sub: Any, client: Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
+) -> None:
+    route = sub.add_parser("route", help="cohort routing: tag rules to a version, pins")
+    rsub = route.add_subparsers(dest="route_command", metavar="ACTION", required=True)
+    rule = rsub.add_parser("rule", help="tag rules (first match wins, before the weights)")
+    rule_sub = rule.add_subparsers(dest="rule_command", metavar="ACTION", required=True)
+    add = client(rule_sub.add_parser("add", help="add or replace a rule"))
+    add.add_argument("--model", required=True)
+    add.add_argument("--name", required=True)
+    add.add_argument(
+        "--match", required=True, action="append", metavar="TAG=VALUE", help="repeatable"
+    )
+    add.add_argument("--version", required=True, help="where matching requests go")
+    add.set_defaults(handler=rule_add)
+    listing = client(rule_sub.add_parser("list", help="the model's rules and pinning"))
+    listing.add_argument("--model", required=True)
+    listing.set_defaults(handler=rule_list)
+    remove = client(rule_sub.add_parser("remove", help="remove a rule by name"))
+    remove.add_argument("--model", required=True)
+    remove.add_argument("--name", required=True)
+    remove.set_defaults(handler=rule_remove)
+    pin = client(rsub.add_parser("pinning", help="allow or refuse explicit version pins"))
+    pin.add_argument("--model", required=True)
+    pin.add_argument("state", choices=("on", "off"))
+    pin.set_defaults(handler=pinning)
+
+
+def parse_match(items: list[str]) -> dict[str, str]:
+    """``["tenant=internal", "region=eu"]`` -> tags; refuses items without ``=`` or a key."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--match {item!r}: expected TAG=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def rule_add(args: argparse.Namespace) -> int:
+    from graylane.v1 import control_pb2
+    from graylane.v1 import controlplane_pb2 as pb
+
+    rule = control_pb2.RoutingRule(
+        name=args.name, match_tags=parse_match(args.match), version=args.version
+    )
+    view = call(args, "Routing", "AddRule", pb.AddRouteRuleRequest(model=args.model, rule=rule))
+    _print(view)
+    return 0
+
+
+def rule_remove(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    req = pb.RemoveRouteRuleRequest(model=args.model, name=args.name)
+    _print(call(args, "Routing", "RemoveRule", req))
+    return 0
+
+
+def rule_list(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    _print(call(args, "Routing", "GetConfig", pb.GetRouteConfigRequest(model=args.model)))
+    return 0
+
+
+def pinning(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    req = pb.SetPinningRequest(model=args.model, allow_pinning=args.state == "on")
+    _print(call(args, "Routing", "SetPinning", req))
+    return 0
+
+
+def _print(view: Any) -> None:
+    c = view.config
+    table(
+        f"{c.model}: pins {'allowed' if c.allow_pinning else 'refused'}"
+        + (
+            f", set by {view.updated_by} {when(view.updated_at_unix_ms)}" if view.updated_by else ""
+        ),
+        ("rule", "match", "version"),
+        [
+            (r.name, ",".join(f"{k}={v}" for k, v in sorted(r.match_tags.items())), r.version)
+            for r in c.rules
+        ],
+    )
+    if view.command_id:
+        print(f"sent to the policy engine (command {view.command_id})")

@@ -12,6 +12,8 @@ from typing import Any
 
 from graylane.settings import Settings
 
+__all__ = ["add_observability_args", "register", "run_service", "setup_service_logging"]
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     router = sub.add_parser("router", help="route ingress requests to per-version topics")

@@ -7,6 +7,8 @@ import asyncio
 
 from graylane.settings import Settings
 
+__all__ = ["parse_model_versions", "register"]
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = sub.add_parser(

@@ -10,6 +10,8 @@ from graylane.builder.spec import parse_spec
 from graylane.registry import ModelNotRegistered, UnknownVersion, open_registry
 from graylane.settings import Settings
 
+__all__ = ["build_versions"]
+
 
 def build_versions(
     settings: Settings,

@@ -22,9 +22,13 @@ from graylane import serde
 from graylane.client import Result
 from graylane.v1 import control_pb2, rollout_pb2
 
+__all__ = ["Monitor", "RequestSample", "Timeline"]
+
 
 @dataclass(frozen=True)
-class Sample:
+class RequestSample:
+    """One answered request as the demo monitor records it."""
+
     at: float
     version: str
     variant: str
@@ -50,8 +54,8 @@ class Monitor:
         self.model = model
         self.window_s = window_s
         self.t0 = time.monotonic()
-        self.samples: deque[Sample] = deque()
-        self.history: list[Sample] = []
+        self.samples: deque[RequestSample] = deque()
+        self.history: list[RequestSample] = []
         """Every result seen (the live window forgets; reports and benchmarks do not)."""
         self.weights: dict[str, float] = {}
         self.routing_epoch = 0
@@ -75,7 +79,7 @@ class Monitor:
     def on_result(self, result: Result) -> None:
         latency = result.client_latency_ms or result.timing.total_ms
         shed = result.error_code == "SHED"
-        sample = Sample(
+        sample = RequestSample(
             self.now(), result.version, result.variant, latency, result.ok, shed, result.worker_id
         )
         self.samples.append(sample)
@@ -110,11 +114,11 @@ class Monitor:
         if state.model == self.model:
             self.rollouts[state.rollout_id] = state
 
-    def window(self) -> dict[str, list[Sample]]:
+    def window(self) -> dict[str, list[RequestSample]]:
         cutoff = self.now() - self.window_s
         while self.samples and self.samples[0].at < cutoff:
             self.samples.popleft()
-        by_version: dict[str, list[Sample]] = defaultdict(list)
+        by_version: dict[str, list[RequestSample]] = defaultdict(list)
         for s in self.samples:
             by_version[s.version].append(s)
         return by_version

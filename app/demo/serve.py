@@ -20,6 +20,8 @@ from graylane.routing import RoutingRule, table_for_weights
 from graylane.routing.convert import table_to_pb
 from graylane.settings import Settings
 
+__all__ = ["PROBE_TAG", "percentile", "publish_table", "run_serving_demo", "wait_until_served"]
+
 PROBE_TAG = ("demo-probe", "v2")
 
 

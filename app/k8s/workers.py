@@ -1,9 +1,10 @@
 """The per-version worker manifests: Deployment, KEDA ScaledObject, PodDisruptionBudget.
 
-Pure: a :class:`WorkerPlan` in, plain manifest dicts out, in the same shape as the
+A :class:`WorkerPlan` in, plain manifest dicts out (pure), in the same shape as the
 checked-in ``deploy/k8s`` workers (locked-down pod, probes on ``/healthz``/``/readyz``,
 artifacts mounted read-only, credentials from Secrets, scaling on the version topic's lag
-and on ``graylane_desired_replicas``).
+and on ``graylane_desired_replicas``). :func:`plan_from_registry` makes the plan from
+what the registry holds for one model version.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from graylane.artifacts.naming import ArtifactName, Precision
+from graylane.artifacts.naming import ArtifactName, Backend, Precision
+from graylane.errors import GraylaneError
+from graylane.registry import Registry, target_for
 from graylane.topics import TopicLayout
 
 __all__ = [
@@ -20,11 +23,14 @@ __all__ = [
     "GPU_ARCHES",
     "GPU_RESOURCES",
     "GpuArch",
+    "NothingToDeploy",
     "Resources",
     "WorkerPlan",
     "pick_image",
+    "plan_from_registry",
     "worker_manifests",
 ]
+
 
 Doc = dict[str, Any]
 METRICS_PORT = 9100
@@ -303,3 +309,48 @@ def pick_image(names: Sequence[ArtifactName]) -> ArtifactName:
     """The image of a worker that loads all of ``names``: its best-precision artifact."""
     order = {p: i for i, p in enumerate(Precision)}
     return min(names, key=lambda n: (order[n.precision], str(n)))
+
+
+# -- the plan from the registry ---------------------------------------------------------------
+
+
+class NothingToDeploy(GraylaneError, LookupError):
+    """The registry holds no servable artifact of the version for the requested target."""
+
+
+def plan_from_registry(
+    registry: Registry,
+    model: str,
+    version: str,
+    *,
+    gpu: GpuArch | None = None,
+    layout: TopicLayout,
+    **options: object,
+) -> WorkerPlan:
+    """CPU: the servable ONNX Runtime variants. GPU: the TensorRT engines built for the
+    architecture (ONNX Runtime variants of other precisions ride along); the image is named
+    after the best-precision artifact of the kind the worker runs."""
+    info = registry.get_version(model, version)  # raises UnknownVersion
+    servable = [a for a in registry.list_artifacts(model, version) if a.servable]
+    onnx = [a for a in servable if a.backend is Backend.ONNXRUNTIME]
+    if gpu is None:
+        primary = onnx
+    else:
+        target = target_for(gpu.compute_capability)
+        primary = [a for a in servable if a.backend is Backend.TENSORRT and a.target == target]
+    if not primary:
+        kind = (
+            "ONNX Runtime" if gpu is None else f"TensorRT ({gpu.name}, sm{gpu.compute_capability})"
+        )
+        raise NothingToDeploy(f"{model} {info.version}: no servable {kind} artifact registered")
+    variants = sorted({a.precision.value for a in primary} | {a.precision.value for a in onnx})
+    return WorkerPlan(
+        model=model,
+        version=str(info.version),
+        image_name=pick_image([a.name for a in primary]),
+        variants=tuple(variants),
+        gpu=gpu,
+        resources=CPU_RESOURCES if gpu is None else GPU_RESOURCES,
+        layout=layout,
+        **options,  # type: ignore[arg-type]
+    )

@@ -59,6 +59,8 @@ from graylane.deploy.kafka.secure import (
     strip_replaced,
 )
 
+__all__ = ["logs", "new_cluster_id", "reset", "start", "status", "stop", "write_config"]
+
 
 def _java() -> str:
     home = os.environ.get("JAVA_HOME")

@@ -12,6 +12,48 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from graylane.errors import GraylaneError
+
+__all__ = [
+    "CONTROLLER_PORT_OFFSET",
+    "DEFAULT_PORT",
+    "DOWNLOADED_RE",
+    "HEAP_OPTS",
+    "HERE",
+    "HOST",
+    "JVM_OPTS",
+    "KAFKA_ARTIFACT",
+    "KAFKA_VERSION",
+    "LOG4J_FILE",
+    "LOG4J_VERSION",
+    "MAIN_CLASS",
+    "MARKER_NAME",
+    "NODE_ID",
+    "POM_FILE",
+    "REPO_ROOT",
+    "SCALA_VERSION",
+    "START_TIMEOUT_S",
+    "STOP_TIMEOUT_S",
+    "STORAGE_TOOL_CLASS",
+    "TEMPLATE_FILE",
+    "VERSION_RE",
+    "KafkaLocalError",
+    "cache_dir",
+    "config_dir",
+    "configured_controller_port",
+    "configured_port",
+    "data_dir",
+    "file_lock",
+    "libs_dir",
+    "local_dir",
+    "logs_dir",
+    "pid_file",
+    "say",
+    "server_log",
+    "server_properties",
+    "stdout_log",
+]
+
 # --------------------------------------------------------------------------------------------
 # Pinned versions: the ONE place to change them (the pom takes them as properties).
 # --------------------------------------------------------------------------------------------
@@ -50,7 +92,7 @@ VERSION_RE = re.compile(r"Kafka version: (\S+)")
 DOWNLOADED_RE = re.compile(r"Downloaded from [^:\s]+: (\S+)")
 
 
-class KafkaLocalError(RuntimeError):
+class KafkaLocalError(GraylaneError):
     """Any failure of the local broker tooling, with a message meant for humans."""
 
 

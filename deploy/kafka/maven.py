@@ -24,6 +24,8 @@ from graylane.deploy.kafka.layout import (
     say,
 )
 
+__all__ = ["fetch", "is_fetched"]
+
 
 def _which_mvn() -> str:
     mvn = os.environ.get("MVN") or shutil.which("mvn")

@@ -8,6 +8,27 @@ from dataclasses import dataclass
 
 from graylane.deploy.kafka.layout import HOST, NODE_ID, KafkaLocalError
 
+__all__ = [
+    "API_METADATA",
+    "API_SASL_AUTHENTICATE",
+    "API_SASL_HANDSHAKE",
+    "API_VERSIONS",
+    "CLIENT_ID",
+    "METADATA_PROBE_VERSION",
+    "ApiVersionRange",
+    "BrokerInfo",
+    "ClusterMetadata",
+    "ProtocolError",
+    "encode_api_versions_request",
+    "encode_metadata_request",
+    "encode_request",
+    "is_ready",
+    "parse_api_versions_response",
+    "parse_metadata_response",
+    "probe",
+    "sasl_plain_login",
+]
+
 # --------------------------------------------------------------------------------------------
 # Minimal Kafka wire protocol (ApiVersions v0 and Metadata v4), enough for a readiness probe.
 #   request  = int32 size | int16 api_key | int16 api_version | int32 correlation_id

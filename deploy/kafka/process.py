@@ -21,6 +21,19 @@ from graylane.deploy.kafka.layout import (
     server_properties,
 )
 
+__all__ = [
+    "alive",
+    "bootstrap",
+    "bootstrap_port",
+    "is_running",
+    "logged_version",
+    "properties_port",
+    "running_pid",
+    "tail",
+    "terminate",
+    "track_child",
+]
+
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 

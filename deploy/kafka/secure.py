@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 ADMIN = "admin"
-# One login per Graylane role (graylane.acls.Role values) and an operator login.
+# One login per Graylane role (graylane.acls.KafkaRole values) and an operator login.
 ROLE_USERS = (
     "router",
     "worker",

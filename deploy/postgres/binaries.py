@@ -16,6 +16,8 @@ from graylane.deploy.postgres.layout import (
     say,
 )
 
+__all__ = ["bin_dir", "find_bin_dir", "server_version"]
+
 
 # ------------------------------------------------------------------------------- binaries
 def _bin_dir_ok(d: Path) -> bool:

@@ -10,6 +10,33 @@ import pwd
 from collections.abc import Iterator
 from pathlib import Path
 
+from graylane.errors import GraylaneError
+
+__all__ = [
+    "DATABASE",
+    "DEFAULT_PORT",
+    "HERE",
+    "HOST",
+    "OS_USER",
+    "REPO_ROOT",
+    "SERVER_SETTINGS",
+    "START_TIMEOUT_S",
+    "STOP_TIMEOUT_S",
+    "SUPERUSER",
+    "PostgresLocalError",
+    "as_root",
+    "base_dir",
+    "data_dir",
+    "log_file",
+    "port",
+    "preferred_base",
+    "run_dir",
+    "say",
+    "server_lock",
+    "socket_dir",
+    "url",
+]
+
 HOST = "127.0.0.1"
 DEFAULT_PORT = 55432
 DATABASE = "graylane_test"
@@ -36,7 +63,7 @@ log_line_prefix = '%m [%p] '
 """
 
 
-class PostgresLocalError(RuntimeError):
+class PostgresLocalError(GraylaneError):
     """Any failure of the local PostgreSQL tooling, with a message meant for humans."""
 
 

@@ -36,6 +36,8 @@ from graylane.deploy.postgres.layout import (
     url,
 )
 
+__all__ = ["is_running", "running_pid", "start", "status", "stop", "tail"]
+
 
 # ---------------------------------------------------------------------------- OS user / run
 def _ensure_os_user() -> None:

@@ -22,13 +22,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from graylane.errors import GraylaneError
+
+__all__ = ["HERE", "RULES", "RULE_TESTS", "PrometheusToolError", "check", "main", "promtool"]
+
 HERE = Path(__file__).resolve().parent
 RULES = sorted((HERE / "rules").glob("*.yml"))
 RULE_TESTS = sorted((HERE / "tests").glob("*.yml"))
 _POLICY_RC = Path("/usr/sbin/policy-rc.d")
 
 
-class PrometheusToolError(RuntimeError):
+class PrometheusToolError(GraylaneError):
     """promtool is missing and cannot be installed, or a check failed."""
 
 

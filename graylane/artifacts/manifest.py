@@ -16,6 +16,7 @@ from typing import Any
 from graylane.artifacts.build_info import (
     CalibrationMethod,
     ComparisonReport,
+    GroupSensitivity,
     HardwareCompatibility,
     InputShapeRange,
     Metrics,
@@ -26,8 +27,8 @@ from graylane.artifacts.build_info import (
 )
 from graylane.artifacts.model_info import ModelInfo
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_artifact_name
-from graylane.artifacts.partial_info import partial_from_dict, partial_to_dict
 from graylane.engine.signature import IOSignature
+from graylane.errors import GraylaneError
 
 __all__ = [
     "MANIFEST_FILE",
@@ -42,6 +43,8 @@ __all__ = [
     "ValidationInfo",
     "manifest_from_dict",
     "manifest_to_dict",
+    "partial_from_dict",
+    "partial_to_dict",
     "read_manifest",
     "with_files",
     "write_manifest",
@@ -51,7 +54,7 @@ MANIFEST_FILE = "manifest.json"
 SCHEMA_VERSION = 1
 
 
-class ManifestError(ValueError):
+class ManifestError(GraylaneError, ValueError):
     """A manifest file is missing, unreadable or not of a known layout."""
 
 
@@ -423,3 +426,59 @@ def read_manifest(folder: Path) -> Manifest:
     if not isinstance(raw, Mapping):
         raise ManifestError(f"{path}: the top level is not an object")
     return manifest_from_dict(raw)
+
+
+# -- the ``partial_quantization`` section to and from JSON-ready dicts
+
+
+def partial_to_dict(p: PartialQuantization | None) -> dict[str, Any] | None:
+    if p is None:
+        return None
+    return {
+        "full_failures": list(p.full_failures),
+        "full_top1_agreement": p.full_top1_agreement,
+        "quantizable_nodes": p.quantizable_nodes,
+        "node_budget": p.node_budget,
+        "kept_float": list(p.kept_float),
+        "passed": p.passed,
+        "trials": p.trials,
+        "sensitivity": [
+            {
+                "group": s.group,
+                "nodes": list(s.nodes),
+                "top1_agreement": s.top1_agreement,
+                "cosine": s.cosine,
+            }
+            for s in p.sensitivity
+        ],
+        "fp32_ms": p.fp32_ms,
+        "variant_ms": p.variant_ms,
+        "full_ms": p.full_ms,
+        "speedup_vs_fp32": p.speedup_vs_fp32,
+    }
+
+
+def partial_from_dict(raw: Mapping[str, Any] | None) -> PartialQuantization | None:
+    if raw is None:
+        return None
+    return PartialQuantization(
+        full_failures=tuple(str(f) for f in raw["full_failures"]),
+        full_top1_agreement=_opt_float(raw.get("full_top1_agreement")),
+        quantizable_nodes=int(raw["quantizable_nodes"]),
+        node_budget=int(raw["node_budget"]),
+        kept_float=tuple(str(n) for n in raw["kept_float"]),
+        passed=bool(raw["passed"]),
+        trials=int(raw["trials"]),
+        sensitivity=tuple(
+            GroupSensitivity(
+                group=str(s["group"]),
+                nodes=tuple(str(n) for n in s["nodes"]),
+                top1_agreement=float(s["top1_agreement"]),
+                cosine=float(s["cosine"]),
+            )
+            for s in raw.get("sensitivity", ())
+        ),
+        fp32_ms=_opt_float(raw.get("fp32_ms")),
+        variant_ms=_opt_float(raw.get("variant_ms")),
+        full_ms=_opt_float(raw.get("full_ms")),
+    )

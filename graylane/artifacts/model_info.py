@@ -1,4 +1,4 @@
-"""What a model is for, as declared, not guessed: task, input vocabulary, source quantization.
+"""What an ONNX model declares: IO signature, metadata, task, input vocabulary, quantization.
 
 A worker decides which tasks a model supports and which token ids it accepts from
 a :class:`ModelInfo` (recorded in the artifact manifest by the builder, or read from
@@ -14,9 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 import onnx
+
+from graylane.engine.signature import IOSignature
 
 __all__ = [
     "TASK_KEY",
@@ -25,6 +28,9 @@ __all__ = [
     "ModelTask",
     "SourceQuantization",
     "embedding_vocab",
+    "io_signature",
+    "load_header",
+    "metadata_int",
     "read_model_info",
     "source_quantization",
     "token_input_name",
@@ -173,3 +179,27 @@ def read_model_info(
         token_input=token_input,
         quantization=source_quantization(model),
     )
+
+
+# -- reading an ONNX file: IO signature, metadata, header
+
+
+def io_signature(model: onnx.ModelProto) -> IOSignature:
+    """Graph inputs (initializers excluded) and outputs."""
+    return IOSignature.from_onnx(model)
+
+
+def metadata_int(model: onnx.ModelProto, suffix: str) -> int | None:
+    """An integer from ``metadata_props`` whose key is ``suffix`` or ends with ``.suffix``."""
+    for prop in model.metadata_props:
+        if prop.key == suffix or prop.key.endswith("." + suffix):
+            try:
+                return int(prop.value)
+            except ValueError:
+                return None
+    return None
+
+
+def load_header(path: Path) -> onnx.ModelProto:
+    """The model without external weight data (enough for signature and metadata)."""
+    return onnx.load(str(path), load_external_data=False)

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
+from graylane.errors import GraylaneError
+
 __all__ = [
     "MODEL_NAME_MAX",
     "VERSION_NAME_MAX",
@@ -37,7 +39,7 @@ __all__ = [
 ]
 
 
-class NamingError(ValueError):
+class NamingError(GraylaneError, ValueError):
     """A name, version or tag does not follow the artifact naming convention."""
 
 

@@ -1,4 +1,4 @@
-"""Verify an artifact against its manifest before anything loads it.
+"""Artifact digests, and verifying an artifact against its manifest before anything loads it.
 
 Shared by the builder (which writes artifacts), the registry and the worker
 (which refuse a tampered one).
@@ -10,7 +10,6 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from graylane.artifacts.digest import sha256_file
 from graylane.artifacts.manifest import (
     MANIFEST_FILE,
     FileDigest,
@@ -18,16 +17,34 @@ from graylane.artifacts.manifest import (
     ManifestError,
     read_manifest,
 )
+from graylane.errors import GraylaneError
 
 __all__ = [
     "TamperedArtifactError",
     "digest_files",
     "manifest_sha256",
+    "sha256_bytes",
+    "sha256_file",
     "verify_artifact",
 ]
 
 
-class TamperedArtifactError(RuntimeError):
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class TamperedArtifactError(GraylaneError):
     """A file of an artifact is missing or does not match the digest in its manifest."""
 
     def __init__(self, message: str, file: str) -> None:

@@ -19,6 +19,8 @@ from enum import Enum
 
 import numpy as np
 
+from graylane.errors import GraylaneError
+
 __all__ = [
     "DEFAULT_BUCKET_EDGES",
     "BucketCount",
@@ -43,7 +45,7 @@ HELD_OUT_EVERY = 5
 INPUT_IDS, ATTENTION_MASK = "input_ids", "attention_mask"
 
 
-class CaptureError(ValueError):
+class CaptureError(GraylaneError, ValueError):
     """Recorded traffic cannot give the samples asked for."""
 
 

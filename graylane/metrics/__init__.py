@@ -3,8 +3,9 @@
 Catalogue: :mod:`graylane.metrics.dataplane` (router, worker),
 :mod:`graylane.metrics.controlside` (policy engine, control plane, audit sink),
 :mod:`graylane.metrics.gpu` (NVML), and ``graylane_build_info`` in
-:mod:`graylane.metrics.units`. :func:`serve_observability` serves ``/metrics``,
-``/healthz`` and ``/readyz`` on one address.
+:mod:`graylane.metrics.units`. :func:`serve_observability` (in
+:mod:`graylane.metrics.process`) serves ``/metrics``, ``/healthz`` and ``/readyz`` on one
+address.
 """
 
 from __future__ import annotations
@@ -18,17 +19,15 @@ from graylane.metrics.controlside import (
 )
 from graylane.metrics.dataplane import RouterMetrics, WorkerMetrics
 from graylane.metrics.gpu import NvmlCollector, load_nvml
-from graylane.metrics.http import (
-    MetricsAddress,
-    ObservabilityServer,
-    Readiness,
-    serve_observability,
-)
 from graylane.metrics.process import (
     CONTROL_CAUGHT_UP,
     GROUP_JOINED,
     BuildLabels,
+    MetricsAddress,
+    ObservabilityServer,
+    Readiness,
     ServiceObservability,
+    serve_observability,
 )
 from graylane.metrics.units import MillisecondHistogram, build_info
 

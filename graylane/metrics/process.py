@@ -1,27 +1,29 @@
-"""One observability set-up per service process: registry, build info, readiness, HTTP port."""
+"""One observability set-up per service process: registry, build info, readiness, and one
+HTTP port serving ``/metrics``, ``/healthz`` (alive) and ``/readyz`` (ready)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+import threading
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from graylane.metrics.http import (
-    MetricsAddress,
-    ObservabilityServer,
-    Readiness,
-    serve_observability,
-)
 from graylane.metrics.units import build_info
 
 __all__ = [
     "CONTROL_CAUGHT_UP",
     "GROUP_JOINED",
     "BuildLabels",
+    "MetricsAddress",
+    "ObservabilityServer",
+    "Readiness",
     "ServiceObservability",
+    "serve_observability",
 ]
+
 
 log = logging.getLogger(__name__)
 
@@ -83,3 +85,114 @@ class ServiceObservability:
         if self.server is not None:
             self.server.close()
             self.server = None
+
+
+# -- the HTTP port ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsAddress:
+    """Where to listen; ``host="0.0.0.0"`` in containers, ``port=0`` picks a free port."""
+
+    host: str = "127.0.0.1"
+    port: int = 9100
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"metrics port {self.port} is out of range")
+
+
+@dataclass
+class Readiness:
+    """Named start-up conditions (``group_joined``, ``control_caught_up``); ready when all hold."""
+
+    required: tuple[str, ...]
+    _met: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if len(set(self.required)) != len(self.required):
+            raise ValueError(f"readiness conditions repeat: {self.required}")
+
+    def mark(self, condition: str, met: bool = True) -> None:
+        if condition not in self.required:
+            raise KeyError(f"unknown readiness condition {condition!r}")
+        with self._lock:
+            if met:
+                self._met.add(condition)
+            else:
+                self._met.discard(condition)
+
+    def missing(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(c for c in self.required if c not in self._met)
+
+    def __call__(self) -> bool:
+        return not self.missing()
+
+
+@dataclass
+class ObservabilityServer:
+    """A running server; ``port`` is the bound one, ``close()`` stops it."""
+
+    httpd: ThreadingHTTPServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+def _handler(
+    registry: CollectorRegistry,
+    ready: Callable[[], bool],
+    why_not: Callable[[], Iterable[str]],
+) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                self._send(200, b"ok\n")
+            elif path == "/readyz":
+                if ready():
+                    self._send(200, b"ready\n")
+                else:
+                    body = "not ready: " + ", ".join(why_not()) + "\n"
+                    self._send(503, body.encode())
+            else:
+                self._send(404, b"not found\n")
+
+        def _send(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # scrapes are not news
+            return
+
+    return Handler
+
+
+def serve_observability(
+    registry: CollectorRegistry,
+    address: MetricsAddress,
+    ready: Callable[[], bool] = lambda: True,
+) -> ObservabilityServer:
+    """Serve in a daemon thread; a :class:`Readiness` passed as ``ready`` explains a 503."""
+    why_not: Callable[[], Iterable[str]] = (
+        ready.missing if isinstance(ready, Readiness) else lambda: ("readiness check failed",)
+    )
+    httpd = ThreadingHTTPServer((address.host, address.port), _handler(registry, ready, why_not))
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True)
+    thread.start()
+    return ObservabilityServer(httpd, thread)

@@ -15,8 +15,8 @@ __all__ = [
     "ArtifactRecord",
     "DuplicateArtifact",
     "DuplicateVersion",
-    "ModelInfo",
     "ModelNotRegistered",
+    "RegisteredModel",
     "RegistryError",
     "UnknownArtifact",
     "UnknownVersion",
@@ -59,7 +59,9 @@ class VersionStatus(Enum):
 
 
 @dataclass(frozen=True)
-class ModelInfo:
+class RegisteredModel:
+    """A model as the registry knows it: its name, description and stable version."""
+
     name: str
     description: str
     created_at: datetime

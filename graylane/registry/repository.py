@@ -29,8 +29,8 @@ from graylane.registry.records import (
     ArtifactRecord,
     DuplicateArtifact,
     DuplicateVersion,
-    ModelInfo,
     ModelNotRegistered,
+    RegisteredModel,
     RegistryError,
     UnknownArtifact,
     UnknownVersion,
@@ -144,7 +144,7 @@ class Registry:
 
     # ------------------------------------------------------------ models
 
-    def register_model(self, name: str, description: str = "") -> ModelInfo:
+    def register_model(self, name: str, description: str = "") -> RegisteredModel:
         """Register ``name``, or return it unchanged when it is already registered."""
         try:
             validate_model_name(name)
@@ -156,22 +156,22 @@ class Registry:
                 row = ModelRow(name=name, description=description)
                 session.add(row)
                 session.flush()
-            return ModelInfo(
+            return RegisteredModel(
                 row.name, row.description, _utc(row.created_at), self._stable(session, row)
             )
 
-    def get_model(self, name: str) -> ModelInfo:
+    def get_model(self, name: str) -> RegisteredModel:
         with self._sessions() as session:
             row = self._model(session, name)
-            return ModelInfo(
+            return RegisteredModel(
                 row.name, row.description, _utc(row.created_at), self._stable(session, row)
             )
 
-    def list_models(self) -> list[ModelInfo]:
+    def list_models(self) -> list[RegisteredModel]:
         with self._sessions() as session:
             rows = session.scalars(select(ModelRow).order_by(ModelRow.name)).all()
             return [
-                ModelInfo(r.name, r.description, _utc(r.created_at), self._stable(session, r))
+                RegisteredModel(r.name, r.description, _utc(r.created_at), self._stable(session, r))
                 for r in rows
             ]
 

@@ -20,14 +20,16 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from graylane.errors import GraylaneError
+
 __all__ = [
     "MIN_TOKEN_LENGTH",
     "PLACEHOLDER_TOKENS",
     "READ_ONLY_METHODS",
+    "ApiRole",
     "AuthError",
     "AuthInterceptor",
     "Principal",
-    "Role",
     "TokenTable",
     "parse_tokens",
 ]
@@ -53,11 +55,13 @@ MIN_TOKEN_LENGTH = 16
 PLACEHOLDER_TOKENS: frozenset[str] = frozenset({"change-me", "changeme"})
 
 
-class AuthError(ValueError):
+class AuthError(GraylaneError, ValueError):
     """The token configuration cannot be read."""
 
 
-class Role(Enum):
+class ApiRole(Enum):
+    """What a bearer token may do on the control-plane API."""
+
     READ_ONLY = "read_only"
     OPERATOR = "operator"
 
@@ -67,10 +71,10 @@ class Principal:
     """Who is calling: the name recorded as ``created_by`` / ``issued_by``."""
 
     name: str
-    role: Role
+    role: ApiRole
 
     def may_call(self, method: str) -> bool:
-        return self.role is Role.OPERATOR or method in READ_ONLY_METHODS
+        return self.role is ApiRole.OPERATOR or method in READ_ONLY_METHODS
 
 
 def parse_tokens(text: str) -> dict[str, Principal]:
@@ -89,10 +93,11 @@ def parse_tokens(text: str) -> dict[str, Principal]:
             raise AuthError(f"token entry {entry[:6]}... must be TOKEN:ROLE or TOKEN:ROLE:NAME")
         token, role_text = parts[0], parts[1].strip().lower().replace("-", "_")
         try:
-            role = Role(role_text)
+            role = ApiRole(role_text)
         except ValueError:
             raise AuthError(
-                f"unknown role {parts[1]!r}; use {Role.OPERATOR.value} or {Role.READ_ONLY.value}"
+                f"unknown role {parts[1]!r}; "
+                f"use {ApiRole.OPERATOR.value} or {ApiRole.READ_ONLY.value}"
             ) from None
         digest = hashlib.sha256(token.encode()).hexdigest()[:8]
         name = (

@@ -1,17 +1,24 @@
-"""Kafka edge of the control plane: publish user intent on ``<p>.control.commands``."""
+"""Kafka edge of the control plane: user intent out on ``<p>.control.commands``, and
+the check before a rollout starts (is the candidate's topic there, is a worker consuming it?).
+
+:class:`CandidateCheck` is a small protocol so unit tests fake it;
+:class:`KafkaCandidateCheck` asks the broker (topic list + consumer-group members).
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
 
 from graylane.errors import NotStartedError
+from graylane.kafka.admin import AdminFactory
 from graylane.kafka.seam import KafkaFactory
 from graylane.serde import encode, encode_key
+from graylane.topics import TopicLayout
 from graylane.v1 import rollout_pb2
 
-__all__ = ["CommandPublisher", "KafkaCommandBus"]
+__all__ = ["CandidateCheck", "CommandPublisher", "KafkaCandidateCheck", "KafkaCommandBus"]
 
 
 class CommandPublisher(Protocol):
@@ -43,3 +50,47 @@ class KafkaCommandBus:
         await self._producer.send_and_wait(
             self._topic, value=encode(command), key=encode_key(command.model)
         )
+
+
+def _how_to_start(model: str, version: str) -> str:
+    return f"start one with `graylane worker --model {model} --version {version}`"
+
+
+class CandidateCheck(Protocol):
+    async def __call__(self, model: str, version: str) -> str | None:
+        """Why a rollout to ``version`` cannot start now, or None."""
+        ...
+
+
+class KafkaCandidateCheck:
+    """The candidate topic exists and its worker group has at least one member."""
+
+    def __init__(self, factory: AdminFactory, layout: TopicLayout) -> None:
+        self._factory = factory
+        self._layout = layout
+
+    async def __call__(self, model: str, version: str) -> str | None:
+        topic = self._layout.version_requests(model, version)
+        group = self._layout.worker_group(model, version)
+        admin = self._factory.admin()
+        await admin.start()
+        try:
+            if topic not in set(await admin.list_topics()):
+                return f"candidate topic {topic} does not exist; {_how_to_start(model, version)}"
+            described = await admin.describe_consumer_groups([group])
+        finally:
+            await admin.close()
+        if _members(described) == 0:
+            return (
+                f"no worker consumes {topic} (consumer group {group} has no members); "
+                f"{_how_to_start(model, version)}"
+            )
+        return None
+
+
+def _members(responses: list[Any]) -> int:
+    count = 0
+    for response in responses:
+        for group in response.to_object().get("groups", []):
+            count += len(group.get("members", []))
+    return count

@@ -11,6 +11,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+from graylane.errors import GraylaneError
 from graylane.services.controlplane.auth import TokenTable
 from graylane.services.controlplane.domain import InvalidArgument
 
@@ -24,7 +25,7 @@ __all__ = [
 ]
 
 
-class UnsafeConfig(ValueError):
+class UnsafeConfig(GraylaneError, ValueError):
     """The control plane refuses to start with this configuration."""
 
 

@@ -1,24 +1,38 @@
-"""The control-plane process: gRPC server, audit sink and command outbox.
+"""The control plane's gRPC adapter: the process, its servicers, health and metrics.
 
-Configuration is read once (:meth:`ServerConfig.from_env` plus CLI flags): port,
-optional server TLS from PEM files, and the bearer tokens
-(``GRAYLANE_CP_TOKENS="<token>:operator,<token>:read_only"`` and/or a file of
-such entries, one per line). It refuses weak tokens and a plaintext bind beyond
-loopback (see :mod:`graylane.services.controlplane.limits`).
+:class:`ControlPlaneServer` is the process: configuration read once
+(:meth:`ServerConfig.from_env` plus CLI flags: port, optional server TLS from PEM
+files, and the bearer tokens, ``GRAYLANE_CP_TOKENS="<token>:operator,<token>:read_only"``
+and/or a file of such entries, one per line), the gRPC server, the audit sink and the
+command outbox. It refuses weak tokens and a plaintext bind beyond loopback (see
+:mod:`graylane.services.controlplane.limits`).
+
+The servicers are thin: protobuf in, the facts the rules need gathered from the
+registry and the store (:func:`model_facts`), the rules of
+:mod:`graylane.services.controlplane.domain`, the store and the command bus, protobuf
+out (built in :mod:`graylane.services.controlplane.wire`). Typed errors become gRPC
+status codes in :func:`mapped`, and only there. SQL calls run in a worker thread so
+the event loop keeps serving Watch streams.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
+import grpc
 from grpc import aio, ssl_server_credentials
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from graylane.clock import Clock, now_ms
 from graylane.kafka.seam import KafkaFactory
 from graylane.metrics import (
     CONTROL_CAUGHT_UP,
@@ -27,26 +41,59 @@ from graylane.metrics import (
     ControlPlaneMetrics,
     ServiceObservability,
 )
-from graylane.registry import Registry
-from graylane.registry.migrate import create_db_engine, upgrade
-from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
-from graylane.services.controlplane.auth import AuthInterceptor, TokenTable
-from graylane.services.controlplane.bus import KafkaCommandBus
-from graylane.services.controlplane.candidates import KafkaCandidateCheck
-from graylane.services.controlplane.limits import ApiLimits, check_startup
-from graylane.services.controlplane.observe import (
-    HealthServicer,
-    MetricsInterceptor,
-    add_health,
-    set_serving,
+from graylane.registry import (
+    DuplicateVersion,
+    ModelNotRegistered,
+    Registry,
+    RegistryError,
+    UnknownVersion,
 )
-from graylane.services.controlplane.servicers import ControlPlane, add_servicers
-from graylane.services.controlplane.store import ControlStore
+from graylane.registry.migrate import create_db_engine, upgrade
+from graylane.rollouts.errors import PolicyError
+from graylane.rollouts.pb import (
+    manual_command_to_pb,
+    phase_from_pb,
+    qos_policy_from_pb,
+    qos_policy_to_pb,
+    rollout_spec_from_pb,
+    rollout_spec_to_pb,
+)
+from graylane.rollouts.vocabulary import ManualCommand, Phase
+from graylane.routing.cohorts import InvalidRouteRule, RouteConfig, UnknownRouteRule
+from graylane.routing.convert import route_config_from_pb, route_config_to_pb, rule_from_pb
+from graylane.services.controlplane import domain
+from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
+from graylane.services.controlplane.auth import ApiRole, AuthInterceptor, Principal, TokenTable
+from graylane.services.controlplane.bus import (
+    CandidateCheck,
+    CommandPublisher,
+    KafkaCandidateCheck,
+    KafkaCommandBus,
+)
+from graylane.services.controlplane.limits import ApiLimits, WatchSlots, check_limit, check_startup
+from graylane.services.controlplane.store import ControlStore, StoredRollout
+from graylane.services.controlplane.wire import (
+    model_summary,
+    new_command,
+    qos_policy_view,
+    receipt,
+    version_summary,
+)
 from graylane.supervision import BackgroundTasks
+from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
 
-__all__ = ["ControlPlaneServer", "ServerConfig"]
-
-log = logging.getLogger(__name__)
+__all__ = [
+    "AuditServicer",
+    "ControlPlane",
+    "ControlPlaneServer",
+    "ModelRegistryServicer",
+    "QosServicer",
+    "RolloutsServicer",
+    "RoutingServicer",
+    "ServerConfig",
+    "add_servicers",
+    "model_facts",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,9 +190,7 @@ class ControlPlaneServer:
             interceptors=[MetricsInterceptor(self.metrics), AuthInterceptor(self._config.tokens)]
         )
         check = (
-            KafkaCandidateCheck(
-                self._factory, self._factory.layout, self._factory.settings.topic_prefix
-            )
+            KafkaCandidateCheck(self._factory, self._factory.layout)
             if self._config.check_candidates
             else None
         )
@@ -206,3 +251,700 @@ class ControlPlaneServer:
             await self._background.wait(stop)  # raises if a background task died
         finally:
             await self.stop()
+
+
+log = logging.getLogger(__name__)
+
+# -- what every servicer shares: the control plane, typed errors to status codes ---------------
+
+
+Context = Any  # grpc.aio.ServicerContext; grpc ships no type hints
+R = TypeVar("R")
+
+
+def _status_of(exc: Exception) -> grpc.StatusCode | None:
+    if isinstance(exc, domain.NotFound | ModelNotRegistered | UnknownVersion):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, domain.FailedPrecondition):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(exc, DuplicateVersion):
+        return grpc.StatusCode.ALREADY_EXISTS
+    if isinstance(exc, domain.InvalidArgument | RegistryError | PolicyError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return None
+
+
+def mapped(
+    method: Callable[..., Awaitable[R]],
+) -> Callable[..., Awaitable[R]]:
+    """Turn the domain's and registry's typed errors into gRPC status codes."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: Context) -> R:
+        try:
+            return await method(self, request, context)
+        except (domain.ControlError, RegistryError, PolicyError) as exc:
+            code = _status_of(exc) or grpc.StatusCode.INTERNAL
+            await context.abort(code, str(exc))
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+class ControlPlane:
+    """What every servicer shares: registry, store, command bus, watch hub, tokens."""
+
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        store: ControlStore,
+        bus: CommandPublisher,
+        hub: RolloutHub,
+        tokens: TokenTable,
+        clock: Clock = now_ms,
+        limits: ApiLimits | None = None,
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self.bus = bus
+        self.hub = hub
+        self.tokens = tokens
+        self.clock = clock
+        self.limits = limits or ApiLimits()
+        self.watch_slots = WatchSlots(self.limits.max_watch_streams)
+        # One start at a time per process, so two starts cannot both pass the
+        # "no active rollout" check.
+        self.start_lock = asyncio.Lock()
+        # One publication at a time, so the outbox and a request never both
+        # publish the same command (each checks "sent" under the lock).
+        self._send_lock = asyncio.Lock()
+
+    def record_promotion(self, state: rollout_pb2.RolloutState) -> None:
+        """A promoted candidate becomes the registry's stable version (the previous one is kept).
+
+        Called from the audit sink's thread when the store records the promotion;
+        the policy engine's table already routes everything to it.
+        """
+        model, candidate = state.model, state.spec.candidate_version
+        try:
+            self.registry.set_stable(model, candidate)
+        except RegistryError as exc:
+            log.error("promotion of %s %s not recorded as stable: %s", model, candidate, exc)
+            return
+        log.info("%s: %s is the stable version (rollout %s)", model, candidate, state.rollout_id)
+
+    def principal(self, context: Context) -> Principal:
+        found = self.tokens.principal_of(context.invocation_metadata())
+        # The interceptor already refused calls without a valid token.
+        return found if found is not None else Principal("unknown", ApiRole.READ_ONLY)
+
+    async def send(self, command: rollout_pb2.RolloutCommand) -> bool:
+        """Publish a stored command and mark it sent; False when it was sent already.
+
+        A failure leaves it for :meth:`resend_unsent`.
+        """
+        async with self._send_lock:
+            if await asyncio.to_thread(self.store.is_sent, command.command_id):
+                return False
+            await self.bus.publish(command)
+            await asyncio.to_thread(self.store.mark_sent, command.command_id)
+            return True
+
+    async def resend_unsent(self) -> int:
+        """Publish commands stored but never acknowledged (the outbox); returns how many."""
+        sent = 0
+        for command in await asyncio.to_thread(self.store.unsent_commands):
+            sent += await self.send(command)
+        return sent
+
+
+async def send_or_unavailable(
+    cp: ControlPlane, command: rollout_pb2.RolloutCommand, context: Context
+) -> None:
+    try:
+        await cp.send(command)
+    except Exception as exc:  # the bus's errors vary by client; the command is stored
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE,
+            f"command {command.command_id} is stored but the bus refused it ({exc}); "
+            "the control plane resends it when the bus is back",
+        )
+
+
+# -- the servicers -----------------------------------------------------------------------------
+
+
+def add_servicers(
+    server: aio.Server, cp: ControlPlane, candidate_check: CandidateCheck | None = None
+) -> None:
+    controlplane_pb2_grpc.add_ModelRegistryServicer_to_server(ModelRegistryServicer(cp), server)  # type: ignore[no-untyped-call]
+    controlplane_pb2_grpc.add_RolloutsServicer_to_server(
+        RolloutsServicer(cp, candidate_check), server
+    )  # type: ignore[no-untyped-call]
+    controlplane_pb2_grpc.add_QosServicer_to_server(QosServicer(cp), server)  # type: ignore[no-untyped-call]
+    controlplane_pb2_grpc.add_AuditServicer_to_server(AuditServicer(cp), server)  # type: ignore[no-untyped-call]
+    controlplane_pb2_grpc.add_RoutingServicer_to_server(RoutingServicer(cp), server)  # type: ignore[no-untyped-call]
+
+
+class ModelRegistryServicer(controlplane_pb2_grpc.ModelRegistryServicer):
+    """gRPC ``ModelRegistry``: register models and versions, list them, set the stable version."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self._cp = cp
+
+    @mapped
+    async def RegisterModel(
+        self, request: controlplane_pb2.RegisterModelRequest, context: Context
+    ) -> controlplane_pb2.ModelSummary:
+        await asyncio.to_thread(self._cp.registry.register_model, request.name, request.description)
+        model = await asyncio.to_thread(self._cp.registry.get_model, request.name)
+        return model_summary(model)
+
+    @mapped
+    async def ListModels(
+        self, request: controlplane_pb2.ListModelsRequest, context: Context
+    ) -> controlplane_pb2.ListModelsResponse:
+        models = await asyncio.to_thread(self._cp.registry.list_models)
+        return controlplane_pb2.ListModelsResponse(models=[model_summary(m) for m in models])
+
+    @mapped
+    async def RegisterVersion(
+        self, request: controlplane_pb2.RegisterVersionRequest, context: Context
+    ) -> controlplane_pb2.VersionSummary:
+        reg = self._cp.registry
+        await asyncio.to_thread(
+            reg.register_version, request.model, request.version, request.source_sha256
+        )
+        return await asyncio.to_thread(version_summary, reg, request.model, request.version)
+
+    @mapped
+    async def ListVersions(
+        self, request: controlplane_pb2.ListVersionsRequest, context: Context
+    ) -> controlplane_pb2.ListVersionsResponse:
+        reg = self._cp.registry
+
+        def load() -> controlplane_pb2.ListVersionsResponse:
+            model = model_summary(reg.get_model(request.model))
+            versions = [
+                version_summary(reg, request.model, str(v.version))
+                for v in reg.list_versions(request.model)
+            ]
+            return controlplane_pb2.ListVersionsResponse(model=model, versions=versions)
+
+        return await asyncio.to_thread(load)
+
+    @mapped
+    async def SetStable(
+        self, request: controlplane_pb2.SetStableRequest, context: Context
+    ) -> controlplane_pb2.VersionSummary:
+        reg = self._cp.registry
+        await asyncio.to_thread(reg.set_stable, request.model, request.version)
+        return await asyncio.to_thread(version_summary, reg, request.model, request.version)
+
+
+def _phase(stored: StoredRollout) -> Phase:
+    return phase_from_pb(stored.state.phase) or Phase.PENDING
+
+
+class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
+    """gRPC ``Rollouts``: start a rollout, read and watch its state, send manual commands."""
+
+    def __init__(self, cp: ControlPlane, candidate_check: CandidateCheck | None = None) -> None:
+        self._cp = cp
+        self._candidate_check = candidate_check
+        """Refuses a start whose candidate has no topic or no worker (None: no check)."""
+
+    async def _stored(self, rollout_id: str) -> StoredRollout:
+        if not rollout_id:
+            raise domain.InvalidArgument("rollout_id is empty; `graylane rollout list` shows ids")
+        stored = await asyncio.to_thread(self._cp.store.get_rollout, rollout_id)
+        if stored is None:
+            raise domain.NotFound(
+                f"no rollout {rollout_id!r}; `graylane rollout list` shows the known ones"
+            )
+        return stored
+
+    @mapped
+    async def Start(
+        self, request: rollout_pb2.RolloutSpec, context: Context
+    ) -> rollout_pb2.RolloutState:
+        cp = self._cp
+        principal = cp.principal(context)
+        ask = domain.StartRequest(
+            model=request.model,
+            baseline=request.baseline_version,
+            candidate=request.candidate_version,
+            step_weights=tuple(s.weight_percent for s in request.steps),
+        )
+        async with cp.start_lock:
+            facts = await asyncio.to_thread(model_facts, cp.registry, cp.store, request.model)
+            baseline, candidate = domain.check_start(ask, facts)
+            if self._candidate_check is not None:
+                problem = await self._candidate_check(request.model, candidate)
+                if problem is not None:
+                    raise domain.FailedPrecondition(problem)
+            now = cp.clock()
+            wire = rollout_pb2.RolloutSpec()
+            wire.CopyFrom(request)
+            wire.rollout_id = domain.new_rollout_id(request.model, now)
+            wire.baseline_version = baseline
+            wire.candidate_version = candidate
+            wire.created_at_unix_ms = now
+            wire.created_by = principal.name
+            # Defaults filled in, so what is stored is what the policy engine runs.
+            spec = rollout_spec_to_pb(rollout_spec_from_pb(wire))
+            state = rollout_pb2.RolloutState(
+                rollout_id=spec.rollout_id,
+                model=spec.model,
+                phase=rollout_pb2.PENDING,
+                last_reason="waiting for the policy engine to take the start command",
+                spec=spec,
+            )
+            command = new_command(
+                rollout_pb2.COMMAND_START,
+                model=spec.model,
+                rollout_id=spec.rollout_id,
+                issued_by=principal.name,
+                reason="start",
+                at_ms=now,
+                spec=spec,
+            )
+            await asyncio.to_thread(cp.store.create_rollout, state, command)
+        cp.hub.publish(state)
+        await send_or_unavailable(cp, command, context)
+        return state
+
+    @mapped
+    async def Get(
+        self, request: controlplane_pb2.GetRolloutRequest, context: Context
+    ) -> rollout_pb2.RolloutState:
+        return (await self._stored(request.rollout_id)).state
+
+    @mapped
+    async def List(
+        self, request: controlplane_pb2.ListRolloutsRequest, context: Context
+    ) -> controlplane_pb2.ListRolloutsResponse:
+        found = await asyncio.to_thread(
+            self._cp.store.list_rollouts,
+            request.model,
+            active_only=request.active_only,
+            limit=check_limit(
+                request.limit, default=100, maximum=self._cp.limits.max_list_limit, what="rollouts"
+            ),
+        )
+        return controlplane_pb2.ListRolloutsResponse(rollouts=[s.state for s in found])
+
+    async def Watch(
+        self, request: controlplane_pb2.WatchRolloutsRequest, context: Context
+    ) -> AsyncIterator[rollout_pb2.RolloutState]:
+        slots = self._cp.watch_slots
+        if not slots.acquire():
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{slots.open} Watch streams are open, the maximum (--max-watch-streams); "
+                "close one or poll with `rollout get`",
+            )
+            return
+        sub = self._cp.hub.subscribe(request.model, request.rollout_id)
+        try:
+            if request.initial:
+                if request.rollout_id:
+                    one = await asyncio.to_thread(self._cp.store.get_rollout, request.rollout_id)
+                    current = [one] if one is not None else []
+                else:
+                    current = await asyncio.to_thread(
+                        self._cp.store.list_rollouts, request.model, active_only=True
+                    )
+                for stored in current:
+                    yield stored.state
+            while True:
+                yield await sub.queue.get()
+        finally:
+            self._cp.hub.unsubscribe(sub)
+            slots.release()
+
+    async def _command(
+        self,
+        check: ManualCommand,
+        request: controlplane_pb2.RolloutActionRequest,
+        context: Context,
+    ) -> controlplane_pb2.CommandReceipt:
+        cp = self._cp
+        principal = cp.principal(context)
+        stored = await self._stored(request.rollout_id)
+        domain.check_command(check, request.rollout_id, _phase(stored))
+        command = new_command(
+            manual_command_to_pb(check),
+            model=stored.state.model,
+            rollout_id=stored.state.rollout_id,
+            issued_by=principal.name,
+            reason=request.reason or check.value,
+            at_ms=cp.clock(),
+        )
+        await asyncio.to_thread(cp.store.add_command, command)
+        await send_or_unavailable(cp, command, context)
+        return receipt(command, stored.state)
+
+    @mapped
+    async def Pause(self, request: Any, context: Context) -> controlplane_pb2.CommandReceipt:
+        return await self._command(ManualCommand.PAUSE, request, context)
+
+    @mapped
+    async def Resume(self, request: Any, context: Context) -> controlplane_pb2.CommandReceipt:
+        return await self._command(ManualCommand.RESUME, request, context)
+
+    @mapped
+    async def Promote(self, request: Any, context: Context) -> controlplane_pb2.CommandReceipt:
+        return await self._command(ManualCommand.PROMOTE, request, context)
+
+    @mapped
+    async def Rollback(self, request: Any, context: Context) -> controlplane_pb2.CommandReceipt:
+        return await self._command(ManualCommand.ROLLBACK, request, context)
+
+    @mapped
+    async def Abort(self, request: Any, context: Context) -> controlplane_pb2.CommandReceipt:
+        return await self._command(ManualCommand.ABORT, request, context)
+
+    @mapped
+    async def Revert(
+        self, request: controlplane_pb2.RevertRequest, context: Context
+    ) -> controlplane_pb2.CommandReceipt:
+        """100 % back to the previous stable version: the active rollout's baseline, or
+        (no rollout) the stable version before the last promotion, made stable again."""
+        cp = self._cp
+        principal = cp.principal(context)
+
+        def target() -> tuple[str, StoredRollout | None]:
+            facts = model_facts(cp.registry, cp.store, request.model)
+            if facts is None:
+                raise domain.NotFound(f"model {request.model!r} is not registered")
+            active = cp.store.active_rollout(request.model)
+            if active is not None:
+                return active.state.spec.baseline_version, active
+            previous = cp.registry.get_previous_stable(request.model)
+            if previous is None:
+                raise domain.FailedPrecondition(
+                    f"{request.model} has no previous stable version to revert to "
+                    f"(stable: {facts.stable_version or 'none'})"
+                )
+            cp.registry.set_stable(request.model, previous.version)
+            return str(previous.version), None
+
+        async with cp.start_lock:
+            version, active = await asyncio.to_thread(target)
+            command = new_command(
+                rollout_pb2.COMMAND_REVERT,
+                model=request.model,
+                rollout_id=active.state.rollout_id if active else "",
+                issued_by=principal.name,
+                reason=request.reason or f"revert to {version}",
+                at_ms=cp.clock(),
+                target_version=version,
+            )
+            await asyncio.to_thread(cp.store.add_command, command)
+        await send_or_unavailable(cp, command, context)
+        return receipt(command, active.state if active else None, version)
+
+
+class RoutingServicer(controlplane_pb2_grpc.RoutingServicer):
+    """gRPC ``Routing``: a model's cohort routing (tag rules to a version, pins allowed or not).
+
+    The configuration is stored here and sent to the policy engine as a
+    ``COMMAND_SET_ROUTE_CONFIG``; the engine carries it into every routing table it
+    publishes for the model (the router applies it).
+    """
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self._cp = cp
+
+    def _current(self, model: str) -> tuple[RouteConfig, str, int]:
+        stored = self._cp.store.get_route_config(model)
+        if stored is None:
+            return RouteConfig(model=model), "", 0
+        pb, by, at = stored
+        return route_config_from_pb(pb), by, at
+
+    async def _change(
+        self, model: str, change: Callable[[RouteConfig], RouteConfig], context: Context
+    ) -> controlplane_pb2.RouteConfigView:
+        cp = self._cp
+        principal = cp.principal(context)
+
+        def save() -> tuple[rollout_pb2.RouteConfig, rollout_pb2.RolloutCommand, int]:
+            facts = model_facts(cp.registry, cp.store, model)
+            if facts is None:
+                raise domain.NotFound(f"model {model!r} is not registered")
+            try:
+                config = change(self._current(model)[0])
+            except InvalidRouteRule as exc:
+                raise domain.InvalidArgument(str(exc)) from None
+            except UnknownRouteRule as exc:
+                raise domain.NotFound(str(exc)) from None
+            unknown = sorted({r.version for r in config.rules} - set(facts.versions))
+            if unknown:
+                raise domain.InvalidArgument(
+                    f"{model} has no version {', '.join(unknown)}; "
+                    f"registered: {', '.join(sorted(facts.versions)) or 'none'}"
+                )
+            pb = route_config_to_pb(config)
+            command = new_command(
+                rollout_pb2.COMMAND_SET_ROUTE_CONFIG,
+                model=model,
+                issued_by=principal.name,
+                reason="set cohort routing",
+                at_ms=cp.clock(),
+                route_config=pb,
+                target_version=facts.stable_version or "",
+            )
+            at = cp.store.put_route_config(pb, principal.name)
+            cp.store.add_command(command)
+            return pb, command, at
+
+        async with cp.start_lock:
+            pb, command, at = await asyncio.to_thread(save)
+        await send_or_unavailable(cp, command, context)
+        return controlplane_pb2.RouteConfigView(
+            config=pb,
+            updated_by=principal.name,
+            updated_at_unix_ms=at,
+            command_id=command.command_id,
+        )
+
+    @mapped
+    async def AddRule(
+        self, request: controlplane_pb2.AddRouteRuleRequest, context: Context
+    ) -> controlplane_pb2.RouteConfigView:
+        rule = rule_from_pb(request.rule)
+        return await self._change(request.model, lambda c: c.with_rule(rule), context)
+
+    @mapped
+    async def RemoveRule(
+        self, request: controlplane_pb2.RemoveRouteRuleRequest, context: Context
+    ) -> controlplane_pb2.RouteConfigView:
+        return await self._change(request.model, lambda c: c.without_rule(request.name), context)
+
+    @mapped
+    async def SetPinning(
+        self, request: controlplane_pb2.SetPinningRequest, context: Context
+    ) -> controlplane_pb2.RouteConfigView:
+        allow = request.allow_pinning
+        return await self._change(request.model, lambda c: c.with_pinning(allow), context)
+
+    @mapped
+    async def GetConfig(
+        self, request: controlplane_pb2.GetRouteConfigRequest, context: Context
+    ) -> controlplane_pb2.RouteConfigView:
+        config, by, at = await asyncio.to_thread(self._current, request.model)
+        return controlplane_pb2.RouteConfigView(
+            config=route_config_to_pb(config), updated_by=by, updated_at_unix_ms=at
+        )
+
+
+class QosServicer(controlplane_pb2_grpc.QosServicer):
+    """gRPC ``Qos``: QoS policies with their active variant."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self._cp = cp
+
+    def _view(self, model: str, version: str) -> controlplane_pb2.QosPolicyView:
+        stored = self._cp.store.get_policy(model, version)
+        if stored is None:
+            raise domain.NotFound(
+                f"no QoS policy for {model} {version}; set one with `graylane qos set`"
+            )
+        latest = self._cp.store.query_audit(
+            model=model,
+            version=version,
+            kinds=[audit_pb2.DECISION_PRECISION_CHANGE],
+            limit=1,
+            newest_first=True,
+        )
+        return qos_policy_view(stored, latest[0] if latest else None)
+
+    @mapped
+    async def SetPolicy(
+        self, request: rollout_pb2.QosPolicy, context: Context
+    ) -> controlplane_pb2.QosPolicyView:
+        cp = self._cp
+        principal = cp.principal(context)
+        facts = await asyncio.to_thread(model_facts, cp.registry, cp.store, request.model)
+        domain.check_qos_policy(facts, request.model, request.version, list(request.ladder))
+        policy = qos_policy_to_pb(qos_policy_from_pb(request))
+        command = new_command(
+            rollout_pb2.COMMAND_SET_QOS_POLICY,
+            model=policy.model,
+            issued_by=principal.name,
+            reason="set QoS policy",
+            at_ms=cp.clock(),
+            qos_policy=policy,
+        )
+
+        def save() -> None:
+            cp.store.put_policy(policy, principal.name)
+            cp.store.add_command(command)
+
+        await asyncio.to_thread(save)
+        await send_or_unavailable(cp, command, context)
+        view = await asyncio.to_thread(self._view, policy.model, policy.version)
+        view.command_id = command.command_id
+        return view
+
+    @mapped
+    async def GetPolicy(
+        self, request: controlplane_pb2.GetQosPolicyRequest, context: Context
+    ) -> controlplane_pb2.QosPolicyView:
+        return await asyncio.to_thread(self._view, request.model, request.version)
+
+
+class AuditServicer(controlplane_pb2_grpc.AuditServicer):
+    """gRPC ``Audit``: the policy engine's decisions on record."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self._cp = cp
+
+    @mapped
+    async def Query(
+        self, request: controlplane_pb2.AuditQuery, context: Context
+    ) -> controlplane_pb2.AuditQueryResponse:
+        if request.to_unix_ms and request.from_unix_ms >= request.to_unix_ms:
+            raise domain.InvalidArgument("the time range is empty: --from must be before --to")
+        records = await asyncio.to_thread(
+            self._cp.store.query_audit,
+            model=request.model,
+            rollout_id=request.rollout_id,
+            from_ms=request.from_unix_ms,
+            to_ms=request.to_unix_ms,
+            limit=check_limit(
+                request.limit,
+                default=1000,
+                maximum=self._cp.limits.max_audit_limit,
+                what="audit records",
+            ),
+        )
+        return controlplane_pb2.AuditQueryResponse(records=records)
+
+
+# -- facts for the domain checks, from the registry and the store ------------------------------
+
+
+def model_facts(registry: Registry, store: ControlStore, name: str) -> domain.ModelFacts | None:
+    """None when the model is not registered."""
+    if not name:
+        return None
+    try:
+        info = registry.get_model(name)
+    except ModelNotRegistered:
+        return None
+    versions: dict[str, domain.VersionFacts] = {}
+    for v in registry.list_versions(name):
+        artifacts = tuple(
+            domain.ArtifactFacts(
+                name=str(a.name),
+                precision=a.precision.value,
+                servable=a.servable,
+                failures=a.validation.failures if a.validation is not None else (),
+            )
+            for a in registry.list_artifacts(name, v.version)
+        )
+        versions[str(v.version)] = domain.VersionFacts(str(v.version), v.status.value, artifacts)
+    active = store.active_rollout(name)
+    return domain.ModelFacts(
+        name=info.name,
+        versions=versions,
+        stable_version=str(info.stable_version) if info.stable_version else None,
+        active_rollout_id=active.state.rollout_id if active else None,
+        active_rollout_phase=phase_from_pb(active.state.phase) if active else None,
+    )
+
+
+# -- gRPC health and request metrics -----------------------------------------------------------
+
+
+class HealthServicer(Protocol):
+    """The part of ``grpc_health``'s aio servicer we use."""
+
+    async def set(self, service: str, status: int) -> None: ...
+
+
+HEALTH_SERVICES = (
+    "",  # the whole server
+    "graylane.v1.ModelRegistry",
+    "graylane.v1.Rollouts",
+    "graylane.v1.Qos",
+    "graylane.v1.Audit",
+)
+
+
+def add_health(server: aio.Server) -> HealthServicer:
+    """The standard ``grpc.health.v1.Health`` service, NOT_SERVING until :func:`set_serving`."""
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    typed: HealthServicer = servicer
+    return typed
+
+
+async def set_serving(servicer: HealthServicer, serving: bool) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in HEALTH_SERVICES:
+        await servicer.set(name, status)
+
+
+def _code(context: aio.ServicerContext[Any, Any], failed: bool) -> str:
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return str(code.name)
+    return "UNKNOWN" if failed else "OK"
+
+
+class MetricsInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
+    """Counts every call by method and status code and times it (outermost interceptor)."""
+
+    def __init__(self, metrics: ControlPlaneMetrics) -> None:
+        self._metrics = metrics
+
+    def _done(self, method: str, code: str, started: float) -> None:
+        self._metrics.rpcs.labels(method, code).inc()
+        self._metrics.rpc_seconds.labels(method).observe(time.perf_counter() - started)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming:
+            return handler
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        deserializer, serializer = handler.request_deserializer, handler.response_serializer
+        if handler.response_streaming:
+            inner_stream = handler.unary_stream
+
+            async def streaming(
+                request: Any, context: aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
+                started, failed = time.perf_counter(), True
+                try:
+                    async for item in inner_stream(request, context):
+                        yield item
+                    failed = False
+                finally:
+                    self._done(method, _code(context, failed), started)
+
+            return grpc.unary_stream_rpc_method_handler(streaming, deserializer, serializer)
+        inner = handler.unary_unary
+
+        async def unary(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+            started, failed = time.perf_counter(), True
+            try:
+                response = await inner(request, context)
+                failed = False
+                return response
+            finally:
+                self._done(method, _code(context, failed), started)
+
+        return grpc.unary_unary_rpc_method_handler(unary, deserializer, serializer)

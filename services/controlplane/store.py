@@ -1,44 +1,160 @@
 """SQL store of the control plane: rollouts, commands (an outbox), QoS policies, audit copy.
 
-Tables (:mod:`graylane.services.controlplane.store_rows`) are created by the
-registry's Alembic migration 0002, so registry and control plane share one
-database (SQLite file or PostgreSQL).
+The tables, prefixed ``cp_``, are created by the registry's Alembic migrations (0002,
+0003), so registry and control plane share one database (SQLite file or PostgreSQL).
 Protobuf messages are kept as their wire bytes next to a few indexed columns; the
 store speaks protobuf because it sits at the I/O edge, like the servicers.
+
+Ids and names fit their SQL column: kept as they are, or hashed, never cut silently.
+A value longer than its column (PostgreSQL refuses it; SQLite would keep it whole) is
+stored as a readable prefix, ``~`` and the first 16 hex digits of its sha256: stable
+(the same value always maps to the same key, so inserts stay idempotent) and distinct
+for values that share a long prefix (:func:`fit`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import (
+    BigInteger,
+    Engine,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    select,
+)
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Mapped, Session, mapped_column, sessionmaker
 
 from graylane.clock import Clock, now_ms
 from graylane.registry.migrate import create_db_engine, upgrade
+from graylane.registry.schema import Base
 from graylane.rollouts.pb import phase_from_pb
 from graylane.rollouts.vocabulary import DecisionRule
 from graylane.serde import decode, encode
-from graylane.services.controlplane.store_ids import fit
-from graylane.services.controlplane.store_rows import (
-    AuditRow,
-    CommandRow,
-    QosPolicyRow,
-    RolloutRow,
-    RouteConfigRow,
-    SinkOffsetRow,
-)
 from graylane.v1 import audit_pb2, rollout_pb2
 
 __all__ = [
+    "HASH_DIGITS",
+    "AuditRow",
+    "CommandRow",
     "ControlStore",
+    "QosPolicyRow",
+    "RolloutRow",
+    "RouteConfigRow",
+    "SinkOffsetRow",
     "StoredPolicy",
     "StoredRollout",
+    "fit",
     "open_store",
 ]
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+class RolloutRow(Base):
+    __tablename__ = "cp_rollouts"
+
+    rollout_id: Mapped[str] = mapped_column(String(160), primary_key=True)
+    model: Mapped[str] = mapped_column(String(128), nullable=False, index=True)
+    baseline_version: Mapped[str] = mapped_column(String(64), nullable=False)
+    candidate_version: Mapped[str] = mapped_column(String(64), nullable=False)
+    phase: Mapped[int] = mapped_column(Integer, nullable=False)
+    terminal: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    spec: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    state: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    state_updated_ms: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    created_by: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    created_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    updated_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class CommandRow(Base):
+    __tablename__ = "cp_commands"
+
+    command_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    rollout_id: Mapped[str] = mapped_column(String(160), nullable=False, index=True)
+    model: Mapped[str] = mapped_column(String(128), nullable=False)
+    kind: Mapped[int] = mapped_column(Integer, nullable=False)
+    issued_by: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    issued_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    payload: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    # Null until the broker acknowledged the command on <p>.control.commands.
+    sent_at_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class RouteConfigRow(Base):
+    """A model's cohort routing (RouteConfig protobuf), made by registry migration 0003."""
+
+    __tablename__ = "cp_route_configs"
+
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    config: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    updated_by: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    updated_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class QosPolicyRow(Base):
+    __tablename__ = "cp_qos_policies"
+
+    model: Mapped[str] = mapped_column(String(128), primary_key=True)
+    version: Mapped[str] = mapped_column(String(64), primary_key=True)
+    policy: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    updated_by: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    updated_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class AuditRow(Base):
+    __tablename__ = "cp_audit"
+    __table_args__ = (UniqueConstraint("decision_id", name="uq_cp_audit_decision_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    decision_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    decided_at_ms: Mapped[int] = mapped_column(BigInteger, nullable=False, index=True)
+    model: Mapped[str] = mapped_column(String(128), nullable=False, index=True)
+    rollout_id: Mapped[str] = mapped_column(String(160), nullable=False, default="", index=True)
+    version: Mapped[str] = mapped_column(String(64), nullable=False, default="")
+    kind: Mapped[int] = mapped_column(Integer, nullable=False)
+    rule: Mapped[str] = mapped_column(String(128), nullable=False, default="")
+    reason: Mapped[str] = mapped_column(Text, nullable=False, default="")
+    record: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+
+
+class SinkOffsetRow(Base):
+    """Next offset the audit sink reads per topic partition (resume after restart)."""
+
+    __tablename__ = "cp_sink_offsets"
+
+    topic: Mapped[str] = mapped_column(String(255), primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    next_offset: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+# -- ids that fit their column -----------------------------------------------------------------
+
+
+HASH_DIGITS = 16
+_MARK = "~"
+
+
+def fit(value: str, limit: int) -> str:
+    """``value`` if it has at most ``limit`` characters, else its stable hashed form."""
+    if limit <= HASH_DIGITS + len(_MARK):
+        raise ValueError(f"a column of {limit} characters cannot hold a hashed id")
+    if len(value) <= limit:
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_DIGITS]
+    return f"{value[: limit - HASH_DIGITS - len(_MARK)]}{_MARK}{digest}"
+
+
+# -- the store ---------------------------------------------------------------------------------
 
 
 def _finished(phase: int) -> bool:
@@ -374,7 +490,7 @@ def _width(column: Any) -> int:
 
 
 def _key(column: Any, value: str) -> str:
-    """``value`` as stored in ``column``: as is, or hashed when it is longer (store_ids)."""
+    """``value`` as stored in ``column``: as is, or hashed when it is longer (:func:`fit`)."""
     return fit(value, _width(column))
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.seam import ConsumerOptions, KafkaFactory
-from graylane.services.controlplane.candidates import KafkaCandidateCheck, worker_group
+from graylane.services.controlplane.bus import KafkaCandidateCheck
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
@@ -16,19 +16,19 @@ MODEL = "gpt"
 
 
 async def test_candidate_needs_a_topic_and_a_consuming_worker(factory: KafkaFactory) -> None:
-    layout, prefix = factory.layout, factory.settings.topic_prefix
-    check = KafkaCandidateCheck(factory, layout, prefix)
+    layout = factory.layout
+    check = KafkaCandidateCheck(factory, layout)
     missing = await check(MODEL, "2.0.0")
     assert missing is not None and "does not exist" in missing
     assert "graylane worker --model gpt --version 2.0.0" in missing
 
     await ensure_topics(factory, layout.model_specs(MODEL, ["2.0.0"]))
     idle = await check(MODEL, "2.0.0")
-    assert idle is not None and worker_group(prefix, MODEL, "2.0.0") in idle
+    assert idle is not None and layout.worker_group(MODEL, "2.0.0") in idle
 
     consumer = factory.consumer(
         layout.version_requests(MODEL, "2.0.0"),
-        options=ConsumerOptions(group_id=worker_group(prefix, MODEL, "2.0.0")),
+        options=ConsumerOptions(group_id=layout.worker_group(MODEL, "2.0.0")),
         client_suffix="fake-worker",
     )
     await consumer.start()

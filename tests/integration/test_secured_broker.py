@@ -26,7 +26,7 @@ from aiokafka.errors import (
 )
 
 from graylane import serde
-from graylane.acls import AclScope, Role, role_acls
+from graylane.acls import AclScope, KafkaRole, role_acls
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.service import Worker
@@ -100,7 +100,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBroker]
 
 async def _grant(admin_factory: KafkaFactory, scope: AclScope) -> None:
     layout = admin_factory.layout
-    grants = {f"User:{role.value}": role_acls(layout, role, scope) for role in Role}
+    grants = {f"User:{role.value}": role_acls(layout, role, scope) for role in KafkaRole}
     admin = admin_factory.admin()
     await admin.start()
     try:

@@ -8,9 +8,9 @@ import pytest
 
 from graylane.acls import (
     AclScope,
+    KafkaRole,
     Operation,
     Resource,
-    Role,
     all_acls,
     allows,
     kafka_acls_commands,
@@ -31,18 +31,18 @@ def every_topic() -> list[str]:
     return [*topics, L.reply("app1"), L.reply("app2")]
 
 
-def writable(role: Role) -> set[str]:
+def writable(role: KafkaRole) -> set[str]:
     return {t for t in every_topic() if allows(ACLS[role], Resource.TOPIC, t, Operation.WRITE)}
 
 
-def readable(role: Role) -> set[str]:
+def readable(role: KafkaRole) -> set[str]:
     return {t for t in every_topic() if allows(ACLS[role], Resource.TOPIC, t, Operation.READ)}
 
 
 def test_producer_writes_only_ingress_and_reads_only_its_reply_topic() -> None:
-    assert writable(Role.PRODUCER) == {L.ingress("gpt"), L.ingress("bert")}
-    assert readable(Role.PRODUCER) == {L.reply("app1")}
-    rules = ACLS[Role.PRODUCER]
+    assert writable(KafkaRole.PRODUCER) == {L.ingress("gpt"), L.ingress("bert")}
+    assert readable(KafkaRole.PRODUCER) == {L.reply("app1")}
+    rules = ACLS[KafkaRole.PRODUCER]
     for topic in (L.routing(), L.precision(), L.rollouts(), L.commands(), L.audit()):
         for op in Operation:
             if op in (Operation.CREATE, Operation.DESCRIBE_CONFIGS):
@@ -58,47 +58,47 @@ def test_each_service_writes_only_the_topics_of_its_role() -> None:
     versions = {L.version_requests(m, v) for m in SCOPE.models for v in ("v1", "v2")}
     results = {L.results(m) for m in SCOPE.models}
     shadows = {L.shadow(m) for m in SCOPE.models}
-    assert writable(Role.ROUTER) == versions | results | shadows | replies | {L.dlq()}
-    assert writable(Role.WORKER) == (results | shadows | replies | {L.telemetry(), L.dlq()})
-    assert writable(Role.POLICY_ENGINE) == {
+    assert writable(KafkaRole.ROUTER) == versions | results | shadows | replies | {L.dlq()}
+    assert writable(KafkaRole.WORKER) == (results | shadows | replies | {L.telemetry(), L.dlq()})
+    assert writable(KafkaRole.POLICY_ENGINE) == {
         L.routing(),
         L.precision(),
         L.rollouts(),
         L.scale(),
         L.audit(),
     }
-    assert writable(Role.SUPERVISOR) == set()
-    assert writable(Role.CONTROL_PLANE) == {L.commands()}
-    assert writable(Role.RESULT_CONSUMER) == set()
+    assert writable(KafkaRole.SUPERVISOR) == set()
+    assert writable(KafkaRole.CONTROL_PLANE) == {L.commands()}
+    assert writable(KafkaRole.RESULT_CONSUMER) == set()
 
 
 def test_control_state_has_one_writer_each() -> None:
     for topic, owner in (
-        (L.routing(), Role.POLICY_ENGINE),
-        (L.precision(), Role.POLICY_ENGINE),
-        (L.rollouts(), Role.POLICY_ENGINE),
-        (L.scale(), Role.POLICY_ENGINE),
-        (L.audit(), Role.POLICY_ENGINE),
-        (L.commands(), Role.CONTROL_PLANE),
+        (L.routing(), KafkaRole.POLICY_ENGINE),
+        (L.precision(), KafkaRole.POLICY_ENGINE),
+        (L.rollouts(), KafkaRole.POLICY_ENGINE),
+        (L.scale(), KafkaRole.POLICY_ENGINE),
+        (L.audit(), KafkaRole.POLICY_ENGINE),
+        (L.commands(), KafkaRole.CONTROL_PLANE),
     ):
-        writers = {r for r in Role if topic in writable(r)}
+        writers = {r for r in KafkaRole if topic in writable(r)}
         assert writers == {owner}, topic
 
 
 def test_reads_and_groups() -> None:
-    assert readable(Role.ROUTER) == {L.ingress("gpt"), L.ingress("bert"), L.routing()}
-    assert L.version_requests("gpt", "v2") in readable(Role.WORKER)
-    assert L.ingress("gpt") not in readable(Role.WORKER)
-    assert readable(Role.RESULT_CONSUMER) == {L.results("gpt"), L.results("bert")}
-    assert readable(Role.SUPERVISOR) == {L.scale()}
-    assert L.scale() in readable(Role.CONTROL_PLANE)
+    assert readable(KafkaRole.ROUTER) == {L.ingress("gpt"), L.ingress("bert"), L.routing()}
+    assert L.version_requests("gpt", "v2") in readable(KafkaRole.WORKER)
+    assert L.ingress("gpt") not in readable(KafkaRole.WORKER)
+    assert readable(KafkaRole.RESULT_CONSUMER) == {L.results("gpt"), L.results("bert")}
+    assert readable(KafkaRole.SUPERVISOR) == {L.scale()}
+    assert L.scale() in readable(KafkaRole.CONTROL_PLANE)
     # the supervisor bounds replicas by a version topic's partitions: it may describe them
     version_topic = L.version_requests("gpt", "v1")
-    assert allows(ACLS[Role.SUPERVISOR], Resource.TOPIC, version_topic, Operation.DESCRIBE)
-    assert allows(ACLS[Role.ROUTER], Resource.GROUP, "gl-router", Operation.READ)
-    assert allows(ACLS[Role.WORKER], Resource.GROUP, "gl-worker-gpt-v1", Operation.READ)
-    assert allows(ACLS[Role.POLICY_ENGINE], Resource.GROUP, "gl-policy", Operation.READ)
-    assert not allows(ACLS[Role.PRODUCER], Resource.GROUP, "gl-router", Operation.READ)
+    assert allows(ACLS[KafkaRole.SUPERVISOR], Resource.TOPIC, version_topic, Operation.DESCRIBE)
+    assert allows(ACLS[KafkaRole.ROUTER], Resource.GROUP, "gl-router", Operation.READ)
+    assert allows(ACLS[KafkaRole.WORKER], Resource.GROUP, "gl-worker-gpt-v1", Operation.READ)
+    assert allows(ACLS[KafkaRole.POLICY_ENGINE], Resource.GROUP, "gl-policy", Operation.READ)
+    assert not allows(ACLS[KafkaRole.PRODUCER], Resource.GROUP, "gl-router", Operation.READ)
 
 
 def test_no_role_alters_topic_configs() -> None:
@@ -116,7 +116,7 @@ def test_scope_refuses_bad_names() -> None:
 
 def test_kafka_acls_command_lines() -> None:
     lines = kafka_acls_commands(
-        role_acls(L, Role.WORKER, SCOPE),
+        role_acls(L, KafkaRole.WORKER, SCOPE),
         "User:worker",
         bootstrap="kafka:9093",
         command_config="admin.properties",

@@ -10,15 +10,18 @@ import pytest
 
 from graylane import serde
 from graylane.app.bench.chaos import (
+    KINDS,
     Delivery,
+    Expect,
     StepMark,
     account_phase,
+    build,
+    burst,
     recovery_seconds,
     report_line,
     resumed_same_step,
     table_lines,
 )
-from graylane.app.bench.chaos_malformed import KINDS, Expect, build, burst
 from graylane.errors import SerdeError
 from graylane.topics import TopicLayout
 from graylane.v1 import inference_pb2

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from graylane.app.bench.qos_score import Answer, score, seconds_to_top
+from graylane.app.bench.qos_score import RequestOutcome, score, seconds_to_top
 
 
 def test_goodput_counts_every_request_submitted_in_the_span() -> None:
     sent = {f"r{i}": float(i) for i in range(10)}
     answers = {
-        "r0": Answer(True, "", 50.0),
-        "r1": Answer(True, "", 90.0),
-        "r2": Answer(True, "", 150.0),  # OK but late
-        "r3": Answer(False, "SHED", 1.0),
-        "r4": Answer(False, "ENGINE_ERROR", 5.0),
-        "r5": Answer(True, "", 10.0),
+        "r0": RequestOutcome(True, "", 50.0),
+        "r1": RequestOutcome(True, "", 90.0),
+        "r2": RequestOutcome(True, "", 150.0),  # OK but late
+        "r3": RequestOutcome(False, "SHED", 1.0),
+        "r4": RequestOutcome(False, "ENGINE_ERROR", 5.0),
+        "r5": RequestOutcome(True, "", 10.0),
         # r6 never answered; r7..r9 outside the span
-        "r7": Answer(True, "", 10.0),
+        "r7": RequestOutcome(True, "", 10.0),
     }
     s = score(sent, answers, start=0.0, end=7.0, slo_ms=100.0)
     assert (s.requests, s.shed, s.errors, s.unanswered) == (7, 1, 1, 1)
@@ -59,8 +59,8 @@ def test_timeline_slices_score_their_own_requests() -> None:
     from graylane.app.bench.qos_score import timeline
 
     sent = {f"r{i}": float(i) for i in range(10)}
-    answers = {f"r{i}": Answer(True, "", 50.0) for i in range(5)}
-    answers |= {"r5": Answer(False, "SHED", 1.0), "r6": Answer(True, "", 500.0)}
+    answers = {f"r{i}": RequestOutcome(True, "", 50.0) for i in range(5)}
+    answers |= {"r5": RequestOutcome(False, "SHED", 1.0), "r6": RequestOutcome(True, "", 500.0)}
     slices = timeline(sent, answers, start=0.0, end=10.0, slo_ms=100.0, width_s=5.0)
     assert [s.start_s for s in slices] == [0.0, 5.0]
     first, second = (s.score for s in slices)

@@ -11,9 +11,9 @@ from graylane.artifacts.compatibility import (
     check_engine_compatibility,
     select_engine,
 )
-from graylane.artifacts.graph import IOSignature
 from graylane.artifacts.manifest import BuildHost, EngineTarget, Manifest
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer
+from graylane.engine.signature import IOSignature
 
 HOST = BuildHost("h", "cpu", None, "3.11", "1.23", "1.32.0", None)
 

@@ -7,14 +7,13 @@ from pathlib import Path
 import pytest
 
 from graylane.artifacts.build_info import CalibrationMethod
-from graylane.artifacts.naming import SemVer
+from graylane.artifacts.naming import Precision, SemVer
 from graylane.builder.spec import (
     DemoSource,
     FileSource,
     Generator,
     GeneratorData,
     NpzData,
-    Precision,
     SpecError,
     load_spec,
     parse_spec,

@@ -12,11 +12,11 @@ import pytest
 
 import graylane.builder.tensorrt_build as tb
 from graylane.artifacts.build_info import HardwareCompatibility, InputShapeRange, ShapeProfile
-from graylane.artifacts.graph import IOSignature, TensorSpec
 from graylane.artifacts.manifest import GpuInfo
 from graylane.artifacts.naming import Precision
 from graylane.builder.spec import TensorRTOptions
 from graylane.builder.variants import VariantStatus
+from graylane.engine.signature import IOSignature, TensorSpec
 
 SIGNATURE = IOSignature(
     inputs=(

@@ -11,10 +11,9 @@ import pytest
 from onnx import numpy_helper
 
 from graylane.artifacts.build_info import Metrics, Tolerance
-from graylane.artifacts.digest import sha256_file
-from graylane.artifacts.graph import io_signature, metadata_int
+from graylane.artifacts.model_info import io_signature, metadata_int
 from graylane.artifacts.naming import Precision
-from graylane.builder.greedy import greedy_generate
+from graylane.artifacts.verify import sha256_file
 from graylane.builder.runtime import open_runner
 from graylane.builder.samples import SampleSet, load_samples
 from graylane.builder.spec import (
@@ -28,6 +27,7 @@ from graylane.builder.validation import (
     ReferenceOutputs,
     check_tolerance,
     compare_outputs,
+    greedy_generate,
     reference_outputs,
     token_agreement,
     validate_variant,

@@ -9,9 +9,9 @@ import onnx
 import pytest
 
 from graylane.artifacts.build_info import CalibrationMethod
-from graylane.artifacts.digest import sha256_file
-from graylane.artifacts.graph import io_signature, metadata_int
+from graylane.artifacts.model_info import io_signature, metadata_int
 from graylane.artifacts.naming import Precision
+from graylane.artifacts.verify import sha256_file
 from graylane.builder.calibration import calibration_key
 from graylane.builder.runtime import open_runner
 from graylane.builder.samples import SampleSet, load_samples

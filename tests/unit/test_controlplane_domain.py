@@ -7,7 +7,13 @@ import re
 import pytest
 
 from graylane.rollouts.vocabulary import ManualCommand, Phase
-from graylane.services.controlplane.auth import AuthError, Principal, Role, TokenTable, parse_tokens
+from graylane.services.controlplane.auth import (
+    ApiRole,
+    AuthError,
+    Principal,
+    TokenTable,
+    parse_tokens,
+)
 from graylane.services.controlplane.domain import (
     ArtifactFacts,
     FailedPrecondition,
@@ -122,8 +128,8 @@ def test_rollout_ids_are_readable_and_sortable() -> None:
 
 def test_tokens() -> None:
     table = parse_tokens("ops:operator:alice, view:read-only\n# comment\nro2:READ_ONLY")
-    assert table["ops"] == Principal("alice", Role.OPERATOR)
-    assert table["view"].role is Role.READ_ONLY and table["view"].name.startswith("read_only-")
+    assert table["ops"] == Principal("alice", ApiRole.OPERATOR)
+    assert table["view"].role is ApiRole.READ_ONLY and table["view"].name.startswith("read_only-")
     tokens = TokenTable(table)
     assert tokens.principal_of([("authorization", "Bearer ops")]) == table["ops"]
     assert tokens.principal_of([("authorization", "Basic ops")]) is None

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from graylane.registry import open_registry
 from graylane.services.controlplane.audit_sink import RolloutHub
-from graylane.services.controlplane.auth import Principal, Role, TokenTable
-from graylane.services.controlplane.plane import ControlPlane
+from graylane.services.controlplane.auth import ApiRole, Principal, TokenTable
+from graylane.services.controlplane.server import ControlPlane
 from graylane.services.controlplane.store import open_store
 from graylane.v1 import rollout_pb2
 
@@ -33,7 +33,7 @@ def _plane(tmp_path: Path, bus: SlowBus) -> ControlPlane:
         store=open_store(url),
         bus=bus,
         hub=RolloutHub(),
-        tokens=TokenTable({"t": Principal("ops", Role.OPERATOR)}),
+        tokens=TokenTable({"t": Principal("ops", ApiRole.OPERATOR)}),
     )
 
 

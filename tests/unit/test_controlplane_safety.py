@@ -23,11 +23,12 @@ from graylane.services.controlplane.limits import (
     check_startup,
     is_loopback,
 )
-from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
-from graylane.services.controlplane.servicers import (
+from graylane.services.controlplane.server import (
     AuditServicer,
     ControlPlane,
+    ControlPlaneServer,
     RolloutsServicer,
+    ServerConfig,
 )
 from graylane.settings import Settings
 from graylane.v1 import controlplane_pb2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from graylane.app.demo.load_plan import BEYOND_FLOOR, floor_path_rps, spike_rate
+from graylane.app.demo.story import BEYOND_FLOOR, floor_path_rps, spike_rate
 
 
 def test_the_floor_pays_the_paths_overhead_per_request() -> None:

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from graylane.artifacts.build_info import GroupSensitivity, PartialQuantization
+from graylane.artifacts.manifest import partial_from_dict, partial_to_dict
 from graylane.artifacts.naming import Backend, Precision
-from graylane.artifacts.partial_info import partial_from_dict, partial_to_dict
 from graylane.builder.build import run_build
 from graylane.builder.calibration import CalibrationTooSmall
 from graylane.builder.consistency import (
+    ConsistencyVerdict,
     ServedVariant,
-    Verdict,
     check_consistency,
     schema_differences,
 )
@@ -55,7 +55,7 @@ def test_incompatible_outputs_are_reported_and_not_compared(tmp_path: Path) -> N
     base = ServedVariant("1.0.0", Precision.FP32, Backend.ONNXRUNTIME, missing, DECODER)
     cand = ServedVariant("2.0.0", Precision.FP32, Backend.ONNXRUNTIME, missing, tagger)
     report = check_consistency("m", base, cand, SampleSet(batches=(), digest=""))
-    assert report.verdict is Verdict.INCOMPATIBLE and report.verdict.exit_code == 3
+    assert report.verdict is ConsistencyVerdict.INCOMPATIBLE and report.verdict.exit_code == 3
     assert report.outputs == () and report.schema_problems
 
 

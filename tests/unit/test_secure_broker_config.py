@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from graylane.acls import AclScope, Operation, Pattern, Resource, Role, role_acls
+from graylane.acls import AclScope, KafkaRole, Operation, Pattern, Resource, role_acls
 from graylane.deploy.kafka import secure
 from graylane.deploy.kafka.layout import TEMPLATE_FILE
 from graylane.kafka.admin import bindings_for
@@ -76,7 +76,7 @@ def test_client_env_logs_a_process_in_as_one_role(local: Path) -> None:
 
 
 def test_bindings_are_one_allow_per_rule_and_operation() -> None:
-    rules = role_acls(TopicLayout(prefix="gl"), Role.PRODUCER, AclScope(models=("gpt",)))
+    rules = role_acls(TopicLayout(prefix="gl"), KafkaRole.PRODUCER, AclScope(models=("gpt",)))
     bindings = bindings_for({"User:web": rules})
     assert len(bindings) == sum(len(r.operations) for r in rules)
     first = bindings[0]

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from graylane.artifacts.build_info import InputShapeRange, ShapeProfile
-from graylane.artifacts.digest import sha256_file
-from graylane.artifacts.graph import io_signature
+from graylane.artifacts.model_info import io_signature
 from graylane.artifacts.naming import Precision
+from graylane.artifacts.verify import sha256_file
 from graylane.builder.spec import TensorRTOptions
 from graylane.builder.tensorrt_build import EngineRequest, build_engine
 from graylane.builder.variants import VariantStatus

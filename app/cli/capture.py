@@ -1,4 +1,4 @@
-"""``graylane calib capture``: a calibration set from recorded traffic.
+"""``graylane calib capture``: a calibration set (for int8 builds) from recorded traffic.
 
 Reads the model's ingress topic (or, with ``--version``, that version's request
 topic) from ``--from`` on, de-duplicates, keeps the calibration split (the
@@ -13,7 +13,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from graylane.app.cli.ops_time import parse_time
+from graylane.app.cli.views import parse_time
 
 __all__ = ["register"]
 

@@ -21,6 +21,8 @@ from graylane.capacity import (
 )
 from graylane.settings import Settings
 
+__all__ = ["calibrate_files", "ensure_calibrated", "register", "registered_variants"]
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cal = sub.add_parser("calibrate", help="measure a version's service time per variant and batch")

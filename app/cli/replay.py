@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from graylane.app.cli.ops_time import parse_time
+from graylane.app.cli.views import parse_time
 
 __all__ = ["read_range", "register_audit", "register_traffic"]
 
@@ -79,7 +79,7 @@ async def read_range(
 
 
 def _audit_replay(args: argparse.Namespace) -> int:
-    from graylane.app.cli.ops_views import print_decisions
+    from graylane.app.cli.views import print_decisions
     from graylane.policy_engine.audit_replay import load_recorded
 
     from_ms, to_ms = parse_time(args.from_), parse_time(args.to)
@@ -101,7 +101,7 @@ def _audit_replay(args: argparse.Namespace) -> int:
 
 
 def _print_telemetry(model: str, records: list[Any]) -> None:
-    from graylane.app.cli.ops_views import table as _table
+    from graylane.app.cli.views import table as _table
     from graylane.serde import decode
     from graylane.v1 import telemetry_pb2
 
@@ -126,7 +126,7 @@ def _print_telemetry(model: str, records: list[Any]) -> None:
 
 
 def _audit_verify(args: argparse.Namespace) -> int:
-    from graylane.app.cli.ops_views import table as _table
+    from graylane.app.cli.views import table as _table
     from graylane.policy_engine.audit_replay import load_recorded, verify
 
     from_ms, to_ms = parse_time(args.from_), parse_time(args.to)
@@ -154,7 +154,7 @@ def _outputs_key(result: Any) -> bytes:
 
 
 def _traffic_replay(args: argparse.Namespace) -> int:
-    from graylane.app.cli.ops_views import table as _table
+    from graylane.app.cli.views import table as _table
 
     agree, differ, missing, errors = asyncio.run(_replay_traffic(args))
     total = agree + differ

@@ -1,0 +1,131 @@
+"""Every protobuf the control plane builds: commands, views of registry records, stored
+policies and receipts.
+
+The servicers answer with these messages; the domain and the store never build them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from graylane.registry import ArtifactInfo, RegisteredModel, Registry
+from graylane.services.controlplane.store import StoredPolicy
+from graylane.v1 import audit_pb2, controlplane_pb2, rollout_pb2
+
+__all__ = [
+    "model_summary",
+    "new_command",
+    "qos_policy_view",
+    "receipt",
+    "variant_info",
+    "version_summary",
+]
+
+
+def model_summary(model: RegisteredModel) -> controlplane_pb2.ModelSummary:
+    return controlplane_pb2.ModelSummary(
+        name=model.name,
+        description=model.description,
+        stable_version=str(model.stable_version) if model.stable_version else "",
+        created_at_unix_ms=int(model.created_at.timestamp() * 1000),
+    )
+
+
+def variant_info(a: ArtifactInfo) -> controlplane_pb2.VariantInfo:
+    out = controlplane_pb2.VariantInfo(
+        artifact=str(a.name),
+        precision=a.precision.value,
+        backend=a.backend.value,
+        target=a.target,
+        servable=a.servable,
+        forced=a.forced,
+    )
+    v = a.validation
+    if v is not None:
+        out.validation.CopyFrom(
+            controlplane_pb2.ValidationStatus(
+                validated=True,
+                passed=v.passed,
+                max_abs=v.max_abs or 0.0,
+                mean_rel=v.mean_rel or 0.0,
+                cosine=v.cosine or 0.0,
+                top1_agreement=v.top1_agreement or 0.0,
+                token_agreement=v.token_agreement or 0.0,
+                failures=list(v.failures),
+            )
+        )
+    return out
+
+
+def version_summary(
+    registry: Registry, model: str, version: str
+) -> controlplane_pb2.VersionSummary:
+    info = registry.get_version(model, version)
+    stable = registry.get_stable(model)
+    return controlplane_pb2.VersionSummary(
+        model=model,
+        version=str(info.version),
+        status=info.status.value,
+        source_sha256=info.source_sha256,
+        created_at_unix_ms=int(info.created_at.timestamp() * 1000),
+        stable=stable is not None and stable.version == info.version,
+        variants=[variant_info(a) for a in registry.list_artifacts(model, info.version)],
+    )
+
+
+def receipt(
+    command: rollout_pb2.RolloutCommand,
+    state: rollout_pb2.RolloutState | None,
+    target_version: str = "",
+) -> controlplane_pb2.CommandReceipt:
+    """What a caller gets back for a command it sent: the command and the rollout it touched."""
+    return controlplane_pb2.CommandReceipt(
+        command_id=command.command_id,
+        rollout_id=command.rollout_id,
+        model=command.model,
+        kind=command.kind,
+        issued_at_unix_ms=command.issued_at_unix_ms,
+        issued_by=command.issued_by,
+        state=state,
+        target_version=target_version,
+    )
+
+
+def new_command(
+    kind: rollout_pb2.CommandKind,
+    *,
+    model: str,
+    issued_by: str,
+    reason: str,
+    at_ms: int,
+    rollout_id: str = "",
+    **payload: Any,
+) -> rollout_pb2.RolloutCommand:
+    """A command with a fresh id; ``payload`` sets what its kind carries (``spec=`` ...)."""
+    return rollout_pb2.RolloutCommand(
+        command_id=uuid.uuid4().hex,
+        rollout_id=rollout_id,
+        model=model,
+        kind=kind,
+        issued_by=issued_by,
+        reason=reason,
+        issued_at_unix_ms=at_ms,
+        **payload,
+    )
+
+
+def qos_policy_view(
+    stored: StoredPolicy, latest_change: audit_pb2.AuditRecord | None
+) -> controlplane_pb2.QosPolicyView:
+    """A stored policy with the variant its latest precision change made active."""
+    view = controlplane_pb2.QosPolicyView(
+        policy=stored.policy,
+        updated_by=stored.updated_by,
+        updated_at_unix_ms=stored.updated_at_ms,
+    )
+    if latest_change is not None:
+        view.active_variant = latest_change.qos_after.active_variant
+        view.active_since_unix_ms = latest_change.decided_at_unix_ms
+        view.last_reason = latest_change.reason
+    return view
