@@ -115,6 +115,9 @@ async def test_the_same_client_sends_again_after_a_long_outage(
 
     try:
         await client.submit(MODEL, prompt="before")
+        producer = client._producer
+        assert isinstance(producer, RecoveringProducer)
+        assert producer.recreated == 0
         sender = asyncio.create_task(keep_sending())
         await wait_until(lambda: outcomes.count("ok") >= 3, timeout=30, what="steady sends")
         down_at = time.monotonic()
@@ -140,8 +143,9 @@ async def test_the_same_client_sends_again_after_a_long_outage(
         await wait_until(sends_again, timeout=90, poll_s=0.5, what="the same client sends")
         for _ in range(3):
             await client.submit(MODEL, prompt="after, again")  # and keeps sending
-        producer = client._producer
-        assert isinstance(producer, RecoveringProducer)
+        assert client._producer is producer  # the same client and the same wrapper ...
+        assert producer.recreated >= 1, outcomes  # ... sending on a rebuilt producer
+        assert producer.generation == producer.recreated
         print("outcomes:", outcomes, "rebuilt:", producer.recreated)
     finally:
         sending = False
