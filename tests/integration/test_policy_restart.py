@@ -16,13 +16,12 @@ import pytest
 
 from graylane.clock import now_ms
 from graylane.kafka.factory import KafkaFactory
-from graylane.policy_engine import convert
 from graylane.policy_engine.app import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec
 from graylane.settings import Settings
-from graylane.v1 import rollout_pb2
-from tests.integration.test_policy_single_writer import MODEL, audits_since, send
+from tests.integration.test_policy_single_writer import MODEL
 from tests.support.policy import RoutingWatch, policy_engine, wait_ready
+from tests.support.records import read_audits, send_command, start_command
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -49,18 +48,11 @@ async def test_a_restarted_policy_engine_decides_again_within_15_s(
         rollout_id=f"ro-{MODEL}-{uuid.uuid4().hex[:6]}", model=MODEL, baseline="1.0.0",
         candidate="1.1.0",
     )  # fmt: skip
-    start = rollout_pb2.RolloutCommand(
-        command_id=uuid.uuid4().hex,
-        rollout_id=spec.rollout_id,
-        model=MODEL,
-        kind=rollout_pb2.COMMAND_START,
-        spec=convert.rollout_spec_to_pb(spec),
-    )
     before, after = tmp_path / "before.log", tmp_path / "after.log"
     with policy_engine(settings, before, MODEL) as first:
         await wait_ready(before)
         async with RoutingWatch(factory, MODEL) as routing:
-            await send(factory, start)
+            await send_command(factory, start_command(spec))
             await routing.until(lambda t: routing.weight(t, "1.1.0") > 0.0, 30)
         first.kill()  # kill -9, then the supervisor's restart
         first.wait(10)
@@ -68,7 +60,7 @@ async def test_a_restarted_policy_engine_decides_again_within_15_s(
     with policy_engine(settings, after, MODEL):
 
         async def decided() -> bool:
-            return bool(await audits_since(factory, killed_ms))
+            return bool(await read_audits(factory, model=MODEL, since_ms=killed_ms))
 
         await wait_until(decided, timeout=60, poll_s=0.5, what="a decision after the restart")
         took = time.monotonic() - killed

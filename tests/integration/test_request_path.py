@@ -22,10 +22,10 @@ from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.postprocess import PostProcess as EnginePost
 from graylane.engine_worker.tasks import run_forward, run_generate
 from graylane.kafka.factory import KafkaFactory
-from graylane.models.demo_gpt import write_demo_gpt
 from graylane.routing import RoutingRule, table_for_weights
 from graylane.routing.convert import table_to_pb
 from graylane.v1 import inference_pb2, telemetry_pb2
+from tests.support.records import produce
 from tests.support.stack import dead_letters, read_topic, running_stack, wait_for_table
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -33,25 +33,9 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 MODEL = "gpt"
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {
-        "v1": write_demo_gpt(root / "v1.onnx", "tiny", seed=1),
-        "v2": write_demo_gpt(root / "v2.onnx", "tiny", seed=2),
-    }
-
-
 async def publish_table(factory: KafkaFactory, **kwargs: object) -> None:
     table = table_for_weights(model=MODEL, **kwargs)  # type: ignore[arg-type]
-    producer = factory.producer()
-    await producer.start()
-    try:
-        await producer.send_and_wait(
-            factory.layout.routing(), serde.encode(table_to_pb(table)), key=MODEL.encode()
-        )
-    finally:
-        await producer.stop()
+    await produce(factory, factory.layout.routing(), serde.encode(table_to_pb(table)), key=MODEL)
 
 
 async def test_both_tasks_through_the_whole_path(
