@@ -11,8 +11,8 @@ from collections.abc import Iterable
 
 from graylane import serde
 from graylane.clock import now_ms
-from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import read_to_end
+from graylane.kafka.seam import ClientFactory
 from graylane.rollouts.pb import rollout_spec_to_pb
 from graylane.rollouts.spec import RolloutSpec
 from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2
@@ -33,7 +33,7 @@ Key = bytes | str | None
 
 
 async def produce_records(
-    factory: KafkaFactory,
+    factory: ClientFactory,
     topic: str,
     records: Iterable[tuple[Key, bytes | None]],
     *,
@@ -51,7 +51,7 @@ async def produce_records(
 
 
 async def produce(
-    factory: KafkaFactory,
+    factory: ClientFactory,
     topic: str,
     *values: bytes | None,
     key: Key = None,
@@ -99,13 +99,13 @@ def qos_command(policy: rollout_pb2.QosPolicy) -> rollout_pb2.RolloutCommand:
     )
 
 
-async def send_command(factory: KafkaFactory, command: rollout_pb2.RolloutCommand) -> None:
+async def send_command(factory: ClientFactory, command: rollout_pb2.RolloutCommand) -> None:
     """Put a rollout command on the commands topic, keyed by its model."""
     await produce(factory, factory.layout.commands(), serde.encode(command), key=command.model)
 
 
 async def read_audits(
-    factory: KafkaFactory,
+    factory: ClientFactory,
     *,
     model: str | None = None,
     rollout_id: str | None = None,
