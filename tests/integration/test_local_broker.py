@@ -6,32 +6,20 @@ test runs a broker of its own (own local dir and ports) and never stops the shar
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from graylane.deploy.kafka import kafka as kt
 from tests.support.brokers import PrivateBroker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "deploy" / "kafka" / "kafka.py"
 
 pytestmark = pytest.mark.kafka
-
-
-def _load_kafka_tool() -> ModuleType:
-    try:
-        return importlib.import_module("graylane.deploy.kafka.kafka")
-    except ModuleNotFoundError:
-        sys.path.insert(0, str(REPO_ROOT))
-        return importlib.import_module("graylane.deploy.kafka.kafka")
-
-
-kt = _load_kafka_tool()
 
 
 def _cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
