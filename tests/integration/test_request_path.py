@@ -214,11 +214,13 @@ async def test_every_kind_of_bad_input_is_answered_and_the_next_request_served(
 
             # Unidentifiable input goes to the DLQ with its original bytes.
             garbage = b"\xff\xfe not a protobuf \x00"
-            await producer.send_and_wait(layout.ingress(MODEL), garbage, key=b"k1")
+            at_router = await producer.send_and_wait(layout.ingress(MODEL), garbage, key=b"k1")
             no_id = client.build_request(MODEL, prompt="x", request_id="")
             no_id.request_id = ""
             await producer.send_and_wait(layout.ingress(MODEL), serde.encode(no_id))
-            await producer.send_and_wait(layout.version_requests(MODEL, "v1"), garbage + b"v")
+            at_worker = await producer.send_and_wait(
+                layout.version_requests(MODEL, "v1"), garbage + b"v"
+            )
             lost = client.build_request(MODEL, prompt="x", reply_topic=f"{layout.prefix}.nowhere")
             await producer.send_and_wait(layout.ingress(MODEL), serde.encode(lost))
             await served()
@@ -231,9 +233,13 @@ async def test_every_kind_of_bad_input_is_answered_and_the_next_request_served(
             assert router_letter.error_code == inference_pb2.DECODE_ERROR
             assert router_letter.original_key == b"k1" and router_letter.reason
             assert router_letter.service == "router"
+            where = (router_letter.source_partition, router_letter.source_offset)
+            assert where == (at_router.partition, at_router.offset)
             worker_letter = by_value[garbage + b"v"]
             assert worker_letter.source_topic == layout.version_requests(MODEL, "v1")
             assert worker_letter.service.startswith("worker")
+            where = (worker_letter.source_partition, worker_letter.source_offset)
+            assert where == (at_worker.partition, at_worker.offset)
             assert any("no request_id" in d.reason for d in letters)
             assert any("nowhere" in d.reason for d in letters)
             assert all(d.source_offset >= 0 and d.failed_at_unix_ms > 0 for d in letters)
