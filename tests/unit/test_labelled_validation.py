@@ -81,7 +81,6 @@ def _build(tmp_path: Path, npz: Path) -> BuildReport:
     )
 
 
-@pytest.mark.slow
 def test_a_build_with_labelled_validation_judges_int8_by_accuracy(tmp_path: Path) -> None:
     model = write_tagger(tmp_path / "tagger.onnx")
     rng = np.random.default_rng(7)

@@ -128,7 +128,6 @@ def violations() -> list[str]:
     return bad
 
 
-@pytest.mark.slow
 def test_library_and_services_import_only_downwards() -> None:
     assert violations() == []
 
