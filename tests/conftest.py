@@ -1,7 +1,8 @@
 """Shared fixtures: per-test topic names, broker-free settings, and the real local broker.
 
 ``settings`` here needs no broker (unit tests); ``tests/integration/conftest.py`` overrides it
-with settings that point at the real local broker, started on demand.
+with settings that point at the real local broker, started on demand. Hypothesis runs under
+the ``graylane`` profile: no per-example deadline, so a busy machine cannot fail a property.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+hypothesis_settings.register_profile("graylane", deadline=None)
+hypothesis_settings.load_profile("graylane")
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:

@@ -1,12 +1,17 @@
-"""Integration fixtures: ``settings`` (and so ``factory``) point at the real local broker."""
+"""Integration fixtures: ``settings`` (and so ``factory``) point at the real local broker;
+``private_broker`` is a broker of the test's own, for tests that stop or secure one;
+``models`` are two versions of the tiny demo GPT, written once per session."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from graylane.models.demo_gpt import write_demo_gpt
 from graylane.settings import Settings
+from tests.support.brokers import PrivateBroker, running_broker
 from tests.support.settings import make_settings
 
 
@@ -14,3 +19,20 @@ from tests.support.settings import make_settings
 def settings(kafka_bootstrap: str, unique_prefix: str, tmp_path: Path) -> Settings:
     """Settings on the real local broker (started on demand, never stopped by a test)."""
     return make_settings(kafka_bootstrap, unique_prefix, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``v1`` and ``v2``: the tiny demo GPT with different weights (seeds 1 and 2)."""
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "v1": write_demo_gpt(root / "v1.onnx", "tiny", seed=1),
+        "v2": write_demo_gpt(root / "v2.onnx", "tiny", seed=2),
+    }
+
+
+@pytest.fixture
+def private_broker(tmp_path: Path) -> Iterator[PrivateBroker]:
+    """A broker of this test's own (state in tmp_path, free ports), stopped after it."""
+    with running_broker(tmp_path / "private-kafka") as broker:
+        yield broker

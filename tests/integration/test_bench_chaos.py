@@ -46,16 +46,21 @@ def test_quick_chaos_bench_reports_every_phase(tmp_path: Path) -> None:
     assert set(report["phases"]) == set(PHASES)
     for name, phase in report["phases"].items():
         assert set(FIELDS) <= set(phase), name
-        assert isinstance(phase["services_alive"], bool), name
-        assert phase["acked"] >= phase["answered"] >= 0, name
-        assert phase["lost"] >= 0 and phase["duplicates"] >= 0, name
+        assert phase["acked"] >= phase["answered"], name
         assert phase["answered"] > 0, f"{name}: no request was answered at all"
-        assert phase["recovery_s"] is None or phase["recovery_s"] >= 0, name
-    assert isinstance(report["rollout_resumed_same_step"], bool)
-    # what holds today: a killed worker's requests go to its peer, bad input is refused
-    assert report["phases"]["worker_kill"]["lost"] == 0
-    assert report["phases"]["malformed"]["lost"] == 0
-    assert report["phases"]["malformed"]["services_alive"]
+        # Whatever the fault, no acknowledged request goes unanswered, results flow again,
+        # and every service is alive when the phase ends (a killed one was restarted).
+        assert phase["lost"] == 0, (name, phase)
+        assert phase["recovery_s"] is not None, f"{name}: results never flowed again"
+        assert phase["services_alive"], (name, report["dead_at_phase_end"])
+    # The restarted policy engine went on from the step the killed one stood at, and decided.
+    assert report["rollout_resumed_same_step"] is True, (
+        report["policy_before"],
+        report["policy_after"],
+    )
+    assert report["policy_decides_again_s"] is not None
+    # After the outage the same client instance was acknowledged again (no new client).
+    assert report["same_client_recovered"] is True, report["client_resumed_after_outage_s"]
     assert report["capacity_rps"] > 0 and 0 < report["rate_rps"] <= report["capacity_rps"]
     assert "phase" in done.stdout and "broker_outage" in done.stdout  # the table
     # the broker, its data and the services are gone

@@ -13,11 +13,12 @@ from grpc import aio
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
 from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
-from graylane.serde import decode, decode_key, encode, encode_key
+from graylane.serde import decode, decode_key, encode
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
 from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
+from tests.support.records import produce_records
 from tests.support.waiting import end_offsets, wait_until
 
 pytestmark = pytest.mark.kafka
@@ -223,16 +224,6 @@ async def test_start_commands_and_invalid_arguments(api: Api) -> None:
     assert api.server.store.unsent_commands() == []
 
 
-async def _produce(factory: KafkaFactory, topic: str, items: list[tuple[str, bytes]]) -> None:
-    producer = factory.producer()
-    await producer.start()
-    try:
-        for key, value in items:
-            await producer.send_and_wait(topic, value=value, key=encode_key(key))
-    finally:
-        await producer.stop()
-
-
 async def test_watch_streams_policy_engine_states(api: Api) -> None:
     state = await api.rollouts.Start(_spec(), metadata=OPS)
     stream = api.rollouts.Watch(
@@ -249,7 +240,7 @@ async def test_watch_streams_policy_engine_states(api: Api) -> None:
     progressed.updated_at_unix_ms = 1_700_000_000_000
     progressed.last_reason = "gates passed"
     layout = api.factory.layout
-    await _produce(api.factory, layout.rollouts(), [(state.rollout_id, encode(progressed))])
+    await produce_records(api.factory, layout.rollouts(), [(state.rollout_id, encode(progressed))])
     seen = await asyncio.wait_for(stream.read(), 20)
     assert seen.phase == rollout_pb2.PROGRESSING and seen.candidate_weight_percent == 5.0
     stream.cancel()
@@ -264,7 +255,7 @@ async def test_watch_streams_policy_engine_states(api: Api) -> None:
     done.CopyFrom(progressed)
     done.phase = rollout_pb2.ROLLED_BACK
     done.updated_at_unix_ms += 1000
-    await _produce(api.factory, layout.rollouts(), [(state.rollout_id, encode(done))])
+    await produce_records(api.factory, layout.rollouts(), [(state.rollout_id, encode(done))])
 
     def finished() -> bool:
         stored = api.server.store.get_rollout(state.rollout_id)
@@ -295,7 +286,7 @@ def _record(i: int, kind: int = audit_pb2.DECISION_HOLD) -> audit_pb2.AuditRecor
 async def test_audit_sink_is_idempotent_and_queryable(api: Api) -> None:
     records = [_record(i) for i in range(4)] + [_record(4, audit_pb2.DECISION_PRECISION_CHANGE)]
     items = [(MODEL, encode(r)) for r in records]
-    await _produce(api.factory, api.factory.layout.audit(), items + items)
+    await produce_records(api.factory, api.factory.layout.audit(), items + items)
     # Every record, duplicates included, has been read once the sink's stored offsets reach
     # the end of the audit topic.
     topic = api.factory.layout.audit()
@@ -352,7 +343,7 @@ async def test_qos_policy(api: Api) -> None:
     )
 
     decision = _record(9, audit_pb2.DECISION_PRECISION_CHANGE)
-    await _produce(api.factory, api.factory.layout.audit(), [(MODEL, encode(decision))])
+    await produce_records(api.factory, api.factory.layout.audit(), [(MODEL, encode(decision))])
     await wait_until(lambda: bool(api.server.store.query_audit(model=MODEL)), timeout=20)
     got = await api.qos.GetPolicy(
         controlplane_pb2.GetQosPolicyRequest(model=MODEL, version="1.1.0"), metadata=VIEW

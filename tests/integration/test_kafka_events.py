@@ -25,24 +25,13 @@ from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.services.router.service import Router, RouterConfig
 from graylane.v1 import inference_pb2
+from tests.support.records import forward_request
 from tests.support.stack import dead_letters, read_topic, running_stack
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 MODEL = "gpt"
-
-
-def request(reply_topic: str, key: str) -> inference_pb2.InferenceRequest:
-    return inference_pb2.InferenceRequest(
-        request_id=uuid.uuid4().hex,
-        model=MODEL,
-        routing_key=key,
-        prompt="hello",
-        task=inference_pb2.FORWARD,
-        post_process=inference_pb2.ARGMAX_LAST,
-        reply_topic=reply_topic,
-    )
 
 
 async def forwarded_ids(factory: KafkaFactory) -> set[str]:
@@ -79,7 +68,9 @@ async def test_a_rebalance_during_a_router_batch_loses_nothing_and_kills_no_one(
 
         async def send(count: int) -> None:
             for i in range(count):
-                req = request(layout.results(MODEL), key=f"user-{uuid.uuid4().hex[:6]}-{i}")
+                req = forward_request(
+                    MODEL, layout.results(MODEL), routing_key=f"user-{uuid.uuid4().hex[:6]}-{i}"
+                )
                 sent.add(req.request_id)
                 await producer.send_and_wait(layout.ingress(MODEL), serde.encode(req))
 
@@ -122,7 +113,7 @@ async def test_a_deleted_reply_topic_does_not_stop_the_worker(
     await producer.start()
     try:
         async with running_stack(factory, model=MODEL, versions={"v1": model}, stable="v1") as st:
-            first = request(reply, key="k")
+            first = forward_request(MODEL, reply, routing_key="k")
             await producer.send_and_wait(layout.ingress(MODEL), serde.encode(first))
             answers = await read_topic(factory, reply, expect=1, timeout_s=60)
             assert len(answers) == 1
@@ -132,8 +123,8 @@ async def test_a_deleted_reply_topic_does_not_stop_the_worker(
                 await admin.delete_topics([reply])
             finally:
                 await admin.close()
-            orphan = request(reply, key="k")
-            later = request(layout.results(MODEL), key="k")
+            orphan = forward_request(MODEL, reply, routing_key="k")
+            later = forward_request(MODEL, layout.results(MODEL), routing_key="k")
             for req in (orphan, later):
                 await producer.send_and_wait(layout.ingress(MODEL), serde.encode(req))
             letters = [

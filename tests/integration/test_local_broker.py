@@ -6,31 +6,20 @@ test runs a broker of its own (own local dir and ports) and never stops the shar
 
 from __future__ import annotations
 
-import importlib
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from graylane.deploy.kafka import kafka as kt
+from tests.support.brokers import PrivateBroker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "deploy" / "kafka" / "kafka.py"
 
 pytestmark = pytest.mark.kafka
-
-
-def _load_kafka_tool() -> ModuleType:
-    try:
-        return importlib.import_module("graylane.deploy.kafka.kafka")
-    except ModuleNotFoundError:
-        sys.path.insert(0, str(REPO_ROOT))
-        return importlib.import_module("graylane.deploy.kafka.kafka")
-
-
-kt = _load_kafka_tool()
 
 
 def _cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
@@ -49,18 +38,11 @@ def broker() -> str:
     return kt.start()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def own_broker_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Point the tool (and its CLI subprocesses) at a private local dir and free ports."""
-    monkeypatch.setenv("GRAYLANE_LOCAL_DIR", str(tmp_path))
-    monkeypatch.setenv("GRAYLANE_KAFKA_PORT", str(_free_port()))
-    monkeypatch.setenv("GRAYLANE_KAFKA_CONTROLLER_PORT", str(_free_port()))
+    for name, value in PrivateBroker.under(tmp_path).variables.items():
+        monkeypatch.setenv(name, value)
     try:
         yield tmp_path
     finally:

@@ -18,36 +18,20 @@ from graylane import serde
 from graylane.clock import now_ms
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
-from graylane.kafka.reading import read_latest_per_key, read_to_end
+from graylane.kafka.reading import read_latest_per_key
 from graylane.kafka.seam import KafkaFactory
-from graylane.policy_engine import wire
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec, Strategy
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2, telemetry_pb2, tensor_pb2
 from tests.support.policy import policy_engine, wait_ready
+from tests.support.records import produce, qos_command, read_audits, send_command, start_command
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 MODEL = "ack-gpt"
 BASE, CANDIDATE = "1.0.0", "1.1.0"
-
-
-async def produce(factory: KafkaFactory, topic: str, key: str, values: list[bytes]) -> None:
-    producer = factory.producer(client_suffix="test-writer")
-    await producer.start()
-    try:
-        for value in values:
-            await producer.send_and_wait(topic, value, key=key.encode())
-    finally:
-        await producer.stop()
-
-
-async def audits(factory: KafkaFactory) -> list[audit_pb2.AuditRecord]:
-    records = await read_to_end(factory, factory.layout.audit(), client_suffix="test-audit")
-    decoded = [serde.decode(audit_pb2.AuditRecord, r.value) for r in records if r.value]
-    return [a for a in decoded if a.model == MODEL]
 
 
 def result(rid: str, version: str, classes: int) -> bytes:
@@ -71,16 +55,9 @@ async def test_a_shadow_with_different_output_shapes_is_incomparable_and_stops(
         shadow_share=0.5,
         shadow_duration_s=1.0,
     )
-    start = rollout_pb2.RolloutCommand(
-        command_id=uuid.uuid4().hex,
-        rollout_id=spec.rollout_id,
-        model=MODEL,
-        kind=rollout_pb2.COMMAND_START,
-        spec=wire.rollout_spec_to_pb(spec),
-    )
     with policy_engine(settings, tmp_path / "policy.log", MODEL):
         await wait_ready(tmp_path / "policy.log")
-        await produce(factory, factory.layout.commands(), MODEL, [serde.encode(start)])
+        await send_command(factory, start_command(spec))
 
         async def phase() -> int:
             states = await read_latest_per_key(factory, factory.layout.rollouts())
@@ -96,19 +73,22 @@ async def test_a_shadow_with_different_output_shapes_is_incomparable_and_stops(
         await produce(
             factory,
             factory.layout.shadow(MODEL),
-            rid,
-            [result(rid, BASE, 10), result(rid, CANDIDATE, 11)],
+            result(rid, BASE, 10),
+            result(rid, CANDIDATE, 11),
+            key=rid,
         )
 
         async def aborted() -> bool:
             return await phase() == rollout_pb2.ABORTED
 
         await wait_until(aborted, timeout=40, poll_s=0.5, what="the shadow stopped")
-    (rec,) = [a for a in await audits(factory) if a.rule == "incomparable"]
+    (rec,) = [a for a in await read_audits(factory, model=MODEL) if a.rule == "incomparable"]
     assert "logits:float32[1,10]" in rec.reason and "logits:float32[1,11]" in rec.reason
     assert rec.agreement.baseline_schema == "logits:float32[1,10]"
     assert rec.rollout_after.phase == rollout_pb2.ABORTED
-    assert not [a for a in await audits(factory) if a.kind == audit_pb2.DECISION_PROMOTE]
+    assert not [
+        a for a in await read_audits(factory, model=MODEL) if a.kind == audit_pb2.DECISION_PROMOTE
+    ]
 
 
 @contextlib.asynccontextmanager
@@ -153,22 +133,19 @@ async def test_a_worker_that_ignores_a_precision_switch_is_audited_precision_ref
         model=MODEL, version=BASE, slo_p99_ms=20.0, ladder=["fp32", "fp16"], sustain_s=1.0,
         min_dwell_s=1.0, enabled=True,
     )  # fmt: skip
-    command = rollout_pb2.RolloutCommand(
-        command_id=uuid.uuid4().hex,
-        model=MODEL,
-        kind=rollout_pb2.COMMAND_SET_QOS_POLICY,
-        qos_policy=policy,
-    )
+    command = qos_command(policy)
     with policy_engine(settings, tmp_path / "policy.log", MODEL):
         await wait_ready(tmp_path / "policy.log")
         async with slow_fp32_telemetry(factory):
-            await produce(factory, factory.layout.commands(), MODEL, [serde.encode(command)])
+            await send_command(factory, command)
 
             async def refused() -> bool:
-                return any(a.rule == "precision_refused" for a in await audits(factory))
+                return any(
+                    a.rule == "precision_refused" for a in await read_audits(factory, model=MODEL)
+                )
 
             await wait_until(refused, timeout=60, poll_s=1.0, what="precision_refused on record")
-    found = await audits(factory)
+    found = await read_audits(factory, model=MODEL)
     change = [a for a in found if a.kind == audit_pb2.DECISION_PRECISION_CHANGE]
     assert change and change[0].qos_after.active_variant == "fp16"
     (first, *_) = [a for a in found if a.rule == "precision_refused"]

@@ -10,32 +10,21 @@ from pathlib import Path
 import pytest
 
 from graylane import serde
-from graylane.clock import now_ms
 from graylane.engine_worker.config import FaultInjection
 from graylane.kafka.reading import read_latest_per_key
 from graylane.kafka.seam import KafkaFactory
-from graylane.models.demo_gpt import write_demo_gpt
-from graylane.policy_engine import wire
 from graylane.policy_engine.audit_replay import load_recorded, verify
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
+from tests.support.records import send_command, start_command
 from tests.support.stack import running_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 MODEL = "gpt"
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {
-        "v1": write_demo_gpt(root / "v1.onnx", "tiny", seed=1),
-        "v2": write_demo_gpt(root / "v2.onnx", "tiny", seed=2),
-    }
 
 
 def spec_of(rollout_id: str, *, dwell_s: float = 2.0) -> RolloutSpec:
@@ -45,29 +34,6 @@ def spec_of(rollout_id: str, *, dwell_s: float = 2.0) -> RolloutSpec:
         baseline="v1",
         candidate="v2",
         steps=(Step(10.0, 10, dwell_s), Step(50.0, 10, dwell_s), Step(100.0, 0, 0.0)),
-    )
-
-
-async def send_command(factory: KafkaFactory, cmd: rollout_pb2.RolloutCommand) -> None:
-    producer = factory.producer()
-    await producer.start()
-    try:
-        await producer.send_and_wait(
-            factory.layout.commands(), serde.encode(cmd), key=MODEL.encode()
-        )
-    finally:
-        await producer.stop()
-
-
-def start_command(spec: RolloutSpec) -> rollout_pb2.RolloutCommand:
-    return rollout_pb2.RolloutCommand(
-        command_id=f"c-{spec.rollout_id}",
-        rollout_id=spec.rollout_id,
-        model=MODEL,
-        kind=rollout_pb2.COMMAND_START,
-        spec=wire.rollout_spec_to_pb(spec),
-        issued_by="test",
-        issued_at_unix_ms=now_ms(),
     )
 
 

@@ -19,7 +19,6 @@ import pytest
 
 from graylane import serde
 from graylane.kafka.seam import KafkaFactory
-from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine import wire
 from graylane.policy_engine.logic.rollout import start
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
@@ -27,8 +26,8 @@ from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionRule
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2
-from tests.integration.test_policy_engine import send_command, start_command
 from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
+from tests.support.records import produce, send_command, start_command
 from tests.support.stack import read_topic, running_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -37,32 +36,18 @@ MODEL = "gpt"
 GARBAGE = b"\xff\xfe\x00 not a protobuf message \x0a\xff"
 
 
-async def produce(factory: KafkaFactory, topic: str, key: bytes, *values: bytes) -> None:
-    producer = factory.producer()
-    await producer.start()
-    try:
-        for value in values:
-            await producer.send_and_wait(topic, value, key=key)
-    finally:
-        await producer.stop()
-
-
 async def test_garbage_on_control_and_telemetry_topics_never_stops_another_models_rollout(
-    settings: Settings, factory: KafkaFactory, tmp_path: Path
+    settings: Settings, factory: KafkaFactory, models: dict[str, Path], tmp_path: Path
 ) -> None:
     layout = factory.layout
     await prepare_topics(settings, PolicyConfig(models=(MODEL,)))
     other = RolloutSpec(rollout_id="r-other", model="other", baseline="v1", candidate="v2")
     invalid = replace(start(other, 1_000).after, step_index=42)
-    await produce(factory, layout.rollouts(), b"r-garbage", GARBAGE)
+    await produce(factory, layout.rollouts(), GARBAGE, key=b"r-garbage")
     invalid_pb = wire.rollout_state_to_pb(invalid, other)
-    await produce(factory, layout.rollouts(), b"r-other", serde.encode(invalid_pb))
-    await produce(factory, layout.routing(), b"junk", GARBAGE)
-    await produce(factory, layout.telemetry(), b"gpt/v1", GARBAGE, GARBAGE[:5])
-    models = {
-        "v1": write_demo_gpt(tmp_path / "v1.onnx", "tiny", seed=1),
-        "v2": write_demo_gpt(tmp_path / "v2.onnx", "tiny", seed=2),
-    }
+    await produce(factory, layout.rollouts(), serde.encode(invalid_pb), key=b"r-other")
+    await produce(factory, layout.routing(), GARBAGE, key=b"junk")
+    await produce(factory, layout.telemetry(), GARBAGE, GARBAGE[:5], key=b"gpt/v1")
     spec = RolloutSpec(
         rollout_id="r-gpt",
         model=MODEL,
@@ -74,8 +59,8 @@ async def test_garbage_on_control_and_telemetry_topics_never_stops_another_model
     async with running_stack(factory, model=MODEL, versions=models, stable="v1"):
         with policy_engine(settings, log, MODEL) as engine:
             await wait_ready(log)
-            await produce(factory, layout.telemetry(), b"gpt/v2", GARBAGE)
-            await produce(factory, layout.commands(), MODEL.encode(), GARBAGE)
+            await produce(factory, layout.telemetry(), GARBAGE, key=b"gpt/v2")
+            await produce(factory, layout.commands(), GARBAGE, key=MODEL.encode())
             async with RoutingWatch(factory, MODEL) as watch, steady_load(factory, MODEL):
                 await send_command(factory, start_command(spec))
                 await watch.until(lambda t: watch.weight(t, "v2") == 10.0, 30)

@@ -13,17 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from graylane import serde
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import Gates, RolloutSpec, Step
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2
-from tests.integration.test_policy_engine import send_command, start_command
 from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
+from tests.support.records import read_audits, send_command, start_command
 from tests.support.stack import running_stack
 from tests.support.waiting import wait_until
 
@@ -49,17 +47,11 @@ def spec_of(rollout_id: str) -> RolloutSpec:
     )
 
 
-async def audits(factory: KafkaFactory, rollout_id: str) -> list[audit_pb2.AuditRecord]:
-    records = await read_to_end(factory, factory.layout.audit(), client_suffix="test-audit")
-    decoded = [serde.decode(audit_pb2.AuditRecord, r.value) for r in records if r.value]
-    return [a for a in decoded if a.rollout_id == rollout_id]
-
-
 async def _audited(factory: KafkaFactory, rollout_id: str, rule: str, timeout: float) -> None:
     found: list[audit_pb2.AuditRecord] = []
 
     async def seen() -> bool:
-        found[:] = [a for a in await audits(factory, rollout_id) if a.rule == rule]
+        found[:] = [a for a in await read_audits(factory, rollout_id=rollout_id) if a.rule == rule]
         return bool(found)
 
     await wait_until(seen, timeout=timeout, poll_s=0.5, what=f"an audit record {rule}")
@@ -86,7 +78,11 @@ async def test_a_candidate_without_a_running_worker_is_rolled_back_within_t(
     # Within T of the first request routed to it, plus a probe step and a decision step
     # (1 s each in the test engine) and the loaded machine's delays.
     assert T_S - 1.0 <= back - first <= T_S + 6.0, back - first
-    rec = [a for a in await audits(factory, spec.rollout_id) if a.rule == "candidate_unresponsive"]
+    rec = [
+        a
+        for a in await read_audits(factory, rollout_id=spec.rollout_id)
+        if a.rule == "candidate_unresponsive"
+    ]
     assert rec[0].kind == audit_pb2.DECISION_ROLLBACK
     assert "candidate unresponsive: v2" in rec[0].reason, rec[0].reason
     # The signals it was decided on travel with the decision (audit verify replays it).
@@ -113,5 +109,5 @@ async def test_a_dead_baseline_holds_the_rollout_and_is_never_promoted_over(
                     await watch.until(lambda t: t.stable_version == "v2", 12)
     assert time.monotonic() - held >= 12
     assert max(watch.weight(t, "v2") for _, t in watch.tables) <= 20.0
-    kinds = {a.kind for a in await audits(factory, spec.rollout_id)}
+    kinds = {a.kind for a in await read_audits(factory, rollout_id=spec.rollout_id)}
     assert audit_pb2.DECISION_PROMOTE not in kinds

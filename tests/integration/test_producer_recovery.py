@@ -11,14 +11,8 @@ once it is back. Slow (two broker starts, ~1-2 min); never touches the shared br
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -27,53 +21,13 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.recovering import RecoveringProducer
 from graylane.kafka.seam import KafkaFactory, Producer, ProducerOptions
 from graylane.settings import Settings
+from tests.support.brokers import PrivateBroker
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "kafka" / "kafka.py"
 REQUEST_TIMEOUT_MS = 5_000
 MODEL = "gpt"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class PrivateBroker:
-    env: dict[str, str]
-    bootstrap: str
-
-    def run(self, action: str) -> None:
-        done = subprocess.run(
-            [sys.executable, str(SCRIPT), action],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-
-
-@pytest.fixture
-def private_broker(tmp_path: Path) -> Iterator[PrivateBroker]:
-    port = _free_port()
-    env = dict(os.environ)
-    env.update(
-        GRAYLANE_LOCAL_DIR=str(tmp_path / "local"),
-        GRAYLANE_KAFKA_PORT=str(port),
-        GRAYLANE_KAFKA_CONTROLLER_PORT=str(_free_port()),
-    )
-    broker = PrivateBroker(env, f"127.0.0.1:{port}")
-    broker.run("start")
-    try:
-        yield broker
-    finally:
-        broker.run("stop")  # only the private one: found through its own local dir
 
 
 @dataclass(frozen=True)
@@ -113,6 +67,9 @@ async def test_the_same_client_sends_again_after_a_long_outage(
 
     try:
         await client.submit(MODEL, prompt="before")
+        producer = client._producer
+        assert isinstance(producer, RecoveringProducer)
+        assert producer.recreated == 0
         sender = asyncio.create_task(keep_sending())
         await wait_until(lambda: outcomes.count("ok") >= 3, timeout=30, what="steady sends")
         down_at = time.monotonic()
@@ -138,8 +95,9 @@ async def test_the_same_client_sends_again_after_a_long_outage(
         await wait_until(sends_again, timeout=90, poll_s=0.5, what="the same client sends")
         for _ in range(3):
             await client.submit(MODEL, prompt="after, again")  # and keeps sending
-        producer = client._producer
-        assert isinstance(producer, RecoveringProducer)
+        assert client._producer is producer  # the same client and the same wrapper ...
+        assert producer.recreated >= 1, outcomes  # ... sending on a rebuilt producer
+        assert producer.generation == producer.recreated
         print("outcomes:", outcomes, "rebuilt:", producer.recreated)
     finally:
         sending = False

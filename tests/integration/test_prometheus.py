@@ -3,7 +3,6 @@ and answers PromQL for a version's p99 end-to-end latency and its routing weight
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 from pathlib import Path
 
@@ -11,12 +10,12 @@ import pytest
 
 from graylane.deploy.prometheus.server import PrometheusServer, Sample, prometheus_binary
 from graylane.kafka.seam import KafkaFactory
-from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.settings import Settings
-from tests.integration.test_policy_engine import send_command, start_command
+from tests.support.brokers import free_port
 from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
+from tests.support.records import send_command, start_command
 from tests.support.stack import running_stack
 from tests.support.waiting import wait_until
 
@@ -30,27 +29,12 @@ P99 = (
 WEIGHT = f'graylane_router_weight_ratio{{model="{MODEL}",version="v2"}}'
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _http(port: int, path: str) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as res:
             return int(res.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {
-        "v1": write_demo_gpt(root / "v1.onnx", "tiny", seed=1),
-        "v2": write_demo_gpt(root / "v2.onnx", "tiny", seed=2),
-    }
 
 
 async def test_prometheus_answers_p99_and_weight_per_version(
@@ -62,7 +46,7 @@ async def test_prometheus_answers_p99_and_weight_per_version(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     prometheus_binary()  # installs Debian's prometheus when missing
-    policy_port = _free_port()
+    policy_port = free_port()
     monkeypatch.setenv("GRAYLANE_METRICS_PORT", str(policy_port))
     await prepare_topics(settings, PolicyConfig(models=(MODEL,)))
     log = tmp_path / "policy.log"

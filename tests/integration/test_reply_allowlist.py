@@ -8,7 +8,6 @@ the named topics stay byte-for-byte unchanged.
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from graylane.models.demo_gpt import write_demo_gpt
 from graylane.routing import table_for_weights
 from graylane.routing.convert import table_to_pb
 from graylane.v1 import inference_pb2
+from tests.support.records import forward_request
 from tests.support.stack import dead_letters, read_topic, running_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -58,17 +58,6 @@ async def snapshot(factory: KafkaFactory, topic: str) -> Snapshot:
         await consumer.stop()
 
 
-def request(reply_topic: str) -> inference_pb2.InferenceRequest:
-    return inference_pb2.InferenceRequest(
-        request_id=uuid.uuid4().hex,
-        model=MODEL,
-        prompt="hello",
-        task=inference_pb2.FORWARD,
-        post_process=inference_pb2.ARGMAX_LAST,
-        reply_topic=reply_topic,
-    )
-
-
 async def test_a_request_cannot_write_control_audit_or_another_models_topics(
     factory: KafkaFactory, tmp_path: Path
 ) -> None:
@@ -95,11 +84,11 @@ async def test_a_request_cannot_write_control_audit_or_another_models_topics(
                 # Through the router, and straight onto the version topic (the
                 # worker checks too: its input may not come from our router).
                 for target in (layout.ingress(MODEL), layout.version_requests(MODEL, "v1")):
-                    req = request(topic)
+                    req = forward_request(MODEL, topic)
                     sent[req.request_id] = (topic, target)
                     await producer.send_and_wait(target, serde.encode(req), key=b"k")
             # A good request afterwards: its answer shows the path is alive.
-            good = request(layout.results(MODEL))
+            good = forward_request(MODEL, layout.results(MODEL))
             await producer.send_and_wait(layout.ingress(MODEL), serde.encode(good), key=b"k")
             answers = await read_topic(factory, layout.results(MODEL), expect=1, timeout_s=60)
             assert [serde.decode(inference_pb2.InferenceResult, v).request_id for v in answers] == [

@@ -4,7 +4,6 @@ client -> ingress -> router -> per-version topic -> worker -> reply topic."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -21,37 +20,23 @@ from graylane.client import (
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.postprocess import PostProcess as EnginePost
 from graylane.engine_worker.tasks import run_forward, run_generate
+from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
-from graylane.models.demo_gpt import write_demo_gpt
 from graylane.routing import RoutingRule, table_for_weights
 from graylane.routing.convert import table_to_pb
 from graylane.v1 import inference_pb2, telemetry_pb2
+from tests.support.records import produce
 from tests.support.stack import dead_letters, read_topic, running_stack, wait_for_table
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 MODEL = "gpt"
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {
-        "v1": write_demo_gpt(root / "v1.onnx", "tiny", seed=1),
-        "v2": write_demo_gpt(root / "v2.onnx", "tiny", seed=2),
-    }
-
-
 async def publish_table(factory: KafkaFactory, **kwargs: object) -> None:
     table = table_for_weights(model=MODEL, **kwargs)  # type: ignore[arg-type]
-    producer = factory.producer()
-    await producer.start()
-    try:
-        await producer.send_and_wait(
-            factory.layout.routing(), serde.encode(table_to_pb(table)), key=MODEL.encode()
-        )
-    finally:
-        await producer.stop()
+    await produce(factory, factory.layout.routing(), serde.encode(table_to_pb(table)), key=MODEL)
 
 
 async def test_both_tasks_through_the_whole_path(
@@ -144,10 +129,18 @@ async def test_both_tasks_through_the_whole_path(
         served = sum(w.served for w in stack.workers.values())
         telemetry = [
             serde.decode(telemetry_pb2.BatchTelemetry, v)
-            for v in await read_topic(factory, factory.layout.telemetry(), expect=1, timeout_s=3)
+            for v in await read_topic(factory, factory.layout.telemetry(), expect=1, timeout_s=30)
         ]
-    batches = await read_topic(factory, factory.layout.telemetry(), expect=10**6, timeout_s=3)
-    records = [serde.decode(telemetry_pb2.BatchTelemetry, v) for v in batches]
+    records: list[telemetry_pb2.BatchTelemetry] = []
+
+    async def every_request_counted() -> bool:
+        batches = await read_to_end(factory, factory.layout.telemetry())
+        records[:] = [
+            serde.decode(telemetry_pb2.BatchTelemetry, r.value) for r in batches if r.value
+        ]
+        return sum(r.request_count for r in records) >= served
+
+    await wait_until(every_request_counted, timeout=30, poll_s=0.5, what="telemetry of every batch")
     assert telemetry, (served, len(records))
     assert sum(r.request_count for r in records) == served
     assert len(records) < served
@@ -221,11 +214,13 @@ async def test_every_kind_of_bad_input_is_answered_and_the_next_request_served(
 
             # Unidentifiable input goes to the DLQ with its original bytes.
             garbage = b"\xff\xfe not a protobuf \x00"
-            await producer.send_and_wait(layout.ingress(MODEL), garbage, key=b"k1")
+            at_router = await producer.send_and_wait(layout.ingress(MODEL), garbage, key=b"k1")
             no_id = client.build_request(MODEL, prompt="x", request_id="")
             no_id.request_id = ""
             await producer.send_and_wait(layout.ingress(MODEL), serde.encode(no_id))
-            await producer.send_and_wait(layout.version_requests(MODEL, "v1"), garbage + b"v")
+            at_worker = await producer.send_and_wait(
+                layout.version_requests(MODEL, "v1"), garbage + b"v"
+            )
             lost = client.build_request(MODEL, prompt="x", reply_topic=f"{layout.prefix}.nowhere")
             await producer.send_and_wait(layout.ingress(MODEL), serde.encode(lost))
             await served()
@@ -238,9 +233,13 @@ async def test_every_kind_of_bad_input_is_answered_and_the_next_request_served(
             assert router_letter.error_code == inference_pb2.DECODE_ERROR
             assert router_letter.original_key == b"k1" and router_letter.reason
             assert router_letter.service == "router"
+            where = (router_letter.source_partition, router_letter.source_offset)
+            assert where == (at_router.partition, at_router.offset)
             worker_letter = by_value[garbage + b"v"]
             assert worker_letter.source_topic == layout.version_requests(MODEL, "v1")
             assert worker_letter.service.startswith("worker")
+            where = (worker_letter.source_partition, worker_letter.source_offset)
+            assert where == (at_worker.partition, at_worker.offset)
             assert any("no request_id" in d.reason for d in letters)
             assert any("nowhere" in d.reason for d in letters)
             assert all(d.source_offset >= 0 and d.failed_at_unix_ms > 0 for d in letters)
@@ -276,16 +275,27 @@ async def test_shadow_copies_are_paired_and_never_reach_the_producer(
             async def collect() -> None:
                 async for r in client.results():
                     got.append(r)
+                    if len(got) == len(sent):
+                        return
 
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(collect(), 8)
-        # Every request answered once, by the stable version only.
+            await asyncio.wait_for(collect(), 60)
+            reply_topic = client.reply_topic
         assert sorted(r.request_id for r in got) == sorted(sent)
         assert {r.version for r in got} == {"v1"}
         shadow = [
             serde.decode(inference_pb2.InferenceResult, v)
             for v in await read_topic(factory, factory.layout.shadow(MODEL), expect=40)
         ]
+    # The stack has stopped, nothing more is written: every request was answered once,
+    # by the stable version only, and no shadow result reached the producer's reply topic.
+    replies = [
+        serde.decode(inference_pb2.InferenceResult, r.value)
+        for r in await read_to_end(factory, reply_topic)
+        if r.value
+    ]
+    assert sorted(r.request_id for r in replies) == sorted(sent)
+    assert {r.version for r in replies} == {"v1"}
+    assert not any(r.shadow for r in replies)
     candidate = {r.request_id for r in shadow if r.shadow and r.version == "v2"}
     mirrored = {r.request_id for r in shadow if not r.shadow and r.version == "v1"}
     assert candidate == mirrored == set(sent)  # pairs for the output-agreement check

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import urllib.request
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -28,28 +27,19 @@ from graylane.app.cli.scaler import ScaleSupervisor, WorkerTemplate
 from graylane.clock import now_ms
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
-from graylane.kafka.admin import ensure_topics
-from graylane.kafka.reading import read_latest_per_key, read_to_end
+from graylane.kafka.admin import ensure_topics, read_latest_per_key
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, control_pb2, rollout_pb2, telemetry_pb2
 from tests.support.policy import policy_engine, wait_ready
+from tests.support.records import produce, qos_command, read_audits, send_command
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 MODEL, VERSION = "gpt", "v1"
-
-
-async def publish(factory: KafkaFactory, topic: str, key: str, value: bytes) -> None:
-    producer = factory.producer(client_suffix="test-writer")
-    await producer.start()
-    try:
-        await producer.send_and_wait(topic, value, key=key.encode())
-    finally:
-        await producer.stop()
 
 
 async def ask(factory: KafkaFactory, desired: int, epoch: int) -> None:
@@ -63,7 +53,7 @@ async def ask(factory: KafkaFactory, desired: int, epoch: int) -> None:
         detail="test",
     )
     key = factory.layout.scale_key(MODEL, VERSION)
-    await publish(factory, factory.layout.scale(), key, serde.encode(request))
+    await produce(factory, factory.layout.scale(), serde.encode(request), key=key)
 
 
 def ready(service: Service) -> bool:
@@ -198,12 +188,7 @@ async def test_the_policy_engine_asks_for_a_replica_at_the_floor_while_breaching
         model=MODEL, version=VERSION, slo_p99_ms=20.0, ladder=["int8"], sustain_s=1.0,
         min_dwell_s=1.0, enabled=True,
     )  # fmt: skip
-    command = rollout_pb2.RolloutCommand(
-        command_id=uuid.uuid4().hex,
-        model=MODEL,
-        kind=rollout_pb2.COMMAND_SET_QOS_POLICY,
-        qos_policy=policy,
-    )
+    command = qos_command(policy)
     log = tmp_path / "policy.log"
     # The whole chain: a supervisor follows what the engine writes (processes faked here;
     # the test above starts real ones).
@@ -211,7 +196,7 @@ async def test_the_policy_engine_asks_for_a_replica_at_the_floor_while_breaching
     sup = ScaleSupervisor(factory, [template], max_workers=3, launcher=_FakeLaunch())
     with policy_engine(settings, log, MODEL, "--max-replicas", "3"):
         await wait_ready(log)
-        await publish(factory, layout.commands(), MODEL, serde.encode(command))
+        await send_command(factory, command)
         producer = factory.producer(client_suffix="test-telemetry")
         await producer.start()
         try:
@@ -233,7 +218,5 @@ async def test_the_policy_engine_asks_for_a_replica_at_the_floor_while_breaching
     req = serde.decode(control_pb2.ScaleRequest, latest[b"gpt/v1"])  # type: ignore[arg-type]
     assert (req.model, req.version, req.desired_replicas, req.epoch) == (MODEL, VERSION, 2, 1)
     assert req.reason == control_pb2.SCALE_REASON_FLOOR_BREACH and req.current_replicas == 1
-    records = await read_to_end(factory, layout.audit(), client_suffix="test-audit")
-    audits = [serde.decode(audit_pb2.AuditRecord, r.value) for r in records if r.value]
-    scaled = [a for a in audits if a.kind == audit_pb2.DECISION_SCALE_CHANGE]
+    scaled = [a for a in await read_audits(factory) if a.kind == audit_pb2.DECISION_SCALE_CHANGE]
     assert len(scaled) == 1 and scaled[0].scale == req and scaled[0].rule == "scale_floor_breach"

@@ -10,10 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
-import socket
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,30 +33,15 @@ from graylane.models.demo_gpt import write_demo_gpt
 from graylane.services.router.service import Router, RouterConfig
 from graylane.settings import KafkaSecurity, SaslMechanism, SecurityProtocol, Settings
 from graylane.v1 import inference_pb2
-from tests.integration.test_reply_allowlist import request as allowlist_request
+from tests.support.brokers import running_broker
+from tests.support.records import forward_request
 from tests.support.settings import make_settings
 from tests.support.stack import read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "gpt"
 CLIENT = "app1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _kafka(command: str, env: dict[str, str]) -> None:
-    subprocess.run(
-        [sys.executable, str(REPO / "deploy" / "kafka" / "kafka.py"), command],
-        env=env,
-        check=True,
-        timeout=180,
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,20 +63,9 @@ class SecuredBroker:
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBroker]:
     state = tmp_path_factory.mktemp("secured-kafka")
-    port = _free_port()
-    env = {
-        **os.environ,
-        "GRAYLANE_LOCAL_DIR": str(state),
-        "GRAYLANE_KAFKA_PORT": str(port),
-        "GRAYLANE_KAFKA_CONTROLLER_PORT": str(_free_port()),
-        "GRAYLANE_KAFKA_SECURE": "1",
-    }
-    _kafka("start", env)
-    try:
+    with running_broker(state, secure=True) as broker:
         passwords = json.loads((state / "kafka" / "config" / "users.json").read_text())
-        yield SecuredBroker(f"127.0.0.1:{port}", passwords)
-    finally:
-        _kafka("stop", env)
+        yield SecuredBroker(broker.bootstrap, passwords)
 
 
 async def _grant(admin_factory: KafkaFactory, scope: AclScope) -> None:
@@ -150,7 +120,7 @@ async def test_each_role_gets_only_its_topics_and_a_producer_cannot_write_contro
     await producer.start()
     try:
         await asyncio.wait_for(asyncio.gather(router.ready.wait(), worker.ready.wait()), 60)
-        request = allowlist_request(layout.reply(CLIENT))
+        request = forward_request(MODEL, layout.reply(CLIENT))
         await producer.send_and_wait(layout.ingress(MODEL), serde.encode(request), key=b"u")
         # The producer reads its own reply topic (no consumer group: none is granted).
         replies = await read_topic(producer_factory, layout.reply(CLIENT), expect=1, timeout_s=60)

@@ -313,6 +313,7 @@ def test_a_run_failure_caused_by_one_request_fails_only_that_request(tmp_path: P
         run_isolated(faulty, items, POLICY, LIMITS.max_seq_len)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_a_decoder_with_past_without_validation_builds_with_an_empty_past(tmp_path: Path) -> None:
     settings = _settings(tmp_path)
     report = _build(

@@ -22,6 +22,8 @@ from graylane.builder.variants import VariantStatus
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.registry import Registry, UnknownVersion, open_registry
 
+pytestmark = pytest.mark.slow  # every test here shares one real build of the tiny GPT
+
 SPEC = """
 model: tiny-gpt
 version: 1.0.0

@@ -53,6 +53,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> BuildReport:
     return run_build(load_spec(root / "spec.yaml"), store=root / "artifacts")
 
 
+@pytest.mark.slow
 def test_every_precision_of_the_cached_export_builds_and_validates(report: BuildReport) -> None:
     variants = [v for v in report.variants if v.backend is Backend.ONNXRUNTIME]
     assert [v.precision for v in variants] == list(Precision)
@@ -62,6 +63,7 @@ def test_every_precision_of_the_cached_export_builds_and_validates(report: Build
         assert v.servable and not v.forced
 
 
+@pytest.mark.slow
 def test_the_built_fp32_artifact_generates_like_the_plain_model(report: BuildReport) -> None:
     folder = next(
         v.folder

@@ -89,6 +89,7 @@ def test_a_broken_source_is_reported_as_failed(tmp_path: Path) -> None:
     assert outcome.reason
 
 
+@pytest.mark.slow
 def test_calibration_cache_is_reused(tiny: Path, calibration: SampleSet, tmp_path: Path) -> None:
     inputs = _inputs(tiny, tmp_path, calibration, method=CalibrationMethod.ENTROPY)
     first = produce_variant(Precision.INT8, inputs)

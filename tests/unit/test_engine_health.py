@@ -24,6 +24,7 @@ from graylane.engine_worker.service import Worker
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.settings import Settings
 from graylane.v1 import inference_pb2
+from tests.support.engines import DelegatingEngine
 from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 
 C, R, X = EngineVerdict.CONTINUE, EngineVerdict.RELOAD, EngineVerdict.EXIT
@@ -58,26 +59,14 @@ def test_limit_zero_never_reloads_and_a_negative_limit_is_refused() -> None:
 MODEL, VERSION = "gpt", "v1"
 
 
-class BrokenEngine:
+class BrokenEngine(DelegatingEngine):
     """A real engine whose runtime fails (a device gone bad): it raises, it fakes nothing."""
 
     def __init__(self, inner: InferenceEngine, broken: bool) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.broken = broken
         self.runs = 0
         self.closed = False
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def variant(self) -> str:
-        return self.inner.variant
-
-    @property
-    def io(self):  # type: ignore[no-untyped-def]
-        return self.inner.io
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.runs += 1

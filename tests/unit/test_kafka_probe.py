@@ -4,29 +4,15 @@ the raw Kafka wire-protocol probe, cluster ids, config rendering and stale pid f
 from __future__ import annotations
 
 import base64
-import importlib
 import os
 import socket
 import struct
-import sys
 import threading
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load_kafka_tool() -> ModuleType:
-    try:
-        return importlib.import_module("graylane.deploy.kafka.kafka")
-    except ModuleNotFoundError:
-        sys.path.insert(0, str(REPO_ROOT))
-        return importlib.import_module("graylane.deploy.kafka.kafka")
-
-
-kt = _load_kafka_tool()
+from graylane.deploy.kafka import kafka as kt
 
 
 def _str(s: str | None) -> bytes:

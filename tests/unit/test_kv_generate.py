@@ -17,6 +17,7 @@ from graylane.engine_worker.kv_generate import (
 )
 from graylane.engine_worker.tasks import FinishReason, GenerationResult, run_generate, token_layout
 from graylane.models.demo_gpt import BOS_ID, PAD_ID, VOCAB_SIZE, build_demo_gpt
+from tests.support.engines import DelegatingEngine
 
 MAX_SEQ = 64
 RNG = np.random.default_rng(3)
@@ -44,25 +45,17 @@ def reference(plain: OnnxRuntimeEngine) -> list[GenerationResult]:
     return run_generate(plain, PROMPTS, LIMITS, None, MAX_SEQ, pad_id=PAD_ID)
 
 
-class RecordingEngine:
+class RecordingEngine(DelegatingEngine):
     """Delegates to a real engine; records input shapes, optionally checks/strips position_ids."""
 
     def __init__(self, inner: InferenceEngine, *, with_positions: bool = False) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.shapes: list[dict[str, tuple[int, ...]]] = []
         self.with_positions = with_positions
         extra = (TensorSpec(name=POSITION_IDS, dtype=np.dtype(np.int64), shape=("b", "s")),)
         self._io = IOSignature(
             inputs=inner.io.inputs + (extra if with_positions else ()), outputs=inner.io.outputs
         )
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def variant(self) -> str:
-        return self.inner.variant
 
     @property
     def io(self) -> IOSignature:
@@ -79,9 +72,6 @@ class RecordingEngine:
             before = np.cumsum(mask, axis=1)[:, -ids.shape[1] :] - 1
             assert (positions[real] == before[real]).all()
         return self.inner.run(feeds)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 # --- layout detection ---------------------------------------------------------------

@@ -29,6 +29,7 @@ from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
 STEP_MS = 2_000
 
 
+@pytest.mark.slow
 def test_ratio_test_false_alarm_rate_holds_over_many_looks() -> None:
     # Null at its boundary (equal rates), 150 looks per run, one after every increment.
     rng = np.random.default_rng(1)
@@ -174,6 +175,7 @@ def rollback_s(decisions: list[Decision]) -> float | None:
     return last.at_ms / 1000 if last.kind is DecisionKind.ROLLBACK else None
 
 
+@pytest.mark.slow
 def test_healthy_candidate_survives_sequential_gates_evaluated_every_step() -> None:
     # 10 runs x 150 looks each at alpha 0.01 per rollout.
     for seed in range(10):

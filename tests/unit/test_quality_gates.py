@@ -90,6 +90,7 @@ def test_spec_reads_the_calibration_minimum_and_the_partial_budget(tmp_path: Pat
         parse_spec(_spec(tmp_path, partial_quantization={"budget": 3}), tmp_path)
 
 
+@pytest.mark.slow
 def test_the_builder_refuses_a_small_calibration_set_unless_forced(tmp_path: Path) -> None:
     spec = parse_spec(_spec(tmp_path), tmp_path)
     with pytest.raises(CalibrationTooSmall, match="16 samples, under the minimum of 500"):

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from graylane.engine import InferenceEngine, InvalidInputError, IOSignature
+from graylane.engine import InferenceEngine, InvalidInputError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.postprocess import (
@@ -26,36 +26,22 @@ from graylane.engine_worker.tasks import (
     validate_request,
 )
 from graylane.models.demo_gpt import BOS_ID, EOS_ID, PAD_ID, build_demo_gpt, encode_text
+from tests.support.engines import DelegatingEngine
 
 ATOL = 1e-4
 POLICY = BucketPolicy(buckets=(8, 16, 32, 64), max_batch_size=3)
 
 
-class CountingEngine:
+class CountingEngine(DelegatingEngine):
     """Delegates to a real engine and records the batch shapes it was given."""
 
     def __init__(self, inner: InferenceEngine) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.batches: list[dict[str, tuple[int, ...]]] = []
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def variant(self) -> str:
-        return self.inner.variant
-
-    @property
-    def io(self) -> IOSignature:
-        return self.inner.io
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.batches.append({k: v.shape for k, v in feeds.items()})
         return self.inner.run(feeds)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 @pytest.fixture(scope="module")
