@@ -18,12 +18,11 @@ from graylane.engine.errors import (
     UnexpectedInput,
 )
 from graylane.engine.protocol import InferenceEngine
-from graylane.engine.signature import Dim, IOSignature, TensorSpec
+from graylane.engine.signature import IOSignature, TensorSpec
 
 __all__ = [
     "BadDtype",
     "BadShape",
-    "Dim",
     "EngineClosedError",
     "EngineError",
     "EngineLoadError",

@@ -15,7 +15,6 @@ from graylane.metrics.controlside import (
     AuditSinkMetrics,
     ControlPlaneMetrics,
     PolicyMetrics,
-    RolloutRole,
 )
 from graylane.metrics.dataplane import RouterMetrics, WorkerMetrics
 from graylane.metrics.gpu import NvmlCollector, load_nvml
@@ -24,7 +23,6 @@ from graylane.metrics.process import (
     GROUP_JOINED,
     BuildLabels,
     MetricsAddress,
-    ObservabilityServer,
     Readiness,
     ServiceObservability,
     serve_observability,
@@ -40,10 +38,8 @@ __all__ = [
     "MetricsAddress",
     "MillisecondHistogram",
     "NvmlCollector",
-    "ObservabilityServer",
     "PolicyMetrics",
     "Readiness",
-    "RolloutRole",
     "RouterMetrics",
     "ServiceObservability",
     "WorkerMetrics",
