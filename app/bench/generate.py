@@ -24,9 +24,8 @@ import numpy as np
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batching import DEFAULT_BUCKETS, BucketPolicy
 from graylane.engine_worker.compute import GenerateOutcome, run_batch
-from graylane.engine_worker.kv_generate import KvDecodeLoop
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.engine_worker.tasks import GenerationResult
+from graylane.engine_worker.tasks import GenerationResult, KvDecodeLoop
 from graylane.models.demo_gpt import BOS_ID, EOS_ID, PAD_ID, write_demo_gpt
 
 PROMPT_LENGTHS = (8, 16, 24, 32, 48, 64)

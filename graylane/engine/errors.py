@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from graylane.errors import GraylaneError
+
 __all__ = [
     "BadDtype",
     "BadShape",
@@ -22,7 +24,7 @@ __all__ = [
 ]
 
 
-class EngineError(RuntimeError):
+class EngineError(GraylaneError):
     """Base of every engine failure; ``retriable`` says whether a retry can succeed."""
 
     retriable = False

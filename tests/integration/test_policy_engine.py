@@ -11,7 +11,7 @@ import pytest
 
 from graylane import serde
 from graylane.clock import now_ms
-from graylane.engine_worker.config import FaultInjection
+from graylane.engine_worker.faults import FaultInjection
 from graylane.kafka.admin import read_latest_per_key
 from graylane.kafka.factory import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt

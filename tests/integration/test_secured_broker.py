@@ -28,8 +28,7 @@ from aiokafka.errors import (
 from graylane import serde
 from graylane.acls import AclScope, Role, role_acls
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.config import WorkerConfig
-from graylane.engine_worker.service import Worker
+from graylane.engine_worker.service import Worker, WorkerConfig
 from graylane.kafka.acl_admin import apply_acls, bindings_for
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.factory import KafkaFactory

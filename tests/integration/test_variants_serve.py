@@ -11,7 +11,7 @@ from graylane import serde
 from graylane.app.demo.build_versions import build_versions
 from graylane.artifacts.verify import TamperedArtifactError
 from graylane.client import GraylaneClient, PostProcess
-from graylane.engine_worker.registry_loading import load_from_registry
+from graylane.engine_worker.loading import load_from_registry
 from graylane.kafka.factory import KafkaFactory
 from graylane.registry import open_registry
 from graylane.settings import Settings

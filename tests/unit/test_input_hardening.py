@@ -16,7 +16,7 @@ from graylane.engine_worker import compute
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import BatchRun, ForwardOutcome, run_isolated
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.engine_worker.results import BatchClock, ResultContext, build_batch
+from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
 from graylane.histogram import LatencyHistogram
 from graylane.kafka.replies import DEAD_LETTER_KEEP_BYTES, ReplySink
 from graylane.policy_engine.logic.window import SlidingWindow, TelemetrySample
@@ -25,6 +25,7 @@ from graylane.routing import RoutingRequest, UnknownPinnedVersion, route, table_
 from graylane.routing.table import RouteTable, route_without_table, table_problem
 from graylane.topics import TopicLayout
 from graylane.v1 import dlq_pb2, inference_pb2, telemetry_pb2, tensor_pb2
+from tests.unit.test_worker_pipeline import job_of
 
 
 def _tensor(shape: Sequence[int], data: bytes = b"") -> tensor_pb2.Tensor:
@@ -101,8 +102,7 @@ def test_input_errors_are_not_engine_errors_in_telemetry() -> None:
     run = BatchRun({0: ForwardOutcome({})}, 1.0, 2, {1: BadShape("bad")})
     batch_id = telemetry_pb2.BatchId(worker_id="w", partition=3, first_offset=42)
     report = build_batch(
-        items,
-        requests,
+        [job_of(requests[item.index], item) for item in items],
         run,
         None,
         ResultContext(model="m", version="v1", variant="fp32", worker_id="w"),

@@ -22,18 +22,13 @@ from aiokafka.errors import NotLeaderForPartitionError
 from graylane import serde, tensors
 from graylane.clock import now_ms
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.postprocess import TOKEN_IDS, PostProcess
-from graylane.engine_worker.service import Worker
+from graylane.engine_worker.service import Worker, WorkerConfig
 from graylane.engine_worker.tasks import run_forward, run_generate
 from graylane.kafka.replies import ReplySink
 from graylane.models.demo_gpt import decode_tokens, encode_text, write_demo_gpt
 from graylane.v1 import dlq_pb2, inference_pb2, telemetry_pb2
-
-try:
-    from tests.support.memory_kafka import MemoryBroker, MemoryFactory
-except ImportError as exc:  # the double is typed against the seam of the Kafka layer
-    pytest.skip(f"in-memory Kafka double not importable here: {exc}", allow_module_level=True)
+from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 
 MODEL, VERSION = "demo", "v1"
 MAX_SEQ = 64
