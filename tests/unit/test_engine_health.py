@@ -1,5 +1,5 @@
 """A broken engine does not answer ENGINE_FAILURE for ever (issue 10, item 7): the pure
-counter (engine_worker/engine_health.py) and the worker acting on it on the in-memory
+counter (engine_worker/compute.py) and the worker acting on it on the in-memory
 Kafka double: N consecutive engine failures reload the engine once, N more end ``run()``
 with WorkerGaveUp; input errors and sheds never count."""
 
