@@ -24,7 +24,7 @@ import numpy as np
 
 from graylane import serde, tensors
 from graylane.clock import now_ms
-from graylane.errors import GraylaneError, SerdeError, require_started
+from graylane.errors import ErrorCode, GraylaneError, SerdeError, require_started
 from graylane.kafka.options import ConsumerOptions
 from graylane.kafka.reading import FollowFrom, TopicFollower
 from graylane.kafka.seam import ClientFactory, Producer, Record, known_topics
@@ -84,6 +84,8 @@ class Result:
     variant: str
     ok: bool
     error_code: str
+    """The :class:`~graylane.errors.ErrorCode` name (``UNKNOWN`` for a number this SDK
+    does not know); empty when ``ok``."""
     error_message: str
     outputs: Mapping[str, np.ndarray] = field(default_factory=dict)
     tokens: tuple[int, ...] = ()
@@ -116,6 +118,11 @@ class Result:
             client_latency_ms=float(now_ms() - sent_ms) if sent_ms else None,
             worker_id=pb.worker_id,
         )
+
+    @property
+    def code(self) -> ErrorCode | None:
+        """The error as an :class:`~graylane.errors.ErrorCode`; None when ``ok`` or unknown."""
+        return ErrorCode.__members__.get(self.error_code)
 
 
 class GraylaneClient:
@@ -305,15 +312,13 @@ class GraylaneClient:
             if waiter.cancelled() or not waiter.done():
                 self._forget(request.request_id)  # a late result is dropped, not queued
         if not result.ok:
-            if result.error_code in ("UNKNOWN_MODEL", "UNKNOWN_VERSION"):
+            if result.code in (ErrorCode.UNKNOWN_MODEL, ErrorCode.UNKNOWN_VERSION):
                 raise UnknownModel(f"{result.error_code}: {result.error_message}", result)
             raise RequestRejected(result)
         return result
 
 
-def _error_code_name(code: int) -> str:
-    """The name of ``code``; ``UNKNOWN`` for a number this SDK does not know."""
-    try:
-        return inference_pb2.ErrorCode.Name(code)
-    except ValueError:
-        return "UNKNOWN"
+def _error_code_name(value: int) -> str:
+    """The name of ``value``'s code; ``UNKNOWN`` for a number this SDK does not know."""
+    code = ErrorCode.of(value)
+    return "UNKNOWN" if code is None else code.name

@@ -9,9 +9,11 @@ import logging
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import cast
 
 from graylane import serde
 from graylane.clock import now_ms
+from graylane.errors import ErrorCode
 from graylane.kafka.seam import Producer, Record, known_topics
 from graylane.request_limits import clip
 from graylane.settings import Settings
@@ -45,12 +47,24 @@ def max_payload_bytes(settings: Settings) -> int:
     return max(settings.max_request_bytes * 2, 1_048_576) - _ENVELOPE_BYTES
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Rejection:
-    """Why a request cannot be served."""
+    """Why a request cannot be served: an :class:`~graylane.errors.ErrorCode` and a message.
 
-    code: inference_pb2.ErrorCode
+    ``code`` may be given as the wire's number; it is held as the enum.
+    """
+
+    code: ErrorCode
     message: str
+
+    def __init__(self, code: ErrorCode | int, message: str) -> None:
+        object.__setattr__(self, "code", ErrorCode(code))
+        object.__setattr__(self, "message", message)
+
+
+def wire_code(code: ErrorCode | int) -> inference_pb2.ErrorCode:
+    """``code`` as the protobuf field type (the same number)."""
+    return cast("inference_pb2.ErrorCode", int(code))
 
 
 def reply_topic_rejection(
@@ -60,7 +74,7 @@ def reply_topic_rejection(
     try:
         layout.reply_topic_for(request.reply_topic, request.model, shadow=request.shadow)
     except ReplyTopicRefused as exc:
-        return Rejection(inference_pb2.BAD_REPLY_TOPIC, str(exc))
+        return Rejection(ErrorCode.BAD_REPLY_TOPIC, str(exc))
     return None
 
 
@@ -127,12 +141,12 @@ class ReplySink:
         except ReplyTopicRefused as exc:
             # Nothing goes to the named topic: it may be a control or audit topic.
             reason = str(exc)
-            if rejection.code != inference_pb2.BAD_REPLY_TOPIC:
+            if rejection.code is not ErrorCode.BAD_REPLY_TOPIC:
                 reason = f"{rejection.message}; {reason}"
-            return await self.dead_letter(record, inference_pb2.BAD_REPLY_TOPIC, reason)
+            return await self.dead_letter(record, ErrorCode.BAD_REPLY_TOPIC, reason)
         except ValueError as exc:
             return await self.dead_letter(
-                record, inference_pb2.BAD_REQUEST, f"{rejection.message}; no reply topic: {exc}"
+                record, ErrorCode.BAD_REQUEST, f"{rejection.message}; no reply topic: {exc}"
             )
         if not await self.topic_exists(topic):
             return await self.dead_letter(
@@ -147,7 +161,7 @@ class ReplySink:
             version=version or request.routed_version,
             variant=variant,
             status=inference_pb2.ERROR,
-            error_code=rejection.code,
+            error_code=wire_code(rejection.code),
             error_message=rejection.message,
             shadow=request.shadow,
             worker_id=worker_id,
@@ -170,9 +184,10 @@ class ReplySink:
     async def dead_letter(
         self,
         record: Record,
-        code: inference_pb2.ErrorCode,
+        code: ErrorCode | int,
         reason: str,
     ) -> Awaitable[object]:
+        """Queue a dead letter: the record's bytes (clipped), where it came from, and why."""
         value = record.value or b""
         key = (record.key or b"")[:DEAD_LETTER_KEEP_BYTES]
         letter = dlq_pb2.DeadLetter(
@@ -187,7 +202,7 @@ class ReplySink:
             source_topic=record.topic,
             source_partition=record.partition,
             source_offset=record.offset,
-            error_code=code,
+            error_code=wire_code(code),
             reason=clip(reason, 1024),
             service=self._service,
             failed_at_unix_ms=now_ms(),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from graylane import serde
 from graylane.clock import now_ms
-from graylane.errors import SerdeError, require_started
+from graylane.errors import ErrorCode, SerdeError, require_started
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.guard import BatchGuard
@@ -72,7 +72,7 @@ class Router:
         self._producer: Producer | None = None
         self._pending: dict[str, tuple[RouteTable, Record]] = {}
         """Newest table per model not yet checked against the cluster's topics."""
-        self._refused: list[tuple[Record, inference_pb2.ErrorCode, str]] = []
+        self._refused: list[tuple[Record, ErrorCode, str]] = []
         """Refused table records, dead-lettered (with the reason) at the next settle."""
         self._tables = CompactedFollower(
             factory, self.layout.routing(), self._apply_table_record, client_suffix="router-tables"
@@ -86,8 +86,8 @@ class Router:
             table = table_from_pb(serde.decode(control_pb2.RoutingTable, record.value))
         except (SerdeError, ValueError) as exc:
             log.error("ignoring a bad routing table at offset %d: %s", record.offset, exc)
-            self.metrics.errors.labels("", "BAD_ROUTING_TABLE").inc()
-            self._refused.append((record, inference_pb2.BAD_ROUTING_TABLE, f"undecodable: {exc}"))
+            self.metrics.errors.labels("", ErrorCode.BAD_ROUTING_TABLE.name).inc()
+            self._refused.append((record, ErrorCode.BAD_ROUTING_TABLE, f"undecodable: {exc}"))
             return
         if table.model not in self.config.stable_versions:
             return
@@ -136,7 +136,7 @@ class Router:
         self._refused.append(
             (
                 record,
-                inference_pb2.BAD_ROUTING_TABLE,
+                ErrorCode.BAD_ROUTING_TABLE,
                 f"routing table {clip(table.model, 64)} epoch {table.epoch} refused, "
                 f"keeping the previous one: {why}",
             )
@@ -172,14 +172,14 @@ class Router:
         try:
             request = serde.decode(inference_pb2.InferenceRequest, record.value)
         except SerdeError as exc:
-            self.metrics.errors.labels(topic_model, "DECODE_ERROR").inc()
-            return [await sink.dead_letter(record, inference_pb2.DECODE_ERROR, str(exc))]
+            self.metrics.errors.labels(topic_model, ErrorCode.DECODE_ERROR.name).inc()
+            return [await sink.dead_letter(record, ErrorCode.DECODE_ERROR, str(exc))]
         if not request.request_id or len(request.request_id) > FieldCaps().request_id:
-            self.metrics.errors.labels(topic_model, "BAD_REQUEST").inc()
+            self.metrics.errors.labels(topic_model, ErrorCode.BAD_REQUEST.name).inc()
             why = "no request_id" if not request.request_id else "an oversized request_id"
             return [
                 await sink.dead_letter(
-                    record, inference_pb2.BAD_REQUEST, f"request has {why}; cannot reply"
+                    record, ErrorCode.BAD_REQUEST, f"request has {why}; cannot reply"
                 )
             ]
         _clear_router_fields(request, record)
@@ -187,10 +187,8 @@ class Router:
             request.model = topic_model
         rejection = self._reject(request, record, topic_model)
         if rejection is not None:
-            self.metrics.errors.labels(
-                request.model, inference_pb2.ErrorCode.Name(rejection.code)
-            ).inc()
-            if rejection.code == inference_pb2.DEADLINE_EXCEEDED:
+            self.metrics.errors.labels(request.model, rejection.code.name).inc()
+            if rejection.code == ErrorCode.DEADLINE_EXCEEDED:
                 self.metrics.shed.labels(request.model, "deadline").inc()
             if request.model not in self.config.stable_versions:
                 request.model = topic_model  # reply on the topic's model results topic
@@ -198,10 +196,10 @@ class Router:
         try:
             decision = self.decide(request)
         except UnknownPinnedVersion as exc:
-            self.metrics.errors.labels(request.model, "UNKNOWN_VERSION").inc()
+            self.metrics.errors.labels(request.model, ErrorCode.UNKNOWN_VERSION.name).inc()
             return [
                 await sink.error_result(
-                    request, Rejection(inference_pb2.UNKNOWN_VERSION, str(exc)), record
+                    request, Rejection(ErrorCode.UNKNOWN_VERSION, str(exc)), record
                 )
             ]
         now = now_ms()
@@ -247,9 +245,9 @@ class Router:
                     record.partition,
                     record.offset,
                 )
-                self.metrics.errors.labels(record.topic, "INTERNAL").inc()
+                self.metrics.errors.labels(record.topic, ErrorCode.INTERNAL.name).inc()
                 reason = f"internal error: {type(exc).__name__}"
-                futures.append(await sink.dead_letter(record, inference_pb2.INTERNAL, reason))
+                futures.append(await sink.dead_letter(record, ErrorCode.INTERNAL, reason))
         return futures
 
     def _reject(
@@ -261,23 +259,23 @@ class Router:
         limit = self.factory.settings.max_request_bytes
         if len(record.value or b"") > limit:
             return Rejection(
-                inference_pb2.PAYLOAD_TOO_LARGE,
+                ErrorCode.PAYLOAD_TOO_LARGE,
                 f"request is {len(record.value or b'')} bytes; the limit is {limit}",
             )
         problem = field_problem(request)
         if problem is not None:
             if len(request.model) > FieldCaps().model:
                 request.model = topic_model  # reply on the topic's model results topic
-            return Rejection(inference_pb2.BAD_REQUEST, problem)
+            return Rejection(ErrorCode.BAD_REQUEST, problem)
         if request.model not in self.config.stable_versions:
             return Rejection(
-                inference_pb2.UNKNOWN_MODEL,
+                ErrorCode.UNKNOWN_MODEL,
                 f"model {clip(request.model)!r} is not served here; "
                 f"known models: {', '.join(sorted(self.config.stable_versions))}",
             )
         if request.model != topic_model:
             return Rejection(
-                inference_pb2.BAD_REQUEST,
+                ErrorCode.BAD_REQUEST,
                 f"request for model {clip(request.model)!r} arrived on the ingress of "
                 f"{topic_model!r}",
             )
@@ -286,7 +284,7 @@ class Router:
             return refused
         if request.deadline_unix_ms and request.deadline_unix_ms < now_ms():
             return Rejection(
-                inference_pb2.DEADLINE_EXCEEDED,
+                ErrorCode.DEADLINE_EXCEEDED,
                 f"deadline {request.deadline_unix_ms} passed before routing",
             )
         return None
