@@ -47,9 +47,8 @@ from graylane.engine_worker.tasks import (
     run_generate,
     token_layout,
 )
-from graylane.errors import GraylaneError
+from graylane.errors import ErrorCode, GraylaneError
 from graylane.kafka.replies import Rejection
-from graylane.v1 import inference_pb2
 
 __all__ = [
     "BatchRun",
@@ -334,8 +333,8 @@ def _value(spec: TensorSpec, shape: tuple[int, ...], info: ModelInfo | None) -> 
 def engine_rejection(exc: EngineError) -> Rejection:
     """The error result for a batch whose engine failed: its own code if it has one."""
     if isinstance(exc, InjectedFault):
-        return Rejection(inference_pb2.INJECTED_FAULT, str(exc))
-    return Rejection(inference_pb2.ENGINE_FAILURE, f"engine failed: {exc}")
+        return Rejection(ErrorCode.INJECTED_FAULT, str(exc))
+    return Rejection(ErrorCode.ENGINE_FAILURE, f"engine failed: {exc}")
 
 
 class EngineConfigError(GraylaneError, ValueError):
@@ -491,7 +490,7 @@ class EngineRunner:
         except Exception as exc:
             log.exception("unexpected error running a batch of %d", len(items))
             run = BatchRun({}, 0.0, 0)
-            failure = Rejection(inference_pb2.INTERNAL, f"internal error: {type(exc).__name__}")
+            failure = Rejection(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
         return EngineOutcome(run, failure, self._load.add(run.compute_ms / 1000.0))
 
     async def _failed(self, exc: EngineError) -> None:

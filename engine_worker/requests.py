@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol, cast, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature
 from graylane.engine_worker.postprocess import PostProcess
 from graylane.engine_worker.tasks import ATTENTION_MASK, INPUT_IDS, generation_layout, token_layout
-from graylane.errors import SerdeError
+from graylane.errors import ErrorCode, SerdeError
 from graylane.kafka.replies import Rejection
 from graylane.kafka.seam import Record
 from graylane.models.byte_vocab import META_PREFIX, decode_tokens, encode_text
@@ -217,9 +217,8 @@ def distrust_shadow(request: inference_pb2.InferenceRequest, version: str) -> bo
 
 def input_rejection(exc: InvalidInputError) -> Rejection:
     """The error result for a request the engine refused for its own input."""
-    names = inference_pb2.ErrorCode.keys()
-    code = exc.code if exc.code in names else "BAD_REQUEST"
-    return Rejection(cast("inference_pb2.ErrorCode", inference_pb2.ErrorCode.Value(code)), str(exc))
+    code = ErrorCode.__members__.get(exc.code, ErrorCode.BAD_REQUEST)
+    return Rejection(code, str(exc))
 
 
 _TASK = {inference_pb2.FORWARD: TaskKind.FORWARD, inference_pb2.GENERATE: TaskKind.GENERATE}
@@ -233,7 +232,7 @@ def request_facts(
     """The plain facts of ``request``; tensors decoded, the prompt tokenized if possible."""
     task = _TASK.get(request.task, TaskKind.FORWARD if request.task == 0 else None)
     if task is None:
-        return Rejection(inference_pb2.UNSUPPORTED_TASK, f"task {request.task} is not supported")
+        return Rejection(ErrorCode.UNSUPPORTED_TASK, f"task {request.task} is not supported")
     try:
         inputs = tensors.from_tensors(request.inputs, max_elements)
     except InvalidInputError as exc:  # typed: BAD_DTYPE / BAD_SHAPE carry their code
@@ -266,15 +265,15 @@ def validate(
     """A work item for batch position ``index``, or why ``request`` is refused."""
     if size_bytes > rules.max_request_bytes:
         return Rejection(
-            inference_pb2.PAYLOAD_TOO_LARGE,
+            ErrorCode.PAYLOAD_TOO_LARGE,
             f"request is {size_bytes} bytes; the limit is {rules.max_request_bytes}",
         )
     problem = field_problem(request)
     if problem is not None:
-        return Rejection(inference_pb2.BAD_REQUEST, problem)
+        return Rejection(ErrorCode.BAD_REQUEST, problem)
     if request.model != rules.model:
         return Rejection(
-            inference_pb2.UNKNOWN_MODEL,
+            ErrorCode.UNKNOWN_MODEL,
             f"model {clip(request.model)!r} arrived at the worker of {rules.model!r}",
         )
     facts = request_facts(request, rules.tokenizer, max(1, rules.max_request_bytes))
@@ -305,40 +304,40 @@ def prepare(
     vocab = info.vocab_size if info is not None else None
     if facts.deadline_unix_ms and facts.deadline_unix_ms < now_ms:
         return Rejection(
-            inference_pb2.DEADLINE_EXCEEDED,
+            ErrorCode.DEADLINE_EXCEEDED,
             f"deadline passed {now_ms - facts.deadline_unix_ms} ms before the request ran",
         )
     layout = token_layout(io)
     tokens = _tokens(facts)
     if len(tokens) > limits.max_seq_len:  # before any per-token check or array
         return Rejection(
-            inference_pb2.SEQUENCE_TOO_LONG,
+            ErrorCode.SEQUENCE_TOO_LONG,
             f"{len(tokens)} tokens; this model allows {limits.max_seq_len}",
         )
     if facts.task is TaskKind.GENERATE:
         layout = generation_layout(io)
         if info is not None and not info.generates:
             return Rejection(
-                inference_pb2.UNSUPPORTED_TASK,
+                ErrorCode.UNSUPPORTED_TASK,
                 f"generate needs a causal-lm model; this model is {info.task.value}",
             )
         if layout is None:
             return Rejection(
-                inference_pb2.UNSUPPORTED_TASK,
+                ErrorCode.UNSUPPORTED_TASK,
                 "generate needs a token model (input_ids); "
                 f"this model takes {list(io.input_names)}",
             )
         if facts.inputs:
             return Rejection(
-                inference_pb2.BAD_REQUEST, "generate takes token_ids or prompt, not tensors"
+                ErrorCode.BAD_REQUEST, "generate takes token_ids or prompt, not tensors"
             )
         if not tokens:
             return Rejection(
-                inference_pb2.BAD_REQUEST, "generate needs a non-empty prompt or token_ids"
+                ErrorCode.BAD_REQUEST, "generate needs a non-empty prompt or token_ids"
             )
         if not 0 < facts.max_new_tokens <= limits.max_new_tokens:
             return Rejection(
-                inference_pb2.BAD_REQUEST,
+                ErrorCode.BAD_REQUEST,
                 f"max_new_tokens must be in 1..{limits.max_new_tokens}, got {facts.max_new_tokens}",
             )
         bad = _bad_token(tokens, vocab)
@@ -354,14 +353,14 @@ def prepare(
         )
 
     if facts.task is not TaskKind.FORWARD:
-        return Rejection(inference_pb2.UNSUPPORTED_TASK, f"task {facts.task} is not supported")
+        return Rejection(ErrorCode.UNSUPPORTED_TASK, f"task {facts.task} is not supported")
     top_k = facts.top_k or 5
     if facts.inputs and tokens:
-        return Rejection(inference_pb2.BAD_REQUEST, "give either input tensors or token_ids/prompt")
+        return Rejection(ErrorCode.BAD_REQUEST, "give either input tensors or token_ids/prompt")
     if tokens:
         if layout is None:
             return Rejection(
-                inference_pb2.UNSUPPORTED_TASK,
+                ErrorCode.UNSUPPORTED_TASK,
                 f"token_ids/prompt need a token model; this model takes {list(io.input_names)}",
             )
         bad = _bad_token(tokens, vocab)
@@ -376,7 +375,7 @@ def prepare(
         facts_inputs = facts.inputs
     else:
         return Rejection(
-            inference_pb2.MISSING_INPUT, f"no inputs; this model takes {list(io.input_names)}"
+            ErrorCode.MISSING_INPUT, f"no inputs; this model takes {list(io.input_names)}"
         )
 
     checked = check_inputs(facts_inputs, io)
@@ -390,15 +389,15 @@ def prepare(
         seq_len = int(facts_inputs[INPUT_IDS].shape[1])
         if seq_len > limits.max_seq_len:
             return Rejection(
-                inference_pb2.SEQUENCE_TOO_LONG,
+                ErrorCode.SEQUENCE_TOO_LONG,
                 f"sequence has {seq_len} tokens; this model allows {limits.max_seq_len}",
             )
         if seq_len < 1:
-            return Rejection(inference_pb2.BAD_SHAPE, "input_ids has no tokens")
+            return Rejection(ErrorCode.BAD_SHAPE, "input_ids has no tokens")
     rows = _rows(facts_inputs)
     if rows is not None and rows > limits.max_batch_rows:
         return Rejection(
-            inference_pb2.BAD_SHAPE,
+            ErrorCode.BAD_SHAPE,
             f"{rows} rows in one request; the limit is {limits.max_batch_rows}",
         )
     return WorkItem(
@@ -418,37 +417,37 @@ def check_inputs(feeds: Mapping[str, np.ndarray], io: IOSignature) -> Rejection 
     extra = sorted(set(feeds) - expected)
     if missing:
         return Rejection(
-            inference_pb2.MISSING_INPUT,
+            ErrorCode.MISSING_INPUT,
             f"missing input(s) {missing}; the model takes {sorted(expected)}",
         )
     if extra:
         return Rejection(
-            inference_pb2.UNEXPECTED_INPUT,
+            ErrorCode.UNEXPECTED_INPUT,
             f"unexpected input(s) {extra}; the model takes {sorted(expected)}",
         )
     for spec in io.inputs:
         arr = feeds[spec.name]
         if arr.dtype != spec.dtype:
             return Rejection(
-                inference_pb2.BAD_DTYPE,
+                ErrorCode.BAD_DTYPE,
                 f"input {spec.name!r} is {arr.dtype}; the model wants {spec.dtype}",
             )
         if not spec.accepts(tuple(int(d) for d in arr.shape)):
             dims = ["?" if not isinstance(d, int) else str(d) for d in spec.shape]
             return Rejection(
-                inference_pb2.BAD_SHAPE,
+                ErrorCode.BAD_SHAPE,
                 f"input {spec.name!r} has shape {list(arr.shape)}; "
                 f"the model wants [{', '.join(dims)}]",
             )
     shapes = {name: arr.shape for name, arr in feeds.items()}
     if len({s[0] for s in shapes.values() if len(s) > 0}) > 1:
-        return Rejection(inference_pb2.BAD_SHAPE, f"inputs disagree on the batch size: {shapes}")
+        return Rejection(ErrorCode.BAD_SHAPE, f"inputs disagree on the batch size: {shapes}")
     if (
         INPUT_IDS in feeds
         and ATTENTION_MASK in feeds
         and feeds[INPUT_IDS].shape != feeds[ATTENTION_MASK].shape
     ):
-        return Rejection(inference_pb2.BAD_SHAPE, "input_ids and attention_mask shapes differ")
+        return Rejection(ErrorCode.BAD_SHAPE, "input_ids and attention_mask shapes differ")
     return None
 
 
@@ -463,7 +462,7 @@ def _tokens(facts: RequestFacts) -> tuple[int, ...]:
 def _bad_token(tokens: Sequence[int], vocab: int | None) -> Rejection | None:
     if any(t < 0 or (vocab is not None and t >= vocab) for t in tokens):
         bound = vocab if vocab is not None else "vocabulary size"
-        return Rejection(inference_pb2.BAD_REQUEST, f"token ids must be in [0, {bound})")
+        return Rejection(ErrorCode.BAD_REQUEST, f"token ids must be in [0, {bound})")
     return None
 
 
@@ -478,7 +477,7 @@ def _bad_token_tensor(feeds: Mapping[str, np.ndarray], info: ModelInfo | None) -
     if low < 0 or (info.vocab_size is not None and high >= info.vocab_size):
         bound = info.vocab_size if info.vocab_size is not None else "vocabulary size"
         return Rejection(
-            inference_pb2.BAD_REQUEST,
+            ErrorCode.BAD_REQUEST,
             f"{info.token_input} holds ids in [{low}, {high}]; this model takes [0, {bound})",
         )
     return None

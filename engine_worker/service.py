@@ -71,10 +71,9 @@ from graylane.engine_worker.wire import (
     BatchReport,
     ResultContext,
     build_batch,
-    code_name,
     shed_telemetry,
 )
-from graylane.errors import SerdeError
+from graylane.errors import ErrorCode, SerdeError
 from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.factory import ConsumerOptions, KafkaFactory
@@ -98,7 +97,7 @@ from graylane.metrics import (
 from graylane.settings import Settings
 from graylane.supervision import BackgroundTasks
 from graylane.topics import TopicLayout
-from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
+from graylane.v1 import control_pb2, telemetry_pb2
 
 __all__ = [
     "ACTIVATE",
@@ -273,9 +272,9 @@ class WorkerObserver:
         self.lag = 0
         """Records not yet consumed on the version topic at the last check (for telemetry)."""
 
-    def count_error(self, variant: str, code: int, n: int = 1) -> None:
+    def count_error(self, variant: str, code: ErrorCode, n: int = 1) -> None:
         """Count ``n`` answers of error ``code`` (named only here, on the metric label)."""
-        self._count(variant, code_name(code), n)
+        self._count(variant, code.name, n)
 
     def _count(self, variant: str, name: str, n: int) -> None:
         self.metrics.errors.labels(self._config.model, self._config.version, variant, name).inc(n)
@@ -508,7 +507,7 @@ class Worker:
             self.metrics.shed.labels(
                 self.config.model, self.config.version, variant, "deadline"
             ).inc()
-            rejection = Rejection(inference_pb2.SHED, shed.reason)
+            rejection = Rejection(ErrorCode.SHED, shed.reason)
             futures.append(await self._error_result(sink, shed.item, rejection, variant))
         if admission.shed and not any(admission.admitted):
             # nothing runs this cycle: report the sheds now, the policy engine steps on them
@@ -536,8 +535,8 @@ class Worker:
         try:
             request = decode(record.value)
         except SerdeError as exc:
-            self.observer.count_error(variant, inference_pb2.DECODE_ERROR)
-            return await sink.dead_letter(record, inference_pb2.DECODE_ERROR, str(exc))
+            self.observer.count_error(variant, ErrorCode.DECODE_ERROR)
+            return await sink.dead_letter(record, ErrorCode.DECODE_ERROR, str(exc))
         if distrust_shadow(request, self.config.version):
             log.warning("ignored a shadow flag on %s[%d]@%d", *_where(record))
         try:
@@ -546,7 +545,7 @@ class Worker:
             )
         except Exception as exc:  # one record never ends the loop
             log.exception("unexpected error validating %s[%d]@%d", *_where(record))
-            checked = Rejection(inference_pb2.INTERNAL, f"internal error: {type(exc).__name__}")
+            checked = Rejection(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
         if isinstance(checked, Rejection):
             self.observer.count_error(variant, checked.code)
             return await sink.error_result(
@@ -603,13 +602,13 @@ class Worker:
             payload = b"" if job.result is None else serde.encode(job.result)
             rejection = job.rejection
             if len(payload) > limit:
-                self.observer.count_error(variant, inference_pb2.RESULT_TOO_LARGE)
+                self.observer.count_error(variant, ErrorCode.RESULT_TOO_LARGE)
                 rejection = Rejection(
-                    inference_pb2.RESULT_TOO_LARGE,
+                    ErrorCode.RESULT_TOO_LARGE,
                     f"result is {len(payload)} bytes; the broker accepts {limit}",
                 )
             if job.result is None or rejection is not None:
-                rejection = rejection or Rejection(inference_pb2.INTERNAL, "no outcome")
+                rejection = rejection or Rejection(ErrorCode.INTERNAL, "no outcome")
                 futures.append(await self._error_result(sink, job, rejection, variant))
                 continue
             key = request.request_id.encode("utf-8")
@@ -620,9 +619,7 @@ class Worker:
             topic = sink.reply_topic(request)
             if not await sink.topic_exists(topic):
                 reason = f"reply topic {topic!r} does not exist"
-                futures.append(
-                    await sink.dead_letter(job.record, inference_pb2.BAD_REQUEST, reason)
-                )
+                futures.append(await sink.dead_letter(job.record, ErrorCode.BAD_REQUEST, reason))
                 continue
             futures.append(await producer.send(topic, payload, key=key))
             if request.mirror_result:

@@ -3,9 +3,9 @@
 One :class:`BatchReport` per planned batch: every job of the batch answered (its
 result or its rejection filled in) and the one telemetry record for the batch;
 :func:`shed_telemetry` is the record of a cycle in which nothing ran. Batch ids
-(:class:`BatchIds`) let the policy engine count a re-sent batch once. Error codes
-become strings only here, where the wire (the telemetry map) and the metric labels
-need names.
+(:class:`BatchIds`) let the policy engine count a re-sent batch once. Error codes are
+:class:`~graylane.errors.ErrorCode` throughout; the telemetry map (the wire) keys
+them by name.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from graylane.engine_worker.compute import (
     engine_rejection,
 )
 from graylane.engine_worker.requests import Job, Tokenizer, input_rejection
+from graylane.errors import ErrorCode
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
 from graylane.kafka.replies import Rejection
@@ -33,18 +34,12 @@ __all__ = [
     "BatchReport",
     "ResultContext",
     "build_batch",
-    "code_name",
     "shed_telemetry",
     "timing",
 ]
 
 _MIN_MS = 0.001  # histograms take positive values only
 _REMEMBERED = 4096
-
-
-def code_name(code: int) -> str:
-    """The ``graylane.v1.ErrorCode`` name of ``code`` (wire maps and metric labels)."""
-    return inference_pb2.ErrorCode.Name(code)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,7 +150,7 @@ def build_batch(
 
     def refuse(job: Job, rejection: Rejection) -> None:
         job.rejection = rejection
-        name = code_name(rejection.code)
+        name = rejection.code.name
         error_codes[name] = error_codes.get(name, 0) + 1
 
     for job in jobs:
@@ -172,7 +167,7 @@ def build_batch(
             engine_rejection(broken) if failure is None and broken is not None else failure
         )
         if failure_here is not None or outcome is None:
-            refuse(job, failure_here or Rejection(inference_pb2.INTERNAL, "no outcome"))
+            refuse(job, failure_here or Rejection(ErrorCode.INTERNAL, "no outcome"))
             latency.record(_since_routed(request, clock))
             continue
         when = timing(request, clock, run.compute_ms, len(jobs))

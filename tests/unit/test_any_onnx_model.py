@@ -47,6 +47,7 @@ from graylane.engine_worker.requests import (
     validate,
 )
 from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
+from graylane.errors import ErrorCode
 from graylane.kafka.replies import Rejection
 from graylane.models.demo_gpt import build_demo_gpt
 from graylane.registry import open_registry
@@ -112,13 +113,11 @@ def test_intake_takes_the_vocabulary_from_the_info_not_the_logits_width() -> Non
     item = prepare(0, facts([0, 20, 53]), io, LIMITS, 0, info)
     assert getattr(item, "seq_len", None) == 3
     bad = prepare(0, facts([0, 54]), io, LIMITS, 0, info)
-    assert getattr(bad, "code", None) == inference_pb2.BAD_REQUEST
+    assert getattr(bad, "code", None) is ErrorCode.BAD_REQUEST
     tensor = RequestFacts(task=TaskKind.FORWARD, inputs={"input_ids": np.array([[3, 60]])})
-    assert (
-        getattr(prepare(0, tensor, io, LIMITS, 0, info), "code", None) == inference_pb2.BAD_REQUEST
-    )
+    assert getattr(prepare(0, tensor, io, LIMITS, 0, info), "code", None) is ErrorCode.BAD_REQUEST
     generate = prepare(0, facts([1, 2], TaskKind.GENERATE), io, LIMITS, 0, info)
-    assert getattr(generate, "code", None) == inference_pb2.UNSUPPORTED_TASK
+    assert getattr(generate, "code", None) is ErrorCode.UNSUPPORTED_TASK
     assert "token-classification" in getattr(generate, "message", "")
 
 

@@ -24,6 +24,7 @@ from graylane.engine_worker.requests import (
     validate,
 )
 from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
+from graylane.errors import ErrorCode
 from graylane.kafka.replies import Rejection
 from graylane.kafka.seam import Record
 from graylane.models.demo_gpt import decode_tokens, write_demo_gpt
@@ -83,14 +84,14 @@ def test_tensor_errors_become_their_typed_codes_not_message_matches() -> None:
     short = tensor_pb2.Tensor(name="input_ids", dtype=tensor_pb2.INT64, shape=[1, 2], data=b"1")
     twice = tensor_pb2.Tensor(name="input_ids", dtype=tensor_pb2.INT64, shape=[0], data=b"")
     cases = {
-        inference_pb2.BAD_DTYPE: [unknown_dtype],
-        inference_pb2.BAD_SHAPE: [short],
+        ErrorCode.BAD_DTYPE: [unknown_dtype],
+        ErrorCode.BAD_SHAPE: [short],
     }
     for code, inputs in cases.items():
         facts = request_facts(inference_pb2.InferenceRequest(request_id="r", inputs=inputs))
-        assert isinstance(facts, Rejection) and facts.code == code, facts
+        assert isinstance(facts, Rejection) and facts.code is code, facts
     duplicate = request_facts(inference_pb2.InferenceRequest(request_id="r", inputs=[twice, twice]))
-    assert isinstance(duplicate, Rejection) and duplicate.code == inference_pb2.BAD_SHAPE
+    assert isinstance(duplicate, Rejection) and duplicate.code is ErrorCode.BAD_SHAPE
 
 
 def test_validate_answers_wrong_model_size_and_missing_input(gpt: OnnxRuntimeEngine) -> None:
