@@ -1,12 +1,14 @@
 """One request through the worker: its carrier, and the one pass that validates it.
 
 A fetched record becomes a decoded ``InferenceRequest`` (:func:`decode`; a
-:class:`~graylane.errors.SerdeError` when it cannot be answered at all), then either
-a :class:`~graylane.kafka.replies.Rejection` or a :class:`WorkItem` (:func:`validate`:
-field caps, model, tensors, task, token ids and limits, against the engine's IO
-signature and the model's declared info). A validated request travels as one
-:class:`Job` (its record, the request, its work and, once run, its result or
-rejection) through batching, the engine and delivery. No Kafka I/O or engine here.
+:class:`~graylane.errors.SerdeError` when it cannot be answered at all), then, in one
+pass (:func:`validate`), either a :class:`~graylane.kafka.replies.Rejection` carrying
+its :class:`~graylane.errors.ErrorCode` or a :class:`WorkItem`: the reply topic
+against the allowlist, size and field caps, the model, tensors, task, token ids and
+limits against the engine's IO signature and the model's declared info. A validated
+request travels as one :class:`Job` (its record, the request, its work and, once
+run, its result or rejection) through batching, the engine and delivery. No Kafka
+I/O or engine here.
 
 Text in and out of a token model goes through a :class:`Tokenizer` only where the
 model says how: given in the worker's config, or recognised from the model's own
@@ -32,11 +34,12 @@ from graylane.engine.signature import IOSignature
 from graylane.engine_worker.postprocess import PostProcess
 from graylane.engine_worker.tasks import ATTENTION_MASK, INPUT_IDS, generation_layout, token_layout
 from graylane.errors import ErrorCode, SerdeError
-from graylane.kafka.replies import Rejection
+from graylane.kafka.replies import Rejection, reply_topic_rejection
 from graylane.kafka.seam import Record
 from graylane.models.byte_vocab import META_PREFIX, decode_tokens, encode_text
 from graylane.postprocess import post_process_from_pb
 from graylane.request_limits import clip, field_problem
+from graylane.topics import TopicLayout
 from graylane.v1 import inference_pb2
 
 __all__ = [
@@ -55,7 +58,6 @@ __all__ = [
     "input_rejection",
     "prepare",
     "request_facts",
-    "tokenize_bytes",
     "tokenizer_from_metadata",
     "validate",
 ]
@@ -189,6 +191,8 @@ class IntakeRules:
     tokenizer: Tokenizer | None = None
     model_info: ModelInfo | None = None
     """The artifact's declared task and input vocabulary (``None``: not declared)."""
+    layout: TopicLayout | None = None
+    """Where replies may go (``None``: the reply topic is not checked here)."""
 
 
 def decode(value: bytes | None) -> inference_pb2.InferenceRequest:
@@ -263,6 +267,9 @@ def validate(
     now_ms: int,
 ) -> WorkItem | Rejection:
     """A work item for batch position ``index``, or why ``request`` is refused."""
+    refused = reply_topic_rejection(rules.layout, request) if rules.layout else None
+    if refused is not None:
+        return refused
     if size_bytes > rules.max_request_bytes:
         return Rejection(
             ErrorCode.PAYLOAD_TOO_LARGE,
@@ -280,11 +287,6 @@ def validate(
     if isinstance(facts, Rejection):
         return facts
     return prepare(index, facts, rules.io, rules.limits, now_ms, rules.model_info)
-
-
-def tokenize_bytes(text: str) -> tuple[int, ...]:
-    """Byte-level tokens of ``text`` (the demo model's vocabulary)."""
-    return tuple(text.encode("utf-8"))
 
 
 def prepare(
@@ -455,7 +457,7 @@ def _tokens(facts: RequestFacts) -> tuple[int, ...]:
     if facts.token_ids:
         return tuple(map(int, facts.token_ids))
     if facts.prompt:
-        return tokenize_bytes(facts.prompt)
+        return tuple(encode_text(facts.prompt))  # the contract's byte-level ids
     return ()
 
 

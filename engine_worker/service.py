@@ -84,7 +84,6 @@ from graylane.kafka.replies import (
     Rejection,
     ReplySink,
     max_payload_bytes,
-    reply_topic_rejection,
 )
 from graylane.kafka.seam import Producer, Record
 from graylane.metrics import (
@@ -475,6 +474,7 @@ class Worker:
             limits=self.limits,
             tokenizer=self.tokenizer,
             model_info=self.config.model_info,
+            layout=self.layout,
         )
         context = ResultContext(
             model=self.config.model,
@@ -540,9 +540,7 @@ class Worker:
         if distrust_shadow(request, self.config.version):
             log.warning("ignored a shadow flag on %s[%d]@%d", *_where(record))
         try:
-            checked = reply_topic_rejection(self.layout, request) or validate(
-                request, len(record.value or b""), index, rules, now_ms()
-            )
+            checked = validate(request, len(record.value or b""), index, rules, now_ms())
         except Exception as exc:  # one record never ends the loop
             log.exception("unexpected error validating %s[%d]@%d", *_where(record))
             checked = Rejection(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
