@@ -303,13 +303,11 @@ def prepare(
     model generates and which token ids it takes; without it (an older artifact) any
     model shaped like a token model may generate and ids are only checked to be >= 0.
     """
-    vocab = info.vocab_size if info is not None else None
     if facts.deadline_unix_ms and facts.deadline_unix_ms < now_ms:
         return Rejection(
             ErrorCode.DEADLINE_EXCEEDED,
             f"deadline passed {now_ms - facts.deadline_unix_ms} ms before the request ran",
         )
-    layout = token_layout(io)
     tokens = _tokens(facts)
     if len(tokens) > limits.max_seq_len:  # before any per-token check or array
         return Rejection(
@@ -317,45 +315,61 @@ def prepare(
             f"{len(tokens)} tokens; this model allows {limits.max_seq_len}",
         )
     if facts.task is TaskKind.GENERATE:
-        layout = generation_layout(io)
-        if info is not None and not info.generates:
-            return Rejection(
-                ErrorCode.UNSUPPORTED_TASK,
-                f"generate needs a causal-lm model; this model is {info.task.value}",
-            )
-        if layout is None:
-            return Rejection(
-                ErrorCode.UNSUPPORTED_TASK,
-                "generate needs a token model (input_ids); "
-                f"this model takes {list(io.input_names)}",
-            )
-        if facts.inputs:
-            return Rejection(
-                ErrorCode.BAD_REQUEST, "generate takes token_ids or prompt, not tensors"
-            )
-        if not tokens:
-            return Rejection(
-                ErrorCode.BAD_REQUEST, "generate needs a non-empty prompt or token_ids"
-            )
-        if not 0 < facts.max_new_tokens <= limits.max_new_tokens:
-            return Rejection(
-                ErrorCode.BAD_REQUEST,
-                f"max_new_tokens must be in 1..{limits.max_new_tokens}, got {facts.max_new_tokens}",
-            )
-        bad = _bad_token(tokens, vocab)
-        if bad is not None:
-            return bad
-        return WorkItem(
-            index=index,
-            task=TaskKind.GENERATE,
-            seq_len=len(tokens),
-            prompt_tokens=tokens,
-            max_new_tokens=facts.max_new_tokens,
-            eos_id=facts.eos_id,
-        )
+        return _prepare_generate(index, facts, tokens, io, limits, info)
+    return _prepare_forward(index, facts, tokens, io, limits, info)
 
-    if facts.task is not TaskKind.FORWARD:
-        return Rejection(ErrorCode.UNSUPPORTED_TASK, f"task {facts.task} is not supported")
+
+def _prepare_generate(
+    index: int,
+    facts: RequestFacts,
+    tokens: tuple[int, ...],
+    io: IOSignature,
+    limits: Limits,
+    info: ModelInfo | None,
+) -> WorkItem | Rejection:
+    """A generate request: a causal token model, a prompt, and a bounded new-token count."""
+    if info is not None and not info.generates:
+        return Rejection(
+            ErrorCode.UNSUPPORTED_TASK,
+            f"generate needs a causal-lm model; this model is {info.task.value}",
+        )
+    if generation_layout(io) is None:
+        return Rejection(
+            ErrorCode.UNSUPPORTED_TASK,
+            f"generate needs a token model (input_ids); this model takes {list(io.input_names)}",
+        )
+    if facts.inputs:
+        return Rejection(ErrorCode.BAD_REQUEST, "generate takes token_ids or prompt, not tensors")
+    if not tokens:
+        return Rejection(ErrorCode.BAD_REQUEST, "generate needs a non-empty prompt or token_ids")
+    if not 0 < facts.max_new_tokens <= limits.max_new_tokens:
+        return Rejection(
+            ErrorCode.BAD_REQUEST,
+            f"max_new_tokens must be in 1..{limits.max_new_tokens}, got {facts.max_new_tokens}",
+        )
+    bad = _bad_token(tokens, _vocab(info))
+    if bad is not None:
+        return bad
+    return WorkItem(
+        index=index,
+        task=TaskKind.GENERATE,
+        seq_len=len(tokens),
+        prompt_tokens=tokens,
+        max_new_tokens=facts.max_new_tokens,
+        eos_id=facts.eos_id,
+    )
+
+
+def _prepare_forward(
+    index: int,
+    facts: RequestFacts,
+    tokens: tuple[int, ...],
+    io: IOSignature,
+    limits: Limits,
+    info: ModelInfo | None,
+) -> WorkItem | Rejection:
+    """A forward request: input tensors, or token ids a token model takes as its inputs."""
+    layout = token_layout(io)
     top_k = facts.top_k or 5
     if facts.inputs and tokens:
         return Rejection(ErrorCode.BAD_REQUEST, "give either input tensors or token_ids/prompt")
@@ -365,7 +379,7 @@ def prepare(
                 ErrorCode.UNSUPPORTED_TASK,
                 f"token_ids/prompt need a token model; this model takes {list(io.input_names)}",
             )
-        bad = _bad_token(tokens, vocab)
+        bad = _bad_token(tokens, _vocab(info))
         if bad is not None:
             return bad
         ids = np.asarray([tokens], dtype=layout.id_dtype)
@@ -459,6 +473,10 @@ def _tokens(facts: RequestFacts) -> tuple[int, ...]:
     if facts.prompt:
         return tuple(encode_text(facts.prompt))  # the contract's byte-level ids
     return ()
+
+
+def _vocab(info: ModelInfo | None) -> int | None:
+    return info.vocab_size if info is not None else None
 
 
 def _bad_token(tokens: Sequence[int], vocab: int | None) -> Rejection | None:
