@@ -315,19 +315,15 @@ def prepare(
             f"{len(tokens)} tokens; this model allows {limits.max_seq_len}",
         )
     if facts.task is TaskKind.GENERATE:
-        return _prepare_generate(index, facts, tokens, io, limits, info)
-    return _prepare_forward(index, facts, tokens, io, limits, info)
+        return _prepare_generate(index, facts, io, limits, info)
+    return _prepare_forward(index, facts, io, limits, info)
 
 
 def _prepare_generate(
-    index: int,
-    facts: RequestFacts,
-    tokens: tuple[int, ...],
-    io: IOSignature,
-    limits: Limits,
-    info: ModelInfo | None,
+    index: int, facts: RequestFacts, io: IOSignature, limits: Limits, info: ModelInfo | None
 ) -> WorkItem | Rejection:
     """A generate request: a causal token model, a prompt, and a bounded new-token count."""
+    tokens = _tokens(facts)
     if info is not None and not info.generates:
         return Rejection(
             ErrorCode.UNSUPPORTED_TASK,
@@ -361,14 +357,10 @@ def _prepare_generate(
 
 
 def _prepare_forward(
-    index: int,
-    facts: RequestFacts,
-    tokens: tuple[int, ...],
-    io: IOSignature,
-    limits: Limits,
-    info: ModelInfo | None,
+    index: int, facts: RequestFacts, io: IOSignature, limits: Limits, info: ModelInfo | None
 ) -> WorkItem | Rejection:
     """A forward request: input tensors, or token ids a token model takes as its inputs."""
+    tokens = _tokens(facts)
     layout = token_layout(io)
     top_k = facts.top_k or 5
     if facts.inputs and tokens:
