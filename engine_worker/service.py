@@ -273,14 +273,10 @@ class WorkerObserver:
 
     def count_error(self, variant: str, code: ErrorCode, n: int = 1) -> None:
         """Count ``n`` answers of error ``code`` (named only here, on the metric label)."""
-        self._count(variant, code.name, n)
-
-    def _count(self, variant: str, name: str, n: int) -> None:
-        self.metrics.errors.labels(self._config.model, self._config.version, variant, name).inc(n)
-        if name == "DEADLINE_EXCEEDED":
-            self.metrics.shed.labels(
-                self._config.model, self._config.version, variant, "deadline"
-            ).inc(n)
+        cfg = self._config
+        self.metrics.errors.labels(cfg.model, cfg.version, variant, code.name).inc(n)
+        if code is ErrorCode.DEADLINE_EXCEEDED:
+            self.metrics.shed.labels(cfg.model, cfg.version, variant, "deadline").inc(n)
 
     async def observe_lag(self, consumer: AIOKafkaConsumer, every_s: float = 1.0) -> None:
         """Consumer lag per version topic, at most once per ``every_s``; readiness on assignment."""
@@ -304,8 +300,8 @@ class WorkerObserver:
 
     def record(self, report: BatchReport, variant: str) -> None:
         labels = (self._config.model, self._config.version, variant)
-        for name, n in report.error_codes.items():
-            self._count(variant, name, n)
+        for code, n in report.error_codes.items():
+            self.count_error(variant, code, n)
         for job in report.answers:
             if job.result is not None:
                 when = job.result.timing

@@ -4,8 +4,8 @@ One :class:`BatchReport` per planned batch: every job of the batch answered (its
 result or its rejection filled in) and the one telemetry record for the batch;
 :func:`shed_telemetry` is the record of a cycle in which nothing ran. Batch ids
 (:class:`BatchIds`) let the policy engine count a re-sent batch once. Error codes are
-:class:`~graylane.errors.ErrorCode` throughout; the telemetry map (the wire) keys
-them by name.
+:class:`~graylane.errors.ErrorCode` throughout; only the telemetry map (the wire)
+keys them by name.
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ class BatchReport:
     answers: tuple[Job, ...]
     """The batch's jobs, each with its result or its rejection."""
     telemetry: telemetry_pb2.BatchTelemetry
-    error_codes: dict[str, int] = field(default_factory=dict)
+    error_codes: dict[ErrorCode, int] = field(default_factory=dict)
+    """Answers per error code (input errors included)."""
 
     @property
     def served(self) -> int:
@@ -145,13 +146,12 @@ def build_batch(
     never in ``error_count``: a client cannot fail a version's error gate.
     """
     latency, queue_wait = LatencyHistogram(), LatencyHistogram()
-    error_codes: dict[str, int] = {}
+    error_codes: dict[ErrorCode, int] = {}
     shadow_count = input_errors = 0
 
     def refuse(job: Job, rejection: Rejection) -> None:
         job.rejection = rejection
-        name = rejection.code.name
-        error_codes[name] = error_codes.get(name, 0) + 1
+        error_codes[rejection.code] = error_codes.get(rejection.code, 0) + 1
 
     for job in jobs:
         request = job.request
@@ -192,7 +192,7 @@ def build_batch(
         started_at_unix_ms=clock.started_ms,
         completed_at_unix_ms=clock.done_ms,
         shadow_count=shadow_count,
-        error_codes=error_codes,
+        error_codes={code.name: n for code, n in error_codes.items()},
         sequence_bucket=bucket_len,
         task=jobs[0].task.value if jobs else "",
     )
