@@ -14,7 +14,7 @@ rollout sees the version as unresponsive. A served batch resets the count and
 re-arms the reload. Only engine failures count: input errors (a bad request),
 ``SHED`` and faults injected on purpose never reach :meth:`EngineHealth.failed`.
 
-:class:`EngineRunner` is the worker's use of all this: it runs a batch on the
+:class:`WorkerEngines` is the worker's use of all this: it runs a batch on the
 engine thread (so aiokafka's heartbeats keep running on the event loop), measures
 the device load, and reloads the engines or gives up as :class:`EngineHealth` says.
 """
@@ -54,14 +54,15 @@ __all__ = [
     "BatchRun",
     "EngineConfigError",
     "EngineHealth",
-    "EngineRunner",
     "EngineVerdict",
     "Feeds",
     "ForwardOutcome",
     "GenerateOutcome",
     "LoadMeter",
     "Outcome",
+    "RanBatch",
     "Reloader",
+    "WorkerEngines",
     "WorkerGaveUp",
     "engine_rejection",
     "profile_buckets",
@@ -421,7 +422,7 @@ Reloader = Callable[[], Mapping[str, InferenceEngine]]
 
 
 @dataclass(frozen=True)
-class EngineOutcome:
+class RanBatch:
     """One batch through the engine: its run, the failure all its items share, the load."""
 
     run: BatchRun
@@ -429,7 +430,7 @@ class EngineOutcome:
     device_load: float
 
 
-class EngineRunner:
+class WorkerEngines:
     """The worker's engines on one engine thread, reloaded or given up on as health says.
 
     ``reload`` loads the engines again (same variants and artifacts, digests verified
@@ -469,7 +470,7 @@ class EngineRunner:
 
     async def run(
         self, variant: str, items: Sequence[WorkItem], fallback: InferenceEngine
-    ) -> EngineOutcome:
+    ) -> RanBatch:
         """Run one planned batch; an engine failure or an unknown exception fails it whole.
 
         ``fallback`` runs when ``variant`` was lost by a reload since the cycle began.
@@ -491,7 +492,7 @@ class EngineRunner:
             log.exception("unexpected error running a batch of %d", len(items))
             run = BatchRun({}, 0.0, 0)
             failure = Rejection(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
-        return EngineOutcome(run, failure, self._load.add(run.compute_ms / 1000.0))
+        return RanBatch(run, failure, self._load.add(run.compute_ms / 1000.0))
 
     async def _failed(self, exc: EngineError) -> None:
         """Count a failed batch; reload the engines or give up when :class:`EngineHealth` says."""

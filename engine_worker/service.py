@@ -4,7 +4,7 @@ One fetched cycle goes fetch (:class:`CycleFetch`) → decode and validate each 
 into a :class:`~graylane.engine_worker.requests.Job` → plan batches
 (:mod:`~graylane.engine_worker.batching`) → admit them against their deadlines
 (:mod:`~graylane.engine_worker.admission`) → run each batch on the engine thread
-(:class:`~graylane.engine_worker.compute.EngineRunner`, so aiokafka's heartbeats keep
+(:class:`~graylane.engine_worker.compute.WorkerEngines`, so aiokafka's heartbeats keep
 running on the event loop) → answer its jobs and build its telemetry
 (:mod:`~graylane.engine_worker.wire`) → send. Offsets are committed only after every
 result and the batch telemetry are acknowledged (at-least-once; duplicates carry the
@@ -53,7 +53,7 @@ from graylane.engine_worker.batching import (
     PlannedBatch,
     split_first,
 )
-from graylane.engine_worker.compute import EngineRunner, Reloader, profile_buckets, warm_up
+from graylane.engine_worker.compute import Reloader, WorkerEngines, profile_buckets, warm_up
 from graylane.engine_worker.faults import FaultInjection
 from graylane.engine_worker.requests import (
     IntakeRules,
@@ -375,7 +375,7 @@ class Worker:
         self._fetch = CycleFetch(config, self.learner)
         self._batch_ids = BatchIds(config.worker_id)
         self._background = BackgroundTasks()
-        self._engines = EngineRunner(
+        self._engines = WorkerEngines(
             engines,
             config.faults,
             policy=self.policy,
