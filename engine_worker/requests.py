@@ -34,11 +34,10 @@ from graylane.engine.signature import IOSignature
 from graylane.engine_worker.postprocess import PostProcess
 from graylane.engine_worker.tasks import ATTENTION_MASK, INPUT_IDS, generation_layout, token_layout
 from graylane.errors import ErrorCode, SerdeError
-from graylane.kafka.replies import Rejection, reply_topic_rejection
+from graylane.kafka.replies import Rejection, clip, field_problem, reply_topic_rejection
 from graylane.kafka.seam import Record
 from graylane.models.byte_vocab import META_PREFIX, decode_tokens, encode_text
-from graylane.postprocess import post_process_from_pb
-from graylane.request_limits import clip, field_problem
+from graylane.tensors import post_process_from_pb
 from graylane.topics import TopicLayout
 from graylane.v1 import inference_pb2
 

@@ -74,18 +74,14 @@ from graylane.engine_worker.wire import (
     shed_telemetry,
 )
 from graylane.errors import ErrorCode, SerdeError
-from graylane.kafka.compacted import CompactedFollower
-from graylane.kafka.delivery import deliver_and_commit
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
-from graylane.kafka.guard import BatchGuard
-from graylane.kafka.lag import consumer_lag
-from graylane.kafka.membership import leave_on_stop
+from graylane.kafka.loop import BatchGuard, deliver_and_commit, leave_on_stop
+from graylane.kafka.reading import CompactedFollower, consumer_lag
 from graylane.kafka.replies import (
     Rejection,
     ReplySink,
     max_payload_bytes,
 )
-from graylane.kafka.seam import Producer, Record
+from graylane.kafka.seam import ConsumerOptions, KafkaFactory, Producer, Record
 from graylane.metrics import (
     CONTROL_CAUGHT_UP,
     NvmlCollector,

@@ -1,10 +1,15 @@
 """The producer-side SDK: submit requests, read results, or do both in one call.
 
-    async with GraylaneClient(KafkaFactory(Settings.from_env())) as client:
+    from graylane import GraylaneClient, Settings, Task
+
+    async with GraylaneClient(Settings.from_env()) as client:
         result = await client.infer("gpt", prompt="hello", task=Task.GENERATE,
                                     max_new_tokens=16, timeout=10)
 
-Results come back on a per-client reply topic and are matched by request_id.
+A request goes to its model's ingress topic on the seam's producer
+(:mod:`graylane.kafka.seam`); the router forwards it to a version. Results come
+back on a per-client reply topic, read by a
+:class:`~graylane.kafka.reading.TopicFollower`, and are matched by request_id.
 Delivery is at-least-once, so a result can arrive twice; the client hands out
 the first and drops the copy.
 """
@@ -25,12 +30,30 @@ import numpy as np
 from graylane import serde, tensors
 from graylane.clock import now_ms
 from graylane.errors import ErrorCode, GraylaneError, SerdeError, require_started
-from graylane.kafka.options import ConsumerOptions
 from graylane.kafka.reading import FollowFrom, TopicFollower
-from graylane.kafka.seam import ClientFactory, Producer, Record, known_topics
-from graylane.postprocess import PostProcess as PostProcess
-from graylane.postprocess import post_process_to_pb
+from graylane.kafka.seam import (
+    ClientFactory,
+    ConsumerOptions,
+    KafkaFactory,
+    Producer,
+    Record,
+    known_topics,
+)
+from graylane.settings import Settings
+from graylane.tensors import PostProcess, post_process_to_pb
 from graylane.v1 import inference_pb2
+
+__all__ = [
+    "ClientError",
+    "GraylaneClient",
+    "InferenceTimeout",
+    "PostProcess",
+    "RequestRejected",
+    "Result",
+    "Task",
+    "Timing",
+    "UnknownModel",
+]
 
 log = logging.getLogger(__name__)
 
@@ -126,18 +149,24 @@ class Result:
 
 
 class GraylaneClient:
-    """Submits inference requests over Kafka and collects their results."""
+    """Submits inference requests over Kafka and collects their results.
+
+    ``factory`` builds its Kafka clients; given :class:`~graylane.settings.Settings`,
+    the client builds the real ones (:class:`~graylane.kafka.seam.KafkaFactory`).
+    """
 
     def __init__(
         self,
-        factory: ClientFactory,
+        factory: ClientFactory | Settings,
         *,
         client_id: str | None = None,
         listen: bool = True,
         max_seen: int = 100_000,
     ) -> None:
-        self.factory = factory
-        self.layout = factory.layout
+        self.factory: ClientFactory = (
+            KafkaFactory(factory) if isinstance(factory, Settings) else factory
+        )
+        self.layout = self.factory.layout
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.reply_topic = self.layout.reply(self.client_id)
         self._listen = listen

@@ -13,6 +13,8 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from graylane.errors import GraylaneError
+
 if TYPE_CHECKING:
     from graylane.logs import LogFormat
     from graylane.metrics import BuildLabels, MetricsAddress
@@ -22,7 +24,7 @@ _E = TypeVar("_E", bound=Enum)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-class SettingsError(ValueError):
+class SettingsError(GraylaneError, ValueError):
     """A setting has a value Graylane cannot use."""
 
 

@@ -17,6 +17,8 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from graylane.errors import GraylaneError
+
 __all__ = ["BackgroundTaskDied", "BackgroundTasks"]
 
 log = logging.getLogger(__name__)
@@ -24,7 +26,7 @@ log = logging.getLogger(__name__)
 _CANCEL_ROUND_S = 1.0
 
 
-class BackgroundTaskDied(RuntimeError):
+class BackgroundTaskDied(GraylaneError):
     """A background task ended with an exception; the service must end too."""
 
     def __init__(self, name: str, cause: BaseException) -> None:

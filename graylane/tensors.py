@@ -1,19 +1,26 @@
-"""Conversion between numpy arrays and ``graylane.v1.Tensor`` messages."""
+"""Tensors on the wire: numpy arrays <-> ``graylane.v1.Tensor`` messages, checked.
+
+Also what a request asks a worker to return from its model's primary output instead
+of the raw tensors (:class:`PostProcess`): one enum for the SDK (the producer asks
+for it) and the worker (which applies it), with its one protobuf mapping.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from enum import Enum
 
 import numpy as np
 
 from graylane.engine.errors import BadDtype, BadShape
 from graylane.errors import TensorError
-from graylane.v1 import tensor_pb2
+from graylane.v1 import inference_pb2, tensor_pb2
 
 __all__ = [
     "MAX_DIMS",
     "DType",
+    "PostProcess",
     "TensorDtypeError",
     "TensorShapeError",
     "check_shape",
@@ -21,6 +28,8 @@ __all__ = [
     "from_tensor",
     "from_tensors",
     "numpy_dtype",
+    "post_process_from_pb",
+    "post_process_to_pb",
     "to_tensor",
     "to_tensors",
 ]
@@ -132,3 +141,33 @@ def from_tensors(
             raise TensorShapeError(f"tensor name {_short(t.name)} appears twice")
         out[t.name] = from_tensor(t, max_elements)
     return out
+
+
+# -- what to return instead of the raw outputs ------------------------------------
+
+
+class PostProcess(Enum):
+    """What to return from the primary output instead of the raw tensors."""
+
+    NONE = "none"
+    ARGMAX_LAST = "argmax_last"
+    TOPK_LAST = "topk_last"
+    MEAN_POOL = "mean_pool"
+
+
+_TO_PB = {
+    PostProcess.NONE: inference_pb2.POST_PROCESS_NONE,
+    PostProcess.ARGMAX_LAST: inference_pb2.ARGMAX_LAST,
+    PostProcess.TOPK_LAST: inference_pb2.TOPK_LAST,
+    PostProcess.MEAN_POOL: inference_pb2.MEAN_POOL,
+}
+_FROM_PB: dict[int, PostProcess] = {v: k for k, v in _TO_PB.items()}
+
+
+def post_process_to_pb(post: PostProcess) -> inference_pb2.PostProcess:
+    return _TO_PB[post]
+
+
+def post_process_from_pb(value: int) -> PostProcess:
+    """An unknown value is NONE: the raw outputs."""
+    return _FROM_PB.get(value, PostProcess.NONE)

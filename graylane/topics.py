@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from enum import Enum
 
 from graylane.artifacts.naming import NamingError, validate_model_name, validate_version_name
+from graylane.errors import GraylaneError
 
 _REPLY_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 """The last segment of a reply or results topic (a client id or a model name)."""
 
 
-class TopicNameError(NamingError):
+class TopicNameError(NamingError, GraylaneError):
     """A model or version name cannot be used in a topic name."""
 
 

@@ -27,9 +27,9 @@ import faust
 from graylane import serde
 from graylane.clock import Clock, now_ms
 from graylane.errors import SerdeError
-from graylane.kafka.admin import ensure_topics, partition_counts, read_latest_per_key
-from graylane.kafka.factory import KafkaFactory
-from graylane.kafka.reading import read_to_end
+from graylane.kafka.admin import ensure_topics, partition_counts
+from graylane.kafka.reading import read_latest_per_key, read_to_end
+from graylane.kafka.seam import KafkaFactory
 from graylane.metrics import CONTROL_CAUGHT_UP, PolicyMetrics, ServiceObservability
 from graylane.policy_engine import convert
 from graylane.policy_engine.core import PolicyCore

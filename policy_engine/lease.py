@@ -24,8 +24,8 @@ from collections.abc import Callable
 from graylane import serde
 from graylane.clock import Clock, now_ms
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import read_to_end
+from graylane.kafka.seam import KafkaFactory
 from graylane.policy_engine.logic.lease import Lease, LeaseClaim, fold, holds, next_claim
 from graylane.topics import Cleanup, TopicKind, TopicSpec
 from graylane.v1 import control_pb2

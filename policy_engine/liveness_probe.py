@@ -16,10 +16,8 @@ from aiokafka.errors import KafkaError
 
 from graylane.errors import TopicSetupError
 from graylane.kafka.admin import partition_count
-from graylane.kafka.factory import KafkaFactory
-from graylane.kafka.lag import group_lag
-from graylane.kafka.options import ConsumerOptions
-from graylane.kafka.seam import BatchConsumer
+from graylane.kafka.reading import group_lag
+from graylane.kafka.seam import BatchConsumer, ConsumerOptions, KafkaFactory
 from graylane.policy_engine.logic.liveness_tracker import OffsetSample
 
 __all__ = ["LivenessProbe"]

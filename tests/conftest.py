@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from graylane.kafka.factory import KafkaFactory  # noqa: E402
+from graylane.kafka.seam import KafkaFactory  # noqa: E402
 from graylane.settings import Settings  # noqa: E402
 from tests.support.settings import NO_BROKER, make_settings  # noqa: E402
 

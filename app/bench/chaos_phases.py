@@ -20,7 +20,7 @@ from graylane.app.bench.chaos_stack import (
 )
 from graylane.app.bench.chaos_traffic import Ledger, Load, RolloutWatch
 from graylane.clock import now_ms
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.v1 import rollout_pb2
 
 

@@ -51,7 +51,7 @@ from graylane.app.bench.chaos_traffic import Follower, Ledger, Load, RolloutWatc
 from graylane.app.cli.demo import free_port
 from graylane.client import GraylaneClient
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
 
 PHASES = ("worker_kill", "router_kill", "broker_outage", "policy_kill", "malformed")

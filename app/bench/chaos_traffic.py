@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from graylane import serde
 from graylane.client import GraylaneClient, PostProcess
 from graylane.errors import SerdeError
-from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import FollowFrom, TopicFollower
-from graylane.kafka.seam import Record
+from graylane.kafka.seam import KafkaFactory, Record
 from graylane.v1 import inference_pb2, rollout_pb2
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from graylane.app.demo.monitor import Monitor
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
 from graylane.clock import now_ms
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.compacted import CompactedFollower
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.reading import CompactedFollower
+from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import rollout_pb2
 

@@ -16,9 +16,8 @@ from typing import Protocol
 
 from graylane.app.bench.harness import BenchStack
 from graylane.app.demo.monitor import Monitor
-from graylane.kafka.factory import KafkaFactory
-from graylane.kafka.lag import group_lag
-from graylane.kafka.options import ConsumerOptions
+from graylane.kafka.reading import group_lag
+from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 
 __all__ = ["DRAIN_TIMEOUT_S", "PROBE_S", "Served", "delivered_rps", "drained", "path_capacity"]
 

@@ -42,7 +42,7 @@ from graylane.engine_worker.compute import run_batch
 from graylane.engine_worker.postprocess import PostProcess as EnginePost
 from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
 
 MODEL = "bench-gpt"

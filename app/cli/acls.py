@@ -8,8 +8,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from graylane.acls import AclRule, AclScope, Role, kafka_acls_commands, role_acls
-from graylane.kafka.acl_admin import AclApplyError, apply_acls, bindings_for
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.admin import AclApplyError, apply_acls, bindings_for
+from graylane.kafka.seam import KafkaFactory
 from graylane.settings import Settings
 from graylane.topics import TopicLayout
 

@@ -17,7 +17,7 @@ def _audit_sink(args: argparse.Namespace) -> int:
     import asyncio
 
     from graylane.app.cli.services import run_service, setup_service_logging
-    from graylane.kafka.factory import KafkaFactory
+    from graylane.kafka.seam import KafkaFactory
     from graylane.services.controlplane.sink_process import serve_audit_sink
     from graylane.settings import Settings
 

@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _capture(args: argparse.Namespace) -> int:
     from graylane.capture.recorded import CaptureOptions, capture, manifest_path, write_capture
     from graylane.capture.sampling import DEFAULT_BUCKET_EDGES, CaptureError, Split
-    from graylane.kafka.factory import KafkaFactory
+    from graylane.kafka.seam import KafkaFactory
     from graylane.models.demo_gpt import PAD_ID
     from graylane.settings import Settings
 

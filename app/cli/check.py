@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _recorded_npz(args: argparse.Namespace, pad_id: int, max_len: int | None, out: Path) -> Path:
     from graylane.capture.recorded import CaptureOptions, capture, write_capture
     from graylane.capture.sampling import Split
-    from graylane.kafka.factory import KafkaFactory
+    from graylane.kafka.seam import KafkaFactory
     from graylane.settings import Settings
 
     factory = KafkaFactory(Settings.from_env())

@@ -208,7 +208,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 async def _prepare_topics(settings: Settings, model: str, versions: list[str]) -> None:
     from graylane.kafka.admin import ensure_topics
-    from graylane.kafka.factory import KafkaFactory
+    from graylane.kafka.seam import KafkaFactory
 
     factory = KafkaFactory(settings)
     await ensure_topics(

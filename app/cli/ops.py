@@ -183,7 +183,7 @@ def _qos_commands(sub: Sub) -> None:
 
 def _controlplane(args: argparse.Namespace) -> int:
     from graylane.app.cli.services import run_service, setup_service_logging
-    from graylane.kafka.factory import KafkaFactory
+    from graylane.kafka.seam import KafkaFactory
     from graylane.services.controlplane.auth import AuthError
     from graylane.services.controlplane.limits import ApiLimits, UnsafeConfig
     from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig

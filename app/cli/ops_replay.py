@@ -52,7 +52,7 @@ def register_traffic(tsub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _factory() -> Any:
-    from graylane.kafka.factory import KafkaFactory
+    from graylane.kafka.seam import KafkaFactory
     from graylane.settings import Settings
 
     return KafkaFactory(Settings.from_env())

@@ -41,9 +41,8 @@ from graylane.app.cli.demo import Service, start_service
 from graylane.engine_worker.service import ACTIVATE
 from graylane.errors import SerdeError
 from graylane.kafka.admin import partition_counts
-from graylane.kafka.compacted import CompactedFollower
-from graylane.kafka.factory import KafkaFactory
-from graylane.kafka.seam import Record
+from graylane.kafka.reading import CompactedFollower
+from graylane.kafka.seam import KafkaFactory, Record
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import control_pb2
 

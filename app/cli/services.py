@@ -128,7 +128,7 @@ def run_service(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> i
 
 
 def _router(args: argparse.Namespace) -> int:
-    from graylane.kafka.factory import KafkaFactory
+    from graylane.kafka.seam import KafkaFactory
     from graylane.services.router.service import Router, RouterConfig
 
     stable = {}
@@ -153,7 +153,7 @@ def _worker(args: argparse.Namespace) -> int:
     from graylane.engine_worker.faults import FaultInjection
     from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len, onnx_model_info
     from graylane.engine_worker.service import Worker, WorkerConfig
-    from graylane.kafka.factory import KafkaFactory
+    from graylane.kafka.seam import KafkaFactory
 
     settings = Settings.from_env()
     setup_service_logging("worker", settings, args, model=args.model, version=args.version)

@@ -76,7 +76,7 @@ def parse_model_versions(items: list[str]) -> dict[str, list[str]]:
 
 def _topics(args: argparse.Namespace) -> int:
     from graylane.kafka.admin import ensure_topics
-    from graylane.kafka.factory import KafkaFactory
+    from graylane.kafka.seam import KafkaFactory
 
     factory = KafkaFactory(Settings.from_env())
     specs = factory.layout.shared_specs()

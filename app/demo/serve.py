@@ -15,7 +15,7 @@ from rich.table import Table
 from graylane import serde
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess, Result, Task
 from graylane.clock import now_ms
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.routing import RoutingRule, table_for_weights
 from graylane.routing.convert import table_to_pb
 from graylane.settings import Settings

@@ -23,8 +23,8 @@ from graylane.app.demo.load_plan import spike_rate
 from graylane.app.demo.monitor import Monitor
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
 from graylane.clock import now_ms
-from graylane.kafka.compacted import CompactedFollower
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.reading import CompactedFollower
+from graylane.kafka.seam import KafkaFactory
 from graylane.registry import open_registry
 from graylane.rollouts.pb import phase_from_pb
 from graylane.rollouts.vocabulary import Phase

@@ -1,6 +1,7 @@
 """Reading topics: to their end offsets as of now, or following them from a point on.
 
-Two shapes cover every reader in Graylane:
+Three shapes cover every reader in Graylane that is not a consume loop
+(:mod:`graylane.kafka.loop`):
 
 * :func:`read_to_end` — a topic (or some of its partitions) from the beginning,
   given offsets or a timestamp, up to the end offsets taken when the read starts
@@ -8,8 +9,15 @@ Two shapes cover every reader in Graylane:
   not waited for. :func:`read_latest_per_key` folds a compacted topic.
 * :class:`TopicFollower` / :func:`follow` — every record from now on (or from
   the beginning), applied to a handler in a background task until stopped.
+* :class:`CompactedFollower` — a single-partition compacted control topic: caught
+  up to its end before a service serves (the router's routing tables, the workers'
+  precision commands), then tailed while it runs.
 
-Both work on the seam protocols, so they run over aiokafka or the in-memory double.
+How far a reader is behind: :func:`consumer_lag` from what a consumer already
+knows (no extra broker round trip), :func:`group_lag` from a group's committed
+offsets (the broker's view, with no consumer of the group).
+
+All of it works on the seam protocols, so it runs over aiokafka or the in-memory double.
 """
 
 from __future__ import annotations
@@ -17,22 +25,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from enum import Enum
 from types import TracebackType
+from typing import Any, Protocol
 
 from aiokafka import TopicPartition
+from aiokafka.structs import OffsetAndMetadata
 
 from graylane.errors import BusError, TopicSetupError
-from graylane.kafka.options import ConsumerOptions
-from graylane.kafka.seam import BatchConsumer, ClientFactory, Record
+from graylane.kafka.seam import BatchConsumer, ClientFactory, ConsumerOptions, Record
 
 __all__ = [
+    "CompactedFollower",
     "FollowFrom",
+    "LagSource",
     "ReadTimeout",
     "RecordHandler",
     "TopicFollower",
+    "TopicOffsets",
+    "consumer_lag",
     "drain_to_end",
     "follow",
+    "group_lag",
     "pump",
     "read_latest_per_key",
     "read_to_end",
@@ -314,3 +329,106 @@ async def follow(
         if ready is not None:
             ready.set()
         await follower.run_until(stop)
+
+
+# -- a compacted control topic --------------------------------------------------------
+
+
+class CompactedFollower:
+    """Applies every record of ``topic`` (partition 0) to ``handle``, in order: all of
+    it up to its current end (:meth:`catch_up`), then each new one (:meth:`follow`)."""
+
+    def __init__(
+        self, factory: ClientFactory, topic: str, handle: RecordHandler, *, client_suffix: str
+    ) -> None:
+        self._factory = factory
+        self._tp = TopicPartition(topic, 0)
+        self._handle = handle
+        self._suffix = client_suffix
+        self._consumer: BatchConsumer | None = None
+
+    async def catch_up(self) -> None:
+        """Start, and apply everything up to the topic's current end."""
+        consumer = self._factory.consumer(
+            options=ConsumerOptions(group_id=None, fetch_max_wait_ms=100),
+            client_suffix=self._suffix,
+        )
+        await consumer.start()
+        consumer.assign([self._tp])
+        self._consumer = consumer
+        await drain_to_end(consumer, [self._tp], self._handle, timeout_s=None)
+
+    async def follow(self, stop: asyncio.Event) -> None:
+        """Apply new records until ``stop`` is set (call after :meth:`catch_up`)."""
+        consumer = self._consumer
+        if consumer is None:
+            raise RuntimeError("catch_up() must run before follow()")
+        await pump(consumer, self._handle, stop)
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+
+
+# -- lag -------------------------------------------------------------------------------
+
+
+class LagSource(Protocol):
+    def assignment(self) -> set[TopicPartition]: ...
+
+    def highwater(self, partition: TopicPartition) -> int | None: ...
+
+    async def position(self, partition: TopicPartition) -> int: ...
+
+
+async def consumer_lag(consumer: LagSource) -> dict[str, int]:
+    """Records not yet consumed per topic: high watermark minus position, over assigned
+    partitions whose watermark a fetch has reported (others count 0 until then)."""
+    lag: dict[str, int] = {}
+    for tp in consumer.assignment():
+        high = consumer.highwater(tp)
+        behind = 0 if high is None else max(0, high - await consumer.position(tp))
+        lag[tp.topic] = lag.get(tp.topic, 0) + behind
+    return lag
+
+
+@dataclass(frozen=True)
+class TopicOffsets:
+    """A topic's end offsets and a group's committed offsets on it, summed over partitions.
+
+    ``committed`` is None when the group has committed nothing on some partition
+    (never consumed it); ``lag`` then counts those partitions from offset 0.
+    """
+
+    end: int
+    committed: int | None
+    lag: int
+
+
+class EndOffsets(Protocol):
+    async def end_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]: ...
+
+
+class GroupOffsets(Protocol):
+    async def list_consumer_group_offsets(
+        self, group_id: str, group_coordinator_id: int | None = None, partitions: Any = None
+    ) -> dict[TopicPartition, OffsetAndMetadata]: ...
+
+
+async def group_lag(
+    ends: EndOffsets, groups: GroupOffsets, group_id: str, topic: str, partitions: int
+) -> TopicOffsets:
+    """The lag of ``group_id`` on ``topic`` from the broker's view (its committed offsets),
+    so it is known whether or not the group's consumers are alive."""
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    end = await ends.end_offsets(tps)
+    committed = await groups.list_consumer_group_offsets(group_id, partitions=tps)
+    offsets = [committed.get(tp) for tp in tps]
+    known = [o.offset if o is not None and o.offset >= 0 else None for o in offsets]
+    highs = [end.get(tp, 0) for tp in tps]
+    return TopicOffsets(
+        end=sum(highs),
+        committed=None if None in known else sum(k or 0 for k in known),
+        lag=sum(max(0, e - (k or 0)) for e, k in zip(highs, known, strict=True)),
+    )

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka.errors import (
     InvalidProducerEpoch,
@@ -31,7 +31,8 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import RecordMetadata
 
-from graylane.kafka.seam import Headers, MetadataClient, Producer
+if TYPE_CHECKING:  # the seam builds this producer; it needs the protocols only to type it
+    from graylane.kafka.seam import Headers, MetadataClient, Producer
 
 __all__ = ["RecoveringProducer", "is_fatal_for_producer"]
 

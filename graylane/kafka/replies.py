@@ -1,9 +1,15 @@
-"""Where bad input goes: an error result when the request can be identified,
-else a dead letter with the original bytes. Shared by the router and workers."""
+"""Refusing a request: what it must meet, why it is refused, and where the refusal goes.
+
+Shared by the router and the workers. :func:`field_problem` checks the length and
+range caps on a request's identifying fields (pure; messages quote at most a short
+prefix of the offending value, :func:`clip`); a refused request is a
+:class:`Rejection` (an :class:`~graylane.errors.ErrorCode` and a message), which
+:class:`ReplySink` sends as an error result when the request can be identified and
+its reply topic exists, else as a dead letter with the original bytes.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import time
@@ -15,15 +21,85 @@ from graylane import serde
 from graylane.clock import now_ms
 from graylane.errors import ErrorCode
 from graylane.kafka.seam import Producer, Record, known_topics
-from graylane.request_limits import clip
 from graylane.settings import Settings
 from graylane.topics import ReplyTopicRefused, TopicLayout
 from graylane.v1 import dlq_pb2, inference_pb2
 
+__all__ = [
+    "DEAD_LETTER_KEEP_BYTES",
+    "MAX_PARTITION_KEY_BYTES",
+    "MAX_TOP_K",
+    "FieldCaps",
+    "Rejection",
+    "ReplySink",
+    "clip",
+    "field_problem",
+    "max_payload_bytes",
+    "partition_key",
+    "reply_topic_rejection",
+    "wire_code",
+]
+
 log = logging.getLogger(__name__)
 
 
+# -- what a request must meet ------------------------------------------------------
+
+MAX_TOP_K = 1024
+"""The largest ``top_k`` a request may ask for."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FieldCaps:
+    """Longest accepted value (characters) of each identifying field."""
+
+    request_id: int = 256
+    model: int = 128
+    version: int = 128
+    routing_key: int = 512
+    reply_topic: int = 249  # Kafka's own topic-name limit
+    tag: int = 256
+    tags: int = 64
+
+
+def clip(text: str, limit: int = 80) -> str:
+    """``text`` shortened for a log line or an error message."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+def field_problem(
+    request: inference_pb2.InferenceRequest, caps: FieldCaps = FieldCaps()
+) -> str | None:
+    """Why ``request`` breaks a cap, or None."""
+    fields = (
+        ("request_id", request.request_id, caps.request_id),
+        ("model", request.model, caps.model),
+        ("pinned_version", request.pinned_version, caps.version),
+        ("routed_version", request.routed_version, caps.version),
+        ("routing_key", request.routing_key, caps.routing_key),
+        ("reply_topic", request.reply_topic, caps.reply_topic),
+    )
+    for name, value, limit in fields:
+        if len(value) > limit:
+            return f"{name} is {len(value)} characters; the limit is {limit}"
+    if len(request.tags) > caps.tags:
+        return f"{len(request.tags)} tags; the limit is {caps.tags}"
+    for key, value in request.tags.items():
+        if len(key) > caps.tag or len(value) > caps.tag:
+            return f"tag {clip(key, 40)!r} is longer than {caps.tag} characters"
+    if not 0 <= request.top_k <= MAX_TOP_K:
+        return f"top_k must be in 0..{MAX_TOP_K}, got {request.top_k}"
+    if request.generation.max_new_tokens < 0:
+        return f"max_new_tokens must not be negative, got {request.generation.max_new_tokens}"
+    if request.deadline_unix_ms < 0 or request.created_at_unix_ms < 0:
+        return "timestamps must not be negative"
+    return None
+
+
+# -- where a refused request goes ---------------------------------------------------
+
 DEAD_LETTER_KEEP_BYTES = 64 * 1024
+"""A dead letter keeps this much of the original value (plus its sha256 and length)."""
 MAX_PARTITION_KEY_BYTES = 256
 """Longer keys are replaced by their sha256 (the client's partitioner hashes every byte)."""
 
@@ -37,7 +113,6 @@ def partition_key(key: bytes) -> bytes:
     return key if len(key) <= MAX_PARTITION_KEY_BYTES else hashlib.sha256(key).digest()
 
 
-"""A dead letter keeps this much of the original value (plus its sha256 and length)."""
 _ENVELOPE_BYTES = 16 * 1024
 """Room left in a message for everything but a result's payload."""
 
@@ -218,9 +293,3 @@ class ReplySink:
             self._layout.dlq(), serde.encode(letter), key=partition_key(key) or None
         )
         return sent
-
-
-async def settle(futures: list[Awaitable[object]]) -> None:
-    """Wait until every queued send is acknowledged by the broker."""
-    if futures:
-        await asyncio.gather(*futures)

@@ -1,22 +1,31 @@
-"""The Kafka seam: the few client operations Graylane's services use, as ``Protocol``s.
+"""The Kafka seam: the few client operations Graylane's services use, and their factory.
 
-Services are written against these, never against aiokafka classes, so a test
-can put an in-memory double behind them (``tests/support/memory_kafka.py``) and
-the broker tests exercise the real clients (:class:`~aiokafka.AIOKafkaProducer`
+Services are written against the ``Protocol``s here, never against aiokafka classes,
+so a test can put an in-memory double behind them (``tests/support/memory_kafka.py``)
+and the broker tests exercise the real clients (:class:`~aiokafka.AIOKafkaProducer`
 and :class:`~aiokafka.AIOKafkaConsumer` satisfy them structurally).
+
+What a service asks of a client is said broker-agnostically (:class:`ProducerOptions`,
+:class:`ConsumerOptions`); :class:`KafkaFactory` turns that and one
+:class:`~graylane.settings.Settings` into real clients. Services receive a factory
+(never a module-level client), typed as :class:`ClientFactory`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
-from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError, KafkaError
 from aiokafka.structs import OffsetAndMetadata, OffsetAndTimestamp, RecordMetadata
 
-from graylane.kafka.options import ConsumerOptions, ProducerOptions
+from graylane.kafka.admin import TopicSetupReport, ensure_topics
+from graylane.kafka.recovering import RecoveringProducer
 from graylane.settings import Settings
 from graylane.topics import TopicLayout, TopicSpec
 
@@ -24,15 +33,68 @@ __all__ = [
     "BatchConsumer",
     "ClientFactory",
     "ClusterView",
+    "ConsumerOptions",
     "Headers",
+    "Isolation",
+    "KafkaFactory",
     "MetadataClient",
+    "OffsetReset",
     "Producer",
+    "ProducerOptions",
     "Record",
     "known_topics",
 ]
 
 Headers: TypeAlias = Sequence[tuple[str, bytes]]
 Record: TypeAlias = ConsumerRecord[bytes, bytes]
+
+
+# -- what a service asks of a client ---------------------------------------------
+
+
+class OffsetReset(Enum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
+class Isolation(Enum):
+    READ_UNCOMMITTED = "read_uncommitted"
+    READ_COMMITTED = "read_committed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProducerOptions:
+    """Producer tuning; idempotent with acks=all by default."""
+
+    idempotent: bool = True
+    linger_ms: int = 2
+    max_batch_size: int = 256 * 1024
+    compression: str | None = None
+    transactional_id: str | None = None
+    request_timeout_ms: int = 30_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsumerOptions:
+    """Consumer tuning; offsets are always committed explicitly by the caller."""
+
+    group_id: str | None = None
+    offset_reset: OffsetReset = OffsetReset.EARLIEST
+    max_poll_records: int = 500
+    fetch_max_wait_ms: int = 50
+    session_timeout_ms: int = 10_000
+    heartbeat_interval_ms: int = 1_000
+    """A member learns of a rebalance (a replica joining or leaving) at its next
+    heartbeat, and the partitions that change hands wait for it: 1 s (not Kafka's
+    3 s) keeps a scale change's pause near a second."""
+    max_poll_interval_ms: int = 300_000
+    isolation: Isolation = Isolation.READ_UNCOMMITTED
+    rebalance_timeout_ms: int | None = None
+    group_instance_id: str | None = None
+    """Static membership (see :func:`graylane.kafka.loop.claim_instance`); None = dynamic."""
+
+
+# -- the clients -------------------------------------------------------------------
 
 
 class ClusterView(Protocol):
@@ -134,7 +196,7 @@ class BatchConsumer(Protocol):
 
 @runtime_checkable
 class ClientFactory(Protocol):
-    """Builds the clients of one deployment (:class:`~graylane.kafka.factory.KafkaFactory`)."""
+    """Builds the clients of one deployment (:class:`KafkaFactory`, or a test double)."""
 
     @property
     def settings(self) -> Settings: ...
@@ -171,3 +233,100 @@ async def known_topics(producer: Producer) -> set[str]:
             raise
         raise KafkaConnectionError(f"cluster metadata unavailable: {exc}") from exc
     return set(cluster.topics())
+
+
+# -- the real clients ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KafkaFactory:
+    """Builds producers, consumers and admin clients from one :class:`Settings`."""
+
+    settings: Settings
+    layout: TopicLayout = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        object.__setattr__(
+            self,
+            "layout",
+            TopicLayout(
+                prefix=s.topic_prefix,
+                partitions=s.partitions,
+                replication_factor=s.replication_factor,
+                data_retention_ms=s.data_retention_ms,
+                audit_retention_ms=s.audit_retention_ms,
+            ),
+        )
+
+    def _common(self, client_suffix: str) -> dict[str, object]:
+        s = self.settings
+        options: dict[str, object] = {
+            "bootstrap_servers": s.bootstrap_servers,
+            "client_id": f"{s.client_id}-{client_suffix}" if client_suffix else s.client_id,
+        }
+        options.update(s.security.client_options())
+        return options
+
+    def producer(
+        self, options: ProducerOptions | None = None, *, client_suffix: str = "producer"
+    ) -> Producer:
+        o = options or ProducerOptions()
+        kwargs = self._common(client_suffix)
+        kwargs.update(
+            acks="all",
+            enable_idempotence=o.idempotent or o.transactional_id is not None,
+            linger_ms=o.linger_ms,
+            max_batch_size=o.max_batch_size,
+            max_request_size=max(self.settings.max_request_bytes * 2, 1_048_576),
+            request_timeout_ms=o.request_timeout_ms,
+        )
+        if o.compression:
+            kwargs["compression_type"] = o.compression
+        if o.transactional_id:
+            kwargs["transactional_id"] = o.transactional_id
+            transactional: Producer = AIOKafkaProducer(**kwargs)
+            return transactional
+        # Rebuilt with a new producer id after a fatal error (a long outage's sequence gap).
+        # A record the broker has not acknowledged within two request timeouts (plus the
+        # linger) is given up on that producer: an in-flight request on a connection that
+        # died with the broker can otherwise wait for ever.
+        return RecoveringProducer(
+            lambda: AIOKafkaProducer(**kwargs),
+            start_timeout_s=o.request_timeout_ms / 1000,
+            delivery_timeout_s=2 * o.request_timeout_ms / 1000 + o.linger_ms / 1000 + 1.0,
+        )
+
+    def consumer(
+        self,
+        *topics: str,
+        options: ConsumerOptions | None = None,
+        client_suffix: str = "consumer",
+    ) -> BatchConsumer:
+        o = options or ConsumerOptions()
+        kwargs = self._common(client_suffix)
+        kwargs.update(
+            group_id=o.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset=o.offset_reset.value,
+            max_poll_records=o.max_poll_records,
+            fetch_max_wait_ms=o.fetch_max_wait_ms,
+            session_timeout_ms=o.session_timeout_ms,
+            heartbeat_interval_ms=o.heartbeat_interval_ms,
+            max_poll_interval_ms=o.max_poll_interval_ms,
+            isolation_level=o.isolation.value,
+            max_partition_fetch_bytes=max(self.settings.max_request_bytes * 2, 1_048_576),
+        )
+        if o.rebalance_timeout_ms is not None:
+            kwargs["rebalance_timeout_ms"] = o.rebalance_timeout_ms
+        if o.group_instance_id and o.group_id:
+            kwargs["group_instance_id"] = o.group_instance_id
+        consumer: BatchConsumer = AIOKafkaConsumer(*topics, **kwargs)
+        return consumer
+
+    def admin(self) -> AIOKafkaAdminClient:
+        return AIOKafkaAdminClient(**self._common("admin"))
+
+    async def ensure_topics(self, specs: Sequence[TopicSpec]) -> TopicSetupReport:
+        """Create or reconfigure ``specs`` (see :func:`graylane.kafka.admin.ensure_topics`)."""
+        return await ensure_topics(self, specs)

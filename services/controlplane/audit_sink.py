@@ -1,15 +1,18 @@
 """Copy the policy engine's decisions and rollout states into SQL; feed Watch streams.
 
 Reads ``<p>.audit`` (AuditRecord) and ``<p>.control.rollouts`` (RolloutState per
-rollout_id) without a consumer group, resuming from offsets kept in the store.
-Audit records are inserted once per ``decision_id`` and a state only replaces an
-older one, so reading a record twice (a crash between insert and offset save)
-changes nothing.
+rollout_id) without a consumer group, through the library's
+:class:`~graylane.kafka.loop.ConsumeLoop`, resuming from offsets kept in the store
+(the loop's commit goes there). Audit records are inserted once per
+``decision_id`` and a state only replaces an older one, so reading a record twice
+(a crash between insert and offset save) changes nothing.
 
 Faults: a record that cannot be decoded or stored (the database refuses it) is
 logged, counted (``graylane_audit_skipped_records_total``) and passed over; a
-database or broker error (unavailable, locked) ends the pass, and the sink starts
-over from its stored offsets after a capped, jittered backoff.
+database that fails (unavailable, locked) raises :class:`StoreUnavailable`, which
+is retriable: the loop reads the batch again after a capped, jittered backoff.
+A broker error the loop does not retry starts the consumer over from the stored
+offsets, after the same backoff. Each retry counts as a restart.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
@@ -30,19 +35,30 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.exc import TimeoutError as SQLTimeoutError
 
-from graylane.errors import SerdeError
-from graylane.kafka.admin import wait_for_assignment
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
-from graylane.kafka.lag import consumer_lag
+from graylane.errors import GraylaneError, SerdeError, is_retriable
+from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
+from graylane.kafka.reading import consumer_lag, wait_for_assignment
+from graylane.kafka.replies import clip
+from graylane.kafka.seam import BatchConsumer, ClientFactory, ConsumerOptions, Record
 from graylane.metrics import AuditSinkMetrics
 from graylane.serde import decode
-from graylane.services.controlplane.sink_retry import Backoff
 from graylane.services.controlplane.store import ControlStore
 from graylane.v1 import audit_pb2, rollout_pb2
 
-__all__ = ["AuditSink", "RolloutHub", "Subscription"]
+__all__ = ["AuditSink", "RolloutHub", "StoreUnavailable", "Subscription"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_BACKOFF = BackoffPolicy(base_s=0.5, cap_s=30.0, jitter=0.2)
+"""Between two tries of a failed batch (or start): 0.5 s doubling to 30 s."""
+
+
+class StoreUnavailable(GraylaneError):
+    """The database (or the link to it) failed, not the record: read the batch again."""
+
+    retriable = True
 
 
 @dataclass(eq=False)
@@ -85,12 +101,12 @@ class RolloutHub:
 class AuditSink:
     def __init__(
         self,
-        factory: KafkaFactory,
+        factory: ClientFactory,
         store: ControlStore,
         hub: RolloutHub,
         metrics: AuditSinkMetrics | None = None,
         *,
-        backoff: Backoff | None = None,
+        backoff: BackoffPolicy = DEFAULT_BACKOFF,
     ) -> None:
         self._factory = factory
         self._store = store
@@ -102,110 +118,136 @@ class AuditSink:
         self.skipped = 0
         self.restarts = 0
         self._metrics = metrics
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Copy records until ``stop``; after a database or broker error, start over
-        (from the offsets in the store) after a capped, jittered backoff."""
+        """Copy records until ``stop``; after a database or broker error, go on from the
+        offsets in the store after a capped, jittered backoff."""
+        loop = ConsumeLoop(
+            "audit-sink",
+            self._factory,
+            [self._audit_topic, self._rollouts_topic],
+            ConsumerOptions(group_id=None),
+            role="audit-sink",
+            client_suffix="cp-audit-sink",
+            policy=self.backoff,
+            max_records=500,
+        )
+        loop.guard.on_fault(self._restarted)
+        loop.guard.interrupt_on(stop)
+        hooks = LoopHooks(handle=self._handle, commit=self._save_offsets, after_turn=self._lag)
         while not stop.is_set():
             try:
-                await self._follow(stop)
-                return
-            except _RESTARTABLE as exc:
-                delay = self.backoff.next_delay()
-                log.error(
-                    "audit sink: %s: %s; restarting in %.1f s",
-                    type(exc).__name__,
-                    _short(str(exc)),
-                    delay,
-                )
-                self.restarts += 1
-                if self._metrics is not None:
-                    self._metrics.restarts.labels(type(exc).__name__).inc()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), delay)
+                await loop.start(self._position)
+                self.ready.set()
+                await loop.run(stop, hooks)
+            except Exception as exc:
+                if not (isinstance(exc, _RESTARTABLE) or is_retriable(exc)):
+                    raise
+                await loop.guard.failed(exc, "a pass of the audit sink")
+            finally:
+                await loop.stop()
 
-    async def _follow(self, stop: asyncio.Event) -> None:
-        consumer = self._factory.consumer(
-            self._audit_topic,
-            self._rollouts_topic,
-            options=ConsumerOptions(group_id=None),
-            client_suffix="cp-audit-sink",
-        )
-        await consumer.start()
+    def _restarted(self, kind: Fault, exc: BaseException) -> None:
+        cause = exc.__cause__ if isinstance(exc, StoreUnavailable) and exc.__cause__ else exc
+        self.restarts += 1
+        if self._metrics is not None:
+            self._metrics.restarts.labels(type(cause).__name__).inc()
+
+    async def _position(self, consumer: BatchConsumer) -> None:
+        """Each partition at its offset in the store, else at its beginning."""
+        for tp in await wait_for_assignment(consumer):
+            stored = await self._call(self._store.sink_offsets, tp.topic, every_failure=True)
+            if tp.partition in stored:
+                consumer.seek(tp, stored[tp.partition])
+            else:
+                await consumer.seek_to_beginning(tp)
+
+    async def _save_offsets(self, offsets: dict[TopicPartition, int]) -> None:
+        for tp, offset in offsets.items():
+            await self._call(
+                self._store.save_sink_offset, tp.topic, tp.partition, offset, every_failure=True
+            )
+
+    async def _lag(self, consumer: BatchConsumer) -> None:
+        if self._metrics is not None:
+            for topic, lag in (await consumer_lag(consumer)).items():
+                self._metrics.consumer_lag.labels(topic).set(lag)
+
+    async def _call(self, call: Callable[..., T], *args: object, every_failure: bool = False) -> T:
+        """``call(*args)`` in a thread; a failure of the database itself (or, with
+        ``every_failure``, any database error) is raised as :class:`StoreUnavailable`."""
         try:
-            for tp in await wait_for_assignment(consumer):
-                stored = await asyncio.to_thread(self._store.sink_offsets, tp.topic)
-                if tp.partition in stored:
-                    consumer.seek(tp, stored[tp.partition])
-                else:
-                    await consumer.seek_to_beginning(tp)
-            self.ready.set()
-            while not stop.is_set():
-                batches = await consumer.getmany(timeout_ms=200, max_records=500)
-                for tp, records in batches.items():
-                    await self._handle(tp, [(r.value, r.offset) for r in records])
-                    self.backoff.reset()
-                if self._metrics is not None:
-                    for topic, lag in (await consumer_lag(consumer)).items():
-                        self._metrics.consumer_lag.labels(topic).set(lag)
-        finally:
-            await consumer.stop()
+            return await asyncio.to_thread(call, *args)
+        except Exception as exc:
+            if _transient(exc) or (every_failure and isinstance(exc, SQLAlchemyError)):
+                raise StoreUnavailable(f"{type(exc).__name__}: {clip(str(exc), 300)}") from exc
+            raise
 
-    async def _handle(self, tp: TopicPartition, records: list[tuple[bytes | None, int]]) -> None:
-        if not records:
-            return
-        if tp.topic == self._audit_topic:
-            audits: list[tuple[audit_pb2.AuditRecord, int]] = []
-            for value, offset in records:
-                try:
-                    audits.append((decode(audit_pb2.AuditRecord, value), offset))
-                except SerdeError as exc:
-                    self._skip(tp, offset, "undecodable", exc)
-            started = time.perf_counter()
-            added = await self._add_audit(tp, audits)
-            self.audit_added += added
-            if self._metrics is not None:
-                stored = [a for a, _ in audits]
-                _count(self._metrics, stored, added, time.perf_counter() - started)
-        else:
-            for value, offset in records:
-                if value is None:
-                    continue
-                try:
-                    state = decode(rollout_pb2.RolloutState, value)
-                except SerdeError as exc:
-                    self._skip(tp, offset, "undecodable", exc)
-                    continue
-                try:
-                    changed = await asyncio.to_thread(self._store.apply_state, state)
-                except Exception as exc:
-                    if _transient(exc):
-                        raise
-                    self._skip(tp, offset, "unstorable", exc)
-                    continue
-                if changed:
-                    self._hub.publish(state)
-        await asyncio.to_thread(
-            self._store.save_sink_offset, tp.topic, tp.partition, records[-1][1] + 1
-        )
+    async def _handle(self, records: list[Record]) -> list[Awaitable[object]]:
+        """Store a fetched batch, partition by partition; nothing is sent."""
+        by_partition: dict[TopicPartition, list[Record]] = {}
+        for record in records:
+            by_partition.setdefault(TopicPartition(record.topic, record.partition), []).append(
+                record
+            )
+        for tp, batch in by_partition.items():
+            if tp.topic == self._audit_topic:
+                await self._store_audits(tp, batch)
+            else:
+                await self._store_states(tp, batch)
+        return []
+
+    async def _store_audits(self, tp: TopicPartition, records: list[Record]) -> None:
+        audits: list[tuple[audit_pb2.AuditRecord, int]] = []
+        for record in records:
+            try:
+                audits.append((decode(audit_pb2.AuditRecord, record.value), record.offset))
+            except SerdeError as exc:
+                self._skip(tp, record.offset, "undecodable", exc)
+        started = time.perf_counter()
+        added = await self._add_audit(tp, audits)
+        self.audit_added += added
+        if self._metrics is not None:
+            stored = [a for a, _ in audits]
+            _count(self._metrics, stored, added, time.perf_counter() - started)
+
+    async def _store_states(self, tp: TopicPartition, records: list[Record]) -> None:
+        for record in records:
+            if record.value is None:
+                continue
+            try:
+                state = decode(rollout_pb2.RolloutState, record.value)
+            except SerdeError as exc:
+                self._skip(tp, record.offset, "undecodable", exc)
+                continue
+            try:
+                changed = await self._call(self._store.apply_state, state)
+            except StoreUnavailable:
+                raise
+            except Exception as exc:
+                self._skip(tp, record.offset, "unstorable", exc)
+                continue
+            if changed:
+                self._hub.publish(state)
 
     async def _add_audit(
         self, tp: TopicPartition, audits: list[tuple[audit_pb2.AuditRecord, int]]
     ) -> int:
         """Store the batch; if the database refuses it, record by record (skip the bad ones)."""
         try:
-            return await asyncio.to_thread(self._store.add_audit, [a for a, _ in audits])
-        except Exception as exc:
-            if _transient(exc):
-                raise
+            return await self._call(self._store.add_audit, [a for a, _ in audits])
+        except StoreUnavailable:
+            raise
+        except Exception as exc:  # the database refused something: find it record by record
+            log.debug("audit sink: batch refused (%s); storing record by record", exc)
         added = 0
         for audit, offset in audits:
             try:
-                added += await asyncio.to_thread(self._store.add_audit, [audit])
+                added += await self._call(self._store.add_audit, [audit])
+            except StoreUnavailable:
+                raise
             except Exception as exc:
-                if _transient(exc):
-                    raise
                 self._skip(tp, offset, "unstorable", exc)
         return added
 
@@ -217,7 +259,7 @@ class AuditSink:
             tp,
             offset,
             type(exc).__name__,
-            _short(str(exc)),
+            clip(str(exc), 300),
         )
         self.skipped += 1
         if self._metrics is not None:
@@ -233,10 +275,6 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(
         exc, OperationalError | InterfaceError | DisconnectionError | SQLTimeoutError | OSError
     )
-
-
-def _short(text: str, limit: int = 300) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
 
 
 def _count(

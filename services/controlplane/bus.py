@@ -7,7 +7,7 @@ from typing import Protocol
 from aiokafka import AIOKafkaProducer
 
 from graylane.errors import NotStartedError
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.serde import encode, encode_key
 from graylane.v1 import rollout_pb2
 

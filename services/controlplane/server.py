@@ -19,7 +19,7 @@ from pathlib import Path
 
 from grpc import aio, ssl_server_credentials
 
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.metrics import (
     CONTROL_CAUGHT_UP,
     GROUP_JOINED,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.metrics import (
     CONTROL_CAUGHT_UP,
     GROUP_JOINED,

@@ -1,8 +1,9 @@
 """The router: ingress topic -> per-version topics, by the latest routing table.
 
-A thin adapter around :func:`graylane.routing.route`. Ingress offsets are
-committed only after every forward (and every error reply) of a batch is
-acknowledged, so a crash re-routes rather than loses requests.
+A thin adapter around :func:`graylane.routing.route`, run by the library's
+:class:`~graylane.kafka.loop.ConsumeLoop`: ingress offsets are committed only
+after every forward (and every error reply) of a batch is acknowledged, so a
+crash re-routes rather than loses requests.
 """
 
 from __future__ import annotations
@@ -16,15 +17,25 @@ from dataclasses import dataclass, field
 from graylane import serde
 from graylane.clock import now_ms
 from graylane.errors import ErrorCode, SerdeError, require_started
-from graylane.kafka.compacted import CompactedFollower
-from graylane.kafka.delivery import deliver_and_commit
-from graylane.kafka.guard import BatchGuard
-from graylane.kafka.membership import leave_on_stop
-from graylane.kafka.options import ConsumerOptions
-from graylane.kafka.replies import Rejection, ReplySink, reply_topic_rejection, settle
-from graylane.kafka.seam import ClientFactory, Producer, Record, known_topics
+from graylane.kafka.loop import ConsumeLoop, LoopHooks, settle
+from graylane.kafka.reading import CompactedFollower
+from graylane.kafka.replies import (
+    FieldCaps,
+    Rejection,
+    ReplySink,
+    clip,
+    field_problem,
+    reply_topic_rejection,
+)
+from graylane.kafka.seam import (
+    BatchConsumer,
+    ClientFactory,
+    ConsumerOptions,
+    Producer,
+    Record,
+    known_topics,
+)
 from graylane.metrics import CONTROL_CAUGHT_UP, RouterMetrics, ServiceObservability
-from graylane.request_limits import FieldCaps, clip, field_problem
 from graylane.routing import RouteTable, RoutingRequest, UnknownPinnedVersion, route
 from graylane.routing.convert import table_from_pb
 from graylane.routing.table import RouteDecision, route_without_table, table_problem
@@ -233,6 +244,9 @@ class Router:
         self.metrics.routed.labels(request.model, decision.version, decision.reason.value).inc()
         return futures
 
+    async def _note_assignment(self, ingress: BatchConsumer) -> None:
+        self.observability.note_assignment(ingress.assignment())
+
     async def _route_all(self, records: list[Record], sink: ReplySink) -> list[Awaitable[object]]:
         futures: list[Awaitable[object]] = []
         for record in records:
@@ -309,9 +323,8 @@ class Router:
         await self._producer.start()
         sink = ReplySink(self._producer, layout, "router")
         group = self.config.group_id or f"{self.factory.settings.topic_prefix}-router"
-        guard = BatchGuard("router", registry=self.registry)  # rebalances, outages: not fatal
-        guard.on_fault(sink.forget)
-        ingress = guard.consumer(
+        loop = ConsumeLoop(  # rebalances, outages: not fatal
+            "router",
             self.factory,
             [layout.ingress(m) for m in self.config.stable_versions],
             ConsumerOptions(
@@ -319,33 +332,25 @@ class Router:
             ),
             role="router",
             client_suffix="router",
+            registry=self.registry,
         )
-        await ingress.start()
+        loop.guard.on_fault(sink.forget)
+        await loop.start()
         await self.settle_tables()
         background = BackgroundTasks()
         background.spawn(self._tables.follow(stop), name="router-table-follower")
         self.ready.set()
         log.info("router serving %s", sorted(self.config.stable_versions))
+        hooks = LoopHooks(
+            before_fetch=self._settle_tables_safely,
+            handle=functools.partial(self._route_all, sink=sink),
+            after_turn=self._note_assignment,
+        )
         try:
-            while not stop.is_set() and background.healthy:
-                async with guard.cycle():
-                    await self._settle_tables_safely()
-                    batches = await ingress.getmany(timeout_ms=200)
-                    self.observability.note_assignment(ingress.assignment())
-                    if not batches:
-                        continue
-                    fetched = [r for records in batches.values() for r in records]
-                    await deliver_and_commit(
-                        ingress,
-                        fetched,
-                        functools.partial(self._route_all, fetched, sink),
-                        guard=guard,
-                    )
+            await loop.run(stop, hooks, healthy=lambda: background.healthy)
         finally:
             await background.close()
-            leave_on_stop(ingress)  # a clean stop hands its partitions over at once
-            await ingress.stop()
-            guard.close()
+            await loop.stop()
             await self._producer.stop()
             await self._tables.stop()
             self.observability.close()

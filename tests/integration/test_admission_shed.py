@@ -10,7 +10,7 @@ import pytest
 
 from graylane.client import GraylaneClient, PostProcess
 from graylane.engine_worker.faults import FaultInjection
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from tests.support.stack import running_stack
 

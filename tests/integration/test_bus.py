@@ -7,13 +7,9 @@ import asyncio
 import pytest
 
 from graylane import serde
-from graylane.kafka.admin import (
-    describe_topic_configs,
-    ensure_topics,
-    partition_count,
-    read_latest_per_key,
-)
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.admin import describe_topic_configs, ensure_topics, partition_count
+from graylane.kafka.reading import read_latest_per_key
+from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 from graylane.topics import TopicKind
 from graylane.v1 import control_pb2, inference_pb2
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 from graylane.services.controlplane.candidates import KafkaCandidateCheck, worker_group
 from tests.support.waiting import wait_until
 

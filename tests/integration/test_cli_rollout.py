@@ -16,8 +16,8 @@ import pytest
 from graylane import serde
 from graylane.app.cli.main import main
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
-from graylane.kafka.admin import read_latest_per_key
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.reading import read_latest_per_key
+from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.app import PolicyConfig, prepare_topics
 from graylane.registry import ArtifactRecord, ValidationSummary, open_registry

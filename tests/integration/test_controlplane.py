@@ -11,7 +11,7 @@ import pytest
 from grpc import aio
 
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
 from graylane.serde import decode, decode_key, encode, encode_key
 from graylane.services.controlplane.auth import TokenTable, parse_tokens

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 
 from graylane import serde, tensors
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.v1 import inference_pb2
 from tests.support.stack import read_topic
 

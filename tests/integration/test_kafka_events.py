@@ -20,8 +20,8 @@ import pytest
 
 from graylane import serde
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import read_to_end
+from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.services.router.service import Router, RouterConfig
 from graylane.v1 import inference_pb2
@@ -53,7 +53,7 @@ async def forwarded_ids(factory: KafkaFactory) -> set[str]:
 async def test_a_rebalance_during_a_router_batch_loses_nothing_and_kills_no_one(
     factory: KafkaFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="graylane.kafka.guard")
+    caplog.set_level(logging.INFO, logger="graylane.kafka.loop")
     layout = factory.layout
     await ensure_topics(factory, layout.shared_specs() + layout.model_specs(MODEL, ["v1"]))
     group = f"{layout.prefix}-router-rebalance"

@@ -18,8 +18,8 @@ from graylane import serde
 from graylane.clock import now_ms
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
-from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import read_latest_per_key, read_to_end
+from graylane.kafka.seam import KafkaFactory
 from graylane.policy_engine import convert
 from graylane.policy_engine.app import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec, Strategy

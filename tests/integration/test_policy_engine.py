@@ -12,8 +12,8 @@ import pytest
 from graylane import serde
 from graylane.clock import now_ms
 from graylane.engine_worker.faults import FaultInjection
-from graylane.kafka.admin import read_latest_per_key
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.reading import read_latest_per_key
+from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine import convert
 from graylane.policy_engine.app import PolicyConfig, prepare_topics

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from graylane import serde
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine import convert
 from graylane.policy_engine.app import PolicyConfig, prepare_topics

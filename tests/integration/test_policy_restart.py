@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from graylane.clock import now_ms
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.policy_engine import convert
 from graylane.policy_engine.app import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec

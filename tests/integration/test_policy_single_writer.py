@@ -16,8 +16,8 @@ import pytest
 
 from graylane import serde
 from graylane.clock import now_ms
-from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import read_to_end
+from graylane.kafka.seam import KafkaFactory
 from graylane.policy_engine import convert
 from graylane.policy_engine.app import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec

@@ -15,8 +15,8 @@ import pytest
 
 from graylane import serde
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import read_to_end
+from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.app import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import Gates, RolloutSpec, Step

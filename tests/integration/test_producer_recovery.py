@@ -24,10 +24,8 @@ import pytest
 
 from graylane.client import GraylaneClient
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import KafkaFactory
-from graylane.kafka.options import ProducerOptions
 from graylane.kafka.recovering import RecoveringProducer
-from graylane.kafka.seam import Producer
+from graylane.kafka.seam import KafkaFactory, Producer, ProducerOptions
 from graylane.settings import Settings
 from tests.support.waiting import wait_until
 

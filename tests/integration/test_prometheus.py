@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from graylane.deploy.prometheus.server import PrometheusServer, Sample, prometheus_binary
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.app import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec, Step

@@ -20,7 +20,7 @@ from graylane.builder.spec import INT8_MIN_TOP1, load_spec
 from graylane.capture.recorded import manifest_path
 from graylane.clock import now_ms
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import PAD_ID
 from graylane.registry import open_registry
 from graylane.serde import encode, encode_key

@@ -16,7 +16,7 @@ from aiokafka import TopicPartition
 
 from graylane import serde
 from graylane.kafka.admin import ensure_topics, partition_count
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.routing import table_for_weights
 from graylane.routing.convert import table_to_pb

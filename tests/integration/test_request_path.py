@@ -21,7 +21,7 @@ from graylane.client import (
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.postprocess import PostProcess as EnginePost
 from graylane.engine_worker.tasks import run_forward, run_generate
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.routing import RoutingRule, table_for_weights
 from graylane.routing.convert import table_to_pb

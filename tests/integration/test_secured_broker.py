@@ -29,10 +29,9 @@ from graylane import serde
 from graylane.acls import AclScope, Role, role_acls
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.service import Worker, WorkerConfig
-from graylane.kafka.acl_admin import apply_acls, bindings_for
-from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.admin import apply_acls, bindings_for, ensure_topics
 from graylane.kafka.reading import read_to_end
+from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.services.router.service import Router, RouterConfig
 from graylane.settings import KafkaSecurity, SaslMechanism, SecurityProtocol, Settings

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from graylane.app.cli.main import main
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.policy_engine import convert
 from graylane.policy_engine.app import PolicyConfig, prepare_topics
 from graylane.registry import open_registry

@@ -8,8 +8,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.factory import KafkaFactory
-from graylane.kafka.membership import leave_on_stop
+from graylane.kafka.loop import leave_on_stop
+from graylane.kafka.seam import KafkaFactory
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka]

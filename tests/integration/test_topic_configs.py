@@ -12,7 +12,7 @@ import pytest
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from graylane.kafka.admin import describe_topic_configs, ensure_topics, topic_overrides
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.topics import TopicKind
 from tests.support.waiting import wait_until
 

@@ -12,8 +12,8 @@ import pytest
 from graylane.app.cli.main import main
 from graylane.client import GraylaneClient, PostProcess, Task
 from graylane.clock import now_ms
-from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import read_to_end
+from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.serde import decode
 from graylane.settings import Settings

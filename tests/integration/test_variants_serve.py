@@ -12,7 +12,7 @@ from graylane.app.demo.build_versions import build_versions
 from graylane.artifacts.verify import TamperedArtifactError
 from graylane.client import GraylaneClient, PostProcess
 from graylane.engine_worker.loading import load_from_registry
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.registry import open_registry
 from graylane.settings import Settings
 from graylane.v1 import control_pb2

@@ -41,8 +41,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import OffsetAndMetadata, OffsetAndTimestamp, RecordMetadata
 
 from graylane.kafka.admin import TopicSetupReport
-from graylane.kafka.options import ConsumerOptions, OffsetReset, ProducerOptions
-from graylane.kafka.seam import Headers, Record
+from graylane.kafka.seam import ConsumerOptions, Headers, OffsetReset, ProducerOptions, Record
 from graylane.settings import Settings
 from graylane.topics import TopicLayout, TopicSpec
 

@@ -15,9 +15,8 @@ from pathlib import Path
 
 from graylane import serde
 from graylane.client import GraylaneClient
-from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import FollowFrom, TopicFollower
-from graylane.kafka.seam import Record
+from graylane.kafka.seam import KafkaFactory, Record
 from graylane.settings import Settings
 from graylane.v1 import control_pb2
 from tests.conftest import ROOT

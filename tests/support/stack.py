@@ -14,9 +14,8 @@ from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.faults import FaultInjection
 from graylane.engine_worker.service import Worker, WorkerConfig
-from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.reading import FollowFrom, TopicFollower
-from graylane.kafka.seam import Record
+from graylane.kafka.seam import KafkaFactory, Record
 from graylane.services.router.service import Router, RouterConfig
 from graylane.v1 import dlq_pb2
 from tests.support.waiting import wait_until

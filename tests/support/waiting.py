@@ -7,8 +7,8 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 
-from graylane.kafka.admin import wait_for_assignment
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory
+from graylane.kafka.reading import wait_for_assignment
+from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 
 POLL_S = 0.05
 

@@ -7,7 +7,6 @@ records that came later. Real SQLite files; the broker is the in-memory double."
 from __future__ import annotations
 
 import asyncio
-import random
 import sqlite3
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
@@ -18,10 +17,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DataError
 
 from graylane import serde
+from graylane.kafka.loop import BackoffPolicy
 from graylane.metrics import AuditSinkMetrics
 from graylane.registry.migrate import upgrade
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
-from graylane.services.controlplane.sink_retry import Backoff
 from graylane.services.controlplane.store import ControlStore
 from graylane.services.controlplane.store_ids import HASH_DIGITS, fit
 from graylane.settings import Settings
@@ -42,19 +41,6 @@ def test_fit_keeps_short_ids_and_hashes_long_ones_stably() -> None:
     assert fit(long_a, 64) == fa  # stable: a re-read record maps to the same key
     with pytest.raises(ValueError):
         fit("anything", HASH_DIGITS)
-
-
-def test_backoff_grows_is_capped_jittered_and_resets() -> None:
-    backoff = Backoff(initial_s=0.1, cap_s=1.0, factor=2.0, jitter=0.2, rng=random.Random(3))
-    delays = [backoff.next_delay() for _ in range(8)]
-    for n, delay in enumerate(delays):
-        base = min(1.0, 0.1 * 2**n)
-        assert base * 0.8 <= delay <= min(1.0, base * 1.2)
-    assert max(delays) <= 1.0 and delays[-1] >= 0.8
-    backoff.reset()
-    assert backoff.next_delay() <= 0.12
-    with pytest.raises(ValueError):
-        Backoff(initial_s=2.0, cap_s=1.0)
 
 
 # --- the sink ------------------------------------------------------------------------------
@@ -105,7 +91,7 @@ class Rig:
             self.store,
             RolloutHub(),
             self.metrics,
-            backoff=Backoff(initial_s=0.05, cap_s=0.2),
+            backoff=BackoffPolicy(base_s=0.05, cap_s=0.2),
         )
 
     def audit(self, *values: bytes) -> None:

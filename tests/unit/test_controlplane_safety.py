@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from graylane.app.cli.main import main
-from graylane.kafka.factory import KafkaFactory
+from graylane.kafka.seam import KafkaFactory
 from graylane.services.controlplane.audit_sink import RolloutHub
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
 from graylane.services.controlplane.domain import InvalidArgument

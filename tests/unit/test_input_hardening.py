@@ -18,9 +18,8 @@ from graylane.engine_worker.compute import BatchRun, ForwardOutcome, run_isolate
 from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
 from graylane.histogram import LatencyHistogram
-from graylane.kafka.replies import DEAD_LETTER_KEEP_BYTES, ReplySink
+from graylane.kafka.replies import DEAD_LETTER_KEEP_BYTES, ReplySink, field_problem
 from graylane.policy_engine.logic.window import SlidingWindow, TelemetrySample
-from graylane.request_limits import field_problem
 from graylane.routing import RoutingRequest, UnknownPinnedVersion, route, table_for_weights
 from graylane.routing.table import RouteTable, route_without_table, table_problem
 from graylane.topics import TopicLayout

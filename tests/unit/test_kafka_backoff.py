@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from graylane.kafka.backoff import Backoff, BackoffPolicy
+from graylane.kafka.loop import Backoff, BackoffPolicy
 
 
 def test_ceiling_grows_exponentially_then_stays_at_the_cap() -> None:
@@ -40,3 +42,18 @@ def test_backoff_counts_failures_and_resets_on_success() -> None:
 def test_nonsense_policies_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         BackoffPolicy(**kwargs)
+
+
+def test_backoff_grows_is_capped_jittered_and_resets() -> None:
+    """The audit sink's retry backoff (a 20 % jitter share) under the same claims."""
+    policy = BackoffPolicy(base_s=0.1, cap_s=1.0, factor=2.0, jitter=0.2)
+    backoff = Backoff(policy, rand=random.Random(3).random)
+    delays = [backoff.next_delay() for _ in range(8)]
+    for n, delay in enumerate(delays):
+        base = min(1.0, 0.1 * 2**n)
+        assert base * 0.8 <= delay <= min(1.0, base * 1.2)
+    assert max(delays) <= 1.0 and delays[-1] >= 0.8
+    backoff.reset()
+    assert backoff.next_delay() <= 0.12
+    with pytest.raises(ValueError):
+        BackoffPolicy(base_s=2.0, cap_s=1.0)

@@ -24,13 +24,16 @@ from aiokafka.errors import (
 )
 from prometheus_client import CollectorRegistry
 
-from graylane.kafka.backoff import BackoffPolicy
-from graylane.kafka.delivery import deliver_and_commit
-from graylane.kafka.guard import BatchGuard, Fault, classify
-from graylane.kafka.membership import claim_instance
-from graylane.kafka.options import ConsumerOptions
+from graylane.kafka.loop import (
+    BackoffPolicy,
+    BatchGuard,
+    Fault,
+    claim_instance,
+    classify,
+    deliver_and_commit,
+)
 from graylane.kafka.replies import ReplySink
-from graylane.kafka.seam import Record
+from graylane.kafka.seam import ConsumerOptions, Record
 from graylane.services.router.service import Router
 from graylane.settings import Settings
 from tests.support.memory_kafka import MemoryBroker, MemoryConsumer, MemoryFactory

@@ -9,8 +9,8 @@ import asyncio
 import pytest
 from aiokafka import TopicPartition
 
-from graylane.kafka.compacted import CompactedFollower
 from graylane.kafka.reading import (
+    CompactedFollower,
     FollowFrom,
     ReadTimeout,
     TopicFollower,

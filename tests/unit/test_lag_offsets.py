@@ -9,7 +9,7 @@ from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from graylane.engine_worker.service import WorkerConfig, WorkerObserver
-from graylane.kafka.lag import group_lag
+from graylane.kafka.reading import group_lag
 
 TOPIC = "p.requests.m.v2"
 

@@ -17,8 +17,15 @@ from aiokafka.errors import (
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import OffsetAndMetadata
 
-from graylane.kafka.factory import ConsumerOptions, KafkaFactory, OffsetReset
-from graylane.kafka.seam import BatchConsumer, ClientFactory, Producer, known_topics
+from graylane.kafka.seam import (
+    BatchConsumer,
+    ClientFactory,
+    ConsumerOptions,
+    KafkaFactory,
+    OffsetReset,
+    Producer,
+    known_topics,
+)
 from graylane.settings import Settings
 from tests.support.memory_kafka import MemoryBroker, MemoryFactory, MemoryProducer
 

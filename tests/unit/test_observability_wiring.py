@@ -14,7 +14,7 @@ import pytest
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
-from graylane.kafka.lag import consumer_lag
+from graylane.kafka.reading import consumer_lag
 from graylane.logs import LogFormat, bind, configure_logging
 from graylane.metrics import (
     CONTROL_CAUGHT_UP,

@@ -15,9 +15,8 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import RecordMetadata, TopicPartition
 
-from graylane.kafka.factory import KafkaFactory
 from graylane.kafka.recovering import RecoveringProducer, is_fatal_for_producer
-from graylane.kafka.seam import Producer
+from graylane.kafka.seam import KafkaFactory, Producer
 from graylane.settings import Settings
 
 

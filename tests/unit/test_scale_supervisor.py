@@ -16,8 +16,7 @@ from graylane.app.cli.scaler import (
     parse_workers,
     target_replicas,
 )
-from graylane.kafka.factory import KafkaFactory
-from graylane.kafka.seam import Record
+from graylane.kafka.seam import KafkaFactory, Record
 from graylane.v1 import control_pb2
 
 

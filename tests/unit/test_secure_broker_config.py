@@ -11,7 +11,7 @@ import pytest
 from graylane.acls import AclScope, Operation, Pattern, Resource, Role, role_acls
 from graylane.deploy.kafka import secure
 from graylane.deploy.kafka.layout import TEMPLATE_FILE
-from graylane.kafka.acl_admin import bindings_for
+from graylane.kafka.admin import bindings_for
 from graylane.topics import TopicLayout
 
 
