@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -37,7 +36,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 
 from graylane import serde
@@ -74,14 +72,14 @@ from graylane.engine_worker.wire import (
     shed_telemetry,
 )
 from graylane.errors import ErrorCode, SerdeError
-from graylane.kafka.loop import BatchGuard, deliver_and_commit, leave_on_stop
+from graylane.kafka.loop import ConsumeLoop, LoopHooks
 from graylane.kafka.reading import CompactedFollower, consumer_lag
 from graylane.kafka.replies import (
     Rejection,
     ReplySink,
     max_payload_bytes,
 )
-from graylane.kafka.seam import ConsumerOptions, KafkaFactory, Producer, Record
+from graylane.kafka.seam import BatchConsumer, ConsumerOptions, KafkaFactory, Producer, Record
 from graylane.metrics import (
     CONTROL_CAUGHT_UP,
     NvmlCollector,
@@ -228,7 +226,7 @@ class CycleFetch:
         self._steady = self.choice
         """The last choice that was not exploring (logged when it changes)."""
 
-    async def collect(self, consumer: AIOKafkaConsumer) -> list[ConsumerRecord[bytes, bytes]]:
+    async def collect(self, consumer: BatchConsumer) -> list[Record]:
         """Fetch up to max_batch_size*fetch_factor records, waiting after the first one
         for a batch to fill: the learned wait and batch size, else max_wait_ms."""
         if self.config.adaptive_batching:
@@ -274,7 +272,7 @@ class WorkerObserver:
         if code is ErrorCode.DEADLINE_EXCEEDED:
             self.metrics.shed.labels(cfg.model, cfg.version, variant, "deadline").inc(n)
 
-    async def observe_lag(self, consumer: AIOKafkaConsumer, every_s: float = 1.0) -> None:
+    async def observe_lag(self, consumer: BatchConsumer, every_s: float = 1.0) -> None:
         """Consumer lag per version topic, at most once per ``every_s``; readiness on assignment."""
         if time.monotonic() - self._lag_checked < every_s:
             return
@@ -434,23 +432,15 @@ class Worker:
     def consumer_options(self) -> ConsumerOptions:
         return consumer_options(self.config, self.layout)
 
-    async def serve_once(
-        self,
-        consumer: AIOKafkaConsumer,
-        sink: ReplySink,
-        producer: Producer,
-        guard: BatchGuard | None = None,
-    ) -> int:
-        """Fetch a cycle, answer it, commit once every send is acknowledged; records seen."""
-        records = await self._fetch.collect(consumer)
-        if records:
-            await deliver_and_commit(
-                consumer,
-                records,
-                functools.partial(self.handle, records, sink, producer),
-                guard=guard,
-            )
-        return len(records)
+    def hooks(self, sink: ReplySink, producer: Producer) -> LoopHooks:
+        """This worker's part of the consume loop: fetch a cycle, answer it, watch the lag."""
+
+        async def handle(records: list[Record]) -> list[Awaitable[object]]:
+            return await self.handle(records, sink, producer)
+
+        return LoopHooks(
+            handle=handle, fetch=self._fetch.collect, after_turn=self.observer.observe_lag
+        )
 
     async def handle(
         self, records: Records, sink: ReplySink, producer: Producer
@@ -661,16 +651,17 @@ class Worker:
         producer = self.factory.producer(client_suffix="worker")
         await producer.start()
         sink = ReplySink(producer, layout, f"worker:{cfg.model}/{cfg.version}")
-        guard = BatchGuard("worker", registry=self.registry)  # rebalances, outages: not fatal
-        guard.on_fault(sink.forget)
-        consumer = guard.consumer(
+        loop = ConsumeLoop(
+            "worker",
             self.factory,
             [layout.version_requests(cfg.model, cfg.version)],
             self.consumer_options(),
             role="worker",
             client_suffix="worker",
+            registry=self.registry,
         )
-        await consumer.start()
+        loop.guard.on_fault(sink.forget)  # rebalances, outages: not fatal
+        await loop.start()
         background = self._background
         background.spawn(self._precision.follow(stop), name="worker-precision-follower")
         self.ready.set()
@@ -682,15 +673,10 @@ class Worker:
             self.active_variant,
         )
         try:
-            while not stop.is_set() and background.healthy:
-                async with guard.cycle():
-                    await self.serve_once(consumer, sink, producer, guard)
-                    await self.observer.observe_lag(consumer)
+            await loop.run(stop, self.hooks(sink, producer), healthy=lambda: background.healthy)
         finally:
             await background.close()
-            leave_on_stop(consumer)  # a clean stop hands its partitions over at once
-            await consumer.stop()
-            guard.close()
+            await loop.stop()  # a clean stop hands its partitions over at once
             await producer.stop()
             await self._precision.stop()
             self._engines.close()
