@@ -1,8 +1,10 @@
 """The engine worker: a consumer group per (model, version) running engine variants.
 
-One fetched cycle goes fetch (:class:`CycleFetch`) → decode and validate each record
-into a :class:`~graylane.engine_worker.requests.Job` → plan batches
-(:mod:`~graylane.engine_worker.batching`) → admit them against their deadlines
+The worker runs the library's consume loop (:class:`~graylane.kafka.loop.ConsumeLoop`:
+its consumer, the guard, the backoff and the commit after delivery) with its own
+:meth:`Worker.hooks`. One fetched cycle goes fetch (:class:`CycleFetch`) → decode and
+validate each record into a :class:`~graylane.engine_worker.requests.Job` → plan
+batches (:mod:`~graylane.engine_worker.batching`) → admit them against their deadlines
 (:mod:`~graylane.engine_worker.admission`) → run each batch on the engine thread
 (:class:`~graylane.engine_worker.compute.WorkerEngines`, so aiokafka's heartbeats keep
 running on the event loop) → answer its jobs and build its telemetry
@@ -11,8 +13,8 @@ result and the batch telemetry are acknowledged (at-least-once; duplicates carry
 same request_id). Fault injection is an engine wrapper
 (:mod:`~graylane.engine_worker.faults`), not a step of its own.
 
-Here: the worker's config, its :class:`Worker` (consumer, producer and commit point,
-the fetch cycle, the sends, precision commands and the run loop), its metrics
+Here: the worker's config, its :class:`Worker` (the cycle, the sends, precision
+commands, readiness and its lifecycle), its metrics
 (:class:`WorkerObserver`) and warm standby: a worker that loaded and warmed its
 engines but waits out of its group. A supervisor keeps one such process per scaled
 version (``--warm-standby``), so a scale-out is a signal (``SIGUSR1``: join the
