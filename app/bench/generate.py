@@ -26,7 +26,8 @@ from graylane.engine_worker.batching import DEFAULT_BUCKETS, BucketPolicy
 from graylane.engine_worker.compute import GenerateOutcome, run_batch
 from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.engine_worker.tasks import GenerationResult, KvDecodeLoop
-from graylane.models.demo_gpt import BOS_ID, EOS_ID, PAD_ID, write_demo_gpt
+from graylane.models.byte_vocab import BOS_ID, EOS_ID, PAD_ID
+from graylane.models.demo_gpt import write_demo_gpt
 
 PROMPT_LENGTHS = (8, 16, 24, 32, 48, 64)
 

@@ -36,43 +36,22 @@ from onnx import TensorProto, helper
 
 from graylane.models.byte_vocab import (
     BOS_ID,
-    BYTE_VOCAB,
     EOS_ID,
     META_PREFIX,
     PAD_ID,
-    SPECIAL_IDS,
     VOCAB_SIZE,
     DemoModelError,
-    decode_tokens,
-    encode_text,
 )
-
-__all__ = [
-    "ATTENTION_MASK",
-    "BOS_ID",
-    "BYTE_VOCAB",
-    "EOS_ID",
-    "INPUT_IDS",
-    "LOGITS",
-    "META_PREFIX",
-    "PAD_ID",
-    "SPECIAL_IDS",
-    "VOCAB_SIZE",
-    "DemoModelError",
-    "DemoModelInfo",
-    "DemoSize",
-    "GptConfig",
-    "build_demo_gpt",
-    "config_for",
-    "count_parameters",
-    "decode_tokens",
-    "encode_text",
-    "write_demo_gpt",
-]
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
 LOGITS = "logits"
+OPSET = 17
+IR_VERSION = 8
+PRODUCER = "graylane.demo"
+MASK_BIAS = "causal_mask_bias"
+"""The causal-mask buffer initializer (not a learned parameter)."""
+"""Additive mask value: large enough to zero a softmax term in float32, finite in float16."""
 
 
 def past_key_name(layer: int) -> str:
@@ -91,14 +70,6 @@ def present_key_name(layer: int) -> str:
 
 def present_value_name(layer: int) -> str:
     return f"present.{layer}.value"
-
-
-OPSET = 17
-IR_VERSION = 8
-PRODUCER = "graylane.demo"
-MASK_BIAS = "causal_mask_bias"
-"""The causal-mask buffer initializer (not a learned parameter)."""
-"""Additive mask value: large enough to zero a softmax term in float32, finite in float16."""
 
 
 class DemoSize(Enum):

@@ -12,7 +12,8 @@ from graylane.builder.spec import DemoSource, SpecError, load_spec, parse_spec
 from graylane.builder.variants import VariantStatus
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.tasks import generate_with_cache, kv_cache_layout, run_generate
-from graylane.models.demo_gpt import BOS_ID, PAD_ID, build_demo_gpt
+from graylane.models.byte_vocab import BOS_ID, PAD_ID
+from graylane.models.demo_gpt import build_demo_gpt
 
 SPEC = """
 model: tiny-gpt-kv

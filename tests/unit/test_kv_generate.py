@@ -19,7 +19,8 @@ from graylane.engine_worker.tasks import (
     run_generate,
     token_layout,
 )
-from graylane.models.demo_gpt import BOS_ID, PAD_ID, VOCAB_SIZE, build_demo_gpt
+from graylane.models.byte_vocab import BOS_ID, PAD_ID, VOCAB_SIZE
+from graylane.models.demo_gpt import build_demo_gpt
 
 MAX_SEQ = 64
 RNG = np.random.default_rng(3)

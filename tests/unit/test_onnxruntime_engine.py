@@ -21,7 +21,8 @@ from graylane.engine import (
     UnexpectedInput,
 )
 from graylane.engine.onnxruntime import OnnxRuntimeEngine, default_providers
-from graylane.models.demo_gpt import VOCAB_SIZE, build_demo_gpt, write_demo_gpt
+from graylane.models.byte_vocab import VOCAB_SIZE
+from graylane.models.demo_gpt import build_demo_gpt, write_demo_gpt
 
 
 @pytest.fixture(scope="module")

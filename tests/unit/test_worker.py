@@ -28,7 +28,8 @@ from graylane.engine_worker.service import Worker, WorkerConfig
 from graylane.engine_worker.tasks import run_forward, run_generate
 from graylane.kafka.loop import ConsumeLoop, LoopHooks
 from graylane.kafka.replies import ReplySink
-from graylane.models.demo_gpt import decode_tokens, encode_text, write_demo_gpt
+from graylane.models.byte_vocab import decode_tokens, encode_text
+from graylane.models.demo_gpt import write_demo_gpt
 from graylane.v1 import dlq_pb2, inference_pb2, telemetry_pb2
 from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 

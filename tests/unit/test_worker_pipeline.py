@@ -27,7 +27,8 @@ from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
 from graylane.errors import ErrorCode
 from graylane.kafka.replies import Rejection
 from graylane.kafka.seam import Record
-from graylane.models.demo_gpt import decode_tokens, write_demo_gpt
+from graylane.models.byte_vocab import decode_tokens
+from graylane.models.demo_gpt import write_demo_gpt
 from graylane.v1 import inference_pb2, tensor_pb2
 
 POLICY = BucketPolicy(buckets=(8, 16, 32), max_batch_size=4)
