@@ -21,6 +21,7 @@ import numpy as np
 from graylane.engine.errors import EngineRunError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature
+from graylane.errors import ErrorCode
 
 __all__ = ["FaultInjection", "FaultyEngine", "InjectedFault", "with_faults"]
 
@@ -52,7 +53,7 @@ class FaultInjection:
 class InjectedFault(EngineRunError):
     """A failure injected on purpose (answered with ``INJECTED_FAULT``)."""
 
-    code: ClassVar[str] = "INJECTED_FAULT"
+    code: ClassVar[ErrorCode] = ErrorCode.INJECTED_FAULT
 
 
 class FaultyEngine:

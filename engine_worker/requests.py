@@ -220,8 +220,7 @@ def distrust_shadow(request: inference_pb2.InferenceRequest, version: str) -> bo
 
 def input_rejection(exc: InvalidInputError) -> Rejection:
     """The error result for a request the engine refused for its own input."""
-    code = ErrorCode.__members__.get(exc.code, ErrorCode.BAD_REQUEST)
-    return Rejection(code, str(exc))
+    return Rejection(exc.code, str(exc))
 
 
 _TASK = {inference_pb2.FORWARD: TaskKind.FORWARD, inference_pb2.GENERATE: TaskKind.GENERATE}

@@ -17,6 +17,7 @@ from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import BatchRun, ForwardOutcome, run_isolated
 from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
+from graylane.errors import ErrorCode
 from graylane.histogram import LatencyHistogram
 from graylane.kafka.replies import DEAD_LETTER_KEEP_BYTES, ReplySink, field_problem
 from graylane.policy_engine.logic.window import SlidingWindow, TelemetrySample
@@ -44,7 +45,7 @@ def _tensor(shape: Sequence[int], data: bytes = b"") -> tensor_pb2.Tensor:
 def test_tensor_shapes_are_refused_before_numpy(shape: list[int], match: str) -> None:
     with pytest.raises(tensors.TensorShapeError, match=match) as info:
         tensors.from_tensor(_tensor(shape), max_elements=1024)
-    assert info.value.code == "BAD_SHAPE"
+    assert info.value.code is ErrorCode.BAD_SHAPE
 
 
 def test_element_cap_applies_even_when_bytes_match() -> None:
@@ -89,7 +90,7 @@ def test_one_bad_item_never_fails_its_batch_mates(monkeypatch: pytest.MonkeyPatc
     run = run_isolated(object(), [_item(0), _item(1), _item(2)], BucketPolicy(), 16)  # type: ignore[arg-type]
     assert calls[0] == [0, 1, 2]
     assert sorted(run.outcomes) == [0, 2]
-    assert list(run.input_errors) == [1] and run.input_errors[1].code == "BAD_SHAPE"
+    assert list(run.input_errors) == [1] and run.input_errors[1].code is ErrorCode.BAD_SHAPE
 
 
 def test_input_errors_are_not_engine_errors_in_telemetry() -> None:

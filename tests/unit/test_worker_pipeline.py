@@ -225,7 +225,7 @@ def test_faulty_engine_fails_at_its_rate() -> None:
     always = FaultyEngine(Never(), FaultInjection(error_rate=1.0), random.Random(0))  # type: ignore[arg-type]
     with pytest.raises(InjectedFault) as info:
         always.run({})
-    assert info.value.retriable and info.value.code == "INJECTED_FAULT"
+    assert info.value.retriable and info.value.code is ErrorCode.INJECTED_FAULT
 
 
 def test_with_faults_wraps_only_when_active(gpt: OnnxRuntimeEngine) -> None:
