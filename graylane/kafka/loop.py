@@ -23,6 +23,15 @@ One turn of :meth:`ConsumeLoop.run`:
    (``commit(offsets)`` for offsets kept elsewhere, e.g. in a database);
 6. ``after_turn(consumer)`` (lag and assignment metrics).
 
+A service adopts it by moving its ``run()`` body into hooks: what it fetches its own
+way (the worker waits after the first record for a batch to fill) is ``fetch``; what
+it answered by hand inside ``deliver_and_commit(consumer, records, process, guard=)``
+is ``handle``; per-turn chores (settling tables, lag gauges) are ``before_fetch`` and
+``after_turn``; what it did in its ``finally`` for the consumer (``leave_on_stop``,
+``consumer.stop()``, ``guard.close()``) is :meth:`ConsumeLoop.stop`. Its own clients
+(producer, followers) and background tasks stay its own: ``healthy`` ends the loop
+when one of them died. A test drives one turn with :meth:`ConsumeLoop.turn`.
+
 At-least-once: a batch is committed only once all its sends were acknowledged, so a
 crash re-reads rather than loses; downstream readers see duplicates at worst,
 identifiable by request_id.

@@ -36,6 +36,7 @@ from graylane.models.demo_gpt import write_demo_gpt
 from graylane.services.router.service import Router, RouterConfig
 from graylane.settings import KafkaSecurity, SaslMechanism, SecurityProtocol, Settings
 from graylane.v1 import inference_pb2
+from tests.integration.test_reply_allowlist import request as allowlist_request
 from tests.support.settings import make_settings
 from tests.support.stack import read_topic
 
@@ -111,17 +112,6 @@ async def _contents(factory: KafkaFactory, topics: list[str]) -> dict[str, list[
     return {t: [r.value for r in await read_to_end(factory, t)] for t in topics}
 
 
-def _request(reply_topic: str) -> inference_pb2.InferenceRequest:
-    return inference_pb2.InferenceRequest(
-        request_id=uuid.uuid4().hex,
-        model=MODEL,
-        prompt="hello",
-        task=inference_pb2.FORWARD,
-        post_process=inference_pb2.ARGMAX_LAST,
-        reply_topic=reply_topic,
-    )
-
-
 async def test_each_role_gets_only_its_topics_and_a_producer_cannot_write_control_state(
     secured: SecuredBroker, tmp_path: Path
 ) -> None:
@@ -159,7 +149,7 @@ async def test_each_role_gets_only_its_topics_and_a_producer_cannot_write_contro
     await producer.start()
     try:
         await asyncio.wait_for(asyncio.gather(router.ready.wait(), worker.ready.wait()), 60)
-        request = _request(layout.reply(CLIENT))
+        request = allowlist_request(layout.reply(CLIENT))
         await producer.send_and_wait(layout.ingress(MODEL), serde.encode(request), key=b"u")
         # The producer reads its own reply topic (no consumer group: none is granted).
         replies = await read_topic(producer_factory, layout.reply(CLIENT), expect=1, timeout_s=60)

@@ -1,0 +1,171 @@
+"""The one consume loop over the in-memory double: what it commits, what it retries,
+what it lets through, and how it stops."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+
+from graylane.errors import GraylaneError
+from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
+from graylane.kafka.seam import ConsumerOptions, Record
+from graylane.settings import Settings
+from tests.support.memory_kafka import MemoryBroker, MemoryFactory
+
+TOPIC = "t.in"
+GROUP = "g"
+
+
+class Transient(GraylaneError):
+    """A failure that trying again can cure."""
+
+    retriable = True
+
+
+class Broken(GraylaneError):
+    """A failure that it cannot."""
+
+
+@pytest.fixture
+def factory(tmp_path: Path) -> MemoryFactory:
+    factory = MemoryFactory(
+        MemoryBroker(), Settings(topic_prefix="t", partitions=1, instance_id="loop-test")
+    )
+    factory.broker.create_topic(TOPIC, 1)
+    for n in range(3):
+        factory.broker.append(TOPIC, f"r{n}".encode(), partition=0)
+    return factory
+
+
+def loop_of(factory: MemoryFactory, group: str | None = GROUP) -> ConsumeLoop:
+    return ConsumeLoop(
+        "test",
+        factory,
+        [TOPIC],
+        ConsumerOptions(group_id=group),
+        role="test",
+        client_suffix="test",
+        policy=BackoffPolicy(base_s=0.01, cap_s=0.02),
+        poll_ms=50,
+    )
+
+
+def committed(factory: MemoryFactory) -> int | None:
+    return factory.broker.committed(GROUP, TopicPartition(TOPIC, 0))
+
+
+async def test_a_delivered_batch_is_committed_and_a_stop_frees_the_consumer(
+    factory: MemoryFactory,
+) -> None:
+    loop = loop_of(factory)
+    seen: list[bytes] = []
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        seen.extend(r.value or b"" for r in records)
+        return []
+
+    await loop.start()
+    assert await loop.turn(LoopHooks(handle=handle)) == 3
+    assert seen == [b"r0", b"r1", b"r2"]
+    assert committed(factory) == 3
+    await loop.stop()
+    with pytest.raises(GraylaneError):
+        loop.consumer  # noqa: B018 - stopped: no consumer to use
+
+
+async def test_a_retriable_error_rewinds_backs_off_and_tells_the_fault_callbacks(
+    factory: MemoryFactory,
+) -> None:
+    loop = loop_of(factory)
+    faults: list[tuple[Fault, BaseException]] = []
+    loop.guard.on_fault(lambda kind, exc: faults.append((kind, exc)))
+    tries: list[int] = []
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        tries.append(len(records))
+        if len(tries) == 1:
+            raise Transient("the store blinked")
+        return []
+
+    await loop.start()
+    try:
+        hooks = LoopHooks(handle=handle)
+        await loop.turn(hooks)
+        assert committed(factory) is None  # nothing of the failed batch
+        await loop.turn(hooks)
+    finally:
+        await loop.stop()
+    assert tries == [3, 3]  # the same batch again
+    assert committed(factory) == 3
+    [(kind, exc)] = faults
+    assert kind is Fault.OUTAGE and isinstance(exc, Transient)
+    assert loop.guard.backoff.failures == 0  # reset by the success
+
+
+async def test_an_error_that_is_not_retriable_propagates_and_nothing_is_committed(
+    factory: MemoryFactory,
+) -> None:
+    loop = loop_of(factory)
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        raise Broken("no")
+
+    await loop.start()
+    try:
+        with pytest.raises(Broken):
+            await loop.run(asyncio.Event(), LoopHooks(handle=handle))
+    finally:
+        await loop.stop()
+    assert committed(factory) is None
+
+
+async def test_offsets_kept_elsewhere_go_to_the_commit_hook(factory: MemoryFactory) -> None:
+    loop = loop_of(factory, group=None)
+    kept: dict[TopicPartition, int] = {}
+    positioned: list[bool] = []
+
+    async def position(consumer: object) -> None:
+        positioned.append(True)
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        return []
+
+    async def commit(offsets: dict[TopicPartition, int]) -> None:
+        kept.update(offsets)
+
+    await loop.start(position)
+    try:
+        while not kept:
+            await loop.turn(LoopHooks(handle=handle, commit=commit))
+    finally:
+        await loop.stop()
+    assert positioned == [True]
+    assert kept == {TopicPartition(TOPIC, 0): 3}
+
+
+async def test_a_stop_cuts_a_backoff_wait_short(factory: MemoryFactory) -> None:
+    loop = ConsumeLoop(
+        "test",
+        factory,
+        [TOPIC],
+        ConsumerOptions(group_id=GROUP),
+        role="test",
+        client_suffix="test",
+        policy=BackoffPolicy(base_s=30.0, cap_s=30.0),
+    )
+    stop = asyncio.Event()
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        stop.set()  # stop while the batch fails: the 30 s backoff must not be waited out
+        raise Transient("down")
+
+    await loop.start()
+    try:
+        await asyncio.wait_for(loop.run(stop, LoopHooks(handle=handle)), 5)
+    finally:
+        await loop.stop()
+    assert loop.guard.faults[Fault.OUTAGE] == 1
