@@ -72,11 +72,6 @@ def present_value_name(layer: int) -> str:
     return f"present.{layer}.value"
 
 
-class DemoSize(Enum):
-    TINY = "tiny"
-    SMALL = "small"
-
-
 @dataclass(frozen=True, kw_only=True)
 class GptConfig:
     """Shape of a demo decoder; the weights come from the seed."""
@@ -118,6 +113,11 @@ class GptConfig:
         embeddings = v * d + self.max_seq_len * d
         head = 2 * d + d * v + v  # final norm and LM head
         return embeddings + self.n_layers * block + head
+
+
+class DemoSize(Enum):
+    TINY = "tiny"
+    SMALL = "small"
 
 
 CONFIGS: Mapping[DemoSize, GptConfig] = {
