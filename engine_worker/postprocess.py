@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from graylane.engine.errors import InvalidInputError
-from graylane.tensors import PostProcess
+from graylane.serde import PostProcess
 
 __all__ = ["MEAN_POOL", "TOKEN_IDS", "TOPK_IDS", "TOPK_VALUES", "PostProcess", "post_process"]
 

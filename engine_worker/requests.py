@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from graylane import serde, tensors
+from graylane import serde
 from graylane.artifacts.model_info import ModelInfo
 from graylane.engine.errors import InvalidInputError
 from graylane.engine.protocol import InferenceEngine
@@ -37,7 +37,7 @@ from graylane.errors import ErrorCode, SerdeError
 from graylane.kafka.replies import Rejection, clip, field_problem, reply_topic_rejection
 from graylane.kafka.seam import Record
 from graylane.models.byte_vocab import META_PREFIX, decode_tokens, encode_text
-from graylane.tensors import post_process_from_pb
+from graylane.serde import post_process_from_pb
 from graylane.topics import TopicLayout
 from graylane.v1 import inference_pb2
 
@@ -229,14 +229,14 @@ _TASK = {inference_pb2.FORWARD: TaskKind.FORWARD, inference_pb2.GENERATE: TaskKi
 def request_facts(
     request: inference_pb2.InferenceRequest,
     tokenizer: Tokenizer | None = None,
-    max_elements: int = tensors.DEFAULT_MAX_ELEMENTS,
+    max_elements: int = serde.DEFAULT_MAX_ELEMENTS,
 ) -> RequestFacts | Rejection:
     """The plain facts of ``request``; tensors decoded, the prompt tokenized if possible."""
     task = _TASK.get(request.task, TaskKind.FORWARD if request.task == 0 else None)
     if task is None:
         return Rejection(ErrorCode.UNSUPPORTED_TASK, f"task {request.task} is not supported")
     try:
-        inputs = tensors.from_tensors(request.inputs, max_elements)
+        inputs = serde.from_tensors(request.inputs, max_elements)
     except InvalidInputError as exc:  # typed: BAD_DTYPE / BAD_SHAPE carry their code
         return input_rejection(exc)
     token_ids: tuple[int, ...] = tuple(request.token_ids)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from graylane import tensors
+from graylane import serde
 from graylane.engine_worker.compute import (
     BatchRun,
     ForwardOutcome,
@@ -120,7 +120,7 @@ def _result(
         timing=when,
     )
     if isinstance(outcome, ForwardOutcome):
-        result.outputs.extend(tensors.to_tensors(outcome.outputs))
+        result.outputs.extend(serde.to_tensors(outcome.outputs))
     else:
         tokens = outcome.result.tokens
         result.generated_token_ids.extend(tokens)

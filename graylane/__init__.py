@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     )
     from graylane.errors import ErrorCode, GraylaneError
     from graylane.kafka.seam import KafkaFactory
+    from graylane.serde import PostProcess
     from graylane.settings import Settings
-    from graylane.tensors import PostProcess
 
 __all__ = [
     "ErrorCode",
@@ -50,7 +50,7 @@ _HOME = {
     "GraylaneError": "graylane.errors",
     "InferenceTimeout": "graylane.client",
     "KafkaFactory": "graylane.kafka.seam",
-    "PostProcess": "graylane.tensors",
+    "PostProcess": "graylane.serde",
     "RequestRejected": "graylane.client",
     "Result": "graylane.client",
     "Settings": "graylane.settings",

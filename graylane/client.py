@@ -27,7 +27,7 @@ from types import TracebackType
 
 import numpy as np
 
-from graylane import serde, tensors
+from graylane import serde
 from graylane.clock import now_ms
 from graylane.errors import ErrorCode, GraylaneError, SerdeError, require_started
 from graylane.kafka.reading import FollowFrom, TopicFollower
@@ -39,8 +39,8 @@ from graylane.kafka.seam import (
     Record,
     known_topics,
 )
+from graylane.serde import PostProcess, post_process_to_pb
 from graylane.settings import Settings
-from graylane.tensors import PostProcess, post_process_to_pb
 from graylane.v1 import inference_pb2
 
 __all__ = [
@@ -129,7 +129,7 @@ class Result:
             ok=ok,
             error_code="" if ok else _error_code_name(pb.error_code),
             error_message=pb.error_message,
-            outputs=tensors.from_tensors(pb.outputs),
+            outputs=serde.from_tensors(pb.outputs),
             tokens=tuple(pb.generated_token_ids),
             text=pb.text,
             timing=Timing(
@@ -270,7 +270,7 @@ class GraylaneClient:
             model=model,
             routing_key=routing_key,
             tags=dict(tags or {}),
-            inputs=tensors.to_tensors(inputs or {}),
+            inputs=serde.to_tensors(inputs or {}),
             prompt=prompt,
             token_ids=list(token_ids or []),
             task=task.value,

@@ -11,12 +11,11 @@ from enum import Enum
 
 from graylane.policy_engine.logic.qos import QosDecision, QosState
 from graylane.policy_engine.logic.rollout import Decision, RolloutState
-from graylane.policy_engine.logic.routing_plan import RoutingPlan
 from graylane.policy_engine.logic.scale import ScaleDecision
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import DecisionRule, ManualCommand
-from graylane.routing.cohorts import RouteConfig
+from graylane.routing.table import RouteConfig, RoutingPlan
 
 __all__ = [
     "Command",

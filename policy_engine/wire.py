@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from graylane import serde
 from graylane.errors import SerdeError
 from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
+from graylane.policy_engine.core import VersionKey
 from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.logic.agreement import (
     AgreementStats,
@@ -43,19 +44,18 @@ from graylane.policy_engine.logic.agreement import (
     SchemaMismatch,
     ShadowOutput,
 )
-from graylane.policy_engine.logic.gates import StepEvidence
-from graylane.policy_engine.logic.liveness import LagSample, VersionLiveness
-from graylane.policy_engine.logic.qos import QosDecision, QosState
-from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, RolloutState
-from graylane.policy_engine.logic.routing_plan import RoutingPlan, plan_of_table, route_table_for
-from graylane.policy_engine.logic.scale import ScaleDecision, ScaleReason
-from graylane.policy_engine.logic.sequential import (
+from graylane.policy_engine.logic.gates import (
     RATE_GRID,
     RATIO_GRID,
     RateTest,
     RatioTest,
     SequentialEvidence,
+    StepEvidence,
 )
+from graylane.policy_engine.logic.liveness import LagSample, VersionLiveness
+from graylane.policy_engine.logic.qos import QosDecision, QosState
+from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, RolloutState
+from graylane.policy_engine.logic.scale import ScaleDecision, ScaleReason
 from graylane.policy_engine.logic.window import TelemetrySample, WindowStats
 from graylane.policy_engine.messages import (
     Command,
@@ -76,7 +76,6 @@ from graylane.policy_engine.messages import (
     ScalePublication,
     SkipReason,
 )
-from graylane.policy_engine.state import VersionKey
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import (
     decision_kind_to_pb,
@@ -92,8 +91,15 @@ from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
 from graylane.routing import RouteTable
-from graylane.routing.cohorts import InvalidRouteRule, RouteConfig, config_of_table
 from graylane.routing.convert import route_config_from_pb, table_from_pb, table_to_pb
+from graylane.routing.table import (
+    InvalidRouteRule,
+    RouteConfig,
+    RoutingPlan,
+    config_of_table,
+    plan_of_table,
+    route_table_for,
+)
 from graylane.topics import TopicLayout
 from graylane.v1 import (
     audit_pb2,

@@ -34,8 +34,7 @@ from graylane.capture.sampling import (
 from graylane.errors import GraylaneError
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import ClientFactory, known_topics
-from graylane.serde import decode
-from graylane.tensors import from_tensors
+from graylane.serde import decode, from_tensors
 from graylane.topics import TopicLayout
 from graylane.v1 import inference_pb2
 

@@ -1,12 +1,14 @@
-"""Pure routing: sticky buckets, monotone ranges, rules, pins and shadow sampling."""
+"""Pure routing: the traffic split, sticky buckets, monotone ranges, rules, pins, shadow."""
 
-from graylane.routing.buckets import BUCKETS, assign_ranges, bucket_of
 from graylane.routing.table import (
+    BUCKETS,
     RouteReason,
     RouteTable,
     RoutingRequest,
     RoutingRule,
     UnknownPinnedVersion,
+    assign_ranges,
+    bucket_of,
     route,
     table_for_weights,
 )

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from graylane.routing.buckets import BucketRange
-from graylane.routing.cohorts import RouteConfig
-from graylane.routing.table import RouteTable, RoutingRule, VersionRoute
+from graylane.routing.table import BucketRange, RouteConfig, RouteTable, RoutingRule, VersionRoute
 from graylane.v1 import control_pb2, rollout_pb2
 
 

@@ -1,18 +1,119 @@
-"""The routing function: (table, request facts) -> where the request goes.
+"""A model's routing: the traffic split the policy engine decides, the table the router
+serves from, and the routing function.
 
-Order of precedence: tag rules, then an explicit version pin (when the table
-allows pinning), then the sticky bucket ranges. Without a table, the model's
-stable version from configuration serves.
+**The split** (:class:`RoutingPlan`): per-version weights and the shadow settings, as the
+policy engine decides them. During a rollout the baseline stays the stable version and
+the candidate is the weighted one; after a promotion the candidate is the stable version
+and takes every bucket. :func:`route_table_for` turns a plan into a table.
+
+**The table** (:class:`RouteTable`): the plan's weights as sticky bucket ranges, with the
+model's cohort rules (:class:`RouteConfig`: tag rules and whether pins are allowed, kept
+in the order they were added; adding a rule under an existing name replaces it in place).
+``bucket = hash(routing_key) mod 10000``. Non-stable versions own contiguous ranges
+starting at bucket 0, in a fixed order; the stable version owns the rest. Raising a
+candidate's weight only extends its range upward, so a key that reached the candidate at
+weight ``w`` stays on it at every weight ``>= w``.
+
+**The routing function** (:func:`route`): (table, request facts) -> where the request
+goes. Order of precedence: tag rules (the first match wins), then an explicit version pin
+(when the table allows pinning), then the sticky bucket ranges. Without a table, the
+model's stable version from configuration serves.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from graylane.errors import GraylaneError
-from graylane.routing.buckets import BucketRange, assign_ranges, bucket_of, sample_fraction
+
+__all__ = [
+    "InvalidRouteRule",
+    "RouteConfig",
+    "RoutingPlan",
+    "UnknownRouteRule",
+    "VersionWeight",
+    "config_of_table",
+    "plan_of_table",
+    "route_table_for",
+    "split_plan",
+    "stable_plan",
+    "weights_for",
+]
+
+
+BUCKETS = 10_000
+
+
+class WeightError(GraylaneError, ValueError):
+    """Weights that cannot be turned into bucket ranges."""
+
+
+@dataclass(frozen=True, order=True)
+class BucketRange:
+    """Half-open range ``[start, end)`` of buckets."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end <= BUCKETS:
+            raise WeightError(f"bucket range [{self.start}, {self.end}) is outside 0..{BUCKETS}")
+
+    def __contains__(self, bucket: object) -> bool:
+        return isinstance(bucket, int) and self.start <= bucket < self.end
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def _hash64(data: str, salt: bytes) -> int:
+    digest = hashlib.blake2b(data.encode("utf-8"), digest_size=8, key=salt).digest()
+    return int.from_bytes(digest, "big")
+
+
+def bucket_of(routing_key: str) -> int:
+    """The sticky bucket of a routing key (stable across processes and versions)."""
+    return _hash64(routing_key, b"graylane-route") % BUCKETS
+
+
+def sample_fraction(request_id: str, salt: str = "shadow") -> float:
+    """A stable pseudo-random number in [0, 1) for sampling (e.g. shadow copies)."""
+    return _hash64(request_id, salt.encode("utf-8")[:64]) / 2.0**64
+
+
+def percent_to_buckets(percent: float) -> int:
+    if not 0.0 <= percent <= 100.0:
+        raise WeightError(f"weight {percent}% is outside 0..100")
+    return round(percent * BUCKETS / 100.0)
+
+
+def assign_ranges(
+    stable_version: str, others: Sequence[tuple[str, float]]
+) -> dict[str, BucketRange]:
+    """Contiguous ranges for ``others`` (in the given order) from bucket 0 up.
+
+    The stable version gets the remaining buckets at the top. Weights are in
+    percent; their sum may not exceed 100.
+    """
+    ranges: dict[str, BucketRange] = {}
+    start = 0
+    for version, percent in others:
+        if version == stable_version:
+            raise WeightError(f"version {version} is both stable and weighted")
+        if version in ranges:
+            raise WeightError(f"version {version} is weighted twice")
+        size = percent_to_buckets(percent)
+        if start + size > BUCKETS:
+            raise WeightError("weights add up to more than 100%")
+        ranges[version] = BucketRange(start, start + size)
+        start += size
+    ranges[stable_version] = BucketRange(start, BUCKETS)
+    return ranges
 
 
 class RouteReason(Enum):
@@ -190,3 +291,182 @@ def route_without_table(model: str, stable_version: str, facts: RoutingRequest) 
         )
     bucket = bucket_of(facts.routing_key or facts.request_id)
     return RouteDecision(stable_version, RouteReason.NO_TABLE, bucket)
+
+
+class InvalidRouteRule(GraylaneError, ValueError):
+    """A rule without a name, tags or version, or with an empty tag key."""
+
+
+class UnknownRouteRule(GraylaneError, LookupError):
+    """No rule of that name on the model."""
+
+
+def check_rule(rule: RoutingRule) -> None:
+    if not rule.name:
+        raise InvalidRouteRule("a routing rule needs a name")
+    if not rule.version:
+        raise InvalidRouteRule(f"rule {rule.name!r} names no version")
+    if not rule.match_tags or any(not k for k, _ in rule.match_tags):
+        raise InvalidRouteRule(f"rule {rule.name!r} needs at least one tag=value to match")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouteConfig:
+    model: str
+    rules: tuple[RoutingRule, ...] = ()
+    allow_pinning: bool = False
+
+    def __post_init__(self) -> None:
+        for rule in self.rules:
+            check_rule(rule)
+        names = [r.name for r in self.rules]
+        if len(names) != len(set(names)):
+            raise InvalidRouteRule(f"rule names repeat on {self.model}: {names}")
+
+    def with_rule(self, rule: RoutingRule) -> RouteConfig:
+        """Add ``rule``, or replace the rule of the same name where it stands."""
+        check_rule(rule)
+        if any(r.name == rule.name for r in self.rules):
+            rules = tuple(rule if r.name == rule.name else r for r in self.rules)
+        else:
+            rules = (*self.rules, rule)
+        return replace(self, rules=rules)
+
+    def without_rule(self, name: str) -> RouteConfig:
+        if not any(r.name == name for r in self.rules):
+            raise UnknownRouteRule(f"{self.model} has no routing rule {name!r}")
+        return replace(self, rules=tuple(r for r in self.rules if r.name != name))
+
+    def with_pinning(self, allow: bool) -> RouteConfig:
+        return replace(self, allow_pinning=allow)
+
+
+def config_of_table(table: RouteTable) -> RouteConfig:
+    """The cohort routing a published table carries."""
+    return RouteConfig(model=table.model, rules=table.rules, allow_pinning=table.allow_pinning)
+
+
+@dataclass(frozen=True)
+class VersionWeight:
+    version: str
+    weight_percent: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoutingPlan:
+    """The routing of one model as the policy engine wants it."""
+
+    model: str
+    rollout_id: str
+    stable_version: str
+    weights: tuple[VersionWeight, ...]
+    shadow_version: str | None = None
+    shadow_share: float = 0.0
+    epoch: int = 0
+
+    @property
+    def candidate_weight_percent(self) -> float:
+        """The weight of a rollout's candidate (the second version of its split), else 0."""
+        return self.weights[1].weight_percent if len(self.weights) > 1 else 0.0
+
+    def weight_of(self, version: str) -> float:
+        return sum(w.weight_percent for w in self.weights if w.version == version)
+
+    def others(self) -> tuple[tuple[str, float], ...]:
+        """Positive weights of the versions other than the stable one (the router's input)."""
+        return tuple(
+            (w.version, w.weight_percent)
+            for w in self.weights
+            if w.version != self.stable_version and w.weight_percent > 0.0
+        )
+
+
+def weights_for(
+    baseline: str, candidate: str, candidate_percent: float
+) -> tuple[VersionWeight, VersionWeight]:
+    """``(baseline, 100 - p)`` and ``(candidate, p)``, in that order; zeros are kept."""
+    if baseline == candidate:
+        raise ValueError(f"baseline and candidate are the same version {baseline!r}")
+    if not (math.isfinite(candidate_percent) and 0.0 <= candidate_percent <= 100.0):
+        raise ValueError(f"candidate weight {candidate_percent}% is outside 0..100")
+    return (
+        VersionWeight(baseline, 100.0 - candidate_percent),
+        VersionWeight(candidate, candidate_percent),
+    )
+
+
+def split_plan(
+    *,
+    model: str,
+    rollout_id: str,
+    stable_version: str,
+    baseline: str,
+    candidate: str,
+    candidate_weight_percent: float,
+    shadow_version: str | None = None,
+    shadow_share: float = 0.0,
+    epoch: int = 0,
+) -> RoutingPlan:
+    """A rollout's split: ``candidate_weight_percent`` to the candidate, the rest to the
+    baseline; a shadow share counts only with a shadow version and the other way round."""
+    return RoutingPlan(
+        model=model,
+        rollout_id=rollout_id,
+        stable_version=stable_version,
+        weights=weights_for(baseline, candidate, candidate_weight_percent),
+        shadow_version=shadow_version if shadow_share > 0.0 else None,
+        shadow_share=shadow_share if shadow_version else 0.0,
+        epoch=epoch,
+    )
+
+
+def stable_plan(model: str, version: str, epoch: int) -> RoutingPlan:
+    """Every request to ``version`` (a revert, or cohort rules before any rollout)."""
+    return RoutingPlan(
+        model=model,
+        rollout_id="",
+        stable_version=version,
+        weights=(VersionWeight(version, 100.0),),
+        epoch=epoch,
+    )
+
+
+def plan_of_table(table: RouteTable) -> RoutingPlan:
+    """The weights and shadow settings of a published table (after a restart)."""
+    return RoutingPlan(
+        model=table.model,
+        rollout_id=table.rollout_id,
+        stable_version=table.stable_version,
+        weights=tuple(VersionWeight(r.version, r.weight_percent) for r in table.routes),
+        shadow_version=table.shadow_version,
+        shadow_share=table.shadow_share,
+        epoch=table.epoch,
+    )
+
+
+def route_table_for(
+    plan: RoutingPlan,
+    *,
+    rules: Sequence[RoutingRule] = (),
+    allow_pinning: bool = False,
+    reason: str = "",
+    config: RouteConfig | None = None,
+) -> RouteTable:
+    """The router's table for ``plan`` (bucket ranges computed by ``graylane.routing``).
+
+    ``config`` (the model's cohort routing) supplies rules and pinning when given.
+    """
+    if config is not None:
+        rules, allow_pinning = config.rules, config.allow_pinning
+    return table_for_weights(
+        model=plan.model,
+        stable_version=plan.stable_version,
+        weights=plan.others(),
+        rules=rules,
+        shadow_version=plan.shadow_version,
+        shadow_share=plan.shadow_share,
+        epoch=plan.epoch,
+        allow_pinning=allow_pinning,
+        rollout_id=plan.rollout_id,
+        reason=reason,
+    )

@@ -55,24 +55,21 @@ from typing import TypedDict
 from graylane.policy_engine.logic.agreement import AgreementStats, SchemaMismatch
 from graylane.policy_engine.logic.gates import (
     GateResult,
+    SequentialEvidence,
     StepEvidence,
     Verdict,
+    advance_sequential,
     agreement_gate,
     backlog_gate,
     error_gate,
     on_service_time,
+    sequential_gates,
     service_latency_gate,
 )
 from graylane.policy_engine.logic.liveness import (
     LivenessAction,
     VersionLiveness,
     check_rollout_liveness,
-)
-from graylane.policy_engine.logic.routing_plan import RoutingPlan, split_plan
-from graylane.policy_engine.logic.sequential import (
-    SequentialEvidence,
-    advance_sequential,
-    sequential_gates,
 )
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.errors import InputMismatch, InvalidTransition, RolloutFinished
@@ -85,6 +82,7 @@ from graylane.rollouts.vocabulary import (
     ManualCommand,
     Phase,
 )
+from graylane.routing.table import RoutingPlan, split_plan
 
 __all__ = [
     "GATE_MIN_WINDOW_REQUESTS",

@@ -59,8 +59,8 @@ from graylane.rollouts.pb import (
     rollout_spec_to_pb,
 )
 from graylane.rollouts.vocabulary import ManualCommand, Phase
-from graylane.routing.cohorts import InvalidRouteRule, RouteConfig, UnknownRouteRule
 from graylane.routing.convert import route_config_from_pb, route_config_to_pb, rule_from_pb
+from graylane.routing.table import InvalidRouteRule, RouteConfig, UnknownRouteRule
 from graylane.services.controlplane import domain
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
 from graylane.services.controlplane.auth import ApiRole, AuthInterceptor, Principal, TokenTable

@@ -22,7 +22,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from graylane import serde, tensors
+from graylane import serde
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.seam import KafkaFactory
 from graylane.v1 import inference_pb2
@@ -61,7 +61,7 @@ async def test_a_worker_whose_engine_keeps_failing_reloads_it_once_then_exits_no
         for i in range(2 * LIMIT):
             x = np.full((1, 4), float(i), dtype=np.float32)
             request = inference_pb2.InferenceRequest(
-                request_id=f"r{i}", model=MODEL, inputs=tensors.to_tensors({"x": x})
+                request_id=f"r{i}", model=MODEL, inputs=serde.to_tensors({"x": x})
             )
             topic = layout.version_requests(MODEL, VERSION)
             await producer.send_and_wait(topic, serde.encode(request), key=b"k", partition=0)

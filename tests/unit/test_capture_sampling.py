@@ -17,8 +17,7 @@ from graylane.capture.sampling import (
     split_of,
     to_columns,
 )
-from graylane.serde import encode
-from graylane.tensors import to_tensors
+from graylane.serde import encode, to_tensors
 from graylane.v1 import inference_pb2
 
 

@@ -23,7 +23,7 @@ HOMES = {
     "graylane.errors": "ErrorCode GraylaneError",
     "graylane.kafka.seam": "KafkaFactory",
     "graylane.settings": "Settings",
-    "graylane.tensors": "PostProcess",
+    "graylane.serde": "PostProcess",
 }
 """The public names, by the module that defines them."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graylane import serde, tensors
+from graylane import serde
 from graylane.artifacts.model_info import ModelInfo
 from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
@@ -97,7 +97,7 @@ def _request(i: int, ids: list[int]) -> bytes:
     feeds = {"input_ids": arr, "attention_mask": np.ones_like(arr)}
     return serde.encode(
         inference_pb2.InferenceRequest(
-            request_id=f"r{i}", model=MODEL, inputs=tensors.to_tensors(feeds)
+            request_id=f"r{i}", model=MODEL, inputs=serde.to_tensors(feeds)
         )
     )
 

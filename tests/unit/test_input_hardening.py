@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from graylane import serde, tensors
+from graylane import serde
 from graylane.engine.errors import BadShape
 from graylane.engine_worker import compute
 from graylane.engine_worker.batching import BucketPolicy
@@ -43,15 +43,15 @@ def _tensor(shape: Sequence[int], data: bytes = b"") -> tensor_pb2.Tensor:
     ],
 )
 def test_tensor_shapes_are_refused_before_numpy(shape: list[int], match: str) -> None:
-    with pytest.raises(tensors.TensorShapeError, match=match) as info:
-        tensors.from_tensor(_tensor(shape), max_elements=1024)
+    with pytest.raises(serde.TensorShapeError, match=match) as info:
+        serde.from_tensor(_tensor(shape), max_elements=1024)
     assert info.value.code is ErrorCode.BAD_SHAPE
 
 
 def test_element_cap_applies_even_when_bytes_match() -> None:
-    with pytest.raises(tensors.TensorShapeError, match="limit"):
-        tensors.from_tensor(_tensor([2, 600], b"\0" * 1200), max_elements=1024)
-    ok = tensors.from_tensor(_tensor([2, 3], b"\0" * 6), max_elements=1024)
+    with pytest.raises(serde.TensorShapeError, match="limit"):
+        serde.from_tensor(_tensor([2, 600], b"\0" * 1200), max_elements=1024)
+    ok = serde.from_tensor(_tensor([2, 3], b"\0" * 6), max_elements=1024)
     assert ok.shape == (2, 3)
 
 
@@ -188,4 +188,4 @@ def test_window_counts_a_rewound_batch_once() -> None:
 
 def test_numpy_is_untouched_for_a_valid_tensor() -> None:
     arr = np.arange(6, dtype=np.uint8).reshape(2, 3)
-    assert (tensors.from_tensor(tensors.to_tensor("x", arr)) == arr).all()
+    assert (serde.from_tensor(serde.to_tensor("x", arr)) == arr).all()

@@ -205,18 +205,18 @@ def test_signature_from_onnx_equals_the_loaded_engines(
 
 
 def test_tensor_decoding_errors_carry_their_code() -> None:
-    from graylane import tensors
+    from graylane import serde
     from graylane.errors import TensorError
     from graylane.v1 import tensor_pb2
 
     short = tensor_pb2.Tensor(name="x", dtype=tensor_pb2.FLOAT32, shape=[2], data=b"1234")
     with pytest.raises(BadShape) as shape_info:
-        tensors.from_tensor(short)
+        serde.from_tensor(short)
     assert isinstance(shape_info.value, TensorError)
     assert shape_info.value.code is ErrorCode.BAD_SHAPE
     unknown = tensor_pb2.Tensor(name="x", dtype=99, shape=[1], data=b"1")  # type: ignore[arg-type]
     with pytest.raises(BadDtype) as dtype_info:
-        tensors.from_tensor(unknown)
+        serde.from_tensor(unknown)
     assert dtype_info.value.code is ErrorCode.BAD_DTYPE
 
 

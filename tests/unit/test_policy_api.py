@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PURE = [
     ROOT / "graylane" / "histogram.py",
     *sorted((ROOT / "policy_engine" / "logic").glob("*.py")),
-    *(ROOT / "policy_engine" / f"{name}.py" for name in ("core", "isolation", "messages", "state")),
+    *(ROOT / "policy_engine" / f"{name}.py" for name in ("core", "isolation", "messages")),
 ]
 FORBIDDEN = ("aiokafka", "kafka", "faust", "grpc", "sqlalchemy", "google.protobuf", "graylane.v1")
 

@@ -10,10 +10,9 @@ from hypothesis import strategies as st
 
 from graylane.histogram import LatencyHistogram
 from graylane.policy_engine import wire
-from graylane.policy_engine.logic.gates import StepEvidence
+from graylane.policy_engine.logic.gates import StepEvidence, advance_sequential
 from graylane.policy_engine.logic.qos import Ceiling, QosState, evaluate_qos
 from graylane.policy_engine.logic.rollout import RolloutState, apply_command, evaluate, start
-from graylane.policy_engine.logic.sequential import advance_sequential
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.pb import manual_command_from_pb
 from graylane.rollouts.qos_policy import QosPolicy

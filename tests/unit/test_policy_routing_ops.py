@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from graylane.policy_engine.core import PolicyCore
-from graylane.policy_engine.logic.routing_plan import plan_of_table, route_table_for, stable_plan
 from graylane.policy_engine.messages import (
     Command,
     CommandKind,
@@ -19,8 +18,15 @@ from graylane.policy_engine.wire import command_from_pb, records_of
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionRule, ManualCommand, Phase
 from graylane.routing import RoutingRequest, RoutingRule, route
-from graylane.routing.cohorts import InvalidRouteRule, RouteConfig, UnknownRouteRule
 from graylane.routing.convert import route_config_to_pb, table_from_pb
+from graylane.routing.table import (
+    InvalidRouteRule,
+    RouteConfig,
+    UnknownRouteRule,
+    plan_of_table,
+    route_table_for,
+    stable_plan,
+)
 from graylane.serde import decode
 from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2, control_pb2, rollout_pb2

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from graylane.policy_engine.logic.rollout import apply_command, start
-from graylane.policy_engine.logic.routing_plan import (
+from graylane.rollouts.spec import RolloutSpec, Strategy
+from graylane.rollouts.vocabulary import ManualCommand
+from graylane.routing import BUCKETS
+from graylane.routing.table import (
     VersionWeight,
     route_table_for,
     split_plan,
     weights_for,
 )
-from graylane.rollouts.spec import RolloutSpec, Strategy
-from graylane.rollouts.vocabulary import ManualCommand
-from graylane.routing import BUCKETS
 
 SPEC = RolloutSpec(rollout_id="r", model="m", baseline="v1", candidate="v2")
 

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from graylane.histogram import LatencyHistogram
-from graylane.policy_engine.logic.gates import fisher_greater
-from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, evaluate, start
-from graylane.policy_engine.logic.sequential import (
+from graylane.policy_engine.logic.gates import (
     RateTest,
     RatioTest,
     advance_sequential,
+    fisher_greater,
     log_threshold,
 )
+from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, evaluate, start
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule

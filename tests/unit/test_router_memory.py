@@ -15,9 +15,8 @@ from aiokafka.errors import NotLeaderForPartitionError, RecordTooLargeError
 
 from graylane import serde
 from graylane.routing import RoutingRule, table_for_weights
-from graylane.routing.buckets import bucket_of
 from graylane.routing.convert import table_to_pb
-from graylane.routing.table import RouteTable
+from graylane.routing.table import RouteTable, bucket_of
 from graylane.services.router.service import Router, RouterConfig
 from graylane.settings import Settings
 from graylane.v1 import dlq_pb2, inference_pb2

@@ -17,8 +17,8 @@ from graylane.routing import (
     route,
     table_for_weights,
 )
-from graylane.routing.buckets import WeightError
 from graylane.routing.convert import table_from_pb, table_to_pb
+from graylane.routing.table import WeightError
 
 KEYS = [f"user-{i}" for i in range(100_000)]
 

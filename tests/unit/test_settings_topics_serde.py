@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from graylane import serde, tensors
+from graylane import serde
 from graylane.errors import SerdeError, TensorError
 from graylane.settings import SecurityProtocol, Settings, SettingsError
 from graylane.topics import Cleanup, TopicKind, TopicLayout, TopicNameError
@@ -113,17 +113,17 @@ _dtypes = st.sampled_from(["<f4", "<f2", "<f8", "<i8", "<i4", "i1", "u1", "?"])
 
 @given(hnp.arrays(dtype=_dtypes, shape=hnp.array_shapes(min_dims=0, max_dims=4, max_side=5)))
 def test_tensor_round_trip(array: np.ndarray) -> None:
-    back = tensors.from_tensor(tensors.to_tensor("x", array))
+    back = serde.from_tensor(serde.to_tensor("x", array))
     assert back.dtype == array.dtype
     assert back.shape == array.shape
     np.testing.assert_array_equal(back, array)
 
 
 def test_tensor_byte_length_is_checked() -> None:
-    t = tensors.to_tensor("x", np.zeros((2, 3), np.float32))
+    t = serde.to_tensor("x", np.zeros((2, 3), np.float32))
     t.data = t.data[:-1]
     with pytest.raises(TensorError, match="do not fit shape"):
-        tensors.from_tensor(t)
+        serde.from_tensor(t)
 
 
 @given(
@@ -143,7 +143,7 @@ def test_request_round_trip(
         token_ids=token_ids,
         task=inference_pb2.GENERATE,
         deadline_unix_ms=deadline,
-        inputs=[tensors.to_tensor("input_ids", np.array([[1, 2]], np.int64))],
+        inputs=[serde.to_tensor("input_ids", np.array([[1, 2]], np.int64))],
     )
     data = serde.encode(req)
     assert serde.decode(inference_pb2.InferenceRequest, data) == req

@@ -20,7 +20,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import NotLeaderForPartitionError
 
-from graylane import serde, tensors
+from graylane import serde
 from graylane.clock import now_ms
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.postprocess import TOKEN_IDS, PostProcess
@@ -147,7 +147,7 @@ async def test_requests_in_results_and_telemetry_out(rig: Rig, engine: OnnxRunti
     argmax = request("argmax", token_ids=[5, 6, 7], post_process=inference_pb2.ARGMAX_LAST)
     forward = request(
         "tensors",
-        inputs=tensors.to_tensors({"input_ids": ids, "attention_mask": np.ones_like(ids)}),
+        inputs=serde.to_tensors({"input_ids": ids, "attention_mask": np.ones_like(ids)}),
     )
     await publish(rig, *(serde.encode(r) for r in (generate, argmax, forward)))
 
@@ -168,10 +168,10 @@ async def test_requests_in_results_and_telemetry_out(rig: Rig, engine: OnnxRunti
         [{"input_ids": np.array([[5, 6, 7]]), "attention_mask": np.ones((1, 3), np.int64)}],
         PostProcess.ARGMAX_LAST,
     )
-    got_argmax = tensors.from_tensors(results["argmax"].outputs)
+    got_argmax = serde.from_tensors(results["argmax"].outputs)
     np.testing.assert_array_equal(got_argmax[TOKEN_IDS], expected_argmax[TOKEN_IDS])
     expected_logits = engine.run({"input_ids": ids, "attention_mask": np.ones_like(ids)})
-    got_logits = tensors.from_tensors(results["tensors"].outputs)["logits"]
+    got_logits = serde.from_tensors(results["tensors"].outputs)["logits"]
     np.testing.assert_allclose(got_logits, expected_logits["logits"], atol=1e-4)
 
     telemetry = [
@@ -190,9 +190,9 @@ async def test_a_bad_item_gets_its_error_result_and_the_rest_are_served(rig: Rig
     ids = np.array([[1, 2, 3]], dtype=np.int32)  # the model takes int64 ids
     bad_dtype = request(
         "bad-dtype",
-        inputs=tensors.to_tensors({"input_ids": ids, "attention_mask": np.ones((1, 3), np.int64)}),
+        inputs=serde.to_tensors({"input_ids": ids, "attention_mask": np.ones((1, 3), np.int64)}),
     )
-    missing = request("missing", inputs=tensors.to_tensors({"input_ids": ids.astype(np.int64)}))
+    missing = request("missing", inputs=serde.to_tensors({"input_ids": ids.astype(np.int64)}))
     good = request("good", token_ids=[9, 8, 7], post_process=inference_pb2.ARGMAX_LAST)
     await publish(rig, serde.encode(bad_dtype), b"\xff not a request", serde.encode(missing))
     await publish(rig, serde.encode(good))
