@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import TopicAuthorizationFailedError
 
-from graylane.errors import GraylaneError
+from graylane.errors import ErrorCode, GraylaneError
 from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
 from graylane.kafka.seam import ConsumerOptions, Record
 from graylane.settings import Settings
@@ -106,21 +107,50 @@ async def test_a_retriable_error_rewinds_backs_off_and_tells_the_fault_callbacks
     assert loop.guard.backoff.failures == 0  # reset by the success
 
 
-async def test_an_error_that_is_not_retriable_propagates_and_nothing_is_committed(
+async def test_lost_authorization_propagates_and_nothing_is_committed(
     factory: MemoryFactory,
 ) -> None:
     loop = loop_of(factory)
 
     async def handle(records: list[Record]) -> list[Awaitable[object]]:
-        raise Broken("no")
+        raise TopicAuthorizationFailedError()
 
     await loop.start()
     try:
-        with pytest.raises(Broken):
+        with pytest.raises(TopicAuthorizationFailedError):
             await loop.run(asyncio.Event(), LoopHooks(handle=handle))
     finally:
         await loop.stop()
     assert committed(factory) is None
+
+
+async def test_an_error_of_no_known_kind_passes_over_its_record_and_commits_the_batch(
+    factory: MemoryFactory,
+) -> None:
+    """It used to end the loop uncommitted: the same record ended every restart."""
+    loop = loop_of(factory)
+    handled: list[bytes] = []
+    dead: list[tuple[bytes, ErrorCode]] = []
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        if any(r.value == b"r1" for r in records):
+            raise Broken("no")
+        handled.extend(r.value or b"" for r in records)
+        return []
+
+    async def dead_letter(record: Record, code: ErrorCode, why: str) -> Awaitable[object]:
+        dead.append((record.value or b"", code))
+        return asyncio.sleep(0)
+
+    await loop.start()
+    try:
+        assert await loop.turn(LoopHooks(handle=handle, dead_letter=dead_letter)) == 3
+    finally:
+        await loop.stop()
+    assert handled == [b"r0", b"r2"]
+    assert dead == [(b"r1", ErrorCode.INTERNAL)]
+    assert loop.guard.faults[Fault.RECORD] == 1
+    assert committed(factory) == 3
 
 
 async def test_offsets_kept_elsewhere_go_to_the_commit_hook(factory: MemoryFactory) -> None:
