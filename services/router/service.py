@@ -182,7 +182,7 @@ class Router:
 
     async def _handle(self, record: Record, sink: ReplySink) -> list[Awaitable[object]]:
         producer = require_started(self._producer)
-        topic_model = record.topic[len(self.layout.ingress("x")) - 1 :]
+        topic_model = self._topic_model(record)
         try:
             request = serde.decode(inference_pb2.InferenceRequest, record.value)
         except SerdeError as exc:
@@ -263,12 +263,15 @@ class Router:
                     record.offset,
                 )
                 self.metrics.errors.labels(
-                    self._model_label(record.topic[len(self.layout.ingress("x")) - 1 :]),
-                    ErrorCode.INTERNAL.name,
+                    self._model_label(self._topic_model(record)), ErrorCode.INTERNAL.name
                 ).inc()
                 reason = f"internal error: {type(exc).__name__}"
                 futures.append(await sink.dead_letter(record, ErrorCode.INTERNAL, reason))
         return futures
+
+    def _topic_model(self, record: Record) -> str:
+        """The model whose ingress topic ``record`` came from."""
+        return record.topic[len(self.layout.ingress("x")) - 1 :]
 
     def _model_label(self, model: str) -> str:
         """``model`` if this router serves it, else ``"unknown"``: a metric label never
