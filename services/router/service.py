@@ -271,7 +271,8 @@ class Router:
 
     def _topic_model(self, record: Record) -> str:
         """The model whose ingress topic ``record`` came from."""
-        return record.topic[len(self.layout.ingress("x")) - 1 :]
+        topic: str = record.topic
+        return topic[len(self.layout.ingress("x")) - 1 :]
 
     def _model_label(self, model: str) -> str:
         """``model`` if this router serves it, else ``"unknown"``: a metric label never
