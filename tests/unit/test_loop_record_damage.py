@@ -15,6 +15,7 @@ from aiokafka.record.memory_records import MemoryRecords
 
 from graylane.errors import ErrorCode
 from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
+from graylane.kafka.reading import CompactedFollower
 from graylane.kafka.seam import (
     ConsumerOptions,
     Record,
@@ -158,3 +159,26 @@ async def test_a_fetch_that_fails_for_one_record_passes_over_exactly_that_record
     assert loop.guard.faults[Fault.RECORD] == 1
     assert factory.broker.committed(GROUP, TopicPartition(TOPIC, 0)) == 3
     assert factory.broker.committed(GROUP, TopicPartition(TOPIC, 1)) == 2
+
+
+async def test_a_compacted_topic_record_the_handler_fails_on_is_passed_over() -> None:
+    """A compacted topic is read from its beginning at every start: a record that ended
+    the follower (and so the router) ended it again after every restart."""
+    factory = MemoryFactory(MemoryBroker(), Settings(topic_prefix="t", partitions=1))
+    factory.broker.create_topic("t.tables", 1)
+    for value in (b"a", b"bad", b"c"):
+        factory.broker.append("t.tables", value, key=value, partition=0)
+    applied: list[bytes] = []
+
+    def apply(record: Record) -> None:
+        if record.value == b"bad":
+            raise KeyError("a field this build does not know")
+        applied.append(record.value or b"")
+
+    follower = CompactedFollower(factory, "t.tables", apply, client_suffix="tables")
+    try:
+        await follower.catch_up()
+    finally:
+        await follower.stop()
+    assert applied == [b"a", b"c"]
+    assert follower.passed_over == 1
