@@ -1,30 +1,24 @@
-"""Record-level damage and the consume loop: header keys that are not UTF-8 are read
-(aiokafka decoded them strictly, inside ``getmany``), and a fetch that fails for one
-record is read again record by record, passing over exactly that record."""
+"""Record-level damage: header keys that are not UTF-8 are read (aiokafka decoded
+them strictly, inside ``getmany``), and a compacted-topic follower passes over a
+record its handler cannot apply."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import pytest
-from aiokafka import TopicPartition
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 from aiokafka.record.memory_records import MemoryRecords
 
-from graylane.errors import ErrorCode
-from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
 from graylane.kafka.reading import CompactedFollower
 from graylane.kafka.seam import (
-    ConsumerOptions,
     Record,
     TolerantRecords,
     header_damage,
     readable,
 )
 from graylane.settings import Settings
-from tests.support.memory_kafka import MemoryBroker, MemoryConsumer, MemoryFactory
+from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 
 TOPIC = "t.in"
 GROUP = "g"
@@ -87,78 +81,6 @@ def test_damaged_headers_are_named_and_made_readable_for_a_dead_letter() -> None
     fixed = readable(record)
     assert header_damage(fixed) is None
     fixed.headers[0][0].encode("utf-8")  # a dead letter can carry it
-
-
-class _PoisonedConsumer:
-    """A consumer whose fetch fails, as aiokafka's does, when it meets b"poison": the
-    poisoned partition stays where it was, the others have moved on (records lost)."""
-
-    def __init__(self, inner: MemoryConsumer) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def getmany(
-        self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None
-    ) -> dict[TopicPartition, list[Record]]:
-        before = {tp: await self._inner.position(tp) for tp in self._inner.assignment()}
-        got = await self._inner.getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
-        for tp, records in got.items():
-            poisoned = [r for r in records if r.value == b"poison"]
-            if poisoned:
-                self._inner.seek(tp, before[tp])
-                raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
-        return got
-
-
-class _PoisonedFactory(MemoryFactory):
-    def consumer(self, *topics: str, **kwargs: Any) -> Any:
-        return _PoisonedConsumer(super().consumer(*topics, **kwargs))
-
-
-async def test_a_fetch_that_fails_for_one_record_passes_over_exactly_that_record() -> None:
-    factory = _PoisonedFactory(
-        MemoryBroker(), Settings(topic_prefix="t", partitions=2, instance_id="damage")
-    )
-    factory.broker.create_topic(TOPIC, 2)
-    for value in (b"r0", b"poison", b"r2"):
-        factory.broker.append(TOPIC, value, partition=0)
-    for value in (b"s0", b"s1"):
-        factory.broker.append(TOPIC, value, partition=1)
-    loop = ConsumeLoop(
-        "test",
-        factory,
-        [TOPIC],
-        ConsumerOptions(group_id=GROUP),
-        role="test",
-        client_suffix="test",
-        policy=BackoffPolicy(base_s=0.01, cap_s=0.02),
-        poll_ms=50,
-    )
-    handled: list[bytes] = []
-    dead: list[tuple[int, int, ErrorCode]] = []
-
-    async def handle(records: Sequence[Record]) -> list[Awaitable[object]]:
-        handled.extend(r.value or b"" for r in records)
-        return []
-
-    async def dead_letter(record: Record, code: ErrorCode, why: str) -> Awaitable[object]:
-        dead.append((record.partition, record.offset, code))
-        return asyncio.sleep(0)
-
-    hooks = LoopHooks(handle=handle, dead_letter=dead_letter)  # type: ignore[arg-type]
-    await loop.start()
-    try:
-        for _ in range(5):
-            await loop.turn(hooks)
-    finally:
-        await loop.stop()
-    assert sorted(handled) == [b"r0", b"r2", b"s0", b"s1"]
-    assert dead == [(0, 1, ErrorCode.DECODE_ERROR)]
-    assert loop.guard.faults[Fault.RECORD] == 1
-    assert factory.broker.committed(GROUP, TopicPartition(TOPIC, 0)) == 3
-    assert factory.broker.committed(GROUP, TopicPartition(TOPIC, 1)) == 2
 
 
 async def test_a_compacted_topic_record_the_handler_fails_on_is_passed_over() -> None:
