@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiokafka.producer.message_accumulator
-import aiokafka.producer.producer
 import pytest
-from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 from prometheus_client import CollectorRegistry
 from sqlalchemy import create_engine
 
@@ -25,6 +22,7 @@ from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
 from graylane.services.controlplane.store import ControlStore
 from graylane.services.router.service import Router, RouterConfig
 from graylane.v1 import audit_pb2, inference_pb2
+from tests.support.damage import RawHeaderKey, raw_header_keys
 from tests.support.records import produce, produce_records
 from tests.support.stack import dead_letters, read_topic
 from tests.support.waiting import wait_until
@@ -32,30 +30,6 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.kafka
 
 MODEL = "dmg"
-
-
-class RawHeaderKey(str):
-    """A header key that the (pure-Python) record builder writes as the given bytes."""
-
-    raw: bytes
-
-    def __new__(cls, raw: bytes) -> RawHeaderKey:
-        key = super().__new__(cls, "k")
-        key.raw = raw
-        return key
-
-    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        return self.raw
-
-
-@contextlib.contextmanager
-def raw_header_keys(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Producers build batches with aiokafka's pure-Python builder (which calls
-    ``key.encode``), so a :class:`RawHeaderKey` goes on the wire as its raw bytes."""
-    with monkeypatch.context() as patch:
-        for module in (aiokafka.producer.message_accumulator, aiokafka.producer.producer):
-            patch.setattr(module, "DefaultRecordBatchBuilder", _DefaultRecordBatchBuilderPy)
-        yield
 
 
 def request(request_id: str, model: str = MODEL) -> bytes:

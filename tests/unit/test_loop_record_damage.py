@@ -18,22 +18,11 @@ from graylane.kafka.seam import (
     readable,
 )
 from graylane.settings import Settings
+from tests.support.damage import RawHeaderKey
 from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 
 TOPIC = "t.in"
 GROUP = "g"
-
-
-class _RawKey(str):
-    raw: bytes
-
-    def __new__(cls, raw: bytes) -> _RawKey:
-        key = super().__new__(cls, "k")
-        key.raw = raw
-        return key
-
-    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        return self.raw
 
 
 def _message_set(*records: tuple[bytes, list[tuple[str, bytes]]]) -> bytes:
@@ -60,7 +49,9 @@ def _read(records: Any) -> list[Any]:
 
 
 def test_a_header_key_that_is_not_utf8_is_read_with_its_bytes_kept() -> None:
-    data = _message_set((b"a", [("ok", b"1")]), (b"b", [(_RawKey(b"\xff\xfe"), b"x")]), (b"c", []))
+    data = _message_set(
+        (b"a", [("ok", b"1")]), (b"b", [(RawHeaderKey(b"\xff\xfe"), b"x")]), (b"c", [])
+    )
     with pytest.raises(UnicodeDecodeError):  # aiokafka's own reader: the whole fetch fails
         _read(MemoryRecords(data))
     got = _read(TolerantRecords(data))
@@ -73,7 +64,7 @@ def test_a_header_key_that_is_not_utf8_is_read_with_its_bytes_kept() -> None:
 def test_damaged_headers_are_named_and_made_readable_for_a_dead_letter() -> None:
     [_, damaged, _] = _read(
         TolerantRecords(
-            _message_set((b"a", []), (b"b", [(_RawKey(b"\xc3("), b"x")]), (b"c", [("k", b"")]))
+            _message_set((b"a", []), (b"b", [(RawHeaderKey(b"\xc3("), b"x")]), (b"c", [("k", b"")]))
         )
     )
     record = Record(TOPIC, 0, 1, 1, 0, None, b"b", None, -1, 1, tuple(damaged.headers))
