@@ -840,7 +840,7 @@ class ConsumeLoop:
             while len(records) < limit:
                 at = await consumer.position(tp)
                 try:
-                    got = await consumer.getmany(tp, timeout_ms=0, max_records=1)
+                    got = await consumer.getmany(tp, timeout_ms=self._poll_ms, max_records=1)
                 except Exception as again:
                     if classify(again) is not Fault.OTHER:
                         raise

@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
+import aiokafka.consumer.fetcher
 import pytest
+from aiokafka.admin import NewTopic
+from aiokafka.record.memory_records import MemoryRecords
 from prometheus_client import CollectorRegistry
 from sqlalchemy import create_engine
 
 from graylane import serde
 from graylane.errors import ErrorCode
-from graylane.kafka.seam import KafkaFactory
+from graylane.kafka import seam
+from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
+from graylane.kafka.seam import ConsumerOptions, KafkaFactory, Record
 from graylane.metrics import AuditSinkMetrics
 from graylane.registry.migrate import upgrade
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
@@ -169,3 +174,53 @@ async def test_an_unknown_decision_kind_does_not_stop_the_audit_sink(
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+async def test_a_fetch_the_library_cannot_read_is_narrowed_to_the_one_record(
+    factory: KafkaFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the tolerant reader, aiokafka's fetch fails for a whole batch: the loop
+    reads again record by record and passes over exactly the one it cannot read."""
+    monkeypatch.setattr(seam, "tolerate_header_damage", lambda: None)
+    monkeypatch.setattr(aiokafka.consumer.fetcher, "MemoryRecords", MemoryRecords)
+    topic = f"{factory.settings.topic_prefix}.narrowed"
+    admin = factory.admin()
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        await admin.close()
+    producer = factory.producer(client_suffix="damage-writer")
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"r0")
+        with raw_header_keys(monkeypatch):
+            await producer.send_and_wait(topic, b"bad", headers=[(RawHeaderKey(b"\xff"), b"")])
+        await producer.send_and_wait(topic, b"r2")
+    finally:
+        await producer.stop()
+    loop = ConsumeLoop(
+        "narrowing",
+        factory,
+        [topic],
+        ConsumerOptions(group_id=f"{topic}.g"),
+        role="narrowing",
+        client_suffix="narrowing",
+        policy=BackoffPolicy(base_s=0.01, cap_s=0.05),
+    )
+    handled: list[bytes] = []
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        handled.extend(r.value or b"" for r in records)
+        return []
+
+    await loop.start()
+    try:
+        for _ in range(40):
+            await loop.turn(LoopHooks(handle=handle))
+            if b"r2" in handled:
+                break
+    finally:
+        await loop.stop()
+    assert handled == [b"r0", b"r2"]
+    assert loop.guard.faults[Fault.RECORD] == 1
