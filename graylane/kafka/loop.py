@@ -880,6 +880,7 @@ class ConsumeLoop:
             exc,
         )
         for record, code, why in entries:
+            counted = why is not None  # by the first pass
             if why is None:
                 try:
                     await _settle_all(await hooks.handle([record]))
@@ -889,7 +890,9 @@ class ConsumeLoop:
                         raise
                     code, why = ErrorCode.INTERNAL, f"{type(failed).__name__}: {failed}"
             try:
-                await _settle_all(await self._pass_over(hooks, record, code, why))
+                await _settle_all(
+                    await self._pass_over(hooks, record, code, why, count=not counted)
+                )
             except Exception as failed:
                 if classify(failed) is not Fault.OTHER:
                     raise
@@ -903,9 +906,10 @@ class ConsumeLoop:
                 )
 
     async def _pass_over(
-        self, hooks: LoopHooks, record: Record, code: ErrorCode, why: str
+        self, hooks: LoopHooks, record: Record, code: ErrorCode, why: str, *, count: bool = True
     ) -> Sends:
-        self.guard.passed_over(record, why)
+        if count:
+            self.guard.passed_over(record, why)
         if hooks.dead_letter is None:
             return []
         return [await hooks.dead_letter(readable(record), code, why[:1024])]
