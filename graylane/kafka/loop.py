@@ -17,7 +17,8 @@ One turn of :meth:`ConsumeLoop.run`:
 
 1. ``before_fetch()`` (the router settles pending routing tables here);
 2. fetch: ``fetch(consumer)`` or one ``getmany`` of up to ``poll_ms``;
-3. ``handle(records)`` decodes and answers the batch, returning the sends to wait on;
+3. ``handle(records)`` decodes and answers the batch, returning the sends to wait on
+   (a record whose headers are damaged goes to ``dead_letter`` instead);
 4. deliver: every send is acknowledged (none left in flight) before anything else;
 5. commit the offsets after the batch, on the partitions still assigned
    (``commit(offsets)`` for offsets kept elsewhere, e.g. in a database);
@@ -41,10 +42,17 @@ Errors carry their own policy. A rebalance (partitions revoked mid-batch,
 deleted under a running service, a broken producer, and any exception whose class
 says ``retriable = True`` (:class:`~graylane.errors.GraylaneError` and Kafka's
 errors both carry the flag) rewind the batch on the partitions still assigned and
-retry it after a capped, jittered :class:`Backoff`; the loop goes on. Anything else
-propagates: nothing of the batch is committed and the service ends (crash-only).
-A record that can never be served is the hook's to answer (an error result or a
-dead letter), not the loop's.
+retry it after a capped, jittered :class:`Backoff`; the loop goes on. Lost
+credentials or authorization (:attr:`Fault.FATAL`) propagate: nothing of the batch
+is committed and the service ends, for a restart (new credentials, new ACLs) to fix.
+
+No record ends the loop. Anything else raised while a batch is handled or delivered
+is one record's doing: the batch is handled again record by record, each failing
+record goes to ``dead_letter`` (or is logged and counted, :attr:`Fault.RECORD`), and
+the batch is committed past it. A fetch that fails that way (the library hides which
+record it could not read) is read again partition by partition, one record at a
+time from where the last turn left it, and the record it cannot read is passed over
+(dead-lettered with what is known of it: topic, partition, offset).
 
 :class:`BatchGuard` holds the backoff, the fault counts and the batch in flight;
 its rebalance listener lets an in-flight batch finish and commit before its
@@ -71,22 +79,37 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka import ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.errors import (
+    AuthenticationFailedError,
+    AuthenticationMethodNotSupported,
+    ClusterAuthorizationFailedError,
     CommitFailedError,
+    DelegationTokenAuthorizationFailed,
+    GroupAuthorizationFailedError,
     IllegalGenerationError,
     IllegalStateError,
     KafkaError,
     KafkaTimeoutError,
     RebalanceInProgressError,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
     UnknownMemberIdError,
     UnknownTopicOrPartitionError,
 )
 from prometheus_client import CollectorRegistry
 
-from graylane.errors import is_retriable, require_started
+from graylane.errors import ErrorCode, is_retriable, require_started
 from graylane.kafka.recovering import is_fatal_for_producer
-from graylane.kafka.seam import BatchConsumer, ClientFactory, ConsumerOptions, Record
+from graylane.kafka.seam import (
+    BatchConsumer,
+    ClientFactory,
+    ConsumerOptions,
+    Record,
+    header_damage,
+    readable,
+)
 from graylane.metrics.kafka import KafkaMetrics
 
 __all__ = [
@@ -94,6 +117,7 @@ __all__ = [
     "BackoffPolicy",
     "BatchGuard",
     "ConsumeLoop",
+    "DeadLetter",
     "Fault",
     "InstanceSlot",
     "LoopHooks",
@@ -259,12 +283,19 @@ def leave_on_stop(consumer: object) -> None:
 
 
 class Fault(Enum):
-    """What kind of normal event an error is (OTHER: not one; the loop lets it propagate)."""
+    """What kind of event an error is, and so what the loop does about it.
+
+    REBALANCE, OUTAGE, MISSING_TOPIC, PRODUCER: normal events, retried after a backoff.
+    FATAL: lost credentials or authorization; the service ends (a restart can fix it).
+    OTHER: none of those; one record's doing, that record is passed over (RECORD).
+    """
 
     REBALANCE = "rebalance"
     OUTAGE = "outage"
     MISSING_TOPIC = "missing_topic"
     PRODUCER = "producer"
+    FATAL = "fatal"
+    RECORD = "record"
     OTHER = "other"
 
 
@@ -278,6 +309,17 @@ _REBALANCE = (
 _OUTAGE = (KafkaTimeoutError,)
 """An outage Kafka does not flag ``retriable`` (a connection lost, no broker answering,
 a node not ready, a request timed out: those carry the flag)."""
+_FATAL = (
+    AuthenticationFailedError,
+    AuthenticationMethodNotSupported,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    DelegationTokenAuthorizationFailed,
+)
+"""The cluster no longer accepts this service's login or grants it what it needs."""
 
 
 def classify(exc: BaseException) -> Fault:
@@ -285,6 +327,8 @@ def classify(exc: BaseException) -> Fault:
 
     An error whose class says ``retriable`` (a Graylane or a Kafka error) is an outage.
     """
+    if isinstance(exc, _FATAL):
+        return Fault.FATAL
     if isinstance(exc, _REBALANCE):
         return Fault.REBALANCE
     if isinstance(exc, UnknownTopicOrPartitionError):
@@ -294,6 +338,11 @@ def classify(exc: BaseException) -> Fault:
     if isinstance(exc, _OUTAGE) or is_retriable(exc):
         return Fault.OUTAGE
     return Fault.OTHER
+
+
+def is_normal(kind: Fault) -> bool:
+    """Whether the loop retries a fault of this kind (after a backoff)."""
+    return kind not in (Fault.FATAL, Fault.OTHER)
 
 
 def partitions_of(records: Iterable[Record]) -> set[TopicPartition]:
@@ -331,7 +380,7 @@ class _Cycle:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        if isinstance(exc, Exception) and classify(exc) is not Fault.OTHER:
+        if isinstance(exc, Exception) and is_normal(classify(exc)):
             await self._guard.failed(exc, "fetch")
             return True
         return False
@@ -445,12 +494,27 @@ class BatchGuard:
     # -- faults ------------------------------------------------------------------
     def count(self, exc: BaseException) -> Fault:
         kind = classify(exc)
-        self.faults[kind] += 1
-        if self._metrics is not None:
-            self._metrics.faults.labels(self.service, kind.value).inc()
+        self._tally(kind)
         for callback in self._on_fault:
             callback(kind, exc)
         return kind
+
+    def passed_over(self, record: Record, why: str) -> None:
+        """Count and log one record the loop passes over (:attr:`Fault.RECORD`)."""
+        self._tally(Fault.RECORD)
+        log.warning(
+            "%s: record %s[%d]@%d passed over: %s",
+            self.service,
+            record.topic,
+            record.partition,
+            record.offset,
+            why[:300],
+        )
+
+    def _tally(self, kind: Fault) -> None:
+        self.faults[kind] += 1
+        if self._metrics is not None:
+            self._metrics.faults.labels(self.service, kind.value).inc()
 
     async def failed(self, exc: BaseException, during: str) -> None:
         """Count ``exc``, log it, and wait the next backoff delay."""
@@ -488,6 +552,9 @@ class BatchGuard:
 
 Sends = list[Awaitable[object]]
 Commit = Callable[[dict[TopicPartition, int]], Awaitable[None]]
+Isolate = Callable[[BaseException], Awaitable[None]]
+DeadLetter = Callable[[Record, ErrorCode, str], Awaitable[Awaitable[object]]]
+"""Queue a dead letter for a record (e.g. :meth:`graylane.kafka.replies.ReplySink.dead_letter`)."""
 
 
 async def settle(futures: Sequence[Awaitable[object]]) -> None:
@@ -533,6 +600,7 @@ async def deliver_and_commit(
     backoff_s: float = 0.5,
     guard: BatchGuard | None = None,
     commit: Commit | None = None,
+    isolate: Isolate | None = None,
 ) -> bool:
     """Process, wait for every send to be acknowledged, then commit.
 
@@ -541,10 +609,12 @@ async def deliver_and_commit(
     through ``commit``. Returns False (and rewinds) after a retriable error; raises
     others. Without a ``guard``, only a retriable Kafka error is retried (after
     ``backoff_s``) and a commit the group refuses is logged, not raised; with one,
-    every normal fault and every ``retriable`` error is retried, counted and backed off.
+    every normal fault and every ``retriable`` error is retried, counted and backed off,
+    and with ``isolate`` too, an error of no known kind is given to ``isolate(exc)``
+    (which deals with the batch record by record) and the batch is committed after it.
     """
     if guard is not None:
-        return await _guarded(consumer, records, process, guard, commit)
+        return await _guarded(consumer, records, process, guard, commit, isolate)
     try:
         await settle(await process())
     except KafkaError as exc:
@@ -576,14 +646,20 @@ async def _guarded(
     process: Callable[[], Awaitable[Sends]],
     guard: BatchGuard,
     commit: Commit | None,
+    isolate: Isolate | None,
 ) -> bool:
     guard.begin(records)
     try:
         try:
-            await _settle_all(await process())
+            try:
+                await _settle_all(await process())
+            except Exception as exc:
+                if isolate is None or classify(exc) is not Fault.OTHER:
+                    raise
+                await isolate(exc)  # one record's doing: record by record, passing it over
         except Exception as exc:
-            if classify(exc) is Fault.OTHER:
-                raise  # not a normal event nor retriable: nothing is committed
+            if not is_normal(classify(exc)):
+                raise  # lost credentials (or no isolate): nothing is committed
             rewind(consumer, records)
             await guard.failed(exc, f"delivery of {len(records)} records")
             return False
@@ -593,7 +669,7 @@ async def _guarded(
             if offsets:
                 await (commit or consumer.commit)(offsets)
         except Exception as exc:
-            if classify(exc) is Fault.OTHER:
+            if not is_normal(classify(exc)):
                 raise
             if commit is not None:
                 rewind(consumer, records)  # offsets kept elsewhere: read the batch again
@@ -631,6 +707,8 @@ class LoopHooks:
     """Run at the end of every turn, with or without records (metrics)."""
     commit: Commit | None = None
     """Where a delivered batch's next offsets go (default: the group's commit in Kafka)."""
+    dead_letter: DeadLetter | None = None
+    """Where a record the loop passes over goes (default: logged and counted only)."""
 
 
 class ConsumeLoop:
@@ -667,6 +745,8 @@ class ConsumeLoop:
         self._poll_ms = poll_ms
         self._max_records = max_records
         self._consumer: BatchConsumer | None = None
+        self._resume: dict[TopicPartition, int] = {}
+        """Each partition's position before the last default fetch."""
 
     @property
     def consumer(self) -> BatchConsumer:
@@ -706,25 +786,133 @@ class ConsumeLoop:
         async with self.guard.cycle():
             if hooks.before_fetch is not None:
                 await hooks.before_fetch()
+            unreadable: list[Record] = []
             if hooks.fetch is not None:
                 records = await hooks.fetch(consumer)
             else:
-                batches = await consumer.getmany(
-                    timeout_ms=self._poll_ms, max_records=self._max_records
-                )
-                records = [r for rs in batches.values() for r in rs]
-            if records:
+                records, unreadable = await self._fetch(consumer)
+            if records or unreadable:
+                entries: list[tuple[Record, ErrorCode, str | None]] = [
+                    (r, ErrorCode.DECODE_ERROR, "unreadable record") for r in unreadable
+                ]
+                entries += [(r, ErrorCode.DECODE_ERROR, header_damage(r)) for r in records]
                 await deliver_and_commit(
                     consumer,
-                    records,
-                    lambda: hooks.handle(records),
+                    unreadable + records,
+                    lambda: self._process(hooks, entries),
                     guard=self.guard,
                     commit=hooks.commit,
+                    isolate=lambda exc: self._one_by_one(hooks, entries, exc),
                 )
+                records += unreadable
             if hooks.after_turn is not None:
                 await hooks.after_turn(consumer)
             return len(records)
         return 0  # a normal fault, counted and backed off
+
+    async def _fetch(self, consumer: BatchConsumer) -> tuple[list[Record], list[Record]]:
+        """One ``getmany``; if it fails for no known reason, :meth:`_read_around` it.
+        Returns the records read and stand-ins for those that could not be read."""
+        for tp in consumer.assignment():
+            self._resume[tp] = await consumer.position(tp)
+        try:
+            batches = await consumer.getmany(
+                timeout_ms=self._poll_ms, max_records=self._max_records
+            )
+        except Exception as exc:
+            if classify(exc) is not Fault.OTHER:
+                raise
+            return await self._read_around(consumer, exc)
+        return [r for rs in batches.values() for r in rs], []
+
+    async def _read_around(
+        self, consumer: BatchConsumer, exc: BaseException
+    ) -> tuple[list[Record], list[Record]]:
+        """Read each partition again from before the failed fetch, one record at a
+        time; the record a read fails on is passed over (a stand-in names it)."""
+        log.warning("%s: a fetch failed (%r); reading record by record", self.service, exc)
+        records: list[Record] = []
+        unreadable: list[Record] = []
+        limit = self._max_records or 500
+        for tp in sorted(consumer.assignment()):
+            if tp in self._resume:
+                consumer.seek(tp, self._resume[tp])
+            while len(records) < limit:
+                at = await consumer.position(tp)
+                try:
+                    got = await consumer.getmany(tp, timeout_ms=self._poll_ms, max_records=1)
+                except Exception as again:
+                    if classify(again) is not Fault.OTHER:
+                        raise
+                    consumer.seek(tp, at + 1)
+                    unreadable.append(_stand_in(tp, at))
+                    break
+                if not got.get(tp):
+                    break
+                records.extend(got[tp])
+        return records, unreadable
+
+    async def _process(
+        self, hooks: LoopHooks, entries: list[tuple[Record, ErrorCode, str | None]]
+    ) -> Sends:
+        """Dead letters for the damaged records, then ``handle`` of the others."""
+        sends: Sends = []
+        for record, code, why in entries:
+            if why is not None:
+                sends += await self._pass_over(hooks, record, code, why)
+        good = [record for record, _, why in entries if why is None]
+        if good:
+            sends += await hooks.handle(good)
+        return sends
+
+    async def _one_by_one(
+        self,
+        hooks: LoopHooks,
+        entries: list[tuple[Record, ErrorCode, str | None]],
+        exc: BaseException,
+    ) -> None:
+        """The batch again, one record at a time: a record that fails (or whose dead
+        letter fails) for no known reason is passed over; a known fault still raises."""
+        log.warning(
+            "%s: a batch of %d failed (%r); handling it record by record",
+            self.service,
+            len(entries),
+            exc,
+        )
+        for record, code, why in entries:
+            counted = why is not None  # by the first pass
+            if why is None:
+                try:
+                    await _settle_all(await hooks.handle([record]))
+                    continue
+                except Exception as failed:
+                    if classify(failed) is not Fault.OTHER:
+                        raise
+                    code, why = ErrorCode.INTERNAL, f"{type(failed).__name__}: {failed}"
+            try:
+                await _settle_all(
+                    await self._pass_over(hooks, record, code, why, count=not counted)
+                )
+            except Exception as failed:
+                if classify(failed) is not Fault.OTHER:
+                    raise
+                log.error(
+                    "%s: the dead letter of %s[%d]@%d failed too (%r); passed over",
+                    self.service,
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    failed,
+                )
+
+    async def _pass_over(
+        self, hooks: LoopHooks, record: Record, code: ErrorCode, why: str, *, count: bool = True
+    ) -> Sends:
+        if count:
+            self.guard.passed_over(record, why)
+        if hooks.dead_letter is None:
+            return []
+        return [await hooks.dead_letter(readable(record), code, why[:1024])]
 
     async def run(
         self,
@@ -747,3 +935,8 @@ class ConsumeLoop:
                 await consumer.stop()
         finally:
             self.guard.close()
+
+
+def _stand_in(tp: TopicPartition, offset: int) -> Record:
+    """A record that could not be read, as far as it is known: where it is."""
+    return ConsumerRecord(tp.topic, tp.partition, offset, -1, 0, None, None, None, -1, -1, ())

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 RecordHandler = Callable[[Record], None]
+
+log = logging.getLogger(__name__)
 
 _POLL_MS = 200
 
@@ -336,16 +339,33 @@ async def follow(
 
 class CompactedFollower:
     """Applies every record of ``topic`` (partition 0) to ``handle``, in order: all of
-    it up to its current end (:meth:`catch_up`), then each new one (:meth:`follow`)."""
+    it up to its current end (:meth:`catch_up`), then each new one (:meth:`follow`).
+
+    A record ``handle`` raises on (one this build cannot interpret) is logged, counted
+    in :attr:`passed_over` and passed over: a compacted topic is read again from its
+    beginning at every start, so one such record must not end the service.
+    """
 
     def __init__(
         self, factory: ClientFactory, topic: str, handle: RecordHandler, *, client_suffix: str
     ) -> None:
         self._factory = factory
         self._tp = TopicPartition(topic, 0)
-        self._handle = handle
+        self._apply = handle
         self._suffix = client_suffix
         self._consumer: BatchConsumer | None = None
+        self.passed_over = 0
+
+    def _handle(self, record: Record) -> None:
+        try:
+            self._apply(record)
+        except Exception:
+            self.passed_over += 1
+            log.exception(
+                "%s: record at offset %d passed over (the handler failed on it)",
+                self._tp.topic,
+                record.offset,
+            )
 
     async def catch_up(self) -> None:
         """Start, and apply everything up to the topic's current end."""

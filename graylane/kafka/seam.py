@@ -5,6 +5,12 @@ so a test can put an in-memory double behind them (``tests/support/memory_kafka.
 and the broker tests exercise the real clients (:class:`~aiokafka.AIOKafkaProducer`
 and :class:`~aiokafka.AIOKafkaConsumer` satisfy them structurally).
 
+Consumers built here read every fetched batch through :class:`TolerantRecords`: a
+record whose header key is not UTF-8 (aiokafka decodes header keys strictly, inside
+``getmany``) reaches its service with the key's raw bytes kept (``surrogateescape``),
+and :func:`header_damage` says which records carry one, so the consume loop can
+dead-letter exactly those instead of failing every fetch of the partition.
+
 What a service asks of a client is said broker-agnostically (:class:`ProducerOptions`,
 :class:`ConsumerOptions`); :class:`KafkaFactory` turns that and one
 :class:`~graylane.settings.Settings` into real clients. Services receive a factory
@@ -14,14 +20,19 @@ What a service asks of a client is said broker-agnostically (:class:`ProducerOpt
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
+import aiokafka.consumer.fetcher
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import CorruptRecordException, KafkaConnectionError, KafkaError
+from aiokafka.record.default_records import DefaultRecordBatch, _DefaultRecordBatchPy
+from aiokafka.record.memory_records import _MemoryRecordsPy
+from aiokafka.record.util import decode_varint
 from aiokafka.structs import OffsetAndMetadata, OffsetAndTimestamp, RecordMetadata
 
 from graylane.kafka.admin import TopicSetupReport, ensure_topics
@@ -42,7 +53,10 @@ __all__ = [
     "Producer",
     "ProducerOptions",
     "Record",
+    "TolerantRecords",
+    "header_damage",
     "known_topics",
+    "readable",
 ]
 
 Headers: TypeAlias = Sequence[tuple[str, bytes]]
@@ -235,6 +249,136 @@ async def known_topics(producer: Producer) -> set[str]:
     return set(cluster.topics())
 
 
+# -- record-level damage -------------------------------------------------------------
+
+
+def header_damage(record: Record) -> str | None:
+    """Why ``record``'s headers cannot be read as Kafka defines them (None: they can)."""
+    for key, _ in record.headers or ():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            return "a header key is not valid UTF-8"
+    return None
+
+
+def readable(record: Record) -> Record:
+    """``record`` with every header key valid UTF-8 (undecodable bytes replaced), for a
+    dead letter or a log line; the record itself when nothing needs replacing."""
+    if header_damage(record) is None:
+        return record
+    headers = tuple(
+        (k.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), v)
+        for k, v in record.headers
+    )
+    return dataclasses.replace(record, headers=headers)
+
+
+class _TolerantBatchReader(_DefaultRecordBatchPy):  # type: ignore[misc]
+    """aiokafka's pure-Python batch reader, with header keys decoded ``surrogateescape``."""
+
+    def _read_msg(self, decode_varint: Any = decode_varint) -> Any:
+        buffer: bytearray = self._buffer
+        pos: int = self._pos  # type: ignore[has-type]
+        length, pos = decode_varint(buffer, pos)
+        start = pos
+        _, pos = decode_varint(buffer, pos)  # attributes
+        ts_delta, pos = decode_varint(buffer, pos)
+        timestamp = (
+            self.max_timestamp
+            if self.timestamp_type == self.LOG_APPEND_TIME
+            else self.first_timestamp + ts_delta
+        )
+        offset_delta, pos = decode_varint(buffer, pos)
+        key, pos = _nullable_bytes(buffer, pos)
+        value, pos = _nullable_bytes(buffer, pos)
+        count, pos = decode_varint(buffer, pos)
+        if count < 0:
+            raise CorruptRecordException(f"invalid number of record headers {count}")
+        headers: list[tuple[str, bytes | None]] = []
+        for _ in range(count):
+            key_len, pos = decode_varint(buffer, pos)
+            if key_len < 0:
+                raise CorruptRecordException(f"invalid negative header key size {key_len}")
+            h_key = bytes(buffer[pos : pos + key_len]).decode("utf-8", "surrogateescape")
+            h_value, pos = _nullable_bytes(buffer, pos + key_len)
+            headers.append((h_key, h_value))
+        if pos - start != length:
+            raise CorruptRecordException(f"record of {length} bytes read as {pos - start}")
+        self._pos = pos
+        return _Decoded(
+            self.base_offset + offset_delta, timestamp, self.timestamp_type, key, value, headers
+        )
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    offset: int
+    timestamp: int
+    timestamp_type: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    checksum: None = None
+
+
+def _nullable_bytes(buffer: bytearray, pos: int) -> tuple[bytes | None, int]:
+    size, pos = decode_varint(buffer, pos)
+    if size < 0:
+        return None, pos
+    return bytes(buffer[pos : pos + size]), pos + size
+
+
+class _TolerantBatch:
+    """One v2 record batch: read by aiokafka's compiled reader; read again by
+    :class:`_TolerantBatchReader` from the first record that reader refused for a
+    header key (the records already read are not repeated)."""
+
+    def __init__(self, batch: Any, view: memoryview) -> None:
+        self._view = view
+        self._batch = batch
+        self._records: Iterator[Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batch, name)
+
+    def __iter__(self) -> _TolerantBatch:
+        return self
+
+    def __next__(self) -> Any:
+        if self._records is None:
+            self._records = self._read()
+        return next(self._records)
+
+    def _read(self) -> Iterator[Any]:
+        last = -1
+        try:
+            for record in self._batch:
+                last = record.offset
+                yield record
+        except (UnicodeDecodeError, CorruptRecordException):
+            for record in _TolerantBatchReader(self._view):
+                if record.offset > last:
+                    yield record
+
+
+class TolerantRecords(_MemoryRecordsPy):  # type: ignore[misc]
+    """A fetched message set whose v2 batches are read by :class:`_TolerantBatch`."""
+
+    def next_batch(self, *args: Any, **kwargs: Any) -> Any:
+        view: memoryview | None = self._next_slice
+        batch = super().next_batch(*args, **kwargs)
+        if view is None or not isinstance(batch, DefaultRecordBatch) or batch.is_control_batch:
+            return batch
+        return _TolerantBatch(batch, view)
+
+
+def tolerate_header_damage() -> None:
+    """Make every aiokafka consumer of this process read fetches through
+    :class:`TolerantRecords` (aiokafka has no option for it; idempotent)."""
+    aiokafka.consumer.fetcher.MemoryRecords = TolerantRecords
+
+
 # -- the real clients ---------------------------------------------------------------
 
 
@@ -321,6 +465,7 @@ class KafkaFactory:
             kwargs["rebalance_timeout_ms"] = o.rebalance_timeout_ms
         if o.group_instance_id and o.group_id:
             kwargs["group_instance_id"] = o.group_instance_id
+        tolerate_header_damage()
         consumer: BatchConsumer = AIOKafkaConsumer(*topics, **kwargs)
         return consumer
 

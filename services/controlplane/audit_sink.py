@@ -7,8 +7,11 @@ rollout_id) without a consumer group, through the library's
 ``decision_id`` and a state only replaces an older one, so reading a record twice
 (a crash between insert and offset save) changes nothing.
 
-Faults: a record that cannot be decoded or stored (the database refuses it) is
-logged, counted (``graylane_audit_skipped_records_total``) and passed over; a
+Faults: a record that cannot be decoded or stored (the database refuses it), or
+that fails in any other way (the loop passes it over), is logged, counted
+(``graylane_audit_skipped_records_total``) and passed over. A value this build does
+not know (a newer writer's enum value, an unknown field) is kept as written and
+counted under ``kind="unknown"``, never fatal. A
 database that fails (unavailable, locked) raises :class:`StoreUnavailable`, which
 is retriable: the loop reads the batch again after a capped, jittered backoff.
 A broker error the loop does not retry starts the consumer over from the stored
@@ -35,7 +38,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.exc import TimeoutError as SQLTimeoutError
 
-from graylane.errors import GraylaneError, SerdeError, is_retriable
+from graylane.errors import ErrorCode, GraylaneError, SerdeError, is_retriable
 from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
 from graylane.kafka.reading import consumer_lag, wait_for_assignment
 from graylane.kafka.replies import clip
@@ -45,7 +48,7 @@ from graylane.serde import decode
 from graylane.services.controlplane.store import ControlStore
 from graylane.v1 import audit_pb2, rollout_pb2
 
-__all__ = ["AuditSink", "RolloutHub", "StoreUnavailable", "Subscription"]
+__all__ = ["AuditSink", "RolloutHub", "StoreUnavailable", "Subscription", "decision_kind_label"]
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +138,12 @@ class AuditSink:
         )
         loop.guard.on_fault(self._restarted)
         loop.guard.interrupt_on(stop)
-        hooks = LoopHooks(handle=self._handle, commit=self._save_offsets, after_turn=self._lag)
+        hooks = LoopHooks(
+            handle=self._handle,
+            commit=self._save_offsets,
+            after_turn=self._lag,
+            dead_letter=self._passed_over,
+        )
         while not stop.is_set():
             try:
                 await loop.start(self._position)
@@ -153,6 +161,18 @@ class AuditSink:
         self.restarts += 1
         if self._metrics is not None:
             self._metrics.restarts.labels(type(cause).__name__).inc()
+
+    async def _passed_over(self, record: Record, code: ErrorCode, why: str) -> Awaitable[object]:
+        """A record the loop passes over: counted like any skipped record (nothing is sent)."""
+        self._skip(
+            TopicPartition(record.topic, record.partition),
+            record.offset,
+            "uninterpretable",
+            SerdeError(f"{code.name}: {why}"),
+        )
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
     async def _position(self, consumer: BatchConsumer) -> None:
         """Each partition at its offset in the store, else at its beginning."""
@@ -277,6 +297,14 @@ def _transient(exc: BaseException) -> bool:
     )
 
 
+def decision_kind_label(kind: int) -> str:
+    """The ``kind`` label of a decision: its name, or ``"unknown"`` for a value a newer
+    writer added that this build does not know."""
+    if kind not in audit_pb2.DecisionKind.values():
+        return "unknown"
+    return audit_pb2.DecisionKind.Name(kind).removeprefix("DECISION_").lower()
+
+
 def _count(
     metrics: AuditSinkMetrics, audits: list[audit_pb2.AuditRecord], added: int, seconds: float
 ) -> None:
@@ -285,7 +313,7 @@ def _count(
     metrics.duplicates.inc(max(0, len(audits) - added))
     newest: dict[str, float] = {}
     for record in audits:
-        kind = audit_pb2.DecisionKind.Name(record.kind).removeprefix("DECISION_").lower()
+        kind = decision_kind_label(record.kind)
         metrics.records.labels(record.model, kind).inc()
         newest[record.model] = max(newest.get(record.model, 0.0), record.decided_at_unix_ms / 1e3)
     for model, at in newest.items():

@@ -44,6 +44,9 @@ from graylane.v1 import control_pb2, inference_pb2
 
 log = logging.getLogger(__name__)
 
+UNKNOWN_MODEL_LABEL = "unknown"
+"""The ``model`` label of a request for a model this router does not serve."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class RouterConfig:
@@ -95,7 +98,7 @@ class Router:
             return
         try:
             table = table_from_pb(serde.decode(control_pb2.RoutingTable, record.value))
-        except (SerdeError, ValueError) as exc:
+        except Exception as exc:  # any table this build cannot read is refused, never fatal
             log.error("ignoring a bad routing table at offset %d: %s", record.offset, exc)
             self.metrics.errors.labels("", ErrorCode.BAD_ROUTING_TABLE.name).inc()
             self._refused.append((record, ErrorCode.BAD_ROUTING_TABLE, f"undecodable: {exc}"))
@@ -179,7 +182,7 @@ class Router:
 
     async def _handle(self, record: Record, sink: ReplySink) -> list[Awaitable[object]]:
         producer = require_started(self._producer)
-        topic_model = record.topic[len(self.layout.ingress("x")) - 1 :]
+        topic_model = self._topic_model(record)
         try:
             request = serde.decode(inference_pb2.InferenceRequest, record.value)
         except SerdeError as exc:
@@ -198,9 +201,9 @@ class Router:
             request.model = topic_model
         rejection = self._reject(request, record, topic_model)
         if rejection is not None:
-            self.metrics.errors.labels(request.model, rejection.code.name).inc()
+            self.metrics.errors.labels(self._model_label(request.model), rejection.code.name).inc()
             if rejection.code == ErrorCode.DEADLINE_EXCEEDED:
-                self.metrics.shed.labels(request.model, "deadline").inc()
+                self.metrics.shed.labels(self._model_label(request.model), "deadline").inc()
             if request.model not in self.config.stable_versions:
                 request.model = topic_model  # reply on the topic's model results topic
             return [await sink.error_result(request, rejection, record)]
@@ -259,10 +262,22 @@ class Router:
                     record.partition,
                     record.offset,
                 )
-                self.metrics.errors.labels(record.topic, ErrorCode.INTERNAL.name).inc()
+                self.metrics.errors.labels(
+                    self._model_label(self._topic_model(record)), ErrorCode.INTERNAL.name
+                ).inc()
                 reason = f"internal error: {type(exc).__name__}"
                 futures.append(await sink.dead_letter(record, ErrorCode.INTERNAL, reason))
         return futures
+
+    def _topic_model(self, record: Record) -> str:
+        """The model whose ingress topic ``record`` came from."""
+        topic: str = record.topic
+        return topic[len(self.layout.ingress("x")) - 1 :]
+
+    def _model_label(self, model: str) -> str:
+        """``model`` if this router serves it, else ``"unknown"``: a metric label never
+        takes a value a client chose."""
+        return model if model in self.config.stable_versions else UNKNOWN_MODEL_LABEL
 
     def _reject(
         self,
@@ -345,6 +360,7 @@ class Router:
             before_fetch=self._settle_tables_safely,
             handle=functools.partial(self._route_all, sink=sink),
             after_turn=self._note_assignment,
+            dead_letter=sink.dead_letter,
         )
         try:
             await loop.run(stop, hooks, healthy=lambda: background.healthy)

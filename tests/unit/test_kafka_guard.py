@@ -13,6 +13,7 @@ import pytest
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
     CommitFailedError,
+    GroupAuthorizationFailedError,
     IllegalStateError,
     KafkaConnectionError,
     KafkaError,
@@ -20,6 +21,8 @@ from aiokafka.errors import (
     NotLeaderForPartitionError,
     OutOfOrderSequenceNumber,
     RecordTooLargeError,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
 from prometheus_client import CollectorRegistry
@@ -79,6 +82,9 @@ def quick_guard(**kwargs: object) -> tuple[BatchGuard, list[float]]:
         (UnknownTopicOrPartitionError(), Fault.MISSING_TOPIC),
         (OutOfOrderSequenceNumber(), Fault.PRODUCER),
         (RecordTooLargeError(), Fault.OTHER),
+        (TopicAuthorizationFailedError(), Fault.FATAL),
+        (GroupAuthorizationFailedError(), Fault.FATAL),
+        (SaslAuthenticationFailed(), Fault.FATAL),
     ],
 )
 def test_classify(error: Exception, kind: Fault) -> None:

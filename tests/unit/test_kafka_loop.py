@@ -1,20 +1,22 @@
 """The one consume loop over the in-memory double: what it commits, what it retries,
-what it lets through, and how it stops."""
+what it passes over (one record, never the loop), what ends it, and how it stops."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import TopicAuthorizationFailedError
 
-from graylane.errors import GraylaneError
+from graylane.errors import ErrorCode, GraylaneError
 from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
 from graylane.kafka.seam import ConsumerOptions, Record
 from graylane.settings import Settings
-from tests.support.memory_kafka import MemoryBroker, MemoryFactory
+from tests.support.memory_kafka import MemoryBroker, MemoryConsumer, MemoryFactory
 
 TOPIC = "t.in"
 GROUP = "g"
@@ -106,21 +108,50 @@ async def test_a_retriable_error_rewinds_backs_off_and_tells_the_fault_callbacks
     assert loop.guard.backoff.failures == 0  # reset by the success
 
 
-async def test_an_error_that_is_not_retriable_propagates_and_nothing_is_committed(
+async def test_lost_authorization_propagates_and_nothing_is_committed(
     factory: MemoryFactory,
 ) -> None:
     loop = loop_of(factory)
 
     async def handle(records: list[Record]) -> list[Awaitable[object]]:
-        raise Broken("no")
+        raise TopicAuthorizationFailedError()
 
     await loop.start()
     try:
-        with pytest.raises(Broken):
+        with pytest.raises(TopicAuthorizationFailedError):
             await loop.run(asyncio.Event(), LoopHooks(handle=handle))
     finally:
         await loop.stop()
     assert committed(factory) is None
+
+
+async def test_an_error_of_no_known_kind_passes_over_its_record_and_commits_the_batch(
+    factory: MemoryFactory,
+) -> None:
+    """It used to end the loop uncommitted: the same record ended every restart."""
+    loop = loop_of(factory)
+    handled: list[bytes] = []
+    dead: list[tuple[bytes, ErrorCode]] = []
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        if any(r.value == b"r1" for r in records):
+            raise Broken("no")
+        handled.extend(r.value or b"" for r in records)
+        return []
+
+    async def dead_letter(record: Record, code: ErrorCode, why: str) -> Awaitable[object]:
+        dead.append((record.value or b"", code))
+        return asyncio.sleep(0)
+
+    await loop.start()
+    try:
+        assert await loop.turn(LoopHooks(handle=handle, dead_letter=dead_letter)) == 3
+    finally:
+        await loop.stop()
+    assert handled == [b"r0", b"r2"]
+    assert dead == [(b"r1", ErrorCode.INTERNAL)]
+    assert loop.guard.faults[Fault.RECORD] == 1
+    assert committed(factory) == 3
 
 
 async def test_offsets_kept_elsewhere_go_to_the_commit_hook(factory: MemoryFactory) -> None:
@@ -169,3 +200,68 @@ async def test_a_stop_cuts_a_backoff_wait_short(factory: MemoryFactory) -> None:
     finally:
         await loop.stop()
     assert loop.guard.faults[Fault.OUTAGE] == 1
+
+
+class _PoisonedConsumer:
+    """A consumer whose fetch fails, as aiokafka's does, when it meets b"poison": the
+    poisoned partition stays where it was, the others have moved on (records lost)."""
+
+    def __init__(self, inner: MemoryConsumer) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[TopicPartition, list[Record]]:
+        before = {tp: await self._inner.position(tp) for tp in self._inner.assignment()}
+        got = await self._inner.getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
+        for tp, records in got.items():
+            poisoned = [r for r in records if r.value == b"poison"]
+            if poisoned:
+                self._inner.seek(tp, before[tp])
+                raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+        return got
+
+
+class _PoisonedFactory(MemoryFactory):
+    def consumer(self, *topics: str, **kwargs: Any) -> Any:
+        return _PoisonedConsumer(super().consumer(*topics, **kwargs))
+
+
+async def test_a_fetch_that_fails_for_one_record_passes_over_exactly_that_record() -> None:
+    """aiokafka's fetch raised for one record (a header key it could not decode) and
+    the whole loop ended; on restart it read the same record and ended again."""
+    factory = _PoisonedFactory(
+        MemoryBroker(), Settings(topic_prefix="t", partitions=2, instance_id="damage")
+    )
+    factory.broker.create_topic(TOPIC, 2)
+    for value in (b"r0", b"poison", b"r2"):
+        factory.broker.append(TOPIC, value, partition=0)
+    for value in (b"s0", b"s1"):
+        factory.broker.append(TOPIC, value, partition=1)
+    loop = loop_of(factory)
+    handled: list[bytes] = []
+    dead: list[tuple[int, int, ErrorCode]] = []
+
+    async def handle(records: Sequence[Record]) -> list[Awaitable[object]]:
+        handled.extend(r.value or b"" for r in records)
+        return []
+
+    async def dead_letter(record: Record, code: ErrorCode, why: str) -> Awaitable[object]:
+        dead.append((record.partition, record.offset, code))
+        return asyncio.sleep(0)
+
+    hooks = LoopHooks(handle=handle, dead_letter=dead_letter)  # type: ignore[arg-type]
+    await loop.start()
+    try:
+        for _ in range(5):
+            await loop.turn(hooks)
+    finally:
+        await loop.stop()
+    assert sorted(handled) == [b"r0", b"r2", b"s0", b"s1"]
+    assert dead == [(0, 1, ErrorCode.DECODE_ERROR)]
+    assert loop.guard.faults[Fault.RECORD] == 1
+    assert factory.broker.committed(GROUP, TopicPartition(TOPIC, 0)) == 3
+    assert factory.broker.committed(GROUP, TopicPartition(TOPIC, 1)) == 2

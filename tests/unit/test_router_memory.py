@@ -11,7 +11,11 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import NotLeaderForPartitionError, RecordTooLargeError
+from aiokafka.errors import (
+    NotLeaderForPartitionError,
+    RecordTooLargeError,
+    TopicAuthorizationFailedError,
+)
 
 from graylane import serde
 from graylane.routing import RoutingRule, table_for_weights
@@ -312,13 +316,29 @@ async def test_a_retriable_send_failure_rewinds_the_batch_and_delivers_it_again(
     assert [r.request_id for r in forwarded(factory, "v1")] == ["r1"]
 
 
-async def test_a_fatal_send_failure_stops_the_router_without_committing(
+async def test_lost_authorization_stops_the_router_without_committing(
     broker: MemoryBroker, factory: MemoryFactory
 ) -> None:
     router = Router(factory, RouterConfig(stable_versions={MODEL: "v1"}, group_id=GROUP))
-    broker.fail_next_sends(RecordTooLargeError())
+    broker.fail_next_sends(TopicAuthorizationFailedError())
     await submit(factory, request("r1", "u1"))
-    with pytest.raises(RecordTooLargeError):
+    with pytest.raises(TopicAuthorizationFailedError):
         await asyncio.wait_for(router.run(asyncio.Event()), 5)
     topic = factory.layout.ingress(MODEL)
     assert all(broker.committed(GROUP, TopicPartition(topic, p)) is None for p in (0, 1))
+
+
+async def test_a_send_no_retry_can_fix_passes_its_record_over_and_the_router_goes_on(
+    broker: MemoryBroker, factory: MemoryFactory
+) -> None:
+    """The forward, its retry alone and its dead letter all refused: the router used to
+    end uncommitted, and end again on the same record after every restart."""
+    async with running_router(factory) as router:
+        broker.fail_next_sends(RecordTooLargeError(), RecordTooLargeError(), RecordTooLargeError())
+        await submit(factory, request("r1", "u1"))
+        await eventually(lambda: committed_up_to_end(broker, factory))
+        assert broker.pending_send_failures == 0
+        await submit(factory, request("r2", "u1"))
+        await eventually(lambda: [r.request_id for r in forwarded(factory, "v1")] == ["r2"])
+        await eventually(lambda: committed_up_to_end(broker, factory))
+        assert router.ready.is_set()
