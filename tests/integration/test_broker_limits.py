@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from graylane import serde
 from graylane.kafka.admin import describe_topic_configs, ensure_topics, topic_overrides
@@ -25,6 +24,7 @@ from graylane.kafka.seam import Headers, KafkaFactory
 from graylane.services.router.service import Router, RouterConfig
 from graylane.topics import TopicSpec
 from graylane.v1 import dlq_pb2, inference_pb2
+from tests.support.batches import batch_bytes, big_headers, record_at
 from tests.support.stack import read_topic
 from tests.support.waiting import wait_until
 
@@ -33,21 +33,6 @@ pytestmark = pytest.mark.kafka
 MODEL = "gpt"
 STOCK_LIMIT = 1_048_588
 """Kafka's default ``message.max.bytes`` (and so a stock topic's ``max.message.bytes``)."""
-
-
-def batch_bytes(value: bytes, key: bytes | None, headers: Headers = ()) -> int:
-    """What the broker compares with ``max.message.bytes``: one record's batch."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 30,
-    )
-    builder.append(0, timestamp=1_700_000_000_000, key=key, value=value, headers=list(headers))
-    return len(builder.build())
 
 
 async def at_stock_limit(factory: KafkaFactory, specs: Sequence[TopicSpec]) -> None:
@@ -143,9 +128,9 @@ async def test_a_forward_enlarged_past_the_version_topics_limit_is_answered(
 async def test_a_dead_letter_of_a_record_near_the_limit_with_big_headers_is_delivered(
     factory: KafkaFactory,
 ) -> None:
-    headers = [(f"h{i:04d}" + "n" * 95, b"v" * 400) for i in range(2000)]
+    headers = big_headers()
     key = b"k" * 1_000
-    value = b"\xff" * (STOCK_LIMIT - 100 - batch_bytes(b"", key, headers))
+    value = record_at(STOCK_LIMIT - 100, key, headers, fill=b"\xff").value or b""
     async with stock_router(factory) as task:
         await send(factory, value, key, headers)  # not a request: a dead letter
         (letter,) = [

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import ConsumerRecord
 
 from graylane import serde
@@ -26,21 +25,8 @@ from graylane.kafka.seam import Headers, KafkaFactory, Record
 from graylane.settings import Settings
 from graylane.topics import TopicLayout
 from graylane.v1 import dlq_pb2, inference_pb2
-
-
-def _batch_bytes(value: bytes, key: bytes | None, headers: Headers) -> int:
-    """What the broker compares with ``max.message.bytes``: one record's batch."""
-    builder = DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=0,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 30,
-    )
-    builder.append(0, timestamp=1_700_000_000_000, key=key, value=value, headers=list(headers))
-    return len(builder.build())
+from tests.support.batches import batch_bytes, big_headers, record_at
+from tests.support.memory_kafka import MemoryBroker, MemoryProducer
 
 
 def _record(value: bytes, key: bytes, headers: Headers) -> Record:
@@ -49,21 +35,7 @@ def _record(value: bytes, key: bytes, headers: Headers) -> Record:
 
 def _near_limit_with_big_headers(limit: int) -> Record:
     """A record exactly at ``limit`` whose headers are most of it: 2000 of 500 bytes."""
-    headers = [(f"h{i:04d}" + "n" * 95, b"v" * 400) for i in range(2000)]
-    key = b"k" * 1_000
-    value = b"x" * (limit - _batch_bytes(b"", key, headers))
-    while _batch_bytes(value, key, headers) > limit:  # the value's length varint grew
-        value = value[:-1]
-    return _record(value, key, headers)
-
-
-class _Capture:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, bytes | None]] = []
-
-    async def send(self, topic: str, value: bytes, key: bytes | None = None) -> object:
-        self.sent.append((topic, value, key))
-        return None
+    return record_at(limit, b"k" * 1_000, big_headers())
 
 
 def test_record_bytes_bounds_the_batch_the_broker_measures() -> None:
@@ -72,19 +44,17 @@ def test_record_bytes_bounds_the_batch_the_broker_measures() -> None:
         (b"v" * 1000, b"k" * 10, [("h" * 5, b"x" * 7)]),
         (b"v" * 300_000, b"k" * 70_000, [(f"n{i}", b"x" * 2000) for i in range(300)]),
     ):
-        assert _batch_bytes(value, key, headers) <= record_bytes(value, key, headers)
+        assert batch_bytes(value, key, headers) <= record_bytes(value, key, headers)
 
 
 @pytest.mark.parametrize("limit", [STOCK_MAX_MESSAGE_BYTES, 8 * 1024 * 1024, 64 * 1024])
 def test_a_dead_letter_of_a_record_at_the_limit_with_big_headers_fits(limit: int) -> None:
     record = _near_limit_with_big_headers(STOCK_MAX_MESSAGE_BYTES)
-    assert _batch_bytes(record.value or b"", record.key, record.headers) == (
-        STOCK_MAX_MESSAGE_BYTES
-    )
+    assert batch_bytes(record.value or b"", record.key, record.headers) == STOCK_MAX_MESSAGE_BYTES
     value, key = dead_letter_record(
         record, inference_pb2.DECODE_ERROR, "r" * 100_000, service="router", limit=limit
     )
-    assert _batch_bytes(value, key, ()) <= record_bytes(value, key) <= limit
+    assert batch_bytes(value, key, ()) <= record_bytes(value, key) <= limit
     letter = serde.decode(dlq_pb2.DeadLetter, value)
     original = record.value or b""
     # Headers summarized, not copied: names clipped, no values; count and size in full.
@@ -118,23 +88,20 @@ def test_a_small_record_is_kept_whole() -> None:
 
 
 async def test_the_sink_sizes_dead_letters_by_the_dead_letter_topics_limit() -> None:
-    producer = _Capture()
+    broker = MemoryBroker(auto_create_topics=True)
+    producer = MemoryProducer(broker)
+    await producer.start()
     limits = MessageLimits(None, ceiling=STOCK_MAX_MESSAGE_BYTES)
-    sink = ReplySink(producer, TopicLayout(prefix="t"), "router", limits=limits)  # type: ignore[arg-type]
+    sink = ReplySink(producer, TopicLayout(prefix="t"), "router", limits=limits)
     record = _near_limit_with_big_headers(STOCK_MAX_MESSAGE_BYTES)
-    await sink.dead_letter(record, inference_pb2.INTERNAL, "a fatal send")
-    ((topic, value, key),) = producer.sent
-    assert topic == "t.dlq"
-    assert record_bytes(value, key) <= STOCK_MAX_MESSAGE_BYTES
+    await (await sink.dead_letter(record, inference_pb2.INTERNAL, "a fatal send"))
+    (letter,) = broker.records("t.dlq")
+    assert batch_bytes(letter.value or b"", letter.key) <= STOCK_MAX_MESSAGE_BYTES
 
 
 async def test_a_record_over_a_topics_limit_is_named_oversized() -> None:
-    sink = ReplySink(
-        _Capture(),  # type: ignore[arg-type]
-        TopicLayout(prefix="t"),
-        "router",
-        limits=MessageLimits(None, ceiling=4096),
-    )
+    limits = MessageLimits(None, ceiling=4096)
+    sink = ReplySink(MemoryProducer(MemoryBroker()), TopicLayout(prefix="t"), "r", limits=limits)
     assert await sink.oversized("t.results.m", b"x" * 3000, b"k") is None
     why = await sink.oversized("t.results.m", b"x" * 4096, b"k")
     assert why is not None and "t.results.m" in why and "4096" in why
