@@ -23,7 +23,6 @@ from graylane.clock import now_ms
 from graylane.errors import ErrorCode
 from graylane.kafka.admin import MessageLimits
 from graylane.kafka.seam import Headers, Producer, Record, known_topics
-from graylane.settings import Settings
 from graylane.topics import ReplyTopicRefused, TopicLayout
 from graylane.v1 import dlq_pb2, inference_pb2
 
@@ -37,7 +36,6 @@ __all__ = [
     "clip",
     "dead_letter_record",
     "field_problem",
-    "max_payload_bytes",
     "partition_key",
     "record_bytes",
     "reply_topic_rejection",
@@ -186,15 +184,6 @@ def dead_letter_record(
     letter.original_key = key[:key_keep]
     letter.original_truncated = value_keep < len(value)
     return serde.encode(letter), record_key
-
-
-_ENVELOPE_BYTES = 16 * 1024
-"""Room left in a message for everything but a result's payload."""
-
-
-def max_payload_bytes(settings: Settings) -> int:
-    """The largest result a producer of ``settings`` can send in one message."""
-    return max(settings.max_request_bytes * 2, 1_048_576) - _ENVELOPE_BYTES
 
 
 @dataclass(frozen=True, init=False)

@@ -5,27 +5,33 @@ Regressions: a request just under its version topic's limit, enlarged by the
 router's routing fields, was forwarded anyway, refused by the broker
 (``MessageSizeTooLargeError``, not retriable) and the router stopped; a record near
 the limit with big headers yielded a dead letter over the dead-letter topic's
-limit (every header copied) and stopped the router the same way. Either record was
-read again on every restart: a crash loop.
+limit (every header copied) and stopped the router the same way; a result of a
+few MB, under the worker's own 8 MiB check but over the reply topic's limit, was
+sent, refused, and the worker stopped. Each record was read again on every
+restart: a crash loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
 
+import numpy as np
 import pytest
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from graylane import serde
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.kafka.admin import describe_topic_configs, ensure_topics, topic_overrides
 from graylane.kafka.seam import Headers, KafkaFactory
 from graylane.services.router.service import Router, RouterConfig
 from graylane.topics import TopicSpec
 from graylane.v1 import dlq_pb2, inference_pb2
 from tests.support.batches import batch_bytes, big_headers, record_at
-from tests.support.stack import read_topic
+from tests.support.engines import DelegatingEngine
+from tests.support.stack import read_topic, running_stack
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
@@ -142,3 +148,45 @@ async def test_a_dead_letter_of_a_record_near_the_limit_with_big_headers_is_deli
         assert letter.original_length == len(value)
         assert value.startswith(letter.original_value) and letter.original_value
         await still_routes(factory, task)
+
+
+class WideLogits(DelegatingEngine):
+    """The demo GPT with its logits repeated 8 times along the vocabulary: big results."""
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = self.inner.run(feeds)
+        return {**outputs, "logits": np.tile(outputs["logits"], (1, 1, 8))}
+
+
+async def test_a_result_over_the_reply_topics_limit_is_answered_result_too_large(
+    factory: KafkaFactory, models: dict[str, Path]
+) -> None:
+    layout = factory.layout
+    await at_stock_limit(factory, layout.shared_specs() + layout.model_specs(MODEL, ["v1"]))
+    engine = WideLogits(OnnxRuntimeEngine.load(models["v1"], "fp32", intra_op_threads=1))
+    async with running_stack(
+        factory,
+        model=MODEL,
+        versions={"v1": models["v1"]},
+        stable="v1",
+        engines={"v1": {"fp32": engine}},
+    ) as stack:
+        # 200 tokens of logits, 2064 wide, float32: 1.65 MB, over the 1 MiB limit.
+        big = inference_pb2.InferenceRequest(
+            request_id="big-result", model=MODEL, token_ids=[5] * 200
+        )
+        await send(factory, serde.encode(big), b"big-result")
+        small = inference_pb2.InferenceRequest(request_id="small-result", model=MODEL, prompt="hi")
+        await send(factory, serde.encode(small), b"small-result")
+        replies = {
+            r.request_id: r
+            for r in (
+                serde.decode(inference_pb2.InferenceResult, v)
+                for v in await read_topic(factory, layout.results(MODEL), expect=2)
+            )
+        }
+        assert replies["big-result"].error_code == inference_pb2.RESULT_TOO_LARGE
+        assert "1048588" in replies["big-result"].error_message
+        # The worker goes on: the next request is served.
+        assert replies["small-result"].status == inference_pb2.OK
+        assert not any(t.done() for t in stack.tasks)
