@@ -137,7 +137,13 @@ def record_bytes(value: bytes, key: bytes | None = None, headers: Headers = ()) 
 
 def _summarized_headers(headers: Headers) -> tuple[list[dlq_pb2.Header], int, int]:
     """The first names (clipped, without values), the count and the bytes of ``headers``."""
-    names = [dlq_pb2.Header(key=clip(k, 64)) for k, _ in list(headers)[:DEAD_LETTER_HEADER_NAMES]]
+    names = [
+        # A name read leniently may hold undecodable bytes (surrogates): shown replaced.
+        dlq_pb2.Header(
+            key=clip(k.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), 64)
+        )
+        for k, _ in list(headers)[:DEAD_LETTER_HEADER_NAMES]
+    ]
     size = sum(len(k.encode("utf-8", "surrogateescape")) + len(v or b"") for k, v in headers)
     return names, len(headers), size
 

@@ -77,14 +77,14 @@ def test_a_dead_letter_of_a_record_at_the_limit_with_big_headers_fits(limit: int
 
 
 def test_a_small_record_is_kept_whole() -> None:
-    record = _record(b"\xff\x00bad", b"key", [("trace", b"abc")])
+    record = _record(b"\xff\x00bad", b"key", [("trace", b"abc"), ("\udcff-raw", b"")])
     value, key = dead_letter_record(
         record, inference_pb2.DECODE_ERROR, "undecodable", service="w", limit=1 << 20
     )
     letter = serde.decode(dlq_pb2.DeadLetter, value)
     assert letter.original_value == b"\xff\x00bad" and not letter.original_truncated
     assert letter.original_key == b"key" and key == b"key"
-    assert [h.key for h in letter.original_headers] == ["trace"]
+    assert [h.key for h in letter.original_headers] == ["trace", "\ufffd-raw"]
 
 
 async def test_the_sink_sizes_dead_letters_by_the_dead_letter_topics_limit() -> None:
