@@ -74,13 +74,10 @@ from graylane.engine_worker.wire import (
     shed_telemetry,
 )
 from graylane.errors import ErrorCode, SerdeError
+from graylane.kafka.admin import MessageLimits
 from graylane.kafka.loop import ConsumeLoop, LoopHooks
 from graylane.kafka.reading import CompactedFollower, consumer_lag
-from graylane.kafka.replies import (
-    Rejection,
-    ReplySink,
-    max_payload_bytes,
-)
+from graylane.kafka.replies import Rejection, ReplySink
 from graylane.kafka.seam import BatchConsumer, ConsumerOptions, KafkaFactory, Producer, Record
 from graylane.metrics import (
     CONTROL_CAUGHT_UP,
@@ -577,24 +574,22 @@ class Worker:
     ) -> list[Awaitable[object]]:
         """Send the batch's answers (results, error results, shadow copies), then telemetry."""
         futures: list[Awaitable[object]] = []
-        limit = max_payload_bytes(self.factory.settings)
         variant = report.telemetry.variant
         for job in report.answers:
             request = job.request
             payload = b"" if job.result is None else serde.encode(job.result)
             rejection = job.rejection
-            if len(payload) > limit:
-                self.observer.count_error(variant, ErrorCode.RESULT_TOO_LARGE)
-                rejection = Rejection(
-                    ErrorCode.RESULT_TOO_LARGE,
-                    f"result is {len(payload)} bytes; the broker accepts {limit}",
-                )
+            key = request.request_id.encode("utf-8")
+            shadow_topic = self.layout.shadow(request.model)
+            if job.result is not None and rejection is None:
+                too_large = await self._oversized(sink, job, payload, key)
+                if too_large is not None:
+                    self.observer.count_error(variant, ErrorCode.RESULT_TOO_LARGE)
+                    rejection = Rejection(ErrorCode.RESULT_TOO_LARGE, f"result: {too_large}")
             if job.result is None or rejection is not None:
                 rejection = rejection or Rejection(ErrorCode.INTERNAL, "no outcome")
                 futures.append(await self._error_result(sink, job, rejection, variant))
                 continue
-            key = request.request_id.encode("utf-8")
-            shadow_topic = self.layout.shadow(request.model)
             if request.shadow:
                 futures.append(await producer.send(shadow_topic, payload, key=key))
                 continue
@@ -608,6 +603,19 @@ class Worker:
                 futures.append(await producer.send(shadow_topic, payload, key=key))
         futures.append(await self._send_telemetry(producer, report.telemetry))
         return futures
+
+    async def _oversized(self, sink: ReplySink, job: Job, payload: bytes, key: bytes) -> str | None:
+        """Why ``job``'s result cannot go to its topics (each one's limit), or None."""
+        request = job.request
+        shadow_topic = self.layout.shadow(request.model)
+        topics = [shadow_topic] if request.shadow else [sink.reply_topic(request)]
+        if request.mirror_result and not request.shadow:
+            topics.append(shadow_topic)
+        for topic in topics:
+            too_large = await sink.oversized(topic, payload, key)
+            if too_large is not None:
+                return too_large
+        return None
 
     async def _error_result(
         self, sink: ReplySink, job: Job, rejection: Rejection, variant: str
@@ -652,7 +660,11 @@ class Worker:
         self.observability.mark(CONTROL_CAUGHT_UP)
         producer = self.factory.producer(client_suffix="worker")
         await producer.start()
-        sink = ReplySink(producer, layout, f"worker:{cfg.model}/{cfg.version}")
+        limits = MessageLimits.of_factory(
+            self.factory, ceiling=self.factory.settings.max_message_bytes
+        )
+        await limits.load([layout.results(cfg.model), layout.shadow(cfg.model), layout.dlq()])
+        sink = ReplySink(producer, layout, f"worker:{cfg.model}/{cfg.version}", limits=limits)
         loop = ConsumeLoop(
             "worker",
             self.factory,

@@ -117,6 +117,14 @@ class Settings:
         if self.log_format not in ("json", "text"):
             raise SettingsError(f"log format {self.log_format!r}: expected json or text")
 
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest record Graylane sends: its producers' ``max_request_size``, its
+        consumers' partition fetch size and the ``max.message.bytes`` of the topics it
+        creates. Twice the request limit (at least 1 MiB): a forward stamps a request
+        with routing fields and a result may outgrow its request."""
+        return max(self.max_request_bytes * 2, 1_048_576)
+
     def metrics_address(self, port: int | None = None) -> MetricsAddress | None:
         """Where this process serves /metrics (``port`` overrides the setting); None = off."""
         from graylane.metrics import MetricsAddress

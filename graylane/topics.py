@@ -25,6 +25,23 @@ from enum import Enum
 from graylane.artifacts.naming import NamingError, validate_model_name, validate_version_name
 from graylane.errors import GraylaneError
 
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "Cleanup",
+    "ReplyTopicRefused",
+    "ReplyTopicVerdict",
+    "TopicKind",
+    "TopicLayout",
+    "TopicNameError",
+    "TopicSpec",
+    "check_model_name",
+    "check_version_name",
+]
+
+DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+"""``max.message.bytes`` of created topics under the default settings (twice the
+default request limit)."""
+
 _REPLY_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
 """The last segment of a reply or results topic (a client id or a model name)."""
 
@@ -89,8 +106,10 @@ class TopicSpec:
     replication_factor: int
     cleanup: Cleanup
     retention_ms: int | None
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
     def configs(self) -> dict[str, str]:
+        """The configs a repair brings an existing topic back to."""
         # An acknowledged write survives one broker loss once RF >= 2
         # (the producers use acks=all).
         configs = {
@@ -105,6 +124,17 @@ class TopicSpec:
             configs["min.cleanable.dirty.ratio"] = "0.1"
             configs["segment.ms"] = str(3600 * 1000)
         return configs
+
+    def creation_configs(self) -> dict[str, str]:
+        """:meth:`configs` plus those a topic is only created with.
+
+        ``max.message.bytes`` is stated, not inherited: a cluster's stock default
+        (1 MiB) would otherwise refuse the results and forwards Graylane's producers
+        send. It is not repaired: an operator's value stands, and the services read
+        each topic's effective limit (:class:`~graylane.kafka.admin.MessageLimits`)
+        and answer or dead-letter what would not fit.
+        """
+        return {**self.configs(), "max.message.bytes": str(self.max_message_bytes)}
 
 
 def check_model_name(model: str) -> str:
@@ -132,6 +162,8 @@ class TopicLayout:
     replication_factor: int = 1
     data_retention_ms: int = 7 * 24 * 3600 * 1000
     audit_retention_ms: int = 90 * 24 * 3600 * 1000
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    """``max.message.bytes`` of the topics created (``Settings.max_message_bytes``)."""
 
     # -- names -----------------------------------------------------------------
     def ingress(self, model: str) -> str:
@@ -244,6 +276,7 @@ class TopicLayout:
             replication_factor=self.replication_factor,
             cleanup=cleanup,
             retention_ms=retention_ms,
+            max_message_bytes=self.max_message_bytes,
         )
 
     def shared_specs(self) -> list[TopicSpec]:

@@ -1,7 +1,8 @@
 """The Kafka admin API: idempotent topic set-up, topic facts, and ACL grants.
 
 :func:`ensure_topics` creates missing topics and brings existing ones to their
-specified configs; :func:`apply_acls` grants :mod:`graylane.acls` rules (the same
+specified configs; :class:`MessageLimits` reads how large a record each topic
+accepts; :func:`apply_acls` grants :mod:`graylane.acls` rules (the same
 rules ``graylane acls`` prints as ``kafka-acls.sh`` lines) through CreateAcls, for
 ``graylane acls --apply`` and the secured-broker tests. Granting needs a principal
 allowed to Alter the cluster (the super user of a local secured broker).
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -25,9 +27,11 @@ from graylane.errors import GraylaneError, TopicSetupError
 from graylane.topics import TopicSpec
 
 __all__ = [
+    "STOCK_MAX_MESSAGE_BYTES",
     "AclApplyError",
     "AclBinding",
     "AdminFactory",
+    "MessageLimits",
     "TopicSetupReport",
     "apply_acls",
     "bindings_for",
@@ -43,6 +47,7 @@ log = logging.getLogger(__name__)
 _TOPIC_ALREADY_EXISTS = 36
 
 
+@runtime_checkable
 class AdminFactory(Protocol):
     """Builds admin clients (:class:`~graylane.kafka.seam.KafkaFactory` does)."""
 
@@ -68,14 +73,16 @@ class _ConfigEntry:
     sensitive: bool
 
 
-async def _config_entries(admin: AIOKafkaAdminClient, topic: str) -> list[_ConfigEntry]:
-    responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+async def _config_entries(
+    admin: AIOKafkaAdminClient, name: str, kind: ConfigResourceType = ConfigResourceType.TOPIC
+) -> list[_ConfigEntry]:
+    responses = await admin.describe_configs([ConfigResource(kind, name)])
     entries: list[_ConfigEntry] = []
     for response in responses:
         for resource in response.resources:
             error_code, error_message = resource[0], resource[1]
             if error_code != 0:
-                raise TopicSetupError(f"describe configs of {topic}: {error_message or error_code}")
+                raise TopicSetupError(f"describe configs of {name}: {error_message or error_code}")
             for entry in resource[4]:
                 # v0 carries is_default where later versions carry config_source.
                 override = (
@@ -166,7 +173,7 @@ async def ensure_topics(factory: AdminFactory, specs: Sequence[TopicSpec]) -> To
                         name=s.name,
                         num_partitions=s.partitions,
                         replication_factor=s.replication_factor,
-                        topic_configs=s.configs(),
+                        topic_configs=s.creation_configs(),
                     )
                     for s in missing
                 ]
@@ -200,6 +207,105 @@ async def ensure_topics(factory: AdminFactory, specs: Sequence[TopicSpec]) -> To
         return TopicSetupReport(tuple(created), tuple(reconfigured), tuple(unchanged))
     finally:
         await admin.close()
+
+
+STOCK_MAX_MESSAGE_BYTES = 1_048_588
+"""Kafka's default ``message.max.bytes``: 1 MiB plus a record batch's log overhead."""
+
+
+class MessageLimits:
+    """How large a record each topic accepts, as the broker says; read once per topic.
+
+    A topic's limit is its effective ``max.message.bytes`` (set on it, or the broker
+    default it inherits); where the topic's configs cannot be read, the broker's
+    ``message.max.bytes``, and where neither can, Kafka's stock default. It is never
+    more than ``ceiling``, the producer's ``max_request_size``. A limit that had to be
+    guessed is asked for again after ``retry_s``. Without an admin client (an
+    in-memory double) every topic takes ``ceiling``.
+    """
+
+    def __init__(
+        self, factory: AdminFactory | None, *, ceiling: int, retry_s: float = 60.0
+    ) -> None:
+        self._factory = factory
+        self.ceiling = ceiling
+        self._retry_s = retry_s
+        self._known: dict[str, int] = {}
+        self._guessed: dict[str, float] = {}  # topic -> when its guess expires
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def of_factory(cls, factory: object, *, ceiling: int) -> MessageLimits:
+        """Limits read through ``factory``'s admin client, if it builds one."""
+        return cls(factory if isinstance(factory, AdminFactory) else None, ceiling=ceiling)
+
+    async def limit(self, topic: str) -> int:
+        """The largest record batch (bytes) ``topic`` accepts from this producer."""
+        if topic in self._known and self._guessed.get(topic, float("inf")) > time.monotonic():
+            return self._known[topic]
+        await self.load([topic])
+        return self._known[topic]
+
+    async def load(self, topics: Iterable[str]) -> None:
+        """Read the limits of ``topics`` (at start; later ones are read on first use)."""
+        wanted = list(dict.fromkeys(topics))
+        async with self._lock:
+            now = time.monotonic()
+            wanted = [
+                t for t in wanted if t not in self._known or self._guessed.get(t, now + 1) <= now
+            ]
+            if not wanted:
+                return
+            if self._factory is None:
+                self._known.update(dict.fromkeys(wanted, self.ceiling))
+                return
+            read, guess = await self._describe(self._factory, wanted)
+            for topic in wanted:
+                found = read.get(topic)
+                self._known[topic] = min(self.ceiling, guess if found is None else found)
+                if found is None:
+                    self._guessed[topic] = time.monotonic() + self._retry_s
+                else:
+                    self._guessed.pop(topic, None)
+
+    async def _describe(
+        self, factory: AdminFactory, topics: list[str]
+    ) -> tuple[dict[str, int], int]:
+        """Limits read per topic, and the broker default for the topics left out."""
+        read: dict[str, int] = {}
+        admin = factory.admin()
+        try:
+            await admin.start()
+            for topic in topics:
+                try:
+                    value = (await describe_topic_configs(admin, topic)).get("max.message.bytes")
+                except Exception as exc:  # no DescribeConfigs, a missing topic: guess
+                    log.warning("cannot read max.message.bytes of %s: %s", topic, exc)
+                    continue
+                if value is not None:
+                    read[topic] = int(value)
+            if len(read) == len(topics):
+                return read, STOCK_MAX_MESSAGE_BYTES
+            return read, await _broker_message_max_bytes(admin)
+        except Exception as exc:  # the admin client cannot start: guess for them all
+            log.warning("cannot read message size limits: %s", exc)
+            return read, STOCK_MAX_MESSAGE_BYTES
+        finally:
+            await admin.close()
+
+
+async def _broker_message_max_bytes(admin: AIOKafkaAdminClient) -> int:
+    """A broker's ``message.max.bytes``, or Kafka's stock default if it cannot be read."""
+    try:
+        brokers = (await admin.describe_cluster())["brokers"]
+        entries = await _config_entries(
+            admin, str(brokers[0]["node_id"]), ConfigResourceType.BROKER
+        )
+        value = next((e.value for e in entries if e.name == "message.max.bytes"), None)
+        return int(value) if value is not None else STOCK_MAX_MESSAGE_BYTES
+    except Exception as exc:  # no DescribeConfigs on the cluster: assume the stock default
+        log.warning("cannot read the broker's message.max.bytes: %s", exc)
+        return STOCK_MAX_MESSAGE_BYTES
 
 
 async def _wait_for_leaders(

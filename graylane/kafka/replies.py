@@ -5,7 +5,8 @@ range caps on a request's identifying fields (pure; messages quote at most a sho
 prefix of the offending value, :func:`clip`); a refused request is a
 :class:`Rejection` (an :class:`~graylane.errors.ErrorCode` and a message), which
 :class:`ReplySink` sends as an error result when the request can be identified and
-its reply topic exists, else as a dead letter with the original bytes.
+its reply topic exists, else as a dead letter with the original bytes (as many as
+the dead-letter topic's limit leaves room for, :func:`dead_letter_record`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import cast
 from graylane import serde
 from graylane.clock import now_ms
 from graylane.errors import ErrorCode
-from graylane.kafka.seam import Producer, Record, known_topics
-from graylane.settings import Settings
+from graylane.kafka.admin import MessageLimits
+from graylane.kafka.seam import Headers, Producer, Record, known_topics
 from graylane.topics import ReplyTopicRefused, TopicLayout
 from graylane.v1 import dlq_pb2, inference_pb2
 
@@ -33,9 +34,10 @@ __all__ = [
     "Rejection",
     "ReplySink",
     "clip",
+    "dead_letter_record",
     "field_problem",
-    "max_payload_bytes",
     "partition_key",
+    "record_bytes",
     "reply_topic_rejection",
     "wire_code",
 ]
@@ -99,7 +101,15 @@ def field_problem(
 # -- where a refused request goes ---------------------------------------------------
 
 DEAD_LETTER_KEEP_BYTES = 64 * 1024
-"""A dead letter keeps this much of the original value (plus its sha256 and length)."""
+"""A dead letter keeps at most this much of the original key and of its value (plus the
+value's sha256 and length), less where the dead-letter topic's limit leaves less room."""
+DEAD_LETTER_HEADER_NAMES = 16
+"""A dead letter names at most this many of the original headers (each clipped)."""
+_RECORD_OVERHEAD_BYTES = 128
+"""A record batch's framing around one record: 61 bytes of batch header, at most 36 of
+record fields (varints), rounded up."""
+_HEADER_OVERHEAD_BYTES = 10
+"""A header's framing: two length varints."""
 MAX_PARTITION_KEY_BYTES = 256
 """Longer keys are replaced by their sha256 (the client's partitioner hashes every byte)."""
 
@@ -113,13 +123,73 @@ def partition_key(key: bytes) -> bytes:
     return key if len(key) <= MAX_PARTITION_KEY_BYTES else hashlib.sha256(key).digest()
 
 
-_ENVELOPE_BYTES = 16 * 1024
-"""Room left in a message for everything but a result's payload."""
+def record_bytes(value: bytes, key: bytes | None = None, headers: Headers = ()) -> int:
+    """An upper bound of the bytes a record takes in a batch of its own.
+
+    What ``max.message.bytes`` is compared with: value, key, headers and framing.
+    """
+    head = sum(
+        len(k.encode("utf-8", "surrogateescape")) + len(v or b"") + _HEADER_OVERHEAD_BYTES
+        for k, v in headers
+    )
+    return len(value) + len(key or b"") + head + _RECORD_OVERHEAD_BYTES
 
 
-def max_payload_bytes(settings: Settings) -> int:
-    """The largest result a producer of ``settings`` can send in one message."""
-    return max(settings.max_request_bytes * 2, 1_048_576) - _ENVELOPE_BYTES
+def _summarized_headers(headers: Headers) -> tuple[list[dlq_pb2.Header], int, int]:
+    """The first names (clipped, without values), the count and the bytes of ``headers``."""
+    names = [
+        # A name read leniently may hold undecodable bytes (surrogates): shown replaced.
+        dlq_pb2.Header(
+            key=clip(k.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), 64)
+        )
+        for k, _ in list(headers)[:DEAD_LETTER_HEADER_NAMES]
+    ]
+    size = sum(len(k.encode("utf-8", "surrogateescape")) + len(v or b"") for k, v in headers)
+    return names, len(headers), size
+
+
+def dead_letter_record(
+    record: Record, code: ErrorCode | int, reason: str, *, service: str, limit: int
+) -> tuple[bytes, bytes | None]:
+    """The value and key of ``record``'s dead letter, together under ``limit`` bytes.
+
+    The letter keeps as much of the original key and value as fits (at most
+    :data:`DEAD_LETTER_KEEP_BYTES` each), the value's length and sha256, and a
+    summary of the headers (names, count, size): a record near its topic's limit,
+    headers and all, still yields a letter the dead-letter topic accepts.
+    """
+    value = record.value or b""
+    key = record.key or b""
+    names, count, headers_size = _summarized_headers(record.headers or ())
+    letter = dlq_pb2.DeadLetter(
+        original_length=len(value),
+        original_sha256=hashlib.sha256(value).digest(),
+        original_truncated=True,
+        original_headers=names,
+        original_header_count=count,
+        original_headers_length=headers_size,
+        original_key_length=len(key),
+        source_topic=clip(record.topic, 256),
+        source_partition=record.partition,
+        source_offset=record.offset,
+        error_code=wire_code(code),
+        reason=clip(reason, 1024),
+        service=service,
+        failed_at_unix_ms=now_ms(),
+    )
+    record_key = partition_key(key) or None
+    # Two length-delimited fields add a tag and a length varint each: 12 bytes at most.
+    room = limit - record_bytes(serde.encode(letter), record_key) - 12
+    if room < 0:  # a limit too small even for the summary: keep the facts only
+        del letter.original_headers[:]
+        letter.reason = clip(reason, 80)
+        room = limit - record_bytes(serde.encode(letter), record_key) - 12
+    value_keep = max(0, min(len(value), DEAD_LETTER_KEEP_BYTES, room))
+    key_keep = max(0, min(len(key), DEAD_LETTER_KEEP_BYTES, room - value_keep))
+    letter.original_value = value[:value_keep]
+    letter.original_key = key[:key_keep]
+    letter.original_truncated = value_keep < len(value)
+    return serde.encode(letter), record_key
 
 
 @dataclass(frozen=True, init=False)
@@ -166,11 +236,14 @@ class ReplySink:
         layout: TopicLayout,
         service: str,
         *,
+        limits: MessageLimits | None = None,
         refresh_s: float = 10.0,
     ) -> None:
         self._producer = producer
         self._layout = layout
         self._service = service
+        self.limits = limits or MessageLimits(None, ceiling=layout.max_message_bytes)
+        """How large a record each topic accepts (the ceiling alone, if not given)."""
         self._refresh_s = refresh_s
         self._known: set[str] = set()
         self._known_at = 0.0
@@ -188,6 +261,11 @@ class ReplySink:
             self._known = await known_topics(self._producer)
             self._known_at = time.monotonic()
         return topic in self._known
+
+    async def oversized(self, topic: str, value: bytes, key: bytes | None) -> str | None:
+        """Why a record of ``value`` and ``key`` is over ``topic``'s limit, or None."""
+        size, limit = record_bytes(value, key), await self.limits.limit(topic)
+        return f"{size} bytes exceed the limit of {topic} ({limit})" if size > limit else None
 
     def forget(self, *_: object) -> None:
         """Drop the cached topic list (a send failed: a topic may have gone)."""
@@ -262,25 +340,10 @@ class ReplySink:
         code: ErrorCode | int,
         reason: str,
     ) -> Awaitable[object]:
-        """Queue a dead letter: the record's bytes (clipped), where it came from, and why."""
-        value = record.value or b""
-        key = (record.key or b"")[:DEAD_LETTER_KEEP_BYTES]
-        letter = dlq_pb2.DeadLetter(
-            original_key=key,
-            original_value=value[:DEAD_LETTER_KEEP_BYTES],
-            original_length=len(value),
-            original_sha256=hashlib.sha256(value).digest(),
-            original_truncated=len(value) > DEAD_LETTER_KEEP_BYTES,
-            original_headers=[
-                dlq_pb2.Header(key=k, value=v or b"") for k, v in (record.headers or ())
-            ],
-            source_topic=record.topic,
-            source_partition=record.partition,
-            source_offset=record.offset,
-            error_code=wire_code(code),
-            reason=clip(reason, 1024),
-            service=self._service,
-            failed_at_unix_ms=now_ms(),
+        """Queue a dead letter: the record's bytes (what fits), where it came from, and why."""
+        topic = self._layout.dlq()
+        value, key = dead_letter_record(
+            record, code, reason, service=self._service, limit=await self.limits.limit(topic)
         )
         log.warning(
             "dead letter from %s[%d]@%d: %s",
@@ -289,7 +352,5 @@ class ReplySink:
             record.offset,
             clip(reason, 200),
         )
-        sent: Awaitable[object] = await self._producer.send(
-            self._layout.dlq(), serde.encode(letter), key=partition_key(key) or None
-        )
+        sent: Awaitable[object] = await self._producer.send(topic, value, key=key)
         return sent

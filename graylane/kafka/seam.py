@@ -400,6 +400,7 @@ class KafkaFactory:
                 replication_factor=s.replication_factor,
                 data_retention_ms=s.data_retention_ms,
                 audit_retention_ms=s.audit_retention_ms,
+                max_message_bytes=s.max_message_bytes,
             ),
         )
 
@@ -422,7 +423,7 @@ class KafkaFactory:
             enable_idempotence=o.idempotent or o.transactional_id is not None,
             linger_ms=o.linger_ms,
             max_batch_size=o.max_batch_size,
-            max_request_size=max(self.settings.max_request_bytes * 2, 1_048_576),
+            max_request_size=self.settings.max_message_bytes,
             request_timeout_ms=o.request_timeout_ms,
         )
         if o.compression:
@@ -459,7 +460,7 @@ class KafkaFactory:
             heartbeat_interval_ms=o.heartbeat_interval_ms,
             max_poll_interval_ms=o.max_poll_interval_ms,
             isolation_level=o.isolation.value,
-            max_partition_fetch_bytes=max(self.settings.max_request_bytes * 2, 1_048_576),
+            max_partition_fetch_bytes=self.settings.max_message_bytes,
         )
         if o.rebalance_timeout_ms is not None:
             kwargs["rebalance_timeout_ms"] = o.rebalance_timeout_ms

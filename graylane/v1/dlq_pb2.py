@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from graylane.v1 import inference_pb2 as graylane_dot_v1_dot_inference__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15graylane/v1/dlq.proto\x12\x0bgraylane.v1\x1a\x1bgraylane/v1/inference.proto\"$\n\x06Header\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\xe6\x02\n\nDeadLetter\x12\x14\n\x0coriginal_key\x18\x01 \x01(\x0c\x12\x16\n\x0eoriginal_value\x18\x02 \x01(\x0c\x12-\n\x10original_headers\x18\x03 \x03(\x0b\x32\x13.graylane.v1.Header\x12\x14\n\x0csource_topic\x18\x04 \x01(\t\x12\x18\n\x10source_partition\x18\x05 \x01(\x05\x12\x15\n\rsource_offset\x18\x06 \x01(\x03\x12*\n\nerror_code\x18\x07 \x01(\x0e\x32\x16.graylane.v1.ErrorCode\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x0f\n\x07service\x18\t \x01(\t\x12\x19\n\x11\x66\x61iled_at_unix_ms\x18\n \x01(\x03\x12\x17\n\x0foriginal_length\x18\x0b \x01(\x04\x12\x17\n\x0foriginal_sha256\x18\x0c \x01(\x0c\x12\x1a\n\x12original_truncated\x18\r \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15graylane/v1/dlq.proto\x12\x0bgraylane.v1\x1a\x1bgraylane/v1/inference.proto\"$\n\x06Header\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\xc3\x03\n\nDeadLetter\x12\x14\n\x0coriginal_key\x18\x01 \x01(\x0c\x12\x16\n\x0eoriginal_value\x18\x02 \x01(\x0c\x12-\n\x10original_headers\x18\x03 \x03(\x0b\x32\x13.graylane.v1.Header\x12\x14\n\x0csource_topic\x18\x04 \x01(\t\x12\x18\n\x10source_partition\x18\x05 \x01(\x05\x12\x15\n\rsource_offset\x18\x06 \x01(\x03\x12*\n\nerror_code\x18\x07 \x01(\x0e\x32\x16.graylane.v1.ErrorCode\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12\x0f\n\x07service\x18\t \x01(\t\x12\x19\n\x11\x66\x61iled_at_unix_ms\x18\n \x01(\x03\x12\x17\n\x0foriginal_length\x18\x0b \x01(\x04\x12\x17\n\x0foriginal_sha256\x18\x0c \x01(\x0c\x12\x1a\n\x12original_truncated\x18\r \x01(\x08\x12\x1d\n\x15original_header_count\x18\x0e \x01(\r\x12\x1f\n\x17original_headers_length\x18\x0f \x01(\x04\x12\x1b\n\x13original_key_length\x18\x10 \x01(\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,5 +35,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEADER']._serialized_start=67
   _globals['_HEADER']._serialized_end=103
   _globals['_DEADLETTER']._serialized_start=106
-  _globals['_DEADLETTER']._serialized_end=464
+  _globals['_DEADLETTER']._serialized_end=557
 # @@protoc_insertion_point(module_scope)

@@ -16,7 +16,7 @@ class Header(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
 
 class DeadLetter(_message.Message):
-    __slots__ = ("original_key", "original_value", "original_headers", "source_topic", "source_partition", "source_offset", "error_code", "reason", "service", "failed_at_unix_ms", "original_length", "original_sha256", "original_truncated")
+    __slots__ = ("original_key", "original_value", "original_headers", "source_topic", "source_partition", "source_offset", "error_code", "reason", "service", "failed_at_unix_ms", "original_length", "original_sha256", "original_truncated", "original_header_count", "original_headers_length", "original_key_length")
     ORIGINAL_KEY_FIELD_NUMBER: _ClassVar[int]
     ORIGINAL_VALUE_FIELD_NUMBER: _ClassVar[int]
     ORIGINAL_HEADERS_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,9 @@ class DeadLetter(_message.Message):
     ORIGINAL_LENGTH_FIELD_NUMBER: _ClassVar[int]
     ORIGINAL_SHA256_FIELD_NUMBER: _ClassVar[int]
     ORIGINAL_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_HEADER_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_HEADERS_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_KEY_LENGTH_FIELD_NUMBER: _ClassVar[int]
     original_key: bytes
     original_value: bytes
     original_headers: _containers.RepeatedCompositeFieldContainer[Header]
@@ -43,4 +46,7 @@ class DeadLetter(_message.Message):
     original_length: int
     original_sha256: bytes
     original_truncated: bool
-    def __init__(self, original_key: _Optional[bytes] = ..., original_value: _Optional[bytes] = ..., original_headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., source_topic: _Optional[str] = ..., source_partition: _Optional[int] = ..., source_offset: _Optional[int] = ..., error_code: _Optional[_Union[_inference_pb2.ErrorCode, str]] = ..., reason: _Optional[str] = ..., service: _Optional[str] = ..., failed_at_unix_ms: _Optional[int] = ..., original_length: _Optional[int] = ..., original_sha256: _Optional[bytes] = ..., original_truncated: _Optional[bool] = ...) -> None: ...
+    original_header_count: int
+    original_headers_length: int
+    original_key_length: int
+    def __init__(self, original_key: _Optional[bytes] = ..., original_value: _Optional[bytes] = ..., original_headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., source_topic: _Optional[str] = ..., source_partition: _Optional[int] = ..., source_offset: _Optional[int] = ..., error_code: _Optional[_Union[_inference_pb2.ErrorCode, str]] = ..., reason: _Optional[str] = ..., service: _Optional[str] = ..., failed_at_unix_ms: _Optional[int] = ..., original_length: _Optional[int] = ..., original_sha256: _Optional[bytes] = ..., original_truncated: _Optional[bool] = ..., original_header_count: _Optional[int] = ..., original_headers_length: _Optional[int] = ..., original_key_length: _Optional[int] = ...) -> None: ...

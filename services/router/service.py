@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from graylane import serde
 from graylane.clock import now_ms
 from graylane.errors import ErrorCode, SerdeError, require_started
+from graylane.kafka.admin import MessageLimits
 from graylane.kafka.loop import ConsumeLoop, LoopHooks, settle
 from graylane.kafka.reading import CompactedFollower
 from graylane.kafka.replies import (
@@ -91,6 +92,8 @@ class Router:
         self._tables = CompactedFollower(
             factory, self.layout.routing(), self._apply_table_record, client_suffix="router-tables"
         )
+        self._limits = MessageLimits.of_factory(factory, ceiling=factory.settings.max_message_bytes)
+        """How large a forward, an error reply or a dead letter each topic accepts."""
 
     # -- routing tables --------------------------------------------------------
     def _apply_table_record(self, record: Record) -> None:
@@ -139,7 +142,7 @@ class Router:
         if not self._refused or self._producer is None:
             return
         refused, self._refused = self._refused, []
-        sink = ReplySink(self._producer, self.layout, "router")
+        sink = ReplySink(self._producer, self.layout, "router", limits=self._limits)
         try:
             await settle([await sink.dead_letter(r, code, why) for r, code, why in refused])
         except Exception:  # the metric and the log have it; never stall routing for this
@@ -221,7 +224,7 @@ class Router:
         request.routed_at_unix_ms = now
         request.routing_epoch = decision.epoch
         key = (request.routing_key or request.request_id).encode("utf-8")
-        futures: list[Awaitable[object]] = []
+        forwards: list[tuple[str, bytes]] = []
         if decision.shadow_version:
             copy = inference_pb2.InferenceRequest()
             copy.CopyFrom(request)
@@ -229,21 +232,26 @@ class Router:
             copy.routed_version = decision.shadow_version
             copy.reply_topic = self.layout.shadow(request.model)
             request.mirror_result = True
-            futures.append(
-                await producer.send(
-                    self.layout.version_requests(request.model, decision.shadow_version),
-                    serde.encode(copy),
-                    key=key,
-                )
-            )
-            self.metrics.shadow_copies.labels(request.model, decision.shadow_version).inc()
-        futures.append(
-            await producer.send(
-                self.layout.version_requests(request.model, decision.version),
-                serde.encode(request),
-                key=key,
-            )
+            shadow_topic = self.layout.version_requests(request.model, decision.shadow_version)
+            forwards.append((shadow_topic, serde.encode(copy)))
+        forwards.append(
+            (self.layout.version_requests(request.model, decision.version), serde.encode(request))
         )
+        for topic, value in forwards:  # routing fields enlarge a request: it may not fit
+            too_large = await sink.oversized(topic, value, key)
+            if too_large is not None:
+                self.metrics.errors.labels(request.model, ErrorCode.PAYLOAD_TOO_LARGE.name).inc()
+                why = f"request cannot be forwarded: {too_large}"
+                return [
+                    await sink.error_result(
+                        request, Rejection(ErrorCode.PAYLOAD_TOO_LARGE, why), record
+                    )
+                ]
+        futures: list[Awaitable[object]] = [
+            await producer.send(topic, value, key=key) for topic, value in forwards
+        ]
+        if decision.shadow_version:
+            self.metrics.shadow_copies.labels(request.model, decision.shadow_version).inc()
         self.metrics.routed.labels(request.model, decision.version, decision.reason.value).inc()
         return futures
 
@@ -336,7 +344,8 @@ class Router:
         self.observability.mark(CONTROL_CAUGHT_UP)
         self._producer = self.factory.producer(client_suffix="router")
         await self._producer.start()
-        sink = ReplySink(self._producer, layout, "router")
+        await self._limits.load(s.name for s in specs)
+        sink = ReplySink(self._producer, layout, "router", limits=self._limits)
         group = self.config.group_id or f"{self.factory.settings.topic_prefix}-router"
         loop = ConsumeLoop(  # rebalances, outages: not fatal
             "router",

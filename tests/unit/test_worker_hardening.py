@@ -8,6 +8,7 @@ import pytest
 from graylane import serde
 from graylane.engine_worker import requests as requests_module
 from graylane.engine_worker import service as service_module
+from graylane.kafka.admin import MessageLimits
 from graylane.v1 import inference_pb2, telemetry_pb2
 from tests.unit.test_worker import (
     Rig,
@@ -46,7 +47,12 @@ async def test_an_unexpected_error_on_one_record_is_internal_and_the_rest_are_se
 async def test_a_result_over_the_broker_limit_is_result_too_large(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(service_module, "max_payload_bytes", lambda settings: 64)
+    real = MessageLimits.limit
+
+    async def tiny_results_topic(self: MessageLimits, topic: str) -> int:
+        return 64 if topic == rig.factory.layout.results("demo") else await real(self, topic)
+
+    monkeypatch.setattr(MessageLimits, "limit", tiny_results_topic)
     big = request("big", token_ids=[1, 2, 3])  # full logits: far over 64 bytes
     await publish(rig, serde.encode(big))
     await serve_until_committed(rig, 1)
