@@ -1,9 +1,8 @@
 """Run the registry's Alembic migrations programmatically (no alembic.ini needed).
 
-Migrations run once per deployment, by the control plane at its start (or
-``graylane db migrate``); every other reader opens the database read-only
-(:func:`create_db_engine` with ``read_only``) and only checks that the schema is
-current (:func:`require_current`)."""
+Migrations run at the control plane's start; a reader that must never write (a
+worker) opens the database read-only (:func:`create_db_engine` with ``read_only``)
+and only checks that the schema is current (:func:`require_current`)."""
 
 from __future__ import annotations
 
@@ -112,5 +111,5 @@ def require_current(engine: Engine) -> None:
     if current != head:
         raise SchemaNotCurrent(
             f"registry schema at {current or 'nothing'}, this code reads {head}: "
-            "the control plane migrates at its start (or run `graylane db migrate`)"
+            "start the control plane first, it migrates at its start"
         )

@@ -249,7 +249,7 @@ def test_previous_stable_is_recorded_for_revert(registry: Registry, model: str) 
 def test_a_read_only_registry_never_migrates(tmp_path: Path) -> None:
     """Regression: every worker ran the Alembic migrations when it opened the registry."""
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
-    with pytest.raises(SchemaNotCurrent, match="migrates at its start"):
+    with pytest.raises(SchemaNotCurrent, match="start the control plane first"):
         open_registry(url, read_only=True)
     engine = create_engine(url)
     try:
