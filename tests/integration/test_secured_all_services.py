@@ -11,9 +11,8 @@ must not do.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,6 @@ from grpc import aio
 
 from graylane.acls import AclScope, KafkaRole
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
-from graylane.client import GraylaneClient
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.service import Worker
@@ -37,7 +35,7 @@ from graylane.services.router.service import Router, RouterConfig
 from graylane.settings import Settings
 from graylane.v1 import controlplane_pb2_grpc, rollout_pb2
 from tests.support.brokers import SecuredBroker, grant_roles, secured_broker
-from tests.support.policy import RoutingWatch, policy_engine, wait_ready
+from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -86,27 +84,6 @@ def _worker(factory: KafkaFactory, version: str, path: Path) -> Worker:
         worker_id=f"secured-{version}",
     )
     return Worker(factory, config, {"fp32": engine})
-
-
-@contextlib.asynccontextmanager
-async def _load(factory: KafkaFactory, rps: float = 40.0) -> AsyncIterator[None]:
-    """Steady requests from the one client the producer login may read replies for."""
-    async with GraylaneClient(factory, client_id=CLIENT) as client:
-        stop = asyncio.Event()
-
-        async def run() -> None:
-            i = 0
-            while not stop.is_set():
-                await client.submit(MODEL, token_ids=[1, 2, 3, i % 200], routing_key=f"u{i}")
-                i += 1
-                await asyncio.sleep(1.0 / rps)
-
-        task = asyncio.create_task(run())
-        try:
-            yield
-        finally:
-            stop.set()
-            await task
 
 
 async def _write_refused(factory: KafkaFactory, topic: str) -> bool:
@@ -188,7 +165,10 @@ async def test_every_service_under_its_own_login_promotes_a_canary_and_nothing_m
         rollouts = controlplane_pb2_grpc.RolloutsStub(channel)
         with policy_engine(policy, log, MODEL) as engine:
             await wait_ready(log)  # it took the lease and restored its state
-            async with RoutingWatch(admin, MODEL) as routing, _load(producer):
+            async with (
+                RoutingWatch(admin, MODEL) as routing,
+                steady_load(producer, MODEL, client_id=CLIENT),
+            ):
                 steps = [
                     rollout_pb2.RolloutStep(weight_percent=w, min_samples=10, min_dwell_s=1.0)
                     for w in (10, 100)
