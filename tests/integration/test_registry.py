@@ -12,6 +12,7 @@ from sqlalchemy import create_engine, inspect
 from sqlalchemy.exc import DBAPIError
 
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_semver
+from graylane.engine_worker.loading import NoServableVariant, load_from_registry
 from graylane.registry import (
     ArtifactRecord,
     DuplicateArtifact,
@@ -28,6 +29,7 @@ from graylane.registry import (
     open_registry,
     upgrade,
 )
+from graylane.settings import Settings
 
 TABLES = {
     "registry_models",
@@ -289,3 +291,23 @@ def test_a_read_only_registry_reads_and_refuses_every_write(
     assert [str(v.version) for v in registry.list_versions(model)] == ["1.0.0"]
     assert len(registry.list_artifacts(model, "1.0.0")) == 1
     assert registry.get_stable(model) is None
+
+
+def test_a_worker_loading_from_the_registry_neither_migrates_nor_writes(tmp_path: Path) -> None:
+    """Regression: every worker ran the Alembic migrations at start (with write access)."""
+    url = f"sqlite:///{tmp_path / 'worker.db'}"
+    settings = Settings(db_url=url, artifact_dir=tmp_path / "artifacts")
+    with pytest.raises(SchemaNotCurrent):
+        load_from_registry(settings, "gpt", "1.0.0")
+    engine = create_engine(url)
+    try:
+        assert inspect(engine).get_table_names() == []
+    finally:
+        engine.dispose()
+    upgrade(url)
+    writer = open_registry(url)
+    writer.register_model("gpt")
+    writer.register_version("gpt", "1.0.0", "a" * 64)
+    writer.engine.dispose()
+    with pytest.raises(NoServableVariant):  # it read the (empty) registry, no more
+        load_from_registry(settings, "gpt", "1.0.0")
