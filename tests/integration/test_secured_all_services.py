@@ -157,7 +157,17 @@ async def test_every_service_under_its_own_login_promotes_a_canary_and_nothing_m
     log = tmp_path / "policy.log"
     producer = login(KafkaRole.PRODUCER)
     try:
-        await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in (router, *workers))), 60)
+        services = {"router": router, **{f"worker {w.config.version}": w for w in workers}}
+
+        def started() -> bool:
+            return all(s.ready.is_set() for s in services.values()) or any(t.done() for t in tasks)
+
+        try:
+            await wait_until(started, timeout=120)
+        except TimeoutError:
+            late = [n for n, s in services.items() if not s.ready.is_set()]
+            raise AssertionError(f"not ready within 120 s: {late}") from None
+        assert not any(t.done() for t in tasks), [t.exception() for t in tasks if t.done()]
         await server.start()
         await asyncio.wait_for(server.sink.ready.wait(), 30)
         channel = aio.insecure_channel(f"127.0.0.1:{server.port}")
