@@ -105,8 +105,12 @@ def load_from_registry(
     *,
     intra_op_threads: int | None = None,
 ) -> LoadedVariants:
-    registry = open_registry(settings.db_url)
-    artifacts = registry.list_artifacts(model, version)
+    # Read-only: a worker never migrates nor writes the registry (the control plane does).
+    registry = open_registry(settings.db_url, read_only=True)
+    try:
+        artifacts = registry.list_artifacts(model, version)
+    finally:
+        registry.engine.dispose()
     skipped: dict[str, str] = {}
     engines: dict[str, InferenceEngine] = {}
     fp32_path: Path | None = None

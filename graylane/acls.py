@@ -3,8 +3,10 @@
 The trust boundary: a producer writes only ingress topics and reads only its
 own reply topic; every service writes only the topics of its role (router:
 version topics, error replies, dlq; workers: results/replies, telemetry,
-shadow, dlq; policy engine: control.routing/precision/rollouts/scale and
-audit; control plane: control.commands). The local supervisor
+shadow, dlq; policy engine: control.routing/precision/rollouts/scale, audit
+and its lease topic; control plane: control.commands). The policy engine's
+liveness probe and the control plane's START check Describe the worker groups
+of the served models (committed offsets, members), nothing else of them. The local supervisor
 (``graylane supervise``) only reads control.scale and describes the version
 topics (their partition count bounds the replicas). Services may create and describe any
 Graylane topic (they ensure their topics at start-up) but never alter a
@@ -33,6 +35,7 @@ __all__ = [
     "all_acls",
     "allows",
     "kafka_acls_commands",
+    "lease_topic",
     "role_acls",
 ]
 
@@ -119,9 +122,19 @@ def _topic(name: str, *ops: Operation, prefixed: bool = False) -> AclRule:
     return AclRule(resource=Resource.TOPIC, name=name, pattern=pattern, operations=ops)
 
 
-def _group(name: str, *, prefixed: bool = False) -> AclRule:
+def _group(name: str, op: Operation = _R, *, prefixed: bool = False) -> AclRule:
     pattern = Pattern.PREFIXED if prefixed else Pattern.LITERAL
-    return AclRule(resource=Resource.GROUP, name=name, pattern=pattern, operations=(_R,))
+    return AclRule(resource=Resource.GROUP, name=name, pattern=pattern, operations=(op,))
+
+
+def _worker_groups(layout: TopicLayout, model: str, op: Operation) -> AclRule:
+    """The consumer groups of every version of ``model``'s workers."""
+    return _group(f"{layout.prefix}-worker-{model}-", op, prefixed=True)
+
+
+def lease_topic(layout: TopicLayout) -> str:
+    """The policy engine's single-writer lease topic."""
+    return f"{layout.prefix}.control.policy-lease"
 
 
 def _setup(layout: TopicLayout) -> AclRule:
@@ -163,7 +176,7 @@ def role_acls(layout: TopicLayout, role: KafkaRole, scope: AclScope) -> tuple[Ac
                 _topic(f"{layout.ingress(m)}.", _R, prefixed=True),
                 _topic(layout.results(m), _W),
                 _topic(layout.shadow(m), _W),
-                _group(f"{p}-worker-{m}-", prefixed=True),
+                _worker_groups(layout, m, _R),
             ]
     elif role is KafkaRole.POLICY_ENGINE:
         rules = [_setup(layout)]
@@ -172,9 +185,11 @@ def role_acls(layout: TopicLayout, role: KafkaRole, scope: AclScope) -> tuple[Ac
             _topic(t, _R, _W)
             for t in (layout.routing(), layout.precision(), layout.rollouts(), layout.scale())
         ]
-        rules.append(_topic(layout.audit(), _W))
+        rules += [_topic(layout.audit(), _W), _topic(lease_topic(layout), _R, _W)]
         rules += [_topic(layout.shadow(m), _R) for m in models]
         rules.append(_group(f"{p}-policy"))
+        # The liveness probe reads the worker groups' committed offsets.
+        rules += [_worker_groups(layout, m, Operation.DESCRIBE) for m in models]
     elif role is KafkaRole.CONTROL_PLANE:
         rules = [
             _setup(layout),
@@ -183,6 +198,8 @@ def role_acls(layout: TopicLayout, role: KafkaRole, scope: AclScope) -> tuple[Ac
             _topic(layout.rollouts(), _R),
             _topic(layout.scale(), _R),
         ]
+        # The START check: does a worker consume the candidate's topic?
+        rules += [_worker_groups(layout, m, Operation.DESCRIBE) for m in models]
     elif role is KafkaRole.SUPERVISOR:
         # Reads the desired replicas; Describe of the version topics (their
         # partition count) comes with the setup rule.

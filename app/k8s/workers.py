@@ -2,7 +2,8 @@
 
 A :class:`WorkerPlan` in, plain manifest dicts out (pure), in the same shape as the
 checked-in ``deploy/k8s`` workers (locked-down pod, probes on ``/healthz``/``/readyz``,
-artifacts mounted read-only, credentials from Secrets, scaling on the version topic's lag
+artifacts mounted read-only, credentials from Secrets: the worker role's own Kafka login
+over TLS and a read-only database role, scaling on the version topic's lag
 and on ``graylane_desired_replicas``). :func:`plan_from_registry` makes the plan from
 what the registry holds for one model version.
 """
@@ -35,6 +36,8 @@ __all__ = [
 Doc = dict[str, Any]
 METRICS_PORT = 9100
 UID = 10001
+KAFKA_SECRET = "graylane-kafka-worker"
+"""The worker role's Kafka login (one Secret per role, see ``graylane.acls.KafkaRole``)."""
 
 
 @dataclass(frozen=True)
@@ -174,10 +177,10 @@ def _container(plan: WorkerPlan) -> Doc:
         ],
         "envFrom": [{"configMapRef": {"name": "graylane-config"}}],
         "env": [
-            _secret_env("GRAYLANE_SASL_USERNAME", "graylane-kafka-sasl", "username"),
-            _secret_env("GRAYLANE_SASL_PASSWORD", "graylane-kafka-sasl", "password"),
-            _secret_env("GRAYLANE_SASL_MECHANISM", "graylane-kafka-sasl", "mechanism"),
-            _secret_env("GRAYLANE_DB_URL", "graylane-database", "url"),
+            _secret_env("GRAYLANE_SASL_USERNAME", KAFKA_SECRET, "username"),
+            _secret_env("GRAYLANE_SASL_PASSWORD", KAFKA_SECRET, "password"),
+            _secret_env("GRAYLANE_SASL_MECHANISM", KAFKA_SECRET, "mechanism"),
+            _secret_env("GRAYLANE_DB_URL", "graylane-database-readonly", "url"),
         ],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "startupProbe": _probe("/healthz", 5, 60),
@@ -187,6 +190,7 @@ def _container(plan: WorkerPlan) -> Doc:
         "securityContext": _locked_down(),
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "kafka-ca", "mountPath": "/etc/graylane/kafka-ca", "readOnly": True},
             {"name": "models", "mountPath": "/models", "readOnly": True},
         ],
     }
@@ -206,6 +210,10 @@ def _deployment(plan: WorkerPlan) -> Doc:
         "containers": [_container(plan)],
         "volumes": [
             {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
+            {
+                "name": "kafka-ca",
+                "secret": {"secretName": "graylane-kafka-ca", "defaultMode": 0o444},
+            },
             {
                 "name": "models",
                 "persistentVolumeClaim": {"claimName": "graylane-models", "readOnly": True},
@@ -272,7 +280,7 @@ def _scaled_object(plan: WorkerPlan) -> Doc:
                         "offsetResetPolicy": "latest",
                         "allowIdleConsumers": "false",
                     },
-                    "authenticationRef": {"name": "graylane-kafka-sasl"},
+                    "authenticationRef": {"name": "graylane-keda-kafka"},
                 },
                 {
                     "type": "prometheus",

@@ -111,6 +111,7 @@ from graylane.kafka.seam import (
     readable,
 )
 from graylane.metrics.kafka import KafkaMetrics
+from graylane.metrics.process import loop_heartbeat
 
 __all__ = [
     "Backoff",
@@ -923,8 +924,10 @@ class ConsumeLoop:
     ) -> None:
         """Turn until ``stop`` is set or ``healthy()`` says the service must end."""
         self.guard.interrupt_on(stop)
-        while not stop.is_set() and healthy():
-            await self.turn(hooks)
+        with loop_heartbeat(self.service) as beat:  # /healthz: this loop still turns
+            while not stop.is_set() and healthy():
+                beat()
+                await self.turn(hooks)
 
     async def stop(self) -> None:
         """Stop the consumer (a static member leaves its group at once) and free its id."""

@@ -1,11 +1,21 @@
 """One observability set-up per service process: registry, build info, readiness, and one
-HTTP port serving ``/metrics``, ``/healthz`` (alive) and ``/readyz`` (ready)."""
+HTTP port serving ``/metrics``, ``/healthz`` (alive) and ``/readyz`` (ready).
+
+Alive means every service loop of the process still makes progress: each loop beats a
+:class:`LoopHeartbeats` entry once per turn (see :func:`loop_heartbeat`), and
+``/healthz`` answers 503 once one has not beaten for ``GRAYLANE_HEALTHZ_STALE_S``
+seconds (default 120: longer than a send can wait on the broker). A loop counts from
+its first beat until it ends; a process with no loop running is alive."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import os
 import threading
-from collections.abc import Callable, Collection, Iterable
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -17,10 +27,13 @@ __all__ = [
     "CONTROL_CAUGHT_UP",
     "GROUP_JOINED",
     "BuildLabels",
+    "LoopHeartbeats",
     "MetricsAddress",
     "ObservabilityServer",
     "Readiness",
     "ServiceObservability",
+    "loop_heartbeat",
+    "process_heartbeats",
     "serve_observability",
 ]
 
@@ -31,6 +44,69 @@ GROUP_JOINED = "group_joined"
 """The service's consumer has partitions assigned."""
 CONTROL_CAUGHT_UP = "control_caught_up"
 """The service has read its control topics (routing, precision, rollouts) to their end."""
+
+
+DEFAULT_STALE_S = 120.0
+
+
+class LoopHeartbeats:
+    """When each running loop of the process last made progress (one turn)."""
+
+    def __init__(
+        self, stale_after_s: float = DEFAULT_STALE_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if stale_after_s <= 0:
+            raise ValueError("the staleness bound must be positive")
+        self.stale_after_s = stale_after_s
+        self.clock = clock
+        self._last: dict[int, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+        self._next = 0
+
+    @classmethod
+    def from_env(cls) -> LoopHeartbeats:
+        raw = os.environ.get("GRAYLANE_HEALTHZ_STALE_S", "")
+        try:
+            return cls(float(raw) if raw else DEFAULT_STALE_S)
+        except ValueError:
+            raise ValueError(f"GRAYLANE_HEALTHZ_STALE_S={raw!r} is not a positive number") from None
+
+    @contextlib.contextmanager
+    def loop(self, name: str) -> Iterator[Callable[[], None]]:
+        """Register loop ``name`` for its lifetime; yields the beat to call once per turn."""
+        with self._lock:
+            key, self._next = self._next, self._next + 1
+
+        def beat() -> None:
+            with self._lock:
+                self._last[key] = (name, self.clock())
+
+        try:
+            yield beat
+        finally:
+            with self._lock:
+                self._last.pop(key, None)
+
+    def stalled(self) -> list[tuple[str, float]]:
+        """The loops that have not beaten within the bound, with their silence in seconds."""
+        now = self.clock()
+        with self._lock:
+            beats = list(self._last.values())
+        return [(n, now - at) for n, at in beats if now - at > self.stale_after_s]
+
+    def __call__(self) -> bool:
+        return not self.stalled()
+
+
+@functools.cache
+def process_heartbeats() -> LoopHeartbeats:
+    """The heartbeats ``/healthz`` of this process reads (configured from the environment)."""
+    return LoopHeartbeats.from_env()
+
+
+def loop_heartbeat(name: str) -> contextlib.AbstractContextManager[Callable[[], None]]:
+    """Register a service loop with this process's ``/healthz`` (see :class:`LoopHeartbeats`)."""
+    return process_heartbeats().loop(name)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +126,7 @@ class ServiceObservability:
     readiness: Readiness = field(
         default_factory=lambda: Readiness((GROUP_JOINED, CONTROL_CAUGHT_UP))
     )
+    heartbeats: LoopHeartbeats = field(default_factory=process_heartbeats)
     server: ObservabilityServer | None = None
 
     def start(self, address: MetricsAddress | None, build: BuildLabels) -> int:
@@ -61,7 +138,9 @@ class ServiceObservability:
         )
         if address is None:
             return 0
-        self.server = serve_observability(self.registry, address, self.readiness)
+        self.server = serve_observability(
+            self.registry, address, self.readiness, alive=self.heartbeats
+        )
         log.info(
             "%s metrics on http://%s:%d/metrics (/healthz, /readyz)",
             self.service,
@@ -152,6 +231,7 @@ def _handler(
     registry: CollectorRegistry,
     ready: Callable[[], bool],
     why_not: Callable[[], Iterable[str]],
+    alive: LoopHeartbeats | None,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -159,7 +239,12 @@ def _handler(
             if path == "/metrics":
                 self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             elif path == "/healthz":
-                self._send(200, b"ok\n")
+                stalled = alive.stalled() if alive is not None else []
+                if stalled:
+                    quiet = ", ".join(f"{n} (no progress for {s:.0f} s)" for n, s in stalled)
+                    self._send(503, f"stalled: {quiet}\n".encode())
+                else:
+                    self._send(200, b"ok\n")
             elif path == "/readyz":
                 if ready():
                     self._send(200, b"ready\n")
@@ -186,12 +271,17 @@ def serve_observability(
     registry: CollectorRegistry,
     address: MetricsAddress,
     ready: Callable[[], bool] = lambda: True,
+    *,
+    alive: LoopHeartbeats | None = None,
 ) -> ObservabilityServer:
-    """Serve in a daemon thread; a :class:`Readiness` passed as ``ready`` explains a 503."""
+    """Serve in a daemon thread; a :class:`Readiness` passed as ``ready`` explains a 503;
+    ``/healthz`` fails while a loop of ``alive`` is stalled (None: always alive)."""
     why_not: Callable[[], Iterable[str]] = (
         ready.missing if isinstance(ready, Readiness) else lambda: ("readiness check failed",)
     )
-    httpd = ThreadingHTTPServer((address.host, address.port), _handler(registry, ready, why_not))
+    httpd = ThreadingHTTPServer(
+        (address.host, address.port), _handler(registry, ready, why_not, alive)
+    )
     httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True)
     thread.start()

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, inspect
+from sqlalchemy.exc import DBAPIError
 
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_semver
+from graylane.engine_worker.loading import NoServableVariant, load_from_registry
 from graylane.registry import (
     ArtifactRecord,
     DuplicateArtifact,
@@ -18,6 +20,7 @@ from graylane.registry import (
     ModelNotRegistered,
     Registry,
     RegistryError,
+    SchemaNotCurrent,
     UnknownArtifact,
     UnknownVersion,
     ValidationSummary,
@@ -26,6 +29,7 @@ from graylane.registry import (
     open_registry,
     upgrade,
 )
+from graylane.settings import Settings
 
 TABLES = {
     "registry_models",
@@ -242,3 +246,68 @@ def test_previous_stable_is_recorded_for_revert(registry: Registry, model: str) 
     registry.set_stable(model, "1.0.0")  # a revert: the promoted one becomes previous
     previous = registry.get_previous_stable(model)
     assert previous is not None and previous.version == SemVer(1, 1, 0)
+
+
+def test_a_read_only_registry_never_migrates(tmp_path: Path) -> None:
+    """Regression: every worker ran the Alembic migrations when it opened the registry."""
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    with pytest.raises(SchemaNotCurrent, match="start the control plane first"):
+        open_registry(url, read_only=True)
+    engine = create_engine(url)
+    try:
+        assert inspect(engine).get_table_names() == []  # nothing was created
+    finally:
+        engine.dispose()
+    upgrade(url)
+    open_registry(url, read_only=True).engine.dispose()  # once migrated, it opens
+
+
+def test_a_read_only_registry_reads_and_refuses_every_write(
+    registry: Registry, db_url: str, model: str
+) -> None:
+    """Regression: workers held full-write database access to the registry."""
+    registry.register_model(model, "written by the control plane")
+    registry.register_version(model, "1.0.0", "a" * 64)
+    registry.add_artifact(_record(model))
+    reader = open_registry(db_url, read_only=True)
+    try:
+        assert reader.get_model(model).name == model
+        assert [a.name for a in reader.list_artifacts(model, "1.0.0")] == [_record(model).name]
+        writes = {
+            "register a model": lambda: reader.register_model(f"{model}-x"),
+            "register a version": lambda: reader.register_version(model, "2.0.0", "b" * 64),
+            "add an artifact": lambda: reader.add_artifact(_record(model, "1.0.0", Precision.INT8)),
+            "set the stable version": lambda: reader.set_stable(model, "1.0.0"),
+        }
+        for what, write in writes.items():
+            try:
+                write()
+            except DBAPIError:
+                continue
+            raise AssertionError(f"a read-only registry let a worker {what}")
+    finally:
+        reader.engine.dispose()
+    assert [m.name for m in registry.list_models() if m.name.startswith(model)] == [model]
+    assert [str(v.version) for v in registry.list_versions(model)] == ["1.0.0"]
+    assert len(registry.list_artifacts(model, "1.0.0")) == 1
+    assert registry.get_stable(model) is None
+
+
+def test_a_worker_loading_from_the_registry_neither_migrates_nor_writes(tmp_path: Path) -> None:
+    """Regression: every worker ran the Alembic migrations at start (with write access)."""
+    url = f"sqlite:///{tmp_path / 'worker.db'}"
+    settings = Settings(db_url=url, artifact_dir=tmp_path / "artifacts")
+    with pytest.raises(SchemaNotCurrent):
+        load_from_registry(settings, "gpt", "1.0.0")
+    engine = create_engine(url)
+    try:
+        assert inspect(engine).get_table_names() == []
+    finally:
+        engine.dispose()
+    upgrade(url)
+    writer = open_registry(url)
+    writer.register_model("gpt")
+    writer.register_version("gpt", "1.0.0", "a" * 64)
+    writer.engine.dispose()
+    with pytest.raises(NoServableVariant):  # it read the (empty) registry, no more
+        load_from_registry(settings, "gpt", "1.0.0")

@@ -8,8 +8,6 @@ the ACLs are the ones ``graylane acls --apply`` grants.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,19 +20,17 @@ from aiokafka.errors import (
 )
 
 from graylane import serde
-from graylane.acls import AclScope, KafkaRole, role_acls
+from graylane.acls import AclScope
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.service import Worker, WorkerConfig
-from graylane.kafka.admin import apply_acls, bindings_for, ensure_topics
+from graylane.kafka.admin import ensure_topics
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.services.router.service import Router, RouterConfig
-from graylane.settings import KafkaSecurity, SaslMechanism, SecurityProtocol, Settings
 from graylane.v1 import inference_pb2
-from tests.support.brokers import running_broker
+from tests.support.brokers import SecuredBroker, grant_roles, secured_broker
 from tests.support.records import forward_request
-from tests.support.settings import make_settings
 from tests.support.stack import read_topic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -43,39 +39,10 @@ MODEL = "gpt"
 CLIENT = "app1"
 
 
-@dataclasses.dataclass(frozen=True)
-class SecuredBroker:
-    bootstrap: str
-    passwords: dict[str, str]
-
-    def settings(self, user: str, prefix: str, tmp: Path) -> Settings:
-        base = make_settings(self.bootstrap, prefix, tmp)
-        security = KafkaSecurity(
-            protocol=SecurityProtocol.SASL_PLAINTEXT,
-            sasl_mechanism=SaslMechanism.PLAIN,
-            sasl_username=user,
-            sasl_password=self.passwords[user],
-        )
-        return dataclasses.replace(base, client_id=f"{prefix}-{user}", security=security)
-
-
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBroker]:
-    state = tmp_path_factory.mktemp("secured-kafka")
-    with running_broker(state, secure=True) as broker:
-        passwords = json.loads((state / "kafka" / "config" / "users.json").read_text())
-        yield SecuredBroker(broker.bootstrap, passwords)
-
-
-async def _grant(admin_factory: KafkaFactory, scope: AclScope) -> None:
-    layout = admin_factory.layout
-    grants = {f"User:{role.value}": role_acls(layout, role, scope) for role in KafkaRole}
-    admin = admin_factory.admin()
-    await admin.start()
-    try:
-        assert await apply_acls(admin, bindings_for(grants)) > 0
-    finally:
-        await admin.close()
+    with secured_broker(tmp_path_factory.mktemp("secured-kafka")) as broker:
+        yield broker
 
 
 async def _contents(factory: KafkaFactory, topics: list[str]) -> dict[str, list[bytes | None]]:
@@ -90,7 +57,7 @@ async def test_each_role_gets_only_its_topics_and_a_producer_cannot_write_contro
     layout = admin.layout
     await ensure_topics(admin, layout.shared_specs() + layout.model_specs(MODEL, ["1.0.0"]))
     await ensure_topics(admin, [layout.reply_spec(CLIENT)])
-    await _grant(admin, AclScope(models=(MODEL,), clients=(CLIENT,)))
+    await grant_roles(admin, AclScope(models=(MODEL,), clients=(CLIENT,)))
 
     # The router and a worker, each with its own login, serve a request end to end.
     model_path = write_demo_gpt(tmp_path / "m.onnx", "tiny", seed=1)

@@ -8,6 +8,8 @@ stopped. ``kafka.py stop`` finds the private broker through its own state folder
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import socket
 import subprocess
@@ -16,7 +18,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["KAFKA_TOOL", "PrivateBroker", "free_port", "running_broker"]
+from graylane.acls import AclScope, KafkaRole, role_acls
+from graylane.kafka.admin import apply_acls, bindings_for
+from graylane.kafka.seam import KafkaFactory
+from graylane.settings import KafkaSecurity, SaslMechanism, SecurityProtocol, Settings
+from tests.support.settings import make_settings
+
+__all__ = [
+    "KAFKA_TOOL",
+    "PrivateBroker",
+    "SecuredBroker",
+    "free_port",
+    "grant_roles",
+    "running_broker",
+    "secured_broker",
+]
 
 KAFKA_TOOL = Path(__file__).resolve().parents[2] / "deploy" / "kafka" / "kafka.py"
 
@@ -85,3 +101,45 @@ def running_broker(root: Path, *, secure: bool = False) -> Iterator[PrivateBroke
         yield broker
     finally:
         broker.run("stop")
+
+
+@dataclass(frozen=True)
+class SecuredBroker:
+    """A running secured private broker and the SASL/PLAIN password of each of its users
+    (``admin`` and one per :class:`~graylane.acls.KafkaRole`)."""
+
+    bootstrap: str
+    passwords: dict[str, str]
+
+    def security(self, user: str) -> KafkaSecurity:
+        return KafkaSecurity(
+            protocol=SecurityProtocol.SASL_PLAINTEXT,
+            sasl_mechanism=SaslMechanism.PLAIN,
+            sasl_username=user,
+            sasl_password=self.passwords[user],
+        )
+
+    def settings(self, user: str, prefix: str, tmp: Path) -> Settings:
+        """A test's settings (see :func:`make_settings`) logged in as ``user``."""
+        base = make_settings(self.bootstrap, prefix, tmp)
+        return dataclasses.replace(base, client_id=f"{prefix}-{user}", security=self.security(user))
+
+
+@contextlib.contextmanager
+def secured_broker(root: Path) -> Iterator[SecuredBroker]:
+    """A private broker in secured mode (SASL/PLAIN, ACLs enforced) under ``root``."""
+    with running_broker(root, secure=True) as broker:
+        passwords = json.loads((root / "kafka" / "config" / "users.json").read_text())
+        yield SecuredBroker(broker.bootstrap, passwords)
+
+
+async def grant_roles(admin_factory: KafkaFactory, scope: AclScope) -> None:
+    """Grant every role (principal ``User:<role>``) its ACLs, as ``graylane acls --apply`` does."""
+    layout = admin_factory.layout
+    grants = {f"User:{role.value}": role_acls(layout, role, scope) for role in KafkaRole}
+    admin = admin_factory.admin()
+    await admin.start()
+    try:
+        assert await apply_acls(admin, bindings_for(grants)) > 0
+    finally:
+        await admin.close()

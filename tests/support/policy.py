@@ -127,8 +127,10 @@ class RoutingWatch:
 
 
 @contextlib.asynccontextmanager
-async def steady_load(factory: KafkaFactory, model: str, rps: float = 40.0) -> AsyncIterator[None]:
-    async with GraylaneClient(factory) as client:
+async def steady_load(
+    factory: KafkaFactory, model: str, rps: float = 40.0, *, client_id: str | None = None
+) -> AsyncIterator[None]:
+    async with GraylaneClient(factory, client_id=client_id) as client:
         stop = asyncio.Event()
 
         async def run() -> None:

@@ -1,4 +1,4 @@
-"""Kafka ACLs per role (issue 10, item 8): the trust boundary as data."""
+"""Kafka ACLs per role: the trust boundary as data."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from graylane.acls import (
     all_acls,
     allows,
     kafka_acls_commands,
+    lease_topic,
     role_acls,
 )
 from graylane.app.cli.main import main
@@ -99,6 +100,35 @@ def test_reads_and_groups() -> None:
     assert allows(ACLS[KafkaRole.WORKER], Resource.GROUP, "gl-worker-gpt-v1", Operation.READ)
     assert allows(ACLS[KafkaRole.POLICY_ENGINE], Resource.GROUP, "gl-policy", Operation.READ)
     assert not allows(ACLS[KafkaRole.PRODUCER], Resource.GROUP, "gl-router", Operation.READ)
+
+
+def test_the_policy_engine_may_keep_its_lease_and_no_one_else_may_write_it() -> None:
+    """Regression: the policy engine had no rule for its lease topic, so under ACLs it
+    could not take the lease and never started."""
+    from graylane.kafka.seam import KafkaFactory
+    from graylane.policy_engine.lease import LeaseKeeper
+    from graylane.settings import Settings
+
+    keeper = LeaseKeeper(KafkaFactory(Settings(topic_prefix="gl")), "h")
+    assert lease_topic(L) == keeper.topic
+    engine = ACLS[KafkaRole.POLICY_ENGINE]
+    for op in (Operation.READ, Operation.WRITE):
+        assert allows(engine, Resource.TOPIC, keeper.topic, op)
+    others = [r for r in KafkaRole if r is not KafkaRole.POLICY_ENGINE]
+    assert not any(allows(ACLS[r], Resource.TOPIC, keeper.topic, Operation.WRITE) for r in others)
+
+
+def test_liveness_probe_and_start_check_may_describe_worker_groups_only() -> None:
+    """Regression: neither the policy engine (liveness probe: committed offsets) nor the
+    control plane (START check: group members) could Describe the worker groups."""
+    for role in (KafkaRole.POLICY_ENGINE, KafkaRole.CONTROL_PLANE):
+        rules = ACLS[role]
+        for model in SCOPE.models:
+            group = L.worker_group(model, "1.2.0")
+            assert allows(rules, Resource.GROUP, group, Operation.DESCRIBE), (role, group)
+            assert not allows(rules, Resource.GROUP, group, Operation.READ), (role, group)
+        assert not allows(rules, Resource.GROUP, L.worker_group("other", "v1"), Operation.DESCRIBE)
+        assert not allows(rules, Resource.GROUP, "gl-router", Operation.DESCRIBE), role
 
 
 def test_no_role_alters_topic_configs() -> None:

@@ -18,6 +18,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
+from graylane.acls import KafkaRole
 from graylane.app.cli.main import build_parser
 from graylane.artifacts.naming import Backend, parse_artifact_name
 from graylane.topics import TopicLayout
@@ -28,7 +29,26 @@ K8S = ROOT / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.31"
 TREES = {"base": K8S / "base", "cpu": K8S / "overlays" / "cpu", "gpu": K8S / "overlays" / "gpu"}
 RENDERED = {name: render(path) for name, path in TREES.items()}
-SECRETS = frozenset({"graylane-kafka-sasl", "graylane-database", "graylane-api-tokens"})
+# One Kafka login per role (graylane.acls.KafkaRole values), the broker's CA, the schema
+# owner's and a read-only database URL, the API tokens.
+ROLE_OF_COMPONENT = {
+    "router": KafkaRole.ROUTER,
+    "worker": KafkaRole.WORKER,
+    "policy": KafkaRole.POLICY_ENGINE,
+    "controlplane": KafkaRole.CONTROL_PLANE,
+    "audit-sink": KafkaRole.CONTROL_PLANE,
+}
+KAFKA_SECRETS = {role: f"graylane-kafka-{role.value}" for role in ROLE_OF_COMPONENT.values()}
+SECRETS = frozenset(
+    {
+        *KAFKA_SECRETS.values(),
+        "graylane-kafka-ca",
+        "graylane-database",
+        "graylane-database-readonly",
+        "graylane-api-tokens",
+    }
+)
+CA_DIR = "/etc/graylane/kafka-ca"
 # Services whose CLI command is still to be written (the test fails once it exists).
 PENDING_COMMANDS: frozenset[str] = frozenset()
 
@@ -275,6 +295,62 @@ def test_credentials_come_from_secrets_only(tree: str) -> None:
                     assert "valueFrom" in env and "value" not in env, env["name"]
     for key in _config(tree):
         assert not secretish.search(key), key
+
+
+def _env_secrets(container: Doc) -> dict[str, str]:
+    """Each variable's Secret, for the variables that come from one."""
+    return {
+        env["name"]: env["valueFrom"]["secretKeyRef"]["name"]
+        for env in container.get("env", [])
+        if "secretKeyRef" in env.get("valueFrom", {})
+    }
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_each_deployment_logs_in_as_its_own_role_over_tls(tree: str) -> None:
+    """Regression: every component logged in as one shared SASL user over SASL_PLAINTEXT,
+    so the per-role ACLs could never apply."""
+    config = _config(tree)
+    assert config["GRAYLANE_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert config["GRAYLANE_SSL_CAFILE"] == f"{CA_DIR}/ca.crt"
+    deployments = _of(tree, "Deployment")
+    seen = set()
+    for deploy in deployments:
+        component = deploy["metadata"]["labels"]["app.kubernetes.io/component"]
+        own = KAFKA_SECRETS[ROLE_OF_COMPONENT[component]]
+        (container,) = _pod(deploy)["containers"]
+        secrets = _env_secrets(container)
+        for var in ("GRAYLANE_SASL_USERNAME", "GRAYLANE_SASL_PASSWORD", "GRAYLANE_SASL_MECHANISM"):
+            assert secrets[var] == own, (deploy["metadata"]["name"], var)
+        assert not (set(secrets.values()) & set(KAFKA_SECRETS.values())) - {own}
+        seen.add(own)
+        mount = next(m for m in container["volumeMounts"] if m["mountPath"] == CA_DIR)
+        (volume,) = [v for v in _pod(deploy)["volumes"] if v["name"] == mount["name"]]
+        assert mount["readOnly"] is True
+        assert volume["secret"]["secretName"] == "graylane-kafka-ca"
+    assert seen == set(KAFKA_SECRETS.values())
+    (keda,) = _of(tree, "TriggerAuthentication")
+    refs = {t["parameter"]: t["name"] for t in keda["spec"]["secretTargetRef"]}
+    assert refs["username"] == refs["password"] == KAFKA_SECRETS[KafkaRole.WORKER]
+    assert refs["tls"] == refs["ca"] == "graylane-kafka-ca"
+    for scaled in _of(tree, "ScaledObject"):
+        kafka = next(t for t in scaled["spec"]["triggers"] if t["type"] == "kafka")
+        assert kafka["authenticationRef"]["name"] == keda["metadata"]["name"]
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_only_the_control_plane_and_audit_sink_may_write_the_database(tree: str) -> None:
+    """Regression: workers got the full-write database credentials."""
+    for deploy in _of(tree, "Deployment"):
+        component = deploy["metadata"]["labels"]["app.kubernetes.io/component"]
+        (container,) = _pod(deploy)["containers"]
+        url = _env_secrets(container).get("GRAYLANE_DB_URL")
+        wanted = {
+            "worker": "graylane-database-readonly",
+            "controlplane": "graylane-database",
+            "audit-sink": "graylane-database",
+        }.get(component)
+        assert url == wanted, deploy["metadata"]["name"]
 
 
 @pytest.mark.parametrize("tree", TREES)

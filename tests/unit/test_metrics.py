@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable
 from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from graylane.kafka.loop import ConsumeLoop, LoopHooks
+from graylane.kafka.seam import ConsumerOptions, Record
 from graylane.metrics import (
     AuditSinkMetrics,
     ControlPlaneMetrics,
@@ -25,6 +30,14 @@ from graylane.metrics import (
     series_names,
     serve_observability,
 )
+from graylane.metrics.process import (
+    BuildLabels,
+    LoopHeartbeats,
+    ServiceObservability,
+    process_heartbeats,
+)
+from graylane.settings import Settings
+from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 
 
 def _scrape(registry: CollectorRegistry) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -201,3 +214,79 @@ def test_address_rejects_bad_port() -> None:
 def test_a_millisecond_histogram_must_export_seconds() -> None:
     with pytest.raises(ValueError, match="seconds"):
         MillisecondHistogram.create("graylane_x_ms", "doc", ["model"], CollectorRegistry())
+
+
+def test_healthz_fails_while_a_loop_has_not_beaten_within_the_bound() -> None:
+    now = [1000.0]
+    beats = LoopHeartbeats(stale_after_s=30.0, clock=lambda: now[0])
+    address = MetricsAddress(host="127.0.0.1", port=0)
+    server = serve_observability(CollectorRegistry(), address, alive=beats)
+    url = f"http://127.0.0.1:{server.port}/healthz"
+    try:
+        assert _get(url) == (200, "ok\n")  # no loop running yet
+        with beats.loop("router") as beat:
+            assert _get(url)[0] == 200  # counted from its first beat
+            beat()
+            now[0] += 30.0
+            assert _get(url)[0] == 200
+            now[0] += 1.0
+            assert _get(url) == (503, "stalled: router (no progress for 31 s)\n")
+            beat()
+            assert _get(url) == (200, "ok\n")
+            now[0] += 31.0
+            assert beats.stalled() == [("router", 31.0)]
+        assert _get(url) == (200, "ok\n")  # a loop that ended is no longer watched
+    finally:
+        server.close()
+    with pytest.raises(ValueError):
+        LoopHeartbeats(stale_after_s=0)
+
+
+async def test_a_consume_loop_stuck_in_a_turn_makes_its_service_healthz_503(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: ``/healthz`` answered 200 whatever the process was doing, so a service
+    whose consume loop hung was never restarted by its liveness probe."""
+    now = [1000.0]
+    beats = process_heartbeats()
+    monkeypatch.setattr(beats, "clock", lambda: now[0])
+    monkeypatch.setattr(beats, "stale_after_s", 30.0)
+    factory = MemoryFactory(
+        MemoryBroker(), Settings(topic_prefix="t", partitions=1, instance_id="healthz-test")
+    )
+    factory.broker.create_topic("t.in", 1)
+    factory.broker.append("t.in", b"r0", partition=0)
+    loop = ConsumeLoop(
+        "router",
+        factory,
+        ["t.in"],
+        ConsumerOptions(group_id="g"),
+        role="test",
+        client_suffix="test",
+        poll_ms=10,
+    )
+    stuck = asyncio.Event()
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        stuck.set()
+        await asyncio.Event().wait()  # a turn that never ends
+        return []
+
+    obs = ServiceObservability("router", registry=CollectorRegistry())
+    obs.start(MetricsAddress(host="127.0.0.1", port=0), BuildLabels())
+    url = f"http://127.0.0.1:{obs.port}/healthz"
+    await loop.start()
+    task = asyncio.create_task(loop.run(asyncio.Event(), LoopHooks(handle=handle)))
+    try:
+        await asyncio.wait_for(stuck.wait(), 10)
+        assert (await asyncio.to_thread(_get, url))[0] == 200
+        now[0] += 31.0
+        code, body = await asyncio.to_thread(_get, url)
+        assert code == 503 and "router" in body, body
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await loop.stop()
+    assert (await asyncio.to_thread(_get, url))[0] == 200  # the loop ended
+    obs.close()

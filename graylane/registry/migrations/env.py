@@ -11,9 +11,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, engine_from_config, pool
 
+from graylane.registry.migrate import VERSION_TABLE
 from graylane.registry.schema import Base
-
-VERSION_TABLE = "registry_alembic_version"
 
 config = context.config
 target_metadata = Base.metadata
