@@ -284,10 +284,14 @@ def generate(
             near_limit += 1
         key = _key(rng, record_damage, target)
         headers = _headers(rng, record_damage)
-        room = budget - len(key or b"") - sum(len(k) + len(v or b"") for k, v in headers)
+        # each header costs a few bytes of framing on top of its key and value
+        heads = sum(len(k.encode()) + len(v or b"") + 12 for k, v in headers)
+        room = budget - len(key or b"") - heads
         value = _value(rng, value_damage, target, room)
         if value is not None and len(value) > room:
             value = value[: max(0, room)]
+        if key is None and value is None:
+            value = b""  # a record needs one of them
         out.append(FuzzRecord(key, value, headers, f"{record_damage}+{value_damage}"))
     return out
 

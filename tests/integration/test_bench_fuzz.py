@@ -1,5 +1,6 @@
 """``graylane bench fuzz --records 30`` end to end on the local broker: every topic a service
-reads gets a burst; the last line is the report (slow: several minutes while services die)."""
+reads gets a burst; the last line is the report (slow: about 20 minutes on a busy
+machine while services still die, each crash loop costing a fresh stack)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_the_same_seed_writes_the_same_records() -> None:
 
 @pytest.mark.kafka
 @pytest.mark.slow
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 def test_quick_fuzz_bench_reports_every_topic(kafka_bootstrap: str, tmp_path: Path) -> None:
     done = subprocess.run(
         [
@@ -54,7 +55,7 @@ def test_quick_fuzz_bench_reports_every_topic(kafka_bootstrap: str, tmp_path: Pa
         env={**os.environ, "GRAYLANE_BOOTSTRAP_SERVERS": kafka_bootstrap},
         capture_output=True,
         text=True,
-        timeout=1440,
+        timeout=2340,
         check=False,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
