@@ -220,13 +220,21 @@ def worker_argv(version: str, model_file: Path, worker_id: str) -> list[str]:
 
 
 def start_all(
-    services: ServiceSet, files: dict[str, Path], *, window_ms: int, step_ms: int
+    services: ServiceSet,
+    files: dict[str, Path],
+    *,
+    window_ms: int,
+    step_ms: int,
+    stable_workers: int = 2,
 ) -> None:
-    """Router, two workers of the stable version, one of the candidate, policy, control plane."""
+    """Router, ``stable_workers`` workers of the stable version (``worker-a``, ``worker-b``),
+    one of the candidate, policy engine, control plane."""
     services.add("controlplane", ["controlplane"])
     services.add("router", ["router", "--model", f"{MODEL}={STABLE}"])
-    services.add("worker-a", worker_argv(STABLE, files[STABLE], "chaos-worker-a"))
-    services.add("worker-b", worker_argv(STABLE, files[STABLE], "chaos-worker-b"))
+    for letter in "ab"[:stable_workers]:
+        services.add(
+            f"worker-{letter}", worker_argv(STABLE, files[STABLE], f"chaos-worker-{letter}")
+        )
     services.add("candidate", worker_argv(CANDIDATE, files[CANDIDATE], "chaos-candidate"))
     services.add(
         "policy",

@@ -85,6 +85,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     chaos.add_argument("--work-dir", type=Path, default=None, help="logs and broker state")
     chaos.set_defaults(handler=_chaos)
+    fuzz = which.add_parser(
+        "fuzz", help="malformed records on every topic a service reads: does any service die?"
+    )
+    fuzz.add_argument("--records", type=int, default=1000, help="records per topic")
+    fuzz.add_argument("--seed", type=int, default=23, help="the same seed writes the same records")
+    fuzz.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="TOPIC",
+        help="only this topic's burst "
+        "(repeatable): ingress, version-stable, version-candidate, telemetry, shadow, commands, "
+        "routing, precision, rollouts, scale, audit, lease",
+    )
+    fuzz.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="DAMAGE",
+        help="leave this kind of damage out (repeatable), e.g. header-key-not-utf8",
+    )
+    fuzz.add_argument("--work-dir", type=Path, default=None, help="logs and record summaries")
+    fuzz.set_defaults(handler=_fuzz)
     from graylane.app.bench.variants import add_bench_variants_parser
 
     add_bench_variants_parser(which)
@@ -162,6 +185,20 @@ def _chaos(args: argparse.Namespace) -> int:
             load_fraction=args.load_fraction,
             max_rate=args.max_rate,
             malformed_per_kind=args.malformed_per_kind,
+            work_dir=args.work_dir,
+        )
+    )
+
+
+def _fuzz(args: argparse.Namespace) -> int:
+    from graylane.app.bench.fuzz import FuzzConfig, main
+
+    return main(
+        FuzzConfig(
+            records=args.records,
+            seed=args.seed,
+            only=tuple(args.only),
+            without=frozenset(args.without),
             work_dir=args.work_dir,
         )
     )
