@@ -390,6 +390,8 @@ class KafkaFactory:
     layout: TopicLayout = field(init=False)
 
     def __post_init__(self) -> None:
+        # Every consumer of the process, faust's included, reads header keys tolerantly.
+        tolerate_header_damage()
         s = self.settings
         object.__setattr__(
             self,
