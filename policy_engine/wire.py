@@ -246,6 +246,7 @@ def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOut
         label=label,
         error=error,
         schema=schema if tokens is None else None,
+        pair_id=pb.shadow_pair_id,
     )
 
 

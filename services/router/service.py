@@ -225,6 +225,7 @@ class Router:
             copy.shadow = True
             copy.routed_version = decision.shadow_version
             copy.reply_topic = self.layout.shadow(request.model)
+            copy.shadow_pair_id = request.shadow_pair_id = _pair_id(record)
             request.mirror_result = True
             futures.append(
                 await producer.send(
@@ -362,6 +363,11 @@ def _weights(table: RouteTable) -> dict[str, float]:
     return {r.version: r.weight_percent / 100.0 for r in table.routes}
 
 
+def _pair_id(record: Record) -> str:
+    """The shadow pair id of an ingress record: its place in the log, the same on a re-route."""
+    return f"{record.partition}-{record.offset}-{record.timestamp}"
+
+
 def _clear_router_fields(request: inference_pb2.InferenceRequest, record: Record) -> None:
     """Only the router sets these: a client cannot steer shadows, gates or latency."""
     request.shadow = False
@@ -369,4 +375,5 @@ def _clear_router_fields(request: inference_pb2.InferenceRequest, record: Record
     request.routed_version = ""
     request.routed_at_unix_ms = 0
     request.routing_epoch = 0
+    request.shadow_pair_id = ""
     request.created_at_unix_ms = record.timestamp if record.timestamp > 0 else now_ms()
