@@ -28,6 +28,7 @@ from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec, Strategy
 from graylane.settings import Settings
 from graylane.v1 import inference_pb2, rollout_pb2, telemetry_pb2, tensor_pb2
+from tests.support.newer_records import UNKNOWN, with_enum, with_unknown_fields
 from tests.support.policy import policy_engine, wait_ready
 from tests.support.records import produce, read_audits, send_command, start_command
 from tests.support.waiting import wait_until
@@ -36,26 +37,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 MODEL = "compat-gpt"
 BASE, CANDIDATE = "1.0.0", "1.1.0"
-UNKNOWN = 97
-"""An enum value no enum of this build has."""
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def with_enum(value: bytes, field: int, number: int = UNKNOWN) -> bytes:
-    """``value`` with the enum field ``field`` set to ``number`` on the wire (last wins)."""
-    return value + varint(field << 3 | 0) + varint(number)
-
-
-def with_unknown_field(value: bytes) -> bytes:
-    return value + varint(900 << 3 | 2) + varint(5) + b"newer"
 
 
 def shadow_spec() -> RolloutSpec:
@@ -194,7 +175,7 @@ async def test_records_of_a_newer_writer_and_garbage_leave_the_engine_deciding(
         await produce(
             factory,
             factory.layout.telemetry(),
-            with_unknown_field(telemetry(BASE)),
+            with_unknown_fields(telemetry(BASE)),
             b"\xff\xfe garbage",
             key=MODEL,
         )

@@ -4,25 +4,23 @@ their baseline answer and never count as disagreement."""
 
 from __future__ import annotations
 
+import asyncio
+
 from graylane import serde
 from graylane.kafka.replies import Rejection, ReplySink
-from graylane.topics import TopicLayout
+from graylane.settings import Settings
 from graylane.v1 import inference_pb2
-
-
-class _Capture:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, bytes | None]] = []
-
-    async def send(self, topic: str, value: bytes, key: bytes | None = None) -> object:
-        self.sent.append((topic, value, key))
-        return None
+from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 
 
 async def test_an_error_result_of_a_shadow_copy_echoes_its_pair_id() -> None:
-    layout = TopicLayout(prefix="t")
-    producer = _Capture()
-    sink = ReplySink(producer, layout, "test")  # type: ignore[arg-type]
+    broker = MemoryBroker()
+    factory = MemoryFactory(broker, Settings(topic_prefix="t"))
+    layout = factory.layout
+    broker.create_topic(layout.shadow("m"), 1)
+    producer = factory.producer()
+    await producer.start()
+    sink = ReplySink(producer, layout, "test")
     sink._known, sink._known_at = {layout.shadow("m")}, 1e18  # the topic exists
     request = inference_pb2.InferenceRequest(
         request_id="r1",
@@ -32,8 +30,9 @@ async def test_an_error_result_of_a_shadow_copy_echoes_its_pair_id() -> None:
         routed_version="v2",
         shadow_pair_id="0-7-1",
     )
-    await sink.error_result(request, Rejection(inference_pb2.ENGINE_FAILURE, "boom"), None)  # type: ignore[arg-type]
-    [(topic, value, _)] = producer.sent
+    sent = await sink.error_result(request, Rejection(inference_pb2.ENGINE_FAILURE, "boom"), None)  # type: ignore[arg-type]
+    await asyncio.wait_for(asyncio.gather(sent), 5)
+    [value] = broker.values(layout.shadow("m"))
     result = serde.decode(inference_pb2.InferenceResult, value)
-    assert topic == layout.shadow("m") and result.status == inference_pb2.ERROR
+    assert result.status == inference_pb2.ERROR
     assert result.shadow_pair_id == "0-7-1" and result.request_id == "r1"
