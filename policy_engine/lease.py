@@ -122,7 +122,7 @@ class LeaseKeeper:
         self.writable = asyncio.Event()
         """Set while this instance may publish; cleared (fenced) once the lease lapsed."""
         self.skipped = 0
-        """Records of the lease topic that were not valid claims, over every read."""
+        """Records of the lease topic that were not valid claims, at the last read."""
 
     @property
     def active(self) -> bool:
@@ -144,7 +144,7 @@ class LeaseKeeper:
     async def read(self) -> Lease:
         records = await read_to_end(self.factory, self.topic, client_suffix="lease")
         claims = claims_of(r.value for r in records)
-        self.skipped += claims.skipped
+        self.skipped = claims.skipped
         self.lease = fold(claims.claims)
         return self.lease
 
