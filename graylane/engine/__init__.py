@@ -18,11 +18,12 @@ from graylane.engine.errors import (
     UnexpectedInput,
 )
 from graylane.engine.protocol import InferenceEngine
-from graylane.engine.signature import IOSignature, TensorSpec
+from graylane.engine.signature import Dim, IOSignature, TensorSpec
 
 __all__ = [
     "BadDtype",
     "BadShape",
+    "Dim",
     "EngineClosedError",
     "EngineError",
     "EngineLoadError",
