@@ -191,7 +191,7 @@ def demo_sentences() -> tuple[str, ...]:
 
 
 def _demo_text(rng: np.random.Generator, samples: int, seq_len: int) -> dict[str, np.ndarray]:
-    from graylane.models.demo_gpt import BOS_ID, PAD_ID, encode_text
+    from graylane.models.byte_vocab import BOS_ID, PAD_ID, encode_text
 
     ids = np.full((samples, seq_len), PAD_ID, dtype=np.int64)
     mask = np.zeros((samples, seq_len), dtype=np.int64)

@@ -13,13 +13,25 @@ worker's use of it: deadlines from its requests, estimates for forward batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from graylane.engine_worker.batching import PlannedBatch
-from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.v1 import inference_pb2
+from graylane.engine_worker.requests import Job, TaskKind
+
+__all__ = [
+    "ADMISSION_PROBE_MS",
+    "NO_DEADLINE",
+    "AdmissionPlan",
+    "Candidate",
+    "ServiceEstimate",
+    "Shed",
+    "admit",
+    "admit_cycle",
+    "effective_deadline",
+    "forward_only",
+]
 
 NO_DEADLINE = 0
 
@@ -59,7 +71,7 @@ class Shed(Generic[ItemT]):
 
 
 @dataclass(frozen=True, slots=True)
-class Admission(Generic[ItemT]):
+class AdmissionPlan(Generic[ItemT]):
     """Per planned batch, the members that run (possibly none), and those shed."""
 
     admitted: tuple[tuple[ItemT, ...], ...]
@@ -76,7 +88,7 @@ def admit(
     service_ms: ServiceEstimate,
     *,
     probe: bool = False,
-) -> Admission[ItemT]:
+) -> AdmissionPlan[ItemT]:
     """Walk the batches in run order, shedding members that would finish late.
 
     A batch's completion is predicted as ``now`` plus the estimated time of every
@@ -114,35 +126,34 @@ def admit(
         admitted.append(tuple(c.item for c in keep))
         if keep:
             clock += estimate
-    return Admission(tuple(admitted), tuple(shed))
+    return AdmissionPlan(tuple(admitted), tuple(shed))
 
 
 ADMISSION_PROBE_MS = 1000
 """After this long without running a batch, admission lets the next one run (a probe)."""
 
 
-def forward_only(items: Sequence[WorkItem]) -> bool:
-    """Whether every item is a plain forward pass (what the learner's estimates cover)."""
-    return all(item.task is TaskKind.FORWARD for item in items)
+def forward_only(jobs: Sequence[Job]) -> bool:
+    """Whether every job is a plain forward pass (what the learner's estimates cover)."""
+    return all(job.task is TaskKind.FORWARD for job in jobs)
 
 
 def admit_cycle(
-    planned: Sequence[PlannedBatch[WorkItem]],
-    requests: Mapping[int, inference_pb2.InferenceRequest],
+    planned: Sequence[PlannedBatch[Job]],
     estimate_ms: Callable[[int, int], float | None],
     *,
     default_deadline_ms: float,
     now_unix_ms: int,
     last_run_unix_ms: int,
-) -> Admission[WorkItem]:
+) -> AdmissionPlan[Job]:
     """Shed what cannot meet its deadline behind the batches planned ahead of it.
 
     ``estimate_ms(rows, bucket_len)`` prices forward-only batches (others are
     unknown); the first batch is a probe after ``ADMISSION_PROBE_MS`` without a run.
     """
 
-    def deadline(item: WorkItem) -> int:
-        request = requests[item.index]
+    def deadline(job: Job) -> int:
+        request = job.request
         return effective_deadline(
             request.deadline_unix_ms, request.created_at_unix_ms, default_deadline_ms
         )
@@ -153,6 +164,6 @@ def admit_cycle(
             return None
         return estimate_ms(rows, batch.bucket_len)
 
-    candidates = [[Candidate(item, deadline(item)) for item in b.items] for b in planned]
+    candidates = [[Candidate(job, deadline(job)) for job in b.items] for b in planned]
     probe = now_unix_ms - last_run_unix_ms > ADMISSION_PROBE_MS
     return admit(candidates, now_unix_ms, service_ms, probe=probe)

@@ -23,8 +23,19 @@ from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
 
+from graylane.errors import GraylaneError
 
-class LearnerConfigError(ValueError):
+__all__ = [
+    "PAIRED_MIN",
+    "PAIR_SAMPLES",
+    "BatchChoice",
+    "BatchLearner",
+    "LearnerConfig",
+    "LearnerConfigError",
+]
+
+
+class LearnerConfigError(GraylaneError, ValueError):
     """A learner configuration is malformed."""
 
 

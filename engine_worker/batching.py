@@ -15,10 +15,25 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from graylane.errors import GraylaneError
+
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "BatchItem",
+    "BatchingError",
+    "BucketPolicy",
+    "InvalidPolicyError",
+    "PendingItem",
+    "PlannedBatch",
+    "SequenceTooLongError",
+    "pad_token_batch",
+    "split_first",
+]
+
 DEFAULT_BUCKETS: tuple[int, ...] = (16, 32, 64, 128, 256)
 
 
-class BatchingError(ValueError):
+class BatchingError(GraylaneError, ValueError):
     """Base of batch planning errors."""
 
 

@@ -1,11 +1,34 @@
-"""One planned batch through an engine: requests in, per-request outcomes out (pure)."""
+"""Running the worker's engines: planned batches in, per-request outcomes out.
+
+:func:`run_batch` runs one planned batch (items sharing a group key share engine
+calls) and :func:`run_isolated` re-runs it item by item when one request's input
+fails it. The shapes to warm up and batch with come from the IO signature and
+the build profiles (:func:`warm_up_feeds`, :func:`profile_buckets`).
+
+A worker whose engine fails every batch would otherwise answer
+``ENGINE_FAILURE`` for ever. :class:`EngineHealth` counts *consecutive* engine
+failures: after ``limit`` of them the worker reloads its engines once
+(:attr:`EngineVerdict.RELOAD`); if the next ``limit`` batches fail too, it exits
+non-zero (:attr:`EngineVerdict.EXIT`), so its supervisor restarts it and a
+rollout sees the version as unresponsive. A served batch resets the count and
+re-arms the reload. Only engine failures count: input errors (a bad request),
+``SHED`` and faults injected on purpose never reach :meth:`EngineHealth.failed`.
+
+:class:`WorkerEngines` is the worker's use of all this: it runs a batch on the
+engine thread (so aiokafka's heartbeats keep running on the event loop), measures
+the device load, and reloads the engines or gives up as :class:`EngineHealth` says.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import TypeVar
 
 import numpy as np
 
@@ -13,13 +36,46 @@ from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.model_info import ModelInfo
 from graylane.engine.errors import EngineError, EngineRunError, InvalidInputError
 from graylane.engine.protocol import InferenceEngine
+from graylane.engine.signature import IOSignature, TensorSpec
 from graylane.engine_worker.batching import BucketPolicy
-from graylane.engine_worker.faults import InjectedFault
+from graylane.engine_worker.faults import FaultInjection, InjectedFault, with_faults
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.engine_worker.shapes import warm_up_feeds
-from graylane.engine_worker.tasks import GenerationResult, run_forward, run_generate
+from graylane.engine_worker.tasks import (
+    INPUT_IDS,
+    GenerationResult,
+    run_forward,
+    run_generate,
+    token_layout,
+)
+from graylane.errors import ErrorCode, GraylaneError
+from graylane.kafka.replies import Rejection
+
+__all__ = [
+    "BatchRun",
+    "EngineConfigError",
+    "EngineHealth",
+    "EngineVerdict",
+    "Feeds",
+    "ForwardOutcome",
+    "GenerateOutcome",
+    "LoadMeter",
+    "Outcome",
+    "RanBatch",
+    "Reloader",
+    "WorkerEngines",
+    "WorkerGaveUp",
+    "engine_rejection",
+    "profile_buckets",
+    "profile_max_batch",
+    "run_batch",
+    "run_isolated",
+    "warm_up",
+    "warm_up_feeds",
+]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -144,7 +200,7 @@ def warm_up(
     profiles: Sequence[ShapeProfile] = (),
     info: ModelInfo | None = None,
 ) -> int:
-    """Run every engine once per warm-up shape (:func:`~.shapes.warm_up_feeds`); the runs.
+    """Run every engine once per warm-up shape (:func:`warm_up_feeds`); the runs.
 
     A shape an engine refuses is logged and skipped: warm-up never stops a worker.
     """
@@ -159,3 +215,322 @@ def warm_up(
                 continue
             runs += 1
     return runs
+
+
+# --- shapes to warm up and batch with ---------------------------------------------------
+
+
+Feeds = dict[str, np.ndarray]
+
+
+def _token_input(info: ModelInfo | None) -> str:
+    return info.token_input if info is not None and info.token_input else INPUT_IDS
+
+
+def profile_buckets(
+    profiles: Sequence[ShapeProfile], info: ModelInfo | None, max_seq_len: int
+) -> tuple[int, ...] | None:
+    """Sequence buckets from the profiles' opt and max lengths of the token input (≤ max).
+
+    ``None`` when no profile gives the token input a sequence axis.
+    """
+    name = _token_input(info)
+    lengths: set[int] = set()
+    for profile in profiles:
+        rng = profile.for_input(name)
+        if rng is None or len(rng.opt) < 2:
+            continue
+        lengths.update(d for d in (rng.opt[1], rng.max[1]) if d <= max_seq_len)
+    return tuple(sorted(lengths)) or None
+
+
+def profile_max_batch(profiles: Sequence[ShapeProfile]) -> int | None:
+    """The largest batch (axis 0 of ``max``) every input accepts in some profile, if any."""
+    best: int | None = None
+    for profile in profiles:
+        if profile.shapes:
+            rows = min(rng.max[0] for rng in profile.shapes if rng.max)
+            best = rows if best is None else max(best, rows)
+    return best
+
+
+def warm_up_feeds(
+    io: IOSignature,
+    profiles: Sequence[ShapeProfile],
+    buckets: Sequence[int],
+    max_seq_len: int,
+    info: ModelInfo | None = None,
+) -> list[Feeds]:
+    """One feed set per shape to warm up: each profile's opt shape, else per bucket."""
+    if profiles:
+        return [_feeds(io, _profile_dims(io, p), info) for p in profiles]
+    if token_layout(io) is not None:
+        seq = next(s for s in io.inputs if s.rank == 2).shape[1]
+        symbol = seq if isinstance(seq, str) else None
+        return [
+            _feeds(io, _fill(io, {symbol: b} if symbol else {}, seq_len=b), info)
+            for b in buckets
+            if b <= max_seq_len
+        ]
+    return [_feeds(io, _fill(io, {}), info)]
+
+
+def _profile_dims(io: IOSignature, profile: ShapeProfile) -> dict[str, tuple[int, ...]]:
+    """Shapes per input: the profile's opt, and for inputs it does not name, the declared
+    shape with symbolic dims resolved from the named ones (else 1)."""
+    symbols: dict[str, int] = {}
+    for spec in io.inputs:
+        rng = profile.for_input(spec.name)
+        if rng is not None and len(rng.opt) == spec.rank:
+            for dim, value in zip(spec.shape, rng.opt, strict=True):
+                if isinstance(dim, str):
+                    symbols.setdefault(dim, value)
+    shapes = _fill(io, symbols)
+    for spec in io.inputs:
+        rng = profile.for_input(spec.name)
+        if rng is not None and len(rng.opt) == spec.rank:
+            shapes[spec.name] = tuple(rng.opt)
+    return shapes
+
+
+def _fill(
+    io: IOSignature, symbols: dict[str, int], seq_len: int | None = None
+) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {}
+    for spec in io.inputs:
+        dims: list[int] = []
+        for axis, dim in enumerate(spec.shape):
+            if isinstance(dim, int):
+                dims.append(dim)
+            elif isinstance(dim, str) and dim in symbols:
+                dims.append(symbols[dim])
+            elif seq_len is not None and axis == 1:
+                dims.append(seq_len)
+            else:
+                dims.append(1)
+        shapes[spec.name] = tuple(dims)
+    return shapes
+
+
+def _feeds(io: IOSignature, shapes: dict[str, tuple[int, ...]], info: ModelInfo | None) -> Feeds:
+    return {spec.name: _value(spec, shapes[spec.name], info) for spec in io.inputs}
+
+
+def _value(spec: TensorSpec, shape: tuple[int, ...], info: ModelInfo | None) -> np.ndarray:
+    """Ones for integers (a valid id and an open mask), zeros for floats, true for booleans."""
+    dtype = np.dtype(spec.dtype)
+    if dtype.kind in "iu":
+        vocab = info.vocab_size if info is not None else None
+        fill = 0 if vocab == 1 else 1
+        return np.full(shape, fill, dtype=dtype)
+    if dtype == np.bool_:
+        return np.ones(shape, dtype=dtype)
+    return np.zeros(shape, dtype=dtype)
+
+
+# --- failures -------------------------------------------------------------------------
+
+
+def engine_rejection(exc: EngineError) -> Rejection:
+    """The error result for a batch whose engine failed: its own code if it has one."""
+    if isinstance(exc, InjectedFault):
+        return Rejection(ErrorCode.INJECTED_FAULT, str(exc))
+    return Rejection(ErrorCode.ENGINE_FAILURE, f"engine failed: {exc}")
+
+
+class EngineConfigError(GraylaneError, ValueError):
+    """An engine failure limit below zero."""
+
+
+class EngineVerdict(Enum):
+    CONTINUE = "continue"
+    """Keep serving with the engine as it is."""
+    RELOAD = "reload"
+    """Reload the engines (same variants, same artifacts) once."""
+    EXIT = "exit"
+    """The reload did not help: end the worker with a non-zero status."""
+
+
+class WorkerGaveUp(GraylaneError):
+    """The engine kept failing after a reload; the worker ends (its supervisor restarts it)."""
+
+
+@dataclass
+class EngineHealth:
+    """Consecutive engine failures of one worker, and whether it already reloaded."""
+
+    limit: int = 5
+    """Consecutive failed batches before a reload (and again before giving up); 0 = never."""
+    consecutive: int = 0
+    reloaded: bool = False
+    last_error: str = ""
+
+    def __post_init__(self) -> None:
+        if self.limit < 0:
+            raise EngineConfigError(f"engine failure limit must be >= 0, got {self.limit}")
+
+    def served(self) -> None:
+        """A batch ran on the engine (input errors of single items included)."""
+        self.consecutive = 0
+        self.reloaded = False
+
+    def failed(self, reason: str) -> EngineVerdict:
+        """A batch failed in the engine; what the worker must do now."""
+        self.last_error = reason
+        if self.limit == 0:
+            return EngineVerdict.CONTINUE
+        self.consecutive += 1
+        if self.consecutive < self.limit:
+            return EngineVerdict.CONTINUE
+        self.consecutive = 0
+        if self.reloaded:
+            return EngineVerdict.EXIT
+        self.reloaded = True
+        return EngineVerdict.RELOAD
+
+    def give_up(self) -> WorkerGaveUp:
+        return WorkerGaveUp(
+            f"engine failed {self.limit} consecutive batches after a reload; "
+            f"last error: {self.last_error}"
+        )
+
+
+# --- the worker's engines ---------------------------------------------------------------
+
+
+class LoadMeter:
+    """Busy share of the engine over a sliding few seconds (the device load signal)."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self._window_s = window_s
+        self._start = time.monotonic()
+        self._busy = 0.0
+        self._last = 0.0
+
+    def add(self, busy_s: float) -> float:
+        now = time.monotonic()
+        self._busy += busy_s
+        elapsed = now - self._start
+        self._last = min(1.0, self._busy / elapsed) if elapsed > 0 else 0.0
+        if elapsed > self._window_s:
+            self._start, self._busy = now, 0.0
+        return self._last
+
+
+Reloader = Callable[[], Mapping[str, InferenceEngine]]
+"""Loads the worker's engines again, exactly as at start-up."""
+
+
+@dataclass(frozen=True)
+class RanBatch:
+    """One batch through the engine: its run, the failure all its items share, the load."""
+
+    run: BatchRun
+    failure: Rejection | None
+    device_load: float
+
+
+class WorkerEngines:
+    """The worker's engines on one engine thread, reloaded or given up on as health says.
+
+    ``reload`` loads the engines again (same variants and artifacts, digests verified
+    again) for a broken engine; ``give_up`` receives the :class:`WorkerGaveUp` that ends
+    the worker once the current cycle is answered and committed; ``active`` names the
+    variant a reload must not lose.
+    """
+
+    def __init__(
+        self,
+        engines: Mapping[str, InferenceEngine],
+        faults: FaultInjection,
+        *,
+        policy: BucketPolicy,
+        max_seq_len: int,
+        failure_limit: int,
+        reload: Reloader | None,
+        give_up: Callable[[BaseException], None],
+        active: Callable[[], str],
+    ) -> None:
+        self.plain = dict(engines)
+        """Without fault injection: warm-up runs these."""
+        self.engines = with_faults(engines, faults)
+        self.policy = policy
+        self.max_seq_len = max_seq_len
+        self.health = EngineHealth(failure_limit)
+        self._faults = faults
+        self._reload = reload
+        self._give_up = give_up
+        self._active = active
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._load = LoadMeter()
+
+    async def in_thread(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the engine thread, awaited."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def run(
+        self, variant: str, items: Sequence[WorkItem], fallback: InferenceEngine
+    ) -> RanBatch:
+        """Run one planned batch; an engine failure or an unknown exception fails it whole.
+
+        ``fallback`` runs when ``variant`` was lost by a reload since the cycle began.
+        """
+        engine = self.engines.get(variant, fallback)
+        failure: Rejection | None = None
+        try:
+            run = await asyncio.get_running_loop().run_in_executor(
+                self._executor, run_isolated, engine, items, self.policy, self.max_seq_len
+            )
+            if run.outcomes:
+                self.health.served()
+        except EngineError as exc:
+            if not isinstance(exc, InjectedFault):
+                log.exception("engine failure on a batch of %d", len(items))
+                await self._failed(exc)
+            run, failure = BatchRun({}, 0.0, 0), engine_rejection(exc)
+        except Exception as exc:
+            log.exception("unexpected error running a batch of %d", len(items))
+            run = BatchRun({}, 0.0, 0)
+            failure = Rejection(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        return RanBatch(run, failure, self._load.add(run.compute_ms / 1000.0))
+
+    async def _failed(self, exc: EngineError) -> None:
+        """Count a failed batch; reload the engines or give up when :class:`EngineHealth` says."""
+        reason = f"{type(exc).__name__}: {exc}"
+        verdict = self.health.failed(reason)
+        if verdict is EngineVerdict.EXIT:
+            gave_up = self.health.give_up()
+            log.critical("%s; the worker stops", gave_up)
+            self._give_up(gave_up)
+            return
+        if verdict is EngineVerdict.CONTINUE:
+            return
+        if self._reload is None:
+            log.error(
+                "engine failed %d consecutive batches (%s); no loader to reload it with",
+                self.health.limit,
+                reason,
+            )
+            return
+        log.error(
+            "engine failed %d consecutive batches (%s); reloading it", self.health.limit, reason
+        )
+        try:
+            fresh = dict(await self.in_thread(self._reload))
+        except Exception as err:
+            lost = WorkerGaveUp(f"engine reload failed: {type(err).__name__}: {err}")
+            log.critical("%s; the worker stops", lost)
+            self._give_up(lost)
+            return
+        log.warning("engine reloaded: %s", sorted(fresh))
+        active = self._active()
+        if active not in fresh:
+            self._give_up(WorkerGaveUp(f"reload lost variant {active!r}"))
+            return
+        old, self.plain = self.plain, fresh
+        self.engines = with_faults(fresh, self._faults)
+        for engine in old.values():
+            engine.close()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False)

@@ -1,6 +1,6 @@
 """Deliberate faults as an engine: a wrapper that slows down or fails a real engine.
 
-For tests and demos only (:class:`~graylane.engine_worker.config.FaultInjection`).
+For tests and demos only (:class:`FaultInjection`).
 The wrapper implements :class:`~graylane.engine.protocol.InferenceEngine`, so the
 worker runs it like any engine and needs no fault code of its own. Faults apply
 per engine call: a forward batch is one call per bucket group, a generation one
@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -20,15 +21,39 @@ import numpy as np
 from graylane.engine.errors import EngineRunError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature
-from graylane.engine_worker.config import FaultInjection
+from graylane.errors import ErrorCode
 
-__all__ = ["FaultyEngine", "InjectedFault", "with_faults"]
+__all__ = ["FaultInjection", "FaultyEngine", "InjectedFault", "with_faults"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultInjection:
+    """Deliberate faults, for tests and demos only: extra latency and failures.
+
+    Applied by :class:`FaultyEngine` per engine call.
+    """
+
+    extra_latency_ms: float = 0.0
+    latency_factor: float = 1.0
+    error_rate: float = 0.0
+    latency_jitter_ms: float = 0.0
+    """Extra latency drawn uniformly from [0, jitter] per batch (a noisy but healthy engine)."""
+    seed: int = 0
+
+    @property
+    def active(self) -> bool:
+        return (
+            self.extra_latency_ms > 0
+            or self.latency_factor != 1.0
+            or self.error_rate > 0
+            or self.latency_jitter_ms > 0
+        )
 
 
 class InjectedFault(EngineRunError):
     """A failure injected on purpose (answered with ``INJECTED_FAULT``)."""
 
-    code: ClassVar[str] = "INJECTED_FAULT"
+    code: ClassVar[ErrorCode] = ErrorCode.INJECTED_FAULT
 
 
 class FaultyEngine:

@@ -1,15 +1,46 @@
-"""Loading engine variants: from explicit ONNX paths, or through the registry."""
+"""Loading a worker's engine variants: from explicit ONNX paths, or through the registry.
+
+Through the registry, every file is checked against its manifest's sha256 (and the
+manifest against the registry's record) before anything is loaded: a tampered
+artifact is refused with an error naming the file. TensorRT engines are used only
+when this host has TensorRT and a GPU, and only the one built for this GPU's compute
+capability and TensorRT version; ONNX Runtime variants are portable.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
+from graylane.artifacts.build_info import ShapeProfile
+from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
+from graylane.artifacts.manifest import Manifest
 from graylane.artifacts.model_info import ModelInfo, read_model_info
+from graylane.artifacts.naming import Backend
+from graylane.artifacts.verify import verify_artifact
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
+from graylane.engine.tensorrt import gpu_compute_capability, tensorrt_version
+from graylane.errors import GraylaneError
+from graylane.registry import ArtifactInfo, open_registry
+from graylane.settings import Settings
+
+__all__ = [
+    "MAX_SEQ_KEYS",
+    "LoadedVariants",
+    "NoServableVariant",
+    "load_from_paths",
+    "load_from_registry",
+    "model_file",
+    "onnx_max_seq_len",
+    "onnx_model_info",
+]
+
+log = logging.getLogger(__name__)
 
 MAX_SEQ_KEYS = ("graylane.demo.max_seq_len", "max_seq_len", "graylane.max_seq_len")
 
@@ -39,3 +70,96 @@ def onnx_max_seq_len(path: Path) -> int | None:
 def onnx_model_info(path: Path) -> ModelInfo:
     """Task and input vocabulary an ONNX file declares in its metadata (or its embedding)."""
     return read_model_info(onnx.load(str(path), load_external_data=False))
+
+
+_MODEL_SUFFIXES = (".onnx", ".plan", ".engine")
+
+
+class NoServableVariant(GraylaneError):
+    """The registry holds no variant of this version that this worker can serve."""
+
+
+@dataclass(frozen=True)
+class LoadedVariants:
+    engines: dict[str, InferenceEngine]
+    fp32_path: Path | None
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Artifact name -> why it was not loaded."""
+    model_info: ModelInfo | None = None
+    """The declared task and input vocabulary (from the manifests; ``None`` in older ones)."""
+    profiles: tuple[ShapeProfile, ...] = ()
+    """The build's shape profiles (every artifact of a version shares them)."""
+
+
+def model_file(folder: Path, manifest: Manifest) -> Path:
+    for entry in manifest.files:
+        if entry.path.endswith(_MODEL_SUFFIXES):
+            return folder / entry.path
+    raise NoServableVariant(f"{manifest.name}: the manifest lists no model file")
+
+
+def load_from_registry(
+    settings: Settings,
+    model: str,
+    version: str,
+    *,
+    intra_op_threads: int | None = None,
+) -> LoadedVariants:
+    registry = open_registry(settings.db_url)
+    artifacts = registry.list_artifacts(model, version)
+    skipped: dict[str, str] = {}
+    engines: dict[str, InferenceEngine] = {}
+    fp32_path: Path | None = None
+    onnx: dict[str, tuple[ArtifactInfo, Path, Manifest]] = {}
+    plans: dict[str, list[tuple[ArtifactInfo, Path, Manifest]]] = {}
+    for art in artifacts:
+        if not art.servable:
+            skipped[str(art.name)] = "not servable (failed validation and not forced)"
+            continue
+        folder = Path(art.path)
+        manifest = verify_artifact(folder, art.manifest_sha256)
+        entry = (art, folder, manifest)
+        if art.backend is Backend.TENSORRT:
+            plans.setdefault(art.precision.value, []).append(entry)
+        else:
+            onnx[art.precision.value] = entry  # later registrations win
+    cc, trt = gpu_compute_capability(), tensorrt_version()
+    for precision, candidates in plans.items():
+        if cc is None or trt is None:
+            for art, _, _ in candidates:
+                skipped[str(art.name)] = "TensorRT engine: no GPU/TensorRT on this worker"
+            continue
+        try:
+            chosen = select_engine([m for _, _, m in candidates], f"{cc[0]}.{cc[1]}", trt)
+        except IncompatibleEngineError as exc:
+            for art, _, _ in candidates:
+                skipped[str(art.name)] = str(exc)
+            continue
+        from graylane.engine.tensorrt import TensorRTEngine
+
+        folder = next(f for _, f, m in candidates if m is chosen)
+        engines[precision] = TensorRTEngine.load(model_file(folder, chosen), precision, name=model)
+    for precision, (_, folder, manifest) in onnx.items():
+        path = model_file(folder, manifest)
+        if precision == "fp32":
+            fp32_path = path
+        if precision in engines:
+            continue  # a TensorRT engine of this precision serves instead
+        engines[precision] = OnnxRuntimeEngine.load(
+            path, precision, name=model, intra_op_threads=intra_op_threads
+        )
+    if not engines:
+        raise NoServableVariant(
+            f"no servable variant of {model} {version}: "
+            + ("; ".join(f"{k}: {v}" for k, v in skipped.items()) or "nothing registered")
+        )
+    for name, why in skipped.items():
+        log.warning("skipped %s: %s", name, why)
+    ordered = dict(sorted(engines.items(), key=lambda kv: kv[0] != "fp32"))
+    if fp32_path is None and onnx:
+        _, folder, manifest = next(iter(onnx.values()))
+        fp32_path = model_file(folder, manifest)
+    manifests = [m for _, _, m in onnx.values()] + [m for c in plans.values() for _, _, m in c]
+    info = next((m.model_info for m in manifests if m.model_info is not None), None)
+    profiles = next((m.profiles for m in manifests if m.profiles), ())
+    return LoadedVariants(ordered, fp32_path, skipped, model_info=info, profiles=profiles)

@@ -1,46 +1,70 @@
-"""Turning a decoded request into work, or into a specific rejection (pure).
+"""One request through the worker: its carrier, and the one pass that validates it.
 
-No Kafka or protobuf here: the adapter hands over plain facts and numpy arrays.
+A fetched record becomes a decoded ``InferenceRequest`` (:func:`decode`; a
+:class:`~graylane.errors.SerdeError` when it cannot be answered at all), then, in one
+pass (:func:`validate`), either a :class:`~graylane.kafka.replies.Rejection` carrying
+its :class:`~graylane.errors.ErrorCode` or a :class:`WorkItem`: the reply topic
+against the allowlist, size and field caps, the model, tensors, task, token ids and
+limits against the engine's IO signature and the model's declared info. A validated
+request travels as one :class:`Job` (its record, the request, its work and, once
+run, its result or rejection) through batching, the engine and delivery. No Kafka
+I/O or engine here.
+
+Text in and out of a token model goes through a :class:`Tokenizer` only where the
+model says how: given in the worker's config, or recognised from the model's own
+metadata (the demo GPT records itself in ``metadata_props``). Without one, results
+carry token ids only, and a ``prompt`` falls back to the request contract's
+byte-level ids (``graylane.v1.InferenceRequest.prompt``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from graylane import serde, tensors
 from graylane.artifacts.model_info import ModelInfo
+from graylane.engine.errors import InvalidInputError
+from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature
 from graylane.engine_worker.postprocess import PostProcess
-from graylane.engine_worker.tasks import ATTENTION_MASK, INPUT_IDS, token_layout
+from graylane.engine_worker.tasks import ATTENTION_MASK, INPUT_IDS, generation_layout, token_layout
+from graylane.errors import ErrorCode, SerdeError
+from graylane.kafka.replies import Rejection, clip, field_problem, reply_topic_rejection
+from graylane.kafka.seam import Record
+from graylane.models.byte_vocab import META_PREFIX, decode_tokens, encode_text
+from graylane.tensors import post_process_from_pb
+from graylane.topics import TopicLayout
+from graylane.v1 import inference_pb2
+
+__all__ = [
+    "DemoByteTokenizer",
+    "IntakeRules",
+    "Job",
+    "Limits",
+    "RequestFacts",
+    "TaskKind",
+    "Tokenizer",
+    "WorkItem",
+    "check_inputs",
+    "decode",
+    "detect_tokenizer",
+    "distrust_shadow",
+    "input_rejection",
+    "prepare",
+    "request_facts",
+    "tokenizer_from_metadata",
+    "validate",
+]
 
 
 class TaskKind(Enum):
     FORWARD = "forward"
     GENERATE = "generate"
-
-
-class RejectCode(Enum):
-    """Why a request is refused; maps one to one onto ``graylane.v1.ErrorCode``."""
-
-    BAD_REQUEST = "BAD_REQUEST"
-    MISSING_INPUT = "MISSING_INPUT"
-    UNEXPECTED_INPUT = "UNEXPECTED_INPUT"
-    BAD_DTYPE = "BAD_DTYPE"
-    BAD_SHAPE = "BAD_SHAPE"
-    SEQUENCE_TOO_LONG = "SEQUENCE_TOO_LONG"
-    UNSUPPORTED_TASK = "UNSUPPORTED_TASK"
-    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
-    UNKNOWN_VERSION = "UNKNOWN_VERSION"
-    UNKNOWN_MODEL = "UNKNOWN_MODEL"
-
-
-@dataclass(frozen=True)
-class Reject:
-    code: RejectCode
-    message: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,9 +109,182 @@ class Limits:
     max_batch_rows: int = 64
 
 
-def tokenize_bytes(text: str) -> tuple[int, ...]:
-    """Byte-level tokens of ``text`` (the demo model's vocabulary)."""
-    return tuple(text.encode("utf-8"))
+@dataclass(eq=False)
+class Job:
+    """One validated request from its record to its answer (the worker's carrier).
+
+    Batches hold jobs; the run fills ``result`` or ``rejection``, delivery sends it
+    (to the record's reply topic, or as a dead letter naming the record).
+    """
+
+    record: Record
+    request: inference_pb2.InferenceRequest
+    work: WorkItem
+    result: inference_pb2.InferenceResult | None = None
+    rejection: Rejection | None = None
+
+    @property
+    def index(self) -> int:
+        """Position of the record in its fetched cycle (names the job in errors)."""
+        return self.work.index
+
+    @property
+    def seq_len(self) -> int:
+        return self.work.seq_len
+
+    @property
+    def task(self) -> TaskKind:
+        return self.work.task
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> tuple[int, ...]: ...
+
+    def decode(self, tokens: Sequence[int]) -> str: ...
+
+
+class DemoByteTokenizer:
+    """The demo GPT's vocabulary: UTF-8 bytes plus BOS/EOS (skipped when decoding)."""
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        return tuple(encode_text(text))
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return decode_tokens(tokens)
+
+    def __repr__(self) -> str:
+        return "DemoByteTokenizer()"
+
+
+@runtime_checkable
+class _HasMetadata(Protocol):
+    @property
+    def metadata(self) -> Mapping[str, str]: ...
+
+
+def tokenizer_from_metadata(metadata: Mapping[str, str]) -> Tokenizer | None:
+    """The tokenizer a model's ``metadata_props`` names, if any."""
+    if f"{META_PREFIX}vocab_size" in metadata:
+        return DemoByteTokenizer()
+    return None
+
+
+def detect_tokenizer(engines: Iterable[InferenceEngine]) -> Tokenizer | None:
+    """The first tokenizer found in the metadata of engines that expose it."""
+    for engine in engines:
+        if isinstance(engine, _HasMetadata):
+            found = tokenizer_from_metadata(engine.metadata)
+            if found is not None:
+                return found
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntakeRules:
+    """What a request is checked against: this worker's model, limits and engine inputs."""
+
+    model: str
+    max_request_bytes: int
+    io: IOSignature
+    limits: Limits
+    tokenizer: Tokenizer | None = None
+    model_info: ModelInfo | None = None
+    """The artifact's declared task and input vocabulary (``None``: not declared)."""
+    layout: TopicLayout | None = None
+    """Where replies may go (``None``: the reply topic is not checked here)."""
+
+
+def decode(value: bytes | None) -> inference_pb2.InferenceRequest:
+    """The request in ``value``; :class:`SerdeError` when it cannot be answered at all."""
+    request = serde.decode(inference_pb2.InferenceRequest, value)
+    if not request.request_id:
+        raise SerdeError("request has no request_id; cannot reply")
+    return request
+
+
+def distrust_shadow(request: inference_pb2.InferenceRequest, version: str) -> bool:
+    """Clear ``shadow``/``mirror_result`` unless the router (or a replay) stamped the record.
+
+    The router stamps ``routed_at_unix_ms`` and names this worker's version in
+    ``routed_version`` on every record it forwards. A record written past it with a
+    client-set shadow flag would divert the requester's own answer into the shadow
+    topic (and feed the agreement gate): such flags are dropped. Whether any was.
+    """
+    if not (request.shadow or request.mirror_result):
+        return False
+    if request.routed_at_unix_ms > 0 and request.routed_version == version:
+        return False
+    request.shadow = request.mirror_result = False
+    return True
+
+
+def input_rejection(exc: InvalidInputError) -> Rejection:
+    """The error result for a request the engine refused for its own input."""
+    return Rejection(exc.code, str(exc))
+
+
+_TASK = {inference_pb2.FORWARD: TaskKind.FORWARD, inference_pb2.GENERATE: TaskKind.GENERATE}
+
+
+def request_facts(
+    request: inference_pb2.InferenceRequest,
+    tokenizer: Tokenizer | None = None,
+    max_elements: int = tensors.DEFAULT_MAX_ELEMENTS,
+) -> RequestFacts | Rejection:
+    """The plain facts of ``request``; tensors decoded, the prompt tokenized if possible."""
+    task = _TASK.get(request.task, TaskKind.FORWARD if request.task == 0 else None)
+    if task is None:
+        return Rejection(ErrorCode.UNSUPPORTED_TASK, f"task {request.task} is not supported")
+    try:
+        inputs = tensors.from_tensors(request.inputs, max_elements)
+    except InvalidInputError as exc:  # typed: BAD_DTYPE / BAD_SHAPE carry their code
+        return input_rejection(exc)
+    token_ids: tuple[int, ...] = tuple(request.token_ids)
+    prompt = request.prompt or None
+    if prompt is not None and not token_ids and tokenizer is not None:
+        token_ids, prompt = tokenizer.encode(prompt), None
+    gen = request.generation
+    return RequestFacts(
+        task=task,
+        inputs=inputs,
+        token_ids=token_ids,
+        prompt=prompt,
+        post=post_process_from_pb(request.post_process),
+        top_k=request.top_k,
+        max_new_tokens=gen.max_new_tokens,
+        eos_id=int(gen.eos_token_id) if gen.has_eos else None,
+        deadline_unix_ms=request.deadline_unix_ms,
+    )
+
+
+def validate(
+    request: inference_pb2.InferenceRequest,
+    size_bytes: int,
+    index: int,
+    rules: IntakeRules,
+    now_ms: int,
+) -> WorkItem | Rejection:
+    """A work item for batch position ``index``, or why ``request`` is refused."""
+    refused = reply_topic_rejection(rules.layout, request) if rules.layout else None
+    if refused is not None:
+        return refused
+    if size_bytes > rules.max_request_bytes:
+        return Rejection(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"request is {size_bytes} bytes; the limit is {rules.max_request_bytes}",
+        )
+    problem = field_problem(request)
+    if problem is not None:
+        return Rejection(ErrorCode.BAD_REQUEST, problem)
+    if request.model != rules.model:
+        return Rejection(
+            ErrorCode.UNKNOWN_MODEL,
+            f"model {clip(request.model)!r} arrived at the worker of {rules.model!r}",
+        )
+    facts = request_facts(request, rules.tokenizer, max(1, rules.max_request_bytes))
+    if isinstance(facts, Rejection):
+        return facts
+    return prepare(index, facts, rules.io, rules.limits, now_ms, rules.model_info)
 
 
 def prepare(
@@ -97,79 +294,82 @@ def prepare(
     limits: Limits,
     now_ms: int,
     info: ModelInfo | None = None,
-) -> WorkItem | Reject:
+) -> WorkItem | Rejection:
     """Validate one request against the engine's IO signature, the limits and the model's info.
 
     ``info`` (the artifact's declared task and input vocabulary) decides whether the
     model generates and which token ids it takes; without it (an older artifact) any
     model shaped like a token model may generate and ids are only checked to be >= 0.
     """
-    vocab = info.vocab_size if info is not None else None
     if facts.deadline_unix_ms and facts.deadline_unix_ms < now_ms:
-        return Reject(
-            RejectCode.DEADLINE_EXCEEDED,
+        return Rejection(
+            ErrorCode.DEADLINE_EXCEEDED,
             f"deadline passed {now_ms - facts.deadline_unix_ms} ms before the request ran",
         )
-    layout = token_layout(io)
     tokens = _tokens(facts)
     if len(tokens) > limits.max_seq_len:  # before any per-token check or array
-        return Reject(
-            RejectCode.SEQUENCE_TOO_LONG,
+        return Rejection(
+            ErrorCode.SEQUENCE_TOO_LONG,
             f"{len(tokens)} tokens; this model allows {limits.max_seq_len}",
         )
     if facts.task is TaskKind.GENERATE:
-        from graylane.engine_worker.kv_generate import generation_layout  # imports tasks
+        return _prepare_generate(index, facts, io, limits, info)
+    return _prepare_forward(index, facts, io, limits, info)
 
-        layout = generation_layout(io)
-        if info is not None and not info.generates:
-            return Reject(
-                RejectCode.UNSUPPORTED_TASK,
-                f"generate needs a causal-lm model; this model is {info.task.value}",
-            )
-        if layout is None:
-            return Reject(
-                RejectCode.UNSUPPORTED_TASK,
-                "generate needs a token model (input_ids); "
-                f"this model takes {list(io.input_names)}",
-            )
-        if facts.inputs:
-            return Reject(RejectCode.BAD_REQUEST, "generate takes token_ids or prompt, not tensors")
-        if not tokens:
-            return Reject(RejectCode.BAD_REQUEST, "generate needs a non-empty prompt or token_ids")
-        if len(tokens) > limits.max_seq_len:
-            return Reject(
-                RejectCode.SEQUENCE_TOO_LONG,
-                f"prompt has {len(tokens)} tokens; this model allows {limits.max_seq_len}",
-            )
-        if not 0 < facts.max_new_tokens <= limits.max_new_tokens:
-            return Reject(
-                RejectCode.BAD_REQUEST,
-                f"max_new_tokens must be in 1..{limits.max_new_tokens}, got {facts.max_new_tokens}",
-            )
-        bad = _bad_token(tokens, vocab)
-        if bad is not None:
-            return bad
-        return WorkItem(
-            index=index,
-            task=TaskKind.GENERATE,
-            seq_len=len(tokens),
-            prompt_tokens=tokens,
-            max_new_tokens=facts.max_new_tokens,
-            eos_id=facts.eos_id,
+
+def _prepare_generate(
+    index: int, facts: RequestFacts, io: IOSignature, limits: Limits, info: ModelInfo | None
+) -> WorkItem | Rejection:
+    """A generate request: a causal token model, a prompt, and a bounded new-token count."""
+    tokens = _tokens(facts)
+    if info is not None and not info.generates:
+        return Rejection(
+            ErrorCode.UNSUPPORTED_TASK,
+            f"generate needs a causal-lm model; this model is {info.task.value}",
         )
+    if generation_layout(io) is None:
+        return Rejection(
+            ErrorCode.UNSUPPORTED_TASK,
+            f"generate needs a token model (input_ids); this model takes {list(io.input_names)}",
+        )
+    if facts.inputs:
+        return Rejection(ErrorCode.BAD_REQUEST, "generate takes token_ids or prompt, not tensors")
+    if not tokens:
+        return Rejection(ErrorCode.BAD_REQUEST, "generate needs a non-empty prompt or token_ids")
+    if not 0 < facts.max_new_tokens <= limits.max_new_tokens:
+        return Rejection(
+            ErrorCode.BAD_REQUEST,
+            f"max_new_tokens must be in 1..{limits.max_new_tokens}, got {facts.max_new_tokens}",
+        )
+    bad = _bad_token(tokens, _vocab(info))
+    if bad is not None:
+        return bad
+    return WorkItem(
+        index=index,
+        task=TaskKind.GENERATE,
+        seq_len=len(tokens),
+        prompt_tokens=tokens,
+        max_new_tokens=facts.max_new_tokens,
+        eos_id=facts.eos_id,
+    )
 
-    if facts.task is not TaskKind.FORWARD:
-        return Reject(RejectCode.UNSUPPORTED_TASK, f"task {facts.task} is not supported")
+
+def _prepare_forward(
+    index: int, facts: RequestFacts, io: IOSignature, limits: Limits, info: ModelInfo | None
+) -> WorkItem | Rejection:
+    """A forward request: input tensors, or token ids a token model takes as its inputs."""
+    tokens = _tokens(facts)
+    layout = token_layout(io)
     top_k = facts.top_k or 5
     if facts.inputs and tokens:
-        return Reject(RejectCode.BAD_REQUEST, "give either input tensors or token_ids/prompt")
+        return Rejection(ErrorCode.BAD_REQUEST, "give either input tensors or token_ids/prompt")
     if tokens:
         if layout is None:
-            return Reject(
-                RejectCode.UNSUPPORTED_TASK,
+            return Rejection(
+                ErrorCode.UNSUPPORTED_TASK,
                 f"token_ids/prompt need a token model; this model takes {list(io.input_names)}",
             )
-        bad = _bad_token(tokens, vocab)
+        bad = _bad_token(tokens, _vocab(info))
         if bad is not None:
             return bad
         ids = np.asarray([tokens], dtype=layout.id_dtype)
@@ -180,12 +380,12 @@ def prepare(
     elif facts.inputs:
         facts_inputs = facts.inputs
     else:
-        return Reject(
-            RejectCode.MISSING_INPUT, f"no inputs; this model takes {list(io.input_names)}"
+        return Rejection(
+            ErrorCode.MISSING_INPUT, f"no inputs; this model takes {list(io.input_names)}"
         )
 
     checked = check_inputs(facts_inputs, io)
-    if isinstance(checked, Reject):
+    if isinstance(checked, Rejection):
         return checked
     bad_ids = _bad_token_tensor(facts_inputs, info)
     if bad_ids is not None:
@@ -194,16 +394,16 @@ def prepare(
     if layout is not None:
         seq_len = int(facts_inputs[INPUT_IDS].shape[1])
         if seq_len > limits.max_seq_len:
-            return Reject(
-                RejectCode.SEQUENCE_TOO_LONG,
+            return Rejection(
+                ErrorCode.SEQUENCE_TOO_LONG,
                 f"sequence has {seq_len} tokens; this model allows {limits.max_seq_len}",
             )
         if seq_len < 1:
-            return Reject(RejectCode.BAD_SHAPE, "input_ids has no tokens")
+            return Rejection(ErrorCode.BAD_SHAPE, "input_ids has no tokens")
     rows = _rows(facts_inputs)
     if rows is not None and rows > limits.max_batch_rows:
-        return Reject(
-            RejectCode.BAD_SHAPE,
+        return Rejection(
+            ErrorCode.BAD_SHAPE,
             f"{rows} rows in one request; the limit is {limits.max_batch_rows}",
         )
     return WorkItem(
@@ -216,44 +416,44 @@ def prepare(
     )
 
 
-def check_inputs(feeds: Mapping[str, np.ndarray], io: IOSignature) -> Reject | None:
+def check_inputs(feeds: Mapping[str, np.ndarray], io: IOSignature) -> Rejection | None:
     """Names, dtypes and shapes of ``feeds`` against the engine's inputs."""
     expected = set(io.input_names)
     missing = sorted(expected - set(feeds))
     extra = sorted(set(feeds) - expected)
     if missing:
-        return Reject(
-            RejectCode.MISSING_INPUT,
+        return Rejection(
+            ErrorCode.MISSING_INPUT,
             f"missing input(s) {missing}; the model takes {sorted(expected)}",
         )
     if extra:
-        return Reject(
-            RejectCode.UNEXPECTED_INPUT,
+        return Rejection(
+            ErrorCode.UNEXPECTED_INPUT,
             f"unexpected input(s) {extra}; the model takes {sorted(expected)}",
         )
     for spec in io.inputs:
         arr = feeds[spec.name]
         if arr.dtype != spec.dtype:
-            return Reject(
-                RejectCode.BAD_DTYPE,
+            return Rejection(
+                ErrorCode.BAD_DTYPE,
                 f"input {spec.name!r} is {arr.dtype}; the model wants {spec.dtype}",
             )
         if not spec.accepts(tuple(int(d) for d in arr.shape)):
             dims = ["?" if not isinstance(d, int) else str(d) for d in spec.shape]
-            return Reject(
-                RejectCode.BAD_SHAPE,
+            return Rejection(
+                ErrorCode.BAD_SHAPE,
                 f"input {spec.name!r} has shape {list(arr.shape)}; "
                 f"the model wants [{', '.join(dims)}]",
             )
     shapes = {name: arr.shape for name, arr in feeds.items()}
     if len({s[0] for s in shapes.values() if len(s) > 0}) > 1:
-        return Reject(RejectCode.BAD_SHAPE, f"inputs disagree on the batch size: {shapes}")
+        return Rejection(ErrorCode.BAD_SHAPE, f"inputs disagree on the batch size: {shapes}")
     if (
         INPUT_IDS in feeds
         and ATTENTION_MASK in feeds
         and feeds[INPUT_IDS].shape != feeds[ATTENTION_MASK].shape
     ):
-        return Reject(RejectCode.BAD_SHAPE, "input_ids and attention_mask shapes differ")
+        return Rejection(ErrorCode.BAD_SHAPE, "input_ids and attention_mask shapes differ")
     return None
 
 
@@ -261,18 +461,22 @@ def _tokens(facts: RequestFacts) -> tuple[int, ...]:
     if facts.token_ids:
         return tuple(map(int, facts.token_ids))
     if facts.prompt:
-        return tokenize_bytes(facts.prompt)
+        return tuple(encode_text(facts.prompt))  # the contract's byte-level ids
     return ()
 
 
-def _bad_token(tokens: Sequence[int], vocab: int | None) -> Reject | None:
+def _vocab(info: ModelInfo | None) -> int | None:
+    return info.vocab_size if info is not None else None
+
+
+def _bad_token(tokens: Sequence[int], vocab: int | None) -> Rejection | None:
     if any(t < 0 or (vocab is not None and t >= vocab) for t in tokens):
         bound = vocab if vocab is not None else "vocabulary size"
-        return Reject(RejectCode.BAD_REQUEST, f"token ids must be in [0, {bound})")
+        return Rejection(ErrorCode.BAD_REQUEST, f"token ids must be in [0, {bound})")
     return None
 
 
-def _bad_token_tensor(feeds: Mapping[str, np.ndarray], info: ModelInfo | None) -> Reject | None:
+def _bad_token_tensor(feeds: Mapping[str, np.ndarray], info: ModelInfo | None) -> Rejection | None:
     """Ids of the declared token input outside the declared vocabulary (this request only)."""
     if info is None or info.token_input is None or info.token_input not in feeds:
         return None
@@ -282,8 +486,8 @@ def _bad_token_tensor(feeds: Mapping[str, np.ndarray], info: ModelInfo | None) -
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or (info.vocab_size is not None and high >= info.vocab_size):
         bound = info.vocab_size if info.vocab_size is not None else "vocabulary size"
-        return Reject(
-            RejectCode.BAD_REQUEST,
+        return Rejection(
+            ErrorCode.BAD_REQUEST,
             f"{info.token_input} holds ids in [{low}, {high}]; this model takes [0, {bound})",
         )
     return None

@@ -1,86 +1,317 @@
 """The engine worker: a consumer group per (model, version) running engine variants.
 
-One fetched cycle goes decode → validate (:mod:`~graylane.engine_worker.intake`)
-→ plan (:mod:`~graylane.engine_worker.batching`) → run
-(:mod:`~graylane.engine_worker.compute`, in a thread so aiokafka's heartbeats keep
-running on the event loop) → build results (:mod:`~graylane.engine_worker.results`)
-→ deliver (:mod:`~graylane.engine_worker.delivery_step`). Offsets are committed only
-after every result and the batch telemetry are acknowledged (at-least-once;
-duplicates carry the same request_id). Fault injection is an engine wrapper
+The worker runs the library's consume loop (:class:`~graylane.kafka.loop.ConsumeLoop`:
+its consumer, the guard, the backoff and the commit after delivery) with its own
+:meth:`Worker.hooks`. One fetched cycle goes fetch (:class:`CycleFetch`) → decode and
+validate each record into a :class:`~graylane.engine_worker.requests.Job` → plan
+batches (:mod:`~graylane.engine_worker.batching`) → admit them against their deadlines
+(:mod:`~graylane.engine_worker.admission`) → run each batch on the engine thread
+(:class:`~graylane.engine_worker.compute.WorkerEngines`, so aiokafka's heartbeats keep
+running on the event loop) → answer its jobs and build its telemetry
+(:mod:`~graylane.engine_worker.wire`) → send. Offsets are committed only after every
+result and the batch telemetry are acknowledged (at-least-once; duplicates carry the
+same request_id). Fault injection is an engine wrapper
 (:mod:`~graylane.engine_worker.faults`), not a step of its own.
 
-The pure parts live beside it (intake, batching, batch learner, admission, compute,
-results, batch ids, load meter), the metrics in :mod:`~graylane.engine_worker.observe`
-and the sends in :mod:`~graylane.engine_worker.delivery_step`. What stays here is the
-:class:`Worker`: its consumer, producer and commit point, the fetch cycle (collect,
-admit, run), precision commands, engine recovery and the run loop.
+Here: the worker's config, its :class:`Worker` (the cycle, the sends, precision
+commands, readiness and its lifecycle), its metrics
+(:class:`WorkerObserver`) and warm standby: a worker that loaded and warmed its
+engines but waits out of its group. A supervisor keeps one such process per scaled
+version (``--warm-standby``), so a scale-out is a signal (``SIGUSR1``: join the
+consumer group and serve), not a process start, an ONNX Runtime load and a warm-up
+competing for the CPU with the overloaded workers at the worst moment. Until then it
+holds no partitions, reads nothing and is not ready (``/readyz``). Its warm-up runs
+at the lowest CPU priority (a thread of its own, niced, that ends with it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
 import logging
+import os
+import signal
+import socket
+import threading
 import time
-from collections.abc import Awaitable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 
 from graylane import serde
+from graylane.artifacts.build_info import ShapeProfile
+from graylane.artifacts.model_info import ModelInfo
 from graylane.clock import now_ms
-from graylane.engine.errors import EngineError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.admission import admit_cycle, forward_only
-from graylane.engine_worker.batch_ids import BatchIds
-from graylane.engine_worker.batch_learner import BatchLearner, LearnerConfig
-from graylane.engine_worker.batching import BucketPolicy, PlannedBatch, split_first
-from graylane.engine_worker.compute import (
-    BatchRun,
-    run_isolated,
-    warm_up,
+from graylane.engine_worker.batch_learner import BatchChoice, BatchLearner, LearnerConfig
+from graylane.engine_worker.batching import (
+    DEFAULT_BUCKETS,
+    BucketPolicy,
+    PlannedBatch,
+    split_first,
 )
-from graylane.engine_worker.config import WorkerConfig
-from graylane.engine_worker.delivery_step import DeliveryStep, Records
-from graylane.engine_worker.engine_health import EngineHealth, WorkerGaveUp
-from graylane.engine_worker.engine_recovery import EngineRecovery, Reloader
-from graylane.engine_worker.faults import InjectedFault, with_faults
-from graylane.engine_worker.fetching import CycleFetch, consumer_options
-from graylane.engine_worker.intake import IntakeRules, decode, distrust_shadow, validate
-from graylane.engine_worker.load_meter import LoadMeter
-from graylane.engine_worker.observe import WorkerObserver
-from graylane.engine_worker.requests import Limits, WorkItem
-from graylane.engine_worker.results import (
+from graylane.engine_worker.compute import Reloader, WorkerEngines, profile_buckets, warm_up
+from graylane.engine_worker.faults import FaultInjection
+from graylane.engine_worker.requests import (
+    IntakeRules,
+    Job,
+    Limits,
+    Tokenizer,
+    decode,
+    detect_tokenizer,
+    distrust_shadow,
+    validate,
+)
+from graylane.engine_worker.wire import (
     BatchClock,
+    BatchIds,
     BatchReport,
     ResultContext,
     build_batch,
-    engine_rejection,
+    shed_telemetry,
 )
-from graylane.engine_worker.shapes import profile_buckets
-from graylane.engine_worker.standby import run_at_low_priority, wait_for_activation
-from graylane.engine_worker.tokenizer import detect_tokenizer
-from graylane.errors import SerdeError
-from graylane.kafka.loop import BatchGuard, deliver_and_commit, leave_on_stop
-from graylane.kafka.reading import CompactedFollower
+from graylane.errors import ErrorCode, SerdeError
+from graylane.kafka.loop import ConsumeLoop, LoopHooks
+from graylane.kafka.reading import CompactedFollower, consumer_lag
 from graylane.kafka.replies import (
     Rejection,
     ReplySink,
-    reply_topic_rejection,
+    max_payload_bytes,
 )
-from graylane.kafka.seam import ConsumerOptions, KafkaFactory, Producer
+from graylane.kafka.seam import BatchConsumer, ConsumerOptions, KafkaFactory, Producer, Record
 from graylane.metrics import (
     CONTROL_CAUGHT_UP,
+    NvmlCollector,
+    ServiceObservability,
+    WorkerMetrics,
+    load_nvml,
 )
+from graylane.settings import Settings
 from graylane.supervision import BackgroundTasks
-from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
+from graylane.topics import TopicLayout
+from graylane.v1 import control_pb2, telemetry_pb2
+
+__all__ = [
+    "ACTIVATE",
+    "CycleFetch",
+    "Records",
+    "Worker",
+    "WorkerConfig",
+    "WorkerObserver",
+    "consumer_options",
+    "default_worker_id",
+    "run_at_low_priority",
+    "wait_for_activation",
+]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 
-def _where(record: ConsumerRecord[bytes, bytes]) -> tuple[str, int, int]:
+Records = Sequence[Record]
+
+
+def _where(record: Record) -> tuple[str, int, int]:
     return record.topic, record.partition, record.offset
+
+
+# --- configuration ----------------------------------------------------------------------
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    model: str
+    version: str
+    initial_variant: str
+    max_batch_size: int = 8
+    max_wait_ms: int = 5
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    max_seq_len: int = 256
+    max_new_tokens: int = 256
+    worker_id: str = field(default_factory=default_worker_id)
+    metrics_port: int | None = None
+    """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
+    faults: FaultInjection = field(default_factory=FaultInjection)
+    group_id: str = ""
+    fetch_factor: int = 4
+    """Records fetched per cycle = max_batch_size * fetch_factor (then planned into batches)."""
+    adaptive_batching: bool = True
+    """Learn the batch cap and wait from measured engine time (see batch_learner)."""
+    latency_budget_ms: float = 0.0
+    """Engine time one batch may take; 0 = no budget (learner and admission)."""
+    default_deadline_ms: float = 0.0
+    """Deadline of a request that names none, from its creation; 0 = no admission control."""
+    engine_failure_limit: int = 5
+    """Consecutive failed batches before the engine is reloaded, and after that before the
+    worker exits non-zero (:class:`~graylane.engine_worker.compute.EngineHealth`); 0 = never."""
+    tokenizer: Tokenizer | None = None
+    """Text for prompts and results; ``None``: the one the model's metadata names, if any."""
+    model_info: ModelInfo | None = None
+    """Declared task and input vocabulary (from the manifest or the ONNX metadata)."""
+    profiles: tuple[ShapeProfile, ...] = ()
+    """The artifact's build profiles: warm-up shapes (and buckets: ``profile_buckets``)."""
+    standby: bool = False
+    """Warm up, then wait out of the group until activated (:func:`wait_for_activation`)."""
+
+
+# --- warm standby -----------------------------------------------------------------------
+
+ACTIVATE = signal.SIGUSR1
+"""The signal that makes a standby worker join its group."""
+
+
+async def wait_for_activation(stop: asyncio.Event, what: str) -> bool:
+    """Wait for :data:`ACTIVATE` (True) or ``stop`` (False); ``what`` names the worker."""
+    loop = asyncio.get_running_loop()
+    activated = asyncio.Event()
+    loop.add_signal_handler(ACTIVATE, activated.set)
+    log.info("%s on warm standby: engines warmed, joins its group on SIGUSR1", what)
+    waits = [asyncio.ensure_future(activated.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+        loop.remove_signal_handler(ACTIVATE)
+    if stop.is_set():
+        return False
+    log.info("%s activated: joining its group", what)
+    return True
+
+
+async def run_at_low_priority(fn: Callable[[], T]) -> T:
+    """``fn()`` in a thread of its own at nice 19 (where the OS allows), awaited."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def target() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        try:
+            result = fn()
+        except BaseException as exc:  # handed to the awaiting task
+            loop.call_soon_threadsafe(done.set_exception, exc)
+        else:
+            loop.call_soon_threadsafe(done.set_result, result)
+
+    threading.Thread(target=target, name="standby-warm-up", daemon=True).start()
+    return await done
+
+
+# --- fetching ---------------------------------------------------------------------------
+
+
+def consumer_options(config: WorkerConfig, layout: TopicLayout) -> ConsumerOptions:
+    """The worker's consumer group and fetch sizes, from its config."""
+    return ConsumerOptions(
+        group_id=config.group_id or layout.worker_group(config.model, config.version),
+        max_poll_records=config.max_batch_size * config.fetch_factor,
+        fetch_max_wait_ms=max(1, config.max_wait_ms),
+    )
+
+
+class CycleFetch:
+    """Fetches the records of one cycle under the learner's batching choice."""
+
+    def __init__(self, config: WorkerConfig, learner: BatchLearner) -> None:
+        self.config = config
+        self.learner = learner
+        self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
+        """The choice of the cycle fetched last (the planner uses it too)."""
+        self._steady = self.choice
+        """The last choice that was not exploring (logged when it changes)."""
+
+    async def collect(self, consumer: BatchConsumer) -> list[Record]:
+        """Fetch up to max_batch_size*fetch_factor records, waiting after the first one
+        for a batch to fill: the learned wait and batch size, else max_wait_ms."""
+        if self.config.adaptive_batching:
+            choice = self.learner.choose()
+            if not choice.exploring and choice != self._steady:
+                log.info("batching: up to %d rows, wait %.1f ms", choice.max_batch, choice.wait_ms)
+                self._steady = choice
+            self.choice = choice
+        cap = self.config.max_batch_size * self.config.fetch_factor
+        first = await consumer.getmany(timeout_ms=200, max_records=cap)
+        records = [r for rs in first.values() for r in rs]
+        if not records:
+            return records
+        deadline = time.monotonic() + self.choice.wait_ms / 1000.0
+        while len(records) < self.choice.max_batch:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            more = await consumer.getmany(timeout_ms=left_ms, max_records=cap - len(records))
+            records.extend(r for rs in more.values() for r in rs)
+        return records
+
+
+# --- metrics ----------------------------------------------------------------------------
+
+
+class WorkerObserver:
+    """Counts what one worker serves and exports it; no decision depends on it."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self._config = config
+        self.observability = ServiceObservability("worker")
+        self.registry = self.observability.registry
+        self.metrics = WorkerMetrics.create(self.registry)
+        self._lag_checked = 0.0
+        self.lag = 0
+        """Records not yet consumed on the version topic at the last check (for telemetry)."""
+
+    def count_error(self, variant: str, code: ErrorCode, n: int = 1) -> None:
+        """Count ``n`` answers of error ``code`` (named only here, on the metric label)."""
+        cfg = self._config
+        self.metrics.errors.labels(cfg.model, cfg.version, variant, code.name).inc(n)
+        if code is ErrorCode.DEADLINE_EXCEEDED:
+            self.metrics.shed.labels(cfg.model, cfg.version, variant, "deadline").inc(n)
+
+    async def observe_lag(self, consumer: BatchConsumer, every_s: float = 1.0) -> None:
+        """Consumer lag per version topic, at most once per ``every_s``; readiness on assignment."""
+        if time.monotonic() - self._lag_checked < every_s:
+            return
+        self._lag_checked = time.monotonic()
+        self.observability.note_assignment(consumer.assignment())
+        lags = await consumer_lag(consumer)
+        self.lag = sum(lags.values())
+        for topic, lag in lags.items():
+            self.metrics.consumer_lag.labels(self._config.model, self._config.version, topic).set(
+                lag
+            )
+
+    def start(self, settings: Settings) -> None:
+        cfg = self._config
+        self.registry.register(NvmlCollector(cfg.model, cfg.version, load_nvml()))
+        self.observability.start(
+            settings.metrics_address(cfg.metrics_port), settings.build_labels()
+        )
+
+    def record(self, report: BatchReport, variant: str) -> None:
+        labels = (self._config.model, self._config.version, variant)
+        for code, n in report.error_codes.items():
+            self.count_error(variant, code, n)
+        for job in report.answers:
+            if job.result is not None:
+                when = job.result.timing
+                self.metrics.queue_wait_ms.labels(*labels).observe(when.queue_wait_ms)
+                self.metrics.e2e_latency_ms.labels(*labels).observe(when.total_ms)
+                self.metrics.service_ms.labels(*labels).observe(
+                    max(0, when.completed_at_unix_ms - when.dequeued_at_unix_ms)
+                )
+        self.metrics.requests.labels(*labels).inc(report.served)
+        self.metrics.batch_size.labels(*labels).observe(report.telemetry.batch_size)
+        self.metrics.compute_ms.labels(*labels).observe(report.telemetry.compute_ms)
+
+
+# --- the worker -------------------------------------------------------------------------
 
 
 class Worker:
@@ -101,9 +332,6 @@ class Worker:
         self.factory = factory
         self.layout = factory.layout
         self.config = config
-        self._plain_engines = dict(engines)
-        """Without fault injection: warm-up runs these."""
-        self.engines = with_faults(engines, config.faults)
         self.tokenizer = config.tokenizer or detect_tokenizer(engines.values())
         self.active_variant = config.initial_variant
         self.precision_epoch = 0
@@ -120,19 +348,14 @@ class Worker:
         self.observability = self.observer.observability
         self.registry = self.observer.registry
         self.metrics = self.observer.metrics
-        self._delivery = DeliveryStep(
-            config=config, layout=self.layout, settings=factory.settings, observer=self.observer
-        )
         self.ready = asyncio.Event()
         self.served = 0
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._precision = CompactedFollower(
             factory,
             self.layout.precision(),
             self._apply_precision_record,
             client_suffix="worker-precision",
         )
-        self._load = LoadMeter()
         self.learner = BatchLearner(
             LearnerConfig(
                 max_batch_size=config.max_batch_size,
@@ -148,16 +371,28 @@ class Worker:
         self._fetch = CycleFetch(config, self.learner)
         self._batch_ids = BatchIds(config.worker_id)
         self._background = BackgroundTasks()
-        self._recovery = EngineRecovery(
-            EngineHealth(config.engine_failure_limit), reload, self._background.abort
+        self._engines = WorkerEngines(
+            engines,
+            config.faults,
+            policy=self.policy,
+            max_seq_len=self.limits.max_seq_len,
+            failure_limit=config.engine_failure_limit,
+            reload=reload,
+            give_up=self._background.abort,
+            active=lambda: self.active_variant,
         )
+
+    @property
+    def engines(self) -> Mapping[str, InferenceEngine]:
+        """The loaded variants, as they run (with injected faults, if any)."""
+        return self._engines.engines
 
     # -- warm-up ---------------------------------------------------------------
     def warm_up(self) -> int:
         """Run every loaded variant (without injected faults) once per warm-up shape."""
         cfg = self.config
         return warm_up(
-            self._plain_engines.values(),
+            self._engines.plain.values(),
             self.policy,
             self.limits.max_seq_len,
             cfg.profiles,
@@ -199,23 +434,15 @@ class Worker:
     def consumer_options(self) -> ConsumerOptions:
         return consumer_options(self.config, self.layout)
 
-    async def serve_once(
-        self,
-        consumer: AIOKafkaConsumer,
-        sink: ReplySink,
-        producer: Producer,
-        guard: BatchGuard | None = None,
-    ) -> int:
-        """Fetch a cycle, answer it, commit once every send is acknowledged; records seen."""
-        records = await self._fetch.collect(consumer)
-        if records:
-            await deliver_and_commit(
-                consumer,
-                records,
-                functools.partial(self.handle, records, sink, producer),
-                guard=guard,
-            )
-        return len(records)
+    def hooks(self, sink: ReplySink, producer: Producer) -> LoopHooks:
+        """This worker's part of the consume loop: fetch a cycle, answer it, watch the lag."""
+
+        async def handle(records: list[Record]) -> list[Awaitable[object]]:
+            return await self.handle(records, sink, producer)
+
+        return LoopHooks(
+            handle=handle, fetch=self._fetch.collect, after_turn=self.observer.observe_lag
+        )
 
     async def handle(
         self, records: Records, sink: ReplySink, producer: Producer
@@ -231,34 +458,8 @@ class Worker:
             limits=self.limits,
             tokenizer=self.tokenizer,
             model_info=self.config.model_info,
+            layout=self.layout,
         )
-        futures: list[Awaitable[object]] = []
-        requests: dict[int, inference_pb2.InferenceRequest] = {}
-        items: list[WorkItem] = []
-        for index, record in enumerate(records):
-            try:
-                request = decode(record.value)
-            except SerdeError as exc:
-                self.observer.count_error(variant, "DECODE_ERROR")
-                futures.append(await sink.dead_letter(record, inference_pb2.DECODE_ERROR, str(exc)))
-                continue
-            requests[index] = request
-            if distrust_shadow(request, self.config.version):
-                log.warning("ignored a shadow flag on %s[%d]@%d", *_where(record))
-            try:
-                checked = reply_topic_rejection(self.layout, request) or validate(
-                    request, len(record.value or b""), index, rules, now_ms()
-                )
-            except Exception as exc:  # one record never ends the loop
-                log.exception("unexpected error validating %s[%d]@%d", *_where(record))
-                checked = Rejection(inference_pb2.INTERNAL, f"internal error: {type(exc).__name__}")
-            if isinstance(checked, Rejection):
-                self.observer.count_error(variant, inference_pb2.ErrorCode.Name(checked.code))
-                futures.append(
-                    await self._delivery.error_result(sink, request, checked, record, variant)
-                )
-            else:
-                items.append(checked)
         context = ResultContext(
             model=self.config.model,
             version=self.config.version,
@@ -266,81 +467,102 @@ class Worker:
             worker_id=self.config.worker_id,
             tokenizer=self.tokenizer,
         )
+        futures: list[Awaitable[object]] = []
+        jobs: list[Job] = []
+        for index, record in enumerate(records):
+            checked = await self._intake(index, record, rules, sink, variant)
+            if isinstance(checked, Job):
+                jobs.append(checked)
+            else:
+                futures.append(checked)
         choice = self._fetch.choice
-        planned_batches = self.policy.plan_batches(items, choice.steady_batch)
+        planned_batches = self.policy.plan_batches(jobs, choice.steady_batch)
         if choice.then:  # exploring: one batch of the explored size first
             planned_batches = split_first(planned_batches, choice.max_batch)
         admission = admit_cycle(
             planned_batches,
-            requests,
             self.learner.estimate_ms,
             default_deadline_ms=self.config.default_deadline_ms,
             now_unix_ms=now_ms(),
             last_run_unix_ms=self._last_run_ms,
         )
         self._pending_shed += len(admission.shed)
-        futures.extend(await self._delivery.sheds(admission.shed, records, requests, sink, variant))
+        for shed in admission.shed:
+            self.metrics.shed.labels(
+                self.config.model, self.config.version, variant, "deadline"
+            ).inc()
+            rejection = Rejection(ErrorCode.SHED, shed.reason)
+            futures.append(await self._error_result(sink, shed.item, rejection, variant))
         if admission.shed and not any(admission.admitted):
             # nothing runs this cycle: report the sheds now, the policy engine steps on them
             shed_count, self._pending_shed = self._pending_shed, 0
-            futures.append(await self._delivery.shed_telemetry(producer, variant, shed_count))
+            telemetry = shed_telemetry(context, shed_count, now_ms())
+            futures.append(await self._send_telemetry(producer, telemetry))
         for planned, kept in zip(planned_batches, admission.admitted, strict=True):
             if not kept:
                 continue
             self._last_run_ms = now_ms()
-            planned = PlannedBatch(planned.bucket_len, kept)
-            batch_id = self._batch_ids.of(records[planned.items[0].index])
+            batch = PlannedBatch(planned.bucket_len, kept)
             started = time.perf_counter()
-            report = await self._run(engine, planned, requests, context, dequeued, batch_id)
-            futures.extend(await self._delivery.deliver(report, records, sink, producer))
+            report = await self._run(batch, context, engine, dequeued)
+            futures.extend(await self._deliver(report, sink, producer))
             if report.telemetry.error_count == 0 and forward_only(kept):
                 # engine time plus the worker's own per-batch cost (results, sends)
                 spent_ms = (time.perf_counter() - started) * 1000.0
-                self.learner.observe(len(kept), spent_ms, planned.bucket_len)
+                self.learner.observe(len(kept), spent_ms, batch.bucket_len)
         return futures
+
+    async def _intake(
+        self, index: int, record: Record, rules: IntakeRules, sink: ReplySink, variant: str
+    ) -> Job | Awaitable[object]:
+        """The record as a job, or the send that answers it (a dead letter, an error result)."""
+        try:
+            request = decode(record.value)
+        except SerdeError as exc:
+            self.observer.count_error(variant, ErrorCode.DECODE_ERROR)
+            return await sink.dead_letter(record, ErrorCode.DECODE_ERROR, str(exc))
+        if distrust_shadow(request, self.config.version):
+            log.warning("ignored a shadow flag on %s[%d]@%d", *_where(record))
+        try:
+            checked = validate(request, len(record.value or b""), index, rules, now_ms())
+        except Exception as exc:  # one record never ends the loop
+            log.exception("unexpected error validating %s[%d]@%d", *_where(record))
+            checked = Rejection(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        if isinstance(checked, Rejection):
+            self.observer.count_error(variant, checked.code)
+            return await sink.error_result(
+                request,
+                checked,
+                record,
+                version=self.config.version,
+                variant=variant,
+                worker_id=self.config.worker_id,
+            )
+        return Job(record, request, checked)
 
     async def _run(
         self,
-        engine: InferenceEngine,
-        planned: PlannedBatch[WorkItem],
-        requests: Mapping[int, inference_pb2.InferenceRequest],
+        batch: PlannedBatch[Job],
         context: ResultContext,
+        engine: InferenceEngine,
         dequeued: int,
-        batch_id: telemetry_pb2.BatchId | None = None,
     ) -> BatchReport:
-        """Run one planned batch off the event loop and build its answers.
+        """Run one planned batch off the event loop and answer its jobs.
 
         An input error re-runs the batch item by item (only the bad item fails);
         an unknown exception answers ``INTERNAL`` and the loop goes on.
         """
-        items = list(planned.items)
-        engine = self.engines.get(context.variant, engine)  # reloaded since the cycle began
+        batch_id = self._batch_ids.of(batch.items[0].record)
         started = now_ms()
-        failure: Rejection | None = None
-        try:
-            run = await asyncio.get_running_loop().run_in_executor(
-                self._executor, run_isolated, engine, items, self.policy, self.limits.max_seq_len
-            )
-            if run.outcomes:
-                self._recovery.served()
-        except EngineError as exc:
-            if not isinstance(exc, InjectedFault):
-                log.exception("engine failure on a batch of %d", len(items))
-                await self._engine_failed(exc)
-            run, failure = BatchRun({}, 0.0, 0), engine_rejection(exc)
-        except Exception as exc:
-            log.exception("unexpected error running a batch of %d", len(items))
-            run = BatchRun({}, 0.0, 0)
-            failure = Rejection(inference_pb2.INTERNAL, f"internal error: {type(exc).__name__}")
+        ran = await self._engines.run(context.variant, [job.work for job in batch.items], engine)
         report = build_batch(
-            items,
-            requests,
-            run,
-            failure,
+            batch.items,
+            ran.run,
+            ran.failure,
             context,
             BatchClock(dequeued_ms=dequeued, started_ms=started, done_ms=now_ms()),
-            bucket_len=planned.bucket_len,
-            device_load=self._load.add(run.compute_ms / 1000.0),
+            bucket_len=batch.bucket_len,
+            device_load=ran.device_load,
             batch_id=batch_id,
         )
         report.telemetry.shed_count, self._pending_shed = self._pending_shed, 0
@@ -349,16 +571,62 @@ class Worker:
         self.served += report.served
         return report
 
-    async def _engine_failed(self, exc: EngineError) -> None:
-        """Count it; reload the engines or give up when :class:`EngineHealth` says so."""
-        fresh = await self._recovery.failed(f"{type(exc).__name__}: {exc}", self._executor)
-        if fresh is not None and self.active_variant not in fresh:
-            self._background.abort(WorkerGaveUp(f"reload lost variant {self.active_variant!r}"))
-        elif fresh is not None:
-            old, self._plain_engines = self._plain_engines, fresh
-            self.engines = with_faults(fresh, self.config.faults)
-            for engine in old.values():
-                engine.close()
+    # -- sends -----------------------------------------------------------------
+    async def _deliver(
+        self, report: BatchReport, sink: ReplySink, producer: Producer
+    ) -> list[Awaitable[object]]:
+        """Send the batch's answers (results, error results, shadow copies), then telemetry."""
+        futures: list[Awaitable[object]] = []
+        limit = max_payload_bytes(self.factory.settings)
+        variant = report.telemetry.variant
+        for job in report.answers:
+            request = job.request
+            payload = b"" if job.result is None else serde.encode(job.result)
+            rejection = job.rejection
+            if len(payload) > limit:
+                self.observer.count_error(variant, ErrorCode.RESULT_TOO_LARGE)
+                rejection = Rejection(
+                    ErrorCode.RESULT_TOO_LARGE,
+                    f"result is {len(payload)} bytes; the broker accepts {limit}",
+                )
+            if job.result is None or rejection is not None:
+                rejection = rejection or Rejection(ErrorCode.INTERNAL, "no outcome")
+                futures.append(await self._error_result(sink, job, rejection, variant))
+                continue
+            key = request.request_id.encode("utf-8")
+            shadow_topic = self.layout.shadow(request.model)
+            if request.shadow:
+                futures.append(await producer.send(shadow_topic, payload, key=key))
+                continue
+            topic = sink.reply_topic(request)
+            if not await sink.topic_exists(topic):
+                reason = f"reply topic {topic!r} does not exist"
+                futures.append(await sink.dead_letter(job.record, ErrorCode.BAD_REQUEST, reason))
+                continue
+            futures.append(await producer.send(topic, payload, key=key))
+            if request.mirror_result:
+                futures.append(await producer.send(shadow_topic, payload, key=key))
+        futures.append(await self._send_telemetry(producer, report.telemetry))
+        return futures
+
+    async def _error_result(
+        self, sink: ReplySink, job: Job, rejection: Rejection, variant: str
+    ) -> Awaitable[object]:
+        """An error result for ``job``, stamped with this worker's version and id."""
+        return await sink.error_result(
+            job.request,
+            rejection,
+            job.record,
+            version=self.config.version,
+            variant=variant,
+            worker_id=self.config.worker_id,
+        )
+
+    async def _send_telemetry(
+        self, producer: Producer, telemetry: telemetry_pb2.BatchTelemetry
+    ) -> Awaitable[object]:
+        key = f"{self.config.model}/{self.config.version}".encode()
+        return await producer.send(self.layout.telemetry(), serde.encode(telemetry), key=key)
 
     # -- lifecycle -------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -367,17 +635,16 @@ class Worker:
         await self.factory.ensure_topics(
             layout.shared_specs() + layout.model_specs(cfg.model, [cfg.version])
         )
-        loop = asyncio.get_running_loop()
         warmed = await (
             run_at_low_priority(self.warm_up)
             if cfg.standby
-            else loop.run_in_executor(self._executor, self.warm_up)
+            else self._engines.in_thread(self.warm_up)
         )
         log.info("warmed %d variant x bucket shapes", warmed)
         self.observer.start(self.factory.settings)
         what = f"worker {cfg.worker_id} of {cfg.model}/{cfg.version}"
         if cfg.standby and not await wait_for_activation(stop, what):
-            self._executor.shutdown(wait=False)
+            self._engines.close()
             self.observability.close()
             return
         self.metrics.active_variant.labels(cfg.model, cfg.version, self.active_variant).set(1)
@@ -386,16 +653,17 @@ class Worker:
         producer = self.factory.producer(client_suffix="worker")
         await producer.start()
         sink = ReplySink(producer, layout, f"worker:{cfg.model}/{cfg.version}")
-        guard = BatchGuard("worker", registry=self.registry)  # rebalances, outages: not fatal
-        guard.on_fault(sink.forget)
-        consumer = guard.consumer(
+        loop = ConsumeLoop(
+            "worker",
             self.factory,
             [layout.version_requests(cfg.model, cfg.version)],
             self.consumer_options(),
             role="worker",
             client_suffix="worker",
+            registry=self.registry,
         )
-        await consumer.start()
+        loop.guard.on_fault(sink.forget)  # rebalances, outages: not fatal
+        await loop.start()
         background = self._background
         background.spawn(self._precision.follow(stop), name="worker-precision-follower")
         self.ready.set()
@@ -407,17 +675,12 @@ class Worker:
             self.active_variant,
         )
         try:
-            while not stop.is_set() and background.healthy:
-                async with guard.cycle():
-                    await self.serve_once(consumer, sink, producer, guard)
-                    await self.observer.observe_lag(consumer)
+            await loop.run(stop, self.hooks(sink, producer), healthy=lambda: background.healthy)
         finally:
             await background.close()
-            leave_on_stop(consumer)  # a clean stop hands its partitions over at once
-            await consumer.stop()
-            guard.close()
+            await loop.stop()  # a clean stop hands its partitions over at once
             await producer.stop()
             await self._precision.stop()
-            self._executor.shutdown(wait=False)
+            self._engines.close()
             self.observability.close()
         background.raise_if_failed()  # crash-only: a dead follower or a broken engine ends it

@@ -1,6 +1,6 @@
-"""Forward passes and greedy generation over any :class:`InferenceEngine`, batched.
+"""What a model does for a request: forward passes and greedy generation, batched (pure).
 
-Pure numpy over the engine protocol. Two ways to batch requests:
+Pure numpy over the engine protocol. Forward passes batch two ways:
 
 - generic models: requests whose inputs have the same non-batch shapes are
   concatenated on axis 0 and run once; the rest run one by one;
@@ -9,12 +9,19 @@ Pure numpy over the engine protocol. Two ways to batch requests:
   mask, and every output with a sequence axis is cut back to each request's own
   width, so a request gets what its unbatched run gives. A token model without
   an ``attention_mask`` input batches only rows of equal width (no padding).
+
+Generation reruns every active sequence per step (:func:`run_generate`), unless
+the model was exported with a KV cache: then one prefill and one incremental step
+per token (:class:`KvDecodeLoop`), with rows joining and leaving the running batch
+between steps as :class:`DecodeScheduler` decides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import re
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
@@ -29,6 +36,32 @@ from graylane.engine_worker.batching import (
     pad_token_batch,
 )
 from graylane.engine_worker.postprocess import PostProcess, post_process
+from graylane.errors import GraylaneError
+
+__all__ = [
+    "ATTENTION_MASK",
+    "INPUT_IDS",
+    "LOGITS",
+    "POSITION_IDS",
+    "DecodeJoin",
+    "DecodeScheduler",
+    "FinishReason",
+    "GenerationResult",
+    "KvCacheLayout",
+    "KvDecodeLoop",
+    "LoopStats",
+    "SchedulerError",
+    "SchedulerLimits",
+    "TokenLayout",
+    "generate_with_cache",
+    "generation_layout",
+    "kv_cache_layout",
+    "run_forward",
+    "run_generate",
+    "should_compact",
+    "token_layout",
+    "validate_request",
+]
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
@@ -141,12 +174,10 @@ def run_generate(
     All active rows run together (right-padded, logits read at each row's last
     real position); a row that finishes is dropped from the next step. A model
     exported with a KV cache (``past_key_values.*``) runs one prefill and one
-    incremental step per token instead (:mod:`~graylane.engine_worker.kv_generate`).
+    incremental step per token instead (:func:`generate_with_cache`).
     """
-    from graylane.engine_worker import kv_generate  # kv_generate builds on this module
-
-    if kv_generate.kv_cache_layout(engine.io) is not None:
-        return kv_generate.generate_with_cache(
+    if kv_cache_layout(engine.io) is not None:
+        return generate_with_cache(
             engine, prompts, max_new_tokens, eos_id, max_seq_len, policy=policy, pad_id=pad_id
         )
     layout = token_layout(engine.io)
@@ -396,3 +427,471 @@ def _primary_output(io: IOSignature, name: str | None) -> str:
     if name not in io.output_names:
         raise InvalidInputError(f"unknown output {name!r}; outputs are {io.output_names}")
     return name
+
+
+# --- iteration-level scheduling of a running decode batch -------------------------------
+#
+# Between two decode steps, finished sequences leave the batch and waiting ones join it
+# (first in, first out) while there are free rows, so a short request never waits for
+# the longest one in its batch. The scheduler only decides *who* runs; the decode loop
+# keeps the caches, with row ``r`` of every cache tensor belonging to ``running[r]``.
+# Row order is stable: leaving removes rows without reordering the others, and joiners
+# are appended after the running rows in arrival order.
+
+
+class SchedulerError(GraylaneError, ValueError):
+    """A sequence id is unknown, duplicated, or a limit is not positive."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerLimits:
+    """How much one step may hold."""
+
+    max_batch_size: int
+    """Rows in the running decode batch."""
+    max_prefill_tokens: int | None = None
+    """Prompt tokens admitted per step (at least one prompt always joins); ``None``: no cap."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise SchedulerError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
+            raise SchedulerError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeJoin:
+    """The sequences that join before the next decode step, in row order after the running ones."""
+
+    joining: tuple[int, ...]
+    first_row: int
+    """Row of ``joining[0]`` once joined (the running batch's size before they join)."""
+
+
+class DecodeScheduler:
+    """Waiting queue and running rows of one decode loop."""
+
+    def __init__(self, limits: SchedulerLimits) -> None:
+        self.limits = limits
+        self._waiting: deque[tuple[int, int]] = deque()  # (seq_id, prompt_len)
+        self._running: list[int] = []
+        self._known: set[int] = set()
+
+    @property
+    def running(self) -> tuple[int, ...]:
+        """Sequence ids by row."""
+        return tuple(self._running)
+
+    @property
+    def waiting(self) -> tuple[int, ...]:
+        return tuple(seq_id for seq_id, _ in self._waiting)
+
+    @property
+    def idle(self) -> bool:
+        return not self._running and not self._waiting
+
+    def submit(self, seq_id: int, prompt_len: int) -> None:
+        """Queue a sequence; it joins at a later :meth:`admit`."""
+        if seq_id in self._known:
+            raise SchedulerError(f"sequence {seq_id} was already submitted")
+        if prompt_len < 1:
+            raise SchedulerError(f"sequence {seq_id}: prompt must be non-empty")
+        self._known.add(seq_id)
+        self._waiting.append((seq_id, prompt_len))
+
+    def admit(self) -> DecodeJoin:
+        """Move waiting sequences into free rows; the caller prefills them next."""
+        first_row = len(self._running)
+        free = self.limits.max_batch_size - first_row
+        budget = self.limits.max_prefill_tokens
+        joining: list[int] = []
+        tokens = 0
+        while self._waiting and len(joining) < free:
+            seq_id, length = self._waiting[0]
+            if joining and budget is not None and tokens + length > budget:
+                break
+            self._waiting.popleft()
+            joining.append(seq_id)
+            tokens += length
+        self._running.extend(joining)
+        return DecodeJoin(tuple(joining), first_row)
+
+    def leave(self, seq_ids: Iterable[int]) -> tuple[int, ...]:
+        """Remove finished sequences; returns the rows that stay, in their old positions."""
+        gone = set(seq_ids)
+        unknown = gone - set(self._running)
+        if unknown:
+            raise SchedulerError(f"sequences {sorted(unknown)} are not running")
+        kept = tuple(row for row, seq_id in enumerate(self._running) if seq_id not in gone)
+        self._running = [self._running[row] for row in kept]
+        self._known -= gone
+        return kept
+
+
+def should_compact(width: int, lengths: Sequence[int], *, min_waste: int = 16) -> bool:
+    """Whether a cache ``width`` columns wide should be repacked to its rows' real ``lengths``.
+
+    Rows leave holes (padding, finished neighbours); repacking costs one copy of
+    the cache, so do it once at least half the width and ``min_waste`` columns
+    are holes in every row.
+    """
+    if not lengths:
+        return width > 0
+    waste = width - max(lengths)
+    return waste >= min_waste and 2 * waste >= width
+
+
+# --- generation with a KV cache -------------------------------------------------------
+#
+# For decoder models exported with past inputs and present outputs (the Hugging
+# Face Optimum convention: ``input_ids``, ``attention_mask`` [batch, past + seq],
+# ``past_key_values.{i}.key|value`` [batch, heads, past, head_dim] in; ``logits``,
+# ``present.{i}.key|value`` out; optionally ``position_ids``). A sequence costs one
+# prefill over its prompt, then one incremental step per new token. Every step runs
+# all running sequences together; rows of the batch have different past lengths:
+# the cache is right-padded and may have holes (prompt padding, columns added while
+# a row waited), which the attention mask hides; positions follow the mask.
+
+POSITION_IDS = "position_ids"
+_PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)")
+_KINDS = ("key", "value")
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheLayout:
+    """How a decoder-with-past model takes its cache, read from its IO signature."""
+
+    tokens: TokenLayout
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    cache_dtype: np.dtype[np.generic]
+    position_ids: bool
+    """Whether the model takes ``position_ids`` [batch, seq] (else it derives them)."""
+
+    @property
+    def past_names(self) -> tuple[str, ...]:
+        return tuple(f"past_key_values.{i}.{k}" for i in range(self.n_layers) for k in _KINDS)
+
+    @property
+    def present_names(self) -> tuple[str, ...]:
+        return tuple(f"present.{i}.{k}" for i in range(self.n_layers) for k in _KINDS)
+
+
+def kv_cache_layout(io: IOSignature) -> KvCacheLayout | None:
+    """The cache layout of a decoder-with-past model, or ``None`` for any other model."""
+    names = set(io.input_names)
+    if not {INPUT_IDS, ATTENTION_MASK} <= names:
+        return None
+    past = {m.group(1, 2): s for s in io.inputs if (m := _PAST.fullmatch(s.name))}
+    if not past:
+        return None
+    n_layers = max(int(layer) for layer, _ in past) + 1
+    expected = {(str(i), k) for i in range(n_layers) for k in _KINDS}
+    if set(past) != expected or names - {INPUT_IDS, ATTENTION_MASK, POSITION_IDS} != {
+        s.name for s in past.values()
+    }:
+        return None
+    ids, mask = io.input(INPUT_IDS), io.input(ATTENTION_MASK)
+    if ids.rank != 2 or ids.dtype.kind not in "iu" or mask.rank != 2:
+        return None
+    specs = list(past.values())
+    first = specs[0]
+    if any(s.rank != 4 or s.dtype != first.dtype for s in specs) or first.dtype.kind != "f":
+        return None
+    heads, head_dim = first.shape[1], first.shape[3]
+    if not isinstance(heads, int) or not isinstance(head_dim, int):
+        return None
+    if any(s.shape[1] != heads or s.shape[3] != head_dim for s in specs):
+        return None
+    outputs = set(io.output_names)
+    presents = {f"present.{i}.{k}" for i in range(n_layers) for k in _KINDS}
+    if LOGITS not in outputs or not presents <= outputs or io.output(LOGITS).rank != 3:
+        return None
+    return KvCacheLayout(
+        tokens=TokenLayout(ids.dtype, mask.dtype, None),  # vocabulary: declared, not read here
+        n_layers=n_layers,
+        n_heads=heads,
+        head_dim=head_dim,
+        cache_dtype=first.dtype,
+        position_ids=POSITION_IDS in names,
+    )
+
+
+def generation_layout(io: IOSignature) -> TokenLayout | None:
+    """Token dtypes and vocabulary of a model that can generate: plain or with a cache.
+
+    For request validation: ``token_layout`` alone refuses the cached form.
+    """
+    cached = kv_cache_layout(io)
+    return cached.tokens if cached is not None else token_layout(io)
+
+
+@dataclass(slots=True)
+class LoopStats:
+    """Engine calls and rows of a loop so far."""
+
+    prefill_calls: int = 0
+    decode_calls: int = 0
+    decode_rows: int = 0
+    """Sum over decode steps of the rows that ran (mean batch = decode_rows / decode_calls)."""
+    compactions: int = 0
+
+
+@dataclass(slots=True)
+class _Sequence:
+    tokens: list[int]
+    limit: int
+    eos_id: int | None
+    generated: list[int] = field(default_factory=list)
+    pending: int = -1
+    """Newest token, produced but not yet in the cache."""
+
+
+class KvDecodeLoop:
+    """A running decode batch over one engine: :meth:`submit`, then :meth:`step` until idle.
+
+    Not thread-safe; one loop per engine, driven by one caller. New sequences may
+    be submitted between steps; they join the running batch at the next step.
+    """
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        *,
+        max_batch_size: int,
+        max_seq_len: int,
+        pad_id: int = 0,
+        max_prefill_tokens: int | None = None,
+        on_logits: Callable[[int, np.ndarray], None] | None = None,
+    ) -> None:
+        """``on_logits(seq_id, logits)`` sees the vector each new token is chosen from."""
+        layout = kv_cache_layout(engine.io)
+        if layout is None:
+            raise InvalidInputError(
+                f"KV-cache generation needs past_key_values inputs, got {engine.io.input_names}"
+            )
+        if max_seq_len < 1:
+            raise InvalidInputError(f"max_seq_len must be >= 1, got {max_seq_len}")
+        self.engine = engine
+        self.layout = layout
+        self.max_seq_len = max_seq_len
+        self.pad_id = pad_id
+        self.scheduler = DecodeScheduler(
+            SchedulerLimits(max_batch_size=max_batch_size, max_prefill_tokens=max_prefill_tokens)
+        )
+        self.stats = LoopStats()
+        self._on_logits = on_logits
+        self._seqs: dict[int, _Sequence] = {}
+        self._done_early: list[tuple[int, GenerationResult]] = []
+        self._next_id = 0
+        self._cache: dict[str, np.ndarray] = {}
+        """Past name -> [rows, heads, width, head_dim]; row r is scheduler.running[r]."""
+        self._mask = np.zeros((0, 0), dtype=layout.tokens.mask_dtype)
+
+    @property
+    def idle(self) -> bool:
+        return self.scheduler.idle and not self._done_early
+
+    def submit(self, prompt: Sequence[int], max_new_tokens: int, eos_id: int | None = None) -> int:
+        """Queue a prompt; returns its sequence id. Raises :class:`InvalidInputError`."""
+        tokens = [int(t) for t in prompt]
+        if not tokens:
+            raise InvalidInputError("prompt is empty")
+        if len(tokens) > self.max_seq_len:
+            raise InvalidInputError(f"prompt has {len(tokens)} tokens, max is {self.max_seq_len}")
+        if max_new_tokens < 0:
+            raise InvalidInputError("max_new_tokens is negative")
+        vocab = self.layout.tokens.vocab_size
+        if min(tokens) < 0 or (vocab and max(tokens) >= vocab):
+            raise InvalidInputError(f"prompt: token ids outside [0, {vocab})")
+        seq_id = self._next_id
+        self._next_id += 1
+        if max_new_tokens == 0:
+            self._done_early.append((seq_id, GenerationResult((), FinishReason.LENGTH)))
+        elif len(tokens) >= self.max_seq_len:
+            self._done_early.append((seq_id, GenerationResult((), FinishReason.MAX_SEQ)))
+        else:
+            self._seqs[seq_id] = _Sequence(tokens, max_new_tokens, eos_id)
+            self.scheduler.submit(seq_id, len(tokens))
+        return seq_id
+
+    def step(self) -> list[tuple[int, GenerationResult]]:
+        """Admit and prefill joiners, then one decode step; the sequences finished meanwhile."""
+        finished, self._done_early = self._done_early, []
+        joining_step = self.scheduler.admit()
+        if joining_step.joining:
+            finished += self._prefill(joining_step.joining)
+        if self.scheduler.running:
+            finished += self._decode()
+        return finished
+
+    def run(self) -> dict[int, GenerationResult]:
+        """Step until idle; results by sequence id."""
+        results: dict[int, GenerationResult] = {}
+        while not self.idle:
+            results.update(self.step())
+        return results
+
+    # --- engine calls -----------------------------------------------------------------
+
+    def _prefill(self, joining: Sequence[int]) -> list[tuple[int, GenerationResult]]:
+        seqs = [self._seqs[s] for s in joining]
+        width = max(len(s.tokens) for s in seqs)
+        ids = np.full((len(seqs), width), self.pad_id, dtype=self.layout.tokens.id_dtype)
+        mask = np.zeros((len(seqs), width), dtype=self._mask.dtype)
+        for row, seq in enumerate(seqs):
+            ids[row, : len(seq.tokens)] = seq.tokens
+            mask[row, : len(seq.tokens)] = 1
+        empty = np.zeros(
+            (len(seqs), self.layout.n_heads, 0, self.layout.head_dim), self.layout.cache_dtype
+        )
+        outputs = self._run(ids, mask, dict.fromkeys(self.layout.past_names, empty))
+        self.stats.prefill_calls += 1
+        self._append_rows(outputs, mask)
+        last = [outputs[LOGITS][row, len(seq.tokens) - 1] for row, seq in enumerate(seqs)]
+        return self._advance(list(joining), last)
+
+    def _decode(self) -> list[tuple[int, GenerationResult]]:
+        running = list(self.scheduler.running)
+        ids = np.array(
+            [[self._seqs[s].pending] for s in running], dtype=self.layout.tokens.id_dtype
+        )
+        mask = np.concatenate([self._mask, np.ones((len(running), 1), self._mask.dtype)], axis=1)
+        outputs = self._run(ids, mask, self._cache)
+        self.stats.decode_calls += 1
+        self.stats.decode_rows += len(running)
+        self._cache = {
+            past: outputs[present]
+            for past, present in zip(self.layout.past_names, self.layout.present_names, strict=True)
+        }
+        self._mask = mask
+        return self._advance(running, list(outputs[LOGITS][:, -1]))
+
+    def _run(
+        self, ids: np.ndarray, mask: np.ndarray, past: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        feeds = {INPUT_IDS: ids, ATTENTION_MASK: mask, **past}
+        if self.layout.position_ids:
+            positions = np.cumsum(mask, axis=1, dtype=np.int64)[:, -ids.shape[1] :] - 1
+            dtype = self.engine.io.input(POSITION_IDS).dtype
+            feeds[POSITION_IDS] = np.maximum(positions, 0).astype(dtype)
+        return self.engine.run(feeds)
+
+    # --- bookkeeping ------------------------------------------------------------------
+
+    def _advance(
+        self, seq_ids: Sequence[int], logits: Sequence[np.ndarray]
+    ) -> list[tuple[int, GenerationResult]]:
+        """Each row's greedy token (the rules of :func:`run_generate`); drop finished rows."""
+        finished: list[tuple[int, GenerationResult]] = []
+        for seq_id, row in zip(seq_ids, logits, strict=True):
+            if self._on_logits is not None:
+                self._on_logits(seq_id, row)
+            token = int(np.argmax(row))
+            seq = self._seqs[seq_id]
+            reason: FinishReason | None = None
+            if seq.eos_id is not None and token == seq.eos_id:
+                reason = FinishReason.EOS
+            else:
+                seq.tokens.append(token)
+                seq.generated.append(token)
+                seq.pending = token
+                if len(seq.generated) >= seq.limit:
+                    reason = FinishReason.LENGTH
+                elif len(seq.tokens) >= self.max_seq_len:
+                    reason = FinishReason.MAX_SEQ
+            if reason is not None:
+                finished.append((seq_id, GenerationResult(tuple(seq.generated), reason)))
+                del self._seqs[seq_id]
+        if finished:
+            kept = self.scheduler.leave(s for s, _ in finished)
+            self._keep_rows(np.asarray(kept, dtype=np.int64))
+        self._maybe_compact()
+        return finished
+
+    def _append_rows(self, outputs: dict[str, np.ndarray], mask: np.ndarray) -> None:
+        """Join prefilled rows below the running ones, padding the narrower side with holes."""
+        width = max(self._mask.shape[1], mask.shape[1])
+        fresh = {
+            past: outputs[present]
+            for past, present in zip(self.layout.past_names, self.layout.present_names, strict=True)
+        }
+        if not len(self._mask):
+            self._cache, self._mask = fresh, mask
+            return
+        self._cache = {
+            name: np.concatenate([_pad_width(self._cache[name], width), _pad_width(new, width)])
+            for name, new in fresh.items()
+        }
+        self._mask = np.concatenate([_pad_width(self._mask, width), _pad_width(mask, width)])
+
+    def _keep_rows(self, kept: np.ndarray) -> None:
+        if not len(kept):
+            self._cache, self._mask = {}, np.zeros((0, 0), dtype=self._mask.dtype)
+            return
+        self._cache = {name: arr[kept] for name, arr in self._cache.items()}
+        self._mask = self._mask[kept]
+
+    def _maybe_compact(self) -> None:
+        """Repack the cache to the rows' real lengths once holes dominate it."""
+        if not len(self._mask):
+            return
+        lengths = (self._mask != 0).sum(axis=1)
+        if not should_compact(self._mask.shape[1], [int(n) for n in lengths]):
+            return
+        width = int(lengths.max())
+        # Stable sort puts each row's real columns first, in order.
+        order = np.argsort(self._mask == 0, axis=1, kind="stable")[:, :width]
+        self._cache = {
+            name: np.take_along_axis(arr, order[:, None, :, None], axis=2)
+            for name, arr in self._cache.items()
+        }
+        self._mask = (np.arange(width)[None, :] < lengths[:, None]).astype(self._mask.dtype)
+        self.stats.compactions += 1
+
+
+def _pad_width(arr: np.ndarray, width: int) -> np.ndarray:
+    """Zero-pad axis 2 of a cache tensor (axis 1 of a mask) on the right to ``width``."""
+    axis = 1 if arr.ndim == 2 else 2
+    missing = width - arr.shape[axis]
+    if missing <= 0:
+        return arr
+    pad = [(0, 0)] * arr.ndim
+    pad[axis] = (0, missing)
+    return np.pad(arr, pad)
+
+
+def generate_with_cache(
+    engine: InferenceEngine,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: Sequence[int] | int,
+    eos_id: int | None,
+    max_seq_len: int,
+    *,
+    policy: BucketPolicy | None = None,
+    pad_id: int = 0,
+    max_batch_size: int | None = None,
+) -> list[GenerationResult]:
+    """Drop-in for :func:`run_generate` on a decoder-with-past model.
+
+    Same arguments, same results (greedy, token for token); the running batch
+    holds at most ``max_batch_size`` rows (default: the policy's, else all prompts).
+    """
+    limits = (
+        [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    )
+    if len(limits) != len(prompts):
+        raise InvalidInputError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts")
+    if not prompts:
+        return []
+    rows = max_batch_size or (policy.max_batch_size if policy else len(prompts))
+    loop = KvDecodeLoop(engine, max_batch_size=rows, max_seq_len=max_seq_len, pad_id=pad_id)
+    ids = []
+    for i, (prompt, limit) in enumerate(zip(prompts, limits, strict=True)):
+        try:
+            ids.append(loop.submit(prompt, limit, eos_id))
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"prompt {i}: {exc}") from None
+    results = loop.run()
+    return [results[i] for i in ids]

@@ -24,10 +24,10 @@ import numpy as np
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batching import DEFAULT_BUCKETS, BucketPolicy
 from graylane.engine_worker.compute import GenerateOutcome, run_batch
-from graylane.engine_worker.kv_generate import KvDecodeLoop
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.engine_worker.tasks import GenerationResult
-from graylane.models.demo_gpt import BOS_ID, EOS_ID, PAD_ID, write_demo_gpt
+from graylane.engine_worker.tasks import GenerationResult, KvDecodeLoop
+from graylane.models.byte_vocab import BOS_ID, EOS_ID, PAD_ID
+from graylane.models.demo_gpt import write_demo_gpt
 
 __all__ = [
     "PROMPT_LENGTHS",

@@ -52,7 +52,7 @@ def _capture(args: argparse.Namespace) -> int:
     from graylane.capture.recorded import CaptureOptions, capture, manifest_path, write_capture
     from graylane.capture.sampling import DEFAULT_BUCKET_EDGES, CaptureError, Split
     from graylane.kafka.seam import KafkaFactory
-    from graylane.models.demo_gpt import PAD_ID
+    from graylane.models.byte_vocab import PAD_ID
     from graylane.settings import Settings
 
     edges = (

@@ -151,10 +151,10 @@ def _worker(args: argparse.Namespace) -> int:
     from graylane.artifacts.build_info import ShapeProfile
     from graylane.artifacts.model_info import ModelInfo
     from graylane.engine.protocol import InferenceEngine
-    from graylane.engine_worker.config import FaultInjection, WorkerConfig
+    from graylane.engine_worker.compute import profile_max_batch
+    from graylane.engine_worker.faults import FaultInjection
     from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len, onnx_model_info
-    from graylane.engine_worker.service import Worker
-    from graylane.engine_worker.shapes import profile_max_batch
+    from graylane.engine_worker.service import Worker, WorkerConfig
     from graylane.kafka.seam import KafkaFactory
 
     settings = Settings.from_env()
@@ -162,7 +162,7 @@ def _worker(args: argparse.Namespace) -> int:
     threads = args.threads or None
     first_path: Path | None
     if args.from_registry:
-        from graylane.engine_worker.registry_loading import load_from_registry
+        from graylane.engine_worker.loading import load_from_registry
 
         def reload() -> Mapping[str, InferenceEngine]:
             return load_from_registry(

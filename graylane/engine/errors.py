@@ -1,12 +1,14 @@
 """Engine failures, each carrying whether trying again can help.
 
-Input errors carry the ``graylane.v1.ErrorCode`` name a worker answers with, so
+Input errors carry the :class:`~graylane.errors.ErrorCode` a worker answers with, so
 callers branch on the type (or its ``code``), never on the message text.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
+
+from graylane.errors import ErrorCode, GraylaneError
 
 __all__ = [
     "BadDtype",
@@ -22,7 +24,7 @@ __all__ = [
 ]
 
 
-class EngineError(RuntimeError):
+class EngineError(GraylaneError):
     """Base of every engine failure; ``retriable`` says whether a retry can succeed."""
 
     retriable = False
@@ -49,29 +51,29 @@ class EngineClosedError(EngineError):
 class InvalidInputError(EngineError, ValueError):
     """A request's tensors do not match the engine's inputs (name, dtype, rank, size)."""
 
-    code: ClassVar[str] = "BAD_REQUEST"
-    """The ``graylane.v1.ErrorCode`` name of this failure."""
+    code: ClassVar[ErrorCode] = ErrorCode.BAD_REQUEST
+    """The error code a request refused for this failure is answered with."""
 
 
 class MissingInput(InvalidInputError):
     """An input the engine needs was not given."""
 
-    code: ClassVar[str] = "MISSING_INPUT"
+    code: ClassVar[ErrorCode] = ErrorCode.MISSING_INPUT
 
 
 class UnexpectedInput(InvalidInputError):
     """An input was given that the engine does not take."""
 
-    code: ClassVar[str] = "UNEXPECTED_INPUT"
+    code: ClassVar[ErrorCode] = ErrorCode.UNEXPECTED_INPUT
 
 
 class BadDtype(InvalidInputError):
     """A tensor's element type is not the one expected."""
 
-    code: ClassVar[str] = "BAD_DTYPE"
+    code: ClassVar[ErrorCode] = ErrorCode.BAD_DTYPE
 
 
 class BadShape(InvalidInputError):
     """A tensor's shape (rank, a fixed size, a shared axis, its byte length) does not fit."""
 
-    code: ClassVar[str] = "BAD_SHAPE"
+    code: ClassVar[ErrorCode] = ErrorCode.BAD_SHAPE

@@ -18,6 +18,13 @@ from graylane.engine.errors import (
 )
 from graylane.engine.signature import Dim, IOSignature, TensorSpec
 
+__all__ = [
+    "CPU",
+    "CUDA",
+    "OnnxRuntimeEngine",
+    "default_providers",
+]
+
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 

@@ -9,6 +9,8 @@ import numpy as np
 
 from graylane.engine.signature import IOSignature
 
+__all__ = ["InferenceEngine"]
+
 
 @runtime_checkable
 class InferenceEngine(Protocol):

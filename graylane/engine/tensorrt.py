@@ -31,6 +31,14 @@ from graylane.engine.errors import (
 )
 from graylane.engine.signature import Dim, IOSignature, TensorSpec
 
+__all__ = [
+    "PlanTarget",
+    "TensorRTEngine",
+    "check_plan_target",
+    "gpu_compute_capability",
+    "tensorrt_version",
+]
+
 
 def tensorrt_version() -> str | None:
     """The installed TensorRT version, or ``None`` without TensorRT."""

@@ -14,18 +14,19 @@ Graph contract:
   padded row gives the same logits at its real positions as the unpadded row;
 - ``seq`` must not exceed ``max_seq_len`` (recorded in ``metadata_props``).
 
-Vocabulary: the 256 byte values, then ``BOS_ID`` and ``EOS_ID``.
+Vocabulary: the 256 byte values, then ``BOS_ID`` and ``EOS_ID``
+(:mod:`graylane.models.byte_vocab`, which the worker's tokenizer reads too).
 
 The graph writer (one private helper per block, with and without a KV cache) lives
 in :mod:`graylane.models.demo_gpt_graph`; this module holds the contract: config,
-tokenizer, metadata and the build/write entry points.
+metadata and the build/write entry points.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -33,17 +34,24 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-BYTE_VOCAB = 256
-BOS_ID = 256
-EOS_ID = 257
-PAD_ID = EOS_ID
-"""Padding id; any id works because padded keys are masked, EOS is the usual choice."""
-VOCAB_SIZE = 258
-SPECIAL_IDS = frozenset({BOS_ID, EOS_ID})
+from graylane.models.byte_vocab import (
+    BOS_ID,
+    EOS_ID,
+    META_PREFIX,
+    PAD_ID,
+    VOCAB_SIZE,
+    DemoModelError,
+)
 
 INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
 LOGITS = "logits"
+OPSET = 17
+IR_VERSION = 8
+PRODUCER = "graylane.demo"
+MASK_BIAS = "causal_mask_bias"
+"""The causal-mask buffer initializer (not a learned parameter)."""
+"""Additive mask value: large enough to zero a softmax term in float32, finite in float16."""
 
 
 def past_key_name(layer: int) -> str:
@@ -62,24 +70,6 @@ def present_key_name(layer: int) -> str:
 
 def present_value_name(layer: int) -> str:
     return f"present.{layer}.value"
-
-
-OPSET = 17
-IR_VERSION = 8
-PRODUCER = "graylane.demo"
-META_PREFIX = "graylane.demo."
-MASK_BIAS = "causal_mask_bias"
-"""The causal-mask buffer initializer (not a learned parameter)."""
-"""Additive mask value: large enough to zero a softmax term in float32, finite in float16."""
-
-
-class DemoSize(Enum):
-    TINY = "tiny"
-    SMALL = "small"
-
-
-class DemoModelError(ValueError):
-    """A demo model could not be configured or its metadata could not be read."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +113,11 @@ class GptConfig:
         embeddings = v * d + self.max_seq_len * d
         head = 2 * d + d * v + v  # final norm and LM head
         return embeddings + self.n_layers * block + head
+
+
+class DemoSize(Enum):
+    TINY = "tiny"
+    SMALL = "small"
 
 
 CONFIGS: Mapping[DemoSize, GptConfig] = {
@@ -185,24 +180,6 @@ class DemoModelInfo:
             )
         except (KeyError, ValueError) as exc:
             raise DemoModelError(f"not a demo model or bad metadata: {exc}") from None
-
-
-def encode_text(text: str, *, add_bos: bool = False) -> list[int]:
-    """UTF-8 bytes of ``text`` as token ids, optionally after ``BOS_ID``."""
-    ids = list(text.encode("utf-8"))
-    return [BOS_ID, *ids] if add_bos else ids
-
-
-def decode_tokens(tokens: Iterable[int]) -> str:
-    """Text of byte tokens; special ids are skipped, broken UTF-8 is replaced."""
-    data = bytearray()
-    for t in tokens:
-        t = int(t)
-        if 0 <= t < BYTE_VOCAB:
-            data.append(t)
-        elif t not in SPECIAL_IDS:
-            raise DemoModelError(f"token id {t} is outside the demo vocabulary")
-    return data.decode("utf-8", errors="replace")
 
 
 def build_demo_gpt(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from graylane.client import GraylaneClient, PostProcess
-from graylane.engine_worker.config import FaultInjection
+from graylane.engine_worker.faults import FaultInjection
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from tests.support.stack import running_stack

@@ -14,7 +14,7 @@ import pytest
 from graylane.builder.build import run_build
 from graylane.builder.spec import parse_spec
 from graylane.client import GraylaneClient, RequestRejected, Task
-from graylane.engine_worker.registry_loading import load_from_registry
+from graylane.engine_worker.loading import load_from_registry
 from graylane.kafka.seam import KafkaFactory
 from graylane.registry import open_registry
 from graylane.settings import Settings

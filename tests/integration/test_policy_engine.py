@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from graylane import serde
-from graylane.engine_worker.config import FaultInjection
+from graylane.engine_worker.faults import FaultInjection
 from graylane.kafka.reading import read_latest_per_key
 from graylane.kafka.seam import KafkaFactory
 from graylane.policy_engine.audit_replay import load_recorded, verify

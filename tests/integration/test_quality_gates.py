@@ -21,7 +21,7 @@ from graylane.capture.recorded import manifest_path
 from graylane.clock import now_ms
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.seam import KafkaFactory
-from graylane.models.demo_gpt import PAD_ID
+from graylane.models.byte_vocab import PAD_ID
 from graylane.registry import open_registry
 from graylane.serde import encode, encode_key
 from graylane.settings import Settings

@@ -27,7 +27,8 @@ from graylane.app.cli.scaler import ScaleSupervisor, WorkerTemplate
 from graylane.clock import now_ms
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
-from graylane.kafka.admin import ensure_topics, read_latest_per_key
+from graylane.kafka.admin import ensure_topics
+from graylane.kafka.reading import read_latest_per_key
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.service import PolicyConfig, prepare_topics

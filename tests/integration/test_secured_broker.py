@@ -24,8 +24,7 @@ from aiokafka.errors import (
 from graylane import serde
 from graylane.acls import AclScope, KafkaRole, role_acls
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.config import WorkerConfig
-from graylane.engine_worker.service import Worker
+from graylane.engine_worker.service import Worker, WorkerConfig
 from graylane.kafka.admin import apply_acls, bindings_for, ensure_topics
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory

@@ -11,7 +11,7 @@ from graylane import serde
 from graylane.app.demo.build_versions import build_versions
 from graylane.artifacts.verify import TamperedArtifactError
 from graylane.client import GraylaneClient, PostProcess
-from graylane.engine_worker.registry_loading import load_from_registry
+from graylane.engine_worker.loading import load_from_registry
 from graylane.kafka.seam import KafkaFactory
 from graylane.registry import open_registry
 from graylane.settings import Settings
@@ -75,7 +75,20 @@ async def test_every_servable_variant_serves_and_precision_switches(
                 )
                 assert result.ok and result.variant == variant
                 assert result.outputs["token_ids"].shape == (1,)
-            # An older epoch never overrides a newer one.
+            # An older epoch never overrides a newer one. The worker serves another variant
+            # than the stale command names, so applying it would visibly switch back; every
+            # command the worker reads from here on is recorded with the state it leaves.
+            before = worker.active_variant
+            assert before != "fp32"
+            seen: list[tuple[str, int, str]] = []
+            apply = worker.apply_precision
+
+            def recording(command: control_pb2.PrecisionCommand) -> bool:
+                applied = apply(command)
+                seen.append((command.reason, worker.precision_epoch, worker.active_variant))
+                return applied
+
+            worker.apply_precision = recording  # type: ignore[method-assign]
             stale = control_pb2.PrecisionCommand(
                 model=MODEL, version="1.0.0", variant="fp32", epoch=1, reason="stale"
             )
@@ -84,11 +97,11 @@ async def test_every_servable_variant_serves_and_precision_switches(
                 serde.encode(stale),
                 key=factory.layout.precision_key(MODEL, "1.0.0").encode(),
             )
-            # A newer command after it on the same key: once it is applied, the stale one
-            # has been read (same partition, in order) and must have changed nothing.
-            newest = list(loaded.engines)[-1]
+            # A newer command after it on the same key, to a third variant: once it is
+            # applied, the stale one has been read (same partition, in order).
+            third = next(v for v in loaded.engines if v not in (before, "fp32"))
             fence = control_pb2.PrecisionCommand(
-                model=MODEL, version="1.0.0", variant=newest, epoch=epoch + 1, reason="fence"
+                model=MODEL, version="1.0.0", variant=third, epoch=epoch + 1, reason="fence"
             )
             await producer.send_and_wait(
                 factory.layout.precision(),
@@ -98,7 +111,9 @@ async def test_every_servable_variant_serves_and_precision_switches(
             await wait_until(
                 lambda: worker.precision_epoch == epoch + 1, timeout=10, what="fence applied"
             )
-            assert worker.active_variant == newest
+            assert worker.active_variant == third
+            # the stale command was read and changed nothing: neither variant nor epoch
+            assert [s for s in seen if s[0] == "stale"] == [("stale", epoch, before)]
         await producer.stop()
 
 

@@ -12,8 +12,8 @@ from graylane import serde
 from graylane.artifacts.model_info import ModelInfo
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
-from graylane.engine_worker.config import FaultInjection, WorkerConfig
-from graylane.engine_worker.service import Worker
+from graylane.engine_worker.faults import FaultInjection
+from graylane.engine_worker.service import Worker, WorkerConfig
 from graylane.kafka.reading import FollowFrom, TopicFollower
 from graylane.kafka.seam import KafkaFactory, Record
 from graylane.services.router.service import Router, RouterConfig

@@ -37,17 +37,17 @@ from graylane.engine.signature import IOSignature
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import ForwardOutcome, run_isolated
 from graylane.engine_worker.faults import InjectedFault
-from graylane.engine_worker.intake import IntakeRules, validate
-from graylane.engine_worker.registry_loading import load_from_registry
+from graylane.engine_worker.loading import load_from_registry
 from graylane.engine_worker.requests import (
+    IntakeRules,
     Limits,
-    Reject,
-    RejectCode,
     RequestFacts,
     TaskKind,
     prepare,
+    validate,
 )
-from graylane.engine_worker.results import BatchClock, ResultContext, build_batch
+from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
+from graylane.errors import ErrorCode
 from graylane.kafka.replies import Rejection
 from graylane.models.demo_gpt import build_demo_gpt
 from graylane.registry import open_registry
@@ -61,6 +61,7 @@ from tests.support.small_models import (
     write_prequantized,
     write_tagger,
 )
+from tests.unit.test_worker_pipeline import job_of
 
 LIMITS = Limits(max_seq_len=64)
 POLICY = BucketPolicy(buckets=(8, 16, 32, 64), max_batch_size=8)
@@ -112,11 +113,11 @@ def test_intake_takes_the_vocabulary_from_the_info_not_the_logits_width() -> Non
     item = prepare(0, facts([0, 20, 53]), io, LIMITS, 0, info)
     assert getattr(item, "seq_len", None) == 3
     bad = prepare(0, facts([0, 54]), io, LIMITS, 0, info)
-    assert getattr(bad, "code", None) is RejectCode.BAD_REQUEST
+    assert getattr(bad, "code", None) is ErrorCode.BAD_REQUEST
     tensor = RequestFacts(task=TaskKind.FORWARD, inputs={"input_ids": np.array([[3, 60]])})
-    assert getattr(prepare(0, tensor, io, LIMITS, 0, info), "code", None) is RejectCode.BAD_REQUEST
+    assert getattr(prepare(0, tensor, io, LIMITS, 0, info), "code", None) is ErrorCode.BAD_REQUEST
     generate = prepare(0, facts([1, 2], TaskKind.GENERATE), io, LIMITS, 0, info)
-    assert getattr(generate, "code", None) is RejectCode.UNSUPPORTED_TASK
+    assert getattr(generate, "code", None) is ErrorCode.UNSUPPORTED_TASK
     assert "token-classification" in getattr(generate, "message", "")
 
 
@@ -287,15 +288,14 @@ def test_a_run_failure_caused_by_one_request_fails_only_that_request(tmp_path: P
     items = []
     for i, ids in enumerate(([1, 2, 3], [4, 99, 5], [6, 7, 8])):
         item = prepare(i, RequestFacts(task=TaskKind.FORWARD, token_ids=ids), wrapped.io, LIMITS, 0)
-        assert not isinstance(item, Reject)
+        assert not isinstance(item, Rejection)
         items.append(item)
     run = run_isolated(wrapped, items, POLICY, LIMITS.max_seq_len)  # type: ignore[arg-type]
     assert set(run.outcomes) == {0, 2} and set(run.engine_errors) == {1}
     requests = {i: inference_pb2.InferenceRequest(request_id=f"r{i}", model="t") for i in range(3)}
     context = ResultContext(model="t", version="1", variant="fp32", worker_id="w")
     report = build_batch(
-        items,
-        requests,
+        [job_of(requests[item.index], item) for item in items],
         run,
         None,
         context,

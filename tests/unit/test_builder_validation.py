@@ -33,7 +33,8 @@ from graylane.builder.validation import (
     validate_variant,
 )
 from graylane.builder.variants import VariantInputs, VariantStatus, produce_variant
-from graylane.models.demo_gpt import PAD_ID, write_demo_gpt
+from graylane.models.byte_vocab import PAD_ID
+from graylane.models.demo_gpt import write_demo_gpt
 
 
 def test_identical_outputs_are_perfect() -> None:

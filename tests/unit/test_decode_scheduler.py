@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from graylane.engine_worker.decode_scheduler import (
-    Admission,
+from graylane.engine_worker.tasks import (
+    DecodeJoin,
     DecodeScheduler,
     SchedulerError,
     SchedulerLimits,
@@ -19,10 +19,10 @@ def test_waiting_sequences_fill_free_rows_first_in_first_out() -> None:
     s = scheduler(3)
     for seq_id in (10, 11, 12, 13, 14):
         s.submit(seq_id, 4)
-    assert s.admit() == Admission((10, 11, 12), first_row=0)
+    assert s.admit() == DecodeJoin((10, 11, 12), first_row=0)
     assert s.running == (10, 11, 12)
     assert s.waiting == (13, 14)
-    assert s.admit() == Admission((), first_row=3)  # full: nobody joins
+    assert s.admit() == DecodeJoin((), first_row=3)  # full: nobody joins
 
 
 def test_finished_rows_leave_between_steps_and_waiting_ones_join_behind() -> None:
@@ -33,10 +33,10 @@ def test_finished_rows_leave_between_steps_and_waiting_ones_join_behind() -> Non
     # Sequence 1 finishes first: the others keep their order, nobody waits for the longest.
     assert s.leave([1]) == (0, 2)
     assert s.running == (0, 2)
-    assert s.admit() == Admission((3,), first_row=2)
+    assert s.admit() == DecodeJoin((3,), first_row=2)
     assert s.running == (0, 2, 3)
     assert s.leave([0, 3]) == (1,)
-    assert s.admit() == Admission((4,), first_row=1)
+    assert s.admit() == DecodeJoin((4,), first_row=1)
     assert s.running == (2, 4)
     s.leave([2, 4])
     assert s.idle
@@ -48,7 +48,7 @@ def test_sequences_submitted_while_running_join_at_the_next_admission() -> None:
     s.admit()
     s.submit(1, 5)
     assert s.running == (0,) and s.waiting == (1,)
-    assert s.admit() == Admission((1,), first_row=1)
+    assert s.admit() == DecodeJoin((1,), first_row=1)
 
 
 def test_prefill_budget_caps_prompt_tokens_per_step_but_always_admits_one() -> None:

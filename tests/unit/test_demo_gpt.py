@@ -9,18 +9,20 @@ import pytest
 from numpy.typing import ArrayLike
 
 from graylane.models import demo_gpt as gpt
-from graylane.models.demo_gpt import (
+from graylane.models.byte_vocab import (
     BOS_ID,
     EOS_ID,
     VOCAB_SIZE,
     DemoModelError,
+    decode_tokens,
+    encode_text,
+)
+from graylane.models.demo_gpt import (
     DemoModelInfo,
     DemoSize,
     build_demo_gpt,
     config_for,
     count_parameters,
-    decode_tokens,
-    encode_text,
     write_demo_gpt,
 )
 

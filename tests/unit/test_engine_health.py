@@ -1,5 +1,5 @@
 """A broken engine does not answer ENGINE_FAILURE for ever (issue 10, item 7): the pure
-counter (engine_worker/engine_health.py) and the worker acting on it on the in-memory
+counter (engine_worker/compute.py) and the worker acting on it on the in-memory
 Kafka double: N consecutive engine failures reload the engine once, N more end ``run()``
 with WorkerGaveUp; input errors and sheds never count."""
 
@@ -17,10 +17,9 @@ from graylane.artifacts.model_info import ModelInfo
 from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
-from graylane.engine_worker.config import WorkerConfig
-from graylane.engine_worker.engine_health import EngineHealth, EngineVerdict, WorkerGaveUp
+from graylane.engine_worker.compute import EngineHealth, EngineVerdict, WorkerGaveUp
 from graylane.engine_worker.loading import onnx_model_info
-from graylane.engine_worker.service import Worker
+from graylane.engine_worker.service import Worker, WorkerConfig
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.settings import Settings
 from graylane.v1 import inference_pb2

@@ -16,7 +16,8 @@ from graylane.engine_worker import compute
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import BatchRun, ForwardOutcome, run_isolated
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.engine_worker.results import BatchClock, ResultContext, build_batch
+from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
+from graylane.errors import ErrorCode
 from graylane.histogram import LatencyHistogram
 from graylane.kafka.replies import DEAD_LETTER_KEEP_BYTES, ReplySink, field_problem
 from graylane.policy_engine.logic.window import SlidingWindow, TelemetrySample
@@ -24,6 +25,7 @@ from graylane.routing import RoutingRequest, UnknownPinnedVersion, route, table_
 from graylane.routing.table import RouteTable, route_without_table, table_problem
 from graylane.topics import TopicLayout
 from graylane.v1 import dlq_pb2, inference_pb2, telemetry_pb2, tensor_pb2
+from tests.unit.test_worker_pipeline import job_of
 
 
 def _tensor(shape: Sequence[int], data: bytes = b"") -> tensor_pb2.Tensor:
@@ -43,7 +45,7 @@ def _tensor(shape: Sequence[int], data: bytes = b"") -> tensor_pb2.Tensor:
 def test_tensor_shapes_are_refused_before_numpy(shape: list[int], match: str) -> None:
     with pytest.raises(tensors.TensorShapeError, match=match) as info:
         tensors.from_tensor(_tensor(shape), max_elements=1024)
-    assert info.value.code == "BAD_SHAPE"
+    assert info.value.code is ErrorCode.BAD_SHAPE
 
 
 def test_element_cap_applies_even_when_bytes_match() -> None:
@@ -88,7 +90,7 @@ def test_one_bad_item_never_fails_its_batch_mates(monkeypatch: pytest.MonkeyPatc
     run = run_isolated(object(), [_item(0), _item(1), _item(2)], BucketPolicy(), 16)  # type: ignore[arg-type]
     assert calls[0] == [0, 1, 2]
     assert sorted(run.outcomes) == [0, 2]
-    assert list(run.input_errors) == [1] and run.input_errors[1].code == "BAD_SHAPE"
+    assert list(run.input_errors) == [1] and run.input_errors[1].code is ErrorCode.BAD_SHAPE
 
 
 def test_input_errors_are_not_engine_errors_in_telemetry() -> None:
@@ -100,8 +102,7 @@ def test_input_errors_are_not_engine_errors_in_telemetry() -> None:
     run = BatchRun({0: ForwardOutcome({})}, 1.0, 2, {1: BadShape("bad")})
     batch_id = telemetry_pb2.BatchId(worker_id="w", partition=3, first_offset=42)
     report = build_batch(
-        items,
-        requests,
+        [job_of(requests[item.index], item) for item in items],
         run,
         None,
         ResultContext(model="m", version="v1", variant="fp32", worker_id="w"),

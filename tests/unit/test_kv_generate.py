@@ -8,15 +8,19 @@ import pytest
 from graylane.engine import InferenceEngine, InvalidInputError, IOSignature
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.signature import TensorSpec
-from graylane.engine_worker.kv_generate import (
+from graylane.engine_worker.tasks import (
     POSITION_IDS,
+    FinishReason,
+    GenerationResult,
     KvDecodeLoop,
     generate_with_cache,
     generation_layout,
     kv_cache_layout,
+    run_generate,
+    token_layout,
 )
-from graylane.engine_worker.tasks import FinishReason, GenerationResult, run_generate, token_layout
-from graylane.models.demo_gpt import BOS_ID, PAD_ID, VOCAB_SIZE, build_demo_gpt
+from graylane.models.byte_vocab import BOS_ID, PAD_ID, VOCAB_SIZE
+from graylane.models.demo_gpt import build_demo_gpt
 from tests.support.engines import DelegatingEngine
 
 MAX_SEQ = 64
@@ -264,19 +268,19 @@ def test_the_worker_generate_path_uses_the_cache_with_the_same_tokens(
     cached: OnnxRuntimeEngine, reference: list[GenerationResult]
 ) -> None:
     """``tasks.run_generate`` (what the worker calls) takes the KV path for a cached model."""
-    from graylane.engine_worker import kv_generate, tasks
+    from graylane.engine_worker import tasks
 
     calls: list[int] = []
-    original = kv_generate.generate_with_cache
+    original = tasks.generate_with_cache
 
     def spy(*args: object, **kwargs: object) -> list[GenerationResult]:
         calls.append(1)
         return original(*args, **kwargs)  # type: ignore[arg-type]
 
-    kv_generate.generate_with_cache = spy  # type: ignore[assignment]
+    tasks.generate_with_cache = spy  # type: ignore[assignment]
     try:
         got = tasks.run_generate(cached, PROMPTS, LIMITS, None, MAX_SEQ, pad_id=PAD_ID)
     finally:
-        kv_generate.generate_with_cache = original  # type: ignore[assignment]
+        tasks.generate_with_cache = original  # type: ignore[assignment]
     assert calls == [1]
     assert [r.tokens for r in got] == [r.tokens for r in reference]

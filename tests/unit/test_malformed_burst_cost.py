@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from graylane import serde
 from graylane.engine.signature import IOSignature
-from graylane.engine_worker.requests import Limits, RejectCode, RequestFacts, TaskKind, prepare
+from graylane.engine_worker.requests import Limits, RequestFacts, TaskKind, prepare
+from graylane.errors import ErrorCode
 from graylane.kafka.replies import MAX_PARTITION_KEY_BYTES, Rejection, ReplySink, partition_key
 from graylane.models.demo_gpt import build_demo_gpt
 from graylane.topics import TopicLayout
@@ -19,7 +20,7 @@ def test_an_overlong_token_list_is_refused_on_its_length_first() -> None:
     # out of range too: the length decides, before any token is looked at
     facts = RequestFacts(task=TaskKind.FORWARD, token_ids=tuple([2**62] * 60_000))
     got = prepare(0, facts, io, limits, 0)
-    assert getattr(got, "code", None) is RejectCode.SEQUENCE_TOO_LONG
+    assert getattr(got, "code", None) is ErrorCode.SEQUENCE_TOO_LONG
     ok = prepare(0, RequestFacts(task=TaskKind.FORWARD, token_ids=(1, 2)), io, limits, 0)
     assert getattr(ok, "seq_len", None) == 2
 

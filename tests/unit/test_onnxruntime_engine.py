@@ -21,7 +21,9 @@ from graylane.engine import (
     UnexpectedInput,
 )
 from graylane.engine.onnxruntime import OnnxRuntimeEngine, default_providers
-from graylane.models.demo_gpt import VOCAB_SIZE, build_demo_gpt, write_demo_gpt
+from graylane.errors import ErrorCode
+from graylane.models.byte_vocab import VOCAB_SIZE
+from graylane.models.demo_gpt import build_demo_gpt, write_demo_gpt
 
 
 @pytest.fixture(scope="module")
@@ -78,20 +80,20 @@ def test_load_from_bytes_matches_load_from_path(engine: OnnxRuntimeEngine) -> No
 @pytest.mark.parametrize(
     ("bad", "error", "code"),
     [
-        ({"input_ids": np.zeros((1, 3), dtype=np.int64)}, MissingInput, "MISSING_INPUT"),
-        ({**feeds([[1, 2]]), "extra": np.zeros(1)}, UnexpectedInput, "UNEXPECTED_INPUT"),
+        ({"input_ids": np.zeros((1, 3), dtype=np.int64)}, MissingInput, ErrorCode.MISSING_INPUT),
+        ({**feeds([[1, 2]]), "extra": np.zeros(1)}, UnexpectedInput, ErrorCode.UNEXPECTED_INPUT),
         (
             {
                 "input_ids": np.zeros((1, 3), dtype=np.int32),
                 "attention_mask": np.ones((1, 3), "i8"),
             },
             BadDtype,
-            "BAD_DTYPE",
+            ErrorCode.BAD_DTYPE,
         ),
         (
             {"input_ids": np.zeros((3,), dtype=np.int64), "attention_mask": np.ones((3,), "i8")},
             BadShape,
-            "BAD_SHAPE",
+            ErrorCode.BAD_SHAPE,
         ),
     ],
     ids=["missing", "extra", "dtype", "rank"],
@@ -100,12 +102,12 @@ def test_bad_feeds_raise_typed_invalid_input(
     engine: OnnxRuntimeEngine,
     bad: dict[str, np.ndarray],
     error: type[InvalidInputError],
-    code: str,
+    code: ErrorCode,
 ) -> None:
     with pytest.raises(error) as info:
         engine.run(bad)
     assert isinstance(info.value, InvalidInputError)
-    assert info.value.code == code
+    assert info.value.code is code
     assert not info.value.retriable
     assert isinstance(info.value, ValueError)
 
@@ -211,11 +213,11 @@ def test_tensor_decoding_errors_carry_their_code() -> None:
     with pytest.raises(BadShape) as shape_info:
         tensors.from_tensor(short)
     assert isinstance(shape_info.value, TensorError)
-    assert shape_info.value.code == "BAD_SHAPE"
+    assert shape_info.value.code is ErrorCode.BAD_SHAPE
     unknown = tensor_pb2.Tensor(name="x", dtype=99, shape=[1], data=b"1")  # type: ignore[arg-type]
     with pytest.raises(BadDtype) as dtype_info:
         tensors.from_tensor(unknown)
-    assert dtype_info.value.code == "BAD_DTYPE"
+    assert dtype_info.value.code is ErrorCode.BAD_DTYPE
 
 
 def test_builder_validation_runs_the_workers_adapter(tiny_path: Path) -> None:

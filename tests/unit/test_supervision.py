@@ -11,8 +11,7 @@ import pytest
 from aiokafka.structs import ConsumerRecord
 
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.config import WorkerConfig
-from graylane.engine_worker.service import Worker
+from graylane.engine_worker.service import Worker, WorkerConfig
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.services.controlplane.audit_sink import AuditSink
 from graylane.services.controlplane.auth import TokenTable, parse_tokens

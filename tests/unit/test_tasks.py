@@ -25,7 +25,8 @@ from graylane.engine_worker.tasks import (
     token_layout,
     validate_request,
 )
-from graylane.models.demo_gpt import BOS_ID, EOS_ID, PAD_ID, build_demo_gpt, encode_text
+from graylane.models.byte_vocab import BOS_ID, EOS_ID, PAD_ID, encode_text
+from graylane.models.demo_gpt import build_demo_gpt
 from tests.support.engines import DelegatingEngine
 
 ATOL = 1e-4

@@ -27,7 +27,8 @@ from graylane.engine import tensorrt as backend
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.tasks import run_forward, run_generate
-from graylane.models.demo_gpt import BOS_ID, build_demo_gpt, encode_text
+from graylane.models.byte_vocab import BOS_ID, encode_text
+from graylane.models.demo_gpt import build_demo_gpt
 
 # (min, opt, max) of [batch, seq] per optimization profile, like worker buckets.
 PROFILES = [((1, 1), (4, 16), (4, 16)), ((1, 17), (8, 64), (8, 64))]

@@ -3,7 +3,8 @@
 A real ONNX Runtime engine (the tiny demo GPT) serves; the expected answers are
 computed by running the same engine directly. The Kafka double is
 ``tests/support/memory_kafka.py`` behind the seam protocols; the worker's own
-cycle (``Worker.serve_once``: collect, answer, commit after delivery) runs on it.
+cycle (one turn of the library's consume loop with ``Worker.hooks``: collect, answer,
+commit after delivery) runs on it.
 Offset-commit *protocol* behaviour stays covered by the real-broker tests.
 """
 
@@ -22,18 +23,15 @@ from aiokafka.errors import NotLeaderForPartitionError
 from graylane import serde, tensors
 from graylane.clock import now_ms
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.postprocess import TOKEN_IDS, PostProcess
-from graylane.engine_worker.service import Worker
+from graylane.engine_worker.service import Worker, WorkerConfig
 from graylane.engine_worker.tasks import run_forward, run_generate
+from graylane.kafka.loop import ConsumeLoop, LoopHooks
 from graylane.kafka.replies import ReplySink
-from graylane.models.demo_gpt import decode_tokens, encode_text, write_demo_gpt
+from graylane.models.byte_vocab import decode_tokens, encode_text
+from graylane.models.demo_gpt import write_demo_gpt
 from graylane.v1 import dlq_pb2, inference_pb2, telemetry_pb2
-
-try:
-    from tests.support.memory_kafka import MemoryBroker, MemoryFactory
-except ImportError as exc:  # the double is typed against the seam of the Kafka layer
-    pytest.skip(f"in-memory Kafka double not importable here: {exc}", allow_module_level=True)
+from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 
 MODEL, VERSION = "demo", "v1"
 MAX_SEQ = 64
@@ -75,13 +73,11 @@ class Rig:
 
 @dataclass
 class Serve:
-    worker: Worker
-    consumer: object
-    sink: ReplySink
-    producer: object
+    loop: ConsumeLoop
+    hooks: LoopHooks
 
     async def once(self) -> int:
-        return await self.worker.serve_once(self.consumer, self.sink, self.producer)  # type: ignore[arg-type]
+        return await self.loop.turn(self.hooks)
 
 
 @pytest.fixture
@@ -102,13 +98,18 @@ async def rig(engine: OnnxRuntimeEngine) -> AsyncIterator[Rig]:
     worker = Worker(factory, config, {"fp32": engine})  # type: ignore[arg-type]
     producer = factory.producer()
     await producer.start()
-    consumer = factory.consumer(
-        layout.version_requests(MODEL, VERSION), options=worker.consumer_options()
+    loop = ConsumeLoop(
+        "worker",
+        factory,  # type: ignore[arg-type]
+        [layout.version_requests(MODEL, VERSION)],
+        worker.consumer_options(),
+        role="worker",
+        client_suffix="worker",
     )
-    await consumer.start()
+    await loop.start()
     sink = ReplySink(producer, layout, "worker:test")  # type: ignore[arg-type]
-    yield Rig(broker, factory, worker, Serve(worker, consumer, sink, producer))
-    await consumer.stop()
+    yield Rig(broker, factory, worker, Serve(loop, worker.hooks(sink, producer)))  # type: ignore[arg-type]
+    await loop.stop()
     await producer.stop()
 
 

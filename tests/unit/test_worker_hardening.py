@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from graylane import serde
-from graylane.engine_worker import delivery_step as delivery_module
-from graylane.engine_worker import intake as intake_module
+from graylane.engine_worker import requests as requests_module
 from graylane.engine_worker import service as service_module
 from graylane.v1 import inference_pb2, telemetry_pb2
 from tests.unit.test_worker import (
@@ -27,7 +26,7 @@ __all__ = ["engine", "gpt_path", "rig"]  # fixtures
 async def test_an_unexpected_error_on_one_record_is_internal_and_the_rest_are_served(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = intake_module.validate
+    real = requests_module.validate
 
     def flaky(req: inference_pb2.InferenceRequest, *args: object) -> object:
         if req.request_id == "boom":
@@ -47,7 +46,7 @@ async def test_an_unexpected_error_on_one_record_is_internal_and_the_rest_are_se
 async def test_a_result_over_the_broker_limit_is_result_too_large(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(delivery_module, "max_payload_bytes", lambda settings: 64)
+    monkeypatch.setattr(service_module, "max_payload_bytes", lambda settings: 64)
     big = request("big", token_ids=[1, 2, 3])  # full logits: far over 64 bytes
     await publish(rig, serde.encode(big))
     await serve_until_committed(rig, 1)
@@ -92,12 +91,12 @@ async def test_a_client_set_shadow_flag_does_not_divert_the_requesters_answer(ri
 
 def test_shadow_is_honoured_only_for_this_version_with_a_routing_stamp() -> None:
     req = inference_pb2.InferenceRequest(request_id="r", shadow=True, routed_version="0.2")
-    assert intake_module.distrust_shadow(req, "0.2") and not req.shadow
+    assert requests_module.distrust_shadow(req, "0.2") and not req.shadow
     req = inference_pb2.InferenceRequest(
         request_id="r", shadow=True, routed_version="0.1", routed_at_unix_ms=5
     )
-    assert intake_module.distrust_shadow(req, "0.2") and not req.shadow
+    assert requests_module.distrust_shadow(req, "0.2") and not req.shadow
     req = inference_pb2.InferenceRequest(
         request_id="r", mirror_result=True, routed_version="0.2", routed_at_unix_ms=5
     )
-    assert not intake_module.distrust_shadow(req, "0.2") and req.mirror_result
+    assert not requests_module.distrust_shadow(req, "0.2") and req.mirror_result

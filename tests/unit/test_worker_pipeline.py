@@ -1,4 +1,4 @@
-"""The worker's pure stages (intake, results) and its fault-injecting engine wrapper."""
+"""The worker's pure stages (validation, results) and its fault-injecting engine wrapper."""
 
 from __future__ import annotations
 
@@ -10,20 +10,25 @@ from onnx import TensorProto, helper
 from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batching import BucketPolicy
-from graylane.engine_worker.compute import run_batch
-from graylane.engine_worker.config import FaultInjection
-from graylane.engine_worker.faults import FaultyEngine, InjectedFault, with_faults
-from graylane.engine_worker.intake import IntakeRules, request_facts, validate
-from graylane.engine_worker.requests import Limits, Reject, RejectCode, TaskKind, WorkItem
-from graylane.engine_worker.results import (
-    BatchClock,
-    ResultContext,
-    build_batch,
-    engine_rejection,
+from graylane.engine_worker.compute import engine_rejection, run_batch
+from graylane.engine_worker.faults import FaultInjection, FaultyEngine, InjectedFault, with_faults
+from graylane.engine_worker.requests import (
+    DemoByteTokenizer,
+    IntakeRules,
+    Job,
+    Limits,
+    TaskKind,
+    WorkItem,
+    detect_tokenizer,
+    request_facts,
+    validate,
 )
-from graylane.engine_worker.tokenizer import DemoByteTokenizer, detect_tokenizer
+from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
+from graylane.errors import ErrorCode
 from graylane.kafka.replies import Rejection
-from graylane.models.demo_gpt import decode_tokens, write_demo_gpt
+from graylane.kafka.seam import Record
+from graylane.models.byte_vocab import decode_tokens
+from graylane.models.demo_gpt import write_demo_gpt
 from graylane.v1 import inference_pb2, tensor_pb2
 
 POLICY = BucketPolicy(buckets=(8, 16, 32), max_batch_size=4)
@@ -66,6 +71,12 @@ def generate(prompt: str, request_id: str = "r1") -> inference_pb2.InferenceRequ
     )
 
 
+def job_of(request: inference_pb2.InferenceRequest, item: WorkItem) -> Job:
+    """A job as the worker carries it, its record standing at the item's position."""
+    record = Record("t", 0, item.index, 0, 0, None, b"", None, 0, 0, ())
+    return Job(record, request, item)
+
+
 # --- intake ------------------------------------------------------------------------------
 
 
@@ -74,14 +85,14 @@ def test_tensor_errors_become_their_typed_codes_not_message_matches() -> None:
     short = tensor_pb2.Tensor(name="input_ids", dtype=tensor_pb2.INT64, shape=[1, 2], data=b"1")
     twice = tensor_pb2.Tensor(name="input_ids", dtype=tensor_pb2.INT64, shape=[0], data=b"")
     cases = {
-        RejectCode.BAD_DTYPE: [unknown_dtype],
-        RejectCode.BAD_SHAPE: [short],
+        ErrorCode.BAD_DTYPE: [unknown_dtype],
+        ErrorCode.BAD_SHAPE: [short],
     }
     for code, inputs in cases.items():
         facts = request_facts(inference_pb2.InferenceRequest(request_id="r", inputs=inputs))
-        assert isinstance(facts, Reject) and facts.code is code, facts
+        assert isinstance(facts, Rejection) and facts.code is code, facts
     duplicate = request_facts(inference_pb2.InferenceRequest(request_id="r", inputs=[twice, twice]))
-    assert isinstance(duplicate, Reject) and duplicate.code is RejectCode.BAD_SHAPE
+    assert isinstance(duplicate, Rejection) and duplicate.code is ErrorCode.BAD_SHAPE
 
 
 def test_validate_answers_wrong_model_size_and_missing_input(gpt: OnnxRuntimeEngine) -> None:
@@ -102,10 +113,10 @@ def test_prompt_uses_the_tokenizer_when_there_is_one() -> None:
             return tuple(reversed(super().encode(text)))
 
     facts = request_facts(generate("ab"), Reversed())
-    assert not isinstance(facts, Reject)
+    assert not isinstance(facts, Rejection)
     assert tuple(facts.token_ids) == (ord("b"), ord("a")) and facts.prompt is None
     fallback = request_facts(generate("ab"), None)  # the contract's byte-level prompt
-    assert not isinstance(fallback, Reject) and fallback.prompt == "ab"
+    assert not isinstance(fallback, Rejection) and fallback.prompt == "ab"
 
 
 # --- tokenizer and results ------------------------------------------------------------------
@@ -129,8 +140,7 @@ def _generated(
         model="demo", version="v1", variant="fp32", worker_id="w", tokenizer=tokenizer
     )
     report = build_batch(
-        [item],
-        {0: request},
+        [job_of(request, item)],
         run,
         None,
         ctx,
@@ -162,8 +172,7 @@ def test_a_failed_batch_answers_every_item_and_counts_errors(gpt: OnnxRuntimeEng
     from graylane.engine_worker.compute import BatchRun
 
     report = build_batch(
-        [i for i in items if isinstance(i, WorkItem)],
-        requests,
+        [job_of(requests[i.index], i) for i in items if isinstance(i, WorkItem)],
         BatchRun({}, 0.0, 0),
         failure,
         ResultContext(model="demo", version="v1", variant="fp32", worker_id="w"),
@@ -216,7 +225,7 @@ def test_faulty_engine_fails_at_its_rate() -> None:
     always = FaultyEngine(Never(), FaultInjection(error_rate=1.0), random.Random(0))  # type: ignore[arg-type]
     with pytest.raises(InjectedFault) as info:
         always.run({})
-    assert info.value.retriable and info.value.code == "INJECTED_FAULT"
+    assert info.value.retriable and info.value.code is ErrorCode.INJECTED_FAULT
 
 
 def test_with_faults_wraps_only_when_active(gpt: OnnxRuntimeEngine) -> None:

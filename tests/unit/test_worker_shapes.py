@@ -12,8 +12,12 @@ from graylane.artifacts.model_info import ModelInfo, ModelTask
 from graylane.engine.errors import BadShape
 from graylane.engine.signature import IOSignature, TensorSpec
 from graylane.engine_worker.batching import DEFAULT_BUCKETS, BucketPolicy
-from graylane.engine_worker.compute import warm_up
-from graylane.engine_worker.shapes import profile_buckets, profile_max_batch, warm_up_feeds
+from graylane.engine_worker.compute import (
+    profile_buckets,
+    profile_max_batch,
+    warm_up,
+    warm_up_feeds,
+)
 
 POLICY = BucketPolicy(buckets=(8, 16, 32), max_batch_size=4)
 
@@ -124,8 +128,7 @@ def test_buckets_and_batch_cap_follow_the_profiles() -> None:
 
 
 def test_the_worker_batches_with_the_profiles_buckets_and_warms_their_shapes() -> None:
-    from graylane.engine_worker.config import WorkerConfig
-    from graylane.engine_worker.service import Worker
+    from graylane.engine_worker.service import Worker, WorkerConfig
     from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 
     profiles = (

@@ -1,37 +1,45 @@
-"""Build results and batch telemetry from a batch run (pure: protobuf out, no I/O).
+"""The worker's protobuf out: results, error codes and telemetry records (pure, no I/O).
 
-One :class:`BatchReport` per planned batch: an answer per request (a result or a
-rejection) in batch order, and the one telemetry record for the batch.
+One :class:`BatchReport` per planned batch: every job of the batch answered (its
+result or its rejection filled in) and the one telemetry record for the batch;
+:func:`shed_telemetry` is the record of a cycle in which nothing ran. Batch ids
+(:class:`BatchIds`) let the policy engine count a re-sent batch once. Error codes are
+:class:`~graylane.errors.ErrorCode` throughout; only the telemetry map (the wire)
+keys them by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast
 
 from graylane import tensors
-from graylane.engine.errors import EngineError, InvalidInputError
-from graylane.engine_worker.compute import BatchRun, ForwardOutcome, GenerateOutcome
-from graylane.engine_worker.faults import InjectedFault
-from graylane.engine_worker.requests import WorkItem
-from graylane.engine_worker.tokenizer import Tokenizer
+from graylane.engine_worker.compute import (
+    BatchRun,
+    ForwardOutcome,
+    GenerateOutcome,
+    engine_rejection,
+)
+from graylane.engine_worker.requests import Job, Tokenizer, input_rejection
+from graylane.errors import ErrorCode
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
 from graylane.kafka.replies import Rejection
+from graylane.kafka.seam import Record
 from graylane.v1 import inference_pb2, telemetry_pb2
 
 __all__ = [
-    "Answer",
     "BatchClock",
+    "BatchIds",
     "BatchReport",
     "ResultContext",
     "build_batch",
-    "engine_rejection",
+    "shed_telemetry",
     "timing",
 ]
 
 _MIN_MS = 0.001  # histograms take positive values only
+_REMEMBERED = 4096
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,39 +63,16 @@ class BatchClock:
 
 
 @dataclass(frozen=True)
-class Answer:
-    """What one request gets: a result, or a rejection to send as an error result."""
-
-    index: int
-    """Position of the request's record in the fetched cycle."""
-    request: inference_pb2.InferenceRequest
-    result: inference_pb2.InferenceResult | None = None
-    rejection: Rejection | None = None
-
-
-@dataclass(frozen=True)
 class BatchReport:
-    answers: tuple[Answer, ...]
+    answers: tuple[Job, ...]
+    """The batch's jobs, each with its result or its rejection."""
     telemetry: telemetry_pb2.BatchTelemetry
-    error_codes: dict[str, int] = field(default_factory=dict)
+    error_codes: dict[ErrorCode, int] = field(default_factory=dict)
+    """Answers per error code (input errors included)."""
 
     @property
     def served(self) -> int:
-        return sum(1 for a in self.answers if a.result is not None)
-
-
-def engine_rejection(exc: EngineError) -> Rejection:
-    """The error result for a batch whose engine failed: its own code if it has one."""
-    if isinstance(exc, InjectedFault):
-        return Rejection(inference_pb2.INJECTED_FAULT, str(exc))
-    return Rejection(inference_pb2.ENGINE_FAILURE, f"engine failed: {exc}")
-
-
-def input_rejection(exc: InvalidInputError) -> Rejection:
-    """The error result for a request the engine refused for its own input."""
-    names = inference_pb2.ErrorCode.keys()
-    code = exc.code if exc.code in names else "BAD_REQUEST"
-    return Rejection(cast("inference_pb2.ErrorCode", inference_pb2.ErrorCode.Value(code)), str(exc))
+        return sum(1 for job in self.answers if job.result is not None)
 
 
 def _since_routed(request: inference_pb2.InferenceRequest, clock: BatchClock) -> float:
@@ -145,8 +130,7 @@ def _result(
 
 
 def build_batch(
-    items: Sequence[WorkItem],
-    requests: Mapping[int, inference_pb2.InferenceRequest],
+    jobs: Sequence[Job],
     run: BatchRun,
     failure: Rejection | None,
     ctx: ResultContext,
@@ -156,52 +140,47 @@ def build_batch(
     device_load: float,
     batch_id: telemetry_pb2.BatchId | None = None,
 ) -> BatchReport:
-    """Answers for ``items`` (``requests`` by item index) and the batch's telemetry.
+    """Answer every job of a batch from its run, and the batch's telemetry.
 
     Requests the engine refused for their own input count in ``input_error_count``,
     never in ``error_count``: a client cannot fail a version's error gate.
     """
     latency, queue_wait = LatencyHistogram(), LatencyHistogram()
-    error_codes: dict[str, int] = {}
-    answers: list[Answer] = []
+    error_codes: dict[ErrorCode, int] = {}
     shadow_count = input_errors = 0
-    for item in items:
-        request = requests.get(item.index)
-        if request is None:
-            continue
+
+    def refuse(job: Job, rejection: Rejection) -> None:
+        job.rejection = rejection
+        error_codes[rejection.code] = error_codes.get(rejection.code, 0) + 1
+
+    for job in jobs:
+        request = job.request
         shadow_count += int(request.shadow)
-        outcome = run.outcomes.get(item.index)
-        bad_input = run.input_errors.get(item.index)
+        outcome = run.outcomes.get(job.index)
+        bad_input = run.input_errors.get(job.index)
         if failure is None and bad_input is not None:
-            rejection = input_rejection(bad_input)
-            name = inference_pb2.ErrorCode.Name(rejection.code)
-            error_codes[name] = error_codes.get(name, 0) + 1
+            refuse(job, input_rejection(bad_input))
             input_errors += 1
-            answers.append(Answer(item.index, request, rejection=rejection))
             continue
-        broken = run.engine_errors.get(item.index)
-        if failure is None and broken is not None:
-            failure_here: Rejection | None = engine_rejection(broken)
-        else:
-            failure_here = failure
+        broken = run.engine_errors.get(job.index)
+        failure_here = (
+            engine_rejection(broken) if failure is None and broken is not None else failure
+        )
         if failure_here is not None or outcome is None:
-            rejection = failure_here or Rejection(inference_pb2.INTERNAL, "no outcome")
-            name = inference_pb2.ErrorCode.Name(rejection.code)
-            error_codes[name] = error_codes.get(name, 0) + 1
+            refuse(job, failure_here or Rejection(ErrorCode.INTERNAL, "no outcome"))
             latency.record(_since_routed(request, clock))
-            answers.append(Answer(item.index, request, rejection=rejection))
             continue
-        when = timing(request, clock, run.compute_ms, len(items))
+        when = timing(request, clock, run.compute_ms, len(jobs))
         latency.record(_since_routed(request, clock))
         queue_wait.record(max(when.queue_wait_ms, _MIN_MS))
-        answers.append(Answer(item.index, request, result=_result(request, outcome, ctx, when)))
+        job.result = _result(request, outcome, ctx, when)
     telemetry = telemetry_pb2.BatchTelemetry(
         model=ctx.model,
         version=ctx.version,
         variant=ctx.variant,
         worker_id=ctx.worker_id,
-        batch_size=len(items),
-        request_count=len(items),
+        batch_size=len(jobs),
+        request_count=len(jobs),
         error_count=sum(error_codes.values()) - input_errors,
         input_error_count=input_errors,
         batch_id=batch_id,
@@ -213,8 +192,49 @@ def build_batch(
         started_at_unix_ms=clock.started_ms,
         completed_at_unix_ms=clock.done_ms,
         shadow_count=shadow_count,
-        error_codes=error_codes,
+        error_codes={code.name: n for code, n in error_codes.items()},
         sequence_bucket=bucket_len,
-        task=items[0].task.value if items else "",
+        task=jobs[0].task.value if jobs else "",
     )
-    return BatchReport(tuple(answers), telemetry, error_codes)
+    return BatchReport(tuple(jobs), telemetry, error_codes)
+
+
+def shed_telemetry(
+    ctx: ResultContext, shed_count: int, done_ms: int
+) -> telemetry_pb2.BatchTelemetry:
+    """A telemetry record of sheds alone (no request ran): the load is still seen."""
+    return telemetry_pb2.BatchTelemetry(
+        model=ctx.model,
+        version=ctx.version,
+        variant=ctx.variant,
+        worker_id=ctx.worker_id,
+        completed_at_unix_ms=done_ms,
+        shed_count=shed_count,
+    )
+
+
+class BatchIds:
+    """Ids for batch telemetry: (worker, partition, first offset, attempt).
+
+    A rewind or a restart re-sends a batch with the same (worker, partition, first
+    offset), so the policy engine counts it once; ``attempt`` says how often this
+    process ran it. The last attempts are remembered (bounded).
+    """
+
+    def __init__(self, worker_id: str) -> None:
+        self._worker_id = worker_id
+        self._attempts: dict[tuple[int, int], int] = {}
+
+    def of(self, first: Record) -> telemetry_pb2.BatchId:
+        """Who ran the batch starting at ``first``, and how often this process did."""
+        where = (first.partition, first.offset)
+        attempt = self._attempts.pop(where, -1) + 1
+        self._attempts[where] = attempt
+        while len(self._attempts) > _REMEMBERED:
+            del self._attempts[next(iter(self._attempts))]
+        return telemetry_pb2.BatchId(
+            worker_id=self._worker_id,
+            partition=first.partition,
+            first_offset=first.offset,
+            attempt=attempt,
+        )
