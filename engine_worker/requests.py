@@ -208,13 +208,15 @@ def distrust_shadow(request: inference_pb2.InferenceRequest, version: str) -> bo
     The router stamps ``routed_at_unix_ms`` and names this worker's version in
     ``routed_version`` on every record it forwards. A record written past it with a
     client-set shadow flag would divert the requester's own answer into the shadow
-    topic (and feed the agreement gate): such flags are dropped. Whether any was.
+    topic (and feed the agreement gate): such flags are dropped, and the shadow pair
+    id with them. Whether any was.
     """
     if not (request.shadow or request.mirror_result):
         return False
     if request.routed_at_unix_ms > 0 and request.routed_version == version:
         return False
     request.shadow = request.mirror_result = False
+    request.shadow_pair_id = ""
     return True
 
 

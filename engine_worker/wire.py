@@ -114,6 +114,7 @@ def _result(
         variant=ctx.variant,
         status=inference_pb2.OK,
         shadow=request.shadow,
+        shadow_pair_id=request.shadow_pair_id,
         worker_id=ctx.worker_id,
         routing_key=request.routing_key,
         task=request.task or inference_pb2.FORWARD,

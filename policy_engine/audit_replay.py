@@ -11,7 +11,10 @@ rollout decisions and are skipped. ``graylane audit verify`` calls these.
 
 from __future__ import annotations
 
+import logging
+
 from graylane import serde
+from graylane.errors import SerdeError
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import ClientFactory
 from graylane.policy_engine import wire
@@ -32,6 +35,8 @@ __all__ = [
     "verify",
 ]
 
+log = logging.getLogger(__name__)
+
 COMPARED_FIELDS = ("decision_id", "kind", "rule", "reason", "rollout_after", "epoch")
 
 
@@ -45,16 +50,25 @@ async def load_recorded(
     timeout_s: float = 30.0,
 ) -> list[audit_pb2.AuditRecord]:
     """Audit records of ``model`` (and ``rollout_id`` when given) decided in
-    ``[from_ms, to_ms)`` (``to_ms`` 0: up to now), in decision order."""
+    ``[from_ms, to_ms)`` (``to_ms`` 0: up to now), in decision order. A record that
+    is no audit record is skipped (logged, counted), never fatal."""
     out: list[audit_pb2.AuditRecord] = []
     audit = factory.layout.audit()
+    skipped = 0
     for r in await read_to_end(factory, audit, timeout_s=timeout_s, client_suffix="audit"):
-        rec = serde.decode(audit_pb2.AuditRecord, r.value)
+        try:
+            rec = serde.decode(audit_pb2.AuditRecord, r.value)
+        except SerdeError as exc:  # not an audit record: skipped, never fatal
+            log.warning("skipping audit record at %d/%d: %s", r.partition, r.offset, exc)
+            skipped += 1
+            continue
         if rec.model != model or (rollout_id and rec.rollout_id != rollout_id):
             continue
         at = rec.decided_at_unix_ms
         if at >= from_ms and (not to_ms or at < to_ms):
             out.append(rec)
+    if skipped:
+        log.warning("skipped %d undecodable records of %s", skipped, audit)
     out.sort(key=lambda r: (r.decided_at_unix_ms, r.epoch))
     return out
 

@@ -9,6 +9,10 @@ process: the keeper fences (:attr:`LeaseKeeper.writable` is cleared, nothing is
 published), retries with capped backoff, and lifts the fence when it holds the
 lease again with no other holder in between. If another live instance took the
 lease meanwhile, this one is displaced: it restarts in place as a standby.
+
+A record on the lease topic that is not a valid claim (undecodable, or a claim
+the fold cannot take) is skipped and counted (:attr:`LeaseKeeper.skipped`):
+every instance skips the same records, so all still agree on the holder.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import os
 import random
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from graylane import serde
 from graylane.clock import Clock, now_ms
+from graylane.errors import SerdeError
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
@@ -30,7 +36,14 @@ from graylane.policy_engine.logic.lease import Lease, LeaseClaim, fold, holds, n
 from graylane.topics import Cleanup, TopicKind, TopicSpec
 from graylane.v1 import control_pb2
 
-__all__ = ["LeaseKeeper", "default_holder", "fence", "restart_as_standby"]
+__all__ = [
+    "LeaseKeeper",
+    "LeaseRecords",
+    "claims_of",
+    "default_holder",
+    "fence",
+    "restart_as_standby",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +65,31 @@ def restart_as_standby() -> None:
         os.execv(sys.executable, [sys.executable, *argv[1:]])
     except OSError:
         os._exit(3)
+
+
+@dataclass(frozen=True)
+class LeaseRecords:
+    """The valid claims of the lease topic, in log order, and how many records were not."""
+
+    claims: list[LeaseClaim]
+    skipped: int
+
+
+def claims_of(values: Iterable[bytes | None]) -> LeaseRecords:
+    """The claims in the lease topic's values; a tombstone is no claim, a bad record is
+    skipped (counted, logged), never fatal."""
+    claims: list[LeaseClaim] = []
+    skipped = 0
+    for value in values:
+        if value is None:
+            continue
+        try:
+            pb = serde.decode(control_pb2.PolicyLease, value)
+            claims.append(LeaseClaim(pb.holder, pb.term, pb.at_unix_ms, pb.ttl_ms))
+        except (SerdeError, ValueError) as exc:
+            log.warning("skipping a lease record that is no valid claim: %s", exc)
+            skipped += 1
+    return LeaseRecords(claims, skipped)
 
 
 def default_holder() -> str:
@@ -83,6 +121,8 @@ class LeaseKeeper:
         self.lease = Lease()
         self.writable = asyncio.Event()
         """Set while this instance may publish; cleared (fenced) once the lease lapsed."""
+        self.skipped = 0
+        """Records of the lease topic that were not valid claims, at the last read."""
 
     @property
     def active(self) -> bool:
@@ -103,16 +143,9 @@ class LeaseKeeper:
 
     async def read(self) -> Lease:
         records = await read_to_end(self.factory, self.topic, client_suffix="lease")
-        claims = []
-        for r in records:
-            if r.value is None:
-                continue
-            pb = serde.decode(control_pb2.PolicyLease, r.value)
-            try:
-                claims.append(LeaseClaim(pb.holder, pb.term, pb.at_unix_ms, pb.ttl_ms))
-            except ValueError:
-                continue
-        self.lease = fold(claims)
+        claims = claims_of(r.value for r in records)
+        self.skipped = claims.skipped
+        self.lease = fold(claims.claims)
         return self.lease
 
     async def _write(self, claim: LeaseClaim) -> None:

@@ -155,6 +155,7 @@ class RecordSource(Enum):
     ROUTING = "routing"
     PRECISION = "precision"
     ROLLOUTS = "rollouts"
+    SCALE = "scale"
     COMMANDS = "commands"
     TELEMETRY = "telemetry"
     SHADOW = "shadow"

@@ -240,10 +240,7 @@ def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOut
         for t in pb.outputs:
             digest.update(t.data)
         label = int.from_bytes(digest.digest(), "big")
-    schema = tuple(
-        OutputField(t.name, tensor_pb2.DType.Name(t.dtype).lower(), tuple(t.shape))
-        for t in pb.outputs
-    )
+    schema = tuple(OutputField(t.name, _dtype_name(t.dtype), tuple(t.shape)) for t in pb.outputs)
     return ShadowOutput(
         request_id=pb.request_id,
         version=pb.version,
@@ -252,7 +249,16 @@ def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOut
         label=label,
         error=error,
         schema=schema if tokens is None else None,
+        pair_id=pb.shadow_pair_id,
     )
+
+
+_DTYPE_NAMES = {number: name.lower() for name, number in tensor_pb2.DType.items()}
+
+
+def _dtype_name(value: int) -> str:
+    """The dtype's name; a value this build does not know keeps its number (``dtype_42``)."""
+    return _DTYPE_NAMES.get(value) or f"dtype_{value}"
 
 
 def command_of(
@@ -377,9 +383,12 @@ def rollout_state_from_pb(
     """
     phase = phase_from_pb(pb.phase)
     if phase is None:
-        raise ValueError(f"rollout {pb.rollout_id!r} has no phase")
+        known = "no phase" if not pb.phase else f"phase {pb.phase}, unknown to this build"
+        raise ValueError(f"rollout {pb.rollout_id!r} has {known}")
     spec = rollout_spec_from_pb(pb.spec)
     paused_from = phase_from_pb(pb.paused_from)
+    if paused_from is None and pb.paused_from != rollout_pb2.ROLLOUT_PHASE_UNSPECIFIED:
+        raise ValueError(f"rollout {pb.rollout_id!r} paused from unknown phase {pb.paused_from}")
     shadowing = Phase.SHADOWING in (phase, paused_from)
     ev = pb.evidence
     state = RolloutState(
@@ -1001,13 +1010,13 @@ def restore_values(
             skip(RecordSource.ROLLOUTS, key, exc)
             continue
         out.states.append((state, spec))
-    for value in (scale or {}).values():
+    for key, value in (scale or {}).items():
         if not value:
             continue
         try:
             req = serde.decode(control_pb2.ScaleRequest, value)
         except SerdeError as exc:  # one bad record never blocks the others
-            log.warning("skipping an undecodable scale request: %s", exc)
+            skip(RecordSource.SCALE, key, exc)
             continue
         version = VersionKey(req.model, req.version)
         newest = out.scale.get(version)

@@ -231,6 +231,7 @@ async def _replay_traffic(args: argparse.Namespace) -> tuple[int, int, int, int]
             copy.deadline_unix_ms = 0
             copy.shadow = True
             copy.mirror_result = False
+            copy.shadow_pair_id = ""  # pairs no live answer, whatever was captured
             copy.created_at_unix_ms = copy.routed_at_unix_ms = now_ms()
             copy.routed_version = args.version
             ids[copy.request_id] = req.request_id

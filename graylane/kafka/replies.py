@@ -317,6 +317,7 @@ class ReplySink:
             error_code=wire_code(rejection.code),
             error_message=rejection.message,
             shadow=request.shadow,
+            shadow_pair_id=request.shadow_pair_id,
             worker_id=worker_id,
             routing_key=request.routing_key,
             task=request.task,

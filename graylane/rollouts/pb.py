@@ -8,10 +8,17 @@ is a valid value (``error_budget``, ``backlog_queue_ms``, ``p99_floor_ms``)
 are proto3 ``optional``: absent means the default. Step fields are taken as
 they are. Fields the wire has no room for are lost on the way out: the
 policy's ``up_load_fraction`` / ``ceiling_ttl_s``.
+
+Enum values this build does not know (a newer writer's) never raise where a
+value can be left out (a phase, a command kind, a decision kind map to None),
+but a spec with an unknown strategy or gate mode is refused
+(:class:`~graylane.rollouts.errors.InvalidSpec`): running it as another
+strategy or under other gates would not be the rollout its writer asked for.
 """
 
 from __future__ import annotations
 
+from graylane.rollouts.errors import InvalidSpec
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import DEFAULT_STEPS, GateMode, Gates, RolloutSpec, Step, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
@@ -124,8 +131,13 @@ def strategy_to_pb(strategy: Strategy) -> rollout_pb2.RolloutStrategy:
 
 
 def strategy_from_pb(value: int) -> Strategy:
-    """An unspecified (or unknown) strategy is CANARY."""
-    return _STRATEGY_FROM_PB.get(value, Strategy.CANARY)
+    """An unspecified strategy is CANARY; :class:`InvalidSpec` for one this build does not know."""
+    if value == rollout_pb2.ROLLOUT_STRATEGY_UNSPECIFIED:
+        return Strategy.CANARY
+    strategy = _STRATEGY_FROM_PB.get(value)
+    if strategy is None:
+        raise InvalidSpec(f"rollout strategy {value} is not known to this build")
+    return strategy
 
 
 def gate_mode_to_pb(mode: GateMode) -> rollout_pb2.GateMode:
@@ -133,8 +145,14 @@ def gate_mode_to_pb(mode: GateMode) -> rollout_pb2.GateMode:
 
 
 def gate_mode_from_pb(value: int) -> GateMode | None:
-    """None for ``GATE_MODE_UNSPECIFIED`` and values this build does not know (the default)."""
-    return _GATE_MODE_FROM_PB.get(value)
+    """None for ``GATE_MODE_UNSPECIFIED`` (the default); :class:`InvalidSpec` for a mode
+    this build does not know."""
+    if value == rollout_pb2.GATE_MODE_UNSPECIFIED:
+        return None
+    mode = _GATE_MODE_FROM_PB.get(value)
+    if mode is None:
+        raise InvalidSpec(f"gate mode {value} is not known to this build")
+    return mode
 
 
 # -- rollout spec -----------------------------------------------------------------

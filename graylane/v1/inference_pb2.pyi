@@ -91,7 +91,7 @@ class GenerationParams(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., has_eos: _Optional[bool] = ...) -> None: ...
 
 class InferenceRequest(_message.Message):
-    __slots__ = ("request_id", "model", "routing_key", "tags", "inputs", "prompt", "token_ids", "task", "generation", "post_process", "top_k", "deadline_unix_ms", "reply_topic", "created_at_unix_ms", "pinned_version", "shadow", "mirror_result", "routed_version", "routed_at_unix_ms", "routing_epoch")
+    __slots__ = ("request_id", "model", "routing_key", "tags", "inputs", "prompt", "token_ids", "task", "generation", "post_process", "top_k", "deadline_unix_ms", "reply_topic", "created_at_unix_ms", "pinned_version", "shadow", "mirror_result", "routed_version", "routed_at_unix_ms", "routing_epoch", "shadow_pair_id")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class InferenceRequest(_message.Message):
     ROUTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     ROUTED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     ROUTING_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_PAIR_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     routing_key: str
@@ -139,7 +140,8 @@ class InferenceRequest(_message.Message):
     routed_version: str
     routed_at_unix_ms: int
     routing_epoch: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., routing_key: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., task: _Optional[_Union[Task, str]] = ..., generation: _Optional[_Union[GenerationParams, _Mapping]] = ..., post_process: _Optional[_Union[PostProcess, str]] = ..., top_k: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., reply_topic: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ..., pinned_version: _Optional[str] = ..., shadow: _Optional[bool] = ..., mirror_result: _Optional[bool] = ..., routed_version: _Optional[str] = ..., routed_at_unix_ms: _Optional[int] = ..., routing_epoch: _Optional[int] = ...) -> None: ...
+    shadow_pair_id: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., routing_key: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., task: _Optional[_Union[Task, str]] = ..., generation: _Optional[_Union[GenerationParams, _Mapping]] = ..., post_process: _Optional[_Union[PostProcess, str]] = ..., top_k: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., reply_topic: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ..., pinned_version: _Optional[str] = ..., shadow: _Optional[bool] = ..., mirror_result: _Optional[bool] = ..., routed_version: _Optional[str] = ..., routed_at_unix_ms: _Optional[int] = ..., routing_epoch: _Optional[int] = ..., shadow_pair_id: _Optional[str] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("created_at_unix_ms", "routed_at_unix_ms", "dequeued_at_unix_ms", "completed_at_unix_ms", "queue_wait_ms", "compute_ms", "total_ms", "batch_size")
@@ -162,7 +164,7 @@ class Timing(_message.Message):
     def __init__(self, created_at_unix_ms: _Optional[int] = ..., routed_at_unix_ms: _Optional[int] = ..., dequeued_at_unix_ms: _Optional[int] = ..., completed_at_unix_ms: _Optional[int] = ..., queue_wait_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class InferenceResult(_message.Message):
-    __slots__ = ("request_id", "model", "version", "variant", "outputs", "generated_token_ids", "text", "status", "error_code", "error_message", "timing", "shadow", "worker_id", "routing_key", "task")
+    __slots__ = ("request_id", "model", "version", "variant", "outputs", "generated_token_ids", "text", "status", "error_code", "error_message", "timing", "shadow", "worker_id", "routing_key", "task", "shadow_pair_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +180,7 @@ class InferenceResult(_message.Message):
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUTING_KEY_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_PAIR_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     version: str
@@ -193,4 +196,5 @@ class InferenceResult(_message.Message):
     worker_id: str
     routing_key: str
     task: Task
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., shadow: _Optional[bool] = ..., worker_id: _Optional[str] = ..., routing_key: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ...) -> None: ...
+    shadow_pair_id: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., shadow: _Optional[bool] = ..., worker_id: _Optional[str] = ..., routing_key: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., shadow_pair_id: _Optional[str] = ...) -> None: ...

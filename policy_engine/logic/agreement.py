@@ -1,15 +1,19 @@
 """Output agreement of shadow pairs: the candidate's answer vs the baseline's.
 
-The router mirrors a sampled share of requests to the candidate; both results
-carry the same ``request_id``. :class:`AgreementTracker` pairs them, with a
-bounded map of results still waiting for their other half (oldest dropped
-first when full) and time-based expiry, and keeps the outcomes of completed
-pairs so a window's agreement can be read with :meth:`AgreementTracker.stats`.
+The router mirrors a sampled share of requests to the candidate and stamps
+both halves with its own ``shadow_pair_id`` (it clears whatever a client sent
+there); the workers echo it on the results. :class:`AgreementTracker` pairs
+answers on that id, never on the client's ``request_id`` (two requests may share
+one), with a bounded map of results still waiting for their other half (oldest
+dropped first when full) and time-based expiry, and keeps the outcomes of
+completed pairs so a window's agreement can be read with
+:meth:`AgreementTracker.stats`. An answer without a pair id (from a router or
+worker that predates it) pairs only with another such answer, by request id.
 
 Outputs are reduced to small plain data by whoever reads the results topic
 (token ids of a generation, a class label, or a short vector) and compared by
 :func:`outputs_agree`. Redelivered results (at-least-once) are recognised by
-request id and ignored, both while waiting and for a while after pairing.
+pair id and ignored, both while waiting and for a while after pairing.
 
 Before a pair is compared, the output schemas (names, dtypes, shapes) of both
 answers are: a mismatch (a new head with more classes, a renamed output) makes
@@ -110,6 +114,13 @@ class ShadowOutput:
     error: bool = False
     schema: tuple[OutputField, ...] | None = None
     """The outputs' names, dtypes and shapes; None when unknown (not checked)."""
+    pair_id: str = ""
+    """The router's shadow pair id; "" from a router or worker that predates it."""
+
+    @property
+    def pair_key(self) -> tuple[bool, str]:
+        """What pairs it: the router's pair id, else (older records) the request id."""
+        return (True, self.pair_id) if self.pair_id else (False, self.request_id)
 
 
 def outputs_agree(
@@ -143,12 +154,13 @@ class _Side(Enum):
 @dataclass(frozen=True)
 class PairResult:
     request_id: str
+    """The request id of the pair's baseline answer (for logs; pairs are keyed by pair id)."""
     completed_at_ms: int
     agreed: bool
 
 
 class AgreementTracker:
-    """Pairs baseline and candidate answers by request id (bounded, expiring)."""
+    """Pairs baseline and candidate answers by the router's pair id (bounded, expiring)."""
 
     def __init__(
         self,
@@ -171,10 +183,10 @@ class AgreementTracker:
         self.ttl_ms = ttl_ms
         self.rtol = rtol
         self.atol = atol
-        self._pending: dict[str, tuple[_Side, ShadowOutput]] = {}
+        self._pending: dict[tuple[bool, str], tuple[_Side, ShadowOutput]] = {}
         self._results: deque[PairResult] = deque(maxlen=max_results)
-        self._recent: deque[str] = deque(maxlen=max_pending)
-        self._recent_set: set[str] = set()
+        self._recent: deque[tuple[bool, str]] = deque(maxlen=max_pending)
+        self._recent_set: set[tuple[bool, str]] = set()
         self.expired = 0
         self.evicted = 0
         self.duplicates = 0
@@ -194,7 +206,7 @@ class AgreementTracker:
         else:
             self.foreign += 1
             return None
-        rid = output.request_id
+        rid = output.pair_key
         if rid in self._recent_set:
             self.duplicates += 1
             return None
@@ -218,14 +230,14 @@ class AgreementTracker:
                 self.mismatch = mismatch
             return None
         result = PairResult(
-            rid,
+            base.request_id,
             max(base.at_ms, cand.at_ms),
             outputs_agree(cand, base, rtol=self.rtol, atol=self.atol),
         )
         self._results.append(result)
         return result
 
-    def _remember(self, rid: str) -> None:
+    def _remember(self, rid: tuple[bool, str]) -> None:
         if len(self._recent) == self._recent.maxlen:
             self._recent_set.discard(self._recent[0])
         self._recent.append(rid)

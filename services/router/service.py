@@ -231,6 +231,7 @@ class Router:
             copy.shadow = True
             copy.routed_version = decision.shadow_version
             copy.reply_topic = self.layout.shadow(request.model)
+            copy.shadow_pair_id = request.shadow_pair_id = _pair_id(record)
             request.mirror_result = True
             shadow_topic = self.layout.version_requests(request.model, decision.shadow_version)
             forwards.append((shadow_topic, serde.encode(copy)))
@@ -387,6 +388,11 @@ def _weights(table: RouteTable) -> dict[str, float]:
     return {r.version: r.weight_percent / 100.0 for r in table.routes}
 
 
+def _pair_id(record: Record) -> str:
+    """The shadow pair id of an ingress record: its place in the log, the same on a re-route."""
+    return f"{record.partition}-{record.offset}-{record.timestamp}"
+
+
 def _clear_router_fields(request: inference_pb2.InferenceRequest, record: Record) -> None:
     """Only the router sets these: a client cannot steer shadows, gates or latency."""
     request.shadow = False
@@ -394,4 +400,5 @@ def _clear_router_fields(request: inference_pb2.InferenceRequest, record: Record
     request.routed_version = ""
     request.routed_at_unix_ms = 0
     request.routing_epoch = 0
+    request.shadow_pair_id = ""
     request.created_at_unix_ms = record.timestamp if record.timestamp > 0 else now_ms()

@@ -299,3 +299,9 @@ async def test_shadow_copies_are_paired_and_never_reach_the_producer(
     candidate = {r.request_id for r in shadow if r.shadow and r.version == "v2"}
     mirrored = {r.request_id for r in shadow if not r.shadow and r.version == "v1"}
     assert candidate == mirrored == set(sent)  # pairs for the output-agreement check
+    # Both halves of each pair carry one pair id of the router's (the policy engine pairs
+    # on it, not on the client's request id), one id per request.
+    pair_ids = {(r.request_id, r.version): r.shadow_pair_id for r in shadow}
+    for rid in sent:
+        assert pair_ids[(rid, "v1")] == pair_ids[(rid, "v2")] != ""
+    assert len({pair_ids[(rid, "v1")] for rid in sent}) == len(sent)

@@ -7,6 +7,7 @@ import pytest
 from graylane.policy_engine.logic.agreement import (
     AgreementStats,
     AgreementTracker,
+    OutputField,
     ShadowOutput,
     outputs_agree,
 )
@@ -73,3 +74,42 @@ def test_stats_validation_and_merge() -> None:
     assert AgreementStats().rate == 0.0
     with pytest.raises(ValueError):
         AgreementTracker("v1", "v1")
+
+
+def test_one_client_request_id_never_pairs_across_router_pairs() -> None:
+    """Pairs are keyed by the router's pair id, not the client's request id: two requests
+    with one request id and different post-processing, answered out of order, pair each
+    baseline with its own candidate, and the different schemas never meet."""
+    argmax = (OutputField("label", "int64", (1,)),)
+    topk = (OutputField("indices", "int64", (1, 5)), OutputField("values", "float32", (1, 5)))
+    t = AgreementTracker("v1", "v2")
+    assert t.add(out("dup", "v1", 1, label=3, schema=argmax, pair_id="0-1-5")) is None
+    assert t.add(out("dup", "v2", 2, label=9, schema=topk, pair_id="0-2-6")) is None
+    first = t.add(out("dup", "v1", 3, label=9, schema=topk, pair_id="0-2-6"))
+    second = t.add(out("dup", "v2", 4, label=3, schema=argmax, pair_id="0-1-5"))
+    assert first is not None and first.agreed
+    assert second is not None and second.agreed
+    assert t.mismatch is None and t.stats() == AgreementStats(2, 2)
+    assert t.duplicates == 0
+
+
+def test_answers_with_and_without_a_pair_id_never_pair() -> None:
+    """An answer from a component that predates pair ids pairs by request id only with
+    another such answer: a client's request id cannot complete a router's pair."""
+    t = AgreementTracker("v1", "v2")
+    assert t.add(out("r1", "v1", 1, label=1, pair_id="0-7-1")) is None
+    assert t.add(out("0-7-1", "v2", 2, label=2)) is None
+    assert t.add(out("r1", "v2", 3, label=2)) is None
+    assert t.pending == 3
+    legacy = t.add(out("0-7-1", "v1", 4, label=2))
+    assert legacy is not None and legacy.agreed
+    paired = t.add(out("r9", "v2", 5, label=1, pair_id="0-7-1"))
+    assert paired is not None and paired.agreed and paired.request_id == "r1"
+
+
+def test_a_redelivered_pair_id_is_a_duplicate() -> None:
+    t = AgreementTracker("v1", "v2")
+    t.add(out("a", "v1", 1, label=1, pair_id="p"))
+    assert t.add(out("a", "v2", 2, label=1, pair_id="p")) is not None
+    assert t.add(out("a", "v2", 3, label=1, pair_id="p")) is None
+    assert t.duplicates == 1

@@ -216,6 +216,37 @@ async def test_shadow_copies_go_to_the_candidate_flagged_and_replying_to_the_sha
         assert c.reply_topic == factory.layout.shadow(MODEL)
 
 
+async def test_shadow_pairs_carry_the_routers_pair_id_never_the_clients(
+    broker: MemoryBroker, factory: MemoryFactory
+) -> None:
+    """Both halves of a shadow pair carry one pair id of the router's own; a client's
+    ``shadow_pair_id`` is overwritten, and two requests with one request id get two ids."""
+    publish_table(
+        factory,
+        table_for_weights(
+            model=MODEL, stable_version="v1", shadow_version="v2", shadow_share=1.0, epoch=1
+        ),
+    )
+    async with running_router(factory) as router:
+        await submit(
+            factory,
+            request("dup", "u1", shadow_pair_id="forged"),
+            request("dup", "u1", shadow_pair_id="forged"),
+        )
+        await eventually(lambda: committed_up_to_end(broker, factory))
+        publish_table(factory, table_for_weights(model=MODEL, stable_version="v1", epoch=2))
+        await eventually(lambda: router.tables.tables[MODEL].epoch == 2)
+        await submit(factory, request("solo", "u2", shadow_pair_id="forged"))
+        await eventually(lambda: len(forwarded(factory, "v1")) == 3)
+    primaries, copies = forwarded(factory, "v1"), forwarded(factory, "v2")
+    assert len(copies) == 2
+    ids = [p.shadow_pair_id for p in primaries[:2]]
+    assert all(p.mirror_result for p in primaries[:2])
+    assert sorted(ids) == sorted(c.shadow_pair_id for c in copies)
+    assert len(set(ids)) == 2 and "forged" not in ids and "" not in ids
+    assert not primaries[2].mirror_result and primaries[2].shadow_pair_id == ""
+
+
 async def test_unknown_model_and_unknown_pinned_version_get_error_results(
     broker: MemoryBroker, factory: MemoryFactory
 ) -> None:
