@@ -438,7 +438,10 @@ class Worker:
             return await self.handle(records, sink, producer)
 
         return LoopHooks(
-            handle=handle, fetch=self._fetch.collect, after_turn=self.observer.observe_lag
+            handle=handle,
+            fetch=self._fetch.collect,
+            after_turn=self.observer.observe_lag,
+            dead_letter=sink.dead_letter,
         )
 
     async def handle(
