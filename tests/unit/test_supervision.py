@@ -8,10 +8,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from aiokafka.structs import ConsumerRecord
 
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.service import Worker, WorkerConfig
+from graylane.kafka.reading import CompactedFollower
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.services.controlplane.audit_sink import AuditSink
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
@@ -92,27 +92,28 @@ def factory() -> MemoryFactory:
     return factory
 
 
-class BrokenRouter(Router):
-    """A router whose table handler fails once it runs (a bug in a follower)."""
+def break_fetches(follower: CompactedFollower, bug: str) -> None:
+    """Make a running follower's fetch fail (a bug in the follower, not in one record:
+    a record its handler fails on is passed over, see test_kafka_reading)."""
+    consumer = follower._consumer
+    if consumer is None:
+        raise RuntimeError("the follower has not started")
 
-    armed = False
+    async def broken(*args: object, **kwargs: object) -> object:
+        raise FollowerBug(bug)
 
-    def _apply_table_record(self, record: ConsumerRecord[bytes, bytes]) -> None:
-        if self.armed:
-            raise FollowerBug("table handler bug")
-        super()._apply_table_record(record)
+    consumer.getmany = broken  # type: ignore[method-assign]
 
 
 async def test_a_dead_table_follower_ends_the_router_with_the_reason(
     factory: MemoryFactory,
 ) -> None:
     config = RouterConfig(stable_versions={MODEL: "v1"}, group_id="g", metrics_port=-1)
-    router = BrokenRouter(factory, config)
+    router = Router(factory, config)
     stop = asyncio.Event()
     task = asyncio.create_task(router.run(stop))
     await asyncio.wait_for(router.ready.wait(), 5)
-    router.armed = True
-    factory.broker.append(factory.layout.routing(), b"any", key=MODEL.encode(), partition=0)
+    break_fetches(router._tables, "table follower bug")
     with pytest.raises(BackgroundTaskDied, match="router-table-follower") as info:
         await asyncio.wait_for(task, 10)
     assert isinstance(info.value.__cause__, FollowerBug)
@@ -123,15 +124,6 @@ async def test_a_dead_table_follower_ends_the_router_with_the_reason(
 def engine(tmp_path_factory: pytest.TempPathFactory) -> OnnxRuntimeEngine:
     path: Path = write_demo_gpt(tmp_path_factory.mktemp("m") / "tiny.onnx", "tiny", seed=5)
     return OnnxRuntimeEngine.load(path, "fp32", name=MODEL, intra_op_threads=1)
-
-
-class BrokenPrecisionWorker(Worker):
-    armed = False
-
-    def _apply_precision_record(self, record: ConsumerRecord[bytes, bytes]) -> None:
-        if self.armed:
-            raise FollowerBug("precision handler bug")
-        super()._apply_precision_record(record)
 
 
 async def test_a_dead_precision_follower_ends_the_worker_with_the_reason(
@@ -146,13 +138,13 @@ async def test_a_dead_precision_follower_ends_the_worker_with_the_reason(
         metrics_port=-1,
         worker_id="w",
     )
-    worker = BrokenPrecisionWorker(factory, config, {"fp32": engine})
+    worker = Worker(factory, config, {"fp32": engine})
     task = asyncio.create_task(worker.run(asyncio.Event()))
     await asyncio.wait_for(worker.ready.wait(), 30)
-    worker.armed = True
-    factory.broker.append(factory.layout.precision(), b"any", key=b"gpt/v1", partition=0)
-    with pytest.raises(BackgroundTaskDied, match="worker-precision-follower"):
+    break_fetches(worker._precision, "precision follower bug")
+    with pytest.raises(BackgroundTaskDied, match="worker-precision-follower") as info:
         await asyncio.wait_for(task, 10)
+    assert isinstance(info.value.__cause__, FollowerBug)
 
 
 class BuggySink(AuditSink):
