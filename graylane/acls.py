@@ -168,7 +168,7 @@ def role_acls(layout: TopicLayout, role: KafkaRole, scope: AclScope) -> tuple[Ac
             ]
         rules.append(_group(f"{p}-router"))
     elif role is KafkaRole.WORKER:
-        rules = [_setup(layout), _topic(layout.precision(), _R)]
+        rules = [_setup(layout), _topic(layout.precision(), _R), _topic(layout.cancels(), _R)]
         rules += [_topic(t, _W) for t in (layout.telemetry(), layout.dlq())]
         rules.append(_topic(_reply_prefix(layout), _W, prefixed=True))
         for m in models:
@@ -207,6 +207,7 @@ def role_acls(layout: TopicLayout, role: KafkaRole, scope: AclScope) -> tuple[Ac
     elif role is KafkaRole.PRODUCER:
         # Describe of other ingress topics is implied by Write; nothing else is visible.
         rules = [_topic(layout.ingress(m), _W) for m in models]
+        rules.append(_topic(layout.cancels(), _W))  # cancels of its own generations
         for client in scope.clients:
             rules.append(
                 _topic(

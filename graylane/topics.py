@@ -14,6 +14,7 @@
     <p>.control.commands              user intent from the control plane
     <p>.audit                         every decision, long retention
     <p>.dlq                           undeliverable input with its original bytes
+    <p>.cancels                       CancelRequest of running generations, key = request_id
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class TopicKind(Enum):
     COMMANDS = "commands"
     AUDIT = "audit"
     DLQ = "dlq"
+    CANCELS = "cancels"
 
 
 class Cleanup(Enum):
@@ -209,6 +211,9 @@ class TopicLayout:
     def dlq(self) -> str:
         return f"{self.prefix}.dlq"
 
+    def cancels(self) -> str:
+        return f"{self.prefix}.cancels"
+
     # -- reply allowlist -------------------------------------------------------
     def check_reply_topic(self, topic: str, model: str) -> ReplyTopicVerdict:
         """Classify a client-named reply topic for a request of ``model``.
@@ -302,6 +307,8 @@ class TopicLayout:
                 self.audit(), TopicKind.AUDIT, retention_ms=self.audit_retention_ms, partitions=1
             ),
             self._spec(self.dlq(), TopicKind.DLQ, retention_ms=self.audit_retention_ms),
+            # Every worker reads all of it from its end: one partition, kept briefly.
+            self._spec(self.cancels(), TopicKind.CANCELS, retention_ms=3600 * 1000, partitions=1),
         ]
 
     def model_specs(self, model: str, versions: list[str]) -> list[TopicSpec]:

@@ -21,6 +21,16 @@ class PostProcess(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOPK_LAST: _ClassVar[PostProcess]
     MEAN_POOL: _ClassVar[PostProcess]
 
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    LENGTH: _ClassVar[FinishReason]
+    STOP: _ClassVar[FinishReason]
+    EOS: _ClassVar[FinishReason]
+    CANCELLED: _ClassVar[FinishReason]
+    FAILED: _ClassVar[FinishReason]
+    MAX_SEQUENCE: _ClassVar[FinishReason]
+
 class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     STATUS_UNSPECIFIED: _ClassVar[Status]
@@ -56,6 +66,13 @@ POST_PROCESS_NONE: PostProcess
 ARGMAX_LAST: PostProcess
 TOPK_LAST: PostProcess
 MEAN_POOL: PostProcess
+FINISH_REASON_UNSPECIFIED: FinishReason
+LENGTH: FinishReason
+STOP: FinishReason
+EOS: FinishReason
+CANCELLED: FinishReason
+FAILED: FinishReason
+MAX_SEQUENCE: FinishReason
 STATUS_UNSPECIFIED: Status
 OK: Status
 ERROR: Status
@@ -81,14 +98,36 @@ RESULT_TOO_LARGE: ErrorCode
 BAD_ROUTING_TABLE: ErrorCode
 
 class GenerationParams(_message.Message):
-    __slots__ = ("max_new_tokens", "eos_token_id", "has_eos")
+    __slots__ = ("max_new_tokens", "eos_token_id", "has_eos", "temperature", "top_p", "sampling_top_k", "seed", "has_seed", "stop_token_ids", "stop", "stream", "stream_every_tokens", "stream_every_ms", "ttft_deadline_ms")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     HAS_EOS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    HAS_SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    STREAM_EVERY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_EVERY_MS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     eos_token_id: int
     has_eos: bool
-    def __init__(self, max_new_tokens: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., has_eos: _Optional[bool] = ...) -> None: ...
+    temperature: float
+    top_p: float
+    sampling_top_k: int
+    seed: int
+    has_seed: bool
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    stream: bool
+    stream_every_tokens: int
+    stream_every_ms: int
+    ttft_deadline_ms: int
+    def __init__(self, max_new_tokens: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., has_eos: _Optional[bool] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., sampling_top_k: _Optional[int] = ..., seed: _Optional[int] = ..., has_seed: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[str]] = ..., stream: _Optional[bool] = ..., stream_every_tokens: _Optional[int] = ..., stream_every_ms: _Optional[int] = ..., ttft_deadline_ms: _Optional[int] = ...) -> None: ...
 
 class InferenceRequest(_message.Message):
     __slots__ = ("request_id", "model", "routing_key", "tags", "inputs", "prompt", "token_ids", "task", "generation", "post_process", "top_k", "deadline_unix_ms", "reply_topic", "created_at_unix_ms", "pinned_version", "shadow", "mirror_result", "routed_version", "routed_at_unix_ms", "routing_epoch", "shadow_pair_id")
@@ -143,8 +182,20 @@ class InferenceRequest(_message.Message):
     shadow_pair_id: str
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., routing_key: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., task: _Optional[_Union[Task, str]] = ..., generation: _Optional[_Union[GenerationParams, _Mapping]] = ..., post_process: _Optional[_Union[PostProcess, str]] = ..., top_k: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., reply_topic: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ..., pinned_version: _Optional[str] = ..., shadow: _Optional[bool] = ..., mirror_result: _Optional[bool] = ..., routed_version: _Optional[str] = ..., routed_at_unix_ms: _Optional[int] = ..., routing_epoch: _Optional[int] = ..., shadow_pair_id: _Optional[str] = ...) -> None: ...
 
+class CancelRequest(_message.Message):
+    __slots__ = ("request_id", "reply_topic", "model", "created_at_unix_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLY_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    reply_topic: str
+    model: str
+    created_at_unix_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., reply_topic: _Optional[str] = ..., model: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ...) -> None: ...
+
 class Timing(_message.Message):
-    __slots__ = ("created_at_unix_ms", "routed_at_unix_ms", "dequeued_at_unix_ms", "completed_at_unix_ms", "queue_wait_ms", "compute_ms", "total_ms", "batch_size")
+    __slots__ = ("created_at_unix_ms", "routed_at_unix_ms", "dequeued_at_unix_ms", "completed_at_unix_ms", "queue_wait_ms", "compute_ms", "total_ms", "batch_size", "ttft_ms", "tpot_ms")
     CREATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     ROUTED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     DEQUEUED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +204,8 @@ class Timing(_message.Message):
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TTFT_MS_FIELD_NUMBER: _ClassVar[int]
+    TPOT_MS_FIELD_NUMBER: _ClassVar[int]
     created_at_unix_ms: int
     routed_at_unix_ms: int
     dequeued_at_unix_ms: int
@@ -161,10 +214,28 @@ class Timing(_message.Message):
     compute_ms: float
     total_ms: float
     batch_size: int
-    def __init__(self, created_at_unix_ms: _Optional[int] = ..., routed_at_unix_ms: _Optional[int] = ..., dequeued_at_unix_ms: _Optional[int] = ..., completed_at_unix_ms: _Optional[int] = ..., queue_wait_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
+    ttft_ms: float
+    tpot_ms: float
+    def __init__(self, created_at_unix_ms: _Optional[int] = ..., routed_at_unix_ms: _Optional[int] = ..., dequeued_at_unix_ms: _Optional[int] = ..., completed_at_unix_ms: _Optional[int] = ..., queue_wait_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+
+class StreamChunk(_message.Message):
+    __slots__ = ("sequence", "final")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    final: bool
+    def __init__(self, sequence: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class InferenceResult(_message.Message):
-    __slots__ = ("request_id", "model", "version", "variant", "outputs", "generated_token_ids", "text", "status", "error_code", "error_message", "timing", "shadow", "worker_id", "routing_key", "task", "shadow_pair_id")
+    __slots__ = ("request_id", "model", "version", "variant", "outputs", "generated_token_ids", "text", "status", "error_code", "error_message", "timing", "shadow", "worker_id", "routing_key", "task", "shadow_pair_id", "finish_reason", "usage", "chunk")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +252,9 @@ class InferenceResult(_message.Message):
     ROUTING_KEY_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     SHADOW_PAIR_ID_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     version: str
@@ -197,4 +271,7 @@ class InferenceResult(_message.Message):
     routing_key: str
     task: Task
     shadow_pair_id: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., shadow: _Optional[bool] = ..., worker_id: _Optional[str] = ..., routing_key: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., shadow_pair_id: _Optional[str] = ...) -> None: ...
+    finish_reason: FinishReason
+    usage: Usage
+    chunk: StreamChunk
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., shadow: _Optional[bool] = ..., worker_id: _Optional[str] = ..., routing_key: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., shadow_pair_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., chunk: _Optional[_Union[StreamChunk, _Mapping]] = ...) -> None: ...

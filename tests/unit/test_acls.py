@@ -40,8 +40,8 @@ def readable(role: KafkaRole) -> set[str]:
     return {t for t in every_topic() if allows(ACLS[role], Resource.TOPIC, t, Operation.READ)}
 
 
-def test_producer_writes_only_ingress_and_reads_only_its_reply_topic() -> None:
-    assert writable(KafkaRole.PRODUCER) == {L.ingress("gpt"), L.ingress("bert")}
+def test_producer_writes_only_ingress_and_cancels_and_reads_only_its_reply_topic() -> None:
+    assert writable(KafkaRole.PRODUCER) == {L.ingress("gpt"), L.ingress("bert"), L.cancels()}
     assert readable(KafkaRole.PRODUCER) == {L.reply("app1")}
     rules = ACLS[KafkaRole.PRODUCER]
     for topic in (L.routing(), L.precision(), L.rollouts(), L.commands(), L.audit()):
@@ -195,7 +195,9 @@ def test_cli_prints_commands_for_the_principal_map(
     producer = [line for line in out if "User:app" in line and not line.startswith("#")]
     assert producer == [
         "kafka-acls.sh --bootstrap-server b:9092 --add --allow-principal User:app "
-        "--operation Write --topic gl.requests.gpt"
+        "--operation Write --topic gl.requests.gpt",
+        "kafka-acls.sh --bootstrap-server b:9092 --add --allow-principal User:app "
+        "--operation Write --topic gl.cancels",
     ]
     assert any("User:router" in line and "gl.control.routing" in line for line in out)
     with pytest.raises(SystemExit, match="unknown role"):
