@@ -486,7 +486,7 @@ class WorkerEngines:
         except EngineError as exc:
             if not isinstance(exc, InjectedFault):
                 log.exception("engine failure on a batch of %d", len(items))
-                await self._failed(exc)
+                await self.engine_failed(exc)
             run, failure = BatchRun({}, 0.0, 0), engine_rejection(exc)
         except Exception as exc:
             log.exception("unexpected error running a batch of %d", len(items))
@@ -494,8 +494,20 @@ class WorkerEngines:
             failure = Rejection(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
         return RanBatch(run, failure, self._load.add(run.compute_ms / 1000.0))
 
-    async def _failed(self, exc: EngineError) -> None:
-        """Count a failed batch; reload the engines or give up when :class:`EngineHealth` says."""
+    def note_busy(self, busy_s: float) -> float:
+        """Engine time spent outside :meth:`run` (decode steps); the device load."""
+        return self._load.add(busy_s)
+
+    @property
+    def device_load(self) -> float:
+        return self._load.add(0.0)
+
+    async def engine_failed(self, exc: EngineError) -> None:
+        """Count a failed batch; reload the engines or give up when :class:`EngineHealth` says.
+
+        Injected faults stand for a failing engine but are not counted (see the module)."""
+        if isinstance(exc, InjectedFault):
+            return
         reason = f"{type(exc).__name__}: {exc}"
         verdict = self.health.failed(reason)
         if verdict is EngineVerdict.EXIT:

@@ -122,6 +122,9 @@ class Job:
     work: WorkItem
     result: inference_pb2.InferenceResult | None = None
     rejection: Rejection | None = None
+    stream_tail: inference_pb2.InferenceResult | None = None
+    """A streamed generation's final chunk: what its reply topic gets instead of
+    ``result`` (which the shadow-pairs topic still gets whole)."""
 
     @property
     def index(self) -> int:

@@ -55,28 +55,40 @@ from graylane.engine_worker.batching import (
 )
 from graylane.engine_worker.compute import Reloader, WorkerEngines, profile_buckets, warm_up
 from graylane.engine_worker.faults import FaultInjection
+from graylane.engine_worker.generation import (
+    CancelBook,
+    ContinuousDecoder,
+    DecoderLimits,
+    Finished,
+    StreamPolicy,
+    finish_reason_pb,
+)
 from graylane.engine_worker.requests import (
     IntakeRules,
     Job,
     Limits,
+    TaskKind,
     Tokenizer,
     decode,
     detect_tokenizer,
     distrust_shadow,
     validate,
 )
+from graylane.engine_worker.tasks import GenerationResult, kv_cache_layout
 from graylane.engine_worker.wire import (
     BatchClock,
     BatchIds,
     BatchReport,
     ResultContext,
     build_batch,
+    generation_report,
+    generation_result,
     shed_telemetry,
 )
 from graylane.errors import ErrorCode, SerdeError
 from graylane.kafka.admin import MessageLimits
 from graylane.kafka.loop import ConsumeLoop, LoopHooks
-from graylane.kafka.reading import CompactedFollower, consumer_lag
+from graylane.kafka.reading import CompactedFollower, FollowFrom, consumer_lag, follow
 from graylane.kafka.replies import Rejection, ReplySink
 from graylane.kafka.seam import BatchConsumer, ConsumerOptions, KafkaFactory, Producer, Record
 from graylane.metrics import (
@@ -89,7 +101,7 @@ from graylane.metrics import (
 from graylane.settings import Settings
 from graylane.supervision import BackgroundTasks
 from graylane.topics import TopicLayout
-from graylane.v1 import control_pb2, telemetry_pb2
+from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
 
 __all__ = [
     "ACTIVATE",
@@ -156,6 +168,20 @@ class WorkerConfig:
     """The artifact's build profiles: warm-up shapes (and buckets: ``profile_buckets``)."""
     standby: bool = False
     """Warm up, then wait out of the group until activated (:func:`wait_for_activation`)."""
+    continuous_batching: bool = True
+    """GENERATE on a model with a KV cache runs in one continuous decode batch per variant
+    (:mod:`~graylane.engine_worker.generation`), not per fetched cycle."""
+    max_sequences: int = 0
+    """Sequences decoding together (0 = max_batch_size)."""
+    max_prefill_tokens: int = 0
+    """Prompt tokens prefilled in one decode step (0 = no cap; one prompt always joins)."""
+    max_kv_tokens: int = 0
+    """Cache positions the running sequences may reserve together (0 = no cap)."""
+    stream: StreamPolicy = field(default_factory=StreamPolicy)
+    """When a streamed generation publishes a chunk (a request may name its own)."""
+    max_in_flight: int = 8
+    """Fetched cycles whose answers may be unacknowledged at once (offsets are committed
+    in order as they are): what lets a request join a running decode batch."""
 
 
 # --- warm standby -----------------------------------------------------------------------
@@ -368,6 +394,8 @@ class Worker:
         self._fetch = CycleFetch(config, self.learner)
         self._batch_ids = BatchIds(config.worker_id)
         self._background = BackgroundTasks()
+        self._decoders: dict[str, tuple[InferenceEngine, ContinuousDecoder]] = {}
+        self._cancels = CancelBook()
         self._engines = WorkerEngines(
             engines,
             config.faults,
@@ -469,12 +497,18 @@ class Worker:
         )
         futures: list[Awaitable[object]] = []
         jobs: list[Job] = []
+        decoder = self._decoder(context, engine, sink, producer)
         for index, record in enumerate(records):
             checked = await self._intake(index, record, rules, sink, variant)
-            if isinstance(checked, Job):
-                jobs.append(checked)
-            else:
+            if not isinstance(checked, Job):
                 futures.append(checked)
+            elif decoder is not None and checked.task is TaskKind.GENERATE:
+                futures.append(decoder.submit(checked))
+                request = checked.request
+                if self._cancels.cancelled(request.request_id, request.reply_topic, time.time()):
+                    decoder.cancel(request.request_id, request.reply_topic)
+            else:
+                jobs.append(checked)
         choice = self._fetch.choice
         planned_batches = self.policy.plan_batches(jobs, choice.steady_batch)
         if choice.then:  # exploring: one batch of the explored size first
@@ -511,6 +545,101 @@ class Worker:
                 spent_ms = (time.perf_counter() - started) * 1000.0
                 self.learner.observe(len(kept), spent_ms, batch.bucket_len)
         return futures
+
+    # -- continuous decoding -----------------------------------------------------
+    def _decoder(
+        self,
+        context: ResultContext,
+        engine: InferenceEngine,
+        sink: ReplySink,
+        producer: Producer,
+    ) -> ContinuousDecoder | None:
+        """The running decode batch of the active variant (None: generation runs per batch)."""
+        cfg = self.config
+        if not cfg.continuous_batching or kv_cache_layout(engine.io) is None:
+            return None
+        known = self._decoders.get(context.variant)
+        if known is not None and known[0] is engine:
+            return known[1]
+
+        async def deliver(finished: Finished) -> list[Awaitable[object]]:
+            report = generation_report(
+                finished.jobs,
+                context,
+                started_ms=finished.started_ms,
+                device_load=self._engines.device_load,
+                batch_id=self._batch_ids.of(finished.jobs[0].record),
+            )
+            report.telemetry.lag = self.observer.lag
+            self.observer.record(report, context.variant)
+            self.served += report.served
+            return await self._deliver(report, sink, producer)
+
+        async def send_chunk(job: Job, chunk: inference_pb2.InferenceResult) -> Awaitable[object]:
+            topic = sink.reply_topic(job.request)
+            key = job.request.request_id.encode("utf-8")
+            return await producer.send(topic, serde.encode(chunk), key=key)
+
+        def result_of(
+            job: Job, result: GenerationResult, started_ms: int
+        ) -> inference_pb2.InferenceResult:
+            reason = finish_reason_pb(result.finished_reason)
+            return generation_result(job, result, context, started_ms=started_ms, reason=reason)
+
+        sequences = cfg.max_sequences or cfg.max_batch_size
+        decoder = ContinuousDecoder(
+            self._engines,
+            context,
+            engine,
+            DecoderLimits(
+                max_sequences=sequences,
+                max_seq_len=self.limits.max_seq_len,
+                max_prefill_tokens=cfg.max_prefill_tokens or None,
+                max_kv_tokens=cfg.max_kv_tokens or None,
+            ),
+            stream=cfg.stream,
+            decode_text=self.tokenizer.decode if self.tokenizer is not None else None,
+            deliver=deliver,
+            send_chunk=send_chunk,
+            result_of=result_of,
+        )
+        if known is not None:
+            self._background.spawn(known[1].drain_and_close(), name="decoder-retire")
+        self._decoders[context.variant] = (engine, decoder)
+        return decoder
+
+    def _apply_cancel_record(self, record: Record) -> None:
+        """A cancel from the topic: stop the generation here, or remember it for a while."""
+        try:
+            cancel = serde.decode(inference_pb2.CancelRequest, record.value)
+        except SerdeError as exc:
+            log.warning("bad cancel at offset %d: %s", record.offset, exc)
+            return
+        if cancel.model and cancel.model != self.config.model:
+            return
+        hit = any(
+            decoder.cancel(cancel.request_id, cancel.reply_topic)
+            for _, decoder in self._decoders.values()
+        )
+        if not hit:
+            self._cancels.note(cancel.request_id, cancel.reply_topic, time.time())
+
+    async def _follow_cancels(self, stop: asyncio.Event, ready: asyncio.Event) -> None:
+        def handle(record: Record) -> None:
+            try:
+                self._apply_cancel_record(record)
+            except Exception:  # one record never ends the follower
+                log.exception("cancel at offset %d passed over", record.offset)
+
+        await follow(
+            self.factory,
+            self.layout.cancels(),
+            handle,
+            stop,
+            start_at=FollowFrom.END,
+            ready=ready,
+            client_suffix="worker-cancels",
+        )
 
     async def _intake(
         self, index: int, record: Record, rules: IntakeRules, sink: ReplySink, variant: str
@@ -601,7 +730,8 @@ class Worker:
                 reason = f"reply topic {topic!r} does not exist"
                 futures.append(await sink.dead_letter(job.record, ErrorCode.BAD_REQUEST, reason))
                 continue
-            futures.append(await producer.send(topic, payload, key=key))
+            answer = payload if job.stream_tail is None else serde.encode(job.stream_tail)
+            futures.append(await producer.send(topic, answer, key=key))
             if request.mirror_result:
                 futures.append(await producer.send(shadow_topic, payload, key=key))
         futures.append(await self._send_telemetry(producer, report.telemetry))
@@ -681,6 +811,10 @@ class Worker:
         await loop.start()
         background = self._background
         background.spawn(self._precision.follow(stop), name="worker-precision-follower")
+        cancels_ready = asyncio.Event()
+        background.spawn(self._follow_cancels(stop, cancels_ready), name="worker-cancels")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cancels_ready.wait(), 30.0)
         self.ready.set()
         log.info(
             "worker %s serving %s/%s with %s",
@@ -692,6 +826,8 @@ class Worker:
         try:
             await loop.run(stop, self.hooks(sink, producer), healthy=lambda: background.healthy)
         finally:
+            for _, decoder in self._decoders.values():
+                await decoder.close()
             await background.close()
             await loop.stop()  # a clean stop hands its partitions over at once
             await producer.stop()

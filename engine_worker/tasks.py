@@ -75,6 +75,8 @@ class FinishReason(Enum):
     """``max_new_tokens`` were generated."""
     MAX_SEQ = "max_seq"
     """Prompt plus generated tokens reached ``max_seq_len``."""
+    CANCELLED = "cancelled"
+    """Stopped from outside (:meth:`KvDecodeLoop.cancel`) with the tokens so far."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,12 +453,17 @@ class SchedulerLimits:
     """Rows in the running decode batch."""
     max_prefill_tokens: int | None = None
     """Prompt tokens admitted per step (at least one prompt always joins); ``None``: no cap."""
+    max_kv_tokens: int | None = None
+    """Cache positions the running rows may reserve together (each row reserves its prompt
+    plus its ``max_new_tokens``; one row always runs); ``None``: no cap."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise SchedulerError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
             raise SchedulerError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        if self.max_kv_tokens is not None and self.max_kv_tokens < 1:
+            raise SchedulerError(f"max_kv_tokens must be >= 1, got {self.max_kv_tokens}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,6 +483,8 @@ class DecodeScheduler:
         self._waiting: deque[tuple[int, int]] = deque()  # (seq_id, prompt_len)
         self._running: list[int] = []
         self._known: set[int] = set()
+        self._reserved: dict[int, int] = {}
+        """Cache positions each known sequence may grow to (prompt + max new tokens)."""
 
     @property
     def running(self) -> tuple[int, ...]:
@@ -490,29 +499,54 @@ class DecodeScheduler:
     def idle(self) -> bool:
         return not self._running and not self._waiting
 
-    def submit(self, seq_id: int, prompt_len: int) -> None:
-        """Queue a sequence; it joins at a later :meth:`admit`."""
+    @property
+    def reserved_kv_tokens(self) -> int:
+        """Cache positions the running rows reserve together."""
+        return sum(self._reserved[s] for s in self._running)
+
+    def submit(self, seq_id: int, prompt_len: int, reserve: int | None = None) -> None:
+        """Queue a sequence; it joins at a later :meth:`admit`.
+
+        ``reserve``: the cache positions it may grow to (default: its prompt).
+        """
         if seq_id in self._known:
             raise SchedulerError(f"sequence {seq_id} was already submitted")
         if prompt_len < 1:
             raise SchedulerError(f"sequence {seq_id}: prompt must be non-empty")
         self._known.add(seq_id)
+        self._reserved[seq_id] = max(prompt_len, reserve or 0)
         self._waiting.append((seq_id, prompt_len))
+
+    def withdraw(self, seq_id: int) -> bool:
+        """Remove a waiting sequence (it never ran); False if it is not waiting."""
+        for entry in self._waiting:
+            if entry[0] == seq_id:
+                self._waiting.remove(entry)
+                self._known.discard(seq_id)
+                self._reserved.pop(seq_id, None)
+                return True
+        return False
 
     def admit(self) -> DecodeJoin:
         """Move waiting sequences into free rows; the caller prefills them next."""
         first_row = len(self._running)
         free = self.limits.max_batch_size - first_row
         budget = self.limits.max_prefill_tokens
+        kv_budget = self.limits.max_kv_tokens
+        kv = self.reserved_kv_tokens
         joining: list[int] = []
         tokens = 0
         while self._waiting and len(joining) < free:
             seq_id, length = self._waiting[0]
             if joining and budget is not None and tokens + length > budget:
                 break
+            reserve = self._reserved[seq_id]
+            if kv_budget is not None and (self._running or joining) and kv + reserve > kv_budget:
+                break
             self._waiting.popleft()
             joining.append(seq_id)
             tokens += length
+            kv += reserve
         self._running.extend(joining)
         return DecodeJoin(tuple(joining), first_row)
 
@@ -525,6 +559,8 @@ class DecodeScheduler:
         kept = tuple(row for row, seq_id in enumerate(self._running) if seq_id not in gone)
         self._running = [self._running[row] for row in kept]
         self._known -= gone
+        for seq_id in gone:
+            self._reserved.pop(seq_id, None)
         return kept
 
 
@@ -663,9 +699,11 @@ class KvDecodeLoop:
         max_seq_len: int,
         pad_id: int = 0,
         max_prefill_tokens: int | None = None,
+        max_kv_tokens: int | None = None,
         on_logits: Callable[[int, np.ndarray], None] | None = None,
     ) -> None:
-        """``on_logits(seq_id, logits)`` sees the vector each new token is chosen from."""
+        """``on_logits(seq_id, logits)`` sees the vector each new token is chosen from;
+        ``max_kv_tokens`` caps the cache positions the running rows reserve together."""
         layout = kv_cache_layout(engine.io)
         if layout is None:
             raise InvalidInputError(
@@ -678,7 +716,11 @@ class KvDecodeLoop:
         self.max_seq_len = max_seq_len
         self.pad_id = pad_id
         self.scheduler = DecodeScheduler(
-            SchedulerLimits(max_batch_size=max_batch_size, max_prefill_tokens=max_prefill_tokens)
+            SchedulerLimits(
+                max_batch_size=max_batch_size,
+                max_prefill_tokens=max_prefill_tokens,
+                max_kv_tokens=max_kv_tokens,
+            )
         )
         self.stats = LoopStats()
         self._on_logits = on_logits
@@ -713,8 +755,26 @@ class KvDecodeLoop:
             self._done_early.append((seq_id, GenerationResult((), FinishReason.MAX_SEQ)))
         else:
             self._seqs[seq_id] = _Sequence(tokens, max_new_tokens, eos_id)
-            self.scheduler.submit(seq_id, len(tokens))
+            reserve = min(self.max_seq_len, len(tokens) + max_new_tokens)
+            self.scheduler.submit(seq_id, len(tokens), reserve)
         return seq_id
+
+    def tokens_of(self, seq_id: int) -> tuple[int, ...]:
+        """The tokens a running or waiting sequence generated so far (empty once finished)."""
+        seq = self._seqs.get(seq_id)
+        return () if seq is None else tuple(seq.generated)
+
+    def cancel(self, seq_id: int) -> GenerationResult | None:
+        """Stop a waiting or running sequence now, freeing its cache rows; its result
+        (the tokens so far, :attr:`FinishReason.CANCELLED`), or None if it is not live."""
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            return None
+        if not self.scheduler.withdraw(seq_id):
+            kept = self.scheduler.leave([seq_id])
+            self._keep_rows(np.asarray(kept, dtype=np.int64))
+        del self._seqs[seq_id]
+        return GenerationResult(tuple(seq.generated), FinishReason.CANCELLED)
 
     def step(self) -> list[tuple[int, GenerationResult]]:
         """Admit and prefill joiners, then one decode step; the sequences finished meanwhile."""

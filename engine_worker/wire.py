@@ -14,13 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from graylane import serde
+from graylane.clock import now_ms
 from graylane.engine_worker.compute import (
     BatchRun,
     ForwardOutcome,
     GenerateOutcome,
     engine_rejection,
 )
-from graylane.engine_worker.requests import Job, Tokenizer, input_rejection
+from graylane.engine_worker.requests import Job, TaskKind, Tokenizer, input_rejection
+from graylane.engine_worker.tasks import GenerationResult
 from graylane.errors import ErrorCode
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
@@ -34,11 +36,24 @@ __all__ = [
     "BatchReport",
     "ResultContext",
     "build_batch",
+    "generation_report",
+    "generation_result",
     "shed_telemetry",
     "timing",
 ]
 
 _MIN_MS = 0.001  # histograms take positive values only
+_INPUT_CODES = frozenset(
+    {
+        ErrorCode.BAD_REQUEST,
+        ErrorCode.BAD_SHAPE,
+        ErrorCode.BAD_DTYPE,
+        ErrorCode.MISSING_INPUT,
+        ErrorCode.UNEXPECTED_INPUT,
+        ErrorCode.SEQUENCE_TOO_LONG,
+        ErrorCode.PAYLOAD_TOO_LARGE,
+    }
+)
 _REMEMBERED = 4096
 
 
@@ -127,7 +142,95 @@ def _result(
         result.generated_token_ids.extend(tokens)
         if ctx.tokenizer is not None:
             result.text = ctx.tokenizer.decode(tokens)
+        if request.generation.stream and not request.shadow:
+            result.chunk.final = True  # decoded per batch: the whole stream in one chunk
     return result
+
+
+def generation_result(
+    job: Job,
+    outcome: GenerationResult,
+    ctx: ResultContext,
+    *,
+    started_ms: int,
+    reason: int,
+) -> inference_pb2.InferenceResult:
+    """The answer of one generation of the continuous decode loop (``reason``: the
+    wire's FinishReason); its timing is the request's own, from ``started_ms``."""
+    done = now_ms()
+    clock = BatchClock(dequeued_ms=started_ms, started_ms=started_ms, done_ms=done)
+    when = timing(job.request, clock, float(max(0, done - started_ms)), 1)
+    result = _result(job.request, GenerateOutcome(outcome), ctx, when)
+    result.finish_reason = reason  # type: ignore[assignment]
+    result.usage.prompt_tokens = len(job.work.prompt_tokens)
+    result.usage.completion_tokens = len(outcome.tokens)
+    return result
+
+
+def generation_report(
+    jobs: Sequence[Job],
+    ctx: ResultContext,
+    *,
+    started_ms: int,
+    device_load: float,
+    batch_id: telemetry_pb2.BatchId | None = None,
+) -> BatchReport:
+    """The report of generations that ended together, each already answered (result or
+    rejection): sheds count as sheds, input errors as input errors, the rest as errors."""
+    latency, queue_wait = LatencyHistogram(), LatencyHistogram()
+    error_codes: dict[ErrorCode, int] = {}
+    shadow_count = input_errors = shed = 0
+    done = now_ms()
+    for job in jobs:
+        shadow_count += int(job.request.shadow)
+        if job.rejection is not None:
+            code = job.rejection.code
+            error_codes[code] = error_codes.get(code, 0) + 1
+            if code is ErrorCode.SHED:
+                shed += 1
+            elif code in _INPUT_CODES:
+                input_errors += 1
+            else:
+                latency.record(
+                    _since_routed(
+                        job.request,
+                        BatchClock(dequeued_ms=done, started_ms=started_ms, done_ms=done),
+                    )
+                )
+            continue
+        if job.result is None:
+            continue
+        when = job.result.timing
+        clock = BatchClock(
+            dequeued_ms=when.dequeued_at_unix_ms, started_ms=started_ms, done_ms=done
+        )
+        latency.record(_since_routed(job.request, clock))
+        queue_wait.record(max(when.queue_wait_ms, _MIN_MS))
+    served = [job for job in jobs if job.result is not None]
+    compute = sum(job.result.timing.compute_ms for job in served if job.result is not None)
+    telemetry = telemetry_pb2.BatchTelemetry(
+        model=ctx.model,
+        version=ctx.version,
+        variant=ctx.variant,
+        worker_id=ctx.worker_id,
+        batch_size=len(jobs) - shed,
+        request_count=len(jobs) - shed,
+        error_count=sum(error_codes.values()) - input_errors - shed,
+        input_error_count=input_errors,
+        shed_count=shed,
+        batch_id=batch_id,
+        latency=histogram_to_pb(latency),
+        queue_wait=histogram_to_pb(queue_wait),
+        queue_wait_ms_mean=queue_wait.mean_ms if queue_wait.count else 0.0,
+        compute_ms=compute / len(served) if served else 0.0,
+        device_load=device_load,
+        started_at_unix_ms=started_ms,
+        completed_at_unix_ms=done,
+        shadow_count=shadow_count,
+        error_codes={code.name: n for code, n in error_codes.items()},
+        task=TaskKind.GENERATE.value,
+    )
+    return BatchReport(tuple(jobs), telemetry, error_codes)
 
 
 def build_batch(

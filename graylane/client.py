@@ -12,11 +12,17 @@ back on a per-client reply topic, read by a
 :class:`~graylane.kafka.reading.TopicFollower`, and are matched by request_id.
 Delivery is at-least-once, so a result can arrive twice; the client hands out
 the first and drops the copy.
+
+A generation can be streamed: ``async for chunk in client.stream("gpt", prompt=...)``
+yields :class:`Chunk` objects in order as the worker publishes them (the last one has
+``final`` set, its finish reason and the whole :class:`Result`); leaving the loop
+early cancels the generation (:meth:`GraylaneClient.cancel`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections import OrderedDict
@@ -44,6 +50,7 @@ from graylane.settings import Settings
 from graylane.v1 import inference_pb2
 
 __all__ = [
+    "Chunk",
     "ClientError",
     "GraylaneClient",
     "InferenceTimeout",
@@ -148,6 +155,60 @@ class Result:
         return ErrorCode.__members__.get(self.error_code)
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """One piece of a streamed generation: the tokens and text new since the previous one."""
+
+    request_id: str
+    sequence: int
+    tokens: tuple[int, ...]
+    text: str
+    final: bool
+    finish_reason: str = ""
+    """On the final chunk: ``length``, ``stop``, ``eos``, ``cancelled``, ``failed`` or
+    ``max_sequence``."""
+    result: Result | None = None
+    """On the final chunk: the request's result (its timing, usage, version); its
+    tokens and text are the final chunk's own."""
+
+
+def _finish_reason_name(value: int) -> str:
+    try:
+        name = inference_pb2.FinishReason.Name(value)
+    except ValueError:
+        return "unknown"
+    return "" if value == 0 else name.lower()
+
+
+class _Stream:
+    """Chunks of one streamed request, in sequence order, duplicates dropped."""
+
+    def __init__(self, sent_ms: int) -> None:
+        self.sent_ms = sent_ms
+        self.next = 0
+        self.queue: asyncio.Queue[Chunk | Result] = asyncio.Queue()
+
+    def take(self, pb: inference_pb2.InferenceResult) -> None:
+        if not pb.HasField("chunk"):  # an error answered before anything ran
+            self.queue.put_nowait(Result.from_pb(pb, self.sent_ms))
+            return
+        if pb.chunk.sequence != self.next:
+            return  # a re-sent chunk (at-least-once), or a restarted stream's repeat
+        self.next += 1
+        final = pb.chunk.final
+        self.queue.put_nowait(
+            Chunk(
+                request_id=pb.request_id,
+                sequence=pb.chunk.sequence,
+                tokens=tuple(pb.generated_token_ids),
+                text=pb.text,
+                final=final,
+                finish_reason=_finish_reason_name(pb.finish_reason) if final else "",
+                result=Result.from_pb(pb, self.sent_ms) if final else None,
+            )
+        )
+
+
 class GraylaneClient:
     """Submits inference requests over Kafka and collects their results.
 
@@ -173,6 +234,7 @@ class GraylaneClient:
         self._producer: Producer | None = None
         self._reader: TopicFollower | None = None
         self._waiters: dict[str, asyncio.Future[Result]] = {}
+        self._streams: dict[str, _Stream] = {}
         self._sent_at: OrderedDict[str, int] = OrderedDict()  # bounded by max_seen
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._max_seen = max_seen
@@ -226,6 +288,13 @@ class GraylaneClient:
             return
         if pb.request_id in self._seen:
             return  # an at-least-once duplicate
+        stream = self._streams.get(pb.request_id)
+        if stream is not None:
+            try:
+                stream.take(pb)
+            except Exception as exc:  # one bad record must not end the reader
+                log.error("unreadable chunk %r: %s", pb.request_id[:128], exc)
+            return
         try:
             result = Result.from_pb(pb, self._sent_at.get(pb.request_id))
         except Exception as exc:  # one bad record must not end the reader
@@ -263,6 +332,10 @@ class GraylaneClient:
         pinned_version: str = "",
         request_id: str | None = None,
         reply_topic: str | None = None,
+        stream: bool = False,
+        stream_every_tokens: int = 0,
+        stream_every_ms: int = 0,
+        ttft_deadline_ms: int = 0,
     ) -> inference_pb2.InferenceRequest:
         created = now_ms()
         return inference_pb2.InferenceRequest(
@@ -278,6 +351,10 @@ class GraylaneClient:
                 max_new_tokens=max_new_tokens,
                 eos_token_id=eos_token_id or 0,
                 has_eos=eos_token_id is not None,
+                stream=stream,
+                stream_every_tokens=stream_every_tokens,
+                stream_every_ms=stream_every_ms,
+                ttft_deadline_ms=ttft_deadline_ms,
             ),
             post_process=post_process_to_pb(post_process),
             top_k=top_k,
@@ -324,6 +401,59 @@ class GraylaneClient:
         while True:
             yield await self._queue.get()
 
+    async def stream(
+        self, model: str, *, timeout: float = 30.0, **kwargs: object
+    ) -> AsyncIterator[Chunk]:
+        """Submit a streamed generation and yield its chunks in order, the final one last.
+
+        ``timeout`` bounds the wait for each chunk. Leaving the loop before the final
+        chunk (``break``, an exception, a cancelled task) cancels the generation.
+        Raises :class:`RequestRejected` (or :class:`UnknownModel`) on an error answer.
+        """
+        kwargs.setdefault("task", Task.GENERATE)
+        request = self.build_request(model, stream=True, **kwargs)  # type: ignore[arg-type]
+        stream = _Stream(request.created_at_unix_ms)
+        self._streams[request.request_id] = stream
+        finished = False
+        try:
+            await self.send(request)
+            while True:
+                try:
+                    item = await asyncio.wait_for(stream.queue.get(), timeout)
+                except TimeoutError:
+                    raise InferenceTimeout(
+                        f"no chunk of {request.request_id} ({model!r}) within {timeout}s"
+                    ) from None
+                if isinstance(item, Result):
+                    finished = True
+                    _raise_for(item)
+                    continue
+                finished = item.final
+                yield item
+                if item.final:
+                    if item.result is not None:
+                        _raise_for(item.result)
+                    return
+        finally:
+            self._streams.pop(request.request_id, None)
+            self._forget(request.request_id)
+            if not finished:
+                with contextlib.suppress(Exception):
+                    await self.cancel(request.request_id, model=model)
+
+    async def cancel(self, request_id: str, *, model: str = "") -> None:
+        """Ask the workers to stop generating ``request_id`` (sent on this client's behalf:
+        a worker honours it only for a request that named this client's reply topic)."""
+        cancel = inference_pb2.CancelRequest(
+            request_id=request_id,
+            reply_topic=self.reply_topic if self._listen else "",
+            model=model,
+            created_at_unix_ms=now_ms(),
+        )
+        await require_started(self._producer).send_and_wait(
+            self.layout.cancels(), serde.encode(cancel), key=request_id.encode("utf-8")
+        )
+
     async def infer(self, model: str, *, timeout: float = 30.0, **kwargs: object) -> Result:
         """Submit and wait for the result; raises on timeout or an error result."""
         request = self.build_request(model, **kwargs)  # type: ignore[arg-type]
@@ -340,11 +470,16 @@ class GraylaneClient:
             self._waiters.pop(request.request_id, None)
             if waiter.cancelled() or not waiter.done():
                 self._forget(request.request_id)  # a late result is dropped, not queued
-        if not result.ok:
-            if result.code in (ErrorCode.UNKNOWN_MODEL, ErrorCode.UNKNOWN_VERSION):
-                raise UnknownModel(f"{result.error_code}: {result.error_message}", result)
-            raise RequestRejected(result)
+        _raise_for(result)
         return result
+
+
+def _raise_for(result: Result) -> None:
+    """Raise the client error of an error result."""
+    if not result.ok:
+        if result.code in (ErrorCode.UNKNOWN_MODEL, ErrorCode.UNKNOWN_VERSION):
+            raise UnknownModel(f"{result.error_code}: {result.error_message}", result)
+        raise RequestRejected(result)
 
 
 def _error_code_name(value: int) -> str:

@@ -1,0 +1,557 @@
+"""Continuous batching in the serving path: one running decode batch per variant.
+
+A worker whose model has a KV cache does not run ``GENERATE`` requests per fetched
+cycle. Each one is handed to the :class:`ContinuousDecoder` of the variant that is
+active when it arrives, which steps a :class:`~graylane.engine_worker.tasks.KvDecodeLoop`
+on the engine thread for as long as it has sequences: a request fetched while others
+decode joins the running batch at the next step (the loop's scheduler bounds the rows,
+the prompt tokens prefilled per step and the cache positions reserved), a finished row
+leaves at once, and its answer is sent right away, not when its batch-mates finish.
+
+Between two steps, on the event loop (the only writer of the decode loop), the decoder
+applies what arrived meanwhile: new sequences, cancels (:meth:`ContinuousDecoder.cancel`:
+the sequence leaves the batch with its tokens so far, ``CANCELLED``) and sheds (a
+sequence still waiting for a row when its time-to-first-token budget or its deadline
+passes is answered ``SHED``: it could not start in time).
+
+A streamed request (``GenerationParams.stream``) gets ordered chunks on its reply topic
+as it decodes (:class:`StreamCursor`: a chunk once ``every_tokens`` new tokens or
+``every_ms`` passed, text held back while it could still be cut by a stop string or
+ends inside a UTF-8 character) and a final chunk with the rest, the finish reason, the
+usage and the timings. The final answer of every generation goes through the worker's
+usual delivery (results, shadow pairs, telemetry); the awaitable :meth:`submit` returns
+resolves once it and every chunk before it are acknowledged, so the consume loop
+commits the request's offset only then (at-least-once: a restart decodes it again,
+and a stream restarts at sequence 0).
+
+Pure bookkeeping (:class:`StreamCursor`, :func:`safe_text`, :class:`CancelBook`) sits
+apart from the asyncio driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from graylane.clock import now_ms
+from graylane.engine.errors import EngineError, InvalidInputError
+from graylane.engine.protocol import InferenceEngine
+from graylane.engine_worker.compute import WorkerEngines, engine_rejection
+from graylane.engine_worker.requests import Job, input_rejection
+from graylane.engine_worker.tasks import FinishReason, GenerationResult, KvDecodeLoop
+from graylane.engine_worker.wire import ResultContext
+from graylane.errors import ErrorCode
+from graylane.kafka.replies import Rejection
+from graylane.v1 import inference_pb2
+
+__all__ = [
+    "FINISH_REASONS",
+    "CancelBook",
+    "ChunkPiece",
+    "ContinuousDecoder",
+    "DecoderLimits",
+    "Finished",
+    "StreamCursor",
+    "StreamPolicy",
+    "safe_text",
+]
+
+log = logging.getLogger(__name__)
+
+FINISH_REASONS: dict[FinishReason, int] = {
+    FinishReason.LENGTH: inference_pb2.LENGTH,
+    FinishReason.EOS: inference_pb2.EOS,
+    FinishReason.MAX_SEQ: inference_pb2.MAX_SEQUENCE,
+    FinishReason.CANCELLED: inference_pb2.CANCELLED,
+}
+"""The wire's finish reason of each decode-loop reason (others map by name)."""
+
+
+def finish_reason_pb(reason: FinishReason) -> int:
+    """The protobuf ``FinishReason`` of a decode-loop reason."""
+    known = FINISH_REASONS.get(reason)
+    if known is not None:
+        return known
+    return int(inference_pb2.FinishReason.Value(reason.name))
+
+
+# --- streaming (pure) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamPolicy:
+    """When a streamed generation publishes a chunk (whichever comes first)."""
+
+    every_tokens: int = 4
+    """New tokens that make a chunk."""
+    every_ms: float = 50.0
+    """Time since the previous chunk that makes one (once a new token is there)."""
+
+    def __post_init__(self) -> None:
+        if self.every_tokens < 1 or self.every_ms < 0:
+            raise ValueError(f"stream policy needs every_tokens >= 1, every_ms >= 0: {self}")
+
+    def for_request(self, params: inference_pb2.GenerationParams) -> StreamPolicy:
+        """The request's own chunking where it names one (0 keeps the worker's)."""
+        return StreamPolicy(
+            every_tokens=params.stream_every_tokens or self.every_tokens,
+            every_ms=float(params.stream_every_ms or self.every_ms),
+        )
+
+
+def safe_text(text: str, stops: Sequence[str] = ()) -> str:
+    """The part of ``text`` that may be streamed now: without a trailing incomplete
+    UTF-8 character (decoded as U+FFFD) and without a suffix that could begin a stop
+    string (the final text may still be cut there)."""
+    end = len(text)
+    while end and text[end - 1] == "\ufffd":
+        end -= 1
+    hold = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, end), hold, -1):
+            if text[end - n : end] == stop[:n]:
+                hold = n
+                break
+    return text[: end - hold]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPiece:
+    """What one chunk carries: its place in the stream and what is new in it."""
+
+    sequence: int
+    token_ids: tuple[int, ...]
+    text: str
+    final: bool
+
+
+@dataclass(slots=True)
+class StreamCursor:
+    """How far one streamed generation has been published."""
+
+    policy: StreamPolicy
+    stops: tuple[str, ...] = ()
+    sequence: int = 0
+    tokens_sent: int = 0
+    text_sent: str = ""
+    last_ms: float = 0.0
+
+    def due(self, tokens: int, at_ms: float) -> bool:
+        """Whether ``tokens`` generated so far make a chunk now."""
+        new = tokens - self.tokens_sent
+        if new <= 0:
+            return False
+        return new >= self.policy.every_tokens or at_ms - self.last_ms >= self.policy.every_ms
+
+    def take(self, tokens: Sequence[int], text: str, at_ms: float) -> ChunkPiece:
+        """The next chunk of a running generation (``text``: all its text so far)."""
+        shown = safe_text(text, self.stops)
+        if not shown.startswith(self.text_sent):
+            shown = self.text_sent  # decoding changed earlier text: wait for the final
+        return self._piece(tokens, shown, at_ms, final=False)
+
+    def finish(self, tokens: Sequence[int], text: str, at_ms: float) -> ChunkPiece:
+        """The final chunk: the rest of the tokens and of the (final) text."""
+        return self._piece(tokens, text, at_ms, final=True)
+
+    def _piece(self, tokens: Sequence[int], text: str, at_ms: float, *, final: bool) -> ChunkPiece:
+        new_text = text[len(self.text_sent) :] if text.startswith(self.text_sent) else text
+        piece = ChunkPiece(self.sequence, tuple(tokens[self.tokens_sent :]), new_text, final)
+        self.sequence += 1
+        self.tokens_sent = len(tokens)
+        self.text_sent = text if text.startswith(self.text_sent) else self.text_sent + text
+        self.last_ms = at_ms
+        return piece
+
+
+class CancelBook:
+    """Cancels for requests not (yet) running here, remembered for a while (bounded)."""
+
+    def __init__(self, *, keep_s: float = 300.0, capacity: int = 4096) -> None:
+        self._keep_s = keep_s
+        self._capacity = capacity
+        self._seen: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def note(self, request_id: str, reply_topic: str, at_s: float) -> None:
+        self._seen.pop(request_id, None)
+        self._seen[request_id] = (reply_topic, at_s)
+        while len(self._seen) > self._capacity:
+            self._seen.popitem(last=False)
+
+    def cancelled(self, request_id: str, reply_topic: str, at_s: float) -> bool:
+        """Whether a cancel from the owner of ``reply_topic`` named this request lately."""
+        while self._seen:
+            oldest = next(iter(self._seen.values()))
+            if at_s - oldest[1] <= self._keep_s:
+                break
+            self._seen.popitem(last=False)
+        entry = self._seen.get(request_id)
+        return entry is not None and entry[0] == reply_topic
+
+
+# --- the running decode batch -------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecoderLimits:
+    """What one running decode batch may hold."""
+
+    max_sequences: int
+    """Rows decoding together."""
+    max_seq_len: int
+    max_prefill_tokens: int | None = None
+    """Prompt tokens prefilled in one step (one prompt always joins)."""
+    max_kv_tokens: int | None = None
+    """Cache positions reserved by the running rows together (prompt + max new tokens)."""
+
+
+@dataclass(eq=False)
+class _Live:
+    job: Job
+    seq_id: int
+    cursor: StreamCursor | None
+    submitted_ms: int
+    ttft_deadline_ms: int
+    """Unix ms by which its first token must be out (0: none)."""
+    first_token_ms: int = 0
+    last_token_ms: int = 0
+    started_ms: int = 0
+    sends: list[Awaitable[object]] = field(default_factory=list)
+    done: asyncio.Future[None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """Generations that ended in the same step, answered (``job.result`` or
+    ``job.rejection`` filled in); ``started_ms``: when the first of them started."""
+
+    jobs: tuple[Job, ...]
+    started_ms: int
+
+
+Deliver = Callable[[Finished], Awaitable[list[Awaitable[object]]]]
+"""Sends the answers of finished generations (and their telemetry); the sends."""
+SendChunk = Callable[[Job, inference_pb2.InferenceResult], Awaitable[Awaitable[object]]]
+"""Queues one stream chunk of a job on its reply topic; the send."""
+
+
+class ContinuousDecoder:
+    """The running decode batch of one variant, stepped on the engine thread."""
+
+    def __init__(
+        self,
+        engines: WorkerEngines,
+        context: ResultContext,
+        engine: InferenceEngine,
+        limits: DecoderLimits,
+        *,
+        stream: StreamPolicy,
+        decode_text: Callable[[Sequence[int]], str] | None,
+        deliver: Deliver,
+        send_chunk: SendChunk,
+        result_of: Callable[[Job, GenerationResult, int], inference_pb2.InferenceResult],
+        pad_id: int = 0,
+    ) -> None:
+        self.context = context
+        self.variant = context.variant
+        self.limits = limits
+        self._engines = engines
+        self._engine = engine
+        self._stream = stream
+        self._decode_text = decode_text
+        self._deliver = deliver
+        self._send_chunk = send_chunk
+        self._result_of = result_of
+        self._pad_id = pad_id
+        self._loop = self._new_loop()
+        self._arrived: list[_Live] = []
+        self._live: dict[int, _Live] = {}
+        self._by_request: dict[str, _Live] = {}
+        self._cancels: list[str] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.steps = 0
+        self.rows_stepped = 0
+        self.peak_rows = 0
+
+    def _new_loop(self) -> KvDecodeLoop:
+        limits = self.limits
+        return KvDecodeLoop(
+            self._engine,
+            max_batch_size=limits.max_sequences,
+            max_seq_len=limits.max_seq_len,
+            pad_id=self._pad_id,
+            max_prefill_tokens=limits.max_prefill_tokens,
+            max_kv_tokens=limits.max_kv_tokens,
+        )
+
+    @property
+    def live(self) -> int:
+        """Sequences waiting or decoding (arrived ones included)."""
+        return len(self._live) + len(self._arrived)
+
+    # -- the event loop's side -----------------------------------------------------------
+    def submit(self, job: Job) -> Awaitable[object]:
+        """Queue ``job``; resolves once its answer (and every chunk) is acknowledged."""
+        request = job.request
+        created = request.created_at_unix_ms or request.routed_at_unix_ms or now_ms()
+        ttft = request.generation.ttft_deadline_ms
+        deadline = created + ttft if ttft > 0 else 0
+        if request.deadline_unix_ms > 0:
+            deadline = (
+                min(deadline, request.deadline_unix_ms) if deadline else request.deadline_unix_ms
+            )
+        cursor = None
+        if request.generation.stream and not request.shadow:
+            stops = tuple(request.generation.stop)
+            cursor = StreamCursor(self._stream.for_request(request.generation), stops)
+        live = _Live(job, -1, cursor, now_ms(), deadline)
+        live.done = asyncio.get_running_loop().create_future()
+        self._arrived.append(live)
+        self._by_request[request.request_id] = live
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=f"decode-{self.variant}")
+        return live.done
+
+    def cancel(self, request_id: str, reply_topic: str) -> bool:
+        """Stop the generation of ``request_id`` if it lives here and ``reply_topic`` is
+        the one it named; it ends before the next step."""
+        live = self._by_request.get(request_id)
+        if live is None or live.job.request.reply_topic != reply_topic:
+            return False
+        self._cancels.append(request_id)
+        self._wake.set()
+        return True
+
+    async def drain_and_close(self, poll_s: float = 0.05) -> None:
+        """Let the sequences here finish (new ones go elsewhere), then stop."""
+        while self.live:
+            await asyncio.sleep(poll_s)
+        await self.close()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # -- the driver ------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            if not self._arrived and not self._live and not self._cancels:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                ended = self._between_steps()
+                if self._live and not self._loop.idle:
+                    ended += await self._step()
+                if ended:
+                    await self._answer(ended)
+            except Exception as exc:  # one bad generation never stops the others for good
+                log.exception("decode loop of %s failed; answering its sequences", self.variant)
+                await self._fail_everything(exc)
+
+    async def _fail_everything(self, exc: Exception) -> None:
+        rejection = Rejection(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        everyone = list(self._live.values()) + self._arrived
+        self._live.clear()
+        self._arrived = []
+        self._loop = self._new_loop()
+        ended: list[tuple[_Live, GenerationResult | Rejection]] = []
+        for live in everyone:
+            live.job.result = None
+            ended.append((live, rejection))
+        try:
+            await self._answer(ended)
+        except Exception as again:
+            for live in everyone:
+                self._settle(live, again)
+
+    def _between_steps(self) -> list[tuple[_Live, GenerationResult | Rejection]]:
+        """Apply arrivals, cancels and sheds (event loop side, no step running)."""
+        ended: list[tuple[_Live, GenerationResult | Rejection]] = []
+        arrived, self._arrived = self._arrived, []
+        for live in arrived:
+            work = live.job.work
+            try:
+                live.seq_id = self._loop.submit(
+                    work.prompt_tokens, work.max_new_tokens, work.eos_id
+                )
+            except InvalidInputError as exc:
+                ended.append((live, input_rejection(exc)))
+                continue
+            self._live[live.seq_id] = live
+        cancels, self._cancels = self._cancels, []
+        for request_id in cancels:
+            named = self._by_request.get(request_id)
+            if named is None or named.seq_id not in self._live:
+                continue
+            result = self._loop.cancel(named.seq_id)
+            if result is not None:
+                del self._live[named.seq_id]
+                ended.append((named, result))
+        now = now_ms()
+        waiting = set(self._loop.scheduler.waiting)
+        for seq_id in list(waiting):
+            live = self._live[seq_id]
+            if live.ttft_deadline_ms and now > live.ttft_deadline_ms:
+                self._loop.cancel(seq_id)
+                del self._live[seq_id]
+                why = (
+                    f"no decode row within its time-to-first-token budget "
+                    f"({self.live} sequences ahead or running)"
+                )
+                ended.append((live, Rejection(ErrorCode.SHED, why)))
+        return ended
+
+    async def _step(self) -> list[tuple[_Live, GenerationResult | Rejection]]:
+        loop = self._loop
+        started = now_ms()
+        running_before = set(loop.scheduler.running)
+        t0 = time.perf_counter()
+        try:
+            finished = await self._engines.in_thread(loop.step)
+        except EngineError as exc:
+            log.exception("engine failure in a decode step of %d rows", len(self._live))
+            await self._engines.engine_failed(exc)
+            failed = [(live, engine_rejection(exc)) for live in self._live.values()]
+            self._live.clear()
+            self._loop = self._new_loop()
+            return list(failed)
+        except Exception as exc:
+            log.exception("unexpected error in a decode step")
+            rejection = Rejection(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
+            failed = [(live, rejection) for live in self._live.values()]
+            self._live.clear()
+            self._loop = self._new_loop()
+            return list(failed)
+        self._engines.health.served()
+        self._engines.note_busy(time.perf_counter() - t0)
+        done = now_ms()
+        rows = len(running_before | set(loop.scheduler.running) | {s for s, _ in finished})
+        self.steps += 1
+        self.rows_stepped += rows
+        self.peak_rows = max(self.peak_rows, rows)
+        ended: list[tuple[_Live, GenerationResult | Rejection]] = []
+        for seq_id, result in finished:
+            live = self._live.pop(seq_id)
+            self._stamp(live, len(result.tokens), started, done)
+            ended.append((live, result))
+        for seq_id in loop.scheduler.running:
+            live = self._live[seq_id]
+            tokens = loop.tokens_of(seq_id)
+            self._stamp(live, len(tokens), started, done)
+            cursor = live.cursor
+            if cursor is not None and cursor.due(len(tokens), float(done)):
+                text = self._decode_text(tokens) if self._decode_text else ""
+                piece = cursor.take(tokens, text, float(done))
+                live.sends.append(await self._send_chunk(live.job, self._chunk(live, piece)))
+        return ended
+
+    @staticmethod
+    def _stamp(live: _Live, tokens: int, started: int, done: int) -> None:
+        if not live.started_ms:
+            live.started_ms = started
+        if tokens and not live.first_token_ms:
+            live.first_token_ms = done
+        if tokens:
+            live.last_token_ms = done
+
+    def _chunk(self, live: _Live, piece: ChunkPiece) -> inference_pb2.InferenceResult:
+        request = live.job.request
+        chunk = inference_pb2.InferenceResult(
+            request_id=request.request_id,
+            model=request.model,
+            version=self.context.version,
+            variant=self.variant,
+            worker_id=self.context.worker_id,
+            status=inference_pb2.OK,
+            task=inference_pb2.GENERATE,
+            routing_key=request.routing_key,
+            text=piece.text,
+            chunk=inference_pb2.StreamChunk(sequence=piece.sequence, final=piece.final),
+        )
+        chunk.generated_token_ids.extend(piece.token_ids)
+        return chunk
+
+    async def _answer(self, ended: list[tuple[_Live, GenerationResult | Rejection]]) -> None:
+        """Fill in each ended job's answer and hand them to delivery, together."""
+        jobs: list[Job] = []
+        first_started = min((live.started_ms or live.submitted_ms for live, _ in ended))
+        for live, end in ended:
+            job = live.job
+            jobs.append(job)
+            if isinstance(end, Rejection):
+                job.rejection = end
+                continue
+            job.result = self._result_of(job, end, live.started_ms or live.submitted_ms)
+            self._time(live, job.result, len(end.tokens))
+            if live.cursor is not None:
+                tokens = list(job.result.generated_token_ids)
+                piece = live.cursor.finish(tokens, job.result.text, float(now_ms()))
+                job.stream_tail = self._final_chunk(job.result, piece)
+        try:
+            sends = await self._deliver(Finished(tuple(jobs), first_started))
+        except Exception as exc:  # the loop's next cycle reads them again
+            for live, _ in ended:
+                self._settle(live, exc)
+            return
+        gathered = asyncio.gather(*sends)
+        for live, _ in ended:
+            self._settle_after(live, gathered)
+
+    @staticmethod
+    def _time(live: _Live, result: inference_pb2.InferenceResult, tokens: int) -> None:
+        when = result.timing
+        created = when.created_at_unix_ms or live.submitted_ms
+        if live.first_token_ms:
+            when.ttft_ms = float(max(0, live.first_token_ms - created))
+        if tokens > 1 and live.last_token_ms > live.first_token_ms:
+            when.tpot_ms = (live.last_token_ms - live.first_token_ms) / (tokens - 1)
+        when.dequeued_at_unix_ms = live.started_ms or live.submitted_ms
+        queued_since = when.routed_at_unix_ms or created
+        when.queue_wait_ms = float(max(0, when.dequeued_at_unix_ms - queued_since))
+        when.compute_ms = float(max(0, when.completed_at_unix_ms - when.dequeued_at_unix_ms))
+
+    @staticmethod
+    def _final_chunk(
+        result: inference_pb2.InferenceResult, piece: ChunkPiece
+    ) -> inference_pb2.InferenceResult:
+        tail = inference_pb2.InferenceResult()
+        tail.CopyFrom(result)
+        del tail.generated_token_ids[:]
+        tail.generated_token_ids.extend(piece.token_ids)
+        tail.text = piece.text
+        tail.chunk.sequence = piece.sequence
+        tail.chunk.final = True
+        return tail
+
+    def _settle_after(self, live: _Live, gathered: Awaitable[object]) -> None:
+        self._by_request.pop(live.job.request.request_id, None)
+        waits = asyncio.gather(*live.sends, gathered)
+        done = live.done
+
+        def finish(fut: asyncio.Future[list[object]]) -> None:
+            if done is None or done.done():
+                return
+            if fut.cancelled():
+                done.cancel()
+            elif fut.exception() is not None:
+                done.set_exception(fut.exception())  # type: ignore[arg-type]
+            else:
+                done.set_result(None)
+
+        waits.add_done_callback(finish)
+
+    def _settle(self, live: _Live, exc: BaseException) -> None:
+        self._by_request.pop(live.job.request.request_id, None)
+        if live.done is not None and not live.done.done():
+            live.done.set_exception(exc)
