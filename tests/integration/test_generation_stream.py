@@ -38,16 +38,18 @@ async def test_streamed_generation_reassembles_to_the_unstreamed_one(
     prompt = "stream me"
     reference = OnnxRuntimeEngine.load(kv_model, "fp32", intra_op_threads=1)
     expected = generate_with_cache(reference, [list(prompt.encode())], 24, None, 256)[0]
-    async with running_stack(factory, model=MODEL, versions={"v1": kv_model}, stable="v1"):
-        async with GraylaneClient(factory) as client:
-            whole = await client.infer(
-                MODEL, prompt=prompt, task=Task.GENERATE, max_new_tokens=24, timeout=30
-            )
-            chunks: list[Chunk] = []
-            async for chunk in client.stream(
-                MODEL, prompt=prompt, max_new_tokens=24, stream_every_tokens=5, timeout=30
-            ):
-                chunks.append(chunk)
+    chunks: list[Chunk] = []
+    async with (
+        running_stack(factory, model=MODEL, versions={"v1": kv_model}, stable="v1"),
+        GraylaneClient(factory) as client,
+    ):
+        whole = await client.infer(
+            MODEL, prompt=prompt, task=Task.GENERATE, max_new_tokens=24, timeout=30
+        )
+        async for chunk in client.stream(
+            MODEL, prompt=prompt, max_new_tokens=24, stream_every_tokens=5, timeout=30
+        ):
+            chunks.append(chunk)
     assert whole.tokens == expected.tokens  # the engine's own greedy tokens
     assert [c.sequence for c in chunks] == list(range(len(chunks)))
     assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
