@@ -57,6 +57,43 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="deadline of requests naming none, from creation (0 = none); late ones are shed",
     )
     worker.add_argument("--max-seq-len", type=int, default=0, help="0 = from the model")
+    gen = worker.add_argument_group("generation (models with a KV cache)")
+    gen.add_argument(
+        "--max-sequences",
+        type=int,
+        default=0,
+        help="sequences decoding together in the running batch (0 = --max-batch)",
+    )
+    gen.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=0,
+        help="prompt tokens prefilled in one decode step (0 = no cap)",
+    )
+    gen.add_argument(
+        "--max-kv-tokens",
+        type=int,
+        default=0,
+        help="cache positions the running sequences reserve together, prompt + max new "
+        "tokens each (0 = no cap)",
+    )
+    gen.add_argument(
+        "--stream-every-tokens",
+        type=int,
+        default=4,
+        help="a streamed generation publishes a chunk once it has this many new tokens",
+    )
+    gen.add_argument(
+        "--stream-every-ms",
+        type=float,
+        default=50.0,
+        help="... or once this many ms passed since its previous chunk",
+    )
+    gen.add_argument(
+        "--per-batch-generation",
+        action="store_true",
+        help="decode GENERATE requests per fetched batch instead of one continuous batch",
+    )
     worker.add_argument("--threads", type=int, default=0, help="engine threads (0 = default)")
     add_observability_args(worker)
     worker.add_argument("--worker-id", default="")
@@ -153,6 +190,7 @@ def _worker(args: argparse.Namespace) -> int:
     from graylane.engine.protocol import InferenceEngine
     from graylane.engine_worker.compute import profile_max_batch
     from graylane.engine_worker.faults import FaultInjection
+    from graylane.engine_worker.generation import StreamPolicy
     from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len, onnx_model_info
     from graylane.engine_worker.service import Worker, WorkerConfig
     from graylane.kafka.seam import KafkaFactory
@@ -206,6 +244,11 @@ def _worker(args: argparse.Namespace) -> int:
         profiles=profiles,
         metrics_port=args.metrics_port,
         standby=args.standby,
+        continuous_batching=not args.per_batch_generation,
+        max_sequences=args.max_sequences,
+        max_prefill_tokens=args.max_prefill_tokens,
+        max_kv_tokens=args.max_kv_tokens,
+        stream=StreamPolicy(every_tokens=args.stream_every_tokens, every_ms=args.stream_every_ms),
         faults=FaultInjection(
             extra_latency_ms=args.inject_latency_ms,
             latency_factor=args.inject_latency_factor,
