@@ -146,6 +146,8 @@ class StreamCursor:
         new = tokens - self.tokens_sent
         if new <= 0:
             return False
+        if self.sequence == 0:
+            return True  # the first token goes out at once: it is the time to first token
         return new >= self.policy.every_tokens or at_ms - self.last_ms >= self.policy.every_ms
 
     def take(self, tokens: Sequence[int], text: str, at_ms: float) -> ChunkPiece:
@@ -418,7 +420,14 @@ class ContinuousDecoder:
         running_before = set(loop.scheduler.running)
         t0 = time.perf_counter()
         try:
-            finished = await self._engines.in_thread(loop.step)
+            finished = await self._engines.in_thread(loop.prefill_step)
+            if self._stream_due():
+                ended = self._collect(finished, running_before, started)
+                await self._publish(now_ms())
+                finished = []
+            else:
+                ended = []
+            finished += await self._engines.in_thread(loop.decode_step)
         except EngineError as exc:
             log.exception("engine failure in a decode step of %d rows", len(self._live))
             await self._engines.engine_failed(exc)
@@ -435,9 +444,26 @@ class ContinuousDecoder:
             return list(failed)
         self._engines.health.served()
         self._engines.note_busy(time.perf_counter() - t0)
-        done = now_ms()
-        rows = len(running_before | set(loop.scheduler.running) | {s for s, _ in finished})
+        ended += self._collect(finished, running_before, started)
         self.steps += 1
+        await self._publish(now_ms())
+        return ended
+
+    def _stream_due(self) -> bool:
+        """Whether a row that just joined streams: its first token goes out before the
+        decode step (time to first token), not after it."""
+        return any(
+            self._live[seq_id].cursor is not None and not self._live[seq_id].first_token_ms
+            for seq_id in self._loop.scheduler.running
+        )
+
+    def _collect(
+        self, finished: list[tuple[int, GenerationResult]], before: set[int], started: int
+    ) -> list[tuple[_Live, GenerationResult | Rejection]]:
+        """Stamp token times on every row; the rows that finished, with their results."""
+        loop = self._loop
+        done = now_ms()
+        rows = len(before | set(loop.scheduler.running) | {s for s, _ in finished})
         self.rows_stepped += rows
         self.peak_rows = max(self.peak_rows, rows)
         ended: list[tuple[_Live, GenerationResult | Rejection]] = []
@@ -446,15 +472,22 @@ class ContinuousDecoder:
             self._stamp(live, len(result.tokens), started, done)
             ended.append((live, result))
         for seq_id in loop.scheduler.running:
-            live = self._live[seq_id]
-            tokens = loop.tokens_of(seq_id)
-            self._stamp(live, len(tokens), started, done)
-            cursor = live.cursor
-            if cursor is not None and cursor.due(len(tokens), float(done)):
-                text = self._decode_text(tokens) if self._decode_text else ""
-                piece = cursor.take(tokens, text, float(done))
-                live.sends.append(await self._send_chunk(live.job, self._chunk(live, piece)))
+            self._stamp(self._live[seq_id], len(loop.tokens_of(seq_id)), started, done)
         return ended
+
+    async def _publish(self, at_ms: int) -> None:
+        """A chunk for every streamed row that has one due."""
+        loop = self._loop
+        for seq_id in loop.scheduler.running:
+            live = self._live[seq_id]
+            cursor = live.cursor
+            if cursor is None:
+                continue
+            tokens = loop.tokens_of(seq_id)
+            if cursor.due(len(tokens), float(at_ms)):
+                text = self._decode_text(tokens) if self._decode_text else ""
+                piece = cursor.take(tokens, text, float(at_ms))
+                live.sends.append(await self._send_chunk(live.job, self._chunk(live, piece)))
 
     @staticmethod
     def _stamp(live: _Live, tokens: int, started: int, done: int) -> None:

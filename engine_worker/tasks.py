@@ -778,13 +778,21 @@ class KvDecodeLoop:
 
     def step(self) -> list[tuple[int, GenerationResult]]:
         """Admit and prefill joiners, then one decode step; the sequences finished meanwhile."""
+        finished = self.prefill_step()
+        return finished + self.decode_step()
+
+    def prefill_step(self) -> list[tuple[int, GenerationResult]]:
+        """The first half of :meth:`step`: admit and prefill joiners (each gets its first
+        token, so a streaming caller can publish it before the decode step)."""
         finished, self._done_early = self._done_early, []
         joining_step = self.scheduler.admit()
         if joining_step.joining:
             finished += self._prefill(joining_step.joining)
-        if self.scheduler.running:
-            finished += self._decode()
         return finished
+
+    def decode_step(self) -> list[tuple[int, GenerationResult]]:
+        """The second half of :meth:`step`: one token for every running row."""
+        return self._decode() if self.scheduler.running else []
 
     def run(self) -> dict[int, GenerationResult]:
         """Step until idle; results by sequence id."""

@@ -1,0 +1,68 @@
+"""The pure parts of continuous decoding: stream chunking, safe text, the cancel book."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from graylane.engine_worker.generation import CancelBook, StreamCursor, StreamPolicy, safe_text
+from graylane.v1 import inference_pb2
+
+
+def test_the_first_token_goes_out_at_once_then_every_n_tokens_or_ms() -> None:
+    cursor = StreamCursor(StreamPolicy(every_tokens=4, every_ms=100.0))
+    assert not cursor.due(0, 0.0)
+    assert cursor.due(1, 0.0)  # time to first token: never held back
+    first = cursor.take([7], "a", 0.0)
+    assert (first.sequence, first.token_ids, first.text, first.final) == (0, (7,), "a", False)
+    assert not cursor.due(3, 10.0)  # 2 new tokens, 10 ms
+    assert cursor.due(5, 10.0)  # 4 new tokens
+    assert cursor.due(2, 100.0)  # 1 new token, 100 ms later
+    assert not cursor.due(1, 500.0)  # nothing new
+
+
+def test_safe_text_holds_back_a_possible_stop_string_and_a_broken_character() -> None:
+    assert safe_text("hello wor", ["world"]) == "hello "
+    assert safe_text("hello w", ["world"]) == "hello "
+    assert safe_text("hello", ["world"]) == "hello"
+    assert safe_text("caf\ufffd", []) == "caf"
+    assert safe_text("abc", ["c", "bcd"]) == "a"  # "bc" may begin "bcd"
+
+
+@given(
+    st.lists(st.integers(0, 50), min_size=1, max_size=60),
+    st.lists(st.integers(1, 9), min_size=1, max_size=30),
+)
+def test_chunks_reassemble_to_the_whole_generation(tokens: list[int], cuts: list[int]) -> None:
+    text_of = "".join(chr(97 + t % 26) for t in tokens)
+    cursor = StreamCursor(StreamPolicy(every_tokens=3, every_ms=1e9), stops=("zz",))
+    pieces = []
+    at = 0
+    for cut in cuts:
+        at = min(len(tokens), at + cut)
+        if cursor.due(at, 0.0):
+            pieces.append(cursor.take(tokens[:at], text_of[:at], 0.0))
+    pieces.append(cursor.finish(tokens, text_of, 0.0))
+    assert [p.sequence for p in pieces] == list(range(len(pieces)))
+    assert [t for p in pieces for t in p.token_ids] == tokens
+    assert "".join(p.text for p in pieces) == text_of
+    assert pieces[-1].final and not any(p.final for p in pieces[:-1])
+
+
+def test_request_chunking_overrides_the_workers() -> None:
+    params = inference_pb2.GenerationParams(stream_every_tokens=1)
+    mine = StreamPolicy(every_tokens=8, every_ms=30.0).for_request(params)
+    assert (mine.every_tokens, mine.every_ms) == (1, 30.0)
+
+
+def test_a_cancel_is_honoured_only_for_the_reply_topic_that_asked_and_only_for_a_while() -> None:
+    book = CancelBook(keep_s=10.0, capacity=2)
+    book.note("r1", "gl.reply.a", at_s=0.0)
+    assert book.cancelled("r1", "gl.reply.a", at_s=1.0)
+    assert not book.cancelled("r1", "gl.reply.b", at_s=1.0)  # someone else's request
+    assert not book.cancelled("r1", "gl.reply.a", at_s=11.0)  # forgotten
+    book.note("r2", "t", 20.0)
+    book.note("r3", "t", 20.0)
+    book.note("r4", "t", 20.0)
+    assert not book.cancelled("r2", "t", 20.0)  # bounded: the oldest went
+    assert book.cancelled("r4", "t", 20.0)
