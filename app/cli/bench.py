@@ -57,6 +57,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     generate.add_argument("--max-batch", type=int, default=8)
     generate.add_argument("--new-tokens", type=int, default=64)
     generate.set_defaults(handler=_generate)
+    llm = which.add_parser(
+        "llm", help="streamed generation through Kafka vs the engine direct: TTFT, TPOT, tok/s"
+    )
+    llm.add_argument("--size", choices=["tiny", "small"], default="small")
+    llm.add_argument("--onnx", type=Path, default=None, help="a decoder-with-past of your own")
+    llm.add_argument("--prompt-len", type=int, default=64)
+    llm.add_argument("--new-tokens", type=int, default=48)
+    llm.add_argument(
+        "--max-sequences", type=int, default=8, help="the worker's decode rows (the capacity)"
+    )
+    llm.add_argument("--requests-per-client", type=int, default=4)
+    llm.add_argument("--stream-every-tokens", type=int, default=4)
+    llm.set_defaults(handler=_llm)
     decisions = which.add_parser(
         "decisions", help="the rollout controller on synthetic telemetry: detection, false alarms"
     )
@@ -155,6 +168,22 @@ def _generate(args: argparse.Namespace) -> int:
             requests=args.requests,
             max_batch=args.max_batch,
             new_tokens=args.new_tokens,
+        )
+    )
+
+
+def _llm(args: argparse.Namespace) -> int:
+    from graylane.app.bench.llm import LlmBenchConfig, main
+
+    return main(
+        LlmBenchConfig(
+            size=args.size,
+            onnx=args.onnx,
+            prompt_len=args.prompt_len,
+            new_tokens=args.new_tokens,
+            max_sequences=args.max_sequences,
+            requests_per_client=args.requests_per_client,
+            stream_every_tokens=args.stream_every_tokens,
         )
     )
 

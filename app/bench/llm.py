@@ -1,0 +1,334 @@
+"""``graylane bench llm``: streamed generation through Kafka against the engine driven directly.
+
+For a decoder with a KV cache (the demo GPT, or an ONNX decoder of one's own), at
+several concurrencies up to the worker's decode capacity (its ``--max-sequences``):
+
+- **engine direct** (the ceiling): the same engine in a
+  :class:`~graylane.engine_worker.tasks.KvDecodeLoop` holding that many sequences, a new
+  prompt joining as one finishes; output tokens/s; and the prefill time of one prompt;
+- **through Kafka**: a router and a worker (processes) on the local broker, that many
+  clients each streaming one generation after another (``stream=True``): time to first
+  token (first chunk received - request sent), time per output token ((last chunk -
+  first chunk) / (tokens - 1)), output tokens/s over the level.
+
+Both run in the same process tree on the same cores, side by side. The last line is JSON:
+``tokens_per_s`` and ``engine_tokens_per_s`` at the highest concurrency, ``ttft_ms_p99``
+at half capacity against ``prefill_ms`` (the bound: 2 x prefill), ``tpot_ms_p99``,
+``streamed``, ``concurrency``, and every level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from graylane.app.cli.demo import Service, start_service, stop_services
+from graylane.client import GraylaneClient, InferenceTimeout, Task
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.tasks import KvDecodeLoop
+from graylane.kafka.admin import ensure_topics
+from graylane.kafka.seam import KafkaFactory
+from graylane.settings import REPO_ROOT, Settings
+
+__all__ = ["LevelFigures", "LlmBenchConfig", "engine_tokens_per_s", "main", "prefill_ms", "run"]
+
+MODEL = "llm-bench"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlmBenchConfig:
+    size: str = "small"
+    """Demo GPT size (when no ``onnx`` is given)."""
+    onnx: Path | None = None
+    """A decoder-with-past ONNX file of one's own instead of the demo GPT."""
+    prompt_len: int = 64
+    new_tokens: int = 48
+    max_sequences: int = 8
+    requests_per_client: int = 4
+    stream_every_tokens: int = 4
+
+
+@dataclass(frozen=True)
+class LevelFigures:
+    concurrency: int
+    requests: int
+    tokens_per_s: float
+    engine_tokens_per_s: float
+    ttft_ms_p50: float
+    ttft_ms_p99: float
+    tpot_ms_p50: float
+    tpot_ms_p99: float
+
+
+def _prompt(i: int, length: int, vocab: int) -> list[int]:
+    rng = np.random.default_rng(1000 + i)
+    return [int(t) for t in rng.integers(3, max(4, vocab), size=length)]
+
+
+def prefill_ms(engine: OnnxRuntimeEngine, prompt: Sequence[int], max_seq_len: int) -> float:
+    """Median time of one prefill (one sequence, its first token) on ``engine``."""
+    times = []
+    for _ in range(15):
+        loop = KvDecodeLoop(engine, max_batch_size=1, max_seq_len=max_seq_len)
+        loop.submit(prompt, 1)
+        started = time.perf_counter()
+        loop.run()
+        times.append((time.perf_counter() - started) * 1000.0)
+    return statistics.median(times)
+
+
+def engine_tokens_per_s(
+    engine: OnnxRuntimeEngine,
+    prompts: Sequence[Sequence[int]],
+    new_tokens: int,
+    concurrency: int,
+    max_seq_len: int,
+) -> float:
+    """Output tokens/s of the engine decoding ``concurrency`` sequences at a time."""
+    loop = KvDecodeLoop(engine, max_batch_size=concurrency, max_seq_len=max_seq_len)
+    for prompt in prompts:
+        loop.submit(prompt, new_tokens)
+    started = time.perf_counter()
+    results = loop.run()
+    spent = time.perf_counter() - started
+    return sum(len(r.tokens) for r in results.values()) / spent
+
+
+@dataclass
+class _Samples:
+    ttft_ms: list[float]
+    tpot_ms: list[float]
+    tokens: int = 0
+
+
+async def _client_loop(
+    client: GraylaneClient,
+    prompts: Sequence[Sequence[int]],
+    cfg: LlmBenchConfig,
+    samples: _Samples,
+) -> None:
+    for prompt in prompts:
+        sent = time.perf_counter()
+        first = last = 0.0
+        tokens = 0
+        async for chunk in client.stream(
+            MODEL,
+            token_ids=list(prompt),
+            max_new_tokens=cfg.new_tokens,
+            stream_every_tokens=cfg.stream_every_tokens,
+            timeout=60,
+        ):
+            now = time.perf_counter()
+            if chunk.tokens and not first:
+                first = now
+            if chunk.tokens:
+                last = now
+            tokens += len(chunk.tokens)
+        samples.tokens += tokens
+        if first:
+            samples.ttft_ms.append((first - sent) * 1000.0)
+        if tokens > 1 and last > first:
+            samples.tpot_ms.append((last - first) * 1000.0 / (tokens - 1))
+
+
+async def _kafka_level(
+    client: GraylaneClient, concurrency: int, cfg: LlmBenchConfig, vocab: int
+) -> tuple[_Samples, float, int]:
+    samples = _Samples([], [])
+    per = cfg.requests_per_client
+    batches = [
+        [_prompt(c * per + i, cfg.prompt_len, vocab) for i in range(per)]
+        for c in range(concurrency)
+    ]
+    started = time.perf_counter()
+    await asyncio.gather(*(_client_loop(client, b, cfg, samples) for b in batches))
+    return samples, time.perf_counter() - started, concurrency * per
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else 0.0
+
+
+def _levels(capacity: int) -> list[int]:
+    return sorted({1, max(1, capacity // 2), capacity})
+
+
+async def _wait_ready(client: GraylaneClient, vocab: int) -> None:
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            await client.infer(
+                MODEL,
+                token_ids=[1, 2, 3][: max(1, vocab - 1)],
+                task=Task.GENERATE,
+                max_new_tokens=1,
+                timeout=5,
+            )
+            return
+        except InferenceTimeout:
+            if time.monotonic() > deadline:
+                raise
+
+
+def _stack(model: Path, cfg: LlmBenchConfig, env: dict[str, str]) -> list[Service]:
+    logs = REPO_ROOT / ".local" / "logs"
+    return [
+        start_service("bench-llm-router", ["router", "--model", f"{MODEL}=v1"], logs, env),
+        start_service(
+            "bench-llm-worker",
+            [
+                "worker",
+                "--model",
+                MODEL,
+                "--version",
+                "v1",
+                "--variant",
+                f"fp32={model}",
+                "--threads",
+                "1",
+                "--max-batch",
+                str(cfg.max_sequences),
+                "--max-sequences",
+                str(cfg.max_sequences),
+                "--stream-every-tokens",
+                str(cfg.stream_every_tokens),
+            ],
+            logs,
+            env,
+        ),
+    ]
+
+
+async def _through_kafka(
+    settings: Settings,
+    model: Path,
+    cfg: LlmBenchConfig,
+    vocab: int,
+    engine: OnnxRuntimeEngine,
+    max_seq_len: int,
+    progress: Callable[[str], None],
+) -> list[LevelFigures]:
+    settings = settings.with_overrides(topic_prefix=f"bllm{uuid.uuid4().hex[:6]}")
+    factory = KafkaFactory(settings)
+    await ensure_topics(
+        factory, factory.layout.shared_specs() + factory.layout.model_specs(MODEL, ["v1"])
+    )
+    services = _stack(model, cfg, {"GRAYLANE_TOPIC_PREFIX": settings.topic_prefix})
+    figures: list[LevelFigures] = []
+    try:
+        async with GraylaneClient(factory) as client:
+            progress("waiting for the router and the worker")
+            await _wait_ready(client, vocab)
+            await _kafka_level(client, 2, cfg, vocab)  # warm-up
+            for concurrency in _levels(cfg.max_sequences):
+                prompts = [
+                    _prompt(i, cfg.prompt_len, vocab)
+                    for i in range(concurrency * cfg.requests_per_client)
+                ]
+                ceiling = engine_tokens_per_s(
+                    engine, prompts, cfg.new_tokens, concurrency, max_seq_len
+                )
+                samples, spent, n = await _kafka_level(client, concurrency, cfg, vocab)
+                level = LevelFigures(
+                    concurrency=concurrency,
+                    requests=n,
+                    tokens_per_s=round(samples.tokens / spent, 1),
+                    engine_tokens_per_s=round(ceiling, 1),
+                    ttft_ms_p50=round(_pct(samples.ttft_ms, 50), 1),
+                    ttft_ms_p99=round(_pct(samples.ttft_ms, 99), 1),
+                    tpot_ms_p50=round(_pct(samples.tpot_ms, 50), 2),
+                    tpot_ms_p99=round(_pct(samples.tpot_ms, 99), 2),
+                )
+                progress(
+                    f"concurrency {concurrency}: {level.tokens_per_s:.0f} tok/s through Kafka, "
+                    f"{level.engine_tokens_per_s:.0f} engine direct; TTFT p99 "
+                    f"{level.ttft_ms_p99:.1f} ms, TPOT p99 {level.tpot_ms_p99:.2f} ms"
+                )
+                figures.append(level)
+    finally:
+        stop_services(services)
+    return figures
+
+
+def _table(levels: Sequence[LevelFigures], prefill: float) -> str:
+    head = (
+        f"{'conc':>4} {'tok/s':>8} {'engine':>8} {'ratio':>6} "
+        f"{'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9}"
+    )
+    rows = [head, "-" * len(head)]
+    for lv in levels:
+        ratio = lv.tokens_per_s / lv.engine_tokens_per_s if lv.engine_tokens_per_s else 0.0
+        rows.append(
+            f"{lv.concurrency:>4} {lv.tokens_per_s:>8.0f} {lv.engine_tokens_per_s:>8.0f} "
+            f"{ratio:>6.2f} {lv.ttft_ms_p50:>7.1f}ms {lv.ttft_ms_p99:>7.1f}ms "
+            f"{lv.tpot_ms_p50:>7.2f}ms {lv.tpot_ms_p99:>7.2f}ms"
+        )
+    rows.append(f"prefill of one {prefill:.1f} ms prompt on the engine alone")
+    return "\n".join(rows)
+
+
+def run(cfg: LlmBenchConfig, progress: Callable[[str], None]) -> dict[str, object]:
+    from graylane.deploy.kafka import kafka
+    from graylane.models.demo_gpt import write_demo_gpt
+
+    progress("starting the broker")
+    kafka.start()
+    if cfg.onnx is not None:
+        model, name = cfg.onnx, cfg.onnx.name
+    else:
+        models = REPO_ROOT / ".local" / "models"
+        models.mkdir(parents=True, exist_ok=True)
+        model = models / f"bench-gpt-{cfg.size}-kv.onnx"
+        name = f"demo-gpt-{cfg.size}"
+        if not model.exists():
+            progress(f"writing the demo GPT ({cfg.size}, with a KV cache)")
+            write_demo_gpt(model, cfg.size, seed=7, kv_cache=True)
+    engine = OnnxRuntimeEngine.load(model, "fp32", intra_op_threads=1)
+    from graylane.engine_worker.loading import onnx_model_info
+
+    vocab = onnx_model_info(model).vocab_size or 256
+    max_seq_len = 256
+    prefill = prefill_ms(engine, _prompt(0, cfg.prompt_len, vocab), max_seq_len)
+    progress(f"engine prefill of a {cfg.prompt_len}-token prompt: {prefill:.1f} ms")
+    levels = asyncio.run(
+        _through_kafka(Settings.from_env(), model, cfg, vocab, engine, max_seq_len, progress)
+    )
+    print(_table(levels, prefill), flush=True)
+    top = levels[-1]
+    half = next(lv for lv in levels if lv.concurrency == max(1, cfg.max_sequences // 2))
+    return {
+        "model": name,
+        "prompt_tokens": cfg.prompt_len,
+        "new_tokens": cfg.new_tokens,
+        "streamed": True,
+        "concurrency": top.concurrency,
+        "tokens_per_s": top.tokens_per_s,
+        "engine_tokens_per_s": top.engine_tokens_per_s,
+        "tokens_over_engine": round(top.tokens_per_s / top.engine_tokens_per_s, 3)
+        if top.engine_tokens_per_s
+        else 0.0,
+        "ttft_ms_p99": half.ttft_ms_p99,
+        "ttft_concurrency": half.concurrency,
+        "prefill_ms": round(prefill, 2),
+        "ttft_over_prefill": round(half.ttft_ms_p99 / prefill, 2) if prefill else 0.0,
+        "tpot_ms_p99": top.tpot_ms_p99,
+        "levels": [asdict(lv) for lv in levels],
+    }
+
+
+def main(cfg: LlmBenchConfig) -> int:
+    t0 = time.monotonic()
+
+    def progress(text: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)
+
+    print(json.dumps(run(cfg, progress)))
+    return 0
