@@ -102,6 +102,10 @@ class Timing:
     compute_ms: float
     total_ms: float
     batch_size: int
+    ttft_ms: float = 0.0
+    """GENERATE: time to first token, from the request's creation."""
+    tpot_ms: float = 0.0
+    """GENERATE: mean time per output token after the first."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,8 @@ class Result:
                 pb.timing.compute_ms,
                 pb.timing.total_ms,
                 pb.timing.batch_size,
+                pb.timing.ttft_ms,
+                pb.timing.tpot_ms,
             ),
             client_latency_ms=float(now_ms() - sent_ms) if sent_ms else None,
             worker_id=pb.worker_id,

@@ -275,6 +275,54 @@ def _start_controlplane(
     return start_service("controlplane", ["controlplane"], log_dir, env)
 
 
+CHAT_MODEL = "demo-chat"
+
+
+def _streamed_act(settings: Settings, size: str, log_dir: Path, step: _Steps) -> None:
+    """A decoder with a KV cache behind a router and a worker of its own: one generation
+    streamed chunk by chunk, printed live, while a short one joins the running batch."""
+    from graylane.app.demo.streamed import show_streams
+    from graylane.kafka.seam import KafkaFactory
+    from graylane.models.demo_gpt import write_demo_gpt
+
+    path = REPO_ROOT / ".local" / "models" / f"{CHAT_MODEL}-{size}-kv.onnx"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_demo_gpt(path, size, seed=1, kv_cache=True)
+    asyncio.run(_prepare_topics(settings, CHAT_MODEL, ["v1"]))
+    step(f"a streamed generation of {CHAT_MODEL} (KV cache, continuous batching), live:")
+    act = [
+        start_service("router-chat", ["router", "--model", f"{CHAT_MODEL}=v1"], log_dir),
+        start_service(
+            "worker-chat",
+            [
+                "worker",
+                "--model",
+                CHAT_MODEL,
+                "--version",
+                "v1",
+                "--variant",
+                f"fp32={path}",
+                "--threads",
+                "1",
+            ],
+            log_dir,
+        ),
+    ]
+    try:
+        shown = asyncio.run(
+            show_streams(KafkaFactory(settings), CHAT_MODEL, lambda line: print(line, flush=True))
+        )
+        print(
+            f"    {shown.tokens} tokens in {shown.chunks} chunks, finish {shown.finish_reason}: "
+            f"TTFT {shown.ttft_ms:.0f} ms, TPOT {shown.tpot_ms:.1f} ms; the short request "
+            f"took {shown.short_ms:.0f} ms of the long one's {shown.long_ms:.0f} ms",
+            flush=True,
+        )
+    finally:
+        stop_services(act)  # its CPU goes back to the rollout story
+
+
 def _story(args: argparse.Namespace) -> int:
     from graylane.app.demo.build_versions import build_versions
     from graylane.app.demo.story import (
@@ -377,6 +425,7 @@ def _story(args: argparse.Namespace) -> int:
         services.append(_start_controlplane(settings, STORY_MODEL, STABLE, log_dir, step))
         step("metrics of each service (/metrics, /healthz, /readyz):")
         print_metrics_ports(services)
+        _streamed_act(settings, size, log_dir, step)
         capacities = _capacity(settings, STORY_MODEL, STABLE, step)
         rate = args.rate or args.load * capacities["fp32"]
         cfg = StoryConfig(
