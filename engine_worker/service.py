@@ -377,6 +377,7 @@ class Worker:
             reload=reload,
             give_up=self._background.abort,
             active=lambda: self.active_variant,
+            decode=self.tokenizer.decode if self.tokenizer is not None else None,
         )
 
     @property

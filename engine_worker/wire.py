@@ -21,6 +21,7 @@ from graylane.engine_worker.compute import (
     engine_rejection,
 )
 from graylane.engine_worker.requests import Job, Tokenizer, input_rejection
+from graylane.engine_worker.tasks import FinishReason
 from graylane.errors import ErrorCode
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
@@ -40,6 +41,13 @@ __all__ = [
 
 _MIN_MS = 0.001  # histograms take positive values only
 _REMEMBERED = 4096
+_FINISH = {
+    FinishReason.EOS: inference_pb2.EOS,
+    FinishReason.LENGTH: inference_pb2.LENGTH,
+    FinishReason.MAX_SEQ: inference_pb2.MAX_SEQUENCE,
+    FinishReason.STOP: inference_pb2.STOP,
+}
+"""Why a generation ended, on the wire."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +114,7 @@ def _result(
     outcome: ForwardOutcome | GenerateOutcome,
     ctx: ResultContext,
     when: inference_pb2.Timing,
+    prompt_tokens: int,
 ) -> inference_pb2.InferenceResult:
     result = inference_pb2.InferenceResult(
         request_id=request.request_id,
@@ -123,10 +132,16 @@ def _result(
     if isinstance(outcome, ForwardOutcome):
         result.outputs.extend(serde.to_tensors(outcome.outputs))
     else:
-        tokens = outcome.result.tokens
+        generation = outcome.result
+        tokens = generation.tokens
         result.generated_token_ids.extend(tokens)
-        if ctx.tokenizer is not None:
+        if generation.text is not None:  # cut before a stop string
+            result.text = generation.text
+        elif ctx.tokenizer is not None:
             result.text = ctx.tokenizer.decode(tokens)
+        result.finish_reason = _FINISH[generation.finished_reason]
+        result.usage.prompt_tokens = prompt_tokens
+        result.usage.completion_tokens = len(tokens)
     return result
 
 
@@ -174,7 +189,7 @@ def build_batch(
         when = timing(request, clock, run.compute_ms, len(jobs))
         latency.record(_since_routed(request, clock))
         queue_wait.record(max(when.queue_wait_ms, _MIN_MS))
-        job.result = _result(request, outcome, ctx, when)
+        job.result = _result(request, outcome, ctx, when, len(job.work.prompt_tokens))
     telemetry = telemetry_pb2.BatchTelemetry(
         model=ctx.model,
         version=ctx.version,
