@@ -6,6 +6,10 @@
         result = await client.infer("gpt", prompt="hello", task=Task.GENERATE,
                                     max_new_tokens=16, timeout=10)
 
+Generation is greedy unless the request samples (``temperature`` > 0, with optional
+``top_p``, ``sampling_top_k`` and a ``seed`` for reproducible draws); ``stop`` strings
+and ``stop_token_ids`` end it early (``Result.finish_reason`` is then ``"STOP"``).
+
 A request goes to its model's ingress topic on the seam's producer
 (:mod:`graylane.kafka.seam`); the router forwards it to a version. Results come
 back on a per-client reply topic, read by a
@@ -20,7 +24,7 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import TracebackType
@@ -53,6 +57,7 @@ __all__ = [
     "Task",
     "Timing",
     "UnknownModel",
+    "Usage",
 ]
 
 log = logging.getLogger(__name__)
@@ -98,6 +103,14 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """Tokens a generation read and wrote."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
 class Result:
     """An inference result, decoded from the wire."""
 
@@ -117,6 +130,11 @@ class Result:
     client_latency_ms: float | None = None
     worker_id: str = ""
     """The worker that answered (run or shed it)."""
+    finish_reason: str = ""
+    """GENERATE: why it ended, the ``graylane.v1.FinishReason`` name (``LENGTH``, ``STOP``,
+    ``EOS``, ``MAX_SEQUENCE``, ...); empty for other results."""
+    usage: Usage | None = None
+    """GENERATE: prompt and generated token counts; ``None`` for other results."""
 
     @classmethod
     def from_pb(cls, pb: inference_pb2.InferenceResult, sent_ms: int | None) -> Result:
@@ -140,6 +158,10 @@ class Result:
             ),
             client_latency_ms=float(now_ms() - sent_ms) if sent_ms else None,
             worker_id=pb.worker_id,
+            finish_reason=_finish_reason_name(pb.finish_reason),
+            usage=Usage(pb.usage.prompt_tokens, pb.usage.completion_tokens)
+            if pb.HasField("usage")
+            else None,
         )
 
     @property
@@ -257,6 +279,12 @@ class GraylaneClient:
         top_k: int = 0,
         max_new_tokens: int = 0,
         eos_token_id: int | None = None,
+        temperature: float = 0.0,
+        top_p: float = 0.0,
+        sampling_top_k: int = 0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
         routing_key: str = "",
         tags: Mapping[str, str] | None = None,
         deadline_s: float | None = None,
@@ -264,6 +292,16 @@ class GraylaneClient:
         request_id: str | None = None,
         reply_topic: str | None = None,
     ) -> inference_pb2.InferenceRequest:
+        """A request for ``model``; :meth:`infer` and :meth:`submit` take the same arguments.
+
+        ``top_k`` is the ``TOPK_LAST`` post-process of a FORWARD; a GENERATE samples
+        with ``temperature`` (0 = greedy), ``top_p`` (0 = off), ``sampling_top_k``
+        (0 = off) and ``seed`` (``None``: a different draw each time), and stops at
+        ``stop`` strings (the text is cut before them) or ``stop_token_ids``. The
+        worker checks them and answers ``BAD_REQUEST`` for values it refuses.
+        """
+        if isinstance(stop, str):
+            raise TypeError("stop takes a sequence of strings, not one string")
         created = now_ms()
         return inference_pb2.InferenceRequest(
             request_id=request_id or uuid.uuid4().hex,
@@ -278,6 +316,13 @@ class GraylaneClient:
                 max_new_tokens=max_new_tokens,
                 eos_token_id=eos_token_id or 0,
                 has_eos=eos_token_id is not None,
+                temperature=temperature,
+                top_p=top_p,
+                sampling_top_k=sampling_top_k,
+                seed=seed or 0,
+                has_seed=seed is not None,
+                stop=list(stop),
+                stop_token_ids=list(stop_token_ids),
             ),
             post_process=post_process_to_pb(post_process),
             top_k=top_k,
@@ -345,6 +390,16 @@ class GraylaneClient:
                 raise UnknownModel(f"{result.error_code}: {result.error_message}", result)
             raise RequestRejected(result)
         return result
+
+
+def _finish_reason_name(value: int) -> str:
+    """The name of a ``graylane.v1.FinishReason`` (empty when unset, ``UNKNOWN`` if new)."""
+    if value == inference_pb2.FINISH_REASON_UNSPECIFIED:
+        return ""
+    try:
+        return inference_pb2.FinishReason.Name(value)
+    except ValueError:
+        return "UNKNOWN"
 
 
 def _error_code_name(value: int) -> str:
