@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -42,6 +43,7 @@ from graylane.engine_worker.faults import FaultInjection, InjectedFault, with_fa
 from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.engine_worker.tasks import (
     INPUT_IDS,
+    Decode,
     GenerationResult,
     run_forward,
     run_generate,
@@ -109,6 +111,7 @@ def run_isolated(
     policy: BucketPolicy,
     max_seq_len: int,
     pad_id: int = 0,
+    decode: Decode | None = None,
 ) -> BatchRun:
     """:func:`run_batch`; on an input error, re-run item by item and fail only the bad ones.
 
@@ -118,7 +121,7 @@ def run_isolated(
     Injected faults are never isolated: they stand for a failing engine.
     """
     try:
-        return run_batch(engine, items, policy, max_seq_len, pad_id)
+        return run_batch(engine, items, policy, max_seq_len, pad_id, decode)
     except InvalidInputError as exc:
         if len(items) == 1:
             return BatchRun({}, 0.0, 1, {items[0].index: exc})
@@ -133,7 +136,7 @@ def run_isolated(
     compute_ms, calls = 0.0, 0
     for item in items:
         try:
-            alone = run_batch(engine, [item], policy, max_seq_len, pad_id)
+            alone = run_batch(engine, [item], policy, max_seq_len, pad_id, decode)
         except InvalidInputError as exc:
             failed[item.index] = exc
             calls += 1
@@ -156,8 +159,13 @@ def run_batch(
     policy: BucketPolicy,
     max_seq_len: int,
     pad_id: int = 0,
+    decode: Decode | None = None,
 ) -> BatchRun:
-    """Run a planned batch; items sharing a group key share engine calls."""
+    """Run a planned batch; items sharing a group key share engine calls.
+
+    GENERATE items decode together, each with its own EOS and sampling; ``decode`` (the
+    tokenizer's) is what their stop strings are matched on.
+    """
     started = time.perf_counter()
     groups: dict[tuple[object, ...], list[WorkItem]] = {}
     for item in items:
@@ -172,10 +180,12 @@ def run_batch(
                 engine,
                 [m.prompt_tokens for m in members],
                 [m.max_new_tokens for m in members],
-                first.eos_id,
+                [m.eos_id for m in members],
                 max_seq_len,
                 policy=policy,
                 pad_id=pad_id,
+                sampling=[m.sampling for m in members],
+                decode=decode,
             )
             for m, r in zip(members, results, strict=True):
                 outcomes[m.index] = GenerateOutcome(r)
@@ -436,7 +446,7 @@ class WorkerEngines:
     ``reload`` loads the engines again (same variants and artifacts, digests verified
     again) for a broken engine; ``give_up`` receives the :class:`WorkerGaveUp` that ends
     the worker once the current cycle is answered and committed; ``active`` names the
-    variant a reload must not lose.
+    variant a reload must not lose; ``decode`` is the tokenizer's (for stop strings).
     """
 
     def __init__(
@@ -450,6 +460,7 @@ class WorkerEngines:
         reload: Reloader | None,
         give_up: Callable[[BaseException], None],
         active: Callable[[], str],
+        decode: Decode | None = None,
     ) -> None:
         self.plain = dict(engines)
         """Without fault injection: warm-up runs these."""
@@ -461,6 +472,7 @@ class WorkerEngines:
         self._reload = reload
         self._give_up = give_up
         self._active = active
+        self._decode = decode
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._load = LoadMeter()
 
@@ -478,9 +490,10 @@ class WorkerEngines:
         engine = self.engines.get(variant, fallback)
         failure: Rejection | None = None
         try:
-            run = await asyncio.get_running_loop().run_in_executor(
-                self._executor, run_isolated, engine, items, self.policy, self.max_seq_len
+            batch = partial(
+                run_isolated, engine, items, self.policy, self.max_seq_len, decode=self._decode
             )
+            run = await asyncio.get_running_loop().run_in_executor(self._executor, batch)
             if run.outcomes:
                 self.health.served()
         except EngineError as exc:

@@ -43,14 +43,14 @@ from graylane.engine.errors import EngineError, InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.compute import WorkerEngines, engine_rejection
 from graylane.engine_worker.requests import Job, input_rejection
-from graylane.engine_worker.tasks import FinishReason, GenerationResult, KvDecodeLoop
+from graylane.engine_worker.sampling import StopStrings
+from graylane.engine_worker.tasks import GenerationResult, KvDecodeLoop
 from graylane.engine_worker.wire import ResultContext
 from graylane.errors import ErrorCode
 from graylane.kafka.replies import Rejection
 from graylane.v1 import inference_pb2
 
 __all__ = [
-    "FINISH_REASONS",
     "CancelBook",
     "ChunkPiece",
     "ContinuousDecoder",
@@ -62,23 +62,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-FINISH_REASONS: dict[FinishReason, int] = {
-    FinishReason.LENGTH: inference_pb2.LENGTH,
-    FinishReason.EOS: inference_pb2.EOS,
-    FinishReason.MAX_SEQ: inference_pb2.MAX_SEQUENCE,
-    FinishReason.CANCELLED: inference_pb2.CANCELLED,
-}
-"""The wire's finish reason of each decode-loop reason (others map by name)."""
-
-
-def finish_reason_pb(reason: FinishReason) -> int:
-    """The protobuf ``FinishReason`` of a decode-loop reason."""
-    known = FINISH_REASONS.get(reason)
-    if known is not None:
-        return known
-    return int(inference_pb2.FinishReason.Value(reason.name))
-
 
 # --- streaming (pure) -------------------------------------------------------------------
 
@@ -111,13 +94,7 @@ def safe_text(text: str, stops: Sequence[str] = ()) -> str:
     end = len(text)
     while end and text[end - 1] == "\ufffd":
         end -= 1
-    hold = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, end), hold, -1):
-            if text[end - n : end] == stop[:n]:
-                hold = n
-                break
-    return text[: end - hold]
+    return text[: StopStrings(tuple(stops)).safe_length(text[:end])]
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +267,7 @@ class ContinuousDecoder:
             pad_id=self._pad_id,
             max_prefill_tokens=limits.max_prefill_tokens,
             max_kv_tokens=limits.max_kv_tokens,
+            decode=self._decode_text,
         )
 
     @property
@@ -385,7 +363,7 @@ class ContinuousDecoder:
             work = live.job.work
             try:
                 live.seq_id = self._loop.submit(
-                    work.prompt_tokens, work.max_new_tokens, work.eos_id
+                    work.prompt_tokens, work.max_new_tokens, work.eos_id, sampling=work.sampling
                 )
             except InvalidInputError as exc:
                 ended.append((live, input_rejection(exc)))

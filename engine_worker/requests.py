@@ -5,7 +5,9 @@ A fetched record becomes a decoded ``InferenceRequest`` (:func:`decode`; a
 pass (:func:`validate`), either a :class:`~graylane.kafka.replies.Rejection` carrying
 its :class:`~graylane.errors.ErrorCode` or a :class:`WorkItem`: the reply topic
 against the allowlist, size and field caps, the model, tensors, task, token ids and
-limits against the engine's IO signature and the model's declared info. A validated
+limits against the engine's IO signature and the model's declared info, and a
+GENERATE request's sampling (:class:`~graylane.engine_worker.sampling.SamplingParams`:
+temperature, top-p, top-k, seed, stop ids and strings). A validated
 request travels as one :class:`Job` (its record, the request, its work and, once
 run, its result or rejection) through batching, the engine and delivery. No Kafka
 I/O or engine here.
@@ -32,6 +34,13 @@ from graylane.engine.errors import InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature
 from graylane.engine_worker.postprocess import PostProcess
+from graylane.engine_worker.sampling import (
+    GREEDY,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    SamplingError,
+    SamplingParams,
+)
 from graylane.engine_worker.tasks import ATTENTION_MASK, INPUT_IDS, generation_layout, token_layout
 from graylane.errors import ErrorCode, SerdeError
 from graylane.kafka.replies import Rejection, clip, field_problem, reply_topic_rejection
@@ -57,6 +66,7 @@ __all__ = [
     "input_rejection",
     "prepare",
     "request_facts",
+    "sampling_params",
     "tokenizer_from_metadata",
     "validate",
 ]
@@ -79,6 +89,7 @@ class RequestFacts:
     top_k: int = 0
     max_new_tokens: int = 0
     eos_id: int | None = None
+    sampling: SamplingParams = GREEDY
     deadline_unix_ms: int = 0
 
 
@@ -95,11 +106,16 @@ class WorkItem:
     top_k: int = 5
     max_new_tokens: int = 0
     eos_id: int | None = None
+    sampling: SamplingParams = GREEDY
+    """GENERATE: how this row chooses its tokens and where it stops."""
 
     @property
-    def group_key(self) -> tuple[TaskKind, PostProcess, int, int | None]:
-        """Requests with equal keys can share one engine call."""
-        return (self.task, self.post, self.top_k, self.eos_id)
+    def group_key(self) -> tuple[TaskKind, PostProcess, int]:
+        """Requests with equal keys can share one engine call.
+
+        GENERATE rows each carry their own EOS and sampling: any of them share a call.
+        """
+        return (self.task, self.post, self.top_k)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,6 +265,9 @@ def request_facts(
     if prompt is not None and not token_ids and tokenizer is not None:
         token_ids, prompt = tokenizer.encode(prompt), None
     gen = request.generation
+    sampling = sampling_params(gen) if task is TaskKind.GENERATE else GREEDY
+    if isinstance(sampling, Rejection):
+        return sampling
     return RequestFacts(
         task=task,
         inputs=inputs,
@@ -258,8 +277,33 @@ def request_facts(
         top_k=request.top_k,
         max_new_tokens=gen.max_new_tokens,
         eos_id=int(gen.eos_token_id) if gen.has_eos else None,
+        sampling=sampling,
         deadline_unix_ms=request.deadline_unix_ms,
     )
+
+
+def sampling_params(gen: inference_pb2.GenerationParams) -> SamplingParams | Rejection:
+    """The sampling a request's generation params ask for, or why it is refused."""
+    if len(gen.stop_token_ids) > MAX_STOP_TOKEN_IDS:  # counted before anything is copied
+        return Rejection(
+            ErrorCode.BAD_REQUEST,
+            f"{len(gen.stop_token_ids)} stop_token_ids; the limit is {MAX_STOP_TOKEN_IDS}",
+        )
+    if len(gen.stop) > MAX_STOP_STRINGS:
+        return Rejection(
+            ErrorCode.BAD_REQUEST, f"{len(gen.stop)} stop strings; the limit is {MAX_STOP_STRINGS}"
+        )
+    try:
+        return SamplingParams(
+            temperature=float(gen.temperature),
+            top_p=float(gen.top_p),
+            top_k=int(gen.sampling_top_k),
+            seed=int(gen.seed) if gen.has_seed else None,
+            stop_token_ids=tuple(int(t) for t in gen.stop_token_ids),
+            stop=tuple(gen.stop),
+        )
+    except SamplingError as exc:
+        return Rejection(ErrorCode.BAD_REQUEST, str(exc))
 
 
 def validate(
@@ -289,6 +333,11 @@ def validate(
     facts = request_facts(request, rules.tokenizer, max(1, rules.max_request_bytes))
     if isinstance(facts, Rejection):
         return facts
+    if facts.sampling.stop and rules.tokenizer is None:
+        return Rejection(
+            ErrorCode.BAD_REQUEST,
+            "stop strings need the model's tokenizer and this model has none; use stop_token_ids",
+        )
     return prepare(index, facts, rules.io, rules.limits, now_ms, rules.model_info)
 
 
@@ -349,6 +398,12 @@ def _prepare_generate(
     bad = _bad_token(tokens, _vocab(info))
     if bad is not None:
         return bad
+    vocab = _vocab(info)
+    if vocab is not None and any(t >= vocab for t in facts.sampling.stop_token_ids):
+        return Rejection(
+            ErrorCode.BAD_REQUEST,
+            f"stop_token_ids must be in [0, {vocab}), got {list(facts.sampling.stop_token_ids)}",
+        )
     return WorkItem(
         index=index,
         task=TaskKind.GENERATE,
@@ -356,6 +411,7 @@ def _prepare_generate(
         prompt_tokens=tokens,
         max_new_tokens=facts.max_new_tokens,
         eos_id=facts.eos_id,
+        sampling=facts.sampling,
     )
 
 

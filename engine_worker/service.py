@@ -61,7 +61,6 @@ from graylane.engine_worker.generation import (
     DecoderLimits,
     Finished,
     StreamPolicy,
-    finish_reason_pb,
 )
 from graylane.engine_worker.requests import (
     IntakeRules,
@@ -405,6 +404,7 @@ class Worker:
             reload=reload,
             give_up=self._background.abort,
             active=lambda: self.active_variant,
+            decode=self.tokenizer.decode if self.tokenizer is not None else None,
         )
 
     @property
@@ -583,8 +583,7 @@ class Worker:
         def result_of(
             job: Job, result: GenerationResult, started_ms: int
         ) -> inference_pb2.InferenceResult:
-            reason = finish_reason_pb(result.finished_reason)
-            return generation_result(job, result, context, started_ms=started_ms, reason=reason)
+            return generation_result(job, result, context, started_ms=started_ms)
 
         sequences = cfg.max_sequences or cfg.max_batch_size
         decoder = ContinuousDecoder(

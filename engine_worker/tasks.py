@@ -1,4 +1,4 @@
-"""What a model does for a request: forward passes and greedy generation, batched (pure).
+"""What a model does for a request: forward passes and generation, batched (pure).
 
 Pure numpy over the engine protocol. Forward passes batch two ways:
 
@@ -14,6 +14,14 @@ Generation reruns every active sequence per step (:func:`run_generate`), unless
 the model was exported with a KV cache: then one prefill and one incremental step
 per token (:class:`KvDecodeLoop`), with rows joining and leaving the running batch
 between steps as :class:`DecodeScheduler` decides.
+
+Each generating row chooses its own tokens (:class:`~graylane.engine_worker.sampling.TokenSampler`:
+greedy unless its :class:`~graylane.engine_worker.sampling.SamplingParams` say otherwise),
+so rows with different sampling, seeds, EOS and stop ids share one batch. A row stops at
+its EOS or one of its stop token ids (neither is kept), or once the text of its tokens
+holds one of its stop strings: its result then carries the text cut before the stop
+string, and the tokens that begin before the cut (a token straddling the cut is kept,
+those wholly after it are dropped). Stop strings need ``decode`` (the tokenizer's).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypeVar
 
 import numpy as np
 
@@ -36,6 +45,7 @@ from graylane.engine_worker.batching import (
     pad_token_batch,
 )
 from graylane.engine_worker.postprocess import PostProcess, post_process
+from graylane.engine_worker.sampling import GREEDY, SamplingError, SamplingParams, TokenSampler
 from graylane.errors import GraylaneError
 
 __all__ = [
@@ -67,6 +77,8 @@ INPUT_IDS = "input_ids"
 ATTENTION_MASK = "attention_mask"
 LOGITS = "logits"
 
+T = TypeVar("T")
+
 
 class FinishReason(Enum):
     EOS = "eos"
@@ -75,6 +87,8 @@ class FinishReason(Enum):
     """``max_new_tokens`` were generated."""
     MAX_SEQ = "max_seq"
     """Prompt plus generated tokens reached ``max_seq_len``."""
+    STOP = "stop"
+    """The model produced a stop token id (not included) or its text a stop string."""
     CANCELLED = "cancelled"
     """Stopped from outside (:meth:`KvDecodeLoop.cancel`) with the tokens so far."""
 
@@ -82,8 +96,15 @@ class FinishReason(Enum):
 @dataclass(frozen=True, slots=True)
 class GenerationResult:
     tokens: tuple[int, ...]
-    """Generated tokens only (no prompt, no EOS)."""
+    """Generated tokens only (no prompt, no EOS or stop token id; a stop string's cut
+    drops the tokens that begin after it)."""
     finished_reason: FinishReason
+    text: str | None = None
+    """Set when a stop string cut the text: the decoded text before the stop string."""
+
+
+Decode = Callable[[Sequence[int]], str]
+"""A tokenizer's ``decode``: generated tokens to text (stop strings are matched on it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,23 +185,36 @@ def run_generate(
     engine: InferenceEngine,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: Sequence[int] | int,
-    eos_id: int | None,
+    eos_id: int | Sequence[int | None] | None,
     max_seq_len: int,
     *,
     output_name: str | None = None,
     policy: BucketPolicy | None = None,
     pad_id: int = 0,
+    sampling: SamplingParams | Sequence[SamplingParams | None] | None = None,
+    decode: Decode | None = None,
 ) -> list[GenerationResult]:
-    """Greedy decoding without a KV cache: every step reruns each active sequence.
+    """Decoding without a KV cache: every step reruns each active sequence.
 
     All active rows run together (right-padded, logits read at each row's last
     real position); a row that finishes is dropped from the next step. A model
     exported with a KV cache (``past_key_values.*``) runs one prefill and one
     incremental step per token instead (:func:`generate_with_cache`).
+
+    ``eos_id`` and ``sampling`` are one for all prompts or one per prompt
+    (``None``: no EOS; greedy). Stop strings need ``decode``.
     """
     if kv_cache_layout(engine.io) is not None:
         return generate_with_cache(
-            engine, prompts, max_new_tokens, eos_id, max_seq_len, policy=policy, pad_id=pad_id
+            engine,
+            prompts,
+            max_new_tokens,
+            eos_id,
+            max_seq_len,
+            policy=policy,
+            pad_id=pad_id,
+            sampling=sampling,
+            decode=decode,
         )
     layout = token_layout(engine.io)
     if layout is None:
@@ -193,6 +227,11 @@ def run_generate(
     )
     if len(limits) != len(prompts):
         raise InvalidInputError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts")
+    eos_ids = _per_prompt(eos_id, len(prompts), "eos ids")
+    samplers = [
+        _sampler(params, decode, f"prompt {i}")
+        for i, params in enumerate(_per_prompt(sampling, len(prompts), "sampling params"))
+    ]
     if max_seq_len < 1:
         raise InvalidInputError(f"max_seq_len must be >= 1, got {max_seq_len}")
     if policy is not None and policy.max_seq_len < max_seq_len:
@@ -213,6 +252,7 @@ def run_generate(
 
     generated: list[list[int]] = [[] for _ in prompts]
     done: dict[int, FinishReason] = {}
+    texts: dict[int, str] = {}
     for i, tokens in enumerate(seqs):
         if limits[i] == 0:
             done[i] = FinishReason.LENGTH
@@ -224,20 +264,43 @@ def run_generate(
         outputs = _forward_token_rows(engine, layout, rows, policy, pad_id)
         still: list[int] = []
         for i, out in zip(active, outputs, strict=True):
-            token = int(np.argmax(out[logits_name][0, len(seqs[i]) - 1]))
-            if eos_id is not None and token == eos_id:
+            token = samplers[i].choose(out[logits_name][0, len(seqs[i]) - 1])
+            if eos_ids[i] is not None and token == eos_ids[i]:
                 done[i] = FinishReason.EOS
+                continue
+            if samplers[i].stops_on(token):
+                done[i] = FinishReason.STOP
                 continue
             seqs[i].append(token)
             generated[i].append(token)
-            if len(generated[i]) >= limits[i]:
+            cut = samplers[i].cut(generated[i])
+            if cut is not None:
+                done[i], texts[i] = FinishReason.STOP, cut.text
+                del generated[i][cut.tokens :]
+            elif len(generated[i]) >= limits[i]:
                 done[i] = FinishReason.LENGTH
             elif len(seqs[i]) >= max_seq_len:
                 done[i] = FinishReason.MAX_SEQ
             else:
                 still.append(i)
         active = still
-    return [GenerationResult(tuple(generated[i]), done[i]) for i in range(len(seqs))]
+    return [GenerationResult(tuple(generated[i]), done[i], texts.get(i)) for i in range(len(seqs))]
+
+
+def _per_prompt(value: T | Sequence[T | None] | None, n: int, what: str) -> list[T | None]:
+    """One value for every prompt, or one per prompt."""
+    if value is None or not isinstance(value, Sequence):
+        return [value] * n
+    if len(value) != n:
+        raise InvalidInputError(f"{len(value)} {what} for {n} prompts")
+    return list(value)
+
+
+def _sampler(params: SamplingParams | None, decode: Decode | None, what: str) -> TokenSampler:
+    try:
+        return TokenSampler(params or GREEDY, decode)
+    except SamplingError as exc:
+        raise InvalidInputError(f"{what}: {exc}") from None
 
 
 def validate_request(
@@ -682,6 +745,7 @@ class _Sequence:
     generated: list[int] = field(default_factory=list)
     pending: int = -1
     """Newest token, produced but not yet in the cache."""
+    sampler: TokenSampler = field(default_factory=TokenSampler)
 
 
 class KvDecodeLoop:
@@ -701,9 +765,11 @@ class KvDecodeLoop:
         max_prefill_tokens: int | None = None,
         max_kv_tokens: int | None = None,
         on_logits: Callable[[int, np.ndarray], None] | None = None,
+        decode: Decode | None = None,
     ) -> None:
         """``on_logits(seq_id, logits)`` sees the vector each new token is chosen from;
-        ``max_kv_tokens`` caps the cache positions the running rows reserve together."""
+        ``max_kv_tokens`` caps the cache positions the running rows reserve together;
+        ``decode`` (the tokenizer's) lets sequences stop on stop strings."""
         layout = kv_cache_layout(engine.io)
         if layout is None:
             raise InvalidInputError(
@@ -724,6 +790,7 @@ class KvDecodeLoop:
         )
         self.stats = LoopStats()
         self._on_logits = on_logits
+        self._to_text = decode
         self._seqs: dict[int, _Sequence] = {}
         self._done_early: list[tuple[int, GenerationResult]] = []
         self._next_id = 0
@@ -735,8 +802,18 @@ class KvDecodeLoop:
     def idle(self) -> bool:
         return self.scheduler.idle and not self._done_early
 
-    def submit(self, prompt: Sequence[int], max_new_tokens: int, eos_id: int | None = None) -> int:
-        """Queue a prompt; returns its sequence id. Raises :class:`InvalidInputError`."""
+    def submit(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        eos_id: int | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+    ) -> int:
+        """Queue a prompt; returns its sequence id. Raises :class:`InvalidInputError`.
+
+        ``sampling``: how it chooses its tokens and where it stops (``None``: greedy).
+        """
         tokens = [int(t) for t in prompt]
         if not tokens:
             raise InvalidInputError("prompt is empty")
@@ -747,6 +824,7 @@ class KvDecodeLoop:
         vocab = self.layout.tokens.vocab_size
         if min(tokens) < 0 or (vocab and max(tokens) >= vocab):
             raise InvalidInputError(f"prompt: token ids outside [0, {vocab})")
+        sampler = _sampler(sampling, self._to_text, "sampling")
         seq_id = self._next_id
         self._next_id += 1
         if max_new_tokens == 0:
@@ -754,7 +832,7 @@ class KvDecodeLoop:
         elif len(tokens) >= self.max_seq_len:
             self._done_early.append((seq_id, GenerationResult((), FinishReason.MAX_SEQ)))
         else:
-            self._seqs[seq_id] = _Sequence(tokens, max_new_tokens, eos_id)
+            self._seqs[seq_id] = _Sequence(tokens, max_new_tokens, eos_id, sampler=sampler)
             reserve = min(self.max_seq_len, len(tokens) + max_new_tokens)
             self.scheduler.submit(seq_id, len(tokens), reserve)
         return seq_id
@@ -851,26 +929,33 @@ class KvDecodeLoop:
     def _advance(
         self, seq_ids: Sequence[int], logits: Sequence[np.ndarray]
     ) -> list[tuple[int, GenerationResult]]:
-        """Each row's greedy token (the rules of :func:`run_generate`); drop finished rows."""
+        """Each row's token by its sampler (the rules of :func:`run_generate`); drop finished."""
         finished: list[tuple[int, GenerationResult]] = []
         for seq_id, row in zip(seq_ids, logits, strict=True):
             if self._on_logits is not None:
                 self._on_logits(seq_id, row)
-            token = int(np.argmax(row))
             seq = self._seqs[seq_id]
+            token = seq.sampler.choose(row)
             reason: FinishReason | None = None
+            text: str | None = None
             if seq.eos_id is not None and token == seq.eos_id:
                 reason = FinishReason.EOS
+            elif seq.sampler.stops_on(token):
+                reason = FinishReason.STOP
             else:
                 seq.tokens.append(token)
                 seq.generated.append(token)
                 seq.pending = token
-                if len(seq.generated) >= seq.limit:
+                cut = seq.sampler.cut(seq.generated)
+                if cut is not None:
+                    reason, text = FinishReason.STOP, cut.text
+                    del seq.generated[cut.tokens :]
+                elif len(seq.generated) >= seq.limit:
                     reason = FinishReason.LENGTH
                 elif len(seq.tokens) >= self.max_seq_len:
                     reason = FinishReason.MAX_SEQ
             if reason is not None:
-                finished.append((seq_id, GenerationResult(tuple(seq.generated), reason)))
+                finished.append((seq_id, GenerationResult(tuple(seq.generated), reason, text)))
                 del self._seqs[seq_id]
         if finished:
             kept = self.scheduler.leave(s for s, _ in finished)
@@ -934,31 +1019,38 @@ def generate_with_cache(
     engine: InferenceEngine,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: Sequence[int] | int,
-    eos_id: int | None,
+    eos_id: int | Sequence[int | None] | None,
     max_seq_len: int,
     *,
     policy: BucketPolicy | None = None,
     pad_id: int = 0,
     max_batch_size: int | None = None,
+    sampling: SamplingParams | Sequence[SamplingParams | None] | None = None,
+    decode: Decode | None = None,
 ) -> list[GenerationResult]:
     """Drop-in for :func:`run_generate` on a decoder-with-past model.
 
-    Same arguments, same results (greedy, token for token); the running batch
-    holds at most ``max_batch_size`` rows (default: the policy's, else all prompts).
+    Same arguments, same results (greedy: token for token; seeded: the same draws
+    from the same logits); the running batch holds at most ``max_batch_size`` rows
+    (default: the policy's, else all prompts).
     """
     limits = (
         [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     )
     if len(limits) != len(prompts):
         raise InvalidInputError(f"{len(limits)} max_new_tokens for {len(prompts)} prompts")
+    eos_ids = _per_prompt(eos_id, len(prompts), "eos ids")
+    params = _per_prompt(sampling, len(prompts), "sampling params")
     if not prompts:
         return []
     rows = max_batch_size or (policy.max_batch_size if policy else len(prompts))
-    loop = KvDecodeLoop(engine, max_batch_size=rows, max_seq_len=max_seq_len, pad_id=pad_id)
+    loop = KvDecodeLoop(
+        engine, max_batch_size=rows, max_seq_len=max_seq_len, pad_id=pad_id, decode=decode
+    )
     ids = []
     for i, (prompt, limit) in enumerate(zip(prompts, limits, strict=True)):
         try:
-            ids.append(loop.submit(prompt, limit, eos_id))
+            ids.append(loop.submit(prompt, limit, eos_ids[i], sampling=params[i]))
         except InvalidInputError as exc:
             raise InvalidInputError(f"prompt {i}: {exc}") from None
     results = loop.run()

@@ -22,7 +22,7 @@ from graylane.engine_worker.compute import (
     engine_rejection,
 )
 from graylane.engine_worker.requests import Job, TaskKind, Tokenizer, input_rejection
-from graylane.engine_worker.tasks import GenerationResult
+from graylane.engine_worker.tasks import FinishReason, GenerationResult
 from graylane.errors import ErrorCode
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
@@ -55,6 +55,14 @@ _INPUT_CODES = frozenset(
     }
 )
 _REMEMBERED = 4096
+_FINISH = {
+    FinishReason.EOS: inference_pb2.EOS,
+    FinishReason.LENGTH: inference_pb2.LENGTH,
+    FinishReason.MAX_SEQ: inference_pb2.MAX_SEQUENCE,
+    FinishReason.STOP: inference_pb2.STOP,
+    FinishReason.CANCELLED: inference_pb2.CANCELLED,
+}
+"""Why a generation ended, on the wire."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +129,7 @@ def _result(
     outcome: ForwardOutcome | GenerateOutcome,
     ctx: ResultContext,
     when: inference_pb2.Timing,
+    prompt_tokens: int,
 ) -> inference_pb2.InferenceResult:
     result = inference_pb2.InferenceResult(
         request_id=request.request_id,
@@ -138,10 +147,16 @@ def _result(
     if isinstance(outcome, ForwardOutcome):
         result.outputs.extend(serde.to_tensors(outcome.outputs))
     else:
-        tokens = outcome.result.tokens
+        generation = outcome.result
+        tokens = generation.tokens
         result.generated_token_ids.extend(tokens)
-        if ctx.tokenizer is not None:
+        if generation.text is not None:  # cut before a stop string
+            result.text = generation.text
+        elif ctx.tokenizer is not None:
             result.text = ctx.tokenizer.decode(tokens)
+        result.finish_reason = _FINISH[generation.finished_reason]
+        result.usage.prompt_tokens = prompt_tokens
+        result.usage.completion_tokens = len(tokens)
         if request.generation.stream and not request.shadow:
             result.chunk.final = True  # decoded per batch: the whole stream in one chunk
     return result
@@ -153,18 +168,13 @@ def generation_result(
     ctx: ResultContext,
     *,
     started_ms: int,
-    reason: int,
 ) -> inference_pb2.InferenceResult:
-    """The answer of one generation of the continuous decode loop (``reason``: the
-    wire's FinishReason); its timing is the request's own, from ``started_ms``."""
+    """The answer of one generation of the continuous decode loop; its timing is the
+    request's own, from ``started_ms``."""
     done = now_ms()
     clock = BatchClock(dequeued_ms=started_ms, started_ms=started_ms, done_ms=done)
     when = timing(job.request, clock, float(max(0, done - started_ms)), 1)
-    result = _result(job.request, GenerateOutcome(outcome), ctx, when)
-    result.finish_reason = reason  # type: ignore[assignment]
-    result.usage.prompt_tokens = len(job.work.prompt_tokens)
-    result.usage.completion_tokens = len(outcome.tokens)
-    return result
+    return _result(job.request, GenerateOutcome(outcome), ctx, when, len(job.work.prompt_tokens))
 
 
 def generation_report(
@@ -277,7 +287,7 @@ def build_batch(
         when = timing(request, clock, run.compute_ms, len(jobs))
         latency.record(_since_routed(request, clock))
         queue_wait.record(max(when.queue_wait_ms, _MIN_MS))
-        job.result = _result(request, outcome, ctx, when)
+        job.result = _result(request, outcome, ctx, when, len(job.work.prompt_tokens))
     telemetry = telemetry_pb2.BatchTelemetry(
         model=ctx.model,
         version=ctx.version,

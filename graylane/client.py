@@ -6,6 +6,10 @@
         result = await client.infer("gpt", prompt="hello", task=Task.GENERATE,
                                     max_new_tokens=16, timeout=10)
 
+Generation is greedy unless the request samples (``temperature`` > 0, with optional
+``top_p``, ``sampling_top_k`` and a ``seed`` for reproducible draws); ``stop`` strings
+and ``stop_token_ids`` end it early (``Result.finish_reason`` is then ``"STOP"``).
+
 A request goes to its model's ingress topic on the seam's producer
 (:mod:`graylane.kafka.seam`); the router forwards it to a version. Results come
 back on a per-client reply topic, read by a
@@ -26,7 +30,7 @@ import contextlib
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import TracebackType
@@ -60,6 +64,7 @@ __all__ = [
     "Task",
     "Timing",
     "UnknownModel",
+    "Usage",
 ]
 
 log = logging.getLogger(__name__)
@@ -109,6 +114,14 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """Tokens a generation read and wrote."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
 class Result:
     """An inference result, decoded from the wire."""
 
@@ -128,6 +141,11 @@ class Result:
     client_latency_ms: float | None = None
     worker_id: str = ""
     """The worker that answered (run or shed it)."""
+    finish_reason: str = ""
+    """GENERATE: why it ended, the ``graylane.v1.FinishReason`` name (``LENGTH``, ``STOP``,
+    ``EOS``, ``MAX_SEQUENCE``, ...); empty for other results."""
+    usage: Usage | None = None
+    """GENERATE: prompt and generated token counts; ``None`` for other results."""
 
     @classmethod
     def from_pb(cls, pb: inference_pb2.InferenceResult, sent_ms: int | None) -> Result:
@@ -153,6 +171,10 @@ class Result:
             ),
             client_latency_ms=float(now_ms() - sent_ms) if sent_ms else None,
             worker_id=pb.worker_id,
+            finish_reason=_finish_reason_name(pb.finish_reason),
+            usage=Usage(pb.usage.prompt_tokens, pb.usage.completion_tokens)
+            if pb.HasField("usage")
+            else None,
         )
 
     @property
@@ -171,19 +193,11 @@ class Chunk:
     text: str
     final: bool
     finish_reason: str = ""
-    """On the final chunk: ``length``, ``stop``, ``eos``, ``cancelled``, ``failed`` or
-    ``max_sequence``."""
+    """On the final chunk: ``LENGTH``, ``STOP``, ``EOS``, ``CANCELLED``, ``FAILED`` or
+    ``MAX_SEQUENCE`` (as :attr:`Result.finish_reason`)."""
     result: Result | None = None
     """On the final chunk: the request's result (its timing, usage, version); its
     tokens and text are the final chunk's own."""
-
-
-def _finish_reason_name(value: int) -> str:
-    try:
-        name = inference_pb2.FinishReason.Name(value)
-    except ValueError:
-        return "unknown"
-    return "" if value == 0 else name.lower()
 
 
 class _Stream:
@@ -332,6 +346,12 @@ class GraylaneClient:
         top_k: int = 0,
         max_new_tokens: int = 0,
         eos_token_id: int | None = None,
+        temperature: float = 0.0,
+        top_p: float = 0.0,
+        sampling_top_k: int = 0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
         routing_key: str = "",
         tags: Mapping[str, str] | None = None,
         deadline_s: float | None = None,
@@ -343,6 +363,16 @@ class GraylaneClient:
         stream_every_ms: int = 0,
         ttft_deadline_ms: int = 0,
     ) -> inference_pb2.InferenceRequest:
+        """A request for ``model``; :meth:`infer` and :meth:`submit` take the same arguments.
+
+        ``top_k`` is the ``TOPK_LAST`` post-process of a FORWARD; a GENERATE samples
+        with ``temperature`` (0 = greedy), ``top_p`` (0 = off), ``sampling_top_k``
+        (0 = off) and ``seed`` (``None``: a different draw each time), and stops at
+        ``stop`` strings (the text is cut before them) or ``stop_token_ids``. The
+        worker checks them and answers ``BAD_REQUEST`` for values it refuses.
+        """
+        if isinstance(stop, str):
+            raise TypeError("stop takes a sequence of strings, not one string")
         created = now_ms()
         return inference_pb2.InferenceRequest(
             request_id=request_id or uuid.uuid4().hex,
@@ -361,6 +391,13 @@ class GraylaneClient:
                 stream_every_tokens=stream_every_tokens,
                 stream_every_ms=stream_every_ms,
                 ttft_deadline_ms=ttft_deadline_ms,
+                temperature=temperature,
+                top_p=top_p,
+                sampling_top_k=sampling_top_k,
+                seed=seed or 0,
+                has_seed=seed is not None,
+                stop=list(stop),
+                stop_token_ids=list(stop_token_ids),
             ),
             post_process=post_process_to_pb(post_process),
             top_k=top_k,
@@ -486,6 +523,16 @@ def _raise_for(result: Result) -> None:
         if result.code in (ErrorCode.UNKNOWN_MODEL, ErrorCode.UNKNOWN_VERSION):
             raise UnknownModel(f"{result.error_code}: {result.error_message}", result)
         raise RequestRejected(result)
+
+
+def _finish_reason_name(value: int) -> str:
+    """The name of a ``graylane.v1.FinishReason`` (empty when unset, ``UNKNOWN`` if new)."""
+    if value == inference_pb2.FINISH_REASON_UNSPECIFIED:
+        return ""
+    try:
+        return inference_pb2.FinishReason.Name(value)
+    except ValueError:
+        return "UNKNOWN"
 
 
 def _error_code_name(value: int) -> str:

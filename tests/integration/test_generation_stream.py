@@ -57,7 +57,7 @@ async def test_streamed_generation_reassembles_to_the_unstreamed_one(
     assert tuple(t for c in chunks for t in c.tokens) == whole.tokens
     assert "".join(c.text for c in chunks) == whole.text
     final = chunks[-1]
-    assert final.finish_reason == "length"
+    assert final.finish_reason == "LENGTH"
     assert final.result is not None and final.result.ok
 
 
@@ -76,7 +76,7 @@ async def test_a_cancel_stops_a_running_generation_and_frees_its_rows(
                 if len(chunks) == 3:
                     await client.cancel(chunk.request_id, model=MODEL)
             final = chunks[-1]
-            assert final.final and final.finish_reason == "cancelled"
+            assert final.final and final.finish_reason == "CANCELLED"
             generated = sum(len(c.tokens) for c in chunks)
             assert 3 <= generated < 200  # stopped within a few steps, not at the end
             (decoder,) = [d for _, d in worker._decoders.values()]

@@ -26,7 +26,8 @@ def test_safe_text_holds_back_a_possible_stop_string_and_a_broken_character() ->
     assert safe_text("hello w", ["world"]) == "hello "
     assert safe_text("hello", ["world"]) == "hello"
     assert safe_text("caf\ufffd", []) == "caf"
-    assert safe_text("abc", ["c", "bcd"]) == "a"  # "bc" may begin "bcd"
+    assert safe_text("ab", ["c", "bcd"]) == "a"  # "b" may begin "bcd"
+    assert safe_text("abc", ["c", "bcd"]) == "ab"  # found: the generation stops at "c"
 
 
 @given(
