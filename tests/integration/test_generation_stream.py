@@ -50,6 +50,11 @@ async def test_streamed_generation_reassembles_to_the_unstreamed_one(
             MODEL, prompt=prompt, max_new_tokens=24, stream_every_tokens=5, timeout=30
         ):
             chunks.append(chunk)
+        # A seeded sampled generation is reproducible through the path, streamed or not.
+        sampled = dict(prompt=prompt, max_new_tokens=24, temperature=1.0, top_p=0.95, seed=7)
+        once = await client.infer(MODEL, task=Task.GENERATE, timeout=30, **sampled)
+        again = [c async for c in client.stream(MODEL, timeout=30, **sampled)]
+        other = await client.infer(MODEL, task=Task.GENERATE, timeout=30, **{**sampled, "seed": 8})
     assert whole.tokens == expected.tokens  # the engine's own greedy tokens
     assert [c.sequence for c in chunks] == list(range(len(chunks)))
     assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
@@ -59,6 +64,9 @@ async def test_streamed_generation_reassembles_to_the_unstreamed_one(
     final = chunks[-1]
     assert final.finish_reason == "LENGTH"
     assert final.result is not None and final.result.ok
+    assert tuple(t for c in again for t in c.tokens) == once.tokens
+    assert once.tokens != whole.tokens  # sampled, not greedy
+    assert other.tokens != once.tokens
 
 
 async def test_a_cancel_stops_a_running_generation_and_frees_its_rows(
