@@ -1,0 +1,187 @@
+"""The continuous decode loop of the worker, on the real demo GPT (ONNX Runtime), with
+its sends captured instead of produced: joins, cancels, sheds and streamed chunks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+
+import pytest
+from aiokafka.structs import ConsumerRecord
+
+from graylane.clock import now_ms
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.compute import WorkerEngines
+from graylane.engine_worker.faults import FaultInjection
+from graylane.engine_worker.generation import (
+    ContinuousDecoder,
+    DecoderLimits,
+    Finished,
+    StreamPolicy,
+)
+from graylane.engine_worker.requests import Job, TaskKind, WorkItem
+from graylane.engine_worker.tasks import GenerationResult, generate_with_cache
+from graylane.engine_worker.wire import ResultContext, generation_result
+from graylane.errors import ErrorCode
+from graylane.models.demo_gpt import write_demo_gpt
+from graylane.v1 import inference_pb2
+
+CTX = ResultContext(model="gpt", version="v1", variant="fp32", worker_id="w")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> OnnxRuntimeEngine:
+    path = write_demo_gpt(tmp_path_factory.mktemp("kv") / "kv.onnx", "tiny", seed=4, kv_cache=True)
+    return OnnxRuntimeEngine.load(path, "fp32", intra_op_threads=1)
+
+
+class Captured:
+    def __init__(self) -> None:
+        self.finished: list[Job] = []
+        self.chunks: dict[str, list[inference_pb2.InferenceResult]] = {}
+        self.order: list[str] = []
+
+    async def deliver(self, finished: Finished) -> list[Awaitable[object]]:
+        self.finished.extend(finished.jobs)
+        self.order.extend(job.request.request_id for job in finished.jobs)
+        return []
+
+    async def send_chunk(self, job: Job, chunk: inference_pb2.InferenceResult) -> Awaitable[object]:
+        self.chunks.setdefault(job.request.request_id, []).append(chunk)
+        done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+def job(
+    rid: str,
+    prompt: list[int],
+    new: int,
+    *,
+    stream: bool = False,
+    ttft_ms: int = 0,
+    created: int = 0,
+) -> Job:
+    request = inference_pb2.InferenceRequest(
+        request_id=rid,
+        model="gpt",
+        task=inference_pb2.GENERATE,
+        created_at_unix_ms=created or now_ms(),
+        generation=inference_pb2.GenerationParams(
+            max_new_tokens=new, stream=stream, stream_every_tokens=2, ttft_deadline_ms=ttft_ms
+        ),
+    )
+    record = ConsumerRecord("t", 0, 0, 0, 0, None, b"", None, 0, 0, ())
+    work = WorkItem(
+        index=0,
+        task=TaskKind.GENERATE,
+        seq_len=len(prompt),
+        prompt_tokens=tuple(prompt),
+        max_new_tokens=new,
+    )
+    return Job(record, request, work)
+
+
+def decoder(engine: OnnxRuntimeEngine, captured: Captured, rows: int) -> ContinuousDecoder:
+    engines = WorkerEngines(
+        {"fp32": engine},
+        FaultInjection(),
+        policy=BucketPolicy(),
+        max_seq_len=256,
+        failure_limit=5,
+        reload=None,
+        give_up=lambda exc: None,
+        active=lambda: "fp32",
+    )
+
+    def result_of(j: Job, r: GenerationResult, started: int) -> inference_pb2.InferenceResult:
+        return generation_result(j, r, CTX, started_ms=started)
+
+    return ContinuousDecoder(
+        engines,
+        CTX,
+        engine,
+        DecoderLimits(max_sequences=rows, max_seq_len=256),
+        stream=StreamPolicy(),
+        decode_text=None,
+        deliver=captured.deliver,
+        send_chunk=captured.send_chunk,
+        result_of=result_of,
+    )
+
+
+async def test_a_late_short_request_joins_and_finishes_first_with_exact_tokens(
+    engine: OnnxRuntimeEngine,
+) -> None:
+    captured = Captured()
+    dec = decoder(engine, captured, rows=4)
+    long_done = dec.submit(job("long", [5, 6, 7], 120, stream=True))
+    while "long" not in captured.chunks:  # it is decoding
+        await asyncio.sleep(0.001)
+    short_done = dec.submit(job("short", [9, 8], 5))
+    await short_done
+    assert not long_done.done()  # answered while the long one still decodes
+    await long_done
+    await dec.close()
+    assert captured.order == ["short", "long"]
+    assert dec.peak_rows == 2
+    expected = generate_with_cache(engine, [[5, 6, 7], [9, 8]], [120, 5], None, 256)
+    by_id = {j.request.request_id: j for j in captured.finished}
+    assert tuple(by_id["long"].result.generated_token_ids) == expected[0].tokens
+    assert tuple(by_id["short"].result.generated_token_ids) == expected[1].tokens
+    chunks = captured.chunks["long"]
+    streamed = [t for c in chunks for t in c.generated_token_ids]
+    tail = list(by_id["long"].stream_tail.generated_token_ids)
+    assert streamed + tail == list(expected[0].tokens)
+    assert [c.chunk.sequence for c in chunks] == list(range(len(chunks)))
+    assert by_id["long"].stream_tail.chunk.final
+    assert by_id["long"].result.timing.ttft_ms > 0
+    assert by_id["long"].result.finish_reason == inference_pb2.LENGTH
+
+
+async def test_a_cancel_ends_a_running_sequence_and_frees_its_rows(
+    engine: OnnxRuntimeEngine,
+) -> None:
+    captured = Captured()
+    dec = decoder(engine, captured, rows=2)
+    done = dec.submit(job("c", [3, 4], 200, stream=True))
+    while "c" not in captured.chunks:
+        await asyncio.sleep(0.001)
+    assert not dec.cancel("c", "gl.reply.someone-else")  # not the requester's topic
+    assert dec.cancel("c", "")
+    await done
+    await dec.close()
+    (answered,) = captured.finished
+    assert answered.result is not None
+    assert answered.result.finish_reason == inference_pb2.CANCELLED
+    assert 0 < len(answered.result.generated_token_ids) < 200
+    assert dec.live == 0
+    assert dec._loop.scheduler.running == () and dec._loop.scheduler.reserved_kv_tokens == 0
+
+
+async def test_a_request_that_cannot_start_within_its_ttft_budget_is_shed(
+    engine: OnnxRuntimeEngine,
+) -> None:
+    captured = Captured()
+    dec = decoder(engine, captured, rows=1)
+    busy = dec.submit(job("busy", [3, 4], 150))
+    late = dec.submit(job("late", [5], 4, ttft_ms=30))
+    await late
+    assert not busy.done()
+    shed = next(j for j in captured.finished if j.request.request_id == "late")
+    assert shed.rejection is not None and shed.rejection.code is ErrorCode.SHED
+    await busy
+    await dec.close()
+
+
+async def test_a_prompt_the_loop_refuses_is_answered_not_fatal(engine: OnnxRuntimeEngine) -> None:
+    captured = Captured()
+    dec = decoder(engine, captured, rows=2)
+    await dec.submit(job("empty", [], 4))
+    ok = dec.submit(job("fine", [1, 2], 3))
+    await ok
+    await dec.close()
+    by_id = {j.request.request_id: j for j in captured.finished}
+    assert by_id["empty"].rejection is not None
+    assert len(by_id["fine"].result.generated_token_ids) == 3
