@@ -397,15 +397,17 @@ class ContinuousDecoder:
         started = now_ms()
         running_before = set(loop.scheduler.running)
         t0 = time.perf_counter()
+        ended: list[tuple[_Live, GenerationResult | Rejection]] = []
         try:
-            finished = await self._engines.in_thread(loop.prefill_step)
-            if self._stream_due():
-                ended = self._collect(finished, running_before, started)
-                await self._publish(now_ms())
-                finished = []
-            else:
-                ended = []
-            finished += await self._engines.in_thread(loop.decode_step)
+            if loop.scheduler.waiting:  # joiners: prefill them first
+                finished = await self._engines.in_thread(loop.prefill_step)
+                if self._stream_due():
+                    ended = self._collect(finished, running_before, started)
+                    await self._publish(now_ms())
+                    finished = []
+                finished += await self._engines.in_thread(loop.decode_step)
+            else:  # one engine-thread hop per step when nobody joins
+                finished = await self._engines.in_thread(loop.step)
         except EngineError as exc:
             log.exception("engine failure in a decode step of %d rows", len(self._live))
             await self._engines.engine_failed(exc)
