@@ -242,9 +242,12 @@ def consumer_options(config: WorkerConfig, layout: TopicLayout) -> ConsumerOptio
 class CycleFetch:
     """Fetches the records of one cycle under the learner's batching choice."""
 
-    def __init__(self, config: WorkerConfig, learner: BatchLearner) -> None:
+    def __init__(self, config: WorkerConfig, learner: BatchLearner, *, fill: bool = True) -> None:
+        """``fill=False``: hand over what the first fetch brought at once (a continuous
+        decode batch takes requests one by one; waiting to fill a batch only delays them)."""
         self.config = config
         self.learner = learner
+        self.fill = fill
         self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
         """The choice of the cycle fetched last (the planner uses it too)."""
         self._steady = self.choice
@@ -262,7 +265,7 @@ class CycleFetch:
         cap = self.config.max_batch_size * self.config.fetch_factor
         first = await consumer.getmany(timeout_ms=200, max_records=cap)
         records = [r for rs in first.values() for r in rs]
-        if not records:
+        if not records or not self.fill:
             return records
         deadline = time.monotonic() + self.choice.wait_ms / 1000.0
         while len(records) < self.choice.max_batch:
@@ -390,7 +393,10 @@ class Worker:
         """Sheds not yet reported in a batch telemetry."""
         self._last_run_ms = 0
         """When the last admitted batch started (unix ms): admission probes after a pause."""
-        self._fetch = CycleFetch(config, self.learner)
+        continuous = config.continuous_batching and any(
+            kv_cache_layout(e.io) is not None for e in engines.values()
+        )
+        self._fetch = CycleFetch(config, self.learner, fill=not continuous)
         self._batch_ids = BatchIds(config.worker_id)
         self._background = BackgroundTasks()
         self._decoders: dict[str, tuple[InferenceEngine, ContinuousDecoder]] = {}
