@@ -432,6 +432,10 @@ class GraylaneClient:
         if topic not in self._known_models:
             raise UnknownModel(f"model {model!r} is not served: topic {topic} does not exist")
 
+    async def topics(self) -> set[str]:
+        """Every topic the cluster knows now (a metadata request on this client's producer)."""
+        return await known_topics(require_started(self._producer))
+
     async def submit(self, model: str, **kwargs: object) -> str:
         """Publish a request (see :meth:`build_request` for the arguments); returns its id."""
         return await self.send(self.build_request(model, **kwargs))  # type: ignore[arg-type]

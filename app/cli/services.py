@@ -1,4 +1,4 @@
-"""``graylane router`` / ``graylane worker``: the long-running services."""
+"""``graylane router`` / ``graylane worker`` / ``graylane gateway``: the long-running services."""
 
 from __future__ import annotations
 
@@ -117,6 +117,72 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--inject-latency-jitter-ms", type=float, default=0.0, help="tests/demos only"
     )
     worker.set_defaults(handler=_worker)
+    _register_gateway(sub)
+
+
+def _register_gateway(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from graylane.services.gateway.admission import GatewayLimits
+
+    d = GatewayLimits()
+    gateway = sub.add_parser(
+        "gateway",
+        help="HTTP API gateway: OpenAI-compatible and Open Inference Protocol v2 over Kafka",
+    )
+    gateway.add_argument("--host", default="127.0.0.1", help="0.0.0.0 in containers")
+    gateway.add_argument("--port", type=int, default=8080, help="0 = a free port (printed)")
+    gateway.add_argument(
+        "--replica",
+        default="",
+        help="names this replica's reply topic (<p>.reply.gateway-<replica>); unique per "
+        "running replica (default: GRAYLANE_INSTANCE_ID, else the host name)",
+    )
+    auth = gateway.add_mutually_exclusive_group()
+    auth.add_argument(
+        "--keys-file",
+        type=Path,
+        default=None,
+        help="API keys, KEY:infer:TENANT[:RATE_PER_S[:BURST]] per line (also read: "
+        "GRAYLANE_GATEWAY_KEYS, comma-separated)",
+    )
+    auth.add_argument(
+        "--no-auth", action="store_true", help="no API keys: anyone who reaches the port may call"
+    )
+    gateway.add_argument(
+        "--signature",
+        action="append",
+        default=[],
+        metavar="MODEL[@VERSION]=ONNX",
+        help="an ONNX file whose inputs/outputs answer /v2 model metadata (repeatable)",
+    )
+    gateway.add_argument(
+        "--signatures-from-registry",
+        action="store_true",
+        help="else read model signatures from the registry's manifests (GRAYLANE_DB_URL)",
+    )
+    lim = gateway.add_argument_group("admission")
+    lim.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    lim.add_argument("--max-prompt-chars", type=int, default=d.max_prompt_chars)
+    lim.add_argument("--max-tokens", type=int, default=d.max_tokens, help="cap of max_tokens")
+    lim.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=d.default_max_tokens,
+        help="max_tokens of a chat completion that names none",
+    )
+    lim.add_argument("--default-timeout-s", type=float, default=d.default_timeout_s)
+    lim.add_argument("--max-timeout-s", type=float, default=d.max_timeout_s)
+    lim.add_argument(
+        "--rate", type=float, default=d.default_rate_per_s, help="calls/s of a key naming none"
+    )
+    lim.add_argument("--burst", type=int, default=d.default_burst)
+    lim.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=d.max_in_flight,
+        help="calls this replica runs at once; beyond it 503 (sheddable calls first)",
+    )
+    add_observability_args(gateway)
+    gateway.set_defaults(handler=_gateway)
 
 
 def add_observability_args(parser: argparse.ArgumentParser) -> None:
@@ -265,3 +331,48 @@ def _buckets_up_to(max_seq: int) -> tuple[int, ...]:
     from graylane.engine_worker.batching import BucketPolicy
 
     return BucketPolicy.powers_of_two(max_seq, 1).buckets
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    import os
+    import socket
+
+    from graylane.kafka.seam import KafkaFactory
+    from graylane.services.gateway.admission import GatewayLimits, KeyRing
+    from graylane.services.gateway.service import Gateway, GatewayConfig
+
+    settings = Settings.from_env()
+    setup_service_logging("gateway", settings, args)
+    keys = (
+        None
+        if args.no_auth
+        else KeyRing.from_sources(os.environ.get("GRAYLANE_GATEWAY_KEYS"), args.keys_file)
+    )
+    signatures: dict[tuple[str, str], Path] = {}
+    for item in args.signature:
+        name, _, path = item.partition("=")
+        model, _, version = name.partition("@")
+        if not model or not path:
+            raise SystemExit(f"--signature {item!r}: expected MODEL[@VERSION]=ONNX")
+        signatures[(model, version)] = Path(path)
+    config = GatewayConfig(
+        host=args.host,
+        port=args.port,
+        replica=args.replica or settings.instance_id or socket.gethostname(),
+        limits=GatewayLimits(
+            max_body_bytes=args.max_body_bytes,
+            max_prompt_chars=args.max_prompt_chars,
+            max_tokens=args.max_tokens,
+            default_max_tokens=args.default_max_tokens,
+            default_timeout_s=args.default_timeout_s,
+            max_timeout_s=args.max_timeout_s,
+            default_rate_per_s=args.rate,
+            default_burst=args.burst,
+            max_in_flight=args.max_in_flight,
+        ),
+        signatures=signatures,
+        registry_signatures=args.signatures_from_registry,
+        metrics_port=args.metrics_port,
+    )
+    gateway = Gateway(KafkaFactory(settings), config, keys)
+    return run_service(gateway.run)

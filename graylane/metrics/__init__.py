@@ -1,6 +1,6 @@
 """Prometheus metrics of every Graylane service (one registry and one port per process).
 
-Catalogue: :mod:`graylane.metrics.dataplane` (router, worker),
+Catalogue: :mod:`graylane.metrics.dataplane` (gateway, router, worker),
 :mod:`graylane.metrics.controlside` (policy engine, control plane, audit sink),
 :mod:`graylane.metrics.gpu` (NVML), and ``graylane_build_info`` in
 :mod:`graylane.metrics.units`. :func:`serve_observability` (in
@@ -16,7 +16,7 @@ from graylane.metrics.controlside import (
     ControlPlaneMetrics,
     PolicyMetrics,
 )
-from graylane.metrics.dataplane import RouterMetrics, WorkerMetrics
+from graylane.metrics.dataplane import GatewayMetrics, RouterMetrics, WorkerMetrics
 from graylane.metrics.gpu import NvmlCollector, load_nvml
 from graylane.metrics.process import (
     CONTROL_CAUGHT_UP,
@@ -35,6 +35,7 @@ __all__ = [
     "AuditSinkMetrics",
     "BuildLabels",
     "ControlPlaneMetrics",
+    "GatewayMetrics",
     "MetricsAddress",
     "MillisecondHistogram",
     "NvmlCollector",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from graylane.metrics.controlside import AuditSinkMetrics, ControlPlaneMetrics, PolicyMetrics
-from graylane.metrics.dataplane import RouterMetrics, WorkerMetrics
+from graylane.metrics.dataplane import GatewayMetrics, RouterMetrics, WorkerMetrics
 from graylane.metrics.gpu import GPU_METRIC_NAMES
 from graylane.metrics.kafka import KafkaMetrics
 from graylane.metrics.units import build_info
@@ -21,7 +21,13 @@ _SUFFIXES = {
 def catalogue() -> dict[str, str]:
     """Family name -> type (``counter``, ``gauge``, ``histogram``) over every service."""
     registry = CollectorRegistry()
-    for metrics in (RouterMetrics, WorkerMetrics, PolicyMetrics, ControlPlaneMetrics):
+    for metrics in (
+        GatewayMetrics,
+        RouterMetrics,
+        WorkerMetrics,
+        PolicyMetrics,
+        ControlPlaneMetrics,
+    ):
         metrics.create(registry)
     AuditSinkMetrics.create(registry)
     KafkaMetrics.create(registry)

@@ -1,4 +1,4 @@
-"""Metrics of the data plane: the router and the engine workers."""
+"""Metrics of the data plane: the API gateway, the router and the engine workers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 
 from graylane.metrics.units import BATCH_BUCKETS, MillisecondHistogram
 
-__all__ = ["RouterMetrics", "TableAges", "WorkerMetrics"]
+__all__ = ["GatewayMetrics", "RouterMetrics", "TableAges", "WorkerMetrics"]
 
 WORKER_LABELS = ["model", "version", "variant"]
 
@@ -192,6 +192,59 @@ class WorkerMetrics:
                 "graylane_worker_consumer_lag_messages",
                 "Records not yet consumed on the version topic (sum over assigned partitions)",
                 ["model", "version", "topic"],
+                registry=registry,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class GatewayMetrics:
+    """Per gateway replica; ``endpoint`` is a fixed name (``chat``, ``completions``,
+    ``models``, ``v2_infer``, ...), never a path a client chose."""
+
+    requests: Counter
+    latency_ms: MillisecondHistogram
+    ttft_ms: MillisecondHistogram
+    in_flight: Gauge
+    refused: Counter
+    cancelled: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry) -> GatewayMetrics:
+        return cls(
+            requests=Counter(
+                "graylane_gateway_requests",
+                "HTTP calls answered, by endpoint and status code",
+                ["endpoint", "status"],
+                registry=registry,
+            ),
+            latency_ms=MillisecondHistogram.create(
+                "graylane_gateway_latency_seconds",
+                "Call received to answer complete (a stream: to its last event)",
+                ["endpoint"],
+                registry,
+            ),
+            ttft_ms=MillisecondHistogram.create(
+                "graylane_gateway_ttft_seconds",
+                "Streamed generations: call received to the first event with text",
+                ["endpoint"],
+                registry,
+            ),
+            in_flight=Gauge(
+                "graylane_gateway_in_flight",
+                "Inference calls this replica is running",
+                registry=registry,
+            ),
+            refused=Counter(
+                "graylane_gateway_refused",
+                "Calls refused at the edge, by reason (auth, rate_limit, overload, size, ...)",
+                ["reason"],
+                registry=registry,
+            ),
+            cancelled=Counter(
+                "graylane_gateway_cancelled",
+                "Generations cancelled because the caller went away",
+                ["endpoint"],
                 registry=registry,
             ),
         )

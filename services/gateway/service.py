@@ -1,0 +1,815 @@
+"""The API gateway: OpenAI-compatible and Open Inference Protocol v2 over HTTP, in front of
+the Kafka path.
+
+A stateless FastAPI app served by uvicorn. Each call becomes an ``InferenceRequest``
+on its model's ingress topic, sent by one :class:`~graylane.client.GraylaneClient`
+per replica, and is answered from the replica's own reply topic
+(``<p>.reply.gateway-<replica>``, inside the reply-topic allowlist), matched by
+request id. Any number of replicas can run; a replica that dies loses no
+acknowledged request (it is in Kafka and is served), only its callers' connections.
+
+- ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream: true``: server-sent
+  events in OpenAI's chunk format, ending with ``data: [DONE]``), ``GET /v1/models``;
+  the ``user`` field or an ``x-graylane-routing-key`` header is the sticky routing key,
+  ``x-graylane-tag-<name>: <value>`` headers are request tags (tag rules). A caller that
+  goes away cancels its generation.
+- ``GET /v2``, ``/v2/health/live|ready``, ``/v2/models/{name}[/versions/{v}]`` (metadata),
+  ``.../ready``, ``POST .../infer`` (JSON tensors or the binary-data extension) as a
+  ``FORWARD``; a version in the path is a pin, which the router honours only where the
+  routing table allows pins (the answer's ``model_version`` is the version that served).
+- Admission (:mod:`~graylane.services.gateway.admission`): bearer keys per tenant, a
+  token bucket per key (429), body and prompt caps (413/400), a timeout header, a
+  priority header (the request's ``priority`` tag; sheddable calls are refused first
+  when the replica is full: 503). Every 429/503 carries ``Retry-After``.
+- ``/metrics``, ``/healthz``, ``/readyz`` on the API port (ready = the producer and the
+  reply-topic reader are up), and on the service's metrics port like every service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from graylane.client import (
+    Chunk,
+    GraylaneClient,
+    InferenceTimeout,
+    RequestRejected,
+    Result,
+    Task,
+    UnknownModel,
+)
+from graylane.errors import is_retriable
+from graylane.kafka.replies import FieldCaps
+from graylane.kafka.seam import ClientFactory
+from graylane.metrics import GatewayMetrics, Readiness, ServiceObservability
+from graylane.serde import DEFAULT_MAX_ELEMENTS
+from graylane.services.gateway import oip
+from graylane.services.gateway.admission import (
+    PRIORITY_TAG,
+    Admission,
+    GatewayLimits,
+    KeyRing,
+    Priority,
+    Tenant,
+    parse_priority,
+    parse_timeout,
+)
+from graylane.services.gateway.catalog import ModelDirectory, SignatureBook
+from graylane.services.gateway.chat import CHATML, ChatTemplate
+from graylane.services.gateway.failures import ApiError, ErrorType, from_error_code
+from graylane.services.gateway.wire import (
+    SSE_DONE,
+    Endpoint,
+    GenerationCall,
+    model_card,
+    models_body,
+    parse_chat,
+    parse_completion,
+    response_body,
+    sse_event,
+    stream_chunk,
+    usage_chunk,
+)
+
+__all__ = [
+    "PRODUCER_UP",
+    "REPLIES_UP",
+    "ROUTING_KEY_HEADER",
+    "TAG_HEADER_PREFIX",
+    "Gateway",
+    "GatewayConfig",
+    "replica_client_id",
+]
+
+log = logging.getLogger(__name__)
+
+ROUTING_KEY_HEADER = "x-graylane-routing-key"
+TAG_HEADER_PREFIX = "x-graylane-tag-"
+PRIORITY_HEADER = "x-graylane-priority"
+TIMEOUT_HEADER = "x-graylane-timeout-ms"
+VERSION_HEADER = "x-graylane-version"
+REQUEST_ID_HEADER = "x-request-id"
+
+PRODUCER_UP = "producer_up"
+REPLIES_UP = "replies_up"
+
+
+def replica_client_id(replica: str) -> str:
+    """The SDK client id (and so the reply topic) of gateway replica ``replica``:
+    ``gateway-<replica>`` in the characters a client id may use."""
+    cleaned = "".join(c if c.isalnum() else "-" for c in replica.lower())
+    parts = [p for p in cleaned.split("-") if p]
+    return "-".join(["gateway", *parts])[:100].rstrip("-")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    """0 picks a free port (:attr:`Gateway.port` has it once started)."""
+    replica: str = "0"
+    """Names this replica's reply topic; unique per running replica (the pod name)."""
+    limits: GatewayLimits = field(default_factory=GatewayLimits)
+    template: ChatTemplate = CHATML
+    signatures: Mapping[tuple[str, str], Path] = field(default_factory=dict)
+    """ONNX files whose signatures answer model metadata, by (model, version or "")."""
+    registry_signatures: bool = False
+    """Else read signatures from the registry's manifests."""
+    models_ttl_s: float = 5.0
+    metrics_port: int | None = None
+    """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the service's stop event ends it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class _Admitted:
+    """A call past the edge: who, how urgent, how long it may take, how it routes."""
+
+    tenant: Tenant
+    priority: Priority
+    timeout_s: float
+    deadline_s: float | None
+    routing_key: str
+    tags: dict[str, str]
+
+
+class Gateway:
+    """One gateway replica: its SDK client, admission state, metrics and HTTP app."""
+
+    def __init__(self, factory: ClientFactory, config: GatewayConfig, keys: KeyRing | None) -> None:
+        self.factory = factory
+        self.config = config
+        self.limits = config.limits
+        self.client = GraylaneClient(factory, client_id=replica_client_id(config.replica))
+        self.observability = ServiceObservability(
+            "gateway", readiness=Readiness((PRODUCER_UP, REPLIES_UP))
+        )
+        self.metrics = GatewayMetrics.create(self.observability.registry)
+        self.admission = Admission(config.limits, keys)
+        self.directory = ModelDirectory(factory.layout, self._topics, ttl_s=config.models_ttl_s)
+        self.signatures = SignatureBook(
+            config.signatures,
+            factory.settings.db_url if config.registry_signatures else None,
+        )
+        self.app = _build_app(self)
+        self.ready = asyncio.Event()
+        self.port = 0
+        self._server: _Server | None = None
+        self._cancels: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        """The base URL callers use (once started)."""
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        return f"http://{host}:{self.port}"
+
+    async def _topics(self) -> set[str]:
+        return await self.client.topics()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the SDK client (reply reader, producer) and the observability port."""
+        settings = self.factory.settings
+        self.observability.start(
+            settings.metrics_address(self.config.metrics_port), settings.build_labels()
+        )
+        await self.client.start()
+        self.observability.mark(PRODUCER_UP)
+        self.observability.mark(REPLIES_UP)
+
+    async def close(self) -> None:
+        for task in list(self._cancels):
+            with contextlib.suppress(Exception):
+                await task
+        try:
+            await self.client.close()
+        finally:
+            self.observability.mark(PRODUCER_UP, False)
+            self.observability.mark(REPLIES_UP, False)
+            self.observability.close()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set, then drain and close."""
+        await self.start()
+        sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.config.host, self.config.port))
+        sock.set_inheritable(True)
+        self.port = int(sock.getsockname()[1])
+        server = _Server(
+            uvicorn.Config(
+                self.app,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+                timeout_graceful_shutdown=5,
+            )
+        )
+        self._server = server
+        serving = asyncio.create_task(server.serve(sockets=[sock]), name="gateway-http")
+        try:
+            while not server.started and not serving.done():
+                await asyncio.sleep(0.01)
+            if serving.done():
+                serving.result()  # raises why it could not start
+            self.ready.set()
+            log.info(
+                "gateway %s on http://%s:%d (reply topic %s)",
+                self.config.replica,
+                self.config.host,
+                self.port,
+                self.client.reply_topic,
+            )
+            stopping = asyncio.create_task(stop.wait())
+            await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+        finally:
+            server.should_exit = True
+            with contextlib.suppress(Exception):
+                await serving
+            sock.close()
+            await self.close()
+
+    # -- the edge ----------------------------------------------------------------------
+    def _authorize(self, request: Request) -> Tenant:
+        found = self.admission.identify(request.headers.get("authorization"))
+        if found is None:
+            self.metrics.refused.labels("auth").inc()
+            raise ApiError.unauthenticated()
+        key_id, tenant = found
+        wait = self.admission.throttle(key_id, tenant)
+        if wait > 0:
+            self.metrics.refused.labels("rate_limit").inc()
+            raise ApiError.rate_limited(tenant.name, wait)
+        return tenant
+
+    async def _body(self, request: Request) -> bytes:
+        cap = self.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cap:
+            self.metrics.refused.labels("size").inc()
+            raise ApiError.too_large(f"the body is {declared} bytes; the limit is {cap}")
+        parts: list[bytes] = []
+        size = 0
+        async for part in request.stream():
+            size += len(part)
+            if size > cap:
+                self.metrics.refused.labels("size").inc()
+                raise ApiError.too_large(f"the body is over the limit of {cap} bytes")
+            parts.append(part)
+        return b"".join(parts)
+
+    async def _json(self, request: Request) -> object:
+        raw = await self._body(request)
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ApiError.invalid(
+                "We could not parse the JSON body of your request: send valid JSON"
+            ) from None
+
+    def _admit(self, request: Request, tenant: Tenant, body_timeout: float | None) -> _Admitted:
+        headers = request.headers
+        caps = FieldCaps()
+        try:
+            priority = parse_priority(headers.get(PRIORITY_HEADER))
+            timeout_s, explicit = parse_timeout(
+                headers.get(TIMEOUT_HEADER),
+                body_timeout,
+                default_s=self.limits.default_timeout_s,
+                max_s=self.limits.max_timeout_s,
+            )
+        except ValueError as exc:
+            raise ApiError.invalid(str(exc)) from None
+        tags: dict[str, str] = {}
+        for name, value in headers.items():
+            if name.startswith(TAG_HEADER_PREFIX) and len(name) > len(TAG_HEADER_PREFIX):
+                tags[name[len(TAG_HEADER_PREFIX) :]] = value
+        tags[PRIORITY_TAG] = priority.value
+        if len(tags) > caps.tags or any(
+            len(k) > caps.tag or len(v) > caps.tag for k, v in tags.items()
+        ):
+            raise ApiError.invalid(
+                f"at most {caps.tags - 1} tag headers of at most {caps.tag} characters each"
+            )
+        return _Admitted(
+            tenant=tenant,
+            priority=priority,
+            timeout_s=timeout_s,
+            deadline_s=timeout_s if explicit else None,
+            routing_key="",
+            tags=tags,
+        )
+
+    def _routing_key(self, request: Request, user: str) -> str:
+        key = request.headers.get(ROUTING_KEY_HEADER) or user
+        if len(key) > FieldCaps().routing_key:
+            raise ApiError.invalid(
+                f"the routing key is longer than {FieldCaps().routing_key} characters", "user"
+            )
+        return key
+
+    def _enter(self, priority: Priority) -> None:
+        """Take a place among this replica's running calls, or 503 (sheddable ones first)."""
+        if not self.admission.gate.enter(priority):
+            self.metrics.refused.labels("overload").inc()
+            raise ApiError.overloaded(
+                f"the gateway is at capacity for {priority.value} calls "
+                f"({self.admission.gate.cap(priority)} running); retry shortly",
+                self.limits.retry_after_s,
+            )
+        self.metrics.in_flight.set(self.admission.gate.running)
+
+    def _leave(self) -> None:
+        self.admission.gate.leave()
+        self.metrics.in_flight.set(self.admission.gate.running)
+
+    @contextlib.contextmanager
+    def _slot(self, priority: Priority) -> Iterator[None]:
+        self._enter(priority)
+        try:
+            yield
+        finally:
+            self._leave()
+
+    def _failure(self, exc: BaseException) -> ApiError:
+        """The HTTP answer to an SDK error."""
+        if isinstance(exc, ApiError):
+            return exc
+        if isinstance(exc, UnknownModel):
+            if exc.result is not None:
+                return from_error_code(exc.result.code, exc.result.error_message, retry_after_s=1)
+            return ApiError.model_not_found(str(exc))
+        if isinstance(exc, RequestRejected):
+            return from_error_code(
+                exc.result.code, exc.result.error_message, retry_after_s=self.limits.retry_after_s
+            )
+        if isinstance(exc, InferenceTimeout):
+            return ApiError.timed_out(str(exc))
+        if is_retriable(exc):
+            return ApiError.overloaded(
+                f"the request could not be queued: {exc}", self.limits.retry_after_s
+            )
+        log.error("unexpected gateway failure", exc_info=exc)
+        return ApiError(500, f"internal error: {type(exc).__name__}", type=ErrorType.SERVER)
+
+    def _answer(
+        self, endpoint: str, started: float, response: Response, *, latency: bool = True
+    ) -> Response:
+        self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        if latency:
+            self.metrics.latency_ms.labels(endpoint).observe((time.perf_counter() - started) * 1e3)
+        return response
+
+    def _error(self, endpoint: str, started: float, err: ApiError, *, openai: bool) -> Response:
+        body = err.openai_body() if openai else err.inference_protocol_body()
+        return self._answer(
+            endpoint, started, JSONResponse(body, status_code=err.status, headers=err.headers())
+        )
+
+    def _cancel_later(self, request_id: str, model: str) -> None:
+        """Send a cancel without holding up the answer (kept until sent)."""
+        task = asyncio.create_task(self.client.cancel(request_id, model=model))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    # -- OpenAI ------------------------------------------------------------------------
+    async def generate(self, request: Request, endpoint: Endpoint) -> Response:
+        label = "chat" if endpoint is Endpoint.CHAT else "completions"
+        started = time.perf_counter()
+        try:
+            tenant = self._authorize(request)
+            body = await self._json(request)
+            if endpoint is Endpoint.CHAT:
+                call = parse_chat(body, self.limits, self.config.template)
+            else:
+                call = parse_completion(body, self.limits)
+            admitted = self._admit(request, tenant, call.timeout_s)
+            admitted.routing_key = self._routing_key(request, call.user)
+        except ApiError as err:
+            return self._error(label, started, err, openai=True)
+        if call.stream:
+            return await self._generate_streamed(request, call, admitted, label, started)
+        try:
+            with self._slot(admitted.priority):
+                result, request_id = await self._generate_whole(request, call, admitted, label)
+        except ApiError as err:
+            return self._error(label, started, err, openai=True)
+        except Exception as exc:
+            return self._error(label, started, self._failure(exc), openai=True)
+        if result is None:  # the caller went away; nobody reads this
+            return self._answer(label, started, Response(status_code=499))
+        body = response_body(
+            call,
+            request_id=request_id,
+            created=int(time.time()),
+            text=result.text,
+            finish=result.finish_reason,
+            usage=result.usage,
+            version=result.version,
+        )
+        headers = {VERSION_HEADER: result.version, REQUEST_ID_HEADER: request_id}
+        return self._answer(label, started, JSONResponse(body, headers=headers))
+
+    def _sdk_arguments(self, call: GenerationCall, admitted: _Admitted) -> dict[str, Any]:
+        return {
+            **call.sdk_arguments(),
+            "routing_key": admitted.routing_key,
+            "tags": admitted.tags,
+            "deadline_s": admitted.deadline_s,
+        }
+
+    async def _generate_whole(
+        self, request: Request, call: GenerationCall, admitted: _Admitted, label: str
+    ) -> tuple[Result | None, str]:
+        """The whole generation, or None when the caller disconnected first (cancelled)."""
+        request_id = uuid.uuid4().hex
+        work = asyncio.create_task(
+            self.client.infer(
+                call.model,
+                task=Task.GENERATE,
+                timeout=admitted.timeout_s,
+                request_id=request_id,
+                **self._sdk_arguments(call, admitted),
+            )
+        )
+        gone = asyncio.create_task(_disconnected(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not work.done():
+            work.cancel()
+            with contextlib.suppress(BaseException):
+                await work
+            self.metrics.cancelled.labels(label).inc()
+            self._cancel_later(request_id, call.model)
+            return None, request_id
+        try:
+            return work.result(), request_id
+        except InferenceTimeout:
+            self._cancel_later(request_id, call.model)
+            raise
+
+    async def _generate_streamed(
+        self,
+        request: Request,
+        call: GenerationCall,
+        admitted: _Admitted,
+        label: str,
+        started: float,
+    ) -> Response:
+        try:
+            self._enter(admitted.priority)
+        except ApiError as err:
+            return self._error(label, started, err, openai=True)
+        request_id = uuid.uuid4().hex
+        relay = _Relay(
+            self.client.stream(
+                call.model,
+                timeout=admitted.timeout_s,
+                request_id=request_id,
+                **self._sdk_arguments(call, admitted),
+            ),
+            on_end=self._leave,
+        )
+        first = await relay.next()
+        if isinstance(first, BaseException):
+            return self._error(label, started, self._failure(first), openai=True)
+        created = int(time.time())
+        metrics = self.metrics
+
+        async def events() -> AsyncIterator[bytes]:
+            item: Chunk | BaseException | None = first
+            opened = False
+            texted = False
+            version = ""
+            try:
+                if call.endpoint is Endpoint.CHAT:
+                    yield sse_event(
+                        stream_chunk(
+                            call,
+                            request_id=request_id,
+                            created=created,
+                            text="",
+                            finish=None,
+                            first=True,
+                        )
+                    )
+                    opened = True
+                while item is not None:
+                    if isinstance(item, BaseException):
+                        err = self._failure(item)
+                        yield sse_event(err.openai_body())
+                        metrics.requests.labels(label, str(err.status)).inc()
+                        return
+                    if item.text:
+                        if not texted:
+                            texted = True
+                            metrics.ttft_ms.labels(label).observe(
+                                (time.perf_counter() - started) * 1e3
+                            )
+                        yield sse_event(
+                            stream_chunk(
+                                call,
+                                request_id=request_id,
+                                created=created,
+                                text=item.text,
+                                finish=None,
+                                first=not opened,
+                                version=version,
+                            )
+                        )
+                        opened = True
+                    if item.final:
+                        result = item.result
+                        version = result.version if result is not None else ""
+                        yield sse_event(
+                            stream_chunk(
+                                call,
+                                request_id=request_id,
+                                created=created,
+                                text="",
+                                finish=item.finish_reason or "STOP",
+                                first=False,
+                                version=version,
+                            )
+                        )
+                        if call.include_usage:
+                            yield sse_event(
+                                usage_chunk(
+                                    call,
+                                    request_id=request_id,
+                                    created=created,
+                                    usage=result.usage if result is not None else None,
+                                    version=version,
+                                )
+                            )
+                        yield SSE_DONE
+                        metrics.requests.labels(label, "200").inc()
+                        metrics.latency_ms.labels(label).observe(
+                            (time.perf_counter() - started) * 1e3
+                        )
+                        return
+                    item = await relay.next()
+            finally:
+                if not relay.finished:
+                    metrics.cancelled.labels(label).inc()
+                # No await here: the server may have cancelled this generator (the caller
+                # went away) and would cancel the wait as well.
+                relay.abandon()
+
+        return StreamingResponse(
+            events(),
+            media_type="text/event-stream",
+            headers={REQUEST_ID_HEADER: request_id, "Cache-Control": "no-cache"},
+            background=BackgroundTask(relay.close),
+        )
+
+    async def list_models(self, request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            self._authorize(request)
+            models = await self.directory.models()
+        except Exception as exc:
+            return self._error("models", started, self._failure(exc), openai=True)
+        return self._answer("models", started, JSONResponse(models_body(list(models))))
+
+    async def get_model(self, request: Request, model: str) -> Response:
+        started = time.perf_counter()
+        try:
+            self._authorize(request)
+            if await self.directory.versions(model) is None:
+                raise ApiError.model_not_found(f"The model '{model}' does not exist")
+        except Exception as exc:
+            return self._error("models", started, self._failure(exc), openai=True)
+        return self._answer("models", started, JSONResponse(model_card(model)))
+
+    # -- Open Inference Protocol v2 -------------------------------------------------------
+    async def _served_versions(self, model: str, version: str) -> tuple[str, ...]:
+        versions = await self.directory.versions(model)
+        if versions is None:
+            raise ApiError.model_not_found(f"model {model!r} is not served")
+        if version and version not in versions:
+            raise ApiError.model_not_found(f"version {version!r} of model {model!r} is not served")
+        return versions
+
+    async def model_metadata(self, request: Request, model: str, version: str = "") -> Response:
+        started = time.perf_counter()
+        try:
+            self._authorize(request)
+            versions = await self._served_versions(model, version)
+            signature = await asyncio.to_thread(self.signatures.signature, model, version)
+        except Exception as exc:
+            return self._error("v2_metadata", started, self._failure(exc), openai=False)
+        body = oip.model_metadata(model, [version] if version else list(versions), signature)
+        return self._answer("v2_metadata", started, JSONResponse(body))
+
+    async def model_ready(self, request: Request, model: str, version: str = "") -> Response:
+        started = time.perf_counter()
+        try:
+            self._authorize(request)
+            await self._served_versions(model, version)
+        except Exception as exc:
+            return self._error("v2_ready", started, self._failure(exc), openai=False)
+        return self._answer("v2_ready", started, Response(status_code=200))
+
+    async def infer(self, request: Request, model: str, version: str = "") -> Response:
+        started = time.perf_counter()
+        try:
+            tenant = self._authorize(request)
+            raw = await self._body(request)
+            header, binary = oip.split_body(raw, request.headers.get(oip.HEADER_LENGTH))
+            call = oip.parse_infer(header, binary, max_elements=DEFAULT_MAX_ELEMENTS)
+            admitted = self._admit(request, tenant, call.timeout_s)
+            admitted.routing_key = request.headers.get(ROUTING_KEY_HEADER, "")
+            with self._slot(admitted.priority):
+                result = await self.client.infer(
+                    model,
+                    inputs=dict(call.inputs),
+                    task=Task.FORWARD,
+                    timeout=admitted.timeout_s,
+                    pinned_version=version,
+                    routing_key=admitted.routing_key,
+                    tags=admitted.tags,
+                    deadline_s=admitted.deadline_s,
+                )
+            body, json_length = oip.infer_response(
+                model=model, version=result.version, call=call, outputs=result.outputs
+            )
+        except Exception as exc:
+            return self._error("v2_infer", started, self._failure(exc), openai=False)
+        headers = {VERSION_HEADER: result.version}
+        media = "application/json"
+        if json_length is not None:
+            headers[oip.HEADER_LENGTH] = str(json_length)
+            media = "application/octet-stream"
+        return self._answer("v2_infer", started, Response(body, media_type=media, headers=headers))
+
+    # -- probes -----------------------------------------------------------------------
+    def alive(self) -> bool:
+        return not self.observability.heartbeats.stalled()
+
+    def is_ready(self) -> bool:
+        return self.observability.readiness() and self.ready.is_set()
+
+
+class _Relay:
+    """Chunks of one streamed generation, pumped by a task of its own.
+
+    The pump is an ordinary task, outside the HTTP server's cancel scope: abandoning the
+    relay (the caller went away) cancels it exactly once, and the SDK's stream then sends
+    the generation's cancel message.
+    """
+
+    def __init__(self, chunks: AsyncIterator[Chunk], on_end: Callable[[], None]) -> None:
+        self._queue: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue()
+        self._on_end: Callable[[], None] | None = on_end
+        self.finished = False
+        self._task = asyncio.create_task(self._pump(chunks))
+
+    def _end(self) -> None:
+        if self._on_end is not None:
+            on_end, self._on_end = self._on_end, None
+            on_end()
+
+    async def _pump(self, chunks: AsyncIterator[Chunk]) -> None:
+        try:
+            async for chunk in chunks:
+                self._queue.put_nowait(chunk)
+                if chunk.final:
+                    self.finished = True
+            self._queue.put_nowait(None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.finished = True
+            self._queue.put_nowait(exc)
+        finally:
+            self._end()
+
+    async def next(self) -> Chunk | BaseException | None:
+        return await self._queue.get()
+
+    def abandon(self) -> None:
+        """Stop pumping (the SDK then cancels the generation, unless it ended)."""
+        if not self._task.done():
+            self._task.cancel()
+
+    async def close(self) -> None:
+        """Abandon the stream and wait until the pump has stopped (its cancel sent)."""
+        self.abandon()
+        with contextlib.suppress(BaseException):
+            # Shielded: a second cancel would interrupt the SDK sending the cancel message.
+            await asyncio.shield(self._task)
+        self._end()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the caller's connection closes (the body was read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _build_app(gateway: Gateway) -> FastAPI:
+    app = FastAPI(title="Graylane gateway", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        kind = ErrorType.NOT_FOUND if exc.status_code == 404 else ErrorType.INVALID_REQUEST
+        err = ApiError(exc.status_code, str(exc.detail), type=kind)
+        if request.url.path.startswith("/v2"):
+            return JSONResponse(err.inference_protocol_body(), status_code=exc.status_code)
+        return JSONResponse(err.openai_body(), status_code=exc.status_code)
+
+    def route(path: str, methods: list[str], handler: Callable[..., Awaitable[Response]]) -> None:
+        app.add_api_route(path, handler, methods=methods, include_in_schema=False)
+
+    async def completions(request: Request) -> Response:
+        return await gateway.generate(request, Endpoint.COMPLETIONS)
+
+    async def chat(request: Request) -> Response:
+        return await gateway.generate(request, Endpoint.CHAT)
+
+    async def models(request: Request) -> Response:
+        return await gateway.list_models(request)
+
+    async def model(request: Request, model: str) -> Response:
+        return await gateway.get_model(request, model)
+
+    async def metadata(request: Request, name: str, version: str = "") -> Response:
+        return await gateway.model_metadata(request, name, version)
+
+    async def ready(request: Request, name: str, version: str = "") -> Response:
+        return await gateway.model_ready(request, name, version)
+
+    async def infer(request: Request, name: str, version: str = "") -> Response:
+        return await gateway.infer(request, name, version)
+
+    async def server_metadata() -> Response:
+        return JSONResponse(oip.server_metadata(gateway.factory.settings.image_version))
+
+    async def live() -> Response:
+        return Response(status_code=200 if gateway.alive() else 503)
+
+    async def ready_server() -> Response:
+        return Response(status_code=200 if gateway.is_ready() else 503)
+
+    async def healthz() -> Response:
+        ok = gateway.alive()
+        return Response(b"ok\n" if ok else b"stalled\n", status_code=200 if ok else 503)
+
+    async def readyz() -> Response:
+        if gateway.is_ready():
+            return Response(b"ready\n")
+        missing = ", ".join(gateway.observability.readiness.missing()) or "http server"
+        return Response(f"not ready: {missing}\n".encode(), status_code=503)
+
+    async def metrics() -> Response:
+        return Response(
+            generate_latest(gateway.observability.registry), media_type=CONTENT_TYPE_LATEST
+        )
+
+    route("/v1/completions", ["POST"], completions)
+    route("/v1/chat/completions", ["POST"], chat)
+    route("/v1/models", ["GET"], models)
+    route("/v1/models/{model}", ["GET"], model)
+    route("/v2", ["GET"], server_metadata)
+    route("/v2/health/live", ["GET"], live)
+    route("/v2/health/ready", ["GET"], ready_server)
+    route("/v2/models/{name}", ["GET"], metadata)
+    route("/v2/models/{name}/versions/{version}", ["GET"], metadata)
+    route("/v2/models/{name}/ready", ["GET"], ready)
+    route("/v2/models/{name}/versions/{version}/ready", ["GET"], ready)
+    route("/v2/models/{name}/infer", ["POST"], infer)
+    route("/v2/models/{name}/versions/{version}/infer", ["POST"], infer)
+    route("/healthz", ["GET"], healthz)
+    route("/readyz", ["GET"], readyz)
+    route("/metrics", ["GET"], metrics)
+    return app
