@@ -89,3 +89,52 @@ def write_prequantized(path: Path, *, dynamic: bool = False, seed: int = 0) -> P
         weight_type=QuantType.QInt8,
     )
     return path
+
+
+SCORER_FEATURES = 6
+SCORER_CLASSES = 3
+
+
+def scorer_model(seed: int = 0) -> onnx.ModelProto:
+    """A small classifier that is no language model: float ``features`` [batch, 6] and
+    an int64 ``offset`` [batch, 1] in; float ``scores`` [batch, 3] and int64 ``label``
+    [batch] (the argmax, plus the offset) out."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((SCORER_FEATURES, 8)) / 2).astype(np.float32)
+    w2 = (rng.standard_normal((8, SCORER_CLASSES)) / 2).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["features", "w1"], ["h1"]),
+        helper.make_node("Tanh", ["h1"], ["h2"]),
+        helper.make_node("MatMul", ["h2", "w2"], ["scores"]),
+        helper.make_node("ArgMax", ["scores"], ["best"], axis=1, keepdims=0),
+        helper.make_node("Squeeze", ["offset", "axes"], ["flat_offset"]),
+        helper.make_node("Add", ["best", "flat_offset"], ["label"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "scorer",
+        [
+            helper.make_tensor_value_info(
+                "features", TensorProto.FLOAT, ["batch", SCORER_FEATURES]
+            ),
+            helper.make_tensor_value_info("offset", TensorProto.INT64, ["batch", 1]),
+        ],
+        [
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", SCORER_CLASSES]),
+            helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"]),
+        ],
+        [
+            numpy_helper.from_array(w1, "w1"),
+            numpy_helper.from_array(w2, "w2"),
+            numpy_helper.from_array(np.array([1], dtype=np.int64), "axes"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def write_scorer(path: Path, seed: int = 0) -> Path:
+    onnx.save_model(scorer_model(seed), str(path))
+    return path
