@@ -1,0 +1,121 @@
+"""The gateway's HTTP edge in process (ASGI, no broker): what is refused before any
+request reaches Kafka, and in which error body."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from graylane.kafka.seam import KafkaFactory
+from graylane.services.gateway.admission import GatewayLimits, KeyRing, Priority, parse_api_keys
+from graylane.services.gateway.service import Gateway, GatewayConfig, replica_client_id
+
+KEY = "edge-key-0123456789abcdef"
+SLOW_KEY = "slow-key-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+CHAT = {"model": "gpt", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture
+def gateway(factory: KafkaFactory) -> Gateway:
+    keys = KeyRing(parse_api_keys(f"{KEY}:infer:edge,{SLOW_KEY}:infer:slow:0.001:1"))
+    limits = GatewayLimits(max_body_bytes=2048, max_in_flight=4, sheddable_share=0.5)
+    return Gateway(factory, GatewayConfig(limits=limits, metrics_port=-1), keys)
+
+
+@pytest.fixture
+async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=gateway.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        yield client
+
+
+def _openai_error(response: httpx.Response) -> dict[str, object]:
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    error: dict[str, object] = body["error"]
+    return error
+
+
+async def test_a_missing_or_unknown_key_is_401(http: httpx.AsyncClient) -> None:
+    missing = await http.post("/v1/chat/completions", json=CHAT)
+    wrong = await http.post(
+        "/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer nope"}
+    )
+    for response in (missing, wrong):
+        assert response.status_code == 401
+        assert _openai_error(response)["code"] == "invalid_api_key"
+    oip = await http.post("/v2/models/m/infer", json={"inputs": []})
+    assert oip.status_code == 401 and set(oip.json()) == {"error"}
+
+
+async def test_a_key_over_its_rate_is_429_with_retry_after(http: httpx.AsyncClient) -> None:
+    slow = {"Authorization": f"Bearer {SLOW_KEY}"}
+    first = await http.post("/v1/completions", content=b"not json", headers=slow)
+    second = await http.post("/v1/completions", content=b"not json", headers=slow)
+    assert first.status_code == 400  # it passed the bucket, then its body was refused
+    assert second.status_code == 429 and int(second.headers["retry-after"]) >= 1
+    assert _openai_error(second)["type"] == "rate_limit_error"
+
+
+async def test_bodies_are_capped_and_checked(http: httpx.AsyncClient) -> None:
+    big = await http.post(
+        "/v1/completions", json={"model": "gpt", "prompt": "x" * 4000}, headers=AUTH
+    )
+    assert big.status_code == 413 and _openai_error(big)["code"] == "request_too_large"
+    broken = await http.post("/v1/completions", content=b"{", headers=AUTH)
+    assert broken.status_code == 400 and "JSON" in str(_openai_error(broken)["message"])
+    many = await http.post("/v1/chat/completions", json={**CHAT, "n": 3}, headers=AUTH)
+    assert many.status_code == 400 and _openai_error(many)["param"] == "n"
+    bad_priority = await http.post(
+        "/v1/chat/completions", json=CHAT, headers={**AUTH, "x-graylane-priority": "vip"}
+    )
+    assert bad_priority.status_code == 400
+    tensors = await http.post(
+        "/v2/models/m/infer",
+        json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1]}]},
+        headers=AUTH,
+    )
+    assert tensors.status_code == 400 and "do not fill" in tensors.json()["error"]
+
+
+async def test_a_full_replica_refuses_sheddable_calls_with_503_and_retry_after(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    for _ in range(2):  # half of max_in_flight: the sheddable share
+        gateway._enter(Priority.STANDARD)
+    refused = await http.post(
+        "/v1/chat/completions",
+        json={**CHAT, "stream": True},
+        headers={**AUTH, "x-graylane-priority": "sheddable"},
+    )
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert _openai_error(refused)["code"] == "overloaded"
+    assert "sheddable" in str(_openai_error(refused)["message"])
+    metric = gateway.observability.registry.get_sample_value(
+        "graylane_gateway_refused_total", {"reason": "overload"}
+    )
+    assert metric == 1.0
+
+
+async def test_probes_and_unknown_paths(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    assert (await http.get("/healthz")).status_code == 200
+    not_ready = await http.get("/readyz")
+    assert not_ready.status_code == 503 and "producer_up" in not_ready.text
+    assert (await http.get("/v2/health/live")).status_code == 200
+    assert (await http.get("/v2/health/ready")).status_code == 503
+    assert (await http.get("/v2")).json()["extensions"] == ["binary_tensor_data"]
+    metrics = await http.get("/metrics")
+    assert "graylane_gateway_requests_total" in metrics.text
+    lost = await http.get("/v1/nowhere")
+    assert lost.status_code == 404 and _openai_error(lost)["type"] == "not_found_error"
+    assert json.loads((await http.get("/v2/nowhere")).text).keys() == {"error"}
+
+
+def test_a_replica_name_becomes_a_usable_client_id() -> None:
+    assert replica_client_id("gateway-7d9f_Pod.2") == "gateway-gateway-7d9f-pod-2"
+    assert replica_client_id("0") == "gateway-0"
+    assert len(replica_client_id("x" * 300)) <= 100
