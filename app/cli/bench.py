@@ -70,6 +70,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     llm.add_argument("--requests-per-client", type=int, default=4)
     llm.add_argument("--stream-every-tokens", type=int, default=4)
     llm.set_defaults(handler=_llm)
+    gateway = which.add_parser(
+        "gateway", help="the gateway's HTTP hop vs producing to Kafka directly: req/s, added ms"
+    )
+    gateway.add_argument("--concurrency", type=int, default=16, help="closed-loop callers")
+    gateway.add_argument("--probe-s", type=float, default=8.0, help="each capacity probe")
+    gateway.add_argument("--latency-s", type=float, default=12.0, help="each paced run")
+    gateway.add_argument("--rounds", type=int, default=2, help="interleaved latency rounds")
+    gateway.add_argument(
+        "--load-fraction", type=float, default=0.5, help="paced load, of the direct capacity"
+    )
+    gateway.add_argument("--max-tokens", type=int, default=1)
+    gateway.set_defaults(handler=_gateway)
     decisions = which.add_parser(
         "decisions", help="the rollout controller on synthetic telemetry: detection, false alarms"
     )
@@ -184,6 +196,21 @@ def _llm(args: argparse.Namespace) -> int:
             max_sequences=args.max_sequences,
             requests_per_client=args.requests_per_client,
             stream_every_tokens=args.stream_every_tokens,
+        )
+    )
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from graylane.app.bench.gateway import GatewayBenchConfig, main
+
+    return main(
+        GatewayBenchConfig(
+            concurrency=args.concurrency,
+            probe_s=args.probe_s,
+            latency_s=args.latency_s,
+            rounds=args.rounds,
+            load_fraction=args.load_fraction,
+            max_tokens=args.max_tokens,
         )
     )
 

@@ -56,28 +56,37 @@ class ModelDirectory:
         topics: Callable[[], Awaitable[set[str]]],
         *,
         ttl_s: float = 5.0,
+        miss_refresh_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.layout = layout
         self._topics = topics
         self.ttl_s = ttl_s
+        self.miss_refresh_s = miss_refresh_s
         self._clock = clock
         self._cached: dict[str, tuple[str, ...]] | None = None
         self._at = 0.0
 
+    async def _refresh(self) -> dict[str, tuple[str, ...]]:
+        self._cached = served_models(await self._topics(), self.layout)
+        self._at = self._clock()
+        return self._cached
+
     async def models(self) -> dict[str, tuple[str, ...]]:
-        now = self._clock()
-        if self._cached is None or now - self._at >= self.ttl_s:
-            self._cached = served_models(await self._topics(), self.layout)
-            self._at = now
+        if self._cached is None or self._clock() - self._at >= self.ttl_s:
+            return await self._refresh()
         return self._cached
 
     async def versions(self, model: str) -> tuple[str, ...] | None:
-        """The model's versions; None when the model is not served."""
+        """The model's versions; None when the model is not served.
+
+        A model missing from the cached list is looked up again (it may be new), but at
+        most once per ``miss_refresh_s``: calls naming models that do not exist cost a
+        dictionary lookup, not a cluster metadata request each.
+        """
         found = (await self.models()).get(model)
-        if found is None:  # maybe created since the last look
-            self._cached = None
-            found = (await self.models()).get(model)
+        if found is None and self._clock() - self._at >= self.miss_refresh_s:
+            found = (await self._refresh()).get(model)
         return found
 
 

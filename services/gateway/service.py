@@ -215,8 +215,13 @@ class Gateway:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then drain and close."""
         await self.start()
-        sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET)
+        family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+        # and an accepted socket inherits the listener's; without it every answer written in
+        # two parts waits out the peer's delayed ACK (about 40 ms).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((self.config.host, self.config.port))
         sock.set_inheritable(True)
         self.port = int(sock.getsockname()[1])
@@ -410,8 +415,9 @@ class Gateway:
                 call = parse_completion(body, self.limits)
             admitted = self._admit(request, tenant, call.timeout_s)
             admitted.routing_key = self._routing_key(request, call.user)
-        except ApiError as err:
-            return self._error(label, started, err, openai=True)
+            await self._served_versions(call.model, "")
+        except Exception as exc:
+            return self._error(label, started, self._failure(exc), openai=True)
         if call.stream:
             return await self._generate_streamed(request, call, admitted, label, started)
         try:
@@ -613,7 +619,7 @@ class Gateway:
     async def _served_versions(self, model: str, version: str) -> tuple[str, ...]:
         versions = await self.directory.versions(model)
         if versions is None:
-            raise ApiError.model_not_found(f"model {model!r} is not served")
+            raise ApiError.model_not_found(f"The model '{model}' does not exist")
         if version and version not in versions:
             raise ApiError.model_not_found(f"version {version!r} of model {model!r} is not served")
         return versions
@@ -647,6 +653,7 @@ class Gateway:
             call = oip.parse_infer(header, binary, max_elements=DEFAULT_MAX_ELEMENTS)
             admitted = self._admit(request, tenant, call.timeout_s)
             admitted.routing_key = request.headers.get(ROUTING_KEY_HEADER, "")
+            await self._served_versions(model, "")
             with self._slot(admitted.priority):
                 result = await self.client.infer(
                     model,

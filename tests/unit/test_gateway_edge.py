@@ -11,6 +11,7 @@ import pytest
 
 from graylane.kafka.seam import KafkaFactory
 from graylane.services.gateway.admission import GatewayLimits, KeyRing, Priority, parse_api_keys
+from graylane.services.gateway.catalog import ModelDirectory
 from graylane.services.gateway.service import Gateway, GatewayConfig, replica_client_id
 
 KEY = "edge-key-0123456789abcdef"
@@ -23,7 +24,13 @@ CHAT = {"model": "gpt", "messages": [{"role": "user", "content": "hi"}]}
 def gateway(factory: KafkaFactory) -> Gateway:
     keys = KeyRing(parse_api_keys(f"{KEY}:infer:edge,{SLOW_KEY}:infer:slow:0.001:1"))
     limits = GatewayLimits(max_body_bytes=2048, max_in_flight=4, sheddable_share=0.5)
-    return Gateway(factory, GatewayConfig(limits=limits, metrics_port=-1), keys)
+    gateway = Gateway(factory, GatewayConfig(limits=limits, metrics_port=-1), keys)
+
+    async def topics() -> set[str]:  # the cluster, as the directory would see it
+        return {factory.layout.ingress("gpt")}
+
+    gateway.directory = ModelDirectory(factory.layout, topics)
+    return gateway
 
 
 @pytest.fixture
@@ -119,3 +126,16 @@ def test_a_replica_name_becomes_a_usable_client_id() -> None:
     assert replica_client_id("gateway-7d9f_Pod.2") == "gateway-gateway-7d9f-pod-2"
     assert replica_client_id("0") == "gateway-0"
     assert len(replica_client_id("x" * 300)) <= 100
+
+
+async def test_an_unserved_model_is_404_in_each_protocol(http: httpx.AsyncClient) -> None:
+    chat = await http.post("/v1/chat/completions", json={**CHAT, "model": "nope"}, headers=AUTH)
+    assert chat.status_code == 404 and _openai_error(chat)["code"] == "model_not_found"
+    tensors = await http.post(
+        "/v2/models/nope/infer",
+        json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]},
+        headers=AUTH,
+    )
+    assert tensors.status_code == 404 and "nope" in tensors.json()["error"]
+    listed = await http.get("/v1/models", headers=AUTH)
+    assert [m["id"] for m in listed.json()["data"]] == ["gpt"]

@@ -10,7 +10,7 @@ import pytest
 from graylane.client import Usage
 from graylane.errors import ErrorCode
 from graylane.services.gateway.admission import GatewayLimits
-from graylane.services.gateway.catalog import served_models
+from graylane.services.gateway.catalog import ModelDirectory, served_models
 from graylane.services.gateway.chat import CHATML, ChatMessage, ChatRole
 from graylane.services.gateway.failures import ApiError, from_error_code
 from graylane.services.gateway.wire import (
@@ -274,3 +274,29 @@ def test_served_models_are_the_ingress_topics_and_their_versions() -> None:
         "p.control.routing",
     }
     assert served_models(topics, layout) == {"gpt": ("1.0.0", "1.1.0"), "tagger": ()}
+
+
+async def test_the_model_directory_caches_and_looks_up_unknown_models_sparingly() -> None:
+    layout = TopicLayout(prefix="p")
+    topics = {"p.requests.gpt"}
+    fetches: list[float] = []
+    now = [0.0]
+
+    async def fetch() -> set[str]:
+        fetches.append(now[0])
+        return set(topics)
+
+    directory = ModelDirectory(layout, fetch, ttl_s=5.0, miss_refresh_s=1.0, clock=lambda: now[0])
+    assert await directory.versions("gpt") == ()
+    for _ in range(50):
+        assert await directory.versions("nope") is None
+    assert fetches == [0.0]  # fifty unknown names, one metadata request
+    topics.add("p.requests.new")
+    now[0] = 1.5
+    assert await directory.versions("new") == ()  # looked up again: it may be new
+    now[0] = 2.0
+    assert await directory.models() == {"gpt": (), "new": ()}
+    assert fetches == [0.0, 1.5]
+    now[0] = 7.0
+    await directory.models()
+    assert fetches == [0.0, 1.5, 7.0]  # the cache expires

@@ -1,0 +1,376 @@
+"""``graylane bench gateway``: what the gateway's HTTP hop costs against producing to Kafka
+directly, on the same cores, in one run.
+
+A router, a worker (the tiny demo GPT with a KV cache) and a gateway run as processes on
+the local broker; this process drives both paths with the same call (a completion of
+``max_tokens`` tokens, greedy, the same prompt):
+
+- **direct**: a :class:`~graylane.client.GraylaneClient` here produces the request and
+  reads its reply topic;
+- **gateway**: ``POST /v1/completions`` to the gateway over keep-alive HTTP/1.1 (a lean
+  client of raw sockets, so the figures are the gateway's, not an HTTP library's).
+
+Capacity: ``concurrency`` closed-loop callers per path for ``probe_s`` seconds, the
+completions/s of the second half. Latency: a paced load at ``load_fraction`` of the
+direct path's capacity for ``latency_s`` per path, the paths interleaved over ``rounds``
+(medians over rounds). The added latency is gateway minus direct at p50 and p99.
+
+The last line is JSON: ``gateway_rps``, ``direct_rps``, ``gateway_over_direct``,
+``added_p50_ms``, ``added_p99_ms`` and the figures behind them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from graylane.app.cli.demo import Service, free_port, start_service, stop_services
+from graylane.client import GraylaneClient, InferenceTimeout, Task
+from graylane.kafka.admin import ensure_topics
+from graylane.kafka.seam import KafkaFactory
+from graylane.settings import REPO_ROOT, Settings
+
+__all__ = ["GatewayBenchConfig", "PathFigures", "main", "run"]
+
+MODEL = "gateway-bench"
+_KEY = f"bench-{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayBenchConfig:
+    concurrency: int = 16
+    """Closed-loop callers per path in the capacity probes."""
+    probe_s: float = 8.0
+    latency_s: float = 12.0
+    """Paced load per path and round."""
+    rounds: int = 2
+    load_fraction: float = 0.5
+    max_tokens: int = 1
+    prompt: str = "Hello, gateway"
+
+
+@dataclass(frozen=True)
+class PathFigures:
+    path: str
+    capacity_rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+@dataclass
+class _Samples:
+    latencies_ms: list[float] = field(default_factory=list)
+    errors: int = 0
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection; JSON answers with a Content-Length."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: bytes, path: bytes, body: bytes = b"") -> tuple[int, bytes]:
+        if self._writer is None or self._reader is None:
+            self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self._writer.write(
+            method
+            + b" "
+            + path
+            + b" HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        head = await self._reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        return status, await self._reader.readexactly(length)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class _Pool:
+    """Idle connections, reused; a call with none idle opens one."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self._idle: list[_Connection] = []
+
+    async def post(self, path: bytes, body: bytes) -> int:
+        reused = bool(self._idle)
+        conn = self._idle.pop() if reused else _Connection(self.port)
+        try:
+            status, _ = await conn.request(b"POST", path, body)
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            conn.close()
+            if not reused:
+                return 0
+            return await self.post(path, body)  # the server closed an idle connection
+        self._idle.append(conn)
+        return status
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()
+
+
+Call = Callable[[], Awaitable[bool]]
+
+
+def _direct_call(client: GraylaneClient, cfg: GatewayBenchConfig) -> Call:
+    async def call() -> bool:
+        try:
+            await client.infer(
+                MODEL,
+                prompt=cfg.prompt,
+                task=Task.GENERATE,
+                max_new_tokens=cfg.max_tokens,
+                temperature=0.0,
+                timeout=30,
+            )
+        except Exception:
+            return False
+        return True
+
+    return call
+
+
+def _gateway_call(pool: _Pool, cfg: GatewayBenchConfig) -> Call:
+    body = json.dumps(
+        {"model": MODEL, "prompt": cfg.prompt, "max_tokens": cfg.max_tokens, "temperature": 0}
+    ).encode()
+
+    async def call() -> bool:
+        return await pool.post(b"/v1/completions", body) == 200
+
+    return call
+
+
+async def _capacity(call: Call, concurrency: int, probe_s: float) -> float:
+    """Completions/s of ``concurrency`` closed-loop callers, over the probe's second half."""
+    done: list[float] = []
+    started = time.monotonic()
+    end = started + probe_s
+
+    async def caller() -> None:
+        while time.monotonic() < end:
+            if await call():
+                done.append(time.monotonic())
+
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    half = started + probe_s / 2
+    counted = sum(1 for t in done if half <= t <= end)
+    return counted / (end - half)
+
+
+async def _paced(call: Call, rate: float, seconds: float) -> _Samples:
+    """Latencies of calls started ``rate`` times a second for ``seconds`` (open loop)."""
+    samples = _Samples()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def one() -> None:
+        sent = time.perf_counter()
+        ok = await call()
+        if ok:
+            samples.latencies_ms.append((time.perf_counter() - sent) * 1000.0)
+        else:
+            samples.errors += 1
+
+    started = time.monotonic()
+    for i in range(int(rate * seconds)):
+        await asyncio.sleep(max(0.0, started + i / rate - time.monotonic()))
+        tasks.append(asyncio.create_task(one()))
+    await asyncio.gather(*tasks)
+    return samples
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else 0.0
+
+
+async def _wait_ready(client: GraylaneClient, port: int, cfg: GatewayBenchConfig) -> None:
+    deadline = time.monotonic() + 180
+    conn = _Connection(port)
+    try:
+        while True:
+            try:
+                status, _ = await conn.request(b"GET", b"/readyz")
+            except OSError:
+                status = 0
+                conn.close()
+            if status == 200:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("the gateway did not become ready")
+            await asyncio.sleep(0.3)
+    finally:
+        conn.close()
+    while True:
+        try:
+            await client.infer(
+                MODEL, prompt=cfg.prompt, task=Task.GENERATE, max_new_tokens=1, timeout=5
+            )
+            return
+        except InferenceTimeout:
+            if time.monotonic() > deadline:
+                raise
+
+
+def _services(model: Path, env: dict[str, str], port: int) -> list[Service]:
+    logs = REPO_ROOT / ".local" / "logs"
+    return [
+        start_service("bench-gateway-router", ["router", "--model", f"{MODEL}=v1"], logs, env),
+        start_service(
+            "bench-gateway-worker",
+            [
+                "worker",
+                "--model",
+                MODEL,
+                "--version",
+                "v1",
+                "--variant",
+                f"fp32={model}",
+                "--threads",
+                "1",
+            ],
+            logs,
+            env,
+        ),
+        start_service(
+            "bench-gateway",
+            [
+                "gateway",
+                "--port",
+                str(port),
+                "--replica",
+                "bench",
+                "--rate",
+                "1000000",
+                "--burst",
+                "1000000",
+                "--max-in-flight",
+                "4096",
+            ],
+            logs,
+            {**env, "GRAYLANE_GATEWAY_KEYS": f"{_KEY}:infer:bench"},
+        ),
+    ]
+
+
+async def _measure(
+    settings: Settings, model: Path, cfg: GatewayBenchConfig, progress: Callable[[str], None]
+) -> dict[str, object]:
+    settings = settings.with_overrides(topic_prefix=f"bgw{uuid.uuid4().hex[:6]}")
+    factory = KafkaFactory(settings)
+    await ensure_topics(
+        factory, factory.layout.shared_specs() + factory.layout.model_specs(MODEL, ["v1"])
+    )
+    port = free_port()
+    services = _services(model, {"GRAYLANE_TOPIC_PREFIX": settings.topic_prefix}, port)
+    pool = _Pool(port)
+    try:
+        async with GraylaneClient(factory, client_id="bench-direct") as client:
+            progress("waiting for the router, the worker and the gateway")
+            await _wait_ready(client, port, cfg)
+            direct, gateway = _direct_call(client, cfg), _gateway_call(pool, cfg)
+            await _capacity(direct, 4, 2.0)  # warm-up of both paths
+            await _capacity(gateway, 4, 2.0)
+            direct_rps = await _capacity(direct, cfg.concurrency, cfg.probe_s)
+            progress(f"direct capacity: {direct_rps:.0f} req/s")
+            gateway_rps = await _capacity(gateway, cfg.concurrency, cfg.probe_s)
+            progress(f"gateway capacity: {gateway_rps:.0f} req/s")
+            rate = max(1.0, cfg.load_fraction * direct_rps)
+            rounds: dict[str, list[_Samples]] = {"direct": [], "gateway": []}
+            for r in range(cfg.rounds):
+                for name, call in (("direct", direct), ("gateway", gateway)):
+                    samples = await _paced(call, rate, cfg.latency_s)
+                    rounds[name].append(samples)
+                    progress(
+                        f"round {r + 1}, {name} at {rate:.0f} req/s: p50 "
+                        f"{_pct(samples.latencies_ms, 50):.2f} ms, p99 "
+                        f"{_pct(samples.latencies_ms, 99):.2f} ms, {samples.errors} errors"
+                    )
+    finally:
+        pool.close()
+        stop_services(services)
+    figures = {
+        name: PathFigures(
+            path=name,
+            capacity_rps=round(direct_rps if name == "direct" else gateway_rps, 1),
+            p50_ms=round(statistics.median(_pct(s.latencies_ms, 50) for s in runs), 2),
+            p99_ms=round(statistics.median(_pct(s.latencies_ms, 99) for s in runs), 2),
+            errors=sum(s.errors for s in runs),
+        )
+        for name, runs in rounds.items()
+    }
+    d, g = figures["direct"], figures["gateway"]
+    print(f"{'path':>8} {'req/s':>8} {'p50':>9} {'p99':>9} {'errors':>7}", flush=True)
+    for f in (d, g):
+        print(
+            f"{f.path:>8} {f.capacity_rps:>8.0f} {f.p50_ms:>7.2f}ms {f.p99_ms:>7.2f}ms "
+            f"{f.errors:>7}",
+            flush=True,
+        )
+    added_p50 = round(g.p50_ms - d.p50_ms, 2)
+    ratio = round(gateway_rps / direct_rps, 3) if direct_rps else 0.0
+    return {
+        "model": "demo-gpt-tiny",
+        "max_tokens": cfg.max_tokens,
+        "concurrency": cfg.concurrency,
+        "load_rps": round(rate, 1),
+        "gateway_rps": g.capacity_rps,
+        "direct_rps": d.capacity_rps,
+        "gateway_over_direct": ratio,
+        "added_p50_ms": added_p50,
+        "added_p99_ms": round(g.p99_ms - d.p99_ms, 2),
+        "direct_p50_ms": d.p50_ms,
+        "direct_p99_ms": d.p99_ms,
+        "gateway_p50_ms": g.p50_ms,
+        "gateway_p99_ms": g.p99_ms,
+        "errors": d.errors + g.errors,
+        "added_p50_within_3ms": added_p50 <= 3.0,
+        "rate_within_0_8": ratio >= 0.8,
+    }
+
+
+def run(cfg: GatewayBenchConfig, progress: Callable[[str], None]) -> dict[str, object]:
+    from graylane.deploy.kafka import kafka
+    from graylane.models.demo_gpt import write_demo_gpt
+
+    progress("starting the broker")
+    kafka.start()
+    models = REPO_ROOT / ".local" / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    model = models / "bench-gpt-tiny-kv.onnx"
+    if not model.exists():
+        progress("writing the demo GPT (tiny, with a KV cache)")
+        write_demo_gpt(model, "tiny", seed=7, kv_cache=True)
+    return asyncio.run(_measure(Settings.from_env(), model, cfg, progress))
+
+
+def main(cfg: GatewayBenchConfig) -> int:
+    t0 = time.monotonic()
+
+    def progress(text: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)
+
+    print(json.dumps(run(cfg, progress)), flush=True)
+    return 0
