@@ -3,7 +3,7 @@
 A model is served when its ingress topic exists (``<p>.requests.<model>``); its
 versions are the version topics that exist (``<p>.requests.<model>.<version>``).
 :func:`served_models` reads that from topic names (pure); :class:`ModelDirectory`
-asks the cluster, at most once per ``ttl_s``.
+asks the cluster now and then (see there).
 
 Input and output signatures (for the Open Inference Protocol's model metadata) come
 from ONNX files named at start-up (``--signature MODEL[@VERSION]=PATH``), else from
@@ -13,6 +13,7 @@ version when none is named). :class:`SignatureBook` caches what it read.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -48,15 +49,22 @@ def served_models(topics: Iterable[str], layout: TopicLayout) -> dict[str, tuple
 
 
 class ModelDirectory:
-    """Served models, from the cluster's topic list, cached for ``ttl_s`` seconds."""
+    """Served models, from the cluster's topic list.
+
+    The list is kept ``ttl_s`` seconds; an older one is still answered while one refresh
+    runs in the background, and concurrent callers share one refresh (a cluster's full
+    metadata can take tens of milliseconds to decode: never once per call). A model
+    missing from the list is looked up again (it may be new), at most once per
+    ``miss_refresh_s``: calls naming models that do not exist cost a dictionary lookup.
+    """
 
     def __init__(
         self,
         layout: TopicLayout,
         topics: Callable[[], Awaitable[set[str]]],
         *,
-        ttl_s: float = 5.0,
-        miss_refresh_s: float = 1.0,
+        ttl_s: float = 30.0,
+        miss_refresh_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.layout = layout
@@ -66,28 +74,40 @@ class ModelDirectory:
         self._clock = clock
         self._cached: dict[str, tuple[str, ...]] | None = None
         self._at = 0.0
+        self._pending: asyncio.Future[dict[str, tuple[str, ...]]] | None = None
 
-    async def _refresh(self) -> dict[str, tuple[str, ...]]:
-        self._cached = served_models(await self._topics(), self.layout)
-        self._at = self._clock()
-        return self._cached
+    async def _fetch(self) -> dict[str, tuple[str, ...]]:
+        try:
+            found = served_models(await self._topics(), self.layout)
+            self._cached, self._at = found, self._clock()
+            return found
+        finally:
+            self._pending = None
+
+    def _refreshing(self) -> asyncio.Future[dict[str, tuple[str, ...]]]:
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._fetch())
+            self._pending.add_done_callback(_log_failure)
+        return self._pending
 
     async def models(self) -> dict[str, tuple[str, ...]]:
-        if self._cached is None or self._clock() - self._at >= self.ttl_s:
-            return await self._refresh()
+        if self._cached is None:
+            return await asyncio.shield(self._refreshing())
+        if self._clock() - self._at >= self.ttl_s:
+            self._refreshing()  # answered from the older list meanwhile
         return self._cached
 
     async def versions(self, model: str) -> tuple[str, ...] | None:
-        """The model's versions; None when the model is not served.
-
-        A model missing from the cached list is looked up again (it may be new), but at
-        most once per ``miss_refresh_s``: calls naming models that do not exist cost a
-        dictionary lookup, not a cluster metadata request each.
-        """
+        """The model's versions; None when the model is not served."""
         found = (await self.models()).get(model)
         if found is None and self._clock() - self._at >= self.miss_refresh_s:
-            found = (await self._refresh()).get(model)
+            found = (await asyncio.shield(self._refreshing())).get(model)
         return found
+
+
+def _log_failure(done: asyncio.Future[dict[str, tuple[str, ...]]]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.warning("could not list the served models: %s", done.exception())
 
 
 class SignatureBook:

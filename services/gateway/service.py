@@ -132,7 +132,7 @@ class GatewayConfig:
     """ONNX files whose signatures answer model metadata, by (model, version or "")."""
     registry_signatures: bool = False
     """Else read signatures from the registry's manifests."""
-    models_ttl_s: float = 5.0
+    models_ttl_s: float = 30.0
     metrics_port: int | None = None
     """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
 

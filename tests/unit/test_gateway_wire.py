@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -276,27 +277,35 @@ def test_served_models_are_the_ingress_topics_and_their_versions() -> None:
     assert served_models(topics, layout) == {"gpt": ("1.0.0", "1.1.0"), "tagger": ()}
 
 
-async def test_the_model_directory_caches_and_looks_up_unknown_models_sparingly() -> None:
+async def test_the_model_directory_refreshes_once_at_a_time_and_spares_unknown_names() -> None:
     layout = TopicLayout(prefix="p")
     topics = {"p.requests.gpt"}
     fetches: list[float] = []
     now = [0.0]
+    gate = asyncio.Event()
 
     async def fetch() -> set[str]:
         fetches.append(now[0])
+        await gate.wait()
         return set(topics)
 
-    directory = ModelDirectory(layout, fetch, ttl_s=5.0, miss_refresh_s=1.0, clock=lambda: now[0])
-    assert await directory.versions("gpt") == ()
+    directory = ModelDirectory(layout, fetch, ttl_s=30.0, miss_refresh_s=5.0, clock=lambda: now[0])
+    first = [asyncio.create_task(directory.versions("gpt")) for _ in range(5)]
+    await asyncio.sleep(0)
+    gate.set()
+    assert await asyncio.gather(*first) == [()] * 5
+    assert fetches == [0.0]  # five callers, one metadata request
     for _ in range(50):
         assert await directory.versions("nope") is None
-    assert fetches == [0.0]  # fifty unknown names, one metadata request
+    assert fetches == [0.0]  # unknown names are answered from the list
     topics.add("p.requests.new")
-    now[0] = 1.5
+    now[0] = 6.0
     assert await directory.versions("new") == ()  # looked up again: it may be new
-    now[0] = 2.0
-    assert await directory.models() == {"gpt": (), "new": ()}
-    assert fetches == [0.0, 1.5]
-    now[0] = 7.0
-    await directory.models()
-    assert fetches == [0.0, 1.5, 7.0]  # the cache expires
+    assert fetches == [0.0, 6.0]
+    topics.add("p.requests.newer")
+    now[0] = 40.0
+    assert "newer" not in await directory.models()  # expired: the older list, meanwhile...
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert "newer" in await directory.models()  # ...one refresh in the background
+    assert fetches == [0.0, 6.0, 40.0]
