@@ -1,7 +1,9 @@
 """Kafka ACLs per role, as data derived from the topic layout.
 
 The trust boundary: a producer writes only ingress topics and reads only its
-own reply topic; every service writes only the topics of its role (router:
+own reply topic; the API gateway is a producer for many callers, its replicas each
+reading a reply topic of their own (``<p>.reply.gateway-<replica>``, a prefix: replicas
+come and go) and seeing which request topics exist (the models and versions it lists); every service writes only the topics of its role (router:
 version topics, error replies, dlq; workers: results/replies, telemetry,
 shadow, dlq; policy engine: control.routing/precision/rollouts/scale, audit
 and its lease topic; control plane: control.commands). The policy engine's
@@ -49,6 +51,7 @@ class KafkaRole(Enum):
     CONTROL_PLANE = "control-plane"
     SUPERVISOR = "supervisor"
     PRODUCER = "producer"
+    GATEWAY = "gateway"
     RESULT_CONSUMER = "result-consumer"
 
 
@@ -217,6 +220,19 @@ def role_acls(layout: TopicLayout, role: KafkaRole, scope: AclScope) -> tuple[Ac
                     Operation.DESCRIBE_CONFIGS,
                 )
             )
+    elif role is KafkaRole.GATEWAY:
+        rules = [_topic(layout.ingress(m), _W) for m in models]
+        rules.append(_topic(layout.cancels(), _W))
+        rules.append(
+            _topic(
+                f"{_reply_prefix(layout)}gateway-",
+                _R,
+                Operation.CREATE,
+                Operation.DESCRIBE_CONFIGS,
+                prefixed=True,
+            )
+        )
+        rules.append(_topic(f"{p}.requests.", Operation.DESCRIBE, prefixed=True))
     else:
         rules = [_topic(layout.results(m), _R) for m in models]
         rules.append(_group(f"{p}-results-", prefixed=True))

@@ -7,8 +7,9 @@ the local broker; this process drives both paths with the same call (a completio
 
 - **direct**: a :class:`~graylane.client.GraylaneClient` here produces the request and
   reads its reply topic;
-- **gateway**: ``POST /v1/completions`` to the gateway over keep-alive HTTP/1.1 (a lean
-  client of raw sockets, so the figures are the gateway's, not an HTTP library's).
+- **gateway**: ``POST /v1/completions`` to the gateway over keep-alive HTTP/1.1
+  (:mod:`graylane.app.demo.gateway_calls`: raw sockets, so the figures are the
+  gateway's, not an HTTP library's).
 
 Capacity: ``concurrency`` closed-loop callers per path for ``probe_s`` seconds, the
 completions/s of the second half. Latency: a paced load at ``load_fraction`` of the
@@ -33,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from graylane.app.cli.demo import Service, free_port, start_service, stop_services
+from graylane.app.demo.gateway_calls import GatewayConnection, GatewayPool
 from graylane.client import GraylaneClient, InferenceTimeout, Task
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.seam import KafkaFactory
@@ -72,66 +74,6 @@ class _Samples:
     errors: int = 0
 
 
-class _Connection:
-    """One keep-alive HTTP/1.1 connection; JSON answers with a Content-Length."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-
-    async def request(self, method: bytes, path: bytes, body: bytes = b"") -> tuple[int, bytes]:
-        if self._writer is None or self._reader is None:
-            self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
-        self._writer.write(
-            method
-            + b" "
-            + path
-            + b" HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
-            + f"Authorization: Bearer {_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        head = await self._reader.readuntil(b"\r\n\r\n")
-        status = int(head[9:12])
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        return status, await self._reader.readexactly(length)
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-
-class _Pool:
-    """Idle connections, reused; a call with none idle opens one."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self._idle: list[_Connection] = []
-
-    async def post(self, path: bytes, body: bytes) -> int:
-        reused = bool(self._idle)
-        conn = self._idle.pop() if reused else _Connection(self.port)
-        try:
-            status, _ = await conn.request(b"POST", path, body)
-        except (OSError, asyncio.IncompleteReadError, ValueError):
-            conn.close()
-            if not reused:
-                return 0
-            return await self.post(path, body)  # the server closed an idle connection
-        self._idle.append(conn)
-        return status
-
-    def close(self) -> None:
-        for conn in self._idle:
-            conn.close()
-        self._idle.clear()
-
-
 Call = Callable[[], Awaitable[bool]]
 
 
@@ -153,13 +95,13 @@ def _direct_call(client: GraylaneClient, cfg: GatewayBenchConfig) -> Call:
     return call
 
 
-def _gateway_call(pool: _Pool, cfg: GatewayBenchConfig) -> Call:
+def _gateway_call(pool: GatewayPool, cfg: GatewayBenchConfig) -> Call:
     body = json.dumps(
         {"model": MODEL, "prompt": cfg.prompt, "max_tokens": cfg.max_tokens, "temperature": 0}
     ).encode()
 
     async def call() -> bool:
-        return await pool.post(b"/v1/completions", body) == 200
+        return (await pool.request("POST", "/v1/completions", body)).status == 200
 
     return call
 
@@ -208,11 +150,11 @@ def _pct(values: list[float], q: float) -> float:
 
 async def _wait_ready(client: GraylaneClient, port: int, cfg: GatewayBenchConfig) -> None:
     deadline = time.monotonic() + 180
-    conn = _Connection(port)
+    conn = GatewayConnection(port)
     try:
         while True:
             try:
-                status, _ = await conn.request(b"GET", b"/readyz")
+                status = (await conn.request("GET", "/readyz")).status
             except OSError:
                 status = 0
                 conn.close()
@@ -285,7 +227,7 @@ async def _measure(
     )
     port = free_port()
     services = _services(model, {"GRAYLANE_TOPIC_PREFIX": settings.topic_prefix}, port)
-    pool = _Pool(port)
+    pool = GatewayPool(port, key=_KEY)
     try:
         async with GraylaneClient(factory, client_id="bench-direct") as client:
             progress("waiting for the router, the worker and the gateway")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -423,6 +424,19 @@ def _story(args: argparse.Namespace) -> int:
                 )
             )
         services.append(_start_controlplane(settings, STORY_MODEL, STABLE, log_dir, step))
+        gateway_port, gateway_key = free_port(), secrets.token_hex(16)
+        services.append(
+            start_service(
+                "gateway",
+                ["gateway", "--port", str(gateway_port), "--replica", "demo"],
+                log_dir,
+                {"GRAYLANE_GATEWAY_KEYS": f"{gateway_key}:infer:demo:100000:100000"},
+            )
+        )
+        step(
+            f"API gateway on http://127.0.0.1:{gateway_port} (OpenAI /v1, Open Inference "
+            "Protocol /v2); a fifth of the steady load goes through it"
+        )
         step("metrics of each service (/metrics, /healthz, /readyz):")
         print_metrics_ports(services)
         _streamed_act(settings, size, log_dir, step)
@@ -435,6 +449,8 @@ def _story(args: argparse.Namespace) -> int:
             slo_p99_ms=args.slo_p99_ms,
             report=REPO_ROOT / ".local" / "report.png",
             rung_capacity_rps=capacities,
+            gateway_port=gateway_port,
+            gateway_key=gateway_key,
         )
         story = Story(settings, cfg, step, scale_out=True)
         t0_ms = now_ms()

@@ -2,12 +2,15 @@
 registry's stable version moves to it), a bad one rolled back automatically, a
 load spike that makes QoS step down a rung and back up, all decided by the
 policy engine from live telemetry; then an operator's ``graylane rollout
-revert`` sends 100 % back to the previous stable version."""
+revert`` sends 100 % back to the previous stable version. With a gateway, a fifth of
+the load goes through it (OpenAI completions), the rest straight to Kafka: the policy
+engine judges both alike."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -19,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 
 from graylane import serde
+from graylane.app.demo.gateway_calls import GatewayPool, completion_result
 from graylane.app.demo.monitor import Monitor
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
 from graylane.clock import now_ms
@@ -68,6 +72,11 @@ class StoryConfig:
     and run at this fraction of min(path, ``engine_rps``) instead of ``rate``."""
     engine_rps: float = 0.0
     """One fp32 worker's calibrated capacity (the probe offers it: more than the path)."""
+    gateway_port: int = 0
+    """When set: ``gateway_share`` of the load goes through the API gateway on this port
+    (OpenAI completions of one token, the same routing key), the rest straight to Kafka."""
+    gateway_key: str = ""
+    gateway_share: float = 0.2
 
 
 def demo_rollout_spec(rollout_id: str, baseline: str, candidate: str) -> rollout_pb2.RolloutSpec:
@@ -138,6 +147,10 @@ class Story:
         """The steady load (``rate``, or measured: :meth:`_probe_path`)."""
         self.console = Console()
         self.stop = asyncio.Event()
+        self.gateway = (
+            GatewayPool(cfg.gateway_port, key=cfg.gateway_key) if cfg.gateway_port else None
+        )
+        self._calls: set[asyncio.Task[None]] = set()
         self.registry = open_registry(settings.db_url, migrate=False)
 
     def registry_stable(self) -> str:
@@ -163,14 +176,22 @@ class Story:
         i = 0
         prompt = "graylane " * (self.cfg.prompt_len // 9)
         next_at = time.monotonic()
+        every = round(1.0 / self.cfg.gateway_share) if self.cfg.gateway_share > 0 else 0
         while not self.stop.is_set():
-            await client.submit(
-                MODEL,
-                prompt=f"{i:06d} {prompt}",
-                routing_key=f"user-{i % 997}",
-                post_process=PostProcess.ARGMAX_LAST,
-                deadline_s=self.deadline_s,
-            )
+            if self.gateway is not None and every and i % every == 0:
+                call = asyncio.create_task(
+                    self._through_gateway(self.gateway, f"{i:06d} {prompt}", f"user-{i % 997}")
+                )
+                self._calls.add(call)
+                call.add_done_callback(self._calls.discard)
+            else:
+                await client.submit(
+                    MODEL,
+                    prompt=f"{i:06d} {prompt}",
+                    routing_key=f"user-{i % 997}",
+                    post_process=PostProcess.ARGMAX_LAST,
+                    deadline_s=self.deadline_s,
+                )
             i += 1
             next_at += 1.0 / self.rate
             delay = next_at - time.monotonic()
@@ -178,6 +199,25 @@ class Story:
                 await asyncio.sleep(delay)
             else:
                 next_at = time.monotonic()
+
+    async def _through_gateway(self, pool: GatewayPool, prompt: str, user: str) -> None:
+        """One completion through the API gateway, counted by the monitor like the rest."""
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0, "user": user}
+        headers = {}
+        if self.deadline_s:
+            headers["x-graylane-timeout-ms"] = str(int(self.deadline_s * 1000))
+        sent = time.perf_counter()
+        answer = await pool.request(
+            "POST", "/v1/completions", json.dumps(body).encode(), headers=headers
+        )
+        self.monitor.on_result(
+            completion_result(
+                answer,
+                request_id=uuid.uuid4().hex,
+                model=MODEL,
+                latency_ms=(time.perf_counter() - sent) * 1000.0,
+            )
+        )
 
     async def _collect(self, client: GraylaneClient) -> None:
         async for result in client.results():
@@ -245,6 +285,7 @@ class Story:
         phase_title = ["warming up"]
         async with GraylaneClient(self.factory, client_id=f"demo-{uuid.uuid4().hex[:6]}") as client:
             await self._wait_served(client)
+            await self._wait_gateway()
             tasks = [asyncio.create_task(f.follow(self.stop)) for f in followers]
             tasks += [
                 asyncio.create_task(self._load(client)),
@@ -258,8 +299,10 @@ class Story:
                 await self._story(phase_title)
             finally:
                 self.stop.set()
-                for t in tasks:
+                for t in [*tasks, *self._calls]:
                     t.cancel()
+                if self.gateway is not None:
+                    self.gateway.close()
                 for t in tasks:
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await t
@@ -286,6 +329,18 @@ class Story:
             f"load {self.rate:.1f} req/s"
         )
         await drained(self, {STABLE: 3})
+
+    async def _wait_gateway(self, timeout_s: float = 60.0) -> None:
+        """Until the gateway is ready; without one in time, all the load goes to Kafka."""
+        if self.gateway is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while (await self.gateway.request("GET", "/readyz")).status != 200:
+            if time.monotonic() > deadline:
+                self.console.print("[yellow]the gateway is not ready: all load goes to Kafka")
+                self.gateway = None
+                return
+            await asyncio.sleep(0.5)
 
     async def _wait_served(self, client: GraylaneClient) -> None:
         deadline = time.monotonic() + 180

@@ -21,6 +21,8 @@ acknowledged request (it is in Kafka and is served), only its callers' connectio
   token bucket per key (429), body and prompt caps (413/400), a timeout header, a
   priority header (the request's ``priority`` tag; sheddable calls are refused first
   when the replica is full: 503). Every 429/503 carries ``Retry-After``.
+- Answers name the version and variant that served them (``x-graylane-version``,
+  ``x-graylane-variant``; OpenAI's ``system_fingerprint`` is ``graylane:<version>``).
 - ``/metrics``, ``/healthz``, ``/readyz`` on the API port (ready = the producer and the
   reply-topic reader are up), and on the service's metrics port like every service.
 """
@@ -105,6 +107,7 @@ TAG_HEADER_PREFIX = "x-graylane-tag-"
 PRIORITY_HEADER = "x-graylane-priority"
 TIMEOUT_HEADER = "x-graylane-timeout-ms"
 VERSION_HEADER = "x-graylane-version"
+VARIANT_HEADER = "x-graylane-variant"
 REQUEST_ID_HEADER = "x-request-id"
 
 PRODUCER_UP = "producer_up"
@@ -438,7 +441,11 @@ class Gateway:
             usage=result.usage,
             version=result.version,
         )
-        headers = {VERSION_HEADER: result.version, REQUEST_ID_HEADER: request_id}
+        headers = {
+            VERSION_HEADER: result.version,
+            VARIANT_HEADER: result.variant,
+            REQUEST_ID_HEADER: request_id,
+        }
         return self._answer(label, started, JSONResponse(body, headers=headers))
 
     def _sdk_arguments(self, call: GenerationCall, admitted: _Admitted) -> dict[str, Any]:
@@ -670,7 +677,7 @@ class Gateway:
             )
         except Exception as exc:
             return self._error("v2_infer", started, self._failure(exc), openai=False)
-        headers = {VERSION_HEADER: result.version}
+        headers = {VERSION_HEADER: result.version, VARIANT_HEADER: result.variant}
         media = "application/json"
         if json_length is not None:
             headers[oip.HEADER_LENGTH] = str(json_length)

@@ -54,6 +54,23 @@ def test_producer_writes_only_ingress_and_cancels_and_reads_only_its_reply_topic
     assert not allows(rules, Resource.TOPIC, L.ingress("other"), Operation.WRITE)
 
 
+def test_the_gateway_writes_like_a_producer_and_reads_only_gateway_reply_topics() -> None:
+    rules = ACLS[KafkaRole.GATEWAY]
+    assert writable(KafkaRole.GATEWAY) == writable(KafkaRole.PRODUCER)
+    assert readable(KafkaRole.GATEWAY) == set()  # no client's reply topic
+    for replica in ("gateway-7f9c-x2", "gateway-0"):
+        topic = L.reply(replica)
+        for op in (Operation.READ, Operation.CREATE, Operation.DESCRIBE_CONFIGS):
+            assert allows(rules, Resource.TOPIC, topic, op), (topic, op)
+        assert not allows(rules, Resource.TOPIC, topic, Operation.WRITE)
+    # It sees which models and versions exist, and may not write a version topic.
+    version = L.version_requests("gpt", "v1")
+    assert allows(rules, Resource.TOPIC, version, Operation.DESCRIBE)
+    assert not allows(rules, Resource.TOPIC, version, Operation.WRITE)
+    assert not allows(rules, Resource.TOPIC, L.routing(), Operation.DESCRIBE)
+    assert not allows(rules, Resource.GROUP, "gl-router", Operation.READ)
+
+
 def test_each_service_writes_only_the_topics_of_its_role() -> None:
     replies = {L.reply("app1"), L.reply("app2")}
     versions = {L.version_requests(m, v) for m in SCOPE.models for v in ("v1", "v2")}

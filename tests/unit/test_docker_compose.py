@@ -96,7 +96,9 @@ def test_every_image_port_and_volume_referenced_exists() -> None:
                 assert source in declared, f"{name} uses undeclared volume {source}"
         for port in service.get("ports") or []:  # type: ignore[attr-defined]
             container_port = int(str(port).rsplit(":", 1)[1])
-            expected = {"kafka": 9092, "prometheus": 9090, "grafana": 3000}.get(name, 50051)
+            expected = {"kafka": 9092, "prometheus": 9090, "grafana": 3000, "gateway": 8080}.get(
+                name, 50051
+            )
             assert container_port == expected, f"{name} publishes {port}"
 
 

@@ -37,6 +37,7 @@ ROLE_OF_COMPONENT = {
     "policy": KafkaRole.POLICY_ENGINE,
     "controlplane": KafkaRole.CONTROL_PLANE,
     "audit-sink": KafkaRole.CONTROL_PLANE,
+    "gateway": KafkaRole.GATEWAY,
 }
 KAFKA_SECRETS = {role: f"graylane-kafka-{role.value}" for role in ROLE_OF_COMPONENT.values()}
 SECRETS = frozenset(
@@ -46,6 +47,7 @@ SECRETS = frozenset(
         "graylane-database",
         "graylane-database-readonly",
         "graylane-api-tokens",
+        "graylane-gateway-keys",
     }
 )
 CA_DIR = "/etc/graylane/kafka-ca"
@@ -160,6 +162,7 @@ def test_pods_are_locked_down_and_probed(tree: str) -> None:
         "controlplane",
         "audit-sink",
         "worker",
+        "gateway",
     }
     for deploy in deployments:
         pod = _pod(deploy)
@@ -347,6 +350,7 @@ def test_only_the_control_plane_and_audit_sink_may_write_the_database(tree: str)
         url = _env_secrets(container).get("GRAYLANE_DB_URL")
         wanted = {
             "worker": "graylane-database-readonly",
+            "gateway": "graylane-database-readonly",
             "controlplane": "graylane-database",
             "audit-sink": "graylane-database",
         }.get(component)
@@ -416,3 +420,35 @@ def test_renderer_refuses_what_it_does_not_render(tmp_path: Path) -> None:
         "c": [{"name": "a", "x": 1, "y": 2}],
         "k": [2],
     }
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_the_gateway_is_served_scaled_and_reachable(tree: str) -> None:
+    (deploy,) = [
+        d
+        for d in _of(tree, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"
+    ]
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    (container,) = _pod(deploy)["containers"]
+    cmd = container["command"]
+    port = int(cmd[cmd.index("--port") + 1])
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    assert {"name": "http", "containerPort": port, "protocol": "TCP"} in container["ports"]
+    keys = cmd[cmd.index("--keys-file") + 1]
+    mount = next(m for m in container["volumeMounts"] if keys.startswith(m["mountPath"] + "/"))
+    (volume,) = [v for v in _pod(deploy)["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == "graylane-gateway-keys" and mount["readOnly"]
+    (service,) = [s for s in _of(tree, "Service") if s["metadata"]["name"] == "gateway"]
+    assert _selects(service["spec"]["selector"], labels)
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+    (hpa,) = _of(tree, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deploy["metadata"]["name"],
+    }
+    assert 2 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    (api,) = [p for p in _of(tree, "NetworkPolicy") if p["metadata"]["name"] == "gateway-api"]
+    assert _selects(api["spec"]["podSelector"]["matchLabels"], labels)
+    assert api["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": port}]
