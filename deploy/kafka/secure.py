@@ -42,6 +42,7 @@ ROLE_USERS = (
     "policy-engine",
     "control-plane",
     "producer",
+    "gateway",
     "result-consumer",
 )
 AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"

@@ -4,8 +4,8 @@ Router, two workers, the policy engine (with its lease, as ``graylane policy``),
 control plane and its audit sink each log in as their own role and hold only the ACLs
 ``graylane acls --apply`` grants. A rollout started through the control plane (its START
 check Describes the candidate's worker group) is promoted by the policy engine (its
-liveness probe Describes the worker groups); then every login is refused what its role
-must not do.
+liveness probe Describes the worker groups); the API gateway, under its own login, serves
+a completion and lists the model; then every login is refused what its role must not do.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 from aiokafka.errors import KafkaError
 from grpc import aio
@@ -34,6 +35,7 @@ from graylane.services.router.service import Router, RouterConfig
 from graylane.settings import Settings
 from graylane.v1 import controlplane_pb2_grpc, rollout_pb2
 from tests.support.brokers import SecuredBroker, grant_roles, secured_broker
+from tests.support.gateway import running_gateway
 from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
 from tests.support.waiting import wait_until
 
@@ -199,6 +201,21 @@ async def test_every_service_under_its_own_login_promotes_a_canary_and_nothing_m
             assert engine.poll() is None, log.read_text(errors="replace")[-3000:]
         await channel.close()
 
+        # The API gateway under its own login: a call through it is served (by the promoted
+        # version), and it lists the model from the topics its role may see.
+        async with (
+            running_gateway(login(KafkaRole.GATEWAY), keys=None, replica="secured") as gateway,
+            openai.AsyncOpenAI(
+                base_url=f"{gateway.url}/v1", api_key="open-gateway", max_retries=0
+            ) as client,
+        ):
+            answer = await client.completions.create(
+                model=MODEL, prompt="hello", max_tokens=2, temperature=0
+            )
+            listed = await client.models.list()
+        assert answer.system_fingerprint == f"graylane:{CANDIDATE}"
+        assert [m.id for m in listed.data] == [MODEL]
+
         # Each login is refused what its role must not do; nothing forged lands.
         guarded = [
             layout.routing(),
@@ -213,10 +230,17 @@ async def test_every_service_under_its_own_login_promotes_a_canary_and_nothing_m
             "control plane writes control.routing": (KafkaRole.CONTROL_PLANE, layout.routing()),
             "policy engine writes control.commands": (KafkaRole.POLICY_ENGINE, layout.commands()),
             "producer writes control.routing": (KafkaRole.PRODUCER, layout.routing()),
+            "gateway writes control.routing": (KafkaRole.GATEWAY, layout.routing()),
+            "gateway writes a version topic": (
+                KafkaRole.GATEWAY,
+                layout.version_requests(MODEL, BASE),
+            ),
         }
         for what, (role, topic) in refusals.items():
             assert await _write_refused(login(role), topic), what
         assert await _read_refused(producer, layout.reply(OTHER_CLIENT)), "producer reads app2"
+        gateway_login = login(KafkaRole.GATEWAY)
+        assert await _read_refused(gateway_login, layout.reply(OTHER_CLIENT)), "gateway reads"
         assert await _read_refused(login(KafkaRole.WORKER), layout.commands()), "worker reads"
         assert {t: len(await read_to_end(admin, t)) for t in guarded} == before
         assert all(not t.done() for t in tasks), "a service ended"
