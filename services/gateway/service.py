@@ -181,7 +181,6 @@ class Gateway:
         self.app = _build_app(self)
         self.ready = asyncio.Event()
         self.port = 0
-        self._server: _Server | None = None
         self._cancels: set[asyncio.Task[None]] = set()
 
     @property
@@ -218,6 +217,12 @@ class Gateway:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then drain and close."""
         await self.start()
+        try:
+            await self._serve(stop)
+        finally:
+            await self.close()
+
+    def _listen(self) -> socket.socket:
         family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
         # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
         # and an accepted socket inherits the listener's; without it every answer written in
@@ -227,6 +232,10 @@ class Gateway:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((self.config.host, self.config.port))
         sock.set_inheritable(True)
+        return sock
+
+    async def _serve(self, stop: asyncio.Event) -> None:
+        sock = self._listen()
         self.port = int(sock.getsockname()[1])
         server = _Server(
             uvicorn.Config(
@@ -237,7 +246,6 @@ class Gateway:
                 timeout_graceful_shutdown=5,
             )
         )
-        self._server = server
         serving = asyncio.create_task(server.serve(sockets=[sock]), name="gateway-http")
         try:
             while not server.started and not serving.done():
@@ -260,7 +268,6 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await serving
             sock.close()
-            await self.close()
 
     # -- the edge ----------------------------------------------------------------------
     def _authorize(self, request: Request) -> Tenant:
