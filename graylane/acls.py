@@ -3,7 +3,8 @@
 The trust boundary: a producer writes only ingress topics and reads only its
 own reply topic; the API gateway is a producer for many callers, its replicas each
 reading a reply topic of their own (``<p>.reply.gateway-<replica>``, a prefix: replicas
-come and go) and seeing which request topics exist (the models and versions it lists); every service writes only the topics of its role (router:
+come and go) and seeing which request topics exist (the models and versions it lists);
+every service writes only the topics of its role (router:
 version topics, error replies, dlq; workers: results/replies, telemetry,
 shadow, dlq; policy engine: control.routing/precision/rollouts/scale, audit
 and its lease topic; control plane: control.commands). The policy engine's
