@@ -12,9 +12,11 @@ the local broker; this process drives both paths with the same call (a completio
   gateway's, not an HTTP library's).
 
 Capacity: ``concurrency`` closed-loop callers per path for ``probe_s`` seconds, the
-completions/s of the second half. Latency: a paced load at ``load_fraction`` of the
-direct path's capacity for ``latency_s`` per path, the paths interleaved over ``rounds``
-(medians over rounds). The added latency is gateway minus direct at p50 and p99.
+completions/s of the second half, the paths alternating over ``rounds`` (medians).
+Latency: a paced load at ``load_fraction`` of the direct path's capacity for
+``latency_s`` per round, the two paths taking turns call by call (each gets half of it,
+under the same load and the same neighbours on a shared host); medians over rounds. The
+added latency is gateway minus direct at p50 and p99.
 
 The last line is JSON: ``gateway_rps``, ``direct_rps``, ``gateway_over_direct``,
 ``added_p50_ms``, ``added_p99_ms`` and the figures behind them.
@@ -52,8 +54,8 @@ class GatewayBenchConfig:
     """Closed-loop callers per path in the capacity probes."""
     probe_s: float = 8.0
     latency_s: float = 12.0
-    """Paced load per path and round."""
-    rounds: int = 2
+    """Paced load per round (both paths, interleaved)."""
+    rounds: int = 3
     load_fraction: float = 0.5
     max_tokens: int = 1
     prompt: str = "Hello, gateway"
@@ -123,23 +125,26 @@ async def _capacity(call: Call, concurrency: int, probe_s: float) -> float:
     return counted / (end - half)
 
 
-async def _paced(call: Call, rate: float, seconds: float) -> _Samples:
-    """Latencies of calls started ``rate`` times a second for ``seconds`` (open loop)."""
-    samples = _Samples()
+async def _paced(calls: dict[str, Call], rate: float, seconds: float) -> dict[str, _Samples]:
+    """Latencies of calls started ``rate`` times a second for ``seconds`` (open loop), the
+    paths taking turns call by call: both see the same load and the same neighbours."""
+    samples = {name: _Samples() for name in calls}
+    order = list(calls.items())
     tasks: list[asyncio.Task[None]] = []
 
-    async def one() -> None:
+    async def one(name: str, call: Call) -> None:
         sent = time.perf_counter()
         ok = await call()
         if ok:
-            samples.latencies_ms.append((time.perf_counter() - sent) * 1000.0)
+            samples[name].latencies_ms.append((time.perf_counter() - sent) * 1000.0)
         else:
-            samples.errors += 1
+            samples[name].errors += 1
 
     started = time.monotonic()
     for i in range(int(rate * seconds)):
         await asyncio.sleep(max(0.0, started + i / rate - time.monotonic()))
-        tasks.append(asyncio.create_task(one()))
+        name, call = order[i % len(order)]
+        tasks.append(asyncio.create_task(one(name, call)))
     await asyncio.gather(*tasks)
     return samples
 
@@ -235,18 +240,24 @@ async def _measure(
             direct, gateway = _direct_call(client, cfg), _gateway_call(pool, cfg)
             await _capacity(direct, 4, 2.0)  # warm-up of both paths
             await _capacity(gateway, 4, 2.0)
-            direct_rps = await _capacity(direct, cfg.concurrency, cfg.probe_s)
-            progress(f"direct capacity: {direct_rps:.0f} req/s")
-            gateway_rps = await _capacity(gateway, cfg.concurrency, cfg.probe_s)
-            progress(f"gateway capacity: {gateway_rps:.0f} req/s")
+            paths = {"direct": direct, "gateway": gateway}
+            capacities: dict[str, list[float]] = {"direct": [], "gateway": []}
+            for r in range(cfg.rounds):  # alternating, so drift on a shared host evens out
+                for name in ("direct", "gateway") if r % 2 == 0 else ("gateway", "direct"):
+                    capacities[name].append(
+                        await _capacity(paths[name], cfg.concurrency, cfg.probe_s)
+                    )
+                    progress(f"round {r + 1}, {name} capacity: {capacities[name][-1]:.0f} req/s")
+            direct_rps = statistics.median(capacities["direct"])
+            gateway_rps = statistics.median(capacities["gateway"])
             rate = max(1.0, cfg.load_fraction * direct_rps)
             rounds: dict[str, list[_Samples]] = {"direct": [], "gateway": []}
             for r in range(cfg.rounds):
-                for name, call in (("direct", direct), ("gateway", gateway)):
-                    samples = await _paced(call, rate, cfg.latency_s)
+                got = await _paced(paths, rate, cfg.latency_s)
+                for name, samples in got.items():
                     rounds[name].append(samples)
                     progress(
-                        f"round {r + 1}, {name} at {rate:.0f} req/s: p50 "
+                        f"round {r + 1}, {name} (half of {rate:.0f} req/s, interleaved): p50 "
                         f"{_pct(samples.latencies_ms, 50):.2f} ms, p99 "
                         f"{_pct(samples.latencies_ms, 99):.2f} ms, {samples.errors} errors"
                     )
@@ -278,6 +289,7 @@ async def _measure(
         "max_tokens": cfg.max_tokens,
         "concurrency": cfg.concurrency,
         "load_rps": round(rate, 1),
+        "rounds": cfg.rounds,
         "gateway_rps": g.capacity_rps,
         "direct_rps": d.capacity_rps,
         "gateway_over_direct": ratio,

@@ -75,8 +75,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     gateway.add_argument("--concurrency", type=int, default=16, help="closed-loop callers")
     gateway.add_argument("--probe-s", type=float, default=8.0, help="each capacity probe")
-    gateway.add_argument("--latency-s", type=float, default=12.0, help="each paced run")
-    gateway.add_argument("--rounds", type=int, default=2, help="interleaved latency rounds")
+    gateway.add_argument("--latency-s", type=float, default=12.0, help="each paced round")
+    gateway.add_argument("--rounds", type=int, default=3, help="rounds (medians)")
     gateway.add_argument(
         "--load-fraction", type=float, default=0.5, help="paced load, of the direct capacity"
     )
