@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
 
+from graylane.client import Result, Usage
 from graylane.kafka.seam import KafkaFactory
 from graylane.services.gateway.admission import GatewayLimits, KeyRing, Priority, parse_api_keys
 from graylane.services.gateway.catalog import ModelDirectory
@@ -139,3 +141,55 @@ async def test_an_unserved_model_is_404_in_each_protocol(http: httpx.AsyncClient
     assert tensors.status_code == 404 and "nope" in tensors.json()["error"]
     listed = await http.get("/v1/models", headers=AUTH)
     assert [m["id"] for m in listed.json()["data"]] == ["gpt"]
+
+
+async def test_headers_become_the_requests_routing_key_tags_priority_and_deadline(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    seen: dict[str, Any] = {}
+
+    async def infer(model: str, **kwargs: Any) -> Result:
+        seen.update(kwargs, model=model)
+        return Result(
+            request_id=kwargs["request_id"],
+            model=model,
+            version="1.1.0",
+            variant="int8",
+            ok=True,
+            error_code="",
+            error_message="",
+            text="hey",
+            finish_reason="EOS",
+            usage=Usage(4, 1),
+        )
+
+    gateway.client.infer = infer  # type: ignore[method-assign]
+    answer = await http.post(
+        "/v1/chat/completions",
+        json={**CHAT, "user": "from-body", "temperature": 0, "max_tokens": 3},
+        headers={
+            **AUTH,
+            "x-graylane-routing-key": "from-header",
+            "x-graylane-tag-team": "a",
+            "x-graylane-priority": "critical",
+            "x-graylane-timeout-ms": "2500",
+        },
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-graylane-version"] == "1.1.0"
+    assert answer.headers["x-graylane-variant"] == "int8"
+    body = answer.json()
+    assert body["choices"][0]["message"]["content"] == "hey"
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
+    assert seen["routing_key"] == "from-header"  # the header wins over the body's user
+    assert seen["tags"] == {"team": "a", "priority": "critical"}
+    assert seen["deadline_s"] == 2.5 and seen["timeout"] == 2.5
+    assert (seen["max_new_tokens"], seen["temperature"]) == (3, 0.0)
+    assert seen["stop"] == ["<|im_end|>"]
+    seen.clear()
+    await http.post(
+        "/v1/completions", json={"model": "gpt", "prompt": "x", "user": "u-7"}, headers=AUTH
+    )
+    assert seen["routing_key"] == "u-7" and seen["tags"] == {"priority": "standard"}
+    assert seen["deadline_s"] is None  # no deadline unless the caller gives one
