@@ -4,7 +4,9 @@ Through the registry, every file is checked against its manifest's sha256 (and t
 manifest against the registry's record) before anything is loaded: a tampered
 artifact is refused with an error naming the file. TensorRT engines are used only
 when this host has TensorRT and a GPU, and only the one built for this GPU's compute
-capability and TensorRT version; ONNX Runtime variants are portable.
+capability and TensorRT version; ONNX Runtime variants are portable. A model that
+carries its tokenizer (``tokenizer.json``, listed and verified with the artifact's
+files) is loaded with it (:attr:`LoadedVariants.tokenizer`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from graylane.artifacts.verify import verify_artifact
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.tensorrt import gpu_compute_capability, tensorrt_version
+from graylane.engine_worker.hf_tokenizer import HfTokenizer, find_tokenizer
 from graylane.errors import GraylaneError
 from graylane.registry import ArtifactInfo, open_registry
 from graylane.settings import Settings
@@ -89,6 +92,8 @@ class LoadedVariants:
     """The declared task and input vocabulary (from the manifests; ``None`` in older ones)."""
     profiles: tuple[ShapeProfile, ...] = ()
     """The build's shape profiles (every artifact of a version shares them)."""
+    tokenizer: HfTokenizer | None = None
+    """The model's own tokenizer, from an artifact's folder (``None``: it carries none)."""
 
 
 def model_file(folder: Path, manifest: Manifest) -> Path:
@@ -163,7 +168,15 @@ def load_from_registry(
     if fp32_path is None and onnx:
         _, folder, manifest = next(iter(onnx.values()))
         fp32_path = model_file(folder, manifest)
-    manifests = [m for _, _, m in onnx.values()] + [m for c in plans.values() for _, _, m in c]
-    info = next((m.model_info for m in manifests if m.model_info is not None), None)
-    profiles = next((m.profiles for m in manifests if m.profiles), ())
-    return LoadedVariants(ordered, fp32_path, skipped, model_info=info, profiles=profiles)
+    entries = [*onnx.values(), *(e for c in plans.values() for e in c)]
+    info = next((m.model_info for _, _, m in entries if m.model_info is not None), None)
+    profiles = next((m.profiles for _, _, m in entries if m.profiles), ())
+    folder = fp32_path.parent if fp32_path is not None else entries[0][1]
+    return LoadedVariants(
+        ordered,
+        fp32_path,
+        skipped,
+        model_info=info,
+        profiles=profiles,
+        tokenizer=find_tokenizer(folder, info),
+    )
