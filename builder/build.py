@@ -396,7 +396,7 @@ def _corrected_copy(
 
 def _tokenizer_file(spec: BuildSpec, info: ModelInfo) -> TokenizerFile:
     """What the manifests record of the spec's tokenizer, once it reads and fits the model."""
-    from graylane.engine_worker.hf_tokenizer import HfTokenizer, TokenizerLoadError
+    from graylane.models.hf_tokenizer import HfTokenizer, TokenizerLoadError
 
     assert spec.tokenizer is not None
     path = spec.tokenizer.path

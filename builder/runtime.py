@@ -12,12 +12,14 @@ from pathlib import Path
 
 import numpy as np
 
+from graylane.engine.derived_inputs import derived_feeds, derived_input_names
 from graylane.engine.errors import EngineError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine.signature import IOSignature
-from graylane.engine_worker.tasks import ATTENTION_MASK, INPUT_IDS, derived_feeds, token_layout
+from graylane.engine.signature import DECODER_INPUTS, IOSignature
 
 __all__ = ["OrtRunner", "VariantLoadError", "complete_feeds", "derived_inputs", "open_runner"]
+
+_IDS, _MASK = DECODER_INPUTS
 
 VariantLoadError = EngineError
 """ONNX Runtime cannot load or run a variant on this machine (any engine error)."""
@@ -42,10 +44,9 @@ def derived_inputs(io: IOSignature) -> tuple[str, ...]:
     """Inputs of a token model that samples never carry: the worker derives them.
 
     ``position_ids`` (from the mask) and, for a decoder with past inputs, the past and
-    ``use_cache_branch`` (:func:`~graylane.engine_worker.tasks.token_layout`).
+    ``use_cache_branch`` (:mod:`graylane.engine.derived_inputs`).
     """
-    layout = token_layout(io)
-    return () if layout is None else layout.derived
+    return derived_input_names(io)
 
 
 def complete_feeds(io: IOSignature, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -57,10 +58,10 @@ def complete_feeds(io: IOSignature, feeds: Mapping[str, np.ndarray]) -> dict[str
     fit it and see what a worker's forward pass sees.
     """
     full = dict(feeds)
-    ids = full.get(INPUT_IDS)
+    ids = full.get(_IDS)
     if ids is None or not derived_inputs(io):
         return full
-    mask = full.get(ATTENTION_MASK)
+    mask = full.get(_MASK)
     if mask is None:
         mask = np.ones(np.shape(ids), dtype=np.int64)
     for name, value in derived_feeds(io, np.asarray(mask)).items():

@@ -220,7 +220,7 @@ def _tokenized_text(
     rng: np.random.Generator, samples: int, seq_len: int, tokenizer: Path
 ) -> dict[str, np.ndarray]:
     """Rows of the corpus encoded with ``tokenizer``, right-padded (id 0, mask 0)."""
-    from graylane.engine_worker.hf_tokenizer import HfTokenizer
+    from graylane.models.hf_tokenizer import HfTokenizer
 
     encoder = HfTokenizer(tokenizer)
     encoded = [encoder.encode(s + " ") for s in _SENTENCES]

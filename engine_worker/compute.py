@@ -34,6 +34,7 @@ import numpy as np
 
 from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.model_info import ModelInfo
+from graylane.engine.derived_inputs import derived_feeds
 from graylane.engine.errors import EngineError, EngineRunError, InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature, TensorSpec
@@ -44,7 +45,6 @@ from graylane.engine_worker.tasks import (
     ATTENTION_MASK,
     INPUT_IDS,
     GenerationResult,
-    derived_feeds,
     run_forward,
     run_generate,
     token_layout,

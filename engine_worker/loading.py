@@ -27,8 +27,8 @@ from graylane.artifacts.verify import verify_artifact
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.tensorrt import gpu_compute_capability, tensorrt_version
-from graylane.engine_worker.hf_tokenizer import HfTokenizer, find_tokenizer
 from graylane.errors import GraylaneError
+from graylane.models.hf_tokenizer import HfTokenizer, find_tokenizer
 from graylane.registry import ArtifactInfo, open_registry
 from graylane.settings import Settings
 

@@ -12,7 +12,7 @@ I/O or engine here.
 
 Text in and out of a token model goes through a :class:`Tokenizer` only where the
 model says how: given in the worker's config (the model's own ``tokenizer.json``,
-:mod:`~graylane.engine_worker.hf_tokenizer`, found with its artifact), or recognised
+:mod:`~graylane.models.hf_tokenizer`, found with its artifact), or recognised
 from the model's own metadata (the demo GPT records itself in ``metadata_props``).
 Without one, results carry token ids only, and a ``prompt`` falls back to the request
 contract's byte-level ids (``graylane.v1.InferenceRequest.prompt``). A tokenizer that

@@ -30,6 +30,12 @@ from enum import Enum
 
 import numpy as np
 
+from graylane.engine.derived_inputs import (
+    POSITION_IDS,
+    USE_CACHE_BRANCH,
+    derived_feeds,
+    positions_from_mask,
+)
 from graylane.engine.errors import InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature
@@ -58,11 +64,9 @@ __all__ = [
     "SchedulerError",
     "SchedulerLimits",
     "TokenLayout",
-    "derived_feeds",
     "generate_with_cache",
     "generation_layout",
     "kv_cache_layout",
-    "positions_from_mask",
     "request_inputs",
     "run_forward",
     "run_generate",
@@ -144,23 +148,6 @@ def _positions_input(io: IOSignature) -> bool:
     """Whether ``position_ids``, if the model takes it, is an integer [batch, seq] input."""
     spec = io.find_input(POSITION_IDS)
     return spec is None or (spec.rank == 2 and spec.dtype.kind in "iu")
-
-
-def derived_feeds(io: IOSignature, mask: np.ndarray) -> dict[str, np.ndarray]:
-    """What a forward pass over ``mask`` [rows, seq] feeds besides ids and mask.
-
-    ``position_ids`` counted along the mask, and for a decoder with past inputs an
-    empty past (and ``use_cache_branch`` false): the inputs of
-    :attr:`TokenLayout.derived`, filled as the worker fills them.
-    """
-    feeds: dict[str, np.ndarray] = {}
-    positions = io.find_input(POSITION_IDS)
-    if positions is not None:
-        feeds[POSITION_IDS] = positions_from_mask(mask, int(mask.shape[1]), positions.dtype)
-    cache = kv_cache_layout(io)
-    if cache is not None:
-        feeds.update(cache.empty_past(int(mask.shape[0])))
-    return feeds
 
 
 def request_inputs(io: IOSignature) -> IOSignature:
@@ -609,10 +596,6 @@ def should_compact(width: int, lengths: Sequence[int], *, min_waste: int = 16) -
 # the cache is right-padded and may have holes (prompt padding, columns added while
 # a row waited), which the attention mask hides; positions follow the mask.
 
-POSITION_IDS = "position_ids"
-USE_CACHE_BRANCH = "use_cache_branch"
-"""The bool [1] input of a merged decoder (Optimum's ``decoder_model_merged``): false runs
-its first-pass graph (the past inputs are ignored), true the one that reads the past."""
 _PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)")
 _KINDS = ("key", "value")
 
@@ -638,24 +621,6 @@ class KvCacheLayout:
     @property
     def present_names(self) -> tuple[str, ...]:
         return tuple(f"present.{i}.{k}" for i in range(self.n_layers) for k in _KINDS)
-
-    def empty_past(self, rows: int) -> dict[str, np.ndarray]:
-        """Past inputs of length 0 for ``rows`` rows (and ``use_cache_branch`` false)."""
-        empty = np.zeros((rows, self.n_heads, 0, self.head_dim), self.cache_dtype)
-        feeds = dict.fromkeys(self.past_names, empty)
-        if self.cache_branch:
-            feeds[USE_CACHE_BRANCH] = np.array([False])
-        return feeds
-
-
-def positions_from_mask(mask: np.ndarray, width: int, dtype: np.dtype[np.generic]) -> np.ndarray:
-    """``position_ids`` of the last ``width`` columns: the real tokens before each (from 0).
-
-    Rows may be right-padded and hold holes; a column the mask hides gets its
-    neighbour's position (never read), and never a negative one.
-    """
-    positions = np.cumsum(mask, axis=1, dtype=np.int64)[:, -width:] - 1
-    return np.maximum(positions, 0).astype(dtype)
 
 
 def kv_cache_layout(io: IOSignature) -> KvCacheLayout | None:

@@ -153,10 +153,10 @@ def _worker(args: argparse.Namespace) -> int:
     from graylane.engine.protocol import InferenceEngine
     from graylane.engine_worker.compute import profile_max_batch
     from graylane.engine_worker.faults import FaultInjection
-    from graylane.engine_worker.hf_tokenizer import HfTokenizer, tokenizer_beside
     from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len, onnx_model_info
     from graylane.engine_worker.service import Worker, WorkerConfig
     from graylane.kafka.seam import KafkaFactory
+    from graylane.models.hf_tokenizer import HfTokenizer, tokenizer_beside
 
     settings = Settings.from_env()
     setup_service_logging("worker", settings, args, model=args.model, version=args.version)

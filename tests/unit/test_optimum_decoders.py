@@ -21,7 +21,6 @@ from graylane.artifacts.decoder_axes import MASK_AXIS, correct_mask_axis, mask_a
 from graylane.artifacts.model_info import ModelTask, eos_from_hf_configs, read_model_info
 from graylane.engine.errors import BadShape
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.hf_tokenizer import HfTokenizer, tokenizer_beside
 from graylane.engine_worker.postprocess import TOKEN_IDS, PostProcess
 from graylane.engine_worker.requests import (
     Limits,
@@ -41,6 +40,7 @@ from graylane.engine_worker.tasks import (
     run_forward,
     token_layout,
 )
+from graylane.models.hf_tokenizer import HfTokenizer, tokenizer_beside
 from graylane.v1 import inference_pb2
 from tests.support.llm_fixtures import ARCHES, Fixture, fixture
 
