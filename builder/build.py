@@ -39,6 +39,7 @@ from graylane.artifacts.model_info import (
     eos_from_hf_configs,
     io_signature,
     load_header,
+    max_positions_from_hf_config,
     metadata_int,
     read_model_info,
 )
@@ -357,9 +358,15 @@ def read_source(spec: BuildSpec, store: ArtifactStore) -> SourceModel:
         header = load_header(source)
         notes.append(note)
     signature = io_signature(header)
-    max_seq_len = metadata_int(header, "max_seq_len")
+    # A transformers export declares its positions in the config.json beside it.
+    max_seq_len = metadata_int(header, "max_seq_len") or max_positions_from_hf_config(
+        _spec_source_folder(spec, source)
+    )
     pad_id = metadata_int(header, "pad_id") or 0
-    info = read_model_info(header, task=spec.task, vocab_size=spec.vocab_size)
+    info = replace(
+        read_model_info(header, task=spec.task, vocab_size=spec.vocab_size),
+        max_seq_len=max_seq_len,
+    )
     tokenizer = None
     if spec.tokenizer is not None:
         tokenizer = spec.tokenizer.path
@@ -375,6 +382,11 @@ def read_source(spec: BuildSpec, store: ArtifactStore) -> SourceModel:
         tokenizer=tokenizer,
         notes=tuple(notes),
     )
+
+
+def _spec_source_folder(spec: BuildSpec, resolved: Path) -> Path:
+    """The folder of the source file the spec names (a corrected copy lives elsewhere)."""
+    return spec.source.path.parent if isinstance(spec.source, FileSource) else resolved.parent
 
 
 def _corrected_copy(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import onnx
@@ -21,7 +21,11 @@ import onnx
 from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
 from graylane.artifacts.manifest import Manifest
-from graylane.artifacts.model_info import ModelInfo, read_model_info
+from graylane.artifacts.model_info import (
+    ModelInfo,
+    max_positions_from_hf_config,
+    read_model_info,
+)
 from graylane.artifacts.naming import Backend
 from graylane.artifacts.verify import verify_artifact
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
@@ -71,8 +75,10 @@ def onnx_max_seq_len(path: Path) -> int | None:
 
 
 def onnx_model_info(path: Path) -> ModelInfo:
-    """Task and input vocabulary an ONNX file declares in its metadata (or its embedding)."""
-    return read_model_info(onnx.load(str(path), load_external_data=False))
+    """Task and input vocabulary an ONNX file declares in its metadata (or its embedding),
+    and the positions of a transformers export (its ``config.json``)."""
+    info = read_model_info(onnx.load(str(path), load_external_data=False))
+    return replace(info, max_seq_len=max_positions_from_hf_config(path.parent))
 
 
 _MODEL_SUFFIXES = (".onnx", ".plan", ".engine")

@@ -193,7 +193,12 @@ def _worker(args: argparse.Namespace) -> int:
         info, profiles = onnx_model_info(first_path), ()
         tokenizer = tokenizer_beside(first_path)  # an export folder's tokenizer.json
     active = args.active or next(iter(engines))
-    max_seq = args.max_seq_len or (onnx_max_seq_len(first_path) if first_path else None) or 256
+    max_seq = (
+        args.max_seq_len
+        or (info.max_seq_len if info is not None else None)
+        or (onnx_max_seq_len(first_path) if first_path else None)
+        or 256
+    )
     config = WorkerConfig(
         model=args.model,
         version=args.version,

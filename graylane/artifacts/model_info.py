@@ -35,6 +35,7 @@ __all__ = [
     "eos_from_hf_configs",
     "io_signature",
     "load_header",
+    "max_positions_from_hf_config",
     "metadata_int",
     "read_model_info",
     "source_quantization",
@@ -110,6 +111,8 @@ class ModelInfo:
     quantization: SourceQuantization = SourceQuantization.NONE
     tokenizer: TokenizerFile | None = None
     """Text in and out of the model (``None``: token ids only, or the demo's own bytes)."""
+    max_seq_len: int | None = None
+    """Positions the model has (prompt plus generated tokens); ``None``: not declared."""
 
     @property
     def generates(self) -> bool:
@@ -124,6 +127,8 @@ class ModelInfo:
         }
         if self.tokenizer is not None:
             raw["tokenizer"] = self.tokenizer.to_dict()
+        if self.max_seq_len is not None:
+            raw["max_seq_len"] = self.max_seq_len
         return raw
 
     @classmethod
@@ -136,6 +141,7 @@ class ModelInfo:
             token_input=raw.get("token_input"),
             quantization=SourceQuantization(raw.get("quantization", "none")),
             tokenizer=None if tokenizer is None else TokenizerFile.from_dict(tokenizer),
+            max_seq_len=None if raw.get("max_seq_len") is None else int(raw["max_seq_len"]),
         )
 
 
@@ -161,6 +167,22 @@ def eos_from_hf_configs(folder: Path, tokenizer: Path | None = None) -> int | No
             if isinstance(entry, Mapping) and entry.get("content") == token:
                 found = entry.get("id")
                 return found if isinstance(found, int) else None
+    return None
+
+
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx")
+
+
+def max_positions_from_hf_config(folder: Path) -> int | None:
+    """The positions a transformers model has, from the ``config.json`` in ``folder``.
+
+    ``max_position_embeddings`` (Llama and most), ``n_positions`` / ``n_ctx`` (GPT-2).
+    """
+    config = _json_file(folder / "config.json")
+    for key in _POSITION_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
     return None
 
 

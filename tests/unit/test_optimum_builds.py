@@ -93,6 +93,7 @@ def test_every_artifact_carries_the_tokenizer_its_manifest_records(merged: Build
     assert manifest.model_info is not None and manifest.model_info.tokenizer is not None
     recorded = manifest.model_info.tokenizer
     assert (recorded.file, recorded.eos_token_id) == ("tokenizer.json", 0)
+    assert manifest.model_info.max_seq_len == 128  # n_positions of the config.json beside it
     assert recorded.sha256 == sha256_file(MERGED.tokenizer) == sha256_file(folder / recorded.file)
     assert "tokenizer.json" in {f.path for f in manifest.files}  # verified before loading
 

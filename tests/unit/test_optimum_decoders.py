@@ -18,9 +18,15 @@ import onnx
 import pytest
 
 from graylane.artifacts.decoder_axes import MASK_AXIS, correct_mask_axis, mask_axis_conflict
-from graylane.artifacts.model_info import ModelTask, eos_from_hf_configs, read_model_info
+from graylane.artifacts.model_info import (
+    ModelInfo,
+    ModelTask,
+    eos_from_hf_configs,
+    read_model_info,
+)
 from graylane.engine.errors import BadShape
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.loading import onnx_model_info
 from graylane.engine_worker.postprocess import TOKEN_IDS, PostProcess
 from graylane.engine_worker.requests import (
     Limits,
@@ -89,6 +95,10 @@ def test_a_cached_decoder_is_a_token_model_whose_derived_inputs_no_request_gives
 def test_an_export_with_a_cache_declares_itself_a_causal_lm(fx: Fixture) -> None:
     info = read_model_info(onnx.load(str(fx.model), load_external_data=False))
     assert info.task is ModelTask.CAUSAL_LM and info.vocab_size == 512
+    # Its positions come from the transformers config beside it (n_positions or
+    # max_position_embeddings): the worker never runs a sequence past them.
+    assert onnx_model_info(fx.model).max_seq_len == 128
+    assert ModelInfo.from_dict(onnx_model_info(fx.model).to_dict()).max_seq_len == 128
 
 
 # --- generation and forward passes ---------------------------------------------------------
