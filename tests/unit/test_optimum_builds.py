@@ -19,7 +19,7 @@ from graylane.artifacts.manifest import read_manifest
 from graylane.artifacts.naming import Backend, Precision
 from graylane.artifacts.verify import sha256_file
 from graylane.builder.build import BuildError, BuildReport, VariantReport, run_build
-from graylane.builder.spec import SpecError, TokenizerSpec, parse_spec
+from graylane.builder.spec import FileSource, SpecError, TokenizerSpec, load_spec, parse_spec
 from graylane.builder.variants import VariantStatus
 from tests.support.llm_fixtures import fixture
 
@@ -64,6 +64,13 @@ def test_the_spec_names_the_tokenizer_and_text_samples_need_it(tmp_path: Path) -
         parse_spec({**base, "tokenizer": "manifest.json"}, tmp_path)
     with pytest.raises(SpecError, match="'text' encodes with the model's tokenizer"):
         parse_spec({**base, "validation": {"generator": "text", "samples": 4}}, tmp_path)
+
+
+def test_the_example_spec_names_the_gpt2_fixture_and_its_tokenizer() -> None:
+    spec = load_spec(Path(__file__).resolve().parents[2] / "builder/examples/optimum-gpt2.yaml")
+    gpt2 = fixture("gpt2")
+    assert isinstance(spec.source, FileSource) and spec.source.path == gpt2.model
+    assert spec.tokenizer == TokenizerSpec(gpt2.tokenizer)
 
 
 def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tmp_path: Path) -> None:
