@@ -20,6 +20,7 @@ import onnx
 
 from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
+from graylane.artifacts.decoder_axes import correct_mask_axis, mask_axis_conflict
 from graylane.artifacts.manifest import Manifest
 from graylane.artifacts.model_info import (
     ModelInfo,
@@ -55,13 +56,30 @@ MAX_SEQ_KEYS = ("graylane.demo.max_seq_len", "max_seq_len", "graylane.max_seq_le
 def load_from_paths(
     paths: Mapping[str, Path], *, model: str, intra_op_threads: int | None = None
 ) -> dict[str, InferenceEngine]:
-    """One ONNX Runtime engine per named variant file."""
+    """One ONNX Runtime engine per named variant file.
+
+    A merged decoder whose mask is declared as wide as its ids (an unbuilt export) is
+    loaded with the axis corrected, as a build would publish it
+    (:mod:`graylane.artifacts.decoder_axes`).
+    """
     return {
-        variant: OnnxRuntimeEngine.load(
-            path, variant, name=model, intra_op_threads=intra_op_threads
-        )
+        variant: _load_onnx(path, variant, model, intra_op_threads)
         for variant, path in paths.items()
     }
+
+
+def _load_onnx(
+    path: Path, variant: str, model: str, intra_op_threads: int | None
+) -> OnnxRuntimeEngine:
+    if mask_axis_conflict(onnx.load(str(path), load_external_data=False)) is None:
+        return OnnxRuntimeEngine.load(path, variant, name=model, intra_op_threads=intra_op_threads)
+    graph = onnx.load(str(path))
+    correction = correct_mask_axis(graph)
+    if correction is not None:
+        log.info("%s: %s", path, correction.note())
+    return OnnxRuntimeEngine.load(
+        graph.SerializeToString(), variant, name=model, intra_op_threads=intra_op_threads
+    )
 
 
 def onnx_max_seq_len(path: Path) -> int | None:

@@ -26,7 +26,7 @@ from graylane.artifacts.model_info import (
 )
 from graylane.engine.errors import BadShape
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.loading import onnx_model_info
+from graylane.engine_worker.loading import load_from_paths, onnx_model_info
 from graylane.engine_worker.postprocess import TOKEN_IDS, PostProcess
 from graylane.engine_worker.requests import (
     Limits,
@@ -164,6 +164,14 @@ def test_a_merged_decoder_declares_its_mask_as_wide_as_its_ids() -> None:
     assert correction is not None and correction.after == MASK_AXIS
     assert mask_axis_conflict(model) is None
     assert correct_mask_axis(onnx.load(str(fixture("gpt2").model))) is None
+
+
+def test_an_unbuilt_merged_export_is_loaded_with_its_mask_axis_corrected() -> None:
+    """``graylane worker --variant fp32=EXPORT/model.onnx`` serves it as a build would."""
+    fx = fixture("gpt2-merged")
+    engine = load_from_paths({"fp32": fx.model}, model="merged")["fp32"]
+    (result,) = generate_with_cache(engine, [fx.prompts[2].ids], 16, fx.eos_token_id, 128)
+    assert result.tokens == fx.prompts[2].generated
 
 
 # --- the tokenizer ------------------------------------------------------------------------
