@@ -373,9 +373,9 @@ def partitions_of(records: Iterable[Record]) -> set[TopicPartition]:
 # -- the guard -----------------------------------------------------------------------
 
 FaultCallback = Callable[[Fault, BaseException], None]
-Drain = Callable[[set[TopicPartition], float], Awaitable[bool]]
+Drain = Callable[[set[TopicPartition], float], Awaitable[None]]
 """Settle and commit what is in flight on revoked partitions, waiting at most the seconds
-given; whether anything was in flight on them."""
+given (calling :meth:`BatchGuard.count_revocation` if anything is)."""
 
 
 class RevokeListener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -436,6 +436,7 @@ class BatchGuard:
         self._idle.set()
         self.revocations = 0
         """Rebalances that found a batch in flight on a revoked partition."""
+        self._counted = False
         self._on_fault: list[FaultCallback] = []
         self._slots: list[InstanceSlot] = []
         self._drain: Drain | None = None
@@ -515,13 +516,18 @@ class BatchGuard:
 
     async def revoked(self, revoked: set[TopicPartition]) -> None:
         started = asyncio.get_running_loop().time()
-        busy = bool(self._busy & revoked)
-        if busy:
+        self._counted = bool(self._busy & revoked)
+        if self._counted:
             await self._batch_done(revoked)
         if self._drain is not None:
             spent = asyncio.get_running_loop().time() - started
-            if await self._drain(revoked, max(0.0, self.revoke_wait_s - spent)) and not busy:
-                self.revocations += 1
+            await self._drain(revoked, max(0.0, self.revoke_wait_s - spent))
+
+    def count_revocation(self) -> None:
+        """Count the rebalance under way as one that found something in flight (once)."""
+        if not self._counted:
+            self._counted = True
+            self.revocations += 1
 
     async def _batch_done(self, revoked: set[TopicPartition]) -> None:
         self.revocations += 1
@@ -1421,16 +1427,17 @@ class ConsumeLoop:
             )
         await self._commit_quietly(consumer, "draining")
 
-    async def _drain_revoked(self, revoked: set[TopicPartition], wait_s: float) -> bool:
-        """Before ``revoked`` go: settle and commit what is in flight on them (the
-        rebalance listener); then forget them. Whether any cycle was on them."""
+    async def _drain_revoked(self, revoked: set[TopicPartition], wait_s: float) -> None:
+        """Before ``revoked`` go (the rebalance listener): wait for the cycles in flight
+        on them, and the ones before, then commit the settled prefix."""
         cycles, consumer = self._book, self._consumer
         keys = cycles.keys
         touching = [k for k in keys if cycles.partitions(k) & revoked]
         if consumer is None or not touching:
             if consumer is not None:
                 await self._commit_quietly(consumer, "a rebalance")
-            return False
+            return
+        self.guard.count_revocation()
         upto = keys[: keys.index(touching[-1]) + 1]  # the prefix must settle up to them
         log.info(
             "%s: rebalance with %d cycle(s) in flight on %d revoked partition(s); "
@@ -1447,7 +1454,6 @@ class ConsumeLoop:
                 self.service,
             )
         await self._commit_quietly(consumer, "a rebalance")
-        return True
 
     async def _commit_quietly(self, consumer: BatchConsumer, during: str) -> None:
         """Commit the settled prefix; a refusal is counted, not raised (no backoff here)."""
