@@ -1269,9 +1269,7 @@ class ConsumeLoop:
     def _landed(self, flight: _Flight, task: asyncio.Future[BaseException | None]) -> None:
         """A cycle's sends are settled (a done callback: bookkeeping only)."""
         self._loose.discard(task)
-        if task.cancelled():
-            return
-        error = task.result()
+        error = asyncio.CancelledError() if task.cancelled() else task.result()
         if error is None:
             self._book.settle(flight.key)
         else:
