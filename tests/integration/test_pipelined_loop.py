@@ -6,7 +6,8 @@ whose send is unacknowledged (checked at every commit the loop makes, and on the
 broker while the send is held), a restart reads again exactly what was not
 acknowledged, a send failing retriably is read again without losing the records
 after it, and a member joining the group waits for the in-flight cycles to be
-acknowledged and committed before the partitions change hands.
+acknowledged and committed before the partitions change hands (or, once
+``revoke_wait_s`` is spent, leaves them to be read again from the last commit).
 """
 
 from __future__ import annotations
@@ -295,3 +296,44 @@ async def test_a_member_joining_waits_for_the_cycles_in_flight_to_be_committed(
 
             await wait_until(joiner_read_the_new_record, timeout=60, what="the new record")
     assert joining.handled[0] == (given.partition, 3)  # nothing the first had acknowledged
+
+
+async def test_a_drain_that_runs_out_of_time_leaves_the_unacknowledged_to_be_read_again(
+    factory: KafkaFactory,
+) -> None:
+    topic = await topic_of(factory)
+    group = f"{factory.settings.topic_prefix}-pipelined-timeout"
+    tps = [TopicPartition(topic, p) for p in (0, 1)]
+    for tp in tps:
+        await produce(factory, topic, 3, partition=tp.partition)
+    held = Acks(held=set(range(3)))  # not acknowledged before the drain gives up
+    first = pipelined(factory, topic, group, max_in_flight=8, max_records=2, revoke_wait_s=0.5)
+    joining = Acks(acked=held.acked)
+    second = pipelined(factory, topic, group, max_in_flight=4)
+    async with admin_of(factory) as admin, running(first, held):
+        await wait_until(lambda: len(held.handled) == 6, timeout=60, what="all six handled")
+        async with running(second, joining):
+
+            def one_each() -> bool:
+                return len(assignment(first)) == 1 == len(assignment(second))
+
+            await wait_until(one_each, timeout=60, what="one partition each")
+            [kept], [given] = assignment(first), assignment(second)
+
+            def read_again() -> bool:
+                again = held.handled[6:]
+                return sorted(again) == [(kept.partition, o) for o in range(3)] and all(
+                    (given.partition, o) in joining.handled for o in range(3)
+                )
+
+            await wait_until(read_again, timeout=60, what="both read from the last commit")
+            assert first.guard.revocations == 1
+            assert await group_offset(admin, group, kept) is None  # nothing acknowledged
+            held.held.clear()
+
+            async def all_committed() -> bool:
+                return [await group_offset(admin, group, tp) for tp in tps] == [3, 3]
+
+            await wait_until(all_committed, timeout=60, what="everything committed")
+            await wait_until(lambda: first.in_flight == 0, timeout=60, what="nothing in flight")
+    assert not any(given in offsets for offsets in held.commits)  # it went to the joiner
