@@ -1,11 +1,13 @@
 """``graylane bench llm``: streamed generation through Kafka against the engine driven directly.
 
 For a decoder with a KV cache (the demo GPT, or an ONNX decoder of one's own), at
-several concurrencies up to the worker's decode capacity (its ``--max-sequences``):
+several client concurrencies against the worker's decode capacity (its
+``--max-sequences``: 1, half of it, all of it, twice it):
 
 - **engine direct** (the ceiling): the same engine in a
-  :class:`~graylane.engine_worker.tasks.KvDecodeLoop` holding that many sequences, a new
-  prompt joining as one finishes; output tokens/s; and the prefill time of one prompt;
+  :class:`~graylane.engine_worker.tasks.KvDecodeLoop` holding that many sequences (at most
+  the worker's rows), a new prompt joining as one finishes; output tokens/s; and the
+  prefill time of one prompt;
 - **through Kafka**: a router and a worker (processes) on the local broker, that many
   clients each streaming one generation after another (``stream=True``; output lengths
   spread around ``new_tokens``, clients starting spread over one request's time): time to first
@@ -179,7 +181,9 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 
 def _levels(capacity: int) -> list[int]:
-    return sorted({1, max(1, capacity // 2), capacity})
+    """Client concurrencies: 1, half the decode rows, all of them, and twice as many (the
+    worker's rows stay full: a request waits there, not in a round trip, for a free row)."""
+    return sorted({1, max(1, capacity // 2), capacity, 2 * capacity})
 
 
 async def _wait_ready(client: GraylaneClient, vocab: int) -> None:
@@ -252,8 +256,9 @@ async def _through_kafka(
             for concurrency in _levels(cfg.max_sequences):
                 work = _work(concurrency * cfg.requests_per_client, cfg, vocab)
                 started = time.perf_counter()
+                rows = min(concurrency, cfg.max_sequences)  # the engine at the worker's rows
                 ceiling = engine_tokens_per_s(
-                    engine, [p for p, _ in work], [n for _, n in work], concurrency, max_seq_len
+                    engine, [p for p, _ in work], [n for _, n in work], rows, max_seq_len
                 )
                 one_request_s = (time.perf_counter() - started) / cfg.requests_per_client
                 samples, spent, n = await _kafka_level(
