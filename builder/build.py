@@ -25,6 +25,7 @@ import onnxruntime
 from polygraphy.comparator import RunResults
 
 from graylane.artifacts.build_info import PartialQuantization
+from graylane.artifacts.decoder_axes import correct_mask_axis, mask_axis_conflict
 from graylane.artifacts.manifest import (
     CalibrationInfo,
     Manifest,
@@ -34,8 +35,11 @@ from graylane.artifacts.manifest import (
 )
 from graylane.artifacts.model_info import (
     ModelInfo,
+    TokenizerFile,
+    eos_from_hf_configs,
     io_signature,
     load_header,
+    max_positions_from_hf_config,
     metadata_int,
     read_model_info,
 )
@@ -48,6 +52,7 @@ from graylane.builder.plan import (
     default_validation,
     plan_variants,
     with_declared_vocab,
+    with_tokenizer,
 )
 from graylane.builder.polygraphy_check import outputs_of, run_model, validate_with_polygraphy
 from graylane.builder.progress import NullProgress, ProgressSink
@@ -186,12 +191,14 @@ def _load_source(
     info = source.info
     plan = plan_variants(spec.precisions, info.quantization)
     names = _names(spec, plan, artifacts)
-    notes = [f"skipped {p.value}: {why}" for p, why in plan.skipped.items()]
+    notes = [*source.notes, *(f"skipped {p.value}: {why}" for p, why in plan.skipped.items())]
     progress.done(
         f"source {source.path.name} sha256 {source.sha256[:12]}… "
         f"({len(source.signature.inputs)} inputs, "
         f"task {info.task.value}, vocabulary {info.vocab_size or '-'}, "
-        f"quantization {info.quantization.value})"
+        f"quantization {info.quantization.value}"
+        + (f", tokenizer {info.tokenizer.file}" if info.tokenizer else "")
+        + ")"
     )
     return source, plan, names, notes
 
@@ -210,7 +217,9 @@ def _prepare_samples(
     forced_note = ""
     if spec.calibration is not None and Precision.INT8 in plan.produce and not plan.copy_source:
         calibration = load_samples(
-            with_declared_vocab(spec.calibration, info), signature, max_seq_len
+            with_tokenizer(with_declared_vocab(spec.calibration, info), source.tokenizer),
+            signature,
+            max_seq_len,
         )
         forced_note = check_calibration_size(
             calibration.count, spec.calibration_min_samples, spec.force
@@ -222,7 +231,11 @@ def _prepare_samples(
             f"no validation section: {validation_spec.samples} random samples "
             "within the declared vocabulary / profile shapes"
         )
-    validation = load_samples(with_declared_vocab(validation_spec, info), signature, max_seq_len)
+    validation = load_samples(
+        with_tokenizer(with_declared_vocab(validation_spec, info), source.tokenizer),
+        signature,
+        max_seq_len,
+    )
     progress.done(
         f"samples: calibration {calibration.count if calibration else 0}, "
         f"validation {validation.count}" + forced_note,
@@ -297,6 +310,10 @@ class SourceModel:
     pad_id: int
     external: bool
     """Its weights are (or must be) stored as external data."""
+    tokenizer: Path | None = None
+    """The ``tokenizer.json`` every artifact carries (``info.tokenizer`` records it)."""
+    notes: tuple[str, ...] = ()
+    """What reading the source changed (a corrected axis declaration)."""
 
 
 def resolve_source(spec: BuildSpec, store: ArtifactStore) -> Path:
@@ -323,17 +340,37 @@ def resolve_source(spec: BuildSpec, store: ArtifactStore) -> Path:
 
 
 def read_source(spec: BuildSpec, store: ArtifactStore) -> SourceModel:
-    """Resolve the source, hash it and read its signature, model info and metadata."""
+    """Resolve the source, hash it and read its signature, model info and metadata.
+
+    A merged decoder whose mask is declared as wide as ``input_ids``
+    (:mod:`graylane.artifacts.decoder_axes`) is built from a copy with the mask's
+    axis corrected; the version keeps the digest of the file the spec names.
+    """
     source = resolve_source(spec, store)
     header = load_header(source)
-    signature = io_signature(header)
     source_sha = sha256_file(source)
-    max_seq_len = metadata_int(header, "max_seq_len")
-    pad_id = metadata_int(header, "pad_id") or 0
     external = source.stat().st_size > EXTERNAL_DATA_THRESHOLD or any(
         init.data_location == 1 for init in header.graph.initializer
     )
-    info = read_model_info(header, task=spec.task, vocab_size=spec.vocab_size)
+    notes: list[str] = []
+    if mask_axis_conflict(header) is not None:
+        source, note = _corrected_copy(source, source_sha, store, external)
+        header = load_header(source)
+        notes.append(note)
+    signature = io_signature(header)
+    # A transformers export declares its positions in the config.json beside it.
+    max_seq_len = metadata_int(header, "max_seq_len") or max_positions_from_hf_config(
+        _spec_source_folder(spec, source)
+    )
+    pad_id = metadata_int(header, "pad_id") or 0
+    info = replace(
+        read_model_info(header, task=spec.task, vocab_size=spec.vocab_size),
+        max_seq_len=max_seq_len,
+    )
+    tokenizer = None
+    if spec.tokenizer is not None:
+        tokenizer = spec.tokenizer.path
+        info = replace(info, tokenizer=_tokenizer_file(spec, info))
     return SourceModel(
         path=source,
         sha256=source_sha,
@@ -342,7 +379,53 @@ def read_source(spec: BuildSpec, store: ArtifactStore) -> SourceModel:
         max_seq_len=max_seq_len,
         pad_id=pad_id,
         external=external,
+        tokenizer=tokenizer,
+        notes=tuple(notes),
     )
+
+
+def _spec_source_folder(spec: BuildSpec, resolved: Path) -> Path:
+    """The folder of the source file the spec names (a corrected copy lives elsewhere)."""
+    return spec.source.path.parent if isinstance(spec.source, FileSource) else resolved.parent
+
+
+def _corrected_copy(
+    source: Path, source_sha: str, store: ArtifactStore, external: bool
+) -> tuple[Path, str]:
+    """The source with its mask axis corrected, in the store's source cache; (path, note)."""
+    import onnx
+
+    model = onnx.load(str(source))
+    correction = correct_mask_axis(model)
+    assert correction is not None
+    target = store.cache_dir(CacheKind.SOURCES) / f"{source.stem}-{source_sha[:16]}-axes.onnx"
+    if not target.is_file():
+        partial = target.with_suffix(".partial")
+        onnx.save(model, str(partial), save_as_external_data=external)
+        partial.replace(target)
+    return target, correction.note()
+
+
+def _tokenizer_file(spec: BuildSpec, info: ModelInfo) -> TokenizerFile:
+    """What the manifests record of the spec's tokenizer, once it reads and fits the model."""
+    from graylane.models.hf_tokenizer import HfTokenizer, TokenizerLoadError
+
+    assert spec.tokenizer is not None
+    path = spec.tokenizer.path
+    if not path.is_file():
+        raise BuildError(f"tokenizer {path} does not exist")
+    try:
+        vocab = HfTokenizer(path).vocab_size
+    except TokenizerLoadError as exc:
+        raise BuildError(str(exc)) from None
+    if info.vocab_size is not None and vocab > info.vocab_size:
+        raise BuildError(
+            f"tokenizer {path.name} has {vocab} tokens, the model takes {info.vocab_size}"
+        )
+    eos = spec.tokenizer.eos_token_id
+    if eos is None:
+        eos = eos_from_hf_configs(path.parent, tokenizer=path)
+    return TokenizerFile(file=path.name, sha256=sha256_file(path), eos_token_id=eos)
 
 
 # -- per-variant steps: produce, reference outputs, validate, refine ---------------------------
@@ -528,7 +611,9 @@ def publish_engine(
     spec: BuildSpec,
     result: ValidationResult | None,
     published: list[Path],
+    tokenizer: Path | None = None,
 ) -> VariantReport:
+    """Publish one TensorRT engine (with the build's tokenizer, if any) as its own artifact."""
     if engine.path is None or engine.target is None:
         return VariantReport(engine.precision, Backend.TENSORRT, engine.status, engine.reason)
     name = replace(
@@ -551,7 +636,7 @@ def publish_engine(
     try:
         folder = artifacts.publish(
             name,
-            [staged],
+            [staged, *([tokenizer] if tokenizer else [])],
             partial(with_files, base),
             compute_capability=engine.target.compute_capability,
             replace=spec.force,
@@ -638,7 +723,7 @@ def publish_variants(
         )
         folder = artifacts.publish(
             name,
-            outcome.files,
+            outcome.files + ((source.tokenizer,) if source.tokenizer else ()),
             partial(with_files, manifest_base),
             replace=spec.force,
         )
@@ -660,7 +745,9 @@ def publish_variants(
         )
         for engine in engines.get(precision, ()):
             reports.append(
-                publish_engine(engine, manifest_base, artifacts, spec, result, published)
+                publish_engine(
+                    engine, manifest_base, artifacts, spec, result, published, source.tokenizer
+                )
             )
     progress.done(f"published {len(published)} artifact(s) to {artifacts.root}")
     return reports, published

@@ -33,15 +33,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper
 from onnxruntime.quantization import CalibrationDataReader
 from onnxruntime.quantization import CalibrationMethod as OrtCalibrationMethod
 from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
 
 from graylane.artifacts.build_info import CalibrationMethod
-from graylane.builder.runtime import cache_inputs, empty_past
+from graylane.builder.runtime import complete_feeds
 from graylane.builder.samples import SampleSet
 from graylane.engine.onnxruntime import CPU
+from graylane.engine.signature import IOSignature
 from graylane.errors import GraylaneError
 
 __all__ = [
@@ -139,25 +139,11 @@ def calibration_key(
 class _Reader(CalibrationDataReader):  # type: ignore[misc]
     def __init__(self, samples: SampleSet, model_path: Path) -> None:
         self._batches: Iterator[Mapping[str, np.ndarray]] = iter(samples.batches)
-        graph = onnx.load(str(model_path), load_external_data=False).graph
-        self._cache = cache_inputs(
-            [
-                (
-                    i.name,
-                    [d.dim_value if d.HasField("dim_value") else d.dim_param for d in _dims(i)],
-                    np.dtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)).name,
-                )
-                for i in graph.input
-            ]
-        )
+        self._io = IOSignature.from_onnx(onnx.load(str(model_path), load_external_data=False))
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         batch = next(self._batches, None)
-        return None if batch is None else empty_past(batch, self._cache)
-
-
-def _dims(value: onnx.ValueInfoProto) -> list[onnx.TensorShapeProto.Dimension]:
-    return list(value.type.tensor_type.shape.dim)
+        return None if batch is None else complete_feeds(self._io, batch)
 
 
 def calibrate(

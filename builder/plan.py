@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.model_info import ModelInfo, SourceQuantization
@@ -23,6 +24,7 @@ __all__ = [
     "default_validation",
     "plan_variants",
     "with_declared_vocab",
+    "with_tokenizer",
 ]
 
 DEFAULT_VALIDATION_SAMPLES = 16
@@ -84,6 +86,14 @@ def default_validation(
     return with_declared_vocab(
         DataSpec(source=source, samples=DEFAULT_VALIDATION_SAMPLES, seed=0, batch_size=1), info
     )
+
+
+def with_tokenizer(data: DataSpec, tokenizer: Path | None) -> DataSpec:
+    """The ``text`` generator encodes with the build's tokenizer."""
+    source = data.source
+    if not isinstance(source, GeneratorData) or source.generator is not Generator.TEXT:
+        return data
+    return replace(data, source=replace(source, tokenizer=tokenizer))
 
 
 def with_declared_vocab(data: DataSpec, info: ModelInfo) -> DataSpec:

@@ -75,7 +75,7 @@ class EngineRunner(BaseRunner):  # type: ignore[misc]  # Polygraphy ships no typ
         runner = self._live()
         meta = TensorMetadata()
         for spec in runner.engine.io.inputs:
-            if spec.name in runner.cache_inputs:
+            if spec.name in runner.derived_inputs:
                 continue
             shape = [d if isinstance(d, int) else -1 for d in spec.shape]
             meta.add(spec.name, spec.dtype, shape)

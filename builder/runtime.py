@@ -6,16 +6,20 @@ through exactly the session configuration a worker serves it with.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from graylane.engine.derived_inputs import derived_feeds, derived_input_names
 from graylane.engine.errors import EngineError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine.signature import DECODER_INPUTS, IOSignature
 
-__all__ = ["OrtRunner", "VariantLoadError", "cache_inputs", "empty_past", "open_runner"]
+__all__ = ["OrtRunner", "VariantLoadError", "complete_feeds", "derived_inputs", "open_runner"]
+
+_IDS, _MASK = DECODER_INPUTS
 
 VariantLoadError = EngineError
 """ONNX Runtime cannot load or run a variant on this machine (any engine error)."""
@@ -29,43 +33,40 @@ class OrtRunner:
     path: Path
 
     @property
-    def cache_inputs(self) -> dict[str, tuple[int, int, str]]:
-        return cache_inputs([(t.name, t.shape, t.dtype.name) for t in self.engine.io.inputs])
+    def derived_inputs(self) -> tuple[str, ...]:
+        return derived_inputs(self.engine.io)
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.engine.run(empty_past(feeds, self.cache_inputs))
+        return self.engine.run(complete_feeds(self.engine.io, feeds))
 
 
-def empty_past(
-    feeds: Mapping[str, np.ndarray], cache_inputs: Mapping[str, tuple[int, int, str]]
-) -> dict[str, np.ndarray]:
-    """``feeds`` plus an empty past for each missing ``past_key_values.*`` input.
+def derived_inputs(io: IOSignature) -> tuple[str, ...]:
+    """Inputs of a token model that samples never carry: the worker derives them.
 
-    ``cache_inputs`` maps each such input to (heads, head_dim, numpy dtype name).
-    With a past of length 0 a decoder-with-past model is a plain forward over
-    ``input_ids``, so samples and greedy checks made for the plain form fit it.
+    ``position_ids`` (from the mask) and, for a decoder with past inputs, the past and
+    ``use_cache_branch`` (:mod:`graylane.engine.derived_inputs`).
+    """
+    return derived_input_names(io)
+
+
+def complete_feeds(io: IOSignature, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``feeds`` plus each derived input they lack, filled as the worker fills it.
+
+    With an empty past a decoder-with-past model is a plain forward over
+    ``input_ids`` (a merged decoder runs its first-pass branch), and positions
+    follow the attention mask, so samples and greedy checks made for the plain form
+    fit it and see what a worker's forward pass sees.
     """
     full = dict(feeds)
-    ids = full.get("input_ids")
-    if ids is None:
+    ids = full.get(_IDS)
+    if ids is None or not derived_inputs(io):
         return full
-    for name, (heads, head_dim, dtype) in cache_inputs.items():
-        if name not in full:
-            full[name] = np.zeros((ids.shape[0], heads, 0, head_dim), dtype=dtype)
+    mask = full.get(_MASK)
+    if mask is None:
+        mask = np.ones(np.shape(ids), dtype=np.int64)
+    for name, value in derived_feeds(io, np.asarray(mask)).items():
+        full.setdefault(name, value)
     return full
-
-
-def cache_inputs(
-    inputs: Sequence[tuple[str, Sequence[object], str]],
-) -> dict[str, tuple[int, int, str]]:
-    """Fixed (heads, head_dim, dtype) of each ``past_key_values.*`` among (name, shape, dtype)."""
-    found: dict[str, tuple[int, int, str]] = {}
-    for name, shape, dtype in inputs:
-        if name.startswith("past_key_values.") and len(shape) == 4:
-            heads, head_dim = shape[1], shape[3]
-            if isinstance(heads, int) and isinstance(head_dim, int):
-                found[name] = (heads, head_dim, dtype)
-    return found
 
 
 def open_runner(path: Path, threads: int | None = None) -> OrtRunner:

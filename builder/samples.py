@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from graylane.builder.runtime import cache_inputs
+from graylane.builder.runtime import derived_inputs
 from graylane.builder.spec import DataSpec, Generator, GeneratorData, NpzData
 from graylane.engine.signature import DECODER_INPUTS, IOSignature, TensorSpec
 from graylane.errors import GraylaneError
@@ -153,15 +154,23 @@ def _generate(
                 f"{list(DECODER_INPUTS)} and output 'logits'"
             )
         return _demo_text(rng, samples, seq_len)
+    if source.generator is Generator.TEXT:
+        if not signature.is_decoder or source.tokenizer is None:
+            raise SampleError(
+                "generator 'text' needs a decoder model (input_ids, attention_mask in, "
+                "logits out) and the build's tokenizer"
+            )
+        return _tokenized_text(rng, samples, seq_len, source.tokenizer)
     highs, shapes = dict(source.int_highs), dict(source.shapes)
-    # A decoder-with-past runs with an empty past (builder.runtime.empty_past): no samples.
-    past = cache_inputs([(t.name, t.shape, t.dtype.name) for t in signature.inputs])
+    # Positions and a decoder's (empty) past are derived, as the worker derives them
+    # (builder.runtime.complete_feeds): no samples.
+    derived = derived_inputs(signature)
     return {
         t.name: _random_tensor(
             rng, t, samples, seq_len, highs.get(t.name, source.int_high), shapes.get(t.name)
         )
         for t in signature.inputs
-        if t.name not in past
+        if t.name not in derived
     }
 
 
@@ -202,6 +211,26 @@ def _demo_text(rng: np.random.Generator, samples: int, seq_len: int) -> dict[str
         while len(tokens) < length:
             sentence = _SENTENCES[int(rng.integers(len(_SENTENCES)))]
             tokens.extend(encode_text(sentence + " "))
+        ids[row, :length] = tokens[:length]
+        mask[row, :length] = 1
+    return {DECODER_INPUTS[0]: ids, DECODER_INPUTS[1]: mask}
+
+
+def _tokenized_text(
+    rng: np.random.Generator, samples: int, seq_len: int, tokenizer: Path
+) -> dict[str, np.ndarray]:
+    """Rows of the corpus encoded with ``tokenizer``, right-padded (id 0, mask 0)."""
+    from graylane.models.hf_tokenizer import HfTokenizer
+
+    encoder = HfTokenizer(tokenizer)
+    encoded = [encoder.encode(s + " ") for s in _SENTENCES]
+    ids = np.zeros((samples, seq_len), dtype=np.int64)
+    mask = np.zeros((samples, seq_len), dtype=np.int64)
+    for row in range(samples):
+        length = int(rng.integers(max(2, seq_len // 2), seq_len + 1))
+        tokens: list[int] = []
+        while len(tokens) < length:
+            tokens.extend(encoded[int(rng.integers(len(encoded)))])
         ids[row, :length] = tokens[:length]
         mask[row, :length] = 1
     return {DECODER_INPUTS[0]: ids, DECODER_INPUTS[1]: mask}

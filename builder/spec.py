@@ -53,6 +53,7 @@ __all__ = [
     "PartialQuantizationSpec",
     "SpecError",
     "TensorRTOptions",
+    "TokenizerSpec",
     "default_tolerances",
     "load_spec",
     "parse_spec",
@@ -68,6 +69,8 @@ class Generator(Enum):
     DEMO_TEXT = "demo-text"
     """Token batches of English sentences encoded with the demo GPT tokenizer."""
     RANDOM = "random"
+    TEXT = "text"
+    """Token batches of the same English sentences encoded with the spec's ``tokenizer``."""
     """Random tensors that fit the model's inputs: normal floats, integers in [0, int_high)."""
 
 
@@ -89,6 +92,15 @@ class DemoSource:
 
 
 @dataclass(frozen=True)
+class TokenizerSpec:
+    """The model's ``tokenizer.json``, copied into every artifact of the build."""
+
+    path: Path
+    eos_token_id: int | None = None
+    """``None``: the one the transformers configs beside the file declare, if any."""
+
+
+@dataclass(frozen=True)
 class NpzData:
     """Samples from an .npz file: one array per model input, samples along axis 0."""
 
@@ -106,6 +118,8 @@ class GeneratorData:
     """Per-input bound for integers (e.g. the token input's vocabulary); else ``int_high``."""
     shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     """Per-input shape after the sample axis (e.g. a profile's opt); else ``seq_len`` fills."""
+    tokenizer: Path | None = None
+    """The ``tokenizer.json`` that encodes the ``text`` generator's sentences."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +244,8 @@ class BuildSpec:
     """What the model serves; ``None``: as its ONNX metadata declares, else generic."""
     vocab_size: int | None = None
     """Ids its token input takes; ``None``: from the metadata or its embedding table."""
+    tokenizer: TokenizerSpec | None = None
+    """Text in and out of the model; ``None``: token ids only (or the demo's own bytes)."""
 
     def tolerance_for(self, precision: Precision) -> Tolerance:
         return self.tolerances.get(precision, Tolerance())
@@ -348,7 +364,7 @@ def load_spec(path: Path | str) -> BuildSpec:
 _TOP_KEYS = {
     "model", "version", "source", "strategy", "precisions", "profiles", "calibration",
     "validation", "tolerances", "store", "force", "tensorrt", "task", "vocab_size",
-    "partial_quantization",
+    "partial_quantization", "tokenizer",
 }  # fmt: skip
 _DATA_KEYS = {"npz", "generator", "samples", "seed", "batch_size", "seq_len", "int_high"}
 _CALIB_KEYS = _DATA_KEYS | {"method", "percentile", "quantize_ops", "min_samples"}
@@ -423,6 +439,18 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path) -> BuildSpec:
             "section (npz: FILE or generator: demo-text, with samples: N) or drop 'int8'"
         )
 
+    tokenizer = None if data.get("tokenizer") is None else _tokenizer(data["tokenizer"], base_dir)
+    for where, section in (("calibration", calibration), ("validation", validation)):
+        if (
+            section is not None
+            and isinstance(section.source, GeneratorData)
+            and section.source.generator is Generator.TEXT
+            and tokenizer is None
+        ):
+            raise SpecError(
+                f"{where}.generator: 'text' encodes with the model's tokenizer; "
+                "name it in 'tokenizer: PATH/tokenizer.json'"
+            )
     store_raw = data.get("store")
     store = _read_path(store_raw, "store", base_dir) if store_raw is not None else None
     return BuildSpec(
@@ -448,6 +476,25 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path) -> BuildSpec:
         vocab_size=None
         if data.get("vocab_size") is None
         else _read_int(data["vocab_size"], "vocab_size", minimum=1),
+        tokenizer=tokenizer,
+    )
+
+
+_RESERVED_NAMES = {"manifest.json"}
+
+
+def _tokenizer(raw: object, base_dir: Path) -> TokenizerSpec:
+    entry: Mapping[str, Any] = {"path": raw} if isinstance(raw, str) else _mapping(raw, "tokenizer")
+    _check_keys(entry, {"path", "eos_token_id"}, "tokenizer")
+    path = _read_path(_required(entry, "path", "tokenizer"), "tokenizer.path", base_dir)
+    if path.suffix != ".json" or path.name in _RESERVED_NAMES:
+        raise SpecError(
+            f"tokenizer.path: give a Hugging Face tokenizer.json file, got {path.name!r}"
+        )
+    eos = entry.get("eos_token_id")
+    return TokenizerSpec(
+        path=path,
+        eos_token_id=None if eos is None else _read_int(eos, "tokenizer.eos_token_id", minimum=0),
     )
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import onnx
 
 from graylane.artifacts.build_info import CalibrationMethod
+from graylane.artifacts.model_info import SourceQuantization, source_quantization
 from graylane.artifacts.naming import Precision
 from graylane.builder.calibration import ORT_METHODS, CalibrationError, CalibrationRecord, calibrate
 from graylane.builder.runtime import VariantLoadError, open_runner
@@ -120,6 +121,17 @@ def produce_variant(
             reason=f"{type(exc).__name__}: {exc}",
             duration_s=time.perf_counter() - start,
         )
+    if precision in _QUANTIZED and not copy_source and not _quantized(out):
+        return VariantOutcome(
+            precision=precision,
+            status=VariantStatus.FAILED,
+            reason="the quantizer left every node in float (no int8 weight or op in the "
+            "graph or its subgraphs); it would be fp32 labelled "
+            f"{precision.value}",
+            duration_s=time.perf_counter() - start,
+            calibration=calibration,
+            notes=notes,
+        )
     try:
         open_runner(out, threads=1)
     except VariantLoadError as exc:
@@ -139,6 +151,15 @@ def produce_variant(
         calibration=calibration,
         notes=notes,
     )
+
+
+_QUANTIZED = (Precision.INT8, Precision.INT8_DYNAMIC)
+
+
+def _quantized(path: Path) -> bool:
+    """Whether a produced int8 graph holds any int8 weight or quantized op."""
+    model = onnx.load(str(path), load_external_data=False)
+    return source_quantization(model) is not SourceQuantization.NONE
 
 
 class _Unsupported(GraylaneError):

@@ -35,6 +35,7 @@ import numpy as np
 
 from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.model_info import ModelInfo
+from graylane.engine.derived_inputs import derived_feeds
 from graylane.engine.errors import EngineError, EngineRunError, InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature, TensorSpec
@@ -42,6 +43,7 @@ from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.faults import FaultInjection, InjectedFault, with_faults
 from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.engine_worker.tasks import (
+    ATTENTION_MASK,
     INPUT_IDS,
     Decode,
     GenerationResult,
@@ -271,18 +273,29 @@ def warm_up_feeds(
     max_seq_len: int,
     info: ModelInfo | None = None,
 ) -> list[Feeds]:
-    """One feed set per shape to warm up: each profile's opt shape, else per bucket."""
+    """One feed set per shape to warm up: each profile's opt shape, else per bucket.
+
+    Inputs a token model derives (positions, a decoder's past) are filled as a
+    forward pass fills them: an empty past, positions along the mask.
+    """
+    layout = token_layout(io)
     if profiles:
-        return [_feeds(io, _profile_dims(io, p), info) for p in profiles]
-    if token_layout(io) is not None:
-        seq = next(s for s in io.inputs if s.rank == 2).shape[1]
+        found = [_feeds(io, _profile_dims(io, p), info) for p in profiles]
+    elif layout is not None:
+        seq = io.input(INPUT_IDS).shape[1]
         symbol = seq if isinstance(seq, str) else None
-        return [
+        found = [
             _feeds(io, _fill(io, {symbol: b} if symbol else {}, seq_len=b), info)
             for b in buckets
             if b <= max_seq_len
         ]
-    return [_feeds(io, _fill(io, {}), info)]
+    else:
+        return [_feeds(io, _fill(io, {}), info)]
+    if layout is not None and layout.derived:
+        for feeds in found:
+            mask = feeds.get(ATTENTION_MASK, np.ones_like(feeds[INPUT_IDS]))
+            feeds.update(derived_feeds(io, mask))
+    return found
 
 
 def _profile_dims(io: IOSignature, profile: ShapeProfile) -> dict[str, tuple[int, ...]]:

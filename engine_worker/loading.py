@@ -4,28 +4,36 @@ Through the registry, every file is checked against its manifest's sha256 (and t
 manifest against the registry's record) before anything is loaded: a tampered
 artifact is refused with an error naming the file. TensorRT engines are used only
 when this host has TensorRT and a GPU, and only the one built for this GPU's compute
-capability and TensorRT version; ONNX Runtime variants are portable.
+capability and TensorRT version; ONNX Runtime variants are portable. A model that
+carries its tokenizer (``tokenizer.json``, listed and verified with the artifact's
+files) is loaded with it (:attr:`LoadedVariants.tokenizer`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import onnx
 
 from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
+from graylane.artifacts.decoder_axes import correct_mask_axis, mask_axis_conflict
 from graylane.artifacts.manifest import Manifest
-from graylane.artifacts.model_info import ModelInfo, read_model_info
+from graylane.artifacts.model_info import (
+    ModelInfo,
+    max_positions_from_hf_config,
+    read_model_info,
+)
 from graylane.artifacts.naming import Backend
 from graylane.artifacts.verify import verify_artifact
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.tensorrt import gpu_compute_capability, tensorrt_version
 from graylane.errors import GraylaneError
+from graylane.models.hf_tokenizer import HfTokenizer, find_tokenizer
 from graylane.registry import ArtifactInfo, open_registry
 from graylane.settings import Settings
 
@@ -48,13 +56,30 @@ MAX_SEQ_KEYS = ("graylane.demo.max_seq_len", "max_seq_len", "graylane.max_seq_le
 def load_from_paths(
     paths: Mapping[str, Path], *, model: str, intra_op_threads: int | None = None
 ) -> dict[str, InferenceEngine]:
-    """One ONNX Runtime engine per named variant file."""
+    """One ONNX Runtime engine per named variant file.
+
+    A merged decoder whose mask is declared as wide as its ids (an unbuilt export) is
+    loaded with the axis corrected, as a build would publish it
+    (:mod:`graylane.artifacts.decoder_axes`).
+    """
     return {
-        variant: OnnxRuntimeEngine.load(
-            path, variant, name=model, intra_op_threads=intra_op_threads
-        )
+        variant: _load_onnx(path, variant, model, intra_op_threads)
         for variant, path in paths.items()
     }
+
+
+def _load_onnx(
+    path: Path, variant: str, model: str, intra_op_threads: int | None
+) -> OnnxRuntimeEngine:
+    if mask_axis_conflict(onnx.load(str(path), load_external_data=False)) is None:
+        return OnnxRuntimeEngine.load(path, variant, name=model, intra_op_threads=intra_op_threads)
+    graph = onnx.load(str(path))
+    correction = correct_mask_axis(graph)
+    if correction is not None:
+        log.info("%s: %s", path, correction.note())
+    return OnnxRuntimeEngine.load(
+        graph.SerializeToString(), variant, name=model, intra_op_threads=intra_op_threads
+    )
 
 
 def onnx_max_seq_len(path: Path) -> int | None:
@@ -68,8 +93,10 @@ def onnx_max_seq_len(path: Path) -> int | None:
 
 
 def onnx_model_info(path: Path) -> ModelInfo:
-    """Task and input vocabulary an ONNX file declares in its metadata (or its embedding)."""
-    return read_model_info(onnx.load(str(path), load_external_data=False))
+    """Task and input vocabulary an ONNX file declares in its metadata (or its embedding),
+    and the positions of a transformers export (its ``config.json``)."""
+    info = read_model_info(onnx.load(str(path), load_external_data=False))
+    return replace(info, max_seq_len=max_positions_from_hf_config(path.parent))
 
 
 _MODEL_SUFFIXES = (".onnx", ".plan", ".engine")
@@ -89,6 +116,8 @@ class LoadedVariants:
     """The declared task and input vocabulary (from the manifests; ``None`` in older ones)."""
     profiles: tuple[ShapeProfile, ...] = ()
     """The build's shape profiles (every artifact of a version shares them)."""
+    tokenizer: HfTokenizer | None = None
+    """The model's own tokenizer, from an artifact's folder (``None``: it carries none)."""
 
 
 def model_file(folder: Path, manifest: Manifest) -> Path:
@@ -163,7 +192,15 @@ def load_from_registry(
     if fp32_path is None and onnx:
         _, folder, manifest = next(iter(onnx.values()))
         fp32_path = model_file(folder, manifest)
-    manifests = [m for _, _, m in onnx.values()] + [m for c in plans.values() for _, _, m in c]
-    info = next((m.model_info for m in manifests if m.model_info is not None), None)
-    profiles = next((m.profiles for m in manifests if m.profiles), ())
-    return LoadedVariants(ordered, fp32_path, skipped, model_info=info, profiles=profiles)
+    entries = [*onnx.values(), *(e for c in plans.values() for e in c)]
+    info = next((m.model_info for _, _, m in entries if m.model_info is not None), None)
+    profiles = next((m.profiles for _, _, m in entries if m.profiles), ())
+    folder = fp32_path.parent if fp32_path is not None else entries[0][1]
+    return LoadedVariants(
+        ordered,
+        fp32_path,
+        skipped,
+        model_info=info,
+        profiles=profiles,
+        tokenizer=find_tokenizer(folder, info),
+    )

@@ -13,10 +13,13 @@ run, its result or rejection) through batching, the engine and delivery. No Kafk
 I/O or engine here.
 
 Text in and out of a token model goes through a :class:`Tokenizer` only where the
-model says how: given in the worker's config, or recognised from the model's own
-metadata (the demo GPT records itself in ``metadata_props``). Without one, results
-carry token ids only, and a ``prompt`` falls back to the request contract's
-byte-level ids (``graylane.v1.InferenceRequest.prompt``).
+model says how: given in the worker's config (the model's own ``tokenizer.json``,
+:mod:`~graylane.models.hf_tokenizer`, found with its artifact), or recognised
+from the model's own metadata (the demo GPT records itself in ``metadata_props``).
+Without one, results carry token ids only, and a ``prompt`` falls back to the request
+contract's byte-level ids (``graylane.v1.InferenceRequest.prompt``). A tokenizer that
+knows the model's end-of-sequence id (:class:`KnowsEos`) stops a generation there
+unless the request names its own.
 """
 
 from __future__ import annotations
@@ -41,7 +44,13 @@ from graylane.engine_worker.sampling import (
     SamplingError,
     SamplingParams,
 )
-from graylane.engine_worker.tasks import ATTENTION_MASK, INPUT_IDS, generation_layout, token_layout
+from graylane.engine_worker.tasks import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    generation_layout,
+    request_inputs,
+    token_layout,
+)
 from graylane.errors import ErrorCode, SerdeError
 from graylane.kafka.replies import Rejection, clip, field_problem, reply_topic_rejection
 from graylane.kafka.seam import Record
@@ -54,6 +63,7 @@ __all__ = [
     "DemoByteTokenizer",
     "IntakeRules",
     "Job",
+    "KnowsEos",
     "Limits",
     "RequestFacts",
     "TaskKind",
@@ -176,6 +186,14 @@ class DemoByteTokenizer:
 
 
 @runtime_checkable
+class KnowsEos(Protocol):
+    """A tokenizer that knows the model's end-of-sequence token."""
+
+    @property
+    def eos_id(self) -> int | None: ...
+
+
+@runtime_checkable
 class _HasMetadata(Protocol):
     @property
     def metadata(self) -> Mapping[str, str]: ...
@@ -276,10 +294,14 @@ def request_facts(
         post=post_process_from_pb(request.post_process),
         top_k=request.top_k,
         max_new_tokens=gen.max_new_tokens,
-        eos_id=int(gen.eos_token_id) if gen.has_eos else None,
+        eos_id=int(gen.eos_token_id) if gen.has_eos else _model_eos(tokenizer),
         sampling=sampling,
         deadline_unix_ms=request.deadline_unix_ms,
     )
+
+
+def _model_eos(tokenizer: Tokenizer | None) -> int | None:
+    return tokenizer.eos_id if isinstance(tokenizer, KnowsEos) else None
 
 
 def sampling_params(gen: inference_pb2.GenerationParams) -> SamplingParams | Rejection:
@@ -445,7 +467,7 @@ def _prepare_forward(
             ErrorCode.MISSING_INPUT, f"no inputs; this model takes {list(io.input_names)}"
         )
 
-    checked = check_inputs(facts_inputs, io)
+    checked = check_inputs(facts_inputs, request_inputs(io))
     if isinstance(checked, Rejection):
         return checked
     bad_ids = _bad_token_tensor(facts_inputs, info)

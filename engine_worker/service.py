@@ -811,6 +811,7 @@ class Worker:
             role="worker",
             client_suffix="worker",
             registry=self.registry,
+            max_in_flight=cfg.max_in_flight,
         )
         loop.guard.on_fault(sink.forget)  # rebalances, outages: not fatal
         await loop.start()

@@ -4,11 +4,15 @@ Pure numpy over the engine protocol. Forward passes batch two ways:
 
 - generic models: requests whose inputs have the same non-batch shapes are
   concatenated on axis 0 and run once; the rest run one by one;
-- token models (inputs exactly ``input_ids`` or ``input_ids`` + ``attention_mask``):
-  rows of different lengths are right-padded into one batch with an attention
-  mask, and every output with a sequence axis is cut back to each request's own
-  width, so a request gets what its unbatched run gives. A token model without
-  an ``attention_mask`` input batches only rows of equal width (no padding).
+- token models (inputs ``input_ids``, optionally ``attention_mask``, and inputs the
+  worker derives itself: ``position_ids`` from the mask, and for a decoder exported
+  with a KV cache an empty past and ``use_cache_branch`` false, which makes its
+  forward pass a plain pass over the request's tokens): rows of different lengths
+  are right-padded into one batch with an attention mask, and every output with a
+  sequence axis is cut back to each request's own width, so a request gets what its
+  unbatched run gives (a cached decoder's ``present.*`` outputs are its cache, not a
+  result, and are dropped). A token model without an ``attention_mask`` input
+  batches only rows of equal width (no padding).
 
 Generation reruns every active sequence per step (:func:`run_generate`), unless
 the model was exported with a KV cache: then one prefill and one incremental step
@@ -29,12 +33,18 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TypeVar
 
 import numpy as np
 
+from graylane.engine.derived_inputs import (
+    POSITION_IDS,
+    USE_CACHE_BRANCH,
+    derived_feeds,
+    positions_from_mask,
+)
 from graylane.engine.errors import InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature
@@ -53,6 +63,7 @@ __all__ = [
     "INPUT_IDS",
     "LOGITS",
     "POSITION_IDS",
+    "USE_CACHE_BRANCH",
     "DecodeJoin",
     "DecodeScheduler",
     "FinishReason",
@@ -66,6 +77,7 @@ __all__ = [
     "generate_with_cache",
     "generation_layout",
     "kv_cache_layout",
+    "request_inputs",
     "run_forward",
     "run_generate",
     "should_compact",
@@ -114,6 +126,10 @@ class TokenLayout:
     id_dtype: np.dtype[np.generic]
     mask_dtype: np.dtype[np.generic] | None
     vocab_size: int | None
+    derived: tuple[str, ...] = ()
+    """Inputs the worker fills in itself, never a request: ``position_ids`` (from the
+    mask) and, for a decoder with past inputs, the past (empty for a forward pass) and
+    ``use_cache_branch``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,18 +145,42 @@ class _Row:
 def token_layout(io: IOSignature, vocab_size: int | None = None) -> TokenLayout | None:
     """How a token model takes its inputs, or ``None`` for any other model.
 
-    ``vocab_size`` is the declared input vocabulary (``ModelInfo``), if known.
+    ``vocab_size`` is the declared input vocabulary (``ModelInfo``), if known. A
+    decoder exported with a KV cache is a token model too: its forward pass runs
+    with an empty past (:func:`kv_cache_layout`).
     """
+    cached = kv_cache_layout(io)
+    if cached is not None:
+        return replace(cached.tokens, vocab_size=vocab_size)
     names = set(io.input_names)
-    if names not in ({INPUT_IDS}, {INPUT_IDS, ATTENTION_MASK}):
+    derived = (POSITION_IDS,) if POSITION_IDS in names else ()
+    if names - set(derived) not in ({INPUT_IDS}, {INPUT_IDS, ATTENTION_MASK}):
         return None
     ids = io.input(INPUT_IDS)
     if ids.rank != 2 or ids.dtype.kind not in "iu":
         return None
+    if derived and not _positions_input(io):
+        return None
     mask = io.input(ATTENTION_MASK).dtype if ATTENTION_MASK in names else None
     # The vocabulary is never read from an output's width (a tagger's "logits" are its
     # classes): it comes from the model's declared info (ModelInfo), checked at intake.
-    return TokenLayout(ids.dtype, mask, vocab_size)
+    return TokenLayout(ids.dtype, mask, vocab_size, derived)
+
+
+def _positions_input(io: IOSignature) -> bool:
+    """Whether ``position_ids``, if the model takes it, is an integer [batch, seq] input."""
+    spec = io.find_input(POSITION_IDS)
+    return spec is None or (spec.rank == 2 and spec.dtype.kind in "iu")
+
+
+def request_inputs(io: IOSignature) -> IOSignature:
+    """The inputs a request may give: the model's, less those the worker derives itself."""
+    layout = token_layout(io)
+    if layout is None or not layout.derived:
+        return io
+    return IOSignature(
+        inputs=tuple(s for s in io.inputs if s.name not in layout.derived), outputs=io.outputs
+    )
 
 
 def run_forward(
@@ -169,12 +209,14 @@ def run_forward(
     else:
         requests = [_token_rows(layout, feeds, policy) for feeds in feeds_per_request]
         flat = [row for rows in requests for row in rows]
+        cache = kv_cache_layout(engine.io)
         outputs = _forward_token_rows(engine, layout, flat, policy, pad_id)
+        names = [n for n in engine.io.output_names if cache is None or n not in cache.present_names]
         raw, masks, start = [], [], 0
         for rows in requests:
             mine = outputs[start : start + len(rows)]
             start += len(rows)
-            raw.append({k: np.concatenate([o[k] for o in mine]) for k in engine.io.output_names})
+            raw.append({k: np.concatenate([o[k] for o in mine]) for k in names})
             masks.append(np.stack([row.mask for row in rows]))
     if post is PostProcess.NONE:
         return raw
@@ -374,11 +416,13 @@ def _forward_token_rows(
     for width, members in _token_groups(layout, rows, policy):
         ids, _ = pad_token_batch([rows[i].ids for i in members], width, pad_id)
         feeds = {INPUT_IDS: ids.astype(layout.id_dtype, copy=False)}
+        mask = np.zeros((len(members), width), dtype=layout.mask_dtype or np.int64)
+        for j, i in enumerate(members):
+            mask[j, : rows[i].width] = rows[i].mask
         if layout.mask_dtype is not None:
-            mask = np.zeros((len(members), width), dtype=layout.mask_dtype)
-            for j, i in enumerate(members):
-                mask[j, : rows[i].width] = rows[i].mask
             feeds[ATTENTION_MASK] = mask
+        if layout.derived:
+            feeds.update(derived_feeds(engine.io, mask))
         outputs = engine.run(feeds)
         seq_axis = {name: _has_seq_axis(engine.io, name, o, width) for name, o in outputs.items()}
         for j, i in enumerate(members):
@@ -651,7 +695,6 @@ def should_compact(width: int, lengths: Sequence[int], *, min_waste: int = 16) -
 # the cache is right-padded and may have holes (prompt padding, columns added while
 # a row waited), which the attention mask hides; positions follow the mask.
 
-POSITION_IDS = "position_ids"
 _PAST = re.compile(r"past_key_values\.(\d+)\.(key|value)")
 _KINDS = ("key", "value")
 
@@ -667,6 +710,8 @@ class KvCacheLayout:
     cache_dtype: np.dtype[np.generic]
     position_ids: bool
     """Whether the model takes ``position_ids`` [batch, seq] (else it derives them)."""
+    cache_branch: bool = False
+    """Whether the model takes :data:`USE_CACHE_BRANCH` (a merged decoder)."""
 
     @property
     def past_names(self) -> tuple[str, ...]:
@@ -678,7 +723,13 @@ class KvCacheLayout:
 
 
 def kv_cache_layout(io: IOSignature) -> KvCacheLayout | None:
-    """The cache layout of a decoder-with-past model, or ``None`` for any other model."""
+    """The cache layout of a decoder-with-past model, or ``None`` for any other model.
+
+    Besides ``input_ids``, ``attention_mask`` and the past, the model may take
+    ``position_ids`` and, as a merged decoder, :data:`USE_CACHE_BRANCH`. Heads and
+    head size come from the past inputs' shapes: with grouped-query attention the
+    cache has fewer heads than the attention.
+    """
     names = set(io.input_names)
     if not {INPUT_IDS, ATTENTION_MASK} <= names:
         return None
@@ -687,12 +738,18 @@ def kv_cache_layout(io: IOSignature) -> KvCacheLayout | None:
         return None
     n_layers = max(int(layer) for layer, _ in past) + 1
     expected = {(str(i), k) for i in range(n_layers) for k in _KINDS}
-    if set(past) != expected or names - {INPUT_IDS, ATTENTION_MASK, POSITION_IDS} != {
+    optional = {POSITION_IDS, USE_CACHE_BRANCH}
+    if set(past) != expected or names - {INPUT_IDS, ATTENTION_MASK, *optional} != {
         s.name for s in past.values()
     }:
         return None
     ids, mask = io.input(INPUT_IDS), io.input(ATTENTION_MASK)
     if ids.rank != 2 or ids.dtype.kind not in "iu" or mask.rank != 2:
+        return None
+    if not _positions_input(io):
+        return None
+    branch = io.find_input(USE_CACHE_BRANCH)
+    if branch is not None and (branch.dtype != np.bool_ or branch.shape not in ((1,), ("1",))):
         return None
     specs = list(past.values())
     first = specs[0]
@@ -707,14 +764,17 @@ def kv_cache_layout(io: IOSignature) -> KvCacheLayout | None:
     presents = {f"present.{i}.{k}" for i in range(n_layers) for k in _KINDS}
     if LOGITS not in outputs or not presents <= outputs or io.output(LOGITS).rank != 3:
         return None
-    return KvCacheLayout(
+    layout = KvCacheLayout(
         tokens=TokenLayout(ids.dtype, mask.dtype, None),  # vocabulary: declared, not read here
         n_layers=n_layers,
         n_heads=heads,
         head_dim=head_dim,
         cache_dtype=first.dtype,
         position_ids=POSITION_IDS in names,
+        cache_branch=branch is not None,
     )
+    derived = tuple(s.name for s in io.inputs if s.name not in (INPUT_IDS, ATTENTION_MASK))
+    return replace(layout, tokens=replace(layout.tokens, derived=derived))
 
 
 def generation_layout(io: IOSignature) -> TokenLayout | None:
@@ -919,9 +979,12 @@ class KvDecodeLoop:
     ) -> dict[str, np.ndarray]:
         feeds = {INPUT_IDS: ids, ATTENTION_MASK: mask, **past}
         if self.layout.position_ids:
-            positions = np.cumsum(mask, axis=1, dtype=np.int64)[:, -ids.shape[1] :] - 1
             dtype = self.engine.io.input(POSITION_IDS).dtype
-            feeds[POSITION_IDS] = np.maximum(positions, 0).astype(dtype)
+            feeds[POSITION_IDS] = positions_from_mask(mask, ids.shape[1], dtype)
+        if self.layout.cache_branch:
+            # A merged decoder's first pass (an empty past) runs its no-past branch.
+            width = next(iter(past.values())).shape[2] if past else 0
+            feeds[USE_CACHE_BRANCH] = np.array([width > 0])
         return self.engine.run(feeds)
 
     # --- bookkeeping ------------------------------------------------------------------

@@ -1,13 +1,16 @@
 """``graylane bench llm``: streamed generation through Kafka against the engine driven directly.
 
 For a decoder with a KV cache (the demo GPT, or an ONNX decoder of one's own), at
-several concurrencies up to the worker's decode capacity (its ``--max-sequences``):
+several client concurrencies against the worker's decode capacity (its
+``--max-sequences``: 1, half of it, all of it, twice it):
 
 - **engine direct** (the ceiling): the same engine in a
-  :class:`~graylane.engine_worker.tasks.KvDecodeLoop` holding that many sequences, a new
-  prompt joining as one finishes; output tokens/s; and the prefill time of one prompt;
+  :class:`~graylane.engine_worker.tasks.KvDecodeLoop` holding that many sequences (at most
+  the worker's rows), a new prompt joining as one finishes; output tokens/s; and the
+  prefill time of one prompt;
 - **through Kafka**: a router and a worker (processes) on the local broker, that many
-  clients each streaming one generation after another (``stream=True``): time to first
+  clients each streaming one generation after another (``stream=True``; output lengths
+  spread around ``new_tokens``, clients starting spread over one request's time): time to first
   token (first chunk received - request sent), time per output token ((last chunk -
   first chunk) / (tokens - 1)), output tokens/s over the level.
 
@@ -73,6 +76,13 @@ def _prompt(i: int, length: int, vocab: int) -> list[int]:
     return [int(t) for t in rng.integers(3, max(4, vocab), size=length)]
 
 
+def _new_tokens(i: int, mean: int) -> int:
+    """Request ``i``'s output length: uniform in [mean/2, 3 mean/2], seeded (real answers
+    differ in length; equal ones would finish, and rejoin, in lockstep)."""
+    rng = np.random.default_rng(2000 + i)
+    return int(rng.integers(max(1, mean // 2), mean + mean // 2 + 1))
+
+
 def prefill_ms(engine: OnnxRuntimeEngine, prompt: Sequence[int], max_seq_len: int) -> float:
     """Median time of one prefill (one sequence, its first token) on ``engine``."""
     times = []
@@ -88,14 +98,15 @@ def prefill_ms(engine: OnnxRuntimeEngine, prompt: Sequence[int], max_seq_len: in
 def engine_tokens_per_s(
     engine: OnnxRuntimeEngine,
     prompts: Sequence[Sequence[int]],
-    new_tokens: int,
+    new_tokens: Sequence[int],
     concurrency: int,
     max_seq_len: int,
 ) -> float:
-    """Output tokens/s of the engine decoding ``concurrency`` sequences at a time."""
+    """Output tokens/s of the engine decoding ``concurrency`` sequences at a time, the
+    next prompt joining as one finishes."""
     loop = KvDecodeLoop(engine, max_batch_size=concurrency, max_seq_len=max_seq_len)
-    for prompt in prompts:
-        loop.submit(prompt, new_tokens)
+    for prompt, new in zip(prompts, new_tokens, strict=True):
+        loop.submit(prompt, new)
     started = time.perf_counter()
     results = loop.run()
     spent = time.perf_counter() - started
@@ -111,18 +122,20 @@ class _Samples:
 
 async def _client_loop(
     client: GraylaneClient,
-    prompts: Sequence[Sequence[int]],
+    work: Sequence[tuple[Sequence[int], int]],
     cfg: LlmBenchConfig,
     samples: _Samples,
+    delay_s: float,
 ) -> None:
-    for prompt in prompts:
+    await asyncio.sleep(delay_s)  # clients start spread out, not in one burst
+    for prompt, new_tokens in work:
         sent = time.perf_counter()
         first = last = 0.0
         tokens = 0
         async for chunk in client.stream(
             MODEL,
             token_ids=list(prompt),
-            max_new_tokens=cfg.new_tokens,
+            max_new_tokens=new_tokens,
             stream_every_tokens=cfg.stream_every_tokens,
             timeout=60,
         ):
@@ -139,17 +152,27 @@ async def _client_loop(
             samples.tpot_ms.append((last - first) * 1000.0 / (tokens - 1))
 
 
+def _work(n: int, cfg: LlmBenchConfig, vocab: int) -> list[tuple[list[int], int]]:
+    return [(_prompt(i, cfg.prompt_len, vocab), _new_tokens(i, cfg.new_tokens)) for i in range(n)]
+
+
 async def _kafka_level(
-    client: GraylaneClient, concurrency: int, cfg: LlmBenchConfig, vocab: int
+    client: GraylaneClient, concurrency: int, cfg: LlmBenchConfig, vocab: int, spread_s: float
 ) -> tuple[_Samples, float, int]:
+    """``concurrency`` clients, each streaming its requests one after another; client ``c``
+    starts ``c / concurrency`` of ``spread_s`` (about one request's time) late."""
     samples = _Samples([], [])
     per = cfg.requests_per_client
-    batches = [
-        [_prompt(c * per + i, cfg.prompt_len, vocab) for i in range(per)]
-        for c in range(concurrency)
-    ]
+    work = _work(concurrency * per, cfg, vocab)
     started = time.perf_counter()
-    await asyncio.gather(*(_client_loop(client, b, cfg, samples) for b in batches))
+    await asyncio.gather(
+        *(
+            _client_loop(
+                client, work[c * per : (c + 1) * per], cfg, samples, spread_s * c / concurrency
+            )
+            for c in range(concurrency)
+        )
+    )
     return samples, time.perf_counter() - started, concurrency * per
 
 
@@ -158,7 +181,9 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 
 def _levels(capacity: int) -> list[int]:
-    return sorted({1, max(1, capacity // 2), capacity})
+    """Client concurrencies: 1, half the decode rows, all of them, and twice as many (the
+    worker's rows stay full: a request waits there, not in a round trip, for a free row)."""
+    return sorted({1, max(1, capacity // 2), capacity, 2 * capacity})
 
 
 async def _wait_ready(client: GraylaneClient, vocab: int) -> None:
@@ -227,16 +252,18 @@ async def _through_kafka(
         async with GraylaneClient(factory) as client:
             progress("waiting for the router and the worker")
             await _wait_ready(client, vocab)
-            await _kafka_level(client, 2, cfg, vocab)  # warm-up
+            await _kafka_level(client, 2, cfg, vocab, 0.0)  # warm-up
             for concurrency in _levels(cfg.max_sequences):
-                prompts = [
-                    _prompt(i, cfg.prompt_len, vocab)
-                    for i in range(concurrency * cfg.requests_per_client)
-                ]
+                work = _work(concurrency * cfg.requests_per_client, cfg, vocab)
+                started = time.perf_counter()
+                rows = min(concurrency, cfg.max_sequences)  # the engine at the worker's rows
                 ceiling = engine_tokens_per_s(
-                    engine, prompts, cfg.new_tokens, concurrency, max_seq_len
+                    engine, [p for p, _ in work], [n for _, n in work], rows, max_seq_len
                 )
-                samples, spent, n = await _kafka_level(client, concurrency, cfg, vocab)
+                one_request_s = (time.perf_counter() - started) / cfg.requests_per_client
+                samples, spent, n = await _kafka_level(
+                    client, concurrency, cfg, vocab, one_request_s
+                )
                 level = LevelFigures(
                     concurrency=concurrency,
                     requests=n,

@@ -280,8 +280,9 @@ CHAT_MODEL = "demo-chat"
 
 
 def _streamed_act(settings: Settings, size: str, log_dir: Path, step: _Steps) -> None:
-    """A decoder with a KV cache behind a router and a worker of its own: one generation
-    streamed chunk by chunk, printed live, while a short one joins the running batch."""
+    """A decoder with a KV cache (routed by the demo's router, served by a worker of its
+    own): one generation streamed chunk by chunk, printed live, while a short one joins
+    the running batch."""
     from graylane.app.demo.streamed import show_streams
     from graylane.kafka.seam import KafkaFactory
     from graylane.models.demo_gpt import write_demo_gpt
@@ -290,10 +291,8 @@ def _streamed_act(settings: Settings, size: str, log_dir: Path, step: _Steps) ->
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         write_demo_gpt(path, size, seed=1, kv_cache=True)
-    asyncio.run(_prepare_topics(settings, CHAT_MODEL, ["v1"]))
     step(f"a streamed generation of {CHAT_MODEL} (KV cache, continuous batching), live:")
     act = [
-        start_service("router-chat", ["router", "--model", f"{CHAT_MODEL}=v1"], log_dir),
         start_service(
             "worker-chat",
             [
@@ -356,9 +355,9 @@ def _story(args: argparse.Namespace) -> int:
             "starting router, policy engine, one worker per version and a supervisor that "
             f"scales {HEALTHY}'s workers (up to {DEMO_MAX_WORKERS}; logs in .local/logs)"
         )
-        services.append(
-            start_service("router", ["router", "--model", f"{STORY_MODEL}={STABLE}"], log_dir)
-        )
+        asyncio.run(_prepare_topics(settings, CHAT_MODEL, ["v1"]))
+        router_models = ["--model", f"{STORY_MODEL}={STABLE}", "--model", f"{CHAT_MODEL}=v1"]
+        services.append(start_service("router", ["router", *router_models], log_dir))
         services.append(
             start_service(
                 "policy",

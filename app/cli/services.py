@@ -265,6 +265,7 @@ def _worker(args: argparse.Namespace) -> int:
     from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len, onnx_model_info
     from graylane.engine_worker.service import Worker, WorkerConfig
     from graylane.kafka.seam import KafkaFactory
+    from graylane.models.hf_tokenizer import HfTokenizer, tokenizer_beside
 
     settings = Settings.from_env()
     setup_service_logging("worker", settings, args, model=args.model, version=args.version)
@@ -282,6 +283,7 @@ def _worker(args: argparse.Namespace) -> int:
         engines, first_path = loaded.engines, loaded.fp32_path
         info: ModelInfo | None = loaded.model_info
         profiles: tuple[ShapeProfile, ...] = loaded.profiles
+        tokenizer: HfTokenizer | None = loaded.tokenizer
     else:
         paths: dict[str, Path] = {}
         for item in args.variant:
@@ -298,8 +300,14 @@ def _worker(args: argparse.Namespace) -> int:
         engines = dict(reload())
         first_path = next(iter(paths.values()))
         info, profiles = onnx_model_info(first_path), ()
+        tokenizer = tokenizer_beside(first_path)  # an export folder's tokenizer.json
     active = args.active or next(iter(engines))
-    max_seq = args.max_seq_len or (onnx_max_seq_len(first_path) if first_path else None) or 256
+    max_seq = (
+        args.max_seq_len
+        or (info.max_seq_len if info is not None else None)
+        or (onnx_max_seq_len(first_path) if first_path else None)
+        or 256
+    )
     config = WorkerConfig(
         model=args.model,
         version=args.version,
@@ -313,6 +321,7 @@ def _worker(args: argparse.Namespace) -> int:
         buckets=_buckets_up_to(max_seq),  # the worker prefers the profiles' buckets
         model_info=info,
         profiles=profiles,
+        tokenizer=tokenizer,
         metrics_port=args.metrics_port,
         standby=args.standby,
         continuous_batching=not args.per_batch_generation,

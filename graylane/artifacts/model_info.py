@@ -1,4 +1,5 @@
-"""What an ONNX model declares: IO signature, metadata, task, input vocabulary, quantization.
+"""What an ONNX model declares: IO signature, metadata, task, input vocabulary, quantization,
+and the tokenizer that travels with it.
 
 A worker decides which tasks a model supports and which token ids it accepts from
 a :class:`ModelInfo` (recorded in the artifact manifest by the builder, or read from
@@ -11,6 +12,7 @@ metadata, the embedding table behind the token input, and weight initializers.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -23,13 +25,17 @@ from graylane.engine.signature import IOSignature
 
 __all__ = [
     "TASK_KEY",
+    "TOKENIZER_FILE",
     "VOCAB_KEY",
     "ModelInfo",
     "ModelTask",
     "SourceQuantization",
+    "TokenizerFile",
     "embedding_vocab",
+    "eos_from_hf_configs",
     "io_signature",
     "load_header",
+    "max_positions_from_hf_config",
     "metadata_int",
     "read_model_info",
     "source_quantization",
@@ -43,6 +49,8 @@ VOCAB_KEY = "graylane.vocab_size"
 _DEMO_PREFIX = "graylane.demo."
 """The demo GPT records itself under this prefix: a causal LM with a declared vocabulary."""
 _TOKEN_INPUT = "input_ids"
+_PAST_PREFIX = "past_key_values."
+_ID_PASSING_OPS = {"Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten"}
 _QLINEAR_OPS = {"QLinearMatMul", "QLinearConv", "QLinearAdd", "QLinearMul", "QGemm"}
 _DYNAMIC_OPS = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul"}
 _INT8_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8}
@@ -71,6 +79,29 @@ class SourceQuantization(Enum):
     """``DynamicQuantizeLinear`` / ``MatMulInteger``: activations quantized at run time."""
 
 
+TOKENIZER_FILE = "tokenizer.json"
+"""The Hugging Face ``tokenizers`` file a transformers export ships beside its model."""
+
+
+@dataclass(frozen=True)
+class TokenizerFile:
+    """The tokenizer an artifact carries: a file in its folder (listed in its manifest)."""
+
+    file: str
+    sha256: str
+    eos_token_id: int | None = None
+    """The model's end-of-sequence token (generation stops there unless a request says
+    otherwise); ``None``: unknown."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "sha256": self.sha256, "eos_token_id": self.eos_token_id}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> TokenizerFile:
+        eos = raw.get("eos_token_id")
+        return cls(str(raw["file"]), str(raw["sha256"]), None if eos is None else int(eos))
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     task: ModelTask = ModelTask.GENERIC
@@ -78,28 +109,91 @@ class ModelInfo:
     """Ids of ``token_input`` must lie in ``[0, vocab_size)``; ``None``: unknown."""
     token_input: str | None = None
     quantization: SourceQuantization = SourceQuantization.NONE
+    tokenizer: TokenizerFile | None = None
+    """Text in and out of the model (``None``: token ids only, or the demo's own bytes)."""
+    max_seq_len: int | None = None
+    """Positions the model has (prompt plus generated tokens); ``None``: not declared."""
 
     @property
     def generates(self) -> bool:
         return self.task is ModelTask.CAUSAL_LM
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        raw: dict[str, Any] = {
             "task": self.task.value,
             "vocab_size": self.vocab_size,
             "token_input": self.token_input,
             "quantization": self.quantization.value,
         }
+        if self.tokenizer is not None:
+            raw["tokenizer"] = self.tokenizer.to_dict()
+        if self.max_seq_len is not None:
+            raw["max_seq_len"] = self.max_seq_len
+        return raw
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> ModelInfo:
         vocab = raw.get("vocab_size")
+        tokenizer = raw.get("tokenizer")
         return cls(
             task=ModelTask(raw.get("task", ModelTask.GENERIC.value)),
             vocab_size=None if vocab is None else int(vocab),
             token_input=raw.get("token_input"),
             quantization=SourceQuantization(raw.get("quantization", "none")),
+            tokenizer=None if tokenizer is None else TokenizerFile.from_dict(tokenizer),
+            max_seq_len=None if raw.get("max_seq_len") is None else int(raw["max_seq_len"]),
         )
+
+
+def eos_from_hf_configs(folder: Path, tokenizer: Path | None = None) -> int | None:
+    """The end-of-sequence id a transformers export declares in ``folder``, if any.
+
+    ``generation_config.json`` first (what ``generate`` stops on), then ``config.json``;
+    a list of ids gives its first. Else the ``eos_token`` of ``tokenizer_config.json``
+    looked up in ``tokenizer`` (a ``tokenizer.json``).
+    """
+    for name in ("generation_config.json", "config.json"):
+        raw = _json_file(folder / name).get("eos_token_id")
+        if isinstance(raw, list) and raw:
+            raw = raw[0]
+        if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
+            return raw
+    token = _json_file(folder / "tokenizer_config.json").get("eos_token")
+    if isinstance(token, Mapping):
+        token = token.get("content")
+    if isinstance(token, str) and tokenizer is not None and tokenizer.is_file():
+        added = _json_file(tokenizer).get("added_tokens", [])
+        for entry in added if isinstance(added, list) else []:
+            if isinstance(entry, Mapping) and entry.get("content") == token:
+                found = entry.get("id")
+                return found if isinstance(found, int) else None
+    return None
+
+
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx")
+
+
+def max_positions_from_hf_config(folder: Path) -> int | None:
+    """The positions a transformers model has, from the ``config.json`` in ``folder``.
+
+    ``max_position_embeddings`` (Llama and most), ``n_positions`` / ``n_ctx`` (GPT-2).
+    """
+    config = _json_file(folder / "config.json")
+    for key in _POSITION_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _json_file(path: Path) -> Mapping[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, Mapping) else {}
 
 
 def token_input_name(model: onnx.ModelProto) -> str | None:
@@ -120,27 +214,57 @@ def token_input_name(model: onnx.ModelProto) -> str | None:
 
 
 def embedding_vocab(model: onnx.ModelProto, token_input: str) -> int | None:
-    """Rows of the embedding table the token input indexes (``Gather(table, ids)``), if any."""
-    tables = {i.name: i for i in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == token_input:
+    """Rows of the embedding table the token input indexes (``Gather(table, ids)``), if any.
+
+    The ids may pass through ops that only reshape or retype them first (transformers'
+    GPT-2 flattens them with a ``Reshape``), and the ``Gather`` may sit in a subgraph
+    (a merged decoder's branches) reading the outer graph's table.
+    """
+    graphs = _graphs(model.graph)
+    tables = {i.name: i for g in graphs for i in g.initializer}
+    nodes = [n for g in graphs for n in g.node]
+    ids = {token_input}
+    grown = True
+    while grown:
+        grown = False
+        for node in nodes:
+            if node.op_type in _ID_PASSING_OPS and node.input and node.input[0] in ids:
+                new = set(node.output) - ids
+                ids |= new
+                grown = grown or bool(new)
+    for node in nodes:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in ids:
             table = tables.get(node.input[0])
             if table is not None and table.dims:
                 return int(table.dims[0])
     return None
 
 
+def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """``graph`` and every subgraph of its nodes (``If`` branches, loop bodies), depth first."""
+    found = [graph]
+    for node in graph.node:
+        for attr in node.attribute:
+            subgraphs = [attr.g] if attr.HasField("g") else list(attr.graphs)
+            for sub in subgraphs:
+                found.extend(_graphs(sub))
+    return found
+
+
 def source_quantization(model: onnx.ModelProto) -> SourceQuantization:
-    """Whether the graph is already quantized, and how (reads op types and initializer types)."""
-    ops = {n.op_type for n in model.graph.node}
+    """Whether the graph is already quantized, and how (reads op types and initializer types).
+
+    Subgraphs count: a merged decoder holds all its compute in the branches of an ``If``.
+    """
+    graphs = _graphs(model.graph)
+    nodes = [n for g in graphs for n in g.node]
+    ops = {n.op_type for n in nodes}
     if ops & _DYNAMIC_OPS:
         return SourceQuantization.DYNAMIC
     if ops & _QLINEAR_OPS:
         return SourceQuantization.QOPERATOR
-    int8_weights = {i.name for i in model.graph.initializer if i.data_type in _INT8_TYPES}
-    if any(
-        n.op_type == "DequantizeLinear" and n.input[0] in int8_weights for n in model.graph.node
-    ):
+    int8_weights = {i.name for g in graphs for i in g.initializer if i.data_type in _INT8_TYPES}
+    if any(n.op_type == "DequantizeLinear" and n.input[0] in int8_weights for n in nodes):
         return SourceQuantization.QDQ
     return SourceQuantization.NONE
 
@@ -165,7 +289,9 @@ def read_model_info(
     """The model's info: ``task``/``vocab_size`` given by a spec win over the ONNX metadata.
 
     Without a declared vocabulary, the embedding table behind the token input bounds
-    the ids. Without a declared task, the model is :attr:`ModelTask.GENERIC`.
+    the ids. Without a declared task, a decoder exported with a KV cache
+    (``past_key_values.*`` inputs, as transformers/Optimum write them) is a
+    :attr:`ModelTask.CAUSAL_LM`, any other model :attr:`ModelTask.GENERIC`.
     """
     props = {p.key: p.value for p in model.metadata_props}
     meta_task, meta_vocab = _declared(props)
@@ -173,8 +299,11 @@ def read_model_info(
     vocab = vocab_size or meta_vocab
     if vocab is None and token_input is not None:
         vocab = embedding_vocab(model, token_input)
+    cached = token_input is not None and any(
+        v.name.startswith(_PAST_PREFIX) for v in model.graph.input
+    )
     return ModelInfo(
-        task=task or meta_task or ModelTask.GENERIC,
+        task=task or meta_task or (ModelTask.CAUSAL_LM if cached else ModelTask.GENERIC),
         vocab_size=vocab if token_input is not None else None,
         token_input=token_input,
         quantization=source_quantization(model),

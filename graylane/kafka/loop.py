@@ -37,6 +37,22 @@ At-least-once: a batch is committed only once all its sends were acknowledged, s
 crash re-reads rather than loses; downstream readers see duplicates at worst,
 identifiable by request_id.
 
+Pipelined (``ConsumeLoop(..., max_in_flight=N)``, N > 1; the default 1 is the turn
+above): step 4 does not wait. The batch's sends become one in-flight cycle of
+:class:`InFlightCycles` and the loop fetches again while fewer than N cycles are
+uncommitted (at N, a turn first waits for the oldest to settle), so delivery overlaps
+the next fetch and compute, and a handler whose sends resolve late (a generation
+acknowledged many seconds after it was submitted) still sees the records that follow.
+Offsets are committed in fetch order as acknowledgements arrive: per partition, the
+highest next offset of the prefix of settled cycles, never past a record whose sends
+are not all acknowledged; once per turn, and when the loop drains. A cycle whose sends
+fail with a normal fault rewinds the consumer to its first records and drops the
+cycles after it (read again: duplicates, never a gap); an error of no known kind has
+that cycle handled record by record (below); lost credentials end the loop with
+nothing more committed. A revocation drains what is in flight on the revoked
+partitions (up to ``revoke_wait_s``) and commits it before they go; a clean stop
+drains too.
+
 Errors carry their own policy. A rebalance (partitions revoked mid-batch,
 ``CommitFailedError``, ``IllegalStateError`` on a seek), a broker outage, a topic
 deleted under a running service, a broken producer, and any exception whose class
@@ -66,18 +82,19 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import logging
 import os
 import random
 import re
 import socket
 import tempfile
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 from aiokafka import ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.errors import (
@@ -120,8 +137,10 @@ __all__ = [
     "ConsumeLoop",
     "DeadLetter",
     "Fault",
+    "InFlightCycles",
     "InstanceSlot",
     "LoopHooks",
+    "Replay",
     "RevokeListener",
     "claim_instance",
     "classify",
@@ -131,6 +150,7 @@ __all__ = [
     "leave_on_stop",
     "next_offsets",
     "rewind",
+    "seek_back",
     "settle",
 ]
 
@@ -353,6 +373,9 @@ def partitions_of(records: Iterable[Record]) -> set[TopicPartition]:
 # -- the guard -----------------------------------------------------------------------
 
 FaultCallback = Callable[[Fault, BaseException], None]
+Drain = Callable[[set[TopicPartition], float], Awaitable[None]]
+"""Settle and commit what is in flight on revoked partitions, waiting at most the seconds
+given (calling :meth:`BatchGuard.count_revocation` if anything is)."""
 
 
 class RevokeListener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -413,8 +436,11 @@ class BatchGuard:
         self._idle.set()
         self.revocations = 0
         """Rebalances that found a batch in flight on a revoked partition."""
+        self._counted = False
         self._on_fault: list[FaultCallback] = []
         self._slots: list[InstanceSlot] = []
+        self._drain: Drain | None = None
+        self._reassigned: Callable[[set[TopicPartition]], None] | None = None
 
     # -- wiring ----------------------------------------------------------------
     def consumer(
@@ -452,6 +478,25 @@ class BatchGuard:
         """End a backoff wait early once ``stop`` is set."""
         self._stop = stop
 
+    @property
+    def stopping(self) -> asyncio.Event | None:
+        """The event given to :meth:`interrupt_on`, if any."""
+        return self._stop
+
+    def drain_on_revoke(
+        self, drain: Drain, reassigned: Callable[[set[TopicPartition]], None]
+    ) -> None:
+        """Before revoked partitions go, also await ``drain(revoked, wait_s)`` (what a
+        pipelined loop has in flight), ``wait_s`` being what is left of ``revoke_wait_s``;
+        once the group has assigned partitions again, call ``reassigned(assigned)``."""
+        self._drain = drain
+        self._reassigned = reassigned
+
+    @property
+    def metrics(self) -> KafkaMetrics | None:
+        """The Kafka metrics of this loop (None without a registry)."""
+        return self._metrics
+
     def subscribe(self, consumer: BatchConsumer, topics: Iterable[str]) -> None:
         """(Re)subscribe ``consumer`` to ``topics`` with this guard's rebalance listener."""
         consumer.subscribe(list(topics), listener=self.listener)
@@ -470,8 +515,21 @@ class BatchGuard:
         self._idle.set()
 
     async def revoked(self, revoked: set[TopicPartition]) -> None:
-        if not self._busy & revoked:
-            return
+        started = asyncio.get_running_loop().time()
+        self._counted = bool(self._busy & revoked)
+        if self._counted:
+            await self._batch_done(revoked)
+        if self._drain is not None:
+            spent = asyncio.get_running_loop().time() - started
+            await self._drain(revoked, max(0.0, self.revoke_wait_s - spent))
+
+    def count_revocation(self) -> None:
+        """Count the rebalance under way as one that found something in flight (once)."""
+        if not self._counted:
+            self._counted = True
+            self.revocations += 1
+
+    async def _batch_done(self, revoked: set[TopicPartition]) -> None:
         self.revocations += 1
         log.info(
             "%s: rebalance with a batch in flight on %d revoked partition(s); "
@@ -491,6 +549,8 @@ class BatchGuard:
 
     def assigned(self, assigned: set[TopicPartition]) -> None:
         log.info("%s: %d partition(s) assigned", self.service, len(assigned))
+        if self._reassigned is not None:
+            self._reassigned(assigned)
 
     # -- faults ------------------------------------------------------------------
     def count(self, exc: BaseException) -> Fault:
@@ -583,8 +643,13 @@ def first_offsets(records: Sequence[Record]) -> dict[TopicPartition, int]:
 
 def rewind(consumer: BatchConsumer, records: Sequence[Record]) -> None:
     """Seek back to the batch's first offsets, on the partitions still assigned."""
+    seek_back(consumer, first_offsets(records))
+
+
+def seek_back(consumer: BatchConsumer, offsets: Mapping[TopicPartition, int]) -> None:
+    """Seek to ``offsets``, on the partitions still assigned."""
     assigned = consumer.assignment()
-    for tp, offset in first_offsets(records).items():
+    for tp, offset in offsets.items():
         if tp not in assigned:
             continue  # revoked: its next owner reads from the last commit
         try:
@@ -690,6 +755,153 @@ async def _settle_all(futures: Sequence[Awaitable[object]]) -> None:
             raise outcome
 
 
+# -- in-flight cycles (the pipelined loop's bookkeeping) -----------------------------
+
+
+@dataclass
+class _Tracked:
+    """One cycle as :class:`InFlightCycles` sees it: where its records begin and end."""
+
+    first: dict[TopicPartition, int]
+    next: dict[TopicPartition, int]
+    settled: bool = False
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a failed cycle asks for: seek to ``offsets`` (per partition, the first record
+    of the failed cycle and of every later one), and the cycles no longer tracked."""
+
+    offsets: dict[TopicPartition, int]
+    dropped: tuple[int, ...]
+
+
+class InFlightCycles:
+    """The cycles a pipelined loop has handled and not committed yet, in fetch order (pure).
+
+    A cycle is one turn's records, open while their sends are being acknowledged. Cycles
+    settle in any order; only the prefix of settled cycles becomes committable (per
+    partition, the highest next offset of that prefix), so a committed offset never
+    passes a record whose sends are not all acknowledged. A failed cycle drops itself
+    and every later one (they are read again: :class:`Replay`). At most ``cap`` cycles
+    are tracked at once; a settled cycle counts until the ones before it settle too.
+    """
+
+    def __init__(self, cap: int) -> None:
+        if cap < 1:
+            raise ValueError("at least one cycle in flight")
+        self.cap = cap
+        self._cycles: dict[int, _Tracked] = {}  # insertion order: fetch order
+        self._ready: dict[TopicPartition, int] = {}
+        self.opened = 0
+        """Cycles opened so far; the next one's key."""
+
+    def __len__(self) -> int:
+        return len(self._cycles)
+
+    @property
+    def full(self) -> bool:
+        return len(self._cycles) >= self.cap
+
+    @property
+    def keys(self) -> list[int]:
+        """The tracked cycles, oldest first."""
+        return list(self._cycles)
+
+    @property
+    def ready(self) -> dict[TopicPartition, int]:
+        """The offsets to commit: the settled prefix's, not yet committed."""
+        return dict(self._ready)
+
+    def tracks(self, key: int) -> bool:
+        return key in self._cycles
+
+    def settled(self, key: int) -> bool:
+        return key in self._cycles and self._cycles[key].settled
+
+    def partitions(self, key: int) -> set[TopicPartition]:
+        return set(self._cycles[key].next)
+
+    @property
+    def partitions_held(self) -> set[TopicPartition]:
+        """Every partition a tracked cycle or a ready offset is on."""
+        held = set(self._ready)
+        for cycle in self._cycles.values():
+            held.update(cycle.next)
+        return held
+
+    def open(self, records: Sequence[Record]) -> int:
+        """Track a new cycle of ``records`` (fetched after every tracked one); its key."""
+        if self.full:
+            raise ValueError(f"{self.cap} cycles in flight already")
+        if not records:
+            raise ValueError("a cycle has records")
+        key, self.opened = self.opened, self.opened + 1
+        self._cycles[key] = _Tracked(first_offsets(records), next_offsets(records))
+        return key
+
+    def settle(self, key: int) -> bool:
+        """Every send of cycle ``key`` is acknowledged; False if it is no longer tracked."""
+        cycle = self._cycles.get(key)
+        if cycle is None:
+            return False
+        cycle.settled = True
+        return True
+
+    def advance(self) -> list[int]:
+        """Move the settled prefix into :attr:`ready`; the keys it held."""
+        done: list[int] = []
+        for key, cycle in list(self._cycles.items()):
+            if not cycle.settled:
+                break
+            del self._cycles[key]
+            done.append(key)
+            for tp, offset in cycle.next.items():
+                self._ready[tp] = max(self._ready.get(tp, offset), offset)
+        return done
+
+    def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """``offsets`` are committed (or given up): they are no longer :attr:`ready`."""
+        for tp, offset in offsets.items():
+            if tp in self._ready and self._ready[tp] <= offset:
+                del self._ready[tp]
+
+    def fail(self, key: int) -> Replay:
+        """Cycle ``key`` failed: it and every later cycle are dropped, to be read again."""
+        if key not in self._cycles:
+            return Replay({}, ())
+        keys = list(self._cycles)
+        dropped = tuple(keys[keys.index(key) :])
+        offsets: dict[TopicPartition, int] = {}
+        for k in dropped:
+            for tp, offset in self._cycles.pop(k).first.items():
+                offsets[tp] = min(offsets.get(tp, offset), offset)
+        return Replay(offsets, dropped)
+
+    def forget(self, partitions: Collection[TopicPartition]) -> list[int]:
+        """``partitions`` went to another member: nothing of them is committed or rewound
+        here any more (their next owner reads from the last commit). A cycle left with no
+        partition is dropped; the keys dropped."""
+        for tp in partitions:
+            self._ready.pop(tp, None)
+        dropped: list[int] = []
+        for key, cycle in list(self._cycles.items()):
+            for tp in partitions:
+                cycle.first.pop(tp, None)
+                cycle.next.pop(tp, None)
+            if not cycle.next:
+                del self._cycles[key]
+                dropped.append(key)
+        return dropped
+
+    def clear(self) -> list[int]:
+        """Stop tracking everything (the loop ends); the keys dropped."""
+        dropped = list(self._cycles)
+        self._cycles.clear()
+        self._ready.clear()
+        return dropped
+
+
 # -- the loop ------------------------------------------------------------------------
 
 
@@ -720,6 +932,15 @@ class ConsumeLoop:
     without, it reads every partition of ``topics`` and ``position`` (given to
     :meth:`start`) puts it where to begin. ``policy`` is the backoff between
     retries (default 0.2 s doubling to 5 s).
+
+    ``max_in_flight`` > 1 pipelines it: a turn's sends are tracked as one cycle of
+    :class:`InFlightCycles` instead of being awaited, and the loop goes on fetching
+    while fewer than ``max_in_flight`` cycles are uncommitted (at the cap, a turn
+    first waits for the oldest to settle). Offsets are committed in fetch order as
+    acknowledgements arrive (once per turn, and on a drain); a cycle whose sends fail
+    rewinds the loop to its records, dropping the cycles after it (their records are
+    read again: duplicates, never a gap). ``revoke_wait_s`` bounds the wait for what
+    is in flight when partitions are revoked, and on a clean stop (:meth:`drain`).
     """
 
     def __init__(
@@ -735,9 +956,15 @@ class ConsumeLoop:
         policy: BackoffPolicy | None = None,
         poll_ms: int = 200,
         max_records: int | None = None,
+        max_in_flight: int = 1,
+        revoke_wait_s: float = 10.0,
     ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight counts cycles: at least 1")
         self.service = service
-        self.guard = BatchGuard(service, registry=registry, policy=policy)
+        self.guard = BatchGuard(
+            service, registry=registry, policy=policy, revoke_wait_s=revoke_wait_s
+        )
         self._factory = factory
         self._topics = tuple(topics)
         self._options = options
@@ -748,6 +975,34 @@ class ConsumeLoop:
         self._consumer: BatchConsumer | None = None
         self._resume: dict[TopicPartition, int] = {}
         """Each partition's position before the last default fetch."""
+        self._cycles = InFlightCycles(max_in_flight) if max_in_flight > 1 else None
+        """The pipelined mode's bookkeeping (None: one batch at a time)."""
+        self._flights: dict[int, _Flight] = {}
+        self._loose: set[asyncio.Future[BaseException | None]] = set()
+        """Sends of cycles no longer tracked (dropped, abandoned to a rebalance)."""
+        self._commit_lock = asyncio.Lock()
+        self._commit_to: Commit | None = None
+        """The last turn's ``hooks.commit`` (a drain commits there too)."""
+        self._retry_from = 0
+        """The first cycle opened after the last failure: its commit resets the backoff."""
+        self._recovered = False
+        if self._cycles is not None:
+            self.guard.drain_on_revoke(self._drain_revoked, self._reassigned)
+
+    @property
+    def max_in_flight(self) -> int:
+        return 1 if self._cycles is None else self._cycles.cap
+
+    @property
+    def in_flight(self) -> int:
+        """Cycles handled and not committed yet (always 0 with ``max_in_flight=1``)."""
+        return 0 if self._cycles is None else len(self._cycles)
+
+    @property
+    def _book(self) -> InFlightCycles:
+        if self._cycles is None:
+            raise AssertionError("a loop with max_in_flight=1 tracks no cycles")
+        return self._cycles
 
     @property
     def consumer(self) -> BatchConsumer:
@@ -783,6 +1038,8 @@ class ConsumeLoop:
 
     async def turn(self, hooks: LoopHooks) -> int:
         """One turn (see the module's docstring); the number of records fetched."""
+        if self._cycles is not None:
+            return await self._pipelined_turn(hooks, self._cycles)
         consumer = self.consumer
         async with self.guard.cycle():
             if hooks.before_fetch is not None:
@@ -793,10 +1050,7 @@ class ConsumeLoop:
             else:
                 records, unreadable = await self._fetch(consumer)
             if records or unreadable:
-                entries: list[tuple[Record, ErrorCode, str | None]] = [
-                    (r, ErrorCode.DECODE_ERROR, "unreadable record") for r in unreadable
-                ]
-                entries += [(r, ErrorCode.DECODE_ERROR, header_damage(r)) for r in records]
+                entries = _entries(records, unreadable)
                 await deliver_and_commit(
                     consumer,
                     unreadable + records,
@@ -922,15 +1176,21 @@ class ConsumeLoop:
         *,
         healthy: Callable[[], bool] = lambda: True,
     ) -> None:
-        """Turn until ``stop`` is set or ``healthy()`` says the service must end."""
+        """Turn until ``stop`` is set or ``healthy()`` says the service must end; then
+        :meth:`drain` (an error that ends the loop commits nothing more)."""
         self.guard.interrupt_on(stop)
         with loop_heartbeat(self.service) as beat:  # /healthz: this loop still turns
-            while not stop.is_set() and healthy():
-                beat()
-                await self.turn(hooks)
+            try:
+                while not stop.is_set() and healthy():
+                    beat()
+                    await self.turn(hooks)
+                await self.drain()  # a clean stop commits what was acknowledged
+            finally:
+                self._abandon()  # an error commits nothing more
 
     async def stop(self) -> None:
         """Stop the consumer (a static member leaves its group at once) and free its id."""
+        self._abandon()
         consumer, self._consumer = self._consumer, None
         try:
             if consumer is not None:
@@ -938,6 +1198,353 @@ class ConsumeLoop:
                 await consumer.stop()
         finally:
             self.guard.close()
+
+    # -- the pipelined mode ------------------------------------------------------
+    async def _pipelined_turn(self, hooks: LoopHooks, cycles: InFlightCycles) -> int:
+        consumer = self.consumer
+        self._commit_to = hooks.commit
+        async with self.guard.cycle():
+            if hooks.before_fetch is not None:
+                await hooks.before_fetch()
+            await self._reap(consumer)
+            fetched = 0
+            if await self._below_cap(consumer, cycles):
+                unreadable: list[Record] = []
+                if hooks.fetch is not None:
+                    records = await hooks.fetch(consumer)
+                else:
+                    records, unreadable = await self._fetch(consumer)
+                if records or unreadable:
+                    entries = _entries(records, unreadable)
+                    await self._launch(consumer, hooks, unreadable + records, entries)
+                fetched = len(records) + len(unreadable)
+            failure = await self._commit_settled(consumer)
+            if failure is not None:
+                await self._failed(failure, "commit")
+            if hooks.after_turn is not None:
+                await hooks.after_turn(consumer)
+            return fetched
+        return 0  # a normal fault, counted and backed off
+
+    async def _launch(
+        self,
+        consumer: BatchConsumer,
+        hooks: LoopHooks,
+        batch: list[Record],
+        entries: list[tuple[Record, ErrorCode, str | None]],
+    ) -> None:
+        """Handle a fetched batch and track its sends as a new cycle, not awaiting them."""
+        self.guard.begin(batch)
+        try:
+            try:
+                sends = await self._process(hooks, entries)
+            except Exception as exc:
+                if classify(exc) is not Fault.OTHER:
+                    raise
+                await self._one_by_one(hooks, entries, exc)  # its sends are settled
+                sends = []
+        except Exception as exc:
+            if not is_normal(classify(exc)):
+                raise  # lost credentials: nothing more is committed
+            rewind(consumer, batch)  # the newest cycle: nothing after it to drop
+            failure = exc
+        else:
+            self._track(_Flight(batch, entries, hooks), sends)
+            return
+        finally:
+            self.guard.end()
+        await self._failed(failure, f"handling of {len(batch)} records")
+
+    def _track(self, flight: _Flight, sends: Sends) -> None:
+        cycles = self._book
+        flight.key = cycles.open(flight.records)
+        self._flights[flight.key] = flight
+        if _acknowledged(sends):
+            cycles.settle(flight.key)
+        else:
+            flight.task = asyncio.ensure_future(_outcome(sends))
+            flight.task.add_done_callback(functools.partial(self._landed, flight))
+        self._gauge()
+
+    def _landed(self, flight: _Flight, task: asyncio.Future[BaseException | None]) -> None:
+        """A cycle's sends are settled (a done callback: bookkeeping only)."""
+        self._loose.discard(task)
+        error = asyncio.CancelledError() if task.cancelled() else task.result()
+        if error is None:
+            self._book.settle(flight.key)
+        else:
+            flight.error = error  # the loop acts on it at its next turn
+
+    async def _reap(self, consumer: BatchConsumer) -> None:
+        """Act on the cycles whose sends failed, oldest first: an error of no known kind
+        is one record's doing (handled record by record), a normal fault rewinds."""
+        cycles = self._book
+        for key in cycles.keys:
+            flight = self._flights.get(key)
+            if flight is None or flight.error is None or not cycles.tracks(key):
+                continue
+            error: BaseException | None
+            error, flight.error = flight.error, None
+            kind = classify(error)
+            if kind is Fault.FATAL:
+                raise error  # lost credentials: nothing more is committed
+            if kind is Fault.OTHER:
+                error = await self._isolate(flight, error)
+                if error is None:
+                    continue
+            self._replay(consumer, key)
+            await self._failed(error, f"delivery of {len(flight.records)} records")
+
+    async def _isolate(self, flight: _Flight, error: BaseException) -> BaseException | None:
+        """Handle a cycle's records again one by one; the normal fault that stopped it."""
+        self.guard.begin(flight.records)
+        try:
+            await self._one_by_one(flight.hooks, flight.entries, error)
+        except Exception as exc:
+            if not is_normal(classify(exc)):
+                raise
+            return exc
+        finally:
+            self.guard.end()
+        self._book.settle(flight.key)
+        return None
+
+    def _replay(self, consumer: BatchConsumer, key: int) -> None:
+        """Cycle ``key`` failed: read it and every later cycle again."""
+        cycles = self._book
+        replay = cycles.fail(key)
+        for dropped in replay.dropped:
+            self._let_go(dropped)
+        seek_back(consumer, replay.offsets)
+        if replay.dropped:
+            log.info(
+                "%s: %d cycle(s) dropped, read again from %s",
+                self.service,
+                len(replay.dropped),
+                _where(replay.offsets),
+            )
+        self._gauge()
+
+    async def _failed(self, exc: BaseException, during: str) -> None:
+        """Count and back off; the backoff is reset once a cycle opened after it commits."""
+        self._retry_from = self._book.opened
+        await self.guard.failed(exc, during)
+
+    async def _below_cap(self, consumer: BatchConsumer, cycles: InFlightCycles) -> bool:
+        """Wait while ``max_in_flight`` cycles are uncommitted; False if stopped first."""
+        stop = self.guard.stopping
+        while True:
+            self._advance()
+            if not cycles.full:
+                return True
+            if stop is not None and stop.is_set():
+                return False
+            waits: set[asyncio.Future[Any]] = set(self._pending(cycles.keys))
+            if waits:
+                stopping = asyncio.ensure_future(stop.wait()) if stop is not None else None
+                if stopping is not None:
+                    waits.add(stopping)
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if stopping is not None:
+                        stopping.cancel()
+            await self._reap(consumer)
+
+    def _pending(self, keys: Iterable[int]) -> list[asyncio.Future[BaseException | None]]:
+        pending = []
+        for key in keys:
+            flight = self._flights.get(key)
+            if flight is not None and flight.task is not None and not flight.task.done():
+                pending.append(flight.task)
+        return pending
+
+    def _advance(self) -> None:
+        cycles = self._book
+        for key in cycles.advance():
+            self._flights.pop(key, None)
+            if key >= self._retry_from:
+                self._recovered = True
+        self._gauge()
+
+    async def _commit_settled(self, consumer: BatchConsumer) -> BaseException | None:
+        """Commit the settled prefix on the partitions still assigned; the normal fault
+        that refused it (its offsets stay ready for the next commit)."""
+        cycles = self._book
+        async with self._commit_lock:
+            self._advance()
+            ready = cycles.ready
+            if not ready:
+                return None
+            assigned = consumer.assignment()
+            offsets = {tp: o for tp, o in ready.items() if tp in assigned}
+            gone = {tp: o for tp, o in ready.items() if tp not in assigned}
+            if gone:
+                log.info(
+                    "%s: revoked before the commit, not committed (the new owner reads them): %s",
+                    self.service,
+                    _where(gone),
+                )
+                cycles.committed(gone)
+            if offsets:
+                try:
+                    await (self._commit_to or consumer.commit)(offsets)
+                except Exception as exc:
+                    if not is_normal(classify(exc)):
+                        raise
+                    return exc
+                cycles.committed(offsets)
+        if self._recovered:
+            self._recovered = False
+            self.guard.succeeded()
+        return None
+
+    async def _settled_within(self, keys: list[int], wait_s: float) -> bool:
+        """Wait up to ``wait_s`` for the sends of cycles ``keys``; whether all settled."""
+        pending = self._pending(keys)
+        if pending and wait_s > 0:
+            await asyncio.wait(pending, timeout=wait_s)
+        return not self._pending(keys)
+
+    async def drain(self, wait_s: float | None = None) -> None:
+        """Wait up to ``wait_s`` (default ``revoke_wait_s``) for the cycles in flight and
+        commit the acknowledged prefix (:meth:`run` does on a clean stop). A cycle whose
+        sends failed is not handled again here: the prefix committed ends before it.
+        What is still in flight stays tracked (until :meth:`stop`)."""
+        cycles, consumer = self._cycles, self._consumer
+        if cycles is None or consumer is None:
+            return
+        wait = self.guard.revoke_wait_s if wait_s is None else wait_s
+        if not await self._settled_within(cycles.keys, wait):
+            log.warning(
+                "%s: %d cycle(s) still in flight after %.1f s are left unacknowledged; "
+                "they are read again at the next start",
+                self.service,
+                len(self._pending(cycles.keys)),
+                wait,
+            )
+        await self._commit_quietly(consumer, "draining")
+
+    async def _drain_revoked(self, revoked: set[TopicPartition], wait_s: float) -> None:
+        """Before ``revoked`` go (the rebalance listener): wait for the cycles in flight
+        on them, and the ones before, then commit the settled prefix."""
+        cycles, consumer = self._book, self._consumer
+        keys = cycles.keys
+        touching = [k for k in keys if cycles.partitions(k) & revoked]
+        if consumer is None or not touching:
+            if consumer is not None:
+                await self._commit_quietly(consumer, "a rebalance")
+            return
+        self.guard.count_revocation()
+        upto = keys[: keys.index(touching[-1]) + 1]  # the prefix must settle up to them
+        log.info(
+            "%s: rebalance with %d cycle(s) in flight on %d revoked partition(s); "
+            "waiting up to %.1f s for them to be acknowledged and committed",
+            self.service,
+            len(upto),
+            len({tp for k in touching for tp in cycles.partitions(k)} & revoked),
+            wait_s,
+        )
+        if not await self._settled_within(upto, wait_s):
+            log.warning(
+                "%s: cycles still in flight are left to the rebalance: the partitions' "
+                "next owner reads them again (this loop too, if they come back to it)",
+                self.service,
+            )
+        await self._commit_quietly(consumer, "a rebalance")
+
+    async def _commit_quietly(self, consumer: BatchConsumer, during: str) -> None:
+        """Commit the settled prefix; a refusal is counted, not raised (no backoff here)."""
+        try:
+            failure = await self._commit_settled(consumer)
+        except Exception as exc:  # lost credentials: the loop's next turn meets it too
+            failure = exc
+        if failure is not None:
+            self.guard.count(failure)
+            log.warning("%s: commit during %s refused (%r)", self.service, during, failure)
+
+    def _reassigned(self, assigned: set[TopicPartition]) -> None:
+        """After a rebalance: forget the partitions that went to another member (their
+        next owner reads them from the last commit). A partition given back keeps its
+        cycles: it is read again from the last commit, and nothing is committed past a
+        cycle still unsettled."""
+        cycles = self._book
+        for key in cycles.forget(cycles.partitions_held - assigned):
+            self._let_go(key)
+        self._gauge()
+
+    def _let_go(self, key: int) -> None:
+        """Stop tracking cycle ``key``; its sends, if still pending, go on untracked."""
+        flight = self._flights.pop(key, None)
+        if flight is not None and flight.task is not None and not flight.task.done():
+            self._loose.add(flight.task)
+
+    def _abandon(self) -> None:
+        """The loop ends: cancel the waits on every send not settled; nothing is committed."""
+        if self._cycles is None:
+            return
+        for key in self._cycles.clear():
+            self._let_go(key)
+        self._flights.clear()
+        for task in list(self._loose):
+            task.cancel()
+        self._loose.clear()
+        self._gauge()
+
+    def _gauge(self) -> None:
+        metrics = self.guard.metrics
+        if metrics is not None and self._cycles is not None:
+            metrics.in_flight.labels(self.service).set(len(self._cycles))
+
+
+@dataclass(eq=False)
+class _Flight:
+    """A cycle's I/O side: its records, how to handle them again, the wait on its sends."""
+
+    records: list[Record]
+    entries: list[tuple[Record, ErrorCode, str | None]]
+    hooks: LoopHooks
+    key: int = -1
+    task: asyncio.Future[BaseException | None] | None = None
+    error: BaseException | None = None
+    """What failed its sends, until the loop acts on it."""
+
+
+async def _outcome(sends: Sends) -> BaseException | None:
+    """Settle a cycle's sends (none left in flight); what failed them, None if nothing."""
+    try:
+        await _settle_all(sends)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the loop let go of it
+        return exc  # a send was cancelled
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _acknowledged(sends: Sends) -> bool:
+    """Whether every send is already acknowledged (no wait needed)."""
+    return all(
+        isinstance(s, asyncio.Future) and s.done() and not s.cancelled() and s.exception() is None
+        for s in sends
+    )
+
+
+def _entries(
+    records: list[Record], unreadable: list[Record]
+) -> list[tuple[Record, ErrorCode, str | None]]:
+    """Each record of a batch with why it is passed over (None: it is handled)."""
+    entries: list[tuple[Record, ErrorCode, str | None]] = [
+        (r, ErrorCode.DECODE_ERROR, "unreadable record") for r in unreadable
+    ]
+    entries += [(r, ErrorCode.DECODE_ERROR, header_damage(r)) for r in records]
+    return entries
+
+
+def _where(offsets: Mapping[TopicPartition, int]) -> list[str]:
+    return sorted(f"{tp.topic}[{tp.partition}]@{o}" for tp, o in offsets.items())
 
 
 def _stand_in(tp: TopicPartition, offset: int) -> Record:

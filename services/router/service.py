@@ -58,6 +58,9 @@ class RouterConfig:
     max_poll_records: int = 500
     metrics_port: int | None = None
     """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
+    max_in_flight: int = 8
+    """Fetched batches whose forwards may be unacknowledged at once (committed in order):
+    the next batch is routed while the broker acknowledges the previous one."""
 
 
 @dataclass
@@ -358,6 +361,7 @@ class Router:
             role="router",
             client_suffix="router",
             registry=self.registry,
+            max_in_flight=self.config.max_in_flight,
         )
         loop.guard.on_fault(sink.forget)
         await loop.start()

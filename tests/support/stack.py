@@ -13,6 +13,7 @@ from graylane.artifacts.model_info import ModelInfo
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.faults import FaultInjection
+from graylane.engine_worker.requests import Tokenizer
 from graylane.engine_worker.service import Worker, WorkerConfig
 from graylane.kafka.reading import FollowFrom, TopicFollower
 from graylane.kafka.seam import KafkaFactory, Record
@@ -44,6 +45,7 @@ async def running_stack(
     engines: Mapping[str, Mapping[str, InferenceEngine]] | None = None,
     model_info: ModelInfo | None = None,
     initial_variant: str = "fp32",
+    tokenizer: Tokenizer | None = None,
 ) -> AsyncIterator[Stack]:
     """Start a router and one worker per version; stop them all on exit."""
     stop = asyncio.Event()
@@ -62,6 +64,7 @@ async def running_stack(
                 version=version,
                 initial_variant=initial_variant,
                 model_info=model_info,
+                tokenizer=tokenizer,
                 max_seq_len=max_seq_len,
                 buckets=(16, 32, 64, 128, 256),
                 max_batch_size=max_batch_size,

@@ -1,5 +1,7 @@
 """The one consume loop over the in-memory double: what it commits, what it retries,
-what it passes over (one record, never the loop), what ends it, and how it stops."""
+what it passes over (one record, never the loop), what ends it, and how it stops;
+one batch at a time and pipelined (``max_in_flight`` > 1) alike, and what only the
+pipelined loop does: fetch on while sends are in flight, up to its cap, and drain."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import TopicAuthorizationFailedError
+from prometheus_client import CollectorRegistry
 
 from graylane.errors import ErrorCode, GraylaneError
 from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
@@ -32,6 +35,11 @@ class Broken(GraylaneError):
     """A failure that it cannot."""
 
 
+@pytest.fixture(params=[1, 4], ids=["one-at-a-time", "pipelined"])
+def in_flight(request: pytest.FixtureRequest) -> int:
+    return int(request.param)
+
+
 @pytest.fixture
 def factory(tmp_path: Path) -> MemoryFactory:
     factory = MemoryFactory(
@@ -43,7 +51,14 @@ def factory(tmp_path: Path) -> MemoryFactory:
     return factory
 
 
-def loop_of(factory: MemoryFactory, group: str | None = GROUP) -> ConsumeLoop:
+def loop_of(
+    factory: MemoryFactory,
+    group: str | None = GROUP,
+    *,
+    in_flight: int = 1,
+    registry: CollectorRegistry | None = None,
+    max_records: int | None = None,
+) -> ConsumeLoop:
     return ConsumeLoop(
         "test",
         factory,
@@ -53,6 +68,9 @@ def loop_of(factory: MemoryFactory, group: str | None = GROUP) -> ConsumeLoop:
         client_suffix="test",
         policy=BackoffPolicy(base_s=0.01, cap_s=0.02),
         poll_ms=50,
+        max_in_flight=in_flight,
+        registry=registry,
+        max_records=max_records,
     )
 
 
@@ -61,9 +79,9 @@ def committed(factory: MemoryFactory) -> int | None:
 
 
 async def test_a_delivered_batch_is_committed_and_a_stop_frees_the_consumer(
-    factory: MemoryFactory,
+    factory: MemoryFactory, in_flight: int
 ) -> None:
-    loop = loop_of(factory)
+    loop = loop_of(factory, in_flight=in_flight)
     seen: list[bytes] = []
 
     async def handle(records: list[Record]) -> list[Awaitable[object]]:
@@ -80,9 +98,9 @@ async def test_a_delivered_batch_is_committed_and_a_stop_frees_the_consumer(
 
 
 async def test_a_retriable_error_rewinds_backs_off_and_tells_the_fault_callbacks(
-    factory: MemoryFactory,
+    factory: MemoryFactory, in_flight: int
 ) -> None:
-    loop = loop_of(factory)
+    loop = loop_of(factory, in_flight=in_flight)
     faults: list[tuple[Fault, BaseException]] = []
     loop.guard.on_fault(lambda kind, exc: faults.append((kind, exc)))
     tries: list[int] = []
@@ -109,9 +127,9 @@ async def test_a_retriable_error_rewinds_backs_off_and_tells_the_fault_callbacks
 
 
 async def test_lost_authorization_propagates_and_nothing_is_committed(
-    factory: MemoryFactory,
+    factory: MemoryFactory, in_flight: int
 ) -> None:
-    loop = loop_of(factory)
+    loop = loop_of(factory, in_flight=in_flight)
 
     async def handle(records: list[Record]) -> list[Awaitable[object]]:
         raise TopicAuthorizationFailedError()
@@ -126,10 +144,10 @@ async def test_lost_authorization_propagates_and_nothing_is_committed(
 
 
 async def test_an_error_of_no_known_kind_passes_over_its_record_and_commits_the_batch(
-    factory: MemoryFactory,
+    factory: MemoryFactory, in_flight: int
 ) -> None:
     """It used to end the loop uncommitted: the same record ended every restart."""
-    loop = loop_of(factory)
+    loop = loop_of(factory, in_flight=in_flight)
     handled: list[bytes] = []
     dead: list[tuple[bytes, ErrorCode]] = []
 
@@ -154,8 +172,10 @@ async def test_an_error_of_no_known_kind_passes_over_its_record_and_commits_the_
     assert committed(factory) == 3
 
 
-async def test_offsets_kept_elsewhere_go_to_the_commit_hook(factory: MemoryFactory) -> None:
-    loop = loop_of(factory, group=None)
+async def test_offsets_kept_elsewhere_go_to_the_commit_hook(
+    factory: MemoryFactory, in_flight: int
+) -> None:
+    loop = loop_of(factory, group=None, in_flight=in_flight)
     kept: dict[TopicPartition, int] = {}
     positioned: list[bool] = []
 
@@ -178,7 +198,7 @@ async def test_offsets_kept_elsewhere_go_to_the_commit_hook(factory: MemoryFacto
     assert kept == {TopicPartition(TOPIC, 0): 3}
 
 
-async def test_a_stop_cuts_a_backoff_wait_short(factory: MemoryFactory) -> None:
+async def test_a_stop_cuts_a_backoff_wait_short(factory: MemoryFactory, in_flight: int) -> None:
     loop = ConsumeLoop(
         "test",
         factory,
@@ -187,6 +207,7 @@ async def test_a_stop_cuts_a_backoff_wait_short(factory: MemoryFactory) -> None:
         role="test",
         client_suffix="test",
         policy=BackoffPolicy(base_s=30.0, cap_s=30.0),
+        max_in_flight=in_flight,
     )
     stop = asyncio.Event()
 
@@ -230,7 +251,9 @@ class _PoisonedFactory(MemoryFactory):
         return _PoisonedConsumer(super().consumer(*topics, **kwargs))
 
 
-async def test_a_fetch_that_fails_for_one_record_passes_over_exactly_that_record() -> None:
+async def test_a_fetch_that_fails_for_one_record_passes_over_exactly_that_record(
+    in_flight: int,
+) -> None:
     """aiokafka's fetch raised for one record (a header key it could not decode) and
     the whole loop ended; on restart it read the same record and ended again."""
     factory = _PoisonedFactory(
@@ -241,7 +264,7 @@ async def test_a_fetch_that_fails_for_one_record_passes_over_exactly_that_record
         factory.broker.append(TOPIC, value, partition=0)
     for value in (b"s0", b"s1"):
         factory.broker.append(TOPIC, value, partition=1)
-    loop = loop_of(factory)
+    loop = loop_of(factory, in_flight=in_flight)
     handled: list[bytes] = []
     dead: list[tuple[int, int, ErrorCode]] = []
 
@@ -265,3 +288,140 @@ async def test_a_fetch_that_fails_for_one_record_passes_over_exactly_that_record
     assert loop.guard.faults[Fault.RECORD] == 1
     assert factory.broker.committed(GROUP, TopicPartition(TOPIC, 0)) == 3
     assert factory.broker.committed(GROUP, TopicPartition(TOPIC, 1)) == 2
+
+
+# -- only the pipelined loop -----------------------------------------------------------
+
+OUT = "t.out"
+
+
+def forwarding(factory: MemoryFactory, handled: list[bytes]) -> Any:
+    """A handler that forwards each record to OUT and returns the sends unawaited."""
+    producer = factory.producer()
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        if not producer.started:
+            await producer.start()
+        handled.extend(r.value or b"" for r in records)
+        return [await producer.send(OUT, r.value) for r in records]
+
+    factory.broker.create_topic(OUT, 1)
+    return handle
+
+
+def in_flight_gauge(registry: CollectorRegistry) -> float | None:
+    return registry.get_sample_value("graylane_kafka_in_flight_cycles", {"service": "test"})
+
+
+async def test_a_pipelined_loop_fetches_on_while_sends_are_in_flight_up_to_its_cap(
+    factory: MemoryFactory,
+) -> None:
+    for n in range(3, 6):
+        factory.broker.append(TOPIC, f"r{n}".encode(), partition=0)
+    registry = CollectorRegistry()
+    loop = loop_of(factory, in_flight=4, registry=registry, max_records=1)
+    handled: list[bytes] = []
+    hooks = LoopHooks(handle=forwarding(factory, handled))
+    factory.broker.hold_acks()
+    await loop.start()
+    try:
+        for n in range(4):
+            assert await loop.turn(hooks) == 1  # no turn waited for an acknowledgement
+            assert loop.in_flight == n + 1
+        assert handled == [b"r0", b"r1", b"r2", b"r3"]
+        assert committed(factory) is None  # nothing is acknowledged
+        assert in_flight_gauge(registry) == 4
+        assert loop.in_flight == loop.max_in_flight  # the cap: the next turn waits first
+        factory.broker.release_acks()
+        assert await loop.turn(hooks) == 1
+        assert handled[-1] == b"r4"
+        assert committed(factory) == 5  # r4's send was acknowledged at once
+        assert loop.in_flight == 0 and in_flight_gauge(registry) == 0
+    finally:
+        await loop.stop()
+
+
+async def test_a_clean_stop_drains_what_is_in_flight_and_commits_it(
+    factory: MemoryFactory,
+) -> None:
+    loop = loop_of(factory, in_flight=4, max_records=1)
+    stop = asyncio.Event()
+    handled: list[bytes] = []
+
+    async def after_turn(consumer: object) -> None:
+        if loop.in_flight == 3:  # every record handled, none acknowledged
+            stop.set()
+            factory.broker.release_acks()  # acknowledged after the last turn's commit
+
+    hooks = LoopHooks(handle=forwarding(factory, handled), after_turn=after_turn)
+    factory.broker.hold_acks()
+    await loop.start()
+    try:
+        await asyncio.wait_for(loop.run(stop, hooks), 10)
+    finally:
+        await loop.stop()
+    assert handled == [b"r0", b"r1", b"r2"]
+    assert committed(factory) == 3  # committed by the drain
+
+
+async def test_a_send_failing_for_no_known_reason_has_its_cycle_handled_record_by_record(
+    factory: MemoryFactory,
+) -> None:
+    loop = loop_of(factory, in_flight=4)
+    handled: list[bytes] = []
+    dead: list[tuple[bytes, ErrorCode]] = []
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        handled.extend(r.value or b"" for r in records)
+        sends: list[Awaitable[object]] = []
+        for r in records:
+            ack: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+            if r.value == b"r1":
+                ack.set_exception(Broken("this record cannot be answered"))
+            else:
+                ack.set_result(None)
+            sends.append(ack)
+        return sends
+
+    async def dead_letter(record: Record, code: ErrorCode, why: str) -> Awaitable[object]:
+        dead.append((record.value or b"", code))
+        return asyncio.sleep(0)
+
+    hooks = LoopHooks(handle=handle, dead_letter=dead_letter)
+    await loop.start()
+    try:
+        await loop.turn(hooks)
+        assert committed(factory) is None  # the cycle's sends failed: not settled
+        for _ in range(10):  # the next turns act on the failure
+            await loop.turn(hooks)
+            if dead:
+                break
+    finally:
+        await loop.stop()
+    assert handled == [b"r0", b"r1", b"r2", b"r0", b"r1", b"r2"]  # then one at a time
+    assert dead == [(b"r1", ErrorCode.INTERNAL)]
+    assert committed(factory) == 3
+    assert loop.guard.faults[Fault.RECORD] == 1
+
+
+async def test_lost_credentials_in_a_send_end_a_pipelined_loop_with_nothing_more_committed(
+    factory: MemoryFactory,
+) -> None:
+    loop = loop_of(factory, in_flight=4, max_records=1)
+
+    async def handle(records: list[Record]) -> list[Awaitable[object]]:
+        ack: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        if records[0].value == b"r1":
+            ack.set_exception(TopicAuthorizationFailedError())
+        else:
+            ack.set_result(None)
+        return [ack]
+
+    await loop.start()
+    try:
+        with pytest.raises(TopicAuthorizationFailedError):
+            await asyncio.wait_for(loop.run(asyncio.Event(), LoopHooks(handle=handle)), 10)
+        assert loop.in_flight == 0
+    finally:
+        await loop.stop()
+    assert committed(factory) == 1  # r0 only: nothing past r1, though r2 was acknowledged

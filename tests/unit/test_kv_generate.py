@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -92,10 +93,12 @@ def test_cache_layout_is_read_from_the_io_signature(
     assert layout.present_names[-1] == "present.1.value"
     assert not layout.position_ids
     assert kv_cache_layout(plain.io) is None
-    # Today's path never mistakes the cached model for a plain token model.
-    assert token_layout(cached.io) is None
+    # A forward pass runs it as a token model whose past is derived (empty), never requested.
+    forward = token_layout(cached.io)
+    assert forward == layout.tokens and set(forward.derived) == set(layout.past_names)
     # Request validation sees both forms as token models with the same ids and vocabulary.
-    assert generation_layout(cached.io) == layout.tokens == token_layout(plain.io)
+    assert generation_layout(cached.io) == layout.tokens
+    assert replace(layout.tokens, derived=()) == token_layout(plain.io)
 
 
 def test_an_incomplete_cache_signature_is_not_a_cache_model(cached: OnnxRuntimeEngine) -> None:
