@@ -259,19 +259,19 @@ class StopStrings:
     def safe_length(self, text: str) -> int:
         """How much of ``text`` can be emitted now: it cannot hold or begin a stop string.
 
-        The text before a stop string found; else all but the longest end of ``text``
-        that some stop string starts with (more text may complete it).
+        Neither past the start of a stop string found nor into the longest end of
+        ``text`` that some stop string starts with (more text may complete it, and a
+        longer stop string begun earlier would cut earlier).
         """
         found = self.find(text)
-        if found is not None:
-            return found.cut
         held = 0
         for stop in self.stops:
             for n in range(min(len(stop) - 1, len(text)), held, -1):
                 if text.endswith(stop[:n]):
                     held = n
                     break
-        return len(text) - held
+        # A longer stop string that began before a found one may still complete there.
+        return min(found.cut if found is not None else len(text), len(text) - held)
 
     def cut(self, tokens: Sequence[int], decode: Callable[[Sequence[int]], str]) -> TextCut | None:
         """Where the text of ``tokens`` stops, if it holds a stop string."""
