@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -45,7 +46,7 @@ from graylane.engine_worker.compute import WorkerEngines, engine_rejection
 from graylane.engine_worker.requests import Job, input_rejection
 from graylane.engine_worker.sampling import StopStrings
 from graylane.engine_worker.tasks import GenerationResult, KvDecodeLoop
-from graylane.engine_worker.wire import ResultContext
+from graylane.engine_worker.wire import DecodeLoad, ResultContext
 from graylane.errors import ErrorCode
 from graylane.kafka.replies import Rejection
 from graylane.v1 import inference_pb2
@@ -58,6 +59,7 @@ __all__ = [
     "Finished",
     "StreamCursor",
     "StreamPolicy",
+    "gap_p99",
     "safe_text",
 ]
 
@@ -148,6 +150,15 @@ class StreamCursor:
         return piece
 
 
+def gap_p99(gaps_ms: Sequence[float]) -> float:
+    """The nearest-rank p99 of one generation's inter-token gaps; 0.0 without any."""
+    if not gaps_ms:
+        return 0.0
+    ordered = sorted(gaps_ms)
+    rank = max(1, math.ceil(0.99 * len(ordered) - 1e-9))
+    return ordered[rank - 1]
+
+
 class CancelBook:
     """Cancels for requests not (yet) running here, remembered for a while (bounded)."""
 
@@ -200,6 +211,9 @@ class _Live:
     first_token_ms: int = 0
     last_token_ms: int = 0
     started_ms: int = 0
+    tokens_seen: int = 0
+    gaps_ms: list[float] = field(default_factory=list)
+    """Time between consecutive tokens (tokens stamped together share their step's gap)."""
     sends: list[Awaitable[object]] = field(default_factory=list)
     done: asyncio.Future[None] | None = None
 
@@ -211,6 +225,8 @@ class Finished:
 
     jobs: tuple[Job, ...]
     started_ms: int
+    load: DecodeLoad | None = None
+    """The decode loop as they ended (its load signals)."""
 
 
 Deliver = Callable[[Finished], Awaitable[list[Awaitable[object]]]]
@@ -405,6 +421,8 @@ class ContinuousDecoder:
                     ended = self._collect(finished, running_before, started)
                     await self._publish(now_ms())
                     finished = []
+                else:  # the joiners' first tokens exist now, not after the decode step
+                    self._stamp_prefilled(finished, started)
                 finished += await self._engines.in_thread(loop.decode_step)
             else:  # one engine-thread hop per step when nobody joins
                 finished = await self._engines.in_thread(loop.step)
@@ -455,6 +473,14 @@ class ContinuousDecoder:
             self._stamp(self._live[seq_id], len(loop.tokens_of(seq_id)), started, done)
         return ended
 
+    def _stamp_prefilled(self, finished: list[tuple[int, GenerationResult]], started: int) -> None:
+        """Stamp the tokens a prefill produced (TTFT), before the same step decodes."""
+        loop, done = self._loop, now_ms()
+        for seq_id, result in finished:
+            self._stamp(self._live[seq_id], len(result.tokens), started, done)
+        for seq_id in loop.scheduler.running:
+            self._stamp(self._live[seq_id], len(loop.tokens_of(seq_id)), started, done)
+
     async def _publish(self, at_ms: int) -> None:
         """A chunk for every streamed row that has one due."""
         loop = self._loop
@@ -473,10 +499,30 @@ class ContinuousDecoder:
     def _stamp(live: _Live, tokens: int, started: int, done: int) -> None:
         if not live.started_ms:
             live.started_ms = started
-        if tokens and not live.first_token_ms:
+        new = tokens - live.tokens_seen
+        if new <= 0:
+            return
+        if live.first_token_ms:
+            gap = float(max(0, done - live.last_token_ms)) / new
+            live.gaps_ms.extend([gap] * new)
+        else:
             live.first_token_ms = done
-        if tokens:
-            live.last_token_ms = done
+            if new > 1:  # the first token and more in one hop: the rest share it
+                live.gaps_ms.extend([float(max(0, done - started)) / new] * (new - 1))
+        live.tokens_seen = tokens
+        live.last_token_ms = done
+
+    def load(self) -> DecodeLoad:
+        """KV-cache occupancy and waiting sequences of the running batch now."""
+        scheduler = self._loop.scheduler
+        limits = self.limits
+        budget = limits.max_kv_tokens or limits.max_sequences * limits.max_seq_len
+        occupancy = scheduler.reserved_kv_tokens / budget if budget > 0 else 0.0
+        return DecodeLoad(
+            kv_cache_occupancy=min(1.0, occupancy),
+            waiting=len(scheduler.waiting) + len(self._arrived),
+            running=len(scheduler.running),
+        )
 
     def _chunk(self, live: _Live, piece: ChunkPiece) -> inference_pb2.InferenceResult:
         request = live.job.request
@@ -512,7 +558,7 @@ class ContinuousDecoder:
                 piece = live.cursor.finish(tokens, job.result.text, float(now_ms()))
                 job.stream_tail = self._final_chunk(job.result, piece)
         try:
-            sends = await self._deliver(Finished(tuple(jobs), first_started))
+            sends = await self._deliver(Finished(tuple(jobs), first_started, self.load()))
         except Exception as exc:  # the loop's next cycle reads them again
             for live, _ in ended:
                 self._settle(live, exc)
@@ -529,6 +575,9 @@ class ContinuousDecoder:
             when.ttft_ms = float(max(0, live.first_token_ms - created))
         if tokens > 1 and live.last_token_ms > live.first_token_ms:
             when.tpot_ms = (live.last_token_ms - live.first_token_ms) / (tokens - 1)
+        if live.first_token_ms and live.started_ms:
+            when.prefill_ms = float(max(0, live.first_token_ms - live.started_ms))
+        when.inter_token_p99_ms = gap_p99(live.gaps_ms)
         when.dequeued_at_unix_ms = live.started_ms or live.submitted_ms
         queued_since = when.routed_at_unix_ms or created
         when.queue_wait_ms = float(max(0, when.dequeued_at_unix_ms - queued_since))

@@ -331,9 +331,15 @@ class WorkerObserver:
                 self.metrics.service_ms.labels(*labels).observe(
                     max(0, when.completed_at_unix_ms - when.dequeued_at_unix_ms)
                 )
+                if job.result.task == inference_pb2.GENERATE:
+                    self.metrics.generation(labels, job.result)
         self.metrics.requests.labels(*labels).inc(report.served)
         self.metrics.batch_size.labels(*labels).observe(report.telemetry.batch_size)
         self.metrics.compute_ms.labels(*labels).observe(report.telemetry.compute_ms)
+        if report.telemetry.HasField("generation"):
+            generation = report.telemetry.generation
+            self.metrics.kv_cache_occupancy.labels(*labels).set(generation.kv_cache_occupancy)
+            self.metrics.waiting_sequences.labels(*labels).set(generation.waiting_sequences)
 
 
 # --- the worker -------------------------------------------------------------------------
@@ -575,6 +581,7 @@ class Worker:
                 started_ms=finished.started_ms,
                 device_load=self._engines.device_load,
                 batch_id=self._batch_ids.of(finished.jobs[0].record),
+                load=finished.load,
             )
             report.telemetry.lag = self.observer.lag
             self.observer.record(report, context.variant)

@@ -34,6 +34,8 @@ __all__ = [
     "BatchClock",
     "BatchIds",
     "BatchReport",
+    "DecodeLoad",
+    "GenerationTally",
     "ResultContext",
     "build_batch",
     "generation_report",
@@ -177,6 +179,157 @@ def generation_result(
     return _result(job.request, GenerateOutcome(outcome), ctx, when, len(job.work.prompt_tokens))
 
 
+@dataclass(frozen=True, kw_only=True)
+class DecodeLoad:
+    """The decode loop when a batch of generations ended: load signals for QoS and scale."""
+
+    kv_cache_occupancy: float = 0.0
+    """Cache positions the running rows reserve over the loop's budget, 0..1."""
+    waiting: int = 0
+    """Sequences not yet given a decode row."""
+    running: int = 0
+
+
+class GenerationTally:
+    """The generation part of a batch's telemetry, built from its OK answers."""
+
+    def __init__(self) -> None:
+        self.ttft = LatencyHistogram()
+        self.tpot = LatencyHistogram()
+        self.inter_token_p99 = LatencyHistogram()
+        self.prefill = LatencyHistogram()
+        self.output_tokens = LatencyHistogram()
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+        self.generations = 0
+        self.finish_reasons: dict[int, int] = {}
+
+    def add(self, result: inference_pb2.InferenceResult) -> None:
+        """Count one generation's answer (a timing of 0 is unknown, not recorded)."""
+        when = result.timing
+        for hist, value in (
+            (self.ttft, when.ttft_ms),
+            (self.tpot, when.tpot_ms),
+            (self.inter_token_p99, when.inter_token_p99_ms),
+            (self.prefill, when.prefill_ms),
+        ):
+            if value > 0.0:
+                hist.record(value)
+        tokens = max(0, result.usage.completion_tokens)
+        self.output_tokens.record(float(tokens))
+        self.prompt_tokens += max(0, result.usage.prompt_tokens)
+        self.generated_tokens += tokens
+        self.generations += 1
+        reason = int(result.finish_reason)
+        self.finish_reasons[reason] = self.finish_reasons.get(reason, 0) + 1
+
+    def to_pb(self, load: DecodeLoad | None) -> telemetry_pb2.GenerationTelemetry:
+        load = load or DecodeLoad()
+        pb = telemetry_pb2.GenerationTelemetry(
+            ttft=histogram_to_pb(self.ttft),
+            tpot=histogram_to_pb(self.tpot),
+            inter_token_p99=histogram_to_pb(self.inter_token_p99),
+            prefill=histogram_to_pb(self.prefill),
+            output_tokens=histogram_to_pb(self.output_tokens),
+            prompt_tokens=self.prompt_tokens,
+            generated_tokens=self.generated_tokens,
+            generations=self.generations,
+            kv_cache_occupancy=min(1.0, max(0.0, load.kv_cache_occupancy)),
+            waiting_sequences=max(0, load.waiting),
+            running_sequences=max(0, load.running),
+        )
+        for reason, n in sorted(self.finish_reasons.items()):
+            pb.finish_reasons.add(reason=reason, count=n)
+        return pb
+
+
+class _Tally:
+    """What one batch's answers add up to: its telemetry's counts and histograms.
+
+    One builder for every kind of batch (per-cycle batches and generations of the
+    continuous decode loop), so their telemetry means the same.
+    """
+
+    def __init__(self) -> None:
+        self.latency = LatencyHistogram()
+        self.queue_wait = LatencyHistogram()
+        self.error_codes: dict[ErrorCode, int] = {}
+        self.shadow = 0
+        self.input_errors = 0
+        self.shed = 0
+        self.generation: GenerationTally | None = None
+
+    def seen(self, request: inference_pb2.InferenceRequest) -> None:
+        self.shadow += int(request.shadow)
+
+    def refused(self, code: ErrorCode, *, input_error: bool) -> None:
+        """An answer of error ``code`` that is no failure of the version: a request
+        refused for its own input (``input_error``), else a shed."""
+        self._count(code)
+        if input_error:
+            self.input_errors += 1
+        else:
+            self.shed += 1
+
+    def failed(self, code: ErrorCode, latency_ms: float) -> None:
+        """An error answer the version is accountable for."""
+        self._count(code)
+        self.latency.record(latency_ms)
+
+    def _count(self, code: ErrorCode) -> None:
+        self.error_codes[code] = self.error_codes.get(code, 0) + 1
+
+    def served(self, result: inference_pb2.InferenceResult, latency_ms: float) -> None:
+        self.latency.record(latency_ms)
+        self.queue_wait.record(max(result.timing.queue_wait_ms, _MIN_MS))
+        if result.task == inference_pb2.GENERATE:
+            if self.generation is None:
+                self.generation = GenerationTally()
+            self.generation.add(result)
+
+    def telemetry(
+        self,
+        ctx: ResultContext,
+        *,
+        jobs: int,
+        compute_ms: float,
+        device_load: float,
+        started_ms: int,
+        done_ms: int,
+        task: str,
+        batch_id: telemetry_pb2.BatchId | None,
+        bucket_len: int = 0,
+        load: DecodeLoad | None = None,
+    ) -> telemetry_pb2.BatchTelemetry:
+        ran = jobs - self.shed
+        telemetry = telemetry_pb2.BatchTelemetry(
+            model=ctx.model,
+            version=ctx.version,
+            variant=ctx.variant,
+            worker_id=ctx.worker_id,
+            batch_size=ran,
+            request_count=ran,
+            error_count=sum(self.error_codes.values()) - self.input_errors - self.shed,
+            input_error_count=self.input_errors,
+            shed_count=self.shed,
+            batch_id=batch_id,
+            latency=histogram_to_pb(self.latency),
+            queue_wait=histogram_to_pb(self.queue_wait),
+            queue_wait_ms_mean=self.queue_wait.mean_ms if self.queue_wait.count else 0.0,
+            compute_ms=compute_ms,
+            device_load=device_load,
+            started_at_unix_ms=started_ms,
+            completed_at_unix_ms=done_ms,
+            shadow_count=self.shadow,
+            error_codes={code.name: n for code, n in self.error_codes.items()},
+            sequence_bucket=bucket_len,
+            task=task,
+        )
+        if self.generation is not None:
+            telemetry.generation.CopyFrom(self.generation.to_pb(load))
+        return telemetry
+
+
 def generation_report(
     jobs: Sequence[Job],
     ctx: ResultContext,
@@ -184,63 +337,42 @@ def generation_report(
     started_ms: int,
     device_load: float,
     batch_id: telemetry_pb2.BatchId | None = None,
+    load: DecodeLoad | None = None,
 ) -> BatchReport:
     """The report of generations that ended together, each already answered (result or
-    rejection): sheds count as sheds, input errors as input errors, the rest as errors."""
-    latency, queue_wait = LatencyHistogram(), LatencyHistogram()
-    error_codes: dict[ErrorCode, int] = {}
-    shadow_count = input_errors = shed = 0
+    rejection): sheds count as sheds, input errors as input errors, the rest as errors.
+    ``load``: the decode loop's state as they ended (the telemetry's load signals)."""
+    tally = _Tally()
     done = now_ms()
     for job in jobs:
-        shadow_count += int(job.request.shadow)
+        tally.seen(job.request)
         if job.rejection is not None:
             code = job.rejection.code
-            error_codes[code] = error_codes.get(code, 0) + 1
-            if code is ErrorCode.SHED:
-                shed += 1
-            elif code in _INPUT_CODES:
-                input_errors += 1
+            if code is ErrorCode.SHED or code in _INPUT_CODES:
+                tally.refused(code, input_error=code is not ErrorCode.SHED)
             else:
-                latency.record(
-                    _since_routed(
-                        job.request,
-                        BatchClock(dequeued_ms=done, started_ms=started_ms, done_ms=done),
-                    )
-                )
-            continue
-        if job.result is None:
-            continue
-        when = job.result.timing
-        clock = BatchClock(
-            dequeued_ms=when.dequeued_at_unix_ms, started_ms=started_ms, done_ms=done
-        )
-        latency.record(_since_routed(job.request, clock))
-        queue_wait.record(max(when.queue_wait_ms, _MIN_MS))
-    served = [job for job in jobs if job.result is not None]
-    compute = sum(job.result.timing.compute_ms for job in served if job.result is not None)
-    telemetry = telemetry_pb2.BatchTelemetry(
-        model=ctx.model,
-        version=ctx.version,
-        variant=ctx.variant,
-        worker_id=ctx.worker_id,
-        batch_size=len(jobs) - shed,
-        request_count=len(jobs) - shed,
-        error_count=sum(error_codes.values()) - input_errors - shed,
-        input_error_count=input_errors,
-        shed_count=shed,
-        batch_id=batch_id,
-        latency=histogram_to_pb(latency),
-        queue_wait=histogram_to_pb(queue_wait),
-        queue_wait_ms_mean=queue_wait.mean_ms if queue_wait.count else 0.0,
+                clock = BatchClock(dequeued_ms=done, started_ms=started_ms, done_ms=done)
+                tally.failed(code, _since_routed(job.request, clock))
+        elif job.result is not None:
+            when = job.result.timing
+            clock = BatchClock(
+                dequeued_ms=when.dequeued_at_unix_ms, started_ms=started_ms, done_ms=done
+            )
+            tally.served(job.result, _since_routed(job.request, clock))
+    served = [job.result for job in jobs if job.result is not None]
+    compute = sum(result.timing.compute_ms for result in served)
+    telemetry = tally.telemetry(
+        ctx,
+        jobs=len(jobs),
         compute_ms=compute / len(served) if served else 0.0,
         device_load=device_load,
-        started_at_unix_ms=started_ms,
-        completed_at_unix_ms=done,
-        shadow_count=shadow_count,
-        error_codes={code.name: n for code, n in error_codes.items()},
+        started_ms=started_ms,
+        done_ms=done,
         task=TaskKind.GENERATE.value,
+        batch_id=batch_id,
+        load=load,
     )
-    return BatchReport(tuple(jobs), telemetry, error_codes)
+    return BatchReport(tuple(jobs), telemetry, tally.error_codes)
 
 
 def build_batch(
@@ -259,58 +391,39 @@ def build_batch(
     Requests the engine refused for their own input count in ``input_error_count``,
     never in ``error_count``: a client cannot fail a version's error gate.
     """
-    latency, queue_wait = LatencyHistogram(), LatencyHistogram()
-    error_codes: dict[ErrorCode, int] = {}
-    shadow_count = input_errors = 0
-
-    def refuse(job: Job, rejection: Rejection) -> None:
-        job.rejection = rejection
-        error_codes[rejection.code] = error_codes.get(rejection.code, 0) + 1
-
+    tally = _Tally()
     for job in jobs:
         request = job.request
-        shadow_count += int(request.shadow)
+        tally.seen(request)
         outcome = run.outcomes.get(job.index)
         bad_input = run.input_errors.get(job.index)
         if failure is None and bad_input is not None:
-            refuse(job, input_rejection(bad_input))
-            input_errors += 1
+            job.rejection = input_rejection(bad_input)
+            tally.refused(job.rejection.code, input_error=True)
             continue
         broken = run.engine_errors.get(job.index)
         failure_here = (
             engine_rejection(broken) if failure is None and broken is not None else failure
         )
         if failure_here is not None or outcome is None:
-            refuse(job, failure_here or Rejection(ErrorCode.INTERNAL, "no outcome"))
-            latency.record(_since_routed(request, clock))
+            job.rejection = failure_here or Rejection(ErrorCode.INTERNAL, "no outcome")
+            tally.failed(job.rejection.code, _since_routed(request, clock))
             continue
         when = timing(request, clock, run.compute_ms, len(jobs))
-        latency.record(_since_routed(request, clock))
-        queue_wait.record(max(when.queue_wait_ms, _MIN_MS))
         job.result = _result(request, outcome, ctx, when, len(job.work.prompt_tokens))
-    telemetry = telemetry_pb2.BatchTelemetry(
-        model=ctx.model,
-        version=ctx.version,
-        variant=ctx.variant,
-        worker_id=ctx.worker_id,
-        batch_size=len(jobs),
-        request_count=len(jobs),
-        error_count=sum(error_codes.values()) - input_errors,
-        input_error_count=input_errors,
-        batch_id=batch_id,
-        latency=histogram_to_pb(latency),
-        queue_wait=histogram_to_pb(queue_wait),
-        queue_wait_ms_mean=queue_wait.mean_ms if queue_wait.count else 0.0,
+        tally.served(job.result, _since_routed(request, clock))
+    telemetry = tally.telemetry(
+        ctx,
+        jobs=len(jobs),
         compute_ms=run.compute_ms,
         device_load=device_load,
-        started_at_unix_ms=clock.started_ms,
-        completed_at_unix_ms=clock.done_ms,
-        shadow_count=shadow_count,
-        error_codes={code.name: n for code, n in error_codes.items()},
-        sequence_bucket=bucket_len,
+        started_ms=clock.started_ms,
+        done_ms=clock.done_ms,
         task=jobs[0].task.value if jobs else "",
+        batch_id=batch_id,
+        bucket_len=bucket_len,
     )
-    return BatchReport(tuple(jobs), telemetry, error_codes)
+    return BatchReport(tuple(jobs), telemetry, tally.error_codes)
 
 
 def shed_telemetry(

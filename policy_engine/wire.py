@@ -56,7 +56,12 @@ from graylane.policy_engine.logic.liveness import LagSample, VersionLiveness
 from graylane.policy_engine.logic.qos import QosDecision, QosState
 from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, RolloutState
 from graylane.policy_engine.logic.scale import ScaleDecision, ScaleReason
-from graylane.policy_engine.logic.window import TelemetrySample, WindowStats
+from graylane.policy_engine.logic.window import (
+    GenerationSample,
+    GenerationStats,
+    TelemetrySample,
+    WindowStats,
+)
 from graylane.policy_engine.messages import (
     Command,
     CommandKind,
@@ -183,6 +188,28 @@ def telemetry_from_pb(pb: telemetry_pb2.BatchTelemetry) -> TelemetrySample:
             else None
         ),
         shed_count=pb.shed_count,
+        generation=generation_from_pb(pb.generation) if pb.HasField("generation") else None,
+    )
+
+
+_ENDED_BY_MODEL = frozenset({inference_pb2.EOS, inference_pb2.STOP})
+
+
+def generation_from_pb(pb: telemetry_pb2.GenerationTelemetry) -> GenerationSample:
+    """The window's part of a batch's generation telemetry (finish reasons it does not
+    know count as generations that did not end by the model's choice)."""
+    return GenerationSample(
+        generations=pb.generations,
+        ttft=histogram_from_pb(pb.ttft),
+        tpot=histogram_from_pb(pb.tpot),
+        inter_token_p99=histogram_from_pb(pb.inter_token_p99),
+        prefill=histogram_from_pb(pb.prefill),
+        output_tokens=histogram_from_pb(pb.output_tokens),
+        prompt_tokens=pb.prompt_tokens,
+        generated_tokens=pb.generated_tokens,
+        ended_by_model=sum(c.count for c in pb.finish_reasons if c.reason in _ENDED_BY_MODEL),
+        kv_cache_occupancy=pb.kv_cache_occupancy,
+        waiting_sequences=pb.waiting_sequences,
     )
 
 
@@ -317,6 +344,9 @@ def window_stats_to_pb(s: WindowStats) -> audit_pb2.WindowStats:
         if name == "service":
             if value is not None:
                 pb.service.CopyFrom(histogram_to_pb(value))
+        elif name == "generation":
+            if value is not None:
+                pb.generation.CopyFrom(generation_window_to_pb(value))
         else:
             setattr(pb, _WINDOW_WIRE_NAMES.get(name, name), value)
     return pb
@@ -328,10 +358,45 @@ def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
     values: dict[str, Any] = {
         name: getattr(pb, _WINDOW_WIRE_NAMES.get(name, name))
         for name in _WINDOW_FIELDS
-        if name != "service"
+        if name not in ("service", "generation")
     }
     values["service"] = histogram_from_pb(pb.service) if pb.HasField("service") else None
+    values["generation"] = (
+        generation_window_from_pb(pb.generation) if pb.HasField("generation") else None
+    )
     return WindowStats(**values)
+
+
+def generation_window_to_pb(g: GenerationStats) -> audit_pb2.GenerationWindow:
+    return audit_pb2.GenerationWindow(
+        generations=g.generations,
+        ttft=histogram_to_pb(g.ttft),
+        tpot=histogram_to_pb(g.tpot),
+        inter_token_p99=histogram_to_pb(g.inter_token_p99),
+        prefill=histogram_to_pb(g.prefill),
+        output_tokens=histogram_to_pb(g.output_tokens),
+        prompt_tokens=g.prompt_tokens,
+        generated_tokens=g.generated_tokens,
+        ended_by_model=g.ended_by_model,
+        kv_cache_occupancy=g.kv_cache_occupancy,
+        waiting_sequences=g.waiting_sequences,
+    )
+
+
+def generation_window_from_pb(pb: audit_pb2.GenerationWindow) -> GenerationStats:
+    return GenerationStats(
+        generations=pb.generations,
+        ttft=histogram_from_pb(pb.ttft),
+        tpot=histogram_from_pb(pb.tpot),
+        inter_token_p99=histogram_from_pb(pb.inter_token_p99),
+        prefill=histogram_from_pb(pb.prefill),
+        output_tokens=histogram_from_pb(pb.output_tokens),
+        prompt_tokens=pb.prompt_tokens,
+        generated_tokens=pb.generated_tokens,
+        ended_by_model=pb.ended_by_model,
+        kv_cache_occupancy=pb.kv_cache_occupancy,
+        waiting_sequences=pb.waiting_sequences,
+    )
 
 
 # -- rollout state (with its sequential evidence and liveness signals) -----------------

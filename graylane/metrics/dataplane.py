@@ -11,9 +11,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from graylane.metrics.units import BATCH_BUCKETS, MillisecondHistogram
+from graylane.metrics.units import BATCH_BUCKETS, TOKEN_SECONDS_BUCKETS, MillisecondHistogram
+from graylane.v1 import inference_pb2
 
-__all__ = ["GatewayMetrics", "RouterMetrics", "TableAges", "WorkerMetrics"]
+__all__ = ["GatewayMetrics", "RouterMetrics", "TableAges", "WorkerMetrics", "finish_label"]
 
 WORKER_LABELS = ["model", "version", "variant"]
 
@@ -134,6 +135,26 @@ class WorkerMetrics:
     service_ms: MillisecondHistogram
     shed: Counter
     consumer_lag: Gauge
+    ttft_ms: MillisecondHistogram
+    tpot_ms: MillisecondHistogram
+    prompt_tokens: Counter
+    generated_tokens: Counter
+    finish: Counter
+    kv_cache_occupancy: Gauge
+    waiting_sequences: Gauge
+
+    def generation(
+        self, labels: tuple[str, str, str], result: inference_pb2.InferenceResult
+    ) -> None:
+        """Count one generation's answer: its TTFT/TPOT (when known), tokens and ending."""
+        when = result.timing
+        if when.ttft_ms > 0.0:
+            self.ttft_ms.labels(*labels).observe(when.ttft_ms)
+        if when.tpot_ms > 0.0:
+            self.tpot_ms.labels(*labels).observe(when.tpot_ms)
+        self.prompt_tokens.labels(*labels).inc(max(0, result.usage.prompt_tokens))
+        self.generated_tokens.labels(*labels).inc(max(0, result.usage.completion_tokens))
+        self.finish.labels(*labels, finish_label(result.finish_reason)).inc()
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> WorkerMetrics:
@@ -194,7 +215,60 @@ class WorkerMetrics:
                 ["model", "version", "topic"],
                 registry=registry,
             ),
+            ttft_ms=MillisecondHistogram.create(
+                "graylane_time_to_first_token_seconds",
+                "GENERATE: request creation to its first token",
+                labels,
+                registry,
+            ),
+            tpot_ms=MillisecondHistogram.create(
+                "graylane_time_per_output_token_seconds",
+                "GENERATE: per request, the mean time per output token after the first",
+                labels,
+                registry,
+                buckets=TOKEN_SECONDS_BUCKETS,
+            ),
+            prompt_tokens=Counter(
+                "graylane_prompt_tokens",
+                "GENERATE: prompt tokens of the generations answered",
+                labels,
+                registry=registry,
+            ),
+            generated_tokens=Counter(
+                "graylane_generated_tokens",
+                "GENERATE: tokens generated in the answers",
+                labels,
+                registry=registry,
+            ),
+            finish=Counter(
+                "graylane_generation_finish",
+                "GENERATE: generations answered, by why they ended (eos, stop, length, ...)",
+                [*labels, "reason"],
+                registry=registry,
+            ),
+            kv_cache_occupancy=Gauge(
+                "graylane_worker_kv_cache_occupancy_ratio",
+                "GENERATE: KV-cache positions reserved over the decode loop's budget, 0..1",
+                labels,
+                registry=registry,
+            ),
+            waiting_sequences=Gauge(
+                "graylane_worker_waiting_sequences",
+                "GENERATE: sequences waiting for a decode row",
+                labels,
+                registry=registry,
+            ),
         )
+
+
+def finish_label(reason: int) -> str:
+    """The ``reason`` label of ``graylane_generation_finish``: the wire enum's name, lower
+    case (``eos``, ``stop``, ``length``, ``max_sequence``, ``cancelled``, ``failed``)."""
+    try:
+        name = inference_pb2.FinishReason.Name(reason)
+    except ValueError:
+        return "unknown"
+    return "unspecified" if reason == 0 else name.lower()
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 __all__ = [
     "BATCH_BUCKETS",
     "SECONDS_BUCKETS",
+    "TOKEN_SECONDS_BUCKETS",
     "MillisecondHistogram",
     "build_info",
 ]
@@ -29,6 +30,24 @@ SECONDS_BUCKETS = (
     10.0,
     30.0,
 )
+TOKEN_SECONDS_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+)
+"""Time per output token: finer where decode steps live (a few ms to ~100 ms)."""
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -51,11 +70,16 @@ class MillisecondHistogram:
 
     @classmethod
     def create(
-        cls, name: str, doc: str, labels: list[str], registry: CollectorRegistry
+        cls,
+        name: str,
+        doc: str,
+        labels: list[str],
+        registry: CollectorRegistry,
+        buckets: tuple[float, ...] = SECONDS_BUCKETS,
     ) -> MillisecondHistogram:
         if not name.endswith("_seconds"):
             raise ValueError(f"{name}: a duration metric is named in seconds")
-        return cls(Histogram(name, doc, labels, buckets=SECONDS_BUCKETS, registry=registry))
+        return cls(Histogram(name, doc, labels, buckets=buckets, registry=registry))
 
 
 def build_info(registry: CollectorRegistry, *, service: str, version: str, git_sha: str) -> Gauge:

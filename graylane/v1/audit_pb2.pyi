@@ -34,7 +34,7 @@ DECISION_GATE_FAILED: DecisionKind
 DECISION_SCALE_CHANGE: DecisionKind
 
 class WindowStats(_message.Message):
-    __slots__ = ("model", "version", "variant", "window_start_unix_ms", "window_end_unix_ms", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "throughput_rps", "queue_wait_mean_ms", "queue_wait_p99_ms", "batches", "device_load", "service", "service_p50_ms", "service_p95_ms", "service_p99_ms", "shed", "shed_rps", "service_busy_ms", "service_requests", "step_offered_rps")
+    __slots__ = ("model", "version", "variant", "window_start_unix_ms", "window_end_unix_ms", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "throughput_rps", "queue_wait_mean_ms", "queue_wait_p99_ms", "batches", "device_load", "service", "service_p50_ms", "service_p95_ms", "service_p99_ms", "shed", "shed_rps", "service_busy_ms", "service_requests", "step_offered_rps", "generation")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     VARIANT_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class WindowStats(_message.Message):
     SERVICE_BUSY_MS_FIELD_NUMBER: _ClassVar[int]
     SERVICE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     STEP_OFFERED_RPS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     variant: str
@@ -85,7 +86,34 @@ class WindowStats(_message.Message):
     service_busy_ms: float
     service_requests: int
     step_offered_rps: float
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., window_start_unix_ms: _Optional[int] = ..., window_end_unix_ms: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p95_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., mean_ms: _Optional[float] = ..., throughput_rps: _Optional[float] = ..., queue_wait_mean_ms: _Optional[float] = ..., queue_wait_p99_ms: _Optional[float] = ..., batches: _Optional[int] = ..., device_load: _Optional[float] = ..., service: _Optional[_Union[_telemetry_pb2.LatencyHistogram, _Mapping]] = ..., service_p50_ms: _Optional[float] = ..., service_p95_ms: _Optional[float] = ..., service_p99_ms: _Optional[float] = ..., shed: _Optional[int] = ..., shed_rps: _Optional[float] = ..., service_busy_ms: _Optional[float] = ..., service_requests: _Optional[int] = ..., step_offered_rps: _Optional[float] = ...) -> None: ...
+    generation: GenerationWindow
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., window_start_unix_ms: _Optional[int] = ..., window_end_unix_ms: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p95_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., mean_ms: _Optional[float] = ..., throughput_rps: _Optional[float] = ..., queue_wait_mean_ms: _Optional[float] = ..., queue_wait_p99_ms: _Optional[float] = ..., batches: _Optional[int] = ..., device_load: _Optional[float] = ..., service: _Optional[_Union[_telemetry_pb2.LatencyHistogram, _Mapping]] = ..., service_p50_ms: _Optional[float] = ..., service_p95_ms: _Optional[float] = ..., service_p99_ms: _Optional[float] = ..., shed: _Optional[int] = ..., shed_rps: _Optional[float] = ..., service_busy_ms: _Optional[float] = ..., service_requests: _Optional[int] = ..., step_offered_rps: _Optional[float] = ..., generation: _Optional[_Union[GenerationWindow, _Mapping]] = ...) -> None: ...
+
+class GenerationWindow(_message.Message):
+    __slots__ = ("generations", "ttft", "tpot", "inter_token_p99", "prefill", "output_tokens", "prompt_tokens", "generated_tokens", "ended_by_model", "kv_cache_occupancy", "waiting_sequences")
+    GENERATIONS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_FIELD_NUMBER: _ClassVar[int]
+    TPOT_FIELD_NUMBER: _ClassVar[int]
+    INTER_TOKEN_P99_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_BY_MODEL_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_OCCUPANCY_FIELD_NUMBER: _ClassVar[int]
+    WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    generations: int
+    ttft: _telemetry_pb2.LatencyHistogram
+    tpot: _telemetry_pb2.LatencyHistogram
+    inter_token_p99: _telemetry_pb2.LatencyHistogram
+    prefill: _telemetry_pb2.LatencyHistogram
+    output_tokens: _telemetry_pb2.LatencyHistogram
+    prompt_tokens: int
+    generated_tokens: int
+    ended_by_model: int
+    kv_cache_occupancy: float
+    waiting_sequences: int
+    def __init__(self, generations: _Optional[int] = ..., ttft: _Optional[_Union[_telemetry_pb2.LatencyHistogram, _Mapping]] = ..., tpot: _Optional[_Union[_telemetry_pb2.LatencyHistogram, _Mapping]] = ..., inter_token_p99: _Optional[_Union[_telemetry_pb2.LatencyHistogram, _Mapping]] = ..., prefill: _Optional[_Union[_telemetry_pb2.LatencyHistogram, _Mapping]] = ..., output_tokens: _Optional[_Union[_telemetry_pb2.LatencyHistogram, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., ended_by_model: _Optional[int] = ..., kv_cache_occupancy: _Optional[float] = ..., waiting_sequences: _Optional[int] = ...) -> None: ...
 
 class QosState(_message.Message):
     __slots__ = ("model", "version", "active_variant", "last_change_unix_ms", "breach_since_unix_ms", "calm_since_unix_ms", "contention")

@@ -195,7 +195,7 @@ class CancelRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., reply_topic: _Optional[str] = ..., model: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
-    __slots__ = ("created_at_unix_ms", "routed_at_unix_ms", "dequeued_at_unix_ms", "completed_at_unix_ms", "queue_wait_ms", "compute_ms", "total_ms", "batch_size", "ttft_ms", "tpot_ms")
+    __slots__ = ("created_at_unix_ms", "routed_at_unix_ms", "dequeued_at_unix_ms", "completed_at_unix_ms", "queue_wait_ms", "compute_ms", "total_ms", "batch_size", "ttft_ms", "tpot_ms", "prefill_ms", "inter_token_p99_ms")
     CREATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     ROUTED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     DEQUEUED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,8 @@ class Timing(_message.Message):
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     TTFT_MS_FIELD_NUMBER: _ClassVar[int]
     TPOT_MS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
+    INTER_TOKEN_P99_MS_FIELD_NUMBER: _ClassVar[int]
     created_at_unix_ms: int
     routed_at_unix_ms: int
     dequeued_at_unix_ms: int
@@ -216,7 +218,9 @@ class Timing(_message.Message):
     batch_size: int
     ttft_ms: float
     tpot_ms: float
-    def __init__(self, created_at_unix_ms: _Optional[int] = ..., routed_at_unix_ms: _Optional[int] = ..., dequeued_at_unix_ms: _Optional[int] = ..., completed_at_unix_ms: _Optional[int] = ..., queue_wait_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ...) -> None: ...
+    prefill_ms: float
+    inter_token_p99_ms: float
+    def __init__(self, created_at_unix_ms: _Optional[int] = ..., routed_at_unix_ms: _Optional[int] = ..., dequeued_at_unix_ms: _Optional[int] = ..., completed_at_unix_ms: _Optional[int] = ..., queue_wait_ms: _Optional[float] = ..., compute_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., ttft_ms: _Optional[float] = ..., tpot_ms: _Optional[float] = ..., prefill_ms: _Optional[float] = ..., inter_token_p99_ms: _Optional[float] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens")

@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from graylane.v1 import inference_pb2 as graylane_dot_v1_dot_inference__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgraylane/v1/telemetry.proto\x12\x0bgraylane.v1\"\xce\x01\n\x10LatencyHistogram\x12\x0e\n\x06min_ms\x18\x01 \x01(\x01\x12\x0e\n\x06growth\x18\x02 \x01(\x01\x12;\n\x07\x62uckets\x18\x03 \x03(\x0b\x32*.graylane.v1.LatencyHistogram.BucketsEntry\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\x12\x0e\n\x06sum_ms\x18\x05 \x01(\x01\x12\x0e\n\x06max_ms\x18\x06 \x01(\x01\x1a.\n\x0c\x42ucketsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"V\n\x07\x42\x61tchId\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66irst_offset\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\"\x8c\x05\n\x0e\x42\x61tchTelemetry\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07variant\x18\x03 \x01(\t\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\x12\n\nbatch_size\x18\x05 \x01(\x05\x12\x15\n\rrequest_count\x18\x06 \x01(\x04\x12\x13\n\x0b\x65rror_count\x18\x07 \x01(\x04\x12.\n\x07latency\x18\x08 \x01(\x0b\x32\x1d.graylane.v1.LatencyHistogram\x12\x31\n\nqueue_wait\x18\t \x01(\x0b\x32\x1d.graylane.v1.LatencyHistogram\x12\x1a\n\x12queue_wait_ms_mean\x18\n \x01(\x01\x12\x12\n\ncompute_ms\x18\x0b \x01(\x01\x12\x13\n\x0b\x64\x65vice_load\x18\x0c \x01(\x01\x12\x1a\n\x12started_at_unix_ms\x18\r \x01(\x03\x12\x1c\n\x14\x63ompleted_at_unix_ms\x18\x0e \x01(\x03\x12\x14\n\x0cshadow_count\x18\x0f \x01(\x04\x12@\n\x0b\x65rror_codes\x18\x10 \x03(\x0b\x32+.graylane.v1.BatchTelemetry.ErrorCodesEntry\x12\x17\n\x0fsequence_bucket\x18\x11 \x01(\x05\x12\x0c\n\x04task\x18\x12 \x01(\t\x12\x0b\n\x03lag\x18\x13 \x01(\x03\x12\x12\n\nshed_count\x18( \x01(\x04\x12&\n\x08\x62\x61tch_id\x18\x14 \x01(\x0b\x32\x14.graylane.v1.BatchId\x12\x19\n\x11input_error_count\x18\x15 \x01(\x04\x1a\x31\n\x0f\x45rrorCodesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bgraylane/v1/telemetry.proto\x12\x0bgraylane.v1\x1a\x1bgraylane/v1/inference.proto\"\xce\x01\n\x10LatencyHistogram\x12\x0e\n\x06min_ms\x18\x01 \x01(\x01\x12\x0e\n\x06growth\x18\x02 \x01(\x01\x12;\n\x07\x62uckets\x18\x03 \x03(\x0b\x32*.graylane.v1.LatencyHistogram.BucketsEntry\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\x12\x0e\n\x06sum_ms\x18\x05 \x01(\x01\x12\x0e\n\x06max_ms\x18\x06 \x01(\x01\x1a.\n\x0c\x42ucketsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"V\n\x07\x42\x61tchId\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66irst_offset\x18\x03 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\"M\n\x11\x46inishReasonCount\x12)\n\x06reason\x18\x01 \x01(\x0e\x32\x19.graylane.v1.FinishReason\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\"\xdd\x03\n\x13GenerationTelemetry\x12+\n\x04ttft\x18\x01 \x01(\x0b\x32\x1d.graylane.v1.LatencyHistogram\x12+\n\x04tpot\x18\x02 \x01(\x0b\x32\x1d.graylane.v1.LatencyHistogram\x12\x36\n\x0finter_token_p99\x18\x03 \x01(\x0b\x32\x1d.graylane.v1.LatencyHistogram\x12.\n\x07prefill\x18\x04 \x01(\x0b\x32\x1d.graylane.v1.LatencyHistogram\x12\x34\n\routput_tokens\x18\x05 \x01(\x0b\x32\x1d.graylane.v1.LatencyHistogram\x12\x15\n\rprompt_tokens\x18\x06 \x01(\x04\x12\x18\n\x10generated_tokens\x18\x07 \x01(\x04\x12\x36\n\x0e\x66inish_reasons\x18\x08 \x03(\x0b\x32\x1e.graylane.v1.FinishReasonCount\x12\x1a\n\x12kv_cache_occupancy\x18\t \x01(\x01\x12\x19\n\x11waiting_sequences\x18\n \x01(\r\x12\x19\n\x11running_sequences\x18\x0b \x01(\r\x12\x13\n\x0bgenerations\x18\x0c \x01(\x04\"\xc2\x05\n\x0e\x42\x61tchTelemetry\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07variant\x18\x03 \x01(\t\x12\x11\n\tworker_id\x18\x04 \x01(\t\x12\x12\n\nbatch_size\x18\x05 \x01(\x05\x12\x15\n\rrequest_count\x18\x06 \x01(\x04\x12\x13\n\x0b\x65rror_count\x18\x07 \x01(\x04\x12.\n\x07latency\x18\x08 \x01(\x0b\x32\x1d.graylane.v1.LatencyHistogram\x12\x31\n\nqueue_wait\x18\t \x01(\x0b\x32\x1d.graylane.v1.LatencyHistogram\x12\x1a\n\x12queue_wait_ms_mean\x18\n \x01(\x01\x12\x12\n\ncompute_ms\x18\x0b \x01(\x01\x12\x13\n\x0b\x64\x65vice_load\x18\x0c \x01(\x01\x12\x1a\n\x12started_at_unix_ms\x18\r \x01(\x03\x12\x1c\n\x14\x63ompleted_at_unix_ms\x18\x0e \x01(\x03\x12\x14\n\x0cshadow_count\x18\x0f \x01(\x04\x12@\n\x0b\x65rror_codes\x18\x10 \x03(\x0b\x32+.graylane.v1.BatchTelemetry.ErrorCodesEntry\x12\x17\n\x0fsequence_bucket\x18\x11 \x01(\x05\x12\x0c\n\x04task\x18\x12 \x01(\t\x12\x0b\n\x03lag\x18\x13 \x01(\x03\x12\x12\n\nshed_count\x18( \x01(\x04\x12&\n\x08\x62\x61tch_id\x18\x14 \x01(\x0b\x32\x14.graylane.v1.BatchId\x12\x19\n\x11input_error_count\x18\x15 \x01(\x04\x12\x34\n\ngeneration\x18) \x01(\x0b\x32 .graylane.v1.GenerationTelemetry\x1a\x31\n\x0f\x45rrorCodesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,14 +36,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LATENCYHISTOGRAM_BUCKETSENTRY']._serialized_options = b'8\001'
   _globals['_BATCHTELEMETRY_ERRORCODESENTRY']._loaded_options = None
   _globals['_BATCHTELEMETRY_ERRORCODESENTRY']._serialized_options = b'8\001'
-  _globals['_LATENCYHISTOGRAM']._serialized_start=45
-  _globals['_LATENCYHISTOGRAM']._serialized_end=251
-  _globals['_LATENCYHISTOGRAM_BUCKETSENTRY']._serialized_start=205
-  _globals['_LATENCYHISTOGRAM_BUCKETSENTRY']._serialized_end=251
-  _globals['_BATCHID']._serialized_start=253
-  _globals['_BATCHID']._serialized_end=339
-  _globals['_BATCHTELEMETRY']._serialized_start=342
-  _globals['_BATCHTELEMETRY']._serialized_end=994
-  _globals['_BATCHTELEMETRY_ERRORCODESENTRY']._serialized_start=945
-  _globals['_BATCHTELEMETRY_ERRORCODESENTRY']._serialized_end=994
+  _globals['_LATENCYHISTOGRAM']._serialized_start=74
+  _globals['_LATENCYHISTOGRAM']._serialized_end=280
+  _globals['_LATENCYHISTOGRAM_BUCKETSENTRY']._serialized_start=234
+  _globals['_LATENCYHISTOGRAM_BUCKETSENTRY']._serialized_end=280
+  _globals['_BATCHID']._serialized_start=282
+  _globals['_BATCHID']._serialized_end=368
+  _globals['_FINISHREASONCOUNT']._serialized_start=370
+  _globals['_FINISHREASONCOUNT']._serialized_end=447
+  _globals['_GENERATIONTELEMETRY']._serialized_start=450
+  _globals['_GENERATIONTELEMETRY']._serialized_end=927
+  _globals['_BATCHTELEMETRY']._serialized_start=930
+  _globals['_BATCHTELEMETRY']._serialized_end=1636
+  _globals['_BATCHTELEMETRY_ERRORCODESENTRY']._serialized_start=1587
+  _globals['_BATCHTELEMETRY_ERRORCODESENTRY']._serialized_end=1636
 # @@protoc_insertion_point(module_scope)

@@ -24,6 +24,11 @@ Choices worth knowing:
   counted apart from ``requests``; a sample of sheds alone counts no batch.
 - **Device load** is the mean of the batches' ``device_load``; **lag** is the
   sum over workers of each worker's latest reported lag in the window.
+- **Generations** (batches carrying generation telemetry) add their TTFT, TPOT,
+  inter-token p99, prefill and output-length histograms, token counts and how
+  many ended by the model's own choice (EOS or a stop) to :class:`GenerationStats`;
+  the KV-cache occupancy is the mean of each worker's latest report, the waiting
+  sequences their sum (like lag). Windows without generations have none.
 - **Service time** (the model's part of latency, without queueing) of a
   batch is its wall time from start to completion (``compute_ms`` when that
   is larger or the start is unknown); every request of the batch is counted
@@ -45,6 +50,8 @@ __all__ = [
     "ALL_VARIANTS",
     "DEFAULT_STEP_MS",
     "DEFAULT_WINDOW_MS",
+    "GenerationSample",
+    "GenerationStats",
     "Lane",
     "SlidingWindow",
     "TelemetrySample",
@@ -59,6 +66,84 @@ class Lane(Enum):
 
     LIVE = "live"
     SHADOW = "shadow"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationSample:
+    """The generation part of one batch's telemetry (its OK answers)."""
+
+    generations: int
+    ttft: LatencyHistogram = field(default_factory=LatencyHistogram)
+    tpot: LatencyHistogram = field(default_factory=LatencyHistogram)
+    inter_token_p99: LatencyHistogram = field(default_factory=LatencyHistogram)
+    prefill: LatencyHistogram = field(default_factory=LatencyHistogram)
+    output_tokens: LatencyHistogram = field(default_factory=LatencyHistogram)
+    """Generated tokens per answer (token counts in the latency scheme)."""
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    ended_by_model: int = 0
+    """Answers that ended on the model's end-of-sequence token or a stop (not on a
+    length limit or a cancel)."""
+    kv_cache_occupancy: float = 0.0
+    waiting_sequences: int = 0
+
+    def histograms(self) -> tuple[tuple[str, LatencyHistogram], ...]:
+        return (
+            ("ttft", self.ttft),
+            ("tpot", self.tpot),
+            ("inter-token p99", self.inter_token_p99),
+            ("prefill", self.prefill),
+            ("output tokens", self.output_tokens),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationStats:
+    """Generations of one version over one window: what gates and QoS judge them on."""
+
+    generations: int
+    ttft: LatencyHistogram = field(hash=False, repr=False)
+    tpot: LatencyHistogram = field(hash=False, repr=False)
+    inter_token_p99: LatencyHistogram = field(hash=False, repr=False)
+    prefill: LatencyHistogram = field(hash=False, repr=False)
+    output_tokens: LatencyHistogram = field(hash=False, repr=False)
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    ended_by_model: int = 0
+    kv_cache_occupancy: float = 0.0
+    """Mean over the workers' latest reports, 0..1."""
+    waiting_sequences: int = 0
+    """Sum over the workers' latest reports."""
+
+    @property
+    def ttft_p99_ms(self) -> float:
+        return self.ttft.quantile(0.99)
+
+    @property
+    def tpot_p99_ms(self) -> float:
+        return self.tpot.quantile(0.99)
+
+    @property
+    def ttft_p50_ms(self) -> float:
+        return self.ttft.quantile(0.50)
+
+    @property
+    def tpot_p50_ms(self) -> float:
+        return self.tpot.quantile(0.50)
+
+    @property
+    def inter_token_p99_ms(self) -> float:
+        """The p99 over requests of each request's inter-token p99."""
+        return self.inter_token_p99.quantile(0.99)
+
+    @property
+    def mean_output_tokens(self) -> float:
+        return self.generated_tokens / self.generations if self.generations else 0.0
+
+    @property
+    def eos_rate(self) -> float:
+        """Share of the generations that ended by the model's choice (EOS or a stop)."""
+        return self.ended_by_model / self.generations if self.generations else 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +170,8 @@ class TelemetrySample:
     """(worker, partition, first offset): a re-sent batch carries the same id."""
     shed_count: int = 0
     """Requests the worker shed (answered SHED, not run) since its previous batch."""
+    generation: GenerationSample | None = None
+    """GENERATE batches: their generations' timings, tokens and endings."""
 
     def __post_init__(self) -> None:
         counts = (self.request_count, self.error_count, self.shadow_count, self.shed_count)
@@ -165,6 +252,8 @@ class WindowStats:
     """Offered load (served + shed) of the newest step alone: the window's average
     lags a jump in load by up to the window's length. A step whose telemetry is
     still in flight reads low, never high."""
+    generation: GenerationStats | None = field(default=None, hash=False, repr=False)
+    """Generations in the window (TTFT, TPOT, lengths, endings); None without any."""
 
     @property
     def service_per_request_ms(self) -> float:
@@ -215,6 +304,7 @@ class _Pane:
         "batches",
         "device_load_sum",
         "errors",
+        "generation",
         "lag_by_worker",
         "latency",
         "queue",
@@ -243,6 +333,7 @@ class _Pane:
         self.device_load_sum = 0.0
         self.lag_by_worker: dict[str, tuple[int, int]] = {}
         self.batch_ids: set[tuple[str, int, int]] = set()
+        self.generation: _GenerationPane | None = None
 
     def add(self, s: TelemetrySample) -> None:
         self.requests += s.request_count
@@ -267,6 +358,78 @@ class _Pane:
             self.service_requests += s.request_count
         self.device_load_sum += s.device_load
         _keep_latest_lag(self.lag_by_worker, s.worker_id, (s.completed_at_ms, s.lag))
+        if s.generation is not None:
+            if self.generation is None:
+                self.generation = _GenerationPane(self.latency.min_ms, self.latency.growth)
+            self.generation.add(s.generation, s.worker_id, s.completed_at_ms)
+
+
+class _GenerationPane:
+    """Running totals of one key's generations over one step."""
+
+    __slots__ = (
+        "ended_by_model",
+        "generated_tokens",
+        "generations",
+        "histograms",
+        "load_by_worker",
+        "prompt_tokens",
+    )
+
+    def __init__(self, min_ms: float, growth: float) -> None:
+        self.generations = 0
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+        self.ended_by_model = 0
+        self.histograms = tuple(LatencyHistogram(min_ms, growth) for _ in range(5))
+        """ttft, tpot, inter-token p99, prefill, output tokens."""
+        self.load_by_worker: dict[str, tuple[int, float, int]] = {}
+        """Worker -> (completed at, KV-cache occupancy, waiting sequences), the latest."""
+
+    def add(self, g: GenerationSample, worker: str, at_ms: int) -> None:
+        self.generations += g.generations
+        self.prompt_tokens += g.prompt_tokens
+        self.generated_tokens += g.generated_tokens
+        self.ended_by_model += g.ended_by_model
+        for into, (_, hist) in zip(self.histograms, g.histograms(), strict=True):
+            if hist.count:
+                into.update(hist)
+        report = (at_ms, g.kv_cache_occupancy, g.waiting_sequences)
+        current = self.load_by_worker.get(worker)
+        if current is None or report > current:
+            self.load_by_worker[worker] = report
+
+
+def _generation_stats(
+    panes: list[_GenerationPane], min_ms: float, growth: float
+) -> GenerationStats | None:
+    if not panes:
+        return None
+    merged = [
+        LatencyHistogram.merge_all((p.histograms[i] for p in panes), min_ms, growth)
+        for i in range(5)
+    ]
+    latest: dict[str, tuple[int, float, int]] = {}
+    for p in panes:
+        for worker, report in p.load_by_worker.items():
+            current = latest.get(worker)
+            if current is None or report > current:
+                latest[worker] = report
+    return GenerationStats(
+        generations=sum(p.generations for p in panes),
+        ttft=merged[0],
+        tpot=merged[1],
+        inter_token_p99=merged[2],
+        prefill=merged[3],
+        output_tokens=merged[4],
+        prompt_tokens=sum(p.prompt_tokens for p in panes),
+        generated_tokens=sum(p.generated_tokens for p in panes),
+        ended_by_model=sum(p.ended_by_model for p in panes),
+        kv_cache_occupancy=(
+            sum(kv for _, kv, _ in latest.values()) / len(latest) if latest else 0.0
+        ),
+        waiting_sequences=sum(w for _, _, w in latest.values()),
+    )
 
 
 def _keep_latest_lag(
@@ -499,6 +662,9 @@ def _summarize(
         service_busy_ms=sum(p.service_busy_ms for p in panes),
         service_requests=sum(p.service_requests for p in panes),
         step_offered_rps=step_offered_rps,
+        generation=_generation_stats(
+            [p.generation for p in panes if p.generation is not None], min_ms, growth
+        ),
     )
 
 
@@ -512,6 +678,22 @@ def invalid_sample(sample: TelemetrySample, scheme: LatencyHistogram | None = No
         for name, h in (("latency", sample.latency), ("queue wait", sample.queue_wait)):
             if h.count and not h.same_scheme(scheme):
                 return f"{name} histogram scheme ({h.min_ms}, {h.growth}) is not the window's"
+    g = sample.generation
+    if g is not None:
+        for name, h in g.histograms():
+            if scheme is not None and h.count and not h.same_scheme(scheme):
+                return f"{name} histogram scheme ({h.min_ms}, {h.growth}) is not the window's"
+        counts = (
+            g.generations,
+            g.prompt_tokens,
+            g.generated_tokens,
+            g.ended_by_model,
+            g.waiting_sequences,
+        )
+        if min(counts) < 0 or g.ended_by_model > g.generations:
+            return f"impossible generation counts in telemetry: {counts}"
+        if not (math.isfinite(g.kv_cache_occupancy) and 0.0 <= g.kv_cache_occupancy <= 1.0):
+            return f"KV-cache occupancy {g.kv_cache_occupancy} is outside 0..1"
     if not (sample.model and sample.version and sample.variant):
         return "telemetry without model, version or variant"
     if sample.completed_at_ms <= 0:
