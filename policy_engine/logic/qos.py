@@ -32,7 +32,9 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
   controller would flap between rungs. When a rung breaches, the offered
   load (served + shed) at that moment is remembered as that rung's ceiling;
   stepping back up to it also needs the current offered load at most
-  ``up_load_fraction`` (0.8) of its ceiling (served alone would be far too
+  ``up_load_fraction`` (0.8) of its ceiling (the ceiling is the window's offered
+  load or, when higher, its newest step's: at a jump the window's average still
+  holds the load before it) (served alone would be far too
   low a ceiling when admission control sheds most of the load). A ceiling
   is forgotten after ``ceiling_ttl_s`` (600 s), so a breach caused by
   something other than load does not pin the quality down for ever. With a
@@ -426,16 +428,16 @@ def evaluate_qos(
             )
         others = tuple(c for c in current.ceilings if c.variant != active)
         own = effective_capacity(policy.capacity_of(active), contention)
-        if own is not None and stats.offered_rps < policy.up_capacity_fraction * own:
+        if own is not None and offered_now < policy.up_capacity_fraction * own:
             # Below the load the rung copes with here: not a load breach, no ceiling.
             note = (
-                f"no ceiling: {stats.offered_rps:.1f} rps < {policy.up_capacity_fraction:g} x "
+                f"no ceiling: {offered_now:.1f} rps < {policy.up_capacity_fraction:g} x "
                 f"{active}'s capacity {own:.1f} rps"
             )
             with_ceiling = replace(current, ceilings=others)
         else:
-            note = f"ceiling of {active} at {stats.offered_rps:.1f} rps"
-            ceiling = Ceiling(active, stats.offered_rps, now_ms)
+            note = f"ceiling of {active} at {offered_now:.1f} rps"
+            ceiling = Ceiling(active, offered_now, now_ms)
             with_ceiling = replace(current, ceilings=(*others, ceiling))
         return move(
             QosDecisionKind.STEP_DOWN,

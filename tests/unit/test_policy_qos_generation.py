@@ -339,3 +339,19 @@ def test_no_scale_in_while_sequences_wait() -> None:
         state = d.after
         ins += [d] if d.kind is ScaleDecisionKind.SCALE_IN else []
     assert len(ins) == 1
+
+
+def test_a_ceiling_recorded_at_a_jump_is_the_newest_steps_load() -> None:
+    """Regression: a 3x spike from 3.6 to 10.8 generations/s breached while the 4 s window's
+    average still read 4.0/s; that became fp32's ceiling, and the steady 3.6/s after the
+    spike stayed above 0.8 x 4.0, so fp32 never came back. The newest step's offered load
+    (10.8/s) is the load the rung could not carry."""
+    loop = Loop(replace(GEN, sustain_s=0.0, min_dwell_s=0.0))
+    jump = replace(gen_window(waiting=9, throughput_rps=4.0), step_offered_rps=10.8)
+    d = loop.tick(jump)
+    assert d.kind is QosDecisionKind.STEP_DOWN
+    ceiling = d.after.ceiling_of("fp32")
+    assert ceiling is not None and ceiling.throughput_rps == pytest.approx(10.8)
+    steady = gen_window(variant="int8-dynamic", throughput_rps=3.6)
+    up = loop.tick(steady)
+    assert (up.kind, up.variant) == (QosDecisionKind.STEP_UP, "fp32"), up.reason
