@@ -88,6 +88,7 @@ def test_the_alerts_the_issue_asks_for_exist() -> None:
         "GraylaneCandidateTtftRegression",
         "GraylaneCandidateTpotRegression",
         "GraylaneCandidateOutputLengthDrift",
+        "GraylaneGenerationQueueSaturated",
         "GraylaneRolloutStuckInHold",
         "GraylaneRoutingTableStale",
         "GraylaneWorkerDown",
@@ -144,6 +145,8 @@ def test_dashboard_covers_the_views_the_issue_asks_for() -> None:
         "graylane_qos_slo_tpot_p99_seconds",
         "graylane:generated_tokens:rate5m",
         "graylane:generated_tokens_per_generation:mean5m",
+        "graylane:worker_kv_cache_occupancy_ratio:max",
+        "graylane:worker_waiting_sequences:mean",
     } <= used
     annotations = _dashboard()["annotations"]["list"]
     assert any("graylane_audit_records_total" in a["expr"] for a in annotations)
