@@ -61,6 +61,7 @@ from graylane.app.bench.qos_score import (
     seconds_to_top,
     timeline,
 )
+from graylane.rollouts.pb import qos_policy_from_pb
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 
@@ -362,13 +363,9 @@ async def run_once(
                     samples.append((time.monotonic() - start, workers_now(), variant))
 
             await phase(base_rate, cfg.steady_s)
+            objectives = qos_policy_from_pb(workload.policy).objectives
             progress(
-                f"    {run.name}: SLO {workload.policy.slo_p99_ms:.0f} ms p99, TTFT "
-                f"{workload.policy.slo_ttft_p99_ms:.0f} ms, TPOT "
-                f"{workload.policy.slo_tpot_p99_ms:.1f} ms (0 = not stated); "
-                f"spike x{cfg.spike_factor:g} for {cfg.spike_s:.0f} s"
-                if generation is not None
-                else f"    {run.name}: SLO {workload.slo_ms:.0f} ms; spike x{cfg.spike_factor:g} "
+                f"    {run.name}: SLO {objectives}; spike x{cfg.spike_factor:g} "
                 f"for {cfg.spike_s:.0f} s"
             )
             spike_start_at, spike_from = m.now(), time.monotonic()
