@@ -94,3 +94,18 @@ def test_generations_are_good_on_ttft_and_tpot_however_long_their_answer() -> No
     # both stated: a long answer misses the whole-request objective
     both = score(sent, answers, start=0.0, end=6.0, slo_ms=1000.0, generation=slo)
     assert both.good == 1
+
+
+def test_the_generative_bench_policy_states_ttft_and_tpot_only() -> None:
+    from graylane.app.bench.qos import CHAT_MODEL, generative_qos_policy
+    from graylane.policy_engine.logic.qos import waiting_limit
+    from graylane.rollouts.pb import qos_policy_from_pb
+
+    policy = qos_policy_from_pb(
+        generative_qos_policy(300.0, 30.0, {"fp32": 10.0, "int8-dynamic": 20.0})
+    )
+    assert policy.model == CHAT_MODEL and policy.generative
+    assert (policy.slo_p99_ms, policy.slo_ttft_p99_ms, policy.slo_tpot_p99_ms) == (0, 300, 30)
+    assert policy.objectives == "TTFT p99 300 ms, TPOT p99 30 ms"
+    # 10 generations/s drain 3 waiting sequences within the 300 ms TTFT objective
+    assert waiting_limit(policy, "fp32") == pytest.approx(3.0)
