@@ -816,7 +816,9 @@ class PolicyCore:
             # the window's own breach too: a step down clears QoS's timers at once, while
             # the window still shows the load that made it step
             breaching = qos_state.breach_since_ms is not None or (
-                stats is not None and breach_rule(stats, qos_policy) is not None
+                stats is not None
+                and breach_rule(stats, qos_policy, qos_state.active_variant, qos_state.contention)
+                is not None
             )
             served_by = stats.variant if stats is not None else ""
             variant = served_by if served_by in qos_policy.ladder else qos_state.active_variant
@@ -825,6 +827,7 @@ class PolicyCore:
             ]
             floor_capacity = _stack_capacity(qos_policy, qos_state, floor_variant)
         scaling = self.scaling
+        gen = stats.generation if stats is not None else None
         return ScaleSignals(
             model=key.model,
             version=key.version,
@@ -840,6 +843,8 @@ class PolicyCore:
             partitions=scaling.partitions.get(key, 0),
             variant=variant,
             replica_capacity_rps=_stack_capacity(qos_policy, qos_state, variant) or 0.0,
+            waiting_sequences=gen.waiting_sequences if gen is not None else 0,
+            kv_cache_occupancy=gen.kv_cache_occupancy if gen is not None else 0.0,
         )
 
     def _evaluate_scaling(self, now_ms: int) -> list[Output]:

@@ -363,7 +363,10 @@ class PolicyObserver:
         elif isinstance(out, QosPolicySet):
             policy = out.policy
             self._policies[(policy.model, policy.version)] = policy
-            m.qos_slo_p99.labels(policy.model, policy.version).set(policy.slo_p99_ms / 1000.0)
+            mv = (policy.model, policy.version)
+            m.qos_slo_p99.labels(*mv).set(policy.slo_p99_ms / 1000.0)
+            m.qos_slo_ttft_p99.labels(*mv).set(policy.slo_ttft_p99_ms / 1000.0)
+            m.qos_slo_tpot_p99.labels(*mv).set(policy.slo_tpot_p99_ms / 1000.0)
             self._qos(out.after)
         elif isinstance(out, ScalePublication):
             after = out.decision.after

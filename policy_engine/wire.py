@@ -944,7 +944,7 @@ def audit_record_of(
             version=o.policy.version,
             kind=decision_kind_to_pb(DecisionKind.MANUAL),
             rule=DecisionRule.SET_QOS_POLICY,
-            reason=f"QoS policy set: SLO p99 {o.policy.slo_p99_ms:g} ms, "
+            reason=f"QoS policy set: SLO {o.policy.objectives}, "
             f"ladder {' > '.join(o.policy.ladder)}",
             qos_before=qos_state_to_pb(o.before) if o.before else None,
             qos_after=qos_state_to_pb(o.after),

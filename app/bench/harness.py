@@ -1,5 +1,8 @@
 """A benchmark stack: broker, router, workers and the policy engine as processes,
-plus a paced load generator and a monitor of routing, rollouts and results."""
+plus a paced load generator and a monitor of routing, rollouts and results.
+
+The load is FORWARD requests, or generations (``Task.GENERATE``) when the stack
+is given a :class:`GenerationLoad`: their answers carry TTFT and TPOT."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from graylane import serde
 from graylane.app.bench.qos_score import RequestOutcome
 from graylane.app.cli.demo import Service, start_service, stop_services
 from graylane.app.demo.monitor import Monitor
-from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
+from graylane.client import GraylaneClient, InferenceTimeout, PostProcess, Task
 from graylane.clock import now_ms
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.reading import CompactedFollower
@@ -22,7 +25,21 @@ from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import rollout_pb2
 
-__all__ = ["BenchStack", "WorkerSpec", "bench_stack", "start_worker"]
+__all__ = ["BenchStack", "GenerationLoad", "WorkerSpec", "bench_stack", "start_worker"]
+
+
+@dataclass(frozen=True)
+class GenerationLoad:
+    """The load's requests are generations of these output lengths (cycled)."""
+
+    new_tokens: tuple[int, ...]
+    ttft_deadline_ms: int = 0
+    """Admission control: the worker sheds a generation that gets no decode row within
+    this many ms of its creation (0 = none)."""
+
+    def __post_init__(self) -> None:
+        if not self.new_tokens or min(self.new_tokens) < 1:
+            raise ValueError(f"output lengths {self.new_tokens[:5]}... must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -47,6 +64,8 @@ class BenchStack:
     sent_at: dict[str, float] = field(default_factory=dict)
     """request id -> monotonic time it was submitted by :meth:`load`."""
     answers: dict[str, RequestOutcome] = field(default_factory=dict)
+    generation: GenerationLoad | None = None
+    """Generations instead of FORWARD requests (:class:`GenerationLoad`)."""
 
     async def command(self, command: rollout_pb2.RolloutCommand) -> None:
         command.command_id = command.command_id or uuid.uuid4().hex
@@ -67,7 +86,16 @@ class BenchStack:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                await self.client.infer(self.model, token_ids=[1, 2, 3], timeout=5)
+                if self.generation is not None:
+                    await self.client.infer(
+                        self.model,
+                        token_ids=[1, 2, 3],
+                        task=Task.GENERATE,
+                        max_new_tokens=1,
+                        timeout=5,
+                    )
+                else:
+                    await self.client.infer(self.model, token_ids=[1, 2, 3], timeout=5)
                 return
             except InferenceTimeout:
                 if time.monotonic() > deadline:
@@ -88,12 +116,24 @@ class BenchStack:
         next_at = time.monotonic()
         while not stop.is_set():
             submitted = time.monotonic()
-            request_id = await self.client.submit(
-                self.model,
-                token_ids=tokens,
-                routing_key=f"user-{uuid.uuid4().hex[:8]}",
-                post_process=PostProcess.ARGMAX_LAST,
-            )
+            user = f"user-{uuid.uuid4().hex[:8]}"
+            g = self.generation
+            if g is not None:
+                request_id = await self.client.submit(
+                    self.model,
+                    token_ids=tokens,
+                    routing_key=user,
+                    task=Task.GENERATE,
+                    max_new_tokens=g.new_tokens[i % len(g.new_tokens)],
+                    ttft_deadline_ms=g.ttft_deadline_ms,
+                )
+            else:
+                request_id = await self.client.submit(
+                    self.model,
+                    token_ids=tokens,
+                    routing_key=user,
+                    post_process=PostProcess.ARGMAX_LAST,
+                )
             self.sent_at[request_id] = submitted
             i += 1
             next_at += 1.0 / self.rate
@@ -111,7 +151,13 @@ class BenchStack:
         async for result in self.client.results():
             self.monitor.on_result(result)
             latency = result.client_latency_ms or result.timing.total_ms
-            self.answers[result.request_id] = RequestOutcome(result.ok, result.error_code, latency)
+            self.answers[result.request_id] = RequestOutcome(
+                result.ok,
+                result.error_code,
+                latency,
+                ttft_ms=result.timing.ttft_ms,
+                tpot_ms=result.timing.tpot_ms,
+            )
 
 
 def start_worker(spec: WorkerSpec, model: str, env: dict[str, str], tag: str) -> Service:
@@ -148,6 +194,7 @@ async def bench_stack(
     later_versions: Sequence[str] = (),
     policy_args: Sequence[str] = (),
     wait_served: bool = True,
+    generation: GenerationLoad | None = None,
 ) -> AsyncIterator[BenchStack]:
     """``wait_served=False``: yield before any worker answers (the caller starts
     workers some other way, then calls :meth:`BenchStack.wait_served`)."""
@@ -219,7 +266,16 @@ async def bench_stack(
             await f.catch_up()
         tasks += [asyncio.create_task(f.follow(stop)) for f in followers]
         async with GraylaneClient(factory) as client:
-            stack = BenchStack(factory, model, monitor, client, services=services, env=env, tag=tag)
+            stack = BenchStack(
+                factory,
+                model,
+                monitor,
+                client,
+                services=services,
+                env=env,
+                tag=tag,
+                generation=generation,
+            )
             if wait_served:
                 await stack.wait_served()
             tasks.append(asyncio.create_task(stack.collect()))

@@ -2,6 +2,11 @@
 
 Every request submitted in the scored span counts: answered OK within the SLO
 (good), answered OK too late, shed (``SHED``), another error, or never answered.
+
+A generation's SLO is stated on its time to first token and its time per output
+token (:class:`GenerationSlo`): it is good when both are within their
+objectives, however long its answer (its whole latency is then not judged
+unless ``slo_ms`` is stated too).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import numpy as np
 
 __all__ = [
     "SHED_CODE",
+    "GenerationSlo",
     "RequestOutcome",
     "RunScore",
     "Slice",
@@ -31,6 +37,26 @@ class RequestOutcome:
     ok: bool
     error_code: str
     latency_ms: float
+    ttft_ms: float = 0.0
+    """A generation's time to first token (from its creation); 0.0 for other requests."""
+    tpot_ms: float = 0.0
+    """A generation's mean time per output token after the first (0.0: one token)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSlo:
+    """A generation's objectives: TTFT and TPOT (0 = not stated), in milliseconds."""
+
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
+
+    def met(self, outcome: RequestOutcome) -> bool:
+        """An OK generation within both objectives (a one-token answer has no TPOT)."""
+        return (
+            outcome.ok
+            and (self.ttft_ms <= 0.0 or 0.0 < outcome.ttft_ms <= self.ttft_ms)
+            and (self.tpot_ms <= 0.0 or outcome.tpot_ms <= self.tpot_ms)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +72,10 @@ class RunScore:
     unanswered: int
     good: int = 0
     """Answered OK within the SLO."""
+    ttft_p99_ms: float = 0.0
+    """Generations: p99 time to first token of those answered OK (0.0 otherwise)."""
+    tpot_p99_ms: float = 0.0
+    """Generations: p99 time per output token of those answered OK (0.0 otherwise)."""
 
     @property
     def late(self) -> int:
@@ -60,10 +90,16 @@ def score(
     start: float,
     end: float,
     slo_ms: float,
+    generation: GenerationSlo | None = None,
 ) -> RunScore:
-    """Score the requests submitted in ``[start, end)`` (seconds on the sender's clock)."""
+    """Score the requests submitted in ``[start, end)`` (seconds on the sender's clock).
+
+    With ``generation``, a request is good when it meets it (and ``slo_ms`` when > 0).
+    """
     ids = [rid for rid, at in sent_at.items() if start <= at < end]
     ok_latencies: list[float] = []
+    ttfts: list[float] = []
+    tpots: list[float] = []
     shed = errors = unanswered = good = 0
     for rid in ids:
         answer = answers.get(rid)
@@ -71,7 +107,13 @@ def score(
             unanswered += 1
         elif answer.ok:
             ok_latencies.append(answer.latency_ms)
-            good += answer.latency_ms <= slo_ms
+            in_latency = slo_ms <= 0.0 or answer.latency_ms <= slo_ms
+            if generation is None:
+                good += in_latency
+            else:
+                good += in_latency and generation.met(answer)
+                ttfts.append(answer.ttft_ms)
+                tpots.append(answer.tpot_ms)
         elif answer.error_code == SHED_CODE:
             shed += 1
         else:
@@ -84,6 +126,8 @@ def score(
         errors=errors,
         unanswered=unanswered,
         good=good,
+        ttft_p99_ms=float(np.percentile(ttfts, 99)) if ttfts else 0.0,
+        tpot_p99_ms=float(np.percentile(tpots, 99)) if tpots else 0.0,
     )
 
 
@@ -104,6 +148,7 @@ def timeline(
     end: float,
     slo_ms: float,
     width_s: float = 5.0,
+    generation: GenerationSlo | None = None,
 ) -> tuple[Slice, ...]:
     """:func:`score` per ``width_s`` slice of ``[start, end)``: where a run lost its goodput."""
     if width_s <= 0:
@@ -113,7 +158,10 @@ def timeline(
     while at < end:
         upper = min(at + width_s, end)
         slices.append(
-            Slice(at - start, score(sent_at, answers, start=at, end=upper, slo_ms=slo_ms))
+            Slice(
+                at - start,
+                score(sent_at, answers, start=at, end=upper, slo_ms=slo_ms, generation=generation),
+            )
         )
         at = upper
     return tuple(slices)

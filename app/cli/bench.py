@@ -46,7 +46,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="append",
         default=[],
         choices=["fp32_only", "qos", "qos_admission", "qos_admission_scale"],
-        help="only this run (repeatable; default: all four)",
+        help="only this run (repeatable; default: all four; generative: all but qos)",
+    )
+    qos.add_argument(
+        "--generative",
+        action="store_true",
+        help="generations of a KV-cache GPT, SLO stated as TTFT/TPOT p99, goodput against it",
+    )
+    qos.add_argument("--new-tokens", type=int, default=32, help="generative: mean output length")
+    qos.add_argument(
+        "--max-sequences", type=int, default=4, help="generative: the worker's decode rows"
     )
     qos.set_defaults(handler=_qos)
     generate = which.add_parser(
@@ -164,8 +173,17 @@ def _rollback(args: argparse.Namespace) -> int:
 
 
 def _qos(args: argparse.Namespace) -> int:
-    from graylane.app.bench.qos import QosConfig, main
+    from graylane.app.bench.qos import GenerativeConfig, QosConfig, main, main_generative
 
+    if args.generative:
+        return main_generative(
+            QosConfig(spike_s=args.spike_s, base_fraction=args.base_fraction),
+            GenerativeConfig(
+                new_tokens=args.new_tokens,
+                max_sequences=args.max_sequences,
+                runs=tuple(args.run),
+            ),
+        )
     return main(
         QosConfig(spike_s=args.spike_s, base_fraction=args.base_fraction, runs=tuple(args.run))
     )

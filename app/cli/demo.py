@@ -283,6 +283,9 @@ def _streamed_act(settings: Settings, size: str, log_dir: Path, step: _Steps) ->
     """A decoder with a KV cache (routed by the demo's router, served by a worker of its
     own): one generation streamed chunk by chunk, printed live, while a short one joins
     the running batch."""
+    from rich.console import Console
+
+    from graylane.app.demo.monitor import Monitor
     from graylane.app.demo.streamed import show_streams
     from graylane.kafka.seam import KafkaFactory
     from graylane.models.demo_gpt import write_demo_gpt
@@ -319,6 +322,10 @@ def _streamed_act(settings: Settings, size: str, log_dir: Path, step: _Steps) ->
             f"took {shown.short_ms:.0f} ms of the long one's {shown.long_ms:.0f} ms",
             flush=True,
         )
+        monitor = Monitor(CHAT_MODEL, window_s=600.0)
+        for result in shown.results:
+            monitor.on_result(result)
+        Console().print(monitor.table(f"{CHAT_MODEL}: {len(shown.results)} generations"))
     finally:
         stop_services(act)  # its CPU goes back to the rollout story
 

@@ -160,7 +160,28 @@ def _qos_commands(sub: Sub) -> None:
     qset = _client(qsub.add_parser("set", help="set the QoS policy of a model version"))
     qset.add_argument("--model", required=True)
     qset.add_argument("--version", required=True)
-    qset.add_argument("--slo-ms", type=float, required=True, help="p99 latency objective")
+    qset.add_argument(
+        "--slo-ms", type=float, default=0.0, help="p99 whole-request latency objective"
+    )
+    qset.add_argument(
+        "--slo-ttft-ms", type=float, default=0.0, help="generative: p99 time to first token"
+    )
+    qset.add_argument(
+        "--slo-tpot-ms", type=float, default=0.0, help="generative: p99 time per output token"
+    )
+    qset.add_argument(
+        "--max-waiting",
+        type=float,
+        default=0.0,
+        help="generative: waiting sequences per worker that breach "
+        "(default: capacity x TTFT objective, else the Inference Extension's 5)",
+    )
+    qset.add_argument(
+        "--max-kv-cache",
+        type=float,
+        default=0.0,
+        help="generative: KV-cache occupancy that breaches (default 0.8)",
+    )
     qset.add_argument("--ladder", required=True, help="variants, quality first: fp32,fp16,int8")
     qset.add_argument("--floor", default="", help="lowest variant allowed")
     qset.add_argument("--sustain-s", type=float, default=0.0)
@@ -538,10 +559,16 @@ def qos_set(args: argparse.Namespace) -> int:
     from graylane.v1 import rollout_pb2
 
     ladder = [x.strip() for x in args.ladder.split(",") if x.strip()]
+    if max(args.slo_ms, args.slo_ttft_ms, args.slo_tpot_ms) <= 0.0:
+        raise SystemExit("state an objective: --slo-ms, --slo-ttft-ms and/or --slo-tpot-ms")
     policy = rollout_pb2.QosPolicy(
         model=args.model,
         version=args.version,
         slo_p99_ms=args.slo_ms,
+        slo_ttft_p99_ms=args.slo_ttft_ms,
+        slo_tpot_p99_ms=args.slo_tpot_ms,
+        max_waiting_sequences=args.max_waiting,
+        max_kv_cache_occupancy=args.max_kv_cache,
         ladder=ladder,
         quality_floor=args.floor,
         sustain_s=args.sustain_s,

@@ -84,7 +84,7 @@ def print_policy(view: Any) -> None:
     rows: list[tuple[str, object]] = [
         ("model / version", f"{p.model} {p.version}"),
         ("enabled", p.enabled),
-        ("SLO p99", f"{p.slo_p99_ms:g} ms"),
+        ("SLO p99", f"{p.slo_p99_ms:g} ms" if p.slo_p99_ms > 0 else "- (not judged)"),
         ("ladder", " > ".join(p.ladder)),
         ("quality floor", p.quality_floor or p.ladder[-1] if p.ladder else "-"),
         ("step down above", f"SLO x {1 + p.step_down_margin:g} for {p.sustain_s:g}s"),
@@ -96,6 +96,21 @@ def print_policy(view: Any) -> None:
                 for v, rps in sorted(p.rung_capacity_rps.items())
             )
             or "- (no calibration: by p99)",
+        ),
+        *(
+            [
+                ("SLO TTFT p99", f"{p.slo_ttft_p99_ms:g} ms" if p.slo_ttft_p99_ms else "-"),
+                ("SLO TPOT p99", f"{p.slo_tpot_p99_ms:g} ms" if p.slo_tpot_p99_ms else "-"),
+                (
+                    "waiting / worker",
+                    f"> {p.max_waiting_sequences:g}"
+                    if p.max_waiting_sequences
+                    else "> capacity x TTFT objective (Inference Extension: 5)",
+                ),
+                ("KV cache", f"> {p.max_kv_cache_occupancy or 0.8:g} (Inference Extension: 0.8)"),
+            ]
+            if p.slo_ttft_p99_ms or p.slo_tpot_p99_ms
+            else []
         ),
         ("min dwell", f"{p.min_dwell_s:g}s"),
         ("active variant", view.active_variant or "unknown (no precision change on record)"),

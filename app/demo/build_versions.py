@@ -21,8 +21,12 @@ def build_versions(
     size: str,
     precisions: tuple[str, ...] = ("fp32", "int8-dynamic"),
     progress: Callable[[str], None] = print,
+    kv_cache: bool = False,
 ) -> None:
-    """Build each version unless the registry already has its artifacts."""
+    """Build each version unless the registry already has its artifacts.
+
+    ``kv_cache``: the demo GPT's decoder-with-past export (a generative model served
+    by continuous batching)."""
     registry = open_registry(settings.db_url)
     for version, seed in seeds.items():
         try:
@@ -36,7 +40,7 @@ def build_versions(
                 "model": model,
                 "version": version,
                 "strategy": "demo",
-                "source": {"demo": size, "seed": seed},
+                "source": {"demo": size, "seed": seed, "kv_cache": kv_cache},
                 "precisions": list(precisions),
                 # Synthetic demo text, kept small so the demo starts fast; real builds
                 # calibrate on >= 500 captured requests (graylane calib capture).

@@ -2,7 +2,10 @@
 
 The p99 shown is of the requests answered OK (admitted and served); shed
 requests (``SHED``, refused at once by admission control) have their own
-column and are not errors.
+column and are not errors. For generations (results that carry a time to first
+token) the table also shows the TTFT p99 and the TPOT p99 (mean time per output
+token after the first, per generation): a generation's whole latency is mostly
+its output length, these two are what its SLO states.
 
 Fed by the client's results and by the compacted control topics; renders a live
 table and keeps a timeline for the final report.
@@ -37,6 +40,10 @@ class RequestSample:
     shed: bool = False
     """Answered SHED by admission control (not run; not an engine error)."""
     worker: str = ""
+    ttft_ms: float = 0.0
+    """A generation's time to first token (0.0: not a generation, or not known)."""
+    tpot_ms: float = 0.0
+    """A generation's mean time per output token after the first (0.0: fewer than two)."""
 
 
 @dataclass
@@ -80,7 +87,15 @@ class Monitor:
         latency = result.client_latency_ms or result.timing.total_ms
         shed = result.error_code == "SHED"
         sample = RequestSample(
-            self.now(), result.version, result.variant, latency, result.ok, shed, result.worker_id
+            self.now(),
+            result.version,
+            result.variant,
+            latency,
+            result.ok,
+            shed,
+            result.worker_id,
+            ttft_ms=result.timing.ttft_ms,
+            tpot_ms=result.timing.tpot_ms,
         )
         self.samples.append(sample)
         self.history.append(sample)
@@ -137,15 +152,23 @@ class Monitor:
             self.timeline.variants[version].append((self.now(), samples[-1].variant))
 
     def table(self, title: str) -> Table:
-        table = Table(title=title, caption="p99 of the requests answered OK (admitted)")
-        columns = ("version", "weight", "req/s", "p50 ms", "p99 ms", "errors", "shed", "variant")
-        for col in (*columns, "workers"):
-            table.add_column(col, justify="right")
         window = self.window()
+        generating = any(s.ttft_ms > 0 for samples in window.values() for s in samples)
+        caption = "p99 of the requests answered OK (admitted)"
+        if generating:
+            caption += "; TTFT/TPOT p99 of the generations answered OK"
+        table = Table(title=title, caption=caption)
+        columns = ("version", "weight", "req/s", "p50 ms", "p99 ms", "errors", "shed", "variant")
+        ttft_tpot = ("TTFT p99 ms", "TPOT p99 ms") if generating else ()
+        for col in (*columns, "workers", *ttft_tpot):
+            table.add_column(col, justify="right")
         versions = sorted(set(window) | set(self.weights))
         for version in versions:
             samples = window.get(version, [])
             ok = [s.latency_ms for s in samples if s.ok]
+            ttft = [s.ttft_ms for s in samples if s.ok and s.ttft_ms > 0]
+            tpot = [s.tpot_ms for s in samples if s.ok and s.tpot_ms > 0]
+            timings = (_p99_cell(ttft, ".0f"), _p99_cell(tpot, ".1f")) if generating else ()
             rate = len(samples) / self.window_s
             err = (sum(not s.ok and not s.shed for s in samples) / len(samples)) if samples else 0.0
             shed = (sum(s.shed for s in samples) / len(samples)) if samples else 0.0
@@ -160,5 +183,10 @@ class Monitor:
                 f"{100 * shed:.1f}%",
                 variant,
                 str(self.workers(version)),
+                *timings,
             )
         return table
+
+
+def _p99_cell(values: list[float], spec: str) -> str:
+    return format(float(np.percentile(values, 99)), spec) if values else "-"

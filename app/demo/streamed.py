@@ -4,7 +4,8 @@ joining a running decode batch.
 Two generations of a decoder with a KV cache: a long one streamed chunk by chunk (each
 line printed the moment its record arrives, with its time since the request was sent),
 and, while it decodes, a short one that joins the running batch and is answered before
-the long one ends.
+the long one ends. Then a few more of different lengths at once, so the demo's table
+has TTFT and TPOT p99 figures of the version (:attr:`StreamShown.results`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class StreamShown:
     short_ms: float
     """The short request's whole latency (it joined while the long one decoded)."""
     long_ms: float
+    results: tuple[Result, ...] = ()
+    """Every generation's result (the long, the short and the batch after them)."""
 
 
 async def _ready(client: GraylaneClient, model: str) -> None:
@@ -50,8 +53,10 @@ async def show_streams(
     *,
     prompt: str = "Once upon a time",
     max_new_tokens: int = 48,
+    batch: int = 6,
 ) -> StreamShown:
-    """Stream one long generation (printing each chunk live) while a short one joins."""
+    """Stream one long generation (printing each chunk live) while a short one joins;
+    then ``batch`` generations of different lengths at once."""
     async with GraylaneClient(factory, client_id="demo-stream") as client:
         await _ready(client, model)
         sent = time.perf_counter()
@@ -83,6 +88,18 @@ async def show_streams(
                 joiner = asyncio.create_task(short_one())
         if joiner is not None:
             await joiner
+        more = await asyncio.gather(
+            *(
+                client.infer(
+                    model,
+                    prompt=f"{prompt} {i}",
+                    task=Task.GENERATE,
+                    max_new_tokens=4 + (i * max_new_tokens) // max(batch, 1),
+                    timeout=60,
+                )
+                for i in range(batch)
+            )
+        )
     final = chunks[-1].result
     timing = final.timing if final is not None else None
     return StreamShown(
@@ -93,4 +110,5 @@ async def show_streams(
         tpot_ms=timing.tpot_ms if timing is not None else 0.0,
         short_ms=short[0].timing.total_ms if short else 0.0,
         long_ms=timing.total_ms if timing is not None else 0.0,
+        results=(*((final,) if final is not None else ()), *short, *more),
     )

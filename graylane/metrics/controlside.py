@@ -30,6 +30,8 @@ class PolicyMetrics:
     qos_at_floor: Gauge
     qos_breaching: Gauge
     qos_slo_p99: Gauge
+    qos_slo_ttft_p99: Gauge
+    qos_slo_tpot_p99: Gauge
     skipped_records: Counter
     decision_errors: Counter
 
@@ -94,6 +96,18 @@ class PolicyMetrics:
             qos_slo_p99=Gauge(
                 "graylane_qos_slo_p99_seconds",
                 "The QoS policy's p99 latency objective",
+                mv,
+                registry=registry,
+            ),
+            qos_slo_ttft_p99=Gauge(
+                "graylane_qos_slo_ttft_p99_seconds",
+                "The QoS policy's p99 time-to-first-token objective (generative models)",
+                mv,
+                registry=registry,
+            ),
+            qos_slo_tpot_p99=Gauge(
+                "graylane_qos_slo_tpot_p99_seconds",
+                "The QoS policy's p99 time-per-output-token objective (generative models)",
                 mv,
                 registry=registry,
             ),

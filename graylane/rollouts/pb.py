@@ -299,6 +299,10 @@ def qos_policy_to_pb(p: QosPolicy) -> rollout_pb2.QosPolicy:
         rung_capacity_rps=dict(p.rung_capacity_rps),
         up_capacity_fraction=p.up_capacity_fraction,
         max_shed_fraction=p.max_shed_fraction,
+        slo_ttft_p99_ms=p.slo_ttft_p99_ms,
+        slo_tpot_p99_ms=p.slo_tpot_p99_ms,
+        max_waiting_sequences=p.max_waiting_sequences,
+        max_kv_cache_occupancy=p.max_kv_cache_occupancy,
     )
 
 
@@ -320,4 +324,8 @@ def qos_policy_from_pb(pb: rollout_pb2.QosPolicy) -> QosPolicy:
         rung_capacity_rps=tuple(sorted(pb.rung_capacity_rps.items())),
         up_capacity_fraction=_or(pb.up_capacity_fraction, d.up_capacity_fraction),
         max_shed_fraction=_or(pb.max_shed_fraction, d.max_shed_fraction),
+        slo_ttft_p99_ms=pb.slo_ttft_p99_ms,
+        slo_tpot_p99_ms=pb.slo_tpot_p99_ms,
+        max_waiting_sequences=pb.max_waiting_sequences,
+        max_kv_cache_occupancy=pb.max_kv_cache_occupancy,
     )

@@ -7,6 +7,17 @@ the cheaper rung says (its p99 at normal load may never fall under the
 latency threshold). ``max_shed_fraction``: shedding more than that share of
 requests is a breach (admission control keeps the p99 of admitted requests
 low, so latency alone would never step down).
+
+**Generative models** state their SLO as a p99 of time to first token
+(``slo_ttft_p99_ms``) and/or of time per output token (``slo_tpot_p99_ms``);
+``slo_p99_ms`` (whole-request latency, mostly the output length for a
+generation) may then be 0: not judged. The same margins apply to each
+objective. Their load signals are the decode loop's waiting sequences and
+KV-cache occupancy, per worker: ``max_waiting_sequences`` (0 = derived from the
+rung's measured capacity and the TTFT objective: the queue one worker drains
+within it; without either, :data:`INFERENCE_EXTENSION_QUEUE_DEPTH`) and
+``max_kv_cache_occupancy`` (0 = :data:`INFERENCE_EXTENSION_KV_CACHE_OCCUPANCY`).
+Decisions report both against the Gateway API Inference Extension's defaults.
 """
 
 from __future__ import annotations
@@ -16,7 +27,17 @@ from dataclasses import dataclass
 
 from graylane.rollouts.errors import InvalidPolicy
 
-__all__ = ["QosPolicy"]
+__all__ = [
+    "INFERENCE_EXTENSION_KV_CACHE_OCCUPANCY",
+    "INFERENCE_EXTENSION_QUEUE_DEPTH",
+    "QosPolicy",
+]
+
+INFERENCE_EXTENSION_QUEUE_DEPTH = 5
+"""The Gateway API Inference Extension's default queue-depth threshold (waiting
+requests per model server) above which it sends new requests elsewhere."""
+INFERENCE_EXTENSION_KV_CACHE_OCCUPANCY = 0.8
+"""The Gateway API Inference Extension's default KV-cache utilisation threshold."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +59,14 @@ class QosPolicy:
     """(variant, requests/s of one worker) as calibrated; sorted by variant."""
     up_capacity_fraction: float = 0.7
     max_shed_fraction: float = 0.02
+    slo_ttft_p99_ms: float = 0.0
+    """Generative: p99 time to first token objective (0 = not stated)."""
+    slo_tpot_p99_ms: float = 0.0
+    """Generative: p99 time per output token objective (0 = not stated)."""
+    max_waiting_sequences: float = 0.0
+    """Generative: waiting sequences per worker that breach (0 = derived, see above)."""
+    max_kv_cache_occupancy: float = 0.0
+    """Generative: KV-cache occupancy (0..1) that breaches (0 = the Inference Extension's 0.8)."""
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -48,7 +77,11 @@ class QosPolicy:
         if self.quality_floor and self.quality_floor not in self.ladder:
             problems.append(f"quality floor {self.quality_floor!r} is not on the ladder")
         checks = (
-            ("slo_p99_ms", self.slo_p99_ms > 0.0),
+            ("slo_p99_ms", self.slo_p99_ms > 0.0 or (self.generative and self.slo_p99_ms == 0)),
+            ("slo_ttft_p99_ms", self.slo_ttft_p99_ms >= 0.0),
+            ("slo_tpot_p99_ms", self.slo_tpot_p99_ms >= 0.0),
+            ("max_waiting_sequences", self.max_waiting_sequences >= 0.0),
+            ("max_kv_cache_occupancy", 0.0 <= self.max_kv_cache_occupancy <= 1.0),
             ("step_down_margin", self.step_down_margin >= 0.0),
             ("step_up_ratio", 0.0 < self.step_up_ratio < 1.0 + self.step_down_margin),
             ("max_queue_wait_ms", self.max_queue_wait_ms >= 0.0),
@@ -75,6 +108,30 @@ class QosPolicy:
             raise InvalidPolicy(
                 f"QoS policy of {self.model}/{self.version}: " + "; ".join(problems)
             )
+
+    @property
+    def generative(self) -> bool:
+        """The SLO is stated on TTFT and/or TPOT (a generative model's)."""
+        return self.slo_ttft_p99_ms > 0.0 or self.slo_tpot_p99_ms > 0.0
+
+    @property
+    def objectives(self) -> str:
+        """The SLO in words: ``p99 250 ms``, ``TTFT p99 500 ms, TPOT p99 50 ms``."""
+        parts = [
+            f"{name} {ms:g} ms"
+            for name, ms in (
+                ("p99", self.slo_p99_ms),
+                ("TTFT p99", self.slo_ttft_p99_ms),
+                ("TPOT p99", self.slo_tpot_p99_ms),
+            )
+            if ms > 0.0
+        ]
+        return ", ".join(parts)
+
+    @property
+    def kv_cache_limit(self) -> float:
+        """KV-cache occupancy that breaches."""
+        return self.max_kv_cache_occupancy or INFERENCE_EXTENSION_KV_CACHE_OCCUPANCY
 
     @property
     def down_threshold_ms(self) -> float:

@@ -288,7 +288,7 @@ class RouteConfig(_message.Message):
     def __init__(self, model: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[_control_pb2.RoutingRule, _Mapping]]] = ..., allow_pinning: _Optional[bool] = ...) -> None: ...
 
 class QosPolicy(_message.Message):
-    __slots__ = ("model", "version", "slo_p99_ms", "ladder", "quality_floor", "step_down_margin", "step_up_ratio", "sustain_s", "min_dwell_s", "max_queue_wait_ms", "enabled", "rung_capacity_rps", "up_capacity_fraction", "max_shed_fraction")
+    __slots__ = ("model", "version", "slo_p99_ms", "ladder", "quality_floor", "step_down_margin", "step_up_ratio", "sustain_s", "min_dwell_s", "max_queue_wait_ms", "enabled", "rung_capacity_rps", "up_capacity_fraction", "max_shed_fraction", "slo_ttft_p99_ms", "slo_tpot_p99_ms", "max_waiting_sequences", "max_kv_cache_occupancy")
     class RungCapacityRpsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -310,6 +310,10 @@ class QosPolicy(_message.Message):
     RUNG_CAPACITY_RPS_FIELD_NUMBER: _ClassVar[int]
     UP_CAPACITY_FRACTION_FIELD_NUMBER: _ClassVar[int]
     MAX_SHED_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    SLO_TTFT_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    SLO_TPOT_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    MAX_KV_CACHE_OCCUPANCY_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     slo_p99_ms: float
@@ -324,7 +328,11 @@ class QosPolicy(_message.Message):
     rung_capacity_rps: _containers.ScalarMap[str, float]
     up_capacity_fraction: float
     max_shed_fraction: float
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., slo_p99_ms: _Optional[float] = ..., ladder: _Optional[_Iterable[str]] = ..., quality_floor: _Optional[str] = ..., step_down_margin: _Optional[float] = ..., step_up_ratio: _Optional[float] = ..., sustain_s: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ..., enabled: _Optional[bool] = ..., rung_capacity_rps: _Optional[_Mapping[str, float]] = ..., up_capacity_fraction: _Optional[float] = ..., max_shed_fraction: _Optional[float] = ...) -> None: ...
+    slo_ttft_p99_ms: float
+    slo_tpot_p99_ms: float
+    max_waiting_sequences: float
+    max_kv_cache_occupancy: float
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., slo_p99_ms: _Optional[float] = ..., ladder: _Optional[_Iterable[str]] = ..., quality_floor: _Optional[str] = ..., step_down_margin: _Optional[float] = ..., step_up_ratio: _Optional[float] = ..., sustain_s: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ..., enabled: _Optional[bool] = ..., rung_capacity_rps: _Optional[_Mapping[str, float]] = ..., up_capacity_fraction: _Optional[float] = ..., max_shed_fraction: _Optional[float] = ..., slo_ttft_p99_ms: _Optional[float] = ..., slo_tpot_p99_ms: _Optional[float] = ..., max_waiting_sequences: _Optional[float] = ..., max_kv_cache_occupancy: _Optional[float] = ...) -> None: ...
 
 class RolloutCommand(_message.Message):
     __slots__ = ("command_id", "rollout_id", "model", "kind", "spec", "qos_policy", "issued_by", "reason", "issued_at_unix_ms", "target_version", "route_config")

@@ -32,7 +32,9 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
   controller would flap between rungs. When a rung breaches, the offered
   load (served + shed) at that moment is remembered as that rung's ceiling;
   stepping back up to it also needs the current offered load at most
-  ``up_load_fraction`` (0.8) of its ceiling (served alone would be far too
+  ``up_load_fraction`` (0.8) of its ceiling (the ceiling is the window's offered
+  load or, when higher, its newest step's: at a jump the window's average still
+  holds the load before it) (served alone would be far too
   low a ceiling when admission control sheds most of the load). A ceiling
   is forgotten after ``ceiling_ttl_s`` (600 s), so a breach caused by
   something other than load does not pin the quality down for ever. With a
@@ -41,6 +43,18 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
   stack) records no ceiling: that load is one the rung copes with, so the
   breach was not load (a start-up, a noisy neighbour) and the capacity check
   alone gates the way back up.
+- **Generations** (a policy with a TTFT and/or TPOT objective,
+  :attr:`QosPolicy.generative`): a breach is also the window's TTFT p99 or
+  TPOT p99 over its objective x (1 + ``step_down_margin``); whole-request p99
+  counts only when ``slo_p99_ms`` is stated (for a generation it is mostly the
+  output length). The decode loop's load signals breach too: waiting
+  sequences per worker over :func:`waiting_limit` (the queue one worker drains
+  within the TTFT objective at the active rung's capacity in the running
+  stack: measured capacity, not a constant) and KV-cache occupancy over
+  :attr:`QosPolicy.kv_cache_limit`. Without calibration, calm is TTFT, TPOT,
+  waiting and KV all under ``step_up_ratio`` of their limits. Every figure is
+  reported against the Gateway API Inference Extension's defaults (queue
+  depth 5, KV 0.8).
 - **Dwell**: no change within ``min_dwell_s`` (default 30 s) of the last one.
 - **Bounds**: never below ``quality_floor`` (the lowest-quality rung allowed;
   empty = the ladder's last), never above the first rung.
@@ -95,7 +109,11 @@ from enum import Enum
 
 from graylane.policy_engine.logic.window import ALL_VARIANTS, WindowStats
 from graylane.rollouts.errors import InputMismatch
-from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.qos_policy import (
+    INFERENCE_EXTENSION_KV_CACHE_OCCUPANCY,
+    INFERENCE_EXTENSION_QUEUE_DEPTH,
+    QosPolicy,
+)
 from graylane.rollouts.vocabulary import DecisionRule
 
 __all__ = [
@@ -114,6 +132,7 @@ __all__ = [
     "observed_factor",
     "qos_during_rollout",
     "smoothed_factor",
+    "waiting_limit",
 ]
 
 MIN_FACTOR = 0.05
@@ -358,11 +377,11 @@ def evaluate_qos(
             DecisionRule.STALE_VARIANT, f"stats are of {stats.variant}, {active} is active", cleared
         )
 
-    breach_why = breach_rule(stats, policy)
     up_target = ladder[index - 1] if index > 0 else None
     contention = smoothed_factor(
         state.contention, observed_factor(stats, policy.capacity_of(active))
     )
+    breach_why = breach_rule(stats, policy, active, contention)
     calm = breach_why is None and _calm(stats, policy, active, up_target, contention)
     breach_since = _since(state.breach_since_ms, now_ms) if breach_why is not None else None
     calm_since = _since(state.calm_since_ms, now_ms) if calm else None
@@ -371,7 +390,7 @@ def evaluate_qos(
     )
     since_change = now_ms - state.last_change_ms
     dwell_ms = policy.min_dwell_s * 1000
-    figures = _figures(stats, policy)
+    figures = _figures(stats, policy, active, contention)
     if breach_why is not None:
         held = now_ms - _since(breach_since, now_ms)
         own_now = effective_capacity(policy.capacity_of(active), contention)
@@ -409,16 +428,16 @@ def evaluate_qos(
             )
         others = tuple(c for c in current.ceilings if c.variant != active)
         own = effective_capacity(policy.capacity_of(active), contention)
-        if own is not None and stats.offered_rps < policy.up_capacity_fraction * own:
+        if own is not None and offered_now < policy.up_capacity_fraction * own:
             # Below the load the rung copes with here: not a load breach, no ceiling.
             note = (
-                f"no ceiling: {stats.offered_rps:.1f} rps < {policy.up_capacity_fraction:g} x "
+                f"no ceiling: {offered_now:.1f} rps < {policy.up_capacity_fraction:g} x "
                 f"{active}'s capacity {own:.1f} rps"
             )
             with_ceiling = replace(current, ceilings=others)
         else:
-            note = f"ceiling of {active} at {stats.offered_rps:.1f} rps"
-            ceiling = Ceiling(active, stats.offered_rps, now_ms)
+            note = f"ceiling of {active} at {offered_now:.1f} rps"
+            ceiling = Ceiling(active, offered_now, now_ms)
             with_ceiling = replace(current, ceilings=(*others, ceiling))
         return move(
             QosDecisionKind.STEP_DOWN,
@@ -459,7 +478,8 @@ def evaluate_qos(
                 current,
             )
         calibrated = policy.capacity_of(target)
-        rule, why = DecisionRule.P99_CALM, figures
+        rule = DecisionRule.GENERATION_CALM if policy.generative else DecisionRule.P99_CALM
+        why = figures
         if calibrated is not None:
             rule = DecisionRule.LOAD_CALM
             here = effective_capacity(calibrated, contention, policy.capacity_of(active))
@@ -483,15 +503,53 @@ def _live_ceilings(state: QosState, policy: QosPolicy, now_ms: int) -> tuple[Cei
     return tuple(c for c in state.ceilings if now_ms - c.at_ms < ttl_ms)
 
 
-def breach_rule(stats: WindowStats, policy: QosPolicy) -> DecisionRule | None:
-    """The rule that breaches, or None when none does."""
-    if stats.p99_ms > policy.down_threshold_ms:
+def breach_rule(
+    stats: WindowStats, policy: QosPolicy, variant: str = "", contention: float = 1.0
+) -> DecisionRule | None:
+    """The rule that breaches, or None when none does.
+
+    ``variant`` (default: the window's) and ``contention`` price the rung's capacity
+    for the waiting-sequences limit of a generative policy (:func:`waiting_limit`).
+    """
+    margin = 1.0 + policy.step_down_margin
+    if policy.slo_p99_ms > 0.0 and stats.p99_ms > policy.down_threshold_ms:
         return DecisionRule.P99_BREACH
+    gen = stats.generation if policy.generative else None
+    if gen is not None:
+        if policy.slo_ttft_p99_ms > 0.0 and gen.ttft_p99_ms > policy.slo_ttft_p99_ms * margin:
+            return DecisionRule.TTFT_BREACH
+        if policy.slo_tpot_p99_ms > 0.0 and gen.tpot_p99_ms > policy.slo_tpot_p99_ms * margin:
+            return DecisionRule.TPOT_BREACH
     if policy.max_queue_wait_ms > 0.0 and stats.queue_wait_mean_ms > policy.max_queue_wait_ms:
         return DecisionRule.QUEUE_WAIT_BREACH
     if stats.shed and stats.shed_fraction > policy.max_shed_fraction:
         return DecisionRule.SHED_BREACH
+    gen = stats.generation if policy.generative else None
+    if gen is not None:
+        if gen.waiting_sequences / max(stats.workers, 1) > waiting_limit(
+            policy, variant or stats.variant, contention
+        ):
+            return DecisionRule.WAITING_BREACH
+        if gen.kv_cache_occupancy > policy.kv_cache_limit:
+            return DecisionRule.KV_CACHE_BREACH
     return None
+
+
+def waiting_limit(policy: QosPolicy, variant: str, contention: float = 1.0) -> float:
+    """Waiting sequences per worker that breach on ``variant``.
+
+    ``max_waiting_sequences`` when set; else, with a TTFT objective and a calibrated
+    capacity (generations/s of one worker), the sequences that worker drains within
+    the objective at its capacity in the running stack (``contention``): a sequence
+    that waits behind them gets its first token late. At least one. Otherwise the
+    Inference Extension's default queue depth.
+    """
+    if policy.max_waiting_sequences > 0.0:
+        return policy.max_waiting_sequences
+    capacity = effective_capacity(policy.capacity_of(variant), contention)
+    if policy.slo_ttft_p99_ms > 0.0 and capacity:
+        return max(1.0, capacity * policy.slo_ttft_p99_ms / 1000.0)
+    return float(INFERENCE_EXTENSION_QUEUE_DEPTH)
 
 
 def _calm(
@@ -503,19 +561,56 @@ def _calm(
     capacity = effective_capacity(calibrated, contention, policy.capacity_of(active))
     if capacity is not None:
         return stats.offered_rps < policy.up_capacity_fraction * capacity
+    ratio = policy.step_up_ratio
     queue_ok = (
         policy.max_queue_wait_ms <= 0.0
-        or stats.queue_wait_mean_ms < policy.max_queue_wait_ms * policy.step_up_ratio
+        or stats.queue_wait_mean_ms < policy.max_queue_wait_ms * ratio
     )
-    return stats.p99_ms < policy.up_threshold_ms and queue_ok
+    p99_ok = policy.slo_p99_ms <= 0.0 or stats.p99_ms < policy.up_threshold_ms
+    if not policy.generative:
+        return p99_ok and queue_ok
+    gen = stats.generation
+    if gen is None:
+        return False  # no generation figures: no evidence the rung above copes
+    return (
+        p99_ok
+        and queue_ok
+        and (policy.slo_ttft_p99_ms <= 0.0 or gen.ttft_p99_ms < policy.slo_ttft_p99_ms * ratio)
+        and (policy.slo_tpot_p99_ms <= 0.0 or gen.tpot_p99_ms < policy.slo_tpot_p99_ms * ratio)
+        and gen.waiting_sequences / max(stats.workers, 1)
+        <= ratio * waiting_limit(policy, active, contention)
+        and gen.kv_cache_occupancy < ratio * policy.kv_cache_limit
+    )
 
 
-def _figures(stats: WindowStats, policy: QosPolicy) -> str:
-    text = (
-        f"p99 {stats.p99_ms:.1f} ms (SLO {policy.slo_p99_ms:g}, "
-        f"down > {policy.down_threshold_ms:g}, "
-        f"up < {policy.up_threshold_ms:g}), {stats.throughput_rps:.1f} rps served"
-    )
+def _figures(stats: WindowStats, policy: QosPolicy, active: str, contention: float) -> str:
+    if policy.slo_p99_ms > 0.0:
+        text = (
+            f"p99 {stats.p99_ms:.1f} ms (SLO {policy.slo_p99_ms:g}, "
+            f"down > {policy.down_threshold_ms:g}, "
+            f"up < {policy.up_threshold_ms:g}), {stats.throughput_rps:.1f} rps served"
+        )
+    else:
+        text = f"p99 {stats.p99_ms:.1f} ms (not judged), {stats.throughput_rps:.1f} rps served"
+    gen = stats.generation if policy.generative else None
+    if policy.generative and gen is None:
+        text += ", no generation figures"
+    if gen is not None:
+        margin = 1.0 + policy.step_down_margin
+        for name, value, slo in (
+            ("TTFT", gen.ttft_p99_ms, policy.slo_ttft_p99_ms),
+            ("TPOT", gen.tpot_p99_ms, policy.slo_tpot_p99_ms),
+        ):
+            if slo > 0.0:
+                text += f", {name} p99 {value:.1f} ms (SLO {slo:g}, down > {slo * margin:g})"
+        per_worker = gen.waiting_sequences / max(stats.workers, 1)
+        text += (
+            f", waiting {per_worker:.1f}/worker (limit "
+            f"{waiting_limit(policy, active, contention):.1f}; Inference Extension "
+            f"{INFERENCE_EXTENSION_QUEUE_DEPTH}), KV {gen.kv_cache_occupancy:.2f} (limit "
+            f"{policy.kv_cache_limit:g}; Inference Extension "
+            f"{INFERENCE_EXTENSION_KV_CACHE_OCCUPANCY:g})"
+        )
     if stats.shed:
         text += f", shed {stats.shed_fraction:.1%} (max {policy.max_shed_fraction:.1%})"
     if policy.max_queue_wait_ms > 0.0:

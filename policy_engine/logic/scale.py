@@ -12,6 +12,10 @@
   overhead); or when the version's consumer lag
   kept growing for ``lag_growth_s`` (each evaluation's lag at least the
   previous one, and above where the growth started by ``min_lag_growth``).
+  For a generative model the backlog is the lag *plus* the sequences waiting
+  in the workers' decode loops (:attr:`ScaleSignals.backlog`): a worker takes
+  records off its topic into its waiting list, so the lag alone stays low
+  while the queue grows there.
   Bounded by ``max_replicas`` and the version topic's partition count (a
   consumer beyond the partitions would sit idle). No second step while the
   replicas asked for are not all serving yet, nor within ``out_dwell_s`` of
@@ -23,7 +27,11 @@
   :attr:`ScaleSignals.replica_capacity_rps`) or else the one learned while
   the version last was saturated (throughput / replicas while QoS breached
   or the lag grew, for the variant then running); unknown capacity never
-  scales in.
+  scales in, nor do sequences waiting for a decode row (one replica fewer
+  would only lengthen that queue).
+- QoS's breach (:attr:`ScaleSignals.breaching`) of a generative policy
+  includes its TTFT/TPOT objectives and the waiting-sequences and KV-cache
+  limits, so the floor breach and the overload follow those too.
 - **Settled** (:func:`scale_unsettled`): every replica asked for serves and
   the last change is ``settle_s`` old. The QoS ladder steps back up only
   then (``evaluate_qos(..., scale_hold=...)``), so quality does not rise
@@ -152,6 +160,17 @@ class ScaleSignals:
     floor_capacity_rps: float = 0.0
     """Calibrated requests/s of one replica on the QoS ladder's quality floor, as it
     holds in the running stack (0 = unknown, or no ladder)."""
+    waiting_sequences: int = 0
+    """Generations waiting for a decode row, summed over the workers (0 = none, or
+    not a generative model)."""
+    kv_cache_occupancy: float = 0.0
+    """Mean KV-cache occupancy of the workers (0..1; reported, not a trigger here:
+    QoS's breach carries its limit)."""
+
+    @property
+    def backlog(self) -> int:
+        """Requests not being served yet: the topic's lag and the decode loops' waiting."""
+        return self.lag + self.waiting_sequences
 
 
 @dataclass(frozen=True)
@@ -264,7 +283,7 @@ def evaluate_scale(
     lag_growing = (
         lag_since is not None
         and lag_held_ms >= policy.lag_growth_s * 1000
-        and signals.lag - lag_at >= max(policy.min_lag_growth, 1)
+        and signals.backlog - lag_at >= max(policy.min_lag_growth, 1)
     )
     capacity = _capacity(state, signals)
     low_since = _low_tracking(state, policy, signals, capacity, lag_growing, now_ms)
@@ -273,7 +292,7 @@ def evaluate_scale(
         state,
         lag_since_ms=lag_since,
         lag_at_since=lag_at,
-        last_lag=signals.lag,
+        last_lag=signals.backlog,
         low_since_ms=low_since,
         capacities=_learn(state.capacities, signals, signals.replicas or state.desired, now_ms)
         if saturated
@@ -310,7 +329,8 @@ def evaluate_scale(
         wants_out, why = ScaleReason.OVERLOAD, overload
     elif lag_growing:
         wants_out = ScaleReason.LAG_GROWING
-        why = f"lag grew {lag_at} -> {signals.lag} over {lag_held_ms / 1000:g} s"
+        what = "lag + waiting" if signals.waiting_sequences else "lag"
+        why = f"{what} grew {lag_at} -> {signals.backlog} over {lag_held_ms / 1000:g} s"
     if wants_out is not None:
         bound = policy.bound(signals.partitions)
         if state.desired >= bound:
@@ -377,11 +397,13 @@ def evaluate_scale(
 def _lag_tracking(
     state: ScaleState, signals: ScaleSignals, policy: ScalePolicy, now_ms: int
 ) -> tuple[int | None, int]:
-    """(since when the lag has not fallen, the lag then); None when it fell or is zero."""
-    if signals.lag <= 0 or (state.lag_since_ms is not None and signals.lag < state.last_lag):
+    """(since when the backlog has not fallen, the backlog then); None when it fell or is
+    zero."""
+    backlog = signals.backlog
+    if backlog <= 0 or (state.lag_since_ms is not None and backlog < state.last_lag):
         return None, 0
     if state.lag_since_ms is None:
-        return now_ms, signals.lag
+        return now_ms, backlog
     return state.lag_since_ms, state.lag_at_since
 
 
@@ -406,6 +428,7 @@ def _low_tracking(
         fewer >= policy.min_replicas
         and capacity > 0.0
         and not (signals.breaching or signals.floor_breach or lag_growing)
+        and signals.waiting_sequences == 0
         and signals.throughput_rps < policy.in_load_fraction * fewer * capacity
     )
     if not low:
@@ -427,4 +450,8 @@ def _figures(signals: ScaleSignals, desired: int, capacity: float) -> str:
     return (
         f"{desired} desired, {signals.replicas or '?'} serving, "
         f"{signals.throughput_rps:.1f} rps on {signals.variant or '?'} ({cap}), lag {signals.lag}"
+    ) + (
+        f", waiting {signals.waiting_sequences}, KV {signals.kv_cache_occupancy:.2f}"
+        if signals.waiting_sequences or signals.kv_cache_occupancy
+        else ""
     )

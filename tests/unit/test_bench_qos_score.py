@@ -69,3 +69,43 @@ def test_timeline_slices_score_their_own_requests() -> None:
     assert second.unanswered == 3
     with pytest.raises(ValueError):
         timeline(sent, answers, start=0.0, end=1.0, slo_ms=100.0, width_s=0.0)
+
+
+def test_generations_are_good_on_ttft_and_tpot_however_long_their_answer() -> None:
+    from graylane.app.bench.qos_score import GenerationSlo
+
+    slo = GenerationSlo(ttft_ms=500.0, tpot_ms=50.0)
+    sent = {f"g{i}": float(i) for i in range(6)}
+    answers = {
+        "g0": RequestOutcome(True, "", 9000.0, ttft_ms=200.0, tpot_ms=30.0),  # long answer: good
+        "g1": RequestOutcome(True, "", 800.0, ttft_ms=700.0, tpot_ms=10.0),  # first token late
+        "g2": RequestOutcome(True, "", 3000.0, ttft_ms=100.0, tpot_ms=60.0),  # slow tokens
+        "g3": RequestOutcome(True, "", 120.0, ttft_ms=120.0, tpot_ms=0.0),  # one token: good
+        "g4": RequestOutcome(False, "SHED", 2.0),
+        "g5": RequestOutcome(True, "", 100.0, ttft_ms=0.0, tpot_ms=5.0),  # no TTFT: not good
+    }
+    s = score(sent, answers, start=0.0, end=6.0, slo_ms=0.0, generation=slo)
+    assert (s.requests, s.good, s.shed) == (6, 2, 1)
+    assert s.goodput == pytest.approx(2 / 6)
+    assert 200.0 < s.ttft_p99_ms <= 700.0 and 30.0 < s.tpot_p99_ms <= 60.0
+    # the same answers judged on whole-request latency (1 s) would count g1, g3, g5
+    by_latency = score(sent, answers, start=0.0, end=6.0, slo_ms=1000.0)
+    assert by_latency.good == 3 and by_latency.ttft_p99_ms == 0.0
+    # both stated: a long answer misses the whole-request objective
+    both = score(sent, answers, start=0.0, end=6.0, slo_ms=1000.0, generation=slo)
+    assert both.good == 1
+
+
+def test_the_generative_bench_policy_states_ttft_and_tpot_only() -> None:
+    from graylane.app.bench.qos import CHAT_MODEL, generative_qos_policy
+    from graylane.policy_engine.logic.qos import waiting_limit
+    from graylane.rollouts.pb import qos_policy_from_pb
+
+    policy = qos_policy_from_pb(
+        generative_qos_policy(300.0, 30.0, {"fp32": 10.0, "int8-dynamic": 20.0})
+    )
+    assert policy.model == CHAT_MODEL and policy.generative
+    assert (policy.slo_p99_ms, policy.slo_ttft_p99_ms, policy.slo_tpot_p99_ms) == (0, 300, 30)
+    assert policy.objectives == "TTFT p99 300 ms, TPOT p99 30 ms"
+    # 10 generations/s drain 3 waiting sequences within the 300 ms TTFT objective
+    assert waiting_limit(policy, "fp32") == pytest.approx(3.0)

@@ -85,6 +85,10 @@ def test_the_alerts_the_issue_asks_for_exist() -> None:
     assert alerts == {
         "GraylaneCandidateLatencyRegression",
         "GraylaneCandidateErrorRegression",
+        "GraylaneCandidateTtftRegression",
+        "GraylaneCandidateTpotRegression",
+        "GraylaneCandidateOutputLengthDrift",
+        "GraylaneGenerationQueueSaturated",
         "GraylaneRolloutStuckInHold",
         "GraylaneRoutingTableStale",
         "GraylaneWorkerDown",
@@ -135,6 +139,14 @@ def test_dashboard_covers_the_views_the_issue_asks_for() -> None:
         "graylane_gpu_utilization_ratio",
         "graylane_gpu_memory_used_bytes",
         "graylane_audit_records_total",
+        "graylane:time_to_first_token_seconds:p99_5m",
+        "graylane:time_per_output_token_seconds:p99_5m",
+        "graylane_qos_slo_ttft_p99_seconds",
+        "graylane_qos_slo_tpot_p99_seconds",
+        "graylane:generated_tokens:rate5m",
+        "graylane:generated_tokens_per_generation:mean5m",
+        "graylane:worker_kv_cache_occupancy_ratio:max",
+        "graylane:worker_waiting_sequences:mean",
     } <= used
     annotations = _dashboard()["annotations"]["list"]
     assert any("graylane_audit_records_total" in a["expr"] for a in annotations)
