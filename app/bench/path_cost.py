@@ -203,12 +203,19 @@ class _Bus:
         return sorted(meta.partitions)
 
     def ends(self, topic: str) -> dict[int, int]:
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
-        return {
-            p: self._reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in self._partitions(topic)
-        }
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return {
+                    p: self._reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                    for p in self._partitions(topic)
+                }
+            except KafkaException:  # a topic just created: its leaders are being elected
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def count(self, topic: str) -> int:
         return sum(self.ends(topic).values())
