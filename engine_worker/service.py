@@ -104,6 +104,7 @@ from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
 
 __all__ = [
     "ACTIVATE",
+    "FETCH_WAIT_MS",
     "CycleFetch",
     "Records",
     "Worker",
@@ -230,12 +231,21 @@ async def run_at_low_priority(fn: Callable[[], T]) -> T:
 # --- fetching ---------------------------------------------------------------------------
 
 
+FETCH_WAIT_MS = 50
+"""How long the broker may hold a fetch of partitions it has nothing new on. It delays
+no record (a fetch is answered as soon as one arrives; the batch's own wait is the
+fetch loop's), but every expired one is a request: at 5 ms a worker whose prefetched
+partitions are at their end sent ~100 empty fetches a second while it drained them
+(8x the fetch requests, and about 20 % fewer requests served than at 50 ms, measured by
+``graylane bench path``'s worker-alone drain)."""
+
+
 def consumer_options(config: WorkerConfig, layout: TopicLayout) -> ConsumerOptions:
     """The worker's consumer group and fetch sizes, from its config."""
     return ConsumerOptions(
         group_id=config.group_id or layout.worker_group(config.model, config.version),
         max_poll_records=config.max_batch_size * config.fetch_factor,
-        fetch_max_wait_ms=max(1, config.max_wait_ms),
+        fetch_max_wait_ms=max(FETCH_WAIT_MS, config.max_wait_ms),
     )
 
 
