@@ -15,23 +15,37 @@ Exploration runs one batch at a time, between batches of the size in use.
 
 Cost is normalised by the padded length (ms per row per token), so batches
 from different sequence buckets inform the same estimate.
+
+With a queue waiting, a cycle's own cost counts too. The worker reports each
+cycle's time outside its batches (fetch, decode, planning, commit:
+:meth:`BatchLearner.observe_cycle`); the learner fits it as a cost per batch plus
+a cost per row (least squares over recent cycles) and, when at least a batch of
+rows is already queued (:meth:`BatchLearner.choose` with ``backlog``), takes the
+largest size whose cost per row, that per-batch share included, is within
+``min_gain`` of the cheapest: the rows are there, so a larger batch costs them no
+wait, and each batch fewer saves its fixed cost. An empty queue keeps the choice
+above (batch 1 with no wait when the engine does not gain from batching).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
 from graylane.errors import GraylaneError
 
 __all__ = [
+    "CYCLES_MIN",
     "PAIRED_MIN",
     "PAIR_SAMPLES",
     "BatchChoice",
     "BatchLearner",
+    "CycleCost",
     "LearnerConfig",
     "LearnerConfigError",
+    "fit_cycle_cost",
 ]
 
 
@@ -57,6 +71,8 @@ class LearnerConfig:
     """Samples a size needs before its estimate is trusted."""
     explore_every: int = 6
     """Every n-th batch is one batch of another candidate size (no wait), to keep measuring."""
+    cycle_window: int = 30
+    """Recent cycles the per-batch overhead is fitted over."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -67,6 +83,8 @@ class LearnerConfig:
             raise LearnerConfigError(f"window must be >= 1, got {self.window}")
         if self.min_gain < 0 or self.min_samples < 1 or self.explore_every < 1:
             raise LearnerConfigError("min_gain >= 0, min_samples >= 1, explore_every >= 1")
+        if self.cycle_window < 2:
+            raise LearnerConfigError(f"cycle_window must be >= 2, got {self.cycle_window}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +108,45 @@ PAIR_SAMPLES = 3
 """Latest samples of the size in use that an explored sample is divided by."""
 PAIRED_MIN = 6
 """Paired samples a size needs before it may replace the size in use."""
+CYCLES_MIN = 4
+"""Cycles the overhead fit needs before it is used."""
+
+
+@dataclass(frozen=True, slots=True)
+class CycleCost:
+    """A cycle's time outside its batches, fitted as ``per_batch_ms`` per batch plus
+    ``per_row_ms`` per row (both >= 0)."""
+
+    per_batch_ms: float
+    per_row_ms: float
+
+
+def fit_cycle_cost(cycles: Sequence[tuple[int, int, float]]) -> CycleCost:
+    """Least squares of ``outside_ms = a * batches + b * rows`` over ``(batches, rows,
+    outside_ms)`` samples, with ``a, b >= 0``.
+
+    When batches and rows do not vary apart (every cycle ran the same batch size),
+    the two cannot be told apart and all of it is charged per row: the fit then
+    claims no saving from larger batches.
+    """
+    sbb = sum(float(b) * b for b, _, _ in cycles)
+    srr = sum(float(r) * r for _, r, _ in cycles)
+    sbr = sum(float(b) * r for b, r, _ in cycles)
+    sby = sum(b * y for b, _, y in cycles)
+    sry = sum(r * y for _, r, y in cycles)
+    det = sbb * srr - sbr * sbr
+    if srr <= 0:
+        return CycleCost(0.0, 0.0)
+    per_row_only = CycleCost(0.0, max(0.0, sry / srr))
+    if det <= 1e-9 * sbb * srr:
+        return per_row_only
+    a = (sby * srr - sry * sbr) / det
+    b = (sbb * sry - sbr * sby) / det
+    if a < 0:
+        return per_row_only
+    if b < 0:
+        return CycleCost(max(0.0, sby / sbb), 0.0)
+    return CycleCost(a, b)
 
 
 @dataclass(slots=True)
@@ -121,6 +178,44 @@ class BatchLearner:
     _turn: int = 0
     _challenger: int = 0
     """A size that beat the one in use once; it must win again on fresh samples."""
+    _cycles: deque[tuple[int, int, float]] = field(default_factory=deque)
+    """Recent cycles: (batches, rows, ms outside the batches)."""
+
+    def observe_cycle(self, batches: int, rows: int, outside_ms: float) -> None:
+        """Record one cycle of ``batches`` forward batches and ``rows`` rows that took
+        ``outside_ms`` outside those batches (fetch, decode, planning, commit)."""
+        if batches < 1 or rows < batches or outside_ms < 0:
+            return
+        self._cycles.append((batches, rows, outside_ms))
+        while len(self._cycles) > self.config.cycle_window:
+            self._cycles.popleft()
+
+    def cycle_cost(self) -> CycleCost | None:
+        """The fitted cost of a cycle outside its batches; None until enough cycles."""
+        if len(self._cycles) < CYCLES_MIN:
+            return None
+        return fit_cycle_cost(self._cycles)
+
+    def queued_size(self, backlog: int, best: int) -> int:
+        """With ``backlog`` rows waiting: the largest candidate size up to the backlog whose
+        cost per row (engine and its own sends, plus the fitted per-batch share of the
+        cycle) is within ``min_gain`` of the cheapest size's, within the budget; ``best``
+        when no larger one qualifies."""
+        cfg = self.config
+        per_batch = (self.cycle_cost() or CycleCost(0.0, 0.0)).per_batch_ms
+        costs: dict[int, float] = {}
+        for size in self.candidates():
+            total = self.batch_ms(size)
+            if size > max(backlog, 1) or total is None or total <= 0:
+                continue
+            if cfg.latency_budget_ms and size > 1 and total > cfg.latency_budget_ms:
+                continue
+            costs[size] = (total + per_batch) / size
+        if not costs:
+            return best
+        cheapest = min(costs.values())
+        fits = [n for n, c in costs.items() if c <= cheapest * (1 + cfg.min_gain)]
+        return max(best, *fits)
 
     def observe(self, size: int, compute_ms: float, padded_len: int) -> None:
         """Record one forward batch of ``size`` rows padded to ``padded_len`` tokens."""
@@ -240,16 +335,18 @@ class BatchLearner:
         sizes.append(self.config.max_batch_size)
         return tuple(sizes)
 
-    def choose(self) -> BatchChoice:
-        """Cap and wait for the next cycle.
+    def choose(self, backlog: int = 0) -> BatchChoice:
+        """Cap and wait for the next cycle (``backlog``: rows already waiting).
 
         While a candidate size is unmeasured, the cap is that candidate with no
         wait: taking what is already queued costs nothing. Once all are
         measured, every ``explore_every``-th batch one batch of another
         candidate (in rotation) runs first, then the size in use (``then``).
-        Otherwise the cap is :meth:`best_size`, and the wait is positive only
-        when that is above 1: at most the configured wait, the budget's slack,
-        and one row's unbatched time (waiting longer loses to serving it alone).
+        Otherwise, with more than :meth:`best_size` rows waiting, the cap is
+        :meth:`queued_size` with no wait (the rows are there). Else the cap is
+        :meth:`best_size`, and the wait is positive only when that is above 1: at
+        most the configured wait, the budget's slack, and one row's unbatched time
+        (waiting longer loses to serving it alone).
         """
         cfg = self.config
         sizes = self.candidates()
@@ -263,7 +360,12 @@ class BatchLearner:
             self._explored_at = self._batches
             self._turn += 1
             size = others[self._turn % len(others)]
-            return BatchChoice(size, 0.0, exploring=True, then=best)
+            steady = self.queued_size(backlog, best) if backlog > best else best
+            return BatchChoice(size, 0.0, exploring=True, then=steady)
+        if backlog > best:
+            queued = self.queued_size(backlog, best)
+            if queued > best:
+                return BatchChoice(queued, 0.0)
         if best == 1:
             return BatchChoice(1, 0.0)
         wait = cfg.max_wait_ms

@@ -17,6 +17,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     spine.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians)")
     spine.add_argument("--max-batch", type=int, default=8)
     spine.set_defaults(handler=_spine)
+    path = which.add_parser(
+        "path", help="the request path's own cost: a pre-filled queue drained, with ceilings"
+    )
+    path.add_argument("--size", choices=["tiny", "small"], default="tiny")
+    path.add_argument("--queue", type=int, default=20_000, help="requests pre-filled per drain")
+    path.add_argument("--max-batch", type=int, default=32)
+    path.add_argument("--max-wait-ms", type=int, default=5)
+    path.add_argument(
+        "--fixed-batching", action="store_true", help="the worker's batch is not learned"
+    )
+    path.add_argument(
+        "--engine-seconds", type=float, default=1.5, help="per batch size, engine alone"
+    )
+    path.set_defaults(handler=_path)
     rollback = which.add_parser("rollback", help="time to roll back a bad canary; false rollbacks")
     rollback.add_argument(
         "--load-fraction",
@@ -153,6 +167,21 @@ def _spine(args: argparse.Namespace) -> int:
     return main(
         SpineConfig(
             size=args.size, requests=args.requests, max_batch=args.max_batch, rounds=args.rounds
+        )
+    )
+
+
+def _path(args: argparse.Namespace) -> int:
+    from graylane.app.bench.path_cost import PathCostConfig, main
+
+    return main(
+        PathCostConfig(
+            size=args.size,
+            queue=args.queue,
+            max_batch=args.max_batch,
+            max_wait_ms=args.max_wait_ms,
+            fixed_batching=args.fixed_batching,
+            engine_seconds=args.engine_seconds,
         )
     )
 

@@ -10,8 +10,10 @@ import pytest
 from graylane.engine_worker.batch_learner import (
     BatchChoice,
     BatchLearner,
+    CycleCost,
     LearnerConfig,
     LearnerConfigError,
+    fit_cycle_cost,
 )
 
 PADDED = 64
@@ -204,3 +206,119 @@ def test_ignores_malformed_samples() -> None:
 def test_rejects_malformed_config(kw: dict[str, float]) -> None:
     with pytest.raises(LearnerConfigError):
         LearnerConfig(**kw)  # type: ignore[arg-type]
+
+
+# -- batches sized by the queue ------------------------------------------------------------
+
+
+def test_cycle_cost_fit_recovers_per_batch_and_per_row_costs() -> None:
+    rng = random.Random(3)
+    cycles = []
+    for _ in range(40):
+        batches = rng.randint(1, 16)
+        rows = batches * rng.randint(1, 8)
+        cycles.append((batches, rows, (0.8 * batches + 0.05 * rows) * rng.uniform(0.95, 1.05)))
+    cost = fit_cycle_cost(cycles)
+    assert cost.per_batch_ms == pytest.approx(0.8, rel=0.1)
+    assert cost.per_row_ms == pytest.approx(0.05, rel=0.2)
+
+
+def test_cycle_cost_fit_claims_no_batch_saving_when_it_cannot_tell() -> None:
+    # every cycle ran batches of 4: per batch and per row are the same thing here
+    cost = fit_cycle_cost([(b, 4 * b, 2.0 * b) for b in (1, 2, 3, 5, 8)])
+    assert cost.per_batch_ms == 0.0
+    assert cost.per_row_ms == pytest.approx(0.5)
+    assert fit_cycle_cost([(2, 0, 1.0)]) == CycleCost(0.0, 0.0)
+
+
+def queued_run(
+    engine_ms: Callable[[int], float],
+    *,
+    per_batch_ms: float,
+    queue: Callable[[int], int],
+    cycles: int = 400,
+    seed: int = 0,
+    **kw: float,
+) -> tuple[BatchLearner, list[BatchChoice]]:
+    """Cycles as the worker runs them: the fetch brings ``queue(cycle)`` rows, the learner
+    chooses knowing them, each batch costs ``engine_ms(n)`` (+-10 % noise) and the cycle
+    ``per_batch_ms`` per batch outside the batches (fetch, decode, commit shares)."""
+    rng = random.Random(seed)
+    learner = BatchLearner(LearnerConfig(max_batch_size=32, max_wait_ms=5, **kw))
+    choices = []
+    for cycle in range(cycles):
+        rows = queue(cycle)
+        choice = learner.choose(backlog=rows)
+        choices.append(choice)
+        sizes = run_cycle(learner, choice, rows, engine_ms, lambda: rng.uniform(0.9, 1.1))
+        outside = (per_batch_ms * len(sizes) + 0.02 * rows) * rng.uniform(0.9, 1.1)
+        learner.observe_cycle(len(sizes), rows, outside)
+    return learner, choices
+
+
+def steady_choice(learner: BatchLearner, backlog: int) -> BatchChoice:
+    """The next choice that is not a periodic exploration."""
+    choice = learner.choose(backlog=backlog)
+    while choice.exploring:
+        choice = learner.choose(backlog=backlog)
+    return choice
+
+
+def flat(n: int) -> float:
+    """An engine that gains nothing from batching (the tiny demo GPT on one CPU thread)."""
+    return 0.7 * n
+
+
+def test_a_deep_queue_takes_full_batches_where_the_engine_gains_nothing() -> None:
+    for seed in range(4):
+        learner, choices = queued_run(flat, per_batch_ms=1.0, queue=lambda _: 128, seed=seed)
+        steady = [c for c in choices[200:] if not c.exploring]
+        assert steady and all(c == BatchChoice(32, 0.0) for c in steady)
+        # the cycle's per-batch cost was counted, and it is what pays for the batch
+        cost = learner.cycle_cost()
+        assert cost is not None and cost.per_batch_ms == pytest.approx(1.0, rel=0.25)
+        # without a queue the same learner still answers one request at once
+        assert steady_choice(learner, backlog=1) == BatchChoice(1, 0.0)
+
+
+def test_an_empty_queue_keeps_batch_one_latency() -> None:
+    _, choices = queued_run(flat, per_batch_ms=1.0, queue=lambda _: 1)
+    assert all(c.max_batch == 1 and c.wait_ms == 0.0 for c in choices[100:] if not c.exploring)
+
+
+def test_the_queue_switches_the_size_back_and_forth() -> None:
+    # 50 cycles of a deep queue, then 50 of single requests, in turn
+    _, choices = queued_run(
+        flat, per_batch_ms=1.0, queue=lambda c: 128 if (c // 50) % 2 else 1, cycles=600
+    )
+    for cycle in range(300, 600):
+        c = choices[cycle]
+        if c.exploring:
+            continue
+        if (cycle // 50) % 2:
+            assert c == BatchChoice(32, 0.0), cycle
+        else:
+            assert c == BatchChoice(1, 0.0), cycle
+
+
+def test_a_queue_does_not_buy_batches_the_engine_makes_dearer() -> None:
+    # rows cost 4x as much beyond 8 per batch (a cache falls over): the queue's per-batch
+    # saving is far smaller than that, so the batch stays at 8
+    def knee(n: int) -> float:
+        return 0.7 * n if n <= 8 else 0.7 * 8 + 2.8 * (n - 8)
+
+    _, choices = queued_run(knee, per_batch_ms=1.0, queue=lambda _: 128)
+    # (a cycle of 16 batches explores one batch of another size every cycle, then goes on
+    # with the size in use)
+    assert all(c.steady_batch == 8 for c in choices[200:])
+
+
+def test_a_queue_stays_within_the_latency_budget() -> None:
+    # a batch of n takes 0.7 n ms; a budget of 12 ms admits 16 rows, not 32
+    _, choices = queued_run(flat, per_batch_ms=1.0, queue=lambda _: 128, latency_budget_ms=12.0)
+    assert all(c.steady_batch == 16 and c.wait_ms == 0.0 for c in choices[200:])
+
+
+def test_a_backlog_smaller_than_a_batch_is_not_waited_for() -> None:
+    learner, _ = queued_run(flat, per_batch_ms=1.0, queue=lambda _: 128)
+    assert steady_choice(learner, backlog=10) == BatchChoice(8, 0.0)
