@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
-from graylane import serde
+from graylane import schema_registry, serde
 from graylane.clock import now_ms
 from graylane.errors import ErrorCode, SerdeError, require_started
 from graylane.kafka.admin import MessageLimits
@@ -190,7 +190,7 @@ class Router:
         producer = require_started(self._producer)
         topic_model = self._topic_model(record)
         try:
-            request = serde.decode(inference_pb2.InferenceRequest, record.value)
+            request = schema_registry.decode(inference_pb2.InferenceRequest, record.value)
         except SerdeError as exc:
             self.metrics.errors.labels(topic_model, ErrorCode.DECODE_ERROR.name).inc()
             return [await sink.dead_letter(record, ErrorCode.DECODE_ERROR, str(exc))]
