@@ -224,9 +224,14 @@ def add_observability_args(parser: argparse.ArgumentParser) -> None:
 def setup_service_logging(
     service: str, settings: Settings, args: argparse.Namespace, **context: str
 ) -> logging.Handler:
-    """The library's one logging set-up, with the CLI's ``--log-format`` over the setting."""
-    from graylane.logs import LogFormat, configure_logging
+    """The library's one logging set-up, with the CLI's ``--log-format`` over the setting;
+    and span export, where the ``OTEL_*`` variables ask for it (:mod:`graylane.tracing`)."""
+    import os
 
+    from graylane.logs import LogFormat, configure_logging
+    from graylane.tracing import configure_tracing
+
+    configure_tracing(service, os.environ)
     fmt = LogFormat(args.log_format) if args.log_format else settings.logs()
     return configure_logging(
         service,
