@@ -40,7 +40,7 @@ from typing import TypeVar
 
 from aiokafka.structs import ConsumerRecord
 
-from graylane import serde
+from graylane import serde, tracing
 from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.model_info import ModelInfo
 from graylane.clock import now_ms
@@ -587,8 +587,23 @@ class Worker:
             self._last_run_ms = now_ms()
             batch = PlannedBatch(planned.bucket_len, kept)
             started = time.perf_counter()
+            run_ns = time.time_ns()
             report = await self._run(batch, context, engine, dequeued)
-            futures.extend(await self._deliver(report, sink, producer))
+            ran_ns = time.time_ns()
+            sends = await self._deliver(report, sink, producer)
+            futures.extend(sends)
+            if tracing.enabled():
+                hop = tracing.WorkerHop(
+                    dequeued_ns=dequeued * 1_000_000,
+                    started_ns=run_ns,
+                    ran_ns=ran_ns,
+                    sent_ns=time.time_ns(),
+                    model=context.model,
+                    version=context.version,
+                    variant=variant,
+                    batch_size=len(kept),
+                )
+                _trace_batch(kept, sends, hop)
             if report.telemetry.error_count == 0 and forward_only(kept):
                 # engine time plus the worker's own per-batch cost (results, sends)
                 spent_ms = (time.perf_counter() - started) * 1000.0
@@ -886,3 +901,12 @@ class Worker:
             self._engines.close()
             self.observability.close()
         background.raise_if_failed()  # crash-only: a dead follower or a broken engine ends it
+
+
+def _trace_batch(jobs: Sequence[Job], sends: Sequence[object], hop: tracing.WorkerHop) -> None:
+    """The batch's request spans (see :mod:`graylane.tracing`), ended on the broker's ack."""
+    requests = [
+        (job.record.headers, job.record.timestamp, job.request.shadow, job.request.request_id)
+        for job in jobs
+    ]
+    tracing.end_when_acknowledged(tracing.record_worker_hop(requests, hop), sends)

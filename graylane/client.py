@@ -37,7 +37,7 @@ from types import TracebackType
 
 import numpy as np
 
-from graylane import serde
+from graylane import serde, tracing
 from graylane.clock import now_ms
 from graylane.errors import ErrorCode, GraylaneError, SerdeError, require_started
 from graylane.kafka.reading import FollowFrom, TopicFollower
@@ -416,11 +416,14 @@ class GraylaneClient:
         self._sent_at[request.request_id] = request.created_at_unix_ms or now_ms()
         if len(self._sent_at) > self._max_seen:
             self._sent_at.popitem(last=False)
-        await producer.send_and_wait(  # the broker's ack, or its error, reaches the caller
-            self.layout.ingress(request.model),
-            serde.encode(request),
-            key=(request.routing_key or request.request_id).encode("utf-8"),
-        )
+        traced = {"graylane.model": request.model, "graylane.request_id": request.request_id}
+        with tracing.producing("graylane.client send", traced) as headers:
+            await producer.send_and_wait(  # the broker's ack, or its error, reaches the caller
+                self.layout.ingress(request.model),
+                serde.encode(request),
+                key=(request.routing_key or request.request_id).encode("utf-8"),
+                headers=headers or None,
+            )
         return request.request_id
 
     async def _check_model(self, model: str) -> None:

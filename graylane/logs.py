@@ -1,9 +1,11 @@
 """The one logging set-up of every Graylane process: JSON lines (default) or text for humans.
 
-Each JSON line carries ``time``, ``level``, ``service``, ``logger``, ``message``, the build
-(``git_sha``, ``image_version``) and, where the service knows them, ``model``, ``version``,
-``variant``, ``rollout_id`` and ``request_id`` (pass them as ``extra=`` or bind them once for
-the process with :func:`bind`).
+Each JSON line carries ``time`` (UTC, milliseconds: ``2026-01-31T10:42:07.123+00:00``),
+``level``, ``service``, ``logger``, ``message``, the build (``git_sha``, ``image_version``),
+inside a span its ``trace_id`` and ``span_id`` (:mod:`graylane.tracing`) and, where the
+service knows them, ``model``, ``version``, ``variant``, ``rollout_id`` and ``request_id``
+(pass them as ``extra=`` or bind them once for the process with :func:`bind`). Text lines
+carry the same milliseconds and, inside a span, ``trace=<id>``.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from enum import Enum
 from typing import IO, Any
 
+from opentelemetry import trace
 from pythonjsonlogger.json import JsonFormatter
 
 __all__ = ["CONTEXT_FIELDS", "LogFormat", "bind", "configure_logging"]
@@ -41,12 +45,43 @@ class _ProcessFields(logging.Filter):
         return True
 
 
+class _TraceFields(logging.Filter):
+    """Adds the current span's ``trace_id`` / ``span_id`` (and ``trace`` for text lines)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ctx = trace.get_current_span().get_span_context()
+        if ctx.is_valid and not hasattr(record, "trace_id"):
+            record.trace_id = format(ctx.trace_id, "032x")
+            record.span_id = format(ctx.span_id, "016x")
+        record.trace = f" trace={record.trace_id}" if hasattr(record, "trace_id") else ""
+        return True
+
+
+def _iso_ms(record: logging.LogRecord) -> str:
+    return datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds")
+
+
+class _JsonLines(JsonFormatter):
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return _iso_ms(record)
+
+    def add_fields(
+        self, log_data: dict[str, Any], record: logging.LogRecord, message_dict: dict[str, Any]
+    ) -> None:
+        super().add_fields(log_data, record, message_dict)
+        log_data.pop("trace", None)  # the text lines' suffix; JSON has trace_id
+
+
+class _TextLines(logging.Formatter):
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return _iso_ms(record)
+
+
 def _json_formatter() -> logging.Formatter:
-    return JsonFormatter(
+    return _JsonLines(
         "{asctime}{levelname}{name}{message}",
         style="{",
         rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
-        datefmt="%Y-%m-%dT%H:%M:%S%z",
         json_ensure_ascii=False,
     )
 
@@ -75,10 +110,11 @@ def configure_logging(
         handler.setFormatter(_json_formatter())
     else:
         handler.setFormatter(
-            logging.Formatter(f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s")
+            _TextLines(f"%(asctime)s %(levelname)s {service} %(name)s:%(trace)s %(message)s")
         )
     fields = {"service": service, "git_sha": git_sha, "image_version": image_version, **context}
     handler.addFilter(_ProcessFields(fields))
+    handler.addFilter(_TraceFields())
     root.addHandler(handler)
     root.setLevel(min(level, root.level) if root.level else level)  # keep --verbose's DEBUG
     return handler

@@ -98,7 +98,7 @@ def add_bench_variants_parser(
         name,
         help="throughput, latency and accuracy of each precision variant of the demo GPT",
     )
-    parser.add_argument("--size", choices=["tiny", "small"], default="small")
+    parser.add_argument("--size", choices=["tiny", "small"], default="small", help="demo GPT size")
     parser.add_argument("--seq", type=int, default=64, help="sequence length (default 64)")
     parser.add_argument(
         "--seconds", type=float, default=3.0, help="timed seconds per variant (split b1/b8)"

@@ -12,10 +12,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = sub.add_parser("bench", help="benchmarks; the last output line is one JSON object")
     which = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
     spine = which.add_parser("spine", help="engine vs end-to-end vs unbatched throughput")
-    spine.add_argument("--size", choices=["tiny", "small"], default="small")
+    spine.add_argument("--size", choices=["tiny", "small"], default="small", help="demo GPT size")
     spine.add_argument("--requests", type=int, default=300, help="per saturation trial")
     spine.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians)")
-    spine.add_argument("--max-batch", type=int, default=8)
+    spine.add_argument("--max-batch", type=int, default=8, help="the worker's largest batch")
     spine.set_defaults(handler=_spine)
     path = which.add_parser(
         "path", help="the request path's own cost: a pre-filled queue drained, with ceilings"
@@ -42,12 +42,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rollback.add_argument(
         "--rate", type=float, default=None, help="an explicit load in req/s instead"
     )
-    rollback.add_argument("--runs", type=int, default=10)
+    rollback.add_argument(
+        "--runs", type=int, default=10, help="rollouts to run (half with a bad candidate)"
+    )
     rollback.add_argument("--window-ms", type=int, default=4000, help="policy engine window")
     rollback.add_argument("--step-ms", type=int, default=1000, help="policy engine step")
     rollback.set_defaults(handler=_rollback)
     qos = which.add_parser("qos", help="a 3x overload spike with and without the QoS controller")
-    qos.add_argument("--spike-s", type=float, default=40.0)
+    qos.add_argument("--spike-s", type=float, default=40.0, help="how long the load spike lasts")
     qos.add_argument(
         "--base-fraction",
         type=float,
@@ -75,23 +77,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     generate = which.add_parser(
         "generate", help="KV-cache generation with iteration-level batching vs full recompute"
     )
-    generate.add_argument("--size", choices=["tiny", "small"], default="small")
-    generate.add_argument("--requests", type=int, default=24)
-    generate.add_argument("--max-batch", type=int, default=8)
-    generate.add_argument("--new-tokens", type=int, default=64)
+    generate.add_argument(
+        "--size", choices=["tiny", "small"], default="small", help="demo GPT size"
+    )
+    generate.add_argument("--requests", type=int, default=24, help="requests sent")
+    generate.add_argument("--max-batch", type=int, default=8, help="the worker's largest batch")
+    generate.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request")
     generate.set_defaults(handler=_generate)
     llm = which.add_parser(
         "llm", help="streamed generation through Kafka vs the engine direct: TTFT, TPOT, tok/s"
     )
-    llm.add_argument("--size", choices=["tiny", "small"], default="small")
+    llm.add_argument("--size", choices=["tiny", "small"], default="small", help="demo GPT size")
     llm.add_argument("--onnx", type=Path, default=None, help="a decoder-with-past of your own")
-    llm.add_argument("--prompt-len", type=int, default=64)
-    llm.add_argument("--new-tokens", type=int, default=48)
+    llm.add_argument("--prompt-len", type=int, default=64, help="prompt tokens per request")
+    llm.add_argument("--new-tokens", type=int, default=48, help="tokens generated per request")
     llm.add_argument(
         "--max-sequences", type=int, default=8, help="the worker's decode rows (the capacity)"
     )
-    llm.add_argument("--requests-per-client", type=int, default=4)
-    llm.add_argument("--stream-every-tokens", type=int, default=4)
+    llm.add_argument(
+        "--requests-per-client", type=int, default=4, help="requests each concurrent client sends"
+    )
+    llm.add_argument(
+        "--stream-every-tokens", type=int, default=4, help="a streamed chunk every this many tokens"
+    )
     llm.set_defaults(handler=_llm)
     gateway = which.add_parser(
         "gateway", help="the gateway's HTTP hop vs producing to Kafka directly: req/s, added ms"
@@ -103,16 +111,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     gateway.add_argument(
         "--load-fraction", type=float, default=0.5, help="paced load, of the direct capacity"
     )
-    gateway.add_argument("--max-tokens", type=int, default=1)
+    gateway.add_argument("--max-tokens", type=int, default=1, help="tokens per completion")
     gateway.set_defaults(handler=_gateway)
     decisions = which.add_parser(
         "decisions", help="the rollout controller on synthetic telemetry: detection, false alarms"
     )
     decisions.add_argument("--runs", type=int, default=40, help="runs per scenario at 50 req/s")
-    decisions.add_argument("--healthy-factor", type=int, default=5)
+    decisions.add_argument(
+        "--healthy-factor", type=int, default=5, help="healthy rollouts simulated per bad one"
+    )
     decisions.add_argument("--rates", default="10,50,200", help="candidate req/s, comma-separated")
-    decisions.add_argument("--workers", type=int, default=2)
-    decisions.add_argument("--seed", type=int, default=11)
+    decisions.add_argument("--workers", type=int, default=2, help="parallel simulation processes")
+    decisions.add_argument(
+        "--seed", type=int, default=11, help="random seed (same seed, same traffic)"
+    )
     decisions.add_argument(
         "--mode", choices=["sequential", "fixed"], default="sequential", help="primary gate mode"
     )

@@ -26,10 +26,14 @@ __all__ = ["calibrate_files", "ensure_calibrated", "register", "registered_varia
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cal = sub.add_parser("calibrate", help="measure a version's service time per variant and batch")
-    cal.add_argument("--model", required=True)
-    cal.add_argument("--version", required=True)
-    cal.add_argument("--seq-len", type=int, default=64)
-    cal.add_argument("--batches", default=",".join(map(str, DEFAULT_BATCHES)))
+    cal.add_argument("--model", required=True, help="the model")
+    cal.add_argument("--version", required=True, help="the model version")
+    cal.add_argument("--seq-len", type=int, default=64, help="tokens per request measured")
+    cal.add_argument(
+        "--batches",
+        default=",".join(map(str, DEFAULT_BATCHES)),
+        help="batch sizes measured, comma-separated",
+    )
     cal.add_argument("--seconds", type=float, default=2.0, help="timed seconds per point")
     cal.add_argument("--threads", type=int, default=1, help="engine intra-op threads")
     cal.set_defaults(handler=_calibrate)

@@ -24,12 +24,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cap = csub.add_parser(
         "capture", help="recorded requests → stratified, de-duplicated .npz + manifest"
     )
-    cap.add_argument("--model", required=True)
+    cap.add_argument("--model", required=True, help="the model whose recorded requests to read")
     cap.add_argument("--version", default=None, help="read this version's topic, not ingress")
     cap.add_argument("--from", dest="from_", default="1h", help="ISO time, unix ms or age (1h)")
-    cap.add_argument("--to", default="")
-    cap.add_argument("--samples", type=int, default=1000)
-    cap.add_argument("--seed", type=int, default=0)
+    cap.add_argument("--to", default="", help="ISO time, unix ms, or ago like 15m (default: now)")
+    cap.add_argument("--samples", type=int, default=1000, help="samples to keep")
+    cap.add_argument("--seed", type=int, default=0, help="random seed of the sampling")
     cap.add_argument(
         "--buckets",
         default="",
@@ -43,8 +43,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="calibration",
         help="held-out: the rows calibration never takes, for a spec's validation section",
     )
-    cap.add_argument("--timeout-s", type=float, default=60.0)
-    cap.add_argument("--out", type=Path, required=True)
+    cap.add_argument(
+        "--timeout-s", type=float, default=60.0, help="give up reading after this long"
+    )
+    cap.add_argument("--out", type=Path, required=True, help="the .npz file to write")
     cap.set_defaults(handler=_capture)
 
 

@@ -32,22 +32,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     con = csub.add_parser(
         "consistency", help="run two versions on the same inputs and compare (Polygraphy)"
     )
-    con.add_argument("--model", required=True)
+    con.add_argument("--model", required=True, help="the model")
     con.add_argument("--baseline", required=True, help="the version to compare against")
-    con.add_argument("--candidate", required=True)
+    con.add_argument(
+        "--candidate", required=True, help="the candidate version to check against the stable one"
+    )
     con.add_argument("--precision", default="fp32", help="which served variant of each version")
     con.add_argument(
         "--data", default=RECORDED, help="'recorded' (held-out recorded requests) or FILE.npz"
     )
     con.add_argument("--from", dest="from_", default="24h", help="recorded data: start time")
-    con.add_argument("--samples", type=int, default=200)
-    con.add_argument("--batch-size", type=int, default=16)
+    con.add_argument("--samples", type=int, default=200, help="samples compared")
+    con.add_argument("--batch-size", type=int, default=16, help="samples per engine call")
     con.add_argument("--prompts", type=int, default=8, help="greedy-generation prompts (decoders)")
-    con.add_argument("--new-tokens", type=int, default=16)
+    con.add_argument(
+        "--new-tokens",
+        type=int,
+        default=16,
+        help="tokens generated per sample for generation checks",
+    )
     con.add_argument("--min-top1", type=float, default=None, help="default 0.99")
     con.add_argument("--min-cosine", type=float, default=None, help="default 0.995")
     con.add_argument("--min-tokens", type=float, default=None, help="default 0.9")
-    con.add_argument("--timeout-s", type=float, default=60.0)
+    con.add_argument("--timeout-s", type=float, default=60.0, help="give up after this long")
     con.set_defaults(handler=_consistency)
 
 

@@ -48,7 +48,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="only serve requests through two versions at a fixed split (no policy engine)",
     )
     demo.add_argument("--requests", type=int, default=300, help="--quick: requests to send")
-    demo.add_argument("--size", choices=["tiny", "small"], default=None)
+    demo.add_argument(
+        "--size",
+        choices=["tiny", "small"],
+        default=None,
+        help="demo GPT size (default: picked from this host's cores)",
+    )
     demo.add_argument("--candidate-percent", type=float, default=30.0, help="--quick: v2 share")
     demo.add_argument(
         "--rate", type=float, default=None, help="steady load, requests/s (default: --load)"
@@ -60,13 +65,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="steady load as a fraction of the stable fp32 variant's capacity measured here "
         "(the lower of the engine's and the running stack's path)",
     )
-    demo.add_argument("--slo-p99-ms", type=float, default=250.0)
+    demo.add_argument(
+        "--slo-p99-ms", type=float, default=250.0, help="p99 objective of the QoS policy"
+    )
     demo.add_argument("--keep-running", action="store_true", help="leave broker and services up")
     demo.set_defaults(handler=_demo)
 
     model = sub.add_parser("demo-model", help="write the demo GPT model files (seeds 1 and 2)")
-    model.add_argument("--size", choices=["tiny", "small"], default="tiny")
-    model.add_argument("--out", type=Path, default=REPO_ROOT / ".local" / "models")
+    model.add_argument(
+        "--size",
+        choices=["tiny", "small"],
+        default="tiny",
+        help="demo GPT size (default: picked from this host's cores)",
+    )
+    model.add_argument(
+        "--out",
+        type=Path,
+        default=REPO_ROOT / ".local" / "models",
+        help="folder the model files go to",
+    )
     model.set_defaults(handler=_demo_model)
 
 
@@ -114,8 +131,10 @@ def start_service(
         # One port per process: a port this process inherited (a supervisor's own) is
         # never handed down, or every child after the first dies binding it.
         extra["GRAYLANE_METRICS_PORT"] = str(free_port())
+    from graylane.app.cli.main import serve_argv
+
     process = subprocess.Popen(
-        [sys.executable, "-m", "graylane.app.cli.main", *argv],
+        [sys.executable, "-m", "graylane.app.cli.main", *serve_argv(argv)],
         stdout=handle,
         stderr=subprocess.STDOUT,
         cwd=REPO_ROOT,

@@ -16,15 +16,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="write the worker Deployment, KEDA ScaledObject and PodDisruptionBudget of a "
         "registered version",
     )
-    render.add_argument("--model", required=True)
-    render.add_argument("--version", required=True)
+    render.add_argument("--model", required=True, help="the model")
+    render.add_argument("--version", required=True, help="the model version")
     render.add_argument("--gpu", help="GPU architecture (t4, a100, a10g, l4, h100); default CPU")
     render.add_argument("--out", type=Path, default=Path("."), help="folder to write into")
-    render.add_argument("--namespace", default="graylane")
-    render.add_argument("--image-registry", default="ghcr.io/graylane")
+    render.add_argument("--namespace", default="graylane", help="Kubernetes namespace")
+    render.add_argument(
+        "--image-registry", default="ghcr.io/graylane", help="where the images are pulled from"
+    )
     render.add_argument("--max-replicas", type=int, default=0, help="default: the partitions")
-    render.add_argument("--bootstrap-servers", default="kafka-bootstrap.kafka.svc:9092")
-    render.add_argument("--prometheus-url", default="http://prometheus.monitoring.svc:9090")
+    render.add_argument(
+        "--bootstrap-servers",
+        default="kafka-bootstrap.kafka.svc:9092",
+        help="Kafka bootstrap servers seen from the cluster",
+    )
+    render.add_argument(
+        "--prometheus-url",
+        default="http://prometheus.monitoring.svc:9090",
+        help="Prometheus that KEDA queries",
+    )
     render.set_defaults(handler=_render)
 
 

@@ -1,23 +1,42 @@
-"""Operator commands: ``controlplane``, ``model``, ``rollout``, ``qos``, ``route``, ``audit``,
-``traffic``.
+"""Operator commands: ``model``, ``rollout``, ``qos``, ``route``, ``audit``, ``traffic``
+(and the server ``serve controlplane``).
 
-Everything but ``controlplane`` (the server itself), ``audit replay|verify`` and
-``traffic replay`` (which read Kafka directly, see :mod:`graylane.app.cli.replay`)
-talks gRPC to the control plane: ``--addr`` / ``GRAYLANE_CP_ADDR`` (default
-``127.0.0.1:50051``), ``--token`` / ``GRAYLANE_CP_TOKEN``, ``--ca`` for TLS.
+Everything but the server, ``audit replay|verify`` and ``traffic replay`` (which read
+Kafka directly, see :mod:`graylane.app.cli.replay`) talks gRPC to the control plane,
+wherever the config file's context, the environment or the flags say
+(:mod:`graylane.app.cli.contexts`). Read commands take ``-o table|json|yaml|name``
+(:mod:`graylane.app.cli.views`). A rollout is named by its id (``ro-...``) or by its
+model: the model's active rollout (for ``get`` / ``status``: else its newest).
+
+``rollout status --wait`` exits 0 once the rollout is promoted, 1 once it is rolled
+back or aborted, 2 when ``--timeout`` passes first (:data:`WAIT_EXIT_CODES`).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeAlias
 
 from graylane.app.cli import replay
+from graylane.app.cli.contexts import (
+    ConfigError,
+    Connection,
+    ConnectionFlags,
+    ContextFile,
+    config_path,
+    environment,
+    resolve,
+)
 from graylane.app.cli.services import add_observability_args
 from graylane.app.cli.views import (
+    OutputFormat,
+    emit,
+    emit_list,
+    output_format,
     parse_time,
     phase_name,
     print_decisions,
@@ -27,14 +46,27 @@ from graylane.app.cli.views import (
     when,
 )
 from graylane.rollouts.spec import Strategy
+from graylane.rollouts.vocabulary import Phase
 
-__all__ = ["STRATEGIES", "call", "parse_match", "register", "stubs"]
+__all__ = [
+    "STRATEGIES",
+    "WAIT_EXIT_CODES",
+    "WaitOutcome",
+    "call",
+    "connection",
+    "parse_match",
+    "register",
+    "register_server",
+    "stubs",
+    "wait_outcome",
+]
 
 
 Sub: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
-def register(sub: Sub) -> None:
+def register_server(sub: Sub) -> None:
+    """``serve controlplane``."""
     cp = sub.add_parser("controlplane", help="run the control plane (gRPC API + audit sink)")
     cp.add_argument(
         "--host",
@@ -56,30 +88,91 @@ def register(sub: Sub) -> None:
     add_observability_args(cp)
     cp.set_defaults(handler=_controlplane)
 
+
+def register(sub: Sub) -> None:
+    """The client commands: ``model``, ``rollout``, ``qos``, ``route``, ``audit``, ``traffic``."""
     _model_commands(sub)
     _rollout_commands(sub)
     _qos_commands(sub)
     _route_commands(sub, _client)
     audit = sub.add_parser("audit", help="decisions on record: log, replay, verify")
     audit_sub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
-    log = _client(audit_sub.add_parser("log", help="decisions with their reasons (from SQL)"))
+    log = _output(
+        _client(audit_sub.add_parser("log", help="decisions with their reasons (from SQL)"))
+    )
     _range(log, required=False)
-    log.add_argument("--limit", type=int, default=200)
+    log.add_argument("--limit", type=int, default=200, help="at most this many decisions")
     log.set_defaults(handler=_audit_log)
     replay.register_audit(audit_sub, _range)
     traffic = sub.add_parser("traffic", help="offline shadow tests from recorded traffic")
     replay.register_traffic(traffic.add_subparsers(dest="traffic_command", required=True))
 
 
+class _DeprecatedToken(argparse.Action):
+    """``--token``: still read for one release, with a note (it lands in shell history)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            "graylane: --token is deprecated (it ends up in the shell's history); use "
+            "--token-file, GRAYLANE_TOKEN or a context's token-file",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
 def _client(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--addr", default=os.environ.get("GRAYLANE_CP_ADDR", "127.0.0.1:50051"))
-    parser.add_argument("--token", default=os.environ.get("GRAYLANE_CP_TOKEN", ""))
-    parser.add_argument("--ca", type=Path, help="CA certificate: connect with TLS")
+    group = parser.add_argument_group(
+        "connection", "default: the config file's current context (graylane config --help)"
+    )
+    group.add_argument(
+        "--context", default="", help="a context of the config file (GRAYLANE_CONTEXT)"
+    )
+    group.add_argument(
+        "--addr", default="", help="control plane host:port (GRAYLANE_CP_ADDR; 127.0.0.1:50051)"
+    )
+    group.add_argument(
+        "--token-file",
+        type=Path,
+        help="file holding the bearer token (GRAYLANE_TOKEN_FILE, or the token in GRAYLANE_TOKEN)",
+    )
+    group.add_argument(
+        "--token", default="", action=_DeprecatedToken, help="deprecated: use --token-file"
+    )
+    group.add_argument("--ca", type=Path, help="CA certificate (PEM): connect with TLS")
+    return parser
+
+
+def _output(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=[f.value for f in OutputFormat],
+        default=OutputFormat.TABLE.value,
+        help="table (default), or json / yaml (stable, the graylane.v1 messages), or name",
+    )
+    return parser
+
+
+def _rollout_ref(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "rollout",
+        nargs="?",
+        default="",
+        metavar="ROLLOUT|MODEL",
+        help="a rollout id (ro-..., from `rollout list`) or a model: its active rollout",
+    )
+    parser.add_argument("--model", default="", help="the model whose active rollout to act on")
     return parser
 
 
 def _range(parser: argparse.ArgumentParser, *, required: bool) -> None:
-    parser.add_argument("--model", required=required)
+    parser.add_argument("--model", required=required, help="decisions about this model")
     parser.add_argument("--rollout", default="", help="a rollout id")
     help_ = "ISO time, unix ms, or ago like 15m / 2h / 1d"
     parser.add_argument("--from", dest="from_", default="", metavar="TIME", help=help_)
@@ -90,76 +183,138 @@ def _model_commands(sub: Sub) -> None:
     model = sub.add_parser("model", help="the model registry")
     msub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     reg = _client(msub.add_parser("register", help="register a model (and optionally a version)"))
-    reg.add_argument("name")
-    reg.add_argument("--description", default="")
+    reg.add_argument("name", help="the model's name")
+    reg.add_argument("--description", default="", help="one line about the model")
     reg.add_argument("--version", help="also register this semantic version")
     reg.add_argument("--sha256", default="", help="sha256 of the version's source model")
     reg.add_argument("--stable", action="store_true", help="make --version the stable version")
     reg.set_defaults(handler=model_register)
-    _client(msub.add_parser("list", help="registered models")).set_defaults(handler=model_list)
+    listing = _output(_client(msub.add_parser("list", help="registered models")))
+    listing.set_defaults(handler=model_list)
     stable = _client(msub.add_parser("set-stable", help="make a registered version the stable one"))
-    stable.add_argument("name")
+    stable.add_argument("name", help="the model's name")
     stable.add_argument("--version", required=True, help="a registered semantic version")
     stable.set_defaults(handler=model_set_stable)
-    show = _client(msub.add_parser("show", help="versions, variants and their validation"))
-    show.add_argument("name")
+    show = _output(_client(msub.add_parser("show", help="versions, variants and their validation")))
+    show.add_argument("name", help="the model's name")
     show.set_defaults(handler=model_show)
 
 
 def _rollout_commands(sub: Sub) -> None:
     rollout = sub.add_parser("rollout", help="start and steer gray releases")
     rsub = rollout.add_subparsers(dest="rollout_command", metavar="ACTION", required=True)
-    start = _client(rsub.add_parser("start", help="start a rollout of a candidate version"))
-    start.add_argument("--model", required=True)
-    start.add_argument("--candidate", required=True)
+    start = _output(
+        _client(rsub.add_parser("start", help="start a rollout of a candidate version"))
+    )
+    start.add_argument("--model", required=True, help="the model to roll out")
+    start.add_argument("--candidate", required=True, help="the candidate version")
     start.add_argument("--baseline", default="", help="default: the stable version")
-    start.add_argument("--strategy", choices=tuple(STRATEGIES), default="canary")
+    start.add_argument(
+        "--strategy", choices=tuple(STRATEGIES), default="canary", help="how traffic moves"
+    )
     start.add_argument("--steps", default="", help="weights in percent, e.g. 1,5,25,50,100")
     start.add_argument("--min-samples", type=int, default=0, help="per step (0: default)")
     start.add_argument("--dwell-s", type=float, default=0.0, help="per step (0: default)")
-    start.add_argument("--max-p99-ratio", type=float, default=0.0)
-    start.add_argument("--max-error-delta", type=float, default=0.0)
-    start.add_argument("--min-agreement", type=float, default=0.0)
-    start.add_argument("--failures-to-rollback", type=int, default=0)
-    start.add_argument("--shadow-share", type=float, default=0.0)
-    start.add_argument("--shadow-s", type=float, default=0.0)
-    start.add_argument("--ab-weight", type=float, default=0.0)
-    start.add_argument("--ab-s", type=float, default=0.0)
+    start.add_argument(
+        "--max-p99-ratio", type=float, default=0.0, help="gate: candidate/baseline p99 (0: default)"
+    )
+    start.add_argument(
+        "--max-error-delta",
+        type=float,
+        default=0.0,
+        help="gate: candidate minus baseline error rate (0: default)",
+    )
+    start.add_argument(
+        "--min-agreement",
+        type=float,
+        default=0.0,
+        help="gate: share of shadow outputs agreeing with the baseline (0: default)",
+    )
+    start.add_argument(
+        "--failures-to-rollback",
+        type=int,
+        default=0,
+        help="failed gate evaluations in a row that roll back (0: default 2)",
+    )
+    start.add_argument(
+        "--shadow-share", type=float, default=0.0, help="shadow strategy: share of traffic copied"
+    )
+    start.add_argument("--shadow-s", type=float, default=0.0, help="shadow strategy: seconds")
+    start.add_argument("--ab-weight", type=float, default=0.0, help="ab strategy: percent to B")
+    start.add_argument("--ab-s", type=float, default=0.0, help="ab strategy: seconds held")
     start.set_defaults(handler=rollout_start)
-    status = _client(rsub.add_parser("status", help="the last known state of a rollout"))
-    status.add_argument("rollout_id")
+    get = _output(_client(_rollout_ref(rsub.add_parser("get", help="a rollout's state"))))
+    get.add_argument(
+        "-w", "--watch", action="store_true", help="print it again on every change until ^C"
+    )
+    get.set_defaults(handler=rollout_get)
+    status = _output(
+        _client(
+            _rollout_ref(
+                rsub.add_parser(
+                    "status",
+                    help="a rollout's state; with --wait, exit 0 promoted / 1 rolled back or "
+                    "aborted / 2 timeout",
+                )
+            )
+        )
+    )
+    status.add_argument(
+        "--wait", action="store_true", help="wait until the rollout ends; the exit code says how"
+    )
+    status.add_argument(
+        "--timeout", type=float, default=0.0, help="with --wait: give up (exit 2) after S seconds"
+    )
+    status.add_argument(
+        "--interval", type=float, default=1.0, help="with --wait: seconds between two looks"
+    )
     status.set_defaults(handler=rollout_status)
-    listing = _client(rsub.add_parser("list", help="rollouts, newest first"))
-    listing.add_argument("--model", default="")
-    listing.add_argument("--active", action="store_true")
+    listing = _output(_client(rsub.add_parser("list", help="rollouts, newest first")))
+    listing.add_argument("--model", default="", help="only this model's rollouts")
+    listing.add_argument("--active", action="store_true", help="only rollouts still running")
     listing.set_defaults(handler=rollout_list)
     watch = _client(rsub.add_parser("watch", help="stream state changes until interrupted"))
-    watch.add_argument("rollout_id", nargs="?", default="")
-    watch.add_argument("--model", default="")
+    watch.add_argument("rollout_id", nargs="?", default="", help="only this rollout")
+    watch.add_argument("--model", default="", help="only this model's rollouts")
     watch.set_defaults(handler=rollout_watch)
-    for action in ("pause", "resume", "promote", "rollback", "abort"):
-        p = _client(rsub.add_parser(action, help=f"{action} a rollout"))
-        p.add_argument("rollout_id")
-        p.add_argument("--reason", default="")
+    actions = {
+        "pause": "hold the candidate at its weight",
+        "resume": "continue a paused rollout",
+        "promote": "the candidate to 100 % and stable, now",
+        "abort": "end the rollout: the candidate to 0 %, the stable version unchanged",
+    }
+    for action, what in actions.items():
+        p = _client(_rollout_ref(rsub.add_parser(action, help=what)))
+        p.add_argument("--reason", default="", help="recorded in the audit log")
         p.set_defaults(handler=rollout_action, action=action)
-    revert = _client(
+    rollback = _client(
+        _rollout_ref(rsub.add_parser("rollback", help="deprecated: use abort (or undo)"))
+    )
+    rollback.add_argument("--reason", default="", help="recorded in the audit log")
+    rollback.set_defaults(handler=rollout_action, action="rollback")
+    undo = _client(
         rsub.add_parser(
-            "revert",
+            "undo",
             help="route 100%% back to the previous stable version (after a promotion "
             "or during a rollout), in one routing update",
         )
     )
-    revert.add_argument("--model", required=True)
-    revert.add_argument("--reason", default="")
-    revert.set_defaults(handler=rollout_revert)
+    undo.add_argument("target", nargs="?", default="", metavar="MODEL", help="the model")
+    undo.add_argument("--model", default="", help="the model (same as MODEL)")
+    undo.add_argument("--reason", default="", help="recorded in the audit log")
+    undo.set_defaults(handler=rollout_undo)
+    revert = _client(rsub.add_parser("revert", help="deprecated: use undo"))
+    revert.add_argument("--model", required=True, help="the model")
+    revert.add_argument("--reason", default="", help="recorded in the audit log")
+    revert.set_defaults(handler=rollout_undo, target="", deprecated="revert")
 
 
 def _qos_commands(sub: Sub) -> None:
     qos = sub.add_parser("qos", help="elastic precision policies")
     qsub = qos.add_subparsers(dest="qos_command", metavar="ACTION", required=True)
     qset = _client(qsub.add_parser("set", help="set the QoS policy of a model version"))
-    qset.add_argument("--model", required=True)
-    qset.add_argument("--version", required=True)
+    qset.add_argument("--model", required=True, help="the model")
+    qset.add_argument("--version", required=True, help="the model version")
     qset.add_argument(
         "--slo-ms", type=float, default=0.0, help="p99 whole-request latency objective"
     )
@@ -184,9 +339,18 @@ def _qos_commands(sub: Sub) -> None:
     )
     qset.add_argument("--ladder", required=True, help="variants, quality first: fp32,fp16,int8")
     qset.add_argument("--floor", default="", help="lowest variant allowed")
-    qset.add_argument("--sustain-s", type=float, default=0.0)
-    qset.add_argument("--min-dwell-s", type=float, default=0.0)
-    qset.add_argument("--max-queue-wait-ms", type=float, default=0.0)
+    qset.add_argument(
+        "--sustain-s", type=float, default=0.0, help="p99 must hold this long to step (0: default)"
+    )
+    qset.add_argument(
+        "--min-dwell-s", type=float, default=0.0, help="least time on a rung (0: default)"
+    )
+    qset.add_argument(
+        "--max-queue-wait-ms",
+        type=float,
+        default=0.0,
+        help="step down when queue wait passes this (0: off)",
+    )
     qset.add_argument(
         "--capacity",
         action="append",
@@ -202,9 +366,9 @@ def _qos_commands(sub: Sub) -> None:
     )
     qset.add_argument("--disabled", action="store_true", help="store the policy but do not act")
     qset.set_defaults(handler=qos_set)
-    qstatus = _client(qsub.add_parser("status", help="the policy and the active variant"))
-    qstatus.add_argument("--model", required=True)
-    qstatus.add_argument("--version", required=True)
+    qstatus = _output(_client(qsub.add_parser("status", help="the policy and the active variant")))
+    qstatus.add_argument("--model", required=True, help="the model")
+    qstatus.add_argument("--version", required=True, help="the model version")
     qstatus.set_defaults(handler=qos_status)
 
 
@@ -253,11 +417,33 @@ def _audit_log(args: argparse.Namespace) -> int:
         limit=args.limit,
     )
     res = call(args, "Audit", "Query", query)
-    print_decisions(res.records, title="decisions")
+    emit_list(
+        args,
+        "AuditRecordList",
+        res.records,
+        lambda r: r.decision_id,
+        lambda: print_decisions(res.records, title="decisions"),
+    )
     return 0
 
 
 # -- gRPC plumbing: channel, token metadata, one call ------------------------------------------
+
+
+def connection(args: argparse.Namespace) -> Connection:
+    """Where this command connects: flags, environment, config file context, defaults."""
+    env = environment()
+    flags = ConnectionFlags(
+        address=getattr(args, "addr", "") or "",
+        token_file=getattr(args, "token_file", None),
+        token=getattr(args, "token", "") or "",
+        ca=getattr(args, "ca", None),
+        context=getattr(args, "context", "") or "",
+    )
+    try:
+        return resolve(flags, env, ContextFile.load(config_path(env)))
+    except ConfigError as exc:
+        raise SystemExit(f"graylane: {exc}") from None
 
 
 def stubs(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -265,13 +451,14 @@ def stubs(args: argparse.Namespace) -> tuple[Any, Any]:
 
     from graylane.v1 import controlplane_pb2_grpc as rpc
 
-    if args.ca is not None:
+    conn = connection(args)
+    if conn.ca is not None:
         channel = grpc.secure_channel(
-            args.addr, grpc.ssl_channel_credentials(root_certificates=args.ca.read_bytes())
+            conn.address, grpc.ssl_channel_credentials(root_certificates=conn.ca.read_bytes())
         )
     else:
-        channel = grpc.insecure_channel(args.addr)
-    metadata = (("authorization", f"Bearer {args.token}"),) if args.token else ()
+        channel = grpc.insecure_channel(conn.address)
+    metadata = (("authorization", f"Bearer {conn.token}"),) if conn.token else ()
     return rpc, (channel, metadata)
 
 
@@ -346,13 +533,19 @@ def model_list(args: argparse.Namespace) -> int:
     from graylane.v1 import controlplane_pb2 as pb
 
     res = call(args, "ModelRegistry", "ListModels", pb.ListModelsRequest())
-    table(
-        "models",
-        ("model", "stable", "description", "created"),
-        [
-            (m.name, m.stable_version or "-", m.description, when(m.created_at_unix_ms))
-            for m in res.models
-        ],
+    emit_list(
+        args,
+        "ModelList",
+        res.models,
+        lambda m: m.name,
+        lambda: table(
+            "models",
+            ("model", "stable", "description", "created"),
+            [
+                (m.name, m.stable_version or "-", m.description, when(m.created_at_unix_ms))
+                for m in res.models
+            ],
+        ),
     )
     return 0
 
@@ -361,6 +554,9 @@ def model_show(args: argparse.Namespace) -> int:
     from graylane.v1 import controlplane_pb2 as pb
 
     res = call(args, "ModelRegistry", "ListVersions", pb.ListVersionsRequest(model=args.name))
+    if output_format(args) is not OutputFormat.TABLE:
+        emit_list(args, "ModelVersionList", res.versions, lambda v: v.version, lambda: None)
+        return 0
     rows = []
     for v in res.versions:
         variants = v.variants or [None]
@@ -443,15 +639,100 @@ def rollout_start(args: argparse.Namespace) -> int:
         ab_weight_percent=args.ab_weight,
         ab_duration_s=args.ab_s,
     )
-    print_state(call(args, "Rollouts", "Start", spec))
+    _emit_state(args, call(args, "Rollouts", "Start", spec))
     return 0
+
+
+def _emit_state(args: argparse.Namespace, state: Any) -> None:
+    emit(args, "RolloutState", state, state.rollout_id, lambda: print_state(state))
+
+
+def rollout_id(args: argparse.Namespace, *, active_only: bool) -> str:
+    """The rollout the command names: an id (``ro-...``), or a model's active rollout
+    (``active_only=False``: else the model's newest one)."""
+    from graylane.v1 import controlplane_pb2 as pb
+
+    ref = args.rollout
+    model = args.model or ("" if ref.startswith("ro-") else ref)
+    if not model:
+        if not ref:
+            raise SystemExit("name a rollout: its id (see `graylane rollout list`) or its model")
+        return str(ref)
+    active = call(args, "Rollouts", "List", pb.ListRolloutsRequest(model=model, active_only=True))
+    if active.rollouts:
+        return str(active.rollouts[0].rollout_id)
+    if not active_only:
+        every = call(args, "Rollouts", "List", pb.ListRolloutsRequest(model=model))
+        if every.rollouts:
+            return str(every.rollouts[0].rollout_id)
+    which = "an active rollout" if active_only else "any rollout"
+    raise SystemExit(f"model {model!r} has no {which} (see `graylane rollout list`)")
+
+
+def _get_state(args: argparse.Namespace, rid: str) -> Any:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    return call(args, "Rollouts", "Get", pb.GetRolloutRequest(rollout_id=rid))
+
+
+def rollout_get(args: argparse.Namespace) -> int:
+    rid = rollout_id(args, active_only=False)
+    if not args.watch:
+        _emit_state(args, _get_state(args, rid))
+        return 0
+    return _watch(args, rid, lambda s: _emit_state(args, s))
+
+
+WaitOutcome: TypeAlias = int
+WAIT_EXIT_CODES: dict[Phase, WaitOutcome] = {
+    Phase.PROMOTED: 0,
+    Phase.ROLLED_BACK: 1,
+    Phase.ABORTED: 1,
+}
+"""``rollout status --wait``: the exit code of each end; 2 when the timeout passes first."""
+WAIT_TIMEOUT_EXIT = 2
+
+
+def wait_outcome(phase_value: int) -> WaitOutcome | None:
+    """The exit code once a rollout is in ``phase_value`` (a ``RolloutPhase``); ``None``
+    while it still runs."""
+    from graylane.rollouts.pb import phase_from_pb
+
+    phase = phase_from_pb(phase_value)
+    return WAIT_EXIT_CODES.get(phase) if phase is not None else None
 
 
 def rollout_status(args: argparse.Namespace) -> int:
-    from graylane.v1 import controlplane_pb2 as pb
-
-    print_state(call(args, "Rollouts", "Get", pb.GetRolloutRequest(rollout_id=args.rollout_id)))
-    return 0
+    rid = rollout_id(args, active_only=False)
+    state = _get_state(args, rid)
+    if not args.wait:
+        _emit_state(args, state)
+        return 0
+    deadline = time.monotonic() + args.timeout if args.timeout > 0 else None
+    seen = ""
+    while True:
+        line = (
+            f"{rid} {phase_name(state.phase)} weight={state.candidate_weight_percent:g}% "
+            f"{state.last_reason}"
+        )
+        if line != seen:
+            print(line, file=sys.stderr, flush=True)
+            seen = line
+        outcome = wait_outcome(state.phase)
+        if outcome is not None:
+            _emit_state(args, state)
+            return outcome
+        if deadline is not None and time.monotonic() >= deadline:
+            print(
+                f"{rid}: still {phase_name(state.phase)} after {args.timeout:g}s", file=sys.stderr
+            )
+            _emit_state(args, state)
+            return WAIT_TIMEOUT_EXIT
+        pause = (
+            args.interval if deadline is None else min(args.interval, deadline - time.monotonic())
+        )
+        time.sleep(max(pause, 0.0))
+        state = _get_state(args, rid)
 
 
 def rollout_list(args: argparse.Namespace) -> int:
@@ -460,6 +741,13 @@ def rollout_list(args: argparse.Namespace) -> int:
     res = call(
         args, "Rollouts", "List", pb.ListRolloutsRequest(model=args.model, active_only=args.active)
     )
+    emit_list(
+        args, "RolloutList", res.rollouts, lambda s: s.rollout_id, lambda: _rollout_table(res)
+    )
+    return 0
+
+
+def _rollout_table(res: Any) -> None:
     table(
         "rollouts",
         ("rollout", "model", "versions", "phase", "weight", "updated", "reason"),
@@ -476,27 +764,37 @@ def rollout_list(args: argparse.Namespace) -> int:
             for s in res.rollouts
         ],
     )
-    return 0
 
 
 def rollout_watch(args: argparse.Namespace) -> int:
+    def line(s: Any) -> None:
+        print(
+            f"{when(s.updated_at_unix_ms)} {s.rollout_id} {phase_name(s.phase)} "
+            f"step={s.step_index + 1} weight={s.candidate_weight_percent:g}% "
+            f"failures={s.consecutive_failures} {s.last_reason}",
+            flush=True,
+        )
+
+    return _watch(args, args.rollout_id, line, model=args.model)
+
+
+def _watch(
+    args: argparse.Namespace, rid: str, show: Callable[[Any], None], *, model: str = ""
+) -> int:
+    """Show every state change of ``rid`` (or of ``model``'s rollouts) until interrupted."""
     import grpc
 
     from graylane.v1 import controlplane_pb2 as pb
 
     rpc, (channel, metadata) = stubs(args)
     stream = rpc.RolloutsStub(channel).Watch(
-        pb.WatchRolloutsRequest(model=args.model, rollout_id=args.rollout_id, initial=True),
+        pb.WatchRolloutsRequest(model=model, rollout_id=rid, initial=True),
         metadata=metadata,
     )
     try:
         for s in stream:
-            print(
-                f"{when(s.updated_at_unix_ms)} {s.rollout_id} {phase_name(s.phase)} "
-                f"step={s.step_index + 1} weight={s.candidate_weight_percent:g}% "
-                f"failures={s.consecutive_failures} {s.last_reason}",
-                flush=True,
-            )
+            show(s)
+            sys.stdout.flush()
     except grpc.RpcError as exc:
         if exc.code() != grpc.StatusCode.CANCELLED:
             raise SystemExit(f"Watch: {exc.code().name}: {exc.details()}") from None
@@ -508,11 +806,18 @@ def rollout_watch(args: argparse.Namespace) -> int:
 def rollout_action(args: argparse.Namespace) -> int:
     from graylane.v1 import controlplane_pb2 as pb
 
+    if args.action == "rollback":
+        print(
+            "graylane: `rollout rollback` is deprecated: use `rollout abort` (end the rollout, "
+            "candidate to 0 %) or `rollout undo` (back to the previous stable version)",
+            file=sys.stderr,
+        )
+    rid = rollout_id(args, active_only=True)
     receipt = call(
         args,
         "Rollouts",
         args.action.capitalize(),
-        pb.RolloutActionRequest(rollout_id=args.rollout_id, reason=args.reason),
+        pb.RolloutActionRequest(rollout_id=rid, reason=args.reason),
     )
     print(
         f"{args.action} of {receipt.rollout_id} sent (command {receipt.command_id}); "
@@ -521,12 +826,15 @@ def rollout_action(args: argparse.Namespace) -> int:
     return 0
 
 
-def rollout_revert(args: argparse.Namespace) -> int:
+def rollout_undo(args: argparse.Namespace) -> int:
     from graylane.v1 import controlplane_pb2 as pb
 
-    receipt = call(
-        args, "Rollouts", "Revert", pb.RevertRequest(model=args.model, reason=args.reason)
-    )
+    if getattr(args, "deprecated", ""):
+        print("graylane: `rollout revert` is deprecated: use `rollout undo MODEL`", file=sys.stderr)
+    model = args.model or args.target
+    if not model:
+        raise SystemExit("name the model: graylane rollout undo MODEL")
+    receipt = call(args, "Rollouts", "Revert", pb.RevertRequest(model=model, reason=args.reason))
     how = f" (rolls back {receipt.rollout_id})" if receipt.rollout_id else ""
     print(
         f"revert of {receipt.model} to {receipt.target_version}{how} sent "
@@ -585,11 +893,10 @@ def qos_set(args: argparse.Namespace) -> int:
 def qos_status(args: argparse.Namespace) -> int:
     from graylane.v1 import controlplane_pb2 as pb
 
-    print_policy(
-        call(
-            args, "Qos", "GetPolicy", pb.GetQosPolicyRequest(model=args.model, version=args.version)
-        )
+    view = call(
+        args, "Qos", "GetPolicy", pb.GetQosPolicyRequest(model=args.model, version=args.version)
     )
+    emit(args, "QosPolicyView", view, f"{args.model}/{args.version}", lambda: print_policy(view))
     return 0
 
 
@@ -604,23 +911,27 @@ def _route_commands(
     rule = rsub.add_parser("rule", help="tag rules (first match wins, before the weights)")
     rule_sub = rule.add_subparsers(dest="rule_command", metavar="ACTION", required=True)
     add = client(rule_sub.add_parser("add", help="add or replace a rule"))
-    add.add_argument("--model", required=True)
-    add.add_argument("--name", required=True)
+    add.add_argument("--model", required=True, help="the model")
+    add.add_argument("--name", required=True, help="the rule's name (replaces one of that name)")
     add.add_argument(
-        "--match", required=True, action="append", metavar="TAG=VALUE", help="repeatable"
+        "--match",
+        required=True,
+        action="append",
+        metavar="TAG=VALUE",
+        help="a request tag the rule matches (repeatable: all must match)",
     )
     add.add_argument("--version", required=True, help="where matching requests go")
     add.set_defaults(handler=rule_add)
     listing = client(rule_sub.add_parser("list", help="the model's rules and pinning"))
-    listing.add_argument("--model", required=True)
+    listing.add_argument("--model", required=True, help="the model")
     listing.set_defaults(handler=rule_list)
     remove = client(rule_sub.add_parser("remove", help="remove a rule by name"))
-    remove.add_argument("--model", required=True)
-    remove.add_argument("--name", required=True)
+    remove.add_argument("--model", required=True, help="the model")
+    remove.add_argument("--name", required=True, help="the rule's name")
     remove.set_defaults(handler=rule_remove)
     pin = client(rsub.add_parser("pinning", help="allow or refuse explicit version pins"))
-    pin.add_argument("--model", required=True)
-    pin.add_argument("state", choices=("on", "off"))
+    pin.add_argument("--model", required=True, help="the model")
+    pin.add_argument("state", choices=("on", "off"), help="on: requests may pin a version")
     pin.set_defaults(handler=pinning)
 
 

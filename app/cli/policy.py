@@ -68,7 +68,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=10.0,
         help="QoS steps up only once every replica asked for serves and this long after a change",
     )
-    policy.add_argument("--loglevel", default="info", choices=("debug", "info", "warning"))
+    policy.add_argument(
+        "--loglevel", default="info", choices=("debug", "info", "warning"), help="faust's log level"
+    )
     add_observability_args(policy)
     policy.set_defaults(handler=_policy)
 

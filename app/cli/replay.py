@@ -42,12 +42,16 @@ def register_traffic(tsub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "replay",
         help="re-send recorded requests to a version and compare with the recorded results",
     )
-    replay.add_argument("--model", required=True)
+    replay.add_argument("--model", required=True, help="the model whose recorded traffic to replay")
     replay.add_argument("--version", required=True, help="the version to test")
-    replay.add_argument("--from", dest="from_", required=True)
-    replay.add_argument("--to", default="")
-    replay.add_argument("--limit", type=int, default=200)
-    replay.add_argument("--timeout-s", type=float, default=60.0)
+    replay.add_argument(
+        "--from", dest="from_", required=True, help="ISO time, unix ms, or ago like 15m / 2h / 1d"
+    )
+    replay.add_argument("--to", default="", help="ISO time, unix ms, or ago (default: now)")
+    replay.add_argument("--limit", type=int, default=200, help="at most this many requests")
+    replay.add_argument(
+        "--timeout-s", type=float, default=60.0, help="give up waiting for results after this long"
+    )
     replay.set_defaults(handler=_traffic_replay)
 
 

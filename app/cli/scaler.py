@@ -386,7 +386,9 @@ def add_supervisor_args(parser: argparse.ArgumentParser, *, required: bool) -> N
         default=2,
         help="most worker processes per version (also never more than its topic's partitions)",
     )
-    parser.add_argument("--min-workers", type=int, default=1)
+    parser.add_argument(
+        "--min-workers", type=int, default=1, help="never fewer workers per version than this"
+    )
     parser.add_argument(
         "--warm-standby",
         type=int,

@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     router.set_defaults(handler=_router)
 
     worker = sub.add_parser("worker", help="serve one model version from Kafka")
-    worker.add_argument("--model", required=True)
-    worker.add_argument("--version", required=True)
+    worker.add_argument("--model", required=True, help="the model served")
+    worker.add_argument("--version", required=True, help="the model version served")
     worker.add_argument(
         "--variant",
         action="append",
@@ -43,8 +43,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="load the servable variants of MODEL/VERSION from the registry and artifact store",
     )
     worker.add_argument("--active", help="variant to start with")
-    worker.add_argument("--max-batch", type=int, default=8)
-    worker.add_argument("--max-wait-ms", type=int, default=5)
+    worker.add_argument("--max-batch", type=int, default=8, help="largest batch per engine call")
+    worker.add_argument("--max-wait-ms", type=int, default=5, help="how long a batch waits to fill")
     worker.add_argument(
         "--fixed-batching",
         action="store_true",
@@ -96,7 +96,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     worker.add_argument("--threads", type=int, default=0, help="engine threads (0 = default)")
     add_observability_args(worker)
-    worker.add_argument("--worker-id", default="")
+    worker.add_argument("--worker-id", default="", help="this worker's id (default: host and pid)")
     worker.add_argument(
         "--standby",
         action="store_true",
@@ -160,8 +160,15 @@ def _register_gateway(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="else read model signatures from the registry's manifests (GRAYLANE_DB_URL)",
     )
     lim = gateway.add_argument_group("admission")
-    lim.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
-    lim.add_argument("--max-prompt-chars", type=int, default=d.max_prompt_chars)
+    lim.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=d.max_body_bytes,
+        help="largest request body (413 above)",
+    )
+    lim.add_argument(
+        "--max-prompt-chars", type=int, default=d.max_prompt_chars, help="longest prompt accepted"
+    )
     lim.add_argument("--max-tokens", type=int, default=d.max_tokens, help="cap of max_tokens")
     lim.add_argument(
         "--default-max-tokens",
@@ -169,12 +176,24 @@ def _register_gateway(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=d.default_max_tokens,
         help="max_tokens of a chat completion that names none",
     )
-    lim.add_argument("--default-timeout-s", type=float, default=d.default_timeout_s)
-    lim.add_argument("--max-timeout-s", type=float, default=d.max_timeout_s)
+    lim.add_argument(
+        "--default-timeout-s",
+        type=float,
+        default=d.default_timeout_s,
+        help="a request's timeout when it names none",
+    )
+    lim.add_argument(
+        "--max-timeout-s",
+        type=float,
+        default=d.max_timeout_s,
+        help="the longest timeout a request may ask for",
+    )
     lim.add_argument(
         "--rate", type=float, default=d.default_rate_per_s, help="calls/s of a key naming none"
     )
-    lim.add_argument("--burst", type=int, default=d.default_burst)
+    lim.add_argument(
+        "--burst", type=int, default=d.default_burst, help="token bucket size per API key"
+    )
     lim.add_argument(
         "--max-in-flight",
         type=int,
@@ -205,9 +224,14 @@ def add_observability_args(parser: argparse.ArgumentParser) -> None:
 def setup_service_logging(
     service: str, settings: Settings, args: argparse.Namespace, **context: str
 ) -> logging.Handler:
-    """The library's one logging set-up, with the CLI's ``--log-format`` over the setting."""
-    from graylane.logs import LogFormat, configure_logging
+    """The library's one logging set-up, with the CLI's ``--log-format`` over the setting;
+    and span export, where the ``OTEL_*`` variables ask for it (:mod:`graylane.tracing`)."""
+    import os
 
+    from graylane.logs import LogFormat, configure_logging
+    from graylane.tracing import configure_tracing
+
+    configure_tracing(service, os.environ)
     fmt = LogFormat(args.log_format) if args.log_format else settings.logs()
     return configure_logging(
         service,

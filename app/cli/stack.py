@@ -21,7 +21,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="also start a local Prometheus that scrapes every locally started service",
     )
-    up.add_argument("--prometheus-port", type=int, default=9090)
+    up.add_argument(
+        "--prometheus-port", type=int, default=9090, help="port of the local Prometheus"
+    )
     from graylane.app.cli.scaler import add_supervisor_args
 
     add_supervisor_args(up, required=False)

@@ -2,19 +2,36 @@
 
 Times on the command line are ISO 8601, unix milliseconds, or an age such as ``15m``
 (:func:`parse_time`).
+
+Every read command takes ``-o table|json|yaml|name`` (:class:`OutputFormat`). The
+machine-readable forms are stable: one document per command,
+
+    {"apiVersion": "graylane.v1", "kind": "RolloutList", "items": [ ... ]}
+
+(a single object: ``"kind": "RolloutState", "object": { ... }``), each item the
+protobuf JSON mapping of its ``graylane.v1`` message in ``protos/`` with the
+``.proto`` field names, every field present (defaults included), enums by name and
+64-bit integers as strings. Fields are only ever added, as the ``.proto`` files
+promise; ``name`` prints one id per line.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from enum import Enum
 from typing import Any
 
 from graylane.clock import now_ms as clock_now_ms
 
 __all__ = [
+    "API_VERSION",
+    "OutputFormat",
+    "emit",
+    "emit_list",
     "parse_time",
     "phase_name",
     "print_decisions",
@@ -23,6 +40,83 @@ __all__ = [
     "table",
     "when",
 ]
+
+
+API_VERSION = "graylane.v1"
+"""The ``apiVersion`` of every machine-readable document: the protobuf package."""
+
+
+class OutputFormat(Enum):
+    """How a read command prints (``-o``)."""
+
+    TABLE = "table"
+    JSON = "json"
+    YAML = "yaml"
+    NAME = "name"
+
+
+def output_format(args: Any) -> OutputFormat:
+    return OutputFormat(getattr(args, "output", None) or OutputFormat.TABLE.value)
+
+
+def as_dict(message: Any) -> dict[str, Any]:
+    """The protobuf JSON mapping of ``message``: ``.proto`` names, every field, enum names."""
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(
+        message, always_print_fields_with_no_presence=True, preserving_proto_field_name=True
+    )
+
+
+def document(
+    kind: str, messages: Sequence[Any] | None = None, single: Any = None
+) -> dict[str, Any]:
+    """The stable machine-readable document of a list (``messages``) or one object."""
+    doc: dict[str, Any] = {"apiVersion": API_VERSION, "kind": kind}
+    if single is not None:
+        doc["object"] = as_dict(single)
+    else:
+        doc["items"] = [as_dict(m) for m in messages or ()]
+    return doc
+
+
+def _write(doc: dict[str, Any], fmt: OutputFormat) -> None:
+    if fmt is OutputFormat.YAML:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
+    else:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def emit_list(
+    args: Any,
+    kind: str,
+    messages: Sequence[Any],
+    name: Callable[[Any], str],
+    as_table: Callable[[], None],
+) -> None:
+    """Print a list in the command's ``-o`` format (``kind``: e.g. ``RolloutList``)."""
+    fmt = output_format(args)
+    if fmt is OutputFormat.TABLE:
+        as_table()
+    elif fmt is OutputFormat.NAME:
+        for m in messages:
+            print(name(m))
+    else:
+        _write(document(kind, messages), fmt)
+
+
+def emit(args: Any, kind: str, message: Any, name: str, as_table: Callable[[], None]) -> None:
+    """Print one object in the command's ``-o`` format."""
+    fmt = output_format(args)
+    if fmt is OutputFormat.TABLE:
+        as_table()
+    elif fmt is OutputFormat.NAME:
+        print(name)
+    else:
+        _write(document(kind, single=message), fmt)
 
 
 def phase_name(value: int) -> str:

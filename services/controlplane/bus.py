@@ -53,7 +53,7 @@ class KafkaCommandBus:
 
 
 def _how_to_start(model: str, version: str) -> str:
-    return f"start one with `graylane worker --model {model} --version {version}`"
+    return f"start one with `graylane serve worker --model {model} --version {version}`"
 
 
 class CandidateCheck(Protocol):

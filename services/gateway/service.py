@@ -48,6 +48,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from graylane import tracing
 from graylane.client import (
     Chunk,
     GraylaneClient,
@@ -772,11 +773,14 @@ def _build_app(gateway: Gateway) -> FastAPI:
     def route(path: str, methods: list[str], handler: Callable[..., Awaitable[Response]]) -> None:
         app.add_api_route(path, handler, methods=methods, include_in_schema=False)
 
+    # Each inference call continues the caller's ``traceparent`` (or starts a trace).
     async def completions(request: Request) -> Response:
-        return await gateway.generate(request, Endpoint.COMPLETIONS)
+        with tracing.serving("graylane.gateway completions", request.headers):
+            return await gateway.generate(request, Endpoint.COMPLETIONS)
 
     async def chat(request: Request) -> Response:
-        return await gateway.generate(request, Endpoint.CHAT)
+        with tracing.serving("graylane.gateway chat", request.headers):
+            return await gateway.generate(request, Endpoint.CHAT)
 
     async def models(request: Request) -> Response:
         return await gateway.list_models(request)
@@ -791,7 +795,8 @@ def _build_app(gateway: Gateway) -> FastAPI:
         return await gateway.model_ready(request, name, version)
 
     async def infer(request: Request, name: str, version: str = "") -> Response:
-        return await gateway.infer(request, name, version)
+        with tracing.serving("graylane.gateway infer", request.headers):
+            return await gateway.infer(request, name, version)
 
     async def server_metadata() -> Response:
         return JSONResponse(oip.server_metadata(gateway.factory.settings.image_version))

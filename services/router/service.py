@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
-from graylane import serde
+from graylane import schema_registry, serde, tracing
 from graylane.clock import now_ms
 from graylane.errors import ErrorCode, SerdeError, require_started
 from graylane.kafka.admin import MessageLimits
@@ -190,7 +190,7 @@ class Router:
         producer = require_started(self._producer)
         topic_model = self._topic_model(record)
         try:
-            request = serde.decode(inference_pb2.InferenceRequest, record.value)
+            request = schema_registry.decode(inference_pb2.InferenceRequest, record.value)
         except SerdeError as exc:
             self.metrics.errors.labels(topic_model, ErrorCode.DECODE_ERROR.name).inc()
             return [await sink.dead_letter(record, ErrorCode.DECODE_ERROR, str(exc))]
@@ -251,8 +251,17 @@ class Router:
                         request, Rejection(ErrorCode.PAYLOAD_TOO_LARGE, why), record
                     )
                 ]
+        tracing.annotate(
+            {
+                "graylane.model": request.model,
+                "graylane.version": decision.version,
+                "graylane.route_reason": decision.reason.value,
+                "graylane.shadow_version": decision.shadow_version or "",
+            }
+        )
+        headers = tracing.forward_headers(record.headers)  # the shadow copy's worker links
         futures: list[Awaitable[object]] = [
-            await producer.send(topic, value, key=key) for topic, value in forwards
+            await producer.send(topic, value, key=key, headers=headers) for topic, value in forwards
         ]
         if decision.shadow_version:
             self.metrics.shadow_copies.labels(request.model, decision.shadow_version).inc()
@@ -266,7 +275,8 @@ class Router:
         futures: list[Awaitable[object]] = []
         for record in records:
             try:
-                futures.extend(await self._handle(record, sink))
+                with tracing.consumed("graylane.router route", record.headers):
+                    futures.extend(await self._handle(record, sink))
             except Exception as exc:  # one record never ends the loop
                 log.exception(
                     "unexpected error routing %s[%d]@%d",

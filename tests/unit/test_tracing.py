@@ -1,0 +1,158 @@
+"""Trace context across hops without a broker: header caps, W3C round trips, the
+worker's spans (shadow copies linked, not children), export off by default, and log
+lines with trace ids and milliseconds."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from graylane import tracing
+from graylane.logs import LogFormat, configure_logging
+from graylane.tracing import HeaderCaps, WorkerHop, forward_headers, record_worker_hop
+
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def memory_tracer() -> tuple[InMemorySpanExporter, TracerProvider]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter, provider
+
+
+def test_client_headers_travel_on_capped_in_count_and_bytes() -> None:
+    many = [(f"h{i}", b"v" * 10) for i in range(40)]
+    kept = forward_headers(many, HeaderCaps(count=16, total_bytes=4096), replace_trace=False)
+    assert kept == many[:16]
+    big = [("a", b"x" * 3000), ("b", b"y" * 3000), ("c", b"z")]
+    assert [k for k, _ in forward_headers(big, replace_trace=False)] == ["a", "c"]
+    assert forward_headers(None, replace_trace=False) == []
+    assert forward_headers([("traceparent", PARENT.encode())], replace_trace=False) == [
+        ("traceparent", PARENT.encode())
+    ]  # not tracing here: the caller's context passes through untouched
+
+
+def test_a_tracing_hop_replaces_the_callers_trace_headers_with_its_own() -> None:
+    exporter, provider = memory_tracer()
+    tracer = provider.get_tracer("t")
+    parent = tracing.extract([("traceparent", PARENT.encode())])
+    with tracer.start_as_current_span("hop", context=parent) as hop:
+        out = forward_headers(
+            [("TraceParent", b"00-junk"), ("x-app", b"billing")], replace_trace=True
+        )
+    names = [k for k, _ in out]
+    assert names.count("traceparent") == 1 and "TraceParent" not in names and "x-app" in names
+    sent = dict(out)["traceparent"].decode()
+    assert sent.split("-")[1] == "0af7651916cd43dd8448eb211c80319c"
+    assert sent.split("-")[2] == format(hop.get_span_context().span_id, "016x")
+    [finished] = exporter.get_finished_spans()
+    assert finished.parent is not None and format(finished.parent.span_id, "016x") == (
+        "b7ad6b7169203331"
+    )
+
+
+def test_broken_trace_headers_start_no_trace_and_never_raise() -> None:
+    from opentelemetry import trace
+
+    for headers in ([("traceparent", b"\xff\xfe")], [("traceparent", b"nonsense")], [], None):
+        ctx = tracing.extract(headers)
+        assert not trace.get_current_span(ctx).get_span_context().is_valid
+
+
+def hop(batch_size: int) -> WorkerHop:
+    base = 1_700_000_000_000_000_000
+    return WorkerHop(
+        dequeued_ns=base + 5_000_000,
+        started_ns=base + 6_000_000,
+        ran_ns=base + 9_000_000,
+        sent_ns=base + 9_500_000,
+        model="gpt",
+        version="v2",
+        variant="int8",
+        batch_size=batch_size,
+    )
+
+
+def test_worker_spans_cover_queue_batch_engine_and_delivery() -> None:
+    exporter, provider = memory_tracer()
+    headers = [("traceparent", PARENT.encode())]
+    opened = record_worker_hop(
+        [(headers, 1_700_000_000_000, False, "r1"), (headers, 1_700_000_000_002, True, "r2")],
+        hop(2),
+        provider.get_tracer("w"),
+    )
+    assert len(opened) == 4  # deliver + request, per request: still open until the ack
+    for s in opened:
+        s.end()
+    spans = exporter.get_finished_spans()
+    requests = {s.attributes["graylane.request_id"]: s for s in spans if s.name.endswith("request")}
+    primary, shadow = requests["r1"], requests["r2"]
+    assert primary.kind is SpanKind.CONSUMER
+    assert format(primary.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert primary.parent is not None and primary.links == ()
+    for key, value in (
+        ("graylane.model", "gpt"),
+        ("graylane.version", "v2"),
+        ("graylane.variant", "int8"),
+    ):
+        assert primary.attributes[key] == value
+    assert primary.attributes["graylane.batch_size"] == 2
+    assert primary.attributes["graylane.queue_wait_ms"] == 5.0
+    # The shadow copy: a trace of its own, linked to the router's span.
+    assert shadow.parent is None
+    assert format(shadow.context.trace_id, "032x") != "0af7651916cd43dd8448eb211c80319c"
+    [link] = shadow.links
+    assert format(link.context.span_id, "016x") == "b7ad6b7169203331"
+    children = [s for s in spans if s.parent and s.parent.span_id == primary.context.span_id]
+    assert [s.name for s in sorted(children, key=lambda s: s.start_time or 0)] == [
+        "queue",
+        "batch",
+        "engine",
+        "deliver",
+    ]
+
+
+def test_export_is_off_without_otel_variables() -> None:
+    assert tracing.configure_tracing("router", {}) is False
+    assert tracing.configure_tracing("router", {"OTEL_TRACES_EXPORTER": "none"}) is False
+    assert (
+        tracing.configure_tracing(
+            "router", {"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"}
+        )
+        is False
+    )
+    assert tracing.enabled() is False
+    assert record_worker_hop([(None, 0, False, "r")], hop(1)) == []
+
+
+def test_log_lines_carry_milliseconds_and_the_trace_id() -> None:
+    _, provider = memory_tracer()
+    stream = io.StringIO()
+    handlers = [configure_logging("router", LogFormat.JSON, stream=stream)]
+    text_stream = io.StringIO()
+    try:
+        with provider.get_tracer("t").start_as_current_span("s") as span:
+            logging.getLogger("graylane.x").warning("inside")
+        logging.getLogger("graylane.x").warning("outside")
+        handlers.append(configure_logging("router", LogFormat.TEXT, stream=text_stream))
+        with provider.get_tracer("t").start_as_current_span("s2") as span2:
+            logging.getLogger("graylane.x").warning("inside text")
+    finally:
+        for handler in handlers:
+            logging.getLogger().removeHandler(handler)
+    inside, outside = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", inside["time"])
+    assert inside["trace_id"] == format(span.get_span_context().trace_id, "032x")
+    assert inside["span_id"] == format(span.get_span_context().span_id, "016x")
+    assert "trace_id" not in outside and "trace" not in outside
+    line = text_stream.getvalue()
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00 WARNING router ", line)
+    assert f"trace={format(span2.get_span_context().trace_id, '032x')} inside text" in line
