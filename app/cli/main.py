@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import logging
 import sys
 from collections.abc import Sequence
@@ -33,12 +34,20 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("graylane")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graylane",
         description="Gray releases and elastic precision QoS for inference over Kafka.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"graylane {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         module = importlib.import_module(name)
