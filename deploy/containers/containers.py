@@ -15,6 +15,7 @@ import sys
 
 from graylane.deploy.containers.images import base_image, build_cpu_image
 from graylane.deploy.containers.podman import ContainerToolError, Podman, say
+from graylane.deploy.containers.tools import HELM, KUSTOMIZE
 
 __all__ = ["main"]
 
@@ -25,7 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         podman = Podman.ready()
-        if args.command == "base":
+        if args.command == "setup":
+            for tool in (KUSTOMIZE, HELM):
+                print(tool.ensure())
+        elif args.command == "base":
             print(base_image(podman))
         elif args.command == "build":
             built = build_cpu_image(podman)
