@@ -166,7 +166,9 @@ def _run(
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    registered = register_step(spec, registry, source, reports, published, notes, progress)
+    registered = register_step(
+        spec, registry, source, reports, published, notes, progress, store=artifacts.root
+    )
     return BuildReport(
         model=spec.model,
         version=str(spec.version),
@@ -761,6 +763,8 @@ def register_step(
     published: list[Path],
     notes: list[str],
     progress: ProgressSink,
+    *,
+    store: Path | None = None,
 ) -> bool:
     """Record the published artifacts in the registry unless a variant failed; registered?"""
     registered = False
@@ -776,6 +780,7 @@ def register_step(
             source.sha256,
             [(read_manifest(folder), folder) for folder in published],
             replace=spec.force,
+            store=store,
         )
         registered = True
     progress.done(
@@ -833,8 +838,14 @@ def _calibration_info(outcome: VariantOutcome) -> CalibrationInfo | None:
 # -- registry records --------------------------------------------------------------------------
 
 
-def artifact_record(manifest: Manifest, folder: Path) -> ArtifactRecord:
-    """The registry's view of a published artifact."""
+def artifact_record(
+    manifest: Manifest, folder: Path, store: Path | None = None
+) -> ArtifactRecord:
+    """The registry's view of a published artifact.
+
+    Under ``store`` its location is recorded relative to the store, so a worker that mounts
+    or fetches the store elsewhere (``GRAYLANE_ARTIFACT_DIR``) finds it there.
+    """
     validation = manifest.validation
     summary = None
     if validation is not None:
@@ -851,7 +862,7 @@ def artifact_record(manifest: Manifest, folder: Path) -> ArtifactRecord:
         )
     return ArtifactRecord(
         name=manifest.name,
-        path=str(folder),
+        path=str(_store_relative(folder, store)),
         manifest_sha256=manifest_sha256(folder),
         servable=manifest.servable,
         forced=manifest.forced,
@@ -862,6 +873,15 @@ def artifact_record(manifest: Manifest, folder: Path) -> ArtifactRecord:
     )
 
 
+def _store_relative(folder: Path, store: Path | None) -> Path:
+    if store is None:
+        return folder
+    try:
+        return folder.resolve().relative_to(store.resolve())
+    except ValueError:
+        return folder
+
+
 def register_build(
     registry: Registry,
     model: str,
@@ -870,6 +890,7 @@ def register_build(
     published: Sequence[tuple[Manifest, Path]],
     *,
     replace: bool,
+    store: Path | None = None,
 ) -> list[ArtifactInfo]:
     """Ensure the model and version exist, then add every artifact.
 
@@ -889,7 +910,7 @@ def register_build(
                 "bump the version (or --force to overwrite)"
             )
     infos = [
-        registry.add_artifact(artifact_record(manifest, folder), replace=replace)
+        registry.add_artifact(artifact_record(manifest, folder, store), replace=replace)
         for manifest, folder in published
     ]
     registry.set_version_status(model, version, VersionStatus.BUILT)

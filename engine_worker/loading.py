@@ -149,7 +149,7 @@ def load_from_registry(
         if not art.servable:
             skipped[str(art.name)] = "not servable (failed validation and not forced)"
             continue
-        folder = Path(art.path)
+        folder = settings.artifact_dir / art.path  # store-relative (an absolute one as is)
         manifest = verify_artifact(folder, art.manifest_sha256)
         entry = (art, folder, manifest)
         if art.backend is Backend.TENSORRT:

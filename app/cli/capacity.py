@@ -47,7 +47,7 @@ def registered_variants(settings: Settings, model: str, version: str) -> dict[st
 
     files: dict[str, Path] = {}
     for art in open_registry(settings.db_url).list_artifacts(model, version):
-        folder = Path(art.path)
+        folder = settings.artifact_dir / art.path  # store-relative (an absolute one as is)
         files[art.precision.value] = model_file(folder, verify_artifact(folder))
     return files
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import logging
 import sys
 from collections.abc import Sequence

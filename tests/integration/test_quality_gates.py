@@ -148,7 +148,7 @@ def test_capture_build_and_consistency_on_recorded_traffic(
     _build(tmp_path, settings, "1.0.0", 0, int8=True)
     registry = open_registry(settings.db_url)
     art = registry.get_artifact(MODEL, "1.0.0", Precision.INT8, Backend.ONNXRUNTIME)
-    built = read_manifest(Path(art.path))
+    built = read_manifest(settings.artifact_dir / art.path)
     assert built.calibration is not None and built.calibration.samples == 600
     assert built.validation is not None and built.validation.metrics is not None
     assert built.validation.tolerance.min_top1_agreement == INT8_MIN_TOP1

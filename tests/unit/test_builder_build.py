@@ -19,8 +19,10 @@ from graylane.builder.build import BuildReport, run_build
 from graylane.builder.spec import BuildSpec, load_spec
 from graylane.builder.store import ArtifactExistsError, ArtifactStore
 from graylane.builder.variants import VariantStatus
+from graylane.engine_worker.loading import load_from_registry
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.registry import Registry, UnknownVersion, open_registry
+from graylane.settings import Settings
 
 pytestmark = pytest.mark.slow  # every test here shares one real build of the tiny GPT
 
@@ -140,8 +142,21 @@ def test_registry_holds_the_artifacts(built: Built) -> None:
     assert sorted(a.precision.value for a in artifacts) == sorted(p.value for p in Precision)
     fp16 = built.registry.get_artifact("tiny-gpt", "1.0.0", Precision.FP16, Backend.ONNXRUNTIME)
     assert fp16.servable and fp16.validation is not None and fp16.validation.passed
-    assert fp16.manifest_sha256 == manifest_sha256(Path(fp16.path))
-    verify_artifact(fp16.path, expected_manifest_sha256=fp16.manifest_sha256)
+    assert not Path(fp16.path).is_absolute(), "the registry stores store-relative locations"
+    folder = built.store / fp16.path
+    assert folder == built.folder(Precision.FP16)
+    assert fp16.manifest_sha256 == manifest_sha256(folder)
+    verify_artifact(folder, expected_manifest_sha256=fp16.manifest_sha256)
+
+
+def test_a_worker_loads_the_store_wherever_it_is_mounted(built: Built, tmp_path: Path) -> None:
+    """Copied elsewhere (an init container's emptyDir, another mount), the store serves."""
+    moved = tmp_path / "mounted-elsewhere"
+    shutil.copytree(built.store, moved)
+    settings = replace(Settings(), db_url=built.db_url, artifact_dir=moved)
+    loaded = load_from_registry(settings, "tiny-gpt", "1.0.0")
+    assert set(loaded.engines) >= {"fp32", "fp16"}
+    assert loaded.fp32_path is not None and loaded.fp32_path.is_relative_to(moved)
 
 
 def test_rebuilding_a_published_version_needs_force(built: Built) -> None:

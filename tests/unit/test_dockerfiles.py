@@ -1,4 +1,5 @@
-"""The images cannot be built here (no Docker engine); their Dockerfiles are checked statically."""
+"""The Dockerfiles, checked statically (the CPU image is also built and run: see
+tests/integration/test_images.py; the GPU image's NGC base cannot be pulled here)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,17 @@ OCI_FROM_ARGS = {
     "org.opencontainers.image.revision": "${GIT_SHA}",
     "org.opencontainers.image.created": "${BUILD_DATE}",
 }
+# What the CPU image's rootfs stage deletes so the final image has no way to get a shell
+# or install anything.
+SHELLS_AND_INSTALLERS = (
+    "/usr/bin/sh",
+    "/usr/bin/bash",
+    "/usr/bin/dash",
+    "/usr/bin/apt*",
+    "/usr/bin/dpkg*",
+    "/var/lib/dpkg",
+    "ensurepip",
+)
 
 
 @dataclass
@@ -36,16 +48,34 @@ class Stage:
         return [v for i, v in self.instructions if i == instruction]
 
 
+def _global_args(path: Path) -> dict[str, str]:
+    """ARGs declared before the first FROM (the base image's default)."""
+    with path.open("rb") as handle:
+        structure = DockerfileParser(fileobj=handle, env_replace=False).structure
+    found: dict[str, str] = {}
+    for item in structure:
+        if item["instruction"] == "FROM":
+            break
+        if item["instruction"] == "ARG":
+            key, _, value = item["value"].partition("=")
+            found[key] = value
+    return found
+
+
 def _stages(path: Path) -> list[Stage]:
     with path.open("rb") as handle:  # fileobj: the parser takes other paths for folders
         parser = DockerfileParser(fileobj=handle, env_replace=False)
         structure = parser.structure
+    args = _global_args(path)
     stages: list[Stage] = []
     for item in structure:
         if item["instruction"] == "FROM":
             words = item["value"].split()
             assert len(words) == 3 and words[1].upper() == "AS", f"unnamed stage: {item}"
-            stages.append(Stage(words[0], words[2]))
+            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], words[0])
+            stages.append(Stage(base, words[2]))
+        elif item["instruction"] == "ARG" and not stages:
+            continue
         elif item["instruction"] != "COMMENT":
             assert stages, f"{item['instruction']} before the first FROM"
             stages[-1].instructions.append((item["instruction"], item["value"]))
@@ -61,24 +91,53 @@ def _labels(stage: Stage) -> dict[str, str]:
     return labels
 
 
-@pytest.mark.parametrize("path", [CPU, GPU], ids=lambda p: p.name)
-def test_two_stages_on_a_pinned_base(path: Path) -> None:
-    build, runtime = _stages(path)
+def test_base_image_is_a_build_argument_defaulting_to_a_pinned_public_one() -> None:
+    for path in (CPU, GPU):
+        assert PINNED[path].fullmatch(_global_args(path)["BASE_IMAGE"]), path.name
+        for stage in _stages(path):
+            assert (
+                stage.base == "scratch"
+                or stage.base in {s.name for s in _stages(path)}
+                or (PINNED[path].fullmatch(stage.base))
+            ), f"{path.name} {stage.name}: {stage.base} is not pinned"
+
+
+def test_cpu_dependencies_are_installed_before_the_code_is_copied() -> None:
+    deps, app, rootfs, runtime = _stages(CPU)
+    assert (deps.name, app.name, rootfs.name, runtime.name) == ("deps", "app", "rootfs", "runtime")
+    assert deps.values("COPY") == ["pyproject.toml ./"], "only pyproject.toml: code edits keep it"
+    assert any("-r requirements.txt" in run for run in deps.values("RUN"))
+    assert app.base == "deps"
+    assert any("--no-deps" in run for run in app.values("RUN")), "the code stage resolves nothing"
+
+
+def test_cpu_final_stage_is_the_runtime_file_system_only() -> None:
+    *_, rootfs, runtime = _stages(CPU)
+    assert runtime.base == "scratch"
+    assert runtime.values("COPY") == ["--from=rootfs / /"]
+    assert runtime.values("RUN") == [], "no RUN: the final stage has no shell to run it"
+    assert rootfs.values("COPY") == ["--from=app /opt/graylane /opt/graylane"]
+    removed = " ".join(rootfs.values("RUN"))
+    for target in SHELLS_AND_INSTALLERS:
+        assert target in removed, f"the rootfs stage keeps {target}"
+    (check,) = runtime.values("HEALTHCHECK")
+    assert "CMD [" in check, "the health check runs without a shell (exec form)"
+
+
+def test_gpu_image_builds_wheels_apart_from_the_runtime() -> None:
+    build, runtime = _stages(GPU)
     assert (build.name, runtime.name) == ("build", "runtime")
-    for stage in (build, runtime):
-        assert PINNED[path].fullmatch(stage.base), f"{stage.name}: {stage.base} is not pinned"
     assert any("pip wheel" in run and "/wheels" in run for run in build.values("RUN"))
-
-
-@pytest.mark.parametrize("path", [CPU, GPU], ids=lambda p: p.name)
-def test_runtime_stage_takes_only_wheels_and_installs_no_compiler(path: Path) -> None:
-    runtime = _stages(path)[-1]
-    copies = runtime.values("COPY")
-    assert copies == ["--from=build /wheels /wheels"]
-    for run in runtime.values("RUN"):
-        assert not COMPILERS.search(run), f"runtime stage installs a compiler: {run}"
+    assert runtime.values("COPY") == ["--from=build /wheels /wheels"]
     runs = runtime.values("RUN")
     assert any("--no-index" in run and "--find-links=/wheels" in run for run in runs)
+
+
+@pytest.mark.parametrize("path", [CPU, GPU], ids=lambda p: p.name)
+def test_runtime_stage_installs_no_compiler(path: Path) -> None:
+    for stage in _stages(path)[1:]:
+        for run in stage.values("RUN"):
+            assert not COMPILERS.search(run), f"{stage.name} installs a compiler: {run}"
 
 
 @pytest.mark.parametrize("path", [CPU, GPU], ids=lambda p: p.name)
@@ -91,7 +150,8 @@ def test_runs_as_a_fixed_non_root_uid(path: Path) -> None:
     start = runtime.instructions.index(("USER", users[-1]))
     after_user = [i for i, _ in runtime.instructions[start:]]
     assert "RUN" not in after_user, "a RUN after USER would run as the service user by accident"
-    assert any(f"--uid {uid}" in run and f"--gid {gid}" in run for run in runtime.values("RUN"))
+    creates = [run for stage in _stages(path) for run in stage.values("RUN")]
+    assert any(f"--uid {uid}" in run and f"--gid {gid}" in run for run in creates)
 
 
 @pytest.mark.parametrize("path", [CPU, GPU], ids=lambda p: p.name)
@@ -113,9 +173,11 @@ def test_healthcheck_asks_the_healthz_endpoint(path: Path) -> None:
     assert "GRAYLANE_METRICS_HOST=0.0.0.0" in env
 
 
-def test_gpu_image_installs_the_trt_extra() -> None:
-    runtime = _stages(GPU)[-1]
-    assert any('"graylane[trt]"' in run for run in runtime.values("RUN"))
+def test_gpu_image_installs_the_trt_and_postgres_extras() -> None:
+    """GPU workers get a postgresql+psycopg:// registry URL: without psycopg they fail."""
+    build, runtime = _stages(GPU)
+    assert any('"graylane[trt,postgres]"' in run for run in runtime.values("RUN"))
+    assert any('".[postgres]"' in run for run in build.values("RUN"))
 
 
 @pytest.mark.parametrize("path", [CPU, GPU], ids=lambda p: p.name)

@@ -48,6 +48,7 @@ SECRETS = frozenset(
         "graylane-database-readonly",
         "graylane-api-tokens",
         "graylane-gateway-keys",
+        "graylane-controlplane-tls",
     }
 )
 CA_DIR = "/etc/graylane/kafka-ca"
@@ -452,3 +453,26 @@ def test_the_gateway_is_served_scaled_and_reachable(tree: str) -> None:
     (api,) = [p for p in _of(tree, "NetworkPolicy") if p["metadata"]["name"] == "gateway-api"]
     assert _selects(api["spec"]["podSelector"]["matchLabels"], labels)
     assert api["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": port}]
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_the_control_plane_listens_beyond_loopback_with_tls_from_a_secret(tree: str) -> None:
+    """Bound to 127.0.0.1 in its pod, the Service on 50051 would reach nothing while the
+    pod shows Ready; beyond loopback the CLI wants TLS or --insecure."""
+    (deploy,) = [
+        d
+        for d in _of(tree, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "controlplane"
+    ]
+    pod = _pod(deploy)
+    (container,) = pod["containers"]
+    args = build_parser().parse_args(container["command"][1:])
+    assert args.host == "0.0.0.0"
+    assert not args.insecure
+    assert args.tls_cert is not None and args.tls_key is not None
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    for path in (args.tls_cert, args.tls_key):
+        mount = str(path.parent)
+        assert secrets.get(mounts.get(mount, "")) == "graylane-controlplane-tls", path
+    assert {p["containerPort"] for p in container["ports"]} >= {50051}

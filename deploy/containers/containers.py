@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""Build and run the project's images here with podman (installed from Debian when missing).
+
+Usage::
+
+    python deploy/containers/containers.py setup   # packages + runtime config + kustomize, helm
+    python deploy/containers/containers.py base    # the Debian base image (debootstrap)
+    python deploy/containers/containers.py build   # the CPU image FROM that base
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from graylane.deploy.containers.images import base_image, build_cpu_image
+from graylane.deploy.containers.podman import ContainerToolError, Podman, say
+from graylane.deploy.containers.tools import HELM, KUSTOMIZE
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["setup", "base", "build"], nargs="?", default="build")
+    args = parser.parse_args(argv)
+    try:
+        podman = Podman.ready()
+        if args.command == "setup":
+            for tool in (KUSTOMIZE, HELM):
+                print(tool.ensure())
+        elif args.command == "base":
+            print(base_image(podman))
+        elif args.command == "build":
+            built = build_cpu_image(podman)
+            print(f"{built.ref} {built.pinned} {built.seconds:.0f}s")
+    except ContainerToolError as exc:
+        say(str(exc))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

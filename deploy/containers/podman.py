@@ -1,0 +1,183 @@
+"""Podman on this kind of machine: Debian packages, a runtime config, and a thin runner.
+
+There is no Docker engine here. ``podman``/``buildah`` with ``runc`` build and run images,
+``podman kube play`` starts Kubernetes pod specs. Everything the machine lacks is installed
+from the Debian mirror apt already uses (root only), so a fresh clone needs nothing by hand.
+
+The runtime settings go to a file of our own named by ``CONTAINERS_CONF`` for our commands;
+the machine's global ``/etc/containers/containers.conf`` is left as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from graylane.deploy.kafka.layout import REPO_ROOT
+from graylane.errors import GraylaneError
+
+__all__ = [
+    "CONTAINERS_CONF",
+    "PACKAGES",
+    "ContainerToolError",
+    "Podman",
+    "apt_install",
+    "containers_dir",
+    "ensure_packages",
+    "say",
+]
+
+# Debian packages the image build and the pod test need (binary they provide -> package).
+PACKAGES: dict[str, str] = {
+    "podman": "podman",
+    "buildah": "buildah",
+    "runc": "runc",
+    "debootstrap": "debootstrap",
+    "newuidmap": "uidmap",
+    "fuse-overlayfs": "fuse-overlayfs",
+}
+
+# crun refuses this machine's hybrid cgroup layout and the default ulimits are above what
+# the machine allows: runc and modest limits.
+CONTAINERS_CONF = """\
+# Written by deploy/containers for graylane's own podman commands (CONTAINERS_CONF).
+[containers]
+default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
+[engine]
+runtime = "runc"
+"""
+
+
+class ContainerToolError(GraylaneError):
+    """A container tool is missing and cannot be installed, or a podman command failed."""
+
+
+def say(msg: str) -> None:
+    print(f"[containers] {msg}", flush=True)
+
+
+def containers_dir() -> Path:
+    """Where the container helpers keep their state: ``<GRAYLANE_LOCAL_DIR>/containers``."""
+    base = os.environ.get("GRAYLANE_LOCAL_DIR") or str(REPO_ROOT / ".local")
+    return Path(base).expanduser().resolve() / "containers"
+
+
+def apt_install(packages: Sequence[str]) -> None:
+    """``apt-get install`` (``apt-get update`` once when the first try fails); root only."""
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        raise ContainerToolError(
+            f"missing {' '.join(packages)}; install them with "
+            f"`sudo apt-get install -y {' '.join(packages)}`"
+        )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    for attempt in (1, 2):
+        say("$ " + " ".join(install))
+        res = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
+        if res.returncode == 0:
+            return
+        if attempt == 1:  # stale or missing package lists: refresh once
+            say("$ apt-get update")
+            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
+    tail = "\n".join((res.stdout + res.stderr).splitlines()[-20:])
+    raise ContainerToolError(f"apt-get install failed:\n{tail}")
+
+
+def ensure_packages() -> None:
+    """Install the Debian packages whose binaries are missing (nothing when all are there)."""
+    missing = [pkg for binary, pkg in PACKAGES.items() if not _which(binary)]
+    if missing:
+        say(f"installing {' '.join(missing)} from the Debian mirror (once per machine)")
+        apt_install(missing)
+    still = [b for b in PACKAGES if not _which(b)]
+    if still:
+        raise ContainerToolError(f"still missing after apt-get install: {' '.join(still)}")
+
+
+def _which(binary: str) -> str | None:
+    return shutil.which(binary) or shutil.which(binary, path="/usr/sbin:/sbin:/usr/bin")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Podman:
+    """Runs ``podman`` with our ``CONTAINERS_CONF``; output streamed as progress lines."""
+
+    conf: Path
+
+    @classmethod
+    def ready(cls) -> Podman:
+        """Packages installed, our containers.conf written: a runner to use."""
+        ensure_packages()
+        conf = containers_dir() / "containers.conf"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        if not conf.is_file() or conf.read_text() != CONTAINERS_CONF:
+            conf.write_text(CONTAINERS_CONF)
+        return cls(conf=conf)
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "CONTAINERS_CONF": str(self.conf)}
+
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        check: bool = True,
+        stream: bool = False,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """``podman ARGS``; with ``stream`` every output line is echoed as it comes."""
+        cmd = ["podman", *args]
+        if not stream:
+            res = subprocess.run(
+                cmd,
+                env=self.env(),
+                input=stdin.decode() if stdin is not None else None,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=timeout,
+            )
+            if check and res.returncode != 0:
+                raise ContainerToolError(
+                    f"{' '.join(cmd[:4])} ... failed ({res.returncode}):\n{res.stderr[-4000:]}"
+                )
+            return res
+        say("$ " + " ".join(cmd))
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            cmd,
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+        )
+        assert proc.stdout is not None
+        lines: list[str] = []
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            lines.append(line)
+            print(f"  {line}", flush=True)
+        rc = proc.wait()
+        say(f"  ({time.monotonic() - t0:.0f}s, exit {rc})")
+        if check and rc != 0:
+            tail = "\n".join(lines[-30:])
+            raise ContainerToolError(f"{' '.join(cmd[:3])} failed ({rc}):\n{tail}")
+        return subprocess.CompletedProcess(cmd, rc, "\n".join(lines), "")
+
+    def image_exists(self, ref: str) -> bool:
+        return self.run(["image", "exists", ref], check=False).returncode == 0
+
+    def image_digest(self, ref: str) -> str:
+        """The image's ID-independent digest (``sha256:...``) as podman records it."""
+        out = self.run(["image", "inspect", "--format", "{{.Digest}}", ref]).stdout.strip()
+        if not out.startswith("sha256:"):
+            raise ContainerToolError(f"no digest for {ref}: {out!r}")
+        return out
