@@ -33,6 +33,7 @@ from graylane.policy_engine.logic.gates import (
     SequentialEvidence,
     StepEvidence,
     Verdict,
+    advance_sequential,
     agreement_gate,
     generation_latency_gates,
     length_drift_gate,
