@@ -615,10 +615,12 @@ LENGTH_MIN_GENERATIONS = 20
 
 
 def generative(*stats: WindowStats) -> bool:
-    """Whether any of ``stats`` carries generations: their rollout is judged on TTFT
-    and TPOT, never on whole-request latency (a model serving both FORWARD and
-    GENERATE traffic is judged as generative)."""
-    return any(s.generation is not None for s in stats)
+    """Whether any of ``stats`` carries generations with per-token times: their
+    rollout is judged on TTFT and TPOT, never on whole-request latency (a model
+    serving both FORWARD and GENERATE traffic is judged as generative). Generation
+    run per batch, without a continuous decode loop, stamps no token times: it is
+    judged on service time as before."""
+    return any(s.generation is not None and s.generation.ttft.count > 0 for s in stats)
 
 
 def first_token_served(*stats: GenerationStats | None) -> bool:

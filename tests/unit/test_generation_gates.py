@@ -386,3 +386,23 @@ def test_the_decode_step_fault_slows_decode_steps_only() -> None:
     assert slept == []
     engine.run(decode)
     assert slept == [pytest.approx(0.015)]
+
+
+def test_generations_without_token_times_are_judged_on_service_time_as_before() -> None:
+    """Generation run per batch (no continuous decode loop) stamps no token times."""
+    n = 100
+    no_times = GenerationStats(
+        generations=n,
+        ttft=LatencyHistogram(),
+        tpot=LatencyHistogram(),
+        inter_token_p99=LatencyHistogram(),
+        prefill=LatencyHistogram(),
+        output_tokens=LatencyHistogram.of([30.0] * n),
+        generated_tokens=30 * n,
+        ended_by_model=n,
+    )
+    base, cand = _stats("v1", no_times), _stats("v2", no_times)
+    rules = [r.rule for r in judge(base, cand, StepEvidence(), SequentialEvidence(), Gates())]
+    assert rules[0] is DecisionRule.OUTPUT_LENGTH_DRIFT
+    assert DecisionRule.TTFT_SEQUENTIAL not in rules
+    assert DecisionRule.P99_RATIO in rules or DecisionRule.SERVICE_TIME_SEQUENTIAL in rules
