@@ -219,6 +219,7 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
             length_drift=_DRIFT_TO_PB[g.length_drift],
             max_length_shift=g.max_length_shift,
             max_eos_rate_delta=g.max_eos_rate_delta,
+            token_time_tolerance=g.token_time_tolerance,
         ),
         failures_to_rollback=spec.failures_to_rollback,
         shadow_share=spec.shadow_share,
@@ -275,6 +276,11 @@ def _gates_from_pb(pb: rollout_pb2.GateSpec) -> Gates:
         ),
         max_eos_rate_delta=(
             pb.max_eos_rate_delta if pb.HasField("max_eos_rate_delta") else d.max_eos_rate_delta
+        ),
+        token_time_tolerance=(
+            pb.token_time_tolerance
+            if pb.HasField("token_time_tolerance")
+            else d.token_time_tolerance
         ),
     )
 

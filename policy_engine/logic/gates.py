@@ -143,7 +143,7 @@ from typing import TYPE_CHECKING
 
 from graylane.histogram import LatencyHistogram
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.window import WindowStats
+from graylane.policy_engine.logic.window import GenerationStats, WindowStats
 from graylane.rollouts.spec import DriftAction, Gates
 from graylane.rollouts.vocabulary import (
     DecisionRule,
@@ -169,6 +169,8 @@ __all__ = [
     "binomial_cdf",
     "error_gate",
     "error_rate_test",
+    "first_token_served",
+    "first_token_times",
     "fisher_greater",
     "generation_latency_gates",
     "generative",
@@ -613,10 +615,27 @@ LENGTH_MIN_GENERATIONS = 20
 
 
 def generative(*stats: WindowStats) -> bool:
-    """Whether any of ``stats`` carries generations: their rollout is judged on TTFT
-    and TPOT, never on whole-request latency (a model serving both FORWARD and
-    GENERATE traffic is judged as generative)."""
-    return any(s.generation is not None for s in stats)
+    """Whether any of ``stats`` carries generations with per-token times: their
+    rollout is judged on TTFT and TPOT, never on whole-request latency (a model
+    serving both FORWARD and GENERATE traffic is judged as generative). Generation
+    run per batch, without a continuous decode loop, stamps no token times: it is
+    judged on service time as before."""
+    return any(s.generation is not None and s.generation.ttft.count > 0 for s in stats)
+
+
+def first_token_served(*stats: GenerationStats | None) -> bool:
+    """Whether every side carries the served part of its times to first token (the
+    prefill step: dequeue to first token), which the TTFT gates then judge."""
+    return all(g is not None and g.prefill.count > 0 for g in stats)
+
+
+def first_token_times(g: GenerationStats | None, served: bool) -> LatencyHistogram | None:
+    """The times to first token the gates judge: as served (the prefill step, without
+    the queue and the wait for a decode row: those are capacity, see the backlog
+    gate) when ``served``, else from the request's creation."""
+    if g is None:
+        return None
+    return g.prefill if served else g.ttft
 
 
 def _timing_view(stats: WindowStats, hist: LatencyHistogram) -> WindowStats:
@@ -640,12 +659,13 @@ def generation_latency_gates(
     """
     out: list[GateResult] = []
     b, c = baseline.generation, candidate.generation
+    served = first_token_served(b, c)
     for name, rule, hb, hc in (
         (
-            "TTFT",
+            "TTFT (served)" if served else "TTFT",
             DecisionRule.TTFT_P99_RATIO,
-            b.ttft if b is not None else None,
-            c.ttft if c is not None else None,
+            first_token_times(b, served),
+            first_token_times(c, served),
         ),
         (
             "TPOT",
@@ -955,14 +975,16 @@ class SlowShare:
         cap: float,
         *,
         same: bool,
+        margin: float,
     ) -> SlowShare:
-        """Feed one increment; ``same``: the increment is the whole window."""
+        """Feed one increment; ``same``: the increment is the whole window; a candidate
+        generation is slow above ``margin`` x the threshold."""
         before = None if same else _without(window, inc_b)
         t95 = _median(self.baseline_p95_ms) or _threshold(before, 0.95, P95_THRESHOLD_MIN)
         t99 = _median(self.baseline_p99_ms) or _threshold(before, 0.99, P99_THRESHOLD_MIN)
         return SlowShare(
-            p95=_slow(self.p95, t95, inc_b, inc_c, cap),
-            p99=_slow(self.p99, t99, inc_b, inc_c, cap),
+            p95=_slow(self.p95, t95, inc_b, inc_c, cap, margin),
+            p99=_slow(self.p99, t99, inc_b, inc_c, cap, margin),
             baseline_p95_ms=_keep(self.baseline_p95_ms, inc_b, window, 0.95, P95_THRESHOLD_MIN),
             baseline_p99_ms=_keep(self.baseline_p99_ms, inc_b, window, 0.99, P99_THRESHOLD_MIN),
         )
@@ -1070,15 +1092,18 @@ def _slow(
     baseline: LatencyHistogram | None,
     candidate: LatencyHistogram | None,
     cap: float,
+    margin: float = 1.0,
 ) -> RatioTest:
-    """Feed one increment's counts above ``threshold_ms`` (of the baseline's scheme)."""
+    """Feed one increment's counts above ``threshold_ms`` (of the baseline's scheme);
+    a candidate request is slow only above ``margin x threshold_ms``: the test is then
+    of "the candidate is at most ``margin`` x slower", with the same guarantee."""
     if threshold_ms <= 0.0 or baseline is None or candidate is None:
         return test
     if not (baseline.count and candidate.count):
         return test
     bucket = baseline.bucket_index(threshold_ms)
     return test.update(
-        count_above(candidate, bucket),
+        count_above(candidate, candidate.bucket_index(threshold_ms * margin)),
         candidate.count,
         count_above(baseline, bucket),
         baseline.count,
@@ -1121,15 +1146,18 @@ def advance_sequential(
     if generative(baseline, candidate, inc_b, inc_c):
         # A generation's service time is mostly its length: judge TTFT and TPOT instead.
         cap, same = _cap(_generation_alpha(gates)), inc_b is baseline
+        margin = 1.0 + gates.token_time_tolerance
         window, gb, gc = baseline.generation, inc_b.generation, inc_c.generation
+        served = first_token_served(window, gb, gc)
         return replace(
             ev,
             ttft=ev.ttft.advance(
-                window.ttft if window else None,
-                gb.ttft if gb else None,
-                gc.ttft if gc else None,
+                first_token_times(window, served),
+                first_token_times(gb, served),
+                first_token_times(gc, served),
                 cap,
                 same=same,
+                margin=margin,
             ),
             tpot=ev.tpot.advance(
                 window.tpot if window else None,
@@ -1137,6 +1165,7 @@ def advance_sequential(
                 gc.tpot if gc else None,
                 cap,
                 same=same,
+                margin=margin,
             ),
         )
     # Thresholds never depend on the data they judge: the baseline's window before
@@ -1224,13 +1253,15 @@ def _generation_results(
 ) -> list[GateResult]:
     alpha = _generation_alpha(gates)
     b, c = baseline.generation, candidate.generation
+    served = first_token_served(b, c)
+    hb, hc = first_token_times(b, served), first_token_times(c, served)
     return [
         _share_result(
             DecisionRule.TTFT_SEQUENTIAL,
-            "TTFT",
+            "TTFT (served)" if served else "TTFT",
             ev.ttft,
-            c.ttft_p99_ms if c else 0.0,
-            b.ttft_p99_ms if b else 0.0,
+            hc.quantile(0.99) if hc else 0.0,
+            hb.quantile(0.99) if hb else 0.0,
             alpha,
         ),
         _share_result(

@@ -528,7 +528,7 @@ def judge(
             service_latency_gate(baseline, candidate, gates),
             error_gate(baseline, candidate, evidence, gates),
         ]
-    if gen:
+    if baseline.generation is not None or candidate.generation is not None:
         results = [length_drift_gate(baseline, candidate, gates), *results]
     backlog = backlog_gate(baseline, candidate, gates, behind)
     if backlog is None:
