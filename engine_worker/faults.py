@@ -4,7 +4,9 @@ For tests and demos only (:class:`FaultInjection`).
 The wrapper implements :class:`~graylane.engine.protocol.InferenceEngine`, so the
 worker runs it like any engine and needs no fault code of its own. Faults apply
 per engine call: a forward batch is one call per bucket group, a generation one
-call per decoding step. Latency is spent inside ``run`` on the engine thread,
+call per decoding step (``decode_step_latency_ms`` slows only the steps that
+extend a KV cache: a slower time per output token with the same prefill).
+Latency is spent inside ``run`` on the engine thread,
 exactly like a slower engine, so it shows in compute time and device load.
 """
 
@@ -23,7 +25,7 @@ from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature
 from graylane.errors import ErrorCode
 
-__all__ = ["FaultInjection", "FaultyEngine", "InjectedFault", "with_faults"]
+__all__ = ["FaultInjection", "FaultyEngine", "InjectedFault", "extends_cache", "with_faults"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +40,9 @@ class FaultInjection:
     error_rate: float = 0.0
     latency_jitter_ms: float = 0.0
     """Extra latency drawn uniformly from [0, jitter] per batch (a noisy but healthy engine)."""
+    decode_step_latency_ms: float = 0.0
+    """Extra latency per decode step of a KV-cache generation (a call whose past is not
+    empty), not per prefill: the time per output token grows, the prefill does not."""
     seed: int = 0
 
     @property
@@ -47,6 +52,7 @@ class FaultInjection:
             or self.latency_factor != 1.0
             or self.error_rate > 0
             or self.latency_jitter_ms > 0
+            or self.decode_step_latency_ms > 0
         )
 
 
@@ -100,6 +106,8 @@ class FaultyEngine:
         )
         if faults.latency_jitter_ms > 0:
             extra_s += self._rng.uniform(0.0, faults.latency_jitter_ms) / 1000.0
+        if faults.decode_step_latency_ms > 0 and extends_cache(feeds):
+            extra_s += faults.decode_step_latency_ms / 1000.0
         if extra_s > 0:
             self._sleep(extra_s)
         return outputs
@@ -109,6 +117,15 @@ class FaultyEngine:
 
     def __repr__(self) -> str:
         return f"FaultyEngine({self._inner!r}, {self._faults!r})"
+
+
+def extends_cache(feeds: Mapping[str, np.ndarray]) -> bool:
+    """Whether ``feeds`` are a decode step: a past (``past_key_values.N.*``, shaped
+    [rows, heads, width, head_dim]) that is not empty."""
+    return any(
+        name.startswith("past_key_values.") and value.ndim == 4 and value.shape[2] > 0
+        for name, value in feeds.items()
+    )
 
 
 def with_faults(

@@ -38,6 +38,7 @@ __all__ = [
     "GenerationTally",
     "ResultContext",
     "build_batch",
+    "decoding_of",
     "generation_report",
     "generation_result",
     "shed_telemetry",
@@ -157,11 +158,20 @@ def _result(
         elif ctx.tokenizer is not None:
             result.text = ctx.tokenizer.decode(tokens)
         result.finish_reason = _FINISH[generation.finished_reason]
+        result.decoding = decoding_of(request.generation)
         result.usage.prompt_tokens = prompt_tokens
         result.usage.completion_tokens = len(tokens)
         if request.generation.stream and not request.shadow:
             result.chunk.final = True  # decoded per batch: the whole stream in one chunk
     return result
+
+
+def decoding_of(params: inference_pb2.GenerationParams) -> inference_pb2.Decoding:
+    """How a generation with ``params`` chooses its tokens (shadow agreement compares
+    greedy or same-seed answers token for token, never unseeded samples)."""
+    if params.temperature <= 0.0:
+        return inference_pb2.GREEDY
+    return inference_pb2.SEEDED if params.has_seed else inference_pb2.UNSEEDED
 
 
 def generation_result(

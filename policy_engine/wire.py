@@ -43,6 +43,7 @@ from graylane.policy_engine.logic.agreement import (
     OutputField,
     SchemaMismatch,
     ShadowOutput,
+    TokenDecoding,
 )
 from graylane.policy_engine.logic.gates import (
     RATE_GRID,
@@ -50,6 +51,7 @@ from graylane.policy_engine.logic.gates import (
     RateTest,
     RatioTest,
     SequentialEvidence,
+    SlowShare,
     StepEvidence,
 )
 from graylane.policy_engine.logic.liveness import LagSample, VersionLiveness
@@ -277,7 +279,16 @@ def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOut
         error=error,
         schema=schema if tokens is None else None,
         pair_id=pb.shadow_pair_id,
+        decoding=_DECODING.get(pb.decoding),
     )
+
+
+_DECODING = {
+    inference_pb2.GREEDY: TokenDecoding.GREEDY,
+    inference_pb2.SEEDED: TokenDecoding.SEEDED,
+    inference_pb2.UNSEEDED: TokenDecoding.UNSEEDED,
+}
+"""How a result's generation chose its tokens; unset (an older worker) is unknown."""
 
 
 _DTYPE_NAMES = {number: name.lower() for name, number in tensor_pb2.DType.items()}
@@ -540,6 +551,26 @@ def sequential_to_pb(ev: SequentialEvidence) -> rollout_pb2.SequentialEvidence |
         through_unix_ms=ev.through_ms,
         baseline_p95_ms=list(ev.baseline_p95_ms),
         baseline_p99_ms=list(ev.baseline_p99_ms),
+        ttft=_share_to_pb(ev.ttft),
+        tpot=_share_to_pb(ev.tpot),
+    )
+
+
+def _share_to_pb(share: SlowShare) -> rollout_pb2.SlowShareState:
+    return rollout_pb2.SlowShareState(
+        p95=_ratio_to_pb(share.p95),
+        p99=_ratio_to_pb(share.p99),
+        baseline_p95_ms=list(share.baseline_p95_ms),
+        baseline_p99_ms=list(share.baseline_p99_ms),
+    )
+
+
+def _share_from_pb(pb: rollout_pb2.SlowShareState) -> SlowShare:
+    return SlowShare(
+        p95=_ratio_from_pb(pb.p95),
+        p99=_ratio_from_pb(pb.p99),
+        baseline_p95_ms=tuple(pb.baseline_p95_ms),
+        baseline_p99_ms=tuple(pb.baseline_p99_ms),
     )
 
 
@@ -557,6 +588,8 @@ def sequential_from_pb(pb: rollout_pb2.RolloutState) -> SequentialEvidence:
         through_ms=s.through_unix_ms,
         baseline_p95_ms=tuple(s.baseline_p95_ms),
         baseline_p99_ms=tuple(s.baseline_p99_ms),
+        ttft=_share_from_pb(s.ttft),
+        tpot=_share_from_pb(s.tpot),
     )
 
 
@@ -787,7 +820,13 @@ def signals_from_audit(
 
 
 def _agreement_to_pb(stats: AgreementStats) -> audit_pb2.ShadowAgreement:
-    pb = audit_pb2.ShadowAgreement(pairs=stats.pairs, agreeing=stats.agreeing)
+    pb = audit_pb2.ShadowAgreement(
+        pairs=stats.pairs,
+        agreeing=stats.agreeing,
+        greedy_pairs=stats.greedy,
+        seeded_pairs=stats.seeded,
+        unseeded_pairs=stats.unseeded,
+    )
     if stats.mismatch is not None:
         pb.baseline_schema = stats.mismatch.baseline
         pb.candidate_schema = stats.mismatch.candidate
@@ -800,7 +839,14 @@ def agreement_from_pb(pb: audit_pb2.ShadowAgreement) -> AgreementStats:
         if pb.baseline_schema or pb.candidate_schema
         else None
     )
-    return AgreementStats(pb.pairs, pb.agreeing, mismatch)
+    return AgreementStats(
+        pb.pairs,
+        pb.agreeing,
+        mismatch,
+        greedy=pb.greedy_pairs,
+        seeded=pb.seeded_pairs,
+        unseeded=pb.unseeded_pairs,
+    )
 
 
 def qos_decision_to_audit(

@@ -13,6 +13,13 @@ from the onset to that action, over detected runs; null when none).
 ``false_rollback_rate`` is the share of healthy runs rolled back under the
 primary gate mode (``--mode``, default sequential), over all rates; the rows
 of the other mode are there for comparison. The last output line is that JSON.
+
+Generation scenarios (``gen_*``) also count ``latency_rollbacks`` (rollbacks on a
+latency rule: TTFT, TPOT, service time, p99) and ``length_drift`` (runs with an
+``output_length_drift`` verdict); for ``gen_length_x2`` "detected" is that drift
+verdict, and ``detect_s_*`` its time. ``generation_false_rollback_rate`` is the
+share of ``gen_healthy`` runs rolled back under the primary mode, and a table of
+the generation rows at the target rate comes last before the JSON.
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ def _jobs(cfg: DecisionsConfig) -> Iterator[_Job]:
     for si, scenario in enumerate(Scenario):
         for ri, rate in enumerate(cfg.rates):
             n = cfg.runs if rate == TARGET_RATE else max(1, cfg.runs // 2)
-            if scenario is Scenario.HEALTHY:
+            if scenario.healthy:
                 n *= cfg.healthy_factor
             seeds = tuple(cfg.seed * 1_000_003 + si * 100_003 + ri * 10_007 + i for i in range(n))
             for mode in GateMode:
@@ -76,12 +83,14 @@ def _detected(scenario: Scenario, r: RunResult) -> float | None:
     """Seconds from onset to the controller's action on ``scenario``; None if none."""
     if scenario is Scenario.BACKLOG:
         return r.detect_s if not r.rolled_back and r.detect_s is not None else None
+    if scenario is Scenario.GEN_LENGTH_X2:
+        return r.drift_s if not r.latency_rollback else None
     return r.detect_s if r.rolled_back else None
 
 
 def summarize(scenario: Scenario, results: list[RunResult]) -> dict[str, object]:
     times = [t for t in (_detected(scenario, r) for r in results) if t is not None]
-    return {
+    row: dict[str, object] = {
         "runs": len(results),
         "detected": len(times),
         "rolled_back": sum(r.rolled_back for r in results),
@@ -89,6 +98,36 @@ def summarize(scenario: Scenario, results: list[RunResult]) -> dict[str, object]
         "detect_s_p50": float(np.percentile(times, 50)) if times else None,
         "detect_s_p95": float(np.percentile(times, 95)) if times else None,
     }
+    if scenario.generative:
+        row["latency_rollbacks"] = sum(r.latency_rollback for r in results)
+        row["length_drift"] = sum(r.drift_s is not None for r in results)
+    return row
+
+
+def generation_table(scenarios: dict[str, dict[str, object]], mode: GateMode) -> str:
+    """The generation rows of ``mode`` at the target rate, as a table."""
+    head = (
+        f"{'scenario':16s} {'runs':>5s} {'detected':>9s} {'rolled back':>12s} "
+        f"{'latency rb':>11s} {'length drift':>13s} {'promoted':>9s} "
+        f"{'detect p50':>11s} {'detect p95':>11s}"
+    )
+    lines = [f"generations, {mode.value} gates, {TARGET_RATE:g} candidate generations/s", head]
+    for scenario in Scenario:
+        row = scenarios.get(f"{mode.value}/{scenario.value}@{TARGET_RATE:g}")
+        if not scenario.generative or row is None:
+            continue
+
+        def secs(key: str, values: dict[str, object] = row) -> str:
+            value = values[key]
+            return f"{value:.1f} s" if isinstance(value, float) else "-"
+
+        lines.append(
+            f"{scenario.value:16s} {row['runs']:>5} {row['detected']:>9} "
+            f"{row['rolled_back']:>12} {row['latency_rollbacks']:>11} "
+            f"{row['length_drift']:>13} {row['promoted']:>9} "
+            f"{secs('detect_s_p50'):>11s} {secs('detect_s_p95'):>11s}"
+        )
+    return "\n".join(lines)
 
 
 def main(cfg: DecisionsConfig) -> int:
@@ -103,13 +142,15 @@ def main(cfg: DecisionsConfig) -> int:
     progress(f"{total} simulated rollouts, {len(jobs)} rows, {workers} processes")
     scenarios: dict[str, dict[str, object]] = {}
     healthy = {mode: [0, 0] for mode in GateMode}
+    gen_healthy = {mode: [0, 0] for mode in GateMode}
     with ProcessPoolExecutor(workers) as pool:
         for job, results in zip(jobs, pool.map(_run, jobs), strict=True):
             row = summarize(job.scenario, results)
             scenarios[job.name] = row
-            if job.scenario is Scenario.HEALTHY:
-                healthy[job.mode][0] += int(str(row["rolled_back"]))
-                healthy[job.mode][1] += len(results)
+            if job.scenario.healthy:
+                tally = gen_healthy if job.scenario.generative else healthy
+                tally[job.mode][0] += int(str(row["rolled_back"]))
+                tally[job.mode][1] += len(results)
             rules = sorted({r.rule for r in results if r.rolled_back})
             progress(
                 f"{job.name:32s} runs {row['runs']:4} rolled back {row['rolled_back']:4} "
@@ -118,6 +159,18 @@ def main(cfg: DecisionsConfig) -> int:
             )
     for mode, (bad, n) in healthy.items():
         progress(f"{mode.value}: {bad}/{n} healthy runs rolled back ({bad / n:.2%})")
+    for mode, (bad, n) in gen_healthy.items():
+        progress(f"{mode.value}: {bad}/{n} healthy generation runs rolled back ({bad / n:.2%})")
+    print(generation_table(scenarios, cfg.mode))
     bad, n = healthy[cfg.mode]
-    print(json.dumps({"scenarios": scenarios, "false_rollback_rate": bad / n if n else 0.0}))
+    gen_bad, gen_n = gen_healthy[cfg.mode]
+    print(
+        json.dumps(
+            {
+                "scenarios": scenarios,
+                "false_rollback_rate": bad / n if n else 0.0,
+                "generation_false_rollback_rate": gen_bad / gen_n if gen_n else 0.0,
+            }
+        )
+    )
     return 0

@@ -16,6 +16,18 @@ Scenarios change the candidate from ``onset_s`` on (0 = from the start):
 p99 x1.5 (the slowest 10 % of requests 1.5x slower), service time x1.3 /
 x1.5, +1 / +5 pp errors, dead (no telemetry, growing lag, from 20 s), and
 backlog (healthy model behind a queue of 1.5 s that drains over 45 s).
+
+Generation scenarios (``gen_*``) draw generations instead: per request a prefill
+(lognormal, median 60 ms, sigma 0.3), a time per output token (lognormal, median
+20 ms, sigma 0.15; the per-request mean over its decode), and an output length
+with a heavy tail (lognormal, median 60 tokens, sigma 0.9, capped at 512: the
+capped ones end on LENGTH, the others on EOS). TTFT = queue + prefill; the
+whole-request service time = prefill + TPOT x (tokens - 1), so it mostly
+measures length. Bursts slow 5-20 % of a step's generations 2-4x (prefill and
+every token). Scenarios: healthy, prefill x1.5 (TTFT x1.5 but its 3 ms mean
+queue), TPOT x1.3, and output length x2 at the same per-token speed (whole
+request about 2x slower: must not read as a latency regression, and is reported
+as ``output_length_drift``).
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ import numpy as np
 from graylane.histogram import DEFAULT_GROWTH, DEFAULT_MIN_MS, LatencyHistogram
 from graylane.policy_engine.logic.liveness import LagSample, VersionLiveness
 from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, evaluate, start
-from graylane.policy_engine.logic.window import WindowStats
+from graylane.policy_engine.logic.window import GenerationStats, WindowStats
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
 
@@ -55,6 +67,26 @@ BENCH_STEPS = (
 )
 HORIZON_S = 180.0
 
+GEN_PREFILL_MS = 60.0
+GEN_PREFILL_SIGMA = 0.3
+GEN_TPOT_MS = 20.0
+GEN_TPOT_SIGMA = 0.15
+GEN_LENGTH_MEDIAN = 60.0
+GEN_LENGTH_SIGMA = 0.9
+GEN_MAX_TOKENS = 512
+LATENCY_RULES = frozenset(
+    {
+        DecisionRule.P99_RATIO,
+        DecisionRule.P99_SEVERE,
+        DecisionRule.SERVICE_TIME_SEQUENTIAL,
+        DecisionRule.TTFT_P99_RATIO,
+        DecisionRule.TPOT_P99_RATIO,
+        DecisionRule.TTFT_SEQUENTIAL,
+        DecisionRule.TPOT_SEQUENTIAL,
+    }
+)
+"""Rules of a latency verdict (a length change must never roll back on one)."""
+
 
 class Scenario(Enum):
     HEALTHY = "healthy"
@@ -65,11 +97,29 @@ class Scenario(Enum):
     ERRORS_5PP = "errors_+5pp"
     DEAD = "dead"
     BACKLOG = "backlog"
+    GEN_HEALTHY = "gen_healthy"
+    GEN_TTFT_X15 = "gen_ttft_x1.5"
+    GEN_TPOT_X13 = "gen_tpot_x1.3"
+    GEN_LENGTH_X2 = "gen_length_x2"
 
     @property
     def harmful(self) -> bool:
         """A rollback is the right outcome."""
-        return self not in (Scenario.HEALTHY, Scenario.BACKLOG)
+        return self not in (
+            Scenario.HEALTHY,
+            Scenario.BACKLOG,
+            Scenario.GEN_HEALTHY,
+            Scenario.GEN_LENGTH_X2,
+        )
+
+    @property
+    def healthy(self) -> bool:
+        """Nothing is wrong: any rollback is a false one."""
+        return self in (Scenario.HEALTHY, Scenario.GEN_HEALTHY)
+
+    @property
+    def generative(self) -> bool:
+        return self.value.startswith("gen_")
 
     @property
     def onset_s(self) -> float:
@@ -82,6 +132,12 @@ class RunResult:
     promoted: bool
     detect_s: float | None
     rule: str
+    drift_s: float | None = None
+    """Seconds from the onset to the first ``output_length_drift`` verdict (None: none)."""
+
+    @property
+    def latency_rollback(self) -> bool:
+        return self.rolled_back and self.rule in LATENCY_RULES
 
 
 def bucket_counts(values: np.ndarray) -> np.ndarray:
@@ -114,6 +170,16 @@ def histogram(counts: np.ndarray) -> LatencyHistogram:
 
 
 @dataclass
+class _Generations:
+    ttft: np.ndarray
+    tpot: np.ndarray
+    prefill: np.ndarray
+    lengths: np.ndarray
+    tokens: int
+    ended_by_model: int
+
+
+@dataclass
 class _Pane:
     end_ms: int
     requests: int
@@ -121,6 +187,23 @@ class _Pane:
     e2e: np.ndarray
     service: np.ndarray
     queue: np.ndarray
+    generations: _Generations | None = None
+
+
+def _generation_stats(panes: list[_Pane], requests: int) -> GenerationStats | None:
+    gens = [p.generations for p in panes if p.generations is not None]
+    if not gens:
+        return None
+    return GenerationStats(
+        generations=requests,
+        ttft=histogram(np.add.reduce([g.ttft for g in gens])),
+        tpot=histogram(np.add.reduce([g.tpot for g in gens])),
+        inter_token_p99=LatencyHistogram(),
+        prefill=histogram(np.add.reduce([g.prefill for g in gens])),
+        output_tokens=histogram(np.add.reduce([g.lengths for g in gens])),
+        generated_tokens=sum(g.tokens for g in gens),
+        ended_by_model=sum(g.ended_by_model for g in gens),
+    )
 
 
 @dataclass
@@ -164,6 +247,7 @@ class _Side:
             service_p95_ms=s95,
             service_p99_ms=s99,
             service=histogram(service),
+            generation=_generation_stats(panes, requests),
         )
 
 
@@ -206,6 +290,64 @@ def _pane(
     )
 
 
+def _generation_pane(
+    rng: np.random.Generator,
+    n: int,
+    scenario: Scenario,
+    candidate: bool,
+    end_ms: int,
+    load: float,
+) -> _Pane:
+    prefill = GEN_PREFILL_MS * load * np.exp(GEN_PREFILL_SIGMA * rng.standard_normal(n))
+    tpot = GEN_TPOT_MS * load * np.exp(GEN_TPOT_SIGMA * rng.standard_normal(n))
+    if rng.random() < BURST_P and n:  # a stall slows some generations, every step of them
+        hit = rng.random(n) < rng.uniform(0.05, 0.2)
+        factor = rng.uniform(2.0, 4.0)
+        prefill[hit] *= factor
+        tpot[hit] *= factor
+    natural = np.maximum(
+        1.0, np.round(GEN_LENGTH_MEDIAN * np.exp(GEN_LENGTH_SIGMA * rng.standard_normal(n)))
+    )
+    if candidate:
+        if scenario is Scenario.GEN_TTFT_X15:
+            prefill *= 1.5
+        elif scenario is Scenario.GEN_TPOT_X13:
+            tpot *= 1.3
+        elif scenario is Scenario.GEN_LENGTH_X2:
+            natural *= 2.0
+    tokens = np.minimum(natural, GEN_MAX_TOKENS)
+    queue = rng.exponential(QUEUE_MEAN_MS, n)
+    service = prefill + tpot * (tokens - 1.0)
+    return _Pane(
+        end_ms=end_ms,
+        requests=n,
+        errors=int(rng.binomial(n, BASE_ERROR)),
+        e2e=bucket_counts(queue + service),
+        service=bucket_counts(service),
+        queue=bucket_counts(queue),
+        generations=_Generations(
+            ttft=bucket_counts(queue + prefill),
+            tpot=bucket_counts(tpot[tokens > 1]),
+            prefill=bucket_counts(prefill),
+            lengths=bucket_counts(tokens),
+            tokens=int(tokens.sum()),
+            ended_by_model=int((natural <= GEN_MAX_TOKENS).sum()),
+        ),
+    )
+
+
+def _any_pane(
+    rng: np.random.Generator,
+    n: int,
+    scenario: Scenario,
+    candidate: bool,
+    end_ms: int,
+    load: float,
+) -> _Pane:
+    make = _generation_pane if scenario.generative else _pane
+    return make(rng, n, scenario, candidate, end_ms, load)
+
+
 def bench_spec(mode: GateMode) -> RolloutSpec:
     return RolloutSpec(
         rollout_id="bench",
@@ -230,17 +372,18 @@ def simulate(scenario: Scenario, mode: GateMode, cand_rps: float, seed: int) -> 
     lag_samples: list[LagSample] = []
     onset_ms = int(scenario.onset_s * 1000)
     backlog_at: float | None = None
+    drift_at: float | None = None
     ticks = int(HORIZON_S * 1000 / STEP_MS)
     for tick in range(1 - PANES, 1):  # the baseline served everything before the rollout
         n = int(rng.poisson(total_rps * STEP_MS / 1000))
-        base.panes.append(_pane(rng, n, scenario, False, tick * STEP_MS, 1.0))
+        base.panes.append(_any_pane(rng, n, scenario, False, tick * STEP_MS, 1.0))
     for tick in range(1, ticks + 1):
         now = tick * STEP_MS
         share = decision.after.candidate_weight_percent / 100.0
         load = float(np.exp(rng.normal(0.0, 0.05)))
         n_b = int(rng.poisson(total_rps * (1 - share) * STEP_MS / 1000))
         n_c = int(rng.poisson(total_rps * share * STEP_MS / 1000))
-        base.panes.append(_pane(rng, n_b, scenario, False, now, load))
+        base.panes.append(_any_pane(rng, n_b, scenario, False, now, load))
         dead = scenario is Scenario.DEAD and now > onset_ms
         if dead:
             routed_after_death += n_c
@@ -248,7 +391,7 @@ def simulate(scenario: Scenario, mode: GateMode, cand_rps: float, seed: int) -> 
                 first_routed_after_death = onset_ms + 1
             lag += n_c
         else:
-            cand.panes.append(_pane(rng, n_c, scenario, True, now, load))
+            cand.panes.append(_any_pane(rng, n_c, scenario, True, now, load))
             committed += n_c
             lag = int(rng.integers(0, 8))
         lag_samples = [*lag_samples[-9:], LagSample(now, lag, committed)]
@@ -276,8 +419,10 @@ def simulate(scenario: Scenario, mode: GateMode, cand_rps: float, seed: int) -> 
         )
         if decision.rule == DecisionRule.CANDIDATE_BACKLOG and backlog_at is None:
             backlog_at = now / 1000 - scenario.onset_s
+        if decision.rule == DecisionRule.OUTPUT_LENGTH_DRIFT and drift_at is None:
+            drift_at = now / 1000 - scenario.onset_s
         if decision.kind is DecisionKind.ROLLBACK:
-            return RunResult(True, False, now / 1000 - scenario.onset_s, decision.rule)
+            return RunResult(True, False, now / 1000 - scenario.onset_s, decision.rule, drift_at)
         if decision.kind is DecisionKind.PROMOTE:
-            return RunResult(False, True, backlog_at, decision.rule)
-    return RunResult(False, False, backlog_at, decision.rule)
+            return RunResult(False, True, backlog_at, decision.rule, drift_at)
+    return RunResult(False, False, backlog_at, decision.rule, drift_at)

@@ -116,6 +116,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker.add_argument(
         "--inject-latency-jitter-ms", type=float, default=0.0, help="tests/demos only"
     )
+    worker.add_argument(
+        "--inject-decode-step-ms",
+        type=float,
+        default=0.0,
+        help="tests/demos only: extra ms per decode step of a generation (not its prefill)",
+    )
     worker.set_defaults(handler=_worker)
     _register_gateway(sub)
 
@@ -334,6 +340,7 @@ def _worker(args: argparse.Namespace) -> int:
             latency_factor=args.inject_latency_factor,
             error_rate=args.inject_error_rate,
             latency_jitter_ms=args.inject_latency_jitter_ms,
+            decode_step_latency_ms=args.inject_decode_step_ms,
         ),
         **({"worker_id": args.worker_id} if args.worker_id else {}),
     )

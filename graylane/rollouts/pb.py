@@ -20,7 +20,15 @@ from __future__ import annotations
 
 from graylane.rollouts.errors import InvalidSpec
 from graylane.rollouts.qos_policy import QosPolicy
-from graylane.rollouts.spec import DEFAULT_STEPS, GateMode, Gates, RolloutSpec, Step, Strategy
+from graylane.rollouts.spec import (
+    DEFAULT_STEPS,
+    DriftAction,
+    GateMode,
+    Gates,
+    RolloutSpec,
+    Step,
+    Strategy,
+)
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
 from graylane.v1 import audit_pb2, rollout_pb2
 
@@ -28,6 +36,7 @@ __all__ = [
     "decision_kind_from_pb",
     "decision_kind_to_pb",
     "decision_rule_from_pb",
+    "drift_action_from_pb",
     "gate_mode_from_pb",
     "gate_mode_to_pb",
     "manual_command_from_pb",
@@ -88,6 +97,12 @@ _GATE_MODE_TO_PB = {
     GateMode.SEQUENTIAL: rollout_pb2.GATE_MODE_SEQUENTIAL,
 }
 _GATE_MODE_FROM_PB: dict[int, GateMode] = {v: k for k, v in _GATE_MODE_TO_PB.items()}
+_DRIFT_TO_PB = {
+    DriftAction.REPORT: rollout_pb2.DRIFT_REPORT,
+    DriftAction.HOLD: rollout_pb2.DRIFT_HOLD,
+    DriftAction.ROLLBACK: rollout_pb2.DRIFT_ROLLBACK,
+}
+_DRIFT_FROM_PB: dict[int, DriftAction] = {v: k for k, v in _DRIFT_TO_PB.items()}
 
 
 def phase_to_pb(phase: Phase | None) -> rollout_pb2.RolloutPhase:
@@ -140,6 +155,17 @@ def strategy_from_pb(value: int) -> Strategy:
     return strategy
 
 
+def drift_action_from_pb(value: int) -> DriftAction | None:
+    """None for ``DRIFT_ACTION_UNSPECIFIED`` (the default); :class:`InvalidSpec` for an
+    action this build does not know."""
+    if value == rollout_pb2.DRIFT_ACTION_UNSPECIFIED:
+        return None
+    action = _DRIFT_FROM_PB.get(value)
+    if action is None:
+        raise InvalidSpec(f"length drift action {value} is not known to this build")
+    return action
+
+
 def gate_mode_to_pb(mode: GateMode) -> rollout_pb2.GateMode:
     return _GATE_MODE_TO_PB[mode]
 
@@ -190,6 +216,10 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
             unresponsive_s=g.unresponsive_s,
             backlog_queue_ms=g.backlog_queue_ms,
             p99_floor_ms=g.p99_floor_ms,
+            length_drift=_DRIFT_TO_PB[g.length_drift],
+            max_length_shift=g.max_length_shift,
+            max_eos_rate_delta=g.max_eos_rate_delta,
+            token_time_tolerance=g.token_time_tolerance,
         ),
         failures_to_rollback=spec.failures_to_rollback,
         shadow_share=spec.shadow_share,
@@ -239,6 +269,18 @@ def _gates_from_pb(pb: rollout_pb2.GateSpec) -> Gates:
         unresponsive_s=_or(pb.unresponsive_s, d.unresponsive_s),
         backlog_queue_ms=(
             pb.backlog_queue_ms if pb.HasField("backlog_queue_ms") else d.backlog_queue_ms
+        ),
+        length_drift=drift_action_from_pb(pb.length_drift) or d.length_drift,
+        max_length_shift=(
+            pb.max_length_shift if pb.HasField("max_length_shift") else d.max_length_shift
+        ),
+        max_eos_rate_delta=(
+            pb.max_eos_rate_delta if pb.HasField("max_eos_rate_delta") else d.max_eos_rate_delta
+        ),
+        token_time_tolerance=(
+            pb.token_time_tolerance
+            if pb.HasField("token_time_tolerance")
+            else d.token_time_tolerance
         ),
     )
 

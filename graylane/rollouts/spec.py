@@ -12,6 +12,7 @@ from graylane.rollouts.errors import InvalidSpec
 __all__ = [
     "DEFAULT_GATE_MODE",
     "DEFAULT_STEPS",
+    "DriftAction",
     "GateMode",
     "Gates",
     "RolloutSpec",
@@ -40,6 +41,19 @@ class GateMode(Enum):
 
     FIXED = "fixed"
     SEQUENTIAL = "sequential"
+
+
+class DriftAction(Enum):
+    """What an output-length drift (rule ``output_length_drift``) does to a rollout.
+
+    REPORT: recorded with the gates' verdicts, the rollout goes on. HOLD: no advance
+    while it lasts (a human promotes or rolls back). ROLLBACK: a gate failure like
+    any other (``failures_to_rollback`` apply). Never a latency verdict.
+    """
+
+    REPORT = "report"
+    HOLD = "hold"
+    ROLLBACK = "rollback"
 
 
 DEFAULT_GATE_MODE = GateMode.SEQUENTIAL
@@ -89,6 +103,21 @@ class Gates:
     Both modes: ``unresponsive_s`` (the T of ``candidate_unresponsive``) and
     ``backlog_queue_ms`` (a candidate queue wait p99 below this is never a
     backlog).
+
+    Generations (windows with generation telemetry) are judged on TTFT and TPOT
+    with the same tests and limits as service time, never on whole-request
+    latency. TTFT as served (the prefill step; queueing and the wait for a decode
+    row are capacity, held by the backlog gate) where telemetry carries it.
+    ``token_time_tolerance`` (SEQUENTIAL): a candidate generation counts as slow
+    only above (1 + it) x the baseline's p95 / p99; a per-request TPOT is a mean
+    over many tokens and varies little, so without a margin a 2 % shift would be
+    a regression. Their quality signals: ``max_length_shift`` (the share
+    of candidate answers longer than the baseline's median output length may
+    differ from the baseline's share by up to this, either way; 0.15 lets 50 %
+    move to 35..65 %) and ``max_eos_rate_delta`` (the share of answers the model
+    ended itself, by EOS or a stop, may differ by up to this); beyond them,
+    with significance at ``alpha``, the candidate drifts and ``length_drift`` says
+    what follows.
     """
 
     max_p99_ratio: float = 1.5
@@ -102,6 +131,10 @@ class Gates:
     max_slow_ratio: float = 1.5
     unresponsive_s: float = 10.0
     backlog_queue_ms: float = 50.0
+    token_time_tolerance: float = 0.1
+    length_drift: DriftAction = DriftAction.HOLD
+    max_length_shift: float = 0.15
+    max_eos_rate_delta: float = 0.1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,6 +256,10 @@ def _gate_problems(g: Gates) -> list[str]:
         out.append(f"error_budget {g.error_budget} must be within [0, 1)")
     if not (_finite(g.unresponsive_s) and g.unresponsive_s > 0.0):
         out.append(f"unresponsive_s {g.unresponsive_s} must be positive")
+    for name in ("max_length_shift", "max_eos_rate_delta", "token_time_tolerance"):
+        value = getattr(g, name)
+        if not (_finite(value) and 0.0 <= value < 1.0):
+            out.append(f"{name} {value} must be within [0, 1)")
     if not (_finite(g.backlog_queue_ms) and g.backlog_queue_ms >= 0.0):
         out.append(f"backlog_queue_ms {g.backlog_queue_ms} must be non-negative")
     return out

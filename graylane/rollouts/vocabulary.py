@@ -99,6 +99,18 @@ class DecisionRule(StrEnum):
     """The anytime-valid error-rate test rejected "the candidate errs no more than allowed"."""
     SERVICE_TIME_SEQUENTIAL = "service_time_sequential"
     """The anytime-valid test on the share of slow candidate requests rejected."""
+    # generations (GENERATE traffic is judged on TTFT and TPOT, not whole-request latency)
+    TTFT_P99_RATIO = "ttft_p99_ratio"
+    """The fixed-horizon ratio test on time to first token failed."""
+    TPOT_P99_RATIO = "tpot_p99_ratio"
+    """The fixed-horizon ratio test on time per output token failed."""
+    TTFT_SEQUENTIAL = "ttft_sequential"
+    """The anytime-valid test on the share of slow first tokens rejected."""
+    TPOT_SEQUENTIAL = "tpot_sequential"
+    """The anytime-valid test on the share of slow per-token times rejected."""
+    OUTPUT_LENGTH_DRIFT = "output_length_drift"
+    """The candidate's output lengths or end-of-sequence rate moved beyond the tolerance:
+    a quality signal, never a latency regression."""
     INCOMPARABLE = "incomparable"
     # manual commands (see ManualCommand.rule)
     MANUAL_PAUSE = "manual_pause"

@@ -208,13 +208,19 @@ class LagSample(_message.Message):
     def __init__(self, at_unix_ms: _Optional[int] = ..., lag: _Optional[int] = ..., committed: _Optional[int] = ...) -> None: ...
 
 class ShadowAgreement(_message.Message):
-    __slots__ = ("pairs", "agreeing", "baseline_schema", "candidate_schema")
+    __slots__ = ("pairs", "agreeing", "baseline_schema", "candidate_schema", "greedy_pairs", "seeded_pairs", "unseeded_pairs")
     PAIRS_FIELD_NUMBER: _ClassVar[int]
     AGREEING_FIELD_NUMBER: _ClassVar[int]
     BASELINE_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    GREEDY_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    SEEDED_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    UNSEEDED_PAIRS_FIELD_NUMBER: _ClassVar[int]
     pairs: int
     agreeing: int
     baseline_schema: str
     candidate_schema: str
-    def __init__(self, pairs: _Optional[int] = ..., agreeing: _Optional[int] = ..., baseline_schema: _Optional[str] = ..., candidate_schema: _Optional[str] = ...) -> None: ...
+    greedy_pairs: int
+    seeded_pairs: int
+    unseeded_pairs: int
+    def __init__(self, pairs: _Optional[int] = ..., agreeing: _Optional[int] = ..., baseline_schema: _Optional[str] = ..., candidate_schema: _Optional[str] = ..., greedy_pairs: _Optional[int] = ..., seeded_pairs: _Optional[int] = ..., unseeded_pairs: _Optional[int] = ...) -> None: ...

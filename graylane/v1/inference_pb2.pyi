@@ -59,6 +59,13 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SHED: _ClassVar[ErrorCode]
     RESULT_TOO_LARGE: _ClassVar[ErrorCode]
     BAD_ROUTING_TABLE: _ClassVar[ErrorCode]
+
+class Decoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DECODING_UNSPECIFIED: _ClassVar[Decoding]
+    GREEDY: _ClassVar[Decoding]
+    SEEDED: _ClassVar[Decoding]
+    UNSEEDED: _ClassVar[Decoding]
 TASK_UNSPECIFIED: Task
 FORWARD: Task
 GENERATE: Task
@@ -96,6 +103,10 @@ BAD_REPLY_TOPIC: ErrorCode
 SHED: ErrorCode
 RESULT_TOO_LARGE: ErrorCode
 BAD_ROUTING_TABLE: ErrorCode
+DECODING_UNSPECIFIED: Decoding
+GREEDY: Decoding
+SEEDED: Decoding
+UNSEEDED: Decoding
 
 class GenerationParams(_message.Message):
     __slots__ = ("max_new_tokens", "eos_token_id", "has_eos", "temperature", "top_p", "sampling_top_k", "seed", "has_seed", "stop_token_ids", "stop", "stream", "stream_every_tokens", "stream_every_ms", "ttft_deadline_ms")
@@ -239,7 +250,7 @@ class StreamChunk(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class InferenceResult(_message.Message):
-    __slots__ = ("request_id", "model", "version", "variant", "outputs", "generated_token_ids", "text", "status", "error_code", "error_message", "timing", "shadow", "worker_id", "routing_key", "task", "shadow_pair_id", "finish_reason", "usage", "chunk")
+    __slots__ = ("request_id", "model", "version", "variant", "outputs", "generated_token_ids", "text", "status", "error_code", "error_message", "timing", "shadow", "worker_id", "routing_key", "task", "shadow_pair_id", "finish_reason", "usage", "chunk", "decoding")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +270,7 @@ class InferenceResult(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    DECODING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     version: str
@@ -278,4 +290,5 @@ class InferenceResult(_message.Message):
     finish_reason: FinishReason
     usage: Usage
     chunk: StreamChunk
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., shadow: _Optional[bool] = ..., worker_id: _Optional[str] = ..., routing_key: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., shadow_pair_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., chunk: _Optional[_Union[StreamChunk, _Mapping]] = ...) -> None: ...
+    decoding: Decoding
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., variant: _Optional[str] = ..., outputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., generated_token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., error_message: _Optional[str] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., shadow: _Optional[bool] = ..., worker_id: _Optional[str] = ..., routing_key: _Optional[str] = ..., task: _Optional[_Union[Task, str]] = ..., shadow_pair_id: _Optional[str] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., chunk: _Optional[_Union[StreamChunk, _Mapping]] = ..., decoding: _Optional[_Union[Decoding, str]] = ...) -> None: ...

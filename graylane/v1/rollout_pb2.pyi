@@ -21,6 +21,13 @@ class GateMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GATE_MODE_FIXED: _ClassVar[GateMode]
     GATE_MODE_SEQUENTIAL: _ClassVar[GateMode]
 
+class DriftAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DRIFT_ACTION_UNSPECIFIED: _ClassVar[DriftAction]
+    DRIFT_REPORT: _ClassVar[DriftAction]
+    DRIFT_HOLD: _ClassVar[DriftAction]
+    DRIFT_ROLLBACK: _ClassVar[DriftAction]
+
 class RolloutPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROLLOUT_PHASE_UNSPECIFIED: _ClassVar[RolloutPhase]
@@ -52,6 +59,10 @@ AB_SPLIT: RolloutStrategy
 GATE_MODE_UNSPECIFIED: GateMode
 GATE_MODE_FIXED: GateMode
 GATE_MODE_SEQUENTIAL: GateMode
+DRIFT_ACTION_UNSPECIFIED: DriftAction
+DRIFT_REPORT: DriftAction
+DRIFT_HOLD: DriftAction
+DRIFT_ROLLBACK: DriftAction
 ROLLOUT_PHASE_UNSPECIFIED: RolloutPhase
 PENDING: RolloutPhase
 SHADOWING: RolloutPhase
@@ -83,7 +94,7 @@ class RolloutStep(_message.Message):
     def __init__(self, weight_percent: _Optional[float] = ..., min_samples: _Optional[int] = ..., min_dwell_s: _Optional[float] = ...) -> None: ...
 
 class GateSpec(_message.Message):
-    __slots__ = ("max_p99_ratio", "max_error_rate_delta", "significance_alpha", "min_output_agreement", "mode", "max_error_ratio", "error_budget", "max_slow_ratio", "unresponsive_s", "backlog_queue_ms", "p99_floor_ms")
+    __slots__ = ("max_p99_ratio", "max_error_rate_delta", "significance_alpha", "min_output_agreement", "mode", "max_error_ratio", "error_budget", "max_slow_ratio", "unresponsive_s", "backlog_queue_ms", "p99_floor_ms", "length_drift", "max_length_shift", "max_eos_rate_delta", "token_time_tolerance")
     MAX_P99_RATIO_FIELD_NUMBER: _ClassVar[int]
     MAX_ERROR_RATE_DELTA_FIELD_NUMBER: _ClassVar[int]
     SIGNIFICANCE_ALPHA_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +106,10 @@ class GateSpec(_message.Message):
     UNRESPONSIVE_S_FIELD_NUMBER: _ClassVar[int]
     BACKLOG_QUEUE_MS_FIELD_NUMBER: _ClassVar[int]
     P99_FLOOR_MS_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_DRIFT_FIELD_NUMBER: _ClassVar[int]
+    MAX_LENGTH_SHIFT_FIELD_NUMBER: _ClassVar[int]
+    MAX_EOS_RATE_DELTA_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TIME_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
     max_p99_ratio: float
     max_error_rate_delta: float
     significance_alpha: float
@@ -106,7 +121,11 @@ class GateSpec(_message.Message):
     unresponsive_s: float
     backlog_queue_ms: float
     p99_floor_ms: float
-    def __init__(self, max_p99_ratio: _Optional[float] = ..., max_error_rate_delta: _Optional[float] = ..., significance_alpha: _Optional[float] = ..., min_output_agreement: _Optional[float] = ..., mode: _Optional[_Union[GateMode, str]] = ..., max_error_ratio: _Optional[float] = ..., error_budget: _Optional[float] = ..., max_slow_ratio: _Optional[float] = ..., unresponsive_s: _Optional[float] = ..., backlog_queue_ms: _Optional[float] = ..., p99_floor_ms: _Optional[float] = ...) -> None: ...
+    length_drift: DriftAction
+    max_length_shift: float
+    max_eos_rate_delta: float
+    token_time_tolerance: float
+    def __init__(self, max_p99_ratio: _Optional[float] = ..., max_error_rate_delta: _Optional[float] = ..., significance_alpha: _Optional[float] = ..., min_output_agreement: _Optional[float] = ..., mode: _Optional[_Union[GateMode, str]] = ..., max_error_ratio: _Optional[float] = ..., error_budget: _Optional[float] = ..., max_slow_ratio: _Optional[float] = ..., unresponsive_s: _Optional[float] = ..., backlog_queue_ms: _Optional[float] = ..., p99_floor_ms: _Optional[float] = ..., length_drift: _Optional[_Union[DriftAction, str]] = ..., max_length_shift: _Optional[float] = ..., max_eos_rate_delta: _Optional[float] = ..., token_time_tolerance: _Optional[float] = ...) -> None: ...
 
 class RolloutSpec(_message.Message):
     __slots__ = ("rollout_id", "model", "baseline_version", "candidate_version", "strategy", "steps", "gates", "failures_to_rollback", "shadow_share", "shadow_duration_s", "ab_weight_percent", "ab_duration_s", "created_at_unix_ms", "created_by")
@@ -209,7 +228,7 @@ class RateTestState(_message.Message):
     def __init__(self, p0: _Optional[float] = ..., log_lr: _Optional[_Iterable[float]] = ..., events: _Optional[int] = ..., requests: _Optional[int] = ...) -> None: ...
 
 class SequentialEvidence(_message.Message):
-    __slots__ = ("errors", "budget", "slow_p95", "slow_p99", "increments", "through_unix_ms", "baseline_p95_ms", "baseline_p99_ms")
+    __slots__ = ("errors", "budget", "slow_p95", "slow_p99", "increments", "through_unix_ms", "baseline_p95_ms", "baseline_p99_ms", "ttft", "tpot")
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     SLOW_P95_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +237,8 @@ class SequentialEvidence(_message.Message):
     THROUGH_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     BASELINE_P95_MS_FIELD_NUMBER: _ClassVar[int]
     BASELINE_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_FIELD_NUMBER: _ClassVar[int]
+    TPOT_FIELD_NUMBER: _ClassVar[int]
     errors: RatioTestState
     budget: RateTestState
     slow_p95: RatioTestState
@@ -226,7 +247,21 @@ class SequentialEvidence(_message.Message):
     through_unix_ms: int
     baseline_p95_ms: _containers.RepeatedScalarFieldContainer[float]
     baseline_p99_ms: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, errors: _Optional[_Union[RatioTestState, _Mapping]] = ..., budget: _Optional[_Union[RateTestState, _Mapping]] = ..., slow_p95: _Optional[_Union[RatioTestState, _Mapping]] = ..., slow_p99: _Optional[_Union[RatioTestState, _Mapping]] = ..., increments: _Optional[int] = ..., through_unix_ms: _Optional[int] = ..., baseline_p95_ms: _Optional[_Iterable[float]] = ..., baseline_p99_ms: _Optional[_Iterable[float]] = ...) -> None: ...
+    ttft: SlowShareState
+    tpot: SlowShareState
+    def __init__(self, errors: _Optional[_Union[RatioTestState, _Mapping]] = ..., budget: _Optional[_Union[RateTestState, _Mapping]] = ..., slow_p95: _Optional[_Union[RatioTestState, _Mapping]] = ..., slow_p99: _Optional[_Union[RatioTestState, _Mapping]] = ..., increments: _Optional[int] = ..., through_unix_ms: _Optional[int] = ..., baseline_p95_ms: _Optional[_Iterable[float]] = ..., baseline_p99_ms: _Optional[_Iterable[float]] = ..., ttft: _Optional[_Union[SlowShareState, _Mapping]] = ..., tpot: _Optional[_Union[SlowShareState, _Mapping]] = ...) -> None: ...
+
+class SlowShareState(_message.Message):
+    __slots__ = ("p95", "p99", "baseline_p95_ms", "baseline_p99_ms")
+    P95_FIELD_NUMBER: _ClassVar[int]
+    P99_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_P95_MS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_P99_MS_FIELD_NUMBER: _ClassVar[int]
+    p95: RatioTestState
+    p99: RatioTestState
+    baseline_p95_ms: _containers.RepeatedScalarFieldContainer[float]
+    baseline_p99_ms: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, p95: _Optional[_Union[RatioTestState, _Mapping]] = ..., p99: _Optional[_Union[RatioTestState, _Mapping]] = ..., baseline_p95_ms: _Optional[_Iterable[float]] = ..., baseline_p99_ms: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StepEvidence(_message.Message):
     __slots__ = ("candidate_requests", "candidate_errors", "baseline_requests", "baseline_errors", "windows", "through_unix_ms")

@@ -15,6 +15,13 @@ Outputs are reduced to small plain data by whoever reads the results topic
 :func:`outputs_agree`. Redelivered results (at-least-once) are recognised by
 pair id and ignored, both while waiting and for a while after pairing.
 
+Generations compare token sequences, which is meaningful only when decoding is
+deterministic: both answers *greedy* (temperature 0) or sampled with the *same
+seed* (the shadow copy carries the request's seed). A pair where either side
+sampled without a seed is not compared and not counted (``unseeded``): two
+such answers differ by chance. :class:`AgreementStats` says which basis its
+pairs had.
+
 Before a pair is compared, the output schemas (names, dtypes, shapes) of both
 answers are: a mismatch (a new head with more classes, a renamed output) makes
 the pair *incomparable*. It is not counted as a pair; the first mismatch is
@@ -35,6 +42,7 @@ __all__ = [
     "PairResult",
     "SchemaMismatch",
     "ShadowOutput",
+    "TokenDecoding",
     "describe_schema",
     "outputs_agree",
     "schema_mismatch",
@@ -69,15 +77,47 @@ class SchemaMismatch:
         return f"baseline outputs {self.baseline} vs candidate outputs {self.candidate}"
 
 
+class TokenDecoding(Enum):
+    """How a generation chose its tokens (what makes two of them comparable)."""
+
+    GREEDY = "greedy"
+    SEEDED = "seeded"
+    UNSEEDED = "unseeded"
+
+
 @dataclass(frozen=True)
 class AgreementStats:
     pairs: int = 0
     agreeing: int = 0
     mismatch: SchemaMismatch | None = None
+    greedy: int = 0
+    """Pairs of generations compared under greedy decoding (of ``pairs``)."""
+    seeded: int = 0
+    """Pairs of generations compared under the same seed (of ``pairs``)."""
+    unseeded: int = 0
+    """Pairs of generations sampled without a seed: not compared, not in ``pairs``."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.agreeing <= self.pairs:
             raise ValueError(f"{self.agreeing} agreeing of {self.pairs} pairs is impossible")
+        if min(self.greedy, self.seeded, self.unseeded) < 0 or (
+            self.greedy + self.seeded > self.pairs
+        ):
+            raise ValueError(f"decoding counts do not fit {self.pairs} pairs: {self}")
+
+    @property
+    def basis(self) -> str:
+        """What the pairs compared: token sequences under greedy decoding or the same
+        seed (with how many of each), or outputs; and the pairs left out."""
+        parts = []
+        if self.greedy:
+            parts.append(f"{self.greedy} under greedy decoding")
+        if self.seeded:
+            parts.append(f"{self.seeded} under the same seed")
+        text = "token sequences: " + ", ".join(parts) if parts else "outputs"
+        if self.unseeded:
+            text += f"; {self.unseeded} sampled without a seed not compared"
+        return text
 
     @property
     def rate(self) -> float:
@@ -98,6 +138,9 @@ class AgreementStats:
             self.pairs + other.pairs,
             self.agreeing + other.agreeing,
             self.mismatch if self.mismatch is not None else other.mismatch,
+            greedy=self.greedy + other.greedy,
+            seeded=self.seeded + other.seeded,
+            unseeded=self.unseeded + other.unseeded,
         )
 
 
@@ -116,6 +159,8 @@ class ShadowOutput:
     """The outputs' names, dtypes and shapes; None when unknown (not checked)."""
     pair_id: str = ""
     """The router's shadow pair id; "" from a router or worker that predates it."""
+    decoding: TokenDecoding | None = None
+    """Generations: how the tokens were chosen; None when unknown (compared as is)."""
 
     @property
     def pair_key(self) -> tuple[bool, str]:
@@ -157,6 +202,9 @@ class PairResult:
     """The request id of the pair's baseline answer (for logs; pairs are keyed by pair id)."""
     completed_at_ms: int
     agreed: bool
+    basis: TokenDecoding | None = None
+    """Generations: GREEDY when both sides decoded greedily, SEEDED when they sampled
+    with the request's seed; None for other answers."""
 
 
 class AgreementTracker:
@@ -192,6 +240,8 @@ class AgreementTracker:
         self.duplicates = 0
         self.foreign = 0
         self.mismatch: SchemaMismatch | None = None
+        self._unseeded: deque[int] = deque(maxlen=max_results)
+        """When each pair left out for unseeded sampling completed."""
 
     @property
     def pending(self) -> int:
@@ -229,10 +279,15 @@ class AgreementTracker:
             if self.mismatch is None:
                 self.mismatch = mismatch
             return None
+        basis = _basis(base, cand)
+        if basis is TokenDecoding.UNSEEDED:
+            self._unseeded.append(max(base.at_ms, cand.at_ms))
+            return None
         result = PairResult(
             base.request_id,
             max(base.at_ms, cand.at_ms),
             outputs_agree(cand, base, rtol=self.rtol, atol=self.atol),
+            basis,
         )
         self._results.append(result)
         return result
@@ -255,15 +310,38 @@ class AgreementTracker:
 
     def stats(self, since_ms: int | None = None, until_ms: int | None = None) -> AgreementStats:
         """Agreement of pairs completed in ``[since_ms, until_ms)`` (unbounded when None)."""
-        pairs = agreeing = 0
+
+        def within(at_ms: int) -> bool:
+            return (since_ms is None or at_ms >= since_ms) and (
+                until_ms is None or at_ms < until_ms
+            )
+
+        pairs = agreeing = greedy = seeded = 0
         for r in self._results:
-            if since_ms is not None and r.completed_at_ms < since_ms:
-                continue
-            if until_ms is not None and r.completed_at_ms >= until_ms:
+            if not within(r.completed_at_ms):
                 continue
             pairs += 1
             agreeing += r.agreed
-        return AgreementStats(pairs, agreeing, self.mismatch)
+            greedy += r.basis is TokenDecoding.GREEDY
+            seeded += r.basis is TokenDecoding.SEEDED
+        unseeded = sum(1 for at in self._unseeded if within(at))
+        return AgreementStats(
+            pairs, agreeing, self.mismatch, greedy=greedy, seeded=seeded, unseeded=unseeded
+        )
+
+
+def _basis(baseline: ShadowOutput, candidate: ShadowOutput) -> TokenDecoding | None:
+    """How a pair of generations can be compared: UNSEEDED when either side sampled
+    without a seed, SEEDED when either sampled with one, GREEDY when both were greedy;
+    None when either is not a generation or does not say."""
+    if baseline.tokens is None or candidate.tokens is None:
+        return None
+    ways = {baseline.decoding, candidate.decoding}
+    if TokenDecoding.UNSEEDED in ways:
+        return TokenDecoding.UNSEEDED
+    if None in ways:
+        return None
+    return TokenDecoding.SEEDED if TokenDecoding.SEEDED in ways else TokenDecoding.GREEDY
 
 
 def schema_mismatch(baseline: ShadowOutput, candidate: ShadowOutput) -> SchemaMismatch | None:

@@ -143,14 +143,15 @@ from typing import TYPE_CHECKING
 
 from graylane.histogram import LatencyHistogram
 from graylane.policy_engine.logic.agreement import AgreementStats
-from graylane.policy_engine.logic.window import WindowStats
-from graylane.rollouts.spec import Gates
+from graylane.policy_engine.logic.window import GenerationStats, WindowStats
+from graylane.rollouts.spec import DriftAction, Gates
 from graylane.rollouts.vocabulary import (
     DecisionRule,
 )
 
 __all__ = [
     "DECISIVE_ERROR_ALPHA_FACTOR",
+    "LENGTH_MIN_GENERATIONS",
     "P95_MIN_SAMPLES",
     "P99_MIN_SAMPLES",
     "SEVERE_ERROR_ALPHA_FACTOR",
@@ -168,9 +169,14 @@ __all__ = [
     "binomial_cdf",
     "error_gate",
     "error_rate_test",
+    "first_token_served",
+    "first_token_times",
     "fisher_greater",
+    "generation_latency_gates",
+    "generative",
     "hypergeom_sf",
     "latency_gate",
+    "length_drift_gate",
     "on_service_time",
     "service_latency_gate",
     "service_view",
@@ -428,6 +434,8 @@ class GateResult:
     verdict: Verdict
     detail: str
     severe: bool = False
+    drifted: bool = False
+    """``output_length_drift`` found a drift (whatever the policy made of it)."""
 
 
 def _quantiles(n: int) -> tuple[str, str | None]:
@@ -545,7 +553,8 @@ def agreement_gate(agreement: AgreementStats, gates: Gates) -> GateResult:
         min_rate=gates.min_output_agreement,
         alpha=gates.alpha,
     )
-    return GateResult(DecisionRule.OUTPUT_AGREEMENT, test.verdict, test.describe())
+    detail = f"{test.describe()} ({agreement.basis})"
+    return GateResult(DecisionRule.OUTPUT_AGREEMENT, test.verdict, detail)
 
 
 def on_service_time(baseline: WindowStats, candidate: WindowStats) -> bool:
@@ -599,6 +608,164 @@ def backlog_gate(
     return GateResult(DecisionRule.CANDIDATE_BACKLOG, Verdict.INCONCLUSIVE, detail)
 
 
+# --- generations -------------------------------------------------------------------
+
+LENGTH_MIN_GENERATIONS = 20
+"""Generations needed on each side of a window before the drift gate judges it."""
+
+
+def generative(*stats: WindowStats) -> bool:
+    """Whether any of ``stats`` carries generations with per-token times: their
+    rollout is judged on TTFT and TPOT, never on whole-request latency (a model
+    serving both FORWARD and GENERATE traffic is judged as generative). Generation
+    run per batch, without a continuous decode loop, stamps no token times: it is
+    judged on service time as before."""
+    return any(s.generation is not None and s.generation.ttft.count > 0 for s in stats)
+
+
+def first_token_served(*stats: GenerationStats | None) -> bool:
+    """Whether every side carries the served part of its times to first token (the
+    prefill step: dequeue to first token), which the TTFT gates then judge."""
+    return all(g is not None and g.prefill.count > 0 for g in stats)
+
+
+def first_token_times(g: GenerationStats | None, served: bool) -> LatencyHistogram | None:
+    """The times to first token the gates judge: as served (the prefill step, without
+    the queue and the wait for a decode row: those are capacity, see the backlog
+    gate) when ``served``, else from the request's creation."""
+    if g is None:
+        return None
+    return g.prefill if served else g.ttft
+
+
+def _timing_view(stats: WindowStats, hist: LatencyHistogram) -> WindowStats:
+    """``stats`` whose latency quantiles and request count are those of ``hist``."""
+    return replace(
+        stats,
+        requests=hist.count,
+        p50_ms=hist.quantile(0.50),
+        p95_ms=hist.quantile(0.95),
+        p99_ms=hist.quantile(0.99),
+    )
+
+
+def generation_latency_gates(
+    baseline: WindowStats, candidate: WindowStats, gates: Gates
+) -> list[GateResult]:
+    """FIXED mode for generations: :func:`latency_gate` on TTFT and on TPOT.
+
+    A side without the timing (no generation of two tokens or more has a TPOT)
+    passes, said so: one-token answers have no time per output token to judge.
+    """
+    out: list[GateResult] = []
+    b, c = baseline.generation, candidate.generation
+    served = first_token_served(b, c)
+    for name, rule, hb, hc in (
+        (
+            "TTFT (served)" if served else "TTFT",
+            DecisionRule.TTFT_P99_RATIO,
+            first_token_times(b, served),
+            first_token_times(c, served),
+        ),
+        (
+            "TPOT",
+            DecisionRule.TPOT_P99_RATIO,
+            b.tpot if b is not None else None,
+            c.tpot if c is not None else None,
+        ),
+    ):
+        if hb is None or hc is None or not (hb.count and hc.count):
+            out.append(GateResult(rule, Verdict.PASS, f"{name}: not measured on both sides"))
+            continue
+        result = latency_gate(_timing_view(baseline, hb), _timing_view(candidate, hc), gates)
+        out.append(replace(result, rule=rule, detail=f"{name}: {result.detail}"))
+    return out
+
+
+def _share_shift(
+    c_events: int, c_n: int, b_events: int, b_n: int, margin: float, alpha: float
+) -> tuple[Verdict, float]:
+    """Two-sided: does the candidate's share of events differ from the baseline's by
+    more than ``margin``, significantly at ``alpha`` (each side at alpha / 2)? The
+    verdict and the observed difference (candidate - baseline)."""
+    up = error_rate_test(c_events, c_n, b_events, b_n, max_delta=margin, alpha=alpha / 2)
+    down = error_rate_test(
+        c_n - c_events, c_n, b_n - b_events, b_n, max_delta=margin, alpha=alpha / 2
+    )
+    delta = (c_events / c_n if c_n else 0.0) - (b_events / b_n if b_n else 0.0)
+    verdicts = {up.verdict, down.verdict}
+    for verdict in (Verdict.FAIL, Verdict.INCONCLUSIVE):
+        if verdict in verdicts:
+            return verdict, delta
+    return Verdict.PASS, delta
+
+
+def length_drift_gate(baseline: WindowStats, candidate: WindowStats, gates: Gates) -> GateResult:
+    """Rule ``output_length_drift``: a quality signal, never a latency verdict.
+
+    Two tests on the window, each two-sided with Fisher's exact test and a practical
+    margin (like the error-rate gate), at ``alpha x WINDOW_ALPHA_FACTOR``:
+
+    - *length*: the share of answers longer than the baseline's median output length,
+      candidate vs baseline, may differ by ``max_length_shift``. A share, not a mean:
+      heavy-tailed lengths (a few very long answers) do not move it, a shift of the
+      whole distribution does (x2 lengths move 50 % to 70-90 %);
+    - *endings*: the share of answers the model ended itself (EOS or a stop) may
+      differ by ``max_eos_rate_delta``.
+
+    A drift beyond them is FAIL (ROLLBACK), INCONCLUSIVE (HOLD) or a PASS that says it
+    (REPORT), as ``gates.length_drift`` asks; too few generations pass.
+    """
+    rule = DecisionRule.OUTPUT_LENGTH_DRIFT
+    b, c = baseline.generation, candidate.generation
+    if b is None or c is None:
+        return GateResult(rule, Verdict.PASS, "no generations on both sides")
+    n = min(b.generations, c.generations)
+    if n < LENGTH_MIN_GENERATIONS:
+        return GateResult(
+            rule,
+            Verdict.PASS,
+            f"{n} generations on the smaller side, drift needs {LENGTH_MIN_GENERATIONS}",
+        )
+    alpha = gates.alpha * WINDOW_ALPHA_FACTOR
+    median = b.output_tokens.quantile(0.5)
+    bucket = b.output_tokens.bucket_index(median)
+    c_long, b_long = count_above(c.output_tokens, bucket), count_above(b.output_tokens, bucket)
+    length, shift = _share_shift(
+        c_long,
+        c.output_tokens.count,
+        b_long,
+        b.output_tokens.count,
+        gates.max_length_shift,
+        alpha,
+    )
+    endings, eos_delta = _share_shift(
+        c.ended_by_model,
+        c.generations,
+        b.ended_by_model,
+        b.generations,
+        gates.max_eos_rate_delta,
+        alpha,
+    )
+    detail = (
+        f"output tokens mean {c.mean_output_tokens:.1f} vs {b.mean_output_tokens:.1f}; "
+        f"longer than the baseline median ({median:.0f}): "
+        f"{c_long / max(1, c.output_tokens.count):.1%} vs "
+        f"{b_long / max(1, b.output_tokens.count):.1%} ({shift:+.1%}, tolerance "
+        f"{gates.max_length_shift:.0%}); ended by the model (EOS/stop): {c.eos_rate:.1%} vs "
+        f"{b.eos_rate:.1%} ({eos_delta:+.1%}, tolerance {gates.max_eos_rate_delta:.0%})"
+    )
+    if Verdict.FAIL not in (length, endings):
+        unsure = Verdict.INCONCLUSIVE in (length, endings)
+        return GateResult(rule, Verdict.PASS, detail + ("; not yet significant" if unsure else ""))
+    drifted = "drift: " + detail
+    if gates.length_drift is DriftAction.ROLLBACK:
+        return GateResult(rule, Verdict.FAIL, drifted)
+    if gates.length_drift is DriftAction.HOLD:
+        return GateResult(rule, Verdict.INCONCLUSIVE, drifted + "; holding (policy: hold)")
+    return GateResult(rule, Verdict.PASS, drifted + " (policy: report)", drifted=True)
+
+
 if TYPE_CHECKING:  # the rollout controller calls in here with its inputs
     from graylane.policy_engine.logic.rollout import RolloutSignals
 
@@ -614,6 +781,7 @@ __all__ = [
     "RateTest",
     "RatioTest",
     "SequentialEvidence",
+    "SlowShare",
     "advance_sequential",
     "count_above",
     "log_threshold",
@@ -790,6 +958,39 @@ class RateTest:
 
 
 @dataclass(frozen=True)
+class SlowShare:
+    """The slow-share tests of one timing of generations (TTFT or TPOT): the share of
+    candidate generations slower than the baseline's p95 / p99, as for service time."""
+
+    p95: RatioTest = RatioTest()
+    p99: RatioTest = RatioTest()
+    baseline_p95_ms: tuple[float, ...] = ()
+    baseline_p99_ms: tuple[float, ...] = ()
+
+    def advance(
+        self,
+        window: LatencyHistogram | None,
+        inc_b: LatencyHistogram | None,
+        inc_c: LatencyHistogram | None,
+        cap: float,
+        *,
+        same: bool,
+        margin: float,
+    ) -> SlowShare:
+        """Feed one increment; ``same``: the increment is the whole window; a candidate
+        generation is slow above ``margin`` x the threshold."""
+        before = None if same else _without(window, inc_b)
+        t95 = _median(self.baseline_p95_ms) or _threshold(before, 0.95, P95_THRESHOLD_MIN)
+        t99 = _median(self.baseline_p99_ms) or _threshold(before, 0.99, P99_THRESHOLD_MIN)
+        return SlowShare(
+            p95=_slow(self.p95, t95, inc_b, inc_c, cap, margin),
+            p99=_slow(self.p99, t99, inc_b, inc_c, cap, margin),
+            baseline_p95_ms=_keep(self.baseline_p95_ms, inc_b, window, 0.95, P95_THRESHOLD_MIN),
+            baseline_p99_ms=_keep(self.baseline_p99_ms, inc_b, window, 0.99, P99_THRESHOLD_MIN),
+        )
+
+
+@dataclass(frozen=True)
 class SequentialEvidence:
     """The running sequential tests of one rollout, kept across its steps.
 
@@ -808,6 +1009,11 @@ class SequentialEvidence:
     """The baseline's service p95 / p99 (ms) of recent increments; their median is the
     threshold of the next increment."""
     baseline_p99_ms: tuple[float, ...] = ()
+    ttft: SlowShare = SlowShare()
+    """GENERATE rollouts: the slow-share tests on time to first token (instead of
+    service time, which for a generation is mostly its length)."""
+    tpot: SlowShare = SlowShare()
+    """GENERATE rollouts: the slow-share tests on time per output token."""
 
 
 MIN_INCREMENTS = 3
@@ -824,6 +1030,12 @@ def _alphas(gates: Gates) -> tuple[float, float]:
     return gates.alpha / 2, gates.alpha / 4
 
 
+def _generation_alpha(gates: Gates) -> float:
+    """Each of the four generation latency tests' level (TTFT and TPOT, p95 and p99):
+    together the latency share of ``alpha``, like service time's two."""
+    return gates.alpha / 8
+
+
 def _cap(alpha: float) -> float:
     # Enough for MIN_INCREMENTS strong increments to reject with one alternative of
     # the grid alone: the threshold, the mixture's log K and BET's share.
@@ -838,11 +1050,16 @@ def count_above(hist: LatencyHistogram | None, bucket: int) -> int:
 
 
 def _fresh(gates: Gates) -> SequentialEvidence:
+    def share() -> SlowShare:
+        return SlowShare(RatioTest(r0=gates.max_slow_ratio), RatioTest(r0=gates.max_slow_ratio))
+
     return SequentialEvidence(
         errors=RatioTest(r0=gates.max_error_ratio),
         budget=RateTest(p0=gates.error_budget),
         slow_p95=RatioTest(r0=gates.max_slow_ratio),
         slow_p99=RatioTest(r0=gates.max_slow_ratio),
+        ttft=share(),
+        tpot=share(),
     )
 
 
@@ -853,8 +1070,14 @@ def _threshold(ref: LatencyHistogram | None, q: float, min_n: int) -> float:
 
 def _before(window: WindowStats, increment: WindowStats) -> LatencyHistogram | None:
     """The window's service times without the increment's (the newest step of it)."""
-    w, i = window.service, increment.service
-    if w is None or i is None or increment is window or not w.same_scheme(i):
+    if increment is window:
+        return None
+    return _without(window.service, increment.service)
+
+
+def _without(w: LatencyHistogram | None, i: LatencyHistogram | None) -> LatencyHistogram | None:
+    """``w`` less ``i`` when ``i`` is a part of it, else None."""
+    if w is None or i is None or not w.same_scheme(i):
         return None
     rest = {b: n - i.buckets.get(b, 0) for b, n in w.buckets.items()}
     if any(n < 0 for n in rest.values()) or sum(rest.values()) != w.count - i.count:
@@ -866,18 +1089,24 @@ def _before(window: WindowStats, increment: WindowStats) -> LatencyHistogram | N
 def _slow(
     test: RatioTest,
     threshold_ms: float,
-    inc_b: WindowStats,
-    inc_c: WindowStats,
+    baseline: LatencyHistogram | None,
+    candidate: LatencyHistogram | None,
     cap: float,
+    margin: float = 1.0,
 ) -> RatioTest:
-    if threshold_ms <= 0.0 or inc_b.service is None or inc_c.service is None:
+    """Feed one increment's counts above ``threshold_ms`` (of the baseline's scheme);
+    a candidate request is slow only above ``margin x threshold_ms``: the test is then
+    of "the candidate is at most ``margin`` x slower", with the same guarantee."""
+    if threshold_ms <= 0.0 or baseline is None or candidate is None:
         return test
-    bucket = inc_b.service.bucket_index(threshold_ms)
+    if not (baseline.count and candidate.count):
+        return test
+    bucket = baseline.bucket_index(threshold_ms)
     return test.update(
-        count_above(inc_c.service, bucket),
-        inc_c.service.count,
-        count_above(inc_b.service, bucket),
-        inc_b.service.count,
+        count_above(candidate, candidate.bucket_index(threshold_ms * margin)),
+        candidate.count,
+        count_above(baseline, bucket),
+        baseline.count,
         cap=cap,
     )
 
@@ -905,20 +1134,50 @@ def advance_sequential(
         return evidence
     ev = evidence if evidence.increments else _fresh(gates)
     a_err, a_lat = _alphas(gates)
+    ev = replace(
+        ev,
+        errors=ev.errors.update(
+            inc_c.errors, inc_c.requests, inc_b.errors, inc_b.requests, cap=_cap(a_err)
+        ),
+        budget=ev.budget.update(inc_c.errors, inc_c.requests, cap=_cap(a_err)),
+        increments=ev.increments + 1,
+        through_ms=inc_c.window_end_ms,
+    )
+    if generative(baseline, candidate, inc_b, inc_c):
+        # A generation's service time is mostly its length: judge TTFT and TPOT instead.
+        cap, same = _cap(_generation_alpha(gates)), inc_b is baseline
+        margin = 1.0 + gates.token_time_tolerance
+        window, gb, gc = baseline.generation, inc_b.generation, inc_c.generation
+        served = first_token_served(window, gb, gc)
+        return replace(
+            ev,
+            ttft=ev.ttft.advance(
+                first_token_times(window, served),
+                first_token_times(gb, served),
+                first_token_times(gc, served),
+                cap,
+                same=same,
+                margin=margin,
+            ),
+            tpot=ev.tpot.advance(
+                window.tpot if window else None,
+                gb.tpot if gb else None,
+                gc.tpot if gc else None,
+                cap,
+                same=same,
+                margin=margin,
+            ),
+        )
     # Thresholds never depend on the data they judge: the baseline's window before
     # the increment when there is one, else the window of the previous evaluation.
     before = _before(baseline, inc_b)
     t95 = _median(ev.baseline_p95_ms) or _threshold(before, 0.95, P95_THRESHOLD_MIN)
     t99 = _median(ev.baseline_p99_ms) or _threshold(before, 0.99, P99_THRESHOLD_MIN)
-    return SequentialEvidence(
-        errors=ev.errors.update(
-            inc_c.errors, inc_c.requests, inc_b.errors, inc_b.requests, cap=_cap(a_err)
-        ),
-        budget=ev.budget.update(inc_c.errors, inc_c.requests, cap=_cap(a_err)),
-        slow_p95=_slow(ev.slow_p95, t95, inc_b, inc_c, _cap(a_lat)),
-        slow_p99=_slow(ev.slow_p99, t99, inc_b, inc_c, _cap(a_lat)),
-        increments=ev.increments + 1,
-        through_ms=inc_c.window_end_ms,
+    cap = _cap(a_lat)
+    return replace(
+        ev,
+        slow_p95=_slow(ev.slow_p95, t95, inc_b.service, inc_c.service, cap),
+        slow_p99=_slow(ev.slow_p99, t99, inc_b.service, inc_c.service, cap),
         baseline_p95_ms=_remember(ev.baseline_p95_ms, inc_b, baseline, 0.95, P95_THRESHOLD_MIN),
         baseline_p99_ms=_remember(ev.baseline_p99_ms, inc_b, baseline, 0.99, P99_THRESHOLD_MIN),
     )
@@ -934,7 +1193,17 @@ def _remember(
     kept: tuple[float, ...], inc_b: WindowStats, window: WindowStats, q: float, min_n: int
 ) -> tuple[float, ...]:
     """Keep the increment's baseline quantile (the window's when it holds too few)."""
-    value = _threshold(inc_b.service, q, min_n) or _threshold(window.service, q, min_n)
+    return _keep(kept, inc_b.service, window.service, q, min_n)
+
+
+def _keep(
+    kept: tuple[float, ...],
+    increment: LatencyHistogram | None,
+    window: LatencyHistogram | None,
+    q: float,
+    min_n: int,
+) -> tuple[float, ...]:
+    value = _threshold(increment, q, min_n) or _threshold(window, q, min_n)
     return (*kept, value)[-THRESHOLD_MEMORY:] if value > 0.0 else kept
 
 
@@ -961,6 +1230,49 @@ def _error_result(ev: SequentialEvidence, gates: Gates) -> GateResult:
         log_evidence = min(log_evidence, budget.log_evidence)
     verdict = _verdict(log_evidence, alpha, rejected)
     return GateResult(DecisionRule.ERROR_RATE_SEQUENTIAL, verdict, detail, verdict is Verdict.FAIL)
+
+
+def _share_result(
+    rule: DecisionRule, name: str, share: SlowShare, c_p99: float, b_p99: float, alpha: float
+) -> GateResult:
+    verdicts = []
+    parts = []
+    for q, test in (("p95", share.p95), ("p99", share.p99)):
+        rejected = test.rejects(alpha) and test.persistent(MIN_INCREMENTS)
+        verdicts.append(_verdict(test.log_evidence, alpha, rejected))
+        parts.append(f"slower than baseline {q}: {test.describe(alpha)}")
+    detail = f"{name} p99 {c_p99:.2f} ms vs {b_p99:.2f} ms; " + "; ".join(parts)
+    for verdict in (Verdict.FAIL, Verdict.INCONCLUSIVE):
+        if verdict in verdicts:
+            return GateResult(rule, verdict, detail, verdict is Verdict.FAIL)
+    return GateResult(rule, Verdict.PASS, detail)
+
+
+def _generation_results(
+    baseline: WindowStats, candidate: WindowStats, ev: SequentialEvidence, gates: Gates
+) -> list[GateResult]:
+    alpha = _generation_alpha(gates)
+    b, c = baseline.generation, candidate.generation
+    served = first_token_served(b, c)
+    hb, hc = first_token_times(b, served), first_token_times(c, served)
+    return [
+        _share_result(
+            DecisionRule.TTFT_SEQUENTIAL,
+            "TTFT (served)" if served else "TTFT",
+            ev.ttft,
+            hc.quantile(0.99) if hc else 0.0,
+            hb.quantile(0.99) if hb else 0.0,
+            alpha,
+        ),
+        _share_result(
+            DecisionRule.TPOT_SEQUENTIAL,
+            "TPOT",
+            ev.tpot,
+            c.tpot_p99_ms if c else 0.0,
+            b.tpot_p99_ms if b else 0.0,
+            alpha,
+        ),
+    ]
 
 
 def _latency_result(
@@ -992,7 +1304,13 @@ def _latency_result(
 def sequential_gates(
     baseline: WindowStats, candidate: WindowStats, evidence: SequentialEvidence, gates: Gates
 ) -> list[GateResult]:
-    """Latency and error verdicts from the evidence gathered so far."""
+    """Latency and error verdicts from the evidence gathered so far: for generations,
+    TTFT and TPOT instead of service time."""
+    if generative(baseline, candidate):
+        return [
+            *_generation_results(baseline, candidate, evidence, gates),
+            _error_result(evidence, gates),
+        ]
     return [
         _latency_result(baseline, candidate, evidence, gates),
         _error_result(evidence, gates),

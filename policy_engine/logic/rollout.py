@@ -62,6 +62,9 @@ from graylane.policy_engine.logic.gates import (
     agreement_gate,
     backlog_gate,
     error_gate,
+    generation_latency_gates,
+    generative,
+    length_drift_gate,
     on_service_time,
     sequential_gates,
     service_latency_gate,
@@ -506,23 +509,36 @@ def judge(
     *,
     behind: str = "",
 ) -> list[GateResult]:
-    """The latency and error gates of ``gates.mode``, then the backlog check."""
+    """The latency and error gates of ``gates.mode``, then the backlog check.
+
+    Generations are judged on TTFT and TPOT (not whole-request latency, which is
+    mostly output length), and their output lengths and endings on the drift gate,
+    listed first so that a drift that holds names the hold.
+    """
+    gen = generative(baseline, candidate)
     if gates.mode is GateMode.SEQUENTIAL:
         results = sequential_gates(baseline, candidate, sequential, gates)
+    elif gen:
+        results = [
+            *generation_latency_gates(baseline, candidate, gates),
+            error_gate(baseline, candidate, evidence, gates),
+        ]
     else:
         results = [
             service_latency_gate(baseline, candidate, gates),
             error_gate(baseline, candidate, evidence, gates),
         ]
+    if baseline.generation is not None or candidate.generation is not None:
+        results = [length_drift_gate(baseline, candidate, gates), *results]
     backlog = backlog_gate(baseline, candidate, gates, behind)
     if backlog is None:
         return results
-    if not on_service_time(baseline, candidate):
-        # End-to-end latency cannot tell the queue from the model: do not fail on it.
-        results = [
-            r for r in results if r.rule not in (DecisionRule.P99_RATIO, DecisionRule.P99_SEVERE)
-        ]
-    return [backlog, *results]
+    # A queue lengthens end-to-end latency and, for generations, time to first token
+    # (it counts from the request's creation): a capacity problem, do not fail on it.
+    queued = {DecisionRule.TTFT_P99_RATIO, DecisionRule.TTFT_SEQUENTIAL}
+    if not gen and not on_service_time(baseline, candidate):
+        queued |= {DecisionRule.P99_RATIO, DecisionRule.P99_SEVERE}
+    return [backlog, *(r for r in results if r.rule not in queued)]
 
 
 def apply_command(
@@ -680,7 +696,12 @@ def evaluate(
         return _incomparable(ctx, state, agreement.mismatch)
     missing = _missing(baseline, candidate, spec)
     if shadowing and (agreement is None or agreement.pairs == 0):
-        missing.append("no shadow pairs")
+        unseeded = agreement.unseeded if agreement is not None else 0
+        missing.append(
+            f"no comparable shadow pairs ({unseeded} generations sampled without a seed)"
+            if unseeded
+            else "no shadow pairs"
+        )
     if missing or baseline is None or candidate is None:
         return ctx.hold(state, DecisionRule.NO_DATA, "no data: " + ", ".join(missing))
     _check_inputs(baseline, candidate, spec)

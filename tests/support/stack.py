@@ -46,8 +46,13 @@ async def running_stack(
     model_info: ModelInfo | None = None,
     initial_variant: str = "fp32",
     tokenizer: Tokenizer | None = None,
+    tokenizers: Mapping[str, Tokenizer] | None = None,
+    max_sequences: int = 0,
 ) -> AsyncIterator[Stack]:
-    """Start a router and one worker per version; stop them all on exit."""
+    """Start a router and one worker per version; stop them all on exit.
+
+    ``tokenizers``: a version's own tokenizer (else ``tokenizer``); ``max_sequences``:
+    rows of a continuous decode batch (0: ``max_batch_size``)."""
     stop = asyncio.Event()
     router = Router(factory, RouterConfig(stable_versions={model: stable}))
     workers: dict[str, Worker] = {}
@@ -64,8 +69,9 @@ async def running_stack(
                 version=version,
                 initial_variant=initial_variant,
                 model_info=model_info,
-                tokenizer=tokenizer,
+                tokenizer=(tokenizers or {}).get(version, tokenizer),
                 max_seq_len=max_seq_len,
+                max_sequences=max_sequences,
                 buckets=(16, 32, 64, 128, 256),
                 max_batch_size=max_batch_size,
                 worker_id=f"test-{version}",
