@@ -32,10 +32,10 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
   controller would flap between rungs. When a rung breaches, the offered
   load (served + shed) at that moment is remembered as that rung's ceiling;
   stepping back up to it also needs the current offered load at most
-  ``up_load_fraction`` (0.8) of its ceiling (the ceiling is the window's offered
-  load or, when higher, its newest step's: at a jump the window's average still
-  holds the load before it) (served alone would be far too
-  low a ceiling when admission control sheds most of the load). A ceiling
+  ``up_load_fraction`` (0.8) of its ceiling (served alone would be far too
+  low a ceiling when admission control sheds most of the load; and the offered
+  load is the window's or, when higher, its newest step's: at a jump the
+  window's average still holds the load before it). A ceiling
   is forgotten after ``ceiling_ttl_s`` (600 s), so a breach caused by
   something other than load does not pin the quality down for ever. With a
   calibrated capacity of the breaching rung, a breach at an offered load
@@ -524,7 +524,6 @@ def breach_rule(
         return DecisionRule.QUEUE_WAIT_BREACH
     if stats.shed and stats.shed_fraction > policy.max_shed_fraction:
         return DecisionRule.SHED_BREACH
-    gen = stats.generation if policy.generative else None
     if gen is not None:
         if gen.waiting_sequences / max(stats.workers, 1) > waiting_limit(
             policy, variant or stats.variant, contention

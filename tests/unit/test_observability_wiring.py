@@ -245,3 +245,22 @@ def test_text_log_lines_are_for_humans() -> None:
     assert line.endswith("INFO router graylane.test: hello")
     with pytest.raises(json.JSONDecodeError):
         json.loads(line)
+
+
+def test_policy_observer_exports_generative_qos_objectives() -> None:
+    reg = CollectorRegistry()
+    observer = PolicyObserver(PolicyMetrics.create(reg))
+    policy = QosPolicy(
+        model="chat",
+        version="v1",
+        slo_p99_ms=0.0,
+        slo_ttft_p99_ms=500.0,
+        slo_tpot_p99_ms=50.0,
+        ladder=("fp32", "int8-dynamic"),
+    )
+    state = QosState(model="chat", version="v1", active_variant="fp32")
+    observer.observe([QosPolicySet(policy=policy, before=None, after=state, at_ms=1)])
+    mv = {"model": "chat", "version": "v1"}
+    assert reg.get_sample_value("graylane_qos_slo_ttft_p99_seconds", mv) == 0.5
+    assert reg.get_sample_value("graylane_qos_slo_tpot_p99_seconds", mv) == 0.05
+    assert reg.get_sample_value("graylane_qos_slo_p99_seconds", mv) == 0.0

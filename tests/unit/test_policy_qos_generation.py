@@ -355,3 +355,37 @@ def test_a_ceiling_recorded_at_a_jump_is_the_newest_steps_load() -> None:
     steady = gen_window(variant="int8-dynamic", throughput_rps=3.6)
     up = loop.tick(steady)
     assert (up.kind, up.variant) == (QosDecisionKind.STEP_UP, "fp32"), up.reason
+
+
+def test_generative_decisions_replay_from_their_audit_copy() -> None:
+    """``audit verify`` re-runs QoS from the audited policy and windows: the generative
+    objectives and the windows' generation figures survive the protobuf round trip."""
+    from graylane.policy_engine.logic.replay import qos_recording_of, replay_qos
+    from graylane.policy_engine.wire import window_stats_from_pb, window_stats_to_pb
+    from graylane.rollouts.pb import qos_policy_from_pb, qos_policy_to_pb
+
+    policy = replace(GEN, rung_capacity_rps=(("fp32", 20.0), ("int8-dynamic", 40.0)))
+    loop = Loop(policy)
+    for i in range(90):
+        spike = 20 <= i < 50
+        loop.tick(
+            gen_window(
+                ttft_ms=700.0 if spike else 90.0,
+                waiting=12 if spike else 0,
+                throughput_rps=30.0 if spike else 6.0,
+                variant=loop.state.active_variant,
+            )
+        )
+    assert {DecisionRule.TTFT_BREACH, DecisionRule.LOAD_CALM} <= {
+        d.rule for d in loop.decisions if d.changed
+    }
+    audited = [
+        replace(d, inputs=tuple(window_stats_from_pb(window_stats_to_pb(w)) for w in d.inputs))
+        for d in loop.decisions
+    ]
+    again = qos_policy_from_pb(qos_policy_to_pb(policy))
+    assert again == policy
+    replayed = replay_qos(qos_recording_of(again, audited))
+    assert [(d.kind, d.rule, d.variant) for d in replayed] == [
+        (d.kind, d.rule, d.variant) for d in loop.decisions
+    ]
