@@ -53,7 +53,13 @@ from graylane.engine_worker.batching import (
     PlannedBatch,
     split_first,
 )
-from graylane.engine_worker.compute import Reloader, WorkerEngines, profile_buckets, warm_up
+from graylane.engine_worker.compute import (
+    RanBatch,
+    Reloader,
+    WorkerEngines,
+    profile_buckets,
+    warm_up,
+)
 from graylane.engine_worker.faults import FaultInjection
 from graylane.engine_worker.generation import (
     CancelBook,
@@ -356,6 +362,14 @@ class WorkerObserver:
 # --- the worker -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Running:
+    """A batch handed to the engine thread."""
+
+    task: asyncio.Future[RanBatch]
+    submitted_ms: int
+
+
 class Worker:
     def __init__(
         self,
@@ -575,19 +589,33 @@ class Worker:
             shed_count, self._pending_shed = self._pending_shed, 0
             telemetry = shed_telemetry(context, shed_count, now_ms())
             futures.append(await self._send_telemetry(producer, telemetry))
-        for planned, kept in zip(planned_batches, admission.admitted, strict=True):
-            if not kept:
-                continue
-            self._last_run_ms = now_ms()
-            batch = PlannedBatch(planned.bucket_len, kept)
-            started = time.perf_counter()
-            report = await self._run(batch, context, engine, dequeued)
-            futures.extend(await self._deliver(report, sink, producer))
-            if report.telemetry.error_count == 0 and forward_only(kept):
-                # engine time plus the worker's own per-batch cost (results, sends)
-                spent_ms = (time.perf_counter() - started) * 1000.0
-                self.learner.observe(len(kept), spent_ms, batch.bucket_len)
-                self._cycle_batches.append((len(kept), spent_ms))
+        batches = [
+            PlannedBatch(planned.bucket_len, kept)
+            for planned, kept in zip(planned_batches, admission.admitted, strict=True)
+            if kept
+        ]
+        # One batch ahead: the next batch runs on the engine thread while this one's
+        # results are built and sent on the loop, so the engine does not wait for them.
+        ahead = self._start(batches[0], context, engine) if batches else None
+        try:
+            for i, batch in enumerate(batches):
+                if ahead is None:
+                    break
+                running, ahead = ahead, None
+                ran = await running.task
+                if i + 1 < len(batches):
+                    ahead = self._start(batches[i + 1], context, engine)
+                returned = time.perf_counter()
+                report = self._report(batch, running, ran, context, dequeued)
+                futures.extend(await self._deliver(report, sink, producer))
+                if report.telemetry.error_count == 0 and forward_only(batch.items):
+                    # engine time plus the worker's own per-batch cost (results, sends)
+                    spent_ms = ran.run.compute_ms + (time.perf_counter() - returned) * 1000.0
+                    self.learner.observe(len(batch.items), spent_ms, batch.bucket_len)
+                    self._cycle_batches.append((len(batch.items), spent_ms))
+        finally:
+            if ahead is not None:  # the cycle failed: it is handled again, record by record
+                ahead.task.cancel()
         return futures
 
     # -- continuous decoding -----------------------------------------------------
@@ -712,27 +740,38 @@ class Worker:
             )
         return Job(record, request, checked)
 
-    async def _run(
-        self,
-        batch: PlannedBatch[Job],
-        context: ResultContext,
-        engine: InferenceEngine,
-        dequeued: int,
-    ) -> BatchReport:
-        """Run one planned batch off the event loop and answer its jobs.
+    def _start(
+        self, batch: PlannedBatch[Job], context: ResultContext, engine: InferenceEngine
+    ) -> _Running:
+        """Hand one planned batch to the engine thread (queued behind the one running).
 
         An input error re-runs the batch item by item (only the bad item fails);
         an unknown exception answers ``INTERNAL`` and the loop goes on.
         """
+        self._last_run_ms = now_ms()
+        items = [job.work for job in batch.items]
+        task = asyncio.ensure_future(self._engines.run(context.variant, items, engine))
+        return _Running(task, self._last_run_ms)
+
+    def _report(
+        self,
+        batch: PlannedBatch[Job],
+        running: _Running,
+        ran: RanBatch,
+        context: ResultContext,
+        dequeued: int,
+    ) -> BatchReport:
+        """Answer the jobs of a batch the engine ran, and count it."""
         batch_id = self._batch_ids.of(batch.items[0].record)
-        started = now_ms()
-        ran = await self._engines.run(context.variant, [job.work for job in batch.items], engine)
+        done = now_ms()
+        # a batch queued behind another started when that one was done
+        started = min(done, max(running.submitted_ms, done - round(ran.run.compute_ms)))
         report = build_batch(
             batch.items,
             ran.run,
             ran.failure,
             context,
-            BatchClock(dequeued_ms=dequeued, started_ms=started, done_ms=now_ms()),
+            BatchClock(dequeued_ms=dequeued, started_ms=started, done_ms=done),
             bucket_len=batch.bucket_len,
             device_load=ran.device_load,
             batch_id=batch_id,
