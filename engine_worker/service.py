@@ -258,32 +258,43 @@ def consumer_options(config: WorkerConfig, layout: TopicLayout) -> ConsumerOptio
 class CycleFetch:
     """Fetches the records of one cycle under the learner's batching choice."""
 
-    def __init__(self, config: WorkerConfig, learner: BatchLearner, *, fill: bool = True) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        learner: BatchLearner,
+        *,
+        fill: bool = True,
+        lag: Callable[[], int] = lambda: 0,
+    ) -> None:
         """``fill=False``: hand over what the first fetch brought at once (a continuous
-        decode batch takes requests one by one; waiting to fill a batch only delays them)."""
+        decode batch takes requests one by one; waiting to fill a batch only delays them).
+        ``lag``: records known to be waiting on the topic (the last lag check)."""
         self.config = config
         self.learner = learner
         self.fill = fill
+        self._lag = lag
         self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
         """The choice of the cycle fetched last (the planner uses it too)."""
         self._steady = self.choice
         """The last choice that was not exploring (logged when it changes)."""
         self.queued = 0
-        """Records the cycle's first fetch brought (a queue, when at least a batch)."""
+        """Rows waiting when the cycle's first fetch came in (a queue, when at least a
+        batch): what it brought, or the topic's lag if more."""
 
     async def collect(self, consumer: BatchConsumer) -> list[Record]:
         """Fetch up to max_batch_size*fetch_factor records, waiting after the first one
         for a batch to fill: the learned wait and batch size, else max_wait_ms.
 
         The learner chooses once the first fetch is in, knowing how many rows are
-        already waiting (what that fetch brought): a queue is served in batches as
-        large as pay, with no wait."""
+        already waiting (what that fetch brought, or the topic's lag if more: a fetch
+        can return one partition's few records while thousands wait): a queue is
+        served in batches as large as pay, with no wait."""
         cap = self.config.max_batch_size * self.config.fetch_factor
         first = await consumer.getmany(timeout_ms=200, max_records=cap)
         records = [r for rs in first.values() for r in rs]
-        self.queued = len(records)
+        self.queued = max(len(records), self._lag()) if records else 0
         if self.config.adaptive_batching:
-            choice = self.learner.choose(backlog=len(records))
+            choice = self.learner.choose(backlog=self.queued)
             if not choice.exploring and choice != self._steady:
                 log.info("batching: up to %d rows, wait %.1f ms", choice.max_batch, choice.wait_ms)
                 self._steady = choice
@@ -427,7 +438,9 @@ class Worker:
         continuous = config.continuous_batching and any(
             kv_cache_layout(e.io) is not None for e in engines.values()
         )
-        self._fetch = CycleFetch(config, self.learner, fill=not continuous)
+        self._fetch = CycleFetch(
+            config, self.learner, fill=not continuous, lag=lambda: self.observer.lag
+        )
         self._cycle_done = 0.0
         """perf_counter when the last cycle's answers were all sent (0: none yet)."""
         self._cycle_batches: list[tuple[int, float]] = []
