@@ -17,9 +17,10 @@ drain times serving, not start-up or warm-up. Over each drain the CPU seconds of
 every process (the broker's too, from ``/proc/<pid>/stat``) are divided by the
 requests served; the batch sizes the worker ran come from its telemetry records.
 
-The broker may be shared: its CPU is sampled for a second with the drain's processes
-paused, and that rate (its other clients, its own chores) is taken off its CPU over
-the drain (``broker_cpu_us_per_req``; ``broker_cpu_us_per_req_gross`` keeps it). The
+The broker may be shared: its CPU is sampled for a second before the drain (its
+processes stopped) and after it (idle), and the lower rate (its other clients, its own
+chores) is taken off its CPU over the drain (``broker_cpu_us_per_req``;
+``broker_cpu_us_per_req_gross`` keeps it all). The
 engine is measured before and after the drains and the two averaged. The last line is JSON with
 ``path_rps``, ``engine_rps_b1``, ``engine_rps_bmax``, ``kafka_two_hop_rps``,
 ``router_cpu_us_per_req``, ``worker_cpu_us_per_req``, ``broker_cpu_us_per_req`` and
@@ -363,7 +364,10 @@ def _timed_drain(
         before, after = cpu0[name], _cpu_of(pid)
         if before is not None and after is not None:
             cpu[name] = after - before
-    if "broker" in cpu:  # what the broker spent on others meanwhile is not this drain's
+    if "broker" in cpu and broker_pid is not None:
+        # what the broker spends on others meanwhile is not this drain's: its rate before
+        # (processes stopped) and after (processes idle), the lower of the two
+        idle_share = min(idle_share, _idle_share(broker_pid, BROKER_IDLE_S))
         cpu[BROKER_GROSS] = cpu["broker"]
         cpu["broker"] = max(0.0, cpu["broker"] - idle_share * seconds)
     batches: tuple[int, ...] = ()
@@ -375,8 +379,9 @@ def _timed_drain(
 
 
 BROKER_IDLE_S = 1.0
-"""How long the broker's CPU is sampled with the drain's processes paused: the share of
-a core it spends on everything else (a shared broker's other clients, its own chores)."""
+"""How long the broker's CPU is sampled before a drain (its processes stopped) and after
+it (idle): the lower rate is the share of a core it spends on everything else (a shared
+broker's other clients, its own chores)."""
 BROKER_GROSS = "broker (gross)"
 
 
