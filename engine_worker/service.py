@@ -53,7 +53,13 @@ from graylane.engine_worker.batching import (
     PlannedBatch,
     split_first,
 )
-from graylane.engine_worker.compute import Reloader, WorkerEngines, profile_buckets, warm_up
+from graylane.engine_worker.compute import (
+    RanBatch,
+    Reloader,
+    WorkerEngines,
+    profile_buckets,
+    warm_up,
+)
 from graylane.engine_worker.faults import FaultInjection
 from graylane.engine_worker.generation import (
     CancelBook,
@@ -252,32 +258,43 @@ def consumer_options(config: WorkerConfig, layout: TopicLayout) -> ConsumerOptio
 class CycleFetch:
     """Fetches the records of one cycle under the learner's batching choice."""
 
-    def __init__(self, config: WorkerConfig, learner: BatchLearner, *, fill: bool = True) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        learner: BatchLearner,
+        *,
+        fill: bool = True,
+        lag: Callable[[], int] = lambda: 0,
+    ) -> None:
         """``fill=False``: hand over what the first fetch brought at once (a continuous
-        decode batch takes requests one by one; waiting to fill a batch only delays them)."""
+        decode batch takes requests one by one; waiting to fill a batch only delays them).
+        ``lag``: records known to be waiting on the topic (the last lag check)."""
         self.config = config
         self.learner = learner
         self.fill = fill
+        self._lag = lag
         self.choice = BatchChoice(config.max_batch_size, float(config.max_wait_ms))
         """The choice of the cycle fetched last (the planner uses it too)."""
         self._steady = self.choice
         """The last choice that was not exploring (logged when it changes)."""
         self.queued = 0
-        """Records the cycle's first fetch brought (a queue, when at least a batch)."""
+        """Rows waiting when the cycle's first fetch came in (a queue, when at least a
+        batch): what it brought, or the topic's lag if more."""
 
     async def collect(self, consumer: BatchConsumer) -> list[Record]:
         """Fetch up to max_batch_size*fetch_factor records, waiting after the first one
         for a batch to fill: the learned wait and batch size, else max_wait_ms.
 
         The learner chooses once the first fetch is in, knowing how many rows are
-        already waiting (what that fetch brought): a queue is served in batches as
-        large as pay, with no wait."""
+        already waiting (what that fetch brought, or the topic's lag if more: a fetch
+        can return one partition's few records while thousands wait): a queue is
+        served in batches as large as pay, with no wait."""
         cap = self.config.max_batch_size * self.config.fetch_factor
         first = await consumer.getmany(timeout_ms=200, max_records=cap)
         records = [r for rs in first.values() for r in rs]
-        self.queued = len(records)
+        self.queued = max(len(records), self._lag()) if records else 0
         if self.config.adaptive_batching:
-            choice = self.learner.choose(backlog=len(records))
+            choice = self.learner.choose(backlog=self.queued)
             if not choice.exploring and choice != self._steady:
                 log.info("batching: up to %d rows, wait %.1f ms", choice.max_batch, choice.wait_ms)
                 self._steady = choice
@@ -362,6 +379,14 @@ class WorkerObserver:
 # --- the worker -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Running:
+    """A batch handed to the engine thread."""
+
+    task: asyncio.Future[RanBatch]
+    submitted_ms: int
+
+
 class Worker:
     def __init__(
         self,
@@ -419,7 +444,9 @@ class Worker:
         continuous = config.continuous_batching and any(
             kv_cache_layout(e.io) is not None for e in engines.values()
         )
-        self._fetch = CycleFetch(config, self.learner, fill=not continuous)
+        self._fetch = CycleFetch(
+            config, self.learner, fill=not continuous, lag=lambda: self.observer.lag
+        )
         self._cycle_done = 0.0
         """perf_counter when the last cycle's answers were all sent (0: none yet)."""
         self._cycle_batches: list[tuple[int, float]] = []
@@ -581,34 +608,47 @@ class Worker:
             shed_count, self._pending_shed = self._pending_shed, 0
             telemetry = shed_telemetry(context, shed_count, now_ms())
             futures.append(await self._send_telemetry(producer, telemetry))
-        for planned, kept in zip(planned_batches, admission.admitted, strict=True):
-            if not kept:
-                continue
-            self._last_run_ms = now_ms()
-            batch = PlannedBatch(planned.bucket_len, kept)
-            started = time.perf_counter()
-            run_ns = time.time_ns()
-            report = await self._run(batch, context, engine, dequeued)
-            ran_ns = time.time_ns()
-            sends = await self._deliver(report, sink, producer)
-            futures.extend(sends)
-            if tracing.enabled():
-                hop = tracing.WorkerHop(
-                    dequeued_ns=dequeued * 1_000_000,
-                    started_ns=run_ns,
-                    ran_ns=ran_ns,
-                    sent_ns=time.time_ns(),
-                    model=context.model,
-                    version=context.version,
-                    variant=variant,
-                    batch_size=len(kept),
-                )
-                _trace_batch(kept, sends, hop)
-            if report.telemetry.error_count == 0 and forward_only(kept):
-                # engine time plus the worker's own per-batch cost (results, sends)
-                spent_ms = (time.perf_counter() - started) * 1000.0
-                self.learner.observe(len(kept), spent_ms, batch.bucket_len)
-                self._cycle_batches.append((len(kept), spent_ms))
+        batches = [
+            PlannedBatch(planned.bucket_len, kept)
+            for planned, kept in zip(planned_batches, admission.admitted, strict=True)
+            if kept
+        ]
+        # One batch ahead: the next batch runs on the engine thread while this one's
+        # results are built and sent on the loop, so the engine does not wait for them.
+        ahead = self._start(batches[0], context, engine) if batches else None
+        try:
+            for i, batch in enumerate(batches):
+                if ahead is None:
+                    break
+                running, ahead = ahead, None
+                ran = await running.task
+                if i + 1 < len(batches):
+                    ahead = self._start(batches[i + 1], context, engine)
+                returned = time.perf_counter()
+                report = self._report(batch, running, ran, context, dequeued)
+                sends = await self._deliver(report, sink, producer)
+                futures.extend(sends)
+                if tracing.enabled():
+                    ran_ns = report.telemetry.completed_at_unix_ms * 1_000_000
+                    hop = tracing.WorkerHop(
+                        dequeued_ns=dequeued * 1_000_000,
+                        started_ns=report.telemetry.started_at_unix_ms * 1_000_000,
+                        ran_ns=ran_ns,
+                        sent_ns=time.time_ns(),
+                        model=context.model,
+                        version=context.version,
+                        variant=context.variant,
+                        batch_size=len(batch.items),
+                    )
+                    _trace_batch(batch.items, sends, hop)
+                if report.telemetry.error_count == 0 and forward_only(batch.items):
+                    # engine time plus the worker's own per-batch cost (results, sends)
+                    spent_ms = ran.run.compute_ms + (time.perf_counter() - returned) * 1000.0
+                    self.learner.observe(len(batch.items), spent_ms, batch.bucket_len)
+                    self._cycle_batches.append((len(batch.items), spent_ms))
+        finally:
+            if ahead is not None:  # the cycle failed: it is handled again, record by record
+                ahead.task.cancel()
         return futures
 
     # -- continuous decoding -----------------------------------------------------
@@ -734,27 +774,38 @@ class Worker:
             )
         return Job(record, request, checked)
 
-    async def _run(
-        self,
-        batch: PlannedBatch[Job],
-        context: ResultContext,
-        engine: InferenceEngine,
-        dequeued: int,
-    ) -> BatchReport:
-        """Run one planned batch off the event loop and answer its jobs.
+    def _start(
+        self, batch: PlannedBatch[Job], context: ResultContext, engine: InferenceEngine
+    ) -> _Running:
+        """Hand one planned batch to the engine thread (queued behind the one running).
 
         An input error re-runs the batch item by item (only the bad item fails);
         an unknown exception answers ``INTERNAL`` and the loop goes on.
         """
+        self._last_run_ms = now_ms()
+        items = [job.work for job in batch.items]
+        task = asyncio.ensure_future(self._engines.run(context.variant, items, engine))
+        return _Running(task, self._last_run_ms)
+
+    def _report(
+        self,
+        batch: PlannedBatch[Job],
+        running: _Running,
+        ran: RanBatch,
+        context: ResultContext,
+        dequeued: int,
+    ) -> BatchReport:
+        """Answer the jobs of a batch the engine ran, and count it."""
         batch_id = self._batch_ids.of(batch.items[0].record)
-        started = now_ms()
-        ran = await self._engines.run(context.variant, [job.work for job in batch.items], engine)
+        done = now_ms()
+        # a batch queued behind another started when that one was done
+        started = min(done, max(running.submitted_ms, done - round(ran.run.compute_ms)))
         report = build_batch(
             batch.items,
             ran.run,
             ran.failure,
             context,
-            BatchClock(dequeued_ms=dequeued, started_ms=started, done_ms=now_ms()),
+            BatchClock(dequeued_ms=dequeued, started_ms=started, done_ms=done),
             bucket_len=batch.bucket_len,
             device_load=ran.device_load,
             batch_id=batch_id,

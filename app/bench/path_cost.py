@@ -17,8 +17,11 @@ drain times serving, not start-up or warm-up. Over each drain the CPU seconds of
 every process (the broker's too, from ``/proc/<pid>/stat``) are divided by the
 requests served; the batch sizes the worker ran come from its telemetry records.
 
-The broker is shared: anything else using it while a drain runs is counted in
-``broker_cpu_us_per_req`` (run it on a quiet broker). The last line is JSON with
+The broker may be shared: its CPU is sampled for a second before the drain (its
+processes stopped) and after it (idle), and the lower rate (its other clients, its own
+chores) is taken off its CPU over the drain (``broker_cpu_us_per_req``;
+``broker_cpu_us_per_req_gross`` keeps it all). The
+engine is measured before and after the drains and the two averaged. The last line is JSON with
 ``path_rps``, ``engine_rps_b1``, ``engine_rps_bmax``, ``kafka_two_hop_rps``,
 ``router_cpu_us_per_req``, ``worker_cpu_us_per_req``, ``broker_cpu_us_per_req`` and
 ``mean_batch`` among the other figures.
@@ -132,6 +135,10 @@ class EngineFigures:
     def rps(self, batch: int) -> float:
         ms = self.batch_ms[batch]
         return batch / ms * 1000.0 if ms > 0 else 0.0
+
+    def mean(self, other: EngineFigures) -> EngineFigures:
+        """The mean of two measurements, size by size."""
+        return EngineFigures({b: (ms + other.batch_ms[b]) / 2 for b, ms in self.batch_ms.items()})
 
     def us_per_req(self, batch: float) -> float:
         """Engine µs per request at the measured batch size nearest ``batch``."""
@@ -326,8 +333,10 @@ def _timed_drain(
         base = bus.count(plan.out_topic)
         telemetry_from = bus.ends(plan.telemetry_topic) if plan.telemetry_topic else {}
         pids = procs.pids()
+        idle_share = 0.0
         if broker_pid is not None:
             pids["broker"] = broker_pid
+            idle_share = _idle_share(broker_pid, BROKER_IDLE_S)
         cpu0 = {name: _cpu_of(pid) for name, pid in pids.items()}
         started = time.monotonic()
     finally:
@@ -355,12 +364,32 @@ def _timed_drain(
         before, after = cpu0[name], _cpu_of(pid)
         if before is not None and after is not None:
             cpu[name] = after - before
+    if "broker" in cpu and broker_pid is not None:
+        # what the broker spends on others meanwhile is not this drain's: its rate before
+        # (processes stopped) and after (processes idle), the lower of the two
+        idle_share = min(idle_share, _idle_share(broker_pid, BROKER_IDLE_S))
+        cpu[BROKER_GROSS] = cpu["broker"]
+        cpu["broker"] = max(0.0, cpu["broker"] - idle_share * seconds)
     batches: tuple[int, ...] = ()
     if plan.telemetry_topic:
         batches = _batch_sizes(bus.read(plan.telemetry_topic, telemetry_from))
     figures = DrainFigures(plan.drain, n, seconds, cpu, batches)
     progress(f"  {plan.drain.value}: {n:,} in {seconds:.1f} s = {figures.rps:,.0f} req/s")
     return figures
+
+
+BROKER_IDLE_S = 1.0
+"""How long the broker's CPU is sampled before a drain (its processes stopped) and after
+it (idle): the lower rate is the share of a core it spends on everything else (a shared
+broker's other clients, its own chores)."""
+BROKER_GROSS = "broker (gross)"
+
+
+def _idle_share(pid: int, seconds: float) -> float:
+    before = _cpu_of(pid)
+    time.sleep(seconds)
+    after = _cpu_of(pid)
+    return 0.0 if before is None or after is None else max(0.0, (after - before) / seconds)
 
 
 def _batch_sizes(values: Sequence[bytes]) -> tuple[int, ...]:
@@ -586,7 +615,7 @@ def run_path_cost(cfg: PathCostConfig, progress: Progress) -> PathCostRun:
     if not model.exists():
         progress(f"writing the demo GPT ({cfg.size})")
         write_demo_gpt(model, cfg.size, seed=7)
-    engine = _engine(model, cfg, progress)
+    first = _engine(model, cfg, progress)
     bus = _Bus(settings.bootstrap_servers)
     drains: dict[Drain, DrainFigures] = {}
     try:
@@ -597,6 +626,8 @@ def run_path_cost(cfg: PathCostConfig, progress: Progress) -> PathCostRun:
             drains[drain] = _service_drain(drain, settings, model, bus, broker_pid, cfg, progress)
     finally:
         bus.close()
+    # before and after the drains: a load that comes and goes on a shared machine
+    engine = first.mean(_engine(model, cfg, progress))
     return PathCostRun(cfg, engine, drains, broker_pid is not None)
 
 
@@ -630,6 +661,7 @@ def summary(run: PathCostRun) -> dict[str, Any]:
         "router_cpu_us_per_req": _us(path.cpu_us_per_req("router")),
         "worker_cpu_us_per_req": _us(worker_us),
         "broker_cpu_us_per_req": _us(path.cpu_us_per_req("broker")),
+        "broker_cpu_us_per_req_gross": _us(path.cpu_us_per_req(BROKER_GROSS)),
         "router_alone_cpu_us_per_req": _us(d[Drain.ROUTER].cpu_us_per_req("router")),
         "router_alone_broker_cpu_us_per_req": _us(d[Drain.ROUTER].cpu_us_per_req("broker")),
         "worker_alone_cpu_us_per_req": _us(worker.cpu_us_per_req("worker")),
