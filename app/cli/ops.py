@@ -895,7 +895,7 @@ def _route_commands(
     )
     add.add_argument("--version", required=True, help="where matching requests go")
     add.set_defaults(handler=rule_add)
-    listing = client(rule_sub.add_parser("list", help="the model's rules and pinning"))
+    listing = _output(client(rule_sub.add_parser("list", help="the model's rules and pinning")))
     listing.add_argument("--model", required=True, help="the model")
     listing.set_defaults(handler=rule_list)
     remove = client(rule_sub.add_parser("remove", help="remove a rule by name"))
@@ -942,7 +942,8 @@ def rule_remove(args: argparse.Namespace) -> int:
 def rule_list(args: argparse.Namespace) -> int:
     from graylane.v1 import controlplane_pb2 as pb
 
-    _print(call(args, "Routing", "GetConfig", pb.GetRouteConfigRequest(model=args.model)))
+    view = call(args, "Routing", "GetConfig", pb.GetRouteConfigRequest(model=args.model))
+    emit(args, "RouteConfigView", view, args.model, lambda: _print(view))
     return 0
 
 
