@@ -51,7 +51,6 @@ from graylane.rollouts.vocabulary import Phase
 __all__ = [
     "STRATEGIES",
     "WAIT_EXIT_CODES",
-    "WaitOutcome",
     "call",
     "connection",
     "parse_match",
@@ -662,8 +661,7 @@ def rollout_get(args: argparse.Namespace) -> int:
     return _watch(args, rid, lambda s: _emit_state(args, s))
 
 
-WaitOutcome: TypeAlias = int
-WAIT_EXIT_CODES: dict[Phase, WaitOutcome] = {
+WAIT_EXIT_CODES: dict[Phase, int] = {
     Phase.PROMOTED: 0,
     Phase.ROLLED_BACK: 1,
     Phase.ABORTED: 1,
@@ -672,7 +670,7 @@ WAIT_EXIT_CODES: dict[Phase, WaitOutcome] = {
 WAIT_TIMEOUT_EXIT = 2
 
 
-def wait_outcome(phase_value: int) -> WaitOutcome | None:
+def wait_outcome(phase_value: int) -> int | None:
     """The exit code once a rollout is in ``phase_value`` (a ``RolloutPhase``); ``None``
     while it still runs."""
     from graylane.rollouts.pb import phase_from_pb

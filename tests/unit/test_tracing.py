@@ -16,7 +16,13 @@ from opentelemetry.trace import SpanKind
 
 from graylane import tracing
 from graylane.logs import LogFormat, configure_logging
-from graylane.tracing import HeaderCaps, WorkerHop, forward_headers, record_worker_hop
+from graylane.tracing import (
+    HeaderCaps,
+    TracedRequest,
+    WorkerHop,
+    forward_headers,
+    record_worker_hop,
+)
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -85,7 +91,14 @@ def test_worker_spans_cover_queue_batch_engine_and_delivery() -> None:
     exporter, provider = memory_tracer()
     headers = [("traceparent", PARENT.encode())]
     opened = record_worker_hop(
-        [(headers, 1_700_000_000_000, False, "r1"), (headers, 1_700_000_000_002, True, "r2")],
+        [
+            TracedRequest(
+                headers=headers, timestamp_ms=1_700_000_000_000, shadow=False, request_id="r1"
+            ),
+            TracedRequest(
+                headers=headers, timestamp_ms=1_700_000_000_002, shadow=True, request_id="r2"
+            ),
+        ],
         hop(2),
         provider.get_tracer("w"),
     )
@@ -130,7 +143,8 @@ def test_export_is_off_without_otel_variables() -> None:
         is False
     )
     assert tracing.enabled() is False
-    assert record_worker_hop([(None, 0, False, "r")], hop(1)) == []
+    quiet = TracedRequest(headers=None, timestamp_ms=0, shadow=False, request_id="r")
+    assert record_worker_hop([quiet], hop(1)) == []
 
 
 def test_log_lines_carry_milliseconds_and_the_trace_id() -> None:
