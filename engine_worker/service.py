@@ -957,7 +957,12 @@ class Worker:
 def _trace_batch(jobs: Sequence[Job], sends: Sequence[object], hop: tracing.WorkerHop) -> None:
     """The batch's request spans (see :mod:`graylane.tracing`), ended on the broker's ack."""
     requests = [
-        (job.record.headers, job.record.timestamp, job.request.shadow, job.request.request_id)
+        tracing.TracedRequest(
+            headers=job.record.headers,
+            timestamp_ms=job.record.timestamp,
+            shadow=job.request.shadow,
+            request_id=job.request.request_id,
+        )
         for job in jobs
     ]
     tracing.end_when_acknowledged(tracing.record_worker_hop(requests, hop), sends)

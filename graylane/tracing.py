@@ -32,6 +32,7 @@ Header values from clients are capped like every client-controlled input: at mos
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -47,6 +48,7 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 __all__ = [
     "TRACE_HEADERS",
     "HeaderCaps",
+    "TracedRequest",
     "WorkerHop",
     "annotate",
     "configure_tracing",
@@ -204,6 +206,17 @@ def serving(name: str, headers: Mapping[str, str]) -> Iterator[None]:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TracedRequest:
+    """What the worker's span of one request needs from its record."""
+
+    headers: Sequence[tuple[str, bytes | None]] | None
+    timestamp_ms: int
+    """The record's timestamp: when the router forwarded it (0: unknown)."""
+    shadow: bool
+    request_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class WorkerHop:
     """When one batch passed each stage of a worker (``time.time_ns()`` values)."""
 
@@ -218,16 +231,14 @@ class WorkerHop:
 
 
 def record_worker_hop(
-    requests: Sequence[tuple[Sequence[tuple[str, bytes | None]] | None, int, bool, str]],
+    requests: Sequence[TracedRequest],
     hop: WorkerHop,
     tracer: trace.Tracer | None = None,
 ) -> list[Span]:
     """The worker's spans of one batch, already past ``sent``; the caller ends each
     (:meth:`Span.end`) when the broker acknowledged its answer.
 
-    ``requests``: per request its record headers, the record's timestamp (ms; the
-    router's forward), whether it is a shadow copy, and its request id. ``tracer``:
-    the process's (default, when :func:`enabled`).
+    ``tracer``: the process's (default, when :func:`enabled`).
     """
     if tracer is None:
         if not enabled():
@@ -240,8 +251,9 @@ def record_worker_hop(
         "graylane.variant": hop.variant,
         "graylane.batch_size": hop.batch_size,
     }
-    for headers, timestamp_ms, shadow, request_id in requests:
-        routed = extract(headers)
+    for request in requests:
+        timestamp_ms, shadow = request.timestamp_ms, request.shadow
+        routed = extract(request.headers)
         queued_ns = min(timestamp_ms * 1_000_000, hop.dequeued_ns) if timestamp_ms > 0 else 0
         queued_ns = queued_ns or hop.dequeued_ns
         routed_span = trace.get_current_span(routed).get_span_context()
@@ -254,7 +266,7 @@ def record_worker_hop(
             start_time=queued_ns,
             attributes={
                 **attributes,
-                "graylane.request_id": request_id[:256],
+                "graylane.request_id": request.request_id[:256],
                 "graylane.shadow": shadow,
                 "graylane.queue_wait_ms": (hop.dequeued_ns - queued_ns) / 1e6,
             },
@@ -273,8 +285,6 @@ def record_worker_hop(
 
 def end_when_acknowledged(spans: Sequence[Span], sends: Sequence[object]) -> None:
     """End ``spans`` once every future among ``sends`` is done (a failed send marks them)."""
-    import asyncio
-
     if not spans:
         return
     futures = [f for f in sends if asyncio.isfuture(f)]

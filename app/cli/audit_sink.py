@@ -1,4 +1,4 @@
-"""``graylane audit-sink``: copy decisions and rollout states into SQL (own process/pod)."""
+"""``graylane serve audit-sink``: copy decisions and rollout states into SQL (own process/pod)."""
 
 from __future__ import annotations
 

@@ -51,7 +51,6 @@ from graylane.rollouts.vocabulary import Phase
 __all__ = [
     "STRATEGIES",
     "WAIT_EXIT_CODES",
-    "WaitOutcome",
     "call",
     "connection",
     "parse_match",
@@ -683,8 +682,7 @@ def rollout_get(args: argparse.Namespace) -> int:
     return _watch(args, rid, lambda s: _emit_state(args, s))
 
 
-WaitOutcome: TypeAlias = int
-WAIT_EXIT_CODES: dict[Phase, WaitOutcome] = {
+WAIT_EXIT_CODES: dict[Phase, int] = {
     Phase.PROMOTED: 0,
     Phase.ROLLED_BACK: 1,
     Phase.ABORTED: 1,
@@ -693,7 +691,7 @@ WAIT_EXIT_CODES: dict[Phase, WaitOutcome] = {
 WAIT_TIMEOUT_EXIT = 2
 
 
-def wait_outcome(phase_value: int) -> WaitOutcome | None:
+def wait_outcome(phase_value: int) -> int | None:
     """The exit code once a rollout is in ``phase_value`` (a ``RolloutPhase``); ``None``
     while it still runs."""
     from graylane.rollouts.pb import phase_from_pb
@@ -922,7 +920,7 @@ def _route_commands(
     )
     add.add_argument("--version", required=True, help="where matching requests go")
     add.set_defaults(handler=rule_add)
-    listing = client(rule_sub.add_parser("list", help="the model's rules and pinning"))
+    listing = _output(client(rule_sub.add_parser("list", help="the model's rules and pinning")))
     listing.add_argument("--model", required=True, help="the model")
     listing.set_defaults(handler=rule_list)
     remove = client(rule_sub.add_parser("remove", help="remove a rule by name"))
@@ -969,7 +967,8 @@ def rule_remove(args: argparse.Namespace) -> int:
 def rule_list(args: argparse.Namespace) -> int:
     from graylane.v1 import controlplane_pb2 as pb
 
-    _print(call(args, "Routing", "GetConfig", pb.GetRouteConfigRequest(model=args.model)))
+    view = call(args, "Routing", "GetConfig", pb.GetRouteConfigRequest(model=args.model))
+    emit(args, "RouteConfigView", view, args.model, lambda: _print(view))
     return 0
 
 

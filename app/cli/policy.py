@@ -1,4 +1,4 @@
-"""``graylane policy``: the policy engine (faust-streaming worker)."""
+"""``graylane serve policy``: the policy engine (faust-streaming worker)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``graylane router`` / ``graylane worker`` / ``graylane gateway``: the long-running services."""
+"""``graylane serve router`` / ``serve worker`` / ``serve gateway``: the long-running services."""
 
 from __future__ import annotations
 

@@ -57,10 +57,12 @@ class Timeline:
 
 
 class Monitor:
-    def __init__(self, model: str, window_s: float = 5.0) -> None:
+    def __init__(self, model: str, window_s: float = 5.0, t0: float | None = None) -> None:
         self.model = model
         self.window_s = window_s
-        self.t0 = time.monotonic()
+        self.t0 = time.monotonic() if t0 is None else t0
+        """The origin of every time here (``time.monotonic()``): the demo's start, so the
+        report's axis is the printed steps' clock."""
         self.samples: deque[RequestSample] = deque()
         self.history: list[RequestSample] = []
         """Every result seen (the live window forgets; reports and benchmarks do not)."""

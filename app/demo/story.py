@@ -48,7 +48,6 @@ __all__ = [
     "demo_rollout_spec",
     "floor_path_rps",
     "spike_rate",
-    "write_report",
 ]
 
 MODEL = "demo-gpt"
@@ -129,7 +128,10 @@ class Story:
         step: Callable[[str], None],
         *,
         scale_out: bool = False,
+        clock_origin: float | None = None,
     ) -> None:
+        """``clock_origin``: the ``time.monotonic()`` every time of the story counts from
+        (the demo's start, the printed steps' clock; default: now)."""
         self.scale_out = scale_out
         """A supervisor obeys the policy engine's scale requests for the QoS version."""
         self.deadline_s: float | None = None
@@ -138,7 +140,7 @@ class Story:
         self.layout = self.factory.layout
         self.cfg = cfg
         self.step = step
-        self.monitor = Monitor(MODEL)
+        self.monitor = Monitor(MODEL, t0=clock_origin)
         self.model = MODEL
         self.rate = cfg.rate
         self.base_rate = cfg.rate
@@ -458,15 +460,15 @@ class Story:
         await self._revert(title)
 
     async def _revert(self, title: list[str]) -> None:
-        """The operator's one-step way back: ``graylane rollout revert`` (control plane RPC)."""
+        """The operator's one-step way back: ``graylane rollout undo`` (control plane RPC)."""
         from graylane.app.cli.main import main
 
         before = self.registry_stable()
-        title[0] = f"operator: graylane rollout revert --model {MODEL} (stable {before})"
-        self.monitor.event(f"graylane rollout revert --model {MODEL} (stable {before})")
-        argv = ["rollout", "revert", "--model", MODEL, "--reason", "demo: previous stable"]
+        title[0] = f"operator: graylane rollout undo {MODEL} (stable {before})"
+        self.monitor.event(f"graylane rollout undo {MODEL} (stable {before})")
+        argv = ["rollout", "undo", MODEL, "--reason", "demo: previous stable"]
         if await asyncio.to_thread(main, argv) != 0:
-            self.monitor.event("rollout revert refused")
+            self.monitor.event("rollout undo refused")
             return
         await self._wait(
             lambda: (
@@ -487,8 +489,9 @@ class Story:
 
 
 def audit_table(records: list[audit_pb2.AuditRecord], t0_ms: int) -> Table:
-    table = Table(title="audit timeline: every decision and why")
-    for col in ("t+s", "decision", "version", "rule", "reason"):
+    """Every decision, timed from ``t0_ms`` (the demo's start: the report's clock)."""
+    table = Table(title="audit timeline: every decision and why (seconds since the demo started)")
+    for col in ("t (s)", "decision", "version", "rule", "reason"):
         table.add_column(col)
     for r in sorted(records, key=lambda r: r.decided_at_unix_ms):
         table.add_row(
@@ -499,51 +502,6 @@ def audit_table(records: list[audit_pb2.AuditRecord], t0_ms: int) -> Table:
             r.reason[:90],
         )
     return table
-
-
-def write_report(monitor: Monitor, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
-    versions = sorted(
-        {v for _, w in monitor.timeline.weights for v in w} | set(monitor.timeline.p99)
-    )
-    for version in versions:
-        points = [(t, w.get(version, 0.0)) for t, w in monitor.timeline.weights]
-        if points:
-            xs, ys = zip(*points, strict=True)
-            axes[0].step([*xs, monitor.now()], [*ys, ys[-1]], where="post", label=version)
-        p99 = monitor.timeline.p99.get(version, [])
-        if p99:
-            xs, ys = zip(*p99, strict=True)
-            axes[1].plot(xs, ys, label=version)
-        variants = monitor.timeline.variants.get(version, [])
-        if variants:
-            xs, labels = zip(*variants, strict=True)
-            axes[2].plot(
-                xs, [1 if v != "fp32" else 0 for v in labels], drawstyle="steps-post", label=version
-            )
-    axes[0].set_ylabel("weight %")
-    axes[1].set_ylabel("p99 ms (5 s window)")
-    axes[2].set_ylabel("variant")
-    axes[2].set_yticks([0, 1], ["fp32", "int8-dynamic"])
-    axes[2].set_xlabel("seconds since the demo started")
-    for at, text in monitor.timeline.events:
-        for ax in axes:
-            ax.axvline(at, color="grey", alpha=0.3, linestyle="--")
-        axes[0].annotate(text, (at, 102), rotation=20, fontsize=7, annotation_clip=False)
-    for ax in axes:
-        ax.legend(loc="upper left", fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.suptitle("Graylane demo: weights, p99 per version, active variant")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 # -- the spike, from measured capacity (pure) -----------------------------------------------

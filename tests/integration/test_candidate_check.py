@@ -20,7 +20,7 @@ async def test_candidate_needs_a_topic_and_a_consuming_worker(factory: KafkaFact
     check = KafkaCandidateCheck(factory, layout)
     missing = await check(MODEL, "2.0.0")
     assert missing is not None and "does not exist" in missing
-    assert "graylane worker --model gpt --version 2.0.0" in missing
+    assert "graylane serve worker --model gpt --version 2.0.0" in missing
 
     await ensure_topics(factory, layout.model_specs(MODEL, ["2.0.0"]))
     idle = await check(MODEL, "2.0.0")

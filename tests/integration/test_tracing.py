@@ -24,6 +24,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from graylane import serde
+from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
 from graylane.v1 import inference_pb2
 from tests.support.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
@@ -123,6 +124,9 @@ async def test_a_traceparent_from_a_confluent_producer_becomes_one_trace_over_th
                 )
 
             await wait_until(whole_trace, timeout=30, what="the worker's spans exported")
+            forwarded = await read_to_end(
+                factory, factory.layout.version_requests(MODEL, VERSION), client_suffix="t"
+            )
 
     spans = [s for s in receiver.received() if s.trace_id == caller.trace_id]
     pids = {s.resource.get("process.pid") for s in spans}
@@ -133,6 +137,10 @@ async def test_a_traceparent_from_a_confluent_producer_becomes_one_trace_over_th
     [routed] = by_name(spans, "graylane.router route")
     [served] = by_name(spans, "graylane.worker request")
     assert routed.parent_id == produce.span_id  # the producer's traceparent, continued
+    [record] = forwarded
+    headers = dict(record.headers)
+    assert headers["x-app"] == b"billing"  # the producer's own header travels on
+    assert headers["traceparent"].decode().split("-")[1:3] == [caller.trace_id, routed.span_id]
     assert served.parent_id == routed.span_id  # the router forwarded its own context
     assert routed.attributes["graylane.version"] == VERSION
     assert routed.span.kind == SpanKind.CONSUMER.value + 1  # OTLP numbers kinds from 1

@@ -16,7 +16,13 @@ from opentelemetry.trace import SpanKind
 
 from graylane import tracing
 from graylane.logs import LogFormat, configure_logging
-from graylane.tracing import HeaderCaps, WorkerHop, forward_headers, record_worker_hop
+from graylane.tracing import (
+    HeaderCaps,
+    TracedRequest,
+    WorkerHop,
+    forward_headers,
+    record_worker_hop,
+)
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -85,7 +91,14 @@ def test_worker_spans_cover_queue_batch_engine_and_delivery() -> None:
     exporter, provider = memory_tracer()
     headers = [("traceparent", PARENT.encode())]
     opened = record_worker_hop(
-        [(headers, 1_700_000_000_000, False, "r1"), (headers, 1_700_000_000_002, True, "r2")],
+        [
+            TracedRequest(
+                headers=headers, timestamp_ms=1_700_000_000_000, shadow=False, request_id="r1"
+            ),
+            TracedRequest(
+                headers=headers, timestamp_ms=1_700_000_000_002, shadow=True, request_id="r2"
+            ),
+        ],
         hop(2),
         provider.get_tracer("w"),
     )
@@ -130,7 +143,8 @@ def test_export_is_off_without_otel_variables() -> None:
         is False
     )
     assert tracing.enabled() is False
-    assert record_worker_hop([(None, 0, False, "r")], hop(1)) == []
+    quiet = TracedRequest(headers=None, timestamp_ms=0, shadow=False, request_id="r")
+    assert record_worker_hop([quiet], hop(1)) == []
 
 
 def test_log_lines_carry_milliseconds_and_the_trace_id() -> None:
@@ -156,3 +170,69 @@ def test_log_lines_carry_milliseconds_and_the_trace_id() -> None:
     line = text_stream.getvalue()
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00 WARNING router ", line)
     assert f"trace={format(span2.get_span_context().trace_id, '032x')} inside text" in line
+
+
+async def test_the_sdk_carries_the_callers_trace_on_the_record() -> None:
+    """No tracer set up in this process: the caller's own context (a service that
+    extracted a traceparent) is what the record's header carries."""
+    from opentelemetry import context as otel_context
+
+    from graylane.client import GraylaneClient
+    from graylane.settings import Settings
+    from tests.support.memory_kafka import MemoryBroker, MemoryFactory
+
+    factory = MemoryFactory(MemoryBroker(), Settings(topic_prefix="t", partitions=2))
+    for spec in factory.layout.model_specs("gpt", ["v1"]):
+        factory.broker.create_topic(spec.name, spec.partitions)
+    async with GraylaneClient(factory) as client:
+        token = otel_context.attach(tracing.extract([("traceparent", PARENT.encode())]))
+        try:
+            await client.send(client.build_request("gpt", prompt="x"))
+        finally:
+            otel_context.detach(token)
+        await client.send(client.build_request("gpt", prompt="y"))  # outside any trace
+    first, second = factory.broker.records(factory.layout.ingress("gpt"))
+    assert dict(first.headers)["traceparent"] == PARENT.encode()
+    assert "traceparent" not in dict(second.headers or ())
+
+
+async def test_the_gateway_continues_the_http_traceparent() -> None:
+    import httpx
+
+    from graylane.client import Result
+    from graylane.services.gateway.admission import KeyRing, parse_api_keys
+    from graylane.services.gateway.catalog import ModelDirectory
+    from graylane.services.gateway.service import Gateway, GatewayConfig
+    from graylane.settings import Settings
+    from tests.support.memory_kafka import MemoryBroker, MemoryFactory
+
+    factory = MemoryFactory(MemoryBroker(), Settings(topic_prefix="t", partitions=2))
+    key = "edge-key-0123456789abcdef"
+    gateway = Gateway(
+        factory, GatewayConfig(metrics_port=-1), KeyRing(parse_api_keys(f"{key}:infer:t"))
+    )
+
+    async def topics() -> set[str]:
+        return {factory.layout.ingress("gpt")}
+
+    gateway.directory = ModelDirectory(factory.layout, topics)
+    carried: list[list[tuple[str, bytes]]] = []
+
+    async def infer(model: str, **kwargs: object) -> Result:
+        carried.append(tracing.inject())  # what the SDK's send would put on the record
+        return Result(
+            request_id=str(kwargs["request_id"]), model=model, version="v1", variant="fp32",
+            ok=True, error_code="", error_message="", text="hi", finish_reason="EOS",
+        )  # fmt: skip
+
+    gateway.client.infer = infer  # type: ignore[method-assign]
+    transport = httpx.ASGITransport(app=gateway.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        answer = await http.post(
+            "/v1/completions",
+            json={"model": "gpt", "prompt": "x", "max_tokens": 1},
+            headers={"Authorization": f"Bearer {key}", "traceparent": PARENT},
+        )
+    assert answer.status_code == 200, answer.text
+    [headers] = carried
+    assert dict(headers)["traceparent"].decode().split("-")[1] == PARENT.split("-")[1]
