@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint typecheck protos protos-check kafka-start kafka-stop bench clean
+.PHONY: setup run test deploy-test images lint typecheck protos protos-check kafka-start kafka-stop bench clean
 
 $(STAMP): pyproject.toml
 	@echo "==> setting up $(VENV) (python >= 3.11)"
@@ -24,6 +24,13 @@ run: setup
 
 test: setup
 	@bash scripts/test.sh
+
+# The images built and run, the pod specs started with podman kube play (also in `make test`).
+deploy-test: setup
+	@bash scripts/test.sh -m containers
+
+images: setup
+	$(BIN)/python deploy/containers/containers.py build
 
 lint: setup
 	$(BIN)/ruff check .

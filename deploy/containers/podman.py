@@ -10,6 +10,8 @@ the machine's global ``/etc/containers/containers.conf`` is left as it is.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +19,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from graylane.deploy.kafka.layout import REPO_ROOT
 from graylane.errors import GraylaneError
@@ -25,11 +30,13 @@ __all__ = [
     "CONTAINERS_CONF",
     "PACKAGES",
     "ContainerToolError",
+    "KubePlay",
     "Podman",
     "apt_install",
     "containers_dir",
     "ensure_packages",
     "say",
+    "secret_payloads",
 ]
 
 # Debian packages the image build and the pod test need (binary they provide -> package).
@@ -40,6 +47,7 @@ PACKAGES: dict[str, str] = {
     "debootstrap": "debootstrap",
     "newuidmap": "uidmap",
     "fuse-overlayfs": "fuse-overlayfs",
+    "catatonit": "catatonit",  # the init of podman's pod infra ("pause") image
 }
 
 # crun refuses this machine's hybrid cgroup layout and the default ulimits are above what
@@ -181,3 +189,99 @@ class Podman:
         if not out.startswith("sha256:"):
             raise ContainerToolError(f"no digest for {ref}: {out!r}")
         return out
+
+
+# -- podman kube play ---------------------------------------------------------------------------
+# Debian 12's podman (4.3) reads a Secret for `env.valueFrom.secretKeyRef` as a JSON map of
+# base64 values and for a `secret` volume as a Secret object whose `data` holds plain text;
+# a Secret played from the YAML itself serves neither. So Secrets are created beforehand, in
+# the form each use reads, and the rest is played as written.
+
+Doc = dict[str, Any]
+
+
+def _secret_uses(docs: Sequence[Doc]) -> dict[str, set[str]]:
+    uses: dict[str, set[str]] = {}
+    for doc in docs:
+        if doc.get("kind") != "Deployment":
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        for volume in pod.get("volumes", []):
+            if "secret" in volume:
+                uses.setdefault(volume["secret"]["secretName"], set()).add("volume")
+        for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    uses.setdefault(ref["name"], set()).add("env")
+    return uses
+
+
+def _secret_values(doc: Doc) -> dict[str, bytes]:
+    values = {k: base64.b64decode(v or "") for k, v in (doc.get("data") or {}).items()}
+    values.update({k: (v or "").encode() for k, v in (doc.get("stringData") or {}).items()})
+    return values
+
+
+def secret_payloads(docs: Sequence[Doc]) -> dict[str, bytes]:
+    """Each Secret as the podman secret its use reads (see above); refuses a Secret used
+    both as env and as a volume (this podman cannot serve both from one)."""
+    uses = _secret_uses(docs)
+    payloads: dict[str, bytes] = {}
+    for doc in docs:
+        if doc.get("kind") != "Secret":
+            continue
+        name = doc["metadata"]["name"]
+        values = _secret_values(doc)
+        how = uses.get(name, {"volume"})
+        if how == {"env", "volume"}:
+            raise ContainerToolError(f"Secret {name} is used as env and as a volume")
+        if how == {"env"}:
+            body: object = {k: base64.b64encode(v).decode() for k, v in values.items()}
+        else:
+            body = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": name},
+                "data": {k: v.decode() for k, v in values.items()},
+            }
+        payloads[name] = json.dumps(body).encode()
+    return payloads
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubePlay:
+    """Pod specs started with ``podman kube play`` (their Secrets created first)."""
+
+    podman: Podman
+    spec: Path
+    secrets: tuple[str, ...]
+
+    @classmethod
+    def start(cls, podman: Podman, docs: Sequence[Doc], spec: Path) -> KubePlay:
+        payloads = secret_payloads(docs)
+        for name, payload in payloads.items():
+            podman.run(["secret", "rm", name], check=False)
+            podman.run(["secret", "create", name, "-"], stdin=payload)
+        rest = [d for d in docs if d.get("kind") != "Secret"]
+        spec.write_text(yaml.safe_dump_all(rest, sort_keys=False))
+        played = cls(podman=podman, spec=spec, secrets=tuple(payloads))
+        try:
+            podman.run(["kube", "play", str(spec)], stream=True, timeout=900)
+        except BaseException:
+            played.down()
+            raise
+        return played
+
+    def pods(self) -> list[str]:
+        out = self.podman.run(["pod", "ps", "--format", "{{.Name}}"], check=False).stdout
+        return out.split()
+
+    def logs(self, pod: str, tail: int = 200) -> str:
+        res = self.podman.run(["pod", "logs", "--tail", str(tail), pod], check=False)
+        return res.stdout + res.stderr
+
+    def down(self) -> None:
+        self.podman.run(["kube", "down", str(self.spec)], check=False, timeout=300)
+        for name in self.secrets:
+            self.podman.run(["secret", "rm", name], check=False)
