@@ -125,6 +125,16 @@ Latency (rule ``service_time_sequential``)
     further condition, so the level still holds). Without service-time
     histograms the fixed-horizon latency gate judges instead.
 
+Generations (rules ``ttft_sequential``, ``tpot_sequential``; see :func:`generative`)
+    The same slow-share tests on time to first token (as served: the prefill
+    step) and on time per output token instead of service time, which for a
+    generation is mostly its length; four tests (TTFT, TPOT x p95, p99) at
+    ``alpha / 8`` each. A candidate generation is slow above (1 +
+    ``token_time_tolerance``) x the threshold; the threshold is the smallest of
+    the recent baseline quantiles (a stall slows every token of a generation);
+    each increment bets :data:`GENERATION_BET` of its ratio. Output lengths and
+    endings are :func:`length_drift_gate`'s, never a latency verdict.
+
 A rejection is a FAIL marked severe (roll back now: the test's level already
 accounts for every look); evidence past half the threshold is INCONCLUSIVE
 (hold, do not advance on a suspect); else PASS. Each increment's log
