@@ -26,7 +26,7 @@ from graylane.app.cli.views import (
     table,
     when,
 )
-from graylane.rollouts.spec import Strategy
+from graylane.rollouts.spec import DriftAction, Strategy
 
 __all__ = ["STRATEGIES", "call", "parse_match", "register", "stubs"]
 
@@ -120,6 +120,24 @@ def _rollout_commands(sub: Sub) -> None:
     start.add_argument("--max-p99-ratio", type=float, default=0.0)
     start.add_argument("--max-error-delta", type=float, default=0.0)
     start.add_argument("--min-agreement", type=float, default=0.0)
+    start.add_argument(
+        "--length-drift",
+        choices=tuple(a.value for a in DriftAction),
+        default=None,
+        help="what an output-length / EOS-rate drift of a generation does (default: hold)",
+    )
+    start.add_argument(
+        "--max-length-shift",
+        type=float,
+        default=None,
+        help="tolerated change of the share of answers longer than the baseline's median",
+    )
+    start.add_argument(
+        "--max-eos-delta",
+        type=float,
+        default=None,
+        help="tolerated change of the share of answers the model ended (EOS or a stop)",
+    )
     start.add_argument("--failures-to-rollback", type=int, default=0)
     start.add_argument("--shadow-share", type=float, default=0.0)
     start.add_argument("--shadow-s", type=float, default=0.0)
@@ -423,7 +441,7 @@ def steps(args: argparse.Namespace) -> list[Any]:
 
 
 def rollout_start(args: argparse.Namespace) -> int:
-    from graylane.rollouts.pb import strategy_to_pb
+    from graylane.rollouts.pb import drift_action_to_pb, strategy_to_pb
     from graylane.v1 import rollout_pb2
 
     spec = rollout_pb2.RolloutSpec(
@@ -436,6 +454,13 @@ def rollout_start(args: argparse.Namespace) -> int:
             max_p99_ratio=args.max_p99_ratio,
             max_error_rate_delta=args.max_error_delta,
             min_output_agreement=args.min_agreement,
+            length_drift=(
+                drift_action_to_pb(DriftAction(args.length_drift))
+                if args.length_drift
+                else rollout_pb2.DRIFT_ACTION_UNSPECIFIED
+            ),
+            max_length_shift=args.max_length_shift,
+            max_eos_rate_delta=args.max_eos_delta,
         ),
         failures_to_rollback=args.failures_to_rollback,
         shadow_share=args.shadow_share,

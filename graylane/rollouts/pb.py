@@ -37,6 +37,7 @@ __all__ = [
     "decision_kind_to_pb",
     "decision_rule_from_pb",
     "drift_action_from_pb",
+    "drift_action_to_pb",
     "gate_mode_from_pb",
     "gate_mode_to_pb",
     "manual_command_from_pb",
@@ -155,6 +156,10 @@ def strategy_from_pb(value: int) -> Strategy:
     return strategy
 
 
+def drift_action_to_pb(action: DriftAction) -> rollout_pb2.DriftAction:
+    return _DRIFT_TO_PB[action]
+
+
 def drift_action_from_pb(value: int) -> DriftAction | None:
     """None for ``DRIFT_ACTION_UNSPECIFIED`` (the default); :class:`InvalidSpec` for an
     action this build does not know."""
@@ -216,7 +221,7 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
             unresponsive_s=g.unresponsive_s,
             backlog_queue_ms=g.backlog_queue_ms,
             p99_floor_ms=g.p99_floor_ms,
-            length_drift=_DRIFT_TO_PB[g.length_drift],
+            length_drift=drift_action_to_pb(g.length_drift),
             max_length_shift=g.max_length_shift,
             max_eos_rate_delta=g.max_eos_rate_delta,
             token_time_tolerance=g.token_time_tolerance,

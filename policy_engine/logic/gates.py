@@ -125,6 +125,16 @@ Latency (rule ``service_time_sequential``)
     further condition, so the level still holds). Without service-time
     histograms the fixed-horizon latency gate judges instead.
 
+Generations (rules ``ttft_sequential``, ``tpot_sequential``; see :func:`generative`)
+    The same slow-share tests on time to first token (as served: the prefill
+    step) and on time per output token instead of service time, which for a
+    generation is mostly its length; four tests (TTFT, TPOT x p95, p99) at
+    ``alpha / 8`` each. A candidate generation is slow above (1 +
+    ``token_time_tolerance``) x the threshold; the threshold is the smallest of
+    the recent baseline quantiles (a stall slows every token of a generation);
+    each increment bets :data:`GENERATION_BET` of its ratio. Output lengths and
+    endings are :func:`length_drift_gate`'s, never a latency verdict.
+
 A rejection is a FAIL marked severe (roll back now: the test's level already
 accounts for every look); evidence past half the threshold is INCONCLUSIVE
 (hold, do not advance on a suspect); else PASS. Each increment's log
@@ -771,6 +781,7 @@ if TYPE_CHECKING:  # the rollout controller calls in here with its inputs
 
 __all__ = [
     "BET",
+    "GENERATION_BET",
     "MIN_INCREMENTS",
     "P95_THRESHOLD_MIN",
     "P99_THRESHOLD_MIN",
@@ -794,14 +805,19 @@ RATIO_GRID: tuple[float, ...] = (1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 RATE_GRID: tuple[float, ...] = (1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 """Alternatives of :class:`RateTest`, as multiples of its ``p0`` (capped below 1)."""
 BET = 0.9
+GENERATION_BET = 0.5
+"""The bet of the TTFT / TPOT tests: a stall slows every token of the generations it
+hits, so a baseline stall makes a whole increment lean the wrong way; at 0.5 such an
+increment costs at most log 2 of the evidence (0.9: log 10) and a strong one still
+counts fully (the cap grows to match). Validity holds for any bet in (0, 1]."""
 RECENT = 5
 """How many recent increments :meth:`RatioTest.persistent` looks at."""
 """Share of each increment's (capped) likelihood ratio a test stakes; see the module docstring."""
 
 
-def _bounded(log_l: float, cap: float) -> float:
-    """``log((1 - BET) + BET * min(L, e^cap))`` for ``log_l = log L``."""
-    return math.log((1.0 - BET) + BET * math.exp(min(log_l, cap)))
+def _bounded(log_l: float, cap: float, bet: float = BET) -> float:
+    """``log((1 - bet) + bet * min(L, e^cap))`` for ``log_l = log L``."""
+    return math.log((1.0 - bet) + bet * math.exp(min(log_l, cap)))
 
 
 def log_threshold(alpha: float) -> float:
@@ -848,8 +864,10 @@ class RatioTest:
         baseline_requests: int,
         *,
         cap: float = 50.0,
+        bet: float = BET,
     ) -> RatioTest:
-        """Add one increment (counts disjoint from every earlier one)."""
+        """Add one increment (counts disjoint from every earlier one); ``bet``: the
+        share of the increment's ratio bet (see the module docstring)."""
         for events, n in (
             (candidate_events, candidate_requests),
             (baseline_events, baseline_requests),
@@ -866,6 +884,7 @@ class RatioTest:
                     candidate_events * math.log(p / p0)
                     + baseline_events * math.log((1.0 - p) / (1.0 - p0)),
                     cap,
+                    bet,
                 )
                 for acc, p in zip(
                     self.log_lr,
@@ -979,12 +998,17 @@ class SlowShare:
     ) -> SlowShare:
         """Feed one increment; ``same``: the increment is the whole window; a candidate
         generation is slow above ``margin`` x the threshold."""
+        # The smallest of the recent increments' quantiles and the window's before this
+        # increment (never the increment's own: the threshold stays independent of the
+        # data it judges). A stall slows every token of the generations it hits, so a
+        # stalled baseline step lifts its quantiles several-fold; one or two of them
+        # among the last five must not blind the test, as a median would be.
         before = None if same else _without(window, inc_b)
-        t95 = _median(self.baseline_p95_ms) or _threshold(before, 0.95, P95_THRESHOLD_MIN)
-        t99 = _median(self.baseline_p99_ms) or _threshold(before, 0.99, P99_THRESHOLD_MIN)
+        t95 = _smallest(self.baseline_p95_ms, _threshold(before, 0.95, P95_THRESHOLD_MIN))
+        t99 = _smallest(self.baseline_p99_ms, _threshold(before, 0.99, P99_THRESHOLD_MIN))
         return SlowShare(
-            p95=_slow(self.p95, t95, inc_b, inc_c, cap, margin),
-            p99=_slow(self.p99, t99, inc_b, inc_c, cap, margin),
+            p95=_slow(self.p95, t95, inc_b, inc_c, cap, margin, GENERATION_BET),
+            p99=_slow(self.p99, t99, inc_b, inc_c, cap, margin, GENERATION_BET),
             baseline_p95_ms=_keep(self.baseline_p95_ms, inc_b, window, 0.95, P95_THRESHOLD_MIN),
             baseline_p99_ms=_keep(self.baseline_p99_ms, inc_b, window, 0.99, P99_THRESHOLD_MIN),
         )
@@ -1036,10 +1060,10 @@ def _generation_alpha(gates: Gates) -> float:
     return gates.alpha / 8
 
 
-def _cap(alpha: float) -> float:
+def _cap(alpha: float, bet: float = BET) -> float:
     # Enough for MIN_INCREMENTS strong increments to reject with one alternative of
-    # the grid alone: the threshold, the mixture's log K and BET's share.
-    return (log_threshold(alpha) + math.log(len(RATIO_GRID))) / MIN_INCREMENTS - math.log(BET)
+    # the grid alone: the threshold, the mixture's log K and the bet's share.
+    return (log_threshold(alpha) + math.log(len(RATIO_GRID))) / MIN_INCREMENTS - math.log(bet)
 
 
 def count_above(hist: LatencyHistogram | None, bucket: int) -> int:
@@ -1093,6 +1117,7 @@ def _slow(
     candidate: LatencyHistogram | None,
     cap: float,
     margin: float = 1.0,
+    bet: float = BET,
 ) -> RatioTest:
     """Feed one increment's counts above ``threshold_ms`` (of the baseline's scheme);
     a candidate request is slow only above ``margin x threshold_ms``: the test is then
@@ -1108,6 +1133,7 @@ def _slow(
         count_above(baseline, bucket),
         baseline.count,
         cap=cap,
+        bet=bet,
     )
 
 
@@ -1145,7 +1171,7 @@ def advance_sequential(
     )
     if generative(baseline, candidate, inc_b, inc_c):
         # A generation's service time is mostly its length: judge TTFT and TPOT instead.
-        cap, same = _cap(_generation_alpha(gates)), inc_b is baseline
+        cap, same = _cap(_generation_alpha(gates), GENERATION_BET), inc_b is baseline
         margin = 1.0 + gates.token_time_tolerance
         window, gb, gc = baseline.generation, inc_b.generation, inc_c.generation
         served = first_token_served(window, gb, gc)
@@ -1181,6 +1207,11 @@ def advance_sequential(
         baseline_p95_ms=_remember(ev.baseline_p95_ms, inc_b, baseline, 0.95, P95_THRESHOLD_MIN),
         baseline_p99_ms=_remember(ev.baseline_p99_ms, inc_b, baseline, 0.99, P99_THRESHOLD_MIN),
     )
+
+
+def _smallest(kept: tuple[float, ...], current: float) -> float:
+    values = [v for v in (*kept, current) if v > 0.0]
+    return min(values) if values else 0.0
 
 
 def _median(values: tuple[float, ...]) -> float:

@@ -31,6 +31,7 @@ from graylane.engine_worker.requests import DemoByteTokenizer
 from graylane.engine_worker.tasks import generate_with_cache
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
+from graylane.policy_engine.audit_replay import load_recorded, verify
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionRule
@@ -202,6 +203,8 @@ async def test_a_candidate_slower_per_token_is_rolled_back_on_tpot_though_it_ans
     assert [a.rule for a in rollbacks] == [DecisionRule.TPOT_SEQUENTIAL.value], [
         (a.rule, a.reason[:200]) for a in audits
     ]
+    # The generation windows are on record: the decisions replay the same.
+    assert verify(await load_recorded(factory, MODEL, "r-tpot")) == []
 
 
 async def test_a_candidate_that_only_answers_longer_is_held_on_length_drift_not_rolled_back(

@@ -406,3 +406,28 @@ def test_generations_without_token_times_are_judged_on_service_time_as_before() 
     assert rules[0] is DecisionRule.OUTPUT_LENGTH_DRIFT
     assert DecisionRule.TTFT_SEQUENTIAL not in rules
     assert DecisionRule.P99_RATIO in rules or DecisionRule.SERVICE_TIME_SEQUENTIAL in rules
+
+
+def test_rollout_start_carries_the_drift_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from graylane.app.cli import ops
+    from graylane.app.cli.main import main
+
+    sent: list[rollout_pb2.RolloutSpec] = []
+
+    def call(args: object, stub: str, method: str, request: rollout_pb2.RolloutSpec) -> None:
+        sent.append(request)
+
+    monkeypatch.setattr(ops, "call", call)
+    monkeypatch.setattr(ops, "print_state", lambda state: None)
+    common = ["rollout", "start", "--model", "m", "--candidate", "v2", "--baseline", "v1"]
+    assert main([*common, "--length-drift", "rollback", "--max-length-shift", "0.2"]) == 0
+    assert main(common) == 0
+    given_, default = (rollout_spec_from_pb(replace_id(s)) for s in sent)
+    assert given_.gates.length_drift is DriftAction.ROLLBACK
+    assert given_.gates.max_length_shift == 0.2 and given_.gates.max_eos_rate_delta == 0.1
+    assert default.gates.length_drift is DriftAction.HOLD
+
+
+def replace_id(spec: rollout_pb2.RolloutSpec) -> rollout_pb2.RolloutSpec:
+    spec.rollout_id = spec.rollout_id or "r"  # the control plane names it
+    return spec
