@@ -430,7 +430,6 @@ async def measure_path(
 async def measure_generative_path(
     settings: Settings,
     variants: dict[str, str],
-    cfg: QosConfig,
     gen: GenerativeConfig,
     load: GenerationLoad,
     *,
@@ -528,9 +527,7 @@ def main_generative(
     )
     load = GenerationLoad(new_tokens=lengths)
     path, busy_tpot = asyncio.run(
-        measure_generative_path(
-            settings, variants, cfg, gen, load, offered=capacities[LADDER[0]] * 1.3
-        )
+        measure_generative_path(settings, variants, gen, load, offered=capacities[LADDER[0]] * 1.3)
     )
     base_rate = cfg.base_fraction * min(path, capacities[LADDER[0]])
     ttft_slo = max(gen.ttft_factor * (prefill + step), gen.min_ttft_ms)
@@ -592,7 +589,7 @@ def main_generative(
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "base_rate_per_s": round(base_rate, 1),
         "spike_factor": cfg.spike_factor,
-        "config": {**asdict(cfg), "generative": asdict(gen)},
+        "config": {**asdict(gen_cfg), "generative": asdict(gen)},
         "runs": results,
     }
     print(json.dumps(summary))
