@@ -164,7 +164,8 @@ def _rollout_ref(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         nargs="?",
         default="",
         metavar="ROLLOUT|MODEL",
-        help="a rollout id (ro-..., from `rollout list`) or a model: its active rollout",
+        help="a rollout id (ro-..., from `rollout list`) or a model: its active rollout "
+        "(get, status: else its newest)",
     )
     parser.add_argument("--model", default="", help="the model whose active rollout to act on")
     return parser

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from graylane import tracing
+from graylane import serde, tracing
 from graylane.logs import LogFormat, configure_logging
 from graylane.tracing import (
     HeaderCaps,
@@ -23,6 +23,7 @@ from graylane.tracing import (
     forward_headers,
     record_worker_hop,
 )
+from graylane.v1 import inference_pb2
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -187,13 +188,16 @@ async def test_the_sdk_carries_the_callers_trace_on_the_record() -> None:
     async with GraylaneClient(factory) as client:
         token = otel_context.attach(tracing.extract([("traceparent", PARENT.encode())]))
         try:
-            await client.send(client.build_request("gpt", prompt="x"))
+            traced = await client.send(client.build_request("gpt", prompt="x"))
         finally:
             otel_context.detach(token)
-        await client.send(client.build_request("gpt", prompt="y"))  # outside any trace
-    first, second = factory.broker.records(factory.layout.ingress("gpt"))
-    assert dict(first.headers)["traceparent"] == PARENT.encode()
-    assert "traceparent" not in dict(second.headers or ())
+        untraced = await client.send(client.build_request("gpt", prompt="y"))  # no trace
+    records = {  # by request id: the two may land on either partition
+        serde.decode(inference_pb2.InferenceRequest, r.value).request_id: r
+        for r in factory.broker.records(factory.layout.ingress("gpt"))
+    }
+    assert dict(records[traced].headers)["traceparent"] == PARENT.encode()
+    assert "traceparent" not in dict(records[untraced].headers or ())
 
 
 async def test_the_gateway_continues_the_http_traceparent() -> None:
