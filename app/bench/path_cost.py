@@ -91,6 +91,9 @@ class PathCostConfig:
     """Per batch size, for the engine-alone figures."""
     drain_timeout_s: float = 600.0
     ready_timeout_s: float = 180.0
+    private_broker: bool = False
+    """Drain through a broker of the bench's own (free ports, state under .local), so the
+    broker's CPU is the path's alone; stopped and its data removed at the end."""
 
 
 class Drain(Enum):
@@ -597,16 +600,43 @@ class PathCostRun:
 
 
 def run_path_cost(cfg: PathCostConfig, progress: Progress) -> PathCostRun:
+    from graylane.app.bench.chaos_stack import PrivateBroker
     from graylane.deploy.kafka import kafka
     from graylane.deploy.kafka.process import running_pid
-    from graylane.models.demo_gpt import write_demo_gpt
 
-    progress("starting the broker")
-    kafka.start()
-    broker_pid = running_pid()
+    settings = Settings.from_env()
+    private: PrivateBroker | None = None
+    if cfg.private_broker:
+        private = PrivateBroker(REPO_ROOT / ".local" / "bench-path" / uuid.uuid4().hex[:6])
+        progress(f"starting a broker of the bench's own on {private.bootstrap}")
+        private.start()
+        broker_pid = _pid_in(private.root / "kafka" / "kafka.pid")
+        settings = settings.with_overrides(bootstrap_servers=private.bootstrap)
+    else:
+        progress("starting the broker")
+        kafka.start()
+        broker_pid = running_pid()
     if broker_pid is None:
         progress("the broker's pid is unknown here (not this checkout's): no broker CPU figure")
-    settings = Settings.from_env()
+    try:
+        return _measure(settings, broker_pid, cfg, progress)
+    finally:
+        if private is not None:
+            private.remove()
+
+
+def _pid_in(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _measure(
+    settings: Settings, broker_pid: int | None, cfg: PathCostConfig, progress: Progress
+) -> PathCostRun:
+    from graylane.models.demo_gpt import write_demo_gpt
+
     if settings.security.client_options().get("security_protocol", "PLAINTEXT") != "PLAINTEXT":
         raise SystemExit("graylane bench path runs on a plaintext broker (the local one)")
     models = REPO_ROOT / ".local" / "models"

@@ -30,6 +30,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     path.add_argument(
         "--engine-seconds", type=float, default=1.5, help="per batch size, engine alone"
     )
+    path.add_argument(
+        "--private-broker",
+        action="store_true",
+        help="a broker of the bench's own (free ports): its CPU is the path's alone",
+    )
     path.set_defaults(handler=_path)
     rollback = which.add_parser("rollback", help="time to roll back a bad canary; false rollbacks")
     rollback.add_argument(
@@ -194,6 +199,7 @@ def _path(args: argparse.Namespace) -> int:
             max_wait_ms=args.max_wait_ms,
             fixed_batching=args.fixed_batching,
             engine_seconds=args.engine_seconds,
+            private_broker=args.private_broker,
         )
     )
 
