@@ -11,6 +11,7 @@ the machine's global ``/etc/containers/containers.conf`` is left as it is.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ __all__ = [
     "apt_install",
     "containers_dir",
     "ensure_packages",
+    "kube_play_form",
     "say",
     "secret_payloads",
 ]
@@ -249,6 +251,30 @@ def secret_payloads(docs: Sequence[Doc]) -> dict[str, bytes]:
     return payloads
 
 
+def kube_play_form(doc: Doc) -> Doc:
+    """The Deployment as this podman plays it, meaning unchanged: ``optional: false`` spelt
+    out on secret volumes (it crashes on one that leaves the default unset), and on the host
+    network no ``ports`` list (it turns each into a port mapping, which host networking
+    refuses) with the probes' named ports written as numbers."""
+    if doc.get("kind") != "Deployment":
+        return doc
+    out = copy.deepcopy(doc)
+    pod = out["spec"]["template"]["spec"]
+    for volume in pod.get("volumes", []):
+        if "secret" in volume:
+            volume["secret"].setdefault("optional", False)
+    if pod.get("hostNetwork"):
+        for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+            named = {
+                p["name"]: p["containerPort"] for p in container.pop("ports", []) if "name" in p
+            }
+            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                action = container.get(probe, {}).get("httpGet")
+                if action and isinstance(action.get("port"), str):
+                    action["port"] = named[action["port"]]
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class KubePlay:
     """Pod specs started with ``podman kube play`` (their Secrets created first)."""
@@ -263,7 +289,7 @@ class KubePlay:
         for name, payload in payloads.items():
             podman.run(["secret", "rm", name], check=False)
             podman.run(["secret", "create", name, "-"], stdin=payload)
-        rest = [d for d in docs if d.get("kind") != "Secret"]
+        rest = [kube_play_form(d) for d in docs if d.get("kind") != "Secret"]
         spec.write_text(yaml.safe_dump_all(rest, sort_keys=False))
         played = cls(podman=podman, spec=spec, secrets=tuple(payloads))
         try:
