@@ -476,3 +476,21 @@ def test_the_control_plane_listens_beyond_loopback_with_tls_from_a_secret(tree: 
         mount = str(path.parent)
         assert secrets.get(mounts.get(mount, "")) == "graylane-controlplane-tls", path
     assert {p["containerPort"] for p in container["ports"]} >= {50051}
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_gpu_workers_refuse_to_fall_back_to_onnx_runtime_on_cpu(tree: str) -> None:
+    """A GPU pod whose engine does not match its GPU would otherwise serve ONNX Runtime on
+    CPU while holding the GPU."""
+    parser = build_parser()
+    workers = [
+        d
+        for d in _of(tree, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+    ]
+    assert workers
+    for worker in workers:
+        (container,) = _pod(worker)["containers"]
+        on_gpu = "nvidia.com/gpu" in container["resources"].get("limits", {})
+        args = parser.parse_args(container["command"][1:])
+        assert args.require_tensorrt is on_gpu, worker["metadata"]["name"]
