@@ -36,6 +36,7 @@ __all__ = [
     "apt_install",
     "containers_dir",
     "ensure_packages",
+    "job_as_pod",
     "kube_play_form",
     "say",
     "secret_payloads",
@@ -205,9 +206,9 @@ Doc = dict[str, Any]
 def _secret_uses(docs: Sequence[Doc]) -> dict[str, set[str]]:
     uses: dict[str, set[str]] = {}
     for doc in docs:
-        if doc.get("kind") != "Deployment":
+        if doc.get("kind") not in ("Deployment", "Pod"):
             continue
-        pod = doc["spec"]["template"]["spec"]
+        pod = doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
         for volume in pod.get("volumes", []):
             if "secret" in volume:
                 uses.setdefault(volume["secret"]["secretName"], set()).add("volume")
@@ -256,10 +257,10 @@ def kube_play_form(doc: Doc) -> Doc:
     out on secret volumes (it crashes on one that leaves the default unset), and on the host
     network no ``ports`` list (it turns each into a port mapping, which host networking
     refuses) with the probes' named ports written as numbers."""
-    if doc.get("kind") != "Deployment":
+    if doc.get("kind") not in ("Deployment", "Pod"):
         return doc
     out = copy.deepcopy(doc)
-    pod = out["spec"]["template"]["spec"]
+    pod = out["spec"] if out["kind"] == "Pod" else out["spec"]["template"]["spec"]
     for volume in pod.get("volumes", []):
         if "secret" in volume:
             volume["secret"].setdefault("optional", False)
@@ -311,3 +312,17 @@ class KubePlay:
         self.podman.run(["kube", "down", str(self.spec)], check=False, timeout=300)
         for name in self.secrets:
             self.podman.run(["secret", "rm", name], check=False)
+
+
+def job_as_pod(job: Doc) -> Doc:
+    """A Job's pod template as a Pod of the Job's name (this podman does not play Jobs)."""
+    template = job["spec"]["template"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": job["metadata"]["name"],
+            "labels": dict(template.get("metadata", {}).get("labels", {})),
+        },
+        "spec": copy.deepcopy(template["spec"]),
+    }
