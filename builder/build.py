@@ -838,9 +838,7 @@ def _calibration_info(outcome: VariantOutcome) -> CalibrationInfo | None:
 # -- registry records --------------------------------------------------------------------------
 
 
-def artifact_record(
-    manifest: Manifest, folder: Path, store: Path | None = None
-) -> ArtifactRecord:
+def artifact_record(manifest: Manifest, folder: Path, store: Path | None = None) -> ArtifactRecord:
     """The registry's view of a published artifact.
 
     Under ``store`` its location is recorded relative to the store, so a worker that mounts

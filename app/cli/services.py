@@ -42,6 +42,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="load the servable variants of MODEL/VERSION from the registry and artifact store",
     )
+    worker.add_argument(
+        "--require-tensorrt",
+        action="store_true",
+        help="refuse to start unless every variant runs on TensorRT (GPU pods: never fall "
+        "back to ONNX Runtime on CPU while holding a GPU)",
+    )
     worker.add_argument("--active", help="variant to start with")
     worker.add_argument("--max-batch", type=int, default=8, help="largest batch per engine call")
     worker.add_argument("--max-wait-ms", type=int, default=5, help="how long a batch waits to fill")
@@ -331,6 +337,8 @@ def _worker(args: argparse.Namespace) -> int:
         first_path = next(iter(paths.values()))
         info, profiles = onnx_model_info(first_path), ()
         tokenizer = tokenizer_beside(first_path)  # an export folder's tokenizer.json
+    if args.require_tensorrt:
+        _require_tensorrt(engines, loaded.skipped if args.from_registry else {})
     active = args.active or next(iter(engines))
     max_seq = (
         args.max_seq_len
@@ -425,3 +433,16 @@ def _gateway(args: argparse.Namespace) -> int:
     except ImportError:
         return run_service(gateway.run)
     return run_service(gateway.run, loop_factory=uvloop.new_event_loop)
+
+
+def _require_tensorrt(engines: Mapping[str, Any], skipped: Mapping[str, str]) -> None:
+    """Exit unless every loaded engine is a TensorRT one (GPU pods never fall back)."""
+    from graylane.engine.onnxruntime import OnnxRuntimeEngine
+
+    on_cpu = sorted(v for v, e in engines.items() if isinstance(e, OnnxRuntimeEngine))
+    if on_cpu or not engines:
+        why = "; ".join(f"{name}: {reason}" for name, reason in skipped.items())
+        raise SystemExit(
+            f"--require-tensorrt: {', '.join(on_cpu) or 'nothing'} would be served by ONNX "
+            f"Runtime on CPU, not TensorRT" + (f" ({why})" if why else "")
+        )

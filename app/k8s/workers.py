@@ -174,6 +174,7 @@ def _container(plan: WorkerPlan) -> Doc:
             "--version",
             plan.version,
             "--from-registry",
+            *(["--require-tensorrt"] if plan.gpu is not None else []),
         ],
         "envFrom": [{"configMapRef": {"name": "graylane-config"}}],
         "env": [

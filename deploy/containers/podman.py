@@ -11,6 +11,7 @@ the machine's global ``/etc/containers/containers.conf`` is left as it is.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import shutil
@@ -35,6 +36,8 @@ __all__ = [
     "apt_install",
     "containers_dir",
     "ensure_packages",
+    "job_as_pod",
+    "kube_play_form",
     "say",
     "secret_payloads",
 ]
@@ -203,9 +206,9 @@ Doc = dict[str, Any]
 def _secret_uses(docs: Sequence[Doc]) -> dict[str, set[str]]:
     uses: dict[str, set[str]] = {}
     for doc in docs:
-        if doc.get("kind") != "Deployment":
+        if doc.get("kind") not in ("Deployment", "Pod"):
             continue
-        pod = doc["spec"]["template"]["spec"]
+        pod = doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
         for volume in pod.get("volumes", []):
             if "secret" in volume:
                 uses.setdefault(volume["secret"]["secretName"], set()).add("volume")
@@ -249,6 +252,30 @@ def secret_payloads(docs: Sequence[Doc]) -> dict[str, bytes]:
     return payloads
 
 
+def kube_play_form(doc: Doc) -> Doc:
+    """The Deployment as this podman plays it, meaning unchanged: ``optional: false`` spelt
+    out on secret volumes (it crashes on one that leaves the default unset), and on the host
+    network no ``ports`` list (it turns each into a port mapping, which host networking
+    refuses) with the probes' named ports written as numbers."""
+    if doc.get("kind") not in ("Deployment", "Pod"):
+        return doc
+    out = copy.deepcopy(doc)
+    pod = out["spec"] if out["kind"] == "Pod" else out["spec"]["template"]["spec"]
+    for volume in pod.get("volumes", []):
+        if "secret" in volume:
+            volume["secret"].setdefault("optional", False)
+    if pod.get("hostNetwork"):
+        for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+            named = {
+                p["name"]: p["containerPort"] for p in container.pop("ports", []) if "name" in p
+            }
+            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                action = container.get(probe, {}).get("httpGet")
+                if action and isinstance(action.get("port"), str):
+                    action["port"] = named[action["port"]]
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class KubePlay:
     """Pod specs started with ``podman kube play`` (their Secrets created first)."""
@@ -263,7 +290,7 @@ class KubePlay:
         for name, payload in payloads.items():
             podman.run(["secret", "rm", name], check=False)
             podman.run(["secret", "create", name, "-"], stdin=payload)
-        rest = [d for d in docs if d.get("kind") != "Secret"]
+        rest = [kube_play_form(d) for d in docs if d.get("kind") != "Secret"]
         spec.write_text(yaml.safe_dump_all(rest, sort_keys=False))
         played = cls(podman=podman, spec=spec, secrets=tuple(payloads))
         try:
@@ -285,3 +312,17 @@ class KubePlay:
         self.podman.run(["kube", "down", str(self.spec)], check=False, timeout=300)
         for name in self.secrets:
             self.podman.run(["secret", "rm", name], check=False)
+
+
+def job_as_pod(job: Doc) -> Doc:
+    """A Job's pod template as a Pod of the Job's name (this podman does not play Jobs)."""
+    template = job["spec"]["template"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": job["metadata"]["name"],
+            "labels": dict(template.get("metadata", {}).get("labels", {})),
+        },
+        "spec": copy.deepcopy(template["spec"]),
+    }

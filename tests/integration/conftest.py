@@ -1,6 +1,7 @@
 """Integration fixtures: ``settings`` (and so ``factory``) point at the real local broker;
 ``private_broker`` is a broker of the test's own, for tests that stop or secure one;
-``models`` are two versions of the tiny demo GPT, written once per session."""
+``models`` are two versions of the tiny demo GPT, written once per session; ``podman`` and
+``cpu_image`` (built once per session) serve the container tests."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from graylane.deploy.containers.images import BuiltImage, build_cpu_image
+from graylane.deploy.containers.podman import Podman
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.settings import Settings
 from tests.support.brokers import PrivateBroker, running_broker
@@ -36,3 +39,15 @@ def private_broker(tmp_path: Path) -> Iterator[PrivateBroker]:
     """A broker of this test's own (state in tmp_path, free ports), stopped after it."""
     with running_broker(tmp_path / "private-kafka") as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def podman() -> Podman:
+    """podman with runc and modest ulimits (installed from Debian when missing)."""
+    return Podman.ready()
+
+
+@pytest.fixture(scope="session")
+def cpu_image(podman: Podman) -> BuiltImage:
+    """localhost/graylane:<version>, built once per session FROM the local Debian base."""
+    return build_cpu_image(podman)

@@ -7,9 +7,6 @@ import pytest
 
 from graylane.deploy.containers.images import BuiltImage, project_version
 from graylane.deploy.containers.podman import Podman
-from tests.support.containers import cpu_image, podman
-
-__all__ = ["cpu_image", "podman"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.containers, pytest.mark.timeout(1800)]
 

@@ -8,9 +8,10 @@ folders). Each one's ``/readyz`` answers, a request flows end to end, and a cana
 through the control plane's TLS endpoint (the CLI, as an operator would) is promoted.
 
 The test sets three things in the rendered objects and nothing else: a topic prefix of its
-own and the local broker's address in the ConfigMap, and its own hostPath folders. It
-creates the topics (what a topic-creation Job does in a cluster) and the control plane's
-TLS Secret (a fresh self-signed certificate). Services, PodDisruptionBudgets,
+own and the local broker's address in the ConfigMap, and its own hostPath folders; it pins
+the image by the digest it was built with. The topic Job runs first (its pod template
+played as a Pod: this podman plays no Jobs) and must exit 0. The control plane's TLS
+Secret is a fresh self-signed certificate. Services, PodDisruptionBudgets,
 NetworkPolicies, KEDA objects and the PVC are not started by podman: they stay validated
 against their schemas (tests/unit/test_k8s_manifests.py).
 """
@@ -31,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -38,20 +40,16 @@ from graylane import serde
 from graylane.app.demo.build_versions import build_versions
 from graylane.client import GraylaneClient
 from graylane.deploy.containers.images import BuiltImage
-from graylane.deploy.containers.podman import KubePlay, Podman
+from graylane.deploy.containers.podman import KubePlay, Podman, job_as_pod
 from graylane.deploy.containers.tools import KUSTOMIZE
-from graylane.kafka.admin import ensure_topics
 from graylane.kafka.reading import read_latest_per_key
 from graylane.kafka.seam import KafkaFactory
 from graylane.registry import open_registry
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 from tests.conftest import ROOT
-from tests.support.containers import cpu_image, podman
 from tests.support.policy import RoutingWatch, steady_load
 from tests.support.waiting import wait_until
-
-__all__ = ["cpu_image", "podman"]
 
 pytestmark = [
     pytest.mark.kafka,
@@ -67,9 +65,40 @@ OPERATOR_TOKEN = "local-operator-token-0123456"
 SERVICE_UID = 10001
 
 
-def render() -> list[dict[str, Any]]:
-    out = KUSTOMIZE.run("build", str(OVERLAY))
+def render(folder: Path, image: BuiltImage | None = None) -> list[dict[str, Any]]:
+    """The local overlay by the real kustomize; with ``image``, its reference by digest."""
+    kust = folder / "pinned"
+    kust.mkdir(exist_ok=True)
+    images = [{"name": image.ref.rsplit(":", 1)[0], "digest": image.digest}] if image else []
+    (kust / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(OVERLAY, kust)],
+                "images": images,
+            }
+        )
+    )
+    out = KUSTOMIZE.run("build", "--load-restrictor", "LoadRestrictionsNone", str(kust))
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_the_local_overlay_is_valid_kubernetes(tmp_path: Path) -> None:
+    """Rendered by the real kustomize, every object validates against the 1.31 schemas
+    (KEDA's are checked in tests/unit/test_k8s_manifests.py with the base)."""
+    docs = render(tmp_path)
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "ConfigMap", "Secret"} <= kinds
+    for doc in docs:
+        if doc["apiVersion"].startswith("keda.sh/"):
+            continue
+        kubernetes_validate.validate(doc, "1.31", strict=True)
+    for doc in docs:
+        if doc["kind"] == "Deployment":
+            pod = doc["spec"]["template"]["spec"]
+            assert pod["hostNetwork"] is True
+            assert all(c["image"] == "localhost/graylane:0.1.0" for c in pod["containers"])
 
 
 def metrics_ports(docs: list[dict[str, Any]]) -> dict[str, int]:
@@ -122,11 +151,16 @@ def tls_secret(folder: Path) -> tuple[dict[str, Any], Path]:
     return doc, crt
 
 
-def localize(docs: list[dict[str, Any]], settings: Settings, host: Path) -> list[dict[str, Any]]:
-    """Our topic prefix and broker in the ConfigMap, our folders as the hostPaths."""
+def localize(
+    docs: list[dict[str, Any]], settings: Settings, host: Path, *, jobs: bool = False
+) -> list[dict[str, Any]]:
+    """Our topic prefix and broker in the ConfigMap, our folders as the hostPaths; with
+    ``jobs`` the Jobs (as Pods) in place of the Deployments."""
     started = []
     for doc in docs:
-        if doc["kind"] not in STARTED_KINDS:
+        if jobs and doc["kind"] == "Job":
+            doc = job_as_pod(doc)
+        elif doc["kind"] not in STARTED_KINDS or (jobs and doc["kind"] == "Deployment"):
             continue
         if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "graylane-config":
             doc["data"]["GRAYLANE_TOPIC_PREFIX"] = settings.topic_prefix
@@ -157,6 +191,20 @@ def played(podman: Podman, docs: list[dict[str, Any]], folder: Path) -> Iterator
         for pod in play.pods():
             if pod.startswith(("router", "gateway", "policy", "controlplane", "audit", "worker")):
                 (folder / f"{pod}.log").write_text(play.logs(pod))
+        play.down()
+
+
+async def create_topics(podman: Podman, docs: list[dict[str, Any]], folder: Path) -> None:
+    """The topic Job's pod, played and waited for: it must exit 0."""
+    (job,) = [d for d in docs if d["kind"] == "Pod"]
+    (container,) = job["spec"]["containers"]
+    play = KubePlay.start(podman, docs, folder / "topics.yaml")
+    try:
+        name = f"{job['metadata']['name']}-{container['name']}"
+        res = await asyncio.to_thread(podman.run, ["wait", name], check=False, timeout=300)
+        logs = podman.run(["logs", name], check=False)
+        assert res.stdout.strip() == "0", logs.stdout + logs.stderr
+    finally:
         play.down()
 
 
@@ -199,15 +247,13 @@ async def test_the_local_overlay_runs_every_pod_serves_and_promotes_a_canary(
     registry.engine.dispose()
     for path in [host, *host.rglob("*")]:
         os.chown(path, SERVICE_UID, SERVICE_UID)
-    await ensure_topics(
-        factory,
-        factory.layout.shared_specs() + factory.layout.model_specs(MODEL, [BASE, CANDIDATE]),
-    )
-    docs = render()
+    docs = render(tmp_path, cpu_image)  # the image by digest, as built
     secret, ca = tls_secret(tmp_path)
     started = [secret, *localize(docs, settings, host)]  # Secrets before the pods using them
     ports = metrics_ports(started)
     print(f"rendered and prepared in {time.monotonic() - t0:.0f}s: {sorted(ports)}")
+    await create_topics(podman, [secret, *localize(docs, settings, host, jobs=True)], tmp_path)
+    print(f"topics created by the Job's pod {time.monotonic() - t0:.0f}s in")
     with played(podman, started, tmp_path):
         t_play = time.monotonic()
 
@@ -216,6 +262,13 @@ async def test_the_local_overlay_runs_every_pod_serves_and_promotes_a_canary(
 
         await wait_until(all_ready, timeout=300, what="every pod's /readyz")
         print(f"every pod ready {time.monotonic() - t_play:.0f}s after kube play")
+        images = {
+            c["image"]
+            for d in started
+            if d["kind"] == "Deployment"
+            for c in d["spec"]["template"]["spec"]["containers"]
+        }
+        assert images == {cpu_image.pinned}
         await one_request(factory)
         env = {"GRAYLANE_CP_ADDR": "127.0.0.1:50051", "GRAYLANE_CP_TOKEN": OPERATOR_TOKEN}
         async with RoutingWatch(factory, MODEL) as routing, steady_load(factory, MODEL, 20.0):

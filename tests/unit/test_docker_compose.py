@@ -146,3 +146,20 @@ def test_prometheus_scrapes_every_graylane_service_and_grafana_is_provisioned() 
     )
     mounts = [str(v) for v in SERVICES["grafana"]["volumes"]]  # type: ignore[attr-defined]
     assert any(m.split(":")[1] == provider["providers"][0]["options"]["path"] for m in mounts)
+
+
+def test_ordering_waits_on_readiness_not_liveness() -> None:
+    """A service that is alive but not ready (consumers not joined, engine not loaded)
+    must not let the services after it start."""
+    awaited = {
+        dep
+        for service in SERVICES.values()
+        for dep, cond in (service.get("depends_on") or {}).items()
+        if isinstance(cond, dict) and cond.get("condition") == "service_healthy"
+    }
+    graylane_awaited = awaited & set(GRAYLANE)
+    assert graylane_awaited
+    for name in graylane_awaited:
+        test = SERVICES[name]["healthcheck"]["test"]
+        assert test[0] == "CMD", f"{name}: the image has no shell for CMD-SHELL"
+        assert "/readyz" in " ".join(test) and "/healthz" not in " ".join(test), name

@@ -476,3 +476,48 @@ def test_the_control_plane_listens_beyond_loopback_with_tls_from_a_secret(tree: 
         mount = str(path.parent)
         assert secrets.get(mounts.get(mount, "")) == "graylane-controlplane-tls", path
     assert {p["containerPort"] for p in container["ports"]} >= {50051}
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_gpu_workers_refuse_to_fall_back_to_onnx_runtime_on_cpu(tree: str) -> None:
+    """A GPU pod whose engine does not match its GPU would otherwise serve ONNX Runtime on
+    CPU while holding the GPU."""
+    parser = build_parser()
+    workers = [
+        d
+        for d in _of(tree, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+    ]
+    assert workers
+    for worker in workers:
+        (container,) = _pod(worker)["containers"]
+        on_gpu = "nvidia.com/gpu" in container["resources"].get("limits", {})
+        args = parser.parse_args(container["command"][1:])
+        assert args.require_tensorrt is on_gpu, worker["metadata"]["name"]
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_a_job_creates_the_topics_of_every_served_version(tree: str) -> None:
+    """Nothing else creates the version topics the router writes and KEDA reads."""
+    (job,) = _of(tree, "Job")
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = build_parser().parse_args(container["command"][1:])
+    assert args.command == "topics"
+    wanted: set[tuple[str, str]] = set()
+    for item in args.model:
+        model, _, versions = item.partition("=")
+        wanted |= {(model, v) for v in versions.split(",")}
+    served = {
+        (
+            d["metadata"]["labels"]["graylane.io/model"],
+            d["metadata"]["labels"]["graylane.io/version"],
+        )
+        for d in _of(tree, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+    }
+    assert served and served <= wanted
+    secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if "valueFrom" in e}
+    assert secrets == {KAFKA_SECRETS[KafkaRole.CONTROL_PLANE]}  # the role that may create
+    assert pod["restartPolicy"] == "OnFailure"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
