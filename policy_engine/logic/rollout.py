@@ -528,17 +528,21 @@ def judge(
             service_latency_gate(baseline, candidate, gates),
             error_gate(baseline, candidate, evidence, gates),
         ]
-    if baseline.generation is not None or candidate.generation is not None:
-        results = [length_drift_gate(baseline, candidate, gates), *results]
+    drift = (
+        [length_drift_gate(baseline, candidate, gates)]
+        if baseline.generation is not None or candidate.generation is not None
+        else []
+    )
     backlog = backlog_gate(baseline, candidate, gates, behind)
     if backlog is None:
-        return results
+        return [*drift, *results]
     # A queue lengthens end-to-end latency and, for generations, time to first token
     # (it counts from the request's creation): a capacity problem, do not fail on it.
     queued = {DecisionRule.TTFT_P99_RATIO, DecisionRule.TTFT_SEQUENTIAL}
     if not gen and not on_service_time(baseline, candidate):
         queued |= {DecisionRule.P99_RATIO, DecisionRule.P99_SEVERE}
-    return [backlog, *(r for r in results if r.rule not in queued)]
+    # Longer answers load a version more: a drift names the hold before its backlog.
+    return [*drift, backlog, *(r for r in results if r.rule not in queued)]
 
 
 def apply_command(

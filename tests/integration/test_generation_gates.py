@@ -48,8 +48,10 @@ MODEL = "lgpt"
 NEW_TOKENS = 64
 CALL_MS = 5.0
 """Every engine call (prefill and decode) of both versions takes this much longer."""
-STEP_MS = 5.0
-"""The baseline's extra per decode step: its time per token is about 10 ms."""
+STEP_MS = 15.0
+"""The baseline's extra per decode step: its time per token is about 20 ms."""
+SLOW_STEP_MS = 25.0
+"""The slow candidate's: about 30 ms per token, 1.5x the baseline's."""
 RPS = 16.0
 
 
@@ -170,7 +172,7 @@ async def test_a_candidate_slower_per_token_is_rolled_back_on_tpot_though_it_ans
     faults = {
         "v1": FaultInjection(extra_latency_ms=CALL_MS, decode_step_latency_ms=STEP_MS),
         # 1.5x the baseline's time per decode step; its answers end on EOS after a few.
-        "v2": FaultInjection(extra_latency_ms=CALL_MS, decode_step_latency_ms=2 * STEP_MS),
+        "v2": FaultInjection(extra_latency_ms=CALL_MS, decode_step_latency_ms=SLOW_STEP_MS),
     }
     async with running_stack(
         factory,
@@ -195,8 +197,11 @@ async def test_a_candidate_slower_per_token_is_rolled_back_on_tpot_though_it_ans
     assert table.stable_version == "v1"
     base, cand = measured(results, "v1"), measured(results, "v2")
     print(f"TPOT rollback: baseline {base}, candidate {cand}")
-    # The slowdown is real and per token; the candidate's whole requests are faster.
-    assert 1.3 <= cand.tpot_ms / base.tpot_ms <= 1.8, (base, cand)
+    # The slowdown is real and per token (1.5x per decode step as configured; the
+    # measured ratio is lower on a busy host, where both sides' steps carry the same
+    # overhead); the candidate's whole requests are faster.
+    assert cand.tpot_ms - base.tpot_ms >= 0.8 * (SLOW_STEP_MS - STEP_MS), (base, cand)
+    assert 1.2 <= cand.tpot_ms / base.tpot_ms <= 1.8, (base, cand)
     assert cand.tokens < base.tokens / 3 and cand.total_ms < base.total_ms, (base, cand)
     audits = await _rollout_audits(factory, "r-tpot")
     rollbacks = [a for a in audits if a.kind == audit_pb2.DECISION_ROLLBACK]
@@ -242,8 +247,11 @@ async def test_a_candidate_that_only_answers_longer_is_held_on_length_drift_not_
                     ]
                     return len(held) >= 10  # ten evaluations, one a second
 
-                await wait_until(drift_holds, timeout=90, poll_s=1.0)
-                audits = await _rollout_audits(factory, "r-long")
+                try:
+                    await wait_until(drift_holds, timeout=90, poll_s=1.0)
+                finally:
+                    audits = await _rollout_audits(factory, "r-long")
+                    print([(a.kind, a.rule, a.reason[:160]) for a in audits][-2:])
     assert watch.weight(watch.tables[-1][1], "v2") == 50.0, watch.tables
     assert not [a for a in audits if a.kind == audit_pb2.DECISION_ROLLBACK]
     # The judged timings held while whole requests got several times slower.
