@@ -537,6 +537,7 @@ class Worker:
     ) -> list[Awaitable[object]]:
         """Answer every record of one cycle; the sends to wait on before committing."""
         began = time.perf_counter()
+        self._cycle_batches = []
         futures = await self._answer_cycle(records, sink, producer)
         done = time.perf_counter()
         previous, self._cycle_done = self._cycle_done, done
