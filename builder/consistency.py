@@ -136,7 +136,7 @@ def _model_file(folder: Path, manifest: Manifest) -> Path:
 
 
 def _tensorrt_variant(
-    registry: Registry, model: str, version: str, precision: Precision
+    registry: Registry, model: str, version: str, precision: Precision, store: Path
 ) -> ServedVariant | None:
     """The engine a worker on this host would serve, when it has TensorRT and a GPU."""
     from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
@@ -146,7 +146,7 @@ def _tensorrt_variant(
     if cc is None or trt is None:
         return None
     engines = [
-        (Path(a.path), verify_artifact(Path(a.path), a.manifest_sha256))
+        (store / a.path, verify_artifact(store / a.path, a.manifest_sha256))
         for a in registry.list_artifacts(model, version)
         if a.servable and a.precision is precision and a.backend is Backend.TENSORRT
     ]
@@ -166,12 +166,14 @@ def served_variant(
     precision: Precision,
     *,
     tensorrt: bool = True,
+    store: Path = Path("."),
 ) -> ServedVariant:
     """The variant of that precision a worker here serves: the TensorRT engine built for
     this GPU where TensorRT is present (and ``tensorrt``), else the ONNX Runtime file;
-    verified against its manifest."""
+    verified against its manifest. Store-relative locations are found under ``store``
+    (``GRAYLANE_ARTIFACT_DIR``); absolute ones as they are."""
     if tensorrt:
-        engine = _tensorrt_variant(registry, model, version, precision)
+        engine = _tensorrt_variant(registry, model, version, precision, store)
         if engine is not None:
             return engine
     found = [
@@ -182,7 +184,7 @@ def served_variant(
     if not found:
         raise ConsistencyError(f"{model} {version} has no servable {precision.value} variant")
     art = max(found, key=lambda a: a.created_at)
-    folder = Path(art.path)
+    folder = store / art.path
     manifest = verify_artifact(folder, art.manifest_sha256)
     return ServedVariant(
         version, precision, art.backend, _model_file(folder, manifest), manifest.io

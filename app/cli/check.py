@@ -102,8 +102,9 @@ def _consistency(args: argparse.Namespace) -> int:
     registry = open_registry(settings.db_url)
     precision = Precision(args.precision)
     try:
-        base = served_variant(registry, args.model, args.baseline, precision)
-        cand = served_variant(registry, args.model, args.candidate, precision)
+        store = settings.artifact_dir
+        base = served_variant(registry, args.model, args.baseline, precision, store=store)
+        cand = served_variant(registry, args.model, args.candidate, precision, store=store)
     except (ConsistencyError, RegistryError) as exc:
         print(f"check consistency: {exc}")
         return 2

@@ -23,6 +23,7 @@ import base64
 import contextlib
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -174,6 +175,22 @@ def localize(
     return started
 
 
+def host_ports(docs: list[dict[str, Any]]) -> set[int]:
+    """Every port the host-network pods will listen on (metrics, gRPC, HTTP)."""
+    return {
+        p["containerPort"]
+        for d in docs
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"]["containers"]
+        for p in c.get("ports", [])
+    }
+
+
+def busy(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 def ready(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as res:
@@ -251,6 +268,8 @@ async def test_the_local_overlay_runs_every_pod_serves_and_promotes_a_canary(
     secret, ca = tls_secret(tmp_path)
     started = [secret, *localize(docs, settings, host)]  # Secrets before the pods using them
     ports = metrics_ports(started)
+    taken = sorted(p for p in host_ports(started) if busy(p))
+    assert not taken, f"ports the local overlay's pods listen on are in use: {taken}"
     print(f"rendered and prepared in {time.monotonic() - t0:.0f}s: {sorted(ports)}")
     await create_topics(podman, [secret, *localize(docs, settings, host, jobs=True)], tmp_path)
     print(f"topics created by the Job's pod {time.monotonic() - t0:.0f}s in")
