@@ -20,10 +20,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     path = which.add_parser(
         "path", help="the request path's own cost: a pre-filled queue drained, with ceilings"
     )
-    path.add_argument("--size", choices=["tiny", "small"], default="tiny")
+    path.add_argument("--size", choices=["tiny", "small"], default="tiny", help="demo GPT size")
     path.add_argument("--queue", type=int, default=20_000, help="requests pre-filled per drain")
-    path.add_argument("--max-batch", type=int, default=32)
-    path.add_argument("--max-wait-ms", type=int, default=5)
+    path.add_argument("--max-batch", type=int, default=32, help="the worker's largest batch")
+    path.add_argument(
+        "--max-wait-ms", type=int, default=5, help="the longest a batch waits to fill"
+    )
     path.add_argument(
         "--fixed-batching", action="store_true", help="the worker's batch is not learned"
     )
