@@ -413,8 +413,11 @@ def test_rollout_start_carries_the_drift_settings(monkeypatch: pytest.MonkeyPatc
 
     sent: list[rollout_pb2.RolloutSpec] = []
 
-    def call(args: object, stub: str, method: str, request: rollout_pb2.RolloutSpec) -> None:
+    def call(
+        args: object, stub: str, method: str, request: rollout_pb2.RolloutSpec
+    ) -> rollout_pb2.RolloutState:
         sent.append(request)
+        return rollout_pb2.RolloutState(rollout_id="r", model=request.model, spec=request)
 
     monkeypatch.setattr(ops, "call", call)
     monkeypatch.setattr(ops, "print_state", lambda state: None)
