@@ -411,41 +411,60 @@ class ContinuousDecoder:
     async def _step(self) -> list[tuple[_Live, GenerationResult | Rejection]]:
         loop = self._loop
         started = now_ms()
-        running_before = set(loop.scheduler.running)
+        rows = set(loop.scheduler.running)
         t0 = time.perf_counter()
         ended: list[tuple[_Live, GenerationResult | Rejection]] = []
+        finished: list[tuple[int, GenerationResult]] = []  # so far in this step
         try:
             if loop.scheduler.waiting:  # joiners: prefill them first
                 finished = await self._engines.in_thread(loop.prefill_step)
                 if self._stream_due():
-                    ended = self._collect(finished, running_before, started)
-                    await self._publish(now_ms())
+                    rows |= self._rows(finished)
+                    ended = self._collect(finished, started)
                     finished = []
+                    await self._publish(now_ms())
                 else:  # the joiners' first tokens exist now, not after the decode step
                     self._stamp_prefilled(finished, started)
-                finished += await self._engines.in_thread(loop.decode_step)
+                finished = finished + await self._engines.in_thread(loop.decode_step)
             else:  # one engine-thread hop per step when nobody joins
                 finished = await self._engines.in_thread(loop.step)
         except EngineError as exc:
             log.exception("engine failure in a decode step of %d rows", len(self._live))
             await self._engines.engine_failed(exc)
-            failed = [(live, engine_rejection(exc)) for live in self._live.values()]
-            self._live.clear()
-            self._loop = self._new_loop()
-            return list(failed)
+            return self._fail_step(ended, finished, started, engine_rejection(exc))
         except Exception as exc:
             log.exception("unexpected error in a decode step")
             rejection = Rejection(ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
-            failed = [(live, rejection) for live in self._live.values()]
-            self._live.clear()
-            self._loop = self._new_loop()
-            return list(failed)
+            return self._fail_step(ended, finished, started, rejection)
         self._engines.health.served()
         self._engines.note_busy(time.perf_counter() - t0)
-        ended += self._collect(finished, running_before, started)
+        rows |= self._rows(finished)
+        ended += self._collect(finished, started)
         self.steps += 1
+        self.rows_stepped += len(rows)
+        self.peak_rows = max(self.peak_rows, len(rows))
         await self._publish(now_ms())
         return ended
+
+    def _fail_step(
+        self,
+        ended: list[tuple[_Live, GenerationResult | Rejection]],
+        finished: list[tuple[int, GenerationResult]],
+        started: int,
+        rejection: Rejection,
+    ) -> list[tuple[_Live, GenerationResult | Rejection]]:
+        """A step whose engine call failed: the rows it finished before the failure (a
+        prefill's) keep their results, every other row is answered ``rejection``, and
+        the decode loop starts anew."""
+        ended = ended + self._collect(finished, started) if finished else ended
+        ended += [(live, rejection) for live in self._live.values()]
+        self._live.clear()
+        self._loop = self._new_loop()
+        return ended
+
+    def _rows(self, finished: list[tuple[int, GenerationResult]]) -> set[int]:
+        """The rows a step ran: those still running and those that finished in it."""
+        return set(self._loop.scheduler.running) | {seq_id for seq_id, _ in finished}
 
     def _stream_due(self) -> bool:
         """Whether a row that just joined streams: its first token goes out before the
@@ -456,14 +475,11 @@ class ContinuousDecoder:
         )
 
     def _collect(
-        self, finished: list[tuple[int, GenerationResult]], before: set[int], started: int
+        self, finished: list[tuple[int, GenerationResult]], started: int
     ) -> list[tuple[_Live, GenerationResult | Rejection]]:
         """Stamp token times on every row; the rows that finished, with their results."""
         loop = self._loop
         done = now_ms()
-        rows = len(before | set(loop.scheduler.running) | {s for s, _ in finished})
-        self.rows_stepped += rows
-        self.peak_rows = max(self.peak_rows, rows)
         ended: list[tuple[_Live, GenerationResult | Rejection]] = []
         for seq_id, result in finished:
             live = self._live.pop(seq_id)

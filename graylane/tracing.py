@@ -15,6 +15,15 @@ worker     ``graylane.worker request`` per request, from the routed record's tim
            ``engine`` and ``deliver``; attributes ``graylane.model``, ``.version``,
            ``.variant``, ``.batch_size``. A shadow copy's span starts a trace of its
            own, *linked* to the router's span: it is never part of the caller's answer.
+worker     ``graylane.worker generation`` per generation of the continuous decode batch
+(decode)   (streamed or not), from the routed record's timestamp to the broker's ack of
+           its final answer, with children ``queue`` (in the topic and waiting for a
+           decode row), ``prefill`` (to the first token), ``decode`` (the other tokens)
+           and ``deliver``; attributes ``graylane.model``, ``.version``, ``.variant``,
+           ``.prompt_tokens``, ``.generated_tokens``, ``.ttft_ms``, ``.finish_reason``,
+           ``.stream_chunks``; a generation answered with an error (shed, engine
+           failure) has ``graylane.error_code`` and an error status. Shadow copies are
+           linked, not continued, as above.
 =========  ==============================================================================
 
 Export is off by default. :func:`configure_tracing` (called by every ``graylane serve``
@@ -47,6 +56,7 @@ from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 __all__ = [
     "TRACE_HEADERS",
+    "GenerationHop",
     "HeaderCaps",
     "TracedRequest",
     "WorkerHop",
@@ -60,6 +70,7 @@ __all__ = [
     "forward_headers",
     "inject",
     "producing",
+    "record_generation",
     "record_worker_hop",
     "serving",
     "span",
@@ -281,6 +292,84 @@ def record_worker_hop(
         deliver = tracer.start_span("deliver", context=inside, start_time=hop.ran_ns)
         spans += [deliver, root]
     return spans
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationHop:
+    """One generation's pass through a worker's continuous decode batch
+    (``time.time_ns()`` values; 0: it never got there)."""
+
+    dequeued_ns: int
+    """When it got a decode row (or was answered without one)."""
+    first_token_ns: int
+    finished_ns: int
+    """When its answer was ready to send."""
+    model: str
+    version: str
+    variant: str
+    prompt_tokens: int
+    generated_tokens: int
+    ttft_ms: float
+    finish_reason: str
+    stream_chunks: int = 0
+    """Chunks streamed before the final answer."""
+    error_code: str = ""
+    """Set when it was answered with an error instead of a generation."""
+
+
+def record_generation(
+    request: TracedRequest, hop: GenerationHop, tracer: trace.Tracer | None = None
+) -> list[Span]:
+    """The worker's spans of one generation, already past ``finished``; the caller ends
+    them (:func:`end_when_acknowledged`) when the broker acknowledged its answer.
+
+    ``tracer``: the process's (default, when :func:`enabled`).
+    """
+    if tracer is None:
+        if not enabled():
+            return []
+        tracer = trace.get_tracer("graylane.worker")
+    routed = extract(request.headers)
+    finished_ns = hop.finished_ns
+    dequeued_ns = min(hop.dequeued_ns or finished_ns, finished_ns)
+    queued_ns = request.timestamp_ms * 1_000_000 if request.timestamp_ms > 0 else dequeued_ns
+    queued_ns = min(queued_ns, dequeued_ns)
+    first_ns = min(max(hop.first_token_ns, dequeued_ns), finished_ns) if hop.first_token_ns else 0
+    routed_span = trace.get_current_span(routed).get_span_context()
+    links = [Link(routed_span)] if request.shadow and routed_span.is_valid else []
+    attributes: dict[str, str | int | float | bool] = {
+        "graylane.model": hop.model,
+        "graylane.version": hop.version,
+        "graylane.variant": hop.variant,
+        "graylane.request_id": request.request_id[:256],
+        "graylane.shadow": request.shadow,
+        "graylane.prompt_tokens": hop.prompt_tokens,
+        "graylane.generated_tokens": hop.generated_tokens,
+        "graylane.ttft_ms": hop.ttft_ms,
+        "graylane.finish_reason": hop.finish_reason,
+        "graylane.stream_chunks": hop.stream_chunks,
+        "graylane.queue_wait_ms": (dequeued_ns - queued_ns) / 1e6,
+    }
+    if hop.error_code:
+        attributes["graylane.error_code"] = hop.error_code
+    root = tracer.start_span(
+        "graylane.worker generation",
+        context=Context() if request.shadow else routed,
+        kind=SpanKind.CONSUMER,
+        links=links,
+        start_time=queued_ns,
+        attributes=attributes,
+    )
+    if hop.error_code:
+        root.set_status(Status(StatusCode.ERROR, hop.error_code))
+    inside = trace.set_span_in_context(root)
+    stages = [("queue", queued_ns, dequeued_ns)]
+    if first_ns:
+        stages += [("prefill", dequeued_ns, first_ns), ("decode", first_ns, finished_ns)]
+    for name, start, end in stages:
+        tracer.start_span(name, context=inside, start_time=start).end(end_time=end)
+    deliver = tracer.start_span("deliver", context=inside, start_time=finished_ns)
+    return [deliver, root]
 
 
 def end_when_acknowledged(spans: Sequence[Span], sends: Sequence[object]) -> None:

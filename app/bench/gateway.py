@@ -25,6 +25,7 @@ The last line is JSON: ``gateway_rps``, ``direct_rps``, ``gateway_over_direct``,
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import statistics
 import time
@@ -35,16 +36,23 @@ from pathlib import Path
 
 import numpy as np
 
+from graylane.app.bench.harness import (
+    WorkerSpec,
+    fresh_topics,
+    stack_env,
+    start_router,
+    start_worker,
+    wait_answered,
+)
 from graylane.app.cli.demo import Service, free_port, start_service, stop_services
 from graylane.app.demo.gateway_calls import GatewayConnection, GatewayPool
-from graylane.client import GraylaneClient, InferenceTimeout, Task
-from graylane.kafka.admin import ensure_topics
-from graylane.kafka.seam import KafkaFactory
+from graylane.client import GraylaneClient, Task
 from graylane.settings import REPO_ROOT, Settings
 
 __all__ = ["GatewayBenchConfig", "PathFigures", "main", "run"]
 
 MODEL = "gateway-bench"
+_TAG = "bench-gateway"
 _KEY = f"bench-{uuid.uuid4().hex}"
 
 
@@ -170,39 +178,19 @@ async def _wait_ready(client: GraylaneClient, port: int, cfg: GatewayBenchConfig
             await asyncio.sleep(0.3)
     finally:
         conn.close()
-    while True:
-        try:
-            await client.infer(
-                MODEL, prompt=cfg.prompt, task=Task.GENERATE, max_new_tokens=1, timeout=5
-            )
-            return
-        except InferenceTimeout:
-            if time.monotonic() > deadline:
-                raise
+    probe = functools.partial(
+        client.infer, MODEL, prompt=cfg.prompt, task=Task.GENERATE, max_new_tokens=1, timeout=5
+    )
+    await wait_answered(probe, within_s=max(1.0, deadline - time.monotonic()))
 
 
 def _services(model: Path, env: dict[str, str], port: int) -> list[Service]:
-    logs = REPO_ROOT / ".local" / "logs"
+    worker = WorkerSpec("v1", {"fp32": str(model)})
     return [
-        start_service("bench-gateway-router", ["router", "--model", f"{MODEL}=v1"], logs, env),
+        start_router(MODEL, "v1", env, _TAG),
+        start_worker(worker, MODEL, env, _TAG),
         start_service(
-            "bench-gateway-worker",
-            [
-                "worker",
-                "--model",
-                MODEL,
-                "--version",
-                "v1",
-                "--variant",
-                f"fp32={model}",
-                "--threads",
-                "1",
-            ],
-            logs,
-            env,
-        ),
-        start_service(
-            "bench-gateway",
+            _TAG,
             [
                 "gateway",
                 "--port",
@@ -216,7 +204,7 @@ def _services(model: Path, env: dict[str, str], port: int) -> list[Service]:
                 "--max-in-flight",
                 "4096",
             ],
-            logs,
+            REPO_ROOT / ".local" / "logs",
             {**env, "GRAYLANE_GATEWAY_KEYS": f"{_KEY}:infer:bench"},
         ),
     ]
@@ -225,13 +213,9 @@ def _services(model: Path, env: dict[str, str], port: int) -> list[Service]:
 async def _measure(
     settings: Settings, model: Path, cfg: GatewayBenchConfig, progress: Callable[[str], None]
 ) -> dict[str, object]:
-    settings = settings.with_overrides(topic_prefix=f"bgw{uuid.uuid4().hex[:6]}")
-    factory = KafkaFactory(settings)
-    await ensure_topics(
-        factory, factory.layout.shared_specs() + factory.layout.model_specs(MODEL, ["v1"])
-    )
+    settings, factory = await fresh_topics(settings, "bgw", MODEL, ["v1"])
     port = free_port()
-    services = _services(model, {"GRAYLANE_TOPIC_PREFIX": settings.topic_prefix}, port)
+    services = _services(model, stack_env(settings), port)
     pool = GatewayPool(port, key=_KEY)
     try:
         async with GraylaneClient(factory, client_id="bench-direct") as client:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from graylane import serde
@@ -25,7 +26,17 @@ from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import rollout_pb2
 
-__all__ = ["BenchStack", "GenerationLoad", "WorkerSpec", "bench_stack", "start_worker"]
+__all__ = [
+    "BenchStack",
+    "GenerationLoad",
+    "WorkerSpec",
+    "bench_stack",
+    "fresh_topics",
+    "stack_env",
+    "start_router",
+    "start_worker",
+    "wait_answered",
+]
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,8 @@ class WorkerSpec:
     variants: dict[str, str]
     """variant name -> ONNX path"""
     extra_args: tuple[str, ...] = ()
+    threads: int = 1
+    """Engine threads (0: the engine's default)."""
 
 
 @dataclass
@@ -83,23 +96,18 @@ class BenchStack:
 
     async def wait_served(self, timeout_s: float = 180.0) -> None:
         """Until one request is answered (a worker serves the model)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if self.generation is not None:
-                    await self.client.infer(
-                        self.model,
-                        token_ids=[1, 2, 3],
-                        task=Task.GENERATE,
-                        max_new_tokens=1,
-                        timeout=5,
-                    )
-                else:
-                    await self.client.infer(self.model, token_ids=[1, 2, 3], timeout=5)
-                return
-            except InferenceTimeout:
-                if time.monotonic() > deadline:
-                    raise
+        if self.generation is not None:
+            probe = functools.partial(
+                self.client.infer,
+                self.model,
+                token_ids=[1, 2, 3],
+                task=Task.GENERATE,
+                max_new_tokens=1,
+                timeout=5,
+            )
+        else:
+            probe = functools.partial(self.client.infer, self.model, token_ids=[1, 2, 3], timeout=5)
+        await wait_answered(probe, within_s=timeout_s)
 
     async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -160,6 +168,37 @@ class BenchStack:
             )
 
 
+async def fresh_topics(
+    settings: Settings, tag: str, model: str, versions: Sequence[str]
+) -> tuple[Settings, KafkaFactory]:
+    """``settings`` on a topic prefix of their own (``tag`` and a random suffix: no
+    backlog or consumer group carries over), with the shared topics and those of
+    ``model``'s ``versions`` made."""
+    settings = settings.with_overrides(topic_prefix=f"{tag}{uuid.uuid4().hex[:6]}")
+    factory = KafkaFactory(settings)
+    layout = factory.layout
+    await ensure_topics(factory, layout.shared_specs() + layout.model_specs(model, list(versions)))
+    return settings, factory
+
+
+def stack_env(settings: Settings) -> dict[str, str]:
+    """What the stack's processes need to reach the same broker and topics."""
+    return {
+        "GRAYLANE_TOPIC_PREFIX": settings.topic_prefix,
+        "GRAYLANE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+    }
+
+
+def start_router(model: str, stable: str, env: dict[str, str], tag: str) -> Service:
+    """A router sending all of ``model`` to its ``stable`` version."""
+    return start_service(
+        f"{tag}-router",
+        ["router", "--model", f"{model}={stable}"],
+        REPO_ROOT / ".local" / "logs",
+        env,
+    )
+
+
 def start_worker(spec: WorkerSpec, model: str, env: dict[str, str], tag: str) -> Service:
     variants = [a for name, path in spec.variants.items() for a in ("--variant", f"{name}={path}")]
     return start_service(
@@ -171,13 +210,26 @@ def start_worker(spec: WorkerSpec, model: str, env: dict[str, str], tag: str) ->
             "--version",
             spec.version,
             "--threads",
-            "1",
+            str(spec.threads),
             *variants,
             *spec.extra_args,
         ],
         REPO_ROOT / ".local" / "logs",
         env,
     )
+
+
+async def wait_answered(probe: Callable[[], Awaitable[object]], *, within_s: float = 180.0) -> None:
+    """Send ``probe`` (one request with a short client timeout) until it is answered:
+    the stack is up. Its :class:`InferenceTimeout` past ``within_s`` is raised."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            await probe()
+            return
+        except InferenceTimeout:
+            if time.monotonic() > deadline:
+                raise
 
 
 @contextlib.asynccontextmanager
@@ -198,23 +250,12 @@ async def bench_stack(
 ) -> AsyncIterator[BenchStack]:
     """``wait_served=False``: yield before any worker answers (the caller starts
     workers some other way, then calls :meth:`BenchStack.wait_served`)."""
-    prefix = f"{tag}{uuid.uuid4().hex[:6]}"
-    settings = settings.with_overrides(topic_prefix=prefix)
-    factory = KafkaFactory(settings)
-    layout = factory.layout
-    await ensure_topics(
-        factory,
-        layout.shared_specs()
-        + layout.model_specs(model, [w.version for w in workers] + list(later_versions)),
+    settings, factory = await fresh_topics(
+        settings, tag, model, [w.version for w in workers] + list(later_versions)
     )
-    env = {
-        "GRAYLANE_TOPIC_PREFIX": prefix,
-        "GRAYLANE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-    }
-    logs = REPO_ROOT / ".local" / "logs"
-    services = [
-        start_service(f"{tag}-router", ["router", "--model", f"{model}={stable}"], logs, env)
-    ]
+    layout = factory.layout
+    env = stack_env(settings)
+    services = [start_router(model, stable, env, tag)]
     if with_policy:
         services.append(
             start_service(
@@ -229,30 +270,11 @@ async def bench_stack(
                     str(step_ms),
                     *policy_args,
                 ],
-                logs,
+                REPO_ROOT / ".local" / "logs",
                 env,
             )
         )
-    for w in workers:
-        variants = [a for name, path in w.variants.items() for a in ("--variant", f"{name}={path}")]
-        services.append(
-            start_service(
-                f"{tag}-worker-{w.version}",
-                [
-                    "worker",
-                    "--model",
-                    model,
-                    "--version",
-                    w.version,
-                    "--threads",
-                    "1",
-                    *variants,
-                    *w.extra_args,
-                ],
-                logs,
-                env,
-            )
-        )
+    services += [start_worker(w, model, env, tag) for w in workers]
     monitor = Monitor(model)
     followers = [
         CompactedFollower(factory, layout.routing(), monitor.on_routing, client_suffix="b-r"),

@@ -23,27 +23,42 @@ at half capacity against ``prefill_ms`` (the bound: 2 x prefill), ``tpot_ms_p99`
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import statistics
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from graylane.app.cli.demo import Service, start_service, stop_services
-from graylane.client import GraylaneClient, InferenceTimeout, Task
+from graylane.app.bench.harness import (
+    WorkerSpec,
+    fresh_topics,
+    stack_env,
+    start_router,
+    start_worker,
+    wait_answered,
+)
+from graylane.app.cli.demo import Service, stop_services
+from graylane.client import GraylaneClient, Task
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.tasks import KvDecodeLoop
-from graylane.kafka.admin import ensure_topics
-from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
 
-__all__ = ["LevelFigures", "LlmBenchConfig", "engine_tokens_per_s", "main", "prefill_ms", "run"]
+__all__ = [
+    "LevelFigures",
+    "LlmBenchConfig",
+    "engine_tokens_per_s",
+    "main",
+    "model_label",
+    "prefill_ms",
+    "run",
+]
 
 MODEL = "llm-bench"
+_TAG = "bench-llm"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,50 +201,20 @@ def _levels(capacity: int) -> list[int]:
     return sorted({1, max(1, capacity // 2), capacity, 2 * capacity})
 
 
-async def _wait_ready(client: GraylaneClient, vocab: int) -> None:
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            await client.infer(
-                MODEL,
-                token_ids=[1, 2, 3][: max(1, vocab - 1)],
-                task=Task.GENERATE,
-                max_new_tokens=1,
-                timeout=5,
-            )
-            return
-        except InferenceTimeout:
-            if time.monotonic() > deadline:
-                raise
-
-
 def _stack(model: Path, cfg: LlmBenchConfig, env: dict[str, str]) -> list[Service]:
-    logs = REPO_ROOT / ".local" / "logs"
-    return [
-        start_service("bench-llm-router", ["router", "--model", f"{MODEL}=v1"], logs, env),
-        start_service(
-            "bench-llm-worker",
-            [
-                "worker",
-                "--model",
-                MODEL,
-                "--version",
-                "v1",
-                "--variant",
-                f"fp32={model}",
-                "--threads",
-                "1",
-                "--max-batch",
-                str(cfg.max_sequences),
-                "--max-sequences",
-                str(cfg.max_sequences),
-                "--stream-every-tokens",
-                str(cfg.stream_every_tokens),
-            ],
-            logs,
-            env,
+    worker = WorkerSpec(
+        "v1",
+        {"fp32": str(model)},
+        extra_args=(
+            "--max-batch",
+            str(cfg.max_sequences),
+            "--max-sequences",
+            str(cfg.max_sequences),
+            "--stream-every-tokens",
+            str(cfg.stream_every_tokens),
         ),
-    ]
+    )
+    return [start_router(MODEL, "v1", env, _TAG), start_worker(worker, MODEL, env, _TAG)]
 
 
 async def _through_kafka(
@@ -241,17 +226,22 @@ async def _through_kafka(
     max_seq_len: int,
     progress: Callable[[str], None],
 ) -> list[LevelFigures]:
-    settings = settings.with_overrides(topic_prefix=f"bllm{uuid.uuid4().hex[:6]}")
-    factory = KafkaFactory(settings)
-    await ensure_topics(
-        factory, factory.layout.shared_specs() + factory.layout.model_specs(MODEL, ["v1"])
-    )
-    services = _stack(model, cfg, {"GRAYLANE_TOPIC_PREFIX": settings.topic_prefix})
+    settings, factory = await fresh_topics(settings, "bllm", MODEL, ["v1"])
+    services = _stack(model, cfg, stack_env(settings))
     figures: list[LevelFigures] = []
     try:
         async with GraylaneClient(factory) as client:
             progress("waiting for the router and the worker")
-            await _wait_ready(client, vocab)
+            await wait_answered(
+                functools.partial(
+                    client.infer,
+                    MODEL,
+                    token_ids=[1, 2, 3][: max(1, vocab - 1)],
+                    task=Task.GENERATE,
+                    max_new_tokens=1,
+                    timeout=5,
+                )
+            )
             await _kafka_level(client, 2, cfg, vocab, 0.0)  # warm-up
             for concurrency in _levels(cfg.max_sequences):
                 work = _work(concurrency * cfg.requests_per_client, cfg, vocab)
@@ -302,6 +292,12 @@ def _table(levels: Sequence[LevelFigures], prefill: float) -> str:
     return "\n".join(rows)
 
 
+def model_label(onnx: Path) -> str:
+    """What a run on ``onnx`` is called: the folder its file sits in (an export is a
+    folder of ``model.onnx`` and its tokenizer, so the file name tells nothing)."""
+    return onnx.resolve().parent.name or onnx.stem
+
+
 def run(cfg: LlmBenchConfig, progress: Callable[[str], None]) -> dict[str, object]:
     from graylane.deploy.kafka import kafka
     from graylane.models.demo_gpt import write_demo_gpt
@@ -309,7 +305,7 @@ def run(cfg: LlmBenchConfig, progress: Callable[[str], None]) -> dict[str, objec
     progress("starting the broker")
     kafka.start()
     if cfg.onnx is not None:
-        model, name = cfg.onnx, cfg.onnx.name
+        model, name = cfg.onnx, model_label(cfg.onnx)
     else:
         models = REPO_ROOT / ".local" / "models"
         models.mkdir(parents=True, exist_ok=True)

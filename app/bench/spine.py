@@ -17,16 +17,24 @@ goes slows both sides of a ratio alike.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from graylane.app.cli.demo import Service, start_service, stop_services
+from graylane.app.bench.harness import (
+    WorkerSpec,
+    fresh_topics,
+    stack_env,
+    start_router,
+    start_worker,
+    wait_answered,
+)
+from graylane.app.cli.demo import Service, stop_services
 from graylane.capacity import (
     BatchPoint,
     VariantCapacity,
@@ -35,14 +43,12 @@ from graylane.capacity import (
     profile_of,
     save_profile,
 )
-from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
+from graylane.client import GraylaneClient, PostProcess
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import run_batch
 from graylane.engine_worker.postprocess import PostProcess as EnginePost
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.kafka.admin import ensure_topics
-from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
 
 __all__ = [
@@ -174,40 +180,18 @@ async def _paced(client: GraylaneClient, rate: float, seconds: float) -> list[fl
     return latencies
 
 
-async def _wait_ready(client: GraylaneClient) -> None:
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            await client.infer(MODEL, token_ids=[1, 2, 3], timeout=5)
-            return
-        except InferenceTimeout:
-            if time.monotonic() > deadline:
-                raise
-
-
 def _stack(
-    model: Path, max_batch: int, cfg: SpineConfig, tag: str, log_dir: Path, env: dict[str, str]
+    model: Path, max_batch: int, cfg: SpineConfig, tag: str, env: dict[str, str]
 ) -> list[Service]:
+    worker = WorkerSpec(
+        "v1",
+        {"fp32": str(model)},
+        extra_args=("--max-batch", str(max_batch), "--max-wait-ms", str(cfg.max_wait_ms)),
+        threads=0,
+    )
     return [
-        start_service(f"bench-router-{tag}", ["router", "--model", f"{MODEL}=v1"], log_dir, env),
-        start_service(
-            f"bench-worker-{tag}",
-            [
-                "worker",
-                "--model",
-                MODEL,
-                "--version",
-                "v1",
-                "--variant",
-                f"fp32={model}",
-                "--max-batch",
-                str(max_batch),
-                "--max-wait-ms",
-                str(cfg.max_wait_ms),
-            ],
-            log_dir,
-            env,
-        ),
+        start_router(MODEL, "v1", env, f"bench-{tag}"),
+        start_worker(worker, MODEL, env, f"bench-{tag}"),
     ]
 
 
@@ -224,20 +208,8 @@ class _Stack:
 async def _start_stack(
     settings: Settings, model: Path, max_batch: int, cfg: SpineConfig, tag: str
 ) -> _Stack:
-    # A fresh prefix per stack: no backlog or consumer group carries over.
-    settings = settings.with_overrides(topic_prefix=f"bench{uuid.uuid4().hex[:6]}")
-    factory = KafkaFactory(settings)
-    await ensure_topics(
-        factory, factory.layout.shared_specs() + factory.layout.model_specs(MODEL, ["v1"])
-    )
-    services = _stack(
-        model,
-        max_batch,
-        cfg,
-        tag,
-        REPO_ROOT / ".local" / "logs",
-        {"GRAYLANE_TOPIC_PREFIX": settings.topic_prefix},
-    )
+    settings, factory = await fresh_topics(settings, "bench", MODEL, ["v1"])
+    services = _stack(model, max_batch, cfg, tag, stack_env(settings))
     client = GraylaneClient(factory)
     try:
         await client.start()
@@ -319,7 +291,9 @@ async def _measure(
         batched, unbatched = stacks
         progress("waiting for both routers and workers")
         for stack in stacks:
-            await _wait_ready(stack.client)
+            await wait_answered(
+                functools.partial(stack.client.infer, MODEL, token_ids=[1, 2, 3], timeout=5)
+            )
         progress(f"warm-up: {cfg.warm_requests} requests batched, 100 unbatched (not measured)")
         await _saturate(batched.client, cfg.warm_requests)
         await _saturate(unbatched.client, 100)  # nothing to learn: batch 1

@@ -34,6 +34,7 @@ from graylane.app.cli.contexts import (
 from graylane.app.cli.services import add_observability_args
 from graylane.app.cli.views import (
     OutputFormat,
+    add_output,
     emit,
     emit_list,
     output_format,
@@ -96,7 +97,7 @@ def register(sub: Sub) -> None:
     _route_commands(sub, _client)
     audit = sub.add_parser("audit", help="decisions on record: log, replay, verify")
     audit_sub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
-    log = _output(
+    log = add_output(
         _client(audit_sub.add_parser("log", help="decisions with their reasons (from SQL)"))
     )
     _range(log, required=False)
@@ -147,17 +148,6 @@ def _client(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def _output(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=[f.value for f in OutputFormat],
-        default=OutputFormat.TABLE.value,
-        help="table (default), or json / yaml (stable, the graylane.v1 messages), or name",
-    )
-    return parser
-
-
 def _rollout_ref(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "rollout",
@@ -189,13 +179,15 @@ def _model_commands(sub: Sub) -> None:
     reg.add_argument("--sha256", default="", help="sha256 of the version's source model")
     reg.add_argument("--stable", action="store_true", help="make --version the stable version")
     reg.set_defaults(handler=model_register)
-    listing = _output(_client(msub.add_parser("list", help="registered models")))
+    listing = add_output(_client(msub.add_parser("list", help="registered models")))
     listing.set_defaults(handler=model_list)
     stable = _client(msub.add_parser("set-stable", help="make a registered version the stable one"))
     stable.add_argument("name", help="the model's name")
     stable.add_argument("--version", required=True, help="a registered semantic version")
     stable.set_defaults(handler=model_set_stable)
-    show = _output(_client(msub.add_parser("show", help="versions, variants and their validation")))
+    show = add_output(
+        _client(msub.add_parser("show", help="versions, variants and their validation"))
+    )
     show.add_argument("name", help="the model's name")
     show.set_defaults(handler=model_show)
 
@@ -203,7 +195,7 @@ def _model_commands(sub: Sub) -> None:
 def _rollout_commands(sub: Sub) -> None:
     rollout = sub.add_parser("rollout", help="start and steer gray releases")
     rsub = rollout.add_subparsers(dest="rollout_command", metavar="ACTION", required=True)
-    start = _output(
+    start = add_output(
         _client(rsub.add_parser("start", help="start a rollout of a candidate version"))
     )
     start.add_argument("--model", required=True, help="the model to roll out")
@@ -261,12 +253,12 @@ def _rollout_commands(sub: Sub) -> None:
     start.add_argument("--ab-weight", type=float, default=0.0, help="ab strategy: percent to B")
     start.add_argument("--ab-s", type=float, default=0.0, help="ab strategy: seconds held")
     start.set_defaults(handler=rollout_start)
-    get = _output(_client(_rollout_ref(rsub.add_parser("get", help="a rollout's state"))))
+    get = add_output(_client(_rollout_ref(rsub.add_parser("get", help="a rollout's state"))))
     get.add_argument(
         "-w", "--watch", action="store_true", help="print it again on every change until ^C"
     )
     get.set_defaults(handler=rollout_get)
-    status = _output(
+    status = add_output(
         _client(
             _rollout_ref(
                 rsub.add_parser(
@@ -287,7 +279,7 @@ def _rollout_commands(sub: Sub) -> None:
         "--interval", type=float, default=1.0, help="with --wait: seconds between two looks"
     )
     status.set_defaults(handler=rollout_status)
-    listing = _output(_client(rsub.add_parser("list", help="rollouts, newest first")))
+    listing = add_output(_client(rsub.add_parser("list", help="rollouts, newest first")))
     listing.add_argument("--model", default="", help="only this model's rollouts")
     listing.add_argument("--active", action="store_true", help="only rollouts still running")
     listing.set_defaults(handler=rollout_list)
@@ -384,7 +376,9 @@ def _qos_commands(sub: Sub) -> None:
     )
     qset.add_argument("--disabled", action="store_true", help="store the policy but do not act")
     qset.set_defaults(handler=qos_set)
-    qstatus = _output(_client(qsub.add_parser("status", help="the policy and the active variant")))
+    qstatus = add_output(
+        _client(qsub.add_parser("status", help="the policy and the active variant"))
+    )
     qstatus.add_argument("--model", required=True, help="the model")
     qstatus.add_argument("--version", required=True, help="the model version")
     qstatus.set_defaults(handler=qos_status)
@@ -946,7 +940,7 @@ def _route_commands(
     )
     add.add_argument("--version", required=True, help="where matching requests go")
     add.set_defaults(handler=rule_add)
-    listing = _output(client(rule_sub.add_parser("list", help="the model's rules and pinning")))
+    listing = add_output(client(rule_sub.add_parser("list", help="the model's rules and pinning")))
     listing.add_argument("--model", required=True, help="the model")
     listing.set_defaults(handler=rule_list)
     remove = client(rule_sub.add_parser("remove", help="remove a rule by name"))

@@ -4,6 +4,14 @@ These read topics by timestamp (``offsets_for_times``) and need no control plane
 an auditor can rebuild a rollout's timeline from ``<p>.audit`` and ``<p>.telemetry``,
 re-run the pure controllers over the recorded inputs, or re-send a window of
 recorded requests to another version and compare the outputs (an offline shadow).
+
+Each prints a table, or with ``-o json|yaml`` one stable document (see
+:mod:`graylane.app.cli.views`) holding its ``graylane.v1`` report message:
+``AuditTimeline`` (``audit replay``), ``AuditVerification`` (``audit verify``) and
+``TrafficReplayReport`` (``traffic replay``); ``-o name`` prints the decision ids of the
+timeline, the decision ids that replay differently, or the request ids whose outputs
+differ. The exit status does not depend on the format: ``audit verify`` and ``traffic
+replay`` exit 1 when something differs.
 """
 
 from __future__ import annotations
@@ -12,13 +20,23 @@ import argparse
 import asyncio
 import contextlib
 import uuid
-from collections import defaultdict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from graylane.app.cli.views import parse_time
+from graylane.app.cli.views import add_output, emit, parse_time
 
-__all__ = ["read_range", "register_audit", "register_traffic"]
+if TYPE_CHECKING:
+    from graylane.policy_engine.logic.replay import Mismatch
+    from graylane.v1 import audit_pb2, inference_pb2, telemetry_pb2
+
+__all__ = [
+    "audit_verification",
+    "read_range",
+    "register_audit",
+    "register_traffic",
+    "telemetry_totals",
+    "traffic_report",
+]
 
 
 def register_audit(
@@ -28,12 +46,12 @@ def register_audit(
     replay = audit_sub.add_parser(
         "replay", help="a rollout's timeline from <p>.audit and <p>.telemetry (reads Kafka)"
     )
-    add_range(replay, required=True)
+    add_range(add_output(replay), required=True)
     replay.set_defaults(handler=_audit_replay)
     verify = audit_sub.add_parser(
         "verify", help="re-run the controllers over recorded inputs and list differences"
     )
-    add_range(verify, required=True)
+    add_range(add_output(verify), required=True)
     verify.set_defaults(handler=_audit_verify)
 
 
@@ -52,6 +70,7 @@ def register_traffic(tsub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     replay.add_argument(
         "--timeout-s", type=float, default=60.0, help="give up waiting for results after this long"
     )
+    add_output(replay)
     replay.set_defaults(handler=_traffic_replay)
 
 
@@ -85,6 +104,8 @@ async def read_range(
 def _audit_replay(args: argparse.Namespace) -> int:
     from graylane.app.cli.views import print_decisions
     from graylane.policy_engine.audit_replay import load_recorded
+    from graylane.serde import decode
+    from graylane.v1 import audit_pb2, telemetry_pb2
 
     from_ms, to_ms = parse_time(args.from_), parse_time(args.to)
 
@@ -94,37 +115,96 @@ def _audit_replay(args: argparse.Namespace) -> int:
         telemetry = await read_range(factory, factory.layout.telemetry(), from_ms, to_ms)
         return audits, telemetry
 
-    audits, telemetry = asyncio.run(load())
-    print_decisions(
-        audits,
-        title=f"timeline of {args.rollout or args.model}",
-        extra=lambda r: f"epoch={r.epoch}" if r.epoch else "",
+    audits, records = asyncio.run(load())
+    telemetry = [decode(telemetry_pb2.BatchTelemetry, r.value) for r in records]
+    timeline = audit_pb2.AuditTimeline(
+        model=args.model,
+        rollout_id=args.rollout,
+        from_unix_ms=from_ms,
+        to_unix_ms=to_ms,
+        decisions=audits,
+        telemetry=telemetry_totals(args.model, telemetry),
     )
-    _print_telemetry(args.model, telemetry)
+
+    def as_table() -> None:
+        print_decisions(
+            timeline.decisions,
+            title=f"timeline of {args.rollout or args.model}",
+            extra=lambda r: f"epoch={r.epoch}" if r.epoch else "",
+        )
+        _print_telemetry(args.model, timeline.telemetry)
+
+    names = "\n".join(r.decision_id for r in timeline.decisions)
+    emit(args, "AuditTimeline", timeline, names, as_table)
     return 0
 
 
-def _print_telemetry(model: str, records: list[Any]) -> None:
-    from graylane.app.cli.views import table as _table
-    from graylane.serde import decode
-    from graylane.v1 import telemetry_pb2
+def telemetry_totals(
+    model: str, telemetry: Sequence[telemetry_pb2.BatchTelemetry]
+) -> list[audit_pb2.TelemetryTotals]:
+    """``model``'s batch telemetry summed per version and variant (sorted by them)."""
+    from graylane.v1 import audit_pb2
 
-    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0, 0.0])
-    for r in records:
-        t = decode(telemetry_pb2.BatchTelemetry, r.value)
+    totals: dict[tuple[str, str], audit_pb2.TelemetryTotals] = {}
+    for t in telemetry:
         if t.model != model:
             continue
-        row = totals[(t.version, t.variant)]
-        row[0] += 1
-        row[1] += t.request_count
-        row[2] += t.error_count
-        row[3] += t.compute_ms
+        row = totals.get((t.version, t.variant))
+        if row is None:
+            row = totals[(t.version, t.variant)] = audit_pb2.TelemetryTotals(
+                version=t.version, variant=t.variant
+            )
+        row.batches += 1
+        row.requests += t.request_count
+        row.errors += t.error_count
+        row.compute_ms += t.compute_ms
+    return [totals[key] for key in sorted(totals)]
+
+
+def _print_telemetry(model: str, totals: Sequence[audit_pb2.TelemetryTotals]) -> None:
+    from graylane.app.cli.views import table as _table
+
     _table(
         f"telemetry of {model} in the range",
         ("version", "variant", "batches", "requests", "errors", "error rate", "compute ms/batch"),
         [
-            (v, var, int(b), int(n), int(e), f"{e / n:.2%}" if n else "-", f"{c / b:.1f}")
-            for (v, var), (b, n, e, c) in sorted(totals.items())
+            (
+                t.version,
+                t.variant,
+                t.batches,
+                t.requests,
+                t.errors,
+                f"{t.errors / t.requests:.2%}" if t.requests else "-",
+                f"{t.compute_ms / t.batches:.1f}",
+            )
+            for t in totals
+        ],
+    )
+
+
+def audit_verification(
+    records: Sequence[audit_pb2.AuditRecord],
+    mismatches: Sequence[Mismatch],
+    *,
+    model: str,
+    rollout_id: str = "",
+) -> audit_pb2.AuditVerification:
+    """The ``AuditVerification`` of ``records`` replayed with ``mismatches`` found."""
+    from graylane.v1 import audit_pb2
+
+    return audit_pb2.AuditVerification(
+        model=model,
+        rollout_id=rollout_id,
+        decisions=len(records),
+        mismatches=[
+            audit_pb2.ReplayMismatch(
+                index=m.index,
+                decision_id=records[m.index].decision_id,
+                field=m.field,
+                recorded=str(m.recorded),
+                replayed=str(m.replayed),
+            )
+            for m in mismatches
         ],
     )
 
@@ -135,19 +215,22 @@ def _audit_verify(args: argparse.Namespace) -> int:
 
     from_ms, to_ms = parse_time(args.from_), parse_time(args.to)
     records = asyncio.run(load_recorded(_factory(), args.model, args.rollout, from_ms, to_ms))
-    mismatches = verify(records)
-    if not mismatches:
-        print(f"{len(records)} recorded decision(s): the controllers decide the same today")
-        return 0
-    _table(
-        "decisions that replay differently",
-        ("#", "decision", "field", "recorded", "replayed"),
-        [
-            (m.index, records[m.index].decision_id, m.field, m.recorded, m.replayed)
-            for m in mismatches
-        ],
-    )
-    return 1
+    report = audit_verification(records, verify(records), model=args.model, rollout_id=args.rollout)
+    report.from_unix_ms, report.to_unix_ms = from_ms, to_ms
+
+    def as_table() -> None:
+        if not report.mismatches:
+            print(f"{report.decisions} recorded decision(s): the controllers decide the same today")
+            return
+        _table(
+            "decisions that replay differently",
+            ("#", "decision", "field", "recorded", "replayed"),
+            [(m.index, m.decision_id, m.field, m.recorded, m.replayed) for m in report.mismatches],
+        )
+
+    names = "\n".join(dict.fromkeys(m.decision_id for m in report.mismatches))
+    emit(args, "AuditVerification", report, names, as_table)
+    return 1 if report.mismatches else 0
 
 
 def _outputs_key(result: Any) -> bytes:
@@ -157,29 +240,61 @@ def _outputs_key(result: Any) -> bytes:
     return b"".join(t.SerializeToString(deterministic=True) for t in result.outputs)
 
 
+def traffic_report(
+    sent: Sequence[str],
+    replayed: Mapping[str, inference_pb2.InferenceResult],
+    recorded: Mapping[str, inference_pb2.InferenceResult],
+) -> audit_pb2.TrafficReplayReport:
+    """The ``TrafficReplayReport`` of the requests ``sent`` (their recorded ids): each
+    replayed answer compared with the recorded OK result of the same request."""
+    from graylane.v1 import audit_pb2, inference_pb2
+
+    report = audit_pb2.TrafficReplayReport(replayed=len(sent))
+    for original in sent:
+        got = replayed.get(original)
+        if got is None or got.status != inference_pb2.OK:
+            report.errors += 1
+        elif original not in recorded:
+            report.no_recorded_result += 1
+        elif _outputs_key(got) == _outputs_key(recorded[original]):
+            report.agree += 1
+        else:
+            report.differ += 1
+            report.differing_request_ids.append(original)
+    compared = report.agree + report.differ
+    report.agreement = report.agree / compared if compared else 0.0
+    return report
+
+
 def _traffic_replay(args: argparse.Namespace) -> int:
     from graylane.app.cli.views import table as _table
 
-    agree, differ, missing, errors = asyncio.run(_replay_traffic(args))
-    total = agree + differ
-    _table(
-        f"offline shadow of {args.model} {args.version}",
-        ("replayed", "agree", "differ", "no recorded result", "errors / timeouts", "agreement"),
-        [
-            (
-                total + missing + errors,
-                agree,
-                differ,
-                missing,
-                errors,
-                f"{agree / total:.2%}" if total else "-",
-            )
-        ],
-    )
-    return 0 if differ == 0 and errors == 0 else 1
+    report = asyncio.run(_replay_traffic(args))
+    report.model, report.version = args.model, args.version
+    report.from_unix_ms, report.to_unix_ms = parse_time(args.from_), parse_time(args.to)
+    compared = report.agree + report.differ
+
+    def as_table() -> None:
+        _table(
+            f"offline shadow of {args.model} {args.version}",
+            ("replayed", "agree", "differ", "no recorded result", "errors / timeouts", "agreement"),
+            [
+                (
+                    report.replayed,
+                    report.agree,
+                    report.differ,
+                    report.no_recorded_result,
+                    report.errors,
+                    f"{report.agreement:.2%}" if compared else "-",
+                )
+            ],
+        )
+
+    emit(args, "TrafficReplayReport", report, "\n".join(report.differing_request_ids), as_table)
+    return 0 if report.differ == 0 and report.errors == 0 else 1
 
 
-async def _replay_traffic(args: argparse.Namespace) -> tuple[int, int, int, int]:
+async def _replay_traffic(args: argparse.Namespace) -> audit_pb2.TrafficReplayReport:
     from graylane.clock import now_ms
     from graylane.kafka.admin import ensure_topics
     from graylane.kafka.reading import FollowFrom, TopicFollower
@@ -253,15 +368,4 @@ async def _replay_traffic(args: argparse.Namespace) -> tuple[int, int, int, int]
     finally:
         await producer.stop()
         await replies.stop()
-    agree = differ = missing = errors = 0
-    for original in ids.values():
-        got = replayed.get(original)
-        if got is None or got.status != inference_pb2.OK:
-            errors += 1
-        elif original not in recorded:
-            missing += 1
-        elif _outputs_key(got) == _outputs_key(recorded[original]):
-            agree += 1
-        else:
-            differ += 1
-    return agree, differ, missing, errors
+    return traffic_report(list(ids.values()), replayed, recorded)

@@ -12,11 +12,14 @@ machine-readable forms are stable: one document per command,
 protobuf JSON mapping of its ``graylane.v1`` message in ``protos/`` with the
 ``.proto`` field names, every field present (defaults included), enums by name and
 64-bit integers as strings. Fields are only ever added, as the ``.proto`` files
-promise; ``name`` prints one id per line.
+promise; ``name`` prints one id per line. The commands that read Kafka directly
+(:mod:`graylane.app.cli.replay`) print one report object each: ``AuditTimeline``,
+``AuditVerification`` and ``TrafficReplayReport``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -30,6 +33,7 @@ from graylane.clock import now_ms as clock_now_ms
 __all__ = [
     "API_VERSION",
     "OutputFormat",
+    "add_output",
     "emit",
     "emit_list",
     "parse_time",
@@ -53,6 +57,18 @@ class OutputFormat(Enum):
     JSON = "json"
     YAML = "yaml"
     NAME = "name"
+
+
+def add_output(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The read command ``parser`` takes ``-o table|json|yaml|name``."""
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=[f.value for f in OutputFormat],
+        default=OutputFormat.TABLE.value,
+        help="table (default), or json / yaml (stable, the graylane.v1 messages), or name",
+    )
+    return parser
 
 
 def output_format(args: Any) -> OutputFormat:
@@ -114,7 +130,8 @@ def emit(args: Any, kind: str, message: Any, name: str, as_table: Callable[[], N
     if fmt is OutputFormat.TABLE:
         as_table()
     elif fmt is OutputFormat.NAME:
-        print(name)
+        if name:  # a report names what it lists, one a line; none: nothing
+            print(name)
     else:
         _write(document(kind, single=message), fmt)
 

@@ -224,3 +224,91 @@ class ShadowAgreement(_message.Message):
     seeded_pairs: int
     unseeded_pairs: int
     def __init__(self, pairs: _Optional[int] = ..., agreeing: _Optional[int] = ..., baseline_schema: _Optional[str] = ..., candidate_schema: _Optional[str] = ..., greedy_pairs: _Optional[int] = ..., seeded_pairs: _Optional[int] = ..., unseeded_pairs: _Optional[int] = ...) -> None: ...
+
+class TelemetryTotals(_message.Message):
+    __slots__ = ("version", "variant", "batches", "requests", "errors", "compute_ms")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    variant: str
+    batches: int
+    requests: int
+    errors: int
+    compute_ms: float
+    def __init__(self, version: _Optional[str] = ..., variant: _Optional[str] = ..., batches: _Optional[int] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., compute_ms: _Optional[float] = ...) -> None: ...
+
+class AuditTimeline(_message.Message):
+    __slots__ = ("model", "rollout_id", "from_unix_ms", "to_unix_ms", "decisions", "telemetry")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    rollout_id: str
+    from_unix_ms: int
+    to_unix_ms: int
+    decisions: _containers.RepeatedCompositeFieldContainer[AuditRecord]
+    telemetry: _containers.RepeatedCompositeFieldContainer[TelemetryTotals]
+    def __init__(self, model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., from_unix_ms: _Optional[int] = ..., to_unix_ms: _Optional[int] = ..., decisions: _Optional[_Iterable[_Union[AuditRecord, _Mapping]]] = ..., telemetry: _Optional[_Iterable[_Union[TelemetryTotals, _Mapping]]] = ...) -> None: ...
+
+class ReplayMismatch(_message.Message):
+    __slots__ = ("index", "decision_id", "field", "recorded", "replayed")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    decision_id: str
+    field: str
+    recorded: str
+    replayed: str
+    def __init__(self, index: _Optional[int] = ..., decision_id: _Optional[str] = ..., field: _Optional[str] = ..., recorded: _Optional[str] = ..., replayed: _Optional[str] = ...) -> None: ...
+
+class AuditVerification(_message.Message):
+    __slots__ = ("model", "rollout_id", "from_unix_ms", "to_unix_ms", "decisions", "mismatches")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    MISMATCHES_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    rollout_id: str
+    from_unix_ms: int
+    to_unix_ms: int
+    decisions: int
+    mismatches: _containers.RepeatedCompositeFieldContainer[ReplayMismatch]
+    def __init__(self, model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., from_unix_ms: _Optional[int] = ..., to_unix_ms: _Optional[int] = ..., decisions: _Optional[int] = ..., mismatches: _Optional[_Iterable[_Union[ReplayMismatch, _Mapping]]] = ...) -> None: ...
+
+class TrafficReplayReport(_message.Message):
+    __slots__ = ("model", "version", "from_unix_ms", "to_unix_ms", "replayed", "agree", "differ", "no_recorded_result", "errors", "agreement", "differing_request_ids")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    FROM_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TO_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    AGREE_FIELD_NUMBER: _ClassVar[int]
+    DIFFER_FIELD_NUMBER: _ClassVar[int]
+    NO_RECORDED_RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    DIFFERING_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    from_unix_ms: int
+    to_unix_ms: int
+    replayed: int
+    agree: int
+    differ: int
+    no_recorded_result: int
+    errors: int
+    agreement: float
+    differing_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., from_unix_ms: _Optional[int] = ..., to_unix_ms: _Optional[int] = ..., replayed: _Optional[int] = ..., agree: _Optional[int] = ..., differ: _Optional[int] = ..., no_recorded_result: _Optional[int] = ..., errors: _Optional[int] = ..., agreement: _Optional[float] = ..., differing_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -4,10 +4,12 @@ in-process router + workers, steady client load and START commands."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from graylane import serde
 from graylane.engine_worker.faults import FaultInjection
@@ -99,6 +101,17 @@ async def test_healthy_canary_is_promoted_and_its_audit_replays(
     assert await asyncio.to_thread(main, ["audit", "verify", *window]) == 0
     verdict = capsys.readouterr().out
     assert f"{len(kinds)} recorded decision(s): the controllers decide the same" in verdict
+    assert await asyncio.to_thread(main, ["audit", "replay", *window, "-o", "json"]) == 0
+    timeline_doc = json.loads(capsys.readouterr().out)
+    assert timeline_doc["kind"] == "AuditTimeline"
+    decided = [d["kind"] for d in timeline_doc["object"]["decisions"]]
+    assert {"DECISION_ROLLOUT_STARTED", "DECISION_ADVANCE", "DECISION_PROMOTE"} <= set(decided)
+    assert timeline_doc["object"]["telemetry"]  # the range's batches, per version/variant
+    assert await asyncio.to_thread(main, ["audit", "verify", *window, "-o", "yaml"]) == 0
+    verification = yaml.safe_load(capsys.readouterr().out)
+    assert verification["kind"] == "AuditVerification"
+    assert verification["object"]["decisions"] == len(kinds)
+    assert verification["object"]["mismatches"] == []
 
 
 async def test_bad_candidate_is_rolled_back(

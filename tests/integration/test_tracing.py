@@ -2,7 +2,8 @@
 carrying a W3C ``traceparent``, through the real ``graylane serve router`` and
 ``graylane serve worker`` processes on the real broker, yields one trace whose spans
 come from three processes: the producer's, the router's and the worker's, each a
-child of the hop before it, collected by an OTLP/HTTP receiver the test runs."""
+child of the hop before it, collected by an OTLP/HTTP receiver the test runs. A
+streamed generation (the worker's continuous decode batch) is traced the same way."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from graylane import serde
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
+from graylane.models.demo_gpt import write_demo_gpt
 from graylane.v1 import inference_pb2
 from tests.support.otlp import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.support.stack import read_topic
@@ -65,9 +67,10 @@ def by_name(spans: list[ReceivedSpan], name: str) -> list[ReceivedSpan]:
 
 
 async def test_a_traceparent_from_a_confluent_producer_becomes_one_trace_over_three_processes(
-    factory: KafkaFactory, models: dict[str, Path], tmp_path: Path
+    factory: KafkaFactory, tmp_path: Path
 ) -> None:
     settings = factory.settings
+    kv_model = write_demo_gpt(tmp_path / "kv.onnx", "tiny", seed=1, kv_cache=True)
     with otlp_receiver() as receiver:
         env = {
             **os.environ,
@@ -92,7 +95,7 @@ async def test_a_traceparent_from_a_confluent_producer_becomes_one_trace_over_th
                     "--version",
                     VERSION,
                     "--variant",
-                    f"fp32={models['v1']}",
+                    f"fp32={kv_model}",
                     *common,
                 ],
                 env,
@@ -107,8 +110,11 @@ async def test_a_traceparent_from_a_confluent_producer_becomes_one_trace_over_th
                 timeout=120,
                 what="router and worker serving",
             )
+            forward = inference_pb2.InferenceRequest(
+                request_id="traced-1", model=MODEL, routing_key="u1", token_ids=[5, 6, 7]
+            )
             caller = await asyncio.to_thread(
-                produce_traced, settings.bootstrap_servers, factory, receiver
+                produce_traced, settings.bootstrap_servers, factory, receiver, forward
             )
             values = await read_topic(
                 factory, factory.layout.results(MODEL), expect=1, timeout_s=60
@@ -116,14 +122,34 @@ async def test_a_traceparent_from_a_confluent_producer_becomes_one_trace_over_th
             [result] = [serde.decode(inference_pb2.InferenceResult, v) for v in values]
             assert result.request_id == "traced-1" and result.version == VERSION
             assert result.error_code == inference_pb2.ERROR_CODE_UNSPECIFIED, result.error_message
+            generate = inference_pb2.InferenceRequest(
+                request_id="traced-gen",
+                model=MODEL,
+                routing_key="u2",
+                token_ids=[5, 6, 7],
+                task=inference_pb2.GENERATE,
+                generation=inference_pb2.GenerationParams(
+                    max_new_tokens=6, stream=True, stream_every_tokens=2
+                ),
+            )
+            streamer = await asyncio.to_thread(
+                produce_traced, settings.bootstrap_servers, factory, receiver, generate
+            )
 
-            def whole_trace() -> bool:
-                spans = [s for s in receiver.received() if s.trace_id == caller.trace_id]
-                return bool(by_name(spans, "deliver")) and bool(
-                    by_name(spans, "graylane.worker request")
-                )
+            def whole_trace(trace_id: str, root: str) -> bool:
+                spans = [s for s in receiver.received() if s.trace_id == trace_id]
+                return bool(by_name(spans, "deliver")) and bool(by_name(spans, root))
 
-            await wait_until(whole_trace, timeout=30, what="the worker's spans exported")
+            await wait_until(
+                lambda: whole_trace(caller.trace_id, "graylane.worker request"),
+                timeout=30,
+                what="the worker's spans exported",
+            )
+            await wait_until(
+                lambda: whole_trace(streamer.trace_id, "graylane.worker generation"),
+                timeout=30,
+                what="the generation's spans exported",
+            )
             forwarded = await read_to_end(
                 factory, factory.layout.version_requests(MODEL, VERSION), client_suffix="t"
             )
@@ -137,7 +163,11 @@ async def test_a_traceparent_from_a_confluent_producer_becomes_one_trace_over_th
     [routed] = by_name(spans, "graylane.router route")
     [served] = by_name(spans, "graylane.worker request")
     assert routed.parent_id == produce.span_id  # the producer's traceparent, continued
-    [record] = forwarded
+    [record] = [
+        r
+        for r in forwarded
+        if serde.decode(inference_pb2.InferenceRequest, r.value).request_id == "traced-1"
+    ]
     headers = dict(record.headers)
     assert headers["x-app"] == b"billing"  # the producer's own header travels on
     assert headers["traceparent"].decode().split("-")[1:3] == [caller.trace_id, routed.span_id]
@@ -156,22 +186,47 @@ async def test_a_traceparent_from_a_confluent_producer_becomes_one_trace_over_th
     assert stages["deliver"].span.end_time_unix_nano <= served.span.end_time_unix_nano
     assert stages["engine"].span.end_time_unix_nano > stages["engine"].span.start_time_unix_nano
 
+    # The streamed generation: one span of the decode batch, continuing its routed trace.
+    spans = [s for s in receiver.received() if s.trace_id == streamer.trace_id]
+    [routed] = by_name(spans, "graylane.router route")
+    [generated] = by_name(spans, "graylane.worker generation")
+    assert generated.parent_id == routed.span_id
+    assert generated.resource.get("service.name") == "graylane-worker"
+    for key, value in (
+        ("graylane.model", MODEL),
+        ("graylane.version", VERSION),
+        ("graylane.variant", "fp32"),
+        ("graylane.prompt_tokens", 3),
+        ("graylane.generated_tokens", 6),
+        ("graylane.finish_reason", "LENGTH"),
+    ):
+        assert generated.attributes[key] == value, key
+    assert generated.attributes["graylane.ttft_ms"] > 0
+    assert generated.attributes["graylane.stream_chunks"] >= 1
+    stages = {s.span.name: s for s in spans if s.parent_id == generated.span_id}
+    assert set(stages) == {"queue", "prefill", "decode", "deliver"}
+    for earlier, later in (("queue", "prefill"), ("prefill", "decode"), ("decode", "deliver")):
+        assert stages[earlier].span.end_time_unix_nano <= stages[later].span.start_time_unix_nano
+    assert stages["deliver"].span.end_time_unix_nano <= generated.span.end_time_unix_nano
+
 
 class Caller:
     def __init__(self, trace_id: str) -> None:
         self.trace_id = trace_id
 
 
-def produce_traced(bootstrap: str, factory: KafkaFactory, receiver: OtlpReceiver) -> Caller:
+def produce_traced(
+    bootstrap: str,
+    factory: KafkaFactory,
+    receiver: OtlpReceiver,
+    request: inference_pb2.InferenceRequest,
+) -> Caller:
     """What a JVM or Go service does: its own span, its traceparent on the record."""
     provider = TracerProvider(
         resource=Resource.create({"service.name": "ci-producer", "process.pid": os.getpid()})
     )
     provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=receiver.endpoint)))
     tracer = provider.get_tracer("ci")
-    request = inference_pb2.InferenceRequest(
-        request_id="traced-1", model=MODEL, routing_key="u1", token_ids=[5, 6, 7]
-    )
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap})
     with tracer.start_as_current_span("ci produce", kind=SpanKind.PRODUCER) as span:
         carrier: dict[str, str] = {}
@@ -179,7 +234,7 @@ def produce_traced(bootstrap: str, factory: KafkaFactory, receiver: OtlpReceiver
         producer.produce(
             factory.layout.ingress(MODEL),
             value=serde.encode(request),
-            key=b"u1",
+            key=request.routing_key.encode(),
             headers=[(k, v.encode()) for k, v in carrier.items()] + [("x-app", b"billing")],
         )
         assert producer.flush(30) == 0

@@ -4,6 +4,7 @@ compared with the recorded results (an offline shadow test), on the real broker.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 
@@ -77,6 +78,12 @@ async def test_replayed_traffic_agrees_with_a_twin_and_differs_from_another_mode
             return sum(t.request_count for t in telemetry if t.version in {"twin", "other"}) >= 24
 
         await wait_until(replay_telemetry_arrived, timeout=20, what="replay telemetry")
+        # The same replay as a document (its shadow answers come after those counted above).
+        capsys.readouterr()
+        as_json = await asyncio.to_thread(
+            main, ["traffic", "replay", *window, "--version", "other", "-o", "json"]
+        )
+        other_doc = json.loads(capsys.readouterr().out)
     replayed = [r for r in shadow if r.version in {"twin", "other"}]
     assert len(replayed) == 24 and all(r.shadow for r in replayed)
     replay_batches = [t for t in telemetry if t.version in {"twin", "other"}]
@@ -87,3 +94,12 @@ async def test_replayed_traffic_agrees_with_a_twin_and_differs_from_another_mode
     assert re.findall(r"[\d.]+%?", row) == ["12", "12", "0", "0", "0", "100.00%"], twin_out
     assert other == 1, other_out
     assert "100.00%" not in other_out
+    assert as_json == 1  # the exit status is the table's
+    assert (other_doc["apiVersion"], other_doc["kind"]) == ("graylane.v1", "TrafficReplayReport")
+    report = other_doc["object"]
+    assert (report["model"], report["version"], report["replayed"]) == (MODEL, "other", 12)
+    assert report["differ"] > 0 and len(report["differing_request_ids"]) == report["differ"]
+    assert (
+        report["agree"] + report["differ"] + report["no_recorded_result"] + report["errors"]
+        == report["replayed"]
+    )

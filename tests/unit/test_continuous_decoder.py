@@ -4,16 +4,23 @@ its sends captured instead of produced: joins, cancels, sheds and streamed chunk
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Mapping
 
+import numpy as np
 import pytest
 from aiokafka.structs import ConsumerRecord
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from graylane.clock import now_ms
+from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import WorkerEngines
-from graylane.engine_worker.faults import FaultInjection
+from graylane.engine_worker.faults import FaultInjection, extends_cache
 from graylane.engine_worker.generation import (
     ContinuousDecoder,
     DecoderLimits,
@@ -21,10 +28,12 @@ from graylane.engine_worker.generation import (
     StreamPolicy,
 )
 from graylane.engine_worker.requests import Job, TaskKind, WorkItem
+from graylane.engine_worker.service import generation_hop
 from graylane.engine_worker.tasks import GenerationResult, generate_with_cache
 from graylane.engine_worker.wire import ResultContext, generation_result
 from graylane.errors import ErrorCode
 from graylane.models.demo_gpt import write_demo_gpt
+from graylane.tracing import TracedRequest, record_generation
 from graylane.v1 import inference_pb2
 
 CTX = ResultContext(model="gpt", version="v1", variant="fp32", worker_id="w")
@@ -185,3 +194,96 @@ async def test_a_prompt_the_loop_refuses_is_answered_not_fatal(engine: OnnxRunti
     by_id = {j.request.request_id: j for j in captured.finished}
     assert by_id["empty"].rejection is not None
     assert len(by_id["fine"].result.generated_token_ids) == 3
+
+
+async def test_a_step_where_a_streamed_row_joins_counts_its_rows_once(
+    engine: OnnxRuntimeEngine,
+) -> None:
+    captured = Captured()
+    dec = decoder(engine, captured, rows=1)
+    await dec.submit(job("alone", [5, 6, 7], 6, stream=True))
+    await dec.close()
+    assert dec.steps > 0
+    assert dec.peak_rows == 1
+    assert dec.rows_stepped == dec.steps  # one row in every step, the joining one too
+
+
+class FailsTheDecodeAfterAPrefill:
+    """The real engine, except that once armed, the decode step right after the next
+    prefill fails (as a device error would)."""
+
+    def __init__(self, inner: OnnxRuntimeEngine) -> None:
+        self._inner = inner
+        self.armed = False
+        self._prefilled = False
+        self.name, self.variant, self.io = inner.name, inner.variant, inner.io
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.armed and not extends_cache(feeds):
+            self._prefilled = True
+        elif self.armed and self._prefilled:
+            self.armed = False
+            raise EngineRunError("device lost")
+        return self._inner.run(feeds)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+async def test_a_row_finished_by_its_prefill_keeps_its_answer_when_the_decode_fails(
+    engine: OnnxRuntimeEngine,
+) -> None:
+    captured = Captured()
+    faulty = FailsTheDecodeAfterAPrefill(engine)
+    dec = decoder(faulty, captured, rows=4)  # type: ignore[arg-type]
+    running = dec.submit(job("running", [5, 6, 7], 200))
+    while not dec.rows_stepped:  # it is decoding
+        await asyncio.sleep(0.001)
+    faulty.armed = True  # two join the next step; its decode fails after their prefill
+    one_token = dec.submit(job("one-token", [9, 8], 1))
+    streamed = dec.submit(job("streamed", [4, 3], 8, stream=True))
+    await asyncio.wait_for(asyncio.gather(running, one_token, streamed), timeout=30)
+    await dec.close()
+    by_id = {j.request.request_id: j for j in captured.finished}
+    assert by_id["running"].rejection is not None  # rows of the failed decode
+    assert by_id["streamed"].rejection is not None
+    assert by_id["one-token"].rejection is None  # done before the failure: answered
+    expected = generate_with_cache(engine, [[9, 8]], [1], None, 256)
+    assert tuple(by_id["one-token"].result.generated_token_ids) == expected[0].tokens
+
+
+async def test_the_span_of_a_streamed_generation_says_what_it_decoded(
+    engine: OnnxRuntimeEngine,
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    captured = Captured()
+    dec = decoder(engine, captured, rows=2)
+    await dec.submit(job("streamed", [5, 6, 7], 9, stream=True))
+    await dec.submit(job("late", [1, 2], 3, ttft_ms=1, created=now_ms() - 1000))  # shed
+    await dec.close()
+    by_id = {j.request.request_id: j for j in captured.finished}
+    streamed = by_id["streamed"]
+    hop = generation_hop(streamed, CTX, time.time_ns())
+    assert (hop.model, hop.version, hop.variant) == ("gpt", "v1", "fp32")
+    assert (hop.prompt_tokens, hop.generated_tokens) == (3, 9)
+    assert hop.finish_reason == "LENGTH" and hop.error_code == ""
+    assert hop.ttft_ms == streamed.result.timing.ttft_ms > 0
+    assert hop.stream_chunks == len(captured.chunks["streamed"]) > 0
+    assert hop.dequeued_ns <= hop.first_token_ns <= hop.finished_ns
+    shed = generation_hop(by_id["late"], CTX, time.time_ns())
+    assert shed.error_code == "SHED" and shed.finish_reason == "FAILED"
+    for j, h in ((streamed, hop), (by_id["late"], shed)):
+        request = TracedRequest(
+            headers=None, timestamp_ms=0, shadow=False, request_id=j.request.request_id
+        )
+        for span in record_generation(request, h, provider.get_tracer("w")):
+            span.end()
+    roots = {
+        s.attributes["graylane.request_id"]: s
+        for s in exporter.get_finished_spans()
+        if s.name == "graylane.worker generation" and s.attributes is not None
+    }
+    assert roots["streamed"].attributes["graylane.generated_tokens"] == 9
+    assert roots["late"].status.status_code is StatusCode.ERROR

@@ -12,15 +12,17 @@ import re
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 
 from graylane import serde, tracing
 from graylane.logs import LogFormat, configure_logging
 from graylane.tracing import (
+    GenerationHop,
     HeaderCaps,
     TracedRequest,
     WorkerHop,
     forward_headers,
+    record_generation,
     record_worker_hop,
 )
 from graylane.v1 import inference_pb2
@@ -240,3 +242,82 @@ async def test_the_gateway_continues_the_http_traceparent() -> None:
     assert answer.status_code == 200, answer.text
     [headers] = carried
     assert dict(headers)["traceparent"].decode().split("-")[1] == PARENT.split("-")[1]
+
+
+def generation_hop(**changes: object) -> GenerationHop:
+    base = 1_700_000_000_000 * 1_000_000
+    fields: dict[str, object] = {
+        "dequeued_ns": base + 5_000_000,
+        "first_token_ns": base + 9_000_000,
+        "finished_ns": base + 30_000_000,
+        "model": "gpt",
+        "version": "v2",
+        "variant": "fp32",
+        "prompt_tokens": 7,
+        "generated_tokens": 12,
+        "ttft_ms": 9.0,
+        "finish_reason": "LENGTH",
+        "stream_chunks": 3,
+    }
+    fields.update(changes)
+    return GenerationHop(**fields)  # type: ignore[arg-type]
+
+
+def test_a_generation_span_continues_the_request_and_times_its_stages() -> None:
+    exporter, provider = memory_tracer()
+    request = TracedRequest(
+        headers=[("traceparent", PARENT.encode())],
+        timestamp_ms=1_700_000_000_000,
+        shadow=False,
+        request_id="g1",
+    )
+    opened = record_generation(request, generation_hop(), provider.get_tracer("w"))
+    assert [s.name for s in opened] == ["deliver", "graylane.worker generation"]  # open
+    for s in opened:
+        s.end()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    root = spans["graylane.worker generation"]
+    assert root.kind is SpanKind.CONSUMER
+    assert format(root.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert root.parent is not None and format(root.parent.span_id, "016x") == "b7ad6b7169203331"
+    assert dict(root.attributes or {}) == {
+        "graylane.model": "gpt",
+        "graylane.version": "v2",
+        "graylane.variant": "fp32",
+        "graylane.request_id": "g1",
+        "graylane.shadow": False,
+        "graylane.prompt_tokens": 7,
+        "graylane.generated_tokens": 12,
+        "graylane.ttft_ms": 9.0,
+        "graylane.finish_reason": "LENGTH",
+        "graylane.stream_chunks": 3,
+        "graylane.queue_wait_ms": 5.0,
+    }
+    base = 1_700_000_000_000 * 1_000_000
+    stages = {n: (spans[n].start_time - base, spans[n].end_time - base) for n in spans}
+    assert stages["queue"] == (0, 5_000_000)
+    assert stages["prefill"] == (5_000_000, 9_000_000)
+    assert stages["decode"] == (9_000_000, 30_000_000)
+    assert stages["deliver"][0] == 30_000_000
+    for name in ("queue", "prefill", "decode", "deliver"):
+        assert spans[name].parent is not None
+        assert spans[name].parent.span_id == root.context.span_id
+
+
+def test_a_failed_or_shadow_generation_says_so_in_its_span() -> None:
+    exporter, provider = memory_tracer()
+    shed = TracedRequest(
+        headers=[("traceparent", PARENT.encode())], timestamp_ms=0, shadow=True, request_id="g2"
+    )
+    hop = generation_hop(dequeued_ns=0, first_token_ns=0, generated_tokens=0, error_code="SHED")
+    for s in record_generation(shed, hop, provider.get_tracer("w")):
+        s.end()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    root = spans["graylane.worker generation"]
+    assert root.status.status_code is StatusCode.ERROR
+    assert root.attributes is not None and root.attributes["graylane.error_code"] == "SHED"
+    assert root.parent is None  # a shadow copy starts its own trace ...
+    [link] = root.links  # ... linked to the router's span
+    assert format(link.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert set(spans) == {"graylane.worker generation", "queue", "deliver"}  # no token: no stages
+    assert record_generation(shed, hop) == []  # tracing off: nothing
