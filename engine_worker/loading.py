@@ -151,8 +151,11 @@ def load_from_registry(
     skipped: dict[str, str] = {}
     refused: list[RefusedArtifact] = []
     if not settings.trusted_keys:
-        log.warning("no trusted keys configured: artifact signatures of %s %s are not verified",
-                    model, version)
+        log.warning(
+            "no trusted keys configured: artifact signatures of %s %s are not verified",
+            model,
+            version,
+        )
     engines: dict[str, InferenceEngine] = {}
     fp32_path: Path | None = None
     onnx: dict[str, tuple[ArtifactInfo, Path, Manifest]] = {}
