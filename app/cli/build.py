@@ -163,13 +163,13 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from graylane.artifacts.signing import ArtifactSignatureError, verify_signature
+    from graylane.artifacts.signing import ArtifactSignatureError, TrustedKeyError, verify_signature
     from graylane.artifacts.verify import TamperedArtifactError, verify_artifact
 
     try:
         manifest = verify_artifact(args.folder)
         signer = verify_signature(args.folder, args.trust_key) if args.trust_key else None
-    except (TamperedArtifactError, ArtifactSignatureError) as exc:
+    except (TamperedArtifactError, ArtifactSignatureError, TrustedKeyError) as exc:
         print(f"REFUSED: {exc}")
         return EXIT_ERROR
     signed = f"; signed by {signer}" if signer is not None else ""

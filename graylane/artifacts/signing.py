@@ -24,6 +24,8 @@ __all__ = [
     "KeyPair",
     "RefusedArtifact",
     "SignatureFailure",
+    "TrustedKeyError",
+    "check_public_key",
     "generate_key_pair",
     "sign_artifact",
     "verify_signature",
@@ -53,6 +55,10 @@ class ArtifactSignatureError(GraylaneError):
         super().__init__(message)
         self.reason = reason
         self.folder = folder
+
+
+class TrustedKeyError(GraylaneError):
+    """A configured trusted key cannot be read (a configuration error, not an artifact's)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,8 @@ def verify_signature(folder: Path, trusted_keys: Sequence[Path]) -> Path:
 
     if not trusted_keys:
         raise ValueError("verify_signature needs at least one trusted key")
+    for key in trusted_keys:
+        check_public_key(key)
     signature = folder / SIGNATURE_FILE
     if not signature.is_file():
         raise ArtifactSignatureError(
@@ -165,6 +173,18 @@ def verify_signature(folder: Path, trusted_keys: Sequence[Path]) -> Path:
         SignatureFailure.UNTRUSTED_KEY,
         folder,
     )
+
+
+def check_public_key(path: Path) -> None:
+    """Raise :class:`TrustedKeyError` unless ``path`` holds a PEM public key."""
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    try:
+        load_pem_public_key(path.read_bytes())
+    except OSError as exc:
+        raise TrustedKeyError(f"trusted key {path}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise TrustedKeyError(f"trusted key {path}: not a PEM public key") from None
 
 
 def _malformed(folder: Path, signature: Path, exc: Exception) -> ArtifactSignatureError:

@@ -17,6 +17,7 @@ from graylane.artifacts.signing import (
     KeyPair,
     RefusedArtifact,
     SignatureFailure,
+    TrustedKeyError,
     generate_key_pair,
     sign_artifact,
     verify_signature,
@@ -121,6 +122,15 @@ def test_an_unsigned_or_garbled_signature_is_refused(tmp_path: Path, keys: KeyPa
     assert error.reason is SignatureFailure.MALFORMED
     with pytest.raises(ValueError, match="at least one trusted key"):
         verify_signature(folder, [])
+
+
+def test_an_unreadable_trusted_key_is_a_configuration_error(tmp_path: Path, keys: KeyPair) -> None:
+    folder = _artifact(tmp_path / "art")
+    sign_artifact(folder, keys.private_key)
+    with pytest.raises(TrustedKeyError, match=r"missing\.pub"):
+        verify_signature(folder, [tmp_path / "missing.pub"])
+    with pytest.raises(TrustedKeyError, match="not a PEM public key"):
+        verify_signature(folder, [keys.private_key])  # the private key, by mistake
 
 
 NAME = ArtifactName("demo", Backend.ONNXRUNTIME, "1.23", Precision.FP32, "demo", SemVer(1, 0, 0))
