@@ -105,12 +105,14 @@ def run_build(
     store: Path | None = None,
     registry: Registry | None = None,
     force: bool | None = None,
+    signing_key: Path | None = None,
 ) -> BuildReport:
     """Run the whole build for ``spec``.
 
     ``store`` overrides the spec's artifact store (one of the two is required);
     ``force`` overrides the spec's flag: it replaces existing artifacts and marks
-    variants that miss their tolerances servable (recorded as forced).
+    variants that miss their tolerances servable (recorded as forced);
+    ``signing_key`` signs every published artifact (:mod:`graylane.artifacts.signing`).
     """
     progress = progress or NullProgress()
     started = time.perf_counter()
@@ -119,7 +121,7 @@ def run_build(
     if root is None:
         raise BuildError("no artifact store: set 'store' in the spec or pass --store")
     spec = replace(spec, force=force)
-    artifacts = ArtifactStore(root)
+    artifacts = ArtifactStore(root, signing_key=signing_key)
     trt_reason = tensorrt_unavailable_reason() if spec.tensorrt.enabled else "disabled in the spec"
     engine_count = 0 if trt_reason else len(spec.precisions)
     quantized = sum(p in QUANTIZED for p in spec.precisions)

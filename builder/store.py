@@ -5,6 +5,7 @@ Layout under the store root::
     <model>-<backend><ver>-<precision>-<strategy>@<semver>[~sm<cc>]/
         model.onnx | engine.plan  (+ model.onnx.data for large models)
         manifest.json
+        model.sig                 (when the store signs: see graylane.artifacts.signing)
     .cache/calibration/<key>.json      int8 tensor ranges
     .cache/tensorrt/engines/<key>.plan compiled engines by build key
     .cache/tensorrt/timing/<...>.cache TensorRT timing caches
@@ -32,6 +33,7 @@ from graylane.artifacts.manifest import (
     write_manifest,
 )
 from graylane.artifacts.naming import ArtifactName, artifact_dir_name
+from graylane.artifacts.signing import sign_artifact
 from graylane.artifacts.verify import (
     digest_files,
 )
@@ -63,6 +65,8 @@ class CacheKind(Enum):
 @dataclass(frozen=True)
 class ArtifactStore:
     root: Path
+    signing_key: Path | None = None
+    """Sign each published artifact with this private key (``None``: unsigned)."""
 
     def cache_dir(self, kind: CacheKind) -> Path:
         path = self.root / ".cache" / kind.value
@@ -87,7 +91,8 @@ class ArtifactStore:
         """Copy ``files`` into the artifact's folder with a manifest; returns the folder.
 
         ``make_manifest`` receives the digests of the copied files. Without
-        ``replace`` an existing artifact of the same name is an error.
+        ``replace`` an existing artifact of the same name is an error. With a
+        :attr:`signing_key` the staged folder is signed before it is renamed into place.
         """
         dest = self.folder_for(name, compute_capability)
         if dest.exists() and not replace:
@@ -104,6 +109,8 @@ class ArtifactStore:
                 shutil.copy2(src, staging / src.name)
             manifest = make_manifest(digest_files(staging, [f.name for f in files]))
             write_manifest(staging, manifest)
+            if self.signing_key is not None:
+                sign_artifact(staging, self.signing_key)  # signed before anyone can see it
             if dest.exists():
                 retired = staging_root / f"{dest.name}.{os.getpid()}.old"
                 shutil.rmtree(retired, ignore_errors=True)

@@ -7,6 +7,11 @@ when this host has TensorRT and a GPU, and only the one built for this GPU's com
 capability and TensorRT version; ONNX Runtime variants are portable. A model that
 carries its tokenizer (``tokenizer.json``, listed and verified with the artifact's
 files) is loaded with it (:attr:`LoadedVariants.tokenizer`).
+
+When the settings name trusted public keys, each artifact's signature is checked as
+well (:mod:`graylane.artifacts.signing`): an unsigned, tampered or foreign-signed
+artifact is refused (:attr:`LoadedVariants.refused`) and never loaded; the others are
+served. Without trusted keys signatures are not checked (and the worker says so).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from graylane.artifacts.model_info import (
     read_model_info,
 )
 from graylane.artifacts.naming import Backend
+from graylane.artifacts.signing import ArtifactSignatureError, RefusedArtifact, verify_signature
 from graylane.artifacts.verify import verify_artifact
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
@@ -118,6 +124,8 @@ class LoadedVariants:
     """The build's shape profiles (every artifact of a version shares them)."""
     tokenizer: HfTokenizer | None = None
     """The model's own tokenizer, from an artifact's folder (``None``: it carries none)."""
+    refused: tuple[RefusedArtifact, ...] = ()
+    """Artifacts whose signature did not verify against the trusted keys (not loaded)."""
 
 
 def model_file(folder: Path, manifest: Manifest) -> Path:
@@ -141,6 +149,13 @@ def load_from_registry(
     finally:
         registry.engine.dispose()
     skipped: dict[str, str] = {}
+    refused: list[RefusedArtifact] = []
+    if not settings.trusted_keys:
+        log.warning(
+            "no trusted keys configured: artifact signatures of %s %s are not verified",
+            model,
+            version,
+        )
     engines: dict[str, InferenceEngine] = {}
     fp32_path: Path | None = None
     onnx: dict[str, tuple[ArtifactInfo, Path, Manifest]] = {}
@@ -151,6 +166,14 @@ def load_from_registry(
             continue
         folder = settings.artifact_dir / art.path  # store-relative (an absolute one as is)
         manifest = verify_artifact(folder, art.manifest_sha256)
+        if settings.trusted_keys:
+            try:
+                verify_signature(folder, settings.trusted_keys)
+            except ArtifactSignatureError as exc:
+                log.error("refused %s: %s", art.name, exc)
+                refused.append(RefusedArtifact(str(art.name), exc.reason, str(exc)))
+                skipped[str(art.name)] = str(exc)
+                continue
         entry = (art, folder, manifest)
         if art.backend is Backend.TENSORRT:
             plans.setdefault(art.precision.value, []).append(entry)
@@ -203,4 +226,5 @@ def load_from_registry(
         model_info=info,
         profiles=profiles,
         tokenizer=find_tokenizer(folder, info),
+        refused=tuple(refused),
     )

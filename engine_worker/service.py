@@ -43,6 +43,7 @@ from aiokafka.structs import ConsumerRecord
 from graylane import serde, tracing
 from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.model_info import ModelInfo
+from graylane.artifacts.signing import RefusedArtifact
 from graylane.clock import now_ms
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.admission import admit_cycle, forward_only
@@ -189,6 +190,9 @@ class WorkerConfig:
     max_in_flight: int = 8
     """Fetched cycles whose answers may be unacknowledged at once (offsets are committed
     in order as they are): what lets a request join a running decode batch."""
+    refused_artifacts: tuple[RefusedArtifact, ...] = ()
+    """Artifacts not loaded because their signature did not verify (counted as
+    ``graylane_artifact_verification_failures_total{reason}``)."""
 
 
 # --- warm standby -----------------------------------------------------------------------
@@ -323,6 +327,10 @@ class WorkerObserver:
         self.observability = ServiceObservability("worker")
         self.registry = self.observability.registry
         self.metrics = WorkerMetrics.create(self.registry)
+        for refused in config.refused_artifacts:
+            self.metrics.artifact_verification_failures.labels(
+                config.model, config.version, refused.reason.value
+            ).inc()
         self._lag_checked = 0.0
         self.lag = 0
         """Records not yet consumed on the version topic at the last check (for telemetry)."""

@@ -100,6 +100,11 @@ class Settings:
     image_version: str = "unknown"
     instance_id: str = ""
     """Static group membership id of this process (``GRAYLANE_INSTANCE_ID``); "" = derived."""
+    signing_key: Path | None = None
+    """Private key the builder signs artifacts with (``GRAYLANE_SIGNING_KEY``)."""
+    trusted_keys: tuple[Path, ...] = ()
+    """Public keys a worker trusts artifact signatures from (``GRAYLANE_TRUSTED_KEYS``,
+    separated by ``os.pathsep``); empty: artifacts are not signature-checked."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -181,6 +186,8 @@ class Settings:
             ssl_keyfile=get("SSL_KEYFILE"),
         )
         artifact_dir = get("ARTIFACT_DIR")
+        signing_key = get("SIGNING_KEY")
+        trusted = tuple(Path(p) for p in (get("TRUSTED_KEYS") or "").split(os.pathsep) if p)
         return cls(
             bootstrap_servers=get("BOOTSTRAP_SERVERS") or base.bootstrap_servers,
             topic_prefix=get("TOPIC_PREFIX") or base.topic_prefix,
@@ -199,6 +206,8 @@ class Settings:
             git_sha=get("GIT_SHA") or base.git_sha,
             image_version=get("IMAGE_VERSION") or _package_version(),
             instance_id=get("INSTANCE_ID") or base.instance_id,
+            signing_key=Path(signing_key) if signing_key else base.signing_key,
+            trusted_keys=trusted or base.trusted_keys,
         )
 
     def with_overrides(self, **changes: object) -> Settings:

@@ -1,4 +1,4 @@
-"""The ``graylane build`` and ``graylane verify-artifact`` commands."""
+"""The ``graylane build``, ``graylane verify-artifact`` and ``graylane keys`` commands."""
 
 from __future__ import annotations
 
@@ -12,7 +12,15 @@ if TYPE_CHECKING:
 
     from graylane.builder.build import BuildReport
 
-__all__ = ["add_build_parser", "add_verify_parser", "cmd_build", "cmd_verify", "register"]
+__all__ = [
+    "add_build_parser",
+    "add_keys_parser",
+    "add_verify_parser",
+    "cmd_build",
+    "cmd_keys_generate",
+    "cmd_verify",
+    "register",
+]
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -25,6 +33,7 @@ def register(sub: Subparsers[argparse.ArgumentParser]) -> None:
     """Mount the builder's subcommands on the ``graylane`` CLI."""
     add_build_parser(sub)
     add_verify_parser(sub)
+    add_keys_parser(sub)
 
 
 def add_build_parser(sub: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -53,6 +62,12 @@ def add_build_parser(sub: Subparsers[argparse.ArgumentParser]) -> argparse.Argum
     parser.add_argument("--db", help="registry database URL (default: GRAYLANE_DB_URL)")
     parser.add_argument("--no-registry", action="store_true", help="do not touch the registry")
     parser.add_argument("--json", action="store_true", help="print the report as JSON at the end")
+    parser.add_argument(
+        "--signing-key",
+        type=Path,
+        help="sign every published artifact with this private key "
+        "(default: GRAYLANE_SIGNING_KEY; none: unsigned); see 'graylane keys generate'",
+    )
     parser.set_defaults(handler=cmd_build)
     return parser
 
@@ -62,8 +77,47 @@ def add_verify_parser(sub: Subparsers[argparse.ArgumentParser]) -> argparse.Argu
         "verify-artifact", help="check every file of an artifact against its manifest's sha256"
     )
     parser.add_argument("folder", type=Path, help="artifact folder (holds manifest.json)")
+    parser.add_argument(
+        "--trust-key",
+        type=Path,
+        action="append",
+        default=[],
+        help="also check the artifact's signature against this public key (repeatable)",
+    )
     parser.set_defaults(handler=cmd_verify)
     return parser
+
+
+def add_keys_parser(sub: Subparsers[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    parser = sub.add_parser("keys", help="key pairs that sign model artifacts")
+    actions = parser.add_subparsers(dest="keys_command", required=True)
+    generate = actions.add_parser(
+        "generate",
+        help="write a new offline signing key pair (P-256 PEM)",
+        description=(
+            "Write a private key (mode 0600) for 'graylane build --signing-key' and its "
+            "public key for 'graylane serve worker --trust-key'. Existing files are kept."
+        ),
+    )
+    generate.add_argument("private_key", type=Path, help="where to write the private key")
+    generate.add_argument(
+        "--public-key", type=Path, help="where to write the public key (default: PRIVATE.pub)"
+    )
+    generate.set_defaults(handler=cmd_keys_generate)
+    return parser
+
+
+def cmd_keys_generate(args: argparse.Namespace) -> int:
+    from graylane.artifacts.signing import generate_key_pair
+
+    try:
+        pair = generate_key_pair(args.private_key, args.public_key)
+    except FileExistsError as exc:
+        print(f"error: {exc}")
+        return EXIT_ERROR
+    print(f"private key: {pair.private_key} (keep it with the builder)")
+    print(f"public key:  {pair.public_key} (give it to workers: --trust-key)")
+    return EXIT_OK
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -90,6 +144,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             store=store,
             registry=registry,
             force=True if args.force else None,
+            signing_key=args.signing_key or settings.signing_key,
         )
     except (
         SpecError,
@@ -108,14 +163,17 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from graylane.artifacts.signing import ArtifactSignatureError, TrustedKeyError, verify_signature
     from graylane.artifacts.verify import TamperedArtifactError, verify_artifact
 
     try:
         manifest = verify_artifact(args.folder)
-    except TamperedArtifactError as exc:
+        signer = verify_signature(args.folder, args.trust_key) if args.trust_key else None
+    except (TamperedArtifactError, ArtifactSignatureError, TrustedKeyError) as exc:
         print(f"REFUSED: {exc}")
         return EXIT_ERROR
-    print(f"OK: {manifest.name} ({len(manifest.files)} file(s) match their sha256)")
+    signed = f"; signed by {signer}" if signer is not None else ""
+    print(f"OK: {manifest.name} ({len(manifest.files)} file(s) match their sha256{signed})")
     return EXIT_OK
 
 

@@ -43,6 +43,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="load the servable variants of MODEL/VERSION from the registry and artifact store",
     )
     worker.add_argument(
+        "--trust-key",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PUBLIC_KEY",
+        help="load only registry artifacts signed by this key (repeatable; default: "
+        "GRAYLANE_TRUSTED_KEYS); unsigned or tampered ones are refused",
+    )
+    worker.add_argument(
         "--require-tensorrt",
         action="store_true",
         help="refuse to start unless every variant runs on TensorRT (GPU pods: never fall "
@@ -304,7 +313,11 @@ def _worker(args: argparse.Namespace) -> int:
     from graylane.models.hf_tokenizer import HfTokenizer, tokenizer_beside
 
     settings = Settings.from_env()
+    if args.trust_key:
+        settings = settings.with_overrides(trusted_keys=tuple(args.trust_key))
     setup_service_logging("worker", settings, args, model=args.model, version=args.version)
+    if settings.trusted_keys and not args.from_registry:
+        raise SystemExit("trusted keys verify signed artifacts: use them with --from-registry")
     threads = args.threads or None
     first_path: Path | None
     if args.from_registry:
@@ -320,6 +333,7 @@ def _worker(args: argparse.Namespace) -> int:
         info: ModelInfo | None = loaded.model_info
         profiles: tuple[ShapeProfile, ...] = loaded.profiles
         tokenizer: HfTokenizer | None = loaded.tokenizer
+        refused = loaded.refused
     else:
         paths: dict[str, Path] = {}
         for item in args.variant:
@@ -337,6 +351,7 @@ def _worker(args: argparse.Namespace) -> int:
         first_path = next(iter(paths.values()))
         info, profiles = onnx_model_info(first_path), ()
         tokenizer = tokenizer_beside(first_path)  # an export folder's tokenizer.json
+        refused = ()
     if args.require_tensorrt:
         _require_tensorrt(engines, loaded.skipped if args.from_registry else {})
     active = args.active or next(iter(engines))
@@ -374,6 +389,7 @@ def _worker(args: argparse.Namespace) -> int:
             latency_jitter_ms=args.inject_latency_jitter_ms,
             decode_step_latency_ms=args.inject_decode_step_ms,
         ),
+        refused_artifacts=refused,
         **({"worker_id": args.worker_id} if args.worker_id else {}),
     )
     worker = Worker(KafkaFactory(settings), config, engines, reload=reload)

@@ -67,7 +67,9 @@ def build_versions(
             },
             Path.cwd(),
         )
-        report = run_build(spec, store=settings.artifact_dir, registry=registry)
+        report = run_build(
+            spec, store=settings.artifact_dir, registry=registry, signing_key=settings.signing_key
+        )
         servable = [v for v in report.variants if v.servable]
         progress(
             f"    {model} {version}: built {len(servable)} servable variant(s) "

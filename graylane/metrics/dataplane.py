@@ -142,6 +142,7 @@ class WorkerMetrics:
     finish: Counter
     kv_cache_occupancy: Gauge
     waiting_sequences: Gauge
+    artifact_verification_failures: Counter
 
     def generation(
         self, labels: tuple[str, str, str], result: inference_pb2.InferenceResult
@@ -256,6 +257,13 @@ class WorkerMetrics:
                 "graylane_worker_waiting_sequences",
                 "GENERATE: sequences waiting for a decode row",
                 labels,
+                registry=registry,
+            ),
+            artifact_verification_failures=Counter(
+                "graylane_artifact_verification_failures",
+                "Artifacts refused at load because their signature did not verify, by reason "
+                "(unsigned, untrusted_key, tampered, malformed)",
+                ["model", "version", "reason"],
                 registry=registry,
             ),
         )

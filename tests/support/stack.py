@@ -10,6 +10,7 @@ from pathlib import Path
 
 from graylane import serde
 from graylane.artifacts.model_info import ModelInfo
+from graylane.artifacts.signing import RefusedArtifact
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.faults import FaultInjection
@@ -48,11 +49,13 @@ async def running_stack(
     tokenizer: Tokenizer | None = None,
     tokenizers: Mapping[str, Tokenizer] | None = None,
     max_sequences: int = 0,
+    refused_artifacts: tuple[RefusedArtifact, ...] = (),
 ) -> AsyncIterator[Stack]:
     """Start a router and one worker per version; stop them all on exit.
 
     ``tokenizers``: a version's own tokenizer (else ``tokenizer``); ``max_sequences``:
-    rows of a continuous decode batch (0: ``max_batch_size``)."""
+    rows of a continuous decode batch (0: ``max_batch_size``); ``refused_artifacts``: what
+    loading refused (counted by each worker's metrics)."""
     stop = asyncio.Event()
     router = Router(factory, RouterConfig(stable_versions={model: stable}))
     workers: dict[str, Worker] = {}
@@ -76,6 +79,7 @@ async def running_stack(
                 max_batch_size=max_batch_size,
                 worker_id=f"test-{version}",
                 faults=(faults or {}).get(version, FaultInjection()),
+                refused_artifacts=refused_artifacts,
             ),
             loaded,
         )
