@@ -280,6 +280,7 @@ class GatewayMetrics:
     latency_ms: MillisecondHistogram
     ttft_ms: MillisecondHistogram
     in_flight: Gauge
+    streams_open: Gauge
     refused: Counter
     cancelled: Counter
 
@@ -307,6 +308,11 @@ class GatewayMetrics:
             in_flight=Gauge(
                 "graylane_gateway_in_flight",
                 "Inference calls this replica is running",
+                registry=registry,
+            ),
+            streams_open=Gauge(
+                "graylane_gateway_streams_open",
+                "Server-sent event streams this replica is sending (streamed generations)",
                 registry=registry,
             ),
             refused=Counter(

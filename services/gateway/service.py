@@ -537,6 +537,7 @@ class Gateway:
             opened = False
             texted = False
             version = ""
+            metrics.streams_open.inc()
             try:
                 if call.endpoint is Endpoint.CHAT:
                     yield sse_event(
@@ -606,6 +607,7 @@ class Gateway:
                         return
                     item = await relay.next()
             finally:
+                metrics.streams_open.dec()
                 if not relay.finished:
                     metrics.cancelled.labels(label).inc()
                 # No await here: the server may have cancelled this generator (the caller

@@ -95,6 +95,10 @@ def test_the_alerts_the_issue_asks_for_exist() -> None:
         "GraylaneConsumerLagGrowing",
         "GraylaneQosAtFloorAndBreaching",
         "GraylaneShedRateHigh",
+        "GraylaneGatewayDown",
+        "GraylaneGatewayServerErrors",
+        "GraylaneGatewayRateLimitedSustained",
+        "GraylaneGatewayOverloaded",
     }
     for rule in _rules():
         if "alert" in rule:
@@ -147,6 +151,13 @@ def test_dashboard_covers_the_views_the_issue_asks_for() -> None:
         "graylane:generated_tokens_per_generation:mean5m",
         "graylane:worker_kv_cache_occupancy_ratio:max",
         "graylane:worker_waiting_sequences:mean",
+        "graylane:gateway_requests:rate5m",
+        "graylane:gateway_rate_limited_ratio:rate5m",
+        "graylane:gateway_overloaded_ratio:rate5m",
+        "graylane:gateway_server_error_ratio:rate5m",
+        "graylane:gateway_latency_seconds:p99_5m",
+        "graylane:gateway_ttft_seconds:p99_5m",
+        "graylane:gateway_streams_open:sum",
     } <= used
     annotations = _dashboard()["annotations"]["list"]
     assert any("graylane_audit_records_total" in a["expr"] for a in annotations)
