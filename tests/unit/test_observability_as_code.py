@@ -172,6 +172,16 @@ def test_dashboard_panels_are_well_formed() -> None:
         assert grid["x"] + grid["w"] <= 24, panel["title"]
         for target in panel.get("targets", []):
             assert target["datasource"]["uid"] == "${datasource}"
+    cells: dict[tuple[int, int], str] = {}  # no two panels share a grid cell
+    for panel in dash["panels"]:
+        grid = panel["gridPos"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in cells, f"{panel['title']!r} overlaps {cells[(x, y)]!r}"
+                cells[(x, y)] = panel["title"]
+    rows = sorted(p["gridPos"]["y"] for p in dash["panels"] if p["type"] == "row")
+    for top, below in zip(rows, rows[1:], strict=False):
+        assert below - top > 1, f"the row at y {top} has no panels under it"
     assert dash["uid"] and {v["name"] for v in dash["templating"]["list"]} >= {
         "datasource",
         "model",
