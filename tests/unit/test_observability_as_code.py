@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -180,7 +181,7 @@ def test_dashboard_panels_are_well_formed() -> None:
                 assert (x, y) not in cells, f"{panel['title']!r} overlaps {cells[(x, y)]!r}"
                 cells[(x, y)] = panel["title"]
     rows = sorted(p["gridPos"]["y"] for p in dash["panels"] if p["type"] == "row")
-    for top, below in zip(rows, rows[1:], strict=False):
+    for top, below in itertools.pairwise(rows):
         assert below - top > 1, f"the row at y {top} has no panels under it"
     assert dash["uid"] and {v["name"] for v in dash["templating"]["list"]} >= {
         "datasource",
