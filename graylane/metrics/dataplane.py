@@ -205,7 +205,8 @@ class WorkerMetrics:
             ),
             shed=Counter(
                 "graylane_worker_shed",
-                "Requests dropped unserved (deadline passed, queue over its limit)",
+                "Requests dropped unserved (deadline passed, queue over its limit; "
+                "priority: to keep more urgent requests on time)",
                 [*labels, "reason"],
                 registry=registry,
             ),

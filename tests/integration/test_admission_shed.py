@@ -114,3 +114,7 @@ async def test_sheddable_requests_are_shed_before_critical_ones(
     assert codes["critical"] == ["OK"], codes
     assert set(codes["sheddable"]) <= {"OK", "SHED", "DEADLINE_EXCEEDED"}
     assert codes["sheddable"].count("SHED") >= 1
+    # counted as shed for their own deadline, or to keep the critical one on time
+    shed = worker.metrics.shed.labels(MODEL, "v1", "fp32", "deadline")._value.get()
+    displaced = worker.metrics.shed.labels(MODEL, "v1", "fp32", "priority")._value.get()
+    assert shed + displaced == codes["sheddable"].count("SHED")
