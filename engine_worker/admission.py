@@ -190,17 +190,23 @@ def admit_by_priority(
         if not trial.shed:
             kept |= set(members(level))
             continue
+        blocked: set[int] = set()
         for key in members(level):
-            trial = plan(kept | {key})
-            if not trial.shed:
-                kept.add(key)
-                continue
-            own = next((s for s in trial.shed if s.item == key), None)
-            if own is None:  # on time itself, but it makes a kept request late
-                displaced.add(key)
-                predicted[key] = float(batches[key[0]][key[1]].deadline_unix_ms)
-            else:
-                predicted[key] = own.predicted_done_unix_ms
+            position, index = key
+            if position not in blocked:
+                trial = plan(kept | {key})
+                if not trial.shed:
+                    kept.add(key)
+                    continue
+                own = next((s for s in trial.shed if s.item == key), None)
+                if own is not None and len(trial.shed) == 1:  # late itself, harming no one
+                    predicted[key] = own.predicted_done_unix_ms
+                    continue
+                # It makes a kept request late. So would any other member of this level in
+                # this batch: the kept set and the batch's size are the same for each.
+                blocked.add(position)
+            displaced.add(key)
+            predicted[key] = float(batches[position][index].deadline_unix_ms)
     final = plan(kept)
     admitted = tuple(tuple(batches[p][i].item for p, i in batch) for batch in final.admitted)
     shed = tuple(
