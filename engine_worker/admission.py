@@ -97,6 +97,9 @@ class AdmissionPlan(Generic[ItemT]):
 
     admitted: tuple[tuple[ItemT, ...], ...]
     shed: tuple[Shed[ItemT], ...]
+    done_unix_ms: tuple[float | None, ...] = ()
+    """Per planned batch, the completion its members were judged by (its full size);
+    ``None`` where the estimate is unknown."""
 
 
 ServiceEstimate = Callable[[int, int], float | None]
@@ -125,12 +128,15 @@ def admit(
     clock = float(now_unix_ms)
     admitted: list[tuple[ItemT, ...]] = []
     shed: list[Shed[ItemT]] = []
+    dones: list[float | None] = []
     for position, batch in enumerate(batches):
         estimate = service_ms(position, len(batch)) if batch else 0.0
         if estimate is None:
             admitted.append(tuple(c.item for c in batch))
+            dones.append(None)
             continue
         done = clock + estimate
+        dones.append(done)
         keep: list[Candidate[ItemT]] = []
         for c in batch:
             if (
@@ -147,7 +153,7 @@ def admit(
         admitted.append(tuple(c.item for c in keep))
         if keep:
             clock += estimate
-    return AdmissionPlan(tuple(admitted), tuple(shed))
+    return AdmissionPlan(tuple(admitted), tuple(shed), tuple(dones))
 
 
 def admit_by_priority(
@@ -165,8 +171,10 @@ def admit_by_priority(
     the whole queue fits, or every request has one priority, this is :func:`admit`.
     """
     whole = admit(batches, now_unix_ms, service_ms, probe=probe)
+    if not whole.shed:
+        return whole
     levels = sorted({c.priority for b in batches for c in b}, key=_URGENCY.__getitem__)
-    if not whole.shed or len(levels) < 2:
+    if len(levels) < 2:
         return whole
 
     def plan(kept: set[tuple[int, int]]) -> AdmissionPlan[tuple[int, int]]:
@@ -190,23 +198,42 @@ def admit_by_priority(
         if not trial.shed:
             kept |= set(members(level))
             continue
-        blocked: set[int] = set()
+        blocking: dict[int, float] = {}  # batch -> its completion with one more member
         for key in members(level):
             position, index = key
-            if position not in blocked:
-                trial = plan(kept | {key})
-                if not trial.shed:
-                    kept.add(key)
-                    continue
-                own = next((s for s in trial.shed if s.item == key), None)
-                if own is not None and len(trial.shed) == 1:  # late itself, harming no one
-                    predicted[key] = own.predicted_done_unix_ms
-                    continue
-                # It makes a kept request late. So would any other member of this level in
-                # this batch: the kept set and the batch's size are the same for each.
-                blocked.add(position)
+            deadline = batches[position][index].deadline_unix_ms
+            if position in blocking:
+                # Another member of this level made a kept request late with this kept set
+                # and batch size: so does this one, unless it is late itself and shed, which
+                # shrinks its batch back (then only its batch's kept members can be late).
+                done = blocking[position]
+                late = deadline != NO_DEADLINE and deadline < done
+                if late and not (probe and position == 0):
+                    harms = any(
+                        batches[p][i].deadline_unix_ms != NO_DEADLINE
+                        and batches[p][i].deadline_unix_ms < done
+                        for p, i in kept
+                        if p == position
+                    )
+                    if not harms:
+                        predicted[key] = done
+                        continue
+                displaced.add(key)
+                predicted[key] = float(deadline)
+                continue
+            trial = plan(kept | {key})
+            if not trial.shed:
+                kept.add(key)
+                continue
+            own = next((s for s in trial.shed if s.item == key), None)
+            if own is not None and len(trial.shed) == 1:  # late itself, harming no one
+                predicted[key] = own.predicted_done_unix_ms
+                continue
+            done_here = trial.done_unix_ms[position]
+            if done_here is not None:
+                blocking[position] = done_here
             displaced.add(key)
-            predicted[key] = float(batches[position][index].deadline_unix_ms)
+            predicted[key] = float(deadline)
     final = plan(kept)
     admitted = tuple(tuple(batches[p][i].item for p, i in batch) for batch in final.admitted)
     shed = tuple(

@@ -135,3 +135,26 @@ def test_less_urgent_traffic_never_changes_a_more_urgent_outcome(
         alone_admitted = {i for b in alone_result.admitted for i in b}
         urgent_items = {c.item for b in alone for c in b}
         assert admitted & urgent_items == alone_admitted
+
+
+@settings(max_examples=300, deadline=None)
+@given(queues(), COSTS, st.booleans())
+def test_each_shed_reason_is_what_admitting_it_would_do(
+    batches: list[list[Candidate[int]]], costs: tuple[int, int], probe: bool
+) -> None:
+    # below the most urgent priority present (that one is plain admission's)
+    result = admit_by_priority(batches, NOW, estimate(costs), probe=probe)
+    kept = {i for b in result.admitted for i in b}
+    levels = {c.priority for b in batches for c in b}
+    top = min(levels, key=[CRIT, STD, SHED].index) if levels else CRIT
+    priority = {c.item: c.priority for b in batches for c in b}
+    for shed in result.shed:
+        if priority[shed.item] is top:
+            continue
+        with_it = [[c for c in b if c.item in kept | {shed.item}] for b in batches]
+        trial = admit(with_it, NOW, estimate(costs), probe=probe)
+        harmed = {s.item for s in trial.shed} - {shed.item}
+        if shed.displaced:
+            assert harmed, "a displaced request would have made an admitted one late"
+        else:  # late itself (when it was planned it harmed no one; later ones may fit)
+            assert shed.item in {s.item for s in trial.shed}
