@@ -167,8 +167,12 @@ def admit_by_priority(
 
     The most urgent priority present is planned by :func:`admit` alone. Each less
     urgent level is then added whole if that sheds nothing, else member by member in
-    run order, each kept only if the plan with it sheds nothing already kept. When
-    the whole queue fits, or every request has one priority, this is :func:`admit`.
+    run order, each kept only if the plan with it sheds nothing already kept (the
+    final plan is the last such plan: nothing kept is late in it). Once a member makes
+    a kept request late, the level's other members of that batch are settled from that
+    plan's completion for the batch, not planned again: estimates that grow with rows
+    make them late alike. When the whole queue fits, or every request has one priority,
+    this is :func:`admit`.
     """
     whole = admit(batches, now_unix_ms, service_ms, probe=probe)
     if not whole.shed:
@@ -242,7 +246,7 @@ def admit_by_priority(
         for i, c in enumerate(b)
         if (p, i) not in kept
     )
-    return AdmissionPlan(admitted, shed)
+    return AdmissionPlan(admitted, shed, final.done_unix_ms)
 
 
 def request_priority(tags: Mapping[str, str]) -> Priority:
