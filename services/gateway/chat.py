@@ -20,9 +20,9 @@ list of named ones of which ``default`` is used) or beside it in
 ``chat_template.jinja``. :func:`load_chat_template` reads it as a
 :class:`ModelChatTemplate`, rendered the way transformers' ``apply_chat_template``
 does: a sandboxed, immutable Jinja2 environment with ``trim_blocks`` and
-``lstrip_blocks``, the ``loopcontrols`` extension, a ``tojson`` filter that keeps
-non-ASCII text, the globals ``raise_exception`` and ``strftime_now``, and the
-variables ``messages`` (``role``/``content`` mappings), ``add_generation_prompt``
+``lstrip_blocks``, the ``loopcontrols`` extension and ``{% generation %}`` blocks, a
+``tojson`` filter that keeps non-ASCII text, the globals ``raise_exception`` and
+``strftime_now``, and the variables ``messages`` (``role``/``content`` mappings), ``add_generation_prompt``
 (true: the prompt opens the assistant's turn) and the configuration's special
 tokens (``bos_token``, ``eos_token``, ...). A template that calls
 ``raise_exception`` rejects the conversation (:class:`ChatTemplateError` with
@@ -43,6 +43,7 @@ from typing import Any, NoReturn, Protocol
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from graylane.errors import GraylaneError
@@ -149,9 +150,23 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _GenerationBlocks(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}``: transformers marks the assistant's
+    tokens with it (for training masks); for a prompt it renders its body unchanged."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> Any:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols, _GenerationBlocks],
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception

@@ -106,6 +106,15 @@ def test_blocks_are_trimmed_and_the_generation_prompt_is_asked_for() -> None:
     assert prompt == '[system: "é"\nuser: "x"\nassistant:'
 
 
+def test_generation_blocks_and_loop_controls_render_as_in_transformers() -> None:
+    template = ModelChatTemplate(
+        "{% for m in messages %}{% if m['role'] == 'system' %}{% continue %}{% endif %}"
+        "{% if m['role'] == 'assistant' %}{% generation %}<a>{{ m['content'] }}</a>"
+        "{% endgeneration %}{% else %}<u>{{ m['content'] }}</u>{% endif %}{% endfor %}"
+    )
+    assert template.render(CONVERSATION) == "<u>Hi</u><a>Hello</a><u>Bye</u>"
+
+
 def test_named_templates_and_a_jinja_file(tmp_path: Path) -> None:
     named = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]
     template = load_chat_template(llama_export(tmp_path, named))
