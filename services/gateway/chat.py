@@ -22,9 +22,9 @@ list of named ones of which ``default`` is used) or beside it in
 does: a sandboxed, immutable Jinja2 environment with ``trim_blocks`` and
 ``lstrip_blocks``, the ``loopcontrols`` extension and ``{% generation %}`` blocks, a
 ``tojson`` filter that keeps non-ASCII text, the globals ``raise_exception`` and
-``strftime_now``, and the variables ``messages`` (``role``/``content`` mappings), ``add_generation_prompt``
-(true: the prompt opens the assistant's turn) and the configuration's special
-tokens (``bos_token``, ``eos_token``, ...). A template that calls
+``strftime_now``, and the variables ``messages`` (``role``/``content`` mappings),
+``add_generation_prompt`` (true: the prompt opens the assistant's turn) and the
+configuration's special tokens (``bos_token``, ``eos_token``, ...). A template that calls
 ``raise_exception`` rejects the conversation (:class:`ChatTemplateError` with
 ``rejected``: the caller's fault); any other failure while rendering is the
 template's own fault. Neither ends the gateway: the call is answered.
