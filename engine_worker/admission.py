@@ -9,16 +9,25 @@ immediately and the requests admitted after it are not delayed by it. With no
 estimate (nothing measured yet, or a task the estimate does not cover) every
 request is admitted: the worker cannot tell. :func:`admit_cycle` is the
 worker's use of it: deadlines from its requests, estimates for forward batches.
+
+**Priority.** The gateway tags each request with its caller's priority (the
+``priority`` tag: ``critical``, ``standard`` or ``sheddable``; untagged is
+standard). When a cycle must shed, :func:`admit_by_priority` sheds the least
+urgent first: the most urgent requests are planned as if nothing else were
+queued, and each less urgent one is admitted only if it still meets its own
+deadline without making any request already admitted late. So the outcome of a
+more urgent request never depends on the less urgent traffic queued with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from graylane.engine_worker.batching import PlannedBatch
 from graylane.engine_worker.requests import Job, TaskKind
+from graylane.services.gateway.admission import PRIORITY_TAG, Priority
 
 __all__ = [
     "ADMISSION_PROBE_MS",
@@ -28,9 +37,11 @@ __all__ = [
     "ServiceEstimate",
     "Shed",
     "admit",
+    "admit_by_priority",
     "admit_cycle",
     "effective_deadline",
     "forward_only",
+    "request_priority",
 ]
 
 NO_DEADLINE = 0
@@ -54,6 +65,11 @@ class Candidate(Generic[ItemT]):
 
     item: ItemT
     deadline_unix_ms: int
+    priority: Priority = Priority.STANDARD
+
+
+_URGENCY = {Priority.CRITICAL: 0, Priority.STANDARD: 1, Priority.SHEDDABLE: 2}
+"""Order in which priorities are planned (most urgent first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +79,14 @@ class Shed(Generic[ItemT]):
     item: ItemT
     deadline_unix_ms: int
     predicted_done_unix_ms: float
+    displaced: bool = False
+    """It would have met its own deadline, but only by making a more urgent request late
+    (``predicted_done_unix_ms`` is then its deadline: it would have finished by it)."""
 
     @property
     def reason(self) -> str:
+        if self.displaced:
+            return "shed to keep more urgent requests on time under the queue ahead"
         late = self.predicted_done_unix_ms - self.deadline_unix_ms
         return f"deadline cannot be met: predicted {late:.0f} ms late under the queue ahead"
 
@@ -76,6 +97,9 @@ class AdmissionPlan(Generic[ItemT]):
 
     admitted: tuple[tuple[ItemT, ...], ...]
     shed: tuple[Shed[ItemT], ...]
+    done_unix_ms: tuple[float | None, ...] = ()
+    """Per planned batch, the completion its members were judged by (its full size);
+    ``None`` where the estimate is unknown."""
 
 
 ServiceEstimate = Callable[[int, int], float | None]
@@ -104,12 +128,15 @@ def admit(
     clock = float(now_unix_ms)
     admitted: list[tuple[ItemT, ...]] = []
     shed: list[Shed[ItemT]] = []
+    dones: list[float | None] = []
     for position, batch in enumerate(batches):
         estimate = service_ms(position, len(batch)) if batch else 0.0
         if estimate is None:
             admitted.append(tuple(c.item for c in batch))
+            dones.append(None)
             continue
         done = clock + estimate
+        dones.append(done)
         keep: list[Candidate[ItemT]] = []
         for c in batch:
             if (
@@ -126,7 +153,108 @@ def admit(
         admitted.append(tuple(c.item for c in keep))
         if keep:
             clock += estimate
-    return AdmissionPlan(tuple(admitted), tuple(shed))
+    return AdmissionPlan(tuple(admitted), tuple(shed), tuple(dones))
+
+
+def admit_by_priority(
+    batches: Sequence[Sequence[Candidate[ItemT]]],
+    now_unix_ms: float,
+    service_ms: ServiceEstimate,
+    *,
+    probe: bool = False,
+) -> AdmissionPlan[ItemT]:
+    """:func:`admit`, shedding the least urgent requests first (see the module's docstring).
+
+    The most urgent priority present is planned by :func:`admit` alone. Each less
+    urgent level is then added whole if that sheds nothing, else member by member in
+    run order, each kept only if the plan with it sheds nothing already kept (the
+    final plan is the last such plan: nothing kept is late in it). Once a member makes
+    a kept request late, the level's other members of that batch are settled from that
+    plan's completion for the batch, not planned again: estimates that grow with rows
+    make them late alike. When the whole queue fits, or every request has one priority,
+    this is :func:`admit`.
+    """
+    whole = admit(batches, now_unix_ms, service_ms, probe=probe)
+    if not whole.shed:
+        return whole
+    levels = sorted({c.priority for b in batches for c in b}, key=_URGENCY.__getitem__)
+    if len(levels) < 2:
+        return whole
+
+    def plan(kept: set[tuple[int, int]]) -> AdmissionPlan[tuple[int, int]]:
+        chosen = [
+            [Candidate((p, i), c.deadline_unix_ms) for i, c in enumerate(b) if (p, i) in kept]
+            for p, b in enumerate(batches)
+        ]
+        return admit(chosen, now_unix_ms, service_ms, probe=probe)
+
+    def members(level: Priority) -> list[tuple[int, int]]:
+        return [
+            (p, i) for p, b in enumerate(batches) for i, c in enumerate(b) if c.priority is level
+        ]
+
+    first = plan(set(members(levels[0])))
+    kept = {key for batch in first.admitted for key in batch}
+    predicted = {s.item: s.predicted_done_unix_ms for s in first.shed}
+    displaced: set[tuple[int, int]] = set()
+    for level in levels[1:]:
+        trial = plan(kept | set(members(level)))
+        if not trial.shed:
+            kept |= set(members(level))
+            continue
+        blocking: dict[int, float] = {}  # batch -> its completion with one more member
+        for key in members(level):
+            position, index = key
+            deadline = batches[position][index].deadline_unix_ms
+            if position in blocking:
+                # Another member of this level made a kept request late with this kept set
+                # and batch size: so does this one, unless it is late itself and shed, which
+                # shrinks its batch back (then only its batch's kept members can be late).
+                done = blocking[position]
+                late = deadline != NO_DEADLINE and deadline < done
+                if late and not (probe and position == 0):
+                    harms = any(
+                        batches[p][i].deadline_unix_ms != NO_DEADLINE
+                        and batches[p][i].deadline_unix_ms < done
+                        for p, i in kept
+                        if p == position
+                    )
+                    if not harms:
+                        predicted[key] = done
+                        continue
+                displaced.add(key)
+                predicted[key] = float(deadline)
+                continue
+            trial = plan(kept | {key})
+            if not trial.shed:
+                kept.add(key)
+                continue
+            own = next((s for s in trial.shed if s.item == key), None)
+            if own is not None and len(trial.shed) == 1:  # late itself, harming no one
+                predicted[key] = own.predicted_done_unix_ms
+                continue
+            done_here = trial.done_unix_ms[position]
+            if done_here is not None:
+                blocking[position] = done_here
+            displaced.add(key)
+            predicted[key] = float(deadline)
+    final = plan(kept)
+    admitted = tuple(tuple(batches[p][i].item for p, i in batch) for batch in final.admitted)
+    shed = tuple(
+        Shed(c.item, c.deadline_unix_ms, predicted[(p, i)], displaced=(p, i) in displaced)
+        for p, b in enumerate(batches)
+        for i, c in enumerate(b)
+        if (p, i) not in kept
+    )
+    return AdmissionPlan(admitted, shed, final.done_unix_ms)
+
+
+def request_priority(tags: Mapping[str, str]) -> Priority:
+    """The priority a request's tags name (standard when untagged or unknown)."""
+    try:
+        return Priority(tags.get(PRIORITY_TAG, Priority.STANDARD.value).strip().lower())
+    except ValueError:
+        return Priority.STANDARD
 
 
 ADMISSION_PROBE_MS = 1000
@@ -164,6 +292,9 @@ def admit_cycle(
             return None
         return estimate_ms(rows, batch.bucket_len)
 
-    candidates = [[Candidate(job, deadline(job)) for job in b.items] for b in planned]
+    candidates = [
+        [Candidate(job, deadline(job), request_priority(job.request.tags)) for job in b.items]
+        for b in planned
+    ]
     probe = now_unix_ms - last_run_unix_ms > ADMISSION_PROBE_MS
-    return admit(candidates, now_unix_ms, service_ms, probe=probe)
+    return admit_by_priority(candidates, now_unix_ms, service_ms, probe=probe)

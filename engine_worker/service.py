@@ -608,9 +608,8 @@ class Worker:
         )
         self._pending_shed += len(admission.shed)
         for shed in admission.shed:
-            self.metrics.shed.labels(
-                self.config.model, self.config.version, variant, "deadline"
-            ).inc()
+            reason = "priority" if shed.displaced else "deadline"
+            self.metrics.shed.labels(self.config.model, self.config.version, variant, reason).inc()
             rejection = Rejection(ErrorCode.SHED, shed.reason)
             futures.append(await self._error_result(sink, shed.item, rejection, variant))
         if admission.shed and not any(admission.admitted):

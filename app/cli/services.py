@@ -176,6 +176,14 @@ def _register_gateway(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="an ONNX file whose inputs/outputs answer /v2 model metadata (repeatable)",
     )
     gateway.add_argument(
+        "--chat-template",
+        action="append",
+        default=[],
+        metavar="MODEL=PATH",
+        help="a model's own chat template: its export folder or tokenizer_config.json "
+        "(chat_template; ChatML for models without one; repeatable)",
+    )
+    gateway.add_argument(
         "--signatures-from-registry",
         action="store_true",
         help="else read model signatures from the registry's manifests (GRAYLANE_DB_URL)",
@@ -408,6 +416,7 @@ def _gateway(args: argparse.Namespace) -> int:
 
     from graylane.kafka.seam import KafkaFactory
     from graylane.services.gateway.admission import GatewayLimits, KeyRing
+    from graylane.services.gateway.chat import ChatFormat, ChatTemplateError, load_chat_template
     from graylane.services.gateway.service import Gateway, GatewayConfig
 
     settings = Settings.from_env()
@@ -424,6 +433,18 @@ def _gateway(args: argparse.Namespace) -> int:
         if not model or not path:
             raise SystemExit(f"--signature {item!r}: expected MODEL[@VERSION]=ONNX")
         signatures[(model, version)] = Path(path)
+    templates: dict[str, ChatFormat] = {}
+    for item in args.chat_template:
+        model, _, path = item.partition("=")
+        if not model or not path:
+            raise SystemExit(f"--chat-template {item!r}: expected MODEL=PATH")
+        try:
+            template = load_chat_template(Path(path))
+        except ChatTemplateError as exc:
+            raise SystemExit(f"--chat-template {item!r}: {exc}") from None
+        if template is None:
+            raise SystemExit(f"--chat-template {item!r}: {path} has no chat_template")
+        templates[model] = template
     config = GatewayConfig(
         host=args.host,
         port=args.port,
@@ -440,6 +461,7 @@ def _gateway(args: argparse.Namespace) -> int:
             max_in_flight=args.max_in_flight,
         ),
         signatures=signatures,
+        templates=templates,
         registry_signatures=args.signatures_from_registry,
         metrics_port=args.metrics_port,
     )

@@ -206,7 +206,8 @@ class WorkerMetrics:
             ),
             shed=Counter(
                 "graylane_worker_shed",
-                "Requests dropped unserved (deadline passed, queue over its limit)",
+                "Requests dropped unserved (deadline passed, queue over its limit; "
+                "priority: to keep more urgent requests on time)",
                 [*labels, "reason"],
                 registry=registry,
             ),
@@ -288,6 +289,7 @@ class GatewayMetrics:
     latency_ms: MillisecondHistogram
     ttft_ms: MillisecondHistogram
     in_flight: Gauge
+    streams_open: Gauge
     refused: Counter
     cancelled: Counter
 
@@ -315,6 +317,11 @@ class GatewayMetrics:
             in_flight=Gauge(
                 "graylane_gateway_in_flight",
                 "Inference calls this replica is running",
+                registry=registry,
+            ),
+            streams_open=Gauge(
+                "graylane_gateway_streams_open",
+                "Server-sent event streams this replica is sending (streamed generations)",
                 registry=registry,
             ),
             refused=Counter(

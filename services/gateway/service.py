@@ -75,7 +75,7 @@ from graylane.services.gateway.admission import (
     parse_timeout,
 )
 from graylane.services.gateway.catalog import ModelDirectory, SignatureBook
-from graylane.services.gateway.chat import CHATML, ChatTemplate
+from graylane.services.gateway.chat import CHATML, ChatFormat
 from graylane.services.gateway.failures import ApiError, ErrorType, from_error_code
 from graylane.services.gateway.wire import (
     SSE_DONE,
@@ -131,7 +131,10 @@ class GatewayConfig:
     replica: str = "0"
     """Names this replica's reply topic; unique per running replica (the pod name)."""
     limits: GatewayLimits = field(default_factory=GatewayLimits)
-    template: ChatTemplate = CHATML
+    template: ChatFormat = CHATML
+    """The chat template of models without their own."""
+    templates: Mapping[str, ChatFormat] = field(default_factory=dict)
+    """Models' own chat templates, by model name (``load_chat_template``)."""
     signatures: Mapping[tuple[str, str], Path] = field(default_factory=dict)
     """ONNX files whose signatures answer model metadata, by (model, version or "")."""
     registry_signatures: bool = False
@@ -139,6 +142,11 @@ class GatewayConfig:
     models_ttl_s: float = 30.0
     metrics_port: int | None = None
     """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
+
+    def template_for(self, body: object) -> ChatFormat:
+        """The chat template of the model a request body names (the default if none)."""
+        model = body.get("model") if isinstance(body, Mapping) else None
+        return self.templates.get(model, self.template) if isinstance(model, str) else self.template
 
 
 class _Server(uvicorn.Server):
@@ -421,7 +429,7 @@ class Gateway:
             tenant = self._authorize(request)
             body = await self._json(request)
             if endpoint is Endpoint.CHAT:
-                call = parse_chat(body, self.limits, self.config.template)
+                call = parse_chat(body, self.limits, self.config.template_for(body))
             else:
                 call = parse_completion(body, self.limits)
             admitted = self._admit(request, tenant, call.timeout_s)
@@ -529,6 +537,7 @@ class Gateway:
             opened = False
             texted = False
             version = ""
+            metrics.streams_open.inc()
             try:
                 if call.endpoint is Endpoint.CHAT:
                     yield sse_event(
@@ -598,6 +607,7 @@ class Gateway:
                         return
                     item = await relay.next()
             finally:
+                metrics.streams_open.dec()
                 if not relay.finished:
                     metrics.cancelled.labels(label).inc()
                 # No await here: the server may have cancelled this generator (the caller

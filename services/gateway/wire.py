@@ -26,8 +26,8 @@ from typing import Any
 
 from graylane.client import Usage
 from graylane.services.gateway.admission import GatewayLimits
-from graylane.services.gateway.chat import ChatMessage, ChatRole, ChatTemplate
-from graylane.services.gateway.failures import ApiError
+from graylane.services.gateway.chat import ChatFormat, ChatMessage, ChatRole, ChatTemplateError
+from graylane.services.gateway.failures import ApiError, ErrorType
 
 __all__ = [
     "MAX_STOP_SEQUENCES",
@@ -308,8 +308,12 @@ def parse_messages(raw: object, limits: GatewayLimits) -> list[ChatMessage]:
     return messages
 
 
-def parse_chat(body: object, limits: GatewayLimits, template: ChatTemplate) -> GenerationCall:
-    """A ``/v1/chat/completions`` body as a call, its messages rendered by ``template``."""
+def parse_chat(body: object, limits: GatewayLimits, template: ChatFormat) -> GenerationCall:
+    """A ``/v1/chat/completions`` body as a call, its messages rendered by ``template``.
+
+    A conversation the template rejects answers 400 with its reason; a template that
+    fails on it answers 500 with the failure.
+    """
     fields = _object(body)
     for name in _UNSUPPORTED_CHAT:
         if fields.get(name) not in (None, [], "none"):
@@ -323,7 +327,13 @@ def parse_chat(body: object, limits: GatewayLimits, template: ChatTemplate) -> G
         raise ApiError.invalid(
             "only response_format {'type': 'text'} is supported", "response_format"
         )
-    prompt = template.render(parse_messages(fields.get("messages"), limits))
+    messages = parse_messages(fields.get("messages"), limits)
+    try:
+        prompt = template.render(messages)
+    except ChatTemplateError as exc:
+        if exc.rejected:
+            raise ApiError.invalid(f"the model's chat template: {exc}", "messages") from exc
+        raise ApiError(500, str(exc), type=ErrorType.SERVER, code="chat_template") from exc
     if len(prompt) > limits.max_prompt_chars:
         raise ApiError.invalid(
             f"the rendered conversation is longer than this gateway's limit of "

@@ -12,7 +12,9 @@ from graylane.client import GraylaneClient, PostProcess
 from graylane.engine_worker.faults import FaultInjection
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
+from graylane.services.gateway.admission import PRIORITY_TAG
 from tests.support.stack import running_stack
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -61,3 +63,58 @@ async def test_requests_that_cannot_make_their_deadline_are_shed(
     assert codes.count("SHED") >= 1
     shed = worker.metrics.shed.labels(MODEL, "v1", "fp32", "deadline")._value.get()
     assert shed == codes.count("SHED")
+
+
+async def test_sheddable_requests_are_shed_before_critical_ones(
+    factory: KafkaFactory, tmp_path: Path
+) -> None:
+    model = write_demo_gpt(tmp_path / "v1.onnx", "tiny", seed=1)
+    faults = {"v1": FaultInjection(extra_latency_ms=ENGINE_MS)}
+    async with running_stack(
+        factory, model=MODEL, versions={"v1": model}, stable="v1", faults=faults, max_batch_size=1
+    ) as stack:
+        worker = stack.workers["v1"]
+        async with GraylaneClient(factory) as client:
+            for i in range(3):
+                warm = await client.infer(
+                    MODEL, token_ids=[1, 2, 3], routing_key=f"w{i}", timeout=60
+                )
+                assert warm.ok
+            assert worker.learner.estimate_ms(1, 16) is not None
+
+            # four sheddable requests queued ahead of a critical one, one deadline for all:
+            # behind the four (>= 1.6 s of engine time) the critical one could not make it
+            # A request without deadline holds the engine while the others arrive, so the
+            # worker's next cycle fetches them together (a cycle takes up to 4 records):
+            # three sheddable requests ahead of a critical one, one deadline for all.
+            # Behind the three (>= 1.2 s of engine time, then its own) the critical one
+            # could not make it.
+            started = worker._last_run_ms
+            blocker = await client.submit(MODEL, token_ids=[1, 2, 3], routing_key="blocker")
+            await wait_until(lambda: worker._last_run_ms > started, timeout=30, what="blocker")
+            priority: dict[str, str] = {blocker: "blocker"}
+            for i, level in enumerate(["sheddable"] * 3 + ["critical"]):
+                request_id = await client.submit(
+                    MODEL,
+                    token_ids=[5, 6, 7],
+                    routing_key=f"p{i}",
+                    post_process=PostProcess.ARGMAX_LAST,
+                    deadline_s=DEADLINE_S,
+                    tags={PRIORITY_TAG: level},
+                )
+                priority[request_id] = level
+            codes: dict[str, list[str]] = {"blocker": [], "sheddable": [], "critical": []}
+            async with asyncio.timeout(60):
+                async for result in client.results():
+                    code = "OK" if result.ok else result.error_code
+                    codes[priority[result.request_id]].append(code)
+                    if sum(map(len, codes.values())) == len(priority):
+                        break
+    assert codes["blocker"] == ["OK"]
+    assert codes["critical"] == ["OK"], codes
+    assert set(codes["sheddable"]) <= {"OK", "SHED", "DEADLINE_EXCEEDED"}
+    assert codes["sheddable"].count("SHED") >= 1
+    # counted as shed for their own deadline, or to keep the critical one on time
+    shed = worker.metrics.shed.labels(MODEL, "v1", "fp32", "deadline")._value.get()
+    displaced = worker.metrics.shed.labels(MODEL, "v1", "fp32", "priority")._value.get()
+    assert shed + displaced == codes["sheddable"].count("SHED")

@@ -76,6 +76,8 @@ async def test_chat_completions_streamed_and_not_and_the_refusals(
         finish: str | None = None
         usage = None
         roles = []
+        registry = gateway.observability.registry
+        open_during: float | None = None
         stream = await client.chat.completions.create(
             model=MODEL,
             messages=MESSAGES,
@@ -95,9 +97,12 @@ async def test_chat_completions_streamed_and_not_and_the_refusals(
             if choice.delta.content:
                 if live_at_first_text is None:
                     live_at_first_text = decoder.live  # is the worker still generating it?
+                    open_during = registry.get_sample_value("graylane_gateway_streams_open")
                 pieces.append(choice.delta.content)
             if choice.finish_reason:
                 finish = choice.finish_reason
+
+        open_after = registry.get_sample_value("graylane_gateway_streams_open")
 
         # Completions too, on the same path.
         completion = await client.completions.create(
@@ -128,6 +133,7 @@ async def test_chat_completions_streamed_and_not_and_the_refusals(
     assert len(pieces) >= 3
     assert live_at_first_text == 1  # text reached the caller while the generation ran on
     assert roles == ["assistant"]
+    assert (open_during, open_after) == (1.0, 0.0)  # the streams-open gauge
     assert finish == "length"
     assert usage is not None and usage.completion_tokens == NEW_TOKENS
     assert usage.total_tokens == usage.prompt_tokens + NEW_TOKENS

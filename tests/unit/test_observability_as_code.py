@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -95,6 +96,10 @@ def test_the_alerts_the_issue_asks_for_exist() -> None:
         "GraylaneConsumerLagGrowing",
         "GraylaneQosAtFloorAndBreaching",
         "GraylaneShedRateHigh",
+        "GraylaneGatewayDown",
+        "GraylaneGatewayServerErrors",
+        "GraylaneGatewayRateLimitedSustained",
+        "GraylaneGatewayOverloaded",
     }
     for rule in _rules():
         if "alert" in rule:
@@ -147,6 +152,13 @@ def test_dashboard_covers_the_views_the_issue_asks_for() -> None:
         "graylane:generated_tokens_per_generation:mean5m",
         "graylane:worker_kv_cache_occupancy_ratio:max",
         "graylane:worker_waiting_sequences:mean",
+        "graylane:gateway_requests:rate5m",
+        "graylane:gateway_rate_limited_ratio:rate5m",
+        "graylane:gateway_overloaded_ratio:rate5m",
+        "graylane:gateway_server_error_ratio:rate5m",
+        "graylane:gateway_latency_seconds:p99_5m",
+        "graylane:gateway_ttft_seconds:p99_5m",
+        "graylane:gateway_streams_open:sum",
     } <= used
     annotations = _dashboard()["annotations"]["list"]
     assert any("graylane_audit_records_total" in a["expr"] for a in annotations)
@@ -161,6 +173,16 @@ def test_dashboard_panels_are_well_formed() -> None:
         assert grid["x"] + grid["w"] <= 24, panel["title"]
         for target in panel.get("targets", []):
             assert target["datasource"]["uid"] == "${datasource}"
+    cells: dict[tuple[int, int], str] = {}  # no two panels share a grid cell
+    for panel in dash["panels"]:
+        grid = panel["gridPos"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in cells, f"{panel['title']!r} overlaps {cells[(x, y)]!r}"
+                cells[(x, y)] = panel["title"]
+    rows = sorted(p["gridPos"]["y"] for p in dash["panels"] if p["type"] == "row")
+    for top, below in itertools.pairwise(rows):
+        assert below - top > 1, f"the row at y {top} has no panels under it"
     assert dash["uid"] and {v["name"] for v in dash["templating"]["list"]} >= {
         "datasource",
         "model",
