@@ -306,9 +306,7 @@ def _streamed_act(settings: Settings, size: str, log_dir: Path, step: _Steps) ->
     """A decoder with a KV cache (routed by the demo's router, served by a worker of its
     own): one generation streamed chunk by chunk, printed live, while a short one joins
     the running batch."""
-    from rich.console import Console
-
-    from graylane.app.demo.monitor import Monitor
+    from graylane.app.demo.monitor import Monitor, demo_console
     from graylane.app.demo.streamed import show_streams
     from graylane.kafka.seam import KafkaFactory
     from graylane.models.demo_gpt import write_demo_gpt
@@ -348,7 +346,7 @@ def _streamed_act(settings: Settings, size: str, log_dir: Path, step: _Steps) ->
         monitor = Monitor(CHAT_MODEL, window_s=600.0)
         for result in shown.results:
             monitor.on_result(result)
-        Console().print(monitor.table(f"{CHAT_MODEL}: {len(shown.results)} generations"))
+        demo_console().print(monitor.table(f"{CHAT_MODEL}: {len(shown.results)} generations"))
     finally:
         stop_services(act)  # its CPU goes back to the rollout story
 
@@ -495,9 +493,9 @@ def _story(args: argparse.Namespace) -> int:
             + "; the live view follows"
         )
         records = asyncio.run(story.run())
-        from rich.console import Console
+        from graylane.app.demo.monitor import demo_console
 
-        Console().print(audit_table(records, step.t0_ms))
+        demo_console().print(audit_table(records, step.t0_ms))
         path = write_report(story.monitor, cfg.report)
         step(f"report written: {path}")
         print(f"requests: {story.monitor.total}, error results: {story.monitor.errors}")

@@ -13,19 +13,21 @@ table and keeps a timeline for the final report.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
 from aiokafka.structs import ConsumerRecord
+from rich.console import Console
 from rich.table import Table
 
 from graylane import serde
 from graylane.client import Result
 from graylane.v1 import control_pb2, rollout_pb2
 
-__all__ = ["Monitor", "RequestSample", "Timeline"]
+__all__ = ["PIPE_WIDTH", "Monitor", "RequestSample", "Timeline", "demo_console"]
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,16 @@ class Monitor:
                 *timings,
             )
         return table
+
+
+PIPE_WIDTH = 132
+"""Columns of the demo's tables when its output is not a terminal (a log, CI)."""
+
+
+def demo_console() -> Console:
+    """A console for the demo's tables: the terminal's width, or a log's ``PIPE_WIDTH``
+    (Rich would take 80 and cut the per-version table's headings)."""
+    return Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
 
 def _p99_cell(values: list[float], spec: str) -> str:

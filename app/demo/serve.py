@@ -9,10 +9,10 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
-from rich.console import Console
 from rich.table import Table
 
 from graylane import serde
+from graylane.app.demo.monitor import demo_console
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess, Result, Task
 from graylane.clock import now_ms
 from graylane.kafka.seam import KafkaFactory
@@ -80,7 +80,7 @@ async def run_serving_demo(
     step: Callable[[str], None],
 ) -> None:
     factory = KafkaFactory(settings)
-    console = Console()
+    console = demo_console()
     step(f"routing table: v2 gets {candidate_percent:.0f}% of users (sticky buckets)")
     await publish_table(factory, model, candidate_percent)
     async with GraylaneClient(factory, client_id="demo") as client:

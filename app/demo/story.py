@@ -17,13 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from graylane import serde
 from graylane.app.demo.gateway_calls import GatewayPool, completion_result
-from graylane.app.demo.monitor import Monitor
+from graylane.app.demo.monitor import Monitor, demo_console
 from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
 from graylane.clock import now_ms
 from graylane.kafka.reading import CompactedFollower
@@ -147,7 +146,7 @@ class Story:
         self.path_rps = 0.0
         """The whole path's measured capacity (0 until measured)."""
         """The steady load (``rate``, or measured: :meth:`_probe_path`)."""
-        self.console = Console()
+        self.console = demo_console()
         self.stop = asyncio.Event()
         self.gateway = (
             GatewayPool(cfg.gateway_port, key=cfg.gateway_key) if cfg.gateway_port else None

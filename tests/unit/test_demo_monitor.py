@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
+import pytest
 from rich.console import Console
 
-from graylane.app.demo.monitor import Monitor
+from graylane.app.demo.monitor import PIPE_WIDTH, Monitor, demo_console
 from graylane.client import Result, Timing
 
 
@@ -65,3 +68,19 @@ def test_failed_generations_do_not_count_in_ttft() -> None:
     m.on_result(Result(**{**bad.__dict__, "ok": False, "error_code": "INTERNAL"}))
     rows = _rows(m)
     assert rows["v1"][rows[""].index("TTFT p99 ms")] == "30"
+
+
+def test_a_log_gets_the_whole_headings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written to a pipe (make run's log, CI), Rich would take 80 columns and cut the
+    eleven headings to 'ver…', 'wei…'; the demo's console takes PIPE_WIDTH."""
+    m = Monitor("demo-chat")
+    m.on_result(_result("v1", 500.0, ttft_ms=50.0, tpot_ms=10.0))
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    console = demo_console()
+    assert console.width == PIPE_WIDTH
+    with console.capture() as captured:
+        console.print(m.table("demo-chat"))
+    text = captured.get()
+    assert "…" not in text
+    for heading in ("version", "weight", "errors", "variant", "workers", "TTFT p99 ms"):
+        assert heading in text
