@@ -180,3 +180,21 @@ def test_a_gpu_version_is_one_deployment_placed_by_compute_capability(
         assert capabilities == {"9.0", "8.9"}
     scaled = {d["metadata"]["name"]: d for d in chart_all_on if d["kind"] == "ScaledObject"}
     assert scaled["worker-demo-gpt-1-1-0"]["spec"]["maxReplicaCount"] == 6
+
+
+def test_gpu_values_render_the_gpu_overlay(tmp_path: Path) -> None:
+    versions = [
+        {"version": v, "gpuClass": "tensorrt", "image": GPU_IMAGE.replace("1.1.0", v)}
+        for v in ("1.0.0", "1.1.0")
+    ]
+    values = {
+        **ALL_ON,
+        "image": {"repository": "ghcr.io/graylane/graylane", "tag": "0.1.0"},
+        "models": [{"name": "demo-gpt", "versions": versions}],
+    }
+    chart = _by_key(template(values, tmp_path))
+    overlay = _by_key(_docs(KUSTOMIZE.run("build", str(BASE.parent / "overlays" / "gpu"))))
+    overlay.pop(("Namespace", NAMESPACE))
+    assert sorted(chart) == sorted(overlay)
+    for key, doc in overlay.items():
+        assert chart[key] == doc, key

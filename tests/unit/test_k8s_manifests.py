@@ -328,30 +328,62 @@ def test_network_is_denied_by_default(tree: str) -> None:
     assert scrape == [{"from": scrape[0]["from"], "ports": [{"protocol": "TCP", "port": 9100}]}]
 
 
-def test_gpu_workers_ask_for_a_gpu_on_their_architecture_with_named_images() -> None:
+# The compute capabilities demo-gpt's TensorRT engines are built for (H100, L4).
+ENGINE_CAPABILITIES = {"demo-gpt": {"9.0", "8.9"}}
+
+
+def _capabilities(pod: Doc) -> set[str]:
+    """The "major.minor" compute capabilities a pod's required node affinity admits."""
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    found = set()
+    for term in terms["nodeSelectorTerms"]:
+        exprs = {e["key"]: e for e in term["matchExpressions"]}
+        major, minor = exprs["nvidia.com/gpu.compute.major"], exprs["nvidia.com/gpu.compute.minor"]
+        assert major["operator"] == minor["operator"] == "In"
+        assert len(major["values"]) == len(minor["values"]) == 1, term
+        found.add(f"{major['values'][0]}.{minor['values'][0]}")
+    return found
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_one_worker_deployment_per_version(tree: str) -> None:
+    """Two Deployments of one version, both scaled by its lag and desired replicas, would
+    give twice the replicas asked for."""
+    versions = [
+        (
+            d["metadata"]["labels"]["graylane.io/model"],
+            d["metadata"]["labels"]["graylane.io/version"],
+        )
+        for d in _of(tree, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+    ]
+    assert versions and len(versions) == len(set(versions)), sorted(versions)
+
+
+def test_gpu_workers_are_placed_by_compute_capability_with_named_images() -> None:
     workers = [
         d
         for d in _of("gpu", "Deployment")
         if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
     ]
-    products: dict[str, set[str]] = defaultdict(set)
+    assert workers
     for worker in workers:
         pod = _pod(worker)
         (container,) = pod["containers"]
+        model = worker["metadata"]["labels"]["graylane.io/model"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-        products[worker["metadata"]["labels"]["graylane.io/version"]].add(
-            pod["nodeSelector"]["nvidia.com/gpu.product"]
-        )
+        # Any GPU an engine exists for, not one product per Deployment.
+        assert "nodeSelector" not in pod
+        assert _capabilities(pod) == ENGINE_CAPABILITIES[model]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+            "tolerations"
+        ]
         image = parse_artifact_name(container["image"].rsplit("/", 1)[1])
         assert image.backend is Backend.TENSORRT
         assert (image.model, str(image.version)) == (
-            worker["metadata"]["labels"]["graylane.io/model"],
+            model,
             worker["metadata"]["labels"]["graylane.io/version"],
         )
-    assert products == {
-        "1.0.0": {"NVIDIA-H100-80GB-HBM3"},
-        "1.1.0": {"NVIDIA-H100-80GB-HBM3", "NVIDIA-L4"},
-    }
     for deploy in _of("cpu", "Deployment") + _of("base", "Deployment"):
         for c in _pod(deploy)["containers"]:
             assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
