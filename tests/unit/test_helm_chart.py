@@ -198,3 +198,12 @@ def test_gpu_values_render_the_gpu_overlay(tmp_path: Path) -> None:
     assert sorted(chart) == sorted(overlay)
     for key, doc in overlay.items():
         assert chart[key] == doc, key
+
+
+@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
+def test_the_real_kustomize_renders_overlays_that_validate(overlay: str) -> None:
+    docs = _docs(KUSTOMIZE.run("build", str(BASE.parent / "overlays" / overlay)))
+    for doc in docs:
+        validate(doc)
+    kinds = {d["kind"] for d in docs}
+    assert {"ScaledObject", "TriggerAuthentication", "PodMonitor", "PrometheusRule"} <= kinds
