@@ -15,6 +15,9 @@ $BIN/mypy || exit 1
 echo "==> Prometheus rules (promtool check rules, promtool test rules)"
 $BIN/python deploy/prometheus/prometheus.py check || exit 1
 
+echo "==> Prometheus Operator objects generated from the rules are up to date"
+$BIN/python deploy/prometheus/operator_objects.py check || exit 1
+
 echo "==> starting the local Kafka broker and PostgreSQL"
 $BIN/python deploy/kafka/kafka.py start || exit 1
 $BIN/python deploy/postgres/postgres.py start || { $BIN/python deploy/kafka/kafka.py stop; exit 1; }

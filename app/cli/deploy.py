@@ -18,7 +18,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     render.add_argument("--model", required=True, help="the model")
     render.add_argument("--version", required=True, help="the model version")
-    render.add_argument("--gpu", help="GPU architecture (t4, a100, a10g, l4, h100); default CPU")
+    render.add_argument(
+        "--gpu",
+        action="store_true",
+        help="a TensorRT worker on every GPU compute capability the version's engines were "
+        "built for (one Deployment; the engine is picked at start); default CPU",
+    )
     render.add_argument("--out", type=Path, default=Path("."), help="folder to write into")
     render.add_argument("--namespace", default="graylane", help="Kubernetes namespace")
     render.add_argument(
@@ -42,7 +47,6 @@ def _render(args: argparse.Namespace) -> int:
     import yaml
 
     from graylane.app.k8s.workers import (
-        GPU_ARCHES,
         NothingToDeploy,
         plan_from_registry,
         worker_manifests,
@@ -52,11 +56,6 @@ def _render(args: argparse.Namespace) -> int:
     from graylane.topics import TopicLayout
 
     settings = Settings.from_env()
-    gpu = None
-    if args.gpu:
-        gpu = GPU_ARCHES.get(args.gpu.lower())
-        if gpu is None:
-            raise SystemExit(f"--gpu {args.gpu!r}: expected one of {', '.join(GPU_ARCHES)}")
     max_replicas = args.max_replicas or settings.partitions
     if max_replicas > settings.partitions:
         raise SystemExit(
@@ -69,7 +68,7 @@ def _render(args: argparse.Namespace) -> int:
             registry,
             args.model,
             args.version,
-            gpu=gpu,
+            gpu=args.gpu,
             layout=TopicLayout(prefix=settings.topic_prefix, partitions=settings.partitions),
             image_registry=args.image_registry,
             max_replicas=max_replicas,

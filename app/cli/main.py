@@ -34,6 +34,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graylane.app.cli.scaler",
     "graylane.app.cli.demo",
     "graylane.app.cli.bench",
+    "graylane.app.cli.load",
     "graylane.app.cli.ops",
     "graylane.app.cli.contexts",
     "graylane.app.cli.deploy",

@@ -16,17 +16,19 @@ from typing import Any
 
 from graylane.artifacts.naming import ArtifactName, Backend, Precision
 from graylane.errors import GraylaneError
-from graylane.registry import Registry, target_for
+from graylane.registry import Registry
 from graylane.topics import TopicLayout
 
 __all__ = [
     "CPU_RESOURCES",
     "GPU_ARCHES",
     "GPU_RESOURCES",
+    "HARDWARE_COMPATIBLE_FROM",
     "GpuArch",
     "NothingToDeploy",
     "Resources",
     "WorkerPlan",
+    "gpu_affinity",
     "pick_image",
     "plan_from_registry",
     "worker_manifests",
@@ -42,7 +44,7 @@ KAFKA_SECRET = "graylane-kafka-worker"
 
 @dataclass(frozen=True)
 class GpuArch:
-    """A GPU architecture: the node label it is selected by and its compute capability."""
+    """A GPU architecture: its GPU Feature Discovery product label and compute capability."""
 
     name: str
     product: str
@@ -85,6 +87,44 @@ GPU_RESOURCES = Resources(
 )
 
 
+HARDWARE_COMPATIBLE_FROM = (8, 0)
+"""A hardware-compatible (portable) TensorRT engine runs on Ampere (8.0) and later."""
+
+
+def _cc(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+def gpu_affinity(capabilities: Sequence[str]) -> Doc:
+    """Required node affinity: a node whose GPU has one of ``capabilities`` ("major.minor"),
+    read from the GPU Feature Discovery labels ``nvidia.com/gpu.compute.major``/``.minor``."""
+    terms = []
+    for cc in sorted(set(capabilities), key=_cc, reverse=True):
+        major, minor = _cc(cc)
+        terms.append(
+            {
+                "matchExpressions": [
+                    {
+                        "key": "nvidia.com/gpu.compute.major",
+                        "operator": "In",
+                        "values": [str(major)],
+                    },
+                    {
+                        "key": "nvidia.com/gpu.compute.minor",
+                        "operator": "In",
+                        "values": [str(minor)],
+                    },
+                ]
+            }
+        )
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
+        }
+    }
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkerPlan:
     """What one worker Deployment runs: which version, which image, where, how big."""
@@ -95,7 +135,8 @@ class WorkerPlan:
     """The artifact whose name is the image's (``<model>-<backend><v>-<prec>-<strategy>``)."""
     variants: tuple[str, ...]
     image_registry: str = "ghcr.io/graylane"
-    gpu: GpuArch | None = None
+    gpu_capabilities: tuple[str, ...] = ()
+    """Compute capabilities its TensorRT engines run on; empty: a CPU worker."""
     resources: Resources = CPU_RESOURCES
     max_replicas: int = 6
     layout: TopicLayout = field(default_factory=TopicLayout)
@@ -114,7 +155,7 @@ class WorkerPlan:
     @property
     def name(self) -> str:
         base = f"worker-{self.model}-{self.version.replace('.', '-').replace('+', '-')}"
-        return base if self.gpu is None else f"{base}-{self.gpu.name}"
+        return base
 
     @property
     def image(self) -> str:
@@ -128,8 +169,6 @@ class WorkerPlan:
             "graylane.io/model": self.model,
             "graylane.io/version": self.version,
         }
-        if self.gpu is not None:
-            labels["graylane.io/gpu"] = self.gpu.name
         return labels
 
     def selector(self) -> dict[str, str]:
@@ -174,7 +213,7 @@ def _container(plan: WorkerPlan) -> Doc:
             "--version",
             plan.version,
             "--from-registry",
-            *(["--require-tensorrt"] if plan.gpu is not None else []),
+            *(["--require-tensorrt"] if plan.gpu_capabilities else []),
         ],
         "envFrom": [{"configMapRef": {"name": "graylane-config"}}],
         "env": [
@@ -221,8 +260,10 @@ def _deployment(plan: WorkerPlan) -> Doc:
             },
         ],
     }
-    if plan.gpu is not None:
-        pod["nodeSelector"] = {"nvidia.com/gpu.product": plan.gpu.product}
+    if plan.gpu_capabilities:
+        # One Deployment for every GPU an engine exists for: the worker picks the engine
+        # matching its GPU at start (graylane.artifacts.compatibility.select_engine).
+        pod["affinity"] = gpu_affinity(plan.gpu_capabilities)
         pod["tolerations"] = [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
         ]
@@ -332,25 +373,33 @@ def plan_from_registry(
     model: str,
     version: str,
     *,
-    gpu: GpuArch | None = None,
+    gpu: bool = False,
     layout: TopicLayout,
     **options: object,
 ) -> WorkerPlan:
-    """CPU: the servable ONNX Runtime variants. GPU: the TensorRT engines built for the
-    architecture (ONNX Runtime variants of other precisions ride along); the image is named
+    """CPU: the servable ONNX Runtime variants. GPU: the TensorRT engines of the version,
+    on every compute capability one was built for (a portable engine: every known GPU from
+    Ampere on; ONNX Runtime variants of other precisions ride along); the image is named
     after the best-precision artifact of the kind the worker runs."""
     info = registry.get_version(model, version)  # raises UnknownVersion
     servable = [a for a in registry.list_artifacts(model, version) if a.servable]
     onnx = [a for a in servable if a.backend is Backend.ONNXRUNTIME]
-    if gpu is None:
+    capabilities: set[str] = set()
+    if not gpu:
         primary = onnx
     else:
-        target = target_for(gpu.compute_capability)
-        primary = [a for a in servable if a.backend is Backend.TENSORRT and a.target == target]
+        primary = [a for a in servable if a.backend is Backend.TENSORRT]
+        for art in primary:
+            if art.gpu_compute_capability is not None:
+                capabilities.add(art.gpu_compute_capability)
+            else:
+                capabilities |= {
+                    g.compute_capability
+                    for g in GPU_ARCHES.values()
+                    if _cc(g.compute_capability) >= HARDWARE_COMPATIBLE_FROM
+                }
     if not primary:
-        kind = (
-            "ONNX Runtime" if gpu is None else f"TensorRT ({gpu.name}, sm{gpu.compute_capability})"
-        )
+        kind = "ONNX Runtime" if not gpu else "TensorRT"
         raise NothingToDeploy(f"{model} {info.version}: no servable {kind} artifact registered")
     variants = sorted({a.precision.value for a in primary} | {a.precision.value for a in onnx})
     return WorkerPlan(
@@ -358,8 +407,8 @@ def plan_from_registry(
         version=str(info.version),
         image_name=pick_image([a.name for a in primary]),
         variants=tuple(variants),
-        gpu=gpu,
-        resources=CPU_RESOURCES if gpu is None else GPU_RESOURCES,
+        gpu_capabilities=tuple(sorted(capabilities, key=_cc, reverse=True)),
+        resources=GPU_RESOURCES if gpu else CPU_RESOURCES,
         layout=layout,
         **options,  # type: ignore[arg-type]
     )

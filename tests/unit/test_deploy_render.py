@@ -14,7 +14,7 @@ from graylane.app.cli.main import main
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_artifact_name
 from graylane.artifacts.naming import parse_semver as semver
 from graylane.registry import ArtifactRecord, open_registry
-from tests.unit.k8s_render import load_docs
+from tests.unit.k8s_render import load_docs, render
 from tests.unit.test_k8s_manifests import CRDS, K8S, KUBERNETES_VERSION, unknown_fields
 
 MODEL = "demo-gpt"
@@ -100,34 +100,65 @@ def test_cpu_render_matches_the_checked_in_worker_but_for_its_image(
     assert docs[2]["spec"] == checked_in["PodDisruptionBudget"]["spec"]
 
 
-def test_gpu_render_selects_the_architecture_its_engines_were_built_for(
+def test_gpu_render_is_one_deployment_on_every_capability_an_engine_was_built_for(
     db: str, tmp_path: Path
 ) -> None:
-    docs = _render(tmp_path / "gpu", "1.1.0", "--gpu", "l4", "--max-replicas", "3")
+    registry = open_registry(db)
+    registry.add_artifact(_artifact("1.1.0", Backend.TENSORRT, Precision.FP16, "9.0"))
+    registry.engine.dispose()
+    docs = _render(tmp_path / "gpu", "1.1.0", "--gpu", "--max-replicas", "3")
     for doc in docs:
         _valid(doc)
     deploy, scaled, budget = docs
-    assert deploy["metadata"]["name"] == "worker-demo-gpt-1-1-0-l4"
+    assert deploy["metadata"]["name"] == "worker-demo-gpt-1-1-0"
     assert (
         deploy["metadata"]["annotations"]["graylane.io/variants"] == "fp16,fp32,int8,int8-dynamic"
     )
     pod = deploy["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert "nodeSelector" not in pod
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert [
+        [(e["key"], e["operator"], e["values"]) for e in t["matchExpressions"]]
+        for t in terms["nodeSelectorTerms"]
+    ] == [
+        [
+            ("nvidia.com/gpu.compute.major", "In", ["9"]),
+            ("nvidia.com/gpu.compute.minor", "In", ["0"]),
+        ],
+        [
+            ("nvidia.com/gpu.compute.major", "In", ["8"]),
+            ("nvidia.com/gpu.compute.minor", "In", ["9"]),
+        ],
+    ]
     (container,) = pod["containers"]
+    assert container["command"][-1] == "--require-tensorrt"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert container["image"] == "ghcr.io/graylane/demo-gpt-tensorrt10.7.0-fp16-ptq:1.1.0"
     assert scaled["spec"]["maxReplicaCount"] == 3
     kafka = scaled["spec"]["triggers"][0]["metadata"]
     assert kafka["topic"] == "graylane.requests.demo-gpt.1.1.0"
     assert kafka["consumerGroup"] == "graylane-worker-demo-gpt-1.1.0"
-    assert budget["spec"]["selector"]["matchLabels"]["graylane.io/gpu"] == "l4"
+    assert budget["spec"]["selector"] == deploy["spec"]["selector"]
+
+
+def test_gpu_render_matches_the_checked_in_gpu_worker(db: str, tmp_path: Path) -> None:
+    registry = open_registry(db)
+    registry.add_artifact(_artifact("1.1.0", Backend.TENSORRT, Precision.FP16, "9.0"))
+    registry.engine.dispose()
+    deploy = _render(tmp_path / "gpu", "1.1.0", "--gpu")[0]
+    checked_in = {(d["kind"], d["metadata"]["name"]): d for d in render(K8S / "overlays" / "gpu")}[
+        ("Deployment", "worker-demo-gpt-1-1-0")
+    ]
+    pod, want = deploy["spec"]["template"]["spec"], checked_in["spec"]["template"]["spec"]
+    assert pod["affinity"] == want["affinity"]
+    assert pod["tolerations"] == want["tolerations"]
+    assert pod["containers"][0]["command"] == want["containers"][0]["command"]
+    assert pod["containers"][0]["resources"] == want["containers"][0]["resources"]
 
 
 def test_render_refuses_what_it_cannot_deploy(db: str, tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no servable TensorRT"):
-        main(["deploy", "render", "--model", MODEL, "--version", "1.1.0", "--gpu", "h100"])
-    with pytest.raises(SystemExit, match="expected one of"):
-        main(["deploy", "render", "--model", MODEL, "--version", "1.1.0", "--gpu", "k80"])
+        main(["deploy", "render", "--model", MODEL, "--version", "1.0.0", "--gpu"])
     with pytest.raises(SystemExit, match="partitions"):
         main(["deploy", "render", "--model", MODEL, "--version", "1.0.0", "--max-replicas", "7"])
     with pytest.raises(SystemExit, match=r"2\.0\.0"):

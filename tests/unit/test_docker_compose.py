@@ -134,7 +134,7 @@ def test_prometheus_scrapes_every_graylane_service_and_grafana_is_provisioned() 
         t for job in config["scrape_configs"] for g in job["static_configs"] for t in g["targets"]
     }
     long_running = [
-        n for n in GRAYLANE if n not in BUILDERS and n not in ("topics", "qos", "rollout")
+        n for n in GRAYLANE if n not in BUILDERS and n not in ("topics", "qos", "rollout", "load")
     ]
     assert targets == {f"{n}:9100" for n in long_running}
     datasource = yaml.safe_load(
@@ -163,3 +163,19 @@ def test_ordering_waits_on_readiness_not_liveness() -> None:
         test = SERVICES[name]["healthcheck"]["test"]
         assert test[0] == "CMD", f"{name}: the image has no shell for CMD-SHELL"
         assert "/readyz" in " ".join(test) and "/healthz" not in " ".join(test), name
+
+
+def test_a_small_load_generator_sends_to_the_rolled_out_model() -> None:
+    """Without traffic the canary's gates never see a sample and it holds at step 1."""
+    load = SERVICES["load"]
+    command = load["command"]
+    assert isinstance(command, list)
+    args = build_parser().parse_args(command[1:])
+    assert command[1] == "load" and callable(args.handler)
+    rollout = SERVICES["rollout"]["command"]
+    assert isinstance(rollout, list)
+    assert args.model == rollout[rollout.index("--model") + 1]
+    assert 0 < args.rate <= 10
+    deps = load["depends_on"]
+    assert isinstance(deps, dict)
+    assert deps["router"] == {"condition": "service_healthy"}

@@ -8,7 +8,6 @@ Overlays are rendered by tests/unit/k8s_render.py (no kustomize binary here).
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -23,10 +22,10 @@ from graylane.app.cli.main import build_parser
 from graylane.artifacts.naming import Backend, parse_artifact_name
 from graylane.topics import TopicLayout
 from tests.unit.k8s_render import Doc, RenderError, merge, render
+from tests.unit.k8s_validate import CRDS, KUBERNETES_VERSION, unknown_fields, validate, validate_crd
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
-KUBERNETES_VERSION = "1.31"
 TREES = {"base": K8S / "base", "cpu": K8S / "overlays" / "cpu", "gpu": K8S / "overlays" / "gpu"}
 RENDERED = {name: render(path) for name, path in TREES.items()}
 # One Kafka login per role (graylane.acls.KafkaRole values), the broker's CA, the schema
@@ -56,38 +55,6 @@ CA_DIR = "/etc/graylane/kafka-ca"
 PENDING_COMMANDS: frozenset[str] = frozenset()
 
 
-def _crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
-    schemas = {}
-    for path in (K8S / "schemas").glob("*.json"):
-        crd = json.loads(path.read_text())
-        schemas[(f"{crd['group']}/{crd['version']}", crd["kind"])] = crd["openAPIV3Schema"]
-    return schemas
-
-
-CRDS = _crd_schemas()
-
-
-def unknown_fields(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
-    """Fields a structural schema does not declare (the API server would drop them)."""
-    if schema.get("x-kubernetes-preserve-unknown-fields"):
-        return []
-    found: list[str] = []
-    if isinstance(value, dict):
-        props = schema.get("properties")
-        extra = schema.get("additionalProperties")
-        for key, item in value.items():
-            if props is not None and key in props:
-                found += unknown_fields(item, props[key], f"{path}.{key}")
-            elif isinstance(extra, dict):
-                found += unknown_fields(item, extra, f"{path}.{key}")
-            elif props is not None and path != ".metadata":
-                found.append(f"{path}.{key}")
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            found += unknown_fields(item, schema["items"], f"{path}[{i}]")
-    return found
-
-
 def _all() -> list[tuple[str, Doc]]:
     return [(tree, doc) for tree, docs in RENDERED.items() for doc in docs]
 
@@ -115,12 +82,7 @@ def _config(tree: str) -> dict[str, str]:
     ("tree", "doc"), _all(), ids=[f"{t}-{d['kind']}-{d['metadata']['name']}" for t, d in _all()]
 )
 def test_manifest_is_valid(tree: str, doc: Doc) -> None:
-    key = (doc["apiVersion"], doc["kind"])
-    if key in CRDS:
-        jsonschema.validate(doc, CRDS[key])
-        assert unknown_fields(doc, CRDS[key]) == []
-    else:
-        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    validate(doc)
     if doc["kind"] != "Namespace":
         assert doc["metadata"]["namespace"] == "graylane"
 
@@ -148,7 +110,7 @@ def test_validation_catches_a_misspelt_field() -> None:
         merge(scaled, {"spec": {"maxReplicas": 3}}), CRDS[("keda.sh/v1alpha1", "ScaledObject")]
     ) == [".spec.maxReplicas"]
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(
+        validate_crd(
             merge(scaled, {"spec": {"minReplicaCount": "one"}}),
             CRDS[("keda.sh/v1alpha1", "ScaledObject")],
         )
@@ -366,30 +328,62 @@ def test_network_is_denied_by_default(tree: str) -> None:
     assert scrape == [{"from": scrape[0]["from"], "ports": [{"protocol": "TCP", "port": 9100}]}]
 
 
-def test_gpu_workers_ask_for_a_gpu_on_their_architecture_with_named_images() -> None:
+# The compute capabilities demo-gpt's TensorRT engines are built for (H100, L4).
+ENGINE_CAPABILITIES = {"demo-gpt": {"9.0", "8.9"}}
+
+
+def _capabilities(pod: Doc) -> set[str]:
+    """The "major.minor" compute capabilities a pod's required node affinity admits."""
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    found = set()
+    for term in terms["nodeSelectorTerms"]:
+        exprs = {e["key"]: e for e in term["matchExpressions"]}
+        major, minor = exprs["nvidia.com/gpu.compute.major"], exprs["nvidia.com/gpu.compute.minor"]
+        assert major["operator"] == minor["operator"] == "In"
+        assert len(major["values"]) == len(minor["values"]) == 1, term
+        found.add(f"{major['values'][0]}.{minor['values'][0]}")
+    return found
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_one_worker_deployment_per_version(tree: str) -> None:
+    """Two Deployments of one version, both scaled by its lag and desired replicas, would
+    give twice the replicas asked for."""
+    versions = [
+        (
+            d["metadata"]["labels"]["graylane.io/model"],
+            d["metadata"]["labels"]["graylane.io/version"],
+        )
+        for d in _of(tree, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+    ]
+    assert versions and len(versions) == len(set(versions)), sorted(versions)
+
+
+def test_gpu_workers_are_placed_by_compute_capability_with_named_images() -> None:
     workers = [
         d
         for d in _of("gpu", "Deployment")
         if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
     ]
-    products: dict[str, set[str]] = defaultdict(set)
+    assert workers
     for worker in workers:
         pod = _pod(worker)
         (container,) = pod["containers"]
+        model = worker["metadata"]["labels"]["graylane.io/model"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-        products[worker["metadata"]["labels"]["graylane.io/version"]].add(
-            pod["nodeSelector"]["nvidia.com/gpu.product"]
-        )
+        # Any GPU an engine exists for, not one product per Deployment.
+        assert "nodeSelector" not in pod
+        assert _capabilities(pod) == ENGINE_CAPABILITIES[model]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+            "tolerations"
+        ]
         image = parse_artifact_name(container["image"].rsplit("/", 1)[1])
         assert image.backend is Backend.TENSORRT
         assert (image.model, str(image.version)) == (
-            worker["metadata"]["labels"]["graylane.io/model"],
+            model,
             worker["metadata"]["labels"]["graylane.io/version"],
         )
-    assert products == {
-        "1.0.0": {"NVIDIA-H100-80GB-HBM3"},
-        "1.1.0": {"NVIDIA-H100-80GB-HBM3", "NVIDIA-L4"},
-    }
     for deploy in _of("cpu", "Deployment") + _of("base", "Deployment"):
         for c in _pod(deploy)["containers"]:
             assert "nvidia.com/gpu" not in c["resources"].get("limits", {})

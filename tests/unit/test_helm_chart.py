@@ -1,0 +1,209 @@
+"""deploy/helm/graylane: the real ``helm lint`` and ``helm template``; with default values
+the chart renders the objects ``kustomize build deploy/k8s/base`` renders, and every
+rendering validates against the Kubernetes 1.31 schemas and the CRD schemas in the repo.
+
+helm and kustomize are built from the Go module proxy once when missing
+(graylane.deploy.containers.tools) and cached under .local/tools.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from graylane.app.cli.main import build_parser
+from graylane.deploy.containers.tools import HELM, KUSTOMIZE
+from graylane.deploy.prometheus import operator_objects
+from tests.unit.k8s_validate import KUBERNETES_VERSION, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "graylane"
+BASE = ROOT / "deploy" / "k8s" / "base"
+MONITORING = ROOT / "deploy" / "k8s" / "monitoring"
+NAMESPACE = "graylane"
+GPU_IMAGE = "ghcr.io/graylane/demo-gpt-tensorrt10.7.0-fp16-ptq:1.1.0"
+GPU_VALUES: dict[str, Any] = {
+    "gpuClasses": {
+        "tensorrt": {
+            "computeCapabilities": ["9.0", "8.9"],
+            "image": GPU_IMAGE,
+            "resources": {
+                "requests": {"cpu": "2", "memory": "8Gi"},
+                "limits": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "1"},
+            },
+        }
+    },
+    "models": [
+        {
+            "name": "demo-gpt",
+            "versions": [{"version": "1.0.0"}, {"version": "1.1.0", "gpuClass": "tensorrt"}],
+        }
+    ],
+}
+ALL_ON: dict[str, Any] = {
+    **GPU_VALUES,
+    "monitoring": {"podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
+}
+
+Doc = dict[str, Any]
+
+
+def _docs(text: str) -> list[Doc]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def template(values: dict[str, Any] | None = None, tmp: Path | None = None) -> list[Doc]:
+    args = ["template", "graylane", str(CHART), "--namespace", NAMESPACE]
+    args += ["--kube-version", f"{KUBERNETES_VERSION}.0"]
+    if values is not None:
+        assert tmp is not None
+        path = tmp / "values.json"
+        path.write_text(json.dumps(values))
+        args += ["--values", str(path)]
+    return _docs(HELM.run(*args))
+
+
+def _key(doc: Doc) -> tuple[str, str]:
+    return (doc["kind"], doc["metadata"]["name"])
+
+
+def _by_key(docs: list[Doc]) -> dict[tuple[str, str], Doc]:
+    out = {_key(d): d for d in docs}
+    assert len(out) == len(docs), "two objects share a kind and name"
+    return out
+
+
+def _containers(doc: Doc) -> list[Doc]:
+    spec = doc.get("spec", {})
+    pod = spec.get("jobTemplate", {}).get("spec", spec).get("template", {}).get("spec", {})
+    return [*pod.get("initContainers", []), *pod.get("containers", [])]
+
+
+@pytest.fixture(scope="module")
+def chart_defaults() -> list[Doc]:
+    return template()
+
+
+@pytest.fixture(scope="module")
+def chart_all_on(tmp_path_factory: pytest.TempPathFactory) -> list[Doc]:
+    return template(ALL_ON, tmp_path_factory.mktemp("values"))
+
+
+def test_helm_lint_passes() -> None:
+    out = HELM.run("lint", "--strict", str(CHART), "--kube-version", f"{KUBERNETES_VERSION}.0")
+    assert "0 chart(s) failed" in out
+
+
+def test_defaults_render_the_kustomize_base(chart_defaults: list[Doc]) -> None:
+    base = _by_key(_docs(KUSTOMIZE.run("build", str(BASE))))
+    chart = _by_key(chart_defaults)
+    # A chart installs into a namespace it is given (helm install -n/--create-namespace).
+    assert base.pop(("Namespace", NAMESPACE))["kind"] == "Namespace"
+    assert sorted(chart) == sorted(base)
+    for key, doc in base.items():
+        assert [(c["name"], c.get("command"), c.get("args")) for c in _containers(doc)] == [
+            (c["name"], c.get("command"), c.get("args")) for c in _containers(chart[key])
+        ], key
+        assert chart[key] == doc, key  # whole objects, not only their commands
+
+
+def test_every_rendering_validates(chart_defaults: list[Doc], chart_all_on: list[Doc]) -> None:
+    kinds = set()
+    for doc in [*chart_defaults, *chart_all_on]:
+        validate(doc)
+        assert doc["metadata"]["namespace"] == NAMESPACE
+        kinds.add(doc["kind"])
+    assert {"ScaledObject", "TriggerAuthentication", "PodMonitor", "PrometheusRule"} <= kinds
+
+
+def test_monitoring_objects_are_the_kustomize_ones(chart_all_on: list[Doc]) -> None:
+    chart = _by_key(chart_all_on)
+    kustomized = _by_key(_docs(KUSTOMIZE.run("build", str(MONITORING))))
+    assert chart[("PodMonitor", "graylane")] == kustomized[("PodMonitor", "graylane")]
+    rule = chart[("PrometheusRule", "graylane")]
+    assert rule == kustomized[("PrometheusRule", "graylane")]
+    assert rule["spec"]["groups"] == operator_objects.rule_groups()
+
+
+def test_monitoring_is_off_by_default(chart_defaults: list[Doc]) -> None:
+    kinds = {d["kind"] for d in chart_defaults}
+    assert not kinds & {"PodMonitor", "PrometheusRule"}
+
+
+def test_keda_off_leaves_the_workers_their_replicas(tmp_path: Path) -> None:
+    values = {"keda": {"enabled": False}, **GPU_VALUES}
+    values["models"] = [{"name": "demo-gpt", "versions": [{"version": "1.0.0", "replicas": 3}]}]
+    docs = template(values, tmp_path)
+    assert not {d["kind"] for d in docs} & {"ScaledObject", "TriggerAuthentication"}
+    (worker,) = [
+        d
+        for d in docs
+        if d["metadata"]["name"] == "worker-demo-gpt-1-0-0" and d["kind"] == "Deployment"
+    ]
+    assert worker["spec"]["replicas"] == 3
+    for doc in docs:
+        validate(doc)
+
+
+def test_a_gpu_version_is_one_deployment_placed_by_compute_capability(
+    chart_all_on: list[Doc],
+) -> None:
+    workers = [
+        d
+        for d in chart_all_on
+        if d["kind"] == "Deployment"
+        and d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+    ]
+    assert sorted(d["metadata"]["name"] for d in workers) == [
+        "worker-demo-gpt-1-0-0",
+        "worker-demo-gpt-1-1-0",
+    ]
+    for worker in workers:
+        pod = worker["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        args = build_parser().parse_args(container["command"][1:])
+        on_gpu = "nvidia.com/gpu" in container["resources"].get("limits", {})
+        assert args.require_tensorrt is on_gpu
+        if not on_gpu:
+            assert "affinity" not in pod
+            continue
+        assert container["image"] == GPU_IMAGE
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        capabilities = {
+            ".".join(e["values"][0] for e in sorted(t["matchExpressions"], key=lambda e: e["key"]))
+            for t in terms["nodeSelectorTerms"]
+        }
+        assert capabilities == {"9.0", "8.9"}
+    scaled = {d["metadata"]["name"]: d for d in chart_all_on if d["kind"] == "ScaledObject"}
+    assert scaled["worker-demo-gpt-1-1-0"]["spec"]["maxReplicaCount"] == 6
+
+
+def test_gpu_values_render_the_gpu_overlay(tmp_path: Path) -> None:
+    versions = [
+        {"version": v, "gpuClass": "tensorrt", "image": GPU_IMAGE.replace("1.1.0", v)}
+        for v in ("1.0.0", "1.1.0")
+    ]
+    values = {
+        **ALL_ON,
+        "image": {"repository": "ghcr.io/graylane/graylane", "tag": "0.1.0"},
+        "models": [{"name": "demo-gpt", "versions": versions}],
+    }
+    chart = _by_key(template(values, tmp_path))
+    overlay = _by_key(_docs(KUSTOMIZE.run("build", str(BASE.parent / "overlays" / "gpu"))))
+    overlay.pop(("Namespace", NAMESPACE))
+    assert sorted(chart) == sorted(overlay)
+    for key, doc in overlay.items():
+        assert chart[key] == doc, key
+
+
+@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
+def test_the_real_kustomize_renders_overlays_that_validate(overlay: str) -> None:
+    docs = _docs(KUSTOMIZE.run("build", str(BASE.parent / "overlays" / overlay)))
+    for doc in docs:
+        validate(doc)
+    kinds = {d["kind"] for d in docs}
+    assert {"ScaledObject", "TriggerAuthentication", "PodMonitor", "PrometheusRule"} <= kinds
