@@ -207,6 +207,7 @@ def _container(plan: WorkerPlan) -> Doc:
         "imagePullPolicy": "IfNotPresent",
         "command": [
             "graylane",
+            "serve",
             "worker",
             "--model",
             plan.model,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from graylane.app.cli.main import build_parser
+from graylane.app.cli.main import LEGACY_SERVER_COMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -67,6 +67,7 @@ def test_every_graylane_service_reaches_kafka() -> None:
 def test_every_service_command_exists_in_the_project(name: str) -> None:
     command = SERVICES[name]["command"]
     assert isinstance(command, list) and command[0] == "graylane"
+    assert command[1] not in LEGACY_SERVER_COMMANDS, command  # servers: graylane serve ...
     args = build_parser().parse_args(command[1:])  # exits (fails) on an unknown command
     assert callable(args.handler)
 

@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 
 from graylane.acls import KafkaRole
-from graylane.app.cli.main import build_parser
+from graylane.app.cli.main import LEGACY_SERVER_COMMANDS, build_parser
 from graylane.artifacts.naming import Backend, parse_artifact_name
 from graylane.topics import TopicLayout
 from tests.unit.k8s_render import Doc, RenderError, merge, render
@@ -400,6 +400,8 @@ def test_container_commands_exist_in_the_cli() -> None:
             if c["command"][1] in PENDING_COMMANDS:
                 unknown.add(c["command"][1])
                 continue
+            # the servers under ``graylane serve``, not the deprecated top-level spellings
+            assert c["command"][1] not in LEGACY_SERVER_COMMANDS, c["command"]
             args = parser.parse_args(c["command"][1:])
             assert callable(args.handler)
     assert unknown == PENDING_COMMANDS
