@@ -1,0 +1,156 @@
+"""Fetching a version's artifacts from an artifact store into a local folder, verified.
+
+A pod's init container runs this (``graylane artifacts fetch``) to fill the worker's
+artifact folder: for each servable artifact the registry lists for a version, the
+artifact's folder is copied from the store (any fsspec URL: ``file://``, a plain path,
+``s3://`` when its backend is installed) under its store-relative location, checked
+against its manifest's sha256 and the registry's record of that manifest, and, with
+trusted keys, its signature. Everything is staged in a temporary folder inside the
+destination and renamed into place only when every artifact verified: a failure
+leaves nothing half-copied.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from graylane.artifacts.signing import ArtifactSignatureError, TrustedKeyError, verify_signature
+from graylane.artifacts.verify import TamperedArtifactError, verify_artifact
+from graylane.errors import GraylaneError
+from graylane.registry import ArtifactInfo, RegistryError, open_registry
+
+__all__ = [
+    "ArtifactFetchError",
+    "FetchedArtifact",
+    "fetch_artifacts",
+    "fetch_version",
+    "store_relative",
+]
+
+_CHUNK = 1 << 20
+_STAGING_PREFIX = ".fetch-"
+
+
+class ArtifactFetchError(GraylaneError):
+    """A version's artifacts could not be fetched, or one of them did not verify."""
+
+
+@dataclass(frozen=True)
+class FetchedArtifact:
+    name: str
+    location: PurePosixPath
+    """Store-relative location; the artifact now lies at ``into / location``."""
+    files: int
+    signer: Path | None
+    """The trusted key its signature verified against (``None``: not checked)."""
+
+
+def store_relative(location: str) -> PurePosixPath:
+    """An artifact's registered location as a safe store-relative path.
+
+    Absolute locations (registered before locations were store-relative) and ones
+    climbing out of the store (``..``) cannot travel and are refused.
+    """
+    path = PurePosixPath(location)
+    if path.is_absolute() or not path.parts:
+        raise ArtifactFetchError(
+            f"artifact location {location!r} is not store-relative; re-register it "
+            "relative to the artifact store to fetch it"
+        )
+    if any(part in ("..", ".") for part in path.parts):
+        raise ArtifactFetchError(f"artifact location {location!r} leaves the artifact store")
+    return path
+
+
+def fetch_version(
+    db_url: str,
+    model: str,
+    version: str,
+    *,
+    store: str,
+    into: Path,
+    trusted_keys: Sequence[Path] = (),
+) -> list[FetchedArtifact]:
+    """Fetch every servable artifact the registry lists for ``model`` ``version``."""
+    registry = open_registry(db_url, read_only=True)
+    try:
+        artifacts = registry.list_artifacts(model, version)
+    except RegistryError as exc:
+        raise ArtifactFetchError(f"{model} {version}: {exc}") from None
+    finally:
+        registry.engine.dispose()
+    servable = [a for a in artifacts if a.servable]
+    if not servable:
+        raise ArtifactFetchError(
+            f"{model} {version}: no servable artifact registered"
+            + (f" ({len(artifacts)} not servable)" if artifacts else "")
+        )
+    return fetch_artifacts(servable, store=store, into=into, trusted_keys=trusted_keys)
+
+
+def fetch_artifacts(
+    artifacts: Sequence[ArtifactInfo],
+    *,
+    store: str,
+    into: Path,
+    trusted_keys: Sequence[Path] = (),
+) -> list[FetchedArtifact]:
+    """Copy, verify, then rename into place; on any failure nothing is left in ``into``."""
+    locations = [(art, store_relative(art.path)) for art in artifacts]
+    into.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=into))
+    try:
+        fetched: list[FetchedArtifact] = []
+        for art, location in locations:
+            folder = staging / location
+            count = _copy_folder(store, location, folder)
+            fetched.append(
+                FetchedArtifact(str(art.name), location, count, _verify(art, folder, trusted_keys))
+            )
+        for item in fetched:
+            dest = into / item.location
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if dest.exists():
+                shutil.rmtree(dest)  # a re-run (a restarted init container) replaces it
+            os.replace(staging / item.location, dest)
+        return fetched
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _verify(art: ArtifactInfo, folder: Path, trusted_keys: Sequence[Path]) -> Path | None:
+    try:
+        verify_artifact(folder, art.manifest_sha256)
+        return verify_signature(folder, trusted_keys) if trusted_keys else None
+    except (TamperedArtifactError, ArtifactSignatureError, TrustedKeyError) as exc:
+        raise ArtifactFetchError(f"refused {art.name}: {exc}") from None
+
+
+def _copy_folder(store: str, location: PurePosixPath, dest: Path) -> int:
+    """Copy every file under ``store``/``location`` into ``dest``; returns how many."""
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(store)
+    except (ImportError, ValueError) as exc:
+        raise ArtifactFetchError(f"artifact store {store!r}: {exc}") from None
+    source = f"{root.rstrip('/')}/{location}"
+    try:
+        if not fs.isdir(source):
+            raise ArtifactFetchError(f"{fs.unstrip_protocol(source)}: no such artifact folder")
+        files = sorted(fs.find(source))
+        for remote in files:
+            relative = PurePosixPath(remote).relative_to(PurePosixPath(source))
+            target = dest / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with fs.open(remote, "rb") as src, target.open("wb") as out:
+                while chunk := src.read(_CHUNK):
+                    out.write(chunk)
+    except OSError as exc:
+        raise ArtifactFetchError(f"copying {source} from {store!r}: {exc}") from None
+    return len(files)

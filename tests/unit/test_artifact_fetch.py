@@ -1,0 +1,163 @@
+"""``graylane artifacts fetch``: a version's artifacts copied from a file:// store, verified
+against their manifests and signatures, and nothing left behind when one is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from graylane.app.cli.main import main
+from graylane.artifacts.fetch import ArtifactFetchError, store_relative
+from graylane.artifacts.manifest import MANIFEST_FILE, BuildHost, FileDigest, Manifest
+from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer
+from graylane.artifacts.signing import SIGNATURE_FILE, KeyPair, generate_key_pair
+from graylane.artifacts.verify import manifest_sha256
+from graylane.builder.store import ArtifactStore
+from graylane.engine.signature import IOSignature
+from graylane.registry import ArtifactRecord, open_registry
+
+MODEL = "demo"
+NAME = ArtifactName(MODEL, Backend.ONNXRUNTIME, "1.23", Precision.FP32, "demo", SemVer(1, 0, 0))
+
+
+def _manifest(files: tuple[FileDigest, ...]) -> Manifest:
+    return Manifest(
+        name=NAME,
+        files=files,
+        io=IOSignature((), ()),
+        profiles=(),
+        build_host=BuildHost("h", "cpu", None, "3.11", "1.23", "1.32.0", None),
+        build_duration_s=1.0,
+        source_onnx_sha256="0" * 64,
+        source_git_commit=None,
+        created_at="2026-01-01T00:00:00+00:00",
+        servable=True,
+    )
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> KeyPair:
+    return generate_key_pair(tmp_path / "keys" / "signing.pem")
+
+
+def _setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signing_key: Path | None) -> Path:
+    """A store with one published artifact of demo 1.0.0, registered store-relative."""
+    source = tmp_path / "model.onnx"
+    source.write_bytes(bytes(range(256)) * 8)
+    store = ArtifactStore(tmp_path / "store", signing_key=signing_key)
+    folder = store.publish(NAME, [source], _manifest)
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    registry = open_registry(url)
+    registry.register_model(MODEL)
+    registry.register_version(MODEL, "1.0.0", "a" * 64)
+    registry.add_artifact(
+        ArtifactRecord(
+            name=NAME,
+            path=folder.name,
+            manifest_sha256=manifest_sha256(folder),
+            servable=True,
+        )
+    )
+    registry.engine.dispose()
+    monkeypatch.setenv("GRAYLANE_DB_URL", url)
+    monkeypatch.delenv("GRAYLANE_TRUSTED_KEYS", raising=False)
+    return folder
+
+
+def _fetch(tmp_path: Path, *extra: str, version: str = "1.0.0") -> int:
+    store = f"file://{tmp_path / 'store'}"
+    argv = ["artifacts", "fetch", "--model", MODEL, "--version", version]
+    return main([*argv, "--store", store, "--into", str(tmp_path / "into"), *extra])
+
+
+def _left_in(tmp_path: Path) -> list[Path]:
+    into = tmp_path / "into"
+    return sorted(into.rglob("*")) if into.exists() else []
+
+
+def test_a_signed_version_is_fetched_under_its_location_and_verified(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    keys: KeyPair,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    folder = _setup(tmp_path, monkeypatch, keys.private_key)
+    assert _fetch(tmp_path, "--trust-key", str(keys.public_key)) == 0
+    fetched = tmp_path / "into" / folder.name
+    assert sorted(p.name for p in fetched.iterdir()) == sorted(p.name for p in folder.iterdir())
+    assert (fetched / "model.onnx").read_bytes() == (folder / "model.onnx").read_bytes()
+    assert (fetched / SIGNATURE_FILE).is_file() and (fetched / MANIFEST_FILE).is_file()
+    assert f"signed by {keys.public_key}" in capsys.readouterr().out
+    assert not [p for p in (tmp_path / "into").iterdir() if p.name.startswith(".")]
+    # A re-run (a restarted init container) replaces what is there.
+    assert _fetch(tmp_path, "--trust-key", str(keys.public_key)) == 0
+
+
+def test_trusted_keys_come_from_the_settings_when_not_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keys: KeyPair
+) -> None:
+    folder = _setup(tmp_path, monkeypatch, None)
+    monkeypatch.setenv("GRAYLANE_TRUSTED_KEYS", str(keys.public_key))
+    assert _fetch(tmp_path) == 1
+    assert _left_in(tmp_path) == []
+    monkeypatch.delenv("GRAYLANE_TRUSTED_KEYS")
+    assert _fetch(tmp_path) == 0
+    assert (tmp_path / "into" / folder.name / "model.onnx").is_file()
+
+
+def test_a_tampered_byte_is_refused_and_nothing_is_left(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    keys: KeyPair,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    folder = _setup(tmp_path, monkeypatch, keys.private_key)
+    model = folder / "model.onnx"
+    data = bytearray(model.read_bytes())
+    data[100] ^= 0x01
+    model.write_bytes(bytes(data))
+    assert _fetch(tmp_path) == 1  # the sha256 check alone refuses it
+    out = capsys.readouterr().out
+    assert "refused" in out and "model.onnx" in out
+    assert _left_in(tmp_path) == []
+
+
+def test_an_unsigned_artifact_is_refused_with_a_trusted_key(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    keys: KeyPair,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _setup(tmp_path, monkeypatch, None)
+    assert _fetch(tmp_path, "--trust-key", str(keys.public_key)) == 1
+    out = capsys.readouterr().out
+    assert "refused" in out and "unsigned" in out.lower()
+    assert _left_in(tmp_path) == []
+
+
+def test_an_unknown_version_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _setup(tmp_path, monkeypatch, None)
+    assert _fetch(tmp_path, version="9.9.9") == 1
+    out = capsys.readouterr().out
+    assert "error:" in out and "9.9.9" in out
+    assert _left_in(tmp_path) == []
+
+
+def test_a_missing_store_folder_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _setup(tmp_path, monkeypatch, None)
+    (tmp_path / "elsewhere").mkdir()
+    folder.rename(tmp_path / "elsewhere" / folder.name)
+    assert _fetch(tmp_path) == 1
+    assert "no such artifact folder" in capsys.readouterr().out
+    assert _left_in(tmp_path) == []
+
+
+@pytest.mark.parametrize("location", ["/models/x", "../x", "a/../../x", ""])
+def test_locations_that_cannot_travel_are_refused(location: str) -> None:
+    with pytest.raises(ArtifactFetchError):
+        store_relative(location)
