@@ -104,7 +104,9 @@ class Settings:
     """Private key the builder signs artifacts with (``GRAYLANE_SIGNING_KEY``)."""
     trusted_keys: tuple[Path, ...] = ()
     """Public keys a worker trusts artifact signatures from (``GRAYLANE_TRUSTED_KEYS``,
-    separated by ``os.pathsep``); empty: artifacts are not signature-checked."""
+    separated by ``os.pathsep``; a folder stands for the ``*.pub`` files in it, so an
+    optional key Secret mounted as a folder may be absent); empty: artifacts are not
+    signature-checked."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -187,7 +189,7 @@ class Settings:
         )
         artifact_dir = get("ARTIFACT_DIR")
         signing_key = get("SIGNING_KEY")
-        trusted = tuple(Path(p) for p in (get("TRUSTED_KEYS") or "").split(os.pathsep) if p)
+        trusted = _trusted_keys(get("TRUSTED_KEYS") or "")
         return cls(
             bootstrap_servers=get("BOOTSTRAP_SERVERS") or base.bootstrap_servers,
             topic_prefix=get("TOPIC_PREFIX") or base.topic_prefix,
@@ -225,3 +227,11 @@ def _package_version() -> str:
 
 
 _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def _trusted_keys(value: str) -> tuple[Path, ...]:
+    """``GRAYLANE_TRUSTED_KEYS`` entries: files as named, folders as their ``*.pub`` files."""
+    keys: list[Path] = []
+    for entry in (Path(p) for p in value.split(os.pathsep) if p):
+        keys.extend(sorted(entry.glob("*.pub")) if entry.is_dir() else [entry])
+    return tuple(keys)

@@ -176,6 +176,21 @@ def test_settings_read_the_signing_and_trusted_keys(tmp_path: Path) -> None:
     assert Settings.from_env({}).trusted_keys == () and Settings.from_env({}).signing_key is None
 
 
+def test_a_trusted_keys_folder_stands_for_its_public_keys(tmp_path: Path) -> None:
+    keys = tmp_path / "artifact-keys"
+    keys.mkdir()
+    (keys / "b.pub").write_text("b")
+    (keys / "a.pub").write_text("a")
+    (keys / "notes.txt").write_text("not a key")
+    single = tmp_path / "c.pem"
+    env = {"GRAYLANE_TRUSTED_KEYS": f"{keys}:{single}"}
+    assert Settings.from_env(env).trusted_keys == (keys / "a.pub", keys / "b.pub", single)
+    (tmp_path / "empty").mkdir()  # an optional key Secret that is absent
+    assert Settings.from_env({"GRAYLANE_TRUSTED_KEYS": str(tmp_path / "empty")}).trusted_keys == ()
+    missing = tmp_path / "missing.pub"  # a named file stays, to be refused when read
+    assert Settings.from_env({"GRAYLANE_TRUSTED_KEYS": str(missing)}).trusted_keys == (missing,)
+
+
 def test_refused_artifacts_are_counted_by_reason() -> None:
     refused = (
         RefusedArtifact("m-onnx-fp16-demo@1.0.0", SignatureFailure.UNSIGNED, "unsigned"),
