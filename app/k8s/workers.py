@@ -20,6 +20,9 @@ from graylane.registry import Registry
 from graylane.topics import TopicLayout
 
 __all__ = [
+    "ARTIFACT_DIR",
+    "ARTIFACT_KEYS_DIR",
+    "ARTIFACT_KEYS_SECRET",
     "CPU_RESOURCES",
     "GPU_ARCHES",
     "GPU_RESOURCES",
@@ -28,6 +31,7 @@ __all__ = [
     "NothingToDeploy",
     "Resources",
     "WorkerPlan",
+    "fetch_container",
     "gpu_affinity",
     "pick_image",
     "plan_from_registry",
@@ -39,6 +43,12 @@ Doc = dict[str, Any]
 METRICS_PORT = 9100
 UID = 10001
 KAFKA_SECRET = "graylane-kafka-worker"
+ARTIFACT_DIR = "/models"
+"""Where the init container fetches a version's artifacts (an emptyDir) and the worker reads
+them (read-only; GRAYLANE_ARTIFACT_DIR in the ConfigMap)."""
+ARTIFACT_KEYS_SECRET = "graylane-artifact-keys"
+"""Optional Secret of trusted public keys (``*.pub``); production should provide it."""
+ARTIFACT_KEYS_DIR = "/etc/graylane/artifact-keys"
 """The worker role's Kafka login (one Secret per role, see ``graylane.acls.KafkaRole``)."""
 
 
@@ -200,6 +210,50 @@ def _locked_down() -> Doc:
     }
 
 
+def _keys_env() -> Doc:
+    return {"name": "GRAYLANE_TRUSTED_KEYS", "value": ARTIFACT_KEYS_DIR}
+
+
+def _keys_mount() -> Doc:
+    return {"name": "artifact-keys", "mountPath": ARTIFACT_KEYS_DIR, "readOnly": True}
+
+
+def fetch_container(plan: WorkerPlan) -> Doc:
+    """The init container filling the worker's artifact folder (``graylane artifacts fetch``
+    from GRAYLANE_ARTIFACT_STORE, verified by sha256 and, with keys, signature)."""
+    return {
+        "name": "fetch-artifacts",
+        "image": plan.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": [
+            "graylane",
+            "artifacts",
+            "fetch",
+            "--model",
+            plan.model,
+            "--version",
+            plan.version,
+            "--into",
+            ARTIFACT_DIR,
+        ],
+        "envFrom": [{"configMapRef": {"name": "graylane-config"}}],
+        "env": [
+            _secret_env("GRAYLANE_DB_URL", "graylane-database-readonly", "url"),
+            _keys_env(),
+        ],
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "256Mi"},
+            "limits": {"cpu": "1", "memory": "512Mi"},
+        },
+        "securityContext": _locked_down(),
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "models", "mountPath": ARTIFACT_DIR},
+            _keys_mount(),
+        ],
+    }
+
+
 def _container(plan: WorkerPlan) -> Doc:
     return {
         "name": "worker",
@@ -222,6 +276,7 @@ def _container(plan: WorkerPlan) -> Doc:
             _secret_env("GRAYLANE_SASL_PASSWORD", KAFKA_SECRET, "password"),
             _secret_env("GRAYLANE_SASL_MECHANISM", KAFKA_SECRET, "mechanism"),
             _secret_env("GRAYLANE_DB_URL", "graylane-database-readonly", "url"),
+            _keys_env(),
         ],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "startupProbe": _probe("/healthz", 5, 60),
@@ -232,7 +287,8 @@ def _container(plan: WorkerPlan) -> Doc:
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "kafka-ca", "mountPath": "/etc/graylane/kafka-ca", "readOnly": True},
-            {"name": "models", "mountPath": "/models", "readOnly": True},
+            {"name": "models", "mountPath": ARTIFACT_DIR, "readOnly": True},
+            _keys_mount(),
         ],
     }
 
@@ -248,6 +304,7 @@ def _deployment(plan: WorkerPlan) -> Doc:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationGracePeriodSeconds": 30,
+        "initContainers": [fetch_container(plan)],
         "containers": [_container(plan)],
         "volumes": [
             {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
@@ -255,9 +312,14 @@ def _deployment(plan: WorkerPlan) -> Doc:
                 "name": "kafka-ca",
                 "secret": {"secretName": "graylane-kafka-ca", "defaultMode": 0o444},
             },
+            {"name": "models", "emptyDir": {"sizeLimit": "50Gi"}},
             {
-                "name": "models",
-                "persistentVolumeClaim": {"claimName": "graylane-models", "readOnly": True},
+                "name": "artifact-keys",
+                "secret": {
+                    "secretName": ARTIFACT_KEYS_SECRET,
+                    "defaultMode": 0o444,
+                    "optional": True,
+                },
             },
         ],
     }

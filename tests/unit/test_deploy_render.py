@@ -93,7 +93,9 @@ def test_cpu_render_matches_the_checked_in_worker_but_for_its_image(
         Precision.FP32,
         "1.0.0",
     )
-    container["image"] = "graylane:0.1.0"
+    (init,) = deploy["spec"]["template"]["spec"]["initContainers"]
+    assert init["image"] == container["image"]  # the init container runs the worker's image
+    container["image"] = init["image"] = "graylane:0.1.0"
     assert deploy["spec"]["template"] == checked_in["Deployment"]["spec"]["template"]
     assert deploy["spec"]["selector"] == checked_in["Deployment"]["spec"]["selector"]
     assert docs[1]["spec"] == checked_in["ScaledObject"]["spec"]
@@ -134,6 +136,7 @@ def test_gpu_render_is_one_deployment_on_every_capability_an_engine_was_built_fo
     assert container["command"][-1] == "--require-tensorrt"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert container["image"] == "ghcr.io/graylane/demo-gpt-tensorrt10.7.0-fp16-ptq:1.1.0"
+    assert [c["image"] for c in pod["initContainers"]] == [container["image"]]
     assert scaled["spec"]["maxReplicaCount"] == 3
     kafka = scaled["spec"]["triggers"][0]["metadata"]
     assert kafka["topic"] == "graylane.requests.demo-gpt.1.1.0"

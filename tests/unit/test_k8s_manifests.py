@@ -48,6 +48,7 @@ SECRETS = frozenset(
         "graylane-api-tokens",
         "graylane-gateway-keys",
         "graylane-controlplane-tls",
+        "graylane-artifact-keys",
     }
 )
 CA_DIR = "/etc/graylane/kafka-ca"
@@ -213,22 +214,63 @@ def test_the_policy_engine_asks_for_replicas_within_the_partitions(tree: str) ->
     assert 1 < max_replicas <= partitions  # scaling on, never more consumers than partitions
 
 
+def _workers(tree: str) -> list[Doc]:
+    return [
+        d
+        for d in _of(tree, "Deployment")
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+    ]
+
+
 @pytest.mark.parametrize("tree", TREES)
-def test_models_are_mounted_read_only(tree: str) -> None:
-    for worker in _of(tree, "Deployment"):
-        if worker["metadata"]["labels"]["app.kubernetes.io/component"] != "worker":
-            continue
-        volumes = {v["name"]: v for v in _pod(worker)["volumes"]}
-        assert volumes["models"]["persistentVolumeClaim"] == {
-            "claimName": "graylane-models",
-            "readOnly": True,
-        }
-        (container,) = _pod(worker)["containers"]
+def test_models_are_fetched_into_an_empty_dir_the_worker_mounts_read_only(tree: str) -> None:
+    assert not _of(tree, "PersistentVolumeClaim")
+    assert _workers(tree)
+    for worker in _workers(tree):
+        pod = _pod(worker)
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert "emptyDir" in volumes["models"] and "persistentVolumeClaim" not in volumes["models"]
+        (container,) = pod["containers"]
         mount = next(m for m in container["volumeMounts"] if m["name"] == "models")
         assert (
             mount["readOnly"] is True
             and mount["mountPath"] == _config(tree)["GRAYLANE_ARTIFACT_DIR"]
         )
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_every_worker_fetches_its_own_version_with_the_real_cli(tree: str) -> None:
+    assert _config(tree)["GRAYLANE_ARTIFACT_STORE"]
+    for worker in _workers(tree):
+        pod = _pod(worker)
+        (init,) = pod["initContainers"]
+        (container,) = pod["containers"]
+        assert init["name"] == "fetch-artifacts"
+        assert init["image"] == container["image"]
+        assert init["securityContext"] == container["securityContext"]
+        assert init["securityContext"]["readOnlyRootFilesystem"] is True
+        fetch = build_parser().parse_args(init["command"][1:])
+        serve = build_parser().parse_args(container["command"][1:])
+        assert (fetch.command, fetch.artifacts_command) == ("artifacts", "fetch")
+        assert (fetch.model, fetch.version) == (serve.model, serve.version)
+        assert str(fetch.into) == _config(tree)["GRAYLANE_ARTIFACT_DIR"]
+        mount = next(m for m in init["volumeMounts"] if m["name"] == "models")
+        assert mount["mountPath"] == str(fetch.into) and not mount.get("readOnly", False)
+        assert _env_secrets(init)["GRAYLANE_DB_URL"] == "graylane-database-readonly"
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_trusted_keys_are_an_optional_secret_both_containers_read(tree: str) -> None:
+    for worker in _workers(tree):
+        pod = _pod(worker)
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        keys = volumes["artifact-keys"]["secret"]
+        assert keys["secretName"] == "graylane-artifact-keys" and keys["optional"] is True
+        for c in [*pod["initContainers"], *pod["containers"]]:
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            mount = next(m for m in c["volumeMounts"] if m["name"] == "artifact-keys")
+            assert mount["readOnly"] is True
+            assert env["GRAYLANE_TRUSTED_KEYS"] == mount["mountPath"], c["name"]
 
 
 def _secret_refs(value: Any) -> set[str]:
@@ -255,7 +297,7 @@ def test_credentials_come_from_secrets_only(tree: str) -> None:
     assert _secret_refs(docs) == SECRETS
     secretish = re.compile(r"PASSWORD|TOKEN|SECRET|USERNAME|DB_URL")
     for deploy in _of(tree, "Deployment"):
-        for c in _pod(deploy)["containers"]:
+        for c in [*_pod(deploy)["containers"], *_pod(deploy).get("initContainers", [])]:
             for env in c.get("env", []):
                 if secretish.search(env["name"]):
                     assert "valueFrom" in env and "value" not in env, env["name"]
