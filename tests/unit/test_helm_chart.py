@@ -207,3 +207,53 @@ def test_the_real_kustomize_renders_overlays_that_validate(overlay: str) -> None
         validate(doc)
     kinds = {d["kind"] for d in docs}
     assert {"ScaledObject", "TriggerAuthentication", "PodMonitor", "PrometheusRule"} <= kinds
+
+
+def test_artifact_store_and_trusted_keys_are_values(tmp_path: Path) -> None:
+    values = {
+        "artifacts": {"store": "gs://models-bucket/graylane", "trustedKeys": {"enabled": False}}
+    }
+    docs = _by_key(template(values, tmp_path))
+    assert docs[("ConfigMap", "graylane-config")]["data"]["GRAYLANE_ARTIFACT_STORE"] == (
+        "gs://models-bucket/graylane"
+    )
+    worker = docs[("Deployment", "worker-demo-gpt-1-0-0")]
+    pod = worker["spec"]["template"]["spec"]
+    assert "artifact-keys" not in {v["name"] for v in pod["volumes"]}
+    for container in _containers(worker):
+        assert "GRAYLANE_TRUSTED_KEYS" not in {e["name"] for e in container["env"]}
+        assert "artifact-keys" not in {m["name"] for m in container["volumeMounts"]}
+    assert [c["name"] for c in pod["initContainers"]] == ["fetch-artifacts"]
+    for doc in docs.values():
+        validate(doc)
+
+
+def test_the_local_overlay_fetches_from_the_host_store_into_the_empty_dir() -> None:
+    docs = _docs(KUSTOMIZE.run("build", str(BASE.parent / "overlays" / "local")))
+    (config,) = [
+        d for d in docs if d["kind"] == "ConfigMap" and "GRAYLANE_ARTIFACT_DIR" in d["data"]
+    ]
+    store = config["data"]["GRAYLANE_ARTIFACT_STORE"]
+    assert store.startswith("file://")
+    workers = [
+        d
+        for d in docs
+        if d["kind"] == "Deployment"
+        and d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+    ]
+    assert len(workers) == 2
+    for worker in workers:
+        pod = worker["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert set(volumes["models"]) == {"name", "emptyDir"}
+        assert volumes["artifact-store"]["hostPath"]["path"] == "/var/lib/graylane-local/models"
+        assert set(volumes["artifact-keys"]) == {"name", "emptyDir"}  # nothing signed locally
+        (init,) = pod["initContainers"]
+        (container,) = pod["containers"]
+        mounts = {m["name"]: m for m in init["volumeMounts"]}
+        assert mounts["artifact-store"]["readOnly"] is True
+        assert store == f"file://{mounts['artifact-store']['mountPath']}"
+        assert mounts["state"]["mountPath"] == "/var/lib/graylane"  # the SQLite registry
+        assert mounts["models"]["mountPath"] == config["data"]["GRAYLANE_ARTIFACT_DIR"]
+        assert "artifact-store" not in {m["name"] for m in container["volumeMounts"]}
+        validate(worker)
