@@ -9,16 +9,18 @@ helm and kustomize are built from the Go module proxy once when missing
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
 from graylane.app.cli.main import build_parser
 from graylane.deploy.containers.tools import HELM, KUSTOMIZE
 from graylane.deploy.prometheus import operator_objects
-from tests.unit.k8s_validate import KUBERNETES_VERSION, validate
+from tests.unit.k8s_validate import CRDS, KUBERNETES_VERSION, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "graylane"
@@ -257,3 +259,67 @@ def test_the_local_overlay_fetches_from_the_host_store_into_the_empty_dir() -> N
         assert mounts["models"]["mountPath"] == config["data"]["GRAYLANE_ARTIFACT_DIR"]
         assert "artifact-store" not in {m["name"] for m in container["volumeMounts"]}
         validate(worker)
+
+
+CERT_MANAGER = BASE.parent / "components" / "cert-manager"
+
+
+def _with_cert_manager(tmp_path: Path) -> list[Doc]:
+    """The base with the cert-manager component, rendered by the real kustomize."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": NAMESPACE,
+                "resources": [os.path.relpath(BASE, overlay)],
+                "components": [os.path.relpath(CERT_MANAGER, overlay)],
+            }
+        )
+    )
+    return _docs(KUSTOMIZE.run("build", str(overlay)))
+
+
+def test_the_cert_manager_component_issues_the_control_planes_secret(tmp_path: Path) -> None:
+    docs = _with_cert_manager(tmp_path)
+    (cert,) = [d for d in docs if d["kind"] == "Certificate"]
+    assert ("cert-manager.io/v1", "Certificate") in CRDS
+    validate(cert)
+    assert cert["metadata"]["namespace"] == NAMESPACE
+    (controlplane,) = [
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "controlplane"
+    ]
+    tls = {
+        v["secret"]["secretName"]
+        for v in controlplane["spec"]["template"]["spec"]["volumes"]
+        if "secret" in v
+    }
+    assert (
+        cert["spec"]["secretName"] == "graylane-controlplane-tls"
+        and cert["spec"]["secretName"] in tls
+    )
+    (service,) = [
+        d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "controlplane"
+    ]
+    assert f"{service['metadata']['name']}.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
+    broken = {**cert, "spec": {**cert["spec"], "privateKey": {"algorithm": "DSA"}}}
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken)
+
+
+def test_the_chart_renders_the_same_certificate_when_asked(
+    tmp_path: Path, chart_defaults: list[Doc]
+) -> None:
+    assert not [d for d in chart_defaults if d["kind"] == "Certificate"]
+    values = {"controlplane": {"tls": {"certManager": {"enabled": True}}}}
+    (chart,) = [d for d in template(values, tmp_path) if d["kind"] == "Certificate"]
+    validate(chart)
+    (component,) = [d for d in _with_cert_manager(tmp_path) if d["kind"] == "Certificate"]
+    assert chart == component
+    issuer = {"name": "letsencrypt", "kind": "ClusterIssuer"}
+    values = {"controlplane": {"tls": {"certManager": {"enabled": True, "issuer": issuer}}}}
+    (other,) = [d for d in template(values, tmp_path) if d["kind"] == "Certificate"]
+    assert other["spec"]["issuerRef"] == {**issuer, "group": "cert-manager.io"}
+    validate(other)

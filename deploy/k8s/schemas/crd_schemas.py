@@ -8,7 +8,7 @@ Usage::
 Each ``<group>_<plural>.<version>.json`` holds ``group``, ``version``, ``kind`` and the
 ``openAPIV3Schema`` of one served CRD version, taken from the module's CRD YAML (the Go
 module proxy serves the modules; no other network access is needed). Bump a version below
-when the cluster's KEDA or Prometheus Operator is upgraded.
+when the cluster's KEDA, Prometheus Operator or cert-manager is upgraded.
 """
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ CRD_SOURCES = (
             "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
             "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
         ),
+    ),
+    CrdSource(
+        module="github.com/cert-manager/cert-manager",
+        version="v1.16.2",
+        files=("deploy/crds/crd-certificates.yaml",),
     ),
 )
 
