@@ -5,7 +5,8 @@ Usage::
 
     python deploy/containers/containers.py setup   # packages + runtime config + kustomize, helm
     python deploy/containers/containers.py base    # the Debian base image (debootstrap)
-    python deploy/containers/containers.py build   # the CPU image FROM that base
+    python deploy/containers/containers.py build   # the CPU image FROM that base, pinned by
+                                                   # digest in deploy/k8s/overlays/local
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import sys
 
 from graylane.deploy.containers.images import base_image, build_cpu_image
+from graylane.deploy.containers.pinning import ImagePin, write_pin
 from graylane.deploy.containers.podman import ContainerToolError, Podman, say
 from graylane.deploy.containers.tools import HELM, KUSTOMIZE
 
@@ -34,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "build":
             built = build_cpu_image(podman)
             print(f"{built.ref} {built.pinned} {built.seconds:.0f}s")
+            name = built.ref.rsplit(":", 1)[0]
+            pin = ImagePin(name=name.rsplit("/", 1)[-1], new_name=name, digest=built.digest)
+            print(f"pinned in {write_pin(pin)}")
     except ContainerToolError as exc:
         say(str(exc))
         return 1
