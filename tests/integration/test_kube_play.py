@@ -12,7 +12,7 @@ own and the local broker's address in the ConfigMap, and its own hostPath folder
 the image by the digest it was built with. The topic Job runs first (its pod template
 played as a Pod: this podman plays no Jobs) and must exit 0. The control plane's TLS
 Secret is a fresh self-signed certificate. Services, PodDisruptionBudgets,
-NetworkPolicies, KEDA objects and the PVC are not started by podman: they stay validated
+NetworkPolicies and KEDA objects are not started by podman: they stay validated
 against their schemas (tests/unit/test_k8s_manifests.py).
 """
 

@@ -260,6 +260,20 @@ def test_every_worker_fetches_its_own_version_with_the_real_cli(tree: str) -> No
 
 
 @pytest.mark.parametrize("tree", TREES)
+def test_worker_pods_may_reach_the_artifact_store_over_https(tree: str) -> None:
+    worker_labels = _workers(tree)[0]["spec"]["template"]["metadata"]["labels"]
+    egress_ports = {
+        (port["protocol"], port["port"])
+        for policy in _of(tree, "NetworkPolicy")
+        if "Egress" in policy["spec"]["policyTypes"]
+        and policy["spec"]["podSelector"].get("matchLabels", {}).items() <= worker_labels.items()
+        for rule in policy["spec"].get("egress", [])
+        for port in rule.get("ports", [])
+    }
+    assert ("TCP", 443) in egress_ports
+
+
+@pytest.mark.parametrize("tree", TREES)
 def test_trusted_keys_are_an_optional_secret_both_containers_read(tree: str) -> None:
     for worker in _workers(tree):
         pod = _pod(worker)
