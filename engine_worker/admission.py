@@ -27,7 +27,7 @@ from typing import Generic, TypeVar
 
 from graylane.engine_worker.batching import PlannedBatch
 from graylane.engine_worker.requests import Job, TaskKind
-from graylane.services.gateway.admission import PRIORITY_TAG, Priority
+from graylane.priority import PRIORITY_TAG, Priority
 
 __all__ = [
     "ADMISSION_PROBE_MS",

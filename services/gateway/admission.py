@@ -30,6 +30,7 @@ from enum import Enum
 from pathlib import Path
 
 from graylane.errors import GraylaneError
+from graylane.priority import PRIORITY_TAG, Priority
 
 __all__ = [
     "MIN_KEY_LENGTH",
@@ -49,8 +50,6 @@ __all__ = [
 ]
 
 MIN_KEY_LENGTH = 16
-PRIORITY_TAG = "priority"
-"""The request tag that carries the caller's priority."""
 
 
 class ApiKeyError(GraylaneError, ValueError):
@@ -177,14 +176,6 @@ class TokenBucket:
             self.tokens -= 1.0
             return 0.0
         return (1.0 - self.tokens) / self.rate_per_s
-
-
-class Priority(Enum):
-    """How much a call matters when the system is overloaded."""
-
-    CRITICAL = "critical"
-    STANDARD = "standard"
-    SHEDDABLE = "sheddable"
 
 
 def parse_priority(value: str | None) -> Priority:

@@ -12,7 +12,7 @@ from graylane.client import GraylaneClient, PostProcess
 from graylane.engine_worker.faults import FaultInjection
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.services.gateway.admission import PRIORITY_TAG
+from graylane.priority import PRIORITY_TAG
 from tests.support.stack import running_stack
 from tests.support.waiting import wait_until
 

@@ -12,7 +12,7 @@ from graylane.engine_worker.admission import (
     admit_by_priority,
     request_priority,
 )
-from graylane.services.gateway.admission import PRIORITY_TAG, Priority
+from graylane.priority import PRIORITY_TAG, Priority
 
 NOW = 1_000_000
 CRIT, STD, SHED = Priority.CRITICAL, Priority.STANDARD, Priority.SHEDDABLE
