@@ -252,11 +252,16 @@ def secret_payloads(docs: Sequence[Doc]) -> dict[str, bytes]:
     return payloads
 
 
+INIT_TYPE_ANNOTATION = "io.podman.annotations.init.container.type"
+"""podman's own annotation choosing how a pod's init containers run (once, always)."""
+
+
 def kube_play_form(doc: Doc) -> Doc:
     """The Deployment as this podman plays it, meaning unchanged: ``optional: false`` spelt
-    out on secret volumes (it crashes on one that leaves the default unset), and on the host
-    network no ``ports`` list (it turns each into a port mapping, which host networking
-    refuses) with the probes' named ports written as numbers."""
+    out on secret volumes (it crashes on one that leaves the default unset), init
+    containers kept once they exited, and on the host network no ``ports`` list (it turns
+    each into a port mapping, which host networking refuses) with the probes' named ports
+    written as numbers."""
     if doc.get("kind") not in ("Deployment", "Pod"):
         return doc
     out = copy.deepcopy(doc)
@@ -264,6 +269,15 @@ def kube_play_form(doc: Doc) -> Doc:
     for volume in pod.get("volumes", []):
         if "secret" in volume:
             volume["secret"].setdefault("optional", False)
+    if pod.get("initContainers"):
+        # podman's default init type, "once", removes an init container as it exits and
+        # can lose that race ("cannot remove container ... as it is running"); "always"
+        # keeps it, which is what a kubelet does too.
+        metas = [out["metadata"]]
+        if out["kind"] == "Deployment":
+            metas.append(out["spec"]["template"].setdefault("metadata", {}))
+        for meta in metas:
+            meta.setdefault("annotations", {})[INIT_TYPE_ANNOTATION] = "always"
     if pod.get("hostNetwork"):
         for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
             named = {

@@ -4,11 +4,17 @@ each use reads, Deployments with the same meaning in the shape it accepts."""
 from __future__ import annotations
 
 import base64
+import copy
 import json
 
 import pytest
 
-from graylane.deploy.containers.podman import ContainerToolError, secret_payloads
+from graylane.deploy.containers.podman import (
+    INIT_TYPE_ANNOTATION,
+    ContainerToolError,
+    kube_play_form,
+    secret_payloads,
+)
 from graylane.deploy.containers.podman import kube_play_form as for_this_podman
 
 
@@ -75,3 +81,28 @@ def test_host_network_pods_lose_port_declarations_but_keep_their_probes() -> Non
     assert kept["spec"]["template"]["spec"]["containers"][0]["ports"] == [
         {"name": "metrics", "containerPort": 29101}
     ]
+
+
+def test_init_containers_are_kept_once_they_exited() -> None:
+    """podman's default "once" removes an init container as it exits and can lose that race
+    ("cannot remove container ... as it is running"): pods with init containers ask for
+    "always"; pods without are left alone."""
+    with_init = {
+        "kind": "Deployment",
+        "metadata": {"name": "w"},
+        "spec": {
+            "template": {
+                "metadata": {"labels": {"app": "w"}},
+                "spec": {
+                    "initContainers": [{"name": "fetch", "image": "i"}],
+                    "containers": [{"name": "worker", "image": "i"}],
+                },
+            }
+        },
+    }
+    played = kube_play_form(with_init)
+    assert played["spec"]["template"]["metadata"]["annotations"] == {INIT_TYPE_ANNOTATION: "always"}
+    assert "annotations" not in with_init["spec"]["template"]["metadata"]  # a copy
+    without = copy.deepcopy(with_init)
+    del without["spec"]["template"]["spec"]["initContainers"]
+    assert "annotations" not in kube_play_form(without)["spec"]["template"]["metadata"]
