@@ -34,7 +34,7 @@ def test_the_image_runs_graylane_as_a_non_root_user_on_a_read_only_root(
 def test_the_image_serves_onnx_runtime_and_the_postgres_driver(
     podman: Podman, cpu_image: BuiltImage
 ) -> None:
-    code = "import onnxruntime, psycopg; print(onnxruntime.get_available_providers()[-1])"
+    code = "import onnxruntime, psycopg, s3fs; print(onnxruntime.get_available_providers()[-1])"
     # stdout first, then stderr (ONNX Runtime warns there that it cannot persist an ID)
     rc, out = run(podman, cpu_image, "python3", "-c", code)
     assert rc == 0 and out.splitlines()[0] == "CPUExecutionProvider", out

@@ -173,11 +173,21 @@ def test_healthcheck_asks_the_healthz_endpoint(path: Path) -> None:
     assert "GRAYLANE_METRICS_HOST=0.0.0.0" in env
 
 
-def test_gpu_image_installs_the_trt_and_postgres_extras() -> None:
-    """GPU workers get a postgresql+psycopg:// registry URL: without psycopg they fail."""
+def test_gpu_image_installs_the_trt_postgres_and_s3_extras() -> None:
+    """GPU workers get a postgresql+psycopg:// registry URL: without psycopg they fail; their
+    init containers fetch artifacts from the s3:// store the manifests name."""
     build, runtime = _stages(GPU)
-    assert any('"graylane[trt,postgres]"' in run for run in runtime.values("RUN"))
-    assert any('".[postgres]"' in run for run in build.values("RUN"))
+    assert any('"graylane[trt,postgres,s3]"' in run for run in runtime.values("RUN"))
+    assert any('".[postgres,s3]"' in run for run in build.values("RUN"))
+
+
+def test_cpu_image_carries_the_extras_the_manifests_need() -> None:
+    """The CPU image installs the postgres and s3 extras by default (an ``EXTRAS`` build
+    argument): the pod specs name a postgresql+psycopg:// registry and an s3:// store."""
+    deps = _stages(CPU)[0]
+    (extras,) = [a for a in deps.values("ARG") if a.startswith("EXTRAS=")]
+    assert extras.split("=", 1)[1].strip('"').split() == ["postgres", "s3"]
+    assert any("os.environ['EXTRAS']" in run for run in deps.values("RUN"))
 
 
 @pytest.mark.parametrize("path", [CPU, GPU], ids=lambda p: p.name)
