@@ -125,7 +125,9 @@ async def test_a_late_short_request_joins_and_finishes_first_with_exact_tokens(
 ) -> None:
     captured = Captured()
     dec = decoder(engine, captured, rows=4)
-    long_done = dec.submit(job("long", [5, 6, 7], 120, stream=True))
+    # created 50 ms ago: its TTFT (counted from creation, in whole ms) is at least that,
+    # however fast this machine prefills
+    long_done = dec.submit(job("long", [5, 6, 7], 120, stream=True, created=now_ms() - 50))
     while "long" not in captured.chunks:  # it is decoding
         await asyncio.sleep(0.001)
     short_done = dec.submit(job("short", [9, 8], 5))
@@ -145,7 +147,7 @@ async def test_a_late_short_request_joins_and_finishes_first_with_exact_tokens(
     assert streamed + tail == list(expected[0].tokens)
     assert [c.chunk.sequence for c in chunks] == list(range(len(chunks)))
     assert by_id["long"].stream_tail.chunk.final
-    assert by_id["long"].result.timing.ttft_ms > 0
+    assert by_id["long"].result.timing.ttft_ms >= 50
     assert by_id["long"].result.finish_reason == inference_pb2.LENGTH
 
 
@@ -260,7 +262,8 @@ async def test_the_span_of_a_streamed_generation_says_what_it_decoded(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     captured = Captured()
     dec = decoder(engine, captured, rows=2)
-    await dec.submit(job("streamed", [5, 6, 7], 9, stream=True))
+    # created 50 ms ago: TTFT counts from creation, so a fast prefill cannot round it to 0
+    await dec.submit(job("streamed", [5, 6, 7], 9, stream=True, created=now_ms() - 50))
     await dec.submit(job("late", [1, 2], 3, ttft_ms=1, created=now_ms() - 1000))  # shed
     await dec.close()
     by_id = {j.request.request_id: j for j in captured.finished}
@@ -269,7 +272,7 @@ async def test_the_span_of_a_streamed_generation_says_what_it_decoded(
     assert (hop.model, hop.version, hop.variant) == ("gpt", "v1", "fp32")
     assert (hop.prompt_tokens, hop.generated_tokens) == (3, 9)
     assert hop.finish_reason == "LENGTH" and hop.error_code == ""
-    assert hop.ttft_ms == streamed.result.timing.ttft_ms > 0
+    assert hop.ttft_ms == streamed.result.timing.ttft_ms >= 50
     assert hop.stream_chunks == len(captured.chunks["streamed"]) > 0
     assert hop.dequeued_ns <= hop.first_token_ns <= hop.finished_ns
     shed = generation_hop(by_id["late"], CTX, time.time_ns())
