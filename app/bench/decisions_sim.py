@@ -251,75 +251,106 @@ class _Side:
         )
 
 
-def _pane(
-    rng: np.random.Generator,
-    n: int,
-    scenario: Scenario,
-    candidate: bool,
-    end_ms: int,
-    load: float,
-) -> _Pane:
-    t_s = (end_ms - STEP_MS) / 1000
-    z = rng.standard_normal(n)
-    service = MEDIAN_MS * load * np.exp(SIGMA * z)
-    if rng.random() < BURST_P and n:
-        hit = rng.random(n) < rng.uniform(0.05, 0.2)
-        service[hit] *= rng.uniform(2.0, 4.0)
-    queue = rng.exponential(QUEUE_MEAN_MS, n)
-    error_p = BASE_ERROR
-    if candidate and t_s >= scenario.onset_s:
-        if scenario is Scenario.P99_X15:
-            service[z > 1.2816] *= 1.5
-        elif scenario is Scenario.SERVICE_X13:
-            service *= 1.3
-        elif scenario is Scenario.SERVICE_X15:
-            service *= 1.5
-        elif scenario is Scenario.ERRORS_1PP:
-            error_p += 0.01
-        elif scenario is Scenario.ERRORS_5PP:
-            error_p += 0.05
-        elif scenario is Scenario.BACKLOG:
-            queue += max(0.0, 1500.0 * (1.0 - t_s / 45.0)) * rng.uniform(0.7, 1.0, n)
+@dataclass(frozen=True)
+class _Harm:
+    """What a harmful candidate does to the panes it serves, from its onset on."""
+
+    tail: float = 1.0
+    """Factor on the slowest 10 % of service times (z above the 90th percentile)."""
+    service: float = 1.0
+    """Factor on every service time."""
+    errors: float = 0.0
+    """Added to the error probability."""
+    prefill: float = 1.0
+    tpot: float = 1.0
+    length: float = 1.0
+    """Factor on the length each generation would reach by itself."""
+
+
+_NO_HARM = _Harm()
+_HARM: dict[Scenario, _Harm] = {
+    Scenario.P99_X15: _Harm(tail=1.5),
+    Scenario.SERVICE_X13: _Harm(service=1.3),
+    Scenario.SERVICE_X15: _Harm(service=1.5),
+    Scenario.ERRORS_1PP: _Harm(errors=0.01),
+    Scenario.ERRORS_5PP: _Harm(errors=0.05),
+    Scenario.GEN_TTFT_X15: _Harm(prefill=1.5),
+    Scenario.GEN_TPOT_X13: _Harm(tpot=1.3),
+    Scenario.GEN_LENGTH_X2: _Harm(length=2.0),
+}
+"""Scenarios whose harm is a fixed factor; ``BACKLOG`` and ``DEAD`` act on the queue and
+the liveness instead (in :func:`_pane` and :func:`simulate`)."""
+
+
+@dataclass(frozen=True)
+class _Draw:
+    """One pane to draw: its size, the side that serves it, when it ends, the load."""
+
+    n: int
+    scenario: Scenario
+    candidate: bool
+    end_ms: int
+    load: float
+
+    @property
+    def harm(self) -> _Harm:
+        """The candidate's harm once the scenario's onset has passed; none otherwise."""
+        if not self.candidate or (self.end_ms - STEP_MS) / 1000 < self.scenario.onset_s:
+            return _NO_HARM
+        return _HARM.get(self.scenario, _NO_HARM)
+
+
+def _stalled(rng: np.random.Generator, n: int) -> tuple[np.ndarray, float] | None:
+    """A stall (with probability ``BURST_P``): the requests it hits and its slow-down."""
+    if not (rng.random() < BURST_P and n):
+        return None
+    hit = rng.random(n) < rng.uniform(0.05, 0.2)
+    return hit, float(rng.uniform(2.0, 4.0))
+
+
+def _pane(rng: np.random.Generator, d: _Draw) -> _Pane:
+    t_s = (d.end_ms - STEP_MS) / 1000
+    z = rng.standard_normal(d.n)
+    service = MEDIAN_MS * d.load * np.exp(SIGMA * z)
+    stall = _stalled(rng, d.n)
+    if stall is not None:
+        service[stall[0]] *= stall[1]
+    queue = rng.exponential(QUEUE_MEAN_MS, d.n)
+    harm = d.harm
+    service[z > 1.2816] *= harm.tail
+    service *= harm.service
+    if d.candidate and d.scenario is Scenario.BACKLOG and t_s >= d.scenario.onset_s:
+        queue += max(0.0, 1500.0 * (1.0 - t_s / 45.0)) * rng.uniform(0.7, 1.0, d.n)
     return _Pane(
-        end_ms=end_ms,
-        requests=n,
-        errors=int(rng.binomial(n, error_p)),
+        end_ms=d.end_ms,
+        requests=d.n,
+        errors=int(rng.binomial(d.n, BASE_ERROR + harm.errors)),
         e2e=bucket_counts(service + queue),
         service=bucket_counts(service),
         queue=bucket_counts(queue),
     )
 
 
-def _generation_pane(
-    rng: np.random.Generator,
-    n: int,
-    scenario: Scenario,
-    candidate: bool,
-    end_ms: int,
-    load: float,
-) -> _Pane:
-    prefill = GEN_PREFILL_MS * load * np.exp(GEN_PREFILL_SIGMA * rng.standard_normal(n))
-    tpot = GEN_TPOT_MS * load * np.exp(GEN_TPOT_SIGMA * rng.standard_normal(n))
-    if rng.random() < BURST_P and n:  # a stall slows some generations, every step of them
-        hit = rng.random(n) < rng.uniform(0.05, 0.2)
-        factor = rng.uniform(2.0, 4.0)
-        prefill[hit] *= factor
-        tpot[hit] *= factor
+def _generation_pane(rng: np.random.Generator, d: _Draw) -> _Pane:
+    n = d.n
+    prefill = GEN_PREFILL_MS * d.load * np.exp(GEN_PREFILL_SIGMA * rng.standard_normal(n))
+    tpot = GEN_TPOT_MS * d.load * np.exp(GEN_TPOT_SIGMA * rng.standard_normal(n))
+    stall = _stalled(rng, n)
+    if stall is not None:  # a stall slows some generations, every step of them
+        prefill[stall[0]] *= stall[1]
+        tpot[stall[0]] *= stall[1]
     natural = np.maximum(
         1.0, np.round(GEN_LENGTH_MEDIAN * np.exp(GEN_LENGTH_SIGMA * rng.standard_normal(n)))
     )
-    if candidate:
-        if scenario is Scenario.GEN_TTFT_X15:
-            prefill *= 1.5
-        elif scenario is Scenario.GEN_TPOT_X13:
-            tpot *= 1.3
-        elif scenario is Scenario.GEN_LENGTH_X2:
-            natural *= 2.0
+    harm = d.harm
+    prefill *= harm.prefill
+    tpot *= harm.tpot
+    natural *= harm.length
     tokens = np.minimum(natural, GEN_MAX_TOKENS)
     queue = rng.exponential(QUEUE_MEAN_MS, n)
     service = prefill + tpot * (tokens - 1.0)
     return _Pane(
-        end_ms=end_ms,
+        end_ms=d.end_ms,
         requests=n,
         errors=int(rng.binomial(n, BASE_ERROR)),
         e2e=bucket_counts(queue + service),
@@ -337,15 +368,10 @@ def _generation_pane(
 
 
 def _any_pane(
-    rng: np.random.Generator,
-    n: int,
-    scenario: Scenario,
-    candidate: bool,
-    end_ms: int,
-    load: float,
+    rng: np.random.Generator, n: int, scenario: Scenario, candidate: bool, end_ms: int, load: float
 ) -> _Pane:
     make = _generation_pane if scenario.generative else _pane
-    return make(rng, n, scenario, candidate, end_ms, load)
+    return make(rng, _Draw(n, scenario, candidate, end_ms, load))
 
 
 def bench_spec(mode: GateMode) -> RolloutSpec:

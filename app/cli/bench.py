@@ -175,6 +175,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     fuzz.add_argument("--work-dir", type=Path, default=None, help="logs and record summaries")
     fuzz.set_defaults(handler=_fuzz)
+    admission = which.add_parser(
+        "admission", help="a worker's admission cost per cycle: deadline vs priority shedding"
+    )
+    admission.add_argument(
+        "--seconds-each", type=float, default=0.5, help="time each planner on each cycle shape"
+    )
+    admission.add_argument(
+        "--seed", type=int, default=0, help="the same seed draws the same cycles"
+    )
+    admission.set_defaults(handler=_admission)
     from graylane.app.bench.variants import add_bench_variants_parser
 
     add_bench_variants_parser(which)
@@ -325,3 +335,9 @@ def _fuzz(args: argparse.Namespace) -> int:
             work_dir=args.work_dir,
         )
     )
+
+
+def _admission(args: argparse.Namespace) -> int:
+    from graylane.app.bench.admission import AdmissionBenchConfig, main
+
+    return main(AdmissionBenchConfig(seconds_each=args.seconds_each, seed=args.seed))
