@@ -327,13 +327,17 @@ class WorkerObserver:
         self.observability = ServiceObservability("worker")
         self.registry = self.observability.registry
         self.metrics = WorkerMetrics.create(self.registry)
-        for refused in config.refused_artifacts:
-            self.metrics.artifact_verification_failures.labels(
-                config.model, config.version, refused.reason.value
-            ).inc()
+        self.count_refused(config.refused_artifacts)
         self._lag_checked = 0.0
         self.lag = 0
         """Records not yet consumed on the version topic at the last check (for telemetry)."""
+
+    def count_refused(self, refused: Sequence[RefusedArtifact]) -> None:
+        """Count artifacts refused for their signature, at start or on a reload."""
+        for artifact in refused:
+            self.metrics.artifact_verification_failures.labels(
+                self._config.model, self._config.version, artifact.reason.value
+            ).inc()
 
     def count_error(self, variant: str, code: ErrorCode, n: int = 1) -> None:
         """Count ``n`` answers of error ``code`` (named only here, on the metric label)."""

@@ -332,9 +332,9 @@ def _worker(args: argparse.Namespace) -> int:
         from graylane.engine_worker.loading import load_from_registry
 
         def reload() -> Mapping[str, InferenceEngine]:
-            return load_from_registry(
-                settings, args.model, args.version, intra_op_threads=threads
-            ).engines
+            again = load_from_registry(settings, args.model, args.version, intra_op_threads=threads)
+            worker.observer.count_refused(again.refused)  # an artifact changed since start
+            return again.engines
 
         loaded = load_from_registry(settings, args.model, args.version, intra_op_threads=threads)
         engines, first_path = loaded.engines, loaded.fp32_path

@@ -4,10 +4,13 @@ what cannot meet its deadline, at once and with ``SHED``, and serves the rest.""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
+from engine_worker.service import Worker
 from graylane.client import GraylaneClient, PostProcess
 from graylane.engine_worker.faults import FaultInjection
 from graylane.kafka.seam import KafkaFactory
@@ -23,9 +26,11 @@ ENGINE_MS = 400.0
 DEADLINE_S = 1.5
 
 
-async def test_requests_that_cannot_make_their_deadline_are_shed(
+@asynccontextmanager
+async def warmed_slow_worker(
     factory: KafkaFactory, tmp_path: Path
-) -> None:
+) -> AsyncIterator[tuple[Worker, GraylaneClient]]:
+    """One slow worker (>= 400 ms a request, one at a time) that has measured its engine."""
     model = write_demo_gpt(tmp_path / "v1.onnx", "tiny", seed=1)
     faults = {"v1": FaultInjection(extra_latency_ms=ENGINE_MS)}
     async with running_stack(
@@ -33,29 +38,34 @@ async def test_requests_that_cannot_make_their_deadline_are_shed(
     ) as stack:
         worker = stack.workers["v1"]
         async with GraylaneClient(factory) as client:
-            # warm: the worker measures its (slow) engine on its own
-            for i in range(3):
+            for i in range(3):  # warm: the worker measures its (slow) engine on its own
                 warm = await client.infer(
                     MODEL, token_ids=[1, 2, 3], routing_key=f"w{i}", timeout=60
                 )
                 assert warm.ok
             assert worker.learner.estimate_ms(1, 16) is not None
+            yield worker, client
 
-            n = 8
-            for i in range(n):
-                await client.submit(
-                    MODEL,
-                    token_ids=[5, 6, 7],
-                    routing_key=f"u{i}",
-                    post_process=PostProcess.ARGMAX_LAST,
-                    deadline_s=DEADLINE_S,
-                )
-            codes: list[str] = []
-            async with asyncio.timeout(60):
-                async for result in client.results():
-                    codes.append("OK" if result.ok else result.error_code)
-                    if len(codes) == n:
-                        break
+
+async def test_requests_that_cannot_make_their_deadline_are_shed(
+    factory: KafkaFactory, tmp_path: Path
+) -> None:
+    async with warmed_slow_worker(factory, tmp_path) as (worker, client):
+        n = 8
+        for i in range(n):
+            await client.submit(
+                MODEL,
+                token_ids=[5, 6, 7],
+                routing_key=f"u{i}",
+                post_process=PostProcess.ARGMAX_LAST,
+                deadline_s=DEADLINE_S,
+            )
+        codes: list[str] = []
+        async with asyncio.timeout(60):
+            async for result in client.results():
+                codes.append("OK" if result.ok else result.error_code)
+                if len(codes) == n:
+                    break
     # 8 requests of >= 400 ms each, one at a time, cannot all finish within 1.5 s; a
     # request fetched only after its deadline is DEADLINE_EXCEEDED (intake), not SHED
     assert set(codes) <= {"OK", "SHED", "DEADLINE_EXCEEDED"}
@@ -68,48 +78,33 @@ async def test_requests_that_cannot_make_their_deadline_are_shed(
 async def test_sheddable_requests_are_shed_before_critical_ones(
     factory: KafkaFactory, tmp_path: Path
 ) -> None:
-    model = write_demo_gpt(tmp_path / "v1.onnx", "tiny", seed=1)
-    faults = {"v1": FaultInjection(extra_latency_ms=ENGINE_MS)}
-    async with running_stack(
-        factory, model=MODEL, versions={"v1": model}, stable="v1", faults=faults, max_batch_size=1
-    ) as stack:
-        worker = stack.workers["v1"]
-        async with GraylaneClient(factory) as client:
-            for i in range(3):
-                warm = await client.infer(
-                    MODEL, token_ids=[1, 2, 3], routing_key=f"w{i}", timeout=60
-                )
-                assert warm.ok
-            assert worker.learner.estimate_ms(1, 16) is not None
-
-            # four sheddable requests queued ahead of a critical one, one deadline for all:
-            # behind the four (>= 1.6 s of engine time) the critical one could not make it
-            # A request without deadline holds the engine while the others arrive, so the
-            # worker's next cycle fetches them together (a cycle takes up to 4 records):
-            # three sheddable requests ahead of a critical one, one deadline for all.
-            # Behind the three (>= 1.2 s of engine time, then its own) the critical one
-            # could not make it.
-            started = worker._last_run_ms
-            blocker = await client.submit(MODEL, token_ids=[1, 2, 3], routing_key="blocker")
-            await wait_until(lambda: worker._last_run_ms > started, timeout=30, what="blocker")
-            priority: dict[str, str] = {blocker: "blocker"}
-            for i, level in enumerate(["sheddable"] * 3 + ["critical"]):
-                request_id = await client.submit(
-                    MODEL,
-                    token_ids=[5, 6, 7],
-                    routing_key=f"p{i}",
-                    post_process=PostProcess.ARGMAX_LAST,
-                    deadline_s=DEADLINE_S,
-                    tags={PRIORITY_TAG: level},
-                )
-                priority[request_id] = level
-            codes: dict[str, list[str]] = {"blocker": [], "sheddable": [], "critical": []}
-            async with asyncio.timeout(60):
-                async for result in client.results():
-                    code = "OK" if result.ok else result.error_code
-                    codes[priority[result.request_id]].append(code)
-                    if sum(map(len, codes.values())) == len(priority):
-                        break
+    async with warmed_slow_worker(factory, tmp_path) as (worker, client):
+        # A request without deadline holds the engine while the others arrive, so the
+        # worker's next cycle fetches them together (a cycle takes up to 4 records):
+        # three sheddable requests ahead of a critical one, one deadline for all.
+        # Behind the three (>= 1.2 s of engine time, then its own) the critical one
+        # could not make it.
+        started = worker._last_run_ms
+        blocker = await client.submit(MODEL, token_ids=[1, 2, 3], routing_key="blocker")
+        await wait_until(lambda: worker._last_run_ms > started, timeout=30, what="blocker")
+        priority: dict[str, str] = {blocker: "blocker"}
+        for i, level in enumerate(["sheddable"] * 3 + ["critical"]):
+            request_id = await client.submit(
+                MODEL,
+                token_ids=[5, 6, 7],
+                routing_key=f"p{i}",
+                post_process=PostProcess.ARGMAX_LAST,
+                deadline_s=DEADLINE_S,
+                tags={PRIORITY_TAG: level},
+            )
+            priority[request_id] = level
+        codes: dict[str, list[str]] = {"blocker": [], "sheddable": [], "critical": []}
+        async with asyncio.timeout(60):
+            async for result in client.results():
+                code = "OK" if result.ok else result.error_code
+                codes[priority[result.request_id]].append(code)
+                if sum(map(len, codes.values())) == len(priority):
+                    break
     assert codes["blocker"] == ["OK"]
     assert codes["critical"] == ["OK"], codes
     assert set(codes["sheddable"]) <= {"OK", "SHED", "DEADLINE_EXCEEDED"}

@@ -210,6 +210,12 @@ def test_refused_artifacts_are_counted_by_reason() -> None:
     assert count("unsigned") == 1.0
     assert count("tampered") == 2.0
     assert count("untrusted_key") is None
+    # an artifact altered after start is refused by the engine reload: counted too
+    observer.count_refused(
+        (RefusedArtifact("m-onnx-fp16-demo@1.0.0", SignatureFailure.TAMPERED, "altered"),)
+    )
+    assert count("tampered") == 3.0
+    assert count("unsigned") == 1.0
 
 
 def _cli(argv: list[str]) -> argparse.Namespace:
