@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from graylane.engine_worker.admission import (
     NO_DEADLINE,
     Candidate,
+    _KeptQueue,
     admit,
     admit_by_priority,
     request_priority,
@@ -158,3 +159,40 @@ def test_each_shed_reason_is_what_admitting_it_would_do(
             assert harmed, "a displaced request would have made an admitted one late"
         else:  # late itself (when it was planned it harmed no one; later ones may fit)
             assert shed.item in {s.item for s in trial.shed}
+
+
+def uneven(costs: tuple[int, int]):  # type: ignore[no-untyped-def]
+    """Estimates that are unknown for batch 2 and not monotone in rows elsewhere."""
+    fixed, row = costs
+    return lambda position, rows: (
+        None if position == 2 else float(fixed + row * rows + (7 if rows % 3 == 0 else 0))
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(queues(), COSTS, st.booleans(), st.booleans(), st.data())
+def test_one_more_kept_request_is_judged_as_admit_would(
+    batches: list[list[Candidate[int]]],
+    costs: tuple[int, int],
+    probe: bool,
+    monotone: bool,
+    data: st.DataObject,
+) -> None:
+    # the per-batch bookkeeping priority shedding uses instead of re-planning every member
+    keys = [(p, i) for p, b in enumerate(batches) for i in range(len(b))]
+    if not keys:
+        return
+    service = estimate(costs) if monotone else uneven(costs)
+    extra = data.draw(st.sampled_from(keys))
+    kept = {k for k in keys if k != extra and data.draw(st.booleans())}
+    position, index = extra
+    deadline = batches[position][index].deadline_unix_ms
+    answer = _KeptQueue(batches, kept, NOW, service, probe=probe).with_one_more(position, deadline)
+    chosen = [
+        [c for i, c in enumerate(b) if (p, i) in kept | {extra}] for p, b in enumerate(batches)
+    ]
+    plan = admit(chosen, NOW, service, probe=probe)
+    extra_item = batches[position][index].item
+    assert answer.shed == len(plan.shed)
+    assert answer.own_shed == (extra_item in {s.item for s in plan.shed})
+    assert answer.done == plan.done_unix_ms[position]
