@@ -12,6 +12,10 @@ When the settings name trusted public keys, each artifact's signature is checked
 well (:mod:`graylane.artifacts.signing`): an unsigned, tampered or foreign-signed
 artifact is refused (:attr:`LoadedVariants.refused`) and never loaded; the others are
 served. Without trusted keys signatures are not checked (and the worker says so).
+
+An artifact folder filled by ``graylane artifacts fetch --backend ...`` lacks the other
+backends' artifacts on purpose: those named in its :class:`FetchRecord` are skipped
+with the reason it gives; any other missing artifact is still refused.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import onnx
 from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
 from graylane.artifacts.decoder_axes import correct_mask_axis, mask_axis_conflict
+from graylane.artifacts.fetch import FetchRecord
 from graylane.artifacts.manifest import Manifest
 from graylane.artifacts.model_info import (
     ModelInfo,
@@ -156,6 +161,7 @@ def load_from_registry(
             model,
             version,
         )
+    fetched = FetchRecord.read(settings.artifact_dir, model, version)
     engines: dict[str, InferenceEngine] = {}
     fp32_path: Path | None = None
     onnx: dict[str, tuple[ArtifactInfo, Path, Manifest]] = {}
@@ -165,6 +171,10 @@ def load_from_registry(
             skipped[str(art.name)] = "not servable (failed validation and not forced)"
             continue
         folder = settings.artifact_dir / art.path  # store-relative (an absolute one as is)
+        why_not_here = fetched.left_out.get(str(art.name)) if fetched else None
+        if why_not_here is not None and not folder.exists():
+            skipped[str(art.name)] = f"not fetched into this pod: {why_not_here}"
+            continue
         manifest = verify_artifact(folder, art.manifest_sha256)
         if settings.trusted_keys:
             try:

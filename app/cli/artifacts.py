@@ -46,11 +46,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="verify signatures against this public key (repeatable; "
         "default: GRAYLANE_TRUSTED_KEYS; none: signatures not checked)",
     )
+    fetch.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        choices=("onnxruntime", "tensorrt"),
+        help="fetch only this backend's artifacts (repeatable; default: all). A CPU worker "
+        "needs no TensorRT engine; what is left out is recorded for the worker's loader",
+    )
     fetch.set_defaults(handler=_fetch)
 
 
 def _fetch(args: argparse.Namespace) -> int:
     from graylane.artifacts.fetch import ArtifactFetchError, fetch_version
+    from graylane.artifacts.naming import Backend
     from graylane.settings import Settings
 
     if not args.store:
@@ -66,6 +75,7 @@ def _fetch(args: argparse.Namespace) -> int:
             store=args.store,
             into=args.into,
             trusted_keys=keys,
+            backends=frozenset(Backend(b) for b in args.backend),
         )
     except ArtifactFetchError as exc:
         print(f"error: {exc}")

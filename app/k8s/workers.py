@@ -220,7 +220,8 @@ def _keys_mount() -> Doc:
 
 def fetch_container(plan: WorkerPlan) -> Doc:
     """The init container filling the worker's artifact folder (``graylane artifacts fetch``
-    from GRAYLANE_ARTIFACT_STORE, verified by sha256 and, with keys, signature)."""
+    from GRAYLANE_ARTIFACT_STORE, verified by sha256 and, with keys, signature). A CPU
+    worker fetches its ONNX Runtime variants only: no TensorRT engine it could not run."""
     return {
         "name": "fetch-artifacts",
         "image": plan.image,
@@ -235,6 +236,7 @@ def fetch_container(plan: WorkerPlan) -> Doc:
             plan.version,
             "--into",
             ARTIFACT_DIR,
+            *([] if plan.gpu_capabilities else ["--backend", "onnxruntime"]),
         ],
         "envFrom": [{"configMapRef": {"name": "graylane-config"}}],
         "env": [

@@ -8,24 +8,33 @@ against its manifest's sha256 and the registry's record of that manifest, and, w
 trusted keys, its signature. Everything is staged in a temporary folder inside the
 destination and renamed into place only when every artifact verified: a failure
 leaves nothing half-copied.
+
+A pod that runs one backend fetches only its artifacts (``backends``: a CPU worker needs
+no TensorRT engine, often the largest files of a version). What was left out on purpose
+is written to :data:`FETCH_RECORD` in the destination, so that the worker's loader skips
+those artifacts by name (and says why) while any other missing artifact stays an error.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from graylane.artifacts.naming import Backend
 from graylane.artifacts.signing import ArtifactSignatureError, TrustedKeyError, verify_signature
 from graylane.artifacts.verify import TamperedArtifactError, verify_artifact
 from graylane.errors import GraylaneError
 from graylane.registry import ArtifactInfo, RegistryError, open_registry
 
 __all__ = [
+    "FETCH_RECORD",
     "ArtifactFetchError",
+    "FetchRecord",
     "FetchedArtifact",
     "fetch_artifacts",
     "fetch_version",
@@ -34,6 +43,8 @@ __all__ = [
 
 _CHUNK = 1 << 20
 _STAGING_PREFIX = ".fetch-"
+FETCH_RECORD = "fetch-record.json"
+"""The file, in a fetch's destination, naming the artifacts it left out on purpose."""
 
 
 class ArtifactFetchError(GraylaneError):
@@ -48,6 +59,39 @@ class FetchedArtifact:
     files: int
     signer: Path | None
     """The trusted key its signature verified against (``None``: not checked)."""
+
+
+@dataclass(frozen=True)
+class FetchRecord:
+    """What one fetch of a model version left out on purpose, and why."""
+
+    model: str
+    version: str
+    left_out: Mapping[str, str] = field(default_factory=dict)
+    """Artifact name -> why it was not fetched."""
+
+    def write(self, into: Path) -> None:
+        doc = {"model": self.model, "version": self.version, "left_out": dict(self.left_out)}
+        staged = into / (FETCH_RECORD + ".tmp")
+        staged.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        os.replace(staged, into / FETCH_RECORD)
+
+    @classmethod
+    def read(cls, folder: Path, model: str, version: str) -> FetchRecord | None:
+        """The record a fetch of ``model`` ``version`` left in ``folder``; None: there is none
+        (the folder was not filled by a fetch, or by one of another version)."""
+        try:
+            doc = json.loads((folder / FETCH_RECORD).read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise ArtifactFetchError(f"{folder / FETCH_RECORD}: unreadable ({exc})") from None
+        if not isinstance(doc, dict) or (doc.get("model"), doc.get("version")) != (model, version):
+            return None
+        left_out = doc.get("left_out")
+        if not isinstance(left_out, dict):
+            raise ArtifactFetchError(f"{folder / FETCH_RECORD}: 'left_out' is not a mapping")
+        return cls(model, version, {str(k): str(v) for k, v in left_out.items()})
 
 
 def store_relative(location: str) -> PurePosixPath:
@@ -75,8 +119,13 @@ def fetch_version(
     store: str,
     into: Path,
     trusted_keys: Sequence[Path] = (),
+    backends: Collection[Backend] = (),
 ) -> list[FetchedArtifact]:
-    """Fetch every servable artifact the registry lists for ``model`` ``version``."""
+    """Fetch every servable artifact the registry lists for ``model`` ``version``.
+
+    ``backends``: only the artifacts of these backends (none given: all); the others are
+    named in the destination's :class:`FetchRecord`.
+    """
     registry = open_registry(db_url, read_only=True)
     try:
         artifacts = registry.list_artifacts(model, version)
@@ -90,7 +139,23 @@ def fetch_version(
             f"{model} {version}: no servable artifact registered"
             + (f" ({len(artifacts)} not servable)" if artifacts else "")
         )
-    return fetch_artifacts(servable, store=store, into=into, trusted_keys=trusted_keys)
+    wanted = set(backends) or set(Backend)
+    chosen = [a for a in servable if a.backend in wanted]
+    if not chosen:
+        names = ", ".join(sorted(b.value for b in wanted))
+        raise ArtifactFetchError(
+            f"{model} {version}: no servable artifact for {names} "
+            f"(registered: {', '.join(sorted(str(a.name) for a in servable))})"
+        )
+    fetched = fetch_artifacts(chosen, store=store, into=into, trusted_keys=trusted_keys)
+    left_out = {
+        str(a.name): f"a {a.backend.value} artifact; this pod fetched only "
+        + ", ".join(sorted(b.value for b in wanted))
+        for a in servable
+        if a.backend not in wanted
+    }
+    FetchRecord(model, version, left_out).write(into)
+    return fetched
 
 
 def fetch_artifacts(

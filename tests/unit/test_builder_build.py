@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,8 +13,15 @@ import pytest
 
 from graylane.app.cli.build import EXIT_NOT_SERVABLE, EXIT_OK, register
 from graylane.artifacts.build_info import Tolerance
+from graylane.artifacts.fetch import FETCH_RECORD, ArtifactFetchError, FetchRecord, fetch_version
 from graylane.artifacts.manifest import MANIFEST_FILE, read_manifest
-from graylane.artifacts.naming import Backend, Precision, artifact_dir_name, parse_semver
+from graylane.artifacts.naming import (
+    ArtifactName,
+    Backend,
+    Precision,
+    artifact_dir_name,
+    parse_semver,
+)
 from graylane.artifacts.verify import TamperedArtifactError, manifest_sha256, verify_artifact
 from graylane.builder.build import BuildReport, run_build
 from graylane.builder.spec import BuildSpec, load_spec
@@ -21,7 +29,7 @@ from graylane.builder.store import ArtifactExistsError, ArtifactStore
 from graylane.builder.variants import VariantStatus
 from graylane.engine_worker.loading import load_from_registry
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.registry import Registry, UnknownVersion, open_registry
+from graylane.registry import ArtifactRecord, Registry, UnknownVersion, open_registry
 from graylane.settings import Settings
 
 pytestmark = pytest.mark.slow  # every test here shares one real build of the tiny GPT
@@ -157,6 +165,60 @@ def test_a_worker_loads_the_store_wherever_it_is_mounted(built: Built, tmp_path:
     loaded = load_from_registry(settings, "tiny-gpt", "1.0.0")
     assert set(loaded.engines) >= {"fp32", "fp16"}
     assert loaded.fp32_path is not None and loaded.fp32_path.is_relative_to(moved)
+
+
+def test_a_pod_that_fetched_one_backend_skips_the_others_by_name(
+    built: Built, tmp_path: Path
+) -> None:
+    """A CPU pod fetches no TensorRT engine (``artifacts fetch --backend onnxruntime``); its
+    worker skips the engine by name, while an artifact missing for no reason is refused."""
+    db = tmp_path / "registry.db"
+    with (
+        sqlite3.connect(built.db_url.removeprefix("sqlite:///")) as source,
+        sqlite3.connect(db) as copy,
+    ):
+        source.backup(copy)
+    db_url = f"sqlite:///{db}"
+    engine_name = ArtifactName(
+        "tiny-gpt", Backend.TENSORRT, "10.7.0", Precision.FP16, "ptq", parse_semver("1.0.0")
+    )
+    registry = open_registry(db_url)
+    registry.add_artifact(  # an engine whose folder this store does not even hold
+        ArtifactRecord(
+            name=engine_name,
+            path=artifact_dir_name(engine_name),
+            manifest_sha256="0" * 64,
+            servable=True,
+            gpu_compute_capability="9.0",
+        )
+    )
+    registry.engine.dispose()
+    into = tmp_path / "pod"
+    with pytest.raises(ArtifactFetchError, match="no such artifact folder"):
+        fetch_version(db_url, "tiny-gpt", "1.0.0", store=str(built.store), into=into)
+    fetched = fetch_version(
+        db_url,
+        "tiny-gpt",
+        "1.0.0",
+        store=str(built.store),
+        into=into,
+        backends={Backend.ONNXRUNTIME},
+    )
+    assert {f.name for f in fetched} == {
+        str(a.name)
+        for a in built.registry.list_artifacts("tiny-gpt", "1.0.0")
+        if a.servable and a.backend is Backend.ONNXRUNTIME
+    }
+    record = FetchRecord.read(into, "tiny-gpt", "1.0.0")
+    assert record is not None and set(record.left_out) == {str(engine_name)}
+    assert FetchRecord.read(into, "tiny-gpt", "2.0.0") is None  # another version's pod
+    settings = replace(Settings(), db_url=db_url, artifact_dir=into)
+    loaded = load_from_registry(settings, "tiny-gpt", "1.0.0")
+    assert "fp32" in loaded.engines
+    assert loaded.skipped[str(engine_name)].startswith("not fetched into this pod: a tensorrt")
+    (into / FETCH_RECORD).unlink()  # the same folder, without the fetch's word for it
+    with pytest.raises(TamperedArtifactError):
+        load_from_registry(settings, "tiny-gpt", "1.0.0")
 
 
 def test_rebuilding_a_published_version_needs_force(built: Built) -> None:

@@ -257,6 +257,8 @@ def test_every_worker_fetches_its_own_version_with_the_real_cli(tree: str) -> No
         mount = next(m for m in init["volumeMounts"] if m["name"] == "models")
         assert mount["mountPath"] == str(fetch.into) and not mount.get("readOnly", False)
         assert _env_secrets(init)["GRAYLANE_DB_URL"] == "graylane-database-readonly"
+        # a CPU worker fetches no TensorRT engine; a GPU worker its engines and ONNX variants
+        assert fetch.backend == ([] if serve.require_tensorrt else ["onnxruntime"])
 
 
 @pytest.mark.parametrize("tree", TREES)
