@@ -187,11 +187,16 @@ class Settings:
             ssl_certfile=get("SSL_CERTFILE"),
             ssl_keyfile=get("SSL_KEYFILE"),
         )
+        # The local broker (``deploy/kafka``) listens on GRAYLANE_KAFKA_PORT: without a
+        # bootstrap of their own, processes next to it reach it there.
+        local_broker = (
+            f"127.0.0.1:{get_int('KAFKA_PORT', 0)}" if get("KAFKA_PORT") is not None else None
+        )
         artifact_dir = get("ARTIFACT_DIR")
         signing_key = get("SIGNING_KEY")
         trusted = _trusted_keys(get("TRUSTED_KEYS") or "")
         return cls(
-            bootstrap_servers=get("BOOTSTRAP_SERVERS") or base.bootstrap_servers,
+            bootstrap_servers=get("BOOTSTRAP_SERVERS") or local_broker or base.bootstrap_servers,
             topic_prefix=get("TOPIC_PREFIX") or base.topic_prefix,
             client_id=get("CLIENT_ID") or base.client_id,
             security=security,

@@ -22,6 +22,15 @@ def test_settings_defaults_point_at_the_local_broker() -> None:
     assert s.security.protocol is SecurityProtocol.PLAINTEXT
 
 
+def test_the_local_broker_moved_to_another_port_is_reached_there() -> None:
+    # `GRAYLANE_KAFKA_PORT=19092 make run`: the broker and every process it starts agree
+    assert Settings.from_env({"GRAYLANE_KAFKA_PORT": "19092"}).bootstrap_servers == (
+        "127.0.0.1:19092"
+    )
+    both = {"GRAYLANE_KAFKA_PORT": "19092", "GRAYLANE_BOOTSTRAP_SERVERS": "kafka:9092"}
+    assert Settings.from_env(both).bootstrap_servers == "kafka:9092"  # a named one wins
+
+
 def test_settings_read_every_variable() -> None:
     s = Settings.from_env(
         {
@@ -57,6 +66,7 @@ def test_settings_read_every_variable() -> None:
         ({"GRAYLANE_SECURITY_PROTOCOL": "tls"}, "expected one of"),
         ({"GRAYLANE_TOPIC_PREFIX": "bad prefix"}, "may only use"),
         ({"GRAYLANE_PARTITIONS": "0"}, ">= 1"),
+        ({"GRAYLANE_KAFKA_PORT": "ninety"}, "not an integer"),
     ],
 )
 def test_settings_reject_bad_values(env: dict[str, str], message: str) -> None:
