@@ -171,7 +171,7 @@ def load_from_registry(
             skipped[str(art.name)] = "not servable (failed validation and not forced)"
             continue
         folder = settings.artifact_dir / art.path  # store-relative (an absolute one as is)
-        why_not_here = fetched.left_out.get(str(art.name)) if fetched else None
+        why_not_here = fetched.left_out.get(art.path) if fetched else None
         if why_not_here is not None and not folder.exists():
             skipped[str(art.name)] = f"not fetched into this pod: {why_not_here}"
             continue

@@ -10,6 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from graylane.artifacts.fetch import FetchGpu
 
 __all__ = ["ARTIFACT_STORE_ENV", "EXIT_ERROR", "EXIT_OK", "register"]
 
@@ -54,6 +58,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="fetch only this backend's artifacts (repeatable; default: all). A CPU worker "
         "needs no TensorRT engine; what is left out is recorded for the worker's loader",
     )
+    fetch.add_argument(
+        "--this-gpu",
+        action="store_true",
+        help="of the TensorRT engines, fetch only the one per precision the worker loads on "
+        "the GPU this container sees (give the init container the pod's GPU)",
+    )
     fetch.set_defaults(handler=_fetch)
 
 
@@ -65,6 +75,12 @@ def _fetch(args: argparse.Namespace) -> int:
     if not args.store:
         print(f"error: no artifact store: pass --store or set {ARTIFACT_STORE_ENV}")
         return EXIT_ERROR
+    gpu = None
+    if args.this_gpu:
+        gpu = _this_gpu()
+        if gpu is None:
+            print("error: --this-gpu: no GPU with TensorRT is visible to this container")
+            return EXIT_ERROR
     settings = Settings.from_env()
     keys = tuple(args.trust_key) or settings.trusted_keys
     try:
@@ -76,6 +92,7 @@ def _fetch(args: argparse.Namespace) -> int:
             into=args.into,
             trusted_keys=keys,
             backends=frozenset(Backend(b) for b in args.backend),
+            gpu=gpu,
         )
     except ArtifactFetchError as exc:
         print(f"error: {exc}")
@@ -86,3 +103,14 @@ def _fetch(args: argparse.Namespace) -> int:
         signed = f", signed by {item.signer}" if item.signer is not None else ""
         print(f"fetched {item.name}: {args.into / item.location} ({item.files} file(s){signed})")
     return EXIT_OK
+
+
+def _this_gpu() -> FetchGpu | None:
+    """The GPU this container sees, as the worker's loader would (None: no GPU/TensorRT)."""
+    from graylane.artifacts.fetch import FetchGpu
+    from graylane.engine.tensorrt import gpu_compute_capability, tensorrt_version
+
+    cc, trt = gpu_compute_capability(), tensorrt_version()
+    if cc is None or trt is None:
+        return None
+    return FetchGpu(f"{cc[0]}.{cc[1]}", trt)

@@ -221,7 +221,9 @@ def _keys_mount() -> Doc:
 def fetch_container(plan: WorkerPlan) -> Doc:
     """The init container filling the worker's artifact folder (``graylane artifacts fetch``
     from GRAYLANE_ARTIFACT_STORE, verified by sha256 and, with keys, signature). A CPU
-    worker fetches its ONNX Runtime variants only: no TensorRT engine it could not run."""
+    worker fetches its ONNX Runtime variants only: no TensorRT engine it could not run. A
+    GPU worker's init container sees the pod's GPU and fetches, per precision, the engine
+    the worker will load on it (``--this-gpu``), and the ONNX variants."""
     return {
         "name": "fetch-artifacts",
         "image": plan.image,
@@ -236,7 +238,7 @@ def fetch_container(plan: WorkerPlan) -> Doc:
             plan.version,
             "--into",
             ARTIFACT_DIR,
-            *([] if plan.gpu_capabilities else ["--backend", "onnxruntime"]),
+            *(["--this-gpu"] if plan.gpu_capabilities else ["--backend", "onnxruntime"]),
         ],
         "envFrom": [{"configMapRef": {"name": "graylane-config"}}],
         "env": [
@@ -245,7 +247,12 @@ def fetch_container(plan: WorkerPlan) -> Doc:
         ],
         "resources": {
             "requests": {"cpu": "100m", "memory": "256Mi"},
-            "limits": {"cpu": "1", "memory": "512Mi"},
+            "limits": {
+                "cpu": "1",
+                "memory": "512Mi",
+                # the pod's GPU (kubelet hands an init container's devices on to the worker)
+                **({"nvidia.com/gpu": "1"} if plan.gpu_capabilities else {}),
+            },
         },
         "securityContext": _locked_down(),
         "volumeMounts": [

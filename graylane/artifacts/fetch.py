@@ -13,10 +13,15 @@ A pod that runs one backend fetches only its artifacts (``backends``: a CPU work
 no TensorRT engine, often the largest files of a version). What was left out on purpose
 is written to :data:`FETCH_RECORD` in the destination, so that the worker's loader skips
 those artifacts by name (and says why) while any other missing artifact stays an error.
+A GPU pod whose init container sees the pod's GPU (``gpu``: its compute capability and
+TensorRT version) fetches, per precision, only the engine the worker would load on it
+(:func:`~graylane.artifacts.compatibility.select_engine`, the loader's own choice), read
+from each candidate's manifest in the store (checked against the registry's sha256 first).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -24,7 +29,10 @@ import tempfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
+from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
+from graylane.artifacts.manifest import MANIFEST_FILE, Manifest, ManifestError, manifest_from_dict
 from graylane.artifacts.naming import Backend
 from graylane.artifacts.signing import ArtifactSignatureError, TrustedKeyError, verify_signature
 from graylane.artifacts.verify import TamperedArtifactError, verify_artifact
@@ -34,6 +42,7 @@ from graylane.registry import ArtifactInfo, RegistryError, open_registry
 __all__ = [
     "FETCH_RECORD",
     "ArtifactFetchError",
+    "FetchGpu",
     "FetchRecord",
     "FetchedArtifact",
     "fetch_artifacts",
@@ -62,13 +71,26 @@ class FetchedArtifact:
 
 
 @dataclass(frozen=True)
+class FetchGpu:
+    """The GPU an init container sees: the one its pod's worker will run on."""
+
+    compute_capability: str
+    """``major.minor``, e.g. ``9.0``."""
+    tensorrt_version: str
+
+    def __str__(self) -> str:
+        return f"compute capability {self.compute_capability}, TensorRT {self.tensorrt_version}"
+
+
+@dataclass(frozen=True)
 class FetchRecord:
     """What one fetch of a model version left out on purpose, and why."""
 
     model: str
     version: str
     left_out: Mapping[str, str] = field(default_factory=dict)
-    """Artifact name -> why it was not fetched."""
+    """Registered location -> why that artifact was not fetched (a location, not a name:
+    engines of one name for several GPUs lie apart)."""
 
     def write(self, into: Path) -> None:
         doc = {"model": self.model, "version": self.version, "left_out": dict(self.left_out)}
@@ -120,11 +142,13 @@ def fetch_version(
     into: Path,
     trusted_keys: Sequence[Path] = (),
     backends: Collection[Backend] = (),
+    gpu: FetchGpu | None = None,
 ) -> list[FetchedArtifact]:
     """Fetch every servable artifact the registry lists for ``model`` ``version``.
 
-    ``backends``: only the artifacts of these backends (none given: all); the others are
-    named in the destination's :class:`FetchRecord`.
+    ``backends``: only the artifacts of these backends (none given: all); ``gpu``: of the
+    TensorRT engines, only the one per precision the worker loads on this GPU. What is
+    left out is named in the destination's :class:`FetchRecord`.
     """
     registry = open_registry(db_url, read_only=True)
     try:
@@ -147,13 +171,18 @@ def fetch_version(
             f"{model} {version}: no servable artifact for {names} "
             f"(registered: {', '.join(sorted(str(a.name) for a in servable))})"
         )
-    fetched = fetch_artifacts(chosen, store=store, into=into, trusted_keys=trusted_keys)
     left_out = {
-        str(a.name): f"a {a.backend.value} artifact; this pod fetched only "
+        a.path: f"a {a.backend.value} artifact; this pod fetched only "
         + ", ".join(sorted(b.value for b in wanted))
         for a in servable
         if a.backend not in wanted
     }
+    if gpu is not None:
+        engines = [a for a in chosen if a.backend is Backend.TENSORRT]
+        other_gpus = _engines_not_for(gpu, engines, store)
+        left_out |= other_gpus
+        chosen = [a for a in chosen if a.path not in other_gpus]
+    fetched = fetch_artifacts(chosen, store=store, into=into, trusted_keys=trusted_keys)
     FetchRecord(model, version, left_out).write(into)
     return fetched
 
@@ -188,6 +217,49 @@ def fetch_artifacts(
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _engines_not_for(gpu: FetchGpu, engines: Sequence[ArtifactInfo], store: str) -> dict[str, str]:
+    """The engines the worker would not load on ``gpu``, by location, with why: per
+    precision, all but the loader's own choice (all of them when none fits this GPU)."""
+    by_precision: dict[str, list[tuple[ArtifactInfo, Manifest]]] = {}
+    for art in engines:
+        manifest = _store_manifest(store, art)
+        by_precision.setdefault(art.precision.value, []).append((art, manifest))
+    not_here: dict[str, str] = {}
+    for group in by_precision.values():
+        try:
+            chosen = select_engine(
+                [m for _, m in group], gpu.compute_capability, gpu.tensorrt_version
+            )
+        except IncompatibleEngineError as exc:
+            not_here |= {art.path: str(exc) for art, _ in group}
+            continue
+        not_here |= {
+            art.path: f"a TensorRT engine for another GPU (this one: {gpu})"
+            for art, manifest in group
+            if manifest is not chosen
+        }
+    return not_here
+
+
+def _store_manifest(store: str, art: ArtifactInfo) -> Manifest:
+    """An artifact's manifest read from the store, refused unless the registry's sha256
+    of it matches (it is only read to choose; what is fetched is verified in full)."""
+    location = store_relative(art.path)
+    fs, root = _store_fs(store)
+    source = f"{root.rstrip('/')}/{location}/{MANIFEST_FILE}"
+    try:
+        with fs.open(source, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ArtifactFetchError(f"reading {source} from {store!r}: {exc}") from None
+    if hashlib.sha256(data).hexdigest() != art.manifest_sha256:
+        raise ArtifactFetchError(f"refused {art.name}: its manifest is not the registered one")
+    try:
+        return manifest_from_dict(json.loads(data))
+    except (ValueError, ManifestError) as exc:
+        raise ArtifactFetchError(f"refused {art.name}: unreadable manifest ({exc})") from None
+
+
 def _verify(art: ArtifactInfo, folder: Path, trusted_keys: Sequence[Path]) -> Path | None:
     try:
         verify_artifact(folder, art.manifest_sha256)
@@ -198,12 +270,7 @@ def _verify(art: ArtifactInfo, folder: Path, trusted_keys: Sequence[Path]) -> Pa
 
 def _copy_folder(store: str, location: PurePosixPath, dest: Path) -> int:
     """Copy every file under ``store``/``location`` into ``dest``; returns how many."""
-    import fsspec
-
-    try:
-        fs, root = fsspec.core.url_to_fs(store)
-    except (ImportError, ValueError) as exc:
-        raise ArtifactFetchError(f"artifact store {store!r}: {exc}") from None
+    fs, root = _store_fs(store)
     source = f"{root.rstrip('/')}/{location}"
     try:
         if not fs.isdir(source):
@@ -219,3 +286,14 @@ def _copy_folder(store: str, location: PurePosixPath, dest: Path) -> int:
     except OSError as exc:
         raise ArtifactFetchError(f"copying {source} from {store!r}: {exc}") from None
     return len(files)
+
+
+def _store_fs(store: str) -> tuple[Any, str]:
+    """The fsspec filesystem of ``store`` and the store's root path in it."""
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(store)
+    except (ImportError, ValueError) as exc:
+        raise ArtifactFetchError(f"artifact store {store!r}: {exc}") from None
+    return fs, str(root)

@@ -3,18 +3,34 @@ against their manifests and signatures, and nothing left behind when one is refu
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from graylane.app.cli.main import main
-from graylane.artifacts.fetch import ArtifactFetchError, store_relative
-from graylane.artifacts.manifest import MANIFEST_FILE, BuildHost, FileDigest, Manifest
-from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer
+from graylane.artifacts.fetch import (
+    FETCH_RECORD,
+    ArtifactFetchError,
+    FetchGpu,
+    FetchRecord,
+    fetch_version,
+    store_relative,
+)
+from graylane.artifacts.manifest import (
+    MANIFEST_FILE,
+    BuildHost,
+    EngineTarget,
+    FileDigest,
+    Manifest,
+)
+from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, artifact_dir_name
 from graylane.artifacts.signing import SIGNATURE_FILE, KeyPair, generate_key_pair
 from graylane.artifacts.verify import manifest_sha256
 from graylane.builder.store import ArtifactStore
 from graylane.engine.signature import IOSignature
+from graylane.engine.tensorrt import gpu_compute_capability, tensorrt_version
 from graylane.registry import ArtifactRecord, open_registry
 
 MODEL = "demo"
@@ -161,3 +177,95 @@ def test_a_missing_store_folder_is_a_clear_error(
 def test_locations_that_cannot_travel_are_refused(location: str) -> None:
     with pytest.raises(ArtifactFetchError):
         store_relative(location)
+
+
+def _engine_name(precision: Precision, trt: str = "10.7.0") -> ArtifactName:
+    return ArtifactName(MODEL, Backend.TENSORRT, trt, precision, "demo", SemVer(1, 0, 0))
+
+
+def _engine(tmp_path: Path, precision: Precision, cc: str, trt: str = "10.7.0") -> ArtifactName:
+    """A TensorRT engine of demo 1.0.0 for one GPU, published and registered (bytes only:
+    fetching copies and verifies files, it never runs them)."""
+    name = _engine_name(precision, trt)
+    plan = tmp_path / f"engine-{cc}.plan"
+    plan.write_bytes(cc.encode() * 512)
+    store = ArtifactStore(tmp_path / "store")
+
+    def manifest(files: tuple[FileDigest, ...]) -> Manifest:
+        return replace(_manifest(files), name=name, target=EngineTarget(cc, trt))
+
+    folder = store.publish(name, [plan], manifest, compute_capability=cc)
+    registry = open_registry(os.environ["GRAYLANE_DB_URL"])
+    registry.add_artifact(
+        ArtifactRecord(
+            name=name,
+            path=folder.name,
+            manifest_sha256=manifest_sha256(folder),
+            servable=True,
+            gpu_compute_capability=cc,
+        )
+    )
+    registry.engine.dispose()
+    return name
+
+
+def test_a_gpu_pod_fetches_only_the_engine_its_gpu_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    onnx = _setup(tmp_path, monkeypatch, None)
+    _engine(tmp_path, Precision.FP16, "9.0")
+    _engine(tmp_path, Precision.FP16, "8.9")
+    _engine(tmp_path, Precision.INT8, "8.9")  # no int8 engine for an H100
+    url, into = os.environ["GRAYLANE_DB_URL"], tmp_path / "into"
+    h100 = FetchGpu("9.0", "10.7.0")
+    store = f"file://{tmp_path / 'store'}"
+    fetched = fetch_version(url, MODEL, "1.0.0", store=store, into=into, gpu=h100)
+    assert sorted(f.location.name for f in fetched) == sorted(
+        [onnx.name, artifact_dir_name(_engine_name(Precision.FP16), "9.0")]
+    )
+    assert sorted(p.name for p in into.iterdir()) == sorted(
+        [FETCH_RECORD, *(f.location.name for f in fetched)]
+    )
+    record = FetchRecord.read(into, MODEL, "1.0.0")
+    assert record is not None
+    assert record.left_out[artifact_dir_name(_engine_name(Precision.FP16), "8.9")].startswith(
+        "a TensorRT engine for another GPU (this one: compute capability 9.0, TensorRT 10.7.0)"
+    )
+    int8 = artifact_dir_name(_engine_name(Precision.INT8), "8.9")
+    assert "no TensorRT engine fits" in record.left_out[int8]
+    assert len(record.left_out) == 2
+    # the loader's own choice on the other GPU: its fp16 and int8 engines
+    l4 = fetch_version(
+        url, MODEL, "1.0.0", store=store, into=tmp_path / "l4", gpu=FetchGpu("8.9", "10.7.0")
+    )
+    assert len([f for f in l4 if f.location.name.endswith("sm89")]) == 2
+
+
+def test_a_gpu_pod_refuses_a_manifest_the_registry_does_not_know(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _setup(tmp_path, monkeypatch, None)
+    name = _engine(tmp_path, Precision.FP16, "9.0")
+    manifest = tmp_path / "store" / artifact_dir_name(name, "9.0") / MANIFEST_FILE
+    manifest.write_text(manifest.read_text().replace("9.0", "8.9"))
+    with pytest.raises(ArtifactFetchError, match="its manifest is not the registered one"):
+        fetch_version(
+            os.environ["GRAYLANE_DB_URL"],
+            MODEL,
+            "1.0.0",
+            store=f"file://{tmp_path / 'store'}",
+            into=tmp_path / "into",
+            gpu=FetchGpu("9.0", "10.7.0"),
+        )
+    assert _left_in(tmp_path) == []
+
+
+def test_this_gpu_without_a_gpu_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _setup(tmp_path, monkeypatch, None)
+    if tensorrt_version() is not None and gpu_compute_capability() is not None:
+        pytest.skip("this host has a GPU with TensorRT")
+    assert _fetch(tmp_path, "--this-gpu") == 1
+    assert "no GPU with TensorRT is visible" in capsys.readouterr().out
+    assert _left_in(tmp_path) == []

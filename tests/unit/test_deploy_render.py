@@ -137,6 +137,9 @@ def test_gpu_render_is_one_deployment_on_every_capability_an_engine_was_built_fo
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert container["image"] == "ghcr.io/graylane/demo-gpt-tensorrt10.7.0-fp16-ptq:1.1.0"
     assert [c["image"] for c in pod["initContainers"]] == [container["image"]]
+    (init,) = pod["initContainers"]  # it sees the pod's GPU to fetch the engine for it
+    assert init["command"][-1] == "--this-gpu"
+    assert init["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert scaled["spec"]["maxReplicaCount"] == 3
     kafka = scaled["spec"]["triggers"][0]["metadata"]
     assert kafka["topic"] == "graylane.requests.demo-gpt.1.1.0"

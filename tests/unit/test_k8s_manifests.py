@@ -257,8 +257,12 @@ def test_every_worker_fetches_its_own_version_with_the_real_cli(tree: str) -> No
         mount = next(m for m in init["volumeMounts"] if m["name"] == "models")
         assert mount["mountPath"] == str(fetch.into) and not mount.get("readOnly", False)
         assert _env_secrets(init)["GRAYLANE_DB_URL"] == "graylane-database-readonly"
-        # a CPU worker fetches no TensorRT engine; a GPU worker its engines and ONNX variants
+        # a CPU worker fetches no TensorRT engine; a GPU worker's init container sees the
+        # pod's GPU and fetches the engines the worker loads on it, and the ONNX variants
         assert fetch.backend == ([] if serve.require_tensorrt else ["onnxruntime"])
+        assert fetch.this_gpu is serve.require_tensorrt
+        gpus = [c["resources"]["limits"].get("nvidia.com/gpu") for c in (init, container)]
+        assert gpus == (["1", "1"] if serve.require_tensorrt else [None, None])
 
 
 @pytest.mark.parametrize("tree", TREES)
