@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from rich.live import Live
 from rich.table import Table
 
@@ -438,7 +439,7 @@ class Story:
             f"load spike x{self.rate / self.base_rate:.1f} ({self.rate:.1f} req/s) for "
             f"{cfg.spike_s:.0f}s"
         )
-        await self._wait(
+        await self._raise_until(
             lambda: self.monitor.variants.get(HEALTHY) == "int8-dynamic",
             "QoS stepped down to int8-dynamic",
         )
@@ -457,6 +458,39 @@ class Story:
         await asyncio.sleep(3)
 
         await self._revert(title)
+
+    async def _raise_until(self, done: Callable[[], bool], what: str) -> bool:
+        """:meth:`_wait`, raising the spike while the stack still carries it calmly.
+
+        The spike comes from a capacity measured earlier, at a busier or a quieter
+        moment; a machine that now serves it within the SLO, shedding nothing, would
+        show no QoS at all. Every :data:`RAISE_EVERY_S` the load is raised as
+        :func:`raised_spike_rate` says, and the raise is an event of the story."""
+        deadline = time.monotonic() + self.cfg.phase_timeout_s
+        first, raised_at = self.rate, time.monotonic()
+        while not done():
+            now = time.monotonic()
+            if now > deadline:
+                timeout_s = self.cfg.phase_timeout_s
+                self.console.print(f"[yellow]{what}: not reached within {timeout_s:.0f}s")
+                self.monitor.event(f"timeout: {what}")
+                return False
+            if now - raised_at >= RAISE_EVERY_S:
+                raised_at = now
+                samples = self.monitor.window().get(HEALTHY, [])
+                ok = [x.latency_ms for x in samples if x.ok]
+                shed = sum(x.shed for x in samples) / len(samples) if samples else 0.0
+                p99 = float(np.percentile(ok, 99)) if ok else None
+                higher = raised_spike_rate(self.rate, first, p99, shed, self.cfg.slo_p99_ms)
+                if higher is not None and p99 is not None:
+                    self.monitor.event(
+                        f"{self.rate:.1f} req/s carried calmly (p99 {p99:.0f} ms, "
+                        f"{shed:.0%} shed): spike raised to {higher:.1f} req/s"
+                    )
+                    self.rate = higher
+            await asyncio.sleep(0.5)
+        self.monitor.event(what)
+        return True
 
     async def _revert(self, title: list[str]) -> None:
         """The operator's one-step way back: ``graylane rollout undo`` (control plane RPC)."""
@@ -531,3 +565,24 @@ def spike_rate(
     here when that is more (a machine where the floor rung alone would carry x3)."""
     floor = floor_path_rps(path_rps, engine_rps, floor_engine_rps)
     return max(base_rps * factor, BEYOND_FLOOR * floor)
+
+
+RAISE_EVERY_S = 10.0
+"""How long a spike runs before it may be raised (the QoS window's seconds, and more)."""
+RAISE_FACTOR = 1.3
+MAX_RAISE = 4.0
+"""The spike is raised to at most this multiple of its first rate."""
+CALM_SHED = 0.01
+"""A stack that sheds under this share of the spike carries it calmly."""
+
+
+def raised_spike_rate(
+    rate: float, first: float, p99_ms: float | None, shed_fraction: float, slo_p99_ms: float
+) -> float | None:
+    """The next spike rate when the stack carries ``rate`` calmly (p99 of the answered
+    under the SLO, almost nothing shed), up to :data:`MAX_RAISE` x ``first``; ``None``:
+    keep it (the spike already strains the stack, nothing was answered, or the cap)."""
+    if p99_ms is None or p99_ms >= slo_p99_ms or shed_fraction >= CALM_SHED:
+        return None
+    higher = min(rate * RAISE_FACTOR, MAX_RAISE * first)
+    return higher if higher > rate else None

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from graylane.app.demo.story import BEYOND_FLOOR, floor_path_rps, spike_rate
+from graylane.app.demo.story import (
+    BEYOND_FLOOR,
+    MAX_RAISE,
+    RAISE_FACTOR,
+    floor_path_rps,
+    raised_spike_rate,
+    spike_rate,
+)
 
 
 def test_the_floor_pays_the_paths_overhead_per_request() -> None:
@@ -24,3 +31,20 @@ def test_the_spike_is_x3_unless_one_worker_at_the_floor_would_carry_it() -> None
     assert spike_rate(base, 3.0, 13.0, 25.0, 24.0) == pytest.approx(3.0 * base)
     # unmeasured: x3
     assert spike_rate(base, 3.0, 0.0, 25.0, 59.0) == pytest.approx(3.0 * base)
+
+
+def test_a_spike_carried_calmly_is_raised_up_to_its_cap() -> None:
+    slo = 250.0
+    assert raised_spike_rate(30.0, 30.0, 60.0, 0.0, slo) == pytest.approx(30.0 * RAISE_FACTOR)
+    # raised step by step, never past MAX_RAISE x the first rate
+    rate, steps = 30.0, 0
+    while (higher := raised_spike_rate(rate, 30.0, 60.0, 0.0, slo)) is not None:
+        rate, steps = higher, steps + 1
+    assert rate == pytest.approx(MAX_RAISE * 30.0) and steps > 1
+
+
+def test_a_spike_that_strains_the_stack_is_kept() -> None:
+    slo = 250.0
+    assert raised_spike_rate(30.0, 30.0, 260.0, 0.0, slo) is None  # p99 over the SLO
+    assert raised_spike_rate(30.0, 30.0, 60.0, 0.05, slo) is None  # admission sheds
+    assert raised_spike_rate(30.0, 30.0, None, 0.0, slo) is None  # nothing answered
