@@ -439,21 +439,31 @@ class Story:
             f"load spike x{self.rate / self.base_rate:.1f} ({self.rate:.1f} req/s) for "
             f"{cfg.spike_s:.0f}s"
         )
-        await self._raise_until(
-            lambda: self.monitor.variants.get(HEALTHY) == "int8-dynamic",
-            "QoS stepped down to int8-dynamic",
-        )
+        # Waited side by side, each an event when it happens: the supervisor may scale out
+        # before QoS steps down, and QoS step back up before the workers scale in.
+        during = [
+            self._raise_until(
+                lambda: self.monitor.variants.get(HEALTHY) == "int8-dynamic",
+                "QoS stepped down to int8-dynamic",
+            )
+        ]
         if self.scale_out:
-            await self._wait_by(lambda: self._workers() >= 2, "scaled out to 2 workers", spike_end)
+            during.append(
+                self._wait_by(lambda: self._workers() >= 2, "scaled out to 2 workers", spike_end)
+            )
+        await asyncio.gather(*during)
         await asyncio.sleep(max(0.0, spike_end - time.monotonic()))
         self.rate = self.base_rate
         self.monitor.event(f"spike over; {self.monitor.shed} requests shed so far")
         title[0] = f"QoS on {HEALTHY}: load back to normal"
+        after = [
+            self._wait(
+                lambda: self.monitor.variants.get(HEALTHY) == "fp32", "QoS stepped back up to fp32"
+            )
+        ]
         if self.scale_out:
-            await self._wait(lambda: self._workers() <= 1, "scaled back in to 1 worker")
-        await self._wait(
-            lambda: self.monitor.variants.get(HEALTHY) == "fp32", "QoS stepped back up to fp32"
-        )
+            after.append(self._wait(lambda: self._workers() <= 1, "scaled back in to 1 worker"))
+        await asyncio.gather(*after)
         self.deadline_s = None
         await asyncio.sleep(3)
 
