@@ -57,6 +57,8 @@ class ErrorCode(IntEnum):
     """A routing table the router refused; only ever in a dead letter."""
     SHED = 20
     """Admission control answered at once: the deadline could not be met (overload)."""
+    ENGINE_UNAVAILABLE = 21
+    """The version's engine server could not be reached or is not ready (retriable)."""
 
     @classmethod
     def of(cls, value: int) -> ErrorCode | None:

@@ -44,19 +44,56 @@ class NamingError(GraylaneError, ValueError):
 
 
 class Backend(Enum):
-    """Runtime that loads or compiles a variant."""
+    """Runtime that loads or compiles a variant: a library the worker runs in process
+    (ONNX Runtime, TensorRT), or an engine server it calls over HTTP (see
+    :mod:`graylane.engine.server`)."""
 
     ONNXRUNTIME = "onnxruntime"
     TENSORRT = "tensorrt"
+    LLAMACPP = "llamacpp"
+    """llama.cpp's ``llama-server`` (GGUF files)."""
+    VLLM = "vllm"
+    TRTLLM = "trtllm"
+    """TensorRT-LLM's ``trtllm-serve``."""
+    SGLANG = "sglang"
+
+    @property
+    def is_engine_server(self) -> bool:
+        """Served by an OpenAI-compatible engine server, not loaded by the worker."""
+        return self not in (Backend.ONNXRUNTIME, Backend.TENSORRT)
 
 
 class Precision(Enum):
-    """Numeric precision of a variant; the value is the spelling used in names and specs."""
+    """Numeric precision of a variant; the value is the spelling used in names and specs.
+
+    The first four are the builder's ONNX variants. The rest name what engine servers
+    load: ``bf16`` and ``fp8`` engines (TensorRT-LLM, vLLM), ``int4`` weight-only
+    (AWQ/GPTQ checkpoints), and llama.cpp's GGUF quantization types by their own names
+    (``q4_1``, ``q2_k``, ...).
+    """
 
     FP32 = "fp32"
     FP16 = "fp16"
     INT8 = "int8"
     INT8_DYNAMIC = "int8-dynamic"
+    BF16 = "bf16"
+    FP8 = "fp8"
+    INT4 = "int4"
+    F16 = "f16"
+    Q8_0 = "q8_0"
+    Q6_K = "q6_k"
+    Q5_K_M = "q5_k_m"
+    Q5_K_S = "q5_k_s"
+    Q5_1 = "q5_1"
+    Q5_0 = "q5_0"
+    Q4_K_M = "q4_k_m"
+    Q4_K_S = "q4_k_s"
+    Q4_1 = "q4_1"
+    Q4_0 = "q4_0"
+    Q3_K_L = "q3_k_l"
+    Q3_K_M = "q3_k_m"
+    Q3_K_S = "q3_k_s"
+    Q2_K = "q2_k"
 
 
 MODEL_NAME_MAX = 100

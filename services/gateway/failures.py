@@ -141,6 +141,10 @@ def from_error_code(code: ErrorCode | None, message: str, *, retry_after_s: int)
         return ApiError(
             503, message, type=ErrorType.OVERLOADED, code=name, retry_after_s=retry_after_s
         )
+    if code is ErrorCode.ENGINE_UNAVAILABLE:
+        return ApiError(
+            503, message, type=ErrorType.OVERLOADED, code=name, retry_after_s=retry_after_s
+        )
     if code is ErrorCode.DEADLINE_EXCEEDED:
         return ApiError(504, message, type=ErrorType.TIMEOUT, code=name)
     return ApiError(500, message, type=ErrorType.SERVER, code=name)
