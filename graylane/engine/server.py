@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from graylane.artifacts.naming import Backend
 from graylane.errors import GraylaneError
 
-__all__ = ["DEFAULT_SLOTS", "EngineEndpoint", "EndpointError", "parse_endpoint_url"]
+__all__ = ["DEFAULT_SLOTS", "EndpointError", "EngineEndpoint", "parse_endpoint_url"]
 
 DEFAULT_SLOTS = 4
 """Calls in flight to one endpoint when none is stated (``llama-server -np 4``)."""
