@@ -29,6 +29,7 @@ from graylane.artifacts.build_info import (
 )
 from graylane.artifacts.model_info import ModelTask
 from graylane.artifacts.naming import (
+    ONNX_PRECISIONS,
     NamingError,
     Precision,
     SemVer,
@@ -226,7 +227,7 @@ class BuildSpec:
     version: SemVer
     source: FileSource | DemoSource
     strategy: str = "default"
-    precisions: tuple[Precision, ...] = tuple(Precision)
+    precisions: tuple[Precision, ...] = ONNX_PRECISIONS
     profiles: tuple[ShapeProfile, ...] = ()
     calibration: DataSpec | None = None
     calibration_method: CalibrationMethod = CalibrationMethod.ENTROPY
@@ -522,7 +523,7 @@ def _source(raw: object, base_dir: Path) -> FileSource | DemoSource:
 
 def _precisions(raw: object) -> tuple[Precision, ...]:
     if raw is None:
-        return tuple(Precision)
+        return ONNX_PRECISIONS
     if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
         raise SpecError(
             f"precisions: give a non-empty list, e.g. [fp32, fp16, int8, int8-dynamic]; got {raw!r}"
@@ -530,6 +531,11 @@ def _precisions(raw: object) -> tuple[Precision, ...]:
     result: list[Precision] = []
     for i, item in enumerate(raw):
         precision = _read_enum(item, Precision, f"precisions[{i}]")
+        if not precision.builds_onnx:
+            raise SpecError(
+                f"precisions[{i}]: {precision.value!r} is what an engine server loads; an ONNX "
+                f"build makes {', '.join(p.value for p in ONNX_PRECISIONS)}"
+            )
         if precision in result:
             raise SpecError(f"precisions[{i}]: {precision.value!r} is listed twice")
         result.append(precision)

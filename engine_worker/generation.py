@@ -39,14 +39,23 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from graylane import tracing
 from graylane.clock import now_ms
 from graylane.engine.errors import EngineError, InvalidInputError
 from graylane.engine.protocol import InferenceEngine
+from graylane.engine_worker.backend import Outbox
 from graylane.engine_worker.compute import WorkerEngines, engine_rejection
 from graylane.engine_worker.requests import Job, input_rejection
 from graylane.engine_worker.sampling import StopStrings
+from graylane.engine_worker.spans import trace_generations
 from graylane.engine_worker.tasks import GenerationResult, KvDecodeLoop
-from graylane.engine_worker.wire import DecodeLoad, ResultContext
+from graylane.engine_worker.wire import (
+    BatchIds,
+    DecodeLoad,
+    ResultContext,
+    generation_report,
+    generation_result,
+)
 from graylane.errors import ErrorCode
 from graylane.kafka.replies import Rejection
 from graylane.v1 import inference_pb2
@@ -61,6 +70,7 @@ __all__ = [
     "StreamPolicy",
     "gap_p99",
     "safe_text",
+    "settle_when_sent",
 ]
 
 log = logging.getLogger(__name__)
@@ -229,10 +239,22 @@ class Finished:
     """The decode loop as they ended (its load signals)."""
 
 
-Deliver = Callable[[Finished], Awaitable[list[Awaitable[object]]]]
-"""Sends the answers of finished generations (and their telemetry); the sends."""
-SendChunk = Callable[[Job, inference_pb2.InferenceResult], Awaitable[Awaitable[object]]]
-"""Queues one stream chunk of a job on its reply topic; the send."""
+def settle_when_sent(done: asyncio.Future[None] | None, sends: Sequence[Awaitable[object]]) -> None:
+    """Resolve ``done`` once every one of ``sends`` is acknowledged (or fail it with the
+    first failure): what the consume loop waits on before it commits a request."""
+    waits = asyncio.gather(*sends)
+
+    def finish(fut: asyncio.Future[list[object]]) -> None:
+        if done is None or done.done():
+            return
+        if fut.cancelled():
+            done.cancel()
+        elif fut.exception() is not None:
+            done.set_exception(fut.exception())  # type: ignore[arg-type]
+        else:
+            done.set_result(None)
+
+    waits.add_done_callback(finish)
 
 
 class ContinuousDecoder:
@@ -247,9 +269,7 @@ class ContinuousDecoder:
         *,
         stream: StreamPolicy,
         decode_text: Callable[[Sequence[int]], str] | None,
-        deliver: Deliver,
-        send_chunk: SendChunk,
-        result_of: Callable[[Job, GenerationResult, int], inference_pb2.InferenceResult],
+        outbox: Outbox,
         pad_id: int = 0,
     ) -> None:
         self.context = context
@@ -259,9 +279,8 @@ class ContinuousDecoder:
         self._engine = engine
         self._stream = stream
         self._decode_text = decode_text
-        self._deliver = deliver
-        self._send_chunk = send_chunk
-        self._result_of = result_of
+        self._outbox = outbox
+        self._batch_ids = BatchIds(context.worker_id)
         self._pad_id = pad_id
         self._loop = self._new_loop()
         self._arrived: list[_Live] = []
@@ -509,7 +528,7 @@ class ContinuousDecoder:
             if cursor.due(len(tokens), float(at_ms)):
                 text = self._decode_text(tokens) if self._decode_text else ""
                 piece = cursor.take(tokens, text, float(at_ms))
-                live.sends.append(await self._send_chunk(live.job, self._chunk(live, piece)))
+                live.sends.append(await self._outbox.chunk(live.job, self._chunk(live, piece)))
 
     @staticmethod
     def _stamp(live: _Live, tokens: int, started: int, done: int) -> None:
@@ -567,7 +586,8 @@ class ContinuousDecoder:
             if isinstance(end, Rejection):
                 job.rejection = end
                 continue
-            job.result = self._result_of(job, end, live.started_ms or live.submitted_ms)
+            started = live.started_ms or live.submitted_ms
+            job.result = generation_result(job, end, self.context, started_ms=started)
             self._time(live, job.result, len(end.tokens))
             if live.cursor is not None:
                 tokens = list(job.result.generated_token_ids)
@@ -579,9 +599,24 @@ class ContinuousDecoder:
             for live, _ in ended:
                 self._settle(live, exc)
             return
-        gathered = asyncio.gather(*sends)
         for live, _ in ended:
-            self._settle_after(live, gathered)
+            self._by_request.pop(live.job.request.request_id, None)
+            settle_when_sent(live.done, [*live.sends, *sends])
+
+    async def _deliver(self, finished: Finished) -> list[Awaitable[object]]:
+        """Answer generations that ended together, with one telemetry record."""
+        report = generation_report(
+            finished.jobs,
+            self.context,
+            started_ms=finished.started_ms,
+            device_load=self._engines.device_load,
+            batch_id=self._batch_ids.of(finished.jobs[0].record),
+            load=finished.load,
+        )
+        sends = await self._outbox.deliver(report)
+        if tracing.enabled():
+            trace_generations(finished.jobs, sends, self.context)
+        return sends
 
     @staticmethod
     def _time(live: _Live, result: inference_pb2.InferenceResult, tokens: int) -> None:
@@ -611,23 +646,6 @@ class ContinuousDecoder:
         tail.chunk.sequence = piece.sequence
         tail.chunk.final = True
         return tail
-
-    def _settle_after(self, live: _Live, gathered: Awaitable[object]) -> None:
-        self._by_request.pop(live.job.request.request_id, None)
-        waits = asyncio.gather(*live.sends, gathered)
-        done = live.done
-
-        def finish(fut: asyncio.Future[list[object]]) -> None:
-            if done is None or done.done():
-                return
-            if fut.cancelled():
-                done.cancel()
-            elif fut.exception() is not None:
-                done.set_exception(fut.exception())  # type: ignore[arg-type]
-            else:
-                done.set_result(None)
-
-        waits.add_done_callback(finish)
 
     def _settle(self, live: _Live, exc: BaseException) -> None:
         self._by_request.pop(live.job.request.request_id, None)

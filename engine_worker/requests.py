@@ -36,6 +36,7 @@ from graylane.artifacts.model_info import ModelInfo
 from graylane.engine.errors import InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature
+from graylane.engine_options import messages_problem, native_refusal, options_problem
 from graylane.engine_worker.postprocess import PostProcess
 from graylane.engine_worker.sampling import (
     GREEDY,
@@ -61,6 +62,7 @@ from graylane.v1 import inference_pb2
 
 __all__ = [
     "DemoByteTokenizer",
+    "EngineRules",
     "IntakeRules",
     "Job",
     "KnowsEos",
@@ -79,6 +81,7 @@ __all__ = [
     "sampling_params",
     "tokenizer_from_metadata",
     "validate",
+    "validate_engine_call",
 ]
 
 
@@ -118,6 +121,8 @@ class WorkItem:
     eos_id: int | None = None
     sampling: SamplingParams = GREEDY
     """GENERATE: how this row chooses its tokens and where it stops."""
+    prompt_text: str = ""
+    """GENERATE on an engine server: the prompt as text (the engine tokenizes it)."""
 
     @property
     def group_key(self) -> tuple[TaskKind, PostProcess, int]:
@@ -311,10 +316,12 @@ def sampling_params(gen: inference_pb2.GenerationParams) -> SamplingParams | Rej
             ErrorCode.BAD_REQUEST,
             f"{len(gen.stop_token_ids)} stop_token_ids; the limit is {MAX_STOP_TOKEN_IDS}",
         )
-    if len(gen.stop) > MAX_STOP_STRINGS:
+    named = len(gen.stop) + len(gen.turn_end)  # counted before anything is copied
+    if named > MAX_STOP_STRINGS:
         return Rejection(
-            ErrorCode.BAD_REQUEST, f"{len(gen.stop)} stop strings; the limit is {MAX_STOP_STRINGS}"
+            ErrorCode.BAD_REQUEST, f"{named} stop strings; the limit is {MAX_STOP_STRINGS}"
         )
+    stops = tuple(dict.fromkeys((*gen.stop, *gen.turn_end)))
     try:
         return SamplingParams(
             temperature=float(gen.temperature),
@@ -322,10 +329,39 @@ def sampling_params(gen: inference_pb2.GenerationParams) -> SamplingParams | Rej
             top_k=int(gen.sampling_top_k),
             seed=int(gen.seed) if gen.has_seed else None,
             stop_token_ids=tuple(int(t) for t in gen.stop_token_ids),
-            stop=tuple(gen.stop),
+            stop=stops,
         )
     except SamplingError as exc:
         return Rejection(ErrorCode.BAD_REQUEST, str(exc))
+
+
+def _front_problem(
+    request: inference_pb2.InferenceRequest,
+    size_bytes: int,
+    *,
+    model: str,
+    max_request_bytes: int,
+    layout: TopicLayout | None,
+) -> Rejection | None:
+    """What every worker checks first: the reply topic, the size, the identifying fields
+    and the model."""
+    refused = reply_topic_rejection(layout, request) if layout else None
+    if refused is not None:
+        return refused
+    if size_bytes > max_request_bytes:
+        return Rejection(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            f"request is {size_bytes} bytes; the limit is {max_request_bytes}",
+        )
+    problem = field_problem(request)
+    if problem is not None:
+        return Rejection(ErrorCode.BAD_REQUEST, problem)
+    if request.model != model:
+        return Rejection(
+            ErrorCode.UNKNOWN_MODEL,
+            f"model {clip(request.model)!r} arrived at the worker of {model!r}",
+        )
+    return None
 
 
 def validate(
@@ -336,21 +372,21 @@ def validate(
     now_ms: int,
 ) -> WorkItem | Rejection:
     """A work item for batch position ``index``, or why ``request`` is refused."""
-    refused = reply_topic_rejection(rules.layout, request) if rules.layout else None
-    if refused is not None:
-        return refused
-    if size_bytes > rules.max_request_bytes:
+    front = _front_problem(
+        request,
+        size_bytes,
+        model=rules.model,
+        max_request_bytes=rules.max_request_bytes,
+        layout=rules.layout,
+    )
+    if front is not None:
+        return front
+    engine_only = native_refusal(request)
+    if engine_only is not None:
         return Rejection(
-            ErrorCode.PAYLOAD_TOO_LARGE,
-            f"request is {size_bytes} bytes; the limit is {rules.max_request_bytes}",
-        )
-    problem = field_problem(request)
-    if problem is not None:
-        return Rejection(ErrorCode.BAD_REQUEST, problem)
-    if request.model != rules.model:
-        return Rejection(
-            ErrorCode.UNKNOWN_MODEL,
-            f"model {clip(request.model)!r} arrived at the worker of {rules.model!r}",
+            ErrorCode.BAD_REQUEST,
+            f"{engine_only} is not supported by this version: it is served by Graylane's own "
+            "decoder (versions served by an engine server take it)",
         )
     facts = request_facts(request, rules.tokenizer, max(1, rules.max_request_bytes))
     if isinstance(facts, Rejection):
@@ -361,6 +397,80 @@ def validate(
             "stop strings need the model's tokenizer and this model has none; use stop_token_ids",
         )
     return prepare(index, facts, rules.io, rules.limits, now_ms, rules.model_info)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineRules:
+    """What a request for an engine-served version is checked against."""
+
+    model: str
+    max_request_bytes: int
+    max_new_tokens: int
+    layout: TopicLayout | None = None
+    """Where replies may go (``None``: the reply topic is not checked here)."""
+
+
+def validate_engine_call(
+    request: inference_pb2.InferenceRequest,
+    size_bytes: int,
+    index: int,
+    rules: EngineRules,
+    now_ms: int,
+) -> WorkItem | Rejection:
+    """A generation for an engine server, or why ``request`` is refused: a ``GENERATE``
+    with a conversation, a text prompt or token ids, a bounded ``max_new_tokens``,
+    sampling the worker accepts and engine options within their ranges. The prompt is
+    not tokenized here (the engine does it, with the chat template it was deployed with);
+    its length against the model's context is the engine's to judge."""
+    front = _front_problem(
+        request,
+        size_bytes,
+        model=rules.model,
+        max_request_bytes=rules.max_request_bytes,
+        layout=rules.layout,
+    )
+    if front is not None:
+        return front
+    if request.task != inference_pb2.GENERATE:
+        return Rejection(
+            ErrorCode.UNSUPPORTED_TASK,
+            "this version is served by an engine server, which only generates (task GENERATE)",
+        )
+    if request.inputs:
+        return Rejection(ErrorCode.BAD_REQUEST, "generate takes a prompt or messages, not tensors")
+    if request.deadline_unix_ms and request.deadline_unix_ms < now_ms:
+        return Rejection(
+            ErrorCode.DEADLINE_EXCEEDED,
+            f"deadline passed {now_ms - request.deadline_unix_ms} ms before the request ran",
+        )
+    if not (request.messages or request.prompt or request.token_ids):
+        return Rejection(ErrorCode.BAD_REQUEST, "generate needs messages, a prompt or token_ids")
+    if any(t < 0 for t in request.token_ids):
+        return Rejection(ErrorCode.BAD_REQUEST, "token ids must be >= 0")
+    gen = request.generation
+    if not 0 < gen.max_new_tokens <= rules.max_new_tokens:
+        return Rejection(
+            ErrorCode.BAD_REQUEST,
+            f"max_new_tokens must be in 1..{rules.max_new_tokens}, got {gen.max_new_tokens}",
+        )
+    sampling = sampling_params(gen)
+    if isinstance(sampling, Rejection):
+        return sampling
+    problem = messages_problem(request.messages) or options_problem(request.engine_options)
+    if problem is not None:
+        return Rejection(ErrorCode.BAD_REQUEST, problem)
+    if request.engine_options.n > 1 and gen.stream:
+        return Rejection(ErrorCode.BAD_REQUEST, "n > 1 is answered unstreamed only")
+    text = "" if request.messages or request.token_ids else request.prompt
+    return WorkItem(
+        index=index,
+        task=TaskKind.GENERATE,
+        seq_len=len(request.token_ids) or len(text),
+        prompt_tokens=tuple(request.token_ids) if not request.messages else (),
+        prompt_text=text,
+        max_new_tokens=gen.max_new_tokens,
+        sampling=sampling,
+    )
 
 
 def prepare(

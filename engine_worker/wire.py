@@ -21,6 +21,7 @@ from graylane.engine_worker.compute import (
     GenerateOutcome,
     engine_rejection,
 )
+from graylane.engine_worker.openai_calls import ChoiceText
 from graylane.engine_worker.requests import Job, TaskKind, Tokenizer, input_rejection
 from graylane.engine_worker.tasks import FinishReason, GenerationResult
 from graylane.errors import ErrorCode
@@ -35,10 +36,12 @@ __all__ = [
     "BatchIds",
     "BatchReport",
     "DecodeLoad",
+    "EngineAnswer",
     "GenerationTally",
     "ResultContext",
     "build_batch",
     "decoding_of",
+    "engine_result",
     "generation_report",
     "generation_result",
     "shed_telemetry",
@@ -187,6 +190,69 @@ def generation_result(
     clock = BatchClock(dequeued_ms=started_ms, started_ms=started_ms, done_ms=done)
     when = timing(job.request, clock, float(max(0, done - started_ms)), 1)
     return _result(job.request, GenerateOutcome(outcome), ctx, when, len(job.work.prompt_tokens))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineAnswer:
+    """What an engine server answered one generation, and when (unix ms) its tokens came."""
+
+    choices: tuple[tuple[ChoiceText, inference_pb2.FinishReason], ...]
+    """Each choice, in order, with its ``graylane.v1.FinishReason``."""
+    prompt_tokens: int
+    completion_tokens: int
+    """The engine's own count (its usage), over every choice."""
+    started_ms: int
+    """When the call began (the request left the worker's queue)."""
+    first_token_ms: int
+    last_token_ms: int
+    inter_token_p99_ms: float
+
+
+def engine_result(
+    job: Job, answer: EngineAnswer, ctx: ResultContext
+) -> inference_pb2.InferenceResult:
+    """The answer of one generation an engine server ran, timed by the worker: time to
+    first token from the request's creation, time per output token over the engine's
+    token count."""
+    request = job.request
+    done = now_ms()
+    clock = BatchClock(dequeued_ms=answer.started_ms, started_ms=answer.started_ms, done_ms=done)
+    when = timing(request, clock, float(max(0, done - answer.started_ms)), 1)
+    if answer.first_token_ms:
+        when.ttft_ms = float(max(0, answer.first_token_ms - when.created_at_unix_ms))
+        when.prefill_ms = float(max(0, answer.first_token_ms - answer.started_ms))
+    tokens = answer.completion_tokens
+    if tokens > 1 and answer.last_token_ms > answer.first_token_ms:
+        when.tpot_ms = (answer.last_token_ms - answer.first_token_ms) / (tokens - 1)
+    when.inter_token_p99_ms = answer.inter_token_p99_ms
+    first, reason = answer.choices[0]
+    result = inference_pb2.InferenceResult(
+        request_id=request.request_id,
+        model=request.model,
+        version=ctx.version,
+        variant=ctx.variant,
+        status=inference_pb2.OK,
+        shadow=request.shadow,
+        shadow_pair_id=request.shadow_pair_id,
+        worker_id=ctx.worker_id,
+        routing_key=request.routing_key,
+        task=inference_pb2.GENERATE,
+        timing=when,
+        text=first.text,
+        finish_reason=reason,
+        decoding=decoding_of(request.generation),
+    )
+    result.usage.prompt_tokens = answer.prompt_tokens
+    result.usage.completion_tokens = tokens
+    result.logprobs.extend(first.logprobs)
+    result.tool_calls.extend(first.calls())
+    for choice, choice_reason in answer.choices[1:]:
+        extra = result.extra_choices.add(
+            index=choice.index, text=choice.text, finish_reason=choice_reason
+        )
+        extra.logprobs.extend(choice.logprobs)
+        extra.tool_calls.extend(choice.calls())
+    return result
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,13 @@ A generation can be streamed: ``async for chunk in client.stream("gpt", prompt=.
 yields :class:`Chunk` objects in order as the worker publishes them (the last one has
 ``final`` set, its finish reason and the whole :class:`Result`); leaving the loop
 early cancels the generation (:meth:`GraylaneClient.cancel`).
+
+A version served by an engine server (vLLM, TensorRT-LLM, SGLang, llama.cpp) takes a
+conversation as ``messages`` (the engine applies its own chat template) and the options
+only engines apply (``engine_options``: ``n``, ``logprobs``, ``response_format``,
+``tools``, penalties); its results may carry :attr:`Result.logprobs`,
+:attr:`Result.tool_calls` and :attr:`Result.extra_choices`. A version served by
+Graylane's own decoder refuses those options (``BAD_REQUEST``).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from graylane.settings import Settings
 from graylane.v1 import inference_pb2
 
 __all__ = [
+    "Choice",
     "Chunk",
     "ClientError",
     "GraylaneClient",
@@ -63,6 +71,8 @@ __all__ = [
     "Result",
     "Task",
     "Timing",
+    "TokenLogprob",
+    "ToolCall",
     "UnknownModel",
     "Usage",
 ]
@@ -122,6 +132,55 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """The log probability of one generated token, and of its likeliest alternatives."""
+
+    token: str
+    logprob: float
+    utf8: bytes = b""
+    """The token's UTF-8 bytes (empty when the engine did not say)."""
+    top: tuple[tuple[str, float, bytes], ...] = ()
+    """The alternatives: (token, log probability, UTF-8 bytes)."""
+
+    @classmethod
+    def from_pb(cls, pb: inference_pb2.TokenLogprob) -> TokenLogprob:
+        return cls(
+            pb.token,
+            pb.logprob,
+            pb.bytes,
+            tuple((t.token, t.logprob, t.bytes) for t in pb.top_logprobs),
+        )
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool the model called: its id, the function's name and its JSON arguments."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A further choice of a generation asked for with ``n`` > 1."""
+
+    index: int
+    text: str
+    finish_reason: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+def _logprobs(pbs: Sequence[inference_pb2.TokenLogprob]) -> tuple[TokenLogprob, ...]:
+    return tuple(TokenLogprob.from_pb(pb) for pb in pbs)
+
+
+def _tool_calls(pbs: Sequence[inference_pb2.ToolCall]) -> tuple[ToolCall, ...]:
+    return tuple(ToolCall(pb.id, pb.name, pb.arguments) for pb in pbs)
+
+
+@dataclass(frozen=True)
 class Result:
     """An inference result, decoded from the wire."""
 
@@ -146,6 +205,12 @@ class Result:
     ``EOS``, ``MAX_SEQUENCE``, ...); empty for other results."""
     usage: Usage | None = None
     """GENERATE: prompt and generated token counts; ``None`` for other results."""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """GENERATE with ``logprobs`` (engine servers): its tokens' log probabilities."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """GENERATE with ``tools`` (engine servers): the calls the model made."""
+    extra_choices: tuple[Choice, ...] = ()
+    """GENERATE with ``n`` > 1 (engine servers): choices 1..n-1."""
 
     @classmethod
     def from_pb(cls, pb: inference_pb2.InferenceResult, sent_ms: int | None) -> Result:
@@ -175,6 +240,18 @@ class Result:
             usage=Usage(pb.usage.prompt_tokens, pb.usage.completion_tokens)
             if pb.HasField("usage")
             else None,
+            logprobs=_logprobs(pb.logprobs),
+            tool_calls=_tool_calls(pb.tool_calls),
+            extra_choices=tuple(
+                Choice(
+                    c.index,
+                    c.text,
+                    _finish_reason_name(c.finish_reason),
+                    _logprobs(c.logprobs),
+                    _tool_calls(c.tool_calls),
+                )
+                for c in pb.extra_choices
+            ),
         )
 
     @property
@@ -198,6 +275,8 @@ class Chunk:
     result: Result | None = None
     """On the final chunk: the request's result (its timing, usage, version); its
     tokens and text are the final chunk's own."""
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """The log probabilities of this chunk's tokens (``logprobs`` asked, engine servers)."""
 
 
 class _Stream:
@@ -225,6 +304,7 @@ class _Stream:
                 final=final,
                 finish_reason=_finish_reason_name(pb.finish_reason) if final else "",
                 result=Result.from_pb(pb, self.sent_ms) if final else None,
+                logprobs=_logprobs(pb.logprobs),
             )
         )
 
@@ -362,6 +442,9 @@ class GraylaneClient:
         stream_every_tokens: int = 0,
         stream_every_ms: int = 0,
         ttft_deadline_ms: int = 0,
+        messages: Sequence[inference_pb2.ChatMessage] = (),
+        turn_end: Sequence[str] = (),
+        engine_options: inference_pb2.EngineOptions | None = None,
     ) -> inference_pb2.InferenceRequest:
         """A request for ``model``; :meth:`infer` and :meth:`submit` take the same arguments.
 
@@ -370,6 +453,12 @@ class GraylaneClient:
         (0 = off) and ``seed`` (``None``: a different draw each time), and stops at
         ``stop`` strings (the text is cut before them) or ``stop_token_ids``. The
         worker checks them and answers ``BAD_REQUEST`` for values it refuses.
+
+        ``messages`` is a conversation for a version served by an engine server (which
+        applies its own chat template; give ``prompt`` too, rendered, for versions served
+        by Graylane's decoder, and ``turn_end``: the stop strings that close the
+        assistant's turn in that rendering). ``engine_options`` are the OpenAI options
+        only engine servers apply.
         """
         if isinstance(stop, str):
             raise TypeError("stop takes a sequence of strings, not one string")
@@ -398,7 +487,10 @@ class GraylaneClient:
                 has_seed=seed is not None,
                 stop=list(stop),
                 stop_token_ids=list(stop_token_ids),
+                turn_end=list(turn_end),
             ),
+            messages=list(messages),
+            engine_options=engine_options,
             post_process=post_process_to_pb(post_process),
             top_k=top_k,
             deadline_unix_ms=int(created + deadline_s * 1000) if deadline_s else 0,

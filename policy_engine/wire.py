@@ -258,14 +258,21 @@ def command_from_pb(pb: rollout_pb2.RolloutCommand) -> Command | CommandRejected
 def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOutput:
     """A result on the shadow topic, reduced for comparison.
 
-    Generations compare by token ids; other results by a digest of their
-    output bytes (exact agreement; a tolerance needs the decoded tensors).
+    Generations compare by token ids (by their text when an engine server ran them);
+    other results by a digest of their output bytes (exact agreement; a tolerance needs
+    the decoded tensors).
     """
     error = pb.status != inference_pb2.OK
     tokens = tuple(pb.generated_token_ids) if pb.generated_token_ids else None
     label: int | None = None
     if tokens is None and not error:
+        # a generation an engine server ran has text but no token ids: its text (and the
+        # tools it called) is what is compared, exactly
         digest = hashlib.blake2b(digest_size=8)
+        if pb.task == inference_pb2.GENERATE:
+            digest.update(pb.text.encode("utf-8"))
+            for call in pb.tool_calls:
+                digest.update(f"\x00{call.name}\x00{call.arguments}".encode())
         for t in pb.outputs:
             digest.update(t.data)
         label = int.from_bytes(digest.digest(), "big")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from graylane import serde
 from graylane.app.cli.demo import Service, start_service
-from graylane.engine_worker.service import ACTIVATE
+from graylane.engine_worker.standby import ACTIVATE
 from graylane.errors import SerdeError
 from graylane.kafka.admin import partition_counts
 from graylane.kafka.reading import CompactedFollower

@@ -93,6 +93,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "tokens each (0 = no cap)",
     )
     gen.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=256,
+        help="the most tokens one generation may ask for",
+    )
+    gen.add_argument(
         "--stream-every-tokens",
         type=int,
         default=4,
@@ -110,6 +116,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="decode GENERATE requests per fetched batch instead of one continuous batch",
     )
     worker.add_argument("--threads", type=int, default=0, help="engine threads (0 = default)")
+    _engine_server_args(worker)
     add_observability_args(worker)
     worker.add_argument("--worker-id", default="", help="this worker's id (default: host and pid)")
     worker.add_argument(
@@ -139,6 +146,90 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     worker.set_defaults(handler=_worker)
     _register_gateway(sub)
+
+
+def _engine_server_args(worker: argparse.ArgumentParser) -> None:
+    from graylane.artifacts.naming import Backend
+    from graylane.engine.server import DEFAULT_SLOTS
+    from graylane.engine_worker.engine_server import EngineServerSettings
+
+    d = EngineServerSettings()
+    eng = worker.add_argument_group(
+        "engine servers (serve through vLLM, TensorRT-LLM, SGLang or llama.cpp instead of "
+        "loading an ONNX file)"
+    )
+    eng.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="VARIANT=URL",
+        help="a variant served by an OpenAI-compatible engine server at URL (repeatable; "
+        "best first: the QoS ladder), e.g. q4_1=http://127.0.0.1:8081",
+    )
+    eng.add_argument(
+        "--engine",
+        choices=[b.value for b in Backend if b.is_engine_server],
+        default=Backend.VLLM.value,
+        help="which engine serves the endpoints: where its load figures are read",
+    )
+    eng.add_argument("--engine-version", default="", help="the engine's version (on record)")
+    eng.add_argument(
+        "--engine-model",
+        default="",
+        help="the model each call names: the engine's served model or a LoRA adapter id "
+        "(default: the first the server lists at /v1/models)",
+    )
+    eng.add_argument(
+        "--engine-slots",
+        type=int,
+        default=DEFAULT_SLOTS,
+        help="calls in flight to each endpoint: the engine's parallel sequences",
+    )
+    eng.add_argument(
+        "--engine-max-waiting",
+        type=int,
+        default=d.max_waiting,
+        help="requests held waiting for a slot per endpoint (0 = 4 x slots); beyond it they "
+        "wait in Kafka",
+    )
+    eng.add_argument(
+        "--engine-stall-timeout-s",
+        type=float,
+        default=d.stall_timeout_s,
+        help="a call that sends nothing for this long has failed",
+    )
+    eng.add_argument(
+        "--engine-retry-budget-s",
+        type=float,
+        default=d.retry_budget_s,
+        help="a call refused before anything was sent is tried again within this",
+    )
+
+
+def _endpoints(args: argparse.Namespace) -> tuple[Any, ...]:
+    """The ``--endpoint`` options as engine endpoints, best first."""
+    from graylane.artifacts.naming import Backend
+    from graylane.engine.server import EndpointError, EngineEndpoint
+
+    endpoints = []
+    for item in args.endpoint:
+        variant, _, url = item.partition("=")
+        if not variant or not url:
+            raise SystemExit(f"--endpoint {item!r}: expected VARIANT=URL")
+        try:
+            endpoints.append(
+                EngineEndpoint(
+                    variant=variant,
+                    url=url,
+                    backend=Backend(args.engine),
+                    engine_version=args.engine_version,
+                    served_model=args.engine_model,
+                    slots=args.engine_slots,
+                )
+            )
+        except EndpointError as exc:
+            raise SystemExit(f"--endpoint {item!r}: {exc}") from None
+    return tuple(endpoints)
 
 
 def _register_gateway(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -313,10 +404,11 @@ def _worker(args: argparse.Namespace) -> int:
     from graylane.artifacts.model_info import ModelInfo
     from graylane.engine.protocol import InferenceEngine
     from graylane.engine_worker.compute import profile_max_batch
+    from graylane.engine_worker.config import WorkerConfig
     from graylane.engine_worker.faults import FaultInjection
     from graylane.engine_worker.generation import StreamPolicy
     from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len, onnx_model_info
-    from graylane.engine_worker.service import Worker, WorkerConfig
+    from graylane.engine_worker.service import Worker
     from graylane.kafka.seam import KafkaFactory
     from graylane.models.hf_tokenizer import HfTokenizer, tokenizer_beside
 
@@ -326,6 +418,10 @@ def _worker(args: argparse.Namespace) -> int:
     setup_service_logging("worker", settings, args, model=args.model, version=args.version)
     if settings.trusted_keys and not args.from_registry:
         raise SystemExit("trusted keys verify signed artifacts: use them with --from-registry")
+    if args.endpoint:
+        if args.variant or args.from_registry:
+            raise SystemExit("--endpoint serves through engine servers: not with --variant")
+        return _serve_engine_servers(args, settings, _endpoints(args))
     threads = args.threads or None
     first_path: Path | None
     if args.from_registry:
@@ -379,6 +475,7 @@ def _worker(args: argparse.Namespace) -> int:
         default_deadline_ms=args.default_deadline_ms,
         engine_failure_limit=args.engine_failure_limit,
         max_seq_len=max_seq,
+        max_new_tokens=args.max_new_tokens,
         buckets=_buckets_up_to(max_seq),  # the worker prefers the profiles' buckets
         model_info=info,
         profiles=profiles,
@@ -401,6 +498,39 @@ def _worker(args: argparse.Namespace) -> int:
         **({"worker_id": args.worker_id} if args.worker_id else {}),
     )
     worker = Worker(KafkaFactory(settings), config, engines, reload=reload)
+    return run_service(worker.run)
+
+
+def _serve_engine_servers(
+    args: argparse.Namespace, settings: Settings, endpoints: tuple[Any, ...], refused: Any = ()
+) -> int:
+    """A worker that serves its variants through engine servers."""
+    from graylane.engine_worker.config import WorkerConfig
+    from graylane.engine_worker.engine_server import EngineServerSettings
+    from graylane.engine_worker.generation import StreamPolicy
+    from graylane.engine_worker.service import Worker
+    from graylane.kafka.seam import KafkaFactory
+
+    variants = [e.variant for e in endpoints]
+    if args.active and args.active not in variants:
+        raise SystemExit(f"--active {args.active!r} is not one of the endpoints' {variants}")
+    config = WorkerConfig(
+        model=args.model,
+        version=args.version,
+        initial_variant=args.active or variants[0],
+        endpoints=endpoints,
+        engine_server=EngineServerSettings(
+            stall_timeout_s=args.engine_stall_timeout_s,
+            retry_budget_s=args.engine_retry_budget_s,
+            max_waiting=args.engine_max_waiting,
+        ),
+        max_new_tokens=args.max_new_tokens,
+        metrics_port=args.metrics_port,
+        stream=StreamPolicy(every_tokens=args.stream_every_tokens, every_ms=args.stream_every_ms),
+        refused_artifacts=refused,
+        **({"worker_id": args.worker_id} if args.worker_id else {}),
+    )
+    worker = Worker(KafkaFactory(settings), config)
     return run_service(worker.run)
 
 

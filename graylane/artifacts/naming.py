@@ -24,6 +24,7 @@ from graylane.errors import GraylaneError
 
 __all__ = [
     "MODEL_NAME_MAX",
+    "ONNX_PRECISIONS",
     "VERSION_NAME_MAX",
     "ArtifactName",
     "Backend",
@@ -94,6 +95,15 @@ class Precision(Enum):
     Q3_K_M = "q3_k_m"
     Q3_K_S = "q3_k_s"
     Q2_K = "q2_k"
+
+    @property
+    def builds_onnx(self) -> bool:
+        """One of the builder's ONNX variants (the rest name what engine servers load)."""
+        return self in (Precision.FP32, Precision.FP16, Precision.INT8, Precision.INT8_DYNAMIC)
+
+
+ONNX_PRECISIONS = tuple(p for p in Precision if p.builds_onnx)
+"""The variants the builder makes from an ONNX source, in quality order."""
 
 
 MODEL_NAME_MAX = 100

@@ -20,6 +20,7 @@ from graylane.metrics.dataplane import GatewayMetrics, RouterMetrics, WorkerMetr
 from graylane.metrics.gpu import NvmlCollector, load_nvml
 from graylane.metrics.process import (
     CONTROL_CAUGHT_UP,
+    ENGINE_UP,
     GROUP_JOINED,
     BuildLabels,
     MetricsAddress,
@@ -31,6 +32,7 @@ from graylane.metrics.units import MillisecondHistogram, build_info
 
 __all__ = [
     "CONTROL_CAUGHT_UP",
+    "ENGINE_UP",
     "GROUP_JOINED",
     "AuditSinkMetrics",
     "BuildLabels",

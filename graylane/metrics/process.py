@@ -25,6 +25,7 @@ from graylane.metrics.units import build_info
 
 __all__ = [
     "CONTROL_CAUGHT_UP",
+    "ENGINE_UP",
     "GROUP_JOINED",
     "BuildLabels",
     "LoopHeartbeats",
@@ -44,6 +45,8 @@ GROUP_JOINED = "group_joined"
 """The service's consumer has partitions assigned."""
 CONTROL_CAUGHT_UP = "control_caught_up"
 """The service has read its control topics (routing, precision, rollouts) to their end."""
+ENGINE_UP = "engine_up"
+"""An engine-server worker: the engine server of its active variant answers."""
 
 
 DEFAULT_STALE_S = 120.0

@@ -46,6 +46,7 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from graylane.client import ToolCall
 from graylane.errors import GraylaneError
 
 __all__ = [
@@ -69,12 +70,19 @@ class ChatRole(Enum):
     """OpenAI's newer name for system instructions; rendered as ``system``."""
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"
+    """The result of a tool call (engine-served versions; Graylane's decoder refuses it)."""
 
 
 @dataclass(frozen=True)
 class ChatMessage:
     role: ChatRole
     content: str
+    name: str = ""
+    tool_call_id: str = ""
+    """A tool message: the call it answers."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """An assistant message that called tools."""
 
 
 class ChatFormat(Protocol):

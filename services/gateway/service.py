@@ -24,7 +24,9 @@ acknowledged request (it is in Kafka and is served), only its callers' connectio
 - Answers name the version and variant that served them (``x-graylane-version``,
   ``x-graylane-variant``; OpenAI's ``system_fingerprint`` is ``graylane:<version>``).
 - ``/metrics``, ``/healthz``, ``/readyz`` on the API port (ready = the producer and the
-  reply-topic reader are up), and on the service's metrics port like every service.
+  reply-topic reader are up), and on the service's metrics port like every service;
+  ``GET /health`` and ``GET /version``, the probes clients of vLLM-compatible servers
+  send before they start (``/health`` needs no key, like theirs).
 """
 
 from __future__ import annotations
@@ -448,15 +450,7 @@ class Gateway:
             return self._error(label, started, self._failure(exc), openai=True)
         if result is None:  # the caller went away; nobody reads this
             return self._answer(label, started, Response(status_code=499))
-        body = response_body(
-            call,
-            request_id=request_id,
-            created=int(time.time()),
-            text=result.text,
-            finish=result.finish_reason,
-            usage=result.usage,
-            version=result.version,
-        )
+        body = response_body(call, request_id=request_id, created=int(time.time()), result=result)
         headers = {
             VERSION_HEADER: result.version,
             VARIANT_HEADER: result.variant,
@@ -537,6 +531,7 @@ class Gateway:
             opened = False
             texted = False
             version = ""
+            text_offset = 0
             metrics.streams_open.inc()
             try:
                 if call.endpoint is Endpoint.CHAT:
@@ -557,7 +552,7 @@ class Gateway:
                         yield sse_event(err.openai_body())
                         metrics.requests.labels(label, str(err.status)).inc()
                         return
-                    if item.text:
+                    if item.text or item.logprobs:
                         if not texted:
                             texted = True
                             metrics.ttft_ms.labels(label).observe(
@@ -572,8 +567,11 @@ class Gateway:
                                 finish=None,
                                 first=not opened,
                                 version=version,
+                                logprobs=item.logprobs,
+                                text_offset=text_offset,
                             )
                         )
+                        text_offset += len(item.text)
                         opened = True
                     if item.final:
                         result = item.result
@@ -587,6 +585,7 @@ class Gateway:
                                 finish=item.finish_reason or "STOP",
                                 first=False,
                                 version=version,
+                                tool_calls=result.tool_calls if result is not None else (),
                             )
                         )
                         if call.include_usage:
@@ -817,6 +816,14 @@ def _build_app(gateway: Gateway) -> FastAPI:
     async def ready_server() -> Response:
         return Response(status_code=200 if gateway.is_ready() else 503)
 
+    async def health() -> Response:
+        """The probe clients of vLLM-compatible servers send before they start."""
+        return Response(status_code=200 if gateway.is_ready() else 503)
+
+    async def version() -> Response:
+        settings = gateway.factory.settings
+        return JSONResponse({"version": settings.image_version, "server": "graylane"})
+
     async def healthz() -> Response:
         ok = gateway.alive()
         return Response(b"ok\n" if ok else b"stalled\n", status_code=200 if ok else 503)
@@ -845,6 +852,8 @@ def _build_app(gateway: Gateway) -> FastAPI:
     route("/v2/models/{name}/versions/{version}/ready", ["GET"], ready)
     route("/v2/models/{name}/infer", ["POST"], infer)
     route("/v2/models/{name}/versions/{version}/infer", ["POST"], infer)
+    route("/health", ["GET"], health)
+    route("/version", ["GET"], version)
     route("/healthz", ["GET"], healthz)
     route("/readyz", ["GET"], readyz)
     route("/metrics", ["GET"], metrics)

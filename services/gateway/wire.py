@@ -8,11 +8,22 @@ does in ``error.param``); a call becomes the arguments of
 objects and server-sent-event chunks.
 
 Defaults follow OpenAI's: ``temperature`` 1, ``top_p`` 1 (off), ``max_tokens`` 16 for
-completions and the gateway's ``default_max_tokens`` for chat; ``n`` (and
-``best_of``) other than 1, ``echo``, ``logprobs``, ``suffix``, ``logit_bias``, penalties
-and tools are refused, never silently ignored. Finish reasons map ``LENGTH`` and
-``MAX_SEQUENCE`` to ``length``, ``STOP`` and ``EOS`` to ``stop``. The served version
-is the response's ``system_fingerprint`` (``graylane:<version>``).
+completions and the gateway's ``default_max_tokens`` for chat. The fields engine
+servers apply (``n``, ``logprobs``/``top_logprobs``, ``response_format``, ``tools`` and
+``tool_choice``, the penalties, ``logit_bias``, ``min_p``; ``top_k`` too, which
+Graylane's decoder applies as well) are checked here, types and ranges
+(:mod:`graylane.engine_options`), and travel with the request: a version served by an
+engine server applies them, a version served by Graylane's decoder refuses them (400,
+naming the field). ``best_of``, ``echo``, ``suffix`` and the audio fields are refused
+here, never silently ignored; ``n`` > 1 is answered unstreamed only. A chat's messages
+travel as messages too (an engine applies its own template), beside the prompt the
+model's template renders for Graylane's decoder.
+
+Answers carry what the engine gave: log probabilities (OpenAI's chat shape, or the
+completions shape), tool calls (finish reason ``tool_calls``), further choices. Finish
+reasons map ``LENGTH`` and ``MAX_SEQUENCE`` to ``length``, ``STOP`` and ``EOS`` to
+``stop``, ``TOOL_CALLS`` to ``tool_calls``. The served version is the response's
+``system_fingerprint`` (``graylane:<version>``).
 """
 
 from __future__ import annotations
@@ -24,10 +35,17 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from graylane.client import Usage
+from graylane.client import Choice, Result, TokenLogprob, ToolCall, Usage
+from graylane.engine_options import MAX_CHOICES, MAX_TOP_LOGPROBS, options_problem
 from graylane.services.gateway.admission import GatewayLimits
-from graylane.services.gateway.chat import ChatFormat, ChatMessage, ChatRole, ChatTemplateError
+from graylane.services.gateway.chat import (
+    ChatFormat,
+    ChatMessage,
+    ChatRole,
+    ChatTemplateError,
+)
 from graylane.services.gateway.failures import ApiError, ErrorType
+from graylane.v1 import inference_pb2
 
 __all__ = [
     "MAX_STOP_SEQUENCES",
@@ -46,15 +64,24 @@ __all__ = [
     "usage_chunk",
 ]
 
-MAX_STOP_SEQUENCES = 4
-"""OpenAI's limit on ``stop``."""
+MAX_STOP_SEQUENCES = 15
+"""The most ``stop`` strings a call may name (OpenAI allows 4; engines and Graylane's
+decoder take more): the worker's limit of 16 less the chat template's end of turn."""
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` of ``/v1/completions``."""
 SSE_DONE = b"data: [DONE]\n\n"
 
-_FINISH = {"LENGTH": "length", "MAX_SEQUENCE": "length", "STOP": "stop", "EOS": "stop"}
-_UNSUPPORTED_COMPLETION = ("echo", "logprobs", "suffix", "logit_bias")
-_UNSUPPORTED_CHAT = ("tools", "functions", "tool_choice", "audio", "modalities", "prediction")
+_FINISH = {
+    "LENGTH": "length",
+    "MAX_SEQUENCE": "length",
+    "STOP": "stop",
+    "EOS": "stop",
+    "TOOL_CALLS": "tool_calls",
+}
+_UNSUPPORTED_COMPLETION = ("echo", "suffix")
+_UNSUPPORTED_CHAT = ("functions", "function_call", "audio", "modalities", "prediction")
+MAX_COMPLETION_LOGPROBS = 5
+"""OpenAI's limit on ``logprobs`` of ``/v1/completions`` (alternatives per token)."""
 
 
 class Endpoint(Enum):
@@ -90,6 +117,19 @@ class GenerationCall:
     user: str = ""
     timeout_s: float | None = None
     """The body's ``timeout`` (a Graylane extension, seconds); None when absent."""
+    top_k: int = 0
+    """The ``top_k`` extension (vLLM's, llama.cpp's): the k likeliest tokens; 0 = off."""
+    turn_end: tuple[str, ...] = ()
+    """A chat: the strings that close the assistant's turn in the rendered prompt."""
+    messages: tuple[inference_pb2.ChatMessage, ...] = ()
+    """A chat: its conversation, for engine servers."""
+    options: inference_pb2.EngineOptions | None = None
+    """Options only engine servers apply (None: none set)."""
+
+    @property
+    def logprobs_shape(self) -> bool:
+        """Whether the answer carries log probabilities (asked for)."""
+        return self.options is not None and self.options.logprobs
 
     def sdk_arguments(self) -> dict[str, Any]:
         """Keyword arguments of ``GraylaneClient.infer`` / ``stream`` for this call."""
@@ -98,8 +138,12 @@ class GenerationCall:
             "max_new_tokens": self.max_tokens,
             "temperature": 0.0 if self.top_p == 0.0 else self.temperature,
             "top_p": 0.0 if self.top_p in (0.0, 1.0) else self.top_p,
+            "sampling_top_k": self.top_k,
             "seed": self.seed,
             "stop": list(self.stop),
+            "turn_end": list(self.turn_end),
+            "messages": list(self.messages),
+            "engine_options": self.options,
         }
         if self.token_ids:
             args["token_ids"] = list(self.token_ids)
@@ -170,17 +214,11 @@ def _common(body: Mapping[str, Any], endpoint: Endpoint) -> dict[str, Any]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError.invalid("model is required (a string)", "model")
-    for name in ("n", "best_of"):
-        n = _integer(body, name)
-        if n is not None and n != 1:
-            raise ApiError.invalid(
-                f"{name}={n} is not supported: Graylane generates one choice per call "
-                "(send several calls instead)",
-                name,
-            )
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
-            raise ApiError.invalid(f"{name} is not supported", name)
+    best_of = _integer(body, "best_of")
+    if best_of is not None and best_of != 1:
+        raise ApiError.invalid(
+            f"best_of={best_of} is not supported: ask for n choices instead", "best_of"
+        )
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -213,9 +251,17 @@ def _common(body: Mapping[str, Any], endpoint: Endpoint) -> dict[str, Any]:
             raise ApiError.invalid("timeout must be a number of seconds", "timeout")
         if not math.isfinite(timeout) or timeout <= 0:
             raise ApiError.invalid("timeout must be a positive number of seconds", "timeout")
+    top_k = _integer(body, "top_k")
+    if top_k is not None and not 0 <= top_k <= 1024:
+        raise ApiError.invalid("top_k must be between 0 (off) and 1024", "top_k")
+    options = _engine_options(body, endpoint)
+    if options is not None and options.n > 1 and stream:
+        raise ApiError.invalid("n > 1 is answered unstreamed only: set stream to false", "n")
     return {
         "endpoint": endpoint,
         "model": model,
+        "top_k": max(0, top_k or 0),
+        "options": options,
         "temperature": _number(body, "temperature", 1.0, 0.0, 2.0),
         "top_p": _number(body, "top_p", 1.0, 0.0, 1.0),
         "seed": seed,
@@ -225,6 +271,72 @@ def _common(body: Mapping[str, Any], endpoint: Endpoint) -> dict[str, Any]:
         "user": user,
         "timeout_s": None if timeout is None else float(timeout),
     }
+
+
+def _json_text(body: Mapping[str, Any], name: str) -> str:
+    value = body.get(name)
+    return "" if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def _engine_options(
+    body: Mapping[str, Any], endpoint: Endpoint
+) -> inference_pb2.EngineOptions | None:
+    """The fields only engine servers apply, checked (None when none is set)."""
+    options = inference_pb2.EngineOptions()
+    n = _integer(body, "n")
+    if n is not None:
+        if not 1 <= n <= MAX_CHOICES:
+            raise ApiError.invalid(f"n must be between 1 and {MAX_CHOICES}, got {n}", "n")
+        options.n = n if n > 1 else 0
+    raw_logprobs = body.get("logprobs")
+    if endpoint is Endpoint.CHAT:
+        if raw_logprobs is not None and not isinstance(raw_logprobs, bool):
+            raise ApiError.invalid("logprobs must be a boolean", "logprobs")
+        options.logprobs = bool(raw_logprobs)
+        top = _integer(body, "top_logprobs")
+        if top is not None:
+            if not 0 <= top <= MAX_TOP_LOGPROBS:
+                raise ApiError.invalid(
+                    f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", "top_logprobs"
+                )
+            if top and not options.logprobs:
+                raise ApiError.invalid("top_logprobs needs logprobs set to true", "top_logprobs")
+            options.top_logprobs = top
+    elif raw_logprobs is not None:  # completions: how many alternatives per token
+        count = _integer(body, "logprobs")
+        if count is None or not 0 <= count <= MAX_COMPLETION_LOGPROBS:
+            raise ApiError.invalid(
+                f"logprobs must be an integer between 0 and {MAX_COMPLETION_LOGPROBS}", "logprobs"
+            )
+        options.logprobs = True
+        options.top_logprobs = count
+    for name in ("presence_penalty", "frequency_penalty"):
+        setattr(options, name, _number(body, name, 0.0, -2.0, 2.0))
+    options.repetition_penalty = _number(body, "repetition_penalty", 0.0, 0.0, 10.0)
+    options.min_p = _number(body, "min_p", 0.0, 0.0, 1.0)
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, Mapping):
+            raise ApiError.invalid("logit_bias must map token ids to biases", "logit_bias")
+        for token, value in bias.items():
+            if not (isinstance(token, str) and token.isdigit()) or isinstance(value, bool):
+                raise ApiError.invalid("logit_bias keys must be token ids", "logit_bias")
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                raise ApiError.invalid("logit_bias values must be numbers", "logit_bias")
+            options.logit_bias[int(token)] = float(value)
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
+        options.response_format_json = _json_text(body, "response_format")
+    if body.get("tools") not in (None, []):
+        options.tools_json = _json_text(body, "tools")
+    if body.get("tool_choice") is not None and options.tools_json:
+        options.tool_choice_json = _json_text(body, "tool_choice")
+    elif body.get("tool_choice") not in (None, "none"):
+        raise ApiError.invalid("tool_choice needs tools", "tool_choice")
+    problem = options_problem(options)
+    if problem is not None:  # its first word names the field
+        raise ApiError.invalid(problem, problem.split(" ", 1)[0].split("[", 1)[0])
+    return options if options.ByteSize() else None
 
 
 def parse_completion(body: object, limits: GatewayLimits) -> GenerationCall:
@@ -304,8 +416,52 @@ def parse_messages(raw: object, limits: GatewayLimits) -> list[ChatMessage]:
             raise ApiError.invalid(
                 f"messages[{i}].role {item.get('role')!r} is not supported ({roles})", "messages"
             ) from None
-        messages.append(ChatMessage(role, _message_text(item.get("content"), i)))
+        calls = _message_tool_calls(item.get("tool_calls"), i)
+        content = item.get("content")
+        text = "" if content is None and (calls or role is ChatRole.ASSISTANT) else None
+        name = item.get("name") or ""
+        call_id = item.get("tool_call_id") or ""
+        if not isinstance(name, str) or not isinstance(call_id, str):
+            raise ApiError.invalid(
+                f"messages[{i}]: name and tool_call_id must be strings", "messages"
+            )
+        if role is ChatRole.TOOL and not call_id:
+            raise ApiError.invalid(
+                f"messages[{i}]: a tool message needs the tool_call_id it answers", "messages"
+            )
+        messages.append(
+            ChatMessage(
+                role,
+                text if text is not None else _message_text(content, i),
+                name=name,
+                tool_call_id=call_id,
+                tool_calls=calls,
+            )
+        )
     return messages
+
+
+def _message_tool_calls(raw: object, index: int) -> tuple[ToolCall, ...]:
+    """An assistant message's earlier tool calls (OpenAI's shape)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ApiError.invalid(f"messages[{index}].tool_calls must be a list", "messages")
+    calls = []
+    for call in raw:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise ApiError.invalid(
+                f"messages[{index}].tool_calls: each needs a function with a name", "messages"
+            )
+        arguments = function.get("arguments", "")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, separators=(",", ":"))
+        call_id = call.get("id", "")
+        calls.append(
+            ToolCall(call_id if isinstance(call_id, str) else "", function["name"], arguments)
+        )
+    return tuple(calls)
 
 
 def parse_chat(body: object, limits: GatewayLimits, template: ChatFormat) -> GenerationCall:
@@ -318,15 +474,6 @@ def parse_chat(body: object, limits: GatewayLimits, template: ChatFormat) -> Gen
     for name in _UNSUPPORTED_CHAT:
         if fields.get(name) not in (None, [], "none"):
             raise ApiError.invalid(f"{name} is not supported", name)
-    if fields.get("logprobs") or fields.get("top_logprobs"):
-        raise ApiError.invalid("logprobs are not supported", "logprobs")
-    if fields.get("logit_bias"):
-        raise ApiError.invalid("logit_bias is not supported", "logit_bias")
-    fmt = fields.get("response_format")
-    if fmt is not None and not (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
-        raise ApiError.invalid(
-            "only response_format {'type': 'text'} is supported", "response_format"
-        )
     messages = parse_messages(fields.get("messages"), limits)
     try:
         prompt = template.render(messages)
@@ -341,7 +488,6 @@ def parse_chat(body: object, limits: GatewayLimits, template: ChatFormat) -> Gen
             "messages",
         )
     common = _common(fields, Endpoint.CHAT)
-    stops = tuple(dict.fromkeys((*common.pop("stop"), *template.stop)))
     return GenerationCall(
         prompt=prompt,
         max_tokens=_max_tokens(
@@ -350,9 +496,22 @@ def parse_chat(body: object, limits: GatewayLimits, template: ChatFormat) -> Gen
             limits.default_max_tokens,
             limits.max_tokens,
         ),
-        stop=stops,
+        turn_end=tuple(template.stop),
+        messages=tuple(_message_pb(m) for m in messages),
         **common,
     )
+
+
+def _message_pb(message: ChatMessage) -> inference_pb2.ChatMessage:
+    pb = inference_pb2.ChatMessage(
+        role=message.role.value,
+        content=message.content,
+        name=message.name,
+        tool_call_id=message.tool_call_id,
+    )
+    for call in message.tool_calls:
+        pb.tool_calls.add(id=call.id, name=call.name, arguments=call.arguments)
+    return pb
 
 
 # -- writing answers --------------------------------------------------------------------
@@ -377,39 +536,99 @@ def _fingerprint(version: str) -> str | None:
     return f"graylane:{version}" if version else None
 
 
-def response_body(
+def _token_logprob(entry: TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "bytes": list(entry.utf8 or entry.token.encode("utf-8")),
+        "top_logprobs": [
+            {"token": t, "logprob": lp, "bytes": list(b) if b else list(t.encode("utf-8"))}
+            for t, lp, b in entry.top
+        ],
+    }
+
+
+def logprobs_body(
+    call: GenerationCall, entries: Sequence[TokenLogprob], *, offset: int = 0
+) -> dict[str, Any] | None:
+    """OpenAI's ``logprobs`` of a choice: the chat shape (``content``), or the completions
+    shape (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset`` from
+    ``offset``); None when they were not asked for."""
+    if not call.logprobs_shape:
+        return None
+    if call.endpoint is Endpoint.CHAT:
+        return {"content": [_token_logprob(e) for e in entries], "refusal": None}
+    offsets = []
+    at = offset
+    for e in entries:
+        offsets.append(at)
+        at += len(e.token)
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{t: lp for t, lp, _ in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def _tool_calls_body(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    return [
+        {
+            "index": i,
+            "id": call.id or f"call_{i}",
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        for i, call in enumerate(calls)
+    ]
+
+
+def _choice(
     call: GenerationCall,
-    *,
-    request_id: str,
-    created: int,
+    index: int,
     text: str,
     finish: str,
-    usage: Usage | None,
-    version: str,
+    logprobs: Sequence[TokenLogprob],
+    tool_calls: Sequence[ToolCall],
+) -> dict[str, Any]:
+    if call.endpoint is Endpoint.COMPLETIONS:
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": logprobs_body(call, logprobs),
+            "finish_reason": finish_reason(finish),
+        }
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = _tool_calls_body(tool_calls)
+        message["content"] = text or None
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": logprobs_body(call, logprobs),
+        "finish_reason": finish_reason(finish),
+    }
+
+
+def response_body(
+    call: GenerationCall, *, request_id: str, created: int, result: Result
 ) -> dict[str, Any]:
     """The non-streamed answer (``text_completion`` or ``chat.completion``)."""
-    if call.endpoint is Endpoint.COMPLETIONS:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": finish_reason(finish),
-        }
-    else:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish_reason(finish),
-        }
+    choices = [
+        _choice(call, 0, result.text, result.finish_reason, result.logprobs, result.tool_calls)
+    ]
+    extra: Sequence[Choice] = result.extra_choices
+    choices.extend(
+        _choice(call, c.index, c.text, c.finish_reason, c.logprobs, c.tool_calls) for c in extra
+    )
     return {
         "id": call.endpoint.id_prefix + request_id,
         "object": call.endpoint.value,
         "created": created,
         "model": call.model,
-        "system_fingerprint": _fingerprint(version),
-        "choices": [choice],
-        "usage": _usage(usage),
+        "system_fingerprint": _fingerprint(result.version),
+        "choices": choices,
+        "usage": _usage(result.usage),
     }
 
 
@@ -422,22 +641,33 @@ def stream_chunk(
     finish: str | None,
     first: bool,
     version: str = "",
+    logprobs: Sequence[TokenLogprob] = (),
+    tool_calls: Sequence[ToolCall] = (),
+    text_offset: int = 0,
 ) -> dict[str, Any]:
     """One streamed chunk; ``first`` opens the assistant's message (chat), ``finish``
-    (a ``FinishReason`` name) closes the choice."""
+    (a ``FinishReason`` name) closes the choice; ``tool_calls`` (the final chunk's) are
+    sent whole in one delta."""
     reason = finish_reason(finish) if finish else None
     if call.endpoint is Endpoint.COMPLETIONS:
         choice: dict[str, Any] = {
             "index": 0,
             "text": text,
-            "logprobs": None,
+            "logprobs": logprobs_body(call, logprobs, offset=text_offset) if logprobs else None,
             "finish_reason": reason,
         }
     else:
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if text or first:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        if tool_calls:
+            delta["tool_calls"] = _tool_calls_body(tool_calls)
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": logprobs_body(call, logprobs) if logprobs else None,
+            "finish_reason": reason,
+        }
     chunk: dict[str, Any] = {
         "id": call.endpoint.id_prefix + request_id,
         "object": call.endpoint.chunk_object,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine_worker.service import Worker
 from graylane.client import GraylaneClient, PostProcess
 from graylane.engine_worker.faults import FaultInjection
+from graylane.engine_worker.service import Worker
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.priority import PRIORITY_TAG
@@ -43,7 +43,7 @@ async def warmed_slow_worker(
                     MODEL, token_ids=[1, 2, 3], routing_key=f"w{i}", timeout=60
                 )
                 assert warm.ok
-            assert worker.learner.estimate_ms(1, 16) is not None
+            assert worker.backend.learner.estimate_ms(1, 16) is not None
             yield worker, client
 
 
@@ -84,9 +84,9 @@ async def test_sheddable_requests_are_shed_before_critical_ones(
         # three sheddable requests ahead of a critical one, one deadline for all.
         # Behind the three (>= 1.2 s of engine time, then its own) the critical one
         # could not make it.
-        started = worker._last_run_ms
+        started = worker.backend.last_run_ms
         blocker = await client.submit(MODEL, token_ids=[1, 2, 3], routing_key="blocker")
-        await wait_until(lambda: worker._last_run_ms > started, timeout=30, what="blocker")
+        await wait_until(lambda: worker.backend.last_run_ms > started, timeout=30, what="blocker")
         priority: dict[str, str] = {blocker: "blocker"}
         for i, level in enumerate(["sheddable"] * 3 + ["critical"]):
             request_id = await client.submit(

@@ -70,7 +70,7 @@ async def test_chat_completions_streamed_and_not_and_the_refusals(
         whole = await client.chat.completions.create(
             model=MODEL, messages=MESSAGES, max_tokens=NEW_TOKENS, temperature=0
         )
-        (decoder,) = [d for _, d in stack.workers["v1"]._decoders.values()]
+        (decoder,) = [d for _, d in stack.workers["v1"].backend.decoders.values()]
         pieces: list[str] = []
         live_at_first_text: int | None = None
         finish: str | None = None
@@ -204,7 +204,7 @@ async def test_a_caller_that_goes_away_cancels_its_generation(
         await reader.readuntil(b"data: ")  # the first chunk: hang up mid-generation
         writer.transport.abort()
         final = await _final_result(factory, gateway.client.reply_topic, request_id)
-        (decoder,) = [d for _, d in stack.workers["v1"]._decoders.values()]
+        (decoder,) = [d for _, d in stack.workers["v1"].backend.decoders.values()]
         await wait_until(lambda: decoder.live == 0, timeout=10, what="cancelled row freed")
         async with _openai(gateway.url) as client:
             after = await client.completions.create(

@@ -87,7 +87,7 @@ async def test_a_cancel_stops_a_running_generation_and_frees_its_rows(
             assert final.final and final.finish_reason == "CANCELLED"
             generated = sum(len(c.tokens) for c in chunks)
             assert 3 <= generated < 200  # stopped within a few steps, not at the end
-            (decoder,) = [d for _, d in worker._decoders.values()]
+            (decoder,) = [d for _, d in worker.backend.decoders.values()]
             await wait_until(lambda: decoder.live == 0, timeout=10, what="rows freed")
             assert decoder._loop.scheduler.running == ()
             assert decoder._loop.scheduler.reserved_kv_tokens == 0
@@ -136,7 +136,7 @@ async def test_a_request_arriving_mid_decode_joins_the_running_batch(
             done_while_long_ran = not long_chunks[-1].final
             await task
     assert done_while_long_ran  # answered while the long one was still decoding
-    (decoder,) = [d for _, d in worker._decoders.values()]
+    (decoder,) = [d for _, d in worker.backend.decoders.values()]
     assert decoder.peak_rows >= 2  # they shared decode steps
     long_final = long_chunks[-1].result
     assert long_final is not None

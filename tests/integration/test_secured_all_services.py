@@ -23,7 +23,8 @@ from grpc import aio
 from graylane.acls import AclScope, KafkaRole
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.service import Worker, WorkerConfig
+from graylane.engine_worker.config import WorkerConfig
+from graylane.engine_worker.service import Worker
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import ConsumerOptions, KafkaFactory

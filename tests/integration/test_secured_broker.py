@@ -22,7 +22,8 @@ from aiokafka.errors import (
 from graylane import serde
 from graylane.acls import AclScope
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.service import Worker, WorkerConfig
+from graylane.engine_worker.config import WorkerConfig
+from graylane.engine_worker.service import Worker
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory

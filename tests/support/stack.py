@@ -13,9 +13,12 @@ from graylane.artifacts.model_info import ModelInfo
 from graylane.artifacts.signing import RefusedArtifact
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
+from graylane.engine.server import EngineEndpoint
+from graylane.engine_worker.config import WorkerConfig
+from graylane.engine_worker.engine_server import EngineServerSettings
 from graylane.engine_worker.faults import FaultInjection
 from graylane.engine_worker.requests import Tokenizer
-from graylane.engine_worker.service import Worker, WorkerConfig
+from graylane.engine_worker.service import Worker
 from graylane.kafka.reading import FollowFrom, TopicFollower
 from graylane.kafka.seam import KafkaFactory, Record
 from graylane.services.router.service import Router, RouterConfig
@@ -50,16 +53,36 @@ async def running_stack(
     tokenizers: Mapping[str, Tokenizer] | None = None,
     max_sequences: int = 0,
     refused_artifacts: tuple[RefusedArtifact, ...] = (),
+    endpoints: Mapping[str, Sequence[EngineEndpoint]] | None = None,
+    engine_server: EngineServerSettings | None = None,
+    max_new_tokens: int = 256,
 ) -> AsyncIterator[Stack]:
     """Start a router and one worker per version; stop them all on exit.
 
     ``tokenizers``: a version's own tokenizer (else ``tokenizer``); ``max_sequences``:
     rows of a continuous decode batch (0: ``max_batch_size``); ``refused_artifacts``: what
-    loading refused (counted by each worker's metrics)."""
+    loading refused (counted by each worker's metrics); ``endpoints``: versions served
+    by engine servers (their entry in ``versions`` is not read), with ``engine_server``'s
+    settings."""
     stop = asyncio.Event()
     router = Router(factory, RouterConfig(stable_versions={model: stable}))
     workers: dict[str, Worker] = {}
+    for version, served in (endpoints or {}).items():
+        workers[version] = Worker(
+            factory,
+            WorkerConfig(
+                model=model,
+                version=version,
+                initial_variant=served[0].variant,
+                endpoints=tuple(served),
+                engine_server=engine_server or EngineServerSettings(),
+                max_new_tokens=max_new_tokens,
+                worker_id=f"test-{version}",
+            ),
+        )
     for version, path in versions.items():
+        if version in workers:
+            continue
         loaded: dict[str, InferenceEngine] = dict((engines or {}).get(version, {}))
         if not loaded:
             loaded["fp32"] = OnnxRuntimeEngine.load(path, "fp32", name=model, intra_op_threads=1)

@@ -24,7 +24,8 @@ from graylane.artifacts.signing import (
 )
 from graylane.builder.store import ArtifactStore
 from graylane.engine.signature import IOSignature
-from graylane.engine_worker.service import WorkerConfig, WorkerObserver
+from graylane.engine_worker.config import WorkerConfig
+from graylane.engine_worker.observer import WorkerObserver
 from graylane.settings import Settings
 
 

@@ -89,7 +89,7 @@ def test_model_that_looks_like_a_backend_parses_from_the_right() -> None:
     [
         "demo-gpt-onnxruntime1.32.0-int8-ptq",  # no version
         "demo-gpt-cuda12-int8-ptq:1.0.0",  # unknown backend
-        "demo-gpt-onnxruntime1.32.0-int4-ptq:1.0.0",  # unknown precision
+        "demo-gpt-onnxruntime1.32.0-int3-ptq:1.0.0",  # unknown precision
         "demo-gpt-onnxruntime1.32.0-int8-ptq:1.0",  # not semver
         "Demo-onnxruntime1.32.0-int8-ptq:1.0.0",  # uppercase model
         "demo.gpt-onnxruntime1.32.0-int8-ptq:1.0.0",  # a dot in the model: no topics for it

@@ -104,7 +104,8 @@ def _base(**overrides: object) -> dict[str, object]:
         (_base(version="1.0"), "version: '1.0' is not a semantic version"),
         (_base(model="Demo GPT"), "model: model name 'Demo GPT' is not valid"),
         (_base(precission=["fp16"]), "unknown key(s) ['precission']"),
-        (_base(precisions=["fp8"]), "precisions[0]: 'fp8' is not one of"),
+        (_base(precisions=["int3"]), "precisions[0]: 'int3' is not one of"),
+        (_base(precisions=["q4_1"]), "precisions[0]: 'q4_1' is what an engine server loads"),
         (_base(precisions=["int8"]), "int8 precision needs calibration data"),
         (_base(strategy="my-ptq"), "strategy: strategy tag"),
         (

@@ -10,7 +10,7 @@ import pytest
 
 from graylane.artifacts.build_info import CalibrationMethod
 from graylane.artifacts.model_info import io_signature, metadata_int
-from graylane.artifacts.naming import Precision
+from graylane.artifacts.naming import ONNX_PRECISIONS, Precision
 from graylane.artifacts.verify import sha256_file
 from graylane.builder.calibration import calibration_key
 from graylane.builder.runtime import open_runner
@@ -47,7 +47,7 @@ def _op_types(path: Path) -> set[str]:
     return {node.op_type for node in onnx.load(str(path)).graph.node}
 
 
-@pytest.mark.parametrize("precision", list(Precision), ids=lambda p: p.value)
+@pytest.mark.parametrize("precision", list(ONNX_PRECISIONS), ids=lambda p: p.value)
 def test_each_variant_is_produced_and_runs_in_onnxruntime(
     precision: Precision, tiny: Path, calibration: SampleSet, tmp_path: Path
 ) -> None:

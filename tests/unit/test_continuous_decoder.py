@@ -21,20 +21,16 @@ from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import WorkerEngines
 from graylane.engine_worker.faults import FaultInjection, extends_cache
-from graylane.engine_worker.generation import (
-    ContinuousDecoder,
-    DecoderLimits,
-    Finished,
-    StreamPolicy,
-)
+from graylane.engine_worker.generation import ContinuousDecoder, DecoderLimits, StreamPolicy
 from graylane.engine_worker.requests import Job, TaskKind, WorkItem
-from graylane.engine_worker.service import generation_hop
-from graylane.engine_worker.tasks import GenerationResult, generate_with_cache
-from graylane.engine_worker.wire import ResultContext, generation_result
+from graylane.engine_worker.spans import generation_hop
+from graylane.engine_worker.tasks import generate_with_cache
+from graylane.engine_worker.wire import BatchReport, ResultContext
 from graylane.errors import ErrorCode
+from graylane.kafka.replies import Rejection
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.tracing import TracedRequest, record_generation
-from graylane.v1 import inference_pb2
+from graylane.v1 import inference_pb2, telemetry_pb2
 
 CTX = ResultContext(model="gpt", version="v1", variant="fp32", worker_id="w")
 
@@ -45,22 +41,39 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> OnnxRuntimeEngine:
     return OnnxRuntimeEngine.load(path, "fp32", intra_op_threads=1)
 
 
+def _sent() -> Awaitable[object]:
+    done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    done.set_result(None)
+    return done
+
+
 class Captured:
+    """An outbox that keeps what the decoder sends."""
+
     def __init__(self) -> None:
         self.finished: list[Job] = []
         self.chunks: dict[str, list[inference_pb2.InferenceResult]] = {}
         self.order: list[str] = []
+        self.telemetry_records: list[telemetry_pb2.BatchTelemetry] = []
 
-    async def deliver(self, finished: Finished) -> list[Awaitable[object]]:
-        self.finished.extend(finished.jobs)
-        self.order.extend(job.request.request_id for job in finished.jobs)
+    async def deliver(self, report: BatchReport) -> list[Awaitable[object]]:
+        self.finished.extend(report.answers)
+        self.order.extend(job.request.request_id for job in report.answers)
+        self.telemetry_records.append(report.telemetry)
         return []
 
-    async def send_chunk(self, job: Job, chunk: inference_pb2.InferenceResult) -> Awaitable[object]:
+    async def chunk(self, job: Job, chunk: inference_pb2.InferenceResult) -> Awaitable[object]:
         self.chunks.setdefault(job.request.request_id, []).append(chunk)
-        done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
+        return _sent()
+
+    async def refuse(self, job: Job, rejection: Rejection, variant: str) -> Awaitable[object]:
+        job.rejection = rejection
+        self.finished.append(job)
+        return _sent()
+
+    async def telemetry(self, telemetry: telemetry_pb2.BatchTelemetry) -> Awaitable[object]:
+        self.telemetry_records.append(telemetry)
+        return _sent()
 
 
 def job(
@@ -104,9 +117,6 @@ def decoder(engine: OnnxRuntimeEngine, captured: Captured, rows: int) -> Continu
         active=lambda: "fp32",
     )
 
-    def result_of(j: Job, r: GenerationResult, started: int) -> inference_pb2.InferenceResult:
-        return generation_result(j, r, CTX, started_ms=started)
-
     return ContinuousDecoder(
         engines,
         CTX,
@@ -114,9 +124,7 @@ def decoder(engine: OnnxRuntimeEngine, captured: Captured, rows: int) -> Continu
         DecoderLimits(max_sequences=rows, max_seq_len=256),
         stream=StreamPolicy(),
         decode_text=None,
-        deliver=captured.deliver,
-        send_chunk=captured.send_chunk,
-        result_of=result_of,
+        outbox=captured,
     )
 
 

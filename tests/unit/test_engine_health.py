@@ -18,8 +18,9 @@ from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.compute import EngineHealth, EngineVerdict, WorkerGaveUp
+from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.loading import onnx_model_info
-from graylane.engine_worker.service import Worker, WorkerConfig
+from graylane.engine_worker.service import Worker
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.settings import Settings
 from graylane.v1 import inference_pb2

@@ -197,7 +197,7 @@ async def test_the_gateway_answers_a_rejected_conversation_and_keeps_serving(
     # another model has no template of its own: ChatML does not reject the conversation,
     # so the call gets past rendering (here to the body check that follows it)
     other = await http.post(
-        "/v1/chat/completions", json={"model": "gpt", "messages": two_users, "n": 3}
+        "/v1/chat/completions", json={"model": "gpt", "messages": two_users, "n": 9}
     )
     assert other.status_code == 400 and "n" in other.json()["error"]["message"]
     assert (await http.get("/healthz")).status_code in (200, 503)

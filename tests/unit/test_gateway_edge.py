@@ -77,8 +77,12 @@ async def test_bodies_are_capped_and_checked(http: httpx.AsyncClient) -> None:
     assert big.status_code == 413 and _openai_error(big)["code"] == "request_too_large"
     broken = await http.post("/v1/completions", content=b"{", headers=AUTH)
     assert broken.status_code == 400 and "JSON" in str(_openai_error(broken)["message"])
-    many = await http.post("/v1/chat/completions", json={**CHAT, "n": 3}, headers=AUTH)
+    many = await http.post("/v1/chat/completions", json={**CHAT, "n": 9}, headers=AUTH)
     assert many.status_code == 400 and _openai_error(many)["param"] == "n"
+    streamed_choices = await http.post(
+        "/v1/chat/completions", json={**CHAT, "n": 2, "stream": True}, headers=AUTH
+    )
+    assert streamed_choices.status_code == 400 and _openai_error(streamed_choices)["param"] == "n"
     bad_priority = await http.post(
         "/v1/chat/completions", json=CHAT, headers={**AUTH, "x-graylane-priority": "vip"}
     )
@@ -186,7 +190,7 @@ async def test_headers_become_the_requests_routing_key_tags_priority_and_deadlin
     assert seen["tags"] == {"team": "a", "priority": "critical"}
     assert seen["deadline_s"] == 2.5 and seen["timeout"] == 2.5
     assert (seen["max_new_tokens"], seen["temperature"]) == (3, 0.0)
-    assert seen["stop"] == ["<|im_end|>"]
+    assert seen["stop"] == [] and seen["turn_end"] == ["<|im_end|>"]
     seen.clear()
     await http.post(
         "/v1/completions", json={"model": "gpt", "prompt": "x", "user": "u-7"}, headers=AUTH

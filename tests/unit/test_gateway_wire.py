@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from graylane.client import Usage
+from graylane.client import Choice, Result, TokenLogprob, ToolCall, Usage
 from graylane.errors import ErrorCode
 from graylane.services.gateway.admission import GatewayLimits
 from graylane.services.gateway.catalog import ModelDirectory, served_models
@@ -54,8 +54,12 @@ def test_a_completion_takes_openai_defaults() -> None:
         "max_new_tokens": 16,
         "temperature": 1.0,
         "top_p": 0.0,  # 1 keeps every token: no nucleus
+        "sampling_top_k": 0,
         "seed": None,
         "stop": [],
+        "turn_end": [],
+        "messages": [],
+        "engine_options": None,
         "prompt": "hi",
     }
 
@@ -99,20 +103,27 @@ def test_completion_fields_map_to_the_sdk() -> None:
         ({"prompt": "x"}, "model"),
         ({"model": "gpt"}, "prompt"),
         ({"model": "gpt", "prompt": ["a", "b"]}, "prompt"),
-        ({"model": "gpt", "prompt": "x", "n": 2}, "n"),
+        ({"model": "gpt", "prompt": "x", "n": 9}, "n"),
+        ({"model": "gpt", "prompt": "x", "n": 2, "stream": True}, "n"),
         ({"model": "gpt", "prompt": "x", "best_of": 3}, "best_of"),
         ({"model": "gpt", "prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"model": "gpt", "prompt": "x", "max_tokens": 513}, "max_tokens"),
         ({"model": "gpt", "prompt": "x", "temperature": 2.5}, "temperature"),
         ({"model": "gpt", "prompt": "x", "temperature": True}, "temperature"),
-        ({"model": "gpt", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"model": "gpt", "prompt": "x", "stop": [str(i) for i in range(17)]}, "stop"),
         (
             {"model": "gpt", "prompt": "x", "stream_options": {"include_usage": True}},
             "stream_options",
         ),
         ({"model": "gpt", "prompt": "x", "echo": True}, "echo"),
-        ({"model": "gpt", "prompt": "x", "logprobs": 2}, "logprobs"),
-        ({"model": "gpt", "prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"model": "gpt", "prompt": "x", "logprobs": 6}, "logprobs"),
+        ({"model": "gpt", "prompt": "x", "logprobs": True}, "logprobs"),
+        ({"model": "gpt", "prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+        ({"model": "gpt", "prompt": "x", "repetition_penalty": -1}, "repetition_penalty"),
+        ({"model": "gpt", "prompt": "x", "min_p": 1.5}, "min_p"),
+        ({"model": "gpt", "prompt": "x", "logit_bias": {"x": 1}}, "logit_bias"),
+        ({"model": "gpt", "prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+        ({"model": "gpt", "prompt": "x", "top_k": -1}, "top_k"),
         ({"model": "gpt", "prompt": "x", "timeout": -1}, "timeout"),
         ({"model": "gpt", "prompt": "x" * 1001}, "prompt"),
     ],
@@ -147,7 +158,7 @@ def test_a_chat_renders_chatml_and_stops_at_the_end_of_the_turn() -> None:
         "<|im_start|>user\n{format} me<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
-    assert call.stop == ("END", "<|im_end|>")
+    assert call.stop == ("END",) and call.turn_end == ("<|im_end|>",)
     assert call.max_tokens == 5  # max_completion_tokens wins
     assert _chat({"model": "gpt", "messages": [{"role": "user", "content": "x"}]}).max_tokens == 64
     assert CHATML.render([ChatMessage(ChatRole.USER, "x")]).endswith("<|im_start|>assistant\n")
@@ -167,13 +178,138 @@ def test_a_chat_refuses_messages_it_cannot_render(messages: list[Any]) -> None:
     assert _refusal(_chat, {"model": "gpt", "messages": messages}).param == "messages"
 
 
-def test_a_chat_refuses_tools_and_json_mode() -> None:
+def test_a_chat_carries_tools_json_mode_and_logprobs_for_engine_servers() -> None:
     base = {"model": "gpt", "messages": [{"role": "user", "content": "x"}]}
+    tool = {"type": "function", "function": {"name": "now", "parameters": {}}}
+    call = _chat(
+        {
+            **base,
+            "tools": [tool],
+            "tool_choice": "auto",
+            "response_format": {"type": "json_object"},
+            "logprobs": True,
+            "top_logprobs": 3,
+            "n": 2,
+            "presence_penalty": 0.5,
+            "logit_bias": {"42": -100},
+            "top_k": 40,
+        }
+    )
+    options = call.options
+    assert options is not None
+    assert (
+        json.loads(options.tools_json) == [tool] and json.loads(options.tool_choice_json) == "auto"
+    )
+    assert json.loads(options.response_format_json) == {"type": "json_object"}
+    assert (options.logprobs, options.top_logprobs, options.n) == (True, 3, 2)
+    assert options.presence_penalty == 0.5 and dict(options.logit_bias) == {42: -100.0}
+    args = call.sdk_arguments()
+    assert args["engine_options"] is options and args["sampling_top_k"] == 40
+    # the conversation travels as messages too, the template's end of turn apart from stop
+    assert [(m.role, m.content) for m in args["messages"]] == [("user", "x")]
+    assert args["turn_end"] == ["<|im_end|>"] and args["stop"] == []
+    # plain text output and no options: nothing for engines to apply
+    assert _chat({**base, "response_format": {"type": "text"}}).options is None
+    # what is malformed is refused here, naming the field
     assert _refusal(_chat, {**base, "tools": [{"type": "function"}]}).param == "tools"
-    assert _refusal(_chat, {**base, "response_format": {"type": "json_object"}}).param == (
+    assert _refusal(_chat, {**base, "response_format": {"type": "xml"}}).param == (
         "response_format"
     )
-    assert _chat({**base, "response_format": {"type": "text"}}).model == "gpt"
+    assert _refusal(_chat, {**base, "top_logprobs": 2}).param == "top_logprobs"
+    assert _refusal(_chat, {**base, "tool_choice": "required"}).param == "tool_choice"
+
+
+def test_a_chat_carries_tool_turns() -> None:
+    messages = [
+        {"role": "user", "content": "What time is it?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "now", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "12:00"},
+    ]
+    call = _chat({"model": "gpt", "messages": messages})
+    assistant, tool = call.messages[1], call.messages[2]
+    assert [(c.id, c.name, c.arguments) for c in assistant.tool_calls] == [("c1", "now", "{}")]
+    assert (tool.role, tool.tool_call_id, tool.content) == ("tool", "c1", "12:00")
+    nameless = [{"role": "tool", "content": "12:00"}]
+    assert _refusal(_chat, {"model": "gpt", "messages": nameless}).param == "messages"
+
+
+def _result(**fields: Any) -> Result:
+    return Result(
+        request_id="r1",
+        model="gpt",
+        version=fields.pop("version", "v1"),
+        variant="q4_1",
+        ok=True,
+        error_code="",
+        error_message="",
+        **fields,
+    )
+
+
+def test_what_an_engine_answered_has_openai_shapes() -> None:
+    messages = [{"role": "user", "content": "x"}]
+    chat = _chat(
+        {"model": "gpt", "messages": messages, "logprobs": True, "top_logprobs": 1, "n": 2}
+    )
+    top = (("Hi", -0.5, b"Hi"),)
+    result = _result(
+        text="Hi",
+        finish_reason="TOOL_CALLS",
+        usage=Usage(3, 1),
+        logprobs=(TokenLogprob("Hi", -0.1, b"Hi", top),),
+        tool_calls=(ToolCall("c1", "now", '{"tz": "UTC"}'),),
+        extra_choices=(Choice(1, "Hey", "LENGTH"),),
+    )
+    body = response_body(chat, request_id="r1", created=7, result=result)
+    first, second = body["choices"]
+    assert first["finish_reason"] == "tool_calls"
+    assert first["message"]["tool_calls"] == [
+        {
+            "index": 0,
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "now", "arguments": '{"tz": "UTC"}'},
+        }
+    ]
+    assert first["logprobs"]["content"] == [
+        {
+            "token": "Hi",
+            "logprob": -0.1,
+            "bytes": [72, 105],
+            "top_logprobs": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}],
+        }
+    ]
+    assert (second["index"], second["message"]["content"], second["finish_reason"]) == (
+        1,
+        "Hey",
+        "length",
+    )
+    completion = _completion({"model": "gpt", "prompt": "x", "logprobs": 1})
+    lp = response_body(completion, request_id="r2", created=7, result=result)["choices"][0]
+    assert lp["logprobs"] == {
+        "tokens": ["Hi"],
+        "token_logprobs": [-0.1],
+        "top_logprobs": [{"Hi": -0.5}],
+        "text_offset": [0],
+    }
+    streamed = _completion({"model": "gpt", "prompt": "x", "logprobs": 1, "stream": True})
+    piece = stream_chunk(
+        streamed,
+        request_id="r2",
+        created=7,
+        text="Hi",
+        finish=None,
+        first=False,
+        logprobs=result.logprobs,
+        text_offset=5,
+    )
+    assert piece["choices"][0]["logprobs"]["text_offset"] == [5]
 
 
 def test_answers_have_openai_shapes() -> None:
@@ -189,10 +325,7 @@ def test_answers_have_openai_shapes() -> None:
         chat,
         request_id="r1",
         created=7,
-        text="hey",
-        finish="EOS",
-        usage=Usage(3, 2),
-        version="v2",
+        result=_result(text="hey", finish_reason="EOS", usage=Usage(3, 2), version="v2"),
     )
     assert whole == {
         "id": "chatcmpl-r1",
@@ -231,11 +364,12 @@ def test_answers_have_openai_shapes() -> None:
     event = sse_event({"a": 1})
     assert event == b'data: {"a":1}\n\n' and SSE_DONE == b"data: [DONE]\n\n"
     assert json.loads(event[len(b"data: ") :]) == {"a": 1}
-    assert [finish_reason(n) for n in ("LENGTH", "MAX_SEQUENCE", "STOP", "EOS")] == [
+    assert [finish_reason(n) for n in ("LENGTH", "MAX_SEQUENCE", "STOP", "EOS", "TOOL_CALLS")] == [
         "length",
         "length",
         "stop",
         "stop",
+        "tool_calls",
     ]
     assert models_body(["a"])["data"][0] == {
         "id": "a",

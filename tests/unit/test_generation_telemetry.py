@@ -21,21 +21,20 @@ from graylane.engine_worker.faults import FaultInjection, FaultyEngine
 from graylane.engine_worker.generation import (
     ContinuousDecoder,
     DecoderLimits,
-    Finished,
     StreamPolicy,
     gap_p99,
 )
 from graylane.engine_worker.requests import Job, TaskKind, WorkItem
-from graylane.engine_worker.tasks import GenerationResult
 from graylane.engine_worker.wire import (
+    BatchReport,
     DecodeLoad,
     GenerationTally,
     ResultContext,
     generation_report,
-    generation_result,
 )
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_from_pb
+from graylane.kafka.replies import Rejection
 from graylane.metrics import WorkerMetrics, catalogue
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.logic.window import (
@@ -80,7 +79,27 @@ def _job(rid: str, prompt: list[int], new: int) -> Job:
     return Job(record, request, work)
 
 
-async def _decode(engine: OnnxRuntimeEngine, jobs: list[Job]) -> list[Finished]:
+class _Reports:
+    """An outbox that keeps the reports of ended generations."""
+
+    def __init__(self) -> None:
+        self.reports: list[BatchReport] = []
+
+    async def deliver(self, report: BatchReport) -> list[Awaitable[object]]:
+        self.reports.append(report)
+        return []
+
+    async def chunk(self, job: Job, chunk: inference_pb2.InferenceResult) -> Awaitable[object]:
+        raise AssertionError("nothing streams here")
+
+    async def refuse(self, job: Job, rejection: Rejection, variant: str) -> Awaitable[object]:
+        raise AssertionError("nothing is refused here")
+
+    async def telemetry(self, telemetry: telemetry_pb2.BatchTelemetry) -> Awaitable[object]:
+        raise AssertionError("no telemetry of its own here")
+
+
+async def _decode(engine: OnnxRuntimeEngine, jobs: list[Job]) -> list[BatchReport]:
     """Run ``jobs`` through a continuous decoder whose every engine call takes at least
     STEP_MS longer (so millisecond stamps resolve the gaps)."""
     slow = FaultyEngine(engine, FaultInjection(extra_latency_ms=STEP_MS), random.Random(0))
@@ -94,18 +113,7 @@ async def _decode(engine: OnnxRuntimeEngine, jobs: list[Job]) -> list[Finished]:
         give_up=lambda exc: None,
         active=lambda: "fp32",
     )
-    finished: list[Finished] = []
-
-    async def deliver(batch: Finished) -> list[Awaitable[object]]:
-        finished.append(batch)
-        return []
-
-    async def send_chunk(job: Job, chunk: inference_pb2.InferenceResult) -> Awaitable[object]:
-        raise AssertionError("nothing streams here")
-
-    def result_of(j: Job, r: GenerationResult, started: int) -> inference_pb2.InferenceResult:
-        return generation_result(j, r, CTX, started_ms=started)
-
+    outbox = _Reports()
     decoder = ContinuousDecoder(
         engines,
         CTX,
@@ -113,13 +121,11 @@ async def _decode(engine: OnnxRuntimeEngine, jobs: list[Job]) -> list[Finished]:
         DecoderLimits(max_sequences=4, max_seq_len=256, max_kv_tokens=200),
         stream=StreamPolicy(),
         decode_text=None,
-        deliver=deliver,
-        send_chunk=send_chunk,
-        result_of=result_of,
+        outbox=outbox,
     )
     await asyncio.wait_for(asyncio.gather(*(decoder.submit(j) for j in jobs)), 60)
     await decoder.close()
-    return finished
+    return outbox.reports
 
 
 def test_gap_p99_is_the_nearest_rank_of_a_requests_gaps() -> None:
@@ -134,8 +140,8 @@ async def test_decoded_generations_carry_ttft_tpot_prefill_gaps_and_load(
     engine: OnnxRuntimeEngine,
 ) -> None:
     jobs = [_job("a", [5, 6, 7], 12), _job("b", [8, 9], 6), _job("c", [4], 1)]
-    finished = await _decode(engine, jobs)
-    by_id = {j.request.request_id: j for batch in finished for j in batch.jobs}
+    reports = await _decode(engine, jobs)
+    by_id = {j.request.request_id: j for report in reports for j in report.answers}
     assert sorted(by_id) == ["a", "b", "c"]
     for rid, new in (("a", 12), ("b", 6)):
         result = by_id[rid].result
@@ -150,16 +156,10 @@ async def test_decoded_generations_carry_ttft_tpot_prefill_gaps_and_load(
         assert when.total_ms >= when.ttft_ms + when.tpot_ms * (new - 1) - 1.0
     single = by_id["c"].result
     assert single is not None and single.timing.ttft_ms > 0 and single.timing.tpot_ms == 0.0
-    for batch in finished:
-        assert batch.load is not None
-        assert 0.0 <= batch.load.kv_cache_occupancy <= 1.0
-        assert batch.load.waiting >= 0
-
-    reports = [
-        generation_report(b.jobs, CTX, started_ms=b.started_ms, device_load=0.1, load=b.load)
-        for b in finished
-    ]
     gens = [r.telemetry.generation for r in reports]
+    for g in gens:  # the decode loop's load as they ended
+        assert 0.0 <= g.kv_cache_occupancy <= 1.0
+        assert g.waiting_sequences >= 0
     assert all(r.telemetry.HasField("generation") for r in reports)
     assert sum(g.generations for g in gens) == 3
     assert sum(g.generated_tokens for g in gens) == 12 + 6 + 1

@@ -8,7 +8,8 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from graylane.engine_worker.service import WorkerConfig, WorkerObserver
+from graylane.engine_worker.config import WorkerConfig
+from graylane.engine_worker.observer import WorkerObserver
 from graylane.kafka.reading import group_lag
 
 TOPIC = "p.requests.m.v2"

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.service import Worker, WorkerConfig
+from graylane.engine_worker.config import WorkerConfig
+from graylane.engine_worker.service import Worker
 from graylane.kafka.reading import CompactedFollower
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.services.controlplane.audit_sink import AuditSink

@@ -23,8 +23,9 @@ from aiokafka.errors import NotLeaderForPartitionError
 from graylane import serde
 from graylane.clock import now_ms
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.postprocess import TOKEN_IDS, PostProcess
-from graylane.engine_worker.service import Worker, WorkerConfig
+from graylane.engine_worker.service import Worker
 from graylane.engine_worker.tasks import run_forward, run_generate
 from graylane.kafka.loop import ConsumeLoop, LoopHooks
 from graylane.kafka.replies import ReplySink
@@ -233,7 +234,7 @@ async def test_requests_that_cannot_meet_their_deadline_are_shed_at_once(rig: Ri
     # The worker has measured 600 ms per row (padded to 16); it now plans batches of 2
     # (the learner is still measuring size 2), so each batch is predicted at 1.2 s.
     for _ in range(3):
-        rig.worker.learner.observe(1, 600.0, 16)
+        rig.worker.backend.learner.observe(1, 600.0, 16)
     deadline = now_ms() + 2000
     reqs = [
         request(
@@ -262,8 +263,8 @@ async def test_requests_that_cannot_meet_their_deadline_are_shed_at_once(rig: Ri
 
 async def test_a_cycle_of_sheds_alone_is_reported_and_a_pause_probes(rig: Rig) -> None:
     for _ in range(3):
-        rig.worker.learner.observe(1, 600.0, 16)  # a stale, pessimistic estimate
-    rig.worker._last_run_ms = now_ms()  # a batch ran just now: no probe this cycle
+        rig.worker.backend.learner.observe(1, 600.0, 16)  # a stale, pessimistic estimate
+    rig.worker.backend.last_run_ms = now_ms()  # a batch ran just now: no probe this cycle
     soon = now_ms() + 300
     reqs = [
         request(f"s{i}", token_ids=[5, 6, 7], deadline_unix_ms=soon, created_at_unix_ms=now_ms())
@@ -280,7 +281,7 @@ async def test_a_cycle_of_sheds_alone_is_reported_and_a_pause_probes(rig: Rig) -
     # nothing ran, yet the policy engine hears of the load
     assert [(t.request_count, t.shed_count, t.variant) for t in telemetry] == [(0, 2, "fp32")]
 
-    rig.worker._last_run_ms = now_ms() - 5_000  # nothing ran for a while: probe
+    rig.worker.backend.last_run_ms = now_ms() - 5_000  # nothing ran for a while: probe
     late = request("p", token_ids=[5, 6, 7], deadline_unix_ms=now_ms() + 300)
     await publish(rig, serde.encode(late))
     await serve_until_committed(rig, 3)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from graylane import serde
+from graylane.engine_worker import native as native_module
 from graylane.engine_worker import requests as requests_module
-from graylane.engine_worker import service as service_module
 from graylane.kafka.admin import MessageLimits
 from graylane.v1 import inference_pb2, telemetry_pb2
 from tests.unit.test_worker import (
@@ -34,7 +34,7 @@ async def test_an_unexpected_error_on_one_record_is_internal_and_the_rest_are_se
             raise RuntimeError("surprise")
         return real(req, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(service_module, "validate", flaky)
+    monkeypatch.setattr(native_module, "validate", flaky)
     boom = request("boom", token_ids=[1, 2], post_process=inference_pb2.ARGMAX_LAST)
     good = request("good", token_ids=[9, 8, 7], post_process=inference_pb2.ARGMAX_LAST)
     await publish(rig, serde.encode(boom), serde.encode(good))

@@ -128,7 +128,8 @@ def test_buckets_and_batch_cap_follow_the_profiles() -> None:
 
 
 def test_the_worker_batches_with_the_profiles_buckets_and_warms_their_shapes() -> None:
-    from graylane.engine_worker.service import Worker, WorkerConfig
+    from graylane.engine_worker.config import WorkerConfig
+    from graylane.engine_worker.service import Worker
     from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 
     profiles = (
@@ -146,8 +147,8 @@ def test_the_worker_batches_with_the_profiles_buckets_and_warms_their_shapes() -
         metrics_port=-1,
     )
     worker = Worker(MemoryFactory(MemoryBroker()), config, engines)  # type: ignore[arg-type]
-    assert worker.policy.buckets == (16, 32, 96, 128)
-    assert worker.warm_up() == 4
+    assert worker.backend.policy.buckets == (16, 32, 96, 128)
+    assert worker.backend.warm_up_now() == 4
     for engine in engines.values():
         assert [r["input_ids"] for r in engine.ran] == [(4, 16), (2, 96)]
     plain = Worker(
@@ -155,4 +156,4 @@ def test_the_worker_batches_with_the_profiles_buckets_and_warms_their_shapes() -
         WorkerConfig(model="m", version="v1", initial_variant="fp32", metrics_port=-1),
         {"fp32": Recorder(TOKENS, "fp32")},  # type: ignore[dict-item]
     )
-    assert plain.policy.buckets == DEFAULT_BUCKETS  # no profiles: the configured buckets
+    assert plain.backend.policy.buckets == DEFAULT_BUCKETS  # no profiles: the configured buckets

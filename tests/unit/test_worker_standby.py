@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from graylane.engine_worker.service import ACTIVATE, run_at_low_priority, wait_for_activation
+from graylane.engine_worker.standby import ACTIVATE, run_at_low_priority, wait_for_activation
 
 
 async def test_warm_up_runs_in_its_own_lowered_thread_and_returns_or_raises() -> None:
