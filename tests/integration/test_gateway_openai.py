@@ -119,8 +119,12 @@ async def test_chat_completions_streamed_and_not_and_the_refusals(
         )
         with pytest.raises(openai.RateLimitError) as throttled:
             await limited.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+        # options only engine servers apply travel to the worker, whose own decoder
+        # refuses them: a 400 naming the option
         with pytest.raises(openai.BadRequestError) as many:
             await client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2)
+        with pytest.raises(openai.BadRequestError) as logprobs:
+            await client.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True)
 
     text = whole.choices[0].message.content
     assert text == decode_tokens(expected.tokens)  # the engine's own greedy tokens
@@ -149,7 +153,10 @@ async def test_chat_completions_streamed_and_not_and_the_refusals(
     assert throttled.value.status_code == 429
     assert throttled.value.code == "rate_limit_exceeded"
     assert int(throttled.value.response.headers["retry-after"]) >= 1
-    assert many.value.status_code == 400 and many.value.param == "n"
+    assert many.value.status_code == 400 and many.value.message.startswith("n is not supported")
+    assert logprobs.value.status_code == 400 and "logprobs is not supported" in (
+        logprobs.value.message
+    )
 
 
 async def _final_result(
