@@ -29,7 +29,7 @@ from graylane.artifacts.naming import Backend, Precision
 from graylane.builder.build import BuildReport, run_build
 from graylane.builder.plan import default_validation, plan_variants
 from graylane.builder.samples import load_samples
-from graylane.builder.spec import parse_spec
+from graylane.builder.spec import ONNX_PRECISIONS, parse_spec
 from graylane.builder.variants import VariantStatus
 from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
@@ -125,7 +125,7 @@ def test_intake_takes_the_vocabulary_from_the_info_not_the_logits_width() -> Non
 
 
 def test_a_quantized_source_is_labelled_by_what_it_is() -> None:
-    every = tuple(Precision)
+    every = ONNX_PRECISIONS
     plain = plan_variants(every, SourceQuantization.NONE)
     assert plain.reference is Precision.FP32 and plain.produce == every and not plain.skipped
     qdq = plan_variants(every, SourceQuantization.QDQ)
@@ -248,7 +248,7 @@ def test_a_prequantized_source_is_built_as_what_it_is(
     assert produced[0].servable and produced[0].validation is not None
     assert produced[0].validation.passed
     skipped = {v.precision: v.reason for v in report.variants if v.status is VariantStatus.SKIPPED}
-    assert set(skipped) == set(Precision) - {label}
+    assert set(skipped) == set(ONNX_PRECISIONS) - {label}
     assert all(reason and "already quantized" in reason for reason in skipped.values())
     assert any("skipped fp16" in n for n in report.notes)
 
