@@ -1,5 +1,8 @@
 """One build: source ONNX → precision variants → validation → engines → artifacts → registry.
 
+(A version engine servers serve is registered, not built: :func:`run_build` hands an
+:class:`~graylane.builder.spec.EngineSpec` to :mod:`graylane.builder.endpoints`.)
+
 :func:`run_build` runs the steps in order, each in its own section below: read the
 source (where the ONNX comes from and what its header says), prepare the calibration
 and validation samples, produce, validate and refine each variant (each step reports
@@ -28,6 +31,7 @@ from graylane.artifacts.build_info import PartialQuantization
 from graylane.artifacts.decoder_axes import correct_mask_axis, mask_axis_conflict
 from graylane.artifacts.manifest import (
     CalibrationInfo,
+    EndpointInfo,
     Manifest,
     ValidationInfo,
     read_manifest,
@@ -59,7 +63,7 @@ from graylane.builder.progress import NullProgress, ProgressSink
 from graylane.builder.runtime import open_runner
 from graylane.builder.samples import SampleSet, load_samples
 from graylane.builder.sensitivity import QUANTIZED, evaluator, refine_quantized
-from graylane.builder.spec import BuildSpec, DemoSource, FileSource
+from graylane.builder.spec import BuildSpec, DemoSource, EngineSpec, FileSource
 from graylane.builder.store import ArtifactExistsError, ArtifactStore, CacheKind
 from graylane.builder.tensorrt_build import (
     ENGINE_FILE,
@@ -82,6 +86,7 @@ from graylane.registry import (
     ArtifactInfo,
     ArtifactRecord,
     DuplicateVersion,
+    EndpointSummary,
     Registry,
     UnknownVersion,
     ValidationSummary,
@@ -99,13 +104,14 @@ __all__ = [
 
 
 def run_build(
-    spec: BuildSpec,
+    spec: BuildSpec | EngineSpec,
     progress: ProgressSink | None = None,
     *,
     store: Path | None = None,
     registry: Registry | None = None,
     force: bool | None = None,
     signing_key: Path | None = None,
+    probe: bool | None = None,
 ) -> BuildReport:
     """Run the whole build for ``spec``.
 
@@ -113,6 +119,8 @@ def run_build(
     ``force`` overrides the spec's flag: it replaces existing artifacts and marks
     variants that miss their tolerances servable (recorded as forced);
     ``signing_key`` signs every published artifact (:mod:`graylane.artifacts.signing`).
+    An engine spec registers its endpoints (:func:`graylane.builder.endpoints.
+    register_endpoints`); ``probe`` overrides its ``engine.probe``.
     """
     progress = progress or NullProgress()
     started = time.perf_counter()
@@ -120,8 +128,16 @@ def run_build(
     root = store or spec.store
     if root is None:
         raise BuildError("no artifact store: set 'store' in the spec or pass --store")
-    spec = replace(spec, force=force)
     artifacts = ArtifactStore(root, signing_key=signing_key)
+    if isinstance(spec, EngineSpec):
+        # Imported here: that module builds on this one's registry records and report.
+        from graylane.builder.endpoints import register_endpoints
+
+        engine = spec.engine if probe is None else replace(spec.engine, probe=probe)
+        return register_endpoints(
+            replace(spec, force=force, engine=engine), progress, artifacts, registry
+        )
+    spec = replace(spec, force=force)
     trt_reason = tensorrt_unavailable_reason() if spec.tensorrt.enabled else "disabled in the spec"
     engine_count = 0 if trt_reason else len(spec.precisions)
     quantized = sum(p in QUANTIZED for p in spec.precisions)
@@ -870,6 +886,17 @@ def artifact_record(manifest: Manifest, folder: Path, store: Path | None = None)
         if manifest.target is None
         else manifest.target.compute_capability,
         validation=summary,
+        endpoint=_endpoint_summary(manifest.endpoint),
+    )
+
+
+def _endpoint_summary(endpoint: EndpointInfo | None) -> EndpointSummary | None:
+    if endpoint is None:
+        return None
+    return EndpointSummary(
+        url=endpoint.url,
+        model_sha256=endpoint.model_sha256 or None,
+        ladder_rank=endpoint.rung,
     )
 
 
@@ -936,13 +963,16 @@ class VariantReport:
     compute_capability: str | None = None
     calibration: CalibrationInfo | None = None
     duration_s: float = 0.0
+    endpoint: EndpointInfo | None = None
+    """An engine-server variant: the endpoint it names (and what its probe answered)."""
 
 
 @dataclass(frozen=True)
 class BuildReport:
     model: str
     version: str
-    source: Path
+    source: Path | None
+    """The ONNX file built from (``None``: an engine-served version)."""
     source_sha256: str
     store: Path
     variants: tuple[VariantReport, ...]
@@ -955,14 +985,17 @@ class BuildReport:
 
     @property
     def ok(self) -> bool:
-        """Every ONNX Runtime variant was produced and is servable (or skipped as pointless)."""
+        """Every variant was produced (an endpoint: registered) and is servable, or was
+        skipped as pointless; TensorRT engines aside."""
         return variants_ok(self.variants)
 
 
 def variants_ok(variants: tuple[VariantReport, ...] | list[VariantReport]) -> bool:
-    """The build succeeded: each ONNX Runtime variant is servable or was skipped, and one exists."""
-    onnx = [v for v in variants if v.backend is Backend.ONNXRUNTIME]
-    return any(v.status is VariantStatus.PRODUCED for v in onnx) and all(
+    """The build succeeded: each variant (an ONNX Runtime file, or an engine server's
+    endpoint) is servable or was skipped, and one exists. TensorRT engines do not count:
+    where one cannot be compiled, its ONNX variant serves."""
+    counted = [v for v in variants if v.backend is not Backend.TENSORRT]
+    return any(v.status is VariantStatus.PRODUCED for v in counted) and all(
         (v.status is VariantStatus.PRODUCED and v.servable) or v.status is VariantStatus.SKIPPED
-        for v in onnx
+        for v in counted
     )

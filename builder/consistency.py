@@ -176,13 +176,23 @@ def served_variant(
         engine = _tensorrt_variant(registry, model, version, precision, store)
         if engine is not None:
             return engine
+    listed = registry.list_artifacts(model, version)
     found = [
         a
-        for a in registry.list_artifacts(model, version)
+        for a in listed
         if a.servable and a.precision is precision and a.backend is Backend.ONNXRUNTIME
     ]
     if not found:
-        raise ConsistencyError(f"{model} {version} has no servable {precision.value} variant")
+        served = sorted({a.backend.value for a in listed if a.backend.is_engine_server})
+        raise ConsistencyError(
+            f"{model} {version} has no servable {precision.value} variant"
+            + (
+                f" of its own: an engine server ({', '.join(served)}) serves it, and this "
+                "check runs ONNX Runtime and TensorRT variants on this host"
+                if served
+                else ""
+            )
+        )
     art = max(found, key=lambda a: a.created_at)
     folder = store / art.path
     manifest = verify_artifact(folder, art.manifest_sha256)

@@ -1,18 +1,22 @@
-"""Build specs: what to build from which ONNX file, read from YAML or TOML.
+"""Build specs: what to build from which ONNX file, or which engine servers serve a
+version, read from YAML or TOML.
 
-A spec names the source model, its semantic version, the precision variants to
-produce, the input shape profiles, the calibration and validation data, the
-tolerances each variant must meet against the fp32 reference, and where the
-artifacts go. :func:`load_spec` reads a file; :func:`parse_spec` turns an already
-decoded mapping into a :class:`BuildSpec` and is free of I/O. Paths in a spec are
-relative to the spec file's folder. Every problem is a :class:`SpecError` naming the
-key to fix.
+An ONNX spec (:class:`BuildSpec`) names the source model, its semantic version, the
+precision variants to produce, the input shape profiles, the calibration and
+validation data, the tolerances each variant must meet against the fp32 reference,
+and where the artifacts go. An engine spec (:class:`EngineSpec`, an ``engine:``
+section instead of ``source``) names a version served by OpenAI-compatible engine
+servers: the engine and its version, and one endpoint per precision variant, best
+first (the QoS ladder's order). :func:`load_spec` reads a file; :func:`parse_spec`
+turns an already decoded mapping into either spec and is free of I/O. Paths in a spec
+are relative to the spec file's folder. Every problem is a :class:`SpecError` naming
+the key to fix.
 """
 
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -30,6 +34,8 @@ from graylane.artifacts.build_info import (
 from graylane.artifacts.model_info import ModelTask
 from graylane.artifacts.naming import (
     ONNX_PRECISIONS,
+    ArtifactName,
+    Backend,
     NamingError,
     Precision,
     SemVer,
@@ -37,15 +43,21 @@ from graylane.artifacts.naming import (
     validate_model_name,
 )
 from graylane.artifacts.naming import validate_strategy as _validate_strategy
+from graylane.engine.server import DEFAULT_SLOTS, EndpointError, parse_endpoint_url
 from graylane.errors import GraylaneError
 
 __all__ = [
     "DEFAULT_MIN_CALIBRATION_SAMPLES",
     "DEFAULT_QUANTIZE_OPS",
+    "ENGINE_PRECISIONS",
+    "ENGINE_STRATEGIES",
     "INT8_MIN_TOP1",
     "BuildSpec",
     "DataSpec",
     "DemoSource",
+    "EndpointVariantSpec",
+    "EngineServerSpec",
+    "EngineSpec",
     "FileSource",
     "GenerationCheck",
     "Generator",
@@ -59,6 +71,23 @@ __all__ = [
     "load_spec",
     "parse_spec",
 ]
+
+# llama.cpp's own types, by their own names: f16, q8_0, q6_k, ..., q2_k.
+_GGUF_TYPES = frozenset(p for p in Precision if p is Precision.F16 or p.value.startswith("q"))
+_CHECKPOINT_PRECISIONS = frozenset(
+    {Precision.FP32, Precision.FP16, Precision.BF16, Precision.FP8, Precision.INT8, Precision.INT4}
+)
+ENGINE_PRECISIONS: Mapping[Backend, frozenset[Precision]] = {
+    Backend.LLAMACPP: _GGUF_TYPES | {Precision.FP32, Precision.BF16},
+    Backend.VLLM: _CHECKPOINT_PRECISIONS | _GGUF_TYPES,  # vLLM loads GGUF files too
+    Backend.TRTLLM: _CHECKPOINT_PRECISIONS,
+    Backend.SGLANG: _CHECKPOINT_PRECISIONS,
+}
+"""What each engine server loads: a variant of another precision is a typo (``fp16`` for
+llama.cpp's ``f16``) or an engine that cannot serve it (a GGUF type on TensorRT-LLM)."""
+
+ENGINE_STRATEGIES: Mapping[Backend, str] = {Backend.LLAMACPP: "gguf"}
+"""The strategy tag of an engine's artifacts when the spec states none (else ``default``)."""
 
 
 # ---------------------------------------------------------------- the spec
@@ -252,6 +281,55 @@ class BuildSpec:
         return self.tolerances.get(precision, Tolerance())
 
 
+@dataclass(frozen=True, kw_only=True)
+class EndpointVariantSpec:
+    """One precision variant of an engine-served version: the server that serves it."""
+
+    precision: Precision
+    url: str
+    """Base URL of the server (the OpenAI routes are under ``<url>/v1``)."""
+    model_file: Path | None = None
+    """The model file the server loaded, when it is at hand: its sha256 is recorded."""
+    model_sha256: str | None = None
+    """The model file's digest when the file is elsewhere (a checkpoint on another host);
+    with ``model_file`` too, the file must have this digest."""
+    served_model: str = ""
+    """The ``model`` of each call (the engine's served name, or a LoRA adapter's id);
+    empty: the first model the server lists."""
+    slots: int = DEFAULT_SLOTS
+    """Calls in flight at once (the engine's parallel sequences)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineServerSpec:
+    """The ``engine:`` section: which engine serves the version, and its endpoints."""
+
+    backend: Backend
+    version: str
+    """The engine's version (names the artifacts: ``llamacpp0.3.36``)."""
+    strategy: str
+    variants: tuple[EndpointVariantSpec, ...]
+    """Best first: the order of the version's QoS ladder."""
+    probe: bool = False
+    """Check at build time that each endpoint answers ``/health`` and ``/v1/models``."""
+
+    @property
+    def ladder(self) -> tuple[str, ...]:
+        """The variants' names, best first."""
+        return tuple(v.precision.value for v in self.variants)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSpec:
+    """A version served by engine servers: registered, not built (no ONNX source)."""
+
+    model: str
+    version: SemVer
+    engine: EngineServerSpec
+    store: Path | None = None
+    force: bool = False
+
+
 # ---------------------------------------------------------------- errors and field readers
 
 _E = TypeVar("_E", bound=Enum)
@@ -334,7 +412,7 @@ def _read_enum(raw: object, enum_type: type[_E], where: str) -> _E:
 # ---------------------------------------------------------------- reading
 
 
-def load_spec(path: Path | str) -> BuildSpec:
+def load_spec(path: Path | str) -> BuildSpec | EngineSpec:
     """Read a ``.yaml``/``.yml`` or ``.toml`` build spec."""
     spec_path = Path(path)
     if not spec_path.is_file():
@@ -379,21 +457,18 @@ _TOL_KEYS = {
     "max_accuracy_drop",
 }
 _TRT_KEYS = {"enabled", "workspace_mib", "hardware_compatibility"}
+_ENGINE_TOP_KEYS = {"model", "version", "engine", "store", "force"}
+_ENGINE_KEYS = {"backend", "version", "strategy", "variants", "probe"}
+_ENDPOINT_KEYS = {"precision", "url", "model_file", "model_sha256", "served_model", "slots"}
 
 
-def parse_spec(data: Mapping[str, Any], base_dir: Path) -> BuildSpec:
-    """Turn a decoded spec mapping into a :class:`BuildSpec`; paths resolve against ``base_dir``."""
+def parse_spec(data: Mapping[str, Any], base_dir: Path) -> BuildSpec | EngineSpec:
+    """Turn a decoded spec mapping into a :class:`BuildSpec`, or an :class:`EngineSpec`
+    when it has an ``engine`` section; paths resolve against ``base_dir``."""
+    if "engine" in data:
+        return _engine_spec(data, base_dir)
     _check_keys(data, _TOP_KEYS, "spec")
-    model = _required_str(data, "model", "spec")
-    try:
-        validate_model_name(model)
-    except NamingError as exc:
-        raise SpecError(f"model: {exc}") from None
-    version_text = _required(data, "version", "spec")
-    try:
-        version = parse_semver(str(version_text))
-    except NamingError as exc:
-        raise SpecError(f"version: {exc}") from None
+    model, version = _model_and_version(data)
     strategy = _optional_str(data, "strategy", "spec", "default")
     try:
         _validate_strategy(strategy)
@@ -452,12 +527,15 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path) -> BuildSpec:
                 f"{where}.generator: 'text' encodes with the model's tokenizer; "
                 "name it in 'tokenizer: PATH/tokenizer.json'"
             )
-    store_raw = data.get("store")
-    store = _read_path(store_raw, "store", base_dir) if store_raw is not None else None
+    if data.get("source") is None:
+        raise SpecError(
+            "source: required, but missing (the ONNX file to build from; or an 'engine' "
+            "section for a version engine servers serve)"
+        )
     return BuildSpec(
         model=model,
         version=version,
-        source=_source(_required(data, "source", "spec"), base_dir),
+        source=_source(data["source"], base_dir),
         strategy=strategy,
         precisions=precisions,
         profiles=_profiles(data.get("profiles", [])),
@@ -470,7 +548,7 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path) -> BuildSpec:
         validation=validation,
         generation=generation,
         tolerances=_tolerances(data.get("tolerances", {})),
-        store=store,
+        store=_store(data, base_dir),
         force=_read_bool(data.get("force", False), "force"),
         tensorrt=_tensorrt(data.get("tensorrt", {})),
         task=None if data.get("task") is None else _read_enum(data["task"], ModelTask, "task"),
@@ -479,6 +557,25 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path) -> BuildSpec:
         else _read_int(data["vocab_size"], "vocab_size", minimum=1),
         tokenizer=tokenizer,
     )
+
+
+def _model_and_version(data: Mapping[str, Any]) -> tuple[str, SemVer]:
+    model = _required_str(data, "model", "spec")
+    try:
+        validate_model_name(model)
+    except NamingError as exc:
+        raise SpecError(f"model: {exc}") from None
+    version_text = _required(data, "version", "spec")
+    try:
+        version = parse_semver(str(version_text))
+    except NamingError as exc:
+        raise SpecError(f"version: {exc}") from None
+    return model, version
+
+
+def _store(data: Mapping[str, Any], base_dir: Path) -> Path | None:
+    raw = data.get("store")
+    return None if raw is None else _read_path(raw, "store", base_dir)
 
 
 _RESERVED_NAMES = {"manifest.json"}
@@ -521,6 +618,14 @@ def _source(raw: object, base_dir: Path) -> FileSource | DemoSource:
     )
 
 
+def _read_precision(raw: object, allowed: Collection[Precision], where: str) -> Precision:
+    """A precision of ``allowed``, listed in the error in ``Precision``'s order."""
+    names = [p.value for p in Precision if p in allowed]
+    if raw not in names:
+        raise SpecError(f"{where}: {raw!r} is not one of {names}")
+    return Precision(raw)
+
+
 def _precisions(raw: object) -> tuple[Precision, ...]:
     if raw is None:
         return ONNX_PRECISIONS
@@ -530,12 +635,7 @@ def _precisions(raw: object) -> tuple[Precision, ...]:
         )
     result: list[Precision] = []
     for i, item in enumerate(raw):
-        precision = _read_enum(item, Precision, f"precisions[{i}]")
-        if not precision.builds_onnx:
-            raise SpecError(
-                f"precisions[{i}]: {precision.value!r} is what an engine server loads; an ONNX "
-                f"build makes {', '.join(p.value for p in ONNX_PRECISIONS)}"
-            )
+        precision = _read_precision(item, ONNX_PRECISIONS, f"precisions[{i}]")
         if precision in result:
             raise SpecError(f"precisions[{i}]: {precision.value!r} is listed twice")
         result.append(precision)
@@ -641,7 +741,7 @@ def _tolerances(raw: object) -> dict[Precision, Tolerance]:
     table = default_tolerances()
     entries = _mapping(raw, "tolerances")
     for key, value in entries.items():
-        precision = _read_enum(key, Precision, "tolerances")
+        precision = _read_precision(key, ONNX_PRECISIONS, "tolerances")
         where = f"tolerances.{precision.value}"
         entry = _mapping(value, where)
         _check_keys(entry, _TOL_KEYS, where)
@@ -689,3 +789,121 @@ def _partial(raw: object) -> PartialQuantizationSpec:
             table.get("max_groups", base.max_groups), "partial_quantization.max_groups", 1
         ),
     )
+
+
+# ---------------------------------------------------------------- engine specs
+
+
+def _engine_spec(data: Mapping[str, Any], base_dir: Path) -> EngineSpec:
+    mixed = sorted(str(k) for k in data if k in _TOP_KEYS - _ENGINE_TOP_KEYS)
+    if mixed:
+        raise SpecError(
+            f"engine: an engine-served version is not built from an ONNX file, so it takes "
+            f"no {mixed}; remove them (the engine's strategy goes in engine.strategy), or "
+            "drop 'engine' to build from 'source'"
+        )
+    _check_keys(data, _ENGINE_TOP_KEYS, "spec")
+    model, version = _model_and_version(data)
+    engine = _engine_server(_mapping(data["engine"], "engine"), base_dir)
+    try:
+        # The engine's version is part of every artifact name: it must be spellable there.
+        first = engine.variants[0].precision
+        ArtifactName(model, engine.backend, engine.version, first, engine.strategy, version)
+    except NamingError as exc:
+        raise SpecError(f"engine.version: {exc}") from None
+    return EngineSpec(
+        model=model,
+        version=version,
+        engine=engine,
+        store=_store(data, base_dir),
+        force=_read_bool(data.get("force", False), "force"),
+    )
+
+
+def _engine_server(raw: Mapping[str, Any], base_dir: Path) -> EngineServerSpec:
+    _check_keys(raw, _ENGINE_KEYS, "engine")
+    servers = [b for b in Backend if b.is_engine_server]
+    backend = _read_enum(_required(raw, "backend", "engine"), Backend, "engine.backend")
+    if backend not in servers:
+        raise SpecError(
+            f"engine.backend: {backend.value!r} is not an engine server; use one of "
+            f"{[b.value for b in servers]} (or 'source: FILE.onnx' to build ONNX variants)"
+        )
+    engine_version = _required(raw, "version", "engine")
+    if not isinstance(engine_version, str):
+        raise SpecError(
+            f"engine.version: give the engine's version as a quoted string such as "
+            f'"0.3.36", got {engine_version!r}'
+        )
+    strategy = _optional_str(raw, "strategy", "engine", ENGINE_STRATEGIES.get(backend, "default"))
+    try:
+        _validate_strategy(strategy)
+    except NamingError as exc:
+        raise SpecError(f"engine.strategy: {exc}") from None
+    items = _required(raw, "variants", "engine")
+    if not isinstance(items, Sequence) or isinstance(items, str) or not items:
+        raise SpecError(
+            "engine.variants: give a non-empty list, best first, of "
+            "{precision: ..., url: http://HOST:PORT}"
+        )
+    variants = tuple(
+        _endpoint_variant(item, backend, f"engine.variants[{i}]", base_dir)
+        for i, item in enumerate(items)
+    )
+    seen: dict[object, int] = {}
+    for i, v in enumerate(variants):
+        for key, what in ((v.precision, "precision"), ((v.url, v.served_model), "endpoint")):
+            if key in seen:
+                raise SpecError(
+                    f"engine.variants[{i}]: the same {what} as engine.variants[{seen[key]}]; "
+                    "each variant is one rung of the ladder, served by its own endpoint "
+                    "(or its own served_model)"
+                )
+            seen[key] = i
+    return EngineServerSpec(
+        backend=backend,
+        version=engine_version,
+        strategy=strategy,
+        variants=variants,
+        probe=_read_bool(raw.get("probe", False), "engine.probe"),
+    )
+
+
+def _endpoint_variant(
+    raw: object, backend: Backend, where: str, base_dir: Path
+) -> EndpointVariantSpec:
+    entry = _mapping(raw, where)
+    _check_keys(entry, _ENDPOINT_KEYS, where)
+    precision = _read_precision(
+        _required(entry, "precision", where), ENGINE_PRECISIONS[backend], f"{where}.precision"
+    )
+    url = _required(entry, "url", where)
+    if not isinstance(url, str):
+        raise SpecError(f"{where}.url: must be a string such as http://127.0.0.1:8081")
+    try:
+        url = parse_endpoint_url(url)
+    except EndpointError as exc:
+        raise SpecError(f"{where}.url: {exc}") from None
+    model_file = entry.get("model_file")
+    digest = entry.get("model_sha256")
+    if digest is not None and (
+        not isinstance(digest, str) or len(digest) != 64 or not _is_hex(digest)
+    ):
+        raise SpecError(f"{where}.model_sha256: give 64 hex digits (sha256sum), got {digest!r}")
+    served = entry.get("served_model", "")
+    if not isinstance(served, str):
+        raise SpecError(f"{where}.served_model: must be a string, got {served!r}")
+    return EndpointVariantSpec(
+        precision=precision,
+        url=url,
+        model_file=None
+        if model_file is None
+        else _read_path(model_file, f"{where}.model_file", base_dir),
+        model_sha256=None if digest is None else digest.lower(),
+        served_model=served,
+        slots=_read_int(entry.get("slots", DEFAULT_SLOTS), f"{where}.slots", minimum=1),
+    )
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdefABCDEF" for c in text)

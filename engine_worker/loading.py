@@ -16,6 +16,13 @@ served. Without trusted keys signatures are not checked (and the worker says so)
 An artifact folder filled by ``graylane artifacts fetch --backend ...`` lacks the other
 backends' artifacts on purpose: those named in its :class:`FetchRecord` are skipped
 with the reason it gives; any other missing artifact is still refused.
+
+A variant an engine server serves (llama.cpp, vLLM, TensorRT-LLM, SGLang) is an artifact
+holding only its manifest: it is verified the same way (the manifest's sha256 against
+the registry, its signature against the trusted keys) and comes back as an
+:class:`~graylane.engine.server.EngineEndpoint` in :attr:`LoadedVariants.endpoints`, in
+the order of the version's QoS ladder. A version may have only such variants: it then
+loads no engine.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from graylane.artifacts.signing import ArtifactSignatureError, RefusedArtifact, 
 from graylane.artifacts.verify import verify_artifact
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
+from graylane.engine.server import EndpointError, EngineEndpoint
 from graylane.engine.tensorrt import gpu_compute_capability, tensorrt_version
 from graylane.errors import GraylaneError
 from graylane.models.hf_tokenizer import HfTokenizer, find_tokenizer
@@ -131,6 +139,8 @@ class LoadedVariants:
     """The model's own tokenizer, from an artifact's folder (``None``: it carries none)."""
     refused: tuple[RefusedArtifact, ...] = ()
     """Artifacts whose signature did not verify against the trusted keys (not loaded)."""
+    endpoints: tuple[EngineEndpoint, ...] = ()
+    """The variants engine servers serve, best first (the version's ladder order)."""
 
 
 def model_file(folder: Path, manifest: Manifest) -> Path:
@@ -166,6 +176,7 @@ def load_from_registry(
     fp32_path: Path | None = None
     onnx: dict[str, tuple[ArtifactInfo, Path, Manifest]] = {}
     plans: dict[str, list[tuple[ArtifactInfo, Path, Manifest]]] = {}
+    served: dict[str, tuple[ArtifactInfo, Path, Manifest]] = {}
     for art in artifacts:
         if not art.servable:
             skipped[str(art.name)] = "not servable (failed validation and not forced)"
@@ -185,7 +196,9 @@ def load_from_registry(
                 skipped[str(art.name)] = str(exc)
                 continue
         entry = (art, folder, manifest)
-        if art.backend is Backend.TENSORRT:
+        if art.backend.is_engine_server:
+            served[art.precision.value] = entry  # later registrations win
+        elif art.backend is Backend.TENSORRT:
             plans.setdefault(art.precision.value, []).append(entry)
         else:
             onnx[art.precision.value] = entry  # later registrations win
@@ -214,7 +227,8 @@ def load_from_registry(
         engines[precision] = OnnxRuntimeEngine.load(
             path, precision, name=model, intra_op_threads=intra_op_threads
         )
-    if not engines:
+    endpoints = _endpoints(served, skipped)
+    if not engines and not endpoints:
         raise NoServableVariant(
             f"no servable variant of {model} {version}: "
             + ("; ".join(f"{k}: {v}" for k, v in skipped.items()) or "nothing registered")
@@ -225,7 +239,7 @@ def load_from_registry(
     if fp32_path is None and onnx:
         _, folder, manifest = next(iter(onnx.values()))
         fp32_path = model_file(folder, manifest)
-    entries = [*onnx.values(), *(e for c in plans.values() for e in c)]
+    entries = [*onnx.values(), *(e for c in plans.values() for e in c), *served.values()]
     info = next((m.model_info for _, _, m in entries if m.model_info is not None), None)
     profiles = next((m.profiles for _, _, m in entries if m.profiles), ())
     folder = fp32_path.parent if fp32_path is not None else entries[0][1]
@@ -237,4 +251,24 @@ def load_from_registry(
         profiles=profiles,
         tokenizer=find_tokenizer(folder, info),
         refused=tuple(refused),
+        endpoints=endpoints,
     )
+
+
+def _endpoints(
+    served: Mapping[str, tuple[ArtifactInfo, Path, Manifest]], skipped: dict[str, str]
+) -> tuple[EngineEndpoint, ...]:
+    """The verified engine-server variants, in ladder order (a manifest that names no
+    usable endpoint is skipped, with why)."""
+    ranked: list[tuple[int, EngineEndpoint]] = []
+    for art, _, manifest in served.values():
+        try:
+            endpoint = manifest.engine_endpoint()
+        except EndpointError as exc:
+            skipped[str(art.name)] = str(exc)
+            continue
+        if endpoint is None or manifest.endpoint is None:
+            skipped[str(art.name)] = "an engine-server artifact whose manifest names no endpoint"
+            continue
+        ranked.append((manifest.endpoint.rung, endpoint))
+    return tuple(e for _, e in sorted(ranked, key=lambda r: (r[0], r[1].variant)))

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from graylane.artifacts.naming import Backend
+
 if TYPE_CHECKING:
     from graylane.artifacts.fetch import FetchGpu
 
@@ -54,9 +56,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--backend",
         action="append",
         default=[],
-        choices=("onnxruntime", "tensorrt"),
+        choices=[b.value for b in Backend],
         help="fetch only this backend's artifacts (repeatable; default: all). A CPU worker "
-        "needs no TensorRT engine; what is left out is recorded for the worker's loader",
+        "needs no TensorRT engine; what is left out is recorded for the worker's loader. "
+        "An engine server's variant (llamacpp, vllm, trtllm, sglang) is its manifest alone",
     )
     fetch.add_argument(
         "--this-gpu",
@@ -69,7 +72,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _fetch(args: argparse.Namespace) -> int:
     from graylane.artifacts.fetch import ArtifactFetchError, fetch_version
-    from graylane.artifacts.naming import Backend
     from graylane.settings import Settings
 
     if not args.store:
@@ -101,7 +103,10 @@ def _fetch(args: argparse.Namespace) -> int:
         print("warning: no trusted keys configured: signatures were not checked")
     for item in fetched:
         signed = f", signed by {item.signer}" if item.signer is not None else ""
-        print(f"fetched {item.name}: {args.into / item.location} ({item.files} file(s){signed})")
+        held = f"{item.files} file(s)"
+        if item.endpoint is not None:
+            held = f"its manifest only: served at {item.endpoint}"
+        print(f"fetched {item.name}: {args.into / item.location} ({held}{signed})")
     return EXIT_OK
 
 

@@ -43,9 +43,12 @@ def add_build_parser(sub: Subparsers[argparse.ArgumentParser]) -> argparse.Argum
         description=(
             "Read a YAML/TOML build spec, produce fp32/fp16/int8/int8-dynamic ONNX variants "
             "(and TensorRT engines where TensorRT and a GPU exist), validate each against "
-            "fp32, write artifacts with manifests and record them in the registry. "
+            "fp32, write artifacts with manifests and record them in the registry. A spec "
+            "with an 'engine' section instead of 'source' registers a version engine servers "
+            "serve: one manifest per endpoint, no model file copied. "
             "Exit status: 0 all variants servable (skipped ones aside), 2 some variant failed "
-            "or is not servable (the version is then not registered), 1 the build could not run."
+            "or is not servable (an ONNX build is then not registered; an engine build "
+            "registers the endpoints that answered their probe), 1 the build could not run."
         ),
     )
     parser.add_argument("spec", type=Path, help="build spec (.yaml, .yml or .toml)")
@@ -67,6 +70,13 @@ def add_build_parser(sub: Subparsers[argparse.ArgumentParser]) -> argparse.Argum
         type=Path,
         help="sign every published artifact with this private key "
         "(default: GRAYLANE_SIGNING_KEY; none: unsigned); see 'graylane keys generate'",
+    )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        default=None,
+        help="engine specs: check that each endpoint answers /health and /v1/models before "
+        "registering it (as 'engine.probe: true'); one that does not is left out, exit 2",
     )
     parser.set_defaults(handler=cmd_build)
     return parser
@@ -145,6 +155,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             registry=registry,
             force=True if args.force else None,
             signing_key=args.signing_key or settings.signing_key,
+            probe=args.probe,
         )
     except (
         SpecError,
@@ -173,7 +184,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"REFUSED: {exc}")
         return EXIT_ERROR
     signed = f"; signed by {signer}" if signer is not None else ""
-    print(f"OK: {manifest.name} ({len(manifest.files)} file(s) match their sha256{signed})")
+    if manifest.endpoint is not None:
+        held = f"a manifest naming {manifest.backend.value} at {manifest.endpoint.url}"
+    else:
+        held = f"{len(manifest.files)} file(s) match their sha256"
+    print(f"OK: {manifest.name} ({held}{signed})")
     return EXIT_OK
 
 
@@ -192,6 +207,9 @@ def _print_report(console: Console, report: BuildReport) -> None:
             note = "; ".join(v.validation.failures)
         if v.forced:
             note = ("forced: " + note).strip()
+        if v.endpoint is not None:
+            probed = "answered its probe" if v.endpoint.probe is not None else "not probed"
+            note = f"{v.endpoint.url} ({probed})"
         table.add_row(
             str(v.artifact) if v.artifact else f"{v.precision.value} ({v.backend.value})",
             v.status.value,
@@ -231,6 +249,7 @@ def _report_dict(report: BuildReport) -> dict[str, object]:
                 "forced": v.forced,
                 "reason": v.reason,
                 "passed": v.validation.passed if v.validation else None,
+                "endpoint": None if v.endpoint is None else v.endpoint.url,
             }
             for v in report.variants
         ],

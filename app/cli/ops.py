@@ -186,7 +186,11 @@ def _model_commands(sub: Sub) -> None:
     stable.add_argument("--version", required=True, help="a registered semantic version")
     stable.set_defaults(handler=model_set_stable)
     show = add_output(
-        _client(msub.add_parser("show", help="versions, variants and their validation"))
+        _client(
+            msub.add_parser(
+                "show", help="versions, variants (backend, endpoint) and their validation"
+            )
+        )
     )
     show.add_argument("name", help="the model's name")
     show.set_defaults(handler=model_show)
@@ -569,35 +573,37 @@ def model_show(args: argparse.Namespace) -> int:
     if output_format(args) is not OutputFormat.TABLE:
         emit_list(args, "ModelVersionList", res.versions, lambda v: v.version, lambda: None)
         return 0
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for v in res.versions:
-        variants = v.variants or [None]
-        for a in variants:
-            if a is None:
-                rows.append((v.version, "*" if v.stable else "", v.status, "-", "-", "-"))
-                continue
-            val = a.validation
-            check = (
-                ("passed" if val.passed else "FAILED: " + "; ".join(val.failures))
-                if val.validated
-                else "not validated"
-            )
-            rows.append(
-                (
-                    v.version,
-                    "*" if v.stable else "",
-                    v.status,
-                    a.artifact,
-                    "yes" if a.servable else "no",
-                    check,
-                )
-            )
+        version = (v.version, "*" if v.stable else "", v.status)
+        if not v.variants:
+            rows.append((*version, "-", "-", "-", "-", "-", "-"))
+        rows.extend((*version, *_variant_columns(a)) for a in v.variants)
     table(
         f"{res.model.name} (stable {res.model.stable_version or '-'})",
-        ("version", "stable", "status", "variant", "servable", "validation"),
+        (
+            *("version", "stable", "status", "variant", "backend", "servable", "validation"),
+            *("endpoint", "model sha256"),
+        ),
         rows,
     )
     return 0
+
+
+def _variant_columns(a: Any) -> tuple[str, ...]:
+    """A ``VariantInfo``'s columns after the version's: variant to model digest."""
+    val = a.validation
+    check = (
+        ("passed" if val.passed else "FAILED: " + "; ".join(val.failures))
+        if val.validated
+        else "not validated"
+    )
+    backend = f"{a.backend} {a.backend_version}".strip()
+    endpoint, digest = "-", "-"
+    if a.HasField("endpoint"):
+        endpoint = a.endpoint.url
+        digest = a.endpoint.model_sha256[:12] + "…" if a.endpoint.model_sha256 else "unknown"
+    return (a.artifact, backend, "yes" if a.servable else "no", check, endpoint, digest)
 
 
 # -- ``graylane rollout`` and ``graylane qos``: start, watch, steer; set QoS -------------------

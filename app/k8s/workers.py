@@ -472,7 +472,11 @@ def plan_from_registry(
                 }
     if not primary:
         kind = "ONNX Runtime" if not gpu else "TensorRT"
-        raise NothingToDeploy(f"{model} {info.version}: no servable {kind} artifact registered")
+        served = sorted({a.backend.value for a in servable if a.backend.is_engine_server})
+        raise NothingToDeploy(
+            f"{model} {info.version}: no servable {kind} artifact registered"
+            + (f" (engine servers serve it: {', '.join(served)})" if served else "")
+        )
     variants = sorted({a.precision.value for a in primary} | {a.precision.value for a in onnx})
     return WorkerPlan(
         model=model,

@@ -17,6 +17,9 @@ A GPU pod whose init container sees the pod's GPU (``gpu``: its compute capabili
 TensorRT version) fetches, per precision, only the engine the worker would load on it
 (:func:`~graylane.artifacts.compatibility.select_engine`, the loader's own choice), read
 from each candidate's manifest in the store (checked against the registry's sha256 first).
+A variant an engine server serves has nothing to fetch but its manifest (and signature):
+the model file stays with the server; the manifest is fetched and verified all the same,
+since the worker's loader reads the endpoint from it.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class FetchedArtifact:
     files: int
     signer: Path | None
     """The trusted key its signature verified against (``None``: not checked)."""
+    endpoint: str | None = None
+    """An engine server's variant: the URL its manifest names (the files are the manifest)."""
 
 
 @dataclass(frozen=True)
@@ -203,9 +208,9 @@ def fetch_artifacts(
         for art, location in locations:
             folder = staging / location
             count = _copy_folder(store, location, folder)
-            fetched.append(
-                FetchedArtifact(str(art.name), location, count, _verify(art, folder, trusted_keys))
-            )
+            manifest, signer = _verify(art, folder, trusted_keys)
+            endpoint = None if manifest.endpoint is None else manifest.endpoint.url
+            fetched.append(FetchedArtifact(str(art.name), location, count, signer, endpoint))
         for item in fetched:
             dest = into / item.location
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -260,10 +265,13 @@ def _store_manifest(store: str, art: ArtifactInfo) -> Manifest:
         raise ArtifactFetchError(f"refused {art.name}: unreadable manifest ({exc})") from None
 
 
-def _verify(art: ArtifactInfo, folder: Path, trusted_keys: Sequence[Path]) -> Path | None:
+def _verify(
+    art: ArtifactInfo, folder: Path, trusted_keys: Sequence[Path]
+) -> tuple[Manifest, Path | None]:
+    """(its manifest, the trusted key that signed it, ``None``: not checked)."""
     try:
-        verify_artifact(folder, art.manifest_sha256)
-        return verify_signature(folder, trusted_keys) if trusted_keys else None
+        manifest = verify_artifact(folder, art.manifest_sha256)
+        return manifest, verify_signature(folder, trusted_keys) if trusted_keys else None
     except (TamperedArtifactError, ArtifactSignatureError, TrustedKeyError) as exc:
         raise ArtifactFetchError(f"refused {art.name}: {exc}") from None
 

@@ -3,6 +3,11 @@
 A manifest is written as ``manifest.json`` next to the model files. Reading one
 back gives the same frozen :class:`Manifest`; :func:`manifest_to_dict` and
 :func:`manifest_from_dict` are the only places that know the JSON layout.
+
+An artifact of an engine-server backend (llama.cpp, vLLM, ...) holds no model file:
+its manifest alone names the endpoint that serves the variant (:class:`EndpointInfo`),
+the digest of the model file that server loaded and the variant's place on the
+version's QoS ladder. It is signed and verified like any other artifact.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from graylane.artifacts.build_info import (
 )
 from graylane.artifacts.model_info import ModelInfo
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_artifact_name
+from graylane.engine.server import EngineEndpoint
 from graylane.engine.signature import IOSignature
 from graylane.errors import GraylaneError
 
@@ -35,11 +41,13 @@ __all__ = [
     "SCHEMA_VERSION",
     "BuildHost",
     "CalibrationInfo",
+    "EndpointInfo",
     "EngineTarget",
     "FileDigest",
     "GpuInfo",
     "Manifest",
     "ManifestError",
+    "ProbeInfo",
     "ValidationInfo",
     "manifest_from_dict",
     "manifest_to_dict",
@@ -105,6 +113,39 @@ class EngineTarget:
 
 
 @dataclass(frozen=True)
+class ProbeInfo:
+    """What an engine endpoint answered when the build probed it."""
+
+    checked_at: str
+    """ISO-8601 UTC time of the probe."""
+    models: tuple[str, ...]
+    """The model ids its ``/v1/models`` listed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndpointInfo:
+    """The engine server that serves an engine-backend variant (its backend and engine
+    version are the artifact name's)."""
+
+    url: str
+    """Base URL of the server (the OpenAI routes are under ``<url>/v1``)."""
+    served_model: str = ""
+    """The ``model`` of each call; empty: the first model the server lists."""
+    model_file: str = ""
+    """The model file's name as the spec gave it (informational: it lies on the server's host)."""
+    model_sha256: str = ""
+    """Digest of the model file the server loaded; empty: not known to the build."""
+    slots: int
+    """Calls in flight at once."""
+    rung: int
+    """Place on the version's QoS ladder, 0 the best."""
+    ladder: tuple[str, ...]
+    """Every variant of the version, best first, as the build named them."""
+    probe: ProbeInfo | None = None
+    """``None``: not probed at build time."""
+
+
+@dataclass(frozen=True)
 class ValidationInfo:
     passed: bool
     tolerance: Tolerance
@@ -134,6 +175,8 @@ class Manifest:
     model_info: ModelInfo | None = None
     """Task, input vocabulary and source quantization (``None`` in older manifests)."""
     partial_quantization: PartialQuantization | None = None
+    endpoint: EndpointInfo | None = None
+    """The engine server serving this variant (engine-server backends only; no files)."""
 
     @property
     def model(self) -> str:
@@ -158,6 +201,21 @@ class Manifest:
     @property
     def backend_version(self) -> str:
         return self.name.backend_version
+
+    def engine_endpoint(self) -> EngineEndpoint | None:
+        """The endpoint a worker calls for this variant (``None``: a model file artifact)."""
+        e = self.endpoint
+        if e is None:
+            return None
+        return EngineEndpoint(
+            variant=self.precision.value,
+            url=e.url,
+            backend=self.backend,
+            engine_version=self.backend_version,
+            served_model=e.served_model,
+            model_sha256=e.model_sha256,
+            slots=e.slots,
+        )
 
 
 # ---------------------------------------------------------------- JSON layout
@@ -252,8 +310,46 @@ def manifest_to_dict(m: Manifest) -> dict[str, Any]:
         "notes": list(m.notes),
         "model_info": None if m.model_info is None else m.model_info.to_dict(),
         "partial_quantization": partial_to_dict(m.partial_quantization),
+        "endpoint": _endpoint_to_dict(m.endpoint),
         "created_at": m.created_at,
     }
+
+
+def _endpoint_to_dict(e: EndpointInfo | None) -> dict[str, Any] | None:
+    if e is None:
+        return None
+    return {
+        "url": e.url,
+        "served_model": e.served_model,
+        "model_file": e.model_file,
+        "model_sha256": e.model_sha256,
+        "slots": e.slots,
+        "rung": e.rung,
+        "ladder": list(e.ladder),
+        "probe": None
+        if e.probe is None
+        else {"checked_at": e.probe.checked_at, "models": list(e.probe.models)},
+    }
+
+
+def _endpoint_from_dict(raw: Mapping[str, Any] | None) -> EndpointInfo | None:
+    if raw is None:
+        return None
+    probe = raw.get("probe")
+    return EndpointInfo(
+        url=str(raw["url"]),
+        served_model=str(raw.get("served_model", "")),
+        model_file=str(raw.get("model_file", "")),
+        model_sha256=str(raw.get("model_sha256", "")),
+        slots=int(raw["slots"]),
+        rung=int(raw["rung"]),
+        ladder=tuple(str(v) for v in raw["ladder"]),
+        probe=None
+        if probe is None
+        else ProbeInfo(
+            checked_at=str(probe["checked_at"]), models=tuple(str(m) for m in probe["models"])
+        ),
+    )
 
 
 def _comparison_to_dict(c: ComparisonReport | None) -> dict[str, Any] | None:
@@ -399,6 +495,7 @@ def manifest_from_dict(raw: Mapping[str, Any]) -> Manifest:
             if raw.get("model_info") is None
             else ModelInfo.from_dict(raw["model_info"]),
             partial_quantization=partial_from_dict(raw.get("partial_quantization")),
+            endpoint=_endpoint_from_dict(raw.get("endpoint")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"manifest is malformed: {type(exc).__name__}: {exc}") from None

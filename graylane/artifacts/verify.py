@@ -66,6 +66,8 @@ def manifest_sha256(folder: Path) -> str:
 def verify_artifact(folder: Path | str, expected_manifest_sha256: str | None = None) -> Manifest:
     """Check every file of an artifact against its manifest; returns the manifest.
 
+    An engine-server artifact lists no file: its manifest (checked against
+    ``expected_manifest_sha256``, and by its signature where keys are trusted) is all of it.
     Raises :class:`TamperedArtifactError` naming the first file that is missing,
     altered, or (for the manifest itself) differs from ``expected_manifest_sha256``.
     """
@@ -84,7 +86,14 @@ def verify_artifact(folder: Path | str, expected_manifest_sha256: str | None = N
         manifest = read_manifest(path)
     except ManifestError as exc:
         raise TamperedArtifactError(f"{path / MANIFEST_FILE}: {exc}", MANIFEST_FILE) from None
-    if not manifest.files:
+    served = manifest.backend.is_engine_server
+    if served != (manifest.endpoint is not None):
+        raise TamperedArtifactError(
+            f"{path / MANIFEST_FILE}: a {manifest.backend.value} artifact "
+            + ("names no endpoint" if served else "cannot name an engine endpoint"),
+            MANIFEST_FILE,
+        )
+    if not manifest.files and not served:  # an endpoint's artifact is its manifest alone
         raise TamperedArtifactError(f"{path / MANIFEST_FILE}: lists no files", MANIFEST_FILE)
     for entry in manifest.files:
         relative = PurePosixPath(entry.path)

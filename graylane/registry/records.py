@@ -15,6 +15,7 @@ __all__ = [
     "ArtifactRecord",
     "DuplicateArtifact",
     "DuplicateVersion",
+    "EndpointSummary",
     "ModelNotRegistered",
     "RegisteredModel",
     "RegistryError",
@@ -90,6 +91,18 @@ class ValidationSummary:
 
 
 @dataclass(frozen=True)
+class EndpointSummary:
+    """Where an engine-server variant is served (the engine and its version are the
+    artifact name's backend and backend version)."""
+
+    url: str
+    model_sha256: str | None = None
+    """Digest of the model file the engine loaded; ``None``: not known to the build."""
+    ladder_rank: int = 0
+    """Place on the version's QoS ladder, 0 the best."""
+
+
+@dataclass(frozen=True)
 class ArtifactRecord:
     """What the builder registers for one published artifact."""
 
@@ -100,6 +113,8 @@ class ArtifactRecord:
     forced: bool = False
     gpu_compute_capability: str | None = None
     validation: ValidationSummary | None = None
+    endpoint: EndpointSummary | None = None
+    """Engine-server variants only: the artifact is a manifest naming this endpoint."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +128,7 @@ class ArtifactInfo:
     gpu_compute_capability: str | None
     validation: ValidationSummary | None
     created_at: datetime
+    endpoint: EndpointSummary | None = None
 
     @property
     def precision(self) -> Precision:

@@ -29,6 +29,7 @@ from graylane.registry.records import (
     ArtifactRecord,
     DuplicateArtifact,
     DuplicateVersion,
+    EndpointSummary,
     ModelNotRegistered,
     RegisteredModel,
     RegistryError,
@@ -108,6 +109,9 @@ def _artifact_info(row: ArtifactRow) -> ArtifactInfo:
         gpu_compute_capability=row.gpu_compute_capability,
         validation=_validation(row.validation),
         created_at=_utc(row.created_at),
+        endpoint=None
+        if row.endpoint_url is None
+        else EndpointSummary(row.endpoint_url, row.model_sha256, row.ladder_rank or 0),
     )
 
 
@@ -276,6 +280,10 @@ class Registry:
                     forced=record.forced,
                     gpu_compute_capability=record.gpu_compute_capability,
                 )
+                if record.endpoint is not None:
+                    row.endpoint_url = record.endpoint.url
+                    row.model_sha256 = record.endpoint.model_sha256
+                    row.ladder_rank = record.endpoint.ladder_rank
                 if record.validation is not None:
                     v = record.validation
                     row.validation = ValidationResultRow(
@@ -297,15 +305,19 @@ class Registry:
     def _artifact_rows(
         self, session: Session, model: str, version: SemVer
     ) -> Sequence[ArtifactRow]:
+        """By name and target; engine endpoints after the others, in ladder order."""
         version_row = self._version(session, self._model(session, model), version)
-        return session.scalars(
+        rows = session.scalars(
             select(ArtifactRow)
             .where(ArtifactRow.version_id == version_row.id)
             .options(selectinload(ArtifactRow.validation))
             .order_by(ArtifactRow.name, ArtifactRow.target)
         ).all()
+        # Sorted here: databases disagree on where NULLs sort.
+        return sorted(rows, key=lambda r: (r.ladder_rank is not None, r.ladder_rank or 0))
 
     def list_artifacts(self, model: str, version: SemVer | str) -> list[ArtifactInfo]:
+        """A version's artifacts by name; engine endpoints last, best rung first."""
         semver = _semver(version)
         with self._sessions() as session:
             return [_artifact_info(r) for r in self._artifact_rows(session, model, semver)]

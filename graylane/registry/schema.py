@@ -104,6 +104,11 @@ class ArtifactRow(Base):
     servable: Mapped[bool] = mapped_column(Boolean, nullable=False)
     forced: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
     gpu_compute_capability: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    # An engine-server variant: its endpoint, the digest of the model file the engine
+    # loaded, and its place on the QoS ladder (all NULL for ONNX files and engines).
+    endpoint_url: Mapped[str | None] = mapped_column(Text, nullable=True)
+    model_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    ladder_rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
     model_version: Mapped[ModelVersionRow] = relationship(back_populates="artifacts")

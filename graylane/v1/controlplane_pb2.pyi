@@ -69,8 +69,18 @@ class ValidationStatus(_message.Message):
     failures: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, validated: _Optional[bool] = ..., passed: _Optional[bool] = ..., max_abs: _Optional[float] = ..., mean_rel: _Optional[float] = ..., cosine: _Optional[float] = ..., top1_agreement: _Optional[float] = ..., token_agreement: _Optional[float] = ..., failures: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class EngineEndpointInfo(_message.Message):
+    __slots__ = ("url", "model_sha256", "ladder_rank")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SHA256_FIELD_NUMBER: _ClassVar[int]
+    LADDER_RANK_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    model_sha256: str
+    ladder_rank: int
+    def __init__(self, url: _Optional[str] = ..., model_sha256: _Optional[str] = ..., ladder_rank: _Optional[int] = ...) -> None: ...
+
 class VariantInfo(_message.Message):
-    __slots__ = ("artifact", "precision", "backend", "target", "servable", "forced", "validation")
+    __slots__ = ("artifact", "precision", "backend", "target", "servable", "forced", "validation", "backend_version", "endpoint")
     ARTIFACT_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +88,8 @@ class VariantInfo(_message.Message):
     SERVABLE_FIELD_NUMBER: _ClassVar[int]
     FORCED_FIELD_NUMBER: _ClassVar[int]
     VALIDATION_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     artifact: str
     precision: str
     backend: str
@@ -85,7 +97,9 @@ class VariantInfo(_message.Message):
     servable: bool
     forced: bool
     validation: ValidationStatus
-    def __init__(self, artifact: _Optional[str] = ..., precision: _Optional[str] = ..., backend: _Optional[str] = ..., target: _Optional[str] = ..., servable: _Optional[bool] = ..., forced: _Optional[bool] = ..., validation: _Optional[_Union[ValidationStatus, _Mapping]] = ...) -> None: ...
+    backend_version: str
+    endpoint: EngineEndpointInfo
+    def __init__(self, artifact: _Optional[str] = ..., precision: _Optional[str] = ..., backend: _Optional[str] = ..., target: _Optional[str] = ..., servable: _Optional[bool] = ..., forced: _Optional[bool] = ..., validation: _Optional[_Union[ValidationStatus, _Mapping]] = ..., backend_version: _Optional[str] = ..., endpoint: _Optional[_Union[EngineEndpointInfo, _Mapping]] = ...) -> None: ...
 
 class VersionSummary(_message.Message):
     __slots__ = ("model", "version", "status", "source_sha256", "created_at_unix_ms", "stable", "variants")

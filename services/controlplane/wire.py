@@ -37,10 +37,19 @@ def variant_info(a: ArtifactInfo) -> controlplane_pb2.VariantInfo:
         artifact=str(a.name),
         precision=a.precision.value,
         backend=a.backend.value,
+        backend_version=a.name.backend_version,
         target=a.target,
         servable=a.servable,
         forced=a.forced,
     )
+    if a.endpoint is not None:
+        out.endpoint.CopyFrom(
+            controlplane_pb2.EngineEndpointInfo(
+                url=a.endpoint.url,
+                model_sha256=a.endpoint.model_sha256 or "",
+                ladder_rank=a.endpoint.ladder_rank,
+            )
+        )
     v = a.validation
     if v is not None:
         out.validation.CopyFrom(

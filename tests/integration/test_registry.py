@@ -17,6 +17,7 @@ from graylane.registry import (
     ArtifactRecord,
     DuplicateArtifact,
     DuplicateVersion,
+    EndpointSummary,
     ModelNotRegistered,
     Registry,
     RegistryError,
@@ -213,6 +214,59 @@ def test_engines_for_several_gpus(registry: Registry, model: str) -> None:
         registry.get_artifact(
             model, "1.0.0", Precision.FP16, Backend.TENSORRT, compute_capability="7.5"
         )
+
+
+def test_engine_endpoints_round_trip_in_ladder_order(registry: Registry, model: str) -> None:
+    registry.register_model(model)
+    registry.register_version(model, "1.0.0", "c" * 64)
+    registry.add_artifact(_record(model, precision=Precision.FP32))  # an ONNX file beside them
+    ladder = [(Precision.Q8_0, "b" * 64), (Precision.Q4_1, None), (Precision.Q2_K, "d" * 64)]
+    for rank, (precision, digest) in reversed(list(enumerate(ladder))):  # registered worst first
+        name = ArtifactName(
+            model, Backend.LLAMACPP, "0.3.36", precision, "gguf", parse_semver("1.0.0")
+        )
+        registry.add_artifact(
+            ArtifactRecord(
+                name=name,
+                path=f"{model}/{precision.value}",
+                manifest_sha256="e" * 64,
+                servable=True,
+                endpoint=EndpointSummary(f"http://10.0.0.{rank}:8081", digest, rank),
+            )
+        )
+    listed = registry.list_artifacts(model, "1.0.0")
+    assert [a.precision for a in listed] == [
+        Precision.FP32,
+        Precision.Q8_0,
+        Precision.Q4_1,
+        Precision.Q2_K,
+    ]
+    assert listed[0].endpoint is None
+    assert [a.endpoint for a in listed[1:]] == [
+        EndpointSummary("http://10.0.0.0:8081", "b" * 64, 0),
+        EndpointSummary("http://10.0.0.1:8081", None, 1),
+        EndpointSummary("http://10.0.0.2:8081", "d" * 64, 2),
+    ]
+    q2 = registry.get_artifact(model, "1.0.0", Precision.Q2_K, Backend.LLAMACPP)
+    assert (q2.name.backend_version, q2.target) == ("0.3.36", "any")
+
+
+def test_the_endpoint_columns_migrate_down_and_up(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'endpoints.db'}"
+    upgrade(url)
+    columns = {"endpoint_url", "model_sha256", "ladder_rank"}
+    engine = create_engine(url)
+    try:
+        found = {c["name"] for c in inspect(engine).get_columns("registry_artifacts")}
+        assert columns <= found
+        downgrade(url, "0003")
+        found = {c["name"] for c in inspect(engine).get_columns("registry_artifacts")}
+        assert not columns & found and "gpu_compute_capability" in found
+        upgrade(url)
+        found = {c["name"] for c in inspect(engine).get_columns("registry_artifacts")}
+        assert columns <= found
+    finally:
+        engine.dispose()
 
 
 def test_stable_version(registry: Registry, model: str) -> None:

@@ -72,6 +72,52 @@ def test_examples_parse() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "smollm2-llamacpp0.3.36-q4_1-gguf:1.0.0",
+            ArtifactName(
+                "smollm2", Backend.LLAMACPP, "0.3.36", Precision.Q4_1, "gguf", SemVer(1, 0, 0)
+            ),
+        ),
+        (
+            "m-trtllm1.0.0-fp8-default:2.0.0",
+            ArtifactName("m", Backend.TRTLLM, "1.0.0", Precision.FP8, "default", SemVer(2, 0, 0)),
+        ),
+        (
+            "qwen-2-vllm0.11.0-bf16-default:1.0.0-rc.1",
+            ArtifactName(
+                "qwen-2",
+                Backend.VLLM,
+                "0.11.0",
+                Precision.BF16,
+                "default",
+                parse_semver("1.0.0-rc.1"),
+            ),
+        ),
+        (
+            "m-sglang0.5.2-int4-awq:1.0.0",
+            ArtifactName("m", Backend.SGLANG, "0.5.2", Precision.INT4, "awq", SemVer(1, 0, 0)),
+        ),
+    ],
+)
+def test_engine_server_names_round_trip(text: str, expected: ArtifactName) -> None:
+    assert parse_artifact_name(text) == expected
+    assert str(expected) == text
+
+
+def test_gguf_k_quants_are_not_read_as_a_shorter_type_with_a_strategy() -> None:
+    for precision in (Precision.Q4_K_M, Precision.Q5_K_S, Precision.Q3_K_L, Precision.Q2_K):
+        name = parse_artifact_name(f"m-llamacpp0.3.36-{precision.value}-gguf:1.0.0")
+        assert (name.precision, name.strategy) == (precision, "gguf")
+
+
+def test_only_the_in_process_runtimes_are_not_engine_servers() -> None:
+    local = {b for b in Backend if not b.is_engine_server}
+    assert local == {Backend.ONNXRUNTIME, Backend.TENSORRT}
+
+
 def test_int8_dynamic_is_not_read_as_int8_with_a_strategy() -> None:
     name = parse_artifact_name("m-onnxruntime1.32.0-int8-dynamic-default:0.1.0")
     assert name.precision is Precision.INT8_DYNAMIC
@@ -90,6 +136,8 @@ def test_model_that_looks_like_a_backend_parses_from_the_right() -> None:
         "demo-gpt-onnxruntime1.32.0-int8-ptq",  # no version
         "demo-gpt-cuda12-int8-ptq:1.0.0",  # unknown backend
         "demo-gpt-onnxruntime1.32.0-int3-ptq:1.0.0",  # unknown precision
+        "smollm2-llamacpp0.3.36-q4_1:1.0.0",  # no strategy
+        "smollm2-llamacppb4567-q4_1-gguf:1.0.0",  # an engine's version is numbers
         "demo-gpt-onnxruntime1.32.0-int8-ptq:1.0",  # not semver
         "Demo-onnxruntime1.32.0-int8-ptq:1.0.0",  # uppercase model
         "demo.gpt-onnxruntime1.32.0-int8-ptq:1.0.0",  # a dot in the model: no topics for it

@@ -1,4 +1,5 @@
-"""Build specs from YAML and TOML, and the errors that say what to fix."""
+"""Build specs from YAML and TOML (ONNX sources and engine-served versions), and the
+errors that say what to fix."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ from pathlib import Path
 import pytest
 
 from graylane.artifacts.build_info import CalibrationMethod
-from graylane.artifacts.naming import Precision, SemVer
+from graylane.artifacts.naming import Backend, Precision, SemVer
 from graylane.builder.spec import (
+    ONNX_PRECISIONS,
+    BuildSpec,
     DemoSource,
+    EndpointVariantSpec,
+    EngineSpec,
     FileSource,
     Generator,
     GeneratorData,
@@ -18,6 +23,7 @@ from graylane.builder.spec import (
     load_spec,
     parse_spec,
 )
+from graylane.engine.server import DEFAULT_SLOTS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,7 +111,7 @@ def _base(**overrides: object) -> dict[str, object]:
         (_base(model="Demo GPT"), "model: model name 'Demo GPT' is not valid"),
         (_base(precission=["fp16"]), "unknown key(s) ['precission']"),
         (_base(precisions=["int3"]), "precisions[0]: 'int3' is not one of"),
-        (_base(precisions=["q4_1"]), "precisions[0]: 'q4_1' is what an engine server loads"),
+        (_base(precisions=["q4_1"]), "precisions[0]: 'q4_1' is not one of ['fp32'"),
         (_base(precisions=["int8"]), "int8 precision needs calibration data"),
         (_base(strategy="my-ptq"), "strategy: strategy tag"),
         (
@@ -144,3 +150,215 @@ def test_unreadable_files(tmp_path: Path) -> None:
         load_spec(_write(tmp_path, "spec.json", "{}"))
     with pytest.raises(SpecError, match="top level must be a mapping"):
         load_spec(_write(tmp_path, "list.yaml", "- a\n- b\n"))
+
+
+def test_an_onnx_spec_builds_only_the_onnx_precisions() -> None:
+    spec = parse_spec(_base(), base_dir=Path("/tmp"))
+    assert isinstance(spec, BuildSpec)
+    # Regression: the default was every Precision, engine servers' GGUF types included.
+    assert spec.precisions == (Precision.FP32, Precision.FP16, Precision.INT8_DYNAMIC)
+    assert set(ONNX_PRECISIONS) == {
+        Precision.FP32,
+        Precision.FP16,
+        Precision.INT8,
+        Precision.INT8_DYNAMIC,
+    }
+    with pytest.raises(SpecError, match=r"tolerances: 'q4_1' is not one of"):
+        parse_spec(_base(tolerances={"q4_1": {"min_cosine": 0.9}}), base_dir=Path("/tmp"))
+
+
+# -- engine specs: a version engine servers serve ---------------------------------------------
+
+ENGINE_YAML = """
+model: smollm2
+version: 1.0.0
+engine:
+  backend: llamacpp
+  version: "0.3.36"
+  variants:
+    - precision: q4_1
+      url: http://127.0.0.1:8081/
+      model_file: models/SmolLM2-135M-Instruct.Q4_1.gguf
+      slots: 8
+    - precision: q2_k
+      url: http://127.0.0.1:8082
+      model_sha256: ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789
+      served_model: smol-q2
+store: artifacts
+"""
+
+ENGINE_TOML = """
+model = "m"
+version = "2.0.0"
+
+[engine]
+backend = "trtllm"
+version = "1.0.0"
+probe = true
+
+[[engine.variants]]
+precision = "fp16"
+url = "http://engine-fp16:8000"
+
+[[engine.variants]]
+precision = "fp8"
+url = "http://engine-fp8:8000"
+"""
+
+
+def test_engine_spec_reads_the_endpoints_best_first(tmp_path: Path) -> None:
+    spec = load_spec(_write(tmp_path, "smollm2.yaml", ENGINE_YAML))
+    assert isinstance(spec, EngineSpec)
+    assert (spec.model, spec.version, spec.store) == (
+        "smollm2",
+        SemVer(1, 0, 0),
+        tmp_path / "artifacts",
+    )
+    engine = spec.engine
+    assert (engine.backend, engine.version, engine.strategy) == (Backend.LLAMACPP, "0.3.36", "gguf")
+    assert engine.ladder == ("q4_1", "q2_k")
+    assert not engine.probe
+    first, second = engine.variants
+    assert first == EndpointVariantSpec(
+        precision=Precision.Q4_1,
+        url="http://127.0.0.1:8081",  # without its trailing slash
+        model_file=tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf",
+        slots=8,
+    )
+    assert second.model_file is None
+    assert second.model_sha256 == "abcdef0123456789" * 4  # lowercased
+    assert (second.served_model, second.slots) == ("smol-q2", DEFAULT_SLOTS)
+
+
+def test_engine_spec_in_toml_with_the_default_strategy(tmp_path: Path) -> None:
+    spec = load_spec(_write(tmp_path, "m.toml", ENGINE_TOML))
+    assert isinstance(spec, EngineSpec)
+    assert (spec.engine.backend, spec.engine.strategy, spec.engine.probe) == (
+        Backend.TRTLLM,
+        "default",
+        True,
+    )
+    assert spec.engine.ladder == ("fp16", "fp8")
+
+
+def _engine(variants: object = None, **overrides: object) -> dict[str, object]:
+    engine: dict[str, object] = {
+        "backend": "llamacpp",
+        "version": "0.3.36",
+        "variants": variants
+        if variants is not None
+        else [{"precision": "q4_1", "url": "http://127.0.0.1:8081"}],
+    }
+    engine.update(overrides)
+    return {"model": "smollm2", "version": "1.0.0", "engine": engine}
+
+
+_URL = "http://127.0.0.1:8081"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            {**_engine(), "source": "m.onnx"},
+            "engine: an engine-served version is not built from an ONNX file, so it takes no "
+            "['source']",
+        ),
+        ({**_engine(), "precisions": ["fp32"], "profiles": []}, "['precisions', 'profiles']"),
+        ({**_engine(), "strategy": "gguf"}, "engine.strategy"),
+        ({**_engine(), "engin": {}}, "spec: unknown key(s) ['engin']"),
+        ({"model": "m", "version": "1.0.0", "engine": None}, "engine: must be a mapping"),
+        (_engine(backend="onnxruntime"), "engine.backend: 'onnxruntime' is not an engine server"),
+        (_engine(backend="ollama"), "engine.backend: 'ollama' is not one of"),
+        (_engine(backend=None), "engine.backend: required"),
+        (_engine(version=None), "engine.version: required"),
+        (_engine(version=0.5), "engine.version: give the engine's version as a quoted string"),
+        (_engine(version="b4567"), "engine.version: backend version 'b4567' is not valid"),
+        (_engine(strategy="q-4"), "engine.strategy: strategy tag"),
+        (_engine(probe="yes"), "engine.probe: must be true or false"),
+        (_engine(port=8081), "engine: unknown key(s) ['port']"),
+        (_engine([]), "engine.variants: give a non-empty list"),
+        (_engine("http://127.0.0.1:8081"), "engine.variants: give a non-empty list"),
+        (_engine([{"url": _URL}]), "engine.variants[0].precision: required"),
+        (_engine([{"precision": "q4_1"}]), "engine.variants[0].url: required"),
+        (
+            _engine([{"precision": "fp16", "url": _URL}]),
+            "engine.variants[0].precision: 'fp16' is not one of",  # llama.cpp says f16
+        ),
+        (
+            _engine([{"precision": "q4_1", "url": _URL}], backend="trtllm", version="1.0.0"),
+            "engine.variants[0].precision: 'q4_1' is not one of",
+        ),
+        (
+            _engine([{"precision": "int8-dynamic", "url": _URL}], backend="vllm"),
+            "'int8-dynamic' is not one of",
+        ),
+        (_engine([{"precision": "q4_1", "url": "127.0.0.1:8081"}]), "engine.variants[0].url:"),
+        (_engine([{"precision": "q4_1", "url": 8081}]), "engine.variants[0].url: must be a string"),
+        (
+            _engine([{"precision": "q4_1", "url": "http://h:8081/?key=1"}]),
+            "must not carry a query",
+        ),
+        (
+            _engine([{"precision": "q4_1", "url": _URL, "slots": 0}]),
+            "engine.variants[0].slots: must be >= 1",
+        ),
+        (
+            _engine([{"precision": "q4_1", "url": _URL, "model_sha256": "abc"}]),
+            "engine.variants[0].model_sha256: give 64 hex digits",
+        ),
+        (
+            _engine([{"precision": "q4_1", "url": _URL, "served_model": 3}]),
+            "engine.variants[0].served_model: must be a string",
+        ),
+        (
+            _engine([{"precision": "q4_1", "url": _URL, "model_file": ""}]),
+            "engine.variants[0].model_file: must be a path string",
+        ),
+        (
+            _engine([{"precision": "q4_1", "url": _URL, "gpu": 0}]),
+            "engine.variants[0]: unknown key(s) ['gpu']",
+        ),
+        (_engine(["q4_1"]), "engine.variants[0]: must be a mapping"),
+        (
+            _engine(
+                [
+                    {"precision": "q4_1", "url": _URL},
+                    {"precision": "q4_1", "url": "http://127.0.0.1:8082"},
+                ]
+            ),
+            "engine.variants[1]: the same precision as engine.variants[0]",
+        ),
+        (
+            _engine([{"precision": "q4_1", "url": _URL}, {"precision": "q2_k", "url": _URL}]),
+            "engine.variants[1]: the same endpoint as engine.variants[0]",
+        ),
+        ({**_engine(), "model": "Smol LM"}, "model: model name 'Smol LM' is not valid"),
+        ({**_engine(), "version": "1.0"}, "version: '1.0' is not a semantic version"),
+    ],
+)
+def test_engine_spec_errors_name_the_key(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec(raw, base_dir=Path("/tmp"))
+    assert message in str(info.value)
+
+
+def test_two_adapters_on_one_engine_are_two_variants() -> None:
+    spec = parse_spec(
+        _engine(
+            [
+                {"precision": "fp16", "url": _URL, "served_model": "base"},
+                {"precision": "fp8", "url": _URL, "served_model": "base-fp8-adapter"},
+            ],
+            backend="vllm",
+            version="0.11.0",
+        ),
+        base_dir=Path("/tmp"),
+    )
+    assert isinstance(spec, EngineSpec)
+    assert [v.served_model for v in spec.engine.variants] == ["base", "base-fp8-adapter"]
+
+
+def test_a_spec_without_source_or_engine_says_both() -> None:
+    with pytest.raises(SpecError, match=r"source: required, but missing .*'engine' section"):
+        parse_spec({"model": "m", "version": "1.0.0"}, base_dir=Path("/tmp"))

@@ -47,7 +47,7 @@ def _op_types(path: Path) -> set[str]:
     return {node.op_type for node in onnx.load(str(path)).graph.node}
 
 
-@pytest.mark.parametrize("precision", list(ONNX_PRECISIONS), ids=lambda p: p.value)
+@pytest.mark.parametrize("precision", ONNX_PRECISIONS, ids=lambda p: p.value)
 def test_each_variant_is_produced_and_runs_in_onnxruntime(
     precision: Precision, tiny: Path, calibration: SampleSet, tmp_path: Path
 ) -> None:
