@@ -433,6 +433,13 @@ def _worker(args: argparse.Namespace) -> int:
             return again.engines
 
         loaded = load_from_registry(settings, args.model, args.version, intra_op_threads=threads)
+        if loaded.endpoints and not loaded.engines:  # a version served by engine servers
+            return _serve_engine_servers(args, settings, loaded.endpoints, loaded.refused)
+        if loaded.endpoints:
+            raise SystemExit(
+                f"{args.model} {args.version} names both ONNX variants and engine endpoints: "
+                "a worker serves one kind"
+            )
         engines, first_path = loaded.engines, loaded.fp32_path
         info: ModelInfo | None = loaded.model_info
         profiles: tuple[ShapeProfile, ...] = loaded.profiles
