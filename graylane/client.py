@@ -121,6 +121,9 @@ class Timing:
     """GENERATE: time to first token, from the request's creation."""
     tpot_ms: float = 0.0
     """GENERATE: mean time per output token after the first."""
+    created_at_unix_ms: int = 0
+    completed_at_unix_ms: int = 0
+    """When the worker answered (its clock)."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +236,8 @@ class Result:
                 pb.timing.batch_size,
                 pb.timing.ttft_ms,
                 pb.timing.tpot_ms,
+                pb.timing.created_at_unix_ms,
+                pb.timing.completed_at_unix_ms,
             ),
             client_latency_ms=float(now_ms() - sent_ms) if sent_ms else None,
             worker_id=pb.worker_id,

@@ -38,6 +38,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a broker of the bench's own (free ports): its CPU is the path's alone",
     )
     path.set_defaults(handler=_path)
+    engine = which.add_parser(
+        "engine",
+        help="an engine server (llama.cpp) direct vs through Graylane: tokens/s, TTFT, ITL",
+    )
+    engine.add_argument("--threads", type=int, default=1, help="the engine's threads")
+    engine.add_argument("--slots", type=int, default=4, help="the engine's parallel sequences")
+    engine.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
+    engine.add_argument("--requests", type=int, default=3, help="calls per client and path")
+    engine.add_argument(
+        "--concurrency",
+        default="",
+        help="comma-separated concurrencies (default: 1, the slots, twice the slots)",
+    )
+    engine.set_defaults(handler=_engine)
     rollback = which.add_parser("rollback", help="time to roll back a bad canary; false rollbacks")
     rollback.add_argument(
         "--load-fraction",
@@ -257,6 +271,20 @@ def _generate(args: argparse.Namespace) -> int:
             requests=args.requests,
             max_batch=args.max_batch,
             new_tokens=args.new_tokens,
+        )
+    )
+
+
+def _engine(args: argparse.Namespace) -> int:
+    from graylane.app.bench.engine import EngineBenchConfig, main
+
+    return main(
+        EngineBenchConfig(
+            threads=args.threads,
+            slots=args.slots,
+            max_tokens=args.max_tokens,
+            requests=args.requests,
+            concurrencies=tuple(int(c) for c in args.concurrency.split(",") if c.strip()),
         )
     )
 
