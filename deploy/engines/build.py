@@ -148,7 +148,7 @@ def _build_locked() -> Path:
             )
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    prefix = f"llama.cpp-{LLAMA_CPP_VERSION}.build-"
+    prefix = f".llama.cpp-{LLAMA_CPP_VERSION}.tmp-"
     for stale in root.glob(f"{prefix}*"):  # left by a build that was killed (we hold the lock)
         shutil.rmtree(stale, ignore_errors=True)
     sdist = download(SDIST)
@@ -188,9 +188,12 @@ def _build_locked() -> Path:
         failed_log.unlink(missing_ok=True)
         say(f"build: done in {_mmss(seconds)}; binaries in {engine_dir() / 'bin'}")
         return engine_dir()
-    except BaseException:
-        if log_path.exists():
-            shutil.copyfile(log_path, failed_log)
+    except BaseException as exc:
+        if not log_path.exists():
+            raise
+        shutil.copyfile(log_path, failed_log)
+        if isinstance(exc, EngineSetupError):
+            raise EngineSetupError(f"{exc}\n(the whole log: {failed_log})") from None
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -164,6 +164,10 @@ def _precision(text: str) -> Precision:
         raise argparse.ArgumentTypeError(f"{text!r} is not a precision (q4_1, q2_k, ...)") from None
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _serve(args: argparse.Namespace) -> int:
     path = Path(args.model) if args.model else model(args.precision)
     server = LlamaServer(
@@ -178,7 +182,7 @@ def _serve(args: argparse.Namespace) -> int:
     say(f"serve: {' '.join(server.command)}")
     url = server.start()
     say(f"serve: {url} (pid {server.pid}, log {server.log_path}); Ctrl-C stops it")
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does
     try:
         while server.is_running():
             time.sleep(0.5)

@@ -64,7 +64,7 @@ def smollm2_gguf() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_q4_0_gguf() -> Path:
-    """The QoS ladder's lower rung: Q4_0 (requantized from Q4_1), 1.5-1.8x Q4_1's decode
+    """The QoS ladder's lower rung: Q4_0 (requantized from Q4_1), 1.4-1.8x Q4_1's decode
     speed here (see ``llamacpp.LOWER_RUNG``)."""
     return _rung(llamacpp.LOWER_RUNG)
 

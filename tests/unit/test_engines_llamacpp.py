@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -322,3 +323,113 @@ def test_quantize_requantizes_to_the_named_type(tmp_path: Path) -> None:
         "Q2_K",
         "2",
     ]
+
+
+# -- the build, end to end on a stand-in source tree ------------------------------------------
+_FAKE_CMAKE = """cmake_minimum_required(VERSION 3.14)
+project(fake NONE)
+foreach(target llama-server llama-quantize)
+  add_custom_target(${target}
+    COMMAND ${CMAKE_COMMAND} -E make_directory ${CMAKE_BINARY_DIR}/bin
+    COMMAND ${CMAKE_COMMAND} -E copy ${CMAKE_SOURCE_DIR}/tool.sh ${CMAKE_BINARY_DIR}/bin/${target})
+endforeach()
+"""
+_BROKEN_CMAKE = """cmake_minimum_required(VERSION 3.14)
+project(fake NONE)
+message(FATAL_ERROR "this source tree does not build")
+"""
+
+
+def _fake_sdist(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, cmakelists: str
+) -> PinnedDistribution:
+    """A stand-in sdist in the download cache, pinned by its own digest."""
+    import io
+    import tarfile
+
+    path = pypi.downloaded_path(SDIST)
+    path.parent.mkdir(parents=True)
+    files = {
+        "CMakeLists.txt": cmakelists.encode(),
+        "LICENSE": b"MIT\n",
+        "tool.sh": b"#!/bin/sh\necho 'version: 0.0.0 (stand-in)'\n",
+        "models/ggml-vocab-big.gguf": b"never extracted",
+    }
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(layout.SOURCE_PREFIX + name)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    fake = PinnedDistribution(
+        requirement=SDIST.requirement,
+        filename=SDIST.filename,
+        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        source=True,
+    )
+    monkeypatch.setattr(build, "SDIST", fake)
+    return fake
+
+
+needs_cmake = pytest.mark.skipif(
+    any(shutil.which(t) is None for t in ("cmake", "make", "c++")), reason="no cmake/make/c++"
+)
+
+
+@needs_cmake
+def test_the_first_set_up_builds_and_every_later_one_reuses_the_binaries(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fake_sdist(cache, monkeypatch, _FAKE_CMAKE)
+    assert build.build() == cache / "llama.cpp-0.3.36"
+    said = capsys.readouterr().out
+    assert "build: configuring" in said and "build: done in" in said
+    assert build.is_built()
+    stamp = build.read_stamp()
+    assert stamp is not None and stamp["reported_version"] == "version: 0.0.0 (stand-in)"
+    assert (cache / "llama.cpp-0.3.36" / "LICENSE").read_text() == "MIT\n"
+    assert (cache / "llama.cpp-0.3.36" / "build.log").is_file()
+    assert not list(cache.glob(".llama.cpp-0.3.36.tmp-*"))  # the temporary tree is gone
+
+    build.build()
+    assert capsys.readouterr().out == ""  # cached: nothing run, nothing said
+
+
+@needs_cmake
+def test_a_failed_build_is_loud_and_leaves_its_log(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from graylane.deploy.engines import llamacpp
+
+    _fake_sdist(cache, monkeypatch, _BROKEN_CMAKE)
+    with pytest.raises(EngineSetupError, match="this source tree does not build") as failed:
+        build.build()
+    assert "llama.cpp-0.3.36.build-failed.log" in str(failed.value)
+    assert not build.is_built() and not (cache / "llama.cpp-0.3.36").exists()
+    assert "does not build" in (cache / "llama.cpp-0.3.36.build-failed.log").read_text()
+    assert not list(cache.glob(".llama.cpp-0.3.36.tmp-*"))
+
+    assert llamacpp.main(["build"]) == 1
+    assert "does not build" in capsys.readouterr().err
+
+
+def test_a_second_process_waits_for_the_lock_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import threading
+
+    lock = tmp_path / "x.lock"
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with layout.file_lock(lock, "building"):
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(10)
+    threading.Timer(0.2, release.set).start()
+    with layout.file_lock(lock, "building"):
+        assert release.is_set()
+    thread.join()
+    assert "waiting for another process building" in capsys.readouterr().out
