@@ -1,11 +1,12 @@
 # Graylane: `make run` (set-up + local stack + demo) and `make test` (set-up + tests).
+# Both build the llama.cpp engine server once per machine (`make engines`; cached after).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test deploy-test images lint typecheck protos protos-check kafka-start kafka-stop bench clean
+.PHONY: setup engines run test deploy-test images lint typecheck protos protos-check kafka-start kafka-stop bench clean
 
 $(STAMP): pyproject.toml
 	@echo "==> setting up $(VENV) (python >= 3.11)"
@@ -16,7 +17,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-run: setup
+# llama-server + llama-quantize built from the pinned llama.cpp sources, SmolLM2-135M and its
+# lower rungs, in ${GRAYLANE_CACHE_DIR:-~/.cache/graylane}: minutes the first time, then cached.
+engines: setup
+	@$(BIN)/python deploy/engines/llamacpp.py setup
+
+run: setup engines
 	@echo "==> metrics: every service serves /metrics /healthz /readyz (ports printed below);"
 	@echo "    '$(BIN)/graylane up --with-prometheus' adds Prometheus on http://127.0.0.1:9090"
 	@echo "    (rules from deploy/prometheus, dashboard in deploy/grafana)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: static checks, then pytest against a real local
-# Kafka broker and a real PostgreSQL server, both started here and stopped after.
+# Kafka broker and a real PostgreSQL server, both started here and stopped after,
+# and a real llama.cpp engine server (built once per machine; tests start their own).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -17,6 +18,9 @@ $BIN/python deploy/prometheus/prometheus.py check || exit 1
 
 echo "==> Prometheus Operator objects generated from the rules are up to date"
 $BIN/python deploy/prometheus/operator_objects.py check || exit 1
+
+echo "==> the llama.cpp engine server and its model (built once per machine, then cached)"
+$BIN/python deploy/engines/llamacpp.py setup || exit 1
 
 echo "==> starting the local Kafka broker and PostgreSQL"
 $BIN/python deploy/kafka/kafka.py start || exit 1

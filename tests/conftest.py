@@ -1,4 +1,5 @@
-"""Shared fixtures: per-test topic names, broker-free settings, and the real local broker.
+"""Shared fixtures: per-test topic names, broker-free settings, and the real local broker;
+the real llama.cpp engine server's fixtures come from ``tests/support/llamacpp.py``.
 
 ``settings`` here needs no broker (unit tests); ``tests/integration/conftest.py`` overrides it
 with settings that point at the real local broker, started on demand. Hypothesis runs under
@@ -25,6 +26,9 @@ if str(ROOT) not in sys.path:
 from graylane.kafka.seam import KafkaFactory  # noqa: E402
 from graylane.settings import Settings  # noqa: E402
 from tests.support.settings import NO_BROKER, make_settings  # noqa: E402
+
+# Engine-server fixtures (smollm2_gguf, start_llama_server, ...): see the module.
+pytest_plugins = ("tests.support.llamacpp",)
 
 
 @pytest.fixture(scope="session")
