@@ -41,7 +41,7 @@ MODEL = "smollm2"
 KEY = "team-a-0123456789abcdef"
 KEYS = KeyRing(parse_api_keys(f"{KEY}:infer:team-a"))
 QUESTIONS = (
-    "What is the capital of France?",
+    "What is the capital of France? Answer in one word.",
     "Name three colors of the rainbow.",
     "What is 2 plus 2?",
     "Write one sentence about the sea.",
@@ -181,7 +181,7 @@ async def test_a_caller_that_hangs_up_frees_the_engines_slot(
         body = {
             "model": MODEL,
             "messages": _chat(long_story),
-            "max_tokens": 1000,
+            "max_tokens": 250,
             "temperature": 0,
             "stream": True,
         }
@@ -208,7 +208,7 @@ async def test_a_caller_that_hangs_up_frees_the_engines_slot(
             for s in _slots(server.url)
             if s.get("next_token")
         )
-        assert decoded < 1000, decoded  # stopped long before its max_tokens
+        assert decoded < 100, decoded  # stopped long before its max_tokens
         cancelled = stack.workers["1.0.0"].registry.get_sample_value(
             "graylane_generation_finish_total",
             {"model": MODEL, "version": "1.0.0", "variant": "q4_1", "reason": "cancelled"},
