@@ -7,6 +7,8 @@ Usage::
     python deploy/containers/containers.py base    # the Debian base image (debootstrap)
     python deploy/containers/containers.py build   # the CPU image FROM that base, pinned by
                                                    # digest in deploy/k8s/overlays/local
+    python deploy/containers/containers.py llamacpp  # llama-server FROM that base (needs
+                                                     # `make engines` first)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from graylane.deploy.containers.engine_images import build_llamacpp_image
 from graylane.deploy.containers.images import base_image, build_cpu_image
 from graylane.deploy.containers.pinning import ImagePin, write_pin
 from graylane.deploy.containers.podman import ContainerToolError, Podman, say
@@ -24,7 +27,9 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["setup", "base", "build"], nargs="?", default="build")
+    parser.add_argument(
+        "command", choices=["setup", "base", "build", "llamacpp"], nargs="?", default="build"
+    )
     args = parser.parse_args(argv)
     try:
         podman = Podman.ready()
@@ -39,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
             name = built.ref.rsplit(":", 1)[0]
             pin = ImagePin(name=name.rsplit("/", 1)[-1], new_name=name, digest=built.digest)
             print(f"pinned in {write_pin(pin)}")
+        elif args.command == "llamacpp":
+            built = build_llamacpp_image(podman)
+            print(f"{built.ref} {built.pinned} {built.seconds:.0f}s")
     except ContainerToolError as exc:
         say(str(exc))
         return 1

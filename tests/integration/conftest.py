@@ -1,7 +1,7 @@
 """Integration fixtures: ``settings`` (and so ``factory``) point at the real local broker;
 ``private_broker`` is a broker of the test's own, for tests that stop or secure one;
 ``models`` are two versions of the tiny demo GPT, written once per session; ``podman`` and
-``cpu_image`` (built once per session) serve the container tests."""
+``cpu_image`` and ``llamacpp_image`` (built once per session) serve the container tests."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from graylane.deploy.containers.engine_images import build_llamacpp_image
 from graylane.deploy.containers.images import BuiltImage, build_cpu_image
 from graylane.deploy.containers.podman import Podman
 from graylane.models.demo_gpt import write_demo_gpt
@@ -51,3 +52,10 @@ def podman() -> Podman:
 def cpu_image(podman: Podman) -> BuiltImage:
     """localhost/graylane:<version>, built once per session FROM the local Debian base."""
     return build_cpu_image(podman)
+
+
+@pytest.fixture(scope="session")
+def llamacpp_image(podman: Podman) -> BuiltImage:
+    """localhost/graylane-llamacpp:<version>: the set-up's llama-server (``make engines``)
+    FROM the local Debian base, built once per session."""
+    return build_llamacpp_image(podman)

@@ -1,10 +1,12 @@
-"""The CPU image is built here (podman, a Debian base made with debootstrap) and run as the
-manifests run it: non-root, read-only root file system, no shell or package manager."""
+"""The CPU image and the llama.cpp engine image are built here (podman, a Debian base made
+with debootstrap) and run as the manifests run them: non-root, read-only root file system,
+no shell or package manager."""
 
 from __future__ import annotations
 
 import pytest
 
+from graylane.deploy.containers.engine_images import LLAMA_CPP_VERSION
 from graylane.deploy.containers.images import BuiltImage, project_version
 from graylane.deploy.containers.podman import Podman
 
@@ -50,3 +52,22 @@ def test_the_image_has_no_shell_or_package_manager(
     assert rc != 0 and "No module named pip" in out, out
     rc, out = run(podman, cpu_image, "python3", "-m", "ensurepip")
     assert rc != 0, out
+
+
+def test_the_llamacpp_image_runs_the_server_as_a_non_root_user_and_holds_no_model(
+    podman: Podman, llamacpp_image: BuiltImage
+) -> None:
+    assert llamacpp_image.ref == f"localhost/graylane-llamacpp:{LLAMA_CPP_VERSION}"
+    rc, out = run(podman, llamacpp_image, "--version")  # the entrypoint is llama-server
+    assert rc == 0 and "version:" in out, out
+    user = podman.run(["image", "inspect", "--format", "{{.Config.User}}", llamacpp_image.ref])
+    assert user.stdout.strip() == "10001:10001"
+    for tool in ("sh", "bash", "python3", "perl", "apt-get", "dpkg"):
+        res = podman.run(
+            ["run", *LOCKED_DOWN, "--entrypoint", tool, llamacpp_image.ref, "--version"],
+            check=False,
+        )
+        assert res.returncode != 0, f"{tool} is in the image"
+    find = ["run", *LOCKED_DOWN, "--entrypoint", "find", llamacpp_image.ref]
+    res = podman.run([*find, "/", "-xdev", "-name", "*.gguf"], check=False)
+    assert res.stdout.strip() == "", f"a model is baked into the image: {res.stdout}"

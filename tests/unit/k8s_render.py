@@ -1,10 +1,12 @@
 """Render a kustomization without the kustomize binary (the subset deploy/k8s uses).
 
-Supported: ``resources`` (files and folders with a kustomization), ``namespace``,
-``images`` (name -> newName/newTag) and ``patches`` given by ``path``: a strategic-merge
-patch that names its target by kind and metadata.name. Maps merge key by key, lists of
-maps with a ``name`` merge by name, any other list is replaced. Anything else in a
-kustomization is refused, so a new feature cannot pass the tests unrendered.
+Supported: ``resources`` (files and folders with a kustomization), ``components``
+(folders whose kustomization is a ``Component`` of ``resources`` and ``patches``, applied
+after the resources and before the kustomization's own patches, as kustomize does),
+``namespace``, ``images`` (name -> newName/newTag) and ``patches`` given by ``path``: a
+strategic-merge patch that names its target by kind and metadata.name. Maps merge key by
+key, lists of maps with a ``name`` merge by name, any other list is replaced. Anything
+else in a kustomization is refused, so a new feature cannot pass the tests unrendered.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from typing import Any
 import yaml
 
 Doc = dict[str, Any]
-SUPPORTED_KEYS = frozenset({"apiVersion", "kind", "resources", "namespace", "images", "patches"})
+SUPPORTED_KEYS = frozenset(
+    {"apiVersion", "kind", "resources", "components", "namespace", "images", "patches"}
+)
+COMPONENT_KEYS = frozenset({"apiVersion", "kind", "resources", "patches"})
 CLUSTER_SCOPED = frozenset({"Namespace"})
 
 
@@ -55,15 +60,15 @@ def _containers(doc: Doc) -> list[Doc]:
     return [*spec.get("initContainers", []), *spec.get("containers", [])]
 
 
-def render(folder: Path) -> list[Doc]:
-    kust = yaml.safe_load((folder / "kustomization.yaml").read_text())
-    unknown = set(kust) - SUPPORTED_KEYS
-    if unknown:
-        raise RenderError(f"{folder}: unsupported kustomization keys {sorted(unknown)}")
+def _resources(folder: Path, kust: Doc) -> list[Doc]:
     docs: list[Doc] = []
     for entry in kust.get("resources", []):
         path = (folder / entry).resolve()
         docs += render(path) if path.is_dir() else load_docs(path)
+    return docs
+
+
+def _patch(folder: Path, kust: Doc, docs: list[Doc]) -> None:
     for patch_entry in kust.get("patches", []):
         if set(patch_entry) != {"path"}:
             raise RenderError(f"{folder}: only path patches are supported: {patch_entry}")
@@ -73,6 +78,24 @@ def render(folder: Path) -> list[Doc]:
         if len(hits) != 1:
             raise RenderError(f"{folder}: patch {patch_entry['path']} matches {len(hits)} objects")
         docs[hits[0]] = merge(docs[hits[0]], patch)
+
+
+def render(folder: Path) -> list[Doc]:
+    kust = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    unknown = set(kust) - SUPPORTED_KEYS
+    if unknown:
+        raise RenderError(f"{folder}: unsupported kustomization keys {sorted(unknown)}")
+    if kust.get("kind", "Kustomization") != "Kustomization":
+        raise RenderError(f"{folder}: a {kust['kind']} is rendered only as a component")
+    docs = _resources(folder, kust)
+    for entry in kust.get("components", []):
+        component = (folder / entry).resolve()
+        comp = yaml.safe_load((component / "kustomization.yaml").read_text())
+        if comp.get("kind") != "Component" or set(comp) - COMPONENT_KEYS:
+            raise RenderError(f"{component}: a Component of resources and patches only")
+        docs += _resources(component, comp)
+        _patch(component, comp, docs)
+    _patch(folder, kust, docs)
     for image in kust.get("images", []):
         for doc in docs:
             for container in _containers(doc):

@@ -12,14 +12,25 @@ from graylane.app.cli.main import LEGACY_SERVER_COMMANDS, build_parser
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, object]] = COMPOSE["services"]
-THIRD_PARTY = {"kafka", "prometheus", "grafana"}
+THIRD_PARTY = {"kafka", "prometheus", "grafana", "vllm"}
 GRAYLANE = [n for n in SERVICES if n not in THIRD_PARTY]
 BUILDERS = [n for n in GRAYLANE if n.startswith("build-")]
+GPU_PROFILE = "gpu"
 
 
 def _depends(service: dict[str, object]) -> list[str]:
     deps = service.get("depends_on") or {}
     return list(deps) if isinstance(deps, dict | list) else []
+
+
+def _profiles(service: dict[str, object]) -> list[str]:
+    profiles = service.get("profiles") or []
+    assert isinstance(profiles, list)
+    return [str(p) for p in profiles]
+
+
+def _flag(command: list[str], flag: str) -> str:
+    return command[command.index(flag) + 1]
 
 
 def test_kafka_is_the_official_image_in_kraft_mode() -> None:
@@ -117,7 +128,10 @@ def test_versions_are_semver_built_by_the_builder_and_rolled_out_with_qos() -> N
     workers = [n for n in GRAYLANE if n.startswith("worker-")]
     for name in workers:
         command = SERVICES[name]["command"]
-        assert isinstance(command, list) and "--from-registry" in command
+        assert isinstance(command, list)
+        if "--endpoint" in command:  # an engine server serves it: nothing to build
+            continue
+        assert "--from-registry" in command
         assert command[command.index("--version") + 1] in built
     rollout = SERVICES["rollout"]["command"]
     assert isinstance(rollout, list)
@@ -132,12 +146,28 @@ def test_versions_are_semver_built_by_the_builder_and_rolled_out_with_qos() -> N
 def test_prometheus_scrapes_every_graylane_service_and_grafana_is_provisioned() -> None:
     config = yaml.safe_load((ROOT / "deploy/compose/prometheus.yml").read_text())
     targets = {
-        t for job in config["scrape_configs"] for g in job["static_configs"] for t in g["targets"]
+        t
+        for job in config["scrape_configs"]
+        for g in job.get("static_configs", [])
+        for t in g["targets"]
     }
     long_running = [
         n for n in GRAYLANE if n not in BUILDERS and n not in ("topics", "qos", "rollout", "load")
     ]
-    assert targets == {f"{n}:9100" for n in long_running}
+    found_by_dns = {
+        f"{name}:{sd['port']}"
+        for job in config["scrape_configs"]
+        for sd in job.get("dns_sd_configs", [])
+        for name in sd["names"]
+    }
+    assert targets | found_by_dns == {f"{n}:9100" for n in long_running}
+    # A target of an optional profile is found by DNS: absent, it is no target (and no
+    # worker-down alert); every worker job labels its targets as the alerts select them.
+    gpu_only = {f"{n}:9100" for n in long_running if GPU_PROFILE in _profiles(SERVICES[n])}
+    assert found_by_dns == gpu_only and gpu_only
+    for job in config["scrape_configs"]:
+        if "dns_sd_configs" in job:
+            assert {"target_label": "component", "replacement": "worker"} in job["relabel_configs"]
     datasource = yaml.safe_load(
         (ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
     )
@@ -180,3 +210,55 @@ def test_a_small_load_generator_sends_to_the_rolled_out_model() -> None:
     deps = load["depends_on"]
     assert isinstance(deps, dict)
     assert deps["router"] == {"condition": "service_healthy"}
+
+
+ENGINE_WORKER = "worker-smollm2-1-0-0"
+
+
+def test_an_engine_served_version_runs_vllm_on_a_gpu_beside_its_worker() -> None:
+    """vLLM on one NVIDIA GPU, healthy once its model is loaded; the worker of smollm2
+    1.0.0 starts only then and streams each generation to it by its service name."""
+    vllm = SERVICES["vllm"]
+    assert str(vllm["image"]).startswith("vllm/vllm-openai:v")
+    assert vllm["entrypoint"] == ["vllm", "serve"]
+    (device,) = vllm["deploy"]["resources"]["reservations"]["devices"]  # type: ignore[index]
+    assert device == {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
+    health = vllm["healthcheck"]
+    assert isinstance(health, dict) and health["test"][0] == "CMD"
+    assert "http://127.0.0.1:8000/health" in " ".join(health["test"])
+    assert int(str(health["start_period"]).rstrip("s")) >= 300  # loading (or fetching) a model
+    engine_args = vllm["command"]
+    assert isinstance(engine_args, list)
+    port = int(_flag(engine_args, "--port"))
+    assert _flag(engine_args, "--host") == "0.0.0.0"  # the worker calls it across the network
+    mounts = [str(v).split(":") for v in vllm["volumes"]]  # type: ignore[attr-defined]
+    assert ["engine-models", "/models"] in mounts
+
+    worker = SERVICES[ENGINE_WORKER]
+    command = worker["command"]
+    assert isinstance(command, list)
+    args = build_parser().parse_args(command[1:])
+    assert args.engine == "vllm" and not args.from_registry
+    (endpoint,) = args.endpoint
+    variant, _, url = endpoint.partition("=")
+    assert variant == "fp16" and url == f"http://vllm:{port}"
+    assert args.engine_model == _flag(engine_args, "--served-model-name")
+    assert args.engine_slots == int(_flag(engine_args, "--max-num-seqs"))
+    assert args.engine_version == str(vllm["image"]).rsplit(":v", 1)[1]
+    assert worker["depends_on"]["vllm"] == {"condition": "service_healthy"}  # type: ignore[index]
+    # the router routes the model and the topics job creates its version topic
+    router = build_parser().parse_args(SERVICES["router"]["command"][1:])  # type: ignore[index]
+    assert f"{args.model}=1.0.0" in router.model
+    topics = build_parser().parse_args(SERVICES["topics"]["command"][1:])  # type: ignore[index]
+    assert f"{args.model}={args.version}" in topics.model
+
+
+def test_a_cpu_machine_runs_the_stack_without_the_gpu_profile() -> None:
+    """`docker compose up` starts what has no profile: none of it may need a GPU service."""
+    gpu = {n for n, s in SERVICES.items() if GPU_PROFILE in _profiles(s)}
+    assert gpu == {"vllm", ENGINE_WORKER}
+    for name, service in SERVICES.items():
+        assert set(_profiles(service)) <= {GPU_PROFILE}, name
+        if name not in gpu:
+            assert not set(_depends(service)) & gpu, f"{name} needs the gpu profile"
+            assert "deploy" not in service, f"{name} reserves devices"

@@ -199,3 +199,28 @@ def test_build_context_copies_exist(path: Path) -> None:
                 continue
             for src in words[:-1]:
                 assert (ROOT / src).exists(), f"{path.name} copies missing {src}"
+
+
+LLAMACPP = DOCKER / "Dockerfile.llamacpp"
+
+
+def test_the_llamacpp_image_is_the_server_on_the_base_with_nothing_to_run_besides() -> None:
+    """The engine container's image (built and run in tests/integration/test_images.py
+    and test_kube_play_engine.py): the staged server and its libraries on the Debian base,
+    no shell, package manager or interpreter left, no model, the server as entrypoint."""
+    assert re.fullmatch(r"debian:bookworm(-slim)?", _global_args(LLAMACPP)["BASE_IMAGE"])
+    rootfs, runtime = _stages(LLAMACPP)
+    assert (rootfs.name, runtime.name) == ("rootfs", "runtime")
+    assert rootfs.values("COPY") == ["bin/ /opt/llama.cpp/bin/", "lib/ /opt/llama.cpp/lib/"]
+    removed = " ".join(rootfs.values("RUN"))
+    for target in (*SHELLS_AND_INSTALLERS[:-1], "/usr/bin/python3*", "/usr/lib/python3*"):
+        assert target in removed, f"the rootfs stage keeps {target}"
+    assert "llama-server --version" in removed, "a missing library fails the build"
+    assert not COMPILERS.search(removed)
+    assert runtime.base == "scratch" and runtime.values("COPY") == ["--from=rootfs / /"]
+    assert runtime.values("RUN") == []
+    assert runtime.values("USER") == ["10001:10001"]
+    assert any("--uid 10001" in run and "--gid 10001" in run for run in rootfs.values("RUN"))
+    assert runtime.values("ENTRYPOINT") == ['["/opt/llama.cpp/bin/llama-server"]']
+    assert "LD_LIBRARY_PATH=/opt/llama.cpp/lib" in " ".join(runtime.values("ENV"))
+    assert ".gguf" not in LLAMACPP.read_text(), "the model is mounted, never baked in"

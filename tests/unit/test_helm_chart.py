@@ -18,8 +18,10 @@ import pytest
 import yaml
 
 from graylane.app.cli.main import build_parser
+from graylane.deploy.containers.podman import ContainerToolError
 from graylane.deploy.containers.tools import HELM, KUSTOMIZE
 from graylane.deploy.prometheus import operator_objects
+from tests.unit.k8s_render import render
 from tests.unit.k8s_validate import CRDS, KUBERNETES_VERSION, validate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +52,31 @@ ALL_ON: dict[str, Any] = {
     **GPU_VALUES,
     "monitoring": {"podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
 }
+# smollm2 1.0.0 served by vLLM: the values that render deploy/k8s/components/engine-vllm.
+VLLM_ENGINE: dict[str, Any] = {
+    "kind": "vllm",
+    "version": "0.11.0",
+    "image": "vllm/vllm-openai:v0.11.0",
+    "command": ["vllm", "serve"],
+    "args": [
+        "/models/SmolLM2-135M-Instruct",
+        "--served-model-name",
+        "smollm2",
+        "--dtype",
+        "float16",
+        "--max-num-seqs",
+        "16",
+    ],
+    "variant": "fp16",
+    "servedModel": "smollm2",
+    "slots": 16,
+    "env": [{"name": "VLLM_NO_USAGE_STATS", "value": "1"}],
+}
+ENGINE_MODEL: dict[str, Any] = {
+    "name": "smollm2",
+    "versions": [{"version": "1.0.0", "maxReplicas": 4, "engine": VLLM_ENGINE}],
+}
+ENGINE_WORKER = ("Deployment", "worker-smollm2-1-0-0")
 
 Doc = dict[str, Any]
 
@@ -192,7 +219,7 @@ def test_gpu_values_render_the_gpu_overlay(tmp_path: Path) -> None:
     values = {
         **ALL_ON,
         "image": {"repository": "ghcr.io/graylane/graylane", "tag": "0.1.0"},
-        "models": [{"name": "demo-gpt", "versions": versions}],
+        "models": [{"name": "demo-gpt", "versions": versions}, ENGINE_MODEL],
     }
     chart = _by_key(template(values, tmp_path))
     overlay = _by_key(_docs(KUSTOMIZE.run("build", str(BASE.parent / "overlays" / "gpu"))))
@@ -323,3 +350,133 @@ def test_the_chart_renders_the_same_certificate_when_asked(
     (other,) = [d for d in template(values, tmp_path) if d["kind"] == "Certificate"]
     assert other["spec"]["issuerRef"] == {**issuer, "group": "cert-manager.io"}
     validate(other)
+
+
+def _engine_values(**engine: Any) -> dict[str, Any]:
+    version = {**ENGINE_MODEL["versions"][0], "engine": {**VLLM_ENGINE, **engine}}
+    return {
+        "models": [
+            {"name": "demo-gpt", "versions": [{"version": "1.0.0"}]},
+            {**ENGINE_MODEL, "versions": [version]},
+        ]
+    }
+
+
+def _pod_containers(doc: Doc) -> dict[str, Doc]:
+    return {c["name"]: c for c in doc["spec"]["template"]["spec"]["containers"]}
+
+
+def test_an_engine_version_is_the_engine_and_its_worker_in_one_pod(tmp_path: Path) -> None:
+    """The values' engine section: the engine's GPU, port, probes and model volume; the
+    worker beside it calls it on loopback; the router and topic Job learn the model."""
+    docs = _by_key(template(_engine_values(), tmp_path))
+    for doc in docs.values():
+        validate(doc)
+    deploy = docs[ENGINE_WORKER]
+    pod = deploy["spec"]["template"]["spec"]
+    containers = _pod_containers(deploy)
+    assert list(containers) == ["engine", "worker"] and "initContainers" not in pod
+    engine, worker = containers["engine"], containers["worker"]
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert engine["args"][-4:] == ["--host", "0.0.0.0", "--port", "8000"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert engine[probe]["httpGet"] == {"path": "/health", "port": "engine"}
+    assert (
+        engine["startupProbe"]["periodSeconds"] * engine["startupProbe"]["failureThreshold"] == 900
+    )
+    args = build_parser().parse_args(worker["command"][1:])
+    assert args.endpoint == ["fp16=http://127.0.0.1:8000"] and args.engine == "vllm"
+    assert (args.engine_version, args.engine_model, args.engine_slots) == ("0.11.0", "smollm2", 16)
+    assert worker["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    claim = {v["name"]: v for v in pod["volumes"]}["engine-model"]["persistentVolumeClaim"]
+    assert claim == {"claimName": "graylane-engine-models", "readOnly": True}
+    assert docs[("ScaledObject", "worker-smollm2-1-0-0")]["spec"]["maxReplicaCount"] == 4
+    router = docs[("Deployment", "router")]["spec"]["template"]["spec"]["containers"][0]
+    assert router["command"][3:] == ["--model", "demo-gpt=1.0.0", "--model", "smollm2=1.0.0"]
+    job = docs[("Job", "graylane-topics")]["spec"]["template"]["spec"]["containers"][0]
+    assert job["command"][2:] == ["--model", "demo-gpt=1.0.0", "--model", "smollm2=1.0.0"]
+
+
+def test_engine_defaults_are_values_a_version_overrides(tmp_path: Path) -> None:
+    """A TensorRT-LLM version with its own port, a longer start and no GPU of its own."""
+    values = _engine_values(
+        kind="trtllm",
+        image="nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
+        command=["trtllm-serve"],
+        args=["/models/SmolLM2-135M-Instruct", "--backend", "pytorch"],
+        port=8100,
+        gpus=0,
+        probes={"startup": {"failureThreshold": 180}},
+        stopDelaySeconds=0,
+    )
+    docs = _by_key(template(values, tmp_path))
+    deploy = docs[ENGINE_WORKER]
+    validate(deploy)
+    pod = deploy["spec"]["template"]["spec"]
+    engine, worker = _pod_containers(deploy).values()
+    assert "nvidia.com/gpu" not in engine["resources"]["limits"] and "tolerations" not in pod
+    assert engine["startupProbe"]["failureThreshold"] == 180
+    assert engine["startupProbe"]["periodSeconds"] == 10  # the rest from engineDefaults
+    assert engine["ports"] == [{"name": "engine", "containerPort": 8100, "protocol": "TCP"}]
+    assert "lifecycle" not in engine
+    args = build_parser().parse_args(worker["command"][1:])
+    assert args.endpoint == ["fp16=http://127.0.0.1:8100"] and args.engine == "trtllm"
+
+
+@pytest.mark.parametrize(
+    ("engine", "extra", "message"),
+    [
+        ({"kind": "onnx"}, {}, "engine.kind must be one of"),
+        ({}, {"gpuClass": "tensorrt"}, "takes no gpuClass"),
+        ({"image": None}, {}, "engine.image"),
+    ],
+)
+def test_engine_values_are_checked(
+    tmp_path: Path, engine: dict[str, Any], extra: dict[str, Any], message: str
+) -> None:
+    values = _engine_values(**engine)
+    values["models"][1]["versions"][0].update(extra)
+    values["gpuClasses"] = GPU_VALUES["gpuClasses"]
+    with pytest.raises(ContainerToolError, match=message):
+        template(values, tmp_path)
+
+
+def test_the_engine_stop_delay_needs_the_sleep_action(tmp_path: Path) -> None:
+    path = tmp_path / "values.json"
+    path.write_text(json.dumps(_engine_values()))
+    args = ["template", "graylane", str(CHART), "-n", NAMESPACE, "--values", str(path)]
+    with pytest.raises(ContainerToolError, match=r"Kubernetes 1\.30"):
+        HELM.run(*args, "--kube-version", "1.29.0")
+
+
+def test_every_model_reaches_the_router_topic_job_and_policy_engine(tmp_path: Path) -> None:
+    values = {
+        "models": [
+            {"name": "demo-gpt", "versions": [{"version": "1.0.0"}, {"version": "1.1.0"}]},
+            {
+                "name": "classifier",
+                "stable": "2.0.0",
+                "versions": [{"version": "2.1.0"}, {"version": "2.0.0"}],
+            },
+        ]
+    }
+    docs = _by_key(template(values, tmp_path))
+
+    def command(kind: str, name: str) -> list[str]:
+        (container,) = _containers(docs[(kind, name)])
+        return list(container["command"])
+
+    router = build_parser().parse_args(command("Deployment", "router")[1:])
+    assert router.model == ["demo-gpt=1.0.0", "classifier=2.0.0"]
+    topics = build_parser().parse_args(command("Job", "graylane-topics")[1:])
+    assert topics.model == ["demo-gpt=1.0.0,1.1.0", "classifier=2.1.0,2.0.0"]
+    policy = build_parser().parse_args(command("Deployment", "policy-engine")[1:])
+    assert policy.model == ["demo-gpt", "classifier"]
+
+
+@pytest.mark.parametrize("tree", ["base", "overlays/cpu", "overlays/gpu"])
+def test_the_offline_renderer_agrees_with_kustomize(tree: str) -> None:
+    """tests/unit/test_k8s_manifests.py renders without kustomize: the same objects."""
+    folder = BASE.parent / tree
+    real = _by_key(_docs(KUSTOMIZE.run("build", str(folder))))
+    assert _by_key(render(folder)) == real

@@ -69,6 +69,27 @@ def _pod(deploy: Doc) -> Doc:
     return spec
 
 
+ENGINE = "engine"
+"""The container name of an engine server beside its worker (an engine-served version)."""
+
+
+def _graylane(deploy: Doc) -> Doc:
+    """The pod's Graylane container (an engine-served worker's pod also runs its engine)."""
+    found: list[Doc] = [c for c in _pod(deploy)["containers"] if c["name"] != ENGINE]
+    (container,) = found
+    return container
+
+
+def _engine(deploy: Doc) -> Doc | None:
+    found: list[Doc] = [c for c in _pod(deploy)["containers"] if c["name"] == ENGINE]
+    return found[0] if found else None
+
+
+def _engine_served(deploy: Doc) -> bool:
+    """A worker that serves through engine servers (``--endpoint``), not registry artifacts."""
+    return "--endpoint" in _graylane(deploy)["command"]
+
+
 def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
@@ -138,12 +159,16 @@ def test_pods_are_locked_down_and_probed(tree: str) -> None:
             assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
             assert sc["capabilities"]["drop"] == ["ALL"] and sc["runAsNonRoot"] is True
             assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
-            assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-            assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
-            assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in c["ports"]
             assert c["resources"]["limits"]["memory"]
             name, _, tag = c["image"].rpartition(":")
             assert name and tag and tag != "latest", c["image"]
+            if c["name"] == ENGINE:  # an engine server's own probes, on its own port
+                for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                    assert c[probe]["httpGet"] == {"path": "/health", "port": ENGINE}, probe
+                continue
+            assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+            assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+            assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in c["ports"]
         annotations = deploy["spec"]["template"]["metadata"]["annotations"]
         assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": "9100"}
     assert _config(tree)["GRAYLANE_METRICS_HOST"] == "0.0.0.0"
@@ -178,8 +203,7 @@ def test_workers_scale_on_their_topic_lag_and_desired_replicas(tree: str) -> Non
     for worker in workers:
         labels = worker["metadata"]["labels"]
         model, version = labels["graylane.io/model"], labels["graylane.io/version"]
-        (container,) = _pod(worker)["containers"]
-        cmd = container["command"]
+        cmd = _graylane(worker)["command"]
         assert cmd[cmd.index("--model") + 1] == model and cmd[cmd.index("--version") + 1] == version
         spec = scaled[worker["metadata"]["name"]]["spec"]
         assert spec["scaleTargetRef"]["kind"] == "Deployment" and spec["minReplicaCount"] >= 1
@@ -222,11 +246,16 @@ def _workers(tree: str) -> list[Doc]:
     ]
 
 
+def _registry_workers(tree: str) -> list[Doc]:
+    """Workers that load their version's artifacts from the registry (not engine-served)."""
+    return [w for w in _workers(tree) if not _engine_served(w)]
+
+
 @pytest.mark.parametrize("tree", TREES)
 def test_models_are_fetched_into_an_empty_dir_the_worker_mounts_read_only(tree: str) -> None:
     assert not _of(tree, "PersistentVolumeClaim")
-    assert _workers(tree)
-    for worker in _workers(tree):
+    assert _registry_workers(tree)
+    for worker in _registry_workers(tree):
         pod = _pod(worker)
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert "emptyDir" in volumes["models"] and "persistentVolumeClaim" not in volumes["models"]
@@ -241,7 +270,7 @@ def test_models_are_fetched_into_an_empty_dir_the_worker_mounts_read_only(tree: 
 @pytest.mark.parametrize("tree", TREES)
 def test_every_worker_fetches_its_own_version_with_the_real_cli(tree: str) -> None:
     assert _config(tree)["GRAYLANE_ARTIFACT_STORE"]
-    for worker in _workers(tree):
+    for worker in _registry_workers(tree):
         pod = _pod(worker)
         (init,) = pod["initContainers"]
         (container,) = pod["containers"]
@@ -281,7 +310,7 @@ def test_worker_pods_may_reach_the_artifact_store_over_https(tree: str) -> None:
 
 @pytest.mark.parametrize("tree", TREES)
 def test_trusted_keys_are_an_optional_secret_both_containers_read(tree: str) -> None:
-    for worker in _workers(tree):
+    for worker in _registry_workers(tree):
         pod = _pod(worker)
         volumes = {v["name"]: v for v in pod["volumes"]}
         keys = volumes["artifact-keys"]["secret"]
@@ -346,7 +375,7 @@ def test_each_deployment_logs_in_as_its_own_role_over_tls(tree: str) -> None:
     for deploy in deployments:
         component = deploy["metadata"]["labels"]["app.kubernetes.io/component"]
         own = KAFKA_SECRETS[ROLE_OF_COMPONENT[component]]
-        (container,) = _pod(deploy)["containers"]
+        container = _graylane(deploy)
         secrets = _env_secrets(container)
         for var in ("GRAYLANE_SASL_USERNAME", "GRAYLANE_SASL_PASSWORD", "GRAYLANE_SASL_MECHANISM"):
             assert secrets[var] == own, (deploy["metadata"]["name"], var)
@@ -371,15 +400,18 @@ def test_only_the_control_plane_and_audit_sink_may_write_the_database(tree: str)
     """Regression: workers got the full-write database credentials."""
     for deploy in _of(tree, "Deployment"):
         component = deploy["metadata"]["labels"]["app.kubernetes.io/component"]
-        (container,) = _pod(deploy)["containers"]
-        url = _env_secrets(container).get("GRAYLANE_DB_URL")
+        url = _env_secrets(_graylane(deploy)).get("GRAYLANE_DB_URL")
         wanted = {
             "worker": "graylane-database-readonly",
             "gateway": "graylane-database-readonly",
             "controlplane": "graylane-database",
             "audit-sink": "graylane-database",
         }.get(component)
+        if component == "worker" and _engine_served(deploy):
+            wanted = None  # its endpoints are its arguments: it reads no registry
         assert url == wanted, deploy["metadata"]["name"]
+        engine = _engine(deploy)
+        assert engine is None or not _secret_refs(engine), "an engine reads no Secret"
 
 
 @pytest.mark.parametrize("tree", TREES)
@@ -423,11 +455,7 @@ def test_one_worker_deployment_per_version(tree: str) -> None:
 
 
 def test_gpu_workers_are_placed_by_compute_capability_with_named_images() -> None:
-    workers = [
-        d
-        for d in _of("gpu", "Deployment")
-        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
-    ]
+    workers = _registry_workers("gpu")
     assert workers
     for worker in workers:
         pod = _pod(worker)
@@ -458,6 +486,9 @@ def test_container_commands_exist_in_the_cli() -> None:
         if doc["kind"] != "Deployment":
             continue
         for c in _pod(doc)["containers"]:
+            if c["name"] == ENGINE:  # an engine server's own command (its image's)
+                assert _engine_served(doc), doc["metadata"]["name"]
+                continue
             assert c["command"][0] == "graylane"
             if c["command"][1] in PENDING_COMMANDS:
                 unknown.add(c["command"][1])
@@ -473,6 +504,15 @@ def test_renderer_refuses_what_it_does_not_render(tmp_path: Path) -> None:
     (tmp_path / "kustomization.yaml").write_text("resources: []\nreplacements: []\n")
     with pytest.raises(RenderError):
         render(tmp_path)
+    component = tmp_path / "component"
+    component.mkdir()
+    (component / "kustomization.yaml").write_text("kind: Component\nreplacements: []\n")
+    (tmp_path / "kustomization.yaml").write_text("components: [component]\n")
+    with pytest.raises(RenderError, match="Component"):
+        render(tmp_path)
+    (component / "kustomization.yaml").write_text("kind: Component\nresources: []\n")
+    with pytest.raises(RenderError, match="rendered only as a component"):
+        render(component)  # a Component is no kustomization of its own
     assert merge(
         {"c": [{"name": "a", "x": 1}], "k": [1]}, {"c": [{"name": "a", "y": 2}], "k": [2]}
     ) == {
@@ -548,7 +588,7 @@ def test_gpu_workers_refuse_to_fall_back_to_onnx_runtime_on_cpu(tree: str) -> No
     ]
     assert workers
     for worker in workers:
-        (container,) = _pod(worker)["containers"]
+        container = _graylane(worker)  # an engine beside it holds the GPU, not the worker
         on_gpu = "nvidia.com/gpu" in container["resources"].get("limits", {})
         args = parser.parse_args(container["command"][1:])
         assert args.require_tensorrt is on_gpu, worker["metadata"]["name"]
@@ -579,3 +619,147 @@ def test_a_job_creates_the_topics_of_every_served_version(tree: str) -> None:
     assert secrets == {KAFKA_SECRETS[KafkaRole.CONTROL_PLANE]}  # the role that may create
     assert pod["restartPolicy"] == "OnFailure"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def _engine_pods(tree: str) -> list[Doc]:
+    return [w for w in _workers(tree) if _engine_served(w)]
+
+
+def test_the_gpu_overlay_serves_a_version_through_an_engine_server() -> None:
+    assert _engine_pods("gpu")
+    assert not _engine_pods("base") and not _engine_pods("cpu")  # an engine needs its GPU
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_an_engine_served_version_is_its_engine_and_its_worker_in_one_pod(tree: str) -> None:
+    """The engine holds the GPU and the model volume; the worker calls it on the pod's
+    loopback, at the port the engine listens on, naming the model it serves."""
+    for deploy in _engine_pods(tree):
+        name = deploy["metadata"]["name"]
+        pod = _pod(deploy)
+        engine, worker = _engine(deploy), _graylane(deploy)
+        assert engine is not None and [c["name"] for c in pod["containers"]] == [ENGINE, "worker"]
+        assert "initContainers" not in pod, "nothing to fetch: the engine reads its model"
+        # the GPU is the engine's, and the pod tolerates GPU nodes' taint
+        assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert "nvidia.com/gpu" not in worker["resources"]["limits"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+            "tolerations"
+        ]
+        # probes: the engine's on its port; the kubelet reaches them at the pod's address
+        argv = engine["args"]
+        port = int(_flag(argv, "--port"))
+        assert _flag(argv, "--host") == "0.0.0.0"
+        assert engine["ports"] == [{"name": ENGINE, "containerPort": port, "protocol": "TCP"}]
+        startup = engine["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 600, "model load"
+        assert engine["livenessProbe"]["failureThreshold"] >= 3
+        # the worker calls its engine over loopback, names its model and its slots
+        args = build_parser().parse_args(worker["command"][1:])
+        (endpoint,) = args.endpoint
+        variant, _, url = endpoint.partition("=")
+        assert url == f"http://127.0.0.1:{port}" and variant, name
+        assert not args.from_registry and not args.require_tensorrt
+        image = engine["image"].rsplit("/", 1)[-1]
+        assert image.startswith("vllm-openai:v") and args.engine == "vllm"
+        assert args.engine_version == image.rsplit(":v", 1)[1]
+        assert args.engine_model == _flag(argv, "--served-model-name")
+        assert args.engine_slots == int(_flag(argv, "--max-num-seqs"))
+        # the worker's readiness is its /readyz (engine_up among its conditions)
+        assert worker["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+        # the model comes from a volume, read-only, mounted in the engine only
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        (model,) = [m for m in engine["volumeMounts"] if argv[0].startswith(m["mountPath"] + "/")]
+        assert model["readOnly"] is True
+        claim = volumes[model["name"]]["persistentVolumeClaim"]
+        assert claim == {"claimName": "graylane-engine-models", "readOnly": True}
+        assert model["name"] not in {m["name"] for m in worker["volumeMounts"]}
+        env = {e["name"]: e.get("value") for e in engine["env"]}
+        assert env["HF_HUB_OFFLINE"] == "1", "the model is the volume's, never the hub's"
+        # stopping: the engine outlives the worker's last calls, within the grace period
+        stop = engine["lifecycle"]["preStop"]["sleep"]["seconds"]
+        assert 0 < stop < pod["terminationGracePeriodSeconds"]
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_the_router_and_the_topic_job_know_every_engine_served_version(tree: str) -> None:
+    deployments = {d["metadata"]["name"]: d for d in _of(tree, "Deployment")}
+    router = build_parser().parse_args(_graylane(deployments["router"])["command"][1:])
+    stable = dict(m.partition("=")[::2] for m in router.model)
+    for deploy in _engine_pods(tree):
+        labels = deploy["metadata"]["labels"]
+        assert stable[labels["graylane.io/model"]] == labels["graylane.io/version"]
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_nothing_but_the_pod_itself_reaches_an_engine(tree: str) -> None:
+    """No Service selects an engine-served pod, and no NetworkPolicy admits its engine's
+    port: only the worker beside it (over loopback, which policies do not govern)."""
+    policies = _of(tree, "NetworkPolicy")
+    for deploy in _engine_pods(tree):
+        labels = deploy["spec"]["template"]["metadata"]["labels"]
+        engine = _engine(deploy)
+        assert engine is not None
+        port = engine["ports"][0]["containerPort"]
+        selecting = [
+            p for p in policies if _selects(p["spec"]["podSelector"].get("matchLabels", {}), labels)
+        ]
+        assert "default-deny" in {p["metadata"]["name"] for p in selecting}
+        admitted = {
+            (rule_port["port"])
+            for p in selecting
+            for rule in p["spec"].get("ingress", [])
+            for rule_port in rule.get("ports", [])
+        }
+        assert admitted == {9100}, "monitoring scrapes the worker; nothing reaches the engine"
+        assert port not in admitted
+        for service in _of(tree, "Service"):
+            assert not _selects(service["spec"]["selector"], labels), service["metadata"]["name"]
+        # the worker still reaches Kafka: the services' egress policy selects the pod
+        assert "graylane-services" in {p["metadata"]["name"] for p in selecting}
+
+
+LOCAL_ENGINE = K8S / "local-llamacpp"
+
+
+def test_the_local_engine_pod_is_valid_and_its_worker_calls_its_engine() -> None:
+    """deploy/k8s/local-llamacpp (played by tests/integration/test_kube_play_engine.py):
+    llama-server and the worker in one host-network pod, the model a read-only hostPath."""
+    docs = render(LOCAL_ENGINE)
+    for doc in docs:
+        validate(doc)
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = _pod(deploy)
+    assert pod["hostNetwork"] is True and _engine_served(deploy)
+    engine, worker = _engine(deploy), _graylane(deploy)
+    assert engine is not None
+    assert engine["image"].startswith("localhost/graylane-llamacpp:")
+    assert worker["image"].startswith("localhost/graylane:")
+    argv = engine["args"]
+    port = int(_flag(argv, "--port"))
+    assert _flag(argv, "--host") == "127.0.0.1"  # the host's loopback, not its interfaces
+    assert "--metrics" in argv  # the worker reads the engine's load there
+    args = build_parser().parse_args(worker["command"][1:])
+    assert args.endpoint == [f"q4_1=http://127.0.0.1:{port}"] and args.engine == "llamacpp"
+    assert args.engine_slots == int(_flag(argv, "--parallel"))
+    assert args.engine_model == _flag(argv, "--alias")
+    (model,) = [
+        m for m in engine["volumeMounts"] if _flag(argv, "--model").startswith(m["mountPath"])
+    ]
+    volume = {v["name"]: v for v in pod["volumes"]}[model["name"]]
+    assert model["readOnly"] is True and volume["hostPath"]["type"] == "Directory"
+    assert Path(_flag(argv, "--model")).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    for c in pod["containers"]:
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert pod["securityContext"]["runAsUser"] == 10001
+    env = {e["name"]: e["value"] for e in worker["env"]}
+    metrics = int(env["GRAYLANE_METRICS_PORT"])
+    assert {p["containerPort"] for p in worker["ports"]} == {metrics} != {port}
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert config["data"]["GRAYLANE_SECURITY_PROTOCOL"] == "PLAINTEXT"
+    assert "GRAYLANE_TRUSTED_KEYS" not in config["data"]  # refused without --from-registry
