@@ -11,7 +11,6 @@ the CPU image's; podman's layer cache keeps the image until the server or a libr
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from graylane.deploy.containers.images import BuiltImage, base_image
 from graylane.deploy.containers.podman import ContainerToolError, Podman, containers_dir, say
+from graylane.deploy.engines.layout import LLAMA_CPP_VERSION, SMOLLM2, binary_path, model_dir
 from graylane.deploy.kafka.layout import REPO_ROOT, file_lock
 
 __all__ = [
@@ -34,8 +34,6 @@ __all__ = [
     "stage_llamacpp",
 ]
 
-LLAMA_CPP_VERSION = "0.3.36"
-"""The llama.cpp the set-up builds (as vendored by that ``llama-cpp-python`` release)."""
 DOCKERFILE_LLAMACPP = REPO_ROOT / "deploy" / "docker" / "Dockerfile.llamacpp"
 C_LIBRARY = frozenset(
     {
@@ -69,17 +67,13 @@ class LlamaCppCache:
         return self.models_dir / f"SmolLM2-135M-Instruct.{precision.upper()}.gguf"
 
 
-def llamacpp_cache(version: str = LLAMA_CPP_VERSION) -> LlamaCppCache:
-    """The set-up's cache of llama.cpp ``version`` and the SmolLM2 model files.
-
-    The one place these paths are spelt here; it reads ``GRAYLANE_CACHE_DIR`` as the
-    set-up does.
-    """
-    root = Path(os.environ.get("GRAYLANE_CACHE_DIR") or "~/.cache/graylane").expanduser()
+def llamacpp_cache() -> LlamaCppCache:
+    """The set-up's cache of llama.cpp and the SmolLM2 model files
+    (:mod:`graylane.deploy.engines.layout`)."""
     return LlamaCppCache(
-        version=version,
-        bin_dir=root / f"llama.cpp-{version}" / "bin",
-        models_dir=root / "models" / "smollm2-135m-instruct",
+        version=LLAMA_CPP_VERSION,
+        bin_dir=binary_path("llama-server").parent,
+        models_dir=model_dir(SMOLLM2),
     )
 
 
