@@ -299,60 +299,9 @@ def _start_controlplane(
     return start_service("controlplane", ["controlplane"], log_dir, env)
 
 
-CHAT_MODEL = "demo-chat"
-
-
-def _streamed_act(settings: Settings, size: str, log_dir: Path, step: _Steps) -> None:
-    """A decoder with a KV cache (routed by the demo's router, served by a worker of its
-    own): one generation streamed chunk by chunk, printed live, while a short one joins
-    the running batch."""
-    from graylane.app.demo.monitor import Monitor, demo_console
-    from graylane.app.demo.streamed import show_streams
-    from graylane.kafka.seam import KafkaFactory
-    from graylane.models.demo_gpt import write_demo_gpt
-
-    path = REPO_ROOT / ".local" / "models" / f"{CHAT_MODEL}-{size}-kv.onnx"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_demo_gpt(path, size, seed=1, kv_cache=True)
-    step(f"a streamed generation of {CHAT_MODEL} (KV cache, continuous batching), live:")
-    act = [
-        start_service(
-            "worker-chat",
-            [
-                "worker",
-                "--model",
-                CHAT_MODEL,
-                "--version",
-                "v1",
-                "--variant",
-                f"fp32={path}",
-                "--threads",
-                "1",
-            ],
-            log_dir,
-        ),
-    ]
-    try:
-        shown = asyncio.run(
-            show_streams(KafkaFactory(settings), CHAT_MODEL, lambda line: print(line, flush=True))
-        )
-        print(
-            f"    {shown.tokens} tokens in {shown.chunks} chunks, finish {shown.finish_reason}: "
-            f"TTFT {shown.ttft_ms:.0f} ms, TPOT {shown.tpot_ms:.1f} ms; the short request "
-            f"took {shown.short_ms:.0f} ms of the long one's {shown.long_ms:.0f} ms",
-            flush=True,
-        )
-        monitor = Monitor(CHAT_MODEL, window_s=600.0)
-        for result in shown.results:
-            monitor.on_result(result)
-        demo_console().print(monitor.table(f"{CHAT_MODEL}: {len(shown.results)} generations"))
-    finally:
-        stop_services(act)  # its CPU goes back to the rollout story
-
-
 def _story(args: argparse.Namespace) -> int:
     from graylane.app.demo.build_versions import build_versions
+    from graylane.app.demo.engine_act import CHAT_MODEL, CHAT_VERSIONS, run_engine_act
     from graylane.app.demo.report import write_report
     from graylane.app.demo.story import (
         BAD,
@@ -367,6 +316,7 @@ def _story(args: argparse.Namespace) -> int:
         MODEL as STORY_MODEL,
     )
     from graylane.deploy.kafka import kafka
+    from graylane.kafka.seam import KafkaFactory
 
     step = _Steps()
     step("starting the local Kafka broker")
@@ -387,8 +337,13 @@ def _story(args: argparse.Namespace) -> int:
             "starting router, policy engine, one worker per version and a supervisor that "
             f"scales {HEALTHY}'s workers (up to {DEMO_MAX_WORKERS}; logs in .local/logs)"
         )
-        asyncio.run(_prepare_topics(settings, CHAT_MODEL, ["v1"]))
-        router_models = ["--model", f"{STORY_MODEL}={STABLE}", "--model", f"{CHAT_MODEL}=v1"]
+        asyncio.run(_prepare_topics(settings, CHAT_MODEL, list(CHAT_VERSIONS)))
+        router_models = [
+            "--model",
+            f"{STORY_MODEL}={STABLE}",
+            "--model",
+            f"{CHAT_MODEL}={CHAT_VERSIONS[0]}",
+        ]
         services.append(start_service("router", ["router", *router_models], log_dir))
         services.append(
             start_service(
@@ -397,6 +352,8 @@ def _story(args: argparse.Namespace) -> int:
                     "policy",
                     "--model",
                     STORY_MODEL,
+                    "--model",
+                    CHAT_MODEL,
                     "--window-ms",
                     "6000",
                     "--step-ms",
@@ -470,7 +427,13 @@ def _story(args: argparse.Namespace) -> int:
         )
         step("metrics of each service (/metrics, /healthz, /readyz):")
         print_metrics_ports(services)
-        _streamed_act(settings, size, log_dir, step)
+        run_engine_act(
+            KafkaFactory(settings),
+            log_dir,
+            step,
+            gateway_url=f"http://127.0.0.1:{gateway_port}",
+            gateway_key=gateway_key,
+        )
         rate = args.rate or args.load * capacities["fp32"]
         cfg = StoryConfig(
             rate=rate,
