@@ -51,6 +51,8 @@ __all__ = [
 ]
 
 MODEL = "demo-gpt"
+PROBE_CALLERS = 32
+"""Closed-loop callers of the path probe: enough to keep the worker's batches full."""
 STABLE, HEALTHY, BAD = "1.0.0", "1.1.0", "1.2.0"
 SEEDS = {STABLE: 1, HEALTHY: 2, BAD: 3}
 
@@ -290,14 +292,15 @@ class Story:
             await self._wait_gateway()
             tasks = [asyncio.create_task(f.follow(self.stop)) for f in followers]
             tasks += [
-                asyncio.create_task(self._load(client)),
                 asyncio.create_task(self._collect(client)),
                 asyncio.create_task(self._live(lambda: f"{MODEL} — {phase_title[0]}")),
             ]
             try:
                 if self.cfg.load_fraction > 0.0 and self.cfg.engine_rps > 0.0:
                     phase_title[0] = "measuring the path's capacity"
-                    await self._probe_path()
+                    await self._probe_path(client)
+                # The steady load starts only now: at a rate the path was measured to carry.
+                tasks.append(asyncio.create_task(self._load(client)))
                 await self._story(phase_title)
             finally:
                 self.stop.set()
@@ -312,17 +315,35 @@ class Story:
                     await f.stop()
         return await self.audit_records()
 
-    async def _probe_path(self) -> None:
-        """Offer the engine's capacity for a few seconds; run at ``load_fraction`` of
-        what the whole path delivered (or of the engine's capacity, whichever is lower)."""
-        from graylane.app.bench.path import PROBE_S, delivered_rps, drained
+    async def _probe_path(self, client: GraylaneClient) -> None:
+        """Measure what the whole path carries before any steady load: closed-loop callers
+        (each sends its next request when its last is answered) for a few seconds, so no
+        backlog builds; their answers are not the story's. Then the load is
+        ``load_fraction`` of that (or of the engine's capacity, whichever is lower)."""
+        from graylane.app.bench.path import PROBE_S
 
         cfg = self.cfg
-        self.monitor.window_s = max(self.monitor.window_s, PROBE_S)
-        self.rate = cfg.engine_rps
-        t0 = self.monitor.now()
-        await asyncio.sleep(PROBE_S)
-        path = delivered_rps(self.monitor, t0, self.monitor.now(), PROBE_S)
+        answered: list[float] = []
+        end = time.monotonic() + PROBE_S
+        prompt = "graylane " * (cfg.prompt_len // 9)
+
+        async def caller(k: int) -> None:
+            i = 0
+            while time.monotonic() < end:
+                with contextlib.suppress(Exception):
+                    await client.infer(
+                        MODEL,
+                        prompt=f"probe {k} {i} {prompt}",
+                        routing_key=f"probe-{k}",
+                        post_process=PostProcess.ARGMAX_LAST,
+                        timeout=10,
+                    )
+                    answered.append(time.monotonic())
+                i += 1
+
+        await asyncio.gather(*(caller(k) for k in range(PROBE_CALLERS)))
+        half = end - PROBE_S / 2
+        path = sum(1 for t in answered if t >= half) / (PROBE_S / 2)
         self.rate = cfg.load_fraction * min(path, cfg.engine_rps) if path > 0 else cfg.rate
         self.base_rate = self.rate
         self.path_rps = path
@@ -330,7 +351,6 @@ class Story:
             f"path capacity {path:.1f} req/s (engine {cfg.engine_rps:.1f}): "
             f"load {self.rate:.1f} req/s"
         )
-        await drained(self, {STABLE: 3})
 
     async def _wait_gateway(self, timeout_s: float = 60.0) -> None:
         """Until the gateway is ready; without one in time, all the load goes to Kafka."""
