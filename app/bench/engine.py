@@ -42,7 +42,7 @@ from graylane.app.bench.harness import fresh_topics, stack_env, start_router
 from graylane.app.cli.demo import Service, free_port, start_service, stop_services
 from graylane.settings import REPO_ROOT, Settings
 
-__all__ = ["EngineBenchConfig", "PathRun", "main", "run"]
+__all__ = ["EngineBenchConfig", "EngineBenchRun", "main", "run"]
 
 MODEL = "engine-bench"
 VERSION = "1.0.0"
@@ -82,7 +82,7 @@ class _Call:
 
 
 @dataclass(frozen=True)
-class PathRun:
+class EngineBenchRun:
     """One path at one concurrency."""
 
     path: str
@@ -160,10 +160,10 @@ async def _batch(
     return calls, time.perf_counter() - started
 
 
-def _figures(path: str, concurrency: int, calls: list[_Call], wall_s: float) -> PathRun:
+def _figures(path: str, concurrency: int, calls: list[_Call], wall_s: float) -> EngineBenchRun:
     ok = [c for c in calls if c.ok]
     tokens = sum(c.tokens for c in ok)
-    return PathRun(
+    return EngineBenchRun(
         path=path,
         concurrency=concurrency,
         tokens_per_s=round(tokens / wall_s, 2) if wall_s > 0 else 0.0,
@@ -262,12 +262,12 @@ async def _measure(
     served: str,
     cfg: EngineBenchConfig,
     progress: Callable[[str], None],
-) -> list[PathRun]:
+) -> list[EngineBenchRun]:
     settings, _ = await fresh_topics(settings, "beng", MODEL, [VERSION])
     port = free_port()
     services = _services(settings, engine_url, cfg, port)
     levels = cfg.concurrencies or (1, cfg.slots, 2 * cfg.slots)
-    runs: list[PathRun] = []
+    runs: list[EngineBenchRun] = []
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     try:
         async with (
@@ -307,7 +307,7 @@ async def _measure(
     return runs
 
 
-def _table(runs: list[PathRun]) -> None:
+def _table(runs: list[EngineBenchRun]) -> None:
     print(
         f"{'conc':>5} {'path':>9} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
         f"{'ITL p50':>8} {'ITL p99':>8} {'err':>4}",
@@ -321,8 +321,8 @@ def _table(runs: list[PathRun]) -> None:
         )
 
 
-def _summary(runs: list[PathRun], cfg: EngineBenchConfig) -> dict[str, object]:
-    def at(path: str, level: int) -> PathRun:
+def _summary(runs: list[EngineBenchRun], cfg: EngineBenchConfig) -> dict[str, object]:
+    def at(path: str, level: int) -> EngineBenchRun:
         return next(r for r in runs if r.path == path and r.concurrency == level)
 
     g, e = at("graylane", cfg.slots), at("engine", cfg.slots)

@@ -593,4 +593,4 @@ def test_the_readme_engine_spec_parses() -> None:
     block = readme.split("```yaml\n# smollm2.yaml", 1)[1].split("```", 1)[0]
     block = block.split("\n", 1)[1]  # past the title line's remainder
     spec = parse_spec(yaml.safe_load(block), base_dir=Path("/srv"))
-    assert isinstance(spec, EngineSpec) and spec.engine.ladder == ("q4_1", "q2_k")
+    assert isinstance(spec, EngineSpec) and spec.engine.ladder == ("q4_1", "q4_0")
