@@ -353,7 +353,6 @@ def _summary(runs: list[EngineBenchRun], cfg: EngineBenchConfig) -> dict[str, ob
 def run(cfg: EngineBenchConfig, progress: Callable[[str], None]) -> dict[str, object]:
     from graylane.deploy.engines import llamacpp
     from graylane.deploy.engines.server import LlamaServer
-
     from graylane.deploy.kafka import kafka
 
     with _cores(progress) as (engine_cores, path_cores):
