@@ -117,8 +117,9 @@ class EngineServerSettings:
     """How often ``/health`` and the engine's load figures are read."""
     max_waiting: int = 0
     """Requests held here waiting for a slot, per endpoint (0: four times its slots)."""
-    flush_ms: float = 20.0
-    """Generations that end within this share one telemetry record."""
+    flush_ms: float = 5.0
+    """Generations that end within this share one telemetry record (and their answers
+    wait for it at most this long)."""
 
     def waiting_cap(self, slots: int) -> int:
         return self.max_waiting or 4 * slots

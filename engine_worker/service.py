@@ -48,7 +48,13 @@ from graylane.kafka.admin import MessageLimits
 from graylane.kafka.loop import ConsumeLoop, LoopHooks
 from graylane.kafka.reading import CompactedFollower, FollowFrom, follow
 from graylane.kafka.replies import Rejection, ReplySink
-from graylane.kafka.seam import ConsumerOptions, KafkaFactory, Producer, Record
+from graylane.kafka.seam import (
+    ConsumerOptions,
+    KafkaFactory,
+    Producer,
+    ProducerOptions,
+    Record,
+)
 from graylane.metrics import CONTROL_CAUGHT_UP
 from graylane.supervision import BackgroundTasks
 from graylane.topics import TopicLayout
@@ -398,7 +404,10 @@ class Worker:
         self.metrics.active_variant.labels(cfg.model, cfg.version, self.active_variant).set(1)
         await self._precision.catch_up()
         self.observability.mark(CONTROL_CAUGHT_UP)
-        producer = self.factory.producer(client_suffix="worker")
+        # An engine-server worker's sends are a stream's chunks, each a token or a few a
+        # user waits for: out at once (no linger); the engine bounds how many there are.
+        options = ProducerOptions(linger_ms=0) if cfg.endpoints else None
+        producer = self.factory.producer(options, client_suffix="worker")
         await producer.start()
         limits = MessageLimits.of_factory(
             self.factory, ceiling=self.factory.settings.max_message_bytes

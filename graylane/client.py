@@ -124,6 +124,12 @@ class Timing:
     created_at_unix_ms: int = 0
     completed_at_unix_ms: int = 0
     """When the worker answered (its clock)."""
+    routed_at_unix_ms: int = 0
+    """When the router forwarded it to its version."""
+    dequeued_at_unix_ms: int = 0
+    """When the worker started it (a generation: its decode row or engine call)."""
+    prefill_ms: float = 0.0
+    """GENERATE: from its start to its first token."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +244,9 @@ class Result:
                 pb.timing.tpot_ms,
                 pb.timing.created_at_unix_ms,
                 pb.timing.completed_at_unix_ms,
+                pb.timing.routed_at_unix_ms,
+                pb.timing.dequeued_at_unix_ms,
+                pb.timing.prefill_ms,
             ),
             client_latency_ms=float(now_ms() - sent_ms) if sent_ms else None,
             worker_id=pb.worker_id,

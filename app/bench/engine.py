@@ -10,10 +10,10 @@ questions) from an OpenAI-style client here,
   token: ``--stream-every-tokens 1``).
 
 At each concurrency (1, the engine's slot count, twice that) ``requests`` calls per
-client run on each path, the paths alternating. Output tokens/s (the engine's own token
-counts over the wall time of the batch of calls), time to first token (p50/p99, from the
-call's start to its first text) and the gaps between tokens (ITL p50/p99) are printed in
-a table. The engine gets the same threads in both runs, and its own core where there are
+client run on each path, in ``rounds`` rounds whose order of the paths alternates.
+Output tokens/s (the engine's own token counts over the wall time of the batches of
+calls), time to first token (p50/p99, from the call's start to its first text) and the
+gaps between tokens (ITL p50/p99) are printed in a table. The engine gets the same threads in both runs, and its own core where there are
 two or more: the engine is pinned to core 0, this process (and so the broker, router,
 worker and gateway it starts) to the others, so the ratio measures the path, not two
 runs sharing cores.
@@ -68,7 +68,9 @@ class EngineBenchConfig:
     """The engine's parallel sequences (``-np``)."""
     max_tokens: int = 64
     requests: int = 3
-    """Calls per client at each concurrency and path."""
+    """Calls per client at each concurrency, path and round."""
+    rounds: int = 3
+    """Rounds per concurrency, the paths' order alternating."""
     concurrencies: tuple[int, ...] = ()
     """Default: 1, the slot count, twice the slot count."""
 
@@ -282,19 +284,22 @@ async def _measure(
             progress("waiting for the router, the worker and the gateway")
             await _wait_gateway(gateway, MODEL)
             paths = {"engine": (engine, served), "graylane": (gateway, MODEL)}
-            for http, model in paths.values():  # warm both: caches, connections
-                await _batch(
-                    http,
-                    "/v1/chat/completions",
-                    model,
-                    EngineBenchConfig(requests=1, max_tokens=8),
-                    2,
-                )
+            # Warm both, every slot of the engine and every connection: a slot's first
+            # call is slower (its cache is made), and a path must not pay for it alone.
+            warm = EngineBenchConfig(requests=2, max_tokens=8)
+            for http, model in paths.values():
+                await _batch(http, "/v1/chat/completions", model, warm, max(levels))
             for level in levels:
-                order = ("engine", "graylane") if level % 2 else ("graylane", "engine")
-                for name in order:
-                    http, model = paths[name]
-                    calls, wall = await _batch(http, "/v1/chat/completions", model, cfg, level)
+                gathered: dict[str, tuple[list[_Call], float]] = {p: ([], 0.0) for p in paths}
+                for r in range(cfg.rounds):  # the order alternates: drift evens out
+                    order = ("engine", "graylane") if (level + r) % 2 else ("graylane", "engine")
+                    for name in order:
+                        http, model = paths[name]
+                        calls, wall = await _batch(http, "/v1/chat/completions", model, cfg, level)
+                        kept, spent = gathered[name]
+                        gathered[name] = (kept + calls, spent + wall)
+                for name in ("engine", "graylane"):
+                    calls, wall = gathered[name]
                     run = _figures(name, level, calls, wall)
                     runs.append(run)
                     progress(

@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     engine.add_argument("--threads", type=int, default=1, help="the engine's threads")
     engine.add_argument("--slots", type=int, default=4, help="the engine's parallel sequences")
     engine.add_argument("--max-tokens", type=int, default=64, help="tokens per answer")
-    engine.add_argument("--requests", type=int, default=3, help="calls per client and path")
+    engine.add_argument("--requests", type=int, default=3, help="calls per client, path and round")
+    engine.add_argument("--rounds", type=int, default=3, help="rounds, the paths alternating")
     engine.add_argument(
         "--concurrency",
         default="",
@@ -284,6 +285,7 @@ def _engine(args: argparse.Namespace) -> int:
             slots=args.slots,
             max_tokens=args.max_tokens,
             requests=args.requests,
+            rounds=args.rounds,
             concurrencies=tuple(int(c) for c in args.concurrency.split(",") if c.strip()),
         )
     )
