@@ -13,10 +13,10 @@ At each concurrency (1, the engine's slot count, twice that) ``requests`` calls 
 client run on each path, in ``rounds`` rounds whose order of the paths alternates.
 Output tokens/s (the engine's own token counts over the wall time of the batches of
 calls), time to first token (p50/p99, from the call's start to its first text) and the
-gaps between tokens (ITL p50/p99) are printed in a table. The engine gets the same threads in both runs, and its own core where there are
-two or more: the engine is pinned to core 0, this process (and so the broker, router,
-worker and gateway it starts) to the others, so the ratio measures the path, not two
-runs sharing cores.
+gaps between tokens (ITL p50/p99) are printed in a table. The engine gets the same
+threads in both runs, and its own core where there are two or more: the engine is
+pinned to core 0, this process (and so the broker, router, worker and gateway it
+starts) to the others, so the ratio measures the path, not two runs sharing cores.
 
 The last line is JSON, at the engine's slot count: ``tokens_per_s``,
 ``engine_tokens_per_s``, ``ttft_ms_p50``, ``engine_ttft_ms_p50``, ``ttft_added_ms_p50``,
