@@ -515,26 +515,33 @@ class GraylaneClient:
             pinned_version=pinned_version,
         )
 
-    async def send(self, request: inference_pb2.InferenceRequest) -> str:
-        """Publish a prepared request to its model's ingress topic."""
+    async def send(self, request: inference_pb2.InferenceRequest, *, version: str = "") -> str:
+        """Publish a prepared request to its model's ingress topic; with ``version``,
+        straight to that version's topic, past the router (an evaluator's or an
+        operator's way to reach one version: producers normally write the ingress only,
+        and Kafka's ACLs may say so)."""
         producer = require_started(self._producer)
-        await self._check_model(request.model)
+        topic = (
+            self.layout.version_requests(request.model, version)
+            if version
+            else self.layout.ingress(request.model)
+        )
+        await self._check_topic(topic, request.model)
         self._sent_at[request.request_id] = request.created_at_unix_ms or now_ms()
         if len(self._sent_at) > self._max_seen:
             self._sent_at.popitem(last=False)
         traced = {"graylane.model": request.model, "graylane.request_id": request.request_id}
         with tracing.producing("graylane.client send", traced) as headers:
             await producer.send_and_wait(  # the broker's ack, or its error, reaches the caller
-                self.layout.ingress(request.model),
+                topic,
                 serde.encode(request),
                 key=(request.routing_key or request.request_id).encode("utf-8"),
                 headers=headers or None,
             )
         return request.request_id
 
-    async def _check_model(self, model: str) -> None:
-        """Refuse a model without an ingress topic at once (a send would hang)."""
-        topic = self.layout.ingress(model)
+    async def _check_topic(self, topic: str, model: str) -> None:
+        """Refuse a model (or version) without its topic at once (a send would hang)."""
         if self._known_models is not None and topic in self._known_models:
             return
         self._known_models = await known_topics(require_started(self._producer))
@@ -610,13 +617,16 @@ class GraylaneClient:
             self.layout.cancels(), serde.encode(cancel), key=request_id.encode("utf-8")
         )
 
-    async def infer(self, model: str, *, timeout: float = 30.0, **kwargs: object) -> Result:
-        """Submit and wait for the result; raises on timeout or an error result."""
+    async def infer(
+        self, model: str, *, timeout: float = 30.0, version: str = "", **kwargs: object
+    ) -> Result:
+        """Submit and wait for the result; raises on timeout or an error result.
+        ``version``: straight to that version's topic (see :meth:`send`)."""
         request = self.build_request(model, **kwargs)  # type: ignore[arg-type]
         waiter: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._waiters[request.request_id] = waiter
         try:
-            await self.send(request)
+            await self.send(request, version=version)
             result = await asyncio.wait_for(waiter, timeout)
         except TimeoutError:
             raise InferenceTimeout(

@@ -39,6 +39,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graylane.app.cli.contexts",
     "graylane.app.cli.deploy",
     "graylane.app.cli.build",
+    "graylane.app.cli.eval",
     "graylane.app.cli.artifacts",
     "graylane.app.cli.capacity",
     "graylane.app.cli.capture",
