@@ -161,6 +161,13 @@ def _generate(
                 "logits out) and the build's tokenizer"
             )
         return _tokenized_text(rng, samples, seq_len, source.tokenizer)
+    if source.generator is Generator.PROMPTS:
+        if not signature.is_decoder or source.tokenizer is None or source.prompts is None:
+            raise SampleError(
+                "prompts need a decoder model (input_ids, attention_mask in, logits out) "
+                "and the build's tokenizer"
+            )
+        return _prompt_rows(source.prompts, samples, seq_len, source.tokenizer)
     highs, shapes = dict(source.int_highs), dict(source.shapes)
     # Positions and a decoder's (empty) past are derived, as the worker derives them
     # (builder.runtime.complete_feeds): no samples.
@@ -233,6 +240,28 @@ def _tokenized_text(
             tokens.extend(encoded[int(rng.integers(len(encoded)))])
         ids[row, :length] = tokens[:length]
         mask[row, :length] = 1
+    return {DECODER_INPUTS[0]: ids, DECODER_INPUTS[1]: mask}
+
+
+def _prompt_rows(
+    prompts: Path, samples: int, seq_len: int, tokenizer: Path
+) -> dict[str, np.ndarray]:
+    """The first ``samples`` prompts of the file, one per row, encoded as the worker encodes
+    a completion's prompt, cut to ``seq_len`` and right-padded (id 0, mask 0)."""
+    from graylane.builder.spec import read_prompts
+    from graylane.models.hf_tokenizer import HfTokenizer
+
+    encoder = HfTokenizer(tokenizer)
+    texts = read_prompts(prompts)
+    if len(texts) < samples:
+        raise SampleError(f"{prompts}: holds {len(texts)} prompts, the spec asks for {samples}")
+    encoded = [encoder.encode(text)[:seq_len] for text in texts[:samples]]
+    width = max(len(e) for e in encoded)
+    ids = np.zeros((samples, width), dtype=np.int64)
+    mask = np.zeros((samples, width), dtype=np.int64)
+    for row, tokens in enumerate(encoded):
+        ids[row, : len(tokens)] = tokens
+        mask[row, : len(tokens)] = 1
     return {DECODER_INPUTS[0]: ids, DECODER_INPUTS[1]: mask}
 
 
