@@ -16,7 +16,6 @@ from graylane.artifacts.build_info import Tolerance
 from graylane.artifacts.fetch import FETCH_RECORD, ArtifactFetchError, FetchRecord, fetch_version
 from graylane.artifacts.manifest import MANIFEST_FILE, read_manifest
 from graylane.artifacts.naming import (
-    ONNX_PRECISIONS,
     ArtifactName,
     Backend,
     Precision,
@@ -25,7 +24,7 @@ from graylane.artifacts.naming import (
 )
 from graylane.artifacts.verify import TamperedArtifactError, manifest_sha256, verify_artifact
 from graylane.builder.build import BuildReport, run_build
-from graylane.builder.spec import BuildSpec, load_spec
+from graylane.builder.spec import DEFAULT_PRECISIONS, BuildSpec, load_spec
 from graylane.builder.store import ArtifactExistsError, ArtifactStore
 from graylane.builder.variants import VariantStatus
 from graylane.engine_worker.loading import load_from_registry
@@ -84,7 +83,7 @@ def test_every_variant_is_built_validated_and_servable(built: Built) -> None:
     report = built.report
     assert report.ok, report
     onnx_variants = [v for v in report.variants if v.backend is Backend.ONNXRUNTIME]
-    assert [v.precision for v in onnx_variants] == list(ONNX_PRECISIONS)
+    assert [v.precision for v in onnx_variants] == list(DEFAULT_PRECISIONS)
     for v in onnx_variants:
         assert v.status is VariantStatus.PRODUCED
         assert v.servable and not v.forced
@@ -148,7 +147,9 @@ def test_int8_outside_one_percent_keeps_its_most_sensitive_nodes_in_float(built:
 
 def test_registry_holds_the_artifacts(built: Built) -> None:
     artifacts = built.registry.list_artifacts("tiny-gpt", "1.0.0")
-    assert sorted(a.precision.value for a in artifacts) == sorted(p.value for p in ONNX_PRECISIONS)
+    assert sorted(a.precision.value for a in artifacts) == sorted(
+        p.value for p in DEFAULT_PRECISIONS
+    )
     fp16 = built.registry.get_artifact("tiny-gpt", "1.0.0", Precision.FP16, Backend.ONNXRUNTIME)
     assert fp16.servable and fp16.validation is not None and fp16.validation.passed
     assert not Path(fp16.path).is_absolute(), "the registry stores store-relative locations"
