@@ -183,6 +183,7 @@ def _run(
             notes,
             artifacts,
             progress,
+            data=validation.description or None,
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -258,12 +259,44 @@ def _prepare_samples(
         signature,
         max_seq_len,
     )
+    continuation = getattr(validation_spec.source, "continuation", 0)
+    if continuation and info.generates:
+        validation = _continued_by_reference(source, validation, continuation)
     progress.done(
         f"samples: calibration {calibration.count if calibration else 0}, "
-        f"validation {validation.count}" + forced_note,
+        f"validation {validation.description or validation.count}" + forced_note,
         ok=not forced_note,
     )
     return calibration, validation
+
+
+def _continued_by_reference(source: SourceModel, samples: SampleSet, tokens: int) -> SampleSet:
+    """Each prompt followed by the source's own greedy tokens (fp32, through its KV cache
+    when it has one), so variants are judged on the text the reference writes."""
+    from graylane.builder.samples import continued
+    from graylane.builder.validation import generation_prompts
+    from graylane.engine_worker.tasks import generate_with_cache, kv_cache_layout
+
+    prompts = generation_prompts(samples, samples.count, tokens, source.max_seq_len)
+    runner = open_runner(source.path)
+    try:
+        if kv_cache_layout(runner.engine.io) is not None:
+            results = generate_with_cache(
+                runner.engine,
+                [list(p) for p in prompts],
+                tokens,
+                None,
+                source.max_seq_len or 4096,
+                max_batch_size=8,
+            )
+            extra: list[list[int]] = [list(r.tokens) for r in results]
+        else:
+            from graylane.builder.validation import greedy_generate
+
+            extra = [list(row) for row in greedy_generate(runner, prompts, tokens, source.pad_id)]
+    finally:
+        runner.engine.close()
+    return continued(samples, extra)
 
 
 def _variant_inputs(
@@ -785,8 +818,12 @@ def publish_variants(
     notes: list[str],
     artifacts: ArtifactStore,
     progress: ProgressSink,
+    *,
+    data: str | None = None,
 ) -> tuple[list[VariantReport], list[Path]]:
-    """Publish every produced variant and its engines; (reports, published folders)."""
+    """Publish every produced variant and its engines; (reports, published folders).
+
+    ``data``: what the variants were validated on (recorded with each validation)."""
     progress.step("publishing artifacts")
     host = build_host(probe_gpu=True)
     commit = git_commit(_REPO_ROOT)
@@ -823,7 +860,7 @@ def publish_variants(
             servable=servable,
             forced=forced,
             calibration=_calibration_info(outcome),
-            validation=_validation_info(result),
+            validation=_validation_info(result, data),
             notes=outcome.notes + tuple(notes),
             model_info=source.info,
             partial_quantization=partials.get(precision),
@@ -932,8 +969,10 @@ def _servable(
     return (True, True) if force else (False, False)
 
 
-def _validation_info(result: ValidationResult | None) -> ValidationInfo | None:
-    """The manifest's record of a validation result."""
+def _validation_info(
+    result: ValidationResult | None, data: str | None = None
+) -> ValidationInfo | None:
+    """The manifest's record of a validation result (and what it was judged on)."""
     if result is None:
         return None
     return ValidationInfo(
@@ -943,6 +982,7 @@ def _validation_info(result: ValidationResult | None) -> ValidationInfo | None:
         failures=result.failures,
         error=result.error,
         comparison=result.comparison,
+        data=data,
     )
 
 

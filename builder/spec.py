@@ -167,6 +167,9 @@ class GeneratorData:
     """The ``tokenizer.json`` that encodes the ``text`` generator's sentences."""
     prompts: Path | None = None
     """The ``prompts`` generator's file: one prompt per line (``#`` lines are comments)."""
+    continuation: int = 0
+    """Validation on prompts: each continued by this many of fp32's greedy tokens, and the
+    variants judged on the positions that predict them (fp32's tokens forced)."""
 
 
 @dataclass(frozen=True)
@@ -506,7 +509,7 @@ _TOP_KEYS = {
     "partial_quantization", "tokenizer", "weight_only",
 }  # fmt: skip
 _DATA_KEYS = {"npz", "generator", "samples", "seed", "batch_size", "seq_len", "int_high"}
-_VALID_DATA_KEYS = _DATA_KEYS | {"prompts"}
+_VALID_DATA_KEYS = _DATA_KEYS | {"prompts", "continuation"}
 _CALIB_KEYS = _DATA_KEYS | {"method", "percentile", "quantize_ops", "min_samples"}
 _PARTIAL_KEYS = {"enabled", "node_budget", "max_groups", "time_budget_s", "max_trials"}
 _WEIGHT_ONLY_KEYS = {
@@ -799,6 +802,9 @@ def _data_spec(raw: Mapping[str, Any], where: str, base_dir: Path) -> DataSpec:
                 generator=Generator.PROMPTS,
                 prompts=path,
                 seq_len=_read_int(raw.get("seq_len", 512), f"{where}.seq_len", minimum=2),
+                continuation=_read_int(
+                    raw.get("continuation", 16), f"{where}.continuation", minimum=0
+                ),
             ),
             samples=_read_int(raw.get("samples", count), f"{where}.samples", minimum=1),
             seed=_read_int(raw.get("seed", 0), f"{where}.seed", minimum=0),

@@ -219,10 +219,18 @@ def generation_prompts(
     """The real tokens of the first ``count`` samples, cut to leave room for ``new_tokens``."""
     limit = None if max_seq_len is None else max(1, max_seq_len - new_tokens)
     prompts: list[np.ndarray] = []
-    for row in samples.rows():
+    scored = (
+        [m[i] for m in samples.score_masks for i in range(len(m))]
+        if samples.score_masks is not None
+        else None
+    )
+    for index, row in enumerate(samples.rows()):
         ids = row[DECODER_INPUTS[0]][0]
         mask = row[DECODER_INPUTS[1]][0].astype(bool)
         tokens = ids[mask][:limit] if limit is not None else ids[mask]
+        if scored is not None and scored[index].any():
+            # A continued prompt: the prompt alone (up to its first judged position).
+            tokens = tokens[: int(np.argmax(scored[index])) + 1]
         if len(tokens):
             prompts.append(tokens.astype(np.int64))
         if len(prompts) == count:
@@ -252,7 +260,11 @@ def reference_outputs(
     """``outputs``: the reference run's outputs when already computed (a Polygraphy run)."""
     outputs = tuple(outputs) if outputs is not None else tuple(reference(b) for b in samples)
     mask_name = DECODER_INPUTS[1]
-    masks = tuple(batch.get(mask_name) if mask_name in batch else None for batch in samples)
+    masks: tuple[np.ndarray | None, ...] = (
+        samples.score_masks
+        if samples.score_masks is not None
+        else tuple(batch.get(mask_name) if mask_name in batch else None for batch in samples)
+    )
     tokens = None
     prompts: tuple[np.ndarray, ...] = ()
     if signature.is_decoder and generation is not None:

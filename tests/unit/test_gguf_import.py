@@ -148,3 +148,54 @@ def _junk(tmp_path: Path) -> Path:
     path = tmp_path / "junk.gguf"
     path.write_bytes(b"not a gguf file at all")
     return path
+
+
+def test_graylane_build_takes_a_gguf_source_once_and_records_its_rungs(tmp_path: Path) -> None:
+    """The import is cached by the file's digest; the weight-only rungs record how they
+    were made; validation is on prompts continued by fp32, labelled as such."""
+    from graylane.artifacts.manifest import read_manifest
+    from graylane.artifacts.naming import Precision
+    from graylane.builder.build import run_build
+    from graylane.builder.spec import parse_spec
+    from graylane.builder.variants import VariantStatus
+
+    (tmp_path / "prompts.txt").write_text("Gray releases\nA canary\nThe worker groups\n")
+    raw = {
+        "model": "tiny",
+        "version": "1.0.0",
+        "strategy": "gguf",
+        "source": {"gguf": str(GGUF)},
+        "precisions": ["fp32", "int8-weight-only", "int4"],
+        "validation": {
+            "prompts": "prompts.txt",
+            "continuation": 4,
+            "generation": {"prompts": 2, "new_tokens": 4},
+        },
+        "tolerances": {"int4": {"min_top1_agreement": 0.0, "min_cosine": 0.0}},
+        "partial_quantization": {"enabled": False},
+        "tensorrt": {"enabled": False},
+    }
+    spec = parse_spec(raw, base_dir=tmp_path)
+    report = run_build(spec, store=tmp_path / "store")
+    produced = {v.precision: v for v in report.variants if v.status is VariantStatus.PRODUCED}
+    assert set(produced) == {Precision.FP32, Precision.INT8_WEIGHT_ONLY, Precision.INT4}
+    assert report.source_sha256 == REFERENCE["gguf_sha256"]
+    assert any("GGUF" in note and "imported" in note for note in report.notes)
+    fp32 = read_manifest(produced[Precision.FP32].folder)  # type: ignore[arg-type]
+    assert fp32.validation is not None and fp32.validation.passed
+    assert fp32.validation.data is not None and "prompts.txt" in fp32.validation.data
+    assert "continued by fp32" in fp32.validation.data
+    assert {f.path for f in fp32.files} >= {"model.onnx", "tokenizer.json", "tokenizer_config.json"}
+    assert fp32.model_info is not None and fp32.model_info.tokenizer is not None
+    int4 = read_manifest(produced[Precision.INT4].folder)  # type: ignore[arg-type]
+    assert int4.weight_only is not None
+    assert (int4.weight_only.bits, int4.weight_only.block_size) == (4, 32)
+    assert int4.weight_only.quantized_nodes == 2 * 7  # every projection; the head is a Gemm
+    int8 = read_manifest(produced[Precision.INT8_WEIGHT_ONLY].folder)  # type: ignore[arg-type]
+    assert int8.weight_only is not None and int8.weight_only.bits == 8
+    assert int8.weight_only.accuracy_level == 4 and int8.weight_only.symmetric
+
+    again = run_build(
+        parse_spec({**raw, "version": "1.0.1"}, base_dir=tmp_path), store=tmp_path / "store"
+    )
+    assert any("cache hit" in note for note in again.notes)
