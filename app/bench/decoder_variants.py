@@ -77,7 +77,8 @@ def _forced_argmax(engine: Any, tokens: Sequence[int]) -> np.ndarray:
     from graylane.engine_worker.tasks import INPUT_IDS, run_forward
 
     out = run_forward(engine, [{INPUT_IDS: np.asarray([list(tokens)], dtype=np.int64)}])[0]
-    return np.asarray(out["logits"][0]).argmax(axis=-1)
+    argmax: np.ndarray = np.asarray(out["logits"][0]).argmax(axis=-1)
+    return argmax
 
 
 def measure_decoder_variants(

@@ -138,9 +138,10 @@ def tokenizer_from_gguf(vocab: GgufVocab) -> Any:
     if len(vocab.token_types) != len(vocab.tokens):
         raise GgufTokenizerError("tokenizer.ggml.token_type and tokens differ in length")
     ids = {token: i for i, token in enumerate(vocab.tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in vocab.merges]
-    if any(len(m) != 2 for m in merges):
+    pairs = [m.split(" ", 1) for m in vocab.merges]
+    if any(len(p) != 2 for p in pairs):
         raise GgufTokenizerError("tokenizer.ggml.merges: every merge must be two tokens")
+    merges = [(p[0], p[1]) for p in pairs]
     tokenizer = Tokenizer(models.BPE(vocab=ids, merges=merges, fuse_unk=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=kind != "llama3")
     if kind == "gpt2":

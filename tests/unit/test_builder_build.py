@@ -252,8 +252,7 @@ def test_a_variant_outside_tolerance_is_not_servable_unless_forced(built: Built)
     assert report.registered
     assert any("not registered: int8" in note for note in report.notes)
     registered = {
-        a.name.precision
-        for a in built.registry.list_artifacts("tiny-gpt", parse_semver("1.0.1"))
+        a.name.precision for a in built.registry.list_artifacts("tiny-gpt", parse_semver("1.0.1"))
     }
     assert Precision.INT8 not in registered and Precision.FP32 in registered
 
