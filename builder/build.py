@@ -681,6 +681,7 @@ def refine_variants(
         timing_batches=validation.batches,
         step=progress.step,
         done=lambda message, ok: progress.done(message, ok=ok),
+        note=progress.note,
     )
 
 

@@ -137,6 +137,7 @@ def search_partial(
     fp32_path: Path | None = None,
     timing_batches: Sequence[Mapping[str, np.ndarray]] = (),
     log: Callable[[str], None] = lambda _: None,
+    note: Callable[[str], None] = lambda _: None,
 ) -> PartialSearch:
     """Bring ``precision`` within its tolerance by keeping the most sensitive nodes in float."""
     full_outcome, full_result = full
@@ -183,6 +184,12 @@ def search_partial(
                 result = evaluate(outcome.path)
             tried[key] = (outcome, result)
             clock.spent(time.perf_counter() - began)
+            kept = _summary(excluded)
+            verdict = " (within tolerance)" if result.passed else ""
+            note(
+                f"trial {len(tried)}: {kept} in float, top-1 {_top1(result):.4f}{verdict} "
+                f"({clock.trial_s[-1]:.0f}s; {clock.describe()})"
+            )
         return tried[key]
 
     sensitivity: list[GroupSensitivity] = []
@@ -245,6 +252,11 @@ def search_partial(
     return PartialSearch(outcome=chosen[0], result=chosen[1], info=info)
 
 
+def _summary(nodes: Sequence[str]) -> str:
+    layers = sorted({_layer_of(n) for n in nodes})
+    return f"{len(nodes)} node(s) of {', '.join(layers[:6])}{' …' if len(layers) > 6 else ''}"
+
+
 class _TrialClock:
     """The search's budget: wall-clock time and trial count, and an estimate of the next."""
 
@@ -300,6 +312,7 @@ def refine_quantized(
     timing_batches: Sequence[Mapping[str, np.ndarray]],
     step: Callable[[str], None],
     done: Callable[[str, bool], None],
+    note: Callable[[str], None] = lambda _: None,
 ) -> dict[Precision, PartialQuantization]:
     """Run :func:`search_partial` on each int8 variant that ran but missed its tolerance.
 
@@ -329,6 +342,7 @@ def refine_quantized(
             fp32_path=fp32_path,
             timing_batches=timing_batches,
             log=step,
+            note=note,
         )
         outcomes[precision], results[precision] = search.outcome, search.result
         records[precision] = search.info

@@ -199,3 +199,49 @@ def test_graylane_build_takes_a_gguf_source_once_and_records_its_rungs(tmp_path:
         parse_spec({**raw, "version": "1.0.1"}, base_dir=tmp_path), store=tmp_path / "store"
     )
     assert any("cache hit" in note for note in again.notes)
+
+
+@pytest.mark.parametrize(
+    ("budget_s", "max_trials", "trials", "why"),
+    [(3600.0, 3, 3, "trial budget (3)"), (0.5, 40, 1, "time budget (0s)")],
+)
+def test_the_partial_search_ends_within_its_budgets(
+    imported: GgufImport, tmp_path: Path, budget_s: float, max_trials: int, trials: int, why: str
+) -> None:
+    """Issue 33: the search on a 30-layer model ran as long as it liked. It now stops at
+    its trial cap, or before a trial the mean so far says would end past its time."""
+    import time
+
+    from graylane.artifacts.build_info import Metrics, Tolerance
+    from graylane.artifacts.naming import Precision
+    from graylane.builder.sensitivity import search_partial
+    from graylane.builder.spec import PartialQuantizationSpec
+    from graylane.builder.validation import ValidationResult
+    from graylane.builder.variants import VariantInputs, produce_variant
+
+    inputs = VariantInputs(
+        source=imported.model,
+        source_sha256=imported.source_sha256,
+        work_dir=tmp_path,
+        cache_dir=tmp_path / "cache",
+    )
+    full = produce_variant(Precision.INT8_WEIGHT_ONLY, inputs)
+    failing = Tolerance(min_top1_agreement=1.1)
+
+    def evaluate(path: Path) -> ValidationResult:
+        time.sleep(0.3)
+        metrics = Metrics(max_abs=1.0, mean_rel=0.1, cosine=0.99, top1_agreement=0.9, rows=4)
+        return ValidationResult(Precision.INT8_WEIGHT_ONLY, failing, metrics, ("top1",))
+
+    notes: list[str] = []
+    search = search_partial(
+        Precision.INT8_WEIGHT_ONLY,
+        inputs,
+        (full, evaluate(full.path)),  # type: ignore[arg-type]
+        evaluate,
+        PartialQuantizationSpec(node_budget=21, time_budget_s=budget_s, max_trials=max_trials),
+        note=notes.append,
+    )
+    assert search.info.trials == trials and not search.info.passed
+    assert search.info.stopped_by == why.replace("(0s)", f"({budget_s:.0f}s)")
+    assert len(notes) == trials and notes[0].startswith("trial 1: 1 node(s) of layers.1 in float")
