@@ -215,8 +215,9 @@ def _load_source(
     plan = plan_variants(spec.precisions, info.quantization)
     names = _names(spec, plan, artifacts)
     notes = [*source.notes, *(f"skipped {p.value}: {why}" for p, why in plan.skipped.items())]
+    named = spec.source.path.name if isinstance(spec.source, GgufSource) else source.path.name
     progress.done(
-        f"source {source.path.name} sha256 {source.sha256[:12]}… "
+        f"source {named} sha256 {source.sha256[:12]}… "
         f"({len(source.signature.inputs)} inputs, "
         f"task {info.task.value}, vocabulary {info.vocab_size or '-'}, "
         f"quantization {info.quantization.value}"
