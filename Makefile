@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup engines run test deploy-test images lint typecheck protos protos-check kafka-start kafka-stop bench clean
+.PHONY: setup engines smollm2-onnx run test deploy-test images lint typecheck protos protos-check kafka-start kafka-stop bench clean
 
 $(STAMP): pyproject.toml
 	@echo "==> setting up $(VENV) (python >= 3.11)"
@@ -21,6 +21,14 @@ setup: $(STAMP)
 # lower rungs, in ${GRAYLANE_CACHE_DIR:-~/.cache/graylane}: minutes the first time, then cached.
 engines: setup
 	@$(BIN)/python deploy/engines/llamacpp.py setup
+
+# SmolLM2 imported from its GGUF into ONNX (no torch) with its weight-only rungs, validated
+# on English prompts and registered with its servable rungs (builder/examples/smollm2-gguf.yaml;
+# exit 2, a rung outside its tolerance, does not fail the target). The import is cached in
+# the artifact store: a rebuild (--force, or a new version) does not convert again.
+smollm2-onnx: setup
+	@$(BIN)/python deploy/engines/llamacpp.py model >/dev/null
+	@$(BIN)/graylane build builder/examples/smollm2-gguf.yaml; rc=$$?; test $$rc -eq 0 -o $$rc -eq 2
 
 run: setup engines
 	@echo "==> metrics: every service serves /metrics /healthz /readyz (ports printed below);"

@@ -15,6 +15,7 @@ its variants all passed (or were forced). What the build did comes back as a
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -63,7 +64,7 @@ from graylane.builder.progress import NullProgress, ProgressSink
 from graylane.builder.runtime import open_runner
 from graylane.builder.samples import SampleSet, load_samples
 from graylane.builder.sensitivity import QUANTIZED, evaluator, refine_quantized
-from graylane.builder.spec import BuildSpec, DemoSource, EngineSpec, FileSource
+from graylane.builder.spec import BuildSpec, DemoSource, EngineSpec, FileSource, GgufSource
 from graylane.builder.store import ArtifactExistsError, ArtifactStore, CacheKind
 from graylane.builder.tensorrt_build import (
     ENGINE_FILE,
@@ -82,6 +83,7 @@ from graylane.builder.variants import (
 )
 from graylane.engine.signature import IOSignature
 from graylane.errors import GraylaneError
+from graylane.models.gguf_import import GgufImport
 from graylane.registry import (
     ArtifactInfo,
     ArtifactRecord,
@@ -181,6 +183,7 @@ def _run(
             notes,
             artifacts,
             progress,
+            data=validation.description or None,
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -212,8 +215,9 @@ def _load_source(
     plan = plan_variants(spec.precisions, info.quantization)
     names = _names(spec, plan, artifacts)
     notes = [*source.notes, *(f"skipped {p.value}: {why}" for p, why in plan.skipped.items())]
+    named = spec.source.path.name if isinstance(spec.source, GgufSource) else source.path.name
     progress.done(
-        f"source {source.path.name} sha256 {source.sha256[:12]}… "
+        f"source {named} sha256 {source.sha256[:12]}… "
         f"({len(source.signature.inputs)} inputs, "
         f"task {info.task.value}, vocabulary {info.vocab_size or '-'}, "
         f"quantization {info.quantization.value}"
@@ -256,12 +260,44 @@ def _prepare_samples(
         signature,
         max_seq_len,
     )
+    continuation = getattr(validation_spec.source, "continuation", 0)
+    if continuation and info.generates:
+        validation = _continued_by_reference(source, validation, continuation)
     progress.done(
         f"samples: calibration {calibration.count if calibration else 0}, "
-        f"validation {validation.count}" + forced_note,
+        f"validation {validation.description or validation.count}" + forced_note,
         ok=not forced_note,
     )
     return calibration, validation
+
+
+def _continued_by_reference(source: SourceModel, samples: SampleSet, tokens: int) -> SampleSet:
+    """Each prompt followed by the source's own greedy tokens (fp32, through its KV cache
+    when it has one), so variants are judged on the text the reference writes."""
+    from graylane.builder.samples import continued
+    from graylane.builder.validation import generation_prompts
+    from graylane.engine_worker.tasks import generate_with_cache, kv_cache_layout
+
+    prompts = generation_prompts(samples, samples.count, tokens, source.max_seq_len)
+    runner = open_runner(source.path)
+    try:
+        if kv_cache_layout(runner.engine.io) is not None:
+            results = generate_with_cache(
+                runner.engine,
+                [list(p) for p in prompts],
+                tokens,
+                None,
+                source.max_seq_len or 4096,
+                max_batch_size=8,
+            )
+            extra: list[list[int]] = [list(r.tokens) for r in results]
+        else:
+            from graylane.builder.validation import greedy_generate
+
+            extra = [list(row) for row in greedy_generate(runner, prompts, tokens, source.pad_id)]
+    finally:
+        runner.engine.close()
+    return continued(samples, extra)
 
 
 def _variant_inputs(
@@ -282,6 +318,7 @@ def _variant_inputs(
         percentile=spec.calibration_percentile,
         external_data=source.external,
         op_types_to_quantize=spec.quantize_ops,
+        weight_only=spec.weight_only,
     )
 
 
@@ -332,12 +369,18 @@ class SourceModel:
     """Its weights are (or must be) stored as external data."""
     tokenizer: Path | None = None
     """The ``tokenizer.json`` every artifact carries (``info.tokenizer`` records it)."""
+    extra_files: tuple[Path, ...] = ()
+    """Further files every artifact carries (a GGUF's ``tokenizer_config.json``: its chat
+    template)."""
     notes: tuple[str, ...] = ()
     """What reading the source changed (a corrected axis declaration)."""
 
 
 def resolve_source(spec: BuildSpec, store: ArtifactStore) -> Path:
-    """The source ONNX path; the demo model is generated into the store's cache once."""
+    """The source ONNX path; the demo model is generated, and a GGUF imported
+    (:func:`import_gguf_cached`), into the store's cache once."""
+    if isinstance(spec.source, GgufSource):
+        return import_gguf_cached(spec.source.path, store).model
     if isinstance(spec.source, FileSource):
         if not spec.source.path.is_file():
             raise BuildError(f"source model {spec.source.path} does not exist")
@@ -359,13 +402,56 @@ def resolve_source(spec: BuildSpec, store: ArtifactStore) -> Path:
     raise BuildError(f"unknown source {spec.source!r}")
 
 
+def import_gguf_cached(path: Path, store: ArtifactStore) -> GgufImport:
+    """The ONNX export folder of a GGUF file, imported once into the store's source cache.
+
+    The folder is keyed by the file's sha256 and the importer's version, written beside
+    and renamed into place, so a build that finds it imports nothing and an interrupted
+    import leaves nothing half-written behind.
+    """
+    from graylane.models.gguf_import import (
+        IMPORTER_VERSION,
+        GgufImportError,
+        import_gguf,
+        read_import,
+    )
+
+    if not path.is_file():
+        raise BuildError(f"source model {path} does not exist")
+    digest = sha256_file(path)
+    folder = store.cache_dir(CacheKind.SOURCES) / (
+        f"gguf-{path.stem}-{digest[:16]}-import{IMPORTER_VERSION}"
+    )
+    found = read_import(folder)
+    if found is not None:
+        return found
+    partial_dir = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
+    shutil.rmtree(partial_dir, ignore_errors=True)
+    try:
+        imported = import_gguf(path, partial_dir, source_sha256=digest)
+    except GgufImportError as exc:
+        shutil.rmtree(partial_dir, ignore_errors=True)
+        raise BuildError(str(exc)) from None
+    try:
+        partial_dir.rename(folder)
+    except OSError:  # another build imported it meanwhile
+        shutil.rmtree(partial_dir, ignore_errors=True)
+    found = read_import(folder)
+    if found is None:
+        raise BuildError(f"the import of {path.name} into {folder} did not complete")
+    return replace(found, duration_s=imported.duration_s, cache_hit=False)
+
+
 def read_source(spec: BuildSpec, store: ArtifactStore) -> SourceModel:
     """Resolve the source, hash it and read its signature, model info and metadata.
 
     A merged decoder whose mask is declared as wide as ``input_ids``
     (:mod:`graylane.artifacts.decoder_axes`) is built from a copy with the mask's
-    axis corrected; the version keeps the digest of the file the spec names.
+    axis corrected, and a GGUF from its ONNX import; the version keeps the digest of
+    the file the spec names.
     """
+    if isinstance(spec.source, GgufSource):
+        return _read_gguf_source(spec, store)
     source = resolve_source(spec, store)
     header = load_header(source)
     source_sha = sha256_file(source)
@@ -404,6 +490,38 @@ def read_source(spec: BuildSpec, store: ArtifactStore) -> SourceModel:
     )
 
 
+def _read_gguf_source(spec: BuildSpec, store: ArtifactStore) -> SourceModel:
+    """A GGUF source: its ONNX import (cached), tokenizer and chat template; the version
+    records the GGUF file's digest."""
+    assert isinstance(spec.source, GgufSource)
+    imported = import_gguf_cached(spec.source.path, store)
+    header = load_header(imported.model)
+    info = replace(
+        read_model_info(header, task=spec.task, vocab_size=spec.vocab_size),
+        max_seq_len=imported.config.max_position_embeddings,
+    )
+    info = replace(
+        info,
+        tokenizer=_tokenizer_record(imported.tokenizer, info, imported.eos_id),
+    )
+    how = "cache hit" if imported.cache_hit else f"imported in {imported.duration_s:.0f}s"
+    return SourceModel(
+        path=imported.model,
+        sha256=imported.source_sha256,
+        signature=io_signature(header),
+        info=info,
+        max_seq_len=imported.config.max_position_embeddings,
+        pad_id=0,
+        external=imported.model.with_name(imported.model.name + ".data").exists(),
+        tokenizer=imported.tokenizer,
+        extra_files=tuple(p for p in (imported.tokenizer_config,) if p.is_file()),
+        notes=(
+            f"source {spec.source.path.name} (GGUF, sha256 {imported.source_sha256[:12]}…) "
+            f"imported as an ONNX decoder without torch ({how}; {imported.folder.name})",
+        ),
+    )
+
+
 def _spec_source_folder(spec: BuildSpec, resolved: Path) -> Path:
     """The folder of the source file the spec names (a corrected copy lives elsewhere)."""
     return spec.source.path.parent if isinstance(spec.source, FileSource) else resolved.parent
@@ -428,10 +546,14 @@ def _corrected_copy(
 
 def _tokenizer_file(spec: BuildSpec, info: ModelInfo) -> TokenizerFile:
     """What the manifests record of the spec's tokenizer, once it reads and fits the model."""
+    assert spec.tokenizer is not None
+    return _tokenizer_record(spec.tokenizer.path, info, spec.tokenizer.eos_token_id)
+
+
+def _tokenizer_record(path: Path, info: ModelInfo, eos: int | None) -> TokenizerFile:
+    """What the manifests record of a tokenizer, once it reads and fits the model."""
     from graylane.models.hf_tokenizer import HfTokenizer, TokenizerLoadError
 
-    assert spec.tokenizer is not None
-    path = spec.tokenizer.path
     if not path.is_file():
         raise BuildError(f"tokenizer {path} does not exist")
     try:
@@ -442,7 +564,6 @@ def _tokenizer_file(spec: BuildSpec, info: ModelInfo) -> TokenizerFile:
         raise BuildError(
             f"tokenizer {path.name} has {vocab} tokens, the model takes {info.vocab_size}"
         )
-    eos = spec.tokenizer.eos_token_id
     if eos is None:
         eos = eos_from_hf_configs(path.parent, tokenizer=path)
     return TokenizerFile(file=path.name, sha256=sha256_file(path), eos_token_id=eos)
@@ -561,6 +682,7 @@ def refine_variants(
         timing_batches=validation.batches,
         step=progress.step,
         done=lambda message, ok: progress.done(message, ok=ok),
+        note=progress.note,
     )
 
 
@@ -698,8 +820,12 @@ def publish_variants(
     notes: list[str],
     artifacts: ArtifactStore,
     progress: ProgressSink,
+    *,
+    data: str | None = None,
 ) -> tuple[list[VariantReport], list[Path]]:
-    """Publish every produced variant and its engines; (reports, published folders)."""
+    """Publish every produced variant and its engines; (reports, published folders).
+
+    ``data``: what the variants were validated on (recorded with each validation)."""
     progress.step("publishing artifacts")
     host = build_host(probe_gpu=True)
     commit = git_commit(_REPO_ROOT)
@@ -736,14 +862,15 @@ def publish_variants(
             servable=servable,
             forced=forced,
             calibration=_calibration_info(outcome),
-            validation=_validation_info(result),
+            validation=_validation_info(result, data),
             notes=outcome.notes + tuple(notes),
             model_info=source.info,
             partial_quantization=partials.get(precision),
+            weight_only=outcome.weight_only,
         )
         folder = artifacts.publish(
             name,
-            outcome.files + ((source.tokenizer,) if source.tokenizer else ()),
+            outcome.files + ((source.tokenizer,) if source.tokenizer else ()) + source.extra_files,
             partial(with_files, manifest_base),
             replace=spec.force,
         )
@@ -784,31 +911,52 @@ def register_step(
     *,
     store: Path | None = None,
 ) -> bool:
-    """Record the published artifacts in the registry unless a variant failed; registered?"""
+    """Record the servable artifacts in the registry; registered?
+
+    A variant that failed or missed its tolerance does not hold the others back: the
+    version is registered with its servable variants and the rest are named in the notes
+    (the build still reports failure: exit status 2). Nothing is registered when the
+    reference variant itself is not servable, since every other one is judged against it.
+    """
     registered = False
     failed = not variants_ok(reports)
     progress.step("registering")
-    if failed:
-        notes.append("not registered: the build failed (a variant failed or is not servable)")
-    elif registry is not None and published:
+    counted = [r for r in reports if r.backend is not Backend.TENSORRT]
+    servable = {r.folder for r in reports if r.servable and r.folder is not None}
+    made = [r for r in counted if r.status is not VariantStatus.SKIPPED]
+    reference_ok = bool(made) and made[0].servable  # the reference is produced first
+    left_out = [
+        r.precision.value
+        for r in counted
+        if r.status is not VariantStatus.SKIPPED and not (r.servable and r.folder is not None)
+    ]
+    chosen = [folder for folder in published if folder in servable]
+    if failed and not reference_ok:
+        notes.append("not registered: the reference variant is not servable")
+    elif registry is not None and chosen:
         register_build(
             registry,
             spec.model,
             spec.version,
             source.sha256,
-            [(read_manifest(folder), folder) for folder in published],
+            [(read_manifest(folder), folder) for folder in chosen],
             replace=spec.force,
             store=store,
         )
         registered = True
-    progress.done(
-        "registered in the model registry"
-        if registered
-        else "registry: not registered, the build failed"
-        if failed
-        else "registry: skipped",
-        ok=not failed,
-    )
+        if left_out:
+            notes.append(
+                f"registered with its servable variants; not registered: {', '.join(left_out)}"
+            )
+    if registered:
+        message = "registered in the model registry" + (
+            f" (without {', '.join(left_out)})" if left_out else ""
+        )
+    elif failed:
+        message = "registry: not registered, the reference variant failed"
+    else:
+        message = "registry: skipped"
+    progress.done(message, ok=not failed)
     return registered
 
 
@@ -823,8 +971,10 @@ def _servable(
     return (True, True) if force else (False, False)
 
 
-def _validation_info(result: ValidationResult | None) -> ValidationInfo | None:
-    """The manifest's record of a validation result."""
+def _validation_info(
+    result: ValidationResult | None, data: str | None = None
+) -> ValidationInfo | None:
+    """The manifest's record of a validation result (and what it was judged on)."""
     if result is None:
         return None
     return ValidationInfo(
@@ -834,6 +984,7 @@ def _validation_info(result: ValidationResult | None) -> ValidationInfo | None:
         failures=result.failures,
         error=result.error,
         comparison=result.comparison,
+        data=data,
     )
 
 

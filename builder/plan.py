@@ -42,16 +42,26 @@ class VariantPlan:
     """Requested precisions this build does not make, and why."""
 
 
+_LABELS = {
+    SourceQuantization.DYNAMIC: Precision.INT8_DYNAMIC,
+    SourceQuantization.WEIGHT_ONLY_8BIT: Precision.INT8_WEIGHT_ONLY,
+    SourceQuantization.WEIGHT_ONLY_4BIT: Precision.INT4,
+}
+"""What an already quantized source is published as (else ``int8``: QDQ or QOperator)."""
+
+
 def plan_variants(requested: Sequence[Precision], quantization: SourceQuantization) -> VariantPlan:
     if quantization is SourceQuantization.NONE:
         return VariantPlan(Precision.FP32, tuple(requested), copy_source=False, skipped={})
-    label = Precision.INT8_DYNAMIC if quantization is SourceQuantization.DYNAMIC else Precision.INT8
+    label = _LABELS.get(quantization, Precision.INT8)
     what = f"the source is already quantized ({quantization.value})"
     reasons = {
         Precision.FP32: f"{what}; it is published as {label.value}, not relabelled fp32",
         Precision.FP16: f"{what}; fp16 conversion would cast its quantization scales",
         Precision.INT8: f"{what}; there are no float activations left to calibrate",
         Precision.INT8_DYNAMIC: f"{what}; int8-dynamic would re-quantize int8 weights",
+        Precision.INT8_WEIGHT_ONLY: f"{what}; its weights are quantized already",
+        Precision.INT4: f"{what}; its weights are quantized already",
     }
     skipped = {p: reasons[p] for p in requested if p is not label}
     return VariantPlan(label, (label,), copy_source=True, skipped=skipped)
@@ -89,9 +99,12 @@ def default_validation(
 
 
 def with_tokenizer(data: DataSpec, tokenizer: Path | None) -> DataSpec:
-    """The ``text`` generator encodes with the build's tokenizer."""
+    """The ``text`` generator and a prompts file encode with the build's tokenizer."""
     source = data.source
-    if not isinstance(source, GeneratorData) or source.generator is not Generator.TEXT:
+    if not isinstance(source, GeneratorData) or source.generator not in (
+        Generator.TEXT,
+        Generator.PROMPTS,
+    ):
         return data
     return replace(data, source=replace(source, tokenizer=tokenizer))
 

@@ -30,6 +30,9 @@ class ProgressSink(Protocol):
     def done(self, message: str, ok: bool = True) -> None:
         """The current step ended; ``message`` is its one-line result."""
 
+    def note(self, message: str) -> None:
+        """A line within the current step (a search's trial); the step goes on."""
+
     def end(self) -> None:
         """The job finished (or failed); release the display."""
 
@@ -44,6 +47,9 @@ class NullProgress:
         pass
 
     def done(self, message: str, ok: bool = True) -> None:
+        pass
+
+    def note(self, message: str) -> None:
         pass
 
     def end(self) -> None:
@@ -79,6 +85,9 @@ class RichProgress:
         self._progress.console.print(f"{mark} {message}", highlight=False)
         if self._task is not None:
             self._progress.advance(self._task)
+
+    def note(self, message: str) -> None:
+        self._progress.console.print(f"  {message}", highlight=False)
 
     def end(self) -> None:
         self._progress.stop()

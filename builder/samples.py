@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +14,7 @@ from graylane.builder.spec import DataSpec, Generator, GeneratorData, NpzData
 from graylane.engine.signature import DECODER_INPUTS, IOSignature, TensorSpec
 from graylane.errors import GraylaneError
 
-__all__ = ["SampleError", "SampleSet", "demo_sentences", "load_samples"]
+__all__ = ["SampleError", "SampleSet", "continued", "demo_sentences", "load_samples"]
 
 Feeds = Mapping[str, np.ndarray]
 
@@ -32,6 +32,11 @@ class SampleSet:
     labels: tuple[np.ndarray, ...] | None = None
     """Per batch, the expected class of each row (``labels`` in the .npz), when given:
     shape ``[batch]`` (one class per sample) or ``[batch, seq]`` (one per position)."""
+    score_masks: tuple[np.ndarray, ...] | None = None
+    """Per batch, the positions a variant is judged on, when not every real one: for
+    prompts continued by fp32, the positions that predict the continuation."""
+    description: str = ""
+    """What the samples are, for the report (a prompts file, random tokens, ...)."""
 
     @property
     def count(self) -> int:
@@ -81,7 +86,56 @@ def load_samples(spec: DataSpec, signature: IOSignature, max_seq_len: int | None
     else:
         columns = _generate(spec.source, spec.samples, spec.seed, signature, max_seq_len)
     batches = _batched(columns, spec.batch_size)
-    return SampleSet(batches=batches, digest=_content_digest(batches), labels=labels)
+    return SampleSet(
+        batches=batches, digest=_content_digest(batches), labels=labels, description=_describe(spec)
+    )
+
+
+def _describe(spec: DataSpec) -> str:
+    source = spec.source
+    if isinstance(source, NpzData):
+        return f"{spec.samples} samples from {source.path.name}"
+    if source.generator is Generator.PROMPTS and source.prompts is not None:
+        return f"{spec.samples} prompts of {source.prompts.name} (real text)"
+    if source.generator is Generator.RANDOM:
+        return f"{spec.samples} random samples (fallback: no validation data named)"
+    return f"{spec.samples} samples of the '{source.generator.value}' generator"
+
+
+def continued(samples: SampleSet, continuations: Sequence[Sequence[int]]) -> SampleSet:
+    """Each row's prompt followed by its continuation (fp32's greedy tokens), judged on the
+    positions that predict the continuation: the text the reference writes, forced.
+
+    ``continuations`` are in row order; rows are right-padded to the longest.
+    """
+    rows = list(samples.rows())
+    if len(rows) != len(continuations):
+        raise SampleError(f"{len(continuations)} continuations for {len(rows)} samples")
+    ids_name, mask_name = DECODER_INPUTS
+    full: list[list[int]] = []
+    starts: list[int] = []
+    for row, extra in zip(rows, continuations, strict=True):
+        prompt = [int(t) for t in row[ids_name][0][row[mask_name][0].astype(bool)]]
+        full.append(prompt + [int(t) for t in extra])
+        starts.append(len(prompt) - 1)
+    width = max(len(r) for r in full)
+    ids = np.zeros((len(full), width), dtype=np.int64)
+    mask = np.zeros((len(full), width), dtype=np.int64)
+    score = np.zeros((len(full), width), dtype=np.int64)
+    for i, (tokens, start) in enumerate(zip(full, starts, strict=True)):
+        ids[i, : len(tokens)] = tokens
+        mask[i, : len(tokens)] = 1
+        score[i, start : len(tokens) - 1] = 1
+    batch_size = int(next(iter(samples.batches[0].values())).shape[0]) if samples.batches else 1
+    batches = _batched({ids_name: ids, mask_name: mask}, batch_size)
+    masks = tuple(score[i : i + batch_size] for i in range(0, len(full), batch_size))
+    return SampleSet(
+        batches=batches,
+        digest=_content_digest(batches),
+        score_masks=masks,
+        description=f"{samples.description}, each continued by fp32's "
+        f"{max((len(c) for c in continuations), default=0)} greedy tokens (judged on those)",
+    )
 
 
 LABELS = "labels"
@@ -161,6 +215,13 @@ def _generate(
                 "logits out) and the build's tokenizer"
             )
         return _tokenized_text(rng, samples, seq_len, source.tokenizer)
+    if source.generator is Generator.PROMPTS:
+        if not signature.is_decoder or source.tokenizer is None or source.prompts is None:
+            raise SampleError(
+                "prompts need a decoder model (input_ids, attention_mask in, logits out) "
+                "and the build's tokenizer"
+            )
+        return _prompt_rows(source.prompts, samples, seq_len, source.tokenizer)
     highs, shapes = dict(source.int_highs), dict(source.shapes)
     # Positions and a decoder's (empty) past are derived, as the worker derives them
     # (builder.runtime.complete_feeds): no samples.
@@ -233,6 +294,28 @@ def _tokenized_text(
             tokens.extend(encoded[int(rng.integers(len(encoded)))])
         ids[row, :length] = tokens[:length]
         mask[row, :length] = 1
+    return {DECODER_INPUTS[0]: ids, DECODER_INPUTS[1]: mask}
+
+
+def _prompt_rows(
+    prompts: Path, samples: int, seq_len: int, tokenizer: Path
+) -> dict[str, np.ndarray]:
+    """The first ``samples`` prompts of the file, one per row, encoded as the worker encodes
+    a completion's prompt, cut to ``seq_len`` and right-padded (id 0, mask 0)."""
+    from graylane.builder.spec import read_prompts
+    from graylane.models.hf_tokenizer import HfTokenizer
+
+    encoder = HfTokenizer(tokenizer)
+    texts = read_prompts(prompts)
+    if len(texts) < samples:
+        raise SampleError(f"{prompts}: holds {len(texts)} prompts, the spec asks for {samples}")
+    encoded = [encoder.encode(text)[:seq_len] for text in texts[:samples]]
+    width = max(len(e) for e in encoded)
+    ids = np.zeros((samples, width), dtype=np.int64)
+    mask = np.zeros((samples, width), dtype=np.int64)
+    for row, tokens in enumerate(encoded):
+        ids[row, : len(tokens)] = tokens
+        mask[row, : len(tokens)] = 1
     return {DECODER_INPUTS[0]: ids, DECODER_INPUTS[1]: mask}
 
 

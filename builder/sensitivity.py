@@ -33,7 +33,13 @@ from graylane.builder.runtime import open_runner
 from graylane.builder.samples import SampleSet
 from graylane.builder.spec import PartialQuantizationSpec
 from graylane.builder.validation import ReferenceOutputs, ValidationResult
-from graylane.builder.variants import VariantInputs, VariantOutcome, VariantStatus, produce_variant
+from graylane.builder.variants import (
+    HEAD_MARKERS,
+    VariantInputs,
+    VariantOutcome,
+    VariantStatus,
+    produce_variant,
+)
 
 __all__ = [
     "QUANTIZED",
@@ -131,20 +137,33 @@ def search_partial(
     fp32_path: Path | None = None,
     timing_batches: Sequence[Mapping[str, np.ndarray]] = (),
     log: Callable[[str], None] = lambda _: None,
+    note: Callable[[str], None] = lambda _: None,
 ) -> PartialSearch:
     """Bring ``precision`` within its tolerance by keeping the most sensitive nodes in float."""
     full_outcome, full_result = full
+    op_types = ("MatMul",) if precision.weight_only else inputs.op_types_to_quantize
     nodes = [
         n
-        for n in quantizable_nodes(inputs.source, inputs.op_types_to_quantize)
+        for n in quantizable_nodes(inputs.source, op_types)
         if n not in inputs.nodes_to_exclude
+        and not (precision.weight_only and any(m in n for m in HEAD_MARKERS))
     ]
     groups = layer_groups(nodes, options.max_groups)
     tried: dict[frozenset[str], tuple[VariantOutcome, ValidationResult]] = {}
+    clock = _TrialClock(options.time_budget_s, options.max_trials)
 
-    def trial(excluded: tuple[str, ...]) -> tuple[VariantOutcome, ValidationResult]:
+    def trial(excluded: tuple[str, ...]) -> tuple[VariantOutcome, ValidationResult] | None:
+        """The variant with ``excluded`` kept in float, validated; None when the search's
+        time or trial budget would be passed by one more."""
         key = frozenset(excluded)
         if key not in tried:
+            if not clock.allows(len(tried)):
+                return None
+            log(
+                f"partial quantization of {precision.value}: trial {len(tried) + 1} "
+                f"(at most {options.max_trials}), {clock.describe()}"
+            )
+            began = time.perf_counter()
             work = inputs.work_dir / f"partial-{precision.value}-{len(tried)}"
             outcome = produce_variant(
                 precision,
@@ -164,6 +183,13 @@ def search_partial(
             else:
                 result = evaluate(outcome.path)
             tried[key] = (outcome, result)
+            clock.spent(time.perf_counter() - began)
+            kept = _summary(excluded)
+            verdict = " (within tolerance)" if result.passed else ""
+            note(
+                f"trial {len(tried)}: {kept} in float, top-1 {_top1(result):.4f}{verdict} "
+                f"({clock.trial_s[-1]:.0f}s; {clock.describe()})"
+            )
         return tried[key]
 
     sensitivity: list[GroupSensitivity] = []
@@ -172,9 +198,11 @@ def search_partial(
     for name, members in reversed(groups):
         if len(members) > options.node_budget:
             continue
-        _, result = trial(members)
+        probed = trial(members)
+        if probed is None:
+            break
+        _, result = probed
         sensitivity.append(GroupSensitivity(name, members, _top1(result), _cosine(result)))
-        log(f"probe {name}: top-1 {_top1(result):.4f} kept in float")
         if result.passed and len(members) == min(len(m) for _, m in groups):
             break
     sensitivity.sort(key=lambda s: (s.top1_agreement, s.cosine), reverse=True)
@@ -184,9 +212,11 @@ def search_partial(
     for group in sensitivity:
         if len(excluded) + len(group.nodes) > options.node_budget:
             continue
+        attempt = trial((*excluded, *group.nodes))
+        if attempt is None:
+            break
         excluded.extend(group.nodes)
-        best = trial(tuple(excluded))
-        log(f"kept in float {len(excluded)} node(s): top-1 {_top1(best[1]):.4f}")
+        best = attempt
         if best[1].passed:
             break
     passed = best is not None and best[1].passed
@@ -212,6 +242,8 @@ def search_partial(
         kept_float=tuple(excluded) if passed else (),
         passed=passed,
         trials=len(tried),
+        stopped_by=clock.stopped_by,
+        duration_s=round(clock.elapsed, 1),
         sensitivity=tuple(sensitivity),
         fp32_ms=fp32_ms,
         variant_ms=variant_ms,
@@ -220,7 +252,53 @@ def search_partial(
     return PartialSearch(outcome=chosen[0], result=chosen[1], info=info)
 
 
-QUANTIZED = (Precision.INT8, Precision.INT8_DYNAMIC)
+def _summary(nodes: Sequence[str]) -> str:
+    layers = sorted({_layer_of(n) for n in nodes})
+    return f"{len(nodes)} node(s) of {', '.join(layers[:6])}{' …' if len(layers) > 6 else ''}"
+
+
+class _TrialClock:
+    """The search's budget: wall-clock time and trial count, and an estimate of the next."""
+
+    def __init__(self, budget_s: float, max_trials: int) -> None:
+        self.budget_s = budget_s
+        self.max_trials = max_trials
+        self.started = time.perf_counter()
+        self.trial_s: list[float] = []
+        self.stopped_by: str | None = None
+        """Why the search ended early (``time budget``, ``trial budget``), if it did."""
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def spent(self, seconds: float) -> None:
+        self.trial_s.append(seconds)
+
+    def allows(self, trials: int) -> bool:
+        """Whether one more trial fits: under the trial cap, and (by the mean so far) the
+        time budget."""
+        if trials >= self.max_trials:
+            self.stopped_by = f"trial budget ({self.max_trials})"
+            return False
+        estimate = sum(self.trial_s) / len(self.trial_s) if self.trial_s else 0.0
+        if self.elapsed + estimate > self.budget_s:
+            self.stopped_by = f"time budget ({self.budget_s:.0f}s)"
+            return False
+        return True
+
+    def describe(self) -> str:
+        each = sum(self.trial_s) / len(self.trial_s) if self.trial_s else None
+        per = f", ~{each:.0f}s per trial" if each is not None else ""
+        return f"{self.elapsed:.0f}s of {self.budget_s:.0f}s{per}"
+
+
+QUANTIZED = (
+    Precision.INT8,
+    Precision.INT8_DYNAMIC,
+    Precision.INT8_WEIGHT_ONLY,
+    Precision.INT4,
+)
 
 
 def refine_quantized(
@@ -234,6 +312,7 @@ def refine_quantized(
     timing_batches: Sequence[Mapping[str, np.ndarray]],
     step: Callable[[str], None],
     done: Callable[[str, bool], None],
+    note: Callable[[str], None] = lambda _: None,
 ) -> dict[Precision, PartialQuantization]:
     """Run :func:`search_partial` on each int8 variant that ran but missed its tolerance.
 
@@ -262,6 +341,8 @@ def refine_quantized(
             options,
             fp32_path=fp32_path,
             timing_batches=timing_batches,
+            log=step,
+            note=note,
         )
         outcomes[precision], results[precision] = search.outcome, search.result
         records[precision] = search.info
@@ -274,9 +355,11 @@ def refine_quantized(
                 True,
             )
         else:
+            ended = f", stopped by its {info.stopped_by}" if info.stopped_by else ""
             done(
                 f"{precision.value}: no partial variant within tolerance under a budget of "
-                f"{info.node_budget} node(s) ({info.trials} trials)",
+                f"{info.node_budget} node(s) ({info.trials} trials in {info.duration_s:.0f}s"
+                f"{ended})",
                 False,
             )
     return records

@@ -46,6 +46,14 @@ _NOT_FOR_TENSORRT = {
         "int8-dynamic is an ONNX Runtime CPU variant (MatMulInteger / DynamicQuantizeLinear); "
         "TensorRT uses the Q/DQ int8 variant instead"
     ),
+    Precision.INT8_WEIGHT_ONLY: (
+        "int8-weight-only is ONNX Runtime's MatMulNBits (a com.microsoft op TensorRT's ONNX "
+        "parser does not read); TensorRT uses the fp16 or Q/DQ int8 variant instead"
+    ),
+    Precision.INT4: (
+        "int4 here is ONNX Runtime's MatMulNBits (a com.microsoft op TensorRT's ONNX parser "
+        "does not read); TensorRT-LLM serves int4 checkpoints as an engine server"
+    ),
 }
 
 

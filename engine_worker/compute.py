@@ -66,6 +66,7 @@ __all__ = [
     "Outcome",
     "RanBatch",
     "Reloader",
+    "WarmUpLimits",
     "WorkerEngines",
     "WorkerGaveUp",
     "engine_rejection",
@@ -205,28 +206,66 @@ def run_batch(
     return BatchRun(outcomes, (time.perf_counter() - started) * 1000.0, calls)
 
 
+@dataclass(frozen=True, kw_only=True)
+class WarmUpLimits:
+    """What a worker warms before it joins its group: the shapes it will run, in time.
+
+    A decoder's context (8192 positions for SmolLM2) is no warm-up target: a prefill that
+    long costs minutes and grows the engine's memory arena by gigabytes that stay held.
+    Shapes are warmed shortest first, each engine in turn, up to ``max_len`` tokens, and
+    warming stops once ``budget_s`` is spent (what is left is warmed by its first batch).
+    """
+
+    max_len: int | None = 512
+    """The longest sequence warmed (``None``: every bucket up to the model's limit)."""
+    budget_s: float | None = 30.0
+    """Wall-clock time warm-up may take (``None``: no limit)."""
+
+
 def warm_up(
     engines: Iterable[InferenceEngine],
     policy: BucketPolicy,
     max_seq_len: int,
     profiles: Sequence[ShapeProfile] = (),
     info: ModelInfo | None = None,
+    limits: WarmUpLimits | None = None,
 ) -> int:
-    """Run every engine once per warm-up shape (:func:`warm_up_feeds`); the runs.
+    """Run every engine once per warm-up shape (:func:`warm_up_feeds`) within ``limits``;
+    the runs.
 
     A shape an engine refuses is logged and skipped: warm-up never stops a worker.
     """
-    runs = 0
-    for engine in engines:
-        for feeds in warm_up_feeds(engine.io, profiles, policy.buckets, max_seq_len, info):
+    limits = limits or WarmUpLimits()
+    started = time.perf_counter()
+    cap = max_seq_len if limits.max_len is None else min(max_seq_len, limits.max_len)
+    plans = [
+        (engine, sorted(warm_up_feeds(engine.io, profiles, policy.buckets, cap, info), key=_size))
+        for engine in engines
+    ]
+    runs = skipped = 0
+    for engine, shapes in plans:
+        for feeds in shapes:
+            if limits.budget_s is not None and time.perf_counter() - started > limits.budget_s:
+                skipped += 1
+                continue
             try:
                 engine.run(feeds)
             except EngineError as exc:
-                shapes = {k: v.shape for k, v in feeds.items()}
-                log.warning("warm-up of %s at %s skipped: %s", engine.variant, shapes, exc)
+                dims = {k: v.shape for k, v in feeds.items()}
+                log.warning("warm-up of %s at %s skipped: %s", engine.variant, dims, exc)
                 continue
             runs += 1
+    if skipped:
+        log.info(
+            "warm-up budget of %.0fs spent: %d shape(s) left to their first batch",
+            limits.budget_s or 0.0,
+            skipped,
+        )
     return runs
+
+
+def _size(feeds: Feeds) -> int:
+    return sum(int(v.size) for v in feeds.values())
 
 
 # --- shapes to warm up and batch with ---------------------------------------------------

@@ -11,6 +11,7 @@ from graylane.artifacts.model_info import ModelInfo
 from graylane.artifacts.signing import RefusedArtifact
 from graylane.engine.server import EngineEndpoint
 from graylane.engine_worker.batching import DEFAULT_BUCKETS
+from graylane.engine_worker.compute import WarmUpLimits
 from graylane.engine_worker.engine_server import EngineServerSettings
 from graylane.engine_worker.faults import FaultInjection
 from graylane.engine_worker.generation import StreamPolicy
@@ -65,7 +66,10 @@ class WorkerConfig:
     max_prefill_tokens: int = 0
     """Prompt tokens prefilled in one decode step (0 = no cap; one prompt always joins)."""
     max_kv_tokens: int = 0
-    """Cache positions the running sequences may reserve together (0 = no cap)."""
+    """Cache positions the running sequences may reserve together (0 = no cap; the CLI
+    derives it from ``--kv-cache-mb``: :func:`~graylane.engine_worker.tasks.kv_tokens_for`)."""
+    warm_up: WarmUpLimits = field(default_factory=WarmUpLimits)
+    """Which shapes are warmed before joining the group, and for how long at most."""
     stream: StreamPolicy = field(default_factory=StreamPolicy)
     """When a streamed generation publishes a chunk (a request may name its own)."""
     max_in_flight: int = 8

@@ -269,6 +269,7 @@ class NativeBackend:
             self.limits.max_seq_len,
             cfg.profiles,
             cfg.model_info,
+            cfg.warm_up,
         )
 
     async def warm_up(self, *, low_priority: bool) -> int:

@@ -191,6 +191,13 @@ class DemoByteTokenizer:
 
 
 @runtime_checkable
+class EncodesRendered(Protocol):
+    """A tokenizer that encodes a chat template's output without adding special tokens."""
+
+    def encode_rendered(self, text: str) -> tuple[int, ...]: ...
+
+
+@runtime_checkable
 class KnowsEos(Protocol):
     """A tokenizer that knows the model's end-of-sequence token."""
 
@@ -286,7 +293,12 @@ def request_facts(
     token_ids: tuple[int, ...] = tuple(request.token_ids)
     prompt = request.prompt or None
     if prompt is not None and not token_ids and tokenizer is not None:
-        token_ids, prompt = tokenizer.encode(prompt), None
+        if request.messages and isinstance(tokenizer, EncodesRendered):
+            # A chat: the gateway rendered the model's template, which placed the special
+            # tokens itself; encoding as transformers' apply_chat_template does adds none.
+            token_ids, prompt = tokenizer.encode_rendered(prompt), None
+        else:
+            token_ids, prompt = tokenizer.encode(prompt), None
     gen = request.generation
     sampling = sampling_params(gen) if task is TaskKind.GENERATE else GREEDY
     if isinstance(sampling, Rejection):

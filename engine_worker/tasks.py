@@ -76,7 +76,9 @@ __all__ = [
     "TokenLayout",
     "generate_with_cache",
     "generation_layout",
+    "kv_bytes_per_token",
     "kv_cache_layout",
+    "kv_tokens_for",
     "request_inputs",
     "run_forward",
     "run_generate",
@@ -775,6 +777,21 @@ def kv_cache_layout(io: IOSignature) -> KvCacheLayout | None:
     )
     derived = tuple(s.name for s in io.inputs if s.name not in (INPUT_IDS, ATTENTION_MASK))
     return replace(layout, tokens=replace(layout.tokens, derived=derived))
+
+
+def kv_bytes_per_token(layout: KvCacheLayout) -> int:
+    """Cache bytes one position of one sequence holds: keys and values of every layer."""
+    return 2 * layout.n_layers * layout.n_heads * layout.head_dim * layout.cache_dtype.itemsize
+
+
+def kv_tokens_for(layout: KvCacheLayout, budget_mb: float) -> int:
+    """Cache positions (summed over the running sequences) that ``budget_mb`` MiB holds.
+
+    SmolLM2-135M (30 layers, 3 KV heads of 64, float32): 45 KiB a position, so 512 MiB
+    hold 11,650 positions: 8 sequences of 1,456 tokens, not 8 of its 8,192-token context
+    (2.9 GiB).
+    """
+    return max(1, int(budget_mb * (1 << 20)) // kv_bytes_per_token(layout))
 
 
 def generation_layout(io: IOSignature) -> TokenLayout | None:

@@ -29,6 +29,7 @@ __all__ = [
 
 Subparsers = argparse._SubParsersAction
 _WARMUP = 3
+_DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "builder" / "examples" / "prompts-en.txt"
 
 
 @dataclass(frozen=True)
@@ -112,11 +113,38 @@ def add_bench_variants_parser(
     parser.add_argument(
         "--store", type=Path, help="artifact store for caches (default GRAYLANE_ARTIFACT_DIR)"
     )
+    decoder = parser.add_argument_group(
+        "a decoder's rungs (instead of the demo GPT): tokens/s at batch 1 and --batch, TTFT, "
+        "agreement with the first variant (fp32) on real text"
+    )
+    decoder.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a variant's model.onnx or artifact folder, fp32 first (repeatable)",
+    )
+    decoder.add_argument("--tokenizer", type=Path, help="default: tokenizer.json beside the first")
+    decoder.add_argument(
+        "--prompts", type=Path, default=_DEFAULT_PROMPTS, help="prompts file, one per line"
+    )
+    decoder.add_argument("--count", type=int, default=16, help="prompts used")
+    decoder.add_argument("--new-tokens", type=int, default=16, help="greedy tokens per prompt")
+    decoder.add_argument("--batch", type=int, default=8, help="the worker's batch size")
+    decoder.add_argument(
+        "--min-top1", type=float, default=0.97, help="the quality floor of 'fastest rung'"
+    )
     parser.set_defaults(handler=cmd_bench_variants)
     return parser
 
 
 def cmd_bench_variants(args: argparse.Namespace) -> int:
+    if getattr(args, "variant", None):
+        from graylane.app.bench.decoder_variants import cmd_bench_decoder_variants
+
+        if args.threads is None:
+            args.threads = 1
+        return cmd_bench_decoder_variants(args)
     from rich.console import Console
     from rich.table import Table
 

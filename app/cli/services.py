@@ -93,6 +93,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "tokens each (0 = no cap)",
     )
     gen.add_argument(
+        "--kv-cache-mb",
+        type=float,
+        default=512.0,
+        help="memory for the KV cache of the running sequences (MiB): caps the positions "
+        "they reserve together, rows x length (--max-kv-tokens, when given, wins; 0 = no cap)",
+    )
+    gen.add_argument(
         "--max-new-tokens",
         type=int,
         default=256,
@@ -116,6 +123,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="decode GENERATE requests per fetched batch instead of one continuous batch",
     )
     worker.add_argument("--threads", type=int, default=0, help="engine threads (0 = default)")
+    worker.add_argument(
+        "--warmup-max-len",
+        type=int,
+        default=512,
+        help="the longest sequence warmed before joining the group (0 = every bucket up to "
+        "the model's limit)",
+    )
+    worker.add_argument(
+        "--warmup-budget-s",
+        type=float,
+        default=30.0,
+        help="time warm-up may take; shapes left over warm on their first batch (0 = no limit)",
+    )
     _engine_server_args(worker)
     add_observability_args(worker)
     worker.add_argument("--worker-id", default="", help="this worker's id (default: host and pid)")
@@ -403,7 +423,7 @@ def _worker(args: argparse.Namespace) -> int:
     from graylane.artifacts.build_info import ShapeProfile
     from graylane.artifacts.model_info import ModelInfo
     from graylane.engine.protocol import InferenceEngine
-    from graylane.engine_worker.compute import profile_max_batch
+    from graylane.engine_worker.compute import WarmUpLimits, profile_max_batch
     from graylane.engine_worker.config import WorkerConfig
     from graylane.engine_worker.faults import FaultInjection
     from graylane.engine_worker.generation import StreamPolicy
@@ -492,7 +512,10 @@ def _worker(args: argparse.Namespace) -> int:
         continuous_batching=not args.per_batch_generation,
         max_sequences=args.max_sequences,
         max_prefill_tokens=args.max_prefill_tokens,
-        max_kv_tokens=args.max_kv_tokens,
+        max_kv_tokens=args.max_kv_tokens or _kv_tokens(engines, args.kv_cache_mb),
+        warm_up=WarmUpLimits(
+            max_len=args.warmup_max_len or None, budget_s=args.warmup_budget_s or None
+        ),
         stream=StreamPolicy(every_tokens=args.stream_every_tokens, every_ms=args.stream_every_ms),
         faults=FaultInjection(
             extra_latency_ms=args.inject_latency_ms,
@@ -539,6 +562,16 @@ def _serve_engine_servers(
     )
     worker = Worker(KafkaFactory(settings), config)
     return run_service(worker.run)
+
+
+def _kv_tokens(engines: Mapping[str, Any], budget_mb: float) -> int:
+    """Cache positions ``budget_mb`` holds for the engines' decoder (0: no decoder, or no cap)."""
+    from graylane.engine_worker.tasks import kv_cache_layout, kv_tokens_for
+
+    layouts = [layout for e in engines.values() if (layout := kv_cache_layout(e.io)) is not None]
+    if not layouts or budget_mb <= 0:
+        return 0
+    return min(kv_tokens_for(layout, budget_mb) for layout in layouts)
 
 
 def _buckets_up_to(max_seq: int) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ __all__ = [
     "PartialQuantization",
     "ShapeProfile",
     "Tolerance",
+    "WeightOnlyQuantization",
 ]
 
 
@@ -140,9 +141,60 @@ class PartialQuantization:
     fp32_ms: float | None = None
     variant_ms: float | None = None
     full_ms: float | None = None
+    stopped_by: str | None = None
+    """Why the search ended before it was done (its time or trial budget), if it did."""
+    duration_s: float | None = None
 
     @property
     def speedup_vs_fp32(self) -> float | None:
         if not self.fp32_ms or not self.variant_ms:
             return None
         return self.fp32_ms / self.variant_ms
+
+
+@dataclass(frozen=True)
+class WeightOnlyQuantization:
+    """How a weight-only variant (``int8-weight-only``, ``int4``) was quantized.
+
+    ONNX Runtime's ``MatMulNBits``: each constant ``MatMul`` weight in blocks of
+    ``block_size`` along its input axis, ``bits`` per weight, one scale (and a zero point
+    unless ``symmetric``) per block, rounded to nearest (``algorithm`` ``rtn``).
+    ``accuracy_level`` 4 lets the kernel quantize activations to int8 per block and
+    compute in int8 (fast on CPUs); 0 dequantizes weights and computes in float.
+    ``kept_float`` are the nodes left in float (the output head always, and what the spec
+    or the partial-quantization search added).
+    """
+
+    bits: int
+    block_size: int
+    symmetric: bool
+    accuracy_level: int
+    algorithm: str
+    quantized_nodes: int
+    kept_float: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "bits": self.bits,
+            "block_size": self.block_size,
+            "symmetric": self.symmetric,
+            "accuracy_level": self.accuracy_level,
+            "algorithm": self.algorithm,
+            "quantized_nodes": self.quantized_nodes,
+            "kept_float": list(self.kept_float),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, object] | None) -> WeightOnlyQuantization | None:
+        if raw is None:
+            return None
+        kept = raw.get("kept_float", ())
+        return cls(
+            bits=int(str(raw["bits"])),
+            block_size=int(str(raw["block_size"])),
+            symmetric=bool(raw["symmetric"]),
+            accuracy_level=int(str(raw["accuracy_level"])),
+            algorithm=str(raw["algorithm"]),
+            quantized_nodes=int(str(raw["quantized_nodes"])),
+            kept_float=tuple(str(n) for n in kept) if isinstance(kept, list | tuple) else (),
+        )

@@ -29,6 +29,7 @@ from graylane.artifacts.build_info import (
     PartialQuantization,
     ShapeProfile,
     Tolerance,
+    WeightOnlyQuantization,
 )
 from graylane.artifacts.model_info import ModelInfo
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_artifact_name
@@ -153,6 +154,9 @@ class ValidationInfo:
     failures: tuple[str, ...] = ()
     error: str | None = None
     comparison: ComparisonReport | None = None
+    data: str | None = None
+    """What the variant was judged on (a prompts file, recorded requests, or random
+    tokens, labelled as the fallback they are)."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,8 @@ class Manifest:
     partial_quantization: PartialQuantization | None = None
     endpoint: EndpointInfo | None = None
     """The engine server serving this variant (engine-server backends only; no files)."""
+    weight_only: WeightOnlyQuantization | None = None
+    """How a weight-only variant's weights were quantized (``int8-weight-only``, ``int4``)."""
 
     @property
     def model(self) -> str:
@@ -304,6 +310,7 @@ def manifest_to_dict(m: Manifest) -> dict[str, Any]:
             "failures": list(val.failures),
             "error": val.error,
             "comparison": _comparison_to_dict(val.comparison),
+            "data": val.data,
         },
         "servable": m.servable,
         "forced": m.forced,
@@ -311,6 +318,7 @@ def manifest_to_dict(m: Manifest) -> dict[str, Any]:
         "model_info": None if m.model_info is None else m.model_info.to_dict(),
         "partial_quantization": partial_to_dict(m.partial_quantization),
         "endpoint": _endpoint_to_dict(m.endpoint),
+        "weight_only": None if m.weight_only is None else m.weight_only.to_dict(),
         "created_at": m.created_at,
     }
 
@@ -489,6 +497,7 @@ def manifest_from_dict(raw: Mapping[str, Any]) -> Manifest:
                 failures=tuple(val.get("failures", ())),
                 error=val.get("error"),
                 comparison=_comparison_from_dict(val.get("comparison")),
+                data=val.get("data"),
             ),
             notes=tuple(raw.get("notes", ())),
             model_info=None
@@ -496,6 +505,7 @@ def manifest_from_dict(raw: Mapping[str, Any]) -> Manifest:
             else ModelInfo.from_dict(raw["model_info"]),
             partial_quantization=partial_from_dict(raw.get("partial_quantization")),
             endpoint=_endpoint_from_dict(raw.get("endpoint")),
+            weight_only=WeightOnlyQuantization.from_dict(raw.get("weight_only")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"manifest is malformed: {type(exc).__name__}: {exc}") from None
@@ -552,6 +562,8 @@ def partial_to_dict(p: PartialQuantization | None) -> dict[str, Any] | None:
         "variant_ms": p.variant_ms,
         "full_ms": p.full_ms,
         "speedup_vs_fp32": p.speedup_vs_fp32,
+        "stopped_by": p.stopped_by,
+        "duration_s": p.duration_s,
     }
 
 
@@ -578,4 +590,6 @@ def partial_from_dict(raw: Mapping[str, Any] | None) -> PartialQuantization | No
         fp32_ms=_opt_float(raw.get("fp32_ms")),
         variant_ms=_opt_float(raw.get("variant_ms")),
         full_ms=_opt_float(raw.get("full_ms")),
+        stopped_by=raw.get("stopped_by"),
+        duration_s=_opt_float(raw.get("duration_s")),
     )

@@ -77,6 +77,10 @@ class SourceQuantization(Enum):
     """``QLinear*`` operators on int8 tensors."""
     DYNAMIC = "dynamic"
     """``DynamicQuantizeLinear`` / ``MatMulInteger``: activations quantized at run time."""
+    WEIGHT_ONLY_8BIT = "weight-only-8bit"
+    """``MatMulNBits`` with 8-bit weights (ONNX Runtime's weight-only quantization)."""
+    WEIGHT_ONLY_4BIT = "weight-only-4bit"
+    """``MatMulNBits`` with 4-bit (or fewer) weights."""
 
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -263,10 +267,25 @@ def source_quantization(model: onnx.ModelProto) -> SourceQuantization:
         return SourceQuantization.DYNAMIC
     if ops & _QLINEAR_OPS:
         return SourceQuantization.QOPERATOR
+    nbits = [n for n in nodes if n.op_type == "MatMulNBits"]
+    if nbits:
+        bits = min(_int_attribute(n, "bits", 4) for n in nbits)
+        return (
+            SourceQuantization.WEIGHT_ONLY_8BIT
+            if bits >= 8
+            else SourceQuantization.WEIGHT_ONLY_4BIT
+        )
     int8_weights = {i.name for g in graphs for i in g.initializer if i.data_type in _INT8_TYPES}
     if any(n.op_type == "DequantizeLinear" and n.input[0] in int8_weights for n in nodes):
         return SourceQuantization.QDQ
     return SourceQuantization.NONE
+
+
+def _int_attribute(node: onnx.NodeProto, name: str, default: int) -> int:
+    for attr in node.attribute:
+        if attr.name == name:
+            return int(attr.i)
+    return default
 
 
 def _declared(props: Mapping[str, str]) -> tuple[ModelTask | None, int | None]:

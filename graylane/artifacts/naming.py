@@ -67,16 +67,21 @@ class Backend(Enum):
 class Precision(Enum):
     """Numeric precision of a variant; the value is the spelling used in names and specs.
 
-    The first four are the builder's ONNX variants. The rest name what engine servers
-    load: ``bf16`` and ``fp8`` engines (TensorRT-LLM, vLLM), ``int4`` weight-only
-    (AWQ/GPTQ checkpoints), and llama.cpp's GGUF quantization types by their own names
-    (``q4_1``, ``q2_k``, ...).
+    The builder's ONNX variants (:data:`ONNX_PRECISIONS`) are ``fp32``, ``fp16``, ``int8``
+    (Q/DQ, calibrated), ``int8-dynamic`` (dynamic activations), and the weight-only ones a
+    decoder's ladder uses: ``int8-weight-only`` and ``int4`` (ONNX Runtime's
+    ``MatMulNBits``: 8- or 4-bit blockwise weights, activations in float or int8 per
+    block). ``int4`` also names what engine servers load (AWQ/GPTQ checkpoints); the rest
+    name only what engine servers load: ``bf16`` and ``fp8`` engines (TensorRT-LLM,
+    vLLM), and llama.cpp's GGUF quantization types by their own names (``q4_1``, ``q2_k``,
+    ...).
     """
 
     FP32 = "fp32"
     FP16 = "fp16"
     INT8 = "int8"
     INT8_DYNAMIC = "int8-dynamic"
+    INT8_WEIGHT_ONLY = "int8-weight-only"
     BF16 = "bf16"
     FP8 = "fp8"
     INT4 = "int4"
@@ -99,10 +104,22 @@ class Precision(Enum):
     @property
     def builds_onnx(self) -> bool:
         """One of the builder's ONNX variants (the rest name what engine servers load)."""
-        return self in (Precision.FP32, Precision.FP16, Precision.INT8, Precision.INT8_DYNAMIC)
+        return self in ONNX_PRECISIONS
+
+    @property
+    def weight_only(self) -> bool:
+        """Quantized weights only (``MatMulNBits``): no calibration, activations untouched."""
+        return self in (Precision.INT8_WEIGHT_ONLY, Precision.INT4)
 
 
-ONNX_PRECISIONS = tuple(p for p in Precision if p.builds_onnx)
+ONNX_PRECISIONS = (
+    Precision.FP32,
+    Precision.FP16,
+    Precision.INT8_WEIGHT_ONLY,
+    Precision.INT8,
+    Precision.INT8_DYNAMIC,
+    Precision.INT4,
+)
 """The variants the builder makes from an ONNX source, in quality order."""
 
 

@@ -4,8 +4,10 @@ Models exported from transformers (Optimum) ship one beside their ONNX file; a b
 spec that names it copies it into every artifact and records it with the model's
 info (:class:`~graylane.artifacts.model_info.TokenizerFile`: file name, sha256, the
 model's end-of-sequence id), so the worker finds it at load (:func:`find_tokenizer`)
-after the manifest check has verified its digest. Text is encoded with the
-tokenizer's own special-token rules and decoded without special tokens. The demo
+after the manifest check has verified its digest. A completion's text is encoded with
+the tokenizer's own special-token rules, a chat's rendered prompt without them (the
+template placed them: :meth:`HfTokenizer.encode_rendered`), and text is decoded without
+special tokens. The demo
 GPT keeps its byte-level vocabulary (``DemoByteTokenizer``).
 """
 
@@ -52,7 +54,15 @@ class HfTokenizer:
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> tuple[int, ...]:
+        """A completion's prompt: the tokenizer's own special tokens added (a BOS, if it
+        adds one), as transformers' ``tokenizer(text)`` does."""
         return tuple(self._tokenizer.encode(text).ids)
+
+    def encode_rendered(self, text: str) -> tuple[int, ...]:
+        """A prompt a chat template rendered: no special tokens added, since the template
+        placed them (transformers' ``apply_chat_template`` encodes so). Adding them again
+        would open the prompt with a second BOS."""
+        return tuple(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def decode(self, tokens: Sequence[int]) -> str:
         return str(self._tokenizer.decode([int(t) for t in tokens], skip_special_tokens=True))

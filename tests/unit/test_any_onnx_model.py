@@ -29,7 +29,7 @@ from graylane.artifacts.naming import ONNX_PRECISIONS, Backend, Precision
 from graylane.builder.build import BuildReport, run_build
 from graylane.builder.plan import default_validation, plan_variants
 from graylane.builder.samples import load_samples
-from graylane.builder.spec import parse_spec
+from graylane.builder.spec import DEFAULT_PRECISIONS, parse_spec
 from graylane.builder.variants import VariantStatus
 from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
@@ -130,7 +130,7 @@ def test_a_quantized_source_is_labelled_by_what_it_is() -> None:
     assert plain.reference is Precision.FP32 and plain.produce == every and not plain.skipped
     qdq = plan_variants(every, SourceQuantization.QDQ)
     assert qdq.reference is Precision.INT8 and qdq.produce == (Precision.INT8,) and qdq.copy_source
-    assert set(qdq.skipped) == {Precision.FP32, Precision.FP16, Precision.INT8_DYNAMIC}
+    assert set(qdq.skipped) == set(every) - {Precision.INT8}
     assert "scales" in qdq.skipped[Precision.FP16]
     dynamic = plan_variants((Precision.FP32, Precision.FP16), SourceQuantization.DYNAMIC)
     assert dynamic.produce == (Precision.INT8_DYNAMIC,)
@@ -248,7 +248,7 @@ def test_a_prequantized_source_is_built_as_what_it_is(
     assert produced[0].servable and produced[0].validation is not None
     assert produced[0].validation.passed
     skipped = {v.precision: v.reason for v in report.variants if v.status is VariantStatus.SKIPPED}
-    assert set(skipped) == set(ONNX_PRECISIONS) - {label}
+    assert set(skipped) == set(DEFAULT_PRECISIONS) - {label}
     assert all(reason and "already quantized" in reason for reason in skipped.values())
     assert any("skipped fp16" in n for n in report.notes)
 

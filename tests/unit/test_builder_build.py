@@ -16,7 +16,6 @@ from graylane.artifacts.build_info import Tolerance
 from graylane.artifacts.fetch import FETCH_RECORD, ArtifactFetchError, FetchRecord, fetch_version
 from graylane.artifacts.manifest import MANIFEST_FILE, read_manifest
 from graylane.artifacts.naming import (
-    ONNX_PRECISIONS,
     ArtifactName,
     Backend,
     Precision,
@@ -25,12 +24,12 @@ from graylane.artifacts.naming import (
 )
 from graylane.artifacts.verify import TamperedArtifactError, manifest_sha256, verify_artifact
 from graylane.builder.build import BuildReport, run_build
-from graylane.builder.spec import BuildSpec, load_spec
+from graylane.builder.spec import DEFAULT_PRECISIONS, BuildSpec, load_spec
 from graylane.builder.store import ArtifactExistsError, ArtifactStore
 from graylane.builder.variants import VariantStatus
 from graylane.engine_worker.loading import load_from_registry
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.registry import ArtifactRecord, Registry, UnknownVersion, open_registry
+from graylane.registry import ArtifactRecord, Registry, open_registry
 from graylane.settings import Settings
 
 pytestmark = pytest.mark.slow  # every test here shares one real build of the tiny GPT
@@ -84,7 +83,7 @@ def test_every_variant_is_built_validated_and_servable(built: Built) -> None:
     report = built.report
     assert report.ok, report
     onnx_variants = [v for v in report.variants if v.backend is Backend.ONNXRUNTIME]
-    assert [v.precision for v in onnx_variants] == list(ONNX_PRECISIONS)
+    assert [v.precision for v in onnx_variants] == list(DEFAULT_PRECISIONS)
     for v in onnx_variants:
         assert v.status is VariantStatus.PRODUCED
         assert v.servable and not v.forced
@@ -148,7 +147,9 @@ def test_int8_outside_one_percent_keeps_its_most_sensitive_nodes_in_float(built:
 
 def test_registry_holds_the_artifacts(built: Built) -> None:
     artifacts = built.registry.list_artifacts("tiny-gpt", "1.0.0")
-    assert sorted(a.precision.value for a in artifacts) == sorted(p.value for p in ONNX_PRECISIONS)
+    assert sorted(a.precision.value for a in artifacts) == sorted(
+        p.value for p in DEFAULT_PRECISIONS
+    )
     fp16 = built.registry.get_artifact("tiny-gpt", "1.0.0", Precision.FP16, Backend.ONNXRUNTIME)
     assert fp16.servable and fp16.validation is not None and fp16.validation.passed
     assert not Path(fp16.path).is_absolute(), "the registry stores store-relative locations"
@@ -246,11 +247,14 @@ def test_a_variant_outside_tolerance_is_not_servable_unless_forced(built: Built)
     assert not int8.servable and not int8.forced
     assert int8.validation is not None and int8.validation.failures
     assert not read_manifest(built.folder(Precision.INT8, report)).servable
-    # A failed build never registers its version (it used to, with the int8 row unservable).
-    assert not report.registered
-    assert any("not registered" in note for note in report.notes)
-    with pytest.raises(UnknownVersion):
-        built.registry.get_version("tiny-gpt", parse_semver("1.0.1"))
+    # Issue 33: a failed variant no longer holds back the servable ones. The version is
+    # registered with them, the failed one is named, and the build still fails (exit 2).
+    assert report.registered
+    assert any("not registered: int8" in note for note in report.notes)
+    registered = {
+        a.name.precision for a in built.registry.list_artifacts("tiny-gpt", parse_semver("1.0.1"))
+    }
+    assert Precision.INT8 not in registered and Precision.FP32 in registered
 
     forced = run_build(replace(spec, version=parse_semver("1.0.2")), store=built.store, force=True)
     int8 = next(v for v in forced.variants if v.precision is Precision.INT8)

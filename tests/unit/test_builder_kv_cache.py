@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from graylane.artifacts.naming import ONNX_PRECISIONS, Backend, Precision
+from graylane.artifacts.naming import Backend, Precision
 from graylane.builder.build import BuildReport, run_build
-from graylane.builder.spec import DemoSource, SpecError, load_spec, parse_spec
+from graylane.builder.spec import DEFAULT_PRECISIONS, DemoSource, SpecError, load_spec, parse_spec
 from graylane.builder.variants import VariantStatus
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.tasks import generate_with_cache, kv_cache_layout, run_generate
@@ -56,7 +56,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> BuildReport:
 @pytest.mark.slow
 def test_every_precision_of_the_cached_export_builds_and_validates(report: BuildReport) -> None:
     variants = [v for v in report.variants if v.backend is Backend.ONNXRUNTIME]
-    assert [v.precision for v in variants] == list(ONNX_PRECISIONS)
+    assert [v.precision for v in variants] == list(DEFAULT_PRECISIONS)
     for v in variants:
         assert v.status is VariantStatus.PRODUCED, v
         assert v.validation is not None and v.validation.passed, v.validation

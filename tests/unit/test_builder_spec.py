@@ -10,6 +10,7 @@ import pytest
 from graylane.artifacts.build_info import CalibrationMethod
 from graylane.artifacts.naming import Backend, Precision, SemVer
 from graylane.builder.spec import (
+    DEFAULT_PRECISIONS,
     ONNX_PRECISIONS,
     BuildSpec,
     DemoSource,
@@ -18,6 +19,7 @@ from graylane.builder.spec import (
     FileSource,
     Generator,
     GeneratorData,
+    GgufSource,
     NpzData,
     SpecError,
     load_spec,
@@ -162,7 +164,11 @@ def test_an_onnx_spec_builds_only_the_onnx_precisions() -> None:
         Precision.FP16,
         Precision.INT8,
         Precision.INT8_DYNAMIC,
+        Precision.INT8_WEIGHT_ONLY,
+        Precision.INT4,
     }
+    # The weight-only rungs are built when a spec lists them, never by default.
+    assert set(DEFAULT_PRECISIONS) < set(ONNX_PRECISIONS)
     with pytest.raises(SpecError, match=r"tolerances: 'q4_1' is not one of"):
         parse_spec(_base(tolerances={"q4_1": {"min_cosine": 0.9}}), base_dir=Path("/tmp"))
 
@@ -362,3 +368,54 @@ def test_two_adapters_on_one_engine_are_two_variants() -> None:
 def test_a_spec_without_source_or_engine_says_both() -> None:
     with pytest.raises(SpecError, match=r"source: required, but missing .*'engine' section"):
         parse_spec({"model": "m", "version": "1.0.0"}, base_dir=Path("/tmp"))
+
+
+# -- GGUF sources, prompt files, weight-only rungs --------------------------------------------
+
+
+def test_a_gguf_source_brings_its_tokenizer_and_prompts_validate_on_text(tmp_path: Path) -> None:
+    prompts = _write(tmp_path, "prompts.txt", "# comment\nWhat is a canary?\n\nHello there\n")
+    spec = parse_spec(
+        _base(
+            source={"gguf": "m.gguf"},
+            precisions=["fp32", "int8-weight-only", "int4"],
+            validation={"prompts": "prompts.txt"},
+            weight_only={"block_size": 64, "keep_float": ["layers.0."]},
+            partial_quantization={"time_budget_s": 120, "max_trials": 5},
+        ),
+        base_dir=tmp_path,
+    )
+    assert isinstance(spec, BuildSpec)
+    assert spec.source == GgufSource(tmp_path / "m.gguf")
+    assert spec.precisions == (Precision.FP32, Precision.INT8_WEIGHT_ONLY, Precision.INT4)
+    assert spec.validation is not None
+    assert spec.validation.samples == 2  # every prompt of the file, comments aside
+    source = spec.validation.source
+    assert isinstance(source, GeneratorData)
+    assert source.generator is Generator.PROMPTS and source.prompts == prompts
+    assert spec.weight_only.block_size == 64 and spec.weight_only.keep_float == ("layers.0.",)
+    assert spec.partial_quantization.time_budget_s == 120
+    assert spec.partial_quantization.max_trials == 5
+    # A plain path ending in .gguf is a GGUF source too.
+    plain = parse_spec(_base(source="m.gguf"), base_dir=tmp_path)
+    assert isinstance(plain, BuildSpec) and isinstance(plain.source, GgufSource)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"source": {"gguf": "m.gguf"}, "tokenizer": "t.json"}, "brings its own tokenizer"),
+        ({"validation": {"prompts": "missing.txt"}}, "does not exist"),
+        ({"validation": {"prompts": "p.txt"}}, "encodes with the model's tokenizer"),
+        ({"weight_only": {"block_size": 48}}, "power of two"),
+        ({"weight_only": {"accuracy_level": 7}}, "one of 0 to 4"),
+        ({"weight_only": {"keep_float": "layers.0."}}, "list of node name prefixes"),
+        ({"source": {"gguf": "m.gguf", "path": "x.onnx"}}, "the GGUF file alone"),
+    ],
+)
+def test_gguf_and_weight_only_mistakes_name_the_key(
+    tmp_path: Path, overrides: dict[str, object], message: str
+) -> None:
+    _write(tmp_path, "p.txt", "a prompt\n")
+    with pytest.raises(SpecError, match=message):
+        parse_spec(_base(**overrides), base_dir=tmp_path)

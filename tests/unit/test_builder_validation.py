@@ -178,3 +178,16 @@ def test_a_variant_that_cannot_run_is_a_failed_validation(tiny: Path, held_out: 
     )
     assert not result.passed
     assert result.error == "kernel exploded"
+
+
+def test_a_decoders_kv_cache_outputs_are_not_judged() -> None:
+    """Regression (issue 33): the argmax of ``present.*`` key vectors counted as a top-1
+    agreement, and being the worst it was the decoder variant's (0.87 for SmolLM2's
+    int8-weight-only, whose logits agree 0.97)."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((1, 5, 11)).astype(np.float32)
+    keys = rng.standard_normal((1, 2, 5, 4)).astype(np.float32)
+    reference = [{"logits": logits, "present.0.key": keys}]
+    candidate = [{"logits": logits, "present.0.key": keys[..., ::-1].copy()}]
+    metrics = compare_outputs(reference, candidate, [np.ones((1, 5), dtype=np.int64)])
+    assert metrics.top1_agreement == 1.0 and metrics.max_abs == 0.0

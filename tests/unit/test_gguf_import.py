@@ -1,0 +1,247 @@
+"""A GGUF file imported without torch answers what transformers' GGUF loader answers.
+
+The fixture ``tests/fixtures/llm/gguf/tiny-llama.gguf`` (2 layers, grouped-query
+attention, weights in Q8_0 / Q4_0 / Q4_1 / Q5_1 / F16 / F32) and transformers' answers for
+it (``reference.json``) are made by ``scripts/export_gguf_fixtures.py``; the reference
+runs in the fixtures environment, never here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from graylane.artifacts.model_info import ModelTask, read_model_info
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.tasks import (
+    INPUT_IDS,
+    generate_with_cache,
+    kv_cache_layout,
+    run_forward,
+)
+from graylane.models.gguf_import import (
+    GgufImport,
+    GgufImportError,
+    import_gguf,
+    read_gguf,
+    read_import,
+)
+from graylane.models.gguf_tokenizer import GgufTokenizerError, GgufVocab, tokenizer_from_gguf
+from graylane.models.hf_tokenizer import HfTokenizer
+from graylane.services.gateway.chat import ChatMessage, ChatRole, load_chat_template
+
+FIXTURE_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "llm" / "gguf"
+GGUF = FIXTURE_DIR / "tiny-llama.gguf"
+REFERENCE = json.loads((FIXTURE_DIR / "reference.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> GgufImport:
+    return import_gguf(GGUF, tmp_path_factory.mktemp("import") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def engine(imported: GgufImport) -> OnnxRuntimeEngine:
+    return OnnxRuntimeEngine.load(imported.model.read_bytes(), name="tiny", intra_op_threads=1)
+
+
+def test_the_fixture_and_its_reference_belong_together() -> None:
+    import hashlib
+
+    assert hashlib.sha256(GGUF.read_bytes()).hexdigest() == REFERENCE["gguf_sha256"]
+
+
+def test_the_import_is_an_optimum_style_decoder_the_worker_serves(
+    imported: GgufImport, engine: OnnxRuntimeEngine
+) -> None:
+    layout = kv_cache_layout(engine.io)
+    assert layout is not None
+    # Grouped-query attention: 4 query heads over 2 KV heads; the cache has the 2.
+    assert (layout.n_layers, layout.n_heads, layout.head_dim) == (2, 2, 16)
+    assert layout.position_ids
+    info = read_model_info(onnx.load(str(imported.model), load_external_data=False))
+    assert info.task is ModelTask.CAUSAL_LM and info.vocab_size == 512
+    files = {p.name for p in imported.folder.iterdir()}
+    assert {"model.onnx", "tokenizer.json", "tokenizer_config.json", "config.json"} <= files
+    assert (
+        json.loads((imported.folder / "config.json").read_text())["max_position_embeddings"] == 128
+    )
+    assert imported.eos_id == 0
+
+
+def test_forward_gives_transformers_last_logits(engine: OnnxRuntimeEngine) -> None:
+    feeds = [{INPUT_IDS: np.asarray([p["ids"]], dtype=np.int64)} for p in REFERENCE["prompts"]]
+    outputs = run_forward(engine, feeds)  # one right-padded batch of four widths
+    for out, p in zip(outputs, REFERENCE["prompts"], strict=True):
+        logits = out["logits"][0, -1]
+        np.testing.assert_allclose(logits, np.asarray(p["logits_last"]), atol=2e-4)
+        assert int(np.argmax(logits)) == p["argmax_last"]
+
+
+@pytest.mark.parametrize("rows", [4, 1])
+def test_greedy_through_the_kv_cache_gives_transformers_tokens(
+    engine: OnnxRuntimeEngine, rows: int
+) -> None:
+    """Alone, or all four prompts padded into one running batch: transformers' tokens."""
+    prompts = REFERENCE["prompts"]
+    results = generate_with_cache(
+        engine, [p["ids"] for p in prompts], REFERENCE["max_new_tokens"], 0, 128,
+        max_batch_size=rows,
+    )  # fmt: skip
+    assert [list(r.tokens) for r in results] == [p["generated"] for p in prompts]
+
+
+def test_the_tokenizer_gives_transformers_ids(imported: GgufImport) -> None:
+    tokenizer = HfTokenizer(imported.tokenizer)
+    for p in REFERENCE["prompts"]:
+        assert list(tokenizer.encode(p["text"])) == p["ids"]
+    # The GGUF's tokenizer is the one the fixture was converted from, token for token.
+    source = HfTokenizer(FIXTURE_DIR.parent / "llama" / "tokenizer.json")
+    text = "Kafka keeps one topic per version, 2026 times: <|endoftext|> and ünïcode."
+    assert tokenizer.encode(text) == source.encode(text)
+    assert tokenizer.decode(tokenizer.encode(text)) == source.decode(source.encode(text))
+
+
+def test_the_chat_template_renders_transformers_ids(imported: GgufImport) -> None:
+    template = load_chat_template(imported.folder)
+    assert template is not None
+    chat = REFERENCE["chat"]
+    messages = [ChatMessage(ChatRole(m["role"]), m["content"]) for m in chat["messages"]]
+    rendered = template.render(messages)
+    assert list(HfTokenizer(imported.tokenizer).encode_rendered(rendered)) == chat["ids"]
+
+
+def test_a_finished_import_is_read_back(imported: GgufImport) -> None:
+    again = read_import(imported.folder)
+    assert again is not None and again.cache_hit
+    assert again.source_sha256 == imported.source_sha256 and again.config == imported.config
+
+
+def test_other_architectures_and_tokenizers_are_refused(tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "gpt2.gguf"
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(GgufImportError, match="architecture 'gpt2' is not supported"):
+        read_gguf(path).config()
+    with pytest.raises(GgufImportError, match="not a readable GGUF"):
+        read_gguf(_junk(tmp_path))
+    spm = GgufVocab(model="llama", pre="default", tokens=["a"], token_types=[1], merges=[])
+    with pytest.raises(GgufTokenizerError, match="'llama' is not supported"):
+        tokenizer_from_gguf(spm)
+    odd = GgufVocab(model="gpt2", pre="deepseek-coder", tokens=["a"], token_types=[1], merges=[])
+    with pytest.raises(GgufTokenizerError, match="'deepseek-coder' is not supported"):
+        tokenizer_from_gguf(odd)
+
+
+def _junk(tmp_path: Path) -> Path:
+    path = tmp_path / "junk.gguf"
+    path.write_bytes(b"not a gguf file at all")
+    return path
+
+
+def test_graylane_build_takes_a_gguf_source_once_and_records_its_rungs(tmp_path: Path) -> None:
+    """The import is cached by the file's digest; the weight-only rungs record how they
+    were made; validation is on prompts continued by fp32, labelled as such."""
+    from graylane.artifacts.manifest import read_manifest
+    from graylane.artifacts.naming import Precision
+    from graylane.builder.build import run_build
+    from graylane.builder.spec import parse_spec
+    from graylane.builder.variants import VariantStatus
+
+    (tmp_path / "prompts.txt").write_text("Gray releases\nA canary\nThe worker groups\n")
+    raw = {
+        "model": "tiny",
+        "version": "1.0.0",
+        "strategy": "gguf",
+        "source": {"gguf": str(GGUF)},
+        "precisions": ["fp32", "int8-weight-only", "int4"],
+        "validation": {
+            "prompts": "prompts.txt",
+            "continuation": 4,
+            "generation": {"prompts": 2, "new_tokens": 4},
+        },
+        "tolerances": {"int4": {"min_top1_agreement": 0.0, "min_cosine": 0.0}},
+        "partial_quantization": {"enabled": False},
+        "tensorrt": {"enabled": False},
+    }
+    spec = parse_spec(raw, base_dir=tmp_path)
+    report = run_build(spec, store=tmp_path / "store")
+    produced = {v.precision: v for v in report.variants if v.status is VariantStatus.PRODUCED}
+    assert set(produced) == {Precision.FP32, Precision.INT8_WEIGHT_ONLY, Precision.INT4}
+    assert report.source_sha256 == REFERENCE["gguf_sha256"]
+    assert any("GGUF" in note and "imported" in note for note in report.notes)
+    fp32 = read_manifest(produced[Precision.FP32].folder)  # type: ignore[arg-type]
+    assert fp32.validation is not None and fp32.validation.passed
+    assert fp32.validation.data is not None and "prompts.txt" in fp32.validation.data
+    assert "continued by fp32" in fp32.validation.data
+    assert {f.path for f in fp32.files} >= {"model.onnx", "tokenizer.json", "tokenizer_config.json"}
+    assert fp32.model_info is not None and fp32.model_info.tokenizer is not None
+    int4 = read_manifest(produced[Precision.INT4].folder)  # type: ignore[arg-type]
+    assert int4.weight_only is not None
+    assert (int4.weight_only.bits, int4.weight_only.block_size) == (4, 32)
+    assert int4.weight_only.quantized_nodes == 2 * 7  # every projection; the head is a Gemm
+    int8 = read_manifest(produced[Precision.INT8_WEIGHT_ONLY].folder)  # type: ignore[arg-type]
+    assert int8.weight_only is not None and int8.weight_only.bits == 8
+    assert int8.weight_only.accuracy_level == 4 and int8.weight_only.symmetric
+
+    again = run_build(
+        parse_spec({**raw, "version": "1.0.1"}, base_dir=tmp_path), store=tmp_path / "store"
+    )
+    assert any("cache hit" in note for note in again.notes)
+
+
+@pytest.mark.parametrize(
+    ("budget_s", "max_trials", "trials", "why"),
+    [(3600.0, 3, 3, "trial budget (3)"), (0.5, 40, 1, "time budget (0s)")],
+)
+def test_the_partial_search_ends_within_its_budgets(
+    imported: GgufImport, tmp_path: Path, budget_s: float, max_trials: int, trials: int, why: str
+) -> None:
+    """Issue 33: the search on a 30-layer model ran as long as it liked. It now stops at
+    its trial cap, or before a trial the mean so far says would end past its time."""
+    import time
+
+    from graylane.artifacts.build_info import Metrics, Tolerance
+    from graylane.artifacts.naming import Precision
+    from graylane.builder.sensitivity import search_partial
+    from graylane.builder.spec import PartialQuantizationSpec
+    from graylane.builder.validation import ValidationResult
+    from graylane.builder.variants import VariantInputs, produce_variant
+
+    inputs = VariantInputs(
+        source=imported.model,
+        source_sha256=imported.source_sha256,
+        work_dir=tmp_path,
+        cache_dir=tmp_path / "cache",
+    )
+    full = produce_variant(Precision.INT8_WEIGHT_ONLY, inputs)
+    failing = Tolerance(min_top1_agreement=1.1)
+
+    def evaluate(path: Path) -> ValidationResult:
+        time.sleep(0.3)
+        metrics = Metrics(max_abs=1.0, mean_rel=0.1, cosine=0.99, top1_agreement=0.9, rows=4)
+        return ValidationResult(Precision.INT8_WEIGHT_ONLY, failing, metrics, ("top1",))
+
+    notes: list[str] = []
+    search = search_partial(
+        Precision.INT8_WEIGHT_ONLY,
+        inputs,
+        (full, evaluate(full.path)),  # type: ignore[arg-type]
+        evaluate,
+        PartialQuantizationSpec(node_budget=21, time_budget_s=budget_s, max_trials=max_trials),
+        note=notes.append,
+    )
+    assert search.info.trials == trials and not search.info.passed
+    assert search.info.stopped_by == why.replace("(0s)", f"({budget_s:.0f}s)")
+    assert len(notes) == trials and notes[0].startswith("trial 1: 1 node(s) of layers.1 in float")
