@@ -233,8 +233,18 @@ def _plot(summaries: list[Any], name: str, path: Path) -> Path:
     ax.set_ylim(0, 1)
     ax.set_ylabel("mean item score (95 % interval)")
     ax.set_title(f"{name}: {summaries[0].items} items")
-    for x, mean in zip(xs, means, strict=True):
-        ax.text(x, min(0.97, mean + 0.03), f"{mean:.2f}", ha="center", fontsize=9)
+    for x, summary in zip(xs, summaries, strict=True):
+        # the figure sits inside the bar's foot, clear of the interval's whiskers
+        inside = summary.mean >= 0.12
+        ax.text(
+            x,
+            0.03 if inside else summary.ci_high + 0.03,
+            f"{summary.mean:.2f}",
+            ha="center",
+            va="bottom",
+            fontsize=9,
+            color="white" if inside else "black",
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
