@@ -1,6 +1,6 @@
 """The engine worker: a consumer group per (model, version) serving it through a backend.
 
-The worker runs the library's consume loop (:class:`~graylane.kafka.loop.ConsumeLoop`:
+The worker runs the library's consume loop (:class:`~graylane.kafka.consume_loop.ConsumeLoop`:
 its consumer, the guard, the backoff and the commit after delivery) with its own
 :meth:`Worker.hooks`. One fetched cycle goes: fetch (the backend's, which may hold back
 while it cannot take more) → decode each record and check it in one pass against what
@@ -45,7 +45,7 @@ from graylane.engine_worker.standby import wait_for_activation
 from graylane.engine_worker.wire import BatchReport, ResultContext
 from graylane.errors import ErrorCode, SerdeError
 from graylane.kafka.admin import MessageLimits
-from graylane.kafka.loop import ConsumeLoop, LoopHooks
+from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
 from graylane.kafka.reading import CompactedFollower, FollowFrom, follow
 from graylane.kafka.replies import Rejection, ReplySink
 from graylane.kafka.seam import (

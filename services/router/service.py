@@ -1,7 +1,7 @@
 """The router: ingress topic -> per-version topics, by the latest routing table.
 
 A thin adapter around :func:`graylane.routing.route`, run by the library's
-:class:`~graylane.kafka.loop.ConsumeLoop`: ingress offsets are committed only
+:class:`~graylane.kafka.consume_loop.ConsumeLoop`: ingress offsets are committed only
 after every forward (and every error reply) of a batch is acknowledged, so a
 crash re-routes rather than loses requests.
 """
@@ -18,7 +18,8 @@ from graylane import schema_registry, serde, tracing
 from graylane.clock import now_ms
 from graylane.errors import ErrorCode, SerdeError, require_started
 from graylane.kafka.admin import MessageLimits
-from graylane.kafka.loop import ConsumeLoop, LoopHooks, settle
+from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
+from graylane.kafka.delivery import settle
 from graylane.kafka.reading import CompactedFollower
 from graylane.kafka.replies import (
     FieldCaps,

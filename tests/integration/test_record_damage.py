@@ -19,7 +19,9 @@ from sqlalchemy import create_engine
 from graylane import serde
 from graylane.errors import ErrorCode
 from graylane.kafka import seam
-from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
+from graylane.kafka.backoff import BackoffPolicy
+from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
+from graylane.kafka.fault import Fault
 from graylane.kafka.seam import ConsumerOptions, KafkaFactory, Record
 from graylane.metrics import AuditSinkMetrics
 from graylane.registry.migrate import upgrade

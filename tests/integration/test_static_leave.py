@@ -8,7 +8,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.loop import leave_on_stop
+from graylane.kafka.membership import leave_on_stop
 from graylane.kafka.seam import KafkaFactory
 from tests.support.waiting import wait_until
 

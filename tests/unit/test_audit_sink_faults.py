@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DataError
 
 from graylane import serde
-from graylane.kafka.loop import BackoffPolicy
+from graylane.kafka.backoff import BackoffPolicy
 from graylane.metrics import AuditSinkMetrics
 from graylane.registry.migrate import upgrade
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub

@@ -27,7 +27,7 @@ from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.postprocess import TOKEN_IDS, PostProcess
 from graylane.engine_worker.service import Worker
 from graylane.engine_worker.tasks import run_forward, run_generate
-from graylane.kafka.loop import ConsumeLoop, LoopHooks
+from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
 from graylane.kafka.replies import ReplySink
 from graylane.models.byte_vocab import decode_tokens, encode_text
 from graylane.models.demo_gpt import write_demo_gpt
