@@ -2,7 +2,7 @@
 
 A worker whose model has a KV cache does not run ``GENERATE`` requests per fetched
 cycle. Each one is handed to the :class:`ContinuousDecoder` of the variant that is
-active when it arrives, which steps a :class:`~graylane.engine_worker.tasks.KvDecodeLoop`
+active when it arrives, which steps a :class:`~graylane.engine_worker.kv_decode.KvDecodeLoop`
 on the engine thread for as long as it has sequences: a request fetched while others
 decode joins the running batch at the next step (the loop's scheduler bounds the rows,
 the prompt tokens prefilled per step and the cache positions reserved), a finished row
@@ -45,10 +45,10 @@ from graylane.engine.errors import EngineError, InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.backend import Outbox
 from graylane.engine_worker.compute import WorkerEngines, engine_rejection
+from graylane.engine_worker.kv_decode import GenerationResult, KvDecodeLoop
 from graylane.engine_worker.requests import Job, input_rejection
 from graylane.engine_worker.sampling import StopStrings
 from graylane.engine_worker.spans import trace_generations
-from graylane.engine_worker.tasks import GenerationResult, KvDecodeLoop
 from graylane.engine_worker.wire import (
     BatchIds,
     DecodeLoad,

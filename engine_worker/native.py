@@ -37,6 +37,7 @@ from graylane.engine_worker.compute import (
 )
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.generation import ContinuousDecoder, DecoderLimits
+from graylane.engine_worker.layouts import kv_cache_layout
 from graylane.engine_worker.observer import WorkerObserver
 from graylane.engine_worker.requests import (
     IntakeRules,
@@ -50,7 +51,6 @@ from graylane.engine_worker.requests import (
 )
 from graylane.engine_worker.spans import trace_batch
 from graylane.engine_worker.standby import run_at_low_priority
-from graylane.engine_worker.tasks import kv_cache_layout
 from graylane.engine_worker.wire import (
     BatchClock,
     BatchIds,

@@ -37,6 +37,13 @@ from graylane.engine.errors import InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature
 from graylane.engine_options import messages_problem, native_refusal, options_problem
+from graylane.engine_worker.layouts import (
+    ATTENTION_MASK,
+    INPUT_IDS,
+    generation_layout,
+    request_inputs,
+    token_layout,
+)
 from graylane.engine_worker.postprocess import PostProcess
 from graylane.engine_worker.sampling import (
     GREEDY,
@@ -44,13 +51,6 @@ from graylane.engine_worker.sampling import (
     MAX_STOP_TOKEN_IDS,
     SamplingError,
     SamplingParams,
-)
-from graylane.engine_worker.tasks import (
-    ATTENTION_MASK,
-    INPUT_IDS,
-    generation_layout,
-    request_inputs,
-    token_layout,
 )
 from graylane.errors import ErrorCode, SerdeError
 from graylane.kafka.replies import Rejection, clip, field_problem, reply_topic_rejection

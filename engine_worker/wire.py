@@ -21,9 +21,9 @@ from graylane.engine_worker.compute import (
     GenerateOutcome,
     engine_rejection,
 )
+from graylane.engine_worker.kv_decode import FinishReason, GenerationResult
 from graylane.engine_worker.openai_calls import ChoiceText
 from graylane.engine_worker.requests import Job, TaskKind, Tokenizer, input_rejection
-from graylane.engine_worker.tasks import FinishReason, GenerationResult
 from graylane.errors import ErrorCode
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb

@@ -5,7 +5,7 @@ several client concurrencies against the worker's decode capacity (its
 ``--max-sequences``: 1, half of it, all of it, twice it):
 
 - **engine direct** (the ceiling): the same engine in a
-  :class:`~graylane.engine_worker.tasks.KvDecodeLoop` holding that many sequences (at most
+  :class:`~graylane.engine_worker.kv_decode.KvDecodeLoop` holding that many sequences (at most
   the worker's rows), a new prompt joining as one finishes; output tokens/s; and the
   prefill time of one prompt;
 - **through Kafka**: a router and a worker (processes) on the local broker, that many
@@ -44,7 +44,7 @@ from graylane.app.bench.harness import (
 from graylane.app.cli.demo import Service, stop_services
 from graylane.client import GraylaneClient, Task
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.tasks import KvDecodeLoop
+from graylane.engine_worker.kv_decode import KvDecodeLoop
 from graylane.settings import REPO_ROOT, Settings
 
 __all__ = [

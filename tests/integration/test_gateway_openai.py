@@ -17,7 +17,7 @@ import pytest
 from graylane import serde
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.faults import FaultInjection
-from graylane.engine_worker.tasks import generate_with_cache
+from graylane.engine_worker.kv_decode import generate_with_cache
 from graylane.kafka.reading import FollowFrom, TopicFollower
 from graylane.kafka.seam import KafkaFactory, Record
 from graylane.models.byte_vocab import decode_tokens

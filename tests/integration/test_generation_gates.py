@@ -27,8 +27,8 @@ import pytest
 from graylane.client import GraylaneClient, Result, Task
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.faults import FaultInjection
+from graylane.engine_worker.kv_decode import generate_with_cache
 from graylane.engine_worker.requests import DemoByteTokenizer
-from graylane.engine_worker.tasks import generate_with_cache
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.audit_replay import load_recorded, verify

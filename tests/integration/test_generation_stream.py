@@ -16,7 +16,7 @@ import pytest
 
 from graylane.client import Chunk, GraylaneClient, Task
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.tasks import generate_with_cache
+from graylane.engine_worker.kv_decode import generate_with_cache
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from tests.support.stack import running_stack

@@ -22,9 +22,9 @@ from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import WorkerEngines
 from graylane.engine_worker.faults import FaultInjection, extends_cache
 from graylane.engine_worker.generation import ContinuousDecoder, DecoderLimits, StreamPolicy
+from graylane.engine_worker.kv_decode import generate_with_cache
 from graylane.engine_worker.requests import Job, TaskKind, WorkItem
 from graylane.engine_worker.spans import generation_hop
-from graylane.engine_worker.tasks import generate_with_cache
 from graylane.engine_worker.wire import BatchReport, ResultContext
 from graylane.errors import ErrorCode
 from graylane.kafka.replies import Rejection
