@@ -13,7 +13,7 @@ from graylane.engine.server import EngineEndpoint
 from graylane.engine_worker.batching import DEFAULT_BUCKETS
 from graylane.engine_worker.engine_server import EngineServerSettings
 from graylane.engine_worker.faults import FaultInjection
-from graylane.engine_worker.generation import StreamPolicy
+from graylane.engine_worker.logic.streaming import StreamPolicy
 from graylane.engine_worker.requests import Tokenizer
 
 __all__ = ["WorkerConfig", "default_worker_id"]

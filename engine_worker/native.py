@@ -25,7 +25,7 @@ from graylane import tracing
 from graylane.clock import now_ms
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.admission import admit_cycle, forward_only
-from graylane.engine_worker.backend import Outbox
+from graylane.engine_worker.backend import BatchClock, Outbox, RanJobs, ResultContext
 from graylane.engine_worker.batch_learner import BatchChoice, BatchLearner, LearnerConfig
 from graylane.engine_worker.batching import BucketPolicy, PlannedBatch, split_first
 from graylane.engine_worker.compute import (
@@ -51,14 +51,6 @@ from graylane.engine_worker.requests import (
 )
 from graylane.engine_worker.spans import trace_batch
 from graylane.engine_worker.standby import run_at_low_priority
-from graylane.engine_worker.wire import (
-    BatchClock,
-    BatchIds,
-    BatchReport,
-    ResultContext,
-    build_batch,
-    shed_telemetry,
-)
 from graylane.errors import ErrorCode
 from graylane.kafka.replies import Rejection
 from graylane.kafka.seam import BatchConsumer, Record
@@ -198,7 +190,6 @@ class NativeBackend:
         """perf_counter when the last cycle's answers were all sent (0: none yet)."""
         self._cycle_batches: list[tuple[int, float]] = []
         """This cycle's forward batches so far: (rows, ms spent on each)."""
-        self._batch_ids = BatchIds(config.worker_id)
         self.decoders: dict[str, tuple[InferenceEngine, ContinuousDecoder]] = {}
         self._background = background
         self._engines = WorkerEngines(
@@ -345,7 +336,7 @@ class NativeBackend:
         if admission.shed and not any(admission.admitted):
             # nothing runs this cycle: report the sheds now, the policy engine steps on them
             shed_count, self._pending_shed = self._pending_shed, 0
-            futures.append(await outbox.telemetry(shed_telemetry(context, shed_count, now_ms())))
+            futures.append(await outbox.sheds(context, shed_count))
         batches = [
             PlannedBatch(planned.bucket_len, kept)
             for planned, kept in zip(planned_batches, admission.admitted, strict=True)
@@ -363,8 +354,9 @@ class NativeBackend:
                 if i + 1 < len(batches):
                     ahead = self._start(batches[i + 1], context, engine)
                 returned = time.perf_counter()
-                report = self._report(batch, running, ran, context, dequeued)
-                sends = await outbox.deliver(report)
+                report, sends = await outbox.batch(
+                    self._ran_jobs(batch, running, ran, dequeued), context
+                )
                 futures.extend(sends)
                 if tracing.enabled():
                     ran_ns = report.telemetry.completed_at_unix_ms * 1_000_000
@@ -402,31 +394,21 @@ class NativeBackend:
         task = asyncio.ensure_future(self._engines.run(context.variant, items, engine))
         return _Running(task, self.last_run_ms)
 
-    def _report(
-        self,
-        batch: PlannedBatch[Job],
-        running: _Running,
-        ran: RanBatch,
-        context: ResultContext,
-        dequeued: int,
-    ) -> BatchReport:
-        """Answer the jobs of a batch the engine ran."""
-        batch_id = self._batch_ids.of(batch.items[0].record)
+    def _ran_jobs(
+        self, batch: PlannedBatch[Job], running: _Running, ran: RanBatch, dequeued: int
+    ) -> RanJobs:
+        """A batch the engine ran, with the cycle's sheds not reported yet."""
         done = now_ms()
         # a batch queued behind another started when that one was done
         started = min(done, max(running.submitted_ms, done - round(ran.run.compute_ms)))
-        report = build_batch(
-            batch.items,
-            ran.run,
-            ran.failure,
-            context,
-            BatchClock(dequeued_ms=dequeued, started_ms=started, done_ms=done),
+        shed_count, self._pending_shed = self._pending_shed, 0
+        return RanJobs(
+            jobs=tuple(batch.items),
+            ran=ran,
+            clock=BatchClock(dequeued_ms=dequeued, started_ms=started, done_ms=done),
             bucket_len=batch.bucket_len,
-            device_load=ran.device_load,
-            batch_id=batch_id,
+            shed_count=shed_count,
         )
-        report.telemetry.shed_count, self._pending_shed = self._pending_shed, 0
-        return report
 
     # -- continuous decoding -----------------------------------------------------------
     def _decoder(
@@ -451,7 +433,6 @@ class NativeBackend:
                 max_kv_tokens=cfg.max_kv_tokens or None,
             ),
             stream=cfg.stream,
-            decode_text=self._tokenizer.decode if self._tokenizer is not None else None,
             outbox=outbox,
         )
         if known is not None:  # the engine was reloaded: the old batch finishes first

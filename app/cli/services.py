@@ -406,8 +406,8 @@ def _worker(args: argparse.Namespace) -> int:
     from graylane.engine_worker.compute import profile_max_batch
     from graylane.engine_worker.config import WorkerConfig
     from graylane.engine_worker.faults import FaultInjection
-    from graylane.engine_worker.generation import StreamPolicy
     from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len, onnx_model_info
+    from graylane.engine_worker.logic.streaming import StreamPolicy
     from graylane.engine_worker.service import Worker
     from graylane.kafka.seam import KafkaFactory
     from graylane.models.hf_tokenizer import HfTokenizer, tokenizer_beside
@@ -514,7 +514,7 @@ def _serve_engine_servers(
     """A worker that serves its variants through engine servers."""
     from graylane.engine_worker.config import WorkerConfig
     from graylane.engine_worker.engine_server import EngineServerSettings
-    from graylane.engine_worker.generation import StreamPolicy
+    from graylane.engine_worker.logic.streaming import StreamPolicy
     from graylane.engine_worker.service import Worker
     from graylane.kafka.seam import KafkaFactory
 

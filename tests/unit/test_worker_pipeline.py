@@ -9,6 +9,7 @@ from onnx import TensorProto, helper
 
 from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.backend import BatchClock, ResultContext
 from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import engine_rejection, run_batch
 from graylane.engine_worker.faults import FaultInjection, FaultyEngine, InjectedFault, with_faults
@@ -23,7 +24,7 @@ from graylane.engine_worker.requests import (
     request_facts,
     validate,
 )
-from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
+from graylane.engine_worker.wire import build_batch
 from graylane.errors import ErrorCode
 from graylane.kafka.replies import Rejection
 from graylane.kafka.seam import Record
