@@ -35,6 +35,7 @@ import numpy as np
 
 from graylane.app.bench.harness import (
     WorkerSpec,
+    demo_model,
     fresh_topics,
     stack_env,
     start_router,
@@ -45,7 +46,7 @@ from graylane.app.cli.demo import Service, stop_services
 from graylane.client import GraylaneClient, Task
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.kv_decode import KvDecodeLoop
-from graylane.settings import REPO_ROOT, Settings
+from graylane.settings import Settings
 
 __all__ = [
     "LevelFigures",
@@ -300,20 +301,14 @@ def model_label(onnx: Path) -> str:
 
 def run(cfg: LlmBenchConfig, progress: Callable[[str], None]) -> dict[str, object]:
     from graylane.deploy.kafka import kafka
-    from graylane.models.demo_gpt import write_demo_gpt
 
     progress("starting the broker")
     kafka.start()
     if cfg.onnx is not None:
         model, name = cfg.onnx, model_label(cfg.onnx)
     else:
-        models = REPO_ROOT / ".local" / "models"
-        models.mkdir(parents=True, exist_ok=True)
-        model = models / f"bench-gpt-{cfg.size}-kv.onnx"
+        model = demo_model(cfg.size, kv_cache=True, progress=progress)
         name = f"demo-gpt-{cfg.size}"
-        if not model.exists():
-            progress(f"writing the demo GPT ({cfg.size}, with a KV cache)")
-            write_demo_gpt(model, cfg.size, seed=7, kv_cache=True)
     engine = OnnxRuntimeEngine.load(model, "fp32", intra_op_threads=1)
     from graylane.engine_worker.loading import onnx_model_info
 
