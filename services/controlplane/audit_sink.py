@@ -47,7 +47,7 @@ from graylane.kafka.replies import clip
 from graylane.kafka.seam import BatchConsumer, ClientFactory, ConsumerOptions, Record
 from graylane.metrics import AuditSinkMetrics
 from graylane.serde import decode
-from graylane.services.controlplane.store import ControlStore
+from graylane.services.controlplane.state import ControlStore
 from graylane.v1 import audit_pb2, rollout_pb2
 
 __all__ = ["AuditSink", "RolloutHub", "StoreUnavailable", "Subscription", "decision_kind_label"]

@@ -26,7 +26,7 @@ from graylane.kafka.seam import ConsumerOptions, KafkaFactory, Record
 from graylane.metrics import AuditSinkMetrics
 from graylane.registry.migrate import upgrade
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
-from graylane.services.controlplane.store import ControlStore
+from graylane.services.controlplane.state import ControlStore
 from graylane.services.router.service import Router, RouterConfig
 from graylane.v1 import audit_pb2, inference_pb2
 from tests.support.damage import RawHeaderKey, raw_header_keys
