@@ -14,7 +14,7 @@ cancel commands, delivery, metrics and readiness. What runs the requests is a
   HTTP, many calls in flight, the engine batching them itself.
 
 A backend checks a decoded request against what it can run (:meth:`WorkerBackend.check`,
-one pass, a :class:`~graylane.kafka.replies.Rejection` or a work item), answers a
+one pass, a :class:`~graylane.errors.Rejection` or a work item), answers a
 cycle's jobs (:meth:`WorkerBackend.answer`) and hands every answer to the worker's
 :class:`Outbox` as plain values: a batch the engine ran (:class:`RanJobs`), generations
 that ended together (:class:`EndedTogether`: each :class:`Ended` with a
@@ -42,8 +42,7 @@ from graylane.engine_worker.kv_decode import GenerationResult
 from graylane.engine_worker.logic.streaming import ChunkPiece
 from graylane.engine_worker.openai_calls import EngineAnswer
 from graylane.engine_worker.requests import Job, Tokenizer, WorkItem
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import BatchConsumer, Record
 from graylane.v1 import inference_pb2, telemetry_pb2
 

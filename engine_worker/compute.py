@@ -46,8 +46,7 @@ from graylane.engine_worker.forward import run_forward
 from graylane.engine_worker.kv_decode import Decode, GenerationResult
 from graylane.engine_worker.layouts import ATTENTION_MASK, INPUT_IDS, token_layout
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.errors import ErrorCode, GraylaneError
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, GraylaneError, Rejection
 
 __all__ = [
     "BatchRun",

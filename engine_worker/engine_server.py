@@ -81,8 +81,7 @@ from graylane.engine_worker.requests import (
     WorkItem,
     validate_engine_call,
 )
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import BatchConsumer, Record
 from graylane.metrics import ENGINE_UP, ServiceObservability
 from graylane.v1 import inference_pb2

@@ -57,8 +57,7 @@ from graylane.engine_worker.compute import WorkerEngines, engine_rejection
 from graylane.engine_worker.kv_decode import GenerationResult, KvDecodeLoop
 from graylane.engine_worker.logic.streaming import StreamCursor, StreamPolicy, gap_p99
 from graylane.engine_worker.requests import Job, input_rejection
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, Rejection
 
 __all__ = ["ContinuousDecoder", "DecoderLimits"]
 

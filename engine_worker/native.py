@@ -51,8 +51,7 @@ from graylane.engine_worker.requests import (
 )
 from graylane.engine_worker.spans import trace_batch
 from graylane.engine_worker.standby import run_at_low_priority
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import BatchConsumer, Record
 from graylane.supervision import BackgroundTasks
 from graylane.topics import TopicLayout

@@ -36,8 +36,7 @@ from typing import Any
 
 from graylane.artifacts.naming import Backend
 from graylane.engine_worker.requests import WorkItem
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection, clip
+from graylane.errors import ErrorCode, Rejection, clip
 from graylane.v1 import inference_pb2
 
 __all__ = [

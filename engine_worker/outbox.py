@@ -23,8 +23,8 @@ from graylane.engine_worker.logic.streaming import ChunkPiece
 from graylane.engine_worker.observer import WorkerObserver
 from graylane.engine_worker.requests import Job
 from graylane.engine_worker.spans import trace_generations
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection, ReplySink
+from graylane.errors import ErrorCode, Rejection
+from graylane.kafka.replies import ReplySink
 from graylane.kafka.seam import Producer
 from graylane.topics import TopicLayout
 from graylane.v1 import inference_pb2, telemetry_pb2

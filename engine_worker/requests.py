@@ -2,7 +2,7 @@
 
 A fetched record becomes a decoded ``InferenceRequest`` (:func:`decode`; a
 :class:`~graylane.errors.SerdeError` when it cannot be answered at all), then, in one
-pass (:func:`validate`), either a :class:`~graylane.kafka.replies.Rejection` carrying
+pass (:func:`validate`), either a :class:`~graylane.errors.Rejection` carrying
 its :class:`~graylane.errors.ErrorCode` or a :class:`WorkItem`: the reply topic
 against the allowlist, size and field caps, the model, tensors, task, token ids and
 limits against the engine's IO signature and the model's declared info, and a
@@ -52,8 +52,8 @@ from graylane.engine_worker.sampling import (
     SamplingError,
     SamplingParams,
 )
-from graylane.errors import ErrorCode, SerdeError
-from graylane.kafka.replies import Rejection, clip, field_problem, reply_topic_rejection
+from graylane.errors import ErrorCode, Rejection, SerdeError, clip
+from graylane.kafka.replies import field_problem, reply_topic_rejection
 from graylane.kafka.seam import Record
 from graylane.models.byte_vocab import META_PREFIX, decode_tokens, encode_text
 from graylane.serde import post_process_from_pb

@@ -44,11 +44,11 @@ from graylane.engine_worker.observer import WorkerObserver
 from graylane.engine_worker.outbox import WorkerOutbox
 from graylane.engine_worker.requests import EngineRules, Job, TaskKind, decode, distrust_shadow
 from graylane.engine_worker.standby import wait_for_activation
-from graylane.errors import ErrorCode, SerdeError
+from graylane.errors import ErrorCode, Rejection, SerdeError
 from graylane.kafka.admin import MessageLimits
 from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
 from graylane.kafka.reading import CompactedFollower, FollowFrom, follow
-from graylane.kafka.replies import Rejection, ReplySink
+from graylane.kafka.replies import ReplySink
 from graylane.kafka.seam import (
     ConsumerOptions,
     KafkaFactory,

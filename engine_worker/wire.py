@@ -39,10 +39,9 @@ from graylane.engine_worker.kv_decode import FinishReason, GenerationResult
 from graylane.engine_worker.logic.streaming import ChunkPiece
 from graylane.engine_worker.openai_calls import EngineAnswer
 from graylane.engine_worker.requests import Job, TaskKind, input_rejection
-from graylane.errors import ErrorCode
+from graylane.errors import ErrorCode, Rejection
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
-from graylane.kafka.replies import Rejection
 from graylane.kafka.seam import Record
 from graylane.v1 import inference_pb2, telemetry_pb2
 

@@ -38,12 +38,11 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.exc import TimeoutError as SQLTimeoutError
 
-from graylane.errors import ErrorCode, GraylaneError, SerdeError, is_retriable
+from graylane.errors import ErrorCode, GraylaneError, SerdeError, clip, is_retriable
 from graylane.kafka.backoff import BackoffPolicy
 from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
 from graylane.kafka.fault import Fault
 from graylane.kafka.reading import consumer_lag, wait_for_assignment
-from graylane.kafka.replies import clip
 from graylane.kafka.seam import BatchConsumer, ClientFactory, ConsumerOptions, Record
 from graylane.metrics import AuditSinkMetrics
 from graylane.serde import decode

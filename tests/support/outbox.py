@@ -10,7 +10,7 @@ from graylane.engine_worker import wire
 from graylane.engine_worker.backend import BatchReport, EndedTogether, RanJobs, ResultContext
 from graylane.engine_worker.logic.streaming import ChunkPiece
 from graylane.engine_worker.requests import Job
-from graylane.kafka.replies import Rejection
+from graylane.errors import Rejection
 from graylane.v1 import inference_pb2, telemetry_pb2
 
 __all__ = ["CapturedOutbox"]

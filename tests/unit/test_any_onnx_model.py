@@ -48,8 +48,7 @@ from graylane.engine_worker.requests import (
     validate,
 )
 from graylane.engine_worker.wire import build_batch
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, Rejection
 from graylane.models.demo_gpt import build_demo_gpt
 from graylane.registry import open_registry
 from graylane.settings import Settings

@@ -17,8 +17,7 @@ from graylane.engine_worker.backend import ResultContext
 from graylane.engine_worker.engine_server import EngineServerBackend, EngineServerSettings
 from graylane.engine_worker.logic.streaming import StreamPolicy
 from graylane.engine_worker.requests import EngineRules, Job, validate_engine_call
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, Rejection
 from graylane.metrics import ENGINE_UP, GROUP_JOINED, Readiness, ServiceObservability
 from graylane.v1 import inference_pb2
 from tests.support.misbehaving_engine import PIECES, misbehaving_engine

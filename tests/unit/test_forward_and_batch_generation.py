@@ -24,8 +24,7 @@ from graylane.engine_worker.postprocess import (
     PostProcess,
 )
 from graylane.engine_worker.requests import IntakeRules, Limits, WorkItem, validate
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, Rejection
 from graylane.models.byte_vocab import BOS_ID, EOS_ID, PAD_ID, encode_text
 from graylane.models.demo_gpt import build_demo_gpt
 from graylane.v1 import inference_pb2

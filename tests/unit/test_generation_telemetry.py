@@ -22,9 +22,9 @@ from graylane.engine_worker.generation import ContinuousDecoder, DecoderLimits
 from graylane.engine_worker.logic.streaming import StreamPolicy, gap_p99
 from graylane.engine_worker.requests import Job, TaskKind, WorkItem
 from graylane.engine_worker.wire import GenerationTally, generation_report
+from graylane.errors import Rejection
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_from_pb
-from graylane.kafka.replies import Rejection
 from graylane.metrics import WorkerMetrics, catalogue
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.logic.window import (

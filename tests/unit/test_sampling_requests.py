@@ -24,8 +24,7 @@ from graylane.engine_worker.requests import (
 )
 from graylane.engine_worker.sampling import GREEDY, SamplingParams
 from graylane.engine_worker.wire import build_batch
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import Record
 from graylane.models.byte_vocab import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, encode_text
 from graylane.v1 import inference_pb2

@@ -25,8 +25,7 @@ from graylane.engine_worker.requests import (
     validate,
 )
 from graylane.engine_worker.wire import build_batch
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import Record
 from graylane.models.byte_vocab import decode_tokens
 from graylane.models.demo_gpt import write_demo_gpt
