@@ -18,7 +18,6 @@ import numpy as np
 
 from graylane.engine.errors import InvalidInputError
 from graylane.engine.protocol import InferenceEngine
-from graylane.engine_worker.batching import BucketPolicy, InvalidPolicyError
 from graylane.engine_worker.forward import check_ids, forward_token_rows, full_row, primary_output
 from graylane.engine_worker.kv_decode import (
     Decode,
@@ -29,7 +28,8 @@ from graylane.engine_worker.kv_decode import (
     sampler_for,
 )
 from graylane.engine_worker.layouts import kv_cache_layout, token_layout
-from graylane.engine_worker.sampling import SamplingParams
+from graylane.engine_worker.logic.batching import BucketPolicy, InvalidPolicyError
+from graylane.engine_worker.logic.sampling import SamplingParams
 
 __all__ = ["run_generate"]
 

@@ -40,11 +40,11 @@ from graylane.engine.errors import EngineError, EngineRunError, InvalidInputErro
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature, TensorSpec
 from graylane.engine_worker.batch_generation import run_generate
-from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.faults import FaultInjection, InjectedFault, with_faults
 from graylane.engine_worker.forward import run_forward
 from graylane.engine_worker.kv_decode import Decode, GenerationResult
 from graylane.engine_worker.layouts import ATTENTION_MASK, INPUT_IDS, token_layout
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.errors import ErrorCode, GraylaneError, Rejection
 

@@ -10,9 +10,9 @@ from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.model_info import ModelInfo
 from graylane.artifacts.signing import RefusedArtifact
 from graylane.engine.server import EngineEndpoint
-from graylane.engine_worker.batching import DEFAULT_BUCKETS
 from graylane.engine_worker.engine_server import EngineServerSettings
 from graylane.engine_worker.faults import FaultInjection
+from graylane.engine_worker.logic.batching import DEFAULT_BUCKETS
 from graylane.engine_worker.logic.streaming import StreamPolicy
 from graylane.engine_worker.requests import Tokenizer
 

@@ -27,7 +27,6 @@ from graylane.engine.derived_inputs import derived_feeds
 from graylane.engine.errors import InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature
-from graylane.engine_worker.batching import BucketPolicy, PendingItem, pad_token_batch
 from graylane.engine_worker.layouts import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -35,6 +34,7 @@ from graylane.engine_worker.layouts import (
     kv_cache_layout,
     token_layout,
 )
+from graylane.engine_worker.logic.batching import BucketPolicy, PendingItem, pad_token_batch
 from graylane.engine_worker.postprocess import PostProcess, post_process
 
 __all__ = [

@@ -10,9 +10,10 @@ the batch have different past lengths: the cache is right-padded and may have ho
 positions follow the mask; the cache is repacked once holes dominate it
 (:func:`should_compact`).
 
-Each generating row chooses its own tokens (:class:`~graylane.engine_worker.sampling.TokenSampler`:
-greedy unless its :class:`~graylane.engine_worker.sampling.SamplingParams` say otherwise),
-so rows with different sampling, seeds, EOS and stop ids share one batch. A row stops at
+Each generating row chooses its own tokens
+(:class:`~graylane.engine_worker.logic.sampling.TokenSampler`: greedy unless its
+:class:`~graylane.engine_worker.logic.sampling.SamplingParams` say otherwise), so rows
+with different sampling, seeds, EOS and stop ids share one batch. A row stops at
 its EOS or one of its stop token ids (neither is kept), or once the text of its tokens
 holds one of its stop strings: its result (:class:`GenerationResult`) then carries the
 text cut before the stop string, and the tokens that begin before the cut (a token
@@ -33,10 +34,15 @@ import numpy as np
 from graylane.engine.derived_inputs import POSITION_IDS, USE_CACHE_BRANCH, positions_from_mask
 from graylane.engine.errors import InvalidInputError
 from graylane.engine.protocol import InferenceEngine
-from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.layouts import ATTENTION_MASK, INPUT_IDS, LOGITS, kv_cache_layout
+from graylane.engine_worker.logic.batching import BucketPolicy
+from graylane.engine_worker.logic.sampling import (
+    GREEDY,
+    SamplingError,
+    SamplingParams,
+    TokenSampler,
+)
 from graylane.engine_worker.logic.scheduler import DecodeScheduler, SchedulerLimits
-from graylane.engine_worker.sampling import GREEDY, SamplingError, SamplingParams, TokenSampler
 
 __all__ = [
     "Decode",

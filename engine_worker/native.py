@@ -4,12 +4,12 @@ One fetched cycle (:class:`CycleFetch`) is checked record by record against the 
 variant's IO signature (:func:`~graylane.engine_worker.requests.validate`); its
 ``GENERATE`` jobs on a model with a KV cache join the variant's running decode batch
 (:class:`~graylane.engine_worker.generation.ContinuousDecoder`); the rest are planned
-into shape-bucketed batches (:mod:`~graylane.engine_worker.batching`), admitted against
-their deadlines (:mod:`~graylane.engine_worker.admission`) and run on the engine
+into shape-bucketed batches (:mod:`~graylane.engine_worker.logic.batching`), admitted against
+their deadlines (:mod:`~graylane.engine_worker.logic.admission`) and run on the engine
 thread (:class:`~graylane.engine_worker.compute.WorkerEngines`, so aiokafka's
 heartbeats keep running on the event loop), one batch ahead: the next batch runs while
 this one's results are built and sent. The batch size and wait are learned from
-measured engine time (:mod:`~graylane.engine_worker.batch_learner`). Fault injection is
+measured engine time (:mod:`~graylane.engine_worker.logic.batch_learner`). Fault injection is
 an engine wrapper (:mod:`~graylane.engine_worker.faults`), not a step of its own.
 """
 
@@ -24,10 +24,7 @@ from dataclasses import dataclass
 from graylane import tracing
 from graylane.clock import now_ms
 from graylane.engine.protocol import InferenceEngine
-from graylane.engine_worker.admission import admit_cycle, forward_only
 from graylane.engine_worker.backend import BatchClock, Outbox, RanJobs, ResultContext
-from graylane.engine_worker.batch_learner import BatchChoice, BatchLearner, LearnerConfig
-from graylane.engine_worker.batching import BucketPolicy, PlannedBatch, split_first
 from graylane.engine_worker.compute import (
     RanBatch,
     Reloader,
@@ -38,6 +35,16 @@ from graylane.engine_worker.compute import (
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.generation import ContinuousDecoder, DecoderLimits
 from graylane.engine_worker.layouts import kv_cache_layout
+from graylane.engine_worker.logic.admission import (
+    ADMISSION_PROBE_MS,
+    AdmissionPlan,
+    Candidate,
+    admit_by_priority,
+    effective_deadline,
+    request_priority,
+)
+from graylane.engine_worker.logic.batch_learner import BatchChoice, BatchLearner, LearnerConfig
+from graylane.engine_worker.logic.batching import BucketPolicy, PlannedBatch, split_first
 from graylane.engine_worker.observer import WorkerObserver
 from graylane.engine_worker.requests import (
     IntakeRules,
@@ -438,3 +445,42 @@ class NativeBackend:
             self._background.spawn(known[1].drain_and_close(), name="decoder-retire")
         self.decoders[context.variant] = (engine, decoder)
         return decoder
+
+
+def forward_only(jobs: Sequence[Job]) -> bool:
+    """Whether every job is a plain forward pass (what the learner's estimates cover)."""
+    return all(job.task is TaskKind.FORWARD for job in jobs)
+
+
+def admit_cycle(
+    planned: Sequence[PlannedBatch[Job]],
+    estimate_ms: Callable[[int, int], float | None],
+    *,
+    default_deadline_ms: float,
+    now_unix_ms: int,
+    last_run_unix_ms: int,
+) -> AdmissionPlan[Job]:
+    """Shed what cannot meet its deadline behind the batches planned ahead of it.
+
+    ``estimate_ms(rows, bucket_len)`` prices forward-only batches (others are
+    unknown); the first batch is a probe after ``ADMISSION_PROBE_MS`` without a run.
+    """
+
+    def deadline(job: Job) -> int:
+        request = job.request
+        return effective_deadline(
+            request.deadline_unix_ms, request.created_at_unix_ms, default_deadline_ms
+        )
+
+    def service_ms(position: int, rows: int) -> float | None:
+        batch = planned[position]
+        if not forward_only(batch.items):
+            return None
+        return estimate_ms(rows, batch.bucket_len)
+
+    candidates = [
+        [Candidate(job, deadline(job), request_priority(job.request.tags)) for job in b.items]
+        for b in planned
+    ]
+    probe = now_unix_ms - last_run_unix_ms > ADMISSION_PROBE_MS
+    return admit_by_priority(candidates, now_unix_ms, service_ms, probe=probe)

@@ -6,7 +6,7 @@ pass (:func:`validate`), either a :class:`~graylane.errors.Rejection` carrying
 its :class:`~graylane.errors.ErrorCode` or a :class:`WorkItem`: the reply topic
 against the allowlist, size and field caps, the model, tensors, task, token ids and
 limits against the engine's IO signature and the model's declared info, and a
-GENERATE request's sampling (:class:`~graylane.engine_worker.sampling.SamplingParams`:
+GENERATE request's sampling (:class:`~graylane.engine_worker.logic.sampling.SamplingParams`:
 temperature, top-p, top-k, seed, stop ids and strings). A validated
 request travels as one :class:`Job` (its record, the request, its work and, once
 run, its result or rejection) through batching, the engine and delivery. No Kafka
@@ -44,14 +44,14 @@ from graylane.engine_worker.layouts import (
     request_inputs,
     token_layout,
 )
-from graylane.engine_worker.postprocess import PostProcess
-from graylane.engine_worker.sampling import (
+from graylane.engine_worker.logic.sampling import (
     GREEDY,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     SamplingError,
     SamplingParams,
 )
+from graylane.engine_worker.postprocess import PostProcess
 from graylane.errors import ErrorCode, Rejection, SerdeError, clip
 from graylane.kafka.replies import field_problem, reply_topic_rejection
 from graylane.kafka.seam import Record

@@ -38,12 +38,12 @@ from graylane.engine_worker.backend import ResultContext, WorkerBackend
 from graylane.engine_worker.compute import Reloader
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.engine_server import EngineServerBackend
-from graylane.engine_worker.logic.streaming import CancelBook
 from graylane.engine_worker.native import FETCH_WAIT_MS, NativeBackend
 from graylane.engine_worker.observer import WorkerObserver
 from graylane.engine_worker.outbox import WorkerOutbox
 from graylane.engine_worker.requests import EngineRules, Job, TaskKind, decode, distrust_shadow
 from graylane.engine_worker.standby import wait_for_activation
+from graylane.engine_worker.state import CancelBook, Precision
 from graylane.errors import ErrorCode, Rejection, SerdeError
 from graylane.kafka.admin import MessageLimits
 from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
@@ -98,8 +98,7 @@ class Worker:
         self.factory = factory
         self.layout = factory.layout
         self.config = config
-        self.active_variant = config.initial_variant
-        self.precision_epoch = 0
+        self.precision = Precision(config.initial_variant)
         self.observer = WorkerObserver(config)
         self.observability = self.observer.observability
         self.registry = self.observer.registry
@@ -156,10 +155,19 @@ class Worker:
         return self._delivery.served if self._delivery is not None else 0
 
     # -- precision -------------------------------------------------------------
+    @property
+    def active_variant(self) -> str:
+        """The variant the worker serves now (the QoS ladder's choice)."""
+        return self.precision.variant
+
+    @property
+    def precision_epoch(self) -> int:
+        return self.precision.epoch
+
     def apply_precision(self, command: control_pb2.PrecisionCommand) -> bool:
         if (command.model, command.version) != (self.config.model, self.config.version):
             return False
-        if command.epoch <= self.precision_epoch:
+        if not self.precision.newer(command.epoch):
             return False
         if command.variant not in self.backend.variants:
             log.error(
@@ -168,13 +176,13 @@ class Worker:
                 sorted(self.backend.variants),
             )
             return False
-        self.precision_epoch = command.epoch
-        if command.variant != self.active_variant:
+        previous = self.precision.variant
+        self.precision.take(command.epoch, command.variant)
+        if command.variant != previous:
             labels = (self.config.model, self.config.version)
-            self.metrics.active_variant.labels(*labels, self.active_variant).set(0)
+            self.metrics.active_variant.labels(*labels, previous).set(0)
             log.info("switching %s/%s to %s (%s)", *labels, command.variant, command.reason)
-            self.active_variant = command.variant
-            self.metrics.active_variant.labels(*labels, self.active_variant).set(1)
+            self.metrics.active_variant.labels(*labels, command.variant).set(1)
         return True
 
     def _apply_precision_record(self, record: ConsumerRecord[bytes, bytes]) -> None:

@@ -54,7 +54,7 @@ from graylane.app.cli.demo import Service, start_service, stop_services
 from graylane.capacity import measure_variant
 from graylane.client import GraylaneClient, PostProcess
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings

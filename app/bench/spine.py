@@ -46,8 +46,8 @@ from graylane.capacity import (
 )
 from graylane.client import GraylaneClient, PostProcess
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import run_batch
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.postprocess import PostProcess as EnginePost
 from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.settings import Settings

@@ -233,7 +233,7 @@ def _endpoints(args: argparse.Namespace) -> tuple[Any, ...]:
 
 
 def _register_gateway(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from graylane.services.gateway.admission import GatewayLimits
+    from graylane.services.gateway.logic.admission import GatewayLimits
 
     d = GatewayLimits()
     gateway = sub.add_parser(
@@ -542,7 +542,7 @@ def _serve_engine_servers(
 
 
 def _buckets_up_to(max_seq: int) -> tuple[int, ...]:
-    from graylane.engine_worker.batching import BucketPolicy
+    from graylane.engine_worker.logic.batching import BucketPolicy
 
     return BucketPolicy.powers_of_two(max_seq, 1).buckets
 
@@ -552,8 +552,8 @@ def _gateway(args: argparse.Namespace) -> int:
     import socket
 
     from graylane.kafka.seam import KafkaFactory
-    from graylane.services.gateway.admission import GatewayLimits, KeyRing
     from graylane.services.gateway.chat import ChatFormat, ChatTemplateError, load_chat_template
+    from graylane.services.gateway.logic.admission import GatewayLimits, KeyRing
     from graylane.services.gateway.service import Gateway, GatewayConfig
 
     settings = Settings.from_env()

@@ -7,20 +7,18 @@ generation has been published, and :func:`safe_text` holds back text that may st
 cut by a stop string or ends inside a UTF-8 character. A chunk is a :class:`ChunkPiece`
 (its place in the stream and what is new in it); the worker's wire turns it into a
 result chunk. :func:`gap_p99` is one generation's inter-token p99;
-:class:`CancelBook` remembers, for a while, cancels of requests not running here yet.
 Times are given by the caller.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from graylane.engine_worker.sampling import StopStrings
+from graylane.engine_worker.logic.sampling import StopStrings
 
-__all__ = ["CancelBook", "ChunkPiece", "StreamCursor", "StreamPolicy", "gap_p99", "safe_text"]
+__all__ = ["ChunkPiece", "StreamCursor", "StreamPolicy", "gap_p99", "safe_text"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,28 +110,3 @@ def gap_p99(gaps_ms: Sequence[float]) -> float:
     ordered = sorted(gaps_ms)
     rank = max(1, math.ceil(0.99 * len(ordered) - 1e-9))
     return ordered[rank - 1]
-
-
-class CancelBook:
-    """Cancels for requests not (yet) running here, remembered for a while (bounded)."""
-
-    def __init__(self, *, keep_s: float = 300.0, capacity: int = 4096) -> None:
-        self._keep_s = keep_s
-        self._capacity = capacity
-        self._seen: OrderedDict[str, tuple[str, float]] = OrderedDict()
-
-    def note(self, request_id: str, reply_topic: str, at_s: float) -> None:
-        self._seen.pop(request_id, None)
-        self._seen[request_id] = (reply_topic, at_s)
-        while len(self._seen) > self._capacity:
-            self._seen.popitem(last=False)
-
-    def cancelled(self, request_id: str, reply_topic: str, at_s: float) -> bool:
-        """Whether a cancel from the owner of ``reply_topic`` named this request lately."""
-        while self._seen:
-            oldest = next(iter(self._seen.values()))
-            if at_s - oldest[1] <= self._keep_s:
-                break
-            self._seen.popitem(last=False)
-        entry = self._seen.get(request_id)
-        return entry is not None and entry[0] == reply_topic

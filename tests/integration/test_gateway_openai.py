@@ -25,8 +25,8 @@ from graylane.kafka.reading import FollowFrom, TopicFollower
 from graylane.kafka.seam import KafkaFactory, Record
 from graylane.models.byte_vocab import decode_tokens
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.services.gateway.admission import KeyRing, parse_api_keys
 from graylane.services.gateway.chat import CHATML, ChatMessage, ChatRole
+from graylane.services.gateway.logic.admission import KeyRing, parse_api_keys
 from graylane.v1 import inference_pb2
 from tests.support.engines import GatedDecodeSteps
 from tests.support.gateway import running_gateway

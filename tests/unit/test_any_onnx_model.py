@@ -35,10 +35,10 @@ from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.signature import IOSignature
 from graylane.engine_worker.backend import BatchClock, ResultContext
-from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import ForwardOutcome, run_isolated
 from graylane.engine_worker.faults import InjectedFault
 from graylane.engine_worker.loading import load_from_registry
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.requests import (
     IntakeRules,
     Limits,

@@ -19,11 +19,11 @@ from graylane.clock import now_ms
 from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.backend import ResultContext
-from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import WorkerEngines
 from graylane.engine_worker.faults import FaultInjection, extends_cache
 from graylane.engine_worker.generation import ContinuousDecoder, DecoderLimits
 from graylane.engine_worker.kv_decode import generate_with_cache
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.logic.streaming import StreamPolicy
 from graylane.engine_worker.requests import Job, TaskKind, WorkItem
 from graylane.engine_worker.spans import generation_hop

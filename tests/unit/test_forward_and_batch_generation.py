@@ -12,10 +12,10 @@ from graylane.artifacts.model_info import ModelInfo
 from graylane.engine import InferenceEngine, InvalidInputError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batch_generation import run_generate
-from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.forward import run_forward
 from graylane.engine_worker.kv_decode import FinishReason, GenerationResult
 from graylane.engine_worker.layouts import token_layout
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.postprocess import (
     MEAN_POOL,
     TOKEN_IDS,

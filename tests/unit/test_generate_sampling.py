@@ -14,7 +14,7 @@ from graylane.engine_worker.kv_decode import (
     KvDecodeLoop,
     generate_with_cache,
 )
-from graylane.engine_worker.sampling import GREEDY, SamplingParams
+from graylane.engine_worker.logic.sampling import GREEDY, SamplingParams
 from graylane.models.byte_vocab import BOS_ID, PAD_ID, encode_text
 from tests.support.generation import (
     MAX_SEQ,

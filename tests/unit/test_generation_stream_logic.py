@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graylane.engine_worker.logic.streaming import CancelBook, StreamCursor, StreamPolicy, safe_text
+from graylane.engine_worker.logic.streaming import StreamCursor, StreamPolicy, safe_text
+from graylane.engine_worker.state import CancelBook
 from graylane.v1 import inference_pb2
 
 

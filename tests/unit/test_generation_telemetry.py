@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry
 from graylane.clock import now_ms
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.backend import BatchReport, DecodeLoad, ResultContext
-from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import WorkerEngines
 from graylane.engine_worker.faults import FaultInjection, FaultyEngine
 from graylane.engine_worker.generation import ContinuousDecoder, DecoderLimits
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.logic.streaming import StreamPolicy, gap_p99
 from graylane.engine_worker.requests import Job, TaskKind, WorkItem
 from graylane.engine_worker.wire import GenerationTally, generation_report

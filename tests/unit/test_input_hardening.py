@@ -14,8 +14,8 @@ from graylane import serde
 from graylane.engine.errors import BadShape
 from graylane.engine_worker import compute
 from graylane.engine_worker.backend import BatchClock, ResultContext
-from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import BatchRun, ForwardOutcome, run_isolated
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.engine_worker.wire import build_batch
 from graylane.errors import ErrorCode

@@ -12,8 +12,9 @@ import pytest
 from graylane.artifacts.model_info import ModelInfo, ModelTask
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.backend import BatchClock, ResultContext
-from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import GenerateOutcome, run_batch
+from graylane.engine_worker.logic.batching import BucketPolicy
+from graylane.engine_worker.logic.sampling import GREEDY, SamplingParams
 from graylane.engine_worker.requests import (
     DemoByteTokenizer,
     IntakeRules,
@@ -22,7 +23,6 @@ from graylane.engine_worker.requests import (
     WorkItem,
     validate,
 )
-from graylane.engine_worker.sampling import GREEDY, SamplingParams
 from graylane.engine_worker.wire import build_batch
 from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import Record

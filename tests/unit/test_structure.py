@@ -250,7 +250,7 @@ def test_the_workers_logic_is_pure() -> None:
             )
             if module.startswith("graylane.engine_worker."):
                 assert module.startswith(
-                    ("graylane.engine_worker.logic", "graylane.engine_worker.sampling")
+                    ("graylane.engine_worker.logic", "graylane.engine_worker.logic.sampling")
                 ), f"{path.relative_to(ROOT)} imports {module}"
 
 

@@ -10,9 +10,9 @@ from onnx import TensorProto, helper
 from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.backend import BatchClock, ResultContext
-from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import engine_rejection, run_batch
 from graylane.engine_worker.faults import FaultInjection, FaultyEngine, InjectedFault, with_faults
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.requests import (
     DemoByteTokenizer,
     IntakeRules,
