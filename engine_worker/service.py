@@ -43,7 +43,7 @@ from graylane.engine_worker.observer import WorkerObserver
 from graylane.engine_worker.outbox import WorkerOutbox
 from graylane.engine_worker.requests import EngineRules, Job, TaskKind, decode, distrust_shadow
 from graylane.engine_worker.standby import wait_for_activation
-from graylane.engine_worker.state import CancelBook, Precision
+from graylane.engine_worker.state import ActiveVariant, CancelBook
 from graylane.errors import ErrorCode, Rejection, SerdeError
 from graylane.kafka.admin import MessageLimits
 from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
@@ -98,7 +98,7 @@ class Worker:
         self.factory = factory
         self.layout = factory.layout
         self.config = config
-        self.precision = Precision(config.initial_variant)
+        self.precision = ActiveVariant(config.initial_variant)
         self.observer = WorkerObserver(config)
         self.observability = self.observer.observability
         self.registry = self.observer.registry

@@ -1,8 +1,8 @@
 """The state a worker owns: the variant it serves, and the cancels it remembers.
 
-Room: ``state.py`` of the worker. :class:`Precision` is the variant the QoS ladder chose
-for this model version and the epoch of the command that chose it (a command with an
-older or equal epoch changes nothing); :class:`CancelBook` remembers, for a while and
+Room: ``state.py`` of the worker. :class:`ActiveVariant` is the variant the QoS ladder
+chose for this model version and the epoch of the command that chose it (a command
+with an older or equal epoch changes nothing); :class:`CancelBook` remembers, for a while and
 bounded, cancels of requests not running here yet. Changed only through their methods;
 times are given by the caller. No I/O: the service applies the control records to them.
 """
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["CancelBook", "Precision"]
+__all__ = ["ActiveVariant", "CancelBook"]
 
 
 @dataclass
-class Precision:
+class ActiveVariant:
     """The variant this worker serves, and the epoch of the precision command behind it."""
 
     variant: str

@@ -282,3 +282,72 @@ def test_benchmark_dependencies_stay_out_of_the_runtime() -> None:
         assert not any(m.split(".")[0] == "confluent_kafka" for m in at_top), (
             f"{rel} imports confluent_kafka at import time"
         )
+
+
+SERVICE_PACKAGES = {
+    "router": ROOT / "services" / "router",
+    "gateway": ROOT / "services" / "gateway",
+    "controlplane": ROOT / "services" / "controlplane",
+    "engine_worker": ROOT / "engine_worker",
+    "policy_engine": ROOT / "policy_engine",
+}
+ROOMS = ("service.py", "wire.py", "state.py", "logic/__init__.py")
+IO_MODULES = (
+    "aiokafka",
+    "faust",
+    "grpc",
+    "grpc_health",
+    "sqlalchemy",
+    "httpx",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "onnxruntime",
+    "tensorrt",
+    "google.protobuf",
+    "graylane.v1",
+    "graylane.kafka",
+)
+"""What a ``logic/`` module never imports: Kafka, gRPC, SQL, HTTP, protobuf, engines."""
+
+
+def _package_of(folder: Path) -> str:
+    return _dotted(folder / "__init__.py")
+
+
+@pytest.mark.parametrize("name", sorted(SERVICE_PACKAGES))
+def test_every_service_package_has_the_same_rooms(name: str) -> None:
+    """``service.py`` (lifecycle, the loop's hooks), ``wire.py`` (protobuf and HTTP JSON),
+    ``state.py`` (what it owns) and ``logic/`` (pure decisions), in every service."""
+    folder = SERVICE_PACKAGES[name]
+    missing = [room for room in ROOMS if not (folder / room).is_file()]
+    assert missing == [], f"{name} lacks {missing}"
+    modules = sorted((folder / "logic").glob("*.py"))
+    assert [m for m in modules if m.name != "__init__.py"], f"{name}/logic/ holds no decision"
+    assert ast.get_docstring(_tree(folder / "logic" / "__init__.py")), "a room says what it is"
+
+
+@pytest.mark.parametrize("name", sorted(SERVICE_PACKAGES))
+def test_logic_is_pure_and_state_knows_no_adapter(name: str) -> None:
+    """``logic/`` imports no I/O library and nothing of its service's other rooms;
+    ``state.py`` imports neither the service nor the wire."""
+    folder = SERVICE_PACKAGES[name]
+    package = _package_of(folder)
+    adapters = {f"{package}.service", f"{package}.wire", f"{package}.state"}
+    bad = []
+    for path in sorted((folder / "logic").rglob("*.py")):
+        for module in _imported_modules(_tree(path)):
+            if any(module == m or module.startswith(m + ".") for m in IO_MODULES):
+                bad.append(f"{path.relative_to(ROOT)} imports {module}")
+            if any(module == a or module.startswith(a + ".") for a in adapters):
+                bad.append(f"{path.relative_to(ROOT)} imports {module}")
+    state = _imported_modules(_tree(folder / "state.py"))
+    bad += [f"{name}/state.py imports {m}" for m in state if m in adapters - {f"{package}.state"}]
+    assert bad == []
+
+
+def test_the_rooms_check_can_fail(tmp_path: Path) -> None:
+    planted = tmp_path / "logic.py"
+    planted.write_text("from graylane.v1 import inference_pb2\nimport aiokafka\n")
+    found = _imported_modules(_tree(planted))
+    assert any(m.startswith("graylane.v1") for m in found) and "aiokafka" in found
