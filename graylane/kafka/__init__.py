@@ -16,4 +16,6 @@
   results, dead letters);
 - :mod:`~graylane.kafka.recovering`: the producer that rebuilds itself after a fatal error;
 - :mod:`~graylane.kafka.admin`: topic set-up and ACL grants over the admin API.
+
+Room: the library's Kafka layer. May import the rest of the library; no service.
 """

@@ -351,3 +351,15 @@ def test_the_rooms_check_can_fail(tmp_path: Path) -> None:
     planted.write_text("from graylane.v1 import inference_pb2\nimport aiokafka\n")
     found = _imported_modules(_tree(planted))
     assert any(m.startswith("graylane.v1") for m in found) and "aiokafka" in found
+
+
+def test_every_package_names_its_room() -> None:
+    """Each package's docstring says which room of the house it is and what it may import
+    (``ARCHITECTURE.md`` draws the house)."""
+    silent = [
+        str(path.relative_to(ROOT))
+        for path in MODULES
+        if path.name == "__init__.py" and "Room:" not in (ast.get_docstring(_tree(path)) or "")
+    ]
+    assert silent == []
+    assert (ROOT / "ARCHITECTURE.md").is_file()
