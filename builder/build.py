@@ -272,29 +272,17 @@ def _prepare_samples(
 
 
 def _continued_by_reference(source: SourceModel, samples: SampleSet, tokens: int) -> SampleSet:
-    """Each prompt followed by the source's own greedy tokens (fp32, through its KV cache
-    when it has one), so variants are judged on the text the reference writes."""
+    """Each prompt followed by the source's own greedy tokens (fp32), so variants are
+    judged on the text the reference writes. A decoder-with-past runs with an empty past
+    each step (:func:`~graylane.builder.runtime.complete_feeds`): the same tokens as
+    through its cache, recomputed, which a build of a few dozen prompts can afford."""
     from graylane.builder.samples import continued
-    from graylane.builder.validation import generation_prompts
-    from graylane.engine_worker.tasks import generate_with_cache, kv_cache_layout
+    from graylane.builder.validation import generation_prompts, greedy_generate
 
     prompts = generation_prompts(samples, samples.count, tokens, source.max_seq_len)
     runner = open_runner(source.path)
     try:
-        if kv_cache_layout(runner.engine.io) is not None:
-            results = generate_with_cache(
-                runner.engine,
-                [list(p) for p in prompts],
-                tokens,
-                None,
-                source.max_seq_len or 4096,
-                max_batch_size=8,
-            )
-            extra: list[list[int]] = [list(r.tokens) for r in results]
-        else:
-            from graylane.builder.validation import greedy_generate
-
-            extra = [list(row) for row in greedy_generate(runner, prompts, tokens, source.pad_id)]
+        extra = [list(row) for row in greedy_generate(runner, prompts, tokens, source.pad_id)]
     finally:
         runner.engine.close()
     return continued(samples, extra)

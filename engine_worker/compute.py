@@ -39,20 +39,14 @@ from graylane.engine.derived_inputs import derived_feeds
 from graylane.engine.errors import EngineError, EngineRunError, InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature, TensorSpec
-from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.batch_generation import run_generate
 from graylane.engine_worker.faults import FaultInjection, InjectedFault, with_faults
+from graylane.engine_worker.forward import run_forward
+from graylane.engine_worker.kv_decode import Decode, GenerationResult
+from graylane.engine_worker.layouts import ATTENTION_MASK, INPUT_IDS, token_layout
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.engine_worker.tasks import (
-    ATTENTION_MASK,
-    INPUT_IDS,
-    Decode,
-    GenerationResult,
-    run_forward,
-    run_generate,
-    token_layout,
-)
-from graylane.errors import ErrorCode, GraylaneError
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, GraylaneError, Rejection
 
 __all__ = [
     "BatchRun",

@@ -10,11 +10,11 @@ from graylane.artifacts.build_info import ShapeProfile
 from graylane.artifacts.model_info import ModelInfo
 from graylane.artifacts.signing import RefusedArtifact
 from graylane.engine.server import EngineEndpoint
-from graylane.engine_worker.batching import DEFAULT_BUCKETS
 from graylane.engine_worker.compute import WarmUpLimits
 from graylane.engine_worker.engine_server import EngineServerSettings
 from graylane.engine_worker.faults import FaultInjection
-from graylane.engine_worker.generation import StreamPolicy
+from graylane.engine_worker.logic.batching import DEFAULT_BUCKETS
+from graylane.engine_worker.logic.streaming import StreamPolicy
 from graylane.engine_worker.requests import Tokenizer
 
 __all__ = ["WorkerConfig", "default_worker_id"]
@@ -67,7 +67,7 @@ class WorkerConfig:
     """Prompt tokens prefilled in one decode step (0 = no cap; one prompt always joins)."""
     max_kv_tokens: int = 0
     """Cache positions the running sequences may reserve together (0 = no cap; the CLI
-    derives it from ``--kv-cache-mb``: :func:`~graylane.engine_worker.tasks.kv_tokens_for`)."""
+    derives it from ``--kv-cache-mb``: :func:`~graylane.engine_worker.layouts.kv_tokens_for`)."""
     warm_up: WarmUpLimits = field(default_factory=WarmUpLimits)
     """Which shapes are warmed before joining the group, and for how long at most."""
     stream: StreamPolicy = field(default_factory=StreamPolicy)

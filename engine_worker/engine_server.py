@@ -15,7 +15,7 @@ more records only while fewer than :attr:`EngineServerSettings.max_waiting` wait
 backlog stays in Kafka, where the version's lag shows it and other replicas can take it.
 
 **Streams and timing.** The engine's events are relayed to the reply topic in
-Graylane's stream protocol (:class:`~graylane.engine_worker.generation.StreamPolicy`:
+Graylane's stream protocol (:class:`~graylane.engine_worker.logic.streaming.StreamPolicy`:
 the first text at once, then a chunk every few pieces or milliseconds), with the log
 probabilities of their tokens. The worker measures each call itself: time to first
 token (from the request's creation, as the native decoder does), the gaps between
@@ -51,15 +51,22 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from graylane import tracing
 from graylane.clock import now_ms
 from graylane.engine.server import EngineEndpoint
-from graylane.engine_worker.backend import Outbox
+from graylane.engine_worker.backend import (
+    DecodeLoad,
+    Ended,
+    EndedTogether,
+    Outbox,
+    ResultContext,
+    settle_when_sent,
+)
 from graylane.engine_worker.engine_load import EngineLoad, load_paths, read_load
-from graylane.engine_worker.generation import StreamPolicy, gap_p99, settle_when_sent
+from graylane.engine_worker.logic.streaming import ChunkPiece, StreamPolicy, gap_p99
 from graylane.engine_worker.openai_calls import (
     DONE,
     ChoiceText,
+    EngineAnswer,
     EngineEvent,
     EngineFault,
     build_call,
@@ -74,17 +81,7 @@ from graylane.engine_worker.requests import (
     WorkItem,
     validate_engine_call,
 )
-from graylane.engine_worker.spans import trace_generations
-from graylane.engine_worker.wire import (
-    BatchIds,
-    DecodeLoad,
-    EngineAnswer,
-    ResultContext,
-    engine_result,
-    generation_report,
-)
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import BatchConsumer, Record
 from graylane.metrics import ENGINE_UP, ServiceObservability
 from graylane.v1 import inference_pb2
@@ -247,17 +244,26 @@ class _TextCursor:
             return True  # the first piece goes out at once: it is the time to first token
         return new >= self.policy.every_tokens or at_ms - self.last_ms >= self.policy.every_ms
 
-    def take(self, call: _Call, at_ms: float) -> tuple[int, str, list[inference_pb2.TokenLogprob]]:
+    def take(
+        self, call: _Call, at_ms: float
+    ) -> tuple[ChunkPiece, list[inference_pb2.TokenLogprob]]:
+        """The next chunk of a running call: its new text, and the new logprobs."""
         choice = call.first
-        text = choice.text[self.text_sent :]
+        piece = ChunkPiece(self.sequence, (), choice.text[self.text_sent :], final=False)
         logprobs = choice.logprobs[self.logprobs_sent :]
-        sequence = self.sequence
         self.sequence += 1
         self.pieces_sent = call.pieces
         self.text_sent = len(choice.text)
         self.logprobs_sent = len(choice.logprobs)
         self.last_ms = at_ms
-        return sequence, text, logprobs
+        return piece, logprobs
+
+    def finish(
+        self, first: ChoiceText
+    ) -> tuple[ChunkPiece, tuple[inference_pb2.TokenLogprob, ...]]:
+        """The final chunk: the rest of the first choice's text and logprobs."""
+        piece = ChunkPiece(self.sequence, (), first.text[self.text_sent :], final=True)
+        return piece, tuple(first.logprobs[self.logprobs_sent :])
 
 
 class _Cancelled(Exception):
@@ -301,7 +307,6 @@ class EndpointCalls:
         self._stream = stream
         self._served_model = served_model
         self._engine_load = engine_load
-        self._batch_ids = BatchIds(context.worker_id)
         self._waiting: deque[_Call] = deque()
         self._running: dict[str, _Call] = {}
         self._by_request: dict[str, _Call] = {}
@@ -331,7 +336,11 @@ class EndpointCalls:
             )
         cursor = None
         if request.generation.stream and not request.shadow:
-            cursor = _TextCursor(self._stream.for_request(request.generation))
+            cursor = _TextCursor(
+                self._stream.for_request(
+                    request.generation.stream_every_tokens, request.generation.stream_every_ms
+                )
+            )
         call = _Call(
             job,
             now_ms(),
@@ -597,24 +606,10 @@ class EndpointCalls:
         cursor = call.cursor
         if cursor is None or not cursor.due(call.pieces, float(at_ms)):
             return
-        sequence, text, logprobs = cursor.take(call, float(at_ms))
+        piece, logprobs = cursor.take(call, float(at_ms))
         call.publishing = True
-        request = call.job.request
-        chunk = inference_pb2.InferenceResult(
-            request_id=request.request_id,
-            model=request.model,
-            version=self.context.version,
-            variant=self.variant,
-            worker_id=self.context.worker_id,
-            status=inference_pb2.OK,
-            task=inference_pb2.GENERATE,
-            routing_key=request.routing_key,
-            text=text,
-            chunk=inference_pb2.StreamChunk(sequence=sequence, final=False),
-        )
-        chunk.logprobs.extend(logprobs)
         try:
-            call.sends.append(await self._outbox.chunk(call.job, chunk))
+            call.sends.append(await self._outbox.chunk(call.job, piece, self.context, logprobs))
         finally:
             call.publishing = False
 
@@ -638,49 +633,29 @@ class EndpointCalls:
             await self._deliver(ended)
 
     async def _deliver(self, ended: list[tuple[_Call, EngineAnswer | Rejection]]) -> None:
-        jobs = []
+        answers: list[Ended] = []
         for call, outcome in ended:
-            job = call.job
-            jobs.append(job)
-            if isinstance(outcome, Rejection):
-                job.result, job.rejection = None, outcome
+            if isinstance(outcome, Rejection) or call.cursor is None:
+                answers.append(Ended(call.job, outcome))
                 continue
-            job.result = engine_result(job, outcome, self.context)
-            if call.cursor is not None:
-                job.stream_tail = self._final_chunk(job.result, call.cursor)
-        first_started = min(c.started_ms or c.submitted_ms for c, _ in ended)
-        report = generation_report(
-            jobs,
-            self.context,
-            started_ms=first_started,
+            tail, logprobs = call.cursor.finish(outcome.choices[0][0])
+            answers.append(Ended(call.job, outcome, tail, logprobs))
+        together = EndedTogether(
+            ended=tuple(answers),
+            context=self.context,
+            started_ms=min(c.started_ms or c.submitted_ms for c, _ in ended),
             device_load=self._device_load(),
-            batch_id=self._batch_ids.of(jobs[0].record),
             load=self.load(),
         )
         try:
-            sends = await self._outbox.deliver(report)
+            sends = await self._outbox.generations(together)
         except Exception as exc:  # the loop's next cycle reads them again
             for call, _ in ended:
                 if not call.done.done():
                     call.done.set_exception(exc)
             return
-        if tracing.enabled():
-            trace_generations(jobs, sends, self.context)
         for call, _ in ended:
             settle_when_sent(call.done, [*call.sends, *sends])
-
-    @staticmethod
-    def _final_chunk(
-        result: inference_pb2.InferenceResult, cursor: _TextCursor
-    ) -> inference_pb2.InferenceResult:
-        tail = inference_pb2.InferenceResult()
-        tail.CopyFrom(result)
-        tail.text = result.text[cursor.text_sent :]
-        del tail.logprobs[:]
-        tail.logprobs.extend(result.logprobs[cursor.logprobs_sent :])
-        tail.chunk.sequence = cursor.sequence
-        tail.chunk.final = True
-        return tail
 
     def _device_load(self) -> float:
         """The share of the last seconds with at least one call running."""

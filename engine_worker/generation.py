@@ -2,7 +2,7 @@
 
 A worker whose model has a KV cache does not run ``GENERATE`` requests per fetched
 cycle. Each one is handed to the :class:`ContinuousDecoder` of the variant that is
-active when it arrives, which steps a :class:`~graylane.engine_worker.tasks.KvDecodeLoop`
+active when it arrives, which steps a :class:`~graylane.engine_worker.kv_decode.KvDecodeLoop`
 on the engine thread for as long as it has sequences: a request fetched while others
 decode joins the running batch at the next step (the loop's scheduler bounds the rows,
 the prompt tokens prefilled per step and the cache positions reserved), a finished row
@@ -15,17 +15,20 @@ sequence still waiting for a row when its time-to-first-token budget or its dead
 passes is answered ``SHED``: it could not start in time).
 
 A streamed request (``GenerationParams.stream``) gets ordered chunks on its reply topic
-as it decodes (:class:`StreamCursor`: a chunk once ``every_tokens`` new tokens or
-``every_ms`` passed, text held back while it could still be cut by a stop string or
-ends inside a UTF-8 character) and a final chunk with the rest, the finish reason, the
-usage and the timings. The final answer of every generation goes through the worker's
-usual delivery (results, shadow pairs, telemetry); the awaitable :meth:`submit` returns
-resolves once it and every chunk before it are acknowledged, so the consume loop
-commits the request's offset only then (at-least-once: a restart decodes it again,
-and a stream restarts at sequence 0).
+as it decodes (:class:`~graylane.engine_worker.logic.streaming.StreamCursor`: a chunk
+once ``every_tokens`` new tokens or ``every_ms`` passed, text held back while it could
+still be cut by a stop string or ends inside a UTF-8 character) and a final chunk with
+the rest, the finish reason, the usage and the timings. The final answer of every
+generation goes through the worker's usual delivery (results, shadow pairs,
+telemetry); the awaitable :meth:`submit` returns resolves once it and every chunk
+before it are acknowledged, so the consume loop commits the request's offset only then
+(at-least-once: a restart decodes it again, and a stream restarts at sequence 0).
 
-Pure bookkeeping (:class:`StreamCursor`, :func:`safe_text`, :class:`CancelBook`) sits
-apart from the asyncio driver.
+The decoder builds no protobuf: it hands each generation that ended (a
+:class:`~graylane.engine_worker.backend.Decoded` result with its token times, or a
+refusal) and each stream chunk (a :class:`~graylane.engine_worker.logic.streaming.ChunkPiece`)
+to the worker's :class:`~graylane.engine_worker.backend.Outbox`, which maps them onto the
+wire. The streaming bookkeeping is pure (:mod:`~graylane.engine_worker.logic.streaming`).
 """
 
 from __future__ import annotations
@@ -33,166 +36,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
-from graylane import tracing
 from graylane.clock import now_ms
 from graylane.engine.errors import EngineError, InvalidInputError
 from graylane.engine.protocol import InferenceEngine
-from graylane.engine_worker.backend import Outbox
-from graylane.engine_worker.compute import WorkerEngines, engine_rejection
-from graylane.engine_worker.requests import Job, input_rejection
-from graylane.engine_worker.sampling import StopStrings
-from graylane.engine_worker.spans import trace_generations
-from graylane.engine_worker.tasks import GenerationResult, KvDecodeLoop
-from graylane.engine_worker.wire import (
-    BatchIds,
+from graylane.engine_worker.backend import (
+    Decoded,
     DecodeLoad,
+    Ended,
+    EndedTogether,
+    Outbox,
     ResultContext,
-    generation_report,
-    generation_result,
+    TokenTimes,
+    settle_when_sent,
 )
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
-from graylane.v1 import inference_pb2
+from graylane.engine_worker.compute import WorkerEngines, engine_rejection
+from graylane.engine_worker.kv_decode import GenerationResult, KvDecodeLoop
+from graylane.engine_worker.logic.streaming import StreamCursor, StreamPolicy, gap_p99
+from graylane.engine_worker.requests import Job, input_rejection
+from graylane.errors import ErrorCode, Rejection
 
-__all__ = [
-    "CancelBook",
-    "ChunkPiece",
-    "ContinuousDecoder",
-    "DecoderLimits",
-    "Finished",
-    "StreamCursor",
-    "StreamPolicy",
-    "gap_p99",
-    "safe_text",
-    "settle_when_sent",
-]
+__all__ = ["ContinuousDecoder", "DecoderLimits"]
 
 log = logging.getLogger(__name__)
-
-# --- streaming (pure) -------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class StreamPolicy:
-    """When a streamed generation publishes a chunk (whichever comes first)."""
-
-    every_tokens: int = 4
-    """New tokens that make a chunk."""
-    every_ms: float = 50.0
-    """Time since the previous chunk that makes one (once a new token is there)."""
-
-    def __post_init__(self) -> None:
-        if self.every_tokens < 1 or self.every_ms < 0:
-            raise ValueError(f"stream policy needs every_tokens >= 1, every_ms >= 0: {self}")
-
-    def for_request(self, params: inference_pb2.GenerationParams) -> StreamPolicy:
-        """The request's own chunking where it names one (0 keeps the worker's)."""
-        return StreamPolicy(
-            every_tokens=params.stream_every_tokens or self.every_tokens,
-            every_ms=float(params.stream_every_ms or self.every_ms),
-        )
-
-
-def safe_text(text: str, stops: Sequence[str] = ()) -> str:
-    """The part of ``text`` that may be streamed now: without a trailing incomplete
-    UTF-8 character (decoded as U+FFFD) and without a suffix that could begin a stop
-    string (the final text may still be cut there)."""
-    end = len(text)
-    while end and text[end - 1] == "\ufffd":
-        end -= 1
-    return text[: StopStrings(tuple(stops)).safe_length(text[:end])]
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkPiece:
-    """What one chunk carries: its place in the stream and what is new in it."""
-
-    sequence: int
-    token_ids: tuple[int, ...]
-    text: str
-    final: bool
-
-
-@dataclass(slots=True)
-class StreamCursor:
-    """How far one streamed generation has been published."""
-
-    policy: StreamPolicy
-    stops: tuple[str, ...] = ()
-    sequence: int = 0
-    tokens_sent: int = 0
-    text_sent: str = ""
-    last_ms: float = 0.0
-
-    def due(self, tokens: int, at_ms: float) -> bool:
-        """Whether ``tokens`` generated so far make a chunk now."""
-        new = tokens - self.tokens_sent
-        if new <= 0:
-            return False
-        if self.sequence == 0:
-            return True  # the first token goes out at once: it is the time to first token
-        return new >= self.policy.every_tokens or at_ms - self.last_ms >= self.policy.every_ms
-
-    def take(self, tokens: Sequence[int], text: str, at_ms: float) -> ChunkPiece:
-        """The next chunk of a running generation (``text``: all its text so far)."""
-        shown = safe_text(text, self.stops)
-        if not shown.startswith(self.text_sent):
-            shown = self.text_sent  # decoding changed earlier text: wait for the final
-        return self._piece(tokens, shown, at_ms, final=False)
-
-    def finish(self, tokens: Sequence[int], text: str, at_ms: float) -> ChunkPiece:
-        """The final chunk: the rest of the tokens and of the (final) text."""
-        return self._piece(tokens, text, at_ms, final=True)
-
-    def _piece(self, tokens: Sequence[int], text: str, at_ms: float, *, final: bool) -> ChunkPiece:
-        new_text = text[len(self.text_sent) :] if text.startswith(self.text_sent) else text
-        piece = ChunkPiece(self.sequence, tuple(tokens[self.tokens_sent :]), new_text, final)
-        self.sequence += 1
-        self.tokens_sent = len(tokens)
-        self.text_sent = text if text.startswith(self.text_sent) else self.text_sent + text
-        self.last_ms = at_ms
-        return piece
-
-
-def gap_p99(gaps_ms: Sequence[float]) -> float:
-    """The nearest-rank p99 of one generation's inter-token gaps; 0.0 without any."""
-    if not gaps_ms:
-        return 0.0
-    ordered = sorted(gaps_ms)
-    rank = max(1, math.ceil(0.99 * len(ordered) - 1e-9))
-    return ordered[rank - 1]
-
-
-class CancelBook:
-    """Cancels for requests not (yet) running here, remembered for a while (bounded)."""
-
-    def __init__(self, *, keep_s: float = 300.0, capacity: int = 4096) -> None:
-        self._keep_s = keep_s
-        self._capacity = capacity
-        self._seen: OrderedDict[str, tuple[str, float]] = OrderedDict()
-
-    def note(self, request_id: str, reply_topic: str, at_s: float) -> None:
-        self._seen.pop(request_id, None)
-        self._seen[request_id] = (reply_topic, at_s)
-        while len(self._seen) > self._capacity:
-            self._seen.popitem(last=False)
-
-    def cancelled(self, request_id: str, reply_topic: str, at_s: float) -> bool:
-        """Whether a cancel from the owner of ``reply_topic`` named this request lately."""
-        while self._seen:
-            oldest = next(iter(self._seen.values()))
-            if at_s - oldest[1] <= self._keep_s:
-                break
-            self._seen.popitem(last=False)
-        entry = self._seen.get(request_id)
-        return entry is not None and entry[0] == reply_topic
-
 
 # --- the running decode batch -------------------------------------------------------------
 
@@ -228,35 +97,6 @@ class _Live:
     done: asyncio.Future[None] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """Generations that ended in the same step, answered (``job.result`` or
-    ``job.rejection`` filled in); ``started_ms``: when the first of them started."""
-
-    jobs: tuple[Job, ...]
-    started_ms: int
-    load: DecodeLoad | None = None
-    """The decode loop as they ended (its load signals)."""
-
-
-def settle_when_sent(done: asyncio.Future[None] | None, sends: Sequence[Awaitable[object]]) -> None:
-    """Resolve ``done`` once every one of ``sends`` is acknowledged (or fail it with the
-    first failure): what the consume loop waits on before it commits a request."""
-    waits = asyncio.gather(*sends)
-
-    def finish(fut: asyncio.Future[list[object]]) -> None:
-        if done is None or done.done():
-            return
-        if fut.cancelled():
-            done.cancel()
-        elif fut.exception() is not None:
-            done.set_exception(fut.exception())  # type: ignore[arg-type]
-        else:
-            done.set_result(None)
-
-    waits.add_done_callback(finish)
-
-
 class ContinuousDecoder:
     """The running decode batch of one variant, stepped on the engine thread."""
 
@@ -268,19 +108,19 @@ class ContinuousDecoder:
         limits: DecoderLimits,
         *,
         stream: StreamPolicy,
-        decode_text: Callable[[Sequence[int]], str] | None,
         outbox: Outbox,
         pad_id: int = 0,
     ) -> None:
+        """Results and stream text are decoded by ``context.tokenizer`` (None: token ids)."""
         self.context = context
         self.variant = context.variant
         self.limits = limits
         self._engines = engines
         self._engine = engine
         self._stream = stream
-        self._decode_text = decode_text
+        tokenizer = context.tokenizer
+        self._decode_text = tokenizer.decode if tokenizer is not None else None
         self._outbox = outbox
-        self._batch_ids = BatchIds(context.worker_id)
         self._pad_id = pad_id
         self._loop = self._new_loop()
         self._arrived: list[_Live] = []
@@ -324,7 +164,12 @@ class ContinuousDecoder:
         cursor = None
         if request.generation.stream and not request.shadow:
             stops = tuple(request.generation.stop)
-            cursor = StreamCursor(self._stream.for_request(request.generation), stops)
+            cursor = StreamCursor(
+                self._stream.for_request(
+                    request.generation.stream_every_tokens, request.generation.stream_every_ms
+                ),
+                stops,
+            )
         live = _Live(job, -1, cursor, now_ms(), deadline)
         live.done = asyncio.get_running_loop().create_future()
         self._arrived.append(live)
@@ -528,7 +373,7 @@ class ContinuousDecoder:
             if cursor.due(len(tokens), float(at_ms)):
                 text = self._decode_text(tokens) if self._decode_text else ""
                 piece = cursor.take(tokens, text, float(at_ms))
-                live.sends.append(await self._outbox.chunk(live.job, self._chunk(live, piece)))
+                live.sends.append(await self._outbox.chunk(live.job, piece, self.context))
 
     @staticmethod
     def _stamp(live: _Live, tokens: int, started: int, done: int) -> None:
@@ -559,42 +404,30 @@ class ContinuousDecoder:
             running=len(scheduler.running),
         )
 
-    def _chunk(self, live: _Live, piece: ChunkPiece) -> inference_pb2.InferenceResult:
-        request = live.job.request
-        chunk = inference_pb2.InferenceResult(
-            request_id=request.request_id,
-            model=request.model,
-            version=self.context.version,
-            variant=self.variant,
-            worker_id=self.context.worker_id,
-            status=inference_pb2.OK,
-            task=inference_pb2.GENERATE,
-            routing_key=request.routing_key,
-            text=piece.text,
-            chunk=inference_pb2.StreamChunk(sequence=piece.sequence, final=piece.final),
-        )
-        chunk.generated_token_ids.extend(piece.token_ids)
-        return chunk
-
     async def _answer(self, ended: list[tuple[_Live, GenerationResult | Rejection]]) -> None:
-        """Fill in each ended job's answer and hand them to delivery, together."""
-        jobs: list[Job] = []
-        first_started = min((live.started_ms or live.submitted_ms for live, _ in ended))
+        """Hand the generations that ended to the outbox, together (one telemetry record)."""
+        answers: list[Ended] = []
         for live, end in ended:
-            job = live.job
-            jobs.append(job)
             if isinstance(end, Rejection):
-                job.rejection = end
+                answers.append(Ended(live.job, end))
                 continue
-            started = live.started_ms or live.submitted_ms
-            job.result = generation_result(job, end, self.context, started_ms=started)
-            self._time(live, job.result, len(end.tokens))
+            tail = None
             if live.cursor is not None:
-                tokens = list(job.result.generated_token_ids)
-                piece = live.cursor.finish(tokens, job.result.text, float(now_ms()))
-                job.stream_tail = self._final_chunk(job.result, piece)
+                tokens = list(end.tokens)
+                text = end.text
+                if text is None:
+                    text = self._decode_text(tokens) if self._decode_text is not None else ""
+                tail = live.cursor.finish(tokens, text, float(now_ms()))
+            answers.append(Ended(live.job, Decoded(end, self._times(live)), tail))
+        together = EndedTogether(
+            ended=tuple(answers),
+            context=self.context,
+            started_ms=min(live.started_ms or live.submitted_ms for live, _ in ended),
+            device_load=self._engines.device_load,
+            load=self.load(),
+        )
         try:
-            sends = await self._deliver(Finished(tuple(jobs), first_started, self.load()))
+            sends = await self._outbox.generations(together)
         except Exception as exc:  # the loop's next cycle reads them again
             for live, _ in ended:
                 self._settle(live, exc)
@@ -603,49 +436,15 @@ class ContinuousDecoder:
             self._by_request.pop(live.job.request.request_id, None)
             settle_when_sent(live.done, [*live.sends, *sends])
 
-    async def _deliver(self, finished: Finished) -> list[Awaitable[object]]:
-        """Answer generations that ended together, with one telemetry record."""
-        report = generation_report(
-            finished.jobs,
-            self.context,
-            started_ms=finished.started_ms,
-            device_load=self._engines.device_load,
-            batch_id=self._batch_ids.of(finished.jobs[0].record),
-            load=finished.load,
+    @staticmethod
+    def _times(live: _Live) -> TokenTimes:
+        return TokenTimes(
+            submitted_ms=live.submitted_ms,
+            started_ms=live.started_ms,
+            first_token_ms=live.first_token_ms,
+            last_token_ms=live.last_token_ms,
+            inter_token_p99_ms=gap_p99(live.gaps_ms),
         )
-        sends = await self._outbox.deliver(report)
-        if tracing.enabled():
-            trace_generations(finished.jobs, sends, self.context)
-        return sends
-
-    @staticmethod
-    def _time(live: _Live, result: inference_pb2.InferenceResult, tokens: int) -> None:
-        when = result.timing
-        created = when.created_at_unix_ms or live.submitted_ms
-        if live.first_token_ms:
-            when.ttft_ms = float(max(0, live.first_token_ms - created))
-        if tokens > 1 and live.last_token_ms > live.first_token_ms:
-            when.tpot_ms = (live.last_token_ms - live.first_token_ms) / (tokens - 1)
-        if live.first_token_ms and live.started_ms:
-            when.prefill_ms = float(max(0, live.first_token_ms - live.started_ms))
-        when.inter_token_p99_ms = gap_p99(live.gaps_ms)
-        when.dequeued_at_unix_ms = live.started_ms or live.submitted_ms
-        queued_since = when.routed_at_unix_ms or created
-        when.queue_wait_ms = float(max(0, when.dequeued_at_unix_ms - queued_since))
-        when.compute_ms = float(max(0, when.completed_at_unix_ms - when.dequeued_at_unix_ms))
-
-    @staticmethod
-    def _final_chunk(
-        result: inference_pb2.InferenceResult, piece: ChunkPiece
-    ) -> inference_pb2.InferenceResult:
-        tail = inference_pb2.InferenceResult()
-        tail.CopyFrom(result)
-        del tail.generated_token_ids[:]
-        tail.generated_token_ids.extend(piece.token_ids)
-        tail.text = piece.text
-        tail.chunk.sequence = piece.sequence
-        tail.chunk.final = True
-        return tail
 
     def _settle(self, live: _Live, exc: BaseException) -> None:
         self._by_request.pop(live.job.request.request_id, None)

@@ -4,12 +4,12 @@ One fetched cycle (:class:`CycleFetch`) is checked record by record against the 
 variant's IO signature (:func:`~graylane.engine_worker.requests.validate`); its
 ``GENERATE`` jobs on a model with a KV cache join the variant's running decode batch
 (:class:`~graylane.engine_worker.generation.ContinuousDecoder`); the rest are planned
-into shape-bucketed batches (:mod:`~graylane.engine_worker.batching`), admitted against
-their deadlines (:mod:`~graylane.engine_worker.admission`) and run on the engine
+into shape-bucketed batches (:mod:`~graylane.engine_worker.logic.batching`), admitted against
+their deadlines (:mod:`~graylane.engine_worker.logic.admission`) and run on the engine
 thread (:class:`~graylane.engine_worker.compute.WorkerEngines`, so aiokafka's
 heartbeats keep running on the event loop), one batch ahead: the next batch runs while
 this one's results are built and sent. The batch size and wait are learned from
-measured engine time (:mod:`~graylane.engine_worker.batch_learner`). Fault injection is
+measured engine time (:mod:`~graylane.engine_worker.logic.batch_learner`). Fault injection is
 an engine wrapper (:mod:`~graylane.engine_worker.faults`), not a step of its own.
 """
 
@@ -24,10 +24,7 @@ from dataclasses import dataclass
 from graylane import tracing
 from graylane.clock import now_ms
 from graylane.engine.protocol import InferenceEngine
-from graylane.engine_worker.admission import admit_cycle, forward_only
-from graylane.engine_worker.backend import Outbox
-from graylane.engine_worker.batch_learner import BatchChoice, BatchLearner, LearnerConfig
-from graylane.engine_worker.batching import BucketPolicy, PlannedBatch, split_first
+from graylane.engine_worker.backend import BatchClock, Outbox, RanJobs, ResultContext
 from graylane.engine_worker.compute import (
     RanBatch,
     Reloader,
@@ -37,6 +34,17 @@ from graylane.engine_worker.compute import (
 )
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.generation import ContinuousDecoder, DecoderLimits
+from graylane.engine_worker.layouts import kv_cache_layout
+from graylane.engine_worker.logic.admission import (
+    ADMISSION_PROBE_MS,
+    AdmissionPlan,
+    Candidate,
+    admit_by_priority,
+    effective_deadline,
+    request_priority,
+)
+from graylane.engine_worker.logic.batch_learner import BatchChoice, BatchLearner, LearnerConfig
+from graylane.engine_worker.logic.batching import BucketPolicy, PlannedBatch, split_first
 from graylane.engine_worker.observer import WorkerObserver
 from graylane.engine_worker.requests import (
     IntakeRules,
@@ -50,17 +58,7 @@ from graylane.engine_worker.requests import (
 )
 from graylane.engine_worker.spans import trace_batch
 from graylane.engine_worker.standby import run_at_low_priority
-from graylane.engine_worker.tasks import kv_cache_layout
-from graylane.engine_worker.wire import (
-    BatchClock,
-    BatchIds,
-    BatchReport,
-    ResultContext,
-    build_batch,
-    shed_telemetry,
-)
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import BatchConsumer, Record
 from graylane.supervision import BackgroundTasks
 from graylane.topics import TopicLayout
@@ -198,7 +196,6 @@ class NativeBackend:
         """perf_counter when the last cycle's answers were all sent (0: none yet)."""
         self._cycle_batches: list[tuple[int, float]] = []
         """This cycle's forward batches so far: (rows, ms spent on each)."""
-        self._batch_ids = BatchIds(config.worker_id)
         self.decoders: dict[str, tuple[InferenceEngine, ContinuousDecoder]] = {}
         self._background = background
         self._engines = WorkerEngines(
@@ -346,7 +343,7 @@ class NativeBackend:
         if admission.shed and not any(admission.admitted):
             # nothing runs this cycle: report the sheds now, the policy engine steps on them
             shed_count, self._pending_shed = self._pending_shed, 0
-            futures.append(await outbox.telemetry(shed_telemetry(context, shed_count, now_ms())))
+            futures.append(await outbox.sheds(context, shed_count))
         batches = [
             PlannedBatch(planned.bucket_len, kept)
             for planned, kept in zip(planned_batches, admission.admitted, strict=True)
@@ -364,8 +361,9 @@ class NativeBackend:
                 if i + 1 < len(batches):
                     ahead = self._start(batches[i + 1], context, engine)
                 returned = time.perf_counter()
-                report = self._report(batch, running, ran, context, dequeued)
-                sends = await outbox.deliver(report)
+                report, sends = await outbox.batch(
+                    self._ran_jobs(batch, running, ran, dequeued), context
+                )
                 futures.extend(sends)
                 if tracing.enabled():
                     ran_ns = report.telemetry.completed_at_unix_ms * 1_000_000
@@ -403,31 +401,21 @@ class NativeBackend:
         task = asyncio.ensure_future(self._engines.run(context.variant, items, engine))
         return _Running(task, self.last_run_ms)
 
-    def _report(
-        self,
-        batch: PlannedBatch[Job],
-        running: _Running,
-        ran: RanBatch,
-        context: ResultContext,
-        dequeued: int,
-    ) -> BatchReport:
-        """Answer the jobs of a batch the engine ran."""
-        batch_id = self._batch_ids.of(batch.items[0].record)
+    def _ran_jobs(
+        self, batch: PlannedBatch[Job], running: _Running, ran: RanBatch, dequeued: int
+    ) -> RanJobs:
+        """A batch the engine ran, with the cycle's sheds not reported yet."""
         done = now_ms()
         # a batch queued behind another started when that one was done
         started = min(done, max(running.submitted_ms, done - round(ran.run.compute_ms)))
-        report = build_batch(
-            batch.items,
-            ran.run,
-            ran.failure,
-            context,
-            BatchClock(dequeued_ms=dequeued, started_ms=started, done_ms=done),
+        shed_count, self._pending_shed = self._pending_shed, 0
+        return RanJobs(
+            jobs=tuple(batch.items),
+            ran=ran,
+            clock=BatchClock(dequeued_ms=dequeued, started_ms=started, done_ms=done),
             bucket_len=batch.bucket_len,
-            device_load=ran.device_load,
-            batch_id=batch_id,
+            shed_count=shed_count,
         )
-        report.telemetry.shed_count, self._pending_shed = self._pending_shed, 0
-        return report
 
     # -- continuous decoding -----------------------------------------------------------
     def _decoder(
@@ -452,10 +440,48 @@ class NativeBackend:
                 max_kv_tokens=cfg.max_kv_tokens or None,
             ),
             stream=cfg.stream,
-            decode_text=self._tokenizer.decode if self._tokenizer is not None else None,
             outbox=outbox,
         )
         if known is not None:  # the engine was reloaded: the old batch finishes first
             self._background.spawn(known[1].drain_and_close(), name="decoder-retire")
         self.decoders[context.variant] = (engine, decoder)
         return decoder
+
+
+def forward_only(jobs: Sequence[Job]) -> bool:
+    """Whether every job is a plain forward pass (what the learner's estimates cover)."""
+    return all(job.task is TaskKind.FORWARD for job in jobs)
+
+
+def admit_cycle(
+    planned: Sequence[PlannedBatch[Job]],
+    estimate_ms: Callable[[int, int], float | None],
+    *,
+    default_deadline_ms: float,
+    now_unix_ms: int,
+    last_run_unix_ms: int,
+) -> AdmissionPlan[Job]:
+    """Shed what cannot meet its deadline behind the batches planned ahead of it.
+
+    ``estimate_ms(rows, bucket_len)`` prices forward-only batches (others are
+    unknown); the first batch is a probe after ``ADMISSION_PROBE_MS`` without a run.
+    """
+
+    def deadline(job: Job) -> int:
+        request = job.request
+        return effective_deadline(
+            request.deadline_unix_ms, request.created_at_unix_ms, default_deadline_ms
+        )
+
+    def service_ms(position: int, rows: int) -> float | None:
+        batch = planned[position]
+        if not forward_only(batch.items):
+            return None
+        return estimate_ms(rows, batch.bucket_len)
+
+    candidates = [
+        [Candidate(job, deadline(job), request_priority(job.request.tags)) for job in b.items]
+        for b in planned
+    ]
+    probe = now_unix_ms - last_run_unix_ms > ADMISSION_PROBE_MS
+    return admit_by_priority(candidates, now_unix_ms, service_ms, probe=probe)

@@ -7,8 +7,8 @@ import time
 from collections.abc import Sequence
 
 from graylane.artifacts.signing import RefusedArtifact
+from graylane.engine_worker.backend import BatchReport
 from graylane.engine_worker.config import WorkerConfig
-from graylane.engine_worker.wire import BatchReport
 from graylane.errors import ErrorCode
 from graylane.kafka.reading import consumer_lag
 from graylane.kafka.seam import BatchConsumer

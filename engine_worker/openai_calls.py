@@ -36,14 +36,14 @@ from typing import Any
 
 from graylane.artifacts.naming import Backend
 from graylane.engine_worker.requests import WorkItem
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection, clip
+from graylane.errors import ErrorCode, Rejection, clip
 from graylane.v1 import inference_pb2
 
 __all__ = [
     "DONE",
     "ChoiceDelta",
     "ChoiceText",
+    "EngineAnswer",
     "EngineCall",
     "EngineEvent",
     "EngineFault",
@@ -387,6 +387,22 @@ class ChoiceText:
 
     def calls(self) -> list[inference_pb2.ToolCall]:
         return [self.tool_calls[i] for i in sorted(self.tool_calls)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineAnswer:
+    """What an engine server answered one generation, and when (unix ms) its tokens came."""
+
+    choices: tuple[tuple[ChoiceText, inference_pb2.FinishReason], ...]
+    """Each choice, in order, with its ``graylane.v1.FinishReason``."""
+    prompt_tokens: int
+    completion_tokens: int
+    """The engine's own count (its usage), over every choice."""
+    started_ms: int
+    """When the call began (the request left the worker's queue)."""
+    first_token_ms: int
+    last_token_ms: int
+    inter_token_p99_ms: float
 
 
 _FINISH: dict[str, inference_pb2.FinishReason] = {

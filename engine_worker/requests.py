@@ -2,11 +2,11 @@
 
 A fetched record becomes a decoded ``InferenceRequest`` (:func:`decode`; a
 :class:`~graylane.errors.SerdeError` when it cannot be answered at all), then, in one
-pass (:func:`validate`), either a :class:`~graylane.kafka.replies.Rejection` carrying
+pass (:func:`validate`), either a :class:`~graylane.errors.Rejection` carrying
 its :class:`~graylane.errors.ErrorCode` or a :class:`WorkItem`: the reply topic
 against the allowlist, size and field caps, the model, tensors, task, token ids and
 limits against the engine's IO signature and the model's declared info, and a
-GENERATE request's sampling (:class:`~graylane.engine_worker.sampling.SamplingParams`:
+GENERATE request's sampling (:class:`~graylane.engine_worker.logic.sampling.SamplingParams`:
 temperature, top-p, top-k, seed, stop ids and strings). A validated
 request travels as one :class:`Job` (its record, the request, its work and, once
 run, its result or rejection) through batching, the engine and delivery. No Kafka
@@ -37,23 +37,23 @@ from graylane.engine.errors import InvalidInputError
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature
 from graylane.engine_options import messages_problem, native_refusal, options_problem
-from graylane.engine_worker.postprocess import PostProcess
-from graylane.engine_worker.sampling import (
-    GREEDY,
-    MAX_STOP_STRINGS,
-    MAX_STOP_TOKEN_IDS,
-    SamplingError,
-    SamplingParams,
-)
-from graylane.engine_worker.tasks import (
+from graylane.engine_worker.layouts import (
     ATTENTION_MASK,
     INPUT_IDS,
     generation_layout,
     request_inputs,
     token_layout,
 )
-from graylane.errors import ErrorCode, SerdeError
-from graylane.kafka.replies import Rejection, clip, field_problem, reply_topic_rejection
+from graylane.engine_worker.logic.sampling import (
+    GREEDY,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    SamplingError,
+    SamplingParams,
+)
+from graylane.engine_worker.postprocess import PostProcess
+from graylane.errors import ErrorCode, Rejection, SerdeError, clip
+from graylane.kafka.replies import field_problem, reply_topic_rejection
 from graylane.kafka.seam import Record
 from graylane.models.byte_vocab import META_PREFIX, decode_tokens, encode_text
 from graylane.serde import post_process_from_pb

@@ -1,13 +1,14 @@
 """The engine worker: a consumer group per (model, version) serving it through a backend.
 
-The worker runs the library's consume loop (:class:`~graylane.kafka.loop.ConsumeLoop`:
+The worker runs the library's consume loop (:class:`~graylane.kafka.consume_loop.ConsumeLoop`:
 its consumer, the guard, the backoff and the commit after delivery) with its own
 :meth:`Worker.hooks`. One fetched cycle goes: fetch (the backend's, which may hold back
 while it cannot take more) → decode each record and check it in one pass against what
 the backend runs (:meth:`~graylane.engine_worker.backend.WorkerBackend.check`: a
 :class:`~graylane.engine_worker.requests.Job`, or an error result / dead letter at
 once) → the backend answers the jobs → every answer goes out through the worker's
-:class:`WorkerOutbox` (results, shadow copies, stream chunks, telemetry). Offsets are
+:class:`~graylane.engine_worker.outbox.WorkerOutbox` (results, shadow copies, stream chunks,
+telemetry). Offsets are
 committed only after every answer of a record is acknowledged (at-least-once;
 duplicates carry the same request_id).
 
@@ -33,21 +34,21 @@ from aiokafka.structs import ConsumerRecord
 from graylane import serde
 from graylane.clock import now_ms
 from graylane.engine.protocol import InferenceEngine
-from graylane.engine_worker.backend import WorkerBackend
+from graylane.engine_worker.backend import ResultContext, WorkerBackend
 from graylane.engine_worker.compute import Reloader
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.engine_server import EngineServerBackend
-from graylane.engine_worker.generation import CancelBook
 from graylane.engine_worker.native import FETCH_WAIT_MS, NativeBackend
 from graylane.engine_worker.observer import WorkerObserver
+from graylane.engine_worker.outbox import WorkerOutbox
 from graylane.engine_worker.requests import EngineRules, Job, TaskKind, decode, distrust_shadow
 from graylane.engine_worker.standby import wait_for_activation
-from graylane.engine_worker.wire import BatchReport, ResultContext
-from graylane.errors import ErrorCode, SerdeError
+from graylane.engine_worker.state import ActiveVariant, CancelBook
+from graylane.errors import ErrorCode, Rejection, SerdeError
 from graylane.kafka.admin import MessageLimits
-from graylane.kafka.loop import ConsumeLoop, LoopHooks
+from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
 from graylane.kafka.reading import CompactedFollower, FollowFrom, follow
-from graylane.kafka.replies import Rejection, ReplySink
+from graylane.kafka.replies import ReplySink
 from graylane.kafka.seam import (
     ConsumerOptions,
     KafkaFactory,
@@ -58,9 +59,9 @@ from graylane.kafka.seam import (
 from graylane.metrics import CONTROL_CAUGHT_UP
 from graylane.supervision import BackgroundTasks
 from graylane.topics import TopicLayout
-from graylane.v1 import control_pb2, inference_pb2, telemetry_pb2
+from graylane.v1 import control_pb2, inference_pb2
 
-__all__ = ["Records", "Worker", "WorkerOutbox", "consumer_options"]
+__all__ = ["Records", "Worker", "consumer_options"]
 
 log = logging.getLogger(__name__)
 
@@ -80,97 +81,6 @@ def consumer_options(config: WorkerConfig, layout: TopicLayout) -> ConsumerOptio
     )
 
 
-class WorkerOutbox:
-    """Where a backend's answers go (the worker's :class:`~graylane.engine_worker.backend.Outbox`):
-    results to their reply topics, shadow copies, stream chunks, error results and
-    telemetry, each counted in the worker's metrics."""
-
-    def __init__(
-        self,
-        config: WorkerConfig,
-        layout: TopicLayout,
-        sink: ReplySink,
-        producer: Producer,
-        observer: WorkerObserver,
-    ) -> None:
-        self._config = config
-        self._layout = layout
-        self.sink = sink
-        self._producer = producer
-        self._observer = observer
-        self.served = 0
-
-    async def deliver(self, report: BatchReport) -> list[Awaitable[object]]:
-        """Send a batch's answers (results, error results, shadow copies), then telemetry."""
-        report.telemetry.lag = self._observer.lag
-        variant = report.telemetry.variant
-        self._observer.record(report, variant)
-        self.served += report.served
-        sink, producer = self.sink, self._producer
-        futures: list[Awaitable[object]] = []
-        for job in report.answers:
-            request = job.request
-            payload = b"" if job.result is None else serde.encode(job.result)
-            rejection = job.rejection
-            key = request.request_id.encode("utf-8")
-            shadow_topic = self._layout.shadow(request.model)
-            if job.result is not None and rejection is None:
-                too_large = await self._oversized(job, payload, key)
-                if too_large is not None:
-                    self._observer.count_error(variant, ErrorCode.RESULT_TOO_LARGE)
-                    rejection = Rejection(ErrorCode.RESULT_TOO_LARGE, f"result: {too_large}")
-            if job.result is None or rejection is not None:
-                rejection = rejection or Rejection(ErrorCode.INTERNAL, "no outcome")
-                futures.append(await self.refuse(job, rejection, variant))
-                continue
-            if request.shadow:
-                futures.append(await producer.send(shadow_topic, payload, key=key))
-                continue
-            topic = sink.reply_topic(request)
-            if not await sink.topic_exists(topic):
-                reason = f"reply topic {topic!r} does not exist"
-                futures.append(await sink.dead_letter(job.record, ErrorCode.BAD_REQUEST, reason))
-                continue
-            answer = payload if job.stream_tail is None else serde.encode(job.stream_tail)
-            futures.append(await producer.send(topic, answer, key=key))
-            if request.mirror_result:
-                futures.append(await producer.send(shadow_topic, payload, key=key))
-        futures.append(await self.telemetry(report.telemetry))
-        return futures
-
-    async def _oversized(self, job: Job, payload: bytes, key: bytes) -> str | None:
-        """Why ``job``'s result cannot go to its topics (each one's limit), or None."""
-        request = job.request
-        shadow_topic = self._layout.shadow(request.model)
-        topics = [shadow_topic] if request.shadow else [self.sink.reply_topic(request)]
-        if request.mirror_result and not request.shadow:
-            topics.append(shadow_topic)
-        for topic in topics:
-            too_large = await self.sink.oversized(topic, payload, key)
-            if too_large is not None:
-                return too_large
-        return None
-
-    async def chunk(self, job: Job, chunk: inference_pb2.InferenceResult) -> Awaitable[object]:
-        topic = self.sink.reply_topic(job.request)
-        key = job.request.request_id.encode("utf-8")
-        return await self._producer.send(topic, serde.encode(chunk), key=key)
-
-    async def refuse(self, job: Job, rejection: Rejection, variant: str) -> Awaitable[object]:
-        return await self.sink.error_result(
-            job.request,
-            rejection,
-            job.record,
-            version=self._config.version,
-            variant=variant,
-            worker_id=self._config.worker_id,
-        )
-
-    async def telemetry(self, telemetry: telemetry_pb2.BatchTelemetry) -> Awaitable[object]:
-        key = f"{self._config.model}/{self._config.version}".encode()
-        return await self._producer.send(self._layout.telemetry(), serde.encode(telemetry), key=key)
-
-
 class Worker:
     """One worker process of a model version (see the module's docstring)."""
 
@@ -188,8 +98,7 @@ class Worker:
         self.factory = factory
         self.layout = factory.layout
         self.config = config
-        self.active_variant = config.initial_variant
-        self.precision_epoch = 0
+        self.precision = ActiveVariant(config.initial_variant)
         self.observer = WorkerObserver(config)
         self.observability = self.observer.observability
         self.registry = self.observer.registry
@@ -246,10 +155,19 @@ class Worker:
         return self._delivery.served if self._delivery is not None else 0
 
     # -- precision -------------------------------------------------------------
+    @property
+    def active_variant(self) -> str:
+        """The variant the worker serves now (the QoS ladder's choice)."""
+        return self.precision.variant
+
+    @property
+    def precision_epoch(self) -> int:
+        return self.precision.epoch
+
     def apply_precision(self, command: control_pb2.PrecisionCommand) -> bool:
         if (command.model, command.version) != (self.config.model, self.config.version):
             return False
-        if command.epoch <= self.precision_epoch:
+        if not self.precision.newer(command.epoch):
             return False
         if command.variant not in self.backend.variants:
             log.error(
@@ -258,13 +176,13 @@ class Worker:
                 sorted(self.backend.variants),
             )
             return False
-        self.precision_epoch = command.epoch
-        if command.variant != self.active_variant:
+        previous = self.precision.variant
+        self.precision.take(command.epoch, command.variant)
+        if command.variant != previous:
             labels = (self.config.model, self.config.version)
-            self.metrics.active_variant.labels(*labels, self.active_variant).set(0)
+            self.metrics.active_variant.labels(*labels, previous).set(0)
             log.info("switching %s/%s to %s (%s)", *labels, command.variant, command.reason)
-            self.active_variant = command.variant
-            self.metrics.active_variant.labels(*labels, self.active_variant).set(1)
+            self.metrics.active_variant.labels(*labels, command.variant).set(1)
         return True
 
     def _apply_precision_record(self, record: ConsumerRecord[bytes, bytes]) -> None:

@@ -8,8 +8,8 @@ import time
 from collections.abc import Sequence
 
 from graylane import tracing
+from graylane.engine_worker.backend import ResultContext
 from graylane.engine_worker.requests import Job
-from graylane.engine_worker.wire import ResultContext
 from graylane.errors import ErrorCode
 from graylane.v1 import inference_pb2
 

@@ -1,50 +1,65 @@
-"""The worker's protobuf out: results, error codes and telemetry records (pure, no I/O).
+"""The worker's protobuf out: results, stream chunks and telemetry records (pure, no I/O).
 
-One :class:`BatchReport` per planned batch: every job of the batch answered (its
+The worker's edge: the outbox (:class:`~graylane.engine_worker.outbox.WorkerOutbox`)
+maps what a backend hands it (:mod:`~graylane.engine_worker.backend`: a batch the engine
+ran, generations that ended together, a stream's next piece) onto the wire here, and
+only here; nothing of the worker's domain imports this module. One
+:class:`~graylane.engine_worker.backend.BatchReport` per batch: every job answered (its
 result or its rejection filled in) and the one telemetry record for the batch;
 :func:`shed_telemetry` is the record of a cycle in which nothing ran. Batch ids
 (:class:`BatchIds`) let the policy engine count a re-sent batch once. Error codes are
-:class:`~graylane.errors.ErrorCode` throughout; only the telemetry map (the wire)
-keys them by name.
+:class:`~graylane.errors.ErrorCode` throughout; only the telemetry map (the wire) keys
+them by name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from graylane import serde
 from graylane.clock import now_ms
+from graylane.engine_worker.backend import (
+    BatchClock,
+    BatchReport,
+    Decoded,
+    DecodeLoad,
+    Ended,
+    EndedTogether,
+    RanJobs,
+    ResultContext,
+    TokenTimes,
+)
 from graylane.engine_worker.compute import (
     BatchRun,
     ForwardOutcome,
     GenerateOutcome,
     engine_rejection,
 )
-from graylane.engine_worker.openai_calls import ChoiceText
-from graylane.engine_worker.requests import Job, TaskKind, Tokenizer, input_rejection
-from graylane.engine_worker.tasks import FinishReason, GenerationResult
-from graylane.errors import ErrorCode
+from graylane.engine_worker.kv_decode import FinishReason, GenerationResult
+from graylane.engine_worker.logic.streaming import ChunkPiece
+from graylane.engine_worker.openai_calls import EngineAnswer
+from graylane.engine_worker.requests import Job, TaskKind, input_rejection
+from graylane.errors import ErrorCode, Rejection
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
-from graylane.kafka.replies import Rejection
 from graylane.kafka.seam import Record
 from graylane.v1 import inference_pb2, telemetry_pb2
 
 __all__ = [
-    "BatchClock",
     "BatchIds",
-    "BatchReport",
-    "DecodeLoad",
-    "EngineAnswer",
     "GenerationTally",
-    "ResultContext",
+    "answer_ended",
+    "batch_report",
     "build_batch",
+    "decoded_result",
     "decoding_of",
     "engine_result",
+    "final_chunk",
     "generation_report",
     "generation_result",
+    "generations_report",
     "shed_telemetry",
+    "stream_chunk",
     "timing",
 ]
 
@@ -69,39 +84,6 @@ _FINISH = {
     FinishReason.CANCELLED: inference_pb2.CANCELLED,
 }
 """Why a generation ended, on the wire."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ResultContext:
-    """Who answers: the worker's identity and the variant that ran."""
-
-    model: str
-    version: str
-    variant: str
-    worker_id: str
-    tokenizer: Tokenizer | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class BatchClock:
-    """Wall-clock milliseconds of one batch's life."""
-
-    dequeued_ms: int
-    started_ms: int
-    done_ms: int
-
-
-@dataclass(frozen=True)
-class BatchReport:
-    answers: tuple[Job, ...]
-    """The batch's jobs, each with its result or its rejection."""
-    telemetry: telemetry_pb2.BatchTelemetry
-    error_codes: dict[ErrorCode, int] = field(default_factory=dict)
-    """Answers per error code (input errors included)."""
-
-    @property
-    def served(self) -> int:
-        return sum(1 for job in self.answers if job.result is not None)
 
 
 def _since_routed(request: inference_pb2.InferenceRequest, clock: BatchClock) -> float:
@@ -192,20 +174,123 @@ def generation_result(
     return _result(job.request, GenerateOutcome(outcome), ctx, when, len(job.work.prompt_tokens))
 
 
-@dataclass(frozen=True, kw_only=True)
-class EngineAnswer:
-    """What an engine server answered one generation, and when (unix ms) its tokens came."""
+def decoded_result(job: Job, decoded: Decoded, ctx: ResultContext) -> inference_pb2.InferenceResult:
+    """The answer of one generation of the continuous decode loop, timed by its own
+    token times: time to first token from the request's creation, time per output token
+    between its first and last token, the prefill from when it got its decode row."""
+    times = decoded.times
+    started = times.started_ms or times.submitted_ms
+    result = generation_result(job, decoded.result, ctx, started_ms=started)
+    _token_timing(result.timing, times, len(decoded.result.tokens))
+    return result
 
-    choices: tuple[tuple[ChoiceText, inference_pb2.FinishReason], ...]
-    """Each choice, in order, with its ``graylane.v1.FinishReason``."""
-    prompt_tokens: int
-    completion_tokens: int
-    """The engine's own count (its usage), over every choice."""
-    started_ms: int
-    """When the call began (the request left the worker's queue)."""
-    first_token_ms: int
-    last_token_ms: int
-    inter_token_p99_ms: float
+
+def _token_timing(when: inference_pb2.Timing, times: TokenTimes, tokens: int) -> None:
+    created = when.created_at_unix_ms or times.submitted_ms
+    if times.first_token_ms:
+        when.ttft_ms = float(max(0, times.first_token_ms - created))
+    if tokens > 1 and times.last_token_ms > times.first_token_ms:
+        when.tpot_ms = (times.last_token_ms - times.first_token_ms) / (tokens - 1)
+    if times.first_token_ms and times.started_ms:
+        when.prefill_ms = float(max(0, times.first_token_ms - times.started_ms))
+    when.inter_token_p99_ms = times.inter_token_p99_ms
+    when.dequeued_at_unix_ms = times.started_ms or times.submitted_ms
+    queued_since = when.routed_at_unix_ms or created
+    when.queue_wait_ms = float(max(0, when.dequeued_at_unix_ms - queued_since))
+    when.compute_ms = float(max(0, when.completed_at_unix_ms - when.dequeued_at_unix_ms))
+
+
+def stream_chunk(
+    job: Job,
+    ctx: ResultContext,
+    piece: ChunkPiece,
+    logprobs: Sequence[inference_pb2.TokenLogprob] = (),
+) -> inference_pb2.InferenceResult:
+    """One chunk of a streamed generation (what is new since the last one)."""
+    request = job.request
+    chunk = inference_pb2.InferenceResult(
+        request_id=request.request_id,
+        model=request.model,
+        version=ctx.version,
+        variant=ctx.variant,
+        worker_id=ctx.worker_id,
+        status=inference_pb2.OK,
+        task=inference_pb2.GENERATE,
+        routing_key=request.routing_key,
+        text=piece.text,
+        chunk=inference_pb2.StreamChunk(sequence=piece.sequence, final=piece.final),
+    )
+    chunk.generated_token_ids.extend(piece.token_ids)
+    chunk.logprobs.extend(logprobs)
+    return chunk
+
+
+def final_chunk(
+    result: inference_pb2.InferenceResult,
+    piece: ChunkPiece,
+    logprobs: Sequence[inference_pb2.TokenLogprob] = (),
+) -> inference_pb2.InferenceResult:
+    """The last chunk of a stream: the whole answer (finish reason, usage, timings) with
+    only what was not published yet."""
+    tail = inference_pb2.InferenceResult()
+    tail.CopyFrom(result)
+    del tail.generated_token_ids[:]
+    tail.generated_token_ids.extend(piece.token_ids)
+    tail.text = piece.text
+    del tail.logprobs[:]
+    tail.logprobs.extend(logprobs)
+    tail.chunk.sequence = piece.sequence
+    tail.chunk.final = True
+    return tail
+
+
+def answer_ended(ended: Ended, ctx: ResultContext) -> None:
+    """Fill in the answer of one ended generation: its result (and the final chunk of a
+    stream), or its rejection."""
+    job, outcome = ended.job, ended.outcome
+    if isinstance(outcome, Rejection):
+        job.result, job.rejection = None, outcome
+        return
+    if isinstance(outcome, Decoded):
+        job.result = decoded_result(job, outcome, ctx)
+    else:
+        job.result = engine_result(job, outcome, ctx)
+    if ended.tail is not None:
+        job.stream_tail = final_chunk(job.result, ended.tail, ended.tail_logprobs)
+
+
+def generations_report(
+    together: EndedTogether, batch_id: telemetry_pb2.BatchId | None = None
+) -> BatchReport:
+    """Answer generations that ended together; their one report."""
+    for ended in together.ended:
+        answer_ended(ended, together.context)
+    return generation_report(
+        [ended.job for ended in together.ended],
+        together.context,
+        started_ms=together.started_ms,
+        device_load=together.device_load,
+        batch_id=batch_id,
+        load=together.load,
+    )
+
+
+def batch_report(
+    ran: RanJobs, ctx: ResultContext, batch_id: telemetry_pb2.BatchId | None = None
+) -> BatchReport:
+    """Answer a batch the engine ran; its report, carrying the cycle's pending sheds."""
+    report = build_batch(
+        ran.jobs,
+        ran.ran.run,
+        ran.ran.failure,
+        ctx,
+        ran.clock,
+        bucket_len=ran.bucket_len,
+        device_load=ran.ran.device_load,
+        batch_id=batch_id,
+    )
+    report.telemetry.shed_count = ran.shed_count
+    return report
 
 
 def engine_result(
@@ -253,17 +338,6 @@ def engine_result(
         extra.logprobs.extend(choice.logprobs)
         extra.tool_calls.extend(choice.calls())
     return result
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecodeLoad:
-    """The decode loop when a batch of generations ended: load signals for QoS and scale."""
-
-    kv_cache_occupancy: float = 0.0
-    """Cache positions the running rows reserve over the loop's budget, 0..1."""
-    waiting: int = 0
-    """Sequences not yet given a decode row."""
-    running: int = 0
 
 
 class GenerationTally:

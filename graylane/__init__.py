@@ -9,6 +9,9 @@ The front door for sending requests::
 
 The names below are imported on first use, so ``import graylane.topics`` (or any
 other library module) loads nothing else.
+
+Room: the library, the bottom layer. Nothing under ``graylane`` (but the service and
+application packages mounted in it) imports a service or ``app``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ workers and the SDK speak it; its ``name`` is the string a metric label shows.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import TypeVar
 
@@ -20,9 +21,11 @@ __all__ = [
     "ErrorCode",
     "GraylaneError",
     "NotStartedError",
+    "Rejection",
     "SerdeError",
     "TensorError",
     "TopicSetupError",
+    "clip",
     "is_retriable",
     "require_started",
 ]
@@ -112,3 +115,23 @@ def require_started(client: T | None) -> T:
     if client is None:
         raise NotStartedError("a Kafka client was used before the service started it")
     return client
+
+
+@dataclass(frozen=True, init=False)
+class Rejection:
+    """Why a request cannot be served: an :class:`~graylane.errors.ErrorCode` and a message.
+
+    ``code`` may be given as the wire's number; it is held as the enum.
+    """
+
+    code: ErrorCode
+    message: str
+
+    def __init__(self, code: ErrorCode | int, message: str) -> None:
+        object.__setattr__(self, "code", ErrorCode(code))
+        object.__setattr__(self, "message", message)
+
+
+def clip(text: str, limit: int = 80) -> str:
+    """``text`` shortened for a log line or an error message."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"

@@ -1,7 +1,7 @@
 """The policy engine's orchestrator, without I/O: telemetry in, publications out.
 
 :class:`PolicyCore` composes the sliding window and the state owners of
-:mod:`graylane.policy_engine.core` (rollouts, routing, QoS, precision acks,
+:mod:`graylane.policy_engine.state` (rollouts, routing, QoS, precision acks,
 scaling) with the liveness tracker, and decides. The streaming adapter
 (``graylane.policy_engine.service``) feeds it decoded inputs and publishes the
 :data:`Output` items it returns, converting them to the wire at the edge
@@ -10,7 +10,7 @@ scaling) with the liveness tracker, and decides. The streaming adapter
 
 Choices worth knowing:
 
-- **Epochs rise per key** (:class:`~graylane.policy_engine.core.Epochs`).
+- **Epochs rise per key** (:class:`~graylane.policy_engine.state.Epochs`).
   The routing epoch of a model is ``max(seen) + 1`` over every table this
   engine (or an earlier run, see :meth:`restore`) wrote;
   a rollout's state is lifted to the model's current epoch before each
@@ -45,16 +45,14 @@ Choices worth knowing:
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import partial
-from typing import Generic, TypeVar
 
 from graylane.policy_engine.isolation import RecordGuard
-from graylane.policy_engine.logic.agreement import AgreementTracker, ShadowOutput
+from graylane.policy_engine.logic.agreement import ShadowOutput
 from graylane.policy_engine.logic.liveness import LivenessTracker, OffsetSample
 from graylane.policy_engine.logic.precision_ack import (
-    DEFAULT_ACK_BOUND_MS,
     AckVerdict,
     PendingSwitch,
     judge_switch,
@@ -65,7 +63,6 @@ from graylane.policy_engine.logic.qos import (
     breach_rule,
     effective_capacity,
     evaluate_qos,
-    initial_qos_state,
     qos_during_rollout,
 )
 from graylane.policy_engine.logic.rollout import (
@@ -80,7 +77,6 @@ from graylane.policy_engine.logic.rollout import (
 from graylane.policy_engine.logic.scale import (
     ScalePolicy,
     ScaleSignals,
-    ScaleState,
     evaluate_scale,
     initial_scale_state,
     scale_unsettled,
@@ -111,253 +107,28 @@ from graylane.policy_engine.messages import (
     ScaleAudit,
     ScalePublication,
 )
+from graylane.policy_engine.state import (
+    ActiveRollout,
+    PrecisionAcks,
+    Qos,
+    Rollouts,
+    Routing,
+    Scaling,
+    VersionKey,
+)
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
 from graylane.routing import RouteTable
 from graylane.routing.table import (
-    RouteConfig,
     RoutingPlan,
     config_of_table,
     plan_of_table,
     stable_plan,
 )
 
-__all__ = [
-    "ActiveRollout",
-    "Epochs",
-    "PolicyCore",
-    "PrecisionAcks",
-    "Qos",
-    "Rollouts",
-    "Routing",
-    "Scaling",
-    "VersionKey",
-]
-
-
-K = TypeVar("K", bound=Hashable)
-
-
-@dataclass(frozen=True, order=True)
-class VersionKey:
-    """One version of one model: the key of per-version state and records."""
-
-    model: str
-    version: str
-
-    def __str__(self) -> str:
-        return f"{self.model}/{self.version}"
-
-
-class Epochs(Generic[K]):
-    """Epochs of one kind of published record, per key: monotonic, never reused."""
-
-    def __init__(self) -> None:
-        self._highest: dict[K, int] = {}
-
-    def current(self, key: K) -> int:
-        """The highest epoch seen for ``key`` (0 before any)."""
-        return self._highest.get(key, 0)
-
-    def note(self, key: K, epoch: int) -> bool:
-        """Take an epoch written (here or by an earlier run); whether it is the newest."""
-        newest = epoch >= self.current(key)
-        if newest:
-            self._highest[key] = epoch
-        return newest
-
-    def next(self, key: K) -> int:
-        """The epoch of the next record for ``key`` (and note it as written)."""
-        epoch = self.current(key) + 1
-        self._highest[key] = epoch
-        return epoch
-
-    def __getitem__(self, key: K) -> int:
-        return self._highest[key]
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._highest
-
-
-@dataclass
-class ActiveRollout:
-    """A running rollout: its state, its spec, and the rule of its last decision."""
-
-    state: RolloutState
-    spec: RolloutSpec
-    last_rule: DecisionRule | None = None
-
-
-class Rollouts(Mapping[str, ActiveRollout]):
-    """The active rollout per model (read as a mapping), the finished ones by id."""
-
-    def __init__(self) -> None:
-        self._active: dict[str, ActiveRollout] = {}
-        self.finished: dict[str, RolloutState] = {}  # by rollout id
-        self._trackers: dict[str, AgreementTracker] = {}  # by model
-
-    def __getitem__(self, model: str) -> ActiveRollout:
-        return self._active[model]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._active)
-
-    def __len__(self) -> int:
-        return len(self._active)
-
-    def seen(self, rollout_id: str) -> bool:
-        """Whether a rollout with this id ran or runs (a START for it is a redelivery)."""
-        return rollout_id in self.finished or any(
-            a.spec.rollout_id == rollout_id for a in self._active.values()
-        )
-
-    def keep(self, state: RolloutState, spec: RolloutSpec, rule: DecisionRule | None) -> None:
-        """Record the rollout's newest state: active, or finished when terminal."""
-        if state.terminal:
-            self._active.pop(spec.model, None)
-            self._trackers.pop(spec.model, None)
-            self.finished[state.rollout_id] = state
-            return
-        self._active[spec.model] = ActiveRollout(state, spec, rule)
-        if spec.model not in self._trackers:
-            self._trackers[spec.model] = AgreementTracker(spec.baseline, spec.candidate)
-
-    def note_finished(self, state: RolloutState) -> None:
-        """A rollout that ended without being active here (refused, or read back)."""
-        self.finished[state.rollout_id] = state
-
-    def tracker(self, model: str) -> AgreementTracker | None:
-        return self._trackers.get(model)
-
-    def expire_trackers(self, now_ms: int) -> None:
-        for tracker in self._trackers.values():
-            tracker.expire(now_ms)
-
-    def versions(self) -> list[VersionKey]:
-        """Baseline and candidate of every active rollout, sorted."""
-        return sorted(
-            VersionKey(m, v)
-            for m, a in self._active.items()
-            for v in (a.spec.baseline, a.spec.candidate)
-        )
-
-
-@dataclass
-class Routing:
-    """Each model's last published plan, its cohort rules, and the routing epochs."""
-
-    epochs: Epochs[str] = field(default_factory=Epochs)
-    _plans: dict[str, RoutingPlan] = field(default_factory=dict)
-    _configs: dict[str, RouteConfig] = field(default_factory=dict)
-
-    def plan(self, model: str) -> RoutingPlan | None:
-        return self._plans.get(model)
-
-    def config(self, model: str) -> RouteConfig | None:
-        return self._configs.get(model)
-
-    def set_config(self, config: RouteConfig) -> None:
-        self._configs[config.model] = config
-
-    def published(self, plan: RoutingPlan) -> None:
-        """``plan`` is the model's table now (published, or read back at restore)."""
-        self.epochs.note(plan.model, plan.epoch)
-        self._plans[plan.model] = plan
-
-
-@dataclass
-class Qos:
-    """QoS policies and states per version, and the variant each version runs."""
-
-    policies: dict[VersionKey, QosPolicy] = field(default_factory=dict)
-    states: dict[VersionKey, QosState] = field(default_factory=dict)
-    precision: Epochs[VersionKey] = field(default_factory=Epochs)
-    _last_rule: dict[VersionKey, DecisionRule] = field(default_factory=dict)
-    _variants: dict[VersionKey, str] = field(default_factory=dict)
-
-    def note_precision(self, key: VersionKey, variant: str, epoch: int) -> None:
-        """A precision command written: the newest epoch says what the version runs."""
-        if self.precision.note(key, epoch):
-            self._variants[key] = variant
-
-    def set_policy(self, policy: QosPolicy) -> QosState:
-        """Take ``policy``; a version new to QoS starts on the variant it runs."""
-        key = VersionKey(policy.model, policy.version)
-        self.policies[key] = policy
-        state = self.states.get(key)
-        if state is None:
-            state = initial_qos_state(policy)
-            running = self._variants.get(key)
-            if running is not None:
-                state = replace(state, active_variant=running)
-            self.states[key] = state
-        return state
-
-    def quiet(self, key: VersionKey, rule: DecisionRule) -> bool:
-        """Whether a decision with ``rule`` repeats the last one (noting it if not)."""
-        if rule == self._last_rule.get(key):
-            return True
-        self._last_rule[key] = rule
-        return False
-
-    def decided(self, key: VersionKey, state: QosState) -> None:
-        """The state a QoS decision left ``key`` in."""
-        self.states[key] = state
-
-    def served(self, key: VersionKey, variant: str) -> None:
-        """Workers were seen serving ``variant`` after a refused switch."""
-        state = self.states.get(key)
-        if state is not None:
-            self.states[key] = replace(state, active_variant=variant)
-
-
-@dataclass
-class PrecisionAcks:
-    """The newest batch per variant of each version, and the switches not yet followed."""
-
-    bound_ms: int = DEFAULT_ACK_BOUND_MS
-    served_at: dict[VersionKey, dict[str, int]] = field(default_factory=dict)
-    pending: dict[VersionKey, PendingSwitch] = field(default_factory=dict)
-
-    def on_batch(self, key: VersionKey, variant: str, completed_ms: int) -> None:
-        served = self.served_at.setdefault(key, {})
-        served[variant] = max(served.get(variant, 0), completed_ms)
-
-    def expect(self, key: VersionKey, switch: PendingSwitch) -> None:
-        self.pending[key] = switch
-
-    def settle(self, key: VersionKey) -> PendingSwitch:
-        """The switch of ``key`` was judged (followed or refused): no longer pending."""
-        return self.pending.pop(key)
-
-
-@dataclass
-class Scaling:
-    """Replica policy and states per version; off unless the policy allows more than one."""
-
-    policy: ScalePolicy = field(default_factory=ScalePolicy)
-    states: dict[VersionKey, ScaleState] = field(default_factory=dict)
-    epochs: Epochs[VersionKey] = field(default_factory=Epochs)
-    partitions: dict[VersionKey, int] = field(default_factory=dict)
-    """Of each version topic, when known (unknown = 0: bounded by max_replicas only)."""
-
-    def decided(self, key: VersionKey, state: ScaleState) -> None:
-        """The state a replica decision left ``key`` in."""
-        self.states[key] = state
-
-    def note_partitions(self, counts: Mapping[VersionKey, int]) -> None:
-        """Partition counts of version topics (they bound the replicas)."""
-        self.partitions.update(counts)
-
-    def restore(self, key: VersionKey, desired: int, epoch: int, at_ms: int) -> None:
-        """Take a request read back from the scale topic (the newest epoch wins)."""
-        if not self.epochs.note(key, epoch):
-            return
-        self.states[key] = ScaleState(
-            model=key.model, version=key.version, desired=desired, last_change_ms=at_ms
-        )
+__all__ = ["PolicyCore"]
 
 
 log = logging.getLogger(__name__)

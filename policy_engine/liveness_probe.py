@@ -18,8 +18,8 @@ from graylane.errors import TopicSetupError
 from graylane.kafka.admin import partition_count
 from graylane.kafka.reading import group_lag
 from graylane.kafka.seam import BatchConsumer, ConsumerOptions, KafkaFactory
-from graylane.policy_engine.core import VersionKey
 from graylane.policy_engine.logic.liveness import OffsetSample
+from graylane.policy_engine.state import VersionKey
 
 __all__ = ["LivenessProbe"]
 

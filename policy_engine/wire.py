@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 from graylane import serde
 from graylane.errors import SerdeError
 from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
-from graylane.policy_engine.core import VersionKey
 from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.logic.agreement import (
     AgreementStats,
@@ -83,6 +82,7 @@ from graylane.policy_engine.messages import (
     ScalePublication,
     SkipReason,
 )
+from graylane.policy_engine.state import VersionKey
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import (
     decision_kind_to_pb,

@@ -27,7 +27,8 @@ $BIN/python deploy/kafka/kafka.py start || exit 1
 $BIN/python deploy/postgres/postgres.py start || { $BIN/python deploy/kafka/kafka.py stop; exit 1; }
 
 echo "==> pytest"
-$BIN/python -m pytest "$@"
+# the slowest tests, every run: where the suite's time goes
+$BIN/python -m pytest --durations=30 "$@"
 rc=$?
 
 echo "==> stopping the local services"

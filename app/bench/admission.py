@@ -15,7 +15,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from graylane.engine_worker.admission import AdmissionPlan, Candidate, admit, admit_by_priority
+from graylane.engine_worker.logic.admission import (
+    AdmissionPlan,
+    Candidate,
+    admit,
+    admit_by_priority,
+)
 from graylane.priority import Priority
 
 __all__ = ["AdmissionBenchConfig", "AdmissionRow", "main", "measure"]

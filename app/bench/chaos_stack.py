@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graylane import serde
+from graylane.app.bench.harness import paced
 from graylane.app.cli.demo import Service, free_port, start_service
 from graylane.client import GraylaneClient, PostProcess
 from graylane.errors import GraylaneError, SerdeError
@@ -496,14 +497,7 @@ class Load:
                 self.send_one()
             else:
                 self.skipped += 1
-            next_at += 1.0 / self.rate
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            elif delay < -1.0:
-                next_at = time.monotonic()  # fell behind: do not burst to catch up
-            else:
-                await asyncio.sleep(0)
+            next_at = await paced(next_at, self.rate)
 
     async def settle_sends(self, timeout_s: float) -> None:
         """Wait for every send in flight to be acknowledged or to fail."""

@@ -2,7 +2,7 @@
 
 For each precision variant of a decoder with a KV cache (an Optimum export or a GGUF
 import, e.g. ``builder/examples/smollm2-gguf.yaml``'s artifacts), through the worker's own
-decode loop (:class:`~graylane.engine_worker.tasks.KvDecodeLoop`):
+decode loop (:class:`~graylane.engine_worker.kv_decode.KvDecodeLoop`):
 
 - output tokens/s of greedy decoding at batch 1 and at the worker's batch size
   (``--batch``: that many prompts decoding together);
@@ -61,7 +61,7 @@ def _generate(
 ) -> tuple[list[tuple[int, ...]], float, float]:
     """Greedy tokens per prompt (no EOS stop: fixed length), seconds of the prefill step
     of the first joiners, seconds in all."""
-    from graylane.engine_worker.tasks import KvDecodeLoop
+    from graylane.engine_worker.kv_decode import KvDecodeLoop
 
     loop = KvDecodeLoop(engine, max_batch_size=rows, max_seq_len=4096)
     ids = [loop.submit(p, new_tokens, None) for p in prompts]
@@ -74,7 +74,8 @@ def _generate(
 
 
 def _forced_argmax(engine: Any, tokens: Sequence[int]) -> np.ndarray:
-    from graylane.engine_worker.tasks import INPUT_IDS, run_forward
+    from graylane.engine_worker.forward import run_forward
+    from graylane.engine_worker.layouts import INPUT_IDS
 
     out = run_forward(engine, [{INPUT_IDS: np.asarray([list(tokens)], dtype=np.int64)}])[0]
     argmax: np.ndarray = np.asarray(out["logits"][0]).argmax(axis=-1)

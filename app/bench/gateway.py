@@ -38,6 +38,7 @@ import numpy as np
 
 from graylane.app.bench.harness import (
     WorkerSpec,
+    demo_model,
     fresh_topics,
     stack_env,
     start_router,
@@ -291,16 +292,10 @@ async def _measure(
 
 def run(cfg: GatewayBenchConfig, progress: Callable[[str], None]) -> dict[str, object]:
     from graylane.deploy.kafka import kafka
-    from graylane.models.demo_gpt import write_demo_gpt
 
     progress("starting the broker")
     kafka.start()
-    models = REPO_ROOT / ".local" / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    model = models / "bench-gpt-tiny-kv.onnx"
-    if not model.exists():
-        progress("writing the demo GPT (tiny, with a KV cache)")
-        write_demo_gpt(model, "tiny", seed=7, kv_cache=True)
+    model = demo_model("tiny", kv_cache=True, progress=progress)
     return asyncio.run(_measure(Settings.from_env(), model, cfg, progress))
 
 

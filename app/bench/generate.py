@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.batching import DEFAULT_BUCKETS, BucketPolicy
 from graylane.engine_worker.compute import GenerateOutcome, run_batch
+from graylane.engine_worker.kv_decode import GenerationResult, KvDecodeLoop
+from graylane.engine_worker.logic.batching import DEFAULT_BUCKETS, BucketPolicy
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.engine_worker.tasks import GenerationResult, KvDecodeLoop
 from graylane.models.byte_vocab import BOS_ID, EOS_ID, PAD_ID
 from graylane.models.demo_gpt import write_demo_gpt
 

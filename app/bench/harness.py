@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from graylane import serde
 from graylane.app.bench.qos_score import RequestOutcome
@@ -31,7 +32,9 @@ __all__ = [
     "GenerationLoad",
     "WorkerSpec",
     "bench_stack",
+    "demo_model",
     "fresh_topics",
+    "paced",
     "stack_env",
     "start_router",
     "start_worker",
@@ -144,12 +147,7 @@ class BenchStack:
                 )
             self.sent_at[request_id] = submitted
             i += 1
-            next_at += 1.0 / self.rate
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            elif delay < -1.0:
-                next_at = time.monotonic()  # fell behind: do not burst to catch up
+            next_at = await paced(next_at, self.rate)
 
     def add_worker(self, spec: WorkerSpec) -> None:
         """Start one more worker process with the stack's settings."""
@@ -166,6 +164,39 @@ class BenchStack:
                 ttft_ms=result.timing.ttft_ms,
                 tpot_ms=result.timing.tpot_ms,
             )
+
+
+def demo_model(
+    size: str, *, kv_cache: bool = False, progress: Callable[[str], None] | None = None
+) -> Path:
+    """The benchmarks' demo GPT of ``size`` (seed 7, with a KV cache if asked), written
+    once under ``.local/models`` and reused by every later run."""
+    from graylane.models.demo_gpt import write_demo_gpt
+
+    models = REPO_ROOT / ".local" / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    model = models / f"bench-gpt-{size}{'-kv' if kv_cache else ''}.onnx"
+    if not model.exists():
+        if progress is not None:
+            cache = ", with a KV cache" if kv_cache else ""
+            progress(f"writing the demo GPT ({size}{cache})")
+        write_demo_gpt(model, size, seed=7, kv_cache=kv_cache)
+    return model
+
+
+async def paced(next_at: float, rate: float) -> float:
+    """Wait for the next send of an open-loop load at ``rate`` per second, the last one
+    due at ``next_at`` (monotonic seconds); when the next is due. A load that fell behind
+    by more than a second starts over from now instead of bursting to catch up."""
+    next_at += 1.0 / rate
+    delay = next_at - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    elif delay < -1.0:
+        next_at = time.monotonic()
+    else:
+        await asyncio.sleep(0)
+    return next_at
 
 
 async def fresh_topics(

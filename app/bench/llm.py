@@ -5,7 +5,7 @@ several client concurrencies against the worker's decode capacity (its
 ``--max-sequences``: 1, half of it, all of it, twice it):
 
 - **engine direct** (the ceiling): the same engine in a
-  :class:`~graylane.engine_worker.tasks.KvDecodeLoop` holding that many sequences (at most
+  :class:`~graylane.engine_worker.kv_decode.KvDecodeLoop` holding that many sequences (at most
   the worker's rows), a new prompt joining as one finishes; output tokens/s; and the
   prefill time of one prompt;
 - **through Kafka**: a router and a worker (processes) on the local broker, that many
@@ -35,6 +35,7 @@ import numpy as np
 
 from graylane.app.bench.harness import (
     WorkerSpec,
+    demo_model,
     fresh_topics,
     stack_env,
     start_router,
@@ -44,8 +45,8 @@ from graylane.app.bench.harness import (
 from graylane.app.cli.demo import Service, stop_services
 from graylane.client import GraylaneClient, Task
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.tasks import KvDecodeLoop
-from graylane.settings import REPO_ROOT, Settings
+from graylane.engine_worker.kv_decode import KvDecodeLoop
+from graylane.settings import Settings
 
 __all__ = [
     "LevelFigures",
@@ -300,20 +301,14 @@ def model_label(onnx: Path) -> str:
 
 def run(cfg: LlmBenchConfig, progress: Callable[[str], None]) -> dict[str, object]:
     from graylane.deploy.kafka import kafka
-    from graylane.models.demo_gpt import write_demo_gpt
 
     progress("starting the broker")
     kafka.start()
     if cfg.onnx is not None:
         model, name = cfg.onnx, model_label(cfg.onnx)
     else:
-        models = REPO_ROOT / ".local" / "models"
-        models.mkdir(parents=True, exist_ok=True)
-        model = models / f"bench-gpt-{cfg.size}-kv.onnx"
+        model = demo_model(cfg.size, kv_cache=True, progress=progress)
         name = f"demo-gpt-{cfg.size}"
-        if not model.exists():
-            progress(f"writing the demo GPT ({cfg.size}, with a KV cache)")
-            write_demo_gpt(model, cfg.size, seed=7, kv_cache=True)
     engine = OnnxRuntimeEngine.load(model, "fp32", intra_op_threads=1)
     from graylane.engine_worker.loading import onnx_model_info
 

@@ -47,13 +47,14 @@ from typing import Any
 import numpy as np
 
 from graylane import serde
+from graylane.app.bench.harness import demo_model
 from graylane.app.bench.pass_through import READY, HopClient
 from graylane.app.bench.spine import PROMPT_LEN, prompt_tokens
 from graylane.app.cli.demo import Service, start_service, stop_services
 from graylane.capacity import measure_variant
 from graylane.client import GraylaneClient, PostProcess
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
@@ -635,16 +636,10 @@ def _pid_in(pid_file: Path) -> int | None:
 def _measure(
     settings: Settings, broker_pid: int | None, cfg: PathCostConfig, progress: Progress
 ) -> PathCostRun:
-    from graylane.models.demo_gpt import write_demo_gpt
 
     if settings.security.client_options().get("security_protocol", "PLAINTEXT") != "PLAINTEXT":
         raise SystemExit("graylane bench path runs on a plaintext broker (the local one)")
-    models = REPO_ROOT / ".local" / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    model = models / f"bench-gpt-{cfg.size}.onnx"
-    if not model.exists():
-        progress(f"writing the demo GPT ({cfg.size})")
-        write_demo_gpt(model, cfg.size, seed=7)
+    model = demo_model(cfg.size, progress=progress)
     first = _engine(model, cfg, progress)
     bus = _Bus(settings.bootstrap_servers)
     drains: dict[Drain, DrainFigures] = {}

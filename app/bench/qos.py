@@ -28,7 +28,7 @@ int8-dynamic, built by the builder) served by continuous batching, its SLO
 stated as TTFT and TPOT p99 (:class:`~graylane.app.bench.qos_score.GenerationSlo`:
 a generation is good when both are met, however long its answer). Capacity is
 measured in generations/s: each rung's engine alone in a
-:class:`~graylane.engine_worker.tasks.KvDecodeLoop` at the worker's decode rows
+:class:`~graylane.engine_worker.kv_decode.KvDecodeLoop` at the worker's decode rows
 (the policy's ``rung_capacity_rps``), and one fp32 worker's whole path here; the
 steady load is ``base_fraction`` of the lower, the spike 3x it. TTFT SLO:
 ``ttft_factor`` x (one prefill + one full decode step) on the engine, at least

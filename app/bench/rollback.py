@@ -39,11 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
-from graylane.app.bench.harness import BenchStack, WorkerSpec, bench_stack
+from graylane.app.bench.harness import BenchStack, WorkerSpec, bench_stack, demo_model
 from graylane.app.bench.path import DRAIN_TIMEOUT_S, drained, path_capacity
 from graylane.rollouts.pb import phase_from_pb
 from graylane.rollouts.vocabulary import Phase
-from graylane.settings import REPO_ROOT, Settings
+from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 
 __all__ = [
@@ -367,7 +367,6 @@ def engine_capacity(settings: Settings, model: Path, progress: Callable[[str], N
 
 def main(cfg: RollbackConfig) -> int:
     from graylane.deploy.kafka import kafka
-    from graylane.models.demo_gpt import write_demo_gpt
 
     t0 = time.monotonic()
 
@@ -376,9 +375,7 @@ def main(cfg: RollbackConfig) -> int:
 
     progress("starting the broker")
     kafka.start()
-    model = REPO_ROOT / ".local" / "models" / "bench-gpt-tiny.onnx"
-    if not model.exists():
-        write_demo_gpt(model, "tiny", seed=7)
+    model = demo_model("tiny", progress=progress)
     settings = Settings.from_env()
     capacity = engine_capacity(settings, model, progress)
     result: dict[str, object] = {

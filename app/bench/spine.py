@@ -28,6 +28,7 @@ import numpy as np
 
 from graylane.app.bench.harness import (
     WorkerSpec,
+    demo_model,
     fresh_topics,
     stack_env,
     start_router,
@@ -45,11 +46,11 @@ from graylane.capacity import (
 )
 from graylane.client import GraylaneClient, PostProcess
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import run_batch
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.postprocess import PostProcess as EnginePost
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.settings import REPO_ROOT, Settings
+from graylane.settings import Settings
 
 __all__ = [
     "MODEL",
@@ -315,16 +316,10 @@ async def _measure(
 
 def run_spine(cfg: SpineConfig, progress: Callable[[str], None]) -> dict[str, object]:
     from graylane.deploy.kafka import kafka
-    from graylane.models.demo_gpt import write_demo_gpt
 
     progress("starting the broker")
     kafka.start()
-    models = REPO_ROOT / ".local" / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    model = models / f"bench-gpt-{cfg.size}.onnx"
-    if not model.exists():
-        progress(f"writing the demo GPT ({cfg.size})")
-        write_demo_gpt(model, cfg.size, seed=7)
+    model = demo_model(cfg.size, progress=progress)
     settings = Settings.from_env()
     trials, lat = asyncio.run(_measure(settings, model, cfg, progress))
     b1_ms, bmax_ms = _median(trials.engine_b1_ms), _median(trials.engine_bmax_ms)

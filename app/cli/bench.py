@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 __all__ = ["register"]
@@ -216,6 +217,9 @@ def _spine(args: argparse.Namespace) -> int:
 
 
 def _path(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("confluent_kafka") is None:
+        # the librdkafka hops and the queue filling; not a runtime dependency of Graylane
+        raise SystemExit("graylane bench path needs the bench extra: pip install 'graylane[bench]'")
     from graylane.app.bench.path_cost import PathCostConfig, main
 
     return main(

@@ -270,7 +270,7 @@ def _capacity(
     once, then stored)."""
     from graylane.app.cli.capacity import ensure_calibrated, registered_variants
     from graylane.app.demo.story import StoryConfig
-    from graylane.engine_worker.batching import BucketPolicy
+    from graylane.engine_worker.logic.batching import BucketPolicy
 
     seq_len = BucketPolicy().bucket_for(StoryConfig().prompt_len)
     files = registered_variants(settings, model, version)

@@ -76,9 +76,9 @@ async def _run(args: argparse.Namespace) -> int:
 
     from graylane.client import GraylaneClient
     from graylane.evaluation.runner import (
+        EvalTarget,
         Judge,
         OpenAITarget,
-        Target,
         VersionTarget,
         answer_all,
         score_all,
@@ -93,7 +93,7 @@ async def _run(args: argparse.Namespace) -> int:
         raise SystemExit(str(exc)) from None
     items = evaluation.items[: args.limit] if args.limit > 0 else evaluation.items
     clients: list[httpx.AsyncClient] = []
-    targets: list[Target] = []
+    targets: list[EvalTarget] = []
     kafka: GraylaneClient | None = None
     if args.version:
         kafka = GraylaneClient(Settings.from_env())

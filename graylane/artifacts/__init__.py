@@ -1,1 +1,4 @@
-"""Artifacts: the naming rule, manifests, sha256 verification and engine compatibility."""
+"""Artifacts: the naming rule, manifests, sha256 verification and engine compatibility.
+
+Room: the library. May import the library; no service.
+"""

@@ -3,6 +3,8 @@
 ONNX Runtime (``graylane.engine.onnxruntime``) and TensorRT
 (``graylane.engine.tensorrt``) adapters are not imported here: importing this
 package needs neither runtime.
+
+Room: the library. May import the library; no service.
 """
 
 from graylane.engine.errors import (

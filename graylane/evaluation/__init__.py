@@ -8,5 +8,5 @@ with a confidence interval and compares two targets on the same items (pure);
 Kafka, an engine endpoint, or the gateway (I/O), and an LLM judge where an item asks for
 one.
 
-Part of the library layer: imports the SDK client and the wire contracts, never a service.
+Room: the library. May import the library (the SDK client, the wire contracts); no service.
 """

@@ -32,9 +32,9 @@ from graylane.v1 import inference_pb2
 
 __all__ = [
     "Answer",
+    "EvalTarget",
     "Judge",
     "OpenAITarget",
-    "Target",
     "VersionTarget",
     "answer_all",
     "score_all",
@@ -51,7 +51,7 @@ class Answer:
     error: str = ""
 
 
-class Target(Protocol):
+class EvalTarget(Protocol):
     @property
     def name(self) -> str: ...
 
@@ -167,7 +167,7 @@ class Judge:
 
 
 async def answer_all(
-    target: Target,
+    target: EvalTarget,
     items: Sequence[EvalItem],
     *,
     concurrency: int = 4,

@@ -1,7 +1,7 @@
 """Reading topics: to their end offsets as of now, or following them from a point on.
 
 Three shapes cover every reader in Graylane that is not a consume loop
-(:mod:`graylane.kafka.loop`):
+(:mod:`graylane.kafka.consume_loop`):
 
 * :func:`read_to_end` — a topic (or some of its partitions) from the beginning,
   given offsets or a timestamp, up to the end offsets taken when the read starts

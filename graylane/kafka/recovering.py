@@ -113,6 +113,12 @@ class RecoveringProducer:
     def generation(self) -> int:
         return self._generation
 
+    @property
+    def broken(self) -> bool:
+        """Whether the current producer was found broken (a fatal error, or a batch that
+        timed out and left a sequence gap): the next send goes out on a rebuilt one."""
+        return self._broken == self._generation
+
     async def start(self) -> None:
         await self._inner.start()
         self._started = True

@@ -20,7 +20,7 @@ from typing import cast
 
 from graylane import serde
 from graylane.clock import now_ms
-from graylane.errors import ErrorCode
+from graylane.errors import ErrorCode, Rejection, clip
 from graylane.kafka.admin import MessageLimits
 from graylane.kafka.seam import Headers, Producer, Record, known_topics
 from graylane.topics import ReplyTopicRefused, TopicLayout
@@ -31,9 +31,7 @@ __all__ = [
     "MAX_PARTITION_KEY_BYTES",
     "MAX_TOP_K",
     "FieldCaps",
-    "Rejection",
     "ReplySink",
-    "clip",
     "dead_letter_record",
     "field_problem",
     "partition_key",
@@ -62,11 +60,6 @@ class FieldCaps:
     reply_topic: int = 249  # Kafka's own topic-name limit
     tag: int = 256
     tags: int = 64
-
-
-def clip(text: str, limit: int = 80) -> str:
-    """``text`` shortened for a log line or an error message."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
 
 
 def field_problem(
@@ -190,21 +183,6 @@ def dead_letter_record(
     letter.original_key = key[:key_keep]
     letter.original_truncated = value_keep < len(value)
     return serde.encode(letter), record_key
-
-
-@dataclass(frozen=True, init=False)
-class Rejection:
-    """Why a request cannot be served: an :class:`~graylane.errors.ErrorCode` and a message.
-
-    ``code`` may be given as the wire's number; it is held as the enum.
-    """
-
-    code: ErrorCode
-    message: str
-
-    def __init__(self, code: ErrorCode | int, message: str) -> None:
-        object.__setattr__(self, "code", ErrorCode(code))
-        object.__setattr__(self, "message", message)
 
 
 def wire_code(code: ErrorCode | int) -> inference_pb2.ErrorCode:

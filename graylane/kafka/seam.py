@@ -105,7 +105,7 @@ class ConsumerOptions:
     isolation: Isolation = Isolation.READ_UNCOMMITTED
     rebalance_timeout_ms: int | None = None
     group_instance_id: str | None = None
-    """Static membership (see :func:`graylane.kafka.loop.claim_instance`); None = dynamic."""
+    """Static membership (see :func:`graylane.kafka.membership.claim_instance`); None = dynamic."""
 
 
 # -- the clients -------------------------------------------------------------------

@@ -6,6 +6,8 @@ Catalogue: :mod:`graylane.metrics.dataplane` (gateway, router, worker),
 :mod:`graylane.metrics.units`. :func:`serve_observability` (in
 :mod:`graylane.metrics.process`) serves ``/metrics``, ``/healthz`` and ``/readyz`` on one
 address.
+
+Room: the library. May import the library; no service.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The graph takes and gives exactly what Hugging Face Optimum's ``text-generation-with-past``
 export of a Llama model does, so the worker serves it as it serves such an export
-(:func:`graylane.engine_worker.tasks.kv_cache_layout`):
+(:func:`graylane.engine_worker.layouts.kv_cache_layout`):
 
 - in: ``input_ids`` ``[batch, seq]``, ``attention_mask`` ``[batch, past + seq]``,
   ``position_ids`` ``[batch, seq]``, ``past_key_values.N.key|value``

@@ -4,6 +4,8 @@ SQLite file by default (``GRAYLANE_DB_URL``, see :class:`graylane.settings.Setti
 PostgreSQL via ``postgresql+psycopg://...``. The schema is managed by Alembic;
 :func:`open_registry` brings it up to date before handing out a :class:`Registry`,
 unless it opens read-only (workers): then it neither migrates nor writes.
+
+Room: the library. May import the library; no service.
 """
 
 from __future__ import annotations

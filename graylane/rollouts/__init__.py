@@ -4,4 +4,6 @@
 rules), :mod:`~graylane.rollouts.spec` (what a rollout should do),
 :mod:`~graylane.rollouts.qos_policy`, :mod:`~graylane.rollouts.errors` and their
 protobuf mappings in :mod:`~graylane.rollouts.pb`. Pure data and rules: no I/O.
+
+Room: the library. May import the library's pure modules; no service.
 """

@@ -1,4 +1,7 @@
-"""Pure routing: the traffic split, sticky buckets, monotone ranges, rules, pins, shadow."""
+"""Pure routing: the traffic split, sticky buckets, monotone ranges, rules, pins, shadow.
+
+Room: the library, pure. May import the library's pure modules; no Kafka, no service.
+"""
 
 from graylane.routing.table import (
     BUCKETS,

@@ -2,7 +2,7 @@
 
 Reads ``<p>.audit`` (AuditRecord) and ``<p>.control.rollouts`` (RolloutState per
 rollout_id) without a consumer group, through the library's
-:class:`~graylane.kafka.loop.ConsumeLoop`, resuming from offsets kept in the store
+:class:`~graylane.kafka.consume_loop.ConsumeLoop`, resuming from offsets kept in the store
 (the loop's commit goes there). Audit records are inserted once per
 ``decision_id`` and a state only replaces an older one, so reading a record twice
 (a crash between insert and offset save) changes nothing.
@@ -38,14 +38,15 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.exc import TimeoutError as SQLTimeoutError
 
-from graylane.errors import ErrorCode, GraylaneError, SerdeError, is_retriable
-from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
+from graylane.errors import ErrorCode, GraylaneError, SerdeError, clip, is_retriable
+from graylane.kafka.backoff import BackoffPolicy
+from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
+from graylane.kafka.fault import Fault
 from graylane.kafka.reading import consumer_lag, wait_for_assignment
-from graylane.kafka.replies import clip
 from graylane.kafka.seam import BatchConsumer, ClientFactory, ConsumerOptions, Record
 from graylane.metrics import AuditSinkMetrics
 from graylane.serde import decode
-from graylane.services.controlplane.store import ControlStore
+from graylane.services.controlplane.state import ControlStore
 from graylane.v1 import audit_pb2, rollout_pb2
 
 __all__ = ["AuditSink", "RolloutHub", "StoreUnavailable", "Subscription", "decision_kind_label"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from graylane.errors import GraylaneError
 from graylane.services.controlplane.auth import TokenTable
-from graylane.services.controlplane.domain import InvalidArgument
+from graylane.services.controlplane.logic.rules import InvalidArgument
 
 __all__ = [
     "ApiLimits",

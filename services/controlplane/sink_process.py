@@ -18,7 +18,7 @@ from graylane.metrics import (
 )
 from graylane.registry.migrate import create_db_engine, upgrade
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
-from graylane.services.controlplane.store import ControlStore
+from graylane.services.controlplane.state import ControlStore
 
 __all__ = ["serve_audit_sink"]
 

@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 from graylane.registry import ArtifactInfo, RegisteredModel, Registry
-from graylane.services.controlplane.store import StoredPolicy
+from graylane.services.controlplane.state import StoredPolicy
 from graylane.v1 import audit_pb2, controlplane_pb2, rollout_pb2
 
 __all__ = [

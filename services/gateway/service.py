@@ -17,7 +17,7 @@ acknowledged request (it is in Kafka and is served), only its callers' connectio
   ``.../ready``, ``POST .../infer`` (JSON tensors or the binary-data extension) as a
   ``FORWARD``; a version in the path is a pin, which the router honours only where the
   routing table allows pins (the answer's ``model_version`` is the version that served).
-- Admission (:mod:`~graylane.services.gateway.admission`): bearer keys per tenant, a
+- Admission (:mod:`~graylane.services.gateway.logic.admission`): bearer keys per tenant, a
   token bucket per key (429), body and prompt caps (413/400), a timeout header, a
   priority header (the request's ``priority`` tag; sheddable calls are refused first
   when the replica is full: 503). Every 429/503 carries ``Retry-After``.
@@ -66,9 +66,11 @@ from graylane.kafka.seam import ClientFactory
 from graylane.metrics import GatewayMetrics, Readiness, ServiceObservability
 from graylane.serde import DEFAULT_MAX_ELEMENTS
 from graylane.services.gateway import oip
-from graylane.services.gateway.admission import (
+from graylane.services.gateway.catalog import ModelDirectory, SignatureBook
+from graylane.services.gateway.chat import CHATML, ChatFormat
+from graylane.services.gateway.failures import ApiError, ErrorType, from_error_code
+from graylane.services.gateway.logic.admission import (
     PRIORITY_TAG,
-    Admission,
     GatewayLimits,
     KeyRing,
     Priority,
@@ -76,9 +78,7 @@ from graylane.services.gateway.admission import (
     parse_priority,
     parse_timeout,
 )
-from graylane.services.gateway.catalog import ModelDirectory, SignatureBook
-from graylane.services.gateway.chat import CHATML, ChatFormat
-from graylane.services.gateway.failures import ApiError, ErrorType, from_error_code
+from graylane.services.gateway.state import Admission
 from graylane.services.gateway.wire import (
     SSE_DONE,
     Endpoint,

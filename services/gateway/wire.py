@@ -37,7 +37,6 @@ from typing import Any
 
 from graylane.client import Choice, Result, TokenLogprob, ToolCall, Usage
 from graylane.engine_options import MAX_CHOICES, MAX_TOP_LOGPROBS, options_problem
-from graylane.services.gateway.admission import GatewayLimits
 from graylane.services.gateway.chat import (
     ChatFormat,
     ChatMessage,
@@ -45,6 +44,7 @@ from graylane.services.gateway.chat import (
     ChatTemplateError,
 )
 from graylane.services.gateway.failures import ApiError, ErrorType
+from graylane.services.gateway.logic.admission import GatewayLimits
 from graylane.v1 import inference_pb2
 
 __all__ = [

@@ -1,9 +1,13 @@
 """The router: ingress topic -> per-version topics, by the latest routing table.
 
-A thin adapter around :func:`graylane.routing.route`, run by the library's
-:class:`~graylane.kafka.loop.ConsumeLoop`: ingress offsets are committed only
-after every forward (and every error reply) of a batch is acknowledged, so a
-crash re-routes rather than loses requests.
+Room: ``service.py`` of the router: its lifecycle and the hooks of the library's
+:class:`~graylane.kafka.consume_loop.ConsumeLoop`; ingress offsets are committed only
+after every forward (and every error reply) of a batch is acknowledged, so a crash
+re-routes rather than loses requests. What it owns is in
+:mod:`~graylane.services.router.state` (the newest table per model), what it refuses in
+:mod:`~graylane.services.router.logic`, its protobuf in
+:mod:`~graylane.services.router.wire`; the routing decision is the library's pure
+:func:`graylane.routing.route`.
 """
 
 from __future__ import annotations
@@ -12,22 +16,16 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from graylane import schema_registry, serde, tracing
+from graylane import tracing
 from graylane.clock import now_ms
-from graylane.errors import ErrorCode, SerdeError, require_started
+from graylane.errors import ErrorCode, Rejection, SerdeError, clip, require_started
 from graylane.kafka.admin import MessageLimits
-from graylane.kafka.loop import ConsumeLoop, LoopHooks, settle
+from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
+from graylane.kafka.delivery import settle
 from graylane.kafka.reading import CompactedFollower
-from graylane.kafka.replies import (
-    FieldCaps,
-    Rejection,
-    ReplySink,
-    clip,
-    field_problem,
-    reply_topic_rejection,
-)
+from graylane.kafka.replies import FieldCaps, ReplySink
 from graylane.kafka.seam import (
     BatchConsumer,
     ClientFactory,
@@ -37,11 +35,13 @@ from graylane.kafka.seam import (
     known_topics,
 )
 from graylane.metrics import CONTROL_CAUGHT_UP, RouterMetrics, ServiceObservability
-from graylane.routing import RouteTable, RoutingRequest, UnknownPinnedVersion, route
-from graylane.routing.convert import table_from_pb
+from graylane.routing import RouteTable, UnknownPinnedVersion, route
 from graylane.routing.table import RouteDecision, route_without_table, table_problem
+from graylane.services.router import wire
+from graylane.services.router.logic.intake import refusal
+from graylane.services.router.state import TableStore
 from graylane.supervision import BackgroundTasks
-from graylane.v1 import control_pb2, inference_pb2
+from graylane.v1 import inference_pb2
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +61,6 @@ class RouterConfig:
     max_in_flight: int = 8
     """Fetched batches whose forwards may be unacknowledged at once (committed in order):
     the next batch is routed while the broker acknowledges the previous one."""
-
-
-@dataclass
-class TableStore:
-    """Latest routing table per model; never goes back to an older epoch."""
-
-    tables: dict[str, RouteTable] = field(default_factory=dict)
-
-    def offer(self, table: RouteTable) -> bool:
-        current = self.tables.get(table.model)
-        if current is not None and table.epoch <= current.epoch:
-            return False
-        self.tables[table.model] = table
-        return True
 
 
 class Router:
@@ -103,7 +89,7 @@ class Router:
         if record.value is None:
             return
         try:
-            table = table_from_pb(serde.decode(control_pb2.RoutingTable, record.value))
+            table = wire.table_of(record.value)
         except Exception as exc:  # any table this build cannot read is refused, never fatal
             log.error("ignoring a bad routing table at offset %d: %s", record.offset, exc)
             self.metrics.errors.labels("", ErrorCode.BAD_ROUTING_TABLE.name).inc()
@@ -176,9 +162,7 @@ class Router:
 
     # -- requests --------------------------------------------------------------
     def decide(self, request: inference_pb2.InferenceRequest) -> RouteDecision:
-        facts = RoutingRequest(
-            request.request_id, request.routing_key, dict(request.tags), request.pinned_version
-        )
+        facts = wire.routing_request(request)
         table = self.tables.tables.get(request.model)
         if table is None:
             return route_without_table(
@@ -190,7 +174,7 @@ class Router:
         producer = require_started(self._producer)
         topic_model = self._topic_model(record)
         try:
-            request = schema_registry.decode(inference_pb2.InferenceRequest, record.value)
+            request = wire.decode_request(record.value)
         except SerdeError as exc:
             self.metrics.errors.labels(topic_model, ErrorCode.DECODE_ERROR.name).inc()
             return [await sink.dead_letter(record, ErrorCode.DECODE_ERROR, str(exc))]
@@ -202,7 +186,7 @@ class Router:
                     record, ErrorCode.BAD_REQUEST, f"request has {why}; cannot reply"
                 )
             ]
-        _clear_router_fields(request, record)
+        wire.reset_router_fields(request, record)
         if not request.model:
             request.model = topic_model
         rejection = self._reject(request, record, topic_model)
@@ -222,25 +206,8 @@ class Router:
                     request, Rejection(ErrorCode.UNKNOWN_VERSION, str(exc)), record
                 )
             ]
-        now = now_ms()
-        request.routed_version = decision.version
-        request.routed_at_unix_ms = now
-        request.routing_epoch = decision.epoch
         key = (request.routing_key or request.request_id).encode("utf-8")
-        forwards: list[tuple[str, bytes]] = []
-        if decision.shadow_version:
-            copy = inference_pb2.InferenceRequest()
-            copy.CopyFrom(request)
-            copy.shadow = True
-            copy.routed_version = decision.shadow_version
-            copy.reply_topic = self.layout.shadow(request.model)
-            copy.shadow_pair_id = request.shadow_pair_id = _pair_id(record)
-            request.mirror_result = True
-            shadow_topic = self.layout.version_requests(request.model, decision.shadow_version)
-            forwards.append((shadow_topic, serde.encode(copy)))
-        forwards.append(
-            (self.layout.version_requests(request.model, decision.version), serde.encode(request))
-        )
+        forwards = wire.forwards(request, decision, record, self.layout)
         for topic, value in forwards:  # routing fields enlarge a request: it may not fit
             too_large = await sink.oversized(topic, value, key)
             if too_large is not None:
@@ -307,38 +274,12 @@ class Router:
         record: Record,
         topic_model: str,
     ) -> Rejection | None:
-        limit = self.factory.settings.max_request_bytes
-        if len(record.value or b"") > limit:
-            return Rejection(
-                ErrorCode.PAYLOAD_TOO_LARGE,
-                f"request is {len(record.value or b'')} bytes; the limit is {limit}",
-            )
-        problem = field_problem(request)
-        if problem is not None:
-            if len(request.model) > FieldCaps().model:
-                request.model = topic_model  # reply on the topic's model results topic
-            return Rejection(ErrorCode.BAD_REQUEST, problem)
-        if request.model not in self.config.stable_versions:
-            return Rejection(
-                ErrorCode.UNKNOWN_MODEL,
-                f"model {clip(request.model)!r} is not served here; "
-                f"known models: {', '.join(sorted(self.config.stable_versions))}",
-            )
-        if request.model != topic_model:
-            return Rejection(
-                ErrorCode.BAD_REQUEST,
-                f"request for model {clip(request.model)!r} arrived on the ingress of "
-                f"{topic_model!r}",
-            )
-        refused = reply_topic_rejection(self.layout, request)
-        if refused is not None:
-            return refused
-        if request.deadline_unix_ms and request.deadline_unix_ms < now_ms():
-            return Rejection(
-                ErrorCode.DEADLINE_EXCEEDED,
-                f"deadline {request.deadline_unix_ms} passed before routing",
-            )
-        return None
+        return refusal(
+            wire.ingress_facts(request, record, self.layout, topic_model),
+            limit_bytes=self.factory.settings.max_request_bytes,
+            served=self.config.stable_versions,
+            now_ms=now_ms(),
+        )
 
     # -- lifecycle -------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -400,19 +341,3 @@ class Router:
 def _weights(table: RouteTable) -> dict[str, float]:
     """Share of traffic (0..1) per version in an applied table."""
     return {r.version: r.weight_percent / 100.0 for r in table.routes}
-
-
-def _pair_id(record: Record) -> str:
-    """The shadow pair id of an ingress record: its place in the log, the same on a re-route."""
-    return f"{record.partition}-{record.offset}-{record.timestamp}"
-
-
-def _clear_router_fields(request: inference_pb2.InferenceRequest, record: Record) -> None:
-    """Only the router sets these: a client cannot steer shadows, gates or latency."""
-    request.shadow = False
-    request.mirror_result = False
-    request.routed_version = ""
-    request.routed_at_unix_ms = 0
-    request.routing_epoch = 0
-    request.shadow_pair_id = ""
-    request.created_at_unix_ms = record.timestamp if record.timestamp > 0 else now_ms()

@@ -22,7 +22,7 @@ from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
-from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
+from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 from tests.conftest import ROOT

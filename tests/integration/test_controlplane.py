@@ -15,7 +15,7 @@ from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
 from graylane.serde import decode, decode_key, encode
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
-from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
+from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
 from tests.support.records import produce_records

@@ -11,7 +11,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import NotLeaderForPartitionError, UnknownTopicOrPartitionError
 
 from graylane.kafka.admin import ensure_topics
-from graylane.kafka.loop import deliver_and_commit
+from graylane.kafka.delivery import deliver_and_commit
 from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 
 pytestmark = pytest.mark.kafka

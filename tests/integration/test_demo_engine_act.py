@@ -12,7 +12,7 @@ from graylane.app.demo.engine_act import CHAT_MODEL, _stream_answer
 from graylane.app.demo.monitor import Monitor
 from graylane.client import GraylaneClient, Task
 from graylane.kafka.seam import KafkaFactory
-from graylane.services.gateway.admission import KeyRing, parse_api_keys
+from graylane.services.gateway.logic.admission import KeyRing, parse_api_keys
 from graylane.v1 import inference_pb2
 from tests.support.gateway import running_gateway
 from tests.support.llamacpp import StartLlamaServer

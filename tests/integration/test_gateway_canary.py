@@ -24,7 +24,7 @@ from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import Gates, RolloutSpec, Step
 from graylane.routing import RoutingRequest, route
 from graylane.routing.convert import table_from_pb
-from graylane.services.gateway.admission import KeyRing, parse_api_keys
+from graylane.services.gateway.logic.admission import KeyRing, parse_api_keys
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 from tests.support.gateway import running_gateway

@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.kafka.seam import KafkaFactory
-from graylane.services.gateway.admission import KeyRing, parse_api_keys
+from graylane.services.gateway.logic.admission import KeyRing, parse_api_keys
 from tests.support.gateway import running_gateway
 from tests.support.small_models import SCORER_FEATURES, write_scorer
 from tests.support.stack import running_stack

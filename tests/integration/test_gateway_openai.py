@@ -1,8 +1,10 @@
 """The official ``openai`` package against a gateway on the real broker.
 
 A router and a worker serve the demo GPT (KV cache, byte-level tokenizer); the gateway
-runs under uvicorn on a free port in the test's event loop. Each decode step of the
-worker is slowed by 5 ms, so a generation of 48 tokens spans many streamed chunks.
+runs under uvicorn on a free port in the test's event loop. Each engine call of the
+worker is slowed by 5 ms, and the streamed generation is held before its last tokens
+(its decode steps wait at a gate) until the caller has its first text: that text
+reaches the caller while the generation runs on is an order of events, not of speeds.
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ import pytest
 from graylane import serde
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.faults import FaultInjection
-from graylane.engine_worker.tasks import generate_with_cache
+from graylane.engine_worker.kv_decode import generate_with_cache
+from graylane.engine_worker.logic.streaming import safe_text
 from graylane.kafka.reading import FollowFrom, TopicFollower
 from graylane.kafka.seam import KafkaFactory, Record
 from graylane.models.byte_vocab import decode_tokens
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.services.gateway.admission import KeyRing, parse_api_keys
 from graylane.services.gateway.chat import CHATML, ChatMessage, ChatRole
+from graylane.services.gateway.logic.admission import KeyRing, parse_api_keys
 from graylane.v1 import inference_pb2
+from tests.support.engines import GatedDecodeSteps
 from tests.support.gateway import running_gateway
 from tests.support.stack import running_stack
 from tests.support.waiting import wait_until
@@ -40,6 +44,8 @@ MESSAGES = [
     {"role": "user", "content": "Say something"},
 ]
 NEW_TOKENS = 48
+HELD_AT = NEW_TOKENS - 8
+"""Decode steps the streamed generation runs before it waits for the caller."""
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +64,15 @@ async def test_chat_completions_streamed_and_not_and_the_refusals(
     reference = OnnxRuntimeEngine.load(kv_model, "fp32", intra_op_threads=1)
     expected = generate_with_cache(reference, [list(prompt.encode())], NEW_TOKENS, None, 256)[0]
     slow_steps = {"v1": FaultInjection(extra_latency_ms=5.0)}
+    gate = GatedDecodeSteps(OnnxRuntimeEngine.load(kv_model, "fp32", name=MODEL))
     async with (
         running_stack(
-            factory, model=MODEL, versions={"v1": kv_model}, stable="v1", faults=slow_steps
+            factory,
+            model=MODEL,
+            versions={"v1": kv_model},
+            stable="v1",
+            faults=slow_steps,
+            engines={"v1": {"fp32": gate}},
         ) as stack,
         running_gateway(factory, keys=KEYS) as gateway,
         _openai(gateway.url) as client,
@@ -78,31 +90,44 @@ async def test_chat_completions_streamed_and_not_and_the_refusals(
         roles = []
         registry = gateway.observability.registry
         open_during: float | None = None
-        stream = await client.chat.completions.create(
-            model=MODEL,
-            messages=MESSAGES,
-            max_tokens=NEW_TOKENS,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        async for chunk in stream:
-            if chunk.usage is not None:
-                usage = chunk.usage
-            if not chunk.choices:
-                continue
-            choice = chunk.choices[0]
-            if choice.delta.role:
-                roles.append(choice.delta.role)
-            if choice.delta.content:
-                if live_at_first_text is None:
-                    live_at_first_text = decoder.live  # is the worker still generating it?
-                    open_during = registry.get_sample_value("graylane_gateway_streams_open")
-                pieces.append(choice.delta.content)
-            if choice.finish_reason:
-                finish = choice.finish_reason
+        # Held 8 tokens before its end until the caller has its first text: that text
+        # cannot have come after the generation ended.
+        gate.shut(after=HELD_AT)
+        try:
+            stream = await client.chat.completions.create(
+                model=MODEL,
+                messages=MESSAGES,
+                max_tokens=NEW_TOKENS,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            async for chunk in stream:
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                if not chunk.choices:
+                    continue
+                choice = chunk.choices[0]
+                if choice.delta.role:
+                    roles.append(choice.delta.role)
+                if choice.delta.content:
+                    if live_at_first_text is None:
+                        live_at_first_text = decoder.live  # is the worker still generating it?
+                        open_during = registry.get_sample_value("graylane_gateway_streams_open")
+                        gate.open()
+                    pieces.append(choice.delta.content)
+                if choice.finish_reason:
+                    finish = choice.finish_reason
+        finally:
+            gate.open()  # whatever happened, nothing waits on it any more
+        open_after: float | None = None
 
-        open_after = registry.get_sample_value("graylane_gateway_streams_open")
+        def closed() -> bool:
+            nonlocal open_after
+            open_after = registry.get_sample_value("graylane_gateway_streams_open")
+            return open_after == 0.0
+
+        await wait_until(closed, timeout=10, what="the gateway's stream closed")
 
         # Completions too, on the same path.
         completion = await client.completions.create(
@@ -135,6 +160,8 @@ async def test_chat_completions_streamed_and_not_and_the_refusals(
     assert whole.system_fingerprint == "graylane:v1"
     assert "".join(pieces) == text  # streamed, reassembled: the same greedy text
     assert len(pieces) >= 3
+    # the text before the hold is not empty (a stream holds back a broken UTF-8 tail)
+    assert safe_text(decode_tokens(expected.tokens[:HELD_AT]))
     assert live_at_first_text == 1  # text reached the caller while the generation ran on
     assert roles == ["assistant"]
     assert (open_during, open_after) == (1.0, 0.0)  # the streams-open gauge

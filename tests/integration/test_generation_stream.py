@@ -16,9 +16,10 @@ import pytest
 
 from graylane.client import Chunk, GraylaneClient, Task
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.tasks import generate_with_cache
+from graylane.engine_worker.kv_decode import generate_with_cache
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
+from tests.support.engines import GatedDecodeSteps
 from tests.support.stack import running_stack
 from tests.support.waiting import wait_until
 
@@ -111,7 +112,14 @@ async def test_a_cancel_stops_a_running_generation_and_frees_its_rows(
 async def test_a_request_arriving_mid_decode_joins_the_running_batch(
     factory: KafkaFactory, kv_model: Path
 ) -> None:
-    async with running_stack(factory, model=MODEL, versions={"v1": kv_model}, stable="v1") as stack:
+    """Ordered by events, not by this machine's speed: the long generation is held after
+    its first token until the short request has reached the decoder, then both decode
+    together; the short one (4 tokens) ends within a few of the long one's 240 steps."""
+    engine = OnnxRuntimeEngine.load(kv_model, "fp32", name=MODEL, intra_op_threads=1)
+    gate = GatedDecodeSteps(engine)
+    async with running_stack(
+        factory, model=MODEL, versions={"v1": kv_model}, stable="v1", engines={"v1": {"fp32": gate}}
+    ) as stack:
         worker = stack.workers["v1"]
         async with GraylaneClient(factory) as client:
             long_chunks: list[Chunk] = []
@@ -128,17 +136,27 @@ async def test_a_request_arriving_mid_decode_joins_the_running_batch(
                     long_chunks.append(chunk)
                     started.set()
 
-            task = asyncio.create_task(long_one())
-            await asyncio.wait_for(started.wait(), 30)
-            short = await client.infer(
-                MODEL, prompt="short", task=Task.GENERATE, max_new_tokens=4, timeout=30
-            )
-            done_while_long_ran = not long_chunks[-1].final
+            gate.shut()  # its first token goes out; its decode waits
+            try:
+                task = asyncio.create_task(long_one())
+                await asyncio.wait_for(started.wait(), 30)
+                (decoder,) = [d for _, d in worker.backend.decoders.values()]
+                short_call = asyncio.create_task(
+                    client.infer(
+                        MODEL, prompt="short", task=Task.GENERATE, max_new_tokens=4, timeout=30
+                    )
+                )
+                await wait_until(lambda: decoder.live == 2, timeout=30, what="the short one")
+            finally:
+                gate.open()
+            short = await short_call
             await task
-    assert done_while_long_ran  # answered while the long one was still decoding
-    (decoder,) = [d for _, d in worker.backend.decoders.values()]
     assert decoder.peak_rows >= 2  # they shared decode steps
     long_final = long_chunks[-1].result
-    assert long_final is not None
-    # The short one's first token did not wait for the long one's remaining decode.
-    assert short.timing.total_ms < long_final.timing.total_ms / 2
+    assert long_final is not None and long_final.finish_reason == "LENGTH"
+    assert sum(len(c.tokens) for c in long_chunks) == 240
+    assert len(short.tokens) == 4
+    # By the worker's stamps: the short one got its row and its answer while the long
+    # one was still decoding.
+    assert short.timing.dequeued_at_unix_ms >= long_final.timing.dequeued_at_unix_ms
+    assert short.timing.completed_at_unix_ms < long_final.timing.completed_at_unix_ms

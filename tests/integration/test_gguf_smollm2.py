@@ -21,7 +21,7 @@ import pytest
 
 from graylane.builder.store import ArtifactStore
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.tasks import generate_with_cache
+from graylane.engine_worker.kv_decode import generate_with_cache
 from graylane.models.gguf_import import GgufImport
 from graylane.models.hf_tokenizer import HfTokenizer
 from graylane.services.gateway.chat import ChatMessage, ChatRole, load_chat_template
@@ -86,7 +86,8 @@ def test_fp32_greedy_equals_transformers_generate(
 
 
 def test_the_first_logits_match_transformers(engine: OnnxRuntimeEngine) -> None:
-    from graylane.engine_worker.tasks import INPUT_IDS, run_forward
+    from graylane.engine_worker.forward import run_forward
+    from graylane.engine_worker.layouts import INPUT_IDS
 
     for chat in REFERENCE["chats"]:
         feeds = {INPUT_IDS: np.asarray([chat["ids"]], dtype=np.int64)}

@@ -42,7 +42,7 @@ async def forwarded_ids(factory: KafkaFactory) -> set[str]:
 async def test_a_rebalance_during_a_router_batch_loses_nothing_and_kills_no_one(
     factory: KafkaFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="graylane.kafka.loop")
+    caplog.set_level(logging.INFO, logger="graylane.kafka.guard")
     layout = factory.layout
     await ensure_topics(factory, layout.shared_specs() + layout.model_specs(MODEL, ["v1"]))
     group = f"{layout.prefix}-router-rebalance"

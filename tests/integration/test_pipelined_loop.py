@@ -23,7 +23,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import NotLeaderForPartitionError
 
 from graylane.errors import NotStartedError
-from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
+from graylane.kafka.backoff import BackoffPolicy
+from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
+from graylane.kafka.fault import Fault
 from graylane.kafka.seam import ConsumerOptions, KafkaFactory, Record
 from tests.support.waiting import wait_until
 

@@ -8,7 +8,6 @@ straight onto the topics the engine reads.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from graylane.policy_engine.lease import LeaseKeeper
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import RolloutSpec, Strategy
 from graylane.settings import Settings
-from graylane.v1 import inference_pb2, rollout_pb2, telemetry_pb2, tensor_pb2
+from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2, telemetry_pb2, tensor_pb2
 from tests.support.newer_records import UNKNOWN, with_enum, with_unknown_fields
 from tests.support.policy import policy_engine, wait_ready
 from tests.support.records import produce, read_audits, send_command, start_command
@@ -128,9 +127,31 @@ async def test_one_request_id_with_two_post_processings_never_aborts_the_shadow(
             return await consumed(factory, settings, factory.layout.shadow(MODEL))
 
         await wait_until(taken, timeout=40, poll_s=0.5, what="the shadow results consumed")
-        await asyncio.sleep(4.0)  # several ticks of the engine after it paired them
+        # Stats on both sides (the candidate's in its shadow lane) let the engine judge
+        # the shadow: its next decision is on record with the pairs it saw, or, if it
+        # paired an argmax answer with a top-k one, as "incomparable".
+        await produce(
+            factory,
+            factory.layout.telemetry(),
+            telemetry(BASE),
+            telemetry(CANDIDATE, shadow=True),
+            key=MODEL,
+        )
+        judged: list[audit_pb2.AuditRecord] = []
+
+        async def decided_on_the_pairs() -> bool:
+            judged[:] = [
+                a
+                for a in await read_audits(factory, rollout_id=spec.rollout_id)
+                if a.agreement.pairs >= 2 or a.rule == "incomparable"
+            ]
+            return bool(judged)
+
+        await wait_until(decided_on_the_pairs, timeout=40, poll_s=0.5, what="a shadow decision")
         assert proc.poll() is None
-        assert await phase_of(factory, spec.rollout_id) == rollout_pb2.SHADOWING
+        assert await phase_of(factory, spec.rollout_id) != rollout_pb2.ABORTED
+    assert [a.rule for a in judged if a.rule == "incomparable"] == [], judged
+    assert judged[0].agreement.pairs == judged[0].agreement.agreeing == 2, judged[0].agreement
     audits = await read_audits(factory, model=MODEL)
     assert not [a for a in audits if a.rule == "incomparable"]
 

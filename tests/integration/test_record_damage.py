@@ -19,12 +19,14 @@ from sqlalchemy import create_engine
 from graylane import serde
 from graylane.errors import ErrorCode
 from graylane.kafka import seam
-from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
+from graylane.kafka.backoff import BackoffPolicy
+from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
+from graylane.kafka.fault import Fault
 from graylane.kafka.seam import ConsumerOptions, KafkaFactory, Record
 from graylane.metrics import AuditSinkMetrics
 from graylane.registry.migrate import upgrade
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
-from graylane.services.controlplane.store import ControlStore
+from graylane.services.controlplane.state import ControlStore
 from graylane.services.router.service import Router, RouterConfig
 from graylane.v1 import audit_pb2, inference_pb2
 from tests.support.damage import RawHeaderKey, raw_header_keys

@@ -18,8 +18,9 @@ from graylane.client import (
     UnknownModel,
 )
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.batch_generation import run_generate
+from graylane.engine_worker.forward import run_forward
 from graylane.engine_worker.postprocess import PostProcess as EnginePost
-from graylane.engine_worker.tasks import run_forward, run_generate
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
 from graylane.routing import RoutingRule, table_for_weights

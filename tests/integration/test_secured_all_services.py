@@ -31,7 +31,7 @@ from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
-from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
+from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.services.router.service import Router, RouterConfig
 from graylane.settings import Settings
 from graylane.v1 import controlplane_pb2_grpc, rollout_pb2

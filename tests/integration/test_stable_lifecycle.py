@@ -25,7 +25,7 @@ from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.registry import open_registry
 from graylane.rollouts.spec import RolloutSpec
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
-from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
+from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import control_pb2, rollout_pb2
 from tests.support.policy import RoutingWatch, policy_engine, wait_ready

@@ -79,6 +79,11 @@ class PrivateBroker:
         """This process's environment with :attr:`variables` on top."""
         return {**os.environ, **self.variables}
 
+    @property
+    def pid(self) -> int:
+        """The running broker's process id (from its pid file)."""
+        return int((self.root / "kafka" / "kafka.pid").read_text().strip())
+
     def run(self, action: str) -> None:
         """``kafka.py <action>`` (start, stop, status) for this broker; a failure fails the test."""
         done = subprocess.run(

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from graylane.kafka.seam import KafkaFactory
-from graylane.services.gateway.admission import GatewayLimits, KeyRing
+from graylane.services.gateway.logic.admission import GatewayLimits, KeyRing
 from graylane.services.gateway.service import Gateway, GatewayConfig
 
 

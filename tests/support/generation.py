@@ -4,9 +4,10 @@ ids and stop strings out of what it really generates."""
 from __future__ import annotations
 
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.batch_generation import run_generate
+from graylane.engine_worker.kv_decode import GenerationResult
+from graylane.engine_worker.logic.sampling import SamplingParams
 from graylane.engine_worker.requests import DemoByteTokenizer
-from graylane.engine_worker.sampling import SamplingParams
-from graylane.engine_worker.tasks import GenerationResult, run_generate
 from graylane.models.byte_vocab import PAD_ID
 from graylane.models.demo_gpt import build_demo_gpt
 

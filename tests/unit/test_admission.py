@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graylane.engine_worker.admission import (
+from graylane.engine_worker.logic.admission import (
     NO_DEADLINE,
     Candidate,
     admit,

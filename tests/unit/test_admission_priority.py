@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graylane.engine_worker.admission import (
+from graylane.engine_worker.logic.admission import (
     NO_DEADLINE,
     Candidate,
     _KeptQueue,

@@ -34,10 +34,11 @@ from graylane.builder.variants import VariantStatus
 from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.signature import IOSignature
-from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.backend import BatchClock, ResultContext
 from graylane.engine_worker.compute import ForwardOutcome, run_isolated
 from graylane.engine_worker.faults import InjectedFault
 from graylane.engine_worker.loading import load_from_registry
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.requests import (
     IntakeRules,
     Limits,
@@ -46,9 +47,8 @@ from graylane.engine_worker.requests import (
     prepare,
     validate,
 )
-from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.engine_worker.wire import build_batch
+from graylane.errors import ErrorCode, Rejection
 from graylane.models.demo_gpt import build_demo_gpt
 from graylane.registry import open_registry
 from graylane.settings import Settings

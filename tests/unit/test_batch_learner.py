@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from graylane.engine_worker.batch_learner import (
+from graylane.engine_worker.logic.batch_learner import (
     BatchChoice,
     BatchLearner,
     CycleCost,

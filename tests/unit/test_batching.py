@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graylane.engine_worker.batching import (
+from graylane.engine_worker.logic.batching import (
     BatchingError,
     BucketPolicy,
     InvalidPolicyError,

@@ -11,7 +11,9 @@ from graylane.builder.build import BuildReport, run_build
 from graylane.builder.spec import DEFAULT_PRECISIONS, DemoSource, SpecError, load_spec, parse_spec
 from graylane.builder.variants import VariantStatus
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.tasks import generate_with_cache, kv_cache_layout, run_generate
+from graylane.engine_worker.batch_generation import run_generate
+from graylane.engine_worker.kv_decode import generate_with_cache
+from graylane.engine_worker.layouts import kv_cache_layout
 from graylane.models.byte_vocab import BOS_ID, PAD_ID
 from graylane.models.demo_gpt import build_demo_gpt
 

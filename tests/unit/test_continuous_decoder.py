@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -18,19 +18,20 @@ from opentelemetry.trace import StatusCode
 from graylane.clock import now_ms
 from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.backend import ResultContext
 from graylane.engine_worker.compute import WorkerEngines
 from graylane.engine_worker.faults import FaultInjection, extends_cache
-from graylane.engine_worker.generation import ContinuousDecoder, DecoderLimits, StreamPolicy
+from graylane.engine_worker.generation import ContinuousDecoder, DecoderLimits
+from graylane.engine_worker.kv_decode import generate_with_cache
+from graylane.engine_worker.logic.batching import BucketPolicy
+from graylane.engine_worker.logic.streaming import StreamPolicy
 from graylane.engine_worker.requests import Job, TaskKind, WorkItem
 from graylane.engine_worker.spans import generation_hop
-from graylane.engine_worker.tasks import generate_with_cache
-from graylane.engine_worker.wire import BatchReport, ResultContext
 from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.tracing import TracedRequest, record_generation
-from graylane.v1 import inference_pb2, telemetry_pb2
+from graylane.v1 import inference_pb2
+from tests.support.outbox import CapturedOutbox
 
 CTX = ResultContext(model="gpt", version="v1", variant="fp32", worker_id="w")
 
@@ -39,41 +40,6 @@ CTX = ResultContext(model="gpt", version="v1", variant="fp32", worker_id="w")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> OnnxRuntimeEngine:
     path = write_demo_gpt(tmp_path_factory.mktemp("kv") / "kv.onnx", "tiny", seed=4, kv_cache=True)
     return OnnxRuntimeEngine.load(path, "fp32", intra_op_threads=1)
-
-
-def _sent() -> Awaitable[object]:
-    done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-    done.set_result(None)
-    return done
-
-
-class Captured:
-    """An outbox that keeps what the decoder sends."""
-
-    def __init__(self) -> None:
-        self.finished: list[Job] = []
-        self.chunks: dict[str, list[inference_pb2.InferenceResult]] = {}
-        self.order: list[str] = []
-        self.telemetry_records: list[telemetry_pb2.BatchTelemetry] = []
-
-    async def deliver(self, report: BatchReport) -> list[Awaitable[object]]:
-        self.finished.extend(report.answers)
-        self.order.extend(job.request.request_id for job in report.answers)
-        self.telemetry_records.append(report.telemetry)
-        return []
-
-    async def chunk(self, job: Job, chunk: inference_pb2.InferenceResult) -> Awaitable[object]:
-        self.chunks.setdefault(job.request.request_id, []).append(chunk)
-        return _sent()
-
-    async def refuse(self, job: Job, rejection: Rejection, variant: str) -> Awaitable[object]:
-        job.rejection = rejection
-        self.finished.append(job)
-        return _sent()
-
-    async def telemetry(self, telemetry: telemetry_pb2.BatchTelemetry) -> Awaitable[object]:
-        self.telemetry_records.append(telemetry)
-        return _sent()
 
 
 def job(
@@ -105,7 +71,7 @@ def job(
     return Job(record, request, work)
 
 
-def decoder(engine: OnnxRuntimeEngine, captured: Captured, rows: int) -> ContinuousDecoder:
+def decoder(engine: OnnxRuntimeEngine, captured: CapturedOutbox, rows: int) -> ContinuousDecoder:
     engines = WorkerEngines(
         {"fp32": engine},
         FaultInjection(),
@@ -123,7 +89,6 @@ def decoder(engine: OnnxRuntimeEngine, captured: Captured, rows: int) -> Continu
         engine,
         DecoderLimits(max_sequences=rows, max_seq_len=256),
         stream=StreamPolicy(),
-        decode_text=None,
         outbox=captured,
     )
 
@@ -131,7 +96,7 @@ def decoder(engine: OnnxRuntimeEngine, captured: Captured, rows: int) -> Continu
 async def test_a_late_short_request_joins_and_finishes_first_with_exact_tokens(
     engine: OnnxRuntimeEngine,
 ) -> None:
-    captured = Captured()
+    captured = CapturedOutbox()
     dec = decoder(engine, captured, rows=4)
     # created 50 ms ago: its TTFT (counted from creation, in whole ms) is at least that,
     # however fast this machine prefills
@@ -162,7 +127,7 @@ async def test_a_late_short_request_joins_and_finishes_first_with_exact_tokens(
 async def test_a_cancel_ends_a_running_sequence_and_frees_its_rows(
     engine: OnnxRuntimeEngine,
 ) -> None:
-    captured = Captured()
+    captured = CapturedOutbox()
     dec = decoder(engine, captured, rows=2)
     done = dec.submit(job("c", [3, 4], 200, stream=True))
     while "c" not in captured.chunks:
@@ -182,7 +147,7 @@ async def test_a_cancel_ends_a_running_sequence_and_frees_its_rows(
 async def test_a_request_that_cannot_start_within_its_ttft_budget_is_shed(
     engine: OnnxRuntimeEngine,
 ) -> None:
-    captured = Captured()
+    captured = CapturedOutbox()
     dec = decoder(engine, captured, rows=1)
     busy = dec.submit(job("busy", [3, 4], 150))
     late = dec.submit(job("late", [5], 4, ttft_ms=30))
@@ -195,7 +160,7 @@ async def test_a_request_that_cannot_start_within_its_ttft_budget_is_shed(
 
 
 async def test_a_prompt_the_loop_refuses_is_answered_not_fatal(engine: OnnxRuntimeEngine) -> None:
-    captured = Captured()
+    captured = CapturedOutbox()
     dec = decoder(engine, captured, rows=2)
     await dec.submit(job("empty", [], 4))
     ok = dec.submit(job("fine", [1, 2], 3))
@@ -209,7 +174,7 @@ async def test_a_prompt_the_loop_refuses_is_answered_not_fatal(engine: OnnxRunti
 async def test_a_step_where_a_streamed_row_joins_counts_its_rows_once(
     engine: OnnxRuntimeEngine,
 ) -> None:
-    captured = Captured()
+    captured = CapturedOutbox()
     dec = decoder(engine, captured, rows=1)
     await dec.submit(job("alone", [5, 6, 7], 6, stream=True))
     await dec.close()
@@ -243,7 +208,7 @@ class FailsTheDecodeAfterAPrefill:
 async def test_a_row_finished_by_its_prefill_keeps_its_answer_when_the_decode_fails(
     engine: OnnxRuntimeEngine,
 ) -> None:
-    captured = Captured()
+    captured = CapturedOutbox()
     faulty = FailsTheDecodeAfterAPrefill(engine)
     dec = decoder(faulty, captured, rows=4)  # type: ignore[arg-type]
     running = dec.submit(job("running", [5, 6, 7], 200))
@@ -268,7 +233,7 @@ async def test_the_span_of_a_streamed_generation_says_what_it_decoded(
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    captured = Captured()
+    captured = CapturedOutbox()
     dec = decoder(engine, captured, rows=2)
     # created 50 ms ago: TTFT counts from creation, so a fast prefill cannot round it to 0
     await dec.submit(job("streamed", [5, 6, 7], 9, stream=True, created=now_ms() - 50))

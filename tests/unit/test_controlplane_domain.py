@@ -14,7 +14,7 @@ from graylane.services.controlplane.auth import (
     TokenTable,
     parse_tokens,
 )
-from graylane.services.controlplane.domain import (
+from graylane.services.controlplane.logic.rules import (
     ArtifactFacts,
     FailedPrecondition,
     InvalidArgument,

@@ -14,7 +14,6 @@ from graylane.app.cli.main import main
 from graylane.kafka.seam import KafkaFactory
 from graylane.services.controlplane.audit_sink import RolloutHub
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
-from graylane.services.controlplane.domain import InvalidArgument
 from graylane.services.controlplane.limits import (
     ApiLimits,
     UnsafeConfig,
@@ -23,7 +22,8 @@ from graylane.services.controlplane.limits import (
     check_startup,
     is_loopback,
 )
-from graylane.services.controlplane.server import (
+from graylane.services.controlplane.logic.rules import InvalidArgument
+from graylane.services.controlplane.service import (
     AuditServicer,
     ControlPlane,
     ControlPlaneServer,

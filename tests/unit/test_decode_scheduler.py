@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 
-from graylane.engine_worker.tasks import (
+from graylane.engine_worker.kv_decode import should_compact
+from graylane.engine_worker.logic.scheduler import (
     DecodeJoin,
     DecodeScheduler,
     SchedulerError,
     SchedulerLimits,
-    should_compact,
 )
 
 

@@ -9,7 +9,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
-from graylane.kafka.loop import deliver_and_commit
+from graylane.kafka.delivery import deliver_and_commit
 
 T = "requests.m.v1"
 

@@ -7,56 +7,25 @@ following the engine. What a real engine answers is tested against llama.cpp
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 
 from aiokafka.structs import ConsumerRecord
 
 from graylane.artifacts.naming import Backend
 from graylane.clock import now_ms
 from graylane.engine.server import EngineEndpoint
+from graylane.engine_worker.backend import ResultContext
 from graylane.engine_worker.engine_server import EngineServerBackend, EngineServerSettings
-from graylane.engine_worker.generation import StreamPolicy
+from graylane.engine_worker.logic.streaming import StreamPolicy
 from graylane.engine_worker.requests import EngineRules, Job, validate_engine_call
-from graylane.engine_worker.wire import BatchReport, ResultContext
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, Rejection
 from graylane.metrics import ENGINE_UP, GROUP_JOINED, Readiness, ServiceObservability
-from graylane.v1 import inference_pb2, telemetry_pb2
+from graylane.v1 import inference_pb2
 from tests.support.misbehaving_engine import PIECES, misbehaving_engine
+from tests.support.outbox import CapturedOutbox
 from tests.support.waiting import wait_until
 
 CTX = ResultContext(model="m", version="v1", variant="q4_1", worker_id="w")
 RULES = EngineRules(model="m", max_request_bytes=1 << 20, max_new_tokens=64)
-
-
-def _sent() -> Awaitable[object]:
-    done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-    done.set_result(None)
-    return done
-
-
-class Captured:
-    def __init__(self) -> None:
-        self.answers: dict[str, Job] = {}
-        self.chunks: dict[str, list[inference_pb2.InferenceResult]] = {}
-        self.records: list[telemetry_pb2.BatchTelemetry] = []
-
-    async def deliver(self, report: BatchReport) -> list[Awaitable[object]]:
-        for job in report.answers:
-            self.answers[job.request.request_id] = job
-        self.records.append(report.telemetry)
-        return [_sent()]
-
-    async def chunk(self, job: Job, chunk: inference_pb2.InferenceResult) -> Awaitable[object]:
-        self.chunks.setdefault(job.request.request_id, []).append(chunk)
-        return _sent()
-
-    async def refuse(self, job: Job, rejection: Rejection, variant: str) -> Awaitable[object]:
-        raise AssertionError("the backend refuses nothing itself")
-
-    async def telemetry(self, telemetry: telemetry_pb2.BatchTelemetry) -> Awaitable[object]:
-        self.records.append(telemetry)
-        return _sent()
 
 
 def job(rid: str, *, stream: bool = False, ttft_ms: int = 0, created: int = 0) -> Job:
@@ -93,7 +62,7 @@ def backend(url: str, kind: str, *, slots: int = 4, **settings: float) -> Engine
 
 
 async def answered(
-    served: EngineServerBackend, jobs: list[Job], captured: Captured
+    served: EngineServerBackend, jobs: list[Job], captured: CapturedOutbox
 ) -> dict[str, Job]:
     futures = await served.answer(jobs, CTX, captured)
     await asyncio.wait_for(asyncio.gather(*futures), 10)
@@ -102,7 +71,7 @@ async def answered(
 
 async def test_a_stream_is_relayed_in_order_and_timed_by_the_worker() -> None:
     async with misbehaving_engine() as engine:
-        served, captured = backend(engine.url, "ok"), Captured()
+        served, captured = backend(engine.url, "ok"), CapturedOutbox()
         try:
             answers = await answered(served, [job("a", stream=True)], captured)
         finally:
@@ -144,7 +113,7 @@ async def test_every_fault_of_the_engine_is_an_answer_with_its_code() -> None:
     }
     async with misbehaving_engine() as engine:
         for kind, code in expected.items():
-            served, captured = backend(engine.url, kind), Captured()
+            served, captured = backend(engine.url, kind), CapturedOutbox()
             try:
                 answers = await answered(served, [job(kind)], captured)
             finally:
@@ -163,7 +132,7 @@ async def test_every_fault_of_the_engine_is_an_answer_with_its_code() -> None:
 async def test_an_engine_that_cannot_be_reached_is_retried_then_unavailable_and_not_ready() -> None:
     async with misbehaving_engine() as engine:
         url = engine.url
-    served, captured = backend(url, "ok", retry_budget_s=0.3), Captured()  # nobody listens
+    served, captured = backend(url, "ok", retry_budget_s=0.3), CapturedOutbox()  # nobody listens
     await served.start()
     try:
         answers = await answered(served, [job("a")], captured)
@@ -190,7 +159,7 @@ async def test_readiness_follows_the_engine_down_and_up() -> None:
 
 async def test_a_cancel_closes_the_stream_and_answers_what_was_generated() -> None:
     async with misbehaving_engine() as engine:
-        served, captured = backend(engine.url, "hold"), Captured()
+        served, captured = backend(engine.url, "hold"), CapturedOutbox()
         try:
             futures = await served.answer([job("held", stream=True)], CTX, captured)
             await asyncio.wait_for(engine.held.wait(), 5)
@@ -208,7 +177,7 @@ async def test_a_cancel_closes_the_stream_and_answers_what_was_generated() -> No
 
 async def test_a_call_that_cannot_get_a_slot_in_time_is_shed() -> None:
     async with misbehaving_engine() as engine:
-        served, captured = backend(engine.url, "hold", slots=1), Captured()
+        served, captured = backend(engine.url, "hold", slots=1), CapturedOutbox()
         try:
             first = await served.answer([job("holder")], CTX, captured)
             await asyncio.wait_for(engine.held.wait(), 5)

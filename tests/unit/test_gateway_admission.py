@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from graylane.services.gateway.admission import (
-    Admission,
+from graylane.services.gateway.logic.admission import (
     ApiKeyError,
     CallerRole,
     GatewayLimits,
-    InFlightGate,
     KeyRing,
     Priority,
     Tenant,
-    TokenBucket,
     parse_api_keys,
     parse_priority,
     parse_timeout,
 )
+from graylane.services.gateway.state import Admission, InFlightGate, TokenBucket
 
 KEY_A = "a" * 16 + "-alpha"
 KEY_B = "b" * 16 + "-bravo"

@@ -12,7 +12,6 @@ import pytest
 
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.hf_tokenizer import HfTokenizer
-from graylane.services.gateway.admission import GatewayLimits
 from graylane.services.gateway.catalog import ModelDirectory
 from graylane.services.gateway.chat import (
     CHATML,
@@ -23,6 +22,7 @@ from graylane.services.gateway.chat import (
     load_chat_template,
 )
 from graylane.services.gateway.failures import ApiError
+from graylane.services.gateway.logic.admission import GatewayLimits
 from graylane.services.gateway.service import Gateway, GatewayConfig
 from graylane.services.gateway.wire import parse_chat
 

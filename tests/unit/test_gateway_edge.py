@@ -12,8 +12,13 @@ import pytest
 
 from graylane.client import Result, Usage
 from graylane.kafka.seam import KafkaFactory
-from graylane.services.gateway.admission import GatewayLimits, KeyRing, Priority, parse_api_keys
 from graylane.services.gateway.catalog import ModelDirectory
+from graylane.services.gateway.logic.admission import (
+    GatewayLimits,
+    KeyRing,
+    Priority,
+    parse_api_keys,
+)
 from graylane.services.gateway.service import Gateway, GatewayConfig, replica_client_id
 
 KEY = "edge-key-0123456789abcdef"

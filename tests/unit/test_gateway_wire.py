@@ -10,10 +10,10 @@ import pytest
 
 from graylane.client import Choice, Result, TokenLogprob, ToolCall, Usage
 from graylane.errors import ErrorCode
-from graylane.services.gateway.admission import GatewayLimits
 from graylane.services.gateway.catalog import ModelDirectory, served_models
 from graylane.services.gateway.chat import CHATML, ChatMessage, ChatRole
 from graylane.services.gateway.failures import ApiError, from_error_code
+from graylane.services.gateway.logic.admission import GatewayLimits
 from graylane.services.gateway.wire import (
     SSE_DONE,
     Endpoint,

@@ -7,14 +7,14 @@ import pytest
 
 from graylane.engine import InvalidInputError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.sampling import GREEDY, SamplingParams
-from graylane.engine_worker.tasks import (
+from graylane.engine_worker.batch_generation import run_generate
+from graylane.engine_worker.kv_decode import (
     FinishReason,
     GenerationResult,
     KvDecodeLoop,
     generate_with_cache,
-    run_generate,
 )
+from graylane.engine_worker.logic.sampling import GREEDY, SamplingParams
 from graylane.models.byte_vocab import BOS_ID, PAD_ID, encode_text
 from tests.support.generation import (
     MAX_SEQ,

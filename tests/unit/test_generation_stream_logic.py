@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graylane.engine_worker.generation import CancelBook, StreamCursor, StreamPolicy, safe_text
+from graylane.engine_worker.logic.streaming import StreamCursor, StreamPolicy, safe_text
+from graylane.engine_worker.state import CancelBook
 from graylane.v1 import inference_pb2
 
 
@@ -52,7 +53,8 @@ def test_chunks_reassemble_to_the_whole_generation(tokens: list[int], cuts: list
 
 def test_request_chunking_overrides_the_workers() -> None:
     params = inference_pb2.GenerationParams(stream_every_tokens=1)
-    mine = StreamPolicy(every_tokens=8, every_ms=30.0).for_request(params)
+    worker = StreamPolicy(every_tokens=8, every_ms=30.0)
+    mine = worker.for_request(params.stream_every_tokens, params.stream_every_ms)
     assert (mine.every_tokens, mine.every_ms) == (1, 30.0)
 
 

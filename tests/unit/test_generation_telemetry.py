@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable
 from dataclasses import replace
 
 import pytest
@@ -15,26 +14,17 @@ from prometheus_client import CollectorRegistry
 
 from graylane.clock import now_ms
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.backend import BatchReport, DecodeLoad, ResultContext
 from graylane.engine_worker.compute import WorkerEngines
 from graylane.engine_worker.faults import FaultInjection, FaultyEngine
-from graylane.engine_worker.generation import (
-    ContinuousDecoder,
-    DecoderLimits,
-    StreamPolicy,
-    gap_p99,
-)
+from graylane.engine_worker.generation import ContinuousDecoder, DecoderLimits
+from graylane.engine_worker.logic.batching import BucketPolicy
+from graylane.engine_worker.logic.streaming import StreamPolicy, gap_p99
 from graylane.engine_worker.requests import Job, TaskKind, WorkItem
-from graylane.engine_worker.wire import (
-    BatchReport,
-    DecodeLoad,
-    GenerationTally,
-    ResultContext,
-    generation_report,
-)
+from graylane.engine_worker.wire import GenerationTally, generation_report
+from graylane.errors import Rejection
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_from_pb
-from graylane.kafka.replies import Rejection
 from graylane.metrics import WorkerMetrics, catalogue
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.logic.window import (
@@ -49,6 +39,7 @@ from graylane.policy_engine.wire import (
     window_stats_to_pb,
 )
 from graylane.v1 import inference_pb2, telemetry_pb2
+from tests.support.outbox import CapturedOutbox
 
 CTX = ResultContext(model="gpt", version="v1", variant="fp32", worker_id="w")
 STEP_MS = 4.0
@@ -79,26 +70,6 @@ def _job(rid: str, prompt: list[int], new: int) -> Job:
     return Job(record, request, work)
 
 
-class _Reports:
-    """An outbox that keeps the reports of ended generations."""
-
-    def __init__(self) -> None:
-        self.reports: list[BatchReport] = []
-
-    async def deliver(self, report: BatchReport) -> list[Awaitable[object]]:
-        self.reports.append(report)
-        return []
-
-    async def chunk(self, job: Job, chunk: inference_pb2.InferenceResult) -> Awaitable[object]:
-        raise AssertionError("nothing streams here")
-
-    async def refuse(self, job: Job, rejection: Rejection, variant: str) -> Awaitable[object]:
-        raise AssertionError("nothing is refused here")
-
-    async def telemetry(self, telemetry: telemetry_pb2.BatchTelemetry) -> Awaitable[object]:
-        raise AssertionError("no telemetry of its own here")
-
-
 async def _decode(engine: OnnxRuntimeEngine, jobs: list[Job]) -> list[BatchReport]:
     """Run ``jobs`` through a continuous decoder whose every engine call takes at least
     STEP_MS longer (so millisecond stamps resolve the gaps)."""
@@ -113,14 +84,13 @@ async def _decode(engine: OnnxRuntimeEngine, jobs: list[Job]) -> list[BatchRepor
         give_up=lambda exc: None,
         active=lambda: "fp32",
     )
-    outbox = _Reports()
+    outbox = CapturedOutbox()
     decoder = ContinuousDecoder(
         engines,
         CTX,
         slow,
         DecoderLimits(max_sequences=4, max_seq_len=256, max_kv_tokens=200),
         stream=StreamPolicy(),
-        decode_text=None,
         outbox=outbox,
     )
     await asyncio.wait_for(asyncio.gather(*(decoder.submit(j) for j in jobs)), 60)
@@ -187,7 +157,6 @@ def test_generation_report_counts_sheds_and_errors_apart_from_generations() -> N
     )
     shed = _job("shed", [1], 3)
     from graylane.errors import ErrorCode
-    from graylane.kafka.replies import Rejection
 
     shed.rejection = Rejection(ErrorCode.SHED, "late")
     load = DecodeLoad(kv_cache_occupancy=0.75, waiting=5, running=3)

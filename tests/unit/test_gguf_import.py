@@ -17,12 +17,9 @@ import pytest
 
 from graylane.artifacts.model_info import ModelTask, read_model_info
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.tasks import (
-    INPUT_IDS,
-    generate_with_cache,
-    kv_cache_layout,
-    run_forward,
-)
+from graylane.engine_worker.forward import run_forward
+from graylane.engine_worker.kv_decode import generate_with_cache
+from graylane.engine_worker.layouts import INPUT_IDS, kv_cache_layout
 from graylane.models.gguf_import import (
     GgufImport,
     GgufImportError,

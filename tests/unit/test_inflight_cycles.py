@@ -21,7 +21,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from graylane.kafka.loop import InFlightCycles, Replay
+from graylane.kafka.in_flight import InFlightCycles, Replay
 from graylane.kafka.seam import Record
 
 T = "requests.m.v1"

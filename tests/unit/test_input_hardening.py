@@ -13,10 +13,11 @@ from aiokafka.structs import ConsumerRecord
 from graylane import serde
 from graylane.engine.errors import BadShape
 from graylane.engine_worker import compute
-from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.backend import BatchClock, ResultContext
 from graylane.engine_worker.compute import BatchRun, ForwardOutcome, run_isolated
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.requests import TaskKind, WorkItem
-from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
+from graylane.engine_worker.wire import build_batch
 from graylane.errors import ErrorCode
 from graylane.histogram import LatencyHistogram
 from graylane.kafka.replies import DEAD_LETTER_KEEP_BYTES, ReplySink, field_problem

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from graylane.kafka.loop import Backoff, BackoffPolicy
+from graylane.kafka.backoff import Backoff, BackoffPolicy
 
 
 def test_ceiling_grows_exponentially_then_stays_at_the_cap() -> None:

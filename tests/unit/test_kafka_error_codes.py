@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from graylane.errors import ErrorCode, GraylaneError, is_retriable
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, GraylaneError, Rejection, is_retriable
 from graylane.v1 import inference_pb2
 
 

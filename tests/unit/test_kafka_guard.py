@@ -27,14 +27,11 @@ from aiokafka.errors import (
 )
 from prometheus_client import CollectorRegistry
 
-from graylane.kafka.loop import (
-    BackoffPolicy,
-    BatchGuard,
-    Fault,
-    claim_instance,
-    classify,
-    deliver_and_commit,
-)
+from graylane.kafka.backoff import BackoffPolicy
+from graylane.kafka.delivery import deliver_and_commit
+from graylane.kafka.fault import Fault, classify
+from graylane.kafka.guard import BatchGuard
+from graylane.kafka.membership import claim_instance
 from graylane.kafka.replies import ReplySink
 from graylane.kafka.seam import ConsumerOptions, Record
 from graylane.services.router.service import Router

@@ -16,7 +16,9 @@ from aiokafka.errors import TopicAuthorizationFailedError
 from prometheus_client import CollectorRegistry
 
 from graylane.errors import ErrorCode, GraylaneError
-from graylane.kafka.loop import BackoffPolicy, ConsumeLoop, Fault, LoopHooks
+from graylane.kafka.backoff import BackoffPolicy
+from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
+from graylane.kafka.fault import Fault
 from graylane.kafka.seam import ConsumerOptions, Record
 from graylane.settings import Settings
 from tests.support.memory_kafka import MemoryBroker, MemoryConsumer, MemoryFactory

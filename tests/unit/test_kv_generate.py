@@ -7,19 +7,17 @@ import numpy as np
 import pytest
 
 from graylane.engine import InferenceEngine, InvalidInputError, IOSignature
+from graylane.engine.derived_inputs import POSITION_IDS
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.signature import TensorSpec
-from graylane.engine_worker.tasks import (
-    POSITION_IDS,
+from graylane.engine_worker.batch_generation import run_generate
+from graylane.engine_worker.kv_decode import (
     FinishReason,
     GenerationResult,
     KvDecodeLoop,
     generate_with_cache,
-    generation_layout,
-    kv_cache_layout,
-    run_generate,
-    token_layout,
 )
+from graylane.engine_worker.layouts import generation_layout, kv_cache_layout, token_layout
 from graylane.models.byte_vocab import BOS_ID, PAD_ID, VOCAB_SIZE
 from graylane.models.demo_gpt import build_demo_gpt
 from tests.support.engines import DelegatingEngine
@@ -270,20 +268,20 @@ def test_bad_arguments_are_refused(plain: OnnxRuntimeEngine, cached: OnnxRuntime
 def test_the_worker_generate_path_uses_the_cache_with_the_same_tokens(
     cached: OnnxRuntimeEngine, reference: list[GenerationResult]
 ) -> None:
-    """``tasks.run_generate`` (what the worker calls) takes the KV path for a cached model."""
-    from graylane.engine_worker import tasks
+    """``run_generate`` (what the worker calls) takes the KV path for a cached model."""
+    from graylane.engine_worker import batch_generation
 
     calls: list[int] = []
-    original = tasks.generate_with_cache
+    original = batch_generation.generate_with_cache
 
     def spy(*args: object, **kwargs: object) -> list[GenerationResult]:
         calls.append(1)
         return original(*args, **kwargs)  # type: ignore[arg-type]
 
-    tasks.generate_with_cache = spy  # type: ignore[assignment]
+    batch_generation.generate_with_cache = spy  # type: ignore[assignment]
     try:
-        got = tasks.run_generate(cached, PROMPTS, LIMITS, None, MAX_SEQ, pad_id=PAD_ID)
+        got = batch_generation.run_generate(cached, PROMPTS, LIMITS, None, MAX_SEQ, pad_id=PAD_ID)
     finally:
-        tasks.generate_with_cache = original  # type: ignore[assignment]
+        batch_generation.generate_with_cache = original  # type: ignore[assignment]
     assert calls == [1]
     assert [r.tokens for r in got] == [r.tokens for r in reference]

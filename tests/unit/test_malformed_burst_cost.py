@@ -7,8 +7,8 @@ from __future__ import annotations
 from graylane import serde
 from graylane.engine.signature import IOSignature
 from graylane.engine_worker.requests import Limits, RequestFacts, TaskKind, prepare
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import MAX_PARTITION_KEY_BYTES, Rejection, ReplySink, partition_key
+from graylane.errors import ErrorCode, Rejection
+from graylane.kafka.replies import MAX_PARTITION_KEY_BYTES, ReplySink, partition_key
 from graylane.models.demo_gpt import build_demo_gpt
 from graylane.topics import TopicLayout
 from graylane.v1 import inference_pb2

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from graylane.kafka.loop import ConsumeLoop, LoopHooks
+from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
 from graylane.kafka.seam import ConsumerOptions, Record
 from graylane.metrics import (
     AuditSinkMetrics,

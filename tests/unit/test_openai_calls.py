@@ -27,8 +27,7 @@ from graylane.engine_worker.openai_calls import (
     read_event,
 )
 from graylane.engine_worker.requests import EngineRules, WorkItem, validate_engine_call
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.errors import ErrorCode, Rejection
 from graylane.v1 import inference_pb2
 
 RULES = EngineRules(model="m", max_request_bytes=1 << 20, max_new_tokens=64)

@@ -24,8 +24,12 @@ from graylane.artifacts.model_info import (
     eos_from_hf_configs,
     read_model_info,
 )
+from graylane.engine.derived_inputs import POSITION_IDS, USE_CACHE_BRANCH
 from graylane.engine.errors import BadShape
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.forward import run_forward
+from graylane.engine_worker.kv_decode import KvDecodeLoop, generate_with_cache
+from graylane.engine_worker.layouts import INPUT_IDS, kv_cache_layout, token_layout
 from graylane.engine_worker.loading import load_from_paths, onnx_model_info
 from graylane.engine_worker.postprocess import TOKEN_IDS, PostProcess
 from graylane.engine_worker.requests import (
@@ -35,16 +39,6 @@ from graylane.engine_worker.requests import (
     WorkItem,
     prepare,
     request_facts,
-)
-from graylane.engine_worker.tasks import (
-    INPUT_IDS,
-    POSITION_IDS,
-    USE_CACHE_BRANCH,
-    KvDecodeLoop,
-    generate_with_cache,
-    kv_cache_layout,
-    run_forward,
-    token_layout,
 )
 from graylane.models.hf_tokenizer import HfTokenizer, tokenizer_beside
 from graylane.v1 import inference_pb2

@@ -5,7 +5,7 @@ from __future__ import annotations
 from graylane.histogram import LatencyHistogram
 from graylane.policy_engine import wire
 from graylane.policy_engine.audit_replay import verify
-from graylane.policy_engine.core import PolicyCore, VersionKey
+from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.logic.window import TelemetrySample
 from graylane.policy_engine.messages import (
     Command,
@@ -16,6 +16,7 @@ from graylane.policy_engine.messages import (
     RolloutPublication,
     RoutingPublication,
 )
+from graylane.policy_engine.state import VersionKey
 from graylane.policy_engine.wire import command_from_pb, records_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Step

@@ -15,7 +15,7 @@ from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
 from graylane.metrics import PolicyMetrics
 from graylane.policy_engine import wire
-from graylane.policy_engine.core import PolicyCore, VersionKey
+from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.logic.window import TelemetrySample, invalid_sample
 from graylane.policy_engine.messages import (
@@ -28,6 +28,7 @@ from graylane.policy_engine.messages import (
     SkipReason,
 )
 from graylane.policy_engine.service import PolicyObserver, telemetry_into
+from graylane.policy_engine.state import VersionKey
 from graylane.policy_engine.wire import command_of, records_of, restore_values, shadow_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Step

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from graylane.policy_engine.audit_replay import verify
-from graylane.policy_engine.core import PolicyCore, VersionKey
+from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.logic.liveness import (
     LivenessAction,
     LivenessTracker,
@@ -14,6 +14,7 @@ from graylane.policy_engine.logic.liveness import (
     check_rollout_liveness,
 )
 from graylane.policy_engine.messages import RolloutAudit, RoutingPublication
+from graylane.policy_engine.state import VersionKey
 from graylane.policy_engine.wire import records_of
 from graylane.rollouts.spec import Gates, RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionRule, Phase

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graylane.policy_engine.core import PolicyCore, VersionKey
+from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.logic.precision_ack import AckVerdict, PendingSwitch, judge_switch
 from graylane.policy_engine.messages import (
     Command,
@@ -10,6 +10,7 @@ from graylane.policy_engine.messages import (
     PrecisionAck,
     PrecisionPublication,
 )
+from graylane.policy_engine.state import VersionKey
 from graylane.policy_engine.wire import records_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule

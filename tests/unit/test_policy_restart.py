@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from graylane.kafka.loop import claim_instance
+from graylane.kafka.membership import claim_instance
 from graylane.policy_engine.logic.lease import Lease, holds, next_claim
 from graylane.policy_engine.service import PolicyConfig, create_app
 from graylane.settings import Settings

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from graylane.histogram import LatencyHistogram
 from graylane.metrics import PolicyMetrics
 from graylane.policy_engine.audit_replay import verify
-from graylane.policy_engine.core import PolicyCore, VersionKey
+from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.logic.scale import ScalePolicy, ScaleReason
 from graylane.policy_engine.logic.window import TelemetrySample
 from graylane.policy_engine.messages import (
@@ -22,6 +22,7 @@ from graylane.policy_engine.messages import (
     ScalePublication,
 )
 from graylane.policy_engine.service import PolicyObserver
+from graylane.policy_engine.state import VersionKey
 from graylane.policy_engine.wire import records_of
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule

@@ -16,7 +16,7 @@ from graylane.policy_engine.wire import command_from_pb, records_of
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import Phase
 from graylane.serde import decode
-from graylane.services.controlplane.store import open_store
+from graylane.services.controlplane.state import open_store
 from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2, rollout_pb2
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from graylane.engine_worker.sampling import (
+from graylane.engine_worker.logic.sampling import (
     GREEDY,
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,

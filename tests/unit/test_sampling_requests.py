@@ -11,8 +11,10 @@ import pytest
 
 from graylane.artifacts.model_info import ModelInfo, ModelTask
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.backend import BatchClock, ResultContext
 from graylane.engine_worker.compute import GenerateOutcome, run_batch
+from graylane.engine_worker.logic.batching import BucketPolicy
+from graylane.engine_worker.logic.sampling import GREEDY, SamplingParams
 from graylane.engine_worker.requests import (
     DemoByteTokenizer,
     IntakeRules,
@@ -21,10 +23,8 @@ from graylane.engine_worker.requests import (
     WorkItem,
     validate,
 )
-from graylane.engine_worker.sampling import GREEDY, SamplingParams
-from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.engine_worker.wire import build_batch
+from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import Record
 from graylane.models.byte_vocab import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, encode_text
 from graylane.v1 import inference_pb2

@@ -10,7 +10,8 @@ import asyncio
 
 from graylane import serde
 from graylane.engine_worker.requests import distrust_shadow
-from graylane.kafka.replies import Rejection, ReplySink
+from graylane.errors import Rejection
+from graylane.kafka.replies import ReplySink
 from graylane.settings import Settings
 from graylane.v1 import inference_pb2
 from tests.support.memory_kafka import MemoryBroker, MemoryFactory

@@ -16,7 +16,7 @@ from graylane.kafka.reading import CompactedFollower
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.services.controlplane.audit_sink import AuditSink
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
-from graylane.services.controlplane.server import ControlPlaneServer, ServerConfig
+from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.services.router.service import Router, RouterConfig
 from graylane.settings import Settings
 from graylane.supervision import BackgroundTaskDied, BackgroundTasks

@@ -25,8 +25,9 @@ from graylane.engine import (
 )
 from graylane.engine import tensorrt as backend
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.batching import BucketPolicy
-from graylane.engine_worker.tasks import run_forward, run_generate
+from graylane.engine_worker.batch_generation import run_generate
+from graylane.engine_worker.forward import run_forward
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.models.byte_vocab import BOS_ID, encode_text
 from graylane.models.demo_gpt import build_demo_gpt
 

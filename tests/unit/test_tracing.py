@@ -206,8 +206,8 @@ async def test_the_gateway_continues_the_http_traceparent() -> None:
     import httpx
 
     from graylane.client import Result
-    from graylane.services.gateway.admission import KeyRing, parse_api_keys
     from graylane.services.gateway.catalog import ModelDirectory
+    from graylane.services.gateway.logic.admission import KeyRing, parse_api_keys
     from graylane.services.gateway.service import Gateway, GatewayConfig
     from graylane.settings import Settings
     from tests.support.memory_kafka import MemoryBroker, MemoryFactory

@@ -9,9 +9,10 @@ from onnx import TensorProto, helper
 
 from graylane.engine.errors import EngineRunError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.backend import BatchClock, ResultContext
 from graylane.engine_worker.compute import engine_rejection, run_batch
 from graylane.engine_worker.faults import FaultInjection, FaultyEngine, InjectedFault, with_faults
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.requests import (
     DemoByteTokenizer,
     IntakeRules,
@@ -23,9 +24,8 @@ from graylane.engine_worker.requests import (
     request_facts,
     validate,
 )
-from graylane.engine_worker.wire import BatchClock, ResultContext, build_batch
-from graylane.errors import ErrorCode
-from graylane.kafka.replies import Rejection
+from graylane.engine_worker.wire import build_batch
+from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import Record
 from graylane.models.byte_vocab import decode_tokens
 from graylane.models.demo_gpt import write_demo_gpt

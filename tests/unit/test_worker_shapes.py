@@ -11,13 +11,13 @@ from graylane.artifacts.build_info import InputShapeRange, ShapeProfile
 from graylane.artifacts.model_info import ModelInfo, ModelTask
 from graylane.engine.errors import BadShape
 from graylane.engine.signature import IOSignature, TensorSpec
-from graylane.engine_worker.batching import DEFAULT_BUCKETS, BucketPolicy
 from graylane.engine_worker.compute import (
     profile_buckets,
     profile_max_batch,
     warm_up,
     warm_up_feeds,
 )
+from graylane.engine_worker.logic.batching import DEFAULT_BUCKETS, BucketPolicy
 
 POLICY = BucketPolicy(buckets=(8, 16, 32), max_batch_size=4)
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.batching import BucketPolicy
 from graylane.engine_worker.compute import WarmUpLimits, warm_up
+from graylane.engine_worker.layouts import kv_bytes_per_token, kv_cache_layout, kv_tokens_for
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.requests import RequestFacts, request_facts
-from graylane.engine_worker.tasks import kv_bytes_per_token, kv_cache_layout, kv_tokens_for
 from graylane.models.gguf_import import GgufImport, import_gguf
 from graylane.models.gguf_tokenizer import GgufVocab, tokenizer_from_gguf
 from graylane.models.hf_tokenizer import HfTokenizer

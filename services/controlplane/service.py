@@ -1,5 +1,10 @@
 """The control plane's gRPC adapter: the process, its servicers, health and metrics.
 
+Room: ``service.py`` of the control plane: lifecycle and the servicers. Its state is
+:mod:`~graylane.services.controlplane.state` (the SQL store), its rules
+:mod:`~graylane.services.controlplane.logic`, its protobuf answers
+:mod:`~graylane.services.controlplane.wire`.
+
 :class:`ControlPlaneServer` is the process: configuration read once
 (:meth:`ServerConfig.from_env` plus CLI flags: port, optional server TLS from PEM
 files, and the bearer tokens, ``GRAYLANE_CP_TOKENS="<token>:operator,<token>:read_only"``
@@ -9,7 +14,7 @@ command outbox. It refuses weak tokens and a plaintext bind beyond loopback (see
 
 The servicers are thin: protobuf in, the facts the rules need gathered from the
 registry and the store (:func:`model_facts`), the rules of
-:mod:`graylane.services.controlplane.domain`, the store and the command bus, protobuf
+:mod:`graylane.services.controlplane.logic.rules`, the store and the command bus, protobuf
 out (built in :mod:`graylane.services.controlplane.wire`). Typed errors become gRPC
 status codes in :func:`mapped`, and only there. SQL calls run in a worker thread so
 the event loop keeps serving Watch streams.
@@ -61,7 +66,6 @@ from graylane.rollouts.pb import (
 from graylane.rollouts.vocabulary import ManualCommand, Phase
 from graylane.routing.convert import route_config_from_pb, route_config_to_pb, rule_from_pb
 from graylane.routing.table import InvalidRouteRule, RouteConfig, UnknownRouteRule
-from graylane.services.controlplane import domain
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
 from graylane.services.controlplane.auth import ApiRole, AuthInterceptor, Principal, TokenTable
 from graylane.services.controlplane.bus import (
@@ -71,7 +75,8 @@ from graylane.services.controlplane.bus import (
     KafkaCommandBus,
 )
 from graylane.services.controlplane.limits import ApiLimits, WatchSlots, check_limit, check_startup
-from graylane.services.controlplane.store import ControlStore, StoredRollout
+from graylane.services.controlplane.logic import rules
+from graylane.services.controlplane.state import ControlStore, StoredRollout
 from graylane.services.controlplane.wire import (
     model_summary,
     new_command,
@@ -263,13 +268,13 @@ R = TypeVar("R")
 
 
 def _status_of(exc: Exception) -> grpc.StatusCode | None:
-    if isinstance(exc, domain.NotFound | ModelNotRegistered | UnknownVersion):
+    if isinstance(exc, rules.NotFound | ModelNotRegistered | UnknownVersion):
         return grpc.StatusCode.NOT_FOUND
-    if isinstance(exc, domain.FailedPrecondition):
+    if isinstance(exc, rules.FailedPrecondition):
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(exc, DuplicateVersion):
         return grpc.StatusCode.ALREADY_EXISTS
-    if isinstance(exc, domain.InvalidArgument | RegistryError | PolicyError):
+    if isinstance(exc, rules.InvalidArgument | RegistryError | PolicyError):
         return grpc.StatusCode.INVALID_ARGUMENT
     return None
 
@@ -283,7 +288,7 @@ def mapped(
     async def wrapper(self: Any, request: Any, context: Context) -> R:
         try:
             return await method(self, request, context)
-        except (domain.ControlError, RegistryError, PolicyError) as exc:
+        except (rules.ControlError, RegistryError, PolicyError) as exc:
             code = _status_of(exc) or grpc.StatusCode.INTERNAL
             await context.abort(code, str(exc))
             raise  # unreachable: abort raises
@@ -457,10 +462,10 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
 
     async def _stored(self, rollout_id: str) -> StoredRollout:
         if not rollout_id:
-            raise domain.InvalidArgument("rollout_id is empty; `graylane rollout list` shows ids")
+            raise rules.InvalidArgument("rollout_id is empty; `graylane rollout list` shows ids")
         stored = await asyncio.to_thread(self._cp.store.get_rollout, rollout_id)
         if stored is None:
-            raise domain.NotFound(
+            raise rules.NotFound(
                 f"no rollout {rollout_id!r}; `graylane rollout list` shows the known ones"
             )
         return stored
@@ -471,7 +476,7 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
     ) -> rollout_pb2.RolloutState:
         cp = self._cp
         principal = cp.principal(context)
-        ask = domain.StartRequest(
+        ask = rules.StartRequest(
             model=request.model,
             baseline=request.baseline_version,
             candidate=request.candidate_version,
@@ -479,15 +484,15 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
         )
         async with cp.start_lock:
             facts = await asyncio.to_thread(model_facts, cp.registry, cp.store, request.model)
-            baseline, candidate = domain.check_start(ask, facts)
+            baseline, candidate = rules.check_start(ask, facts)
             if self._candidate_check is not None:
                 problem = await self._candidate_check(request.model, candidate)
                 if problem is not None:
-                    raise domain.FailedPrecondition(problem)
+                    raise rules.FailedPrecondition(problem)
             now = cp.clock()
             wire = rollout_pb2.RolloutSpec()
             wire.CopyFrom(request)
-            wire.rollout_id = domain.new_rollout_id(request.model, now)
+            wire.rollout_id = rules.new_rollout_id(request.model, now)
             wire.baseline_version = baseline
             wire.candidate_version = candidate
             wire.created_at_unix_ms = now
@@ -573,7 +578,7 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
         cp = self._cp
         principal = cp.principal(context)
         stored = await self._stored(request.rollout_id)
-        domain.check_command(check, request.rollout_id, _phase(stored))
+        rules.check_command(check, request.rollout_id, _phase(stored))
         command = new_command(
             manual_command_to_pb(check),
             model=stored.state.model,
@@ -618,13 +623,13 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
         def target() -> tuple[str, StoredRollout | None]:
             facts = model_facts(cp.registry, cp.store, request.model)
             if facts is None:
-                raise domain.NotFound(f"model {request.model!r} is not registered")
+                raise rules.NotFound(f"model {request.model!r} is not registered")
             active = cp.store.active_rollout(request.model)
             if active is not None:
                 return active.state.spec.baseline_version, active
             previous = cp.registry.get_previous_stable(request.model)
             if previous is None:
-                raise domain.FailedPrecondition(
+                raise rules.FailedPrecondition(
                     f"{request.model} has no previous stable version to revert to "
                     f"(stable: {facts.stable_version or 'none'})"
                 )
@@ -674,16 +679,16 @@ class RoutingServicer(controlplane_pb2_grpc.RoutingServicer):
         def save() -> tuple[rollout_pb2.RouteConfig, rollout_pb2.RolloutCommand, int]:
             facts = model_facts(cp.registry, cp.store, model)
             if facts is None:
-                raise domain.NotFound(f"model {model!r} is not registered")
+                raise rules.NotFound(f"model {model!r} is not registered")
             try:
                 config = change(self._current(model)[0])
             except InvalidRouteRule as exc:
-                raise domain.InvalidArgument(str(exc)) from None
+                raise rules.InvalidArgument(str(exc)) from None
             except UnknownRouteRule as exc:
-                raise domain.NotFound(str(exc)) from None
+                raise rules.NotFound(str(exc)) from None
             unknown = sorted({r.version for r in config.rules} - set(facts.versions))
             if unknown:
-                raise domain.InvalidArgument(
+                raise rules.InvalidArgument(
                     f"{model} has no version {', '.join(unknown)}; "
                     f"registered: {', '.join(sorted(facts.versions)) or 'none'}"
                 )
@@ -750,7 +755,7 @@ class QosServicer(controlplane_pb2_grpc.QosServicer):
     def _view(self, model: str, version: str) -> controlplane_pb2.QosPolicyView:
         stored = self._cp.store.get_policy(model, version)
         if stored is None:
-            raise domain.NotFound(
+            raise rules.NotFound(
                 f"no QoS policy for {model} {version}; set one with `graylane qos set`"
             )
         latest = self._cp.store.query_audit(
@@ -769,7 +774,7 @@ class QosServicer(controlplane_pb2_grpc.QosServicer):
         cp = self._cp
         principal = cp.principal(context)
         facts = await asyncio.to_thread(model_facts, cp.registry, cp.store, request.model)
-        domain.check_qos_policy(facts, request.model, request.version, list(request.ladder))
+        rules.check_qos_policy(facts, request.model, request.version, list(request.ladder))
         policy = qos_policy_to_pb(qos_policy_from_pb(request))
         command = new_command(
             rollout_pb2.COMMAND_SET_QOS_POLICY,
@@ -808,7 +813,7 @@ class AuditServicer(controlplane_pb2_grpc.AuditServicer):
         self, request: controlplane_pb2.AuditQuery, context: Context
     ) -> controlplane_pb2.AuditQueryResponse:
         if request.to_unix_ms and request.from_unix_ms >= request.to_unix_ms:
-            raise domain.InvalidArgument("the time range is empty: --from must be before --to")
+            raise rules.InvalidArgument("the time range is empty: --from must be before --to")
         records = await asyncio.to_thread(
             self._cp.store.query_audit,
             model=request.model,
@@ -828,7 +833,7 @@ class AuditServicer(controlplane_pb2_grpc.AuditServicer):
 # -- facts for the domain checks, from the registry and the store ------------------------------
 
 
-def model_facts(registry: Registry, store: ControlStore, name: str) -> domain.ModelFacts | None:
+def model_facts(registry: Registry, store: ControlStore, name: str) -> rules.ModelFacts | None:
     """None when the model is not registered."""
     if not name:
         return None
@@ -836,10 +841,10 @@ def model_facts(registry: Registry, store: ControlStore, name: str) -> domain.Mo
         info = registry.get_model(name)
     except ModelNotRegistered:
         return None
-    versions: dict[str, domain.VersionFacts] = {}
+    versions: dict[str, rules.VersionFacts] = {}
     for v in registry.list_versions(name):
         artifacts = tuple(
-            domain.ArtifactFacts(
+            rules.ArtifactFacts(
                 name=str(a.name),
                 precision=a.precision.value,
                 servable=a.servable,
@@ -847,9 +852,9 @@ def model_facts(registry: Registry, store: ControlStore, name: str) -> domain.Mo
             )
             for a in registry.list_artifacts(name, v.version)
         )
-        versions[str(v.version)] = domain.VersionFacts(str(v.version), v.status.value, artifacts)
+        versions[str(v.version)] = rules.VersionFacts(str(v.version), v.status.value, artifacts)
     active = store.active_rollout(name)
-    return domain.ModelFacts(
+    return rules.ModelFacts(
         name=info.name,
         versions=versions,
         stable_version=str(info.stable_version) if info.stable_version else None,

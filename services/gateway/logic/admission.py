@@ -1,4 +1,8 @@
-"""Admission at the edge, without I/O: who calls, how fast, how large, how urgent.
+"""Admission at the edge, pure: who calls, how fast, how large, how urgent.
+
+Room: ``logic/`` of the gateway: the rules (keys and their tenants, priorities,
+timeouts, the replica's limits). The counters they are applied to (token buckets per
+key, calls in flight) are the gateway's state (:mod:`~graylane.services.gateway.state`).
 
 - **API keys.** ``Authorization: Bearer <key>``; each key belongs to a tenant and has a
   role (``infer``: may call the inference endpoints, the only role so far) and its own
@@ -23,9 +27,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
@@ -35,15 +38,12 @@ from graylane.priority import PRIORITY_TAG, Priority
 __all__ = [
     "MIN_KEY_LENGTH",
     "PRIORITY_TAG",
-    "Admission",
     "ApiKeyError",
     "CallerRole",
     "GatewayLimits",
-    "InFlightGate",
     "KeyRing",
     "Priority",
     "Tenant",
-    "TokenBucket",
     "parse_api_keys",
     "parse_priority",
     "parse_timeout",
@@ -152,32 +152,6 @@ class KeyRing:
         return len(self._keys)
 
 
-@dataclass
-class TokenBucket:
-    """``rate_per_s`` tokens a second, at most ``burst`` held; starts full."""
-
-    rate_per_s: float
-    burst: int
-    tokens: float = field(init=False)
-    updated_s: float = field(init=False, default=-1.0)
-
-    def __post_init__(self) -> None:
-        if self.rate_per_s <= 0 or self.burst < 1:
-            raise ValueError("a token bucket needs a positive rate and a burst of at least 1")
-        self.tokens = float(self.burst)
-
-    def take(self, now_s: float) -> float:
-        """Take one token: 0.0 if there was one, else the seconds until there is one."""
-        if self.updated_s >= 0:
-            elapsed = max(0.0, now_s - self.updated_s)
-            self.tokens = min(float(self.burst), self.tokens + elapsed * self.rate_per_s)
-        self.updated_s = now_s
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return 0.0
-        return (1.0 - self.tokens) / self.rate_per_s
-
-
 def parse_priority(value: str | None) -> Priority:
     """The priority a header names (``standard`` when absent); ValueError when unknown."""
     if value is None or not value.strip():
@@ -244,70 +218,3 @@ class GatewayLimits:
             raise ValueError("the default rate must be > 0 and the burst >= 1")
         if not 0 < self.default_timeout_s <= self.max_timeout_s:
             raise ValueError("timeouts must be > 0, the default at most the maximum")
-
-
-class InFlightGate:
-    """Counts running calls; admits by priority (single event loop: no lock)."""
-
-    def __init__(self, limits: GatewayLimits) -> None:
-        cap = limits.max_in_flight
-        self._caps = {
-            Priority.SHEDDABLE: max(1, int(cap * limits.sheddable_share)),
-            Priority.STANDARD: cap,
-            Priority.CRITICAL: cap + max(1, int(cap * limits.critical_headroom)),
-        }
-        self.running = 0
-
-    def cap(self, priority: Priority) -> int:
-        return self._caps[priority]
-
-    def enter(self, priority: Priority) -> bool:
-        if self.running >= self._caps[priority]:
-            return False
-        self.running += 1
-        return True
-
-    def leave(self) -> None:
-        self.running = max(0, self.running - 1)
-
-
-class Admission:
-    """Keys, buckets per key and the in-flight gate of one replica.
-
-    ``keys`` None is an open gateway (``--no-auth``): every caller is the tenant
-    ``anonymous`` with one shared bucket.
-    """
-
-    ANONYMOUS = Tenant("anonymous", CallerRole.INFER)
-
-    def __init__(
-        self,
-        limits: GatewayLimits,
-        keys: KeyRing | None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.limits = limits
-        self.keys = keys
-        self.clock = clock
-        self.gate = InFlightGate(limits)
-        self._buckets: dict[str, TokenBucket] = {}
-
-    def identify(self, authorization: str | None) -> tuple[str, Tenant] | None:
-        if self.keys is None:
-            return "", self.ANONYMOUS
-        return self.keys.tenant_of(authorization)
-
-    def throttle(self, key_id: str, tenant: Tenant) -> float:
-        """0.0 when the key may call now, else seconds until it may (429)."""
-        bucket = self._buckets.get(key_id)
-        if bucket is None:
-            if tenant.rate_per_s > 0:
-                rate, burst = tenant.rate_per_s, tenant.burst or max(1, int(tenant.rate_per_s))
-            else:
-                rate, burst = (
-                    self.limits.default_rate_per_s,
-                    tenant.burst or self.limits.default_burst,
-                )
-            bucket = TokenBucket(rate, burst)
-            self._buckets[key_id] = bucket
-        return bucket.take(self.clock())

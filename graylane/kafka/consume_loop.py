@@ -39,10 +39,11 @@ identifiable by request_id.
 
 Pipelined (``ConsumeLoop(..., max_in_flight=N)``, N > 1; the default 1 is the turn
 above): step 4 does not wait. The batch's sends become one in-flight cycle of
-:class:`InFlightCycles` and the loop fetches again while fewer than N cycles are
-uncommitted (at N, a turn first waits for the oldest to settle), so delivery overlaps
-the next fetch and compute, and a handler whose sends resolve late (a generation
-acknowledged many seconds after it was submitted) still sees the records that follow.
+:class:`~graylane.kafka.in_flight.InFlightCycles` and the loop fetches again while
+fewer than N cycles are uncommitted (at N, a turn first waits for the oldest to
+settle), so delivery overlaps the next fetch and compute, and a handler whose sends
+resolve late (a generation acknowledged many seconds after it was submitted) still
+sees the records that follow.
 Offsets are committed in fetch order as acknowledgements arrive: per partition, the
 highest next offset of the prefix of settled cycles, never past a record whose sends
 are not all acknowledged; once per turn, and when the loop drains. A cycle whose sends
@@ -58,67 +59,55 @@ Errors carry their own policy. A rebalance (partitions revoked mid-batch,
 deleted under a running service, a broken producer, and any exception whose class
 says ``retriable = True`` (:class:`~graylane.errors.GraylaneError` and Kafka's
 errors both carry the flag) rewind the batch on the partitions still assigned and
-retry it after a capped, jittered :class:`Backoff`; the loop goes on. Lost
-credentials or authorization (:attr:`Fault.FATAL`) propagate: nothing of the batch
+retry it after a capped, jittered :class:`~graylane.kafka.backoff.Backoff`; the loop
+goes on (:mod:`graylane.kafka.fault` says which is which). Lost credentials or
+authorization (:attr:`~graylane.kafka.fault.Fault.FATAL`) propagate: nothing of the batch
 is committed and the service ends, for a restart (new credentials, new ACLs) to fix.
 
 No record ends the loop. Anything else raised while a batch is handled or delivered
 is one record's doing: the batch is handled again record by record, each failing
-record goes to ``dead_letter`` (or is logged and counted, :attr:`Fault.RECORD`), and
+record goes to ``dead_letter`` (or is logged and counted, ``Fault.RECORD``), and
 the batch is committed past it. A fetch that fails that way (the library hides which
 record it could not read) is read again partition by partition, one record at a
 time from where the last turn left it, and the record it cannot read is passed over
 (dead-lettered with what is known of it: topic, partition, offset).
 
-:class:`BatchGuard` holds the backoff, the fault counts and the batch in flight;
-its rebalance listener lets an in-flight batch finish and commit before its
-partitions go to another member. Group members get a static ``group.instance.id``
-(:func:`claim_instance`): a restarted process takes its partitions back at once,
-and :meth:`ConsumeLoop.stop` still hands them over at once on a clean stop
-(:func:`leave_on_stop`).
+:class:`~graylane.kafka.guard.BatchGuard` holds the backoff, the fault counts and the
+batch in flight; its rebalance listener lets an in-flight batch finish and commit
+before its partitions go to another member. Group members get a static
+``group.instance.id`` (:mod:`graylane.kafka.membership`): a restarted process takes its
+partitions back at once, and :meth:`ConsumeLoop.stop` still hands them over at once on
+a clean stop. One batch is delivered by :func:`~graylane.kafka.delivery.deliver_and_commit`;
+the pipelined mode's bookkeeping is :class:`~graylane.kafka.in_flight.InFlightCycles`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import functools
 import logging
-import os
-import random
-import re
-import socket
-import tempfile
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from enum import Enum
-from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from aiokafka import ConsumerRebalanceListener, ConsumerRecord, TopicPartition
-from aiokafka.errors import (
-    AuthenticationFailedError,
-    AuthenticationMethodNotSupported,
-    ClusterAuthorizationFailedError,
-    CommitFailedError,
-    DelegationTokenAuthorizationFailed,
-    GroupAuthorizationFailedError,
-    IllegalGenerationError,
-    IllegalStateError,
-    KafkaError,
-    KafkaTimeoutError,
-    RebalanceInProgressError,
-    SaslAuthenticationFailed,
-    TopicAuthorizationFailedError,
-    TransactionalIdAuthorizationFailed,
-    UnknownMemberIdError,
-    UnknownTopicOrPartitionError,
-)
+from aiokafka import ConsumerRecord, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from graylane.errors import ErrorCode, is_retriable, require_started
-from graylane.kafka.recovering import is_fatal_for_producer
+from graylane.errors import ErrorCode, require_started
+from graylane.kafka.backoff import BackoffPolicy
+from graylane.kafka.delivery import (
+    Commit,
+    DeadLetter,
+    Sends,
+    deliver_and_commit,
+    rewind,
+    seek_back,
+    settle_all,
+)
+from graylane.kafka.fault import Fault, classify, is_normal
+from graylane.kafka.guard import BatchGuard
+from graylane.kafka.in_flight import InFlightCycles
+from graylane.kafka.membership import leave_on_stop
 from graylane.kafka.seam import (
     BatchConsumer,
     ClientFactory,
@@ -127,782 +116,11 @@ from graylane.kafka.seam import (
     header_damage,
     readable,
 )
-from graylane.metrics.kafka import KafkaMetrics
 from graylane.metrics.process import loop_heartbeat
 
-__all__ = [
-    "Backoff",
-    "BackoffPolicy",
-    "BatchGuard",
-    "ConsumeLoop",
-    "DeadLetter",
-    "Fault",
-    "InFlightCycles",
-    "InstanceSlot",
-    "LoopHooks",
-    "Replay",
-    "RevokeListener",
-    "claim_instance",
-    "classify",
-    "default_instance_id",
-    "deliver_and_commit",
-    "first_offsets",
-    "leave_on_stop",
-    "next_offsets",
-    "rewind",
-    "seek_back",
-    "settle",
-]
+__all__ = ["ConsumeLoop", "LoopHooks"]
 
 log = logging.getLogger(__name__)
-
-
-# -- backoff -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class BackoffPolicy:
-    """Delay ``n`` (from 0) is ``min(cap, base * factor**n)``, scaled by a jitter.
-
-    ``jitter`` is the share of the delay drawn at random: 0.5 gives a delay in
-    ``[d/2, d]`` ("equal jitter"), 1.0 gives ``[0, d]`` ("full jitter").
-    """
-
-    base_s: float = 0.2
-    factor: float = 2.0
-    cap_s: float = 10.0
-    jitter: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.base_s <= 0 or self.cap_s < self.base_s or self.factor < 1:
-            raise ValueError("backoff needs 0 < base <= cap and factor >= 1")
-        if not 0 <= self.jitter <= 1:
-            raise ValueError("jitter is a share between 0 and 1")
-
-    def ceiling(self, attempt: int) -> float:
-        """The delay before jitter for the ``attempt``-th failure in a row (0-based)."""
-        if attempt < 0:
-            raise ValueError("attempt counts from 0")
-        # no float overflow: stop multiplying once the cap is reached
-        delay = self.base_s
-        for _ in range(attempt):
-            delay *= self.factor
-            if delay >= self.cap_s:
-                return self.cap_s
-        return min(delay, self.cap_s)
-
-    def delay(self, attempt: int, unit: float) -> float:
-        """The delay for ``attempt``, with ``unit`` a random number in [0, 1)."""
-        ceiling = self.ceiling(attempt)
-        return ceiling * (1.0 - self.jitter) + ceiling * self.jitter * unit
-
-
-@dataclass
-class Backoff:
-    """Failures in a row under a :class:`BackoffPolicy`; reset on success (pure:
-    the random source is passed in)."""
-
-    policy: BackoffPolicy = field(default_factory=BackoffPolicy)
-    rand: Callable[[], float] = random.random
-    failures: int = 0
-
-    def next_delay(self) -> float:
-        """Count one more failure; the seconds to wait before trying again."""
-        delay = self.policy.delay(self.failures, self.rand())
-        self.failures += 1
-        return delay
-
-    def reset(self) -> None:
-        self.failures = 0
-
-
-# -- static group membership ---------------------------------------------------------
-#
-# With a static member id (KIP-345), a restarted router or worker takes its partitions
-# back at once instead of waiting for its dead self's session to time out. The id must
-# be unique among the group's live members (the broker fences the older of two) and the
-# same after a restart. ``GRAYLANE_INSTANCE_ID`` names it explicitly (one per process,
-# e.g. a StatefulSet pod name); else it is ``<role>-<host>-<index>``, where the index is
-# the lowest one no live process on this host holds for the group, claimed with a file
-# lock that the kernel drops when the process dies: a process restarted in place gets
-# the index, and so the id, of the one it replaces.
-#
-# A static member that stops cleanly never leaves the group (aiokafka skips the
-# LeaveGroup of static members), so its partitions would sit idle for the session
-# timeout: :func:`leave_on_stop` makes a clean stop (scale-in, SIGTERM, a crash the
-# process survives long enough to clean up after) hand them over at once; only a process
-# that dies without cleaning up (kill -9, a lost host) keeps its partitions for its
-# restarted self.
-
-MAX_INDEX = 1024
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def default_instance_id(role: str, host: str, index: int) -> str:
-    """``<role>-<host>-<index>`` (pure)."""
-    return f"{role}-{host}-{index}"
-
-
-@dataclass
-class InstanceSlot:
-    """A claimed instance id; :meth:`release` (or the process's end) frees it."""
-
-    instance_id: str
-    _lock: IO[bytes] | None = field(default=None, repr=False)
-
-    def release(self) -> None:
-        if self._lock is not None:
-            self._lock.close()  # closing the file drops the flock
-            self._lock = None
-
-
-def _lock_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"graylane-members-{os.getuid()}"
-
-
-def claim_instance(
-    role: str,
-    group: str,
-    *,
-    explicit: str = "",
-    host: str | None = None,
-    lock_dir: Path | None = None,
-) -> InstanceSlot:
-    """The id for a member of ``group``: ``explicit`` if given, else the lowest free index."""
-    if explicit:
-        return InstanceSlot(explicit)
-    host = host or socket.gethostname()
-    folder = lock_dir or _lock_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    name = _UNSAFE.sub("_", f"{group}.{role}.{host}")
-    for index in range(MAX_INDEX):
-        try:
-            handle = open(folder / f"{name}.{index}.lock", "ab")  # noqa: SIM115 - held while the slot lives
-        except OSError:  # another user's lock file: not ours to take
-            continue
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            continue
-        return InstanceSlot(default_instance_id(role, host, index), handle)
-    raise RuntimeError(f"no free instance index for {group!r} under {folder}")
-
-
-def leave_on_stop(consumer: object) -> None:
-    """Make ``consumer.stop()`` send LeaveGroup although the consumer is a static member.
-
-    Measured on the local broker: the other member held both partitions 0.8 s after
-    the stop, against 10.9 s (the session timeout) without it.
-    """
-    coordinator = getattr(consumer, "_coordinator", None)
-    if coordinator is not None and getattr(coordinator, "_group_instance_id", None):
-        coordinator._group_instance_id = None  # aiokafka's private field; no public API
-
-
-# -- faults --------------------------------------------------------------------------
-
-
-class Fault(Enum):
-    """What kind of event an error is, and so what the loop does about it.
-
-    REBALANCE, OUTAGE, MISSING_TOPIC, PRODUCER: normal events, retried after a backoff.
-    FATAL: lost credentials or authorization; the service ends (a restart can fix it).
-    OTHER: none of those; one record's doing, that record is passed over (RECORD).
-    """
-
-    REBALANCE = "rebalance"
-    OUTAGE = "outage"
-    MISSING_TOPIC = "missing_topic"
-    PRODUCER = "producer"
-    FATAL = "fatal"
-    RECORD = "record"
-    OTHER = "other"
-
-
-_REBALANCE = (
-    CommitFailedError,
-    IllegalStateError,
-    RebalanceInProgressError,
-    UnknownMemberIdError,
-    IllegalGenerationError,
-)
-_OUTAGE = (KafkaTimeoutError,)
-"""An outage Kafka does not flag ``retriable`` (a connection lost, no broker answering,
-a node not ready, a request timed out: those carry the flag)."""
-_FATAL = (
-    AuthenticationFailedError,
-    AuthenticationMethodNotSupported,
-    SaslAuthenticationFailed,
-    TopicAuthorizationFailedError,
-    GroupAuthorizationFailedError,
-    ClusterAuthorizationFailedError,
-    TransactionalIdAuthorizationFailed,
-    DelegationTokenAuthorizationFailed,
-)
-"""The cluster no longer accepts this service's login or grants it what it needs."""
-
-
-def classify(exc: BaseException) -> Fault:
-    """The kind of ``exc`` (pure; for logs and the fault metric).
-
-    An error whose class says ``retriable`` (a Graylane or a Kafka error) is an outage.
-    """
-    if isinstance(exc, _FATAL):
-        return Fault.FATAL
-    if isinstance(exc, _REBALANCE):
-        return Fault.REBALANCE
-    if isinstance(exc, UnknownTopicOrPartitionError):
-        return Fault.MISSING_TOPIC
-    if is_fatal_for_producer(exc):
-        return Fault.PRODUCER
-    if isinstance(exc, _OUTAGE) or is_retriable(exc):
-        return Fault.OUTAGE
-    return Fault.OTHER
-
-
-def is_normal(kind: Fault) -> bool:
-    """Whether the loop retries a fault of this kind (after a backoff)."""
-    return kind not in (Fault.FATAL, Fault.OTHER)
-
-
-def partitions_of(records: Iterable[Record]) -> set[TopicPartition]:
-    return {TopicPartition(r.topic, r.partition) for r in records}
-
-
-# -- the guard -----------------------------------------------------------------------
-
-FaultCallback = Callable[[Fault, BaseException], None]
-Drain = Callable[[set[TopicPartition], float], Awaitable[None]]
-"""Settle and commit what is in flight on revoked partitions, waiting at most the seconds
-given (calling :meth:`BatchGuard.count_revocation` if anything is)."""
-
-
-class RevokeListener(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Before partitions go to another member, let the batch on them finish and commit."""
-
-    def __init__(self, guard: BatchGuard) -> None:
-        self._guard = guard
-
-    async def on_partitions_revoked(self, revoked: Collection[TopicPartition]) -> None:
-        await self._guard.revoked(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: Collection[TopicPartition]) -> None:
-        self._guard.assigned(set(assigned))
-
-
-class _Cycle:
-    def __init__(self, guard: BatchGuard) -> None:
-        self._guard = guard
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        if isinstance(exc, Exception) and is_normal(classify(exc)):
-            await self._guard.failed(exc, "fetch")
-            return True
-        return False
-
-
-class BatchGuard:
-    """Backoff, fault counting and the in-flight batch of one consume loop."""
-
-    def __init__(
-        self,
-        service: str,
-        *,
-        registry: CollectorRegistry | None = None,
-        policy: BackoffPolicy | None = None,
-        revoke_wait_s: float = 10.0,
-        rand: Callable[[], float] = random.random,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        self.service = service
-        self.backoff = Backoff(policy or BackoffPolicy(base_s=0.2, cap_s=5.0), rand=rand)
-        self.revoke_wait_s = revoke_wait_s
-        self.listener = RevokeListener(self)
-        self.faults: dict[Fault, int] = dict.fromkeys(Fault, 0)
-        self._metrics = KafkaMetrics.create(registry) if registry is not None else None
-        self._sleep = sleep
-        self._stop: asyncio.Event | None = None
-        self._busy: set[TopicPartition] = set()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self.revocations = 0
-        """Rebalances that found a batch in flight on a revoked partition."""
-        self._counted = False
-        self._on_fault: list[FaultCallback] = []
-        self._slots: list[InstanceSlot] = []
-        self._drain: Drain | None = None
-        self._reassigned: Callable[[set[TopicPartition]], None] | None = None
-
-    # -- wiring ----------------------------------------------------------------
-    def consumer(
-        self,
-        factory: ClientFactory,
-        topics: Sequence[str],
-        options: ConsumerOptions,
-        *,
-        role: str,
-        client_suffix: str,
-    ) -> BatchConsumer:
-        """A group consumer of ``topics`` with a static instance id and this guard's listener.
-
-        The id's slot is held until :meth:`close`.
-        """
-        slot = claim_instance(role, options.group_id or "", explicit=factory.settings.instance_id)
-        self._slots.append(slot)
-        log.info("%s: group %s, instance %s", self.service, options.group_id, slot.instance_id)
-        options = replace(options, group_instance_id=slot.instance_id)
-        consumer = factory.consumer(*topics, options=options, client_suffix=client_suffix)
-        self.subscribe(consumer, topics)
-        return consumer
-
-    def close(self) -> None:
-        """Free the instance ids claimed by :meth:`consumer` (after the consumer stopped)."""
-        for slot in self._slots:
-            slot.release()
-        self._slots.clear()
-
-    def on_fault(self, callback: FaultCallback) -> None:
-        """Call ``callback(kind, exc)`` on every fault (e.g. to forget cached topic metadata)."""
-        self._on_fault.append(callback)
-
-    def interrupt_on(self, stop: asyncio.Event) -> None:
-        """End a backoff wait early once ``stop`` is set."""
-        self._stop = stop
-
-    @property
-    def stopping(self) -> asyncio.Event | None:
-        """The event given to :meth:`interrupt_on`, if any."""
-        return self._stop
-
-    def drain_on_revoke(
-        self, drain: Drain, reassigned: Callable[[set[TopicPartition]], None]
-    ) -> None:
-        """Before revoked partitions go, also await ``drain(revoked, wait_s)`` (what a
-        pipelined loop has in flight), ``wait_s`` being what is left of ``revoke_wait_s``;
-        once the group has assigned partitions again, call ``reassigned(assigned)``."""
-        self._drain = drain
-        self._reassigned = reassigned
-
-    @property
-    def metrics(self) -> KafkaMetrics | None:
-        """The Kafka metrics of this loop (None without a registry)."""
-        return self._metrics
-
-    def subscribe(self, consumer: BatchConsumer, topics: Iterable[str]) -> None:
-        """(Re)subscribe ``consumer`` to ``topics`` with this guard's rebalance listener."""
-        consumer.subscribe(list(topics), listener=self.listener)
-
-    def cycle(self) -> _Cycle:
-        """``async with guard.cycle():`` one turn; a normal fault is counted and backed off."""
-        return _Cycle(self)
-
-    # -- the batch in flight -----------------------------------------------------
-    def begin(self, records: Sequence[Record]) -> None:
-        self._busy = partitions_of(records)
-        self._idle.clear()
-
-    def end(self) -> None:
-        self._busy = set()
-        self._idle.set()
-
-    async def revoked(self, revoked: set[TopicPartition]) -> None:
-        started = asyncio.get_running_loop().time()
-        self._counted = bool(self._busy & revoked)
-        if self._counted:
-            await self._batch_done(revoked)
-        if self._drain is not None:
-            spent = asyncio.get_running_loop().time() - started
-            await self._drain(revoked, max(0.0, self.revoke_wait_s - spent))
-
-    def count_revocation(self) -> None:
-        """Count the rebalance under way as one that found something in flight (once)."""
-        if not self._counted:
-            self._counted = True
-            self.revocations += 1
-
-    async def _batch_done(self, revoked: set[TopicPartition]) -> None:
-        self.revocations += 1
-        log.info(
-            "%s: rebalance with a batch in flight on %d revoked partition(s); "
-            "waiting up to %.0f s for it to be delivered and committed",
-            self.service,
-            len(self._busy & revoked),
-            self.revoke_wait_s,
-        )
-        try:
-            await asyncio.wait_for(self._idle.wait(), self.revoke_wait_s)
-        except TimeoutError:
-            log.warning(
-                "%s: the batch in flight is abandoned to the rebalance; "
-                "the partitions' next owner reads it again",
-                self.service,
-            )
-
-    def assigned(self, assigned: set[TopicPartition]) -> None:
-        log.info("%s: %d partition(s) assigned", self.service, len(assigned))
-        if self._reassigned is not None:
-            self._reassigned(assigned)
-
-    # -- faults ------------------------------------------------------------------
-    def count(self, exc: BaseException) -> Fault:
-        kind = classify(exc)
-        self._tally(kind)
-        for callback in self._on_fault:
-            callback(kind, exc)
-        return kind
-
-    def passed_over(self, record: Record, why: str) -> None:
-        """Count and log one record the loop passes over (:attr:`Fault.RECORD`)."""
-        self._tally(Fault.RECORD)
-        log.warning(
-            "%s: record %s[%d]@%d passed over: %s",
-            self.service,
-            record.topic,
-            record.partition,
-            record.offset,
-            why[:300],
-        )
-
-    def _tally(self, kind: Fault) -> None:
-        self.faults[kind] += 1
-        if self._metrics is not None:
-            self._metrics.faults.labels(self.service, kind.value).inc()
-
-    async def failed(self, exc: BaseException, during: str) -> None:
-        """Count ``exc``, log it, and wait the next backoff delay."""
-        kind = self.count(exc)
-        delay = self.backoff.next_delay()
-        log.warning(
-            "%s: %s during %s (%r); going on in %.2f s",
-            self.service,
-            kind.value,
-            during,
-            exc,
-            delay,
-        )
-        await self._pause(delay)
-
-    async def _pause(self, delay: float) -> None:
-        if self._stop is None:
-            await self._sleep(delay)
-            return
-        if self._stop.is_set():
-            return
-        sleeping = asyncio.ensure_future(self._sleep(delay))
-        stopping = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait({sleeping, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeping.cancel()
-            stopping.cancel()
-
-    def succeeded(self) -> None:
-        self.backoff.reset()
-
-
-# -- delivery ------------------------------------------------------------------------
-
-Sends = list[Awaitable[object]]
-Commit = Callable[[dict[TopicPartition, int]], Awaitable[None]]
-Isolate = Callable[[BaseException], Awaitable[None]]
-DeadLetter = Callable[[Record, ErrorCode, str], Awaitable[Awaitable[object]]]
-"""Queue a dead letter for a record (e.g. :meth:`graylane.kafka.replies.ReplySink.dead_letter`)."""
-
-
-async def settle(futures: Sequence[Awaitable[object]]) -> None:
-    """Wait until every queued send is acknowledged by the broker."""
-    if futures:
-        await asyncio.gather(*futures)
-
-
-def next_offsets(records: Sequence[Record]) -> dict[TopicPartition, int]:
-    """The offsets to commit once every record of the batch is handled."""
-    offsets: dict[TopicPartition, int] = {}
-    for r in records:
-        tp = TopicPartition(r.topic, r.partition)
-        offsets[tp] = max(offsets.get(tp, 0), r.offset + 1)
-    return offsets
-
-
-def first_offsets(records: Sequence[Record]) -> dict[TopicPartition, int]:
-    offsets: dict[TopicPartition, int] = {}
-    for r in records:
-        tp = TopicPartition(r.topic, r.partition)
-        offsets[tp] = min(offsets.get(tp, r.offset), r.offset)
-    return offsets
-
-
-def rewind(consumer: BatchConsumer, records: Sequence[Record]) -> None:
-    """Seek back to the batch's first offsets, on the partitions still assigned."""
-    seek_back(consumer, first_offsets(records))
-
-
-def seek_back(consumer: BatchConsumer, offsets: Mapping[TopicPartition, int]) -> None:
-    """Seek to ``offsets``, on the partitions still assigned."""
-    assigned = consumer.assignment()
-    for tp, offset in offsets.items():
-        if tp not in assigned:
-            continue  # revoked: its next owner reads from the last commit
-        try:
-            consumer.seek(tp, offset)
-        except IllegalStateError:  # revoked between the check and the seek
-            continue
-
-
-async def deliver_and_commit(
-    consumer: BatchConsumer,
-    records: Sequence[Record],
-    process: Callable[[], Awaitable[Sends]],
-    *,
-    backoff_s: float = 0.5,
-    guard: BatchGuard | None = None,
-    commit: Commit | None = None,
-    isolate: Isolate | None = None,
-) -> bool:
-    """Process, wait for every send to be acknowledged, then commit.
-
-    Only the partitions still assigned are committed (a rebalance may have taken
-    some away mid-batch: their new owner reads those records again), to Kafka or
-    through ``commit``. Returns False (and rewinds) after a retriable error; raises
-    others. Without a ``guard``, only a retriable Kafka error is retried (after
-    ``backoff_s``) and a commit the group refuses is logged, not raised; with one,
-    every normal fault and every ``retriable`` error is retried, counted and backed off,
-    and with ``isolate`` too, an error of no known kind is given to ``isolate(exc)``
-    (which deals with the batch record by record) and the batch is committed after it.
-    """
-    if guard is not None:
-        return await _guarded(consumer, records, process, guard, commit, isolate)
-    try:
-        await settle(await process())
-    except KafkaError as exc:
-        if not exc.retriable:
-            raise
-        log.warning("retriable Kafka error (%s); processing %d records again", exc, len(records))
-        for tp, offset in first_offsets(records).items():
-            consumer.seek(tp, offset)
-        await asyncio.sleep(backoff_s)
-        return False
-    offsets = next_offsets(records)
-    assigned = consumer.assignment()
-    kept = {tp: offset for tp, offset in offsets.items() if tp in assigned}
-    if len(kept) < len(offsets):
-        gone = sorted(f"{tp.topic}[{tp.partition}]" for tp in offsets if tp not in kept)
-        log.info("revoked during the batch, not committed (the new owner reads them): %s", gone)
-    if not kept:
-        return True
-    try:
-        await (commit or consumer.commit)(kept)
-    except (CommitFailedError, IllegalStateError) as exc:
-        log.warning("commit refused after a rebalance (%s); the new owner reads them again", exc)
-    return True
-
-
-async def _guarded(
-    consumer: BatchConsumer,
-    records: Sequence[Record],
-    process: Callable[[], Awaitable[Sends]],
-    guard: BatchGuard,
-    commit: Commit | None,
-    isolate: Isolate | None,
-) -> bool:
-    guard.begin(records)
-    try:
-        try:
-            try:
-                await _settle_all(await process())
-            except Exception as exc:
-                if isolate is None or classify(exc) is not Fault.OTHER:
-                    raise
-                await isolate(exc)  # one record's doing: record by record, passing it over
-        except Exception as exc:
-            if not is_normal(classify(exc)):
-                raise  # lost credentials (or no isolate): nothing is committed
-            rewind(consumer, records)
-            await guard.failed(exc, f"delivery of {len(records)} records")
-            return False
-        assigned = consumer.assignment()
-        offsets = {tp: o for tp, o in next_offsets(records).items() if tp in assigned}
-        try:
-            if offsets:
-                await (commit or consumer.commit)(offsets)
-        except Exception as exc:
-            if not is_normal(classify(exc)):
-                raise
-            if commit is not None:
-                rewind(consumer, records)  # offsets kept elsewhere: read the batch again
-            await guard.failed(exc, "commit")
-            return False
-        guard.succeeded()
-        return True
-    finally:
-        guard.end()
-
-
-async def _settle_all(futures: Sequence[Awaitable[object]]) -> None:
-    """Wait for every send to succeed or fail (none left in flight), then raise the first error."""
-    outcomes = await asyncio.gather(*futures, return_exceptions=True)
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
-
-
-# -- in-flight cycles (the pipelined loop's bookkeeping) -----------------------------
-
-
-@dataclass
-class _Tracked:
-    """One cycle as :class:`InFlightCycles` sees it: where its records begin and end."""
-
-    first: dict[TopicPartition, int]
-    next: dict[TopicPartition, int]
-    settled: bool = False
-
-
-@dataclass(frozen=True)
-class Replay:
-    """What a failed cycle asks for: seek to ``offsets`` (per partition, the first record
-    of the failed cycle and of every later one), and the cycles no longer tracked."""
-
-    offsets: dict[TopicPartition, int]
-    dropped: tuple[int, ...]
-
-
-class InFlightCycles:
-    """The cycles a pipelined loop has handled and not committed yet, in fetch order (pure).
-
-    A cycle is one turn's records, open while their sends are being acknowledged. Cycles
-    settle in any order; only the prefix of settled cycles becomes committable (per
-    partition, the highest next offset of that prefix), so a committed offset never
-    passes a record whose sends are not all acknowledged. A failed cycle drops itself
-    and every later one (they are read again: :class:`Replay`). At most ``cap`` cycles
-    are tracked at once; a settled cycle counts until the ones before it settle too.
-    """
-
-    def __init__(self, cap: int) -> None:
-        if cap < 1:
-            raise ValueError("at least one cycle in flight")
-        self.cap = cap
-        self._cycles: dict[int, _Tracked] = {}  # insertion order: fetch order
-        self._ready: dict[TopicPartition, int] = {}
-        self.opened = 0
-        """Cycles opened so far; the next one's key."""
-
-    def __len__(self) -> int:
-        return len(self._cycles)
-
-    @property
-    def full(self) -> bool:
-        return len(self._cycles) >= self.cap
-
-    @property
-    def keys(self) -> list[int]:
-        """The tracked cycles, oldest first."""
-        return list(self._cycles)
-
-    @property
-    def ready(self) -> dict[TopicPartition, int]:
-        """The offsets to commit: the settled prefix's, not yet committed."""
-        return dict(self._ready)
-
-    def tracks(self, key: int) -> bool:
-        return key in self._cycles
-
-    def settled(self, key: int) -> bool:
-        return key in self._cycles and self._cycles[key].settled
-
-    def partitions(self, key: int) -> set[TopicPartition]:
-        return set(self._cycles[key].next)
-
-    @property
-    def partitions_held(self) -> set[TopicPartition]:
-        """Every partition a tracked cycle or a ready offset is on."""
-        held = set(self._ready)
-        for cycle in self._cycles.values():
-            held.update(cycle.next)
-        return held
-
-    def open(self, records: Sequence[Record]) -> int:
-        """Track a new cycle of ``records`` (fetched after every tracked one); its key."""
-        if self.full:
-            raise ValueError(f"{self.cap} cycles in flight already")
-        if not records:
-            raise ValueError("a cycle has records")
-        key, self.opened = self.opened, self.opened + 1
-        self._cycles[key] = _Tracked(first_offsets(records), next_offsets(records))
-        return key
-
-    def settle(self, key: int) -> bool:
-        """Every send of cycle ``key`` is acknowledged; False if it is no longer tracked."""
-        cycle = self._cycles.get(key)
-        if cycle is None:
-            return False
-        cycle.settled = True
-        return True
-
-    def advance(self) -> list[int]:
-        """Move the settled prefix into :attr:`ready`; the keys it held."""
-        done: list[int] = []
-        for key, cycle in list(self._cycles.items()):
-            if not cycle.settled:
-                break
-            del self._cycles[key]
-            done.append(key)
-            for tp, offset in cycle.next.items():
-                self._ready[tp] = max(self._ready.get(tp, offset), offset)
-        return done
-
-    def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """``offsets`` are committed (or given up): they are no longer :attr:`ready`."""
-        for tp, offset in offsets.items():
-            if tp in self._ready and self._ready[tp] <= offset:
-                del self._ready[tp]
-
-    def fail(self, key: int) -> Replay:
-        """Cycle ``key`` failed: it and every later cycle are dropped, to be read again."""
-        if key not in self._cycles:
-            return Replay({}, ())
-        keys = list(self._cycles)
-        dropped = tuple(keys[keys.index(key) :])
-        offsets: dict[TopicPartition, int] = {}
-        for k in dropped:
-            for tp, offset in self._cycles.pop(k).first.items():
-                offsets[tp] = min(offsets.get(tp, offset), offset)
-        return Replay(offsets, dropped)
-
-    def forget(self, partitions: Collection[TopicPartition]) -> list[int]:
-        """``partitions`` went to another member: nothing of them is committed or rewound
-        here any more (their next owner reads from the last commit). A cycle left with no
-        partition is dropped; the keys dropped."""
-        for tp in partitions:
-            self._ready.pop(tp, None)
-        dropped: list[int] = []
-        for key, cycle in list(self._cycles.items()):
-            for tp in partitions:
-                cycle.first.pop(tp, None)
-                cycle.next.pop(tp, None)
-            if not cycle.next:
-                del self._cycles[key]
-                dropped.append(key)
-        return dropped
-
-    def clear(self) -> list[int]:
-        """Stop tracking everything (the loop ends); the keys dropped."""
-        dropped = list(self._cycles)
-        self._cycles.clear()
-        self._ready.clear()
-        return dropped
-
-
-# -- the loop ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1138,16 +356,14 @@ class ConsumeLoop:
             counted = why is not None  # by the first pass
             if why is None:
                 try:
-                    await _settle_all(await hooks.handle([record]))
+                    await settle_all(await hooks.handle([record]))
                     continue
                 except Exception as failed:
                     if classify(failed) is not Fault.OTHER:
                         raise
                     code, why = ErrorCode.INTERNAL, f"{type(failed).__name__}: {failed}"
             try:
-                await _settle_all(
-                    await self._pass_over(hooks, record, code, why, count=not counted)
-                )
+                await settle_all(await self._pass_over(hooks, record, code, why, count=not counted))
             except Exception as failed:
                 if classify(failed) is not Fault.OTHER:
                     raise
@@ -1513,7 +729,7 @@ class _Flight:
 async def _outcome(sends: Sends) -> BaseException | None:
     """Settle a cycle's sends (none left in flight); what failed them, None if nothing."""
     try:
-        await _settle_all(sends)
+        await settle_all(sends)
     except asyncio.CancelledError as exc:
         task = asyncio.current_task()
         if task is not None and task.cancelling():

@@ -2,12 +2,12 @@
 
 The worker hands over the batches it has planned for one cycle, in run order,
 each with its members' deadlines, and a service-time estimate per batch size
-(measured, see :mod:`~graylane.engine_worker.batch_learner`). A request whose
+(measured, see :mod:`~graylane.engine_worker.logic.batch_learner`). A request whose
 predicted completion (the batches ahead of it plus its own) is past its
 deadline is shed: answered ``SHED`` without running, so the client knows
 immediately and the requests admitted after it are not delayed by it. With no
 estimate (nothing measured yet, or a task the estimate does not cover) every
-request is admitted: the worker cannot tell. :func:`admit_cycle` is the
+request is admitted: the worker cannot tell. The native backend's ``admit_cycle`` is the
 worker's use of it: deadlines from its requests, estimates for forward batches.
 
 **Priority.** The gateway tags each request with its caller's priority (the
@@ -26,8 +26,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from graylane.engine_worker.batching import PlannedBatch
-from graylane.engine_worker.requests import Job, TaskKind
 from graylane.priority import PRIORITY_TAG, Priority
 
 __all__ = [
@@ -39,9 +37,7 @@ __all__ = [
     "Shed",
     "admit",
     "admit_by_priority",
-    "admit_cycle",
     "effective_deadline",
-    "forward_only",
     "request_priority",
 ]
 
@@ -328,42 +324,3 @@ def request_priority(tags: Mapping[str, str]) -> Priority:
 
 ADMISSION_PROBE_MS = 1000
 """After this long without running a batch, admission lets the next one run (a probe)."""
-
-
-def forward_only(jobs: Sequence[Job]) -> bool:
-    """Whether every job is a plain forward pass (what the learner's estimates cover)."""
-    return all(job.task is TaskKind.FORWARD for job in jobs)
-
-
-def admit_cycle(
-    planned: Sequence[PlannedBatch[Job]],
-    estimate_ms: Callable[[int, int], float | None],
-    *,
-    default_deadline_ms: float,
-    now_unix_ms: int,
-    last_run_unix_ms: int,
-) -> AdmissionPlan[Job]:
-    """Shed what cannot meet its deadline behind the batches planned ahead of it.
-
-    ``estimate_ms(rows, bucket_len)`` prices forward-only batches (others are
-    unknown); the first batch is a probe after ``ADMISSION_PROBE_MS`` without a run.
-    """
-
-    def deadline(job: Job) -> int:
-        request = job.request
-        return effective_deadline(
-            request.deadline_unix_ms, request.created_at_unix_ms, default_deadline_ms
-        )
-
-    def service_ms(position: int, rows: int) -> float | None:
-        batch = planned[position]
-        if not forward_only(batch.items):
-            return None
-        return estimate_ms(rows, batch.bucket_len)
-
-    candidates = [
-        [Candidate(job, deadline(job), request_priority(job.request.tags)) for job in b.items]
-        for b in planned
-    ]
-    probe = now_unix_ms - last_run_unix_ms > ADMISSION_PROBE_MS
-    return admit_by_priority(candidates, now_unix_ms, service_ms, probe=probe)

@@ -1,4 +1,9 @@
-"""SQL store of the control plane: rollouts, commands (an outbox), QoS policies, audit copy.
+"""The state the control plane owns, in its SQL store: rollouts, commands (an outbox),
+QoS policies, audit copy.
+
+Room: ``state.py`` of the control plane (beside the model registry of
+:mod:`graylane.registry`, the same database); changed only through
+:class:`ControlStore`'s methods, keyed by rollout id and model.
 
 The tables, prefixed ``cp_``, are created by the registry's Alembic migrations (0002,
 0003), so registry and control plane share one database (SQLite file or PostgreSQL).

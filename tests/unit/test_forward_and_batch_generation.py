@@ -7,9 +7,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from graylane import serde
+from graylane.artifacts.model_info import ModelInfo
 from graylane.engine import InferenceEngine, InvalidInputError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.batching import BucketPolicy
+from graylane.engine_worker.batch_generation import run_generate
+from graylane.engine_worker.forward import run_forward
+from graylane.engine_worker.kv_decode import FinishReason, GenerationResult
+from graylane.engine_worker.layouts import token_layout
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.postprocess import (
     MEAN_POOL,
     TOKEN_IDS,
@@ -17,16 +23,11 @@ from graylane.engine_worker.postprocess import (
     TOPK_VALUES,
     PostProcess,
 )
-from graylane.engine_worker.tasks import (
-    FinishReason,
-    GenerationResult,
-    run_forward,
-    run_generate,
-    token_layout,
-    validate_request,
-)
+from graylane.engine_worker.requests import IntakeRules, Limits, WorkItem, validate
+from graylane.errors import ErrorCode, Rejection
 from graylane.models.byte_vocab import BOS_ID, EOS_ID, PAD_ID, encode_text
 from graylane.models.demo_gpt import build_demo_gpt
+from graylane.v1 import inference_pb2
 from tests.support.engines import DelegatingEngine
 
 ATOL = 1e-4
@@ -63,6 +64,23 @@ PROMPTS = [
 def token_request(tokens: list[int]) -> dict[str, np.ndarray]:
     ids = np.array([tokens], dtype=np.int64)
     return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
+def intake(
+    engine: InferenceEngine, feeds: dict[str, np.ndarray], vocab_size: int | None = None
+) -> WorkItem | Rejection:
+    """``feeds`` through the worker's intake (the one pass a request is checked by)."""
+    request = inference_pb2.InferenceRequest(
+        request_id="r", model="demo", inputs=serde.to_tensors(feeds)
+    )
+    rules = IntakeRules(
+        model="demo",
+        max_request_bytes=1 << 20,
+        io=engine.io,
+        limits=Limits(max_seq_len=POLICY.max_seq_len),
+        model_info=ModelInfo(vocab_size=vocab_size, token_input="input_ids"),
+    )
+    return validate(request, request.ByteSize(), 0, rules, now_ms=0)
 
 
 def alone(engine: InferenceEngine, tokens: list[int]) -> np.ndarray:
@@ -145,20 +163,31 @@ def test_top_k_is_clipped_to_the_vocabulary(gpt: OnnxRuntimeEngine) -> None:
 
 
 def test_bad_token_requests_are_refused(gpt: OnnxRuntimeEngine) -> None:
-    bad: list[dict[str, np.ndarray]] = [
-        {"input_ids": np.array([[1, 2]], dtype=np.int32)},
-        {"input_ids": np.array([1, 2], dtype=np.int64)},
-        {"input_ids": np.array([[1, 999]], dtype=np.int64)},
-        {"input_ids": np.ones((1, 2), np.int64), "attention_mask": np.ones((1, 3), np.int64)},
-        {"input_ids": np.ones((1, 2), np.int64), "token_type_ids": np.ones((1, 2), np.int64)},
-        {"input_ids": np.ones((1, 65), np.int64)},  # wider than the largest bucket
+    """The worker's intake refuses each with its code; the forward pass refuses it too."""
+
+    def ids(array: np.ndarray) -> dict[str, np.ndarray]:
+        return {"input_ids": array, "attention_mask": np.ones(array.shape, np.int64)}
+
+    bad: list[tuple[ErrorCode, dict[str, np.ndarray]]] = [
+        (ErrorCode.BAD_DTYPE, ids(np.array([[1, 2]], dtype=np.int32))),
+        (ErrorCode.BAD_SHAPE, ids(np.array([1, 2], dtype=np.int64))),
+        (ErrorCode.BAD_REQUEST, ids(np.array([[1, 999]], dtype=np.int64))),
+        (
+            ErrorCode.BAD_SHAPE,
+            {"input_ids": np.ones((1, 2), np.int64), "attention_mask": np.ones((1, 3), np.int64)},
+        ),
+        (
+            ErrorCode.UNEXPECTED_INPUT,
+            {**ids(np.ones((1, 2), np.int64)), "token_type_ids": np.ones((1, 2), np.int64)},
+        ),
+        (ErrorCode.SEQUENCE_TOO_LONG, ids(np.ones((1, 65), np.int64))),  # past the largest bucket
     ]
-    for feeds in bad:
-        with pytest.raises(InvalidInputError):
-            validate_request(gpt.io, feeds, POLICY, vocab_size=258)
+    for code, feeds in bad:
+        refused = intake(gpt, feeds, vocab_size=258)
+        assert isinstance(refused, Rejection) and refused.code is code, (feeds, refused)
         with pytest.raises(InvalidInputError):
             run_forward(gpt, [token_request([1, 2]), feeds], policy=POLICY)
-    validate_request(gpt.io, token_request([1, 2, 3]), POLICY, vocab_size=258)
+    assert isinstance(intake(gpt, token_request([1, 2, 3]), vocab_size=258), WorkItem)
     with pytest.raises(InvalidInputError):
         run_forward(gpt, [token_request([1])], PostProcess.TOPK_LAST, top_k=0)
     with pytest.raises(InvalidInputError):
@@ -330,6 +359,7 @@ def test_the_vocabulary_is_never_read_from_an_output_named_logits(gpt: OnnxRunti
     """Regression: a token tagger's "logits" width (its classes) bounded its input ids."""
     layout = token_layout(gpt.io)
     assert layout is not None and layout.vocab_size is None
-    validate_request(gpt.io, token_request([1, 257]), POLICY)  # no declared vocabulary
-    with pytest.raises(InvalidInputError, match=r"outside \[0, 100\)"):
-        validate_request(gpt.io, token_request([1, 120]), POLICY, vocab_size=100)
+    assert isinstance(intake(gpt, token_request([1, 257])), WorkItem)  # no declared vocabulary
+    refused = intake(gpt, token_request([1, 120]), vocab_size=100)
+    assert isinstance(refused, Rejection) and refused.code is ErrorCode.BAD_REQUEST
+    assert "[1, 120]; this model takes [0, 100)" in refused.message
