@@ -1,7 +1,8 @@
 """The one logging set-up of every Graylane process: JSON lines (default) or text for humans.
 
 Each JSON line carries ``time`` (UTC, milliseconds: ``2026-01-31T10:42:07.123+00:00``),
-``level``, ``service``, ``logger``, ``message``, the build (``git_sha``, ``image_version``),
+``level``, ``service``, ``logger``, ``message``, the build (``git_sha``, ``build_time``,
+``image_version``),
 inside a span its ``trace_id`` and ``span_id`` (:mod:`graylane.tracing`) and, where the
 service knows them, ``model``, ``version``, ``variant``, ``rollout_id`` and ``request_id``
 (pass them as ``extra=`` or bind them once for the process with :func:`bind`). Text lines
@@ -91,6 +92,7 @@ def configure_logging(
     fmt: LogFormat = LogFormat.JSON,
     *,
     git_sha: str = "unknown",
+    build_time: str = "unknown",
     image_version: str = "unknown",
     level: int = logging.INFO,
     stream: IO[str] | None = None,
@@ -112,7 +114,13 @@ def configure_logging(
         handler.setFormatter(
             _TextLines(f"%(asctime)s %(levelname)s {service} %(name)s:%(trace)s %(message)s")
         )
-    fields = {"service": service, "git_sha": git_sha, "image_version": image_version, **context}
+    fields = {
+        "service": service,
+        "git_sha": git_sha,
+        "build_time": build_time,
+        "image_version": image_version,
+        **context,
+    }
     handler.addFilter(_ProcessFields(fields))
     handler.addFilter(_TraceFields())
     root.addHandler(handler)

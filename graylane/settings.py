@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from graylane.errors import GraylaneError
+from graylane.running_build import read_build, running_build
 
 if TYPE_CHECKING:
     from graylane.logs import LogFormat
@@ -97,6 +98,9 @@ class Settings:
     """One port per process; 0 picks a free port (logged), below 0 turns metrics off."""
     log_format: str = "json"
     git_sha: str = "unknown"
+    build_time: str = "unknown"
+    """The running build (:mod:`graylane.running_build`): the image's ``GRAYLANE_GIT_SHA`` /
+    ``GRAYLANE_BUILD_TIME``, else the checkout's commit and its time."""
     image_version: str = "unknown"
     instance_id: str = ""
     """Static group membership id of this process (``GRAYLANE_INSTANCE_ID``); "" = derived."""
@@ -142,7 +146,9 @@ class Settings:
     def build_labels(self) -> BuildLabels:
         from graylane.metrics import BuildLabels
 
-        return BuildLabels(version=self.image_version, git_sha=self.git_sha)
+        return BuildLabels(
+            version=self.image_version, git_sha=self.git_sha, build_time=self.build_time
+        )
 
     def logs(self) -> LogFormat:
         from graylane.logs import LogFormat
@@ -193,6 +199,7 @@ class Settings:
             f"127.0.0.1:{get_int('KAFKA_PORT', 0)}" if get("KAFKA_PORT") is not None else None
         )
         artifact_dir = get("ARTIFACT_DIR")
+        build = running_build() if env is None else read_build(source)
         signing_key = get("SIGNING_KEY")
         trusted = _trusted_keys(get("TRUSTED_KEYS") or "")
         return cls(
@@ -210,7 +217,8 @@ class Settings:
             metrics_host=get("METRICS_HOST") or base.metrics_host,
             metrics_port=get_int("METRICS_PORT", base.metrics_port),
             log_format=(get("LOG_FORMAT") or base.log_format).lower(),
-            git_sha=get("GIT_SHA") or base.git_sha,
+            git_sha=build.git_sha,
+            build_time=build.build_time,
             image_version=get("IMAGE_VERSION") or _package_version(),
             instance_id=get("INSTANCE_ID") or base.instance_id,
             signing_key=Path(signing_key) if signing_key else base.signing_key,

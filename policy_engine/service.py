@@ -43,7 +43,7 @@ from graylane.metrics import CONTROL_CAUGHT_UP, PolicyMetrics, ServiceObservabil
 from graylane.policy_engine import wire
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.isolation import RecordGuard
-from graylane.policy_engine.lease import LeaseKeeper, restart_as_standby
+from graylane.policy_engine.lease import LeaseKeeper, default_holder, restart_as_standby
 from graylane.policy_engine.liveness_probe import LivenessProbe
 from graylane.policy_engine.logic.qos import QosState
 from graylane.policy_engine.logic.scale import ScalePolicy, ScaleState
@@ -67,6 +67,7 @@ from graylane.policy_engine.wire import (
     command_of,
     records_of,
     restore_values,
+    running_build_of,
     shadow_of,
 )
 from graylane.rollouts.errors import PolicyError
@@ -160,12 +161,19 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     commands = raw_topic(layout.commands())
     shadows = [raw_topic(layout.shadow(m)) for m in config.models]
 
+    decided_by = running_build_of(
+        version=settings.image_version,
+        git_sha=settings.git_sha,
+        build_time=settings.build_time,
+        instance=config.lease.holder if config.lease else (config.instance_id or default_holder()),
+    )
+
     async def publish(outputs: list[Output]) -> None:
         if config.lease is not None:  # fenced while the lease lapsed: wait to hold it again
             await config.lease.wait_writable()
         observer.observe(outputs)
         observer.desired_replicas(core.scaling.states.values())
-        for rec in records_of(outputs, layout):
+        for rec in records_of(outputs, layout, decided_by=decided_by):
             await app.producer.send_and_wait(
                 rec.topic, rec.key, rec.value, partition=None, timestamp=None, headers=None
             )

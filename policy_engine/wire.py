@@ -147,6 +147,7 @@ __all__ = [
     "rollout_state_from_pb",
     "rollout_state_to_pb",
     "routing_table_of",
+    "running_build_of",
     "scale_decision_id_of",
     "scale_reason_from_pb",
     "scale_reason_to_pb",
@@ -1011,14 +1012,34 @@ class Record:
     value: bytes
 
 
-def records_of(outputs: Iterable[Output], layout: TopicLayout) -> list[Record]:
-    """The records to write; a skip that was audited lately writes none (it is counted)."""
+def running_build_of(
+    *, version: str, git_sha: str, build_time: str, instance: str
+) -> audit_pb2.RunningBuild:
+    """The engine's build, as each audit record it writes names it."""
+    return audit_pb2.RunningBuild(
+        version=version, git_sha=git_sha, build_time=build_time, instance=instance
+    )
+
+
+def records_of(
+    outputs: Iterable[Output],
+    layout: TopicLayout,
+    *,
+    decided_by: audit_pb2.RunningBuild | None = None,
+) -> list[Record]:
+    """The records to write; a skip that was audited lately writes none (it is counted).
+
+    ``decided_by``: the engine's build, stamped on each audit record."""
     return [
-        _record(o, layout) for o in outputs if not (isinstance(o, RecordSkipped) and not o.audited)
+        _record(o, layout, decided_by)
+        for o in outputs
+        if not (isinstance(o, RecordSkipped) and not o.audited)
     ]
 
 
-def _record(o: Output, layout: TopicLayout) -> Record:
+def _record(
+    o: Output, layout: TopicLayout, decided_by: audit_pb2.RunningBuild | None = None
+) -> Record:
     if isinstance(o, RoutingPublication):
         table = routing_table_of(o.plan, now_ms=o.at_ms, reason=o.reason, config=o.config)
         return Record(layout.routing(), o.plan.model.encode(), serde.encode(table))
@@ -1036,6 +1057,8 @@ def _record(o: Output, layout: TopicLayout) -> Record:
         pb = rollout_state_to_pb(o.state, o.spec)
         return Record(layout.rollouts(), o.state.rollout_id.encode(), serde.encode(pb))
     rec = audit_record_of(o)
+    if decided_by is not None:
+        rec.decided_by.CopyFrom(decided_by)
     return Record(layout.audit(), rec.model.encode(), serde.encode(rec))
 
 

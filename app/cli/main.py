@@ -72,6 +72,26 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+class _PrintVersion(argparse.Action):
+    """``--version``: read the build only when asked (it may run git)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        from graylane.running_build import running_build
+
+        build = running_build()
+        print(
+            f"graylane {version()}\ncommit {build.git_sha}\n"
+            f"built {build.build_time} ({build.source.value})"
+        )
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graylane",
@@ -79,7 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(
-        "--version", action="version", version=f"graylane {version()}", help="print the version"
+        "--version",
+        action=_PrintVersion,
+        nargs=0,
+        help="print the version, the git commit and the build time",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve = sub.add_parser("serve", help="run a server: router, worker, gateway, policy, ...")

@@ -377,6 +377,7 @@ def setup_service_logging(
         service,
         fmt,
         git_sha=settings.git_sha,
+        build_time=settings.build_time,
         image_version=settings.image_version,
         context=context,
     )

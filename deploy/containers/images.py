@@ -190,6 +190,8 @@ def build_cpu_image(
         f"VERSION={version}",
         "--build-arg",
         f"GIT_SHA={git_sha or 'unknown'}",
+        "--build-arg",
+        f"BUILD_DATE={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
         "-f",
         str(DOCKERFILE),
         "-t",

@@ -118,6 +118,7 @@ class BuildLabels:
 
     version: str = "unknown"
     git_sha: str = "unknown"
+    build_time: str = "unknown"
 
 
 @dataclass
@@ -137,7 +138,11 @@ class ServiceObservability:
         if self.server is not None:
             return self.server.port
         build_info(
-            self.registry, service=self.service, version=build.version, git_sha=build.git_sha
+            self.registry,
+            service=self.service,
+            version=build.version,
+            git_sha=build.git_sha,
+            build_time=build.build_time,
         )
         if address is None:
             return 0

@@ -82,13 +82,20 @@ class MillisecondHistogram:
         return cls(Histogram(name, doc, labels, buckets=buckets, registry=registry))
 
 
-def build_info(registry: CollectorRegistry, *, service: str, version: str, git_sha: str) -> Gauge:
-    """``graylane_build_info{service,version,git_sha} 1`` for one process."""
+def build_info(
+    registry: CollectorRegistry,
+    *,
+    service: str,
+    version: str,
+    git_sha: str,
+    build_time: str = "unknown",
+) -> Gauge:
+    """``graylane_build_info{service,version,git_sha,build_time} 1`` for one process."""
     gauge = Gauge(
         "graylane_build_info",
         "Always 1; labels name the running build",
-        ["service", "version", "git_sha"],
+        ["service", "version", "git_sha", "build_time"],
         registry=registry,
     )
-    gauge.labels(service, version, git_sha).set(1)
+    gauge.labels(service, version, git_sha, build_time).set(1)
     return gauge

@@ -134,7 +134,7 @@ class QosState(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., active_variant: _Optional[str] = ..., last_change_unix_ms: _Optional[int] = ..., breach_since_unix_ms: _Optional[int] = ..., calm_since_unix_ms: _Optional[int] = ..., contention: _Optional[float] = ...) -> None: ...
 
 class AuditRecord(_message.Message):
-    __slots__ = ("decision_id", "decided_at_unix_ms", "model", "rollout_id", "version", "kind", "rule", "reason", "inputs", "rollout_before", "rollout_after", "qos_before", "qos_after", "actor", "epoch", "command_id", "agreement", "note", "qos_policy", "scale", "qos_scale_hold", "step_inputs", "liveness")
+    __slots__ = ("decision_id", "decided_at_unix_ms", "model", "rollout_id", "version", "kind", "rule", "reason", "inputs", "rollout_before", "rollout_after", "qos_before", "qos_after", "actor", "epoch", "command_id", "agreement", "note", "qos_policy", "scale", "qos_scale_hold", "step_inputs", "liveness", "decided_by")
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     DECIDED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,7 @@ class AuditRecord(_message.Message):
     QOS_SCALE_HOLD_FIELD_NUMBER: _ClassVar[int]
     STEP_INPUTS_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     decided_at_unix_ms: int
     model: str
@@ -181,7 +182,8 @@ class AuditRecord(_message.Message):
     qos_scale_hold: str
     step_inputs: _containers.RepeatedCompositeFieldContainer[WindowStats]
     liveness: _containers.RepeatedCompositeFieldContainer[VersionLiveness]
-    def __init__(self, decision_id: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., rule: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., rollout_before: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., rollout_after: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., qos_before: _Optional[_Union[QosState, _Mapping]] = ..., qos_after: _Optional[_Union[QosState, _Mapping]] = ..., actor: _Optional[str] = ..., epoch: _Optional[int] = ..., command_id: _Optional[str] = ..., agreement: _Optional[_Union[ShadowAgreement, _Mapping]] = ..., note: _Optional[str] = ..., qos_policy: _Optional[_Union[_rollout_pb2.QosPolicy, _Mapping]] = ..., scale: _Optional[_Union[_control_pb2.ScaleRequest, _Mapping]] = ..., qos_scale_hold: _Optional[str] = ..., step_inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., liveness: _Optional[_Iterable[_Union[VersionLiveness, _Mapping]]] = ...) -> None: ...
+    decided_by: RunningBuild
+    def __init__(self, decision_id: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., rule: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., rollout_before: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., rollout_after: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., qos_before: _Optional[_Union[QosState, _Mapping]] = ..., qos_after: _Optional[_Union[QosState, _Mapping]] = ..., actor: _Optional[str] = ..., epoch: _Optional[int] = ..., command_id: _Optional[str] = ..., agreement: _Optional[_Union[ShadowAgreement, _Mapping]] = ..., note: _Optional[str] = ..., qos_policy: _Optional[_Union[_rollout_pb2.QosPolicy, _Mapping]] = ..., scale: _Optional[_Union[_control_pb2.ScaleRequest, _Mapping]] = ..., qos_scale_hold: _Optional[str] = ..., step_inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., liveness: _Optional[_Iterable[_Union[VersionLiveness, _Mapping]]] = ..., decided_by: _Optional[_Union[RunningBuild, _Mapping]] = ...) -> None: ...
 
 class VersionLiveness(_message.Message):
     __slots__ = ("version", "routed_since_telemetry", "first_routed_since_telemetry_unix_ms", "last_telemetry_unix_ms", "lag")
@@ -312,3 +314,15 @@ class TrafficReplayReport(_message.Message):
     agreement: float
     differing_request_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., from_unix_ms: _Optional[int] = ..., to_unix_ms: _Optional[int] = ..., replayed: _Optional[int] = ..., agree: _Optional[int] = ..., differ: _Optional[int] = ..., no_recorded_result: _Optional[int] = ..., errors: _Optional[int] = ..., agreement: _Optional[float] = ..., differing_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RunningBuild(_message.Message):
+    __slots__ = ("version", "git_sha", "build_time", "instance")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    GIT_SHA_FIELD_NUMBER: _ClassVar[int]
+    BUILD_TIME_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    git_sha: str
+    build_time: str
+    instance: str
+    def __init__(self, version: _Optional[str] = ..., git_sha: _Optional[str] = ..., build_time: _Optional[str] = ..., instance: _Optional[str] = ...) -> None: ...

@@ -131,7 +131,10 @@ def test_every_service_registers_into_one_registry_with_build_info() -> None:
         build_info(registry, service="x", version="0.1.0", git_sha="abc123")
         got = _scrape(registry)
         assert got["graylane_build_info"] == [
-            ({"service": "x", "version": "0.1.0", "git_sha": "abc123"}, 1.0)
+            (
+                {"service": "x", "version": "0.1.0", "git_sha": "abc123", "build_time": "unknown"},
+                1.0,
+            )
         ]
 
 
@@ -196,7 +199,7 @@ def test_server_answers_metrics_healthz_and_readyz() -> None:
     base = f"http://127.0.0.1:{server.port}"
     try:
         code, body = _get(base + "/metrics")
-        assert code == 200 and 'graylane_build_info{git_sha="abc"' in body
+        assert code == 200 and 'graylane_build_info{build_time="unknown",git_sha="abc"' in body
         assert _get(base + "/healthz")[0] == 200
         assert _get(base + "/readyz") == (503, "not ready: group_joined\n")
         ready.mark("group_joined")

@@ -60,13 +60,16 @@ def test_settings_read_metrics_address_log_format_and_build() -> None:
             "GRAYLANE_METRICS_PORT": "9100",
             "GRAYLANE_LOG_FORMAT": "TEXT",
             "GRAYLANE_GIT_SHA": "abc123",
+            "GRAYLANE_BUILD_TIME": "2026-12-01T10:00:00Z",
             "GRAYLANE_IMAGE_VERSION": "1.2.3",
         }
     )
     assert s.metrics_address() == MetricsAddress(host="0.0.0.0", port=9100)
     assert s.metrics_address(0) == MetricsAddress(host="0.0.0.0", port=0)  # a CLI override
     assert s.logs() is LogFormat.TEXT
-    assert s.build_labels() == BuildLabels(version="1.2.3", git_sha="abc123")
+    assert s.build_labels() == BuildLabels(
+        version="1.2.3", git_sha="abc123", build_time="2026-12-01T10:00:00Z"
+    )
     local = Settings.from_env({})
     assert local.metrics_address() == MetricsAddress(host="127.0.0.1", port=0)  # on by default
     assert Settings(metrics_port=-1).metrics_address() is None
@@ -78,7 +81,10 @@ def test_settings_read_metrics_address_log_format_and_build() -> None:
 
 def test_service_server_is_ready_only_when_every_condition_holds() -> None:
     obs = ServiceObservability("router")
-    port = obs.start(MetricsAddress(port=0), BuildLabels(version="9.9.9", git_sha="deadbeef"))
+    port = obs.start(
+        MetricsAddress(port=0),
+        BuildLabels(version="9.9.9", git_sha="deadbeef", build_time="2026-12-01T10:00:00Z"),
+    )
     try:
         assert port > 0 and obs.port == port
         assert _get(port, "/healthz")[0] == 200
@@ -91,7 +97,8 @@ def test_service_server_is_ready_only_when_every_condition_holds() -> None:
         assert _get(port, "/readyz")[0] == 503
         text = _get(port, "/metrics")[1]
         assert (
-            'graylane_build_info{git_sha="deadbeef",service="router",version="9.9.9"} 1.0' in text
+            'graylane_build_info{build_time="2026-12-01T10:00:00Z",git_sha="deadbeef",'
+            'service="router",version="9.9.9"} 1.0' in text
         )
     finally:
         obs.close()
@@ -103,7 +110,13 @@ def test_metrics_off_still_registers_build_info() -> None:
     assert obs.start(None, BuildLabels()) == 0
     assert (
         obs.registry.get_sample_value(
-            "graylane_build_info", {"service": "worker", "version": "unknown", "git_sha": "unknown"}
+            "graylane_build_info",
+            {
+                "service": "worker",
+                "version": "unknown",
+                "git_sha": "unknown",
+                "build_time": "unknown",
+            },
         )
         == 1.0
     )
@@ -204,6 +217,7 @@ def test_json_log_lines_carry_service_build_and_context() -> None:
         "worker",
         LogFormat.JSON,
         git_sha="abc",
+        build_time="2026-12-01T10:00:00Z",
         image_version="1.0.0",
         stream=out,
         context={"model": "gpt"},
@@ -223,6 +237,7 @@ def test_json_log_lines_carry_service_build_and_context() -> None:
     assert first["message"] == "served" and first["level"] == "INFO"
     assert first["service"] == "worker" and first["logger"] == "graylane.test"
     assert (first["git_sha"], first["image_version"]) == ("abc", "1.0.0")
+    assert first["build_time"] == "2026-12-01T10:00:00Z"
     assert (first["model"], first["version"], first["variant"]) == ("gpt", "1.1.0", "fp16")
     assert (first["request_id"], first["rollout_id"]) == ("r-1", "ro-1")
     assert first["time"][:2] == "20"  # ISO 8601
