@@ -4,6 +4,8 @@ no shell or package manager."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from graylane.deploy.containers.engine_images import LLAMA_CPP_VERSION
@@ -24,7 +26,10 @@ def test_the_image_runs_graylane_as_a_non_root_user_on_a_read_only_root(
     podman: Podman, cpu_image: BuiltImage
 ) -> None:
     rc, out = run(podman, cpu_image, "graylane", "--version")
-    assert (rc, out.strip()) == (0, f"graylane {project_version()}")
+    version, commit, built = out.strip().splitlines()
+    assert (rc, version) == (0, f"graylane {project_version()}")
+    assert re.fullmatch(r"commit [0-9a-f]{40}(-dirty)?", commit), commit
+    assert re.fullmatch(r"built \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(image\)", built), built
     rc, out = run(podman, cpu_image, "python3", "-c", "import os; print(os.getuid(), os.getgid())")
     assert (rc, out.split()) == (0, ["10001", "10001"])
     probe = "open('/opt/graylane/x', 'w')"

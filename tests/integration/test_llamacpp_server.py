@@ -142,6 +142,7 @@ from graylane.deploy.engines.server import LlamaServer
 server = LlamaServer(Path(sys.argv[1]), slots=1, ctx=512, log_path=Path(sys.argv[2]))
 server.start()
 print(server.pid, flush=True)
+sys.stdin.readline()  # the test looks at the server first, then lets this process end
 if sys.argv[3] == "hang":
     time.sleep(600)
 """
@@ -177,12 +178,15 @@ def test_a_server_never_outlives_the_process_that_started_it(
                 ending,
             ],
             cwd=root,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        assert parent.stdout is not None
+        assert parent.stdin is not None and parent.stdout is not None
         pid = int(parent.stdout.readline())
         assert not _gone(pid)
+        parent.stdin.write("end\n")
+        parent.stdin.close()
         if ending == "hang":
             parent.kill()
         parent.wait(timeout=30)
