@@ -8,6 +8,7 @@ liveness signals (:mod:`graylane.policy_engine.logic.liveness`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 
@@ -16,7 +17,7 @@ from aiokafka.errors import KafkaError
 
 from graylane.errors import TopicSetupError
 from graylane.kafka.admin import partition_count
-from graylane.kafka.reading import group_lag
+from graylane.kafka.reading import GroupTopic, group_lags
 from graylane.kafka.seam import BatchConsumer, ConsumerOptions, KafkaFactory
 from graylane.policy_engine.logic.liveness import OffsetSample
 from graylane.policy_engine.state import VersionKey
@@ -57,23 +58,40 @@ class LivenessProbe:
         if self._admin is None or self._consumer is None:
             return []
         layout = self._factory.layout
-        out: list[tuple[VersionKey, OffsetSample]] = []
-        for key in targets:
-            model, version = key.model, key.version
-            topic = layout.version_requests(model, version)
+        admin = self._admin
+        keys = list(targets)
+        topics = {key: layout.version_requests(key.model, key.version) for key in keys}
+
+        async def count(topic: str) -> int | Exception:
             try:
-                if topic not in self._partitions:
-                    self._partitions[topic] = await partition_count(self._admin, topic)
-                offsets = await group_lag(
-                    self._consumer,
-                    self._admin,
-                    layout.worker_group(model, version),
-                    topic,
-                    self._partitions[topic],
-                )
+                return await partition_count(admin, topic)
             except (KafkaError, TopicSetupError) as exc:
-                log.warning("liveness of %s/%s not read: %s", model, version, exc)
+                return exc
+
+        unknown = sorted({t for t in topics.values() if t not in self._partitions})
+        for topic, counted in zip(unknown, await asyncio.gather(*map(count, unknown)), strict=True):
+            if isinstance(counted, Exception):
+                log.warning("liveness of %s not read: %s", topic, counted)
+            else:
+                self._partitions[topic] = counted
+        readable = [key for key in keys if topics[key] in self._partitions]
+        wanted = [
+            GroupTopic(
+                layout.worker_group(key.model, key.version),
+                topics[key],
+                self._partitions[topics[key]],
+            )
+            for key in readable
+        ]
+        try:
+            lags = await group_lags(self._consumer, admin, wanted)
+        except KafkaError as exc:
+            log.warning("liveness of %d versions not read: %s", len(wanted), exc)
+            return []
+        out: list[tuple[VersionKey, OffsetSample]] = []
+        for key, offsets in zip(readable, lags, strict=True):
+            if isinstance(offsets, KafkaError):
+                log.warning("liveness of %s/%s not read: %s", key.model, key.version, offsets)
                 continue
-            sample = OffsetSample(at_ms, offsets.end, offsets.committed, offsets.lag)
-            out.append((key, sample))
+            out.append((key, OffsetSample(at_ms, offsets.end, offsets.committed, offsets.lag)))
         return out

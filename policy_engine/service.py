@@ -173,10 +173,17 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             await config.lease.wait_writable()
         observer.observe(outputs)
         observer.desired_replicas(core.scaling.states.values())
-        for rec in records_of(outputs, layout, decided_by=decided_by):
-            await app.producer.send_and_wait(
+        # All of a tick's records in flight at once, then every acknowledgement awaited:
+        # one round trip per tick, not one per record. The producer keeps a partition's
+        # records in order (one batch in flight per partition).
+        pending = [
+            await app.producer.send(
                 rec.topic, rec.key, rec.value, partition=None, timestamp=None, headers=None
             )
+            for rec in records_of(outputs, layout, decided_by=decided_by)
+        ]
+        for ack in pending:
+            await ack
 
     if config.lease is not None:
         keeper = config.lease
@@ -214,6 +221,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     async def on_telemetry(stream: faust.StreamT[bytes]) -> None:
         await restored.wait()
         async for value in stream:
+            observer.metrics.telemetry_records.inc()
             skipped = telemetry_into(core, value, guard, config.clock())
             if skipped is not None:
                 await publish([skipped])
@@ -256,15 +264,16 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             return
         if config.lease is not None and not config.lease.active:
             return  # fenced: no decisions until the lease is held again
-        # Liveness signals first: read from the broker, so a dead worker cannot hide.
-        for key, sample in await probe.sample(core.liveness_targets(), config.clock()):
-            core.on_offsets(key, sample)
-        try:
-            outputs = core.tick(config.clock())
-        except PolicyError:
-            log.exception("a decision failed; the rollout keeps its state")
-            return
-        await publish(outputs)
+        with observer.metrics.tick_seconds.time():
+            # Liveness signals first: read from the broker, so a dead worker cannot hide.
+            for key, sample in await probe.sample(core.liveness_targets(), config.clock()):
+                core.on_offsets(key, sample)
+            try:
+                outputs = core.tick(config.clock())
+            except PolicyError:
+                log.exception("a decision failed; the rollout keeps its state")
+                return
+            await publish(outputs)
 
     @app.task  # type: ignore[untyped-decorator]
     async def close_probe() -> None:

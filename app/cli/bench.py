@@ -71,6 +71,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rollback.add_argument("--window-ms", type=int, default=4000, help="policy engine window")
     rollback.add_argument("--step-ms", type=int, default=1000, help="policy engine step")
     rollback.set_defaults(handler=_rollback)
+    scale = which.add_parser(
+        "policy-scale",
+        help="one policy engine, N models x 3 versions: CPU, tick, decision latency",
+    )
+    scale.add_argument(
+        "--sizes", default="10,100,1000,3000", help="comma-separated model counts, in order"
+    )
+    scale.add_argument(
+        "--batches-per-s", type=float, default=1.0, help="telemetry records per version per second"
+    )
+    scale.add_argument(
+        "--requests-per-batch", type=int, default=8, help="requests each record reports"
+    )
+    scale.add_argument("--measure-s", type=float, default=30.0, help="measured window per size")
+    scale.add_argument("--regressions", type=int, default=8, help="injected per size")
+    scale.add_argument("--window-ms", type=int, default=10_000, help="policy engine window")
+    scale.add_argument("--step-ms", type=int, default=500, help="policy engine decision tick")
+    scale.add_argument(
+        "--max-decision-ms", type=float, default=2000.0, help="p99 decision latency bound"
+    )
+    scale.add_argument(
+        "--plot", type=Path, default=Path(".local/policy-scale.png"), help="where the plot goes"
+    )
+    scale.set_defaults(handler=_policy_scale)
     qos = which.add_parser("qos", help="a 3x overload spike with and without the QoS controller")
     qos.add_argument("--spike-s", type=float, default=40.0, help="how long the load spike lasts")
     qos.add_argument(
@@ -246,6 +270,24 @@ def _rollback(args: argparse.Namespace) -> int:
             runs=args.runs,
             window_ms=args.window_ms,
             step_ms=args.step_ms,
+        )
+    )
+
+
+def _policy_scale(args: argparse.Namespace) -> int:
+    from graylane.app.bench.policy_scale import PolicyScaleConfig, main
+
+    return main(
+        PolicyScaleConfig(
+            sizes=tuple(int(n) for n in args.sizes.split(",") if n.strip()),
+            batches_per_s=args.batches_per_s,
+            requests_per_batch=args.requests_per_batch,
+            measure_s=args.measure_s,
+            regressions=args.regressions,
+            window_ms=args.window_ms,
+            step_ms=args.step_ms,
+            max_decision_ms=args.max_decision_ms,
+            plot=args.plot,
         )
     )
 

@@ -25,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from types import TracebackType
 from typing import Any, Protocol
 
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from graylane.errors import BusError, TopicSetupError
@@ -40,6 +41,7 @@ from graylane.kafka.seam import BatchConsumer, ClientFactory, ConsumerOptions, R
 __all__ = [
     "CompactedFollower",
     "FollowFrom",
+    "GroupTopic",
     "LagSource",
     "ReadTimeout",
     "RecordHandler",
@@ -49,6 +51,7 @@ __all__ = [
     "drain_to_end",
     "follow",
     "group_lag",
+    "group_lags",
     "pump",
     "read_latest_per_key",
     "read_to_end",
@@ -444,6 +447,50 @@ async def group_lag(
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     end = await ends.end_offsets(tps)
     committed = await groups.list_consumer_group_offsets(group_id, partitions=tps)
+    return _offsets_of(tps, end, committed)
+
+
+@dataclass(frozen=True)
+class GroupTopic:
+    """One group on one topic of ``partitions`` partitions: what :func:`group_lags` reads."""
+
+    group_id: str
+    topic: str
+    partitions: int
+
+
+async def group_lags(
+    ends: EndOffsets,
+    groups: GroupOffsets,
+    wanted: Sequence[GroupTopic],
+    *,
+    concurrency: int = 32,
+) -> list[TopicOffsets | KafkaError]:
+    """:func:`group_lag` for many groups at once: one end-offsets request for every
+    partition, and the groups' committed offsets asked ``concurrency`` at a time, so a
+    thousand versions cost a few round trips, not two thousand. A group whose offsets
+    could not be read gets its error in its place; an end-offsets failure raises."""
+    tps = [TopicPartition(w.topic, p) for w in wanted for p in range(w.partitions)]
+    end = await ends.end_offsets(tps) if tps else {}
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(w: GroupTopic) -> TopicOffsets | KafkaError:
+        parts = [TopicPartition(w.topic, p) for p in range(w.partitions)]
+        async with gate:
+            try:
+                committed = await groups.list_consumer_group_offsets(w.group_id, partitions=parts)
+            except KafkaError as exc:
+                return exc
+        return _offsets_of(parts, end, committed)
+
+    return list(await asyncio.gather(*(one(w) for w in wanted)))
+
+
+def _offsets_of(
+    tps: list[TopicPartition],
+    end: Mapping[TopicPartition, int],
+    committed: Mapping[TopicPartition, OffsetAndMetadata],
+) -> TopicOffsets:
     offsets = [committed.get(tp) for tp in tps]
     known = [o.offset if o is not None and o.offset >= 0 else None for o in offsets]
     highs = [end.get(tp, 0) for tp in tps]

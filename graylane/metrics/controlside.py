@@ -13,6 +13,13 @@ from graylane.metrics.units import SECONDS_BUCKETS
 __all__ = ["AuditSinkMetrics", "ControlPlaneMetrics", "PolicyMetrics", "RolloutRole"]
 
 
+TICK_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0,
+    3.0, 5.0, 10.0,
+)
+"""A tick is sub-millisecond for a few keys and seconds for thousands: fine buckets for both."""
+
+
 class RolloutRole(Enum):
     BASELINE = "baseline"
     CANDIDATE = "candidate"
@@ -34,6 +41,8 @@ class PolicyMetrics:
     qos_slo_tpot_p99: Gauge
     skipped_records: Counter
     decision_errors: Counter
+    tick_seconds: Histogram
+    telemetry_records: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> PolicyMetrics:
@@ -121,6 +130,18 @@ class PolicyMetrics:
                 "graylane_policy_decision_errors",
                 "Decisions that failed and were skipped for one rollout or QoS key",
                 ["model", "kind"],
+                registry=registry,
+            ),
+            tick_seconds=Histogram(
+                "graylane_policy_tick_seconds",
+                "One decision tick: liveness sampled, gates, QoS and scale judged over every "
+                "key, and the outputs published",
+                buckets=TICK_BUCKETS,
+                registry=registry,
+            ),
+            telemetry_records=Counter(
+                "graylane_policy_telemetry_records",
+                "Telemetry records taken by the policy engine (skipped ones included)",
                 registry=registry,
             ),
         )

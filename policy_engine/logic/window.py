@@ -465,6 +465,15 @@ class SlidingWindow:
         """An empty histogram of the window's bucket scheme: a sample's must match it."""
         self._panes: dict[tuple[Lane, WindowKey], dict[int, _Pane]] = {}
         self._first_pane: dict[tuple[Lane, WindowKey], int] = {}
+        self._by_version: dict[tuple[Lane, str, str], set[WindowKey]] = {}
+        """The keys (variants) of each (lane, model, version): no scan of every slot."""
+        self._revision: dict[tuple[Lane, WindowKey], int] = {}
+        self._changes = 0
+        """A slot's revision is the count of changes at its last change: never reused."""
+        self._memo: dict[tuple[object, ...], tuple[tuple[int, ...], WindowStats | None]] = {}
+        self._memo_end: int | None = None
+        """Stats already summarized for the window ending here, by slots and span: a tick
+        reads a version several times (gates, QoS, scale) and merges its panes once."""
         self._horizon: int | None = None
         self.dropped_late = 0
         self.duplicates = 0
@@ -494,6 +503,10 @@ class SlidingWindow:
         if pane is None:
             pane = panes[pane_index] = _Pane(self._min_ms, self._growth)
         pane.add(sample)
+        self._by_version.setdefault((slot[0], sample.key.model, sample.key.version), set()).add(
+            sample.key
+        )
+        self._touch(slot)
         first = self._first_pane.get(slot)
         if first is None or pane_index < first:
             self._first_pane[slot] = pane_index
@@ -514,13 +527,27 @@ class SlidingWindow:
         removed = 0
         for slot in list(self._panes):
             panes = self._panes[slot]
-            for index in [i for i in panes if i < horizon]:
+            old = [i for i in panes if i < horizon]
+            for index in old:
                 del panes[index]
-                removed += 1
+            removed += len(old)
+            if old:
+                self._touch(slot)
             if not panes:
                 del self._panes[slot]
                 self._first_pane.pop(slot, None)
+                self._revision.pop(slot, None)
+                lane, key = slot
+                variants = self._by_version.get((lane, key.model, key.version))
+                if variants is not None:
+                    variants.discard(key)
+                    if not variants:
+                        del self._by_version[(lane, key.model, key.version)]
         return removed
+
+    def _touch(self, slot: tuple[Lane, WindowKey]) -> None:
+        self._changes += 1
+        self._revision[slot] = self._changes
 
     def stats(self, key: WindowKey, now_ms: int, lane: Lane = Lane.LIVE) -> WindowStats | None:
         """Stats of ``key`` over the window at ``now_ms``; None without a batch in it."""
@@ -549,11 +576,7 @@ class SlidingWindow:
         ``variant`` is the variant's name when only one had batches in the
         window, else :data:`ALL_VARIANTS`.
         """
-        slots = [
-            (ln, key)
-            for (ln, key) in self._panes
-            if ln is lane and key.model == model and key.version == version
-        ]
+        slots = [(lane, key) for key in self._by_version.get((lane, model, version), ())]
         return self._stats_of(
             sorted(slots, key=lambda s: s[1]), model, version, now_ms, span_ms=span_ms
         )
@@ -571,6 +594,28 @@ class SlidingWindow:
         if span_ms is not None:
             start_ms = end_ms - span_ms
         first_index, end_index = start_ms // self.step_ms, end_ms // self.step_ms
+        if end_index != self._memo_end:
+            self._memo.clear()
+            self._memo_end = end_index
+        memo_key = (tuple(slots), first_index, model, version)
+        revisions = tuple(self._revision.get(slot, 0) for slot in slots)
+        known = self._memo.get(memo_key)
+        if known is not None and known[0] == revisions:
+            return known[1]
+        stats = self._summarized(slots, model, version, start_ms, end_ms, first_index, end_index)
+        self._memo[memo_key] = (revisions, stats)
+        return stats
+
+    def _summarized(
+        self,
+        slots: list[tuple[Lane, WindowKey]],
+        model: str,
+        version: str,
+        start_ms: int,
+        end_ms: int,
+        first_index: int,
+        end_index: int,
+    ) -> WindowStats | None:
         panes: list[_Pane] = []
         newest: list[_Pane] = []
         variants: set[str] = set()

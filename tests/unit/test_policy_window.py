@@ -187,3 +187,31 @@ def test_window_equals_direct_aggregation(
     assert s.p99_ms == direct.quantile(0.99)
     assert s.p50_ms == direct.quantile(0.5)
     assert s.mean_ms == pytest.approx(direct.mean_ms)
+
+
+def test_a_batch_added_after_a_read_in_the_same_step_is_in_the_next_read() -> None:
+    w = SlidingWindow(10_000, 1_000)
+    w.add(sample(500, [10.0, 10.0]))
+    first = w.stats_by_version("m", "v1", 1_500)
+    assert first is not None and first.requests == 2
+    w.add(sample(700, [10.0], errors=1))  # same pane, same window end: the read must see it
+    again = w.stats_by_version("m", "v1", 1_500)
+    assert again is not None and (again.requests, again.errors) == (3, 1)
+    assert w.stats(KEY, 1_500) == again
+
+
+def test_versions_are_read_apart_among_many_and_evicted_versions_leave_no_trace() -> None:
+    w = SlidingWindow(4_000, 1_000)
+    for v in range(50):
+        w.add(sample(500, [float(v + 1)] * (v + 1), version=f"v{v}"))
+    w.add(sample(600, [99.0], version="v7", variant="int8"))
+    for v in (0, 7, 49):
+        s = w.stats_by_version("m", f"v{v}", 1_000)
+        assert s is not None
+        assert s.requests == v + 1 + (1 if v == 7 else 0)
+    assert w.stats_by_version("m", "v7", 1_000).variant == ALL_VARIANTS  # type: ignore[union-attr]
+    w.evict(10_000)  # every pane is older than any window at 10 s
+    assert w.stats_by_version("m", "v7", 10_000) is None
+    w.add(sample(10_500, [5.0], version="v7"))
+    back = w.stats_by_version("m", "v7", 11_000)
+    assert back is not None and (back.requests, back.variant) == (1, "fp32")
