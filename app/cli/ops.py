@@ -78,6 +78,14 @@ def register_server(sub: Sub) -> None:
     cp.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
     cp.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     cp.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="serve GET/POST /v1/verdict (a version's gate verdict for Argo Rollouts' web "
+        "metric provider and Flagger's webhooks) on this port (default $GRAYLANE_CP_HTTP_PORT,"
+        " else off; 0 = a free port)",
+    )
+    cp.add_argument(
         "--insecure",
         action="store_true",
         help="allow a plaintext bind beyond loopback (tokens cross the network in clear)",
@@ -408,6 +416,7 @@ def _controlplane(args: argparse.Namespace) -> int:
             tls_key=args.tls_key,
             insecure=args.insecure,
             metrics_port=args.metrics_port,
+            http_port=args.http_port,
             limits=ApiLimits(
                 max_list_limit=args.max_list_limit,
                 max_audit_limit=args.max_audit_limit,

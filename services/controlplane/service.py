@@ -77,6 +77,7 @@ from graylane.services.controlplane.bus import (
 from graylane.services.controlplane.limits import ApiLimits, WatchSlots, check_limit, check_startup
 from graylane.services.controlplane.logic import rules
 from graylane.services.controlplane.state import ControlStore, StoredRollout
+from graylane.services.controlplane.verdict_http import VerdictServer, verdict_app
 from graylane.services.controlplane.wire import (
     model_summary,
     new_command,
@@ -114,6 +115,9 @@ class ServerConfig:
     check_candidates: bool = True  # refuse a start whose candidate has no topic or worker
     metrics_port: int | None = None
     """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
+    http_port: int | None = None
+    """The HTTP verdict endpoint for Argo Rollouts and Flagger (``GRAYLANE_CP_HTTP_PORT``;
+    None = off, 0 = a free port), on the same host and TLS as the gRPC port."""
 
     @classmethod
     def from_env(
@@ -135,6 +139,8 @@ class ServerConfig:
             values["tls_cert"] = Path(e["GRAYLANE_CP_TLS_CERT"])
         if e.get("GRAYLANE_CP_TLS_KEY"):
             values["tls_key"] = Path(e["GRAYLANE_CP_TLS_KEY"])
+        if e.get("GRAYLANE_CP_HTTP_PORT"):
+            values["http_port"] = int(e["GRAYLANE_CP_HTTP_PORT"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 
@@ -177,6 +183,8 @@ class ControlPlaneServer:
         self._stop = asyncio.Event()
         self._background = BackgroundTasks()
         self.port = 0
+        self.verdicts: VerdictServer | None = None
+        """The HTTP verdict endpoint, when configured; its ``port`` once started."""
 
     async def start(self) -> None:
         layout = self._factory.layout
@@ -215,6 +223,16 @@ class ControlPlaneServer:
         self._background.spawn(self.sink.run(self._stop), name="cp-audit-sink")
         self._background.spawn(self._outbox(), name="cp-outbox")
         self._background.spawn(self._ready_when_caught_up(health), name="cp-ready")
+        if self._config.http_port is not None:
+            self.verdicts = VerdictServer(
+                verdict_app(self.store, self._config.tokens),
+                self._config.host,
+                self._config.http_port,
+                tls_cert=self._config.tls_cert,
+                tls_key=self._config.tls_key,
+            )
+            self._background.spawn(self.verdicts.serve(self._stop), name="cp-verdicts")
+            await self.verdicts.started.wait()
         log.info("control plane listening on %s (port %d)", address, self.port)
 
     async def _ready_when_caught_up(self, health: HealthServicer) -> None:

@@ -10,15 +10,20 @@ import uuid
 from typing import Any
 
 from graylane.registry import ArtifactInfo, RegisteredModel, Registry
-from graylane.services.controlplane.state import StoredPolicy
+from graylane.rollouts.pb import decision_kind_from_pb, phase_from_pb
+from graylane.services.controlplane.logic.verdict import LastDecision, VerdictFacts, VersionVerdict
+from graylane.services.controlplane.state import StoredPolicy, StoredRollout
 from graylane.v1 import audit_pb2, controlplane_pb2, rollout_pb2
 
 __all__ = [
+    "ROLLOUT_DECISION_KINDS",
     "model_summary",
     "new_command",
     "qos_policy_view",
     "receipt",
     "variant_info",
+    "verdict_facts",
+    "verdict_json",
     "version_summary",
 ]
 
@@ -138,3 +143,74 @@ def qos_policy_view(
         view.active_since_unix_ms = latest_change.decided_at_unix_ms
         view.last_reason = latest_change.reason
     return view
+
+
+# -- the HTTP verdict (JSON) -------------------------------------------------------------
+
+ROLLOUT_DECISION_KINDS = (
+    audit_pb2.DECISION_ROLLOUT_STARTED,
+    audit_pb2.DECISION_ADVANCE,
+    audit_pb2.DECISION_HOLD,
+    audit_pb2.DECISION_GATE_FAILED,
+    audit_pb2.DECISION_ROLLBACK,
+    audit_pb2.DECISION_PROMOTE,
+    audit_pb2.DECISION_MANUAL_COMMAND,
+)
+"""The audit kinds of a rollout's own decisions (not QoS or scale)."""
+
+
+def verdict_facts(
+    rollout: StoredRollout, version: str, newest: audit_pb2.AuditRecord | None
+) -> VerdictFacts | None:
+    """The facts of a stored rollout and its newest decision record; None when its phase
+    is one this build does not know."""
+    state = rollout.state
+    phase = phase_from_pb(state.phase)
+    if phase is None:
+        return None
+    kind = None if newest is None else decision_kind_from_pb(newest.kind)
+    last = (
+        None
+        if newest is None or kind is None
+        else LastDecision(
+            kind=kind,
+            rule=newest.rule,
+            reason=newest.reason,
+            decided_at_ms=newest.decided_at_unix_ms,
+            epoch=newest.epoch,
+        )
+    )
+    return VerdictFacts(
+        model=state.model,
+        version=version,
+        rollout_id=state.rollout_id,
+        phase=phase,
+        step_index=state.step_index,
+        candidate_weight_percent=state.candidate_weight_percent,
+        last=last,
+    )
+
+
+def verdict_json(v: VersionVerdict) -> dict[str, Any]:
+    """The answer Argo's ``web`` provider and Flagger's webhooks read (``result.verdict``)."""
+    f, last = v.facts, v.facts.last
+    return {
+        "model": f.model,
+        "version": f.version,
+        "rollout_id": f.rollout_id,
+        "phase": f.phase.value,
+        "step_index": f.step_index,
+        "candidate_weight_percent": f.candidate_weight_percent,
+        "verdict": v.verdict.value,
+        "why": v.why,
+        "decision": None
+        if last is None
+        else {
+            "kind": last.kind.value,
+            "rule": last.rule,
+            "reason": last.reason,
+            "decided_at_unix_ms": last.decided_at_ms,
+            "epoch": last.epoch,
+            "age_ms": v.age_ms,
+        },
+    }

@@ -7,10 +7,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
+import httpx
 import pytest
+import yaml
 from grpc import aio
 
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
+from graylane.clock import now_ms
 from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
 from graylane.serde import decode, decode_key, encode
@@ -18,6 +21,7 @@ from graylane.services.controlplane.auth import TokenTable, parse_tokens
 from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
+from tests.conftest import ROOT
 from tests.support.records import produce_records
 from tests.support.waiting import end_offsets, wait_until
 
@@ -72,6 +76,7 @@ async def api(settings: Settings, factory: KafkaFactory) -> AsyncIterator[Api]:
         ),
         outbox_interval_s=0.5,
         check_candidates=False,  # no workers here; the check has its own test
+        http_port=0,
     )
     server = ControlPlaneServer(config, factory)
     await server.start()
@@ -381,3 +386,95 @@ async def test_cli_talks_to_the_control_plane(api: Api, capsys: pytest.CaptureFi
         )
     out = capsys.readouterr().out
     assert "1.1.0" in out and rollout_id in out and "pause of" in out
+
+
+def _decision(rollout_id: str, i: int, kind: int, rule: str) -> audit_pb2.AuditRecord:
+    return audit_pb2.AuditRecord(
+        decision_id=f"{rollout_id}-{i}",
+        decided_at_unix_ms=now_ms() + i,  # fresh: not older than the verdict's max age
+        model=MODEL,
+        rollout_id=rollout_id,
+        version="1.1.0",
+        kind=kind,
+        rule=rule,
+        reason=f"decision {i}",
+        epoch=3,
+    )
+
+
+async def test_the_verdict_endpoint_answers_argo_and_flagger_over_http(api: Api) -> None:
+    """Argo's web provider (GET, bearer header) and Flagger's webhook (POST, token in its
+    metadata) read the verdict the audit sink stored, as the examples in deploy/progressive
+    configure them."""
+    assert api.server.verdicts is not None
+    base = f"http://127.0.0.1:{api.server.verdicts.port}/v1/verdict"
+    argo = yaml.safe_load((ROOT / "deploy/progressive/argo-analysis-template.yaml").read_text())
+    metric = argo["spec"]["metrics"][0]
+    assert metric["successCondition"] == "result.verdict == 'pass'"
+    assert metric["failureCondition"] == "result.verdict == 'fail'"
+    assert metric["provider"]["web"]["url"].split("?")[0].endswith("/v1/verdict")
+    flagger = yaml.safe_load((ROOT / "deploy/progressive/flagger-canary.yaml").read_text())
+    hook = flagger["spec"]["analysis"]["webhooks"][0]
+    assert hook["url"].endswith("/v1/verdict") and {"model", "version", "token"} <= set(
+        hook["metadata"]
+    )
+    view = {"authorization": VIEW[0][1]}
+    flagger_payload = {
+        "name": "chat-api",
+        "namespace": "apps",
+        "phase": "Progressing",
+        "metadata": {"model": MODEL, "version": "1.1.0", "token": VIEW[0][1].split()[1]},
+    }
+    state = await api.rollouts.Start(_spec(), metadata=OPS)
+    layout = api.factory.layout
+    async with httpx.AsyncClient(timeout=10) as http:
+        query = {"model": MODEL, "version": "1.1.0"}
+        assert (await http.get(base, params=query)).status_code == 401
+        assert (
+            await http.get(base, params=query, headers={"authorization": "Bearer x"})
+        ).status_code == 401
+        missing = await http.get(base, params={"model": MODEL, "version": "9.9.9"}, headers=view)
+        assert missing.status_code == 404
+
+        first = await http.get(base, params=query, headers=view)
+        assert first.status_code == 200
+        assert (first.json()["verdict"], first.json()["why"]) == ("inconclusive", "no decision yet")
+
+        async def verdict_after(record: audit_pb2.AuditRecord) -> dict[str, object]:
+            await produce_records(api.factory, layout.audit(), [(MODEL, encode(record))])
+            await wait_until(
+                lambda: any(
+                    r.decision_id == record.decision_id
+                    for r in api.server.store.query_audit(rollout_id=state.rollout_id)
+                ),
+                timeout=20,
+                what="the decision stored by the audit sink",
+            )
+            got = await http.get(base, params=query, headers=view)
+            assert got.status_code == 200
+            body: dict[str, object] = got.json()
+            return body
+
+        hold = await verdict_after(
+            _decision(state.rollout_id, 1, audit_pb2.DECISION_HOLD, "min_samples")
+        )
+        assert hold["verdict"] == "pass" and hold["rollout_id"] == state.rollout_id
+        assert hold["decision"]["epoch"] == 3  # type: ignore[index]
+        passed = await http.post(base, json=flagger_payload)
+        assert passed.status_code == 200 and passed.json()["verdict"] == "pass"
+        await asyncio.sleep(0.01)  # the decision is now older than a 1 ms bound
+        stale = await http.get(base, params={**query, "max_age_s": "0.001"}, headers=view)
+        assert stale.json()["verdict"] == "inconclusive"
+
+        no_data = await verdict_after(
+            _decision(state.rollout_id, 2, audit_pb2.DECISION_HOLD, "no_data")
+        )
+        assert no_data["verdict"] == "inconclusive"
+        failed = await verdict_after(
+            _decision(state.rollout_id, 3, audit_pb2.DECISION_GATE_FAILED, "error_rate_sequential")
+        )
+        assert failed["verdict"] == "fail"
+        refused = await http.post(base, json=flagger_payload)
+        assert refused.status_code == 412 and refused.json()["verdict"] == "fail"
+        forged = {**flagger_payload, "metadata": {"model": MODEL, "token": "not-a-token"}}
+        assert (await http.post(base, json=forged)).status_code == 401

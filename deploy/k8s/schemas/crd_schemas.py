@@ -35,6 +35,8 @@ class CrdSource:
     module: str
     version: str
     files: tuple[str, ...]
+    kinds: tuple[str, ...] = ()
+    """Only these kinds of a multi-document file (empty: every CRD in it)."""
 
 
 CRD_SOURCES = (
@@ -59,6 +61,18 @@ CRD_SOURCES = (
         module="github.com/cert-manager/cert-manager",
         version="v1.16.2",
         files=("deploy/crds/crd-certificates.yaml",),
+    ),
+    # The examples for teams that gate with Argo Rollouts or Flagger (deploy/progressive).
+    CrdSource(
+        module="github.com/argoproj/argo-rollouts",
+        version="v1.8.3",
+        files=("manifests/crds/analysis-template-crd.yaml",),
+    ),
+    CrdSource(
+        module="github.com/fluxcd/flagger",
+        version="v1.36.1",
+        files=("artifacts/flagger/crd.yaml",),
+        kinds=("Canary",),
     ),
 )
 
@@ -98,8 +112,14 @@ def main() -> int:
     for source in CRD_SOURCES:
         root = _module_dir(source)
         for rel in source.files:
-            crd = yaml.safe_load((root / rel).read_text())
-            for name, doc in extract(crd).items():
+            crds = [
+                d
+                for d in yaml.safe_load_all((root / rel).read_text())
+                if d
+                and d.get("kind") == "CustomResourceDefinition"
+                and (not source.kinds or d["spec"]["names"]["kind"] in source.kinds)
+            ]
+            for name, doc in (item for crd in crds for item in extract(crd).items()):
                 (HERE / name).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
                 print(f"[crd] {source.module}@{source.version} {rel} -> {name}")
     return 0
