@@ -52,6 +52,12 @@ from functools import partial
 from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.logic.agreement import ShadowOutput
 from graylane.policy_engine.logic.liveness import LivenessTracker, OffsetSample
+from graylane.policy_engine.logic.metric_gates import (
+    MetricReading,
+    MetricTarget,
+    next_reading,
+    render,
+)
 from graylane.policy_engine.logic.precision_ack import (
     AckVerdict,
     PendingSwitch,
@@ -159,6 +165,8 @@ class PolicyCore:
         self.scaling = Scaling(policy=scale_policy or ScalePolicy())
         self.liveness = LivenessTracker()  # per version: routed vs answered, topic lag
         self.guard = RecordGuard()
+        self.metric_readings: dict[str, dict[str, MetricReading]] = {}
+        """Per model with an active rollout: the newest reading of each metric gate."""
 
     # -- inputs ------------------------------------------------------------------
 
@@ -178,6 +186,30 @@ class PolicyCore:
     def liveness_targets(self) -> list[VersionKey]:
         """The versions whose topics the adapter probes: those of active rollouts."""
         return self.rollouts.versions()
+
+    def metric_targets(self) -> list[MetricTarget]:
+        """The metric gates of active rollouts, their queries rendered: what the adapter
+        asks Prometheus before each tick."""
+        out: list[MetricTarget] = []
+        for model, active in sorted(self.rollouts.items()):
+            spec = active.spec
+            if active.state.terminal:
+                continue
+            for gate in spec.gates.metrics:
+                query = render(
+                    gate.query, model=model, baseline=spec.baseline, candidate=spec.candidate
+                )
+                out.append(MetricTarget(model, gate.name, query))
+        return out
+
+    def on_metric(
+        self, target: MetricTarget, value: float | None, why: str, at_ms: int
+    ) -> MetricReading:
+        """One metric gate's read: a value, or why there is none (kept as a streak)."""
+        readings = self.metric_readings.setdefault(target.model, {})
+        reading = next_reading(readings.get(target.gate), target.gate, value, why, at_ms)
+        readings[target.gate] = reading
+        return reading
 
     def on_shadow_result(self, model: str, output: ShadowOutput) -> None:
         tracker = self.rollouts.tracker(model)
@@ -440,6 +472,7 @@ class PolicyCore:
             ),
             baseline_liveness=self.liveness.version_liveness(spec.model, spec.baseline),
             candidate_liveness=self.liveness.version_liveness(spec.model, spec.candidate),
+            metrics=self._metrics_of(spec),
         )
         decision = evaluate(state, spec, baseline, candidate, agreement, now_ms, signals)
         quiet = decision.kind is DecisionKind.HOLD and decision.rule == active.last_rule
@@ -447,6 +480,10 @@ class PolicyCore:
             self.rollouts.keep(decision.after, spec, active.last_rule)
             return []
         return self._outputs_of(decision, spec)
+
+    def _metrics_of(self, spec: RolloutSpec) -> tuple[MetricReading, ...]:
+        read = self.metric_readings.get(spec.model, {})
+        return tuple(read[g.name] for g in spec.gates.metrics if g.name in read)
 
     def _outputs_of(
         self, decision: Decision, spec: RolloutSpec, *, command_id: str = "", actor: str = ""
@@ -474,6 +511,7 @@ class PolicyCore:
         out.append(RolloutPublication(state=after, spec=spec))
         if after.terminal:
             self.liveness.forget(spec.model)
+            self.metric_readings.pop(spec.model, None)
         self.rollouts.keep(after, spec, decision.rule)
         return out
 

@@ -63,6 +63,7 @@ from graylane.policy_engine.messages import (
     ScalePublication,
     SkipReason,
 )
+from graylane.policy_engine.metric_probe import PrometheusProbe
 from graylane.policy_engine.wire import (
     command_of,
     records_of,
@@ -106,6 +107,8 @@ class PolicyConfig:
     partitions_refresh_s: float = 30.0
     instance_id: str = ""
     """Static group membership (and lease holder): a restart rejoins at once; "" = dynamic."""
+    prometheus_url: str | None = None
+    """Where rollouts' metric gates (PromQL) are asked; None: they read inconclusive."""
 
 
 async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
@@ -122,6 +125,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     layout = factory.layout
     core = PolicyCore(config.window_ms, config.step_ms, scale_policy=config.scale)
     probe = LivenessProbe(factory)
+    metric_probe = PrometheusProbe(config.prometheus_url) if config.prometheus_url else None
     restored = asyncio.Event()
     brokers = broker_settings(settings)  # security included, like every other client
     app = faust.App(
@@ -268,6 +272,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             # Liveness signals first: read from the broker, so a dead worker cannot hide.
             for key, sample in await probe.sample(core.liveness_targets(), config.clock()):
                 core.on_offsets(key, sample)
+            await read_metric_gates(core, metric_probe, config.clock())
             try:
                 outputs = core.tick(config.clock())
             except PolicyError:
@@ -281,8 +286,23 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             await asyncio.Event().wait()  # until the app stops and cancels its tasks
         finally:
             await probe.stop()
+            if metric_probe is not None:
+                await metric_probe.close()
 
     return app
+
+
+async def read_metric_gates(core: PolicyCore, probe: PrometheusProbe | None, at_ms: int) -> None:
+    """Every active rollout's metric gates read into the core before it decides."""
+    targets = core.metric_targets()
+    if not targets:
+        return
+    if probe is None:
+        for target in targets:
+            core.on_metric(target, None, "no Prometheus configured (--prometheus-url)", at_ms)
+        return
+    for target, value, why in await probe.read(targets):
+        core.on_metric(target, value, why, at_ms)
 
 
 async def _restore(factory: KafkaFactory, core: PolicyCore, at_ms: int) -> list[RecordSkipped]:

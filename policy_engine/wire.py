@@ -54,6 +54,7 @@ from graylane.policy_engine.logic.gates import (
     StepEvidence,
 )
 from graylane.policy_engine.logic.liveness import LagSample, VersionLiveness
+from graylane.policy_engine.logic.metric_gates import MetricReading
 from graylane.policy_engine.logic.qos import QosDecision, QosState
 from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, RolloutState
 from graylane.policy_engine.logic.scale import ScaleDecision, ScaleReason
@@ -134,6 +135,8 @@ __all__ = [
     "histogram_to_pb",
     "liveness_from_pb",
     "liveness_to_pb",
+    "metric_reading_from_pb",
+    "metric_reading_to_pb",
     "precision_command_of",
     "qos_decision_to_audit",
     "qos_policy_from_pb",
@@ -796,6 +799,29 @@ def decision_to_audit(
         note=decision.note,
         step_inputs=[window_stats_to_pb(s) for s in _steps(decision.signals)],
         liveness=[liveness_to_pb(v) for v in _liveness(decision.signals)],
+        metric_readings=[
+            metric_reading_to_pb(r) for r in (decision.signals.metrics if decision.signals else ())
+        ],
+    )
+
+
+def metric_reading_to_pb(r: MetricReading) -> audit_pb2.MetricReading:
+    return audit_pb2.MetricReading(
+        gate=r.gate,
+        value=r.value,
+        inconclusive=r.inconclusive,
+        read_at_unix_ms=r.read_at_ms,
+        inconclusive_since_unix_ms=r.inconclusive_since_ms,
+    )
+
+
+def metric_reading_from_pb(pb: audit_pb2.MetricReading) -> MetricReading:
+    return MetricReading(
+        gate=pb.gate,
+        value=pb.value if pb.HasField("value") else None,
+        inconclusive=pb.inconclusive,
+        read_at_ms=pb.read_at_unix_ms,
+        inconclusive_since_ms=pb.inconclusive_since_unix_ms,
     )
 
 
@@ -815,7 +841,7 @@ def signals_from_audit(
     rec: audit_pb2.AuditRecord, baseline: str, candidate: str
 ) -> RolloutSignals | None:
     """The signals a decision was taken with (None when the record carries none)."""
-    if not rec.step_inputs and not rec.liveness:
+    if not rec.step_inputs and not rec.liveness and not rec.metric_readings:
         return None
     steps = {s.version: window_stats_from_pb(s) for s in rec.step_inputs}
     live = {v.version: liveness_from_pb(v) for v in rec.liveness}
@@ -824,6 +850,7 @@ def signals_from_audit(
         candidate_step=steps.get(candidate),
         baseline_liveness=live.get(baseline),
         candidate_liveness=live.get(candidate),
+        metrics=tuple(metric_reading_from_pb(r) for r in rec.metric_readings),
     )
 
 

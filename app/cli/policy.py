@@ -69,6 +69,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="QoS steps up only once every replica asked for serves and this long after a change",
     )
     policy.add_argument(
+        "--prometheus-url",
+        default=None,
+        help="Prometheus base URL for rollouts' metric gates (PromQL); default "
+        "$GRAYLANE_PROMETHEUS_URL, else metric gates read inconclusive",
+    )
+    policy.add_argument(
         "--loglevel", default="info", choices=("debug", "info", "warning"), help="faust's log level"
     )
     add_observability_args(policy)
@@ -77,6 +83,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _policy(args: argparse.Namespace) -> int:
     import asyncio
+    import os
 
     import faust
 
@@ -126,6 +133,7 @@ def _policy(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         scale=scale,
         instance_id=instance.instance_id,
+        prometheus_url=args.prometheus_url or os.environ.get("GRAYLANE_PROMETHEUS_URL") or None,
     )
     asyncio.run(prepare_topics(settings, config))
     app = create_app(settings, config)

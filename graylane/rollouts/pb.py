@@ -25,6 +25,8 @@ from graylane.rollouts.spec import (
     DriftAction,
     GateMode,
     Gates,
+    MetricComparison,
+    MetricGate,
     RolloutSpec,
     Step,
     Strategy,
@@ -42,6 +44,8 @@ __all__ = [
     "gate_mode_to_pb",
     "manual_command_from_pb",
     "manual_command_to_pb",
+    "metric_gate_from_pb",
+    "metric_gate_to_pb",
     "phase_from_pb",
     "phase_to_pb",
     "qos_policy_from_pb",
@@ -225,6 +229,7 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
             max_length_shift=g.max_length_shift,
             max_eos_rate_delta=g.max_eos_rate_delta,
             token_time_tolerance=g.token_time_tolerance,
+            metrics=[metric_gate_to_pb(m) for m in g.metrics],
         ),
         failures_to_rollback=spec.failures_to_rollback,
         shadow_share=spec.shadow_share,
@@ -287,6 +292,39 @@ def _gates_from_pb(pb: rollout_pb2.GateSpec) -> Gates:
             if pb.HasField("token_time_tolerance")
             else d.token_time_tolerance
         ),
+        metrics=tuple(metric_gate_from_pb(m) for m in pb.metrics),
+    )
+
+
+_METRIC_COMPARISON_TO_PB = {
+    MetricComparison.LESS: rollout_pb2.METRIC_LESS,
+    MetricComparison.LESS_EQUAL: rollout_pb2.METRIC_LESS_EQUAL,
+    MetricComparison.GREATER: rollout_pb2.METRIC_GREATER,
+    MetricComparison.GREATER_EQUAL: rollout_pb2.METRIC_GREATER_EQUAL,
+}
+_COMPARISON_FROM_PB = {v: k for k, v in _METRIC_COMPARISON_TO_PB.items()}
+
+
+def metric_gate_to_pb(g: MetricGate) -> rollout_pb2.MetricGate:
+    return rollout_pb2.MetricGate(
+        name=g.name,
+        query=g.query,
+        comparison=_METRIC_COMPARISON_TO_PB[g.comparison],
+        threshold=g.threshold,
+        pause_after_inconclusive_s=g.pause_after_inconclusive_s,
+    )
+
+
+def metric_gate_from_pb(pb: rollout_pb2.MetricGate) -> MetricGate:
+    comparison = _COMPARISON_FROM_PB.get(pb.comparison)
+    if comparison is None:
+        raise InvalidSpec(f"metric gate {pb.name!r} has no comparison (<, <=, >, >=)")
+    return MetricGate(
+        name=pb.name,
+        query=pb.query,
+        comparison=comparison,
+        threshold=pb.threshold,
+        pause_after_inconclusive_s=pb.pause_after_inconclusive_s,
     )
 
 

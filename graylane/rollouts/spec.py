@@ -15,6 +15,8 @@ __all__ = [
     "DriftAction",
     "GateMode",
     "Gates",
+    "MetricComparison",
+    "MetricGate",
     "RolloutSpec",
     "Step",
     "Strategy",
@@ -88,6 +90,41 @@ DEFAULT_STEPS: tuple[Step, ...] = (
 """1 -> 5 -> 25 -> 50 -> 100 %. Reaching the final 100 % step is the promotion."""
 
 
+class MetricComparison(Enum):
+    """How a metric gate's value must compare with its threshold to pass."""
+
+    LESS = "<"
+    LESS_EQUAL = "<="
+    GREATER = ">"
+    GREATER_EQUAL = ">="
+
+    def holds(self, value: float, threshold: float) -> bool:
+        if self is MetricComparison.LESS:
+            return value < threshold
+        if self is MetricComparison.LESS_EQUAL:
+            return value <= threshold
+        if self is MetricComparison.GREATER:
+            return value > threshold
+        return value >= threshold
+
+
+@dataclass(frozen=True)
+class MetricGate:
+    """A gate on any metric in Prometheus: ``query`` (PromQL, templated on
+    ``{{model}}``, ``{{baseline}}`` and ``{{candidate}}``) must return one number, and
+    the gate passes while ``value <comparison> threshold``. A failed query, an
+    unreachable Prometheus, no series or several are inconclusive, never a pass; held
+    inconclusive for longer than ``pause_after_inconclusive_s`` (0 = never), the
+    rollout pauses. The shape of Argo's AnalysisTemplate with the Prometheus provider
+    and of Flagger's MetricTemplate."""
+
+    name: str
+    query: str
+    comparison: MetricComparison
+    threshold: float
+    pause_after_inconclusive_s: float = 0.0
+
+
 @dataclass(frozen=True)
 class Gates:
     """Limits of the candidate relative to the baseline over the same window.
@@ -135,6 +172,8 @@ class Gates:
     length_drift: DriftAction = DriftAction.HOLD
     max_length_shift: float = 0.15
     max_eos_rate_delta: float = 0.1
+    metrics: tuple[MetricGate, ...] = ()
+    """Gates on any Prometheus metric (:class:`MetricGate`), judged beside the others."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,8 +275,23 @@ def _step_problems(spec: RolloutSpec) -> list[str]:
     return out
 
 
-def _gate_problems(g: Gates) -> list[str]:
+def _metric_gate_problems(gates: tuple[MetricGate, ...]) -> list[str]:
     out: list[str] = []
+    names = [g.name for g in gates]
+    if len(set(names)) != len(names):
+        out.append(f"metric gate names {names} are not unique")
+    for g in gates:
+        if not g.name or not g.query.strip():
+            out.append(f"metric gate {g.name!r} needs a name and a query")
+        if not _finite(g.threshold):
+            out.append(f"metric gate {g.name!r} threshold {g.threshold} is not a number")
+        if not (_finite(g.pause_after_inconclusive_s) and g.pause_after_inconclusive_s >= 0):
+            out.append(f"metric gate {g.name!r} pause_after_inconclusive_s must be >= 0")
+    return out
+
+
+def _gate_problems(g: Gates) -> list[str]:
+    out: list[str] = _metric_gate_problems(g.metrics)
     if not (_finite(g.max_p99_ratio) and g.max_p99_ratio >= 1.0):
         out.append(f"max_p99_ratio {g.max_p99_ratio} must be at least 1")
     if not (_finite(g.max_error_rate_delta) and 0.0 <= g.max_error_rate_delta < 1.0):

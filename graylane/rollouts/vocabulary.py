@@ -112,6 +112,11 @@ class DecisionRule(StrEnum):
     """The candidate's output lengths or end-of-sequence rate moved beyond the tolerance:
     a quality signal, never a latency regression."""
     INCOMPARABLE = "incomparable"
+    METRIC_GATE = "metric_gate"
+    """A PromQL gate's value broke its condition."""
+    METRIC_INCONCLUSIVE = "metric_inconclusive"
+    """A PromQL gate could not be read (query failed, Prometheus unreachable, no single
+    number): held, and paused once held longer than the gate allows."""
     # manual commands (see ManualCommand.rule)
     MANUAL_PAUSE = "manual_pause"
     MANUAL_RESUME = "manual_resume"

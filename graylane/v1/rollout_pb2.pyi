@@ -28,6 +28,14 @@ class DriftAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DRIFT_HOLD: _ClassVar[DriftAction]
     DRIFT_ROLLBACK: _ClassVar[DriftAction]
 
+class MetricComparison(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    METRIC_COMPARISON_UNSPECIFIED: _ClassVar[MetricComparison]
+    METRIC_LESS: _ClassVar[MetricComparison]
+    METRIC_LESS_EQUAL: _ClassVar[MetricComparison]
+    METRIC_GREATER: _ClassVar[MetricComparison]
+    METRIC_GREATER_EQUAL: _ClassVar[MetricComparison]
+
 class RolloutPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROLLOUT_PHASE_UNSPECIFIED: _ClassVar[RolloutPhase]
@@ -63,6 +71,11 @@ DRIFT_ACTION_UNSPECIFIED: DriftAction
 DRIFT_REPORT: DriftAction
 DRIFT_HOLD: DriftAction
 DRIFT_ROLLBACK: DriftAction
+METRIC_COMPARISON_UNSPECIFIED: MetricComparison
+METRIC_LESS: MetricComparison
+METRIC_LESS_EQUAL: MetricComparison
+METRIC_GREATER: MetricComparison
+METRIC_GREATER_EQUAL: MetricComparison
 ROLLOUT_PHASE_UNSPECIFIED: RolloutPhase
 PENDING: RolloutPhase
 SHADOWING: RolloutPhase
@@ -94,7 +107,7 @@ class RolloutStep(_message.Message):
     def __init__(self, weight_percent: _Optional[float] = ..., min_samples: _Optional[int] = ..., min_dwell_s: _Optional[float] = ...) -> None: ...
 
 class GateSpec(_message.Message):
-    __slots__ = ("max_p99_ratio", "max_error_rate_delta", "significance_alpha", "min_output_agreement", "mode", "max_error_ratio", "error_budget", "max_slow_ratio", "unresponsive_s", "backlog_queue_ms", "p99_floor_ms", "length_drift", "max_length_shift", "max_eos_rate_delta", "token_time_tolerance")
+    __slots__ = ("max_p99_ratio", "max_error_rate_delta", "significance_alpha", "min_output_agreement", "mode", "max_error_ratio", "error_budget", "max_slow_ratio", "unresponsive_s", "backlog_queue_ms", "p99_floor_ms", "length_drift", "max_length_shift", "max_eos_rate_delta", "token_time_tolerance", "metrics")
     MAX_P99_RATIO_FIELD_NUMBER: _ClassVar[int]
     MAX_ERROR_RATE_DELTA_FIELD_NUMBER: _ClassVar[int]
     SIGNIFICANCE_ALPHA_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +123,7 @@ class GateSpec(_message.Message):
     MAX_LENGTH_SHIFT_FIELD_NUMBER: _ClassVar[int]
     MAX_EOS_RATE_DELTA_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TIME_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     max_p99_ratio: float
     max_error_rate_delta: float
     significance_alpha: float
@@ -125,7 +139,22 @@ class GateSpec(_message.Message):
     max_length_shift: float
     max_eos_rate_delta: float
     token_time_tolerance: float
-    def __init__(self, max_p99_ratio: _Optional[float] = ..., max_error_rate_delta: _Optional[float] = ..., significance_alpha: _Optional[float] = ..., min_output_agreement: _Optional[float] = ..., mode: _Optional[_Union[GateMode, str]] = ..., max_error_ratio: _Optional[float] = ..., error_budget: _Optional[float] = ..., max_slow_ratio: _Optional[float] = ..., unresponsive_s: _Optional[float] = ..., backlog_queue_ms: _Optional[float] = ..., p99_floor_ms: _Optional[float] = ..., length_drift: _Optional[_Union[DriftAction, str]] = ..., max_length_shift: _Optional[float] = ..., max_eos_rate_delta: _Optional[float] = ..., token_time_tolerance: _Optional[float] = ...) -> None: ...
+    metrics: _containers.RepeatedCompositeFieldContainer[MetricGate]
+    def __init__(self, max_p99_ratio: _Optional[float] = ..., max_error_rate_delta: _Optional[float] = ..., significance_alpha: _Optional[float] = ..., min_output_agreement: _Optional[float] = ..., mode: _Optional[_Union[GateMode, str]] = ..., max_error_ratio: _Optional[float] = ..., error_budget: _Optional[float] = ..., max_slow_ratio: _Optional[float] = ..., unresponsive_s: _Optional[float] = ..., backlog_queue_ms: _Optional[float] = ..., p99_floor_ms: _Optional[float] = ..., length_drift: _Optional[_Union[DriftAction, str]] = ..., max_length_shift: _Optional[float] = ..., max_eos_rate_delta: _Optional[float] = ..., token_time_tolerance: _Optional[float] = ..., metrics: _Optional[_Iterable[_Union[MetricGate, _Mapping]]] = ...) -> None: ...
+
+class MetricGate(_message.Message):
+    __slots__ = ("name", "query", "comparison", "threshold", "pause_after_inconclusive_s")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    COMPARISON_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_AFTER_INCONCLUSIVE_S_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    query: str
+    comparison: MetricComparison
+    threshold: float
+    pause_after_inconclusive_s: float
+    def __init__(self, name: _Optional[str] = ..., query: _Optional[str] = ..., comparison: _Optional[_Union[MetricComparison, str]] = ..., threshold: _Optional[float] = ..., pause_after_inconclusive_s: _Optional[float] = ...) -> None: ...
 
 class RolloutSpec(_message.Message):
     __slots__ = ("rollout_id", "model", "baseline_version", "candidate_version", "strategy", "steps", "gates", "failures_to_rollback", "shadow_share", "shadow_duration_s", "ab_weight_percent", "ab_duration_s", "created_at_unix_ms", "created_by")

@@ -74,6 +74,7 @@ from graylane.policy_engine.logic.liveness import (
     VersionLiveness,
     check_rollout_liveness,
 )
+from graylane.policy_engine.logic.metric_gates import MetricReading, metric_results, overdue
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.errors import InputMismatch, InvalidTransition, RolloutFinished
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Strategy
@@ -124,6 +125,8 @@ class RolloutSignals:
     candidate_step: WindowStats | None = None
     baseline_liveness: VersionLiveness | None = None
     candidate_liveness: VersionLiveness | None = None
+    metrics: tuple[MetricReading, ...] = ()
+    """The newest reading of each of the spec's metric gates (PromQL)."""
 
 
 _ENDINGS = TERMINAL_PHASES
@@ -734,6 +737,13 @@ def evaluate(
     )
     if shadowing and agreement is not None:
         results.append(agreement_gate(agreement, spec.gates))
+    if spec.gates.metrics:
+        readings = signals.metrics if signals is not None else ()
+        stalled = overdue(spec.gates.metrics, readings, now_ms)
+        if stalled is not None:
+            gate, reading = stalled
+            return _pause_inconclusive(ctx, current, gate.name, reading, now_ms)
+        results.extend(metric_results(spec.gates.metrics, readings))
     failed = [r for r in results if r.verdict is Verdict.FAIL]
     if failed:
         return on_failure(ctx, current, candidate, failed)
@@ -743,6 +753,20 @@ def evaluate(
         return ctx.hold(current, unsure[0].rule, f"inconclusive, holding: {summary}")
     passed = replace(current, consecutive_failures=0, failure_window_end_ms=0)
     return on_pass(ctx, passed, summary)
+
+
+def _pause_inconclusive(
+    ctx: Evaluation, state: RolloutState, gate: str, reading: MetricReading, now_ms: int
+) -> Decision:
+    """Pause: a metric gate has read nothing usable for longer than it allows."""
+    check_transition(state.phase, Phase.PAUSED)
+    held_s = (now_ms - reading.inconclusive_since_ms) / 1000.0
+    reason = (
+        f"paused at {state.phase.value}: metric gate {gate} inconclusive for {held_s:.0f} s "
+        f"({reading.inconclusive}); weights frozen until resumed"
+    )
+    after = replace(state, phase=Phase.PAUSED, paused_from=state.phase)
+    return ctx.decide(DecisionKind.HOLD, DecisionRule.METRIC_INCONCLUSIVE, reason, after)
 
 
 def _incomparable(ctx: Evaluation, state: RolloutState, mismatch: SchemaMismatch) -> Decision:
