@@ -81,6 +81,7 @@ from graylane.engine_worker.requests import (
     WorkItem,
     validate_engine_call,
 )
+from graylane.engine_worker.state import CancelKey
 from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import BatchConsumer, Record
 from graylane.metrics import ENGINE_UP, ServiceObservability
@@ -309,7 +310,7 @@ class EndpointCalls:
         self._engine_load = engine_load
         self._waiting: deque[_Call] = deque()
         self._running: dict[str, _Call] = {}
-        self._by_request: dict[str, _Call] = {}
+        self._by_request: dict[CancelKey, _Call] = {}
         self._ended: list[tuple[_Call, EngineAnswer | Rejection]] = []
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
@@ -349,7 +350,7 @@ class EndpointCalls:
             asyncio.get_running_loop().create_future(),
         )
         self._waiting.append(call)
-        self._by_request[request.request_id] = call
+        self._by_request[CancelKey(request.request_id, request.reply_topic)] = call
         self._note_room()
         self._wake.set()
         if self._pump_task is None or self._pump_task.done():
@@ -357,8 +358,8 @@ class EndpointCalls:
         return call.done
 
     def cancel(self, request_id: str, reply_topic: str) -> bool:
-        call = self._by_request.get(request_id)
-        if call is None or call.job.request.reply_topic != reply_topic:
+        call = self._by_request.get(CancelKey(request_id, reply_topic))
+        if call is None:  # not here, or not asked for by that reply topic
             return False
         if call.cancelled:
             return True
@@ -615,7 +616,9 @@ class EndpointCalls:
 
     # -- answers -------------------------------------------------------------------------
     def _end(self, call: _Call, outcome: EngineAnswer | Rejection) -> None:
-        self._by_request.pop(call.job.request.request_id, None)
+        key = CancelKey(call.job.request.request_id, call.job.request.reply_topic)
+        if self._by_request.get(key) is call:
+            del self._by_request[key]
         self._ended.append((call, outcome))
         if self._flush_task is None or self._flush_task.done():
             self._flush_task = asyncio.create_task(

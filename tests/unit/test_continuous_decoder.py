@@ -50,9 +50,11 @@ def job(
     stream: bool = False,
     ttft_ms: int = 0,
     created: int = 0,
+    reply_topic: str = "",
 ) -> Job:
     request = inference_pb2.InferenceRequest(
         request_id=rid,
+        reply_topic=reply_topic,
         model="gpt",
         task=inference_pb2.GENERATE,
         created_at_unix_ms=created or now_ms(),
@@ -122,6 +124,28 @@ async def test_a_late_short_request_joins_and_finishes_first_with_exact_tokens(
     assert by_id["long"].stream_tail.chunk.final
     assert by_id["long"].result.timing.ttft_ms >= 50
     assert by_id["long"].result.finish_reason == inference_pb2.LENGTH
+
+
+async def test_a_request_id_reused_by_another_reply_topic_does_not_shield_the_first(
+    engine: OnnxRuntimeEngine,
+) -> None:
+    """Regression: generations were found by request id alone, so a second request that
+    reused the id with another reply topic took the id over, and the requester's own
+    cancel no longer reached its generation."""
+    captured = CapturedOutbox()
+    dec = decoder(engine, captured, rows=2)
+    mine = dec.submit(job("dup", [3, 4], 200, stream=True, reply_topic="gl.reply.a"))
+    theirs = dec.submit(job("dup", [5, 6], 12, reply_topic="gl.reply.evil"))
+    while "dup" not in captured.chunks:  # mine is decoding
+        await asyncio.sleep(0.001)
+    assert dec.cancel("dup", "gl.reply.a")
+    await asyncio.gather(mine, theirs)
+    await dec.close()
+    by_topic = {j.request.reply_topic: j for j in captured.finished}
+    assert by_topic["gl.reply.a"].result.finish_reason == inference_pb2.CANCELLED
+    assert len(by_topic["gl.reply.a"].result.generated_token_ids) < 200
+    assert by_topic["gl.reply.evil"].result.finish_reason == inference_pb2.LENGTH
+    assert not dec.cancel("dup", "gl.reply.a")  # ended: nothing left under its key
 
 
 async def test_a_cancel_ends_a_running_sequence_and_frees_its_rows(

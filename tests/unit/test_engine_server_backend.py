@@ -28,9 +28,12 @@ CTX = ResultContext(model="m", version="v1", variant="q4_1", worker_id="w")
 RULES = EngineRules(model="m", max_request_bytes=1 << 20, max_new_tokens=64)
 
 
-def job(rid: str, *, stream: bool = False, ttft_ms: int = 0, created: int = 0) -> Job:
+def job(
+    rid: str, *, stream: bool = False, ttft_ms: int = 0, created: int = 0, reply_topic: str = ""
+) -> Job:
     request = inference_pb2.InferenceRequest(
         request_id=rid,
+        reply_topic=reply_topic,
         model="m",
         task=inference_pb2.GENERATE,
         created_at_unix_ms=created or now_ms(),
@@ -173,6 +176,29 @@ async def test_a_cancel_closes_the_stream_and_answers_what_was_generated() -> No
     assert answer.result is not None and answer.result.finish_reason == inference_pb2.CANCELLED
     assert answer.result.text == PIECES[0]
     assert not served.cancel("held", "")  # ended: nothing left to cancel
+
+
+async def test_a_request_id_reused_by_another_reply_topic_does_not_shield_the_first() -> None:
+    """Regression: calls were found by request id alone, so a second request reusing the id
+    with another reply topic took it over and the requester's cancel missed its call."""
+    async with misbehaving_engine() as engine:
+        served, captured = backend(engine.url, "hold"), CapturedOutbox()
+        try:
+            mine = await served.answer(
+                [job("dup", stream=True, reply_topic="gl.reply.a")], CTX, captured
+            )
+            await asyncio.wait_for(engine.held.wait(), 5)
+            theirs = await served.answer([job("dup", reply_topic="gl.reply.evil")], CTX, captured)
+            assert served.cancel("dup", "gl.reply.a")  # the requester's own call
+            await asyncio.wait_for(asyncio.gather(*mine), 5)
+            answer = captured.answers["dup"]
+            assert answer.result is not None
+            assert answer.result.finish_reason == inference_pb2.CANCELLED
+            assert not served.cancel("dup", "gl.reply.a")  # ended
+            assert served.cancel("dup", "gl.reply.evil")  # the other is its topic's alone
+            await asyncio.wait_for(asyncio.gather(*theirs), 5)
+        finally:
+            await served.close()
 
 
 async def test_a_call_that_cannot_get_a_slot_in_time_is_shed() -> None:
