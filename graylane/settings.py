@@ -182,6 +182,8 @@ class Settings:
 
         def get(name: str) -> str | None:
             value = source.get(f"GRAYLANE_{name}")
+            if name in _FROM_FILE:
+                value = _from_file(name, value, source.get(f"GRAYLANE_{name}_FILE"))
             return value if value not in (None, "") else None
 
         def get_int(name: str, default: int) -> int:
@@ -269,6 +271,27 @@ def _package_version() -> str:
         return version("graylane")
     except PackageNotFoundError:
         return "unknown"
+
+
+_FROM_FILE = frozenset({"SASL_USERNAME", "SASL_PASSWORD", "SASL_MECHANISM", "DB_URL"})
+"""Secrets that may come from a mounted file (``GRAYLANE_<NAME>_FILE``, a Secret volume)
+rather than the environment, which child processes, ``/proc/<pid>/environ`` and the pod's
+spec all show."""
+
+
+def _from_file(name: str, value: str | None, path: str | None) -> str | None:
+    """``GRAYLANE_<name>``, or the content of the file ``GRAYLANE_<name>_FILE`` names (one
+    trailing newline dropped); never both. Errors name the file, never its content."""
+    if not path:
+        return value
+    if value:
+        raise SettingsError(f"GRAYLANE_{name} and GRAYLANE_{name}_FILE are both set: set one")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise SettingsError(f"GRAYLANE_{name}_FILE={path!r}: cannot read it ({reason})") from None
+    return text.removesuffix("\n").removesuffix("\r")
 
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
