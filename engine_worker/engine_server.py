@@ -350,16 +350,16 @@ class EndpointCalls:
             asyncio.get_running_loop().create_future(),
         )
         self._waiting.append(call)
-        self._by_request[CancelKey(request.request_id, request.reply_topic)] = call
+        self._by_request[job.cancel_key] = call
         self._note_room()
         self._wake.set()
         if self._pump_task is None or self._pump_task.done():
             self._pump_task = asyncio.create_task(self._pump(), name=f"engine-{self.variant}")
         return call.done
 
-    def cancel(self, request_id: str, reply_topic: str) -> bool:
-        call = self._by_request.get(CancelKey(request_id, reply_topic))
-        if call is None:  # not here, or not asked for by that reply topic
+    def cancel(self, key: CancelKey) -> bool:
+        call = self._by_request.get(key)
+        if call is None:  # not here, or not asked for by that reply topic and token
             return False
         if call.cancelled:
             return True
@@ -616,7 +616,7 @@ class EndpointCalls:
 
     # -- answers -------------------------------------------------------------------------
     def _end(self, call: _Call, outcome: EngineAnswer | Rejection) -> None:
-        key = CancelKey(call.job.request.request_id, call.job.request.reply_topic)
+        key = call.job.cancel_key
         if self._by_request.get(key) is call:
             del self._by_request[key]
         self._ended.append((call, outcome))
@@ -875,8 +875,8 @@ class EngineServerBackend:
         calls = self._calls_of(context, outbox)
         return [calls.submit(job) for job in jobs]
 
-    def cancel(self, request_id: str, reply_topic: str) -> bool:
-        return any(c.cancel(request_id, reply_topic) for c in self._calls.values())
+    def cancel(self, key: CancelKey) -> bool:
+        return any(c.cancel(key) for c in self._calls.values())
 
     def load(self, variant: str) -> DecodeLoad:
         calls = self._calls.get(variant)

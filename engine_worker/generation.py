@@ -174,17 +174,16 @@ class ContinuousDecoder:
         live = _Live(job, -1, cursor, now_ms(), deadline)
         live.done = asyncio.get_running_loop().create_future()
         self._arrived.append(live)
-        self._by_request[CancelKey(request.request_id, request.reply_topic)] = live
+        self._by_request[job.cancel_key] = live
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name=f"decode-{self.variant}")
         return live.done
 
-    def cancel(self, request_id: str, reply_topic: str) -> bool:
-        """Stop the generation of ``request_id`` if it lives here and ``reply_topic`` is
-        the one it named; it ends before the next step. Generations are found by both (a
-        request id reused with another reply topic is another generation)."""
-        key = CancelKey(request_id, reply_topic)
+    def cancel(self, key: CancelKey) -> bool:
+        """Stop the generation ``key`` names if it lives here (request id, reply topic and
+        cancel token all its own); it ends before the next step. A request id reused
+        with another reply topic or token is another generation."""
         if key not in self._by_request:
             return False
         self._cancels.append(key)
@@ -449,7 +448,7 @@ class ContinuousDecoder:
         )
 
     def _forget(self, live: _Live) -> None:
-        key = CancelKey(live.job.request.request_id, live.job.request.reply_topic)
+        key = live.job.cancel_key
         if self._by_request.get(key) is live:
             del self._by_request[key]
 

@@ -236,11 +236,8 @@ class Worker:
             futures.extend(await self.backend.answer(jobs, context, delivery))
         at = time.time()
         for job in jobs:  # a cancel that came before its request
-            request = job.request
-            if job.task is TaskKind.GENERATE and self._cancels.cancelled(
-                CancelKey(request.request_id, request.reply_topic), at
-            ):
-                self.backend.cancel(request.request_id, request.reply_topic)
+            if job.task is TaskKind.GENERATE and self._cancels.cancelled(job.cancel_key, at):
+                self.backend.cancel(job.cancel_key)
         return futures
 
     async def _intake(
@@ -284,8 +281,9 @@ class Worker:
             return
         if cancel.model and cancel.model != self.config.model:
             return
-        if not self.backend.cancel(cancel.request_id, cancel.reply_topic):
-            self._cancels.note(CancelKey(cancel.request_id, cancel.reply_topic), time.time())
+        key = CancelKey(cancel.request_id, cancel.reply_topic, cancel.cancel_token)
+        if not self.backend.cancel(key):
+            self._cancels.note(key, time.time())
 
     async def _follow_cancels(self, stop: asyncio.Event, ready: asyncio.Event) -> None:
         def handle(record: Record) -> None:

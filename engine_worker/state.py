@@ -19,12 +19,16 @@ __all__ = ["ActiveVariant", "CancelBook", "CancelKey"]
 
 @dataclass(frozen=True)
 class CancelKey:
-    """Which generation a cancel stops: the request id and the reply topic that asked for
-    it. Only the requester's own topic matches, so a cancel naming another topic (forged
-    or mistaken) neither stops nor displaces the requester's generation or cancel."""
+    """Which generation a cancel stops: the request id, the reply topic that asked for it
+    and the request's cancel token. Only the requester's own topic and token match, so a
+    cancel naming another topic or token (forged or mistaken) neither stops nor displaces
+    the requester's generation or cancel."""
 
     request_id: str
     reply_topic: str
+    token: str = ""
+    """The request's ``cancel_token`` (empty: it set none, and only a cancel without one
+    matches)."""
 
 
 @dataclass

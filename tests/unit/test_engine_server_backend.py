@@ -17,6 +17,7 @@ from graylane.engine_worker.backend import ResultContext
 from graylane.engine_worker.engine_server import EngineServerBackend, EngineServerSettings
 from graylane.engine_worker.logic.streaming import StreamPolicy
 from graylane.engine_worker.requests import EngineRules, Job, validate_engine_call
+from graylane.engine_worker.state import CancelKey
 from graylane.errors import ErrorCode, Rejection
 from graylane.metrics import ENGINE_UP, GROUP_JOINED, Readiness, ServiceObservability
 from graylane.v1 import inference_pb2
@@ -167,7 +168,7 @@ async def test_a_cancel_closes_the_stream_and_answers_what_was_generated() -> No
             futures = await served.answer([job("held", stream=True)], CTX, captured)
             await asyncio.wait_for(engine.held.wait(), 5)
             await wait_until(lambda: "held" in captured.chunks, timeout=5, what="first chunk")
-            assert served.cancel("held", "")
+            assert served.cancel(CancelKey("held", ""))
             await asyncio.wait_for(asyncio.gather(*futures), 5)
             await asyncio.wait_for(engine.hung_up.wait(), 5)  # the engine saw the hang-up
         finally:
@@ -175,7 +176,7 @@ async def test_a_cancel_closes_the_stream_and_answers_what_was_generated() -> No
     answer = captured.answers["held"]
     assert answer.result is not None and answer.result.finish_reason == inference_pb2.CANCELLED
     assert answer.result.text == PIECES[0]
-    assert not served.cancel("held", "")  # ended: nothing left to cancel
+    assert not served.cancel(CancelKey("held", ""))  # ended: nothing left to cancel
 
 
 async def test_a_request_id_reused_by_another_reply_topic_does_not_shield_the_first() -> None:
@@ -189,13 +190,15 @@ async def test_a_request_id_reused_by_another_reply_topic_does_not_shield_the_fi
             )
             await asyncio.wait_for(engine.held.wait(), 5)
             theirs = await served.answer([job("dup", reply_topic="gl.reply.evil")], CTX, captured)
-            assert served.cancel("dup", "gl.reply.a")  # the requester's own call
+            assert served.cancel(CancelKey("dup", "gl.reply.a"))  # the requester's own call
             await asyncio.wait_for(asyncio.gather(*mine), 5)
             answer = captured.answers["dup"]
             assert answer.result is not None
             assert answer.result.finish_reason == inference_pb2.CANCELLED
-            assert not served.cancel("dup", "gl.reply.a")  # ended
-            assert served.cancel("dup", "gl.reply.evil")  # the other is its topic's alone
+            assert not served.cancel(CancelKey("dup", "gl.reply.a"))  # ended
+            assert served.cancel(
+                CancelKey("dup", "gl.reply.evil")
+            )  # the other is its topic's alone
             await asyncio.wait_for(asyncio.gather(*theirs), 5)
         finally:
             await served.close()
@@ -212,7 +215,7 @@ async def test_a_call_that_cannot_get_a_slot_in_time_is_shed() -> None:
             rejection = captured.answers["late"].rejection
             assert rejection is not None and rejection.code is ErrorCode.SHED
             assert served.load("q4_1").running == 1
-            served.cancel("holder", "")
+            served.cancel(CancelKey("holder", ""))
             await asyncio.wait_for(asyncio.gather(*first), 5)
         finally:
             await served.close()
