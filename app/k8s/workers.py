@@ -203,7 +203,7 @@ def _secret_volume(name: str, secret: str, keys: tuple[str, ...]) -> Doc:
         "name": name,
         "secret": {
             "secretName": secret,
-            "defaultMode": 0o440,
+            "defaultMode": 0o444,
             "items": [{"key": k, "path": k} for k in keys],
         },
     }

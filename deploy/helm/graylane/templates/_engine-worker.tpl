@@ -227,7 +227,7 @@ spec:
       - name: kafka-login
         secret:
           secretName: {{ $root.Values.credentials.kafka.worker }}
-          defaultMode: 288
+          defaultMode: 292
           items:
           - key: username
             path: username
