@@ -42,6 +42,7 @@ from graylane.engine_worker.kv_decode import GenerationResult
 from graylane.engine_worker.logic.streaming import ChunkPiece
 from graylane.engine_worker.openai_calls import EngineAnswer
 from graylane.engine_worker.requests import Job, Tokenizer, WorkItem
+from graylane.engine_worker.state import CancelKey
 from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import BatchConsumer, Record
 from graylane.v1 import inference_pb2, telemetry_pb2
@@ -223,8 +224,9 @@ class RunningGenerations(Protocol):
         """Start ``job``; resolves once its answer (and every chunk) is acknowledged."""
         ...
 
-    def cancel(self, request_id: str, reply_topic: str) -> bool:
-        """Stop ``request_id`` if it runs here and ``reply_topic`` is the one it named."""
+    def cancel(self, key: CancelKey) -> bool:
+        """Stop the generation ``key`` names if it runs here (its request id, reply topic
+        and cancel token all the request's)."""
         ...
 
     def load(self) -> DecodeLoad:
@@ -285,7 +287,7 @@ class WorkerBackend(Protocol):
         """Run a cycle's checked jobs on ``context.variant``; the sends to wait on."""
         ...
 
-    def cancel(self, request_id: str, reply_topic: str) -> bool:
+    def cancel(self, key: CancelKey) -> bool:
         """Stop a running generation (see :meth:`RunningGenerations.cancel`)."""
         ...
 

@@ -81,6 +81,7 @@ from graylane.engine_worker.requests import (
     WorkItem,
     validate_engine_call,
 )
+from graylane.engine_worker.state import CancelKey
 from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import BatchConsumer, Record
 from graylane.metrics import ENGINE_UP, ServiceObservability
@@ -309,7 +310,7 @@ class EndpointCalls:
         self._engine_load = engine_load
         self._waiting: deque[_Call] = deque()
         self._running: dict[str, _Call] = {}
-        self._by_request: dict[str, _Call] = {}
+        self._by_request: dict[CancelKey, _Call] = {}
         self._ended: list[tuple[_Call, EngineAnswer | Rejection]] = []
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
@@ -349,16 +350,16 @@ class EndpointCalls:
             asyncio.get_running_loop().create_future(),
         )
         self._waiting.append(call)
-        self._by_request[request.request_id] = call
+        self._by_request[job.cancel_key] = call
         self._note_room()
         self._wake.set()
         if self._pump_task is None or self._pump_task.done():
             self._pump_task = asyncio.create_task(self._pump(), name=f"engine-{self.variant}")
         return call.done
 
-    def cancel(self, request_id: str, reply_topic: str) -> bool:
-        call = self._by_request.get(request_id)
-        if call is None or call.job.request.reply_topic != reply_topic:
+    def cancel(self, key: CancelKey) -> bool:
+        call = self._by_request.get(key)
+        if call is None:  # not here, or not asked for by that reply topic and token
             return False
         if call.cancelled:
             return True
@@ -615,7 +616,9 @@ class EndpointCalls:
 
     # -- answers -------------------------------------------------------------------------
     def _end(self, call: _Call, outcome: EngineAnswer | Rejection) -> None:
-        self._by_request.pop(call.job.request.request_id, None)
+        key = call.job.cancel_key
+        if self._by_request.get(key) is call:
+            del self._by_request[key]
         self._ended.append((call, outcome))
         if self._flush_task is None or self._flush_task.done():
             self._flush_task = asyncio.create_task(
@@ -872,8 +875,8 @@ class EngineServerBackend:
         calls = self._calls_of(context, outbox)
         return [calls.submit(job) for job in jobs]
 
-    def cancel(self, request_id: str, reply_topic: str) -> bool:
-        return any(c.cancel(request_id, reply_topic) for c in self._calls.values())
+    def cancel(self, key: CancelKey) -> bool:
+        return any(c.cancel(key) for c in self._calls.values())
 
     def load(self, variant: str) -> DecodeLoad:
         calls = self._calls.get(variant)

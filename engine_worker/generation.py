@@ -57,6 +57,7 @@ from graylane.engine_worker.compute import WorkerEngines, engine_rejection
 from graylane.engine_worker.kv_decode import GenerationResult, KvDecodeLoop
 from graylane.engine_worker.logic.streaming import StreamCursor, StreamPolicy, gap_p99
 from graylane.engine_worker.requests import Job, input_rejection
+from graylane.engine_worker.state import CancelKey
 from graylane.errors import ErrorCode, Rejection
 
 __all__ = ["ContinuousDecoder", "DecoderLimits"]
@@ -125,8 +126,8 @@ class ContinuousDecoder:
         self._loop = self._new_loop()
         self._arrived: list[_Live] = []
         self._live: dict[int, _Live] = {}
-        self._by_request: dict[str, _Live] = {}
-        self._cancels: list[str] = []
+        self._by_request: dict[CancelKey, _Live] = {}
+        self._cancels: list[CancelKey] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.steps = 0
@@ -173,19 +174,19 @@ class ContinuousDecoder:
         live = _Live(job, -1, cursor, now_ms(), deadline)
         live.done = asyncio.get_running_loop().create_future()
         self._arrived.append(live)
-        self._by_request[request.request_id] = live
+        self._by_request[job.cancel_key] = live
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name=f"decode-{self.variant}")
         return live.done
 
-    def cancel(self, request_id: str, reply_topic: str) -> bool:
-        """Stop the generation of ``request_id`` if it lives here and ``reply_topic`` is
-        the one it named; it ends before the next step."""
-        live = self._by_request.get(request_id)
-        if live is None or live.job.request.reply_topic != reply_topic:
+    def cancel(self, key: CancelKey) -> bool:
+        """Stop the generation ``key`` names if it lives here (request id, reply topic and
+        cancel token all its own); it ends before the next step. A request id reused
+        with another reply topic or token is another generation."""
+        if key not in self._by_request:
             return False
-        self._cancels.append(request_id)
+        self._cancels.append(key)
         self._wake.set()
         return True
 
@@ -250,8 +251,8 @@ class ContinuousDecoder:
                 continue
             self._live[live.seq_id] = live
         cancels, self._cancels = self._cancels, []
-        for request_id in cancels:
-            named = self._by_request.get(request_id)
+        for key in cancels:
+            named = self._by_request.get(key)
             if named is None or named.seq_id not in self._live:
                 continue
             result = self._loop.cancel(named.seq_id)
@@ -433,7 +434,7 @@ class ContinuousDecoder:
                 self._settle(live, exc)
             return
         for live, _ in ended:
-            self._by_request.pop(live.job.request.request_id, None)
+            self._forget(live)
             settle_when_sent(live.done, [*live.sends, *sends])
 
     @staticmethod
@@ -446,7 +447,12 @@ class ContinuousDecoder:
             inter_token_p99_ms=gap_p99(live.gaps_ms),
         )
 
+    def _forget(self, live: _Live) -> None:
+        key = live.job.cancel_key
+        if self._by_request.get(key) is live:
+            del self._by_request[key]
+
     def _settle(self, live: _Live, exc: BaseException) -> None:
-        self._by_request.pop(live.job.request.request_id, None)
+        self._forget(live)
         if live.done is not None and not live.done.done():
             live.done.set_exception(exc)

@@ -11,7 +11,9 @@ files) is loaded with it (:attr:`LoadedVariants.tokenizer`).
 When the settings name trusted public keys, each artifact's signature is checked as
 well (:mod:`graylane.artifacts.signing`): an unsigned, tampered or foreign-signed
 artifact is refused (:attr:`LoadedVariants.refused`) and never loaded; the others are
-served. Without trusted keys signatures are not checked (and the worker says so).
+served. Without trusted keys signatures are not checked (and the worker says so),
+unless the settings require signatures: then loading refuses to begin
+(:class:`~graylane.artifacts.signing.TrustedKeyError`, naming where it looked).
 
 An artifact folder filled by ``graylane artifacts fetch --backend ...`` lacks the other
 backends' artifacts on purpose: those named in its :class:`FetchRecord` are skipped
@@ -157,6 +159,7 @@ def load_from_registry(
     *,
     intra_op_threads: int | None = None,
 ) -> LoadedVariants:
+    keys = settings.verifying_keys()  # told to verify but no key: refuse before anything
     # Read-only: a worker never migrates nor writes the registry (the control plane does).
     registry = open_registry(settings.db_url, read_only=True)
     try:
@@ -165,7 +168,7 @@ def load_from_registry(
         registry.engine.dispose()
     skipped: dict[str, str] = {}
     refused: list[RefusedArtifact] = []
-    if not settings.trusted_keys:
+    if not keys:
         log.warning(
             "no trusted keys configured: artifact signatures of %s %s are not verified",
             model,
@@ -187,9 +190,9 @@ def load_from_registry(
             skipped[str(art.name)] = f"not fetched into this pod: {why_not_here}"
             continue
         manifest = verify_artifact(folder, art.manifest_sha256)
-        if settings.trusted_keys:
+        if keys:
             try:
-                verify_signature(folder, settings.trusted_keys)
+                verify_signature(folder, keys)
             except ArtifactSignatureError as exc:
                 log.error("refused %s: %s", art.name, exc)
                 refused.append(RefusedArtifact(str(art.name), exc.reason, str(exc)))

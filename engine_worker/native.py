@@ -58,6 +58,7 @@ from graylane.engine_worker.requests import (
 )
 from graylane.engine_worker.spans import trace_batch
 from graylane.engine_worker.standby import run_at_low_priority
+from graylane.engine_worker.state import CancelKey
 from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import BatchConsumer, Record
 from graylane.supervision import BackgroundTasks
@@ -280,8 +281,8 @@ class NativeBackend:
     async def fetch(self, consumer: BatchConsumer) -> list[Record]:
         return await self._fetch.collect(consumer)
 
-    def cancel(self, request_id: str, reply_topic: str) -> bool:
-        return any(decoder.cancel(request_id, reply_topic) for _, decoder in self.decoders.values())
+    def cancel(self, key: CancelKey) -> bool:
+        return any(decoder.cancel(key) for _, decoder in self.decoders.values())
 
     async def close(self) -> None:
         for _, decoder in self.decoders.values():

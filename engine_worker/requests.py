@@ -52,6 +52,7 @@ from graylane.engine_worker.logic.sampling import (
     SamplingParams,
 )
 from graylane.engine_worker.postprocess import PostProcess
+from graylane.engine_worker.state import CancelKey
 from graylane.errors import ErrorCode, Rejection, SerdeError, clip
 from graylane.kafka.replies import field_problem, reply_topic_rejection
 from graylane.kafka.seam import Record
@@ -161,6 +162,12 @@ class Job:
     def index(self) -> int:
         """Position of the record in its fetched cycle (names the job in errors)."""
         return self.work.index
+
+    @property
+    def cancel_key(self) -> CancelKey:
+        """What a cancel must name to stop this job: its request id, reply topic and token."""
+        request = self.request
+        return CancelKey(request.request_id, request.reply_topic, request.cancel_token)
 
     @property
     def seq_len(self) -> int:

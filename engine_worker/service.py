@@ -43,7 +43,7 @@ from graylane.engine_worker.observer import WorkerObserver
 from graylane.engine_worker.outbox import WorkerOutbox
 from graylane.engine_worker.requests import EngineRules, Job, TaskKind, decode, distrust_shadow
 from graylane.engine_worker.standby import wait_for_activation
-from graylane.engine_worker.state import ActiveVariant, CancelBook
+from graylane.engine_worker.state import ActiveVariant, CancelBook, CancelKey
 from graylane.errors import ErrorCode, Rejection, SerdeError
 from graylane.kafka.admin import MessageLimits
 from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
@@ -236,11 +236,8 @@ class Worker:
             futures.extend(await self.backend.answer(jobs, context, delivery))
         at = time.time()
         for job in jobs:  # a cancel that came before its request
-            request = job.request
-            if job.task is TaskKind.GENERATE and self._cancels.cancelled(
-                request.request_id, request.reply_topic, at
-            ):
-                self.backend.cancel(request.request_id, request.reply_topic)
+            if job.task is TaskKind.GENERATE and self._cancels.cancelled(job.cancel_key, at):
+                self.backend.cancel(job.cancel_key)
         return futures
 
     async def _intake(
@@ -284,8 +281,9 @@ class Worker:
             return
         if cancel.model and cancel.model != self.config.model:
             return
-        if not self.backend.cancel(cancel.request_id, cancel.reply_topic):
-            self._cancels.note(cancel.request_id, cancel.reply_topic, time.time())
+        key = CancelKey(cancel.request_id, cancel.reply_topic, cancel.cancel_token)
+        if not self.backend.cancel(key):
+            self._cancels.note(key, time.time())
 
     async def _follow_cancels(self, stop: asyncio.Event, ready: asyncio.Event) -> None:
         def handle(record: Record) -> None:

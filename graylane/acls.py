@@ -11,7 +11,9 @@ and its lease topic; control plane: control.commands). The policy engine's
 liveness probe and the control plane's START check Describe the worker groups
 of the served models (committed offsets, members), nothing else of them. The local supervisor
 (``graylane supervise``) only reads control.scale and describes the version
-topics (their partition count bounds the replicas). Services may create and describe any
+topics (their partition count bounds the replicas). KEDA's Kafka scaler logs in as the
+scaler role: it may only Describe the version topics and the worker groups (the lag it
+scales on), never read a record, write one or join a group. Services may create and describe any
 Graylane topic (they ensure their topics at start-up) but never alter a
 topic's configs: repairing drift is the operator's ``graylane stack topics``.
 
@@ -51,6 +53,8 @@ class KafkaRole(Enum):
     POLICY_ENGINE = "policy-engine"
     CONTROL_PLANE = "control-plane"
     SUPERVISOR = "supervisor"
+    SCALER = "scaler"
+    """KEDA's Kafka scaler: describes the workers' lag, nothing more."""
     PRODUCER = "producer"
     GATEWAY = "gateway"
     RESULT_CONSUMER = "result-consumer"
@@ -208,6 +212,15 @@ def role_acls(layout: TopicLayout, role: KafkaRole, scope: AclScope) -> tuple[Ac
         # Reads the desired replicas; Describe of the version topics (their
         # partition count) comes with the setup rule.
         rules = [_setup(layout), _topic(layout.scale(), _R)]
+    elif role is KafkaRole.SCALER:
+        # The lag: offsets of the version topics (ListOffsets, Metadata) and the worker
+        # groups' committed offsets (OffsetFetch, DescribeGroups). Describe only.
+        rules = []
+        for m in models:
+            rules += [
+                _topic(f"{layout.ingress(m)}.", Operation.DESCRIBE, prefixed=True),
+                _worker_groups(layout, m, Operation.DESCRIBE),
+            ]
     elif role is KafkaRole.PRODUCER:
         # Describe of other ingress topics is implied by Write; nothing else is visible.
         rules = [_topic(layout.ingress(m), _W) for m in models]

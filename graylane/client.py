@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -78,6 +79,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_MAX_CANCEL_TOKENS = 16_384
+"""Generations whose cancel token a client keeps: far above any in flight, bounded."""
 
 
 class Task(Enum):
@@ -354,6 +358,8 @@ class GraylaneClient:
         self._max_seen = max_seen
         self._queue: asyncio.Queue[Result] = asyncio.Queue()
         self._known_models: set[str] | None = None
+        self._cancel_tokens: OrderedDict[str, str] = OrderedDict()
+        """Request id -> the cancel token of a generation sent (bounded, newest kept)."""
 
     async def __aenter__(self) -> GraylaneClient:
         await self.start()
@@ -513,6 +519,8 @@ class GraylaneClient:
             else (self.reply_topic if self._listen else ""),
             created_at_unix_ms=created,
             pinned_version=pinned_version,
+            # only this client's cancels, which carry it, stop the generation
+            cancel_token=secrets.token_urlsafe(16) if task is Task.GENERATE else "",
         )
 
     async def send(self, request: inference_pb2.InferenceRequest, *, version: str = "") -> str:
@@ -530,6 +538,10 @@ class GraylaneClient:
         self._sent_at[request.request_id] = request.created_at_unix_ms or now_ms()
         if len(self._sent_at) > self._max_seen:
             self._sent_at.popitem(last=False)
+        if request.cancel_token:
+            self._cancel_tokens[request.request_id] = request.cancel_token
+            if len(self._cancel_tokens) > _MAX_CANCEL_TOKENS:
+                self._cancel_tokens.popitem(last=False)
         traced = {"graylane.model": request.model, "graylane.request_id": request.request_id}
         with tracing.producing("graylane.client send", traced) as headers:
             await producer.send_and_wait(  # the broker's ack, or its error, reaches the caller
@@ -606,12 +618,14 @@ class GraylaneClient:
 
     async def cancel(self, request_id: str, *, model: str = "") -> None:
         """Ask the workers to stop generating ``request_id`` (sent on this client's behalf:
-        a worker honours it only for a request that named this client's reply topic)."""
+        a worker honours it only for a request that named this client's reply topic and
+        carries the cancel token this client gave it)."""
         cancel = inference_pb2.CancelRequest(
             request_id=request_id,
             reply_topic=self.reply_topic if self._listen else "",
             model=model,
             created_at_unix_ms=now_ms(),
+            cancel_token=self._cancel_tokens.pop(request_id, ""),
         )
         await require_started(self._producer).send_and_wait(
             self.layout.cancels(), serde.encode(cancel), key=request_id.encode("utf-8")

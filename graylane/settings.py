@@ -108,9 +108,14 @@ class Settings:
     """Private key the builder signs artifacts with (``GRAYLANE_SIGNING_KEY``)."""
     trusted_keys: tuple[Path, ...] = ()
     """Public keys a worker trusts artifact signatures from (``GRAYLANE_TRUSTED_KEYS``,
-    separated by ``os.pathsep``; a folder stands for the ``*.pub`` files in it, so an
-    optional key Secret mounted as a folder may be absent); empty: artifacts are not
-    signature-checked."""
+    separated by ``os.pathsep``; a folder stands for the ``*.pub`` files in it); empty:
+    artifacts are not signature-checked, unless :attr:`require_signatures` refuses that."""
+    trusted_keys_source: str = ""
+    """``GRAYLANE_TRUSTED_KEYS`` as given: where the keys were looked for (named when none
+    was found there)."""
+    require_signatures: bool = False
+    """Fail closed (``GRAYLANE_REQUIRE_SIGNATURES``, ``--require-signatures``): a fetch or
+    worker that finds no trusted key refuses to start instead of skipping the check."""
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -150,6 +155,20 @@ class Settings:
             version=self.image_version, git_sha=self.git_sha, build_time=self.build_time
         )
 
+    def verifying_keys(self) -> tuple[Path, ...]:
+        """The keys artifact signatures are checked against (empty: not checked).
+
+        With :attr:`require_signatures`, raises
+        :class:`~graylane.artifacts.signing.TrustedKeyError` when there is none, or one
+        cannot be read: the caller refuses to start rather than serve unchecked artifacts.
+        """
+        if not self.require_signatures:
+            return self.trusted_keys
+        from graylane.artifacts.signing import require_trusted_keys
+
+        looked_in = self.trusted_keys_source or ", ".join(str(k) for k in self.trusted_keys)
+        return require_trusted_keys(self.trusted_keys, looked_in)
+
     def logs(self) -> LogFormat:
         from graylane.logs import LogFormat
 
@@ -163,6 +182,8 @@ class Settings:
 
         def get(name: str) -> str | None:
             value = source.get(f"GRAYLANE_{name}")
+            if name in _FROM_FILE:
+                value = _from_file(name, value, source.get(f"GRAYLANE_{name}_FILE"))
             return value if value not in (None, "") else None
 
         def get_int(name: str, default: int) -> int:
@@ -173,6 +194,16 @@ class Settings:
                 return int(raw)
             except ValueError:
                 raise SettingsError(f"GRAYLANE_{name}={raw!r} is not an integer") from None
+
+        def get_bool(name: str, default: bool) -> bool:
+            raw = get(name)
+            if raw is None:
+                return default
+            if raw.lower() in _TRUE:
+                return True
+            if raw.lower() in _FALSE:
+                return False
+            raise SettingsError(f"GRAYLANE_{name}={raw!r}: expected true or false")
 
         def get_enum(name: str, kind: type[_E]) -> _E | None:
             raw = get(name)
@@ -201,7 +232,8 @@ class Settings:
         artifact_dir = get("ARTIFACT_DIR")
         build = running_build() if env is None else read_build(source)
         signing_key = get("SIGNING_KEY")
-        trusted = _trusted_keys(get("TRUSTED_KEYS") or "")
+        trusted_source = get("TRUSTED_KEYS") or ""
+        trusted = _trusted_keys(trusted_source)
         return cls(
             bootstrap_servers=get("BOOTSTRAP_SERVERS") or local_broker or base.bootstrap_servers,
             topic_prefix=get("TOPIC_PREFIX") or base.topic_prefix,
@@ -223,6 +255,8 @@ class Settings:
             instance_id=get("INSTANCE_ID") or base.instance_id,
             signing_key=Path(signing_key) if signing_key else base.signing_key,
             trusted_keys=trusted or base.trusted_keys,
+            trusted_keys_source=trusted_source,
+            require_signatures=get_bool("REQUIRE_SIGNATURES", base.require_signatures),
         )
 
     def with_overrides(self, **changes: object) -> Settings:
@@ -239,6 +273,29 @@ def _package_version() -> str:
         return "unknown"
 
 
+_FROM_FILE = frozenset({"SASL_USERNAME", "SASL_PASSWORD", "SASL_MECHANISM", "DB_URL"})
+"""Secrets that may come from a mounted file (``GRAYLANE_<NAME>_FILE``, a Secret volume)
+rather than the environment, which child processes, ``/proc/<pid>/environ`` and the pod's
+spec all show."""
+
+
+def _from_file(name: str, value: str | None, path: str | None) -> str | None:
+    """``GRAYLANE_<name>``, or the content of the file ``GRAYLANE_<name>_FILE`` names (one
+    trailing newline dropped); never both. Errors name the file, never its content."""
+    if not path:
+        return value
+    if value:
+        raise SettingsError(f"GRAYLANE_{name} and GRAYLANE_{name}_FILE are both set: set one")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise SettingsError(f"GRAYLANE_{name}_FILE={path!r}: cannot read it ({reason})") from None
+    return text.removesuffix("\n").removesuffix("\r")
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
 _TOPIC_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 

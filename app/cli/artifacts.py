@@ -53,6 +53,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "default: GRAYLANE_TRUSTED_KEYS; none: signatures not checked)",
     )
     fetch.add_argument(
+        "--require-signatures",
+        action="store_true",
+        default=None,
+        help="fail closed: refuse to fetch anything when no trusted key is found, instead "
+        "of fetching unchecked (default: GRAYLANE_REQUIRE_SIGNATURES)",
+    )
+    fetch.add_argument(
         "--backend",
         action="append",
         default=[],
@@ -85,6 +92,8 @@ def _fetch(args: argparse.Namespace) -> int:
             return EXIT_ERROR
     settings = Settings.from_env()
     keys = tuple(args.trust_key) or settings.trusted_keys
+    required = settings.require_signatures if args.require_signatures is None else True
+    keys_from = " ".join(f"--trust-key {k}" for k in args.trust_key)
     try:
         fetched = fetch_version(
             args.db or settings.db_url,
@@ -95,6 +104,8 @@ def _fetch(args: argparse.Namespace) -> int:
             trusted_keys=keys,
             backends=frozenset(Backend(b) for b in args.backend),
             gpu=gpu,
+            require_signatures=required,
+            keys_from=keys_from or settings.trusted_keys_source,
         )
     except ArtifactFetchError as exc:
         print(f"error: {exc}")

@@ -52,6 +52,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "GRAYLANE_TRUSTED_KEYS); unsigned or tampered ones are refused",
     )
     worker.add_argument(
+        "--require-signatures",
+        action="store_true",
+        default=None,
+        help="fail closed: refuse to start when no trusted key is found, instead of loading "
+        "artifacts unchecked (default: GRAYLANE_REQUIRE_SIGNATURES; needs --from-registry)",
+    )
+    worker.add_argument(
         "--require-tensorrt",
         action="store_true",
         help="refuse to start unless every variant runs on TensorRT (GPU pods: never fall "
@@ -437,8 +444,22 @@ def _worker(args: argparse.Namespace) -> int:
     if args.trust_key:
         settings = settings.with_overrides(trusted_keys=tuple(args.trust_key))
     setup_service_logging("worker", settings, args, model=args.model, version=args.version)
+    if args.require_signatures:
+        settings = settings.with_overrides(require_signatures=True)
     if settings.trusted_keys and not args.from_registry:
         raise SystemExit("trusted keys verify signed artifacts: use them with --from-registry")
+    if args.require_signatures and not args.from_registry:
+        raise SystemExit(
+            "--require-signatures: only registry artifacts carry signatures; "
+            "use it with --from-registry"
+        )
+    if args.from_registry:
+        from graylane.artifacts.signing import TrustedKeyError
+
+        try:
+            settings.verifying_keys()  # told to verify but no key: refuse to start
+        except TrustedKeyError as exc:
+            raise SystemExit(f"worker refuses to start: {exc}") from None
     if args.endpoint:
         if args.variant or args.from_registry:
             raise SystemExit("--endpoint serves through engine servers: not with --variant")

@@ -47,7 +47,8 @@ ARTIFACT_DIR = "/models"
 """Where the init container fetches a version's artifacts (an emptyDir) and the worker reads
 them (read-only; GRAYLANE_ARTIFACT_DIR in the ConfigMap)."""
 ARTIFACT_KEYS_SECRET = "graylane-artifact-keys"
-"""Optional Secret of trusted public keys (``*.pub``); production should provide it."""
+"""Secret of trusted public keys (``*.pub``), not optional: with GRAYLANE_REQUIRE_SIGNATURES
+(the ConfigMap's default) a pod whose key folder is empty refuses to start."""
 ARTIFACT_KEYS_DIR = "/etc/graylane/artifact-keys"
 """The worker role's Kafka login (one Secret per role, see ``graylane.acls.KafkaRole``)."""
 
@@ -185,8 +186,31 @@ class WorkerPlan:
         return {k: v for k, v in self.labels().items() if k != "app.kubernetes.io/part-of"}
 
 
-def _secret_env(name: str, secret: str, key: str) -> Doc:
-    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+KAFKA_LOGIN_DIR = "/etc/graylane/kafka-login"
+DATABASE_DIR = "/etc/graylane/database"
+DATABASE_SECRET = "graylane-database-readonly"
+_KAFKA_LOGIN_KEYS = ("username", "password", "mechanism")
+
+
+def _file_env(setting: str, folder: str, key: str) -> Doc:
+    """A secret setting read from a file of a Secret volume (``GRAYLANE_<NAME>_FILE``):
+    never an environment variable, which child processes and /proc show."""
+    return {"name": f"GRAYLANE_{setting}_FILE", "value": f"{folder}/{key}"}
+
+
+def _secret_volume(name: str, secret: str, keys: tuple[str, ...]) -> Doc:
+    return {
+        "name": name,
+        "secret": {
+            "secretName": secret,
+            "defaultMode": 0o444,
+            "items": [{"key": k, "path": k} for k in keys],
+        },
+    }
+
+
+def _mount(name: str, path: str) -> Doc:
+    return {"name": name, "mountPath": path, "readOnly": True}
 
 
 def _probe(path: str, period: int, failures: int, timeout: int | None = None) -> Doc:
@@ -241,10 +265,7 @@ def fetch_container(plan: WorkerPlan) -> Doc:
             *(["--this-gpu"] if plan.gpu_capabilities else ["--backend", "onnxruntime"]),
         ],
         "envFrom": [{"configMapRef": {"name": "graylane-config"}}],
-        "env": [
-            _secret_env("GRAYLANE_DB_URL", "graylane-database-readonly", "url"),
-            _keys_env(),
-        ],
+        "env": [_file_env("DB_URL", DATABASE_DIR, "url"), _keys_env()],
         "resources": {
             "requests": {"cpu": "100m", "memory": "256Mi"},
             "limits": {
@@ -256,6 +277,7 @@ def fetch_container(plan: WorkerPlan) -> Doc:
         },
         "securityContext": _locked_down(),
         "volumeMounts": [
+            _mount("database", DATABASE_DIR),
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "models", "mountPath": ARTIFACT_DIR},
             _keys_mount(),
@@ -281,10 +303,10 @@ def _container(plan: WorkerPlan) -> Doc:
         ],
         "envFrom": [{"configMapRef": {"name": "graylane-config"}}],
         "env": [
-            _secret_env("GRAYLANE_SASL_USERNAME", KAFKA_SECRET, "username"),
-            _secret_env("GRAYLANE_SASL_PASSWORD", KAFKA_SECRET, "password"),
-            _secret_env("GRAYLANE_SASL_MECHANISM", KAFKA_SECRET, "mechanism"),
-            _secret_env("GRAYLANE_DB_URL", "graylane-database-readonly", "url"),
+            _file_env("SASL_USERNAME", KAFKA_LOGIN_DIR, "username"),
+            _file_env("SASL_PASSWORD", KAFKA_LOGIN_DIR, "password"),
+            _file_env("SASL_MECHANISM", KAFKA_LOGIN_DIR, "mechanism"),
+            _file_env("DB_URL", DATABASE_DIR, "url"),
             _keys_env(),
         ],
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
@@ -294,6 +316,8 @@ def _container(plan: WorkerPlan) -> Doc:
         "resources": plan.resources.spec(),
         "securityContext": _locked_down(),
         "volumeMounts": [
+            _mount("kafka-login", KAFKA_LOGIN_DIR),
+            _mount("database", DATABASE_DIR),
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "kafka-ca", "mountPath": "/etc/graylane/kafka-ca", "readOnly": True},
             {"name": "models", "mountPath": ARTIFACT_DIR, "readOnly": True},
@@ -316,6 +340,8 @@ def _deployment(plan: WorkerPlan) -> Doc:
         "initContainers": [fetch_container(plan)],
         "containers": [_container(plan)],
         "volumes": [
+            _secret_volume("database", DATABASE_SECRET, ("url",)),
+            _secret_volume("kafka-login", KAFKA_SECRET, _KAFKA_LOGIN_KEYS),
             {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
             {
                 "name": "kafka-ca",
@@ -327,7 +353,6 @@ def _deployment(plan: WorkerPlan) -> Doc:
                 "secret": {
                     "secretName": ARTIFACT_KEYS_SECRET,
                     "defaultMode": 0o444,
-                    "optional": True,
                 },
             },
         ],

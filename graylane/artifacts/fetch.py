@@ -37,7 +37,12 @@ from typing import Any
 from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
 from graylane.artifacts.manifest import MANIFEST_FILE, Manifest, ManifestError, manifest_from_dict
 from graylane.artifacts.naming import Backend
-from graylane.artifacts.signing import ArtifactSignatureError, TrustedKeyError, verify_signature
+from graylane.artifacts.signing import (
+    ArtifactSignatureError,
+    TrustedKeyError,
+    require_trusted_keys,
+    verify_signature,
+)
 from graylane.artifacts.verify import TamperedArtifactError, verify_artifact
 from graylane.errors import GraylaneError
 from graylane.registry import ArtifactInfo, RegistryError, open_registry
@@ -148,13 +153,22 @@ def fetch_version(
     trusted_keys: Sequence[Path] = (),
     backends: Collection[Backend] = (),
     gpu: FetchGpu | None = None,
+    require_signatures: bool = False,
+    keys_from: str = "",
 ) -> list[FetchedArtifact]:
     """Fetch every servable artifact the registry lists for ``model`` ``version``.
 
     ``backends``: only the artifacts of these backends (none given: all); ``gpu``: of the
     TensorRT engines, only the one per precision the worker loads on this GPU. What is
-    left out is named in the destination's :class:`FetchRecord`.
+    left out is named in the destination's :class:`FetchRecord`. ``require_signatures``
+    fails closed: with no readable trusted key nothing is fetched (``keys_from`` names
+    where the keys were looked for, in the error).
     """
+    if require_signatures:
+        try:
+            trusted_keys = require_trusted_keys(trusted_keys, keys_from)
+        except TrustedKeyError as exc:
+            raise ArtifactFetchError(str(exc)) from None
     registry = open_registry(db_url, read_only=True)
     try:
         artifacts = registry.list_artifacts(model, version)
@@ -285,8 +299,7 @@ def _copy_folder(store: str, location: PurePosixPath, dest: Path) -> int:
             raise ArtifactFetchError(f"{fs.unstrip_protocol(source)}: no such artifact folder")
         files = sorted(fs.find(source))
         for remote in files:
-            relative = PurePosixPath(remote).relative_to(PurePosixPath(source))
-            target = dest / relative
+            target = dest / _key_below(remote, source)
             target.parent.mkdir(parents=True, exist_ok=True)
             with fs.open(remote, "rb") as src, target.open("wb") as out:
                 while chunk := src.read(_CHUNK):
@@ -294,6 +307,20 @@ def _copy_folder(store: str, location: PurePosixPath, dest: Path) -> int:
     except OSError as exc:
         raise ArtifactFetchError(f"copying {source} from {store!r}: {exc}") from None
     return len(files)
+
+
+def _key_below(key: str, folder: str) -> PurePosixPath:
+    """A store key listed under ``folder``, relative to it; refused when it is not plainly
+    below it. An object store lists keys as written: one named ``a/../../x`` or
+    ``/etc/x`` would otherwise be written outside the fetch's destination."""
+    path, root = PurePosixPath(key), PurePosixPath(folder)
+    try:
+        relative = path.relative_to(root)
+    except ValueError:
+        raise ArtifactFetchError(f"store key {key!r} is not inside {folder!r}") from None
+    if not relative.parts or ".." in path.parts:
+        raise ArtifactFetchError(f"store key {key!r} climbs out of {folder!r}; refused")
+    return relative
 
 
 def _store_fs(store: str) -> tuple[Any, str]:

@@ -27,6 +27,7 @@ __all__ = [
     "TrustedKeyError",
     "check_public_key",
     "generate_key_pair",
+    "require_trusted_keys",
     "sign_artifact",
     "verify_signature",
 ]
@@ -185,6 +186,25 @@ def check_public_key(path: Path) -> None:
         raise TrustedKeyError(f"trusted key {path}: {exc.strerror or exc}") from None
     except ValueError:
         raise TrustedKeyError(f"trusted key {path}: not a PEM public key") from None
+
+
+def require_trusted_keys(keys: Sequence[Path], looked_in: str) -> tuple[Path, ...]:
+    """``keys``, each a readable PEM public key, for a process told to verify signatures.
+
+    Fails closed: with no key at all (a key folder left empty, a Secret not mounted)
+    or one that cannot be read, raises :class:`TrustedKeyError` saying where it looked,
+    so the process refuses to start instead of serving artifacts unchecked.
+    """
+    if not keys:
+        raise TrustedKeyError(
+            "signatures are required (--require-signatures or "
+            "GRAYLANE_REQUIRE_SIGNATURES) but no trusted public key was found "
+            f"(looked in: {looked_in or 'nothing configured'}); provide the builder's "
+            "public key (*.pub) through GRAYLANE_TRUSTED_KEYS or --trust-key"
+        )
+    for key in keys:
+        check_public_key(key)
+    return tuple(keys)
 
 
 def _malformed(folder: Path, signature: Path, exc: Exception) -> ArtifactSignatureError:

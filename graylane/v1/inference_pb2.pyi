@@ -147,7 +147,7 @@ class GenerationParams(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., eos_token_id: _Optional[int] = ..., has_eos: _Optional[bool] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., sampling_top_k: _Optional[int] = ..., seed: _Optional[int] = ..., has_seed: _Optional[bool] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[str]] = ..., stream: _Optional[bool] = ..., stream_every_tokens: _Optional[int] = ..., stream_every_ms: _Optional[int] = ..., ttft_deadline_ms: _Optional[int] = ..., turn_end: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InferenceRequest(_message.Message):
-    __slots__ = ("request_id", "model", "routing_key", "tags", "inputs", "prompt", "token_ids", "task", "generation", "post_process", "top_k", "deadline_unix_ms", "reply_topic", "created_at_unix_ms", "pinned_version", "shadow", "mirror_result", "routed_version", "routed_at_unix_ms", "routing_epoch", "shadow_pair_id", "messages", "engine_options")
+    __slots__ = ("request_id", "model", "routing_key", "tags", "inputs", "prompt", "token_ids", "task", "generation", "post_process", "top_k", "deadline_unix_ms", "reply_topic", "created_at_unix_ms", "pinned_version", "shadow", "mirror_result", "routed_version", "routed_at_unix_ms", "routing_epoch", "shadow_pair_id", "messages", "engine_options", "cancel_token")
     class TagsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,7 @@ class InferenceRequest(_message.Message):
     SHADOW_PAIR_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ENGINE_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_TOKEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     routing_key: str
@@ -201,19 +202,22 @@ class InferenceRequest(_message.Message):
     shadow_pair_id: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     engine_options: EngineOptions
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., routing_key: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., task: _Optional[_Union[Task, str]] = ..., generation: _Optional[_Union[GenerationParams, _Mapping]] = ..., post_process: _Optional[_Union[PostProcess, str]] = ..., top_k: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., reply_topic: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ..., pinned_version: _Optional[str] = ..., shadow: _Optional[bool] = ..., mirror_result: _Optional[bool] = ..., routed_version: _Optional[str] = ..., routed_at_unix_ms: _Optional[int] = ..., routing_epoch: _Optional[int] = ..., shadow_pair_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., engine_options: _Optional[_Union[EngineOptions, _Mapping]] = ...) -> None: ...
+    cancel_token: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., routing_key: _Optional[str] = ..., tags: _Optional[_Mapping[str, str]] = ..., inputs: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., task: _Optional[_Union[Task, str]] = ..., generation: _Optional[_Union[GenerationParams, _Mapping]] = ..., post_process: _Optional[_Union[PostProcess, str]] = ..., top_k: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., reply_topic: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ..., pinned_version: _Optional[str] = ..., shadow: _Optional[bool] = ..., mirror_result: _Optional[bool] = ..., routed_version: _Optional[str] = ..., routed_at_unix_ms: _Optional[int] = ..., routing_epoch: _Optional[int] = ..., shadow_pair_id: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., engine_options: _Optional[_Union[EngineOptions, _Mapping]] = ..., cancel_token: _Optional[str] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
-    __slots__ = ("request_id", "reply_topic", "model", "created_at_unix_ms")
+    __slots__ = ("request_id", "reply_topic", "model", "created_at_unix_ms", "cancel_token")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REPLY_TOPIC_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_TOKEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     reply_topic: str
     model: str
     created_at_unix_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., reply_topic: _Optional[str] = ..., model: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ...) -> None: ...
+    cancel_token: str
+    def __init__(self, request_id: _Optional[str] = ..., reply_topic: _Optional[str] = ..., model: _Optional[str] = ..., created_at_unix_ms: _Optional[int] = ..., cancel_token: _Optional[str] = ...) -> None: ...
 
 class Timing(_message.Message):
     __slots__ = ("created_at_unix_ms", "routed_at_unix_ms", "dequeued_at_unix_ms", "completed_at_unix_ms", "queue_wait_ms", "compute_ms", "total_ms", "batch_size", "ttft_ms", "tpot_ms", "prefill_ms", "inter_token_p99_ms")

@@ -228,3 +228,16 @@ def test_topics_get_min_insync_replicas(rf: int, isr: str) -> None:
     layout = TopicLayout(replication_factor=rf)
     specs = layout.shared_specs() + layout.model_specs("gpt", ["v1"]) + [layout.reply_spec("c")]
     assert {s.configs()["min.insync.replicas"] for s in specs} == {isr}
+
+
+def test_the_scaler_may_only_describe_the_workers_lag() -> None:
+    """Regression: KEDA logged in as the worker principal, with its reads and writes."""
+    rules = ACLS[KafkaRole.SCALER]
+    assert rules and all(r.operations == (Operation.DESCRIBE,) for r in rules)
+    assert writable(KafkaRole.SCALER) == set() and readable(KafkaRole.SCALER) == set()
+    version_topic = L.version_requests("gpt", "v1")
+    assert allows(rules, Resource.TOPIC, version_topic, Operation.DESCRIBE)
+    assert allows(rules, Resource.GROUP, "gl-worker-gpt-v1", Operation.DESCRIBE)
+    assert not allows(rules, Resource.GROUP, "gl-worker-gpt-v1", Operation.READ)  # no joining
+    for topic in (L.ingress("gpt"), L.cancels(), L.precision(), L.results("gpt"), L.audit()):
+        assert not allows(rules, Resource.TOPIC, topic, Operation.DESCRIBE), topic

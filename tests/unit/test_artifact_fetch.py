@@ -173,6 +173,70 @@ def test_a_missing_store_folder_is_a_clear_error(
     assert _left_in(tmp_path) == []
 
 
+def test_required_signatures_with_no_key_refuse_to_fetch_anything(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    keys: KeyPair,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Regression (fail open): a fetch whose key Secret was absent or held no ``*.pub``
+    warned and fetched unsigned artifacts; told to verify, it now refuses to start."""
+    folder = _setup(tmp_path, monkeypatch, None)  # unsigned: served unchecked when open
+    empty = tmp_path / "artifact-keys"
+    empty.mkdir()  # the Secret's folder, mounted with no key in it
+    monkeypatch.setenv("GRAYLANE_TRUSTED_KEYS", str(empty))
+    assert _fetch(tmp_path, "--require-signatures") == 1
+    out = capsys.readouterr().out
+    assert "signatures are required" in out and "no trusted public key" in out
+    assert str(empty) in out  # where it looked
+    assert _left_in(tmp_path) == []
+    monkeypatch.setenv("GRAYLANE_REQUIRE_SIGNATURES", "true")  # the setting, same refusal
+    assert _fetch(tmp_path) == 1
+    assert "no trusted public key" in capsys.readouterr().out
+    assert _left_in(tmp_path) == []
+    (empty / "notes.txt").write_text("no key")
+    (empty / "broken.pub").write_text("not a key")  # a key that cannot be read: refused too
+    assert _fetch(tmp_path) == 1
+    assert "not a PEM public key" in capsys.readouterr().out
+    monkeypatch.setenv("GRAYLANE_REQUIRE_SIGNATURES", "false")  # opened on purpose
+    (empty / "broken.pub").unlink()
+    assert _fetch(tmp_path) == 0
+    assert (tmp_path / "into" / folder.name / "model.onnx").is_file()
+
+
+def test_required_signatures_fetch_what_a_trusted_key_signed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keys: KeyPair
+) -> None:
+    folder = _setup(tmp_path, monkeypatch, keys.private_key)
+    monkeypatch.setenv("GRAYLANE_TRUSTED_KEYS", str(keys.public_key.parent))
+    assert _fetch(tmp_path, "--require-signatures") == 0
+    assert (tmp_path / "into" / folder.name / SIGNATURE_FILE).is_file()
+
+
+@pytest.mark.parametrize("key", ["../../../../outside", "x/../../../../../outside"])
+def test_a_store_key_that_climbs_out_is_refused(tmp_path: Path, key: str) -> None:
+    """Regression: the keys an object store lists were joined to the destination as
+    written, so a key holding ``..`` wrote outside the fetch's folder."""
+    import fsspec
+
+    from graylane.artifacts.fetch import fetch_artifacts
+
+    name = f"graylane-test-{tmp_path.name}"
+    fs, _ = fsspec.core.url_to_fs(f"memory://{name}")
+    for stored in ("art/model.onnx", f"art/{key}"):
+        with fs.open(f"/{name}/{stored}", "wb") as f:
+            f.write(b"x")
+    into = tmp_path / "deep" / "er" / "into"
+    art = ArtifactRecord(name=NAME, path="art", manifest_sha256="0" * 64, servable=True)
+    try:
+        with pytest.raises(ArtifactFetchError, match="climbs out"):
+            fetch_artifacts([art], store=f"memory://{name}", into=into)  # type: ignore[list-item]
+        assert not list(tmp_path.rglob("outside"))
+        assert not [p for p in into.rglob("*")]
+    finally:
+        fs.rm(f"/{name}", recursive=True)
+
+
 @pytest.mark.parametrize("location", ["/models/x", "../x", "a/../../x", ""])
 def test_locations_that_cannot_travel_are_refused(location: str) -> None:
     with pytest.raises(ArtifactFetchError):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +29,7 @@ from graylane.builder.store import ArtifactStore
 from graylane.engine.signature import IOSignature
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.observer import WorkerObserver
-from graylane.settings import Settings
+from graylane.settings import Settings, SettingsError
 
 
 @pytest.fixture
@@ -244,3 +247,69 @@ def test_cli_generates_keys_and_verify_artifact_checks_the_signature(
     assert args.handler(args) == EXIT_ERROR
     out = capsys.readouterr().out
     assert "REFUSED" in out and "unsigned" in out
+
+
+def _serve_worker(env: dict[str, str], *flags: str) -> subprocess.CompletedProcess[str]:
+    argv = ["serve", "worker", "--model", "demo", "--version", "1.0.0", *flags]
+    return subprocess.run(
+        [sys.executable, "-m", "graylane.app.cli.main", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "GRAYLANE_DB_URL": "sqlite:////nonexistent/registry.db", **env},
+    )
+
+
+def test_a_worker_told_to_verify_with_no_key_refuses_to_start(tmp_path: Path) -> None:
+    """Regression (fail open): with the key Secret absent or holding no ``*.pub`` the
+    worker warned and served unsigned or re-signed artifacts."""
+    empty = tmp_path / "artifact-keys"
+    empty.mkdir()
+    for env, flags in [
+        ({"GRAYLANE_TRUSTED_KEYS": str(empty)}, ("--from-registry", "--require-signatures")),
+        ({"GRAYLANE_REQUIRE_SIGNATURES": "true"}, ("--from-registry",)),
+    ]:
+        ran = _serve_worker(env, *flags)
+        assert ran.returncode == 1, ran.stderr
+        assert "worker refuses to start" in ran.stderr
+        assert "no trusted public key was found" in ran.stderr
+        assert "Traceback" not in ran.stderr
+    assert (
+        str(empty)
+        in _serve_worker(
+            {"GRAYLANE_TRUSTED_KEYS": str(empty), "GRAYLANE_REQUIRE_SIGNATURES": "1"},
+            "--from-registry",
+        ).stderr
+    )
+    # nothing to verify outside the registry: the flag is refused there, not ignored
+    ran = _serve_worker({}, "--variant", "fp32=/x.onnx", "--require-signatures")
+    assert ran.returncode == 1 and "use it with --from-registry" in ran.stderr
+
+
+def test_loading_with_required_signatures_and_no_key_refuses_before_the_registry(
+    tmp_path: Path,
+) -> None:
+    from graylane.engine_worker.loading import load_from_registry
+
+    settings = Settings(
+        db_url="sqlite:////nonexistent/registry.db",
+        artifact_dir=tmp_path,
+        require_signatures=True,
+        trusted_keys_source=str(tmp_path / "artifact-keys"),
+    )
+    with pytest.raises(TrustedKeyError, match="no trusted public key") as raised:
+        load_from_registry(settings, "demo", "1.0.0")
+    assert str(tmp_path / "artifact-keys") in str(raised.value)
+    broken = tmp_path / "broken.pub"
+    broken.write_text("not a key")
+    with pytest.raises(TrustedKeyError, match="not a PEM public key"):
+        load_from_registry(settings.with_overrides(trusted_keys=(broken,)), "demo", "1.0.0")
+
+
+def test_settings_read_require_signatures() -> None:
+    assert Settings.from_env({}).require_signatures is False
+    for raw, wanted in [("true", True), ("1", True), ("on", True), ("false", False), ("0", False)]:
+        env = {"GRAYLANE_REQUIRE_SIGNATURES": raw}
+        assert Settings.from_env(env).require_signatures is wanted
+    with pytest.raises(SettingsError, match="expected true or false"):
+        Settings.from_env({"GRAYLANE_REQUIRE_SIGNATURES": "maybe"})

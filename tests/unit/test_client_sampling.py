@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from graylane import serde
 from graylane.client import GraylaneClient, Result, Task, Usage
 from graylane.settings import Settings
 from graylane.v1 import inference_pb2
@@ -87,3 +88,31 @@ async def test_infer_sends_the_sampling_and_hands_back_finish_and_usage(
         )
     assert result.finish_reason == "STOP" and result.usage == Usage(2, 3)
     assert result.text == "one line"
+
+
+def test_each_generation_carries_a_cancel_token_of_its_own() -> None:
+    client = GraylaneClient(Settings(), client_id="c")
+    first = client.build_request("gpt", prompt="hi", task=Task.GENERATE)
+    second = client.build_request("gpt", prompt="hi", task=Task.GENERATE)
+    assert len(first.cancel_token) >= 16 and first.cancel_token != second.cancel_token
+    assert client.build_request("gpt", prompt="hi").cancel_token == ""  # a FORWARD: no cancel
+
+
+async def test_a_cancel_carries_the_token_of_the_generation_it_stops(
+    factory: MemoryFactory,  # noqa: F811
+) -> None:
+    factory.broker.create_topic(factory.layout.cancels(), 1)
+    async with GraylaneClient(factory) as client:
+        request = client.build_request(MODEL, prompt="hi", task=Task.GENERATE)
+        await client.send(request)
+        await client.cancel(request.request_id, model=MODEL)
+        await client.cancel("someone-elses", model=MODEL)  # a token it never had: none
+    sent = [
+        serde.decode(inference_pb2.CancelRequest, r.value)
+        for r in factory.broker.records(factory.layout.cancels())
+    ]
+    assert [(c.request_id, c.cancel_token) for c in sent] == [
+        (request.request_id, request.cancel_token),
+        ("someone-elses", ""),
+    ]
+    assert request.cancel_token

@@ -27,6 +27,7 @@ from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.logic.streaming import StreamPolicy
 from graylane.engine_worker.requests import Job, TaskKind, WorkItem
 from graylane.engine_worker.spans import generation_hop
+from graylane.engine_worker.state import CancelKey
 from graylane.errors import ErrorCode
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.tracing import TracedRequest, record_generation
@@ -50,9 +51,13 @@ def job(
     stream: bool = False,
     ttft_ms: int = 0,
     created: int = 0,
+    reply_topic: str = "",
+    cancel_token: str = "",
 ) -> Job:
     request = inference_pb2.InferenceRequest(
         request_id=rid,
+        reply_topic=reply_topic,
+        cancel_token=cancel_token,
         model="gpt",
         task=inference_pb2.GENERATE,
         created_at_unix_ms=created or now_ms(),
@@ -124,6 +129,49 @@ async def test_a_late_short_request_joins_and_finishes_first_with_exact_tokens(
     assert by_id["long"].result.finish_reason == inference_pb2.LENGTH
 
 
+async def test_a_request_id_reused_by_another_reply_topic_does_not_shield_the_first(
+    engine: OnnxRuntimeEngine,
+) -> None:
+    """Regression: generations were found by request id alone, so a second request that
+    reused the id with another reply topic took the id over, and the requester's own
+    cancel no longer reached its generation."""
+    captured = CapturedOutbox()
+    dec = decoder(engine, captured, rows=2)
+    mine = dec.submit(job("dup", [3, 4], 200, stream=True, reply_topic="gl.reply.a"))
+    theirs = dec.submit(job("dup", [5, 6], 12, reply_topic="gl.reply.evil"))
+    while "dup" not in captured.chunks:  # mine is decoding
+        await asyncio.sleep(0.001)
+    assert dec.cancel(CancelKey("dup", "gl.reply.a"))
+    await asyncio.gather(mine, theirs)
+    await dec.close()
+    by_topic = {j.request.reply_topic: j for j in captured.finished}
+    assert by_topic["gl.reply.a"].result.finish_reason == inference_pb2.CANCELLED
+    assert len(by_topic["gl.reply.a"].result.generated_token_ids) < 200
+    assert by_topic["gl.reply.evil"].result.finish_reason == inference_pb2.LENGTH
+    assert not dec.cancel(CancelKey("dup", "gl.reply.a"))  # ended: nothing left under its key
+
+
+async def test_a_cancel_without_the_requests_token_stops_nothing(
+    engine: OnnxRuntimeEngine,
+) -> None:
+    """A request id and a reply topic are no secret (a reply topic is named in every
+    request on the ingress); the token only the requester holds is."""
+    captured = CapturedOutbox()
+    dec = decoder(engine, captured, rows=2)
+    done = dec.submit(
+        job("t", [3, 4], 200, stream=True, reply_topic="gl.reply.a", cancel_token="k1")
+    )
+    while "t" not in captured.chunks:
+        await asyncio.sleep(0.001)
+    assert not dec.cancel(CancelKey("t", "gl.reply.a"))  # no token
+    assert not dec.cancel(CancelKey("t", "gl.reply.a", "guessed"))
+    assert dec.cancel(CancelKey("t", "gl.reply.a", "k1"))
+    await done
+    await dec.close()
+    (answered,) = captured.finished
+    assert answered.result.finish_reason == inference_pb2.CANCELLED
+
+
 async def test_a_cancel_ends_a_running_sequence_and_frees_its_rows(
     engine: OnnxRuntimeEngine,
 ) -> None:
@@ -132,8 +180,8 @@ async def test_a_cancel_ends_a_running_sequence_and_frees_its_rows(
     done = dec.submit(job("c", [3, 4], 200, stream=True))
     while "c" not in captured.chunks:
         await asyncio.sleep(0.001)
-    assert not dec.cancel("c", "gl.reply.someone-else")  # not the requester's topic
-    assert dec.cancel("c", "")
+    assert not dec.cancel(CancelKey("c", "gl.reply.someone-else"))  # not the requester's topic
+    assert dec.cancel(CancelKey("c", ""))
     await done
     await dec.close()
     (answered,) = captured.finished

@@ -262,3 +262,12 @@ def test_a_cpu_machine_runs_the_stack_without_the_gpu_profile() -> None:
         if name not in gpu:
             assert not set(_depends(service)) & gpu, f"{name} needs the gpu profile"
             assert "deploy" not in service, f"{name} reserves devices"
+
+
+@pytest.mark.parametrize("name", [n for n in SERVICES if SERVICES[n].get("ports")])
+def test_every_published_port_is_on_loopback(name: str) -> None:
+    """Regression: compose published Kafka (PLAINTEXT, no login) on 0.0.0.0:9092, open to
+    every machine that could reach this one."""
+    for port in SERVICES[name]["ports"]:  # type: ignore[attr-defined]
+        host, _, _ = str(port).rpartition(":")
+        assert host.split(":")[0] == "127.0.0.1", f"{name} publishes {port} beyond loopback"

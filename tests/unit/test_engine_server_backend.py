@@ -17,6 +17,7 @@ from graylane.engine_worker.backend import ResultContext
 from graylane.engine_worker.engine_server import EngineServerBackend, EngineServerSettings
 from graylane.engine_worker.logic.streaming import StreamPolicy
 from graylane.engine_worker.requests import EngineRules, Job, validate_engine_call
+from graylane.engine_worker.state import CancelKey
 from graylane.errors import ErrorCode, Rejection
 from graylane.metrics import ENGINE_UP, GROUP_JOINED, Readiness, ServiceObservability
 from graylane.v1 import inference_pb2
@@ -28,9 +29,12 @@ CTX = ResultContext(model="m", version="v1", variant="q4_1", worker_id="w")
 RULES = EngineRules(model="m", max_request_bytes=1 << 20, max_new_tokens=64)
 
 
-def job(rid: str, *, stream: bool = False, ttft_ms: int = 0, created: int = 0) -> Job:
+def job(
+    rid: str, *, stream: bool = False, ttft_ms: int = 0, created: int = 0, reply_topic: str = ""
+) -> Job:
     request = inference_pb2.InferenceRequest(
         request_id=rid,
+        reply_topic=reply_topic,
         model="m",
         task=inference_pb2.GENERATE,
         created_at_unix_ms=created or now_ms(),
@@ -164,7 +168,7 @@ async def test_a_cancel_closes_the_stream_and_answers_what_was_generated() -> No
             futures = await served.answer([job("held", stream=True)], CTX, captured)
             await asyncio.wait_for(engine.held.wait(), 5)
             await wait_until(lambda: "held" in captured.chunks, timeout=5, what="first chunk")
-            assert served.cancel("held", "")
+            assert served.cancel(CancelKey("held", ""))
             await asyncio.wait_for(asyncio.gather(*futures), 5)
             await asyncio.wait_for(engine.hung_up.wait(), 5)  # the engine saw the hang-up
         finally:
@@ -172,7 +176,32 @@ async def test_a_cancel_closes_the_stream_and_answers_what_was_generated() -> No
     answer = captured.answers["held"]
     assert answer.result is not None and answer.result.finish_reason == inference_pb2.CANCELLED
     assert answer.result.text == PIECES[0]
-    assert not served.cancel("held", "")  # ended: nothing left to cancel
+    assert not served.cancel(CancelKey("held", ""))  # ended: nothing left to cancel
+
+
+async def test_a_request_id_reused_by_another_reply_topic_does_not_shield_the_first() -> None:
+    """Regression: calls were found by request id alone, so a second request reusing the id
+    with another reply topic took it over and the requester's cancel missed its call."""
+    async with misbehaving_engine() as engine:
+        served, captured = backend(engine.url, "hold"), CapturedOutbox()
+        try:
+            mine = await served.answer(
+                [job("dup", stream=True, reply_topic="gl.reply.a")], CTX, captured
+            )
+            await asyncio.wait_for(engine.held.wait(), 5)
+            theirs = await served.answer([job("dup", reply_topic="gl.reply.evil")], CTX, captured)
+            assert served.cancel(CancelKey("dup", "gl.reply.a"))  # the requester's own call
+            await asyncio.wait_for(asyncio.gather(*mine), 5)
+            answer = captured.answers["dup"]
+            assert answer.result is not None
+            assert answer.result.finish_reason == inference_pb2.CANCELLED
+            assert not served.cancel(CancelKey("dup", "gl.reply.a"))  # ended
+            assert served.cancel(
+                CancelKey("dup", "gl.reply.evil")
+            )  # the other is its topic's alone
+            await asyncio.wait_for(asyncio.gather(*theirs), 5)
+        finally:
+            await served.close()
 
 
 async def test_a_call_that_cannot_get_a_slot_in_time_is_shed() -> None:
@@ -186,7 +215,7 @@ async def test_a_call_that_cannot_get_a_slot_in_time_is_shed() -> None:
             rejection = captured.answers["late"].rejection
             assert rejection is not None and rejection.code is ErrorCode.SHED
             assert served.load("q4_1").running == 1
-            served.cancel("holder", "")
+            served.cancel(CancelKey("holder", ""))
             await asyncio.wait_for(asyncio.gather(*first), 5)
         finally:
             await served.close()

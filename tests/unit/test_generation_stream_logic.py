@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from graylane.engine_worker.logic.streaming import StreamCursor, StreamPolicy, safe_text
-from graylane.engine_worker.state import CancelBook
+from graylane.engine_worker.state import CancelBook, CancelKey
 from graylane.v1 import inference_pb2
 
 
@@ -60,12 +60,22 @@ def test_request_chunking_overrides_the_workers() -> None:
 
 def test_a_cancel_is_honoured_only_for_the_reply_topic_that_asked_and_only_for_a_while() -> None:
     book = CancelBook(keep_s=10.0, capacity=2)
-    book.note("r1", "gl.reply.a", at_s=0.0)
-    assert book.cancelled("r1", "gl.reply.a", at_s=1.0)
-    assert not book.cancelled("r1", "gl.reply.b", at_s=1.0)  # someone else's request
-    assert not book.cancelled("r1", "gl.reply.a", at_s=11.0)  # forgotten
-    book.note("r2", "t", 20.0)
-    book.note("r3", "t", 20.0)
-    book.note("r4", "t", 20.0)
-    assert not book.cancelled("r2", "t", 20.0)  # bounded: the oldest went
-    assert book.cancelled("r4", "t", 20.0)
+    book.note(CancelKey("r1", "gl.reply.a"), at_s=0.0)
+    assert book.cancelled(CancelKey("r1", "gl.reply.a"), at_s=1.0)
+    assert not book.cancelled(CancelKey("r1", "gl.reply.b"), at_s=1.0)  # someone else's
+    assert not book.cancelled(CancelKey("r1", "gl.reply.a"), at_s=11.0)  # forgotten
+    book.note(CancelKey("r2", "t"), 20.0)
+    book.note(CancelKey("r3", "t"), 20.0)
+    book.note(CancelKey("r4", "t"), 20.0)
+    assert not book.cancelled(CancelKey("r2", "t"), 20.0)  # bounded: the oldest went
+    assert book.cancelled(CancelKey("r4", "t"), 20.0)
+
+
+def test_a_forged_cancel_for_another_topic_does_not_replace_a_pending_one() -> None:
+    """Regression: pending cancels were kept by request id alone, so a forged cancel that
+    named another reply topic replaced the requester's own, and its request then ran."""
+    book = CancelBook(keep_s=10.0, capacity=8)
+    book.note(CancelKey("r1", "gl.reply.gateway-a"), at_s=0.0)
+    book.note(CancelKey("r1", "gl.reply.attacker"), at_s=1.0)
+    assert book.cancelled(CancelKey("r1", "gl.reply.gateway-a"), at_s=2.0)
+    assert book.cancelled(CancelKey("r1", "gl.reply.attacker"), at_s=2.0)  # its own only

@@ -18,9 +18,10 @@ import pytest
 import yaml
 
 from graylane.app.cli.main import build_parser
-from graylane.deploy.containers.podman import ContainerToolError
+from graylane.deploy.containers.podman import ContainerToolError, secret_payloads
 from graylane.deploy.containers.tools import HELM, KUSTOMIZE
 from graylane.deploy.prometheus import operator_objects
+from graylane.settings import Settings
 from tests.unit.k8s_render import render
 from tests.unit.k8s_validate import CRDS, KUBERNETES_VERSION, validate
 
@@ -240,12 +241,16 @@ def test_the_real_kustomize_renders_overlays_that_validate(overlay: str) -> None
 
 def test_artifact_store_and_trusted_keys_are_values(tmp_path: Path) -> None:
     values = {
-        "artifacts": {"store": "gs://models-bucket/graylane", "trustedKeys": {"enabled": False}}
+        "artifacts": {
+            "store": "gs://models-bucket/graylane",
+            "trustedKeys": {"enabled": False},
+            "requireSignatures": False,
+        }
     }
     docs = _by_key(template(values, tmp_path))
-    assert docs[("ConfigMap", "graylane-config")]["data"]["GRAYLANE_ARTIFACT_STORE"] == (
-        "gs://models-bucket/graylane"
-    )
+    config = docs[("ConfigMap", "graylane-config")]["data"]
+    assert config["GRAYLANE_ARTIFACT_STORE"] == "gs://models-bucket/graylane"
+    assert "GRAYLANE_REQUIRE_SIGNATURES" not in config
     worker = docs[("Deployment", "worker-demo-gpt-1-0-0")]
     pod = worker["spec"]["template"]["spec"]
     assert "artifact-keys" not in {v["name"] for v in pod["volumes"]}
@@ -255,6 +260,33 @@ def test_artifact_store_and_trusted_keys_are_values(tmp_path: Path) -> None:
     assert [c["name"] for c in pod["initContainers"]] == ["fetch-artifacts"]
     for doc in docs.values():
         validate(doc)
+
+
+def test_signatures_are_required_by_default_and_keys_cannot_be_dropped_alone(
+    chart_defaults: list[Doc], tmp_path: Path
+) -> None:
+    """Regression (fail open): the chart's key Secret was optional and nothing required a
+    signature, so a release without the Secret served unsigned artifacts."""
+    docs = _by_key(chart_defaults)
+    config = docs[("ConfigMap", "graylane-config")]["data"]
+    assert Settings.from_env(config).require_signatures is True
+    for key, doc in docs.items():
+        if key[0] == "Deployment" and "fetch-artifacts" in {c["name"] for c in _containers(doc)}:
+            volumes = {v["name"]: v for v in doc["spec"]["template"]["spec"]["volumes"]}
+            assert not volumes["artifact-keys"]["secret"].get("optional"), key
+    with pytest.raises(ContainerToolError, match="requireSignatures needs"):
+        template({"artifacts": {"trustedKeys": {"enabled": False}}}, tmp_path)
+
+
+def test_the_artifact_store_egress_is_a_value_and_never_every_address(tmp_path: Path) -> None:
+    """Regression: worker pods could open 443 to any address."""
+    store = [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
+    docs = _by_key(template({"artifacts": {"storeEgress": store}}, tmp_path))
+    policy = docs[("NetworkPolicy", "worker-artifact-store")]
+    assert [rule["to"] for rule in policy["spec"]["egress"]] == [store]
+    for peers in ([{"ipBlock": {"cidr": "0.0.0.0/0"}}], []):
+        with pytest.raises(ContainerToolError, match="storeEgress"):
+            template({"artifacts": {"storeEgress": peers}}, tmp_path)
 
 
 def test_the_local_overlay_fetches_from_the_host_store_into_the_empty_dir() -> None:
@@ -286,6 +318,11 @@ def test_the_local_overlay_fetches_from_the_host_store_into_the_empty_dir() -> N
         assert mounts["models"]["mountPath"] == config["data"]["GRAYLANE_ARTIFACT_DIR"]
         assert "artifact-store" not in {m["name"] for m in container["volumeMounts"]}
         validate(worker)
+    # podman kube play serves each Secret one way: the logins and database URLs, now files,
+    # are volume Secrets only (none is also read through env)
+    payloads = secret_payloads(docs)
+    assert {"graylane-kafka-worker", "graylane-database-readonly"} <= payloads.keys()
+    assert config["data"]["GRAYLANE_REQUIRE_SIGNATURES"] == "false"  # nothing signed locally
 
 
 CERT_MANAGER = BASE.parent / "components" / "cert-manager"

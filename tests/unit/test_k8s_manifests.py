@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jsonschema
@@ -20,6 +20,7 @@ import pytest
 from graylane.acls import KafkaRole
 from graylane.app.cli.main import LEGACY_SERVER_COMMANDS, build_parser
 from graylane.artifacts.naming import Backend, parse_artifact_name
+from graylane.settings import Settings
 from graylane.topics import TopicLayout
 from tests.unit.k8s_render import Doc, RenderError, merge, render
 from tests.unit.k8s_validate import CRDS, KUBERNETES_VERSION, unknown_fields, validate, validate_crd
@@ -42,6 +43,7 @@ KAFKA_SECRETS = {role: f"graylane-kafka-{role.value}" for role in ROLE_OF_COMPON
 SECRETS = frozenset(
     {
         *KAFKA_SECRETS.values(),
+        "graylane-kafka-scaler",
         "graylane-kafka-ca",
         "graylane-database",
         "graylane-database-readonly",
@@ -285,13 +287,39 @@ def test_every_worker_fetches_its_own_version_with_the_real_cli(tree: str) -> No
         assert str(fetch.into) == _config(tree)["GRAYLANE_ARTIFACT_DIR"]
         mount = next(m for m in init["volumeMounts"] if m["name"] == "models")
         assert mount["mountPath"] == str(fetch.into) and not mount.get("readOnly", False)
-        assert _env_secrets(init)["GRAYLANE_DB_URL"] == "graylane-database-readonly"
+        assert _file_secrets(init, pod)["GRAYLANE_DB_URL"] == "graylane-database-readonly"
         # a CPU worker fetches no TensorRT engine; a GPU worker's init container sees the
         # pod's GPU and fetches the engines the worker loads on it, and the ONNX variants
         assert fetch.backend == ([] if serve.require_tensorrt else ["onnxruntime"])
         assert fetch.this_gpu is serve.require_tensorrt
         gpus = [c["resources"]["limits"].get("nvidia.com/gpu") for c in (init, container)]
         assert gpus == (["1", "1"] if serve.require_tensorrt else [None, None])
+
+
+EVERY_ADDRESS = frozenset({"0.0.0.0/0", "::/0"})
+STORE_NAMESPACE = "artifact-store"
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_egress_leads_only_to_named_peers(tree: str) -> None:
+    """Regression: the artifact-store rule allowed port 443 to any address, so a worker
+    pod could send to anywhere on the internet over HTTPS."""
+    for policy in _of(tree, "NetworkPolicy"):
+        for rule in policy["spec"].get("egress", []):
+            name = policy["metadata"]["name"]
+            assert rule.get("to"), f"{name}: an egress rule to any address"
+            for peer in rule["to"]:
+                assert peer.get("ipBlock", {}).get("cidr") not in EVERY_ADDRESS, name
+    https = [
+        peer
+        for policy in _of(tree, "NetworkPolicy")
+        for rule in policy["spec"].get("egress", [])
+        if {"protocol": "TCP", "port": 443} in rule.get("ports", [])
+        for peer in rule["to"]
+    ]
+    assert https == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": STORE_NAMESPACE}}}
+    ]
 
 
 @pytest.mark.parametrize("tree", TREES)
@@ -309,12 +337,15 @@ def test_worker_pods_may_reach_the_artifact_store_over_https(tree: str) -> None:
 
 
 @pytest.mark.parametrize("tree", TREES)
-def test_trusted_keys_are_an_optional_secret_both_containers_read(tree: str) -> None:
+def test_signatures_are_required_from_a_key_secret_both_containers_read(tree: str) -> None:
+    """Regression (fail open): the key Secret was ``optional``, and a pod without it
+    fetched and served unsigned artifacts with a warning."""
+    assert Settings.from_env(_config(tree)).require_signatures is True
     for worker in _registry_workers(tree):
         pod = _pod(worker)
         volumes = {v["name"]: v for v in pod["volumes"]}
         keys = volumes["artifact-keys"]["secret"]
-        assert keys["secretName"] == "graylane-artifact-keys" and keys["optional"] is True
+        assert keys["secretName"] == "graylane-artifact-keys" and not keys.get("optional")
         for c in [*pod["initContainers"], *pod["containers"]]:
             env = {e["name"]: e.get("value") for e in c["env"]}
             mount = next(m for m in c["volumeMounts"] if m["name"] == "artifact-keys")
@@ -344,23 +375,41 @@ def test_credentials_come_from_secrets_only(tree: str) -> None:
     docs = RENDERED[tree]
     assert not [d for d in docs if d["kind"] == "Secret"], "no Secret is committed"
     assert _secret_refs(docs) == SECRETS
-    secretish = re.compile(r"PASSWORD|TOKEN|SECRET|USERNAME|DB_URL")
-    for deploy in _of(tree, "Deployment"):
-        for c in [*_pod(deploy)["containers"], *_pod(deploy).get("initContainers", [])]:
+    secretish = re.compile(r"PASSWORD|TOKEN|SECRET|USERNAME|DB_URL|MECHANISM")
+    for deploy in [*_of(tree, "Deployment"), *_of(tree, "Job")]:
+        pod = _pod(deploy)
+        for c in [*pod["containers"], *pod.get("initContainers", [])]:
+            from_files = _file_secrets(c, pod)
             for env in c.get("env", []):
+                # Regression: SASL passwords and database URLs were environment variables
+                # (secretKeyRef), which child processes and /proc/<pid>/environ show.
+                assert "valueFrom" not in env, (deploy["metadata"]["name"], env["name"])
                 if secretish.search(env["name"]):
-                    assert "valueFrom" in env and "value" not in env, env["name"]
+                    assert env["name"].endswith("_FILE"), env["name"]
+                    assert env["name"].removesuffix("_FILE") in from_files, env["name"]
     for key in _config(tree):
         assert not secretish.search(key), key
 
 
-def _env_secrets(container: Doc) -> dict[str, str]:
-    """Each variable's Secret, for the variables that come from one."""
-    return {
-        env["name"]: env["valueFrom"]["secretKeyRef"]["name"]
-        for env in container.get("env", [])
-        if "secretKeyRef" in env.get("valueFrom", {})
-    }
+def _file_secrets(container: Doc, pod: Doc) -> dict[str, str]:
+    """Each setting's Secret, for the settings the container reads from a file of a Secret
+    volume it mounts read-only (``GRAYLANE_<NAME>_FILE``), by the setting's name."""
+    volumes = {v["name"]: v["secret"] for v in pod.get("volumes", []) if "secret" in v}
+    mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+    found: dict[str, str] = {}
+    for env in container.get("env", []):
+        if not env["name"].endswith("_FILE") or "value" not in env:
+            continue
+        path = PurePosixPath(env["value"])
+        mount = mounts.get(str(path.parent))
+        secret = volumes.get(mount["name"]) if mount is not None else None
+        if secret is None:
+            continue
+        assert mount is not None and mount["readOnly"] is True, env["name"]
+        paths = {i["path"]: i["key"] for i in secret.get("items", [])}
+        assert not paths or path.name in paths, env["name"]
+        found[env["name"].removesuffix("_FILE")] = secret["secretName"]
+    return found
 
 
 @pytest.mark.parametrize("tree", TREES)
@@ -376,7 +425,7 @@ def test_each_deployment_logs_in_as_its_own_role_over_tls(tree: str) -> None:
         component = deploy["metadata"]["labels"]["app.kubernetes.io/component"]
         own = KAFKA_SECRETS[ROLE_OF_COMPONENT[component]]
         container = _graylane(deploy)
-        secrets = _env_secrets(container)
+        secrets = _file_secrets(container, _pod(deploy))
         for var in ("GRAYLANE_SASL_USERNAME", "GRAYLANE_SASL_PASSWORD", "GRAYLANE_SASL_MECHANISM"):
             assert secrets[var] == own, (deploy["metadata"]["name"], var)
         assert not (set(secrets.values()) & set(KAFKA_SECRETS.values())) - {own}
@@ -388,7 +437,10 @@ def test_each_deployment_logs_in_as_its_own_role_over_tls(tree: str) -> None:
     assert seen == set(KAFKA_SECRETS.values())
     (keda,) = _of(tree, "TriggerAuthentication")
     refs = {t["parameter"]: t["name"] for t in keda["spec"]["secretTargetRef"]}
-    assert refs["username"] == refs["password"] == KAFKA_SECRETS[KafkaRole.WORKER]
+    # Regression: KEDA logged in as the worker principal (read its topics, write results);
+    # its own login may only describe the lag.
+    assert refs["username"] == refs["password"] == refs["sasl"] == "graylane-kafka-scaler"
+    assert "graylane-kafka-scaler" not in KAFKA_SECRETS.values()
     assert refs["tls"] == refs["ca"] == "graylane-kafka-ca"
     for scaled in _of(tree, "ScaledObject"):
         kafka = next(t for t in scaled["spec"]["triggers"] if t["type"] == "kafka")
@@ -400,7 +452,7 @@ def test_only_the_control_plane_and_audit_sink_may_write_the_database(tree: str)
     """Regression: workers got the full-write database credentials."""
     for deploy in _of(tree, "Deployment"):
         component = deploy["metadata"]["labels"]["app.kubernetes.io/component"]
-        url = _env_secrets(_graylane(deploy)).get("GRAYLANE_DB_URL")
+        url = _file_secrets(_graylane(deploy), _pod(deploy)).get("GRAYLANE_DB_URL")
         wanted = {
             "worker": "graylane-database-readonly",
             "gateway": "graylane-database-readonly",
@@ -615,7 +667,7 @@ def test_a_job_creates_the_topics_of_every_served_version(tree: str) -> None:
         if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
     }
     assert served and served <= wanted
-    secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if "valueFrom" in e}
+    secrets = set(_file_secrets(container, pod).values())
     assert secrets == {KAFKA_SECRETS[KafkaRole.CONTROL_PLANE]}  # the role that may create
     assert pod["restartPolicy"] == "OnFailure"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -763,3 +815,27 @@ def test_the_local_engine_pod_is_valid_and_its_worker_calls_its_engine() -> None
     (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
     assert config["data"]["GRAYLANE_SECURITY_PROTOCOL"] == "PLAINTEXT"
     assert "GRAYLANE_TRUSTED_KEYS" not in config["data"]  # refused without --from-registry
+
+
+def test_graylane_deploy_writes_the_workers_the_base_holds() -> None:
+    """The generated worker pod (``graylane deploy``) reads its secrets from the same
+    files, requires the same keys and mounts the same volumes as the checked-in base."""
+    from graylane.app.k8s.workers import WorkerPlan, worker_manifests
+    from graylane.artifacts.naming import ArtifactName, Precision, SemVer
+
+    name = ArtifactName(
+        "demo-gpt", Backend.ONNXRUNTIME, "1.23", Precision.FP32, "demo", SemVer(1, 0, 0)
+    )
+    plan = WorkerPlan(model="demo-gpt", version="1.0.0", image_name=name, variants=("fp32",))
+    generated = _pod(worker_manifests(plan)[0])
+    (base,) = [
+        d for d in _of("base", "Deployment") if d["metadata"]["name"] == "worker-demo-gpt-1-0-0"
+    ]
+    checked_in = _pod(base)
+    assert generated["volumes"] == checked_in["volumes"]
+    for made, kept in zip(
+        [*generated["initContainers"], *generated["containers"]],
+        [*checked_in["initContainers"], *checked_in["containers"]],
+        strict=True,
+    ):
+        assert made["env"] == kept["env"] and made["volumeMounts"] == kept["volumeMounts"]

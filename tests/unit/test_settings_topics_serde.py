@@ -197,3 +197,36 @@ def test_every_contract_round_trips() -> None:
 def test_decode_errors_are_typed(data: bytes | None) -> None:
     with pytest.raises(SerdeError):
         serde.decode(inference_pb2.InferenceRequest, data)
+
+
+def test_secrets_come_from_mounted_files(tmp_path: Path) -> None:
+    """Regression: SASL passwords and database URLs could only be environment variables,
+    which every child process, /proc/<pid>/environ and the pod spec show."""
+    (tmp_path / "password").write_text("s3cret\n")
+    (tmp_path / "url").write_text("postgresql+psycopg://reader:pw@db/graylane")
+    (tmp_path / "username").write_text("worker\n")
+    settings = Settings.from_env(
+        {
+            "GRAYLANE_SASL_PASSWORD_FILE": str(tmp_path / "password"),
+            "GRAYLANE_SASL_USERNAME_FILE": str(tmp_path / "username"),
+            "GRAYLANE_DB_URL_FILE": str(tmp_path / "url"),
+        }
+    )
+    assert settings.security.sasl_password == "s3cret"
+    assert settings.security.sasl_username == "worker"
+    assert settings.db_url == "postgresql+psycopg://reader:pw@db/graylane"
+
+
+def test_a_secret_file_that_cannot_be_read_or_doubles_a_variable_is_refused(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(SettingsError, match=r"GRAYLANE_DB_URL_FILE=.*cannot read it"):
+        Settings.from_env({"GRAYLANE_DB_URL_FILE": str(tmp_path / "missing")})
+    (tmp_path / "password").write_text("from-file")
+    both = {
+        "GRAYLANE_SASL_PASSWORD": "from-env",
+        "GRAYLANE_SASL_PASSWORD_FILE": str(tmp_path / "password"),
+    }
+    with pytest.raises(SettingsError, match="both set") as raised:
+        Settings.from_env(both)
+    assert "from-file" not in str(raised.value) and "from-env" not in str(raised.value)

@@ -173,21 +173,12 @@ spec:
         - configMapRef:
             name: graylane-config
         env:
-        - name: GRAYLANE_SASL_USERNAME
-          valueFrom:
-            secretKeyRef:
-              name: {{ $root.Values.credentials.kafka.worker }}
-              key: username
-        - name: GRAYLANE_SASL_PASSWORD
-          valueFrom:
-            secretKeyRef:
-              name: {{ $root.Values.credentials.kafka.worker }}
-              key: password
-        - name: GRAYLANE_SASL_MECHANISM
-          valueFrom:
-            secretKeyRef:
-              name: {{ $root.Values.credentials.kafka.worker }}
-              key: mechanism
+        - name: GRAYLANE_SASL_USERNAME_FILE
+          value: /etc/graylane/kafka-login/username
+        - name: GRAYLANE_SASL_PASSWORD_FILE
+          value: /etc/graylane/kafka-login/password
+        - name: GRAYLANE_SASL_MECHANISM_FILE
+          value: /etc/graylane/kafka-login/mechanism
         ports:
         - name: metrics
           containerPort: 9100
@@ -224,12 +215,26 @@ spec:
           seccompProfile:
             type: RuntimeDefault
         volumeMounts:
+        - name: kafka-login
+          mountPath: /etc/graylane/kafka-login
+          readOnly: true
         - name: tmp
           mountPath: /tmp
         - name: kafka-ca
           mountPath: /etc/graylane/kafka-ca
           readOnly: true
       volumes:
+      - name: kafka-login
+        secret:
+          secretName: {{ $root.Values.credentials.kafka.worker }}
+          defaultMode: 292
+          items:
+          - key: username
+            path: username
+          - key: password
+            path: password
+          - key: mechanism
+            path: mechanism
       - name: tmp
         emptyDir:
           sizeLimit: 256Mi
