@@ -103,6 +103,18 @@ class ApiError(GraylaneError):
         )
 
     @classmethod
+    def too_many_in_flight(cls, tenant: str, running: int, retry_after_s: int) -> ApiError:
+        """The tenant holds its share of the replica's running calls."""
+        return cls(
+            429,
+            f"tenant {tenant!r} has {running} calls running, its share of this gateway; "
+            "retry when one ends",
+            type=ErrorType.RATE_LIMIT,
+            code="too_many_in_flight",
+            retry_after_s=retry_after_s,
+        )
+
+    @classmethod
     def overloaded(cls, message: str, retry_after_s: int) -> ApiError:
         return cls(
             503, message, type=ErrorType.OVERLOADED, code="overloaded", retry_after_s=retry_after_s

@@ -437,9 +437,9 @@ class Gateway:
         return key
 
     def _enter(self, tenant: Tenant, priority: Priority) -> _Slot:
-        """Take a place among this replica's running calls, or 503: sheddable calls
-        first, and a tenant past its cap or its fair share (taken before the body is
-        read, so the gate bounds the bodies held as well)."""
+        """Take a place among this replica's running calls: 503 when the replica is full
+        (sheddable calls first), 429 for a tenant past its cap or its fair share (taken
+        before the body is read, so the gate bounds the bodies held as well)."""
         gate = self.admission.gate
         verdict = gate.enter(priority, tenant.name)
         if verdict is GateVerdict.REPLICA_FULL:
@@ -449,12 +449,10 @@ class Gateway:
                 f"({gate.cap(priority)} running); retry shortly",
                 self.limits.retry_after_s,
             )
-        if verdict is not GateVerdict.ADMIT:
+        if verdict is not GateVerdict.ADMIT:  # the tenant's own doing: 429, not 503
             self.metrics.refused.labels("tenant_share").inc()
-            raise ApiError.overloaded(
-                f"tenant {tenant.name!r} has {gate.running_of(tenant.name)} calls running, "
-                "its share of this gateway; retry shortly",
-                self.limits.retry_after_s,
+            raise ApiError.too_many_in_flight(
+                tenant.name, gate.running_of(tenant.name), self.limits.retry_after_s
             )
         self.metrics.in_flight.set(gate.running)
         return _Slot(self, tenant.name)

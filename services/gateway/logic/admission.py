@@ -31,8 +31,9 @@ key, calls in flight) are the gateway's state (:mod:`~graylane.services.gateway.
 - **Fair share.** A place in the gate is taken before the body is read, so the gate
   bounds the bodies held too. One tenant holds at most ``tenant_share`` of
   ``max_in_flight``; once the gate is ``fair_from`` full, a tenant already holding its
-  fair share (``max_in_flight`` over the tenants running calls) is refused until others
-  had theirs: one tenant cannot starve the rest (:func:`gate_verdict`).
+  fair share (``max_in_flight`` over the tenants running calls) is refused (429: its own
+  doing, unlike a full replica's 503) until others had theirs: one tenant cannot starve
+  the rest (:func:`gate_verdict`).
 - **Deadlines.** ``x-graylane-timeout-ms`` or a body's ``timeout`` (seconds) bound how
   long the gateway waits and become the request's deadline (workers shed what cannot
   finish in time); both are capped by ``max_timeout_s``.
