@@ -27,6 +27,7 @@ The last line is JSON: ``peak_rss_mb``, ``server_errors``, ``victim_success_rate
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -62,6 +63,9 @@ _NO_ANSWER = 0
 """The status of a call that got no answer."""
 _HUNG_UP = -1
 """The status of a call the bench hung up on itself."""
+_CUT = -2
+"""An oversized upload the gateway refused and closed before the bench could read its
+answer (HTTP allows a server to stop reading a body it refuses)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,20 +214,9 @@ async def _send(
         else:
             head.append(f"content-length: {len(call.body)}")
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
-        if call.chunked:
-            for i in range(0, len(call.body), 65536):
-                piece = call.body[i : i + 65536]
-                writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
-                await writer.drain()
-            writer.write(b"0\r\n\r\n")
-        elif kind is Hostile.SLOW_WRITER:
-            for i in range(0, len(call.body), 8):
-                writer.write(call.body[i : i + 8])
-                await writer.drain()
-                await asyncio.sleep(0.02)
-        else:
-            writer.write(call.body)
-        await writer.drain()
+        # The gateway may answer before it has read everything: its answer is read still.
+        with contextlib.suppress(OSError):
+            await _write_body(writer, call)
         if kind is Hostile.NEVER_READS:
             await asyncio.sleep(0.5)  # the answer waits in the socket, unread
             return _HUNG_UP, 0.0
@@ -237,10 +230,26 @@ async def _send(
         await asyncio.wait_for(reader.read(), timeout_s)
         return status, (time.perf_counter() - started) * 1e3
     except (OSError, TimeoutError, ValueError, IndexError):
-        # The gateway may close a connection whose body it refused unread.
-        return _NO_ANSWER if kind not in _MAY_BE_CUT else 413, 0.0
+        return (_CUT if kind in _MAY_BE_CUT else _NO_ANSWER), 0.0
     finally:
         writer.close()
+
+
+async def _write_body(writer: asyncio.StreamWriter, call: HostileCall) -> None:
+    if call.chunked:
+        for i in range(0, len(call.body), 65536):
+            piece = call.body[i : i + 65536]
+            writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+    elif call.kind is Hostile.SLOW_WRITER:
+        for i in range(0, len(call.body), 8):
+            writer.write(call.body[i : i + 8])
+            await writer.drain()
+            await asyncio.sleep(0.02)
+    else:
+        writer.write(call.body)
+    await writer.drain()
 
 
 _MAY_BE_CUT = {Hostile.OVERSIZED, Hostile.OVERSIZED_CHUNKED}

@@ -344,8 +344,15 @@ class Gateway:
                 if size + len(part) > cap:
                     self.metrics.refused.labels("size").inc()
                     raise ApiError.too_large(f"the body is over the limit of {cap} bytes")
-                if not self.admission.bodies.take(tenant.name, len(part)):
+                held = self.admission.bodies.take(tenant.name, len(part))
+                if held is not GateVerdict.ADMIT:
                     self.metrics.refused.labels("buffered").inc()
+                    if held is GateVerdict.TENANT_CAP:  # the tenant's own doing: 429
+                        raise ApiError.too_many_in_flight(
+                            tenant.name,
+                            self.admission.gate.running_of(tenant.name),
+                            self.limits.retry_after_s,
+                        )
                     raise ApiError.overloaded(
                         "the gateway holds as many request bodies as it may; retry shortly",
                         self.limits.retry_after_s,

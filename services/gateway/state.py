@@ -111,13 +111,16 @@ class BodyBudget:
         self.held = 0
         self._by_tenant: dict[str, int] = {}
 
-    def take(self, tenant: str, size: int) -> bool:
+    def take(self, tenant: str, size: int) -> GateVerdict:
+        """ADMIT (the bytes are held), TENANT_CAP or REPLICA_FULL (nothing taken)."""
         own = self._by_tenant.get(tenant, 0)
-        if self.held + size > self.total_cap or own + size > self.tenant_cap:
-            return False
+        if own + size > self.tenant_cap:
+            return GateVerdict.TENANT_CAP
+        if self.held + size > self.total_cap:
+            return GateVerdict.REPLICA_FULL
         self.held += size
         self._by_tenant[tenant] = own + size
-        return True
+        return GateVerdict.ADMIT
 
     def give_back(self, tenant: str, size: int) -> None:
         self.held = max(0, self.held - size)

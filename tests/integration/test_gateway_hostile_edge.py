@@ -101,7 +101,7 @@ async def test_a_body_full_of_ignored_fields_is_not_kept_while_its_call_waits(
         finally:
             tracemalloc.stop()
         # A body of {} fillers past the containers bound is refused before it is kept.
-        fillers = json.dumps({"model": MODEL, "prompt": "hi", "x": [{}] * 30_000}).encode()
+        fillers = json.dumps({"model": MODEL, "prompt": "hi", "x": [{}] * 40_000}).encode()
         refused = await http.post("/v1/completions", content=fillers, headers=_auth(NOISY))
     grown_mb = (held - before) / 2**20
     # each body is ~600 KB and ~1 MB parsed: kept, 40 of them are 40+ MB

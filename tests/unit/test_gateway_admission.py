@@ -154,10 +154,13 @@ def test_fair_share_shrinks_as_tenants_arrive() -> None:
 def test_the_body_budget_holds_per_tenant_and_per_replica() -> None:
     limits = GatewayLimits(max_body_bytes=100, max_buffered_bytes=400, tenant_share=0.5)
     budget = BodyBudget(limits)
-    assert budget.take("a", 200) and not budget.take("a", 1)  # a's half
-    assert budget.take("b", 150) and budget.take("c", 50) and not budget.take("c", 1)  # full
+    admit = GateVerdict.ADMIT
+    assert budget.take("a", 200) is admit
+    assert budget.take("a", 1) is GateVerdict.TENANT_CAP  # a's half
+    assert budget.take("b", 150) is admit and budget.take("c", 50) is admit
+    assert budget.take("c", 1) is GateVerdict.REPLICA_FULL
     budget.give_back("a", 200)
-    assert budget.held == 200 and budget.take("c", 100)
+    assert budget.held == 200 and budget.take("c", 100) is admit
 
 
 def test_keys_state_their_priorities_and_tags() -> None:

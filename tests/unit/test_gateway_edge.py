@@ -208,5 +208,8 @@ async def test_headers_become_the_requests_routing_key_tags_priority_and_deadlin
     await http.post(
         "/v1/completions", json={"model": "gpt", "prompt": "x", "user": "u-7"}, headers=AUTH
     )
-    assert seen["routing_key"] == "u-7" and seen["tags"] == {"priority": "standard", "tenant": "edge"}
+    assert seen["routing_key"] == "u-7" and seen["tags"] == {
+        "priority": "standard",
+        "tenant": "edge",
+    }
     assert seen["deadline_s"] is None  # no deadline unless the caller gives one

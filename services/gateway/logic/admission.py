@@ -277,8 +277,9 @@ class GatewayLimits:
     above); one tenant may hold ``tenant_share`` of it."""
     max_json_depth: int = 32
     """Deepest nesting of a JSON body (400 beyond)."""
-    max_json_containers: int = 20_000
-    """Most objects and arrays in one JSON body (400 beyond): bounds what a parse keeps."""
+    max_json_containers: int = 32_768
+    """Most ``{`` and ``[`` in one JSON body, strings included (400 beyond, unparsed):
+    bounds what a parse makes of a body."""
     template_timeout_s: float = 2.0
     """Longest a model's chat template may render one conversation (400 beyond)."""
     replicas: int = 1

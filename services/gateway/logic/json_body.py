@@ -2,9 +2,11 @@
 
 A small body can become a large tree: a megabyte of ``{}`` is about 25 MB of Python
 objects, and a deep nesting ends the decoder in ``RecursionError``. :func:`read_json`
-answers both with 400: a nesting deeper than ``max_depth`` or more than
-``max_containers`` objects and arrays is refused, so what the gateway keeps of a body is
-bounded by its limits, whatever the body. Invalid UTF-8 and invalid JSON are 400 too.
+answers both with 400, and the costly ones before any decoding: a body with more than
+``max_containers`` opening brackets (``{`` and ``[``, inside strings too: an upper
+bound of its objects and arrays, counted in C) is refused unread, and a nesting deeper
+than ``max_depth`` is refused after it. What a parse makes of a body is then bounded by
+the limits, whatever the body. Invalid UTF-8 and invalid JSON are 400 too.
 The caller keeps only what it reads out of the tree, never the tree or the raw bytes.
 """
 
@@ -19,6 +21,8 @@ __all__ = ["read_json"]
 
 def read_json(raw: bytes, *, max_depth: int, max_containers: int) -> object:
     """``raw`` decoded; :class:`ApiError` (400) when it is not JSON or past the bounds."""
+    if raw.count(b"{") + raw.count(b"[") > max_containers:
+        raise _too_many(max_containers)
     try:
         value = json.loads(raw)
     except RecursionError:
@@ -29,6 +33,13 @@ def read_json(raw: bytes, *, max_depth: int, max_containers: int) -> object:
         ) from None
     _check_shape(value, max_depth=max_depth, max_containers=max_containers)
     return value
+
+
+def _too_many(max_containers: int) -> ApiError:
+    return ApiError.invalid(
+        f"the JSON body holds more than {max_containers} objects and arrays "
+        "('{' and '[', strings included)"
+    )
 
 
 def _too_deep(max_depth: int) -> ApiError:
@@ -49,9 +60,7 @@ def _check_shape(value: object, *, max_depth: int, max_containers: int) -> None:
             continue
         containers += 1
         if containers > max_containers:
-            raise ApiError.invalid(
-                f"the JSON body holds more than {max_containers} objects and arrays"
-            )
+            raise _too_many(max_containers)
         if depth > max_depth:
             raise _too_deep(max_depth)
         pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
