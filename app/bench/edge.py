@@ -6,7 +6,8 @@ a well-behaved one, the victim.
 
 1. **Quiet**: the victim alone, paced one-token completions (at ``victim_fraction`` of
    the capacity measured first): its p99.
-2. **Attack**: the hostile tenants send a seeded corpus of ``calls`` calls, a fixed
+2. **Attack**: the hostile tenants (a process of their own, so the victim's figures are
+   the gateway's, not the bench's) send a seeded corpus of ``calls`` calls, a fixed
    number open at once each, while the victim goes on exactly as before: oversized bodies
    (declared and chunked), deeply nested bodies, bodies full of unknown fields (valid
    calls otherwise), invalid UTF-8, slow writers and callers that never read their
@@ -16,9 +17,13 @@ a well-behaved one, the victim.
    topics of the gateway.
 3. **After**: one victim call, and every service process is still running.
 
-Every answer is sorted by status. A server error is an answer of 500 or above, or a
-call that got no answer at all (a hang-up by the bench itself is not one). The peak
-RSS is the gateway process's high-water mark (``VmHWM``), read at the end.
+Bodies over 64 KiB are sent as HTTP clients send large uploads (``Expect:
+100-continue``), so a refusal can come before the body. Every answer is sorted by
+status. A server error is an answer of 500 or above, or a call that got no answer at
+all; not one: a hang-up by the bench itself (``-1``), and a large upload the gateway
+refused midway and closed (``-2``: a body past the size cap, which the gateway stops
+reading). The peak RSS is the gateway process's high-water mark (``VmHWM``), read at
+the end.
 
 The last line is JSON: ``peak_rss_mb``, ``server_errors``, ``victim_success_rate``,
 ``victim_p99_ms``, ``services_alive`` and the figures behind them.
@@ -29,11 +34,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import random
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -54,7 +61,7 @@ from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import inference_pb2
 
-__all__ = ["EdgeBenchConfig", "Hostile", "corpus", "main", "run"]
+__all__ = ["EdgeBenchConfig", "Hostile", "HostileCall", "corpus", "corpus_call", "main", "run"]
 
 MODEL = "edge-bench"
 _TAG = "bench-edge"
@@ -80,7 +87,11 @@ class EdgeBenchConfig:
     """The victim's rate, as a share of the capacity measured first."""
     rate_per_s: float = 50.0
     burst: int = 100
-    """Every key's limit (the gateway's defaults)."""
+    """The victim's key's limit (the gateway's defaults)."""
+    hostile_rate_per_s: float = 5.0
+    hostile_burst: int = 10
+    """Each hostile key's limit: bursts go past it, and what gets through reaches the
+    worker the victim shares."""
 
 
 class Hostile(Enum):
@@ -176,19 +187,19 @@ def _dump(body: object) -> bytes:
     return json.dumps(body).encode()
 
 
+def corpus_call(index: int, seed: int) -> HostileCall:
+    """Hostile call ``index`` of the corpus of ``seed`` (the same seed gives the same
+    corpus; calls are made one at a time, so the corpus is never held whole)."""
+    rng = random.Random(seed * 1_000_003 + index)
+    kind = rng.choice(list(Hostile))
+    tenant = rng.choice(_TENANTS)
+    path, headers, body, chunked = _hostile(kind, rng)
+    return HostileCall(kind, tenant, path, tuple(headers.items()), body, chunked)
+
+
 def corpus(calls: int, seed: int) -> list[HostileCall]:
-    """``calls`` hostile calls, the kinds and tenants drawn from ``seed`` (the same seed
-    gives the same corpus)."""
-    rng = random.Random(seed)
-    kinds = list(Hostile)
-    out = []
-    for _ in range(calls):
-        kind = rng.choice(kinds)
-        path, headers, body, chunked = _hostile(kind, rng)
-        out.append(
-            HostileCall(kind, rng.choice(_TENANTS), path, tuple(headers.items()), body, chunked)
-        )
-    return out
+    """The first ``calls`` calls of the corpus of ``seed``."""
+    return [corpus_call(i, seed) for i in range(calls)]
 
 
 # -- raw HTTP: the bench needs to misbehave, which no HTTP library does ------------------
@@ -204,6 +215,7 @@ async def _send(
     except (OSError, TimeoutError):
         return _NO_ANSWER, 0.0
     kind = call.kind
+    careful = False
     try:
         head = [f"POST {call.path} HTTP/1.1", f"host: 127.0.0.1:{port}", "connection: close"]
         head.append(f"authorization: Bearer {'not-' + key if kind is Hostile.WRONG_KEY else key}")
@@ -213,7 +225,16 @@ async def _send(
             head.append("transfer-encoding: chunked")
         else:
             head.append(f"content-length: {len(call.body)}")
+        careful = _careful(call)
+        if careful:  # like curl with a large body: the answer may come before the body
+            head.append("expect: 100-continue")
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
+        await writer.drain()
+        if careful:
+            line = await asyncio.wait_for(reader.readline(), timeout_s)
+            if not line.startswith(b"HTTP/1.1 100"):
+                return (int(line.split(b" ", 2)[1]) if line else _NO_ANSWER), 0.0
+            await reader.readline()  # the blank line after the 100
         # The gateway may answer before it has read everything: its answer is read still.
         with contextlib.suppress(OSError):
             await _write_body(writer, call)
@@ -230,7 +251,7 @@ async def _send(
         await asyncio.wait_for(reader.read(), timeout_s)
         return status, (time.perf_counter() - started) * 1e3
     except (OSError, TimeoutError, ValueError, IndexError):
-        return (_CUT if kind in _MAY_BE_CUT else _NO_ANSWER), 0.0
+        return (_CUT if careful else _NO_ANSWER), 0.0
     finally:
         writer.close()
 
@@ -252,8 +273,13 @@ async def _write_body(writer: asyncio.StreamWriter, call: HostileCall) -> None:
     await writer.drain()
 
 
-_MAY_BE_CUT = {Hostile.OVERSIZED, Hostile.OVERSIZED_CHUNKED}
-"""Kinds whose sending the gateway may cut short by answering early and closing."""
+_LARGE = 64 * 1024
+
+
+def _careful(call: HostileCall) -> bool:
+    """Whether the call is sent as HTTP clients send large uploads (``Expect:
+    100-continue``; the gateway may refuse such an upload midway and close)."""
+    return call.chunked or len(call.body) > _LARGE
 
 
 @dataclass
@@ -329,25 +355,41 @@ async def _forged_cancels(factory: KafkaFactory, count: int, seed: int) -> int:
 
 
 async def _attack(
-    port: int, keys: dict[str, str], calls: list[HostileCall], concurrency: int
+    port: int, keys: dict[str, str], calls: int, seed: int, concurrency: int
 ) -> tuple[Counter[int], Counter[str]]:
-    """Every hostile tenant sends its share of ``calls``, ``concurrency`` open at once."""
+    """Every hostile tenant sends its share of the corpus, ``concurrency`` open at once."""
     statuses: Counter[int] = Counter()
     by_kind: Counter[str] = Counter()
+    queues: dict[str, list[int]] = {t: [] for t in _TENANTS}
+    for i in range(calls):
+        queues[_tenant_of(i, seed)].append(i)
 
-    async def caller(mine: list[HostileCall], key: str) -> None:
+    async def caller(mine: list[int], key: str) -> None:
         while mine:
-            call = mine.pop()
+            call = corpus_call(mine.pop(), seed)
             status, _ = await _send(port, call, key)
             statuses[status] += 1
             by_kind[f"{call.kind.value}:{status}"] += 1
 
     tasks = []
-    for tenant in _TENANTS:
-        mine = [c for c in calls if c.tenant == tenant]
+    for tenant, mine in queues.items():
         tasks += [caller(mine, keys[tenant]) for _ in range(concurrency)]
     await asyncio.gather(*tasks)
     return statuses, by_kind
+
+
+def _tenant_of(index: int, seed: int) -> str:
+    rng = random.Random(seed * 1_000_003 + index)
+    rng.choice(list(Hostile))
+    return rng.choice(_TENANTS)
+
+
+def _attack_process(
+    port: int, keys: dict[str, str], calls: int, seed: int, concurrency: int
+) -> tuple[dict[int, int], dict[str, int]]:
+    """:func:`_attack` in a process of its own (the bench's victim keeps its loop)."""
+    statuses, by_kind = asyncio.run(_attack(port, keys, calls, seed, concurrency))
+    return dict(statuses), dict(by_kind)
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -362,7 +404,10 @@ def _services(
 ) -> list[Service]:
     worker = WorkerSpec("v1", {"fp32": str(model)})
     entries = ",".join(
-        f"{key}:infer:{tenant}:{cfg.rate_per_s}:{cfg.burst}" for tenant, key in keys.items()
+        f"{key}:infer:{tenant}:{cfg.rate_per_s}:{cfg.burst}"
+        if tenant == "victim"
+        else f"{key}:infer:{tenant}:{cfg.hostile_rate_per_s}:{cfg.hostile_burst}"
+        for tenant, key in keys.items()
     )
     return [
         start_router(MODEL, "v1", env, _TAG),
@@ -396,7 +441,6 @@ async def _measure(
     keys = _keys(("victim", *_TENANTS))
     services = _services(model, stack_env(settings), port, keys, cfg)
     victim_key = keys["victim"]
-    calls = corpus(cfg.calls, cfg.seed)
     try:
         progress("waiting for the router, the worker and the gateway")
         await _wait_answered(port, victim_key, 240)
@@ -413,7 +457,18 @@ async def _measure(
         victim_task = asyncio.create_task(_victim_load(port, victim_key, rate, stop))
         started = time.monotonic()
         cancels = asyncio.create_task(_forged_cancels(factory, max(10, cfg.calls // 10), cfg.seed))
-        statuses, by_kind = await _attack(port, keys, calls, cfg.concurrency)
+        loop = asyncio.get_running_loop()
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            counted = await loop.run_in_executor(
+                pool,
+                _attack_process,
+                port,
+                {t: keys[t] for t in _TENANTS},
+                cfg.calls,
+                cfg.seed,
+                cfg.concurrency,
+            )
+        statuses, by_kind = Counter(counted[0]), Counter(counted[1])
         forged_cancels = await cancels
         attack_s = time.monotonic() - started
         stop.set()

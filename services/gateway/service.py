@@ -347,6 +347,7 @@ class Gateway:
                 held = self.admission.bodies.take(tenant.name, len(part))
                 if held is not GateVerdict.ADMIT:
                     self.metrics.refused.labels("buffered").inc()
+                    await _discard_rest(request, cap - size - len(part))
                     if held is GateVerdict.TENANT_CAP:  # the tenant's own doing: 429
                         raise ApiError.too_many_in_flight(
                             tenant.name,
@@ -363,6 +364,19 @@ class Gateway:
             self._give_back(tenant, size)
             raise
         return b"".join(parts)
+
+    async def _unread(self, request: Request) -> None:
+        """Drop what is left of the body of a call refused before it was read (up to the
+        size cap, for at most ``drain_s``), so the caller, maybe still sending, reads the
+        answer instead of a reset connection. Nothing of it is kept."""
+        declared = request.headers.get("content-length")
+        cap = self.limits.max_body_bytes
+        if declared is not None and (not declared.isdigit() or int(declared) > cap):
+            return  # refused for its size: the caller who sent it whole reads a reset
+        if request.headers.get("expect", "").lower() == "100-continue":
+            return  # the caller waits for our word before it sends the body: none to drop
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(_discard_rest(request, cap), self.limits.drain_s)
 
     def _give_back(self, tenant: Tenant, size: int) -> None:
         self.admission.bodies.give_back(tenant.name, size)
@@ -557,6 +571,7 @@ class Gateway:
             priority = self._priority(request, tenant)
             slot = self._enter(tenant, priority)
         except Exception as exc:
+            await self._unread(request)
             return self._error(label, started, self._failure(exc), openai=True)
         try:
             call = await self._read_call(request, endpoint, tenant)
@@ -817,6 +832,7 @@ class Gateway:
                 model=model, version=result.version, call=call, outputs=result.outputs
             )
         except Exception as exc:
+            await self._unread(request)
             return self._error("v2_infer", started, self._failure(exc), openai=False)
         headers = {VERSION_HEADER: result.version, VARIANT_HEADER: result.variant}
         media = "application/json"
@@ -896,6 +912,15 @@ class _Relay:
             # Shielded: a second cancel would interrupt the SDK sending the cancel message.
             await asyncio.shield(self._task)
         self._end()
+
+
+async def _discard_rest(request: Request, room: int) -> None:
+    """Read and drop the rest of a refused body, up to ``room`` bytes, so the caller (still
+    sending) reads the answer rather than a reset connection."""
+    async for part in request.stream():
+        room -= len(part)
+        if room < 0:
+            return
 
 
 async def _disconnected(request: Request) -> None:

@@ -280,6 +280,8 @@ class GatewayLimits:
     max_json_containers: int = 32_768
     """Most ``{`` and ``[`` in one JSON body, strings included (400 beyond, unparsed):
     bounds what a parse makes of a body."""
+    drain_s: float = 5.0
+    """Longest the gateway reads (and drops) the body of a call it refused unread."""
     template_timeout_s: float = 2.0
     """Longest a model's chat template may render one conversation (400 beyond)."""
     replicas: int = 1
