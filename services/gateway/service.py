@@ -936,6 +936,7 @@ def _build_app(gateway: Gateway) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        await gateway._unread(request)  # an unknown path's body: dropped, then answered
         kind = ErrorType.NOT_FOUND if exc.status_code == 404 else ErrorType.INVALID_REQUEST
         err = ApiError(exc.status_code, str(exc.detail), type=kind)
         if request.url.path.startswith("/v2"):
