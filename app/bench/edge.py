@@ -81,7 +81,7 @@ class EdgeBenchConfig:
     calls: int = 10_000
     """Hostile calls, all tenants together."""
     seed: int = 34
-    concurrency: int = 24
+    concurrency: int = 8
     """Hostile calls open at once, per hostile tenant."""
     quiet_s: float = 20.0
     victim_fraction: float = 0.25

@@ -176,7 +176,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     edge.add_argument("--calls", type=int, default=10_000, help="hostile calls in all")
     edge.add_argument("--seed", type=int, default=34, help="the same seed sends the same calls")
     edge.add_argument(
-        "--concurrency", type=int, default=24, help="hostile calls open at once, per tenant"
+        "--concurrency", type=int, default=8, help="hostile calls open at once, per tenant"
     )
     edge.add_argument("--quiet-s", type=float, default=20.0, help="the victim alone, first")
     edge.set_defaults(handler=_edge)
