@@ -213,3 +213,22 @@ async def test_headers_become_the_requests_routing_key_tags_priority_and_deadlin
         "tenant": "edge",
     }
     assert seen["deadline_s"] is None  # no deadline unless the caller gives one
+
+
+async def test_a_kafka_failure_is_answered_without_its_text(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """Pins the leak: Kafka's exception text (hosts, principals) reached callers verbatim."""
+    from aiokafka.errors import KafkaConnectionError
+
+    secret = "broker kafka-0.internal:9093 refused SASL user gateway-prod"
+
+    async def infer(*_: Any, **__: Any) -> Result:
+        raise KafkaConnectionError(secret)
+
+    gateway.client.infer = infer  # type: ignore[method-assign]
+    answer = await http.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+    message = str(_openai_error(answer)["message"])
+    assert "kafka-0" not in message and "SASL" not in message
+    assert message == "the request could not be queued; retry shortly"
