@@ -12,9 +12,10 @@ a well-behaved one, the victim.
    (declared and chunked), deeply nested bodies, bodies full of unknown fields (valid
    calls otherwise), invalid UTF-8, slow writers and callers that never read their
    answer, streams that hang up after their first bytes, forged priorities, tags and
-   tenant tags, forged feedback, wrong keys, and bursts past every limit. Beside them,
-   forged cancels go to the cancels topic naming made-up request ids and guessed reply
-   topics of the gateway.
+   tenant tags, forged feedback, wrong keys, and bursts past every limit; and a storm of
+   ``storm`` (``calls`` / 5) streams opened at once that hang up after their first
+   bytes. Beside them, forged cancels go to the cancels topic naming made-up request ids
+   and guessed reply topics of the gateway.
 3. **After**: one victim call, and every service process is still running.
 
 Bodies over 64 KiB are sent as HTTP clients send large uploads (``Expect:
@@ -83,6 +84,8 @@ class EdgeBenchConfig:
     seed: int = 34
     concurrency: int = 8
     """Hostile calls open at once, per hostile tenant."""
+    storm: int | None = None
+    """Streams opened at once and hung up, beside the corpus (None: ``calls`` / 5)."""
     quiet_s: float = 20.0
     victim_fraction: float = 0.25
     """The victim's rate, as a share of the capacity measured first."""
@@ -365,9 +368,11 @@ async def _forged_cancels(factory: KafkaFactory, count: int, seed: int) -> int:
 
 
 async def _attack(
-    port: int, keys: dict[str, str], calls: int, seed: int, concurrency: int
+    port: int, keys: dict[str, str], calls: int, seed: int, concurrency: int, storm: int
 ) -> tuple[Counter[int], Counter[str]]:
-    """Every hostile tenant sends its share of the corpus, ``concurrency`` open at once."""
+    """Every hostile tenant sends its share of the corpus, ``concurrency`` open at once;
+    beside them, a storm of ``storm`` streams opened at once, hung up after their first
+    bytes."""
     statuses: Counter[int] = Counter()
     by_kind: Counter[str] = Counter()
     queues: dict[str, list[int]] = {t: [] for t in _TENANTS}
@@ -381,7 +386,16 @@ async def _attack(
             statuses[status] += 1
             by_kind[f"{call.kind.value}:{status}"] += 1
 
-    tasks = []
+    async def hang_up(i: int) -> None:
+        rng = random.Random(f"{seed}:storm:{i}")
+        tenant = _TENANTS[i % len(_TENANTS)]
+        body = _dump(_completion(rng, stream=True))
+        call = HostileCall(Hostile.STREAM_HANG_UP, tenant, "/v1/completions", (), body)
+        status, _ = await _send(port, call, keys[tenant])
+        statuses[status] += 1
+        by_kind[f"storm:{status}"] += 1
+
+    tasks = [hang_up(i) for i in range(storm)]
     for tenant, mine in queues.items():
         tasks += [caller(mine, keys[tenant]) for _ in range(concurrency)]
     await asyncio.gather(*tasks)
@@ -395,10 +409,10 @@ def _tenant_of(index: int, seed: int) -> str:
 
 
 def _attack_process(
-    port: int, keys: dict[str, str], calls: int, seed: int, concurrency: int
+    port: int, keys: dict[str, str], calls: int, seed: int, concurrency: int, storm: int
 ) -> tuple[dict[int, int], dict[str, int]]:
     """:func:`_attack` in a process of its own (the bench's victim keeps its loop)."""
-    statuses, by_kind = asyncio.run(_attack(port, keys, calls, seed, concurrency))
+    statuses, by_kind = asyncio.run(_attack(port, keys, calls, seed, concurrency, storm))
     return dict(statuses), dict(by_kind)
 
 
@@ -451,6 +465,7 @@ async def _measure(
     keys = _keys(("victim", *_TENANTS))
     services = _services(model, stack_env(settings), port, keys, cfg)
     victim_key = keys["victim"]
+    storm = cfg.calls // 5 if cfg.storm is None else cfg.storm
     try:
         progress("waiting for the router, the worker and the gateway")
         await _wait_answered(port, victim_key, 240)
@@ -477,6 +492,7 @@ async def _measure(
                 cfg.calls,
                 cfg.seed,
                 cfg.concurrency,
+                storm,
             )
         statuses, by_kind = Counter(counted[0]), Counter(counted[1])
         forged_cancels = await cancels
@@ -507,6 +523,7 @@ async def _measure(
     p99_ratio = during.p99() / quiet.p99() if quiet.p99() else 0.0
     return {
         "hostile_calls": cfg.calls,
+        "storm_streams": storm,
         "tenants": len(_TENANTS),
         "seed": cfg.seed,
         "forged_cancels": forged_cancels,

@@ -179,6 +179,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--concurrency", type=int, default=8, help="hostile calls open at once, per tenant"
     )
     edge.add_argument("--quiet-s", type=float, default=20.0, help="the victim alone, first")
+    edge.add_argument(
+        "--storm",
+        type=int,
+        default=None,
+        help="streams opened at once and hung up, beside the corpus (default: calls / 5)",
+    )
     edge.set_defaults(handler=_edge)
     fuzz = which.add_parser(
         "fuzz", help="malformed records on every topic a service reads: does any service die?"
@@ -374,7 +380,11 @@ def _edge(args: argparse.Namespace) -> int:
 
     return main(
         EdgeBenchConfig(
-            calls=args.calls, seed=args.seed, concurrency=args.concurrency, quiet_s=args.quiet_s
+            calls=args.calls,
+            seed=args.seed,
+            concurrency=args.concurrency,
+            quiet_s=args.quiet_s,
+            storm=args.storm,
         )
     )
 

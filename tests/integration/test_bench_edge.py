@@ -60,7 +60,7 @@ def test_quick_edge_bench_reports_a_gateway_that_holds(kafka_bootstrap: str) -> 
     assert report["victim_success_rate"] >= 0.99
     assert 0 < report["peak_rss_mb"] < 400
     statuses = report["statuses"]
-    assert sum(statuses.values()) == 300
+    assert sum(statuses.values()) == 300 + report["storm_streams"] == 360
     assert "403" in statuses and "401" in statuses  # forged identity and wrong keys refused
     # progress lines and the per-kind table before the JSON
     assert "s] attack: 300 calls in" in done.stdout and "kind:status" in done.stdout
