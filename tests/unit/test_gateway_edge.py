@@ -232,3 +232,37 @@ async def test_a_kafka_failure_is_answered_without_its_text(
     message = str(_openai_error(answer)["message"])
     assert "kafka-0" not in message and "SASL" not in message
     assert message == "the request could not be queued; retry shortly"
+
+
+class _SlowTemplate:
+    """A chat template that takes its time, as a hostile conversation could make one."""
+
+    stop = ("<e>",)
+
+    def __init__(self) -> None:
+        self.loop_was_free = False
+
+    def render(self, messages: object) -> str:
+        import threading
+        import time
+
+        self.loop_was_free = threading.current_thread() is not threading.main_thread()
+        time.sleep(0.5)
+        return "prompt"
+
+
+async def test_a_template_renders_off_the_event_loop_within_its_time_limit(
+    factory: KafkaFactory,
+) -> None:
+    """Pins templates rendered on the event loop with no time limit."""
+    template = _SlowTemplate()
+    limits = GatewayLimits(template_timeout_s=0.1)
+    config = GatewayConfig(limits=limits, metrics_port=-1, templates={"gpt": template})
+    gateway = Gateway(factory, config, KeyRing(parse_api_keys(f"{KEY}:infer:edge")))
+    transport = httpx.ASGITransport(app=gateway.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        answer = await http.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert answer.status_code == 400
+    assert "took longer than 0.1 s" in str(_openai_error(answer)["message"])
+    assert template.loop_was_free
+    assert gateway.admission.gate.running == 0
