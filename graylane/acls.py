@@ -2,7 +2,7 @@
 
 The trust boundary: a producer writes only ingress topics and reads only its
 own reply topic; the API gateway is a producer for many callers, its replicas each
-reading a reply topic of their own (``<p>.reply.gateway-<replica>``, a prefix: replicas
+reading a reply topic of their own (``<p>.reply.gateway-<replica>-<secret>``, a prefix: replicas
 come and go) and seeing which request topics exist (the models and versions it lists);
 every service writes only the topics of its role (router:
 version topics, error replies, dlq; workers: results/replies, telemetry,
@@ -28,9 +28,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from graylane.topics import TopicLayout, check_model_name
+from graylane.topics import TopicLayout, TopicNameError, check_model_name
 
 __all__ = [
+    "GATEWAY_CLIENT",
     "AclRule",
     "AclScope",
     "KafkaRole",
@@ -104,6 +105,11 @@ class AclRule:
         return name == self.name
 
 
+GATEWAY_CLIENT = "gateway"
+"""The client ids ``gateway-*`` (their reply topics ``<p>.reply.gateway-*``) are the
+gateway role's: no producer is granted one."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class AclScope:
     """What the ACLs are for: the served models and the known client ids."""
@@ -114,6 +120,12 @@ class AclScope:
     def __post_init__(self) -> None:
         for name in (*self.models, *self.clients):
             check_model_name(name)
+        for client in self.clients:
+            if client == GATEWAY_CLIENT or client.startswith(f"{GATEWAY_CLIENT}-"):
+                raise TopicNameError(
+                    f"client id {client!r} is in the gateway's namespace: its reply topics "
+                    "belong to the gateway role only"
+                )
 
 
 def allows(rules: Iterable[AclRule], resource: Resource, name: str, op: Operation) -> bool:

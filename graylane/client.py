@@ -15,7 +15,11 @@ A request goes to its model's ingress topic on the seam's producer
 back on a per-client reply topic, read by a
 :class:`~graylane.kafka.reading.TopicFollower`, and are matched by request_id.
 Delivery is at-least-once, so a result can arrive twice; the client hands out
-the first and drops the copy.
+the first and drops the copy. A result no caller waits for (a late one, one of a
+request another producer sent naming this reply topic) goes to :meth:`results`, at most
+``max_unclaimed`` of them unread; with ``keep_unclaimed=False`` (a client that never
+reads :meth:`results`, like the gateway) it is dropped at once. Dropped results are
+counted (:attr:`GraylaneClient.unclaimed_dropped`, and ``on_unclaimed``), never queued.
 
 A generation can be streamed: ``async for chunk in client.stream("gpt", prompt=...)``
 yields :class:`Chunk` objects in order as the worker publishes them (the last one has
@@ -38,7 +42,7 @@ import logging
 import secrets
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from types import TracebackType
@@ -341,6 +345,9 @@ class GraylaneClient:
         client_id: str | None = None,
         listen: bool = True,
         max_seen: int = 100_000,
+        keep_unclaimed: bool = True,
+        max_unclaimed: int = 10_000,
+        on_unclaimed: Callable[[], None] | None = None,
     ) -> None:
         self.factory: ClientFactory = (
             KafkaFactory(factory) if isinstance(factory, Settings) else factory
@@ -356,7 +363,11 @@ class GraylaneClient:
         self._sent_at: OrderedDict[str, int] = OrderedDict()  # bounded by max_seen
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._max_seen = max_seen
-        self._queue: asyncio.Queue[Result] = asyncio.Queue()
+        self._keep_unclaimed = keep_unclaimed
+        self._queue: asyncio.Queue[Result] = asyncio.Queue(maxsize=max(1, max_unclaimed))
+        self._on_unclaimed = on_unclaimed
+        self.unclaimed_dropped = 0
+        """Results no caller waited for, dropped (none is held beyond ``max_unclaimed``)."""
         self._known_models: set[str] | None = None
         self._cancel_tokens: OrderedDict[str, str] = OrderedDict()
         """Request id -> the cancel token of a generation sent (bounded, newest kept)."""
@@ -424,8 +435,15 @@ class GraylaneClient:
         waiter = self._waiters.pop(pb.request_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(result)
-        else:
+        elif self._keep_unclaimed and not self._queue.full():
             self._queue.put_nowait(result)
+        else:
+            self._drop_unclaimed()
+
+    def _drop_unclaimed(self) -> None:
+        self.unclaimed_dropped += 1
+        if self._on_unclaimed is not None:
+            self._on_unclaimed()
 
     def _forget(self, request_id: str) -> None:
         """Mark ``request_id`` answered: any later result for it is dropped."""

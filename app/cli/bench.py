@@ -192,6 +192,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     chaos.add_argument("--work-dir", type=Path, default=None, help="logs and broker state")
     chaos.set_defaults(handler=_chaos)
+    edge = which.add_parser(
+        "edge",
+        help="hostile HTTP callers from 3 tenants against a running gateway: peak RSS, "
+        "server errors, a well-behaved tenant's success and p99",
+    )
+    edge.add_argument("--calls", type=int, default=10_000, help="hostile calls in all")
+    edge.add_argument("--seed", type=int, default=34, help="the same seed sends the same calls")
+    edge.add_argument(
+        "--concurrency", type=int, default=8, help="hostile calls open at once, per tenant"
+    )
+    edge.add_argument("--quiet-s", type=float, default=20.0, help="the victim alone, first")
+    edge.add_argument(
+        "--storm",
+        type=int,
+        default=None,
+        help="streams opened at once and hung up, beside the corpus (default: calls / 5)",
+    )
+    edge.set_defaults(handler=_edge)
     fuzz = which.add_parser(
         "fuzz", help="malformed records on every topic a service reads: does any service die?"
     )
@@ -395,6 +413,20 @@ def _chaos(args: argparse.Namespace) -> int:
             max_rate=args.max_rate,
             malformed_per_kind=args.malformed_per_kind,
             work_dir=args.work_dir,
+        )
+    )
+
+
+def _edge(args: argparse.Namespace) -> int:
+    from graylane.app.bench.edge import EdgeBenchConfig, main
+
+    return main(
+        EdgeBenchConfig(
+            calls=args.calls,
+            seed=args.seed,
+            concurrency=args.concurrency,
+            quiet_s=args.quiet_s,
+            storm=args.storm,
         )
     )
 

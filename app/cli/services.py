@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
@@ -280,11 +281,20 @@ def _register_gateway(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--keys-file",
         type=Path,
         default=None,
-        help="API keys, KEY:infer:TENANT[:RATE_PER_S[:BURST]] per line (also read: "
+        help="API keys, KEY:infer:TENANT[:RATE_PER_S[:BURST[:PRIORITIES[:TAGS]]]] per line "
+        "(PRIORITIES and TAGS '+'-separated; default priority standard, no tags; also read: "
         "GRAYLANE_GATEWAY_KEYS, comma-separated)",
     )
     auth.add_argument(
-        "--no-auth", action="store_true", help="no API keys: anyone who reaches the port may call"
+        "--no-auth",
+        action="store_true",
+        help="no API keys: anyone who reaches the port may call (loopback only, unless "
+        "--no-auth-beyond-loopback)",
+    )
+    gateway.add_argument(
+        "--no-auth-beyond-loopback",
+        action="store_true",
+        help="allow --no-auth on a host other than loopback (an open gateway, on purpose)",
     )
     gateway.add_argument(
         "--signature",
@@ -346,6 +356,13 @@ def _register_gateway(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=int,
         default=d.max_in_flight,
         help="calls this replica runs at once; beyond it 503 (sheddable calls first)",
+    )
+    lim.add_argument(
+        "--replicas",
+        type=int,
+        default=int(os.environ.get("GRAYLANE_GATEWAY_REPLICAS", "1") or "1"),
+        help="the most gateway replicas that run at once (the HPA's maxReplicas): each "
+        "holds 1/N of every key's rate limit (default: GRAYLANE_GATEWAY_REPLICAS, else 1)",
     )
     add_observability_args(gateway)
     gateway.set_defaults(handler=_gateway)
@@ -608,7 +625,11 @@ def _gateway(args: argparse.Namespace) -> int:
 
     from graylane.kafka.seam import KafkaFactory
     from graylane.services.gateway.chat import ChatFormat, ChatTemplateError, load_chat_template
-    from graylane.services.gateway.logic.admission import GatewayLimits, KeyRing
+    from graylane.services.gateway.logic.admission import (
+        GatewayLimits,
+        KeyRing,
+        exposure_problem,
+    )
     from graylane.services.gateway.service import Gateway, GatewayConfig
 
     settings = Settings.from_env()
@@ -618,6 +639,9 @@ def _gateway(args: argparse.Namespace) -> int:
         if args.no_auth
         else KeyRing.from_sources(os.environ.get("GRAYLANE_GATEWAY_KEYS"), args.keys_file)
     )
+    problem = exposure_problem(args.host, keys, forced=args.no_auth_beyond_loopback)
+    if problem is not None:
+        raise SystemExit(problem)
     signatures: dict[tuple[str, str], Path] = {}
     for item in args.signature:
         name, _, path = item.partition("=")
@@ -651,6 +675,7 @@ def _gateway(args: argparse.Namespace) -> int:
             default_rate_per_s=args.rate,
             default_burst=args.burst,
             max_in_flight=args.max_in_flight,
+            replicas=args.replicas,
         ),
         signatures=signatures,
         templates=templates,

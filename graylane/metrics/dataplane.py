@@ -292,6 +292,7 @@ class GatewayMetrics:
     streams_open: Gauge
     refused: Counter
     cancelled: Counter
+    unclaimed_replies: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> GatewayMetrics:
@@ -334,6 +335,12 @@ class GatewayMetrics:
                 "graylane_gateway_cancelled",
                 "Generations cancelled because the caller went away",
                 ["endpoint"],
+                registry=registry,
+            ),
+            unclaimed_replies=Counter(
+                "graylane_gateway_unclaimed_replies",
+                "Results on the reply topic no call waited for (late, or not this replica's "
+                "requests): dropped, never queued",
                 registry=registry,
             ),
         )

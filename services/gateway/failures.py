@@ -43,6 +43,7 @@ class ApiError(GraylaneError):
         code: str | None = None,
         param: str | None = None,
         retry_after_s: int | None = None,
+        detail: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -51,6 +52,8 @@ class ApiError(GraylaneError):
         self.code = code
         self.param = param
         self.retry_after_s = retry_after_s
+        self.detail = detail
+        """What went wrong inside, for the logs: never sent to the caller."""
 
     def openai_body(self) -> dict[str, Any]:
         return {
@@ -84,6 +87,11 @@ class ApiError(GraylaneError):
         )
 
     @classmethod
+    def forbidden(cls, message: str, param: str | None = None) -> ApiError:
+        """The key is known but may not ask for this (a priority, a tag)."""
+        return cls(403, message, type=ErrorType.PERMISSION, code="forbidden", param=param)
+
+    @classmethod
     def rate_limited(cls, tenant: str, retry_after_s: float) -> ApiError:
         wait = max(1, int(-(-retry_after_s // 1)))
         return cls(
@@ -92,6 +100,18 @@ class ApiError(GraylaneError):
             type=ErrorType.RATE_LIMIT,
             code="rate_limit_exceeded",
             retry_after_s=wait,
+        )
+
+    @classmethod
+    def too_many_in_flight(cls, tenant: str, running: int, retry_after_s: int) -> ApiError:
+        """The tenant holds its share of the replica's running calls."""
+        return cls(
+            429,
+            f"tenant {tenant!r} has {running} calls running, its share of this gateway; "
+            "retry when one ends",
+            type=ErrorType.RATE_LIMIT,
+            code="too_many_in_flight",
+            retry_after_s=retry_after_s,
         )
 
     @classmethod
@@ -128,8 +148,16 @@ _INVALID = {
 }
 
 
+_GENERIC = {
+    503: "the model's servers cannot take this call now; retry shortly",
+    500: "the call failed inside the system; retry, or report its request id",
+}
+
+
 def from_error_code(code: ErrorCode | None, message: str, *, retry_after_s: int) -> ApiError:
-    """The answer to an error result of the system."""
+    """The answer to an error result of the system. A caller's own mistake (4xx) is
+    answered with the system's message; a failure inside (5xx, a shed call) with a
+    generic one, the system's message kept as the answer's ``detail`` for the logs."""
     name = code.name.lower() if code is not None else "unknown"
     if code in (ErrorCode.UNKNOWN_MODEL, ErrorCode.UNKNOWN_VERSION):
         return ApiError.model_not_found(message)
@@ -137,14 +165,15 @@ def from_error_code(code: ErrorCode | None, message: str, *, retry_after_s: int)
         return ApiError(400, message, type=ErrorType.INVALID_REQUEST, code=name)
     if code is ErrorCode.PAYLOAD_TOO_LARGE:
         return ApiError.too_large(message)
-    if code is ErrorCode.SHED:
+    if code in (ErrorCode.SHED, ErrorCode.ENGINE_UNAVAILABLE):
         return ApiError(
-            503, message, type=ErrorType.OVERLOADED, code=name, retry_after_s=retry_after_s
-        )
-    if code is ErrorCode.ENGINE_UNAVAILABLE:
-        return ApiError(
-            503, message, type=ErrorType.OVERLOADED, code=name, retry_after_s=retry_after_s
+            503,
+            _GENERIC[503],
+            type=ErrorType.OVERLOADED,
+            code=name,
+            retry_after_s=retry_after_s,
+            detail=message,
         )
     if code is ErrorCode.DEADLINE_EXCEEDED:
         return ApiError(504, message, type=ErrorType.TIMEOUT, code=name)
-    return ApiError(500, message, type=ErrorType.SERVER, code=name)
+    return ApiError(500, _GENERIC[500], type=ErrorType.SERVER, code=name, detail=message)

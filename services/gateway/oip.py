@@ -26,6 +26,7 @@ import numpy as np
 from graylane.engine.signature import IOSignature, TensorSpec
 from graylane.serde import TensorShapeError, check_shape
 from graylane.services.gateway.failures import ApiError, ErrorType
+from graylane.services.gateway.logic.json_body import read_json
 
 __all__ = [
     "DATATYPES",
@@ -89,8 +90,10 @@ class TensorCall:
     """``parameters.timeout`` (microseconds, as Triton's clients send it), in seconds."""
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
-    """(the JSON part decoded, the binary part) of an ``infer`` body."""
+def split_body(
+    body: bytes, header_length: str | None, *, max_depth: int, max_containers: int
+) -> tuple[object, bytes]:
+    """(the JSON part decoded within bounds, the binary part) of an ``infer`` body."""
     if header_length is None or not header_length.strip():
         json_part, binary = body, b""
     else:
@@ -103,10 +106,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[object, bytes]:
         if not 0 < n <= len(body):
             raise ApiError.invalid(f"{HEADER_LENGTH} {n} does not fit a body of {len(body)} bytes")
         json_part, binary = body[:n], body[n:]
-    try:
-        return json.loads(json_part), binary
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError.invalid(f"the request's JSON cannot be read: {exc}") from None
+    return read_json(json_part, max_depth=max_depth, max_containers=max_containers), binary
 
 
 def _flat(data: object) -> list[Any]:

@@ -4,7 +4,8 @@ the Kafka path.
 A stateless FastAPI app served by uvicorn. Each call becomes an ``InferenceRequest``
 on its model's ingress topic, sent by one :class:`~graylane.client.GraylaneClient`
 per replica, and is answered from the replica's own reply topic
-(``<p>.reply.gateway-<replica>``, inside the reply-topic allowlist), matched by
+(``<p>.reply.gateway-<replica>-<128 random bits>``: no producer can guess it, and only
+the gateway role may read the ``gateway-`` reply topics), matched by
 request id. Any number of replicas can run; a replica that dies loses no
 acknowledged request (it is in Kafka and is served), only its callers' connections.
 
@@ -18,9 +19,16 @@ acknowledged request (it is in Kafka and is served), only its callers' connectio
   ``FORWARD``; a version in the path is a pin, which the router honours only where the
   routing table allows pins (the answer's ``model_version`` is the version that served).
 - Admission (:mod:`~graylane.services.gateway.logic.admission`): bearer keys per tenant, a
-  token bucket per key (429), body and prompt caps (413/400), a timeout header, a
-  priority header (the request's ``priority`` tag; sheddable calls are refused first
-  when the replica is full: 503). Every 429/503 carries ``Retry-After``.
+  token bucket per key (429), then a place in the in-flight gate, per priority and per
+  tenant (503), taken before the body is read; body bytes held while reading are
+  budgeted per tenant and per replica (503), bodies are decoded within a depth and a
+  size bound (:mod:`~graylane.services.gateway.logic.json_body`) and only the checked
+  call is kept. A priority header (one the key allows; the request's ``priority`` tag;
+  sheddable calls are refused first when the replica is full), tag headers (the ones
+  the key allows) and the key's tenant as the reserved ``tenant`` tag. Every 429/503
+  carries ``Retry-After``. Chat templates render off the event loop, with a time limit.
+- Failures inside the system are answered with a generic message; what went wrong is
+  logged with the call's request id, never sent to the caller.
 - Answers name the version and variant that served them (``x-graylane-version``,
   ``x-graylane-variant``; OpenAI's ``system_fingerprint`` is ``graylane:<version>``).
 - ``/metrics``, ``/healthz``, ``/readyz`` on the API port (ready = the producer and the
@@ -33,12 +41,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import secrets
 import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +73,7 @@ from graylane.errors import is_retriable
 from graylane.kafka.replies import FieldCaps
 from graylane.kafka.seam import ClientFactory
 from graylane.metrics import GatewayMetrics, Readiness, ServiceObservability
+from graylane.request_tags import RESERVED_TAGS, TENANT_TAG
 from graylane.serde import DEFAULT_MAX_ELEMENTS
 from graylane.services.gateway import oip
 from graylane.services.gateway.catalog import ModelDirectory, SignatureBook
@@ -71,6 +81,7 @@ from graylane.services.gateway.chat import CHATML, ChatFormat
 from graylane.services.gateway.failures import ApiError, ErrorType, from_error_code
 from graylane.services.gateway.logic.admission import (
     PRIORITY_TAG,
+    GateVerdict,
     GatewayLimits,
     KeyRing,
     Priority,
@@ -78,15 +89,18 @@ from graylane.services.gateway.logic.admission import (
     parse_priority,
     parse_timeout,
 )
+from graylane.services.gateway.logic.json_body import read_json
 from graylane.services.gateway.state import Admission
 from graylane.services.gateway.wire import (
     SSE_DONE,
+    ChatDraft,
     Endpoint,
     GenerationCall,
     model_card,
     models_body,
-    parse_chat,
     parse_completion,
+    read_chat,
+    render_chat,
     response_body,
     sse_event,
     stream_chunk,
@@ -117,12 +131,15 @@ PRODUCER_UP = "producer_up"
 REPLIES_UP = "replies_up"
 
 
-def replica_client_id(replica: str) -> str:
+def replica_client_id(replica: str, secret: str | None = None) -> str:
     """The SDK client id (and so the reply topic) of gateway replica ``replica``:
-    ``gateway-<replica>`` in the characters a client id may use."""
+    ``gateway-<replica>-<secret>`` in the characters a client id may use. ``secret``
+    (default: 128 random bits, new at each start) makes the name unguessable, so no
+    producer can name the gateway's reply topic as its own."""
     cleaned = "".join(c if c.isalnum() else "-" for c in replica.lower())
     parts = [p for p in cleaned.split("-") if p]
-    return "-".join(["gateway", *parts])[:100].rstrip("-")
+    tail = secrets.token_hex(16) if secret is None else secret
+    return "-".join(["gateway", *parts])[: 99 - len(tail)].rstrip("-") + "-" + tail
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,10 +162,9 @@ class GatewayConfig:
     metrics_port: int | None = None
     """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
 
-    def template_for(self, body: object) -> ChatFormat:
-        """The chat template of the model a request body names (the default if none)."""
-        model = body.get("model") if isinstance(body, Mapping) else None
-        return self.templates.get(model, self.template) if isinstance(model, str) else self.template
+    def template_for(self, model: str) -> ChatFormat:
+        """The chat template of ``model`` (the default if it has none of its own)."""
+        return self.templates.get(model, self.template)
 
 
 class _Server(uvicorn.Server):
@@ -157,6 +173,19 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class _Slot:
+    """A call's place in the in-flight gate, given back exactly once."""
+
+    def __init__(self, gateway: Gateway, tenant: str) -> None:
+        self._gateway: Gateway | None = gateway
+        self.tenant = tenant
+
+    def release(self) -> None:
+        if self._gateway is not None:
+            gateway, self._gateway = self._gateway, None
+            gateway._leave(self.tenant)
 
 
 @dataclass
@@ -178,11 +207,17 @@ class Gateway:
         self.factory = factory
         self.config = config
         self.limits = config.limits
-        self.client = GraylaneClient(factory, client_id=replica_client_id(config.replica))
         self.observability = ServiceObservability(
             "gateway", readiness=Readiness((PRODUCER_UP, REPLIES_UP))
         )
         self.metrics = GatewayMetrics.create(self.observability.registry)
+        self.client = GraylaneClient(
+            factory,
+            client_id=replica_client_id(config.replica),
+            keep_unclaimed=False,  # nothing here reads them: counted and dropped
+            on_unclaimed=self.metrics.unclaimed_replies.inc,
+        )
+        self._templates = ThreadPoolExecutor(max_workers=2, thread_name_prefix="chat-template")
         self.admission = Admission(config.limits, keys)
         self.directory = ModelDirectory(factory.layout, self._topics, ttl_s=config.models_ttl_s)
         self.signatures = SignatureBook(
@@ -218,6 +253,7 @@ class Gateway:
         for task in list(self._cancels):
             with contextlib.suppress(Exception):
                 await task
+        self._templates.shutdown(wait=False, cancel_futures=True)
         try:
             await self.client.close()
         finally:
@@ -293,7 +329,9 @@ class Gateway:
             raise ApiError.rate_limited(tenant.name, wait)
         return tenant
 
-    async def _body(self, request: Request) -> bytes:
+    async def _body(self, request: Request, tenant: Tenant) -> bytes:
+        """The body, read within the size cap and the replica's budget of held bytes
+        (the caller gives the bytes back, :meth:`_give_back`, once it has parsed them)."""
         cap = self.limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cap:
@@ -301,28 +339,79 @@ class Gateway:
             raise ApiError.too_large(f"the body is {declared} bytes; the limit is {cap}")
         parts: list[bytes] = []
         size = 0
-        async for part in request.stream():
-            size += len(part)
-            if size > cap:
-                self.metrics.refused.labels("size").inc()
-                raise ApiError.too_large(f"the body is over the limit of {cap} bytes")
-            parts.append(part)
+        try:
+            async for part in request.stream():
+                if size + len(part) > cap:
+                    self.metrics.refused.labels("size").inc()
+                    raise ApiError.too_large(f"the body is over the limit of {cap} bytes")
+                held = self.admission.bodies.take(tenant.name, len(part))
+                if held is not GateVerdict.ADMIT:
+                    self.metrics.refused.labels("buffered").inc()
+                    await _discard_rest(request, cap - size - len(part))
+                    if held is GateVerdict.TENANT_CAP:  # the tenant's own doing: 429
+                        raise ApiError.too_many_in_flight(
+                            tenant.name,
+                            self.admission.gate.running_of(tenant.name),
+                            self.limits.retry_after_s,
+                        )
+                    raise ApiError.overloaded(
+                        "the gateway holds as many request bodies as it may; retry shortly",
+                        self.limits.retry_after_s,
+                    )
+                size += len(part)
+                parts.append(part)
+        except BaseException:
+            self._give_back(tenant, size)
+            raise
         return b"".join(parts)
 
-    async def _json(self, request: Request) -> object:
-        raw = await self._body(request)
-        try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise ApiError.invalid(
-                "We could not parse the JSON body of your request: send valid JSON"
-            ) from None
+    async def _unread(self, request: Request) -> None:
+        """Drop what is left of the body of a call refused before it was read (up to the
+        size cap, for at most ``drain_s``), so the caller, maybe still sending, reads the
+        answer instead of a reset connection. Nothing of it is kept."""
+        declared = request.headers.get("content-length")
+        cap = self.limits.max_body_bytes
+        if declared is not None and (not declared.isdigit() or int(declared) > cap):
+            return  # refused for its size: the caller who sent it whole reads a reset
+        if request.headers.get("expect", "").lower() == "100-continue":
+            return  # the caller waits for our word before it sends the body: none to drop
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(_discard_rest(request, cap), self.limits.drain_s)
 
-    def _admit(self, request: Request, tenant: Tenant, body_timeout: float | None) -> _Admitted:
+    def _give_back(self, tenant: Tenant, size: int) -> None:
+        self.admission.bodies.give_back(tenant.name, size)
+
+    async def _json(self, request: Request, tenant: Tenant) -> object:
+        raw = await self._body(request, tenant)
+        try:
+            return read_json(
+                raw,
+                max_depth=self.limits.max_json_depth,
+                max_containers=self.limits.max_json_containers,
+            )
+        finally:
+            self._give_back(tenant, len(raw))
+
+    def _priority(self, request: Request, tenant: Tenant) -> Priority:
+        """The priority the caller asks for, if its key allows it (403 otherwise)."""
+        try:
+            priority = parse_priority(request.headers.get(PRIORITY_HEADER))
+        except ValueError as exc:
+            raise ApiError.invalid(str(exc)) from None
+        if priority not in tenant.priorities:
+            self.metrics.refused.labels("forbidden").inc()
+            allowed = ", ".join(sorted(p.value for p in tenant.priorities))
+            raise ApiError.forbidden(
+                f"this API key may not ask for priority {priority.value} (it may: {allowed})"
+            )
+        return priority
+
+    def _admit(
+        self, request: Request, tenant: Tenant, priority: Priority, body_timeout: float | None
+    ) -> _Admitted:
         headers = request.headers
         caps = FieldCaps()
         try:
-            priority = parse_priority(headers.get(PRIORITY_HEADER))
             timeout_s, explicit = parse_timeout(
                 headers.get(TIMEOUT_HEADER),
                 body_timeout,
@@ -334,13 +423,22 @@ class Gateway:
         tags: dict[str, str] = {}
         for name, value in headers.items():
             if name.startswith(TAG_HEADER_PREFIX) and len(name) > len(TAG_HEADER_PREFIX):
-                tags[name[len(TAG_HEADER_PREFIX) :]] = value
+                tag = name[len(TAG_HEADER_PREFIX) :]
+                if tag in RESERVED_TAGS or not tenant.may_tag(tag):
+                    self.metrics.refused.labels("forbidden").inc()
+                    raise ApiError.forbidden(
+                        f"this API key may not set the tag {tag[:64]!r}"
+                        + (" (the gateway sets it)" if tag in RESERVED_TAGS else "")
+                    )
+                tags[tag] = value
         tags[PRIORITY_TAG] = priority.value
+        tags[TENANT_TAG] = tenant.name
         if len(tags) > caps.tags or any(
             len(k) > caps.tag or len(v) > caps.tag for k, v in tags.items()
         ):
             raise ApiError.invalid(
-                f"at most {caps.tags - 1} tag headers of at most {caps.tag} characters each"
+                f"at most {caps.tags - len(RESERVED_TAGS)} tag headers of at most {caps.tag} "
+                "characters each"
             )
         return _Admitted(
             tenant=tenant,
@@ -359,28 +457,63 @@ class Gateway:
             )
         return key
 
-    def _enter(self, priority: Priority) -> None:
-        """Take a place among this replica's running calls, or 503 (sheddable ones first)."""
-        if not self.admission.gate.enter(priority):
+    def _enter(self, tenant: Tenant, priority: Priority) -> _Slot:
+        """Take a place among this replica's running calls: 503 when the replica is full
+        (sheddable calls first), 429 for a tenant past its cap or its fair share (taken
+        before the body is read, so the gate bounds the bodies held as well)."""
+        gate = self.admission.gate
+        verdict = gate.enter(priority, tenant.name)
+        if verdict is GateVerdict.REPLICA_FULL:
             self.metrics.refused.labels("overload").inc()
             raise ApiError.overloaded(
                 f"the gateway is at capacity for {priority.value} calls "
-                f"({self.admission.gate.cap(priority)} running); retry shortly",
+                f"({gate.cap(priority)} running); retry shortly",
                 self.limits.retry_after_s,
             )
-        self.metrics.in_flight.set(self.admission.gate.running)
+        if verdict is not GateVerdict.ADMIT:  # the tenant's own doing: 429, not 503
+            self.metrics.refused.labels("tenant_share").inc()
+            raise ApiError.too_many_in_flight(
+                tenant.name, gate.running_of(tenant.name), self.limits.retry_after_s
+            )
+        self.metrics.in_flight.set(gate.running)
+        return _Slot(self, tenant.name)
 
-    def _leave(self) -> None:
-        self.admission.gate.leave()
+    def _leave(self, tenant: str) -> None:
+        self.admission.gate.leave(tenant)
         self.metrics.in_flight.set(self.admission.gate.running)
 
     @contextlib.contextmanager
-    def _slot(self, priority: Priority) -> Iterator[None]:
-        self._enter(priority)
+    def _slot(self, tenant: Tenant, priority: Priority) -> Iterator[None]:
+        slot = self._enter(tenant, priority)
         try:
             yield
         finally:
-            self._leave()
+            slot.release()
+
+    async def _read_call(
+        self, request: Request, endpoint: Endpoint, tenant: Tenant
+    ) -> GenerationCall:
+        """The checked call of an OpenAI body; the body itself is not kept."""
+        body = await self._json(request, tenant)
+        if endpoint is Endpoint.COMPLETIONS:
+            return parse_completion(body, self.limits)
+        draft = read_chat(body, self.limits)
+        del body  # only the checked call lives on while the template renders and it runs
+        return await self._render(draft)
+
+    async def _render(self, draft: ChatDraft) -> GenerationCall:
+        """Render the conversation off the event loop, within the template time limit."""
+        template = self.config.template_for(draft.call.model)
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(self._templates, render_chat, draft, self.limits, template)
+        try:
+            return await asyncio.wait_for(job, self.limits.template_timeout_s)
+        except TimeoutError:
+            raise ApiError.invalid(
+                f"the model's chat template took longer than {self.limits.template_timeout_s:g} "
+                "s on this conversation",
+                "messages",
+            ) from None
 
     def _failure(self, exc: BaseException) -> ApiError:
         """The HTTP answer to an SDK error."""
@@ -397,11 +530,15 @@ class Gateway:
         if isinstance(exc, InferenceTimeout):
             return ApiError.timed_out(str(exc))
         if is_retriable(exc):
-            return ApiError.overloaded(
-                f"the request could not be queued: {exc}", self.limits.retry_after_s
+            err = ApiError.overloaded(
+                "the request could not be queued; retry shortly", self.limits.retry_after_s
             )
+            err.detail = f"{type(exc).__name__}: {exc}"
+            return err
+        if isinstance(exc, RecursionError):  # a structure too deep for one of our readers
+            return ApiError.invalid("the request nests too deeply")
         log.error("unexpected gateway failure", exc_info=exc)
-        return ApiError(500, f"internal error: {type(exc).__name__}", type=ErrorType.SERVER)
+        return ApiError(500, "internal error", type=ErrorType.SERVER)
 
     def _answer(
         self, endpoint: str, started: float, response: Response, *, latency: bool = True
@@ -412,6 +549,8 @@ class Gateway:
         return response
 
     def _error(self, endpoint: str, started: float, err: ApiError, *, openai: bool) -> Response:
+        if err.detail:
+            log.warning("%s answered %d (%s): %s", endpoint, err.status, err.code, err.detail)
         body = err.openai_body() if openai else err.inference_protocol_body()
         return self._answer(
             endpoint, started, JSONResponse(body, status_code=err.status, headers=err.headers())
@@ -429,25 +568,29 @@ class Gateway:
         started = time.perf_counter()
         try:
             tenant = self._authorize(request)
-            body = await self._json(request)
-            if endpoint is Endpoint.CHAT:
-                call = parse_chat(body, self.limits, self.config.template_for(body))
-            else:
-                call = parse_completion(body, self.limits)
-            admitted = self._admit(request, tenant, call.timeout_s)
+            priority = self._priority(request, tenant)
+            slot = self._enter(tenant, priority)
+        except Exception as exc:
+            await self._unread(request)
+            return self._error(label, started, self._failure(exc), openai=True)
+        try:
+            call = await self._read_call(request, endpoint, tenant)
+            admitted = self._admit(request, tenant, priority, call.timeout_s)
             admitted.routing_key = self._routing_key(request, call.user)
             await self._served_versions(call.model, "")
         except Exception as exc:
+            slot.release()
             return self._error(label, started, self._failure(exc), openai=True)
-        if call.stream:
-            return await self._generate_streamed(request, call, admitted, label, started)
+        if call.stream:  # the stream gives the slot back when it ends
+            return await self._generate_streamed(request, call, admitted, label, started, slot)
         try:
-            with self._slot(admitted.priority):
-                result, request_id = await self._generate_whole(request, call, admitted, label)
+            result, request_id = await self._generate_whole(request, call, admitted, label)
         except ApiError as err:
             return self._error(label, started, err, openai=True)
         except Exception as exc:
             return self._error(label, started, self._failure(exc), openai=True)
+        finally:
+            slot.release()
         if result is None:  # the caller went away; nobody reads this
             return self._answer(label, started, Response(status_code=499))
         body = response_body(call, request_id=request_id, created=int(time.time()), result=result)
@@ -505,11 +648,8 @@ class Gateway:
         admitted: _Admitted,
         label: str,
         started: float,
+        slot: _Slot,
     ) -> Response:
-        try:
-            self._enter(admitted.priority)
-        except ApiError as err:
-            return self._error(label, started, err, openai=True)
         request_id = uuid.uuid4().hex
         relay = _Relay(
             self.client.stream(
@@ -518,7 +658,7 @@ class Gateway:
                 request_id=request_id,
                 **self._sdk_arguments(call, admitted),
             ),
-            on_end=self._leave,
+            on_end=slot.release,
         )
         first = await relay.next()
         if isinstance(first, BaseException):
@@ -672,13 +812,12 @@ class Gateway:
         started = time.perf_counter()
         try:
             tenant = self._authorize(request)
-            raw = await self._body(request)
-            header, binary = oip.split_body(raw, request.headers.get(oip.HEADER_LENGTH))
-            call = oip.parse_infer(header, binary, max_elements=DEFAULT_MAX_ELEMENTS)
-            admitted = self._admit(request, tenant, call.timeout_s)
-            admitted.routing_key = request.headers.get(ROUTING_KEY_HEADER, "")
-            await self._served_versions(model, "")
-            with self._slot(admitted.priority):
+            priority = self._priority(request, tenant)
+            with self._slot(tenant, priority):
+                call = await self._read_tensors(request, tenant)
+                admitted = self._admit(request, tenant, priority, call.timeout_s)
+                admitted.routing_key = request.headers.get(ROUTING_KEY_HEADER, "")
+                await self._served_versions(model, "")
                 result = await self.client.infer(
                     model,
                     inputs=dict(call.inputs),
@@ -693,6 +832,7 @@ class Gateway:
                 model=model, version=result.version, call=call, outputs=result.outputs
             )
         except Exception as exc:
+            await self._unread(request)
             return self._error("v2_infer", started, self._failure(exc), openai=False)
         headers = {VERSION_HEADER: result.version, VARIANT_HEADER: result.variant}
         media = "application/json"
@@ -700,6 +840,20 @@ class Gateway:
             headers[oip.HEADER_LENGTH] = str(json_length)
             media = "application/octet-stream"
         return self._answer("v2_infer", started, Response(body, media_type=media, headers=headers))
+
+    async def _read_tensors(self, request: Request, tenant: Tenant) -> oip.TensorCall:
+        """The checked tensors of an ``infer`` body; the body itself is not kept."""
+        raw = await self._body(request, tenant)
+        try:
+            header, binary = oip.split_body(
+                raw,
+                request.headers.get(oip.HEADER_LENGTH),
+                max_depth=self.limits.max_json_depth,
+                max_containers=self.limits.max_json_containers,
+            )
+            return oip.parse_infer(header, binary, max_elements=DEFAULT_MAX_ELEMENTS)
+        finally:
+            self._give_back(tenant, len(raw))
 
     # -- probes -----------------------------------------------------------------------
     def alive(self) -> bool:
@@ -760,6 +914,15 @@ class _Relay:
         self._end()
 
 
+async def _discard_rest(request: Request, room: int) -> None:
+    """Read and drop the rest of a refused body, up to ``room`` bytes, so the caller (still
+    sending) reads the answer rather than a reset connection."""
+    async for part in request.stream():
+        room -= len(part)
+        if room < 0:
+            return
+
+
 async def _disconnected(request: Request) -> None:
     """Returns when the caller's connection closes (the body was read already)."""
     while True:
@@ -773,6 +936,7 @@ def _build_app(gateway: Gateway) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        await gateway._unread(request)  # an unknown path's body: dropped, then answered
         kind = ErrorType.NOT_FOUND if exc.status_code == 404 else ErrorType.INVALID_REQUEST
         err = ApiError(exc.status_code, str(exc.detail), type=kind)
         if request.url.path.startswith("/v2"):

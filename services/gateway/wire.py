@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -50,6 +50,7 @@ from graylane.v1 import inference_pb2
 __all__ = [
     "MAX_STOP_SEQUENCES",
     "SSE_DONE",
+    "ChatDraft",
     "Endpoint",
     "GenerationCall",
     "finish_reason",
@@ -58,6 +59,8 @@ __all__ = [
     "parse_chat",
     "parse_completion",
     "parse_messages",
+    "read_chat",
+    "render_chat",
     "response_body",
     "sse_event",
     "stream_chunk",
@@ -406,6 +409,7 @@ def parse_messages(raw: object, limits: GatewayLimits) -> list[ChatMessage]:
             f"{len(raw)} messages; this gateway takes at most {limits.max_messages}", "messages"
         )
     messages = []
+    chars = 0
     for i, item in enumerate(raw):
         if not isinstance(item, Mapping):
             raise ApiError.invalid(f"messages[{i}] must be an object", "messages")
@@ -429,15 +433,22 @@ def parse_messages(raw: object, limits: GatewayLimits) -> list[ChatMessage]:
             raise ApiError.invalid(
                 f"messages[{i}]: a tool message needs the tool_call_id it answers", "messages"
             )
-        messages.append(
-            ChatMessage(
-                role,
-                text if text is not None else _message_text(content, i),
-                name=name,
-                tool_call_id=call_id,
-                tool_calls=calls,
-            )
+        message = ChatMessage(
+            role,
+            text if text is not None else _message_text(content, i),
+            name=name,
+            tool_call_id=call_id,
+            tool_calls=calls,
         )
+        chars += len(message.content) + len(message.name) + len(message.tool_call_id)
+        chars += sum(len(c.id) + len(c.name) + len(c.arguments) for c in message.tool_calls)
+        if chars > limits.max_prompt_chars:  # checked before any template renders them
+            raise ApiError.invalid(
+                f"the messages are longer than this gateway's limit of "
+                f"{limits.max_prompt_chars} characters",
+                "messages",
+            )
+        messages.append(message)
     return messages
 
 
@@ -464,42 +475,70 @@ def _message_tool_calls(raw: object, index: int) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
-def parse_chat(body: object, limits: GatewayLimits, template: ChatFormat) -> GenerationCall:
-    """A ``/v1/chat/completions`` body as a call, its messages rendered by ``template``.
+@dataclass(frozen=True)
+class ChatDraft:
+    """A chat call read and checked, its conversation not yet rendered: all the gateway
+    keeps of a chat body (the body itself is dropped once this is read)."""
 
-    A conversation the template rejects answers 400 with its reason; a template that
-    fails on it answers 500 with the failure.
-    """
+    call: GenerationCall
+    """Every field but the prompt and the turn's end."""
+    conversation: tuple[ChatMessage, ...]
+
+
+def read_chat(body: object, limits: GatewayLimits) -> ChatDraft:
+    """A ``/v1/chat/completions`` body checked field by field (400 when refused); the
+    messages' total length is capped before any template sees them."""
     fields = _object(body)
     for name in _UNSUPPORTED_CHAT:
         if fields.get(name) not in (None, [], "none"):
             raise ApiError.invalid(f"{name} is not supported", name)
     messages = parse_messages(fields.get("messages"), limits)
-    try:
-        prompt = template.render(messages)
-    except ChatTemplateError as exc:
-        if exc.rejected:
-            raise ApiError.invalid(f"the model's chat template: {exc}", "messages") from exc
-        raise ApiError(500, str(exc), type=ErrorType.SERVER, code="chat_template") from exc
-    if len(prompt) > limits.max_prompt_chars:
-        raise ApiError.invalid(
-            f"the rendered conversation is longer than this gateway's limit of "
-            f"{limits.max_prompt_chars} characters",
-            "messages",
-        )
     common = _common(fields, Endpoint.CHAT)
-    return GenerationCall(
-        prompt=prompt,
+    call = GenerationCall(
         max_tokens=_max_tokens(
             fields,
             ("max_completion_tokens", "max_tokens"),
             limits.default_max_tokens,
             limits.max_tokens,
         ),
-        turn_end=tuple(template.stop),
         messages=tuple(_message_pb(m) for m in messages),
         **common,
     )
+    return ChatDraft(call, tuple(messages))
+
+
+def render_chat(draft: ChatDraft, limits: GatewayLimits, template: ChatFormat) -> GenerationCall:
+    """The draft's call with its conversation rendered by ``template``.
+
+    A conversation the template rejects answers 400 with its reason; a template that
+    fails on it answers 500 with a generic message (the failure is the answer's
+    ``detail``, for the logs only).
+    """
+    try:
+        prompt = template.render(draft.conversation)
+    except ChatTemplateError as exc:
+        if exc.rejected:
+            raise ApiError.invalid(f"the model's chat template: {exc}", "messages") from exc
+        raise ApiError(
+            500,
+            "the model's chat template failed on this conversation",
+            type=ErrorType.SERVER,
+            code="chat_template",
+            detail=str(exc),
+        ) from exc
+    if len(prompt) > limits.max_prompt_chars:
+        raise ApiError.invalid(
+            f"the rendered conversation is longer than this gateway's limit of "
+            f"{limits.max_prompt_chars} characters",
+            "messages",
+        )
+    return replace(draft.call, prompt=prompt, turn_end=tuple(template.stop))
+
+
+def parse_chat(body: object, limits: GatewayLimits, template: ChatFormat) -> GenerationCall:
+    """A ``/v1/chat/completions`` body as a call, its messages rendered by ``template``
+    (:func:`read_chat`, then :func:`render_chat`)."""
+    return render_chat(read_chat(body, limits), limits, template)
 
 
 def _message_pb(message: ChatMessage) -> inference_pb2.ChatMessage:

@@ -161,6 +161,15 @@ def test_scope_refuses_bad_names() -> None:
         AclScope(models=("gpt",), clients=("x y",))
 
 
+def test_no_producer_is_granted_a_reply_topic_of_the_gateway() -> None:
+    """Pins the shared namespace: a producer's client id ``gateway-<pod>`` got it the
+    gateway replica's reply topic."""
+    for client in ("gateway", "gateway-0", "gateway-pod-7f9c"):
+        with pytest.raises(ValueError, match="gateway's namespace"):
+            AclScope(models=("gpt",), clients=(client,))
+    assert AclScope(models=("gpt",), clients=("gateways", "my-gateway-0")).clients
+
+
 def test_kafka_acls_command_lines() -> None:
     lines = kafka_acls_commands(
         role_acls(L, KafkaRole.WORKER, SCOPE),

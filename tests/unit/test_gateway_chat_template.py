@@ -73,7 +73,7 @@ def test_the_fixture_exports_have_no_template_so_chatml_applies() -> None:
     for name in ("gpt2", "llama", "gpt2-merged"):
         assert load_chat_template(FIXTURES / name) is None
     config = GatewayConfig()
-    assert config.template_for({"model": "llama"}) is CHATML
+    assert config.template_for("llama") is CHATML
 
 
 def test_a_llama_template_renders_as_transformers_does(tmp_path: Path) -> None:
@@ -161,11 +161,16 @@ def test_a_conversation_the_template_rejects_is_400_with_its_reason(tmp_path: Pa
         "{{ 1 // 0 }}",
     ],
 )
-def test_a_template_failing_on_a_conversation_is_500_with_the_failure(source: str) -> None:
+def test_a_template_failing_on_a_conversation_is_500_with_the_failure_kept_for_logs(
+    source: str,
+) -> None:
+    """Pins the leak: the answer named the template's path and the exception's text."""
     template = ModelChatTemplate(source, origin="the test template")
     err = _chat(template, "user")
     assert err.status == 500 and err.openai_body()["error"]["code"] == "chat_template"
-    assert err.message.startswith("the test template failed on this conversation")
+    assert err.message == "the model's chat template failed on this conversation"
+    assert err.detail is not None
+    assert err.detail.startswith("the test template failed on this conversation")
 
 
 @pytest.fixture

@@ -14,9 +14,11 @@ from graylane.client import Result, Usage
 from graylane.kafka.seam import KafkaFactory
 from graylane.services.gateway.catalog import ModelDirectory
 from graylane.services.gateway.logic.admission import (
+    CallerRole,
     GatewayLimits,
     KeyRing,
     Priority,
+    Tenant,
     parse_api_keys,
 )
 from graylane.services.gateway.service import Gateway, GatewayConfig, replica_client_id
@@ -29,7 +31,11 @@ CHAT = {"model": "gpt", "messages": [{"role": "user", "content": "hi"}]}
 
 @pytest.fixture
 def gateway(factory: KafkaFactory) -> Gateway:
-    keys = KeyRing(parse_api_keys(f"{KEY}:infer:edge,{SLOW_KEY}:infer:slow:0.001:1"))
+    keys = KeyRing(
+        parse_api_keys(
+            f"{KEY}:infer:edge:::critical+standard+sheddable:team,{SLOW_KEY}:infer:slow:0.001:1"
+        )
+    )
     limits = GatewayLimits(max_body_bytes=2048, max_in_flight=4, sheddable_share=0.5)
     gateway = Gateway(factory, GatewayConfig(limits=limits, metrics_port=-1), keys)
 
@@ -103,8 +109,8 @@ async def test_bodies_are_capped_and_checked(http: httpx.AsyncClient) -> None:
 async def test_a_full_replica_refuses_sheddable_calls_with_503_and_retry_after(
     gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    for _ in range(2):  # half of max_in_flight: the sheddable share
-        gateway._enter(Priority.STANDARD)
+    for i in range(2):  # half of max_in_flight: the sheddable share
+        gateway._enter(Tenant(f"other-{i}", CallerRole.INFER), Priority.STANDARD)
     refused = await http.post(
         "/v1/chat/completions",
         json={**CHAT, "stream": True},
@@ -134,9 +140,11 @@ async def test_probes_and_unknown_paths(gateway: Gateway, http: httpx.AsyncClien
 
 
 def test_a_replica_name_becomes_a_usable_client_id() -> None:
-    assert replica_client_id("gateway-7d9f_Pod.2") == "gateway-gateway-7d9f-pod-2"
-    assert replica_client_id("0") == "gateway-0"
+    assert replica_client_id("gateway-7d9f_Pod.2", "s") == "gateway-gateway-7d9f-pod-2-s"
+    assert replica_client_id("0", "s") == "gateway-0-s"
     assert len(replica_client_id("x" * 300)) <= 100
+    first, second = replica_client_id("0"), replica_client_id("0")
+    assert first != second and len(first.rsplit("-", 1)[1]) == 32  # unguessable
 
 
 async def test_an_unserved_model_is_404_in_each_protocol(http: httpx.AsyncClient) -> None:
@@ -192,7 +200,7 @@ async def test_headers_become_the_requests_routing_key_tags_priority_and_deadlin
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}
     assert seen["routing_key"] == "from-header"  # the header wins over the body's user
-    assert seen["tags"] == {"team": "a", "priority": "critical"}
+    assert seen["tags"] == {"team": "a", "priority": "critical", "tenant": "edge"}
     assert seen["deadline_s"] == 2.5 and seen["timeout"] == 2.5
     assert (seen["max_new_tokens"], seen["temperature"]) == (3, 0.0)
     assert seen["stop"] == [] and seen["turn_end"] == ["<|im_end|>"]
@@ -200,5 +208,61 @@ async def test_headers_become_the_requests_routing_key_tags_priority_and_deadlin
     await http.post(
         "/v1/completions", json={"model": "gpt", "prompt": "x", "user": "u-7"}, headers=AUTH
     )
-    assert seen["routing_key"] == "u-7" and seen["tags"] == {"priority": "standard"}
+    assert seen["routing_key"] == "u-7" and seen["tags"] == {
+        "priority": "standard",
+        "tenant": "edge",
+    }
     assert seen["deadline_s"] is None  # no deadline unless the caller gives one
+
+
+async def test_a_kafka_failure_is_answered_without_its_text(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """Pins the leak: Kafka's exception text (hosts, principals) reached callers verbatim."""
+    from aiokafka.errors import KafkaConnectionError
+
+    secret = "broker kafka-0.internal:9093 refused SASL user gateway-prod"
+
+    async def infer(*_: Any, **__: Any) -> Result:
+        raise KafkaConnectionError(secret)
+
+    gateway.client.infer = infer  # type: ignore[method-assign]
+    answer = await http.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+    message = str(_openai_error(answer)["message"])
+    assert "kafka-0" not in message and "SASL" not in message
+    assert message == "the request could not be queued; retry shortly"
+
+
+class _SlowTemplate:
+    """A chat template that takes its time, as a hostile conversation could make one."""
+
+    stop = ("<e>",)
+
+    def __init__(self) -> None:
+        self.loop_was_free = False
+
+    def render(self, messages: object) -> str:
+        import threading
+        import time
+
+        self.loop_was_free = threading.current_thread() is not threading.main_thread()
+        time.sleep(0.5)
+        return "prompt"
+
+
+async def test_a_template_renders_off_the_event_loop_within_its_time_limit(
+    factory: KafkaFactory,
+) -> None:
+    """Pins templates rendered on the event loop with no time limit."""
+    template = _SlowTemplate()
+    limits = GatewayLimits(template_timeout_s=0.1)
+    config = GatewayConfig(limits=limits, metrics_port=-1, templates={"gpt": template})
+    gateway = Gateway(factory, config, KeyRing(parse_api_keys(f"{KEY}:infer:edge")))
+    transport = httpx.ASGITransport(app=gateway.app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        answer = await http.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+    assert answer.status_code == 400
+    assert "took longer than 0.1 s" in str(_openai_error(answer)["message"])
+    assert template.loop_was_free
+    assert gateway.admission.gate.running == 0

@@ -21,6 +21,8 @@ from graylane.services.gateway.wire import (
     models_body,
     parse_chat,
     parse_completion,
+    read_chat,
+    render_chat,
     response_body,
     sse_event,
     stream_chunk,
@@ -394,6 +396,36 @@ def test_error_results_become_http_statuses() -> None:
     assert limited.status == 429 and limited.headers() == {"Retry-After": "1"}
     assert limited.openai_body()["error"]["type"] == "rate_limit_error"
     assert ApiError.model_not_found("gone").inference_protocol_body() == {"error": "gone"}
+
+
+def test_failures_inside_are_answered_generically_with_the_detail_kept_for_logs() -> None:
+    """Pins the leak: ONNX Runtime's and Kafka's exception text reached callers verbatim."""
+    inner = "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : /opt/models/gpt/v1/model.onnx node 7"
+    for code in (ErrorCode.ENGINE_FAILURE, ErrorCode.ENGINE_UNAVAILABLE, ErrorCode.SHED):
+        err = from_error_code(code, inner, retry_after_s=1)
+        assert "ONNX" not in err.message and "/opt/models" not in err.message
+        assert err.detail == inner
+    caller = from_error_code(ErrorCode.BAD_SHAPE, "input x: expected 2 dims", retry_after_s=1)
+    assert caller.message == "input x: expected 2 dims" and caller.status == 400
+
+
+def test_messages_are_capped_before_a_template_renders_them() -> None:
+    class Counting:
+        stop = ("<e>",)
+        calls = 0
+
+        def render(self, messages: object) -> str:
+            Counting.calls += 1
+            return "p"
+
+    limits = GatewayLimits(max_prompt_chars=100)
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * 60}] * 2}
+    with pytest.raises(ApiError, match="messages are longer"):
+        parse_chat(body, limits, Counting())
+    assert Counting.calls == 0
+    draft = read_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, limits)
+    assert draft.call.prompt == ""  # nothing rendered yet
+    assert render_chat(draft, limits, Counting()).prompt == "p"
 
 
 def test_served_models_are_the_ingress_topics_and_their_versions() -> None:
