@@ -44,6 +44,7 @@ class CommandKind(Enum):
     SET_QOS_POLICY = "set_qos_policy"
     REVERT = "revert"
     SET_ROUTE_CONFIG = "set_route_config"
+    UPDATE_SPEC = "update_spec"
 
 
 @dataclass(frozen=True, kw_only=True)

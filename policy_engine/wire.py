@@ -232,6 +232,9 @@ def command_from_pb(pb: rollout_pb2.RolloutCommand) -> Command | CommandRejected
         if pb.kind == rollout_pb2.COMMAND_START:
             spec = rollout_spec_from_pb(pb.spec)
             return replace(base, kind=CommandKind.START, spec=spec)
+        if pb.kind == rollout_pb2.COMMAND_UPDATE_SPEC:
+            spec = rollout_spec_from_pb(pb.spec)
+            return replace(base, kind=CommandKind.UPDATE_SPEC, spec=spec)
         if pb.kind == rollout_pb2.COMMAND_REVERT:
             return replace(base, kind=CommandKind.REVERT, target_version=pb.target_version)
         if pb.kind == rollout_pb2.COMMAND_SET_ROUTE_CONFIG:
@@ -449,6 +452,9 @@ def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.R
         paused_from=phase_to_pb(state.paused_from),
         spec=rollout_spec_to_pb(spec),
         sequential=sequential_to_pb(state.sequential),
+        approval_step=state.approval_step,
+        approved_step=state.approved_step,
+        pause_until_unix_ms=state.pause_until_ms,
     )
 
 
@@ -503,6 +509,9 @@ def rollout_state_from_pb(
             through_ms=ev.through_unix_ms,
         ),
         sequential=sequential_from_pb(pb),
+        approval_step=pb.approval_step if pb.HasField("approval_step") else -1,
+        approved_step=pb.approved_step if pb.HasField("approved_step") else -1,
+        pause_until_ms=pb.pause_until_unix_ms,
     )
     return state, spec
 

@@ -43,6 +43,7 @@ READ_ONLY_METHODS: frozenset[str] = frozenset(
         "Rollouts/Get",
         "Rollouts/List",
         "Rollouts/Watch",
+        "Rollouts/Diff",
         "Qos/GetPolicy",
         "Routing/GetConfig",
         "Audit/Query",
