@@ -52,7 +52,9 @@ from graylane.rollouts.vocabulary import Phase
 __all__ = [
     "STRATEGIES",
     "WAIT_EXIT_CODES",
+    "Sub",
     "call",
+    "client_args",
     "connection",
     "parse_match",
     "register",
@@ -94,11 +96,11 @@ def register(sub: Sub) -> None:
     _model_commands(sub)
     _rollout_commands(sub)
     _qos_commands(sub)
-    _route_commands(sub, _client)
+    _route_commands(sub, client_args)
     audit = sub.add_parser("audit", help="decisions on record: log, replay, verify")
     audit_sub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     log = add_output(
-        _client(audit_sub.add_parser("log", help="decisions with their reasons (from SQL)"))
+        client_args(audit_sub.add_parser("log", help="decisions with their reasons (from SQL)"))
     )
     _range(log, required=False)
     log.add_argument("--limit", type=int, default=200, help="at most this many decisions")
@@ -126,7 +128,7 @@ class _DeprecatedToken(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def _client(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def client_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group(
         "connection", "default: the config file's current context (graylane config --help)"
     )
@@ -172,21 +174,25 @@ def _range(parser: argparse.ArgumentParser, *, required: bool) -> None:
 def _model_commands(sub: Sub) -> None:
     model = sub.add_parser("model", help="the model registry")
     msub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
-    reg = _client(msub.add_parser("register", help="register a model (and optionally a version)"))
+    reg = client_args(
+        msub.add_parser("register", help="register a model (and optionally a version)")
+    )
     reg.add_argument("name", help="the model's name")
     reg.add_argument("--description", default="", help="one line about the model")
     reg.add_argument("--version", help="also register this semantic version")
     reg.add_argument("--sha256", default="", help="sha256 of the version's source model")
     reg.add_argument("--stable", action="store_true", help="make --version the stable version")
     reg.set_defaults(handler=model_register)
-    listing = add_output(_client(msub.add_parser("list", help="registered models")))
+    listing = add_output(client_args(msub.add_parser("list", help="registered models")))
     listing.set_defaults(handler=model_list)
-    stable = _client(msub.add_parser("set-stable", help="make a registered version the stable one"))
+    stable = client_args(
+        msub.add_parser("set-stable", help="make a registered version the stable one")
+    )
     stable.add_argument("name", help="the model's name")
     stable.add_argument("--version", required=True, help="a registered semantic version")
     stable.set_defaults(handler=model_set_stable)
     show = add_output(
-        _client(
+        client_args(
             msub.add_parser(
                 "show", help="versions, variants (backend, endpoint) and their validation"
             )
@@ -200,7 +206,7 @@ def _rollout_commands(sub: Sub) -> None:
     rollout = sub.add_parser("rollout", help="start and steer gray releases")
     rsub = rollout.add_subparsers(dest="rollout_command", metavar="ACTION", required=True)
     start = add_output(
-        _client(rsub.add_parser("start", help="start a rollout of a candidate version"))
+        client_args(rsub.add_parser("start", help="start a rollout of a candidate version"))
     )
     start.add_argument("--model", required=True, help="the model to roll out")
     start.add_argument("--candidate", required=True, help="the candidate version")
@@ -257,13 +263,13 @@ def _rollout_commands(sub: Sub) -> None:
     start.add_argument("--ab-weight", type=float, default=0.0, help="ab strategy: percent to B")
     start.add_argument("--ab-s", type=float, default=0.0, help="ab strategy: seconds held")
     start.set_defaults(handler=rollout_start)
-    get = add_output(_client(_rollout_ref(rsub.add_parser("get", help="a rollout's state"))))
+    get = add_output(client_args(_rollout_ref(rsub.add_parser("get", help="a rollout's state"))))
     get.add_argument(
         "-w", "--watch", action="store_true", help="print it again on every change until ^C"
     )
     get.set_defaults(handler=rollout_get)
     status = add_output(
-        _client(
+        client_args(
             _rollout_ref(
                 rsub.add_parser(
                     "status",
@@ -283,11 +289,11 @@ def _rollout_commands(sub: Sub) -> None:
         "--interval", type=float, default=1.0, help="with --wait: seconds between two looks"
     )
     status.set_defaults(handler=rollout_status)
-    listing = add_output(_client(rsub.add_parser("list", help="rollouts, newest first")))
+    listing = add_output(client_args(rsub.add_parser("list", help="rollouts, newest first")))
     listing.add_argument("--model", default="", help="only this model's rollouts")
     listing.add_argument("--active", action="store_true", help="only rollouts still running")
     listing.set_defaults(handler=rollout_list)
-    watch = _client(rsub.add_parser("watch", help="stream state changes until interrupted"))
+    watch = client_args(rsub.add_parser("watch", help="stream state changes until interrupted"))
     watch.add_argument("rollout_id", nargs="?", default="", help="only this rollout")
     watch.add_argument("--model", default="", help="only this model's rollouts")
     watch.set_defaults(handler=rollout_watch)
@@ -298,15 +304,15 @@ def _rollout_commands(sub: Sub) -> None:
         "abort": "end the rollout: the candidate to 0 %, the stable version unchanged",
     }
     for action, what in actions.items():
-        p = _client(_rollout_ref(rsub.add_parser(action, help=what)))
+        p = client_args(_rollout_ref(rsub.add_parser(action, help=what)))
         p.add_argument("--reason", default="", help="recorded in the audit log")
         p.set_defaults(handler=rollout_action, action=action)
-    rollback = _client(
+    rollback = client_args(
         _rollout_ref(rsub.add_parser("rollback", help="deprecated: use abort (or undo)"))
     )
     rollback.add_argument("--reason", default="", help="recorded in the audit log")
     rollback.set_defaults(handler=rollout_action, action="rollback")
-    undo = _client(
+    undo = client_args(
         rsub.add_parser(
             "undo",
             help="route 100%% back to the previous stable version (after a promotion "
@@ -317,7 +323,7 @@ def _rollout_commands(sub: Sub) -> None:
     undo.add_argument("--model", default="", help="the model (same as MODEL)")
     undo.add_argument("--reason", default="", help="recorded in the audit log")
     undo.set_defaults(handler=rollout_undo)
-    revert = _client(rsub.add_parser("revert", help="deprecated: use undo"))
+    revert = client_args(rsub.add_parser("revert", help="deprecated: use undo"))
     revert.add_argument("--model", required=True, help="the model")
     revert.add_argument("--reason", default="", help="recorded in the audit log")
     revert.set_defaults(handler=rollout_undo, target="", deprecated="revert")
@@ -326,7 +332,7 @@ def _rollout_commands(sub: Sub) -> None:
 def _qos_commands(sub: Sub) -> None:
     qos = sub.add_parser("qos", help="elastic precision policies")
     qsub = qos.add_subparsers(dest="qos_command", metavar="ACTION", required=True)
-    qset = _client(qsub.add_parser("set", help="set the QoS policy of a model version"))
+    qset = client_args(qsub.add_parser("set", help="set the QoS policy of a model version"))
     qset.add_argument("--model", required=True, help="the model")
     qset.add_argument("--version", required=True, help="the model version")
     qset.add_argument(
@@ -381,7 +387,7 @@ def _qos_commands(sub: Sub) -> None:
     qset.add_argument("--disabled", action="store_true", help="store the policy but do not act")
     qset.set_defaults(handler=qos_set)
     qstatus = add_output(
-        _client(qsub.add_parser("status", help="the policy and the active variant"))
+        client_args(qsub.add_parser("status", help="the policy and the active variant"))
     )
     qstatus.add_argument("--model", required=True, help="the model")
     qstatus.add_argument("--version", required=True, help="the model version")

@@ -76,8 +76,10 @@ from graylane.services.controlplane.bus import (
 )
 from graylane.services.controlplane.limits import ApiLimits, WatchSlots, check_limit, check_startup
 from graylane.services.controlplane.logic import rules
+from graylane.services.controlplane.logic.apply import ApplyAction, ApplyPlan, plan_apply
 from graylane.services.controlplane.state import ControlStore, StoredRollout
 from graylane.services.controlplane.wire import (
+    apply_response,
     model_summary,
     new_command,
     qos_policy_view,
@@ -474,6 +476,12 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
     async def Start(
         self, request: rollout_pb2.RolloutSpec, context: Context
     ) -> rollout_pb2.RolloutState:
+        return await self._start(request, context)
+
+    async def _start(
+        self, request: rollout_pb2.RolloutSpec, context: Context, *, rollout_id: str = ""
+    ) -> rollout_pb2.RolloutState:
+        """Start ``request``; ``rollout_id`` (an applied document's name) or a fresh id."""
         cp = self._cp
         principal = cp.principal(context)
         ask = rules.StartRequest(
@@ -492,7 +500,11 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
             now = cp.clock()
             wire = rollout_pb2.RolloutSpec()
             wire.CopyFrom(request)
-            wire.rollout_id = rules.new_rollout_id(request.model, now)
+            if rollout_id:
+                exists = await asyncio.to_thread(cp.store.get_rollout, rollout_id)
+                if exists is not None:
+                    raise rules.FailedPrecondition(f"rollout {rollout_id!r} exists already")
+            wire.rollout_id = rollout_id or rules.new_rollout_id(request.model, now)
             wire.baseline_version = baseline
             wire.candidate_version = candidate
             wire.created_at_unix_ms = now
@@ -511,7 +523,7 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
                 model=spec.model,
                 rollout_id=spec.rollout_id,
                 issued_by=principal.name,
-                reason="start",
+                reason=f"apply {spec.document_digest}" if spec.document_digest else "start",
                 at_ms=now,
                 spec=spec,
             )
@@ -519,6 +531,56 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
         cp.hub.publish(state)
         await send_or_unavailable(cp, command, context)
         return state
+
+    async def _plan(
+        self, request: controlplane_pb2.ApplyRolloutRequest
+    ) -> tuple[ApplyPlan, StoredRollout | None]:
+        if not request.spec.rollout_id:
+            raise rules.InvalidArgument("the document has no metadata.name")
+        applied = rollout_spec_from_pb(request.spec)
+        stored = await asyncio.to_thread(self._cp.store.get_rollout, applied.rollout_id)
+        live = rollout_spec_from_pb(stored.state.spec) if stored is not None else None
+        phase = _phase(stored) if stored is not None else None
+        return plan_apply(live, phase, applied), stored
+
+    @mapped
+    async def Diff(
+        self, request: controlplane_pb2.ApplyRolloutRequest, context: Context
+    ) -> controlplane_pb2.ApplyRolloutResponse:
+        plan, stored = await self._plan(request)
+        return apply_response(plan, stored.state if stored is not None else None)
+
+    @mapped
+    async def Apply(
+        self, request: controlplane_pb2.ApplyRolloutRequest, context: Context
+    ) -> controlplane_pb2.ApplyRolloutResponse:
+        """Start, update or leave alone the rollout of the document's name (idempotent)."""
+        cp = self._cp
+        plan, stored = await self._plan(request)
+        if plan.action is ApplyAction.REFUSE:
+            raise rules.FailedPrecondition(plan.problem)
+        if plan.action is ApplyAction.CREATE:
+            state = await self._start(request.spec, context, rollout_id=request.spec.rollout_id)
+            return apply_response(plan, state)
+        if stored is None or plan.action is ApplyAction.UNCHANGED:
+            return apply_response(plan, stored.state if stored is not None else None)
+        spec = rollout_pb2.RolloutSpec()
+        spec.CopyFrom(request.spec)
+        live = stored.state.spec
+        spec.created_at_unix_ms, spec.created_by = live.created_at_unix_ms, live.created_by
+        spec.model = live.model
+        command = new_command(
+            rollout_pb2.COMMAND_UPDATE_SPEC,
+            model=live.model,
+            rollout_id=live.rollout_id,
+            issued_by=cp.principal(context).name,
+            reason=f"apply {spec.document_digest}" if spec.document_digest else "apply",
+            at_ms=cp.clock(),
+            spec=spec,
+        )
+        await asyncio.to_thread(cp.store.add_command, command)
+        await send_or_unavailable(cp, command, context)
+        return apply_response(plan, stored.state, command.command_id)
 
     @mapped
     async def Get(

@@ -10,10 +10,12 @@ import uuid
 from typing import Any
 
 from graylane.registry import ArtifactInfo, RegisteredModel, Registry
+from graylane.services.controlplane.logic.apply import ApplyAction, ApplyPlan
 from graylane.services.controlplane.state import StoredPolicy
 from graylane.v1 import audit_pb2, controlplane_pb2, rollout_pb2
 
 __all__ = [
+    "apply_response",
     "model_summary",
     "new_command",
     "qos_policy_view",
@@ -138,3 +140,28 @@ def qos_policy_view(
         view.active_since_unix_ms = latest_change.decided_at_unix_ms
         view.last_reason = latest_change.reason
     return view
+
+
+_APPLY_OUTCOMES: dict[ApplyAction, controlplane_pb2.ApplyOutcome] = {
+    ApplyAction.CREATE: controlplane_pb2.APPLY_CREATED,
+    ApplyAction.UNCHANGED: controlplane_pb2.APPLY_UNCHANGED,
+    ApplyAction.UPDATE: controlplane_pb2.APPLY_UPDATED,
+    ApplyAction.REFUSE: controlplane_pb2.APPLY_REFUSED,
+}
+
+
+def apply_response(
+    plan: ApplyPlan, state: rollout_pb2.RolloutState | None, command_id: str = ""
+) -> controlplane_pb2.ApplyRolloutResponse:
+    """The answer of Apply and Diff: what was (or would be) done, field by field."""
+    return controlplane_pb2.ApplyRolloutResponse(
+        outcome=_APPLY_OUTCOMES[plan.action],
+        changes=[
+            controlplane_pb2.SpecChange(
+                field=c.field, live=c.live, applied=c.applied, allowed=c.allowed
+            )
+            for c in plan.changes
+        ],
+        state=state,
+        command_id=command_id,
+    )
