@@ -53,6 +53,7 @@ __all__ = [
     "rollout_spec_to_pb",
     "strategy_from_pb",
     "strategy_to_pb",
+    "webhooks_from_pb",
 ]
 
 # -- enums ------------------------------------------------------------------------
@@ -253,6 +254,11 @@ _WEBHOOK_FORMATS: dict[WebhookFormat, rollout_pb2.WebhookFormat] = {
     WebhookFormat.CLOUDEVENTS: rollout_pb2.WEBHOOK_CLOUDEVENTS,
     WebhookFormat.SLACK: rollout_pb2.WEBHOOK_SLACK,
 }
+
+
+def webhooks_from_pb(pb: rollout_pb2.RolloutSpec) -> tuple[WebhookTarget, ...]:
+    """The spec's webhooks alone (without validating the rest of the spec)."""
+    return tuple(_webhook_from_pb(w) for w in pb.webhooks)
 
 
 def _webhook_from_pb(pb: rollout_pb2.Webhook) -> WebhookTarget:

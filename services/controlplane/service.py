@@ -46,6 +46,7 @@ from graylane.metrics import (
     ControlPlaneMetrics,
     ServiceObservability,
 )
+from graylane.notifications.sender import Delivery, SenderPolicy, WebhookSender
 from graylane.registry import (
     DuplicateVersion,
     ModelNotRegistered,
@@ -77,9 +78,11 @@ from graylane.services.controlplane.bus import (
 from graylane.services.controlplane.limits import ApiLimits, WatchSlots, check_limit, check_startup
 from graylane.services.controlplane.logic import rules
 from graylane.services.controlplane.logic.apply import ApplyAction, ApplyPlan, plan_apply
+from graylane.services.controlplane.notifier import RolloutNotifier
 from graylane.services.controlplane.state import ControlStore, StoredRollout
 from graylane.services.controlplane.wire import (
     apply_response,
+    dead_letter_of,
     model_summary,
     new_command,
     qos_policy_view,
@@ -116,6 +119,8 @@ class ServerConfig:
     check_candidates: bool = True  # refuse a start whose candidate has no topic or worker
     metrics_port: int | None = None
     """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
+    webhooks: SenderPolicy = field(default_factory=SenderPolicy)
+    """Queues, tries and backoff of rollout notifications."""
 
     @classmethod
     def from_env(
@@ -172,8 +177,14 @@ class ControlPlaneServer:
         self.observability = ServiceObservability("controlplane")
         self.metrics = ControlPlaneMetrics.create(self.observability.registry)
         self.metrics.watch_streams.set_function(lambda: self.control.watch_slots.open)
+        self.webhooks = WebhookSender(self._dead_letter, config.webhooks)
+        self.notifier = RolloutNotifier(self.webhooks)
         self.sink = AuditSink(
-            factory, self.store, self.hub, AuditSinkMetrics.create(self.observability.registry)
+            factory,
+            self.store,
+            self.hub,
+            AuditSinkMetrics.create(self.observability.registry),
+            on_audits=self.notifier.on_audits,
         )
         self._server: aio.Server | None = None
         self._stop = asyncio.Event()
@@ -243,11 +254,23 @@ class ControlPlaneServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self._config.outbox_interval_s)
 
+    async def _dead_letter(self, delivery: Delivery, body: bytes, reason: str) -> None:
+        letter = dead_letter_of(
+            delivery.transition,
+            delivery.target.url,
+            body,
+            reason,
+            source_topic=self._factory.layout.audit(),
+            at_ms=now_ms(),
+        )
+        await self._bus.dead_letter(letter)
+
     async def stop(self, grace_s: float = 1.0) -> None:
         self._stop.set()
         if self._server is not None:
             await self._server.stop(grace_s)
         await self._background.close()
+        await self.webhooks.close()
         await self._bus.stop()
         self.store.engine.dispose()
         self.observability.close()
