@@ -29,13 +29,13 @@ from graylane.notifications.transitions import Transition
 from graylane.notifications.webhook import EVENT_ID_HEADER, SIGNATURE_HEADER, body_of, sign
 from graylane.rollouts.spec import WebhookFormat, WebhookTarget
 
-__all__ = ["Delivery", "SenderPolicy", "WebhookSender"]
+__all__ = ["WebhookDelivery", "SenderPolicy", "WebhookSender"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Delivery:
+class WebhookDelivery:
     """One transition for one webhook."""
 
     transition: Transition
@@ -61,7 +61,7 @@ class SenderPolicy:
             raise ValueError("timeout_s must be positive")
 
 
-DeadLetters = Callable[[Delivery, bytes, str], Awaitable[None]]
+DeadLetters = Callable[[WebhookDelivery, bytes, str], Awaitable[None]]
 """Keeps an undelivered delivery: (delivery, body, reason)."""
 
 
@@ -76,14 +76,14 @@ class WebhookSender:
         self.policy = policy or SenderPolicy()
         self._dead_letters = dead_letters
         self._client = httpx.AsyncClient(timeout=self.policy.timeout_s, transport=transport)
-        self._queues: dict[str, asyncio.Queue[Delivery]] = {}
+        self._queues: dict[str, asyncio.Queue[WebhookDelivery]] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._side: set[asyncio.Task[None]] = set()
         self.delivered = 0
         self.retried = 0
         self.dead_lettered = 0
 
-    def offer(self, delivery: Delivery) -> bool:
+    def offer(self, delivery: WebhookDelivery) -> bool:
         """Queue ``delivery`` (never waits); False when it was dead-lettered instead."""
         url = delivery.target.url
         queue = self._queues.get(url)
@@ -115,12 +115,12 @@ class WebhookSender:
                 await task
         await self._client.aclose()
 
-    def _dead_letter_later(self, delivery: Delivery, reason: str) -> None:
+    def _dead_letter_later(self, delivery: WebhookDelivery, reason: str) -> None:
         task = asyncio.create_task(self._dead_letter(delivery, _body(delivery), reason))
         self._side.add(task)
         task.add_done_callback(self._side.discard)
 
-    async def _dead_letter(self, delivery: Delivery, body: bytes, reason: str) -> None:
+    async def _dead_letter(self, delivery: WebhookDelivery, body: bytes, reason: str) -> None:
         self.dead_lettered += 1
         log.warning(
             "webhook %s: %s of %s not delivered: %s",
@@ -134,7 +134,7 @@ class WebhookSender:
         except Exception as exc:  # the dead letter is lost; say so, go on
             log.error("webhook dead letter not written: %s", exc)
 
-    async def _work(self, queue: asyncio.Queue[Delivery]) -> None:
+    async def _work(self, queue: asyncio.Queue[WebhookDelivery]) -> None:
         while True:
             delivery = await queue.get()
             try:
@@ -144,7 +144,7 @@ class WebhookSender:
             finally:
                 queue.task_done()
 
-    async def _deliver(self, delivery: Delivery) -> None:
+    async def _deliver(self, delivery: WebhookDelivery) -> None:
         target = delivery.target
         body = _body(delivery)
         headers = {
@@ -182,5 +182,5 @@ class WebhookSender:
         )
 
 
-def _body(delivery: Delivery) -> bytes:
+def _body(delivery: WebhookDelivery) -> bytes:
     return body_of(delivery.transition, delivery.target.format)

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from graylane.clock import Clock, now_ms
-from graylane.notifications.sender import Delivery, WebhookSender
+from graylane.notifications.sender import WebhookDelivery, WebhookSender
 from graylane.services.controlplane.wire import transition_of
 from graylane.v1 import audit_pb2
 
@@ -63,4 +63,4 @@ class RolloutNotifier:
                 continue
             for target in transition.webhooks:
                 self.offered += 1
-                self.sender.offer(Delivery(transition, target))
+                self.sender.offer(WebhookDelivery(transition, target))

@@ -46,7 +46,7 @@ from graylane.metrics import (
     ControlPlaneMetrics,
     ServiceObservability,
 )
-from graylane.notifications.sender import Delivery, SenderPolicy, WebhookSender
+from graylane.notifications.sender import WebhookDelivery, SenderPolicy, WebhookSender
 from graylane.registry import (
     DuplicateVersion,
     ModelNotRegistered,
@@ -254,7 +254,7 @@ class ControlPlaneServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self._config.outbox_interval_s)
 
-    async def _dead_letter(self, delivery: Delivery, body: bytes, reason: str) -> None:
+    async def _dead_letter(self, delivery: WebhookDelivery, body: bytes, reason: str) -> None:
         letter = dead_letter_of(
             delivery.transition,
             delivery.target.url,
