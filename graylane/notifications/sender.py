@@ -29,7 +29,7 @@ from graylane.notifications.transitions import Transition
 from graylane.notifications.webhook import EVENT_ID_HEADER, SIGNATURE_HEADER, body_of, sign
 from graylane.rollouts.spec import WebhookFormat, WebhookTarget
 
-__all__ = ["WebhookDelivery", "SenderPolicy", "WebhookSender"]
+__all__ = ["SenderPolicy", "WebhookDelivery", "WebhookSender"]
 
 log = logging.getLogger(__name__)
 

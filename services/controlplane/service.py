@@ -46,7 +46,7 @@ from graylane.metrics import (
     ControlPlaneMetrics,
     ServiceObservability,
 )
-from graylane.notifications.sender import WebhookDelivery, SenderPolicy, WebhookSender
+from graylane.notifications.sender import SenderPolicy, WebhookDelivery, WebhookSender
 from graylane.registry import (
     DuplicateVersion,
     ModelNotRegistered,

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from graylane.kafka.backoff import BackoffPolicy
-from graylane.notifications.sender import WebhookDelivery, SenderPolicy, WebhookSender
+from graylane.notifications.sender import SenderPolicy, WebhookDelivery, WebhookSender
 from graylane.notifications.transitions import Transition, TransitionKind, transition_kind
 from graylane.notifications.webhook import SIGNATURE_HEADER, body_of, cloudevent, sign, verify
 from graylane.rollouts.spec import WebhookFormat, WebhookTarget
