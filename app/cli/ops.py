@@ -679,11 +679,18 @@ def _emit_state(args: argparse.Namespace, state: Any) -> None:
 
 
 def rollout_id(args: argparse.Namespace, *, active_only: bool) -> str:
-    """The rollout the command names: an id (``ro-...``), or a model's active rollout
-    (``active_only=False``: else the model's newest one)."""
+    """The rollout the command names: an id (``ro-...``, or an applied document's name),
+    or a model's active rollout (``active_only=False``: else the model's newest one)."""
     from graylane.v1 import controlplane_pb2 as pb
 
     ref = args.rollout
+    if ref and not args.model and not ref.startswith("ro-"):
+        # An applied document's name is its rollout's id, whatever it looks like.
+        named = call(
+            args, "Rollouts", "Get", pb.GetRolloutRequest(rollout_id=ref), tolerate=("NOT_FOUND",)
+        )
+        if named is not None:
+            return str(ref)
     model = args.model or ("" if ref.startswith("ro-") else ref)
     if not model:
         if not ref:

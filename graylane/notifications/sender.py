@@ -79,6 +79,8 @@ class WebhookSender:
         self._queues: dict[str, asyncio.Queue[WebhookDelivery]] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._side: set[asyncio.Task[None]] = set()
+        self._current: dict[str, WebhookDelivery] = {}
+        """The delivery each URL's worker is trying now."""
         self.delivered = 0
         self.retried = 0
         self.dead_lettered = 0
@@ -108,11 +110,20 @@ class WebhookSender:
         return sum(q.qsize() for q in self._queues.values())
 
     async def close(self) -> None:
-        for task in [*self._workers.values(), *self._side]:
+        """Stop the workers; what is still queued or being tried is dead-lettered."""
+        left = [*self._current.values()]  # before the workers' ends forget them
+        for task in self._workers.values():
             task.cancel()
-        for task in [*self._workers.values(), *self._side]:
+        for task in self._workers.values():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for queue in self._queues.values():
+            while not queue.empty():
+                left.append(queue.get_nowait())
+        for delivery in left:
+            await self._dead_letter(delivery, _body(delivery), "the sender stopped before it")
+        if self._side:
+            await asyncio.gather(*self._side, return_exceptions=True)
         await self._client.aclose()
 
     def _dead_letter_later(self, delivery: WebhookDelivery, reason: str) -> None:
@@ -137,11 +148,13 @@ class WebhookSender:
     async def _work(self, queue: asyncio.Queue[WebhookDelivery]) -> None:
         while True:
             delivery = await queue.get()
+            self._current[delivery.target.url] = delivery
             try:
                 await self._deliver(delivery)
             except Exception as exc:  # never end the worker on one delivery
                 await self._dead_letter(delivery, _body(delivery), f"failed: {exc!r}")
             finally:
+                self._current.pop(delivery.target.url, None)
                 queue.task_done()
 
     async def _deliver(self, delivery: WebhookDelivery) -> None:
