@@ -135,3 +135,15 @@ def test_the_schema_is_a_valid_json_schema_and_covers_every_gate() -> None:
     assert (
         set(GATE_KEYS) | {"mode", "lengthDrift", "unresponsive", "failuresToRollback"} == documented
     )
+
+
+def test_the_shipped_example_is_a_valid_document() -> None:
+    from tests.conftest import ROOT
+
+    path = ROOT / "deploy" / "rollouts" / "demo-gpt-1.1.0.yaml"
+    (doc,) = load_documents(path.read_text(), str(path))
+    assert doc.name == "demo-gpt-1-1-0"
+    assert [s.pause for s in doc.spec.steps if s.pause is not None] == [
+        StepPause(None),
+        StepPause(600.0),
+    ]
