@@ -328,7 +328,13 @@ class PolicyCore:
         spec = replace(
             cmd.spec, created_at_ms=active.spec.created_at_ms, created_by=active.spec.created_by
         )
-        return self._outputs_of(decision, spec, command_id=cmd.command_id, actor=cmd.issued_by)
+        return self._outputs_of(
+            decision,
+            spec,
+            command_id=cmd.command_id,
+            actor=cmd.issued_by,
+            spec_before=active.spec,
+        )
 
     def _revert(self, cmd: Command, now_ms: int) -> list[Output]:
         """Route 100 % to ``cmd.target_version`` in one routing update.
@@ -468,7 +474,13 @@ class PolicyCore:
         return self._outputs_of(decision, spec)
 
     def _outputs_of(
-        self, decision: Decision, spec: RolloutSpec, *, command_id: str = "", actor: str = ""
+        self,
+        decision: Decision,
+        spec: RolloutSpec,
+        *,
+        command_id: str = "",
+        actor: str = "",
+        spec_before: RolloutSpec | None = None,
     ) -> list[Output]:
         after = decision.after
         out: list[Output] = [
@@ -477,6 +489,7 @@ class PolicyCore:
                 spec=spec,
                 command_id=command_id,
                 actor=actor or "policy-engine",
+                spec_before=spec_before,
             )
         ]
         if decision.routing is not None:

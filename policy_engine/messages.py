@@ -128,6 +128,8 @@ class RolloutAudit:
     spec: RolloutSpec
     command_id: str = ""
     actor: str = "policy-engine"
+    spec_before: RolloutSpec | None = None
+    """The spec the decision started from, when it replaced it (a spec update)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -785,7 +785,9 @@ def decision_to_audit(
     decision_id: str = "",
     actor: str = "policy-engine",
     command_id: str = "",
+    spec_before: RolloutSpec | None = None,
 ) -> audit_pb2.AuditRecord:
+    """``spec_before``: the spec ``decision.before`` ran under, when the decision replaced it."""
     return audit_pb2.AuditRecord(
         decision_id=decision_id or decision_id_of(decision),
         decided_at_unix_ms=decision.at_ms,
@@ -796,7 +798,7 @@ def decision_to_audit(
         rule=decision.rule,
         reason=decision.reason,
         inputs=[window_stats_to_pb(s) for s in decision.inputs],
-        rollout_before=rollout_state_to_pb(decision.before, spec),
+        rollout_before=rollout_state_to_pb(decision.before, spec_before or spec),
         rollout_after=rollout_state_to_pb(decision.after, spec),
         actor=actor,
         epoch=decision.after.epoch,
@@ -948,7 +950,9 @@ def audit_record_of(
     if isinstance(o, ScaleAudit):
         return scale_to_audit(o.decision, epoch=o.epoch)
     if isinstance(o, RolloutAudit):
-        return decision_to_audit(o.decision, o.spec, command_id=o.command_id, actor=o.actor)
+        return decision_to_audit(
+            o.decision, o.spec, command_id=o.command_id, actor=o.actor, spec_before=o.spec_before
+        )
     if isinstance(o, QosAudit):
         return qos_decision_to_audit(
             o.decision, epoch=o.epoch, rollout_id=o.rollout_id, policy=o.policy

@@ -286,6 +286,12 @@ async def test_a_document_applied_twice_updated_paused_and_resumed_notifies_each
                 )
                 records = audit_of(server, name)
 
+    # The recorded decisions, the spec update and the approval included, replay the same.
+    verified = await cli(
+        capsys, "audit", "verify", "--model", MODEL, "--rollout", name, "--from", "1h"
+    )
+    assert "the controllers decide the same" in verified, verified
+
     # get rollout -o yaml: the live object in the document's schema, the new schedule.
     assert live["kind"] == "Rollout" and live["metadata"]["name"] == name
     assert [s.get("weight") for s in live["spec"]["steps"]] == [20.0, None, 50.0, 100.0]

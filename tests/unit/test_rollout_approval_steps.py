@@ -98,3 +98,34 @@ def test_what_identifies_a_rollout_may_not_change(field: str) -> None:
 def test_the_same_spec_changes_nothing() -> None:
     assert spec_changes(SPEC, replace(SPEC, document_digest="sha256:x")) == ()
     assert spec_changes(SPEC, replace(SPEC, gates=Gates(**vars(SPEC.gates)))) == ()
+
+
+def test_the_policy_engine_updates_a_running_spec_and_the_audit_replays() -> None:
+    """An UPDATE_SPEC command: the audit keeps the spec before and after, replays the
+    same, and a change of what identifies the rollout is refused on record."""
+    from graylane.policy_engine.audit_replay import verify
+    from graylane.policy_engine.core import PolicyCore
+    from graylane.policy_engine.messages import (
+        Command,
+        CommandKind,
+        CommandRejected,
+        RolloutAudit,
+    )
+    from graylane.policy_engine.wire import audit_record_of
+
+    core = PolicyCore()
+    core.on_command(Command(kind=CommandKind.START, model="m", spec=SPEC), 1_000)
+    applied = replace(SPEC, steps=(Step(3.0, 10, 0.0), Step(100.0)), document_digest="sha256:ab")
+    update = Command(kind=CommandKind.UPDATE_SPEC, model="m", rollout_id="r1", spec=applied)
+    outputs = core.on_command(update, 2_000)
+    (audit,) = [o for o in outputs if isinstance(o, RolloutAudit)]
+    record = audit_record_of(audit)
+    assert record.rule == "spec_updated" and "sha256:ab" in record.reason
+    assert record.rollout_before.spec.steps[0].weight_percent == 1.0
+    assert record.rollout_after.spec.steps[0].weight_percent == 3.0
+    assert record.rollout_after.candidate_weight_percent == 3.0
+    assert verify([record]) == []
+    assert core.rollouts.get("m").spec.steps == applied.steps  # type: ignore[union-attr]
+    other = replace(update, spec=replace(applied, candidate="v3"))
+    (refused_cmd,) = core.on_command(other, 3_000)
+    assert isinstance(refused_cmd, CommandRejected) and "candidate" in refused_cmd.reason
