@@ -322,7 +322,18 @@ def _rollout_commands(sub: Sub) -> None:
     undo.add_argument("target", nargs="?", default="", metavar="MODEL", help="the model")
     undo.add_argument("--model", default="", help="the model (same as MODEL)")
     undo.add_argument("--reason", default="", help="recorded in the audit log")
+    undo.add_argument(
+        "--to-revision",
+        type=int,
+        default=0,
+        help="go back to this stable revision (see `rollout history`); default: the previous",
+    )
     undo.set_defaults(handler=rollout_undo)
+    history = add_output(
+        client_args(rsub.add_parser("history", help="a model's last stable versions, by revision"))
+    )
+    history.add_argument("target", metavar="MODEL", help="the model")
+    history.set_defaults(handler=rollout_history)
     revert = client_args(rsub.add_parser("revert", help="deprecated: use undo"))
     revert.add_argument("--model", required=True, help="the model")
     revert.add_argument("--reason", default="", help="recorded in the audit log")
@@ -871,11 +882,35 @@ def rollout_undo(args: argparse.Namespace) -> int:
     model = args.model or args.target
     if not model:
         raise SystemExit("name the model: graylane rollout undo MODEL")
-    receipt = call(args, "Rollouts", "Revert", pb.RevertRequest(model=model, reason=args.reason))
+    ask = pb.RevertRequest(
+        model=model, reason=args.reason, to_revision=getattr(args, "to_revision", 0)
+    )
+    receipt = call(args, "Rollouts", "Revert", ask)
     how = f" (rolls back {receipt.rollout_id})" if receipt.rollout_id else ""
     print(
         f"revert of {receipt.model} to {receipt.target_version}{how} sent "
         f"(command {receipt.command_id})"
+    )
+    return 0
+
+
+def rollout_history(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    res = call(args, "Rollouts", "History", pb.StableHistoryRequest(model=args.target))
+    emit_list(
+        args,
+        "StableHistory",
+        res.revisions,
+        lambda r: str(r.revision),
+        lambda: table(
+            f"stable revisions of {args.target}",
+            ["REVISION", "VERSION", "SINCE", ""],
+            [
+                (str(r.revision), r.version, when(r.set_at_unix_ms), "current" if r.current else "")
+                for r in res.revisions
+            ],
+        ),
     )
     return 0
 

@@ -246,12 +246,38 @@ class ApplyRolloutResponse(_message.Message):
     def __init__(self, outcome: _Optional[_Union[ApplyOutcome, str]] = ..., changes: _Optional[_Iterable[_Union[SpecChange, _Mapping]]] = ..., state: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., command_id: _Optional[str] = ...) -> None: ...
 
 class RevertRequest(_message.Message):
-    __slots__ = ("model", "reason")
+    __slots__ = ("model", "reason", "to_revision")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    TO_REVISION_FIELD_NUMBER: _ClassVar[int]
     model: str
     reason: str
-    def __init__(self, model: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    to_revision: int
+    def __init__(self, model: _Optional[str] = ..., reason: _Optional[str] = ..., to_revision: _Optional[int] = ...) -> None: ...
+
+class StableHistoryRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class StableRevisionView(_message.Message):
+    __slots__ = ("revision", "version", "set_at_unix_ms", "current")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SET_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    version: str
+    set_at_unix_ms: int
+    current: bool
+    def __init__(self, revision: _Optional[int] = ..., version: _Optional[str] = ..., set_at_unix_ms: _Optional[int] = ..., current: _Optional[bool] = ...) -> None: ...
+
+class StableHistoryResponse(_message.Message):
+    __slots__ = ("revisions",)
+    REVISIONS_FIELD_NUMBER: _ClassVar[int]
+    revisions: _containers.RepeatedCompositeFieldContainer[StableRevisionView]
+    def __init__(self, revisions: _Optional[_Iterable[_Union[StableRevisionView, _Mapping]]] = ...) -> None: ...
 
 class GetQosPolicyRequest(_message.Message):
     __slots__ = ("model", "version")

@@ -339,6 +339,11 @@ class RolloutsStub:
                 request_serializer=graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutRequest.SerializeToString,
                 response_deserializer=graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutResponse.FromString,
                 _registered_method=True)
+        self.History = channel.unary_unary(
+                '/graylane.v1.Rollouts/History',
+                request_serializer=graylane_dot_v1_dot_controlplane__pb2.StableHistoryRequest.SerializeToString,
+                response_deserializer=graylane_dot_v1_dot_controlplane__pb2.StableHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutsServicer:
@@ -422,6 +427,13 @@ class RolloutsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def History(self, request, context):
+        """The model's last stable versions, by revision (what Revert's to_revision names).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -484,6 +496,11 @@ def add_RolloutsServicer_to_server(servicer, server):
                     servicer.Diff,
                     request_deserializer=graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutRequest.FromString,
                     response_serializer=graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutResponse.SerializeToString,
+            ),
+            'History': grpc.unary_unary_rpc_method_handler(
+                    servicer.History,
+                    request_deserializer=graylane_dot_v1_dot_controlplane__pb2.StableHistoryRequest.FromString,
+                    response_serializer=graylane_dot_v1_dot_controlplane__pb2.StableHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -810,6 +827,33 @@ class Rollouts:
             '/graylane.v1.Rollouts/Diff',
             graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutRequest.SerializeToString,
             graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def History(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graylane.v1.Rollouts/History',
+            graylane_dot_v1_dot_controlplane__pb2.StableHistoryRequest.SerializeToString,
+            graylane_dot_v1_dot_controlplane__pb2.StableHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

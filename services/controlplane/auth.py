@@ -44,6 +44,7 @@ READ_ONLY_METHODS: frozenset[str] = frozenset(
         "Rollouts/List",
         "Rollouts/Watch",
         "Rollouts/Diff",
+        "Rollouts/History",
         "Qos/GetPolicy",
         "Routing/GetConfig",
         "Audit/Query",

@@ -87,6 +87,7 @@ from graylane.services.controlplane.wire import (
     new_command,
     qos_policy_view,
     receipt,
+    stable_history,
     version_summary,
 )
 from graylane.supervision import BackgroundTasks
@@ -119,6 +120,8 @@ class ServerConfig:
     check_candidates: bool = True  # refuse a start whose candidate has no topic or worker
     metrics_port: int | None = None
     """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
+    rollback_window: int = 10
+    """How many of a model's last stable revisions ``undo --to-revision`` may go back to."""
     webhooks: SenderPolicy = field(default_factory=SenderPolicy)
     """Queues, tries and backoff of rollout notifications."""
 
@@ -171,6 +174,7 @@ class ControlPlaneServer:
             hub=self.hub,
             tokens=config.tokens,
             limits=config.limits,
+            rollback_window=config.rollback_window,
         )
         # A promotion the sink records makes the candidate the registry's stable version.
         self.store.on_promoted(self.control.record_promotion)
@@ -334,6 +338,7 @@ class ControlPlane:
         tokens: TokenTable,
         clock: Clock = now_ms,
         limits: ApiLimits | None = None,
+        rollback_window: int = 10,
     ) -> None:
         self.registry = registry
         self.store = store
@@ -342,6 +347,8 @@ class ControlPlane:
         self.tokens = tokens
         self.clock = clock
         self.limits = limits or ApiLimits()
+        self.rollback_window = rollback_window
+        """How many of a model's last stable revisions ``undo --to-revision`` may go back to."""
         self.watch_slots = WatchSlots(self.limits.max_watch_streams)
         # One start at a time per process, so two starts cannot both pass the
         # "no active rollout" check.
@@ -697,6 +704,16 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
         return await self._command(ManualCommand.ABORT, request, context)
 
     @mapped
+    async def History(
+        self, request: controlplane_pb2.StableHistoryRequest, context: Context
+    ) -> controlplane_pb2.StableHistoryResponse:
+        cp = self._cp
+        revisions = await asyncio.to_thread(
+            cp.registry.stable_revisions, request.model, cp.rollback_window
+        )
+        return stable_history(revisions)
+
+    @mapped
     async def Revert(
         self, request: controlplane_pb2.RevertRequest, context: Context
     ) -> controlplane_pb2.CommandReceipt:
@@ -710,6 +727,16 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
             if facts is None:
                 raise rules.NotFound(f"model {request.model!r} is not registered")
             active = cp.store.active_rollout(request.model)
+            if request.to_revision:
+                revisions = cp.registry.stable_revisions(request.model, cp.rollback_window)
+                version = rules.revision_target(
+                    request.model,
+                    request.to_revision,
+                    [(r.revision, str(r.version)) for r in revisions],
+                    active.state.rollout_id if active is not None else None,
+                )
+                cp.registry.set_stable(request.model, version)
+                return version, None
             if active is not None:
                 return active.state.spec.baseline_version, active
             previous = cp.registry.get_previous_stable(request.model)
@@ -728,7 +755,12 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
                 model=request.model,
                 rollout_id=active.state.rollout_id if active else "",
                 issued_by=principal.name,
-                reason=request.reason or f"revert to {version}",
+                reason=request.reason
+                or (
+                    f"undo to revision {request.to_revision} ({version})"
+                    if request.to_revision
+                    else f"revert to {version}"
+                ),
                 at_ms=cp.clock(),
                 target_version=version,
             )

@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 from graylane.notifications.transitions import Transition, transition_kind
-from graylane.registry import ArtifactInfo, RegisteredModel, Registry
+from graylane.registry import ArtifactInfo, RegisteredModel, Registry, StableRevision
 from graylane.rollouts.errors import InvalidSpec
 from graylane.rollouts.pb import (
     decision_kind_from_pb,
@@ -29,6 +29,7 @@ __all__ = [
     "new_command",
     "qos_policy_view",
     "receipt",
+    "stable_history",
     "transition_of",
     "variant_info",
     "version_summary",
@@ -226,4 +227,19 @@ def dead_letter_of(
         reason=f"webhook {url} {transition.kind.value} ({transition.decision_id}): {reason}",
         service="controlplane-notifier",
         failed_at_unix_ms=at_ms,
+    )
+
+
+def stable_history(revisions: list[StableRevision]) -> controlplane_pb2.StableHistoryResponse:
+    """A model's last stable revisions, newest (the current one) first."""
+    return controlplane_pb2.StableHistoryResponse(
+        revisions=[
+            controlplane_pb2.StableRevisionView(
+                revision=r.revision,
+                version=str(r.version),
+                set_at_unix_ms=int(r.set_at.timestamp() * 1000),
+                current=i == 0,
+            )
+            for i, r in enumerate(revisions)
+        ]
     )

@@ -30,6 +30,7 @@ from graylane.models.demo_gpt import write_demo_gpt
 from graylane.notifications.sender import SenderPolicy
 from graylane.notifications.webhook import SIGNATURE_HEADER, verify
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
+from graylane.registry import open_registry
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
 from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
@@ -393,3 +394,91 @@ async def test_a_receiver_that_is_down_does_not_delay_the_rollback(
     kinds = [json.loads(d.original_value)["data"]["transition"] for d in about_down]
     assert kinds == up, (kinds, up)
     assert all(d.service == "controlplane-notifier" for d in about_down)
+
+
+async def test_undo_to_revision_returns_to_a_version_two_promotions_back(
+    settings: Settings,
+    factory: KafkaFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model = "undo-gpt"
+    versions = ("1.0.0", "1.1.0", "1.2.0")
+    registry = open_registry(settings.db_url)
+    registry.register_model(model, "three stable revisions")
+    for version in versions:
+        registry.register_version(model, version, "a" * 64)
+    registry.set_stable(model, versions[0])
+    registry.engine.dispose()
+    paths = {
+        v: write_demo_gpt(tmp_path / f"{v}.onnx", "tiny", seed=i + 1)
+        for i, v in enumerate(versions)
+    }
+    await prepare_topics(settings, PolicyConfig(models=(model,)))
+    async with (
+        control_plane(factory, monkeypatch, SenderPolicy()) as server,
+        running_stack(factory, model=model, versions=paths, stable=versions[0]),
+    ):
+        with policy_engine(settings, tmp_path / "policy.log", model):
+            await wait_ready(tmp_path / "policy.log")
+            async with RoutingWatch(factory, model) as routing, steady_load(factory, model):
+                for candidate in versions[1:]:
+                    spec = tmp_path / f"{candidate}.yaml"
+                    name = f"undo-{candidate.replace('.', '-')}"
+                    spec.write_text(
+                        document(name, "    - {weight: 10, dwell: 10m}\n    - {weight: 100}\n", "")
+                        .replace(f"model: {MODEL}", f"model: {model}")
+                        .replace(f"baseline: {BASE}", f"baseline: {registry_stable(server, model)}")
+                        .replace(f"candidate: {CANDIDATE}", f"candidate: {candidate}")
+                        .replace("  notifications:\n    webhooks:\n", "")
+                    )
+                    await cli(capsys, "apply", "-f", str(spec))
+                    await until_phase(factory, name, rollout_pb2.PROGRESSING, 30)
+                    await cli(capsys, "rollout", "promote", name)
+
+                    def stable_is(version: str = candidate) -> bool:
+                        return registry_stable(server, model) == version
+
+                    await wait_until(stable_is, timeout=30, what=f"{candidate} stable")
+                history = await cli(capsys, "rollout", "history", model, "-o", "json")
+                revisions = json.loads(history)["items"]
+                assert [(r["revision"], r["version"]) for r in revisions] == [
+                    (3, "1.2.0"),
+                    (2, "1.1.0"),
+                    (1, "1.0.0"),
+                ]
+                out = await cli(capsys, "rollout", "undo", model, "--to-revision", "1")
+                assert "to 1.0.0" in out
+                _, table = await routing.until(
+                    lambda t: t.stable_version == "1.0.0" and t.reason.startswith("reverted"), 30
+                )
+                assert routing.weight(table, "1.0.0") == 100.0
+                again = json.loads(await cli(capsys, "rollout", "history", model, "-o", "json"))
+                # Refused: revision 9 was never, and the current one is where it is.
+                await cli(capsys, "rollout", "undo", model, "--to-revision", "9", code=1)
+
+                def reverted() -> bool:
+                    found = server.store.query_audit(model=model)
+                    return any(r.rule == "stable_reverted" for r in found)
+
+                await wait_until(reverted, timeout=30, what="the revert on record")
+                records = server.store.query_audit(model=model)
+    assert [(r["revision"], r["version"]) for r in again["items"]][:2] == [
+        (4, "1.0.0"),
+        (3, "1.2.0"),
+    ]
+    undo = next(r for r in records if r.rule == "stable_reverted")
+    assert "undo to revision 1 (1.0.0)" in undo.reason and "from 1.2.0" in undo.reason
+    assert undo.actor == "alice"
+    promotions = [
+        r.rollout_after.spec.candidate_version
+        for r in records
+        if r.kind == audit_pb2.DECISION_MANUAL_COMMAND and r.rule == "manual_promote"
+    ]
+    assert promotions == ["1.1.0", "1.2.0"]
+
+
+def registry_stable(server: ControlPlaneServer, model: str) -> str:
+    got = server.control.registry.get_stable(model)
+    return str(got.version) if got is not None else ""

@@ -45,3 +45,23 @@ def test_a_finished_rollout_changes_no_more() -> None:
     applied = replace(SPEC, failures_to_rollback=5)
     plan = plan_apply(SPEC, Phase.PROMOTED, applied)
     assert plan.action is ApplyAction.REFUSE and "promoted" in plan.problem
+
+
+def test_undo_to_a_revision_within_the_window() -> None:
+    import pytest
+
+    from graylane.services.controlplane.logic.rules import (
+        FailedPrecondition,
+        NotFound,
+        revision_target,
+    )
+
+    window = [(3, "1.2.0"), (2, "1.1.0"), (1, "1.0.0")]
+    assert revision_target("m", 1, window, None) == "1.0.0"
+    assert revision_target("m", 2, window, None) == "1.1.0"
+    with pytest.raises(FailedPrecondition, match="current stable"):
+        revision_target("m", 3, window, None)
+    with pytest.raises(NotFound, match="no stable revision 7 among its last 3"):
+        revision_target("m", 7, window, None)
+    with pytest.raises(FailedPrecondition, match="active rollout"):
+        revision_target("m", 1, window, "ro-m-1")
