@@ -87,6 +87,12 @@ def register_server(sub: Sub) -> None:
     cp.add_argument("--max-list-limit", type=int, default=1000, help="rows per list call")
     cp.add_argument("--max-audit-limit", type=int, default=10_000, help="records per audit call")
     cp.add_argument("--max-watch-streams", type=int, default=64, help="concurrent Watch streams")
+    cp.add_argument(
+        "--rollback-window",
+        type=int,
+        default=10,
+        help="how many of a model's last stable revisions `rollout undo --to-revision` reaches",
+    )
     add_observability_args(cp)
     cp.set_defaults(handler=_controlplane)
 
@@ -425,6 +431,7 @@ def _controlplane(args: argparse.Namespace) -> int:
             tls_key=args.tls_key,
             insecure=args.insecure,
             metrics_port=args.metrics_port,
+            rollback_window=args.rollback_window,
             limits=ApiLimits(
                 max_list_limit=args.max_list_limit,
                 max_audit_limit=args.max_audit_limit,
