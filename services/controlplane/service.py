@@ -347,6 +347,8 @@ class ControlPlane:
         self.tokens = tokens
         self.clock = clock
         self.limits = limits or ApiLimits()
+        if rollback_window < 1:
+            raise ValueError(f"rollback window {rollback_window} must be at least 1")
         self.rollback_window = rollback_window
         """How many of a model's last stable revisions ``undo --to-revision`` may go back to."""
         self.watch_slots = WatchSlots(self.limits.max_watch_streams)
