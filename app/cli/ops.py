@@ -88,6 +88,12 @@ def register_server(sub: Sub) -> None:
     cp.add_argument("--max-audit-limit", type=int, default=10_000, help="records per audit call")
     cp.add_argument("--max-watch-streams", type=int, default=64, help="concurrent Watch streams")
     cp.add_argument(
+        "--verdict-port",
+        type=int,
+        default=None,
+        help="serve gate verdicts over HTTP for Argo Rollouts and Flagger (0: a free port)",
+    )
+    cp.add_argument(
         "--rollback-window",
         type=int,
         default=10,
@@ -432,6 +438,7 @@ def _controlplane(args: argparse.Namespace) -> int:
             insecure=args.insecure,
             metrics_port=args.metrics_port,
             rollback_window=args.rollback_window,
+            verdict_port=args.verdict_port,
             limits=ApiLimits(
                 max_list_limit=args.max_list_limit,
                 max_audit_limit=args.max_audit_limit,

@@ -80,6 +80,7 @@ from graylane.services.controlplane.logic import rules
 from graylane.services.controlplane.logic.apply import ApplyAction, ApplyPlan, plan_apply
 from graylane.services.controlplane.notifier import RolloutNotifier
 from graylane.services.controlplane.state import ControlStore, StoredRollout
+from graylane.services.controlplane.verdicts import verdict_app
 from graylane.services.controlplane.wire import (
     apply_response,
     dead_letter_of,
@@ -120,6 +121,8 @@ class ServerConfig:
     check_candidates: bool = True  # refuse a start whose candidate has no topic or worker
     metrics_port: int | None = None
     """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
+    verdict_port: int | None = None
+    """HTTP port of the gate verdicts for Argo Rollouts and Flagger (None: off; 0: free)."""
     rollback_window: int = 10
     """How many of a model's last stable revisions ``undo --to-revision`` may go back to."""
     webhooks: SenderPolicy = field(default_factory=SenderPolicy)
@@ -194,6 +197,7 @@ class ControlPlaneServer:
         self._stop = asyncio.Event()
         self._background = BackgroundTasks()
         self.port = 0
+        self.verdict_port = 0
 
     async def start(self) -> None:
         layout = self._factory.layout
@@ -229,10 +233,33 @@ class ControlPlaneServer:
         await server.start()
         self._server = server
         # crash-only: a dead audit sink or outbox ends serve() with the reason
+        if self._config.verdict_port is not None:
+            self._background.spawn(self._serve_verdicts(), name="cp-verdicts")
         self._background.spawn(self.sink.run(self._stop), name="cp-audit-sink")
         self._background.spawn(self._outbox(), name="cp-outbox")
         self._background.spawn(self._ready_when_caught_up(health), name="cp-ready")
         log.info("control plane listening on %s (port %d)", address, self.port)
+
+    async def _serve_verdicts(self) -> None:
+        """The verdict endpoints (``verdicts.py``) on ``verdict_port`` until stopped."""
+        import socket
+
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self._config.host, self._config.verdict_port or 0))
+        self.verdict_port = int(sock.getsockname()[1])
+        server = uvicorn.Server(
+            uvicorn.Config(verdict_app(self.store), log_level="warning", lifespan="off")
+        )
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            await self._stop.wait()
+        finally:
+            server.should_exit = True
+            await serving
+            sock.close()
 
     async def _ready_when_caught_up(self, health: HealthServicer) -> None:
         """Ready (``/readyz``, gRPC health SERVING) once the audit sink holds its partitions."""

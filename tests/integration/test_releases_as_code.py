@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 import yaml
 
@@ -130,7 +131,11 @@ async def control_plane(
     tokens = f"{OPERATOR}:operator:alice,{VIEWER}:read-only:bob"
     server = ControlPlaneServer(
         ServerConfig(
-            host="127.0.0.1", port=0, tokens=TokenTable(parse_tokens(tokens)), webhooks=policy
+            host="127.0.0.1",
+            port=0,
+            tokens=TokenTable(parse_tokens(tokens)),
+            webhooks=policy,
+            verdict_port=0,
         ),
         factory,
     )
@@ -375,9 +380,17 @@ async def test_a_receiver_that_is_down_does_not_delay_the_rollback(
                 records = audit_of(server, name)
                 # Recorded while the down receiver's first notification is still being tried.
                 still_trying = server.webhooks.dead_lettered
+                # What Argo's web provider and Flagger's webhook gate read, over HTTP.
+                base = f"http://127.0.0.1:{server.verdict_port}"
+                async with httpx.AsyncClient(base_url=base) as http:
+                    verdict = (await http.get(f"/v1/verdict/{MODEL}/{CANDIDATE}")).json()
+                    hook = {"metadata": {"model": MODEL, "version": CANDIDATE}}
+                    gate = await http.post("/v1/flagger/gate", json=hook)
         # The down receiver was sent what the up one got: each ends as a dead letter.
         letters = await dead_letters(factory, expect=len(receiver.types("/up")))
 
+    assert verdict["verdict"] == "fail" and verdict["rolloutId"] == name
+    assert gate.status_code == 412
     rollback = next(r for r in records if r.kind == audit_pb2.DECISION_ROLLBACK)
     started = next(r for r in records if r.kind == audit_pb2.DECISION_ROLLOUT_STARTED)
     assert started.decided_at_unix_ms < rollback.decided_at_unix_ms

@@ -35,6 +35,8 @@ class CrdSource:
     module: str
     version: str
     files: tuple[str, ...]
+    only: tuple[str, ...] = ()
+    """CRD names to keep from files that hold several (empty: every CRD)."""
 
 
 CRD_SOURCES = (
@@ -59,6 +61,17 @@ CRD_SOURCES = (
         module="github.com/cert-manager/cert-manager",
         version="v1.16.2",
         files=("deploy/crds/crd-certificates.yaml",),
+    ),
+    CrdSource(
+        module="github.com/argoproj/argo-rollouts",
+        version="v1.8.3",
+        files=("manifests/crds/analysis-template-crd.yaml",),
+    ),
+    CrdSource(
+        module="github.com/fluxcd/flagger",
+        version="v1.41.0",
+        files=("artifacts/flagger/crd.yaml",),
+        only=("canaries.flagger.app",),
     ),
 )
 
@@ -98,10 +111,14 @@ def main() -> int:
     for source in CRD_SOURCES:
         root = _module_dir(source)
         for rel in source.files:
-            crd = yaml.safe_load((root / rel).read_text())
-            for name, doc in extract(crd).items():
-                (HERE / name).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-                print(f"[crd] {source.module}@{source.version} {rel} -> {name}")
+            for crd in yaml.safe_load_all((root / rel).read_text()):
+                if not crd or crd.get("kind") != "CustomResourceDefinition":
+                    continue
+                if source.only and crd["metadata"]["name"] not in source.only:
+                    continue
+                for name, doc in extract(crd).items():
+                    (HERE / name).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+                    print(f"[crd] {source.module}@{source.version} {rel} -> {name}")
     return 0
 
 
