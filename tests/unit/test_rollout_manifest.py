@@ -147,3 +147,11 @@ def test_the_shipped_example_is_a_valid_document() -> None:
         StepPause(None),
         StepPause(600.0),
     ]
+
+
+def test_the_qos_policy_survives_the_wire_so_a_second_apply_sets_nothing() -> None:
+    from graylane.rollouts.pb import qos_policy_from_pb, qos_policy_to_pb
+
+    (doc,) = load_documents(DOC)
+    assert doc.qos is not None
+    assert qos_policy_from_pb(qos_policy_to_pb(doc.qos)) == doc.qos
