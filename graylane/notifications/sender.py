@@ -156,6 +156,14 @@ class WebhookSender:
             finally:
                 self._current.pop(delivery.target.url, None)
                 queue.task_done()
+            if queue.empty():
+                # Nothing waits: end this worker, so the URL no longer counts against
+                # max_targets (the next offer starts a fresh one; no await between the
+                # check and the removal, so no delivery can slip in between).
+                url = delivery.target.url
+                self._queues.pop(url, None)
+                self._workers.pop(url, None)
+                return
 
     async def _deliver(self, delivery: WebhookDelivery) -> None:
         target = delivery.target

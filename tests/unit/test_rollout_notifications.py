@@ -196,3 +196,20 @@ async def test_a_client_error_is_final_and_an_unreadable_secret_never_sends(
     assert len(receiver.seen) == 1  # the 404 once; nothing sent to /b
     assert any("HTTP 404 after 1 of 3" in r for r in letters)
     assert any("secret file unreadable" in r for r in letters)
+
+
+async def test_idle_webhooks_do_not_count_against_the_bound() -> None:
+    receiver = Receiver()
+
+    async def dead(d: WebhookDelivery, body: bytes, reason: str) -> None:
+        raise AssertionError(reason)
+
+    sender = WebhookSender(
+        dead, SenderPolicy(max_targets=2), transport=httpx.MockTransport(receiver)
+    )
+    for n in range(6):  # six URLs over time, never more than one busy at once
+        assert sender.offer(WebhookDelivery(transition(n=n), WebhookTarget(f"http://h.test/{n}")))
+        while sender.delivered < n + 1:
+            await asyncio.sleep(0.01)
+    await sender.close()
+    assert [r.url.path for r in receiver.seen] == [f"/{n}" for n in range(6)]
