@@ -217,6 +217,7 @@ def role_acls(layout: TopicLayout, role: KafkaRole, scope: AclScope) -> tuple[Ac
             _topic(layout.audit(), _R),
             _topic(layout.rollouts(), _R),
             _topic(layout.scale(), _R),
+            _topic(layout.dlq(), _W),  # notifications no webhook took
         ]
         # The START check: does a worker consume the candidate's topic?
         rules += [_worker_groups(layout, m, Operation.DESCRIBE) for m in models]

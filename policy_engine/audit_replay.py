@@ -20,6 +20,7 @@ from graylane.kafka.seam import ClientFactory
 from graylane.policy_engine import wire
 from graylane.policy_engine.logic.qos import evaluate_qos
 from graylane.policy_engine.logic.replay import Mismatch
+from graylane.policy_engine.logic.revision import revise
 from graylane.policy_engine.logic.rollout import Decision, apply_command, evaluate, start
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import decision_kind_from_pb, decision_rule_from_pb
@@ -88,6 +89,9 @@ def replay_record(rec: audit_pb2.AuditRecord) -> Decision:
     kind = decision_kind_from_pb(rec.kind)
     if kind is DecisionKind.STARTED:
         return start(spec, at, epoch=before.epoch)
+    if decision_rule_from_pb(rec.rule) is DecisionRule.SPEC_UPDATED:
+        _, applied = wire.rollout_state_from_pb(rec.rollout_after)
+        return revise(before, spec, applied, at, note=rec.note)
     if kind is DecisionKind.MANUAL:
         rule = decision_rule_from_pb(rec.rule)
         command = rule.command if rule is not None else None
@@ -159,7 +163,14 @@ def verify(recorded: list[audit_pb2.AuditRecord]) -> list[Mismatch]:
             out.append(Mismatch(i, "<error>", rec.reason, f"{type(exc).__name__}: {exc}"))
             continue
         _, spec = wire.rollout_state_from_pb(rec.rollout_before)
-        again = wire.decision_to_audit(decision, spec, command_id=rec.command_id, actor=rec.actor)
+        _, spec_after = wire.rollout_state_from_pb(rec.rollout_after)
+        again = wire.decision_to_audit(
+            decision,
+            spec_after,
+            command_id=rec.command_id,
+            actor=rec.actor,
+            spec_before=spec if spec_after != spec else None,
+        )
         for name in COMPARED_FIELDS:
             a, b = getattr(rec, name), getattr(again, name)
             if a != b:

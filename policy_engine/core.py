@@ -71,6 +71,7 @@ from graylane.policy_engine.logic.qos import (
     evaluate_qos,
     qos_during_rollout,
 )
+from graylane.policy_engine.logic.revision import revise
 from graylane.policy_engine.logic.rollout import (
     Decision,
     RolloutSignals,
@@ -267,6 +268,8 @@ class PolicyCore:
     def on_command(self, cmd: Command, now_ms: int) -> list[Output]:
         if cmd.kind is CommandKind.START:
             return self._start(cmd, now_ms)
+        if cmd.kind is CommandKind.UPDATE_SPEC:
+            return self._update_spec(cmd, now_ms)
         if cmd.kind is CommandKind.REVERT:
             return self._revert(cmd, now_ms)
         if cmd.kind is CommandKind.SET_ROUTE_CONFIG:
@@ -341,6 +344,28 @@ class PolicyCore:
             return [CommandRejected(command=cmd, reason=str(exc), at_ms=now_ms)]
         return self._outputs_of(
             decision, active.spec, command_id=cmd.command_id, actor=cmd.issued_by
+        )
+
+    def _update_spec(self, cmd: Command, now_ms: int) -> list[Output]:
+        """An applied document's new spec for the active rollout (see ``logic/revision.py``)."""
+        active = self.rollouts.get(cmd.model)
+        if active is None or cmd.spec is None or active.spec.rollout_id != cmd.rollout_id:
+            what = "finished" if cmd.rollout_id in self.rollouts.finished else "not active"
+            reason = f"rollout {cmd.rollout_id!r} is {what}; its spec is not updated"
+            return [CommandRejected(command=cmd, reason=reason, at_ms=now_ms)]
+        try:
+            decision = revise(self._lift(active), active.spec, cmd.spec, now_ms, note=cmd.note)
+        except PolicyError as exc:
+            return [CommandRejected(command=cmd, reason=str(exc), at_ms=now_ms)]
+        spec = replace(
+            cmd.spec, created_at_ms=active.spec.created_at_ms, created_by=active.spec.created_by
+        )
+        return self._outputs_of(
+            decision,
+            spec,
+            command_id=cmd.command_id,
+            actor=cmd.issued_by,
+            spec_before=active.spec,
         )
 
     def _revert(self, cmd: Command, now_ms: int) -> list[Output]:
@@ -486,7 +511,13 @@ class PolicyCore:
         return tuple(read[g.name] for g in spec.gates.metrics if g.name in read)
 
     def _outputs_of(
-        self, decision: Decision, spec: RolloutSpec, *, command_id: str = "", actor: str = ""
+        self,
+        decision: Decision,
+        spec: RolloutSpec,
+        *,
+        command_id: str = "",
+        actor: str = "",
+        spec_before: RolloutSpec | None = None,
     ) -> list[Output]:
         after = decision.after
         out: list[Output] = [
@@ -495,6 +526,7 @@ class PolicyCore:
                 spec=spec,
                 command_id=command_id,
                 actor=actor or "policy-engine",
+                spec_before=spec_before,
             )
         ]
         if decision.routing is not None:

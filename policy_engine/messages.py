@@ -44,6 +44,7 @@ class CommandKind(Enum):
     SET_QOS_POLICY = "set_qos_policy"
     REVERT = "revert"
     SET_ROUTE_CONFIG = "set_route_config"
+    UPDATE_SPEC = "update_spec"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +128,8 @@ class RolloutAudit:
     spec: RolloutSpec
     command_id: str = ""
     actor: str = "policy-engine"
+    spec_before: RolloutSpec | None = None
+    """The spec the decision started from, when it replaced it (a spec update)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -235,6 +235,9 @@ def command_from_pb(pb: rollout_pb2.RolloutCommand) -> Command | CommandRejected
         if pb.kind == rollout_pb2.COMMAND_START:
             spec = rollout_spec_from_pb(pb.spec)
             return replace(base, kind=CommandKind.START, spec=spec)
+        if pb.kind == rollout_pb2.COMMAND_UPDATE_SPEC:
+            spec = rollout_spec_from_pb(pb.spec)
+            return replace(base, kind=CommandKind.UPDATE_SPEC, spec=spec)
         if pb.kind == rollout_pb2.COMMAND_REVERT:
             return replace(base, kind=CommandKind.REVERT, target_version=pb.target_version)
         if pb.kind == rollout_pb2.COMMAND_SET_ROUTE_CONFIG:
@@ -452,6 +455,9 @@ def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.R
         paused_from=phase_to_pb(state.paused_from),
         spec=rollout_spec_to_pb(spec),
         sequential=sequential_to_pb(state.sequential),
+        approval_step=state.approval_step,
+        approved_step=state.approved_step,
+        pause_until_unix_ms=state.pause_until_ms,
     )
 
 
@@ -506,6 +512,9 @@ def rollout_state_from_pb(
             through_ms=ev.through_unix_ms,
         ),
         sequential=sequential_from_pb(pb),
+        approval_step=pb.approval_step if pb.HasField("approval_step") else -1,
+        approved_step=pb.approved_step if pb.HasField("approved_step") else -1,
+        pause_until_ms=pb.pause_until_unix_ms,
     )
     return state, spec
 
@@ -779,7 +788,9 @@ def decision_to_audit(
     decision_id: str = "",
     actor: str = "policy-engine",
     command_id: str = "",
+    spec_before: RolloutSpec | None = None,
 ) -> audit_pb2.AuditRecord:
+    """``spec_before``: the spec ``decision.before`` ran under, when the decision replaced it."""
     return audit_pb2.AuditRecord(
         decision_id=decision_id or decision_id_of(decision),
         decided_at_unix_ms=decision.at_ms,
@@ -790,7 +801,7 @@ def decision_to_audit(
         rule=decision.rule,
         reason=decision.reason,
         inputs=[window_stats_to_pb(s) for s in decision.inputs],
-        rollout_before=rollout_state_to_pb(decision.before, spec),
+        rollout_before=rollout_state_to_pb(decision.before, spec_before or spec),
         rollout_after=rollout_state_to_pb(decision.after, spec),
         actor=actor,
         epoch=decision.after.epoch,
@@ -966,7 +977,9 @@ def audit_record_of(
     if isinstance(o, ScaleAudit):
         return scale_to_audit(o.decision, epoch=o.epoch)
     if isinstance(o, RolloutAudit):
-        return decision_to_audit(o.decision, o.spec, command_id=o.command_id, actor=o.actor)
+        return decision_to_audit(
+            o.decision, o.spec, command_id=o.command_id, actor=o.actor, spec_before=o.spec_before
+        )
     if isinstance(o, QosAudit):
         return qos_decision_to_audit(
             o.decision, epoch=o.epoch, rollout_id=o.rollout_id, policy=o.policy

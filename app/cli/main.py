@@ -36,6 +36,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graylane.app.cli.bench",
     "graylane.app.cli.load",
     "graylane.app.cli.ops",
+    "graylane.app.cli.releases",
     "graylane.app.cli.contexts",
     "graylane.app.cli.deploy",
     "graylane.app.cli.build",

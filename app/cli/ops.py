@@ -52,7 +52,9 @@ from graylane.rollouts.vocabulary import Phase
 __all__ = [
     "STRATEGIES",
     "WAIT_EXIT_CODES",
+    "Sub",
     "call",
+    "client_args",
     "connection",
     "parse_match",
     "register",
@@ -93,6 +95,12 @@ def register_server(sub: Sub) -> None:
     cp.add_argument("--max-list-limit", type=int, default=1000, help="rows per list call")
     cp.add_argument("--max-audit-limit", type=int, default=10_000, help="records per audit call")
     cp.add_argument("--max-watch-streams", type=int, default=64, help="concurrent Watch streams")
+    cp.add_argument(
+        "--rollback-window",
+        type=int,
+        default=10,
+        help="how many of a model's last stable revisions `rollout undo --to-revision` reaches",
+    )
     add_observability_args(cp)
     cp.set_defaults(handler=_controlplane)
 
@@ -102,11 +110,11 @@ def register(sub: Sub) -> None:
     _model_commands(sub)
     _rollout_commands(sub)
     _qos_commands(sub)
-    _route_commands(sub, _client)
+    _route_commands(sub, client_args)
     audit = sub.add_parser("audit", help="decisions on record: log, replay, verify")
     audit_sub = audit.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     log = add_output(
-        _client(audit_sub.add_parser("log", help="decisions with their reasons (from SQL)"))
+        client_args(audit_sub.add_parser("log", help="decisions with their reasons (from SQL)"))
     )
     _range(log, required=False)
     log.add_argument("--limit", type=int, default=200, help="at most this many decisions")
@@ -134,7 +142,7 @@ class _DeprecatedToken(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def _client(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def client_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group(
         "connection", "default: the config file's current context (graylane config --help)"
     )
@@ -180,21 +188,25 @@ def _range(parser: argparse.ArgumentParser, *, required: bool) -> None:
 def _model_commands(sub: Sub) -> None:
     model = sub.add_parser("model", help="the model registry")
     msub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
-    reg = _client(msub.add_parser("register", help="register a model (and optionally a version)"))
+    reg = client_args(
+        msub.add_parser("register", help="register a model (and optionally a version)")
+    )
     reg.add_argument("name", help="the model's name")
     reg.add_argument("--description", default="", help="one line about the model")
     reg.add_argument("--version", help="also register this semantic version")
     reg.add_argument("--sha256", default="", help="sha256 of the version's source model")
     reg.add_argument("--stable", action="store_true", help="make --version the stable version")
     reg.set_defaults(handler=model_register)
-    listing = add_output(_client(msub.add_parser("list", help="registered models")))
+    listing = add_output(client_args(msub.add_parser("list", help="registered models")))
     listing.set_defaults(handler=model_list)
-    stable = _client(msub.add_parser("set-stable", help="make a registered version the stable one"))
+    stable = client_args(
+        msub.add_parser("set-stable", help="make a registered version the stable one")
+    )
     stable.add_argument("name", help="the model's name")
     stable.add_argument("--version", required=True, help="a registered semantic version")
     stable.set_defaults(handler=model_set_stable)
     show = add_output(
-        _client(
+        client_args(
             msub.add_parser(
                 "show", help="versions, variants (backend, endpoint) and their validation"
             )
@@ -208,7 +220,7 @@ def _rollout_commands(sub: Sub) -> None:
     rollout = sub.add_parser("rollout", help="start and steer gray releases")
     rsub = rollout.add_subparsers(dest="rollout_command", metavar="ACTION", required=True)
     start = add_output(
-        _client(rsub.add_parser("start", help="start a rollout of a candidate version"))
+        client_args(rsub.add_parser("start", help="start a rollout of a candidate version"))
     )
     start.add_argument("--model", required=True, help="the model to roll out")
     start.add_argument("--candidate", required=True, help="the candidate version")
@@ -265,13 +277,13 @@ def _rollout_commands(sub: Sub) -> None:
     start.add_argument("--ab-weight", type=float, default=0.0, help="ab strategy: percent to B")
     start.add_argument("--ab-s", type=float, default=0.0, help="ab strategy: seconds held")
     start.set_defaults(handler=rollout_start)
-    get = add_output(_client(_rollout_ref(rsub.add_parser("get", help="a rollout's state"))))
+    get = add_output(client_args(_rollout_ref(rsub.add_parser("get", help="a rollout's state"))))
     get.add_argument(
         "-w", "--watch", action="store_true", help="print it again on every change until ^C"
     )
     get.set_defaults(handler=rollout_get)
     status = add_output(
-        _client(
+        client_args(
             _rollout_ref(
                 rsub.add_parser(
                     "status",
@@ -291,11 +303,11 @@ def _rollout_commands(sub: Sub) -> None:
         "--interval", type=float, default=1.0, help="with --wait: seconds between two looks"
     )
     status.set_defaults(handler=rollout_status)
-    listing = add_output(_client(rsub.add_parser("list", help="rollouts, newest first")))
+    listing = add_output(client_args(rsub.add_parser("list", help="rollouts, newest first")))
     listing.add_argument("--model", default="", help="only this model's rollouts")
     listing.add_argument("--active", action="store_true", help="only rollouts still running")
     listing.set_defaults(handler=rollout_list)
-    watch = _client(rsub.add_parser("watch", help="stream state changes until interrupted"))
+    watch = client_args(rsub.add_parser("watch", help="stream state changes until interrupted"))
     watch.add_argument("rollout_id", nargs="?", default="", help="only this rollout")
     watch.add_argument("--model", default="", help="only this model's rollouts")
     watch.set_defaults(handler=rollout_watch)
@@ -306,15 +318,15 @@ def _rollout_commands(sub: Sub) -> None:
         "abort": "end the rollout: the candidate to 0 %, the stable version unchanged",
     }
     for action, what in actions.items():
-        p = _client(_rollout_ref(rsub.add_parser(action, help=what)))
+        p = client_args(_rollout_ref(rsub.add_parser(action, help=what)))
         p.add_argument("--reason", default="", help="recorded in the audit log")
         p.set_defaults(handler=rollout_action, action=action)
-    rollback = _client(
+    rollback = client_args(
         _rollout_ref(rsub.add_parser("rollback", help="deprecated: use abort (or undo)"))
     )
     rollback.add_argument("--reason", default="", help="recorded in the audit log")
     rollback.set_defaults(handler=rollout_action, action="rollback")
-    undo = _client(
+    undo = client_args(
         rsub.add_parser(
             "undo",
             help="route 100%% back to the previous stable version (after a promotion "
@@ -324,8 +336,19 @@ def _rollout_commands(sub: Sub) -> None:
     undo.add_argument("target", nargs="?", default="", metavar="MODEL", help="the model")
     undo.add_argument("--model", default="", help="the model (same as MODEL)")
     undo.add_argument("--reason", default="", help="recorded in the audit log")
+    undo.add_argument(
+        "--to-revision",
+        type=int,
+        default=0,
+        help="go back to this stable revision (see `rollout history`); default: the previous",
+    )
     undo.set_defaults(handler=rollout_undo)
-    revert = _client(rsub.add_parser("revert", help="deprecated: use undo"))
+    history = add_output(
+        client_args(rsub.add_parser("history", help="a model's last stable versions, by revision"))
+    )
+    history.add_argument("target", metavar="MODEL", help="the model")
+    history.set_defaults(handler=rollout_history)
+    revert = client_args(rsub.add_parser("revert", help="deprecated: use undo"))
     revert.add_argument("--model", required=True, help="the model")
     revert.add_argument("--reason", default="", help="recorded in the audit log")
     revert.set_defaults(handler=rollout_undo, target="", deprecated="revert")
@@ -334,7 +357,7 @@ def _rollout_commands(sub: Sub) -> None:
 def _qos_commands(sub: Sub) -> None:
     qos = sub.add_parser("qos", help="elastic precision policies")
     qsub = qos.add_subparsers(dest="qos_command", metavar="ACTION", required=True)
-    qset = _client(qsub.add_parser("set", help="set the QoS policy of a model version"))
+    qset = client_args(qsub.add_parser("set", help="set the QoS policy of a model version"))
     qset.add_argument("--model", required=True, help="the model")
     qset.add_argument("--version", required=True, help="the model version")
     qset.add_argument(
@@ -389,7 +412,7 @@ def _qos_commands(sub: Sub) -> None:
     qset.add_argument("--disabled", action="store_true", help="store the policy but do not act")
     qset.set_defaults(handler=qos_set)
     qstatus = add_output(
-        _client(qsub.add_parser("status", help="the policy and the active variant"))
+        client_args(qsub.add_parser("status", help="the policy and the active variant"))
     )
     qstatus.add_argument("--model", required=True, help="the model")
     qstatus.add_argument("--version", required=True, help="the model version")
@@ -417,6 +440,7 @@ def _controlplane(args: argparse.Namespace) -> int:
             insecure=args.insecure,
             metrics_port=args.metrics_port,
             http_port=args.http_port,
+            rollback_window=args.rollback_window,
             limits=ApiLimits(
                 max_list_limit=args.max_list_limit,
                 max_audit_limit=args.max_audit_limit,
@@ -682,11 +706,18 @@ def _emit_state(args: argparse.Namespace, state: Any) -> None:
 
 
 def rollout_id(args: argparse.Namespace, *, active_only: bool) -> str:
-    """The rollout the command names: an id (``ro-...``), or a model's active rollout
-    (``active_only=False``: else the model's newest one)."""
+    """The rollout the command names: an id (``ro-...``, or an applied document's name),
+    or a model's active rollout (``active_only=False``: else the model's newest one)."""
     from graylane.v1 import controlplane_pb2 as pb
 
     ref = args.rollout
+    if ref and not args.model and not ref.startswith("ro-"):
+        # An applied document's name is its rollout's id, whatever it looks like.
+        named = call(
+            args, "Rollouts", "Get", pb.GetRolloutRequest(rollout_id=ref), tolerate=("NOT_FOUND",)
+        )
+        if named is not None:
+            return str(ref)
     model = args.model or ("" if ref.startswith("ro-") else ref)
     if not model:
         if not ref:
@@ -867,11 +898,35 @@ def rollout_undo(args: argparse.Namespace) -> int:
     model = args.model or args.target
     if not model:
         raise SystemExit("name the model: graylane rollout undo MODEL")
-    receipt = call(args, "Rollouts", "Revert", pb.RevertRequest(model=model, reason=args.reason))
+    ask = pb.RevertRequest(
+        model=model, reason=args.reason, to_revision=getattr(args, "to_revision", 0)
+    )
+    receipt = call(args, "Rollouts", "Revert", ask)
     how = f" (rolls back {receipt.rollout_id})" if receipt.rollout_id else ""
     print(
         f"revert of {receipt.model} to {receipt.target_version}{how} sent "
         f"(command {receipt.command_id})"
+    )
+    return 0
+
+
+def rollout_history(args: argparse.Namespace) -> int:
+    from graylane.v1 import controlplane_pb2 as pb
+
+    res = call(args, "Rollouts", "History", pb.StableHistoryRequest(model=args.target))
+    emit_list(
+        args,
+        "StableHistory",
+        res.revisions,
+        lambda r: str(r.revision),
+        lambda: table(
+            f"stable revisions of {args.target}",
+            ["REVISION", "VERSION", "SINCE", ""],
+            [
+                (str(r.revision), r.version, when(r.set_at_unix_ms), "current" if r.current else "")
+                for r in res.revisions
+            ],
+        ),
     )
     return 0
 

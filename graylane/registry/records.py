@@ -79,6 +79,16 @@ class VersionInfo:
 
 
 @dataclass(frozen=True)
+class StableRevision:
+    """Revision ``revision`` of a model's stable version: ``version``, made stable at ``set_at``."""
+
+    model: str
+    revision: int
+    version: SemVer
+    set_at: datetime
+
+
+@dataclass(frozen=True)
 class ValidationSummary:
     passed: bool
     max_abs: float | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
@@ -33,6 +33,7 @@ from graylane.registry.records import (
     ModelNotRegistered,
     RegisteredModel,
     RegistryError,
+    StableRevision,
     UnknownArtifact,
     UnknownVersion,
     ValidationSummary,
@@ -44,6 +45,7 @@ from graylane.registry.schema import (
     ArtifactRow,
     ModelRow,
     ModelVersionRow,
+    StableRevisionRow,
     StableVersionRow,
     ValidationResultRow,
 )
@@ -372,12 +374,39 @@ class Registry:
             model_row = self._model(session, model)
             version_row = self._version(session, model_row, semver)
             stable = session.get(StableVersionRow, model_row.id)
+            changed = stable is None or stable.version_id != version_row.id
             if stable is None:
                 session.add(StableVersionRow(model_id=model_row.id, version_id=version_row.id))
-            elif stable.version_id != version_row.id:
+            elif changed:
                 stable.previous_version_id = stable.version_id
                 stable.version_id = version_row.id
+            if changed:
+                last = session.scalar(
+                    select(func.max(StableRevisionRow.revision)).where(
+                        StableRevisionRow.model_id == model_row.id
+                    )
+                )
+                session.add(
+                    StableRevisionRow(
+                        model_id=model_row.id, revision=(last or 0) + 1, version=str(semver)
+                    )
+                )
             return _version_info(version_row, model)
+
+    def stable_revisions(self, model: str, limit: int = 10) -> list[StableRevision]:
+        """The model's last ``limit`` stable versions, newest first (revision numbers)."""
+        with self._sessions() as session:
+            model_row = self._model(session, model)
+            rows = session.scalars(
+                select(StableRevisionRow)
+                .where(StableRevisionRow.model_id == model_row.id)
+                .order_by(StableRevisionRow.revision.desc())
+                .limit(limit)
+            ).all()
+            return [
+                StableRevision(model, r.revision, parse_semver(r.version), _utc(r.set_at))
+                for r in rows
+            ]
 
     def get_previous_stable(self, model: str) -> VersionInfo | None:
         """The stable version before the current one (None when it never changed)."""

@@ -28,6 +28,7 @@ __all__ = [
     "Base",
     "ModelRow",
     "ModelVersionRow",
+    "StableRevisionRow",
     "StableVersionRow",
     "ValidationResultRow",
 ]
@@ -153,3 +154,22 @@ class StableVersionRow(Base):
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=_now, onupdate=_now
     )
+
+
+class StableRevisionRow(Base):
+    """One change of a model's stable version: revision ``n`` made ``version`` stable.
+
+    Revisions count from 1 per model and only grow; going back to an old version is a
+    new revision, as ``kubectl rollout undo`` makes one.
+    """
+
+    __tablename__ = "registry_stable_revisions"
+    __table_args__ = (UniqueConstraint("model_id", "revision", name="uq_stable_revision"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("registry_models.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    revision: Mapped[int] = mapped_column(Integer, nullable=False)
+    version: Mapped[str] = mapped_column(String(64), nullable=False)
+    set_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)

@@ -29,7 +29,10 @@ from graylane.rollouts.spec import (
     MetricGate,
     RolloutSpec,
     Step,
+    StepPause,
     Strategy,
+    WebhookFormat,
+    WebhookTarget,
 )
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
 from graylane.v1 import audit_pb2, rollout_pb2
@@ -54,6 +57,7 @@ __all__ = [
     "rollout_spec_to_pb",
     "strategy_from_pb",
     "strategy_to_pb",
+    "webhooks_from_pb",
 ]
 
 # -- enums ------------------------------------------------------------------------
@@ -210,6 +214,9 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
                 weight_percent=s.weight_percent,
                 min_samples=s.min_samples,
                 min_dwell_s=s.min_dwell_s,
+                pause=None
+                if s.pause is None
+                else rollout_pb2.StepPause(duration_s=s.pause.duration_s or 0.0),
             )
             for s in spec.steps
         ],
@@ -238,14 +245,49 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
         ab_duration_s=spec.ab_duration_s,
         created_at_unix_ms=spec.created_at_ms,
         created_by=spec.created_by,
+        document_digest=spec.document_digest,
+        webhooks=[
+            rollout_pb2.Webhook(
+                url=w.url, format=_WEBHOOK_FORMATS[w.format], secret_file=w.secret_file
+            )
+            for w in spec.webhooks
+        ],
     )
+
+
+_WEBHOOK_FORMATS: dict[WebhookFormat, rollout_pb2.WebhookFormat] = {
+    WebhookFormat.CLOUDEVENTS: rollout_pb2.WEBHOOK_CLOUDEVENTS,
+    WebhookFormat.SLACK: rollout_pb2.WEBHOOK_SLACK,
+}
+
+
+def webhooks_from_pb(pb: rollout_pb2.RolloutSpec) -> tuple[WebhookTarget, ...]:
+    """The spec's webhooks alone (without validating the rest of the spec)."""
+    return tuple(_webhook_from_pb(w) for w in pb.webhooks)
+
+
+def _webhook_from_pb(pb: rollout_pb2.Webhook) -> WebhookTarget:
+    if pb.format == rollout_pb2.WEBHOOK_SLACK:
+        form = WebhookFormat.SLACK
+    elif pb.format in (rollout_pb2.WEBHOOK_CLOUDEVENTS, rollout_pb2.WEBHOOK_FORMAT_UNSPECIFIED):
+        form = WebhookFormat.CLOUDEVENTS
+    else:
+        raise InvalidSpec(f"webhook {pb.url!r} has format {pb.format}, unknown to this build")
+    return WebhookTarget(url=pb.url, format=form, secret_file=pb.secret_file)
+
+
+def _step_from_pb(pb: rollout_pb2.RolloutStep) -> Step:
+    pause = None
+    if pb.HasField("pause"):
+        pause = StepPause(pb.pause.duration_s or None)
+    return Step(pb.weight_percent, pb.min_samples, pb.min_dwell_s, pause)
 
 
 def rollout_spec_from_pb(pb: rollout_pb2.RolloutSpec) -> RolloutSpec:
     """Raises :class:`~graylane.rollouts.errors.InvalidSpec` for a broken spec."""
     d = RolloutSpec(rollout_id="-", model="-", baseline="-a", candidate="-b")
     gates = _gates_from_pb(pb.gates)
-    steps = tuple(Step(s.weight_percent, s.min_samples, s.min_dwell_s) for s in pb.steps)
+    steps = tuple(_step_from_pb(s) for s in pb.steps)
     return RolloutSpec(
         rollout_id=pb.rollout_id,
         model=pb.model,
@@ -261,6 +303,8 @@ def rollout_spec_from_pb(pb: rollout_pb2.RolloutSpec) -> RolloutSpec:
         ab_duration_s=_or(pb.ab_duration_s, d.ab_duration_s),
         created_at_ms=pb.created_at_unix_ms,
         created_by=pb.created_by,
+        document_digest=pb.document_digest,
+        webhooks=tuple(_webhook_from_pb(w) for w in pb.webhooks),
     )
 
 

@@ -19,7 +19,10 @@ __all__ = [
     "MetricGate",
     "RolloutSpec",
     "Step",
+    "StepPause",
     "Strategy",
+    "WebhookFormat",
+    "WebhookTarget",
     "step_weight_problem",
 ]
 
@@ -67,17 +70,43 @@ audit replay and restart keep it. FIXED stays available for comparison."""
 
 
 @dataclass(frozen=True)
+class StepPause:
+    """An approval step's wait: until an operator resumes (``duration_s`` None), or
+    ``duration_s`` seconds (a resume ends it sooner). Weights stay frozen meanwhile."""
+
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True)
 class Step:
     """One canary step.
 
     ``min_samples`` counts candidate (and baseline) requests seen *during the
     step*, over disjoint windows; ``min_dwell_s`` is the time since the step
-    began. Both must be met, with every gate passing, to move on.
+    began. Both must be met, with every gate passing, to move on. With ``pause``
+    the rollout then pauses for approval before it moves on.
     """
 
     weight_percent: float
     min_samples: int = 100
     min_dwell_s: float = 60.0
+    pause: StepPause | None = None
+
+
+class WebhookFormat(Enum):
+    """The body a webhook receives: CloudEvents JSON, or a Slack-compatible message."""
+
+    CLOUDEVENTS = "cloudevents"
+    SLACK = "slack"
+
+
+@dataclass(frozen=True)
+class WebhookTarget:
+    """Where a rollout's transitions are posted; ``secret_file`` holds the HMAC key."""
+
+    url: str
+    format: WebhookFormat = WebhookFormat.CLOUDEVENTS
+    secret_file: str = ""
 
 
 DEFAULT_STEPS: tuple[Step, ...] = (
@@ -192,6 +221,9 @@ class RolloutSpec:
     ab_duration_s: float = 3600.0
     created_at_ms: int = 0
     created_by: str = ""
+    document_digest: str = ""
+    """sha256 of the applied Rollout document; empty for a rollout started by flags."""
+    webhooks: tuple[WebhookTarget, ...] = ()
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -217,6 +249,9 @@ def _problems(spec: RolloutSpec) -> list[str]:
         out.append(f"baseline and candidate are the same version {spec.baseline!r}")
     out.extend(_step_problems(spec))
     out.extend(_gate_problems(spec.gates))
+    for hook in spec.webhooks:
+        if not hook.url.startswith(("http://", "https://")):
+            out.append(f"webhook url {hook.url!r} is not http(s)")
     if spec.failures_to_rollback < 1:
         out.append(f"failures_to_rollback {spec.failures_to_rollback} must be at least 1")
     if spec.strategy is Strategy.SHADOW_THEN_CANARY:
@@ -267,6 +302,9 @@ def _step_problems(spec: RolloutSpec) -> list[str]:
             out.append(f"step {i} min_samples {step.min_samples} is negative")
         if not (_finite(step.min_dwell_s) and step.min_dwell_s >= 0.0):
             out.append(f"step {i} min_dwell_s {step.min_dwell_s} must be a non-negative number")
+        wait = step.pause.duration_s if step.pause is not None else None
+        if wait is not None and not (_finite(wait) and wait > 0.0):
+            out.append(f"step {i} pause duration {wait} must be positive")
     if spec.strategy is not Strategy.AB_SPLIT:
         if steps[-1].weight_percent != 100.0:
             out.append(f"the last step is {steps[-1].weight_percent}%, not 100%")

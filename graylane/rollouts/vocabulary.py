@@ -81,6 +81,12 @@ class DecisionRule(StrEnum):
     MIN_SAMPLES = "min_samples"
     MIN_DWELL = "min_dwell"
     ALL_GATES_PASSED = "all_gates_passed"
+    APPROVAL_PAUSE = "approval_pause"
+    """An approval step's gates, samples and dwell are met: paused until resumed or timed out."""
+    APPROVAL_ELAPSED = "approval_elapsed"
+    """A timed approval pause ran out: the rollout goes on as if resumed."""
+    SPEC_UPDATED = "spec_updated"
+    """An applied Rollout document changed what may change (steps, gates, webhooks)."""
     # rollout gates
     P99_RATIO = "p99_ratio"
     P99_SEVERE = "p99_severe"

@@ -2,12 +2,26 @@ from graylane.v1 import audit_pb2 as _audit_pb2
 from graylane.v1 import control_pb2 as _control_pb2
 from graylane.v1 import rollout_pb2 as _rollout_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ApplyOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    APPLY_OUTCOME_UNSPECIFIED: _ClassVar[ApplyOutcome]
+    APPLY_CREATED: _ClassVar[ApplyOutcome]
+    APPLY_UNCHANGED: _ClassVar[ApplyOutcome]
+    APPLY_UPDATED: _ClassVar[ApplyOutcome]
+    APPLY_REFUSED: _ClassVar[ApplyOutcome]
+APPLY_OUTCOME_UNSPECIFIED: ApplyOutcome
+APPLY_CREATED: ApplyOutcome
+APPLY_UNCHANGED: ApplyOutcome
+APPLY_UPDATED: ApplyOutcome
+APPLY_REFUSED: ApplyOutcome
 
 class RegisterModelRequest(_message.Message):
     __slots__ = ("name", "description")
@@ -201,13 +215,69 @@ class CommandReceipt(_message.Message):
     target_version: str
     def __init__(self, command_id: _Optional[str] = ..., rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[_rollout_pb2.CommandKind, str]] = ..., issued_at_unix_ms: _Optional[int] = ..., issued_by: _Optional[str] = ..., state: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., target_version: _Optional[str] = ...) -> None: ...
 
+class ApplyRolloutRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: _rollout_pb2.RolloutSpec
+    def __init__(self, spec: _Optional[_Union[_rollout_pb2.RolloutSpec, _Mapping]] = ...) -> None: ...
+
+class SpecChange(_message.Message):
+    __slots__ = ("field", "live", "applied", "allowed")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    live: str
+    applied: str
+    allowed: bool
+    def __init__(self, field: _Optional[str] = ..., live: _Optional[str] = ..., applied: _Optional[str] = ..., allowed: _Optional[bool] = ...) -> None: ...
+
+class ApplyRolloutResponse(_message.Message):
+    __slots__ = ("outcome", "changes", "state", "command_id")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    outcome: ApplyOutcome
+    changes: _containers.RepeatedCompositeFieldContainer[SpecChange]
+    state: _rollout_pb2.RolloutState
+    command_id: str
+    def __init__(self, outcome: _Optional[_Union[ApplyOutcome, str]] = ..., changes: _Optional[_Iterable[_Union[SpecChange, _Mapping]]] = ..., state: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., command_id: _Optional[str] = ...) -> None: ...
+
 class RevertRequest(_message.Message):
-    __slots__ = ("model", "reason")
+    __slots__ = ("model", "reason", "to_revision")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    TO_REVISION_FIELD_NUMBER: _ClassVar[int]
     model: str
     reason: str
-    def __init__(self, model: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    to_revision: int
+    def __init__(self, model: _Optional[str] = ..., reason: _Optional[str] = ..., to_revision: _Optional[int] = ...) -> None: ...
+
+class StableHistoryRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class StableRevisionView(_message.Message):
+    __slots__ = ("revision", "version", "set_at_unix_ms", "current")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SET_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    version: str
+    set_at_unix_ms: int
+    current: bool
+    def __init__(self, revision: _Optional[int] = ..., version: _Optional[str] = ..., set_at_unix_ms: _Optional[int] = ..., current: _Optional[bool] = ...) -> None: ...
+
+class StableHistoryResponse(_message.Message):
+    __slots__ = ("revisions",)
+    REVISIONS_FIELD_NUMBER: _ClassVar[int]
+    revisions: _containers.RepeatedCompositeFieldContainer[StableRevisionView]
+    def __init__(self, revisions: _Optional[_Iterable[_Union[StableRevisionView, _Mapping]]] = ...) -> None: ...
 
 class GetQosPolicyRequest(_message.Message):
     __slots__ = ("model", "version")

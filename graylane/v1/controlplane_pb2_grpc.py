@@ -329,6 +329,21 @@ class RolloutsStub:
                 request_serializer=graylane_dot_v1_dot_controlplane__pb2.RevertRequest.SerializeToString,
                 response_deserializer=graylane_dot_v1_dot_controlplane__pb2.CommandReceipt.FromString,
                 _registered_method=True)
+        self.Apply = channel.unary_unary(
+                '/graylane.v1.Rollouts/Apply',
+                request_serializer=graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutRequest.SerializeToString,
+                response_deserializer=graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutResponse.FromString,
+                _registered_method=True)
+        self.Diff = channel.unary_unary(
+                '/graylane.v1.Rollouts/Diff',
+                request_serializer=graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutRequest.SerializeToString,
+                response_deserializer=graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutResponse.FromString,
+                _registered_method=True)
+        self.History = channel.unary_unary(
+                '/graylane.v1.Rollouts/History',
+                request_serializer=graylane_dot_v1_dot_controlplane__pb2.StableHistoryRequest.SerializeToString,
+                response_deserializer=graylane_dot_v1_dot_controlplane__pb2.StableHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutsServicer:
@@ -397,6 +412,28 @@ class RolloutsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Apply(self, request, context):
+        """Declarative: start the spec's rollout (rollout_id = the document's name), or
+        update what may change, or nothing when it is unchanged. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Diff(self, request, context):
+        """What Apply would do, changing nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def History(self, request, context):
+        """The model's last stable versions, by revision (what Revert's to_revision names).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -449,6 +486,21 @@ def add_RolloutsServicer_to_server(servicer, server):
                     servicer.Revert,
                     request_deserializer=graylane_dot_v1_dot_controlplane__pb2.RevertRequest.FromString,
                     response_serializer=graylane_dot_v1_dot_controlplane__pb2.CommandReceipt.SerializeToString,
+            ),
+            'Apply': grpc.unary_unary_rpc_method_handler(
+                    servicer.Apply,
+                    request_deserializer=graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutRequest.FromString,
+                    response_serializer=graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutResponse.SerializeToString,
+            ),
+            'Diff': grpc.unary_unary_rpc_method_handler(
+                    servicer.Diff,
+                    request_deserializer=graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutRequest.FromString,
+                    response_serializer=graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutResponse.SerializeToString,
+            ),
+            'History': grpc.unary_unary_rpc_method_handler(
+                    servicer.History,
+                    request_deserializer=graylane_dot_v1_dot_controlplane__pb2.StableHistoryRequest.FromString,
+                    response_serializer=graylane_dot_v1_dot_controlplane__pb2.StableHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -721,6 +773,87 @@ class Rollouts:
             '/graylane.v1.Rollouts/Revert',
             graylane_dot_v1_dot_controlplane__pb2.RevertRequest.SerializeToString,
             graylane_dot_v1_dot_controlplane__pb2.CommandReceipt.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Apply(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graylane.v1.Rollouts/Apply',
+            graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutRequest.SerializeToString,
+            graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Diff(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graylane.v1.Rollouts/Diff',
+            graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutRequest.SerializeToString,
+            graylane_dot_v1_dot_controlplane__pb2.ApplyRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def History(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graylane.v1.Rollouts/History',
+            graylane_dot_v1_dot_controlplane__pb2.StableHistoryRequest.SerializeToString,
+            graylane_dot_v1_dot_controlplane__pb2.StableHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

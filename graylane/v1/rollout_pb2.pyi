@@ -15,6 +15,12 @@ class RolloutStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SHADOW_THEN_CANARY: _ClassVar[RolloutStrategy]
     AB_SPLIT: _ClassVar[RolloutStrategy]
 
+class WebhookFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WEBHOOK_FORMAT_UNSPECIFIED: _ClassVar[WebhookFormat]
+    WEBHOOK_CLOUDEVENTS: _ClassVar[WebhookFormat]
+    WEBHOOK_SLACK: _ClassVar[WebhookFormat]
+
 class GateMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     GATE_MODE_UNSPECIFIED: _ClassVar[GateMode]
@@ -60,10 +66,14 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_SET_QOS_POLICY: _ClassVar[CommandKind]
     COMMAND_REVERT: _ClassVar[CommandKind]
     COMMAND_SET_ROUTE_CONFIG: _ClassVar[CommandKind]
+    COMMAND_UPDATE_SPEC: _ClassVar[CommandKind]
 ROLLOUT_STRATEGY_UNSPECIFIED: RolloutStrategy
 CANARY: RolloutStrategy
 SHADOW_THEN_CANARY: RolloutStrategy
 AB_SPLIT: RolloutStrategy
+WEBHOOK_FORMAT_UNSPECIFIED: WebhookFormat
+WEBHOOK_CLOUDEVENTS: WebhookFormat
+WEBHOOK_SLACK: WebhookFormat
 GATE_MODE_UNSPECIFIED: GateMode
 GATE_MODE_FIXED: GateMode
 GATE_MODE_SEQUENTIAL: GateMode
@@ -95,16 +105,35 @@ COMMAND_ABORT: CommandKind
 COMMAND_SET_QOS_POLICY: CommandKind
 COMMAND_REVERT: CommandKind
 COMMAND_SET_ROUTE_CONFIG: CommandKind
+COMMAND_UPDATE_SPEC: CommandKind
 
 class RolloutStep(_message.Message):
-    __slots__ = ("weight_percent", "min_samples", "min_dwell_s")
+    __slots__ = ("weight_percent", "min_samples", "min_dwell_s", "pause")
     WEIGHT_PERCENT_FIELD_NUMBER: _ClassVar[int]
     MIN_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     MIN_DWELL_S_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_FIELD_NUMBER: _ClassVar[int]
     weight_percent: float
     min_samples: int
     min_dwell_s: float
-    def __init__(self, weight_percent: _Optional[float] = ..., min_samples: _Optional[int] = ..., min_dwell_s: _Optional[float] = ...) -> None: ...
+    pause: StepPause
+    def __init__(self, weight_percent: _Optional[float] = ..., min_samples: _Optional[int] = ..., min_dwell_s: _Optional[float] = ..., pause: _Optional[_Union[StepPause, _Mapping]] = ...) -> None: ...
+
+class StepPause(_message.Message):
+    __slots__ = ("duration_s",)
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    duration_s: float
+    def __init__(self, duration_s: _Optional[float] = ...) -> None: ...
+
+class Webhook(_message.Message):
+    __slots__ = ("url", "format", "secret_file")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FILE_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    format: WebhookFormat
+    secret_file: str
+    def __init__(self, url: _Optional[str] = ..., format: _Optional[_Union[WebhookFormat, str]] = ..., secret_file: _Optional[str] = ...) -> None: ...
 
 class GateSpec(_message.Message):
     __slots__ = ("max_p99_ratio", "max_error_rate_delta", "significance_alpha", "min_output_agreement", "mode", "max_error_ratio", "error_budget", "max_slow_ratio", "unresponsive_s", "backlog_queue_ms", "p99_floor_ms", "length_drift", "max_length_shift", "max_eos_rate_delta", "token_time_tolerance", "metrics")
@@ -157,7 +186,7 @@ class MetricGate(_message.Message):
     def __init__(self, name: _Optional[str] = ..., query: _Optional[str] = ..., comparison: _Optional[_Union[MetricComparison, str]] = ..., threshold: _Optional[float] = ..., pause_after_inconclusive_s: _Optional[float] = ...) -> None: ...
 
 class RolloutSpec(_message.Message):
-    __slots__ = ("rollout_id", "model", "baseline_version", "candidate_version", "strategy", "steps", "gates", "failures_to_rollback", "shadow_share", "shadow_duration_s", "ab_weight_percent", "ab_duration_s", "created_at_unix_ms", "created_by")
+    __slots__ = ("rollout_id", "model", "baseline_version", "candidate_version", "strategy", "steps", "gates", "failures_to_rollback", "shadow_share", "shadow_duration_s", "ab_weight_percent", "ab_duration_s", "created_at_unix_ms", "created_by", "document_digest", "webhooks")
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BASELINE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +201,8 @@ class RolloutSpec(_message.Message):
     AB_DURATION_S_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOKS_FIELD_NUMBER: _ClassVar[int]
     rollout_id: str
     model: str
     baseline_version: str
@@ -186,10 +217,12 @@ class RolloutSpec(_message.Message):
     ab_duration_s: float
     created_at_unix_ms: int
     created_by: str
-    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., baseline_version: _Optional[str] = ..., candidate_version: _Optional[str] = ..., strategy: _Optional[_Union[RolloutStrategy, str]] = ..., steps: _Optional[_Iterable[_Union[RolloutStep, _Mapping]]] = ..., gates: _Optional[_Union[GateSpec, _Mapping]] = ..., failures_to_rollback: _Optional[int] = ..., shadow_share: _Optional[float] = ..., shadow_duration_s: _Optional[float] = ..., ab_weight_percent: _Optional[float] = ..., ab_duration_s: _Optional[float] = ..., created_at_unix_ms: _Optional[int] = ..., created_by: _Optional[str] = ...) -> None: ...
+    document_digest: str
+    webhooks: _containers.RepeatedCompositeFieldContainer[Webhook]
+    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., baseline_version: _Optional[str] = ..., candidate_version: _Optional[str] = ..., strategy: _Optional[_Union[RolloutStrategy, str]] = ..., steps: _Optional[_Iterable[_Union[RolloutStep, _Mapping]]] = ..., gates: _Optional[_Union[GateSpec, _Mapping]] = ..., failures_to_rollback: _Optional[int] = ..., shadow_share: _Optional[float] = ..., shadow_duration_s: _Optional[float] = ..., ab_weight_percent: _Optional[float] = ..., ab_duration_s: _Optional[float] = ..., created_at_unix_ms: _Optional[int] = ..., created_by: _Optional[str] = ..., document_digest: _Optional[str] = ..., webhooks: _Optional[_Iterable[_Union[Webhook, _Mapping]]] = ...) -> None: ...
 
 class RolloutState(_message.Message):
-    __slots__ = ("rollout_id", "model", "phase", "step_index", "candidate_weight_percent", "phase_started_at_unix_ms", "consecutive_failures", "updated_at_unix_ms", "last_reason", "paused_from", "spec", "step_started_at_unix_ms", "shadow_share", "failure_window_end_unix_ms", "epoch", "evidence", "sequential")
+    __slots__ = ("rollout_id", "model", "phase", "step_index", "candidate_weight_percent", "phase_started_at_unix_ms", "consecutive_failures", "updated_at_unix_ms", "last_reason", "paused_from", "spec", "step_started_at_unix_ms", "shadow_share", "failure_window_end_unix_ms", "epoch", "evidence", "sequential", "approval_step", "approved_step", "pause_until_unix_ms")
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +240,9 @@ class RolloutState(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     SEQUENTIAL_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_STEP_FIELD_NUMBER: _ClassVar[int]
+    APPROVED_STEP_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_UNTIL_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     rollout_id: str
     model: str
     phase: RolloutPhase
@@ -224,7 +260,10 @@ class RolloutState(_message.Message):
     epoch: int
     evidence: StepEvidence
     sequential: SequentialEvidence
-    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., phase: _Optional[_Union[RolloutPhase, str]] = ..., step_index: _Optional[int] = ..., candidate_weight_percent: _Optional[float] = ..., phase_started_at_unix_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., updated_at_unix_ms: _Optional[int] = ..., last_reason: _Optional[str] = ..., paused_from: _Optional[_Union[RolloutPhase, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ..., step_started_at_unix_ms: _Optional[int] = ..., shadow_share: _Optional[float] = ..., failure_window_end_unix_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., evidence: _Optional[_Union[StepEvidence, _Mapping]] = ..., sequential: _Optional[_Union[SequentialEvidence, _Mapping]] = ...) -> None: ...
+    approval_step: int
+    approved_step: int
+    pause_until_unix_ms: int
+    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., phase: _Optional[_Union[RolloutPhase, str]] = ..., step_index: _Optional[int] = ..., candidate_weight_percent: _Optional[float] = ..., phase_started_at_unix_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., updated_at_unix_ms: _Optional[int] = ..., last_reason: _Optional[str] = ..., paused_from: _Optional[_Union[RolloutPhase, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ..., step_started_at_unix_ms: _Optional[int] = ..., shadow_share: _Optional[float] = ..., failure_window_end_unix_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., evidence: _Optional[_Union[StepEvidence, _Mapping]] = ..., sequential: _Optional[_Union[SequentialEvidence, _Mapping]] = ..., approval_step: _Optional[int] = ..., approved_step: _Optional[int] = ..., pause_until_unix_ms: _Optional[int] = ...) -> None: ...
 
 class RatioTestState(_message.Message):
     __slots__ = ("r0", "log_lr", "candidate_events", "candidate_requests", "baseline_events", "baseline_requests", "recent_up")

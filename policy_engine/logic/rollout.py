@@ -35,6 +35,11 @@ Steps 4 and 5 (what the gate verdicts lead to) are :func:`on_failure` and
 A rollback or abort sends the candidate to 0 % in one routing plan; a
 promotion gives it 100 % and makes it the stable version.
 
+Approval steps: a step with a ``pause`` whose gates, samples and dwell are met
+does not advance; it pauses (rule ``approval_pause``, weights frozen, gates not
+judged) until RESUME approves it, or until its duration runs out (rule
+``approval_elapsed``). The next passing evaluation then advances.
+
 Manual commands (:func:`apply_command`): PAUSE
 freezes the weights (evaluations only HOLD); RESUME returns to the phase
 paused from, keeping its step, timers and evidence (the candidate kept serving
@@ -97,6 +102,7 @@ __all__ = [
     "RolloutSignals",
     "RolloutState",
     "apply_command",
+    "approve",
     "check_rollout",
     "check_transition",
     "evaluate",
@@ -172,6 +178,11 @@ class RolloutState:
     # counts again only on a window that does not overlap it.
     failure_window_end_ms: int = 0
     paused_from: Phase | None = None
+    # Approval steps: the step whose pause holds the rollout (-1: none), the last
+    # step approved (-1: none), and when a timed approval pause ends (0: by resume).
+    approval_step: int = -1
+    approved_step: int = -1
+    pause_until_ms: int = 0
     last_reason: str = ""
     epoch: int = 0
     updated_ms: int = 0
@@ -281,6 +292,8 @@ def transition(
         consecutive_failures=0 if phase is not Phase.ROLLED_BACK else state.consecutive_failures,
         failure_window_end_ms=0,
         paused_from=None,
+        approval_step=-1,
+        pause_until_ms=0,
         last_reason=reason,
         epoch=state.epoch + 1,
         updated_ms=now_ms,
@@ -451,7 +464,44 @@ def on_pass(ctx: Evaluation, state: RolloutState, summary: str) -> Decision:
             DecisionRule.MIN_DWELL,
             f"gates pass; {where} dwelt {waited / 1000:g} s of {need_ms / 1000:g} s: {summary}",
         )
+    if state.phase is Phase.PROGRESSING:
+        pause = spec.steps[state.step_index].pause
+        if pause is not None and state.approved_step != state.step_index:
+            return _await_approval(ctx, state, pause.duration_s, where, summary)
     return _advance(ctx, state, where, summary)
+
+
+def _await_approval(
+    ctx: Evaluation, state: RolloutState, duration_s: float | None, where: str, summary: str
+) -> Decision:
+    """Pause an approval step whose conditions are met: weights frozen until approved."""
+    check_transition(state.phase, Phase.PAUSED)
+    until = ctx.now_ms + round(duration_s * 1000) if duration_s is not None else 0
+    wait = f"for {duration_s:g} s or until resumed" if duration_s else "until resumed"
+    after = replace(
+        state,
+        phase=Phase.PAUSED,
+        paused_from=state.phase,
+        approval_step=state.step_index,
+        pause_until_ms=until,
+    )
+    reason = f"{where} passed; paused for approval {wait}: {summary}"
+    return ctx.decide(DecisionKind.HOLD, DecisionRule.APPROVAL_PAUSE, reason, after)
+
+
+def approve(state: RolloutState) -> RolloutState:
+    """The state after an approval pause ends: back to the phase it paused, step approved."""
+    if state.paused_from is None:
+        raise InvalidTransition(f"cannot resume a rollout that is {state.phase.value}")
+    check_transition(Phase.PAUSED, state.paused_from)
+    return replace(
+        state,
+        phase=state.paused_from,
+        paused_from=None,
+        approved_step=state.approval_step if state.approval_step >= 0 else state.approved_step,
+        approval_step=-1,
+        pause_until_ms=0,
+    )
 
 
 def _advance(ctx: Evaluation, state: RolloutState, where: str, summary: str) -> Decision:
@@ -591,11 +641,13 @@ def apply_command(
     if command is ManualCommand.RESUME:
         if state.phase is not Phase.PAUSED or state.paused_from is None:
             raise InvalidTransition(f"cannot resume a rollout that is {state.phase.value}")
-        check_transition(Phase.PAUSED, state.paused_from)
-        reason = f"resumed {state.paused_from.value}{suffix}"
-        after = replace(
-            state, phase=state.paused_from, paused_from=None, last_reason=reason, updated_ms=now_ms
+        approved = (
+            f"approved step {state.approval_step + 1}/{len(spec.steps)}, "
+            if state.approval_step >= 0
+            else ""
         )
+        reason = f"{approved}resumed {state.paused_from.value}{suffix}"
+        after = replace(approve(state), last_reason=reason, updated_ms=now_ms)
         return decided(reason, after)
     if command is ManualCommand.PROMOTE:
         target, weight = Phase.PROMOTED, 100.0
@@ -688,6 +740,19 @@ def evaluate(
     ctx = Evaluation(state, spec, now_ms, inputs, agreement if shadowing else None, signals)
     if state.phase is Phase.PAUSED:
         from_phase = state.paused_from.value if state.paused_from else "?"
+        if state.approval_step >= 0 and 0 < state.pause_until_ms <= now_ms:
+            step = f"step {state.approval_step + 1}/{len(spec.steps)}"
+            reason = f"{step} approval pause elapsed; resumed {from_phase}"
+            return ctx.decide(
+                DecisionKind.HOLD, DecisionRule.APPROVAL_ELAPSED, reason, approve(state)
+            )
+        if state.approval_step >= 0:
+            return ctx.hold(
+                state,
+                DecisionRule.PAUSED,
+                f"step {state.approval_step + 1}/{len(spec.steps)} waits for approval "
+                "(`graylane rollout resume`); weights frozen",
+            )
         return ctx.hold(state, DecisionRule.PAUSED, f"paused (from {from_phase}); weights frozen")
     live = check_rollout_liveness(
         signals.baseline_liveness if signals else None,

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -111,8 +111,11 @@ class AuditSink:
         metrics: AuditSinkMetrics | None = None,
         *,
         backoff: BackoffPolicy = DEFAULT_BACKOFF,
+        on_audits: Callable[[Sequence[audit_pb2.AuditRecord]], None] | None = None,
     ) -> None:
         self._factory = factory
+        self._on_audits = on_audits
+        """Sees every decoded audit batch once it is stored (the notifier); must not wait."""
         self._store = store
         self._hub = hub
         self._audit_topic = factory.layout.audit()
@@ -229,6 +232,11 @@ class AuditSink:
         started = time.perf_counter()
         added = await self._add_audit(tp, audits)
         self.audit_added += added
+        if self._on_audits is not None and audits:
+            try:
+                self._on_audits([a for a, _ in audits])
+            except Exception as exc:  # a notification problem never stops the copy
+                log.error("audit sink: the audit hook failed: %s", exc)
         if self._metrics is not None:
             stored = [a for a, _ in audits]
             _count(self._metrics, stored, added, time.perf_counter() - started)

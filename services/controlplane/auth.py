@@ -43,6 +43,8 @@ READ_ONLY_METHODS: frozenset[str] = frozenset(
         "Rollouts/Get",
         "Rollouts/List",
         "Rollouts/Watch",
+        "Rollouts/Diff",
+        "Rollouts/History",
         "Qos/GetPolicy",
         "Routing/GetConfig",
         "Audit/Query",

@@ -16,7 +16,7 @@ from graylane.kafka.admin import AdminFactory
 from graylane.kafka.seam import KafkaFactory
 from graylane.serde import encode, encode_key
 from graylane.topics import TopicLayout
-from graylane.v1 import rollout_pb2
+from graylane.v1 import dlq_pb2, rollout_pb2
 
 __all__ = ["CandidateCheck", "CommandPublisher", "KafkaCandidateCheck", "KafkaCommandBus"]
 
@@ -49,6 +49,14 @@ class KafkaCommandBus:
             raise NotStartedError("KafkaCommandBus.publish before start()")
         await self._producer.send_and_wait(
             self._topic, value=encode(command), key=encode_key(command.model)
+        )
+
+    async def dead_letter(self, letter: dlq_pb2.DeadLetter) -> None:
+        """Keep an undelivered notification on ``<p>.dlq`` (key: its rollout id)."""
+        if self._producer is None:
+            raise NotStartedError("KafkaCommandBus.dead_letter before start()")
+        await self._producer.send_and_wait(
+            self._factory.layout.dlq(), value=encode(letter), key=letter.original_key
         )
 
 

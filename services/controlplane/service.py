@@ -46,6 +46,7 @@ from graylane.metrics import (
     ControlPlaneMetrics,
     ServiceObservability,
 )
+from graylane.notifications.sender import SenderPolicy, WebhookDelivery, WebhookSender
 from graylane.registry import (
     DuplicateVersion,
     ModelNotRegistered,
@@ -76,13 +77,18 @@ from graylane.services.controlplane.bus import (
 )
 from graylane.services.controlplane.limits import ApiLimits, WatchSlots, check_limit, check_startup
 from graylane.services.controlplane.logic import rules
+from graylane.services.controlplane.logic.apply import ApplyAction, ApplyPlan, plan_apply
+from graylane.services.controlplane.notifier import RolloutNotifier
 from graylane.services.controlplane.state import ControlStore, StoredRollout
 from graylane.services.controlplane.verdict_http import VerdictServer, verdict_app
 from graylane.services.controlplane.wire import (
+    apply_response,
+    dead_letter_of,
     model_summary,
     new_command,
     qos_policy_view,
     receipt,
+    stable_history,
     version_summary,
 )
 from graylane.supervision import BackgroundTasks
@@ -118,6 +124,10 @@ class ServerConfig:
     http_port: int | None = None
     """The HTTP verdict endpoint for Argo Rollouts and Flagger (``GRAYLANE_CP_HTTP_PORT``;
     None = off, 0 = a free port), on the same host and TLS as the gRPC port."""
+    rollback_window: int = 10
+    """How many of a model's last stable revisions ``undo --to-revision`` may go back to."""
+    webhooks: SenderPolicy = field(default_factory=SenderPolicy)
+    """Queues, tries and backoff of rollout notifications."""
 
     @classmethod
     def from_env(
@@ -170,14 +180,21 @@ class ControlPlaneServer:
             hub=self.hub,
             tokens=config.tokens,
             limits=config.limits,
+            rollback_window=config.rollback_window,
         )
         # A promotion the sink records makes the candidate the registry's stable version.
         self.store.on_promoted(self.control.record_promotion)
         self.observability = ServiceObservability("controlplane")
         self.metrics = ControlPlaneMetrics.create(self.observability.registry)
         self.metrics.watch_streams.set_function(lambda: self.control.watch_slots.open)
+        self.webhooks = WebhookSender(self._dead_letter, config.webhooks)
+        self.notifier = RolloutNotifier(self.webhooks)
         self.sink = AuditSink(
-            factory, self.store, self.hub, AuditSinkMetrics.create(self.observability.registry)
+            factory,
+            self.store,
+            self.hub,
+            AuditSinkMetrics.create(self.observability.registry),
+            on_audits=self.notifier.on_audits,
         )
         self._server: aio.Server | None = None
         self._stop = asyncio.Event()
@@ -259,11 +276,23 @@ class ControlPlaneServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self._config.outbox_interval_s)
 
+    async def _dead_letter(self, delivery: WebhookDelivery, body: bytes, reason: str) -> None:
+        letter = dead_letter_of(
+            delivery.transition,
+            delivery.target.url,
+            body,
+            reason,
+            source_topic=self._factory.layout.audit(),
+            at_ms=now_ms(),
+        )
+        await self._bus.dead_letter(letter)
+
     async def stop(self, grace_s: float = 1.0) -> None:
         self._stop.set()
         if self._server is not None:
             await self._server.stop(grace_s)
         await self._background.close()
+        await self.webhooks.close()
         await self._bus.stop()
         self.store.engine.dispose()
         self.observability.close()
@@ -327,6 +356,7 @@ class ControlPlane:
         tokens: TokenTable,
         clock: Clock = now_ms,
         limits: ApiLimits | None = None,
+        rollback_window: int = 10,
     ) -> None:
         self.registry = registry
         self.store = store
@@ -335,6 +365,10 @@ class ControlPlane:
         self.tokens = tokens
         self.clock = clock
         self.limits = limits or ApiLimits()
+        if rollback_window < 1:
+            raise ValueError(f"rollback window {rollback_window} must be at least 1")
+        self.rollback_window = rollback_window
+        """How many of a model's last stable revisions ``undo --to-revision`` may go back to."""
         self.watch_slots = WatchSlots(self.limits.max_watch_streams)
         # One start at a time per process, so two starts cannot both pass the
         # "no active rollout" check.
@@ -492,6 +526,12 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
     async def Start(
         self, request: rollout_pb2.RolloutSpec, context: Context
     ) -> rollout_pb2.RolloutState:
+        return await self._start(request, context)
+
+    async def _start(
+        self, request: rollout_pb2.RolloutSpec, context: Context, *, rollout_id: str = ""
+    ) -> rollout_pb2.RolloutState:
+        """Start ``request``; ``rollout_id`` (an applied document's name) or a fresh id."""
         cp = self._cp
         principal = cp.principal(context)
         ask = rules.StartRequest(
@@ -510,7 +550,11 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
             now = cp.clock()
             wire = rollout_pb2.RolloutSpec()
             wire.CopyFrom(request)
-            wire.rollout_id = rules.new_rollout_id(request.model, now)
+            if rollout_id:
+                exists = await asyncio.to_thread(cp.store.get_rollout, rollout_id)
+                if exists is not None:
+                    raise rules.FailedPrecondition(f"rollout {rollout_id!r} exists already")
+            wire.rollout_id = rollout_id or rules.new_rollout_id(request.model, now)
             wire.baseline_version = baseline
             wire.candidate_version = candidate
             wire.created_at_unix_ms = now
@@ -529,7 +573,7 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
                 model=spec.model,
                 rollout_id=spec.rollout_id,
                 issued_by=principal.name,
-                reason="start",
+                reason=f"apply {spec.document_digest}" if spec.document_digest else "start",
                 at_ms=now,
                 spec=spec,
             )
@@ -537,6 +581,56 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
         cp.hub.publish(state)
         await send_or_unavailable(cp, command, context)
         return state
+
+    async def _plan(
+        self, request: controlplane_pb2.ApplyRolloutRequest
+    ) -> tuple[ApplyPlan, StoredRollout | None]:
+        if not request.spec.rollout_id:
+            raise rules.InvalidArgument("the document has no metadata.name")
+        applied = rollout_spec_from_pb(request.spec)
+        stored = await asyncio.to_thread(self._cp.store.get_rollout, applied.rollout_id)
+        live = rollout_spec_from_pb(stored.state.spec) if stored is not None else None
+        phase = _phase(stored) if stored is not None else None
+        return plan_apply(live, phase, applied), stored
+
+    @mapped
+    async def Diff(
+        self, request: controlplane_pb2.ApplyRolloutRequest, context: Context
+    ) -> controlplane_pb2.ApplyRolloutResponse:
+        plan, stored = await self._plan(request)
+        return apply_response(plan, stored.state if stored is not None else None)
+
+    @mapped
+    async def Apply(
+        self, request: controlplane_pb2.ApplyRolloutRequest, context: Context
+    ) -> controlplane_pb2.ApplyRolloutResponse:
+        """Start, update or leave alone the rollout of the document's name (idempotent)."""
+        cp = self._cp
+        plan, stored = await self._plan(request)
+        if plan.action is ApplyAction.REFUSE:
+            raise rules.FailedPrecondition(plan.problem)
+        if plan.action is ApplyAction.CREATE:
+            state = await self._start(request.spec, context, rollout_id=request.spec.rollout_id)
+            return apply_response(plan, state)
+        if stored is None or plan.action is ApplyAction.UNCHANGED:
+            return apply_response(plan, stored.state if stored is not None else None)
+        spec = rollout_pb2.RolloutSpec()
+        spec.CopyFrom(request.spec)
+        live = stored.state.spec
+        spec.created_at_unix_ms, spec.created_by = live.created_at_unix_ms, live.created_by
+        spec.model = live.model
+        command = new_command(
+            rollout_pb2.COMMAND_UPDATE_SPEC,
+            model=live.model,
+            rollout_id=live.rollout_id,
+            issued_by=cp.principal(context).name,
+            reason=f"apply {spec.document_digest}" if spec.document_digest else "apply",
+            at_ms=cp.clock(),
+            spec=spec,
+        )
+        await asyncio.to_thread(cp.store.add_command, command)
+        await send_or_unavailable(cp, command, context)
+        return apply_response(plan, stored.state, command.command_id)
 
     @mapped
     async def Get(
@@ -630,6 +724,16 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
         return await self._command(ManualCommand.ABORT, request, context)
 
     @mapped
+    async def History(
+        self, request: controlplane_pb2.StableHistoryRequest, context: Context
+    ) -> controlplane_pb2.StableHistoryResponse:
+        cp = self._cp
+        revisions = await asyncio.to_thread(
+            cp.registry.stable_revisions, request.model, cp.rollback_window
+        )
+        return stable_history(revisions)
+
+    @mapped
     async def Revert(
         self, request: controlplane_pb2.RevertRequest, context: Context
     ) -> controlplane_pb2.CommandReceipt:
@@ -643,6 +747,16 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
             if facts is None:
                 raise rules.NotFound(f"model {request.model!r} is not registered")
             active = cp.store.active_rollout(request.model)
+            if request.to_revision:
+                revisions = cp.registry.stable_revisions(request.model, cp.rollback_window)
+                version = rules.revision_target(
+                    request.model,
+                    request.to_revision,
+                    [(r.revision, str(r.version)) for r in revisions],
+                    active.state.rollout_id if active is not None else None,
+                )
+                cp.registry.set_stable(request.model, version)
+                return version, None
             if active is not None:
                 return active.state.spec.baseline_version, active
             previous = cp.registry.get_previous_stable(request.model)
@@ -661,7 +775,12 @@ class RolloutsServicer(controlplane_pb2_grpc.RolloutsServicer):
                 model=request.model,
                 rollout_id=active.state.rollout_id if active else "",
                 issued_by=principal.name,
-                reason=request.reason or f"revert to {version}",
+                reason=request.reason
+                or (
+                    f"undo to revision {request.to_revision} ({version})"
+                    if request.to_revision
+                    else f"revert to {version}"
+                ),
                 at_ms=cp.clock(),
                 target_version=version,
             )

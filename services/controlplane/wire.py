@@ -9,18 +9,30 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from graylane.registry import ArtifactInfo, RegisteredModel, Registry
-from graylane.rollouts.pb import decision_kind_from_pb, phase_from_pb
+from graylane.notifications.transitions import Transition, transition_kind
+from graylane.registry import ArtifactInfo, RegisteredModel, Registry, StableRevision
+from graylane.rollouts.errors import InvalidSpec
+from graylane.rollouts.pb import (
+    decision_kind_from_pb,
+    decision_rule_from_pb,
+    phase_from_pb,
+    webhooks_from_pb,
+)
+from graylane.services.controlplane.logic.apply import ApplyAction, ApplyPlan
 from graylane.services.controlplane.logic.verdict import LastDecision, VerdictFacts, VersionVerdict
 from graylane.services.controlplane.state import StoredPolicy, StoredRollout
-from graylane.v1 import audit_pb2, controlplane_pb2, rollout_pb2
+from graylane.v1 import audit_pb2, controlplane_pb2, dlq_pb2, inference_pb2, rollout_pb2
 
 __all__ = [
     "ROLLOUT_DECISION_KINDS",
+    "apply_response",
+    "dead_letter_of",
     "model_summary",
     "new_command",
     "qos_policy_view",
     "receipt",
+    "stable_history",
+    "transition_of",
     "variant_info",
     "verdict_facts",
     "verdict_json",
@@ -143,6 +155,98 @@ def qos_policy_view(
         view.active_since_unix_ms = latest_change.decided_at_unix_ms
         view.last_reason = latest_change.reason
     return view
+
+
+_APPLY_OUTCOMES: dict[ApplyAction, controlplane_pb2.ApplyOutcome] = {
+    ApplyAction.CREATE: controlplane_pb2.APPLY_CREATED,
+    ApplyAction.UNCHANGED: controlplane_pb2.APPLY_UNCHANGED,
+    ApplyAction.UPDATE: controlplane_pb2.APPLY_UPDATED,
+    ApplyAction.REFUSE: controlplane_pb2.APPLY_REFUSED,
+}
+
+
+def apply_response(
+    plan: ApplyPlan, state: rollout_pb2.RolloutState | None, command_id: str = ""
+) -> controlplane_pb2.ApplyRolloutResponse:
+    """The answer of Apply and Diff: what was (or would be) done, field by field."""
+    return controlplane_pb2.ApplyRolloutResponse(
+        outcome=_APPLY_OUTCOMES[plan.action],
+        changes=[
+            controlplane_pb2.SpecChange(
+                field=c.field, live=c.live, applied=c.applied, allowed=c.allowed
+            )
+            for c in plan.changes
+        ],
+        state=state,
+        command_id=command_id,
+    )
+
+
+def transition_of(record: audit_pb2.AuditRecord) -> Transition | None:
+    """The rollout transition an audit record is (see ``graylane.notifications``), or None."""
+    after = record.rollout_after
+    if not record.rollout_id or not after.rollout_id:
+        return None
+    kind = decision_kind_from_pb(record.kind)
+    phase = phase_from_pb(after.phase)
+    if kind is None or phase is None:
+        return None
+    what = transition_kind(kind, decision_rule_from_pb(record.rule), phase)
+    if what is None:
+        return None
+    try:
+        webhooks = webhooks_from_pb(after.spec)
+    except InvalidSpec:
+        return None
+    return Transition(
+        kind=what,
+        decision_id=record.decision_id,
+        rollout_id=record.rollout_id,
+        model=record.model,
+        baseline=after.spec.baseline_version,
+        candidate=after.spec.candidate_version,
+        phase=phase,
+        step=after.step_index + 1,
+        steps=len(after.spec.steps),
+        candidate_weight_percent=after.candidate_weight_percent,
+        rule=record.rule,
+        reason=record.reason,
+        actor=record.actor,
+        at_ms=record.decided_at_unix_ms,
+        document_digest=after.spec.document_digest,
+        webhooks=webhooks,
+    )
+
+
+def dead_letter_of(
+    transition: Transition, url: str, body: bytes, reason: str, *, source_topic: str, at_ms: int
+) -> dlq_pb2.DeadLetter:
+    """An undelivered webhook body, kept on the dead-letter topic (key: the rollout id)."""
+    return dlq_pb2.DeadLetter(
+        original_key=transition.rollout_id.encode(),
+        original_value=body,
+        original_length=len(body),
+        source_topic=source_topic,
+        error_code=inference_pb2.INTERNAL,
+        reason=f"webhook {url} {transition.kind.value} ({transition.decision_id}): {reason}",
+        service="controlplane-notifier",
+        failed_at_unix_ms=at_ms,
+    )
+
+
+def stable_history(revisions: list[StableRevision]) -> controlplane_pb2.StableHistoryResponse:
+    """A model's last stable revisions, newest (the current one) first."""
+    return controlplane_pb2.StableHistoryResponse(
+        revisions=[
+            controlplane_pb2.StableRevisionView(
+                revision=r.revision,
+                version=str(r.version),
+                set_at_unix_ms=int(r.set_at.timestamp() * 1000),
+                current=i == 0,
+            )
+            for i, r in enumerate(revisions)
+        ]
+    )
 
 
 # -- the HTTP verdict (JSON) -------------------------------------------------------------

@@ -38,6 +38,7 @@ TABLES = {
     "registry_artifacts",
     "registry_validation_results",
     "registry_stable_versions",
+    "registry_stable_revisions",
     "registry_alembic_version",
     "cp_route_configs",
 }

@@ -86,7 +86,8 @@ def test_each_service_writes_only_the_topics_of_its_role() -> None:
         L.audit(),
     }
     assert writable(KafkaRole.SUPERVISOR) == set()
-    assert writable(KafkaRole.CONTROL_PLANE) == {L.commands()}
+    # commands; the dead letters of notifications no webhook took
+    assert writable(KafkaRole.CONTROL_PLANE) == {L.commands(), L.dlq()}
     assert writable(KafkaRole.RESULT_CONSUMER) == set()
 
 

@@ -35,8 +35,8 @@ class CrdSource:
     module: str
     version: str
     files: tuple[str, ...]
-    kinds: tuple[str, ...] = ()
-    """Only these kinds of a multi-document file (empty: every CRD in it)."""
+    only: tuple[str, ...] = ()
+    """CRD names to keep from files that hold several (empty: every CRD)."""
 
 
 CRD_SOURCES = (
@@ -62,7 +62,6 @@ CRD_SOURCES = (
         version="v1.16.2",
         files=("deploy/crds/crd-certificates.yaml",),
     ),
-    # The examples for teams that gate with Argo Rollouts or Flagger (deploy/progressive).
     CrdSource(
         module="github.com/argoproj/argo-rollouts",
         version="v1.8.3",
@@ -70,9 +69,9 @@ CRD_SOURCES = (
     ),
     CrdSource(
         module="github.com/fluxcd/flagger",
-        version="v1.36.1",
+        version="v1.41.0",
         files=("artifacts/flagger/crd.yaml",),
-        kinds=("Canary",),
+        only=("canaries.flagger.app",),
     ),
 )
 
@@ -112,16 +111,14 @@ def main() -> int:
     for source in CRD_SOURCES:
         root = _module_dir(source)
         for rel in source.files:
-            crds = [
-                d
-                for d in yaml.safe_load_all((root / rel).read_text())
-                if d
-                and d.get("kind") == "CustomResourceDefinition"
-                and (not source.kinds or d["spec"]["names"]["kind"] in source.kinds)
-            ]
-            for name, doc in (item for crd in crds for item in extract(crd).items()):
-                (HERE / name).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-                print(f"[crd] {source.module}@{source.version} {rel} -> {name}")
+            for crd in yaml.safe_load_all((root / rel).read_text()):
+                if not crd or crd.get("kind") != "CustomResourceDefinition":
+                    continue
+                if source.only and crd["metadata"]["name"] not in source.only:
+                    continue
+                for name, doc in extract(crd).items():
+                    (HERE / name).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+                    print(f"[crd] {source.module}@{source.version} {rel} -> {name}")
     return 0
 
 

@@ -215,3 +215,32 @@ def new_rollout_id(model: str, now_ms: int) -> str:
     moment = datetime.fromtimestamp(now_ms / 1000, tz=UTC)
     safe = _ID_SAFE.sub("-", model)
     return f"ro-{safe}-{moment:%Y%m%dT%H%M%S}{now_ms % 1000:03d}"
+
+
+def revision_target(
+    model: str,
+    revision: int,
+    window: Sequence[tuple[int, str]],
+    active_rollout: str | None,
+) -> str:
+    """The version of stable revision ``revision`` among ``window`` ((revision, version),
+    newest first, the current stable first); refused during a rollout, outside the window,
+    or when it is the current stable version."""
+    if active_rollout is not None:
+        raise FailedPrecondition(
+            f"{model} has the active rollout {active_rollout}; end it before going back "
+            "to an older stable version"
+        )
+    if revision < 1:
+        raise InvalidArgument(f"revision {revision}: revisions count from 1")
+    found = dict(window)
+    if revision not in found:
+        known = ", ".join(f"{r} ({v})" for r, v in window) or "none"
+        raise NotFound(
+            f"{model} has no stable revision {revision} among its last {len(window)} "
+            f"(`graylane rollout history {model}`: {known})"
+        )
+    current = window[0][1]
+    if found[revision] == current and revision == window[0][0]:
+        raise FailedPrecondition(f"revision {revision} ({current}) is the current stable version")
+    return found[revision]
