@@ -72,6 +72,8 @@ def transition_kind(
     if kind is DecisionKind.HOLD and rule is not None:
         if rule is DecisionRule.APPROVAL_PAUSE:
             return TransitionKind.PAUSED
+        if rule is DecisionRule.METRIC_INCONCLUSIVE and after is Phase.PAUSED:
+            return TransitionKind.PAUSED  # a metric gate held inconclusive past its time
         if rule is DecisionRule.APPROVAL_ELAPSED:
             return TransitionKind.RESUMED
         if rule is DecisionRule.SPEC_UPDATED:

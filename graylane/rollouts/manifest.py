@@ -34,6 +34,8 @@ from graylane.rollouts.spec import (
     DriftAction,
     GateMode,
     Gates,
+    MetricComparison,
+    MetricGate,
     RolloutSpec,
     Step,
     StepPause,
@@ -259,6 +261,17 @@ def _document(value: Mapping[str, Any], node: yaml.Node, source: str) -> Rollout
         gate_args["length_drift"] = DriftAction(gates_in["lengthDrift"])
     if "unresponsive" in gates_in:
         gate_args["unresponsive_s"] = parse_duration(gates_in["unresponsive"])
+    if "metrics" in gates_in:
+        gate_args["metrics"] = tuple(
+            MetricGate(
+                name=m["name"],
+                query=m["query"],
+                comparison=MetricComparison(m["condition"]),
+                threshold=float(m["threshold"]),
+                pause_after_inconclusive_s=parse_duration(m.get("pauseAfterInconclusive", 0)),
+            )
+            for m in gates_in["metrics"]
+        )
     base = RolloutSpec(rollout_id="-", model="-", baseline="-a", candidate="-b")
     shadow = body.get("shadow") or {}
     ab = body.get("ab") or {}
@@ -329,6 +342,17 @@ def _spec_body(spec: RolloutSpec, qos: QosPolicy | None) -> dict[str, Any]:
     gates |= {key: getattr(g, field) for key, field in GATE_KEYS.items()}
     gates["unresponsive"] = _duration_text(g.unresponsive_s)
     gates["lengthDrift"] = g.length_drift.value
+    if g.metrics:
+        gates["metrics"] = [
+            {
+                "name": m.name,
+                "query": m.query,
+                "condition": m.comparison.value,
+                "threshold": m.threshold,
+                "pauseAfterInconclusive": _duration_text(m.pause_after_inconclusive_s),
+            }
+            for m in g.metrics
+        ]
     body: dict[str, Any] = {
         "model": spec.model,
         "baseline": spec.baseline,

@@ -17,7 +17,14 @@ from graylane.rollouts.manifest import (
     parse_duration,
     render,
 )
-from graylane.rollouts.spec import GateMode, Gates, StepPause, Strategy, WebhookFormat
+from graylane.rollouts.spec import (
+    GateMode,
+    Gates,
+    MetricComparison,
+    StepPause,
+    Strategy,
+    WebhookFormat,
+)
 
 DOC = """\
 apiVersion: graylane.io/v1
@@ -43,6 +50,12 @@ spec:
     failuresToRollback: 3
     maxP99Ratio: 2
     unresponsive: 15s
+    metrics:
+      - name: thumbs-down
+        query: sum(rate(app_thumbs_down_total{model="{{model}}",version="{{candidate}}"}[5m]))
+        condition: "<"
+        threshold: 0.05
+        pauseAfterInconclusive: 2m
   qos:
     sloP99Ms: 80
     ladder: [fp32, fp16]
@@ -65,6 +78,13 @@ def test_a_document_becomes_the_spec_it_describes() -> None:
     assert spec.steps[0].min_samples == 20 and spec.steps[1].min_dwell_s == 120.0
     assert spec.gates.mode is GateMode.FIXED and spec.gates.max_p99_ratio == 2.0
     assert spec.gates.unresponsive_s == 15.0 and spec.failures_to_rollback == 3
+    (metric,) = spec.gates.metrics
+    assert (metric.name, metric.comparison, metric.threshold) == (
+        "thumbs-down",
+        MetricComparison.LESS,
+        0.05,
+    )
+    assert metric.pause_after_inconclusive_s == 120.0 and "{{candidate}}" in metric.query
     assert spec.webhooks[0].format is WebhookFormat.SLACK
     assert spec.webhooks[0].secret_file == "/run/secrets/hook"
     assert doc.qos is not None and doc.qos.ladder == ("fp32", "fp16")
@@ -130,10 +150,11 @@ def test_the_schema_is_a_valid_json_schema_and_covers_every_gate() -> None:
     schema = json.loads(SCHEMA_PATH.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     documented = set(schema["properties"]["spec"]["properties"]["gates"]["properties"])
-    covered = set(GATE_KEYS.values()) | {"mode", "length_drift", "unresponsive_s"}
+    covered = set(GATE_KEYS.values()) | {"mode", "length_drift", "unresponsive_s", "metrics"}
     assert covered == {f.name for f in fields(Gates)}, "a gate field without a document key"
     assert (
-        set(GATE_KEYS) | {"mode", "lengthDrift", "unresponsive", "failuresToRollback"} == documented
+        set(GATE_KEYS) | {"mode", "lengthDrift", "unresponsive", "failuresToRollback", "metrics"}
+        == documented
     )
 
 

@@ -93,6 +93,18 @@ def transition(kind: TransitionKind = TransitionKind.STARTED, n: int = 0) -> Tra
         (DecisionKind.HOLD, DecisionRule.MIN_DWELL, Phase.PROGRESSING, None),
         (DecisionKind.HOLD, DecisionRule.NO_DATA, Phase.PROGRESSING, None),
         (DecisionKind.HOLD, DecisionRule.PAUSED, Phase.PAUSED, None),
+        (
+            DecisionKind.HOLD,
+            DecisionRule.METRIC_INCONCLUSIVE,
+            Phase.PAUSED,
+            TransitionKind.PAUSED,
+        ),
+        (
+            DecisionKind.HOLD,
+            DecisionRule.METRIC_INCONCLUSIVE,
+            Phase.PROGRESSING,
+            TransitionKind.HELD,
+        ),
     ],
 )
 def test_which_decisions_are_transitions(
