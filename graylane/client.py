@@ -649,6 +649,11 @@ class GraylaneClient:
             self.layout.cancels(), serde.encode(cancel), key=request_id.encode("utf-8")
         )
 
+    @property
+    def waiting(self) -> int:
+        """Requests sent whose answer (a result or a stream) this client still awaits."""
+        return len(self._waiters) + len(self._streams)
+
     async def infer(
         self, model: str, *, timeout: float = 30.0, version: str = "", **kwargs: object
     ) -> Result:

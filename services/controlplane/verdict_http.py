@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 
 from graylane.clock import Clock, now_ms
 from graylane.services.controlplane.auth import Principal, TokenTable
-from graylane.services.controlplane.logic.verdict import GateVerdict, verdict_of
+from graylane.services.controlplane.logic.verdict import RolloutVerdict, verdict_of
 from graylane.services.controlplane.state import ControlStore, StoredRollout
 from graylane.services.controlplane.wire import (
     ROLLOUT_DECISION_KINDS,
@@ -128,7 +128,7 @@ def verdict_app(
         if len(model) > _NAME_LIMIT or len(version) > _NAME_LIMIT:
             return bad(400, "model and version are at most 256 chars")
         code, body = await verdict(model, version, max_age_s)
-        if code == 200 and body.get("verdict") != GateVerdict.PASS.value:
+        if code == 200 and body.get("verdict") != RolloutVerdict.PASS.value:
             code = 412  # Flagger counts any answer but 2xx as a failed check
         return JSONResponse(body, status_code=code)
 

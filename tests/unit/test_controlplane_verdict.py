@@ -11,7 +11,7 @@ import yaml
 
 from graylane.rollouts.vocabulary import DecisionKind, Phase
 from graylane.services.controlplane.logic.verdict import (
-    GateVerdict,
+    RolloutVerdict,
     LastDecision,
     VerdictFacts,
     verdict_of,
@@ -37,23 +37,23 @@ def facts(
 @pytest.mark.parametrize(
     ("phase", "kind", "rule", "expected"),
     [
-        (Phase.ROLLED_BACK, DecisionKind.ROLLBACK, "error_rate", GateVerdict.FAIL),
-        (Phase.ABORTED, DecisionKind.MANUAL, "manual_abort", GateVerdict.FAIL),
-        (Phase.PROMOTED, DecisionKind.PROMOTE, "all_gates_passed", GateVerdict.PASS),
-        (Phase.PROGRESSING, None, "", GateVerdict.INCONCLUSIVE),
-        (Phase.PROGRESSING, DecisionKind.GATE_FAILED, "p99_ratio", GateVerdict.FAIL),
-        (Phase.PROGRESSING, DecisionKind.ADVANCE, "all_gates_passed", GateVerdict.PASS),
-        (Phase.PROGRESSING, DecisionKind.HOLD, "min_samples", GateVerdict.PASS),
-        (Phase.PROGRESSING, DecisionKind.HOLD, "min_dwell", GateVerdict.PASS),
-        (Phase.PROGRESSING, DecisionKind.HOLD, "no_data", GateVerdict.INCONCLUSIVE),
-        (Phase.PROGRESSING, DecisionKind.HOLD, "incomparable", GateVerdict.INCONCLUSIVE),
-        (Phase.PROGRESSING, DecisionKind.HOLD, "baseline_unresponsive", GateVerdict.INCONCLUSIVE),
-        (Phase.PAUSED, DecisionKind.MANUAL, "manual_pause", GateVerdict.INCONCLUSIVE),
-        (Phase.PENDING, DecisionKind.STARTED, "started", GateVerdict.INCONCLUSIVE),
+        (Phase.ROLLED_BACK, DecisionKind.ROLLBACK, "error_rate", RolloutVerdict.FAIL),
+        (Phase.ABORTED, DecisionKind.MANUAL, "manual_abort", RolloutVerdict.FAIL),
+        (Phase.PROMOTED, DecisionKind.PROMOTE, "all_gates_passed", RolloutVerdict.PASS),
+        (Phase.PROGRESSING, None, "", RolloutVerdict.INCONCLUSIVE),
+        (Phase.PROGRESSING, DecisionKind.GATE_FAILED, "p99_ratio", RolloutVerdict.FAIL),
+        (Phase.PROGRESSING, DecisionKind.ADVANCE, "all_gates_passed", RolloutVerdict.PASS),
+        (Phase.PROGRESSING, DecisionKind.HOLD, "min_samples", RolloutVerdict.PASS),
+        (Phase.PROGRESSING, DecisionKind.HOLD, "min_dwell", RolloutVerdict.PASS),
+        (Phase.PROGRESSING, DecisionKind.HOLD, "no_data", RolloutVerdict.INCONCLUSIVE),
+        (Phase.PROGRESSING, DecisionKind.HOLD, "incomparable", RolloutVerdict.INCONCLUSIVE),
+        (Phase.PROGRESSING, DecisionKind.HOLD, "baseline_unresponsive", RolloutVerdict.INCONCLUSIVE),
+        (Phase.PAUSED, DecisionKind.MANUAL, "manual_pause", RolloutVerdict.INCONCLUSIVE),
+        (Phase.PENDING, DecisionKind.STARTED, "started", RolloutVerdict.INCONCLUSIVE),
     ],
 )
 def test_the_verdict_of_each_phase_and_decision(
-    phase: Phase, kind: DecisionKind | None, rule: str, expected: GateVerdict
+    phase: Phase, kind: DecisionKind | None, rule: str, expected: RolloutVerdict
 ) -> None:
     assert verdict_of(facts(phase, kind, rule), NOW, 60_000).verdict is expected
 
@@ -61,11 +61,11 @@ def test_the_verdict_of_each_phase_and_decision(
 def test_silence_is_never_a_pass() -> None:
     fresh = verdict_of(facts(Phase.PROGRESSING, DecisionKind.ADVANCE, "x", 59_000), NOW, 60_000)
     stale = verdict_of(facts(Phase.PROGRESSING, DecisionKind.ADVANCE, "x", 61_000), NOW, 60_000)
-    assert (fresh.verdict, stale.verdict) == (GateVerdict.PASS, GateVerdict.INCONCLUSIVE)
+    assert (fresh.verdict, stale.verdict) == (RolloutVerdict.PASS, RolloutVerdict.INCONCLUSIVE)
     assert stale.age_ms == 61_000 and "policy engine" in stale.why
     # A finished rollout keeps its verdict however old its last decision is.
     old = facts(Phase.ROLLED_BACK, DecisionKind.ROLLBACK, "error_rate", 10**9)
-    assert verdict_of(old, NOW, 60_000).verdict is GateVerdict.FAIL
+    assert verdict_of(old, NOW, 60_000).verdict is RolloutVerdict.FAIL
 
 
 @pytest.mark.parametrize("name", ["argo-analysis-template.yaml", "flagger-canary.yaml"])

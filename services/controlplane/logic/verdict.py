@@ -20,10 +20,10 @@ from enum import StrEnum
 
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
 
-__all__ = ["GateVerdict", "LastDecision", "VerdictFacts", "VersionVerdict", "verdict_of"]
+__all__ = ["RolloutVerdict", "LastDecision", "VerdictFacts", "VersionVerdict", "verdict_of"]
 
 
-class GateVerdict(StrEnum):
+class RolloutVerdict(StrEnum):
     PASS = "pass"
     FAIL = "fail"
     INCONCLUSIVE = "inconclusive"
@@ -63,7 +63,7 @@ class VerdictFacts:
 @dataclass(frozen=True)
 class VersionVerdict:
     facts: VerdictFacts
-    verdict: GateVerdict
+    verdict: RolloutVerdict
     why: str
     age_ms: int | None
     """How old the newest decision is (None without one)."""
@@ -73,29 +73,29 @@ def verdict_of(facts: VerdictFacts, now_ms: int, max_age_ms: int) -> VersionVerd
     last = facts.last
     age = None if last is None else max(0, now_ms - last.decided_at_ms)
 
-    def answer(verdict: GateVerdict, why: str) -> VersionVerdict:
+    def answer(verdict: RolloutVerdict, why: str) -> VersionVerdict:
         return VersionVerdict(facts, verdict, why, age)
 
     if facts.phase is Phase.ROLLED_BACK:
-        return answer(GateVerdict.FAIL, "rolled back")
+        return answer(RolloutVerdict.FAIL, "rolled back")
     if facts.phase is Phase.ABORTED:
-        return answer(GateVerdict.FAIL, "aborted")
+        return answer(RolloutVerdict.FAIL, "aborted")
     if facts.phase is Phase.PROMOTED:
-        return answer(GateVerdict.PASS, "promoted")
+        return answer(RolloutVerdict.PASS, "promoted")
     if last is None or age is None:
-        return answer(GateVerdict.INCONCLUSIVE, "no decision yet")
+        return answer(RolloutVerdict.INCONCLUSIVE, "no decision yet")
     if age > max_age_ms:
         return answer(
-            GateVerdict.INCONCLUSIVE,
+            RolloutVerdict.INCONCLUSIVE,
             f"the newest decision is {age / 1000:.0f} s old (more than "
             f"{max_age_ms / 1000:.0f} s): is the policy engine running?",
         )
     if facts.phase is Phase.PAUSED:
-        return answer(GateVerdict.INCONCLUSIVE, "paused")
+        return answer(RolloutVerdict.INCONCLUSIVE, "paused")
     if last.kind in (DecisionKind.GATE_FAILED, DecisionKind.ROLLBACK):
-        return answer(GateVerdict.FAIL, f"{last.rule}: {last.reason}")
+        return answer(RolloutVerdict.FAIL, f"{last.rule}: {last.reason}")
     if last.kind in (DecisionKind.ADVANCE, DecisionKind.PROMOTE):
-        return answer(GateVerdict.PASS, f"{last.kind.value}: {last.reason}")
+        return answer(RolloutVerdict.PASS, f"{last.kind.value}: {last.reason}")
     if last.kind is DecisionKind.HOLD and last.rule in PASSING_HOLDS:
-        return answer(GateVerdict.PASS, f"gates pass ({last.rule})")
-    return answer(GateVerdict.INCONCLUSIVE, f"{last.kind.value} ({last.rule}): {last.reason}")
+        return answer(RolloutVerdict.PASS, f"gates pass ({last.rule})")
+    return answer(RolloutVerdict.INCONCLUSIVE, f"{last.kind.value} ({last.rule}): {last.reason}")
