@@ -11,8 +11,8 @@ import yaml
 
 from graylane.rollouts.vocabulary import DecisionKind, Phase
 from graylane.services.controlplane.logic.verdict import (
-    RolloutVerdict,
     LastDecision,
+    RolloutVerdict,
     VerdictFacts,
     verdict_of,
 )
@@ -47,7 +47,12 @@ def facts(
         (Phase.PROGRESSING, DecisionKind.HOLD, "min_dwell", RolloutVerdict.PASS),
         (Phase.PROGRESSING, DecisionKind.HOLD, "no_data", RolloutVerdict.INCONCLUSIVE),
         (Phase.PROGRESSING, DecisionKind.HOLD, "incomparable", RolloutVerdict.INCONCLUSIVE),
-        (Phase.PROGRESSING, DecisionKind.HOLD, "baseline_unresponsive", RolloutVerdict.INCONCLUSIVE),
+        (
+            Phase.PROGRESSING,
+            DecisionKind.HOLD,
+            "baseline_unresponsive",
+            RolloutVerdict.INCONCLUSIVE,
+        ),
         (Phase.PAUSED, DecisionKind.MANUAL, "manual_pause", RolloutVerdict.INCONCLUSIVE),
         (Phase.PENDING, DecisionKind.STARTED, "started", RolloutVerdict.INCONCLUSIVE),
     ],

@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
 
-__all__ = ["RolloutVerdict", "LastDecision", "VerdictFacts", "VersionVerdict", "verdict_of"]
+__all__ = ["LastDecision", "RolloutVerdict", "VerdictFacts", "VersionVerdict", "verdict_of"]
 
 
 class RolloutVerdict(StrEnum):
