@@ -112,6 +112,13 @@ class DecisionRule(StrEnum):
     """The candidate's output lengths or end-of-sequence rate moved beyond the tolerance:
     a quality signal, never a latency regression."""
     INCOMPARABLE = "incomparable"
+    # A/B on user outcomes (policy_engine/logic/outcomes.py)
+    OUTCOME_WORSE = "outcome_worse"
+    """The anytime-valid test on rated outcomes found the candidate worse: the baseline wins."""
+    OUTCOME_BETTER = "outcome_better"
+    """The test found the candidate better and the guardrail gates pass: the candidate wins."""
+    OUTCOME_NO_DIFFERENCE = "outcome_no_difference"
+    """The A/B horizon came without a difference in outcomes (guardrails passing)."""
     # manual commands (see ManualCommand.rule)
     MANUAL_PAUSE = "manual_pause"
     MANUAL_RESUME = "manual_resume"

@@ -74,6 +74,12 @@ from graylane.policy_engine.logic.liveness import (
     VersionLiveness,
     check_rollout_liveness,
 )
+from graylane.policy_engine.logic.outcomes import (
+    OutcomeTally,
+    OutcomeTest,
+    OutcomeVerdict,
+    judge_outcomes,
+)
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.errors import InputMismatch, InvalidTransition, RolloutFinished
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Strategy
@@ -124,6 +130,8 @@ class RolloutSignals:
     candidate_step: WindowStats | None = None
     baseline_liveness: VersionLiveness | None = None
     candidate_liveness: VersionLiveness | None = None
+    outcomes: OutcomeTally | None = None
+    """A/B rollouts: the rated outcomes of each arm since the rollout began."""
 
 
 _ENDINGS = TERMINAL_PHASES
@@ -200,6 +208,8 @@ class Decision:
     command: ManualCommand | None = None
     note: str = ""
     signals: RolloutSignals | None = None
+    outcome_test: OutcomeTest | None = None
+    """A/B rollouts: the outcome test as it stood at this decision (the audit's evidence)."""
 
 
 def pending_state(spec: RolloutSpec, now_ms: int, *, epoch: int = 0) -> RolloutState:
@@ -324,6 +334,7 @@ class Evaluation:
         self.inputs = inputs
         self.agreement = agreement
         self.signals = signals
+        self.outcome: OutcomeTest | None = None
 
     def decide(
         self,
@@ -442,16 +453,30 @@ def on_pass(ctx: Evaluation, state: RolloutState, summary: str) -> Decision:
             f"gates pass; {where} needs more samples ({', '.join(short)}): {summary}",
         )
     waited = now - since
+    outcome = ctx.outcome
+    if outcome is not None and (outcome.decided or outcome.tally.rated):
+        summary = f"{outcome.describe()} | {summary}"
+    if outcome is not None and outcome.verdict is OutcomeVerdict.CANDIDATE_BETTER:
+        return _advance(ctx, state, "A/B on outcomes", summary, DecisionRule.OUTCOME_BETTER)
     if waited < need_ms:
         return ctx.hold(
             state,
             DecisionRule.MIN_DWELL,
             f"gates pass; {where} dwelt {waited / 1000:g} s of {need_ms / 1000:g} s: {summary}",
         )
-    return _advance(ctx, state, where, summary)
+    rule = DecisionRule.ALL_GATES_PASSED
+    if outcome is not None and outcome.tally.rated:
+        rule = DecisionRule.OUTCOME_NO_DIFFERENCE
+    return _advance(ctx, state, where, summary, rule)
 
 
-def _advance(ctx: Evaluation, state: RolloutState, where: str, summary: str) -> Decision:
+def _advance(
+    ctx: Evaluation,
+    state: RolloutState,
+    where: str,
+    summary: str,
+    rule: DecisionRule = DecisionRule.ALL_GATES_PASSED,
+) -> Decision:
     spec = ctx.spec
     if state.phase is Phase.SHADOWING:
         return transition(
@@ -476,7 +501,7 @@ def _advance(ctx: Evaluation, state: RolloutState, where: str, summary: str) -> 
             spec,
             ctx.now_ms,
             DecisionKind.PROMOTE,
-            DecisionRule.ALL_GATES_PASSED,
+            rule,
             f"{where} passed; promoted {spec.candidate} to 100% and stable: {summary}",
             phase=Phase.PROMOTED,
             step_index=len(spec.steps) - 1 if state.phase is Phase.PROGRESSING else 0,
@@ -676,13 +701,46 @@ def evaluate(
     holds: rules ``candidate_unresponsive`` / ``baseline_unresponsive``,
     judged before ``no_data``) and the newest step's stats for the
     sequential gates.
+
+    In an A/B hold, ``signals.outcomes`` (the arms' rated outcomes) is judged by the
+    anytime-valid outcome test (:mod:`~graylane.policy_engine.logic.outcomes`): a
+    candidate found worse is rolled back at once (rule ``outcome_worse``, liveness
+    first); one found better is promoted as soon as the guardrail gates pass (rule
+    ``outcome_better``); at ``ab_duration_s`` without a difference the hold ends as
+    before, promoted with the gates passing (rule ``outcome_no_difference`` when
+    anything was rated). The test's evidence rides on the decision.
     """
     check_rollout(state, spec)
     if state.phase is Phase.PENDING:
         raise InvalidTransition("the rollout has not started; call start() first")
+    outcome = _outcome_test(state, spec, signals, now_ms)
+    decision = _evaluate(state, spec, baseline, candidate, agreement, now_ms, signals, outcome)
+    return decision if outcome is None else replace(decision, outcome_test=outcome)
+
+
+def _outcome_test(
+    state: RolloutState, spec: RolloutSpec, signals: RolloutSignals | None, now_ms: int
+) -> OutcomeTest | None:
+    if state.phase is not Phase.AB_HOLDING or signals is None or signals.outcomes is None:
+        return None
+    horizon = now_ms - state.phase_started_ms >= spec.ab_duration_s * 1000
+    return judge_outcomes(signals.outcomes, spec.gates.alpha, at_horizon=horizon)
+
+
+def _evaluate(
+    state: RolloutState,
+    spec: RolloutSpec,
+    baseline: WindowStats | None,
+    candidate: WindowStats | None,
+    agreement: AgreementStats | None,
+    now_ms: int,
+    signals: RolloutSignals | None,
+    outcome: OutcomeTest | None,
+) -> Decision:
     inputs = tuple(s for s in (baseline, candidate) if s is not None)
     shadowing = state.phase is Phase.SHADOWING
     ctx = Evaluation(state, spec, now_ms, inputs, agreement if shadowing else None, signals)
+    ctx.outcome = outcome
     if state.phase is Phase.PAUSED:
         from_phase = state.paused_from.value if state.paused_from else "?"
         return ctx.hold(state, DecisionRule.PAUSED, f"paused (from {from_phase}); weights frozen")
@@ -696,6 +754,10 @@ def evaluate(
         return ctx.hold(state, DecisionRule.BASELINE_UNRESPONSIVE, live.reason)
     if live.action is LivenessAction.ROLLBACK:
         return rollback(ctx, state, DecisionRule.CANDIDATE_UNRESPONSIVE, live.reason)
+    if outcome is not None and outcome.verdict is OutcomeVerdict.CANDIDATE_WORSE:
+        return rollback(
+            ctx, state, DecisionRule.OUTCOME_WORSE, f"baseline wins: {outcome.describe()}"
+        )
     if shadowing and agreement is not None and agreement.mismatch is not None:
         return _incomparable(ctx, state, agreement.mismatch)
     missing = _missing(baseline, candidate, spec)
