@@ -37,6 +37,10 @@ Choices worth knowing:
   A breach is QoS's or the window's own: right after a step down QoS's timers
   restart while the window still shows the load that made it step, so an
   overload the floor cannot carry scales out at the same tick.
+- **A/B on outcomes**: each rated answer (:meth:`on_outcome`) joins the ledger of
+  its model's AB_SPLIT rollout by the version that served it; each evaluation hands
+  the tally to the rollout controller, which tests it. The ledger lives in memory:
+  a restarted engine starts the outcome test afresh.
 - **QoS during a rollout**: the candidate follows the baseline's variant
   (``qos_during_rollout``); without a QoS policy on the baseline the
   candidate's precision is frozen for the rollout.
@@ -52,6 +56,7 @@ from functools import partial
 from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.logic.agreement import ShadowOutput
 from graylane.policy_engine.logic.liveness import LivenessTracker, OffsetSample
+from graylane.policy_engine.logic.outcomes import OutcomeLedger, RatedOutcome
 from graylane.policy_engine.logic.precision_ack import (
     AckVerdict,
     PendingSwitch,
@@ -118,7 +123,7 @@ from graylane.policy_engine.state import (
 )
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
-from graylane.rollouts.spec import RolloutSpec
+from graylane.rollouts.spec import RolloutSpec, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
 from graylane.routing import RouteTable
 from graylane.routing.table import (
@@ -159,6 +164,7 @@ class PolicyCore:
         self.scaling = Scaling(policy=scale_policy or ScalePolicy())
         self.liveness = LivenessTracker()  # per version: routed vs answered, topic lag
         self.guard = RecordGuard()
+        self.outcomes: dict[str, OutcomeLedger] = {}  # by rollout id: A/B rollouts' outcomes
 
     # -- inputs ------------------------------------------------------------------
 
@@ -183,6 +189,19 @@ class PolicyCore:
         tracker = self.rollouts.tracker(model)
         if tracker is not None:
             tracker.add(output)
+
+    def on_outcome(self, outcome: RatedOutcome) -> bool:
+        """Join a rated answer to the A/B rollout of its model (False: not counted)."""
+        active = self.rollouts.get(outcome.model)
+        if active is None or active.state.terminal or active.spec.strategy is not Strategy.AB_SPLIT:
+            return False
+        return self._ledger(active.spec).add(outcome)
+
+    def _ledger(self, spec: RolloutSpec) -> OutcomeLedger:
+        ledger = self.outcomes.get(spec.rollout_id)
+        if ledger is None:
+            ledger = self.outcomes[spec.rollout_id] = OutcomeLedger(spec.baseline, spec.candidate)
+        return ledger
 
     def set_scale_policy(self, policy: ScalePolicy) -> None:
         self.scaling.policy = policy
@@ -440,6 +459,7 @@ class PolicyCore:
             ),
             baseline_liveness=self.liveness.version_liveness(spec.model, spec.baseline),
             candidate_liveness=self.liveness.version_liveness(spec.model, spec.candidate),
+            outcomes=self._ledger(spec).tally if spec.strategy is Strategy.AB_SPLIT else None,
         )
         decision = evaluate(state, spec, baseline, candidate, agreement, now_ms, signals)
         quiet = decision.kind is DecisionKind.HOLD and decision.rule == active.last_rule
@@ -474,6 +494,7 @@ class PolicyCore:
         out.append(RolloutPublication(state=after, spec=spec))
         if after.terminal:
             self.liveness.forget(spec.model)
+            self.outcomes.pop(spec.rollout_id, None)
         self.rollouts.keep(after, spec, decision.rule)
         return out
 

@@ -20,21 +20,30 @@ to find fastest: a few points of thumbs-up rate.
 The verdict names a winner when the test rejects; at the rollout's horizon without
 a rejection it is :attr:`OutcomeVerdict.NO_DIFFERENCE`. Everything is a function of
 the tallies, so a recorded tally replays to the same verdict.
+
+:class:`OutcomeLedger` is the join: each :class:`RatedOutcome` (from the outcomes
+topic) goes to the arm of the version that served it; an outcome of another version
+is passed over as unjoined, a second rating of the same answer as a duplicate (the
+first one counts, whichever gateway replica took it). The rated ids it remembers are
+bounded (:data:`MAX_REMEMBERED`); past the bound, outcomes are passed over too.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 __all__ = [
+    "MAX_REMEMBERED",
     "MIN_RATED_PER_ARM",
     "MIXTURE_TAU",
     "ArmTally",
+    "OutcomeLedger",
     "OutcomeTally",
     "OutcomeTest",
     "OutcomeVerdict",
+    "RatedOutcome",
     "judge_outcomes",
 ]
 
@@ -43,6 +52,9 @@ MIXTURE_TAU = 0.05
 
 MIN_RATED_PER_ARM = 50
 """Ratings each arm needs before the test may reject (the normal approximation)."""
+
+MAX_REMEMBERED = 1_000_000
+"""Rated request ids one rollout remembers (about 100 MB at most): far past any horizon."""
 
 _VARIANCE_FLOOR = 1e-4
 """Per-rating variance floor: an arm rated all up (or all down) is not certain."""
@@ -85,10 +97,14 @@ class ArmTally:
 
 @dataclass(frozen=True)
 class OutcomeTally:
-    """Both arms of one A/B rollout."""
+    """Both arms of one A/B rollout, and the outcomes passed over (not in the test)."""
 
     baseline: ArmTally = ArmTally()
     candidate: ArmTally = ArmTally()
+    unjoined: int = 0
+    """Outcomes of a version that is neither arm (or past the remembered bound)."""
+    duplicates: int = 0
+    """Second ratings of an answer already counted."""
 
     @property
     def rated(self) -> int:
@@ -147,3 +163,44 @@ def judge_outcomes(
     else:
         verdict = no_rejection
     return OutcomeTest(verdict, tally, theta, log_lr, threshold, low, high)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RatedOutcome:
+    """One rated answer: who served it, who rated it, and how (within [0, 1])."""
+
+    request_id: str
+    model: str
+    version: str
+    tenant: str
+    value: float
+    rated_at_ms: int = 0
+
+
+class OutcomeLedger:
+    """The outcomes of one A/B rollout, joined to its arms by the version that served."""
+
+    def __init__(self, baseline: str, candidate: str, *, remember: int = MAX_REMEMBERED) -> None:
+        self.baseline = baseline
+        self.candidate = candidate
+        self.tally = OutcomeTally()
+        self._remember = remember
+        self._rated: set[str] = set()
+
+    def add(self, outcome: RatedOutcome) -> bool:
+        """Count ``outcome`` in its arm; False when it was passed over (see the tally)."""
+        t = self.tally
+        if outcome.request_id in self._rated:
+            self.tally = replace(t, duplicates=t.duplicates + 1)
+            return False
+        arm = {self.baseline: "baseline", self.candidate: "candidate"}.get(outcome.version)
+        if arm is None or len(self._rated) >= self._remember:
+            self.tally = replace(t, unjoined=t.unjoined + 1)
+            return False
+        if arm == "baseline":  # ArmTally.add refuses a value outside [0, 1] first
+            counted = replace(t, baseline=t.baseline.add(outcome.value))
+        else:
+            counted = replace(t, candidate=t.candidate.add(outcome.value))
+        self._rated.add(outcome.request_id)
+        self.tally = counted
+        return True

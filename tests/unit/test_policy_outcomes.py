@@ -8,17 +8,25 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from graylane.policy_engine.audit_replay import verify
+from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.logic.outcomes import (
     MIN_RATED_PER_ARM,
     ArmTally,
+    OutcomeLedger,
     OutcomeTally,
     OutcomeVerdict,
+    RatedOutcome,
     judge_outcomes,
 )
 from graylane.policy_engine.logic.rollout import RolloutSignals, evaluate, start
-from graylane.rollouts.spec import Strategy
+from graylane.policy_engine.wire import records_of
+from graylane.rollouts.spec import RolloutSpec, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, Phase
+from graylane.topics import TopicLayout
+from graylane.v1 import audit_pb2
 from tests.support.rollout_run import SPEC, WINDOW, window_pair
+from tests.unit.test_policy_core import MODEL, audits, batch, start_cmd
 
 ALPHA = 0.05
 LOOK_EVERY = 25
@@ -156,3 +164,74 @@ def test_no_difference_holds_until_the_horizon_then_ends_as_no_difference() -> N
     assert (ended.kind, ended.rule) == (DecisionKind.PROMOTE, "outcome_no_difference")
     assert ended.outcome_test is not None
     assert ended.outcome_test.verdict is OutcomeVerdict.NO_DIFFERENCE
+
+
+# -- the join, in the engine's core, and the audit ------------------------------------
+
+
+def _rated(request_id: str, version: str, value: float) -> RatedOutcome:
+    return RatedOutcome(
+        request_id=request_id, model="gpt", version=version, tenant="t", value=value
+    )
+
+
+def test_the_ledger_joins_by_version_counts_the_first_rating_and_passes_over_the_rest() -> None:
+    ledger = OutcomeLedger("v1", "v2", remember=3)
+    assert ledger.add(_rated("a", "v1", 1.0)) and ledger.add(_rated("b", "v2", 0.0))
+    assert not ledger.add(_rated("a", "v1", 0.0))  # rated twice: the first one counts
+    assert not ledger.add(_rated("c", "v0", 1.0))  # neither arm
+    with pytest.raises(ValueError):
+        ledger.add(_rated("d", "v2", 2.0))
+    assert ledger.add(_rated("d", "v2", 1.0))  # the refused value left no trace
+    assert not ledger.add(_rated("e", "v2", 1.0))  # past the bound of remembered ids
+    t = ledger.tally
+    assert (t.baseline.rated, t.baseline.mean, t.candidate.rated, t.candidate.mean) == (
+        1,
+        1.0,
+        2,
+        0.5,
+    )
+    assert (t.duplicates, t.unjoined) == (1, 2)
+
+
+def test_the_core_rolls_back_a_candidate_users_rate_worse_and_the_audit_replays() -> None:
+    spec = RolloutSpec(
+        rollout_id="ab",
+        model=MODEL,
+        baseline="v1",
+        candidate="v2",
+        strategy=Strategy.AB_SPLIT,
+        ab_duration_s=3600.0,
+    )
+    core = PolicyCore(window_ms=4000, step_ms=1000)
+    core.restore([], {MODEL: 1}, {})
+    out = core.on_command(start_cmd(spec), 100_000)
+    rng = np.random.default_rng(7)
+    i = 0
+    for t in range(100_000, 400_000, 250):
+        core.on_telemetry(batch("v1", t))
+        core.on_telemetry(batch("v2", t))
+        for _ in range(5):  # 20 rated answers a second
+            version = "v2" if rng.random() < 0.5 else "v1"
+            up = rng.random() < (0.60 if version == "v2" else 0.75)
+            core.on_outcome(replace(_rated(f"r{i}", version, float(up)), model=MODEL))
+            i += 1
+        if t % 1000 == 0:
+            out.extend(core.tick(t))
+        if MODEL not in core.rollouts:
+            break
+    assert core.rollouts.finished["ab"].phase is Phase.ROLLED_BACK
+    last = audits(out)[-1]
+    assert last.decision.rule == "outcome_worse"
+    layout = TopicLayout(prefix="p")
+    recs = [
+        audit_pb2.AuditRecord.FromString(r.value)
+        for r in records_of(out, layout)
+        if r.topic == layout.audit()
+    ]
+    evidence = recs[-1].outcomes
+    assert evidence.verdict == "candidate_worse" and evidence.difference < 0
+    assert evidence.high < 0 and evidence.candidate.rated >= MIN_RATED_PER_ARM
+    assert verify(recs) == []
+    # The finished rollout's ledger is gone; outcomes for it are no longer counted.
+    assert core.outcomes == {} and not core.on_outcome(replace(_rated("x", "v2", 1.0), model=MODEL))
