@@ -340,6 +340,12 @@ def _register_gateway(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=d.max_in_flight,
         help="calls this replica runs at once; beyond it 503 (sheddable calls first)",
     )
+    gateway.add_argument(
+        "--remembered-answers",
+        type=int,
+        default=100_000,
+        help="answers this replica remembers for POST /v1/feedback (the oldest forgotten)",
+    )
     add_observability_args(gateway)
     gateway.set_defaults(handler=_gateway)
 
@@ -635,6 +641,7 @@ def _gateway(args: argparse.Namespace) -> int:
         templates=templates,
         registry_signatures=args.signatures_from_registry,
         metrics_port=args.metrics_port,
+        remembered_answers=args.remembered_answers,
     )
     gateway = Gateway(KafkaFactory(settings), config, keys)
     try:  # uvloop where it is installed: about 15 % less CPU per call than asyncio's loop

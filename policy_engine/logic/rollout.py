@@ -29,6 +29,12 @@ of inputs replays to the same decisions.
    next step is the final 100 % (there is no baseline left to compare at
    100 %, so reaching it is the promotion), or after an A/B hold.
 
+In an A/B hold the outcome test on rated answers
+(:mod:`~graylane.policy_engine.logic.outcomes`) decides too: found worse, the candidate
+is rolled back right after the liveness checks (``outcome_worse``); found better, it is
+promoted at step 5 without waiting for the horizon (``outcome_better``); the gates stay
+the guardrails either way.
+
 Steps 4 and 5 (what the gate verdicts lead to) are :func:`on_failure` and
 :func:`on_pass`; :func:`judge` runs the gates of the spec's ``GateMode``.
 

@@ -15,11 +15,15 @@ tries to rate alice's answers.
   (``tests/unit/test_policy_outcomes.py``, 400 seeds).
 - Bob's ratings of alice's answers are answered 404 and never reach the outcomes topic;
   a second rating by alice is answered 409 and counted once.
+
+A tenth of the answers are streamed: they are rated by the id of their chunks and
+joined by the version their last chunk names, like the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,14 +122,32 @@ async def _ab(
                 def ended() -> bool:
                     return any(t.epoch > split.epoch for _, t in watch.tables)
 
+                async def streamed(body: dict[str, object]) -> tuple[str, str]:
+                    """The id and the served version of a streamed answer (its last chunk's
+                    ``system_fingerprint``)."""
+                    ids, versions = set(), set()
+                    async with http.stream(
+                        "POST", "/v1/completions", json={**body, "stream": True}, headers=alice
+                    ) as answer:
+                        assert answer.status_code == 200
+                        async for line in answer.aiter_lines():
+                            if line.startswith("data: {"):
+                                chunk = json.loads(line.removeprefix("data: "))
+                                ids.add(chunk["id"])
+                                if chunk.get("system_fingerprint"):
+                                    versions.add(chunk["system_fingerprint"])
+                    assert len(ids) == 1 and len(versions) == 1, (ids, versions)
+                    return ids.pop(), versions.pop().removeprefix("graylane:")
+
                 async def call(i: int) -> None:
-                    answer = await http.post(
-                        "/v1/completions",
-                        json={"model": MODEL, "prompt": "hello", "max_tokens": 1, "user": f"u{i}"},
-                        headers=alice,
-                    )
-                    assert answer.status_code == 200, answer.text
-                    version, answer_id = answer.headers["x-graylane-version"], answer.json()["id"]
+                    body = {"model": MODEL, "prompt": "hello", "max_tokens": 1, "user": f"u{i}"}
+                    if i % 10 == 3:  # streamed answers are rated alike
+                        answer_id, version = await streamed(body)
+                    else:
+                        answer = await http.post("/v1/completions", json=body, headers=alice)
+                        assert answer.status_code == 200, answer.text
+                        answer_id = answer.json()["id"]
+                        version = answer.headers["x-graylane-version"]
                     if i % 50 == 7:  # bob tries alice's answer first: not his to rate
                         no = await http.post(
                             "/v1/feedback", json={"id": answer_id, "rating": "down"}, headers=bob
