@@ -104,7 +104,8 @@ async def _ab(
 ) -> rollout_pb2.RolloutState:
     """Run the rollout under rated load until it ends; its last state."""
     await prepare_topics(settings, PolicyConfig(models=(MODEL,)))
-    keys = KeyRing(parse_api_keys(f"{ALICE}:infer:alice,{BOB}:infer:bob"))
+    # Alice calls and rates as fast as the stack answers: her key's bucket has room for it.
+    keys = KeyRing(parse_api_keys(f"{ALICE}:infer:alice:10000:1000,{BOB}:infer:bob"))
     alice = {"Authorization": f"Bearer {ALICE}"}
     bob = {"Authorization": f"Bearer {BOB}"}
     async with (
