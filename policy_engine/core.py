@@ -39,8 +39,9 @@ Choices worth knowing:
   overload the floor cannot carry scales out at the same tick.
 - **A/B on outcomes**: each rated answer (:meth:`on_outcome`) joins the ledger of
   its model's AB_SPLIT rollout by the version that served it; each evaluation hands
-  the tally to the rollout controller, which tests it. The ledger lives in memory:
-  a restarted engine starts the outcome test afresh.
+  the tally to the rollout controller, which tests it. Each decision's state carries
+  the tallies, so a restarted engine goes on from them (the ids rated before the
+  restart are not remembered).
 - **QoS during a rollout**: the candidate follows the baseline's variant
   (``qos_during_rollout``); without a QoS policy on the baseline the
   candidate's precision is frozen for the rollout.
@@ -195,12 +196,14 @@ class PolicyCore:
         active = self.rollouts.get(outcome.model)
         if active is None or active.state.terminal or active.spec.strategy is not Strategy.AB_SPLIT:
             return False
-        return self._ledger(active.spec).add(outcome)
+        return self._ledger(active.spec, active.state).add(outcome)
 
-    def _ledger(self, spec: RolloutSpec) -> OutcomeLedger:
+    def _ledger(self, spec: RolloutSpec, state: RolloutState) -> OutcomeLedger:
+        """The rollout's ledger; a restored rollout's goes on from its state's tallies."""
         ledger = self.outcomes.get(spec.rollout_id)
         if ledger is None:
-            ledger = self.outcomes[spec.rollout_id] = OutcomeLedger(spec.baseline, spec.candidate)
+            ledger = OutcomeLedger(spec.baseline, spec.candidate, tally=state.outcomes)
+            self.outcomes[spec.rollout_id] = ledger
         return ledger
 
     def set_scale_policy(self, policy: ScalePolicy) -> None:
@@ -459,7 +462,9 @@ class PolicyCore:
             ),
             baseline_liveness=self.liveness.version_liveness(spec.model, spec.baseline),
             candidate_liveness=self.liveness.version_liveness(spec.model, spec.candidate),
-            outcomes=self._ledger(spec).tally if spec.strategy is Strategy.AB_SPLIT else None,
+            outcomes=(
+                self._ledger(spec, state).tally if spec.strategy is Strategy.AB_SPLIT else None
+            ),
         )
         decision = evaluate(state, spec, baseline, candidate, agreement, now_ms, signals)
         quiet = decision.kind is DecisionKind.HOLD and decision.rule == active.last_rule

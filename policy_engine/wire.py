@@ -515,6 +515,8 @@ def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.R
         paused_from=phase_to_pb(state.paused_from),
         spec=rollout_spec_to_pb(spec),
         sequential=sequential_to_pb(state.sequential),
+        baseline_outcomes=_arm_to_pb(state.outcomes.baseline),
+        candidate_outcomes=_arm_to_pb(state.outcomes.candidate),
     )
 
 
@@ -569,6 +571,10 @@ def rollout_state_from_pb(
             through_ms=ev.through_unix_ms,
         ),
         sequential=sequential_from_pb(pb),
+        outcomes=OutcomeTally(
+            baseline=_arm_from_pb(pb.baseline_outcomes),
+            candidate=_arm_from_pb(pb.candidate_outcomes),
+        ),
     )
     return state, spec
 

@@ -180,10 +180,18 @@ class RatedOutcome:
 class OutcomeLedger:
     """The outcomes of one A/B rollout, joined to its arms by the version that served."""
 
-    def __init__(self, baseline: str, candidate: str, *, remember: int = MAX_REMEMBERED) -> None:
+    def __init__(
+        self,
+        baseline: str,
+        candidate: str,
+        *,
+        remember: int = MAX_REMEMBERED,
+        tally: OutcomeTally | None = None,
+    ) -> None:
+        """``tally``: where a restarted engine's rollout stood (the ids it had are gone)."""
         self.baseline = baseline
         self.candidate = candidate
-        self.tally = OutcomeTally()
+        self.tally = tally or OutcomeTally()
         self._remember = remember
         self._rated: set[str] = set()
 

@@ -189,6 +189,8 @@ class RolloutState:
     evidence: StepEvidence = field(default_factory=StepEvidence)
     # The sequential gates' tests: kept across steps (the whole rollout is one test).
     sequential: SequentialEvidence = field(default_factory=SequentialEvidence)
+    # A/B rollouts: the arms' rated outcomes as of the last decision (restart recovery).
+    outcomes: OutcomeTally = field(default_factory=OutcomeTally)
 
     @property
     def terminal(self) -> bool:
@@ -721,7 +723,10 @@ def evaluate(
         raise InvalidTransition("the rollout has not started; call start() first")
     outcome = _outcome_test(state, spec, signals, now_ms)
     decision = _evaluate(state, spec, baseline, candidate, agreement, now_ms, signals, outcome)
-    return decision if outcome is None else replace(decision, outcome_test=outcome)
+    if outcome is None:
+        return decision
+    after = replace(decision.after, outcomes=outcome.tally)
+    return replace(decision, outcome_test=outcome, after=after)
 
 
 def _outcome_test(

@@ -20,7 +20,8 @@ from graylane.policy_engine.logic.outcomes import (
     judge_outcomes,
 )
 from graylane.policy_engine.logic.rollout import RolloutSignals, evaluate, start
-from graylane.policy_engine.wire import records_of
+from graylane.policy_engine.messages import RolloutPublication
+from graylane.policy_engine.wire import records_of, rollout_state_from_pb, rollout_state_to_pb
 from graylane.rollouts.spec import RolloutSpec, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, Phase
 from graylane.topics import TopicLayout
@@ -235,3 +236,34 @@ def test_the_core_rolls_back_a_candidate_users_rate_worse_and_the_audit_replays(
     assert verify(recs) == []
     # The finished rollout's ledger is gone; outcomes for it are no longer counted.
     assert core.outcomes == {} and not core.on_outcome(replace(_rated("x", "v2", 1.0), model=MODEL))
+
+
+def test_a_restarted_engine_goes_on_with_the_tallies_on_record() -> None:
+    spec = RolloutSpec(
+        rollout_id="ab",
+        model=MODEL,
+        baseline="v1",
+        candidate="v2",
+        strategy=Strategy.AB_SPLIT,
+        ab_duration_s=3600.0,
+    )
+    first = PolicyCore(window_ms=4000, step_ms=1000)
+    first.restore([], {MODEL: 1}, {})
+    out = first.on_command(start_cmd(spec), 100_000)
+    for i in range(40):  # 20 rated per arm: far from a verdict
+        first.on_outcome(replace(_rated(f"r{i}", "v2" if i % 2 else "v1", 1.0), model=MODEL))
+    for t in range(100_000, 110_000, 250):
+        first.on_telemetry(batch("v1", t))
+        first.on_telemetry(batch("v2", t))
+        if t % 1000 == 0:
+            out.extend(first.tick(t))
+    published = [o for o in out if isinstance(o, RolloutPublication)][-1].state
+    assert (published.outcomes.baseline.rated, published.outcomes.candidate.rated) == (20, 20)
+    # What the compacted rollouts topic holds, read back by a new engine.
+    state, restored_spec = rollout_state_from_pb(rollout_state_to_pb(published, spec))
+    assert state.outcomes == OutcomeTally(baseline=_arm(20, 20), candidate=_arm(20, 20))
+    second = PolicyCore(window_ms=4000, step_ms=1000)
+    second.restore([(state, restored_spec)], {MODEL: state.epoch}, {})
+    assert second.on_outcome(replace(_rated("after", "v2", 0.0), model=MODEL))
+    tally = second.outcomes["ab"].tally
+    assert (tally.baseline.rated, tally.candidate.rated, tally.candidate.total) == (20, 21, 20.0)
