@@ -200,7 +200,7 @@ def role_acls(layout: TopicLayout, role: KafkaRole, scope: AclScope) -> tuple[Ac
             ]
     elif role is KafkaRole.POLICY_ENGINE:
         rules = [_setup(layout)]
-        rules += [_topic(t, _R) for t in (layout.telemetry(), layout.commands())]
+        rules += [_topic(t, _R) for t in (layout.telemetry(), layout.commands(), layout.outcomes())]
         rules += [
             _topic(t, _R, _W)
             for t in (layout.routing(), layout.precision(), layout.rollouts(), layout.scale())
@@ -250,6 +250,7 @@ def role_acls(layout: TopicLayout, role: KafkaRole, scope: AclScope) -> tuple[Ac
     elif role is KafkaRole.GATEWAY:
         rules = [_topic(layout.ingress(m), _W) for m in models]
         rules.append(_topic(layout.cancels(), _W))
+        rules.append(_topic(layout.outcomes(), _W))  # feedback on its answers
         rules.append(
             _topic(
                 f"{_reply_prefix(layout)}gateway-",

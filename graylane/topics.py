@@ -15,6 +15,7 @@
     <p>.audit                         every decision, long retention
     <p>.dlq                           undeliverable input with its original bytes
     <p>.cancels                       CancelRequest of running generations, key = request_id
+    <p>.outcomes                      Outcome of a rated answer (gateway feedback), key = model
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class TopicKind(Enum):
     AUDIT = "audit"
     DLQ = "dlq"
     CANCELS = "cancels"
+    OUTCOMES = "outcomes"
 
 
 class Cleanup(Enum):
@@ -214,6 +216,9 @@ class TopicLayout:
     def cancels(self) -> str:
         return f"{self.prefix}.cancels"
 
+    def outcomes(self) -> str:
+        return f"{self.prefix}.outcomes"
+
     # -- reply allowlist -------------------------------------------------------
     def check_reply_topic(self, topic: str, model: str) -> ReplyTopicVerdict:
         """Classify a client-named reply topic for a request of ``model``.
@@ -309,6 +314,9 @@ class TopicLayout:
             self._spec(self.dlq(), TopicKind.DLQ, retention_ms=self.audit_retention_ms),
             # Every worker reads all of it from its end: one partition, kept briefly.
             self._spec(self.cancels(), TopicKind.CANCELS, retention_ms=3600 * 1000, partitions=1),
+            # Keyed by model, like telemetry: a policy engine sharded by model reads the
+            # outcomes of its own models. Kept as long as the audit (the A/B evidence).
+            self._spec(self.outcomes(), TopicKind.OUTCOMES, retention_ms=self.audit_retention_ms),
         ]
 
     def model_specs(self, model: str, versions: list[str]) -> list[TopicSpec]:

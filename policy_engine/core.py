@@ -37,6 +37,11 @@ Choices worth knowing:
   A breach is QoS's or the window's own: right after a step down QoS's timers
   restart while the window still shows the load that made it step, so an
   overload the floor cannot carry scales out at the same tick.
+- **A/B on outcomes**: each rated answer (:meth:`on_outcome`) joins the ledger of
+  its model's AB_SPLIT rollout by the version that served it; each evaluation hands
+  the tally to the rollout controller, which tests it. Each decision's state carries
+  the tallies, so a restarted engine goes on from them (the ids rated before the
+  restart are not remembered).
 - **QoS during a rollout**: the candidate follows the baseline's variant
   (``qos_during_rollout``); without a QoS policy on the baseline the
   candidate's precision is frozen for the rollout.
@@ -58,6 +63,7 @@ from graylane.policy_engine.logic.metric_gates import (
     next_reading,
     render,
 )
+from graylane.policy_engine.logic.outcomes import OutcomeLedger, RatedOutcome
 from graylane.policy_engine.logic.precision_ack import (
     AckVerdict,
     PendingSwitch,
@@ -125,7 +131,7 @@ from graylane.policy_engine.state import (
 )
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
-from graylane.rollouts.spec import RolloutSpec
+from graylane.rollouts.spec import RolloutSpec, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
 from graylane.routing import RouteTable
 from graylane.routing.table import (
@@ -168,6 +174,7 @@ class PolicyCore:
         self.guard = RecordGuard()
         self.metric_readings: dict[str, dict[str, MetricReading]] = {}
         """Per model with an active rollout: the newest reading of each metric gate."""
+        self.outcomes: dict[str, OutcomeLedger] = {}  # by rollout id: A/B rollouts' outcomes
 
     # -- inputs ------------------------------------------------------------------
 
@@ -216,6 +223,21 @@ class PolicyCore:
         tracker = self.rollouts.tracker(model)
         if tracker is not None:
             tracker.add(output)
+
+    def on_outcome(self, outcome: RatedOutcome) -> bool:
+        """Join a rated answer to the A/B rollout of its model (False: not counted)."""
+        active = self.rollouts.get(outcome.model)
+        if active is None or active.state.terminal or active.spec.strategy is not Strategy.AB_SPLIT:
+            return False
+        return self._ledger(active.spec, active.state).add(outcome)
+
+    def _ledger(self, spec: RolloutSpec, state: RolloutState) -> OutcomeLedger:
+        """The rollout's ledger; a restored rollout's goes on from its state's tallies."""
+        ledger = self.outcomes.get(spec.rollout_id)
+        if ledger is None:
+            ledger = OutcomeLedger(spec.baseline, spec.candidate, tally=state.outcomes)
+            self.outcomes[spec.rollout_id] = ledger
+        return ledger
 
     def set_scale_policy(self, policy: ScalePolicy) -> None:
         self.scaling.policy = policy
@@ -498,6 +520,9 @@ class PolicyCore:
             baseline_liveness=self.liveness.version_liveness(spec.model, spec.baseline),
             candidate_liveness=self.liveness.version_liveness(spec.model, spec.candidate),
             metrics=self._metrics_of(spec),
+            outcomes=(
+                self._ledger(spec, state).tally if spec.strategy is Strategy.AB_SPLIT else None
+            ),
         )
         decision = evaluate(state, spec, baseline, candidate, agreement, now_ms, signals)
         quiet = decision.kind is DecisionKind.HOLD and decision.rule == active.last_rule
@@ -544,6 +569,7 @@ class PolicyCore:
         if after.terminal:
             self.liveness.forget(spec.model)
             self.metric_readings.pop(spec.model, None)
+            self.outcomes.pop(spec.rollout_id, None)
         self.rollouts.keep(after, spec, decision.rule)
         return out
 

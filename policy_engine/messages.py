@@ -162,6 +162,7 @@ class RecordSource(Enum):
     COMMANDS = "commands"
     TELEMETRY = "telemetry"
     SHADOW = "shadow"
+    OUTCOMES = "outcomes"
     ROLLOUT_DECISION = "rollout_decision"
     QOS_DECISION = "qos_decision"
     PRECISION_ACKS = "precision_acks"

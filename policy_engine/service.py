@@ -1,7 +1,7 @@
 """The faust-streaming adapter of :class:`~graylane.policy_engine.core.PolicyCore` (thin).
 
-Agents decode telemetry, commands and shadow results (raw bytes, protobuf via
-``graylane.serde``) into the core; a timer calls ``core.tick`` every step and
+Agents decode telemetry, commands, shadow results and rated outcomes (raw bytes,
+protobuf via ``graylane.serde``) into the core; a timer calls ``core.tick`` every step and
 publishes what it returns. Before any agent feeds the core, a start-up task
 restores it from the compacted ``rollouts()``, ``routing()``,
 ``precision()`` and ``scale()`` topics read to their end, and the QoS policies from the
@@ -45,6 +45,7 @@ from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.lease import LeaseKeeper, default_holder, restart_as_standby
 from graylane.policy_engine.liveness_probe import LivenessProbe
+from graylane.policy_engine.logic.outcomes import RatedOutcome
 from graylane.policy_engine.logic.qos import QosState
 from graylane.policy_engine.logic.scale import ScalePolicy, ScaleState
 from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS, invalid_sample
@@ -66,6 +67,7 @@ from graylane.policy_engine.messages import (
 from graylane.policy_engine.metric_probe import PrometheusProbe
 from graylane.policy_engine.wire import (
     command_of,
+    outcome_of,
     records_of,
     restore_values,
     running_build_of,
@@ -164,6 +166,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     telemetry = raw_topic(layout.telemetry())
     commands = raw_topic(layout.commands())
     shadows = [raw_topic(layout.shadow(m)) for m in config.models]
+    outcomes = raw_topic(layout.outcomes())
 
     decided_by = running_build_of(
         version=settings.image_version,
@@ -248,6 +251,21 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
                     )
                 )
 
+    @app.agent(outcomes)
+    async def on_outcomes(stream: faust.StreamT[bytes]) -> None:
+        await restored.wait()
+        async for value in stream:
+            at = config.clock()
+            outcome = outcome_of(value, guard, at)
+            if isinstance(outcome, RecordSkipped):
+                await publish([outcome])
+                continue
+            failed = guard.run(
+                partial(_joined, core, outcome), RecordSource.OUTCOMES, at, model=outcome.model
+            )
+            if failed:
+                await publish(failed)
+
     for i, topic in enumerate(shadows):
 
         async def on_shadow(stream: faust.StreamT[bytes], _model: str = config.models[i]) -> None:
@@ -303,6 +321,11 @@ async def read_metric_gates(core: PolicyCore, probe: PrometheusProbe | None, at_
         return
     for target, value, why in await probe.read(targets):
         core.on_metric(target, value, why, at_ms)
+
+
+def _joined(core: PolicyCore, outcome: RatedOutcome) -> list[Output]:
+    core.on_outcome(outcome)
+    return []
 
 
 async def _restore(factory: KafkaFactory, core: PolicyCore, at_ms: int) -> list[RecordSkipped]:

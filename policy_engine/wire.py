@@ -2,8 +2,9 @@
 
 In: telemetry, operator commands (:func:`command_from_pb`; a command that
 cannot be decoded comes back as a :class:`CommandRejected` to audit), shadow
-results, and the compacted control topics read back at start
-(:func:`restore_values`, with a bad value skipped per key). Out:
+results, rated answers from the outcomes topic (:func:`outcome_of`), and the
+compacted control topics read back at start (:func:`restore_values`, with a bad
+value skipped per key). Out:
 :func:`records_of` turns the core's outputs into ``(topic, key, value)``
 records with the keys of the contract (routing: model; precision and scale:
 ``model/version``; rollouts: rollout id; audit: model), every audit record
@@ -22,7 +23,9 @@ Conventions:
   wire, so a restarted engine and ``audit verify`` continue the same
   anytime-valid tests (every value a double or a count: the round trip is exact).
 - A decision taken with liveness signals or step stats replays only with them,
-  so its audit record carries them (``step_inputs``, ``liveness``).
+  so its audit record carries them (``step_inputs``, ``liveness``); an A/B decision
+  carries its outcome test (``outcomes``: both arms' tallies, the verdict, the
+  difference and its confidence sequence), and replays from the tallies.
 """
 
 from __future__ import annotations
@@ -55,6 +58,12 @@ from graylane.policy_engine.logic.gates import (
 )
 from graylane.policy_engine.logic.liveness import LagSample, VersionLiveness
 from graylane.policy_engine.logic.metric_gates import MetricReading
+from graylane.policy_engine.logic.outcomes import (
+    ArmTally,
+    OutcomeTally,
+    OutcomeTest,
+    RatedOutcome,
+)
 from graylane.policy_engine.logic.qos import QosDecision, QosState
 from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, RolloutState
 from graylane.policy_engine.logic.scale import ScaleDecision, ScaleReason
@@ -113,6 +122,7 @@ from graylane.v1 import (
     audit_pb2,
     control_pb2,
     inference_pb2,
+    outcome_pb2,
     rollout_pb2,
     telemetry_pb2,
     tensor_pb2,
@@ -137,6 +147,9 @@ __all__ = [
     "liveness_to_pb",
     "metric_reading_from_pb",
     "metric_reading_to_pb",
+    "outcome_of",
+    "outcome_tally_from_pb",
+    "outcome_test_to_pb",
     "precision_command_of",
     "qos_decision_to_audit",
     "qos_policy_from_pb",
@@ -344,6 +357,59 @@ def shadow_of(value: bytes | None, guard: RecordGuard, at_ms: int) -> ShadowOutp
         return guard.skip(RecordSource.SHADOW, reason, f"{type(exc).__name__}: {exc}", at_ms)
 
 
+def outcome_of(value: bytes | None, guard: RecordGuard, at_ms: int) -> RatedOutcome | RecordSkipped:
+    """The rated answer of one record on the outcomes topic, or why it was skipped."""
+    try:
+        pb = serde.decode(outcome_pb2.Outcome, value)
+    except SerdeError as exc:
+        return guard.skip(RecordSource.OUTCOMES, SkipReason.UNDECODABLE, str(exc), at_ms)
+    if not (pb.request_id and pb.model and 0.0 <= pb.value <= 1.0):
+        detail = f"an outcome needs a request id, a model and a value within [0, 1]: {pb.value!r}"
+        return guard.skip(RecordSource.OUTCOMES, SkipReason.INVALID, detail, at_ms, model=pb.model)
+    return RatedOutcome(
+        request_id=pb.request_id,
+        model=pb.model,
+        version=pb.version,
+        tenant=pb.tenant,
+        value=pb.value,
+        rated_at_ms=pb.rated_at_unix_ms,
+    )
+
+
+def _arm_to_pb(arm: ArmTally) -> outcome_pb2.ArmOutcomes:
+    return outcome_pb2.ArmOutcomes(rated=arm.rated, total=arm.total, squares=arm.squares)
+
+
+def _arm_from_pb(pb: outcome_pb2.ArmOutcomes) -> ArmTally:
+    return ArmTally(pb.rated, pb.total, pb.squares)
+
+
+def outcome_test_to_pb(test: OutcomeTest) -> outcome_pb2.OutcomeEvidence:
+    t = test.tally
+    return outcome_pb2.OutcomeEvidence(
+        baseline=_arm_to_pb(t.baseline),
+        candidate=_arm_to_pb(t.candidate),
+        verdict=test.verdict.value,
+        difference=test.difference,
+        low=test.low,
+        high=test.high,
+        log_likelihood_ratio=test.log_likelihood_ratio,
+        threshold=test.threshold,
+        unjoined=t.unjoined,
+        duplicates=t.duplicates,
+    )
+
+
+def outcome_tally_from_pb(pb: outcome_pb2.OutcomeEvidence) -> OutcomeTally:
+    """The tally an outcome test was run on (what a replay feeds the controller)."""
+    return OutcomeTally(
+        baseline=_arm_from_pb(pb.baseline),
+        candidate=_arm_from_pb(pb.candidate),
+        unjoined=pb.unjoined,
+        duplicates=pb.duplicates,
+    )
+
+
 # -- window stats ----------------------------------------------------------------------
 
 _WINDOW_WIRE_NAMES = {
@@ -458,6 +524,8 @@ def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.R
         approval_step=state.approval_step,
         approved_step=state.approved_step,
         pause_until_unix_ms=state.pause_until_ms,
+        baseline_outcomes=_arm_to_pb(state.outcomes.baseline),
+        candidate_outcomes=_arm_to_pb(state.outcomes.candidate),
     )
 
 
@@ -515,6 +583,10 @@ def rollout_state_from_pb(
         approval_step=pb.approval_step if pb.HasField("approval_step") else -1,
         approved_step=pb.approved_step if pb.HasField("approved_step") else -1,
         pause_until_ms=pb.pause_until_unix_ms,
+        outcomes=OutcomeTally(
+            baseline=_arm_from_pb(pb.baseline_outcomes),
+            candidate=_arm_from_pb(pb.candidate_outcomes),
+        ),
     )
     return state, spec
 
@@ -813,6 +885,9 @@ def decision_to_audit(
         metric_readings=[
             metric_reading_to_pb(r) for r in (decision.signals.metrics if decision.signals else ())
         ],
+        outcomes=(
+            outcome_test_to_pb(decision.outcome_test) if decision.outcome_test is not None else None
+        ),
     )
 
 
@@ -852,7 +927,8 @@ def signals_from_audit(
     rec: audit_pb2.AuditRecord, baseline: str, candidate: str
 ) -> RolloutSignals | None:
     """The signals a decision was taken with (None when the record carries none)."""
-    if not rec.step_inputs and not rec.liveness and not rec.metric_readings:
+    outcomes = rec.HasField("outcomes")
+    if not rec.step_inputs and not rec.liveness and not outcomes and not rec.metric_readings:
         return None
     steps = {s.version: window_stats_from_pb(s) for s in rec.step_inputs}
     live = {v.version: liveness_from_pb(v) for v in rec.liveness}
@@ -862,6 +938,7 @@ def signals_from_audit(
         baseline_liveness=live.get(baseline),
         candidate_liveness=live.get(candidate),
         metrics=tuple(metric_reading_from_pb(r) for r in rec.metric_readings),
+        outcomes=outcome_tally_from_pb(rec.outcomes) if outcomes else None,
     )
 
 

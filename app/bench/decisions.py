@@ -19,7 +19,13 @@ latency rule: TTFT, TPOT, service time, p99) and ``length_drift`` (runs with an
 ``output_length_drift`` verdict); for ``gen_length_x2`` "detected" is that drift
 verdict, and ``detect_s_*`` its time. ``generation_false_rollback_rate`` is the
 share of ``gen_healthy`` runs rolled back under the primary mode, and a table of
-the generation rows at the target rate comes last before the JSON.
+the generation rows at the target rate comes next.
+
+A/B on user outcomes (:mod:`graylane.app.bench.decisions_outcomes`): per
+``<scenario>@<rated/s>`` row (``outcomes`` in the JSON), the candidate's thumbs-up
+rate 2 and 5 points lower or the same, at 10 and 50 rated answers a second: who won,
+the time to decide, and for equal rates ``false_winner_rate`` (also at the top level:
+all equal runs, against the test's alpha). Its table comes last before the JSON.
 """
 
 from __future__ import annotations
@@ -33,6 +39,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graylane.app.bench.decisions_outcomes import (
+    ALPHA,
+    HORIZON_S,
+    OutcomeRun,
+    OutcomeScenario,
+    outcome_row,
+    simulate_outcomes,
+)
 from graylane.app.bench.decisions_sim import RunResult, Scenario, simulate
 from graylane.rollouts.spec import GateMode
 
@@ -50,6 +64,8 @@ class DecisionsConfig:
     seed: int = 11
     mode: GateMode = GateMode.SEQUENTIAL
     """The primary gate mode (``false_rollback_rate``); the others run for comparison."""
+    outcome_rates: tuple[float, ...] = (10.0, 50.0)
+    """Rated answers a second of the A/B outcome scenarios."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,57 @@ class _Job:
 
 def _run(job: _Job) -> list[RunResult]:
     return [simulate(job.scenario, job.mode, job.rate, seed) for seed in job.seeds]
+
+
+@dataclass(frozen=True)
+class _OutcomeJob:
+    scenario: OutcomeScenario
+    rate: float
+    seeds: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.scenario.value}@{self.rate:g}"
+
+
+def _run_outcomes(job: _OutcomeJob) -> list[OutcomeRun]:
+    return [simulate_outcomes(job.scenario, job.rate, seed) for seed in job.seeds]
+
+
+def _outcome_jobs(cfg: DecisionsConfig) -> Iterator[_OutcomeJob]:
+    for si, scenario in enumerate(OutcomeScenario):
+        for ri, rate in enumerate(cfg.outcome_rates):
+            n = cfg.runs * (cfg.healthy_factor if scenario is OutcomeScenario.OUTCOME_EQUAL else 1)
+            base = cfg.seed * 1_000_033 + (si + 50) * 100_003 + ri * 10_007
+            yield _OutcomeJob(scenario, rate, tuple(base + i for i in range(n)))
+
+
+def outcome_table(rows: dict[str, dict[str, object]]) -> str:
+    """The A/B outcome rows, as a table."""
+    head = (
+        f"{'scenario':16s} {'rated/s':>8s} {'runs':>5s} {'baseline won':>13s} "
+        f"{'candidate won':>14s} {'no diff':>8s} {'decide p50':>11s} {'decide p95':>11s} "
+        f"{'rated p50':>10s}"
+    )
+    lines = [
+        f"A/B on outcomes: baseline thumbs up 70 %, alpha {ALPHA:g}, "
+        f"horizon {HORIZON_S:g} s, a look every 2 s",
+        head,
+    ]
+    for name, row in rows.items():
+        scenario, _, rate = name.partition("@")
+
+        def fmt(key: str, values: dict[str, object] = row, unit: str = " s") -> str:
+            value = values[key]
+            return f"{value:.0f}{unit}" if isinstance(value, float) else "-"
+
+        lines.append(
+            f"{scenario:16s} {rate:>8s} {row['runs']:>5} {row['baseline_won']:>13} "
+            f"{row['candidate_won']:>14} {row['no_difference']:>8} "
+            f"{fmt('decide_s_p50'):>11s} {fmt('decide_s_p95'):>11s} "
+            f"{fmt('rated_p50', unit=''):>10s}"
+        )
+    return "\n".join(lines)
 
 
 def _jobs(cfg: DecisionsConfig) -> Iterator[_Job]:
@@ -157,11 +224,28 @@ def main(cfg: DecisionsConfig) -> int:
                 f"promoted {row['promoted']:4} detect p50 {row['detect_s_p50']} "
                 f"p95 {row['detect_s_p95']} s {','.join(rules)}"
             )
+        outcome_jobs = list(_outcome_jobs(cfg))
+        outcomes: dict[str, dict[str, object]] = {}
+        equal = [0, 0]
+        for ojob, oresults in zip(outcome_jobs, pool.map(_run_outcomes, outcome_jobs), strict=True):
+            orow = outcome_row(ojob.scenario, oresults)
+            outcomes[ojob.name] = orow
+            if ojob.scenario is OutcomeScenario.OUTCOME_EQUAL:
+                equal[0] += len(oresults) - int(str(orow["no_difference"]))
+                equal[1] += len(oresults)
+            progress(
+                f"{ojob.name:32s} runs {orow['runs']:4} baseline won {orow['baseline_won']:4} "
+                f"candidate won {orow['candidate_won']:4} decide p50 {orow['decide_s_p50']} "
+                f"p95 {orow['decide_s_p95']} s"
+            )
     for mode, (bad, n) in healthy.items():
         progress(f"{mode.value}: {bad}/{n} healthy runs rolled back ({bad / n:.2%})")
     for mode, (bad, n) in gen_healthy.items():
         progress(f"{mode.value}: {bad}/{n} healthy generation runs rolled back ({bad / n:.2%})")
     print(generation_table(scenarios, cfg.mode))
+    false_winners, equal_runs = equal
+    progress(f"A/B: {false_winners}/{equal_runs} equal runs named a winner (alpha {ALPHA:g})")
+    print(outcome_table(outcomes))
     bad, n = healthy[cfg.mode]
     gen_bad, gen_n = gen_healthy[cfg.mode]
     print(
@@ -170,6 +254,8 @@ def main(cfg: DecisionsConfig) -> int:
                 "scenarios": scenarios,
                 "false_rollback_rate": bad / n if n else 0.0,
                 "generation_false_rollback_rate": gen_bad / gen_n if gen_n else 0.0,
+                "outcomes": outcomes,
+                "false_winner_rate": false_winners / equal_runs if equal_runs else 0.0,
             }
         )
     )

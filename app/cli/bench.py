@@ -168,6 +168,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--healthy-factor", type=int, default=5, help="healthy rollouts simulated per bad one"
     )
     decisions.add_argument("--rates", default="10,50,200", help="candidate req/s, comma-separated")
+    decisions.add_argument(
+        "--outcome-rates", default="10,50", help="rated answers/s of the A/B outcome scenarios"
+    )
     decisions.add_argument("--workers", type=int, default=2, help="parallel simulation processes")
     decisions.add_argument(
         "--seed", type=int, default=11, help="random seed (same seed, same traffic)"
@@ -398,6 +401,7 @@ def _decisions(args: argparse.Namespace) -> int:
             workers=args.workers,
             seed=args.seed,
             mode=GateMode(args.mode),
+            outcome_rates=tuple(float(r) for r in args.outcome_rates.split(",")),
         )
     )
 

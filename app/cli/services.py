@@ -364,6 +364,12 @@ def _register_gateway(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="the most gateway replicas that run at once (the HPA's maxReplicas): each "
         "holds 1/N of every key's rate limit (default: GRAYLANE_GATEWAY_REPLICAS, else 1)",
     )
+    gateway.add_argument(
+        "--remembered-answers",
+        type=int,
+        default=100_000,
+        help="answers this replica remembers for POST /v1/feedback (the oldest forgotten)",
+    )
     add_observability_args(gateway)
     gateway.set_defaults(handler=_gateway)
 
@@ -681,6 +687,7 @@ def _gateway(args: argparse.Namespace) -> int:
         templates=templates,
         registry_signatures=args.signatures_from_registry,
         metrics_port=args.metrics_port,
+        remembered_answers=args.remembered_answers,
     )
     gateway = Gateway(KafkaFactory(settings), config, keys)
     try:  # uvloop where it is installed: about 15 % less CPU per call than asyncio's loop

@@ -123,6 +123,13 @@ class DecisionRule(StrEnum):
     METRIC_INCONCLUSIVE = "metric_inconclusive"
     """A PromQL gate could not be read (query failed, Prometheus unreachable, no single
     number): held, and paused once held longer than the gate allows."""
+    # A/B on user outcomes (policy_engine/logic/outcomes.py)
+    OUTCOME_WORSE = "outcome_worse"
+    """The anytime-valid test on rated outcomes found the candidate worse: the baseline wins."""
+    OUTCOME_BETTER = "outcome_better"
+    """The test found the candidate better and the guardrail gates pass: the candidate wins."""
+    OUTCOME_NO_DIFFERENCE = "outcome_no_difference"
+    """The A/B horizon came without a difference in outcomes (guardrails passing)."""
     # manual commands (see ManualCommand.rule)
     MANUAL_PAUSE = "manual_pause"
     MANUAL_RESUME = "manual_resume"

@@ -1,4 +1,5 @@
 from graylane.v1 import control_pb2 as _control_pb2
+from graylane.v1 import outcome_pb2 as _outcome_pb2
 from graylane.v1 import rollout_pb2 as _rollout_pb2
 from graylane.v1 import telemetry_pb2 as _telemetry_pb2
 from google.protobuf.internal import containers as _containers
@@ -134,7 +135,7 @@ class QosState(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., active_variant: _Optional[str] = ..., last_change_unix_ms: _Optional[int] = ..., breach_since_unix_ms: _Optional[int] = ..., calm_since_unix_ms: _Optional[int] = ..., contention: _Optional[float] = ...) -> None: ...
 
 class AuditRecord(_message.Message):
-    __slots__ = ("decision_id", "decided_at_unix_ms", "model", "rollout_id", "version", "kind", "rule", "reason", "inputs", "rollout_before", "rollout_after", "qos_before", "qos_after", "actor", "epoch", "command_id", "agreement", "note", "qos_policy", "scale", "qos_scale_hold", "step_inputs", "liveness", "decided_by", "metric_readings")
+    __slots__ = ("decision_id", "decided_at_unix_ms", "model", "rollout_id", "version", "kind", "rule", "reason", "inputs", "rollout_before", "rollout_after", "qos_before", "qos_after", "actor", "epoch", "command_id", "agreement", "note", "qos_policy", "scale", "qos_scale_hold", "step_inputs", "liveness", "decided_by", "outcomes", "metric_readings")
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     DECIDED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +160,7 @@ class AuditRecord(_message.Message):
     STEP_INPUTS_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_FIELD_NUMBER: _ClassVar[int]
     DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     METRIC_READINGS_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     decided_at_unix_ms: int
@@ -184,8 +186,9 @@ class AuditRecord(_message.Message):
     step_inputs: _containers.RepeatedCompositeFieldContainer[WindowStats]
     liveness: _containers.RepeatedCompositeFieldContainer[VersionLiveness]
     decided_by: RunningBuild
+    outcomes: _outcome_pb2.OutcomeEvidence
     metric_readings: _containers.RepeatedCompositeFieldContainer[MetricReading]
-    def __init__(self, decision_id: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., rule: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., rollout_before: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., rollout_after: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., qos_before: _Optional[_Union[QosState, _Mapping]] = ..., qos_after: _Optional[_Union[QosState, _Mapping]] = ..., actor: _Optional[str] = ..., epoch: _Optional[int] = ..., command_id: _Optional[str] = ..., agreement: _Optional[_Union[ShadowAgreement, _Mapping]] = ..., note: _Optional[str] = ..., qos_policy: _Optional[_Union[_rollout_pb2.QosPolicy, _Mapping]] = ..., scale: _Optional[_Union[_control_pb2.ScaleRequest, _Mapping]] = ..., qos_scale_hold: _Optional[str] = ..., step_inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., liveness: _Optional[_Iterable[_Union[VersionLiveness, _Mapping]]] = ..., decided_by: _Optional[_Union[RunningBuild, _Mapping]] = ..., metric_readings: _Optional[_Iterable[_Union[MetricReading, _Mapping]]] = ...) -> None: ...
+    def __init__(self, decision_id: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., rule: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., rollout_before: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., rollout_after: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., qos_before: _Optional[_Union[QosState, _Mapping]] = ..., qos_after: _Optional[_Union[QosState, _Mapping]] = ..., actor: _Optional[str] = ..., epoch: _Optional[int] = ..., command_id: _Optional[str] = ..., agreement: _Optional[_Union[ShadowAgreement, _Mapping]] = ..., note: _Optional[str] = ..., qos_policy: _Optional[_Union[_rollout_pb2.QosPolicy, _Mapping]] = ..., scale: _Optional[_Union[_control_pb2.ScaleRequest, _Mapping]] = ..., qos_scale_hold: _Optional[str] = ..., step_inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., liveness: _Optional[_Iterable[_Union[VersionLiveness, _Mapping]]] = ..., decided_by: _Optional[_Union[RunningBuild, _Mapping]] = ..., outcomes: _Optional[_Union[_outcome_pb2.OutcomeEvidence, _Mapping]] = ..., metric_readings: _Optional[_Iterable[_Union[MetricReading, _Mapping]]] = ...) -> None: ...
 
 class MetricReading(_message.Message):
     __slots__ = ("gate", "value", "inconclusive", "read_at_unix_ms", "inconclusive_since_unix_ms")

@@ -1,4 +1,5 @@
 from graylane.v1 import control_pb2 as _control_pb2
+from graylane.v1 import outcome_pb2 as _outcome_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -222,7 +223,7 @@ class RolloutSpec(_message.Message):
     def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., baseline_version: _Optional[str] = ..., candidate_version: _Optional[str] = ..., strategy: _Optional[_Union[RolloutStrategy, str]] = ..., steps: _Optional[_Iterable[_Union[RolloutStep, _Mapping]]] = ..., gates: _Optional[_Union[GateSpec, _Mapping]] = ..., failures_to_rollback: _Optional[int] = ..., shadow_share: _Optional[float] = ..., shadow_duration_s: _Optional[float] = ..., ab_weight_percent: _Optional[float] = ..., ab_duration_s: _Optional[float] = ..., created_at_unix_ms: _Optional[int] = ..., created_by: _Optional[str] = ..., document_digest: _Optional[str] = ..., webhooks: _Optional[_Iterable[_Union[Webhook, _Mapping]]] = ...) -> None: ...
 
 class RolloutState(_message.Message):
-    __slots__ = ("rollout_id", "model", "phase", "step_index", "candidate_weight_percent", "phase_started_at_unix_ms", "consecutive_failures", "updated_at_unix_ms", "last_reason", "paused_from", "spec", "step_started_at_unix_ms", "shadow_share", "failure_window_end_unix_ms", "epoch", "evidence", "sequential", "approval_step", "approved_step", "pause_until_unix_ms")
+    __slots__ = ("rollout_id", "model", "phase", "step_index", "candidate_weight_percent", "phase_started_at_unix_ms", "consecutive_failures", "updated_at_unix_ms", "last_reason", "paused_from", "spec", "step_started_at_unix_ms", "shadow_share", "failure_window_end_unix_ms", "epoch", "evidence", "sequential", "approval_step", "approved_step", "pause_until_unix_ms", "baseline_outcomes", "candidate_outcomes")
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +244,8 @@ class RolloutState(_message.Message):
     APPROVAL_STEP_FIELD_NUMBER: _ClassVar[int]
     APPROVED_STEP_FIELD_NUMBER: _ClassVar[int]
     PAUSE_UNTIL_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     rollout_id: str
     model: str
     phase: RolloutPhase
@@ -263,7 +266,9 @@ class RolloutState(_message.Message):
     approval_step: int
     approved_step: int
     pause_until_unix_ms: int
-    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., phase: _Optional[_Union[RolloutPhase, str]] = ..., step_index: _Optional[int] = ..., candidate_weight_percent: _Optional[float] = ..., phase_started_at_unix_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., updated_at_unix_ms: _Optional[int] = ..., last_reason: _Optional[str] = ..., paused_from: _Optional[_Union[RolloutPhase, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ..., step_started_at_unix_ms: _Optional[int] = ..., shadow_share: _Optional[float] = ..., failure_window_end_unix_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., evidence: _Optional[_Union[StepEvidence, _Mapping]] = ..., sequential: _Optional[_Union[SequentialEvidence, _Mapping]] = ..., approval_step: _Optional[int] = ..., approved_step: _Optional[int] = ..., pause_until_unix_ms: _Optional[int] = ...) -> None: ...
+    baseline_outcomes: _outcome_pb2.ArmOutcomes
+    candidate_outcomes: _outcome_pb2.ArmOutcomes
+    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., phase: _Optional[_Union[RolloutPhase, str]] = ..., step_index: _Optional[int] = ..., candidate_weight_percent: _Optional[float] = ..., phase_started_at_unix_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., updated_at_unix_ms: _Optional[int] = ..., last_reason: _Optional[str] = ..., paused_from: _Optional[_Union[RolloutPhase, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ..., step_started_at_unix_ms: _Optional[int] = ..., shadow_share: _Optional[float] = ..., failure_window_end_unix_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., evidence: _Optional[_Union[StepEvidence, _Mapping]] = ..., sequential: _Optional[_Union[SequentialEvidence, _Mapping]] = ..., approval_step: _Optional[int] = ..., approved_step: _Optional[int] = ..., pause_until_unix_ms: _Optional[int] = ..., baseline_outcomes: _Optional[_Union[_outcome_pb2.ArmOutcomes, _Mapping]] = ..., candidate_outcomes: _Optional[_Union[_outcome_pb2.ArmOutcomes, _Mapping]] = ...) -> None: ...
 
 class RatioTestState(_message.Message):
     __slots__ = ("r0", "log_lr", "candidate_events", "candidate_requests", "baseline_events", "baseline_requests", "recent_up")

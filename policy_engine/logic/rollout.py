@@ -29,6 +29,12 @@ of inputs replays to the same decisions.
    next step is the final 100 % (there is no baseline left to compare at
    100 %, so reaching it is the promotion), or after an A/B hold.
 
+In an A/B hold the outcome test on rated answers
+(:mod:`~graylane.policy_engine.logic.outcomes`) decides too: found worse, the candidate
+is rolled back right after the liveness checks (``outcome_worse``); found better, it is
+promoted at step 5 without waiting for the horizon (``outcome_better``); the gates stay
+the guardrails either way.
+
 Steps 4 and 5 (what the gate verdicts lead to) are :func:`on_failure` and
 :func:`on_pass`; :func:`judge` runs the gates of the spec's ``GateMode``.
 
@@ -80,6 +86,12 @@ from graylane.policy_engine.logic.liveness import (
     check_rollout_liveness,
 )
 from graylane.policy_engine.logic.metric_gates import MetricReading, metric_results, overdue
+from graylane.policy_engine.logic.outcomes import (
+    OutcomeTally,
+    OutcomeTest,
+    OutcomeVerdict,
+    judge_outcomes,
+)
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.errors import InputMismatch, InvalidTransition, RolloutFinished
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Strategy
@@ -133,6 +145,8 @@ class RolloutSignals:
     candidate_liveness: VersionLiveness | None = None
     metrics: tuple[MetricReading, ...] = ()
     """The newest reading of each of the spec's metric gates (PromQL)."""
+    outcomes: OutcomeTally | None = None
+    """A/B rollouts: the rated outcomes of each arm since the rollout began."""
 
 
 _ENDINGS = TERMINAL_PHASES
@@ -189,6 +203,8 @@ class RolloutState:
     evidence: StepEvidence = field(default_factory=StepEvidence)
     # The sequential gates' tests: kept across steps (the whole rollout is one test).
     sequential: SequentialEvidence = field(default_factory=SequentialEvidence)
+    # A/B rollouts: the arms' rated outcomes as of the last decision (restart recovery).
+    outcomes: OutcomeTally = field(default_factory=OutcomeTally)
 
     @property
     def terminal(self) -> bool:
@@ -214,6 +230,8 @@ class Decision:
     command: ManualCommand | None = None
     note: str = ""
     signals: RolloutSignals | None = None
+    outcome_test: OutcomeTest | None = None
+    """A/B rollouts: the outcome test as it stood at this decision (the audit's evidence)."""
 
 
 def pending_state(spec: RolloutSpec, now_ms: int, *, epoch: int = 0) -> RolloutState:
@@ -340,6 +358,7 @@ class Evaluation:
         self.inputs = inputs
         self.agreement = agreement
         self.signals = signals
+        self.outcome: OutcomeTest | None = None
 
     def decide(
         self,
@@ -458,17 +477,25 @@ def on_pass(ctx: Evaluation, state: RolloutState, summary: str) -> Decision:
             f"gates pass; {where} needs more samples ({', '.join(short)}): {summary}",
         )
     waited = now - since
+    outcome = ctx.outcome
+    if outcome is not None and (outcome.decided or outcome.tally.rated):
+        summary = f"{outcome.describe()} | {summary}"
+    if outcome is not None and outcome.verdict is OutcomeVerdict.CANDIDATE_BETTER:
+        return _advance(ctx, state, "A/B on outcomes", summary, DecisionRule.OUTCOME_BETTER)
     if waited < need_ms:
         return ctx.hold(
             state,
             DecisionRule.MIN_DWELL,
             f"gates pass; {where} dwelt {waited / 1000:g} s of {need_ms / 1000:g} s: {summary}",
         )
+    rule = DecisionRule.ALL_GATES_PASSED
+    if outcome is not None and outcome.tally.rated:
+        rule = DecisionRule.OUTCOME_NO_DIFFERENCE
     if state.phase is Phase.PROGRESSING:
         pause = spec.steps[state.step_index].pause
         if pause is not None and state.approved_step != state.step_index:
             return _await_approval(ctx, state, pause.duration_s, where, summary)
-    return _advance(ctx, state, where, summary)
+    return _advance(ctx, state, where, summary, rule)
 
 
 def _await_approval(
@@ -504,7 +531,13 @@ def approve(state: RolloutState) -> RolloutState:
     )
 
 
-def _advance(ctx: Evaluation, state: RolloutState, where: str, summary: str) -> Decision:
+def _advance(
+    ctx: Evaluation,
+    state: RolloutState,
+    where: str,
+    summary: str,
+    rule: DecisionRule = DecisionRule.ALL_GATES_PASSED,
+) -> Decision:
     spec = ctx.spec
     if state.phase is Phase.SHADOWING:
         return transition(
@@ -529,7 +562,7 @@ def _advance(ctx: Evaluation, state: RolloutState, where: str, summary: str) -> 
             spec,
             ctx.now_ms,
             DecisionKind.PROMOTE,
-            DecisionRule.ALL_GATES_PASSED,
+            rule,
             f"{where} passed; promoted {spec.candidate} to 100% and stable: {summary}",
             phase=Phase.PROMOTED,
             step_index=len(spec.steps) - 1 if state.phase is Phase.PROGRESSING else 0,
@@ -731,13 +764,49 @@ def evaluate(
     holds: rules ``candidate_unresponsive`` / ``baseline_unresponsive``,
     judged before ``no_data``) and the newest step's stats for the
     sequential gates.
+
+    In an A/B hold, ``signals.outcomes`` (the arms' rated outcomes) is judged by the
+    anytime-valid outcome test (:mod:`~graylane.policy_engine.logic.outcomes`): a
+    candidate found worse is rolled back at once (rule ``outcome_worse``, liveness
+    first); one found better is promoted as soon as the guardrail gates pass (rule
+    ``outcome_better``); at ``ab_duration_s`` without a difference the hold ends as
+    before, promoted with the gates passing (rule ``outcome_no_difference`` when
+    anything was rated). The test's evidence rides on the decision.
     """
     check_rollout(state, spec)
     if state.phase is Phase.PENDING:
         raise InvalidTransition("the rollout has not started; call start() first")
+    outcome = _outcome_test(state, spec, signals, now_ms)
+    decision = _evaluate(state, spec, baseline, candidate, agreement, now_ms, signals, outcome)
+    if outcome is None:
+        return decision
+    after = replace(decision.after, outcomes=outcome.tally)
+    return replace(decision, outcome_test=outcome, after=after)
+
+
+def _outcome_test(
+    state: RolloutState, spec: RolloutSpec, signals: RolloutSignals | None, now_ms: int
+) -> OutcomeTest | None:
+    if state.phase is not Phase.AB_HOLDING or signals is None or signals.outcomes is None:
+        return None
+    horizon = now_ms - state.phase_started_ms >= spec.ab_duration_s * 1000
+    return judge_outcomes(signals.outcomes, spec.gates.alpha, at_horizon=horizon)
+
+
+def _evaluate(
+    state: RolloutState,
+    spec: RolloutSpec,
+    baseline: WindowStats | None,
+    candidate: WindowStats | None,
+    agreement: AgreementStats | None,
+    now_ms: int,
+    signals: RolloutSignals | None,
+    outcome: OutcomeTest | None,
+) -> Decision:
     inputs = tuple(s for s in (baseline, candidate) if s is not None)
     shadowing = state.phase is Phase.SHADOWING
     ctx = Evaluation(state, spec, now_ms, inputs, agreement if shadowing else None, signals)
+    ctx.outcome = outcome
     if state.phase is Phase.PAUSED:
         from_phase = state.paused_from.value if state.paused_from else "?"
         if state.approval_step >= 0 and 0 < state.pause_until_ms <= now_ms:
@@ -764,6 +833,10 @@ def evaluate(
         return ctx.hold(state, DecisionRule.BASELINE_UNRESPONSIVE, live.reason)
     if live.action is LivenessAction.ROLLBACK:
         return rollback(ctx, state, DecisionRule.CANDIDATE_UNRESPONSIVE, live.reason)
+    if outcome is not None and outcome.verdict is OutcomeVerdict.CANDIDATE_WORSE:
+        return rollback(
+            ctx, state, DecisionRule.OUTCOME_WORSE, f"baseline wins: {outcome.describe()}"
+        )
     if shadowing and agreement is not None and agreement.mismatch is not None:
         return _incomparable(ctx, state, agreement.mismatch)
     missing = _missing(baseline, candidate, spec)

@@ -14,6 +14,9 @@ acknowledged request (it is in Kafka and is served), only its callers' connectio
   the ``user`` field or an ``x-graylane-routing-key`` header is the sticky routing key,
   ``x-graylane-tag-<name>: <value>`` headers are request tags (tag rules). A caller that
   goes away cancels its generation.
+- ``POST /v1/feedback``: a rating (thumbs or a score) of an answer this tenant was given,
+  on ``<p>.outcomes`` for the policy engine's A/B test
+  (:mod:`~graylane.services.gateway.feedback`).
 - ``GET /v2``, ``/v2/health/live|ready``, ``/v2/models/{name}[/versions/{v}]`` (metadata),
   ``.../ready``, ``POST .../infer`` (JSON tensors or the binary-data extension) as a
   ``FORWARD``; a version in the path is a pin, which the router honours only where the
@@ -79,6 +82,7 @@ from graylane.services.gateway import oip
 from graylane.services.gateway.catalog import ModelDirectory, SignatureBook
 from graylane.services.gateway.chat import CHATML, ChatFormat
 from graylane.services.gateway.failures import ApiError, ErrorType, from_error_code
+from graylane.services.gateway.feedback import DEFAULT_REMEMBERED_ANSWERS, FeedbackDesk
 from graylane.services.gateway.logic.admission import (
     PRIORITY_TAG,
     GateVerdict,
@@ -159,6 +163,8 @@ class GatewayConfig:
     registry_signatures: bool = False
     """Else read signatures from the registry's manifests."""
     models_ttl_s: float = 30.0
+    remembered_answers: int = DEFAULT_REMEMBERED_ANSWERS
+    """Answers this replica remembers for ``POST /v1/feedback`` (the oldest forgotten)."""
     metrics_port: int | None = None
     """Overrides ``GRAYLANE_METRICS_PORT`` (0 = a free port, below 0 = off)."""
 
@@ -224,6 +230,14 @@ class Gateway:
             config.signatures,
             factory.settings.db_url if config.registry_signatures else None,
         )
+        self.feedback = FeedbackDesk(
+            factory,
+            self.metrics,
+            authorize=self._authorize,
+            read_json=self._json,
+            client_id=self.client.client_id,
+            capacity=config.remembered_answers,
+        )
         self.app = _build_app(self)
         self.ready = asyncio.Event()
         self.port = 0
@@ -255,6 +269,7 @@ class Gateway:
                 await task
         self._templates.shutdown(wait=False, cancel_futures=True)
         try:
+            await self.feedback.close()
             await self.client.close()
         finally:
             self.observability.mark(PRODUCER_UP, False)
@@ -593,6 +608,7 @@ class Gateway:
             slot.release()
         if result is None:  # the caller went away; nobody reads this
             return self._answer(label, started, Response(status_code=499))
+        self.feedback.answered(request_id, admitted.tenant, call.model, result.version)
         body = response_body(call, request_id=request_id, created=int(time.time()), result=result)
         headers = {
             VERSION_HEADER: result.version,
@@ -716,6 +732,7 @@ class Gateway:
                     if item.final:
                         result = item.result
                         version = result.version if result is not None else ""
+                        self.feedback.answered(request_id, admitted.tenant, call.model, version)
                         yield sse_event(
                             stream_chunk(
                                 call,
@@ -1006,6 +1023,7 @@ def _build_app(gateway: Gateway) -> FastAPI:
     route("/v1/completions", ["POST"], completions)
     route("/v1/chat/completions", ["POST"], chat)
     route("/v1/models", ["GET"], models)
+    route("/v1/feedback", ["POST"], gateway.feedback.take)
     route("/v1/models/{model}", ["GET"], model)
     route("/v2", ["GET"], server_metadata)
     route("/v2/health/live", ["GET"], live)

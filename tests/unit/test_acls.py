@@ -56,7 +56,8 @@ def test_producer_writes_only_ingress_and_cancels_and_reads_only_its_reply_topic
 
 def test_the_gateway_writes_like_a_producer_and_reads_only_gateway_reply_topics() -> None:
     rules = ACLS[KafkaRole.GATEWAY]
-    assert writable(KafkaRole.GATEWAY) == writable(KafkaRole.PRODUCER)
+    # ... and the outcomes of its answers (POST /v1/feedback).
+    assert writable(KafkaRole.GATEWAY) == writable(KafkaRole.PRODUCER) | {L.outcomes()}
     assert readable(KafkaRole.GATEWAY) == set()  # no client's reply topic
     for replica in ("gateway-7f9c-x2", "gateway-0"):
         topic = L.reply(replica)
