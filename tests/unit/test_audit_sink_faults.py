@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import create_engine, text
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, OperationalError
 
 from graylane import serde
 from graylane.kafka.backoff import BackoffPolicy
@@ -102,6 +103,12 @@ class Rig:
             self.broker.append(self.factory.layout.rollouts(), value, key=b"k", partition=0)
 
     def stored_ids(self) -> set[str]:
+        # The test's own read may meet the sink mid-retry on a locked file: read again.
+        for _ in range(50):
+            try:
+                return {r.decision_id for r in self.store.query_audit(limit=1000)}
+            except OperationalError:
+                time.sleep(0.02)
         return {r.decision_id for r in self.store.query_audit(limit=1000)}
 
     def skipped(self, topic: str, reason: str) -> float:
