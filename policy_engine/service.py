@@ -2,8 +2,9 @@
 
 Agents decode telemetry, commands and shadow results (raw bytes, protobuf via
 ``graylane.serde``) into the core; a timer calls ``core.tick`` every step and
-publishes what it returns. Before any agent feeds the core, a start-up task
-restores it from the compacted ``rollouts()``, ``routing()``,
+publishes what it returns, then starts the step evaluations the core says are due
+(:class:`~graylane.policy_engine.step_evaluator.StepEvaluator`). Before any agent feeds
+the core, a start-up task restores it from the compacted ``rollouts()``, ``routing()``,
 ``precision()`` and ``scale()`` topics read to their end, and the QoS policies from the
 ``SET_QOS_POLICY`` commands on record, so a restarted engine resumes its
 rollouts and never writes an epoch below one already written.
@@ -63,6 +64,7 @@ from graylane.policy_engine.messages import (
     ScalePublication,
     SkipReason,
 )
+from graylane.policy_engine.step_evaluator import StepEvaluator
 from graylane.policy_engine.wire import (
     command_of,
     records_of,
@@ -122,6 +124,8 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     layout = factory.layout
     core = PolicyCore(config.window_ms, config.step_ms, scale_policy=config.scale)
     probe = LivenessProbe(factory)
+    # The evaluations rollout steps require: run in tasks of their own, judged by the core.
+    evaluator = StepEvaluator(factory, config.clock, lambda outcome: core.on_evaluation(outcome))
     restored = asyncio.Event()
     brokers = broker_settings(settings)  # security included, like every other client
     app = faust.App(
@@ -265,12 +269,14 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             log.exception("a decision failed; the rollout keeps its state")
             return
         await publish(outputs)
+        evaluator.schedule(core.evaluations_due(config.clock()))
 
     @app.task  # type: ignore[untyped-decorator]
     async def close_probe() -> None:
         try:
             await asyncio.Event().wait()  # until the app stops and cancels its tasks
         finally:
+            await evaluator.close()
             await probe.stop()
 
     return app

@@ -22,6 +22,7 @@ from graylane.policy_engine.logic.precision_ack import DEFAULT_ACK_BOUND_MS, Pen
 from graylane.policy_engine.logic.qos import QosState, initial_qos_state
 from graylane.policy_engine.logic.rollout import RolloutState
 from graylane.policy_engine.logic.scale import ScalePolicy, ScaleState
+from graylane.policy_engine.logic.step_evaluation import EvaluationOutcome
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import DecisionRule
@@ -89,6 +90,9 @@ class ActiveRollout:
     state: RolloutState
     spec: RolloutSpec
     last_rule: DecisionRule | None = None
+    evaluation: EvaluationOutcome | None = None
+    """The newest finished evaluation of a step (kept in memory: a restarted engine
+    evaluates again)."""
 
 
 class Rollouts(Mapping[str, ActiveRollout]):
@@ -121,9 +125,23 @@ class Rollouts(Mapping[str, ActiveRollout]):
             self._trackers.pop(spec.model, None)
             self.finished[state.rollout_id] = state
             return
-        self._active[spec.model] = ActiveRollout(state, spec, rule)
+        previous = self._active.get(spec.model)
+        evaluation = (
+            previous.evaluation
+            if previous is not None and previous.spec.rollout_id == spec.rollout_id
+            else None
+        )
+        self._active[spec.model] = ActiveRollout(state, spec, rule, evaluation)
         if spec.model not in self._trackers:
             self._trackers[spec.model] = AgreementTracker(spec.baseline, spec.candidate)
+
+    def note_evaluation(self, outcome: EvaluationOutcome) -> bool:
+        """Keep a finished evaluation for its rollout; False when that rollout is not active."""
+        for active in self._active.values():
+            if active.spec.rollout_id == outcome.rollout_id:
+                active.evaluation = outcome
+                return True
+        return False
 
     def note_finished(self, state: RolloutState) -> None:
         """A rollout that ended without being active here (refused, or read back)."""

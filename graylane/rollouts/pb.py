@@ -27,6 +27,7 @@ from graylane.rollouts.spec import (
     Gates,
     RolloutSpec,
     Step,
+    StepEvaluation,
     Strategy,
 )
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
@@ -193,6 +194,21 @@ def _or(value: float, default: float) -> float:
     return value if value else default
 
 
+def _step_evaluation_to_pb(ev: StepEvaluation | None) -> rollout_pb2.StepEvaluation | None:
+    if ev is None:
+        return None
+    return rollout_pb2.StepEvaluation(
+        set_path=ev.set_path, max_drop_vs_stable=ev.max_drop_vs_stable, set_sha256=ev.set_sha256
+    )
+
+
+def _step_evaluation_from_pb(step: rollout_pb2.RolloutStep) -> StepEvaluation | None:
+    if not step.HasField("evaluation"):
+        return None
+    ev = step.evaluation
+    return StepEvaluation(ev.set_path, ev.max_drop_vs_stable, ev.set_sha256)
+
+
 def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
     g = spec.gates
     return rollout_pb2.RolloutSpec(
@@ -206,6 +222,7 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
                 weight_percent=s.weight_percent,
                 min_samples=s.min_samples,
                 min_dwell_s=s.min_dwell_s,
+                evaluation=_step_evaluation_to_pb(s.evaluation),
             )
             for s in spec.steps
         ],
@@ -240,7 +257,10 @@ def rollout_spec_from_pb(pb: rollout_pb2.RolloutSpec) -> RolloutSpec:
     """Raises :class:`~graylane.rollouts.errors.InvalidSpec` for a broken spec."""
     d = RolloutSpec(rollout_id="-", model="-", baseline="-a", candidate="-b")
     gates = _gates_from_pb(pb.gates)
-    steps = tuple(Step(s.weight_percent, s.min_samples, s.min_dwell_s) for s in pb.steps)
+    steps = tuple(
+        Step(s.weight_percent, s.min_samples, s.min_dwell_s, _step_evaluation_from_pb(s))
+        for s in pb.steps
+    )
     return RolloutSpec(
         rollout_id=pb.rollout_id,
         model=pb.model,

@@ -17,6 +17,7 @@ __all__ = [
     "Gates",
     "RolloutSpec",
     "Step",
+    "StepEvaluation",
     "Strategy",
     "step_weight_problem",
 ]
@@ -65,17 +66,37 @@ audit replay and restart keep it. FIXED stays available for comparison."""
 
 
 @dataclass(frozen=True)
+class StepEvaluation:
+    """An evaluation set both versions answer before traffic moves onto a step.
+
+    The policy engine sends every item of ``set_path`` (a JSONL evaluation set, see
+    :mod:`graylane.evaluation.sets`) to the baseline's and the candidate's version
+    topics, scores the answers, and compares the two on the same items. A candidate
+    whose mean score is lower than the baseline's by more than ``max_drop_vs_stable``
+    (0..1, in mean item score) is held at the step before; the scores, their
+    intervals and the verdict are on record. ``set_sha256``: the set's digest when the
+    rollout was started; a set that changed since is not used (the rollout holds).
+    """
+
+    set_path: str
+    max_drop_vs_stable: float = 0.02
+    set_sha256: str = ""
+
+
+@dataclass(frozen=True)
 class Step:
     """One canary step.
 
     ``min_samples`` counts candidate (and baseline) requests seen *during the
     step*, over disjoint windows; ``min_dwell_s`` is the time since the step
-    began. Both must be met, with every gate passing, to move on.
+    began. Both must be met, with every gate passing, to move on. ``evaluation``:
+    an evaluation the candidate must pass before traffic moves onto this step.
     """
 
     weight_percent: float
     min_samples: int = 100
     min_dwell_s: float = 60.0
+    evaluation: StepEvaluation | None = None
 
 
 DEFAULT_STEPS: tuple[Step, ...] = (
@@ -228,11 +249,30 @@ def _step_problems(spec: RolloutSpec) -> list[str]:
             out.append(f"step {i} min_samples {step.min_samples} is negative")
         if not (_finite(step.min_dwell_s) and step.min_dwell_s >= 0.0):
             out.append(f"step {i} min_dwell_s {step.min_dwell_s} must be a non-negative number")
+        if step.evaluation is not None:
+            out.extend(_evaluation_problems(spec, i, step.evaluation))
     if spec.strategy is not Strategy.AB_SPLIT:
         if steps[-1].weight_percent != 100.0:
             out.append(f"the last step is {steps[-1].weight_percent}%, not 100%")
         if steps[0].weight_percent >= 100.0:
             out.append("a canary needs at least one step below 100%")
+    return out
+
+
+def _evaluation_problems(spec: RolloutSpec, i: int, ev: StepEvaluation) -> list[str]:
+    out: list[str] = []
+    if not ev.set_path:
+        out.append(f"step {i} evaluation names no set")
+    drop = ev.max_drop_vs_stable
+    if not (_finite(drop) and 0.0 <= drop < 1.0):
+        out.append(f"step {i} evaluation max_drop_vs_stable {drop} must be within [0, 1)")
+    if spec.strategy is Strategy.AB_SPLIT:
+        out.append("an A/B split moves no traffic by steps; it takes no step evaluation")
+    elif i == 0 and spec.strategy is Strategy.CANARY:
+        out.append(
+            "a canary starts at its first step, so nothing can be evaluated before it: "
+            "put the evaluation on a later step, or shadow first (shadow_then_canary)"
+        )
     return out
 
 

@@ -112,6 +112,15 @@ class DecisionRule(StrEnum):
     """The candidate's output lengths or end-of-sequence rate moved beyond the tolerance:
     a quality signal, never a latency regression."""
     INCOMPARABLE = "incomparable"
+    # the evaluation a step requires before traffic moves onto it
+    EVALUATION_PENDING = "evaluation_pending"
+    """The step's evaluation has not finished: no advance until it has."""
+    EVALUATION_DROP = "evaluation_drop"
+    """The candidate scored lower than the baseline on the step's evaluation set by more
+    than the allowance: held (promote or roll back by hand)."""
+    EVALUATION_UNUSABLE = "evaluation_unusable"
+    """The step's evaluation could not judge (its set unreadable or changed, too few
+    answers): held until one can."""
     # manual commands (see ManualCommand.rule)
     MANUAL_PAUSE = "manual_pause"
     MANUAL_RESUME = "manual_resume"

@@ -84,14 +84,26 @@ COMMAND_REVERT: CommandKind
 COMMAND_SET_ROUTE_CONFIG: CommandKind
 
 class RolloutStep(_message.Message):
-    __slots__ = ("weight_percent", "min_samples", "min_dwell_s")
+    __slots__ = ("weight_percent", "min_samples", "min_dwell_s", "evaluation")
     WEIGHT_PERCENT_FIELD_NUMBER: _ClassVar[int]
     MIN_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     MIN_DWELL_S_FIELD_NUMBER: _ClassVar[int]
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
     weight_percent: float
     min_samples: int
     min_dwell_s: float
-    def __init__(self, weight_percent: _Optional[float] = ..., min_samples: _Optional[int] = ..., min_dwell_s: _Optional[float] = ...) -> None: ...
+    evaluation: StepEvaluation
+    def __init__(self, weight_percent: _Optional[float] = ..., min_samples: _Optional[int] = ..., min_dwell_s: _Optional[float] = ..., evaluation: _Optional[_Union[StepEvaluation, _Mapping]] = ...) -> None: ...
+
+class StepEvaluation(_message.Message):
+    __slots__ = ("set_path", "max_drop_vs_stable", "set_sha256")
+    SET_PATH_FIELD_NUMBER: _ClassVar[int]
+    MAX_DROP_VS_STABLE_FIELD_NUMBER: _ClassVar[int]
+    SET_SHA256_FIELD_NUMBER: _ClassVar[int]
+    set_path: str
+    max_drop_vs_stable: float
+    set_sha256: str
+    def __init__(self, set_path: _Optional[str] = ..., max_drop_vs_stable: _Optional[float] = ..., set_sha256: _Optional[str] = ...) -> None: ...
 
 class GateSpec(_message.Message):
     __slots__ = ("max_p99_ratio", "max_error_rate_delta", "significance_alpha", "min_output_agreement", "mode", "max_error_ratio", "error_budget", "max_slow_ratio", "unresponsive_s", "backlog_queue_ms", "p99_floor_ms", "length_drift", "max_length_shift", "max_eos_rate_delta", "token_time_tolerance")

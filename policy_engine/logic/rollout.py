@@ -25,7 +25,9 @@ of inputs replays to the same decisions.
 5. All gates pass -> the counter resets to 0; then ``min_samples`` (the step's
    evidence on both sides, and shadow pairs) and ``min_dwell`` (the step's
    ``min_dwell_s``; ``shadow_duration_s`` / ``ab_duration_s`` in those phases)
-   must be met, else HOLD; then ADVANCE to the next step, or PROMOTE when the
+   must be met, else HOLD; then, when the next step requires an evaluation, it
+   must have passed (else HOLD, :mod:`~graylane.policy_engine.logic.step_evaluation`);
+   then ADVANCE to the next step, or PROMOTE when the
    next step is the final 100 % (there is no baseline left to compare at
    100 %, so reaching it is the promotion), or after an A/B hold.
 
@@ -73,6 +75,11 @@ from graylane.policy_engine.logic.liveness import (
     LivenessAction,
     VersionLiveness,
     check_rollout_liveness,
+)
+from graylane.policy_engine.logic.step_evaluation import (
+    EvaluationOutcome,
+    evaluation_hold,
+    target_step,
 )
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.errors import InputMismatch, InvalidTransition, RolloutFinished
@@ -124,6 +131,8 @@ class RolloutSignals:
     candidate_step: WindowStats | None = None
     baseline_liveness: VersionLiveness | None = None
     candidate_liveness: VersionLiveness | None = None
+    evaluation: EvaluationOutcome | None = None
+    """The finished evaluation of the step the next advance moves onto (if it needs one)."""
 
 
 _ENDINGS = TERMINAL_PHASES
@@ -448,6 +457,11 @@ def on_pass(ctx: Evaluation, state: RolloutState, summary: str) -> Decision:
             DecisionRule.MIN_DWELL,
             f"gates pass; {where} dwelt {waited / 1000:g} s of {need_ms / 1000:g} s: {summary}",
         )
+    evaluation = ctx.signals.evaluation if ctx.signals is not None else None
+    target = target_step(spec, state.phase, state.step_index)
+    held = evaluation_hold(spec, target, evaluation, spec.rollout_id)
+    if held is not None:
+        return ctx.hold(state, held.rule, f"gates pass; {held.reason}")
     return _advance(ctx, state, where, summary)
 
 
