@@ -194,6 +194,9 @@ class PolicyCore:
         tracker = self.rollouts.tracker(model)
         if tracker is not None:
             tracker.add(output)
+        text = self.rollouts.text_tracker(model)
+        if text is not None:
+            text.add(output)
 
     def evaluations_due(self, now_ms: int) -> list[EvaluationRequest]:
         """The step evaluations active rollouts need and have no usable outcome of: run
@@ -468,6 +471,12 @@ class PolicyCore:
         agreement = None
         if shadowing and tracker is not None:
             agreement = tracker.stats(since_ms=state.phase_started_ms)
+        text_tracker = self.rollouts.text_tracker(spec.model)
+        text_agreement = None
+        if shadowing and text_tracker is not None:
+            text_agreement = text_tracker.stats(
+                spec.gates.max_similarity_drop, since_ms=state.phase_started_ms
+            )
         signals = RolloutSignals(
             baseline_step=self.window.step_stats_by_version(spec.model, spec.baseline, now_ms),
             candidate_step=self.window.step_stats_by_version(
@@ -476,6 +485,7 @@ class PolicyCore:
             baseline_liveness=self.liveness.version_liveness(spec.model, spec.baseline),
             candidate_liveness=self.liveness.version_liveness(spec.model, spec.candidate),
             evaluation=_evaluation_for_next_step(active, state),
+            text_agreement=text_agreement,
         )
         decision = evaluate(state, spec, baseline, candidate, agreement, now_ms, signals)
         quiet = decision.kind is DecisionKind.HOLD and decision.rule == active.last_rule

@@ -59,6 +59,7 @@ from graylane.policy_engine.logic.qos import QosDecision, QosState
 from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, RolloutState
 from graylane.policy_engine.logic.scale import ScaleDecision, ScaleReason
 from graylane.policy_engine.logic.step_evaluation import EvaluationOutcome, EvaluationVerdict
+from graylane.policy_engine.logic.text_agreement import TextAgreementStats
 from graylane.policy_engine.logic.window import (
     GenerationSample,
     GenerationStats,
@@ -290,6 +291,8 @@ def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOut
         schema=schema if tokens is None else None,
         pair_id=pb.shadow_pair_id,
         decoding=_DECODING.get(pb.decoding),
+        text=pb.text if pb.task == inference_pb2.GENERATE and not error else None,
+        prompt_digest=pb.prompt_sha256,
     )
 
 
@@ -794,7 +797,9 @@ def decision_to_audit(
         actor=actor,
         epoch=decision.after.epoch,
         command_id=command_id,
-        agreement=_agreement_to_pb(decision.agreement) if decision.agreement is not None else None,
+        agreement=_agreement_to_pb(decision.agreement, _text(decision.signals))
+        if decision.agreement is not None
+        else None,
         note=decision.note,
         step_inputs=[window_stats_to_pb(s) for s in _steps(decision.signals)],
         liveness=[liveness_to_pb(v) for v in _liveness(decision.signals)],
@@ -908,7 +913,17 @@ def signals_from_audit(
     rec: audit_pb2.AuditRecord, baseline: str, candidate: str
 ) -> RolloutSignals | None:
     """The signals a decision was taken with (None when the record carries none)."""
-    if not rec.step_inputs and not rec.liveness and not rec.HasField("evaluation"):
+    text = None
+    if rec.HasField("agreement") and (rec.agreement.text_pairs or rec.agreement.text_uncontrolled):
+        a = rec.agreement
+        text = TextAgreementStats(
+            pairs=a.text_pairs,
+            similarity=a.text_similarity,
+            self_similarity=a.text_self_similarity,
+            log_wealth=a.text_log_evidence,
+            uncontrolled=a.text_uncontrolled,
+        )
+    if not rec.step_inputs and not rec.liveness and not rec.HasField("evaluation") and not text:
         return None
     steps = {s.version: window_stats_from_pb(s) for s in rec.step_inputs}
     live = {v.version: liveness_from_pb(v) for v in rec.liveness}
@@ -925,10 +940,17 @@ def signals_from_audit(
         baseline_liveness=live.get(baseline),
         candidate_liveness=live.get(candidate),
         evaluation=evaluation,
+        text_agreement=text,
     )
 
 
-def _agreement_to_pb(stats: AgreementStats) -> audit_pb2.ShadowAgreement:
+def _text(signals: RolloutSignals | None) -> TextAgreementStats | None:
+    return signals.text_agreement if signals is not None else None
+
+
+def _agreement_to_pb(
+    stats: AgreementStats, text: TextAgreementStats | None = None
+) -> audit_pb2.ShadowAgreement:
     pb = audit_pb2.ShadowAgreement(
         pairs=stats.pairs,
         agreeing=stats.agreeing,
@@ -936,6 +958,12 @@ def _agreement_to_pb(stats: AgreementStats) -> audit_pb2.ShadowAgreement:
         seeded_pairs=stats.seeded,
         unseeded_pairs=stats.unseeded,
     )
+    if text is not None:
+        pb.text_pairs = text.pairs
+        pb.text_similarity = text.similarity
+        pb.text_self_similarity = text.self_similarity
+        pb.text_log_evidence = text.log_wealth
+        pb.text_uncontrolled = text.uncontrolled
     if stats.mismatch is not None:
         pb.baseline_schema = stats.mismatch.baseline
         pb.candidate_schema = stats.mismatch.candidate

@@ -242,6 +242,7 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
             max_length_shift=g.max_length_shift,
             max_eos_rate_delta=g.max_eos_rate_delta,
             token_time_tolerance=g.token_time_tolerance,
+            max_similarity_drop=g.max_similarity_drop,
         ),
         failures_to_rollback=spec.failures_to_rollback,
         shadow_share=spec.shadow_share,
@@ -306,6 +307,9 @@ def _gates_from_pb(pb: rollout_pb2.GateSpec) -> Gates:
             pb.token_time_tolerance
             if pb.HasField("token_time_tolerance")
             else d.token_time_tolerance
+        ),
+        max_similarity_drop=(
+            pb.max_similarity_drop if pb.HasField("max_similarity_drop") else d.max_similarity_drop
         ),
     )
 

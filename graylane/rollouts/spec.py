@@ -156,6 +156,9 @@ class Gates:
     length_drift: DriftAction = DriftAction.HOLD
     max_length_shift: float = 0.15
     max_eos_rate_delta: float = 0.1
+    max_similarity_drop: float = 0.05
+    """Shadow text agreement: how much lower the candidate's mean text similarity to the
+    baseline's answers may be than the baseline's similarity to itself (0..1, chrF)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -296,7 +299,12 @@ def _gate_problems(g: Gates) -> list[str]:
         out.append(f"error_budget {g.error_budget} must be within [0, 1)")
     if not (_finite(g.unresponsive_s) and g.unresponsive_s > 0.0):
         out.append(f"unresponsive_s {g.unresponsive_s} must be positive")
-    for name in ("max_length_shift", "max_eos_rate_delta", "token_time_tolerance"):
+    for name in (
+        "max_length_shift",
+        "max_eos_rate_delta",
+        "token_time_tolerance",
+        "max_similarity_drop",
+    ):
         value = getattr(g, name)
         if not (_finite(value) and 0.0 <= value < 1.0):
             out.append(f"{name} {value} must be within [0, 1)")

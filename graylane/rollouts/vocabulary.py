@@ -112,6 +112,9 @@ class DecisionRule(StrEnum):
     """The candidate's output lengths or end-of-sequence rate moved beyond the tolerance:
     a quality signal, never a latency regression."""
     INCOMPARABLE = "incomparable"
+    TEXT_AGREEMENT = "text_agreement"
+    """Sampled shadow answers drift from the baseline's beyond its own variation (the
+    anytime-valid test on text similarity rejected)."""
     # the evaluation a step requires before traffic moves onto it
     EVALUATION_PENDING = "evaluation_pending"
     """The step's evaluation has not finished: no advance until it has."""

@@ -273,7 +273,7 @@ class LagSample(_message.Message):
     def __init__(self, at_unix_ms: _Optional[int] = ..., lag: _Optional[int] = ..., committed: _Optional[int] = ...) -> None: ...
 
 class ShadowAgreement(_message.Message):
-    __slots__ = ("pairs", "agreeing", "baseline_schema", "candidate_schema", "greedy_pairs", "seeded_pairs", "unseeded_pairs")
+    __slots__ = ("pairs", "agreeing", "baseline_schema", "candidate_schema", "greedy_pairs", "seeded_pairs", "unseeded_pairs", "text_pairs", "text_similarity", "text_self_similarity", "text_log_evidence", "text_uncontrolled")
     PAIRS_FIELD_NUMBER: _ClassVar[int]
     AGREEING_FIELD_NUMBER: _ClassVar[int]
     BASELINE_SCHEMA_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +281,11 @@ class ShadowAgreement(_message.Message):
     GREEDY_PAIRS_FIELD_NUMBER: _ClassVar[int]
     SEEDED_PAIRS_FIELD_NUMBER: _ClassVar[int]
     UNSEEDED_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    TEXT_SELF_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    TEXT_LOG_EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_UNCONTROLLED_FIELD_NUMBER: _ClassVar[int]
     pairs: int
     agreeing: int
     baseline_schema: str
@@ -288,7 +293,12 @@ class ShadowAgreement(_message.Message):
     greedy_pairs: int
     seeded_pairs: int
     unseeded_pairs: int
-    def __init__(self, pairs: _Optional[int] = ..., agreeing: _Optional[int] = ..., baseline_schema: _Optional[str] = ..., candidate_schema: _Optional[str] = ..., greedy_pairs: _Optional[int] = ..., seeded_pairs: _Optional[int] = ..., unseeded_pairs: _Optional[int] = ...) -> None: ...
+    text_pairs: int
+    text_similarity: float
+    text_self_similarity: float
+    text_log_evidence: float
+    text_uncontrolled: int
+    def __init__(self, pairs: _Optional[int] = ..., agreeing: _Optional[int] = ..., baseline_schema: _Optional[str] = ..., candidate_schema: _Optional[str] = ..., greedy_pairs: _Optional[int] = ..., seeded_pairs: _Optional[int] = ..., unseeded_pairs: _Optional[int] = ..., text_pairs: _Optional[int] = ..., text_similarity: _Optional[float] = ..., text_self_similarity: _Optional[float] = ..., text_log_evidence: _Optional[float] = ..., text_uncontrolled: _Optional[int] = ...) -> None: ...
 
 class TelemetryTotals(_message.Message):
     __slots__ = ("version", "variant", "batches", "requests", "errors", "compute_ms")

@@ -106,7 +106,7 @@ class StepEvaluation(_message.Message):
     def __init__(self, set_path: _Optional[str] = ..., max_drop_vs_stable: _Optional[float] = ..., set_sha256: _Optional[str] = ...) -> None: ...
 
 class GateSpec(_message.Message):
-    __slots__ = ("max_p99_ratio", "max_error_rate_delta", "significance_alpha", "min_output_agreement", "mode", "max_error_ratio", "error_budget", "max_slow_ratio", "unresponsive_s", "backlog_queue_ms", "p99_floor_ms", "length_drift", "max_length_shift", "max_eos_rate_delta", "token_time_tolerance")
+    __slots__ = ("max_p99_ratio", "max_error_rate_delta", "significance_alpha", "min_output_agreement", "mode", "max_error_ratio", "error_budget", "max_slow_ratio", "unresponsive_s", "backlog_queue_ms", "p99_floor_ms", "length_drift", "max_length_shift", "max_eos_rate_delta", "token_time_tolerance", "max_similarity_drop")
     MAX_P99_RATIO_FIELD_NUMBER: _ClassVar[int]
     MAX_ERROR_RATE_DELTA_FIELD_NUMBER: _ClassVar[int]
     SIGNIFICANCE_ALPHA_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class GateSpec(_message.Message):
     MAX_LENGTH_SHIFT_FIELD_NUMBER: _ClassVar[int]
     MAX_EOS_RATE_DELTA_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TIME_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SIMILARITY_DROP_FIELD_NUMBER: _ClassVar[int]
     max_p99_ratio: float
     max_error_rate_delta: float
     significance_alpha: float
@@ -137,7 +138,8 @@ class GateSpec(_message.Message):
     max_length_shift: float
     max_eos_rate_delta: float
     token_time_tolerance: float
-    def __init__(self, max_p99_ratio: _Optional[float] = ..., max_error_rate_delta: _Optional[float] = ..., significance_alpha: _Optional[float] = ..., min_output_agreement: _Optional[float] = ..., mode: _Optional[_Union[GateMode, str]] = ..., max_error_ratio: _Optional[float] = ..., error_budget: _Optional[float] = ..., max_slow_ratio: _Optional[float] = ..., unresponsive_s: _Optional[float] = ..., backlog_queue_ms: _Optional[float] = ..., p99_floor_ms: _Optional[float] = ..., length_drift: _Optional[_Union[DriftAction, str]] = ..., max_length_shift: _Optional[float] = ..., max_eos_rate_delta: _Optional[float] = ..., token_time_tolerance: _Optional[float] = ...) -> None: ...
+    max_similarity_drop: float
+    def __init__(self, max_p99_ratio: _Optional[float] = ..., max_error_rate_delta: _Optional[float] = ..., significance_alpha: _Optional[float] = ..., min_output_agreement: _Optional[float] = ..., mode: _Optional[_Union[GateMode, str]] = ..., max_error_ratio: _Optional[float] = ..., error_budget: _Optional[float] = ..., max_slow_ratio: _Optional[float] = ..., unresponsive_s: _Optional[float] = ..., backlog_queue_ms: _Optional[float] = ..., p99_floor_ms: _Optional[float] = ..., length_drift: _Optional[_Union[DriftAction, str]] = ..., max_length_shift: _Optional[float] = ..., max_eos_rate_delta: _Optional[float] = ..., token_time_tolerance: _Optional[float] = ..., max_similarity_drop: _Optional[float] = ...) -> None: ...
 
 class RolloutSpec(_message.Message):
     __slots__ = ("rollout_id", "model", "baseline_version", "candidate_version", "strategy", "steps", "gates", "failures_to_rollback", "shadow_share", "shadow_duration_s", "ab_weight_percent", "ab_duration_s", "created_at_unix_ms", "created_by")

@@ -81,6 +81,7 @@ from graylane.policy_engine.logic.step_evaluation import (
     evaluation_hold,
     target_step,
 )
+from graylane.policy_engine.logic.text_agreement import TextAgreementStats, text_agreement_gate
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.errors import InputMismatch, InvalidTransition, RolloutFinished
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Strategy
@@ -133,6 +134,8 @@ class RolloutSignals:
     candidate_liveness: VersionLiveness | None = None
     evaluation: EvaluationOutcome | None = None
     """The finished evaluation of the step the next advance moves onto (if it needs one)."""
+    text_agreement: TextAgreementStats | None = None
+    """While shadowing: the sampled pairs compared by text since the phase began."""
 
 
 _ENDINGS = TERMINAL_PHASES
@@ -435,6 +438,9 @@ def on_pass(ctx: Evaluation, state: RolloutState, summary: str) -> Decision:
         need_ms = (spec.shadow_duration_s if shadow else spec.ab_duration_s) * 1000
         where = "shadow phase" if shadow else "A/B hold"
     pairs = ctx.agreement.pairs if ctx.agreement is not None else None
+    text = ctx.signals.text_agreement if ctx.signals is not None else None
+    if pairs is not None and text is not None:
+        pairs += text.pairs
     short = [
         f"{side} {n}/{need_samples}"
         for side, n in (
@@ -713,7 +719,9 @@ def evaluate(
     if shadowing and agreement is not None and agreement.mismatch is not None:
         return _incomparable(ctx, state, agreement.mismatch)
     missing = _missing(baseline, candidate, spec)
-    if shadowing and (agreement is None or agreement.pairs == 0):
+    text = signals.text_agreement if signals is not None and shadowing else None
+    text_pairs = text.pairs if text is not None else 0
+    if shadowing and (agreement is None or agreement.pairs + text_pairs == 0):
         unseeded = agreement.unseeded if agreement is not None else 0
         missing.append(
             f"no comparable shadow pairs ({unseeded} generations sampled without a seed)"
@@ -746,8 +754,10 @@ def evaluate(
         spec.gates,
         behind=live.candidate_behind,
     )
-    if shadowing and agreement is not None:
+    if shadowing and agreement is not None and (agreement.pairs or not text_pairs):
         results.append(agreement_gate(agreement, spec.gates))
+    if text is not None and text_pairs:
+        results.append(text_agreement_gate(text, spec.gates))
     failed = [r for r in results if r.verdict is Verdict.FAIL]
     if failed:
         return on_failure(ctx, current, candidate, failed)
