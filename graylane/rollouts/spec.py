@@ -156,7 +156,7 @@ class Gates:
     length_drift: DriftAction = DriftAction.HOLD
     max_length_shift: float = 0.15
     max_eos_rate_delta: float = 0.1
-    max_similarity_drop: float = 0.05
+    max_similarity_drop: float = 0.02
     """Shadow text agreement: how much lower the candidate's mean text similarity to the
     baseline's answers may be than the baseline's similarity to itself (0..1, chrF)."""
 

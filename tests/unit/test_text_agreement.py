@@ -68,7 +68,7 @@ def out(
     )
 
 
-def run(pairs: int, seed: int, candidate: str, tolerance: float = 0.05) -> TextAgreementStats:
+def run(pairs: int, seed: int, candidate: str, tolerance: float = 0.02) -> TextAgreementStats:
     """``pairs`` shadow pairs on random prompts; the candidate answers as ``candidate``
     says: ``same`` (another draw of the baseline's model), ``pirate``, ``garbled``."""
     rng = random.Random(seed)
