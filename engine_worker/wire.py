@@ -14,6 +14,7 @@ them by name.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 from graylane import serde
@@ -127,6 +128,7 @@ def _result(
         status=inference_pb2.OK,
         shadow=request.shadow,
         shadow_pair_id=request.shadow_pair_id,
+        prompt_sha256=prompt_digest(request),
         worker_id=ctx.worker_id,
         routing_key=request.routing_key,
         task=request.task or inference_pb2.FORWARD,
@@ -149,6 +151,29 @@ def _result(
         if request.generation.stream and not request.shadow:
             result.chunk.final = True  # decoded per batch: the whole stream in one chunk
     return result
+
+
+def prompt_digest(request: inference_pb2.InferenceRequest) -> str:
+    """sha256 of a shadow-paired generation's question: its prompt, messages and token ids,
+    the engine options and the sampling parameters but the seed and the streaming; "" for
+    other requests. Shadow agreement on text takes two answers with the same digest as two
+    draws of one question (the baseline's own variation)."""
+    if not request.shadow_pair_id or request.task != inference_pb2.GENERATE:
+        return ""
+    params = inference_pb2.GenerationParams()
+    params.CopyFrom(request.generation)
+    for name in ("seed", "has_seed", "stream", "stream_every_tokens", "stream_every_ms"):
+        params.ClearField(name)
+    question = inference_pb2.InferenceRequest(
+        model=request.model,
+        prompt=request.prompt,
+        token_ids=request.token_ids,
+        messages=request.messages,
+        generation=params,
+        engine_options=request.engine_options,
+        task=request.task,
+    )
+    return hashlib.sha256(question.SerializeToString(deterministic=True)).hexdigest()
 
 
 def decoding_of(params: inference_pb2.GenerationParams) -> inference_pb2.Decoding:
@@ -319,6 +344,7 @@ def engine_result(
         status=inference_pb2.OK,
         shadow=request.shadow,
         shadow_pair_id=request.shadow_pair_id,
+        prompt_sha256=prompt_digest(request),
         worker_id=ctx.worker_id,
         routing_key=request.routing_key,
         task=inference_pb2.GENERATE,

@@ -31,6 +31,7 @@ from enum import Enum
 from graylane.topics import TopicLayout, TopicNameError, check_model_name
 
 __all__ = [
+    "EVALUATION_CLIENT_ID",
     "GATEWAY_CLIENT",
     "AclRule",
     "AclScope",
@@ -152,6 +153,10 @@ def _worker_groups(layout: TopicLayout, model: str, op: Operation) -> AclRule:
     return _group(f"{layout.prefix}-worker-{model}-", op, prefixed=True)
 
 
+EVALUATION_CLIENT_ID = "policy-evaluations"
+"""The client id the policy engine's step evaluations send under (their reply topic)."""
+
+
 def lease_topic(layout: TopicLayout) -> str:
     """The policy engine's single-writer lease topic."""
     return f"{layout.prefix}.control.policy-lease"
@@ -207,6 +212,13 @@ def role_acls(layout: TopicLayout, role: KafkaRole, scope: AclScope) -> tuple[Ac
         ]
         rules += [_topic(layout.audit(), _W), _topic(lease_topic(layout), _R, _W)]
         rules += [_topic(layout.shadow(m), _R) for m in models]
+        # Step evaluations: the set goes to both versions' topics, answers to its reply topic.
+        rules += [_topic(f"{layout.ingress(m)}.", _W, prefixed=True) for m in models]
+        rules.append(
+            _topic(
+                layout.reply(EVALUATION_CLIENT_ID), _R, Operation.CREATE, Operation.DESCRIBE_CONFIGS
+            )
+        )
         rules.append(_group(f"{p}-policy"))
         # The liveness probe reads the worker groups' committed offsets.
         rules += [_worker_groups(layout, m, Operation.DESCRIBE) for m in models]

@@ -94,6 +94,13 @@ from graylane.policy_engine.logic.scale import (
     initial_scale_state,
     scale_unsettled,
 )
+from graylane.policy_engine.logic.step_evaluation import (
+    EvaluationOutcome,
+    EvaluationRequest,
+    EvaluationVerdict,
+    evaluation_due,
+    target_step,
+)
 from graylane.policy_engine.logic.window import (
     DEFAULT_STEP_MS,
     DEFAULT_WINDOW_MS,
@@ -141,7 +148,11 @@ from graylane.routing.table import (
     stable_plan,
 )
 
-__all__ = ["PolicyCore"]
+__all__ = ["EVALUATION_RETRY_MS", "PolicyCore"]
+
+EVALUATION_RETRY_MS = 60_000
+"""How long after an unusable step evaluation (its set unreadable, too few answers) the
+engine runs it again."""
 
 
 log = logging.getLogger(__name__)
@@ -223,6 +234,33 @@ class PolicyCore:
         tracker = self.rollouts.tracker(model)
         if tracker is not None:
             tracker.add(output)
+        text = self.rollouts.text_tracker(model)
+        if text is not None:
+            text.add(output)
+
+    def evaluations_due(self, now_ms: int) -> list[EvaluationRequest]:
+        """The step evaluations active rollouts need and have no usable outcome of: run
+        them (the adapter) and hand back what they found (:meth:`on_evaluation`). An
+        unusable outcome is due again :data:`EVALUATION_RETRY_MS` after it finished."""
+        due = []
+        for model in sorted(self.rollouts):
+            active = self.rollouts[model]
+            state = active.state
+            request = evaluation_due(active.spec, state.phase, state.step_index, state.paused_from)
+            if request is None:
+                continue
+            done = active.evaluation
+            if done is not None and done.step_index == request.step_index:
+                unusable = done.verdict is EvaluationVerdict.UNUSABLE
+                if not unusable or now_ms - done.finished_at_ms < EVALUATION_RETRY_MS:
+                    continue
+            due.append(request)
+        return due
+
+    def on_evaluation(self, outcome: EvaluationOutcome) -> bool:
+        """A finished step evaluation; the next tick's decision judges it. False when its
+        rollout is no longer active (the outcome is dropped)."""
+        return self.rollouts.note_evaluation(outcome)
 
     def on_outcome(self, outcome: RatedOutcome) -> bool:
         """Join a rated answer to the A/B rollout of its model (False: not counted)."""
@@ -512,6 +550,12 @@ class PolicyCore:
         agreement = None
         if shadowing and tracker is not None:
             agreement = tracker.stats(since_ms=state.phase_started_ms)
+        text_tracker = self.rollouts.text_tracker(spec.model)
+        text_agreement = None
+        if shadowing and text_tracker is not None:
+            text_agreement = text_tracker.stats(
+                spec.gates.max_similarity_drop, since_ms=state.phase_started_ms
+            )
         signals = RolloutSignals(
             baseline_step=self.window.step_stats_by_version(spec.model, spec.baseline, now_ms),
             candidate_step=self.window.step_stats_by_version(
@@ -523,6 +567,8 @@ class PolicyCore:
             outcomes=(
                 self._ledger(spec, state).tally if spec.strategy is Strategy.AB_SPLIT else None
             ),
+            evaluation=_evaluation_for_next_step(active, state),
+            text_agreement=text_agreement,
         )
         decision = evaluate(state, spec, baseline, candidate, agreement, now_ms, signals)
         quiet = decision.kind is DecisionKind.HOLD and decision.rule == active.last_rule
@@ -746,6 +792,17 @@ class PolicyCore:
                 ScaleAudit(decision=decision, epoch=epoch),
             ]
         return out
+
+
+def _evaluation_for_next_step(
+    active: ActiveRollout, state: RolloutState
+) -> EvaluationOutcome | None:
+    """The rollout's finished evaluation when it is of the step an advance moves onto."""
+    done = active.evaluation
+    if done is None:
+        return None
+    target = target_step(active.spec, state.phase, state.step_index)
+    return done if target == done.step_index else None
 
 
 def _floor_breach(state: QosState, policy: QosPolicy, now_ms: int) -> bool:

@@ -1,9 +1,10 @@
 """The faust-streaming adapter of :class:`~graylane.policy_engine.core.PolicyCore` (thin).
 
 Agents decode telemetry, commands, shadow results and rated outcomes (raw bytes,
-protobuf via ``graylane.serde``) into the core; a timer calls ``core.tick`` every step and
-publishes what it returns. Before any agent feeds the core, a start-up task
-restores it from the compacted ``rollouts()``, ``routing()``,
+protobuf via ``graylane.serde``) into the core; a timer calls ``core.tick`` every step,
+publishes what it returns, then starts the step evaluations the core says are due
+(:class:`~graylane.policy_engine.step_evaluator.StepEvaluator`). Before any agent feeds
+the core, a start-up task restores it from the compacted ``rollouts()``, ``routing()``,
 ``precision()`` and ``scale()`` topics read to their end, and the QoS policies from the
 ``SET_QOS_POLICY`` commands on record, so a restarted engine resumes its
 rollouts and never writes an epoch below one already written.
@@ -65,6 +66,7 @@ from graylane.policy_engine.messages import (
     SkipReason,
 )
 from graylane.policy_engine.metric_probe import PrometheusProbe
+from graylane.policy_engine.step_evaluator import StepEvaluator
 from graylane.policy_engine.wire import (
     command_of,
     outcome_of,
@@ -128,6 +130,8 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     core = PolicyCore(config.window_ms, config.step_ms, scale_policy=config.scale)
     probe = LivenessProbe(factory)
     metric_probe = PrometheusProbe(config.prometheus_url) if config.prometheus_url else None
+    # The evaluations rollout steps require: run in tasks of their own, judged by the core.
+    evaluator = StepEvaluator(factory, config.clock, lambda outcome: core.on_evaluation(outcome))
     restored = asyncio.Event()
     brokers = broker_settings(settings)  # security included, like every other client
     app = faust.App(
@@ -297,12 +301,14 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
                 log.exception("a decision failed; the rollout keeps its state")
                 return
             await publish(outputs)
+        evaluator.schedule(core.evaluations_due(config.clock()))
 
     @app.task  # type: ignore[untyped-decorator]
     async def close_probe() -> None:
         try:
             await asyncio.Event().wait()  # until the app stops and cancels its tasks
         finally:
+            await evaluator.close()
             await probe.stop()
             if metric_probe is not None:
                 await metric_probe.close()

@@ -22,6 +22,8 @@ from graylane.policy_engine.logic.precision_ack import DEFAULT_ACK_BOUND_MS, Pen
 from graylane.policy_engine.logic.qos import QosState, initial_qos_state
 from graylane.policy_engine.logic.rollout import RolloutState
 from graylane.policy_engine.logic.scale import ScalePolicy, ScaleState
+from graylane.policy_engine.logic.step_evaluation import EvaluationOutcome
+from graylane.policy_engine.logic.text_agreement import TextAgreementTracker
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import DecisionRule
@@ -89,6 +91,9 @@ class ActiveRollout:
     state: RolloutState
     spec: RolloutSpec
     last_rule: DecisionRule | None = None
+    evaluation: EvaluationOutcome | None = None
+    """The newest finished evaluation of a step (kept in memory: a restarted engine
+    evaluates again)."""
 
 
 class Rollouts(Mapping[str, ActiveRollout]):
@@ -98,6 +103,7 @@ class Rollouts(Mapping[str, ActiveRollout]):
         self._active: dict[str, ActiveRollout] = {}
         self.finished: dict[str, RolloutState] = {}  # by rollout id
         self._trackers: dict[str, AgreementTracker] = {}  # by model
+        self._text_trackers: dict[str, TextAgreementTracker] = {}  # by model
 
     def __getitem__(self, model: str) -> ActiveRollout:
         return self._active[model]
@@ -119,11 +125,27 @@ class Rollouts(Mapping[str, ActiveRollout]):
         if state.terminal:
             self._active.pop(spec.model, None)
             self._trackers.pop(spec.model, None)
+            self._text_trackers.pop(spec.model, None)
             self.finished[state.rollout_id] = state
             return
-        self._active[spec.model] = ActiveRollout(state, spec, rule)
+        previous = self._active.get(spec.model)
+        evaluation = (
+            previous.evaluation
+            if previous is not None and previous.spec.rollout_id == spec.rollout_id
+            else None
+        )
+        self._active[spec.model] = ActiveRollout(state, spec, rule, evaluation)
         if spec.model not in self._trackers:
             self._trackers[spec.model] = AgreementTracker(spec.baseline, spec.candidate)
+            self._text_trackers[spec.model] = TextAgreementTracker(spec.baseline, spec.candidate)
+
+    def note_evaluation(self, outcome: EvaluationOutcome) -> bool:
+        """Keep a finished evaluation for its rollout; False when that rollout is not active."""
+        for active in self._active.values():
+            if active.spec.rollout_id == outcome.rollout_id:
+                active.evaluation = outcome
+                return True
+        return False
 
     def note_finished(self, state: RolloutState) -> None:
         """A rollout that ended without being active here (refused, or read back)."""
@@ -132,9 +154,14 @@ class Rollouts(Mapping[str, ActiveRollout]):
     def tracker(self, model: str) -> AgreementTracker | None:
         return self._trackers.get(model)
 
+    def text_tracker(self, model: str) -> TextAgreementTracker | None:
+        return self._text_trackers.get(model)
+
     def expire_trackers(self, now_ms: int) -> None:
         for tracker in self._trackers.values():
             tracker.expire(now_ms)
+        for text in self._text_trackers.values():
+            text.expire(now_ms)
 
     def versions(self) -> list[VersionKey]:
         """Baseline and candidate of every active rollout, sorted."""

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from graylane import serde
 from graylane.errors import SerdeError
+from graylane.evaluation.summary import Comparison, Summary
 from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
 from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.logic.agreement import (
@@ -67,6 +68,8 @@ from graylane.policy_engine.logic.outcomes import (
 from graylane.policy_engine.logic.qos import QosDecision, QosState
 from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, RolloutState
 from graylane.policy_engine.logic.scale import ScaleDecision, ScaleReason
+from graylane.policy_engine.logic.step_evaluation import EvaluationOutcome, EvaluationVerdict
+from graylane.policy_engine.logic.text_agreement import TextAgreementStats
 from graylane.policy_engine.logic.window import (
     GenerationSample,
     GenerationStats,
@@ -105,7 +108,7 @@ from graylane.rollouts.pb import (
     rollout_spec_to_pb,
 )
 from graylane.rollouts.qos_policy import QosPolicy
-from graylane.rollouts.spec import RolloutSpec
+from graylane.rollouts.spec import RolloutSpec, StepEvaluation
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
 from graylane.routing import RouteTable
 from graylane.routing.convert import route_config_from_pb, table_from_pb, table_to_pb
@@ -307,6 +310,8 @@ def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOut
         schema=schema if tokens is None else None,
         pair_id=pb.shadow_pair_id,
         decoding=_DECODING.get(pb.decoding),
+        text=pb.text if pb.task == inference_pb2.GENERATE and not error else None,
+        prompt_digest=pb.prompt_sha256,
     )
 
 
@@ -878,7 +883,9 @@ def decision_to_audit(
         actor=actor,
         epoch=decision.after.epoch,
         command_id=command_id,
-        agreement=_agreement_to_pb(decision.agreement) if decision.agreement is not None else None,
+        agreement=_agreement_to_pb(decision.agreement, _text(decision.signals))
+        if decision.agreement is not None
+        else None,
         note=decision.note,
         step_inputs=[window_stats_to_pb(s) for s in _steps(decision.signals)],
         liveness=[liveness_to_pb(v) for v in _liveness(decision.signals)],
@@ -887,6 +894,11 @@ def decision_to_audit(
         ],
         outcomes=(
             outcome_test_to_pb(decision.outcome_test) if decision.outcome_test is not None else None
+        ),
+        evaluation=(
+            evaluation_to_pb(decision.signals.evaluation)
+            if decision.signals is not None and decision.signals.evaluation is not None
+            else None
         ),
     )
 
@@ -911,6 +923,92 @@ def metric_reading_from_pb(pb: audit_pb2.MetricReading) -> MetricReading:
     )
 
 
+_EVALUATION_VERDICTS = {
+    EvaluationVerdict.PASSED: audit_pb2.EVALUATION_PASSED,
+    EvaluationVerdict.DROPPED: audit_pb2.EVALUATION_DROPPED,
+    EvaluationVerdict.UNUSABLE: audit_pb2.EVALUATION_UNUSABLE,
+}
+
+
+def _score_to_pb(summary: Summary | None) -> audit_pb2.EvaluationScore | None:
+    if summary is None:
+        return None
+    return audit_pb2.EvaluationScore(
+        version=summary.target,
+        items=summary.items,
+        mean=summary.mean,
+        ci_low=summary.ci_low,
+        ci_high=summary.ci_high,
+        passed=summary.passed,
+        errors=summary.errors,
+    )
+
+
+def _score_from_pb(pb: audit_pb2.EvaluationScore) -> Summary:
+    return Summary(
+        target=pb.version,
+        items=pb.items,
+        mean=pb.mean,
+        ci_low=pb.ci_low,
+        ci_high=pb.ci_high,
+        passed=pb.passed,
+        errors=pb.errors,
+    )
+
+
+def evaluation_to_pb(outcome: EvaluationOutcome) -> audit_pb2.StepEvaluationResult:
+    """A step evaluation's scores, interval and verdict, as the audit records them."""
+    gate, diff = outcome.gate, outcome.comparison
+    pb = audit_pb2.StepEvaluationResult(
+        step_index=outcome.step_index,
+        set_path=gate.set_path,
+        set_sha256=outcome.set_sha256,
+        max_drop_vs_stable=gate.max_drop_vs_stable,
+        baseline=_score_to_pb(outcome.baseline),
+        candidate=_score_to_pb(outcome.candidate),
+        verdict=_EVALUATION_VERDICTS[outcome.verdict],
+        problem=outcome.problem,
+        finished_at_unix_ms=outcome.finished_at_ms,
+    )
+    if diff is not None:
+        pb.paired_items = diff.items
+        pb.difference = diff.difference
+        pb.difference_ci_low = diff.ci_low
+        pb.difference_ci_high = diff.ci_high
+        pb.p_value = diff.p_value
+    return pb
+
+
+def evaluation_from_pb(
+    pb: audit_pb2.StepEvaluationResult, rollout_id: str, gate: StepEvaluation
+) -> EvaluationOutcome:
+    """The outcome an audit record carries (``gate``: the spec's, at its step)."""
+    base = _score_from_pb(pb.baseline) if pb.HasField("baseline") else None
+    cand = _score_from_pb(pb.candidate) if pb.HasField("candidate") else None
+    comparison = None
+    if base is not None and cand is not None:
+        comparison = Comparison(
+            baseline=base.target,
+            candidate=cand.target,
+            items=pb.paired_items,
+            difference=pb.difference,
+            ci_low=pb.difference_ci_low,
+            ci_high=pb.difference_ci_high,
+            p_value=pb.p_value,
+        )
+    return EvaluationOutcome(
+        rollout_id=rollout_id,
+        step_index=pb.step_index,
+        gate=gate,
+        set_sha256=pb.set_sha256,
+        baseline=base,
+        candidate=cand,
+        comparison=comparison,
+        problem=pb.problem,
+        finished_at_ms=pb.finished_at_unix_ms,
+    )
+
+
 def _steps(signals: RolloutSignals | None) -> list[WindowStats]:
     if signals is None:
         return []
@@ -927,11 +1025,35 @@ def signals_from_audit(
     rec: audit_pb2.AuditRecord, baseline: str, candidate: str
 ) -> RolloutSignals | None:
     """The signals a decision was taken with (None when the record carries none)."""
+    text = None
+    if rec.HasField("agreement") and (rec.agreement.text_pairs or rec.agreement.text_uncontrolled):
+        a = rec.agreement
+        text = TextAgreementStats(
+            pairs=a.text_pairs,
+            similarity=a.text_similarity,
+            self_similarity=a.text_self_similarity,
+            log_wealth=a.text_log_evidence,
+            uncontrolled=a.text_uncontrolled,
+        )
     outcomes = rec.HasField("outcomes")
-    if not rec.step_inputs and not rec.liveness and not outcomes and not rec.metric_readings:
+    if (
+        not rec.step_inputs
+        and not rec.liveness
+        and not rec.HasField("evaluation")
+        and not text
+        and not outcomes
+        and not rec.metric_readings
+    ):
         return None
     steps = {s.version: window_stats_from_pb(s) for s in rec.step_inputs}
     live = {v.version: liveness_from_pb(v) for v in rec.liveness}
+    evaluation = None
+    if rec.HasField("evaluation"):
+        _, spec = rollout_state_from_pb(rec.rollout_before)
+        index = rec.evaluation.step_index
+        gate = spec.steps[index].evaluation if 0 <= index < len(spec.steps) else None
+        if gate is not None:
+            evaluation = evaluation_from_pb(rec.evaluation, spec.rollout_id, gate)
     return RolloutSignals(
         baseline_step=steps.get(baseline),
         candidate_step=steps.get(candidate),
@@ -939,10 +1061,18 @@ def signals_from_audit(
         candidate_liveness=live.get(candidate),
         metrics=tuple(metric_reading_from_pb(r) for r in rec.metric_readings),
         outcomes=outcome_tally_from_pb(rec.outcomes) if outcomes else None,
+        evaluation=evaluation,
+        text_agreement=text,
     )
 
 
-def _agreement_to_pb(stats: AgreementStats) -> audit_pb2.ShadowAgreement:
+def _text(signals: RolloutSignals | None) -> TextAgreementStats | None:
+    return signals.text_agreement if signals is not None else None
+
+
+def _agreement_to_pb(
+    stats: AgreementStats, text: TextAgreementStats | None = None
+) -> audit_pb2.ShadowAgreement:
     pb = audit_pb2.ShadowAgreement(
         pairs=stats.pairs,
         agreeing=stats.agreeing,
@@ -950,6 +1080,12 @@ def _agreement_to_pb(stats: AgreementStats) -> audit_pb2.ShadowAgreement:
         seeded_pairs=stats.seeded,
         unseeded_pairs=stats.unseeded,
     )
+    if text is not None:
+        pb.text_pairs = text.pairs
+        pb.text_similarity = text.similarity
+        pb.text_self_similarity = text.self_similarity
+        pb.text_log_evidence = text.log_wealth
+        pb.text_uncontrolled = text.uncontrolled
     if stats.mismatch is not None:
         pb.baseline_schema = stats.mismatch.baseline
         pb.candidate_schema = stats.mismatch.candidate

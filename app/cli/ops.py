@@ -232,6 +232,25 @@ def _rollout_commands(sub: Sub) -> None:
     start.add_argument("--min-samples", type=int, default=0, help="per step (0: default)")
     start.add_argument("--dwell-s", type=float, default=0.0, help="per step (0: default)")
     start.add_argument(
+        "--eval",
+        default="",
+        metavar="SET",
+        help="an evaluation set (JSONL) both versions answer before traffic moves onto "
+        "--eval-step; the policy engine reads it at this path",
+    )
+    start.add_argument(
+        "--eval-step",
+        type=int,
+        default=2,
+        help="the step (1-based) the evaluation guards (default 2: before the first move)",
+    )
+    start.add_argument(
+        "--max-drop-vs-stable",
+        type=float,
+        default=0.02,
+        help="how much lower than the baseline's the candidate's mean score may be",
+    )
+    start.add_argument(
         "--max-p99-ratio", type=float, default=0.0, help="gate: candidate/baseline p99 (0: default)"
     )
     start.add_argument(
@@ -654,19 +673,39 @@ def steps(args: argparse.Namespace) -> list[Any]:
     from graylane.v1 import rollout_pb2
 
     if not args.steps:
-        if args.min_samples or args.dwell_s:
-            raise SystemExit("--min-samples / --dwell-s need --steps")
+        if args.min_samples or args.dwell_s or getattr(args, "eval", ""):
+            raise SystemExit("--min-samples / --dwell-s / --eval need --steps")
         return []
     try:
         weights = [float(w) for w in args.steps.split(",") if w.strip()]
     except ValueError:
         raise SystemExit(f"--steps {args.steps!r}: expected numbers like 1,5,25,50,100") from None
-    return [
+    out = [
         rollout_pb2.RolloutStep(
             weight_percent=w, min_samples=args.min_samples or 100, min_dwell_s=args.dwell_s or 60.0
         )
         for w in weights
     ]
+    if getattr(args, "eval", ""):
+        if not 1 <= args.eval_step <= len(out):
+            raise SystemExit(f"--eval-step {args.eval_step}: the steps are 1..{len(out)}")
+        out[args.eval_step - 1].evaluation.CopyFrom(_step_evaluation(args))
+    return out
+
+
+def _step_evaluation(args: argparse.Namespace) -> Any:
+    """The ``--eval`` set as the spec names it: its absolute path and its sha256 now."""
+    from graylane.evaluation.sets import EvalSetError, load_set
+    from graylane.v1 import rollout_pb2
+
+    path = Path(args.eval).resolve()
+    try:
+        digest = load_set(path).digest
+    except EvalSetError as exc:
+        raise SystemExit(f"--eval: {exc}") from None
+    return rollout_pb2.StepEvaluation(
+        set_path=str(path), max_drop_vs_stable=args.max_drop_vs_stable, set_sha256=digest
+    )
 
 
 def rollout_start(args: argparse.Namespace) -> int:

@@ -80,6 +80,7 @@ GATE_KEYS: dict[str, str] = {
     "tokenTimeTolerance": "token_time_tolerance",
     "maxLengthShift": "max_length_shift",
     "maxEosRateDelta": "max_eos_rate_delta",
+    "maxSimilarityDrop": "max_similarity_drop",
 }
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

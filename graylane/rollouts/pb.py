@@ -29,6 +29,7 @@ from graylane.rollouts.spec import (
     MetricGate,
     RolloutSpec,
     Step,
+    StepEvaluation,
     StepPause,
     Strategy,
     WebhookFormat,
@@ -201,6 +202,21 @@ def _or(value: float, default: float) -> float:
     return value if value else default
 
 
+def _step_evaluation_to_pb(ev: StepEvaluation | None) -> rollout_pb2.StepEvaluation | None:
+    if ev is None:
+        return None
+    return rollout_pb2.StepEvaluation(
+        set_path=ev.set_path, max_drop_vs_stable=ev.max_drop_vs_stable, set_sha256=ev.set_sha256
+    )
+
+
+def _step_evaluation_from_pb(step: rollout_pb2.RolloutStep) -> StepEvaluation | None:
+    if not step.HasField("evaluation"):
+        return None
+    ev = step.evaluation
+    return StepEvaluation(ev.set_path, ev.max_drop_vs_stable, ev.set_sha256)
+
+
 def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
     g = spec.gates
     return rollout_pb2.RolloutSpec(
@@ -217,6 +233,7 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
                 pause=None
                 if s.pause is None
                 else rollout_pb2.StepPause(duration_s=s.pause.duration_s or 0.0),
+                evaluation=_step_evaluation_to_pb(s.evaluation),
             )
             for s in spec.steps
         ],
@@ -237,6 +254,7 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
             max_eos_rate_delta=g.max_eos_rate_delta,
             token_time_tolerance=g.token_time_tolerance,
             metrics=[metric_gate_to_pb(m) for m in g.metrics],
+            max_similarity_drop=g.max_similarity_drop,
         ),
         failures_to_rollback=spec.failures_to_rollback,
         shadow_share=spec.shadow_share,
@@ -280,7 +298,13 @@ def _step_from_pb(pb: rollout_pb2.RolloutStep) -> Step:
     pause = None
     if pb.HasField("pause"):
         pause = StepPause(pb.pause.duration_s or None)
-    return Step(pb.weight_percent, pb.min_samples, pb.min_dwell_s, pause)
+    return Step(
+        pb.weight_percent,
+        pb.min_samples,
+        pb.min_dwell_s,
+        pause,
+        evaluation=_step_evaluation_from_pb(pb),
+    )
 
 
 def rollout_spec_from_pb(pb: rollout_pb2.RolloutSpec) -> RolloutSpec:
@@ -337,6 +361,9 @@ def _gates_from_pb(pb: rollout_pb2.GateSpec) -> Gates:
             else d.token_time_tolerance
         ),
         metrics=tuple(metric_gate_from_pb(m) for m in pb.metrics),
+        max_similarity_drop=(
+            pb.max_similarity_drop if pb.HasField("max_similarity_drop") else d.max_similarity_drop
+        ),
     )
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "MetricGate",
     "RolloutSpec",
     "Step",
+    "StepEvaluation",
     "StepPause",
     "Strategy",
     "WebhookFormat",
@@ -70,6 +71,24 @@ audit replay and restart keep it. FIXED stays available for comparison."""
 
 
 @dataclass(frozen=True)
+class StepEvaluation:
+    """An evaluation set both versions answer before traffic moves onto a step.
+
+    The policy engine sends every item of ``set_path`` (a JSONL evaluation set, see
+    :mod:`graylane.evaluation.sets`) to the baseline's and the candidate's version
+    topics, scores the answers, and compares the two on the same items. A candidate
+    whose mean score is lower than the baseline's by more than ``max_drop_vs_stable``
+    (0..1, in mean item score) is held at the step before; the scores, their
+    intervals and the verdict are on record. ``set_sha256``: the set's digest when the
+    rollout was started; a set that changed since is not used (the rollout holds).
+    """
+
+    set_path: str
+    max_drop_vs_stable: float = 0.02
+    set_sha256: str = ""
+
+
+@dataclass(frozen=True)
 class StepPause:
     """An approval step's wait: until an operator resumes (``duration_s`` None), or
     ``duration_s`` seconds (a resume ends it sooner). Weights stay frozen meanwhile."""
@@ -84,13 +103,16 @@ class Step:
     ``min_samples`` counts candidate (and baseline) requests seen *during the
     step*, over disjoint windows; ``min_dwell_s`` is the time since the step
     began. Both must be met, with every gate passing, to move on. With ``pause``
-    the rollout then pauses for approval before it moves on.
+    the rollout then pauses for approval before it moves on. ``evaluation``:
+    an evaluation the candidate must pass before traffic moves onto this step.
     """
 
     weight_percent: float
     min_samples: int = 100
     min_dwell_s: float = 60.0
     pause: StepPause | None = None
+
+    evaluation: StepEvaluation | None = None
 
 
 class WebhookFormat(Enum):
@@ -203,6 +225,9 @@ class Gates:
     max_eos_rate_delta: float = 0.1
     metrics: tuple[MetricGate, ...] = ()
     """Gates on any Prometheus metric (:class:`MetricGate`), judged beside the others."""
+    max_similarity_drop: float = 0.02
+    """Shadow text agreement: how much lower the candidate's mean text similarity to the
+    baseline's answers may be than the baseline's similarity to itself (0..1, chrF)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,11 +330,30 @@ def _step_problems(spec: RolloutSpec) -> list[str]:
         wait = step.pause.duration_s if step.pause is not None else None
         if wait is not None and not (_finite(wait) and wait > 0.0):
             out.append(f"step {i} pause duration {wait} must be positive")
+        if step.evaluation is not None:
+            out.extend(_evaluation_problems(spec, i, step.evaluation))
     if spec.strategy is not Strategy.AB_SPLIT:
         if steps[-1].weight_percent != 100.0:
             out.append(f"the last step is {steps[-1].weight_percent}%, not 100%")
         if steps[0].weight_percent >= 100.0:
             out.append("a canary needs at least one step below 100%")
+    return out
+
+
+def _evaluation_problems(spec: RolloutSpec, i: int, ev: StepEvaluation) -> list[str]:
+    out: list[str] = []
+    if not ev.set_path:
+        out.append(f"step {i} evaluation names no set")
+    drop = ev.max_drop_vs_stable
+    if not (_finite(drop) and 0.0 <= drop < 1.0):
+        out.append(f"step {i} evaluation max_drop_vs_stable {drop} must be within [0, 1)")
+    if spec.strategy is Strategy.AB_SPLIT:
+        out.append("an A/B split moves no traffic by steps; it takes no step evaluation")
+    elif i == 0 and spec.strategy is Strategy.CANARY:
+        out.append(
+            "a canary starts at its first step, so nothing can be evaluated before it: "
+            "put the evaluation on a later step, or shadow first (shadow_then_canary)"
+        )
     return out
 
 
@@ -348,7 +392,12 @@ def _gate_problems(g: Gates) -> list[str]:
         out.append(f"error_budget {g.error_budget} must be within [0, 1)")
     if not (_finite(g.unresponsive_s) and g.unresponsive_s > 0.0):
         out.append(f"unresponsive_s {g.unresponsive_s} must be positive")
-    for name in ("max_length_shift", "max_eos_rate_delta", "token_time_tolerance"):
+    for name in (
+        "max_length_shift",
+        "max_eos_rate_delta",
+        "token_time_tolerance",
+        "max_similarity_drop",
+    ):
         value = getattr(g, name)
         if not (_finite(value) and 0.0 <= value < 1.0):
             out.append(f"{name} {value} must be within [0, 1)")

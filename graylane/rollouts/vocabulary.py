@@ -130,6 +130,18 @@ class DecisionRule(StrEnum):
     """The test found the candidate better and the guardrail gates pass: the candidate wins."""
     OUTCOME_NO_DIFFERENCE = "outcome_no_difference"
     """The A/B horizon came without a difference in outcomes (guardrails passing)."""
+    TEXT_AGREEMENT = "text_agreement"
+    """Sampled shadow answers drift from the baseline's beyond its own variation (the
+    anytime-valid test on text similarity rejected)."""
+    # the evaluation a step requires before traffic moves onto it
+    EVALUATION_PENDING = "evaluation_pending"
+    """The step's evaluation has not finished: no advance until it has."""
+    EVALUATION_DROP = "evaluation_drop"
+    """The candidate scored lower than the baseline on the step's evaluation set by more
+    than the allowance: held (promote or roll back by hand)."""
+    EVALUATION_UNUSABLE = "evaluation_unusable"
+    """The step's evaluation could not judge (its set unreadable or changed, too few
+    answers): held until one can."""
     # manual commands (see ManualCommand.rule)
     MANUAL_PAUSE = "manual_pause"
     MANUAL_RESUME = "manual_resume"

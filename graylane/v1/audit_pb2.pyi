@@ -23,6 +23,13 @@ class DecisionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DECISION_MANUAL_COMMAND: _ClassVar[DecisionKind]
     DECISION_GATE_FAILED: _ClassVar[DecisionKind]
     DECISION_SCALE_CHANGE: _ClassVar[DecisionKind]
+
+class EvaluationVerdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVALUATION_VERDICT_UNSPECIFIED: _ClassVar[EvaluationVerdict]
+    EVALUATION_PASSED: _ClassVar[EvaluationVerdict]
+    EVALUATION_DROPPED: _ClassVar[EvaluationVerdict]
+    EVALUATION_UNUSABLE: _ClassVar[EvaluationVerdict]
 DECISION_KIND_UNSPECIFIED: DecisionKind
 DECISION_ROLLOUT_STARTED: DecisionKind
 DECISION_ADVANCE: DecisionKind
@@ -33,6 +40,10 @@ DECISION_PRECISION_CHANGE: DecisionKind
 DECISION_MANUAL_COMMAND: DecisionKind
 DECISION_GATE_FAILED: DecisionKind
 DECISION_SCALE_CHANGE: DecisionKind
+EVALUATION_VERDICT_UNSPECIFIED: EvaluationVerdict
+EVALUATION_PASSED: EvaluationVerdict
+EVALUATION_DROPPED: EvaluationVerdict
+EVALUATION_UNUSABLE: EvaluationVerdict
 
 class WindowStats(_message.Message):
     __slots__ = ("model", "version", "variant", "window_start_unix_ms", "window_end_unix_ms", "requests", "errors", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "throughput_rps", "queue_wait_mean_ms", "queue_wait_p99_ms", "batches", "device_load", "service", "service_p50_ms", "service_p95_ms", "service_p99_ms", "shed", "shed_rps", "service_busy_ms", "service_requests", "step_offered_rps", "generation")
@@ -135,7 +146,7 @@ class QosState(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., active_variant: _Optional[str] = ..., last_change_unix_ms: _Optional[int] = ..., breach_since_unix_ms: _Optional[int] = ..., calm_since_unix_ms: _Optional[int] = ..., contention: _Optional[float] = ...) -> None: ...
 
 class AuditRecord(_message.Message):
-    __slots__ = ("decision_id", "decided_at_unix_ms", "model", "rollout_id", "version", "kind", "rule", "reason", "inputs", "rollout_before", "rollout_after", "qos_before", "qos_after", "actor", "epoch", "command_id", "agreement", "note", "qos_policy", "scale", "qos_scale_hold", "step_inputs", "liveness", "decided_by", "outcomes", "metric_readings")
+    __slots__ = ("decision_id", "decided_at_unix_ms", "model", "rollout_id", "version", "kind", "rule", "reason", "inputs", "rollout_before", "rollout_after", "qos_before", "qos_after", "actor", "epoch", "command_id", "agreement", "note", "qos_policy", "scale", "qos_scale_hold", "step_inputs", "liveness", "decided_by", "outcomes", "metric_readings", "evaluation")
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     DECIDED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +173,7 @@ class AuditRecord(_message.Message):
     DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
     OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     METRIC_READINGS_FIELD_NUMBER: _ClassVar[int]
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     decided_at_unix_ms: int
     model: str
@@ -188,7 +200,8 @@ class AuditRecord(_message.Message):
     decided_by: RunningBuild
     outcomes: _outcome_pb2.OutcomeEvidence
     metric_readings: _containers.RepeatedCompositeFieldContainer[MetricReading]
-    def __init__(self, decision_id: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., rule: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., rollout_before: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., rollout_after: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., qos_before: _Optional[_Union[QosState, _Mapping]] = ..., qos_after: _Optional[_Union[QosState, _Mapping]] = ..., actor: _Optional[str] = ..., epoch: _Optional[int] = ..., command_id: _Optional[str] = ..., agreement: _Optional[_Union[ShadowAgreement, _Mapping]] = ..., note: _Optional[str] = ..., qos_policy: _Optional[_Union[_rollout_pb2.QosPolicy, _Mapping]] = ..., scale: _Optional[_Union[_control_pb2.ScaleRequest, _Mapping]] = ..., qos_scale_hold: _Optional[str] = ..., step_inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., liveness: _Optional[_Iterable[_Union[VersionLiveness, _Mapping]]] = ..., decided_by: _Optional[_Union[RunningBuild, _Mapping]] = ..., outcomes: _Optional[_Union[_outcome_pb2.OutcomeEvidence, _Mapping]] = ..., metric_readings: _Optional[_Iterable[_Union[MetricReading, _Mapping]]] = ...) -> None: ...
+    evaluation: StepEvaluationResult
+    def __init__(self, decision_id: _Optional[str] = ..., decided_at_unix_ms: _Optional[int] = ..., model: _Optional[str] = ..., rollout_id: _Optional[str] = ..., version: _Optional[str] = ..., kind: _Optional[_Union[DecisionKind, str]] = ..., rule: _Optional[str] = ..., reason: _Optional[str] = ..., inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., rollout_before: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., rollout_after: _Optional[_Union[_rollout_pb2.RolloutState, _Mapping]] = ..., qos_before: _Optional[_Union[QosState, _Mapping]] = ..., qos_after: _Optional[_Union[QosState, _Mapping]] = ..., actor: _Optional[str] = ..., epoch: _Optional[int] = ..., command_id: _Optional[str] = ..., agreement: _Optional[_Union[ShadowAgreement, _Mapping]] = ..., note: _Optional[str] = ..., qos_policy: _Optional[_Union[_rollout_pb2.QosPolicy, _Mapping]] = ..., scale: _Optional[_Union[_control_pb2.ScaleRequest, _Mapping]] = ..., qos_scale_hold: _Optional[str] = ..., step_inputs: _Optional[_Iterable[_Union[WindowStats, _Mapping]]] = ..., liveness: _Optional[_Iterable[_Union[VersionLiveness, _Mapping]]] = ..., decided_by: _Optional[_Union[RunningBuild, _Mapping]] = ..., outcomes: _Optional[_Union[_outcome_pb2.OutcomeEvidence, _Mapping]] = ..., metric_readings: _Optional[_Iterable[_Union[MetricReading, _Mapping]]] = ..., evaluation: _Optional[_Union[StepEvaluationResult, _Mapping]] = ...) -> None: ...
 
 class MetricReading(_message.Message):
     __slots__ = ("gate", "value", "inconclusive", "read_at_unix_ms", "inconclusive_since_unix_ms")
@@ -203,6 +216,56 @@ class MetricReading(_message.Message):
     read_at_unix_ms: int
     inconclusive_since_unix_ms: int
     def __init__(self, gate: _Optional[str] = ..., value: _Optional[float] = ..., inconclusive: _Optional[str] = ..., read_at_unix_ms: _Optional[int] = ..., inconclusive_since_unix_ms: _Optional[int] = ...) -> None: ...
+
+class EvaluationScore(_message.Message):
+    __slots__ = ("version", "items", "mean", "ci_low", "ci_high", "passed", "errors")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    CI_LOW_FIELD_NUMBER: _ClassVar[int]
+    CI_HIGH_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    items: int
+    mean: float
+    ci_low: float
+    ci_high: float
+    passed: int
+    errors: int
+    def __init__(self, version: _Optional[str] = ..., items: _Optional[int] = ..., mean: _Optional[float] = ..., ci_low: _Optional[float] = ..., ci_high: _Optional[float] = ..., passed: _Optional[int] = ..., errors: _Optional[int] = ...) -> None: ...
+
+class StepEvaluationResult(_message.Message):
+    __slots__ = ("step_index", "set_path", "set_sha256", "max_drop_vs_stable", "baseline", "candidate", "paired_items", "difference", "difference_ci_low", "difference_ci_high", "p_value", "verdict", "problem", "finished_at_unix_ms")
+    STEP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SET_PATH_FIELD_NUMBER: _ClassVar[int]
+    SET_SHA256_FIELD_NUMBER: _ClassVar[int]
+    MAX_DROP_VS_STABLE_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    PAIRED_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    DIFFERENCE_FIELD_NUMBER: _ClassVar[int]
+    DIFFERENCE_CI_LOW_FIELD_NUMBER: _ClassVar[int]
+    DIFFERENCE_CI_HIGH_FIELD_NUMBER: _ClassVar[int]
+    P_VALUE_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    step_index: int
+    set_path: str
+    set_sha256: str
+    max_drop_vs_stable: float
+    baseline: EvaluationScore
+    candidate: EvaluationScore
+    paired_items: int
+    difference: float
+    difference_ci_low: float
+    difference_ci_high: float
+    p_value: float
+    verdict: EvaluationVerdict
+    problem: str
+    finished_at_unix_ms: int
+    def __init__(self, step_index: _Optional[int] = ..., set_path: _Optional[str] = ..., set_sha256: _Optional[str] = ..., max_drop_vs_stable: _Optional[float] = ..., baseline: _Optional[_Union[EvaluationScore, _Mapping]] = ..., candidate: _Optional[_Union[EvaluationScore, _Mapping]] = ..., paired_items: _Optional[int] = ..., difference: _Optional[float] = ..., difference_ci_low: _Optional[float] = ..., difference_ci_high: _Optional[float] = ..., p_value: _Optional[float] = ..., verdict: _Optional[_Union[EvaluationVerdict, str]] = ..., problem: _Optional[str] = ..., finished_at_unix_ms: _Optional[int] = ...) -> None: ...
 
 class VersionLiveness(_message.Message):
     __slots__ = ("version", "routed_since_telemetry", "first_routed_since_telemetry_unix_ms", "last_telemetry_unix_ms", "lag")
@@ -229,7 +292,7 @@ class LagSample(_message.Message):
     def __init__(self, at_unix_ms: _Optional[int] = ..., lag: _Optional[int] = ..., committed: _Optional[int] = ...) -> None: ...
 
 class ShadowAgreement(_message.Message):
-    __slots__ = ("pairs", "agreeing", "baseline_schema", "candidate_schema", "greedy_pairs", "seeded_pairs", "unseeded_pairs")
+    __slots__ = ("pairs", "agreeing", "baseline_schema", "candidate_schema", "greedy_pairs", "seeded_pairs", "unseeded_pairs", "text_pairs", "text_similarity", "text_self_similarity", "text_log_evidence", "text_uncontrolled")
     PAIRS_FIELD_NUMBER: _ClassVar[int]
     AGREEING_FIELD_NUMBER: _ClassVar[int]
     BASELINE_SCHEMA_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +300,11 @@ class ShadowAgreement(_message.Message):
     GREEDY_PAIRS_FIELD_NUMBER: _ClassVar[int]
     SEEDED_PAIRS_FIELD_NUMBER: _ClassVar[int]
     UNSEEDED_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    TEXT_SELF_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    TEXT_LOG_EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_UNCONTROLLED_FIELD_NUMBER: _ClassVar[int]
     pairs: int
     agreeing: int
     baseline_schema: str
@@ -244,7 +312,12 @@ class ShadowAgreement(_message.Message):
     greedy_pairs: int
     seeded_pairs: int
     unseeded_pairs: int
-    def __init__(self, pairs: _Optional[int] = ..., agreeing: _Optional[int] = ..., baseline_schema: _Optional[str] = ..., candidate_schema: _Optional[str] = ..., greedy_pairs: _Optional[int] = ..., seeded_pairs: _Optional[int] = ..., unseeded_pairs: _Optional[int] = ...) -> None: ...
+    text_pairs: int
+    text_similarity: float
+    text_self_similarity: float
+    text_log_evidence: float
+    text_uncontrolled: int
+    def __init__(self, pairs: _Optional[int] = ..., agreeing: _Optional[int] = ..., baseline_schema: _Optional[str] = ..., candidate_schema: _Optional[str] = ..., greedy_pairs: _Optional[int] = ..., seeded_pairs: _Optional[int] = ..., unseeded_pairs: _Optional[int] = ..., text_pairs: _Optional[int] = ..., text_similarity: _Optional[float] = ..., text_self_similarity: _Optional[float] = ..., text_log_evidence: _Optional[float] = ..., text_uncontrolled: _Optional[int] = ...) -> None: ...
 
 class TelemetryTotals(_message.Message):
     __slots__ = ("version", "variant", "batches", "requests", "errors", "compute_ms")

@@ -109,16 +109,28 @@ COMMAND_SET_ROUTE_CONFIG: CommandKind
 COMMAND_UPDATE_SPEC: CommandKind
 
 class RolloutStep(_message.Message):
-    __slots__ = ("weight_percent", "min_samples", "min_dwell_s", "pause")
+    __slots__ = ("weight_percent", "min_samples", "min_dwell_s", "pause", "evaluation")
     WEIGHT_PERCENT_FIELD_NUMBER: _ClassVar[int]
     MIN_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     MIN_DWELL_S_FIELD_NUMBER: _ClassVar[int]
     PAUSE_FIELD_NUMBER: _ClassVar[int]
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
     weight_percent: float
     min_samples: int
     min_dwell_s: float
     pause: StepPause
-    def __init__(self, weight_percent: _Optional[float] = ..., min_samples: _Optional[int] = ..., min_dwell_s: _Optional[float] = ..., pause: _Optional[_Union[StepPause, _Mapping]] = ...) -> None: ...
+    evaluation: StepEvaluation
+    def __init__(self, weight_percent: _Optional[float] = ..., min_samples: _Optional[int] = ..., min_dwell_s: _Optional[float] = ..., pause: _Optional[_Union[StepPause, _Mapping]] = ..., evaluation: _Optional[_Union[StepEvaluation, _Mapping]] = ...) -> None: ...
+
+class StepEvaluation(_message.Message):
+    __slots__ = ("set_path", "max_drop_vs_stable", "set_sha256")
+    SET_PATH_FIELD_NUMBER: _ClassVar[int]
+    MAX_DROP_VS_STABLE_FIELD_NUMBER: _ClassVar[int]
+    SET_SHA256_FIELD_NUMBER: _ClassVar[int]
+    set_path: str
+    max_drop_vs_stable: float
+    set_sha256: str
+    def __init__(self, set_path: _Optional[str] = ..., max_drop_vs_stable: _Optional[float] = ..., set_sha256: _Optional[str] = ...) -> None: ...
 
 class StepPause(_message.Message):
     __slots__ = ("duration_s",)
@@ -137,7 +149,7 @@ class Webhook(_message.Message):
     def __init__(self, url: _Optional[str] = ..., format: _Optional[_Union[WebhookFormat, str]] = ..., secret_file: _Optional[str] = ...) -> None: ...
 
 class GateSpec(_message.Message):
-    __slots__ = ("max_p99_ratio", "max_error_rate_delta", "significance_alpha", "min_output_agreement", "mode", "max_error_ratio", "error_budget", "max_slow_ratio", "unresponsive_s", "backlog_queue_ms", "p99_floor_ms", "length_drift", "max_length_shift", "max_eos_rate_delta", "token_time_tolerance", "metrics")
+    __slots__ = ("max_p99_ratio", "max_error_rate_delta", "significance_alpha", "min_output_agreement", "mode", "max_error_ratio", "error_budget", "max_slow_ratio", "unresponsive_s", "backlog_queue_ms", "p99_floor_ms", "length_drift", "max_length_shift", "max_eos_rate_delta", "token_time_tolerance", "metrics", "max_similarity_drop")
     MAX_P99_RATIO_FIELD_NUMBER: _ClassVar[int]
     MAX_ERROR_RATE_DELTA_FIELD_NUMBER: _ClassVar[int]
     SIGNIFICANCE_ALPHA_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +166,7 @@ class GateSpec(_message.Message):
     MAX_EOS_RATE_DELTA_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TIME_TOLERANCE_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SIMILARITY_DROP_FIELD_NUMBER: _ClassVar[int]
     max_p99_ratio: float
     max_error_rate_delta: float
     significance_alpha: float
@@ -170,7 +183,8 @@ class GateSpec(_message.Message):
     max_eos_rate_delta: float
     token_time_tolerance: float
     metrics: _containers.RepeatedCompositeFieldContainer[MetricGate]
-    def __init__(self, max_p99_ratio: _Optional[float] = ..., max_error_rate_delta: _Optional[float] = ..., significance_alpha: _Optional[float] = ..., min_output_agreement: _Optional[float] = ..., mode: _Optional[_Union[GateMode, str]] = ..., max_error_ratio: _Optional[float] = ..., error_budget: _Optional[float] = ..., max_slow_ratio: _Optional[float] = ..., unresponsive_s: _Optional[float] = ..., backlog_queue_ms: _Optional[float] = ..., p99_floor_ms: _Optional[float] = ..., length_drift: _Optional[_Union[DriftAction, str]] = ..., max_length_shift: _Optional[float] = ..., max_eos_rate_delta: _Optional[float] = ..., token_time_tolerance: _Optional[float] = ..., metrics: _Optional[_Iterable[_Union[MetricGate, _Mapping]]] = ...) -> None: ...
+    max_similarity_drop: float
+    def __init__(self, max_p99_ratio: _Optional[float] = ..., max_error_rate_delta: _Optional[float] = ..., significance_alpha: _Optional[float] = ..., min_output_agreement: _Optional[float] = ..., mode: _Optional[_Union[GateMode, str]] = ..., max_error_ratio: _Optional[float] = ..., error_budget: _Optional[float] = ..., max_slow_ratio: _Optional[float] = ..., unresponsive_s: _Optional[float] = ..., backlog_queue_ms: _Optional[float] = ..., p99_floor_ms: _Optional[float] = ..., length_drift: _Optional[_Union[DriftAction, str]] = ..., max_length_shift: _Optional[float] = ..., max_eos_rate_delta: _Optional[float] = ..., token_time_tolerance: _Optional[float] = ..., metrics: _Optional[_Iterable[_Union[MetricGate, _Mapping]]] = ..., max_similarity_drop: _Optional[float] = ...) -> None: ...
 
 class MetricGate(_message.Message):
     __slots__ = ("name", "query", "comparison", "threshold", "pause_after_inconclusive_s")

@@ -161,6 +161,12 @@ class ShadowOutput:
     """The router's shadow pair id; "" from a router or worker that predates it."""
     decoding: TokenDecoding | None = None
     """Generations: how the tokens were chosen; None when unknown (compared as is)."""
+    text: str | None = None
+    """Generations: the answer's text (compared by similarity when sampled, see
+    :mod:`~graylane.policy_engine.logic.text_agreement`)."""
+    prompt_digest: str = ""
+    """Generations: the worker's digest of the prompt and sampling parameters (not the
+    seed); "" when unknown."""
 
     @property
     def pair_key(self) -> tuple[bool, str]:
@@ -333,8 +339,10 @@ class AgreementTracker:
 def _basis(baseline: ShadowOutput, candidate: ShadowOutput) -> TokenDecoding | None:
     """How a pair of generations can be compared: UNSEEDED when either side sampled
     without a seed, SEEDED when either sampled with one, GREEDY when both were greedy;
-    None when either is not a generation or does not say."""
-    if baseline.tokens is None or candidate.tokens is None:
+    None when either is not a generation (no tokens, no text) or does not say."""
+    if (baseline.tokens is None and baseline.text is None) or (
+        candidate.tokens is None and candidate.text is None
+    ):
         return None
     ways = {baseline.decoding, candidate.decoding}
     if TokenDecoding.UNSEEDED in ways:

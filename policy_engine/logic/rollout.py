@@ -25,7 +25,9 @@ of inputs replays to the same decisions.
 5. All gates pass -> the counter resets to 0; then ``min_samples`` (the step's
    evidence on both sides, and shadow pairs) and ``min_dwell`` (the step's
    ``min_dwell_s``; ``shadow_duration_s`` / ``ab_duration_s`` in those phases)
-   must be met, else HOLD; then ADVANCE to the next step, or PROMOTE when the
+   must be met, else HOLD; then, when the next step requires an evaluation, it
+   must have passed (else HOLD, :mod:`~graylane.policy_engine.logic.step_evaluation`);
+   then ADVANCE to the next step, or PROMOTE when the
    next step is the final 100 % (there is no baseline left to compare at
    100 %, so reaching it is the promotion), or after an A/B hold.
 
@@ -92,6 +94,12 @@ from graylane.policy_engine.logic.outcomes import (
     OutcomeVerdict,
     judge_outcomes,
 )
+from graylane.policy_engine.logic.step_evaluation import (
+    EvaluationOutcome,
+    evaluation_hold,
+    target_step,
+)
+from graylane.policy_engine.logic.text_agreement import TextAgreementStats, text_agreement_gate
 from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.errors import InputMismatch, InvalidTransition, RolloutFinished
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Strategy
@@ -147,6 +155,10 @@ class RolloutSignals:
     """The newest reading of each of the spec's metric gates (PromQL)."""
     outcomes: OutcomeTally | None = None
     """A/B rollouts: the rated outcomes of each arm since the rollout began."""
+    evaluation: EvaluationOutcome | None = None
+    """The finished evaluation of the step the next advance moves onto (if it needs one)."""
+    text_agreement: TextAgreementStats | None = None
+    """While shadowing: the sampled pairs compared by text since the phase began."""
 
 
 _ENDINGS = TERMINAL_PHASES
@@ -461,6 +473,9 @@ def on_pass(ctx: Evaluation, state: RolloutState, summary: str) -> Decision:
         need_ms = (spec.shadow_duration_s if shadow else spec.ab_duration_s) * 1000
         where = "shadow phase" if shadow else "A/B hold"
     pairs = ctx.agreement.pairs if ctx.agreement is not None else None
+    text = ctx.signals.text_agreement if ctx.signals is not None else None
+    if pairs is not None and text is not None:
+        pairs += text.pairs
     short = [
         f"{side} {n}/{need_samples}"
         for side, n in (
@@ -491,6 +506,11 @@ def on_pass(ctx: Evaluation, state: RolloutState, summary: str) -> Decision:
     rule = DecisionRule.ALL_GATES_PASSED
     if outcome is not None and outcome.tally.rated:
         rule = DecisionRule.OUTCOME_NO_DIFFERENCE
+    evaluation = ctx.signals.evaluation if ctx.signals is not None else None
+    target = target_step(spec, state.phase, state.step_index)
+    held = evaluation_hold(spec, target, evaluation, spec.rollout_id)
+    if held is not None:
+        return ctx.hold(state, held.rule, f"gates pass; {held.reason}")
     if state.phase is Phase.PROGRESSING:
         pause = spec.steps[state.step_index].pause
         if pause is not None and state.approved_step != state.step_index:
@@ -840,7 +860,9 @@ def _evaluate(
     if shadowing and agreement is not None and agreement.mismatch is not None:
         return _incomparable(ctx, state, agreement.mismatch)
     missing = _missing(baseline, candidate, spec)
-    if shadowing and (agreement is None or agreement.pairs == 0):
+    text = signals.text_agreement if signals is not None and shadowing else None
+    text_pairs = text.pairs if text is not None else 0
+    if shadowing and (agreement is None or agreement.pairs + text_pairs == 0):
         unseeded = agreement.unseeded if agreement is not None else 0
         missing.append(
             f"no comparable shadow pairs ({unseeded} generations sampled without a seed)"
@@ -873,8 +895,10 @@ def _evaluate(
         spec.gates,
         behind=live.candidate_behind,
     )
-    if shadowing and agreement is not None:
+    if shadowing and agreement is not None and (agreement.pairs or not text_pairs):
         results.append(agreement_gate(agreement, spec.gates))
+    if text is not None and text_pairs:
+        results.append(text_agreement_gate(text, spec.gates))
     if spec.gates.metrics:
         readings = signals.metrics if signals is not None else ()
         stalled = overdue(spec.gates.metrics, readings, now_ms)

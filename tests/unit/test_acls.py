@@ -79,7 +79,8 @@ def test_each_service_writes_only_the_topics_of_its_role() -> None:
     shadows = {L.shadow(m) for m in SCOPE.models}
     assert writable(KafkaRole.ROUTER) == versions | results | shadows | replies | {L.dlq()}
     assert writable(KafkaRole.WORKER) == (results | shadows | replies | {L.telemetry(), L.dlq()})
-    assert writable(KafkaRole.POLICY_ENGINE) == {
+    # and the version topics, where a rollout step's evaluation set goes
+    assert writable(KafkaRole.POLICY_ENGINE) == versions | {
         L.routing(),
         L.precision(),
         L.rollouts(),
