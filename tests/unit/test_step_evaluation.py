@@ -33,7 +33,7 @@ SPEC = RolloutSpec(
     model="m",
     baseline="v1",
     candidate="v2",
-    steps=(Step(10.0, 100, 30.0), Step(50.0, 100, 30.0, GATE), Step(100.0, 0, 0.0)),
+    steps=(Step(10.0, 100, 30.0), Step(50.0, 100, 30.0, evaluation=GATE), Step(100.0, 0, 0.0)),
     gates=Gates(mode=GateMode.FIXED),
 )
 
