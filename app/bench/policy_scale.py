@@ -509,7 +509,7 @@ async def run_size(
         await asyncio.sleep(max(0.0, cfg.measure_s - gap * len(targets)))
         cpu1, scrape1, w1 = _cpu_s(pid), _scrape(engine.metrics_port), time.monotonic()
         lag1, rss = await lag(), _rss_mb(pid)
-        wait_until = time.monotonic() + max(10.0, 5 * cfg.max_decision_ms / 1000.0)
+        wait_until = time.monotonic() + max(30.0, 10 * cfg.max_decision_ms / 1000.0)
         injected = {f"{m}-canary": m for m in targets}
         while any(r not in rolled for r in injected) and time.monotonic() < wait_until:
             await asyncio.sleep(0.2)

@@ -112,6 +112,7 @@ class FeedbackDesk:
         *,
         authorize: Callable[[Request], Tenant],
         read_json: Callable[[Request, Tenant], Awaitable[object]],
+        unread: Callable[[Request], Awaitable[None]],
         client_id: str,
         capacity: int = DEFAULT_REMEMBERED_ANSWERS,
     ) -> None:
@@ -120,6 +121,7 @@ class FeedbackDesk:
         self.book = AnswerBook(capacity)
         self._authorize = authorize
         self._read_json = read_json
+        self._unread = unread
         self._client_id = client_id
         self._producer: Producer | None = None
         self._starting = asyncio.Lock()
@@ -146,6 +148,9 @@ class FeedbackDesk:
         try:
             body = await self._rate(request)
         except ApiError as err:
+            # Refused before its body was read (a key past its rate): drop the rest of the
+            # body first, so a caller still sending reads the answer, not a reset.
+            await self._unread(request)
             self.metrics.requests.labels("feedback", str(err.status)).inc()
             return JSONResponse(err.openai_body(), status_code=err.status, headers=err.headers())
         self.metrics.requests.labels("feedback", "200").inc()

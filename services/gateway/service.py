@@ -235,6 +235,7 @@ class Gateway:
             self.metrics,
             authorize=self._authorize,
             read_json=self._json,
+            unread=self._unread,
             client_id=self.client.client_id,
             capacity=config.remembered_answers,
         )

@@ -72,16 +72,22 @@ async def test_a_header_key_that_is_not_utf8_is_dead_lettered_and_the_router_ser
     """aiokafka decoded header keys strictly inside ``getmany``: the router ended, and
     ended again on the same offset after every restart."""
     ingress = factory.layout.ingress(MODEL)
+    await factory.ensure_topics(
+        factory.layout.shared_specs() + factory.layout.model_specs(MODEL, ["v1"])
+    )
+    # The damaged record is on the topic before the router starts: the patch that writes it
+    # swaps aiokafka's batch builder for the whole process, so no other producer (the
+    # router's dead letters) may build a batch while it is in place.
+    producer = factory.producer(client_suffix="damage-writer")
+    await producer.start()
+    try:
+        with raw_header_keys(monkeypatch):
+            await producer.send_and_wait(
+                ingress, request("bad"), key=b"u1", headers=[(RawHeaderKey(b"\xff\xfe"), b"x")]
+            )
+    finally:
+        await producer.stop()
     async with running_router(factory) as (_, task):
-        producer = factory.producer(client_suffix="damage-writer")
-        await producer.start()
-        try:
-            with raw_header_keys(monkeypatch):
-                await producer.send_and_wait(
-                    ingress, request("bad"), key=b"u1", headers=[(RawHeaderKey(b"\xff\xfe"), b"x")]
-                )
-        finally:
-            await producer.stop()
         await produce(factory, ingress, request("good"), key="u1")
         forwarded = await read_topic(
             factory, factory.layout.version_requests(MODEL, "v1"), expect=1, timeout_s=30
