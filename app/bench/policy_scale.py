@@ -48,6 +48,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from graylane import serde
 from graylane.app.bench.harness import stack_env
 from graylane.app.cli.demo import Service, start_service, stop_services
@@ -72,7 +74,6 @@ __all__ = [
     "evidence_ticks",
     "main",
     "max_models",
-    "percentile",
     "run_size",
     "tick_quantile",
 ]
@@ -128,7 +129,7 @@ class SizeResult:
 
     @property
     def decision_p99_ms(self) -> float:
-        return percentile(self.decision_ms, 99) if self.decision_ms else math.inf
+        return float(np.percentile(self.decision_ms, 99)) if self.decision_ms else math.inf
 
     @property
     def keeps_up(self) -> bool:
@@ -145,26 +146,16 @@ class SizeResult:
             "rss_mb": round(self.rss_mb, 1),
             "lag_start": self.lag_start,
             "lag_end": self.lag_end,
-            "decision_ms_p50": round(percentile(self.decision_ms, 50), 1)
+            "decision_ms_p50": round(float(np.percentile(self.decision_ms, 50)), 1)
             if self.decision_ms
             else None,
             "decision_ms_p99": round(self.decision_p99_ms, 1) if self.decision_ms else None,
-            "detection_ms_p99": round(percentile(self.detection_ms, 99), 1)
+            "detection_ms_p99": round(float(np.percentile(self.detection_ms, 99)), 1)
             if self.detection_ms
             else None,
             "missed": self.missed,
             "ready_s": round(self.ready_s, 1),
         }
-
-
-def percentile(values: tuple[float, ...] | list[float], q: float) -> float:
-    """Linear-interpolated percentile ``q`` (0-100) of a non-empty sample."""
-    xs = sorted(values)
-    if not xs:
-        raise ValueError("no values")
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def tick_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
@@ -582,12 +573,14 @@ def plot(results: list[SizeResult], cfg: PolicyScaleConfig) -> Path:
 
     ns = [r.models for r in results]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.2))
-    p50 = [percentile(r.decision_ms, 50) if r.decision_ms else math.nan for r in results]
+    p50 = [float(np.percentile(r.decision_ms, 50)) if r.decision_ms else math.nan for r in results]
     p99 = [r.decision_p99_ms if r.decision_ms else math.nan for r in results]
     left.plot(ns, p50, "o-", label="p50")
     left.plot(ns, p99, "s-", label="p99")
     left.axhline(cfg.max_decision_ms, color="grey", linestyle="--", label="bound")
-    detect = [percentile(r.detection_ms, 99) if r.detection_ms else math.nan for r in results]
+    detect = [
+        float(np.percentile(r.detection_ms, 99)) if r.detection_ms else math.nan for r in results
+    ]
     left.plot(ns, detect, "^:", color="grey", label="detection p99")
     for ax in (left, right):
         ax.set_xlim(min(ns) / 2, max(ns) * 2)

@@ -18,16 +18,13 @@ The verdict itself is :func:`~graylane.services.controlplane.logic.verdict.verdi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from graylane.asgi_server import TlsFiles, listening_socket, serve_asgi
 from graylane.clock import Clock, now_ms
 from graylane.services.controlplane.auth import Principal, TokenTable
 from graylane.services.controlplane.logic.verdict import RolloutVerdict, verdict_of
@@ -135,14 +132,6 @@ def verdict_app(
     return app
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the control plane's stop event ends it."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 class VerdictServer:
     """Serves :func:`verdict_app` on ``host:port`` (0 = a free port) until stopped;
     TLS from the control plane's own PEM files when it has them."""
@@ -159,39 +148,19 @@ class VerdictServer:
         self._app = app
         self._host = host
         self._port = port
-        self._tls = (tls_cert, tls_key) if tls_cert and tls_key else None
+        self._tls = TlsFiles(tls_cert, tls_key) if tls_cert and tls_key else None
         self.port = 0
         self.started = asyncio.Event()
 
     async def serve(self, stop: asyncio.Event) -> None:
-        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self._host, self._port))
+        sock = listening_socket(self._host, self._port)
         self.port = int(sock.getsockname()[1])
-        config = uvicorn.Config(
-            self._app,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            ssl_certfile=str(self._tls[0]) if self._tls else None,
-            ssl_keyfile=str(self._tls[1]) if self._tls else None,
-        )
-        server = _Server(config)
-        serving = asyncio.create_task(server.serve(sockets=[sock]), name="cp-verdict-http")
-        try:
-            while not server.started and not serving.done():
-                await asyncio.sleep(0.01)
-            if serving.done():
-                serving.result()  # raises why it could not start
+
+        def started() -> None:
             self.started.set()
             scheme = "https" if self._tls else "http"
             log.info("verdicts on %s://%s:%d/v1/verdict", scheme, self._host, self.port)
-            stopping = asyncio.create_task(stop.wait())
-            await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-        finally:
-            server.should_exit = True
-            with contextlib.suppress(Exception):
-                await serving
-            sock.close()
+
+        await serve_asgi(
+            self._app, sock, stop, name="cp-verdict-http", on_started=started, tls=self._tls
+        )

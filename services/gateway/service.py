@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -55,7 +54,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -63,6 +61,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from graylane import tracing
+from graylane.asgi_server import listening_socket, serve_asgi
 from graylane.client import (
     Chunk,
     GraylaneClient,
@@ -173,14 +172,6 @@ class GatewayConfig:
         return self.templates.get(model, self.template)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the service's stop event ends it."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 class _Slot:
     """A call's place in the in-flight gate, given back exactly once."""
 
@@ -285,36 +276,11 @@ class Gateway:
         finally:
             await self.close()
 
-    def _listen(self) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
-        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
-        # and an accepted socket inherits the listener's; without it every answer written in
-        # two parts waits out the peer's delayed ACK (about 40 ms).
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((self.config.host, self.config.port))
-        sock.set_inheritable(True)
-        return sock
-
     async def _serve(self, stop: asyncio.Event) -> None:
-        sock = self._listen()
+        sock = listening_socket(self.config.host, self.config.port)
         self.port = int(sock.getsockname()[1])
-        server = _Server(
-            uvicorn.Config(
-                self.app,
-                log_level="warning",
-                access_log=False,
-                lifespan="off",
-                timeout_graceful_shutdown=5,
-            )
-        )
-        serving = asyncio.create_task(server.serve(sockets=[sock]), name="gateway-http")
-        try:
-            while not server.started and not serving.done():
-                await asyncio.sleep(0.01)
-            if serving.done():
-                serving.result()  # raises why it could not start
+
+        def started() -> None:
             self.ready.set()
             log.info(
                 "gateway %s on http://%s:%d (reply topic %s)",
@@ -323,14 +289,10 @@ class Gateway:
                 self.port,
                 self.client.reply_topic,
             )
-            stopping = asyncio.create_task(stop.wait())
-            await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-        finally:
-            server.should_exit = True
-            with contextlib.suppress(Exception):
-                await serving
-            sock.close()
+
+        await serve_asgi(
+            self.app, sock, stop, name="gateway-http", on_started=started, graceful_shutdown_s=5
+        )
 
     # -- the edge ----------------------------------------------------------------------
     def _authorize(self, request: Request) -> Tenant:

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import math
 
-import pytest
-
 from graylane.app.bench.policy_scale import (
     PolicyScaleConfig,
     SizeResult,
     evidence_ticks,
     max_models,
-    percentile,
     tick_quantile,
 )
 
@@ -34,13 +31,6 @@ def size(
         missed=missed,
         ready_s=1.0,
     )
-
-
-def test_percentile_interpolates() -> None:
-    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert percentile([5.0], 99) == 5.0
-    with pytest.raises(ValueError):
-        percentile([], 50)
 
 
 def test_tick_quantile_reads_the_growth_between_two_scrapes() -> None:
