@@ -617,7 +617,7 @@ class Bench:
 def _grpc_start(port: int, spec: rollout_pb2.RolloutSpec) -> rollout_pb2.RolloutState:
     import grpc
 
-    from graylane.app.cli.ops import stubs
+    from graylane.app.cli.controlplane_calls import stubs
 
     rpc, (channel, metadata) = stubs(
         argparse.Namespace(addr=f"127.0.0.1:{port}", token=TOKEN, ca=None)

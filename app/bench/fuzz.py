@@ -710,7 +710,7 @@ class BurstResult:
 def _rpc(port: int, method: str, request: Message) -> Any:
     import grpc
 
-    from graylane.app.cli.ops import stubs
+    from graylane.app.cli.controlplane_calls import stubs
 
     rpc, (channel, metadata) = stubs(
         argparse.Namespace(addr=f"127.0.0.1:{port}", token=TOKEN, ca=None)

@@ -35,7 +35,11 @@ COMMAND_MODULES: tuple[str, ...] = (
     "graylane.app.cli.demo",
     "graylane.app.cli.bench",
     "graylane.app.cli.load",
-    "graylane.app.cli.ops",
+    "graylane.app.cli.models",
+    "graylane.app.cli.rollouts",
+    "graylane.app.cli.qos",
+    "graylane.app.cli.routes",
+    "graylane.app.cli.audit",
     "graylane.app.cli.releases",
     "graylane.app.cli.contexts",
     "graylane.app.cli.deploy",
@@ -53,7 +57,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 SERVER_REGISTRARS: tuple[str, ...] = (
     "graylane.app.cli.services:register",
     "graylane.app.cli.policy:register",
-    "graylane.app.cli.ops:register_server",
+    "graylane.app.cli.controlplane:register_server",
     "graylane.app.cli.audit_sink:register",
 )
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from graylane.app.cli.ops import Sub, call, client_args
+from graylane.app.cli.controlplane_calls import Sub, call, client_args
 
 __all__ = ["read_documents", "register"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from graylane.app.cli import ops
+from graylane.app.cli import models
 from graylane.app.cli.build import EXIT_NOT_SERVABLE, EXIT_OK
 from graylane.app.cli.build import register as register_build_cli
 from graylane.app.cli.main import build_parser
@@ -231,7 +231,7 @@ def test_model_show_gives_backend_endpoint_engine_version_and_model_digest(
     variant = answer.versions[0].variants[0]
     assert (variant.backend, variant.backend_version) == ("llamacpp", "0.3.36")
     assert (variant.endpoint.url, variant.endpoint.model_sha256) == (Q4_URL, setup.q4_sha)
-    monkeypatch.setattr(ops, "call", lambda *a, **k: answer)
+    monkeypatch.setattr(models, "call", lambda *a, **k: answer)
     monkeypatch.setenv("COLUMNS", "400")
     args = build_parser().parse_args(["model", "show", MODEL])
     assert args.handler(args) == 0

@@ -23,7 +23,7 @@ from graylane.app.cli.contexts import (
     resolve,
 )
 from graylane.app.cli.main import LEGACY_SERVER_COMMANDS, build_parser, main, serve_argv
-from graylane.app.cli.ops import WAIT_EXIT_CODES, wait_outcome
+from graylane.app.cli.rollouts import WAIT_EXIT_CODES, wait_outcome
 from graylane.app.cli.views import document
 from graylane.rollouts.vocabulary import Phase
 from graylane.v1 import rollout_pb2

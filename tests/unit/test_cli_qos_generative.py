@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from graylane.app.cli import ops
+from graylane.app.cli import qos
 from graylane.app.cli.main import build_parser
 from graylane.v1 import controlplane_pb2, rollout_pb2
 
@@ -18,7 +18,7 @@ def test_qos_set_sends_ttft_and_tpot_objectives(monkeypatch: pytest.MonkeyPatch)
         sent.append(request)
         return controlplane_pb2.QosPolicyView(policy=request)
 
-    monkeypatch.setattr(ops, "call", fake_call)
+    monkeypatch.setattr(qos, "call", fake_call)
     args = build_parser().parse_args(
         [
             *("qos", "set", "--model", "chat", "--version", "v1"),
@@ -34,7 +34,7 @@ def test_qos_set_sends_ttft_and_tpot_objectives(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_qos_set_needs_an_objective(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ops, "call", lambda *a, **k: pytest.fail("no policy may be sent"))
+    monkeypatch.setattr(qos, "call", lambda *a, **k: pytest.fail("no policy may be sent"))
     args = build_parser().parse_args(
         ["qos", "set", "--model", "chat", "--version", "v1", "--ladder", "fp32"]
     )

@@ -408,7 +408,7 @@ def test_generations_without_token_times_are_judged_on_service_time_as_before() 
 
 
 def test_rollout_start_carries_the_drift_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    from graylane.app.cli import ops
+    from graylane.app.cli import rollouts
     from graylane.app.cli.main import main
 
     sent: list[rollout_pb2.RolloutSpec] = []
@@ -419,8 +419,8 @@ def test_rollout_start_carries_the_drift_settings(monkeypatch: pytest.MonkeyPatc
         sent.append(request)
         return rollout_pb2.RolloutState(rollout_id="r", model=request.model, spec=request)
 
-    monkeypatch.setattr(ops, "call", call)
-    monkeypatch.setattr(ops, "print_state", lambda state: None)
+    monkeypatch.setattr(rollouts, "call", call)
+    monkeypatch.setattr(rollouts, "print_state", lambda state: None)
     common = ["rollout", "start", "--model", "m", "--candidate", "v2", "--baseline", "v1"]
     assert main([*common, "--length-drift", "rollback", "--max-length-shift", "0.2"]) == 0
     assert main(common) == 0
