@@ -1,8 +1,10 @@
 """The faust-streaming adapter of :class:`~graylane.policy_engine.core.PolicyCore` (thin).
 
 Agents decode telemetry, commands, shadow results and rated outcomes (raw bytes,
-protobuf via ``graylane.serde``) into the core; a timer calls ``core.tick`` every step,
-publishes what it returns, then starts the step evaluations the core says are due
+protobuf via ``graylane.serde``) into the core; a task samples the probed versions'
+liveness from the broker every step (beside the tick, so broker reads never delay a
+decision); a timer calls ``core.tick`` every step, publishes what it returns, then
+starts the step evaluations the core says are due
 (:class:`~graylane.policy_engine.step_evaluator.StepEvaluator`). Before any agent feeds
 the core, a start-up task restores it from the compacted ``rollouts()``, ``routing()``,
 ``precision()`` and ``scale()`` topics read to their end, and the QoS policies from the
@@ -283,6 +285,20 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
 
         app.agent(topic, name=f"shadow-{config.models[i]}")(on_shadow)
 
+    @app.task  # type: ignore[untyped-decorator]
+    async def sample_liveness() -> None:
+        # Liveness read from the broker beside the tick, never inside it: a dead worker
+        # cannot hide (its group's offsets are read every step), and a slow answer from
+        # the broker delays the next sample, not every decision of every model.
+        await restored.wait()
+        while True:
+            started = asyncio.get_running_loop().time()
+            with observer.metrics.liveness_probe_seconds.time():
+                for key, sample in await probe.sample(core.liveness_targets(), config.clock()):
+                    core.on_offsets(key, sample)
+            spent = asyncio.get_running_loop().time() - started
+            await asyncio.sleep(max(0.0, config.step_ms / 1000.0 - spent))
+
     @app.timer(interval=config.step_ms / 1000.0)  # type: ignore[untyped-decorator]
     async def tick() -> None:
         observability.note_assignment(app.consumer.assignment())
@@ -291,9 +307,6 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         if config.lease is not None and not config.lease.active:
             return  # fenced: no decisions until the lease is held again
         with observer.metrics.tick_seconds.time():
-            # Liveness signals first: read from the broker, so a dead worker cannot hide.
-            for key, sample in await probe.sample(core.liveness_targets(), config.clock()):
-                core.on_offsets(key, sample)
             await read_metric_gates(core, metric_probe, config.clock())
             try:
                 outputs = core.tick(config.clock())

@@ -12,7 +12,7 @@ Measured per N, over a window after the engine has caught up with its commands:
 
 - CPU per telemetry record: the engine process's user + system time (``/proc``)
   over the telemetry records it took (its ``graylane_policy_telemetry_records``);
-- the tick time, p50 and p99 (``graylane_policy_tick_seconds``: liveness, gates,
+- the tick time, p50 and p99 (``graylane_policy_tick_seconds``: metric gates,
   QoS and scale over every key, and publishing);
 - memory: the engine's RSS at the end;
 - lag: the engine's consumer group on the telemetry topic, at the start and at

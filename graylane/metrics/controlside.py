@@ -42,6 +42,7 @@ class PolicyMetrics:
     skipped_records: Counter
     decision_errors: Counter
     tick_seconds: Histogram
+    liveness_probe_seconds: Histogram
     telemetry_records: Counter
 
     @classmethod
@@ -134,8 +135,15 @@ class PolicyMetrics:
             ),
             tick_seconds=Histogram(
                 "graylane_policy_tick_seconds",
-                "One decision tick: liveness sampled, gates, QoS and scale judged over every "
-                "key, and the outputs published",
+                "One decision tick: metric gates read, rollouts, QoS and scale judged over "
+                "every key, and the outputs published",
+                buckets=TICK_BUCKETS,
+                registry=registry,
+            ),
+            liveness_probe_seconds=Histogram(
+                "graylane_policy_liveness_probe_seconds",
+                "One liveness sample of every probed version (end offsets of its topic, its "
+                "worker group's committed offsets), read beside the decision tick",
                 buckets=TICK_BUCKETS,
                 registry=registry,
             ),
