@@ -233,9 +233,12 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     @app.agent(telemetry)
     async def on_telemetry(stream: faust.StreamT[bytes]) -> None:
         await restored.wait()
-        async for value in stream:
+        async for event in stream.events():
+            at = config.clock()
             observer.metrics.telemetry_records.inc()
-            skipped = telemetry_into(core, value, guard, config.clock())
+            written_s = event.message.timestamp
+            observer.metrics.telemetry_delay_seconds.observe(max(0.0, at / 1000.0 - written_s))
+            skipped = telemetry_into(core, event.value, guard, at)
             if skipped is not None:
                 await publish([skipped])
 

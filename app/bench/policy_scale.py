@@ -14,6 +14,8 @@ Measured per N, over a window after the engine has caught up with its commands:
   over the telemetry records it took (its ``graylane_policy_telemetry_records``);
 - the tick time, p50 and p99 (``graylane_policy_tick_seconds``: metric gates,
   QoS and scale over every key, and publishing);
+- how far behind it reads: telemetry written to taken by the core, p99
+  (``graylane_policy_telemetry_delay_seconds``);
 - memory: the engine's RSS at the end;
 - lag: the engine's consumer group on the telemetry topic, at the start and at
   the end of the window (committed offsets, from the broker);
@@ -120,6 +122,9 @@ class SizeResult:
     missed: int
     """Regressions injected that were not rolled back by the end of the wait."""
     ready_s: float
+    read_delay_ms_p99: float = math.nan
+    """How long after it was written a telemetry record reached the engine's core, p99
+    (``graylane_policy_telemetry_delay_seconds``): how far behind the engine reads."""
 
     @property
     def lag_growing(self) -> bool:
@@ -155,6 +160,7 @@ class SizeResult:
             else None,
             "missed": self.missed,
             "ready_s": round(self.ready_s, 1),
+            "read_delay_ms_p99": round(self.read_delay_ms_p99, 1),
         }
 
 
@@ -201,20 +207,26 @@ def _rss_mb(pid: int) -> float:
 @dataclass(frozen=True)
 class Scrape:
     tick_buckets: dict[float, float]
+    delay_buckets: dict[float, float]
     telemetry_records: float
 
 
 def _scrape(port: int) -> Scrape:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    buckets: dict[float, float] = {}
+    histograms: dict[str, dict[float, float]] = {
+        "graylane_policy_tick_seconds_bucket{": {},
+        "graylane_policy_telemetry_delay_seconds_bucket{": {},
+    }
     records = 0.0
     for line in text.splitlines():
-        if line.startswith("graylane_policy_tick_seconds_bucket{"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets[math.inf if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("graylane_policy_telemetry_records_total "):
+        for prefix, buckets in histograms.items():
+            if line.startswith(prefix):
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                buckets[math.inf if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+        if line.startswith("graylane_policy_telemetry_records_total "):
             records = float(line.rsplit(" ", 1)[1])
-    return Scrape(buckets, records)
+    tick, delay = histograms.values()
+    return Scrape(tick, delay, records)
 
 
 # -- what the control plane and the workers would write ----------------------------------
@@ -524,6 +536,7 @@ async def run_size(
             detection_ms=tuple(float(d) for d in detected.values()),
             missed=sum(1 for r in injected if r not in rolled),
             ready_s=ready_s,
+            read_delay_ms_p99=tick_quantile(scrape0.delay_buckets, scrape1.delay_buckets, 0.99),
         )
     finally:
         stop_writing.set()
@@ -547,7 +560,7 @@ def _table(results: list[SizeResult]) -> str:
     head = (
         f"{'models':>7} {'rec/s':>8} {'cpu us/rec':>10} {'cpu':>5} {'tick p50':>9} "
         f"{'tick p99':>9} {'rss MB':>7} {'lag start':>9} {'lag end':>8} "
-        f"{'decide p50':>10} {'decide p99':>10} {'missed':>6}"
+        f"{'read p99':>9} {'decide p50':>10} {'decide p99':>10} {'missed':>6}"
     )
     lines = [head, "-" * len(head)]
     for r in results:
@@ -555,7 +568,7 @@ def _table(results: list[SizeResult]) -> str:
         lines.append(
             f"{r.models:>7} {r.records_per_s:>8.0f} {r.cpu_us_per_record:>10.0f} "
             f"{r.cpu_share:>5.2f} {r.tick_ms_p50:>8.1f}m {r.tick_ms_p99:>8.1f}m "
-            f"{r.rss_mb:>7.0f} {r.lag_start:>9} {r.lag_end:>8} "
+            f"{r.rss_mb:>7.0f} {r.lag_start:>9} {r.lag_end:>8} {r.read_delay_ms_p99:>7.0f}ms "
             f"{_ms(row['decision_ms_p50']):>10} {_ms(row['decision_ms_p99']):>10} {r.missed:>6}"
         )
     return "\n".join(lines)

@@ -44,6 +44,7 @@ class PolicyMetrics:
     tick_seconds: Histogram
     liveness_probe_seconds: Histogram
     telemetry_records: Counter
+    telemetry_delay_seconds: Histogram
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> PolicyMetrics:
@@ -150,6 +151,13 @@ class PolicyMetrics:
             telemetry_records=Counter(
                 "graylane_policy_telemetry_records",
                 "Telemetry records taken by the policy engine (skipped ones included)",
+                registry=registry,
+            ),
+            telemetry_delay_seconds=Histogram(
+                "graylane_policy_telemetry_delay_seconds",
+                "How long after it was written a telemetry record reached the policy engine's "
+                "core: how far behind the engine reads",
+                buckets=(*TICK_BUCKETS, 20.0, 30.0, 60.0),
                 registry=registry,
             ),
         )
