@@ -637,6 +637,8 @@ def main(cfg: PolicyScaleConfig) -> int:
         result = asyncio.run(run_size(settings, n, cfg, progress))
         results.append(result)
         progress(f"N={n}: {json.dumps(result.row())}")
+        each = ", ".join(f"{d:.0f}" for d in sorted(result.decision_ms))
+        progress(f"N={n}: each regression's decision latency (ms): {each or '-'}")
         if result.lag_growing and result.missed:
             progress(f"N={n}: the engine fell behind; larger sizes are not run")
             break
