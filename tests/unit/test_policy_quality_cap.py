@@ -163,3 +163,29 @@ def test_the_cap_travels_on_the_wire() -> None:
 def test_a_broken_cap_is_refused(changes: dict[str, object]) -> None:
     with pytest.raises(InvalidPolicy):
         replace(POLICY, **changes)  # type: ignore[arg-type]
+
+
+def test_the_control_plane_fills_each_ladder_rungs_measured_drop() -> None:
+    from graylane.services.controlplane.logic.rung_quality import ladder_quality_drops
+
+    measured = {"f16": 0.0, "q4_0": 0.144, "int8": 0.2}  # int8 is not on this ladder
+    given = {"q4_0": 0.01, "q2_k": 0.126}  # a hand-written figure stays where none is measured
+    drops = ladder_quality_drops(["f16", "q4_1", "q4_0", "q2_k"], measured, given)
+    assert drops == {"f16": 0.0, "q4_0": 0.144, "q2_k": 0.126}
+
+
+def test_the_builder_refuses_a_rung_by_its_drop_or_its_failed_calls() -> None:
+    from graylane.builder.rung_quality import rung_refusal
+    from graylane.evaluation.summary import Summary
+
+    def summary(target: str, mean: float, errors: int = 0) -> Summary:
+        return Summary(target, 40, mean, mean - 0.1, mean + 0.1, int(mean * 40), errors)
+
+    reference = summary("f16", 0.619)
+    assert rung_refusal(reference, summary("q4_1", 0.590), 0.05, "s") is None
+    refused = rung_refusal(reference, summary("q4_0", 0.475), 0.05, "s")
+    assert refused == "quality drop 0.144 > 0.05 on s (0.475 vs the reference f16's 0.619)"
+    failed = rung_refusal(reference, summary("q2_k", 0.6, errors=3), 0.05, "s")
+    assert failed is not None and "3 of 40 calls failed" in failed
+    unjudged = rung_refusal(summary("f16", 0.6, errors=1), summary("q4_1", 0.6), 0.05, "s")
+    assert unjudged is not None and "no score of the reference" in unjudged
