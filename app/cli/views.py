@@ -199,7 +199,7 @@ def print_policy(view: Any) -> None:
         ("enabled", p.enabled),
         ("SLO p99", f"{p.slo_p99_ms:g} ms" if p.slo_p99_ms > 0 else "- (not judged)"),
         ("ladder", " > ".join(p.ladder)),
-        ("quality floor", p.quality_floor or p.ladder[-1] if p.ladder else "-"),
+        ("quality floor", _floor_text(p)),
         ("step down above", f"SLO x {1 + p.step_down_margin:g} for {p.sustain_s:g}s"),
         ("step up below", f"SLO x {p.step_up_ratio:g} for {p.sustain_s:g}s"),
         (
@@ -240,6 +240,24 @@ def print_policy(view: Any) -> None:
     ]
     table("QoS policy", ("field", "value"), rows)
     print_ladder_quality(p, view.active_variant)
+
+
+def _floor_text(policy: Any) -> str:
+    """The policy's floor, or the rung above the first its quality cap refuses."""
+    from graylane.policy_engine.logic.quality_cap import capped_floor
+    from graylane.rollouts.errors import InvalidPolicy
+    from graylane.rollouts.pb import qos_policy_from_pb
+
+    if not policy.ladder:
+        return "-"
+    stated: str = policy.quality_floor or policy.ladder[-1]
+    try:
+        capped = capped_floor(qos_policy_from_pb(policy))
+    except InvalidPolicy:
+        return stated
+    if capped.refused is None:
+        return stated
+    return f"{policy.ladder[capped.index]} (quality cap: {capped.refused.describe()})"
 
 
 def print_ladder_quality(policy: Any, active: str = "") -> None:
