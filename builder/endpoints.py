@@ -16,6 +16,11 @@ With ``probe`` each endpoint must answer ``GET <url>/health`` and ``GET
 <url>/v1/models`` (listing the variant's ``served_model`` when it names one). One that
 does not is reported failed and not published; the others are published and
 registered, and the report is not ok (``graylane build`` exits 2).
+
+With ``engine.evaluation`` the endpoints that answered are scored on an evaluation set,
+the first rung the reference (:mod:`~graylane.builder.rung_quality`): a rung that costs
+more than ``max_drop`` is refused like a failed probe, and the registered rungs' scores
+are recorded as their measured quality.
 """
 
 from __future__ import annotations
@@ -168,11 +173,9 @@ def register_endpoints(
     )
 
 
-def _score(
-    spec: EngineSpec, failures: dict[Precision, str], progress: ProgressSink
-) -> ScoredRungs | None:
+def _score(spec: EngineSpec, failures: dict[Precision, str], progress: ProgressSink) -> ScoredRungs:
     """Score the rungs that answered their probe; refuse (in ``failures``) those that cost
-    more than the spec allows. None when the set cannot be read (the build fails)."""
+    more than the spec allows. A set that cannot be read fails the build."""
     evaluation = spec.engine.evaluation
     assert evaluation is not None
     progress.step(f"scoring the rungs on {evaluation.set_path.name}")
