@@ -90,6 +90,7 @@ from graylane.registry import (
     DuplicateVersion,
     EndpointSummary,
     Registry,
+    RungQuality,
     UnknownVersion,
     ValidationSummary,
     VersionStatus,
@@ -1104,6 +1105,8 @@ class VariantReport:
     duration_s: float = 0.0
     endpoint: EndpointInfo | None = None
     """An engine-server variant: the endpoint it names (and what its probe answered)."""
+    quality: RungQuality | None = None
+    """An engine-server variant scored on the spec's evaluation set: its measured quality."""
 
 
 @dataclass(frozen=True)

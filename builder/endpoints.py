@@ -16,6 +16,11 @@ With ``probe`` each endpoint must answer ``GET <url>/health`` and ``GET
 <url>/v1/models`` (listing the variant's ``served_model`` when it names one). One that
 does not is reported failed and not published; the others are published and
 registered, and the report is not ok (``graylane build`` exits 2).
+
+With ``engine.evaluation`` the endpoints that answered are scored on an evaluation set,
+the first rung the reference (:mod:`~graylane.builder.rung_quality`): a rung that costs
+more than ``max_drop`` is refused like a failed probe, and the registered rungs' scores
+are recorded as their measured quality.
 """
 
 from __future__ import annotations
@@ -44,11 +49,13 @@ from graylane.artifacts.verify import sha256_file
 from graylane.builder.build import BuildError, BuildReport, VariantReport, register_build
 from graylane.builder.host import build_host, git_commit
 from graylane.builder.progress import ProgressSink
+from graylane.builder.rung_quality import ScoredRungs, rung_refusal, score_rungs
 from graylane.builder.spec import EndpointVariantSpec, EngineSpec
 from graylane.builder.store import ArtifactExistsError, ArtifactStore
 from graylane.builder.variants import VariantStatus
 from graylane.engine.signature import IOSignature
 from graylane.errors import GraylaneError
+from graylane.evaluation.sets import EvalSetError
 from graylane.registry import Registry
 
 __all__ = [
@@ -106,7 +113,8 @@ def register_endpoints(
         raise ArtifactExistsError(
             f"already registered: {', '.join(existing)}; bump the version or pass --force"
         )
-    progress.begin(1 + (len(engine.variants) if engine.probe else 0) + 2)
+    evaluated = engine.evaluation is not None
+    progress.begin(1 + (len(engine.variants) if engine.probe else 0) + int(evaluated) + 2)
     try:
         progress.step("model files")
         digests = model_digests(spec)
@@ -129,17 +137,25 @@ def register_endpoints(
                 progress.done(f"{variant.precision.value}: {exc}", ok=False)
             else:
                 progress.done(f"{variant.precision.value}: answers at {variant.url}")
+        scored = _score(spec, failures, progress) if evaluated else None
         reports, published = _publish(
-            spec, names, digests, source_sha256, probes, failures, artifacts, progress
+            spec, names, digests, source_sha256, probes, failures, artifacts, progress, scored
         )
         registered = _register(spec, registry, source_sha256, published, artifacts, progress)
+        if registered and registry is not None and scored is not None:
+            records = [r.quality for r in reports if r.quality is not None and r.servable]
+            if records:
+                registry.record_rung_quality(spec.model, spec.version, records)
     finally:
         progress.end()
     notes = [] if engine.probe else ["endpoints not probed (engine.probe or --probe checks them)"]
+    if scored is not None:
+        notes.append(_scored_note(scored))
     if failures:
         passed = len(engine.variants) - len(failures)
         notes.append(
-            f"not published: {', '.join(p.value for p in failures)} (the probe failed)"
+            f"not published: {', '.join(p.value for p in failures)} (the probe or the "
+            "evaluation failed)"
             + ("" if not passed else "; the others are registered" if registered else "")
         )
     return BuildReport(
@@ -157,6 +173,46 @@ def register_endpoints(
     )
 
 
+def _score(spec: EngineSpec, failures: dict[Precision, str], progress: ProgressSink) -> ScoredRungs:
+    """Score the rungs that answered their probe; refuse (in ``failures``) those that cost
+    more than the spec allows. A set that cannot be read fails the build."""
+    evaluation = spec.engine.evaluation
+    assert evaluation is not None
+    progress.step(f"scoring the rungs on {evaluation.set_path.name}")
+    try:
+        scored = score_rungs(spec, failures)
+    except EvalSetError as exc:
+        raise BuildError(f"engine.evaluation.set: {exc}") from None
+    reference = scored.summaries.get(scored.reference)
+    for precision, summary in scored.summaries.items():
+        refusal = rung_refusal(reference, summary, evaluation.max_drop, scored.set_name)
+        if refusal is not None:
+            failures[precision] = refusal
+    figures = ", ".join(f"{p.value} {s.mean:.3f}" for p, s in scored.summaries.items())
+    refused = [p.value for p in scored.summaries if p in failures]
+    progress.done(
+        f"{scored.items} items: {figures}"
+        + (f"; refused: {', '.join(refused)}" if refused else ""),
+        ok=not refused,
+    )
+    return scored
+
+
+def _scored_note(scored: ScoredRungs) -> str:
+    reference = scored.summaries.get(scored.reference)
+    parts = []
+    for precision, s in scored.summaries.items():
+        cost = (
+            "reference"
+            if precision is scored.reference
+            else f"cost {reference.mean - s.mean:+.3f}"
+            if reference is not None
+            else "no reference"
+        )
+        parts.append(f"{precision.value} {s.mean:.3f} ({s.ci_low:.3f}..{s.ci_high:.3f}, {cost})")
+    return f"evaluated on {scored.set_name} ({scored.items} items): " + "; ".join(parts)
+
+
 def _publish(
     spec: EngineSpec,
     names: dict[Precision, ArtifactName],
@@ -166,6 +222,7 @@ def _publish(
     failures: dict[Precision, str],
     artifacts: ArtifactStore,
     progress: ProgressSink,
+    scored: ScoredRungs | None = None,
 ) -> tuple[list[VariantReport], list[Path]]:
     """Publish each endpoint that did not fail its probe; (reports, published folders)."""
     progress.step("publishing endpoint manifests")
@@ -213,6 +270,7 @@ def _publish(
                 folder=folder,
                 servable=True,
                 endpoint=endpoint,
+                quality=None if scored is None else scored.record(precision),
             )
         )
     progress.done(

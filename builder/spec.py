@@ -66,6 +66,7 @@ __all__ = [
     "GgufSource",
     "NpzData",
     "PartialQuantizationSpec",
+    "RungEvaluationSpec",
     "SpecError",
     "TensorRTOptions",
     "TokenizerSpec",
@@ -364,6 +365,22 @@ class EndpointVariantSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RungEvaluationSpec:
+    """``engine.evaluation``: score each rung on an evaluation set, the first the reference.
+
+    A rung whose score is lower than the reference's by more than ``max_drop`` (the
+    quality cost a rung may have) is refused: not published, the build not ok.
+    """
+
+    set_path: Path
+    max_drop: float
+    limit: int = 0
+    """Only the set's first N items (0: all)."""
+    concurrency: int = 4
+    """Calls at once per endpoint."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class EngineServerSpec:
     """The ``engine:`` section: which engine serves the version, and its endpoints."""
 
@@ -375,6 +392,8 @@ class EngineServerSpec:
     """Best first: the order of the version's QoS ladder."""
     probe: bool = False
     """Check at build time that each endpoint answers ``/health`` and ``/v1/models``."""
+    evaluation: RungEvaluationSpec | None = None
+    """Score each rung on an evaluation set and refuse one that costs too much."""
 
     @property
     def ladder(self) -> tuple[str, ...]:
@@ -526,7 +545,8 @@ _TOL_KEYS = {
 }
 _TRT_KEYS = {"enabled", "workspace_mib", "hardware_compatibility"}
 _ENGINE_TOP_KEYS = {"model", "version", "engine", "store", "force"}
-_ENGINE_KEYS = {"backend", "version", "strategy", "variants", "probe"}
+_ENGINE_KEYS = {"backend", "version", "strategy", "variants", "probe", "evaluation"}
+_EVALUATION_KEYS = {"set", "max_drop", "limit", "concurrency"}
 _ENDPOINT_KEYS = {"precision", "url", "model_file", "model_sha256", "served_model", "slots"}
 
 
@@ -1011,6 +1031,24 @@ def _engine_server(raw: Mapping[str, Any], base_dir: Path) -> EngineServerSpec:
         strategy=strategy,
         variants=variants,
         probe=_read_bool(raw.get("probe", False), "engine.probe"),
+        evaluation=None
+        if raw.get("evaluation") is None
+        else _rung_evaluation(raw["evaluation"], base_dir),
+    )
+
+
+def _rung_evaluation(raw: object, base_dir: Path) -> RungEvaluationSpec:
+    where = "engine.evaluation"
+    entry = _mapping(raw, where)
+    _check_keys(entry, _EVALUATION_KEYS, where)
+    max_drop = _read_number(_required(entry, "max_drop", where), f"{where}.max_drop")
+    if not 0.0 <= max_drop <= 1.0:
+        raise SpecError(f"{where}.max_drop: a drop of the mean item score, 0..1; got {max_drop}")
+    return RungEvaluationSpec(
+        set_path=_read_path(_required(entry, "set", where), f"{where}.set", base_dir),
+        max_drop=max_drop,
+        limit=_read_int(entry.get("limit", 0), f"{where}.limit", minimum=0),
+        concurrency=_read_int(entry.get("concurrency", 4), f"{where}.concurrency", minimum=1),
     )
 
 

@@ -77,6 +77,7 @@ from graylane.policy_engine.logic.qos import (
     evaluate_qos,
     qos_during_rollout,
 )
+from graylane.policy_engine.logic.quality_cap import capped_floor
 from graylane.policy_engine.logic.revision import revise
 from graylane.policy_engine.logic.rollout import (
     Decision,
@@ -736,7 +737,7 @@ class PolicyCore:
             served_by = stats.variant if stats is not None else ""
             variant = served_by if served_by in qos_policy.ladder else qos_state.active_variant
             floor_variant = qos_policy.ladder[
-                min(qos_policy.floor_index, len(qos_policy.ladder) - 1)
+                min(capped_floor(qos_policy).index, len(qos_policy.ladder) - 1)
             ]
             floor_capacity = _stack_capacity(qos_policy, qos_state, floor_variant)
         scaling = self.scaling
@@ -808,7 +809,7 @@ def _evaluation_for_next_step(
 def _floor_breach(state: QosState, policy: QosPolicy, now_ms: int) -> bool:
     if state.active_variant not in policy.ladder or state.breach_since_ms is None:
         return False
-    at_floor = policy.ladder.index(state.active_variant) >= policy.floor_index
+    at_floor = policy.ladder.index(state.active_variant) >= capped_floor(policy).index
     return at_floor and now_ms - state.breach_since_ms >= policy.sustain_s * 1000
 
 

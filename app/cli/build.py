@@ -210,6 +210,13 @@ def _print_report(console: Console, report: BuildReport) -> None:
         if v.endpoint is not None:
             probed = "answered its probe" if v.endpoint.probe is not None else "not probed"
             note = f"{v.endpoint.url} ({probed})"
+            if v.quality is not None:
+                note += (
+                    f"; score {v.quality.score:.3f}, cost {v.quality.quality_drop:+.3f} vs "
+                    f"{v.quality.reference_precision.value}"
+                )
+            elif v.reason:
+                note = v.reason
         table.add_row(
             str(v.artifact) if v.artifact else f"{v.precision.value} ({v.backend.value})",
             v.status.value,
@@ -250,6 +257,15 @@ def _report_dict(report: BuildReport) -> dict[str, object]:
                 "reason": v.reason,
                 "passed": v.validation.passed if v.validation else None,
                 "endpoint": None if v.endpoint is None else v.endpoint.url,
+                "quality": None
+                if v.quality is None
+                else {
+                    "score": round(v.quality.score, 4),
+                    "ci": [round(v.quality.ci_low, 4), round(v.quality.ci_high, 4)],
+                    "drop": round(v.quality.quality_drop, 4),
+                    "reference": v.quality.reference_precision.value,
+                    "set": v.quality.set_name,
+                },
             }
             for v in report.variants
         ],

@@ -9,6 +9,19 @@ line per target while it runs, then a table (score, 95 % interval, passes, faile
 and every other target against the first one (difference, 95 % interval, paired
 permutation p-value), a plot of the scores with their intervals, and one JSON line.
 Exit 0; 1 when a target could not be asked at all.
+
+``--record MODEL=VERSION`` stores each rung's score in the registry (through the control
+plane) as the measured quality of that precision rung of the version:
+
+    graylane eval SET.jsonl --record smollm2=1.0.0 \
+        --endpoint f16=http://127.0.0.1:8081 --endpoint q4_0=http://127.0.0.1:8082
+
+Each target is then a rung named by its precision (``--endpoint PRECISION=URL``); the
+first is the reference (the version's top rung), and a rung's quality cost is the
+reference's score minus its own, on the same items. A target with failed calls is not
+recorded (its score is not its answers'). With ``--limit N`` the set is recorded as
+``NAME[:N]`` with the digest of the set's digest and N. ``graylane model show`` lists
+the scores and costs; a QoS policy's ``--max-quality-drop`` caps them.
 """
 
 from __future__ import annotations
@@ -52,6 +65,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ev.add_argument(
         "--plot", type=Path, default=Path(".local/eval.png"), help="where the plot goes"
     )
+    ev.add_argument(
+        "--record",
+        default="",
+        metavar="MODEL=VERSION",
+        help="store each rung's score as the version's measured rung quality (targets named "
+        "by precision; the first is the reference)",
+    )
+    from graylane.app.cli.controlplane_calls import client_args
+
+    client_args(ev)
     ev.set_defaults(handler=_eval)
 
 
@@ -116,6 +139,7 @@ async def _run(args: argparse.Namespace) -> int:
         targets.append(OpenAITarget(f"gateway {args.model}", http, args.model))
     if not targets:
         raise SystemExit("name what to score: --version, --endpoint or --gateway")
+    record = _record_target(args, [t.name for t in targets])
     judge = None
     if args.judge:
         judge_http = httpx.AsyncClient(base_url=args.judge, timeout=120, trust_env=False)
@@ -170,7 +194,97 @@ async def _run(args: argparse.Namespace) -> int:
         },
     }
     print(json.dumps(line), flush=True)
+    if record is not None:
+        limited = len(items) < len(evaluation.items)
+        _record(
+            args,
+            record,
+            summaries,
+            set_name=f"{evaluation.name}[:{len(items)}]" if limited else evaluation.name,
+            set_sha256=subset_digest(evaluation.digest, len(items))
+            if limited
+            else evaluation.digest,
+        )
     return 1 if any(s.errors == s.items for s in summaries) else 0
+
+
+def subset_digest(digest: str, items: int) -> str:
+    """The digest a set's first ``items`` items are recorded under."""
+    import hashlib
+
+    return hashlib.sha256(f"{digest}:{items}".encode()).hexdigest()
+
+
+def _record_target(args: argparse.Namespace, names: list[str]) -> tuple[str, str] | None:
+    """(model, version) of ``--record``, with every target named by a precision."""
+    from graylane.artifacts.naming import Precision
+
+    if not args.record:
+        return None
+    (pair,) = _pairs([args.record], "--record")
+    if args.version or args.gateway:
+        raise SystemExit("--record scores rungs: name each with --endpoint PRECISION=URL")
+    known = {p.value for p in Precision}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(
+            f"--record: {', '.join(unknown)} is not a precision; name each rung by its "
+            f"precision ({', '.join(sorted(known))})"
+        )
+    return pair
+
+
+def _record(
+    args: argparse.Namespace,
+    record: tuple[str, str],
+    summaries: list[Any],
+    *,
+    set_name: str,
+    set_sha256: str,
+) -> None:
+    from graylane.app.cli.controlplane_calls import call
+    from graylane.v1 import controlplane_pb2 as pb
+
+    model, version = record
+    reference = summaries[0]
+    if reference.errors:
+        raise SystemExit(
+            f"--record: the reference {reference.target} had {reference.errors} failed calls; "
+            "nothing recorded"
+        )
+    rungs = []
+    for s in summaries:
+        if s.errors:
+            print(f"not recorded: {s.target} ({s.errors} failed calls)", flush=True)
+            continue
+        rungs.append(
+            pb.RungQualityInfo(
+                precision=s.target,
+                set_name=set_name,
+                set_sha256=set_sha256,
+                items=s.items,
+                score=s.mean,
+                ci_low=s.ci_low,
+                ci_high=s.ci_high,
+                reference_precision=reference.target,
+                reference_score=reference.mean,
+            )
+        )
+    res = call(
+        args,
+        "ModelRegistry",
+        "RecordRungQuality",
+        pb.RecordRungQualityRequest(model=model, version=version, rungs=rungs),
+    )
+    for q in res.recorded:
+        print(
+            f"recorded {model} {version} {q.precision}: {q.score:.3f} "
+            f"({q.ci_low:.3f}..{q.ci_high:.3f}), cost {q.reference_score - q.score:+.3f} "
+            f"vs {q.reference_precision}",
+            flush=True,
+        )
+    if res.command_id:
+        print(f"QoS policy of {model} {version} sent again with the costs ({res.command_id})")
 
 
 class _Progress:

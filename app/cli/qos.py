@@ -70,6 +70,19 @@ def _qos_commands(sub: Sub) -> None:
         default=0.0,
         help="step up once the load is below this share of the rung above's capacity (0.7)",
     )
+    qset.add_argument(
+        "--max-quality-drop",
+        type=float,
+        default=None,
+        help="never step onto a rung whose measured quality drop (reference score - its "
+        "score, `graylane eval --record`) exceeds this (default: no cap)",
+    )
+    qset.add_argument(
+        "--refuse-unmeasured",
+        action="store_true",
+        help="under --max-quality-drop, refuse rungs with no measurement too "
+        "(default: allowed, shown as unmeasured)",
+    )
     qset.add_argument("--disabled", action="store_true", help="store the policy but do not act")
     qset.set_defaults(handler=qos_set)
     qstatus = add_output(
@@ -122,7 +135,14 @@ def qos_set(args: argparse.Namespace) -> int:
         enabled=not args.disabled,
         rung_capacity_rps=_rung_capacities(args, ladder),
         up_capacity_fraction=args.up_capacity_fraction,
+        unmeasured_rung=rollout_pb2.UNMEASURED_RUNG_REFUSED
+        if args.refuse_unmeasured
+        else rollout_pb2.UNMEASURED_RUNG_ALLOWED,
     )
+    if args.max_quality_drop is not None:
+        policy.max_quality_drop = args.max_quality_drop
+    elif args.refuse_unmeasured:
+        raise SystemExit("--refuse-unmeasured needs --max-quality-drop")
     print_policy(call(args, "Qos", "SetPolicy", policy))
     return 0
 

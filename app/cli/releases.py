@@ -91,6 +91,8 @@ def _request(doc: Any) -> Any:
 
 def _qos_differs(args: argparse.Namespace, doc: Any) -> Any:
     """The QoS policy of the document when the one on record differs, else None."""
+    from dataclasses import replace
+
     from graylane.rollouts.pb import qos_policy_from_pb, qos_policy_to_pb
     from graylane.v1 import controlplane_pb2
 
@@ -98,7 +100,15 @@ def _qos_differs(args: argparse.Namespace, doc: Any) -> Any:
         return None
     ask = controlplane_pb2.GetQosPolicyRequest(model=doc.qos.model, version=doc.qos.version)
     view = call(args, "Qos", "GetPolicy", ask, tolerate=("NOT_FOUND",))
-    if view is not None and view.HasField("policy") and qos_policy_from_pb(view.policy) == doc.qos:
+    # the rungs' measured costs are the control plane's to fill in, not the document's
+    if (
+        view is not None
+        and view.HasField("policy")
+        and (
+            replace(qos_policy_from_pb(view.policy), rung_quality_drop=())
+            == replace(doc.qos, rung_quality_drop=())
+        )
+    ):
         return None
     return qos_policy_to_pb(doc.qos)
 

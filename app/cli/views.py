@@ -191,13 +191,15 @@ def print_state(state: Any) -> None:
 
 
 def print_policy(view: Any) -> None:
+    from graylane.v1 import rollout_pb2
+
     p = view.policy
     rows: list[tuple[str, object]] = [
         ("model / version", f"{p.model} {p.version}"),
         ("enabled", p.enabled),
         ("SLO p99", f"{p.slo_p99_ms:g} ms" if p.slo_p99_ms > 0 else "- (not judged)"),
         ("ladder", " > ".join(p.ladder)),
-        ("quality floor", p.quality_floor or p.ladder[-1] if p.ladder else "-"),
+        ("quality floor", _floor_text(p)),
         ("step down above", f"SLO x {1 + p.step_down_margin:g} for {p.sustain_s:g}s"),
         ("step up below", f"SLO x {p.step_up_ratio:g} for {p.sustain_s:g}s"),
         (
@@ -224,12 +226,70 @@ def print_policy(view: Any) -> None:
             else []
         ),
         ("min dwell", f"{p.min_dwell_s:g}s"),
+        (
+            "quality cap",
+            f"drop <= {p.max_quality_drop:.3f} vs the reference rung; unmeasured rungs "
+            + ("refused" if p.unmeasured_rung == rollout_pb2.UNMEASURED_RUNG_REFUSED else "allowed")
+            if p.HasField("max_quality_drop")
+            else "- (none)",
+        ),
         ("active variant", view.active_variant or "unknown (no precision change on record)"),
         ("active since", when(view.active_since_unix_ms)),
         ("last reason", view.last_reason or "-"),
         ("updated", f"{when(view.updated_at_unix_ms)} by {view.updated_by or '-'}"),
     ]
     table("QoS policy", ("field", "value"), rows)
+    print_ladder_quality(p, view.active_variant)
+
+
+def _floor_text(policy: Any) -> str:
+    """The policy's floor, or the rung above the first its quality cap refuses."""
+    from graylane.policy_engine.logic.quality_cap import capped_floor
+    from graylane.rollouts.errors import InvalidPolicy
+    from graylane.rollouts.pb import qos_policy_from_pb
+
+    if not policy.ladder:
+        return "-"
+    stated: str = policy.quality_floor or policy.ladder[-1]
+    try:
+        capped = capped_floor(qos_policy_from_pb(policy))
+    except InvalidPolicy:
+        return stated
+    if capped.refused is None:
+        return stated
+    return f"{policy.ladder[capped.index]} (quality cap: {capped.refused.describe()})"
+
+
+def print_ladder_quality(policy: Any, active: str = "") -> None:
+    """Each rung of the ladder with its measured quality cost and whether QoS may step
+    onto it under the policy's cap."""
+    from graylane.policy_engine.logic.quality_cap import RungAdmission, ladder_verdicts
+    from graylane.rollouts.errors import InvalidPolicy
+    from graylane.rollouts.pb import qos_policy_from_pb
+
+    try:
+        verdicts = ladder_verdicts(qos_policy_from_pb(policy))
+    except InvalidPolicy:
+        return
+    words = {
+        RungAdmission.WITHIN_CAP: "allowed",
+        RungAdmission.UNMEASURED: "allowed (unmeasured)",
+        RungAdmission.OVER_CAP: "refused: over the cap",
+        RungAdmission.UNMEASURED_REFUSED: "refused: unmeasured",
+    }
+    rows = [
+        (
+            v.variant + (" *" if v.variant == active else ""),
+            "unmeasured" if v.drop is None else f"{v.drop:+.3f}",
+            words[v.admission] if v.cap is not None or v.drop is None else "allowed (no cap)",
+        )
+        for v in verdicts
+    ]
+    table(
+        "ladder (quality cost = reference score - rung score)",
+        ("rung", "quality cost", "step onto"),
+        rows,
+    )
 
 
 def print_decisions(

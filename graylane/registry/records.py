@@ -19,6 +19,7 @@ __all__ = [
     "ModelNotRegistered",
     "RegisteredModel",
     "RegistryError",
+    "RungQuality",
     "UnknownArtifact",
     "UnknownVersion",
     "ValidationSummary",
@@ -110,6 +111,47 @@ class EndpointSummary:
     """Digest of the model file the engine loaded; ``None``: not known to the build."""
     ladder_rank: int = 0
     """Place on the version's QoS ladder, 0 the best."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RungQuality:
+    """One precision rung of a version scored on an evaluation set, beside the reference
+    rung scored on the same items in the same run (normally the version's top rung).
+
+    The rung's *quality cost* is :attr:`quality_drop`: the reference's score minus the
+    rung's (mean item score, 0..1; positive: the rung answers worse).
+    """
+
+    precision: Precision
+    set_name: str
+    set_sha256: str
+    items: int
+    score: float
+    ci_low: float
+    ci_high: float
+    """The score's 95 % interval."""
+    reference_precision: Precision
+    reference_score: float
+    recorded_at: datetime | None = None
+    """When the registry stored it (None on the way in)."""
+
+    def __post_init__(self) -> None:
+        figures = (self.score, self.ci_low, self.ci_high, self.reference_score)
+        if not all(0.0 <= f <= 1.0 for f in figures):
+            raise RegistryError(f"rung quality of {self.precision.value}: scores lie in 0..1")
+        if not self.ci_low <= self.score <= self.ci_high:
+            raise RegistryError(
+                f"rung quality of {self.precision.value}: the score is outside its interval"
+            )
+        if self.items <= 0 or not self.set_sha256:
+            raise RegistryError(
+                f"rung quality of {self.precision.value}: no items or no set digest"
+            )
+
+    @property
+    def quality_drop(self) -> float:
+        """Reference score minus this rung's (0 for the reference itself)."""
+        return self.reference_score - self.score
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from graylane.registry.records import (
     ModelNotRegistered,
     RegisteredModel,
     RegistryError,
+    RungQuality,
     StableRevision,
     UnknownArtifact,
     UnknownVersion,
@@ -45,6 +46,7 @@ from graylane.registry.schema import (
     ArtifactRow,
     ModelRow,
     ModelVersionRow,
+    RungQualityRow,
     StableRevisionRow,
     StableVersionRow,
     ValidationResultRow,
@@ -114,6 +116,21 @@ def _artifact_info(row: ArtifactRow) -> ArtifactInfo:
         endpoint=None
         if row.endpoint_url is None
         else EndpointSummary(row.endpoint_url, row.model_sha256, row.ladder_rank or 0),
+    )
+
+
+def _rung_quality(row: RungQualityRow) -> RungQuality:
+    return RungQuality(
+        precision=Precision(row.precision),
+        set_name=row.set_name,
+        set_sha256=row.set_sha256,
+        items=row.items,
+        score=row.score,
+        ci_low=row.ci_low,
+        ci_high=row.ci_high,
+        reference_precision=Precision(row.reference_precision),
+        reference_score=row.reference_score,
+        recorded_at=_utc(row.recorded_at),
     )
 
 
@@ -357,6 +374,58 @@ class Registry:
                 )
             rows.sort(key=lambda r: (r.servable, r.created_at, r.id))
             return _artifact_info(rows[-1])
+
+    # ------------------------------------------------------------ rung quality
+
+    def record_rung_quality(
+        self, model: str, version: SemVer | str, records: Sequence[RungQuality]
+    ) -> list[RungQuality]:
+        """Store each rung's score on its set (replacing an earlier one of the same rung
+        on the same set digest), in one transaction."""
+        semver = _semver(version)
+        stored: list[RungQuality] = []
+        with self._sessions.begin() as session:
+            version_row = self._version(session, self._model(session, model), semver)
+            for record in records:
+                row = session.scalar(
+                    select(RungQualityRow).where(
+                        RungQualityRow.version_id == version_row.id,
+                        RungQualityRow.precision == record.precision.value,
+                        RungQualityRow.set_sha256 == record.set_sha256,
+                    )
+                )
+                if row is None:
+                    row = RungQualityRow(
+                        version_id=version_row.id,
+                        precision=record.precision.value,
+                        set_sha256=record.set_sha256,
+                    )
+                    session.add(row)
+                row.set_name = record.set_name
+                row.items = record.items
+                row.score = record.score
+                row.ci_low = record.ci_low
+                row.ci_high = record.ci_high
+                row.reference_precision = record.reference_precision.value
+                row.reference_score = record.reference_score
+                row.recorded_at = datetime.now(UTC)
+                session.flush()
+                stored.append(_rung_quality(row))
+        return stored
+
+    def rung_quality(self, model: str, version: SemVer | str) -> dict[Precision, RungQuality]:
+        """The newest measurement of each rung of a version (any set)."""
+        semver = _semver(version)
+        with self._sessions() as session:
+            version_row = self._version(session, self._model(session, model), semver)
+            rows = session.scalars(
+                select(RungQualityRow).where(RungQualityRow.version_id == version_row.id)
+            ).all()
+            newest: dict[Precision, RungQuality] = {}
+            for row in sorted(rows, key=lambda r: (_utc(r.recorded_at), r.id)):
+                record = _rung_quality(row)
+                newest[record.precision] = record
+            return newest
 
     # ------------------------------------------------------------ stable version
 

@@ -28,6 +28,7 @@ __all__ = [
     "Base",
     "ModelRow",
     "ModelVersionRow",
+    "RungQualityRow",
     "StableRevisionRow",
     "StableVersionRow",
     "ValidationResultRow",
@@ -173,3 +174,32 @@ class StableRevisionRow(Base):
     revision: Mapped[int] = mapped_column(Integer, nullable=False)
     version: Mapped[str] = mapped_column(String(64), nullable=False)
     set_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class RungQualityRow(Base):
+    """One precision rung of a version scored on an evaluation set (``graylane eval
+    --record``), beside the score of the reference rung scored in the same run.
+
+    One row per (version, rung, set digest): scoring the rung on the same set again
+    replaces it.
+    """
+
+    __tablename__ = "registry_rung_quality"
+    __table_args__ = (
+        UniqueConstraint("version_id", "precision", "set_sha256", name="uq_rung_quality"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    version_id: Mapped[int] = mapped_column(
+        ForeignKey("registry_model_versions.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    precision: Mapped[str] = mapped_column(String(32), nullable=False)
+    set_name: Mapped[str] = mapped_column(String(255), nullable=False)
+    set_sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    items: Mapped[int] = mapped_column(Integer, nullable=False)
+    score: Mapped[float] = mapped_column(Float, nullable=False)
+    ci_low: Mapped[float] = mapped_column(Float, nullable=False)
+    ci_high: Mapped[float] = mapped_column(Float, nullable=False)
+    reference_precision: Mapped[str] = mapped_column(String(32), nullable=False)
+    reference_score: Mapped[float] = mapped_column(Float, nullable=False)
+    recorded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)

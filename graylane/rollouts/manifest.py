@@ -29,7 +29,7 @@ import jsonschema
 import yaml
 
 from graylane.rollouts.errors import InvalidSpec
-from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.qos_policy import QosPolicy, UnmeasuredRung
 from graylane.rollouts.spec import (
     DriftAction,
     GateMode,
@@ -316,6 +316,8 @@ def _document(value: Mapping[str, Any], node: yaml.Node, source: str) -> Rollout
                 ladder=tuple(q["ladder"]),
                 quality_floor=q.get("qualityFloor", ""),
                 enabled=bool(q.get("enabled", True)),
+                max_quality_drop=float(q["maxQualityDrop"]) if "maxQualityDrop" in q else None,
+                unmeasured_rung=UnmeasuredRung(q.get("unmeasuredRung", "allowed")),
             )
         except (InvalidSpec, ValueError) as exc:
             raise problem(["spec", "qos"], str(exc)) from None
@@ -382,6 +384,9 @@ def _spec_body(spec: RolloutSpec, qos: QosPolicy | None) -> dict[str, Any]:
             "qualityFloor": qos.quality_floor,
             "enabled": qos.enabled,
         }
+        if qos.max_quality_drop is not None:
+            body["qos"]["maxQualityDrop"] = qos.max_quality_drop
+            body["qos"]["unmeasuredRung"] = qos.unmeasured_rung.value
     if spec.webhooks:
         body["notifications"] = {
             "webhooks": [

@@ -19,7 +19,7 @@ strategy or under other gates would not be the rollout its writer asked for.
 from __future__ import annotations
 
 from graylane.rollouts.errors import InvalidSpec
-from graylane.rollouts.qos_policy import QosPolicy
+from graylane.rollouts.qos_policy import QosPolicy, UnmeasuredRung
 from graylane.rollouts.spec import (
     DEFAULT_STEPS,
     DriftAction,
@@ -423,6 +423,9 @@ def qos_policy_to_pb(p: QosPolicy) -> rollout_pb2.QosPolicy:
         slo_tpot_p99_ms=p.slo_tpot_p99_ms,
         max_waiting_sequences=p.max_waiting_sequences,
         max_kv_cache_occupancy=p.max_kv_cache_occupancy,
+        max_quality_drop=p.max_quality_drop,
+        rung_quality_drop=dict(p.rung_quality_drop),
+        unmeasured_rung=_UNMEASURED_TO_PB[p.unmeasured_rung],
     )
 
 
@@ -448,4 +451,14 @@ def qos_policy_from_pb(pb: rollout_pb2.QosPolicy) -> QosPolicy:
         slo_tpot_p99_ms=pb.slo_tpot_p99_ms,
         max_waiting_sequences=pb.max_waiting_sequences,
         max_kv_cache_occupancy=pb.max_kv_cache_occupancy,
+        max_quality_drop=pb.max_quality_drop if pb.HasField("max_quality_drop") else None,
+        rung_quality_drop=tuple(sorted(pb.rung_quality_drop.items())),
+        unmeasured_rung=_UNMEASURED_FROM_PB.get(pb.unmeasured_rung, UnmeasuredRung.ALLOWED),
     )
+
+
+_UNMEASURED_TO_PB = {
+    UnmeasuredRung.ALLOWED: rollout_pb2.UNMEASURED_RUNG_ALLOWED,
+    UnmeasuredRung.REFUSED: rollout_pb2.UNMEASURED_RUNG_REFUSED,
+}
+_UNMEASURED_FROM_PB = {v: k for k, v in _UNMEASURED_TO_PB.items()}

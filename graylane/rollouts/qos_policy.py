@@ -18,12 +18,21 @@ rung's measured capacity and the TTFT objective: the queue one worker drains
 within it; without either, :data:`INFERENCE_EXTENSION_QUEUE_DEPTH`) and
 ``max_kv_cache_occupancy`` (0 = :data:`INFERENCE_EXTENSION_KV_CACHE_OCCUPANCY`).
 Decisions report both against the Gateway API Inference Extension's defaults.
+
+**Quality cap**: ``rung_quality_drop`` carries the measured quality cost of each rung
+(the reference rung's evaluation score minus the rung's, ``graylane eval --record``;
+the control plane fills it from the registry). With ``max_quality_drop`` set, QoS
+never steps onto a rung that costs more: the first such rung down the ladder acts as
+a floor (the rung above it is the lowest QoS goes). A rung with no measurement is
+allowed (shown as unmeasured) unless ``unmeasured_rung`` is
+:attr:`UnmeasuredRung.REFUSED`. The top rung is always allowed.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import Enum
 
 from graylane.rollouts.errors import InvalidPolicy
 
@@ -31,6 +40,7 @@ __all__ = [
     "INFERENCE_EXTENSION_KV_CACHE_OCCUPANCY",
     "INFERENCE_EXTENSION_QUEUE_DEPTH",
     "QosPolicy",
+    "UnmeasuredRung",
 ]
 
 INFERENCE_EXTENSION_QUEUE_DEPTH = 5
@@ -38,6 +48,13 @@ INFERENCE_EXTENSION_QUEUE_DEPTH = 5
 requests per model server) above which it sends new requests elsewhere."""
 INFERENCE_EXTENSION_KV_CACHE_OCCUPANCY = 0.8
 """The Gateway API Inference Extension's default KV-cache utilisation threshold."""
+
+
+class UnmeasuredRung(Enum):
+    """Under a quality cap, whether a rung with no measured quality may be stepped onto."""
+
+    ALLOWED = "allowed"
+    REFUSED = "refused"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +84,12 @@ class QosPolicy:
     """Generative: waiting sequences per worker that breach (0 = derived, see above)."""
     max_kv_cache_occupancy: float = 0.0
     """Generative: KV-cache occupancy (0..1) that breaches (0 = the Inference Extension's 0.8)."""
+    max_quality_drop: float | None = None
+    """The most measured quality drop a rung may have to be stepped onto (None: no cap)."""
+    rung_quality_drop: tuple[tuple[str, float], ...] = ()
+    """(variant, reference score - its score) as measured; sorted by variant."""
+    unmeasured_rung: UnmeasuredRung = UnmeasuredRung.ALLOWED
+    """Under a cap, whether a rung with no measurement may be stepped onto."""
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -104,6 +127,18 @@ class QosPolicy:
                 problems.append(f"capacity of {name!r}, which is not on the ladder")
             if not (math.isfinite(rps) and rps > 0.0):
                 problems.append(f"capacity of {name!r} {rps} is out of range")
+        if self.max_quality_drop is not None and not (
+            math.isfinite(self.max_quality_drop) and 0.0 <= self.max_quality_drop <= 1.0
+        ):
+            problems.append(f"max_quality_drop {self.max_quality_drop} is out of range")
+        drops = [name for name, _ in self.rung_quality_drop]
+        if len(set(drops)) != len(drops):
+            problems.append(f"rung quality drops {drops} repeat a variant")
+        for name, drop in self.rung_quality_drop:
+            if name not in self.ladder:
+                problems.append(f"quality drop of {name!r}, which is not on the ladder")
+            if not (math.isfinite(drop) and -1.0 <= drop <= 1.0):
+                problems.append(f"quality drop of {name!r} {drop} is out of range")
         if problems:
             raise InvalidPolicy(
                 f"QoS policy of {self.model}/{self.version}: " + "; ".join(problems)
@@ -148,3 +183,7 @@ class QosPolicy:
     def capacity_of(self, variant: str) -> float | None:
         """Calibrated requests/s of one worker running ``variant``; None when unknown."""
         return next((rps for name, rps in self.rung_capacity_rps if name == variant), None)
+
+    def quality_drop_of(self, variant: str) -> float | None:
+        """Measured quality drop of ``variant`` (reference score - its score); None: unmeasured."""
+        return next((d for name, d in self.rung_quality_drop if name == variant), None)

@@ -160,6 +160,9 @@ class DecisionRule(StrEnum):
     DISABLED = "disabled"
     NOT_IN_LADDER = "not_in_ladder"
     QUALITY_FLOOR = "quality_floor"
+    QUALITY_CAP = "quality_cap"
+    """The rung below costs more quality than the policy's ``max_quality_drop`` (or is
+    unmeasured and the policy refuses unmeasured rungs): held where it is."""
     STALE_VARIANT = "stale_variant"
     SUSTAIN = "sustain"
     TOP_RUNG = "top_rung"

@@ -94,7 +94,7 @@ class EngineEndpointInfo(_message.Message):
     def __init__(self, url: _Optional[str] = ..., model_sha256: _Optional[str] = ..., ladder_rank: _Optional[int] = ...) -> None: ...
 
 class VariantInfo(_message.Message):
-    __slots__ = ("artifact", "precision", "backend", "target", "servable", "forced", "validation", "backend_version", "endpoint")
+    __slots__ = ("artifact", "precision", "backend", "target", "servable", "forced", "validation", "backend_version", "endpoint", "quality")
     ARTIFACT_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +104,7 @@ class VariantInfo(_message.Message):
     VALIDATION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    QUALITY_FIELD_NUMBER: _ClassVar[int]
     artifact: str
     precision: str
     backend: str
@@ -113,7 +114,50 @@ class VariantInfo(_message.Message):
     validation: ValidationStatus
     backend_version: str
     endpoint: EngineEndpointInfo
-    def __init__(self, artifact: _Optional[str] = ..., precision: _Optional[str] = ..., backend: _Optional[str] = ..., target: _Optional[str] = ..., servable: _Optional[bool] = ..., forced: _Optional[bool] = ..., validation: _Optional[_Union[ValidationStatus, _Mapping]] = ..., backend_version: _Optional[str] = ..., endpoint: _Optional[_Union[EngineEndpointInfo, _Mapping]] = ...) -> None: ...
+    quality: RungQualityInfo
+    def __init__(self, artifact: _Optional[str] = ..., precision: _Optional[str] = ..., backend: _Optional[str] = ..., target: _Optional[str] = ..., servable: _Optional[bool] = ..., forced: _Optional[bool] = ..., validation: _Optional[_Union[ValidationStatus, _Mapping]] = ..., backend_version: _Optional[str] = ..., endpoint: _Optional[_Union[EngineEndpointInfo, _Mapping]] = ..., quality: _Optional[_Union[RungQualityInfo, _Mapping]] = ...) -> None: ...
+
+class RungQualityInfo(_message.Message):
+    __slots__ = ("precision", "set_name", "set_sha256", "items", "score", "ci_low", "ci_high", "reference_precision", "reference_score", "recorded_at_unix_ms")
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    SET_NAME_FIELD_NUMBER: _ClassVar[int]
+    SET_SHA256_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    CI_LOW_FIELD_NUMBER: _ClassVar[int]
+    CI_HIGH_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_PRECISION_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_SCORE_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    precision: str
+    set_name: str
+    set_sha256: str
+    items: int
+    score: float
+    ci_low: float
+    ci_high: float
+    reference_precision: str
+    reference_score: float
+    recorded_at_unix_ms: int
+    def __init__(self, precision: _Optional[str] = ..., set_name: _Optional[str] = ..., set_sha256: _Optional[str] = ..., items: _Optional[int] = ..., score: _Optional[float] = ..., ci_low: _Optional[float] = ..., ci_high: _Optional[float] = ..., reference_precision: _Optional[str] = ..., reference_score: _Optional[float] = ..., recorded_at_unix_ms: _Optional[int] = ...) -> None: ...
+
+class RecordRungQualityRequest(_message.Message):
+    __slots__ = ("model", "version", "rungs")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RUNGS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    rungs: _containers.RepeatedCompositeFieldContainer[RungQualityInfo]
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., rungs: _Optional[_Iterable[_Union[RungQualityInfo, _Mapping]]] = ...) -> None: ...
+
+class RecordRungQualityResponse(_message.Message):
+    __slots__ = ("recorded", "command_id")
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    recorded: _containers.RepeatedCompositeFieldContainer[RungQualityInfo]
+    command_id: str
+    def __init__(self, recorded: _Optional[_Iterable[_Union[RungQualityInfo, _Mapping]]] = ..., command_id: _Optional[str] = ...) -> None: ...
 
 class VersionSummary(_message.Message):
     __slots__ = ("model", "version", "status", "source_sha256", "created_at_unix_ms", "stable", "variants")

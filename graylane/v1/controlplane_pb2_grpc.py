@@ -60,6 +60,11 @@ class ModelRegistryStub:
                 request_serializer=graylane_dot_v1_dot_controlplane__pb2.SetStableRequest.SerializeToString,
                 response_deserializer=graylane_dot_v1_dot_controlplane__pb2.VersionSummary.FromString,
                 _registered_method=True)
+        self.RecordRungQuality = channel.unary_unary(
+                '/graylane.v1.ModelRegistry/RecordRungQuality',
+                request_serializer=graylane_dot_v1_dot_controlplane__pb2.RecordRungQualityRequest.SerializeToString,
+                response_deserializer=graylane_dot_v1_dot_controlplane__pb2.RecordRungQualityResponse.FromString,
+                _registered_method=True)
 
 
 class ModelRegistryServicer:
@@ -95,6 +100,14 @@ class ModelRegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordRungQuality(self, request, context):
+        """Store each rung's score on an evaluation set; a version with a QoS policy has it
+        sent to the policy engine again with the rungs' new quality costs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ModelRegistryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -122,6 +135,11 @@ def add_ModelRegistryServicer_to_server(servicer, server):
                     servicer.SetStable,
                     request_deserializer=graylane_dot_v1_dot_controlplane__pb2.SetStableRequest.FromString,
                     response_serializer=graylane_dot_v1_dot_controlplane__pb2.VersionSummary.SerializeToString,
+            ),
+            'RecordRungQuality': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordRungQuality,
+                    request_deserializer=graylane_dot_v1_dot_controlplane__pb2.RecordRungQualityRequest.FromString,
+                    response_serializer=graylane_dot_v1_dot_controlplane__pb2.RecordRungQualityResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -259,6 +277,33 @@ class ModelRegistry:
             '/graylane.v1.ModelRegistry/SetStable',
             graylane_dot_v1_dot_controlplane__pb2.SetStableRequest.SerializeToString,
             graylane_dot_v1_dot_controlplane__pb2.VersionSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordRungQuality(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/graylane.v1.ModelRegistry/RecordRungQuality',
+            graylane_dot_v1_dot_controlplane__pb2.RecordRungQualityRequest.SerializeToString,
+            graylane_dot_v1_dot_controlplane__pb2.RecordRungQualityResponse.FromString,
             options,
             channel_credentials,
             insecure,

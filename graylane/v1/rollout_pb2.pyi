@@ -68,6 +68,12 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_REVERT: _ClassVar[CommandKind]
     COMMAND_SET_ROUTE_CONFIG: _ClassVar[CommandKind]
     COMMAND_UPDATE_SPEC: _ClassVar[CommandKind]
+
+class UnmeasuredRung(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    UNMEASURED_RUNG_UNSPECIFIED: _ClassVar[UnmeasuredRung]
+    UNMEASURED_RUNG_ALLOWED: _ClassVar[UnmeasuredRung]
+    UNMEASURED_RUNG_REFUSED: _ClassVar[UnmeasuredRung]
 ROLLOUT_STRATEGY_UNSPECIFIED: RolloutStrategy
 CANARY: RolloutStrategy
 SHADOW_THEN_CANARY: RolloutStrategy
@@ -107,6 +113,9 @@ COMMAND_SET_QOS_POLICY: CommandKind
 COMMAND_REVERT: CommandKind
 COMMAND_SET_ROUTE_CONFIG: CommandKind
 COMMAND_UPDATE_SPEC: CommandKind
+UNMEASURED_RUNG_UNSPECIFIED: UnmeasuredRung
+UNMEASURED_RUNG_ALLOWED: UnmeasuredRung
+UNMEASURED_RUNG_REFUSED: UnmeasuredRung
 
 class RolloutStep(_message.Message):
     __slots__ = ("weight_percent", "min_samples", "min_dwell_s", "pause", "evaluation")
@@ -377,8 +386,15 @@ class RouteConfig(_message.Message):
     def __init__(self, model: _Optional[str] = ..., rules: _Optional[_Iterable[_Union[_control_pb2.RoutingRule, _Mapping]]] = ..., allow_pinning: _Optional[bool] = ...) -> None: ...
 
 class QosPolicy(_message.Message):
-    __slots__ = ("model", "version", "slo_p99_ms", "ladder", "quality_floor", "step_down_margin", "step_up_ratio", "sustain_s", "min_dwell_s", "max_queue_wait_ms", "enabled", "rung_capacity_rps", "up_capacity_fraction", "max_shed_fraction", "slo_ttft_p99_ms", "slo_tpot_p99_ms", "max_waiting_sequences", "max_kv_cache_occupancy")
+    __slots__ = ("model", "version", "slo_p99_ms", "ladder", "quality_floor", "step_down_margin", "step_up_ratio", "sustain_s", "min_dwell_s", "max_queue_wait_ms", "enabled", "rung_capacity_rps", "up_capacity_fraction", "max_shed_fraction", "slo_ttft_p99_ms", "slo_tpot_p99_ms", "max_waiting_sequences", "max_kv_cache_occupancy", "max_quality_drop", "rung_quality_drop", "unmeasured_rung")
     class RungCapacityRpsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class RungQualityDropEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -403,6 +419,9 @@ class QosPolicy(_message.Message):
     SLO_TPOT_P99_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_WAITING_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     MAX_KV_CACHE_OCCUPANCY_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUALITY_DROP_FIELD_NUMBER: _ClassVar[int]
+    RUNG_QUALITY_DROP_FIELD_NUMBER: _ClassVar[int]
+    UNMEASURED_RUNG_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     slo_p99_ms: float
@@ -421,7 +440,10 @@ class QosPolicy(_message.Message):
     slo_tpot_p99_ms: float
     max_waiting_sequences: float
     max_kv_cache_occupancy: float
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., slo_p99_ms: _Optional[float] = ..., ladder: _Optional[_Iterable[str]] = ..., quality_floor: _Optional[str] = ..., step_down_margin: _Optional[float] = ..., step_up_ratio: _Optional[float] = ..., sustain_s: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ..., enabled: _Optional[bool] = ..., rung_capacity_rps: _Optional[_Mapping[str, float]] = ..., up_capacity_fraction: _Optional[float] = ..., max_shed_fraction: _Optional[float] = ..., slo_ttft_p99_ms: _Optional[float] = ..., slo_tpot_p99_ms: _Optional[float] = ..., max_waiting_sequences: _Optional[float] = ..., max_kv_cache_occupancy: _Optional[float] = ...) -> None: ...
+    max_quality_drop: float
+    rung_quality_drop: _containers.ScalarMap[str, float]
+    unmeasured_rung: UnmeasuredRung
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., slo_p99_ms: _Optional[float] = ..., ladder: _Optional[_Iterable[str]] = ..., quality_floor: _Optional[str] = ..., step_down_margin: _Optional[float] = ..., step_up_ratio: _Optional[float] = ..., sustain_s: _Optional[float] = ..., min_dwell_s: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ..., enabled: _Optional[bool] = ..., rung_capacity_rps: _Optional[_Mapping[str, float]] = ..., up_capacity_fraction: _Optional[float] = ..., max_shed_fraction: _Optional[float] = ..., slo_ttft_p99_ms: _Optional[float] = ..., slo_tpot_p99_ms: _Optional[float] = ..., max_waiting_sequences: _Optional[float] = ..., max_kv_cache_occupancy: _Optional[float] = ..., max_quality_drop: _Optional[float] = ..., rung_quality_drop: _Optional[_Mapping[str, float]] = ..., unmeasured_rung: _Optional[_Union[UnmeasuredRung, str]] = ...) -> None: ...
 
 class RolloutCommand(_message.Message):
     __slots__ = ("command_id", "rollout_id", "model", "kind", "spec", "qos_policy", "issued_by", "reason", "issued_at_unix_ms", "target_version", "route_config")

@@ -58,6 +58,10 @@ A policy orders variants from quality to throughput (``ladder``, e.g.
 - **Dwell**: no change within ``min_dwell_s`` (default 30 s) of the last one.
 - **Bounds**: never below ``quality_floor`` (the lowest-quality rung allowed;
   empty = the ladder's last), never above the first rung.
+- **Quality cap** (``max_quality_drop``, :mod:`~graylane.policy_engine.logic.quality_cap`):
+  never onto a rung whose measured quality drop exceeds the cap (nor, when the policy
+  says so, an unmeasured one): the rung above the first refused one is a floor, held
+  under the rule ``quality_cap`` with the refused rung's cost in the reason.
 - **Stale input**: stats of a variant other than the active one (the window
   right after a switch) count as no data.
 - **No data** (no stats, no requests and no sheds, or stale): HOLD, and *both* sustain
@@ -107,6 +111,7 @@ import math
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from graylane.policy_engine.logic.quality_cap import CappedFloor, capped_floor
 from graylane.policy_engine.logic.window import ALL_VARIANTS, WindowStats
 from graylane.rollouts.errors import InputMismatch
 from graylane.rollouts.qos_policy import (
@@ -278,7 +283,7 @@ def qos_during_rollout(
         )
     if candidate_policy is not None:
         ladder = candidate_policy.ladder
-        if target not in ladder or ladder.index(target) > candidate_policy.floor_index:
+        if target not in ladder or ladder.index(target) > capped_floor(candidate_policy).index:
             return decide(
                 QosDecisionKind.HOLD,
                 DecisionRule.LIKE_FOR_LIKE_UNAVAILABLE,
@@ -360,13 +365,14 @@ def evaluate_qos(
             ladder[0],
             cleared,
         )
-    index, floor = ladder.index(active), policy.floor_index
+    capped = capped_floor(policy)
+    index, floor = ladder.index(active), capped.index
     if index > floor:
         floor_variant = ladder[floor]
         return move(
             QosDecisionKind.SET,
-            DecisionRule.QUALITY_FLOOR,
-            f"below the quality floor {floor_variant}",
+            _floor_rule(capped),
+            f"below the quality floor {floor_variant}{_cap_note(capped)}",
             floor_variant,
             cleared,
         )
@@ -416,8 +422,8 @@ def evaluate_qos(
             )
         if index >= floor:
             return hold(
-                DecisionRule.QUALITY_FLOOR,
-                f"breach at the quality floor {active}: {figures}",
+                _floor_rule(capped),
+                f"breach at the quality floor {active}{_cap_note(capped)}: {figures}",
                 current,
             )
         if since_change < dwell_ms:
@@ -492,6 +498,15 @@ def evaluate_qos(
             QosDecisionKind.STEP_UP, rule, f"sustained {held / 1000:g} s: {why}", target, current
         )
     return hold(DecisionRule.WITHIN_BAND, f"within the band: {figures}", current)
+
+
+def _floor_rule(capped: CappedFloor) -> DecisionRule:
+    return DecisionRule.QUALITY_CAP if capped.by_cap else DecisionRule.QUALITY_FLOOR
+
+
+def _cap_note(capped: CappedFloor) -> str:
+    """`` (q4_0 costs 0.144 > cap 0.050)`` when the cap set the floor."""
+    return f" ({capped.refused.describe()})" if capped.refused is not None else ""
 
 
 def _since(started_ms: int | None, now_ms: int) -> int:

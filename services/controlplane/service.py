@@ -78,6 +78,7 @@ from graylane.services.controlplane.bus import (
 from graylane.services.controlplane.limits import ApiLimits, WatchSlots, check_limit, check_startup
 from graylane.services.controlplane.logic import rules
 from graylane.services.controlplane.logic.apply import ApplyAction, ApplyPlan, plan_apply
+from graylane.services.controlplane.logic.rung_quality import ladder_quality_drops
 from graylane.services.controlplane.notifier import RolloutNotifier
 from graylane.services.controlplane.state import ControlStore, StoredRollout
 from graylane.services.controlplane.verdict_http import VerdictServer, verdict_app
@@ -88,6 +89,8 @@ from graylane.services.controlplane.wire import (
     new_command,
     qos_policy_view,
     receipt,
+    rung_quality_from_pb,
+    rung_quality_info,
     stable_history,
     version_summary,
 )
@@ -498,6 +501,73 @@ class ModelRegistryServicer(controlplane_pb2_grpc.ModelRegistryServicer):
         reg = self._cp.registry
         await asyncio.to_thread(reg.set_stable, request.model, request.version)
         return await asyncio.to_thread(version_summary, reg, request.model, request.version)
+
+    @mapped
+    async def RecordRungQuality(
+        self, request: controlplane_pb2.RecordRungQualityRequest, context: Context
+    ) -> controlplane_pb2.RecordRungQualityResponse:
+        cp = self._cp
+        principal = cp.principal(context)
+        records = [rung_quality_from_pb(r) for r in request.rungs]
+        if not records:
+            raise rules.InvalidArgument("no rung to record")
+        stored = await asyncio.to_thread(
+            cp.registry.record_rung_quality, request.model, request.version, records
+        )
+        response = controlplane_pb2.RecordRungQualityResponse(
+            recorded=[rung_quality_info(r) for r in stored]
+        )
+        existing = await asyncio.to_thread(cp.store.get_policy, request.model, request.version)
+        if existing is not None:
+            # the policy engine learns the rungs' new costs with the policy, sent again
+            policy = rollout_pb2.QosPolicy()
+            policy.CopyFrom(existing.policy)
+            command = await publish_qos_policy(
+                cp, policy, principal.name, "rung quality recorded", context
+            )
+            response.command_id = command.command_id
+        return response
+
+
+async def publish_qos_policy(
+    cp: ControlPlane,
+    policy: rollout_pb2.QosPolicy,
+    issued_by: str,
+    reason: str,
+    context: Context,
+) -> rollout_pb2.RolloutCommand:
+    """Store ``policy`` with its ladder's measured quality costs and send it to the
+    policy engine."""
+
+    def measured() -> dict[str, float]:
+        try:
+            quality = cp.registry.rung_quality(policy.model, policy.version)
+        except (ModelNotRegistered, UnknownVersion):
+            return {}
+        return {p.value: q.quality_drop for p, q in quality.items()}
+
+    drops = ladder_quality_drops(
+        list(policy.ladder), await asyncio.to_thread(measured), dict(policy.rung_quality_drop)
+    )
+    policy.rung_quality_drop.clear()
+    policy.rung_quality_drop.update(drops)
+    policy = qos_policy_to_pb(qos_policy_from_pb(policy))
+    command = new_command(
+        rollout_pb2.COMMAND_SET_QOS_POLICY,
+        model=policy.model,
+        issued_by=issued_by,
+        reason=reason,
+        at_ms=cp.clock(),
+        qos_policy=policy,
+    )
+
+    def save() -> None:
+        cp.store.put_policy(policy, issued_by)
+        cp.store.add_command(command)
+
+    await asyncio.to_thread(save)
+    await send_or_unavailable(cp, command, context)
+    return command
 
 
 def _phase(stored: StoredRollout) -> Phase:
@@ -913,21 +983,7 @@ class QosServicer(controlplane_pb2_grpc.QosServicer):
         facts = await asyncio.to_thread(model_facts, cp.registry, cp.store, request.model)
         rules.check_qos_policy(facts, request.model, request.version, list(request.ladder))
         policy = qos_policy_to_pb(qos_policy_from_pb(request))
-        command = new_command(
-            rollout_pb2.COMMAND_SET_QOS_POLICY,
-            model=policy.model,
-            issued_by=principal.name,
-            reason="set QoS policy",
-            at_ms=cp.clock(),
-            qos_policy=policy,
-        )
-
-        def save() -> None:
-            cp.store.put_policy(policy, principal.name)
-            cp.store.add_command(command)
-
-        await asyncio.to_thread(save)
-        await send_or_unavailable(cp, command, context)
+        command = await publish_qos_policy(cp, policy, principal.name, "set QoS policy", context)
         view = await asyncio.to_thread(self._view, policy.model, policy.version)
         view.command_id = command.command_id
         return view

@@ -9,8 +9,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from graylane.artifacts.naming import Precision
 from graylane.notifications.transitions import Transition, transition_kind
-from graylane.registry import ArtifactInfo, RegisteredModel, Registry, StableRevision
+from graylane.registry import (
+    ArtifactInfo,
+    RegisteredModel,
+    Registry,
+    RegistryError,
+    RungQuality,
+    StableRevision,
+)
 from graylane.rollouts.errors import InvalidSpec
 from graylane.rollouts.pb import (
     decision_kind_from_pb,
@@ -31,6 +39,8 @@ __all__ = [
     "new_command",
     "qos_policy_view",
     "receipt",
+    "rung_quality_from_pb",
+    "rung_quality_info",
     "stable_history",
     "transition_of",
     "variant_info",
@@ -49,7 +59,46 @@ def model_summary(model: RegisteredModel) -> controlplane_pb2.ModelSummary:
     )
 
 
-def variant_info(a: ArtifactInfo) -> controlplane_pb2.VariantInfo:
+def rung_quality_info(q: RungQuality) -> controlplane_pb2.RungQualityInfo:
+    return controlplane_pb2.RungQualityInfo(
+        precision=q.precision.value,
+        set_name=q.set_name,
+        set_sha256=q.set_sha256,
+        items=q.items,
+        score=q.score,
+        ci_low=q.ci_low,
+        ci_high=q.ci_high,
+        reference_precision=q.reference_precision.value,
+        reference_score=q.reference_score,
+        recorded_at_unix_ms=int(q.recorded_at.timestamp() * 1000) if q.recorded_at else 0,
+    )
+
+
+def _precision(value: str) -> Precision:
+    try:
+        return Precision(value)
+    except ValueError:
+        raise RegistryError(f"{value!r} is not a precision a rung can have") from None
+
+
+def rung_quality_from_pb(pb: controlplane_pb2.RungQualityInfo) -> RungQuality:
+    """Raises :class:`RegistryError` for an unknown precision or broken figures."""
+    return RungQuality(
+        precision=_precision(pb.precision),
+        set_name=pb.set_name,
+        set_sha256=pb.set_sha256,
+        items=pb.items,
+        score=pb.score,
+        ci_low=pb.ci_low,
+        ci_high=pb.ci_high,
+        reference_precision=_precision(pb.reference_precision),
+        reference_score=pb.reference_score,
+    )
+
+
+def variant_info(
+    a: ArtifactInfo, quality: RungQuality | None = None
+) -> controlplane_pb2.VariantInfo:
     out = controlplane_pb2.VariantInfo(
         artifact=str(a.name),
         precision=a.precision.value,
@@ -81,6 +130,8 @@ def variant_info(a: ArtifactInfo) -> controlplane_pb2.VariantInfo:
                 failures=list(v.failures),
             )
         )
+    if quality is not None:
+        out.quality.CopyFrom(rung_quality_info(quality))
     return out
 
 
@@ -89,6 +140,7 @@ def version_summary(
 ) -> controlplane_pb2.VersionSummary:
     info = registry.get_version(model, version)
     stable = registry.get_stable(model)
+    quality = registry.rung_quality(model, info.version)
     return controlplane_pb2.VersionSummary(
         model=model,
         version=str(info.version),
@@ -96,7 +148,10 @@ def version_summary(
         source_sha256=info.source_sha256,
         created_at_unix_ms=int(info.created_at.timestamp() * 1000),
         stable=stable is not None and stable.version == info.version,
-        variants=[variant_info(a) for a in registry.list_artifacts(model, info.version)],
+        variants=[
+            variant_info(a, quality.get(a.precision))
+            for a in registry.list_artifacts(model, info.version)
+        ],
     )
 
 

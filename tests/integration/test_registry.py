@@ -21,6 +21,7 @@ from graylane.registry import (
     ModelNotRegistered,
     Registry,
     RegistryError,
+    RungQuality,
     SchemaNotCurrent,
     UnknownArtifact,
     UnknownVersion,
@@ -39,6 +40,7 @@ TABLES = {
     "registry_validation_results",
     "registry_stable_versions",
     "registry_stable_revisions",
+    "registry_rung_quality",
     "registry_alembic_version",
     "cp_route_configs",
 }
@@ -250,6 +252,39 @@ def test_engine_endpoints_round_trip_in_ladder_order(registry: Registry, model: 
     ]
     q2 = registry.get_artifact(model, "1.0.0", Precision.Q2_K, Backend.LLAMACPP)
     assert (q2.name.backend_version, q2.target) == ("0.3.36", "any")
+
+
+def _quality(precision: Precision, score: float, sha: str = "a" * 64) -> RungQuality:
+    return RungQuality(
+        precision=precision, set_name="smollm2-basic", set_sha256=sha, items=40, score=score,
+        ci_low=score - 0.1, ci_high=score + 0.1, reference_precision=Precision.F16,
+        reference_score=0.619,
+    )  # fmt: skip
+
+
+def test_rung_quality_is_stored_per_rung_and_set_and_the_newest_wins(
+    registry: Registry, model: str
+) -> None:
+    registry.register_model(model)
+    registry.register_version(model, "1.0.0", "c" * 64)
+    stored = registry.record_rung_quality(
+        model, "1.0.0", [_quality(Precision.F16, 0.619), _quality(Precision.Q4_0, 0.475)]
+    )
+    assert [r.precision for r in stored] == [Precision.F16, Precision.Q4_0]
+    assert all(r.recorded_at is not None for r in stored)
+    got = registry.rung_quality(model, "1.0.0")
+    assert set(got) == {Precision.F16, Precision.Q4_0}
+    assert got[Precision.Q4_0].quality_drop == pytest.approx(0.144)
+    assert got[Precision.F16].quality_drop == 0.0
+    # the same rung on the same set again replaces it; on another set it is newer
+    registry.record_rung_quality(model, "1.0.0", [_quality(Precision.Q4_0, 0.5)])
+    assert registry.rung_quality(model, "1.0.0")[Precision.Q4_0].score == 0.5
+    registry.record_rung_quality(model, "1.0.0", [_quality(Precision.Q4_0, 0.45, "b" * 64)])
+    newest = registry.rung_quality(model, "1.0.0")[Precision.Q4_0]
+    assert (newest.score, newest.set_sha256) == (0.45, "b" * 64)
+    with pytest.raises(UnknownVersion):
+        registry.record_rung_quality(model, "9.9.9", [_quality(Precision.Q4_0, 0.5)])
+    assert registry.rung_quality(model, "1.0.0")[Precision.F16].score == 0.619
 
 
 def test_the_endpoint_columns_migrate_down_and_up(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ from graylane.builder.endpoints import (
     probe_endpoint,
     version_digest,
 )
-from graylane.builder.spec import EngineSpec, load_spec, parse_spec
+from graylane.builder.spec import EngineSpec, SpecError, load_spec, parse_spec
 from graylane.builder.store import ArtifactExistsError
 from graylane.builder.variants import VariantStatus
 from graylane.engine.server import EngineEndpoint
@@ -594,3 +594,33 @@ def test_the_readme_engine_spec_parses() -> None:
     block = block.split("\n", 1)[1]  # past the title line's remainder
     spec = parse_spec(yaml.safe_load(block), base_dir=Path("/srv"))
     assert isinstance(spec, EngineSpec) and spec.engine.ladder == ("q4_1", "q4_0")
+
+
+def test_an_engine_spec_may_name_an_evaluation_set_for_its_rungs(tmp_path: Path) -> None:
+    def raw(evaluation: object) -> dict[str, object]:
+        return {
+            "model": "m",
+            "version": "1.0.0",
+            "engine": {
+                "backend": "llamacpp",
+                "version": "0.3.36",
+                "evaluation": evaluation,
+                "variants": [{"precision": "q4_1", "url": "http://127.0.0.1:8081"}],
+            },
+        }
+
+    spec = parse_spec(raw({"set": "sets/s.jsonl", "max_drop": 0.05}), base_dir=tmp_path)
+    assert isinstance(spec, EngineSpec) and spec.engine.evaluation is not None
+    assert spec.engine.evaluation.set_path == tmp_path / "sets" / "s.jsonl"
+    assert (spec.engine.evaluation.max_drop, spec.engine.evaluation.limit) == (0.05, 0)
+    for bad, message in (
+        ({"set": "s.jsonl"}, "max_drop"),
+        ({"set": "s.jsonl", "max_drop": 1.5}, "0..1"),
+        ({"set": "s.jsonl", "max_drop": 0.1, "samples": 3}, "samples"),
+    ):
+        with pytest.raises(SpecError, match=message):
+            parse_spec(raw(bad), base_dir=tmp_path)
+    unreadable = parse_spec(raw({"set": "gone.jsonl", "max_drop": 0.1}), base_dir=tmp_path)
+    assert isinstance(unreadable, EngineSpec)
+    with pytest.raises(BuildError, match=r"engine\.evaluation\.set"):
+        run_build(unreadable, store=tmp_path / "store")

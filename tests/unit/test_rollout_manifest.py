@@ -176,3 +176,24 @@ def test_the_qos_policy_survives_the_wire_so_a_second_apply_sets_nothing() -> No
     (doc,) = load_documents(DOC)
     assert doc.qos is not None
     assert qos_policy_from_pb(qos_policy_to_pb(doc.qos)) == doc.qos
+
+
+def test_a_documents_qos_may_cap_the_quality_a_step_down_costs() -> None:
+    from graylane.rollouts.pb import qos_policy_from_pb, qos_policy_to_pb
+    from graylane.rollouts.qos_policy import UnmeasuredRung
+
+    capped = DOC.replace(
+        "    ladder: [fp32, fp16]\n",
+        "    ladder: [fp32, fp16]\n    maxQualityDrop: 0.05\n    unmeasuredRung: refused\n",
+    )
+    (doc,) = load_documents(capped)
+    assert doc.qos is not None
+    assert doc.qos.max_quality_drop == 0.05
+    assert doc.qos.unmeasured_rung is UnmeasuredRung.REFUSED
+    assert qos_policy_from_pb(qos_policy_to_pb(doc.qos)) == doc.qos
+    (again,) = load_documents(render(doc.spec, qos=doc.qos))
+    assert again.qos == doc.qos
+    (plain,) = load_documents(DOC)
+    assert plain.qos is not None and plain.qos.max_quality_drop is None
+    with pytest.raises(ManifestInvalid):
+        load_documents(capped.replace("maxQualityDrop: 0.05", "maxQualityDrop: 2"))
