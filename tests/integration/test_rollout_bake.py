@@ -318,3 +318,7 @@ async def test_a_clean_bake_ends_baked_across_a_restart(
     assert last.epoch == promote.rollout_after.epoch
     events = [t for t in receiver.types("/events") if t not in ("held", "gate_failed")]
     assert events == ["started", "promoted", "baked"], events
+    verified = await cli(
+        capsys, "audit", "verify", "--model", MODEL, "--rollout", name, "--from", "1h"
+    )
+    assert "the controllers decide the same" in verified, verified
