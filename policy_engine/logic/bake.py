@@ -81,10 +81,15 @@ def bake_gates(gates: Gates) -> Gates:
 
 
 def bake_reference(inputs: tuple[WindowStats, ...], baseline: str) -> WindowStats | None:
-    """The previous stable's window among a promotion's inputs (None without one)."""
+    """The previous stable's window among a promotion's inputs (None without one).
+
+    Its topic lag and worker count are left out: they are of that moment, no gate reads
+    them, and the state on the wire has no room for them, so the reference a restarted
+    engine reads back is the one kept here.
+    """
     for stats in inputs:
         if stats.version == baseline and stats.requests > 0:
-            return stats
+            return replace(stats, lag=0, workers=0)
     return None
 
 
