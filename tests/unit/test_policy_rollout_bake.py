@@ -11,6 +11,7 @@ from graylane.notifications.transitions import TransitionKind, transition_kind
 from graylane.policy_engine.logic.bake import BakeAction, bake_gates, judge_bake
 from graylane.policy_engine.logic.gates import GateResult, Verdict
 from graylane.policy_engine.logic.liveness import VersionLiveness
+from graylane.policy_engine.logic.revision import revise
 from graylane.policy_engine.logic.rollout import Decision, RolloutSignals, apply_command, evaluate
 from graylane.policy_engine.wire import rollout_state_from_pb, rollout_state_to_pb
 from graylane.rollouts.errors import InvalidSpec, InvalidTransition
@@ -214,3 +215,16 @@ def test_bake_spec_on_the_wire_and_validated() -> None:
     assert rollout_spec_from_pb(rollout_spec_to_pb(BAKED_SPEC)).bake_s == BAKE_S
     with pytest.raises(InvalidSpec):
         replace(BAKED_SPEC, bake_s=-1.0)
+
+
+def test_an_applied_bake_period_counts_from_the_promotion() -> None:
+    run = promoted()
+    bake_window(run)
+    promoted_at = run.state.phase_started_ms
+    longer = revise(run.state, run.spec, replace(run.spec, bake_s=120.0), run.t)
+    assert longer.rule is DecisionRule.SPEC_UPDATED and "bake_s" in longer.reason
+    assert longer.after.phase is Phase.BAKING and longer.routing is None
+    assert longer.after.bake_until_ms == promoted_at + 120_000
+    ended = revise(run.state, run.spec, replace(run.spec, bake_s=0.0), run.t)
+    d = evaluate(ended.after, replace(run.spec, bake_s=0.0), None, None, None, run.t)
+    assert d.rule is DecisionRule.BAKED and d.after.phase is Phase.PROMOTED
