@@ -14,6 +14,7 @@ from graylane.policy_engine.messages import (
     CommandKind,
     CommandRejected,
     PrecisionPublication,
+    QosAudit,
     RolloutAudit,
     RolloutPublication,
     RoutingPublication,
@@ -271,3 +272,21 @@ def test_a_clean_bake_ends_baked_without_a_new_table() -> None:
         if r.topic == layout.audit()
     ]
     assert verify(recs) == []
+
+
+def test_while_baking_the_promoted_version_is_under_its_own_qos_policy() -> None:
+    spec = replace(SPEC, bake_s=60.0)
+    core = PolicyCore(window_ms=4000, step_ms=1000)
+    for version in ("v1", "v2"):
+        policy = QosPolicy(model=MODEL, version=version, slo_p99_ms=20.0, ladder=("fp32", "fp16"))
+        core.on_command(Command(kind=CommandKind.SET_QOS_POLICY, model=MODEL, qos_policy=policy), 0)
+    out = core.on_command(start_cmd(spec), 100_000) + drive(core, 100_000, 110_000)
+    assert core.rollouts[MODEL].state.phase is Phase.BAKING
+    during = [o.decision.rule for o in out if isinstance(o, QosAudit) and o.rollout_id]
+    assert "follow_baseline" in during or "like_for_like" in during, during
+    later = drive_promoted(core, 110_000, 115_000)
+    candidate = [
+        o for o in later if isinstance(o, QosAudit) and o.policy and o.policy.version == "v2"
+    ]
+    rules = {o.decision.rule for o in candidate}
+    assert rules and not rules & {"follow_baseline", "like_for_like"}, rules
