@@ -630,7 +630,9 @@ class PolicyCore:
         policy, state = self.qos.policies[key], self.qos.states[key]
         active = self.rollouts.get(key.model)
         rollout_id = ""
-        if active is not None and key.version == active.spec.candidate:
+        # While baking, the promoted candidate is the stable version: its own QoS decides.
+        baking = active is not None and active.state.phase is Phase.BAKING
+        if active is not None and key.version == active.spec.candidate and not baking:
             rollout_id = active.spec.rollout_id
             base = self.qos.states.get(VersionKey(key.model, active.spec.baseline))
             if base is None:

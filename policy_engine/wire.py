@@ -531,6 +531,12 @@ def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.R
         pause_until_unix_ms=state.pause_until_ms,
         baseline_outcomes=_arm_to_pb(state.outcomes.baseline),
         candidate_outcomes=_arm_to_pb(state.outcomes.candidate),
+        bake_until_unix_ms=state.bake_until_ms if state.bake_until_ms else None,
+        bake_reference=(
+            window_stats_to_pb(state.bake_reference).SerializeToString()
+            if state.bake_reference is not None
+            else b""
+        ),
     )
 
 
@@ -592,8 +598,17 @@ def rollout_state_from_pb(
             baseline=_arm_from_pb(pb.baseline_outcomes),
             candidate=_arm_from_pb(pb.candidate_outcomes),
         ),
+        bake_until_ms=pb.bake_until_unix_ms,
+        bake_reference=_bake_reference_from_pb(pb.bake_reference),
     )
     return state, spec
+
+
+def _bake_reference_from_pb(data: bytes) -> WindowStats | None:
+    """The frozen reference window of a bake (None when the state has none)."""
+    if not data:
+        return None
+    return window_stats_from_pb(audit_pb2.WindowStats.FromString(data))
 
 
 def _ratio_to_pb(t: RatioTest) -> rollout_pb2.RatioTestState:

@@ -166,8 +166,10 @@ def get_rollout(args: argparse.Namespace) -> int:
 
     import yaml
 
+    from graylane.clock import now_ms
     from graylane.rollouts.manifest import render
     from graylane.rollouts.pb import phase_from_pb, qos_policy_from_pb, rollout_spec_from_pb
+    from graylane.rollouts.vocabulary import Phase
     from graylane.v1 import controlplane_pb2
 
     state = call(args, "Rollouts", "Get", controlplane_pb2.GetRolloutRequest(rollout_id=args.name))
@@ -184,6 +186,9 @@ def get_rollout(args: argparse.Namespace) -> int:
         "updatedAtMs": state.updated_at_unix_ms,
         "documentDigest": spec.document_digest,
     }
+    if phase is Phase.BAKING:
+        status["bakeUntilMs"] = state.bake_until_unix_ms
+        status["bakeLeftS"] = round(max(0, state.bake_until_unix_ms - now_ms()) / 1000)
     text = render(spec, qos=qos, status=status)
     if args.output == "json":
         text = json.dumps(yaml.safe_load(text), indent=2) + "\n"

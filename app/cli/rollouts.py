@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from graylane.app.cli.controlplane_calls import Sub, call, client_args, stubs
-from graylane.app.cli.views import add_output, emit, emit_list, phase_name, print_state, table, when
+from graylane.app.cli.views import (
+    add_output,
+    bake_text,
+    emit,
+    emit_list,
+    phase_name,
+    print_state,
+    table,
+    when,
+)
 from graylane.rollouts.spec import DriftAction, Strategy
 from graylane.rollouts.vocabulary import Phase
 
@@ -120,6 +129,12 @@ def _rollout_commands(sub: Sub) -> None:
     start.add_argument("--shadow-s", type=float, default=0.0, help="shadow strategy: seconds")
     start.add_argument("--ab-weight", type=float, default=0.0, help="ab strategy: percent to B")
     start.add_argument("--ab-s", type=float, default=0.0, help="ab strategy: seconds held")
+    start.add_argument(
+        "--bake-s",
+        type=float,
+        default=0.0,
+        help="seconds the gates keep watching the promoted version (0: no bake period)",
+    )
     start.set_defaults(handler=rollout_start)
     get = add_output(client_args(_rollout_ref(rsub.add_parser("get", help="a rollout's state"))))
     get.add_argument(
@@ -272,6 +287,7 @@ def rollout_start(args: argparse.Namespace) -> int:
         shadow_duration_s=args.shadow_s,
         ab_weight_percent=args.ab_weight,
         ab_duration_s=args.ab_s,
+        bake_s=args.bake_s,
     )
     _emit_state(args, call(args, "Rollouts", "Start", spec))
     return 0
@@ -351,8 +367,10 @@ def rollout_status(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout if args.timeout > 0 else None
     seen = ""
     while True:
+        baking = phase_name(state.phase) == "baking"
+        bake = f"({bake_text(state)}) " if baking else ""
         line = (
-            f"{rid} {phase_name(state.phase)} weight={state.candidate_weight_percent:g}% "
+            f"{rid} {phase_name(state.phase)} {bake}weight={state.candidate_weight_percent:g}% "
             f"{state.last_reason}"
         )
         if line != seen:

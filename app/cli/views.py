@@ -170,8 +170,24 @@ def when(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
+def bake_text(state: Any, now: int | None = None) -> str:
+    """The bake period of a rollout state: how long is left while baking, else its length
+    ("" without one)."""
+    from graylane.clock import now_ms
+
+    spec = state.spec
+    if phase_name(state.phase) == "baking":
+        left_s = max(0, state.bake_until_unix_ms - (now_ms() if now is None else now)) / 1000
+        return (
+            f"baking, {left_s:.0f}s left of {spec.bake_s:g}s "
+            f"(until {when(state.bake_until_unix_ms)})"
+        )
+    return f"{spec.bake_s:g}s after the promotion" if spec.bake_s else ""
+
+
 def state_rows(state: Any) -> list[tuple[str, object]]:
     spec = state.spec
+    bake = bake_text(state)
     return [
         ("rollout", state.rollout_id),
         ("model", state.model),
@@ -180,6 +196,7 @@ def state_rows(state: Any) -> list[tuple[str, object]]:
         ("step", f"{state.step_index + 1} of {len(spec.steps)}"),
         ("candidate weight", f"{state.candidate_weight_percent:g}%"),
         ("consecutive failures", state.consecutive_failures),
+        *([("bake", bake)] if bake else []),
         ("last reason", state.last_reason or "-"),
         ("updated", when(state.updated_at_unix_ms)),
         ("created", f"{when(spec.created_at_unix_ms)} by {spec.created_by or '-'}"),

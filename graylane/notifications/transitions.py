@@ -29,6 +29,10 @@ class TransitionKind(Enum):
     GATE_FAILED = "gate_failed"
     ROLLED_BACK = "rolled_back"
     PROMOTED = "promoted"
+    BAKED = "baked"
+    """The bake period after the promotion ended without a regression."""
+    ROLLED_BACK_IN_BAKE = "rolled_back_in_bake"
+    """A regression during the bake period: back to the previous stable version."""
     ABORTED = "aborted"
     UPDATED = "updated"
 
@@ -40,6 +44,7 @@ _NOT_A_TRANSITION = frozenset(
         DecisionRule.MIN_DWELL,
         DecisionRule.PAUSED,
         DecisionRule.ALL_GATES_PASSED,
+        DecisionRule.BAKING,
     }
 )
 
@@ -53,15 +58,24 @@ _BY_COMMAND = {
 
 
 def transition_kind(
-    kind: DecisionKind, rule: DecisionRule | None, after: Phase | None
+    kind: DecisionKind,
+    rule: DecisionRule | None,
+    after: Phase | None,
+    before: Phase | None = None,
 ) -> TransitionKind | None:
-    """The transition a rollout decision is, or None when it is none."""
+    """The transition a rollout decision is, or None when it is none.
+
+    A promotion that starts a bake is PROMOTED, its clean end (rule ``baked``) BAKED;
+    a rollback from BAKING (by a gate or by command) is ROLLED_BACK_IN_BAKE.
+    """
     if kind is DecisionKind.STARTED:
         return TransitionKind.STARTED
     if kind is DecisionKind.ADVANCE:
         return TransitionKind.STEP_ADVANCED
     if kind is DecisionKind.PROMOTE:
-        return TransitionKind.PROMOTED
+        return TransitionKind.BAKED if rule is DecisionRule.BAKED else TransitionKind.PROMOTED
+    if before is Phase.BAKING and after is Phase.ROLLED_BACK:
+        return TransitionKind.ROLLED_BACK_IN_BAKE
     if kind is DecisionKind.ROLLBACK:
         return TransitionKind.ROLLED_BACK
     if kind is DecisionKind.GATE_FAILED:

@@ -44,6 +44,8 @@ _ICONS = {
     TransitionKind.GATE_FAILED: ":warning:",
     TransitionKind.ROLLED_BACK: ":rewind:",
     TransitionKind.PROMOTED: ":white_check_mark:",
+    TransitionKind.BAKED: ":bread:",
+    TransitionKind.ROLLED_BACK_IN_BAKE: ":rewind:",
     TransitionKind.ABORTED: ":x:",
     TransitionKind.UPDATED: ":pencil2:",
 }

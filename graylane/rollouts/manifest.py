@@ -291,6 +291,7 @@ def _document(value: Mapping[str, Any], node: yaml.Node, source: str) -> Rollout
             shadow_duration_s=parse_duration(shadow.get("duration", base.shadow_duration_s)),
             ab_weight_percent=float(ab.get("weight", base.ab_weight_percent)),
             ab_duration_s=parse_duration(ab.get("duration", base.ab_duration_s)),
+            bake_s=parse_duration(body.get("bake", base.bake_s)),
             document_digest=digest,
             webhooks=tuple(
                 WebhookTarget(
@@ -372,6 +373,8 @@ def _spec_body(spec: RolloutSpec, qos: QosPolicy | None) -> dict[str, Any]:
             "weight": spec.ab_weight_percent,
             "duration": _duration_text(spec.ab_duration_s),
         }
+    if spec.bake_s:
+        body["bake"] = _duration_text(spec.bake_s)
     body["steps"] = steps
     body["gates"] = gates
     if qos is not None:

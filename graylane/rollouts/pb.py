@@ -69,6 +69,7 @@ _PHASE_TO_PB = {
     Phase.PROGRESSING: rollout_pb2.PROGRESSING,
     Phase.AB_HOLDING: rollout_pb2.AB_HOLDING,
     Phase.PAUSED: rollout_pb2.PAUSED,
+    Phase.BAKING: rollout_pb2.BAKING,
     Phase.PROMOTED: rollout_pb2.PROMOTED,
     Phase.ROLLED_BACK: rollout_pb2.ROLLED_BACK,
     Phase.ABORTED: rollout_pb2.ABORTED,
@@ -270,6 +271,7 @@ def rollout_spec_to_pb(spec: RolloutSpec) -> rollout_pb2.RolloutSpec:
             )
             for w in spec.webhooks
         ],
+        bake_s=spec.bake_s,
     )
 
 
@@ -329,6 +331,7 @@ def rollout_spec_from_pb(pb: rollout_pb2.RolloutSpec) -> RolloutSpec:
         created_by=pb.created_by,
         document_digest=pb.document_digest,
         webhooks=tuple(_webhook_from_pb(w) for w in pb.webhooks),
+        bake_s=pb.bake_s,
     )
 
 

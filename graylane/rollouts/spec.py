@@ -249,6 +249,9 @@ class RolloutSpec:
     document_digest: str = ""
     """sha256 of the applied Rollout document; empty for a rollout started by flags."""
     webhooks: tuple[WebhookTarget, ...] = ()
+    bake_s: float = 0.0
+    """How long the gates keep watching the promoted version after its promotion (0: the
+    promotion is final at once)."""
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -277,6 +280,8 @@ def _problems(spec: RolloutSpec) -> list[str]:
     for hook in spec.webhooks:
         if not hook.url.startswith(("http://", "https://")):
             out.append(f"webhook url {hook.url!r} is not http(s)")
+    if not (_finite(spec.bake_s) and spec.bake_s >= 0.0):
+        out.append(f"bake_s {spec.bake_s} must be zero or positive")
     if spec.failures_to_rollback < 1:
         out.append(f"failures_to_rollback {spec.failures_to_rollback} must be at least 1")
     if spec.strategy is Strategy.SHADOW_THEN_CANARY:

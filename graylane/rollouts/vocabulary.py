@@ -26,6 +26,8 @@ class Phase(Enum):
     PROGRESSING = "progressing"
     AB_HOLDING = "ab_holding"
     PAUSED = "paused"
+    BAKING = "baking"
+    """Promoted (100 % and stable), still watched by the gates until the bake period ends."""
     PROMOTED = "promoted"
     ROLLED_BACK = "rolled_back"
     ABORTED = "aborted"
@@ -85,6 +87,14 @@ class DecisionRule(StrEnum):
     """An approval step's gates, samples and dwell are met: paused until resumed or timed out."""
     APPROVAL_ELAPSED = "approval_elapsed"
     """A timed approval pause ran out: the rollout goes on as if resumed."""
+    BAKING = "baking"
+    """Promoted and baking: the gates watch the promoted version against the previous
+    stable's last window until the bake period ends."""
+    BAKED = "baked"
+    """The bake period ended without a regression: the promotion is final."""
+    BAKE_REGRESSION = "bake_regression"
+    """A gate failed during the bake period: routing and the stable version went back to
+    the previous stable."""
     SPEC_UPDATED = "spec_updated"
     """An applied Rollout document changed what may change (steps, gates, webhooks)."""
     # rollout gates

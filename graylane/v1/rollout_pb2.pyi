@@ -54,6 +54,7 @@ class RolloutPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROMOTED: _ClassVar[RolloutPhase]
     ROLLED_BACK: _ClassVar[RolloutPhase]
     ABORTED: _ClassVar[RolloutPhase]
+    BAKING: _ClassVar[RolloutPhase]
 
 class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -102,6 +103,7 @@ PAUSED: RolloutPhase
 PROMOTED: RolloutPhase
 ROLLED_BACK: RolloutPhase
 ABORTED: RolloutPhase
+BAKING: RolloutPhase
 COMMAND_KIND_UNSPECIFIED: CommandKind
 COMMAND_START: CommandKind
 COMMAND_PAUSE: CommandKind
@@ -210,7 +212,7 @@ class MetricGate(_message.Message):
     def __init__(self, name: _Optional[str] = ..., query: _Optional[str] = ..., comparison: _Optional[_Union[MetricComparison, str]] = ..., threshold: _Optional[float] = ..., pause_after_inconclusive_s: _Optional[float] = ...) -> None: ...
 
 class RolloutSpec(_message.Message):
-    __slots__ = ("rollout_id", "model", "baseline_version", "candidate_version", "strategy", "steps", "gates", "failures_to_rollback", "shadow_share", "shadow_duration_s", "ab_weight_percent", "ab_duration_s", "created_at_unix_ms", "created_by", "document_digest", "webhooks")
+    __slots__ = ("rollout_id", "model", "baseline_version", "candidate_version", "strategy", "steps", "gates", "failures_to_rollback", "shadow_share", "shadow_duration_s", "ab_weight_percent", "ab_duration_s", "created_at_unix_ms", "created_by", "document_digest", "webhooks", "bake_s")
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BASELINE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +229,7 @@ class RolloutSpec(_message.Message):
     CREATED_BY_FIELD_NUMBER: _ClassVar[int]
     DOCUMENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     WEBHOOKS_FIELD_NUMBER: _ClassVar[int]
+    BAKE_S_FIELD_NUMBER: _ClassVar[int]
     rollout_id: str
     model: str
     baseline_version: str
@@ -243,10 +246,11 @@ class RolloutSpec(_message.Message):
     created_by: str
     document_digest: str
     webhooks: _containers.RepeatedCompositeFieldContainer[Webhook]
-    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., baseline_version: _Optional[str] = ..., candidate_version: _Optional[str] = ..., strategy: _Optional[_Union[RolloutStrategy, str]] = ..., steps: _Optional[_Iterable[_Union[RolloutStep, _Mapping]]] = ..., gates: _Optional[_Union[GateSpec, _Mapping]] = ..., failures_to_rollback: _Optional[int] = ..., shadow_share: _Optional[float] = ..., shadow_duration_s: _Optional[float] = ..., ab_weight_percent: _Optional[float] = ..., ab_duration_s: _Optional[float] = ..., created_at_unix_ms: _Optional[int] = ..., created_by: _Optional[str] = ..., document_digest: _Optional[str] = ..., webhooks: _Optional[_Iterable[_Union[Webhook, _Mapping]]] = ...) -> None: ...
+    bake_s: float
+    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., baseline_version: _Optional[str] = ..., candidate_version: _Optional[str] = ..., strategy: _Optional[_Union[RolloutStrategy, str]] = ..., steps: _Optional[_Iterable[_Union[RolloutStep, _Mapping]]] = ..., gates: _Optional[_Union[GateSpec, _Mapping]] = ..., failures_to_rollback: _Optional[int] = ..., shadow_share: _Optional[float] = ..., shadow_duration_s: _Optional[float] = ..., ab_weight_percent: _Optional[float] = ..., ab_duration_s: _Optional[float] = ..., created_at_unix_ms: _Optional[int] = ..., created_by: _Optional[str] = ..., document_digest: _Optional[str] = ..., webhooks: _Optional[_Iterable[_Union[Webhook, _Mapping]]] = ..., bake_s: _Optional[float] = ...) -> None: ...
 
 class RolloutState(_message.Message):
-    __slots__ = ("rollout_id", "model", "phase", "step_index", "candidate_weight_percent", "phase_started_at_unix_ms", "consecutive_failures", "updated_at_unix_ms", "last_reason", "paused_from", "spec", "step_started_at_unix_ms", "shadow_share", "failure_window_end_unix_ms", "epoch", "evidence", "sequential", "approval_step", "approved_step", "pause_until_unix_ms", "baseline_outcomes", "candidate_outcomes")
+    __slots__ = ("rollout_id", "model", "phase", "step_index", "candidate_weight_percent", "phase_started_at_unix_ms", "consecutive_failures", "updated_at_unix_ms", "last_reason", "paused_from", "spec", "step_started_at_unix_ms", "shadow_share", "failure_window_end_unix_ms", "epoch", "evidence", "sequential", "approval_step", "approved_step", "pause_until_unix_ms", "baseline_outcomes", "candidate_outcomes", "bake_until_unix_ms", "bake_reference")
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +273,8 @@ class RolloutState(_message.Message):
     PAUSE_UNTIL_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     BASELINE_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    BAKE_UNTIL_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    BAKE_REFERENCE_FIELD_NUMBER: _ClassVar[int]
     rollout_id: str
     model: str
     phase: RolloutPhase
@@ -291,7 +297,9 @@ class RolloutState(_message.Message):
     pause_until_unix_ms: int
     baseline_outcomes: _outcome_pb2.ArmOutcomes
     candidate_outcomes: _outcome_pb2.ArmOutcomes
-    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., phase: _Optional[_Union[RolloutPhase, str]] = ..., step_index: _Optional[int] = ..., candidate_weight_percent: _Optional[float] = ..., phase_started_at_unix_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., updated_at_unix_ms: _Optional[int] = ..., last_reason: _Optional[str] = ..., paused_from: _Optional[_Union[RolloutPhase, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ..., step_started_at_unix_ms: _Optional[int] = ..., shadow_share: _Optional[float] = ..., failure_window_end_unix_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., evidence: _Optional[_Union[StepEvidence, _Mapping]] = ..., sequential: _Optional[_Union[SequentialEvidence, _Mapping]] = ..., approval_step: _Optional[int] = ..., approved_step: _Optional[int] = ..., pause_until_unix_ms: _Optional[int] = ..., baseline_outcomes: _Optional[_Union[_outcome_pb2.ArmOutcomes, _Mapping]] = ..., candidate_outcomes: _Optional[_Union[_outcome_pb2.ArmOutcomes, _Mapping]] = ...) -> None: ...
+    bake_until_unix_ms: int
+    bake_reference: bytes
+    def __init__(self, rollout_id: _Optional[str] = ..., model: _Optional[str] = ..., phase: _Optional[_Union[RolloutPhase, str]] = ..., step_index: _Optional[int] = ..., candidate_weight_percent: _Optional[float] = ..., phase_started_at_unix_ms: _Optional[int] = ..., consecutive_failures: _Optional[int] = ..., updated_at_unix_ms: _Optional[int] = ..., last_reason: _Optional[str] = ..., paused_from: _Optional[_Union[RolloutPhase, str]] = ..., spec: _Optional[_Union[RolloutSpec, _Mapping]] = ..., step_started_at_unix_ms: _Optional[int] = ..., shadow_share: _Optional[float] = ..., failure_window_end_unix_ms: _Optional[int] = ..., epoch: _Optional[int] = ..., evidence: _Optional[_Union[StepEvidence, _Mapping]] = ..., sequential: _Optional[_Union[SequentialEvidence, _Mapping]] = ..., approval_step: _Optional[int] = ..., approved_step: _Optional[int] = ..., pause_until_unix_ms: _Optional[int] = ..., baseline_outcomes: _Optional[_Union[_outcome_pb2.ArmOutcomes, _Mapping]] = ..., candidate_outcomes: _Optional[_Union[_outcome_pb2.ArmOutcomes, _Mapping]] = ..., bake_until_unix_ms: _Optional[int] = ..., bake_reference: _Optional[bytes] = ...) -> None: ...
 
 class RatioTestState(_message.Message):
     __slots__ = ("r0", "log_lr", "candidate_events", "candidate_requests", "baseline_events", "baseline_requests", "recent_up")

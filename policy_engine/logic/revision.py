@@ -5,7 +5,8 @@ phase and step; a canary whose current step's weight is different in the new
 schedule moves to that weight at once (one routing intent, the step's timers and
 evidence start over). A step index beyond the new schedule's canary steps comes
 down to its last step below 100 %. A paused rollout keeps its frozen weight: the
-new weight applies when it moves on.
+new weight applies when it moves on. A baking rollout's bake period, changed, counts
+from its promotion.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def revise(
             note=note,
         )
     after = replace(state, step_index=step_index, last_reason=reason, updated_ms=now_ms)
+    if state.phase is Phase.BAKING:
+        # A new bake period counts from the promotion (0: the bake ends at the next tick).
+        after = replace(after, bake_until_ms=state.phase_started_ms + round(spec.bake_s * 1000))
     return Decision(
         kind=DecisionKind.HOLD,
         rule=DecisionRule.SPEC_UPDATED,

@@ -43,6 +43,16 @@ Steps 4 and 5 (what the gate verdicts lead to) are :func:`on_failure` and
 A rollback or abort sends the candidate to 0 % in one routing plan; a
 promotion gives it 100 % and makes it the stable version.
 
+Bake period (``spec.bake_s`` > 0): the promotion moves the rollout to BAKING
+instead of PROMOTED, with the baseline window just judged kept as the reference
+(:mod:`~graylane.policy_engine.logic.bake` explains that choice). Each evaluation
+while BAKING judges the promoted version's window against it: a gate failure
+counts as in step 4 and rolls back (routing and stable back to the baseline, rule
+of the failing gate, "during bake" in the reason); once ``bake_s`` has passed
+without one, the rollout ends PROMOTED under rule ``baked`` (no routing change).
+A manual ROLLBACK during the bake rolls back the same way, a manual PROMOTE ends
+the bake at once; PAUSE and ABORT are refused. A manual PROMOTE never bakes.
+
 Approval steps: a step with a ``pause`` whose gates, samples and dwell are met
 does not advance; it pauses (rule ``approval_pause``, weights frozen, gates not
 judged) until RESUME approves it, or until its duration runs out (rule
@@ -66,6 +76,13 @@ from types import MappingProxyType
 from typing import TypedDict
 
 from graylane.policy_engine.logic.agreement import AgreementStats, SchemaMismatch
+from graylane.policy_engine.logic.bake import (
+    BakeAction,
+    bake_gates,
+    bake_left_ms,
+    bake_reference,
+    judge_bake,
+)
 from graylane.policy_engine.logic.gates import (
     GateResult,
     SequentialEvidence,
@@ -170,9 +187,11 @@ TRANSITIONS: Mapping[Phase, frozenset[Phase]] = MappingProxyType(
         ),
         Phase.SHADOWING: frozenset({Phase.PROGRESSING, Phase.PAUSED}) | _ENDINGS,
         # PROGRESSING -> PROGRESSING is the move to the next step.
-        Phase.PROGRESSING: frozenset({Phase.PROGRESSING, Phase.PAUSED}) | _ENDINGS,
-        Phase.AB_HOLDING: frozenset({Phase.PAUSED}) | _ENDINGS,
+        Phase.PROGRESSING: frozenset({Phase.PROGRESSING, Phase.PAUSED, Phase.BAKING}) | _ENDINGS,
+        Phase.AB_HOLDING: frozenset({Phase.PAUSED, Phase.BAKING}) | _ENDINGS,
         Phase.PAUSED: ACTIVE_PHASES | _ENDINGS,
+        # Baking ends baked (PROMOTED) or rolled back; it cannot be paused or aborted.
+        Phase.BAKING: frozenset({Phase.PROMOTED, Phase.ROLLED_BACK}),
         Phase.PROMOTED: frozenset(),
         Phase.ROLLED_BACK: frozenset(),
         Phase.ABORTED: frozenset(),
@@ -217,10 +236,18 @@ class RolloutState:
     sequential: SequentialEvidence = field(default_factory=SequentialEvidence)
     # A/B rollouts: the arms' rated outcomes as of the last decision (restart recovery).
     outcomes: OutcomeTally = field(default_factory=OutcomeTally)
+    # BAKING: when the bake period ends, and the previous stable's last window before
+    # the promotion, the reference of every bake window (see logic/bake.py).
+    bake_until_ms: int = 0
+    bake_reference: WindowStats | None = None
 
     @property
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
+
+    def bake_left_ms(self, now_ms: int) -> int:
+        """While BAKING, how long the bake has to go; 0 otherwise."""
+        return bake_left_ms(self.bake_until_ms, now_ms) if self.phase is Phase.BAKING else 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,7 +289,7 @@ def pending_state(spec: RolloutSpec, now_ms: int, *, epoch: int = 0) -> RolloutS
 
 def routing_of(spec: RolloutSpec, state: RolloutState) -> RoutingPlan:
     """The traffic split ``state`` stands for."""
-    promoted = state.phase is Phase.PROMOTED
+    promoted = state.phase in (Phase.PROMOTED, Phase.BAKING)
     shadowing = state.shadow_share > 0.0
     return split_plan(
         model=spec.model,
@@ -440,14 +467,21 @@ def on_failure(
 
 
 def rollback(ctx: Evaluation, state: RolloutState, rule: DecisionRule, reason: str) -> Decision:
-    """Send the candidate to 0 % at once under ``rule``."""
+    """Send the candidate to 0 % at once under ``rule`` (during a bake: the previous
+    stable version takes the whole traffic back and is stable again)."""
+    spec = ctx.spec
+    what = (
+        f"rolled back {spec.candidate} during bake, {spec.baseline} at 100% and stable again"
+        if state.phase is Phase.BAKING
+        else f"rolled back {spec.candidate} to 0%"
+    )
     return transition(
         state,
         ctx.spec,
         ctx.now_ms,
         DecisionKind.ROLLBACK,
         rule,
-        f"rolled back {ctx.spec.candidate} to 0%: {reason}",
+        f"{what}: {reason}",
         phase=Phase.ROLLED_BACK,
         step_index=state.step_index,
         weight=0.0,
@@ -577,19 +611,32 @@ def _advance(
     nxt = state.step_index + 1
     final = state.phase is Phase.AB_HOLDING or spec.steps[nxt].weight_percent >= 100.0
     if final:
-        return transition(
+        reference = bake_reference(ctx.inputs, spec.baseline) if spec.bake_s > 0 else None
+        baking = reference is not None
+        bake = (
+            f"; baking {spec.bake_s:g} s against {spec.baseline}'s last window "
+            f"({reference.requests} requests)"
+            if reference is not None
+            else ""
+        )
+        decision = transition(
             state,
             spec,
             ctx.now_ms,
             DecisionKind.PROMOTE,
             rule,
-            f"{where} passed; promoted {spec.candidate} to 100% and stable: {summary}",
-            phase=Phase.PROMOTED,
+            f"{where} passed; promoted {spec.candidate} to 100% and stable{bake}: {summary}",
+            phase=Phase.BAKING if baking else Phase.PROMOTED,
             step_index=len(spec.steps) - 1 if state.phase is Phase.PROGRESSING else 0,
             weight=100.0,
             shadow_share=0.0,
             **ctx.carry(),
         )
+        if not baking:
+            return decision
+        until = ctx.now_ms + round(spec.bake_s * 1000)
+        after = replace(decision.after, bake_until_ms=until, bake_reference=reference)
+        return replace(decision, after=after)
     return transition(
         state,
         spec,
@@ -843,6 +890,8 @@ def _evaluate(
                 "(`graylane rollout resume`); weights frozen",
             )
         return ctx.hold(state, DecisionRule.PAUSED, f"paused (from {from_phase}); weights frozen")
+    if state.phase is Phase.BAKING:
+        return _evaluate_bake(ctx, state, candidate, signals)
     live = check_rollout_liveness(
         signals.baseline_liveness if signals else None,
         signals.candidate_liveness if signals else None,
@@ -915,6 +964,55 @@ def _evaluate(
         return ctx.hold(current, unsure[0].rule, f"inconclusive, holding: {summary}")
     passed = replace(current, consecutive_failures=0, failure_window_end_ms=0)
     return on_pass(ctx, passed, summary)
+
+
+def _evaluate_bake(
+    ctx: Evaluation,
+    state: RolloutState,
+    candidate: WindowStats | None,
+    signals: RolloutSignals | None,
+) -> Decision:
+    """Judge one window of the promoted version against the frozen reference (see
+    :mod:`~graylane.policy_engine.logic.bake`): roll back, end baked, or keep baking."""
+    spec, now_ms = ctx.spec, ctx.now_ms
+    reference = state.bake_reference
+    live = check_rollout_liveness(
+        None,
+        signals.candidate_liveness if signals else None,
+        now_ms,
+        round(spec.gates.unresponsive_s * 1000),
+    )
+    if live.action is LivenessAction.ROLLBACK:
+        return rollback(ctx, state, DecisionRule.CANDIDATE_UNRESPONSIVE, live.reason)
+    results: list[GateResult] = []
+    judged = ""
+    if reference is None:
+        judged = "no reference window of the previous stable version"
+    elif candidate is None or candidate.requests < GATE_MIN_WINDOW_REQUESTS:
+        served = 0 if candidate is None else candidate.requests
+        judged = (
+            f"window has {served} requests of {spec.candidate}; "
+            f"gates need at least {GATE_MIN_WINDOW_REQUESTS}"
+        )
+    else:
+        ctx.inputs = (reference, candidate)
+        results = judge(
+            reference, candidate, StepEvidence(), SequentialEvidence(), bake_gates(spec.gates)
+        )
+        if spec.gates.metrics:
+            readings = signals.metrics if signals is not None else ()
+            results.extend(metric_results(spec.gates.metrics, readings))
+    verdict = judge_bake(results, bake_until_ms=state.bake_until_ms, now_ms=now_ms, judged=judged)
+    if verdict.action is BakeAction.FAILED and candidate is not None:
+        return on_failure(ctx, state, candidate, list(verdict.failed))
+    if verdict.action is BakeAction.BAKED:
+        check_transition(state.phase, Phase.PROMOTED)
+        after = replace(state, phase=Phase.PROMOTED, consecutive_failures=0)
+        reason = f"baked: {spec.candidate} stays stable after {spec.bake_s:g} s; {verdict.reason}"
+        return ctx.decide(DecisionKind.PROMOTE, DecisionRule.BAKED, reason, after)
+    if results and all(r.verdict is Verdict.PASS for r in results):
+        state = replace(state, consecutive_failures=0, failure_window_end_ms=0)
+    return ctx.hold(state, DecisionRule.BAKING, verdict.reason)
 
 
 def _pause_inconclusive(

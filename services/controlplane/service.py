@@ -187,6 +187,7 @@ class ControlPlaneServer:
         )
         # A promotion the sink records makes the candidate the registry's stable version.
         self.store.on_promoted(self.control.record_promotion)
+        self.store.on_rolled_back(self.control.record_rollback)
         self.observability = ServiceObservability("controlplane")
         self.metrics = ControlPlaneMetrics.create(self.observability.registry)
         self.metrics.watch_streams.set_function(lambda: self.control.watch_slots.open)
@@ -393,6 +394,33 @@ class ControlPlane:
             log.error("promotion of %s %s not recorded as stable: %s", model, candidate, exc)
             return
         log.info("%s: %s is the stable version (rollout %s)", model, candidate, state.rollout_id)
+
+    def record_rollback(self, state: rollout_pb2.RolloutState) -> None:
+        """A rolled-back candidate that was the registry's stable version (its rollout was
+        rolled back during its bake) gives the stable version back to the baseline.
+
+        Any other rollback leaves the registry alone: its stable version is the baseline.
+        """
+        model, spec = state.model, state.spec
+        try:
+            stable = self.registry.get_stable(model)
+            if stable is None or str(stable.version) != spec.candidate_version:
+                return
+            self.registry.set_stable(model, spec.baseline_version)
+        except RegistryError as exc:
+            log.error(
+                "rollback of %s %s not recorded in the registry: %s",
+                model,
+                spec.candidate_version,
+                exc,
+            )
+            return
+        log.info(
+            "%s: %s is the stable version again (rollout %s rolled back during its bake)",
+            model,
+            spec.baseline_version,
+            state.rollout_id,
+        )
 
     def principal(self, context: Context) -> Principal:
         found = self.tokens.principal_of(context.invocation_metadata())

@@ -162,6 +162,10 @@ def fit(value: str, limit: int) -> str:
 # -- the store ---------------------------------------------------------------------------------
 
 
+_PROMOTED = (rollout_pb2.BAKING, rollout_pb2.PROMOTED)
+"""Phases in which the candidate is the stable version."""
+
+
 def _finished(phase: int) -> bool:
     known = phase_from_pb(phase)
     return known is not None and known.finished
@@ -199,10 +203,16 @@ class ControlStore:
         self._clock = clock
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._on_promoted: Callable[[rollout_pb2.RolloutState], None] | None = None
+        self._on_rolled_back: Callable[[rollout_pb2.RolloutState], None] | None = None
 
     def on_promoted(self, hook: Callable[[rollout_pb2.RolloutState], None]) -> None:
-        """Call ``hook`` with each state that newly records a promotion (after its commit)."""
+        """Call ``hook`` with each state that newly records a promotion (after its commit):
+        BAKING (promoted, the bake begins) or PROMOTED, whichever comes first."""
         self._on_promoted = hook
+
+    def on_rolled_back(self, hook: Callable[[rollout_pb2.RolloutState], None]) -> None:
+        """Call ``hook`` with each state that newly records a rollback (after its commit)."""
+        self._on_rolled_back = hook
 
     @property
     def engine(self) -> Engine:
@@ -289,6 +299,7 @@ class ControlStore:
                 session.add(_rollout_row(state, now))
                 return True
             promoted: rollout_pb2.RolloutState | None = None
+            rolled_back: rollout_pb2.RolloutState | None = None
             if state.updated_at_unix_ms < row.state_updated_ms:
                 return False
             merged = rollout_pb2.RolloutState()
@@ -298,15 +309,19 @@ class ControlStore:
             data = encode(merged)
             if data == row.state:
                 return False
-            newly_promoted = merged.phase == rollout_pb2.PROMOTED != row.phase
+            newly_promoted = merged.phase in _PROMOTED and row.phase not in _PROMOTED
+            newly_rolled_back = merged.phase == rollout_pb2.ROLLED_BACK != row.phase
             row.state = data
             row.phase = merged.phase
             row.terminal = int(_finished(merged.phase))
             row.state_updated_ms = merged.updated_at_unix_ms
             row.updated_at_ms = now
             promoted = merged if newly_promoted else None
+            rolled_back = merged if newly_rolled_back else None
         if promoted is not None and self._on_promoted is not None:
             self._on_promoted(promoted)
+        if rolled_back is not None and self._on_rolled_back is not None:
+            self._on_rolled_back(rolled_back)
         return True
 
     # ------------------------------------------------------------ QoS policies

@@ -246,7 +246,8 @@ def transition_of(record: audit_pb2.AuditRecord) -> Transition | None:
     phase = phase_from_pb(after.phase)
     if kind is None or phase is None:
         return None
-    what = transition_kind(kind, decision_rule_from_pb(record.rule), phase)
+    before = phase_from_pb(record.rollout_before.phase)
+    what = transition_kind(kind, decision_rule_from_pb(record.rule), phase, before)
     if what is None:
         return None
     try:

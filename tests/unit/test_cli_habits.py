@@ -193,3 +193,35 @@ def test_the_completion_script_completes_every_level(parser: argparse.ArgumentPa
     assert "--wait" in complete("rollout", "status", "--")
     assert complete("serve", "w") == ["worker"]
     assert "use-context" in complete("config", "")
+
+
+def test_rollout_start_sends_the_bake_period(
+    parser: argparse.ArgumentParser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from graylane.app.cli import rollouts
+
+    sent: list[rollout_pb2.RolloutSpec] = []
+
+    def call(args: object, service: str, method: str, spec: rollout_pb2.RolloutSpec) -> object:
+        sent.append(spec)
+        return rollout_pb2.RolloutState(rollout_id="ro-x", spec=spec)
+
+    monkeypatch.setattr(rollouts, "call", call)
+    argv = ["rollout", "start", "--model", "m", "--candidate", "1.1.0", "--bake-s", "600"]
+    args = parser.parse_args([*argv, "-o", "name"])
+    assert args.handler(args) == 0
+    assert [s.bake_s for s in sent] == [600.0]
+
+
+def test_the_status_of_a_baking_rollout_shows_the_time_left() -> None:
+    from graylane.app.cli.views import bake_text, state_rows
+
+    spec = rollout_pb2.RolloutSpec(bake_s=600.0)
+    baking = rollout_pb2.RolloutState(
+        phase=rollout_pb2.BAKING, bake_until_unix_ms=1_000_000, spec=spec
+    )
+    assert bake_text(baking, now=760_000).startswith("baking, 240s left of 600s (until ")
+    assert ("phase", "baking") in state_rows(baking)
+    done = rollout_pb2.RolloutState(phase=rollout_pb2.PROMOTED, spec=spec)
+    assert bake_text(done) == "600s after the promotion"
+    assert bake_text(rollout_pb2.RolloutState(phase=rollout_pb2.PROMOTED)) == ""

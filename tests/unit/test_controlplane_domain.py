@@ -109,6 +109,14 @@ def test_commands_by_phase() -> None:
         check_command(ManualCommand.RESUME, "r", Phase.PROGRESSING)
 
 
+def test_a_baking_rollout_takes_only_rollback_and_promote() -> None:
+    check_command(ManualCommand.ROLLBACK, "r", Phase.BAKING)
+    check_command(ManualCommand.PROMOTE, "r", Phase.BAKING)
+    for refused in (ManualCommand.PAUSE, ManualCommand.RESUME, ManualCommand.ABORT):
+        with pytest.raises(FailedPrecondition, match="is baking"):
+            check_command(refused, "r", Phase.BAKING)
+
+
 def test_qos_policy_checks() -> None:
     check_qos_policy(_model(), "m", "1.1.0", ["int8"])
     check_qos_policy(_model(), "m", "1.0.0", ["fp32", "int8"])  # no artifacts: not checked

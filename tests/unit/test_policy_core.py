@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from graylane.histogram import LatencyHistogram
 from graylane.policy_engine import wire
 from graylane.policy_engine.audit_replay import verify
@@ -12,6 +14,7 @@ from graylane.policy_engine.messages import (
     CommandKind,
     CommandRejected,
     PrecisionPublication,
+    QosAudit,
     RolloutAudit,
     RolloutPublication,
     RoutingPublication,
@@ -216,3 +219,74 @@ def test_qos_steps_down_under_sustained_breach_and_back_up() -> None:
     rec = records_of(published[:1], layout)[0]
     cmd = control_pb2.PrecisionCommand.FromString(rec.value)
     assert rec.key == b"gpt/v1" and (cmd.variant, cmd.epoch) == ("fp16", 5)
+
+
+def drive_promoted(core: PolicyCore, t0: int, t1: int, *, ms: float = 5.0) -> list[object]:
+    """After a promotion: telemetry of the promoted version only, every 250 ms."""
+    out: list[object] = []
+    for t in range(t0, t1, 250):
+        core.on_telemetry(batch("v2", t, ms=ms, errors=5 if ms > 5.0 else 0))
+        if t % 1000 == 0:
+            out.extend(core.tick(t))
+    return out
+
+
+def test_a_bake_survives_a_restore_and_a_regression_in_it_rolls_back() -> None:
+    spec = replace(SPEC, bake_s=20.0)
+    core = PolicyCore(window_ms=4000, step_ms=1000)
+    out = core.on_command(start_cmd(spec), 100_000) + drive(core, 100_000, 110_000)
+    assert core.rollouts[MODEL].state.phase is Phase.BAKING
+    promoted = routing(out)[-1].plan
+    assert promoted.stable_version == "v2" and promoted.weight_of("v2") == 100.0
+    rules = [a.decision.rule for a in audits(out)]
+    assert rules[rules.index("all_gates_passed", 1) :][-2:] == ["all_gates_passed", "baking"]
+
+    # A restarted engine goes on from the published state: same reference, same end.
+    last = [o for o in out if isinstance(o, RolloutPublication)][-1]
+    assert last.state.phase is Phase.BAKING and last.state.bake_reference is not None
+    state, restored_spec = wire.rollout_state_from_pb(wire.rollout_state_to_pb(last.state, spec))
+    fresh = PolicyCore(window_ms=4000, step_ms=1000)
+    fresh.restore([(state, restored_spec)], {MODEL: promoted.epoch}, {})
+    assert fresh.rollouts[MODEL].state == core.rollouts[MODEL].state
+    later = drive_promoted(fresh, 110_000, 118_000, ms=40.0)
+    back = routing(later)
+    assert [t.plan.stable_version for t in back] == ["v1"] and back[0].plan.weight_of("v2") == 0
+    assert back[0].plan.epoch == promoted.epoch + 1
+    ended = fresh.rollouts.finished["r1"]
+    assert ended.phase is Phase.ROLLED_BACK and "during bake" in ended.last_reason
+
+
+def test_a_clean_bake_ends_baked_without_a_new_table() -> None:
+    spec = replace(SPEC, bake_s=10.0)
+    core = PolicyCore(window_ms=4000, step_ms=1000)
+    out = core.on_command(start_cmd(spec), 100_000) + drive(core, 100_000, 110_000)
+    tables = len(routing(out))
+    out += drive_promoted(core, 110_000, 130_000)
+    assert len(routing(out)) == tables
+    assert core.rollouts.finished["r1"].phase is Phase.PROMOTED
+    assert [a.decision.rule for a in audits(out)][-1] == "baked"
+    layout = TopicLayout(prefix="p")
+    recs = [
+        audit_pb2.AuditRecord.FromString(r.value)
+        for r in records_of(out, layout)
+        if r.topic == layout.audit()
+    ]
+    assert verify(recs) == []
+
+
+def test_while_baking_the_promoted_version_is_under_its_own_qos_policy() -> None:
+    spec = replace(SPEC, bake_s=60.0)
+    core = PolicyCore(window_ms=4000, step_ms=1000)
+    for version in ("v1", "v2"):
+        policy = QosPolicy(model=MODEL, version=version, slo_p99_ms=20.0, ladder=("fp32", "fp16"))
+        core.on_command(Command(kind=CommandKind.SET_QOS_POLICY, model=MODEL, qos_policy=policy), 0)
+    out = core.on_command(start_cmd(spec), 100_000) + drive(core, 100_000, 110_000)
+    assert core.rollouts[MODEL].state.phase is Phase.BAKING
+    during = [o.decision.rule for o in out if isinstance(o, QosAudit) and o.rollout_id]
+    assert "follow_baseline" in during or "like_for_like" in during, during
+    later = drive_promoted(core, 110_000, 115_000)
+    candidate = [
+        o for o in later if isinstance(o, QosAudit) and o.policy and o.policy.version == "v2"
+    ]
+    rules = {o.decision.rule for o in candidate}
+    assert rules and not rules & {"follow_baseline", "like_for_like"}, rules

@@ -197,3 +197,18 @@ def test_a_documents_qos_may_cap_the_quality_a_step_down_costs() -> None:
     assert plain.qos is not None and plain.qos.max_quality_drop is None
     with pytest.raises(ManifestInvalid):
         load_documents(capped.replace("maxQualityDrop: 0.05", "maxQualityDrop: 2"))
+
+
+def test_a_bake_period_is_read_rendered_and_checked() -> None:
+    (plain,) = load_documents(DOC)
+    assert plain.spec.bake_s == 0.0 and "bake:" not in render(plain.spec, qos=plain.qos)
+    baked = DOC.replace("  strategy: canary\n", "  strategy: canary\n  bake: 30m\n")
+    (doc,) = load_documents(baked)
+    assert doc.spec.bake_s == 1800.0
+    text = render(doc.spec, qos=doc.qos)
+    assert "  bake: 30m\n" in text
+    (again,) = load_documents(text)
+    assert again.spec.bake_s == 1800.0 and render(again.spec, qos=again.qos) == text
+    assert doc.digest != plain.digest
+    with pytest.raises(ManifestInvalid, match=r"spec.bake"):
+        load_documents(DOC.replace("  strategy: canary\n", "  strategy: canary\n  bake: soon\n"))

@@ -175,6 +175,11 @@ def check_command(command: ManualCommand, rollout_id: str, phase: Phase) -> None
             f"rollout {rollout_id} is already {phase.value}; a finished rollout takes no "
             f"{command.value}; start a new rollout instead"
         )
+    if phase is Phase.BAKING and command not in (ManualCommand.ROLLBACK, ManualCommand.PROMOTE):
+        raise FailedPrecondition(
+            f"rollout {rollout_id} is baking (promoted, watched by its gates); a baking "
+            f"rollout takes no {command.value}: roll it back, or promote it to end the bake"
+        )
     if command is ManualCommand.PAUSE and phase is Phase.PAUSED:
         raise FailedPrecondition(f"rollout {rollout_id} is already paused; resume it instead")
     # PENDING: the policy engine may not have reported the pause yet; let it judge.

@@ -1,0 +1,90 @@
+"""The registry's stable version through a bake: stable at the promotion that starts the
+bake, kept when the bake ends, given back to the baseline when it is rolled back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from graylane.registry import open_registry
+from graylane.rollouts.pb import rollout_spec_to_pb
+from graylane.rollouts.spec import RolloutSpec
+from graylane.services.controlplane.audit_sink import RolloutHub
+from graylane.services.controlplane.auth import ApiRole, Principal, TokenTable
+from graylane.services.controlplane.service import ControlPlane
+from graylane.services.controlplane.state import open_store
+from graylane.v1 import rollout_pb2
+
+MODEL, BASE, CANDIDATE = "m", "1.0.0", "1.1.0"
+SPEC = RolloutSpec(
+    rollout_id="ro-m-1", model=MODEL, baseline=BASE, candidate=CANDIDATE, bake_s=60.0
+)
+
+
+class NoBus:
+    async def publish(self, command: rollout_pb2.RolloutCommand) -> None:
+        raise AssertionError("nothing is published here")
+
+
+def _plane(tmp_path: Path) -> ControlPlane:
+    url = f"sqlite:///{tmp_path / 'cp.db'}"
+    registry = open_registry(url)
+    registry.register_model(MODEL, "baked")
+    for version in (BASE, CANDIDATE):
+        registry.register_version(MODEL, version, "a" * 64)
+    registry.set_stable(MODEL, BASE)
+    plane = ControlPlane(
+        registry=registry,
+        store=open_store(url),
+        bus=NoBus(),
+        hub=RolloutHub(),
+        tokens=TokenTable({"t": Principal("ops", ApiRole.OPERATOR)}),
+    )
+    plane.store.on_promoted(plane.record_promotion)
+    plane.store.on_rolled_back(plane.record_rollback)
+    return plane
+
+
+def _state(phase: rollout_pb2.RolloutPhase, at: int) -> rollout_pb2.RolloutState:
+    return rollout_pb2.RolloutState(
+        rollout_id=SPEC.rollout_id,
+        model=MODEL,
+        phase=phase,
+        updated_at_unix_ms=at,
+        spec=rollout_spec_to_pb(SPEC),
+    )
+
+
+def _stable(plane: ControlPlane) -> str:
+    info = plane.registry.get_stable(MODEL)
+    return str(info.version) if info is not None else ""
+
+
+def _revisions(plane: ControlPlane) -> list[str]:
+    return [str(r.version) for r in plane.registry.stable_revisions(MODEL)]
+
+
+def test_a_rollback_during_bake_gives_the_stable_version_back(tmp_path: Path) -> None:
+    plane = _plane(tmp_path)
+    plane.store.apply_state(_state(rollout_pb2.PROGRESSING, 1))
+    assert _stable(plane) == BASE
+    plane.store.apply_state(_state(rollout_pb2.BAKING, 2))
+    assert _stable(plane) == CANDIDATE
+    plane.store.apply_state(_state(rollout_pb2.ROLLED_BACK, 3))
+    assert _stable(plane) == BASE
+    assert _revisions(plane) == [BASE, CANDIDATE, BASE]
+
+
+def test_a_clean_bake_keeps_the_promotion_once(tmp_path: Path) -> None:
+    plane = _plane(tmp_path)
+    plane.store.apply_state(_state(rollout_pb2.PROGRESSING, 1))
+    plane.store.apply_state(_state(rollout_pb2.BAKING, 2))
+    plane.store.apply_state(_state(rollout_pb2.PROMOTED, 3))
+    assert _stable(plane) == CANDIDATE
+    assert _revisions(plane) == [CANDIDATE, BASE]  # one revision for the promotion
+
+
+def test_a_rollback_before_the_promotion_leaves_the_registry_alone(tmp_path: Path) -> None:
+    plane = _plane(tmp_path)
+    plane.store.apply_state(_state(rollout_pb2.PROGRESSING, 1))
+    plane.store.apply_state(_state(rollout_pb2.ROLLED_BACK, 2))
+    assert _stable(plane) == BASE and _revisions(plane) == [BASE]
