@@ -50,6 +50,7 @@ CMD ["python3", "-c", "print('graylane probe {variant} ran')"]
 class Pushed:
     registry: LocalRegistry
     signed: SignedRegistry
+    signed_local: str
     signed_ref: str
     signed_digest: str
     unsigned_ref: str
@@ -101,6 +102,7 @@ def pushed(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield Pushed(
             registry=reg,
             signed=registry,
+            signed_local=signed_local,
             signed_ref=signed_ref,
             signed_digest=signed_digest,
             unsigned_ref=unsigned_ref,
@@ -116,6 +118,35 @@ def pushed(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def _tags(reg: LocalRegistry, repo: str) -> list[str]:
     with urllib.request.urlopen(f"http://{reg.address}/v2/{repo}/tags/list", timeout=10) as resp:
         return list(json.load(resp).get("tags") or [])
+
+
+def _copy_signature(reg: LocalRegistry, digest: str, source: str, target: str) -> None:
+    """The signature attachment of ``source``@``digest`` copied into ``target`` as it is
+    (blobs mounted across repositories, the manifest put under the same tag)."""
+    tag = digest.replace(":", "-") + ".sig"
+    base = f"http://{reg.address}/v2"
+    oci = "application/vnd.oci.image.manifest.v1+json"
+    get = urllib.request.Request(f"{base}/{source}/manifests/{tag}", headers={"Accept": oci})
+    with urllib.request.urlopen(get, timeout=10) as resp:
+        media_type = resp.headers["Content-Type"]
+        body = resp.read()
+    manifest = json.loads(body)
+    for blob in [manifest["config"], *manifest["layers"]]:
+        mount = urllib.request.Request(
+            f"{base}/{target}/blobs/uploads/?mount={blob['digest']}&from={source}",
+            method="POST",
+            data=b"",
+        )
+        with urllib.request.urlopen(mount, timeout=10) as resp:
+            assert resp.status == 201, resp.status
+    put = urllib.request.Request(
+        f"{base}/{target}/manifests/{tag}",
+        method="PUT",
+        data=body,
+        headers={"Content-Type": media_type},
+    )
+    with urllib.request.urlopen(put, timeout=10) as resp:
+        assert resp.status == 201, resp.status
 
 
 def test_the_signature_is_stored_in_the_registry_beside_the_signed_image_only(
@@ -142,6 +173,24 @@ def test_an_image_without_our_signature_is_refused(
     _forget(podman, ref)
     res = pushed.signed.pull(ref)
     assert res.returncode != 0 and SIGNATURE_REFUSED in res.stderr, res.stderr
+    assert not podman.image_exists(ref)
+
+
+def test_a_signature_copied_beside_a_re_tagged_copy_does_not_vouch_for_it(
+    podman: Podman, pushed: Pushed
+) -> None:
+    """The signature names the repository it was made for: copied with the image into
+    another repository, it is found there and refused for its identity."""
+    reg = pushed.registry
+    ref, digest = pushed.signed.push(
+        pushed.signed_local, "impostor-with-signature", "1", sign=False
+    )
+    assert digest == pushed.signed_digest
+    _copy_signature(reg, digest, "graylane/probe", "graylane/impostor-with-signature")
+    _forget(podman, ref)
+    res = pushed.signed.pull(ref)
+    assert res.returncode != 0, res.stderr
+    assert SIGNATURE_REFUSED not in res.stderr and "not accepted" in res.stderr, res.stderr
     assert not podman.image_exists(ref)
 
 
