@@ -3,34 +3,37 @@ registry, and podman pulls from there, under our policy, only what carries that 
 
 How it is signed, and why this way:
 
-* **sigstore signatures made by podman itself.** ``podman push
-  --sign-by-sigstore-private-key KEY --sign-passphrase-file FILE`` signs the manifest digest
-  it pushes and stores the signature in the registry beside the image, as the cosign-style
-  attachment ``<repo>:sha256-<digest>.sig`` (``use-sigstore-attachments: true`` in a
-  registries.d file). No lookaside web server or folder has to travel with the image, and
-  a cluster verifies the very same signature with sigstore's policy-controller (see
-  ``deploy/helm/graylane/README.md``). GPG "simple signing" (``--sign-by KEYID``) would
-  also work here but needs a lookaside store served next to the registry; sigstore keeps
-  everything in the registry.
-* **The key pair** is a cosign-format ECDSA P-256 pair made by ``cosign generate-key-pair``
-  (``COSIGN``: ``github.com/sigstore/cosign/v2/cmd/cosign`` built once from the Go module
-  proxy and cached in ``~/.cache/graylane``). cosign is used for nothing else: podman signs
-  and verifies. The pair is generated on this machine into a throwaway folder (``make
-  images``: ``<GRAYLANE_LOCAL_DIR>/containers/signing``, git-ignored; tests: their own
-  temporary folder) with a random passphrase kept in a 0600 file beside it; it is never
-  committed. The public key is what the policy names.
+* **GPG "simple signing", made and checked by podman itself.** ``podman push --sign-by
+  FINGERPRINT`` signs the manifest digest it pushes, together with the reference it is
+  pushed as, and stores the signature in the registry's lookaside store
+  (``<registry>/lookaside/<repo>@sha256=<hex>/signature-1``; ``lookaside-staging`` and
+  ``lookaside`` in a registries.d file). The sigstore form was tried first: cosign
+  (``github.com/sigstore/cosign/v2/cmd/cosign`` v2.6.5) builds from the Go module proxy in
+  about 8 minutes on two shared cores and its ``generate-key-pair`` works, but Debian 12's
+  podman 4.3.1 is built without sigstore: ``podman push --sign-by-sigstore-private-key``
+  fails and a ``sigstoreSigned`` policy refuses every image, both with "Debian-local
+  change: sigstore disabled". GPG needs nothing built and is what this podman verifies.
+* **The key** is an Ed25519 signing key generated with ``gpg --batch`` into a throwaway GPG
+  home (``make images``: ``<GRAYLANE_LOCAL_DIR>/containers/signing``, git-ignored; tests:
+  their own temporary folder), mode 0700, without a passphrase (the folder is the
+  protection; it never leaves the machine and is never committed). Its public half is
+  exported (``pubkey.asc``) for the policy. ``gpg-agent`` started by signing is stopped
+  again (``SigningKey.close``).
 
 How it is verified (``Trust``, written into a folder of its own for one registry):
 
 * ``policy.json`` (``podman --signature-policy``): images of the registry's ``graylane``
-  namespace must carry a ``sigstoreSigned`` signature by that key whose identity is the
+  namespace must carry a ``signedBy`` GPG signature by that key whose identity is the
   repository they are pulled from (``matchRepository``: a copy of a signed image re-tagged
-  under another name is refused); everything else is accepted as before.
-* ``home/.config/containers/registries.d/graylane.yaml``: ``use-sigstore-attachments: true``
-  for the registry. podman reads ``$HOME/.config/containers/registries.d`` before the
-  machine's ``/etc/containers/registries.d``, so our commands run with ``HOME`` pointing
-  there and the machine's configuration is left as it is.
+  under another name is refused, even with the signature copied beside it); everything
+  else is accepted as before.
+* ``home/.config/containers/registries.d/graylane.yaml``: the registry's lookaside store.
+  podman reads ``$HOME/.config/containers/registries.d`` before the machine's
+  ``/etc/containers/registries.d``, so our commands run with ``HOME`` pointing there and
+  the machine's configuration is left as it is.
 * The registry speaks plain HTTP on 127.0.0.1 only: ``--tls-verify=false``.
+
+A cluster checks signatures at admission instead (``deploy/helm/graylane/README.md``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,91 +50,127 @@ from pathlib import Path
 import yaml
 
 from graylane.deploy.containers.podman import ContainerToolError, Podman, containers_dir, say
-from graylane.deploy.containers.tools import GoTool
 from graylane.deploy.kafka.layout import file_lock
 from graylane.deploy.registry import registry as local_registry
 
 __all__ = [
-    "COSIGN",
+    "KEY_UID",
     "NAMESPACE",
     "SIGNATURE_REFUSED",
+    "Published",
     "SignedRegistry",
     "SigningKey",
     "Trust",
     "generate_key",
     "local_key",
+    "policy_document",
     "publish",
     "write_trust",
 ]
 
-COSIGN = GoTool(
-    name="cosign", module="github.com/sigstore/cosign/v2/cmd/cosign", version="v2.6.5", shared=True
-)
 NAMESPACE = "graylane"
+KEY_UID = "Graylane local image signing <images@graylane.invalid>"
 SIGNATURE_REFUSED = "A signature was required, but no signature exists"
 """podman's words when the policy requires a signature that the image does not carry."""
 
 
+def _gpg() -> str:
+    found = shutil.which("gpg")
+    if not found:
+        raise ContainerToolError("gpg is needed to sign images (apt-get install gnupg)")
+    return found
+
+
 @dataclass(frozen=True, kw_only=True)
 class SigningKey:
-    """A cosign-format key pair and the file holding the private key's passphrase."""
+    """A GPG signing key in a GPG home of its own, and its exported public half."""
 
-    private: Path
+    home: Path
+    fingerprint: str
     public: Path
-    passphrase: Path
+
+    def env(self) -> dict[str, str]:
+        return {"GNUPGHOME": str(self.home)}
 
     def push_options(self) -> list[str]:
-        return [
-            "--sign-by-sigstore-private-key",
-            str(self.private),
-            "--sign-passphrase-file",
-            str(self.passphrase),
-        ]
+        return ["--sign-by", self.fingerprint]
+
+    def close(self) -> None:
+        """Stop the gpg-agent that signing started for this home (none: nothing to do)."""
+        if shutil.which("gpgconf"):
+            subprocess.run(
+                ["gpgconf", "--homedir", str(self.home), "--kill", "gpg-agent"],
+                capture_output=True,
+                check=False,
+            )
+
+
+def _fingerprint(home: Path) -> str | None:
+    res = subprocess.run(
+        [_gpg(), "--homedir", str(home), "--with-colons", "--list-secret-keys"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    for line in res.stdout.splitlines():
+        if line.startswith("fpr:"):
+            return line.split(":")[9]
+    return None
 
 
 def generate_key(folder: Path) -> SigningKey:
-    """A fresh key pair in ``folder`` (``cosign.key``, ``cosign.pub``, ``passphrase``)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """A fresh Ed25519 signing key in the GPG home ``folder/gnupg``; ``folder/pubkey.asc``."""
+    home = folder / "gnupg"
+    if home.exists():
+        shutil.rmtree(home)
+    home.mkdir(parents=True, mode=0o700)
     os.chmod(folder, 0o700)
-    key = SigningKey(
-        private=folder / "cosign.key",
-        public=folder / "cosign.pub",
-        passphrase=folder / "passphrase",
-    )
-    phrase = secrets.token_hex(24)
-    fd = os.open(key.passphrase, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(phrase)  # podman reads the file as it is, without a trailing newline
-    for old in (key.private, key.public):
-        old.unlink(missing_ok=True)
     res = subprocess.run(
-        [str(COSIGN.ensure()), "generate-key-pair"],
-        cwd=folder,
-        env={**os.environ, "COSIGN_PASSWORD": phrase},
+        [
+            _gpg(),
+            "--batch",
+            "--homedir",
+            str(home),
+            "--passphrase",
+            "",
+            "--quick-generate-key",
+            KEY_UID,
+            "ed25519",
+            "sign",
+            "never",
+        ],
         capture_output=True,
         text=True,
         stdin=subprocess.DEVNULL,
         check=False,
     )
-    if res.returncode != 0 or not key.private.is_file() or not key.public.is_file():
-        raise ContainerToolError(f"cosign generate-key-pair failed:\n{res.stderr[-2000:]}")
-    os.chmod(key.private, 0o600)
+    fingerprint = _fingerprint(home)
+    if res.returncode != 0 or fingerprint is None:
+        raise ContainerToolError(f"gpg --quick-generate-key failed:\n{res.stderr[-2000:]}")
+    public = folder / "pubkey.asc"
+    exported = subprocess.run(
+        [_gpg(), "--homedir", str(home), "--armor", "--export", fingerprint],
+        capture_output=True,
+        check=False,
+    )
+    if exported.returncode != 0 or not exported.stdout:
+        raise ContainerToolError(f"gpg --export failed: {exported.stderr.decode()[-2000:]}")
+    public.write_bytes(exported.stdout)
+    key = SigningKey(home=home, fingerprint=fingerprint, public=public)
+    key.close()
     return key
 
 
 def local_key() -> SigningKey:
     """This clone's signing key (``<GRAYLANE_LOCAL_DIR>/containers/signing``), made once."""
     folder = containers_dir() / "signing"
-    key = SigningKey(
-        private=folder / "cosign.key",
-        public=folder / "cosign.pub",
-        passphrase=folder / "passphrase",
-    )
     with file_lock(containers_dir() / ".signing.lock"):
-        if not (key.private.is_file() and key.public.is_file() and key.passphrase.is_file()):
-            say(f"signing: a new key pair in {folder} (cosign generate-key-pair)")
-            key = generate_key(folder)
-    return key
+        fingerprint = _fingerprint(folder / "gnupg") if (folder / "gnupg").is_dir() else None
+        public = folder / "pubkey.asc"
+        if fingerprint is None or not public.is_file():
+            say(f"signing: a new GPG signing key in {folder}")
+            return generate_key(folder)
+    return SigningKey(home=folder / "gnupg", fingerprint=fingerprint, public=public)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,27 +200,30 @@ def policy_document(
             "docker": {
                 f"{registry}/{namespace}": [
                     {
-                        "type": "sigstoreSigned",
+                        "type": "signedBy",
+                        "keyType": "GPGKeys",
                         "keyPath": str(public_key),
                         "signedIdentity": {"type": "matchRepository"},
                     }
                 ]
-            },
+            }
         },
     }
 
 
-def write_trust(folder: Path, registry: str, public_key: Path) -> Trust:
-    """``policy.json`` and a registries.d for ``registry`` (host:port) in ``folder``."""
+def write_trust(folder: Path, registry: str, lookaside: Path, public_key: Path) -> Trust:
+    """``policy.json`` and a registries.d for ``registry`` (host:port) whose signatures are
+    kept in ``lookaside``, written into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     policy = folder / "policy.json"
     policy.write_text(json.dumps(policy_document(registry, public_key), indent=2) + "\n")
     home = folder / "home"
     registries_d = home / ".config" / "containers" / "registries.d"
     registries_d.mkdir(parents=True, exist_ok=True)
+    store = lookaside.resolve().as_uri()
     (registries_d / "graylane.yaml").write_text(
-        "# Written by deploy/containers/signing.py: signatures live in the registry.\n"
-        + yaml.safe_dump({"docker": {registry: {"use-sigstore-attachments": True}}})
+        "# Written by deploy/containers/signing.py: where the registry's signatures are.\n"
+        + yaml.safe_dump({"docker": {registry: {"lookaside": store, "lookaside-staging": store}}})
     )
     return Trust(registry=registry, policy=policy, home=home, public_key=public_key)
 
@@ -201,19 +244,24 @@ class SignedRegistry:
         remote = self.ref(name, tag)
         digest_file = self.trust.home / f".digest-{secrets.token_hex(4)}"
         options: Sequence[str] = self.key.push_options() if sign else ()
-        self.podman.run(
-            [
-                "push",
-                "--tls-verify=false",
-                "--digestfile",
-                str(digest_file),
-                *options,
-                local,
-                f"docker://{remote}",
-            ],
-            env=self.trust.env(),
-            timeout=900,
-        )
+        try:
+            self.podman.run(
+                [
+                    "push",
+                    "--tls-verify=false",
+                    "--remove-signatures",  # only ours, made now, travel with it
+                    "--digestfile",
+                    str(digest_file),
+                    *options,
+                    local,
+                    f"docker://{remote}",
+                ],
+                env={**self.trust.env(), **self.key.env()},
+                timeout=900,
+            )
+        finally:
+            if sign:
+                self.key.close()
         digest = digest_file.read_text().strip()
         digest_file.unlink()
         say(f"pushed {remote} ({'signed' if sign else 'unsigned'}) {digest}")
@@ -244,7 +292,7 @@ def publish(podman: Podman, local: str) -> Published:
     under the policy: the signature is checked before this returns."""
     reg = local_registry.start()
     key = local_key()
-    trust = write_trust(containers_dir() / "trust", reg.address, key.public)
+    trust = write_trust(containers_dir() / "trust", reg.address, reg.lookaside, key.public)
     signed = SignedRegistry(podman=podman, trust=trust, key=key)
     name, tag = local.rsplit("/", 1)[-1].rsplit(":", 1)
     ref, digest = signed.push(local, name, tag)

@@ -21,8 +21,11 @@ HTTP on loopback only, filesystem storage in a fresh temporary folder that ``sto
 no access log, no telemetry exporters. Podman reaches it with ``--tls-verify=false``
 (plain HTTP is acceptable on 127.0.0.1 only; the registry listens nowhere else).
 
+Image signatures are kept beside it in a lookaside folder (``lookaside/``, also deleted by
+``stop``; see ``deploy/containers/signing.py``).
+
 State of the one started by the command line: ``${GRAYLANE_LOCAL_DIR:-<repo>/.local}/registry``
-(``config.yml``, ``registry.log``, ``registry.pid``, ``storage-*``). Its port is
+(``config.yml``, ``registry.log``, ``registry.pid``, ``storage-*``, ``lookaside``). Its port is
 ``$GRAYLANE_REGISTRY_PORT`` (5000 by default).
 """
 
@@ -140,6 +143,12 @@ class LocalRegistry:
     def address(self) -> str:
         return f"{HOST}:{self.port}"
 
+    @property
+    def lookaside(self) -> Path:
+        """Where signatures of its images are kept (podman's lookaside store, a folder
+        beside the storage; made fresh by ``start``, deleted by ``stop``)."""
+        return self.folder / "lookaside"
+
     def catalog(self) -> list[str]:
         """The repositories it holds (``GET /v2/_catalog``)."""
         with urllib.request.urlopen(f"http://{self.address}/v2/_catalog", timeout=10) as resp:
@@ -183,9 +192,10 @@ def start(
     port = port if port is not None else configured_port()
     if answers(f"{HOST}:{port}", timeout=0.5):
         raise ContainerToolError(f"port {port} already has a registry that is not ours")
-    for old in folder.glob("storage-*"):
+    for old in [*folder.glob("storage-*"), folder / "lookaside"]:
         shutil.rmtree(old, ignore_errors=True)
     storage = Path(tempfile.mkdtemp(dir=folder, prefix="storage-"))
+    (folder / "lookaside").mkdir()
     config = folder / "config.yml"
     config.write_text(
         CONFIG.format(storage=storage, host=HOST, port=port, secret=os.urandom(16).hex())
@@ -237,7 +247,7 @@ def stop(folder: Path | None = None, *, timeout: float = STOP_TIMEOUT_S) -> bool
         with contextlib.suppress(ChildProcessError):
             os.waitpid(running.pid, 0)
     _pid_file(folder).unlink(missing_ok=True)
-    for old in folder.glob("storage-*"):
+    for old in [*folder.glob("storage-*"), folder / "lookaside"]:
         shutil.rmtree(old, ignore_errors=True)
     return running is not None
 

@@ -2,10 +2,12 @@
 its Go module), pulled and played from it only under the policy that requires the signature.
 
 A small image is built FROM the local Debian base the other image tests use and pushed three
-times: signed (``podman push --sign-by-sigstore-private-key``), as another image without a
-signature, and as a copy of the signed one re-tagged under another name without one. Pulling
-with ``podman pull --signature-policy`` accepts the first and refuses the other two with
-podman's own signature error; a policy naming another key refuses even the signed one; and
+times: signed (``podman push --sign-by``, a GPG key made for the test), as another image
+without a signature, and as a copy of the signed one re-tagged under another name without
+one. Pulling with ``podman pull --signature-policy`` accepts the first and refuses the other
+two with podman's own signature error; a copy whose signature was copied beside it is
+refused for the identity the signature names; a policy naming another key refuses even the
+signed one; and
 ``podman kube play`` under the policy starts a Pod from the signed image pulled from the
 registry and refuses the Pod whose image is unsigned. Every pull really goes to the
 registry: the references are removed from podman's store first, and the Pods pull
@@ -15,6 +17,7 @@ registry: the references are removed from podman's store first, and the Pods pul
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,7 +30,6 @@ import pytest
 from graylane.deploy.containers.images import base_image
 from graylane.deploy.containers.podman import ContainerToolError, KubePlay, Podman
 from graylane.deploy.containers.signing import (
-    COSIGN,
     SIGNATURE_REFUSED,
     SignedRegistry,
     generate_key,
@@ -58,13 +60,15 @@ class Pushed:
     folder: Path
 
 
-def _needs_go() -> None:
-    if REGISTRY.path().is_file() and COSIGN.path().is_file():
+def _needs_tools() -> None:
+    if not shutil.which("gpg"):
+        pytest.skip("gpg is absent: images are signed with a GPG key")
+    if REGISTRY.path().is_file():
         return
     try:
         go_binary()
     except ContainerToolError as exc:
-        pytest.skip(f"the registry and cosign are built with Go, which is absent: {exc}")
+        pytest.skip(f"the local registry is built with Go, which is absent: {exc}")
 
 
 def _build_probe(podman: Podman, folder: Path, base: str, variant: str) -> str:
@@ -78,6 +82,12 @@ def _build_probe(podman: Podman, folder: Path, base: str, variant: str) -> str:
     return ref
 
 
+def _pulled(podman: Podman, ref: str, digest: str) -> bool:
+    """True when podman's store holds ``ref`` as the manifest ``digest`` pulled by name."""
+    out = podman.run(["image", "inspect", "--format", "{{json .RepoDigests}}", ref]).stdout
+    return f"{ref.rsplit(':', 1)[0]}@{digest}" in json.loads(out)
+
+
 def _forget(podman: Podman, ref: str) -> None:
     """Drop ``ref`` from podman's store so that the next pull goes to the registry."""
     podman.run(["rmi", "--force", ref], check=False)
@@ -86,14 +96,14 @@ def _forget(podman: Podman, ref: str) -> None:
 
 @pytest.fixture(scope="module")
 def pushed(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pushed]:
-    _needs_go()
+    _needs_tools()
     folder = tmp_path_factory.mktemp("signed-images")
     base = base_image(podman)
     signed_local = _build_probe(podman, folder, base, "signed")
     unsigned_local = _build_probe(podman, folder, base, "unsigned")
     with running_registry(folder / "registry") as reg:
         key = generate_key(folder / "keys")
-        trust = write_trust(folder / "trust", reg.address, key.public)
+        trust = write_trust(folder / "trust", reg.address, reg.lookaside, key.public)
         registry = SignedRegistry(podman=podman, trust=trust, key=key)
         signed_ref, signed_digest = registry.push(signed_local, "probe", "1")
         unsigned_ref, _ = registry.push(unsigned_local, "probe-unsigned", "1", sign=False)
@@ -120,49 +130,28 @@ def _tags(reg: LocalRegistry, repo: str) -> list[str]:
         return list(json.load(resp).get("tags") or [])
 
 
-def _copy_signature(reg: LocalRegistry, digest: str, source: str, target: str) -> None:
-    """The signature attachment of ``source``@``digest`` copied into ``target`` as it is
-    (blobs mounted across repositories, the manifest put under the same tag)."""
-    tag = digest.replace(":", "-") + ".sig"
-    base = f"http://{reg.address}/v2"
-    oci = "application/vnd.oci.image.manifest.v1+json"
-    get = urllib.request.Request(f"{base}/{source}/manifests/{tag}", headers={"Accept": oci})
-    with urllib.request.urlopen(get, timeout=10) as resp:
-        media_type = resp.headers["Content-Type"]
-        body = resp.read()
-    manifest = json.loads(body)
-    for blob in [manifest["config"], *manifest["layers"]]:
-        mount = urllib.request.Request(
-            f"{base}/{target}/blobs/uploads/?mount={blob['digest']}&from={source}",
-            method="POST",
-            data=b"",
-        )
-        with urllib.request.urlopen(mount, timeout=10) as resp:
-            assert resp.status == 201, resp.status
-    put = urllib.request.Request(
-        f"{base}/{target}/manifests/{tag}",
-        method="PUT",
-        data=body,
-        headers={"Content-Type": media_type},
-    )
-    with urllib.request.urlopen(put, timeout=10) as resp:
-        assert resp.status == 201, resp.status
+def _signatures(reg: LocalRegistry, repo: str, digest: str) -> list[Path]:
+    """The signature files of ``repo@digest`` in the registry's lookaside store."""
+    folder = reg.lookaside / f"{repo}@{digest.replace(':', '=')}"
+    return sorted(folder.glob("signature-*")) if folder.is_dir() else []
 
 
-def test_the_signature_is_stored_in_the_registry_beside_the_signed_image_only(
-    pushed: Pushed,
-) -> None:
-    sig_tag = pushed.signed_digest.replace(":", "-") + ".sig"
-    assert set(_tags(pushed.registry, "graylane/probe")) == {"1", sig_tag}
-    assert _tags(pushed.registry, "graylane/probe-unsigned") == ["1"]
-    assert _tags(pushed.registry, "graylane/impostor") == ["1"]
+def test_the_signature_is_stored_beside_the_signed_image_only(pushed: Pushed) -> None:
+    reg, digest = pushed.registry, pushed.signed_digest
+    assert _tags(reg, "graylane/probe") == ["1"]
+    (signature,) = _signatures(reg, "graylane/probe", digest)
+    assert signature.name == "signature-1" and signature.stat().st_size > 0
+    assert _signatures(reg, "graylane/impostor", digest) == []
+    assert _tags(reg, "graylane/impostor") == ["1"]
+    unsigned = [p for p in reg.lookaside.rglob("*") if "probe-unsigned" in str(p)]
+    assert unsigned == []
 
 
 def test_the_signed_image_is_pulled_under_the_policy(podman: Podman, pushed: Pushed) -> None:
     _forget(podman, pushed.signed_ref)
     res = pushed.signed.pull(pushed.signed_ref)
     assert res.returncode == 0, res.stderr
-    assert podman.image_digest(pushed.signed_ref) == pushed.signed_digest
+    assert _pulled(podman, pushed.signed_ref, pushed.signed_digest)
 
 
 @pytest.mark.parametrize("which", ["unsigned_ref", "retagged_ref"])
@@ -186,7 +175,11 @@ def test_a_signature_copied_beside_a_re_tagged_copy_does_not_vouch_for_it(
         pushed.signed_local, "impostor-with-signature", "1", sign=False
     )
     assert digest == pushed.signed_digest
-    _copy_signature(reg, digest, "graylane/probe", "graylane/impostor-with-signature")
+    (signature,) = _signatures(reg, "graylane/probe", digest)
+    copied = reg.lookaside / f"graylane/impostor-with-signature@{digest.replace(':', '=')}"
+    copied.mkdir(parents=True)
+    shutil.copy(signature, copied / signature.name)
+    assert len(_signatures(reg, "graylane/impostor-with-signature", digest)) == 1
     _forget(podman, ref)
     res = pushed.signed.pull(ref)
     assert res.returncode != 0, res.stderr
@@ -198,7 +191,8 @@ def test_a_policy_naming_another_key_refuses_the_signed_image(
     podman: Podman, pushed: Pushed
 ) -> None:
     other = generate_key(pushed.folder / "other-keys")
-    trust = write_trust(pushed.folder / "other-trust", pushed.registry.address, other.public)
+    reg = pushed.registry
+    trust = write_trust(pushed.folder / "other-trust", reg.address, reg.lookaside, other.public)
     strict = SignedRegistry(podman=podman, trust=trust, key=other)
     _forget(podman, pushed.signed_ref)
     res = strict.pull(pushed.signed_ref)
@@ -245,7 +239,7 @@ def test_kube_play_starts_the_signed_image_and_refuses_the_unsigned_one(
                 break
             time.sleep(0.2)
         assert "graylane probe signed ran" in out, out
-        assert podman.image_digest(pushed.signed_ref) == pushed.signed_digest
+        assert _pulled(podman, pushed.signed_ref, pushed.signed_digest)
     finally:
         play.down()
     refused = f"graylane-unsigned-probe-{int(time.time())}"
