@@ -8,7 +8,8 @@ Usage::
     python deploy/containers/containers.py build   # the CPU image FROM that base, pinned by
                                                    # digest in deploy/k8s/overlays/local, then
                                                    # signed into the local registry and
-                                                   # verified (--no-push: build only)
+                                                   # verified (--no-push: build only;
+                                                   # --no-cosign: no cosign signature)
     python deploy/containers/containers.py llamacpp  # llama-server FROM that base (needs
                                                      # `make engines` first)
 """
@@ -38,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="build only: do not sign and push to the local registry",
     )
+    parser.add_argument(
+        "--no-cosign",
+        action="store_true",
+        help="sign for podman only, without the cosign signature a cluster checks",
+    )
     args = parser.parse_args(argv)
     try:
         podman = Podman.ready()
@@ -53,13 +59,19 @@ def main(argv: list[str] | None = None) -> int:
             pin = ImagePin(name=name.rsplit("/", 1)[-1], new_name=name, digest=built.digest)
             print(f"pinned in {write_pin(pin)}")
             if not args.no_push:
-                published = publish(podman, built.ref)
+                published = publish(podman, built.ref, cosign=not args.no_cosign)
                 print(f"signed {published.ref}@{published.digest}")
                 print(
                     "verify: HOME="
                     f"{published.trust.home} podman pull --tls-verify=false "
                     f"--signature-policy {published.trust.policy} {published.ref}"
                 )
+                if published.cosign_public is not None:
+                    print(
+                        f"verify (cluster form): cosign verify --key {published.cosign_public} "
+                        "--insecure-ignore-tlog=true --allow-http-registry "
+                        f"--allow-insecure-registry {published.ref}"
+                    )
         elif args.command == "llamacpp":
             built = build_llamacpp_image(podman)
             print(f"{built.ref} {built.pinned} {built.seconds:.0f}s")
