@@ -1,5 +1,5 @@
 """Go commands built from the Go module proxy once and cached: ``kustomize`` and ``helm``
-under ``.local/``, the OCI registry in the machine's shared cache.
+under ``.local/``, the OCI registry and ``cosign`` in the machine's shared cache.
 
 Compiling takes a few minutes on two cores, so each binary is kept at
 ``<GRAYLANE_LOCAL_DIR>/tools/<name>-<version>/<name>`` (or, for a ``shared`` tool, at
