@@ -219,6 +219,7 @@ def start(
     log.close()
     reg = LocalRegistry(port=port, pid=proc.pid, folder=folder)
     _pid_file(folder).write_text(json.dumps({"pid": proc.pid, "port": port}))
+    say(f"starting {REGISTRY.version} on {reg.address} (storage {storage})")
     deadline = time.monotonic() + timeout
     while not answers(reg.address, timeout=1.0):
         if proc.poll() is not None or time.monotonic() > deadline:
