@@ -40,7 +40,13 @@ from graylane.deploy.containers.signing import (
     write_trust,
 )
 from graylane.deploy.containers.tools import go_binary
-from graylane.deploy.registry.registry import REGISTRY, LocalRegistry, running_registry
+from graylane.deploy.registry.registry import (
+    REGISTRY,
+    LocalRegistry,
+    answers,
+    running_registry,
+    status,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.containers, pytest.mark.timeout(2400)]
 
@@ -287,3 +293,16 @@ def test_kube_play_starts_the_signed_image_and_refuses_the_unsigned_one(
     assert SIGNATURE_REFUSED in str(err.value), err.value
     assert not podman.image_exists(pushed.unsigned_ref)
     assert refused not in podman.run(["pod", "ps", "--format", "{{.Name}}"]).stdout.split()
+
+
+def test_a_stopped_registry_leaves_no_storage_or_signatures(tmp_path: Path) -> None:
+    _needs_tools()
+    folder = tmp_path / "registry"
+    with running_registry(folder) as reg:
+        assert answers(reg.address) and reg.catalog() == []
+        assert reg.lookaside.is_dir() and list(folder.glob("storage-*"))
+        running, line = status(folder)
+        assert running and reg.address in line
+    assert not answers(reg.address)
+    assert not reg.lookaside.exists() and not list(folder.glob("storage-*"))
+    assert status(folder) == (False, "registry not running")
