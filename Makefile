@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup engines smollm2-onnx run test deploy-test images lint typecheck protos protos-check kafka-start kafka-stop bench clean
+.PHONY: setup engines smollm2-onnx run test deploy-test images lint typecheck protos protos-check kafka-start kafka-stop registry-start registry-stop bench clean
 
 $(STAMP): pyproject.toml
 	@echo "==> setting up $(VENV) (python >= 3.11)"
@@ -43,6 +43,8 @@ test: setup
 deploy-test: setup
 	@bash scripts/test.sh -m containers
 
+# The CPU image built, signed (sigstore, a key pair made here once) into the local registry
+# and pulled back under the policy that requires the signature (the registry keeps running).
 images: setup
 	$(BIN)/python deploy/containers/containers.py build
 
@@ -62,5 +64,12 @@ kafka-start: setup
 kafka-stop:
 	$(BIN)/python deploy/kafka/kafka.py stop
 
-clean: kafka-stop
+# The local OCI registry (distribution, built from its Go module once) on 127.0.0.1.
+registry-start: setup
+	$(BIN)/python deploy/registry/registry.py start
+
+registry-stop:
+	@test ! -x $(BIN)/python || $(BIN)/python deploy/registry/registry.py stop
+
+clean: kafka-stop registry-stop
 	rm -rf .local

@@ -17,7 +17,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,8 +130,8 @@ class Podman:
             conf.write_text(CONTAINERS_CONF)
         return cls(conf=conf)
 
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "CONTAINERS_CONF": str(self.conf)}
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        return {**os.environ, "CONTAINERS_CONF": str(self.conf), **(extra or {})}
 
     def run(
         self,
@@ -141,13 +141,15 @@ class Podman:
         stream: bool = False,
         stdin: bytes | None = None,
         timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """``podman ARGS``; with ``stream`` every output line is echoed as it comes."""
+        """``podman ARGS``; with ``stream`` every output line is echoed as it comes; ``env``
+        adds to (or overrides) the environment of that one command."""
         cmd = ["podman", *args]
         if not stream:
             res = subprocess.run(
                 cmd,
-                env=self.env(),
+                env=self.env(env),
                 input=stdin.decode() if stdin is not None else None,
                 capture_output=True,
                 text=True,
@@ -163,7 +165,7 @@ class Podman:
         t0 = time.monotonic()
         proc = subprocess.Popen(
             cmd,
-            env=self.env(),
+            env=self.env(env),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -297,18 +299,29 @@ class KubePlay:
     podman: Podman
     spec: Path
     secrets: tuple[str, ...]
+    env: Mapping[str, str] | None = None
 
     @classmethod
-    def start(cls, podman: Podman, docs: Sequence[Doc], spec: Path) -> KubePlay:
+    def start(
+        cls,
+        podman: Podman,
+        docs: Sequence[Doc],
+        spec: Path,
+        *,
+        options: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> KubePlay:
+        """Play ``docs``; ``options`` go to ``podman kube play`` (e.g. a signature policy)
+        and ``env`` to its environment (e.g. the registries.d that finds signatures)."""
         payloads = secret_payloads(docs)
         for name, payload in payloads.items():
             podman.run(["secret", "rm", name], check=False)
             podman.run(["secret", "create", name, "-"], stdin=payload)
         rest = [kube_play_form(d) for d in docs if d.get("kind") != "Secret"]
         spec.write_text(yaml.safe_dump_all(rest, sort_keys=False))
-        played = cls(podman=podman, spec=spec, secrets=tuple(payloads))
+        played = cls(podman=podman, spec=spec, secrets=tuple(payloads), env=env)
         try:
-            podman.run(["kube", "play", str(spec)], stream=True, timeout=900)
+            podman.run(["kube", "play", *options, str(spec)], stream=True, timeout=900, env=env)
         except BaseException:
             played.down()
             raise
@@ -323,7 +336,7 @@ class KubePlay:
         return res.stdout + res.stderr
 
     def down(self) -> None:
-        self.podman.run(["kube", "down", str(self.spec)], check=False, timeout=300)
+        self.podman.run(["kube", "down", str(self.spec)], check=False, timeout=300, env=self.env)
         for name in self.secrets:
             self.podman.run(["secret", "rm", name], check=False)
 
