@@ -172,6 +172,11 @@ class WeightOnlyQuantization:
     algorithm: str
     quantized_nodes: int
     kept_float: tuple[str, ...] = ()
+    smoothing_alpha: float | None = None
+    """SmoothQuant's exponent where activations were smoothed first (``None``: not)."""
+    smoothed_activations: int = 0
+    calibration_prompts: int = 0
+    """Prompts the activation maxima of the smoothing were taken on."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -182,6 +187,9 @@ class WeightOnlyQuantization:
             "algorithm": self.algorithm,
             "quantized_nodes": self.quantized_nodes,
             "kept_float": list(self.kept_float),
+            "smoothing_alpha": self.smoothing_alpha,
+            "smoothed_activations": self.smoothed_activations,
+            "calibration_prompts": self.calibration_prompts,
         }
 
     @classmethod
@@ -197,4 +205,9 @@ class WeightOnlyQuantization:
             algorithm=str(raw["algorithm"]),
             quantized_nodes=int(str(raw["quantized_nodes"])),
             kept_float=tuple(str(n) for n in kept) if isinstance(kept, list | tuple) else (),
+            smoothing_alpha=None
+            if raw.get("smoothing_alpha") is None
+            else float(str(raw["smoothing_alpha"])),
+            smoothed_activations=int(str(raw.get("smoothed_activations", 0))),
+            calibration_prompts=int(str(raw.get("calibration_prompts", 0))),
         )
