@@ -250,10 +250,13 @@ class PartialQuantizationSpec:
 class WeightOnlySpec:
     """How the weight-only rungs (``int8-weight-only``, ``int4``) quantize a decoder.
 
-    Measured on SmolLM2-135M (ONNX Runtime 1.32, this 2-core CPU, batch 1): 8-bit,
-    block 32, symmetric, ``accuracy_level`` 4 decodes ~2x fp32 with top-1 agreement
-    ~0.975 on English prompts; keeping the first and last layers in float brings it to
-    ~0.985 at ~1.85x. ``accuracy_level`` 0 reaches 0.990 but runs 5x slower than fp32.
+    Measured on SmolLM2-135M (ONNX Runtime 1.32, this 2-core CPU, batch 1, 40 English
+    prompts): 8-bit, block 32, symmetric, ``accuracy_level`` 4 decodes ~2x fp32 with top-1
+    agreement 0.969; smoothing its normed activations and keeping five layers in float
+    gives 0.984-0.991 at ~1.8x. ``accuracy_level`` 0 reaches 0.990 but runs 5x slower
+    than fp32 (ONNX Runtime has no fast float kernel for 8-bit weights). The GGUF's Q4_1
+    projections on their own grid (``int4_source_grid``, float compute) agree 1.000 at
+    ~1.4-1.6x; rounded to nearest, 0.76.
     """
 
     block_size: int = 32
@@ -268,6 +271,11 @@ class WeightOnlySpec:
     """Further prefixes kept in float by the 8-bit rung only (its most sensitive layers)."""
     int8_smoothing: SmoothingSpec | None = None
     """Activation smoothing of the 8-bit rung (:mod:`graylane.builder.smoothing`)."""
+    int4_source_grid: bool = False
+    """Weights already on 4-bit block grids (a Q4_1 GGUF's import) kept exactly
+    (:mod:`graylane.builder.source_grid`); others are rounded to nearest."""
+    int4_accuracy_level: int | None = None
+    """The 4-bit rung's compute, where it differs from ``accuracy_level``."""
 
 
 @dataclass(frozen=True)
@@ -529,7 +537,8 @@ _CALIB_KEYS = _DATA_KEYS | {"method", "percentile", "quantize_ops", "min_samples
 _PARTIAL_KEYS = {"enabled", "node_budget", "max_groups", "time_budget_s", "max_trials"}
 _WEIGHT_ONLY_KEYS = {
     "block_size", "int8_symmetric", "int4_block_size", "int4_symmetric", "accuracy_level",
-    "keep_float", "int8_keep_float", "int8_smoothing",
+    "keep_float", "int8_keep_float", "int8_smoothing", "int4_source_grid",
+    "int4_accuracy_level",
 }  # fmt: skip
 _VALID_KEYS = _VALID_DATA_KEYS | {"generation"}
 _TOL_KEYS = {
@@ -955,11 +964,17 @@ def _weight_only_spec(raw: object, base_dir: Path) -> WeightOnlySpec:
         if block & (block - 1):
             raise SpecError(f"{where}.{key}: must be a power of two >= 16, got {block}")
         blocks[key] = block
-    level = _read_int(
-        table.get("accuracy_level", base.accuracy_level), f"{where}.accuracy_level", 0
-    )
-    if level > 4:
-        raise SpecError(f"{where}.accuracy_level: one of 0 to 4, got {level}")
+    levels: dict[str, int | None] = {}
+    for key in ("accuracy_level", "int4_accuracy_level"):
+        raw_level = table.get(key, getattr(base, key))
+        if raw_level is None:
+            levels[key] = None
+            continue
+        levels[key] = _read_int(raw_level, f"{where}.{key}", 0)
+        if int(raw_level) > 4:
+            raise SpecError(f"{where}.{key}: one of 0 to 4, got {raw_level}")
+    level = levels["accuracy_level"]
+    assert level is not None
     keep = _prefixes(table.get("keep_float", []), f"{where}.keep_float")
     return WeightOnlySpec(
         block_size=blocks["block_size"],
@@ -972,6 +987,10 @@ def _weight_only_spec(raw: object, base_dir: Path) -> WeightOnlySpec:
         int8_smoothing=_smoothing_spec(
             table.get("int8_smoothing"), f"{where}.int8_smoothing", base_dir
         ),
+        int4_source_grid=_read_bool(
+            table.get("int4_source_grid", False), f"{where}.int4_source_grid"
+        ),
+        int4_accuracy_level=levels["int4_accuracy_level"],
     )
 
 

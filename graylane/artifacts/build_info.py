@@ -161,6 +161,8 @@ class WeightOnlyQuantization:
     unless ``symmetric``) per block, rounded to nearest (``algorithm`` ``rtn``).
     ``accuracy_level`` 4 lets the kernel quantize activations to int8 per block and
     compute in int8 (fast on CPUs); 0 dequantizes weights and computes in float.
+    ``algorithm`` ``smoothquant+rtn``: activations smoothed first (``smoothing_alpha``);
+    ``source-grid``: weights already on 4-bit block grids written exactly.
     ``kept_float`` are the nodes left in float (the output head always, and what the spec
     or the partial-quantization search added).
     """

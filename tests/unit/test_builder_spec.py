@@ -412,6 +412,8 @@ def test_the_8_bit_rung_takes_its_smoothing_and_its_own_float_layers(tmp_path: P
             weight_only={
                 "int8_smoothing": {"alpha": 0.75, "prompts": "calib.txt"},
                 "int8_keep_float": ["layers.0.", "layers.29."],
+                "int4_source_grid": True,
+                "int4_accuracy_level": 1,
             },
         ),
         base_dir=tmp_path,
@@ -420,7 +422,11 @@ def test_the_8_bit_rung_takes_its_smoothing_and_its_own_float_layers(tmp_path: P
     assert spec.weight_only.int8_smoothing == SmoothingSpec(alpha=0.75, prompts=calibration)
     assert spec.weight_only.int8_keep_float == ("layers.0.", "layers.29.")
     assert spec.weight_only.keep_float == ()  # the int4 rung keeps only the head in float
-    assert _base_weight_only(tmp_path).int8_smoothing is None
+    assert spec.weight_only.int4_source_grid and spec.weight_only.int4_accuracy_level == 1
+    assert spec.weight_only.accuracy_level == 4
+    base = _base_weight_only(tmp_path)
+    assert base.int8_smoothing is None and not base.int4_source_grid
+    assert base.int4_accuracy_level is None
 
 
 def _base_weight_only(tmp_path: Path) -> WeightOnlySpec:
@@ -436,6 +442,7 @@ def _base_weight_only(tmp_path: Path) -> WeightOnlySpec:
         ({"weight_only": {"int8_smoothing": {"alpha": 0.5}}}, "prompts"),
         ({"weight_only": {"int8_smoothing": {"prompts": "nope.txt"}}}, "does not exist"),
         ({"weight_only": {"int8_keep_float": "layers.0."}}, "list of node name prefixes"),
+        ({"weight_only": {"int4_accuracy_level": 9}}, "int4_accuracy_level: one of 0 to 4"),
         ({"source": {"gguf": "m.gguf"}, "tokenizer": "t.json"}, "brings its own tokenizer"),
         ({"validation": {"prompts": "missing.txt"}}, "does not exist"),
         ({"validation": {"prompts": "p.txt"}}, "encodes with the model's tokenizer"),

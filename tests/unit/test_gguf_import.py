@@ -288,3 +288,34 @@ def test_the_8_bit_rung_records_its_smoothing_and_float_layers(tmp_path: Path) -
     )  # fmt: skip
     assert int8.validation is not None and int8.validation.metrics is not None
     assert int8.validation.metrics.top1_agreement >= 0.5
+
+
+def test_the_4_bit_rung_keeps_q4_1_weights_on_their_own_grid(tmp_path: Path) -> None:
+    """The fixture's attn_k projections are Q4_1: written exactly; the Q4_0/Q5_1/Q8_0/F16
+    ones are not on a 0..15 grid of their blocks and are rounded to nearest."""
+    from graylane.artifacts.manifest import read_manifest
+    from graylane.artifacts.naming import Precision
+    from graylane.builder.build import run_build
+    from graylane.builder.spec import parse_spec
+    from graylane.builder.variants import VariantStatus
+
+    (tmp_path / "prompts.txt").write_text("Gray releases\nA canary\n")
+    raw = {
+        "model": "tiny",
+        "version": "1.0.0",
+        "strategy": "gguf",
+        "source": {"gguf": str(GGUF)},
+        "precisions": ["fp32", "int4"],
+        "validation": {"prompts": "prompts.txt", "continuation": 4},
+        "weight_only": {"int4_source_grid": True, "int4_accuracy_level": 1},
+        "tolerances": {"int4": {"min_top1_agreement": 0.0, "min_cosine": 0.0}},
+        "partial_quantization": {"enabled": False},
+        "tensorrt": {"enabled": False},
+    }
+    report = run_build(parse_spec(raw, base_dir=tmp_path), store=tmp_path / "store")
+    produced = {v.precision: v for v in report.variants if v.status is VariantStatus.PRODUCED}
+    outcome = produced[Precision.INT4]
+    int4 = read_manifest(outcome.folder)  # type: ignore[arg-type]
+    assert int4.weight_only is not None
+    assert int4.weight_only.algorithm == "source-grid" and int4.weight_only.accuracy_level == 1
+    assert any("2 of 14 weights were on 4-bit block grids" in n for n in int4.notes)
