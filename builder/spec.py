@@ -67,6 +67,7 @@ __all__ = [
     "NpzData",
     "PartialQuantizationSpec",
     "RungEvaluationSpec",
+    "SmoothingSpec",
     "SpecError",
     "TensorRTOptions",
     "TokenizerSpec",
@@ -250,10 +251,13 @@ class PartialQuantizationSpec:
 class WeightOnlySpec:
     """How the weight-only rungs (``int8-weight-only``, ``int4``) quantize a decoder.
 
-    Measured on SmolLM2-135M (ONNX Runtime 1.32, this 2-core CPU, batch 1): 8-bit,
-    block 32, symmetric, ``accuracy_level`` 4 decodes ~2x fp32 with top-1 agreement
-    ~0.975 on English prompts; keeping the first and last layers in float brings it to
-    ~0.985 at ~1.85x. ``accuracy_level`` 0 reaches 0.990 but runs 5x slower than fp32.
+    Measured on SmolLM2-135M (ONNX Runtime 1.32, this 2-core CPU, batch 1, 40 English
+    prompts): 8-bit, block 32, symmetric, ``accuracy_level`` 4 decodes ~2x fp32 with top-1
+    agreement 0.969; smoothing its normed activations and keeping five layers in float
+    gives 0.984-0.991 at ~1.8x. ``accuracy_level`` 0 reaches 0.990 but runs 5x slower
+    than fp32 (ONNX Runtime has no fast float kernel for 8-bit weights). The GGUF's Q4_1
+    projections on their own grid (``int4_source_grid``, float compute) agree 1.000 at
+    ~1.4-1.6x; rounded to nearest, 0.76.
     """
 
     block_size: int = 32
@@ -264,6 +268,25 @@ class WeightOnlySpec:
     """4: int8 compute (activations quantized per block); 0: dequantize and compute in float."""
     keep_float: tuple[str, ...] = ()
     """Name prefixes of nodes kept in float besides the output head (``layers.0.``)."""
+    int8_keep_float: tuple[str, ...] = ()
+    """Further prefixes kept in float by the 8-bit rung only (its most sensitive layers)."""
+    int8_smoothing: SmoothingSpec | None = None
+    """Activation smoothing of the 8-bit rung (:mod:`graylane.builder.smoothing`)."""
+    int4_source_grid: bool = False
+    """Weights already on 4-bit block grids (a Q4_1 GGUF's import) kept exactly
+    (:mod:`graylane.builder.source_grid`); others are rounded to nearest."""
+    int4_accuracy_level: int | None = None
+    """The 4-bit rung's compute, where it differs from ``accuracy_level``."""
+
+
+@dataclass(frozen=True)
+class SmoothingSpec:
+    """SmoothQuant before the 8-bit rung quantizes: the exponent and the calibration text."""
+
+    alpha: float
+    prompts: Path
+    """One prompt per line (``#`` lines are comments), tokenized with the source's
+    ``tokenizer.json``; kept apart from the validation prompts."""
 
 
 def default_tolerances() -> dict[Precision, Tolerance]:
@@ -533,7 +556,8 @@ _CALIB_KEYS = _DATA_KEYS | {"method", "percentile", "quantize_ops", "min_samples
 _PARTIAL_KEYS = {"enabled", "node_budget", "max_groups", "time_budget_s", "max_trials"}
 _WEIGHT_ONLY_KEYS = {
     "block_size", "int8_symmetric", "int4_block_size", "int4_symmetric", "accuracy_level",
-    "keep_float",
+    "keep_float", "int8_keep_float", "int8_smoothing", "int4_source_grid",
+    "int4_accuracy_level",
 }  # fmt: skip
 _VALID_KEYS = _VALID_DATA_KEYS | {"generation"}
 _TOL_KEYS = {
@@ -640,7 +664,7 @@ def parse_spec(data: Mapping[str, Any], base_dir: Path) -> BuildSpec | EngineSpe
         calibration_percentile=percentile,
         calibration_min_samples=min_samples,
         partial_quantization=_partial(data.get("partial_quantization", {})),
-        weight_only=_weight_only_spec(data.get("weight_only", {})),
+        weight_only=_weight_only_spec(data.get("weight_only", {}), base_dir),
         quantize_ops=quantize_ops,
         validation=validation,
         generation=generation,
@@ -923,7 +947,33 @@ def _partial(raw: object) -> PartialQuantizationSpec:
     )
 
 
-def _weight_only_spec(raw: object) -> WeightOnlySpec:
+def _prefixes(raw: object, where: str) -> tuple[str, ...]:
+    if (
+        not isinstance(raw, Sequence)
+        or isinstance(raw, str)
+        or not all(isinstance(k, str) and k for k in raw)
+    ):
+        raise SpecError(f"{where}: give a list of node name prefixes, got {raw!r}")
+    return tuple(raw)
+
+
+def _smoothing_spec(raw: object, where: str, base_dir: Path) -> SmoothingSpec | None:
+    if raw is None:
+        return None
+    table = _mapping(raw, where)
+    _check_keys(table, {"alpha", "prompts"}, where)
+    alpha = table.get("alpha", 0.5)
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
+        raise SpecError(f"{where}.alpha: a number between 0 and 1, got {alpha!r}")
+    path = _read_path(_required(table, "prompts", where), f"{where}.prompts", base_dir)
+    if not path.is_file():
+        raise SpecError(f"{where}.prompts: {path} does not exist")
+    if not read_prompts(path):
+        raise SpecError(f"{where}.prompts: {path} holds no prompt")
+    return SmoothingSpec(alpha=float(alpha), prompts=path)
+
+
+def _weight_only_spec(raw: object, base_dir: Path) -> WeightOnlySpec:
     table = _mapping(raw, "weight_only")
     _check_keys(table, _WEIGHT_ONLY_KEYS, "weight_only")
     base = WeightOnlySpec()
@@ -934,25 +984,33 @@ def _weight_only_spec(raw: object) -> WeightOnlySpec:
         if block & (block - 1):
             raise SpecError(f"{where}.{key}: must be a power of two >= 16, got {block}")
         blocks[key] = block
-    level = _read_int(
-        table.get("accuracy_level", base.accuracy_level), f"{where}.accuracy_level", 0
-    )
-    if level > 4:
-        raise SpecError(f"{where}.accuracy_level: one of 0 to 4, got {level}")
-    keep = table.get("keep_float", [])
-    if (
-        not isinstance(keep, Sequence)
-        or isinstance(keep, str)
-        or not all(isinstance(k, str) and k for k in keep)
-    ):
-        raise SpecError(f"{where}.keep_float: give a list of node name prefixes, got {keep!r}")
+    levels: dict[str, int | None] = {}
+    for key in ("accuracy_level", "int4_accuracy_level"):
+        raw_level = table.get(key, getattr(base, key))
+        if raw_level is None:
+            levels[key] = None
+            continue
+        levels[key] = _read_int(raw_level, f"{where}.{key}", 0)
+        if int(raw_level) > 4:
+            raise SpecError(f"{where}.{key}: one of 0 to 4, got {raw_level}")
+    level = levels["accuracy_level"]
+    assert level is not None
+    keep = _prefixes(table.get("keep_float", []), f"{where}.keep_float")
     return WeightOnlySpec(
         block_size=blocks["block_size"],
         int8_symmetric=_read_bool(table.get("int8_symmetric", True), f"{where}.int8_symmetric"),
         int4_block_size=blocks["int4_block_size"],
         int4_symmetric=_read_bool(table.get("int4_symmetric", False), f"{where}.int4_symmetric"),
         accuracy_level=level,
-        keep_float=tuple(keep),
+        keep_float=keep,
+        int8_keep_float=_prefixes(table.get("int8_keep_float", []), f"{where}.int8_keep_float"),
+        int8_smoothing=_smoothing_spec(
+            table.get("int8_smoothing"), f"{where}.int8_smoothing", base_dir
+        ),
+        int4_source_grid=_read_bool(
+            table.get("int4_source_grid", False), f"{where}.int4_source_grid"
+        ),
+        int4_accuracy_level=levels["int4_accuracy_level"],
     )
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from graylane.artifacts.build_info import CalibrationMethod, WeightOnlyQuantization
@@ -25,7 +26,9 @@ from graylane.artifacts.naming import Precision
 from graylane.builder.calibration import ORT_METHODS, CalibrationError, CalibrationRecord, calibrate
 from graylane.builder.runtime import VariantLoadError, open_runner
 from graylane.builder.samples import SampleSet
-from graylane.builder.spec import DEFAULT_QUANTIZE_OPS, WeightOnlySpec
+from graylane.builder.smoothing import SmoothingRecord
+from graylane.builder.source_grid import encode_on_source_grid
+from graylane.builder.spec import DEFAULT_QUANTIZE_OPS, SmoothingSpec, WeightOnlySpec
 from graylane.errors import GraylaneError
 
 __all__ = [
@@ -358,40 +361,101 @@ def _weight_only(
         n.name for n in model.graph.node if n.op_type == "MatMul" and _constant_weight(model, n)
     ]
     heads = [n for n in matmuls if any(m in n for m in HEAD_MARKERS)]
+    prefixes = (*options.keep_float, *(options.int8_keep_float if bits == 8 else ()))
     keep = [
         n
         for n in matmuls
         if n in inputs.nodes_to_exclude
         or n in heads
-        or any(n.startswith(prefix) for prefix in options.keep_float)
+        or any(n.startswith(prefix) for prefix in prefixes)
     ]
+    level = options.accuracy_level
+    if bits == 4 and options.int4_accuracy_level is not None:
+        level = options.int4_accuracy_level
+    sources: dict[str, np.ndarray] = {}
+    if bits == 4 and options.int4_source_grid:
+        sources = _source_weights(model, set(matmuls) - set(keep))
+    smoothed: SmoothingRecord | None = None
+    if bits == 8 and options.int8_smoothing is not None and options.accuracy_level == 4:
+        smoothed = _smooth(model, options.int8_smoothing, inputs.source, keep)
     with _quiet_quantizer():
         quantizer = MatMulNBitsQuantizer(
             model,
             bits=bits,
             block_size=block,
             is_symmetric=symmetric,
-            accuracy_level=options.accuracy_level,
+            accuracy_level=level,
             nodes_to_exclude=keep,
         )
         quantizer.process()
+        on_grid = encode_on_source_grid(quantizer.model.model, sources) if sources else []
         quantizer.model.save_model_to_file(str(out), use_external_data_format=inputs.external_data)
     record = WeightOnlyQuantization(
         bits=bits,
         block_size=block,
         symmetric=symmetric,
-        accuracy_level=options.accuracy_level,
-        algorithm="rtn",
+        accuracy_level=level,
+        algorithm="source-grid" if on_grid else "rtn" if smoothed is None else "smoothquant+rtn",
         quantized_nodes=len(matmuls) - len(keep),
         kept_float=tuple(keep),
+        smoothing_alpha=None if smoothed is None else smoothed.alpha,
+        smoothed_activations=0 if smoothed is None else smoothed.groups,
+        calibration_prompts=0 if smoothed is None else smoothed.calibration_prompts,
     )
     kept = f"; kept in float: {_summarize(keep)}" if keep else ""
     note = (
         f"weight-only {bits}-bit MatMulNBits, block {block}, "
         f"{'symmetric' if symmetric else 'asymmetric'}, RTN, accuracy_level "
-        f"{options.accuracy_level}; {record.quantized_nodes} of {len(matmuls)} MatMuls{kept}"
+        f"{level}; {record.quantized_nodes} of {len(matmuls)} MatMuls{kept}"
     )
-    return record, (note,)
+    notes: tuple[str, ...] = (note,) if smoothed is None else (note, smoothed.describe())
+    if on_grid:
+        notes = (
+            *notes,
+            f"{len(on_grid)} of {record.quantized_nodes} weights were on 4-bit block grids "
+            "(a 4-bit source): written on those grids exactly, the integer zero point's "
+            "remainder as a float block-sum correction",
+        )
+    return record, notes
+
+
+def _smooth(
+    model: onnx.ModelProto, spec: SmoothingSpec, source: Path, keep: list[str]
+) -> SmoothingRecord:
+    """Fold SmoothQuant scales into ``model`` (in place) from activation maxima on the
+    spec's calibration prompts, tokenized with the source's ``tokenizer.json``."""
+    from graylane.builder.smoothing import (
+        DEFAULT_FOLDS,
+        activation_maxima,
+        apply_smoothing,
+        smoothing_groups,
+    )
+    from graylane.builder.spec import read_prompts
+    from graylane.models.hf_tokenizer import HfTokenizer
+
+    tokenizer_path = source.with_name("tokenizer.json")
+    if not tokenizer_path.is_file():
+        raise _Unsupported(f"smoothing needs the source's tokenizer: no {tokenizer_path}")
+    tokenizer = HfTokenizer(tokenizer_path)
+    prompts = [tokenizer.encode(text) for text in read_prompts(spec.prompts)]
+    groups = smoothing_groups(model, exclude=keep, folds=DEFAULT_FOLDS)
+    maxima = activation_maxima(model, [g.activation for g in groups], prompts)
+    folded = apply_smoothing(model, groups, maxima, spec.alpha)
+    return SmoothingRecord(
+        alpha=spec.alpha, groups=len(groups), calibration_prompts=len(prompts), folded=folded
+    )
+
+
+def _source_weights(model: onnx.ModelProto, nodes: set[str]) -> dict[str, np.ndarray]:
+    """The ``[in, out]`` weight of each named ``MatMul``, by its output tensor."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    return {
+        n.output[0]: numpy_helper.to_array(inits[n.input[1]])
+        for n in model.graph.node
+        if n.op_type == "MatMul" and n.name in nodes
+    }
 
 
 def _constant_weight(model: onnx.ModelProto, node: onnx.NodeProto) -> bool:

@@ -161,6 +161,8 @@ class WeightOnlyQuantization:
     unless ``symmetric``) per block, rounded to nearest (``algorithm`` ``rtn``).
     ``accuracy_level`` 4 lets the kernel quantize activations to int8 per block and
     compute in int8 (fast on CPUs); 0 dequantizes weights and computes in float.
+    ``algorithm`` ``smoothquant+rtn``: activations smoothed first (``smoothing_alpha``);
+    ``source-grid``: weights already on 4-bit block grids written exactly.
     ``kept_float`` are the nodes left in float (the output head always, and what the spec
     or the partial-quantization search added).
     """
@@ -172,6 +174,11 @@ class WeightOnlyQuantization:
     algorithm: str
     quantized_nodes: int
     kept_float: tuple[str, ...] = ()
+    smoothing_alpha: float | None = None
+    """SmoothQuant's exponent where activations were smoothed first (``None``: not)."""
+    smoothed_activations: int = 0
+    calibration_prompts: int = 0
+    """Prompts the activation maxima of the smoothing were taken on."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -182,6 +189,9 @@ class WeightOnlyQuantization:
             "algorithm": self.algorithm,
             "quantized_nodes": self.quantized_nodes,
             "kept_float": list(self.kept_float),
+            "smoothing_alpha": self.smoothing_alpha,
+            "smoothed_activations": self.smoothed_activations,
+            "calibration_prompts": self.calibration_prompts,
         }
 
     @classmethod
@@ -197,4 +207,9 @@ class WeightOnlyQuantization:
             algorithm=str(raw["algorithm"]),
             quantized_nodes=int(str(raw["quantized_nodes"])),
             kept_float=tuple(str(n) for n in kept) if isinstance(kept, list | tuple) else (),
+            smoothing_alpha=None
+            if raw.get("smoothing_alpha") is None
+            else float(str(raw["smoothing_alpha"])),
+            smoothed_activations=int(str(raw.get("smoothed_activations", 0))),
+            calibration_prompts=int(str(raw.get("calibration_prompts", 0))),
         )

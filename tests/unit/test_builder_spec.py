@@ -21,7 +21,9 @@ from graylane.builder.spec import (
     GeneratorData,
     GgufSource,
     NpzData,
+    SmoothingSpec,
     SpecError,
+    WeightOnlySpec,
     load_spec,
     parse_spec,
 )
@@ -401,9 +403,46 @@ def test_a_gguf_source_brings_its_tokenizer_and_prompts_validate_on_text(tmp_pat
     assert isinstance(plain, BuildSpec) and isinstance(plain.source, GgufSource)
 
 
+def test_the_8_bit_rung_takes_its_smoothing_and_its_own_float_layers(tmp_path: Path) -> None:
+    calibration = _write(tmp_path, "calib.txt", "# fitted on\nA sentence.\nAnother one.\n")
+    spec = parse_spec(
+        _base(
+            source={"gguf": "m.gguf"},
+            precisions=["fp32", "int8-weight-only"],
+            weight_only={
+                "int8_smoothing": {"alpha": 0.75, "prompts": "calib.txt"},
+                "int8_keep_float": ["layers.0.", "layers.29."],
+                "int4_source_grid": True,
+                "int4_accuracy_level": 1,
+            },
+        ),
+        base_dir=tmp_path,
+    )
+    assert isinstance(spec, BuildSpec)
+    assert spec.weight_only.int8_smoothing == SmoothingSpec(alpha=0.75, prompts=calibration)
+    assert spec.weight_only.int8_keep_float == ("layers.0.", "layers.29.")
+    assert spec.weight_only.keep_float == ()  # the int4 rung keeps only the head in float
+    assert spec.weight_only.int4_source_grid and spec.weight_only.int4_accuracy_level == 1
+    assert spec.weight_only.accuracy_level == 4
+    base = _base_weight_only(tmp_path)
+    assert base.int8_smoothing is None and not base.int4_source_grid
+    assert base.int4_accuracy_level is None
+
+
+def _base_weight_only(tmp_path: Path) -> WeightOnlySpec:
+    spec = parse_spec(_base(), base_dir=tmp_path)
+    assert isinstance(spec, BuildSpec)
+    return spec.weight_only
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
+        ({"weight_only": {"int8_smoothing": {"alpha": 1.5, "prompts": "p.txt"}}}, "between 0"),
+        ({"weight_only": {"int8_smoothing": {"alpha": 0.5}}}, "prompts"),
+        ({"weight_only": {"int8_smoothing": {"prompts": "nope.txt"}}}, "does not exist"),
+        ({"weight_only": {"int8_keep_float": "layers.0."}}, "list of node name prefixes"),
+        ({"weight_only": {"int4_accuracy_level": 9}}, "int4_accuracy_level: one of 0 to 4"),
         ({"source": {"gguf": "m.gguf"}, "tokenizer": "t.json"}, "brings its own tokenizer"),
         ({"validation": {"prompts": "missing.txt"}}, "does not exist"),
         ({"validation": {"prompts": "p.txt"}}, "encodes with the model's tokenizer"),

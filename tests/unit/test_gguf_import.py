@@ -242,3 +242,80 @@ def test_the_partial_search_ends_within_its_budgets(
     assert search.info.trials == trials and not search.info.passed
     assert search.info.stopped_by == why.replace("(0s)", f"({budget_s:.0f}s)")
     assert len(notes) == trials and notes[0].startswith("trial 1: 1 node(s) of layers.1 in float")
+
+
+def test_the_8_bit_rung_records_its_smoothing_and_float_layers(tmp_path: Path) -> None:
+    """SmoothQuant before the 8-bit rung: fitted on its own prompts, recorded in the manifest."""
+    from graylane.artifacts.manifest import read_manifest
+    from graylane.artifacts.naming import Precision
+    from graylane.builder.build import run_build
+    from graylane.builder.spec import parse_spec
+    from graylane.builder.variants import VariantStatus
+
+    (tmp_path / "prompts.txt").write_text("Gray releases\nA canary\n")
+    (tmp_path / "calibration.txt").write_text("# fit\nThe worker groups\nA broker\nTopics\n")
+    raw = {
+        "model": "tiny",
+        "version": "1.0.0",
+        "strategy": "gguf",
+        "source": {"gguf": str(GGUF)},
+        "precisions": ["fp32", "int8-weight-only"],
+        "validation": {"prompts": "prompts.txt", "continuation": 4},
+        "weight_only": {
+            "int8_smoothing": {"alpha": 0.75, "prompts": "calibration.txt"},
+            "int8_keep_float": ["layers.0."],
+        },
+        "tolerances": {"int8-weight-only": {"min_top1_agreement": 0.5}},
+        "partial_quantization": {"enabled": False},
+        "tensorrt": {"enabled": False},
+    }
+    report = run_build(parse_spec(raw, base_dir=tmp_path), store=tmp_path / "store")
+    produced = {v.precision: v for v in report.variants if v.status is VariantStatus.PRODUCED}
+    int8 = read_manifest(produced[Precision.INT8_WEIGHT_ONLY].folder)  # type: ignore[arg-type]
+    record = int8.weight_only
+    assert record is not None and record.bits == 8
+    assert record.algorithm == "smoothquant+rtn" and record.smoothing_alpha == 0.75
+    assert record.calibration_prompts == 3
+    # Layer 1's two normed inputs (q/k/v and gate/up); layer 0 stays in float.
+    assert record.smoothed_activations == 2
+    assert record.quantized_nodes == 7
+    assert sorted(record.kept_float) == sorted(
+        f"layers.0.{p}"
+        for p in (
+            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+        )
+    )  # fmt: skip
+    assert int8.validation is not None and int8.validation.metrics is not None
+    assert int8.validation.metrics.top1_agreement >= 0.5
+
+
+def test_the_4_bit_rung_keeps_q4_1_weights_on_their_own_grid(tmp_path: Path) -> None:
+    """The fixture's attn_k projections are Q4_1: written exactly; the Q4_0/Q5_1/Q8_0/F16
+    ones are not on a 0..15 grid of their blocks and are rounded to nearest."""
+    from graylane.artifacts.manifest import read_manifest
+    from graylane.artifacts.naming import Precision
+    from graylane.builder.build import run_build
+    from graylane.builder.spec import parse_spec
+    from graylane.builder.variants import VariantStatus
+
+    (tmp_path / "prompts.txt").write_text("Gray releases\nA canary\n")
+    raw = {
+        "model": "tiny",
+        "version": "1.0.0",
+        "strategy": "gguf",
+        "source": {"gguf": str(GGUF)},
+        "precisions": ["fp32", "int4"],
+        "validation": {"prompts": "prompts.txt", "continuation": 4},
+        "weight_only": {"int4_source_grid": True, "int4_accuracy_level": 1},
+        "tolerances": {"int4": {"min_top1_agreement": 0.0, "min_cosine": 0.0}},
+        "partial_quantization": {"enabled": False},
+        "tensorrt": {"enabled": False},
+    }
+    report = run_build(parse_spec(raw, base_dir=tmp_path), store=tmp_path / "store")
+    produced = {v.precision: v for v in report.variants if v.status is VariantStatus.PRODUCED}
+    outcome = produced[Precision.INT4]
+    int4 = read_manifest(outcome.folder)  # type: ignore[arg-type]
+    assert int4.weight_only is not None
+    assert int4.weight_only.algorithm == "source-grid" and int4.weight_only.accuracy_level == 1
+    assert any("2 of 14 weights were on 4-bit block grids" in n for n in int4.notes)
