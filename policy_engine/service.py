@@ -308,8 +308,10 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
                 restrict(values, shards.models_of(part)).apply(shard.core)
                 shard.ready.set()
                 log.info(
-                    "restored partition %d (generation %d, epochs above %d): %d active rollouts",
+                    "restored partition %d as instance %s (generation %d, epochs above %d): "
+                    "%d active rollouts",
                     part,
+                    decided_by.instance,
                     generation,
                     shard.ownership.floor,
                     len(shard.core.rollouts),
@@ -357,7 +359,8 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             if isinstance(cmd, RecordSkipped):
                 await publish([cmd])
             elif isinstance(cmd, CommandRejected):
-                await publish([replace(cmd, at_ms=at)])
+                if shards.shard_of(cmd.command.model) is not None:  # the model's owner says so
+                    await publish([replace(cmd, at_ms=at)], shards.shard_of(cmd.command.model))
             else:
                 model = cmd.model
                 shard = shards.shard_of(model)
