@@ -150,3 +150,18 @@ def test_unsharded_one_core_decides_for_every_model() -> None:
     assert only.decided_by.generation == 0
     assert not isinstance(only.core.routing.epochs, FencedEpochs)
     assert logic.__doc__
+
+
+def test_audit_replay_shows_which_instance_decided_in_which_generation() -> None:
+    from graylane.app.cli.replay import decision_extra
+    from graylane.v1 import audit_pb2
+
+    sharded = audit_pb2.AuditRecord(epoch=epoch_floor(3) + 2)
+    sharded.decided_by.CopyFrom(BUILD)
+    sharded.decided_by.generation = 3
+    sharded.decided_by.partition = 1
+    assert decision_extra(sharded) == (f"epoch={epoch_floor(3) + 2} by=policy-0 gen=3 partition=1")
+    single = audit_pb2.AuditRecord(epoch=4)
+    single.decided_by.CopyFrom(BUILD)
+    assert decision_extra(single) == "epoch=4"  # unsharded: as before
+    assert decision_extra(audit_pb2.AuditRecord()) == ""
