@@ -29,7 +29,7 @@ import asyncio
 import logging
 import ssl
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import cast
@@ -75,7 +75,16 @@ from graylane.policy_engine.messages import (
     SkipReason,
 )
 from graylane.policy_engine.metric_probe import PrometheusProbe
-from graylane.policy_engine.shards import OwnedShard, ShardMap, restrict
+from graylane.policy_engine.shards import (
+    OwnedShard,
+    ShardMap,
+    newest_by_epoch,
+    precision_epoch,
+    restrict,
+    rollout_epoch,
+    routing_epoch,
+    scale_epoch,
+)
 from graylane.policy_engine.step_evaluator import StepEvaluator
 from graylane.policy_engine.wire import (
     Restored,
@@ -302,7 +311,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
                 )
             if not new:
                 return
-            values = await _read_control(factory, shards.guard, config.clock())
+            values = await _read_owned_control(factory, shards.guard, config.clock())
             for shard in new:
                 part = shard.ownership.partition
                 restrict(values, shards.models_of(part)).apply(shard.core)
@@ -499,6 +508,27 @@ async def _read_control(factory: KafkaFactory, guard: RecordGuard, at_ms: int) -
         guard,
         at_ms,
         scale=await read_latest_per_key(factory, layout.scale()),
+        commands=[record.value for record in commands],
+    )
+
+
+async def _read_owned_control(factory: KafkaFactory, guard: RecordGuard, at_ms: int) -> Restored:
+    """:func:`_read_control` for a new owner: per key the record of the highest epoch, not
+    merely the latest (what an instance that lost the partition wrote on is passed over)."""
+    layout = factory.layout
+
+    async def newest(topic: str, epoch_of: Callable[[bytes], int]) -> dict[bytes, bytes | None]:
+        records = await read_to_end(factory, topic, client_suffix="policy-restore")
+        return newest_by_epoch(((r.key, r.value) for r in records), epoch_of)
+
+    commands = await read_to_end(factory, layout.commands(), client_suffix="policy-restore")
+    return restore_values(
+        await newest(layout.routing(), routing_epoch),
+        await newest(layout.precision(), precision_epoch),
+        await newest(layout.rollouts(), rollout_epoch),
+        guard,
+        at_ms,
+        scale=await newest(layout.scale(), scale_epoch),
         commands=[record.value for record in commands],
     )
 

@@ -19,14 +19,25 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from graylane import serde
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.logic.shards import ShardOwnership, keeps_state, partition_of
 from graylane.policy_engine.state import Epochs
 from graylane.policy_engine.wire import Restored
-from graylane.v1 import audit_pb2
+from graylane.v1 import audit_pb2, control_pb2, rollout_pb2
 
-__all__ = ["FencedEpochs", "OwnedShard", "ShardMap", "restrict"]
+__all__ = [
+    "FencedEpochs",
+    "OwnedShard",
+    "ShardMap",
+    "newest_by_epoch",
+    "precision_epoch",
+    "restrict",
+    "rollout_epoch",
+    "routing_epoch",
+    "scale_epoch",
+]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -70,6 +81,48 @@ def restrict(restored: Restored, keep: Callable[[str], bool]) -> Restored:
         scale={k: v for k, v in restored.scale.items() if keep(k.model)},
         skipped=list(restored.skipped),
     )
+
+
+def newest_by_epoch(
+    records: Iterable[tuple[bytes | None, bytes | None]], epoch_of: Callable[[bytes], int]
+) -> dict[bytes, bytes | None]:
+    """The value per key of a compacted topic's ``(key, value)`` records in log order: the
+    latest, unless an earlier one has a higher epoch. An instance that lost its partition
+    but wrote on (a zombie) writes lower epochs than the new owner, later in the log; its
+    records are passed over. A tombstone deletes whatever came before; a value whose epoch
+    cannot be read counts as epoch -1 (restore skips and audits it when it is the only one).
+    """
+    newest: dict[bytes, tuple[int, bytes | None]] = {}
+    for key, value in records:
+        if key is None:
+            continue
+        if value is None:
+            newest[key] = (-1, None)
+            continue
+        try:
+            epoch = epoch_of(value)
+        except Exception:  # undecodable: restore says so
+            epoch = -1
+        before = newest.get(key)
+        if before is None or before[1] is None or epoch >= before[0]:
+            newest[key] = (epoch, value)
+    return {key: value for key, (_, value) in newest.items()}
+
+
+def routing_epoch(value: bytes) -> int:
+    return int(serde.decode(control_pb2.RoutingTable, value).epoch)
+
+
+def precision_epoch(value: bytes) -> int:
+    return int(serde.decode(control_pb2.PrecisionCommand, value).epoch)
+
+
+def scale_epoch(value: bytes) -> int:
+    return int(serde.decode(control_pb2.ScaleRequest, value).epoch)
+
+
+def rollout_epoch(value: bytes) -> int:
+    return int(serde.decode(rollout_pb2.RolloutState, value).epoch)
 
 
 @dataclass

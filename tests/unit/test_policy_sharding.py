@@ -165,3 +165,31 @@ def test_audit_replay_shows_which_instance_decided_in_which_generation() -> None
     single.decided_by.CopyFrom(BUILD)
     assert decision_extra(single) == "epoch=4"  # unsharded: as before
     assert decision_extra(audit_pb2.AuditRecord()) == ""
+
+
+def test_a_new_owner_restores_the_highest_epoch_not_a_zombies_later_write() -> None:
+    from graylane import serde
+    from graylane.policy_engine.shards import newest_by_epoch, routing_epoch
+    from graylane.v1 import control_pb2
+
+    def table(epoch: int) -> bytes:
+        return serde.encode(control_pb2.RoutingTable(model="gpt", epoch=epoch))
+
+    old_owner, new_owner = epoch_floor(1), epoch_floor(2)
+    log = [
+        (b"gpt", table(old_owner + 1)),
+        (b"gpt", table(new_owner + 1)),  # the new owner's table
+        (b"gpt", table(old_owner + 2)),  # the old one wrote on, unaware (a zombie)
+        (b"bert", table(old_owner + 1)),
+        (b"bert", table(old_owner + 2)),  # a plain later write wins as before
+        (b"gone", table(3)),
+        (b"gone", None),  # a tombstone deletes
+        (None, table(99)),  # keyless: not a control record
+        (b"bad", b"\xff not a table"),
+    ]
+    newest = newest_by_epoch(log, routing_epoch)
+    assert newest[b"gpt"] == table(new_owner + 1)
+    assert newest[b"bert"] == table(old_owner + 2)
+    assert newest[b"gone"] is None
+    assert newest[b"bad"] == b"\xff not a table"  # kept for restore to skip and audit
+    assert set(newest) == {b"gpt", b"bert", b"gone", b"bad"}
