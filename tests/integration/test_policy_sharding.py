@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,6 +24,9 @@ from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
 from graylane.policy_engine.logic.shards import epoch_floor, partition_of
 from graylane.policy_engine.service import PolicyConfig, prepare_topics, shard_partitions
+from graylane.policy_engine.shards import newest_by_epoch, rollout_epoch
+from graylane.routing.convert import table_from_pb
+from graylane.services.router.state import TableStore
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, control_pb2, rollout_pb2
 from tests.support.policy import policy_engine
@@ -228,4 +232,136 @@ async def test_sharded_engines_each_decide_for_their_models_and_take_over_a_kill
     print(
         f"moved partition {moved_partition}: generation {a_generation} -> {b_generation}; "
         f"{len(audits)} audit records"
+    )
+
+
+async def test_an_instance_that_lost_its_partition_unaware_is_refused_by_epoch(
+    settings: Settings, factory: KafkaFactory, tmp_path: Path
+) -> None:
+    """A zombie: an instance stopped (SIGSTOP) past its session loses its partition to the
+    other; the other rolls back a regression there. Resumed, the stopped one may still
+    decide from what it held before it notices; whatever it writes carries its old
+    generation's epochs, below the new owner's: a router keeps the new owner's table, and
+    a later owner restores the new owner's rollout state."""
+    await prepare_topics(settings, PolicyConfig(sharded=True))
+    models = models_by_partition()
+    held = [pair[1] for pair in models.values()]
+    a_log, b_log = tmp_path / "a.log", tmp_path / "b.log"
+    writer = TelemetryWriter(
+        factory.layout.telemetry(), held, PolicyScaleConfig(batches_per_s=2.0, requests_per_batch=8)
+    )
+    producer = factory.producer(client_suffix="test-telemetry")
+    await producer.start()
+    stop = asyncio.Event()
+    feeding = asyncio.create_task(writer.run(producer, stop))
+    try:
+        with policy_engine(settings, a_log, held[0], "--sharded") as first:
+            await wait_until(
+                lambda: "restored partition" in a_log.read_text(errors="replace"),
+                timeout=60,
+                what="the first instance owns partitions",
+            )
+            with policy_engine(settings, b_log, held[0], "--sharded"):
+                await wait_until(
+                    lambda: "restored partition" in b_log.read_text(errors="replace"),
+                    timeout=60,
+                    what="the second instance takes a partition",
+                )
+                a_id, b_id = instance_of(a_log), instance_of(b_log)
+                for model in held:
+                    await send_command(factory, start(model, held=True))
+
+                async def at_held_step() -> bool:
+                    audits = await read_audits(factory)
+                    return all(
+                        any(a.rollout_after.step_index == 1 for a in decisions(audits, m))
+                        for m in held
+                    )
+
+                await wait_until(at_held_step, timeout=90, poll_s=1, what="both rollouts held")
+                audits = await read_audits(factory)
+                (victim,) = [
+                    m for m in held if decisions(audits, m)[-1].decided_by.instance == a_id
+                ]
+                a_generation = decisions(audits, victim)[-1].decided_by.generation
+
+                first.send_signal(signal.SIGSTOP)  # alive, but silent past its session
+                try:
+
+                    async def taken_over() -> bool:
+                        return any(
+                            a.decided_by.instance == b_id
+                            for a in decisions(await read_audits(factory), victim)
+                        )
+
+                    await wait_until(taken_over, timeout=60, poll_s=1, what="B owns the victim")
+                    writer.regressed.add(victim)
+
+                    async def rolled_back_by_b() -> bool:
+                        return any(
+                            a.kind == audit_pb2.DECISION_ROLLBACK and a.decided_by.instance == b_id
+                            for a in decisions(await read_audits(factory), victim)
+                        )
+
+                    await wait_until(rolled_back_by_b, timeout=90, poll_s=1, what="B rolls back")
+                finally:
+                    first.send_signal(signal.SIGCONT)
+                audits = await read_audits(factory)
+                b_generation = next(
+                    a.decided_by.generation
+                    for a in decisions(audits, victim)
+                    if a.decided_by.instance == b_id
+                )
+
+                def rejoined() -> bool:  # the resumed one took part in a later generation
+                    text = a_log.read_text(errors="replace")
+                    return any(
+                        f"(generation {g})" in text or f"(generation {g}," in text
+                        for g in range(b_generation + 1, b_generation + 20)
+                    )
+
+                await wait_until(rejoined, timeout=60, poll_s=0.5, what="A rejoins the group")
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await feeding
+        await producer.stop()
+
+    assert b_generation > a_generation
+    audits = decisions(await read_audits(factory), victim)
+    first_b = next(i for i, a in enumerate(audits) if a.decided_by.instance == b_id)
+    b_floor = epoch_floor(b_generation)
+    # The new owner decides at its floor or above (a hold keeps the epoch of the model's
+    # last table; each table it writes is above the floor).
+    assert all(a.epoch >= b_floor for a in audits[first_b:] if a.decided_by.instance == b_id)
+    # What the old owner decided after the new one took over carries its old generation
+    # and epochs below the new owner's (refused by routers and workers).
+    late = [a for a in audits[first_b:] if a.decided_by.instance == a_id]
+    assert all(
+        a.decided_by.generation == a_generation and a.epoch < b_floor
+        for a in late
+        if a.decided_by.generation <= a_generation
+    ), [(a.decided_by.generation, a.epoch) for a in late]
+
+    # A router folding the routing topic keeps the new owner's rollback, whatever came after.
+    records = await read_to_end(factory, factory.layout.routing(), client_suffix="test")
+    store = TableStore()
+    refused = 0
+    for r in records:
+        if r.value:
+            table = serde.decode(control_pb2.RoutingTable, r.value)
+            if table.model == victim and not store.offer(table_from_pb(table)):
+                refused += 1
+    kept = store.tables[victim]
+    assert kept.epoch > b_floor
+    assert kept.stable_version == BASELINE
+    assert all(r.weight_percent == 0 for r in kept.routes if r.version == CANDIDATE)
+    # A later owner restores the rolled-back state, not a stale one written after it.
+    rollouts = await read_to_end(factory, factory.layout.rollouts(), client_suffix="test")
+    newest = newest_by_epoch(((r.key, r.value) for r in rollouts), rollout_epoch)
+    state = serde.decode(rollout_pb2.RolloutState, newest[f"ro-{victim}".encode()])
+    assert state.phase == rollout_pb2.ROLLED_BACK
+    print(
+        f"zombie: generation {a_generation} -> {b_generation}; {len(late)} late decision(s) "
+        f"by the old owner, {refused} routing table(s) of the victim refused by a router fold"
     )
