@@ -120,6 +120,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+SESSION_TIMEOUT_S = 10.0
+"""The policy engine's group session: a member silent this long loses its partitions."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class PolicyConfig:
@@ -212,7 +215,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         consumer_auto_offset_reset="earliest",
         # A standby that takes the lease over joins the group only once the dead
         # writer's session has expired: keep that short (faust's default is 60 s).
-        broker_session_timeout=10.0,
+        broker_session_timeout=SESSION_TIMEOUT_S,
         broker_heartbeat_interval=3.0,
         # A restarted engine (same instance id) takes its partitions back without
         # waiting for its dead self's session: decisions resume within seconds.
@@ -442,8 +445,8 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         # Held while deciding and publishing: a rebalance waits for the tick to finish,
         # and a revoked partition's models get no decision from here after it.
         async with shards.lock:
-            if shards.paused:
-                return
+            if not shards.may_decide(asyncio.get_running_loop().time(), SESSION_TIMEOUT_S):
+                return  # rebalancing, or silent past the session: maybe no longer the owner
             with observer.metrics.tick_seconds.time():
                 await tick_shards()
 

@@ -22,7 +22,12 @@ from typing import TypeVar
 from graylane import serde
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.isolation import RecordGuard
-from graylane.policy_engine.logic.shards import ShardOwnership, keeps_state, partition_of
+from graylane.policy_engine.logic.shards import (
+    ShardOwnership,
+    keeps_state,
+    partition_of,
+    session_lapsed,
+)
 from graylane.policy_engine.state import Epochs
 from graylane.policy_engine.wire import Restored
 from graylane.v1 import audit_pb2, control_pb2, rollout_pb2
@@ -155,10 +160,22 @@ class ShardMap:
         self._generation: int | None = None
         self.paused = False
         """Set from a revocation to the next assignment: no decisions meanwhile."""
+        self._last_tick_s: float | None = None
+        self._hold_until_s = 0.0
         self.lock = asyncio.Lock()
         """Held by a tick while it decides and publishes, and by a rebalance."""
         if not sharded:
             self._add(ShardOwnership(0, 0, decided_by.instance))
+
+    def may_decide(self, now_s: float, session_s: float) -> bool:
+        """Whether a tick at ``now_s`` (a monotonic clock) may decide. After a silence
+        longer than the group session (:func:`session_lapsed`), not until the group has
+        assigned partitions again, or at most two sessions later (a process starved while
+        its consumer kept the session alive gets no new assignment)."""
+        if self.sharded and session_lapsed(self._last_tick_s, now_s, session_s):
+            self._hold_until_s = now_s + 2 * session_s
+        self._last_tick_s = now_s
+        return not self.paused and now_s >= self._hold_until_s
 
     def _add(self, ownership: ShardOwnership) -> OwnedShard:
         core = self._make_core()
@@ -202,6 +219,7 @@ class ShardMap:
         wanted = set(partitions)
         kept = keeps_state(self._generation, generation)
         self._generation = generation
+        self._last_tick_s, self._hold_until_s = None, 0.0  # assigned: a fresh start
         gone = [shard for p, shard in sorted(self._shards.items()) if p not in wanted or not kept]
         for shard in gone:
             self._drop(shard.ownership.partition)

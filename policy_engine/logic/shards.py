@@ -25,6 +25,7 @@ __all__ = [
     "keeps_state",
     "murmur2",
     "partition_of",
+    "session_lapsed",
 ]
 
 GENERATION_SHIFT = 32
@@ -95,3 +96,11 @@ def keeps_state(previous: int | None, generation: int) -> bool:
     generation rises by one per rebalance, and this instance took part in each). After a
     gap another instance may have owned and decided for it: the state is rebuilt."""
     return previous is not None and generation == previous + 1
+
+
+def session_lapsed(last_tick_s: float | None, now_s: float, session_s: float) -> bool:
+    """Whether this process went silent for longer than its group session (stopped, or
+    starved) since its last tick: the group may have given its partitions to another
+    instance meanwhile without it knowing yet, so it must not decide from what it held
+    until the group has assigned it again."""
+    return last_tick_s is not None and now_s - last_tick_s > session_s

@@ -193,3 +193,29 @@ def test_a_new_owner_restores_the_highest_epoch_not_a_zombies_later_write() -> N
     assert newest[b"gone"] is None
     assert newest[b"bad"] == b"\xff not a table"  # kept for restore to skip and audit
     assert set(newest) == {b"gpt", b"bert", b"gone", b"bad"}
+
+
+def test_after_a_silence_past_the_session_no_decision_until_assigned_again() -> None:
+    from graylane.policy_engine.logic.shards import session_lapsed
+
+    assert not session_lapsed(None, 100.0, 10.0)  # the first tick
+    assert not session_lapsed(95.0, 100.0, 10.0)
+    assert session_lapsed(85.0, 100.0, 10.0)
+
+    shards = ShardMap(PolicyCore, BUILD, sharded=True)
+    shards.partitions = 2
+    shards.reassign([0, 1], generation=1)
+    assert shards.may_decide(0.0, 10.0) and shards.may_decide(1.0, 10.0)
+    assert not shards.may_decide(30.0, 10.0)  # stopped for 29 s: maybe not the owner now
+    assert not shards.may_decide(31.0, 10.0)
+    shards.reassign([1], generation=2)  # the group says what is ours again
+    assert shards.may_decide(31.5, 10.0)
+    # Starved while the consumer kept the session: no assignment comes; decide again later.
+    assert not shards.may_decide(60.0, 10.0)
+    assert not any(shards.may_decide(float(t), 10.0) for t in range(61, 80))  # a tick a second
+    assert shards.may_decide(80.5, 10.0)
+    shards.paused = True  # revoked, not yet assigned again
+    assert not shards.may_decide(81.0, 10.0)
+
+    unsharded = ShardMap(PolicyCore, BUILD)
+    assert unsharded.may_decide(0.0, 10.0) and unsharded.may_decide(100.0, 10.0)
