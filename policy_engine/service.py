@@ -289,10 +289,12 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
 
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]
         async def on_revoked(sender: faust.App, *_: object, **__: object) -> None:
-            # No decision until the group has assigned the partitions again (eager
-            # rebalance: every member gives all of its partitions up first).
+            # No decision and no record taken until the group has assigned the partitions
+            # again (eager rebalance: every member gives all of its partitions up first);
+            # a tick in flight finishes first.
+            shards.settled.clear()
             async with shards.lock:
-                shards.paused = True
+                shards.revoking()
 
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]
         async def on_assigned(sender: faust.App, *args: object, **_: object) -> None:
@@ -304,7 +306,6 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             }
             async with shards.lock:
                 gone, new = shards.reassign(mine, generation)
-                shards.paused = False
             for shard in gone:
                 log.info(
                     "partition %d revoked (generation %d): %s no longer decides for its models",

@@ -160,12 +160,16 @@ class ShardMap:
         self._generation: int | None = None
         self.paused = False
         """Set from a revocation to the next assignment: no decisions meanwhile."""
+        self.settled = asyncio.Event()
+        """Set while the group's assignment is known here: records wait for it (faust
+        may resume fetching a new partition before this instance has taken it on)."""
         self._last_tick_s: float | None = None
         self._hold_until_s = 0.0
         self.lock = asyncio.Lock()
         """Held by a tick while it decides and publishes, and by a rebalance."""
         if not sharded:
             self._add(ShardOwnership(0, 0, decided_by.instance))
+            self.settled.set()
 
     def may_decide(self, now_s: float, session_s: float) -> bool:
         """Whether a tick at ``now_s`` (a monotonic clock) may decide. After a silence
@@ -203,11 +207,17 @@ class ShardMap:
 
     async def core_for(self, model: str) -> PolicyCore | None:
         """The core deciding for ``model`` once it is restored; None when not owned here."""
+        await self.settled.wait()
         shard = self.shard_of(model)
         if shard is None:
             return None
         await shard.ready.wait()
         return shard.core if self.shard_of(model) is shard else None
+
+    def revoking(self) -> None:
+        """A rebalance began: no decision, and no record taken, until :meth:`reassign`."""
+        self.paused = True
+        self.settled.clear()
 
     def reassign(
         self, partitions: Iterable[int], generation: int
@@ -227,6 +237,8 @@ class ShardMap:
             self._add(ShardOwnership(p, generation, self._decided_by.instance))
             for p in sorted(wanted - set(self._shards))
         ]
+        self.paused = False
+        self.settled.set()
         return gone, new
 
     def _drop(self, partition: int) -> None:

@@ -3,6 +3,7 @@ the epochs a new owner writes, the state restored per partition."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -138,9 +139,16 @@ async def test_a_revoked_partition_is_dropped_and_its_models_are_no_longer_decid
     assert [s.ownership.partition for s in added] == [1]
     assert shards.owned()[0] is new[0]
     assert [s.ownership.partition for s in shards.ready()] == [0]  # 1 not restored yet
+    # A rebalance: records wait (faust may fetch before the assignment is taken on).
+    shards.revoking()
+    waiting = asyncio.ensure_future(shards.core_for(on_0))
+    await asyncio.sleep(0.01)
+    assert not waiting.done() and not shards.may_decide(0.0, 10.0)
     # A gap in generations: everything is taken anew (another may have owned it).
     gone, added = shards.reassign([0, 1], generation=5)
     assert len(gone) == 2 and [s.ownership.generation for s in added] == [5, 5]
+    added[0].ready.set()
+    assert await waiting is added[0].core  # restored: the waiting record goes to it
 
 
 def test_unsharded_one_core_decides_for_every_model() -> None:
