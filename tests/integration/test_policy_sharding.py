@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -149,6 +151,16 @@ async def test_sharded_engines_each_decide_for_their_models_and_take_over_a_kill
 
                 first.kill()  # kill -9: no revocation, no clean leave
                 first.wait(10)
+                killed = time.monotonic()
+
+                async def b_decides_a_moved_model() -> bool:
+                    return any(
+                        a.decided_by.instance == b_id
+                        for a in decisions(await read_audits(factory), progressing)
+                    )
+
+                await wait_until(b_decides_a_moved_model, timeout=60, poll_s=0.5, what="takeover")
+                took = time.monotonic() - killed
 
                 # The survivor goes on with the dead one's rollouts: the progressing
                 # one to its promotion, the held one at its step...
@@ -230,8 +242,8 @@ async def test_sharded_engines_each_decide_for_their_models_and_take_over_a_kill
         assert [e for e in epochs if e > epoch_floor(a_generation + 1)], (model, epochs)
         assert max(epochs) > epoch_floor(b_generation)
     print(
-        f"moved partition {moved_partition}: generation {a_generation} -> {b_generation}; "
-        f"{len(audits)} audit records"
+        f"moved partition {moved_partition}: generation {a_generation} -> {b_generation}, "
+        f"first decision by the survivor {took:.1f} s after the kill; {len(audits)} audit records"
     )
 
 
@@ -365,3 +377,72 @@ async def test_an_instance_that_lost_its_partition_unaware_is_refused_by_epoch(
         f"zombie: generation {a_generation} -> {b_generation}; {len(late)} late decision(s) "
         f"by the old owner, {refused} routing table(s) of the victim refused by a router fold"
     )
+
+
+async def test_with_one_partition_one_instance_decides_and_the_other_stands_by(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The single-writer case of sharding: one partition, one owner; the other instance
+    sits in the group deciding nothing until the owner dies, then takes every model over."""
+    settings = replace(settings, partitions=1)
+    factory = KafkaFactory(settings)
+    await prepare_topics(settings, PolicyConfig(sharded=True))
+    assert await shard_partitions(factory) == 1
+    model = "shard-solo"
+    a_log, b_log = tmp_path / "a.log", tmp_path / "b.log"
+    writer = TelemetryWriter(
+        factory.layout.telemetry(), [model], PolicyScaleConfig(batches_per_s=2.0)
+    )
+    producer = factory.producer(client_suffix="test-telemetry")
+    await producer.start()
+    stop = asyncio.Event()
+    feeding = asyncio.create_task(writer.run(producer, stop))
+    try:
+        with policy_engine(settings, a_log, model, "--sharded") as first:
+            await wait_until(
+                lambda: "restored partition" in a_log.read_text(errors="replace"),
+                timeout=60,
+                what="the first instance owns the partition",
+            )
+            with policy_engine(settings, b_log, model, "--sharded"):
+                await wait_until(
+                    lambda: "Joined group" in b_log.read_text(errors="replace"),
+                    timeout=60,
+                    what="the second instance joins the group",
+                )
+                a_id = instance_of(a_log)
+                await send_command(factory, start(model, held=True))
+
+                async def at_held_step() -> bool:
+                    return any(
+                        a.rollout_after.step_index == 1
+                        for a in decisions(await read_audits(factory), model)
+                    )
+
+                await wait_until(at_held_step, timeout=90, poll_s=1, what="the rollout held")
+                assert "restored partition" not in b_log.read_text(errors="replace")  # idle
+
+                first.kill()
+                first.wait(10)
+
+                async def taken_over() -> bool:
+                    return any(
+                        a.decided_by.instance != a_id
+                        for a in decisions(await read_audits(factory), model)
+                    )
+
+                await wait_until(taken_over, timeout=60, poll_s=0.5, what="the standby decides")
+                b_id = instance_of(b_log)
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await feeding
+        await producer.stop()
+
+    mine = decisions(await read_audits(factory), model)
+    switch = next(i for i, a in enumerate(mine) if a.decided_by.instance == b_id)
+    assert switch > 0 and {a.decided_by.instance for a in mine[:switch]} == {a_id}
+    assert {a.decided_by.instance for a in mine[switch:]} == {b_id}
+    assert mine[switch].decided_by.generation > mine[switch - 1].decided_by.generation
+    assert mine[switch].rollout_before.step_index == 1  # resumed at the step it was held at
+    assert all(a.decided_by.partition == 0 for a in mine)
