@@ -299,8 +299,8 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]
         async def on_assigned(sender: faust.App, *args: object, **_: object) -> None:
             (assigned,) = args
+            generation = sender.consumer_generation_id  # of this assignment
             await restored.wait()
-            generation = sender.consumer_generation_id
             mine = {
                 tp.partition for tp in cast("set[TP]", assigned) if tp.topic == layout.commands()
             }
