@@ -144,5 +144,7 @@ class WorkerOutbox:
         return await self.telemetry(wire.shed_telemetry(context, count, now_ms()))
 
     async def telemetry(self, telemetry: telemetry_pb2.BatchTelemetry) -> Awaitable[object]:
-        key = f"{self._config.model}/{self._config.version}".encode()
+        # Keyed by model, like the commands and outcomes: a policy engine sharded by model
+        # finds all of a model's records on one partition index.
+        key = self._config.model.encode("utf-8")
         return await self._producer.send(self._layout.telemetry(), serde.encode(telemetry), key=key)

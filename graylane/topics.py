@@ -6,12 +6,12 @@
     <p>.requests.<model>.<version>    one topic per model version
     <p>.results.<model>               default reply topic
     <p>.shadow.<model>                shadow pairs (candidate + mirrored baseline results)
-    <p>.telemetry                     one BatchTelemetry per batch
+    <p>.telemetry                     one BatchTelemetry per batch, key = model
     <p>.control.routing               compacted, key = model
     <p>.control.precision             compacted, key = model/version
     <p>.control.rollouts              compacted, key = rollout_id: RolloutState
     <p>.control.scale                 compacted, key = model/version: ScaleRequest
-    <p>.control.commands              user intent from the control plane
+    <p>.control.commands              user intent from the control plane, key = model
     <p>.audit                         every decision, long retention
     <p>.dlq                           undeliverable input with its original bytes
     <p>.cancels                       CancelRequest of running generations, key = request_id
@@ -302,12 +302,11 @@ class TopicLayout:
             ),
             self._spec(self.rollouts(), TopicKind.ROLLOUTS, cleanup=Cleanup.COMPACT, partitions=1),
             self._spec(self.scale(), TopicKind.SCALE, cleanup=Cleanup.COMPACT, partitions=1),
-            self._spec(
-                self.commands(),
-                TopicKind.COMMANDS,
-                retention_ms=self.audit_retention_ms,
-                partitions=1,
-            ),
+            # Keyed by model and co-partitioned with telemetry and outcomes (the same
+            # partition count): a policy engine sharded by model reads one model's
+            # telemetry, commands and outcomes from the same partition index. A topic
+            # created with one partition (before sharding) keeps it; see the README.
+            self._spec(self.commands(), TopicKind.COMMANDS, retention_ms=self.audit_retention_ms),
             self._spec(
                 self.audit(), TopicKind.AUDIT, retention_ms=self.audit_retention_ms, partitions=1
             ),

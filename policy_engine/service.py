@@ -29,11 +29,13 @@ import asyncio
 import logging
 import ssl
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import cast
 
 import faust
+from faust.types import TP
 from faust.types.auth import CredentialsT
 
 from graylane import serde
@@ -51,7 +53,12 @@ from graylane.policy_engine.liveness_probe import LivenessProbe
 from graylane.policy_engine.logic.outcomes import RatedOutcome
 from graylane.policy_engine.logic.qos import QosState
 from graylane.policy_engine.logic.scale import ScalePolicy, ScaleState
-from graylane.policy_engine.logic.window import DEFAULT_STEP_MS, DEFAULT_WINDOW_MS, invalid_sample
+from graylane.policy_engine.logic.window import (
+    DEFAULT_STEP_MS,
+    DEFAULT_WINDOW_MS,
+    TelemetrySample,
+    invalid_sample,
+)
 from graylane.policy_engine.messages import (
     CommandRejected,
     Output,
@@ -68,8 +75,19 @@ from graylane.policy_engine.messages import (
     SkipReason,
 )
 from graylane.policy_engine.metric_probe import PrometheusProbe
+from graylane.policy_engine.shards import (
+    OwnedShard,
+    ShardMap,
+    newest_by_epoch,
+    precision_epoch,
+    restrict,
+    rollout_epoch,
+    routing_epoch,
+    scale_epoch,
+)
 from graylane.policy_engine.step_evaluator import StepEvaluator
 from graylane.policy_engine.wire import (
+    Restored,
     command_of,
     outcome_of,
     records_of,
@@ -87,16 +105,23 @@ __all__ = [
     "FaustBrokerSettings",
     "PolicyConfig",
     "PolicyObserver",
+    "UnshardableTopics",
     "UnsupportedSecurity",
     "broker_settings",
     "create_app",
     "credentials",
     "prepare_topics",
+    "sample_into",
+    "shard_partitions",
     "telemetry_into",
+    "telemetry_sample",
 ]
 
 
 log = logging.getLogger(__name__)
+
+SESSION_TIMEOUT_S = 10.0
+"""The policy engine's group session: a member silent this long loses its partitions."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +140,9 @@ class PolicyConfig:
     """Static group membership (and lease holder): a restart rejoins at once; "" = dynamic."""
     prometheus_url: str | None = None
     """Where rollouts' metric gates (PromQL) are asked; None: they read inconclusive."""
+    sharded: bool = False
+    """Decide only for the models of the partitions the consumer group assigns this
+    instance (several instances share the models); False: one instance decides for all."""
 
 
 async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
@@ -124,16 +152,51 @@ async def prepare_topics(settings: Settings, config: PolicyConfig) -> None:
     for model in config.models:
         specs += [s for s in factory.layout.model_specs(model, []) if "shadow" in s.name]
     await ensure_topics(factory, specs)
+    if config.sharded:
+        await shard_partitions(factory)
+
+
+class UnshardableTopics(GraylaneError):
+    """The topics a sharded policy engine reads are not co-partitioned."""
+
+
+async def shard_partitions(factory: KafkaFactory) -> int:
+    """The partition count shared by telemetry, commands and outcomes (the shards)."""
+    layout = factory.layout
+    counts = await partition_counts(
+        factory, [layout.telemetry(), layout.commands(), layout.outcomes()]
+    )
+    if len(set(counts.values())) != 1:
+        raise UnshardableTopics(
+            f"a sharded policy engine needs telemetry, commands and outcomes with one "
+            f"partition count, not {counts}; add partitions to the smaller ones "
+            f"(kafka-topics --alter --partitions N) or run without --sharded"
+        )
+    return next(iter(counts.values()))
 
 
 def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     factory = KafkaFactory(settings)
     layout = factory.layout
-    core = PolicyCore(config.window_ms, config.step_ms, scale_policy=config.scale)
+    decided_by = running_build_of(
+        version=settings.image_version,
+        git_sha=settings.git_sha,
+        build_time=settings.build_time,
+        instance=config.lease.holder if config.lease else (config.instance_id or default_holder()),
+    )
+    shards = ShardMap(
+        partial(PolicyCore, config.window_ms, config.step_ms, scale_policy=config.scale),
+        decided_by,
+        sharded=config.sharded,
+    )
     probe = LivenessProbe(factory)
     metric_probe = PrometheusProbe(config.prometheus_url) if config.prometheus_url else None
     # The evaluations rollout steps require: run in tasks of their own, judged by the core.
-    evaluator = StepEvaluator(factory, config.clock, lambda outcome: core.on_evaluation(outcome))
+    evaluator = StepEvaluator(
+        factory,
+        config.clock,
+        lambda outcome: any(s.core.on_evaluation(outcome) for s in shards.owned()),
+    )
     restored = asyncio.Event()
     brokers = broker_settings(settings)  # security included, like every other client
     app = faust.App(
@@ -152,14 +215,16 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         consumer_auto_offset_reset="earliest",
         # A standby that takes the lease over joins the group only once the dead
         # writer's session has expired: keep that short (faust's default is 60 s).
-        broker_session_timeout=10.0,
+        broker_session_timeout=SESSION_TIMEOUT_S,
         broker_heartbeat_interval=3.0,
         # A restarted engine (same instance id) takes its partitions back without
         # waiting for its dead self's session: decisions resume within seconds.
         consumer_group_instance_id=config.instance_id or None,
     )
     app.conf.producer_acks = -1
-    app.core = core  # type: ignore[attr-defined]  # for tests and introspection
+    if not config.sharded:
+        app.core = shards.owned()[0].core  # type: ignore[attr-defined]  # for tests
+    app.shards = shards  # type: ignore[attr-defined]  # for tests and introspection
     observability = ServiceObservability("policy-engine")
     observer = PolicyObserver(PolicyMetrics.create(observability.registry))
     app.observability = observability  # type: ignore[attr-defined]
@@ -174,18 +239,12 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     shadows = [raw_topic(layout.shadow(m)) for m in config.models]
     outcomes = raw_topic(layout.outcomes())
 
-    decided_by = running_build_of(
-        version=settings.image_version,
-        git_sha=settings.git_sha,
-        build_time=settings.build_time,
-        instance=config.lease.holder if config.lease else (config.instance_id or default_holder()),
-    )
-
-    async def publish(outputs: list[Output]) -> None:
+    async def publish(outputs: list[Output], shard: OwnedShard | None = None) -> None:
         if config.lease is not None:  # fenced while the lease lapsed: wait to hold it again
             await config.lease.wait_writable()
         observer.observe(outputs)
-        observer.desired_replicas(core.scaling.states.values())
+        observer.desired_replicas(s for o in shards.owned() for s in o.core.scaling.states.values())
+        stamp = decided_by if shard is None else shard.decided_by
         # All of a tick's records in flight at once, then every acknowledgement awaited:
         # one round trip per tick, not one per record. The producer keeps a partition's
         # records in order (one batch in flight per partition).
@@ -193,7 +252,7 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             await app.producer.send(
                 rec.topic, rec.key, rec.value, partition=None, timestamp=None, headers=None
             )
-            for rec in records_of(outputs, layout, decided_by=decided_by)
+            for rec in records_of(outputs, layout, decided_by=stamp)
         ]
         for ack in pending:
             await ack
@@ -209,13 +268,67 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
     async def restore() -> None:
         observability.start(settings.metrics_address(config.metrics_port), settings.build_labels())
         await ensure_topics(factory, layout.shared_specs())
-        skipped = await _restore(factory, core, config.clock())
+        skipped: list[RecordSkipped] = []
+        if config.sharded:  # each partition's models are restored when it is assigned
+            shards.partitions = await shard_partitions(factory)
+        else:
+            (only,) = shards.owned()
+            skipped = await _restore(factory, only.core, config.clock())
+            only.ready.set()
         await probe.start()
         restored.set()
         if skipped:
             await publish(list(skipped))
         observability.mark(CONTROL_CAUGHT_UP)
-        log.info("restored %d active rollouts", len(core.rollouts))
+        if config.sharded:
+            log.info("restored: sharded over %d partitions", shards.partitions)
+        else:
+            log.info("restored %d active rollouts", len(shards.owned()[0].core.rollouts))
+
+    if config.sharded:
+
+        @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+        async def on_revoked(sender: faust.App, *_: object, **__: object) -> None:
+            # No decision and no record taken until the group has assigned the partitions
+            # again (eager rebalance: every member gives all of its partitions up first);
+            # a tick in flight finishes first.
+            shards.settled.clear()
+            async with shards.lock:
+                shards.revoking()
+
+        @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+        async def on_assigned(sender: faust.App, *args: object, **_: object) -> None:
+            (assigned,) = args
+            generation = sender.consumer_generation_id  # of this assignment
+            await restored.wait()
+            mine = {
+                tp.partition for tp in cast("set[TP]", assigned) if tp.topic == layout.commands()
+            }
+            async with shards.lock:
+                gone, new = shards.reassign(mine, generation)
+            for shard in gone:
+                log.info(
+                    "partition %d revoked (generation %d): %s no longer decides for its models",
+                    shard.ownership.partition,
+                    generation,
+                    decided_by.instance,
+                )
+            if not new:
+                return
+            values = await _read_owned_control(factory, shards.guard, config.clock())
+            for shard in new:
+                part = shard.ownership.partition
+                restrict(values, shards.models_of(part)).apply(shard.core)
+                shard.ready.set()
+                log.info(
+                    "restored partition %d as instance %s (generation %d, epochs above %d): "
+                    "%d active rollouts",
+                    part,
+                    decided_by.instance,
+                    generation,
+                    shard.ownership.floor,
+                    len(shard.core.rollouts),
+                )
 
     if config.scale.enabled:
 
@@ -223,12 +336,13 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         async def refresh_partitions() -> None:
             await restored.wait()
             while True:
-                await _note_partitions(factory, core)
+                for shard in shards.ready():
+                    await _note_partitions(factory, shard.core)
                 await asyncio.sleep(config.partitions_refresh_s)
 
     # Every record on its own (telemetry_into, wire.command_of, wire.shadow_of): a bad one is
     # skipped, counted and audited, and never stops the records of other rollouts or models.
-    guard = core.guard
+    guard = shards.guard
 
     @app.agent(telemetry)
     async def on_telemetry(stream: faust.StreamT[bytes]) -> None:
@@ -238,7 +352,14 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             observer.metrics.telemetry_records.inc()
             written_s = event.message.timestamp
             observer.metrics.telemetry_delay_seconds.observe(max(0.0, at / 1000.0 - written_s))
-            skipped = telemetry_into(core, event.value, guard, at)
+            sample = telemetry_sample(event.value, guard, at)
+            if isinstance(sample, RecordSkipped):
+                await publish([sample])
+                continue
+            core = await shards.core_for(sample.model)
+            if core is None:
+                continue  # another instance's model
+            skipped = sample_into(core, sample, guard, at)
             if skipped is not None:
                 await publish([skipped])
 
@@ -251,13 +372,19 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             if isinstance(cmd, RecordSkipped):
                 await publish([cmd])
             elif isinstance(cmd, CommandRejected):
-                await publish([replace(cmd, at_ms=at)])
+                if shards.shard_of(cmd.command.model) is not None:  # the model's owner says so
+                    await publish([replace(cmd, at_ms=at)], shards.shard_of(cmd.command.model))
             else:
                 model = cmd.model
+                shard = shards.shard_of(model)
+                core = await shards.core_for(model)
+                if core is None:
+                    continue  # another instance's model
                 await publish(
                     guard.run(
                         partial(core.on_command, cmd, at), RecordSource.COMMANDS, at, model=model
-                    )
+                    ),
+                    shard,
                 )
 
     @app.agent(outcomes)
@@ -269,6 +396,9 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             if isinstance(outcome, RecordSkipped):
                 await publish([outcome])
                 continue
+            core = await shards.core_for(outcome.model)
+            if core is None:
+                continue  # another instance's model
             failed = guard.run(
                 partial(_joined, core, outcome), RecordSource.OUTCOMES, at, model=outcome.model
             )
@@ -284,7 +414,9 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
                 if isinstance(output, RecordSkipped):
                     await publish([output])
                 else:
-                    core.on_shadow_result(_model, output)
+                    core = await shards.core_for(_model)
+                    if core is not None:  # sharded: the owner's share of the pairs
+                        core.on_shadow_result(_model, output)
 
         app.agent(topic, name=f"shadow-{config.models[i]}")(on_shadow)
 
@@ -297,8 +429,10 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
         while True:
             started = asyncio.get_running_loop().time()
             with observer.metrics.liveness_probe_seconds.time():
-                for key, sample in await probe.sample(core.liveness_targets(), config.clock()):
-                    core.on_offsets(key, sample)
+                for shard in shards.ready():
+                    owner = shard.core
+                    for key, sample in await probe.sample(owner.liveness_targets(), config.clock()):
+                        owner.on_offsets(key, sample)
             spent = asyncio.get_running_loop().time() - started
             await asyncio.sleep(max(0.0, config.step_ms / 1000.0 - spent))
 
@@ -309,15 +443,25 @@ def create_app(settings: Settings, config: PolicyConfig) -> faust.App:
             return
         if config.lease is not None and not config.lease.active:
             return  # fenced: no decisions until the lease is held again
-        with observer.metrics.tick_seconds.time():
+        # Held while deciding and publishing: a rebalance waits for the tick to finish,
+        # and a revoked partition's models get no decision from here after it.
+        async with shards.lock:
+            if not shards.may_decide(asyncio.get_running_loop().time(), SESSION_TIMEOUT_S):
+                return  # rebalancing, or silent past the session: maybe no longer the owner
+            with observer.metrics.tick_seconds.time():
+                await tick_shards()
+
+    async def tick_shards() -> None:
+        for shard in shards.ready():
+            core = shard.core
             await read_metric_gates(core, metric_probe, config.clock())
             try:
                 outputs = core.tick(config.clock())
             except PolicyError:
                 log.exception("a decision failed; the rollout keeps its state")
-                return
-            await publish(outputs)
-        evaluator.schedule(core.evaluations_due(config.clock()))
+                continue
+            await publish(outputs, shard)
+            evaluator.schedule(core.evaluations_due(config.clock()))
 
     @app.task  # type: ignore[untyped-decorator]
     async def close_probe() -> None:
@@ -352,19 +496,45 @@ def _joined(core: PolicyCore, outcome: RatedOutcome) -> list[Output]:
 
 async def _restore(factory: KafkaFactory, core: PolicyCore, at_ms: int) -> list[RecordSkipped]:
     """Rebuild ``core`` from the control topics; the records that had to be skipped."""
+    restored = await _read_control(factory, core.guard, at_ms)
+    restored.apply(core)
+    return restored.skipped
+
+
+async def _read_control(factory: KafkaFactory, guard: RecordGuard, at_ms: int) -> Restored:
+    """The control topics read to their end, and the QoS policies among the commands."""
     layout = factory.layout
     commands = await read_to_end(factory, layout.commands(), client_suffix="policy-restore")
-    restored = restore_values(
+    return restore_values(
         await read_latest_per_key(factory, layout.routing()),
         await read_latest_per_key(factory, layout.precision()),
         await read_latest_per_key(factory, layout.rollouts()),
-        core.guard,
+        guard,
         at_ms,
         scale=await read_latest_per_key(factory, layout.scale()),
         commands=[record.value for record in commands],
     )
-    restored.apply(core)
-    return restored.skipped
+
+
+async def _read_owned_control(factory: KafkaFactory, guard: RecordGuard, at_ms: int) -> Restored:
+    """:func:`_read_control` for a new owner: per key the record of the highest epoch, not
+    merely the latest (what an instance that lost the partition wrote on is passed over)."""
+    layout = factory.layout
+
+    async def newest(topic: str, epoch_of: Callable[[bytes], int]) -> dict[bytes, bytes | None]:
+        records = await read_to_end(factory, topic, client_suffix="policy-restore")
+        return newest_by_epoch(((r.key, r.value) for r in records), epoch_of)
+
+    commands = await read_to_end(factory, layout.commands(), client_suffix="policy-restore")
+    return restore_values(
+        await newest(layout.routing(), routing_epoch),
+        await newest(layout.precision(), precision_epoch),
+        await newest(layout.rollouts(), rollout_epoch),
+        guard,
+        at_ms,
+        scale=await newest(layout.scale(), scale_epoch),
+        commands=[record.value for record in commands],
+    )
 
 
 async def _note_partitions(factory: KafkaFactory, core: PolicyCore) -> None:
@@ -384,13 +554,29 @@ def telemetry_into(
     core: PolicyCore, value: bytes | None, guard: RecordGuard, at_ms: int
 ) -> RecordSkipped | None:
     """Feed one telemetry record to the core; what was skipped, if it was."""
+    sample = telemetry_sample(value, guard, at_ms)
+    if isinstance(sample, RecordSkipped):
+        return sample
+    return sample_into(core, sample, guard, at_ms)
+
+
+def telemetry_sample(
+    value: bytes | None, guard: RecordGuard, at_ms: int
+) -> TelemetrySample | RecordSkipped:
+    """One telemetry record decoded, or why it was skipped."""
     try:
-        sample = wire.telemetry_from_pb(serde.decode(telemetry_pb2.BatchTelemetry, value))
+        return wire.telemetry_from_pb(serde.decode(telemetry_pb2.BatchTelemetry, value))
     except SerdeError as exc:
         return guard.skip(RecordSource.TELEMETRY, SkipReason.UNDECODABLE, str(exc), at_ms)
     except Exception as exc:  # a histogram without a valid scheme, ...
         detail = f"{type(exc).__name__}: {exc}"
         return guard.skip(RecordSource.TELEMETRY, SkipReason.INVALID, detail, at_ms)
+
+
+def sample_into(
+    core: PolicyCore, sample: TelemetrySample, guard: RecordGuard, at_ms: int
+) -> RecordSkipped | None:
+    """Feed one decoded telemetry sample to the core; what was skipped, if it was."""
     problem = invalid_sample(sample, core.window.scheme)
     if problem is None:
         try:

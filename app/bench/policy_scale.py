@@ -341,7 +341,7 @@ class TelemetryWriter:
         await producer.send(
             self._topic,
             self.record(model, version, done_ms=ts),
-            key=f"{model}/{version}".encode(),
+            key=model.encode(),  # keyed by model, as workers write it
             timestamp_ms=ts,
         )
         if failing and model not in self.onset:

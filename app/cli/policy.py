@@ -31,6 +31,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--no-lease", action="store_true", help="run without the single-writer lease"
     )
     policy.add_argument(
+        "--sharded",
+        action="store_true",
+        help="share the models between several instances by partition (one consumer group; "
+        "telemetry, commands and outcomes co-partitioned, keyed by model); implies --no-lease",
+    )
+    policy.add_argument(
         "--max-replicas",
         type=int,
         default=1,
@@ -92,7 +98,12 @@ def _policy(args: argparse.Namespace) -> int:
     from graylane.kafka.seam import KafkaFactory
     from graylane.policy_engine.lease import LeaseKeeper
     from graylane.policy_engine.logic.scale import ScalePolicy
-    from graylane.policy_engine.service import PolicyConfig, create_app, prepare_topics
+    from graylane.policy_engine.service import (
+        PolicyConfig,
+        UnshardableTopics,
+        create_app,
+        prepare_topics,
+    )
     from graylane.rollouts.errors import InvalidPolicy
     from graylane.settings import Settings
 
@@ -116,7 +127,7 @@ def _policy(args: argparse.Namespace) -> int:
         "policy", f"{settings.topic_prefix}-policy", explicit=settings.instance_id
     )
     lease = None
-    if not args.no_lease:
+    if not (args.no_lease or args.sharded):
         # Passive until this instance holds the lease; only then does it join the group.
         lease = LeaseKeeper(
             KafkaFactory(settings),
@@ -134,8 +145,12 @@ def _policy(args: argparse.Namespace) -> int:
         scale=scale,
         instance_id=instance.instance_id,
         prometheus_url=args.prometheus_url or os.environ.get("GRAYLANE_PROMETHEUS_URL") or None,
+        sharded=args.sharded,
     )
-    asyncio.run(prepare_topics(settings, config))
+    try:
+        asyncio.run(prepare_topics(settings, config))
+    except UnshardableTopics as exc:
+        raise SystemExit(str(exc)) from None
     app = create_app(settings, config)
     # faust's worker stops the app cleanly on SIGTERM / SIGINT and exits. It resets logging
     # at start: hand it our one handler instead of its coloured console.

@@ -130,13 +130,23 @@ def _audit_replay(args: argparse.Namespace) -> int:
         print_decisions(
             timeline.decisions,
             title=f"timeline of {args.rollout or args.model}",
-            extra=lambda r: f"epoch={r.epoch}" if r.epoch else "",
+            extra=decision_extra,
         )
         _print_telemetry(args.model, timeline.telemetry)
 
     names = "\n".join(r.decision_id for r in timeline.decisions)
     emit(args, "AuditTimeline", timeline, names, as_table)
     return 0
+
+
+def decision_extra(record: audit_pb2.AuditRecord) -> str:
+    """A decision's epoch, and which instance decided it in which ownership generation
+    (a sharded policy engine: the generation in which it took the model's partition)."""
+    parts = [f"epoch={record.epoch}" if record.epoch else ""]
+    by = record.decided_by
+    if by.generation:
+        parts.append(f"by={by.instance} gen={by.generation} partition={by.partition}")
+    return " ".join(p for p in parts if p)
 
 
 def telemetry_totals(

@@ -14,8 +14,24 @@ __all__ = ["AuditSinkMetrics", "ControlPlaneMetrics", "PolicyMetrics", "RolloutR
 
 
 TICK_BUCKETS = (
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0,
-    3.0, 5.0, 10.0,
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.35,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
 )
 """A tick is sub-millisecond for a few keys and seconds for thousands: fine buckets for both."""
 

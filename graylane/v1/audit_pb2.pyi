@@ -408,13 +408,17 @@ class TrafficReplayReport(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., from_unix_ms: _Optional[int] = ..., to_unix_ms: _Optional[int] = ..., replayed: _Optional[int] = ..., agree: _Optional[int] = ..., differ: _Optional[int] = ..., no_recorded_result: _Optional[int] = ..., errors: _Optional[int] = ..., agreement: _Optional[float] = ..., differing_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RunningBuild(_message.Message):
-    __slots__ = ("version", "git_sha", "build_time", "instance")
+    __slots__ = ("version", "git_sha", "build_time", "instance", "generation", "partition")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     GIT_SHA_FIELD_NUMBER: _ClassVar[int]
     BUILD_TIME_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
     version: str
     git_sha: str
     build_time: str
     instance: str
-    def __init__(self, version: _Optional[str] = ..., git_sha: _Optional[str] = ..., build_time: _Optional[str] = ..., instance: _Optional[str] = ...) -> None: ...
+    generation: int
+    partition: int
+    def __init__(self, version: _Optional[str] = ..., git_sha: _Optional[str] = ..., build_time: _Optional[str] = ..., instance: _Optional[str] = ..., generation: _Optional[int] = ..., partition: _Optional[int] = ...) -> None: ...

@@ -96,8 +96,9 @@ async def test_a_body_full_of_ignored_fields_is_not_kept_while_its_call_waits(
                 # Each call holds its place in the gate and has been sent: its body was
                 # read and parsed, and is not read any more.
                 await wait_until(
-                    lambda: gateway.admission.gate.running == calls
-                    and gateway.client.waiting == calls,
+                    lambda: (
+                        gateway.admission.gate.running == calls and gateway.client.waiting == calls
+                    ),
                     timeout=60,
                     what="every call sent and waiting for its answer",
                 )
