@@ -289,8 +289,11 @@ class ControlStore:
     def apply_state(self, state: rollout_pb2.RolloutState) -> bool:
         """Record a RolloutState from the policy engine unless an equal or newer one is stored.
 
-        A state for a rollout this store never saw (started elsewhere) is stored
-        with the spec it embeds. Returns whether anything changed.
+        Newer is a later update, and never a lower epoch: an instance of a sharded policy
+        engine that lost the model's partition (a zombie) writes later states with epochs
+        below its successor's, and those are passed over. A state for a rollout this store
+        never saw (started elsewhere) is stored with the spec it embeds. Returns whether
+        anything changed.
         """
         now = self._clock()
         with self._sessions.begin() as session:
@@ -301,6 +304,8 @@ class ControlStore:
             promoted: rollout_pb2.RolloutState | None = None
             rolled_back: rollout_pb2.RolloutState | None = None
             if state.updated_at_unix_ms < row.state_updated_ms:
+                return False
+            if _older_epoch(state, row.state):
                 return False
             merged = rollout_pb2.RolloutState()
             merged.CopyFrom(state)
@@ -534,3 +539,11 @@ def open_store(url: str | Engine, migrate: bool = True, clock: Clock = now_ms) -
     if migrate:
         upgrade(engine)
     return ControlStore(engine, clock)
+
+
+def _older_epoch(state: rollout_pb2.RolloutState, stored: bytes) -> bool:
+    """Whether ``state`` carries a lower epoch than the stored state (both must carry one)."""
+    if not state.HasField("epoch"):
+        return False
+    before = decode(rollout_pb2.RolloutState, stored)
+    return before.HasField("epoch") and state.epoch < before.epoch

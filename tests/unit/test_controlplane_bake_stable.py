@@ -88,3 +88,25 @@ def test_a_rollback_before_the_promotion_leaves_the_registry_alone(tmp_path: Pat
     plane.store.apply_state(_state(rollout_pb2.PROGRESSING, 1))
     plane.store.apply_state(_state(rollout_pb2.ROLLED_BACK, 2))
     assert _stable(plane) == BASE and _revisions(plane) == [BASE]
+
+
+def test_a_later_state_with_a_lower_epoch_is_passed_over(tmp_path: Path) -> None:
+    """A sharded engine's zombie writes later states below its successor's epoch: the
+    control plane keeps the successor's rollback, not the zombie's progress."""
+    plane = _plane(tmp_path)
+    successor = _state(rollout_pb2.ROLLED_BACK, 2_000)
+    successor.epoch = (3 << 32) + 1
+    zombie = _state(rollout_pb2.PROGRESSING, 3_000)
+    zombie.epoch = (1 << 32) + 7
+    first = _state(rollout_pb2.PROGRESSING, 1_000)
+    first.epoch = (1 << 32) + 6
+    assert plane.store.apply_state(first)
+    assert plane.store.apply_state(successor)
+    assert not plane.store.apply_state(zombie)
+    (stored,) = plane.store.list_rollouts(MODEL, active_only=False, limit=5)
+    assert stored.state.phase == rollout_pb2.ROLLED_BACK
+    assert stored.state.epoch == successor.epoch
+    later = _state(rollout_pb2.ROLLED_BACK, 4_000)
+    later.epoch = successor.epoch
+    later.last_reason = "same epoch, later: taken"
+    assert plane.store.apply_state(later)
