@@ -141,9 +141,11 @@ class LatencyHistogram:
     # -- pure operations ------------------------------------------------------
 
     def copy(self) -> LatencyHistogram:
-        return LatencyHistogram(
-            self.min_ms, self.growth, buckets=self._buckets, sum_ms=self._sum, max_ms=self._max
-        )
+        clone = LatencyHistogram.__new__(LatencyHistogram)  # valid already: no checks again
+        clone.min_ms, clone.growth, clone._log_growth = self.min_ms, self.growth, self._log_growth
+        clone._buckets = dict(self._buckets)
+        clone._count, clone._sum, clone._max = self._count, self._sum, self._max
+        return clone
 
     def merge(self, other: LatencyHistogram) -> LatencyHistogram:
         """A new histogram holding the counts of both; neither input changes."""
@@ -222,6 +224,23 @@ class LatencyHistogram:
             if seen >= rank:
                 return min(self._representative(index), self._max)
         return self._max  # unreachable: counts add up to count
+
+    def quantiles(self, qs: tuple[float, ...]) -> tuple[float, ...]:
+        """:meth:`quantile` of each of ``qs`` (ascending), in one pass over the buckets."""
+        if any(not 0.0 <= q <= 1.0 for q in qs) or list(qs) != sorted(qs):
+            raise ValueError(f"quantiles {qs} are not ascending within 0..1")
+        if self._count == 0:
+            return tuple(0.0 for _ in qs)
+        ranks = [max(1, math.ceil(q * self._count - 1e-9)) for q in qs]
+        out: list[float] = []
+        seen = 0
+        for index in sorted(self._buckets):
+            seen += self._buckets[index]
+            while len(out) < len(ranks) and seen >= ranks[len(out)]:
+                out.append(min(self._representative(index), self._max))
+            if len(out) == len(ranks):
+                break
+        return tuple(out)
 
     def _representative(self, index: int) -> float:
         if index == 0:

@@ -3,7 +3,9 @@
 A :class:`SlidingWindow` keeps *panes*: tumbling sub-buckets of ``step_ms``
 keyed by ``completed_at_ms // step_ms``. Adding a sample touches one pane
 (constant work: a few counters and one histogram merge of bounded size); a
-window is the merge of the last ``window_ms / step_ms`` panes.
+window is the merge of the last ``window_ms / step_ms`` panes, summed per key
+incrementally as the window slides (:class:`_SlotSums`: two merges per read, not
+one per pane; a tick reads every version of every model).
 
 Choices worth knowing:
 
@@ -363,6 +365,98 @@ class _Pane:
                 self.generation = _GenerationPane(self.latency.min_ms, self.latency.growth)
             self.generation.add(s.generation, s.worker_id, s.completed_at_ms)
 
+    def absorb(self, other: _Pane) -> None:
+        """Add ``other``'s totals into this one (batch ids aside: a sum is not a pane)."""
+        self.requests += other.requests
+        self.errors += other.errors
+        self.shed += other.shed
+        self.batches += other.batches
+        self.latency.update(other.latency)
+        self.queue.update(other.queue)
+        self.service.update(other.service)
+        self.service_busy_ms += other.service_busy_ms
+        self.service_requests += other.service_requests
+        self.queue_fallback_sum += other.queue_fallback_sum
+        self.queue_fallback_count += other.queue_fallback_count
+        self.device_load_sum += other.device_load_sum
+        for worker, report in other.lag_by_worker.items():
+            _keep_latest_lag(self.lag_by_worker, worker, report)
+        if other.generation is not None:
+            if self.generation is None:
+                self.generation = _GenerationPane(self.latency.min_ms, self.latency.growth)
+            self.generation.absorb(other.generation)
+
+    def copy(self) -> _Pane:
+        """A new pane with these totals (batch ids aside)."""
+        clone = _Pane.__new__(_Pane)
+        clone.requests, clone.errors, clone.shed = self.requests, self.errors, self.shed
+        clone.batches = self.batches
+        clone.latency, clone.queue = self.latency.copy(), self.queue.copy()
+        clone.service = self.service.copy()
+        clone.service_busy_ms, clone.service_requests = self.service_busy_ms, self.service_requests
+        clone.queue_fallback_sum = self.queue_fallback_sum
+        clone.queue_fallback_count = self.queue_fallback_count
+        clone.device_load_sum = self.device_load_sum
+        clone.lag_by_worker = dict(self.lag_by_worker)
+        clone.batch_ids = set()
+        clone.generation = None
+        if self.generation is not None:
+            clone.generation = _GenerationPane(self.latency.min_ms, self.latency.growth)
+            clone.generation.absorb(self.generation)
+        return clone
+
+    def plus(self, other: _Pane) -> _Pane:
+        """A new pane holding both totals; neither input changes."""
+        total = self.copy()
+        total.absorb(other)
+        return total
+
+
+class _SlotSums:
+    """Sums of one slot's panes for sliding windows, without merging every pane per read.
+
+    Two stacks (the classic sliding-window aggregation): ``suffix[i]`` holds the panes
+    ``[front_start + i, front_end)`` merged, ``back`` the panes ``[front_end, back_end)``.
+    A window ``[first, end)`` with ``front_start <= first < front_end <= end`` is
+    ``suffix[first - front_start] + back`` once ``back`` has taken the panes up to
+    ``end``: one pane merged per step and two sums per read, where merging the window's
+    panes costs one per pane. The front is rebuilt (one merge per pane) when the window
+    has left it. A sample that lands in a pane already summed goes into ``back`` when
+    the pane lies there; in the front, the sums are dropped and rebuilt at the next read.
+    """
+
+    __slots__ = ("back", "back_end", "front_end", "front_start", "suffix")
+
+    def __init__(self, panes: dict[int, _Pane], first: int, end: int, scheme: _Pane) -> None:
+        self.front_start = first
+        self.front_end = end
+        self.back_end = end
+        self.back = scheme.plus(scheme)  # empty
+        suffix: list[_Pane] = [scheme] * (end - first)
+        running = scheme
+        for index in range(end - 1, first - 1, -1):
+            pane = panes.get(index)
+            if pane is not None:
+                running = pane.plus(running)
+            suffix[index - first] = running
+        self.suffix = suffix
+
+    def window(self, panes: dict[int, _Pane], first: int, end: int) -> _Pane:
+        """The panes ``[first, end)`` merged; the caller has checked that the sums cover
+        ``first`` (``front_start <= first < front_end``) and that ``end >= back_end``."""
+        for index in range(self.back_end, end):
+            pane = panes.get(index)
+            if pane is not None:
+                self.back.absorb(pane)
+        self.back_end = end
+        return self.suffix[first - self.front_start].plus(self.back)
+
+
+_QUANTILES = (0.50, 0.95, 0.99)
+
+WINDOW_SUMS_MIN_PANES = 4
+"""Reads spanning fewer panes (a step's increment) merge their panes directly."""
+
 
 class _GenerationPane:
     """Running totals of one key's generations over one step."""
@@ -399,32 +493,36 @@ class _GenerationPane:
         if current is None or report > current:
             self.load_by_worker[worker] = report
 
-
-def _generation_stats(
-    panes: list[_GenerationPane], min_ms: float, growth: float
-) -> GenerationStats | None:
-    if not panes:
-        return None
-    merged = [
-        LatencyHistogram.merge_all((p.histograms[i] for p in panes), min_ms, growth)
-        for i in range(5)
-    ]
-    latest: dict[str, tuple[int, float, int]] = {}
-    for p in panes:
-        for worker, report in p.load_by_worker.items():
-            current = latest.get(worker)
+    def absorb(self, other: _GenerationPane) -> None:
+        self.generations += other.generations
+        self.prompt_tokens += other.prompt_tokens
+        self.generated_tokens += other.generated_tokens
+        self.ended_by_model += other.ended_by_model
+        for into, hist in zip(self.histograms, other.histograms, strict=True):
+            if hist.count:
+                into.update(hist)
+        for worker, report in other.load_by_worker.items():
+            current = self.load_by_worker.get(worker)
             if current is None or report > current:
-                latest[worker] = report
+                self.load_by_worker[worker] = report
+
+
+def _generation_stats(pane: _GenerationPane | None) -> GenerationStats | None:
+    """The stats of a window's generations summed into one pane of its own."""
+    if pane is None:
+        return None
+    merged = pane.histograms
+    latest = pane.load_by_worker
     return GenerationStats(
-        generations=sum(p.generations for p in panes),
+        generations=pane.generations,
         ttft=merged[0],
         tpot=merged[1],
         inter_token_p99=merged[2],
         prefill=merged[3],
         output_tokens=merged[4],
-        prompt_tokens=sum(p.prompt_tokens for p in panes),
-        generated_tokens=sum(p.generated_tokens for p in panes),
-        ended_by_model=sum(p.ended_by_model for p in panes),
+        prompt_tokens=pane.prompt_tokens,
+        generated_tokens=pane.generated_tokens,
+        ended_by_model=pane.ended_by_model,
         kv_cache_occupancy=(
             sum(kv for _, kv, _ in latest.values()) / len(latest) if latest else 0.0
         ),
@@ -474,6 +572,9 @@ class SlidingWindow:
         self._memo_end: int | None = None
         """Stats already summarized for the window ending here, by slots and span: a tick
         reads a version several times (gates, QoS, scale) and merges its panes once."""
+        self._sums: dict[tuple[Lane, WindowKey], _SlotSums] = {}
+        """Per slot, its panes summed for whole-window reads (see :class:`_SlotSums`)."""
+        self._zero = _Pane(min_ms, growth)
         self._horizon: int | None = None
         self.dropped_late = 0
         self.duplicates = 0
@@ -503,6 +604,12 @@ class SlidingWindow:
         if pane is None:
             pane = panes[pane_index] = _Pane(self._min_ms, self._growth)
         pane.add(sample)
+        sums = self._sums.get(slot)
+        if sums is not None and pane_index < sums.back_end:
+            if pane_index >= sums.front_end:
+                sums.back.add(sample)  # a late sample in a pane already summed
+            else:
+                del self._sums[slot]
         self._by_version.setdefault((slot[0], sample.key.model, sample.key.version), set()).add(
             sample.key
         )
@@ -535,6 +642,7 @@ class SlidingWindow:
                 self._touch(slot)
             if not panes:
                 del self._panes[slot]
+                self._sums.pop(slot, None)
                 self._first_pane.pop(slot, None)
                 self._revision.pop(slot, None)
                 lane, key = slot
@@ -620,16 +728,18 @@ class SlidingWindow:
         newest: list[_Pane] = []
         variants: set[str] = set()
         first_seen: int | None = None
+        owned = False  # whether panes[0] is a sum of this read's own (safe to hand out)
         for slot in slots:
-            found = [
-                p
-                for i, p in sorted(self._panes.get(slot, {}).items())
-                if first_index <= i < end_index
-            ]
+            held = self._panes.get(slot, {})
+            found = [p for i, p in sorted(held.items()) if first_index <= i < end_index]
             if not found:
                 continue
-            panes.extend(found)
-            last = self._panes[slot].get(end_index - 1)
+            if end_index - first_index >= WINDOW_SUMS_MIN_PANES:
+                panes.append(self._window_sum(slot, held, first_index, end_index))
+                owned = True
+            else:
+                panes.extend(found)
+            last = held.get(end_index - 1)
             if last is not None:
                 newest.append(last)
             variants.add(slot[1].variant)
@@ -639,8 +749,14 @@ class SlidingWindow:
             return None
         effective_start = max(start_ms, first_seen * self.step_ms)
         variant = next(iter(variants)) if len(variants) == 1 else ALL_VARIANTS
+        if len(panes) == 1 and owned:
+            total = panes[0]
+        else:
+            total = _Pane(self._min_ms, self._growth)
+            for pane in panes:
+                total.absorb(pane)
         return _summarize(
-            panes,
+            total,
             model=model,
             version=version,
             variant=variant,
@@ -652,9 +768,22 @@ class SlidingWindow:
             step_offered_rps=sum(p.requests + p.shed for p in newest) * 1000.0 / self.step_ms,
         )
 
+    def _window_sum(
+        self, slot: tuple[Lane, WindowKey], held: dict[int, _Pane], first: int, end: int
+    ) -> _Pane:
+        sums = self._sums.get(slot)
+        if (
+            sums is None
+            or not sums.front_start <= first < sums.front_end
+            or end < sums.back_end
+            or (self._horizon is not None and first < self._horizon)
+        ):
+            sums = self._sums[slot] = _SlotSums(held, first, end, self._zero)
+        return sums.window(held, first, end)
+
 
 def _summarize(
-    panes: list[_Pane],
+    total: _Pane,
     *,
     model: str,
     version: str,
@@ -666,19 +795,15 @@ def _summarize(
     growth: float,
     step_offered_rps: float = 0.0,
 ) -> WindowStats:
-    latency = LatencyHistogram.merge_all((p.latency for p in panes), min_ms, growth)
-    queue = LatencyHistogram.merge_all((p.queue for p in panes), min_ms, growth)
-    service = LatencyHistogram.merge_all((p.service for p in panes), min_ms, growth)
-    requests = sum(p.requests for p in panes)
-    shed = sum(p.shed for p in panes)
-    batches = sum(p.batches for p in panes)
-    fallback_sum = sum(p.queue_fallback_sum for p in panes)
-    fallback_count = sum(p.queue_fallback_count for p in panes)
+    """The stats of ``total``: a window's panes summed into a pane of its own, whose
+    histograms the stats keep."""
+    latency, queue, service = total.latency, total.queue, total.service
+    requests, shed, batches = total.requests, total.shed, total.batches
+    fallback_sum, fallback_count = total.queue_fallback_sum, total.queue_fallback_count
     queue_n = queue.count + fallback_count
-    lag_by_worker: dict[str, tuple[int, int]] = {}
-    for p in panes:
-        for worker, report in p.lag_by_worker.items():
-            _keep_latest_lag(lag_by_worker, worker, report)
+    lag_by_worker = total.lag_by_worker
+    p50, p95, p99 = latency.quantiles(_QUANTILES)
+    service_p50, service_p95, service_p99 = service.quantiles(_QUANTILES)
     return WindowStats(
         model=model,
         version=version,
@@ -686,30 +811,28 @@ def _summarize(
         window_start_ms=start_ms,
         window_end_ms=end_ms,
         requests=requests,
-        errors=sum(p.errors for p in panes),
-        p50_ms=latency.quantile(0.50),
-        p95_ms=latency.quantile(0.95),
-        p99_ms=latency.quantile(0.99),
+        errors=total.errors,
+        p50_ms=p50,
+        p95_ms=p95,
+        p99_ms=p99,
         mean_ms=latency.mean_ms,
         throughput_rps=requests / seconds if seconds > 0 else 0.0,
         queue_wait_mean_ms=(queue.sum_ms + fallback_sum) / queue_n if queue_n else 0.0,
         queue_wait_p99_ms=queue.quantile(0.99),
         batches=batches,
-        device_load=sum(p.device_load_sum for p in panes) / batches if batches else 0.0,
+        device_load=total.device_load_sum / batches if batches else 0.0,
         lag=sum(lag for _, lag in lag_by_worker.values()),
         workers=len(lag_by_worker),
-        service_p50_ms=service.quantile(0.50),
-        service_p95_ms=service.quantile(0.95),
-        service_p99_ms=service.quantile(0.99),
+        service_p50_ms=service_p50,
+        service_p95_ms=service_p95,
+        service_p99_ms=service_p99,
         service=service if service.count else None,
         shed=shed,
         shed_rps=shed / seconds if seconds > 0 else 0.0,
-        service_busy_ms=sum(p.service_busy_ms for p in panes),
-        service_requests=sum(p.service_requests for p in panes),
+        service_busy_ms=total.service_busy_ms,
+        service_requests=total.service_requests,
         step_offered_rps=step_offered_rps,
-        generation=_generation_stats(
-            [p.generation for p in panes if p.generation is not None], min_ms, growth
-        ),
+        generation=_generation_stats(total.generation),
     )
 
 

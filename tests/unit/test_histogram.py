@@ -131,3 +131,29 @@ def test_buckets_view_is_read_only_and_equality_is_by_content() -> None:
     assert h == LatencyHistogram.of([7.0, 1.0, 1.0])
     assert h != LatencyHistogram.of([1.0, 7.0])
     assert h.copy() == h and h.copy() is not h
+
+
+@given(
+    st.lists(st.floats(min_value=0.0, max_value=10_000.0), max_size=200),
+    st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=1, max_size=5),
+)
+def test_quantiles_in_one_pass_equal_each_quantile(values: list[float], qs: list[float]) -> None:
+    h = LatencyHistogram.of(values)
+    ordered = tuple(sorted(qs))
+    assert h.quantiles(ordered) == tuple(h.quantile(q) for q in ordered)
+
+
+def test_quantiles_refuse_an_unordered_or_out_of_range_list() -> None:
+    h = LatencyHistogram.of([1.0, 2.0])
+    with pytest.raises(ValueError):
+        h.quantiles((0.9, 0.5))
+    with pytest.raises(ValueError):
+        h.quantiles((0.5, 1.5))
+
+
+def test_a_copy_is_equal_and_apart() -> None:
+    h = LatencyHistogram.of([1.0, 2.0, 300.0])
+    c = h.copy()
+    assert c == h and c.count == 3 and c.max_ms == 300.0
+    c.record(5.0)
+    assert h.count == 3 and c.count == 4

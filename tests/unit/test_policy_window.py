@@ -215,3 +215,77 @@ def test_versions_are_read_apart_among_many_and_evicted_versions_leave_no_trace(
     w.add(sample(10_500, [5.0], version="v7"))
     back = w.stats_by_version("m", "v7", 11_000)
     assert back is not None and (back.requests, back.variant) == (1, "fp32")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "read", "evict"]),
+            st.integers(min_value=0, max_value=1_500),
+            st.lists(st.floats(min_value=0.1, max_value=500.0), min_size=1, max_size=4),
+            st.sampled_from(["fp32", "int8"]),
+        ),
+        max_size=80,
+    )
+)
+def test_a_window_read_again_and_again_equals_its_samples_aggregated_directly(
+    ops: list[tuple[str, int, list[float], str]],
+) -> None:
+    """Reads sum a slot's panes incrementally (two stacks, rebuilt as the window slides):
+    over any interleaving of adds (late ones included, into panes already read), reads at
+    a clock that moves on, and evictions, every read equals the window's samples merged
+    directly."""
+    w = SlidingWindow(4_000, 500)  # 8 panes: reads take the incremental sums
+    clock = 0
+    kept: list[tuple[int, list[float], str, bool]] = []
+    for i, (op, delta, lats, variant) in enumerate(ops):
+        if op == "add":
+            at = max(1, clock - delta)  # up to 1.5 s late: into panes already summed
+            err = i % 3 == 0
+            if w.add(sample(at, lats, errors=1 if err else 0, variant=variant)):
+                kept.append((at, lats, variant, err))
+            continue
+        clock += delta
+        if op == "evict":
+            w.evict(clock)
+            continue
+        start, end = w.window_bounds(clock)
+        for read_variant in ("fp32", "int8", None):
+            inside = [
+                (lats_, err_)
+                for at_, lats_, var_, err_ in kept
+                if start <= at_ < end and read_variant in (None, var_)
+            ]
+            s = (
+                w.stats_by_version("m", "v1", clock)
+                if read_variant is None
+                else w.stats(WindowKey("m", "v1", read_variant), clock)
+            )
+            if not inside:
+                assert s is None
+                continue
+            assert s is not None
+            direct = LatencyHistogram.of([x for lats_, _ in inside for x in lats_])
+            assert s.requests == direct.count
+            assert s.errors == sum(1 for _, err_ in inside if err_)
+            assert s.batches == len(inside)
+            assert (s.p50_ms, s.p95_ms, s.p99_ms) == (
+                direct.quantile(0.5),
+                direct.quantile(0.95),
+                direct.quantile(0.99),
+            )
+            assert s.mean_ms == pytest.approx(direct.mean_ms)
+
+
+def test_a_late_batch_into_a_pane_already_read_is_in_the_next_read() -> None:
+    w = SlidingWindow(4_000, 500)
+    w.add(sample(100, [10.0]))
+    assert w.stats(KEY, 2_000).requests == 1  # type: ignore[union-attr]
+    w.add(sample(2_100, [10.0]))
+    assert w.stats(KEY, 2_600).requests == 2  # type: ignore[union-attr]
+    w.add(sample(2_200, [10.0]))  # late: into the newest pane the last read summed
+    assert w.stats(KEY, 2_600).requests == 3  # type: ignore[union-attr]
+    w.add(sample(150, [10.0]))  # late: into the oldest pane of the window
+    assert w.stats(KEY, 2_600).requests == 4  # type: ignore[union-attr]
+    assert w.stats(KEY, 4_600).requests == 2  # type: ignore[union-attr]  # 100 and 150 left it
