@@ -15,7 +15,6 @@ import pytest
 
 from graylane.app.cli.main import main
 from graylane.kafka.seam import KafkaFactory
-from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
@@ -26,6 +25,7 @@ from tests.support.releases import (
     CANDIDATE,
     MODEL,
     control_plane,
+    demo_versions,
     register,
     until_phase,
     until_stored_phase,
@@ -51,10 +51,7 @@ async def test_a_rollout_driven_entirely_from_the_cli(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     register(settings)
-    paths = {
-        BASE: write_demo_gpt(tmp_path / "base.onnx", "tiny", seed=1),
-        CANDIDATE: write_demo_gpt(tmp_path / "candidate.onnx", "tiny", seed=2),
-    }
+    paths = demo_versions(tmp_path)
     async with control_plane(factory, monkeypatch) as server:
         await prepare_topics(settings, PolicyConfig(models=(MODEL,)))
         watch_log = tmp_path / "watch.log"

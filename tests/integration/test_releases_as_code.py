@@ -31,9 +31,11 @@ from tests.support.releases import (
     CANDIDATE,
     MODEL,
     VIEWER,
+    assert_replays_the_same,
     audit_of,
     cli,
     control_plane,
+    demo_versions,
     phase_of,
     register,
     rollout_document,
@@ -59,10 +61,7 @@ async def test_a_document_applied_twice_updated_paused_and_resumed_notifies_each
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     register(settings)
-    paths = {
-        BASE: write_demo_gpt(tmp_path / "base.onnx", "tiny", seed=1),
-        CANDIDATE: write_demo_gpt(tmp_path / "candidate.onnx", "tiny", seed=2),
-    }
+    paths = demo_versions(tmp_path)
     secret = tmp_path / "hook.secret"
     secret.write_bytes(SECRET + b"\n")
     name = "cli-gpt-1-1-0"
@@ -153,10 +152,7 @@ async def test_a_document_applied_twice_updated_paused_and_resumed_notifies_each
                 records = audit_of(server, name)
 
     # The recorded decisions, the spec update and the approval included, replay the same.
-    verified = await cli(
-        capsys, "audit", "verify", "--model", MODEL, "--rollout", name, "--from", "1h"
-    )
-    assert "the controllers decide the same" in verified, verified
+    await assert_replays_the_same(capsys, name)
 
     # get rollout -o yaml: the live object in the document's schema, the new schedule.
     assert live["kind"] == "Rollout" and live["metadata"]["name"] == name
@@ -200,10 +196,7 @@ async def test_a_receiver_that_is_down_does_not_delay_the_rollback(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     register(settings)
-    paths = {
-        BASE: write_demo_gpt(tmp_path / "base.onnx", "tiny", seed=1),
-        CANDIDATE: write_demo_gpt(tmp_path / "candidate.onnx", "tiny", seed=2),
-    }
+    paths = demo_versions(tmp_path)
     name = "cli-gpt-bad"
     down = free_port()  # nothing listens there
     # The down receiver's first notification is retried for minutes: any decision

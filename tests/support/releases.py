@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from graylane.app.cli.main import main
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
 from graylane.kafka.reading import read_latest_per_key
 from graylane.kafka.seam import KafkaFactory
+from graylane.models.demo_gpt import write_demo_gpt
 from graylane.notifications.sender import SenderPolicy
 from graylane.notifications.webhook import SIGNATURE_HEADER
 from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
@@ -36,26 +38,42 @@ OPERATOR, VIEWER = "ops-token-0123456", "view-token-0123456"
 """Bearer tokens of the control plane: an operator (alice) and a read-only viewer (bob)."""
 
 
-def register(settings: Settings) -> None:
-    """Register ``MODEL`` with ``BASE`` stable and a servable artifact of ``CANDIDATE``."""
+def register(
+    settings: Settings,
+    model: str = MODEL,
+    about: str = "driven from the CLI",
+    *,
+    servable: tuple[str, ...] = (CANDIDATE,),
+) -> None:
+    """Register ``model`` with ``BASE`` stable and ``CANDIDATE``, and a servable
+    artifact of each version in ``servable``."""
     registry = open_registry(settings.db_url)
-    registry.register_model(MODEL, "driven from the CLI")
+    registry.register_model(model, about)
     for version in (BASE, CANDIDATE):
-        registry.register_version(MODEL, version, "a" * 64)
-    registry.set_stable(MODEL, BASE)
-    name = ArtifactName(
-        MODEL, Backend.ONNXRUNTIME, "1.32.0", Precision.FP32, "ptq", parse_semver(CANDIDATE)
-    )
-    registry.add_artifact(
-        ArtifactRecord(
-            name=name,
-            path="/artifacts/x",
-            manifest_sha256="f" * 64,
-            servable=True,
-            validation=ValidationSummary(passed=True),
+        registry.register_version(model, version, "a" * 64)
+    registry.set_stable(model, BASE)
+    for version in servable:
+        name = ArtifactName(
+            model, Backend.ONNXRUNTIME, "1.32.0", Precision.FP32, "ptq", parse_semver(version)
         )
-    )
+        registry.add_artifact(
+            ArtifactRecord(
+                name=name,
+                path="/artifacts/x",
+                manifest_sha256="f" * 64,
+                servable=True,
+                validation=ValidationSummary(passed=True),
+            )
+        )
     registry.engine.dispose()
+
+
+def demo_versions(root: Path) -> dict[str, Path]:
+    """``BASE`` and ``CANDIDATE`` as the tiny demo GPT with different weights, under ``root``."""
+    return {
+        BASE: write_demo_gpt(root / "base.onnx", "tiny", seed=1),
+        CANDIDATE: write_demo_gpt(root / "candidate.onnx", "tiny", seed=2),
+    }
 
 
 @contextlib.asynccontextmanager
@@ -109,6 +127,16 @@ async def cli(capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0) -> 
     out = capsys.readouterr()
     assert got == code, out
     return out.out + out.err
+
+
+async def assert_replays_the_same(
+    capsys: pytest.CaptureFixture[str], rollout_id: str, model: str = MODEL
+) -> None:
+    """`graylane audit verify`: the rollout's recorded decisions replay to the same."""
+    verified = await cli(
+        capsys, "audit", "verify", "--model", model, "--rollout", rollout_id, "--from", "1h"
+    )
+    assert "the controllers decide the same" in verified, verified
 
 
 def rollout_document(
