@@ -13,45 +13,21 @@ from pathlib import Path
 import pytest
 
 from graylane.app.cli.main import main
-from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
-from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
 from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, controlplane_pb2, rollout_pb2
 from tests.support.policy import policy_engine, wait_ready
+from tests.support.releases import BASE, CANDIDATE, register
 from tests.support.stack import running_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 MODEL = "cli-wait"
-BASE, CANDIDATE = "1.0.0", "1.1.0"
 TOKEN = "ops-token-0123456"
-
-
-def register(settings: Settings) -> None:
-    registry = open_registry(settings.db_url)
-    registry.register_model(MODEL, "gated from the CLI")
-    for version in (BASE, CANDIDATE):
-        registry.register_version(MODEL, version, "a" * 64)
-    registry.set_stable(MODEL, BASE)
-    for version in (BASE, CANDIDATE):
-        name = ArtifactName(
-            MODEL, Backend.ONNXRUNTIME, "1.32.0", Precision.FP32, "ptq", parse_semver(version)
-        )
-        registry.add_artifact(
-            ArtifactRecord(
-                name=name,
-                path="/artifacts/x",
-                manifest_sha256="f" * 64,
-                servable=True,
-                validation=ValidationSummary(passed=True),
-            )
-        )
-    registry.engine.dispose()
 
 
 async def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
@@ -79,7 +55,7 @@ def shaped_like(item: object, message: type) -> bool:
 async def control_plane(
     settings: Settings, factory: KafkaFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[ControlPlaneServer]:
-    register(settings)
+    register(settings, MODEL, "gated from the CLI", servable=(BASE, CANDIDATE))
     server = ControlPlaneServer(
         ServerConfig(
             host="127.0.0.1", port=0, tokens=TokenTable(parse_tokens(f"{TOKEN}:operator:ci"))

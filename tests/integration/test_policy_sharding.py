@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import subprocess
 import time
 from collections import defaultdict
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -82,6 +84,32 @@ def decisions(audits: list[audit_pb2.AuditRecord], model: str) -> list[audit_pb2
     return [a for a in audits if a.model == model and a.rollout_id and a.decided_by.instance]
 
 
+@contextlib.asynccontextmanager
+async def feeding(factory: KafkaFactory, writer: TelemetryWriter) -> AsyncIterator[None]:
+    """``writer`` feeds the telemetry topic until the block ends."""
+    producer = factory.producer(client_suffix="test-telemetry")
+    await producer.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(writer.run(producer, stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await task
+        await producer.stop()
+
+
+@contextlib.asynccontextmanager
+async def sharded_engine(
+    settings: Settings, log: Path, model: str, *, what: str, until: str = "restored partition"
+) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """A `graylane policy --sharded` process, once its log shows ``until``."""
+    with policy_engine(settings, log, model, "--sharded") as engine:
+        await wait_until(lambda: until in log.read_text(errors="replace"), timeout=60, what=what)
+        yield engine
+
+
 def instance_of(log: Path) -> str:
     """The instance id an engine logged when it restored a partition."""
     for line in log.read_text(errors="replace").splitlines():
@@ -103,97 +131,81 @@ async def test_sharded_engines_each_decide_for_their_models_and_take_over_a_kill
         [m for pair in models.values() for m in pair],
         PolicyScaleConfig(batches_per_s=2.0, requests_per_batch=8),
     )
-    producer = factory.producer(client_suffix="test-telemetry")
-    await producer.start()
-    stop = asyncio.Event()
-    feeding = asyncio.create_task(writer.run(producer, stop))
-    try:
-        with policy_engine(settings, a_log, "shard-m0", "--sharded") as first:
-            await wait_until(
-                lambda: "restored partition" in a_log.read_text(errors="replace"),
-                timeout=60,
-                what="the first instance owns partitions",
+    async with (
+        feeding(factory, writer),
+        sharded_engine(
+            settings, a_log, "shard-m0", what="the first instance owns partitions"
+        ) as first,
+        sharded_engine(settings, b_log, "shard-m0", what="the second instance takes a partition"),
+    ):
+        a_id, b_id = instance_of(a_log), instance_of(b_log)
+        assert a_id != b_id
+        for progressing, held in models.values():
+            await send_command(factory, start(progressing, held=False))
+            await send_command(factory, start(held, held=True))
+
+        # Every rollout past its first step, decided by its partition's owner.
+        async def all_advanced() -> bool:
+            audits = await read_audits(factory)
+            return all(
+                any(a.rollout_after.step_index >= 1 for a in decisions(audits, m))
+                for pair in models.values()
+                for m in pair
             )
-            with policy_engine(settings, b_log, "shard-m0", "--sharded"):
-                await wait_until(
-                    lambda: "restored partition" in b_log.read_text(errors="replace"),
-                    timeout=60,
-                    what="the second instance takes a partition",
-                )
-                a_id, b_id = instance_of(a_log), instance_of(b_log)
-                assert a_id != b_id
-                for progressing, held in models.values():
-                    await send_command(factory, start(progressing, held=False))
-                    await send_command(factory, start(held, held=True))
 
-                # Every rollout past its first step, decided by its partition's owner.
-                async def all_advanced() -> bool:
-                    audits = await read_audits(factory)
-                    return all(
-                        any(a.rollout_after.step_index >= 1 for a in decisions(audits, m))
-                        for pair in models.values()
-                        for m in pair
-                    )
+        await wait_until(all_advanced, timeout=90, poll_s=1, what="every rollout advanced")
+        audits = await read_audits(factory)
+        owner = {
+            m: decisions(audits, m)[-1].decided_by.instance
+            for pair in models.values()
+            for m in pair
+        }
+        assert set(owner.values()) == {a_id, b_id}, owner  # both instances decide
+        moved = [m for m, instance in owner.items() if instance == a_id]
+        (moved_partition,) = {partition_of(m, PARTITIONS) for m in moved}
+        progressing, held = models[moved_partition]
+        assert progressing in moved and held in moved
+        a_generation = decisions(audits, progressing)[-1].decided_by.generation
 
-                await wait_until(all_advanced, timeout=90, poll_s=1, what="every rollout advanced")
-                audits = await read_audits(factory)
-                owner = {
-                    m: decisions(audits, m)[-1].decided_by.instance
-                    for pair in models.values()
-                    for m in pair
-                }
-                assert set(owner.values()) == {a_id, b_id}, owner  # both instances decide
-                moved = [m for m, instance in owner.items() if instance == a_id]
-                (moved_partition,) = {partition_of(m, PARTITIONS) for m in moved}
-                progressing, held = models[moved_partition]
-                assert progressing in moved and held in moved
-                a_generation = decisions(audits, progressing)[-1].decided_by.generation
+        first.kill()  # kill -9: no revocation, no clean leave
+        first.wait(10)
+        killed = time.monotonic()
 
-                first.kill()  # kill -9: no revocation, no clean leave
-                first.wait(10)
-                killed = time.monotonic()
+        async def b_decides_a_moved_model() -> bool:
+            return any(
+                a.decided_by.instance == b_id
+                for a in decisions(await read_audits(factory), progressing)
+            )
 
-                async def b_decides_a_moved_model() -> bool:
-                    return any(
-                        a.decided_by.instance == b_id
-                        for a in decisions(await read_audits(factory), progressing)
-                    )
+        await wait_until(b_decides_a_moved_model, timeout=60, poll_s=0.5, what="takeover")
+        took = time.monotonic() - killed
 
-                await wait_until(b_decides_a_moved_model, timeout=60, poll_s=0.5, what="takeover")
-                took = time.monotonic() - killed
+        # The survivor goes on with the dead one's rollouts: the progressing
+        # one to its promotion, the held one at its step...
+        async def promoted_by_b() -> bool:
+            return any(
+                a.kind == audit_pb2.DECISION_PROMOTE and a.decided_by.instance == b_id
+                for a in decisions(await read_audits(factory), progressing)
+            )
 
-                # The survivor goes on with the dead one's rollouts: the progressing
-                # one to its promotion, the held one at its step...
-                async def promoted_by_b() -> bool:
-                    return any(
-                        a.kind == audit_pb2.DECISION_PROMOTE and a.decided_by.instance == b_id
-                        for a in decisions(await read_audits(factory), progressing)
-                    )
+        await wait_until(promoted_by_b, timeout=120, poll_s=1, what="promoted by B")
 
-                await wait_until(promoted_by_b, timeout=120, poll_s=1, what="promoted by B")
+        async def held_by_b() -> bool:
+            return any(
+                a.decided_by.instance == b_id for a in decisions(await read_audits(factory), held)
+            )
 
-                async def held_by_b() -> bool:
-                    return any(
-                        a.decided_by.instance == b_id
-                        for a in decisions(await read_audits(factory), held)
-                    )
+        await wait_until(held_by_b, timeout=60, poll_s=1, what="B decides the held one")
+        # ... and rolls it back once its candidate regresses.
+        writer.regressed.add(held)
 
-                await wait_until(held_by_b, timeout=60, poll_s=1, what="B decides the held one")
-                # ... and rolls it back once its candidate regresses.
-                writer.regressed.add(held)
+        async def rolled_back() -> bool:
+            return any(
+                a.kind == audit_pb2.DECISION_ROLLBACK
+                for a in decisions(await read_audits(factory), held)
+            )
 
-                async def rolled_back() -> bool:
-                    return any(
-                        a.kind == audit_pb2.DECISION_ROLLBACK
-                        for a in decisions(await read_audits(factory), held)
-                    )
-
-                await wait_until(rolled_back, timeout=90, poll_s=1, what="the regression")
-    finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await feeding
-        await producer.stop()
+        await wait_until(rolled_back, timeout=90, poll_s=1, what="the regression")
 
     audits = await read_audits(factory)
     for pair in models.values():
@@ -262,82 +274,64 @@ async def test_an_instance_that_lost_its_partition_unaware_is_refused_by_epoch(
     writer = TelemetryWriter(
         factory.layout.telemetry(), held, PolicyScaleConfig(batches_per_s=2.0, requests_per_batch=8)
     )
-    producer = factory.producer(client_suffix="test-telemetry")
-    await producer.start()
-    stop = asyncio.Event()
-    feeding = asyncio.create_task(writer.run(producer, stop))
-    try:
-        with policy_engine(settings, a_log, held[0], "--sharded") as first:
-            await wait_until(
-                lambda: "restored partition" in a_log.read_text(errors="replace"),
-                timeout=60,
-                what="the first instance owns partitions",
+    async with (
+        feeding(factory, writer),
+        sharded_engine(
+            settings, a_log, held[0], what="the first instance owns partitions"
+        ) as first,
+        sharded_engine(settings, b_log, held[0], what="the second instance takes a partition"),
+    ):
+        a_id, b_id = instance_of(a_log), instance_of(b_log)
+        for model in held:
+            await send_command(factory, start(model, held=True))
+
+        async def at_held_step() -> bool:
+            audits = await read_audits(factory)
+            return all(
+                any(a.rollout_after.step_index == 1 for a in decisions(audits, m)) for m in held
             )
-            with policy_engine(settings, b_log, held[0], "--sharded"):
-                await wait_until(
-                    lambda: "restored partition" in b_log.read_text(errors="replace"),
-                    timeout=60,
-                    what="the second instance takes a partition",
-                )
-                a_id, b_id = instance_of(a_log), instance_of(b_log)
-                for model in held:
-                    await send_command(factory, start(model, held=True))
 
-                async def at_held_step() -> bool:
-                    audits = await read_audits(factory)
-                    return all(
-                        any(a.rollout_after.step_index == 1 for a in decisions(audits, m))
-                        for m in held
-                    )
+        await wait_until(at_held_step, timeout=90, poll_s=1, what="both rollouts held")
+        audits = await read_audits(factory)
+        (victim,) = [m for m in held if decisions(audits, m)[-1].decided_by.instance == a_id]
+        a_generation = decisions(audits, victim)[-1].decided_by.generation
 
-                await wait_until(at_held_step, timeout=90, poll_s=1, what="both rollouts held")
-                audits = await read_audits(factory)
-                (victim,) = [
-                    m for m in held if decisions(audits, m)[-1].decided_by.instance == a_id
-                ]
-                a_generation = decisions(audits, victim)[-1].decided_by.generation
+        first.send_signal(signal.SIGSTOP)  # alive, but silent past its session
+        try:
 
-                first.send_signal(signal.SIGSTOP)  # alive, but silent past its session
-                try:
-
-                    async def taken_over() -> bool:
-                        return any(
-                            a.decided_by.instance == b_id
-                            for a in decisions(await read_audits(factory), victim)
-                        )
-
-                    await wait_until(taken_over, timeout=60, poll_s=1, what="B owns the victim")
-                    writer.regressed.add(victim)
-
-                    async def rolled_back_by_b() -> bool:
-                        return any(
-                            a.kind == audit_pb2.DECISION_ROLLBACK and a.decided_by.instance == b_id
-                            for a in decisions(await read_audits(factory), victim)
-                        )
-
-                    await wait_until(rolled_back_by_b, timeout=90, poll_s=1, what="B rolls back")
-                finally:
-                    first.send_signal(signal.SIGCONT)
-                audits = await read_audits(factory)
-                b_generation = next(
-                    a.decided_by.generation
-                    for a in decisions(audits, victim)
-                    if a.decided_by.instance == b_id
+            async def taken_over() -> bool:
+                return any(
+                    a.decided_by.instance == b_id
+                    for a in decisions(await read_audits(factory), victim)
                 )
 
-                def rejoined() -> bool:  # the resumed one took part in a later generation
-                    text = a_log.read_text(errors="replace")
-                    return any(
-                        f"(generation {g})" in text or f"(generation {g}," in text
-                        for g in range(b_generation + 1, b_generation + 20)
-                    )
+            await wait_until(taken_over, timeout=60, poll_s=1, what="B owns the victim")
+            writer.regressed.add(victim)
 
-                await wait_until(rejoined, timeout=60, poll_s=0.5, what="A rejoins the group")
-    finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await feeding
-        await producer.stop()
+            async def rolled_back_by_b() -> bool:
+                return any(
+                    a.kind == audit_pb2.DECISION_ROLLBACK and a.decided_by.instance == b_id
+                    for a in decisions(await read_audits(factory), victim)
+                )
+
+            await wait_until(rolled_back_by_b, timeout=90, poll_s=1, what="B rolls back")
+        finally:
+            first.send_signal(signal.SIGCONT)
+        audits = await read_audits(factory)
+        b_generation = next(
+            a.decided_by.generation
+            for a in decisions(audits, victim)
+            if a.decided_by.instance == b_id
+        )
+
+        def rejoined() -> bool:  # the resumed one took part in a later generation
+            text = a_log.read_text(errors="replace")
+            return any(
+                f"(generation {g})" in text or f"(generation {g}," in text
+                for g in range(b_generation + 1, b_generation + 20)
+            )
+
+        await wait_until(rejoined, timeout=60, poll_s=0.5, what="A rejoins the group")
 
     assert b_generation > a_generation
     audits = decisions(await read_audits(factory), victim)
@@ -393,51 +387,37 @@ async def test_with_one_partition_one_instance_decides_and_the_other_stands_by(
     writer = TelemetryWriter(
         factory.layout.telemetry(), [model], PolicyScaleConfig(batches_per_s=2.0)
     )
-    producer = factory.producer(client_suffix="test-telemetry")
-    await producer.start()
-    stop = asyncio.Event()
-    feeding = asyncio.create_task(writer.run(producer, stop))
-    try:
-        with policy_engine(settings, a_log, model, "--sharded") as first:
-            await wait_until(
-                lambda: "restored partition" in a_log.read_text(errors="replace"),
-                timeout=60,
-                what="the first instance owns the partition",
+    async with (
+        feeding(factory, writer),
+        sharded_engine(
+            settings, a_log, model, what="the first instance owns the partition"
+        ) as first,
+        sharded_engine(
+            settings, b_log, model, until="Joined group", what="the second instance joins the group"
+        ),
+    ):
+        a_id = instance_of(a_log)
+        await send_command(factory, start(model, held=True))
+
+        async def at_held_step() -> bool:
+            return any(
+                a.rollout_after.step_index == 1
+                for a in decisions(await read_audits(factory), model)
             )
-            with policy_engine(settings, b_log, model, "--sharded"):
-                await wait_until(
-                    lambda: "Joined group" in b_log.read_text(errors="replace"),
-                    timeout=60,
-                    what="the second instance joins the group",
-                )
-                a_id = instance_of(a_log)
-                await send_command(factory, start(model, held=True))
 
-                async def at_held_step() -> bool:
-                    return any(
-                        a.rollout_after.step_index == 1
-                        for a in decisions(await read_audits(factory), model)
-                    )
+        await wait_until(at_held_step, timeout=90, poll_s=1, what="the rollout held")
+        assert "restored partition" not in b_log.read_text(errors="replace")  # idle
 
-                await wait_until(at_held_step, timeout=90, poll_s=1, what="the rollout held")
-                assert "restored partition" not in b_log.read_text(errors="replace")  # idle
+        first.kill()
+        first.wait(10)
 
-                first.kill()
-                first.wait(10)
+        async def taken_over() -> bool:
+            return any(
+                a.decided_by.instance != a_id for a in decisions(await read_audits(factory), model)
+            )
 
-                async def taken_over() -> bool:
-                    return any(
-                        a.decided_by.instance != a_id
-                        for a in decisions(await read_audits(factory), model)
-                    )
-
-                await wait_until(taken_over, timeout=60, poll_s=0.5, what="the standby decides")
-                b_id = instance_of(b_log)
-    finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await feeding
-        await producer.stop()
+        await wait_until(taken_over, timeout=60, poll_s=0.5, what="the standby decides")
+        b_id = instance_of(b_log)
 
     mine = decisions(await read_audits(factory), model)
     switch = next(i for i, a in enumerate(mine) if a.decided_by.instance == b_id)

@@ -8,6 +8,8 @@ Slow (about 40 s each): a `graylane policy` process and an in-process stack.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -68,23 +70,33 @@ async def _audited(factory: KafkaFactory, rollout_id: str, rule: str, timeout: f
     await wait_until(seen, timeout=timeout, poll_s=0.5, what=f"an audit record {rule}")
 
 
-async def test_a_candidate_without_a_running_worker_is_rolled_back_within_t(
-    settings: Settings, factory: KafkaFactory, model_path: Path, tmp_path: Path
-) -> None:
+@contextlib.asynccontextmanager
+async def engine_over(
+    settings: Settings, factory: KafkaFactory, tmp_path: Path, served: dict[str, Path]
+) -> AsyncIterator[RoutingWatch]:
+    """The policy engine over a stack whose workers serve only ``served`` (v1 stable),
+    under steady load: the watch on its routing tables."""
     await prepare_topics(settings, PolicyConfig(models=(MODEL,)))
     await ensure_topics(factory, factory.layout.model_specs(MODEL, ["v1", "v2"]))
-    spec = spec_of("r-dead-candidate")
-    # Only the baseline has a worker: the candidate's topic fills and nobody reads it.
-    async with running_stack(factory, model=MODEL, versions={"v1": model_path}, stable="v1"):
+    async with running_stack(factory, model=MODEL, versions=served, stable="v1"):
         with policy_engine(settings, tmp_path / "policy.log", MODEL):
             await wait_ready(tmp_path / "policy.log")
             async with RoutingWatch(factory, MODEL) as watch, steady_load(factory, MODEL):
-                await send_command(factory, start_command(spec))
-                _, started = await watch.until(lambda t: watch.weight(t, "v2") > 0, 30)
-                _, table = await watch.until(
-                    lambda t: watch.weight(t, "v2") == 0 and t.epoch > started.epoch, 40
-                )
-                await _audited(factory, spec.rollout_id, "candidate_unresponsive", 20)
+                yield watch
+
+
+async def test_a_candidate_without_a_running_worker_is_rolled_back_within_t(
+    settings: Settings, factory: KafkaFactory, model_path: Path, tmp_path: Path
+) -> None:
+    spec = spec_of("r-dead-candidate")
+    # Only the baseline has a worker: the candidate's topic fills and nobody reads it.
+    async with engine_over(settings, factory, tmp_path, {"v1": model_path}) as watch:
+        await send_command(factory, start_command(spec))
+        _, started = await watch.until(lambda t: watch.weight(t, "v2") > 0, 30)
+        _, table = await watch.until(
+            lambda t: watch.weight(t, "v2") == 0 and t.epoch > started.epoch, 40
+        )
+        await _audited(factory, spec.rollout_id, "candidate_unresponsive", 20)
     assert table.stable_version == "v1" and watch.weight(table, "v1") == 100.0
     # The candidate never got past its first step: the rollback was the next move.
     assert max(watch.weight(t, "v2") for _, t in watch.tables) == 20.0
@@ -110,30 +122,25 @@ async def test_a_candidate_without_a_running_worker_is_rolled_back_within_t(
 async def test_a_dead_baseline_holds_the_rollout_and_is_never_promoted_over(
     settings: Settings, factory: KafkaFactory, model_path: Path, tmp_path: Path
 ) -> None:
-    await prepare_topics(settings, PolicyConfig(models=(MODEL,)))
-    await ensure_topics(factory, factory.layout.model_specs(MODEL, ["v1", "v2"]))
     spec = spec_of("r-dead-baseline")
     # Only the candidate has a worker; the stable version's traffic goes unanswered.
-    async with running_stack(factory, model=MODEL, versions={"v2": model_path}, stable="v1"):
-        with policy_engine(settings, tmp_path / "policy.log", MODEL):
-            await wait_ready(tmp_path / "policy.log")
-            async with RoutingWatch(factory, MODEL) as watch, steady_load(factory, MODEL):
-                await send_command(factory, start_command(spec))
-                await _audited(factory, spec.rollout_id, "baseline_unresponsive", 40)
-                (hold, *_) = [
-                    a
-                    for a in await read_audits(factory, rollout_id=spec.rollout_id)
-                    if a.rule == "baseline_unresponsive"
-                ]
-                # A healthy rollout of this spec promotes within ~3 s of dwell. Wait until
-                # the candidate's worker has answered for 12 s past the hold, by its own
-                # stamps (the telemetry the engine kept reading): several times that dwell.
-                await wait_until(
-                    lambda: answered_until(factory, "v2", hold.decided_at_unix_ms + 12_000),
-                    timeout=60,
-                    poll_s=1.0,
-                    what="12 s of the candidate's answers after the hold",
-                )
+    async with engine_over(settings, factory, tmp_path, {"v2": model_path}) as watch:
+        await send_command(factory, start_command(spec))
+        await _audited(factory, spec.rollout_id, "baseline_unresponsive", 40)
+        (hold, *_) = [
+            a
+            for a in await read_audits(factory, rollout_id=spec.rollout_id)
+            if a.rule == "baseline_unresponsive"
+        ]
+        # A healthy rollout of this spec promotes within ~3 s of dwell. Wait until
+        # the candidate's worker has answered for 12 s past the hold, by its own
+        # stamps (the telemetry the engine kept reading): several times that dwell.
+        await wait_until(
+            lambda: answered_until(factory, "v2", hold.decided_at_unix_ms + 12_000),
+            timeout=60,
+            poll_s=1.0,
+            what="12 s of the candidate's answers after the hold",
+        )
     assert hold.kind == audit_pb2.DECISION_HOLD
     assert not [t for _, t in watch.tables if t.stable_version == "v2"], watch.tables
     assert max(watch.weight(t, "v2") for _, t in watch.tables) <= 20.0

@@ -6,14 +6,7 @@ receiver that is down delays no decision."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import http.server
 import json
-import socket
-import sys
-import threading
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -21,169 +14,43 @@ import httpx
 import pytest
 import yaml
 
-from graylane import serde
-from graylane.app.cli.main import main
 from graylane.engine_worker.faults import FaultInjection
 from graylane.kafka.backoff import BackoffPolicy
-from graylane.kafka.reading import read_latest_per_key
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.notifications.sender import SenderPolicy
-from graylane.notifications.webhook import SIGNATURE_HEADER, verify
+from graylane.notifications.webhook import verify
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.registry import open_registry
-from graylane.services.controlplane.auth import TokenTable, parse_tokens
-from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
-from tests.integration.test_cli_rollout import register
+from tests.support.brokers import free_port
 from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
+from tests.support.releases import (
+    BASE,
+    CANDIDATE,
+    MODEL,
+    VIEWER,
+    assert_replays_the_same,
+    audit_of,
+    cli,
+    control_plane,
+    demo_versions,
+    phase_of,
+    register,
+    rollout_document,
+    stable_of,
+    until_phase,
+    until_stable,
+    until_stored_phase,
+    webhook_receiver,
+)
 from tests.support.stack import dead_letters, running_stack
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
-MODEL = "cli-gpt"  # registered by test_cli_rollout.register, with these versions
-BASE, CANDIDATE = "1.0.0", "1.1.0"
-OPERATOR, VIEWER = "ops-token-0123456", "view-token-0123456"
 SECRET = b"webhook-secret-0123"
-
-
-@dataclass
-class Received:
-    path: str
-    body: bytes
-    signature: str
-
-
-@dataclass
-class Receiver:
-    """A webhook receiver on a free local port: every POST, in arrival order."""
-
-    port: int = 0
-    seen: list[Received] = field(default_factory=list)
-
-    def types(self, path: str) -> list[str]:
-        """The transitions received at ``path`` (CloudEvents ``data``, Slack ``graylane``)."""
-        docs = [json.loads(r.body) for r in self.seen if r.path == path]
-        return [(d.get("data") or d["graylane"])["transition"] for d in docs]
-
-
-@contextlib.contextmanager
-def webhook_receiver() -> Iterator[Receiver]:
-    receiver = Receiver()
-    lock = threading.Lock()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            with lock:
-                receiver.seen.append(
-                    Received(self.path, body, self.headers.get(SIGNATURE_HEADER, ""))
-                )
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    receiver.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield receiver
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def closed_port() -> int:
-    """A local port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def document(name: str, steps: str, webhooks: str) -> str:
-    return f"""\
-apiVersion: graylane.io/v1
-kind: Rollout
-metadata:
-  name: {name}
-spec:
-  model: {MODEL}
-  baseline: {BASE}
-  candidate: {CANDIDATE}
-  strategy: canary
-  steps:
-{steps}
-  notifications:
-    webhooks:
-{webhooks}
-"""
-
-
-@contextlib.asynccontextmanager
-async def control_plane(
-    factory: KafkaFactory, monkeypatch: pytest.MonkeyPatch, policy: SenderPolicy
-) -> AsyncIterator[ControlPlaneServer]:
-    tokens = f"{OPERATOR}:operator:alice,{VIEWER}:read-only:bob"
-    server = ControlPlaneServer(
-        ServerConfig(
-            host="127.0.0.1",
-            port=0,
-            tokens=TokenTable(parse_tokens(tokens)),
-            webhooks=policy,
-            http_port=0,
-        ),
-        factory,
-    )
-    await server.start()
-    await asyncio.wait_for(server.sink.ready.wait(), 30)
-    settings = factory.settings
-    for key, value in {
-        "GRAYLANE_CP_ADDR": f"127.0.0.1:{server.port}",
-        "GRAYLANE_CP_TOKEN": OPERATOR,
-        "GRAYLANE_TOPIC_PREFIX": settings.topic_prefix,
-        "GRAYLANE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "COLUMNS": "200",
-    }.items():
-        monkeypatch.setenv(key, value)
-    try:
-        yield server
-    finally:
-        await server.stop(0)
-
-
-async def cli(capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0) -> str:
-    capsys.readouterr()
-    try:
-        got = await asyncio.to_thread(main, list(argv))
-    except SystemExit as exc:
-        got = exc.code if isinstance(exc.code, int) else 1
-        if not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-    out = capsys.readouterr()
-    assert got == code, out
-    return out.out + out.err
-
-
-async def phase_of(factory: KafkaFactory, rollout_id: str) -> int:
-    states = await read_latest_per_key(factory, factory.layout.rollouts())
-    raw = states.get(rollout_id.encode())
-    return serde.decode(rollout_pb2.RolloutState, raw).phase if raw else 0
-
-
-async def until_phase(factory: KafkaFactory, rollout_id: str, phase: int, timeout: float) -> None:
-    async def reached() -> bool:
-        return await phase_of(factory, rollout_id) == phase
-
-    await wait_until(reached, timeout=timeout, what=f"{rollout_id} in phase {phase}")
-
-
-def audit_of(server: ControlPlaneServer, rollout_id: str) -> list[audit_pb2.AuditRecord]:
-    return server.store.query_audit(rollout_id=rollout_id)
 
 
 async def test_a_document_applied_twice_updated_paused_and_resumed_notifies_each_step(
@@ -194,10 +61,7 @@ async def test_a_document_applied_twice_updated_paused_and_resumed_notifies_each
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     register(settings)
-    paths = {
-        BASE: write_demo_gpt(tmp_path / "base.onnx", "tiny", seed=1),
-        CANDIDATE: write_demo_gpt(tmp_path / "candidate.onnx", "tiny", seed=2),
-    }
+    paths = demo_versions(tmp_path)
     secret = tmp_path / "hook.secret"
     secret.write_bytes(SECRET + b"\n")
     name = "cli-gpt-1-1-0"
@@ -214,27 +78,27 @@ async def test_a_document_applied_twice_updated_paused_and_resumed_notifies_each
         first = tmp_path / "v1" / "rollout.yaml"
         first.parent.mkdir()
         first.write_text(
-            document(
+            rollout_document(
                 name,
                 "    - {weight: 10, samples: 10, dwell: 10m}\n"
                 "    - {weight: 50, samples: 10, dwell: 2s}\n"
                 "    - {weight: 100}\n",
-                hooks,
+                webhooks=hooks,
             )
         )
         changed = tmp_path / "v2.yaml"
         changed.write_text(
-            document(
+            rollout_document(
                 name,
                 "    - {weight: 20, samples: 10, dwell: 2s}\n"
                 "    - pause: {}\n"
                 "    - {weight: 50, samples: 10, dwell: 2s}\n"
                 "    - {weight: 100}\n",
-                hooks,
+                webhooks=hooks,
             )
         )
         async with (
-            control_plane(factory, monkeypatch, SenderPolicy()) as server,
+            control_plane(factory, monkeypatch, http_port=0) as server,
             running_stack(factory, model=MODEL, versions=paths, stable=BASE),
         ):
             with policy_engine(settings, tmp_path / "policy.log", MODEL):
@@ -275,12 +139,7 @@ async def test_a_document_applied_twice_updated_paused_and_resumed_notifies_each
                     await cli(capsys, "rollout", "resume", name, "--reason", "dashboards ok")
                     _, final = await routing.until(lambda t: t.stable_version == CANDIDATE, 60)
                     await until_phase(factory, name, rollout_pb2.PROMOTED, 30)
-
-                    def stored_promoted() -> bool:
-                        got = server.store.get_rollout(name)
-                        return got is not None and got.state.phase == rollout_pb2.PROMOTED
-
-                    await wait_until(stored_promoted, timeout=30, what="the store sees it")
+                    await until_stored_phase(server, name, rollout_pb2.PROMOTED)
                     live = yaml.safe_load(await cli(capsys, "get", "rollout", name, "-o", "yaml"))
                 await wait_until(
                     lambda: (
@@ -293,10 +152,7 @@ async def test_a_document_applied_twice_updated_paused_and_resumed_notifies_each
                 records = audit_of(server, name)
 
     # The recorded decisions, the spec update and the approval included, replay the same.
-    verified = await cli(
-        capsys, "audit", "verify", "--model", MODEL, "--rollout", name, "--from", "1h"
-    )
-    assert "the controllers decide the same" in verified, verified
+    await assert_replays_the_same(capsys, name)
 
     # get rollout -o yaml: the live object in the document's schema, the new schedule.
     assert live["kind"] == "Rollout" and live["metadata"]["name"] == name
@@ -340,12 +196,9 @@ async def test_a_receiver_that_is_down_does_not_delay_the_rollback(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     register(settings)
-    paths = {
-        BASE: write_demo_gpt(tmp_path / "base.onnx", "tiny", seed=1),
-        CANDIDATE: write_demo_gpt(tmp_path / "candidate.onnx", "tiny", seed=2),
-    }
+    paths = demo_versions(tmp_path)
     name = "cli-gpt-bad"
-    down = closed_port()
+    down = free_port()  # nothing listens there
     # The down receiver's first notification is retried for minutes: any decision
     # that waited on it could not come before its dead letter.
     slow = SenderPolicy(attempts=4, backoff=BackoffPolicy(base_s=60.0, cap_s=60.0, jitter=0.0))
@@ -354,17 +207,17 @@ async def test_a_receiver_that_is_down_does_not_delay_the_rollback(
     with webhook_receiver() as receiver:
         spec = tmp_path / "bad.yaml"
         spec.write_text(
-            document(
+            rollout_document(
                 name,
                 "    - {weight: 10, samples: 10, dwell: 30s}\n"
                 "    - {weight: 50, samples: 10, dwell: 30s}\n"
                 "    - {weight: 100}\n",
-                f"      - url: http://127.0.0.1:{down}/hook\n"
+                webhooks=f"      - url: http://127.0.0.1:{down}/hook\n"
                 f"      - url: http://127.0.0.1:{receiver.port}/up\n",
             )
         )
         async with (
-            control_plane(factory, monkeypatch, slow) as server,
+            control_plane(factory, monkeypatch, webhooks=slow, http_port=0) as server,
             running_stack(factory, model=MODEL, versions=paths, stable=BASE, faults=faults),
         ):
             with policy_engine(settings, tmp_path / "policy.log", MODEL):
@@ -437,7 +290,7 @@ async def test_undo_to_revision_returns_to_a_version_two_promotions_back(
     }
     await prepare_topics(settings, PolicyConfig(models=(model,)))
     async with (
-        control_plane(factory, monkeypatch, SenderPolicy()) as server,
+        control_plane(factory, monkeypatch, http_port=0) as server,
         running_stack(factory, model=model, versions=paths, stable=versions[0]),
     ):
         with policy_engine(settings, tmp_path / "policy.log", model):
@@ -447,20 +300,18 @@ async def test_undo_to_revision_returns_to_a_version_two_promotions_back(
                     spec = tmp_path / f"{candidate}.yaml"
                     name = f"undo-{candidate.replace('.', '-')}"
                     spec.write_text(
-                        document(name, "    - {weight: 10, dwell: 10m}\n    - {weight: 100}\n", "")
-                        .replace(f"model: {MODEL}", f"model: {model}")
-                        .replace(f"baseline: {BASE}", f"baseline: {registry_stable(server, model)}")
-                        .replace(f"candidate: {CANDIDATE}", f"candidate: {candidate}")
-                        .replace("  notifications:\n    webhooks:\n", "")
+                        rollout_document(
+                            name,
+                            "    - {weight: 10, dwell: 10m}\n    - {weight: 100}\n",
+                            model=model,
+                            baseline=stable_of(settings, model),
+                            candidate=candidate,
+                        )
                     )
                     await cli(capsys, "apply", "-f", str(spec))
                     await until_phase(factory, name, rollout_pb2.PROGRESSING, 30)
                     await cli(capsys, "rollout", "promote", name)
-
-                    def stable_is(version: str = candidate) -> bool:
-                        return registry_stable(server, model) == version
-
-                    await wait_until(stable_is, timeout=30, what=f"{candidate} stable")
+                    await until_stable(settings, candidate, model)
                 history = await cli(capsys, "rollout", "history", model, "-o", "json")
                 revisions = json.loads(history)["items"]
                 assert [(r["revision"], r["version"]) for r in revisions] == [
@@ -497,8 +348,3 @@ async def test_undo_to_revision_returns_to_a_version_two_promotions_back(
         if r.kind == audit_pb2.DECISION_MANUAL_COMMAND and r.rule == "manual_promote"
     ]
     assert promotions == ["1.1.0", "1.2.0"]
-
-
-def registry_stable(server: ControlPlaneServer, model: str) -> str:
-    got = server.control.registry.get_stable(model)
-    return str(got.version) if got is not None else ""

@@ -23,26 +23,25 @@ from graylane.clock import now_ms
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
 from graylane.kafka.seam import KafkaFactory
-from graylane.notifications.sender import SenderPolicy
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
-from graylane.registry import open_registry
-from graylane.services.controlplane.auth import TokenTable, parse_tokens
-from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, rollout_pb2, telemetry_pb2
-from tests.integration.test_cli_rollout import register
-from tests.integration.test_releases_as_code import (
+from tests.support.policy import RoutingWatch, policy_engine, wait_ready
+from tests.support.releases import (
     BASE,
     CANDIDATE,
     MODEL,
-    OPERATOR,
+    assert_replays_the_same,
     audit_of,
     cli,
+    control_plane,
     phase_of,
+    register,
+    rollout_document,
     until_phase,
+    until_stable,
     webhook_receiver,
 )
-from tests.support.policy import RoutingWatch, policy_engine, wait_ready
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -116,75 +115,12 @@ async def feeding(factory: KafkaFactory, feed: TelemetryFeed) -> AsyncIterator[T
         await task
 
 
-@contextlib.asynccontextmanager
-async def control_plane(
-    factory: KafkaFactory, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[ControlPlaneServer]:
-    """The control plane of test_releases_as_code, without the candidate check: no
-    worker serves here, the telemetry is the test's."""
-    server = ControlPlaneServer(
-        ServerConfig(
-            host="127.0.0.1",
-            port=0,
-            tokens=TokenTable(parse_tokens(f"{OPERATOR}:operator:alice")),
-            webhooks=SenderPolicy(),
-            check_candidates=False,
-        ),
-        factory,
-    )
-    await server.start()
-    await asyncio.wait_for(server.sink.ready.wait(), 30)
-    settings = factory.settings
-    for key, value in {
-        "GRAYLANE_CP_ADDR": f"127.0.0.1:{server.port}",
-        "GRAYLANE_CP_TOKEN": OPERATOR,
-        "GRAYLANE_TOPIC_PREFIX": settings.topic_prefix,
-        "GRAYLANE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-        "COLUMNS": "200",
-    }.items():
-        monkeypatch.setenv(key, value)
-    try:
-        yield server
-    finally:
-        await server.stop(0)
-
-
 def document(name: str, bake: str, port: int) -> str:
-    return f"""\
-apiVersion: graylane.io/v1
-kind: Rollout
-metadata:
-  name: {name}
-spec:
-  model: {MODEL}
-  baseline: {BASE}
-  candidate: {CANDIDATE}
-  strategy: canary
-  bake: {bake}
-  steps:
-    - {{weight: 50, samples: 10, dwell: 2s}}
-    - {{weight: 100}}
-  notifications:
-    webhooks:
-      - url: http://127.0.0.1:{port}/events
-"""
-
-
-def stable_of(settings: Settings) -> str:
-    registry = open_registry(settings.db_url)
-    try:
-        stable = registry.get_stable(MODEL)
-        return str(stable.version) if stable is not None else ""
-    finally:
-        registry.engine.dispose()
-
-
-async def until_stable(settings: Settings, version: str) -> None:
-    await wait_until(
-        lambda: stable_of(settings) == version,
-        timeout=30,
-        poll_s=0.3,
-        what=f"the registry's stable version {version}",
+    return rollout_document(
+        name,
+        "    - {weight: 50, samples: 10, dwell: 2s}\n    - {weight: 100}\n",
+        webhooks=f"      - url: http://127.0.0.1:{port}/events\n",
+        bake=bake,
     )
 
 
@@ -202,8 +138,9 @@ async def test_a_regression_during_bake_rolls_back_to_the_previous_stable(
     with webhook_receiver() as receiver:
         path = tmp_path / "rollout.yaml"
         path.write_text(document(name, "5m", receiver.port))
+        # No worker serves here, the telemetry is the test's: no candidate check.
         async with (
-            control_plane(factory, monkeypatch) as server,
+            control_plane(factory, monkeypatch, check_candidates=False) as server,
             feeding(factory, TelemetryFeed(serving={BASE, CANDIDATE})) as feed,
         ):
             with policy_engine(settings, log, MODEL):
@@ -259,10 +196,7 @@ async def test_a_regression_during_bake_rolls_back_to_the_previous_stable(
     events = [t for t in receiver.types("/events") if t not in ("held", "gate_failed")]
     assert events == ["started", "promoted", "rolled_back_in_bake"], events
     # Every recorded decision, the bake's included, replays to the same.
-    verified = await cli(
-        capsys, "audit", "verify", "--model", MODEL, "--rollout", name, "--from", "1h"
-    )
-    assert "the controllers decide the same" in verified, verified
+    await assert_replays_the_same(capsys, name)
 
 
 async def test_a_clean_bake_ends_baked_across_a_restart(
@@ -279,7 +213,7 @@ async def test_a_clean_bake_ends_baked_across_a_restart(
         path = tmp_path / "rollout.yaml"
         path.write_text(document(name, "12s", receiver.port))
         async with (
-            control_plane(factory, monkeypatch) as server,
+            control_plane(factory, monkeypatch, check_candidates=False) as server,
             feeding(factory, TelemetryFeed(serving={BASE, CANDIDATE})) as feed,
             RoutingWatch(factory, MODEL) as routing,
         ):
@@ -318,7 +252,4 @@ async def test_a_clean_bake_ends_baked_across_a_restart(
     assert last.epoch == promote.rollout_after.epoch
     events = [t for t in receiver.types("/events") if t not in ("held", "gate_failed")]
     assert events == ["started", "promoted", "baked"], events
-    verified = await cli(
-        capsys, "audit", "verify", "--model", MODEL, "--rollout", name, "--from", "1h"
-    )
-    assert "the controllers decide the same" in verified, verified
+    await assert_replays_the_same(capsys, name)

@@ -21,7 +21,6 @@ from aiokafka.errors import KafkaError
 from grpc import aio
 
 from graylane.acls import AclScope, KafkaRole
-from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.service import Worker
@@ -29,21 +28,19 @@ from graylane.kafka.admin import ensure_topics
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.registry import ArtifactRecord, ValidationSummary, open_registry
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
 from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.services.router.service import Router, RouterConfig
-from graylane.settings import Settings
 from graylane.v1 import controlplane_pb2_grpc, rollout_pb2
 from tests.support.brokers import SecuredBroker, grant_roles, secured_broker
 from tests.support.gateway import running_gateway
 from tests.support.policy import RoutingWatch, policy_engine, steady_load, wait_ready
+from tests.support.releases import BASE, CANDIDATE, register
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 MODEL = "gpt"
-BASE, CANDIDATE = "1.0.0", "1.1.0"
 CLIENT, OTHER_CLIENT = "app1", "app2"
 OPS = (("authorization", "Bearer ops-token-0123456"),)
 
@@ -52,26 +49,6 @@ OPS = (("authorization", "Bearer ops-token-0123456"),)
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredBroker]:
     with secured_broker(tmp_path_factory.mktemp("secured-kafka")) as broker:
         yield broker
-
-
-def _register(settings: Settings) -> None:
-    registry = open_registry(settings.db_url)
-    registry.register_model(MODEL, "secured")
-    for version in (BASE, CANDIDATE):
-        registry.register_version(MODEL, version, "a" * 64)
-    registry.set_stable(MODEL, BASE)
-    name = ArtifactName(
-        MODEL, Backend.ONNXRUNTIME, "1.32.0", Precision.FP32, "ptq", parse_semver(CANDIDATE)
-    )
-    artifact = ArtifactRecord(
-        name=name,
-        path="/artifacts/x",
-        manifest_sha256="f" * 64,
-        servable=True,
-        validation=ValidationSummary(passed=True),
-    )
-    registry.add_artifact(artifact)
-    registry.engine.dispose()
 
 
 def _worker(factory: KafkaFactory, version: str, path: Path) -> Worker:
@@ -132,7 +109,7 @@ async def test_every_service_under_its_own_login_promotes_a_canary_and_nothing_m
     specs = layout.shared_specs() + layout.model_specs(MODEL, [BASE, CANDIDATE])
     await ensure_topics(admin, [*specs, layout.reply_spec(CLIENT), layout.reply_spec(OTHER_CLIENT)])
     await grant_roles(admin, AclScope(models=(MODEL,), clients=(CLIENT,)))
-    _register(admin.settings)
+    register(admin.settings, MODEL, "secured")
 
     paths = {
         v: write_demo_gpt(tmp_path / f"{v}.onnx", "tiny", seed=i)
