@@ -227,20 +227,24 @@ class LatencyHistogram:
 
     def quantiles(self, qs: tuple[float, ...]) -> tuple[float, ...]:
         """:meth:`quantile` of each of ``qs`` (ascending), in one pass over the buckets."""
-        if any(not 0.0 <= q <= 1.0 for q in qs) or list(qs) != sorted(qs):
+        if not all(0.0 <= a <= b <= 1.0 for a, b in zip(qs, (*qs[1:], 1.0), strict=True)):
             raise ValueError(f"quantiles {qs} are not ascending within 0..1")
-        if self._count == 0:
+        count = self._count
+        if count == 0:
             return tuple(0.0 for _ in qs)
-        ranks = [max(1, math.ceil(q * self._count - 1e-9)) for q in qs]
+        ranks = [max(1, math.ceil(q * count - 1e-9)) for q in qs]
         out: list[float] = []
+        want, last = ranks[0], len(ranks)
         seen = 0
-        for index in sorted(self._buckets):
-            seen += self._buckets[index]
-            while len(out) < len(ranks) and seen >= ranks[len(out)]:
+        buckets = self._buckets
+        for index in sorted(buckets):
+            seen += buckets[index]
+            while seen >= want:
                 out.append(min(self._representative(index), self._max))
-            if len(out) == len(ranks):
-                break
-        return tuple(out)
+                if len(out) == last:
+                    return tuple(out)
+                want = ranks[len(out)]
+        return tuple(out)  # unreachable: counts add up to count
 
     def _representative(self, index: int) -> float:
         if index == 0:

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from functools import partial
 
 from graylane.policy_engine.isolation import RecordGuard
@@ -159,11 +159,14 @@ engine runs it again."""
 log = logging.getLogger(__name__)
 
 
+_COMPARED = tuple(
+    f.name for f in fields(RolloutState) if f.name not in {"last_reason", "updated_ms"}
+)
+
+
 def _significant(before: RolloutState, after: RolloutState) -> bool:
     """Whether ``after`` differs from ``before`` beyond reason text and timestamp."""
-    return replace(before, last_reason="", updated_ms=0) != replace(
-        after, last_reason="", updated_ms=0
-    )
+    return any(getattr(before, name) != getattr(after, name) for name in _COMPARED)
 
 
 class PolicyCore:

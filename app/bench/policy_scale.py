@@ -29,8 +29,17 @@ Measured per N, over a window after the engine has caught up with its commands:
   step (an upper bound).
 
 The largest N with p99 decision latency within ``max_decision_ms`` and no growing
-lag is ``max_models_one_instance``. The engine is one process: ``instances_scaling``
-is reported as null until the engine is sharded by model.
+lag is ``max_models_one_instance``.
+
+``--instances 1,3`` runs each size again with three engines sharded by model
+(``--sharded``, one consumer group): the same telemetry, commands and regressions, the
+figures summed over the instances (CPU, records, tick and read-delay histograms; RSS is
+the largest instance's). After each sharded size, one instance is killed (-9): the bench
+waits until the survivors decide for each of its models (from the audit, which names the
+instance and generation of every decision), injects regressions into some of them, and
+judges the handover from the audit: no model lost, none resumed at another step, no
+(model, generation) decided by two instances, no rollout rolled back twice. Those
+figures are ``instances_scaling``.
 
 A table, a plot (decision latency and CPU against N) and one JSON line.
 """
@@ -67,11 +76,13 @@ from graylane.policy_engine.service import telemetry_into
 from graylane.policy_engine.wire import command_of
 from graylane.rollouts.vocabulary import DecisionKind
 from graylane.settings import REPO_ROOT, Settings
-from graylane.v1 import rollout_pb2, telemetry_pb2
+from graylane.v1 import audit_pb2, rollout_pb2, telemetry_pb2
 
 __all__ = [
+    "DecisionLedger",
     "PolicyScaleConfig",
     "SizeResult",
+    "Takeover",
     "TelemetryWriter",
     "evidence_ticks",
     "main",
@@ -99,6 +110,10 @@ class PolicyScaleConfig:
     step_ms: int = 500
     """The engine's decision tick: part of every decision's latency."""
     max_decision_ms: float = 2_000.0
+    instances: tuple[int, ...] = (1,)
+    """Policy-engine processes per run: 1 is one engine (the lease's single writer, here
+    without a lease); more run sharded by model (``--sharded``, one consumer group), and
+    after the measured window one is killed (-9) and its models' takeover is checked."""
     ready_timeout_s: float = 600.0
     plot: Path = field(default_factory=lambda: REPO_ROOT / ".local" / "policy-scale.png")
 
@@ -125,6 +140,9 @@ class SizeResult:
     read_delay_ms_p99: float = math.nan
     """How long after it was written a telemetry record reached the engine's core, p99
     (``graylane_policy_telemetry_delay_seconds``): how far behind the engine reads."""
+    instances: int = 1
+    takeover: Takeover | None = None
+    """Sharded runs: one instance killed (-9) after the window, checked from the audit."""
 
     @property
     def lag_growing(self) -> bool:
@@ -161,7 +179,127 @@ class SizeResult:
             "missed": self.missed,
             "ready_s": round(self.ready_s, 1),
             "read_delay_ms_p99": round(self.read_delay_ms_p99, 1),
+            "instances": self.instances,
+            "takeover": None if self.takeover is None else self.takeover.row(),
         }
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """A sharded run's kill -9 of one instance, judged from the audit."""
+
+    models_moved: int
+    """Models the killed instance decided for."""
+    takeover_s: float
+    """From the kill to the last of its models decided by a survivor."""
+    lost: int
+    """Moved models no survivor decided for by the end."""
+    step_changed: int
+    """Moved models whose first decision by a survivor started from another step than
+    the killed instance's last decision left them at."""
+    double_deciders: int
+    """(model, generation) pairs decided by more than one instance: two instances
+    deciding for one model at once."""
+    duplicate_rollbacks: int
+    """Rollouts rolled back more than once."""
+    regressions_after: tuple[float, ...]
+    """Detection of regressions injected into moved models after the takeover (ms)."""
+    missed_after: int
+
+    @property
+    def clean(self) -> bool:
+        return not (
+            self.lost
+            or self.step_changed
+            or self.double_deciders
+            or self.duplicate_rollbacks
+            or self.missed_after
+        )
+
+    def row(self) -> dict[str, object]:
+        return {
+            "models_moved": self.models_moved,
+            "takeover_s": round(self.takeover_s, 1),
+            "lost": self.lost,
+            "step_changed": self.step_changed,
+            "double_deciders": self.double_deciders,
+            "duplicate_rollbacks": self.duplicate_rollbacks,
+            "detection_ms_after": [round(d) for d in self.regressions_after],
+            "missed_after": self.missed_after,
+            "clean": self.clean,
+        }
+
+
+@dataclass(frozen=True)
+class Decided:
+    """One rollout decision as the audit records it."""
+
+    instance: str
+    generation: int
+    kind: int
+    step_before: int
+    step_after: int
+    rollout_id: str
+
+
+@dataclass
+class DecisionLedger:
+    """Every rollout decision on the audit topic, per model, in the topic's order."""
+
+    by_model: dict[str, list[Decided]] = field(default_factory=dict)
+
+    def take(self, record: Record) -> None:
+        if record.value is None:
+            return
+        a = serde.decode(audit_pb2.AuditRecord, record.value)
+        if not (a.rollout_id and a.decided_by.instance):
+            return
+        self.by_model.setdefault(a.model, []).append(
+            Decided(
+                a.decided_by.instance,
+                a.decided_by.generation,
+                a.kind,
+                a.rollout_before.step_index,
+                a.rollout_after.step_index,
+                a.rollout_id,
+            )
+        )
+
+    def owner(self, model: str) -> str | None:
+        mine = self.by_model.get(model)
+        return mine[-1].instance if mine else None
+
+    def double_deciders(self) -> int:
+        pairs: dict[tuple[str, int], set[str]] = {}
+        for model, mine in self.by_model.items():
+            for d in mine:
+                pairs.setdefault((model, d.generation), set()).add(d.instance)
+        return sum(1 for ids in pairs.values() if len(ids) > 1)
+
+    def duplicate_rollbacks(self) -> int:
+        counts: dict[str, int] = {}
+        for mine in self.by_model.values():
+            for d in mine:
+                if d.kind == audit_pb2.DECISION_ROLLBACK:
+                    counts[d.rollout_id] = counts.get(d.rollout_id, 0) + 1
+        return sum(1 for n in counts.values() if n > 1)
+
+    def handover(self, model: str, dead: str) -> tuple[Decided, Decided] | None:
+        """The dead instance's last decision for ``model`` and a survivor's first after it."""
+        mine = self.by_model.get(model, [])
+        last = max((i for i, d in enumerate(mine) if d.instance == dead), default=None)
+        if last is None:
+            return None
+        after = next((d for d in mine[last + 1 :] if d.instance != dead), None)
+        return None if after is None else (mine[last], after)
+
+
+def instance_of(log: Path) -> str | None:
+    """The instance id a sharded engine logged when it restored a partition."""
+    for line in log.read_text(errors="replace").splitlines():
+        if "restored partition" in line and " as instance " in line:
+            return line.split(" as instance ", 1)[1].split()[0]
+    return None
 
 
 def tick_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
@@ -209,6 +347,25 @@ class Scrape:
     tick_buckets: dict[float, float]
     delay_buckets: dict[float, float]
     telemetry_records: float
+
+    def plus(self, other: Scrape) -> Scrape:
+        """Two engines' counters together (a sharded run reports its instances as one)."""
+
+        def add(a: dict[float, float], b: dict[float, float]) -> dict[float, float]:
+            return {le: a.get(le, 0.0) + b.get(le, 0.0) for le in a.keys() | b.keys()}
+
+        return Scrape(
+            add(self.tick_buckets, other.tick_buckets),
+            add(self.delay_buckets, other.delay_buckets),
+            self.telemetry_records + other.telemetry_records,
+        )
+
+
+def _scrape_all(ports: list[int]) -> Scrape:
+    total = Scrape({}, {}, 0.0)
+    for port in ports:
+        total = total.plus(_scrape(port))
+    return total
 
 
 def _scrape(port: int) -> Scrape:
@@ -413,7 +570,11 @@ def evidence_ticks(cfg: PolicyScaleConfig) -> int:
 
 
 async def run_size(
-    base: Settings, n: int, cfg: PolicyScaleConfig, progress: Callable[[str], None]
+    base: Settings,
+    n: int,
+    cfg: PolicyScaleConfig,
+    progress: Callable[[str], None],
+    instances: int = 1,
 ) -> SizeResult:
     import uuid
 
@@ -421,6 +582,7 @@ async def run_size(
     factory = KafkaFactory(settings)
     layout = factory.layout
     models = [_model(i) for i in range(n)]
+    tag = f"N={n}" if instances == 1 else f"N={n} x{instances} instances"
     # The version topics the engine's liveness probe reads (one partition each: thousands
     # of them on one broker); no worker consumes them, so their lag stays 0.
     version_topics = [
@@ -429,7 +591,7 @@ async def run_size(
         for s in layout.model_specs(m, list(VERSIONS))
         if s.name in {layout.version_requests(m, v) for v in VERSIONS}
     ]
-    progress(f"N={n}: creating {len(version_topics)} version topics")
+    progress(f"{tag}: creating {len(version_topics)} version topics")
     await ensure_topics(factory, layout.shared_specs())
     for i in range(0, len(version_topics), 500):  # the broker refuses larger create batches
         await ensure_topics(factory, version_topics[i : i + 500])
@@ -448,24 +610,33 @@ async def run_size(
     follower = CompactedFollower(factory, layout.rollouts(), on_rollout, client_suffix="ps-r")
     await follower.catch_up()
     stop_follow = asyncio.Event()
-    following = asyncio.create_task(follower.follow(stop_follow))
-    engine: Service = start_service(
-        f"policy-scale-{n}",
-        [
-            "policy",
-            "--no-lease",
-            "--window-ms",
-            str(cfg.window_ms),
-            "--step-ms",
-            str(cfg.step_ms),
-            "--max-replicas",
-            "4",
-            "--loglevel",
-            "warning",
-        ],
-        REPO_ROOT / ".local" / "logs",
-        stack_env(settings),
-    )
+    following = [asyncio.create_task(follower.follow(stop_follow))]
+    ledger = DecisionLedger()
+    auditor = CompactedFollower(factory, layout.audit(), ledger.take, client_suffix="ps-a")
+    if instances > 1:
+        await auditor.catch_up()
+        following.append(asyncio.create_task(auditor.follow(stop_follow)))
+    mode = ["--no-lease"] if instances == 1 else ["--sharded"]
+    engines: list[Service] = [
+        start_service(
+            f"policy-scale-{n}" + ("" if instances == 1 else f"-{i}"),
+            [
+                "policy",
+                *mode,
+                "--window-ms",
+                str(cfg.window_ms),
+                "--step-ms",
+                str(cfg.step_ms),
+                "--max-replicas",
+                "4",
+                "--loglevel",
+                "warning" if instances == 1 else "info",
+            ],
+            REPO_ROOT / ".local" / "logs",
+            stack_env(settings),
+        )
+        for i in range(instances)
+    ]
     producer = factory.producer()
     await producer.start()
     writer = TelemetryWriter(layout.telemetry(), models, cfg)
@@ -482,18 +653,19 @@ async def run_size(
                 cmd.issued_at_unix_ms = now_ms()
                 await producer.send(layout.commands(), serde.encode(cmd), key=m.encode())
         await producer.flush()
-        progress(f"N={n}: {len(models) * 4} commands sent; waiting for {n} rollouts to run")
+        progress(f"{tag}: {len(models) * 4} commands sent; waiting for {n} rollouts to run")
         writing = asyncio.create_task(writer.run(producer, stop_writing))
         while len(running) < n:
-            if engine.process.poll() is not None:
-                raise RuntimeError(f"the policy engine exited; see {engine.log}")
+            for engine in engines:
+                if engine.process.poll() is not None:
+                    raise RuntimeError(f"a policy engine exited; see {engine.log}")
             if time.monotonic() - t0 > cfg.ready_timeout_s:
                 raise RuntimeError(
                     f"only {len(running)}/{n} rollouts ran in {cfg.ready_timeout_s} s"
                 )
             await asyncio.sleep(0.5)
         ready_s = time.monotonic() - t0
-        progress(f"N={n}: all rollouts running after {ready_s:.1f} s; warming the windows")
+        progress(f"{tag}: all rollouts running after {ready_s:.1f} s; warming the windows")
         await asyncio.sleep(cfg.window_ms / 1000.0)
         (telemetry_partitions,) = (await partition_counts(factory, [layout.telemetry()])).values()
         group = f"{settings.topic_prefix}-policy"
@@ -502,24 +674,26 @@ async def run_size(
             offsets = await group_lag(ends, admin, group, layout.telemetry(), telemetry_partitions)
             return offsets.lag
 
-        pid = engine.process.pid
-        lag0, cpu0, scrape0 = await lag(), _cpu_s(pid), _scrape(engine.metrics_port)
+        pids = [e.process.pid for e in engines]
+        ports = [e.metrics_port for e in engines]
+        lag0, cpu0, scrape0 = await lag(), sum(map(_cpu_s, pids)), _scrape_all(ports)
         w0 = time.monotonic()
         targets = random.Random(n).sample(models, min(cfg.regressions, n))
         gap = cfg.measure_s / (len(targets) + 1)
         for i, m in enumerate(targets):
             await asyncio.sleep(gap)
             writer.regressed.add(m)
-            progress(f"N={n}: regression {i + 1}/{len(targets)} injected into {m}")
+            progress(f"{tag}: regression {i + 1}/{len(targets)} injected into {m}")
         await asyncio.sleep(max(0.0, cfg.measure_s - gap * len(targets)))
-        cpu1, scrape1, w1 = _cpu_s(pid), _scrape(engine.metrics_port), time.monotonic()
-        lag1, rss = await lag(), _rss_mb(pid)
-        wait_until = time.monotonic() + max(30.0, 10 * cfg.max_decision_ms / 1000.0)
+        cpu1, scrape1, w1 = sum(map(_cpu_s, pids)), _scrape_all(ports), time.monotonic()
+        lag1, rss = await lag(), max(map(_rss_mb, pids))
         injected = {f"{m}-canary": m for m in targets}
-        while any(r not in rolled for r in injected) and time.monotonic() < wait_until:
-            await asyncio.sleep(0.2)
+        await _wait_rolled(rolled, injected, cfg)
         floor_ms = (evidence_ticks(cfg) - 1) * cfg.step_ms
         detected = {r: rolled[r] - writer.onset[m] for r, m in injected.items() if r in rolled}
+        takeover = None
+        if instances > 1:
+            takeover = await _kill_one(engines, ledger, writer, rolled, targets, cfg, tag, progress)
         records = scrape1.telemetry_records - scrape0.telemetry_records
         cpu = cpu1 - cpu0
         return SizeResult(
@@ -537,6 +711,8 @@ async def run_size(
             missed=sum(1 for r in injected if r not in rolled),
             ready_s=ready_s,
             read_delay_ms_p99=tick_quantile(scrape0.delay_buckets, scrape1.delay_buckets, 0.99),
+            instances=instances,
+            takeover=takeover,
         )
     finally:
         stop_writing.set()
@@ -544,13 +720,80 @@ async def run_size(
             with contextlib.suppress(Exception):
                 await writing
         stop_follow.set()
-        with contextlib.suppress(Exception):
-            await following
+        for task in following:
+            with contextlib.suppress(Exception):
+                await task
         await follower.stop()
+        await auditor.stop()
         await producer.stop()
         await ends.stop()
         await admin.close()
-        stop_services([engine])
+        stop_services(engines)
+
+
+async def _wait_rolled(
+    rolled: dict[str, int], injected: dict[str, str], cfg: PolicyScaleConfig
+) -> None:
+    wait_until = time.monotonic() + max(30.0, 10 * cfg.max_decision_ms / 1000.0)
+    while any(r not in rolled for r in injected) and time.monotonic() < wait_until:
+        await asyncio.sleep(0.2)
+
+
+async def _kill_one(
+    engines: list[Service],
+    ledger: DecisionLedger,
+    writer: TelemetryWriter,
+    rolled: dict[str, int],
+    regressed: list[str],
+    cfg: PolicyScaleConfig,
+    tag: str,
+    progress: Callable[[str], None],
+) -> Takeover:
+    """Kill -9 the first instance; wait until survivors decide for all of its models;
+    inject regressions into some of them; judge the handover from the audit."""
+    victim = engines[0]
+    dead = instance_of(victim.log)
+    if dead is None:
+        raise RuntimeError(f"no instance id in {victim.log}")
+    moved = sorted(m for m in ledger.by_model if ledger.owner(m) == dead)
+    progress(f"{tag}: kill -9 of instance {dead}, which decides for {len(moved)} models")
+    victim.process.kill()
+    victim.process.wait(10)
+    killed = time.monotonic()
+    deadline = killed + cfg.ready_timeout_s
+    waiting = set(moved)
+    while waiting and time.monotonic() < deadline:
+        waiting = {m for m in waiting if ledger.handover(m, dead) is None}
+        await asyncio.sleep(0.2)
+    took = time.monotonic() - killed
+    progress(
+        f"{tag}: survivors decide for {len(moved) - len(waiting)}/{len(moved)} moved models "
+        f"after {took:.1f} s"
+    )
+    fresh = [m for m in moved if m not in regressed][: max(1, cfg.regressions // 2)]
+    for m in fresh:
+        writer.regressed.add(m)
+    injected = {f"{m}-canary": m for m in fresh}
+    await _wait_rolled(rolled, injected, cfg)
+    progress(f"{tag}: {sum(r in rolled for r in injected)}/{len(fresh)} regressions after it")
+    await asyncio.sleep(2.0)  # the audit of the last rollbacks
+    changed = 0
+    for m in moved:
+        pair = ledger.handover(m, dead)
+        if pair is not None and pair[1].step_before != pair[0].step_after:
+            changed += 1
+    return Takeover(
+        models_moved=len(moved),
+        takeover_s=took,
+        lost=len(waiting),
+        step_changed=changed,
+        double_deciders=ledger.double_deciders(),
+        duplicate_rollbacks=ledger.duplicate_rollbacks(),
+        regressions_after=tuple(
+            float(rolled[r] - writer.onset[m]) for r, m in injected.items() if r in rolled
+        ),
+        missed_after=sum(1 for r in injected if r not in rolled),
+    )
 
 
 # -- report --------------------------------------------------------------------------------
@@ -558,7 +801,7 @@ async def run_size(
 
 def _table(results: list[SizeResult]) -> str:
     head = (
-        f"{'models':>7} {'rec/s':>8} {'cpu us/rec':>10} {'cpu':>5} {'tick p50':>9} "
+        f"{'inst':>4} {'models':>7} {'rec/s':>8} {'cpu us/rec':>10} {'cpu':>5} {'tick p50':>9} "
         f"{'tick p99':>9} {'rss MB':>7} {'lag start':>9} {'lag end':>8} "
         f"{'read p99':>9} {'decide p50':>10} {'decide p99':>10} {'missed':>6}"
     )
@@ -566,11 +809,22 @@ def _table(results: list[SizeResult]) -> str:
     for r in results:
         row = r.row()
         lines.append(
-            f"{r.models:>7} {r.records_per_s:>8.0f} {r.cpu_us_per_record:>10.0f} "
+            f"{r.instances:>4} {r.models:>7} {r.records_per_s:>8.0f} {r.cpu_us_per_record:>10.0f} "
             f"{r.cpu_share:>5.2f} {r.tick_ms_p50:>8.1f}m {r.tick_ms_p99:>8.1f}m "
             f"{r.rss_mb:>7.0f} {r.lag_start:>9} {r.lag_end:>8} {r.read_delay_ms_p99:>7.0f}ms "
             f"{_ms(row['decision_ms_p50']):>10} {_ms(row['decision_ms_p99']):>10} {r.missed:>6}"
         )
+    for r in results:
+        if r.takeover is not None:
+            t = r.takeover
+            lines.append(
+                f"kill -9 of 1 of {r.instances} at N={r.models}: {t.models_moved} models moved, "
+                f"decided by survivors after {t.takeover_s:.1f} s; lost {t.lost}, step changed "
+                f"{t.step_changed}, two deciders {t.double_deciders}, duplicate rollbacks "
+                f"{t.duplicate_rollbacks}; regressions after it detected in "
+                f"{', '.join(f'{d:.0f}' for d in t.regressions_after) or '-'} ms, "
+                f"missed {t.missed_after}"
+            )
     return "\n".join(lines)
 
 
@@ -578,38 +832,40 @@ def _ms(value: object) -> str:
     return "-" if value is None else f"{value:.0f} ms"
 
 
-def plot(results: list[SizeResult], cfg: PolicyScaleConfig) -> Path:
+def plot(runs: dict[int, list[SizeResult]], cfg: PolicyScaleConfig) -> Path:
+    """Decision latency (left) and CPU per record (right) against N, one line per
+    instance count."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ns = [r.models for r in results]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.2))
-    p50 = [float(np.percentile(r.decision_ms, 50)) if r.decision_ms else math.nan for r in results]
-    p99 = [r.decision_p99_ms if r.decision_ms else math.nan for r in results]
-    left.plot(ns, p50, "o-", label="p50")
-    left.plot(ns, p99, "s-", label="p99")
+    everything = [r.models for results in runs.values() for r in results] or [1]
+    for k, results in sorted(runs.items()):
+        if not results:
+            continue
+        ns = [r.models for r in results]
+        name = "1 engine" if k == 1 else f"{k} sharded"
+        p99 = [r.decision_p99_ms if r.decision_ms else math.nan for r in results]
+        left.plot(ns, p99, "s-", label=f"p99, {name}")
+        p50 = [
+            float(np.percentile(r.decision_ms, 50)) if r.decision_ms else math.nan
+            for r in results
+        ]
+        left.plot(ns, p50, "o:", label=f"p50, {name}")
+        right.plot(ns, [r.cpu_us_per_record for r in results], "o-", label=name)
     left.axhline(cfg.max_decision_ms, color="grey", linestyle="--", label="bound")
-    detect = [
-        float(np.percentile(r.detection_ms, 99)) if r.detection_ms else math.nan for r in results
-    ]
-    left.plot(ns, detect, "^:", color="grey", label="detection p99")
     for ax in (left, right):
-        ax.set_xlim(min(ns) / 2, max(ns) * 2)
+        ax.set_xlim(min(everything) / 2, max(everything) * 2)
         ax.set_xscale("log")
-    left.set_xlabel("models (x3 versions)")
+        ax.set_xlabel("models (x3 versions)")
     left.set_ylabel("ms")
     left.set_title("decision latency (evidence -> rollback)")
-    left.legend(loc="upper left")
-    cost = [r.cpu_us_per_record for r in results]
-    right.plot(ns, cost, "o-", color="tab:red", label="CPU/record")
-    right.set_xlabel("models (x3 versions)")
-    right.set_ylabel("CPU per telemetry record (us)", color="tab:red")
-    share = right.twinx()
-    share.plot(ns, [r.cpu_share for r in results], "s--", color="tab:blue", label="CPU share")
-    share.set_ylabel("engine CPU (cores)", color="tab:blue")
-    right.set_title("one policy engine's cost")
+    left.legend(loc="upper left", fontsize=8)
+    right.set_ylabel("CPU per telemetry record (us, all engines)")
+    right.set_title("the policy engines' cost")
+    right.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     cfg.plot.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(cfg.plot, dpi=110)
@@ -628,24 +884,29 @@ def main(cfg: PolicyScaleConfig) -> int:
     progress("starting the broker")
     kafka.start()
     settings = Settings.from_env()
-    results: list[SizeResult] = []
-    for n in cfg.sizes:
-        progress(
-            f"N={n}: {n} models x {len(VERSIONS)} versions, "
-            f"{n * len(VERSIONS) * cfg.batches_per_s:.0f} telemetry records/s"
-        )
-        result = asyncio.run(run_size(settings, n, cfg, progress))
-        results.append(result)
-        progress(f"N={n}: {json.dumps(result.row())}")
-        each = ", ".join(f"{d:.0f}" for d in sorted(result.decision_ms))
-        progress(f"N={n}: each regression's decision latency (ms): {each or '-'}")
-        if result.lag_growing and result.missed:
-            progress(f"N={n}: the engine fell behind; larger sizes are not run")
-            break
-    print(_table(results), flush=True)
-    print(f"plot: {plot(results, cfg)}", flush=True)
-    best = max_models(results, cfg.max_decision_ms)
-    at_max = next((r for r in results if r.models == best), None)
+    runs: dict[int, list[SizeResult]] = {}
+    for k in cfg.instances:
+        results = runs.setdefault(k, [])
+        for n in cfg.sizes:
+            progress(
+                f"N={n}: {n} models x {len(VERSIONS)} versions, "
+                f"{n * len(VERSIONS) * cfg.batches_per_s:.0f} telemetry records/s, "
+                f"{k} policy engine{'s, sharded' if k > 1 else ''}"
+            )
+            result = asyncio.run(run_size(settings, n, cfg, progress, instances=k))
+            results.append(result)
+            progress(f"N={n}: {json.dumps(result.row())}")
+            each = ", ".join(f"{d:.0f}" for d in sorted(result.decision_ms))
+            progress(f"N={n}: each regression's decision latency (ms): {each or '-'}")
+            if result.lag_growing and result.missed:
+                progress(f"N={n}: the engines fell behind; larger sizes are not run")
+                break
+    everything = [r for k in cfg.instances for r in runs[k]]
+    print(_table(everything), flush=True)
+    print(f"plot: {plot(runs, cfg)}", flush=True)
+    single = runs.get(1, [])
+    best = max_models(single, cfg.max_decision_ms) if single else None
+    at_max = next((r for r in single if r.models == best), None)
     print(
         json.dumps(
             {
@@ -655,11 +916,21 @@ def main(cfg: PolicyScaleConfig) -> int:
                 "decision_latency_ms_p99_at_max": round(at_max.decision_p99_ms, 1)
                 if at_max
                 else None,
-                "instances_scaling": None,
+                "instances_scaling": {
+                    str(k): {
+                        "max_models": max_models(runs[k], cfg.max_decision_ms),
+                        "takeover_clean": all(
+                            r.takeover is not None and r.takeover.clean for r in runs[k]
+                        ),
+                    }
+                    for k in cfg.instances
+                    if k > 1
+                }
+                or None,
                 "versions_per_model": len(VERSIONS),
                 "requests_per_s_per_version": cfg.batches_per_s * cfg.requests_per_batch,
                 "step_ms": cfg.step_ms,
-                "sizes": [r.row() for r in results],
+                "sizes": [r.row() for r in everything],
             }
         ),
         flush=True,

@@ -73,7 +73,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rollback.set_defaults(handler=_rollback)
     scale = which.add_parser(
         "policy-scale",
-        help="one policy engine, N models x 3 versions: CPU, tick, decision latency",
+        help="policy engines (one, or several sharded), N models x 3 versions: CPU, tick, "
+        "decision latency, a killed instance's takeover",
     )
     scale.add_argument(
         "--sizes", default="10,100,1000,3000", help="comma-separated model counts, in order"
@@ -90,6 +91,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     scale.add_argument("--step-ms", type=int, default=500, help="policy engine decision tick")
     scale.add_argument(
         "--max-decision-ms", type=float, default=2000.0, help="p99 decision latency bound"
+    )
+    scale.add_argument(
+        "--instances",
+        default="1",
+        help="comma-separated policy-engine counts: 1 is one engine, more run sharded by "
+        "model (--sharded), and one of them is killed (-9) after each size",
     )
     scale.add_argument(
         "--plot", type=Path, default=Path(".local/policy-scale.png"), help="where the plot goes"
@@ -308,6 +315,7 @@ def _policy_scale(args: argparse.Namespace) -> int:
             window_ms=args.window_ms,
             step_ms=args.step_ms,
             max_decision_ms=args.max_decision_ms,
+            instances=tuple(int(k) for k in args.instances.split(",") if k.strip()),
             plot=args.plot,
         )
     )
