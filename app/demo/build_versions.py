@@ -75,3 +75,53 @@ def build_versions(
             f"    {model} {version}: built {len(servable)} servable variant(s) "
             f"in {report.duration_s:.1f}s"
         )
+
+
+SMOLLM2_SPEC = Path(__file__).resolve().parents[2] / "builder" / "examples" / "smollm2-gguf.yaml"
+"""The builder's SmolLM2 example: the GGUF imported into ONNX, with weight-only rungs."""
+
+
+def build_smollm2_onnx(
+    settings: Settings,
+    model: str,
+    version: str,
+    precisions: tuple[str, ...],
+    *,
+    gguf: Path,
+    progress: Callable[[str], None] = print,
+) -> None:
+    """SmolLM2-135M-Instruct imported from ``gguf`` into ONNX by the builder, with the
+    weight-only ``precisions`` of :data:`SMOLLM2_SPEC`, registered as ``model``/``version``;
+    skipped when the registry already has its artifacts (the import itself is cached in
+    the artifact store's source cache: a rebuild does not convert again)."""
+    import yaml
+    from rich.console import Console
+
+    from graylane.builder.progress import RichProgress
+
+    registry = open_registry(settings.db_url)
+    try:
+        if registry.list_artifacts(model, version):
+            progress(f"    {model} {version}: already built")
+            return
+    except (ModelNotRegistered, UnknownVersion):
+        pass
+    data = yaml.safe_load(SMOLLM2_SPEC.read_text(encoding="utf-8"))
+    data.update(
+        model=model,
+        version=version,
+        precisions=list(precisions),
+        source={"gguf": str(gguf)},
+    )
+    # a rung outside its tolerance is searched briefly here, not for the example's 15 min
+    data["partial_quantization"] = {**data.get("partial_quantization", {}), "max_trials": 2}
+    spec = parse_spec(data, SMOLLM2_SPEC.parent)
+    report = run_build(
+        spec,
+        RichProgress(Console()),
+        store=settings.artifact_dir,
+        registry=registry,
+        signing_key=settings.signing_key,
+    )
+    servable = [v.precision.value for v in report.variants if v.servable]
+    progress(f"    {model} {version}: built {', '.join(servable)} in {report.duration_s:.1f}s")
