@@ -76,6 +76,8 @@ STEADY_FRACTION = 0.35
 SPIKE_FACTOR = 2.0
 """The spike, x the measured capacity at fp32: more than the top rung decodes."""
 MIN_TTFT_OBJECTIVE_MS = 1000.0
+GIVE_UP_OBJECTIVES = 3.0
+"""The load's generations are shed when still waiting after this many TTFT objectives."""
 SHOWN_QUESTION = "What is the capital of France? Answer in one word."
 
 
@@ -221,6 +223,9 @@ class _Act:
         self.monitor = monitor
         self.out = out
         self.rate = 0.0
+        self.ttft_deadline_ms = 0
+        """The load's time-to-first-token budget: a generation still waiting for a decode
+        row past it is shed (a chat user who gave up), so a spike's backlog stays bounded."""
         self.stop = asyncio.Event()
         self.results: list[Result] = []
         self.answered: list[float] = []
@@ -282,6 +287,7 @@ class _Act:
                 messages=_message(QUESTIONS[i % len(QUESTIONS)]),
                 max_new_tokens=NEW_TOKENS,
                 routing_key=f"chat-user-{i % 499}",
+                ttft_deadline_ms=self.ttft_deadline_ms,
             )
             self.sent.append(time.monotonic())
             i += 1
@@ -301,7 +307,8 @@ class _Act:
         others share; one that now answers all of it with first tokens within the
         objective would show no QoS at all. Every :data:`RAISE_EVERY_S` the load is
         raised as :func:`raised_spike_rate` says (TTFT p99 against the objective; the
-        share of the interval's generations not answered in it as its shed share)."""
+        share of the interval's generations shed, or not answered in it, as its shed
+        share)."""
         deadline = time.monotonic() + timeout_s
         first, raised_at = self.rate, time.monotonic()
         while not done():
@@ -316,6 +323,8 @@ class _Act:
                 ttfts = [r.timing.ttft_ms for r in recent if r.ok and r.timing.ttft_ms > 0]
                 p99 = float(np.percentile(ttfts, 99)) if ttfts else None
                 behind = max(0.0, (sent - answered) / sent) if sent else 0.0
+                shed = sum(r.error_code == "SHED" for r in recent) / len(recent) if recent else 0.0
+                behind = max(behind, shed)
                 higher = raised_spike_rate(self.rate, first, p99, behind, ttft_ms)
                 if higher is not None and p99 is not None:
                     self.monitor.event(
@@ -406,6 +415,7 @@ async def _play(
                 issued_at_unix_ms=now_ms(),
             ),
         )
+        act.ttft_deadline_ms = int(GIVE_UP_OBJECTIVES * shown.ttft_objective_ms)
         tasks = [
             asyncio.create_task(precision.follow(act.stop)),
             asyncio.create_task(act.collect()),
