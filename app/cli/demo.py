@@ -443,6 +443,9 @@ def _story(args: argparse.Namespace) -> int:
         demo_console().print(audit_table(records, step.t0_ms))
         demo_console().print(qos_table(qos, step.t0_ms))
         story.monitor.timeline.events.extend(qos_monitor.timeline.events)
+        story.monitor.timeline.variants[f"{QOS_MODEL} {QOS_VERSION}"] = (
+            qos_monitor.timeline.variants.get(QOS_VERSION, [])
+        )
         path = write_report(story.monitor, cfg.report)
         step(f"report written: {path}")
         print(f"requests: {story.monitor.total}, error results: {story.monitor.errors}")
