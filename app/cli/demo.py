@@ -301,6 +301,7 @@ def _story(args: argparse.Namespace) -> int:
         LADDER,
         QOS_MODEL,
         QOS_VERSION,
+        chat_template_of,
         qos_table,
         run_qos_act,
     )
@@ -417,7 +418,13 @@ def _story(args: argparse.Namespace) -> int:
             gateway_url=f"http://127.0.0.1:{gateway_port}",
             gateway_key=gateway_key,
         )
-        qos, qos_monitor = run_qos_act(KafkaFactory(settings), log_dir, step, clock_origin=step.t0)
+        qos, qos_monitor = run_qos_act(
+            KafkaFactory(settings),
+            log_dir,
+            step,
+            template=chat_template_of(settings),
+            clock_origin=step.t0,
+        )
         rate = args.rate or args.load * capacities["fp32"]
         cfg = StoryConfig(
             rate=rate,

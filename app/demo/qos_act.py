@@ -41,6 +41,9 @@ from graylane.client import GraylaneClient, Result, Task
 from graylane.clock import now_ms
 from graylane.kafka.reading import CompactedFollower, read_to_end
 from graylane.kafka.seam import KafkaFactory
+from graylane.registry import open_registry
+from graylane.services.gateway.chat import ChatFormat, ChatMessage, ChatRole, load_chat_template
+from graylane.settings import Settings
 from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "QosActShown",
     "RungAnswer",
     "act_rates",
+    "chat_template_of",
     "precision_steps",
     "qos_act_policy",
     "qos_table",
@@ -206,8 +210,23 @@ def raised_spike_rate(
 # -- the act (I/O) ---------------------------------------------------------------------------
 
 
-def _message(question: str) -> list[inference_pb2.ChatMessage]:
-    return [inference_pb2.ChatMessage(role="user", content=question)]
+@dataclass(frozen=True)
+class _Chat:
+    """A chat question as a request's arguments: rendered by the model's own template
+    (what the gateway does for a model served by Graylane's decoder), with its message
+    and the strings that close the assistant's turn."""
+
+    prompt: str
+    messages: list[inference_pb2.ChatMessage]
+    turn_end: list[str]
+
+    @classmethod
+    def of(cls, template: ChatFormat, question: str) -> _Chat:
+        return cls(
+            template.render([ChatMessage(ChatRole.USER, question)]),
+            [inference_pb2.ChatMessage(role="user", content=question)],
+            list(template.stop),
+        )
 
 
 class _Act:
@@ -217,7 +236,9 @@ class _Act:
         client: GraylaneClient,
         monitor: Monitor,
         out: Callable[[str], None],
+        template: ChatFormat,
     ) -> None:
+        self.template = template
         self.factory = factory
         self.client = client
         self.monitor = monitor
@@ -233,10 +254,13 @@ class _Act:
         """When each generation of the load was sent (``time.monotonic()``)."""
 
     async def ask(self, question: str, moment: str) -> RungAnswer:
+        chat = _Chat.of(self.template, question)
         result = await self.client.infer(
             QOS_MODEL,
             task=Task.GENERATE,
-            messages=_message(question),
+            prompt=chat.prompt,
+            messages=chat.messages,
+            turn_end=chat.turn_end,
             max_new_tokens=24,
             timeout=180,
         )
@@ -256,10 +280,13 @@ class _Act:
         async def caller(k: int) -> None:
             i = k
             while time.monotonic() < end:
+                chat = _Chat.of(self.template, QUESTIONS[i % len(QUESTIONS)])
                 result = await self.client.infer(
                     QOS_MODEL,
                     task=Task.GENERATE,
-                    messages=_message(QUESTIONS[i % len(QUESTIONS)]),
+                    prompt=chat.prompt,
+                    messages=chat.messages,
+                    turn_end=chat.turn_end,
                     max_new_tokens=NEW_TOKENS,
                     routing_key=f"probe-{k}",
                     timeout=60,
@@ -281,10 +308,13 @@ class _Act:
                 await asyncio.sleep(0.2)
                 next_at = time.monotonic()
                 continue
+            chat = _Chat.of(self.template, QUESTIONS[i % len(QUESTIONS)])
             await self.client.submit(
                 QOS_MODEL,
                 task=Task.GENERATE,
-                messages=_message(QUESTIONS[i % len(QUESTIONS)]),
+                prompt=chat.prompt,
+                messages=chat.messages,
+                turn_end=chat.turn_end,
                 max_new_tokens=NEW_TOKENS,
                 routing_key=f"chat-user-{i % 499}",
                 ttft_deadline_ms=self.ttft_deadline_ms,
@@ -365,6 +395,7 @@ async def _audit_steps(factory: KafkaFactory, since_ms: int) -> list[PrecisionSt
 async def _play(
     factory: KafkaFactory,
     worker: Service,
+    template: ChatFormat,
     monitor: Monitor,
     out: Callable[[str], None],
     step: Callable[[str], None],
@@ -390,7 +421,7 @@ async def _play(
 
     started_ms = now_ms()
     async with GraylaneClient(factory, client_id=f"demo-qos-{uuid.uuid4().hex[:6]}") as client:
-        act = _Act(factory, client, monitor, out)
+        act = _Act(factory, client, monitor, out, template)
         step(f"{QOS_MODEL} {QOS_VERSION} (SmolLM2, ONNX, one native worker) answers at fp32:")
         shown.answers.append(await act.ask(SHOWN_QUESTION, "before the spike"))
         step(f"measuring what one {QOS_MODEL} worker carries here ({PROBE_S:.0f} s, closed loop)")
@@ -473,10 +504,12 @@ def run_qos_act(
     log_dir: Path,
     step: Callable[[str], None],
     *,
+    template: ChatFormat,
     clock_origin: float | None = None,
     phase_timeout_s: float = 150.0,
 ) -> tuple[QosActShown, Monitor]:
-    """The act (see the module's docstring); its worker stops at its end."""
+    """The act (see the module's docstring); its worker stops at its end. ``template``:
+    the model's chat template (its artifacts carry it: :func:`chat_template_of`)."""
 
     def out(text: str) -> None:
         print(text, end="", flush=True)
@@ -502,7 +535,7 @@ def run_qos_act(
     )
     try:
         step(f"starting one native worker for {QOS_MODEL} {QOS_VERSION} ({', '.join(LADDER)})")
-        shown = asyncio.run(_play(factory, worker, monitor, out, step, phase_timeout_s))
+        shown = asyncio.run(_play(factory, worker, template, monitor, out, step, phase_timeout_s))
     finally:
         stop_services([worker])
     demo_console().print(rung_table(shown.results))
@@ -550,3 +583,20 @@ def qos_table(shown: QosActShown, t0_ms: int) -> Table:
     for a in shown.answers:
         table.add_row("", f"answer {a.moment}", a.variant, a.question, a.text[:90])
     return table
+
+
+def chat_template_of(
+    settings: Settings, model: str = QOS_MODEL, version: str = QOS_VERSION
+) -> ChatFormat:
+    """The chat template ``model``/``version``'s registered fp32 artifact carries."""
+    registry = open_registry(settings.db_url, migrate=False)
+    for info in registry.list_artifacts(model, version):
+        if info.precision.value == LADDER[0]:
+            folder = Path(info.path)
+            folder = folder if folder.is_absolute() else settings.artifact_dir / folder
+            template = load_chat_template(folder)
+            if template is not None:
+                return template
+    raise RuntimeError(
+        f"{model} {version}: no registered {LADDER[0]} artifact with a chat template"
+    )

@@ -16,7 +16,13 @@ import pytest
 from graylane import serde
 from graylane.app.cli.demo import start_service, stop_services
 from graylane.app.demo.build_versions import build_smollm2_onnx
-from graylane.app.demo.qos_act import LADDER, QOS_MODEL, QOS_VERSION, run_qos_act
+from graylane.app.demo.qos_act import (
+    LADDER,
+    QOS_MODEL,
+    QOS_VERSION,
+    chat_template_of,
+    run_qos_act,
+)
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
@@ -64,7 +70,9 @@ def test_under_the_spike_smollm2_steps_down_a_rung_and_back_up_answering_english
     try:
         with policy_engine(settings, tmp_path / "policy.log", QOS_MODEL):
             asyncio.run(wait_ready(tmp_path / "policy.log"))
-            shown, _ = run_qos_act(factory, tmp_path / "logs", steps.append)
+            shown, _ = run_qos_act(
+                factory, tmp_path / "logs", steps.append, template=chat_template_of(settings)
+            )
     finally:
         stop_services([router])
 
