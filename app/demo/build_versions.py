@@ -177,7 +177,7 @@ def keep_build(cache: Path, registry: Registry, store: Path, model: str, version
     partial.mkdir(parents=True)
     for info in registry.list_artifacts(model, version):
         folder = Path(info.path) if Path(info.path).is_absolute() else store / info.path
-        shutil.copytree(folder, partial / folder.name)
+        shutil.copytree(folder, partial / folder.name, copy_function=_link_or_copy)
     record = {"source_sha256": registry.get_version(model, version).source_sha256}
     (partial / _CACHE_RECORD).write_text(json.dumps(record), encoding="utf-8")
     try:
@@ -196,10 +196,19 @@ def restore_build(cache: Path, registry: Registry, store: Path, model: str, vers
     for folder in sorted(p for p in cache.iterdir() if p.is_dir()):
         dest = store / folder.name
         if not dest.exists():
-            shutil.copytree(folder, dest)
+            shutil.copytree(folder, dest, copy_function=_link_or_copy)
         published.append((read_manifest(dest), dest))
     source = json.loads(record.read_text(encoding="utf-8"))["source_sha256"]
     register_build(
         registry, model, parse_semver(version), source, published, replace=False, store=store
     )
     return bool(published)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link where both sides share a file system (artifacts are never written to
+    after publishing), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
