@@ -148,21 +148,25 @@ def ttft_objective_ms(probe_ttft_ms: Sequence[float]) -> float:
     return max(MIN_TTFT_OBJECTIVE_MS, 2.0 * float(np.percentile(probe_ttft_ms, 99)))
 
 
-def qos_act_policy(capacity_gps: float, ttft_ms: float) -> rollout_pb2.QosPolicy:
+def qos_act_policy(
+    capacity_gps: float, ttft_ms: float, floor: str = LADDER[-1]
+) -> rollout_pb2.QosPolicy:
     """Steps down on TTFT or waiting sequences; back up once the offered load is below
-    0.7 x fp32's measured capacity (as it holds in the running stack)."""
+    0.7 x fp32's measured capacity (as it holds in the running stack). ``floor`` =
+    fp32: the policy engine sets the top rung at once (the act's start, whatever an
+    earlier run left on record)."""
     return rollout_pb2.QosPolicy(
         model=QOS_MODEL,
         version=QOS_VERSION,
         slo_p99_ms=0.0,  # a generation's whole latency is mostly its length
         slo_ttft_p99_ms=ttft_ms,
         ladder=list(LADDER),
-        quality_floor=LADDER[-1],
+        quality_floor=floor,
         step_down_margin=0.2,
         sustain_s=2.0,
         min_dwell_s=8.0,
         enabled=True,
-        rung_capacity_rps={LADDER[0]: capacity_gps},
+        rung_capacity_rps={LADDER[0]: capacity_gps} if capacity_gps > 0.0 else {},
         up_capacity_fraction=0.7,
     )
 
@@ -368,13 +372,25 @@ class _Act:
             await asyncio.sleep(0.5)
         return True
 
-    async def until(self, done: Callable[[], bool], timeout_s: float) -> bool:
+    @staticmethod
+    async def until(done: Callable[[], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while not done():
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.5)
         return True
+
+
+def _policy_command(policy: rollout_pb2.QosPolicy) -> rollout_pb2.RolloutCommand:
+    return rollout_pb2.RolloutCommand(
+        command_id=uuid.uuid4().hex,
+        model=QOS_MODEL,
+        kind=rollout_pb2.COMMAND_SET_QOS_POLICY,
+        qos_policy=policy,
+        issued_by="graylane demo",
+        issued_at_unix_ms=now_ms(),
+    )
 
 
 async def _send(factory: KafkaFactory, command: rollout_pb2.RolloutCommand) -> None:
@@ -422,6 +438,21 @@ async def _play(
         return done
 
     started_ms = now_ms()
+    if monitor.variants.get(QOS_VERSION, LADDER[0]) != LADDER[0]:
+        step(
+            f"{QOS_MODEL} {QOS_VERSION} is on {monitor.variants[QOS_VERSION]} from an earlier "
+            f"run: a QoS policy with the floor {LADDER[0]} sets it back first"
+        )
+        await _send(factory, _policy_command(qos_act_policy(0.0, MIN_TTFT_OBJECTIVE_MS, LADDER[0])))
+        follow = asyncio.Event()
+        following = asyncio.create_task(precision.follow(follow))
+        try:
+            await _Act.until(moved_to(LADDER[0]), phase_timeout_s)
+        finally:
+            follow.set()
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+        seen = len(monitor.precision_changes[QOS_VERSION])
     async with GraylaneClient(factory, client_id=f"demo-qos-{uuid.uuid4().hex[:6]}") as client:
         act = _Act(factory, client, monitor, out, template)
         step(f"{QOS_MODEL} {QOS_VERSION} (SmolLM2, ONNX, one native worker) answers at fp32:")
@@ -439,14 +470,7 @@ async def _play(
         )
         await _send(
             factory,
-            rollout_pb2.RolloutCommand(
-                command_id=uuid.uuid4().hex,
-                model=QOS_MODEL,
-                kind=rollout_pb2.COMMAND_SET_QOS_POLICY,
-                qos_policy=qos_act_policy(shown.capacity_gps, shown.ttft_objective_ms),
-                issued_by="graylane demo",
-                issued_at_unix_ms=now_ms(),
-            ),
+            _policy_command(qos_act_policy(shown.capacity_gps, shown.ttft_objective_ms)),
         )
         act.ttft_deadline_ms = int(GIVE_UP_OBJECTIVES * shown.ttft_objective_ms)
         tasks = [
