@@ -92,3 +92,18 @@ def test_a_spike_that_strains_the_stack_is_kept() -> None:
     assert raised_spike_rate(30.0, 30.0, 260.0, 0.0, slo) is None  # p99 over the SLO
     assert raised_spike_rate(30.0, 30.0, 60.0, 0.05, slo) is None  # answers fall behind
     assert raised_spike_rate(30.0, 30.0, None, 0.0, slo) is None  # nothing answered
+
+
+def test_a_policy_with_the_floor_fp32_sets_the_top_rung_at_once_without_data() -> None:
+    """The act's start: a version an earlier run left on the lower rung goes back to fp32
+    before anything is measured."""
+    from graylane.policy_engine.logic.qos import QosDecisionKind, QosState, evaluate_qos
+
+    policy = qos_policy_from_pb(qos_act_policy(0.0, MIN_TTFT_OBJECTIVE_MS, LADDER[0]))
+    assert policy.rung_capacity_rps == ()
+    state = QosState(
+        model=QOS_MODEL, version=QOS_VERSION, active_variant=LADDER[1], last_change_ms=1_000
+    )
+    decision = evaluate_qos(state, policy, None, 2_000)
+    assert decision.kind is QosDecisionKind.SET
+    assert decision.after.active_variant == LADDER[0]
