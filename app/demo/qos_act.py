@@ -453,6 +453,7 @@ async def _play(
             following.cancel()
             await asyncio.gather(following, return_exceptions=True)
         seen = len(monitor.precision_changes[QOS_VERSION])
+    monitor.timeline.variants[QOS_VERSION].append((monitor.now(), LADDER[0]))  # the start
     async with GraylaneClient(factory, client_id=f"demo-qos-{uuid.uuid4().hex[:6]}") as client:
         act = _Act(factory, client, monitor, out, template)
         step(f"{QOS_MODEL} {QOS_VERSION} (SmolLM2, ONNX, one native worker) answers at fp32:")

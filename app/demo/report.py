@@ -94,9 +94,10 @@ def _plot_series(monitor: Monitor, axes: list[Any]) -> None:
     versions = sorted(
         {v for _, w in timeline.weights for v in w} | set(timeline.p99) | set(timeline.variants)
     )
+    weighted = {v for _, w in timeline.weights for v in w}
     for version in versions:
         points = [(t, w.get(version, 0.0)) for t, w in timeline.weights]
-        if points:
+        if points and version in weighted:  # a model without routing weights has none
             xs, ys = zip(*points, strict=True)
             axes[0].step([*xs, monitor.now()], [*ys, ys[-1]], where="post", label=version)
         p99 = timeline.p99.get(version, [])
