@@ -5,12 +5,15 @@ the weight-only rung below fp32 (``int8-weight-only``: 1.86x fp32 at top-1 0.988
 English text, ``builder/README.md``), registered and served by one native worker (its
 continuous decode batch, ``--from-registry``). The act:
 
+0. a version an earlier run left on the lower rung is set back to fp32 first (a QoS
+   policy whose floor is fp32: the policy engine sets it at once);
 1. one chat answer at fp32, printed;
 2. the worker's capacity measured here: closed-loop chat generations, one caller per
    decode row, for :data:`PROBE_S` seconds (generations/s, and their TTFT);
 3. a QoS policy (ladder fp32 -> int8-weight-only) whose TTFT objective and calibrated
    capacity come from that measurement; a steady load of :data:`STEADY_FRACTION` x the
-   capacity, then a spike of :data:`SPIKE_FACTOR` x it;
+   capacity, then a spike of :data:`SPIKE_FACTOR` x it (raised while the worker still
+   carries it calmly: :func:`raised_spike_rate`);
 4. the policy engine steps the version down a rung from its telemetry (a precision
    record); an answer is asked and printed on the lower rung, with the variant that
    served it;
