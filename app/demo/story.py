@@ -42,7 +42,6 @@ __all__ = [
     "Story",
     "StoryConfig",
     "audit_table",
-    "demo_qos_policy",
     "demo_rollout_spec",
 ]
 
@@ -89,27 +88,6 @@ def demo_rollout_spec(rollout_id: str, baseline: str, candidate: str) -> rollout
         failures_to_rollback=2,
         created_at_unix_ms=now_ms(),
         created_by="graylane demo",
-    )
-
-
-def demo_qos_policy(
-    version: str, slo_p99_ms: float, capacities: dict[str, float] | None = None
-) -> rollout_pb2.QosPolicy:
-    """Steps down on p99 or shedding; back up once the load is below 0.7 x the
-    calibrated capacity of fp32 (``capacities``; by p99 without them)."""
-    return rollout_pb2.QosPolicy(
-        model=MODEL,
-        version=version,
-        slo_p99_ms=slo_p99_ms,
-        ladder=["fp32", "int8-dynamic"],
-        quality_floor="int8-dynamic",
-        step_down_margin=0.2,
-        step_up_ratio=0.6,
-        sustain_s=3.0,
-        min_dwell_s=10.0,
-        enabled=True,
-        rung_capacity_rps=capacities or {},
-        up_capacity_fraction=0.7,
     )
 
 
