@@ -456,7 +456,9 @@ async def _play(
             following.cancel()
             await asyncio.gather(following, return_exceptions=True)
         seen = len(monitor.precision_changes[QOS_VERSION])
-    monitor.timeline.variants[QOS_VERSION].append((monitor.now(), LADDER[0]))  # the start
+    # the chart starts here, at fp32 (records of earlier runs read on catching up are not
+    # this act's)
+    monitor.timeline.variants[QOS_VERSION] = [(monitor.now(), LADDER[0])]
     async with GraylaneClient(factory, client_id=f"demo-qos-{uuid.uuid4().hex[:6]}") as client:
         act = _Act(factory, client, monitor, out, template)
         step(f"{QOS_MODEL} {QOS_VERSION} (SmolLM2, ONNX, one native worker) answers at fp32:")
