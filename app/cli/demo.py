@@ -20,7 +20,6 @@ from graylane.clock import now_ms
 from graylane.settings import REPO_ROOT, Settings
 
 __all__ = [
-    "DEMO_MAX_WORKERS",
     "MODEL",
     "Service",
     "demo_model_path",
@@ -33,14 +32,13 @@ __all__ = [
 ]
 
 MODEL = "demo-gpt"
-DEMO_MAX_WORKERS = 2
-"""Most workers of the QoS version in the demo (its topic has >= that many partitions)."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser(
         "demo",
-        help="the local stack: a canary promoted, a bad one rolled back, QoS under a load spike",
+        help="the local stack: a canary promoted, a bad one rolled back, SmolLM2's QoS ladder "
+        "under a load spike",
     )
     demo.add_argument(
         "--quick",
@@ -64,9 +62,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=0.5,
         help="steady load as a fraction of the stable fp32 variant's capacity measured here "
         "(the lower of the engine's and the running stack's path)",
-    )
-    demo.add_argument(
-        "--slo-p99-ms", type=float, default=250.0, help="p99 objective of the QoS policy"
     )
     demo.add_argument("--keep-running", action="store_true", help="leave broker and services up")
     demo.set_defaults(handler=_demo)
@@ -300,12 +295,19 @@ def _start_controlplane(
 
 
 def _story(args: argparse.Namespace) -> int:
-    from graylane.app.demo.build_versions import build_versions
+    from graylane.app.demo.build_versions import build_smollm2_onnx, build_versions
     from graylane.app.demo.engine_act import CHAT_MODEL, CHAT_VERSIONS, run_engine_act
+    from graylane.app.demo.qos_act import (
+        LADDER,
+        QOS_MODEL,
+        QOS_VERSION,
+        chat_template_of,
+        qos_table,
+        run_qos_act,
+    )
     from graylane.app.demo.report import write_report
     from graylane.app.demo.story import (
         BAD,
-        HEALTHY,
         SEEDS,
         STABLE,
         Story,
@@ -315,6 +317,7 @@ def _story(args: argparse.Namespace) -> int:
     from graylane.app.demo.story import (
         MODEL as STORY_MODEL,
     )
+    from graylane.deploy.engines import llamacpp
     from graylane.deploy.kafka import kafka
     from graylane.kafka.seam import KafkaFactory
 
@@ -325,6 +328,11 @@ def _story(args: argparse.Namespace) -> int:
     size = args.size or "small"
     step(f"building versions {', '.join(SEEDS)} of {STORY_MODEL} ({size}): fp32 + int8-dynamic")
     build_versions(settings, STORY_MODEL, SEEDS, size=size)
+    step(
+        f"building {QOS_MODEL} {QOS_VERSION}: SmolLM2-135M-Instruct imported from its GGUF "
+        f"into ONNX, rungs {', '.join(LADDER)} (minutes the first time; cached after)"
+    )
+    build_smollm2_onnx(settings, QOS_MODEL, QOS_VERSION, LADDER, gguf=llamacpp.model())
     # On a quiet machine, before any worker loads and warms its engines: calibrated while
     # the other versions' workers warmed up, fp32 measured 8 req/s instead of ~45 on 2
     # cores, and the spike computed from it was x15.9.
@@ -333,16 +341,16 @@ def _story(args: argparse.Namespace) -> int:
     services: list[Service] = []
     try:
         asyncio.run(_prepare_topics(settings, STORY_MODEL, list(SEEDS)))
-        step(
-            "starting router, policy engine, one worker per version and a supervisor that "
-            f"scales {HEALTHY}'s workers (up to {DEMO_MAX_WORKERS}; logs in .local/logs)"
-        )
+        step("starting router, policy engine and one worker per version (logs in .local/logs)")
         asyncio.run(_prepare_topics(settings, CHAT_MODEL, list(CHAT_VERSIONS)))
+        asyncio.run(_prepare_topics(settings, QOS_MODEL, [QOS_VERSION]))
         router_models = [
             "--model",
             f"{STORY_MODEL}={STABLE}",
             "--model",
             f"{CHAT_MODEL}={CHAT_VERSIONS[0]}",
+            "--model",
+            f"{QOS_MODEL}={QOS_VERSION}",
         ]
         services.append(start_service("router", ["router", *router_models], log_dir))
         services.append(
@@ -354,41 +362,17 @@ def _story(args: argparse.Namespace) -> int:
                     STORY_MODEL,
                     "--model",
                     CHAT_MODEL,
+                    "--model",
+                    QOS_MODEL,
                     "--window-ms",
                     "6000",
                     "--step-ms",
                     "1000",
-                    "--max-replicas",
-                    str(DEMO_MAX_WORKERS),
-                    # the steady load is 0.5 x one worker's calibrated capacity: scale in
-                    # under 0.6 x, 20 s after the spike
-                    "--scale-in-load",
-                    "0.6",
-                    "--scale-cooldown-s",
-                    "20",
                 ],
                 log_dir,
             )
         )
-        # The QoS version's workers follow the policy engine's scale requests.
-        services.append(
-            start_service(
-                f"supervisor-{HEALTHY}",
-                [
-                    "supervise",
-                    "--worker",
-                    f"{STORY_MODEL}={HEALTHY}",
-                    "--max-workers",
-                    str(DEMO_MAX_WORKERS),
-                    "--warm-standby",
-                    "1",
-                    "--worker-args",
-                    "--from-registry --threads 1",
-                ],
-                log_dir,
-            )
-        )
-        for version in (STABLE, BAD):
+        for version in SEEDS:
             faults = (
                 ["--inject-latency-factor", "4", "--inject-error-rate", "0.3"]
                 if version == BAD
@@ -434,14 +418,19 @@ def _story(args: argparse.Namespace) -> int:
             gateway_url=f"http://127.0.0.1:{gateway_port}",
             gateway_key=gateway_key,
         )
+        qos, qos_monitor = run_qos_act(
+            KafkaFactory(settings),
+            log_dir,
+            step,
+            template=chat_template_of(settings),
+            clock_origin=step.t0,
+        )
         rate = args.rate or args.load * capacities["fp32"]
         cfg = StoryConfig(
             rate=rate,
             load_fraction=0.0 if args.rate else args.load,
             engine_rps=capacities["fp32"],
-            slo_p99_ms=args.slo_p99_ms,
             report=REPO_ROOT / ".local" / "report.png",
-            rung_capacity_rps=capacities,
             gateway_port=gateway_port,
             gateway_key=gateway_key,
             # Its one-token completions are GENERATE batches among the story's FORWARD
@@ -449,7 +438,7 @@ def _story(args: argparse.Namespace) -> int:
             # budget, so the story keeps one kind of traffic.
             gateway_share=0.0,
         )
-        story = Story(settings, cfg, step, scale_out=True, clock_origin=step.t0)
+        story = Story(settings, cfg, step, clock_origin=step.t0)
         step(
             f"steady load of {rate:.0f} req/s"
             + ("" if args.rate else ", or less once the path's capacity is measured")
@@ -459,10 +448,15 @@ def _story(args: argparse.Namespace) -> int:
         from graylane.app.demo.monitor import demo_console
 
         demo_console().print(audit_table(records, step.t0_ms))
+        demo_console().print(qos_table(qos, step.t0_ms))
+        story.monitor.timeline.events.extend(qos_monitor.timeline.events)
+        story.monitor.timeline.variants[f"{QOS_MODEL} {QOS_VERSION}"] = (
+            qos_monitor.timeline.variants.get(QOS_VERSION, [])
+        )
         path = write_report(story.monitor, cfg.report)
         step(f"report written: {path}")
         print(f"requests: {story.monitor.total}, error results: {story.monitor.errors}")
-        for at, text in story.monitor.timeline.events:
+        for at, text in sorted(story.monitor.timeline.events):
             print(f"  t+{at:6.1f}s  {text}")
     finally:
         if not args.keep_running:

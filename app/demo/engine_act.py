@@ -39,7 +39,14 @@ from graylane.kafka.reading import CompactedFollower, read_to_end
 from graylane.kafka.seam import KafkaFactory, Record
 from graylane.v1 import audit_pb2, control_pb2, inference_pb2, rollout_pb2
 
-__all__ = ["CHAT_MODEL", "CHAT_VERSIONS", "EngineActShown", "run_engine_act"]
+__all__ = [
+    "CHAT_MODEL",
+    "CHAT_VERSIONS",
+    "QUESTIONS",
+    "EngineActShown",
+    "run_engine_act",
+    "workers_ready",
+]
 
 CHAT_MODEL = "smollm2"
 CHAT_STABLE, CHAT_CANDIDATE = "1.0.0", "1.1.0"
@@ -164,7 +171,7 @@ async def _stream_answer(
     return text, ttft, tokens
 
 
-async def _ready(workers: list[Service], timeout_s: float = 120.0) -> None:
+async def workers_ready(workers: list[Service], timeout_s: float = 120.0) -> None:
     """Until every worker says it is ready (``/readyz``: its group joined, its control
     topics read, its engine answering)."""
     deadline = time.monotonic() + timeout_s
@@ -338,7 +345,7 @@ async def _show(
     canary_timeout_s: float,
 ) -> EngineActShown:
     shown = EngineActShown()
-    await _ready(workers)
+    await workers_ready(workers)
     await _gateway_ready(gateway_url)
     step(f"{CHAT_MODEL} {CHAT_STABLE} answers through the API gateway, streamed as it comes:")
     shown.answer, shown.ttft_ms, shown.tokens = await _stream_answer(

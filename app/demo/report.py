@@ -91,10 +91,13 @@ def write_report(monitor: Monitor, path: Path) -> Path:
 
 def _plot_series(monitor: Monitor, axes: list[Any]) -> None:
     timeline = monitor.timeline
-    versions = sorted({v for _, w in timeline.weights for v in w} | set(timeline.p99))
+    versions = sorted(
+        {v for _, w in timeline.weights for v in w} | set(timeline.p99) | set(timeline.variants)
+    )
+    weighted = {v for _, w in timeline.weights for v in w}
     for version in versions:
         points = [(t, w.get(version, 0.0)) for t, w in timeline.weights]
-        if points:
+        if points and version in weighted:  # a model without routing weights has none
             xs, ys = zip(*points, strict=True)
             axes[0].step([*xs, monitor.now()], [*ys, ys[-1]], where="post", label=version)
         p99 = timeline.p99.get(version, [])
@@ -111,7 +114,7 @@ def _plot_series(monitor: Monitor, axes: list[Any]) -> None:
     axes[0].set_ylim(-5, 105)
     axes[1].set_ylabel("p99 ms (5 s window)")
     axes[2].set_ylabel("variant")
-    axes[2].set_yticks([0, 1], ["fp32", "int8-dynamic"])
+    axes[2].set_yticks([0, 1], ["fp32", "a lower rung"])
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="upper left", fontsize=8)

@@ -1,8 +1,8 @@
 """The rollout story of ``graylane demo``: a healthy canary promoted (the
-registry's stable version moves to it), a bad one rolled back automatically, a
-load spike that makes QoS step down a rung and back up, all decided by the
-policy engine from live telemetry; then an operator's ``graylane rollout
-revert`` sends 100 % back to the previous stable version. With a gateway, a fifth of
+registry's stable version moves to it), a bad one rolled back automatically, both
+decided by the policy engine from live telemetry; then an operator's ``graylane
+rollout undo`` sends 100 % back to the previous stable version. (The QoS ladder
+under a load spike is SmolLM2's act, :mod:`graylane.app.demo.qos_act`.) With a gateway, a fifth of
 the load goes through it (OpenAI completions), the rest straight to Kafka: the policy
 engine judges both alike."""
 
@@ -14,10 +14,9 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from rich.live import Live
 from rich.table import Table
 
@@ -36,7 +35,6 @@ from graylane.v1 import audit_pb2, rollout_pb2
 
 __all__ = [
     "BAD",
-    "BEYOND_FLOOR",
     "HEALTHY",
     "MODEL",
     "SEEDS",
@@ -44,10 +42,7 @@ __all__ = [
     "Story",
     "StoryConfig",
     "audit_table",
-    "demo_qos_policy",
     "demo_rollout_spec",
-    "floor_path_rps",
-    "spike_rate",
 ]
 
 MODEL = "demo-gpt"
@@ -60,14 +55,9 @@ SEEDS = {STABLE: 1, HEALTHY: 2, BAD: 3}
 @dataclass(frozen=True, kw_only=True)
 class StoryConfig:
     rate: float = 20.0
-    spike_factor: float = 3.0
     prompt_len: int = 96
-    slo_p99_ms: float = 250.0
     phase_timeout_s: float = 150.0
     report: Path = Path(".local/report.png")
-    rung_capacity_rps: dict[str, float] = field(default_factory=dict)
-    """One worker's calibrated requests/s per variant: QoS steps up by load."""
-    spike_s: float = 30.0
     load_fraction: float = 0.0
     """When > 0: measure the whole path's capacity first (:mod:`graylane.app.bench.path`)
     and run at this fraction of min(path, ``engine_rps``) instead of ``rate``."""
@@ -101,27 +91,6 @@ def demo_rollout_spec(rollout_id: str, baseline: str, candidate: str) -> rollout
     )
 
 
-def demo_qos_policy(
-    version: str, slo_p99_ms: float, capacities: dict[str, float] | None = None
-) -> rollout_pb2.QosPolicy:
-    """Steps down on p99 or shedding; back up once the load is below 0.7 x the
-    calibrated capacity of fp32 (``capacities``; by p99 without them)."""
-    return rollout_pb2.QosPolicy(
-        model=MODEL,
-        version=version,
-        slo_p99_ms=slo_p99_ms,
-        ladder=["fp32", "int8-dynamic"],
-        quality_floor="int8-dynamic",
-        step_down_margin=0.2,
-        step_up_ratio=0.6,
-        sustain_s=3.0,
-        min_dwell_s=10.0,
-        enabled=True,
-        rung_capacity_rps=capacities or {},
-        up_capacity_fraction=0.7,
-    )
-
-
 class Story:
     def __init__(
         self,
@@ -129,15 +98,10 @@ class Story:
         cfg: StoryConfig,
         step: Callable[[str], None],
         *,
-        scale_out: bool = False,
         clock_origin: float | None = None,
     ) -> None:
         """``clock_origin``: the ``time.monotonic()`` every time of the story counts from
         (the demo's start, the printed steps' clock; default: now)."""
-        self.scale_out = scale_out
-        """A supervisor obeys the policy engine's scale requests for the QoS version."""
-        self.deadline_s: float | None = None
-        """Each request's deadline (set in the QoS part: late requests are shed)."""
         self.factory = KafkaFactory(settings)
         self.layout = self.factory.layout
         self.cfg = cfg
@@ -194,7 +158,6 @@ class Story:
                     prompt=f"{i:06d} {prompt}",
                     routing_key=f"user-{i % 997}",
                     post_process=PostProcess.ARGMAX_LAST,
-                    deadline_s=self.deadline_s,
                 )
             i += 1
             next_at += 1.0 / self.rate
@@ -207,9 +170,7 @@ class Story:
     async def _through_gateway(self, pool: GatewayPool, prompt: str, user: str) -> None:
         """One completion through the API gateway, counted by the monitor like the rest."""
         body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0, "user": user}
-        headers = {}
-        if self.deadline_s:
-            headers["x-graylane-timeout-ms"] = str(int(self.deadline_s * 1000))
+        headers: dict[str, str] = {}
         sent = time.perf_counter()
         answer = await pool.request(
             "POST", "/v1/completions", json.dumps(body).encode(), headers=headers
@@ -415,112 +376,7 @@ class Story:
         )
         await asyncio.sleep(4)
 
-        await self._qos_story(title)
-
-    async def _wait_by(self, done: Callable[[], bool], what: str, until: float) -> bool:
-        """Like :meth:`_wait`, but only until ``until`` (monotonic): the spike goes on."""
-        while not done():
-            if time.monotonic() > until:
-                self.monitor.event(f"not during the spike: {what}")
-                return False
-            await asyncio.sleep(0.5)
-        self.monitor.event(what)
-        return True
-
-    def _workers(self) -> int:
-        """Workers that answered the QoS version's requests in the live window."""
-        return self.monitor.workers(HEALTHY)
-
-    async def _qos_story(self, title: list[str]) -> None:
-        """The elastic part: a 3x spike; QoS steps down, admission sheds what would be
-        late, the supervisor (when there is one) scales out and back in, and QoS
-        steps back up once the load is below 0.7 x fp32's calibrated capacity."""
-        cfg = self.cfg
-        title[0] = f"QoS on {HEALTHY}: SLO p99 {cfg.slo_p99_ms:.0f} ms, load spike"
-        how = "by load" if cfg.rung_capacity_rps else "by p99 (no calibration)"
-        self.monitor.event(f"QoS policy on {HEALTHY}: fp32 -> int8-dynamic, back up {how}")
-        await self.send_command(
-            rollout_pb2.RolloutCommand(
-                kind=rollout_pb2.COMMAND_SET_QOS_POLICY,
-                qos_policy=demo_qos_policy(HEALTHY, cfg.slo_p99_ms, cfg.rung_capacity_rps),
-            )
-        )
-        self.deadline_s = cfg.slo_p99_ms / 1000.0  # admission control sheds what would be late
-        await asyncio.sleep(5)
-        self.rate = spike_rate(
-            self.base_rate,
-            cfg.spike_factor,
-            self.path_rps,
-            cfg.engine_rps,
-            cfg.rung_capacity_rps.get("int8-dynamic", 0.0),
-        )
-        spike_end = time.monotonic() + cfg.spike_s
-        self.monitor.event(
-            f"load spike x{self.rate / self.base_rate:.1f} ({self.rate:.1f} req/s) for "
-            f"{cfg.spike_s:.0f}s"
-        )
-        # Waited side by side, each an event when it happens: the supervisor may scale out
-        # before QoS steps down, and QoS step back up before the workers scale in.
-        during = [
-            self._raise_until(
-                lambda: self.monitor.variants.get(HEALTHY) == "int8-dynamic",
-                "QoS stepped down to int8-dynamic",
-            )
-        ]
-        if self.scale_out:
-            during.append(
-                self._wait_by(lambda: self._workers() >= 2, "scaled out to 2 workers", spike_end)
-            )
-        await asyncio.gather(*during)
-        await asyncio.sleep(max(0.0, spike_end - time.monotonic()))
-        self.rate = self.base_rate
-        self.monitor.event(f"spike over; {self.monitor.shed} requests shed so far")
-        title[0] = f"QoS on {HEALTHY}: load back to normal"
-        after = [
-            self._wait(
-                lambda: self.monitor.variants.get(HEALTHY) == "fp32", "QoS stepped back up to fp32"
-            )
-        ]
-        if self.scale_out:
-            after.append(self._wait(lambda: self._workers() <= 1, "scaled back in to 1 worker"))
-        await asyncio.gather(*after)
-        self.deadline_s = None
-        await asyncio.sleep(3)
-
         await self._revert(title)
-
-    async def _raise_until(self, done: Callable[[], bool], what: str) -> bool:
-        """:meth:`_wait`, raising the spike while the stack still carries it calmly.
-
-        The spike comes from a capacity measured earlier, at a busier or a quieter
-        moment; a machine that now serves it within the SLO, shedding nothing, would
-        show no QoS at all. Every :data:`RAISE_EVERY_S` the load is raised as
-        :func:`raised_spike_rate` says, and the raise is an event of the story."""
-        deadline = time.monotonic() + self.cfg.phase_timeout_s
-        first, raised_at = self.rate, time.monotonic()
-        while not done():
-            now = time.monotonic()
-            if now > deadline:
-                timeout_s = self.cfg.phase_timeout_s
-                self.console.print(f"[yellow]{what}: not reached within {timeout_s:.0f}s")
-                self.monitor.event(f"timeout: {what}")
-                return False
-            if now - raised_at >= RAISE_EVERY_S:
-                raised_at = now
-                samples = self.monitor.window().get(HEALTHY, [])
-                ok = [x.latency_ms for x in samples if x.ok]
-                shed = sum(x.shed for x in samples) / len(samples) if samples else 0.0
-                p99 = float(np.percentile(ok, 99)) if ok else None
-                higher = raised_spike_rate(self.rate, first, p99, shed, self.cfg.slo_p99_ms)
-                if higher is not None and p99 is not None:
-                    self.monitor.event(
-                        f"{self.rate:.1f} req/s carried calmly (p99 {p99:.0f} ms, "
-                        f"{shed:.0%} shed): spike raised to {higher:.1f} req/s"
-                    )
-                    self.rate = higher
-            await asyncio.sleep(0.5)
-        self.monitor.event(what)
-        return True
 
     async def _revert(self, title: list[str]) -> None:
         """The operator's one-step way back: ``graylane rollout undo`` (control plane RPC)."""
@@ -565,54 +421,3 @@ def audit_table(records: list[audit_pb2.AuditRecord], t0_ms: int) -> Table:
             r.reason[:90],
         )
     return table
-
-
-# -- the spike, from measured capacity (pure) -----------------------------------------------
-#
-# The elastic story needs a spike that one worker cannot carry even at the
-# quality floor, or nothing would scale out; a spike far beyond two workers would
-# only shed. One request costs the rung's engine time plus the path's overhead
-# (client, router, broker: measured as the fp32 path's time per request minus
-# fp32's engine time), so the floor's capacity in this stack is
-# ``1000 / (1000 / floor_engine + overhead)``.
-
-BEYOND_FLOOR = 1.5
-"""The spike is at least this multiple of what one worker serves at the floor here."""
-
-
-def floor_path_rps(path_rps: float, engine_rps: float, floor_engine_rps: float) -> float:
-    """Requests/s one worker serves at the floor rung in this stack (0 when unknown)."""
-    if min(path_rps, engine_rps, floor_engine_rps) <= 0.0:
-        return 0.0
-    overhead_ms = max(0.0, 1000.0 / path_rps - 1000.0 / engine_rps)
-    return 1000.0 / (1000.0 / floor_engine_rps + overhead_ms)
-
-
-def spike_rate(
-    base_rps: float, factor: float, path_rps: float, engine_rps: float, floor_engine_rps: float
-) -> float:
-    """``factor`` x the base load, raised to :data:`BEYOND_FLOOR` x the floor's capacity
-    here when that is more (a machine where the floor rung alone would carry x3)."""
-    floor = floor_path_rps(path_rps, engine_rps, floor_engine_rps)
-    return max(base_rps * factor, BEYOND_FLOOR * floor)
-
-
-RAISE_EVERY_S = 10.0
-"""How long a spike runs before it may be raised (the QoS window's seconds, and more)."""
-RAISE_FACTOR = 1.3
-MAX_RAISE = 4.0
-"""The spike is raised to at most this multiple of its first rate."""
-CALM_SHED = 0.01
-"""A stack that sheds under this share of the spike carries it calmly."""
-
-
-def raised_spike_rate(
-    rate: float, first: float, p99_ms: float | None, shed_fraction: float, slo_p99_ms: float
-) -> float | None:
-    """The next spike rate when the stack carries ``rate`` calmly (p99 of the answered
-    under the SLO, almost nothing shed), up to :data:`MAX_RAISE` x ``first``; ``None``:
-    keep it (the spike already strains the stack, nothing was answered, or the cap)."""
-    if p99_ms is None or p99_ms >= slo_p99_ms or shed_fraction >= CALM_SHED:
-        return None
-    higher = min(rate * RAISE_FACTOR, MAX_RAISE * first)
-    return higher if higher > rate else None

@@ -44,15 +44,15 @@ def test_seconds_to_top() -> None:
 
 def test_bench_and_demo_policies_step_up_by_calibrated_capacity() -> None:
     from graylane.app.bench.qos import qos_policy
-    from graylane.app.demo.story import HEALTHY, demo_qos_policy
+    from graylane.app.demo.qos_act import qos_act_policy
     from graylane.rollouts.pb import qos_policy_from_pb
 
     capacities = {"fp32": 21.0, "int8-dynamic": 30.0}
-    for pb in (qos_policy(235.0, capacities), demo_qos_policy(HEALTHY, 250.0, capacities)):
+    for pb in (qos_policy(235.0, capacities), qos_act_policy(21.0, 1500.0)):
         policy = qos_policy_from_pb(pb)
         assert policy.capacity_of("fp32") == 21.0
         assert policy.up_capacity_fraction == 0.7
-    assert qos_policy_from_pb(demo_qos_policy(HEALTHY, 250.0)).rung_capacity_rps == ()
+    assert qos_policy_from_pb(qos_act_policy(0.0, 1500.0)).rung_capacity_rps == ()
 
 
 def test_timeline_slices_score_their_own_requests() -> None:

@@ -110,3 +110,15 @@ def test_the_monitor_counts_from_the_origin_it_is_given() -> None:
     m = Monitor("x", t0=time.monotonic() - 30.0)  # the demo started 30 s ago
     m.event("e")
     assert 30.0 <= m.timeline.events[0][0] < 35.0
+
+
+def test_a_model_with_a_rung_but_no_routing_weights_is_drawn_on_the_variant_chart_only() -> None:
+    m = crowded_monitor()
+    m.timeline.variants["smollm2-onnx 1.0.0"] = [(5.0, "fp32"), (9.0, "int8-weight-only")]
+    fig = render_report(m)
+    weight_ax, p99_ax, variant_ax = (ax for ax in fig.axes if ax.get_ylabel())
+    labels = {ax: {line.get_label() for line in ax.get_lines()} for ax in fig.axes}
+    assert "smollm2-onnx 1.0.0" in labels[variant_ax]
+    assert "smollm2-onnx 1.0.0" not in labels[weight_ax] | labels[p99_ax]
+    drawn = next(x for x in variant_ax.get_lines() if x.get_label() == "smollm2-onnx 1.0.0")
+    assert list(drawn.get_ydata()) == [0, 1]  # fp32, then a lower rung
