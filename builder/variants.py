@@ -489,14 +489,13 @@ def _sensitive_layers(
     prompts = [tokenizer.encode(text) for text in read_prompts(spec.prompts)]
     kept = set(keep)
 
-    def quantize(candidate: onnx.ModelProto, exclude: Sequence[str]) -> onnx.ModelProto:
+    def quantize(candidate: onnx.ModelProto, exclude: Sequence[str], path: Path) -> None:
         copy = onnx.ModelProto()
         copy.CopyFrom(candidate)
         with _quiet_quantizer():
             quantizer = quantizer_for(copy, [*keep, *(n for n in exclude if n not in kept)])
             quantizer.process()
-        quantized: onnx.ModelProto = quantizer.model.model
-        return quantized
+            quantizer.model.save_model_to_file(str(path), use_external_data_format=True)
 
     quantizable = [n for n in matmuls if n not in kept]
     return measure_layers(model, quantizable, prompts, quantize, spec.count)
