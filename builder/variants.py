@@ -412,7 +412,7 @@ def _weight_only(
         block_size=block,
         symmetric=symmetric,
         accuracy_level=level,
-        algorithm="source-grid" if on_grid else "rtn" if smoothed is None else "smoothquant+rtn",
+        algorithm=_algorithm(on_grid=bool(on_grid), smoothed=smoothed, sensitive=sensitive),
         quantized_nodes=len(matmuls) - len(keep),
         kept_float=tuple(keep),
         smoothing_alpha=None if smoothed is None else smoothed.alpha,
@@ -465,6 +465,20 @@ def _smooth(
     return SmoothingRecord(
         alpha=spec.alpha, groups=len(groups), calibration_prompts=len(prompts), folded=folded
     )
+
+
+def _algorithm(
+    *, on_grid: bool, smoothed: SmoothingRecord | None, sensitive: FloatLayerChoice | None
+) -> str:
+    """``source-grid``, or ``rtn`` with what came before it: ``smoothquant+rtn``,
+    ``smoothquant+sensitivity+rtn`` (float layers measured), ``sensitivity+rtn``."""
+    if on_grid:
+        return "source-grid"
+    steps = [
+        *(["smoothquant"] if smoothed is not None else []),
+        *(["sensitivity"] if sensitive is not None else []),
+    ]
+    return "+".join([*steps, "rtn"])
 
 
 def _sensitive_layers(

@@ -162,7 +162,8 @@ class WeightOnlyQuantization:
     ``accuracy_level`` 4 lets the kernel quantize activations to int8 per block and
     compute in int8 (fast on CPUs); 0 dequantizes weights and computes in float.
     ``algorithm`` ``smoothquant+rtn``: activations smoothed first (``smoothing_alpha``);
-    ``source-grid``: weights already on 4-bit block grids written exactly.
+    ``source-grid``: weights already on 4-bit block grids written exactly;
+    ``+sensitivity``: decoder layers kept in float by measurement (``sensitive_layers``).
     ``kept_float`` are the nodes left in float (the output head always, and what the spec
     or the partial-quantization search added).
     """
