@@ -12,10 +12,11 @@ import logging
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -24,11 +25,17 @@ from graylane.artifacts.build_info import CalibrationMethod, WeightOnlyQuantizat
 from graylane.artifacts.model_info import SourceQuantization, source_quantization
 from graylane.artifacts.naming import Precision
 from graylane.builder.calibration import ORT_METHODS, CalibrationError, CalibrationRecord, calibrate
+from graylane.builder.layer_sensitivity import FloatLayerChoice
 from graylane.builder.runtime import VariantLoadError, open_runner
 from graylane.builder.samples import SampleSet
 from graylane.builder.smoothing import SmoothingRecord
 from graylane.builder.source_grid import encode_on_source_grid
-from graylane.builder.spec import DEFAULT_QUANTIZE_OPS, SmoothingSpec, WeightOnlySpec
+from graylane.builder.spec import (
+    DEFAULT_QUANTIZE_OPS,
+    SensitiveLayersSpec,
+    SmoothingSpec,
+    WeightOnlySpec,
+)
 from graylane.errors import GraylaneError
 
 __all__ = [
@@ -378,15 +385,25 @@ def _weight_only(
     smoothed: SmoothingRecord | None = None
     if bits == 8 and options.int8_smoothing is not None and options.accuracy_level == 4:
         smoothed = _smooth(model, options.int8_smoothing, inputs.source, keep)
-    with _quiet_quantizer():
-        quantizer = MatMulNBitsQuantizer(
-            model,
+
+    def quantizer_for(candidate: onnx.ModelProto, exclude: Sequence[str]) -> Any:
+        return MatMulNBitsQuantizer(
+            candidate,
             bits=bits,
             block_size=block,
             is_symmetric=symmetric,
             accuracy_level=level,
-            nodes_to_exclude=keep,
+            nodes_to_exclude=list(exclude),
         )
+
+    sensitive: FloatLayerChoice | None = None
+    if bits == 8 and options.int8_sensitive_layers is not None and level == 4:
+        sensitive = _sensitive_layers(
+            model, options.int8_sensitive_layers, inputs.source, matmuls, keep, quantizer_for
+        )
+        keep = [*keep, *(n for n in sensitive.nodes if n not in keep)]
+    with _quiet_quantizer():
+        quantizer = quantizer_for(model, keep)
         quantizer.process()
         on_grid = encode_on_source_grid(quantizer.model.model, sources) if sources else []
         quantizer.model.save_model_to_file(str(out), use_external_data_format=inputs.external_data)
@@ -395,12 +412,14 @@ def _weight_only(
         block_size=block,
         symmetric=symmetric,
         accuracy_level=level,
-        algorithm="source-grid" if on_grid else "rtn" if smoothed is None else "smoothquant+rtn",
+        algorithm=_algorithm(on_grid=bool(on_grid), smoothed=smoothed, sensitive=sensitive),
         quantized_nodes=len(matmuls) - len(keep),
         kept_float=tuple(keep),
         smoothing_alpha=None if smoothed is None else smoothed.alpha,
         smoothed_activations=0 if smoothed is None else smoothed.groups,
         calibration_prompts=0 if smoothed is None else smoothed.calibration_prompts,
+        sensitive_layers=() if sensitive is None else sensitive.layers,
+        sensitivity_prompts=0 if sensitive is None else sensitive.calibration_prompts,
     )
     kept = f"; kept in float: {_summarize(keep)}" if keep else ""
     note = (
@@ -409,6 +428,8 @@ def _weight_only(
         f"{level}; {record.quantized_nodes} of {len(matmuls)} MatMuls{kept}"
     )
     notes: tuple[str, ...] = (note,) if smoothed is None else (note, smoothed.describe())
+    if sensitive is not None:
+        notes = (*notes, sensitive.describe())
     if on_grid:
         notes = (
             *notes,
@@ -444,6 +465,54 @@ def _smooth(
     return SmoothingRecord(
         alpha=spec.alpha, groups=len(groups), calibration_prompts=len(prompts), folded=folded
     )
+
+
+def _algorithm(
+    *, on_grid: bool, smoothed: SmoothingRecord | None, sensitive: FloatLayerChoice | None
+) -> str:
+    """``source-grid``, or ``rtn`` with what came before it: ``smoothquant+rtn``,
+    ``smoothquant+sensitivity+rtn`` (float layers measured), ``sensitivity+rtn``."""
+    if on_grid:
+        return "source-grid"
+    steps = [
+        *(["smoothquant"] if smoothed is not None else []),
+        *(["sensitivity"] if sensitive is not None else []),
+    ]
+    return "+".join([*steps, "rtn"])
+
+
+def _sensitive_layers(
+    model: onnx.ModelProto,
+    spec: SensitiveLayersSpec,
+    source: Path,
+    matmuls: Sequence[str],
+    keep: Sequence[str],
+    quantizer_for: Callable[[onnx.ModelProto, Sequence[str]], Any],
+) -> FloatLayerChoice:
+    """Measure each decoder layer of ``model`` (smoothed already, where the rung smooths)
+    quantized alone on the spec's calibration prompts; the ``count`` most sensitive stay
+    in float."""
+    from graylane.builder.layer_sensitivity import measure_layers
+    from graylane.builder.spec import read_prompts
+    from graylane.models.hf_tokenizer import HfTokenizer
+
+    tokenizer_path = source.with_name("tokenizer.json")
+    if not tokenizer_path.is_file():
+        raise _Unsupported(f"measuring layers needs the source's tokenizer: no {tokenizer_path}")
+    tokenizer = HfTokenizer(tokenizer_path)
+    prompts = [tokenizer.encode(text) for text in read_prompts(spec.prompts)]
+    kept = set(keep)
+
+    def quantize(candidate: onnx.ModelProto, exclude: Sequence[str], path: Path) -> None:
+        copy = onnx.ModelProto()
+        copy.CopyFrom(candidate)
+        with _quiet_quantizer():
+            quantizer = quantizer_for(copy, [*keep, *(n for n in exclude if n not in kept)])
+            quantizer.process()
+            quantizer.model.save_model_to_file(str(path), use_external_data_format=True)
+
+    quantizable = [n for n in matmuls if n not in kept]
+    return measure_layers(model, quantizable, prompts, quantize, spec.count)
 
 
 def _source_weights(model: onnx.ModelProto, nodes: set[str]) -> dict[str, np.ndarray]:

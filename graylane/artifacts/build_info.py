@@ -162,7 +162,8 @@ class WeightOnlyQuantization:
     ``accuracy_level`` 4 lets the kernel quantize activations to int8 per block and
     compute in int8 (fast on CPUs); 0 dequantizes weights and computes in float.
     ``algorithm`` ``smoothquant+rtn``: activations smoothed first (``smoothing_alpha``);
-    ``source-grid``: weights already on 4-bit block grids written exactly.
+    ``source-grid``: weights already on 4-bit block grids written exactly;
+    ``+sensitivity``: decoder layers kept in float by measurement (``sensitive_layers``).
     ``kept_float`` are the nodes left in float (the output head always, and what the spec
     or the partial-quantization search added).
     """
@@ -179,6 +180,12 @@ class WeightOnlyQuantization:
     smoothed_activations: int = 0
     calibration_prompts: int = 0
     """Prompts the activation maxima of the smoothing were taken on."""
+    sensitive_layers: tuple[str, ...] = ()
+    """Decoder layers kept in float because, quantized alone, they moved fp32's next-token
+    distributions most on calibration text (most sensitive first; their nodes are in
+    ``kept_float``)."""
+    sensitivity_prompts: int = 0
+    """Calibration prompts that measurement ran on."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -192,6 +199,8 @@ class WeightOnlyQuantization:
             "smoothing_alpha": self.smoothing_alpha,
             "smoothed_activations": self.smoothed_activations,
             "calibration_prompts": self.calibration_prompts,
+            "sensitive_layers": list(self.sensitive_layers),
+            "sensitivity_prompts": self.sensitivity_prompts,
         }
 
     @classmethod
@@ -199,6 +208,7 @@ class WeightOnlyQuantization:
         if raw is None:
             return None
         kept = raw.get("kept_float", ())
+        sensitive = raw.get("sensitive_layers", ())
         return cls(
             bits=int(str(raw["bits"])),
             block_size=int(str(raw["block_size"])),
@@ -212,4 +222,8 @@ class WeightOnlyQuantization:
             else float(str(raw["smoothing_alpha"])),
             smoothed_activations=int(str(raw.get("smoothed_activations", 0))),
             calibration_prompts=int(str(raw.get("calibration_prompts", 0))),
+            sensitive_layers=tuple(str(n) for n in sensitive)
+            if isinstance(sensitive, list | tuple)
+            else (),
+            sensitivity_prompts=int(str(raw.get("sensitivity_prompts", 0))),
         )

@@ -21,6 +21,7 @@ from graylane.builder.spec import (
     GeneratorData,
     GgufSource,
     NpzData,
+    SensitiveLayersSpec,
     SmoothingSpec,
     SpecError,
     WeightOnlySpec,
@@ -412,6 +413,7 @@ def test_the_8_bit_rung_takes_its_smoothing_and_its_own_float_layers(tmp_path: P
             weight_only={
                 "int8_smoothing": {"alpha": 0.75, "prompts": "calib.txt"},
                 "int8_keep_float": ["layers.0.", "layers.29."],
+                "int8_sensitive_layers": {"count": 4, "prompts": "calib.txt"},
                 "int4_source_grid": True,
                 "int4_accuracy_level": 1,
             },
@@ -421,11 +423,15 @@ def test_the_8_bit_rung_takes_its_smoothing_and_its_own_float_layers(tmp_path: P
     assert isinstance(spec, BuildSpec)
     assert spec.weight_only.int8_smoothing == SmoothingSpec(alpha=0.75, prompts=calibration)
     assert spec.weight_only.int8_keep_float == ("layers.0.", "layers.29.")
+    assert spec.weight_only.int8_sensitive_layers == SensitiveLayersSpec(
+        count=4, prompts=calibration
+    )
     assert spec.weight_only.keep_float == ()  # the int4 rung keeps only the head in float
     assert spec.weight_only.int4_source_grid and spec.weight_only.int4_accuracy_level == 1
     assert spec.weight_only.accuracy_level == 4
     base = _base_weight_only(tmp_path)
     assert base.int8_smoothing is None and not base.int4_source_grid
+    assert base.int8_sensitive_layers is None
     assert base.int4_accuracy_level is None
 
 
@@ -442,6 +448,11 @@ def _base_weight_only(tmp_path: Path) -> WeightOnlySpec:
         ({"weight_only": {"int8_smoothing": {"alpha": 0.5}}}, "prompts"),
         ({"weight_only": {"int8_smoothing": {"prompts": "nope.txt"}}}, "does not exist"),
         ({"weight_only": {"int8_keep_float": "layers.0."}}, "list of node name prefixes"),
+        (
+            {"weight_only": {"int8_sensitive_layers": {"count": 0, "prompts": "p.txt"}}},
+            "int8_sensitive_layers.count: must be >= 1",
+        ),
+        ({"weight_only": {"int8_sensitive_layers": {"count": 3}}}, "prompts"),
         ({"weight_only": {"int4_accuracy_level": 9}}, "int4_accuracy_level: one of 0 to 4"),
         ({"source": {"gguf": "m.gguf"}, "tokenizer": "t.json"}, "brings its own tokenizer"),
         ({"validation": {"prompts": "missing.txt"}}, "does not exist"),

@@ -319,3 +319,48 @@ def test_the_4_bit_rung_keeps_q4_1_weights_on_their_own_grid(tmp_path: Path) -> 
     assert int4.weight_only is not None
     assert int4.weight_only.algorithm == "source-grid" and int4.weight_only.accuracy_level == 1
     assert any("2 of 14 weights were on 4-bit block grids" in n for n in int4.notes)
+
+
+def test_the_8_bit_rung_keeps_its_measured_most_sensitive_layer_in_float(tmp_path: Path) -> None:
+    """int8_sensitive_layers: each layer quantized alone on calibration text, the one that
+    moves fp32's next-token distributions most kept in float and recorded."""
+    from graylane.artifacts.manifest import read_manifest
+    from graylane.artifacts.naming import Precision
+    from graylane.builder.build import run_build
+    from graylane.builder.spec import parse_spec
+    from graylane.builder.variants import VariantStatus
+
+    (tmp_path / "prompts.txt").write_text("Gray releases\nA canary\n")
+    (tmp_path / "calibration.txt").write_text("The worker groups\nA broker\nTopics\n")
+    raw = {
+        "model": "tiny",
+        "version": "1.0.0",
+        "strategy": "gguf",
+        "source": {"gguf": str(GGUF)},
+        "precisions": ["fp32", "int8-weight-only"],
+        "validation": {"prompts": "prompts.txt", "continuation": 4},
+        "weight_only": {
+            "int8_smoothing": {"alpha": 0.75, "prompts": "calibration.txt"},
+            "int8_sensitive_layers": {"count": 1, "prompts": "calibration.txt"},
+        },
+        "tolerances": {"int8-weight-only": {"min_top1_agreement": 0.5}},
+        "partial_quantization": {"enabled": False},
+        "tensorrt": {"enabled": False},
+    }
+    report = run_build(parse_spec(raw, base_dir=tmp_path), store=tmp_path / "store")
+    produced = {v.precision: v for v in report.variants if v.status is VariantStatus.PRODUCED}
+    variant = produced[Precision.INT8_WEIGHT_ONLY]
+    record = read_manifest(variant.folder).weight_only  # type: ignore[arg-type]
+    assert record is not None
+    assert record.algorithm == "smoothquant+sensitivity+rtn"
+    assert record.sensitivity_prompts == 3
+    assert len(record.sensitive_layers) == 1 and record.sensitive_layers[0] in (
+        "layers.0",
+        "layers.1",
+    )
+    layer = record.sensitive_layers[0]
+    assert record.quantized_nodes == 7  # the other layer's seven projections
+    assert len(record.kept_float) == 7
+    assert all(n.startswith(f"{layer}.") for n in record.kept_float)
+    manifest = (variant.folder / "manifest.json").read_text()  # type: ignore[operator]
+    assert f"kept in float by measured sensitivity: {layer} (2 layers measured" in manifest
