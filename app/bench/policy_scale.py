@@ -761,7 +761,10 @@ async def _kill_one(
     dead = instance_of(victim.log)
     if dead is None:
         raise RuntimeError(f"no instance id in {victim.log}")
-    moved = sorted(m for m in ledger.by_model if ledger.owner(m) == dead)
+    # Its models whose rollout still runs (one rolled back has no decision left to make).
+    moved = sorted(
+        m for m in ledger.by_model if ledger.owner(m) == dead and f"{m}-canary" not in rolled
+    )
     progress(f"{tag}: kill -9 of instance {dead}, which decides for {len(moved)} models")
     victim.process.kill()
     victim.process.wait(10)

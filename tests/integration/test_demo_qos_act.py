@@ -31,7 +31,9 @@ from graylane.settings import Settings
 from graylane.v1 import control_pb2
 from tests.support.policy import policy_engine, wait_ready
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+# The first run on a machine builds SmolLM2 (the GGUF's import, its rungs' validation):
+# minutes; later runs and fresh clones restore the machine's cached build in seconds.
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ENGLISH = re.compile(r"[A-Za-z]{2,}")
 
