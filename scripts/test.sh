@@ -27,8 +27,11 @@ $BIN/python deploy/kafka/kafka.py start || exit 1
 $BIN/python deploy/postgres/postgres.py start || { $BIN/python deploy/kafka/kafka.py stop; exit 1; }
 
 echo "==> pytest"
-# the slowest tests, every run: where the suite's time goes
-$BIN/python -m pytest --durations=30 "$@"
+# In parallel (pytest-xdist): most tests wait on the broker, the engines or their windows
+# rather than on a core. Tests that share something outside the test are grouped onto one
+# worker (tests/conftest.py). GRAYLANE_TEST_WORKERS=0 runs them in this process, in order.
+# The slowest tests, every run: where the suite's time goes.
+$BIN/python -m pytest -n "${GRAYLANE_TEST_WORKERS:-4}" --dist loadgroup --durations=30 "$@"
 rc=$?
 
 echo "==> stopping the local services"

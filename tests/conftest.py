@@ -55,3 +55,28 @@ def settings(unique_prefix: str, tmp_path: Path) -> Settings:
 @pytest.fixture
 def factory(settings: Settings) -> KafkaFactory:
     return KafkaFactory(settings)
+
+
+# Tests that share something outside the test (the images podman builds and runs, the local
+# PostgreSQL server's one database) run one after another on one worker under pytest-xdist
+# (``--dist loadgroup``); every other test has its own topics, ports and files.
+_SERIAL_GROUPS = ("containers", "postgres")
+
+# Under xdist the longest tests start first, so that none of them is left for the end.
+_LONG_FIXTURES = {"start_llama_server", "private_broker"}
+
+
+def _is_long(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slow") is not None or bool(
+        _LONG_FIXTURES & set(getattr(item, "fixturenames", ()))
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for group in _SERIAL_GROUPS:
+            if item.get_closest_marker(group) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the order it hands out
+        items.sort(key=lambda item: not _is_long(item))
