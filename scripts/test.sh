@@ -27,11 +27,12 @@ $BIN/python deploy/kafka/kafka.py start || exit 1
 $BIN/python deploy/postgres/postgres.py start || { $BIN/python deploy/kafka/kafka.py stop; exit 1; }
 
 echo "==> pytest"
-# In parallel (pytest-xdist): most tests wait on the broker, the engines or their windows
-# rather than on a core. Tests that share something outside the test are grouped onto one
-# worker (tests/conftest.py). GRAYLANE_TEST_WORKERS=0 runs them in this process, in order.
+# In parallel (pytest-xdist): one worker runs the long tests one after another, as before,
+# while the other takes the rest (most of them wait on the broker, not on a core); tests that
+# share something outside the test are grouped onto one worker (tests/conftest.py).
+# GRAYLANE_TEST_WORKERS=0 runs them all in this process, in order.
 # The slowest tests, every run: where the suite's time goes.
-$BIN/python -m pytest -n "${GRAYLANE_TEST_WORKERS:-4}" --dist loadgroup --durations=30 "$@"
+$BIN/python -m pytest -n "${GRAYLANE_TEST_WORKERS:-2}" --dist loadgroup --durations=30 "$@"
 rc=$?
 
 echo "==> stopping the local services"

@@ -57,26 +57,31 @@ def factory(settings: Settings) -> KafkaFactory:
     return KafkaFactory(settings)
 
 
-# Tests that share something outside the test (the images podman builds and runs, the local
-# PostgreSQL server's one database) run one after another on one worker under pytest-xdist
-# (``--dist loadgroup``); every other test has its own topics, ports and files.
-_SERIAL_GROUPS = ("containers", "postgres")
-
-# Under xdist the longest tests start first, so that none of them is left for the end.
+# Under pytest-xdist (``make test``: ``--dist loadgroup``) each group below runs on one worker,
+# one test after another, while the other workers take the remaining tests:
+# - "containers": the images podman builds and runs;
+# - "postgres": the local PostgreSQL server's one database (the schema migrated in place);
+# - "serial": the long tests (``slow``, or with engine servers or a broker of their own): they
+#   measure throughput, latency and deadlines over windows and were written to have the
+#   machine's cores to themselves, so they still run one at a time, as without xdist.
+# Every other test has its own topics, consumer groups, ports and files.
+_SHARED = ("containers", "postgres")
 _LONG_FIXTURES = {"start_llama_server", "private_broker"}
 
 
-def _is_long(item: pytest.Item) -> bool:
-    return item.get_closest_marker("slow") is not None or bool(
+def _xdist_group(item: pytest.Item) -> str | None:
+    for group in _SHARED:
+        if item.get_closest_marker(group) is not None:
+            return group
+    if item.get_closest_marker("slow") is not None or (
         _LONG_FIXTURES & set(getattr(item, "fixturenames", ()))
-    )
+    ):
+        return "serial"
+    return None
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        for group in _SERIAL_GROUPS:
-            if item.get_closest_marker(group) is not None:
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the order it hands out
-        items.sort(key=lambda item: not _is_long(item))
+        group = _xdist_group(item)
+        if group is not None:  # one group each: xdist joins several into a new one
+            item.add_marker(pytest.mark.xdist_group(group))
