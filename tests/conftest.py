@@ -57,8 +57,8 @@ def factory(settings: Settings) -> KafkaFactory:
     return KafkaFactory(settings)
 
 
-# Under pytest-xdist (``make test``: ``--dist loadgroup``) each group below runs on one worker,
-# one test after another, while the other workers take the remaining tests:
+# Under pytest-xdist (``GRAYLANE_TEST_WORKERS=N make test``: ``-n N --dist loadgroup``) each
+# group below runs on one worker, one test after another, while the others take the rest:
 # - "containers": the images podman builds and runs;
 # - "postgres": the local PostgreSQL server's one database (the schema migrated in place);
 # - "serial": the long tests (``slow``, or with engine servers or a broker of their own): they
