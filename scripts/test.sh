@@ -27,8 +27,17 @@ $BIN/python deploy/kafka/kafka.py start || exit 1
 $BIN/python deploy/postgres/postgres.py start || { $BIN/python deploy/kafka/kafka.py stop; exit 1; }
 
 echo "==> pytest"
-# the slowest tests, every run: where the suite's time goes
-$BIN/python -m pytest --durations=30 "$@"
+# GRAYLANE_TEST_WORKERS=N runs the tests on N pytest-xdist workers (--dist loadgroup): the
+# long tests stay one at a time on one worker, as do the tests that share something outside
+# the test (podman's images, the PostgreSQL database; see tests/conftest.py), and every other
+# test runs beside them. Unset or 0: every test in this process, in order.
+WORKERS=${GRAYLANE_TEST_WORKERS:-0}
+XDIST=()
+if [ "$WORKERS" != 0 ]; then
+  XDIST=(-n "$WORKERS" --dist loadgroup)
+fi
+# The slowest tests, every run: where the suite's time goes.
+$BIN/python -m pytest ${XDIST[@]+"${XDIST[@]}"} --durations=30 "$@"
 rc=$?
 
 echo "==> stopping the local services"

@@ -230,7 +230,11 @@ def test_ports_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         kt.configured_port()
 
 
-@pytest.mark.parametrize("content", ["999999999\n", "garbage\n", f"{os.getpid()}\n"])
+@pytest.mark.parametrize(
+    "content",
+    # the live pid's id names no pid: every pytest-xdist worker collects the same tests
+    ["999999999\n", "garbage\n", pytest.param(f"{os.getpid()}\n", id="this-process")],
+)
 def test_stale_pid_file_is_removed(
     content: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
