@@ -140,6 +140,8 @@ class SizeResult:
     read_delay_ms_p99: float = math.nan
     """How long after it was written a telemetry record reached the engine's core, p99
     (``graylane_policy_telemetry_delay_seconds``): how far behind the engine reads."""
+    catch_up_s: float = 0.0
+    """After the rollouts ran: until the engines had read the telemetry written meanwhile."""
     instances: int = 1
     takeover: Takeover | None = None
     """Sharded runs: one instance killed (-9) after the window, checked from the audit."""
@@ -179,6 +181,7 @@ class SizeResult:
             "missed": self.missed,
             "ready_s": round(self.ready_s, 1),
             "read_delay_ms_p99": round(self.read_delay_ms_p99, 1),
+            "catch_up_s": round(self.catch_up_s, 1),
             "instances": self.instances,
             "takeover": None if self.takeover is None else self.takeover.row(),
         }
@@ -674,6 +677,19 @@ async def run_size(
             offsets = await group_lag(ends, admin, group, layout.telemetry(), telemetry_partitions)
             return offsets.lag
 
+        # The commands and topics of a large N take the engines a while, and the telemetry
+        # written meanwhile waits for them: the window is measured once they have read it
+        # (their group's lag within a few seconds of records), not while they catch up.
+        rate = n * len(VERSIONS) * cfg.batches_per_s
+        slack = max(200.0, rate * 5)
+        catching = time.monotonic()
+        caught_up_by = catching + cfg.ready_timeout_s
+        behind = await lag()
+        while behind > slack and time.monotonic() < caught_up_by:
+            progress(f"{tag}: catching up with the telemetry written meanwhile: lag {behind}")
+            await asyncio.sleep(5.0)
+            behind = await lag()
+        catch_up_s = time.monotonic() - catching
         pids = [e.process.pid for e in engines]
         ports = [e.metrics_port for e in engines]
         lag0, cpu0, scrape0 = await lag(), sum(map(_cpu_s, pids)), _scrape_all(ports)
@@ -711,6 +727,7 @@ async def run_size(
             missed=sum(1 for r in injected if r not in rolled),
             ready_s=ready_s,
             read_delay_ms_p99=tick_quantile(scrape0.delay_buckets, scrape1.delay_buckets, 0.99),
+            catch_up_s=catch_up_s,
             instances=instances,
             takeover=takeover,
         )

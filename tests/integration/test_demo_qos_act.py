@@ -36,6 +36,7 @@ from tests.support.policy import policy_engine, wait_ready
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ENGLISH = re.compile(r"[A-Za-z]{2,}")
+ARITHMETIC = re.compile(r"[0-9][0-9 +=.,]*")
 
 
 def _precision_records(factory: KafkaFactory) -> list[control_pb2.PrecisionCommand]:
@@ -93,7 +94,10 @@ def test_under_the_spike_smollm2_steps_down_a_rung_and_back_up_answering_english
     # generations were served on both rungs, each with real text
     served = {r.variant for r in shown.results if r.ok}
     assert served == set(LADDER), served
-    assert all(ENGLISH.search(r.text) for r in shown.results if r.ok)
+    # (English words, or the number a sum such as "What is 3 plus 4?" asks for)
+    texts = [r.text for r in shown.results if r.ok]
+    unread = [t for t in texts if not (ENGLISH.search(t) or ARITHMETIC.fullmatch(t.strip()))]
+    assert texts and not unread, unread
     # the answers shown: fp32, the lower rung, fp32 again; English, from the engine
     assert [a.variant for a in shown.answers] == ["fp32", "int8-weight-only", "fp32"]
     assert all(ENGLISH.search(a.text) for a in shown.answers), shown.answers
