@@ -882,9 +882,14 @@ def plot(runs: dict[int, list[SizeResult]], cfg: PolicyScaleConfig) -> Path:
         left.plot(ns, p50, "o:", label=f"p50, {name}")
         right.plot(ns, [r.cpu_us_per_record for r in results], "o-", label=name)
     left.axhline(cfg.max_decision_ms, color="grey", linestyle="--", label="bound")
+    from matplotlib.ticker import NullFormatter
+
+    sizes = sorted(set(everything))
     for ax in (left, right):
         ax.set_xlim(min(everything) / 2, max(everything) * 2)
         ax.set_xscale("log")
+        ax.set_xticks(sizes, [f"{n:,}" for n in sizes])  # the sizes run, nothing between
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("models (x3 versions)")
     left.set_ylabel("ms")
     left.set_title("decision latency (evidence -> rollback)")
