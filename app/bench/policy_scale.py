@@ -685,10 +685,14 @@ async def run_size(
         catching = time.monotonic()
         caught_up_by = catching + cfg.ready_timeout_s
         behind = await lag()
-        while behind > slack and time.monotonic() < caught_up_by:
+        least, least_at = behind, catching
+        # ... unless they stop gaining on it: then the window shows them falling behind.
+        while behind > slack and time.monotonic() < min(caught_up_by, least_at + 30.0):
             progress(f"{tag}: catching up with the telemetry written meanwhile: lag {behind}")
             await asyncio.sleep(5.0)
             behind = await lag()
+            if behind < least:
+                least, least_at = behind, time.monotonic()
         catch_up_s = time.monotonic() - catching
         pids = [e.process.pid for e in engines]
         ports = [e.metrics_port for e in engines]
