@@ -14,9 +14,10 @@ A version is **unresponsive** when, for at least ``timeout_ms``:
 
 - requests were routed to it and no telemetry came back since the first of
   them (a dead or hung worker, or none at all), or
-- its consumer lag never fell and grew overall while the group's committed
-  offsets stood still (nobody consumes the topic); where the committed
-  offsets are unknown, the lag must have grown at every sample.
+- its consumer lag was above zero at the start of that time, never fell and
+  grew overall while the group's committed offsets stood still (nobody
+  consumes the topic: a record has waited at least ``timeout_ms``); where
+  the committed offsets are unknown, the lag must have grown at every sample.
 
 When the lag grew but the committed offsets advanced, the version consumes
 slower than it is fed: a capacity problem (**behind**), not a dead version.
@@ -215,13 +216,18 @@ def _judge_lag(
         f"{version}: lag grew from {first.lag} to {last.lag} over "
         f"{(last.at_ms - first.at_ms) / 1000:g} s"
     )
-    if first.committed is not None and last.committed is not None:
-        if last.committed > first.committed:
-            return LivenessVerdict(
-                Liveness.BEHIND,
-                f"{what} while it consumed {last.committed - first.committed} records",
-            )
-        return LivenessVerdict(Liveness.UNRESPONSIVE, f"{what} and nothing was consumed")
+    consumed = (
+        last.committed - first.committed
+        if first.committed is not None and last.committed is not None
+        else None
+    )
+    if consumed is not None and consumed > 0:
+        return LivenessVerdict(Liveness.BEHIND, f"{what} while it consumed {consumed} records")
+    if first.lag == 0:
+        # Nothing was waiting when the span began: no record has gone unconsumed for T yet.
+        return LivenessVerdict(Liveness.ALIVE)
+    if consumed is not None:
+        what += " and nothing was consumed"
     return LivenessVerdict(Liveness.UNRESPONSIVE, what)
 
 

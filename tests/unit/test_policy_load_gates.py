@@ -221,3 +221,17 @@ def test_wobbling_small_lag_is_alive() -> None:
     assert judge_liveness(signals, 10_000, 10_000).liveness is Liveness.ALIVE
     falls = VersionLiveness(version="v2", lag=lag([0, 40, 10, 50, 90, 130], [1] * 6))
     assert judge_liveness(falls, 10_000, 10_000).liveness is Liveness.ALIVE
+
+
+def test_lag_that_starts_from_zero_waits_t_from_the_first_waiting_record() -> None:
+    # Nothing consumes; the first record arrives between the first and second sample.
+    grows = [0, 40, 80, 120, 160, 200, 240]
+    for committed in ([0] * 7, None):
+        signals = VersionLiveness(version="v2", lag=lag(grows[:6], committed))
+        # The span from 0 ms is T long, but at 0 ms nothing waited: the oldest record
+        # has waited less than T.
+        assert judge_liveness(signals, 10_000, 10_000).liveness is Liveness.ALIVE
+        signals = VersionLiveness(version="v2", lag=lag(grows, committed))
+        verdict = judge_liveness(signals, 12_000, 10_000)
+        assert verdict.liveness is Liveness.UNRESPONSIVE, verdict
+        assert "from 40 to 240 over 10 s" in verdict.reason
