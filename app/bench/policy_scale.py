@@ -63,6 +63,12 @@ import numpy as np
 
 from graylane import serde
 from graylane.app.bench.harness import stack_env
+from graylane.app.bench.policy_handover import (
+    DecisionLedger,
+    Takeover,
+    instance_of,
+    judge_takeover,
+)
 from graylane.app.cli.demo import Service, start_service, stop_services
 from graylane.clock import now_ms
 from graylane.histogram import LatencyHistogram
@@ -76,13 +82,11 @@ from graylane.policy_engine.service import telemetry_into
 from graylane.policy_engine.wire import command_of
 from graylane.rollouts.vocabulary import DecisionKind
 from graylane.settings import REPO_ROOT, Settings
-from graylane.v1 import audit_pb2, rollout_pb2, telemetry_pb2
+from graylane.v1 import rollout_pb2, telemetry_pb2
 
 __all__ = [
-    "DecisionLedger",
     "PolicyScaleConfig",
     "SizeResult",
-    "Takeover",
     "TelemetryWriter",
     "evidence_ticks",
     "main",
@@ -185,124 +189,6 @@ class SizeResult:
             "instances": self.instances,
             "takeover": None if self.takeover is None else self.takeover.row(),
         }
-
-
-@dataclass(frozen=True)
-class Takeover:
-    """A sharded run's kill -9 of one instance, judged from the audit."""
-
-    models_moved: int
-    """Models the killed instance decided for."""
-    takeover_s: float
-    """From the kill to the last of its models decided by a survivor."""
-    lost: int
-    """Moved models no survivor decided for by the end."""
-    step_changed: int
-    """Moved models whose first decision by a survivor started from another step than
-    the killed instance's last decision left them at."""
-    double_deciders: int
-    """(model, generation) pairs decided by more than one instance: two instances
-    deciding for one model at once."""
-    duplicate_rollbacks: int
-    """Rollouts rolled back more than once."""
-    regressions_after: tuple[float, ...]
-    """Detection of regressions injected into moved models after the takeover (ms)."""
-    missed_after: int
-
-    @property
-    def clean(self) -> bool:
-        return not (
-            self.lost
-            or self.step_changed
-            or self.double_deciders
-            or self.duplicate_rollbacks
-            or self.missed_after
-        )
-
-    def row(self) -> dict[str, object]:
-        return {
-            "models_moved": self.models_moved,
-            "takeover_s": round(self.takeover_s, 1),
-            "lost": self.lost,
-            "step_changed": self.step_changed,
-            "double_deciders": self.double_deciders,
-            "duplicate_rollbacks": self.duplicate_rollbacks,
-            "detection_ms_after": [round(d) for d in self.regressions_after],
-            "missed_after": self.missed_after,
-            "clean": self.clean,
-        }
-
-
-@dataclass(frozen=True)
-class Decided:
-    """One rollout decision as the audit records it."""
-
-    instance: str
-    generation: int
-    kind: int
-    step_before: int
-    step_after: int
-    rollout_id: str
-
-
-@dataclass
-class DecisionLedger:
-    """Every rollout decision on the audit topic, per model, in the topic's order."""
-
-    by_model: dict[str, list[Decided]] = field(default_factory=dict)
-
-    def take(self, record: Record) -> None:
-        if record.value is None:
-            return
-        a = serde.decode(audit_pb2.AuditRecord, record.value)
-        if not (a.rollout_id and a.decided_by.instance):
-            return
-        self.by_model.setdefault(a.model, []).append(
-            Decided(
-                a.decided_by.instance,
-                a.decided_by.generation,
-                a.kind,
-                a.rollout_before.step_index,
-                a.rollout_after.step_index,
-                a.rollout_id,
-            )
-        )
-
-    def owner(self, model: str) -> str | None:
-        mine = self.by_model.get(model)
-        return mine[-1].instance if mine else None
-
-    def double_deciders(self) -> int:
-        pairs: dict[tuple[str, int], set[str]] = {}
-        for model, mine in self.by_model.items():
-            for d in mine:
-                pairs.setdefault((model, d.generation), set()).add(d.instance)
-        return sum(1 for ids in pairs.values() if len(ids) > 1)
-
-    def duplicate_rollbacks(self) -> int:
-        counts: dict[str, int] = {}
-        for mine in self.by_model.values():
-            for d in mine:
-                if d.kind == audit_pb2.DECISION_ROLLBACK:
-                    counts[d.rollout_id] = counts.get(d.rollout_id, 0) + 1
-        return sum(1 for n in counts.values() if n > 1)
-
-    def handover(self, model: str, dead: str) -> tuple[Decided, Decided] | None:
-        """The dead instance's last decision for ``model`` and a survivor's first after it."""
-        mine = self.by_model.get(model, [])
-        last = max((i for i, d in enumerate(mine) if d.instance == dead), default=None)
-        if last is None:
-            return None
-        after = next((d for d in mine[last + 1 :] if d.instance != dead), None)
-        return None if after is None else (mine[last], after)
-
-
-def instance_of(log: Path) -> str | None:
-    """The instance id a sharded engine logged when it restored a partition."""
-    for line in log.read_text(errors="replace").splitlines():
-        if "restored partition" in line and " as instance " in line:
-            return line.split(" as instance ", 1)[1].split()[0]
-    return None
 
 
 def tick_quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
@@ -807,22 +693,16 @@ async def _kill_one(
     await _wait_rolled(rolled, injected, cfg)
     progress(f"{tag}: {sum(r in rolled for r in injected)}/{len(fresh)} regressions after it")
     await asyncio.sleep(2.0)  # the audit of the last rollbacks
-    changed = 0
-    for m in moved:
-        pair = ledger.handover(m, dead)
-        if pair is not None and pair[1].step_before != pair[0].step_after:
-            changed += 1
-    return Takeover(
-        models_moved=len(moved),
-        takeover_s=took,
+    return judge_takeover(
+        ledger,
+        dead,
+        moved,
+        took_s=took,
         lost=len(waiting),
-        step_changed=changed,
-        double_deciders=ledger.double_deciders(),
-        duplicate_rollbacks=ledger.duplicate_rollbacks(),
-        regressions_after=tuple(
-            float(rolled[r] - writer.onset[m]) for r, m in injected.items() if r in rolled
-        ),
-        missed_after=sum(1 for r in injected if r not in rolled),
+        detected_ms={
+            m: float(rolled[r] - writer.onset[m]) if r in rolled else None
+            for r, m in injected.items()
+        },
     )
 
 
@@ -880,8 +760,7 @@ def plot(runs: dict[int, list[SizeResult]], cfg: PolicyScaleConfig) -> Path:
         p99 = [r.decision_p99_ms if r.decision_ms else math.nan for r in results]
         left.plot(ns, p99, "s-", label=f"p99, {name}")
         p50 = [
-            float(np.percentile(r.decision_ms, 50)) if r.decision_ms else math.nan
-            for r in results
+            float(np.percentile(r.decision_ms, 50)) if r.decision_ms else math.nan for r in results
         ]
         left.plot(ns, p50, "o:", label=f"p50, {name}")
         right.plot(ns, [r.cpu_us_per_record for r in results], "o-", label=name)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from app.bench.policy_handover import instance_of
 from app.bench.policy_scale import BASELINE, CANDIDATE, PolicyScaleConfig, TelemetryWriter
 from graylane import serde
 from graylane.kafka.reading import read_to_end
@@ -110,12 +111,11 @@ async def sharded_engine(
         yield engine
 
 
-def instance_of(log: Path) -> str:
+def logged_instance(log: Path) -> str:
     """The instance id an engine logged when it restored a partition."""
-    for line in log.read_text(errors="replace").splitlines():
-        if "restored partition" in line and " as instance " in line:
-            return line.split(" as instance ", 1)[1].split()[0]
-    raise AssertionError(f"no instance id in {log}")
+    found = instance_of(log)
+    assert found is not None, f"no instance id in {log}"
+    return found
 
 
 async def test_sharded_engines_each_decide_for_their_models_and_take_over_a_killed_ones(
@@ -138,7 +138,7 @@ async def test_sharded_engines_each_decide_for_their_models_and_take_over_a_kill
         ) as first,
         sharded_engine(settings, b_log, "shard-m0", what="the second instance takes a partition"),
     ):
-        a_id, b_id = instance_of(a_log), instance_of(b_log)
+        a_id, b_id = logged_instance(a_log), logged_instance(b_log)
         assert a_id != b_id
         for progressing, held in models.values():
             await send_command(factory, start(progressing, held=False))
@@ -281,7 +281,7 @@ async def test_an_instance_that_lost_its_partition_unaware_is_refused_by_epoch(
         ) as first,
         sharded_engine(settings, b_log, held[0], what="the second instance takes a partition"),
     ):
-        a_id, b_id = instance_of(a_log), instance_of(b_log)
+        a_id, b_id = logged_instance(a_log), logged_instance(b_log)
         for model in held:
             await send_command(factory, start(model, held=True))
 
@@ -396,7 +396,7 @@ async def test_with_one_partition_one_instance_decides_and_the_other_stands_by(
             settings, b_log, model, until="Joined group", what="the second instance joins the group"
         ),
     ):
-        a_id = instance_of(a_log)
+        a_id = logged_instance(a_log)
         await send_command(factory, start(model, held=True))
 
         async def at_held_step() -> bool:
@@ -417,7 +417,7 @@ async def test_with_one_partition_one_instance_decides_and_the_other_stands_by(
             )
 
         await wait_until(taken_over, timeout=60, poll_s=0.5, what="the standby decides")
-        b_id = instance_of(b_log)
+        b_id = logged_instance(b_log)
 
     mine = decisions(await read_audits(factory), model)
     switch = next(i for i, a in enumerate(mine) if a.decided_by.instance == b_id)
