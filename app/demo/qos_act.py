@@ -29,9 +29,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 from rich.table import Table
@@ -219,6 +220,9 @@ def raised_spike_rate(
 # -- the act (I/O) ---------------------------------------------------------------------------
 
 
+_Sent = TypeVar("_Sent")
+
+
 @dataclass(frozen=True)
 class _Chat:
     """A chat question as a request's arguments: rendered by the model's own template
@@ -262,17 +266,23 @@ class _Act:
         self.sent: list[float] = []
         """When each generation of the load was sent (``time.monotonic()``)."""
 
-    async def ask(self, question: str, moment: str) -> RungAnswer:
+    def _generation(
+        self, send: Callable[..., Awaitable[_Sent]], question: str, **call: Any
+    ) -> Awaitable[_Sent]:
+        """``send`` (the client's ``infer`` or ``submit``) of a generation answering
+        ``question`` in the model's chat template, with ``call``'s further arguments."""
         chat = _Chat.of(self.template, question)
-        result = await self.client.infer(
+        return send(
             QOS_MODEL,
             task=Task.GENERATE,
             prompt=chat.prompt,
             messages=chat.messages,
             turn_end=chat.turn_end,
-            max_new_tokens=24,
-            timeout=180,
+            **call,
         )
+
+    async def ask(self, question: str, moment: str) -> RungAnswer:
+        result = await self._generation(self.client.infer, question, max_new_tokens=24, timeout=180)
         answer = RungAnswer(
             moment, result.variant, question, result.text.strip(), result.timing.ttft_ms
         )
@@ -289,13 +299,9 @@ class _Act:
         async def caller(k: int) -> None:
             i = k
             while time.monotonic() < end:
-                chat = _Chat.of(self.template, QUESTIONS[i % len(QUESTIONS)])
-                result = await self.client.infer(
-                    QOS_MODEL,
-                    task=Task.GENERATE,
-                    prompt=chat.prompt,
-                    messages=chat.messages,
-                    turn_end=chat.turn_end,
+                result = await self._generation(
+                    self.client.infer,
+                    QUESTIONS[i % len(QUESTIONS)],
                     max_new_tokens=NEW_TOKENS,
                     routing_key=f"probe-{k}",
                     timeout=60,
@@ -317,13 +323,9 @@ class _Act:
                 await asyncio.sleep(0.2)
                 next_at = time.monotonic()
                 continue
-            chat = _Chat.of(self.template, QUESTIONS[i % len(QUESTIONS)])
-            await self.client.submit(
-                QOS_MODEL,
-                task=Task.GENERATE,
-                prompt=chat.prompt,
-                messages=chat.messages,
-                turn_end=chat.turn_end,
+            await self._generation(
+                self.client.submit,
+                QUESTIONS[i % len(QUESTIONS)],
                 max_new_tokens=NEW_TOKENS,
                 routing_key=f"chat-user-{i % 499}",
                 ttft_deadline_ms=self.ttft_deadline_ms,

@@ -9,6 +9,7 @@ runs in the fixtures environment, never here.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -247,31 +248,13 @@ def test_the_partial_search_ends_within_its_budgets(
 def test_the_8_bit_rung_records_its_smoothing_and_float_layers(tmp_path: Path) -> None:
     """SmoothQuant before the 8-bit rung: fitted on its own prompts, recorded in the manifest."""
     from graylane.artifacts.manifest import read_manifest
-    from graylane.artifacts.naming import Precision
-    from graylane.builder.build import run_build
-    from graylane.builder.spec import parse_spec
-    from graylane.builder.variants import VariantStatus
 
-    (tmp_path / "prompts.txt").write_text("Gray releases\nA canary\n")
     (tmp_path / "calibration.txt").write_text("# fit\nThe worker groups\nA broker\nTopics\n")
-    raw = {
-        "model": "tiny",
-        "version": "1.0.0",
-        "strategy": "gguf",
-        "source": {"gguf": str(GGUF)},
-        "precisions": ["fp32", "int8-weight-only"],
-        "validation": {"prompts": "prompts.txt", "continuation": 4},
-        "weight_only": {
-            "int8_smoothing": {"alpha": 0.75, "prompts": "calibration.txt"},
-            "int8_keep_float": ["layers.0."],
-        },
-        "tolerances": {"int8-weight-only": {"min_top1_agreement": 0.5}},
-        "partial_quantization": {"enabled": False},
-        "tensorrt": {"enabled": False},
+    weight_only = {
+        "int8_smoothing": {"alpha": 0.75, "prompts": "calibration.txt"},
+        "int8_keep_float": ["layers.0."],
     }
-    report = run_build(parse_spec(raw, base_dir=tmp_path), store=tmp_path / "store")
-    produced = {v.precision: v for v in report.variants if v.status is VariantStatus.PRODUCED}
-    int8 = read_manifest(produced[Precision.INT8_WEIGHT_ONLY].folder)  # type: ignore[arg-type]
+    int8 = read_manifest(_rung_built(tmp_path, "int8-weight-only", weight_only))
     record = int8.weight_only
     assert record is not None and record.bits == 8
     assert record.algorithm == "smoothquant+rtn" and record.smoothing_alpha == 0.75
@@ -294,28 +277,9 @@ def test_the_4_bit_rung_keeps_q4_1_weights_on_their_own_grid(tmp_path: Path) -> 
     """The fixture's attn_k projections are Q4_1: written exactly; the Q4_0/Q5_1/Q8_0/F16
     ones are not on a 0..15 grid of their blocks and are rounded to nearest."""
     from graylane.artifacts.manifest import read_manifest
-    from graylane.artifacts.naming import Precision
-    from graylane.builder.build import run_build
-    from graylane.builder.spec import parse_spec
-    from graylane.builder.variants import VariantStatus
 
-    (tmp_path / "prompts.txt").write_text("Gray releases\nA canary\n")
-    raw = {
-        "model": "tiny",
-        "version": "1.0.0",
-        "strategy": "gguf",
-        "source": {"gguf": str(GGUF)},
-        "precisions": ["fp32", "int4"],
-        "validation": {"prompts": "prompts.txt", "continuation": 4},
-        "weight_only": {"int4_source_grid": True, "int4_accuracy_level": 1},
-        "tolerances": {"int4": {"min_top1_agreement": 0.0, "min_cosine": 0.0}},
-        "partial_quantization": {"enabled": False},
-        "tensorrt": {"enabled": False},
-    }
-    report = run_build(parse_spec(raw, base_dir=tmp_path), store=tmp_path / "store")
-    produced = {v.precision: v for v in report.variants if v.status is VariantStatus.PRODUCED}
-    outcome = produced[Precision.INT4]
-    int4 = read_manifest(outcome.folder)  # type: ignore[arg-type]
+    weight_only = {"int4_source_grid": True, "int4_accuracy_level": 1}
+    int4 = read_manifest(_rung_built(tmp_path, "int4", weight_only))
     assert int4.weight_only is not None
     assert int4.weight_only.algorithm == "source-grid" and int4.weight_only.accuracy_level == 1
     assert any("2 of 14 weights were on 4-bit block grids" in n for n in int4.notes)
@@ -325,32 +289,14 @@ def test_the_8_bit_rung_keeps_its_measured_most_sensitive_layer_in_float(tmp_pat
     """int8_sensitive_layers: each layer quantized alone on calibration text, the one that
     moves fp32's next-token distributions most kept in float and recorded."""
     from graylane.artifacts.manifest import read_manifest
-    from graylane.artifacts.naming import Precision
-    from graylane.builder.build import run_build
-    from graylane.builder.spec import parse_spec
-    from graylane.builder.variants import VariantStatus
 
-    (tmp_path / "prompts.txt").write_text("Gray releases\nA canary\n")
     (tmp_path / "calibration.txt").write_text("The worker groups\nA broker\nTopics\n")
-    raw = {
-        "model": "tiny",
-        "version": "1.0.0",
-        "strategy": "gguf",
-        "source": {"gguf": str(GGUF)},
-        "precisions": ["fp32", "int8-weight-only"],
-        "validation": {"prompts": "prompts.txt", "continuation": 4},
-        "weight_only": {
-            "int8_smoothing": {"alpha": 0.75, "prompts": "calibration.txt"},
-            "int8_sensitive_layers": {"count": 1, "prompts": "calibration.txt"},
-        },
-        "tolerances": {"int8-weight-only": {"min_top1_agreement": 0.5}},
-        "partial_quantization": {"enabled": False},
-        "tensorrt": {"enabled": False},
+    weight_only = {
+        "int8_smoothing": {"alpha": 0.75, "prompts": "calibration.txt"},
+        "int8_sensitive_layers": {"count": 1, "prompts": "calibration.txt"},
     }
-    report = run_build(parse_spec(raw, base_dir=tmp_path), store=tmp_path / "store")
-    produced = {v.precision: v for v in report.variants if v.status is VariantStatus.PRODUCED}
-    variant = produced[Precision.INT8_WEIGHT_ONLY]
-    record = read_manifest(variant.folder).weight_only  # type: ignore[arg-type]
+    folder = _rung_built(tmp_path, "int8-weight-only", weight_only)
+    record = read_manifest(folder).weight_only
     assert record is not None
     assert record.algorithm == "smoothquant+sensitivity+rtn"
     assert record.sensitivity_prompts == 3
@@ -362,5 +308,33 @@ def test_the_8_bit_rung_keeps_its_measured_most_sensitive_layer_in_float(tmp_pat
     assert record.quantized_nodes == 7  # the other layer's seven projections
     assert len(record.kept_float) == 7
     assert all(n.startswith(f"{layer}.") for n in record.kept_float)
-    manifest = (variant.folder / "manifest.json").read_text()  # type: ignore[operator]
+    manifest = (folder / "manifest.json").read_text()
     assert f"kept in float by measured sensitivity: {layer} (2 layers measured" in manifest
+
+
+def _rung_built(tmp_path: Path, precision: str, weight_only: Mapping[str, object]) -> Path:
+    """``graylane build`` of the fixture with fp32 and ``precision`` (weight-only options
+    ``weight_only``; any agreement passes: the tests check what was built): its folder."""
+    from graylane.artifacts.naming import Precision
+    from graylane.builder.build import run_build
+    from graylane.builder.spec import parse_spec
+    from graylane.builder.variants import VariantStatus
+
+    (tmp_path / "prompts.txt").write_text("Gray releases\nA canary\n")
+    raw = {
+        "model": "tiny",
+        "version": "1.0.0",
+        "strategy": "gguf",
+        "source": {"gguf": str(GGUF)},
+        "precisions": ["fp32", precision],
+        "validation": {"prompts": "prompts.txt", "continuation": 4},
+        "weight_only": dict(weight_only),
+        "tolerances": {precision: {"min_top1_agreement": 0.0, "min_cosine": 0.0}},
+        "partial_quantization": {"enabled": False},
+        "tensorrt": {"enabled": False},
+    }
+    report = run_build(parse_spec(raw, base_dir=tmp_path), store=tmp_path / "store")
+    produced = {v.precision: v for v in report.variants if v.status is VariantStatus.PRODUCED}
+    folder = produced[Precision(precision)].folder
+    assert folder is not None
+    return folder
