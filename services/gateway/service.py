@@ -59,6 +59,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from graylane import tracing
 from graylane.asgi_server import listening_socket, serve_asgi
@@ -230,7 +231,7 @@ class Gateway:
             client_id=self.client.client_id,
             capacity=config.remembered_answers,
         )
-        self.app = _build_app(self)
+        self.app = _FrontDoor(_build_app(self), self)
         self.ready = asyncio.Event()
         self.port = 0
         self._cancels: set[asyncio.Task[None]] = set()
@@ -296,7 +297,17 @@ class Gateway:
 
     # -- the edge ----------------------------------------------------------------------
     def _authorize(self, request: Request) -> Tenant:
-        found = self.admission.identify(request.headers.get("authorization"))
+        """The call's tenant: the one the front door admitted it as (:class:`_FrontDoor`),
+        or, for a call that did not come through it, identified and throttled here."""
+        admitted = request.scope.get("state", {}).get(_ADMITTED_AS)
+        if isinstance(admitted, Tenant):
+            return admitted
+        return self.admit_key(request.headers.get("authorization"))
+
+    def admit_key(self, authorization: str | None) -> Tenant:
+        """The tenant of a bearer key that may call now: 401 for an unknown key, 429 past
+        the key's token bucket (a token is taken)."""
+        found = self.admission.identify(authorization)
         if found is None:
             self.metrics.refused.labels("auth").inc()
             raise ApiError.unauthenticated()
@@ -325,7 +336,7 @@ class Gateway:
                 held = self.admission.bodies.take(tenant.name, len(part))
                 if held is not GateVerdict.ADMIT:
                     self.metrics.refused.labels("buffered").inc()
-                    await _discard_rest(request, cap - size - len(part))
+                    await _discard_rest(request.receive, cap - size - len(part))
                     if held is GateVerdict.TENANT_CAP:  # the tenant's own doing: 429
                         raise ApiError.too_many_in_flight(
                             tenant.name,
@@ -347,14 +358,19 @@ class Gateway:
         """Drop what is left of the body of a call refused before it was read (up to the
         size cap, for at most ``drain_s``), so the caller, maybe still sending, reads the
         answer instead of a reset connection. Nothing of it is kept."""
-        declared = request.headers.get("content-length")
+        await self.drop_body(request.headers, request.receive)
+
+    async def drop_body(self, headers: Mapping[str, str], receive: Receive) -> None:
+        """What :meth:`_unread` does, from a call's headers and its ASGI ``receive``."""
+        declared = headers.get("content-length")
         cap = self.limits.max_body_bytes
         if declared is not None and (not declared.isdigit() or int(declared) > cap):
             return  # refused for its size: the caller who sent it whole reads a reset
-        if request.headers.get("expect", "").lower() == "100-continue":
+        if headers.get("expect", "").lower() == "100-continue":
             return  # the caller waits for our word before it sends the body: none to drop
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(_discard_rest(request, cap), self.limits.drain_s)
+            async with asyncio.timeout(self.limits.drain_s):
+                await _discard_rest(receive, cap)
 
     def _give_back(self, tenant: Tenant, size: int) -> None:
         self.admission.bodies.give_back(tenant.name, size)
@@ -518,7 +534,7 @@ class Gateway:
         log.error("unexpected gateway failure", exc_info=exc)
         return ApiError(500, "internal error", type=ErrorType.SERVER)
 
-    def _answer(
+    def answered(
         self, endpoint: str, started: float, response: Response, *, latency: bool = True
     ) -> Response:
         self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
@@ -530,7 +546,7 @@ class Gateway:
         if err.detail:
             log.warning("%s answered %d (%s): %s", endpoint, err.status, err.code, err.detail)
         body = err.openai_body() if openai else err.inference_protocol_body()
-        return self._answer(
+        return self.answered(
             endpoint, started, JSONResponse(body, status_code=err.status, headers=err.headers())
         )
 
@@ -570,7 +586,7 @@ class Gateway:
         finally:
             slot.release()
         if result is None:  # the caller went away; nobody reads this
-            return self._answer(label, started, Response(status_code=499))
+            return self.answered(label, started, Response(status_code=499))
         self.feedback.answered(request_id, admitted.tenant, call.model, result.version)
         body = response_body(call, request_id=request_id, created=int(time.time()), result=result)
         headers = {
@@ -578,7 +594,7 @@ class Gateway:
             VARIANT_HEADER: result.variant,
             REQUEST_ID_HEADER: request_id,
         }
-        return self._answer(label, started, JSONResponse(body, headers=headers))
+        return self.answered(label, started, JSONResponse(body, headers=headers))
 
     def _sdk_arguments(self, call: GenerationCall, admitted: _Admitted) -> dict[str, Any]:
         return {
@@ -747,7 +763,7 @@ class Gateway:
             models = await self.directory.models()
         except Exception as exc:
             return self._error("models", started, self._failure(exc), openai=True)
-        return self._answer("models", started, JSONResponse(models_body(list(models))))
+        return self.answered("models", started, JSONResponse(models_body(list(models))))
 
     async def get_model(self, request: Request, model: str) -> Response:
         started = time.perf_counter()
@@ -757,7 +773,7 @@ class Gateway:
                 raise ApiError.model_not_found(f"The model '{model}' does not exist")
         except Exception as exc:
             return self._error("models", started, self._failure(exc), openai=True)
-        return self._answer("models", started, JSONResponse(model_card(model)))
+        return self.answered("models", started, JSONResponse(model_card(model)))
 
     # -- Open Inference Protocol v2 -------------------------------------------------------
     async def _served_versions(self, model: str, version: str) -> tuple[str, ...]:
@@ -777,7 +793,7 @@ class Gateway:
         except Exception as exc:
             return self._error("v2_metadata", started, self._failure(exc), openai=False)
         body = oip.model_metadata(model, [version] if version else list(versions), signature)
-        return self._answer("v2_metadata", started, JSONResponse(body))
+        return self.answered("v2_metadata", started, JSONResponse(body))
 
     async def model_ready(self, request: Request, model: str, version: str = "") -> Response:
         started = time.perf_counter()
@@ -786,7 +802,7 @@ class Gateway:
             await self._served_versions(model, version)
         except Exception as exc:
             return self._error("v2_ready", started, self._failure(exc), openai=False)
-        return self._answer("v2_ready", started, Response(status_code=200))
+        return self.answered("v2_ready", started, Response(status_code=200))
 
     async def infer(self, request: Request, model: str, version: str = "") -> Response:
         started = time.perf_counter()
@@ -819,7 +835,7 @@ class Gateway:
         if json_length is not None:
             headers[oip.HEADER_LENGTH] = str(json_length)
             media = "application/octet-stream"
-        return self._answer("v2_infer", started, Response(body, media_type=media, headers=headers))
+        return self.answered("v2_infer", started, Response(body, media_type=media, headers=headers))
 
     async def _read_tensors(self, request: Request, tenant: Tenant) -> oip.TensorCall:
         """The checked tensors of an ``infer`` body; the body itself is not kept."""
@@ -894,13 +910,94 @@ class _Relay:
         self._end()
 
 
-async def _discard_rest(request: Request, room: int) -> None:
+async def _discard_rest(receive: Receive, room: int) -> None:
     """Read and drop the rest of a refused body, up to ``room`` bytes, so the caller (still
     sending) reads the answer rather than a reset connection."""
-    async for part in request.stream():
-        room -= len(part)
-        if room < 0:
+    while room >= 0:
+        message = await receive()
+        if message["type"] != "http.request":
             return
+        room -= len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
+_ADMITTED_AS = "graylane_admitted_as"
+"""Where the front door notes a call's tenant, in the ASGI scope's ``state``."""
+
+_DOOR_HEADERS = frozenset((b"authorization", b"content-length", b"expect"))
+"""What the front door reads of a call's headers (ASGI gives their names in lower case)."""
+
+_KEYED_POSTS = frozenset(("/v1/completions", "/v1/chat/completions", "/v1/feedback"))
+
+
+def _keyed(method: str, path: str) -> bool:
+    """Whether ``method path`` is one of the app's routes that take a key (every OpenAI and
+    inference-protocol call but the probes); anything else is the app's to answer (404,
+    405)."""
+    if path.startswith("/v1/"):
+        if method == "POST":
+            return path in _KEYED_POSTS
+        return method == "GET" and (
+            path == "/v1/models" or (path.startswith("/v1/models/") and path.count("/") == 3)
+        )
+    if not path.startswith("/v2/models/"):
+        return False
+    rest = path[len("/v2/models/") :].split("/")
+    if len(rest) >= 3 and rest[1] == "versions":
+        rest = [rest[0], *rest[3:]]  # a version in the path: the same routes
+    if len(rest) == 1 or (len(rest) == 2 and rest[1] == "ready"):
+        return method == "GET" and all(rest)
+    return len(rest) == 2 and rest[1] == "infer" and method == "POST" and bool(rest[0])
+
+
+def _endpoint_label(path: str) -> str:
+    """The ``endpoint`` label the handlers give a call of ``path`` in their metrics."""
+    if path.startswith("/v2/"):
+        if path.endswith("/infer"):
+            return "v2_infer"
+        return "v2_ready" if path.endswith("/ready") else "v2_metadata"
+    return {
+        "/v1/completions": "completions",
+        "/v1/chat/completions": "chat",
+        "/v1/feedback": "feedback",
+    }.get(path, "models")
+
+
+class _FrontDoor:
+    """The gateway's front door: each call to a keyed path is identified and throttled from
+    its headers alone, before the app (routing, request objects, exception handlers, the
+    body) sees it. A call refused here (401, 429 with ``Retry-After``) costs the replica a
+    fraction of what the app would spend refusing it, so a storm of calls past a tenant's
+    limit holds up the other tenants' calls as little as a single loop can. An admitted
+    call goes on with its tenant noted in the scope's ``state``, for the handlers."""
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _keyed(scope["method"], scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        headers = {
+            k.decode("latin-1"): v.decode("latin-1")
+            for k, v in scope["headers"]
+            if k in _DOOR_HEADERS
+        }
+        try:
+            tenant = self.gateway.admit_key(headers.get("authorization"))
+        except ApiError as err:
+            await self.gateway.drop_body(headers, receive)
+            openai = scope["path"].startswith("/v1/")
+            body = err.openai_body() if openai else err.inference_protocol_body()
+            response = JSONResponse(body, status_code=err.status, headers=err.headers())
+            self.gateway.answered(_endpoint_label(scope["path"]), started, response)
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})[_ADMITTED_AS] = tenant
+        await self.app(scope, receive, send)
 
 
 async def _disconnected(request: Request) -> None:

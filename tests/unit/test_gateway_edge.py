@@ -21,7 +21,12 @@ from graylane.services.gateway.logic.admission import (
     Tenant,
     parse_api_keys,
 )
-from graylane.services.gateway.service import Gateway, GatewayConfig, replica_client_id
+from graylane.services.gateway.service import (
+    Gateway,
+    GatewayConfig,
+    _keyed,
+    replica_client_id,
+)
 
 KEY = "edge-key-0123456789abcdef"
 SLOW_KEY = "slow-key-0123456789abcdef"
@@ -79,6 +84,74 @@ async def test_a_key_over_its_rate_is_429_with_retry_after(http: httpx.AsyncClie
     assert first.status_code == 400  # it passed the bucket, then its body was refused
     assert second.status_code == 429 and int(second.headers["retry-after"]) >= 1
     assert _openai_error(second)["type"] == "rate_limit_error"
+
+
+async def test_the_front_door_refuses_before_the_app_sees_the_call(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """401 and 429 are answered from the headers alone: the app (routing, the body's
+    parser) never runs for them, and they are counted as the handlers count theirs."""
+    reached: list[str] = []
+    app = gateway.app.app
+
+    async def counting(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["path"])
+        await app(scope, receive, send)
+
+    gateway.app.app = counting
+    slow = {"Authorization": f"Bearer {SLOW_KEY}"}
+    first = await http.post("/v1/completions", content=b"not json", headers=slow)
+    second = await http.post("/v1/completions", content=b"not json", headers=slow)
+    wrong = await http.post("/v2/models/m/infer", content=b"{", headers={"Authorization": "x"})
+    assert (first.status_code, second.status_code, wrong.status_code) == (400, 429, 401)
+    assert reached == ["/v1/completions"]  # only the call the bucket let through
+    assert set(wrong.json()) == {"error"}  # the inference protocol's error body
+    registry = gateway.observability.registry
+    assert (
+        registry.get_sample_value(
+            "graylane_gateway_requests_total", {"endpoint": "completions", "status": "429"}
+        )
+        == 1.0
+    )
+    assert (
+        registry.get_sample_value(
+            "graylane_gateway_requests_total", {"endpoint": "v2_infer", "status": "401"}
+        )
+        == 1.0
+    )
+    # Probes and unknown paths are the app's to answer, key or none.
+    assert (await http.get("/healthz")).status_code == 200
+    assert (await http.get("/v1/nowhere")).status_code == 404
+    assert reached == ["/v1/completions", "/healthz", "/v1/nowhere"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "keyed"),
+    [
+        ("POST", "/v1/completions", True),
+        ("POST", "/v1/chat/completions", True),
+        ("POST", "/v1/feedback", True),
+        ("GET", "/v1/models", True),
+        ("GET", "/v1/models/gpt", True),
+        ("GET", "/v2/models/gpt", True),
+        ("GET", "/v2/models/gpt/ready", True),
+        ("POST", "/v2/models/gpt/infer", True),
+        ("GET", "/v2/models/gpt/versions/v2", True),
+        ("GET", "/v2/models/gpt/versions/v2/ready", True),
+        ("POST", "/v2/models/gpt/versions/v2/infer", True),
+        ("GET", "/v1/completions", False),
+        ("POST", "/v1/models", False),
+        ("GET", "/v1/models/gpt/extra", False),
+        ("GET", "/v1/nowhere", False),
+        ("GET", "/v2", False),
+        ("GET", "/v2/health/ready", False),
+        ("GET", "/v2/models/gpt/infer", False),
+        ("POST", "/v2/models/gpt/other", False),
+        ("GET", "/metrics", False),
+    ],
+)
+def test_the_front_door_knows_the_keyed_routes(method: str, path: str, keyed: bool) -> None:
+    assert _keyed(method, path) is keyed
 
 
 async def test_bodies_are_capped_and_checked(http: httpx.AsyncClient) -> None:
