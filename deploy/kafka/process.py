@@ -158,15 +158,41 @@ def tail(path: Path, lines: int = 40) -> str:
 
 
 def logged_version(since: int = 0) -> str | None:
-    """Last "Kafka version: X" the broker logged (AppInfoParser, at startup)."""
+    """Last "Kafka version: X" the broker logged (AppInfoParser, at startup) in
+    ``server.log`` from byte ``since``, and in the files log4j rolled it into
+    (``server.log.1`` is the newest; it rolls at 10 MB): when the log is shorter than
+    ``since``, it rolled since, and what came after ``since`` is in ``server.log.1``
+    and the new log."""
+    log = server_log()
     try:
-        with open(server_log(), "rb") as fh:
-            fh.seek(since)
-            text = fh.read().decode("utf-8", "replace")
+        size = log.stat().st_size
     except OSError:
         return None
-    found = VERSION_RE.findall(text)
-    return found[-1] if found else None
+    rolled = sorted(
+        (p for p in log.parent.glob(log.name + ".*") if p.suffix[1:].isdigit()),
+        key=lambda p: int(p.suffix[1:]),
+    )
+    # Newest first: the last version logged is in the first file that has one.
+    if since > size:  # rolled since: the new log, then the rest of the old one
+        files = [(log, 0)] + ([(rolled[0], since)] if rolled else [])
+    elif since > 0:
+        files = [(log, since)]
+    else:
+        files = [(log, 0)] + [(p, 0) for p in rolled]
+    for path, start in files:
+        found = VERSION_RE.findall(_read_from(path, start))
+        if found:
+            return str(found[-1])
+    return None
+
+
+def _read_from(path: Path, start: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def terminate(pid: int, grace: float) -> str:
