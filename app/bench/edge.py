@@ -68,6 +68,10 @@ __all__ = ["EdgeBenchConfig", "Hostile", "HostileCall", "corpus", "corpus_call",
 MODEL = "edge-bench"
 _TAG = "bench-edge"
 _TENANTS = ("mallory", "trudy", "eve")
+_PROBE = "probe"
+"""The tenant whose key measures the capacity first: its own, so the victim's token
+bucket is full when the quiet phase starts, and with a limit far above the capacity."""
+_PROBE_RATE_PER_S = 10_000.0
 _NO_ANSWER = 0
 """The status of a call that got no answer."""
 _HUNG_UP = -1
@@ -299,6 +303,13 @@ def _careful(call: HostileCall) -> bool:
 class _Victim:
     statuses: list[int] = field(default_factory=list)
     latencies_ms: list[float] = field(default_factory=list)
+    sent_s: list[float] = field(default_factory=list)
+    """When each answered call was sent, in seconds from the load's start."""
+
+    def slowest(self, n: int = 5) -> list[tuple[float, float]]:
+        """(sent at s, ms) of the ``n`` slowest answered calls, slowest first."""
+        pairs = sorted(zip(self.latencies_ms, self.sent_s, strict=True), reverse=True)[:n]
+        return [(round(at, 2), round(ms, 1)) for ms, at in pairs]
 
     def p99(self) -> float:
         return float(np.percentile(self.latencies_ms, 99)) if self.latencies_ms else 0.0
@@ -315,10 +326,12 @@ async def _victim_load(port: int, key: str, rate: float, stop: asyncio.Event) ->
 
     async def one() -> None:
         call = HostileCall(Hostile.BURST, "victim", "/v1/completions", (), _dump(_completion(rng)))
+        sent = time.monotonic() - started
         status, ms = await _send(port, call, key)
         victim.statuses.append(status)
         if status == 200:
             victim.latencies_ms.append(ms)
+            victim.sent_s.append(sent)
 
     started = time.monotonic()
     i = 0
@@ -331,7 +344,7 @@ async def _victim_load(port: int, key: str, rate: float, stop: asyncio.Event) ->
 
 
 async def _capacity(port: int, key: str, seconds: float) -> float:
-    """Victim-shaped calls/s of 8 closed-loop callers (the victim's key alone)."""
+    """Victim-shaped calls/s of 8 closed-loop callers (on the probe's key, alone)."""
     rng = random.Random(3)
     done = 0
     end = time.monotonic() + seconds
@@ -427,10 +440,14 @@ def _services(
     model: Path, env: dict[str, str], port: int, keys: dict[str, str], cfg: EdgeBenchConfig
 ) -> list[Service]:
     worker = WorkerSpec("v1", {"fp32": str(model)})
+    limits = {
+        "victim": (cfg.rate_per_s, cfg.burst),
+        _PROBE: (_PROBE_RATE_PER_S, int(_PROBE_RATE_PER_S)),
+    }
     entries = ",".join(
-        f"{key}:infer:{tenant}:{cfg.rate_per_s}:{cfg.burst}"
-        if tenant == "victim"
-        else f"{key}:infer:{tenant}:{cfg.hostile_rate_per_s}:{cfg.hostile_burst}"
+        "{}:infer:{}:{}:{}".format(
+            key, tenant, *limits.get(tenant, (cfg.hostile_rate_per_s, cfg.hostile_burst))
+        )
         for tenant, key in keys.items()
     )
     return [
@@ -462,14 +479,14 @@ async def _measure(
 ) -> dict[str, object]:
     settings, factory = await fresh_topics(settings, "bedge", MODEL, ["v1"])
     port = free_port()
-    keys = _keys(("victim", *_TENANTS))
+    keys = _keys(("victim", _PROBE, *_TENANTS))
     services = _services(model, stack_env(settings), port, keys, cfg)
     victim_key = keys["victim"]
     storm = cfg.calls // 5 if cfg.storm is None else cfg.storm
     try:
         progress("waiting for the router, the worker and the gateway")
         await _wait_answered(port, victim_key, 240)
-        capacity = await _capacity(port, victim_key, 4.0)
+        capacity = await _capacity(port, keys[_PROBE], 4.0)
         rate = max(2.0, min(cfg.rate_per_s * 0.5, capacity * cfg.victim_fraction))
         progress(f"capacity {capacity:.0f} calls/s; the victim calls {rate:.1f}/s")
         stop = asyncio.Event()
@@ -501,7 +518,8 @@ async def _measure(
         during = await victim_task
         progress(
             f"attack: {cfg.calls} calls in {attack_s:.0f} s; victim p99 {during.p99():.1f} ms, "
-            f"success {during.success():.3f}"
+            f"success {during.success():.3f}; its slowest calls (sent at s, ms): "
+            + ", ".join(f"{at:g} s {ms:g} ms" for at, ms in during.slowest())
         )
         after = await _send(
             port,
@@ -532,6 +550,12 @@ async def _measure(
         "victim_rate_per_s": round(rate, 1),
         "victim_calls": len(during.statuses),
         "victim_quiet_p99_ms": round(quiet.p99(), 2),
+        "victim_quiet_success_rate": round(quiet.success(), 4),
+        "victim_statuses": {
+            phase: {str(k): v for k, v in sorted(Counter(v.statuses).items())}
+            for phase, v in (("quiet", quiet), ("attack", during))
+        },
+        "victim_slowest": during.slowest(),
         "victim_p99_over_quiet": round(p99_ratio, 2),
         "peak_rss_mb": round(peak, 1),
         "server_errors": server_errors,

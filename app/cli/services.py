@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -418,7 +419,15 @@ def run_service(
     *,
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
 ) -> int:
-    """Run a service until SIGINT/SIGTERM, then shut it down cleanly."""
+    """Run a service until SIGINT/SIGTERM, then shut it down cleanly.
+
+    What the process built before it serves (the modules it imported, the service's own
+    objects) is first moved out of the garbage collector's reach (``gc.freeze``): a full
+    collection then walks only what the service makes while it runs. Its pauses hold the
+    event loop; the gateway's took 75-144 ms, several times a minute under load.
+    """
+    gc.collect()
+    gc.freeze()
 
     async def runner() -> None:
         stop = asyncio.Event()
