@@ -22,7 +22,9 @@ acknowledged request (it is in Kafka and is served), only its callers' connectio
   ``FORWARD``; a version in the path is a pin, which the router honours only where the
   routing table allows pins (the answer's ``model_version`` is the version that served).
 - Admission (:mod:`~graylane.services.gateway.logic.admission`): bearer keys per tenant, a
-  token bucket per key (429), then a place in the in-flight gate, per priority and per
+  token bucket per key (429; both checked by a front door from the headers alone, before
+  the app routes or reads anything of the call, so a storm of refused calls costs each a
+  quarter of what the app would spend), then a place in the in-flight gate, per priority and per
   tenant (503), taken before the body is read; body bytes held while reading are
   budgeted per tenant and per replica (503), bodies are decoded within a depth and a
   size bound (:mod:`~graylane.services.gateway.logic.json_body`) and only the checked
