@@ -423,18 +423,31 @@ class _SlotSums:
     panes costs one per pane. The front is rebuilt (one merge per pane) when the window
     has left it. A sample that lands in a pane already summed goes into ``back`` when
     the pane lies there; in the front, the sums are dropped and rebuilt at the next read.
+
+    Telemetry arrives late by the time workers take to publish it and the engine takes to
+    read it, so the newest ``settle`` panes of a build start in ``back``, not in the
+    front: a sample up to ``settle`` panes late then lands in ``back`` (one sample added)
+    instead of dropping the sums (a rebuild of the whole front, which an engine reading a
+    step behind would otherwise pay at every read).
     """
 
     __slots__ = ("back", "back_end", "front_end", "front_start", "suffix")
 
-    def __init__(self, panes: dict[int, _Pane], first: int, end: int, scheme: _Pane) -> None:
+    def __init__(
+        self, panes: dict[int, _Pane], first: int, end: int, scheme: _Pane, settle: int = 0
+    ) -> None:
+        front_end = max(first + 1, end - settle)
         self.front_start = first
-        self.front_end = end
+        self.front_end = front_end
         self.back_end = end
         self.back = scheme.plus(scheme)  # empty
-        suffix: list[_Pane] = [scheme] * (end - first)
+        for index in range(front_end, end):
+            pane = panes.get(index)
+            if pane is not None:
+                self.back.absorb(pane)
+        suffix: list[_Pane] = [scheme] * (front_end - first)
         running = scheme
-        for index in range(end - 1, first - 1, -1):
+        for index in range(front_end - 1, first - 1, -1):
             pane = panes.get(index)
             if pane is not None:
                 running = pane.plus(running)
@@ -557,6 +570,9 @@ class SlidingWindow:
         self.window_ms = window_ms
         self.step_ms = step_ms
         self.panes_per_window = window_ms // step_ms
+        self._settle = self.panes_per_window // 4
+        """Panes at the newest end of a window whose late samples keep its sums (see
+        :class:`_SlotSums`): a quarter of the window."""
         self._min_ms = min_ms
         self._growth = growth
         self.scheme = LatencyHistogram(min_ms, growth)
@@ -778,7 +794,7 @@ class SlidingWindow:
             or end < sums.back_end
             or (self._horizon is not None and first < self._horizon)
         ):
-            sums = self._sums[slot] = _SlotSums(held, first, end, self._zero)
+            sums = self._sums[slot] = _SlotSums(held, first, end, self._zero, self._settle)
         return sums.window(held, first, end)
 
 

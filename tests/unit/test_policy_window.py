@@ -289,3 +289,21 @@ def test_a_late_batch_into_a_pane_already_read_is_in_the_next_read() -> None:
     w.add(sample(150, [10.0]))  # late: into the oldest pane of the window
     assert w.stats(KEY, 2_600).requests == 4  # type: ignore[union-attr]
     assert w.stats(KEY, 4_600).requests == 2  # type: ignore[union-attr]  # 100 and 150 left it
+
+
+def test_samples_up_to_a_quarter_window_late_keep_the_window_sums() -> None:
+    """An engine reading a step or two behind must not rebuild each key's sums at every
+    read: samples that late land in the sums' newest part; older ones still count."""
+    w = SlidingWindow(10_000, 500)
+    for t in range(0, 20_000, 250):
+        w.add(sample(t, [10.0]))
+    assert w.stats(KEY, 20_000).requests == 40  # type: ignore[union-attr]
+    slot = (Lane.LIVE, KEY)
+    built = w._sums[slot]
+    for late in (19_900, 19_000, 17_600):  # 1, 2 and 5 panes before the window's end
+        w.add(sample(late, [10.0]))
+        assert w._sums[slot] is built
+    assert w.stats(KEY, 20_000).requests == 43  # type: ignore[union-attr]
+    w.add(sample(12_000, [10.0]))  # deep in the window: the sums are rebuilt, it counts
+    assert w.stats(KEY, 20_000).requests == 44  # type: ignore[union-attr]
+    assert w._sums[slot] is not built
