@@ -200,6 +200,7 @@ class PolicyCore:
         self.acks.on_batch(key, sample.variant, sample.completed_at_ms)
         at = sample.completed_at_ms if received_ms is None else received_ms
         self.liveness.on_telemetry(sample.model, sample.version, at)
+        self.window.note_arrival(sample.completed_at_ms, at)
         return self.window.add(sample)
 
     def on_offsets(self, key: VersionKey, sample: OffsetSample) -> None:
@@ -560,10 +561,12 @@ class PolicyCore:
             text_agreement = text_tracker.stats(
                 spec.gates.max_similarity_drop, since_ms=state.phase_started_ms
             )
+        # The sequential gates' increment: the newest step whose telemetry has arrived.
+        settled_ms = self.window.settled_ms(now_ms)
         signals = RolloutSignals(
-            baseline_step=self.window.step_stats_by_version(spec.model, spec.baseline, now_ms),
+            baseline_step=self.window.step_stats_by_version(spec.model, spec.baseline, settled_ms),
             candidate_step=self.window.step_stats_by_version(
-                spec.model, spec.candidate, now_ms, lane
+                spec.model, spec.candidate, settled_ms, lane
             ),
             baseline_liveness=self.liveness.version_liveness(spec.model, spec.baseline),
             candidate_liveness=self.liveness.version_liveness(spec.model, spec.candidate),

@@ -42,6 +42,7 @@ Choices worth knowing:
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -592,8 +593,36 @@ class SlidingWindow:
         """Per slot, its panes summed for whole-window reads (see :class:`_SlotSums`)."""
         self._zero = _Pane(min_ms, growth)
         self._horizon: int | None = None
+        self._lateness: deque[tuple[int, int]] = deque(maxlen=self.panes_per_window)
+        """Per step of arrival (its pane index on the engine's clock), the largest lateness
+        (ms) of the samples that arrived in it: the last window's worth of steps."""
         self.dropped_late = 0
         self.duplicates = 0
+
+    def note_arrival(self, completed_at_ms: int, received_ms: int) -> None:
+        """A sample completed at ``completed_at_ms`` (its worker's clock) reached the engine
+        at ``received_ms`` (the engine's): how late telemetry arrives (see
+        :meth:`settled_ms`)."""
+        late = max(0, received_ms - completed_at_ms)
+        index = received_ms // self.step_ms
+        if self._lateness and self._lateness[-1][0] == index:
+            if late > self._lateness[-1][1]:
+                self._lateness[-1] = (index, late)
+        elif not self._lateness or index > self._lateness[-1][0]:
+            self._lateness.append((index, late))
+
+    def settled_ms(self, now_ms: int) -> int:
+        """The newest time whose telemetry has arrived, as far as the engine can tell:
+        ``now_ms`` less the typical lateness (the median, over the last window's steps, of
+        each step's latest arrival), at most half the window. A step read at this time has
+        its samples, where one read at ``now_ms`` misses those still on their way: what
+        the sequential gates consume as an increment (:meth:`step_stats_by_version`).
+        Clocks that disagree read as lateness too, and are bounded alike."""
+        if not self._lateness:
+            return now_ms
+        lates = sorted(late for _, late in self._lateness)
+        typical = lates[(len(lates) - 1) // 2]
+        return now_ms - min(typical, self.window_ms // 2)
 
     def window_bounds(self, now_ms: int) -> tuple[int, int]:
         """``(start, end)`` of the window read at ``now_ms`` (end exclusive)."""

@@ -290,3 +290,29 @@ def test_while_baking_the_promoted_version_is_under_its_own_qos_policy() -> None
     ]
     rules = {o.decision.rule for o in candidate}
     assert rules and not rules & {"follow_baseline", "like_for_like"}, rules
+
+
+def test_telemetry_that_arrives_late_is_judged_in_whole_steps() -> None:
+    """Batches reach the engine 600 ms after they complete: each increment the sequential
+    tests consume is a step whose telemetry has all arrived, not the newest step read
+    while most of its batches are on their way (and never counted after)."""
+    core = PolicyCore(window_ms=4000, step_ms=1000)
+    core.restore([], {MODEL: 7}, {})
+    held = replace(SPEC, steps=(Step(10.0, 10, 60.0), Step(100.0, 0, 0.0)))  # one long step
+    sent = [(t + 600, t) for t in range(96_000, 110_000, 250)]  # (arrives, completed)
+    for now in range(96_000, 110_000, 50):
+        while sent and sent[0][0] <= now:
+            _, completed = sent.pop(0)
+            core.on_telemetry(batch("v1", completed), received_ms=now)
+            core.on_telemetry(batch("v2", completed), received_ms=now)
+        if now == 100_000:  # telemetry flows before the rollout starts, as in service
+            core.on_command(start_cmd(held), now)
+        if now % 1000 == 0:
+            core.tick(now)
+    active = core.rollouts.get(MODEL)
+    assert active is not None
+    errors = active.state.sequential.errors
+    assert active.state.sequential.increments >= 5
+    # Four batches of ten requests per step on each side, every step whole.
+    assert errors.candidate_requests == errors.baseline_requests
+    assert errors.candidate_requests == 40 * active.state.sequential.increments

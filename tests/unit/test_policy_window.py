@@ -307,3 +307,21 @@ def test_samples_up_to_a_quarter_window_late_keep_the_window_sums() -> None:
     w.add(sample(12_000, [10.0]))  # deep in the window: the sums are rebuilt, it counts
     assert w.stats(KEY, 20_000).requests == 44  # type: ignore[union-attr]
     assert w._sums[slot] is not built
+
+
+def test_the_settled_time_trails_now_by_the_typical_lateness() -> None:
+    w = SlidingWindow(10_000, 500)
+    assert w.settled_ms(5_000) == 5_000  # nothing arrived yet: nothing to wait for
+    for received in range(0, 10_000, 100):
+        w.note_arrival(received - 700, received)  # every batch 700 ms late
+    assert w.settled_ms(10_000) == 9_300
+    # One straggler 6 s late, in one step, does not move it: the median of the steps.
+    w.note_arrival(10_050 - 6_000, 10_050)
+    assert w.settled_ms(10_100) == 9_400
+    # A worker whose clock runs ahead reads as on time; one an hour behind as half a window.
+    w2 = SlidingWindow(10_000, 500)
+    w2.note_arrival(5_000, 4_000)
+    assert w2.settled_ms(4_000) == 4_000
+    w3 = SlidingWindow(10_000, 500)
+    w3.note_arrival(0, 3_600_000)
+    assert w3.settled_ms(3_600_000) == 3_595_000
