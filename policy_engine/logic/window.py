@@ -587,8 +587,9 @@ class SlidingWindow:
         """A slot's revision is the count of changes at its last change: never reused."""
         self._memo: dict[tuple[object, ...], tuple[tuple[int, ...], WindowStats | None]] = {}
         self._memo_end: int | None = None
-        """Stats already summarized for the window ending here, by slots and span: a tick
-        reads a version several times (gates, QoS, scale) and merges its panes once."""
+        """Stats already summarized, by slots, span and end, while the newest end read is
+        this one: a tick reads a version several times (gates, QoS, scale) and merges its
+        panes once."""
         self._sums: dict[tuple[Lane, WindowKey], _SlotSums] = {}
         """Per slot, its panes summed for whole-window reads (see :class:`_SlotSums`)."""
         self._zero = _Pane(min_ms, growth)
@@ -747,10 +748,12 @@ class SlidingWindow:
         if span_ms is not None:
             start_ms = end_ms - span_ms
         first_index, end_index = start_ms // self.step_ms, end_ms // self.step_ms
-        if end_index != self._memo_end:
+        # Reads end at the newest step and, for the sequential gates' increments, at the
+        # newest settled one: entries of both stay until the newest end moves on.
+        if self._memo_end is None or end_index > self._memo_end:
             self._memo.clear()
             self._memo_end = end_index
-        memo_key = (tuple(slots), first_index, model, version)
+        memo_key = (tuple(slots), first_index, end_index, model, version)
         revisions = tuple(self._revision.get(slot, 0) for slot in slots)
         known = self._memo.get(memo_key)
         if known is not None and known[0] == revisions:
