@@ -101,7 +101,7 @@ regression adds up over a few increments.
 The rollout gates of ``GateMode.SEQUENTIAL`` (:func:`sequential_gates`,
 :func:`advance_sequential`) run on these tests. They run over the whole
 rollout (they are not restarted at each step) and consume *increments*:
-the newest step's stats when the caller passes them
+the newest settled step's stats when the caller passes them
 (:class:`~.rollout.RolloutSignals`), else whole windows that do not overlap.
 
 Errors (rule ``error_rate_sequential``)

@@ -159,9 +159,10 @@ __all__ = [
 class RolloutSignals:
     """Everything :func:`~graylane.policy_engine.logic.rollout.evaluate` may use besides windows.
 
-    ``baseline_step`` / ``candidate_step`` are the stats of the newest step
-    (``[end - step, end)`` of the same window); without them the sequential
-    gates consume whole windows that do not overlap.
+    ``baseline_step`` / ``candidate_step`` are the stats of the newest step whose
+    telemetry has arrived (the core reads it at
+    :meth:`~graylane.policy_engine.logic.window.SlidingWindow.settled_ms`); without
+    them the sequential gates consume whole windows that do not overlap.
     """
 
     baseline_step: WindowStats | None = None
