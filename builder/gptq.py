@@ -125,19 +125,32 @@ def _inverse_cholesky(hessian: np.ndarray, damping: float) -> np.ndarray:
 
 
 def gptq_blocks(
-    weight: np.ndarray, hessian: np.ndarray, block: int, damping: float = DAMPING
+    weight: np.ndarray,
+    hessian: np.ndarray,
+    block: int,
+    damping: float = DAMPING,
+    act_order: bool = False,
 ) -> Int8Blocks:
     """``weight`` (``[K, N]``) rounded to symmetric 8-bit blocks of ``block`` input
-    channels with GPTQ's error compensation on ``hessian`` (``[K, K]``, ``X^T X``)."""
+    channels with GPTQ's error compensation on ``hessian`` (``[K, K]``, ``X^T X``).
+
+    ``act_order``: round the channels with the largest ``H[k, k]`` first (their errors
+    then spread over the most channels); the blocks' scales are fixed beforehand from the
+    weights as given, since a block's channels are no longer rounded together.
+    """
     rows, cols = weight.shape
     if rows % block or _LAZY % block:
         raise ValueError(f"GPTQ needs K ({rows}) and {_LAZY} to be multiples of {block}")
     w = np.array(weight, dtype=np.float64).T  # [N, K]: one row per output column
-    dead = np.diag(np.asarray(hessian)) <= 0
+    h = np.asarray(hessian, dtype=np.float64)
+    dead = np.diag(h) <= 0
     w[:, dead] = 0.0
-    upper = _inverse_cholesky(hessian, damping)
+    order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(rows)
+    fixed = rtn_blocks(weight, block).scales.astype(np.float64) if act_order else None
+    w = w[:, order]
+    upper = _inverse_cholesky(h[np.ix_(order, order)], damping)
     codes = np.zeros((cols, rows), dtype=np.uint8)
-    scales = np.zeros((cols, rows // block), dtype=np.float32)
+    scales = np.zeros((cols, rows // block), dtype=np.float32) if fixed is None else fixed
     for start in range(0, rows, _LAZY):
         end = min(start + _LAZY, rows)
         batch = w[:, start:end].copy()
@@ -145,17 +158,22 @@ def gptq_blocks(
         inner = upper[start:end, start:end]
         scale = np.ones(cols)
         for i in range(end - start):
-            if (start + i) % block == 0:
+            channel = int(order[start + i])
+            if fixed is not None:
+                scale = fixed[:, channel // block]
+            elif channel % block == 0:
                 scale = _scale(batch[:, i : i + block])
-                scales[:, (start + i) // block] = scale
+                scales[:, channel // block] = scale
             column = batch[:, i]
             code = _round(column, scale)
-            codes[:, start + i] = code
+            codes[:, channel] = code
             error = (column - (code - _ZERO) * scale) / inner[i, i]
             batch[:, i:] -= np.outer(error, inner[i, i:])
             errors[:, i] = error
         w[:, end:] -= errors @ upper[start:end, end:]
-    return Int8Blocks(codes=codes.reshape(cols, rows // block, block), scales=scales)
+    return Int8Blocks(
+        codes=codes.reshape(cols, rows // block, block), scales=scales.astype(np.float32)
+    )
 
 
 def input_hessians(

@@ -512,7 +512,7 @@ def _gptq(
     by fp32's greedy tokens."""
     from graylane.builder.gptq import gptq_blocks, input_hessians
     from graylane.builder.spec import read_prompts
-    from graylane.builder.validation import greedy_generate
+    from graylane.builder.validation import greedy_continue
     from graylane.models.hf_tokenizer import HfTokenizer
 
     tokenizer_path = source.with_name("tokenizer.json")
@@ -522,12 +522,16 @@ def _gptq(
     prompts = [np.asarray(tokenizer.encode(t), np.int64) for t in read_prompts(spec.prompts)]
     if spec.continuation:
         runner = open_runner(source, threads=None)
-        tails = greedy_generate(runner, prompts, spec.continuation)
+        tails = greedy_continue(runner, runner.engine.io, prompts, spec.continuation)
         del runner
         prompts = [np.concatenate([p, t]) for p, t in zip(prompts, tails, strict=True)]
     kept = set(keep)
     inits = {i.name: i for i in model.graph.initializer}
-    nodes = [n for n in model.graph.node if n.name in set(matmuls) - kept]
+    nodes = [
+        n
+        for n in model.graph.node
+        if n.name in set(matmuls) - kept and int(inits[n.input[1]].dims[0]) % block == 0
+    ]
     hessians, tokens = input_hessians(
         model, sorted({n.input[0] for n in nodes}), [p.tolist() for p in prompts]
     )

@@ -68,10 +68,12 @@ def test_gptq_output_error_on_the_calibration_activations_is_below_rtns() -> Non
     for name, blocks in (
         ("rtn", rtn_blocks(weight, _BLOCK)),
         ("gptq", gptq_blocks(weight, x.T @ x, _BLOCK)),
+        ("act-order", gptq_blocks(weight, x.T @ x, _BLOCK, act_order=True)),
     ):
         assert blocks.codes.dtype == np.uint8 and blocks.scales.shape == (_OUT, _IN // _BLOCK)
         errors[name] = np.linalg.norm(x @ blocks.weight() - reference)
     assert errors["gptq"] < 0.9 * errors["rtn"]
+    assert errors["act-order"] < 0.9 * errors["rtn"]
     # And on activations of the same kind it was not fitted on.
     held_out = _correlated(np.random.default_rng(1), 500)
     assert np.linalg.norm(
