@@ -323,6 +323,9 @@ class RoundingSpec:
     continuation: int = 0
     """fp32's greedy tokens appended to each prompt before its activations are taken: more
     positions for ``X^T X`` than a file of short prompts holds."""
+    act_order: bool = False
+    """Round the input channels with the largest ``X^T X`` diagonal first (block scales
+    then fixed beforehand)."""
 
 
 def default_tolerances() -> dict[Precision, Tolerance]:
@@ -1030,7 +1033,7 @@ def _rounding_spec(raw: object, where: str, base_dir: Path) -> RoundingSpec | No
     if raw is None or raw == "rtn":
         return None
     table = _mapping(raw, where)
-    _check_keys(table, {"method", "prompts", "continuation"}, where)
+    _check_keys(table, {"method", "prompts", "continuation", "act_order"}, where)
     method = _required(table, "method", where)
     if method not in _ROUNDING_METHODS:
         raise SpecError(f"{where}.method: one of {list(_ROUNDING_METHODS)}, got {method!r}")
@@ -1042,7 +1045,10 @@ def _rounding_spec(raw: object, where: str, base_dir: Path) -> RoundingSpec | No
     if not read_prompts(path):
         raise SpecError(f"{where}.prompts: {path} holds no prompt")
     continuation = _read_int(table.get("continuation", 0), f"{where}.continuation", 0)
-    return RoundingSpec(method=str(method), prompts=path, continuation=continuation)
+    act_order = _read_bool(table.get("act_order", False), f"{where}.act_order")
+    return RoundingSpec(
+        method=str(method), prompts=path, continuation=continuation, act_order=act_order
+    )
 
 
 def _weight_only_spec(raw: object, base_dir: Path) -> WeightOnlySpec:

@@ -537,7 +537,10 @@ def _gptq(
     )
     encoded = {
         n.output[0]: gptq_blocks(
-            numpy_helper.to_array(inits[n.input[1]]), hessians[n.input[0]], block
+            numpy_helper.to_array(inits[n.input[1]]),
+            hessians[n.input[0]],
+            block,
+            act_order=spec.act_order,
         )
         for n in nodes
     }

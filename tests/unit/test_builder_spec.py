@@ -415,7 +415,12 @@ def test_the_8_bit_rung_takes_its_smoothing_and_its_own_float_layers(tmp_path: P
                 "int8_smoothing": {"alpha": 0.75, "prompts": "calib.txt"},
                 "int8_keep_float": ["layers.0.", "layers.29."],
                 "int8_sensitive_layers": {"count": 4, "prompts": "calib.txt"},
-                "int8_rounding": {"method": "gptq", "prompts": "calib.txt", "continuation": 8},
+                "int8_rounding": {
+                    "method": "gptq",
+                    "prompts": "calib.txt",
+                    "continuation": 8,
+                    "act_order": True,
+                },
                 "int4_source_grid": True,
                 "int4_accuracy_level": 1,
             },
@@ -429,7 +434,7 @@ def test_the_8_bit_rung_takes_its_smoothing_and_its_own_float_layers(tmp_path: P
         count=4, prompts=calibration
     )
     assert spec.weight_only.int8_rounding == RoundingSpec(
-        method="gptq", prompts=calibration, continuation=8
+        method="gptq", prompts=calibration, continuation=8, act_order=True
     )
     assert spec.weight_only.keep_float == ()  # the int4 rung keeps only the head in float
     assert spec.weight_only.int4_source_grid and spec.weight_only.int4_accuracy_level == 1
