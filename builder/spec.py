@@ -66,6 +66,7 @@ __all__ = [
     "GgufSource",
     "NpzData",
     "PartialQuantizationSpec",
+    "RoundingSpec",
     "RungEvaluationSpec",
     "SensitiveLayersSpec",
     "SmoothingSpec",
@@ -278,6 +279,10 @@ class WeightOnlySpec:
     int8_sensitive_layers: SensitiveLayersSpec | None = None
     """Further decoder layers kept in float by the 8-bit rung, chosen by measuring each
     one's damage on calibration text (:mod:`graylane.builder.layer_sensitivity`)."""
+    int8_rounding: RoundingSpec | None = None
+    """How the 8-bit rung rounds its weights: ``None`` rounds to nearest (ONNX Runtime's
+    quantizer); GPTQ compensates each rounding error on calibration activations
+    (:mod:`graylane.builder.gptq`)."""
     int4_source_grid: bool = False
     """Weights already on 4-bit block grids (a Q4_1 GGUF's import) kept exactly
     (:mod:`graylane.builder.source_grid`); others are rounded to nearest."""
@@ -304,6 +309,23 @@ class SensitiveLayersSpec:
     prompts: Path
     """One prompt per line, tokenized with the source's ``tokenizer.json``; kept apart from
     the validation prompts."""
+
+
+@dataclass(frozen=True)
+class RoundingSpec:
+    """The 8-bit rung's error-compensating rounding (GPTQ) and its calibration text."""
+
+    method: str
+    """``gptq`` (``rtn``, round to nearest, is the default and needs no section)."""
+    prompts: Path
+    """One prompt per line, tokenized with the source's ``tokenizer.json``; kept apart from
+    the validation prompts."""
+    continuation: int = 0
+    """fp32's greedy tokens appended to each prompt before its activations are taken: more
+    positions for ``X^T X`` than a file of short prompts holds."""
+    act_order: bool = False
+    """Round the input channels with the largest ``X^T X`` diagonal first (block scales
+    then fixed beforehand)."""
 
 
 def default_tolerances() -> dict[Precision, Tolerance]:
@@ -574,7 +596,7 @@ _PARTIAL_KEYS = {"enabled", "node_budget", "max_groups", "time_budget_s", "max_t
 _WEIGHT_ONLY_KEYS = {
     "block_size", "int8_symmetric", "int4_block_size", "int4_symmetric", "accuracy_level",
     "keep_float", "int8_keep_float", "int8_smoothing", "int8_sensitive_layers",
-    "int4_source_grid", "int4_accuracy_level",
+    "int8_rounding", "int4_source_grid", "int4_accuracy_level",
 }  # fmt: skip
 _VALID_KEYS = _VALID_DATA_KEYS | {"generation"}
 _TOL_KEYS = {
@@ -1004,6 +1026,31 @@ def _sensitive_layers_spec(raw: object, where: str, base_dir: Path) -> Sensitive
     return SensitiveLayersSpec(count=count, prompts=path)
 
 
+_ROUNDING_METHODS = ("rtn", "gptq")
+
+
+def _rounding_spec(raw: object, where: str, base_dir: Path) -> RoundingSpec | None:
+    if raw is None or raw == "rtn":
+        return None
+    table = _mapping(raw, where)
+    _check_keys(table, {"method", "prompts", "continuation", "act_order"}, where)
+    method = _required(table, "method", where)
+    if method not in _ROUNDING_METHODS:
+        raise SpecError(f"{where}.method: one of {list(_ROUNDING_METHODS)}, got {method!r}")
+    if method == "rtn":
+        return None
+    path = _read_path(_required(table, "prompts", where), f"{where}.prompts", base_dir)
+    if not path.is_file():
+        raise SpecError(f"{where}.prompts: {path} does not exist")
+    if not read_prompts(path):
+        raise SpecError(f"{where}.prompts: {path} holds no prompt")
+    continuation = _read_int(table.get("continuation", 0), f"{where}.continuation", 0)
+    act_order = _read_bool(table.get("act_order", False), f"{where}.act_order")
+    return RoundingSpec(
+        method=str(method), prompts=path, continuation=continuation, act_order=act_order
+    )
+
+
 def _weight_only_spec(raw: object, base_dir: Path) -> WeightOnlySpec:
     table = _mapping(raw, "weight_only")
     _check_keys(table, _WEIGHT_ONLY_KEYS, "weight_only")
@@ -1040,6 +1087,9 @@ def _weight_only_spec(raw: object, base_dir: Path) -> WeightOnlySpec:
         ),
         int8_sensitive_layers=_sensitive_layers_spec(
             table.get("int8_sensitive_layers"), f"{where}.int8_sensitive_layers", base_dir
+        ),
+        int8_rounding=_rounding_spec(
+            table.get("int8_rounding"), f"{where}.int8_rounding", base_dir
         ),
         int4_source_grid=_read_bool(
             table.get("int4_source_grid", False), f"{where}.int4_source_grid"

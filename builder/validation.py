@@ -40,6 +40,7 @@ __all__ = [
     "check_tolerance",
     "compare_outputs",
     "generation_prompts",
+    "greedy_continue",
     "greedy_generate",
     "label_accuracy",
     "reference_outputs",
@@ -380,4 +381,39 @@ def greedy_generate(
         mask[rows, lengths] = 1
         generated[:, step] = next_tokens
         lengths += 1
+    return generated
+
+
+def greedy_continue(
+    run: Runner, io: IOSignature, prompts: Sequence[np.ndarray], new_tokens: int
+) -> np.ndarray:
+    """What :func:`greedy_generate` gives, one prompt at a time through the KV cache of a
+    decoder with ``past_key_values.*`` inputs and ``present.*`` outputs (each step one
+    token instead of the whole sequence); other models go through :func:`greedy_generate`."""
+    from graylane.engine.derived_inputs import PAST_PREFIX, POSITION_IDS, USE_CACHE_BRANCH
+
+    past = [s.name for s in io.inputs if s.name.startswith(PAST_PREFIX)]
+    outputs = {s.name for s in io.outputs}
+    present = {name: "present." + name[len(PAST_PREFIX) :] for name in past}
+    if not past or not set(present.values()) <= outputs:
+        return greedy_generate(run, prompts, new_tokens)
+    generated = np.zeros((len(prompts), new_tokens), dtype=np.int64)
+    for row, prompt in enumerate(prompts):
+        ids = np.asarray([list(prompt)], dtype=np.int64)
+        out = run({DECODER_INPUTS[0]: ids, DECODER_INPUTS[1]: np.ones_like(ids)})
+        length = ids.shape[1]
+        for step in range(new_tokens):
+            token = int(np.asarray(out[DECODER_OUTPUT])[0, -1].argmax())
+            generated[row, step] = token
+            if step + 1 == new_tokens:
+                break
+            feeds = {name: np.asarray(out[present[name]]) for name in past}
+            feeds[DECODER_INPUTS[0]] = np.asarray([[token]], dtype=np.int64)
+            feeds[DECODER_INPUTS[1]] = np.ones((1, length + 1), dtype=np.int64)
+            if io.find_input(POSITION_IDS) is not None:
+                feeds[POSITION_IDS] = np.asarray([[length]], dtype=np.int64)
+            if io.find_input(USE_CACHE_BRANCH) is not None:
+                feeds[USE_CACHE_BRANCH] = np.array([True])
+            out = run(feeds)
+            length += 1
     return generated

@@ -20,11 +20,13 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from graylane.artifacts.build_info import CalibrationMethod, WeightOnlyQuantization
 from graylane.artifacts.model_info import SourceQuantization, source_quantization
 from graylane.artifacts.naming import Precision
 from graylane.builder.calibration import ORT_METHODS, CalibrationError, CalibrationRecord, calibrate
+from graylane.builder.gptq import GptqRounding, write_int8_blocks
 from graylane.builder.layer_sensitivity import FloatLayerChoice
 from graylane.builder.runtime import VariantLoadError, open_runner
 from graylane.builder.samples import SampleSet
@@ -32,6 +34,7 @@ from graylane.builder.smoothing import SmoothingRecord
 from graylane.builder.source_grid import encode_on_source_grid
 from graylane.builder.spec import (
     DEFAULT_QUANTIZE_OPS,
+    RoundingSpec,
     SensitiveLayersSpec,
     SmoothingSpec,
     WeightOnlySpec,
@@ -402,17 +405,24 @@ def _weight_only(
             model, options.int8_sensitive_layers, inputs.source, matmuls, keep, quantizer_for
         )
         keep = [*keep, *(n for n in sensitive.nodes if n not in keep)]
+    rounded: GptqRounding | None = None
+    if bits == 8 and symmetric and options.int8_rounding is not None:
+        rounded = _gptq(model, options.int8_rounding, inputs.source, matmuls, keep, block)
     with _quiet_quantizer():
         quantizer = quantizer_for(model, keep)
         quantizer.process()
         on_grid = encode_on_source_grid(quantizer.model.model, sources) if sources else []
+        if rounded is not None:
+            write_int8_blocks(quantizer.model.model, rounded.encoded)
         quantizer.model.save_model_to_file(str(out), use_external_data_format=inputs.external_data)
     record = WeightOnlyQuantization(
         bits=bits,
         block_size=block,
         symmetric=symmetric,
         accuracy_level=level,
-        algorithm=_algorithm(on_grid=bool(on_grid), smoothed=smoothed, sensitive=sensitive),
+        algorithm=_algorithm(
+            on_grid=bool(on_grid), smoothed=smoothed, sensitive=sensitive, gptq=bool(rounded)
+        ),
         quantized_nodes=len(matmuls) - len(keep),
         kept_float=tuple(keep),
         smoothing_alpha=None if smoothed is None else smoothed.alpha,
@@ -424,12 +434,15 @@ def _weight_only(
     kept = f"; kept in float: {_summarize(keep)}" if keep else ""
     note = (
         f"weight-only {bits}-bit MatMulNBits, block {block}, "
-        f"{'symmetric' if symmetric else 'asymmetric'}, RTN, accuracy_level "
+        f"{'symmetric' if symmetric else 'asymmetric'}, {'GPTQ' if rounded else 'RTN'}, "
+        "accuracy_level "
         f"{level}; {record.quantized_nodes} of {len(matmuls)} MatMuls{kept}"
     )
     notes: tuple[str, ...] = (note,) if smoothed is None else (note, smoothed.describe())
     if sensitive is not None:
         notes = (*notes, sensitive.describe())
+    if rounded is not None:
+        notes = (*notes, rounded.describe())
     if on_grid:
         notes = (
             *notes,
@@ -468,17 +481,75 @@ def _smooth(
 
 
 def _algorithm(
-    *, on_grid: bool, smoothed: SmoothingRecord | None, sensitive: FloatLayerChoice | None
+    *,
+    on_grid: bool,
+    smoothed: SmoothingRecord | None,
+    sensitive: FloatLayerChoice | None,
+    gptq: bool = False,
 ) -> str:
-    """``source-grid``, or ``rtn`` with what came before it: ``smoothquant+rtn``,
-    ``smoothquant+sensitivity+rtn`` (float layers measured), ``sensitivity+rtn``."""
+    """``source-grid``, or ``rtn`` (``gptq``: error-compensating rounding) with what came
+    before it: ``smoothquant+rtn``, ``smoothquant+sensitivity+rtn`` (float layers
+    measured), ``smoothquant+sensitivity+gptq``, ``sensitivity+rtn``."""
     if on_grid:
         return "source-grid"
     steps = [
         *(["smoothquant"] if smoothed is not None else []),
         *(["sensitivity"] if sensitive is not None else []),
     ]
-    return "+".join([*steps, "rtn"])
+    return "+".join([*steps, "gptq" if gptq else "rtn"])
+
+
+def _gptq(
+    model: onnx.ModelProto,
+    spec: RoundingSpec,
+    source: Path,
+    matmuls: Sequence[str],
+    keep: Sequence[str],
+    block: int,
+) -> GptqRounding:
+    """GPTQ codes for each quantized ``MatMul`` of ``model`` (smoothed already, where the
+    rung smooths), from ``X^T X`` of its input on the spec's calibration prompts continued
+    by fp32's greedy tokens."""
+    from graylane.builder.gptq import gptq_blocks, input_hessians
+    from graylane.builder.spec import read_prompts
+    from graylane.builder.validation import greedy_continue
+    from graylane.models.hf_tokenizer import HfTokenizer
+
+    tokenizer_path = source.with_name("tokenizer.json")
+    if not tokenizer_path.is_file():
+        raise _Unsupported(f"GPTQ needs the source's tokenizer: no {tokenizer_path}")
+    tokenizer = HfTokenizer(tokenizer_path)
+    prompts = [np.asarray(tokenizer.encode(t), np.int64) for t in read_prompts(spec.prompts)]
+    if spec.continuation:
+        runner = open_runner(source, threads=None)
+        tails = greedy_continue(runner, runner.engine.io, prompts, spec.continuation)
+        del runner
+        prompts = [np.concatenate([p, t]) for p, t in zip(prompts, tails, strict=True)]
+    kept = set(keep)
+    inits = {i.name: i for i in model.graph.initializer}
+    nodes = [
+        n
+        for n in model.graph.node
+        if n.name in set(matmuls) - kept and int(inits[n.input[1]].dims[0]) % block == 0
+    ]
+    hessians, tokens = input_hessians(
+        model, sorted({n.input[0] for n in nodes}), [p.tolist() for p in prompts]
+    )
+    encoded = {
+        n.output[0]: gptq_blocks(
+            numpy_helper.to_array(inits[n.input[1]]),
+            hessians[n.input[0]],
+            block,
+            act_order=spec.act_order,
+        )
+        for n in nodes
+    }
+    return GptqRounding(
+        encoded=encoded,
+        calibration_prompts=len(prompts),
+        tokens=tokens,
+        activations=len(hessians),
+    )
 
 
 def _sensitive_layers(
@@ -517,8 +588,6 @@ def _sensitive_layers(
 
 def _source_weights(model: onnx.ModelProto, nodes: set[str]) -> dict[str, np.ndarray]:
     """The ``[in, out]`` weight of each named ``MatMul``, by its output tensor."""
-    from onnx import numpy_helper
-
     inits = {i.name: i for i in model.graph.initializer}
     return {
         n.output[0]: numpy_helper.to_array(inits[n.input[1]])

@@ -163,7 +163,9 @@ class WeightOnlyQuantization:
     compute in int8 (fast on CPUs); 0 dequantizes weights and computes in float.
     ``algorithm`` ``smoothquant+rtn``: activations smoothed first (``smoothing_alpha``);
     ``source-grid``: weights already on 4-bit block grids written exactly;
-    ``+sensitivity``: decoder layers kept in float by measurement (``sensitive_layers``).
+    ``+sensitivity``: decoder layers kept in float by measurement (``sensitive_layers``);
+    ``...+gptq``: the 8-bit weights rounded with GPTQ's error compensation instead of to
+    nearest (its calibration is in the notes).
     ``kept_float`` are the nodes left in float (the output head always, and what the spec
     or the partial-quantization search added).
     """

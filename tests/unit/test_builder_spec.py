@@ -21,6 +21,7 @@ from graylane.builder.spec import (
     GeneratorData,
     GgufSource,
     NpzData,
+    RoundingSpec,
     SensitiveLayersSpec,
     SmoothingSpec,
     SpecError,
@@ -414,6 +415,12 @@ def test_the_8_bit_rung_takes_its_smoothing_and_its_own_float_layers(tmp_path: P
                 "int8_smoothing": {"alpha": 0.75, "prompts": "calib.txt"},
                 "int8_keep_float": ["layers.0.", "layers.29."],
                 "int8_sensitive_layers": {"count": 4, "prompts": "calib.txt"},
+                "int8_rounding": {
+                    "method": "gptq",
+                    "prompts": "calib.txt",
+                    "continuation": 8,
+                    "act_order": True,
+                },
                 "int4_source_grid": True,
                 "int4_accuracy_level": 1,
             },
@@ -426,6 +433,9 @@ def test_the_8_bit_rung_takes_its_smoothing_and_its_own_float_layers(tmp_path: P
     assert spec.weight_only.int8_sensitive_layers == SensitiveLayersSpec(
         count=4, prompts=calibration
     )
+    assert spec.weight_only.int8_rounding == RoundingSpec(
+        method="gptq", prompts=calibration, continuation=8, act_order=True
+    )
     assert spec.weight_only.keep_float == ()  # the int4 rung keeps only the head in float
     assert spec.weight_only.int4_source_grid and spec.weight_only.int4_accuracy_level == 1
     assert spec.weight_only.accuracy_level == 4
@@ -433,6 +443,9 @@ def test_the_8_bit_rung_takes_its_smoothing_and_its_own_float_layers(tmp_path: P
     assert base.int8_smoothing is None and not base.int4_source_grid
     assert base.int8_sensitive_layers is None
     assert base.int4_accuracy_level is None
+    assert base.int8_rounding is None  # round to nearest
+    rtn = parse_spec(_base(weight_only={"int8_rounding": "rtn"}), base_dir=tmp_path)
+    assert isinstance(rtn, BuildSpec) and rtn.weight_only.int8_rounding is None
 
 
 def _base_weight_only(tmp_path: Path) -> WeightOnlySpec:
@@ -454,6 +467,8 @@ def _base_weight_only(tmp_path: Path) -> WeightOnlySpec:
         ),
         ({"weight_only": {"int8_sensitive_layers": {"count": 3}}}, "prompts"),
         ({"weight_only": {"int4_accuracy_level": 9}}, "int4_accuracy_level: one of 0 to 4"),
+        ({"weight_only": {"int8_rounding": {"method": "awq", "prompts": "p.txt"}}}, "gptq"),
+        ({"weight_only": {"int8_rounding": {"method": "gptq"}}}, "prompts"),
         ({"source": {"gguf": "m.gguf"}, "tokenizer": "t.json"}, "brings its own tokenizer"),
         ({"validation": {"prompts": "missing.txt"}}, "does not exist"),
         ({"validation": {"prompts": "p.txt"}}, "encodes with the model's tokenizer"),

@@ -273,6 +273,53 @@ def test_the_8_bit_rung_records_its_smoothing_and_float_layers(tmp_path: Path) -
     assert int8.validation.metrics.top1_agreement >= 0.5
 
 
+def test_the_8_bit_rung_rounds_with_gptq_when_asked(tmp_path: Path) -> None:
+    """``int8_rounding: gptq``: codes fitted on the calibration prompts and fp32's
+    continuation of them, written into the rung's MatMulNBits; recorded in the manifest."""
+    from graylane.artifacts.manifest import read_manifest
+    from graylane.artifacts.naming import Precision
+    from graylane.builder.build import run_build
+    from graylane.builder.spec import parse_spec
+    from graylane.builder.variants import VariantStatus
+
+    (tmp_path / "prompts.txt").write_text("Gray releases\nA canary\n")
+    (tmp_path / "calibration.txt").write_text("The worker groups\nA broker\nTopics\n")
+    raw = {
+        "model": "tiny",
+        "version": "1.0.0",
+        "strategy": "gguf",
+        "source": {"gguf": str(GGUF)},
+        "precisions": ["fp32", "int8-weight-only"],
+        "validation": {"prompts": "prompts.txt", "continuation": 4},
+        "weight_only": {
+            "int8_smoothing": {"alpha": 0.75, "prompts": "calibration.txt"},
+            "int8_rounding": {"method": "gptq", "prompts": "calibration.txt", "continuation": 6},
+        },
+        "tolerances": {"int8-weight-only": {"min_top1_agreement": 0.5}},
+        "partial_quantization": {"enabled": False},
+        "tensorrt": {"enabled": False},
+    }
+    report = run_build(parse_spec(raw, base_dir=tmp_path), store=tmp_path / "store")
+    produced = {v.precision: v for v in report.variants if v.status is VariantStatus.PRODUCED}
+    variant = produced[Precision.INT8_WEIGHT_ONLY]
+    record = read_manifest(variant.folder).weight_only  # type: ignore[arg-type]
+    assert record is not None and record.algorithm == "smoothquant+gptq"
+    manifest = (variant.folder / "manifest.json").read_text()  # type: ignore[operator]
+    assert "GPTQ rounding of 14 weights" in manifest and "3 calibration prompts" in manifest
+
+
+def test_greedy_continuation_through_the_cache_is_the_full_recompute(
+    imported: GgufImport,
+) -> None:
+    from graylane.builder.runtime import open_runner
+    from graylane.builder.validation import greedy_continue, greedy_generate
+
+    runner = open_runner(imported.model, threads=1)
+    prompts = [np.asarray([1, 5, 9, 2], np.int64), np.asarray([7], np.int64)]
+    cached = greedy_continue(runner, runner.engine.io, prompts, 5)
+    np.testing.assert_array_equal(cached, greedy_generate(runner, prompts, 5))
+
+
 def test_the_4_bit_rung_keeps_q4_1_weights_on_their_own_grid(tmp_path: Path) -> None:
     """The fixture's attn_k projections are Q4_1: written exactly; the Q4_0/Q5_1/Q8_0/F16
     ones are not on a 0..15 grid of their blocks and are rounded to nearest."""
