@@ -24,10 +24,8 @@ since quantizing again would round the compensated weights back to nearest.
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -181,33 +179,18 @@ def input_hessians(
 ) -> tuple[dict[str, np.ndarray], int]:
     """``X^T X`` (float64, ``[K, K]``) of each activation over ``prompts`` (token ids, one
     forward each, run as a worker runs the model), and the token rows summed."""
-    from graylane.builder.runtime import open_runner
+    from graylane.builder.runtime import activations_per_prompt
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    for name in activations:
-        probe.graph.output.append(
-            onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
-        )
     hessians: dict[str, np.ndarray] = {}
     tokens = 0
-    with tempfile.TemporaryDirectory(prefix="graylane-gptq-") as tmp:
-        path = Path(tmp) / "probe" / "model.onnx"
-        path.parent.mkdir()
-        onnx.save_model(probe, str(path), save_as_external_data=True)
-        del probe
-        runner = open_runner(path, threads=None)
-        for ids in prompts:
-            feed = np.asarray([list(ids)], dtype=np.int64)
-            out = runner({"input_ids": feed, "attention_mask": np.ones_like(feed)})
-            tokens += feed.size
-            for name in activations:
-                value = np.asarray(out[name], dtype=np.float64)
-                x = value.reshape(-1, value.shape[-1])
-                product = x.T @ x
-                previous = hessians.get(name)
-                hessians[name] = product if previous is None else previous + product
-        del runner
+    for ids, out in zip(prompts, activations_per_prompt(model, activations, prompts), strict=True):
+        tokens += len(ids)
+        for name in activations:
+            value = np.asarray(out[name], dtype=np.float64)
+            x = value.reshape(-1, value.shape[-1])
+            product = x.T @ x
+            previous = hessians.get(name)
+            hessians[name] = product if previous is None else previous + product
     return hessians, tokens
 
 

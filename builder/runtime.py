@@ -6,18 +6,27 @@ through exactly the session configuration a worker serves it with.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from graylane.engine.derived_inputs import derived_feeds, derived_input_names
 from graylane.engine.errors import EngineError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.signature import DECODER_INPUTS, IOSignature
 
-__all__ = ["OrtRunner", "VariantLoadError", "complete_feeds", "derived_inputs", "open_runner"]
+__all__ = [
+    "OrtRunner",
+    "VariantLoadError",
+    "activations_per_prompt",
+    "complete_feeds",
+    "derived_inputs",
+    "open_runner",
+]
 
 _IDS, _MASK = DECODER_INPUTS
 
@@ -76,3 +85,28 @@ def open_runner(path: Path, threads: int | None = None) -> OrtRunner:
     """
     engine = OnnxRuntimeEngine.load(path, path.parent.name, intra_op_threads=threads)
     return OrtRunner(engine=engine, path=path)
+
+
+def activations_per_prompt(
+    model: onnx.ModelProto, activations: Sequence[str], prompts: Sequence[Sequence[int]]
+) -> Iterator[dict[str, np.ndarray]]:
+    """The named intermediate tensors of ``model``, one dict per prompt (token ids, one
+    forward each, run as a worker runs the model): what calibration folds over (maxima
+    for smoothing, ``X^T X`` for GPTQ), one prompt's worth held at a time."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for name in activations:
+        probe.graph.output.append(
+            onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+        )
+    with tempfile.TemporaryDirectory(prefix="graylane-activations-") as tmp:
+        path = Path(tmp) / "probe" / "model.onnx"
+        path.parent.mkdir()
+        onnx.save_model(probe, str(path), save_as_external_data=True)
+        del probe
+        runner = open_runner(path, threads=None)
+        for ids in prompts:
+            feed = np.asarray([list(ids)], dtype=np.int64)
+            out = runner({_IDS: feed, _MASK: np.ones_like(feed)})
+            yield {name: out[name] for name in activations}
+        del runner

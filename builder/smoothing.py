@@ -24,12 +24,10 @@ computes (up to float rounding); only its int8 quantization changes.
 
 from __future__ import annotations
 
-import tempfile
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -222,29 +220,13 @@ def activation_maxima(
 ) -> dict[str, np.ndarray]:
     """The largest ``|value|`` per channel (last axis) of each activation over ``prompts``
     (token ids, one forward each), run as a worker runs the model."""
-    from graylane.builder.runtime import open_runner
+    from graylane.builder.runtime import activations_per_prompt
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    for name in activations:
-        probe.graph.output.append(
-            onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
-        )
     maxima: dict[str, np.ndarray] = {}
-    with tempfile.TemporaryDirectory(prefix="graylane-smoothing-") as tmp:
-        path = Path(tmp) / "probe" / "model.onnx"
-        path.parent.mkdir()
-        onnx.save_model(probe, str(path))
-        del probe
-        runner = open_runner(path, threads=None)
-        for ids in prompts:
-            tokens = np.asarray([list(ids)], dtype=np.int64)
-            out = runner({"input_ids": tokens, "attention_mask": np.ones_like(tokens)})
-            for name in activations:
-                value = np.abs(np.asarray(out[name], dtype=np.float32))
-                channel_max = value.reshape(-1, value.shape[-1]).max(axis=0)
-                previous = maxima.get(name)
-                maxima[name] = (
-                    channel_max if previous is None else np.maximum(previous, channel_max)
-                )
+    for out in activations_per_prompt(model, activations, prompts):
+        for name in activations:
+            value = np.abs(np.asarray(out[name], dtype=np.float32))
+            channel_max = value.reshape(-1, value.shape[-1]).max(axis=0)
+            previous = maxima.get(name)
+            maxima[name] = channel_max if previous is None else np.maximum(previous, channel_max)
     return maxima

@@ -1,5 +1,6 @@
 """Small third-party-like ONNX models the tests make themselves: a token tagger and
-pre-quantized forms of it (static QDQ and dynamic, made with onnxruntime.quantization)."""
+pre-quantized forms of it (static QDQ and dynamic, made with onnxruntime.quantization),
+a scorer, and one projection for the weight-only quantizers."""
 
 from __future__ import annotations
 
@@ -138,3 +139,17 @@ def scorer_model(seed: int = 0) -> onnx.ModelProto:
 def write_scorer(path: Path, seed: int = 0) -> Path:
     onnx.save_model(scorer_model(seed), str(path))
     return path
+
+
+def projection_model(weight: np.ndarray) -> onnx.ModelProto:
+    """One ``MatMul`` of ``x`` [batch, seq, K] by the constant ``weight`` [K, N], as a
+    decoder's projections are: what weight-only quantization rewrites."""
+    k, n = weight.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")],
+        "proj",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None, n])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])

@@ -9,26 +9,16 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from graylane.builder.gptq import gptq_blocks, input_hessians, rtn_blocks, write_int8_blocks
+from tests.support.small_models import projection_model
 
 _IN, _OUT, _BLOCK = 128, 24, 32
-
-
-def _matmul(weight: np.ndarray) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")],
-        "proj",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, _IN])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None, _OUT])],
-        [numpy_helper.from_array(weight, "w")],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
 def _quantized(weight: np.ndarray, level: int) -> onnx.ModelProto:
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     quantizer = MatMulNBitsQuantizer(
-        _matmul(weight), bits=8, block_size=_BLOCK, is_symmetric=True, accuracy_level=level
+        projection_model(weight), bits=8, block_size=_BLOCK, is_symmetric=True, accuracy_level=level
     )
     quantizer.process()
     model: onnx.ModelProto = quantizer.model.model

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
 
 from graylane.builder.source_grid import encode_on_source_grid, source_grid
+from tests.support.small_models import projection_model
 
 _IN, _OUT, _BLOCK = 64, 16, 32
 
@@ -39,17 +39,6 @@ def test_a_weight_off_any_4_bit_grid_is_left_to_the_quantizer() -> None:
     assert source_grid(_q4_1(np.random.default_rng(2), _IN, _OUT), 64) is None  # two grids
 
 
-def _matmul(weight: np.ndarray) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="proj")],
-        "proj",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, _IN])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None, _OUT])],
-        [numpy_helper.from_array(weight, "w")],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-
-
 def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return np.asarray(session.run(None, {"x": x})[0])
@@ -63,12 +52,12 @@ def test_the_rewritten_matmulnbits_computes_the_source_product() -> None:
     x = rng.normal(size=(2, 3, _IN)).astype(np.float32)
     reference = x @ weight
     rounded = MatMulNBitsQuantizer(
-        _matmul(weight), bits=4, block_size=_BLOCK, is_symmetric=False, accuracy_level=1
+        projection_model(weight), bits=4, block_size=_BLOCK, is_symmetric=False, accuracy_level=1
     )
     rounded.process()
     rtn_error = np.abs(_run(rounded.model.model, x) - reference).max()
     exact = MatMulNBitsQuantizer(
-        _matmul(weight), bits=4, block_size=_BLOCK, is_symmetric=False, accuracy_level=1
+        projection_model(weight), bits=4, block_size=_BLOCK, is_symmetric=False, accuracy_level=1
     )
     exact.process()
     assert encode_on_source_grid(exact.model.model, {"y": weight}) == ["proj_Q4"]
