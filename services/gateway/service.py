@@ -338,7 +338,7 @@ class Gateway:
                 held = self.admission.bodies.take(tenant.name, len(part))
                 if held is not GateVerdict.ADMIT:
                     self.metrics.refused.labels("buffered").inc()
-                    await _discard_rest(request.receive, cap - size - len(part))
+                    await _discard_rest(request.stream(), cap - size - len(part))
                     if held is GateVerdict.TENANT_CAP:  # the tenant's own doing: 429
                         raise ApiError.too_many_in_flight(
                             tenant.name,
@@ -360,10 +360,11 @@ class Gateway:
         """Drop what is left of the body of a call refused before it was read (up to the
         size cap, for at most ``drain_s``), so the caller, maybe still sending, reads the
         answer instead of a reset connection. Nothing of it is kept."""
-        await self.drop_body(request.headers, request.receive)
+        # Through the request's stream: one whose body was read already ends at once.
+        await self.drop_body(request.headers, request.stream())
 
-    async def drop_body(self, headers: Mapping[str, str], receive: Receive) -> None:
-        """What :meth:`_unread` does, from a call's headers and its ASGI ``receive``."""
+    async def drop_body(self, headers: Mapping[str, str], body: AsyncIterator[bytes]) -> None:
+        """What :meth:`_unread` does, from a call's headers and the rest of its ``body``."""
         declared = headers.get("content-length")
         cap = self.limits.max_body_bytes
         if declared is not None and (not declared.isdigit() or int(declared) > cap):
@@ -372,7 +373,7 @@ class Gateway:
             return  # the caller waits for our word before it sends the body: none to drop
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self.limits.drain_s):
-                await _discard_rest(receive, cap)
+                await _discard_rest(body, cap)
 
     def _give_back(self, tenant: Tenant, size: int) -> None:
         self.admission.bodies.give_back(tenant.name, size)
@@ -912,14 +913,23 @@ class _Relay:
         self._end()
 
 
-async def _discard_rest(receive: Receive, room: int) -> None:
+async def _discard_rest(body: AsyncIterator[bytes], room: int) -> None:
     """Read and drop the rest of a refused body, up to ``room`` bytes, so the caller (still
     sending) reads the answer rather than a reset connection."""
-    while room >= 0:
+    async for part in body:
+        room -= len(part)
+        if room < 0:
+            return
+
+
+async def _unread_body(receive: Receive) -> AsyncIterator[bytes]:
+    """The body of a call nothing has read yet, from its ASGI ``receive`` (the front
+    door's: it answers before any request object exists)."""
+    while True:
         message = await receive()
         if message["type"] != "http.request":
             return
-        room -= len(message.get("body", b""))
+        yield message.get("body", b"")
         if not message.get("more_body", False):
             return
 
@@ -991,7 +1001,7 @@ class _FrontDoor:
         try:
             tenant = self.gateway.admit_key(headers.get("authorization"))
         except ApiError as err:
-            await self.gateway.drop_body(headers, receive)
+            await self.gateway.drop_body(headers, _unread_body(receive))
             openai = scope["path"].startswith("/v1/")
             body = err.openai_body() if openai else err.inference_protocol_body()
             response = JSONResponse(body, status_code=err.status, headers=err.headers())

@@ -3,12 +3,14 @@ request reaches Kafka, and in which error body."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+from starlette.requests import Request
 
 from graylane.client import Result, Usage
 from graylane.kafka.seam import KafkaFactory
@@ -123,6 +125,29 @@ async def test_the_front_door_refuses_before_the_app_sees_the_call(
     assert (await http.get("/healthz")).status_code == 200
     assert (await http.get("/v1/nowhere")).status_code == 404
     assert reached == ["/v1/completions", "/healthz", "/v1/nowhere"]
+
+
+async def test_a_refusal_after_the_body_was_read_is_answered_at_once(
+    factory: KafkaFactory,
+) -> None:
+    """A handler that refuses a call whose body it has read (feedback's 404 and 409) drops
+    nothing more: it must not wait on the connection for a body that is not coming."""
+    limits = GatewayLimits(drain_s=60.0)
+    gateway = Gateway(factory, GatewayConfig(limits=limits, metrics_port=-1), None)
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": b'{"id": "x"}', "more_body": False}
+        await asyncio.Event().wait()  # an open keep-alive connection: nothing more comes
+        raise AssertionError("unreachable")
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/feedback", "headers": []}
+    request = Request(scope, receive)
+    assert await request.body() == b'{"id": "x"}'
+    await asyncio.wait_for(gateway._unread(request), timeout=limits.drain_s / 4)
 
 
 @pytest.mark.parametrize(
