@@ -37,6 +37,7 @@ from graylane import serde
 from graylane.kafka.seam import ClientFactory, Producer
 from graylane.metrics import GatewayMetrics
 from graylane.services.gateway.failures import ApiError, ErrorType
+from graylane.services.gateway.front_door import EndpointLabel
 from graylane.services.gateway.logic.admission import Tenant
 from graylane.services.gateway.logic.feedback import (
     AnswerOwner,
@@ -151,9 +152,9 @@ class FeedbackDesk:
             # Refused before its body was read (a key past its rate): drop the rest of the
             # body first, so a caller still sending reads the answer, not a reset.
             await self._unread(request)
-            self.metrics.requests.labels("feedback", str(err.status)).inc()
+            self.metrics.requests.labels(EndpointLabel.FEEDBACK, str(err.status)).inc()
             return JSONResponse(err.openai_body(), status_code=err.status, headers=err.headers())
-        self.metrics.requests.labels("feedback", "200").inc()
+        self.metrics.requests.labels(EndpointLabel.FEEDBACK, "200").inc()
         return JSONResponse(body)
 
     async def _rate(self, request: Request) -> dict[str, object]:

@@ -61,7 +61,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from graylane import tracing
 from graylane.asgi_server import listening_socket, serve_asgi
@@ -85,6 +84,13 @@ from graylane.services.gateway.catalog import ModelDirectory, SignatureBook
 from graylane.services.gateway.chat import CHATML, ChatFormat
 from graylane.services.gateway.failures import ApiError, ErrorType, from_error_code
 from graylane.services.gateway.feedback import DEFAULT_REMEMBERED_ANSWERS, FeedbackDesk
+from graylane.services.gateway.front_door import (
+    ADMITTED_AS,
+    ROUTES,
+    EndpointLabel,
+    FrontDoor,
+    Handler,
+)
 from graylane.services.gateway.logic.admission import (
     PRIORITY_TAG,
     GateVerdict,
@@ -233,7 +239,7 @@ class Gateway:
             client_id=self.client.client_id,
             capacity=config.remembered_answers,
         )
-        self.app = _FrontDoor(_build_app(self), self)
+        self.app = FrontDoor(_build_app(self), self)
         self.ready = asyncio.Event()
         self.port = 0
         self._cancels: set[asyncio.Task[None]] = set()
@@ -299,9 +305,10 @@ class Gateway:
 
     # -- the edge ----------------------------------------------------------------------
     def _authorize(self, request: Request) -> Tenant:
-        """The call's tenant: the one the front door admitted it as (:class:`_FrontDoor`),
-        or, for a call that did not come through it, identified and throttled here."""
-        admitted = request.scope.get("state", {}).get(_ADMITTED_AS)
+        """The call's tenant: the one the front door admitted it as
+        (:class:`~graylane.services.gateway.front_door.FrontDoor`), or, for a call that did
+        not come through it, identified and throttled here."""
+        admitted = request.scope.get("state", {}).get(ADMITTED_AS)
         if isinstance(admitted, Tenant):
             return admitted
         return self.admit_key(request.headers.get("authorization"))
@@ -538,14 +545,16 @@ class Gateway:
         return ApiError(500, "internal error", type=ErrorType.SERVER)
 
     def answered(
-        self, endpoint: str, started: float, response: Response, *, latency: bool = True
+        self, endpoint: EndpointLabel, started: float, response: Response, *, latency: bool = True
     ) -> Response:
         self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
         if latency:
             self.metrics.latency_ms.labels(endpoint).observe((time.perf_counter() - started) * 1e3)
         return response
 
-    def _error(self, endpoint: str, started: float, err: ApiError, *, openai: bool) -> Response:
+    def _error(
+        self, endpoint: EndpointLabel, started: float, err: ApiError, *, openai: bool
+    ) -> Response:
         if err.detail:
             log.warning("%s answered %d (%s): %s", endpoint, err.status, err.code, err.detail)
         body = err.openai_body() if openai else err.inference_protocol_body()
@@ -561,7 +570,7 @@ class Gateway:
 
     # -- OpenAI ------------------------------------------------------------------------
     async def generate(self, request: Request, endpoint: Endpoint) -> Response:
-        label = "chat" if endpoint is Endpoint.CHAT else "completions"
+        label = EndpointLabel.CHAT if endpoint is Endpoint.CHAT else EndpointLabel.COMPLETIONS
         started = time.perf_counter()
         try:
             tenant = self._authorize(request)
@@ -608,7 +617,7 @@ class Gateway:
         }
 
     async def _generate_whole(
-        self, request: Request, call: GenerationCall, admitted: _Admitted, label: str
+        self, request: Request, call: GenerationCall, admitted: _Admitted, label: EndpointLabel
     ) -> tuple[Result | None, str]:
         """The whole generation, or None when the caller disconnected first (cancelled)."""
         request_id = uuid.uuid4().hex
@@ -644,7 +653,7 @@ class Gateway:
         request: Request,
         call: GenerationCall,
         admitted: _Admitted,
-        label: str,
+        label: EndpointLabel,
         started: float,
         slot: _Slot,
     ) -> Response:
@@ -765,8 +774,8 @@ class Gateway:
             self._authorize(request)
             models = await self.directory.models()
         except Exception as exc:
-            return self._error("models", started, self._failure(exc), openai=True)
-        return self.answered("models", started, JSONResponse(models_body(list(models))))
+            return self._error(EndpointLabel.MODELS, started, self._failure(exc), openai=True)
+        return self.answered(EndpointLabel.MODELS, started, JSONResponse(models_body(list(models))))
 
     async def get_model(self, request: Request, model: str) -> Response:
         started = time.perf_counter()
@@ -775,8 +784,8 @@ class Gateway:
             if await self.directory.versions(model) is None:
                 raise ApiError.model_not_found(f"The model '{model}' does not exist")
         except Exception as exc:
-            return self._error("models", started, self._failure(exc), openai=True)
-        return self.answered("models", started, JSONResponse(model_card(model)))
+            return self._error(EndpointLabel.MODELS, started, self._failure(exc), openai=True)
+        return self.answered(EndpointLabel.MODELS, started, JSONResponse(model_card(model)))
 
     # -- Open Inference Protocol v2 -------------------------------------------------------
     async def _served_versions(self, model: str, version: str) -> tuple[str, ...]:
@@ -794,9 +803,9 @@ class Gateway:
             versions = await self._served_versions(model, version)
             signature = await asyncio.to_thread(self.signatures.signature, model, version)
         except Exception as exc:
-            return self._error("v2_metadata", started, self._failure(exc), openai=False)
+            return self._error(EndpointLabel.V2_METADATA, started, self._failure(exc), openai=False)
         body = oip.model_metadata(model, [version] if version else list(versions), signature)
-        return self.answered("v2_metadata", started, JSONResponse(body))
+        return self.answered(EndpointLabel.V2_METADATA, started, JSONResponse(body))
 
     async def model_ready(self, request: Request, model: str, version: str = "") -> Response:
         started = time.perf_counter()
@@ -804,8 +813,8 @@ class Gateway:
             self._authorize(request)
             await self._served_versions(model, version)
         except Exception as exc:
-            return self._error("v2_ready", started, self._failure(exc), openai=False)
-        return self.answered("v2_ready", started, Response(status_code=200))
+            return self._error(EndpointLabel.V2_READY, started, self._failure(exc), openai=False)
+        return self.answered(EndpointLabel.V2_READY, started, Response(status_code=200))
 
     async def infer(self, request: Request, model: str, version: str = "") -> Response:
         started = time.perf_counter()
@@ -832,13 +841,15 @@ class Gateway:
             )
         except Exception as exc:
             await self._unread(request)
-            return self._error("v2_infer", started, self._failure(exc), openai=False)
+            return self._error(EndpointLabel.V2_INFER, started, self._failure(exc), openai=False)
         headers = {VERSION_HEADER: result.version, VARIANT_HEADER: result.variant}
         media = "application/json"
         if json_length is not None:
             headers[oip.HEADER_LENGTH] = str(json_length)
             media = "application/octet-stream"
-        return self.answered("v2_infer", started, Response(body, media_type=media, headers=headers))
+        return self.answered(
+            EndpointLabel.V2_INFER, started, Response(body, media_type=media, headers=headers)
+        )
 
     async def _read_tensors(self, request: Request, tenant: Tenant) -> oip.TensorCall:
         """The checked tensors of an ``infer`` body; the body itself is not kept."""
@@ -922,96 +933,6 @@ async def _discard_rest(body: AsyncIterator[bytes], room: int) -> None:
             return
 
 
-async def _unread_body(receive: Receive) -> AsyncIterator[bytes]:
-    """The body of a call nothing has read yet, from its ASGI ``receive`` (the front
-    door's: it answers before any request object exists)."""
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return
-        yield message.get("body", b"")
-        if not message.get("more_body", False):
-            return
-
-
-_ADMITTED_AS = "graylane_admitted_as"
-"""Where the front door notes a call's tenant, in the ASGI scope's ``state``."""
-
-_DOOR_HEADERS = frozenset((b"authorization", b"content-length", b"expect"))
-"""What the front door reads of a call's headers (ASGI gives their names in lower case)."""
-
-_KEYED_POSTS = frozenset(("/v1/completions", "/v1/chat/completions", "/v1/feedback"))
-
-
-def _keyed(method: str, path: str) -> bool:
-    """Whether ``method path`` is one of the app's routes that take a key (every OpenAI and
-    inference-protocol call but the probes); anything else is the app's to answer (404,
-    405)."""
-    if path.startswith("/v1/"):
-        if method == "POST":
-            return path in _KEYED_POSTS
-        return method == "GET" and (
-            path == "/v1/models" or (path.startswith("/v1/models/") and path.count("/") == 3)
-        )
-    if not path.startswith("/v2/models/"):
-        return False
-    rest = path[len("/v2/models/") :].split("/")
-    if len(rest) >= 3 and rest[1] == "versions":
-        rest = [rest[0], *rest[3:]]  # a version in the path: the same routes
-    if len(rest) == 1 or (len(rest) == 2 and rest[1] == "ready"):
-        return method == "GET" and all(rest)
-    return len(rest) == 2 and rest[1] == "infer" and method == "POST" and bool(rest[0])
-
-
-def _endpoint_label(path: str) -> str:
-    """The ``endpoint`` label the handlers give a call of ``path`` in their metrics."""
-    if path.startswith("/v2/"):
-        if path.endswith("/infer"):
-            return "v2_infer"
-        return "v2_ready" if path.endswith("/ready") else "v2_metadata"
-    return {
-        "/v1/completions": "completions",
-        "/v1/chat/completions": "chat",
-        "/v1/feedback": "feedback",
-    }.get(path, "models")
-
-
-class _FrontDoor:
-    """The gateway's front door: each call to a keyed path is identified and throttled from
-    its headers alone, before the app (routing, request objects, exception handlers, the
-    body) sees it. A call refused here (401, 429 with ``Retry-After``) costs the replica a
-    fraction of what the app would spend refusing it, so a storm of calls past a tenant's
-    limit holds up the other tenants' calls as little as a single loop can. An admitted
-    call goes on with its tenant noted in the scope's ``state``, for the handlers."""
-
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
-        self.app = app
-        self.gateway = gateway
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _keyed(scope["method"], scope["path"]):
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        headers = {
-            k.decode("latin-1"): v.decode("latin-1")
-            for k, v in scope["headers"]
-            if k in _DOOR_HEADERS
-        }
-        try:
-            tenant = self.gateway.admit_key(headers.get("authorization"))
-        except ApiError as err:
-            await self.gateway.drop_body(headers, _unread_body(receive))
-            openai = scope["path"].startswith("/v1/")
-            body = err.openai_body() if openai else err.inference_protocol_body()
-            response = JSONResponse(body, status_code=err.status, headers=err.headers())
-            self.gateway.answered(_endpoint_label(scope["path"]), started, response)
-            await response(scope, receive, send)
-            return
-        scope.setdefault("state", {})[_ADMITTED_AS] = tenant
-        await self.app(scope, receive, send)
-
-
 async def _disconnected(request: Request) -> None:
     """Returns when the caller's connection closes (the body was read already)."""
     while True:
@@ -1031,9 +952,6 @@ def _build_app(gateway: Gateway) -> FastAPI:
         if request.url.path.startswith("/v2"):
             return JSONResponse(err.inference_protocol_body(), status_code=exc.status_code)
         return JSONResponse(err.openai_body(), status_code=exc.status_code)
-
-    def route(path: str, methods: list[str], handler: Callable[..., Awaitable[Response]]) -> None:
-        app.add_api_route(path, handler, methods=methods, include_in_schema=False)
 
     # Each inference call continues the caller's ``traceparent`` (or starts a trace).
     async def completions(request: Request) -> Response:
@@ -1092,23 +1010,26 @@ def _build_app(gateway: Gateway) -> FastAPI:
             generate_latest(gateway.observability.registry), media_type=CONTENT_TYPE_LATEST
         )
 
-    route("/v1/completions", ["POST"], completions)
-    route("/v1/chat/completions", ["POST"], chat)
-    route("/v1/models", ["GET"], models)
-    route("/v1/feedback", ["POST"], gateway.feedback.take)
-    route("/v1/models/{model}", ["GET"], model)
-    route("/v2", ["GET"], server_metadata)
-    route("/v2/health/live", ["GET"], live)
-    route("/v2/health/ready", ["GET"], ready_server)
-    route("/v2/models/{name}", ["GET"], metadata)
-    route("/v2/models/{name}/versions/{version}", ["GET"], metadata)
-    route("/v2/models/{name}/ready", ["GET"], ready)
-    route("/v2/models/{name}/versions/{version}/ready", ["GET"], ready)
-    route("/v2/models/{name}/infer", ["POST"], infer)
-    route("/v2/models/{name}/versions/{version}/infer", ["POST"], infer)
-    route("/health", ["GET"], health)
-    route("/version", ["GET"], version)
-    route("/healthz", ["GET"], healthz)
-    route("/readyz", ["GET"], readyz)
-    route("/metrics", ["GET"], metrics)
+    handlers: dict[Handler, Callable[..., Awaitable[Response]]] = {
+        Handler.COMPLETIONS: completions,
+        Handler.CHAT: chat,
+        Handler.MODELS: models,
+        Handler.MODEL: model,
+        Handler.FEEDBACK: gateway.feedback.take,
+        Handler.SERVER_METADATA: server_metadata,
+        Handler.LIVE: live,
+        Handler.READY_SERVER: ready_server,
+        Handler.METADATA: metadata,
+        Handler.READY: ready,
+        Handler.INFER: infer,
+        Handler.HEALTH: health,
+        Handler.VERSION: version,
+        Handler.HEALTHZ: healthz,
+        Handler.READYZ: readyz,
+        Handler.METRICS: metrics,
+    }
+    for entry in ROUTES:  # the front door reads the same table
+        app.add_api_route(
+            entry.path, handlers[entry.handler], methods=[entry.method], include_in_schema=False
+        )
     return app

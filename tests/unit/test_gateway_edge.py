@@ -10,11 +10,13 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi.routing import APIRoute
 from starlette.requests import Request
 
 from graylane.client import Result, Usage
 from graylane.kafka.seam import KafkaFactory
 from graylane.services.gateway.catalog import ModelDirectory
+from graylane.services.gateway.front_door import ROUTES, keyed_route
 from graylane.services.gateway.logic.admission import (
     CallerRole,
     GatewayLimits,
@@ -26,7 +28,6 @@ from graylane.services.gateway.logic.admission import (
 from graylane.services.gateway.service import (
     Gateway,
     GatewayConfig,
-    _keyed,
     replica_client_id,
 )
 
@@ -176,7 +177,20 @@ async def test_a_refusal_after_the_body_was_read_is_answered_at_once(
     ],
 )
 def test_the_front_door_knows_the_keyed_routes(method: str, path: str, keyed: bool) -> None:
-    assert _keyed(method, path) is keyed
+    assert (keyed_route(method, path) is not None) is keyed
+
+
+def test_the_app_mounts_the_front_doors_route_table(gateway: Gateway) -> None:
+    """One table: every route the app answers is one the door knows, keyed or open."""
+    app = gateway.app.app  # behind the door
+    mounted = sorted(
+        (method, r.path) for r in app.routes if isinstance(r, APIRoute) for method in r.methods
+    )
+    assert mounted == sorted((r.method, r.path) for r in ROUTES)
+    for route in ROUTES:
+        concrete = route.path.replace("{model}", "gpt").replace("{name}", "gpt")
+        concrete = concrete.replace("{version}", "v2")
+        assert keyed_route(route.method, concrete) is (route if route.keyed else None)
 
 
 async def test_bodies_are_capped_and_checked(http: httpx.AsyncClient) -> None:
