@@ -50,7 +50,7 @@ images: setup
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy
+	$(BIN)/python scripts/typecheck.py
 
 protos: setup
 	$(BIN)/python protos/generate.py

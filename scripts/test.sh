@@ -11,7 +11,7 @@ $BIN/python protos/generate.py --check || exit 1
 
 echo "==> lint (ruff) and types (mypy)"
 $BIN/ruff check . || exit 1
-$BIN/mypy || exit 1
+$BIN/python scripts/typecheck.py || exit 1
 
 echo "==> Prometheus rules (promtool check rules, promtool test rules)"
 $BIN/python deploy/prometheus/prometheus.py check || exit 1

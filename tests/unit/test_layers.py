@@ -11,30 +11,25 @@ Layers, bottom up:
   supervisor): the only code that may import everything.
 
 The folders keep the design card's names at the top of the repository
-(``services/``, ``engine_worker/`` ...); ``graylane/<name>`` links to them so
-that they install as sub-packages of the one ``graylane`` distribution.
+(``services/``, ``engine_worker/`` ...); setuptools' ``package-dir`` map
+(``pyproject.toml``) installs them as sub-packages of the one ``graylane``
+distribution.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
-import setuptools
 
 ROOT = Path(__file__).resolve().parents[2]
 
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
 # Top-level folder -> the package it installs as.
-MOUNTS: dict[str, str] = {
-    "services": "graylane.services",
-    "engine_worker": "graylane.engine_worker",
-    "policy_engine": "graylane.policy_engine",
-    "builder": "graylane.builder",
-    "deploy": "graylane.deploy",
-    "app": "graylane.app",
-}
+MOUNTS: dict[str, str] = {folder: name for name, folder in SETUPTOOLS["package-dir"].items()}
 SERVICES = (
     "graylane.services.router",
     "graylane.services.controlplane",
@@ -75,14 +70,9 @@ def _module_name(path: Path) -> str:
 
 
 def _source_files() -> list[Path]:
-    files = [
-        p
-        for p in (ROOT / "graylane").rglob("*.py")
-        if "v1" not in p.relative_to(ROOT).parts and not p.is_symlink()
-    ]
+    files = [p for p in (ROOT / "graylane").rglob("*.py") if "v1" not in p.relative_to(ROOT).parts]
     for folder in MOUNTS:
         files.extend((ROOT / folder).rglob("*.py"))
-    # rglob does not descend into the links inside graylane/, so nothing is read twice.
     return sorted(set(files))
 
 
@@ -158,14 +148,43 @@ def test_a_planted_violation_is_reported(tmp_path: Path) -> None:
     assert any(layer_of(t) == "graylane.engine_worker" for t in targets)
 
 
+def _tree_packages() -> set[str]:
+    """Every folder holding an ``__init__.py``, named as the package map installs it."""
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for init in (ROOT / "graylane").rglob("__init__.py")
+    }
+    for folder, name in MOUNTS.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            found.add(".".join([name, *init.parent.relative_to(ROOT / folder).parts]))
+    return found
+
+
 def test_the_wheel_claims_only_the_graylane_namespace() -> None:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
-    packages = setuptools.find_packages(where=str(ROOT), include=include)
-    assert packages, "no packages found"
+    """The distribution lists every package of the tree and no other, all under
+    ``graylane``; each mapped folder is one of the design's top-level folders."""
+    packages = set(SETUPTOOLS["packages"])
     assert {p.split(".")[0] for p in packages} == {"graylane"}
-    for mounted in MOUNTS.values():
-        assert mounted in packages, f"{mounted} would be missing from the wheel"
-    for link, target in MOUNTS.items():
-        path = ROOT / "graylane" / target.split(".", 1)[1]
-        assert path.is_symlink() and path.resolve() == (ROOT / link).resolve()
+    missing, extra = _tree_packages() - packages, packages - _tree_packages()
+    assert (missing, extra) == (set(), set()), "pyproject's [tool.setuptools] packages"
+    assert set(MOUNTS) == {"services", "engine_worker", "policy_engine", "builder", "deploy", "app"}
+    assert all(name == f"graylane.{folder}" for folder, name in MOUNTS.items())
+
+
+def test_the_tree_holds_no_links() -> None:
+    """Each file has one path: no symbolic link is committed (git mode 120000)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    links = [line.split("\t", 1)[1] for line in listed if line.startswith("120000 ")]
+    assert links == []
+
+
+def test_the_package_map_is_what_python_imports() -> None:
+    """The installed (editable) distribution imports each mapped package from its folder."""
+    import importlib.util
+
+    for folder, name in MOUNTS.items():
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, name
+        assert Path(spec.origin).resolve() == (ROOT / folder / "__init__.py").resolve()

@@ -29,9 +29,6 @@ def _modules() -> list[Path]:
             rel = path.relative_to(ROOT)
             if _SKIP_PARTS.intersection(rel.parts):
                 continue
-            # graylane/<service> links to the top-level service folders: read each file once.
-            if rel.parts[0] == "graylane" and (ROOT / rel.parts[0] / rel.parts[1]).is_symlink():
-                continue
             found.append(path)
     return found
 
