@@ -15,11 +15,12 @@ import asyncio
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from graylane.artifacts.naming import Precision
 from graylane.builder.spec import EngineSpec
+
+from graylane.artifacts.naming import Precision
 from graylane.evaluation.sets import EvalSet, EvalSetError, load_set
 from graylane.evaluation.summary import Summary, summarize
-from graylane.registry import RungQuality
+from graylane.registry.records import RungQuality
 
 __all__ = ["ScoredRungs", "rung_refusal", "score_rungs"]
 

@@ -50,9 +50,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
-
-from graylane.clock import now_ms
-from graylane.engine.server import EngineEndpoint
 from graylane.engine_worker.backend import (
     DecodeLoad,
     Ended,
@@ -82,9 +79,12 @@ from graylane.engine_worker.requests import (
     validate_engine_call,
 )
 from graylane.engine_worker.state import CancelKey
+
+from graylane.clock import now_ms
+from graylane.engine.server import EngineEndpoint
 from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import BatchConsumer, Record
-from graylane.metrics import ENGINE_UP, ServiceObservability
+from graylane.metrics.process import ENGINE_UP, ServiceObservability
 from graylane.v1 import inference_pb2
 
 __all__ = [

@@ -55,7 +55,8 @@ from graylane.engine.server import EndpointError, EngineEndpoint
 from graylane.engine.tensorrt import gpu_compute_capability, tensorrt_version
 from graylane.errors import GraylaneError
 from graylane.models.hf_tokenizer import HfTokenizer, find_tokenizer
-from graylane.registry import ArtifactInfo, open_registry
+from graylane.registry.records import ArtifactInfo
+from graylane.registry.repository import open_registry
 from graylane.settings import Settings
 
 __all__ = [

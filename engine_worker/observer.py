@@ -6,21 +6,21 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from graylane.artifacts.signing import RefusedArtifact
 from graylane.engine_worker.backend import BatchReport
 from graylane.engine_worker.config import WorkerConfig
+
+from graylane.artifacts.signing import RefusedArtifact
 from graylane.errors import ErrorCode
 from graylane.kafka.reading import consumer_lag
 from graylane.kafka.seam import BatchConsumer
-from graylane.metrics import (
+from graylane.metrics.dataplane import WorkerMetrics
+from graylane.metrics.gpu import NvmlCollector, load_nvml
+from graylane.metrics.process import (
     CONTROL_CAUGHT_UP,
     ENGINE_UP,
     GROUP_JOINED,
-    NvmlCollector,
     Readiness,
     ServiceObservability,
-    WorkerMetrics,
-    load_nvml,
 )
 from graylane.settings import Settings
 from graylane.v1 import inference_pb2

@@ -30,10 +30,6 @@ import time
 from collections.abc import Awaitable, Mapping, Sequence
 
 from aiokafka.structs import ConsumerRecord
-
-from graylane import serde
-from graylane.clock import now_ms
-from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.backend import ResultContext, WorkerBackend
 from graylane.engine_worker.compute import Reloader
 from graylane.engine_worker.config import WorkerConfig
@@ -44,6 +40,10 @@ from graylane.engine_worker.outbox import WorkerOutbox
 from graylane.engine_worker.requests import EngineRules, Job, TaskKind, decode, distrust_shadow
 from graylane.engine_worker.standby import wait_for_activation
 from graylane.engine_worker.state import ActiveVariant, CancelBook, CancelKey
+
+from graylane import serde
+from graylane.clock import now_ms
+from graylane.engine.protocol import InferenceEngine
 from graylane.errors import ErrorCode, Rejection, SerdeError
 from graylane.kafka.admin import MessageLimits
 from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
@@ -56,7 +56,7 @@ from graylane.kafka.seam import (
     ProducerOptions,
     Record,
 )
-from graylane.metrics import CONTROL_CAUGHT_UP
+from graylane.metrics.process import CONTROL_CAUGHT_UP
 from graylane.supervision import BackgroundTasks
 from graylane.topics import TopicLayout
 from graylane.v1 import control_pb2, inference_pb2

@@ -18,7 +18,7 @@ from graylane.running_build import read_build, running_build
 
 if TYPE_CHECKING:
     from graylane.logs import LogFormat
-    from graylane.metrics import BuildLabels, MetricsAddress
+    from graylane.metrics.process import BuildLabels, MetricsAddress
 
 _E = TypeVar("_E", bound=Enum)
 
@@ -143,13 +143,13 @@ class Settings:
 
     def metrics_address(self, port: int | None = None) -> MetricsAddress | None:
         """Where this process serves /metrics (``port`` overrides the setting); None = off."""
-        from graylane.metrics import MetricsAddress
+        from graylane.metrics.process import MetricsAddress
 
         chosen = self.metrics_port if port is None else port
         return None if chosen < 0 else MetricsAddress(host=self.metrics_host, port=chosen)
 
     def build_labels(self) -> BuildLabels:
-        from graylane.metrics import BuildLabels
+        from graylane.metrics.process import BuildLabels
 
         return BuildLabels(
             version=self.image_version, git_sha=self.git_sha, build_time=self.build_time

@@ -137,12 +137,13 @@ from graylane.policy_engine.state import (
     Scaling,
     VersionKey,
 )
+
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
-from graylane.routing import RouteTable
 from graylane.routing.table import (
+    RouteTable,
     RoutingPlan,
     config_of_table,
     plan_of_table,

@@ -36,10 +36,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from graylane import serde
-from graylane.errors import SerdeError
-from graylane.evaluation.summary import Comparison, Summary
-from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
 from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.logic.agreement import (
     AgreementStats,
@@ -96,6 +92,11 @@ from graylane.policy_engine.messages import (
     SkipReason,
 )
 from graylane.policy_engine.state import VersionKey
+
+from graylane import serde
+from graylane.errors import SerdeError
+from graylane.evaluation.summary import Comparison, Summary
+from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import (
     decision_kind_to_pb,
@@ -110,11 +111,11 @@ from graylane.rollouts.pb import (
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, StepEvaluation
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
-from graylane.routing import RouteTable
 from graylane.routing.convert import route_config_from_pb, table_from_pb, table_to_pb
 from graylane.routing.table import (
     InvalidRouteRule,
     RouteConfig,
+    RouteTable,
     RoutingPlan,
     config_of_table,
     plan_of_table,

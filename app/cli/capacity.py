@@ -41,9 +41,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def registered_variants(settings: Settings, model: str, version: str) -> dict[str, Path]:
     """Model file per precision of a registered version (verified as the worker does)."""
-    from graylane.artifacts.verify import verify_artifact
     from graylane.engine_worker.loading import model_file
-    from graylane.registry import open_registry
+
+    from graylane.artifacts.verify import verify_artifact
+    from graylane.registry.repository import open_registry
 
     files: dict[str, Path] = {}
     for art in open_registry(settings.db_url).list_artifacts(model, version):

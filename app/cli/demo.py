@@ -283,7 +283,7 @@ def _start_controlplane(
 ) -> Service:
     """The control plane (gRPC API + audit sink: it moves the registry's stable version on
     a promotion and serves ``rollout revert``), with a one-time operator token for the story."""
-    from graylane.registry import open_registry
+    from graylane.registry.repository import open_registry
 
     open_registry(settings.db_url).set_stable(model, stable)  # the story starts from it
     port, token = free_port(), f"demo-{uuid.uuid4().hex}"
@@ -319,6 +319,7 @@ def _story(args: argparse.Namespace) -> int:
     )
     from graylane.deploy.engines import llamacpp
     from graylane.deploy.kafka import kafka
+
     from graylane.kafka.seam import KafkaFactory
 
     step = _Steps()

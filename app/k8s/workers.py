@@ -16,7 +16,7 @@ from typing import Any
 
 from graylane.artifacts.naming import ArtifactName, Backend, Precision
 from graylane.errors import GraylaneError
-from graylane.registry import Registry
+from graylane.registry.repository import Registry
 from graylane.topics import TopicLayout
 
 __all__ = [

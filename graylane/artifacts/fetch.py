@@ -45,7 +45,8 @@ from graylane.artifacts.signing import (
 )
 from graylane.artifacts.verify import TamperedArtifactError, verify_artifact
 from graylane.errors import GraylaneError
-from graylane.registry import ArtifactInfo, RegistryError, open_registry
+from graylane.registry.records import ArtifactInfo, RegistryError
+from graylane.registry.repository import open_registry
 
 __all__ = [
     "FETCH_RECORD",

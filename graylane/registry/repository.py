@@ -24,6 +24,7 @@ from graylane.artifacts.naming import (
     validate_model_name,
     validate_version_name,
 )
+from graylane.registry.migrate import create_db_engine, require_current, upgrade
 from graylane.registry.records import (
     ArtifactInfo,
     ArtifactRecord,
@@ -495,3 +496,18 @@ class Registry:
                 return None
             row = session.get(ModelVersionRow, stable.version_id)
             return None if row is None else _version_info(row, model)
+
+
+def open_registry(url: str, migrate: bool = True, *, read_only: bool = False) -> Registry:
+    """A :class:`Registry` on ``url``, with the schema migrated to the latest revision.
+
+    ``read_only`` (a worker): no migration, every write refused by the connection, and
+    :class:`~graylane.registry.migrate.SchemaNotCurrent` unless someone migrated the schema
+    already.
+    """
+    engine = create_db_engine(url, read_only=read_only)
+    if read_only:
+        require_current(engine)
+    elif migrate:
+        upgrade(engine)
+    return Registry(engine)

@@ -30,6 +30,7 @@ from typing import TypeVar
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
+from graylane.services.controlplane.state import ControlStore
 from sqlalchemy.exc import (
     DisconnectionError,
     InterfaceError,
@@ -44,9 +45,8 @@ from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
 from graylane.kafka.fault import Fault
 from graylane.kafka.reading import consumer_lag, wait_for_assignment
 from graylane.kafka.seam import BatchConsumer, ClientFactory, ConsumerOptions, Record
-from graylane.metrics import AuditSinkMetrics
+from graylane.metrics.controlside import AuditSinkMetrics
 from graylane.serde import decode
-from graylane.services.controlplane.state import ControlStore
 from graylane.v1 import audit_pb2, rollout_pb2
 
 __all__ = ["AuditSink", "RolloutHub", "StoreUnavailable", "Subscription", "decision_kind_label"]

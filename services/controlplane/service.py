@@ -34,39 +34,6 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import grpc
-from grpc import aio, ssl_server_credentials
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
-from graylane.clock import Clock, now_ms
-from graylane.kafka.seam import KafkaFactory
-from graylane.metrics import (
-    CONTROL_CAUGHT_UP,
-    GROUP_JOINED,
-    AuditSinkMetrics,
-    ControlPlaneMetrics,
-    ServiceObservability,
-)
-from graylane.notifications.sender import SenderPolicy, WebhookDelivery, WebhookSender
-from graylane.registry import (
-    DuplicateVersion,
-    ModelNotRegistered,
-    Registry,
-    RegistryError,
-    UnknownVersion,
-)
-from graylane.registry.migrate import create_db_engine, upgrade
-from graylane.rollouts.errors import PolicyError
-from graylane.rollouts.pb import (
-    manual_command_to_pb,
-    phase_from_pb,
-    qos_policy_from_pb,
-    qos_policy_to_pb,
-    rollout_spec_from_pb,
-    rollout_spec_to_pb,
-)
-from graylane.rollouts.vocabulary import ManualCommand, Phase
-from graylane.routing.convert import route_config_from_pb, route_config_to_pb, rule_from_pb
-from graylane.routing.table import InvalidRouteRule, RouteConfig, UnknownRouteRule
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
 from graylane.services.controlplane.auth import ApiRole, AuthInterceptor, Principal, TokenTable
 from graylane.services.controlplane.bus import (
@@ -94,6 +61,34 @@ from graylane.services.controlplane.wire import (
     stable_history,
     version_summary,
 )
+from grpc import aio, ssl_server_credentials
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from graylane.clock import Clock, now_ms
+from graylane.kafka.seam import KafkaFactory
+from graylane.metrics.controlside import AuditSinkMetrics, ControlPlaneMetrics
+from graylane.metrics.process import CONTROL_CAUGHT_UP, GROUP_JOINED, ServiceObservability
+from graylane.notifications.sender import SenderPolicy, WebhookDelivery, WebhookSender
+from graylane.registry.migrate import create_db_engine, upgrade
+from graylane.registry.records import (
+    DuplicateVersion,
+    ModelNotRegistered,
+    RegistryError,
+    UnknownVersion,
+)
+from graylane.registry.repository import Registry
+from graylane.rollouts.errors import PolicyError
+from graylane.rollouts.pb import (
+    manual_command_to_pb,
+    phase_from_pb,
+    qos_policy_from_pb,
+    qos_policy_to_pb,
+    rollout_spec_from_pb,
+    rollout_spec_to_pb,
+)
+from graylane.rollouts.vocabulary import ManualCommand, Phase
+from graylane.routing.convert import route_config_from_pb, route_config_to_pb, rule_from_pb
+from graylane.routing.table import InvalidRouteRule, RouteConfig, UnknownRouteRule
 from graylane.supervision import BackgroundTasks
 from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
 

@@ -9,16 +9,20 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from graylane.services.controlplane.logic.apply import ApplyAction, ApplyPlan
+from graylane.services.controlplane.logic.verdict import LastDecision, VerdictFacts, VersionVerdict
+from graylane.services.controlplane.state import StoredPolicy, StoredRollout
+
 from graylane.artifacts.naming import Precision
 from graylane.notifications.transitions import Transition, transition_kind
-from graylane.registry import (
+from graylane.registry.records import (
     ArtifactInfo,
     RegisteredModel,
-    Registry,
     RegistryError,
     RungQuality,
     StableRevision,
 )
+from graylane.registry.repository import Registry
 from graylane.rollouts.errors import InvalidSpec
 from graylane.rollouts.pb import (
     decision_kind_from_pb,
@@ -26,9 +30,6 @@ from graylane.rollouts.pb import (
     phase_from_pb,
     webhooks_from_pb,
 )
-from graylane.services.controlplane.logic.apply import ApplyAction, ApplyPlan
-from graylane.services.controlplane.logic.verdict import LastDecision, VerdictFacts, VersionVerdict
-from graylane.services.controlplane.state import StoredPolicy, StoredRollout
 from graylane.v1 import audit_pb2, controlplane_pb2, dlq_pb2, inference_pb2, rollout_pb2
 
 __all__ = [

@@ -139,7 +139,7 @@ class SignatureBook:
 
 
 def _registry_signature(db_url: str, model: str, version: str) -> IOSignature | None:
-    from graylane.registry import open_registry
+    from graylane.registry.repository import open_registry
 
     registry = open_registry(db_url, read_only=True)
     try:

@@ -18,6 +18,10 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
+from graylane.services.router import wire
+from graylane.services.router.logic.intake import refusal
+from graylane.services.router.state import TableStore
+
 from graylane import tracing
 from graylane.clock import now_ms
 from graylane.errors import ErrorCode, Rejection, SerdeError, clip, require_started
@@ -34,12 +38,16 @@ from graylane.kafka.seam import (
     Record,
     known_topics,
 )
-from graylane.metrics import CONTROL_CAUGHT_UP, RouterMetrics, ServiceObservability
-from graylane.routing import RouteTable, UnknownPinnedVersion, route
-from graylane.routing.table import RouteDecision, route_without_table, table_problem
-from graylane.services.router import wire
-from graylane.services.router.logic.intake import refusal
-from graylane.services.router.state import TableStore
+from graylane.metrics.dataplane import RouterMetrics
+from graylane.metrics.process import CONTROL_CAUGHT_UP, ServiceObservability
+from graylane.routing.table import (
+    RouteDecision,
+    RouteTable,
+    UnknownPinnedVersion,
+    route,
+    route_without_table,
+    table_problem,
+)
 from graylane.supervision import BackgroundTasks
 from graylane.v1 import inference_pb2
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from graylane.routing import RouteTable
+from graylane.routing.table import RouteTable
 
 __all__ = ["TableStore"]
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from graylane.builder.build import run_build
 from graylane.builder.spec import parse_spec
-from graylane.client import GraylaneClient, RequestRejected, Task
 from graylane.engine_worker.loading import load_from_registry
+
+from graylane.client import GraylaneClient, RequestRejected, Task
 from graylane.kafka.seam import KafkaFactory
-from graylane.registry import open_registry
+from graylane.registry.repository import open_registry
 from graylane.settings import Settings
 from tests.support.small_models import TAGGER_CLASSES, write_tagger
 from tests.support.stack import running_stack

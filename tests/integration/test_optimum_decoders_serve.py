@@ -17,14 +17,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
-from graylane import serde
 from graylane.builder.build import run_build
 from graylane.builder.spec import parse_spec
-from graylane.client import GraylaneClient, PostProcess, Result, Task
 from graylane.engine_worker.loading import load_from_registry
+
+from graylane import serde
+from graylane.client import GraylaneClient, PostProcess, Result, Task
 from graylane.kafka.seam import KafkaFactory
-from graylane.registry import open_registry
+from graylane.registry.repository import open_registry
 from graylane.settings import Settings
 from graylane.v1 import control_pb2
 from tests.support.llm_fixtures import Fixture, fixture

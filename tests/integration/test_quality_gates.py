@@ -10,19 +10,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from graylane.app.cli.main import main
-from graylane.artifacts.manifest import read_manifest
-from graylane.artifacts.naming import Backend, Precision
 from graylane.builder.build import run_build
 from graylane.builder.samples import demo_sentences
 from graylane.builder.spec import INT8_MIN_TOP1, load_spec
+
+from graylane.artifacts.manifest import read_manifest
+from graylane.artifacts.naming import Backend, Precision
 from graylane.capture.recorded import manifest_path
 from graylane.clock import now_ms
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.byte_vocab import PAD_ID
-from graylane.registry import open_registry
+from graylane.registry.repository import open_registry
 from graylane.serde import encode, encode_key
 from graylane.settings import Settings
 from graylane.v1 import inference_pb2

@@ -8,29 +8,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from graylane.engine_worker.loading import NoServableVariant, load_from_registry
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.exc import DBAPIError
 
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_semver
-from graylane.engine_worker.loading import NoServableVariant, load_from_registry
-from graylane.registry import (
+from graylane.registry.migrate import SchemaNotCurrent, downgrade, upgrade
+from graylane.registry.records import (
     ArtifactRecord,
     DuplicateArtifact,
     DuplicateVersion,
     EndpointSummary,
     ModelNotRegistered,
-    Registry,
     RegistryError,
     RungQuality,
-    SchemaNotCurrent,
     UnknownArtifact,
     UnknownVersion,
     ValidationSummary,
     VersionStatus,
-    downgrade,
-    open_registry,
-    upgrade,
 )
+from graylane.registry.repository import Registry, open_registry
 from graylane.settings import Settings
 
 TABLES = {

@@ -17,8 +17,8 @@ from graylane import serde
 from graylane.kafka.admin import ensure_topics, partition_count
 from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.routing import table_for_weights
 from graylane.routing.convert import table_to_pb
+from graylane.routing.table import table_for_weights
 from graylane.v1 import inference_pb2
 from tests.support.records import forward_request
 from tests.support.stack import dead_letters, read_topic, running_stack

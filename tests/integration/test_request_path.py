@@ -8,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from graylane.engine_worker.batch_generation import run_generate
+from graylane.engine_worker.forward import run_forward
+from graylane.engine_worker.postprocess import PostProcess as EnginePost
 
 from graylane import serde
 from graylane.client import (
@@ -18,13 +21,10 @@ from graylane.client import (
     UnknownModel,
 )
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.batch_generation import run_generate
-from graylane.engine_worker.forward import run_forward
-from graylane.engine_worker.postprocess import PostProcess as EnginePost
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
-from graylane.routing import RoutingRule, table_for_weights
 from graylane.routing.convert import table_to_pb
+from graylane.routing.table import RoutingRule, table_for_weights
 from graylane.v1 import inference_pb2, telemetry_pb2
 from tests.support.records import produce
 from tests.support.stack import dead_letters, read_topic, running_stack, wait_for_table

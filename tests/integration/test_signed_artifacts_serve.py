@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from graylane.app.demo.build_versions import build_versions
+from graylane.engine_worker.loading import NoServableVariant, load_from_registry
 
 from graylane import serde
-from graylane.app.demo.build_versions import build_versions
 from graylane.artifacts.signing import (
     SIGNATURE_FILE,
     SignatureFailure,
@@ -17,9 +18,8 @@ from graylane.artifacts.signing import (
     sign_artifact,
 )
 from graylane.client import GraylaneClient, PostProcess
-from graylane.engine_worker.loading import NoServableVariant, load_from_registry
 from graylane.kafka.seam import KafkaFactory
-from graylane.registry import open_registry
+from graylane.registry.repository import open_registry
 from graylane.settings import Settings
 from graylane.v1 import control_pb2
 from tests.support.stack import running_stack

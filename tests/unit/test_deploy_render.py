@@ -9,11 +9,12 @@ from pathlib import Path
 import jsonschema
 import kubernetes_validate
 import pytest
-
 from graylane.app.cli.main import main
+
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_artifact_name
 from graylane.artifacts.naming import parse_semver as semver
-from graylane.registry import ArtifactRecord, open_registry
+from graylane.registry.records import ArtifactRecord
+from graylane.registry.repository import open_registry
 from tests.unit.k8s_render import load_docs, render
 from tests.unit.test_k8s_manifests import CRDS, K8S, KUBERNETES_VERSION, unknown_fields
 

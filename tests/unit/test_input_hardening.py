@@ -9,21 +9,28 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from aiokafka.structs import ConsumerRecord
-
-from graylane import serde
-from graylane.engine.errors import BadShape
 from graylane.engine_worker import compute
 from graylane.engine_worker.backend import BatchClock, ResultContext
 from graylane.engine_worker.compute import BatchRun, ForwardOutcome, run_isolated
 from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.engine_worker.wire import build_batch
+from graylane.policy_engine.logic.window import SlidingWindow, TelemetrySample
+
+from graylane import serde
+from graylane.engine.errors import BadShape
 from graylane.errors import ErrorCode
 from graylane.histogram import LatencyHistogram
 from graylane.kafka.replies import DEAD_LETTER_KEEP_BYTES, ReplySink, field_problem
-from graylane.policy_engine.logic.window import SlidingWindow, TelemetrySample
-from graylane.routing import RoutingRequest, UnknownPinnedVersion, route, table_for_weights
-from graylane.routing.table import RouteTable, route_without_table, table_problem
+from graylane.routing.table import (
+    RouteTable,
+    RoutingRequest,
+    UnknownPinnedVersion,
+    route,
+    route_without_table,
+    table_for_weights,
+    table_problem,
+)
 from graylane.topics import TopicLayout
 from graylane.v1 import dlq_pb2, inference_pb2, telemetry_pb2, tensor_pb2
 from tests.unit.test_worker_pipeline import job_of

@@ -15,27 +15,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
 from graylane.kafka.seam import ConsumerOptions, Record
-from graylane.metrics import (
-    AuditSinkMetrics,
-    ControlPlaneMetrics,
-    MetricsAddress,
-    MillisecondHistogram,
-    NvmlCollector,
-    PolicyMetrics,
-    Readiness,
-    RouterMetrics,
-    WorkerMetrics,
-    build_info,
-    catalogue,
-    series_names,
-    serve_observability,
-)
+from graylane.metrics.catalogue import catalogue, series_names
+from graylane.metrics.controlside import AuditSinkMetrics, ControlPlaneMetrics, PolicyMetrics
+from graylane.metrics.dataplane import RouterMetrics, WorkerMetrics
+from graylane.metrics.gpu import NvmlCollector
 from graylane.metrics.process import (
     BuildLabels,
     LoopHeartbeats,
+    MetricsAddress,
+    Readiness,
     ServiceObservability,
     process_heartbeats,
+    serve_observability,
 )
+from graylane.metrics.units import MillisecondHistogram, build_info
 from graylane.settings import Settings
 from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from graylane.registry import Registry, RegistryError, open_registry
+from graylane.registry.records import RegistryError
+from graylane.registry.repository import Registry, open_registry
 from graylane.topics import TopicLayout, TopicNameError
 
 MODELS = [

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from graylane.metrics import series_names
+from graylane.metrics.catalogue import series_names
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = sorted((ROOT / "deploy" / "prometheus" / "rules").glob("*.yml"))

@@ -12,23 +12,23 @@ import urllib.request
 
 import pytest
 from aiokafka import TopicPartition
+from graylane.policy_engine.logic.qos import QosState
+from graylane.policy_engine.messages import Command, CommandKind, CommandRejected, QosPolicySet
+from graylane.policy_engine.service import PolicyObserver
 from prometheus_client import CollectorRegistry
 
 from graylane.kafka.reading import consumer_lag
 from graylane.logs import LogFormat, bind, configure_logging
-from graylane.metrics import (
+from graylane.metrics.controlside import PolicyMetrics
+from graylane.metrics.process import (
     CONTROL_CAUGHT_UP,
     GROUP_JOINED,
     BuildLabels,
     MetricsAddress,
-    PolicyMetrics,
     ServiceObservability,
 )
-from graylane.policy_engine.logic.qos import QosState
-from graylane.policy_engine.messages import Command, CommandKind, CommandRejected, QosPolicySet
-from graylane.policy_engine.service import PolicyObserver
 from graylane.rollouts.qos_policy import QosPolicy
-from graylane.routing import table_for_weights
+from graylane.routing.table import table_for_weights
 from graylane.settings import Settings, SettingsError
 from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 from tests.unit.test_router_memory import (

@@ -5,8 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import graylane.engine as engine_pkg
-from graylane.engine import (
+from graylane.engine.errors import (
     BadDtype,
     BadShape,
     EngineClosedError,
@@ -14,13 +13,13 @@ from graylane.engine import (
     EngineLoadError,
     EngineRunError,
     IncompatibleEngineError,
-    InferenceEngine,
     InvalidInputError,
     MissingInput,
-    TensorSpec,
     UnexpectedInput,
 )
 from graylane.engine.onnxruntime import OnnxRuntimeEngine, default_providers
+from graylane.engine.protocol import InferenceEngine
+from graylane.engine.signature import TensorSpec
 from graylane.errors import ErrorCode
 from graylane.models.byte_vocab import VOCAB_SIZE
 from graylane.models.demo_gpt import build_demo_gpt, write_demo_gpt
@@ -154,27 +153,6 @@ def test_error_families_carry_retry_policy() -> None:
     assert not IncompatibleEngineError.retriable
 
 
-def test_engine_package_exports_are_exactly_the_public_api() -> None:
-    assert set(engine_pkg.__all__) == {
-        "BadDtype",
-        "BadShape",
-        "MissingInput",
-        "UnexpectedInput",
-        "Dim",
-        "EngineClosedError",
-        "EngineError",
-        "EngineLoadError",
-        "EngineRunError",
-        "IOSignature",
-        "IncompatibleEngineError",
-        "InferenceEngine",
-        "InvalidInputError",
-        "TensorSpec",
-    }
-    for name in engine_pkg.__all__:
-        assert getattr(engine_pkg, name) is not None
-
-
 def test_one_incompatible_engine_error_for_manifests_and_engines() -> None:
     from graylane.artifacts import compatibility
     from graylane.engine import tensorrt
@@ -189,7 +167,7 @@ def test_signature_from_onnx_equals_the_loaded_engines(
 ) -> None:
     import onnx
 
-    from graylane.engine import IOSignature
+    from graylane.engine.signature import IOSignature
 
     from_file = IOSignature.from_onnx(onnx.load(str(tiny_path), load_external_data=False))
     assert from_file == engine.io

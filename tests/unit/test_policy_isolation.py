@@ -8,12 +8,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from prometheus_client import CollectorRegistry
-
-from graylane import serde
-from graylane.histogram import LatencyHistogram
-from graylane.histogram_pb import histogram_to_pb
-from graylane.metrics import PolicyMetrics
 from graylane.policy_engine import wire
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.isolation import RecordGuard
@@ -30,11 +24,17 @@ from graylane.policy_engine.messages import (
 from graylane.policy_engine.service import PolicyObserver, telemetry_into
 from graylane.policy_engine.state import VersionKey
 from graylane.policy_engine.wire import command_of, records_of, restore_values, shadow_of
+from prometheus_client import CollectorRegistry
+
+from graylane import serde
+from graylane.histogram import LatencyHistogram
+from graylane.histogram_pb import histogram_to_pb
+from graylane.metrics.controlside import PolicyMetrics
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
-from graylane.routing import table_for_weights
 from graylane.routing.convert import table_to_pb
+from graylane.routing.table import table_for_weights
 from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2, control_pb2, telemetry_pb2
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.messages import (
     Command,
@@ -15,15 +14,18 @@ from graylane.policy_engine.messages import (
     RoutingPublication,
 )
 from graylane.policy_engine.wire import command_from_pb, records_of
+
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionRule, ManualCommand, Phase
-from graylane.routing import RoutingRequest, RoutingRule, route
 from graylane.routing.convert import route_config_to_pb, table_from_pb
 from graylane.routing.table import (
     InvalidRouteRule,
     RouteConfig,
+    RoutingRequest,
+    RoutingRule,
     UnknownRouteRule,
     plan_of_table,
+    route,
     route_table_for,
     stable_plan,
 )

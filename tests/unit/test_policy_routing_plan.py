@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
 from graylane.policy_engine.logic.rollout import apply_command, start
+
 from graylane.rollouts.spec import RolloutSpec, Strategy
 from graylane.rollouts.vocabulary import ManualCommand
-from graylane.routing import BUCKETS
 from graylane.routing.table import (
+    BUCKETS,
     VersionWeight,
     route_table_for,
     split_plan,

@@ -6,19 +6,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from graylane.routing import (
+from graylane.routing.convert import table_from_pb, table_to_pb
+from graylane.routing.table import (
     BUCKETS,
     RouteReason,
     RoutingRequest,
     RoutingRule,
     UnknownPinnedVersion,
+    WeightError,
     assign_ranges,
     bucket_of,
     route,
     table_for_weights,
 )
-from graylane.routing.convert import table_from_pb, table_to_pb
-from graylane.routing.table import WeightError
 
 KEYS = [f"user-{i}" for i in range(100_000)]
 
