@@ -139,7 +139,8 @@ def _tensorrt_variant(
     registry: Registry, model: str, version: str, precision: Precision, store: Path
 ) -> ServedVariant | None:
     """The engine a worker on this host would serve, when it has TensorRT and a GPU."""
-    from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
+    from graylane.artifacts.compatibility import select_engine
+    from graylane.engine.errors import IncompatibleEngineError
     from graylane.engine.tensorrt import gpu_compute_capability, tensorrt_version
 
     cc, trt = gpu_compute_capability(), tensorrt_version()

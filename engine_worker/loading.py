@@ -37,7 +37,7 @@ from pathlib import Path
 import onnx
 
 from graylane.artifacts.build_info import ShapeProfile
-from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
+from graylane.artifacts.compatibility import select_engine
 from graylane.artifacts.decoder_axes import correct_mask_axis, mask_axis_conflict
 from graylane.artifacts.fetch import FetchRecord
 from graylane.artifacts.manifest import Manifest
@@ -49,6 +49,7 @@ from graylane.artifacts.model_info import (
 from graylane.artifacts.naming import Backend
 from graylane.artifacts.signing import ArtifactSignatureError, RefusedArtifact, verify_signature
 from graylane.artifacts.verify import verify_artifact
+from graylane.engine.errors import IncompatibleEngineError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.server import EndpointError, EngineEndpoint

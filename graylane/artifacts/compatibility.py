@@ -1,7 +1,7 @@
 """Which compiled engine may run on which GPU. Pure logic over manifests.
 
-Raises the engine layer's :class:`~graylane.engine.errors.IncompatibleEngineError`
-(re-exported here), the same class a TensorRT engine raises on load.
+Raises the engine layer's :class:`~graylane.engine.errors.IncompatibleEngineError`, the
+same class a TensorRT engine raises on load (:class:`NoCompatibleEngineError` is one).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from graylane.artifacts.naming import Backend
 from graylane.engine.errors import IncompatibleEngineError
 
 __all__ = [
-    "IncompatibleEngineError",
     "NoCompatibleEngineError",
     "check_engine_compatibility",
     "select_engine",

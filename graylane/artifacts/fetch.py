@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from graylane.artifacts.compatibility import IncompatibleEngineError, select_engine
+from graylane.artifacts.compatibility import select_engine
 from graylane.artifacts.manifest import MANIFEST_FILE, Manifest, ManifestError, manifest_from_dict
 from graylane.artifacts.naming import Backend
 from graylane.artifacts.signing import (
@@ -44,6 +44,7 @@ from graylane.artifacts.signing import (
     verify_signature,
 )
 from graylane.artifacts.verify import TamperedArtifactError, verify_artifact
+from graylane.engine.errors import IncompatibleEngineError
 from graylane.errors import GraylaneError
 from graylane.registry.records import ArtifactInfo, RegistryError
 from graylane.registry.repository import open_registry

@@ -6,13 +6,13 @@ import pytest
 
 from graylane.artifacts.build_info import HardwareCompatibility
 from graylane.artifacts.compatibility import (
-    IncompatibleEngineError,
     NoCompatibleEngineError,
     check_engine_compatibility,
     select_engine,
 )
 from graylane.artifacts.manifest import BuildHost, EngineTarget, Manifest
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer
+from graylane.engine.errors import IncompatibleEngineError
 from graylane.engine.signature import IOSignature
 
 HOST = BuildHost("h", "cpu", None, "3.11", "1.23", "1.32.0", None)

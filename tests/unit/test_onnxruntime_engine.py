@@ -157,7 +157,6 @@ def test_one_incompatible_engine_error_for_manifests_and_engines() -> None:
     from graylane.artifacts import compatibility
     from graylane.engine import tensorrt
 
-    assert compatibility.IncompatibleEngineError is IncompatibleEngineError
     assert tensorrt.IncompatibleEngineError is IncompatibleEngineError
     assert issubclass(compatibility.NoCompatibleEngineError, IncompatibleEngineError)
 
