@@ -7,7 +7,7 @@ import numpy as np
 from graylane.engine.errors import InvalidInputError
 from graylane.serde import PostProcess
 
-__all__ = ["MEAN_POOL", "TOKEN_IDS", "TOPK_IDS", "TOPK_VALUES", "PostProcess", "post_process"]
+__all__ = ["MEAN_POOL", "TOKEN_IDS", "TOPK_IDS", "TOPK_VALUES", "post_process"]
 
 TOKEN_IDS = "token_ids"
 """ARGMAX_LAST result: int64 [rows], the argmax at each row's last real position."""

@@ -30,13 +30,6 @@ from enum import Enum
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-
-from graylane import serde
-from graylane.artifacts.model_info import ModelInfo
-from graylane.engine.errors import InvalidInputError
-from graylane.engine.protocol import InferenceEngine
-from graylane.engine.signature import IOSignature
-from graylane.engine_options import messages_problem, native_refusal, options_problem
 from graylane.engine_worker.layouts import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -51,13 +44,19 @@ from graylane.engine_worker.logic.sampling import (
     SamplingError,
     SamplingParams,
 )
-from graylane.engine_worker.postprocess import PostProcess
 from graylane.engine_worker.state import CancelKey
+
+from graylane import serde
+from graylane.artifacts.model_info import ModelInfo
+from graylane.engine.errors import InvalidInputError
+from graylane.engine.protocol import InferenceEngine
+from graylane.engine.signature import IOSignature
+from graylane.engine_options import messages_problem, native_refusal, options_problem
 from graylane.errors import ErrorCode, Rejection, SerdeError, clip
 from graylane.kafka.replies import field_problem, reply_topic_rejection
 from graylane.kafka.seam import Record
 from graylane.models.byte_vocab import META_PREFIX, decode_tokens, encode_text
-from graylane.serde import post_process_from_pb
+from graylane.serde import PostProcess, post_process_from_pb
 from graylane.topics import TopicLayout
 from graylane.v1 import inference_pb2
 

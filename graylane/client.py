@@ -71,7 +71,6 @@ __all__ = [
     "ClientError",
     "GraylaneClient",
     "InferenceTimeout",
-    "PostProcess",
     "RequestRejected",
     "Result",
     "Task",

@@ -13,23 +13,23 @@ from __future__ import annotations
 
 import logging
 
-from graylane import serde
-from graylane.errors import SerdeError
-from graylane.kafka.reading import read_to_end
-from graylane.kafka.seam import ClientFactory
 from graylane.policy_engine import wire
 from graylane.policy_engine.logic.qos import evaluate_qos
 from graylane.policy_engine.logic.replay import Mismatch
 from graylane.policy_engine.logic.revision import revise
 from graylane.policy_engine.logic.rollout import Decision, apply_command, evaluate, start
+
+from graylane import serde
+from graylane.errors import SerdeError
+from graylane.kafka.reading import read_to_end
+from graylane.kafka.seam import ClientFactory
 from graylane.rollouts.errors import PolicyError
-from graylane.rollouts.pb import decision_kind_from_pb, decision_rule_from_pb
+from graylane.rollouts.pb import decision_kind_from_pb, decision_rule_from_pb, qos_policy_from_pb
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule
 from graylane.v1 import audit_pb2
 
 __all__ = [
     "COMPARED_FIELDS",
-    "Mismatch",
     "load_recorded",
     "replay_qos_record",
     "replay_record",
@@ -129,7 +129,7 @@ def _is_qos_decision(rec: audit_pb2.AuditRecord) -> bool:
 def replay_qos_record(rec: audit_pb2.AuditRecord) -> audit_pb2.AuditRecord:
     """The QoS controller's decision today from the record's state, policy and window."""
     before = wire.qos_state_from_pb(rec.qos_before)
-    policy = wire.qos_policy_from_pb(rec.qos_policy)
+    policy = qos_policy_from_pb(rec.qos_policy)
     stats = wire.window_stats_from_pb(rec.inputs[0]) if rec.inputs else None
     decision = evaluate_qos(
         before, policy, stats, rec.decided_at_unix_ms, scale_hold=rec.qos_scale_hold

@@ -27,10 +27,11 @@ from graylane.app.bench.harness import paced
 from graylane.app.cli.demo import Service, free_port, start_service
 
 from graylane import serde
-from graylane.client import GraylaneClient, PostProcess
+from graylane.client import GraylaneClient
 from graylane.errors import GraylaneError, SerdeError
 from graylane.kafka.reading import FollowFrom, TopicFollower
 from graylane.kafka.seam import KafkaFactory, Record
+from graylane.serde import PostProcess
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import inference_pb2, rollout_pb2
 

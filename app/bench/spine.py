@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from graylane.app.bench.harness import (
     WorkerSpec,
     demo_model,
@@ -36,6 +35,10 @@ from graylane.app.bench.harness import (
     wait_answered,
 )
 from graylane.app.cli.demo import Service, stop_services
+from graylane.engine_worker.compute import run_batch
+from graylane.engine_worker.logic.batching import BucketPolicy
+from graylane.engine_worker.requests import TaskKind, WorkItem
+
 from graylane.capacity import (
     BatchPoint,
     VariantCapacity,
@@ -44,12 +47,10 @@ from graylane.capacity import (
     profile_of,
     save_profile,
 )
-from graylane.client import GraylaneClient, PostProcess
+from graylane.client import GraylaneClient
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.compute import run_batch
-from graylane.engine_worker.logic.batching import BucketPolicy
-from graylane.engine_worker.postprocess import PostProcess as EnginePost
-from graylane.engine_worker.requests import TaskKind, WorkItem
+from graylane.serde import PostProcess
+from graylane.serde import PostProcess as EnginePost
 from graylane.settings import Settings
 
 __all__ = [

@@ -13,11 +13,12 @@ from graylane.app.demo.monitor import demo_console
 from rich.table import Table
 
 from graylane import serde
-from graylane.client import GraylaneClient, InferenceTimeout, PostProcess, Result, Task
+from graylane.client import GraylaneClient, InferenceTimeout, Result, Task
 from graylane.clock import now_ms
 from graylane.kafka.seam import KafkaFactory
 from graylane.routing.convert import table_to_pb
 from graylane.routing.table import RoutingRule, table_for_weights
+from graylane.serde import PostProcess
 from graylane.settings import Settings
 
 __all__ = ["PROBE_TAG", "percentile", "publish_table", "run_serving_demo", "wait_until_served"]

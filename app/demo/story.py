@@ -23,13 +23,14 @@ from rich.live import Live
 from rich.table import Table
 
 from graylane import serde
-from graylane.client import GraylaneClient, InferenceTimeout, PostProcess
+from graylane.client import GraylaneClient, InferenceTimeout
 from graylane.clock import now_ms
 from graylane.kafka.reading import CompactedFollower
 from graylane.kafka.seam import KafkaFactory
 from graylane.registry.repository import open_registry
 from graylane.rollouts.pb import phase_from_pb
 from graylane.rollouts.vocabulary import Phase
+from graylane.serde import PostProcess
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, rollout_pb2
 

@@ -26,7 +26,6 @@ from graylane.deploy.kafka.layout import REPO_ROOT, file_lock
 __all__ = [
     "C_LIBRARY",
     "DOCKERFILE_LLAMACPP",
-    "LLAMA_CPP_VERSION",
     "LlamaCppCache",
     "build_llamacpp_image",
     "linked_libraries",

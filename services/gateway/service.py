@@ -71,11 +71,9 @@ from graylane.services.gateway.front_door import (
     Handler,
 )
 from graylane.services.gateway.logic.admission import (
-    PRIORITY_TAG,
     GateVerdict,
     GatewayLimits,
     KeyRing,
-    Priority,
     Tenant,
     parse_priority,
     parse_timeout,
@@ -117,6 +115,7 @@ from graylane.kafka.replies import FieldCaps
 from graylane.kafka.seam import ClientFactory
 from graylane.metrics.dataplane import GatewayMetrics
 from graylane.metrics.process import Readiness, ServiceObservability
+from graylane.priority import PRIORITY_TAG, Priority
 from graylane.request_tags import RESERVED_TAGS, TENANT_TAG
 from graylane.serde import DEFAULT_MAX_ELEMENTS
 

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from graylane.priority import Priority
 from graylane.services.gateway.logic.admission import (
     CallerRole,
     GateVerdict,
@@ -26,6 +25,8 @@ from graylane.services.gateway.logic.admission import (
     gate_verdict,
     split_rate,
 )
+
+from graylane.priority import Priority
 
 __all__ = ["Admission", "BodyBudget", "InFlightGate", "TokenBucket"]
 

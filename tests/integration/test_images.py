@@ -7,10 +7,9 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from graylane.deploy.containers.engine_images import LLAMA_CPP_VERSION
 from graylane.deploy.containers.images import BuiltImage, project_version
 from graylane.deploy.containers.podman import Podman
+from graylane.deploy.engines.layout import LLAMA_CPP_VERSION
 
 pytestmark = [pytest.mark.slow, pytest.mark.containers, pytest.mark.timeout(1800)]
 

@@ -22,9 +22,10 @@ from graylane.builder.spec import parse_spec
 from graylane.engine_worker.loading import load_from_registry
 
 from graylane import serde
-from graylane.client import GraylaneClient, PostProcess, Result, Task
+from graylane.client import GraylaneClient, Result, Task
 from graylane.kafka.seam import KafkaFactory
 from graylane.registry.repository import open_registry
+from graylane.serde import PostProcess
 from graylane.settings import Settings
 from graylane.v1 import control_pb2
 from tests.support.llm_fixtures import Fixture, fixture

@@ -10,21 +10,16 @@ import numpy as np
 import pytest
 from graylane.engine_worker.batch_generation import run_generate
 from graylane.engine_worker.forward import run_forward
-from graylane.engine_worker.postprocess import PostProcess as EnginePost
 
 from graylane import serde
-from graylane.client import (
-    GraylaneClient,
-    PostProcess,
-    RequestRejected,
-    Task,
-    UnknownModel,
-)
+from graylane.client import GraylaneClient, RequestRejected, Task, UnknownModel
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
 from graylane.routing.convert import table_to_pb
 from graylane.routing.table import RoutingRule, table_for_weights
+from graylane.serde import PostProcess
+from graylane.serde import PostProcess as EnginePost
 from graylane.v1 import inference_pb2, telemetry_pb2
 from tests.support.records import produce
 from tests.support.stack import dead_letters, read_topic, running_stack, wait_for_table

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 from graylane.app.cli.main import main
-from graylane.policy_engine import wire
 from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.services.controlplane.auth import TokenTable, parse_tokens
 from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 
 from graylane.kafka.seam import KafkaFactory
 from graylane.registry.repository import open_registry
+from graylane.rollouts.pb import rollout_spec_to_pb
 from graylane.rollouts.spec import RolloutSpec
 from graylane.settings import Settings
 from graylane.v1 import control_pb2, rollout_pb2
@@ -116,7 +116,7 @@ async def test_promotion_moves_the_stable_version_and_revert_returns_to_it(
 
                 # -- a START the engine refuses ends ABORTED with its reason
                 refused_id = f"ro-{MODEL}-refused-{uuid.uuid4().hex[:6]}"
-                spec = wire.rollout_spec_to_pb(
+                spec = rollout_spec_to_pb(
                     RolloutSpec(rollout_id=refused_id, model=MODEL, baseline=OLD, candidate=NEW)
                 )
                 state = rollout_pb2.RolloutState(

@@ -9,14 +9,14 @@ import re
 from pathlib import Path
 
 import pytest
-
 from graylane.app.cli.main import main
-from graylane.client import GraylaneClient, PostProcess, Task
+
+from graylane.client import GraylaneClient, Task
 from graylane.clock import now_ms
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
-from graylane.serde import decode
+from graylane.serde import PostProcess, decode
 from graylane.settings import Settings
 from graylane.v1 import inference_pb2, telemetry_pb2
 from tests.support.stack import read_topic, running_stack

@@ -11,9 +11,10 @@ from graylane.engine_worker.loading import load_from_registry
 
 from graylane import serde
 from graylane.artifacts.verify import TamperedArtifactError
-from graylane.client import GraylaneClient, PostProcess
+from graylane.client import GraylaneClient
 from graylane.kafka.seam import KafkaFactory
 from graylane.registry.repository import open_registry
+from graylane.serde import PostProcess
 from graylane.settings import Settings
 from graylane.v1 import control_pb2
 from tests.support.stack import running_stack

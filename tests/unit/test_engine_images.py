@@ -7,13 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from graylane.deploy.containers.engine_images import (
-    LLAMA_CPP_VERSION,
-    linked_libraries,
-    llamacpp_cache,
-)
+from graylane.deploy.containers.engine_images import linked_libraries, llamacpp_cache
 from graylane.deploy.containers.podman import ContainerToolError
+from graylane.deploy.engines.layout import LLAMA_CPP_VERSION
 
 LDD = """\
 \tlinux-vdso.so.1 (0x00007ffd5b9e4000)

@@ -10,13 +10,7 @@ from graylane.engine_worker.forward import run_forward
 from graylane.engine_worker.kv_decode import FinishReason, GenerationResult
 from graylane.engine_worker.layouts import token_layout
 from graylane.engine_worker.logic.batching import BucketPolicy
-from graylane.engine_worker.postprocess import (
-    MEAN_POOL,
-    TOKEN_IDS,
-    TOPK_IDS,
-    TOPK_VALUES,
-    PostProcess,
-)
+from graylane.engine_worker.postprocess import MEAN_POOL, TOKEN_IDS, TOPK_IDS, TOPK_VALUES
 from graylane.engine_worker.requests import IntakeRules, Limits, WorkItem, validate
 from onnx import TensorProto, helper, numpy_helper
 
@@ -28,6 +22,7 @@ from graylane.engine.protocol import InferenceEngine
 from graylane.errors import ErrorCode, Rejection
 from graylane.models.byte_vocab import BOS_ID, EOS_ID, PAD_ID, encode_text
 from graylane.models.demo_gpt import build_demo_gpt
+from graylane.serde import PostProcess
 from graylane.v1 import inference_pb2
 from tests.support.engines import DelegatingEngine
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from graylane.services.gateway.logic.admission import (
     DEVELOPMENT_KEYS,
     ApiKeyError,
@@ -11,7 +10,6 @@ from graylane.services.gateway.logic.admission import (
     GateVerdict,
     GatewayLimits,
     KeyRing,
-    Priority,
     Tenant,
     exposure_problem,
     gate_verdict,
@@ -21,6 +19,8 @@ from graylane.services.gateway.logic.admission import (
     split_rate,
 )
 from graylane.services.gateway.state import Admission, BodyBudget, InFlightGate, TokenBucket
+
+from graylane.priority import Priority
 
 KEY_A = "a" * 16 + "-alpha"
 KEY_B = "b" * 16 + "-bravo"

@@ -24,11 +24,7 @@ from graylane.policy_engine.logic.window import (
     TelemetrySample,
     invalid_sample,
 )
-from graylane.policy_engine.wire import (
-    telemetry_from_pb,
-    window_stats_from_pb,
-    window_stats_to_pb,
-)
+from graylane.policy_engine.wire import telemetry_from_pb, window_stats_from_pb, window_stats_to_pb
 from prometheus_client import CollectorRegistry
 
 from graylane.clock import now_ms

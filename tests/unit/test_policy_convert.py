@@ -5,16 +5,23 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
-from graylane.histogram import LatencyHistogram
 from graylane.policy_engine import wire
 from graylane.policy_engine.logic.gates import StepEvidence, advance_sequential
 from graylane.policy_engine.logic.qos import Ceiling, QosState, evaluate_qos
 from graylane.policy_engine.logic.rollout import RolloutState, apply_command, evaluate, start
 from graylane.policy_engine.logic.window import WindowStats
-from graylane.rollouts.pb import manual_command_from_pb
+from hypothesis import given
+from hypothesis import strategies as st
+
+from graylane.histogram import LatencyHistogram
+from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
+from graylane.rollouts.pb import (
+    manual_command_from_pb,
+    qos_policy_from_pb,
+    qos_policy_to_pb,
+    rollout_spec_from_pb,
+    rollout_spec_to_pb,
+)
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import GateMode, Gates, RolloutSpec, Step, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, ManualCommand, Phase
@@ -62,11 +69,11 @@ window_stats = st.builds(
 
 def test_histogram_round_trip() -> None:
     h = LatencyHistogram.of([0.01, 1.0, 2.5, 2.5, 900.0])
-    assert wire.histogram_from_pb(wire.histogram_to_pb(h)) == h
-    empty = wire.histogram_from_pb(telemetry_pb2.LatencyHistogram())
+    assert histogram_from_pb(histogram_to_pb(h)) == h
+    empty = histogram_from_pb(telemetry_pb2.LatencyHistogram())
     assert empty.count == 0 and empty.min_ms == 0.05
     with pytest.raises(ValueError):
-        wire.histogram_from_pb(telemetry_pb2.LatencyHistogram(buckets={3: 1}))
+        histogram_from_pb(telemetry_pb2.LatencyHistogram(buckets={3: 1}))
 
 
 def test_telemetry_from_pb() -> None:
@@ -79,7 +86,7 @@ def test_telemetry_from_pb() -> None:
         batch_size=3,
         request_count=3,
         error_count=1,
-        latency=wire.histogram_to_pb(h),
+        latency=histogram_to_pb(h),
         queue_wait_ms_mean=2.5,
         compute_ms=4.0,
         device_load=0.7,
@@ -110,9 +117,9 @@ def test_window_stats_lag_is_not_carried() -> None:
 
 
 def test_rollout_spec_round_trip() -> None:
-    pb = wire.rollout_spec_to_pb(SPEC)
-    assert wire.rollout_spec_from_pb(pb) == SPEC
-    assert wire.rollout_spec_to_pb(wire.rollout_spec_from_pb(pb)) == pb
+    pb = rollout_spec_to_pb(SPEC)
+    assert rollout_spec_from_pb(pb) == SPEC
+    assert rollout_spec_to_pb(rollout_spec_from_pb(pb)) == pb
 
 
 def test_rollout_spec_round_trip_carries_every_gate() -> None:
@@ -127,16 +134,16 @@ def test_rollout_spec_round_trip_carries_every_gate() -> None:
         p99_floor_ms=0.0,
     )
     spec = replace(SPEC, gates=gates)
-    pb = rollout_pb2.RolloutSpec.FromString(wire.rollout_spec_to_pb(spec).SerializeToString())
+    pb = rollout_pb2.RolloutSpec.FromString(rollout_spec_to_pb(spec).SerializeToString())
     assert pb.gates.mode == rollout_pb2.GATE_MODE_SEQUENTIAL
-    assert wire.rollout_spec_from_pb(pb).gates == gates
+    assert rollout_spec_from_pb(pb).gates == gates
     # Zero where zero is valid survives (optional fields); absent ones take the defaults.
     assert pb.gates.HasField("backlog_queue_ms") and pb.gates.HasField("p99_floor_ms")
     pb.gates.ClearField("backlog_queue_ms")
     pb.gates.ClearField("p99_floor_ms")
     pb.gates.ClearField("error_budget")
     pb.gates.mode = rollout_pb2.GATE_MODE_UNSPECIFIED
-    back = wire.rollout_spec_from_pb(pb).gates
+    back = rollout_spec_from_pb(pb).gates
     d = Gates()
     assert (back.backlog_queue_ms, back.p99_floor_ms, back.error_budget, back.mode) == (
         d.backlog_queue_ms,
@@ -188,7 +195,7 @@ def test_rollout_spec_zeros_mean_defaults() -> None:
     pb = rollout_pb2.RolloutSpec(
         rollout_id="r", model="m", baseline_version="v1", candidate_version="v2"
     )
-    spec = wire.rollout_spec_from_pb(pb)
+    spec = rollout_spec_from_pb(pb)
     assert spec == RolloutSpec(rollout_id="r", model="m", baseline="v1", candidate="v2")
 
 
@@ -221,7 +228,7 @@ def test_rollout_state_round_trip() -> None:
 
 def test_rollout_state_from_pb_needs_a_phase() -> None:
     with pytest.raises(ValueError):
-        wire.rollout_state_from_pb(rollout_pb2.RolloutState(spec=wire.rollout_spec_to_pb(SPEC)))
+        wire.rollout_state_from_pb(rollout_pb2.RolloutState(spec=rollout_spec_to_pb(SPEC)))
 
 
 def test_manual_commands_from_pb() -> None:
@@ -249,8 +256,8 @@ POLICY = QosPolicy(
 
 
 def test_qos_policy_and_state_round_trip() -> None:
-    pb = wire.qos_policy_to_pb(POLICY)
-    assert wire.qos_policy_from_pb(pb) == POLICY
+    pb = qos_policy_to_pb(POLICY)
+    assert qos_policy_from_pb(pb) == POLICY
     state = QosState(
         model="gpt", version="v6", active_variant="fp16", last_change_ms=5, breach_since_ms=9
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from graylane.histogram import LatencyHistogram
 from graylane.policy_engine import wire
 from graylane.policy_engine.audit_replay import verify
 from graylane.policy_engine.core import PolicyCore
@@ -21,6 +20,9 @@ from graylane.policy_engine.messages import (
 )
 from graylane.policy_engine.state import VersionKey
 from graylane.policy_engine.wire import command_from_pb, records_of
+
+from graylane.histogram import LatencyHistogram
+from graylane.rollouts.pb import rollout_spec_to_pb
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import ManualCommand, Phase
@@ -180,7 +182,7 @@ def test_command_from_pb() -> None:
         command_id="c1",
         kind=rollout_pb2.COMMAND_START,
         model=MODEL,
-        spec=wire.rollout_spec_to_pb(SPEC),
+        spec=rollout_spec_to_pb(SPEC),
     )
     cmd = command_from_pb(pb)
     assert isinstance(cmd, Command) and cmd.spec == SPEC

@@ -13,10 +13,12 @@ from graylane.policy_engine.messages import (
     RolloutPublication,
 )
 from graylane.policy_engine.wire import command_from_pb, records_of
+from graylane.services.controlplane.state import open_store
+
+from graylane.rollouts.pb import rollout_spec_to_pb
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import Phase
 from graylane.serde import decode
-from graylane.services.controlplane.state import open_store
 from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2, rollout_pb2
 
@@ -53,7 +55,7 @@ def test_an_undecodable_start_is_rejected_as_a_start() -> None:
 
 
 def _pending(store_rollout_id: str) -> tuple[rollout_pb2.RolloutState, rollout_pb2.RolloutCommand]:
-    spec = wire.rollout_spec_to_pb(SECOND)
+    spec = rollout_spec_to_pb(SECOND)
     state = rollout_pb2.RolloutState(
         rollout_id=store_rollout_id, model="m", phase=rollout_pb2.PENDING, spec=spec
     )

@@ -150,6 +150,38 @@ def test_no_module_only_re_exports_names_from_elsewhere() -> None:
     assert shims == []
 
 
+FACADES = {
+    "graylane/__init__.py": "the SDK's front door: from graylane import GraylaneClient, Settings",
+    "deploy/kafka/kafka.py": "the local broker's command, whose namespace is its API",
+    "deploy/postgres/postgres.py": "the local database's command, whose namespace is its API",
+    "deploy/engines/llamacpp.py": "the llama.cpp set-up command, whose namespace is its API",
+}
+"""The modules whose ``__all__`` may name what they import, and why."""
+
+
+def _imported_names(module: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(module):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def test_no_module_passes_on_names_it_imports() -> None:
+    """A name is imported from the module that defines it: no ``__all__`` (a package's
+    ``__init__`` included) lists a name the module itself imports, but the facades above."""
+    passed_on = {}
+    for path in MODULES:
+        rel = str(path.relative_to(ROOT))
+        tree = _tree(path)
+        names = sorted(set(_exported(tree)) & _imported_names(tree))
+        if names and rel not in FACADES:
+            passed_on[rel] = names
+    assert passed_on == {}
+    planted = ast.parse('from a import b\n\ndef c() -> None: ...\n__all__ = ["b", "c"]\n')
+    assert set(_exported(planted)) & _imported_names(planted) == {"b"}
+
+
 def test_the_reexport_check_can_fail() -> None:
     assert _is_reexport_only(ast.parse('"""x."""\nfrom a import b\n__all__ = ["b"]\n'))
     assert not _is_reexport_only(ast.parse("from a import b\n\ndef f() -> int:\n    return b\n"))

@@ -50,19 +50,17 @@ from enum import Enum
 from pathlib import Path
 
 from graylane.errors import GraylaneError
-from graylane.priority import PRIORITY_TAG, Priority
+from graylane.priority import Priority
 
 __all__ = [
     "ANY_TAG",
     "DEVELOPMENT_KEYS",
     "MIN_KEY_LENGTH",
-    "PRIORITY_TAG",
     "ApiKeyError",
     "CallerRole",
     "GateVerdict",
     "GatewayLimits",
     "KeyRing",
-    "Priority",
     "Tenant",
     "exposure_problem",
     "gate_verdict",
