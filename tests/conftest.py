@@ -34,10 +34,11 @@ pytest_plugins = ("tests.support.llamacpp",)
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap address of the real local broker (started if it is not running)."""
-    from graylane.deploy.kafka import kafka
+    from graylane.deploy.kafka import broker as kafka_broker
+    from graylane.deploy.kafka import process as kafka_process
 
-    kafka.start()
-    yield kafka.bootstrap()
+    kafka_broker.start()
+    yield kafka_process.bootstrap()
 
 
 @pytest.fixture

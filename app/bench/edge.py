@@ -48,8 +48,6 @@ from enum import Enum
 from pathlib import Path
 
 import numpy as np
-
-from graylane import serde
 from graylane.app.bench.harness import (
     WorkerSpec,
     demo_model,
@@ -59,6 +57,8 @@ from graylane.app.bench.harness import (
     start_worker,
 )
 from graylane.app.cli.demo import Service, free_port, start_service, stop_services
+
+from graylane import serde
 from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import inference_pb2
@@ -566,10 +566,10 @@ async def _measure(
 
 
 def run(cfg: EdgeBenchConfig, progress: Callable[[str], None]) -> dict[str, object]:
-    from graylane.deploy.kafka import kafka
+    from graylane.deploy.kafka import broker as kafka_broker
 
     progress("starting the broker")
-    kafka.start()
+    kafka_broker.start()
     model = demo_model("tiny", kv_cache=True, progress=progress)
     return asyncio.run(_measure(Settings.from_env(), model, cfg, progress))
 

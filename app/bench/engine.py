@@ -37,9 +37,9 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 import numpy as np
-
 from graylane.app.bench.harness import fresh_topics, stack_env, start_router
 from graylane.app.cli.demo import Service, free_port, start_service, stop_services
+
 from graylane.settings import REPO_ROOT, Settings
 
 __all__ = ["EngineBenchConfig", "EngineBenchRun", "main", "run"]
@@ -358,13 +358,13 @@ def _summary(runs: list[EngineBenchRun], cfg: EngineBenchConfig) -> dict[str, ob
 def run(cfg: EngineBenchConfig, progress: Callable[[str], None]) -> dict[str, object]:
     from graylane.deploy.engines import llamacpp
     from graylane.deploy.engines.server import LlamaServer
-    from graylane.deploy.kafka import kafka
+    from graylane.deploy.kafka import broker as kafka_broker
 
     with _cores(progress) as (engine_cores, path_cores):
         progress("the engine (llama.cpp) and the model: built and fetched once, cached")
         gguf = llamacpp.model()
         progress("starting the broker")
-        kafka.start()
+        kafka_broker.start()
         server = LlamaServer(
             gguf,
             threads=cfg.threads,

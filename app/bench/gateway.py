@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
 from graylane.app.bench.harness import (
     WorkerSpec,
     demo_model,
@@ -47,6 +46,7 @@ from graylane.app.bench.harness import (
 )
 from graylane.app.cli.demo import Service, free_port, start_service, stop_services
 from graylane.app.demo.gateway_calls import GatewayConnection, GatewayPool
+
 from graylane.client import GraylaneClient, Task
 from graylane.settings import REPO_ROOT, Settings
 
@@ -291,10 +291,10 @@ async def _measure(
 
 
 def run(cfg: GatewayBenchConfig, progress: Callable[[str], None]) -> dict[str, object]:
-    from graylane.deploy.kafka import kafka
+    from graylane.deploy.kafka import broker as kafka_broker
 
     progress("starting the broker")
-    kafka.start()
+    kafka_broker.start()
     model = demo_model("tiny", kv_cache=True, progress=progress)
     return asyncio.run(_measure(Settings.from_env(), model, cfg, progress))
 

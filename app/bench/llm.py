@@ -32,7 +32,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-
 from graylane.app.bench.harness import (
     WorkerSpec,
     demo_model,
@@ -43,9 +42,10 @@ from graylane.app.bench.harness import (
     wait_answered,
 )
 from graylane.app.cli.demo import Service, stop_services
+from graylane.engine_worker.kv_decode import KvDecodeLoop
+
 from graylane.client import GraylaneClient, Task
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine_worker.kv_decode import KvDecodeLoop
 from graylane.settings import Settings
 
 __all__ = [
@@ -300,10 +300,10 @@ def model_label(onnx: Path) -> str:
 
 
 def run(cfg: LlmBenchConfig, progress: Callable[[str], None]) -> dict[str, object]:
-    from graylane.deploy.kafka import kafka
+    from graylane.deploy.kafka import broker as kafka_broker
 
     progress("starting the broker")
-    kafka.start()
+    kafka_broker.start()
     if cfg.onnx is not None:
         model, name = cfg.onnx, model_label(cfg.onnx)
     else:

@@ -603,7 +603,7 @@ class PathCostRun:
 
 def run_path_cost(cfg: PathCostConfig, progress: Progress) -> PathCostRun:
     from graylane.app.bench.chaos_stack import PrivateBroker
-    from graylane.deploy.kafka import kafka
+    from graylane.deploy.kafka import broker as kafka_broker
     from graylane.deploy.kafka.process import running_pid
 
     settings = Settings.from_env()
@@ -616,7 +616,7 @@ def run_path_cost(cfg: PathCostConfig, progress: Progress) -> PathCostRun:
         settings = settings.with_overrides(bootstrap_servers=private.bootstrap)
     else:
         progress("starting the broker")
-        kafka.start()
+        kafka_broker.start()
         broker_pid = running_pid()
     if broker_pid is None:
         progress("the broker's pid is unknown here (not this checkout's): no broker CPU figure")

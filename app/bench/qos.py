@@ -50,7 +50,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
-
 from graylane.app.bench.harness import BenchStack, GenerationLoad, WorkerSpec, bench_stack
 from graylane.app.bench.path import path_capacity
 from graylane.app.bench.qos_score import (
@@ -61,6 +60,7 @@ from graylane.app.bench.qos_score import (
     seconds_to_top,
     timeline,
 )
+
 from graylane.rollouts.pb import qos_policy_from_pb
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
@@ -274,6 +274,7 @@ def local_supervisor(max_workers: int = 2, warm_standby: int = 1) -> ScaleOut:
     @contextlib.asynccontextmanager
     async def supervise(stack: BenchStack, spec: WorkerSpec) -> AsyncIterator[Callable[[], int]]:
         from graylane.app.cli.scaler import ScaleSupervisor, WorkerTemplate
+
         from graylane.settings import REPO_ROOT
 
         variants = [
@@ -476,6 +477,7 @@ def _engine_generations(
     """Per rung, generations/s of its engine alone at the worker's decode rows; and
     fp32's prefill of one prompt and its decode step with every row busy (ms)."""
     from graylane.app.bench.llm import engine_tokens_per_s, prefill_ms
+
     from graylane.engine.onnxruntime import OnnxRuntimeEngine
 
     rows, max_seq_len = gen.max_sequences, gen.prompt_len + max(lengths) + 8
@@ -500,7 +502,7 @@ def main_generative(
     """The generative run: TTFT/TPOT SLO, goodput against it (see the module docstring)."""
     from graylane.app.cli.capacity import registered_variants
     from graylane.app.demo.build_versions import build_versions
-    from graylane.deploy.kafka import kafka
+    from graylane.deploy.kafka import broker as kafka_broker
 
     t0 = time.monotonic()
 
@@ -508,7 +510,7 @@ def main_generative(
         print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)
 
     progress("starting the broker")
-    kafka.start()
+    kafka_broker.start()
     settings = Settings.from_env()
     progress("building fp32 and int8-dynamic variants of the small demo GPT with a KV cache")
     build_versions(
@@ -621,8 +623,9 @@ def main(cfg: QosConfig, scale_out: ScaleOut | None = None) -> int:
     """``scale_out``: the supervisor of run 4 (default: :func:`local_supervisor`)."""
     from graylane.app.cli.capacity import ensure_calibrated, registered_variants
     from graylane.app.demo.build_versions import build_versions
+    from graylane.deploy.kafka import broker as kafka_broker
+
     from graylane.capacity import rung_capacities
-    from graylane.deploy.kafka import kafka
 
     t0 = time.monotonic()
 
@@ -630,7 +633,7 @@ def main(cfg: QosConfig, scale_out: ScaleOut | None = None) -> int:
         print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)
 
     progress("starting the broker")
-    kafka.start()
+    kafka_broker.start()
     settings = Settings.from_env()
     progress("building fp32 and int8-dynamic variants of the small demo GPT")
     build_versions(settings, MODEL, {"9.0.0": 5}, size="small", progress=progress)

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from graylane.app.bench.harness import BenchStack, WorkerSpec, bench_stack, demo_model
 from graylane.app.bench.path import DRAIN_TIMEOUT_S, drained, path_capacity
+
 from graylane.rollouts.pb import phase_from_pb
 from graylane.rollouts.vocabulary import Phase
 from graylane.settings import Settings
@@ -347,6 +347,7 @@ async def scenario_healthy(
 def engine_capacity(settings: Settings, model: Path, progress: Callable[[str], None]) -> float:
     """The fp32 engine's requests/s as calibrated on this machine (measured if not yet)."""
     from graylane.app.cli.capacity import ensure_calibrated
+
     from graylane.capacity import measured_capacity
 
     profile = ensure_calibrated(
@@ -366,7 +367,7 @@ def engine_capacity(settings: Settings, model: Path, progress: Callable[[str], N
 
 
 def main(cfg: RollbackConfig) -> int:
-    from graylane.deploy.kafka import kafka
+    from graylane.deploy.kafka import broker as kafka_broker
 
     t0 = time.monotonic()
 
@@ -374,7 +375,7 @@ def main(cfg: RollbackConfig) -> int:
         print(f"[{time.monotonic() - t0:6.1f}s] {text}", flush=True)
 
     progress("starting the broker")
-    kafka.start()
+    kafka_broker.start()
     model = demo_model("tiny", progress=progress)
     settings = Settings.from_env()
     capacity = engine_capacity(settings, model, progress)

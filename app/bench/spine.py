@@ -316,10 +316,10 @@ async def _measure(
 
 
 def run_spine(cfg: SpineConfig, progress: Callable[[str], None]) -> dict[str, object]:
-    from graylane.deploy.kafka import kafka
+    from graylane.deploy.kafka import broker as kafka_broker
 
     progress("starting the broker")
-    kafka.start()
+    kafka_broker.start()
     model = demo_model(cfg.size, progress=progress)
     settings = Settings.from_env()
     trials, lat = asyncio.run(_measure(settings, model, cfg, progress))

@@ -178,13 +178,13 @@ def stop_services(services: list[Service]) -> None:
 def _demo(args: argparse.Namespace) -> int:
     if not args.quick:
         return _story(args)
-    from graylane.deploy.kafka import kafka
+    from graylane.deploy.kafka import broker as kafka_broker
 
     args.size = args.size or "tiny"
 
     step = _Steps()
     step("starting the local Kafka broker")
-    kafka.start()
+    kafka_broker.start()
     settings = Settings.from_env()
     step(f"writing the demo GPT ({args.size}) for versions v1 and v2")
     paths = write_demo_models(REPO_ROOT / ".local" / "models", args.size)
@@ -230,7 +230,7 @@ def _demo(args: argparse.Namespace) -> int:
         if not args.keep_running:
             step("stopping the services and the broker")
             stop_services(services)
-            kafka.stop()
+            kafka_broker.stop()
     return 0
 
 
@@ -318,13 +318,13 @@ def _story(args: argparse.Namespace) -> int:
         MODEL as STORY_MODEL,
     )
     from graylane.deploy.engines import llamacpp
-    from graylane.deploy.kafka import kafka
+    from graylane.deploy.kafka import broker as kafka_broker
 
     from graylane.kafka.seam import KafkaFactory
 
     step = _Steps()
     step("starting the local Kafka broker")
-    kafka.start()
+    kafka_broker.start()
     settings = Settings.from_env()
     size = args.size or "small"
     step(f"building versions {', '.join(SEEDS)} of {STORY_MODEL} ({size}): fp32 + int8-dynamic")
@@ -463,5 +463,5 @@ def _story(args: argparse.Namespace) -> int:
         if not args.keep_running:
             step("stopping the services and the broker")
             stop_services(services)
-            kafka.stop()
+            kafka_broker.stop()
     return 0

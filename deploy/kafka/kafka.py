@@ -10,13 +10,13 @@ Usage::
     python deploy/kafka/kafka.py logs [-n 50] [-f]
     python deploy/kafka/kafka.py reset     # stop and delete the broker data (topics, offsets)
 
-Importable (stdlib only)::
+From Python (stdlib only), from the modules that hold each step::
 
-    from graylane.deploy.kafka import kafka
-    kafka.start()            # -> "127.0.0.1:9092"; no-op when already running
-    kafka.bootstrap()        # -> "127.0.0.1:9092"
-    kafka.is_running()
-    kafka.stop()
+    from graylane.deploy.kafka import broker, process
+    broker.start()           # -> "127.0.0.1:9092"; no-op when already running
+    process.bootstrap()      # -> "127.0.0.1:9092"
+    process.is_running()
+    broker.stop()
 
 Layout:
   * jars:  ${GRAYLANE_CACHE_DIR:-~/.cache/graylane}/kafka-<version>/libs   (shared between clones)
@@ -25,7 +25,7 @@ Layout:
 Modules: ``layout`` (versions, paths, ports), ``probe`` (raw wire-protocol readiness probe),
 ``maven`` (jar download), ``process`` (pid file, liveness), ``secure`` (secured mode),
 ``broker`` (start/stop/status);
-this file is the CLI and the public facade.
+this file is the command line over them.
 
 Environment: GRAYLANE_KAFKA_PORT (9092), GRAYLANE_KAFKA_CONTROLLER_PORT (port + 1000),
 GRAYLANE_CACHE_DIR, GRAYLANE_LOCAL_DIR, JAVA_HOME (else `java` from PATH), MVN (else `mvn`),
@@ -46,12 +46,10 @@ if __name__ == "__main__" and not __package__:
 
 from graylane.deploy.kafka.broker import (
     logs,
-    new_cluster_id,
     reset,
     start,
     status,
     stop,
-    write_config,
 )
 from graylane.deploy.kafka.layout import (
     HOST,
@@ -59,80 +57,22 @@ from graylane.deploy.kafka.layout import (
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
     KafkaLocalError,
-    cache_dir,
-    configured_controller_port,
-    configured_port,
-    data_dir,
     libs_dir,
-    local_dir,
-    logs_dir,
-    pid_file,
     say,
-    server_log,
-    server_properties,
 )
 from graylane.deploy.kafka.maven import fetch, is_fetched
 from graylane.deploy.kafka.probe import (
-    ApiVersionRange,
-    BrokerInfo,
     ClusterMetadata,
-    ProtocolError,
-    encode_api_versions_request,
-    encode_metadata_request,
-    encode_request,
-    parse_api_versions_response,
-    parse_metadata_response,
 )
 from graylane.deploy.kafka.probe import probe as _probe
 from graylane.deploy.kafka.process import (
     bootstrap,
     bootstrap_port,
-    is_running,
-    logged_version,
-    properties_port,
-    running_pid,
 )
 
 __all__ = [
-    "HOST",
-    "KAFKA_VERSION",
-    "ApiVersionRange",
-    "BrokerInfo",
-    "ClusterMetadata",
-    "KafkaLocalError",
-    "ProtocolError",
-    "bootstrap",
-    "bootstrap_port",
-    "cache_dir",
-    "configured_controller_port",
-    "configured_port",
-    "data_dir",
-    "encode_api_versions_request",
-    "encode_metadata_request",
-    "encode_request",
-    "fetch",
-    "is_fetched",
-    "is_running",
-    "libs_dir",
-    "local_dir",
-    "logged_version",
-    "logs",
-    "logs_dir",
     "main",
-    "new_cluster_id",
-    "parse_api_versions_response",
-    "parse_metadata_response",
-    "pid_file",
     "probe",
-    "properties_port",
-    "reset",
-    "running_pid",
-    "server_log",
-    "server_properties",
-    "start",
-    "status",
-    "stop",
-    "write_config",
 ]
 
 

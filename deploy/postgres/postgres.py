@@ -19,7 +19,7 @@ the server runs as the `postgres` OS user (created when missing) through `runuse
 Data: ${GRAYLANE_LOCAL_DIR:-<repo>/.local}/postgres/{data,run,postgres.log}. Trust
 authentication, listening on 127.0.0.1 only; fsync is off: this is a test database.
 Modules: ``layout`` (port, URL, directories), ``binaries`` (find/install the server),
-``server`` (initdb, start, stop, status); this file is the CLI and the public facade.
+``server`` (initdb, start, stop, status); this file is the command line over them.
 
 Environment: GRAYLANE_PG_PORT (55432), GRAYLANE_PG_BIN, GRAYLANE_LOCAL_DIR.
 """
@@ -35,20 +35,12 @@ if __name__ == "__main__" and not __package__:
     # root, not from this folder.
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from graylane.deploy.postgres.binaries import bin_dir, find_bin_dir, server_version
 from graylane.deploy.postgres.layout import (
-    DATABASE,
-    HOST,
     PostgresLocalError,
-    base_dir,
-    data_dir,
     log_file,
-    port,
     url,
 )
 from graylane.deploy.postgres.server import (
-    is_running,
-    running_pid,
     start,
     status,
     stop,
@@ -56,23 +48,7 @@ from graylane.deploy.postgres.server import (
 )
 
 __all__ = [
-    "DATABASE",
-    "HOST",
-    "PostgresLocalError",
-    "base_dir",
-    "bin_dir",
-    "data_dir",
-    "find_bin_dir",
-    "is_running",
-    "log_file",
     "main",
-    "port",
-    "running_pid",
-    "server_version",
-    "start",
-    "status",
-    "stop",
-    "url",
 ]
 
 

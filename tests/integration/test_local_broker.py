@@ -12,8 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
+from graylane.deploy.kafka import broker as kafka_broker
 from graylane.deploy.kafka import kafka as kt
+from graylane.deploy.kafka import layout as kafka_layout
+from graylane.deploy.kafka import process as kafka_process
+
 from tests.support.brokers import PrivateBroker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +38,7 @@ def _cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def broker() -> str:
     """Start the shared broker if needed (already running is fine); it keeps running."""
-    return kt.start()
+    return kafka_broker.start()
 
 
 @pytest.fixture
@@ -46,22 +49,22 @@ def own_broker_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     try:
         yield tmp_path
     finally:
-        kt.stop()  # the private broker, found through the private local dir
+        kafka_broker.stop()  # the private broker, found through the private local dir
 
 
 def test_start_again_is_a_noop(broker: str, capsys: pytest.CaptureFixture[str]) -> None:
-    pid = kt.running_pid()
+    pid = kafka_process.running_pid()
     assert pid is not None
-    assert kt.start() == broker
+    assert kafka_broker.start() == broker
     assert "already running" in capsys.readouterr().out
-    assert kt.running_pid() == pid
+    assert kafka_process.running_pid() == pid
 
 
 def test_status_reports_version(broker: str) -> None:
-    ok, line = kt.status()
+    ok, line = kafka_broker.status()
     assert ok, line
     assert line.startswith(f"Apache Kafka 4.0.1 running on {broker} (pid ")
-    assert kt.logged_version() == "4.0.1" == kt.KAFKA_VERSION
+    assert kafka_process.logged_version() == "4.0.1" == kafka_layout.KAFKA_VERSION
     cli = _cli("status")
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert cli.stdout.strip() == line
@@ -79,11 +82,11 @@ def test_metadata_probe_answers(broker: str) -> None:
 def test_stop_stop_start_cycle_with_stale_pid(own_broker_env: Path) -> None:
     first = _cli("start")
     assert first.returncode == 0, first.stdout + first.stderr
-    assert kt.is_running()
+    assert kafka_process.is_running()
     stopped = _cli("stop")
     assert stopped.returncode == 0, stopped.stderr
     assert "stopped" in stopped.stdout
-    assert not kt.is_running()
+    assert not kafka_process.is_running()
 
     again = _cli("stop")
     assert again.returncode == 0
@@ -96,7 +99,7 @@ def test_stop_stop_start_cycle_with_stale_pid(own_broker_env: Path) -> None:
     # A pid file left behind whose pid now belongs to a non-Kafka process.
     with subprocess.Popen(["sleep", "60"]) as impostor:
         try:
-            kt.pid_file().write_text(f"{impostor.pid}\n")
+            kafka_layout.pid_file().write_text(f"{impostor.pid}\n")
             started = _cli("start")
             assert started.returncode == 0, started.stdout + started.stderr
             assert "removing stale pid file" in started.stdout
@@ -104,5 +107,5 @@ def test_stop_stop_start_cycle_with_stale_pid(own_broker_env: Path) -> None:
             assert impostor.poll() is None  # the impostor was not signalled
         finally:
             impostor.kill()
-    assert kt.is_running()
-    assert kt.running_pid() != impostor.pid
+    assert kafka_process.is_running()
+    assert kafka_process.running_pid() != impostor.pid

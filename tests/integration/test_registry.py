@@ -46,10 +46,11 @@ TABLES = {
 @pytest.fixture(scope="session")
 def pg_url() -> str:
     """URL of the local PostgreSQL test server, started when it is not running."""
-    from graylane.deploy.postgres import postgres
+    from graylane.deploy.postgres import layout as postgres_layout
+    from graylane.deploy.postgres import server as postgres_server
 
-    postgres.start()
-    return postgres.url()
+    postgres_server.start()
+    return postgres_layout.url()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Protocol
 
 import pytest
-
-from graylane.artifacts.naming import Precision
+from graylane.deploy.engines import build as engines_build
+from graylane.deploy.engines import layout as engines_layout
 from graylane.deploy.engines import llamacpp
 from graylane.deploy.engines.server import LlamaServer
+
+from graylane.artifacts.naming import Precision
 
 __all__ = [
     "StartLlamaServer",
@@ -48,9 +50,10 @@ class StartLlamaServer(Protocol):
 
 
 def _rung(precision: Precision) -> Path:
-    if not llamacpp.is_built():
+    if not engines_build.is_built():
         pytest.fail(
-            f"llama.cpp {llamacpp.LLAMA_CPP_VERSION} is not built in {llamacpp.engine_dir()}: "
+            f"llama.cpp {engines_layout.LLAMA_CPP_VERSION} is not built in "
+            f"{engines_layout.engine_dir()}: "
             "run `make engines` once (python deploy/engines/llamacpp.py setup)"
         )
     return llamacpp.model(precision)

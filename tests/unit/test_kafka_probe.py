@@ -11,8 +11,11 @@ import threading
 from pathlib import Path
 
 import pytest
-
+from graylane.deploy.kafka import broker as kafka_broker
 from graylane.deploy.kafka import kafka as kt
+from graylane.deploy.kafka import layout as kafka_layout
+from graylane.deploy.kafka import probe as kafka_probe
+from graylane.deploy.kafka import process as kafka_process
 
 
 def _str(s: str | None) -> bytes:
@@ -50,7 +53,7 @@ def _metadata_frame(
 
 
 def test_api_versions_v0_request_bytes() -> None:
-    got = kt.encode_api_versions_request(7, "abc")
+    got = kafka_probe.encode_api_versions_request(7, "abc")
     expected = (
         b"\x00\x00\x00\x0d"  # size 13
         + b"\x00\x12"  # api_key 18 (ApiVersions)
@@ -62,12 +65,12 @@ def test_api_versions_v0_request_bytes() -> None:
 
 
 def test_null_client_id_is_length_minus_one() -> None:
-    got = kt.encode_api_versions_request(1, None)
+    got = kafka_probe.encode_api_versions_request(1, None)
     assert got == struct.pack(">ihhih", 10, 18, 0, 1, -1)
 
 
 def test_metadata_v4_request_asks_for_no_topics_without_auto_creation() -> None:
-    got = kt.encode_metadata_request(2, "x")
+    got = kafka_probe.encode_metadata_request(2, "x")
     size, api_key, version, corr = struct.unpack(">ihhi", got[:12])
     assert (api_key, version, corr) == (3, 4, 2)
     assert size == len(got) - 4
@@ -81,44 +84,44 @@ def test_metadata_v4_request_asks_for_no_topics_without_auto_creation() -> None:
 
 def test_parse_api_versions_response() -> None:
     frame = _api_versions_frame(7, 0, [(0, 3, 12), (3, 0, 13), (18, 0, 4)])
-    ranges = kt.parse_api_versions_response(frame, 7)
+    ranges = kafka_probe.parse_api_versions_response(frame, 7)
     assert ranges == [
-        kt.ApiVersionRange(0, 3, 12),
-        kt.ApiVersionRange(3, 0, 13),
-        kt.ApiVersionRange(18, 0, 4),
+        kafka_probe.ApiVersionRange(0, 3, 12),
+        kafka_probe.ApiVersionRange(3, 0, 13),
+        kafka_probe.ApiVersionRange(18, 0, 4),
     ]
 
 
 def test_api_versions_error_code_is_reported() -> None:
     frame = _api_versions_frame(7, 35, [(18, 0, 3)])  # UNSUPPORTED_VERSION
-    with pytest.raises(kt.ProtocolError, match="error_code=35"):
-        kt.parse_api_versions_response(frame, 7)
+    with pytest.raises(kafka_probe.ProtocolError, match="error_code=35"):
+        kafka_probe.parse_api_versions_response(frame, 7)
 
 
 def test_correlation_id_mismatch() -> None:
     frame = _api_versions_frame(8, 0, [(18, 0, 4)])
-    with pytest.raises(kt.ProtocolError, match="correlation id mismatch: sent 7, got 8"):
-        kt.parse_api_versions_response(frame, 7)
+    with pytest.raises(kafka_probe.ProtocolError, match="correlation id mismatch: sent 7, got 8"):
+        kafka_probe.parse_api_versions_response(frame, 7)
 
 
 @pytest.mark.parametrize("cut", [0, 3, 5, 9, 12])
 def test_truncated_response(cut: int) -> None:
     frame = _api_versions_frame(7, 0, [(18, 0, 4), (3, 0, 13)])
-    with pytest.raises(kt.ProtocolError):
-        kt.parse_api_versions_response(frame[:cut], 7)
+    with pytest.raises(kafka_probe.ProtocolError):
+        kafka_probe.parse_api_versions_response(frame[:cut], 7)
 
 
 def test_empty_api_list_is_not_a_broker() -> None:
-    with pytest.raises(kt.ProtocolError, match="no APIs"):
-        kt.parse_api_versions_response(_api_versions_frame(1, 0, []), 1)
+    with pytest.raises(kafka_probe.ProtocolError, match="no APIs"):
+        kafka_probe.parse_api_versions_response(_api_versions_frame(1, 0, []), 1)
 
 
 def test_parse_metadata_response_head() -> None:
     frame = _metadata_frame(2, [(1, "127.0.0.1", 9092, None), (2, "h2", 9093, "r1")], "cid", 1)
-    md = kt.parse_metadata_response(frame, 2)
+    md = kafka_probe.parse_metadata_response(frame, 2)
     assert md.brokers == (
-        kt.BrokerInfo(1, "127.0.0.1", 9092, None),
-        kt.BrokerInfo(2, "h2", 9093, "r1"),
+        kafka_probe.BrokerInfo(1, "127.0.0.1", 9092, None),
+        kafka_probe.BrokerInfo(2, "h2", 9093, "r1"),
     )
     assert md.cluster_id == "cid"
     assert md.controller_id == 1
@@ -169,7 +172,7 @@ def test_probe_against_fake_broker() -> None:
 def test_probe_rejects_broker_without_metadata_v4() -> None:
     apis = _api_versions_frame(1, 0, [(3, 5, 12), (18, 0, 4)])
     server, thread, _ = _fake_broker(apis, None)
-    with server, pytest.raises(kt.ProtocolError, match="Metadata v4"):
+    with server, pytest.raises(kafka_probe.ProtocolError, match="Metadata v4"):
         kt.probe("127.0.0.1", server.getsockname()[1], timeout=5)
     thread.join(5)
 
@@ -187,7 +190,7 @@ def test_probe_connection_closed_mid_response() -> None:
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    with server, pytest.raises(kt.ProtocolError, match="connection closed"):
+    with server, pytest.raises(kafka_probe.ProtocolError, match="connection closed"):
         kt.probe("127.0.0.1", server.getsockname()[1], timeout=5)
     thread.join(5)
 
@@ -197,15 +200,15 @@ def test_probe_connection_closed_mid_response() -> None:
 
 def test_cluster_id_is_a_kafka_uuid() -> None:
     for _ in range(200):
-        cid = kt.new_cluster_id()
+        cid = kafka_broker.new_cluster_id()
         assert len(cid) == 22 and not cid.startswith("-")
         assert len(base64.urlsafe_b64decode(cid + "==")) == 16
 
 
 def test_rendered_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRAYLANE_LOCAL_DIR", str(tmp_path))
-    kt.write_config(19092, 20092)
-    text = kt.server_properties().read_text()
+    kafka_broker.write_config(19092, 20092)
+    text = kafka_layout.server_properties().read_text()
     assert "${" not in text
     props = dict(
         line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#")
@@ -217,17 +220,17 @@ def test_rendered_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert props["auto.create.topics.enable"] == "false"
     assert props["offsets.topic.replication.factor"] == "1"
     assert props["group.initial.rebalance.delay.ms"] == "0"
-    assert kt.properties_port(kt.server_properties()) == 19092
+    assert kafka_process.properties_port(kafka_layout.server_properties()) == 19092
 
 
 def test_ports_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GRAYLANE_KAFKA_CONTROLLER_PORT", raising=False)
     monkeypatch.setenv("GRAYLANE_KAFKA_PORT", "19092")
-    assert kt.configured_port() == 19092
-    assert kt.configured_controller_port(19092) == 20092
+    assert kafka_layout.configured_port() == 19092
+    assert kafka_layout.configured_controller_port(19092) == 20092
     monkeypatch.setenv("GRAYLANE_KAFKA_PORT", "nope")
-    with pytest.raises(kt.KafkaLocalError):
-        kt.configured_port()
+    with pytest.raises(kafka_layout.KafkaLocalError):
+        kafka_layout.configured_port()
 
 
 @pytest.mark.parametrize(
@@ -240,8 +243,8 @@ def test_stale_pid_file_is_removed(
 ) -> None:
     # Nonexistent pid, unparsable file, and a live pid that is not a Kafka broker (this test).
     monkeypatch.setenv("GRAYLANE_LOCAL_DIR", str(tmp_path))
-    kt.pid_file().parent.mkdir(parents=True)
-    kt.pid_file().write_text(content)
-    assert kt.running_pid() is None
-    assert not kt.pid_file().exists()
-    assert kt.is_running() is False
+    kafka_layout.pid_file().parent.mkdir(parents=True)
+    kafka_layout.pid_file().write_text(content)
+    assert kafka_process.running_pid() is None
+    assert not kafka_layout.pid_file().exists()
+    assert kafka_process.is_running() is False

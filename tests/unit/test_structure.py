@@ -152,9 +152,6 @@ def test_no_module_only_re_exports_names_from_elsewhere() -> None:
 
 FACADES = {
     "graylane/__init__.py": "the SDK's front door: from graylane import GraylaneClient, Settings",
-    "deploy/kafka/kafka.py": "the local broker's command, whose namespace is its API",
-    "deploy/postgres/postgres.py": "the local database's command, whose namespace is its API",
-    "deploy/engines/llamacpp.py": "the llama.cpp set-up command, whose namespace is its API",
 }
 """The modules whose ``__all__`` may name what they import, and why."""
 
