@@ -24,8 +24,8 @@ since quantizing again would round the compensated weights back to nearest.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -75,6 +75,12 @@ class GptqRounding:
     tokens: int
     activations: int
     """Distinct inputs whose ``X^T X`` was taken (q/k/v share one)."""
+
+    def without(self, outputs: Collection[str]) -> GptqRounding:
+        """The same rounding less the weights of ``outputs`` (layers kept in float)."""
+        dropped = set(outputs)
+        encoded = {k: v for k, v in self.encoded.items() if k not in dropped}
+        return replace(self, encoded=encoded)
 
     def describe(self) -> str:
         return (

@@ -7,7 +7,8 @@ distributions 3-9x more than quantizing one of layers 3 to 8. A fixed list of fl
 is a guess about one model; this measures it:
 
 1. for each decoder layer (its ``MatMul`` nodes, grouped by the first numbered part of
-   their names: ``layers.7`` of ``layers.7.mlp.up_proj``), quantize that layer alone;
+   their names: ``layers.7`` of ``layers.7.mlp.up_proj``), quantize that layer alone, as
+   the rung quantizes it (its GPTQ codes where the rung rounds by GPTQ);
 2. run the calibration prompts through it and take the mean KL divergence of its
    next-token distributions from fp32's, per position;
 3. keep in float the ``count`` layers with the largest divergence.

@@ -12,7 +12,7 @@ import logging
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -26,7 +26,7 @@ from graylane.artifacts.build_info import CalibrationMethod, WeightOnlyQuantizat
 from graylane.artifacts.model_info import SourceQuantization, source_quantization
 from graylane.artifacts.naming import Precision
 from graylane.builder.calibration import ORT_METHODS, CalibrationError, CalibrationRecord, calibrate
-from graylane.builder.gptq import GptqRounding, write_int8_blocks
+from graylane.builder.gptq import GptqRounding, Int8Blocks, write_int8_blocks
 from graylane.builder.layer_sensitivity import FloatLayerChoice
 from graylane.builder.runtime import VariantLoadError, open_runner
 from graylane.builder.samples import SampleSet
@@ -47,6 +47,7 @@ __all__ = [
     "VariantInputs",
     "VariantOutcome",
     "VariantStatus",
+    "layer_quantizer",
     "produce_variant",
 ]
 
@@ -399,15 +400,25 @@ def _weight_only(
             nodes_to_exclude=list(exclude),
         )
 
+    rounded: GptqRounding | None = None
+    if bits == 8 and symmetric and options.int8_rounding is not None:
+        # before the float layers are chosen, so that they are measured as the rung rounds
+        # them (X^T X is fp32's, whichever layers stay in float: the codes do not change)
+        rounded = _gptq(model, options.int8_rounding, inputs.source, matmuls, keep, block)
     sensitive: FloatLayerChoice | None = None
     if bits == 8 and options.int8_sensitive_layers is not None and level == 4:
         sensitive = _sensitive_layers(
-            model, options.int8_sensitive_layers, inputs.source, matmuls, keep, quantizer_for
+            model,
+            options.int8_sensitive_layers,
+            inputs.source,
+            matmuls,
+            keep,
+            quantizer_for,
+            encoded=None if rounded is None else rounded.encoded,
         )
         keep = [*keep, *(n for n in sensitive.nodes if n not in keep)]
-    rounded: GptqRounding | None = None
-    if bits == 8 and symmetric and options.int8_rounding is not None:
-        rounded = _gptq(model, options.int8_rounding, inputs.source, matmuls, keep, block)
+        if rounded is not None:
+            rounded = rounded.without(_outputs_of(model, keep))
     with _quiet_quantizer():
         quantizer = quantizer_for(model, keep)
         quantizer.process()
@@ -559,10 +570,13 @@ def _sensitive_layers(
     matmuls: Sequence[str],
     keep: Sequence[str],
     quantizer_for: Callable[[onnx.ModelProto, Sequence[str]], Any],
+    *,
+    encoded: Mapping[str, Int8Blocks] | None = None,
 ) -> FloatLayerChoice:
     """Measure each decoder layer of ``model`` (smoothed already, where the rung smooths)
     quantized alone on the spec's calibration prompts; the ``count`` most sensitive stay
-    in float."""
+    in float. ``encoded``: the rung's GPTQ codes, written into each measured layer as the
+    rung writes them (else it is measured rounded to nearest)."""
     from graylane.builder.layer_sensitivity import measure_layers
     from graylane.builder.spec import read_prompts
     from graylane.models.hf_tokenizer import HfTokenizer
@@ -572,6 +586,19 @@ def _sensitive_layers(
         raise _Unsupported(f"measuring layers needs the source's tokenizer: no {tokenizer_path}")
     tokenizer = HfTokenizer(tokenizer_path)
     prompts = [tokenizer.encode(text) for text in read_prompts(spec.prompts)]
+    quantizable = [n for n in matmuls if n not in set(keep)]
+    quantize = layer_quantizer(keep, quantizer_for, encoded)
+    return measure_layers(model, quantizable, prompts, quantize, spec.count)
+
+
+def layer_quantizer(
+    keep: Sequence[str],
+    quantizer_for: Callable[[onnx.ModelProto, Sequence[str]], Any],
+    encoded: Mapping[str, Int8Blocks] | None = None,
+) -> Callable[[onnx.ModelProto, Sequence[str], Path], None]:
+    """The sensitivity measurement's quantizer: a copy of the model quantized by the rung's
+    own ``quantizer_for`` with ``keep`` and the excluded nodes in float, and the rung's GPTQ
+    codes (``encoded``, by ``MatMul`` output) written over its rounding where given."""
     kept = set(keep)
 
     def quantize(candidate: onnx.ModelProto, exclude: Sequence[str], path: Path) -> None:
@@ -580,10 +607,16 @@ def _sensitive_layers(
         with _quiet_quantizer():
             quantizer = quantizer_for(copy, [*keep, *(n for n in exclude if n not in kept)])
             quantizer.process()
+            if encoded:
+                write_int8_blocks(quantizer.model.model, encoded)
             quantizer.model.save_model_to_file(str(path), use_external_data_format=True)
 
-    quantizable = [n for n in matmuls if n not in kept]
-    return measure_layers(model, quantizable, prompts, quantize, spec.count)
+    return quantize
+
+
+def _outputs_of(model: onnx.ModelProto, names: Sequence[str]) -> set[str]:
+    wanted = set(names)
+    return {n.output[0] for n in model.graph.node if n.name in wanted and n.output}
 
 
 def _source_weights(model: onnx.ModelProto, nodes: set[str]) -> dict[str, np.ndarray]:

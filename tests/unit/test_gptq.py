@@ -3,12 +3,23 @@ nearest, and its codes are what ONNX Runtime's ``MatMulNBits`` computes with."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from graylane.builder.gptq import gptq_blocks, input_hessians, rtn_blocks, write_int8_blocks
+from graylane.builder.gptq import (
+    GptqRounding,
+    Int8Blocks,
+    gptq_blocks,
+    input_hessians,
+    rtn_blocks,
+    write_int8_blocks,
+)
 from tests.support.small_models import projection_model
 
 _IN, _OUT, _BLOCK = 128, 24, 32
@@ -115,3 +126,54 @@ def test_hessians_are_summed_over_prompts_from_extra_graph_outputs() -> None:
     rows = table[[1, 2, 3, 4, 4]].astype(np.float64)
     assert tokens == 5
     np.testing.assert_allclose(hessians["x"], rows.T @ rows, rtol=1e-6)
+
+
+def test_the_sensitivity_measurement_quantizes_a_layer_as_the_rung_rounds_it(
+    tmp_path: Path,
+) -> None:
+    """With GPTQ, each layer is measured with its GPTQ codes, not rounded to nearest."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from graylane.builder.variants import layer_quantizer
+
+    rng = np.random.default_rng(4)
+    weight = rng.normal(size=(_IN, _OUT)).astype(np.float32)
+    x = _correlated(rng, 400)
+    blocks = gptq_blocks(weight, x.T @ x, _BLOCK)
+    rtn = rtn_blocks(weight, _BLOCK)
+    assert not np.array_equal(blocks.codes, rtn.codes)
+
+    def quantizer_for(model: onnx.ModelProto, exclude: Sequence[str]) -> Any:
+        return MatMulNBitsQuantizer(
+            model,
+            bits=8,
+            block_size=_BLOCK,
+            is_symmetric=True,
+            accuracy_level=4,
+            nodes_to_exclude=list(exclude),
+        )
+
+    def codes_of(encoded: Mapping[str, Int8Blocks] | None, exclude: Sequence[str]) -> Any:
+        folder = tmp_path / f"m{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        quantize = layer_quantizer([], quantizer_for, encoded)
+        quantize(projection_model(weight), exclude, folder / "model.onnx")
+        model = onnx.load(str(folder / "model.onnx"))
+        inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        return inits.get("w_Q8")
+
+    np.testing.assert_array_equal(codes_of({"y": blocks}, []), blocks.codes)
+    np.testing.assert_array_equal(codes_of(None, []), rtn.codes)
+    assert codes_of({"y": blocks}, ["proj"]) is None  # kept in float: nothing written
+
+
+def test_the_rounding_less_the_float_layers_keeps_the_rest() -> None:
+    weight = np.random.default_rng(5).normal(size=(_IN, _OUT)).astype(np.float32)
+    blocks = rtn_blocks(weight, _BLOCK)
+    rounding = GptqRounding(
+        encoded={"a": blocks, "b": blocks}, calibration_prompts=2, tokens=9, activations=1
+    )
+    rest = rounding.without({"a"})
+    assert list(rest.encoded) == ["b"]
+    assert (rest.calibration_prompts, rest.tokens, rest.activations) == (2, 9, 1)
+    assert "GPTQ rounding of 1 weights" in rest.describe()
