@@ -26,6 +26,30 @@ from functools import partial
 from pathlib import Path
 
 import onnxruntime
+from polygraphy.comparator import RunResults
+
+from graylane.artifacts.build_info import PartialQuantization
+from graylane.artifacts.decoder_axes import correct_mask_axis, mask_axis_conflict
+from graylane.artifacts.manifest import (
+    CalibrationInfo,
+    EndpointInfo,
+    Manifest,
+    ValidationInfo,
+    read_manifest,
+    with_files,
+)
+from graylane.artifacts.model_info import (
+    ModelInfo,
+    TokenizerFile,
+    eos_from_hf_configs,
+    io_signature,
+    load_header,
+    max_positions_from_hf_config,
+    metadata_int,
+    read_model_info,
+)
+from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer
+from graylane.artifacts.verify import manifest_sha256, sha256_file
 from graylane.builder.calibration import check_calibration_size
 from graylane.builder.host import build_host, detect_gpu, git_commit
 from graylane.builder.plan import (
@@ -57,30 +81,6 @@ from graylane.builder.variants import (
     VariantStatus,
     produce_variant,
 )
-from polygraphy.comparator import RunResults
-
-from graylane.artifacts.build_info import PartialQuantization
-from graylane.artifacts.decoder_axes import correct_mask_axis, mask_axis_conflict
-from graylane.artifacts.manifest import (
-    CalibrationInfo,
-    EndpointInfo,
-    Manifest,
-    ValidationInfo,
-    read_manifest,
-    with_files,
-)
-from graylane.artifacts.model_info import (
-    ModelInfo,
-    TokenizerFile,
-    eos_from_hf_configs,
-    io_signature,
-    load_header,
-    max_positions_from_hf_config,
-    metadata_int,
-    read_model_info,
-)
-from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer
-from graylane.artifacts.verify import manifest_sha256, sha256_file
 from graylane.engine.signature import IOSignature
 from graylane.errors import GraylaneError
 from graylane.models.gguf_import import GgufImport

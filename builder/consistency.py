@@ -21,6 +21,15 @@ from enum import Enum
 from pathlib import Path
 
 import numpy as np
+from polygraphy.backend.base import BaseRunner
+from polygraphy.common import TensorMetadata
+from polygraphy.comparator import Comparator, RunResults
+from polygraphy.logger import G_LOGGER
+
+from graylane.artifacts.build_info import Tolerance
+from graylane.artifacts.manifest import Manifest
+from graylane.artifacts.naming import Backend, Precision
+from graylane.artifacts.verify import verify_artifact
 from graylane.builder.polygraphy_check import EngineRunner, compare_runs
 from graylane.builder.runtime import open_runner
 from graylane.builder.samples import SampleSet
@@ -31,15 +40,6 @@ from graylane.builder.validation import (
     greedy_generate,
     token_agreement,
 )
-from polygraphy.backend.base import BaseRunner
-from polygraphy.common import TensorMetadata
-from polygraphy.comparator import Comparator, RunResults
-from polygraphy.logger import G_LOGGER
-
-from graylane.artifacts.build_info import Tolerance
-from graylane.artifacts.manifest import Manifest
-from graylane.artifacts.naming import Backend, Precision
-from graylane.artifacts.verify import verify_artifact
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import DECODER_INPUTS, IOSignature
 from graylane.errors import GraylaneError

@@ -36,14 +36,6 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-from graylane.builder.build import BuildError, BuildReport, VariantReport, register_build
-from graylane.builder.host import build_host, git_commit
-from graylane.builder.progress import ProgressSink
-from graylane.builder.rung_quality import ScoredRungs, rung_refusal, score_rungs
-from graylane.builder.spec import EndpointVariantSpec, EngineSpec
-from graylane.builder.store import ArtifactExistsError, ArtifactStore
-from graylane.builder.variants import VariantStatus
-
 from graylane.artifacts.manifest import (
     EndpointInfo,
     Manifest,
@@ -54,6 +46,13 @@ from graylane.artifacts.manifest import (
 from graylane.artifacts.model_info import ModelInfo, ModelTask
 from graylane.artifacts.naming import ArtifactName, Precision
 from graylane.artifacts.verify import sha256_file
+from graylane.builder.build import BuildError, BuildReport, VariantReport, register_build
+from graylane.builder.host import build_host, git_commit
+from graylane.builder.progress import ProgressSink
+from graylane.builder.rung_quality import ScoredRungs, rung_refusal, score_rungs
+from graylane.builder.spec import EndpointVariantSpec, EngineSpec
+from graylane.builder.store import ArtifactExistsError, ArtifactStore
+from graylane.builder.variants import VariantStatus
 from graylane.engine.signature import IOSignature
 from graylane.errors import GraylaneError
 from graylane.evaluation.sets import EvalSetError

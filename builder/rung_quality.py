@@ -15,9 +15,8 @@ import asyncio
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from graylane.builder.spec import EngineSpec
-
 from graylane.artifacts.naming import Precision
+from graylane.builder.spec import EngineSpec
 from graylane.evaluation.sets import EvalSet, EvalSetError, load_set
 from graylane.evaluation.summary import Summary, summarize
 from graylane.registry.records import RungQuality

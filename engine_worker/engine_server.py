@@ -50,6 +50,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
+
+from graylane.clock import now_ms
+from graylane.engine.server import EngineEndpoint
 from graylane.engine_worker.backend import (
     DecodeLoad,
     Ended,
@@ -79,9 +82,6 @@ from graylane.engine_worker.requests import (
     validate_engine_call,
 )
 from graylane.engine_worker.state import CancelKey
-
-from graylane.clock import now_ms
-from graylane.engine.server import EngineEndpoint
 from graylane.errors import ErrorCode, Rejection
 from graylane.kafka.seam import BatchConsumer, Record
 from graylane.metrics.process import ENGINE_UP, ServiceObservability

@@ -22,6 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from graylane.engine.derived_inputs import derived_feeds
+from graylane.engine.errors import InvalidInputError
+from graylane.engine.protocol import InferenceEngine
+from graylane.engine.signature import IOSignature
 from graylane.engine_worker.layouts import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -31,11 +36,6 @@ from graylane.engine_worker.layouts import (
 )
 from graylane.engine_worker.logic.batching import BucketPolicy, PendingItem, pad_token_batch
 from graylane.engine_worker.postprocess import post_process
-
-from graylane.engine.derived_inputs import derived_feeds
-from graylane.engine.errors import InvalidInputError
-from graylane.engine.protocol import InferenceEngine
-from graylane.engine.signature import IOSignature
 from graylane.serde import PostProcess
 
 __all__ = [

@@ -6,10 +6,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from graylane.artifacts.signing import RefusedArtifact
 from graylane.engine_worker.backend import BatchReport
 from graylane.engine_worker.config import WorkerConfig
-
-from graylane.artifacts.signing import RefusedArtifact
 from graylane.errors import ErrorCode
 from graylane.kafka.reading import consumer_lag
 from graylane.kafka.seam import BatchConsumer

@@ -30,6 +30,13 @@ from enum import Enum
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from graylane import serde
+from graylane.artifacts.model_info import ModelInfo
+from graylane.engine.errors import InvalidInputError
+from graylane.engine.protocol import InferenceEngine
+from graylane.engine.signature import IOSignature
+from graylane.engine_options import messages_problem, native_refusal, options_problem
 from graylane.engine_worker.layouts import (
     ATTENTION_MASK,
     INPUT_IDS,
@@ -45,13 +52,6 @@ from graylane.engine_worker.logic.sampling import (
     SamplingParams,
 )
 from graylane.engine_worker.state import CancelKey
-
-from graylane import serde
-from graylane.artifacts.model_info import ModelInfo
-from graylane.engine.errors import InvalidInputError
-from graylane.engine.protocol import InferenceEngine
-from graylane.engine.signature import IOSignature
-from graylane.engine_options import messages_problem, native_refusal, options_problem
 from graylane.errors import ErrorCode, Rejection, SerdeError, clip
 from graylane.kafka.replies import field_problem, reply_topic_rejection
 from graylane.kafka.seam import Record

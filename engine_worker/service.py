@@ -30,6 +30,10 @@ import time
 from collections.abc import Awaitable, Mapping, Sequence
 
 from aiokafka.structs import ConsumerRecord
+
+from graylane import serde
+from graylane.clock import now_ms
+from graylane.engine.protocol import InferenceEngine
 from graylane.engine_worker.backend import ResultContext, WorkerBackend
 from graylane.engine_worker.compute import Reloader
 from graylane.engine_worker.config import WorkerConfig
@@ -40,10 +44,6 @@ from graylane.engine_worker.outbox import WorkerOutbox
 from graylane.engine_worker.requests import EngineRules, Job, TaskKind, decode, distrust_shadow
 from graylane.engine_worker.standby import wait_for_activation
 from graylane.engine_worker.state import ActiveVariant, CancelBook, CancelKey
-
-from graylane import serde
-from graylane.clock import now_ms
-from graylane.engine.protocol import InferenceEngine
 from graylane.errors import ErrorCode, Rejection, SerdeError
 from graylane.kafka.admin import MessageLimits
 from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks

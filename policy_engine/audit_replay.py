@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import logging
 
+from graylane import serde
+from graylane.errors import SerdeError
+from graylane.kafka.reading import read_to_end
+from graylane.kafka.seam import ClientFactory
 from graylane.policy_engine import wire
 from graylane.policy_engine.logic.qos import evaluate_qos
 from graylane.policy_engine.logic.replay import Mismatch
 from graylane.policy_engine.logic.revision import revise
 from graylane.policy_engine.logic.rollout import Decision, apply_command, evaluate, start
-
-from graylane import serde
-from graylane.errors import SerdeError
-from graylane.kafka.reading import read_to_end
-from graylane.kafka.seam import ClientFactory
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import decision_kind_from_pb, decision_rule_from_pb, qos_policy_from_pb
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule

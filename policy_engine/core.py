@@ -137,7 +137,6 @@ from graylane.policy_engine.state import (
     Scaling,
     VersionKey,
 )
-
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Strategy

@@ -37,6 +37,15 @@ from typing import cast
 import faust
 from faust.types import TP
 from faust.types.auth import CredentialsT
+
+from graylane import serde
+from graylane.clock import Clock, now_ms
+from graylane.errors import GraylaneError, SerdeError
+from graylane.kafka.admin import ensure_topics, partition_counts
+from graylane.kafka.reading import read_latest_per_key, read_to_end
+from graylane.kafka.seam import KafkaFactory
+from graylane.metrics.controlside import PolicyMetrics
+from graylane.metrics.process import CONTROL_CAUGHT_UP, ServiceObservability
 from graylane.policy_engine import wire
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.isolation import RecordGuard
@@ -87,15 +96,6 @@ from graylane.policy_engine.wire import (
     running_build_of,
     shadow_of,
 )
-
-from graylane import serde
-from graylane.clock import Clock, now_ms
-from graylane.errors import GraylaneError, SerdeError
-from graylane.kafka.admin import ensure_topics, partition_counts
-from graylane.kafka.reading import read_latest_per_key, read_to_end
-from graylane.kafka.seam import KafkaFactory
-from graylane.metrics.controlside import PolicyMetrics
-from graylane.metrics.process import CONTROL_CAUGHT_UP, ServiceObservability
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule, Phase

@@ -36,6 +36,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from graylane import serde
+from graylane.errors import SerdeError
+from graylane.evaluation.summary import Comparison, Summary
+from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
 from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.logic.agreement import (
     AgreementStats,
@@ -92,11 +96,6 @@ from graylane.policy_engine.messages import (
     SkipReason,
 )
 from graylane.policy_engine.state import VersionKey
-
-from graylane import serde
-from graylane.errors import SerdeError
-from graylane.evaluation.summary import Comparison, Summary
-from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
 from graylane.rollouts.errors import PolicyError
 from graylane.rollouts.pb import (
     decision_kind_to_pb,

@@ -23,10 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from graylane import serde
 from graylane.app.bench.harness import paced
 from graylane.app.cli.demo import Service, free_port, start_service
-
-from graylane import serde
 from graylane.client import GraylaneClient
 from graylane.errors import GraylaneError, SerdeError
 from graylane.kafka.reading import FollowFrom, TopicFollower
@@ -272,7 +271,6 @@ def build_model(settings: Settings, progress: Callable[[str], None]) -> dict[str
     """Build both demo versions through the builder into this run's registry; model files."""
     from graylane.app.cli.capacity import registered_variants
     from graylane.app.demo.build_versions import build_versions
-
     from graylane.registry.repository import open_registry
 
     build_versions(

@@ -48,6 +48,8 @@ from enum import Enum
 from pathlib import Path
 
 import numpy as np
+
+from graylane import serde
 from graylane.app.bench.harness import (
     WorkerSpec,
     demo_model,
@@ -57,8 +59,6 @@ from graylane.app.bench.harness import (
     start_worker,
 )
 from graylane.app.cli.demo import Service, free_port, start_service, stop_services
-
-from graylane import serde
 from graylane.kafka.seam import KafkaFactory
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import inference_pb2

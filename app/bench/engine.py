@@ -37,9 +37,9 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 import numpy as np
+
 from graylane.app.bench.harness import fresh_topics, stack_env, start_router
 from graylane.app.cli.demo import Service, free_port, start_service, stop_services
-
 from graylane.settings import REPO_ROOT, Settings
 
 __all__ = ["EngineBenchConfig", "EngineBenchRun", "main", "run"]

@@ -49,6 +49,8 @@ from typing import Any
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
+
+from graylane import serde
 from graylane.app.bench.chaos_stack import (
     CANDIDATE,
     MODEL,
@@ -64,13 +66,11 @@ from graylane.app.bench.chaos_stack import (
     wait_port,
 )
 from graylane.app.cli.demo import free_port
-from graylane.policy_engine.lease import LeaseKeeper
-
-from graylane import serde
 from graylane.client import ClientError, GraylaneClient, RequestRejected
 from graylane.kafka.admin import describe_topic_configs, ensure_topics
 from graylane.kafka.reading import FollowFrom, TopicFollower
 from graylane.kafka.seam import KafkaFactory
+from graylane.policy_engine.lease import LeaseKeeper
 from graylane.serde import PostProcess
 from graylane.settings import REPO_ROOT, Settings
 from graylane.topics import TopicLayout
@@ -710,6 +710,7 @@ class BurstResult:
 
 def _rpc(port: int, method: str, request: Message) -> Any:
     import grpc
+
     from graylane.app.cli.controlplane_calls import stubs
 
     rpc, (channel, metadata) = stubs(

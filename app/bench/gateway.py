@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
 from graylane.app.bench.harness import (
     WorkerSpec,
     demo_model,
@@ -46,7 +47,6 @@ from graylane.app.bench.harness import (
 )
 from graylane.app.cli.demo import Service, free_port, start_service, stop_services
 from graylane.app.demo.gateway_calls import GatewayConnection, GatewayPool
-
 from graylane.client import GraylaneClient, Task
 from graylane.settings import REPO_ROOT, Settings
 

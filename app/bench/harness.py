@@ -15,11 +15,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from graylane import serde
 from graylane.app.bench.qos_score import RequestOutcome
 from graylane.app.cli.demo import Service, start_service, stop_services
 from graylane.app.demo.monitor import Monitor
-
-from graylane import serde
 from graylane.client import GraylaneClient, InferenceTimeout, Task
 from graylane.clock import now_ms
 from graylane.kafka.admin import ensure_topics

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
 from graylane.app.bench.harness import (
     WorkerSpec,
     demo_model,
@@ -42,10 +43,9 @@ from graylane.app.bench.harness import (
     wait_answered,
 )
 from graylane.app.cli.demo import Service, stop_services
-from graylane.engine_worker.kv_decode import KvDecodeLoop
-
 from graylane.client import GraylaneClient, Task
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.kv_decode import KvDecodeLoop
 from graylane.settings import Settings
 
 __all__ = [

@@ -45,16 +45,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from graylane import serde
 from graylane.app.bench.harness import demo_model
 from graylane.app.bench.pass_through import READY, HopClient
 from graylane.app.bench.spine import PROMPT_LEN, prompt_tokens
 from graylane.app.cli.demo import Service, start_service, stop_services
-from graylane.engine_worker.logic.batching import BucketPolicy
-
-from graylane import serde
 from graylane.capacity import measure_variant
 from graylane.client import GraylaneClient
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.kafka.admin import ensure_topics
 from graylane.kafka.seam import KafkaFactory
 from graylane.serde import PostProcess

@@ -60,6 +60,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+
+from graylane import serde
 from graylane.app.bench.harness import stack_env
 from graylane.app.bench.policy_handover import (
     DecisionLedger,
@@ -68,18 +70,16 @@ from graylane.app.bench.policy_handover import (
     judge_takeover,
 )
 from graylane.app.cli.demo import Service, start_service, stop_services
-from graylane.policy_engine.core import PolicyCore
-from graylane.policy_engine.messages import CommandRejected, RecordSkipped, RolloutAudit
-from graylane.policy_engine.service import telemetry_into
-from graylane.policy_engine.wire import command_of
-
-from graylane import serde
 from graylane.clock import now_ms
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
 from graylane.kafka.admin import ensure_topics, partition_counts
 from graylane.kafka.reading import CompactedFollower, group_lag
 from graylane.kafka.seam import ConsumerOptions, KafkaFactory, Producer, Record
+from graylane.policy_engine.core import PolicyCore
+from graylane.policy_engine.messages import CommandRejected, RecordSkipped, RolloutAudit
+from graylane.policy_engine.service import telemetry_into
+from graylane.policy_engine.wire import command_of
 from graylane.rollouts.vocabulary import DecisionKind
 from graylane.settings import REPO_ROOT, Settings
 from graylane.v1 import rollout_pb2, telemetry_pb2

@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
+
 from graylane.app.bench.harness import BenchStack, GenerationLoad, WorkerSpec, bench_stack
 from graylane.app.bench.path import path_capacity
 from graylane.app.bench.qos_score import (
@@ -60,7 +61,6 @@ from graylane.app.bench.qos_score import (
     seconds_to_top,
     timeline,
 )
-
 from graylane.rollouts.pb import qos_policy_from_pb
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
@@ -274,7 +274,6 @@ def local_supervisor(max_workers: int = 2, warm_standby: int = 1) -> ScaleOut:
     @contextlib.asynccontextmanager
     async def supervise(stack: BenchStack, spec: WorkerSpec) -> AsyncIterator[Callable[[], int]]:
         from graylane.app.cli.scaler import ScaleSupervisor, WorkerTemplate
-
         from graylane.settings import REPO_ROOT
 
         variants = [
@@ -477,7 +476,6 @@ def _engine_generations(
     """Per rung, generations/s of its engine alone at the worker's decode rows; and
     fp32's prefill of one prompt and its decode step with every row busy (ms)."""
     from graylane.app.bench.llm import engine_tokens_per_s, prefill_ms
-
     from graylane.engine.onnxruntime import OnnxRuntimeEngine
 
     rows, max_seq_len = gen.max_sequences, gen.prompt_len + max(lengths) + 8
@@ -623,9 +621,8 @@ def main(cfg: QosConfig, scale_out: ScaleOut | None = None) -> int:
     """``scale_out``: the supervisor of run 4 (default: :func:`local_supervisor`)."""
     from graylane.app.cli.capacity import ensure_calibrated, registered_variants
     from graylane.app.demo.build_versions import build_versions
-    from graylane.deploy.kafka import broker as kafka_broker
-
     from graylane.capacity import rung_capacities
+    from graylane.deploy.kafka import broker as kafka_broker
 
     t0 = time.monotonic()
 

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from graylane.app.bench.harness import BenchStack, WorkerSpec, bench_stack, demo_model
 from graylane.app.bench.path import DRAIN_TIMEOUT_S, drained, path_capacity
-
 from graylane.rollouts.pb import phase_from_pb
 from graylane.rollouts.vocabulary import Phase
 from graylane.settings import Settings
@@ -347,7 +347,6 @@ async def scenario_healthy(
 def engine_capacity(settings: Settings, model: Path, progress: Callable[[str], None]) -> float:
     """The fp32 engine's requests/s as calibrated on this machine (measured if not yet)."""
     from graylane.app.cli.capacity import ensure_calibrated
-
     from graylane.capacity import measured_capacity
 
     profile = ensure_calibrated(

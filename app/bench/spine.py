@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from graylane.app.bench.harness import (
     WorkerSpec,
     demo_model,
@@ -35,10 +36,6 @@ from graylane.app.bench.harness import (
     wait_answered,
 )
 from graylane.app.cli.demo import Service, stop_services
-from graylane.engine_worker.compute import run_batch
-from graylane.engine_worker.logic.batching import BucketPolicy
-from graylane.engine_worker.requests import TaskKind, WorkItem
-
 from graylane.capacity import (
     BatchPoint,
     VariantCapacity,
@@ -49,6 +46,9 @@ from graylane.capacity import (
 )
 from graylane.client import GraylaneClient
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.compute import run_batch
+from graylane.engine_worker.logic.batching import BucketPolicy
+from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.serde import PostProcess
 from graylane.serde import PostProcess as EnginePost
 from graylane.settings import Settings

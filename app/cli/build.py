@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from graylane.builder.build import BuildReport
     from rich.console import Console
+
+    from graylane.builder.build import BuildReport
 
 __all__ = [
     "add_build_parser",
@@ -130,14 +131,14 @@ def cmd_keys_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
     from graylane.builder.build import BuildError, run_build
     from graylane.builder.calibration import CalibrationError
     from graylane.builder.progress import RichProgress
     from graylane.builder.samples import SampleError
     from graylane.builder.spec import SpecError, load_spec
     from graylane.builder.store import StoreError
-    from rich.console import Console
-
     from graylane.registry.records import RegistryError
     from graylane.registry.repository import open_registry
     from graylane.settings import Settings

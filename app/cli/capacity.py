@@ -41,9 +41,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def registered_variants(settings: Settings, model: str, version: str) -> dict[str, Path]:
     """Model file per precision of a registered version (verified as the worker does)."""
-    from graylane.engine_worker.loading import model_file
-
     from graylane.artifacts.verify import verify_artifact
+    from graylane.engine_worker.loading import model_file
     from graylane.registry.repository import open_registry
 
     files: dict[str, Path] = {}

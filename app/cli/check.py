@@ -19,7 +19,6 @@ from graylane.app.cli.views import parse_time
 
 if TYPE_CHECKING:
     from graylane.builder.samples import SampleSet
-
     from graylane.engine.signature import IOSignature
 
 __all__ = ["register"]
@@ -84,6 +83,8 @@ def _recorded_npz(args: argparse.Namespace, pad_id: int, max_len: int | None, ou
 def _consistency(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from graylane.artifacts.model_info import load_header, metadata_int
+    from graylane.artifacts.naming import Precision
     from graylane.builder.consistency import (
         DEFAULT_CONSISTENCY_TOLERANCE,
         ConsistencyError,
@@ -92,9 +93,6 @@ def _consistency(args: argparse.Namespace) -> int:
         served_variant,
     )
     from graylane.builder.samples import SampleError
-
-    from graylane.artifacts.model_info import load_header, metadata_int
-    from graylane.artifacts.naming import Precision
     from graylane.capture.sampling import CaptureError
     from graylane.registry.records import RegistryError
     from graylane.registry.repository import open_registry
@@ -155,6 +153,7 @@ def _load(
     path: Path, samples: int, batch_size: int, io: IOSignature, max_len: int | None
 ) -> SampleSet:
     import numpy as np
+
     from graylane.builder.samples import SampleError, load_samples
     from graylane.builder.spec import DataSpec, NpzData
 

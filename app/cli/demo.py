@@ -319,7 +319,6 @@ def _story(args: argparse.Namespace) -> int:
     )
     from graylane.deploy.engines import llamacpp
     from graylane.deploy.kafka import broker as kafka_broker
-
     from graylane.kafka.seam import KafkaFactory
 
     step = _Steps()

@@ -45,12 +45,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _render(args: argparse.Namespace) -> int:
     import yaml
+
     from graylane.app.k8s.workers import (
         NothingToDeploy,
         plan_from_registry,
         worker_manifests,
     )
-
     from graylane.registry.records import RegistryError
     from graylane.registry.repository import open_registry
     from graylane.settings import Settings

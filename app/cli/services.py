@@ -178,10 +178,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _engine_server_args(worker: argparse.ArgumentParser) -> None:
-    from graylane.engine_worker.engine_server import EngineServerSettings
-
     from graylane.artifacts.naming import Backend
     from graylane.engine.server import DEFAULT_SLOTS
+    from graylane.engine_worker.engine_server import EngineServerSettings
 
     d = EngineServerSettings()
     eng = worker.add_argument_group(
@@ -443,9 +442,8 @@ def run_service(
 
 
 def _router(args: argparse.Namespace) -> int:
-    from graylane.services.router.service import Router, RouterConfig
-
     from graylane.kafka.seam import KafkaFactory
+    from graylane.services.router.service import Router, RouterConfig
 
     stable = {}
     for item in args.model:
@@ -462,16 +460,15 @@ def _router(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from graylane.artifacts.build_info import ShapeProfile
+    from graylane.artifacts.model_info import ModelInfo
+    from graylane.engine.protocol import InferenceEngine
     from graylane.engine_worker.compute import WarmUpLimits, profile_max_batch
     from graylane.engine_worker.config import WorkerConfig
     from graylane.engine_worker.faults import FaultInjection
     from graylane.engine_worker.loading import load_from_paths, onnx_max_seq_len, onnx_model_info
     from graylane.engine_worker.logic.streaming import StreamPolicy
     from graylane.engine_worker.service import Worker
-
-    from graylane.artifacts.build_info import ShapeProfile
-    from graylane.artifacts.model_info import ModelInfo
-    from graylane.engine.protocol import InferenceEngine
     from graylane.kafka.seam import KafkaFactory
     from graylane.models.hf_tokenizer import HfTokenizer, tokenizer_beside
 
@@ -596,7 +593,6 @@ def _serve_engine_servers(
     from graylane.engine_worker.engine_server import EngineServerSettings
     from graylane.engine_worker.logic.streaming import StreamPolicy
     from graylane.engine_worker.service import Worker
-
     from graylane.kafka.seam import KafkaFactory
 
     variants = [e.variant for e in endpoints]
@@ -642,11 +638,10 @@ def _gateway(args: argparse.Namespace) -> int:
     import os
     import socket
 
+    from graylane.kafka.seam import KafkaFactory
     from graylane.services.gateway.chat import ChatFormat, ChatTemplateError, load_chat_template
     from graylane.services.gateway.logic.admission import GatewayLimits, KeyRing, exposure_problem
     from graylane.services.gateway.service import Gateway, GatewayConfig
-
-    from graylane.kafka.seam import KafkaFactory
 
     settings = Settings.from_env()
     setup_service_logging("gateway", settings, args)

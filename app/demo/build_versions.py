@@ -9,11 +9,10 @@ import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from graylane.builder.build import register_build, run_build
-from graylane.builder.spec import parse_spec
-
 from graylane.artifacts.manifest import read_manifest
 from graylane.artifacts.naming import parse_semver
+from graylane.builder.build import register_build, run_build
+from graylane.builder.spec import parse_spec
 from graylane.registry.records import ModelNotRegistered, UnknownVersion
 from graylane.registry.repository import Registry, open_registry
 from graylane.settings import Settings
@@ -110,8 +109,9 @@ def build_smollm2_onnx(
     skipped when the registry already has its artifacts (the import itself is cached in
     the artifact store's source cache: a rebuild does not convert again)."""
     import yaml
-    from graylane.builder.progress import RichProgress
     from rich.console import Console
+
+    from graylane.builder.progress import RichProgress
 
     registry = open_registry(settings.db_url)
     data = yaml.safe_load(SMOLLM2_SPEC.read_text(encoding="utf-8"))
@@ -157,6 +157,7 @@ def machine_cache_folder(spec: Mapping[str, object]) -> Path:
     ``${GRAYLANE_CACHE_DIR:-~/.cache/graylane}/demo-builds``, keyed by the spec's text and
     ONNX Runtime's version, so a fresh clone restores it instead of building again."""
     import onnxruntime
+
     from graylane.deploy.engines.layout import cache_root
 
     text = json.dumps({"spec": spec, "onnxruntime": onnxruntime.__version__}, sort_keys=True)

@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from graylane.app.cli.demo import Service, start_service, stop_services
-from graylane.app.demo.monitor import Monitor, demo_console
-from graylane.deploy.engines import llamacpp
-from graylane.deploy.engines.server import LlamaServer
 
 from graylane import serde
+from graylane.app.cli.demo import Service, start_service, stop_services
+from graylane.app.demo.monitor import Monitor, demo_console
 from graylane.artifacts.naming import Precision
 from graylane.client import GraylaneClient, Result, Task
 from graylane.clock import now_ms
+from graylane.deploy.engines import llamacpp
+from graylane.deploy.engines.server import LlamaServer
 from graylane.kafka.reading import CompactedFollower, read_to_end
 from graylane.kafka.seam import KafkaFactory, Record
 from graylane.v1 import audit_pb2, control_pb2, inference_pb2, rollout_pb2

@@ -35,18 +35,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-from graylane.app.cli.demo import Service, start_service, stop_services
-from graylane.app.demo.engine_act import QUESTIONS, workers_ready
-from graylane.app.demo.monitor import Monitor, demo_console
-from graylane.services.gateway.chat import ChatFormat, ChatMessage, ChatRole, load_chat_template
 from rich.table import Table
 
 from graylane import serde
+from graylane.app.cli.demo import Service, start_service, stop_services
+from graylane.app.demo.engine_act import QUESTIONS, workers_ready
+from graylane.app.demo.monitor import Monitor, demo_console
 from graylane.client import GraylaneClient, Result, Task
 from graylane.clock import now_ms
 from graylane.kafka.reading import CompactedFollower, read_to_end
 from graylane.kafka.seam import KafkaFactory
 from graylane.registry.repository import open_registry
+from graylane.services.gateway.chat import ChatFormat, ChatMessage, ChatRole, load_chat_template
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, inference_pb2, rollout_pb2
 

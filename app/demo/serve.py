@@ -9,10 +9,10 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
-from graylane.app.demo.monitor import demo_console
 from rich.table import Table
 
 from graylane import serde
+from graylane.app.demo.monitor import demo_console
 from graylane.client import GraylaneClient, InferenceTimeout, Result, Task
 from graylane.clock import now_ms
 from graylane.kafka.seam import KafkaFactory

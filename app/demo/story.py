@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from graylane.app.demo.gateway_calls import GatewayPool, completion_result
-from graylane.app.demo.monitor import Monitor, demo_console
 from rich.live import Live
 from rich.table import Table
 
 from graylane import serde
+from graylane.app.demo.gateway_calls import GatewayPool, completion_result
+from graylane.app.demo.monitor import Monitor, demo_console
 from graylane.client import GraylaneClient, InferenceTimeout
 from graylane.clock import now_ms
 from graylane.kafka.reading import CompactedFollower

@@ -56,6 +56,7 @@ if __name__ == "__main__" and not __package__:
     # root, not from this folder.
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
+from graylane.artifacts.naming import Precision
 from graylane.deploy.engines.build import build, is_built, read_stamp
 from graylane.deploy.engines.layout import (
     LLAMA_CPP_VERSION,
@@ -76,8 +77,6 @@ from graylane.deploy.engines.server import (
     LlamaServer,
     LlamaServerError,
 )
-
-from graylane.artifacts.naming import Precision
 
 __all__ = [
     "LOWER_RUNG",

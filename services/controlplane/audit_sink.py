@@ -30,7 +30,6 @@ from typing import TypeVar
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
-from graylane.services.controlplane.state import ControlStore
 from sqlalchemy.exc import (
     DisconnectionError,
     InterfaceError,
@@ -47,6 +46,7 @@ from graylane.kafka.reading import consumer_lag, wait_for_assignment
 from graylane.kafka.seam import BatchConsumer, ClientFactory, ConsumerOptions, Record
 from graylane.metrics.controlside import AuditSinkMetrics
 from graylane.serde import decode
+from graylane.services.controlplane.state import ControlStore
 from graylane.v1 import audit_pb2, rollout_pb2
 
 __all__ = ["AuditSink", "RolloutHub", "StoreUnavailable", "Subscription", "decision_kind_label"]

@@ -34,33 +34,6 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import grpc
-from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
-from graylane.services.controlplane.auth import ApiRole, AuthInterceptor, Principal, TokenTable
-from graylane.services.controlplane.bus import (
-    CandidateCheck,
-    CommandPublisher,
-    KafkaCandidateCheck,
-    KafkaCommandBus,
-)
-from graylane.services.controlplane.limits import ApiLimits, WatchSlots, check_limit, check_startup
-from graylane.services.controlplane.logic import rules
-from graylane.services.controlplane.logic.apply import ApplyAction, ApplyPlan, plan_apply
-from graylane.services.controlplane.logic.rung_quality import ladder_quality_drops
-from graylane.services.controlplane.notifier import RolloutNotifier
-from graylane.services.controlplane.state import ControlStore, StoredRollout
-from graylane.services.controlplane.verdict_http import VerdictServer, verdict_app
-from graylane.services.controlplane.wire import (
-    apply_response,
-    dead_letter_of,
-    model_summary,
-    new_command,
-    qos_policy_view,
-    receipt,
-    rung_quality_from_pb,
-    rung_quality_info,
-    stable_history,
-    version_summary,
-)
 from grpc import aio, ssl_server_credentials
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -89,6 +62,33 @@ from graylane.rollouts.pb import (
 from graylane.rollouts.vocabulary import ManualCommand, Phase
 from graylane.routing.convert import route_config_from_pb, route_config_to_pb, rule_from_pb
 from graylane.routing.table import InvalidRouteRule, RouteConfig, UnknownRouteRule
+from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
+from graylane.services.controlplane.auth import ApiRole, AuthInterceptor, Principal, TokenTable
+from graylane.services.controlplane.bus import (
+    CandidateCheck,
+    CommandPublisher,
+    KafkaCandidateCheck,
+    KafkaCommandBus,
+)
+from graylane.services.controlplane.limits import ApiLimits, WatchSlots, check_limit, check_startup
+from graylane.services.controlplane.logic import rules
+from graylane.services.controlplane.logic.apply import ApplyAction, ApplyPlan, plan_apply
+from graylane.services.controlplane.logic.rung_quality import ladder_quality_drops
+from graylane.services.controlplane.notifier import RolloutNotifier
+from graylane.services.controlplane.state import ControlStore, StoredRollout
+from graylane.services.controlplane.verdict_http import VerdictServer, verdict_app
+from graylane.services.controlplane.wire import (
+    apply_response,
+    dead_letter_of,
+    model_summary,
+    new_command,
+    qos_policy_view,
+    receipt,
+    rung_quality_from_pb,
+    rung_quality_info,
+    stable_history,
+    version_summary,
+)
 from graylane.supervision import BackgroundTasks
 from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
-from graylane.services.controlplane.state import ControlStore
-
 from graylane.kafka.seam import KafkaFactory
 from graylane.metrics.controlside import AuditSinkMetrics
 from graylane.metrics.process import CONTROL_CAUGHT_UP, GROUP_JOINED, ServiceObservability
 from graylane.registry.migrate import create_db_engine, upgrade
+from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
+from graylane.services.controlplane.state import ControlStore
 
 __all__ = ["serve_audit_sink"]
 

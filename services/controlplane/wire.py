@@ -9,10 +9,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from graylane.services.controlplane.logic.apply import ApplyAction, ApplyPlan
-from graylane.services.controlplane.logic.verdict import LastDecision, VerdictFacts, VersionVerdict
-from graylane.services.controlplane.state import StoredPolicy, StoredRollout
-
 from graylane.artifacts.naming import Precision
 from graylane.notifications.transitions import Transition, transition_kind
 from graylane.registry.records import (
@@ -30,6 +26,9 @@ from graylane.rollouts.pb import (
     phase_from_pb,
     webhooks_from_pb,
 )
+from graylane.services.controlplane.logic.apply import ApplyAction, ApplyPlan
+from graylane.services.controlplane.logic.verdict import LastDecision, VerdictFacts, VersionVerdict
+from graylane.services.controlplane.state import StoredPolicy, StoredRollout
 from graylane.v1 import audit_pb2, controlplane_pb2, dlq_pb2, inference_pb2, rollout_pb2
 
 __all__ = [

@@ -32,6 +32,10 @@ from dataclasses import replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+
+from graylane import serde
+from graylane.kafka.seam import ClientFactory, Producer
+from graylane.metrics.dataplane import GatewayMetrics
 from graylane.services.gateway.failures import ApiError, ErrorType
 from graylane.services.gateway.front_door import EndpointLabel
 from graylane.services.gateway.logic.admission import Tenant
@@ -44,10 +48,6 @@ from graylane.services.gateway.logic.feedback import (
     judge_feedback,
     parse_feedback,
 )
-
-from graylane import serde
-from graylane.kafka.seam import ClientFactory, Producer
-from graylane.metrics.dataplane import GatewayMetrics
 from graylane.v1 import outcome_pb2
 
 __all__ = ["DEFAULT_REMEMBERED_ANSWERS", "AnswerBook", "FeedbackDesk", "outcome_pb"]

@@ -58,6 +58,29 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from graylane import tracing
+from graylane.asgi_server import listening_socket, serve_asgi
+from graylane.client import (
+    Chunk,
+    GraylaneClient,
+    InferenceTimeout,
+    RequestRejected,
+    Result,
+    Task,
+    UnknownModel,
+)
+from graylane.errors import is_retriable
+from graylane.kafka.replies import FieldCaps
+from graylane.kafka.seam import ClientFactory
+from graylane.metrics.dataplane import GatewayMetrics
+from graylane.metrics.process import Readiness, ServiceObservability
+from graylane.priority import PRIORITY_TAG, Priority
+from graylane.request_tags import RESERVED_TAGS, TENANT_TAG
+from graylane.serde import DEFAULT_MAX_ELEMENTS
 from graylane.services.gateway import oip
 from graylane.services.gateway.catalog import ModelDirectory, SignatureBook
 from graylane.services.gateway.chat import CHATML, ChatFormat
@@ -95,29 +118,6 @@ from graylane.services.gateway.wire import (
     stream_chunk,
     usage_chunk,
 )
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.background import BackgroundTask
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from graylane import tracing
-from graylane.asgi_server import listening_socket, serve_asgi
-from graylane.client import (
-    Chunk,
-    GraylaneClient,
-    InferenceTimeout,
-    RequestRejected,
-    Result,
-    Task,
-    UnknownModel,
-)
-from graylane.errors import is_retriable
-from graylane.kafka.replies import FieldCaps
-from graylane.kafka.seam import ClientFactory
-from graylane.metrics.dataplane import GatewayMetrics
-from graylane.metrics.process import Readiness, ServiceObservability
-from graylane.priority import PRIORITY_TAG, Priority
-from graylane.request_tags import RESERVED_TAGS, TENANT_TAG
-from graylane.serde import DEFAULT_MAX_ELEMENTS
 
 __all__ = [
     "PRODUCER_UP",

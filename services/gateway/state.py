@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from graylane.priority import Priority
 from graylane.services.gateway.logic.admission import (
     CallerRole,
     GateVerdict,
@@ -25,8 +26,6 @@ from graylane.services.gateway.logic.admission import (
     gate_verdict,
     split_rate,
 )
-
-from graylane.priority import Priority
 
 __all__ = ["Admission", "BodyBudget", "InFlightGate", "TokenBucket"]
 

@@ -18,10 +18,6 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-from graylane.services.router import wire
-from graylane.services.router.logic.intake import refusal
-from graylane.services.router.state import TableStore
-
 from graylane import tracing
 from graylane.clock import now_ms
 from graylane.errors import ErrorCode, Rejection, SerdeError, clip, require_started
@@ -48,6 +44,9 @@ from graylane.routing.table import (
     route_without_table,
     table_problem,
 )
+from graylane.services.router import wire
+from graylane.services.router.logic.intake import refusal
+from graylane.services.router.state import TableStore
 from graylane.supervision import BackgroundTasks
 from graylane.v1 import inference_pb2
 

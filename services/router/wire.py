@@ -10,14 +10,13 @@ becomes its forwards, the shadow copy first (:func:`forwards`). May import the l
 
 from __future__ import annotations
 
-from graylane.services.router.logic.intake import IngressFacts
-
 from graylane import schema_registry, serde
 from graylane.clock import now_ms
 from graylane.kafka.replies import FieldCaps, field_problem, reply_topic_rejection
 from graylane.kafka.seam import Record
 from graylane.routing.convert import table_from_pb
 from graylane.routing.table import RouteDecision, RouteTable, RoutingRequest
+from graylane.services.router.logic.intake import IngressFacts
 from graylane.topics import TopicLayout
 from graylane.v1 import control_pb2, inference_pb2
 

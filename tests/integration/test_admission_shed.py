@@ -9,10 +9,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from graylane.engine_worker.faults import FaultInjection
-from graylane.engine_worker.service import Worker
 
 from graylane.client import GraylaneClient, Result
+from graylane.engine_worker.faults import FaultInjection
+from graylane.engine_worker.service import Worker
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.priority import PRIORITY_TAG

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from graylane.builder.build import run_build
 from graylane.builder.spec import parse_spec
-from graylane.engine_worker.loading import load_from_registry
-
 from graylane.client import GraylaneClient, RequestRejected, Task
+from graylane.engine_worker.loading import load_from_registry
 from graylane.kafka.seam import KafkaFactory
 from graylane.registry.repository import open_registry
 from graylane.settings import Settings

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from graylane.artifacts.naming import Precision
 from graylane.builder.build import run_build
 from graylane.builder.spec import EngineSpec, load_spec
 from graylane.builder.variants import VariantStatus
-
-from graylane.artifacts.naming import Precision
 from graylane.registry.repository import open_registry
 from tests.support.llamacpp import StartLlamaServer
 

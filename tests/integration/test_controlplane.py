@@ -10,8 +10,6 @@ import grpc
 import httpx
 import pytest
 import yaml
-from graylane.services.controlplane.auth import TokenTable, parse_tokens
-from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from grpc import aio
 
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
@@ -20,6 +18,8 @@ from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 from graylane.registry.records import ArtifactRecord, ValidationSummary
 from graylane.registry.repository import open_registry
 from graylane.serde import decode, decode_key, encode
+from graylane.services.controlplane.auth import TokenTable, parse_tokens
+from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2
 from tests.conftest import ROOT

@@ -22,13 +22,13 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from graylane.engine_worker.engine_server import EngineServerSettings
-from graylane.services.gateway.logic.admission import KeyRing, parse_api_keys
 
 from graylane.client import GraylaneClient, Result, Task
 from graylane.clock import now_ms
+from graylane.engine_worker.engine_server import EngineServerSettings
 from graylane.kafka.seam import KafkaFactory
 from graylane.metrics.process import ENGINE_UP
+from graylane.services.gateway.logic.admission import KeyRing, parse_api_keys
 from graylane.v1 import inference_pb2
 from tests.support.gateway import running_gateway
 from tests.support.llamacpp import StartLlamaServer

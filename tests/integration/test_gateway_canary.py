@@ -16,15 +16,15 @@ from pathlib import Path
 
 import openai
 import pytest
-from graylane.policy_engine.service import PolicyConfig, prepare_topics
-from graylane.services.gateway.logic.admission import KeyRing, parse_api_keys
 
 from graylane import serde
 from graylane.kafka.reading import read_latest_per_key
 from graylane.kafka.seam import KafkaFactory
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.rollouts.spec import Gates, RolloutSpec, Step
 from graylane.routing.convert import table_from_pb
 from graylane.routing.table import RoutingRequest, route
+from graylane.services.gateway.logic.admission import KeyRing, parse_api_keys
 from graylane.settings import Settings
 from graylane.v1 import rollout_pb2
 from tests.support.gateway import running_gateway

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from graylane.deploy.containers.images import BuiltImage, project_version
 from graylane.deploy.containers.podman import Podman
 from graylane.deploy.engines.layout import LLAMA_CPP_VERSION

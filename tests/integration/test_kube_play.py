@@ -36,13 +36,13 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+
+from graylane import serde
 from graylane.app.demo.build_versions import build_versions
+from graylane.client import GraylaneClient
 from graylane.deploy.containers.images import BuiltImage
 from graylane.deploy.containers.podman import KubePlay, Podman, job_as_pod
 from graylane.deploy.containers.tools import KUSTOMIZE
-
-from graylane import serde
-from graylane.client import GraylaneClient
 from graylane.kafka.reading import read_latest_per_key
 from graylane.kafka.seam import KafkaFactory
 from graylane.registry.repository import open_registry

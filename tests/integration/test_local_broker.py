@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from graylane.deploy.kafka import broker as kafka_broker
 from graylane.deploy.kafka import kafka as kt
 from graylane.deploy.kafka import layout as kafka_layout
 from graylane.deploy.kafka import process as kafka_process
-
 from tests.support.brokers import PrivateBroker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

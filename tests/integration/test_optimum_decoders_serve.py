@@ -17,12 +17,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from graylane.builder.build import run_build
-from graylane.builder.spec import parse_spec
-from graylane.engine_worker.loading import load_from_registry
 
 from graylane import serde
+from graylane.builder.build import run_build
+from graylane.builder.spec import parse_spec
 from graylane.client import GraylaneClient, Result, Task
+from graylane.engine_worker.loading import load_from_registry
 from graylane.kafka.seam import KafkaFactory
 from graylane.registry.repository import open_registry
 from graylane.serde import PostProcess

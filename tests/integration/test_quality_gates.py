@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from graylane.app.cli.main import main
+from graylane.artifacts.manifest import read_manifest
+from graylane.artifacts.naming import Backend, Precision
 from graylane.builder.build import run_build
 from graylane.builder.samples import demo_sentences
 from graylane.builder.spec import INT8_MIN_TOP1, load_spec
-
-from graylane.artifacts.manifest import read_manifest
-from graylane.artifacts.naming import Backend, Precision
 from graylane.capture.recorded import manifest_path
 from graylane.clock import now_ms
 from graylane.kafka.admin import ensure_topics

@@ -13,9 +13,6 @@ import aiokafka.consumer.fetcher
 import pytest
 from aiokafka.admin import NewTopic
 from aiokafka.record.memory_records import MemoryRecords
-from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
-from graylane.services.controlplane.state import ControlStore
-from graylane.services.router.service import Router, RouterConfig
 from prometheus_client import CollectorRegistry
 from sqlalchemy import create_engine
 
@@ -28,6 +25,9 @@ from graylane.kafka.fault import Fault
 from graylane.kafka.seam import ConsumerOptions, KafkaFactory, Record
 from graylane.metrics.controlside import AuditSinkMetrics
 from graylane.registry.migrate import upgrade
+from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
+from graylane.services.controlplane.state import ControlStore
+from graylane.services.router.service import Router, RouterConfig
 from graylane.v1 import audit_pb2, inference_pb2
 from tests.support.damage import RawHeaderKey, raw_header_keys
 from tests.support.records import produce, produce_records

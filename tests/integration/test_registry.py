@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from graylane.engine_worker.loading import NoServableVariant, load_from_registry
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.exc import DBAPIError
 
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, parse_semver
+from graylane.engine_worker.loading import NoServableVariant, load_from_registry
 from graylane.registry.migrate import SchemaNotCurrent, downgrade, upgrade
 from graylane.registry.records import (
     ArtifactRecord,

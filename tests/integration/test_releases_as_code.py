@@ -13,14 +13,14 @@ import grpc
 import httpx
 import pytest
 import yaml
-from graylane.engine_worker.faults import FaultInjection
-from graylane.policy_engine.service import PolicyConfig, prepare_topics
 
+from graylane.engine_worker.faults import FaultInjection
 from graylane.kafka.backoff import BackoffPolicy
 from graylane.kafka.seam import KafkaFactory
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.notifications.sender import SenderPolicy
 from graylane.notifications.webhook import verify
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.registry.repository import open_registry
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, controlplane_pb2, controlplane_pb2_grpc, rollout_pb2

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from graylane.engine_worker.batch_generation import run_generate
-from graylane.engine_worker.forward import run_forward
 
 from graylane import serde
 from graylane.client import GraylaneClient, RequestRejected, Task, UnknownModel
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine_worker.batch_generation import run_generate
+from graylane.engine_worker.forward import run_forward
 from graylane.kafka.reading import read_to_end
 from graylane.kafka.seam import KafkaFactory
 from graylane.routing.convert import table_to_pb

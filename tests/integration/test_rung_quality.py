@@ -12,21 +12,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from graylane.app.cli.main import main
-from graylane.policy_engine.service import PolicyConfig, prepare_topics
-from graylane.services.controlplane.auth import TokenTable, parse_tokens
-from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from grpc import aio
 
 from graylane import serde
+from graylane.app.cli.main import main
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
 from graylane.clock import now_ms
 from graylane.evaluation.sets import load_set
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_to_pb
 from graylane.kafka.seam import KafkaFactory
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.registry.records import ArtifactRecord, EndpointSummary
 from graylane.registry.repository import open_registry
+from graylane.services.controlplane.auth import TokenTable, parse_tokens
+from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import (
     audit_pb2,

@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from graylane.app.demo.build_versions import build_versions
-from graylane.engine_worker.loading import NoServableVariant, load_from_registry
 
 from graylane import serde
+from graylane.app.demo.build_versions import build_versions
 from graylane.artifacts.signing import (
     SIGNATURE_FILE,
     SignatureFailure,
@@ -18,6 +17,7 @@ from graylane.artifacts.signing import (
     sign_artifact,
 )
 from graylane.client import GraylaneClient
+from graylane.engine_worker.loading import NoServableVariant, load_from_registry
 from graylane.kafka.seam import KafkaFactory
 from graylane.registry.repository import open_registry
 from graylane.serde import PostProcess

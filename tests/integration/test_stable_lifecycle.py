@@ -17,15 +17,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-from graylane.app.cli.main import main
-from graylane.policy_engine.service import PolicyConfig, prepare_topics
-from graylane.services.controlplane.auth import TokenTable, parse_tokens
-from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 
+from graylane.app.cli.main import main
 from graylane.kafka.seam import KafkaFactory
+from graylane.policy_engine.service import PolicyConfig, prepare_topics
 from graylane.registry.repository import open_registry
 from graylane.rollouts.pb import rollout_spec_to_pb
 from graylane.rollouts.spec import RolloutSpec
+from graylane.services.controlplane.auth import TokenTable, parse_tokens
+from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import control_pb2, rollout_pb2
 from tests.support.policy import RoutingWatch, policy_engine, wait_ready

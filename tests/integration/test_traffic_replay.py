@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
-from graylane.app.cli.main import main
 
+from graylane.app.cli.main import main
 from graylane.client import GraylaneClient, Task
 from graylane.clock import now_ms
 from graylane.kafka.reading import read_to_end

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from graylane.app.demo.build_versions import build_versions
-from graylane.engine_worker.loading import load_from_registry
 
 from graylane import serde
+from graylane.app.demo.build_versions import build_versions
 from graylane.artifacts.verify import TamperedArtifactError
 from graylane.client import GraylaneClient
+from graylane.engine_worker.loading import load_from_registry
 from graylane.kafka.seam import KafkaFactory
 from graylane.registry.repository import open_registry
 from graylane.serde import PostProcess

@@ -6,10 +6,10 @@ import threading
 from collections.abc import Mapping
 
 import numpy as np
-from graylane.engine_worker.faults import extends_cache
 
 from graylane.engine.protocol import InferenceEngine
 from graylane.engine.signature import IOSignature
+from graylane.engine_worker.faults import extends_cache
 
 __all__ = ["DelegatingEngine", "GatedDecodeSteps"]
 

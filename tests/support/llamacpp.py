@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Protocol
 
 import pytest
+
+from graylane.artifacts.naming import Precision
 from graylane.deploy.engines import build as engines_build
 from graylane.deploy.engines import layout as engines_layout
 from graylane.deploy.engines import llamacpp
 from graylane.deploy.engines.server import LlamaServer
-
-from graylane.artifacts.naming import Precision
 
 __all__ = [
     "StartLlamaServer",

@@ -16,11 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from graylane.app.cli.main import main
-from graylane.services.controlplane.auth import TokenTable, parse_tokens
-from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 
 from graylane import serde
+from graylane.app.cli.main import main
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_semver
 from graylane.kafka.reading import read_latest_per_key
 from graylane.kafka.seam import KafkaFactory
@@ -29,6 +27,8 @@ from graylane.notifications.sender import SenderPolicy
 from graylane.notifications.webhook import SIGNATURE_HEADER
 from graylane.registry.records import ArtifactRecord, ValidationSummary
 from graylane.registry.repository import open_registry
+from graylane.services.controlplane.auth import TokenTable, parse_tokens
+from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, rollout_pb2
 from tests.support.waiting import wait_until

@@ -15,11 +15,25 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+
+from graylane.artifacts.manifest import read_manifest
+from graylane.artifacts.model_info import (
+    TASK_KEY,
+    VOCAB_KEY,
+    ModelInfo,
+    ModelTask,
+    SourceQuantization,
+    read_model_info,
+)
+from graylane.artifacts.naming import ONNX_PRECISIONS, Backend, Precision
 from graylane.builder.build import BuildReport, run_build
 from graylane.builder.plan import default_validation, plan_variants
 from graylane.builder.samples import load_samples
 from graylane.builder.spec import DEFAULT_PRECISIONS, parse_spec
 from graylane.builder.variants import VariantStatus
+from graylane.engine.errors import EngineRunError
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine.signature import IOSignature
 from graylane.engine_worker.backend import BatchClock, ResultContext
 from graylane.engine_worker.compute import ForwardOutcome, run_isolated
 from graylane.engine_worker.faults import InjectedFault
@@ -34,20 +48,6 @@ from graylane.engine_worker.requests import (
     validate,
 )
 from graylane.engine_worker.wire import build_batch
-
-from graylane.artifacts.manifest import read_manifest
-from graylane.artifacts.model_info import (
-    TASK_KEY,
-    VOCAB_KEY,
-    ModelInfo,
-    ModelTask,
-    SourceQuantization,
-    read_model_info,
-)
-from graylane.artifacts.naming import ONNX_PRECISIONS, Backend, Precision
-from graylane.engine.errors import EngineRunError
-from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine.signature import IOSignature
 from graylane.errors import ErrorCode, Rejection
 from graylane.models.demo_gpt import build_demo_gpt
 from graylane.registry.repository import open_registry

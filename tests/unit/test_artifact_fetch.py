@@ -8,9 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from graylane.app.cli.main import main
-from graylane.builder.store import ArtifactStore
 
+from graylane.app.cli.main import main
 from graylane.artifacts.fetch import (
     FETCH_RECORD,
     ArtifactFetchError,
@@ -29,6 +28,7 @@ from graylane.artifacts.manifest import (
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer, artifact_dir_name
 from graylane.artifacts.signing import SIGNATURE_FILE, KeyPair, generate_key_pair
 from graylane.artifacts.verify import manifest_sha256
+from graylane.builder.store import ArtifactStore
 from graylane.engine.signature import IOSignature
 from graylane.engine.tensorrt import gpu_compute_capability, tensorrt_version
 from graylane.registry.records import ArtifactRecord

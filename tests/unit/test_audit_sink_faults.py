@@ -13,8 +13,6 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 import pytest
-from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
-from graylane.services.controlplane.state import HASH_DIGITS, ControlStore, fit
 from prometheus_client import CollectorRegistry
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DataError, OperationalError
@@ -23,6 +21,8 @@ from graylane import serde
 from graylane.kafka.backoff import BackoffPolicy
 from graylane.metrics.controlside import AuditSinkMetrics
 from graylane.registry.migrate import upgrade
+from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
+from graylane.services.controlplane.state import HASH_DIGITS, ControlStore, fit
 from graylane.settings import Settings
 from graylane.v1 import audit_pb2, rollout_pb2
 from tests.support.memory_kafka import MemoryBroker, MemoryFactory

@@ -10,13 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from graylane.app.cli.build import EXIT_NOT_SERVABLE, EXIT_OK, register
-from graylane.builder.build import BuildReport, run_build
-from graylane.builder.spec import DEFAULT_PRECISIONS, BuildSpec, load_spec
-from graylane.builder.store import ArtifactExistsError, ArtifactStore
-from graylane.builder.variants import VariantStatus
-from graylane.engine_worker.loading import load_from_registry
 
+from graylane.app.cli.build import EXIT_NOT_SERVABLE, EXIT_OK, register
 from graylane.artifacts.build_info import Tolerance
 from graylane.artifacts.fetch import FETCH_RECORD, ArtifactFetchError, FetchRecord, fetch_version
 from graylane.artifacts.manifest import MANIFEST_FILE, read_manifest
@@ -28,6 +23,11 @@ from graylane.artifacts.naming import (
     parse_semver,
 )
 from graylane.artifacts.verify import TamperedArtifactError, manifest_sha256, verify_artifact
+from graylane.builder.build import BuildReport, run_build
+from graylane.builder.spec import DEFAULT_PRECISIONS, BuildSpec, load_spec
+from graylane.builder.store import ArtifactExistsError, ArtifactStore
+from graylane.builder.variants import VariantStatus
+from graylane.engine_worker.loading import load_from_registry
 from graylane.models.demo_gpt import write_demo_gpt
 from graylane.registry.records import ArtifactRecord
 from graylane.registry.repository import Registry, open_registry

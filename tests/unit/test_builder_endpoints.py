@@ -16,22 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from graylane.app.cli import models
 from graylane.app.cli.build import EXIT_NOT_SERVABLE, EXIT_OK
 from graylane.app.cli.build import register as register_build_cli
 from graylane.app.cli.main import build_parser
-from graylane.builder.build import BuildError, BuildReport, run_build
-from graylane.builder.endpoints import (
-    EndpointProbeError,
-    model_digests,
-    probe_endpoint,
-    version_digest,
-)
-from graylane.builder.spec import EngineSpec, SpecError, load_spec, parse_spec
-from graylane.builder.store import ArtifactExistsError
-from graylane.builder.variants import VariantStatus
-from graylane.engine_worker.loading import NoServableVariant, load_from_registry
-
 from graylane.artifacts.fetch import ArtifactFetchError, fetch_version
 from graylane.artifacts.manifest import MANIFEST_FILE, manifest_from_dict, manifest_to_dict
 from graylane.artifacts.model_info import ModelTask
@@ -43,7 +32,18 @@ from graylane.artifacts.signing import (
     generate_key_pair,
 )
 from graylane.artifacts.verify import TamperedArtifactError, verify_artifact
+from graylane.builder.build import BuildError, BuildReport, run_build
+from graylane.builder.endpoints import (
+    EndpointProbeError,
+    model_digests,
+    probe_endpoint,
+    version_digest,
+)
+from graylane.builder.spec import EngineSpec, SpecError, load_spec, parse_spec
+from graylane.builder.store import ArtifactExistsError
+from graylane.builder.variants import VariantStatus
 from graylane.engine.server import EngineEndpoint
+from graylane.engine_worker.loading import NoServableVariant, load_from_registry
 from graylane.registry.records import VersionStatus
 from graylane.registry.repository import Registry, open_registry
 from graylane.settings import Settings
@@ -218,7 +218,6 @@ def test_model_show_gives_backend_endpoint_engine_version_and_model_digest(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from graylane.services.controlplane.wire import model_summary, version_summary
-
     from graylane.v1 import controlplane_pb2
 
     setup, _ = built
@@ -455,7 +454,6 @@ def test_onnx_only_readers_say_an_engine_server_serves_the_version(
 ) -> None:
     from graylane.app.k8s.workers import NothingToDeploy, plan_from_registry
     from graylane.builder.consistency import ConsistencyError, served_variant
-
     from graylane.topics import TopicLayout
 
     setup, _ = built

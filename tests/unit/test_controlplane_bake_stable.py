@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from graylane.registry.repository import open_registry
+from graylane.rollouts.pb import rollout_spec_to_pb
+from graylane.rollouts.spec import RolloutSpec
 from graylane.services.controlplane.audit_sink import RolloutHub
 from graylane.services.controlplane.auth import ApiRole, Principal, TokenTable
 from graylane.services.controlplane.service import ControlPlane
 from graylane.services.controlplane.state import open_store
-
-from graylane.registry.repository import open_registry
-from graylane.rollouts.pb import rollout_spec_to_pb
-from graylane.rollouts.spec import RolloutSpec
 from graylane.v1 import rollout_pb2
 
 MODEL, BASE, CANDIDATE = "m", "1.0.0", "1.1.0"

@@ -11,7 +11,6 @@ from graylane.app.demo.build_versions import (
     machine_cache_folder,
     restore_build,
 )
-
 from graylane.artifacts.manifest import read_manifest
 from graylane.registry.repository import open_registry
 from tests.support.settings import NO_BROKER, make_settings

@@ -9,8 +9,8 @@ from pathlib import Path
 import jsonschema
 import kubernetes_validate
 import pytest
-from graylane.app.cli.main import main
 
+from graylane.app.cli.main import main
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, parse_artifact_name
 from graylane.artifacts.naming import parse_semver as semver
 from graylane.registry.records import ArtifactRecord

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from graylane.deploy.containers.engine_images import linked_libraries, llamacpp_cache
 from graylane.deploy.containers.podman import ContainerToolError
 from graylane.deploy.engines.layout import LLAMA_CPP_VERSION

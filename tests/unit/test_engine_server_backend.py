@@ -9,15 +9,15 @@ from __future__ import annotations
 import asyncio
 
 from aiokafka.structs import ConsumerRecord
+
+from graylane.artifacts.naming import Backend
+from graylane.clock import now_ms
+from graylane.engine.server import EngineEndpoint
 from graylane.engine_worker.backend import ResultContext
 from graylane.engine_worker.engine_server import EngineServerBackend, EngineServerSettings
 from graylane.engine_worker.logic.streaming import StreamPolicy
 from graylane.engine_worker.requests import EngineRules, Job, validate_engine_call
 from graylane.engine_worker.state import CancelKey
-
-from graylane.artifacts.naming import Backend
-from graylane.clock import now_ms
-from graylane.engine.server import EngineEndpoint
 from graylane.errors import ErrorCode, Rejection
 from graylane.metrics.process import ENGINE_UP, GROUP_JOINED, Readiness, ServiceObservability
 from graylane.v1 import inference_pb2

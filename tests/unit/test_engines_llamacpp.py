@@ -10,6 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+from graylane.artifacts.naming import Backend, Precision
 from graylane.deploy.engines import build, layout, models, pypi
 from graylane.deploy.engines.layout import (
     CMAKE_FLAGS,
@@ -20,8 +22,6 @@ from graylane.deploy.engines.layout import (
     PinnedDistribution,
 )
 from graylane.deploy.engines.server import LlamaServer, LlamaServerError, server_command, server_env
-
-from graylane.artifacts.naming import Backend, Precision
 
 
 @pytest.fixture

@@ -5,13 +5,6 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 import pytest
-from graylane.engine_worker.batch_generation import run_generate
-from graylane.engine_worker.forward import run_forward
-from graylane.engine_worker.kv_decode import FinishReason, GenerationResult
-from graylane.engine_worker.layouts import token_layout
-from graylane.engine_worker.logic.batching import BucketPolicy
-from graylane.engine_worker.postprocess import MEAN_POOL, TOKEN_IDS, TOPK_IDS, TOPK_VALUES
-from graylane.engine_worker.requests import IntakeRules, Limits, WorkItem, validate
 from onnx import TensorProto, helper, numpy_helper
 
 from graylane import serde
@@ -19,6 +12,13 @@ from graylane.artifacts.model_info import ModelInfo
 from graylane.engine.errors import InvalidInputError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
+from graylane.engine_worker.batch_generation import run_generate
+from graylane.engine_worker.forward import run_forward
+from graylane.engine_worker.kv_decode import FinishReason, GenerationResult
+from graylane.engine_worker.layouts import token_layout
+from graylane.engine_worker.logic.batching import BucketPolicy
+from graylane.engine_worker.postprocess import MEAN_POOL, TOKEN_IDS, TOPK_IDS, TOPK_VALUES
+from graylane.engine_worker.requests import IntakeRules, Limits, WorkItem, validate
 from graylane.errors import ErrorCode, Rejection
 from graylane.models.byte_vocab import BOS_ID, EOS_ID, PAD_ID, encode_text
 from graylane.models.demo_gpt import build_demo_gpt

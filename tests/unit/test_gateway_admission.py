@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+
+from graylane.priority import Priority
 from graylane.services.gateway.logic.admission import (
     DEVELOPMENT_KEYS,
     ApiKeyError,
@@ -19,8 +21,6 @@ from graylane.services.gateway.logic.admission import (
     split_rate,
 )
 from graylane.services.gateway.state import Admission, BodyBudget, InFlightGate, TokenBucket
-
-from graylane.priority import Priority
 
 KEY_A = "a" * 16 + "-alpha"
 KEY_B = "b" * 16 + "-bravo"

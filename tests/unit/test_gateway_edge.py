@@ -11,6 +11,11 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.routing import APIRoute
+from starlette.requests import Request
+
+from graylane.client import Result, Usage
+from graylane.kafka.seam import KafkaFactory
+from graylane.priority import Priority
 from graylane.services.gateway.catalog import ModelDirectory
 from graylane.services.gateway.front_door import ROUTES, keyed_route
 from graylane.services.gateway.logic.admission import (
@@ -25,11 +30,6 @@ from graylane.services.gateway.service import (
     GatewayConfig,
     replica_client_id,
 )
-from starlette.requests import Request
-
-from graylane.client import Result, Usage
-from graylane.kafka.seam import KafkaFactory
-from graylane.priority import Priority
 
 KEY = "edge-key-0123456789abcdef"
 SLOW_KEY = "slow-key-0123456789abcdef"

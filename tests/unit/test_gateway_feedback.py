@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+
+from graylane.kafka.seam import KafkaFactory
 from graylane.services.gateway.feedback import AnswerBook, outcome_pb
 from graylane.services.gateway.logic.admission import CallerRole, KeyRing, Tenant, parse_api_keys
 from graylane.services.gateway.logic.feedback import (
@@ -19,8 +21,6 @@ from graylane.services.gateway.logic.feedback import (
     parse_feedback,
 )
 from graylane.services.gateway.service import Gateway, GatewayConfig
-
-from graylane.kafka.seam import KafkaFactory
 from graylane.v1 import outcome_pb2
 
 ALICE = "alice-key-0123456789abcdef"

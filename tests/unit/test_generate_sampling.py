@@ -4,6 +4,9 @@ stop ids and stop strings, on the recompute path and on the KV-cache path."""
 from __future__ import annotations
 
 import pytest
+
+from graylane.engine.errors import InvalidInputError
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batch_generation import run_generate
 from graylane.engine_worker.kv_decode import (
     FinishReason,
@@ -12,9 +15,6 @@ from graylane.engine_worker.kv_decode import (
     generate_with_cache,
 )
 from graylane.engine_worker.logic.sampling import GREEDY, SamplingParams
-
-from graylane.engine.errors import InvalidInputError
-from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.models.byte_vocab import BOS_ID, PAD_ID, encode_text
 from tests.support.generation import (
     MAX_SEQ,

@@ -15,9 +15,13 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from graylane.app.bench.decisions_sim import LATENCY_RULES, Scenario, simulate
 from graylane.engine_worker.faults import FaultInjection, FaultyEngine, extends_cache
 from graylane.engine_worker.wire import decoding_of
+from graylane.histogram import LatencyHistogram
 from graylane.policy_engine.logic.agreement import (
     AgreementStats,
     AgreementTracker,
@@ -42,10 +46,6 @@ from graylane.policy_engine.wire import (
     sequential_to_pb,
     shadow_output_of,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from graylane.histogram import LatencyHistogram
 from graylane.rollouts.errors import InvalidSpec
 from graylane.rollouts.pb import rollout_spec_from_pb, rollout_spec_to_pb
 from graylane.rollouts.spec import DriftAction, GateMode, Gates, RolloutSpec

@@ -10,6 +10,10 @@ from dataclasses import replace
 
 import pytest
 from aiokafka.structs import ConsumerRecord
+from prometheus_client import CollectorRegistry
+
+from graylane.clock import now_ms
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.backend import BatchReport, DecodeLoad, ResultContext
 from graylane.engine_worker.compute import WorkerEngines
 from graylane.engine_worker.faults import FaultInjection, FaultyEngine
@@ -18,6 +22,12 @@ from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.logic.streaming import StreamPolicy, gap_p99
 from graylane.engine_worker.requests import Job, TaskKind, WorkItem
 from graylane.engine_worker.wire import GenerationTally, generation_report
+from graylane.errors import Rejection
+from graylane.histogram import LatencyHistogram
+from graylane.histogram_pb import histogram_from_pb
+from graylane.metrics.catalogue import catalogue
+from graylane.metrics.dataplane import WorkerMetrics
+from graylane.models.demo_gpt import write_demo_gpt
 from graylane.policy_engine.logic.window import (
     GenerationSample,
     SlidingWindow,
@@ -25,16 +35,6 @@ from graylane.policy_engine.logic.window import (
     invalid_sample,
 )
 from graylane.policy_engine.wire import telemetry_from_pb, window_stats_from_pb, window_stats_to_pb
-from prometheus_client import CollectorRegistry
-
-from graylane.clock import now_ms
-from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.errors import Rejection
-from graylane.histogram import LatencyHistogram
-from graylane.histogram_pb import histogram_from_pb
-from graylane.metrics.catalogue import catalogue
-from graylane.metrics.dataplane import WorkerMetrics
-from graylane.models.demo_gpt import write_demo_gpt
 from graylane.v1 import inference_pb2, telemetry_pb2
 from tests.support.outbox import CapturedOutbox
 

@@ -9,19 +9,19 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from aiokafka.structs import ConsumerRecord
+
+from graylane import serde
+from graylane.engine.errors import BadShape
 from graylane.engine_worker import compute
 from graylane.engine_worker.backend import BatchClock, ResultContext
 from graylane.engine_worker.compute import BatchRun, ForwardOutcome, run_isolated
 from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.engine_worker.requests import TaskKind, WorkItem
 from graylane.engine_worker.wire import build_batch
-from graylane.policy_engine.logic.window import SlidingWindow, TelemetrySample
-
-from graylane import serde
-from graylane.engine.errors import BadShape
 from graylane.errors import ErrorCode
 from graylane.histogram import LatencyHistogram
 from graylane.kafka.replies import DEAD_LETTER_KEEP_BYTES, ReplySink, field_problem
+from graylane.policy_engine.logic.window import SlidingWindow, TelemetrySample
 from graylane.routing.table import (
     RouteTable,
     RoutingRequest,

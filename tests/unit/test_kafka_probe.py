@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from graylane.deploy.kafka import broker as kafka_broker
 from graylane.deploy.kafka import kafka as kt
 from graylane.deploy.kafka import layout as kafka_layout

@@ -5,6 +5,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+
+from graylane.engine.derived_inputs import POSITION_IDS
+from graylane.engine.errors import InvalidInputError
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
+from graylane.engine.protocol import InferenceEngine
+from graylane.engine.signature import IOSignature, TensorSpec
 from graylane.engine_worker.batch_generation import run_generate
 from graylane.engine_worker.kv_decode import (
     FinishReason,
@@ -13,12 +19,6 @@ from graylane.engine_worker.kv_decode import (
     generate_with_cache,
 )
 from graylane.engine_worker.layouts import generation_layout, kv_cache_layout, token_layout
-
-from graylane.engine.derived_inputs import POSITION_IDS
-from graylane.engine.errors import InvalidInputError
-from graylane.engine.onnxruntime import OnnxRuntimeEngine
-from graylane.engine.protocol import InferenceEngine
-from graylane.engine.signature import IOSignature, TensorSpec
 from graylane.models.byte_vocab import BOS_ID, PAD_ID, VOCAB_SIZE
 from graylane.models.demo_gpt import build_demo_gpt
 from tests.support.engines import DelegatingEngine

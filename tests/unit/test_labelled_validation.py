@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from graylane.builder.build import BuildReport, run_build
-from graylane.builder.samples import SampleError
-from graylane.builder.spec import parse_spec
-from graylane.builder.validation import check_tolerance, label_accuracy
 
 from graylane.artifacts.build_info import Metrics, Tolerance
 from graylane.artifacts.manifest import read_manifest
 from graylane.artifacts.naming import Backend, Precision
+from graylane.builder.build import BuildReport, run_build
+from graylane.builder.samples import SampleError
+from graylane.builder.spec import parse_spec
+from graylane.builder.validation import check_tolerance, label_accuracy
 from graylane.registry.repository import open_registry
 from tests.support.settings import make_settings
 from tests.support.small_models import TAGGER_CLASSES, TAGGER_VOCAB, write_tagger

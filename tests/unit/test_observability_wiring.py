@@ -12,9 +12,6 @@ import urllib.request
 
 import pytest
 from aiokafka import TopicPartition
-from graylane.policy_engine.logic.qos import QosState
-from graylane.policy_engine.messages import Command, CommandKind, CommandRejected, QosPolicySet
-from graylane.policy_engine.service import PolicyObserver
 from prometheus_client import CollectorRegistry
 
 from graylane.kafka.reading import consumer_lag
@@ -27,6 +24,9 @@ from graylane.metrics.process import (
     MetricsAddress,
     ServiceObservability,
 )
+from graylane.policy_engine.logic.qos import QosState
+from graylane.policy_engine.messages import Command, CommandKind, CommandRejected, QosPolicySet
+from graylane.policy_engine.service import PolicyObserver
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.routing.table import table_for_weights
 from graylane.settings import Settings, SettingsError

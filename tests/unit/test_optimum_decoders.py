@@ -16,6 +16,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+
+from graylane.artifacts.decoder_axes import MASK_AXIS, correct_mask_axis, mask_axis_conflict
+from graylane.artifacts.model_info import (
+    ModelInfo,
+    ModelTask,
+    eos_from_hf_configs,
+    read_model_info,
+)
+from graylane.engine.derived_inputs import POSITION_IDS, USE_CACHE_BRANCH
+from graylane.engine.errors import BadShape
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.forward import run_forward
 from graylane.engine_worker.kv_decode import KvDecodeLoop, generate_with_cache
 from graylane.engine_worker.layouts import INPUT_IDS, kv_cache_layout, token_layout
@@ -29,17 +40,6 @@ from graylane.engine_worker.requests import (
     prepare,
     request_facts,
 )
-
-from graylane.artifacts.decoder_axes import MASK_AXIS, correct_mask_axis, mask_axis_conflict
-from graylane.artifacts.model_info import (
-    ModelInfo,
-    ModelTask,
-    eos_from_hf_configs,
-    read_model_info,
-)
-from graylane.engine.derived_inputs import POSITION_IDS, USE_CACHE_BRANCH
-from graylane.engine.errors import BadShape
-from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.models.hf_tokenizer import HfTokenizer, tokenizer_beside
 from graylane.serde import PostProcess
 from graylane.v1 import inference_pb2

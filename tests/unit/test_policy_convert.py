@@ -5,16 +5,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from graylane.policy_engine import wire
-from graylane.policy_engine.logic.gates import StepEvidence, advance_sequential
-from graylane.policy_engine.logic.qos import Ceiling, QosState, evaluate_qos
-from graylane.policy_engine.logic.rollout import RolloutState, apply_command, evaluate, start
-from graylane.policy_engine.logic.window import WindowStats
 from hypothesis import given
 from hypothesis import strategies as st
 
 from graylane.histogram import LatencyHistogram
 from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
+from graylane.policy_engine import wire
+from graylane.policy_engine.logic.gates import StepEvidence, advance_sequential
+from graylane.policy_engine.logic.qos import Ceiling, QosState, evaluate_qos
+from graylane.policy_engine.logic.rollout import RolloutState, apply_command, evaluate, start
+from graylane.policy_engine.logic.window import WindowStats
 from graylane.rollouts.pb import (
     manual_command_from_pb,
     qos_policy_from_pb,

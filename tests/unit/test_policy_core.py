@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from graylane.histogram import LatencyHistogram
 from graylane.policy_engine import wire
 from graylane.policy_engine.audit_replay import verify
 from graylane.policy_engine.core import PolicyCore
@@ -20,8 +21,6 @@ from graylane.policy_engine.messages import (
 )
 from graylane.policy_engine.state import VersionKey
 from graylane.policy_engine.wire import command_from_pb, records_of
-
-from graylane.histogram import LatencyHistogram
 from graylane.rollouts.pb import rollout_spec_to_pb
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Step

@@ -9,6 +9,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
+from graylane import serde
+from graylane.histogram import LatencyHistogram
+from graylane.histogram_pb import histogram_to_pb
 from graylane.policy_engine import audit_replay, wire
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.isolation import RecordGuard
@@ -23,10 +27,6 @@ from graylane.policy_engine.messages import (
 )
 from graylane.policy_engine.service import telemetry_into
 from graylane.policy_engine.state import VersionKey
-
-from graylane import serde
-from graylane.histogram import LatencyHistogram
-from graylane.histogram_pb import histogram_to_pb
 from graylane.rollouts.errors import InvalidSpec
 from graylane.rollouts.pb import gate_mode_from_pb, rollout_spec_to_pb, strategy_from_pb
 from graylane.rollouts.spec import GateMode, RolloutSpec, Step, Strategy

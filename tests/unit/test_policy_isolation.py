@@ -8,6 +8,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from prometheus_client import CollectorRegistry
+
+from graylane import serde
+from graylane.histogram import LatencyHistogram
+from graylane.histogram_pb import histogram_to_pb
+from graylane.metrics.controlside import PolicyMetrics
 from graylane.policy_engine import wire
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.isolation import RecordGuard
@@ -24,12 +30,6 @@ from graylane.policy_engine.messages import (
 from graylane.policy_engine.service import PolicyObserver, telemetry_into
 from graylane.policy_engine.state import VersionKey
 from graylane.policy_engine.wire import command_of, records_of, restore_values, shadow_of
-from prometheus_client import CollectorRegistry
-
-from graylane import serde
-from graylane.histogram import LatencyHistogram
-from graylane.histogram_pb import histogram_to_pb
-from graylane.metrics.controlside import PolicyMetrics
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.messages import (
     Command,
@@ -14,7 +15,6 @@ from graylane.policy_engine.messages import (
     RoutingPublication,
 )
 from graylane.policy_engine.wire import command_from_pb, records_of
-
 from graylane.rollouts.spec import RolloutSpec, Step
 from graylane.rollouts.vocabulary import DecisionRule, ManualCommand, Phase
 from graylane.routing.convert import route_config_to_pb, table_from_pb

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from graylane.policy_engine.logic.rollout import apply_command, start
 
+from graylane.policy_engine.logic.rollout import apply_command, start
 from graylane.rollouts.spec import RolloutSpec, Strategy
 from graylane.rollouts.vocabulary import ManualCommand
 from graylane.routing.table import (

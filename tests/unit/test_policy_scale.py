@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from prometheus_client import CollectorRegistry
+
+from graylane.histogram import LatencyHistogram
+from graylane.metrics.controlside import PolicyMetrics
 from graylane.policy_engine.audit_replay import verify
 from graylane.policy_engine.core import PolicyCore
 from graylane.policy_engine.logic.scale import ScalePolicy, ScaleReason
@@ -20,10 +24,6 @@ from graylane.policy_engine.messages import (
 from graylane.policy_engine.service import PolicyObserver
 from graylane.policy_engine.state import VersionKey
 from graylane.policy_engine.wire import records_of
-from prometheus_client import CollectorRegistry
-
-from graylane.histogram import LatencyHistogram
-from graylane.metrics.controlside import PolicyMetrics
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.vocabulary import DecisionRule
 from graylane.topics import TopicLayout

@@ -13,12 +13,11 @@ from graylane.policy_engine.messages import (
     RolloutPublication,
 )
 from graylane.policy_engine.wire import command_from_pb, records_of
-from graylane.services.controlplane.state import open_store
-
 from graylane.rollouts.pb import rollout_spec_to_pb
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import Phase
 from graylane.serde import decode
+from graylane.services.controlplane.state import open_store
 from graylane.topics import TopicLayout
 from graylane.v1 import audit_pb2, rollout_pb2
 

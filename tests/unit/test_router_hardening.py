@@ -5,10 +5,10 @@ unexpected error on one record becomes a dead letter while the loop goes on."""
 from __future__ import annotations
 
 import pytest
-from graylane.services.router.service import Router
 
 from graylane import serde
 from graylane.routing.table import table_for_weights
+from graylane.services.router.service import Router
 from graylane.v1 import control_pb2, inference_pb2
 from tests.support.memory_kafka import MemoryBroker, MemoryFactory
 from tests.unit.test_router_memory import (

@@ -16,11 +16,11 @@ from aiokafka.errors import (
     RecordTooLargeError,
     TopicAuthorizationFailedError,
 )
-from graylane.services.router.service import Router, RouterConfig
 
 from graylane import serde
 from graylane.routing.convert import table_to_pb
 from graylane.routing.table import RouteTable, RoutingRule, bucket_of, table_for_weights
+from graylane.services.router.service import Router, RouterConfig
 from graylane.settings import Settings
 from graylane.v1 import dlq_pb2, inference_pb2
 from tests.support.memory_kafka import MemoryBroker, MemoryFactory

@@ -9,21 +9,21 @@ from typing import Any
 
 import numpy as np
 import pytest
-from graylane.builder.spec import TensorRTOptions
-from graylane.builder.tensorrt_build import EngineRequest, build_engine
-from graylane.builder.variants import VariantStatus
-from graylane.engine_worker.batch_generation import run_generate
-from graylane.engine_worker.forward import run_forward
-from graylane.engine_worker.logic.batching import BucketPolicy
 
 from graylane.artifacts.build_info import InputShapeRange, ShapeProfile
 from graylane.artifacts.model_info import io_signature
 from graylane.artifacts.naming import Precision
 from graylane.artifacts.verify import sha256_file
+from graylane.builder.spec import TensorRTOptions
+from graylane.builder.tensorrt_build import EngineRequest, build_engine
+from graylane.builder.variants import VariantStatus
 from graylane.engine import tensorrt as backend
 from graylane.engine.errors import EngineLoadError, IncompatibleEngineError, InvalidInputError
 from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine.protocol import InferenceEngine
+from graylane.engine_worker.batch_generation import run_generate
+from graylane.engine_worker.forward import run_forward
+from graylane.engine_worker.logic.batching import BucketPolicy
 from graylane.models.byte_vocab import BOS_ID, encode_text
 from graylane.models.demo_gpt import build_demo_gpt
 

@@ -19,15 +19,15 @@ import numpy as np
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import NotLeaderForPartitionError
+
+from graylane import serde
+from graylane.clock import now_ms
+from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.engine_worker.batch_generation import run_generate
 from graylane.engine_worker.config import WorkerConfig
 from graylane.engine_worker.forward import run_forward
 from graylane.engine_worker.postprocess import TOKEN_IDS
 from graylane.engine_worker.service import Worker
-
-from graylane import serde
-from graylane.clock import now_ms
-from graylane.engine.onnxruntime import OnnxRuntimeEngine
 from graylane.kafka.consume_loop import ConsumeLoop, LoopHooks
 from graylane.kafka.replies import ReplySink
 from graylane.models.byte_vocab import decode_tokens, encode_text
