@@ -27,16 +27,13 @@ $BIN/python deploy/kafka/kafka.py start || exit 1
 $BIN/python deploy/postgres/postgres.py start || { $BIN/python deploy/kafka/kafka.py stop; exit 1; }
 
 echo "==> pytest"
-# The tests run on pytest-xdist workers (--dist loadgroup), one per core (GRAYLANE_TEST_WORKERS=N
-# sets how many): the long tests stay one at a time on one worker, as do the tests that share
-# something outside the test (podman's images, the PostgreSQL database; see
-# tests/conftest.py), and every other test runs beside them; most of a test's time is spent
-# waiting on the broker, the engines and the services it starts. 0: every test in this
-# process, in order.
-WORKERS=${GRAYLANE_TEST_WORKERS:-$(nproc)}
-if [ "$WORKERS" = 1 ]; then
-  WORKERS=0
-fi
+# GRAYLANE_TEST_WORKERS=N runs the tests on N pytest-xdist workers (--dist loadgroup): the
+# long tests stay one at a time on one worker, as do the tests that share something outside
+# the test (podman's images, the PostgreSQL database; see tests/conftest.py), and every other
+# test runs beside them. Unset or 0: every test in this process, in order. One process is the
+# default: the tests that judge real engines' per-token speed need the machine's cores, and
+# on two cores the other worker's tests blur the difference they measure.
+WORKERS=${GRAYLANE_TEST_WORKERS:-0}
 XDIST=()
 if [ "$WORKERS" != 0 ]; then
   XDIST=(-n "$WORKERS" --dist loadgroup)
