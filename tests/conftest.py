@@ -57,8 +57,8 @@ def settings(unique_prefix: str, tmp_path: Path) -> Settings:
 def factory(settings: Settings) -> KafkaFactory:
     return KafkaFactory(settings)
 
+
 # Under pytest-xdist (``GRAYLANE_TEST_WORKERS=N make test``: ``-n N --dist loadgroup``) each
-# Under pytest-xdist (``make test``: ``-n <cores> --dist loadgroup``) each
 # group below runs on one worker, one test after another, while the others take the rest:
 # - "containers": the images podman builds and runs;
 # - "postgres": the local PostgreSQL server's one database (the schema migrated in place);
