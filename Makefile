@@ -12,7 +12,8 @@ $(STAMP): pyproject.toml
 	@echo "==> setting up $(VENV) (python >= 3.11)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --quiet --upgrade pip
-	@$(BIN)/python -m pip install --quiet --progress-bar off -e ".[dev]"
+	@# setuptools warns that the repo's own graylane/ folder shadows the package: it is the package
+	@PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet --progress-bar off -e ".[dev]"
 	@touch $(STAMP)
 
 setup: $(STAMP)

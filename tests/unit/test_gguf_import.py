@@ -148,6 +148,19 @@ def _junk(tmp_path: Path) -> Path:
     return path
 
 
+def _gguf_spec(**overrides: object) -> dict[str, object]:
+    """A build spec of the tiny GGUF fixture, float TensorRT and partial passes off."""
+    return {
+        "model": "tiny",
+        "version": "1.0.0",
+        "strategy": "gguf",
+        "source": {"gguf": str(GGUF)},
+        "partial_quantization": {"enabled": False},
+        "tensorrt": {"enabled": False},
+        **overrides,
+    }
+
+
 def test_graylane_build_takes_a_gguf_source_once_and_records_its_rungs(tmp_path: Path) -> None:
     """The import is cached by the file's digest; the weight-only rungs record how they
     were made; validation is on prompts continued by fp32, labelled as such."""
@@ -158,21 +171,15 @@ def test_graylane_build_takes_a_gguf_source_once_and_records_its_rungs(tmp_path:
     from graylane.builder.variants import VariantStatus
 
     (tmp_path / "prompts.txt").write_text("Gray releases\nA canary\nThe worker groups\n")
-    raw = {
-        "model": "tiny",
-        "version": "1.0.0",
-        "strategy": "gguf",
-        "source": {"gguf": str(GGUF)},
-        "precisions": ["fp32", "int8-weight-only", "int4"],
-        "validation": {
+    raw = _gguf_spec(
+        precisions=["fp32", "int8-weight-only", "int4"],
+        validation={
             "prompts": "prompts.txt",
             "continuation": 4,
             "generation": {"prompts": 2, "new_tokens": 4},
         },
-        "tolerances": {"int4": {"min_top1_agreement": 0.0, "min_cosine": 0.0}},
-        "partial_quantization": {"enabled": False},
-        "tensorrt": {"enabled": False},
-    }
+        tolerances={"int4": {"min_top1_agreement": 0.0, "min_cosine": 0.0}},
+    )
     spec = parse_spec(raw, base_dir=tmp_path)
     report = run_build(spec, store=tmp_path / "store")
     produced = {v.precision: v for v in report.variants if v.status is VariantStatus.PRODUCED}
@@ -284,21 +291,15 @@ def test_the_8_bit_rung_rounds_with_gptq_when_asked(tmp_path: Path) -> None:
 
     (tmp_path / "prompts.txt").write_text("Gray releases\nA canary\n")
     (tmp_path / "calibration.txt").write_text("The worker groups\nA broker\nTopics\n")
-    raw = {
-        "model": "tiny",
-        "version": "1.0.0",
-        "strategy": "gguf",
-        "source": {"gguf": str(GGUF)},
-        "precisions": ["fp32", "int8-weight-only"],
-        "validation": {"prompts": "prompts.txt", "continuation": 4},
-        "weight_only": {
+    raw = _gguf_spec(
+        precisions=["fp32", "int8-weight-only"],
+        validation={"prompts": "prompts.txt", "continuation": 4},
+        weight_only={
             "int8_smoothing": {"alpha": 0.75, "prompts": "calibration.txt"},
             "int8_rounding": {"method": "gptq", "prompts": "calibration.txt", "continuation": 6},
         },
-        "tolerances": {"int8-weight-only": {"min_top1_agreement": 0.5}},
-        "partial_quantization": {"enabled": False},
-        "tensorrt": {"enabled": False},
-    }
+        tolerances={"int8-weight-only": {"min_top1_agreement": 0.5}},
+    )
     report = run_build(parse_spec(raw, base_dir=tmp_path), store=tmp_path / "store")
     produced = {v.precision: v for v in report.variants if v.status is VariantStatus.PRODUCED}
     variant = produced[Precision.INT8_WEIGHT_ONLY]
