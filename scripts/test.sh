@@ -27,20 +27,30 @@ $BIN/python deploy/kafka/kafka.py start || exit 1
 $BIN/python deploy/postgres/postgres.py start || { $BIN/python deploy/kafka/kafka.py stop; exit 1; }
 
 echo "==> pytest"
-# GRAYLANE_TEST_WORKERS=N runs the tests on N pytest-xdist workers (--dist loadgroup): the
-# long tests stay one at a time on one worker, as do the tests that share something outside
-# the test (podman's images, the PostgreSQL database; see tests/conftest.py), and every other
-# test runs beside them. Unset or 0: every test in this process, in order. One process is the
-# default: the tests that judge real engines' per-token speed need the machine's cores, and
-# on two cores the other worker's tests blur the difference they measure.
-WORKERS=${GRAYLANE_TEST_WORKERS:-0}
+# Two phases on GRAYLANE_TEST_WORKERS pytest-xdist workers (default 2; 0: one process, in order):
+# 1. the tests marked ``speed``, alone in one process: they judge real engines' per-token time
+#    and load spikes, and another test beside them on the same cores would blur what they measure;
+# 2. every other test on the workers (--dist loadgroup): the tests that share something outside
+#    the test (podman's images, the PostgreSQL database) stay one at a time on one worker (see
+#    tests/conftest.py); every other test has its own topics, groups, ports and files.
+# Arguments (paths, -k, -m) make it one run of those tests. Each run prints its slowest tests.
+WORKERS=${GRAYLANE_TEST_WORKERS:-2}
 XDIST=()
 if [ "$WORKERS" != 0 ]; then
   XDIST=(-n "$WORKERS" --dist loadgroup)
 fi
-# The slowest tests, every run: where the suite's time goes.
-$BIN/python -m pytest ${XDIST[@]+"${XDIST[@]}"} --durations=30 "$@"
-rc=$?
+if [ "$#" -gt 0 ] || [ "$WORKERS" = 0 ]; then
+  $BIN/python -m pytest ${XDIST[@]+"${XDIST[@]}"} --durations=30 "$@"
+  rc=$?
+else
+  echo "==> pytest, phase 1 of 2: the tests that judge measured speed, alone"
+  $BIN/python -m pytest -m speed --durations=10
+  rc=$?
+  echo "==> pytest, phase 2 of 2: every other test on $WORKERS workers"
+  $BIN/python -m pytest -m "not speed" "${XDIST[@]}" --durations=30
+  rc2=$?
+  if [ "$rc" -eq 0 ]; then rc=$rc2; fi
+fi
 
 echo "==> stopping the local services"
 $BIN/python deploy/postgres/postgres.py stop || true

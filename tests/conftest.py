@@ -58,26 +58,19 @@ def factory(settings: Settings) -> KafkaFactory:
     return KafkaFactory(settings)
 
 
-# Under pytest-xdist (``GRAYLANE_TEST_WORKERS=N make test``: ``-n N --dist loadgroup``) each
-# group below runs on one worker, one test after another, while the others take the rest:
+# Under pytest-xdist (``make test``'s second phase: ``-n 2 --dist loadgroup``) each group below
+# runs on one worker, one test after another, while the others take the rest:
 # - "containers": the images podman builds and runs;
-# - "postgres": the local PostgreSQL server's one database (the schema migrated in place);
-# - "serial": the long tests (``slow``, or with engine servers or a broker of their own): they
-#   measure throughput, latency and deadlines over windows and were written to have the
-#   machine's cores to themselves, so they still run one at a time, as without xdist.
-# Every other test has its own topics, consumer groups, ports and files.
+# - "postgres": the local PostgreSQL server's one database (the schema migrated in place).
+# Every other test has its own topics, consumer groups, ports and files. The tests marked
+# ``speed`` judge measured speed and run alone, in ``make test``'s first phase.
 _SHARED = ("containers", "postgres")
-_LONG_FIXTURES = {"start_llama_server", "private_broker"}
 
 
 def _xdist_group(item: pytest.Item) -> str | None:
     for group in _SHARED:
         if item.get_closest_marker(group) is not None:
             return group
-    if item.get_closest_marker("slow") is not None or (
-        _LONG_FIXTURES & set(getattr(item, "fixturenames", ()))
-    ):
-        return "serial"
     return None
 
 

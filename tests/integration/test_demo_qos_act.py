@@ -33,7 +33,7 @@ from tests.support.policy import policy_engine, wait_ready
 
 # The first run on a machine builds SmolLM2 (the GGUF's import, its rungs' validation):
 # minutes; later runs and fresh clones restore the machine's cached build in seconds.
-pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.speed, pytest.mark.timeout(1800)]
 
 ENGLISH = re.compile(r"[A-Za-z]{2,}")
 ARITHMETIC = re.compile(r"[0-9][0-9 +=.,]*")

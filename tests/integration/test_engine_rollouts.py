@@ -35,7 +35,7 @@ from tests.support.records import qos_command, read_audits, send_command, start_
 from tests.support.stack import running_stack
 from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.speed]
 
 MODEL = "smollm2"
 NEW_TOKENS = 24
