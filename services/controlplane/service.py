@@ -38,13 +38,13 @@ from grpc import aio, ssl_server_credentials
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from graylane.clock import Clock, now_ms
+from graylane.errors import GraylaneError
 from graylane.kafka.seam import KafkaFactory
 from graylane.metrics.controlside import AuditSinkMetrics, ControlPlaneMetrics
 from graylane.metrics.process import CONTROL_CAUGHT_UP, GROUP_JOINED, ServiceObservability
 from graylane.notifications.sender import SenderPolicy, WebhookDelivery, WebhookSender
 from graylane.registry.migrate import create_db_engine, upgrade
 from graylane.registry.records import (
-    DuplicateVersion,
     ModelNotRegistered,
     RegistryError,
     UnknownVersion,
@@ -313,30 +313,22 @@ Context = Any  # grpc.aio.ServicerContext; grpc ships no type hints
 R = TypeVar("R")
 
 
-def _status_of(exc: Exception) -> grpc.StatusCode | None:
-    if isinstance(exc, rules.NotFound | ModelNotRegistered | UnknownVersion):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(exc, rules.FailedPrecondition):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(exc, DuplicateVersion):
-        return grpc.StatusCode.ALREADY_EXISTS
-    if isinstance(exc, rules.InvalidArgument | RegistryError | PolicyError):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    return None
+def grpc_status_of(exc: GraylaneError) -> grpc.StatusCode:
+    """The gRPC status of an error: its code's (``graylane.errors``)."""
+    return grpc.StatusCode[exc.code.grpc_status.name]
 
 
 def mapped(
     method: Callable[..., Awaitable[R]],
 ) -> Callable[..., Awaitable[R]]:
-    """Turn the domain's and registry's typed errors into gRPC status codes."""
+    """Answer the domain's and registry's typed errors with their codes' gRPC status."""
 
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: Context) -> R:
         try:
             return await method(self, request, context)
         except (rules.ControlError, RegistryError, PolicyError) as exc:
-            code = _status_of(exc) or grpc.StatusCode.INTERNAL
-            await context.abort(code, str(exc))
+            await context.abort(grpc_status_of(exc), str(exc))
             raise  # unreachable: abort raises
 
     return wrapper
