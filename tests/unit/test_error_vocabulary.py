@@ -125,3 +125,29 @@ def test_the_gateways_own_refusals_keep_openais_statuses_types_and_codes() -> No
     for err, status, kind, code in cases:
         body = err.openai_body()["error"]
         assert (err.status, body["type"], body["code"]) == (status, kind, code)
+
+
+def test_a_requests_inputs_are_checked_once_by_the_engines_signature() -> None:
+    """The worker's intake and the engine refuse a feed alike: same code, same words."""
+    import numpy as np
+
+    from graylane.engine.errors import InvalidInputError
+    from graylane.engine.signature import IOSignature, TensorSpec
+    from graylane.engine_worker.requests import check_inputs
+
+    io = IOSignature(
+        inputs=(TensorSpec("x", "float32", ("batch", 4)),),
+        outputs=(TensorSpec("y", "float32", ("batch", 2)),),
+    )
+    bad_feeds = [
+        {},
+        {"x": np.zeros((1, 4), np.float32), "z": np.zeros(1, np.float32)},
+        {"x": np.zeros((1, 4), np.float64)},
+        {"x": np.zeros((1, 5), np.float32)},
+    ]
+    for feeds in bad_feeds:
+        with pytest.raises(InvalidInputError) as refused:
+            io.check_feeds(feeds)
+        rejection = check_inputs(feeds, io)
+        assert rejection == Rejection(refused.value.code, str(refused.value))
+    assert check_inputs({"x": np.zeros((3, 4), np.float32)}, io) is None
