@@ -490,7 +490,7 @@ class PolicyCore:
             f"cohort routing of {cmd.model}: rules [{rules or 'none'}], "
             f"pins {'allowed' if plan.allow_pinning else 'refused'}"
         )
-        self.routing.set_plan(plan)
+        self.routing.set_plan(plan)  # the model's cohort now: the publication below keeps it
         return self._routing_change(cmd, plan, DecisionRule.ROUTE_CONFIG_SET, reason, now_ms)
 
     def _routing_change(
