@@ -60,8 +60,14 @@ from graylane.rollouts.pb import (
     rollout_spec_to_pb,
 )
 from graylane.rollouts.vocabulary import ManualCommand, Phase
-from graylane.routing.convert import route_config_from_pb, route_config_to_pb, rule_from_pb
-from graylane.routing.table import InvalidRouteRule, RouteConfig, UnknownRouteRule
+from graylane.routing.convert import route_config_rules, route_config_to_pb, rule_from_pb
+from graylane.routing.table import (
+    InvalidRouteRule,
+    RoutingRule,
+    UnknownRouteRule,
+    with_rule,
+    without_rule,
+)
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
 from graylane.services.controlplane.auth import ApiRole, AuthInterceptor, Principal, TokenTable
 from graylane.services.controlplane.bus import (
@@ -310,6 +316,8 @@ log = logging.getLogger(__name__)
 
 
 Context = Any  # grpc.aio.ServicerContext; grpc ships no type hints
+RulesChange = Callable[[tuple[RoutingRule, ...], bool], tuple[tuple[RoutingRule, ...], bool]]
+"""A change of a model's cohort routing: (rules, pins allowed) -> (rules, pins allowed)."""
 R = TypeVar("R")
 
 
@@ -885,16 +893,18 @@ class RoutingServicer(controlplane_pb2_grpc.RoutingServicer):
     def __init__(self, cp: ControlPlane) -> None:
         self._cp = cp
 
-    def _current(self, model: str) -> tuple[RouteConfig, str, int]:
+    def _current(self, model: str) -> tuple[rollout_pb2.RouteConfig, str, int]:
+        """The model's stored cohort routing (none stored: no rules, pins refused)."""
         stored = self._cp.store.get_route_config(model)
         if stored is None:
-            return RouteConfig(model=model), "", 0
+            return route_config_to_pb(model, (), False), "", 0
         pb, by, at = stored
-        return route_config_from_pb(pb), by, at
+        return route_config_to_pb(pb.model, route_config_rules(pb), pb.allow_pinning), by, at
 
     async def _change(
-        self, model: str, change: Callable[[RouteConfig], RouteConfig], context: Context
+        self, model: str, change: RulesChange, context: Context
     ) -> controlplane_pb2.RouteConfigView:
+        """Store ``change`` applied to the model's rules and pinning, and send it on."""
         cp = self._cp
         principal = cp.principal(context)
 
@@ -903,18 +913,19 @@ class RoutingServicer(controlplane_pb2_grpc.RoutingServicer):
             if facts is None:
                 raise rules.NotFound(f"model {model!r} is not registered")
             try:
-                config = change(self._current(model)[0])
+                current = self._current(model)[0]
+                cohort, allow_pinning = change(route_config_rules(current), current.allow_pinning)
             except InvalidRouteRule as exc:
                 raise rules.InvalidArgument(str(exc)) from None
             except UnknownRouteRule as exc:
                 raise rules.NotFound(str(exc)) from None
-            unknown = sorted({r.version for r in config.rules} - set(facts.versions))
+            unknown = sorted({r.version for r in cohort} - set(facts.versions))
             if unknown:
                 raise rules.InvalidArgument(
                     f"{model} has no version {', '.join(unknown)}; "
                     f"registered: {', '.join(sorted(facts.versions)) or 'none'}"
                 )
-            pb = route_config_to_pb(config)
+            pb = route_config_to_pb(current.model, cohort, allow_pinning)
             command = new_command(
                 rollout_pb2.COMMAND_SET_ROUTE_CONFIG,
                 model=model,
@@ -943,29 +954,32 @@ class RoutingServicer(controlplane_pb2_grpc.RoutingServicer):
         self, request: controlplane_pb2.AddRouteRuleRequest, context: Context
     ) -> controlplane_pb2.RouteConfigView:
         rule = rule_from_pb(request.rule)
-        return await self._change(request.model, lambda c: c.with_rule(rule), context)
+        return await self._change(
+            request.model, lambda cohort, pins: (with_rule(cohort, rule), pins), context
+        )
 
     @mapped
     async def RemoveRule(
         self, request: controlplane_pb2.RemoveRouteRuleRequest, context: Context
     ) -> controlplane_pb2.RouteConfigView:
-        return await self._change(request.model, lambda c: c.without_rule(request.name), context)
+        model, name = request.model, request.name
+        return await self._change(
+            model, lambda cohort, pins: (without_rule(cohort, name, model=model), pins), context
+        )
 
     @mapped
     async def SetPinning(
         self, request: controlplane_pb2.SetPinningRequest, context: Context
     ) -> controlplane_pb2.RouteConfigView:
         allow = request.allow_pinning
-        return await self._change(request.model, lambda c: c.with_pinning(allow), context)
+        return await self._change(request.model, lambda cohort, _: (cohort, allow), context)
 
     @mapped
     async def GetConfig(
         self, request: controlplane_pb2.GetRouteConfigRequest, context: Context
     ) -> controlplane_pb2.RouteConfigView:
         config, by, at = await asyncio.to_thread(self._current, request.model)
-        return controlplane_pb2.RouteConfigView(
-            config=route_config_to_pb(config), updated_by=by, updated_at_unix_ms=at
-        )
+        return controlplane_pb2.RouteConfigView(config=config, updated_by=by, updated_at_unix_ms=at)
 
 
 class QosServicer(controlplane_pb2_grpc.QosServicer):
