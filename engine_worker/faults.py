@@ -16,7 +16,6 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 
@@ -59,7 +58,7 @@ class FaultInjection:
 class InjectedFault(EngineRunError):
     """A failure injected on purpose (answered with ``INJECTED_FAULT``)."""
 
-    code: ClassVar[ErrorCode] = ErrorCode.INJECTED_FAULT
+    code = ErrorCode.INJECTED_FAULT
 
 
 class FaultyEngine:

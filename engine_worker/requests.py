@@ -628,34 +628,13 @@ def _prepare_forward(
 
 
 def check_inputs(feeds: Mapping[str, np.ndarray], io: IOSignature) -> Rejection | None:
-    """Names, dtypes and shapes of ``feeds`` against the engine's inputs."""
-    expected = set(io.input_names)
-    missing = sorted(expected - set(feeds))
-    extra = sorted(set(feeds) - expected)
-    if missing:
-        return Rejection(
-            ErrorCode.MISSING_INPUT,
-            f"missing input(s) {missing}; the model takes {sorted(expected)}",
-        )
-    if extra:
-        return Rejection(
-            ErrorCode.UNEXPECTED_INPUT,
-            f"unexpected input(s) {extra}; the model takes {sorted(expected)}",
-        )
-    for spec in io.inputs:
-        arr = feeds[spec.name]
-        if arr.dtype != spec.dtype:
-            return Rejection(
-                ErrorCode.BAD_DTYPE,
-                f"input {spec.name!r} is {arr.dtype}; the model wants {spec.dtype}",
-            )
-        if not spec.accepts(tuple(int(d) for d in arr.shape)):
-            dims = ["?" if not isinstance(d, int) else str(d) for d in spec.shape]
-            return Rejection(
-                ErrorCode.BAD_SHAPE,
-                f"input {spec.name!r} has shape {list(arr.shape)}; "
-                f"the model wants [{', '.join(dims)}]",
-            )
+    """Names, dtypes and shapes of ``feeds`` against the engine's inputs: the engine's
+    own check (:meth:`~graylane.engine.signature.IOSignature.check_feeds`, its typed
+    errors carrying their codes), then what one request's rows must agree on."""
+    try:
+        io.check_feeds(feeds)
+    except InvalidInputError as exc:
+        return input_rejection(exc)
     shapes = {name: arr.shape for name, arr in feeds.items()}
     if len({s[0] for s in shapes.values() if len(s) > 0}) > 1:
         return Rejection(ErrorCode.BAD_SHAPE, f"inputs disagree on the batch size: {shapes}")

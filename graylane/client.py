@@ -99,6 +99,7 @@ class ClientError(GraylaneError):
 class InferenceTimeout(ClientError):
     """No result arrived within the timeout."""
 
+    code = ErrorCode.DEADLINE_EXCEEDED
     retriable = True
 
 
@@ -108,10 +109,13 @@ class RequestRejected(ClientError):
     def __init__(self, result: Result) -> None:
         super().__init__(f"{result.error_code}: {result.error_message}")
         self.result = result
+        self.code = result.code or ErrorCode.ERROR_CODE_UNSPECIFIED
 
 
 class UnknownModel(ClientError):
     """The model (or pinned version) is not served."""
+
+    code = ErrorCode.UNKNOWN_MODEL
 
     def __init__(self, message: str, result: Result | None = None) -> None:
         super().__init__(message)

@@ -1,25 +1,31 @@
 """Graylane's one error vocabulary: the exception root and the wire's error codes.
 
+:class:`ErrorCode` is ``graylane.v1.ErrorCode`` as a Python enum: why a request
+was refused or failed, in an error result, a dead letter, an HTTP answer or a gRPC
+status. The router, the workers, the SDK, the gateway and the control plane speak
+it; its ``name`` is the string a metric label shows. Each code has one HTTP status
+(:attr:`ErrorCode.http_status`) and one gRPC status (:attr:`ErrorCode.grpc_status`),
+stated once in the table below: the gateway and the control plane answer with them.
+
 :class:`GraylaneError` is the base of every Graylane exception. Its class-level
+``code`` is the :class:`ErrorCode` it is answered with, wherever it surfaces, and
 ``retriable`` says whether trying the same thing again can help (a broker outage:
 yes; a malformed record: no); a consume loop reads it to retry a batch or pass
 over it, instead of listing exception types.
-
-:class:`ErrorCode` is ``graylane.v1.ErrorCode`` as a Python enum: why a request
-was refused or failed, in an error result or a dead letter. The router, the
-workers and the SDK speak it; its ``name`` is the string a metric label shows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from http import HTTPStatus
 from typing import TypeVar
 
 __all__ = [
     "BusError",
     "ErrorCode",
     "GraylaneError",
+    "GrpcStatus",
     "NotStartedError",
     "Rejection",
     "SerdeError",
@@ -62,6 +68,20 @@ class ErrorCode(IntEnum):
     """Admission control answered at once: the deadline could not be met (overload)."""
     ENGINE_UNAVAILABLE = 21
     """The version's engine server could not be reached or is not ready (retriable)."""
+    UNAUTHENTICATED = 22
+    """No credentials, or credentials this service does not know."""
+    PERMISSION_DENIED = 23
+    """Known credentials that may not ask for this (a priority, a tag, a method)."""
+    RATE_LIMITED = 24
+    """The caller's rate or concurrency share is spent; retry after a while."""
+    OVERLOADED = 25
+    """The service itself is out of room for this call now (retriable)."""
+    NOT_FOUND = 26
+    """A named thing other than a model or version does not exist (a rollout, an answer)."""
+    ALREADY_EXISTS = 27
+    """The thing to be made exists already, and stays as it is."""
+    FAILED_PRECONDITION = 28
+    """Well formed, but the system is not in a state that allows it."""
 
     @classmethod
     def of(cls, value: int) -> ErrorCode | None:
@@ -71,10 +91,82 @@ class ErrorCode(IntEnum):
         except ValueError:
             return None
 
+    @property
+    def http_status(self) -> HTTPStatus:
+        """The HTTP status a call refused or failed with this code is answered with."""
+        return _STATUS[self][0]
+
+    @property
+    def grpc_status(self) -> GrpcStatus:
+        """The gRPC status a call refused or failed with this code is answered with."""
+        return _STATUS[self][1]
+
+
+class GrpcStatus(IntEnum):
+    """gRPC's canonical status codes, value for value (``grpc.StatusCode[name]``)."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+_E, _H, _G = ErrorCode, HTTPStatus, GrpcStatus
+_STATUS: dict[ErrorCode, tuple[HTTPStatus, GrpcStatus]] = {
+    # the caller's own mistakes
+    _E.DECODE_ERROR: (_H.BAD_REQUEST, _G.INVALID_ARGUMENT),
+    _E.MISSING_INPUT: (_H.BAD_REQUEST, _G.INVALID_ARGUMENT),
+    _E.UNEXPECTED_INPUT: (_H.BAD_REQUEST, _G.INVALID_ARGUMENT),
+    _E.BAD_DTYPE: (_H.BAD_REQUEST, _G.INVALID_ARGUMENT),
+    _E.BAD_SHAPE: (_H.BAD_REQUEST, _G.INVALID_ARGUMENT),
+    _E.SEQUENCE_TOO_LONG: (_H.BAD_REQUEST, _G.INVALID_ARGUMENT),
+    _E.UNSUPPORTED_TASK: (_H.BAD_REQUEST, _G.INVALID_ARGUMENT),
+    _E.BAD_REQUEST: (_H.BAD_REQUEST, _G.INVALID_ARGUMENT),
+    _E.BAD_REPLY_TOPIC: (_H.BAD_REQUEST, _G.INVALID_ARGUMENT),
+    _E.BAD_ROUTING_TABLE: (_H.BAD_REQUEST, _G.INVALID_ARGUMENT),
+    _E.PAYLOAD_TOO_LARGE: (_H.REQUEST_ENTITY_TOO_LARGE, _G.RESOURCE_EXHAUSTED),
+    _E.UNKNOWN_MODEL: (_H.NOT_FOUND, _G.NOT_FOUND),
+    _E.UNKNOWN_VERSION: (_H.NOT_FOUND, _G.NOT_FOUND),
+    _E.NOT_FOUND: (_H.NOT_FOUND, _G.NOT_FOUND),
+    _E.ALREADY_EXISTS: (_H.CONFLICT, _G.ALREADY_EXISTS),
+    _E.FAILED_PRECONDITION: (_H.CONFLICT, _G.FAILED_PRECONDITION),
+    _E.UNAUTHENTICATED: (_H.UNAUTHORIZED, _G.UNAUTHENTICATED),
+    _E.PERMISSION_DENIED: (_H.FORBIDDEN, _G.PERMISSION_DENIED),
+    _E.RATE_LIMITED: (_H.TOO_MANY_REQUESTS, _G.RESOURCE_EXHAUSTED),
+    # the system cannot take the call now: retry
+    _E.SHED: (_H.SERVICE_UNAVAILABLE, _G.UNAVAILABLE),
+    _E.ENGINE_UNAVAILABLE: (_H.SERVICE_UNAVAILABLE, _G.UNAVAILABLE),
+    _E.OVERLOADED: (_H.SERVICE_UNAVAILABLE, _G.UNAVAILABLE),
+    _E.DEADLINE_EXCEEDED: (_H.GATEWAY_TIMEOUT, _G.DEADLINE_EXCEEDED),
+    # failures inside
+    _E.ERROR_CODE_UNSPECIFIED: (_H.INTERNAL_SERVER_ERROR, _G.UNKNOWN),
+    _E.ENGINE_FAILURE: (_H.INTERNAL_SERVER_ERROR, _G.INTERNAL),
+    _E.INJECTED_FAULT: (_H.INTERNAL_SERVER_ERROR, _G.INTERNAL),
+    _E.INTERNAL: (_H.INTERNAL_SERVER_ERROR, _G.INTERNAL),
+    _E.RESULT_TOO_LARGE: (_H.INTERNAL_SERVER_ERROR, _G.INTERNAL),
+}
+if set(_STATUS) != set(ErrorCode):  # a new code must say how it is answered
+    raise AssertionError(f"codes without a status: {sorted(set(ErrorCode) - set(_STATUS))}")
+
 
 class GraylaneError(RuntimeError):
-    """Base of every Graylane error; ``retriable`` says whether trying again can help."""
+    """Base of every Graylane error: ``code`` is what it is answered with, and
+    ``retriable`` says whether trying again can help."""
 
+    code: ErrorCode = ErrorCode.INTERNAL
     retriable = False
 
 

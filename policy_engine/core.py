@@ -142,9 +142,9 @@ from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, Strategy
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, ManualCommand, Phase
 from graylane.routing.table import (
+    InvalidRouteRule,
     RouteTable,
     RoutingPlan,
-    config_of_table,
     plan_of_table,
     stable_plan,
 )
@@ -313,8 +313,7 @@ class PolicyCore:
         for model, epoch in (routing_epochs or {}).items():
             self.routing.epochs.note(model, epoch)
         for table in (tables or {}).values():
-            self.routing.set_config(config_of_table(table))
-            self.routing.published(plan_of_table(table))
+            self.routing.set_plan(plan_of_table(table))
         for key, (variant, epoch) in (precision or {}).items():
             self.qos.note_precision(key, variant, epoch)
         for state, spec in sorted(states, key=lambda s: s[0].updated_ms):
@@ -469,38 +468,38 @@ class PolicyCore:
 
     def _set_route_config(self, cmd: Command, now_ms: int) -> list[Output]:
         """Take the model's cohort rules and republish its current table with them."""
-        config = cmd.route_config
-        if config is None or config.model != cmd.model:
-            return [CommandRejected(command=cmd, reason="no route config", at_ms=now_ms)]
         last = self.routing.plan(cmd.model)
         if last is None and not cmd.target_version:
             reason = f"{cmd.model} has no routing table yet and the command names no stable version"
             return [CommandRejected(command=cmd, reason=reason, at_ms=now_ms)]
-        self.routing.set_config(config)
         epoch = self.routing.epochs.current(cmd.model) + 1
-        plan = (
+        split = (
             replace(last, epoch=epoch)
             if last is not None
             else stable_plan(cmd.model, cmd.target_version, epoch)
         )
+        try:
+            plan = split.with_cohort(cmd.rules, cmd.allow_pinning)
+        except InvalidRouteRule as exc:
+            return [CommandRejected(command=cmd, reason=str(exc), at_ms=now_ms)]
         rules = ", ".join(
             f"{r.name}: {','.join(f'{k}={v}' for k, v in r.match_tags)} -> {r.version}"
-            for r in config.rules
+            for r in plan.rules
         )
         reason = (
             f"cohort routing of {cmd.model}: rules [{rules or 'none'}], "
-            f"pins {'allowed' if config.allow_pinning else 'refused'}"
+            f"pins {'allowed' if plan.allow_pinning else 'refused'}"
         )
+        self.routing.set_plan(plan)  # the model's cohort now: the publication below keeps it
         return self._routing_change(cmd, plan, DecisionRule.ROUTE_CONFIG_SET, reason, now_ms)
 
     def _routing_change(
         self, cmd: Command, plan: RoutingPlan, rule: DecisionRule, reason: str, now_ms: int
     ) -> list[Output]:
-        self.routing.published(plan)
+        """Publish ``plan`` (the model's cohort rules kept) and audit the change."""
+        plan = self.routing.publish(plan)
         return [
-            RoutingPublication(
-                plan=plan, reason=reason, at_ms=now_ms, config=self.routing.config(plan.model)
-            ),
+            RoutingPublication(plan=plan, reason=reason, at_ms=now_ms),
             RoutingAudit(
                 model=plan.model,
                 version=plan.stable_version,
@@ -608,16 +607,8 @@ class PolicyCore:
             )
         ]
         if decision.routing is not None:
-            plan = decision.routing
-            self.routing.published(plan)
-            out.append(
-                RoutingPublication(
-                    plan=plan,
-                    reason=decision.reason,
-                    at_ms=decision.at_ms,
-                    config=self.routing.config(spec.model),
-                )
-            )
+            plan = self.routing.publish(decision.routing)
+            out.append(RoutingPublication(plan=plan, reason=decision.reason, at_ms=decision.at_ms))
         out.append(RolloutPublication(state=after, spec=spec))
         if after.terminal:
             self.liveness.forget(spec.model)

@@ -15,7 +15,7 @@ from graylane.policy_engine.logic.scale import ScaleDecision
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import DecisionRule, ManualCommand
-from graylane.routing.table import RouteConfig, RoutingPlan
+from graylane.routing.table import RoutingPlan, RoutingRule
 
 __all__ = [
     "Command",
@@ -61,7 +61,10 @@ class Command:
     issued_by: str = ""
     note: str = ""
     target_version: str = ""
-    route_config: RouteConfig | None = None
+    rules: tuple[RoutingRule, ...] = ()
+    """SET_ROUTE_CONFIG: the model's cohort rules (all of them, in order)."""
+    allow_pinning: bool = False
+    """SET_ROUTE_CONFIG: whether requests may pin a version."""
 
 
 # -- outputs ---------------------------------------------------------------------
@@ -69,13 +72,12 @@ class Command:
 
 @dataclass(frozen=True, kw_only=True)
 class RoutingPublication:
-    """A new routing table for ``plan.model`` (key = model)."""
+    """A new routing table for ``plan.model`` (key = model), cohort rules and pinning
+    included."""
 
     plan: RoutingPlan
     reason: str
     at_ms: int
-    config: RouteConfig | None = None
-    """The model's cohort routing (tag rules, pinning), carried into the table."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,10 +2,10 @@
 
 Room: ``state.py`` of the policy engine. Each owner holds one kind of state the engine
 alone writes: the active and finished rollouts per model (:class:`Rollouts`), each
-model's published routing plan and its epochs (:class:`Routing`), QoS policies and
-states per version (:class:`Qos`), the precision switches waiting for workers to follow
-(:class:`PrecisionAcks`) and the replica states (:class:`Scaling`). Keys are
-:class:`VersionKey` (model, version) or a model name; epochs rise per key
+model's published routing plan (cohort rules included) and its epochs (:class:`Routing`),
+QoS policies and states per version (:class:`Qos`), the precision switches waiting for
+workers to follow (:class:`PrecisionAcks`) and the replica states (:class:`Scaling`).
+Keys are :class:`VersionKey` (model, version) or a model name; epochs rise per key
 (:class:`Epochs`). No I/O: :class:`~graylane.policy_engine.core.PolicyCore` drives them;
 it may import ``logic/`` and the library's rollout and routing types, nothing of the
 service's adapters.
@@ -27,7 +27,7 @@ from graylane.policy_engine.logic.text_agreement import TextAgreementTracker
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec
 from graylane.rollouts.vocabulary import DecisionRule
-from graylane.routing.table import RouteConfig, RoutingPlan
+from graylane.routing.table import RoutingPlan
 
 __all__ = [
     "ActiveRollout",
@@ -174,23 +174,35 @@ class Rollouts(Mapping[str, ActiveRollout]):
 
 @dataclass
 class Routing:
-    """Each model's last published plan, its cohort rules, and the routing epochs."""
+    """Each model's last published plan (its split and its cohort rules) and the routing
+    epochs.
+
+    A plan gets here in one of two ways. :meth:`publish` takes a new split (a rollout's
+    step, promotion, rollback, a revert) and keeps the model's cohort rules and pinning,
+    whatever the split's builder put there; :meth:`set_plan` takes a plan as it is, the
+    cohort included (a change of the cohort routing, or a table read back at restore).
+    """
 
     epochs: Epochs[str] = field(default_factory=Epochs)
     _plans: dict[str, RoutingPlan] = field(default_factory=dict)
-    _configs: dict[str, RouteConfig] = field(default_factory=dict)
 
     def plan(self, model: str) -> RoutingPlan | None:
         return self._plans.get(model)
 
-    def config(self, model: str) -> RouteConfig | None:
-        return self._configs.get(model)
+    def publish(self, plan: RoutingPlan) -> RoutingPlan:
+        """``plan``'s split with the model's cohort rules and pinning (those of its last
+        plan; none before it has one), noted as the model's table: the plan to publish."""
+        last = self._plans.get(plan.model)
+        if last is None:
+            kept = plan.with_cohort((), allow_pinning=False)
+        else:
+            kept = plan.with_cohort(last.rules, allow_pinning=last.allow_pinning)
+        self.set_plan(kept)
+        return kept
 
-    def set_config(self, config: RouteConfig) -> None:
-        self._configs[config.model] = config
-
-    def published(self, plan: RoutingPlan) -> None:
-        """``plan`` is the model's table now (published, or read back at restore)."""
+    def set_plan(self, plan: RoutingPlan) -> None:
+        """``plan``, cohort rules and pinning included, is the model's table now (a new
+        cohort routing published, or read back at restore)."""
         self.epochs.note(plan.model, plan.epoch)
         self._plans[plan.model] = plan
 

@@ -110,13 +110,11 @@ from graylane.rollouts.pb import (
 from graylane.rollouts.qos_policy import QosPolicy
 from graylane.rollouts.spec import RolloutSpec, StepEvaluation
 from graylane.rollouts.vocabulary import DecisionKind, DecisionRule, Phase
-from graylane.routing.convert import route_config_from_pb, table_from_pb, table_to_pb
+from graylane.routing.convert import route_config_rules, table_from_pb, table_to_pb
 from graylane.routing.table import (
     InvalidRouteRule,
-    RouteConfig,
     RouteTable,
     RoutingPlan,
-    config_of_table,
     plan_of_table,
     route_table_for,
 )
@@ -251,13 +249,19 @@ def command_from_pb(pb: rollout_pb2.RolloutCommand) -> Command | CommandRejected
         if pb.kind == rollout_pb2.COMMAND_REVERT:
             return replace(base, kind=CommandKind.REVERT, target_version=pb.target_version)
         if pb.kind == rollout_pb2.COMMAND_SET_ROUTE_CONFIG:
-            config = route_config_from_pb(pb.route_config)
-            return replace(
+            rules = route_config_rules(pb.route_config)
+            command = replace(
                 base,
                 kind=CommandKind.SET_ROUTE_CONFIG,
-                route_config=config,
+                rules=rules,
+                allow_pinning=pb.route_config.allow_pinning,
                 target_version=pb.target_version,
             )
+            if pb.route_config.model != command.model:
+                return CommandRejected(
+                    command=command, reason="no route config", at_ms=pb.issued_at_unix_ms
+                )
+            return command
         if pb.kind == rollout_pb2.COMMAND_SET_QOS_POLICY:
             policy = qos_policy_from_pb(pb.qos_policy)
             return replace(base, kind=CommandKind.SET_QOS_POLICY, qos_policy=policy)
@@ -828,11 +832,11 @@ def scale_request_of(decision: ScaleDecision, *, epoch: int) -> control_pb2.Scal
 
 
 def routing_table_of(
-    plan: RoutingPlan, *, now_ms: int, reason: str = "", config: RouteConfig | None = None
+    plan: RoutingPlan, *, now_ms: int, reason: str = ""
 ) -> control_pb2.RoutingTable:
     """The compacted routing record for ``plan`` (bucket ranges by ``graylane.routing``),
-    carrying the model's cohort rules and pinning (``config``)."""
-    table = route_table_for(plan, reason=reason, config=config)
+    carrying the plan's cohort rules and pinning."""
+    table = route_table_for(plan, reason=reason)
     return table_to_pb(table, updated_at_unix_ms=now_ms)
 
 
@@ -1303,7 +1307,7 @@ def _record(
     o: Output, layout: TopicLayout, decided_by: audit_pb2.RunningBuild | None = None
 ) -> Record:
     if isinstance(o, RoutingPublication):
-        table = routing_table_of(o.plan, now_ms=o.at_ms, reason=o.reason, config=o.config)
+        table = routing_table_of(o.plan, now_ms=o.at_ms, reason=o.reason)
         return Record(layout.routing(), o.plan.model.encode(), serde.encode(table))
     if isinstance(o, PrecisionPublication):
         after = o.decision.after
@@ -1381,7 +1385,6 @@ def restore_values(
             table = serde.decode(control_pb2.RoutingTable, value)
             route_table = table_from_pb(table)
             plan_of_table(route_table)  # what restore derives from it must work too
-            config_of_table(route_table)
         except Exception as exc:
             skip(RecordSource.ROUTING, key, exc)
             continue

@@ -6,8 +6,6 @@ callers branch on the type (or its ``code``), never on the message text.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from graylane.errors import ErrorCode, GraylaneError
 
 __all__ = [
@@ -51,29 +49,29 @@ class EngineClosedError(EngineError):
 class InvalidInputError(EngineError, ValueError):
     """A request's tensors do not match the engine's inputs (name, dtype, rank, size)."""
 
-    code: ClassVar[ErrorCode] = ErrorCode.BAD_REQUEST
+    code = ErrorCode.BAD_REQUEST
     """The error code a request refused for this failure is answered with."""
 
 
 class MissingInput(InvalidInputError):
     """An input the engine needs was not given."""
 
-    code: ClassVar[ErrorCode] = ErrorCode.MISSING_INPUT
+    code = ErrorCode.MISSING_INPUT
 
 
 class UnexpectedInput(InvalidInputError):
     """An input was given that the engine does not take."""
 
-    code: ClassVar[ErrorCode] = ErrorCode.UNEXPECTED_INPUT
+    code = ErrorCode.UNEXPECTED_INPUT
 
 
 class BadDtype(InvalidInputError):
     """A tensor's element type is not the one expected."""
 
-    code: ClassVar[ErrorCode] = ErrorCode.BAD_DTYPE
+    code = ErrorCode.BAD_DTYPE
 
 
 class BadShape(InvalidInputError):
     """A tensor's shape (rank, a fixed size, a shared axis, its byte length) does not fit."""
 
-    code: ClassVar[ErrorCode] = ErrorCode.BAD_SHAPE
+    code = ErrorCode.BAD_SHAPE

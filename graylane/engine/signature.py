@@ -136,17 +136,21 @@ class IOSignature:
         missing = sorted(expected - set(feeds))
         extra = sorted(set(feeds) - expected)
         if missing:
-            raise MissingInput(f"inputs do not match: missing {missing}, extra {extra}")
+            raise MissingInput(f"missing input(s) {missing}; the model takes {sorted(expected)}")
         if extra:
-            raise UnexpectedInput(f"inputs do not match: missing {missing}, extra {extra}")
+            raise UnexpectedInput(
+                f"unexpected input(s) {extra}; the model takes {sorted(expected)}"
+            )
         out: dict[str, np.ndarray] = {}
         for spec in self.inputs:
             arr = np.asarray(feeds[spec.name])
             if arr.dtype != spec.dtype:
-                raise BadDtype(f"input {spec.name!r}: dtype {arr.dtype}, expected {spec.dtype}")
-            if not spec.accepts(tuple(arr.shape)):
+                raise BadDtype(f"input {spec.name!r} is {arr.dtype}; the model wants {spec.dtype}")
+            if not spec.accepts(tuple(int(d) for d in arr.shape)):
+                dims = ["?" if not isinstance(d, int) else str(d) for d in spec.shape]
                 raise BadShape(
-                    f"input {spec.name!r}: shape {tuple(arr.shape)} does not fit {spec.shape}"
+                    f"input {spec.name!r} has shape {list(arr.shape)}; "
+                    f"the model wants [{', '.join(dims)}]"
                 )
             out[spec.name] = np.ascontiguousarray(arr)
         _check_named_dims(self.inputs, out)

@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import Enum
 
 from graylane.artifacts.naming import ArtifactName, Backend, Precision, SemVer
-from graylane.errors import GraylaneError
+from graylane.errors import ErrorCode, GraylaneError
 from graylane.registry.schema import ANY_TARGET
 
 __all__ = [
@@ -32,17 +32,25 @@ __all__ = [
 class RegistryError(GraylaneError):
     """The registry cannot do what was asked."""
 
+    code = ErrorCode.BAD_REQUEST
+
 
 class ModelNotRegistered(RegistryError):
     """No model of that name is registered."""
+
+    code = ErrorCode.UNKNOWN_MODEL
 
 
 class UnknownVersion(RegistryError):
     """The model has no such version."""
 
+    code = ErrorCode.UNKNOWN_VERSION
+
 
 class DuplicateVersion(RegistryError):
     """The version is already registered; versions are immutable."""
+
+    code = ErrorCode.ALREADY_EXISTS
 
 
 class UnknownArtifact(RegistryError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from graylane.errors import GraylaneError
+from graylane.errors import ErrorCode, GraylaneError
 
 __all__ = [
     "InputMismatch",
@@ -17,6 +17,7 @@ __all__ = [
 class PolicyError(GraylaneError):
     """Base of every error raised by the policy decision logic."""
 
+    code = ErrorCode.BAD_REQUEST
     retriable = False
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from graylane.routing.table import BucketRange, RouteConfig, RouteTable, RoutingRule, VersionRoute
+from collections.abc import Sequence
+
+from graylane.routing.table import BucketRange, RouteTable, RoutingRule, VersionRoute, check_rules
 from graylane.v1 import control_pb2, rollout_pb2
 
 
@@ -16,19 +18,18 @@ def rule_to_pb(rule: RoutingRule) -> control_pb2.RoutingRule:
     )
 
 
-def route_config_from_pb(pb: rollout_pb2.RouteConfig) -> RouteConfig:
-    return RouteConfig(
-        model=pb.model,
-        rules=tuple(rule_from_pb(r) for r in pb.rules),
-        allow_pinning=pb.allow_pinning,
-    )
+def route_config_rules(pb: rollout_pb2.RouteConfig) -> tuple[RoutingRule, ...]:
+    """The cohort rules of a RouteConfig message, checked (:class:`InvalidRouteRule`)."""
+    rules = tuple(rule_from_pb(r) for r in pb.rules)
+    check_rules(pb.model, rules)
+    return rules
 
 
-def route_config_to_pb(config: RouteConfig) -> rollout_pb2.RouteConfig:
+def route_config_to_pb(
+    model: str, rules: Sequence[RoutingRule], allow_pinning: bool
+) -> rollout_pb2.RouteConfig:
     return rollout_pb2.RouteConfig(
-        model=config.model,
-        rules=[rule_to_pb(r) for r in config.rules],
-        allow_pinning=config.allow_pinning,
+        model=model, rules=[rule_to_pb(r) for r in rules], allow_pinning=allow_pinning
     )
 
 

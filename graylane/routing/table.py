@@ -1,23 +1,30 @@
-"""A model's routing: the traffic split the policy engine decides, the table the router
-serves from, and the routing function.
+"""A model's routing: the plan the policy engine decides, the table the router serves
+from, and the routing function.
 
-**The split** (:class:`RoutingPlan`): per-version weights and the shadow settings, as the
-policy engine decides them. During a rollout the baseline stays the stable version and
-the candidate is the weighted one; after a promotion the candidate is the stable version
-and takes every bucket. :func:`route_table_for` turns a plan into a table.
+**The plan** (:class:`RoutingPlan`): everything the policy engine decides about a model's
+routing, in one value: the per-version weights and shadow settings (the split), and the
+model's cohort rules (tag rules, kept in the order they were added; adding a rule under
+an existing name replaces it in place) and whether pins are allowed. During a rollout the
+baseline stays the stable version and the candidate is the weighted one; after a
+promotion the candidate is the stable version and takes every bucket. A new split
+(:func:`split_plan`, :func:`stable_plan`) leaves the cohort rules to the model's last plan
+(the policy engine's ``Routing`` carries them over); the rules change only through
+:meth:`RoutingPlan.with_rule`, :meth:`RoutingPlan.without_rule` and
+:meth:`RoutingPlan.with_pinning`, or the pure functions over rules :func:`with_rule`,
+:func:`without_rule` and :func:`check_rules` (the control plane edits its stored
+configuration with them). :func:`route_table_for` turns a plan into a table and
+:func:`plan_of_table` a table back into its plan (restore).
 
 **The table** (:class:`RouteTable`): the plan's weights as sticky bucket ranges, with the
-model's cohort rules (:class:`RouteConfig`: tag rules and whether pins are allowed, kept
-in the order they were added; adding a rule under an existing name replaces it in place).
-``bucket = hash(routing_key) mod 10000``. Non-stable versions own contiguous ranges
-starting at bucket 0, in a fixed order; the stable version owns the rest. Raising a
-candidate's weight only extends its range upward, so a key that reached the candidate at
-weight ``w`` stays on it at every weight ``>= w``.
+plan's cohort rules and pinning. ``bucket = hash(routing_key) mod 10000``. Non-stable
+versions own contiguous ranges starting at bucket 0, in a fixed order; the stable version
+owns the rest. Raising a candidate's weight only extends its range upward, so a key that
+reached the candidate at weight ``w`` stays on it at every weight ``>= w``.
 
 **The routing function** (:func:`route`): (table, request facts) -> where the request
-goes. Order of precedence: tag rules (the first match wins), then an explicit version pin
-(when the table allows pinning), then the sticky bucket ranges. Without a table, the
-model's stable version from configuration serves.
+goes (a :class:`RouteDecision`). Order of precedence: tag rules (the first match wins),
+then an explicit version pin (when the table allows pinning), then the sticky bucket
+ranges. Without a table, the model's stable version from configuration serves.
 """
 
 from __future__ import annotations
@@ -32,16 +39,17 @@ from graylane.errors import GraylaneError
 
 __all__ = [
     "InvalidRouteRule",
-    "RouteConfig",
     "RoutingPlan",
     "UnknownRouteRule",
     "VersionWeight",
-    "config_of_table",
+    "check_rules",
     "plan_of_table",
     "route_table_for",
     "split_plan",
     "stable_plan",
     "weights_for",
+    "with_rule",
+    "without_rule",
 ]
 
 
@@ -310,40 +318,28 @@ def check_rule(rule: RoutingRule) -> None:
         raise InvalidRouteRule(f"rule {rule.name!r} needs at least one tag=value to match")
 
 
-@dataclass(frozen=True, kw_only=True)
-class RouteConfig:
-    model: str
-    rules: tuple[RoutingRule, ...] = ()
-    allow_pinning: bool = False
-
-    def __post_init__(self) -> None:
-        for rule in self.rules:
-            check_rule(rule)
-        names = [r.name for r in self.rules]
-        if len(names) != len(set(names)):
-            raise InvalidRouteRule(f"rule names repeat on {self.model}: {names}")
-
-    def with_rule(self, rule: RoutingRule) -> RouteConfig:
-        """Add ``rule``, or replace the rule of the same name where it stands."""
+def check_rules(model: str, rules: Sequence[RoutingRule]) -> None:
+    """Raise :class:`InvalidRouteRule` unless every rule is whole and no name repeats."""
+    for rule in rules:
         check_rule(rule)
-        if any(r.name == rule.name for r in self.rules):
-            rules = tuple(rule if r.name == rule.name else r for r in self.rules)
-        else:
-            rules = (*self.rules, rule)
-        return replace(self, rules=rules)
-
-    def without_rule(self, name: str) -> RouteConfig:
-        if not any(r.name == name for r in self.rules):
-            raise UnknownRouteRule(f"{self.model} has no routing rule {name!r}")
-        return replace(self, rules=tuple(r for r in self.rules if r.name != name))
-
-    def with_pinning(self, allow: bool) -> RouteConfig:
-        return replace(self, allow_pinning=allow)
+    names = [r.name for r in rules]
+    if len(names) != len(set(names)):
+        raise InvalidRouteRule(f"rule names repeat on {model}: {names}")
 
 
-def config_of_table(table: RouteTable) -> RouteConfig:
-    """The cohort routing a published table carries."""
-    return RouteConfig(model=table.model, rules=table.rules, allow_pinning=table.allow_pinning)
+def with_rule(rules: Sequence[RoutingRule], rule: RoutingRule) -> tuple[RoutingRule, ...]:
+    """``rules`` with ``rule`` added, or replacing the rule of the same name where it stands."""
+    check_rule(rule)
+    if any(r.name == rule.name for r in rules):
+        return tuple(rule if r.name == rule.name else r for r in rules)
+    return (*rules, rule)
+
+
+def without_rule(rules: Sequence[RoutingRule], name: str, *, model: str) -> tuple[RoutingRule, ...]:
+    """``rules`` without the rule ``name`` (:class:`UnknownRouteRule` if ``model`` has none)."""
+    if not any(r.name == name for r in rules):
+        raise UnknownRouteRule(f"{model} has no routing rule {name!r}")
+    return tuple(r for r in rules if r.name != name)
 
 
 @dataclass(frozen=True)
@@ -354,7 +350,8 @@ class VersionWeight:
 
 @dataclass(frozen=True, kw_only=True)
 class RoutingPlan:
-    """The routing of one model as the policy engine wants it."""
+    """The routing of one model as the policy engine wants it: the split (weights, shadow)
+    and the cohort routing (tag rules, whether pins are allowed)."""
 
     model: str
     rollout_id: str
@@ -363,6 +360,25 @@ class RoutingPlan:
     shadow_version: str | None = None
     shadow_share: float = 0.0
     epoch: int = 0
+    rules: tuple[RoutingRule, ...] = ()
+    allow_pinning: bool = False
+
+    def __post_init__(self) -> None:
+        check_rules(self.model, self.rules)
+
+    def with_rule(self, rule: RoutingRule) -> RoutingPlan:
+        """Add ``rule``, or replace the rule of the same name where it stands."""
+        return replace(self, rules=with_rule(self.rules, rule))
+
+    def without_rule(self, name: str) -> RoutingPlan:
+        return replace(self, rules=without_rule(self.rules, name, model=self.model))
+
+    def with_pinning(self, allow: bool) -> RoutingPlan:
+        return replace(self, allow_pinning=allow)
+
+    def with_cohort(self, rules: Sequence[RoutingRule], allow_pinning: bool) -> RoutingPlan:
+        """This split with the cohort routing ``rules`` and ``allow_pinning`` instead."""
+        return replace(self, rules=tuple(rules), allow_pinning=allow_pinning)
 
     @property
     def candidate_weight_percent(self) -> float:
@@ -408,7 +424,9 @@ def split_plan(
     epoch: int = 0,
 ) -> RoutingPlan:
     """A rollout's split: ``candidate_weight_percent`` to the candidate, the rest to the
-    baseline; a shadow share counts only with a shadow version and the other way round."""
+    baseline; a shadow share counts only with a shadow version and the other way round.
+
+    No cohort rules: the policy engine's ``Routing`` gives the plan the model's own."""
     return RoutingPlan(
         model=model,
         rollout_id=rollout_id,
@@ -421,7 +439,9 @@ def split_plan(
 
 
 def stable_plan(model: str, version: str, epoch: int) -> RoutingPlan:
-    """Every request to ``version`` (a revert, or cohort rules before any rollout)."""
+    """Every request to ``version`` (a revert, or cohort rules before any rollout).
+
+    No cohort rules: the policy engine's ``Routing`` gives the plan the model's own."""
     return RoutingPlan(
         model=model,
         rollout_id="",
@@ -432,7 +452,8 @@ def stable_plan(model: str, version: str, epoch: int) -> RoutingPlan:
 
 
 def plan_of_table(table: RouteTable) -> RoutingPlan:
-    """The weights and shadow settings of a published table (after a restart)."""
+    """The plan a published table stands for (after a restart): weights, shadow settings,
+    cohort rules and pinning."""
     return RoutingPlan(
         model=table.model,
         rollout_id=table.rollout_id,
@@ -441,32 +462,23 @@ def plan_of_table(table: RouteTable) -> RoutingPlan:
         shadow_version=table.shadow_version,
         shadow_share=table.shadow_share,
         epoch=table.epoch,
+        rules=table.rules,
+        allow_pinning=table.allow_pinning,
     )
 
 
-def route_table_for(
-    plan: RoutingPlan,
-    *,
-    rules: Sequence[RoutingRule] = (),
-    allow_pinning: bool = False,
-    reason: str = "",
-    config: RouteConfig | None = None,
-) -> RouteTable:
-    """The router's table for ``plan`` (bucket ranges computed by ``graylane.routing``).
-
-    ``config`` (the model's cohort routing) supplies rules and pinning when given.
-    """
-    if config is not None:
-        rules, allow_pinning = config.rules, config.allow_pinning
+def route_table_for(plan: RoutingPlan, *, reason: str = "") -> RouteTable:
+    """The router's table for ``plan`` (bucket ranges computed by ``graylane.routing``),
+    carrying the plan's cohort rules and pinning."""
     return table_for_weights(
         model=plan.model,
         stable_version=plan.stable_version,
         weights=plan.others(),
-        rules=rules,
+        rules=plan.rules,
         shadow_version=plan.shadow_version,
         shadow_share=plan.shadow_share,
         epoch=plan.epoch,
-        allow_pinning=allow_pinning,
+        allow_pinning=plan.allow_pinning,
         rollout_id=plan.rollout_id,
         reason=reason,
     )

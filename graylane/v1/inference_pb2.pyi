@@ -61,6 +61,13 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESULT_TOO_LARGE: _ClassVar[ErrorCode]
     BAD_ROUTING_TABLE: _ClassVar[ErrorCode]
     ENGINE_UNAVAILABLE: _ClassVar[ErrorCode]
+    UNAUTHENTICATED: _ClassVar[ErrorCode]
+    PERMISSION_DENIED: _ClassVar[ErrorCode]
+    RATE_LIMITED: _ClassVar[ErrorCode]
+    OVERLOADED: _ClassVar[ErrorCode]
+    NOT_FOUND: _ClassVar[ErrorCode]
+    ALREADY_EXISTS: _ClassVar[ErrorCode]
+    FAILED_PRECONDITION: _ClassVar[ErrorCode]
 
 class Decoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -107,6 +114,13 @@ SHED: ErrorCode
 RESULT_TOO_LARGE: ErrorCode
 BAD_ROUTING_TABLE: ErrorCode
 ENGINE_UNAVAILABLE: ErrorCode
+UNAUTHENTICATED: ErrorCode
+PERMISSION_DENIED: ErrorCode
+RATE_LIMITED: ErrorCode
+OVERLOADED: ErrorCode
+NOT_FOUND: ErrorCode
+ALREADY_EXISTS: ErrorCode
+FAILED_PRECONDITION: ErrorCode
 DECODING_UNSPECIFIED: Decoding
 GREEDY: Decoding
 SEEDED: Decoding

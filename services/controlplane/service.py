@@ -38,13 +38,13 @@ from grpc import aio, ssl_server_credentials
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from graylane.clock import Clock, now_ms
+from graylane.errors import GraylaneError
 from graylane.kafka.seam import KafkaFactory
 from graylane.metrics.controlside import AuditSinkMetrics, ControlPlaneMetrics
 from graylane.metrics.process import CONTROL_CAUGHT_UP, GROUP_JOINED, ServiceObservability
 from graylane.notifications.sender import SenderPolicy, WebhookDelivery, WebhookSender
 from graylane.registry.migrate import create_db_engine, upgrade
 from graylane.registry.records import (
-    DuplicateVersion,
     ModelNotRegistered,
     RegistryError,
     UnknownVersion,
@@ -60,8 +60,14 @@ from graylane.rollouts.pb import (
     rollout_spec_to_pb,
 )
 from graylane.rollouts.vocabulary import ManualCommand, Phase
-from graylane.routing.convert import route_config_from_pb, route_config_to_pb, rule_from_pb
-from graylane.routing.table import InvalidRouteRule, RouteConfig, UnknownRouteRule
+from graylane.routing.convert import route_config_rules, route_config_to_pb, rule_from_pb
+from graylane.routing.table import (
+    InvalidRouteRule,
+    RoutingRule,
+    UnknownRouteRule,
+    with_rule,
+    without_rule,
+)
 from graylane.services.controlplane.audit_sink import AuditSink, RolloutHub
 from graylane.services.controlplane.auth import ApiRole, AuthInterceptor, Principal, TokenTable
 from graylane.services.controlplane.bus import (
@@ -310,33 +316,27 @@ log = logging.getLogger(__name__)
 
 
 Context = Any  # grpc.aio.ServicerContext; grpc ships no type hints
+RulesChange = Callable[[tuple[RoutingRule, ...], bool], tuple[tuple[RoutingRule, ...], bool]]
+"""A change of a model's cohort routing: (rules, pins allowed) -> (rules, pins allowed)."""
 R = TypeVar("R")
 
 
-def _status_of(exc: Exception) -> grpc.StatusCode | None:
-    if isinstance(exc, rules.NotFound | ModelNotRegistered | UnknownVersion):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(exc, rules.FailedPrecondition):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(exc, DuplicateVersion):
-        return grpc.StatusCode.ALREADY_EXISTS
-    if isinstance(exc, rules.InvalidArgument | RegistryError | PolicyError):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    return None
+def grpc_status_of(exc: GraylaneError) -> grpc.StatusCode:
+    """The gRPC status of an error: its code's (``graylane.errors``)."""
+    return grpc.StatusCode[exc.code.grpc_status.name]
 
 
 def mapped(
     method: Callable[..., Awaitable[R]],
 ) -> Callable[..., Awaitable[R]]:
-    """Turn the domain's and registry's typed errors into gRPC status codes."""
+    """Answer the domain's and registry's typed errors with their codes' gRPC status."""
 
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: Context) -> R:
         try:
             return await method(self, request, context)
         except (rules.ControlError, RegistryError, PolicyError) as exc:
-            code = _status_of(exc) or grpc.StatusCode.INTERNAL
-            await context.abort(code, str(exc))
+            await context.abort(grpc_status_of(exc), str(exc))
             raise  # unreachable: abort raises
 
     return wrapper
@@ -893,16 +893,18 @@ class RoutingServicer(controlplane_pb2_grpc.RoutingServicer):
     def __init__(self, cp: ControlPlane) -> None:
         self._cp = cp
 
-    def _current(self, model: str) -> tuple[RouteConfig, str, int]:
+    def _current(self, model: str) -> tuple[rollout_pb2.RouteConfig, str, int]:
+        """The model's stored cohort routing (none stored: no rules, pins refused)."""
         stored = self._cp.store.get_route_config(model)
         if stored is None:
-            return RouteConfig(model=model), "", 0
+            return route_config_to_pb(model, (), False), "", 0
         pb, by, at = stored
-        return route_config_from_pb(pb), by, at
+        return route_config_to_pb(pb.model, route_config_rules(pb), pb.allow_pinning), by, at
 
     async def _change(
-        self, model: str, change: Callable[[RouteConfig], RouteConfig], context: Context
+        self, model: str, change: RulesChange, context: Context
     ) -> controlplane_pb2.RouteConfigView:
+        """Store ``change`` applied to the model's rules and pinning, and send it on."""
         cp = self._cp
         principal = cp.principal(context)
 
@@ -911,18 +913,19 @@ class RoutingServicer(controlplane_pb2_grpc.RoutingServicer):
             if facts is None:
                 raise rules.NotFound(f"model {model!r} is not registered")
             try:
-                config = change(self._current(model)[0])
+                current = self._current(model)[0]
+                cohort, allow_pinning = change(route_config_rules(current), current.allow_pinning)
             except InvalidRouteRule as exc:
                 raise rules.InvalidArgument(str(exc)) from None
             except UnknownRouteRule as exc:
                 raise rules.NotFound(str(exc)) from None
-            unknown = sorted({r.version for r in config.rules} - set(facts.versions))
+            unknown = sorted({r.version for r in cohort} - set(facts.versions))
             if unknown:
                 raise rules.InvalidArgument(
                     f"{model} has no version {', '.join(unknown)}; "
                     f"registered: {', '.join(sorted(facts.versions)) or 'none'}"
                 )
-            pb = route_config_to_pb(config)
+            pb = route_config_to_pb(current.model, cohort, allow_pinning)
             command = new_command(
                 rollout_pb2.COMMAND_SET_ROUTE_CONFIG,
                 model=model,
@@ -951,29 +954,32 @@ class RoutingServicer(controlplane_pb2_grpc.RoutingServicer):
         self, request: controlplane_pb2.AddRouteRuleRequest, context: Context
     ) -> controlplane_pb2.RouteConfigView:
         rule = rule_from_pb(request.rule)
-        return await self._change(request.model, lambda c: c.with_rule(rule), context)
+        return await self._change(
+            request.model, lambda cohort, pins: (with_rule(cohort, rule), pins), context
+        )
 
     @mapped
     async def RemoveRule(
         self, request: controlplane_pb2.RemoveRouteRuleRequest, context: Context
     ) -> controlplane_pb2.RouteConfigView:
-        return await self._change(request.model, lambda c: c.without_rule(request.name), context)
+        model, name = request.model, request.name
+        return await self._change(
+            model, lambda cohort, pins: (without_rule(cohort, name, model=model), pins), context
+        )
 
     @mapped
     async def SetPinning(
         self, request: controlplane_pb2.SetPinningRequest, context: Context
     ) -> controlplane_pb2.RouteConfigView:
         allow = request.allow_pinning
-        return await self._change(request.model, lambda c: c.with_pinning(allow), context)
+        return await self._change(request.model, lambda cohort, _: (cohort, allow), context)
 
     @mapped
     async def GetConfig(
         self, request: controlplane_pb2.GetRouteConfigRequest, context: Context
     ) -> controlplane_pb2.RouteConfigView:
         config, by, at = await asyncio.to_thread(self._current, request.model)
-        return controlplane_pb2.RouteConfigView(
-            config=route_config_to_pb(config), updated_by=by, updated_at_unix_ms=at
-        )
+        return controlplane_pb2.RouteConfigView(config=config, updated_by=by, updated_at_unix_ms=at)
 
 
 class QosServicer(controlplane_pb2_grpc.QosServicer):

@@ -2,15 +2,18 @@
 
 One :class:`ApiError` per failure, whatever raised it: the edge (auth, rate limit,
 size caps, a malformed body), the SDK (an unknown model, a timeout) or the system
-(an error result with its :class:`~graylane.errors.ErrorCode`). It renders as
-OpenAI's error body (``{"error": {"message", "type", "param", "code"}}``) on the
-``/v1`` endpoints and as the Open Inference Protocol's (``{"error": "..."}``) on
-``/v2``. Overload answers (429, 503) carry ``Retry-After``.
+(an error result). Each carries its :class:`~graylane.errors.ErrorCode`, and the code
+gives the HTTP status (:attr:`~graylane.errors.ErrorCode.http_status`) and OpenAI's
+error type (the table below). It renders as OpenAI's error body (``{"error":
+{"message", "type", "param", "code"}}``) on the ``/v1`` endpoints and as the Open
+Inference Protocol's (``{"error": "..."}``) on ``/v2``. Overload answers (429, 503)
+carry ``Retry-After``.
 """
 
 from __future__ import annotations
 
 from enum import Enum
+from http import HTTPStatus
 from typing import Any
 
 from graylane.errors import ErrorCode, GraylaneError
@@ -31,25 +34,59 @@ class ErrorType(Enum):
     TIMEOUT = "timeout_error"
 
 
+_TYPE_OF_STATUS = {
+    HTTPStatus.FORBIDDEN: ErrorType.PERMISSION,
+    HTTPStatus.TOO_MANY_REQUESTS: ErrorType.RATE_LIMIT,
+    HTTPStatus.SERVICE_UNAVAILABLE: ErrorType.OVERLOADED,
+    HTTPStatus.GATEWAY_TIMEOUT: ErrorType.TIMEOUT,
+}
+_TYPE_OF_CODE = {ErrorCode.NOT_FOUND: ErrorType.NOT_FOUND}
+"""OpenAI's ``type`` of a code: by its status, 4xx otherwise an invalid request and 5xx
+otherwise a server error; an unknown model stays an invalid request, as OpenAI has it."""
+
+_OPENAI_CODE = {
+    ErrorCode.UNAUTHENTICATED: "invalid_api_key",
+    ErrorCode.PERMISSION_DENIED: "forbidden",
+    ErrorCode.RATE_LIMITED: "rate_limit_exceeded",
+    ErrorCode.PAYLOAD_TOO_LARGE: "request_too_large",
+    ErrorCode.UNKNOWN_MODEL: "model_not_found",
+    ErrorCode.UNKNOWN_VERSION: "model_not_found",
+}
+"""OpenAI's ``code`` string where OpenAI names one; else the code's own name, lower case
+(a caller's plain malformed request has none)."""
+
+
+def openai_type(code: ErrorCode, status: HTTPStatus) -> ErrorType:
+    if code in _TYPE_OF_CODE:
+        return _TYPE_OF_CODE[code]
+    if status in _TYPE_OF_STATUS:
+        return _TYPE_OF_STATUS[status]
+    return ErrorType.SERVER if status >= 500 else ErrorType.INVALID_REQUEST
+
+
 class ApiError(GraylaneError):
-    """A call answered with an HTTP error."""
+    """A call answered with an HTTP error: its code's status, unless ``status`` is given
+    (the web framework's own answers: an unknown path, a method not allowed)."""
 
     def __init__(
         self,
-        status: int,
+        code: ErrorCode,
         message: str,
         *,
-        type: ErrorType,
-        code: str | None = None,
+        openai_code: str | None = None,
         param: str | None = None,
         retry_after_s: int | None = None,
         detail: str | None = None,
+        status: int | None = None,
     ) -> None:
         super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
         self.code = code
+        self.status = HTTPStatus(status) if status is not None else code.http_status
+        self.message = message
+        self.type = openai_type(code, self.status)
+        self.openai_code = openai_code or _OPENAI_CODE.get(code)
+        if self.openai_code is None and code is not ErrorCode.BAD_REQUEST:
+            self.openai_code = code.name.lower()
         self.param = param
         self.retry_after_s = retry_after_s
         self.detail = detail
@@ -61,7 +98,7 @@ class ApiError(GraylaneError):
                 "message": self.message,
                 "type": self.type.value,
                 "param": self.param,
-                "code": self.code,
+                "code": self.openai_code,
             }
         }
 
@@ -74,31 +111,27 @@ class ApiError(GraylaneError):
     # -- the edge's own refusals ------------------------------------------------------
     @classmethod
     def invalid(cls, message: str, param: str | None = None) -> ApiError:
-        return cls(400, message, type=ErrorType.INVALID_REQUEST, param=param)
+        return cls(ErrorCode.BAD_REQUEST, message, param=param)
 
     @classmethod
     def unauthenticated(cls) -> ApiError:
         return cls(
-            401,
+            ErrorCode.UNAUTHENTICATED,
             "Incorrect API key provided: send 'Authorization: Bearer <key>' with a key this "
             "gateway knows",
-            type=ErrorType.INVALID_REQUEST,
-            code="invalid_api_key",
         )
 
     @classmethod
     def forbidden(cls, message: str, param: str | None = None) -> ApiError:
         """The key is known but may not ask for this (a priority, a tag)."""
-        return cls(403, message, type=ErrorType.PERMISSION, code="forbidden", param=param)
+        return cls(ErrorCode.PERMISSION_DENIED, message, param=param)
 
     @classmethod
     def rate_limited(cls, tenant: str, retry_after_s: float) -> ApiError:
         wait = max(1, int(-(-retry_after_s // 1)))
         return cls(
-            429,
+            ErrorCode.RATE_LIMITED,
             f"rate limit of tenant {tenant!r} reached; retry after {wait} s",
-            type=ErrorType.RATE_LIMIT,
-            code="rate_limit_exceeded",
             retry_after_s=wait,
         )
 
@@ -106,51 +139,35 @@ class ApiError(GraylaneError):
     def too_many_in_flight(cls, tenant: str, running: int, retry_after_s: int) -> ApiError:
         """The tenant holds its share of the replica's running calls."""
         return cls(
-            429,
+            ErrorCode.RATE_LIMITED,
             f"tenant {tenant!r} has {running} calls running, its share of this gateway; "
             "retry when one ends",
-            type=ErrorType.RATE_LIMIT,
-            code="too_many_in_flight",
+            openai_code="too_many_in_flight",
             retry_after_s=retry_after_s,
         )
 
     @classmethod
     def overloaded(cls, message: str, retry_after_s: int) -> ApiError:
-        return cls(
-            503, message, type=ErrorType.OVERLOADED, code="overloaded", retry_after_s=retry_after_s
-        )
+        return cls(ErrorCode.OVERLOADED, message, retry_after_s=retry_after_s)
 
     @classmethod
     def too_large(cls, message: str) -> ApiError:
-        return cls(413, message, type=ErrorType.INVALID_REQUEST, code="request_too_large")
+        return cls(ErrorCode.PAYLOAD_TOO_LARGE, message)
 
     @classmethod
     def model_not_found(cls, message: str) -> ApiError:
-        return cls(
-            404, message, type=ErrorType.INVALID_REQUEST, code="model_not_found", param="model"
-        )
+        return cls(ErrorCode.UNKNOWN_MODEL, message, param="model")
 
     @classmethod
     def timed_out(cls, message: str) -> ApiError:
-        return cls(504, message, type=ErrorType.TIMEOUT, code="timeout")
-
-
-_INVALID = {
-    ErrorCode.DECODE_ERROR,
-    ErrorCode.MISSING_INPUT,
-    ErrorCode.UNEXPECTED_INPUT,
-    ErrorCode.BAD_DTYPE,
-    ErrorCode.BAD_SHAPE,
-    ErrorCode.SEQUENCE_TOO_LONG,
-    ErrorCode.UNSUPPORTED_TASK,
-    ErrorCode.BAD_REQUEST,
-    ErrorCode.BAD_REPLY_TOPIC,
-}
+        return cls(ErrorCode.DEADLINE_EXCEEDED, message, openai_code="timeout")
 
 
 _GENERIC = {
-    503: "the model's servers cannot take this call now; retry shortly",
-    500: "the call failed inside the system; retry, or report its request id",
+    HTTPStatus.SERVICE_UNAVAILABLE: "the model's servers cannot take this call now; retry shortly",
+    HTTPStatus.INTERNAL_SERVER_ERROR: (
+        "the call failed inside the system; retry, or report its request id"
+    ),
 }
 
 
@@ -159,21 +176,11 @@ def from_error_code(code: ErrorCode | None, message: str, *, retry_after_s: int)
     answered with the system's message; a failure inside (5xx, a shed call) with a
     generic one, the system's message kept as the answer's ``detail`` for the logs."""
     name = code.name.lower() if code is not None else "unknown"
+    code = code if code is not None else ErrorCode.ERROR_CODE_UNSPECIFIED
     if code in (ErrorCode.UNKNOWN_MODEL, ErrorCode.UNKNOWN_VERSION):
-        return ApiError.model_not_found(message)
-    if code in _INVALID:
-        return ApiError(400, message, type=ErrorType.INVALID_REQUEST, code=name)
-    if code is ErrorCode.PAYLOAD_TOO_LARGE:
-        return ApiError.too_large(message)
-    if code in (ErrorCode.SHED, ErrorCode.ENGINE_UNAVAILABLE):
-        return ApiError(
-            503,
-            _GENERIC[503],
-            type=ErrorType.OVERLOADED,
-            code=name,
-            retry_after_s=retry_after_s,
-            detail=message,
-        )
-    if code is ErrorCode.DEADLINE_EXCEEDED:
-        return ApiError(504, message, type=ErrorType.TIMEOUT, code=name)
-    return ApiError(500, _GENERIC[500], type=ErrorType.SERVER, code=name, detail=message)
+        return ApiError(code, message, param="model")
+    status = code.http_status
+    if status not in _GENERIC:
+        return ApiError(code, message, openai_code=_OPENAI_CODE.get(code, name))
+    retry = retry_after_s if status == HTTPStatus.SERVICE_UNAVAILABLE else None
+    return ApiError(code, _GENERIC[status], openai_code=name, retry_after_s=retry, detail=message)

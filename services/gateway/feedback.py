@@ -34,9 +34,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from graylane import serde
+from graylane.errors import ErrorCode
 from graylane.kafka.seam import ClientFactory, Producer
 from graylane.metrics.dataplane import GatewayMetrics
-from graylane.services.gateway.failures import ApiError, ErrorType
+from graylane.services.gateway.failures import ApiError
 from graylane.services.gateway.front_door import EndpointLabel
 from graylane.services.gateway.logic.admission import Tenant
 from graylane.services.gateway.logic.feedback import (
@@ -167,18 +168,16 @@ class FeedbackDesk:
         verdict = judge_feedback(owner, tenant.name)
         if verdict is FeedbackVerdict.UNKNOWN or owner is None:
             raise ApiError(
-                404,
+                ErrorCode.NOT_FOUND,
                 f"no answer {feedback.request_id!r} of yours is known to this gateway",
-                type=ErrorType.NOT_FOUND,
-                code="answer_not_found",
+                openai_code="answer_not_found",
                 param="id",
             )
         if verdict is FeedbackVerdict.ALREADY_RATED:
             raise ApiError(
-                409,
+                ErrorCode.ALREADY_EXISTS,
                 f"the answer {feedback.request_id!r} was rated before; the first rating stands",
-                type=ErrorType.INVALID_REQUEST,
-                code="already_rated",
+                openai_code="already_rated",
                 param="id",
             )
         # Reserved before the write, so a rating sent twice at once is taken once.

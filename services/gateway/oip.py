@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from graylane.engine.signature import IOSignature, TensorSpec
+from graylane.errors import ErrorCode
 from graylane.serde import TensorShapeError, check_shape
-from graylane.services.gateway.failures import ApiError, ErrorType
+from graylane.services.gateway.failures import ApiError
 from graylane.services.gateway.logic.json_body import read_json
 
 __all__ = [
@@ -63,9 +64,7 @@ def datatype_of(dtype: np.dtype[Any]) -> str:
     name = _BY_NUMPY.get(np.dtype(dtype).newbyteorder("<").str.lstrip("<|="))
     if name is None:
         raise ApiError(
-            500,
-            f"output dtype {dtype} has no Open Inference Protocol datatype",
-            type=ErrorType.SERVER,
+            ErrorCode.INTERNAL, f"output dtype {dtype} has no Open Inference Protocol datatype"
         )
     return name
 

@@ -73,7 +73,7 @@ from graylane.client import (
     Task,
     UnknownModel,
 )
-from graylane.errors import is_retriable
+from graylane.errors import ErrorCode, is_retriable
 from graylane.kafka.replies import FieldCaps
 from graylane.kafka.seam import ClientFactory
 from graylane.metrics.dataplane import GatewayMetrics
@@ -84,7 +84,7 @@ from graylane.serde import DEFAULT_MAX_ELEMENTS
 from graylane.services.gateway import oip
 from graylane.services.gateway.catalog import ModelDirectory, SignatureBook
 from graylane.services.gateway.chat import CHATML, ChatFormat
-from graylane.services.gateway.failures import ApiError, ErrorType, from_error_code
+from graylane.services.gateway.failures import ApiError, from_error_code
 from graylane.services.gateway.feedback import DEFAULT_REMEMBERED_ANSWERS, FeedbackDesk
 from graylane.services.gateway.front_door import (
     ADMITTED_AS,
@@ -542,7 +542,7 @@ class Gateway:
         if isinstance(exc, RecursionError):  # a structure too deep for one of our readers
             return ApiError.invalid("the request nests too deeply")
         log.error("unexpected gateway failure", exc_info=exc)
-        return ApiError(500, "internal error", type=ErrorType.SERVER)
+        return ApiError(ErrorCode.INTERNAL, "internal error")
 
     def answered(
         self, endpoint: EndpointLabel, started: float, response: Response, *, latency: bool = True
@@ -947,8 +947,8 @@ def _build_app(gateway: Gateway) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         await gateway._unread(request)  # an unknown path's body: dropped, then answered
-        kind = ErrorType.NOT_FOUND if exc.status_code == 404 else ErrorType.INVALID_REQUEST
-        err = ApiError(exc.status_code, str(exc.detail), type=kind)
+        code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.BAD_REQUEST
+        err = ApiError(code, str(exc.detail), status=exc.status_code)
         if request.url.path.startswith("/v2"):
             return JSONResponse(err.inference_protocol_body(), status_code=exc.status_code)
         return JSONResponse(err.openai_body(), status_code=exc.status_code)

@@ -37,13 +37,14 @@ from typing import Any
 
 from graylane.client import Choice, Result, TokenLogprob, ToolCall, Usage
 from graylane.engine_options import MAX_CHOICES, MAX_TOP_LOGPROBS, options_problem
+from graylane.errors import ErrorCode
 from graylane.services.gateway.chat import (
     ChatFormat,
     ChatMessage,
     ChatRole,
     ChatTemplateError,
 )
-from graylane.services.gateway.failures import ApiError, ErrorType
+from graylane.services.gateway.failures import ApiError
 from graylane.services.gateway.logic.admission import GatewayLimits
 from graylane.v1 import inference_pb2
 
@@ -520,10 +521,9 @@ def render_chat(draft: ChatDraft, limits: GatewayLimits, template: ChatFormat) -
         if exc.rejected:
             raise ApiError.invalid(f"the model's chat template: {exc}", "messages") from exc
         raise ApiError(
-            500,
+            ErrorCode.INTERNAL,
             "the model's chat template failed on this conversation",
-            type=ErrorType.SERVER,
-            code="chat_template",
+            openai_code="chat_template",
             detail=str(exc),
         ) from exc
     if len(prompt) > limits.max_prompt_chars:

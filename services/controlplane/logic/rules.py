@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from graylane.artifacts.naming import NamingError, parse_semver
-from graylane.errors import GraylaneError
+from graylane.errors import ErrorCode, GraylaneError
 from graylane.rollouts.spec import step_weight_problem
 from graylane.rollouts.vocabulary import ManualCommand, Phase
 
@@ -41,13 +41,19 @@ class ControlError(GraylaneError):
 class InvalidArgument(ControlError):
     """The request itself is malformed (bad name, bad semver, steps out of order)."""
 
+    code = ErrorCode.BAD_REQUEST
+
 
 class NotFound(ControlError):
     """The request names a model, version or rollout that does not exist."""
 
+    code = ErrorCode.NOT_FOUND
+
 
 class FailedPrecondition(ControlError):
     """The request is well-formed but the system is not in a state that allows it."""
+
+    code = ErrorCode.FAILED_PRECONDITION
 
 
 @dataclass(frozen=True)
