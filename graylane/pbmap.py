@@ -42,7 +42,6 @@ import keyword
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
-from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 __all__ = ["EnumTable", "Field", "Flat", "MappingError", "PbMap"]
@@ -186,9 +185,15 @@ class PbMap(Generic[T, M]):
             if spec.to_pb is not None:
                 namespace[f"_t{i}"] = spec.to_pb
                 write = f"_t{i}({value})"
-                if spec.absent is None:
-                    write = f"(None if {value} is None else {write})"
-            out.append(f"{wire_name}={write}")
+            if spec.absent is None and fd.message_type is not None and not fd.is_repeated:
+                # an optional sub-message goes in as its converter built it, only when
+                # there is one (a keyword argument would rebuild it, maps in a new order)
+                merges.append(f"    if {value} is not None:\n")
+                merges.append(f"        m.{wire_name}.CopyFrom({write})\n")
+            elif spec.absent is None and spec.to_pb is not None:
+                out.append(f"{wire_name}=(None if {value} is None else {write})")
+            else:
+                out.append(f"{wire_name}={write}")
             if not spec.read:
                 given = True
                 continue
@@ -250,7 +255,8 @@ class PbMap(Generic[T, M]):
         return f"PbMap({self.cls.__name__}, {self.message.DESCRIPTOR.full_name})"
 
 
-def _check_field(where: str, name: str, spec: Field, fd: FieldDescriptor) -> None:
+def _check_field(where: str, name: str, spec: Field, fd: Any) -> None:
+    """``fd``: the message field's descriptor (its class depends on the protobuf runtime)."""
     if not spec.read and spec.absent is not REQUIRED:
         raise MappingError(f"{where}: {name} is not read, so it has no absent value")
     if spec.absent is not REQUIRED and not fd.has_presence:
