@@ -40,7 +40,7 @@ import dataclasses
 import enum
 import keyword
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from google.protobuf.message import Message
 
@@ -49,6 +49,7 @@ __all__ = ["EnumTable", "Field", "Flat", "MappingError", "PbMap"]
 T = TypeVar("T")
 M = TypeVar("M", bound=Message)
 E = TypeVar("E", bound=enum.Enum)
+N = TypeVar("N", bound=int)
 
 
 class MappingError(TypeError):
@@ -99,24 +100,24 @@ class Flat:
     when: Callable[[Any], bool] | None = None
 
 
-class EnumTable(Generic[E]):
+class EnumTable(Generic[E, N]):
     """A Python enum <-> a protobuf enum's numbers, both ways from one table.
 
-    None goes out as ``unset``; ``unset`` and numbers this build does not know come back
-    as None.
+    None goes out as ``unset`` (proto3: 0, every enum's first value); ``unset`` and
+    numbers this build does not know come back as None.
     """
 
-    def __init__(self, table: Mapping[E, int], *, unset: int = 0) -> None:
-        back = {number: member for member, number in table.items()}
+    def __init__(self, table: Mapping[E, N], *, unset: int = 0) -> None:
+        back: dict[int, E] = {number: member for member, number in table.items()}
         if len(back) != len(table):
             raise MappingError(f"two members share a number in {dict(table)}")
         if unset in back:
             raise MappingError(f"the unset number {unset} names {back[unset]}")
         self._to = dict(table)
         self._from = back
-        self.unset = unset
+        self.unset = cast(N, unset)
 
-    def to_pb(self, member: E | None) -> int:
+    def to_pb(self, member: E | None) -> N:
         return self.unset if member is None else self._to[member]
 
     def from_pb(self, number: int) -> E | None:

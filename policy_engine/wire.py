@@ -681,7 +681,7 @@ def scale_request_of(decision: ScaleDecision, *, epoch: int) -> control_pb2.Scal
         version=after.version,
         desired_replicas=after.desired,
         current_replicas=decision.signals.replicas,
-        reason=_SCALE_REASONS.to_pb(decision.reason),  # type: ignore[arg-type]
+        reason=_SCALE_REASONS.to_pb(decision.reason),
         detail=decision.detail,
         decided_at_unix_ms=decision.at_ms,
         decision_id=scale_decision_id_of(decision),
