@@ -38,6 +38,7 @@ import hashlib
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from graylane import serde
@@ -213,8 +214,8 @@ def _batch_id_to_pb(batch_id: tuple[str, int, int]) -> telemetry_pb2.BatchId:
     )
 
 
-def _batch_id_from_pb(pb: telemetry_pb2.BatchId) -> tuple[str, int, int]:
-    return (pb.worker_id, pb.partition, pb.first_offset)
+_batch_id_from_pb = attrgetter("worker_id", "partition", "first_offset")
+"""(worker, partition, first offset): a C-level getter, on the hot path of telemetry."""
 
 
 _TELEMETRY = PbMap(
