@@ -73,7 +73,7 @@ class Field:
     ``to_pb`` / ``from_pb``: converters, the value as it goes out and as it comes in.
     ``absent``: the value read when the message does not hold the field (the field must
     track presence); with ``absent=None`` a None going out is not converted and leaves
-    the field unset.
+    the field unset, and a sub-message is copied in as its converter built it.
     ``read``: False for a value that is written out but that the caller works out on the
     way in (it depends on more than this field): ``from_pb`` then takes it as a keyword.
     """
@@ -91,13 +91,16 @@ class Flat:
 
     ``from_pb`` reads the value from the whole message (None when ``when`` says the
     message holds none); ``to_pb`` turns a value into a message of the same type that is
-    merged into the one going out (a None value merges nothing; without ``to_pb`` the
+    merged into the one going out (a None value after nothing; without ``to_pb`` the
     value is not written).
     """
 
     from_pb: Callable[[Any], Any]
     to_pb: Callable[[Any], Message] | None = None
     when: Callable[[Any], bool] | None = None
+    message: type[Message] | None = None
+    """The message type ``from_pb`` and ``to_pb`` take (checked against the enclosing
+    table's when it is known)."""
 
 
 class EnumTable(Generic[E, N]):
@@ -152,7 +155,7 @@ class PbMap(Generic[T, M]):
         wire = message.DESCRIPTOR.fields_by_name
         namespace: dict[str, Any] = {"_C": cls, "_M": message}
         out: list[str] = []
-        merges: list[str] = []
+        after: list[str] = []
         into: list[str] = []
         given = bool(local_names)
         for i, name in enumerate(f.name for f in dataclasses.fields(cls) if f.init):
@@ -161,6 +164,8 @@ class PbMap(Generic[T, M]):
             spec = table.get(name, Field())
             value = f"v.{name}"
             if isinstance(spec, Flat):
+                if spec.message not in (None, message):
+                    raise MappingError(f"{where}: {name} sits in another message, {spec.message}")
                 namespace[f"_f{i}"] = spec.from_pb
                 read = f"_f{i}(pb)"
                 if spec.when is not None:
@@ -169,8 +174,8 @@ class PbMap(Generic[T, M]):
                 into.append(f"{name}={read}")
                 if spec.to_pb is not None:
                     namespace[f"_t{i}"] = spec.to_pb
-                    merges.append(f"    if {value} is not None:\n")
-                    merges.append(f"        m.MergeFrom(_t{i}({value}))\n")
+                    after.append(f"    if {value} is not None:\n")
+                    after.append(f"        m.MergeFrom(_t{i}({value}))\n")
                 continue
             wire_name = spec.wire or name
             fd = wire.get(wire_name)
@@ -189,8 +194,8 @@ class PbMap(Generic[T, M]):
             if spec.absent is None and fd.message_type is not None and not fd.is_repeated:
                 # an optional sub-message goes in as its converter built it, only when
                 # there is one (a keyword argument would rebuild it, maps in a new order)
-                merges.append(f"    if {value} is not None:\n")
-                merges.append(f"        m.{wire_name}.CopyFrom({write})\n")
+                after.append(f"    if {value} is not None:\n")
+                after.append(f"        m.{wire_name}.CopyFrom({write})\n")
             elif spec.absent is None and spec.to_pb is not None:
                 out.append(f"{wire_name}=(None if {value} is None else {write})")
             else:
@@ -209,8 +214,8 @@ class PbMap(Generic[T, M]):
                 read = f"({read} if pb.HasField({wire_name!r}) else _a{i})"
             into.append(f"{name}={read}")
         built = f"_M({', '.join([*out, '**wire'])})"
-        if merges:
-            body = f"    m = {built}\n{''.join(merges)}    return m\n"
+        if after:
+            body = f"    m = {built}\n{''.join(after)}    return m\n"
         else:
             body = f"    return {built}\n"
         # Keywords from the caller only where the table leaves fields to it: the hot
@@ -250,7 +255,7 @@ class PbMap(Generic[T, M]):
     def flat(self, *, when: Callable[[M], bool] | None = None) -> Flat:
         """A field whose value's parts are fields of the enclosing message (:class:`Flat`);
         this mapping's message is that enclosing message's type."""
-        return Flat(from_pb=self._from, to_pb=self._to, when=when)
+        return Flat(from_pb=self._from, to_pb=self._to, when=when, message=self.message)
 
     def __repr__(self) -> str:
         return f"PbMap({self.cls.__name__}, {self.message.DESCRIPTOR.full_name})"

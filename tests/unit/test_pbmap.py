@@ -189,6 +189,11 @@ def test_a_bad_table_raises_when_it_is_declared(
         PbMap(Lag, audit_pb2.LagSample, fields, local=local)
 
 
+def test_a_flat_value_of_another_message_is_refused() -> None:
+    with pytest.raises(MappingError, match="sits in another message"):
+        PbMap(Live, audit_pb2.VersionLiveness, {"lag": ARM.flat()}, local=("first_routed_ms",))
+
+
 def test_a_message_field_needs_its_converters() -> None:
     with pytest.raises(MappingError, match="'lag' is a message field"):
         PbMap(
