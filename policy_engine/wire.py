@@ -12,13 +12,17 @@ built here. A routing plan becomes the router's table here
 (:func:`routing_table_of`: bucket ranges by ``graylane.routing``).
 
 The vocabulary, specs and QoS policies map in :mod:`graylane.rollouts.pb`.
+Each dataclass <-> message pair is declared once, as a :class:`~graylane.pbmap.PbMap`
+table (``_WINDOW_STATS``, ``_ROLLOUT_STATE``, ...), and used both ways through its
+``to_pb`` / ``from_pb``; the functions here do what is more than a field copy (audit
+records, ids, restore) and take their field copies from those tables.
 Conventions:
 
 - Timestamps of "not since" (``breach_since``, ``calm_since``) travel as 0.
 - Fields the wire contract has no room for are lost on the way out and come
   back at a conservative value: see :func:`rollout_state_from_pb`,
-  :func:`qos_state_from_pb` (load ceilings), :func:`window_stats_to_pb`
-  (``lag``); for specs and policies see :mod:`graylane.rollouts.pb`.
+  ``_QOS_STATE`` (load ceilings), ``_WINDOW_STATS`` (``lag``, ``workers``); for
+  specs and policies see :mod:`graylane.rollouts.pb`.
 - The sequential gates' running tests are part of the rollout state on the
   wire, so a restarted engine and ``audit verify`` continue the same
   anytime-valid tests (every value a double or a count: the round trip is exact).
@@ -33,13 +37,15 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from graylane import serde
 from graylane.errors import SerdeError
 from graylane.evaluation.summary import Comparison, Summary
 from graylane.histogram_pb import histogram_from_pb, histogram_to_pb
+from graylane.pbmap import EnumTable, Field, Flat, PbMap
 from graylane.policy_engine.isolation import RecordGuard
 from graylane.policy_engine.logic.agreement import (
     AgreementStats,
@@ -63,6 +69,7 @@ from graylane.policy_engine.logic.outcomes import (
     ArmTally,
     OutcomeTally,
     OutcomeTest,
+    OutcomeVerdict,
     RatedOutcome,
 )
 from graylane.policy_engine.logic.qos import QosDecision, QosState
@@ -142,13 +149,7 @@ __all__ = [
     "command_of",
     "decision_id_of",
     "decision_to_audit",
-    "liveness_from_pb",
-    "liveness_to_pb",
-    "metric_reading_from_pb",
-    "metric_reading_to_pb",
     "outcome_of",
-    "outcome_tally_from_pb",
-    "outcome_test_to_pb",
     "precision_command_of",
     "qos_decision_to_audit",
     "qos_state_from_pb",
@@ -160,8 +161,6 @@ __all__ = [
     "routing_table_of",
     "running_build_of",
     "scale_decision_id_of",
-    "scale_reason_from_pb",
-    "scale_reason_to_pb",
     "scale_request_of",
     "scale_to_audit",
     "sequential_from_pb",
@@ -178,53 +177,61 @@ __all__ = [
 # -- records in ------------------------------------------------------------------------
 
 
-def telemetry_from_pb(pb: telemetry_pb2.BatchTelemetry) -> TelemetrySample:
-    return TelemetrySample(
-        model=pb.model,
-        version=pb.version,
-        variant=pb.variant,
-        worker_id=pb.worker_id,
-        completed_at_ms=pb.completed_at_unix_ms,
-        request_count=pb.request_count,
-        error_count=pb.error_count,
-        latency=histogram_from_pb(pb.latency),
-        queue_wait=histogram_from_pb(pb.queue_wait),
-        queue_wait_mean_ms=pb.queue_wait_ms_mean,
-        compute_ms=pb.compute_ms,
-        device_load=pb.device_load,
-        shadow_count=pb.shadow_count,
-        lag=pb.lag,
-        started_at_ms=pb.started_at_unix_ms,
-        batch_size=pb.batch_size,
-        batch_id=(
-            (pb.batch_id.worker_id, pb.batch_id.partition, pb.batch_id.first_offset)
-            if pb.HasField("batch_id")
-            else None
-        ),
-        shed_count=pb.shed_count,
-        generation=generation_from_pb(pb.generation) if pb.HasField("generation") else None,
-    )
-
+_HISTOGRAM = Field(to_pb=histogram_to_pb, from_pb=histogram_from_pb)
+"""A latency histogram, always on the wire."""
 
 _ENDED_BY_MODEL = frozenset({inference_pb2.EOS, inference_pb2.STOP})
 
 
-def generation_from_pb(pb: telemetry_pb2.GenerationTelemetry) -> GenerationSample:
-    """The window's part of a batch's generation telemetry (finish reasons it does not
-    know count as generations that did not end by the model's choice)."""
-    return GenerationSample(
-        generations=pb.generations,
-        ttft=histogram_from_pb(pb.ttft),
-        tpot=histogram_from_pb(pb.tpot),
-        inter_token_p99=histogram_from_pb(pb.inter_token_p99),
-        prefill=histogram_from_pb(pb.prefill),
-        output_tokens=histogram_from_pb(pb.output_tokens),
-        prompt_tokens=pb.prompt_tokens,
-        generated_tokens=pb.generated_tokens,
-        ended_by_model=sum(c.count for c in pb.finish_reasons if c.reason in _ENDED_BY_MODEL),
-        kv_cache_occupancy=pb.kv_cache_occupancy,
-        waiting_sequences=pb.waiting_sequences,
+def _ended_by_model(pb: telemetry_pb2.GenerationTelemetry) -> int:
+    """Finish reasons this build does not know count as generations that did not end by
+    the model's choice."""
+    return sum(c.count for c in pb.finish_reasons if c.reason in _ENDED_BY_MODEL)
+
+
+_GENERATION_SAMPLE = PbMap(
+    GenerationSample,
+    telemetry_pb2.GenerationTelemetry,
+    {
+        "ttft": _HISTOGRAM,
+        "tpot": _HISTOGRAM,
+        "inter_token_p99": _HISTOGRAM,
+        "prefill": _HISTOGRAM,
+        "output_tokens": _HISTOGRAM,
+        "ended_by_model": Flat(from_pb=_ended_by_model),
+    },
+)
+"""The window's part of a batch's generation telemetry (the worker writes the finish
+reasons, the window keeps how many ended by the model's choice)."""
+
+
+def _batch_id_to_pb(batch_id: tuple[str, int, int]) -> telemetry_pb2.BatchId:
+    worker_id, partition, first_offset = batch_id
+    return telemetry_pb2.BatchId(
+        worker_id=worker_id, partition=partition, first_offset=first_offset
     )
+
+
+_batch_id_from_pb = attrgetter("worker_id", "partition", "first_offset")
+"""(worker, partition, first offset): a C-level getter, on the hot path of telemetry."""
+
+
+_TELEMETRY = PbMap(
+    TelemetrySample,
+    telemetry_pb2.BatchTelemetry,
+    {
+        "completed_at_ms": Field("completed_at_unix_ms"),
+        "latency": _HISTOGRAM,
+        "queue_wait": _HISTOGRAM,
+        "queue_wait_mean_ms": Field("queue_wait_ms_mean"),
+        "started_at_ms": Field("started_at_unix_ms"),
+        "batch_id": Field(to_pb=_batch_id_to_pb, from_pb=_batch_id_from_pb, absent=None),
+        "generation": _GENERATION_SAMPLE.nested(absent=None),
+    },
+)
+"""A batch's telemetry (the hot path: compiled into one constructor call)."""
+
+telemetry_from_pb = _TELEMETRY.from_pb
 
 
 def command_from_pb(pb: rollout_pb2.RolloutCommand) -> Command | CommandRejected:
@@ -307,17 +314,19 @@ def shadow_output_of(pb: inference_pb2.InferenceResult, at_ms: int) -> ShadowOut
         error=error,
         schema=schema if tokens is None else None,
         pair_id=pb.shadow_pair_id,
-        decoding=_DECODING.get(pb.decoding),
+        decoding=_DECODING.from_pb(pb.decoding),
         text=pb.text if pb.task == inference_pb2.GENERATE and not error else None,
         prompt_digest=pb.prompt_sha256,
     )
 
 
-_DECODING = {
-    inference_pb2.GREEDY: TokenDecoding.GREEDY,
-    inference_pb2.SEEDED: TokenDecoding.SEEDED,
-    inference_pb2.UNSEEDED: TokenDecoding.UNSEEDED,
-}
+_DECODING = EnumTable(
+    {
+        TokenDecoding.GREEDY: inference_pb2.GREEDY,
+        TokenDecoding.SEEDED: inference_pb2.SEEDED,
+        TokenDecoding.UNSEEDED: inference_pb2.UNSEEDED,
+    }
+)
 """How a result's generation chose its tokens; unset (an older worker) is unknown."""
 
 
@@ -369,173 +378,189 @@ def outcome_of(value: bytes | None, guard: RecordGuard, at_ms: int) -> RatedOutc
     if not (pb.request_id and pb.model and 0.0 <= pb.value <= 1.0):
         detail = f"an outcome needs a request id, a model and a value within [0, 1]: {pb.value!r}"
         return guard.skip(RecordSource.OUTCOMES, SkipReason.INVALID, detail, at_ms, model=pb.model)
-    return RatedOutcome(
-        request_id=pb.request_id,
-        model=pb.model,
-        version=pb.version,
-        tenant=pb.tenant,
-        value=pb.value,
-        rated_at_ms=pb.rated_at_unix_ms,
-    )
+    return _RATED_OUTCOME.from_pb(pb)
 
 
-def _arm_to_pb(arm: ArmTally) -> outcome_pb2.ArmOutcomes:
-    return outcome_pb2.ArmOutcomes(rated=arm.rated, total=arm.total, squares=arm.squares)
+_RATED_OUTCOME = PbMap(
+    RatedOutcome, outcome_pb2.Outcome, {"rated_at_ms": Field("rated_at_unix_ms")}
+)
+
+_ARM = PbMap(ArmTally, outcome_pb2.ArmOutcomes)
+
+_OUTCOME_TALLY = PbMap(
+    OutcomeTally,
+    outcome_pb2.OutcomeEvidence,
+    {"baseline": _ARM.nested(), "candidate": _ARM.nested()},
+)
+"""The tally an outcome test was run on (what a replay feeds the controller)."""
 
 
-def _arm_from_pb(pb: outcome_pb2.ArmOutcomes) -> ArmTally:
-    return ArmTally(pb.rated, pb.total, pb.squares)
+def _verdict_to_pb(verdict: OutcomeVerdict) -> str:
+    return verdict.value
 
 
-def outcome_test_to_pb(test: OutcomeTest) -> outcome_pb2.OutcomeEvidence:
-    t = test.tally
-    return outcome_pb2.OutcomeEvidence(
-        baseline=_arm_to_pb(t.baseline),
-        candidate=_arm_to_pb(t.candidate),
-        verdict=test.verdict.value,
-        difference=test.difference,
-        low=test.low,
-        high=test.high,
-        log_likelihood_ratio=test.log_likelihood_ratio,
-        threshold=test.threshold,
-        unjoined=t.unjoined,
-        duplicates=t.duplicates,
-    )
-
-
-def outcome_tally_from_pb(pb: outcome_pb2.OutcomeEvidence) -> OutcomeTally:
-    """The tally an outcome test was run on (what a replay feeds the controller)."""
-    return OutcomeTally(
-        baseline=_arm_from_pb(pb.baseline),
-        candidate=_arm_from_pb(pb.candidate),
-        unjoined=pb.unjoined,
-        duplicates=pb.duplicates,
-    )
+_OUTCOME_TEST = PbMap(
+    OutcomeTest,
+    outcome_pb2.OutcomeEvidence,
+    {
+        "verdict": Field(to_pb=_verdict_to_pb, from_pb=OutcomeVerdict),
+        "tally": _OUTCOME_TALLY.flat(),
+    },
+)
+"""An A/B decision's outcome test: its tally in the evidence's own fields."""
 
 
 # -- window stats ----------------------------------------------------------------------
 
-_WINDOW_WIRE_NAMES = {
-    "window_start_ms": "window_start_unix_ms",
-    "window_end_ms": "window_end_unix_ms",
-}
-"""The :class:`WindowStats` fields named otherwise on the wire; ``service`` is a histogram
-message (absent when the window has none); every other field has its own name."""
+_GENERATION_WINDOW = PbMap(
+    GenerationStats,
+    audit_pb2.GenerationWindow,
+    {
+        "ttft": _HISTOGRAM,
+        "tpot": _HISTOGRAM,
+        "inter_token_p99": _HISTOGRAM,
+        "prefill": _HISTOGRAM,
+        "output_tokens": _HISTOGRAM,
+    },
+)
 
+_WINDOW_STATS = PbMap(
+    WindowStats,
+    audit_pb2.WindowStats,
+    {
+        "window_start_ms": Field("window_start_unix_ms"),
+        "window_end_ms": Field("window_end_unix_ms"),
+        "service": Field(to_pb=histogram_to_pb, from_pb=histogram_from_pb, absent=None),
+        "generation": _GENERATION_WINDOW.nested(absent=None),
+    },
+    local=("lag", "workers"),
+)
+"""Every field but ``lag`` and ``workers``, which have no room on the wire (back at 0).
+Service times come back as recorded (histogram and quantiles): the gates judge latency
+on them, so a replay decides as the engine did."""
 
-_WINDOW_LOCAL = frozenset({"lag", "workers"})
-"""The :class:`WindowStats` fields with no room on the wire: dropped, back at 0."""
-
-
-_WINDOW_FIELDS = tuple(f.name for f in fields(WindowStats) if f.name not in _WINDOW_LOCAL)
-
-
-def window_stats_to_pb(s: WindowStats) -> audit_pb2.WindowStats:
-    """Every field but ``lag`` and ``workers``, which have none on the wire."""
-    pb = audit_pb2.WindowStats()
-    for name in _WINDOW_FIELDS:
-        value = getattr(s, name)
-        if name == "service":
-            if value is not None:
-                pb.service.CopyFrom(histogram_to_pb(value))
-        elif name == "generation":
-            if value is not None:
-                pb.generation.CopyFrom(generation_window_to_pb(value))
-        else:
-            setattr(pb, _WINDOW_WIRE_NAMES.get(name, name), value)
-    return pb
-
-
-def window_stats_from_pb(pb: audit_pb2.WindowStats) -> WindowStats:
-    """Service times come back as recorded (histogram and quantiles): the gates
-    judge latency on them, so a replay decides as the engine did."""
-    values: dict[str, Any] = {
-        name: getattr(pb, _WINDOW_WIRE_NAMES.get(name, name))
-        for name in _WINDOW_FIELDS
-        if name not in ("service", "generation")
-    }
-    values["service"] = histogram_from_pb(pb.service) if pb.HasField("service") else None
-    values["generation"] = (
-        generation_window_from_pb(pb.generation) if pb.HasField("generation") else None
-    )
-    return WindowStats(**values)
-
-
-def generation_window_to_pb(g: GenerationStats) -> audit_pb2.GenerationWindow:
-    return audit_pb2.GenerationWindow(
-        generations=g.generations,
-        ttft=histogram_to_pb(g.ttft),
-        tpot=histogram_to_pb(g.tpot),
-        inter_token_p99=histogram_to_pb(g.inter_token_p99),
-        prefill=histogram_to_pb(g.prefill),
-        output_tokens=histogram_to_pb(g.output_tokens),
-        prompt_tokens=g.prompt_tokens,
-        generated_tokens=g.generated_tokens,
-        ended_by_model=g.ended_by_model,
-        kv_cache_occupancy=g.kv_cache_occupancy,
-        waiting_sequences=g.waiting_sequences,
-    )
-
-
-def generation_window_from_pb(pb: audit_pb2.GenerationWindow) -> GenerationStats:
-    return GenerationStats(
-        generations=pb.generations,
-        ttft=histogram_from_pb(pb.ttft),
-        tpot=histogram_from_pb(pb.tpot),
-        inter_token_p99=histogram_from_pb(pb.inter_token_p99),
-        prefill=histogram_from_pb(pb.prefill),
-        output_tokens=histogram_from_pb(pb.output_tokens),
-        prompt_tokens=pb.prompt_tokens,
-        generated_tokens=pb.generated_tokens,
-        ended_by_model=pb.ended_by_model,
-        kv_cache_occupancy=pb.kv_cache_occupancy,
-        waiting_sequences=pb.waiting_sequences,
-    )
+window_stats_to_pb = _WINDOW_STATS.to_pb
+window_stats_from_pb = _WINDOW_STATS.from_pb
 
 
 # -- rollout state (with its sequential evidence and liveness signals) -----------------
 
 
+def _or_one(value: float) -> float:
+    return value or 1.0
+
+
+def _or_none(value: int) -> int | None:
+    return value or None
+
+
+def _or_zero(value: int | None) -> int:
+    return value or 0
+
+
+_RATIO_START = (0.0,) * len(RATIO_GRID)
+_RATE_START = (0.0,) * len(RATE_GRID)
+
+
+def _ratio_log_lr(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(values) or _RATIO_START
+
+
+def _rate_log_lr(values: Iterable[float]) -> tuple[float, ...]:
+    return tuple(values) or _RATE_START
+
+
+_RATIO = PbMap(
+    RatioTest,
+    rollout_pb2.RatioTestState,
+    {"r0": Field(from_pb=_or_one), "log_lr": Field(from_pb=_ratio_log_lr)},
+)
+_RATE = PbMap(RateTest, rollout_pb2.RateTestState, {"log_lr": Field(from_pb=_rate_log_lr)})
+_SHARE = PbMap(
+    SlowShare, rollout_pb2.SlowShareState, {"p95": _RATIO.nested(), "p99": _RATIO.nested()}
+)
+_SEQUENTIAL = PbMap(
+    SequentialEvidence,
+    rollout_pb2.SequentialEvidence,
+    {
+        "errors": _RATIO.nested(),
+        "budget": _RATE.nested(),
+        "slow_p95": _RATIO.nested(),
+        "slow_p99": _RATIO.nested(),
+        "through_ms": Field("through_unix_ms"),
+        "ttft": _SHARE.nested(),
+        "tpot": _SHARE.nested(),
+    },
+)
+_NO_EVIDENCE = SequentialEvidence()
+
+
+def sequential_to_pb(ev: SequentialEvidence) -> rollout_pb2.SequentialEvidence | None:
+    """None for the evidence of a rollout that has consumed no increment."""
+    return None if ev == _NO_EVIDENCE else _SEQUENTIAL.to_pb(ev)
+
+
+def sequential_from_pb(pb: rollout_pb2.RolloutState) -> SequentialEvidence:
+    """The state's sequential evidence; none yet when the field is absent."""
+    return _SEQUENTIAL.from_pb(pb.sequential) if pb.HasField("sequential") else _NO_EVIDENCE
+
+
+def _bake_reference_to_pb(window: WindowStats | None) -> bytes:
+    return b"" if window is None else _WINDOW_STATS.to_pb(window).SerializeToString()
+
+
+def _bake_reference_from_pb(data: bytes) -> WindowStats | None:
+    """The frozen reference window of a bake (None when the state has none)."""
+    if not data:
+        return None
+    return _WINDOW_STATS.from_pb(audit_pb2.WindowStats.FromString(data))
+
+
+_STEP_EVIDENCE = PbMap(
+    StepEvidence, rollout_pb2.StepEvidence, {"through_ms": Field("through_unix_ms")}
+)
+
+_STATE_OUTCOMES = PbMap(
+    OutcomeTally,
+    rollout_pb2.RolloutState,
+    {"baseline": _ARM.nested("baseline_outcomes"), "candidate": _ARM.nested("candidate_outcomes")},
+    local=("unjoined", "duplicates"),
+)
+"""A rollout's outcome tallies as its state carries them: both arms (the unjoined and
+duplicate counts are not carried)."""
+
+_ROLLOUT_STATE = PbMap(
+    RolloutState,
+    rollout_pb2.RolloutState,
+    {
+        "phase": Field(to_pb=phase_to_pb, read=False),
+        "shadow_share": Field(read=False),
+        "phase_started_ms": Field("phase_started_at_unix_ms"),
+        "step_started_ms": Field("step_started_at_unix_ms", read=False),
+        "failure_window_end_ms": Field("failure_window_end_unix_ms"),
+        "paused_from": Field(to_pb=phase_to_pb, read=False),
+        "approval_step": Field(absent=-1),
+        "approved_step": Field(absent=-1),
+        "pause_until_ms": Field("pause_until_unix_ms"),
+        "epoch": Field(read=False),
+        "updated_ms": Field("updated_at_unix_ms"),
+        "evidence": _STEP_EVIDENCE.nested(),
+        "sequential": Field(
+            to_pb=sequential_to_pb, from_pb=_SEQUENTIAL.from_pb, absent=_NO_EVIDENCE
+        ),
+        "outcomes": _STATE_OUTCOMES.flat(),
+        "bake_until_ms": Field("bake_until_unix_ms", to_pb=_or_none),
+        "bake_reference": Field(to_pb=_bake_reference_to_pb, from_pb=_bake_reference_from_pb),
+    },
+)
+"""The rollout state on the wire, complete: a restarted engine resumes exactly from it.
+What older records lack comes back in :func:`rollout_state_from_pb` (the fields not read
+here)."""
+
+
 def rollout_state_to_pb(state: RolloutState, spec: RolloutSpec) -> rollout_pb2.RolloutState:
     """The wire form, complete: a restarted engine resumes exactly from it."""
-    ev = state.evidence
-    return rollout_pb2.RolloutState(
-        step_started_at_unix_ms=state.step_started_ms,
-        shadow_share=state.shadow_share,
-        failure_window_end_unix_ms=state.failure_window_end_ms,
-        epoch=state.epoch,
-        evidence=rollout_pb2.StepEvidence(
-            candidate_requests=ev.candidate_requests,
-            candidate_errors=ev.candidate_errors,
-            baseline_requests=ev.baseline_requests,
-            baseline_errors=ev.baseline_errors,
-            windows=ev.windows,
-            through_unix_ms=ev.through_ms,
-        ),
-        rollout_id=state.rollout_id,
-        model=state.model,
-        phase=phase_to_pb(state.phase),
-        step_index=state.step_index,
-        candidate_weight_percent=state.candidate_weight_percent,
-        phase_started_at_unix_ms=state.phase_started_ms,
-        consecutive_failures=state.consecutive_failures,
-        updated_at_unix_ms=state.updated_ms,
-        last_reason=state.last_reason,
-        paused_from=phase_to_pb(state.paused_from),
-        spec=rollout_spec_to_pb(spec),
-        sequential=sequential_to_pb(state.sequential),
-        approval_step=state.approval_step,
-        approved_step=state.approved_step,
-        pause_until_unix_ms=state.pause_until_ms,
-        baseline_outcomes=_arm_to_pb(state.outcomes.baseline),
-        candidate_outcomes=_arm_to_pb(state.outcomes.candidate),
-        bake_until_unix_ms=state.bake_until_ms if state.bake_until_ms else None,
-        bake_reference=(
-            window_stats_to_pb(state.bake_reference).SerializeToString()
-            if state.bake_reference is not None
-            else b""
-        ),
-    )
+    return _ROLLOUT_STATE.to_pb(state, spec=rollout_spec_to_pb(spec))
 
 
 def rollout_state_from_pb(
@@ -560,210 +585,57 @@ def rollout_state_from_pb(
     if paused_from is None and pb.paused_from != rollout_pb2.ROLLOUT_PHASE_UNSPECIFIED:
         raise ValueError(f"rollout {pb.rollout_id!r} paused from unknown phase {pb.paused_from}")
     shadowing = Phase.SHADOWING in (phase, paused_from)
-    ev = pb.evidence
-    state = RolloutState(
-        rollout_id=pb.rollout_id,
-        model=pb.model,
+    state = _ROLLOUT_STATE.from_pb(
+        pb,
         phase=phase,
-        step_index=pb.step_index,
-        candidate_weight_percent=pb.candidate_weight_percent,
+        paused_from=paused_from,
         shadow_share=pb.shadow_share
         if pb.HasField("shadow_share")
         else (spec.shadow_share if shadowing else 0.0),
-        phase_started_ms=pb.phase_started_at_unix_ms,
         step_started_ms=pb.step_started_at_unix_ms
         if pb.HasField("step_started_at_unix_ms")
         else pb.updated_at_unix_ms,
-        consecutive_failures=pb.consecutive_failures,
-        failure_window_end_ms=pb.failure_window_end_unix_ms,
-        paused_from=paused_from,
-        last_reason=pb.last_reason,
         epoch=pb.epoch if pb.HasField("epoch") else epoch,
-        updated_ms=pb.updated_at_unix_ms,
-        evidence=StepEvidence(
-            candidate_requests=ev.candidate_requests,
-            candidate_errors=ev.candidate_errors,
-            baseline_requests=ev.baseline_requests,
-            baseline_errors=ev.baseline_errors,
-            windows=ev.windows,
-            through_ms=ev.through_unix_ms,
-        ),
-        sequential=sequential_from_pb(pb),
-        approval_step=pb.approval_step if pb.HasField("approval_step") else -1,
-        approved_step=pb.approved_step if pb.HasField("approved_step") else -1,
-        pause_until_ms=pb.pause_until_unix_ms,
-        outcomes=OutcomeTally(
-            baseline=_arm_from_pb(pb.baseline_outcomes),
-            candidate=_arm_from_pb(pb.candidate_outcomes),
-        ),
-        bake_until_ms=pb.bake_until_unix_ms,
-        bake_reference=_bake_reference_from_pb(pb.bake_reference),
     )
     return state, spec
 
 
-def _bake_reference_from_pb(data: bytes) -> WindowStats | None:
-    """The frozen reference window of a bake (None when the state has none)."""
-    if not data:
-        return None
-    return window_stats_from_pb(audit_pb2.WindowStats.FromString(data))
-
-
-def _ratio_to_pb(t: RatioTest) -> rollout_pb2.RatioTestState:
-    return rollout_pb2.RatioTestState(
-        r0=t.r0,
-        log_lr=list(t.log_lr),
-        candidate_events=t.candidate_events,
-        candidate_requests=t.candidate_requests,
-        baseline_events=t.baseline_events,
-        baseline_requests=t.baseline_requests,
-        recent_up=list(t.recent_up),
-    )
-
-
-def _ratio_from_pb(pb: rollout_pb2.RatioTestState) -> RatioTest:
-    return RatioTest(
-        r0=pb.r0 or 1.0,
-        log_lr=tuple(pb.log_lr) or (0.0,) * len(RATIO_GRID),
-        candidate_events=pb.candidate_events,
-        candidate_requests=pb.candidate_requests,
-        baseline_events=pb.baseline_events,
-        baseline_requests=pb.baseline_requests,
-        recent_up=tuple(pb.recent_up),
-    )
-
-
-def _rate_to_pb(t: RateTest) -> rollout_pb2.RateTestState:
-    return rollout_pb2.RateTestState(
-        p0=t.p0, log_lr=list(t.log_lr), events=t.events, requests=t.requests
-    )
-
-
-def _rate_from_pb(pb: rollout_pb2.RateTestState) -> RateTest:
-    return RateTest(
-        p0=pb.p0,
-        log_lr=tuple(pb.log_lr) or (0.0,) * len(RATE_GRID),
-        events=pb.events,
-        requests=pb.requests,
-    )
-
-
-def sequential_to_pb(ev: SequentialEvidence) -> rollout_pb2.SequentialEvidence | None:
-    """None for the evidence of a rollout that has consumed no increment."""
-    if ev == SequentialEvidence():
-        return None
-    return rollout_pb2.SequentialEvidence(
-        errors=_ratio_to_pb(ev.errors),
-        budget=_rate_to_pb(ev.budget),
-        slow_p95=_ratio_to_pb(ev.slow_p95),
-        slow_p99=_ratio_to_pb(ev.slow_p99),
-        increments=ev.increments,
-        through_unix_ms=ev.through_ms,
-        baseline_p95_ms=list(ev.baseline_p95_ms),
-        baseline_p99_ms=list(ev.baseline_p99_ms),
-        ttft=_share_to_pb(ev.ttft),
-        tpot=_share_to_pb(ev.tpot),
-    )
-
-
-def _share_to_pb(share: SlowShare) -> rollout_pb2.SlowShareState:
-    return rollout_pb2.SlowShareState(
-        p95=_ratio_to_pb(share.p95),
-        p99=_ratio_to_pb(share.p99),
-        baseline_p95_ms=list(share.baseline_p95_ms),
-        baseline_p99_ms=list(share.baseline_p99_ms),
-    )
-
-
-def _share_from_pb(pb: rollout_pb2.SlowShareState) -> SlowShare:
-    return SlowShare(
-        p95=_ratio_from_pb(pb.p95),
-        p99=_ratio_from_pb(pb.p99),
-        baseline_p95_ms=tuple(pb.baseline_p95_ms),
-        baseline_p99_ms=tuple(pb.baseline_p99_ms),
-    )
-
-
-def sequential_from_pb(pb: rollout_pb2.RolloutState) -> SequentialEvidence:
-    """The state's sequential evidence; none yet when the field is absent."""
-    if not pb.HasField("sequential"):
-        return SequentialEvidence()
-    s = pb.sequential
-    return SequentialEvidence(
-        errors=_ratio_from_pb(s.errors),
-        budget=_rate_from_pb(s.budget),
-        slow_p95=_ratio_from_pb(s.slow_p95),
-        slow_p99=_ratio_from_pb(s.slow_p99),
-        increments=s.increments,
-        through_ms=s.through_unix_ms,
-        baseline_p95_ms=tuple(s.baseline_p95_ms),
-        baseline_p99_ms=tuple(s.baseline_p99_ms),
-        ttft=_share_from_pb(s.ttft),
-        tpot=_share_from_pb(s.tpot),
-    )
-
-
-def liveness_to_pb(v: VersionLiveness) -> audit_pb2.VersionLiveness:
-    pb = audit_pb2.VersionLiveness(
-        version=v.version,
-        routed_since_telemetry=v.routed_since_telemetry,
-        lag=[
-            audit_pb2.LagSample(at_unix_ms=s.at_ms, lag=s.lag, committed=s.committed) for s in v.lag
-        ],
-    )
-    if v.first_routed_since_telemetry_ms is not None:
-        pb.first_routed_since_telemetry_unix_ms = v.first_routed_since_telemetry_ms
-    if v.last_telemetry_ms is not None:
-        pb.last_telemetry_unix_ms = v.last_telemetry_ms
-    return pb
-
-
-def liveness_from_pb(pb: audit_pb2.VersionLiveness) -> VersionLiveness:
-    return VersionLiveness(
-        version=pb.version,
-        routed_since_telemetry=pb.routed_since_telemetry,
-        first_routed_since_telemetry_ms=(
-            pb.first_routed_since_telemetry_unix_ms
-            if pb.HasField("first_routed_since_telemetry_unix_ms")
-            else None
+_LAG_SAMPLE = PbMap(
+    LagSample,
+    audit_pb2.LagSample,
+    {"at_ms": Field("at_unix_ms"), "committed": Field(absent=None)},
+)
+_LIVENESS = PbMap(
+    VersionLiveness,
+    audit_pb2.VersionLiveness,
+    {
+        "first_routed_since_telemetry_ms": Field(
+            "first_routed_since_telemetry_unix_ms", absent=None
         ),
-        last_telemetry_ms=(
-            pb.last_telemetry_unix_ms if pb.HasField("last_telemetry_unix_ms") else None
-        ),
-        lag=tuple(
-            LagSample(s.at_unix_ms, s.lag, s.committed if s.HasField("committed") else None)
-            for s in pb.lag
-        ),
-    )
+        "last_telemetry_ms": Field("last_telemetry_unix_ms", absent=None),
+        "lag": _LAG_SAMPLE.repeated(),
+    },
+)
 
 
 # -- QoS state and precision commands --------------------------------------------------
 
 
-def qos_state_to_pb(s: QosState) -> audit_pb2.QosState:
-    """Load ceilings are not carried."""
-    return audit_pb2.QosState(
-        model=s.model,
-        version=s.version,
-        active_variant=s.active_variant,
-        last_change_unix_ms=s.last_change_ms,
-        breach_since_unix_ms=s.breach_since_ms or 0,
-        calm_since_unix_ms=s.calm_since_ms or 0,
-        contention=s.contention,
-    )
+_QOS_STATE = PbMap(
+    QosState,
+    audit_pb2.QosState,
+    {
+        "last_change_ms": Field("last_change_unix_ms"),
+        "breach_since_ms": Field("breach_since_unix_ms", to_pb=_or_zero, from_pb=_or_none),
+        "calm_since_ms": Field("calm_since_unix_ms", to_pb=_or_zero, from_pb=_or_none),
+        "contention": Field(from_pb=_or_one),
+    },
+    local=("ceilings",),
+)
+"""Load ceilings are not carried: after a restart the first step up is not load-checked."""
 
-
-def qos_state_from_pb(pb: audit_pb2.QosState) -> QosState:
-    """Without load ceilings: after a restart the first step up is not load-checked."""
-    return QosState(
-        model=pb.model,
-        version=pb.version,
-        active_variant=pb.active_variant,
-        last_change_ms=pb.last_change_unix_ms,
-        breach_since_ms=pb.breach_since_unix_ms or None,
-        calm_since_ms=pb.calm_since_unix_ms or None,
-        contention=pb.contention or 1.0,
-    )
+qos_state_to_pb = _QOS_STATE.to_pb
+qos_state_from_pb = _QOS_STATE.from_pb
 
 
 def precision_command_of(
@@ -783,21 +655,15 @@ def precision_command_of(
 
 # -- replica requests ------------------------------------------------------------------
 
-_REASON_TO_PB = {
-    ScaleReason.FLOOR_BREACH: control_pb2.SCALE_REASON_FLOOR_BREACH,
-    ScaleReason.LAG_GROWING: control_pb2.SCALE_REASON_LAG_GROWING,
-    ScaleReason.LOW_LOAD: control_pb2.SCALE_REASON_LOW_LOAD,
-    ScaleReason.OVERLOAD: control_pb2.SCALE_REASON_OVERLOAD,
-}
-_REASON_FROM_PB: dict[int, ScaleReason] = {v: k for k, v in _REASON_TO_PB.items()}
-
-
-def scale_reason_to_pb(reason: ScaleReason | None) -> int:
-    return _REASON_TO_PB[reason] if reason is not None else control_pb2.SCALE_REASON_UNSPECIFIED
-
-
-def scale_reason_from_pb(value: int) -> ScaleReason | None:
-    return _REASON_FROM_PB.get(value)
+_SCALE_REASONS = EnumTable(
+    {
+        ScaleReason.FLOOR_BREACH: control_pb2.SCALE_REASON_FLOOR_BREACH,
+        ScaleReason.LAG_GROWING: control_pb2.SCALE_REASON_LAG_GROWING,
+        ScaleReason.LOW_LOAD: control_pb2.SCALE_REASON_LOW_LOAD,
+        ScaleReason.OVERLOAD: control_pb2.SCALE_REASON_OVERLOAD,
+    },
+    unset=control_pb2.SCALE_REASON_UNSPECIFIED,
+)
 
 
 def scale_decision_id_of(decision: ScaleDecision) -> str:
@@ -820,7 +686,7 @@ def scale_request_of(decision: ScaleDecision, *, epoch: int) -> control_pb2.Scal
         version=after.version,
         desired_replicas=after.desired,
         current_replicas=decision.signals.replicas,
-        reason=scale_reason_to_pb(decision.reason),  # type: ignore[arg-type]
+        reason=_SCALE_REASONS.to_pb(decision.reason),
         detail=decision.detail,
         decided_at_unix_ms=decision.at_ms,
         decision_id=scale_decision_id_of(decision),
@@ -901,12 +767,14 @@ def decision_to_audit(
         else None,
         note=decision.note,
         step_inputs=[window_stats_to_pb(s) for s in _steps(decision.signals)],
-        liveness=[liveness_to_pb(v) for v in _liveness(decision.signals)],
+        liveness=[_LIVENESS.to_pb(v) for v in _liveness(decision.signals)],
         metric_readings=[
-            metric_reading_to_pb(r) for r in (decision.signals.metrics if decision.signals else ())
+            _METRIC_READING.to_pb(r) for r in (decision.signals.metrics if decision.signals else ())
         ],
         outcomes=(
-            outcome_test_to_pb(decision.outcome_test) if decision.outcome_test is not None else None
+            _OUTCOME_TEST.to_pb(decision.outcome_test)
+            if decision.outcome_test is not None
+            else None
         ),
         evaluation=(
             evaluation_to_pb(decision.signals.evaluation)
@@ -916,110 +784,78 @@ def decision_to_audit(
     )
 
 
-def metric_reading_to_pb(r: MetricReading) -> audit_pb2.MetricReading:
-    return audit_pb2.MetricReading(
-        gate=r.gate,
-        value=r.value,
-        inconclusive=r.inconclusive,
-        read_at_unix_ms=r.read_at_ms,
-        inconclusive_since_unix_ms=r.inconclusive_since_ms,
-    )
+_METRIC_READING = PbMap(
+    MetricReading,
+    audit_pb2.MetricReading,
+    {
+        "value": Field(absent=None),
+        "read_at_ms": Field("read_at_unix_ms"),
+        "inconclusive_since_ms": Field("inconclusive_since_unix_ms"),
+    },
+)
+
+_EVALUATION_VERDICTS = EnumTable(
+    {
+        EvaluationVerdict.PASSED: audit_pb2.EVALUATION_PASSED,
+        EvaluationVerdict.DROPPED: audit_pb2.EVALUATION_DROPPED,
+        EvaluationVerdict.UNUSABLE: audit_pb2.EVALUATION_UNUSABLE,
+    }
+)
+
+_SCORE = PbMap(Summary, audit_pb2.EvaluationScore, {"target": Field("version")})
+
+_COMPARISON = PbMap(
+    Comparison,
+    audit_pb2.StepEvaluationResult,
+    {
+        "items": Field("paired_items"),
+        "ci_low": Field("difference_ci_low"),
+        "ci_high": Field("difference_ci_high"),
+    },
+    local=("baseline", "candidate"),
+)
+"""A step evaluation's paired comparison, in the result's own fields (its two versions
+are the scores')."""
 
 
-def metric_reading_from_pb(pb: audit_pb2.MetricReading) -> MetricReading:
-    return MetricReading(
-        gate=pb.gate,
-        value=pb.value if pb.HasField("value") else None,
-        inconclusive=pb.inconclusive,
-        read_at_ms=pb.read_at_unix_ms,
-        inconclusive_since_ms=pb.inconclusive_since_unix_ms,
-    )
-
-
-_EVALUATION_VERDICTS = {
-    EvaluationVerdict.PASSED: audit_pb2.EVALUATION_PASSED,
-    EvaluationVerdict.DROPPED: audit_pb2.EVALUATION_DROPPED,
-    EvaluationVerdict.UNUSABLE: audit_pb2.EVALUATION_UNUSABLE,
-}
-
-
-def _score_to_pb(summary: Summary | None) -> audit_pb2.EvaluationScore | None:
-    if summary is None:
+def _comparison_from_pb(pb: audit_pb2.StepEvaluationResult) -> Comparison | None:
+    """The comparison of a result with both scores (None without)."""
+    if not (pb.HasField("baseline") and pb.HasField("candidate")):
         return None
-    return audit_pb2.EvaluationScore(
-        version=summary.target,
-        items=summary.items,
-        mean=summary.mean,
-        ci_low=summary.ci_low,
-        ci_high=summary.ci_high,
-        passed=summary.passed,
-        errors=summary.errors,
-    )
+    return _COMPARISON.from_pb(pb, baseline=pb.baseline.version, candidate=pb.candidate.version)
 
 
-def _score_from_pb(pb: audit_pb2.EvaluationScore) -> Summary:
-    return Summary(
-        target=pb.version,
-        items=pb.items,
-        mean=pb.mean,
-        ci_low=pb.ci_low,
-        ci_high=pb.ci_high,
-        passed=pb.passed,
-        errors=pb.errors,
-    )
+_EVALUATION = PbMap(
+    EvaluationOutcome,
+    audit_pb2.StepEvaluationResult,
+    {
+        "baseline": _SCORE.nested(absent=None),
+        "candidate": _SCORE.nested(absent=None),
+        "comparison": Flat(from_pb=_comparison_from_pb, to_pb=_COMPARISON.to_pb),
+        "finished_at_ms": Field("finished_at_unix_ms"),
+    },
+    local=("rollout_id", "gate"),
+)
+"""A step evaluation's scores, interval and verdict, as the audit records them; the
+rollout and the gate (the spec's, at its step) come from the record around it."""
 
 
 def evaluation_to_pb(outcome: EvaluationOutcome) -> audit_pb2.StepEvaluationResult:
     """A step evaluation's scores, interval and verdict, as the audit records them."""
-    gate, diff = outcome.gate, outcome.comparison
-    pb = audit_pb2.StepEvaluationResult(
-        step_index=outcome.step_index,
+    gate = outcome.gate
+    return _EVALUATION.to_pb(
+        outcome,
         set_path=gate.set_path,
-        set_sha256=outcome.set_sha256,
         max_drop_vs_stable=gate.max_drop_vs_stable,
-        baseline=_score_to_pb(outcome.baseline),
-        candidate=_score_to_pb(outcome.candidate),
-        verdict=_EVALUATION_VERDICTS[outcome.verdict],
-        problem=outcome.problem,
-        finished_at_unix_ms=outcome.finished_at_ms,
+        verdict=_EVALUATION_VERDICTS.to_pb(outcome.verdict),
     )
-    if diff is not None:
-        pb.paired_items = diff.items
-        pb.difference = diff.difference
-        pb.difference_ci_low = diff.ci_low
-        pb.difference_ci_high = diff.ci_high
-        pb.p_value = diff.p_value
-    return pb
 
 
 def evaluation_from_pb(
     pb: audit_pb2.StepEvaluationResult, rollout_id: str, gate: StepEvaluation
 ) -> EvaluationOutcome:
     """The outcome an audit record carries (``gate``: the spec's, at its step)."""
-    base = _score_from_pb(pb.baseline) if pb.HasField("baseline") else None
-    cand = _score_from_pb(pb.candidate) if pb.HasField("candidate") else None
-    comparison = None
-    if base is not None and cand is not None:
-        comparison = Comparison(
-            baseline=base.target,
-            candidate=cand.target,
-            items=pb.paired_items,
-            difference=pb.difference,
-            ci_low=pb.difference_ci_low,
-            ci_high=pb.difference_ci_high,
-            p_value=pb.p_value,
-        )
-    return EvaluationOutcome(
-        rollout_id=rollout_id,
-        step_index=pb.step_index,
-        gate=gate,
-        set_sha256=pb.set_sha256,
-        baseline=base,
-        candidate=cand,
-        comparison=comparison,
-        problem=pb.problem,
-        finished_at_ms=pb.finished_at_unix_ms,
-    )
+    return _EVALUATION.from_pb(pb, rollout_id=rollout_id, gate=gate)
 
 
 def _steps(signals: RolloutSignals | None) -> list[WindowStats]:
@@ -1040,14 +876,7 @@ def signals_from_audit(
     """The signals a decision was taken with (None when the record carries none)."""
     text = None
     if rec.HasField("agreement") and (rec.agreement.text_pairs or rec.agreement.text_uncontrolled):
-        a = rec.agreement
-        text = TextAgreementStats(
-            pairs=a.text_pairs,
-            similarity=a.text_similarity,
-            self_similarity=a.text_self_similarity,
-            log_wealth=a.text_log_evidence,
-            uncontrolled=a.text_uncontrolled,
-        )
+        text = _TEXT_AGREEMENT.from_pb(rec.agreement)
     outcomes = rec.HasField("outcomes")
     if (
         not rec.step_inputs
@@ -1059,7 +888,7 @@ def signals_from_audit(
     ):
         return None
     steps = {s.version: window_stats_from_pb(s) for s in rec.step_inputs}
-    live = {v.version: liveness_from_pb(v) for v in rec.liveness}
+    live = {v.version: _LIVENESS.from_pb(v) for v in rec.liveness}
     evaluation = None
     if rec.HasField("evaluation"):
         _, spec = rollout_state_from_pb(rec.rollout_before)
@@ -1072,8 +901,8 @@ def signals_from_audit(
         candidate_step=steps.get(candidate),
         baseline_liveness=live.get(baseline),
         candidate_liveness=live.get(candidate),
-        metrics=tuple(metric_reading_from_pb(r) for r in rec.metric_readings),
-        outcomes=outcome_tally_from_pb(rec.outcomes) if outcomes else None,
+        metrics=tuple(_METRIC_READING.from_pb(r) for r in rec.metric_readings),
+        outcomes=_OUTCOME_TALLY.from_pb(rec.outcomes) if outcomes else None,
         evaluation=evaluation,
         text_agreement=text,
     )
@@ -1083,42 +912,50 @@ def _text(signals: RolloutSignals | None) -> TextAgreementStats | None:
     return signals.text_agreement if signals is not None else None
 
 
+def _has_mismatch(pb: audit_pb2.ShadowAgreement) -> bool:
+    return bool(pb.baseline_schema or pb.candidate_schema)
+
+
+_SCHEMA_MISMATCH = PbMap(
+    SchemaMismatch,
+    audit_pb2.ShadowAgreement,
+    {"baseline": Field("baseline_schema"), "candidate": Field("candidate_schema")},
+)
+
+_AGREEMENT = PbMap(
+    AgreementStats,
+    audit_pb2.ShadowAgreement,
+    {
+        "mismatch": _SCHEMA_MISMATCH.flat(when=_has_mismatch),
+        "greedy": Field("greedy_pairs"),
+        "seeded": Field("seeded_pairs"),
+        "unseeded": Field("unseeded_pairs"),
+    },
+)
+
+_TEXT_AGREEMENT = PbMap(
+    TextAgreementStats,
+    audit_pb2.ShadowAgreement,
+    {
+        "pairs": Field("text_pairs"),
+        "similarity": Field("text_similarity"),
+        "self_similarity": Field("text_self_similarity"),
+        "log_wealth": Field("text_log_evidence"),
+        "uncontrolled": Field("text_uncontrolled"),
+    },
+)
+"""Text agreement (generations an engine server ran), in the agreement's own fields."""
+
+agreement_from_pb = _AGREEMENT.from_pb
+
+
 def _agreement_to_pb(
     stats: AgreementStats, text: TextAgreementStats | None = None
 ) -> audit_pb2.ShadowAgreement:
-    pb = audit_pb2.ShadowAgreement(
-        pairs=stats.pairs,
-        agreeing=stats.agreeing,
-        greedy_pairs=stats.greedy,
-        seeded_pairs=stats.seeded,
-        unseeded_pairs=stats.unseeded,
-    )
+    pb = _AGREEMENT.to_pb(stats)
     if text is not None:
-        pb.text_pairs = text.pairs
-        pb.text_similarity = text.similarity
-        pb.text_self_similarity = text.self_similarity
-        pb.text_log_evidence = text.log_wealth
-        pb.text_uncontrolled = text.uncontrolled
-    if stats.mismatch is not None:
-        pb.baseline_schema = stats.mismatch.baseline
-        pb.candidate_schema = stats.mismatch.candidate
+        pb.MergeFrom(_TEXT_AGREEMENT.to_pb(text))
     return pb
-
-
-def agreement_from_pb(pb: audit_pb2.ShadowAgreement) -> AgreementStats:
-    mismatch = (
-        SchemaMismatch(pb.baseline_schema, pb.candidate_schema)
-        if pb.baseline_schema or pb.candidate_schema
-        else None
-    )
-    return AgreementStats(
-        pb.pairs,
-        pb.agreeing,
-        mismatch,
-        greedy=pb.greedy_pairs,
-        seeded=pb.seeded_pairs,
-        unseeded=pb.unseeded_pairs,
-    )
 
 
 def qos_decision_to_audit(
