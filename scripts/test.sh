@@ -43,16 +43,16 @@ if [ "$#" -gt 0 ] || [ "$WORKERS" = 0 ]; then
   $BIN/python -m pytest ${XDIST[@]+"${XDIST[@]}"} --durations=30 "$@"
   rc=$?
 else
-  echo "==> pytest, phase 1 of 2: the tests that judge measured speed, alone"
+  echo "==> pytest, phase 1 of 2: the tests that judge measured speed, alone (at ${SECONDS} s)"
   $BIN/python -m pytest -m speed --durations=10
   rc=$?
-  echo "==> pytest, phase 2 of 2: every other test on $WORKERS workers"
+  echo "==> pytest, phase 2 of 2: every other test on $WORKERS workers (at ${SECONDS} s)"
   $BIN/python -m pytest -m "not speed" "${XDIST[@]}" --durations=30
   rc2=$?
   if [ "$rc" -eq 0 ]; then rc=$rc2; fi
 fi
 
-echo "==> stopping the local services"
+echo "==> stopping the local services (at ${SECONDS} s)"
 $BIN/python deploy/postgres/postgres.py stop || true
 $BIN/python deploy/kafka/kafka.py stop || true
 if [ "$rc" -eq 5 ]; then

@@ -74,8 +74,26 @@ def _xdist_group(item: pytest.Item) -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        group = _xdist_group(item)
-        if group is not None:  # one group each: xdist joins several into a new one
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark each item as it is collected: xdist reads the groups in its own
+    ``pytest_collection_modifyitems``, which runs before a conftest's."""
+    group = _xdist_group(item)
+    if group is not None:  # one group each: xdist joins several into a new one
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under ``--dist loadgroup``, a grouped test that xdist did not rename would run beside
+    its group's others: fail at once rather than share podman's images or the database."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid
+    ]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(lost)} tests (first: {lost[0]}): this pytest "
+            "and pytest-xdist do not agree on how to rename a test; see pyproject.toml"
+        )
