@@ -27,16 +27,14 @@ $BIN/python deploy/kafka/kafka.py start || exit 1
 $BIN/python deploy/postgres/postgres.py start || { $BIN/python deploy/kafka/kafka.py stop; exit 1; }
 
 echo "==> pytest"
-# Two phases on GRAYLANE_TEST_WORKERS pytest-xdist workers (default 3; 0: one process, in order).
-# Three on two cores: the integration tests wait on the broker, windows and deadlines for
-# much of their time (two workers kept about one core busy on average over the run).
+# Two phases on GRAYLANE_TEST_WORKERS pytest-xdist workers (default 2; 0: one process, in order):
 # 1. the tests marked ``speed``, alone in one process: they judge real engines' per-token time
 #    and load spikes, and another test beside them on the same cores would blur what they measure;
 # 2. every other test on the workers (--dist loadgroup): the tests that share something outside
 #    the test (podman's images, the PostgreSQL database) stay one at a time on one worker (see
 #    tests/conftest.py); every other test has its own topics, groups, ports and files.
 # Arguments (paths, -k, -m) make it one run of those tests. Each run prints its slowest tests.
-WORKERS=${GRAYLANE_TEST_WORKERS:-3}
+WORKERS=${GRAYLANE_TEST_WORKERS:-2}
 XDIST=()
 if [ "$WORKERS" != 0 ]; then
   XDIST=(-n "$WORKERS" --dist loadgroup)
