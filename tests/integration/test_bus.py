@@ -12,6 +12,7 @@ from graylane.kafka.reading import read_latest_per_key
 from graylane.kafka.seam import ConsumerOptions, KafkaFactory
 from graylane.topics import TopicKind
 from graylane.v1 import control_pb2, inference_pb2
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -60,11 +61,17 @@ async def test_drifted_topic_config_is_repaired(factory: KafkaFactory) -> None:
     assert report.reconfigured == (spec.name,)
     admin = factory.admin()
     await admin.start()
-    try:
-        configs = await describe_topic_configs(admin, spec.name)
+    seen: dict[str, str] = {}
+
+    async def repaired() -> bool:
+        seen.update(await describe_topic_configs(admin, spec.name))
+        return seen["retention.ms"] == str(spec.retention_ms)
+
+    try:  # the broker applies an altered config a moment after it answers the change
+        await wait_until(repaired, timeout=30, what=f"retention.ms of {spec.name} repaired")
     finally:
         await admin.close()
-    assert configs["retention.ms"] == str(spec.retention_ms)
+    assert seen["retention.ms"] == str(spec.retention_ms)
 
 
 async def test_round_trip_with_keys_headers_and_per_key_order(factory: KafkaFactory) -> None:
