@@ -6,6 +6,19 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 
+echo "==> free disk space (the suite writes up to a few gigabytes: builds, images, the broker's logs)"
+NEED_GB=${GRAYLANE_TEST_MIN_FREE_GB:-3}
+for where in . "${TMPDIR:-/tmp}"; do
+  free_kb=$(df -Pk "$where" | awk 'NR == 2 {print $4}')
+  echo "    $where: $((free_kb / 1024 / 1024)) GB free"
+  if [ "$free_kb" -lt $((NEED_GB * 1024 * 1024)) ]; then
+    echo "only $((free_kb / 1024)) MB free under $where, and the tests need about $NEED_GB GB:" \
+      "a full disk stops the broker and fails every test after it. Free some space" \
+      "(old pytest-of-* folders in the temp dir, old clones) or set GRAYLANE_TEST_MIN_FREE_GB."
+    exit 1
+  fi
+done
+
 echo "==> generated protobuf code is up to date"
 $BIN/python protos/generate.py --check || exit 1
 

@@ -185,6 +185,25 @@ def keep_build(cache: Path, registry: Registry, store: Path, model: str, version
         partial.rename(cache)
     except OSError:  # another clone kept it meanwhile
         shutil.rmtree(partial, ignore_errors=True)
+    drop_stale_builds(cache)
+
+
+def drop_stale_builds(cache: Path) -> list[Path]:
+    """Remove the machine's kept builds of the same model and version under other keys
+    (an older spec or ONNX Runtime): one is kept per model version, so a machine's cache
+    does not grow by a build (about 800 MB for SmolLM2) each time the spec changes."""
+    prefix = cache.name.rsplit("-", 1)[0] + "-"
+    stale = [
+        p
+        for p in cache.parent.glob(f"{prefix}*")
+        if p != cache
+        and p.is_dir()
+        and (p / _CACHE_RECORD).is_file()
+        and p.name.rsplit("-", 1)[0] + "-" == prefix
+    ]
+    for folder in stale:
+        shutil.rmtree(folder, ignore_errors=True)
+    return stale
 
 
 def restore_build(cache: Path, registry: Registry, store: Path, model: str, version: str) -> bool:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from graylane.app.demo.build_versions import (
     build_versions,
+    drop_stale_builds,
     keep_build,
     machine_cache_folder,
     restore_build,
@@ -51,3 +52,29 @@ def test_the_cache_is_keyed_by_the_spec() -> None:
     assert machine_cache_folder(spec) == machine_cache_folder(dict(spec))
     assert machine_cache_folder(spec) != machine_cache_folder(other)
     assert machine_cache_folder(spec).name.startswith("smollm2-onnx-1.0.0-")
+
+
+def test_keeping_a_build_drops_the_same_versions_older_keys(tmp_path: Path) -> None:
+    root = tmp_path / "demo-builds"
+    kept = {
+        name: root / name
+        for name in (
+            "smollm2-onnx-1.0.0-aaaa",  # an older spec's build of the same version
+            "smollm2-onnx-1.0.0-bbbb",  # the one kept now
+            "smollm2-onnx-1.0.0-rc1-cccc",  # another version that shares the prefix
+            "smollm2-onnx-1.1.0-dddd",  # another version
+            "other-1.0.0-eeee",  # another model
+        )
+    }
+    for folder in kept.values():
+        folder.mkdir(parents=True)
+        (folder / "build.json").write_text("{}", encoding="utf-8")
+    partial = root / ".smollm2-onnx-1.0.0-ffff.12.partial"  # another clone's, being written
+    partial.mkdir()
+
+    dropped = drop_stale_builds(kept["smollm2-onnx-1.0.0-bbbb"])
+
+    assert dropped == [kept["smollm2-onnx-1.0.0-aaaa"]]
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [partial.name, *(n for n in kept if n != "smollm2-onnx-1.0.0-aaaa")]
+    )
