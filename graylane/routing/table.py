@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
-from graylane.errors import GraylaneError
+from graylane.errors import ErrorCode, GraylaneError
 
 __all__ = [
     "InvalidRouteRule",
@@ -304,9 +304,13 @@ def route_without_table(model: str, stable_version: str, facts: RoutingRequest) 
 class InvalidRouteRule(GraylaneError, ValueError):
     """A rule without a name, tags or version, or with an empty tag key."""
 
+    code = ErrorCode.BAD_REQUEST
+
 
 class UnknownRouteRule(GraylaneError, LookupError):
     """No rule of that name on the model."""
+
+    code = ErrorCode.NOT_FOUND
 
 
 def check_rule(rule: RoutingRule) -> None:

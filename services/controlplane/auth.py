@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from graylane.errors import GraylaneError
+from graylane.errors import ErrorCode, GraylaneError
 
 __all__ = [
     "MIN_TOKEN_LENGTH",
@@ -187,6 +187,11 @@ OPEN_PREFIX = "/grpc.health.v1.Health/"
 """Methods anyone may call: the standard gRPC health service (it reveals nothing else)."""
 
 
+def _status(code: ErrorCode) -> grpc.StatusCode:
+    """The gRPC status a refusal with ``code`` is answered with (``graylane.errors``)."""
+    return grpc.StatusCode[code.grpc_status.name]
+
+
 class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     """Rejects calls without a valid token, and read-only tokens on mutating methods."""
 
@@ -208,14 +213,14 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         if principal is None:
             return _deny(
                 handler,
-                grpc.StatusCode.UNAUTHENTICATED,
+                _status(ErrorCode.UNAUTHENTICATED),
                 "missing or unknown bearer token; send 'authorization: Bearer <token>' "
                 "(graylane --token or GRAYLANE_CP_TOKEN)",
             )
         if not principal.may_call(method):
             return _deny(
                 handler,
-                grpc.StatusCode.PERMISSION_DENIED,
+                _status(ErrorCode.PERMISSION_DENIED),
                 f"{principal.name} is {principal.role.value}; {method} needs an operator token",
             )
         return handler

@@ -10,7 +10,7 @@ from graylane.rollouts.pb import rollout_spec_to_pb
 from graylane.rollouts.spec import RolloutSpec
 from graylane.services.controlplane.audit_sink import RolloutHub
 from graylane.services.controlplane.auth import ApiRole, Principal, TokenTable
-from graylane.services.controlplane.service import ControlPlane
+from graylane.services.controlplane.servicers import ControlPlane
 from graylane.services.controlplane.state import open_store
 from graylane.v1 import rollout_pb2
 

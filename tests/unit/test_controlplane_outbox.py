@@ -8,7 +8,7 @@ from pathlib import Path
 from graylane.registry.repository import open_registry
 from graylane.services.controlplane.audit_sink import RolloutHub
 from graylane.services.controlplane.auth import ApiRole, Principal, TokenTable
-from graylane.services.controlplane.service import ControlPlane
+from graylane.services.controlplane.servicers import ControlPlane
 from graylane.services.controlplane.state import open_store
 from graylane.v1 import rollout_pb2
 

@@ -23,13 +23,8 @@ from graylane.services.controlplane.limits import (
     is_loopback,
 )
 from graylane.services.controlplane.logic.rules import InvalidArgument
-from graylane.services.controlplane.service import (
-    AuditServicer,
-    ControlPlane,
-    ControlPlaneServer,
-    RolloutsServicer,
-    ServerConfig,
-)
+from graylane.services.controlplane.service import ControlPlaneServer, ServerConfig
+from graylane.services.controlplane.servicers import AuditServicer, ControlPlane, RolloutsServicer
 from graylane.settings import Settings
 from graylane.v1 import controlplane_pb2
 

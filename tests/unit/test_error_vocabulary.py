@@ -85,7 +85,7 @@ def test_the_control_plane_answers_an_error_with_its_codes_grpc_status() -> None
 
     from graylane.registry.records import UnknownVersion
     from graylane.services.controlplane.logic import rules
-    from graylane.services.controlplane.service import grpc_status_of
+    from graylane.services.controlplane.servicers import grpc_status_of
 
     assert grpc_status_of(UnknownVersion("x")) is grpc.StatusCode.NOT_FOUND
     assert grpc_status_of(rules.ControlError("x")) is grpc.StatusCode.INTERNAL
@@ -151,3 +151,42 @@ def test_a_requests_inputs_are_checked_once_by_the_engines_signature() -> None:
         rejection = check_inputs(feeds, io)
         assert rejection == Rejection(refused.value.code, str(refused.value))
     assert check_inputs({"x": np.zeros((3, 4), np.float32)}, io) is None
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        ("invalid rule", "INVALID_ARGUMENT"),
+        ("unknown rule", "NOT_FOUND"),
+        ("registry", "NOT_FOUND"),
+        ("internal", "INTERNAL"),
+    ],
+)
+async def test_a_servicer_answers_every_typed_error_with_its_codes_status(
+    error: str, status: str
+) -> None:
+    """``mapped`` turns any ``GraylaneError`` a servicer raises into an abort with the
+    error's code's status: a routing rule's errors reach the caller as themselves."""
+    import grpc
+
+    from graylane.registry.records import UnknownVersion
+    from graylane.routing.table import InvalidRouteRule, UnknownRouteRule
+    from graylane.services.controlplane.servicers import mapped
+    from tests.unit.test_controlplane_safety import Aborted, FakeContext
+
+    raised = {
+        "invalid rule": InvalidRouteRule("a routing rule needs a name"),
+        "unknown rule": UnknownRouteRule("no rule 'beta' on gpt"),
+        "registry": UnknownVersion("gpt has no version 9.9.9"),
+        "internal": GraylaneError("inside"),
+    }[error]
+
+    class Servicer:
+        @mapped
+        async def Call(self, request: object, context: object) -> None:
+            raise raised
+
+    with pytest.raises(Aborted) as aborted:
+        await Servicer().Call(None, FakeContext())
+    assert aborted.value.code is grpc.StatusCode[status]
+    assert str(aborted.value) == str(raised)

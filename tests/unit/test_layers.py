@@ -129,6 +129,7 @@ def test_library_and_services_import_only_downwards() -> None:
         ("graylane.registry.repository", "graylane.builder.spec", False),
         ("graylane.engine_worker.service", "graylane.builder.store", False),
         ("graylane.services.controlplane.service", "graylane.policy_engine.wire", False),
+        ("graylane.services.controlplane.servicers", "graylane.policy_engine.wire", False),
         ("graylane.services.router.service", "graylane.routing.table", True),
         ("graylane.app.cli.main", "graylane.policy_engine.service", True),
         ("graylane.policy_engine.core", "graylane.policy_engine.logic.rollout", True),

@@ -8,9 +8,9 @@ from typing import Any
 import grpc
 import pytest
 
-from graylane.services.controlplane import service
+from graylane.services.controlplane import servicers
 from graylane.services.controlplane.limits import ApiLimits
-from graylane.services.controlplane.service import ControlPlane, RolloutsServicer
+from graylane.services.controlplane.servicers import ControlPlane, RolloutsServicer
 from graylane.v1 import rollout_pb2
 from tests.unit.test_controlplane_safety import Aborted, FakeContext, FakeStore, control
 
@@ -27,8 +27,8 @@ class Recorder(FakeStore):
 async def test_start_is_refused_when_the_candidate_has_no_worker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(service, "model_facts", lambda *a: None)
-    monkeypatch.setattr(service.rules, "check_start", lambda ask, facts: ("1.0.0", "1.1.0"))
+    monkeypatch.setattr(servicers, "model_facts", lambda *a: None)
+    monkeypatch.setattr(servicers.rules, "check_start", lambda ask, facts: ("1.0.0", "1.1.0"))
     monkeypatch.setattr(ControlPlane, "principal", lambda self, ctx: type("P", (), {"name": "a"})())
     asked: list[tuple[str, str]] = []
 
