@@ -159,6 +159,7 @@ def build_llamacpp_image(
         ]
         with file_lock(work / ".build.lock"):
             podman.run(args, stream=True)
+            podman.prune_dangling()
     seconds = time.monotonic() - t0
     digest = podman.image_digest(ref)
     say(f"image: {ref} built in {seconds:.0f}s, {digest}")

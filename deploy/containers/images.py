@@ -4,7 +4,7 @@ No public registry is reachable from this kind of machine, so the base is made w
 ``debootstrap`` from the Debian mirror the machine's apt already uses and imported into
 podman; the CPU image is then built ``FROM`` it (``BASE_IMAGE`` build argument) with pip's
 CA bundle as a build secret. Both are rebuilt only when missing; podman's layer cache keeps
-the dependency layer until ``pyproject.toml`` changes.
+the dependency layer until the dependencies listed in ``pyproject.toml`` change.
 """
 
 from __future__ import annotations
@@ -169,6 +169,10 @@ def base_image(podman: Podman) -> str:
     return ref
 
 
+DEPS_CACHE = "localhost/graylane-build-cache:deps"
+"""The CPU image's dependency stage, tagged so that pruning old builds keeps it."""
+
+
 def build_cpu_image(
     podman: Podman, *, base: str | None = None, tag: str | None = None
 ) -> BuiltImage:
@@ -194,15 +198,17 @@ def build_cpu_image(
         f"BUILD_DATE={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
         "-f",
         str(DOCKERFILE),
-        "-t",
-        ref,
     ]
     ca = pip_ca_bundle()
     if ca is not None:
         args[1:1] = ["--secret", f"id=cacert,src={ca}"]
     t0 = time.monotonic()
     with file_lock(containers_dir() / ".build.lock"):
-        podman.run([*args, str(REPO_ROOT)], stream=True)
+        # The deps stage tagged on its own, so that pruning keeps it: it is the slow one
+        # (every third-party wheel), and is reused until the dependency lists change.
+        podman.run([*args, "--target", "deps", "-t", DEPS_CACHE, str(REPO_ROOT)], stream=True)
+        podman.run([*args, "-t", ref, str(REPO_ROOT)], stream=True)
+        podman.prune_dangling()
     seconds = time.monotonic() - t0
     digest = podman.image_digest(ref)
     say(f"image: {ref} built in {seconds:.0f}s, {digest}")

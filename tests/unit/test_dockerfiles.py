@@ -103,9 +103,14 @@ def test_base_image_is_a_build_argument_defaulting_to_a_pinned_public_one() -> N
 
 
 def test_cpu_dependencies_are_installed_before_the_code_is_copied() -> None:
-    deps, app, rootfs, runtime = _stages(CPU)
-    assert (deps.name, app.name, rootfs.name, runtime.name) == ("deps", "app", "rootfs", "runtime")
-    assert deps.values("COPY") == ["pyproject.toml ./"], "only pyproject.toml: code edits keep it"
+    requirements, deps, app, rootfs, runtime = _stages(CPU)
+    names = (requirements.name, deps.name, app.name, rootfs.name, runtime.name)
+    assert names == ("requirements", "deps", "app", "rootfs", "runtime")
+    assert requirements.values("COPY") == ["pyproject.toml ./"], "code edits keep the lists"
+    # only the lists reach the deps stage: a pyproject.toml edit that leaves the
+    # dependencies as they are (version, tool settings) keeps the installed wheels
+    assert deps.base != "requirements"
+    assert deps.values("COPY") == ["--from=requirements /src/requirements.txt /src/build.txt ./"]
     assert any("-r requirements.txt" in run for run in deps.values("RUN"))
     assert app.base == "deps"
     assert any("--no-deps" in run for run in app.values("RUN")), "the code stage resolves nothing"
