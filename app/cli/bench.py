@@ -242,6 +242,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="leave this kind of damage out (repeatable), e.g. header-key-not-utf8",
     )
     fuzz.add_argument("--work-dir", type=Path, default=None, help="logs and record summaries")
+    fuzz.add_argument(
+        "--window-ms", type=int, default=4000, help="policy engine window (each burst's canary)"
+    )
+    fuzz.add_argument("--step-ms", type=int, default=1000, help="policy engine step")
+    fuzz.add_argument(
+        "--restart-grace-s",
+        type=float,
+        default=20.0,
+        help="how long a restarted service must stay up to count as alive",
+    )
     fuzz.set_defaults(handler=_fuzz)
     admission = which.add_parser(
         "admission", help="a worker's admission cost per cycle: deadline vs priority shedding"
@@ -453,6 +463,9 @@ def _fuzz(args: argparse.Namespace) -> int:
             only=tuple(args.only),
             without=frozenset(args.without),
             work_dir=args.work_dir,
+            window_ms=args.window_ms,
+            step_ms=args.step_ms,
+            restart_grace_s=args.restart_grace_s,
         )
     )
 
