@@ -185,13 +185,44 @@ class Podman:
             raise ContainerToolError(f"{' '.join(cmd[:3])} failed ({rc}):\n{tail}")
         return subprocess.CompletedProcess(cmd, rc, "\n".join(lines), "")
 
-    def prune_dangling(self) -> None:
+    def prune_dangling(self, *, max_passes: int = 100) -> int:
         """Remove the images no tag, container or child image holds: the stages of builds
         since replaced. Every build of changed code leaves its stages behind (hundreds of
-        megabytes each), and without this they fill the disk over weeks of test runs."""
-        res = self.run(["image", "prune", "--force"], check=False, timeout=900)
-        if res.returncode != 0:  # a cleanup: the build it follows succeeded all the same
-            say(f"image prune failed ({res.returncode}): {res.stderr.strip()[-300:]}")
+        megabytes each), and without this they fill the disk over weeks of test runs.
+
+        One image at a time, pass after pass (a removed stage's parent is the next pass's
+        leaf): ``podman image prune`` gives up on all of them when one is held by a
+        container a crashed build left behind. Returns how many were removed."""
+        self.drop_stale_build_containers()
+        removed = 0
+        for _ in range(max_passes):
+            listed = self.run(["images", "--quiet", "--filter", "dangling=true"], check=False)
+            ids = list(dict.fromkeys(listed.stdout.split()))
+            gone = [i for i in ids if self.run(["rmi", i], check=False).returncode == 0]
+            removed += len(gone)
+            if not gone:
+                break
+        if removed:
+            say(f"removed {removed} image(s) earlier builds left")
+        return removed
+
+    def drop_stale_build_containers(self, older_than: str = "1h") -> int:
+        """Remove the working containers of builds that ended long ago without cleaning up
+        (a build that crashed): each holds its image, so nothing under it could be pruned.
+        A build still running is younger than ``older_than``. Returns how many."""
+        listed = self.run(
+            ["ps", "--all", "--external", "--filter", f"until={older_than}", "--format", "json"],
+            check=False,
+        )
+        try:
+            found = json.loads(listed.stdout or "[]")
+        except json.JSONDecodeError:
+            return 0
+        stale = [c["Id"] for c in found if c.get("State") == "storage"]  # a build's, not ours
+        gone = [i for i in stale if self.run(["rm", "--force", i], check=False).returncode == 0]
+        if gone:
+            say(f"removed {len(gone)} working container(s) of builds that ended long ago")
+        return len(gone)
 
     def image_exists(self, ref: str) -> bool:
         return self.run(["image", "exists", ref], check=False).returncode == 0
