@@ -192,14 +192,11 @@ def drop_stale_builds(cache: Path) -> list[Path]:
     """Remove the machine's kept builds of the same model and version under other keys
     (an older spec or ONNX Runtime): one is kept per model version, so a machine's cache
     does not grow by a build (about 800 MB for SmolLM2) each time the spec changes."""
-    prefix = cache.name.rsplit("-", 1)[0] + "-"
+    stem = cache.name.rsplit("-", 1)[0]  # <model>-<version>, the key cut off
     stale = [
         p
-        for p in cache.parent.glob(f"{prefix}*")
-        if p != cache
-        and p.is_dir()
-        and (p / _CACHE_RECORD).is_file()
-        and p.name.rsplit("-", 1)[0] + "-" == prefix
+        for p in cache.parent.glob(f"{stem}-*")
+        if p != cache and p.name.rsplit("-", 1)[0] == stem and (p / _CACHE_RECORD).is_file()
     ]
     for folder in stale:
         shutil.rmtree(folder, ignore_errors=True)

@@ -21,6 +21,7 @@ import grpc
 from grpc import aio
 
 from graylane.errors import ErrorCode, GraylaneError
+from graylane.services.controlplane.wire import grpc_status
 
 __all__ = [
     "MIN_TOKEN_LENGTH",
@@ -187,11 +188,6 @@ OPEN_PREFIX = "/grpc.health.v1.Health/"
 """Methods anyone may call: the standard gRPC health service (it reveals nothing else)."""
 
 
-def _status(code: ErrorCode) -> grpc.StatusCode:
-    """The gRPC status a refusal with ``code`` is answered with (``graylane.errors``)."""
-    return grpc.StatusCode[code.grpc_status.name]
-
-
 class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
     """Rejects calls without a valid token, and read-only tokens on mutating methods."""
 
@@ -213,14 +209,14 @@ class AuthInterceptor(aio.ServerInterceptor):  # type: ignore[misc]
         if principal is None:
             return _deny(
                 handler,
-                _status(ErrorCode.UNAUTHENTICATED),
+                grpc_status(ErrorCode.UNAUTHENTICATED),
                 "missing or unknown bearer token; send 'authorization: Bearer <token>' "
                 "(graylane --token or GRAYLANE_CP_TOKEN)",
             )
         if not principal.may_call(method):
             return _deny(
                 handler,
-                _status(ErrorCode.PERMISSION_DENIED),
+                grpc_status(ErrorCode.PERMISSION_DENIED),
                 f"{principal.name} is {principal.role.value}; {method} needs an operator token",
             )
         return handler

@@ -57,6 +57,7 @@ from graylane.services.controlplane.logic.rung_quality import ladder_quality_dro
 from graylane.services.controlplane.state import ControlStore, StoredRollout
 from graylane.services.controlplane.wire import (
     apply_response,
+    grpc_status,
     model_summary,
     new_command,
     qos_policy_view,
@@ -76,7 +77,6 @@ __all__ = [
     "RolloutsServicer",
     "RoutingServicer",
     "add_servicers",
-    "grpc_status",
     "grpc_status_of",
     "mapped",
     "model_facts",
@@ -91,11 +91,6 @@ Context = Any  # grpc.aio.ServicerContext; grpc ships no type hints
 RulesChange = Callable[[tuple[RoutingRule, ...], bool], tuple[tuple[RoutingRule, ...], bool]]
 """A change of a model's cohort routing: (rules, pins allowed) -> (rules, pins allowed)."""
 R = TypeVar("R")
-
-
-def grpc_status(code: ErrorCode) -> grpc.StatusCode:
-    """The gRPC status a call refused or failed with ``code`` ends with (``graylane.errors``)."""
-    return grpc.StatusCode[code.grpc_status.name]
 
 
 def grpc_status_of(exc: GraylaneError) -> grpc.StatusCode:

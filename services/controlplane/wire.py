@@ -1,5 +1,5 @@
 """Every protobuf the control plane builds: commands, views of registry records, stored
-policies and receipts.
+policies and receipts; and the gRPC status an error code is answered with.
 
 The servicers answer with these messages; the domain and the store never build them.
 """
@@ -9,7 +9,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import grpc
+
 from graylane.artifacts.naming import Precision
+from graylane.errors import ErrorCode
 from graylane.notifications.transitions import Transition, transition_kind
 from graylane.registry.records import (
     ArtifactInfo,
@@ -35,6 +38,7 @@ __all__ = [
     "ROLLOUT_DECISION_KINDS",
     "apply_response",
     "dead_letter_of",
+    "grpc_status",
     "model_summary",
     "new_command",
     "qos_policy_view",
@@ -48,6 +52,12 @@ __all__ = [
     "verdict_json",
     "version_summary",
 ]
+
+
+def grpc_status(code: ErrorCode) -> grpc.StatusCode:
+    """The gRPC status a call refused or failed with ``code`` ends with (the code's own,
+    stated in ``graylane.errors``)."""
+    return grpc.StatusCode[code.grpc_status.name]
 
 
 def model_summary(model: RegisteredModel) -> controlplane_pb2.ModelSummary:
